@@ -1,0 +1,399 @@
+"""The ConvS2S model (Gehring et al. 2017, §3) in PyTorch, with incremental decoding (§5.3).
+
+Written in the paper's order: embeddings (§3.1), convolution blocks with GLUs and scaled
+residuals (§3.2), the encoder, multi-step attention (§3.3), the decoder, the normalization and
+initialization strategy (§3.4, §3.5, appendix A), then incremental decoding for generation.
+Tensors are batch-first and channels-last everywhere: B x T x C (S for source positions, V for
+the vocabulary). Imports only torch (and the stdlib-only `convs2s.config`).
+
+Training / scoring:
+
+    model = ConvS2S(PRESETS["iwslt_de_en"], src_vocab_size, tgt_vocab_size)
+    logits, attn = model(src_tokens, src_lengths, prev_output_tokens)
+    # src_tokens B x S (padded with PAD=1, left or right), src_lengths B (non-pad counts),
+    # prev_output_tokens B x T ([EOS] + target[:-1], right-padded with PAD)
+    # logits B x T x V (unnormalized), attn B x T x S (mean over the attention layers, float32)
+
+Inference (used by `convs2s.search`):
+
+    net = inference_copy(model)             # eval-mode copy, weight norm folded into plain weights
+    enc = net.encode(src_tokens, src_lengths)          # EncoderOut, computed once per sentence
+    enc = enc.select(rows)                              # e.g. expand to beams once
+    state = net.init_state(enc)                         # DecoderState: per-conv buffers, step 0
+    logits, attn = net.decode_step(tokens, state)       # tokens B (last output), logits B x V
+    state.reorder(beam_rows)                            # follow the beams (buffers only)
+
+One decode step costs the same at every position: each decoder convolution keeps the last k-1
+input frames and computes one matmul with its (out, k * in) weight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+
+from convs2s.config import PAD, ModelConfig
+
+SQRT_HALF = math.sqrt(0.5)  # §3.4: halves the variance of a sum of two equal-variance terms
+
+
+# --- building blocks: embeddings and weight-normalized layers (§3.1, §3.5, appendix A) ----------
+
+
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """Lookup table, N(0, 0.1) with a zero padding row (§3.5); no weight norm on embeddings."""
+    emb = nn.Embedding(num, dim, padding_idx=PAD)
+    nn.init.normal_(emb.weight, 0.0, 0.1)
+    with torch.no_grad():
+        emb.weight[PAD].zero_()
+    return emb
+
+
+def make_positions(tokens: torch.Tensor) -> torch.Tensor:
+    """Position ids PAD+1, PAD+2, ... counting only non-pad tokens; pads get PAD (a zero row).
+
+    Counting only real tokens makes the encoder invariant to left or right padding.
+    """
+    mask = tokens.ne(PAD)  # B x T
+    return torch.cumsum(mask, dim=1) * mask + PAD
+
+
+def linear(n_in: int, n_out: int, dropout: float = 0.0) -> nn.Module:
+    """Weight-normed Linear; init N(0, sqrt(p / n_in)) with retain prob. p = 1 - dropout.
+
+    `dropout` is the dropout applied to this layer's *input* (appendix A.3): 0 where none is.
+    """
+    m = nn.Linear(n_in, n_out)
+    nn.init.normal_(m.weight, 0.0, math.sqrt((1.0 - dropout) / n_in))
+    nn.init.zeros_(m.bias)
+    return weight_norm(m, dim=0)  # one gain per output unit; g starts at ||v|| so w = v at init
+
+
+class Conv(nn.Module):
+    """1-D convolution over time on B x T x C inputs, computed as one matmul over k frames.
+
+    The weight is stored (C_out, k, C_in) so that `weight.view(C_out, k * C_in)` multiplies a
+    window of k consecutive frames laid out time-major: the same matrix serves the full forward
+    (after unfolding) and the incremental step (on a buffer of the last k frames, §5.3).
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, causal: bool, dropout: float):
+        super().__init__()
+        self.c_in, self.c_out, self.kernel, self.causal = c_in, c_out, kernel, causal
+        self.weight = nn.Parameter(torch.empty(c_out, kernel, c_in))
+        self.bias = nn.Parameter(torch.zeros(c_out))
+        # Appendix A: a conv feeding a GLU, after dropout: N(0, sqrt(4p / (k * C_in))).
+        nn.init.normal_(self.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel * c_in)))
+        # Causal (decoder): k-1 frames of left context only. Encoder: centred window.
+        self.pad = (kernel - 1, 0) if causal else ((kernel - 1) // 2, kernel // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_in -> B x T x C_out
+        B, T, _ = x.shape
+        w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
+        if self.kernel > 1:
+            x = F.pad(x, (0, 0) + self.pad)  # B x (T + k - 1) x C_in, zeros outside
+            x = x.unfold(1, self.kernel, 1).transpose(2, 3).reshape(B, T, -1)  # B x T x kC_in
+        return F.linear(x, w, self.bias)
+
+
+def conv(c_in: int, c_out: int, kernel: int, causal: bool, dropout: float) -> nn.Module:
+    """Weight-normed Conv (one gain per output channel, the norm taken over k and C_in)."""
+    return weight_norm(Conv(c_in, c_out, kernel, causal, dropout), dim=0)
+
+
+class GradMultiply(torch.autograd.Function):
+    """Identity forward, gradient scaled by `scale` backward (§3.4: encoder gradient scaling)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class Block(nn.Module):
+    """One GLU convolution block (§3.2); decoder blocks may also attend (§3.3).
+
+    The caller applies: residual -> dropout -> conv -> GLU -> [attention] -> (+ residual) * sqrt(.5).
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, causal: bool, dropout: float,
+                 attention: nn.Module | None = None):
+        super().__init__()
+        # Residual projection only where the width changes (plain init: no dropout before it).
+        self.proj = linear(c_in, c_out) if c_in != c_out else None
+        self.conv = conv(c_in, 2 * c_out, kernel, causal, dropout)  # 2 * C_out for the GLU
+        self.attention = attention
+        self.kernel = kernel
+
+
+# --- encoder (§3.1, §3.2, §3.4) ---------------------------------------------------------------
+
+
+@dataclass
+class EncoderOut:
+    """What the decoder attends to, computed once per source sentence (§3.3)."""
+
+    keys: torch.Tensor  # B x S x E: z_j, the encoder output (gradient scaled)
+    values: torch.Tensor  # B x S x E: (z_j + e_j) * sqrt(.5), output plus input embedding
+    mask_bias: torch.Tensor  # B x 1 x S float32: 0 for tokens, -inf for source padding
+    scale: torch.Tensor  # B x 1 x 1: s * sqrt(1/s) = sqrt(s), s = true source length (§3.4)
+
+    def select(self, rows: torch.Tensor) -> "EncoderOut":
+        """Rows `rows` (LongTensor) of every field, e.g. to expand each sentence to K beams."""
+        return EncoderOut(*(t.index_select(0, rows) for t in
+                            (self.keys, self.values, self.mask_bias, self.scale)))
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, num_attention_layers: int):
+        super().__init__()
+        E, p = cfg.embed_dim, cfg.dropout
+        self.dropout = p
+        self.embed_tokens = embedding(vocab_size, E)
+        self.embed_positions = embedding(cfg.max_positions + PAD + 1, E)
+        c0 = cfg.encoder_layers[0][0]
+        self.fc1 = linear(E, c0, dropout=p)  # dropout precedes fc1
+        widths = [c0] + [c for c, _ in cfg.encoder_layers]
+        self.blocks = nn.ModuleList(
+            Block(c_in, c_out, k, causal=False, dropout=p)
+            for c_in, (c_out, k) in zip(widths[:-1], cfg.encoder_layers)
+        )
+        self.fc2 = linear(widths[-1], E)
+        # §3.4: the encoder receives one gradient per attention layer; divide by 2 * their number.
+        self.grad_scale = 1.0 / (2.0 * num_attention_layers)
+
+    def forward(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
+        pad = src_tokens.eq(PAD).unsqueeze(-1)  # B x S x 1
+        # §3.1: e = token embedding + position embedding.
+        e = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens))
+        e = F.dropout(e, self.dropout, self.training)  # B x S x E
+        x = self.fc1(e)  # B x S x C0
+        for block in self.blocks:
+            residual = x if block.proj is None else block.proj(x)
+            # Pad frames are zero conv inputs so that left or right padding changes nothing.
+            x = x.masked_fill(pad, 0.0)
+            x = F.dropout(x, self.dropout, self.training)
+            x = F.glu(block.conv(x), dim=-1)  # B x S x 2C -> B x S x C: A * sigmoid(B)
+            x = (x + residual) * SQRT_HALF
+        z = self.fc2(x).masked_fill(pad, 0.0)  # B x S x E
+        if torch.is_grad_enabled():
+            z = GradMultiply.apply(z, self.grad_scale)  # the embedding path e is not scaled
+        values = (z + e) * SQRT_HALF  # §3.3: the conditional input sums outputs and embeddings
+        # True (non-pad) source length; counted from the mask so it cannot disagree with it.
+        s = (~pad).sum(dim=1, keepdim=True).to(torch.float32)  # B x 1 x 1
+        mask_bias = torch.zeros(pad.shape[0], 1, pad.shape[1], device=z.device)
+        mask_bias = mask_bias.masked_fill(pad.transpose(1, 2), float("-inf"))  # B x 1 x S
+        return EncoderOut(keys=z, values=values, mask_bias=mask_bias, scale=s.sqrt())
+
+
+# --- multi-step attention (§3.3) ---------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Attention of one decoder layer: d = (W h + b + g) * sqrt(.5), a = softmax(d . z)."""
+
+    def __init__(self, channels: int, embed_dim: int):
+        super().__init__()
+        self.in_proj = linear(channels, embed_dim)
+        self.out_proj = linear(embed_dim, channels)
+
+    def forward(self, h: torch.Tensor, g: torch.Tensor, enc: EncoderOut):
+        # h B x T x C (block output after the GLU), g B x T x E (target embedding)
+        d = (self.in_proj(h) + g) * SQRT_HALF  # B x T x E
+        # Scores and softmax in float32 even under autocast (bf16 logits lose the ranking).
+        with torch.autocast(device_type=d.device.type, enabled=False):
+            scores = torch.bmm(d.float(), enc.keys.float().transpose(1, 2))  # B x T x S
+            attn = torch.softmax(scores + enc.mask_bias, dim=-1)  # padding gets weight 0
+        c = torch.bmm(attn.to(enc.values.dtype), enc.values)  # B x T x E
+        c = c * enc.scale.to(c.dtype)  # §3.4: m * sqrt(1/m), m = true source length
+        h = (self.out_proj(c) + h) * SQRT_HALF  # B x T x C
+        return h, attn
+
+
+# --- decoder (§3.2, §3.3) and incremental decoding state (§5.3) ---------------------------------
+
+
+@dataclass
+class DecoderState:
+    """Everything one incremental decode step needs; rows are hypotheses (sentences x beams)."""
+
+    enc: EncoderOut  # B rows, aligned with the hypotheses
+    buffers: list  # per decoder block: B x (k-1) x C_in, the last k-1 conv inputs (None if k=1)
+    step: int = 0  # number of target tokens consumed so far
+
+    def reorder(self, rows: torch.Tensor, encoder: bool = False) -> None:
+        """Make row i continue hypothesis rows[i]; `encoder=True` also reorders the source side
+        (needed when rows move across sentences, not when beams stay within their sentence)."""
+        self.buffers = [None if b is None else b.index_select(0, rows) for b in self.buffers]
+        if encoder:
+            self.enc = self.enc.select(rows)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
+        super().__init__()
+        E, p = cfg.embed_dim, cfg.dropout
+        self.dropout = p
+        self.embed_tokens = embedding(vocab_size, E)
+        self.embed_positions = embedding(cfg.max_positions + PAD + 1, E)
+        c0 = cfg.decoder_layers[0][0]
+        self.fc1 = linear(E, c0, dropout=p)
+        widths = [c0] + [c for c, _ in cfg.decoder_layers]
+        self.blocks = nn.ModuleList(
+            Block(c_in, c_out, k, causal=True, dropout=p,
+                  attention=Attention(c_out, E) if att else None)
+            for c_in, (c_out, k), att in zip(widths[:-1], cfg.decoder_layers, cfg.attention_layers)
+        )
+        self.num_attention = sum(cfg.attention_layers)
+        self.fc2 = linear(widths[-1], cfg.out_embed_dim)
+        if cfg.share_decoder_embed:  # tied output embedding (plain Linear sharing the table)
+            self.fc3 = nn.Linear(cfg.out_embed_dim, vocab_size)
+            self.fc3.weight = self.embed_tokens.weight
+            nn.init.zeros_(self.fc3.bias)
+        else:
+            self.fc3 = linear(cfg.out_embed_dim, vocab_size, dropout=p)  # dropout precedes fc3
+
+    def _output(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_last -> B x T x V
+        x = self.fc2(x)
+        x = F.dropout(x, self.dropout, self.training)
+        return self.fc3(x)
+
+    def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut):
+        # g: target embedding, used by every attention layer (§3.3).
+        g = self.embed_tokens(prev_output_tokens)
+        g = g + self.embed_positions(make_positions(prev_output_tokens))
+        g = F.dropout(g, self.dropout, self.training)  # B x T x E
+        x = self.fc1(g)  # B x T x C0
+        attn_sum = None
+        for block in self.blocks:
+            residual = x if block.proj is None else block.proj(x)
+            x = F.dropout(x, self.dropout, self.training)
+            x = F.glu(block.conv(x), dim=-1)  # causal: output t sees inputs <= t
+            if block.attention is not None:
+                x, attn = block.attention(x, g, enc)
+                attn_sum = attn if attn_sum is None else attn_sum + attn
+            x = (x + residual) * SQRT_HALF
+        return self._output(x), _mean_attention(attn_sum, self.num_attention, g, enc)
+
+    def init_state(self, enc: EncoderOut) -> DecoderState:
+        """Empty history: zero buffers, exactly the left padding of the causal convolutions."""
+        B = enc.keys.shape[0]
+        buffers = [
+            None if blk.kernel == 1 else
+            enc.keys.new_zeros(B, blk.kernel - 1, blk.conv.c_in, dtype=self.fc1.weight.dtype)
+            for blk in self.blocks
+        ]
+        return DecoderState(enc=enc, buffers=buffers, step=0)
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState):
+        """Consume one token per row (B), return logits B x V and mean attention B x S.
+
+        Same computation as `forward` at position `state.step`, in O(1) of the prefix length.
+        """
+        enc = state.enc
+        pos = torch.full_like(tokens, PAD + 1 + state.step)
+        g = (self.embed_tokens(tokens) + self.embed_positions(pos)).unsqueeze(1)  # B x 1 x E
+        g = F.dropout(g, self.dropout, self.training)
+        x = self.fc1(g)  # B x 1 x C0
+        attn_sum = None
+        for i, block in enumerate(self.blocks):
+            residual = x if block.proj is None else block.proj(x)
+            x = F.dropout(x, self.dropout, self.training)
+            cv = block.conv
+            if block.kernel == 1:
+                y = F.linear(x, cv.weight.reshape(cv.c_out, -1), cv.bias)
+            else:
+                window = torch.cat([state.buffers[i], x], dim=1)  # B x k x C_in: shift in x
+                state.buffers[i] = window[:, 1:]  # keep the last k-1 frames for the next step
+                y = F.linear(window.reshape(window.shape[0], 1, -1),
+                             cv.weight.reshape(cv.c_out, -1), cv.bias)  # B x 1 x 2C
+            x = F.glu(y, dim=-1)
+            if block.attention is not None:
+                x, attn = block.attention(x, g, enc)
+                attn_sum = attn if attn_sum is None else attn_sum + attn
+            x = (x + residual) * SQRT_HALF
+        state.step += 1
+        attn = _mean_attention(attn_sum, self.num_attention, g, enc)
+        return self._output(x).squeeze(1), attn.squeeze(1)
+
+
+def _mean_attention(attn_sum, n: int, g: torch.Tensor, enc: EncoderOut) -> torch.Tensor:
+    """Average attention over the attention layers (zeros if no layer attends): B x T x S."""
+    if attn_sum is None:
+        return g.new_zeros(g.shape[0], g.shape[1], enc.keys.shape[1], dtype=torch.float32)
+    return attn_sum / n
+
+
+# --- the full model ----------------------------------------------------------------------------
+
+
+class ConvS2S(nn.Module):
+    """Encoder-decoder ConvS2S (§3). See the module docstring for the call signatures."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        self.src_vocab_size, self.tgt_vocab_size = src_vocab_size, tgt_vocab_size
+        self.max_positions = cfg.max_positions
+        num_att = sum(cfg.attention_layers)
+        if num_att == 0:
+            raise ValueError("ConvS2S needs at least one decoder attention layer")
+        self.encoder = Encoder(cfg, src_vocab_size, num_att)
+        self.decoder = Decoder(cfg, tgt_vocab_size)
+
+    def forward(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor,
+                prev_output_tokens: torch.Tensor):
+        """src B x S, lengths B, prev B x T -> logits B x T x V, attention B x T x S."""
+        enc = self.encoder(src_tokens, src_lengths)
+        return self.decoder(prev_output_tokens, enc)
+
+    def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
+        return self.encoder(src_tokens, src_lengths)
+
+    def decode(self, prev_output_tokens: torch.Tensor, enc: EncoderOut):
+        """Full (non-incremental) decoder pass over a whole prefix: logits B x T x V, attn."""
+        return self.decoder(prev_output_tokens, enc)
+
+    def init_state(self, enc: EncoderOut) -> DecoderState:
+        return self.decoder.init_state(enc)
+
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState):
+        """One incremental step: tokens B -> logits B x V, mean attention B x S."""
+        return self.decoder.decode_step(tokens, state)
+
+
+def inference_copy(model: ConvS2S) -> ConvS2S:
+    """An eval-mode copy with weight norm folded once into plain weights (the reference does the
+    same for generation), so that a decode step multiplies weights instead of renormalizing.
+
+    Built fresh (on the meta device, then filled) rather than deep-copied: parametrized modules
+    of a deep copy share their generated class, and unfolding one would break the original.
+    """
+    ref = next(model.parameters())
+    with torch.device("meta"):
+        net = ConvS2S(model.cfg, model.src_vocab_size, model.tgt_vocab_size)
+    for m in net.modules():
+        if parametrize.is_parametrized(m, "weight"):
+            parametrize.remove_parametrizations(m, "weight", leave_parametrized=True)
+    net = net.to_empty(device=ref.device).to(ref.dtype)
+    if net.cfg.share_decoder_embed:  # to_empty unties shared tables; tie them again
+        net.decoder.fc3.weight = net.decoder.embed_tokens.weight
+    old = dict(model.named_modules())
+    with torch.no_grad():
+        for name, m in net.named_modules():
+            for attr in ("weight", "bias"):
+                t = getattr(m, attr, None)
+                if name and isinstance(t, torch.Tensor):
+                    t.copy_(getattr(old[name], attr))  # parametrized: the folded g * v / ||v||
+    net.eval().requires_grad_(False)
+    return net

@@ -1,0 +1,185 @@
+"""Tests of convs2s.model: shapes, parameter counts, causality, padding invariance, incremental
+decoding parity, initialization, bf16 autocast (GPU) and torch.compile.
+
+Run: .venv/bin/python -m pytest tests/test_model.py -q
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convs2s.config import EOS, PAD, PRESETS, ModelConfig
+from convs2s.model import ConvS2S, inference_copy
+
+TINY = PRESETS["tiny"]
+# Mixed widths (residual projections), kernels 1, 2 (even), 3 and 5, attention in a subset.
+MIXED = ModelConfig(
+    embed_dim=24,
+    encoder_layers=[(16, 3), (16, 2), (32, 5), (24, 1)],
+    decoder_layers=[(16, 3), (32, 2), (32, 1), (24, 5)],
+    out_embed_dim=20,
+    decoder_attention=(True, False, True, True),
+    dropout=0.1,
+    max_positions=64,
+)
+
+
+def make_batch(B=3, S=7, T=6, src_vocab=50, tgt_vocab=60, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, src_vocab, (B, S), generator=g)
+    lengths = torch.full((B,), S)
+    prev = torch.randint(4, tgt_vocab, (B, T), generator=g)
+    prev[:, 0] = EOS
+    return src, lengths, prev
+
+
+def model_for(cfg, seed=0, src_vocab=50, tgt_vocab=60):
+    torch.manual_seed(seed)
+    return ConvS2S(cfg, src_vocab, tgt_vocab).eval()
+
+
+@pytest.mark.parametrize("cfg", [TINY, MIXED], ids=["tiny", "mixed"])
+def test_forward_shapes(cfg):
+    model = model_for(cfg)
+    src, lengths, prev = make_batch()
+    logits, attn = model(src, lengths, prev)
+    assert logits.shape == (3, 6, 60) and logits.dtype == torch.float32
+    assert attn.shape == (3, 6, 7)
+    torch.testing.assert_close(attn.sum(-1), torch.ones(3, 6))
+    assert model.max_positions == cfg.max_positions
+
+
+def test_backward_reaches_every_parameter():
+    model = model_for(MIXED).train()
+    src, lengths, prev = make_batch()
+    logits, _ = model(src, lengths, prev)
+    logits.logsumexp(-1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    # The pad rows get no gradient but the tables do; every parameter takes part.
+    assert not missing, missing
+
+
+# Reference counts (reference-facts §3): two 40k vocabularies, 1024 positions, gains included.
+@pytest.mark.parametrize("name,millions", [
+    ("iwslt_de_en", 34.7), ("wmt16_en_ro", 137.1), ("wmt14_en_de", 209.6), ("wmt14_en_fr", 258.1),
+])
+def test_parameter_counts(name, millions):
+    with torch.device("meta"):  # no memory, no init cost
+        model = ConvS2S(PRESETS[name].replace(max_positions=1024), 40_000, 40_000)
+    n = sum(p.numel() for p in model.parameters())
+    assert abs(n / 1e6 - millions) / millions < 0.005, n
+    # Weight norm on every conv and linear (a gain g and a direction v), none on embeddings.
+    names = [n for n, _ in model.named_parameters()]
+    assert not any("embed" in n and "original" in n for n in names)
+    assert sum(n.endswith("original0") for n in names) == sum(n.endswith("original1") for n in names)
+
+
+def test_causality():
+    """Changing target token t changes no output before t (and does change outputs from t)."""
+    model = model_for(MIXED)
+    src, lengths, prev = make_batch(T=8)
+    logits, attn = model(src, lengths, prev)
+    for t in (1, 4, 7):
+        prev2 = prev.clone()
+        prev2[:, t] = (prev2[:, t] + 1 - 4) % 56 + 4
+        logits2, attn2 = model(src, lengths, prev2)
+        torch.testing.assert_close(logits2[:, :t], logits[:, :t], rtol=0, atol=0)
+        torch.testing.assert_close(attn2[:, :t], attn[:, :t], rtol=0, atol=0)
+        assert (logits2[:, t] - logits[:, t]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_source_padding_invariance(side):
+    model = model_for(MIXED)
+    src, lengths, prev = make_batch()
+    logits, attn = model(src, lengths, prev)
+    pad = torch.full((3, 4), PAD)
+    src_p = torch.cat([pad, src], 1) if side == "left" else torch.cat([src, pad], 1)
+    logits_p, attn_p = model(src_p, lengths, prev)
+    torch.testing.assert_close(logits_p, logits, rtol=0, atol=1e-5)
+    real = attn_p[:, :, 4:] if side == "left" else attn_p[:, :, :7]
+    torch.testing.assert_close(real, attn, rtol=0, atol=1e-5)
+    assert attn_p.sum() - real.sum() == 0  # padding receives exactly zero attention
+
+
+def test_mixed_lengths_match_single_sentences():
+    """A padded batch of different lengths equals running each sentence alone."""
+    model = model_for(MIXED)
+    src, _, prev = make_batch(B=2, S=9)
+    src[0, :3] = PAD  # left-padded sentence of length 6
+    src[1, 5:] = PAD  # right-padded sentence of length 5
+    lengths = torch.tensor([6, 5])
+    logits, _ = model(src, lengths, prev)
+    for b, keep in ((0, slice(3, 9)), (1, slice(0, 5))):
+        alone, _ = model(src[b:b + 1, keep], lengths[b:b + 1], prev[b:b + 1])
+        torch.testing.assert_close(logits[b:b + 1], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [TINY, MIXED], ids=["tiny", "mixed"])
+def test_incremental_parity_with_reordering(cfg):
+    """Each incremental step's log-probs equal the full forward's (|diff| <= 1e-5), while the
+    rows are shuffled between steps as beam search does."""
+    model = model_for(cfg)
+    net = inference_copy(model)
+    B, T = 4, 9
+    src, lengths, prev = make_batch(B=B, S=7, T=T)
+    src[1, :2] = PAD
+    src[2, 5:] = PAD
+    lengths = src.ne(PAD).sum(1)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        state = net.init_state(net.encode(src, lengths))
+        prefix = prev[:, :0]
+        src_now = src
+        for t in range(T):
+            rows = torch.randperm(B, generator=g)  # hypotheses move rows (and sentences)
+            state.reorder(rows, encoder=True)
+            prefix, src_now = prefix[rows], src_now[rows]
+            new = torch.randint(4, 60, (B,), generator=g) if t else torch.full((B,), EOS)
+            prefix = torch.cat([prefix, new[:, None]], 1)
+            step_logits, step_attn = net.decode_step(new, state)
+            full_logits, full_attn = model(src_now, src_now.ne(PAD).sum(1), prefix)
+            torch.testing.assert_close(F.log_softmax(step_logits, -1),
+                                       F.log_softmax(full_logits[:, -1], -1), rtol=0, atol=1e-5)
+            torch.testing.assert_close(step_attn, full_attn[:, -1], rtol=0, atol=1e-5)
+
+
+def test_inference_copy_folds_weight_norm_and_keeps_outputs():
+    model = model_for(MIXED)
+    net = inference_copy(model)
+    assert not any("original" in n for n, _ in net.named_parameters())
+    assert any("original" in n for n, _ in model.named_parameters())  # the original is untouched
+    src, lengths, prev = make_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(net(src, lengths, prev)[0], model(src, lengths, prev)[0],
+                                   rtol=0, atol=1e-5)
+
+
+def test_initialization_keeps_activation_scale():
+    """Appendix A: with dropout off, each block of a 20-layer stack keeps the std of its input
+    within a factor 2, in the encoder and in the decoder."""
+    cfg = ModelConfig(embed_dim=256, encoder_layers=[(256, 3)] * 20,
+                      decoder_layers=[(256, 3)] * 20, out_embed_dim=256, dropout=0.0)
+    model = model_for(cfg, src_vocab=1000, tgt_vocab=1000)
+    src, lengths, prev = make_batch(B=8, S=30, T=30, src_vocab=1000, tgt_vocab=1000)
+    stds: dict[str, list[float]] = {"encoder": [], "decoder": []}
+    for side in stds:
+        stack = getattr(model, side)
+        # The input of block l+1's conv is block l's output; fc2's input is the last block's.
+        for m in [blk.conv for blk in stack.blocks] + [stack.fc2]:
+            m.register_forward_hook(lambda m, i, o, s=side: stds[s].append(i[0].std().item()))
+    with torch.no_grad():
+        model(src, lengths, prev)
+    for side, s in stds.items():
+        inp, outs = s[0], s[1:]  # fc1 output (the first block's input), then 20 block outputs
+        assert len(outs) == 20
+        for k, v in enumerate(outs):
+            assert inp / 2 < v < inp * 2, (side, k, inp, v)
+    # The paper's point is the dropout factor: with dropout, weights are larger by 1/sqrt(p).
+    w0 = ConvS2S(cfg.replace(dropout=0.0), 10, 10).encoder.blocks[0].conv.weight.std()
+    w2 = ConvS2S(cfg.replace(dropout=0.5), 10, 10).encoder.blocks[0].conv.weight.std()
+    assert math.isclose((w0 / w2).item(), math.sqrt(2), rel_tol=0.05)
