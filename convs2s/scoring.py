@@ -1,0 +1,235 @@
+"""Scores for translation and summarization output: sacreBLEU, tokenized BLEU, chrF, ROUGE.
+
+All inputs are detokenized text, one sentence per list item (or file line), hypotheses and
+references aligned. The numbers (reference-facts §6):
+
+- `bleu`: sacreBLEU with its defaults (tok 13a, smooth exp, case mixed) and its signature: the
+  project's main number, equal to what the `sacrebleu` command-line tool prints.
+- `bleu_tokenized`: the paper-comparable number. Hypotheses and references are Moses-tokenized
+  (sacremoses, target-language rules, no XML escaping) and scored by sacreBLEU with
+  `tokenize="none", force=True` (what multi-bleu.perl computed on tokenized text).
+- `chrf`: sacreBLEU's chrF2 defaults (character 6-grams, no word n-grams, beta 2).
+- ROUGE-1/2/L recall, precision and F1 (rouge-score, Porter stemming on, as in the standard
+  Gigaword evaluation of Rush et al. 2015 and the paper §5.5), averaged over sentences, in %.
+- Romanian targets: both sides are normalized as in the WMT'16 En-Ro pipeline (s/t with cedilla
+  to comma-below, typographic quotes to ASCII, then Romanian diacritics removed) before every
+  metric; the paper's En-Ro BLEU (30.02) is on such text.
+
+Run:
+    python -m convs2s.scoring --hyp hyp.fr --ref ../shared/data/wmt14-en-fr/newstest2014.fr --lang fr
+    python -m convs2s.scoring --hyp hyp.txt --ref ../shared/data/gigaword-sample/title.txt \
+        --task summarization
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+from rouge_score import rouge_scorer
+from sacrebleu.metrics import BLEU, CHRF
+from sacremoses import MosesTokenizer
+
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
+# Stemming on: the Gigaword / DUC ROUGE numbers the paper compares against were computed with
+# ROUGE-1.5.5 and its `-m` (Porter stemmer) flag; rouge-score's use_stemmer=True mirrors it.
+ROUGE_USE_STEMMER = True
+
+# WMT'16 Romanian normalization (Sennrich et al. 2016's wmt16-scripts): normalise-romanian.py
+# turns s/t with cedilla (U+015E/F, U+0162/3) into the comma-below letters (U+0218/9, U+021A/B);
+# remove-diacritics.py then maps s/t comma-below, a-breve, a-circumflex and i-circumflex to
+# ASCII. Typographic quotes become ASCII as the Moses punctuation normalizer run just before
+# those scripts does (newstest2016.ro quotes with „...”). All maps are one char to one char.
+_RO_TABLE = str.maketrans({
+    # normalise-romanian: cedilla forms -> comma-below forms (then stripped below)
+    "\u015e": "S", "\u015f": "s", "\u0162": "T", "\u0163": "t",
+    # remove-diacritics: comma-below s/t, a-breve, a-circumflex, i-circumflex
+    "\u0218": "S", "\u0219": "s", "\u021a": "T", "\u021b": "t",
+    "\u0102": "A", "\u0103": "a", "\u00c2": "A", "\u00e2": "a", "\u00ce": "I", "\u00ee": "i",
+    # quotes: „ “ ” « » -> "   and   ‚ ‘ ’ -> '
+    "\u201e": '"', "\u201c": '"', "\u201d": '"', "\u00ab": '"', "\u00bb": '"',
+    "\u201a": "'", "\u2018": "'", "\u2019": "'",
+})
+
+
+@dataclass(frozen=True)
+class BleuScore:
+    """A corpus BLEU score as sacreBLEU reports it (score in 0..100)."""
+
+    score: float
+    signature: str  # e.g. "BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"
+    counts: list[int]  # matched n-grams, n = 1..4
+    totals: list[int]  # hypothesis n-grams, n = 1..4
+    precisions: list[float]  # n-gram precisions in %
+    bp: float  # brevity penalty
+    ratio: float  # hypothesis length / reference length (in the metric's tokens)
+    sys_len: int
+    ref_len: int
+
+
+def _check_pair(hyps: list[str], refs: list[str]) -> None:
+    if len(hyps) != len(refs):
+        raise ValueError(
+            f"{len(hyps)} hypotheses but {len(refs)} references: they must be line-aligned "
+            "(one hypothesis per reference line, empty lines kept)"
+        )
+    if not hyps:
+        raise ValueError("no sentences to score (0 hypotheses, 0 references)")
+
+
+def _bleu_with(metric: BLEU, hyps: list[str], refs: list[str]) -> BleuScore:
+    _check_pair(hyps, refs)
+    s = metric.corpus_score(list(hyps), [list(refs)])
+    return BleuScore(
+        score=s.score,
+        signature=f"{s.name}|{metric.get_signature().format()}",
+        counts=list(s.counts),
+        totals=list(s.totals),
+        precisions=list(s.precisions),
+        bp=s.bp,
+        ratio=s.sys_len / s.ref_len if s.ref_len else 0.0,
+        sys_len=s.sys_len,
+        ref_len=s.ref_len,
+    )
+
+
+def bleu(hyps: list[str], refs: list[str]) -> BleuScore:
+    """sacreBLEU on detokenized text with the tool's defaults (tok 13a, smooth exp, mixed case)."""
+    return _bleu_with(BLEU(), hyps, refs)
+
+
+def moses_tokenize(lines: list[str], lang: str) -> list[str]:
+    """Moses-tokenize each line with `lang`'s rules, no XML escaping (`tokenizer.perl -no-escape`)."""
+    tok = MosesTokenizer(lang=lang)
+    return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
+
+
+def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> BleuScore:
+    """Paper-comparable BLEU: Moses-tokenize both sides, then sacreBLEU with tokenize='none'."""
+    _check_pair(hyps, refs)
+    metric = BLEU(tokenize="none", force=True)
+    return _bleu_with(metric, moses_tokenize(hyps, lang), moses_tokenize(refs, lang))
+
+
+def chrf(hyps: list[str], refs: list[str]) -> float:
+    """chrF2 with sacreBLEU's defaults, in 0..100."""
+    _check_pair(hyps, refs)
+    return CHRF().corpus_score(list(hyps), [list(refs)]).score
+
+
+def normalize_romanian(text: str) -> str:
+    """WMT'16 Romanian normalization: cedilla s/t and quotes unified, then diacritics removed."""
+    return text.translate(_RO_TABLE)
+
+
+def rouge(hyps: list[str], refs: list[str]) -> dict[str, float]:
+    """ROUGE-1/2/L recall (_r), precision (_p), F1 (_f), averaged over sentences, in %."""
+    _check_pair(hyps, refs)
+    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=ROUGE_USE_STEMMER)
+    sums = {f"{t}_{k}": 0.0 for t in ROUGE_TYPES for k in "rpf"}
+    for hyp, ref in zip(hyps, refs):
+        scores = scorer.score(ref, hyp)  # rouge-score's order: (target, prediction)
+        for t in ROUGE_TYPES:
+            sums[f"{t}_r"] += scores[t].recall
+            sums[f"{t}_p"] += scores[t].precision
+            sums[f"{t}_f"] += scores[t].fmeasure
+    return {k: 100.0 * v / len(hyps) for k, v in sums.items()}
+
+
+def length_ratio(hyps: list[str], refs: list[str]) -> float:
+    """Total whitespace tokens of the hypotheses / of the references."""
+    _check_pair(hyps, refs)
+    ref_tokens = sum(len(r.split()) for r in refs)
+    if ref_tokens == 0:
+        raise ValueError("the references have no tokens: length ratio undefined")
+    return sum(len(h.split()) for h in hyps) / ref_tokens
+
+
+def score_translation(hyps: list[str], refs: list[str], tgt_lang: str) -> dict[str, float]:
+    """Metrics of a translation test set, for MLflow: bleu, bleu_tokenized, chrf, length_ratio.
+
+    length_ratio is sacreBLEU's hypothesis / reference length on its 13a tokens (the `ratio`
+    it prints). Romanian targets are normalized first (module docstring).
+    """
+    _check_pair(hyps, refs)
+    if tgt_lang == "ro":
+        hyps = [normalize_romanian(h) for h in hyps]
+        refs = [normalize_romanian(r) for r in refs]
+    detok = bleu(hyps, refs)
+    return {
+        "bleu": detok.score,
+        "bleu_tokenized": tokenized_bleu(hyps, refs, tgt_lang).score,
+        "chrf": chrf(hyps, refs),
+        "length_ratio": detok.ratio,
+    }
+
+
+def translation_signatures(tgt_lang: str) -> dict[str, str]:
+    """Signatures of score_translation's metrics (for MLflow tags), plus the preprocessing used."""
+    # sacreBLEU only fills `nrefs` into a signature after scoring; every score here is against
+    # one reference, so score a one-line pair once to read the signatures.
+    bleu_sig = bleu(["x"], ["x"]).signature
+    tok_sig = _bleu_with(BLEU(tokenize="none", force=True), ["x"], ["x"]).signature
+    chrf_metric = CHRF()
+    chrf_metric.corpus_score(["x"], [["x"]])
+    pre = f"bleu_tokenized: sacremoses {version('sacremoses')} tokenizer lang={tgt_lang}, no escape"
+    if tgt_lang == "ro":
+        pre += "; all metrics: WMT16 Romanian normalise + remove-diacritics, quotes to ASCII"
+    return {
+        "bleu": bleu_sig,
+        "bleu_tokenized": tok_sig,
+        "chrf": f"chrF2|{chrf_metric.get_signature().format()}",
+        "preprocessing": pre,
+    }
+
+
+def score_summarization(hyps: list[str], refs: list[str]) -> dict[str, float]:
+    """Metrics of a summarization test set: rouge{1,2,L}_{r,p,f} (in %) and length_ratio.
+
+    Inputs are the tokenized, lowercased Gigaword text; length_ratio counts whitespace tokens.
+    """
+    return {**rouge(hyps, refs), "length_ratio": length_ratio(hyps, refs)}
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Lines of a UTF-8 text file as sacrebleu's CLI reads them (split on \\n, rstripped)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        return [line.rstrip() for line in f]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m convs2s.scoring", description=__doc__.split("\n")[0])
+    p.add_argument("--hyp", required=True, help="hypotheses, one detokenized sentence per line")
+    p.add_argument("--ref", required=True, help="references, line-aligned with --hyp")
+    p.add_argument("--lang", help="target language (needed for translation: fr, de, ro, ...)")
+    p.add_argument("--task", choices=["translation", "summarization"], default="translation")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    args = p.parse_args(argv)
+    hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+    if len(hyps) != len(refs):
+        p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
+    if args.task == "translation":
+        if not args.lang:
+            p.error("--lang is required for translation (the target language, e.g. fr)")
+        metrics: dict = score_translation(hyps, refs, args.lang)
+        signatures = translation_signatures(args.lang)
+    else:
+        metrics, signatures = score_summarization(hyps, refs), {
+            "rouge": f"rouge-score {ROUGE_TYPES} use_stemmer={ROUGE_USE_STEMMER}, sentence mean"
+        }
+    if args.json:
+        print(json.dumps({"metrics": metrics, "signatures": signatures}, indent=1))
+    else:
+        for name, value in metrics.items():
+            print(f"{name}\t{value:.4f}")
+        for name, sig in signatures.items():
+            print(f"# {name}: {sig}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

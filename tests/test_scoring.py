@@ -1,0 +1,264 @@
+"""convs2s.scoring against the tools themselves, on real test sets from ../shared/data.
+
+References are real newstest / Gigaword files; hypotheses are a deterministic perturbation of
+them (words dropped, swapped, replaced with a seeded RNG). The oracles are the `sacrebleu` and
+`sacremoses` command-line tools run as subprocesses and rouge-score used directly.
+
+    timeout 900 .venv/bin/python -m pytest tests/test_scoring.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rouge_score import rouge_scorer
+
+from convs2s import scoring
+
+BIN = Path(sys.executable).parent  # .venv/bin: sacrebleu and sacremoses CLIs live beside python
+
+
+def perturb(lines: list[str], seed: int) -> list[str]:
+    """A noisy copy: per word 8% dropped, 8% replaced by a corpus word, 8% swapped with the next.
+
+    Every 97th line becomes empty, so empty hypotheses and line alignment are exercised too.
+    """
+    rng = random.Random(seed)
+    vocab = sorted({w for line in lines for w in line.split()})
+    out = []
+    for i, line in enumerate(lines):
+        if i % 97 == 50:
+            out.append("")
+            continue
+        words = line.split()
+        j = 0
+        while j < len(words):
+            r = rng.random()
+            if r < 0.08:
+                del words[j]
+                continue
+            if r < 0.16:
+                words[j] = rng.choice(vocab)
+            elif r < 0.24 and j + 1 < len(words):
+                words[j], words[j + 1] = words[j + 1], words[j]
+                j += 1
+            j += 1
+        out.append(" ".join(words))
+    return out
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def sacrebleu_cli(ref: Path, hyp: Path, *args: str) -> list[dict]:
+    """Run `sacrebleu REF -i HYP -m bleu chrf -w 6 ARGS` and return its JSON records."""
+    cmd = [str(BIN / "sacrebleu"), str(ref), "-i", str(hyp), "-w", "6", "-f", "json", *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    rec = json.loads(out)
+    return rec if isinstance(rec, list) else [rec]
+
+
+def sacremoses_cli(src: Path, dst: Path, lang: str) -> Path:
+    """Moses-tokenize a file with the sacremoses command-line tool.
+
+    The CLI always XML-escapes (its -x flag defaults to on). Escaping maps each token to one
+    token injectively, so BLEU with tokenize=none is the same as on our unescaped tokens.
+    """
+    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
+        subprocess.run([str(BIN / "sacremoses"), "-l", lang, "-j", "1", "-q", "tokenize"],
+                       stdin=fin, stdout=fout, check=True)
+    return dst
+
+
+def wmt16_romanian_scripts(line: str) -> str:
+    """Transcription of normalise-romanian.py | remove-diacritics.py (wmt16-scripts), plus the
+    quote normalization the project adds, as a chain of replaces (the scripts' own form)."""
+    line = line.replace("\u015e", "\u0218").replace("\u015f", "\u0219")
+    line = line.replace("\u0162", "\u021a").replace("\u0163", "\u021b")
+    line = line.replace("\u0218", "S").replace("\u0219", "s")
+    line = line.replace("\u021a", "T").replace("\u021b", "t")
+    line = line.replace("\u0102", "A").replace("\u0103", "a")
+    line = line.replace("\u00C2", "A").replace("\u00E2", "a")
+    line = line.replace("\u00CE", "I").replace("\u00EE", "i")
+    for q in "\u201e\u201c\u201d\u00ab\u00bb":
+        line = line.replace(q, '"')
+    for q in "\u201a\u2018\u2019":
+        line = line.replace(q, "'")
+    return line
+
+
+@pytest.fixture(scope="module")
+def en_fr(shared_data, tmp_path_factory) -> tuple[Path, Path]:
+    """(reference, perturbed hypothesis) files for newstest2014 En-Fr (3,003 lines)."""
+    ref = shared_data / "wmt14-en-fr" / "newstest2014.fr"
+    hyp = tmp_path_factory.mktemp("fr") / "hyp.fr"
+    write_lines(hyp, perturb(scoring.read_lines(ref), seed=14))
+    return ref, hyp
+
+
+# --- detokenized sacreBLEU and chrF ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pair,lang", [("wmt14-en-fr/newstest2014", "fr"),
+                                       ("wmt14-en-de/newstest2014", "de")])
+def test_bleu_chrf_equal_sacrebleu_cli(shared_data, tmp_path, pair, lang):
+    ref = shared_data / f"{pair}.{lang}"
+    refs = scoring.read_lines(ref)
+    assert len(refs) == 3003  # the full newstest2014 (reference-facts §6)
+    hyps = perturb(refs, seed=7)
+    hyp = write_lines(tmp_path / f"hyp.{lang}", hyps)
+    cli_bleu, cli_chrf = sacrebleu_cli(ref, hyp, "-m", "bleu", "chrf")
+
+    ours = scoring.bleu(hyps, refs)
+    assert 20 < ours.score < 80  # a real, non-trivial score: the perturbation is moderate
+    assert ours.score == pytest.approx(cli_bleu["score"], abs=1e-6)
+    assert ours.signature == f"{cli_bleu['name']}|{cli_bleu['signature']}"
+    assert f"hyp_len = {ours.sys_len} ref_len = {ours.ref_len}" in cli_bleu["verbose_score"]
+    assert f"BP = {ours.bp:.3f}" in cli_bleu["verbose_score"]
+    assert scoring.chrf(hyps, refs) == pytest.approx(cli_chrf["score"], abs=1e-6)
+
+    metrics = scoring.score_translation(hyps, refs, lang)
+    assert metrics["bleu"] == pytest.approx(cli_bleu["score"], abs=1e-6)
+    assert metrics["chrf"] == pytest.approx(cli_chrf["score"], abs=1e-6)
+    assert metrics["length_ratio"] == pytest.approx(ours.sys_len / ours.ref_len)
+    sigs = scoring.translation_signatures(lang)
+    assert sigs["bleu"] == ours.signature
+    assert sigs["chrf"] == f"{cli_chrf['name']}|{cli_chrf['signature']}"
+
+
+def test_tokenized_bleu_equals_moses_cli_then_sacrebleu_none(en_fr, tmp_path):
+    ref, hyp = en_fr
+    tok_ref = sacremoses_cli(ref, tmp_path / "ref.tok", "fr")
+    tok_hyp = sacremoses_cli(hyp, tmp_path / "hyp.tok", "fr")
+    (cli,) = sacrebleu_cli(tok_ref, tok_hyp, "-m", "bleu", "-tok", "none", "--force")
+
+    hyps, refs = scoring.read_lines(hyp), scoring.read_lines(ref)
+    ours = scoring.tokenized_bleu(hyps, refs, "fr")
+    assert ours.score == pytest.approx(cli["score"], abs=1e-6)
+    assert ours.signature == f"BLEU|{cli['signature']}"
+    assert "tok:none" in ours.signature
+    # Moses splits French elisions and punctuation differently from 13a: the numbers differ.
+    assert ours.score != pytest.approx(scoring.bleu(hyps, refs).score, abs=1e-3)
+    assert scoring.score_translation(hyps, refs, "fr")["bleu_tokenized"] == ours.score
+
+
+# --- Romanian normalization -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("\u015ei \u0163ara", "Si tara"),  # cedilla forms
+    ("\u0218i \u021bara", "Si tara"),  # comma-below forms: same result
+    ("\u00cen Rom\u00e2nia, \u201e\u015ftiin\u0163\u0103\u201d.", 'In Romania, "stiinta".'),
+    ("\u0102\u00c2\u00ce\u0218\u021a \u0103\u00e2\u00ee\u0219\u021b", "AAIST aaist"),
+    ("\u00abcitat\u00bb \u2018a\u2019 \u201cb\u201d", '"citat" \'a\' "b"'),
+    ("caf\u00e9 M\u00fcller \u00e7a", "caf\u00e9 M\u00fcller \u00e7a"),  # other letters untouched
+])
+def test_normalize_romanian_examples(raw, expected):
+    assert scoring.normalize_romanian(raw) == expected
+
+
+def test_romanian_scores_on_normalized_text(shared_data, tmp_path):
+    ref = shared_data / "wmt16-en-ro" / "newstest2016.ro"
+    refs = scoring.read_lines(ref)
+    assert len(refs) == 1999
+    raw_text = "\n".join(refs)
+    assert all(c in raw_text for c in "\u0219\u021b\u0103\u00e2\u00ee\u201e\u201d")
+    hyps = perturb(refs, seed=16)
+
+    # Oracle: the scripts' replace chains on both files, then the CLI tools.
+    norm_ref = write_lines(tmp_path / "ref.ro", [wmt16_romanian_scripts(x) for x in refs])
+    norm_hyp = write_lines(tmp_path / "hyp.ro", [wmt16_romanian_scripts(x) for x in hyps])
+    normalized = norm_ref.read_text(encoding="utf-8")
+    assert not any(c in normalized for c in "\u0219\u021b\u015f\u0163\u0103\u00e2\u00ee\u201e\u201d")
+    cli_bleu, cli_chrf = sacrebleu_cli(norm_ref, norm_hyp, "-m", "bleu", "chrf")
+    tok_ref = sacremoses_cli(norm_ref, tmp_path / "ref.tok", "ro")
+    tok_hyp = sacremoses_cli(norm_hyp, tmp_path / "hyp.tok", "ro")
+    (cli_tok,) = sacrebleu_cli(tok_ref, tok_hyp, "-m", "bleu", "-tok", "none", "--force")
+
+    metrics = scoring.score_translation(hyps, refs, "ro")
+    assert metrics["bleu"] == pytest.approx(cli_bleu["score"], abs=1e-6)
+    assert metrics["chrf"] == pytest.approx(cli_chrf["score"], abs=1e-6)
+    assert metrics["bleu_tokenized"] == pytest.approx(cli_tok["score"], abs=1e-6)
+    # Normalization matters on this set: plain sacreBLEU on the raw files differs.
+    assert scoring.bleu(hyps, refs).score != pytest.approx(metrics["bleu"], abs=1e-3)
+    assert "Romanian" in scoring.translation_signatures("ro")["preprocessing"]
+
+
+# --- ROUGE --------------------------------------------------------------------------------------
+
+
+def test_rouge_equals_rouge_score_on_gigaword(shared_data):
+    refs = scoring.read_lines(shared_data / "gigaword-sample" / "title.txt")
+    assert len(refs) == 1000
+    hyps = perturb(refs, seed=5)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    per_sentence = [scorer.score(r, h) for h, r in zip(hyps, refs)]
+
+    ours = scoring.score_summarization(hyps, refs)
+    for t in ("rouge1", "rouge2", "rougeL"):
+        for key, field in (("r", "recall"), ("p", "precision"), ("f", "fmeasure")):
+            expected = 100 * np.mean([getattr(s[t], field) for s in per_sentence])
+            assert ours[f"{t}_{key}"] == pytest.approx(expected, abs=1e-9), f"{t}_{key}"
+    assert 30 < ours["rouge1_f"] < 95
+    n_hyp = sum(len(h.split()) for h in hyps)
+    n_ref = sum(len(r.split()) for r in refs)
+    assert ours["length_ratio"] == pytest.approx(n_hyp / n_ref)
+
+
+def test_rouge_hand_computed_with_stemming():
+    # ref: 6 tokens; hyp "the cats sat" stems to "the cat sat": 3 unigrams, 2 bigrams, LCS 3.
+    r = scoring.rouge(["the cats sat"], ["the cat sat on the mat"])
+    assert r["rouge1_p"] == pytest.approx(100.0)
+    assert r["rouge1_r"] == pytest.approx(50.0)
+    assert r["rouge1_f"] == pytest.approx(100 * 2 * 0.5 / 1.5)
+    assert r["rouge2_r"] == pytest.approx(40.0)  # 2 of 5 reference bigrams
+    assert r["rougeL_r"] == pytest.approx(50.0)
+    # averaged over sentences, not pooled: a perfect and an empty hypothesis give 50
+    assert scoring.rouge(["a b", ""], ["a b", "c d"])["rouge1_f"] == pytest.approx(50.0)
+
+
+# --- errors, length ratio, CLI -----------------------------------------------------------------
+
+
+def test_mismatched_counts_name_both():
+    for fn in (scoring.bleu, scoring.chrf, scoring.rouge, scoring.length_ratio,
+               scoring.score_summarization):
+        with pytest.raises(ValueError, match="3 hypotheses but 2 references"):
+            fn(["a", "b", "c"], ["a", "b"])
+    with pytest.raises(ValueError, match="1 hypotheses but 2 references"):
+        scoring.score_translation(["a"], ["a", "b"], "fr")
+    with pytest.raises(ValueError, match="no sentences"):
+        scoring.bleu([], [])
+
+
+def test_length_ratio_hand_computed():
+    assert scoring.length_ratio(["a b", "c"], ["a b c", "d e f"]) == pytest.approx(0.5)
+    assert scoring.bleu(["a b c d"], ["a b c d e f g h"]).ratio == pytest.approx(0.5)
+
+
+def test_cli_prints_the_api_numbers(en_fr, tmp_path):
+    # The first 300 lines keep this test short; the metrics themselves are checked above.
+    ref = write_lines(tmp_path / "ref.fr", scoring.read_lines(en_fr[0])[:300])
+    hyp = write_lines(tmp_path / "hyp.fr", scoring.read_lines(en_fr[1])[:300])
+    out = subprocess.run(
+        [sys.executable, "-m", "convs2s.scoring", "--hyp", str(hyp), "--ref", str(ref),
+         "--lang", "fr", "--json"], check=True, capture_output=True, text=True).stdout
+    printed = json.loads(out)
+    expected = scoring.score_translation(scoring.read_lines(hyp), scoring.read_lines(ref), "fr")
+    assert printed["metrics"] == pytest.approx(expected)
+    assert printed["signatures"]["bleu"].startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a")
+
+    short = write_lines(tmp_path / "short.fr", ["un", "deux"])
+    bad = subprocess.run(
+        [sys.executable, "-m", "convs2s.scoring", "--hyp", str(short), "--ref", str(ref),
+         "--lang", "fr"], capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "has 2 lines" in bad.stderr and "has 300 lines" in bad.stderr
