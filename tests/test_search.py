@@ -1,0 +1,275 @@
+"""Tests of convs2s.search (greedy, beam search, ensembles) and convs2s.unk_replace.
+
+Beam search is checked against a plain one-sentence-at-a-time reference written here from the
+rules (reference-facts §6), on a model trained for a few seconds so that its distributions are
+peaked like a real model's.
+
+Run: .venv/bin/python -m pytest tests/test_search.py -q
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convs2s.config import BOS, EOS, PAD, PRESETS, UNK, ModelConfig
+from convs2s.model import ConvS2S, inference_copy
+from convs2s.search import generate, greedy
+from convs2s.unk_replace import load_dictionary, replace_unknowns
+
+VOCAB = 24  # 4 special ids + 20 words
+
+
+def toy_pairs(n=8, seed=0):
+    """Source: random words; target: the source reversed with every word id shifted by one."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for i in range(n):
+        L = 3 + i % 5
+        src = torch.randint(4, VOCAB - 1, (L,), generator=g).tolist()
+        tgt = [w + 1 for w in reversed(src)]
+        pairs.append((src + [EOS], tgt + [EOS]))
+    return pairs
+
+
+def collate(pairs, left_pad=False):
+    S = max(len(s) for s, _ in pairs)
+    T = max(len(t) for _, t in pairs)
+    src = torch.full((len(pairs), S), PAD)
+    tgt = torch.full((len(pairs), T), PAD)
+    prev = torch.full((len(pairs), T), PAD)
+    for i, (s, t) in enumerate(pairs):
+        if left_pad:
+            src[i, S - len(s):] = torch.tensor(s)
+        else:
+            src[i, :len(s)] = torch.tensor(s)
+        tgt[i, :len(t)] = torch.tensor(t)
+        prev[i, :len(t)] = torch.tensor([EOS] + t[:-1])  # EOS acts as BOS
+    return src, src.ne(PAD).sum(1), prev, tgt
+
+
+def train(model, pairs, steps, lr=1e-2):
+    src, lengths, prev, tgt = collate(pairs)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        logits, _ = model(src, lengths, prev)
+        loss = F.cross_entropy(logits.transpose(1, 2), tgt, ignore_index=PAD)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.item()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny model trained briefly (peaked but imperfect distributions), and its data."""
+    torch.manual_seed(0)
+    model = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
+    pairs = toy_pairs()
+    train(model, pairs, steps=60)
+    return model.eval(), pairs
+
+
+def reference_beam(models, src, K, max_len, min_len=1, lenpen=1.0):
+    """One sentence (src 1 x S), full recomputation, Python lists: the rules spelled out."""
+    beams = [([EOS], 0.0, [])]  # (prefix, cumulative log-prob, per-token log-probs)
+    finished = []
+    with torch.no_grad():
+        for step in range(max_len + 1):
+            prev = torch.tensor([b[0] for b in beams])
+            srcs = src.expand(len(beams), -1)
+            lps = [F.log_softmax(m(srcs, srcs.ne(PAD).sum(1), prev)[0][:, -1], -1)
+                   for m in models]
+            lp = torch.logsumexp(torch.stack(lps), 0) - math.log(len(models))
+            lp[:, PAD] = lp[:, BOS] = -math.inf
+            if step < min_len:
+                lp[:, EOS] = -math.inf
+            if step == max_len:
+                eos = lp[:, EOS].clone()
+                lp[:] = -math.inf
+                lp[:, EOS] = eos
+            cands = sorted(((beams[i][1] + lp[i, w].item(), i, w) for i in range(len(beams))
+                            for w in range(lp.shape[1])), reverse=True)[:2 * K]
+            new = []
+            for rank, (score, i, w) in enumerate(cands):
+                prefix, _, pos = beams[i]
+                if w == EOS:
+                    if rank < K and score > -math.inf and len(finished) < K:
+                        n = len(prefix)
+                        finished.append((prefix[1:] + [EOS], score / n ** lenpen,
+                                         pos + [score - beams[i][1]]))
+                elif len(new) < K:
+                    new.append((prefix + [w], score, pos + [score - beams[i][1]]))
+            if len(finished) >= K:
+                break
+            beams = new
+    return sorted(finished, key=lambda h: -h[1])
+
+
+def assert_same_hyps(got, want, atol=1e-4):
+    assert [h["tokens"].tolist() for h in got] == [h[0] for h in want]
+    for h, (_, score, pos) in zip(got, want):
+        assert abs(h["score"] - score) < atol
+        torch.testing.assert_close(h["positional_scores"], torch.tensor(pos), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("lenpen", [1.0, 0.3])
+def test_beam_matches_reference_search(trained, lenpen):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs[:5], left_pad=True)
+    hyps = generate(model, src, lengths, beam_size=3, max_len_a=1.0, max_len_b=2, nbest=3,
+                    lenpen=lenpen)
+    for b in range(src.shape[0]):
+        row = src[b:b + 1, src[b].ne(PAD)]
+        want = reference_beam([model], row, K=3, max_len=int(lengths[b]) + 2, lenpen=lenpen)
+        assert_same_hyps(hyps[b], want)
+
+
+def test_ensemble_matches_reference_search(trained):
+    model, pairs = trained
+    torch.manual_seed(5)
+    other = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
+    train(other, pairs, steps=30)
+    src, lengths, _, _ = collate(pairs[:4])
+    hyps = generate([model, other.eval()], src, lengths, beam_size=4, max_len_b=9, nbest=2)
+    for b in range(src.shape[0]):
+        want = reference_beam([model, other], src[b:b + 1, src[b].ne(PAD)], K=4, max_len=9)
+        assert_same_hyps(hyps[b], want[:2])
+
+
+@pytest.mark.parametrize("random_mixed", [False, True], ids=["trained", "random-mixed"])
+def test_incremental_equals_full_recomputation(trained, random_mixed):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs, left_pad=True)
+    if random_mixed:  # kernels 1, 2, 5, width changes, attention in a subset of layers
+        torch.manual_seed(3)
+        model = ConvS2S(ModelConfig(embed_dim=16, encoder_layers=[(16, 3), (24, 2)],
+                                    decoder_layers=[(16, 5), (24, 2), (24, 1)], out_embed_dim=12,
+                                    decoder_attention=(False, True, True)), VOCAB, VOCAB)
+    kw = dict(beam_size=4, max_len_a=1.5, max_len_b=3, nbest=4)
+    fast = generate(model, src, lengths, incremental=True, **kw)
+    slow = generate(model, src, lengths, incremental=False, **kw)
+    for f, s in zip(fast, slow):
+        assert [h["tokens"].tolist() for h in f] == [h["tokens"].tolist() for h in s]
+        for a, b in zip(f, s):
+            assert abs(a["score"] - b["score"]) < 1e-5
+            torch.testing.assert_close(a["attention"], b["attention"], rtol=0, atol=1e-5)
+
+
+def test_beam_one_equals_greedy(trained):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs)
+    beam = generate(model, src, lengths, beam_size=1, max_len_b=12)
+    grd = greedy(model, src, lengths, max_len_b=12)
+    for b, g in zip(beam, grd):
+        assert b[0]["tokens"].tolist() == g[0]["tokens"].tolist()
+        assert abs(b[0]["score"] - g[0]["score"]) < 1e-5
+        torch.testing.assert_close(b[0]["attention"], g[0]["attention"])
+
+
+def test_ensemble_of_copies_equals_single_model(trained):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs)
+    kw = dict(beam_size=3, max_len_b=10, nbest=3)
+    one = generate(model, src, lengths, **kw)
+    alone = generate([model], src, lengths, **kw)
+    two = generate([model, inference_copy(model)], src, lengths, **kw)
+    for a, b, c in zip(one, alone, two):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b] \
+            == [h["tokens"].tolist() for h in c]
+        for x, y, z in zip(a, b, c):
+            assert x["score"] == y["score"]
+            assert abs(x["score"] - z["score"]) < 1e-5
+
+
+def test_lengths_eos_min_len_and_fixed_length(trained):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs)
+    for hyps in generate(model, src, lengths, beam_size=3, max_len_b=20, min_len=9, nbest=3):
+        for h in hyps:
+            t = h["tokens"].tolist()
+            assert t[-1] == EOS and EOS not in t[:-1] and len(t) >= 10
+            assert PAD not in t and BOS not in t
+            assert abs(h["score"] - h["positional_scores"].sum().item() / len(t)) < 1e-5
+    # max_len_a=0, max_len_b=N, min_len=N: every output is exactly N tokens + EOS
+    for fn in (generate, greedy):
+        for hyps in fn(model, src, lengths, max_len_a=0, max_len_b=6, min_len=6):
+            assert len(hyps[0]["tokens"]) == 7
+    # max length a * |x| + b, per sentence (|x| counts the source EOS)
+    for hyps, n in zip(generate(model, src, lengths, max_len_a=0.5, max_len_b=1, nbest=3),
+                       lengths.tolist()):
+        assert all(len(h["tokens"]) - 1 <= int(0.5 * n + 1) for h in hyps)
+
+
+def test_scores_are_the_models_log_probs(trained):
+    """Teacher-forcing each hypothesis reproduces its positional scores and attention."""
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs[:3], left_pad=True)
+    hyps = generate(model, src, lengths, beam_size=4, max_len_b=10, nbest=4)
+    for b in range(3):
+        scores = [h["score"] for h in hyps[b]]
+        assert scores == sorted(scores, reverse=True)
+        for h in hyps[b]:
+            tok = h["tokens"]
+            prev = torch.cat([torch.tensor([EOS]), tok[:-1]])[None]
+            with torch.no_grad():
+                logits, attn = model(src[b:b + 1], lengths[b:b + 1], prev)
+            lp = F.log_softmax(logits[0], -1).gather(1, tok[:, None])[:, 0]
+            torch.testing.assert_close(h["positional_scores"], lp, rtol=0, atol=1e-5)
+            real = src[b].ne(PAD)
+            torch.testing.assert_close(h["attention"], attn[0][:, real].t(), rtol=0, atol=1e-5)
+
+
+def test_unk_penalty(trained):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs)
+    boosted = generate(model, src, lengths, beam_size=2, max_len_b=8, unk_penalty=-50.0)
+    assert all(UNK in h[0]["tokens"].tolist() for h in boosted)
+    banned = generate(model, src, lengths, beam_size=2, max_len_b=8, unk_penalty=50.0, nbest=2)
+    assert all(UNK not in h["tokens"].tolist() for hs in banned for h in hs)
+
+
+def test_generate_restores_training_mode(trained):
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs[:2])
+    model.train()
+    generate(model, src, lengths, beam_size=2, max_len_b=3)
+    assert model.training
+    model.eval()
+
+
+def test_tiny_model_overfits_and_greedy_reproduces():
+    """A tiny model learns a handful of pairs (loss < 0.1) and greedy decoding returns them."""
+    torch.manual_seed(0)
+    model = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
+    pairs = toy_pairs()
+    loss = train(model, pairs, steps=300)
+    assert loss < 0.1
+    src, lengths, _, _ = collate(pairs, left_pad=True)
+    for (_, tgt), hyp in zip(pairs, greedy(model, src, lengths, max_len_a=1.5, max_len_b=5)):
+        assert hyp[0]["tokens"].tolist() == tgt
+    for (_, tgt), hyp in zip(pairs, generate(model, src, lengths, max_len_a=1.5, max_len_b=5)):
+        assert hyp[0]["tokens"].tolist() == tgt
+
+
+def test_replace_unknowns(tmp_path):
+    src = ["das", "Haus", "ist", "klein"]
+    hyp = ["the", "<unk>", "is", "<unk>"]
+    attn = torch.zeros(5, 5)  # source words + EOS row, hypothesis words + EOS column
+    attn[0, 0] = attn[1, 1] = attn[2, 2] = attn[3, 3] = 1.0
+    attn[4, 3] = 2.0  # the source EOS is never a replacement
+    path = tmp_path / "dict.txt"
+    path.write_text("Haus house\nklein small\n\n")
+    table = load_dictionary(str(path))
+    assert replace_unknowns(hyp, src, attn, dictionary=table) == ["the", "house", "is", "small"]
+    assert replace_unknowns(hyp, src, attn) == ["the", "Haus", "is", "klein"]
+    with pytest.raises(ValueError, match="does not cover"):
+        replace_unknowns(hyp, src, attn[:2])
+    bad = tmp_path / "bad.txt"
+    bad.write_text("one two three\n")
+    with pytest.raises(ValueError, match="bad.txt:1"):
+        load_dictionary(str(bad))
