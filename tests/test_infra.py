@@ -1,0 +1,379 @@
+"""Offline checks of infra/: every config loads, validates where a validator exists, names real
+workflow entry points with flags they accept, and pins the versions pyproject.toml pins.
+
+    timeout 300 .venv/bin/python -m pytest tests/test_infra.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
+REPO = Path(__file__).resolve().parents[1]
+INFRA = REPO / "infra"
+# The workflow command-line contract (every workflow takes these flags).
+WORKFLOW_FLAGS = {"--preset", "--data", "--num-workers", "--use-gpu", "--max-epochs",
+                  "--storage-path", "--tracking-uri", "--experiment", "--run-name"}
+ALL_WORKFLOWS = {"workflows/wmt14_en_fr.py", "workflows/wmt14_en_de.py",
+                 "workflows/wmt16_en_ro.py", "workflows/gigaword.py"}
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((INFRA / name).read_text())
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def pinned(package: str) -> str:
+    """The exact version pyproject.toml pins for `package` (fails if it is not pinned with ==)."""
+    for dep in pyproject()["project"]["dependencies"]:
+        req = Requirement(dep)
+        if req.name == package:
+            (spec,) = list(req.specifier)
+            assert spec.operator == "==", f"pyproject.toml must pin {package} with ==, has {dep}"
+            return spec.version
+    raise AssertionError(f"{package} is not a dependency in pyproject.toml")
+
+
+def specifier(package: str) -> SpecifierSet:
+    for dep in pyproject()["project"]["dependencies"]:
+        req = Requirement(dep)
+        if req.name == package:
+            return req.specifier
+    raise AssertionError(f"{package} is not a dependency in pyproject.toml")
+
+
+def dockerfile_args(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)", path.read_text(), flags=re.M))
+
+
+def workflow_commands() -> list[tuple[str, str, list[str]]]:
+    """(source, script, argv) of every `python workflows/X.py ...` in the README and the RayJob."""
+    blocks = re.findall(r"```bash\n(.*?)```", (INFRA / "README.md").read_text(), flags=re.S)
+    readme = "\n".join(blocks).replace("\\\n", " ")  # code blocks, continuation lines joined
+    sources = [("infra/README.md", readme),
+               ("infra/kuberay-rayjob.yaml", load("kuberay-rayjob.yaml")["spec"]["entrypoint"])]
+    found = []
+    for source, text in sources:
+        for script, args in re.findall(r"python\s+(workflows/\w+\.py)([^\n`]*)", text):
+            found.append((source, script, shlex.split(args)))
+    return found
+
+
+def flag_values(argv: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, tok in enumerate(argv):
+        if tok.startswith("--"):
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[tok] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+# --- every file loads ---------------------------------------------------------------------------
+
+
+def test_every_infra_file_present_and_yaml_loads():
+    for name in ("cluster-aws.yaml", "kuberay-rayjob.yaml", "kuberay-shared-pvc.yaml",
+                 "runtime_env.yaml", "mlflow/docker-compose.yaml", "Dockerfile",
+                 "Dockerfile.dockerignore", "mlflow/Dockerfile", "mlflow/env.example",
+                 "README.md"):
+        assert (INFRA / name).is_file(), f"infra/{name} is missing"
+    yamls = sorted(INFRA.rglob("*.yaml"))
+    assert len(yamls) >= 5
+    for path in yamls:
+        doc = yaml.safe_load(path.read_text())
+        assert isinstance(doc, dict) and doc, f"{path} did not load as a YAML mapping"
+
+
+# --- entry points -------------------------------------------------------------------------------
+
+
+def test_entry_points_use_the_workflow_flag_contract():
+    commands = workflow_commands()
+    assert {script for _, script, _ in commands} == ALL_WORKFLOWS, "README covers all 4 workflows"
+    for source, script, argv in commands:
+        flags = flag_values(argv)
+        assert set(flags) <= WORKFLOW_FLAGS, f"{source}: {script} has unknown flags {flags}"
+        assert flags.get("--preset") in ("paper", "smoke"), f"{source}: {script} --preset"
+        assert flags.get("--storage-path"), f"{source}: {script} needs a shared --storage-path"
+        assert int(flags["--num-workers"]) >= 1
+
+
+_HELP = """
+import contextlib, io, json, runpy, sys
+out = {}
+for script in sys.argv[1:]:
+    buf = io.StringIO()
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(buf):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit:
+            pass
+    out[script] = buf.getvalue()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def workflow_help() -> dict[str, str]:
+    """`--help` text of every referenced workflow that exists (one interpreter for all)."""
+    scripts = sorted({s for _, s, _ in workflow_commands() if (REPO / s).is_file()})
+    if not scripts:
+        return {}
+    proc = subprocess.run([sys.executable, "-c", _HELP, *scripts], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", sorted({s for _, s, _ in workflow_commands()}))
+def test_entry_point_script_exists_and_takes_its_flags(script, workflow_help):
+    assert (REPO / script).is_file(), (
+        f"{script} is referenced by infra/ (README.md / kuberay-rayjob.yaml) but does not exist: "
+        "the workflow must be written before infra/ can run it"
+    )
+    help_text = workflow_help[script]
+    assert "usage:" in help_text, f"`python {script} --help` printed no argparse usage"
+    for src, s, argv in workflow_commands():
+        if s == script:
+            for flag in flag_values(argv):
+                assert flag in help_text, f"{src} passes {flag} to {script}; its --help lacks it"
+
+
+# --- versions -----------------------------------------------------------------------------------
+
+
+def test_versions_agree_with_pyproject():
+    torch_v, ray_v, mlflow_spec = pinned("torch"), pinned("ray"), specifier("mlflow")
+    args = dockerfile_args(INFRA / "Dockerfile")
+    assert args["TORCH_VERSION"] == torch_v
+    assert args["RAY_VERSION"] == ray_v
+    assert args["MLFLOW_VERSION"] in mlflow_spec, f"{args['MLFLOW_VERSION']} not in {mlflow_spec}"
+    assert args["PYTHON_VERSION"] + ".0" in SpecifierSet(pyproject()["project"]["requires-python"])
+    assert "download.pytorch.org/whl/${TORCH_CUDA}" in (INFRA / "Dockerfile").read_text()
+    assert "cuda" in re.search(r"^ARG CUDA_IMAGE=(\S+)", (INFRA / "Dockerfile").read_text(),
+                               flags=re.M).group(1)
+
+    # The cluster launcher installs the same versions on its nodes.
+    setup = "\n".join(load("cluster-aws.yaml")["setup_commands"])
+    assert f"torch=={torch_v}" in setup
+    assert f"whl/{args['TORCH_CUDA']}" in setup
+    assert f"--python {args['PYTHON_VERSION']}" in setup
+    assert f"mlflow=={args['MLFLOW_VERSION']}" in setup
+
+    # KubeRay runs the image built from infra/Dockerfile at the project's version and Ray version.
+    spec = load("kuberay-rayjob.yaml")["spec"]["rayClusterSpec"]
+    assert spec["rayVersion"] == ray_v
+    version = pyproject()["project"]["version"]
+    pods = [spec["headGroupSpec"]] + spec["workerGroupSpecs"]
+    for group in pods:
+        for c in group["template"]["spec"]["containers"]:
+            assert c["image"].endswith(f"/convs2s-ray:{version}"), c["image"]
+
+    # The tracking server runs the MLflow version the clients use.
+    mlflow_svc = load("mlflow/docker-compose.yaml")["services"]["mlflow"]
+    assert mlflow_svc["build"]["args"]["MLFLOW_VERSION"] == args["MLFLOW_VERSION"]
+    assert dockerfile_args(INFRA / "mlflow" / "Dockerfile")["MLFLOW_VERSION"] == \
+        args["MLFLOW_VERSION"]
+
+
+def test_dockerfile_copies_the_project():
+    text = (INFRA / "Dockerfile").read_text()
+    assert re.search(r"^WORKDIR /app$", text, flags=re.M)
+    for src in re.findall(r"^COPY (?!--)(.+) \S+$", text, flags=re.M):
+        for part in src.split():
+            assert (REPO / part).exists(), f"infra/Dockerfile copies {part}, missing in the repo"
+    packages = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pkg in packages:  # every package pyproject installs is in the build context
+        assert f"COPY {pkg.rstrip('*')} " in text, f"infra/Dockerfile does not copy {pkg}"
+    assert "wget" in text  # KubeRay's health probes call wget
+    ignored = (INFRA / "Dockerfile.dockerignore").read_text().split()
+    assert {".venv", ".git", "data", "runs", "mlruns", "mlflow.db"} <= set(ignored)
+
+
+# --- Ray cluster launcher -----------------------------------------------------------------------
+
+
+def test_cluster_config_passes_ray_validation():
+    from ray.autoscaler._private.commands import prepare_config
+    from ray.autoscaler._private.util import validate_config
+
+    raw = load("cluster-aws.yaml")
+    validate_config(prepare_config(raw))  # Ray's own schema and node-type checks, no cloud calls
+    types = raw["available_node_types"]
+    assert raw["provider"]["type"] == "aws"
+    assert types[raw["head_node_type"]]["resources"]["GPU"] == 0
+    gpu_types = {k: v for k, v in types.items() if v["resources"].get("GPU", 0) > 0}
+    assert {v["node_config"]["InstanceType"].split(".")[0] for v in gpu_types.values()} >= \
+        {"g5", "p4d"}
+    for name, t in types.items():
+        if name != raw["head_node_type"]:
+            assert 0 <= t["min_workers"] <= t["max_workers"], name
+    assert sum(t.get("max_workers", 0) for t in types.values()) <= raw["max_workers"]
+
+    # The project is synced and installed, nodes join with token authentication.
+    assert raw["file_mounts"]["~/convs2s"] == "."
+    assert "~/.ray/auth_token" in raw["file_mounts"]
+    assert any("-e ~/convs2s" in c for c in raw["setup_commands"])
+    for cmd in raw["head_start_ray_commands"] + raw["worker_start_ray_commands"]:
+        if "ray start" in cmd:
+            assert "RAY_AUTH_MODE=token" in cmd, cmd
+    for heavy in ("/.venv", "/.git", "/data", "/runs", "/mlruns", "mlflow.db", "*.pt"):
+        assert heavy in raw["rsync_exclude"], heavy
+
+
+def test_aws_storage_is_shared_and_jobs_fit_the_cluster():
+    raw = load("cluster-aws.yaml")
+    setup = "\n".join(raw["setup_commands"])
+    mount = re.search(r"mountpoint -q (\S+)", setup).group(1)
+    assert f"efs.{raw['provider']['region']}.amazonaws.com:/ {mount}" in setup
+    gpu_capacity = sum(t.get("max_workers", 0) * t["resources"].get("GPU", 0)
+                       for t in raw["available_node_types"].values())
+    largest_node = max(t["resources"].get("GPU", 0) for t in raw["available_node_types"].values())
+    readme_cmds = [c for c in workflow_commands() if c[0] == "infra/README.md"]
+    for _, script, argv in readme_cmds:
+        flags = flag_values(argv)
+        path = flags["--storage-path"]
+        assert path.startswith(mount + "/") or path.startswith("s3://"), (
+            f"{script}: --storage-path {path} is not on the shared mount {mount}")
+        assert "--use-gpu" in flags and int(flags["--num-workers"]) <= gpu_capacity
+    assert largest_node >= 8  # the paper's 8-GPU En-Fr run fits on one node
+    assert load("runtime_env.yaml")["env_vars"]["HF_HOME"].startswith(mount + "/")
+
+
+# --- runtime environment ------------------------------------------------------------------------
+
+
+def _zip_names(root: Path, excludes: list[str], tmp: Path, include_gitignore: bool) -> list[str]:
+    from ray._private.runtime_env.packaging import _zip_files
+
+    out = tmp / "pkg.zip"
+    _zip_files(str(root), excludes, str(out), include_gitignore=include_gitignore)
+    with zipfile.ZipFile(out) as z:
+        return z.namelist()
+
+
+def test_runtime_env_excludes_heavy_paths(tmp_path):
+    from ray.runtime_env import RuntimeEnv
+
+    env = load("runtime_env.yaml")
+    assert env["working_dir"] == "."
+    RuntimeEnv(**{**env, "working_dir": str(REPO)})  # Ray's own validation of every field
+
+    # A checkout with every heavy path, packaged by Ray's own zip routine with our excludes.
+    tree = tmp_path / "checkout"
+    keep = ["convs2s/model.py", "workflows/wmt14_en_fr.py", "preprocessing/data.py",
+            "convs2s/data/readme.txt", "infra/runtime_env.yaml"]
+    drop = [".venv/lib/torch.so", ".git/objects/ab", "data/wmt14/train.parquet",
+            "runs/exp1/checkpoint_000/checkpoint.pt", "mlruns/0/meta.yaml", "mlflow.db",
+            "model.pt", "convs2s/__pycache__/model.cpython-311.pyc"]
+    for rel in keep + drop:
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text("x")
+    names = set(_zip_names(tree, env["excludes"], tmp_path, include_gitignore=False))
+    assert set(keep) <= names, f"wrongly excluded: {set(keep) - names}"
+    assert not names & set(drop), f"not excluded: {names & set(drop)}"
+
+
+def test_real_checkout_packages_small(tmp_path):
+    from ray._private.runtime_env.packaging import PACKAGE_SIZE_WARNING
+
+    env = load("runtime_env.yaml")
+    names = _zip_names(REPO, env["excludes"], tmp_path, include_gitignore=True)
+    assert "convs2s/scoring.py" in names and "infra/runtime_env.yaml" in names
+    assert not [n for n in names if n.startswith((".venv/", ".git/")) or n.endswith(".pt")]
+    size = (tmp_path / "pkg.zip").stat().st_size
+    assert size < PACKAGE_SIZE_WARNING, f"working_dir package is {size / 2**20:.0f} MiB"
+
+
+# --- KubeRay ------------------------------------------------------------------------------------
+
+
+def test_kuberay_rayjob_runs_a_workflow_on_gpus_with_shared_storage():
+    from ray.runtime_env import RuntimeEnv
+
+    job = load("kuberay-rayjob.yaml")
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    spec = job["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    assert spec["rayClusterSpec"]["authOptions"]["mode"] == "token"
+    runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
+    # /app in the image is the repository (infra/Dockerfile WORKDIR + COPY).
+    assert runtime_env["working_dir"] == "/app"
+    RuntimeEnv(**{**runtime_env, "working_dir": str(REPO)})
+    assert "MLFLOW_TRACKING_URI" in runtime_env["env_vars"]
+
+    (_, script, argv), = [c for c in workflow_commands() if c[0] == "infra/kuberay-rayjob.yaml"]
+    assert script == "workflows/wmt14_en_fr.py"
+    flags = flag_values(argv)
+    assert flags["--preset"] == "paper" and "--use-gpu" in flags
+
+    cluster = spec["rayClusterSpec"]
+    gpus = sum(int(g["replicas"]) * int(c["resources"]["limits"].get("nvidia.com/gpu", 0))
+               for g in cluster["workerGroupSpecs"] for c in g["template"]["spec"]["containers"])
+    assert int(flags["--num-workers"]) <= gpus
+
+    pvc = load("kuberay-shared-pvc.yaml")
+    assert "ReadWriteMany" in pvc["spec"]["accessModes"]
+    for group in [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        shared = [v for v, claim in claims.items() if claim == pvc["metadata"]["name"]]
+        assert shared, "every pod mounts the shared claim"
+        mounts = [m["mountPath"] for c in pod["containers"] for m in c["volumeMounts"]
+                  if m["name"] in shared]
+        assert any(flags["--storage-path"].startswith(m + "/") for m in mounts)
+        assert runtime_env["env_vars"]["HF_HOME"].startswith(mounts[0] + "/")
+
+
+# --- MLflow tracking server ---------------------------------------------------------------------
+
+
+def test_mlflow_compose_services_and_server_flags():
+    compose = load("mlflow/docker-compose.yaml")
+    services = compose["services"]
+    assert {"postgres", "minio", "create-bucket", "mlflow"} <= set(services)
+    cmd = services["mlflow"]["command"]
+    assert cmd[:2] == ["mlflow", "server"]
+    flags = {tok: (cmd[i + 1] if i + 1 < len(cmd) else None)
+             for i, tok in enumerate(cmd) if tok.startswith("--")}
+
+    # Every flag exists in the installed MLflow's `server` command (same major version).
+    from mlflow.cli import cli
+
+    known = {o for p in cli.commands["server"].params for o in p.opts}
+    assert set(flags) <= known, f"unknown mlflow server flags {set(flags) - known}"
+
+    backend = flags["--backend-store-uri"]
+    pg = services["postgres"]["environment"]
+    assert backend.startswith(f"postgresql://{pg['POSTGRES_USER']}:")
+    assert backend.endswith(f"@postgres:5432/{pg['POSTGRES_DB']}")
+    bucket = flags["--artifacts-destination"]
+    assert bucket.startswith("s3://")
+    assert f"local/{bucket.removeprefix('s3://')}" in " ".join(services["create-bucket"]["command"])
+    assert flags["--host"] == "0.0.0.0" and "--serve-artifacts" in flags
+    assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
+    assert services["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+    # Every variable the compose file requires is set in env.example.
+    required = set(re.findall(r"\$\{(\w+):\?", (INFRA / "mlflow" / "docker-compose.yaml")
+                              .read_text()))
+    example = dict(line.split("=", 1) for line in (INFRA / "mlflow" / "env.example")
+                   .read_text().splitlines() if line and not line.startswith("#"))
+    assert required and required <= set(example), required - set(example)
+    assert len(example["MINIO_ROOT_PASSWORD"]) >= 8
