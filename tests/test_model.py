@@ -183,3 +183,83 @@ def test_initialization_keeps_activation_scale():
     w0 = ConvS2S(cfg.replace(dropout=0.0), 10, 10).encoder.blocks[0].conv.weight.std()
     w2 = ConvS2S(cfg.replace(dropout=0.5), 10, 10).encoder.blocks[0].conv.weight.std()
     assert math.isclose((w0 / w2).item(), math.sqrt(2), rel_tol=0.05)
+
+
+def test_tied_output_embedding():
+    cfg = MIXED.replace(out_embed_dim=24, share_decoder_embed=True)
+    model = model_for(cfg)
+    assert model.decoder.fc3.weight is model.decoder.embed_tokens.weight
+    net = inference_copy(model)
+    assert net.decoder.fc3.weight is net.decoder.embed_tokens.weight
+    src, lengths, prev = make_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(net(src, lengths, prev)[0], model(src, lengths, prev)[0],
+                                   rtol=0, atol=1e-5)
+
+
+def test_encoder_gradient_scaling():
+    """§3.4: gradients reaching the encoder output are divided by 2 x attention layers, and the
+    forward value is unchanged."""
+    model = model_for(MIXED)  # 3 attention layers -> 1/6
+    src, lengths, _ = make_batch()
+    v = model.encoder.fc2.parametrizations.weight.original1
+    enc = model.encode(src, lengths)
+    grad = torch.autograd.grad(enc.keys.sum(), v)[0]
+    model.encoder.grad_scale = 1.0
+    enc1 = model.encode(src, lengths)
+    grad1 = torch.autograd.grad(enc1.keys.sum(), v)[0]
+    torch.testing.assert_close(enc1.keys, enc.keys, rtol=0, atol=0)
+    torch.testing.assert_close(grad * 6, grad1)
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_eager():
+    """torch.compile of the whole model (CPU, tiny): same outputs and gradients as eager."""
+    model = model_for(MIXED)  # eval mode: dropout off, so both runs are deterministic
+    src, lengths, prev = make_batch()
+    src[0, :2] = PAD
+    ref_logits, ref_attn = model(src, lengths, prev)
+    compiled = torch.compile(model)
+    logits, attn = compiled(src, lengths, prev)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attn, ref_attn, rtol=1e-5, atol=1e-5)
+    logits.logsumexp(-1).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref_logits.logsumexp(-1).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.gpu
+def test_bf16_autocast_matches_fp32_on_gpu():
+    """bf16 autocast forward/backward agrees with float32 within bf16 tolerance; the attention
+    scores and softmax stay float32; incremental decoding also runs under autocast."""
+    dev = torch.device("cuda")
+    cfg = PRESETS["iwslt_de_en"].replace(dropout=0.0)
+    model = model_for(cfg, src_vocab=1000, tgt_vocab=1000).to(dev)
+    src, lengths, prev = (t.to(dev) for t in make_batch(B=16, S=30, T=28, src_vocab=1000,
+                                                         tgt_vocab=1000))
+    src[:4, :5] = PAD
+    lengths = src.ne(PAD).sum(1)
+    ref_logits, ref_attn = model(src, lengths, prev)
+    ref_logits.float().logsumexp(-1).mean().backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits, attn = model(src, lengths, prev)
+    assert logits.dtype == torch.bfloat16 and attn.dtype == torch.float32
+    logits.float().logsumexp(-1).mean().backward()
+    scale = ref_logits.abs().max()
+    assert (logits.float() - ref_logits).abs().max() < 0.05 * scale
+    assert (attn - ref_attn).abs().max() < 0.05
+    for n, p in model.named_parameters():
+        g, r = p.grad.float().flatten(), ref_grads[n].flatten()
+        if r.norm() > 0:
+            assert F.cosine_similarity(g, r, dim=0) > 0.98, n
+    net = inference_copy(model)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        state = net.init_state(net.encode(src, lengths))
+        step_logits, step_attn = net.decode_step(prev[:, 0], state)
+    assert step_attn.dtype == torch.float32
+    assert (step_logits.float() - ref_logits[:, 0]).abs().max() < 0.05 * scale
