@@ -1,0 +1,119 @@
+"""Per-layer attention heatmaps of translated sentences, as in the paper's appendix C (PNG files).
+
+The search returns only the mean attention over the decoder's attention layers. The per-layer
+maps are read here without touching the model code: forward hooks on every decoder block's
+`Attention` module record the B x T x S map each one returns, during one teacher-forced
+decoder pass over the translation the search produced (the same prefix the search scored, so
+the mean of the recorded maps equals the search's attention).
+
+    from convs2s.attention_plot import plot_attention
+    paths = plot_attention(translator, ["the cat is small ."], "out/attention")
+    # out/attention/attention_000.png: one panel per attention layer, plus the layer mean
+
+Run: python -m convs2s.attention_plot --checkpoint runs/demo/best --out pics "the cat is small ."
+Figures are built on matplotlib's object API (no pyplot state), so threads and Ray tasks can
+draw at the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+
+from convs2s.config import EOS, PAD
+
+
+def layer_attention(model, src_ids: list[int], hyp_ids: list[int]) -> torch.Tensor:
+    """Attention of every attention layer of `model` for one sentence: A x T x S.
+
+    src_ids: source ids ending in EOS (S); hyp_ids: output ids ending in EOS (T). The decoder
+    reads [EOS] + hyp_ids[:-1] (teacher forcing), so row t is the attention while emitting
+    hyp_ids[t].
+    """
+    maps: list[torch.Tensor] = []
+    hooks = [blk.attention.register_forward_hook(lambda _m, _in, out: maps.append(out[1]))
+             for blk in model.decoder.blocks if blk.attention is not None]
+    dev = next(model.parameters()).device
+    src = torch.tensor([src_ids], device=dev)  # 1 x S
+    prev = torch.tensor([[EOS] + hyp_ids[:-1]], device=dev)  # 1 x T
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.inference_mode():
+            enc = model.encode(src, src.ne(PAD).sum(1))
+            model.decode(prev, enc)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return torch.stack([m[0].float().cpu() for m in maps])  # A x T x S
+
+
+def attention_figure(maps: torch.Tensor, src_labels: list[str], hyp_labels: list[str],
+                     title: str = "") -> Figure:
+    """One heatmap per layer (rows: output pieces, columns: source pieces) and their mean."""
+    panels = [(f"layer {i + 1}", m) for i, m in enumerate(maps)] + [("mean", maps.mean(0))]
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    S, T = maps.shape[2], maps.shape[1]
+    cell = 0.28  # inches per token: labels stay readable for sentences of ~40 pieces
+    fig = Figure(figsize=(cols * max(3.0, S * cell + 1.5), rows * max(3.0, T * cell + 1.2)),
+                 layout="constrained")
+    for k, (name, m) in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, k + 1)
+        im = ax.imshow(m.numpy(), cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks(range(S), src_labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(T), hyp_labels, fontsize=7)
+    fig.colorbar(im, ax=fig.axes, shrink=0.6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
+                   model_index: int = 0, prefix: str = "attention") -> list[Path]:
+    """Translate `lines` and save one PNG per non-empty line with the per-layer attention of
+    model `model_index` of the translator (an ensemble's models attend differently)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model, sp = translator.models[model_index], translator.sp
+    paths = []
+    for i, tr in enumerate(translator.translate_full(lines)):
+        if not tr.hypotheses:
+            continue
+        hyp = tr.hypotheses[0]
+        src_ids = [sp.piece_to_id(p) for p in tr.src_pieces] + [EOS]
+        maps = layer_attention(model, src_ids, hyp.tokens)
+        fig = attention_figure(maps, tr.src_pieces + ["</s>"],
+                               [sp.id_to_piece(t) for t in hyp.tokens[:-1]] + ["</s>"],
+                               title=f"{tr.source}\n-> {hyp.text}")
+        path = out_dir / f"{prefix}_{i:03d}.png"
+        fig.savefig(path, dpi=100)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    from convs2s.translate import Translator
+
+    p = argparse.ArgumentParser(prog="python -m convs2s.attention_plot",
+                                description="Per-layer attention heatmaps (paper appendix C).")
+    p.add_argument("--checkpoint", nargs="+", required=True)
+    p.add_argument("--out", required=True, help="output folder for the PNG files")
+    p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
+    args = p.parse_args(argv)
+    translator = Translator.from_checkpoints(args.checkpoint)
+    for path in plot_attention(translator, args.sentences, args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Checkpoint averaging: the element-wise mean of the weights of several checkpoints (torch only).
+
+Averaging the last N checkpoints of one run is the reference implementation's cheap ensemble
+(scripts/average_checkpoints.py): one model, the cost of one model at inference. Parameters are
+averaged as stored, i.e. the weight-norm gains g and directions v separately, as the reference
+does with its state dicts.
+
+    from convs2s.averaging import average_checkpoints
+    out = average_checkpoints(["runs/demo/checkpoint_00000300", "runs/demo/checkpoint_00000400"],
+                              "runs/demo/averaged_last2")
+    # out/checkpoint.pt + out/sentencepiece.model + out/meta.json: a checkpoint like any other
+
+Run: python -m convs2s.averaging --out runs/demo/avg runs/demo/checkpoint_*
+
+The sum is accumulated in float64 and cast back to each tensor's dtype, so the average of N
+identical checkpoints is bit-identical to them. The result keeps only what inference needs
+(weights, model config, vocabulary sizes, epoch/update of the newest input) — no optimizer
+state — so `average_checkpoints([path], out)` also makes a slim copy for serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from convs2s.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+
+KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
+        "val_loss")
+
+
+def _start(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A running sum: float tensors in float64, other tensors (integer buffers) as they are."""
+    return {k: v.to(torch.float64) if v.is_floating_point() else v.clone()
+            for k, v in state.items()}
+
+
+def _add(total: dict, state: dict, name: str, ref: str) -> None:
+    """total += state, after checking that both hold the same tensors of the same shapes."""
+    if state.keys() != total.keys():
+        diff = sorted(set(state) ^ set(total))[:5]
+        raise ValueError(f"{name} and {ref} hold different parameters (e.g. {diff}): only "
+                         "checkpoints of the same model configuration can be averaged")
+    for k, v in state.items():
+        if v.shape != total[k].shape:
+            raise ValueError(f"{name}: {k} has shape {tuple(v.shape)}, {ref} has "
+                             f"{tuple(total[k].shape)}")
+        if v.is_floating_point():
+            total[k] += v.to(torch.float64)
+        elif not torch.equal(v, total[k]):
+            raise ValueError(f"{name}: non-float tensor {k} differs from {ref}")
+
+
+def _finish(total: dict, like: dict, n: int) -> dict[str, torch.Tensor]:
+    """The mean, cast back to the dtypes of `like`."""
+    return {k: (v / n).to(like[k].dtype) if like[k].is_floating_point() else v
+            for k, v in total.items()}
+
+
+def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Mean of floating-point tensors; other tensors (integer buffers) must be equal."""
+    if not states:
+        raise ValueError("nothing to average")
+    total = _start(states[0])
+    for i, state in enumerate(states[1:], 1):
+        _add(total, state, f"state dict {i}", "state dict 0")
+    return _finish(total, states[0], len(states))
+
+
+def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLike) -> Path:
+    """Write the average of the checkpoint directories `paths` to `out_dir`; returns it.
+
+    Checkpoints are read one at a time into a running float64 sum (memory: about three models).
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("average_checkpoints needs at least one checkpoint")
+    first = load_checkpoint(paths[0])
+    like = first["model"]
+    total, newest = _start(like), {k: first[k] for k in KEEP if k in first}
+    del first  # keep only the weights and the metadata (not the optimizer state)
+    for p in paths[1:]:
+        state = load_checkpoint(p)
+        if state["model_config"] != newest["model_config"]:
+            raise ValueError(f"{p} and {paths[0]} have different model configurations: "
+                             "only checkpoints of one model can be averaged")
+        _add(total, state["model"], str(p), str(paths[0]))
+        if state["update"] >= newest["update"]:
+            newest = {k: state[k] for k in KEEP if k in state}
+        del state
+    out = dict(newest)
+    if len(paths) > 1:
+        out["val_loss"] = None  # the inputs' validation losses do not describe the average
+    out.update(model=_finish(total, like, len(paths)),
+               averaged_from=[str(p) for p in paths])
+    spms = [p / SPM_FILE for p in paths if (p / SPM_FILE).is_file()]
+    for other in spms[1:]:
+        if other.read_bytes() != spms[0].read_bytes():
+            raise ValueError(f"{other} differs from {spms[0]}: the checkpoints were trained "
+                             "on different BPE vocabularies and cannot be averaged")
+    spm = spms[0] if spms else None
+    return save_checkpoint(out_dir, out, spm_model=str(spm) if spm else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m convs2s.averaging",
+                                description="Average the weights of checkpoint directories.")
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+    args = p.parse_args(argv)
+    print(average_checkpoints(args.checkpoints, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

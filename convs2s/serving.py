@@ -1,0 +1,153 @@
+"""The trained translator as an MLflow pyfunc model: weights, configs, sentencepiece model and
+search settings in one logged (and optionally registered) model.
+
+    from convs2s.serving import log_translator
+    served = log_translator(["runs/demo/best"], SearchConfig(beam=5), tracking_uri=uri,
+                            run_id=train_run_id, registered_model_name="convs2s-demo",
+                            alias="champion")
+    served.model_uri        # models:/m-...  (the logged model)
+    served.registered_uri   # models:/convs2s-demo@champion
+
+    import mlflow
+    mlflow.pyfunc.load_model(served.registered_uri).predict(["the cat is small ."])
+
+Serve over HTTP (the project's venv; POST {"inputs": ["a sentence", ...]} to /invocations,
+answer {"predictions": ["...", ...]}):
+
+    MLFLOW_TRACKING_URI=sqlite:////abs/mlflow.db mlflow models serve \\
+        -m models:/convs2s-demo@champion --env-manager local -p 5001
+
+The model's artifacts are slim copies of the checkpoints (weights + model config + the
+sentencepiece model, no optimizer state; `convs2s.averaging`), `search.json` (a
+`convs2s.translate.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`
+package travels with the model (`code_paths`), so a process without the project installed
+loads it as long as torch, sentencepiece and mlflow are there (they are the model's
+pip requirements). Predictions run on CUDA when the serving machine has a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import mlflow
+import mlflow.pyfunc
+
+SEARCH_FILE = "search.json"
+EXAMPLE = ["the cat is small ."]
+
+
+class TranslatorModel(mlflow.pyfunc.PythonModel):
+    """pyfunc wrapper: a list of source sentences in, their translations out (same order)."""
+
+    def load_context(self, context) -> None:
+        import torch
+
+        from convs2s.translate import SearchConfig, Translator
+
+        cfg = json.loads(Path(context.artifacts["search"]).read_text())
+        if cfg.get("dictionary"):
+            cfg["dictionary"] = context.artifacts["dictionary"]
+        root = Path(context.artifacts["checkpoints"])
+        paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.translator = Translator.from_checkpoints(paths, device,
+                                                      SearchConfig.from_dict(cfg))
+
+    def predict(self, context, model_input: list[str], params=None) -> list[str]:
+        # The list[str] type hints give the model its signature: MLflow checks and converts
+        # inputs (a list, or a one-column DataFrame from the REST server) to a list of str.
+        return self.translator.translate([s or "" for s in model_input])
+
+
+@dataclass
+class ServedModel:
+    model_uri: str  # the logged model
+    run_id: str  # the run it was logged to
+    registered_name: str | None = None
+    version: str | None = None
+    alias: str | None = None
+
+    @property
+    def registered_uri(self) -> str | None:
+        """models:/<name>@<alias> (or /<version>) when the model was registered."""
+        if not self.registered_name:
+            return None
+        return f"models:/{self.registered_name}@{self.alias}" if self.alias else \
+            f"models:/{self.registered_name}/{self.version}"
+
+
+def _pip_requirements() -> list[str]:
+    torch_version = version("torch").split("+")[0]  # the CUDA image installs its own build
+    return [f"torch=={torch_version}", f"sentencepiece=={version('sentencepiece')}",
+            f"mlflow=={version('mlflow')}"]
+
+
+def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path) -> dict:
+    """Slim checkpoint copies, search.json (and the dictionary) under out_dir -> artifacts map."""
+    from convs2s.averaging import average_checkpoints
+
+    ck_dir = out_dir / "checkpoints"
+    for i, p in enumerate(checkpoints):
+        average_checkpoints([p], ck_dir / f"model_{i:02d}")  # a mean of one = a slim copy
+    artifacts = {"checkpoints": str(ck_dir), "search": str(out_dir / SEARCH_FILE)}
+    cfg = search.to_dict()
+    if search.dictionary:
+        shutil.copyfile(search.dictionary, out_dir / "dictionary.txt")
+        artifacts["dictionary"] = str(out_dir / "dictionary.txt")
+        cfg["dictionary"] = "dictionary.txt"  # replaced by the artifact path at load
+    (out_dir / SEARCH_FILE).write_text(json.dumps(cfg, indent=1))
+    return artifacts
+
+
+def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
+                   tracking_uri: str, run_id: str | None = None,
+                   experiment_name: str = "convs2s", name: str = "translator",
+                   registered_model_name: str | None = None, alias: str | None = None,
+                   input_example: list[str] | None = None) -> ServedModel:
+    """Log checkpoints (one model or an ensemble) + search settings as a pyfunc model into
+    run `run_id` (a new run of `experiment_name` if None); register it and set `alias` when
+    `registered_model_name` is given. The input example is translated once at logging time,
+    which checks that the logged model loads and predicts."""
+    from mlflow.tracking import MlflowClient
+
+    import convs2s
+    from convs2s.tracking import get_or_create_experiment
+    from convs2s.translate import SearchConfig, Translator
+
+    search = search or SearchConfig()
+    if alias and not registered_model_name:
+        raise ValueError("an alias needs registered_model_name")
+    Translator.from_checkpoints(checkpoints, "cpu", search)  # fail here, with a clear error
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            artifacts = stage_artifacts(checkpoints, search, Path(tmp))
+            exp_id = None
+            if run_id is None:  # artifacts beside the sqlite store, not in ./mlruns
+                exp_id = get_or_create_experiment(tracking_uri, experiment_name)
+            with mlflow.start_run(run_id=run_id, experiment_id=exp_id,
+                                  run_name=None if run_id else name) as run:
+                info = mlflow.pyfunc.log_model(
+                    name=name, python_model=TranslatorModel(), artifacts=artifacts,
+                    code_paths=[str(Path(convs2s.__file__).parent)],
+                    pip_requirements=_pip_requirements(),
+                    input_example=input_example or EXAMPLE)
+                run_id = run.info.run_id
+        served = ServedModel(model_uri=info.model_uri, run_id=run_id)
+        if registered_model_name:
+            mv = mlflow.register_model(info.model_uri, registered_model_name)
+            served.registered_name, served.version = registered_model_name, str(mv.version)
+            if alias:
+                MlflowClient(tracking_uri).set_registered_model_alias(
+                    registered_model_name, alias, mv.version)
+                served.alias = alias
+        return served
+    finally:
+        mlflow.set_tracking_uri(previous)

@@ -1,0 +1,409 @@
+"""Translate text with one ConvS2S checkpoint or an ensemble of them (beam search, paper §5).
+
+No Ray and no MLflow: this is the library and command line that the evaluation jobs
+(`workflows.evaluation`) and the served model (`convs2s.serving`) call.
+
+Command line (installed as `convs2s-translate`):
+
+    python -m convs2s.translate --checkpoint runs/demo/best [runs/other/best ...] \\
+        --input test.en --output hyp.fr [--beam 5 --lenpen 1 --max-len-a 0 --max-len-b 200 \\
+        --min-len 1 --unk-penalty 0 --nbest 1 --replace-unk [--dictionary lex.txt] \\
+        --batch-size 128 --device cpu --threads 4 --print-attention]
+
+Reads one sentence per line (a file, or stdin when --input is absent or "-") and writes one
+detokenized translation per line in input order. With --nbest N, N lines per input; with
+--print-attention, a verbose format per input: `S-i source`, then per hypothesis `H-i score
+text`, `P-i positional log-probs` and `A-i` alignments (`src-tgt` sentencepiece-piece index
+pairs, each target piece aligned to its most attended source piece).
+
+Python API:
+
+    from convs2s.translate import SearchConfig, Translator
+    tr = Translator.from_checkpoints(["runs/demo/best"], device="cpu",
+                                     search=SearchConfig(beam=5, lenpen=1.0))
+    tr.translate(["the cat is small ."])        # -> ["le chat est petit ."]
+    tr.translate_full(lines)                    # -> [Translation] with nbest Hypothesis each
+
+Input handling: lines are normalized as preprocessing cleans text (NFC, control characters
+dropped, whitespace collapsed). An empty line gives an empty translation (the model never sees
+it). A line longer than the model's position table is cut to `max_positions - 1` pieces + EOS
+with a logged warning. Sentences are sorted by length and searched in batches of up to
+`SearchConfig.max_sentences` (128, the paper's speed setting) so padding stays small; weight
+norm is folded once per model at load time (`convs2s.model.inference_copy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import logging
+import os
+import sys
+import time
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import sentencepiece as spm
+import torch
+
+from convs2s.config import EOS, PAD, UNK
+from convs2s.search import generate
+from convs2s.unk_replace import load_dictionary, replace_unknowns
+
+log = logging.getLogger("convs2s.translate")
+
+UNK_PIECE = "<unk>"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or its sentencepiece model) is missing, unreadable or inconsistent."""
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Beam search and output settings (reference-facts §6). Lengths count output pieces."""
+
+    beam: int = 5  # beam width K (paper §5: 5)
+    lenpen: float = 1.0  # score = sum log p / |y|^lenpen
+    max_len_a: float = 0.0  # at most a * |x| + b output pieces (|x| counts source EOS)
+    max_len_b: int = 200
+    min_len: int = 1  # at least this many pieces (summarization, paper §5.5: 14 words)
+    unk_penalty: float = 0.0  # subtracted from log p(<unk>); negative favours <unk>
+    nbest: int = 1  # hypotheses kept per sentence (1 <= nbest <= beam)
+    replace_unk: bool = False  # replace <unk> by the most attended source word (§5.1)
+    dictionary: str | None = None  # `source target` word table used by replace_unk
+    max_sentences: int = 128  # sentences per search batch
+
+    def __post_init__(self) -> None:
+        if self.beam < 1:
+            raise ValueError(f"beam must be >= 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise ValueError(f"nbest must be in [1, beam={self.beam}], got {self.nbest}")
+        if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
+            raise ValueError("min_len, max_len_a and max_len_b must be >= 0")
+        if self.max_sentences < 1:
+            raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}")
+        if self.dictionary is not None and not self.replace_unk:
+            raise ValueError("a dictionary is only used with replace_unk=True")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SearchConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown SearchConfig fields {sorted(unknown)}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "SearchConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class Hypothesis:
+    text: str  # detokenized output
+    score: float  # length-normalized log-probability
+    tokens: list[int]  # target piece ids, final EOS included
+    positional_scores: list[float]  # log p of each token (EOS included)
+    attention: torch.Tensor  # (source pieces + EOS) x (target pieces + EOS), model/layer mean
+
+    def alignment(self) -> list[tuple[int, int]]:
+        """(source piece, target piece) pairs: each target piece's most attended source piece."""
+        if self.attention.numel() == 0:
+            return []
+        best = self.attention[:, : len(self.tokens) - 1].argmax(dim=0).tolist()
+        return [(s, t) for t, s in enumerate(best)]
+
+
+@dataclass
+class Translation:
+    source: str  # the normalized input line
+    src_pieces: list[str]  # sentencepiece pieces fed to the encoder (without EOS)
+    hypotheses: list[Hypothesis]  # best first; empty for an empty line
+    truncated: bool = False  # the source was cut to the model's positions
+
+    @property
+    def text(self) -> str:
+        return self.hypotheses[0].text if self.hypotheses else ""
+
+
+def normalize(text: str) -> str:
+    """NFC, control / format characters dropped, whitespace collapsed (as preprocessing cleans
+    training text, `preprocessing.cleaning.normalize`; duplicated to keep packages apart)."""
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
+    return " ".join(text.split())
+
+
+def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
+    """(inference model, meta) of one checkpoint directory, or a CheckpointError that names the
+    file and the fix. The model is an eval copy with weight norm folded into the weights."""
+    from convs2s.checkpoint import load_model
+    from convs2s.model import inference_copy
+
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist: give a checkpoint directory "
+                              "of a training run (e.g. <storage_path>/<run_name>/best)")
+    try:
+        model, meta = load_model(path, device="cpu")
+    except FileNotFoundError as err:
+        raise CheckpointError(str(err)) from None
+    except Exception as err:  # noqa: BLE001 - torch.load / load_state_dict raise many types
+        msg = str(err).splitlines()[0][:300] if str(err) else ""
+        raise CheckpointError(
+            f"cannot load checkpoint {path} ({type(err).__name__}: {msg}): the file is "
+            "truncated, corrupt or not a ConvS2S checkpoint; copy it again or pick another "
+            "checkpoint of the run") from None
+    if not meta.get("spm_model"):
+        raise CheckpointError(f"checkpoint {path} has no sentencepiece.model beside "
+                              "checkpoint.pt; copy the run's spm/spm.model there")
+    return inference_copy(model.to(device)), meta
+
+
+class Translator:
+    """Sentencepiece + one model or an ensemble (probabilities averaged, reference-facts §6)."""
+
+    def __init__(self, models: list, sp: spm.SentencePieceProcessor, search: SearchConfig,
+                 device: str | torch.device = "cpu"):
+        if not models:
+            raise ValueError("a Translator needs at least one model")
+        self.models, self.sp, self.search = list(models), sp, search
+        self.device = torch.device(device)
+        self.max_positions = min(m.max_positions for m in self.models)
+        self.dictionary = load_dictionary(search.dictionary) if search.dictionary else None
+
+    @classmethod
+    def from_checkpoints(cls, paths: Iterable[str | os.PathLike],
+                         device: str | torch.device = "cpu",
+                         search: SearchConfig | None = None) -> "Translator":
+        """Load checkpoint directories (one = single model, several = ensemble). All must
+        share the same sentencepiece model and vocabulary sizes."""
+        paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+        if not paths:
+            raise CheckpointError("no checkpoint given")
+        models, metas = zip(*(load_checkpoint_model(p, device) for p in paths))
+        spm_bytes = Path(metas[0]["spm_model"]).read_bytes()
+        for p, m in zip(paths[1:], metas[1:]):
+            if Path(m["spm_model"]).read_bytes() != spm_bytes:
+                raise CheckpointError(f"{p} uses another sentencepiece model than {paths[0]}: "
+                                      "an ensemble needs models trained on the same BPE")
+        sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+        for p, m in zip(paths, models):
+            if (m.src_vocab_size, m.tgt_vocab_size) != (sp.get_piece_size(),) * 2:
+                raise CheckpointError(
+                    f"{p}: vocabulary sizes {m.src_vocab_size}/{m.tgt_vocab_size} do not match "
+                    f"its sentencepiece.model ({sp.get_piece_size()} pieces)")
+        return cls(list(models), sp, search or SearchConfig(), device)
+
+    # --- encoding ------------------------------------------------------------------------------
+
+    def encode(self, line: str, index: int = 0) -> tuple[list[int], list[str], bool]:
+        """(ids ending in EOS, pieces, truncated) of a normalized line; cut to max_positions."""
+        pieces = self.sp.encode(line, out_type=str)
+        limit = self.max_positions - 1  # + EOS = max_positions source positions
+        truncated = len(pieces) > limit
+        if truncated:
+            log.warning("line %d has %d pieces, more than the model's %d positions: cut to "
+                        "the first %d", index + 1, len(pieces) + 1, self.max_positions, limit)
+            pieces = pieces[:limit]
+        return [self.sp.piece_to_id(p) for p in pieces] + [EOS], pieces, truncated
+
+    # --- translation ---------------------------------------------------------------------------
+
+    def translate(self, lines: Iterable[str]) -> list[str]:
+        """Best detokenized translation of each line, in input order."""
+        return [t.text for t in self.translate_full(lines)]
+
+    def translate_full(self, lines: Iterable[str]) -> list[Translation]:
+        """Per line a Translation with `search.nbest` hypotheses (none for an empty line)."""
+        sources = [normalize(s) for s in lines]
+        out: list[Translation | None] = [None] * len(sources)
+        todo = []  # (index, ids, pieces)
+        for i, src in enumerate(sources):
+            if not src:
+                out[i] = Translation(source="", src_pieces=[], hypotheses=[])
+                continue
+            ids, pieces, truncated = self.encode(src, i)
+            out[i] = Translation(source=src, src_pieces=pieces, hypotheses=[],
+                                 truncated=truncated)
+            todo.append((i, ids))
+        # Longest first: similar lengths share a batch (little padding), and the largest
+        # batch runs first so an out-of-memory error shows at once.
+        todo.sort(key=lambda x: -len(x[1]))
+        step = self.search.max_sentences
+        for start in range(0, len(todo), step):
+            chunk = todo[start:start + step]
+            for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk])):
+                out[i].hypotheses = [self._hypothesis(h, out[i]) for h in hyps]
+        return out  # type: ignore[return-value]
+
+    def _search(self, batch: list[list[int]]) -> list[list[dict]]:
+        S = max(len(ids) for ids in batch)
+        src = torch.full((len(batch), S), PAD, dtype=torch.long)  # B x S, right-padded
+        for b, ids in enumerate(batch):
+            src[b, : len(ids)] = torch.tensor(ids)
+        lengths = torch.tensor([len(ids) for ids in batch])
+        s = self.search
+        return generate(self.models, src.to(self.device), lengths.to(self.device),
+                        beam_size=s.beam, max_len_a=s.max_len_a, max_len_b=s.max_len_b,
+                        min_len=s.min_len, lenpen=s.lenpen, unk_penalty=s.unk_penalty,
+                        nbest=s.nbest)
+
+    def _hypothesis(self, h: dict, tr: Translation) -> Hypothesis:
+        tokens = h["tokens"].tolist()
+        ids = tokens[:-1] if tokens and tokens[-1] == EOS else tokens
+        if self.search.replace_unk and UNK in ids:
+            text = self._replace_unk(ids, tr, h["attention"])
+        else:
+            text = self.sp.decode(ids)
+        return Hypothesis(text=text, score=h["score"], tokens=tokens,
+                          positional_scores=h["positional_scores"].tolist(),
+                          attention=h["attention"])
+
+    def _replace_unk(self, ids: list[int], tr: Translation, attention: torch.Tensor) -> str:
+        """Each <unk> becomes the source *word* holding its most attended source piece, looked
+        up in the dictionary (Jean et al. 2015, as the paper's §5.1 En-De setup does)."""
+        words = tr.source.split(" ")
+        word_of_piece, w = [], -1
+        for piece in tr.src_pieces:  # a piece starting with U+2581 opens the next word
+            w += piece.startswith("\u2581")
+            word_of_piece.append(words[min(max(w, 0), len(words) - 1)])
+        hyp_pieces = [UNK_PIECE if i == UNK else self.sp.id_to_piece(i) for i in ids]
+        replaced = replace_unknowns(hyp_pieces, word_of_piece, attention, unk=UNK_PIECE,
+                                    dictionary=self.dictionary)
+        # Decode runs of normal pieces with sentencepiece (bytes, spaces) and put each
+        # replacement in as a word of its own.
+        parts, run = [], []
+
+        def flush():
+            if run:
+                text = self.sp.decode(run)
+                opens_word = self.sp.id_to_piece(run[0]).startswith("\u2581")
+                parts.append((" " if parts and opens_word else "") + text)
+                run.clear()
+
+        for i, word in zip(ids, replaced):
+            if i == UNK:
+                flush()
+                parts.append((" " if parts else "") + word)
+            else:
+                run.append(i)
+        flush()
+        return "".join(parts)
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def _read_lines(path: str | None) -> Iterator[str]:
+    """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced."""
+    if path in (None, "-"):
+        stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
+                                  newline="\n")
+        yield from (line.rstrip("\n") for line in stream)
+        return
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"input file {path} does not exist")
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+        yield from (line.rstrip("\n") for line in f)
+
+
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def format_translation(tr: Translation, index: int, nbest: int, verbose: bool) -> str:
+    """Plain: `nbest` lines (empty lines pad missing hypotheses). Verbose: S-/H-/P-/A- lines."""
+    if not verbose:
+        texts = [h.text for h in tr.hypotheses[:nbest]]
+        return "\n".join(texts + [""] * (nbest - len(texts))) + "\n"
+    lines = [f"S-{index}\t{tr.source}"]
+    for h in tr.hypotheses[:nbest]:
+        lines.append(f"H-{index}\t{h.score:.4f}\t{h.text}")
+        lines.append(f"P-{index}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores))
+        lines.append(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in h.alignment()))
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="convs2s-translate", description=__doc__.split("\n")[0])
+    d = SearchConfig()
+    p.add_argument("--checkpoint", nargs="+", required=True,
+                   help="checkpoint directories; several = an ensemble")
+    p.add_argument("--input", help="source text, one sentence per line (default: stdin)")
+    p.add_argument("--output", help="where translations go (default: stdout)")
+    p.add_argument("--beam", type=int, default=d.beam)
+    p.add_argument("--lenpen", type=float, default=d.lenpen)
+    p.add_argument("--max-len-a", type=float, default=d.max_len_a)
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    p.add_argument("--min-len", type=int, default=d.min_len)
+    p.add_argument("--unk-penalty", type=float, default=d.unk_penalty)
+    p.add_argument("--nbest", type=int, default=d.nbest)
+    p.add_argument("--replace-unk", action="store_true",
+                   help="replace <unk> by the most attended source word")
+    p.add_argument("--dictionary", help="`source target` word table for --replace-unk")
+    p.add_argument("--batch-size", type=int, default=d.max_sentences,
+                   help="sentences per search batch")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: the CPUs this process may use)")
+    p.add_argument("--buffer-size", type=int, default=10_000,
+                   help="lines read, translated and written at a time")
+    p.add_argument("--print-attention", action="store_true",
+                   help="verbose output with scores and attention alignments")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(max(1, threads))
+    try:
+        search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
+                              max_len_b=args.max_len_b, min_len=args.min_len,
+                              unk_penalty=args.unk_penalty, nbest=args.nbest,
+                              replace_unk=args.replace_unk, dictionary=args.dictionary,
+                              max_sentences=args.batch_size)
+        translator = Translator.from_checkpoints(args.checkpoint, args.device, search)
+        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    except (CheckpointError, OSError, ValueError) as err:
+        print(f"convs2s-translate: error: {err}", file=sys.stderr)
+        return 2
+    n, t0 = 0, time.perf_counter()
+    try:
+        with torch.inference_mode():
+            for chunk in _chunks(_read_lines(args.input), args.buffer_size):
+                for tr in translator.translate_full(chunk):
+                    out.write(format_translation(tr, n, args.nbest, args.print_attention))
+                    n += 1
+                out.flush()
+    except FileNotFoundError as err:
+        print(f"convs2s-translate: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    secs = time.perf_counter() - t0
+    log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
