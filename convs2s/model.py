@@ -98,8 +98,10 @@ class Conv(nn.Module):
         w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
         if self.kernel > 1:
             x = F.pad(x, (0, 0) + self.pad)  # B x (T + k - 1) x C_in, zeros outside
-            x = x.unfold(1, self.kernel, 1).transpose(2, 3).reshape(B, T, -1)  # B x T x kC_in
-        return F.linear(x, w, self.bias)
+            # Overlapping windows (a view), copied once into a (B*T) x (k*C_in) matrix so that
+            # the whole convolution is a single large GEMM.
+            x = x.unfold(1, self.kernel, 1).transpose(2, 3).reshape(B * T, -1)
+        return F.linear(x, w, self.bias).view(B, T, -1)
 
 
 def conv(c_in: int, c_out: int, kernel: int, causal: bool, dropout: float) -> nn.Module:
@@ -268,7 +270,8 @@ class Decoder(nn.Module):
         x = F.dropout(x, self.dropout, self.training)
         return self.fc3(x)
 
-    def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut):
+    def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut, last_only: bool = False):
+        """prev B x T -> logits B x T x V, attention B x T x S (T = 1 with `last_only`)."""
         # g: target embedding, used by every attention layer (§3.3).
         g = self.embed_tokens(prev_output_tokens)
         g = g + self.embed_positions(make_positions(prev_output_tokens))
@@ -283,7 +286,10 @@ class Decoder(nn.Module):
                 x, attn = block.attention(x, g, enc)
                 attn_sum = attn if attn_sum is None else attn_sum + attn
             x = (x + residual) * SQRT_HALF
-        return self._output(x), _mean_attention(attn_sum, self.num_attention, g, enc)
+        attn = _mean_attention(attn_sum, self.num_attention, g, enc)
+        if last_only:  # full-prefix decoding needs the output layer at the last position only
+            x, attn = x[:, -1:], attn[:, -1:]
+        return self._output(x), attn
 
     def init_state(self, enc: EncoderOut) -> DecoderState:
         """Empty history: zero buffers, exactly the left padding of the causal convolutions."""
@@ -360,9 +366,9 @@ class ConvS2S(nn.Module):
     def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
         return self.encoder(src_tokens, src_lengths)
 
-    def decode(self, prev_output_tokens: torch.Tensor, enc: EncoderOut):
+    def decode(self, prev_output_tokens: torch.Tensor, enc: EncoderOut, last_only: bool = False):
         """Full (non-incremental) decoder pass over a whole prefix: logits B x T x V, attn."""
-        return self.decoder(prev_output_tokens, enc)
+        return self.decoder(prev_output_tokens, enc, last_only)
 
     def init_state(self, enc: EncoderOut) -> DecoderState:
         return self.decoder.init_state(enc)

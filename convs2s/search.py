@@ -40,7 +40,7 @@ class _Stepper:
     def step(self, prefix: torch.Tensor):  # prefix N x (t+1) -> logits N x V, attn N x S
         if self.incremental:
             return self.model.decode_step(prefix[:, -1], self.state)
-        logits, attn = self.model.decode(prefix, self.enc)
+        logits, attn = self.model.decode(prefix, self.enc, last_only=True)  # recompute prefix
         return logits[:, -1], attn[:, -1]
 
     def reorder(self, rows: torch.Tensor, encoder: bool) -> None:
@@ -156,7 +156,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
             V = lprobs.shape[1]
             lprobs = _constrain(lprobs, step, min_len,
                                 max_lens[sent].repeat_interleave(K), unk_penalty)
-            cand = (scores[:, None] + lprobs).view(A, K * V)
+            cand = lprobs.add_(scores[:, None]).view(A, K * V)  # in place: N x V is the big one
             cand_scores, cand_idx = cand.topk(min(2 * K, K * V), dim=1)  # A x 2K, best first
             cand_beam = cand_idx // V  # beam within the sentence
             cand_tok = cand_idx % V
