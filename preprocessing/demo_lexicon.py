@@ -2,8 +2,8 @@
 
 The word lists, inflection rules and phrase realizers (noun phrases, verb forms, French elision
 and contraction) behind `preprocessing.demo`; see its docstring: the corpus is SYNTHETIC,
-generated from a small grammar. Every entry pairs one English form with one
-French form, so an English sentence has exactly one translation. Semantic tags on nouns keep the
+generated from a small grammar. Every entry pairs one English form with one French form, so an
+English sentence has exactly one translation. Semantic tags on nouns keep the
 generated sentences plausible ("the boy eats an apple", not "the table eats an idea"):
 
     major class (first letter): P person, A animal, F food, D drink, T thing, W work, L place
@@ -205,9 +205,9 @@ huge|énorme/énorme|post|2|ATL  tiny|minuscule/minuscule|post|2|ATF  lost|perdu
 
 
 def _adj_plural(m: str) -> str:
-    if m == "marron":  # colour nouns used as adjectives are invariable
+    if m == "marron" or m.endswith(("s", "x")):  # colour nouns used as adjectives: invariable
         return m
-    return m + "x" if m.endswith("eau") else fr_plural(m) if m.endswith(("s", "x")) else m + "s"
+    return m + "x" if m.endswith("eau") else m + "s"  # beaux, but bleus
 
 
 def _parse_adjectives() -> list[Adjective]:

@@ -105,6 +105,18 @@ def test_bad_arguments_fail_with_a_clear_message():
         demo.corpus("poetry")
 
 
+def test_lexicon_keeps_english_unambiguous():
+    # Distinctness and one-translation-per-sentence need distinct English forms: "the fish"
+    # (singular = plural) or an adjective that is also a noun would make two choices look alike.
+    noun_forms = [f for n in NOUNS for f in (n.en, n.en_pl)]
+    assert all(n.en != n.en_pl for n in NOUNS)
+    assert len(set(noun_forms)) == len(noun_forms)
+    adjectives = [a.en for a in ADJECTIVES]
+    assert len(set(adjectives)) == len(adjectives)
+    assert not set(adjectives) & set(noun_forms)
+    assert len({n.en for n in NAME_SUBJECTS}) == len(NAME_SUBJECTS)
+
+
 # --- size of the language and of the sentences ------------------------------------------------
 
 
