@@ -1,0 +1,82 @@
+"""Command line: run every preprocessing stage of a task and print a summary.
+
+    python -m preprocessing --task demo --out data/preprocessed
+    python -m preprocessing --task wmt14_en_fr --source hub --out /shared/prep
+    python -m preprocessing --task wmt14_en_fr --source ../shared/data/wmt14-en-fr \\
+        --split train=newstest2012 --split valid=newstest2013 --split test=newstest2014 \\
+        --vocab-size 8000
+
+`--task` picks a preset (preprocessing.config.PRESETS); other settings are edited there or in
+a workflow file. With RAY_ADDRESS set (e.g. under `ray job submit`) it joins that cluster,
+otherwise it starts a local Ray. Exit status 2 with a one-line reason on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from preprocessing.config import PRESETS
+from preprocessing.errors import PreprocessError
+from preprocessing.pipeline import PipelineOutput, run_pipeline
+
+
+def summary(out: PipelineOutput) -> str:
+    """A short table: rows, drops, tokens, batches and padding efficiency per split."""
+    lines = [f"output  {out.root}", f"bpe     {out.spm_model} ({out.vocab_size} types)",
+             f"{'split':<8}{'rows in':>11}{'kept':>11}{'src tok':>12}{'tgt tok':>12}"
+             f"{'batches':>9}{'pad eff':>9}  dropped"]
+    for split in out.batches:
+        c, b = out.manifests[f"clean/{split}"], out.manifests[f"batches/{split}"]
+        drops = {**c["dropped"], **b["dropped"]}
+        lines.append(f"{split:<8}{c['rows_in']:>11,}{b['rows_kept']:>11,}"
+                     f"{b['tokens']['src_tokens']:>12,}{b['tokens']['tgt_tokens']:>12,}"
+                     f"{b['batches']:>9,}{b['padding_efficiency']:>9.3f}  "
+                     + (", ".join(f"{k}={v:,}" for k, v in drops.items()) or "-"))
+    for split, (s, t) in out.text.items():
+        lines.append(f"text    {split}: {s} {t}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m preprocessing",
+                                description=__doc__.split("\n")[0])
+    p.add_argument("--task", default="demo", choices=sorted(PRESETS), help="preset name")
+    p.add_argument("--source", help="hub | demo | local folder (default: the preset's)")
+    p.add_argument("--out", help="output root; stages go to <out>/<task>/<stage>/")
+    p.add_argument("--split", action="append", default=[], metavar="SPLIT=NAME",
+                   help="source name of a split, e.g. valid=newstest2013 or train=a.txt,b.txt "
+                        "(repeatable; a new split name adds a test set)")
+    p.add_argument("--vocab-size", type=int, help="BPE types (default: the preset's)")
+    p.add_argument("--max-tokens", type=int, help="token budget per batch")
+    p.add_argument("--dedupe", action="store_true", help="drop exact duplicate training pairs")
+    p.add_argument("--hub-endpoint", help="Hugging Face endpoint (a mirror); default: the hub")
+    args = p.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    cfg = PRESETS[args.task]()
+    changes = {k: v for k, v in {"source": args.source, "root": args.out,
+                                 "vocab_size": args.vocab_size,
+                                 "max_tokens": args.max_tokens}.items() if v is not None}
+    if args.dedupe:
+        changes["dedupe"] = True
+    if args.split:
+        splits = dict(cfg.splits)
+        for item in args.split:
+            name, sep, value = item.partition("=")
+            if not sep or not name or not value:
+                p.error(f"--split {item!r}: expected SPLIT=NAME")
+            splits[name] = value
+        changes["splits"] = splits
+    try:
+        out = run_pipeline(cfg.replace(**changes), hub_endpoint=args.hub_endpoint)
+    except PreprocessError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Cleaning and filtering of sentence pairs: Unicode NFC, control characters, whitespace, and
+the paper's length / ratio filters (§5.1), as Ray Data map functions that count every drop.
+
+Reasons a row is dropped, checked in this order (first match wins), see `REASONS`:
+invalid_utf8 / line_too_long / bad_row (from the reader), nul_byte, empty, too_long (a side over
+`max_len` words), ratio (word-count ratio over `max_len_ratio`), duplicate (optional dedupe),
+over_max_tokens (batching: one sentence larger than the token budget).
+
+Pure functions (`normalize`, `drop_reason`) are tested without Ray; `clean_and_write` /
+`clean_rows` + `dedupe_and_write` are the stage's Ray Data functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+
+import numpy as np
+import pyarrow as pa
+
+from preprocessing.stages import mix64, part_name, write_part
+
+REASONS = ("invalid_utf8", "line_too_long", "bad_row", "nul_byte", "empty", "too_long", "ratio",
+           "duplicate", "over_max_tokens")
+
+
+def normalize(text: str | None) -> str:
+    """NFC, delete control / non-printing characters, collapse all whitespace to single spaces.
+
+    Deleted: Unicode categories Cc, Cf, Co, Cs, Cn (controls, zero-width / format characters,
+    private use, surrogates, unassigned) except whitespace, which becomes a space. That is
+    exactly what `str.isprintable()` rejects, minus the spaces, so clean text takes a fast path.
+    """
+    if not text:
+        return ""
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
+    return " ".join(text.split())  # str.split() splits on every Unicode space (NBSP, U+3000, ...)
+
+
+def drop_reason(src: str, tgt: str, max_len: int | None, max_len_ratio: float | None) -> str | None:
+    """Why a cleaned pair is dropped (None: kept). Lengths are whitespace words, as in the paper."""
+    if not src or not tgt:
+        return "empty"
+    ls, lt = src.count(" ") + 1, tgt.count(" ") + 1  # text is normalized: one space per gap
+    if max_len is not None and (ls > max_len or lt > max_len):
+        return "too_long"
+    if max_len_ratio is not None and max(ls, lt) > max_len_ratio * min(ls, lt):
+        return "ratio"
+    return None
+
+
+def _clean_batch(table: pa.Table, src_lang: str, tgt_lang: str, row_shape: str,
+                 max_len, max_len_ratio, max_line_bytes: int, filters: bool = True):
+    """(ids, src, tgt, reasons) of a source batch; text of dropped rows is blanked."""
+    ids = table["id"].to_numpy()
+    if row_shape == "translation":
+        pairs = table["translation"].combine_chunks()
+        raw_src, raw_tgt = pairs.field(src_lang).to_pylist(), pairs.field(tgt_lang).to_pylist()
+    else:
+        raw_src, raw_tgt = table[src_lang].to_pylist(), table[tgt_lang].to_pylist()
+    errors = table["error"].to_pylist()
+    out_src, out_tgt, reasons = [], [], []
+    for s, t, err in zip(raw_src, raw_tgt, errors):
+        s, t = s or "", t or ""
+        if err is None and "\x00" in s + t:
+            err = "nul_byte"  # NUL marks binary garbage: drop the row rather than strip it
+        if err is None and (len(s) > max_line_bytes // 4 or len(t) > max_line_bytes // 4):
+            if max(len(s.encode()), len(t.encode())) > max_line_bytes:
+                err = "line_too_long"  # parquet / jsonl cells get the same bound as text lines
+        if err is None:
+            s, t = normalize(s), normalize(t)
+            err = drop_reason(s, t, max_len if filters else None,
+                              max_len_ratio if filters else None)
+        if err is not None:
+            s = t = ""
+        out_src.append(s)
+        out_tgt.append(t)
+        reasons.append(err)
+    return ids, out_src, out_tgt, reasons
+
+
+def _stats(first_id: int, reasons: list, kept_src: list, kept_tgt: list) -> dict:
+    row = {"first_id": np.array([first_id], dtype=np.int64),
+           "rows_in": np.array([len(reasons)], dtype=np.int64),
+           "rows_kept": np.array([len(kept_src)], dtype=np.int64),
+           "src_words": np.array([sum(s.count(" ") + 1 for s in kept_src)], dtype=np.int64),
+           "tgt_words": np.array([sum(t.count(" ") + 1 for t in kept_tgt)], dtype=np.int64)}
+    for r in REASONS:
+        row[f"drop_{r}"] = np.array([sum(1 for x in reasons if x == r)], dtype=np.int64)
+    return row
+
+
+def _write_kept(ids, src, tgt, keep: np.ndarray, out_dir: str, name: str) -> None:
+    order = np.argsort(ids[keep], kind="stable")  # rows sorted by id inside a part
+    kid = ids[keep][order]
+    ks = [src[i] for i in np.flatnonzero(keep)[order]]
+    kt = [tgt[i] for i in np.flatnonzero(keep)[order]]
+    table = pa.table({"id": pa.array(kid, pa.int64()), "src": pa.array(ks, pa.string()),
+                      "tgt": pa.array(kt, pa.string())})
+    write_part(table, out_dir, name)
+
+
+def clean_and_write(table: pa.Table, *, out_dir: str, **opts) -> dict:
+    """Ray Data function: clean + filter one block, write its kept rows as one part, return
+    one stats row (rows in / kept / dropped by reason). Idempotent if Ray retries the task."""
+    ids, src, tgt, reasons = _clean_batch(table, **opts)
+    keep = np.array([r is None for r in reasons], dtype=bool)
+    first = int(ids.min()) if len(ids) else -1
+    if keep.any():
+        _write_kept(ids, src, tgt, keep, out_dir, part_name(first))
+    return _stats(first, reasons, [s for s in src if s], [t for t in tgt if t])
+
+
+def clean_rows(table: pa.Table, *, n_buckets: int, seed: int, **opts) -> pa.Table:
+    """Ray Data function for dedupe runs: cleaned rows with their drop reason and a bucket.
+
+    Equal pairs share a bucket (hash of the text), so a group-by on it brings duplicates
+    together; dropped rows are spread by id so they do not pile into one bucket.
+    """
+    ids, src, tgt, reasons = _clean_batch(table, **opts)
+    keyed = np.array([int.from_bytes(hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=8)
+                                     .digest(), "little") >> 1 if r is None else 0
+                      for s, t, r in zip(src, tgt, reasons)], dtype=np.int64)
+    spread = mix64(ids, seed) % np.uint64(n_buckets)
+    bucket = np.where(np.array([r is None for r in reasons]), keyed % n_buckets,
+                      spread.astype(np.int64))
+    return pa.table({"id": pa.array(ids, pa.int64()), "src": src, "tgt": tgt,
+                     "reason": pa.array(reasons, pa.string()),
+                     "bucket": pa.array(bucket, pa.int64())})
+
+
+def dedupe_and_write(group: pa.Table, *, out_dir: str) -> dict:
+    """Ray Data group function: in one bucket, keep the lowest id of each exact duplicate pair,
+    write the kept rows as part `part-<bucket>`, return the bucket's stats row."""
+    order = np.argsort(group["id"].to_numpy(), kind="stable")
+    group = group.take(order)
+    ids = group["id"].to_numpy()
+    src, tgt = group["src"].to_pylist(), group["tgt"].to_pylist()
+    reasons = group["reason"].to_pylist()
+    seen = set()
+    for i, (s, t, r) in enumerate(zip(src, tgt, reasons)):
+        if r is None:
+            if (s, t) in seen:
+                reasons[i], src[i], tgt[i] = "duplicate", "", ""
+            else:
+                seen.add((s, t))
+    keep = np.array([r is None for r in reasons], dtype=bool)
+    bucket = int(group["bucket"][0].as_py())
+    if keep.any():
+        _write_kept(ids, src, tgt, keep, out_dir, f"part-b{bucket:06d}.parquet")
+    return _stats(int(ids.min()), reasons, [s for s in src if s], [t for t in tgt if t])
+
+
+def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str) -> pa.Table:
+    """Ray Data function for the text export: every row, Unicode-cleaned only, never filtered
+    (a line too long to read becomes an empty line so that line numbers stay aligned)."""
+    if row_shape == "translation":
+        pairs = table["translation"].combine_chunks()
+        src, tgt = pairs.field(src_lang).to_pylist(), pairs.field(tgt_lang).to_pylist()
+    else:
+        src, tgt = table[src_lang].to_pylist(), table[tgt_lang].to_pylist()
+    unread = [e == "line_too_long" for e in table["error"].to_pylist()]
+    return pa.table({"id": table["id"], "error": table["error"],
+                     "src": ["" if u else normalize(s) for s, u in zip(src, unread)],
+                     "tgt": ["" if u else normalize(t) for t, u in zip(tgt, unread)]})

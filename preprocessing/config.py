@@ -1,0 +1,138 @@
+"""Per-task preprocessing settings (`PreprocessConfig`) and the paper's tasks as presets.
+
+Presets are plain functions returning a config; `PRESETS` maps names for the command line.
+
+    from preprocessing.config import wmt14_en_fr
+    cfg = wmt14_en_fr().replace(source="/data/wmt14", root="/shared/prep")
+
+Sources (`source`): "hub" (the Hugging Face parquet files of `hub_repo`), "demo" (the embedded
+synthetic corpus, the default) or a local folder. `splits` maps our split names (`train`,
+`valid`, one or more test splits) to the source's names: hub split names ("validation"), local
+file stems ("newstest2013" -> newstest2013.en / newstest2013.fr, .tsv, .jsonl, parquet), or
+two comma-separated files ("article.txt,title.txt").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+WMT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """Everything that decides a task's preprocessing output (reference-facts §5)."""
+
+    task: str  # output folder <root>/<task>/
+    source: str = "demo"  # "demo" | "hub" | a local folder
+    src_lang: str = "en"  # key in the hub row's "translation" dict / local file suffix
+    tgt_lang: str = "fr"
+    # "translation": rows {"translation": {src_lang: ..., tgt_lang: ...}} (WMT);
+    # "columns": rows {src_lang: ..., tgt_lang: ...}, e.g. Gigaword's document / summary.
+    row_shape: str = "translation"
+    splits: dict[str, str] = field(default_factory=lambda: dict(WMT_SPLITS))
+    hub_repo: str = "wmt/wmt14"
+    hub_config: str = "fr-en"  # parquet folder in the hub repo
+    hub_revision: str = "main"
+    demo_rows: dict[str, int] = field(
+        default_factory=lambda: {"train": 20_000, "valid": 500, "test": 500})
+    # Filters (paper §5.1: drop sentences over 175 words, pairs with length ratio over 1.5).
+    max_len: int | None = 175  # words per side; None = no limit
+    max_len_ratio: float | None = 1.5  # None = off (summarization)
+    dedupe: bool = False  # drop exact duplicate training pairs (keep the lowest row id)
+    max_line_bytes: int = 1 << 16  # longer input lines are dropped as garbage, never held whole
+    # Joint BPE (sentencepiece), learned once on a seeded uniform sample of training pairs.
+    vocab_size: int = 40_000
+    spm_sample_pairs: int = 1_000_000  # both sides of each sampled pair go into training
+    spm_seed: int = 1
+    character_coverage: float = 0.9999  # the rest is spelled in bytes (byte fallback)
+    # Token-budget batches: n_sentences * max(src_len, tgt_len) <= max_tokens.
+    max_tokens: int = 4000
+    max_sentences: int | None = 1024
+    shuffle_window: int = 200_000  # rows sorted by length inside windows of about this size
+    seed: int = 1
+    root: str = "data/preprocessed"
+    block_rows: int = 50_000  # rows per block read from a source = rows per clean part
+    encode_actors: int = 0  # sentencepiece actors; 0 = cluster CPUs - 1 (at least 1)
+
+    def __post_init__(self) -> None:
+        if "train" not in self.splits:
+            raise ValueError(f"splits must include 'train', got {sorted(self.splits)}")
+        if self.row_shape not in ("translation", "columns"):
+            raise ValueError(f"row_shape must be 'translation' or 'columns', got {self.row_shape}")
+        if self.src_lang == self.tgt_lang:
+            raise ValueError("src_lang and tgt_lang must differ (they name the two sides)")
+        if self.max_len_ratio is not None and self.max_len_ratio < 1.0:
+            raise ValueError(f"max_len_ratio must be >= 1 or None, got {self.max_len_ratio}")
+        if self.max_tokens < 1 or (self.max_sentences is not None and self.max_sentences < 1):
+            raise ValueError("max_tokens and max_sentences must be positive")
+        if self.vocab_size < 300:  # 4 specials + 256 byte pieces + a few merges
+            raise ValueError(f"vocab_size {self.vocab_size} too small; use at least 300")
+
+    @property
+    def eval_splits(self) -> list[str]:
+        """Every split but train: exported as text for scoring."""
+        return [s for s in self.splits if s != "train"]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> "PreprocessConfig":
+        return dataclasses.replace(self, **changes)
+
+
+# --- presets (reference-facts §5) --------------------------------------------------------------
+
+
+def wmt14_en_fr() -> PreprocessConfig:
+    """WMT'14 En-Fr: 40.8M pairs; 175 words and ratio 1.5 (paper §5.1); joint BPE 40k."""
+    return PreprocessConfig(task="wmt14_en_fr", source="hub", src_lang="en", tgt_lang="fr",
+                            hub_repo="wmt/wmt14", hub_config="fr-en")
+
+
+def wmt14_en_de() -> PreprocessConfig:
+    """WMT'14 En-De: 4.5M pairs; same filters as En-Fr (the reference's clean-corpus step)."""
+    return PreprocessConfig(task="wmt14_en_de", source="hub", src_lang="en", tgt_lang="de",
+                            hub_repo="wmt/wmt14", hub_config="de-en")
+
+
+def wmt16_en_ro() -> PreprocessConfig:
+    """WMT'16 En-Ro: 610k pairs; the paper only drops sentences over 175 words."""
+    return PreprocessConfig(task="wmt16_en_ro", source="hub", src_lang="en", tgt_lang="ro",
+                            hub_repo="wmt/wmt16", hub_config="ro-en", max_len_ratio=None)
+
+
+def gigaword() -> PreprocessConfig:
+    """Gigaword headlines (paper §5.5): 30k vocabulary, no ratio filter (documents >> titles).
+
+    Read from the hub's parquet conversion: the dataset itself is a loading script.
+    """
+    return PreprocessConfig(task="gigaword", source="hub", src_lang="document",
+                            tgt_lang="summary", row_shape="columns",
+                            hub_repo="Harvard/gigaword", hub_config="default",
+                            hub_revision="refs/convert/parquet", max_len_ratio=None,
+                            vocab_size=30_000)
+
+
+def demo() -> PreprocessConfig:
+    """Smoke run on the embedded synthetic En->Fr corpus: small vocabulary, small windows."""
+    return PreprocessConfig(task="demo", source="demo", vocab_size=1000, spm_sample_pairs=20_000,
+                            max_tokens=2000, shuffle_window=5_000, block_rows=5_000)
+
+
+def demo_summarization() -> PreprocessConfig:
+    """Smoke run on the embedded synthetic document -> summary corpus."""
+    return demo().replace(task="demo_summarization", src_lang="document", tgt_lang="summary",
+                          row_shape="columns", max_len_ratio=None)
+
+
+PRESETS = {
+    "wmt14_en_fr": wmt14_en_fr,
+    "wmt14_en_de": wmt14_en_de,
+    "wmt16_en_ro": wmt16_en_ro,
+    "gigaword": gigaword,
+    "demo": demo,
+    "smoke": demo,
+    "demo_summarization": demo_summarization,
+}

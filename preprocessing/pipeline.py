@@ -1,0 +1,218 @@
+"""The preprocessing pipeline: clean -> spm -> encoded -> batches (+ text), each a Ray Data stage.
+
+    from preprocessing.config import demo
+    from preprocessing.pipeline import run_pipeline
+    out = run_pipeline(demo().replace(root="/tmp/prep"))
+    out.batches["train"]   # <root>/<task>/batches/train: ray.data.read_parquet(...) it
+
+Output layout `<root>/<task>/<stage>/` (see docs/design.md): clean/<split>, spm, encoded/<split>,
+batches/<split>, text/<split>.<lang>. Each stage is skipped when its manifest matches (same
+stage config and the same input fingerprint) and otherwise rebuilt atomically (stages.py).
+Data flows between Ray tasks and parquet parts; the driver only sees per-part statistics and
+the bounded BPE sample, so memory does not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+from ray.data.context import ShuffleStrategy
+
+from preprocessing.batching import batch_dataset
+from preprocessing.cleaning import clean_and_write, clean_rows, dedupe_and_write, normalize_block
+from preprocessing.config import PreprocessConfig
+from preprocessing.encoding import encode_dataset
+from preprocessing.errors import PreprocessError, user_errors
+from preprocessing.sources import SplitSource, read_split, resolve_split
+from preprocessing.stages import (PIPELINE_VERSION, collect_stats, config_hash, dropped_counts,
+                                  finished, stage_output, write_manifest)
+from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
+
+log = logging.getLogger("preprocessing")
+
+
+@dataclass
+class PipelineOutput:
+    """Where a finished run's outputs are (design.md): paths are absolute."""
+
+    root: str  # <root>/<task>
+    spm_model: str
+    vocab_size: int
+    batches: dict[str, str]  # split -> batches folder (one parquet row per batch)
+    text: dict[str, tuple[str, str]]  # eval split -> (source text, target text)
+    manifests: dict[str, dict]  # "clean/train", "spm", "encoded/valid", ..., "text"
+
+
+def _fp(*manifests: dict) -> str:
+    """Input fingerprint of a stage fed by these stages' outputs."""
+    return config_hash([[m["config_hash"], m["input_fingerprint"]] for m in manifests])
+
+
+def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body) -> dict:
+    """Run `body(tmp_dir) -> manifest fields` unless a matching manifest exists."""
+    cfg_hash = config_hash({"pipeline_version": PIPELINE_VERSION, **stage_cfg})
+    done = finished(task_dir / stage, cfg_hash, input_fp)
+    if done is not None:
+        log.info("[%s] up to date, skipped", stage)
+        return done
+    log.info("[%s] running", stage)
+    t0 = time.monotonic()
+    with stage_output(task_dir / stage) as tmp:
+        info = body(tmp)
+        manifest = {"stage": stage, "config": stage_cfg, "config_hash": cfg_hash,
+                    "input_fingerprint": input_fp, **info,
+                    "seconds": round(time.monotonic() - t0, 2)}
+        write_manifest(tmp, manifest)
+    log.info("[%s] done in %.1f s%s", stage, manifest["seconds"], _brief(manifest))
+    return manifest
+
+
+def _brief(m: dict) -> str:
+    if "rows_in" not in m:
+        return ""
+    drops = ", ".join(f"{k}={v:,}" for k, v in m.get("dropped", {}).items()) or "none"
+    return f": {m['rows_in']:,} in, {m['rows_kept']:,} kept, dropped: {drops}"
+
+
+def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> dict:
+    ds = read_split(src, cfg)
+    opts = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "row_shape": cfg.row_shape,
+            "max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio,
+            "max_line_bytes": cfg.max_line_bytes}
+    if cfg.dedupe and split == "train":
+        n_buckets = min(4096, max(1, src.estimated_rows() // 250_000))
+        ds = ds.map_batches(clean_rows, batch_size=None, batch_format="pyarrow",
+                            fn_kwargs={**opts, "n_buckets": n_buckets, "seed": cfg.seed})
+        ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+        stats = ds.groupby("bucket").map_groups(dedupe_and_write, batch_format="pyarrow",
+                                                fn_kwargs={"out_dir": str(tmp)})
+    else:
+        stats = ds.map_batches(clean_and_write, batch_size=cfg.block_rows, batch_format="pyarrow",
+                               fn_kwargs={**opts, "out_dir": str(tmp)})
+    totals = collect_stats(stats, f"clean/{split}")
+    where = f"split {split!r} ({cfg.source}: {cfg.splits[split]})"
+    dropped = dropped_counts(totals)
+    if not totals.get("rows_in"):
+        raise PreprocessError(f"{where} is empty: no rows to read; check the input files")
+    if not totals["rows_kept"]:
+        raise PreprocessError(f"{where}: all {totals['rows_in']:,} rows were dropped "
+                              f"({dropped}); check the languages / row shape and the filters")
+    return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": dropped,
+            "tokens": {"src_words": totals["src_words"], "tgt_words": totals["tgt_words"]},
+            "source": src.fingerprint}
+
+
+def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:
+    ds = ray.data.read_parquet(str(task_dir / "clean" / "train")).select_columns(
+        ["id", "src", "tgt"])
+    with user_errors():
+        sample = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
+    train_bpe(sample, tmp / "spm", cfg.vocab_size, cfg.character_coverage)
+    sp = load(tmp / "spm.model")
+    return {"vocab_path": str(task_dir / "spm" / "spm.model"), "vocab_size": sp.get_piece_size(),
+            "sample_pairs": sample.num_rows, "special_ids": {"bos": BOS, "pad": PAD, "eos": EOS,
+                                                             "unk": UNK}}
+
+
+def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clean_m: dict,
+            tmp: Path) -> dict:
+    cpus = int(ray.cluster_resources().get("CPU", 2))
+    actors = cfg.encode_actors or max(1, cpus - 1)  # leave a CPU for the parquet reads
+    ds = encode_dataset(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"], actors,
+                        cfg.block_rows)
+    totals = collect_stats(ds, f"encoded/{split}")
+    if totals.get("rows_in", 0) != clean_m["rows_kept"]:
+        raise RuntimeError(f"encoded/{split}: {totals.get('rows_in')} rows encoded but "
+                           f"clean/{split} holds {clean_m['rows_kept']}")
+    return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": {},
+            "tokens": {k: totals[k] for k in ("src_tokens", "tgt_tokens", "src_unk", "tgt_unk")},
+            "vocab_path": spm_m["vocab_path"], "vocab_size": spm_m["vocab_size"]}
+
+
+def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp: Path) -> dict:
+    ds = batch_dataset(str(task_dir / "encoded" / split), str(tmp), enc_m["rows_kept"],
+                       cfg.shuffle_window, cfg.max_tokens, cfg.max_sentences, cfg.seed)
+    t = collect_stats(ds, f"batches/{split}")
+    real = t["src_tokens"] + t["tgt_tokens"]
+    return {"rows_in": t["rows_in"], "rows_kept": t["rows_kept"], "dropped": dropped_counts(t),
+            "batches": t["batches"],
+            "tokens": {"src_tokens": t["src_tokens"], "tgt_tokens": t["tgt_tokens"],
+                       "padded_tokens": t["padded_tokens"], "padded_slots": t["padded_slots"]},
+            # real tokens / slots of the padded B x S and B x T tensors
+            "padding_efficiency": round(real / max(1, t["padded_slots"]), 4),
+            # how full the token budget is: sum of n * max(S, T) / (batches * max_tokens)
+            "budget_fill": round(t["padded_tokens"] / max(1, t["batches"] * cfg.max_tokens), 4),
+            "max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
+            "vocab_path": enc_m["vocab_path"], "vocab_size": enc_m["vocab_size"]}
+
+
+def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> dict:
+    """Evaluation splits as plain text, one line per input row, in input order."""
+    out = {}
+    for split in cfg.eval_splits:
+        ds = read_split(sources[split], cfg).map_batches(
+            normalize_block, batch_size=None, batch_format="pyarrow",
+            fn_kwargs={"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
+                       "row_shape": cfg.row_shape})
+        ds.context.execution_options.preserve_order = True  # input order = line order
+        paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]
+        n, unreadable = 0, 0
+        with open(paths[0], "w", encoding="utf-8") as fs, open(paths[1], "w",
+                                                               encoding="utf-8") as ft:
+            with user_errors():
+                for b in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+                    ids = b["id"].to_pylist()
+                    if ids != list(range(n, n + len(ids))):  # alignment is the whole point
+                        raise RuntimeError(f"text/{split}: rows out of order at line {n}")
+                    fs.writelines(s + "\n" for s in b["src"].to_pylist())
+                    ft.writelines(t + "\n" for t in b["tgt"].to_pylist())
+                    unreadable += sum(e is not None for e in b["error"].to_pylist())
+                    n += len(ids)
+        out[split] = {"rows": n, "rows_with_read_errors": unreadable,
+                      "files": [str(tmp.parent / "text" / p.name) for p in paths]}
+    return {"splits": out}
+
+
+def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> PipelineOutput:
+    """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running."""
+    cfg = cfg.replace(root=str(Path(cfg.root).resolve()))
+    task_dir = Path(cfg.root) / cfg.task
+    sources = {s: resolve_split(cfg, s, hub_endpoint) for s in cfg.splits}  # fail fast, no Ray
+    if not ray.is_initialized():
+        ray.init()
+    m: dict[str, dict] = {}
+    clean_cfg = {k: v for k, v in cfg.to_dict().items() if k in (
+        "source", "src_lang", "tgt_lang", "row_shape", "max_len", "max_len_ratio",
+        "max_line_bytes", "hub_repo", "hub_config", "hub_revision", "seed")}
+    for split, src in sources.items():
+        scfg = {**clean_cfg, "split": cfg.splits[split], "dedupe": cfg.dedupe and split == "train"}
+        m[f"clean/{split}"] = _stage(task_dir, f"clean/{split}", scfg, config_hash(src.fingerprint),
+                                     lambda tmp, s=split, src=src: _clean(cfg, s, src, tmp))
+    spm_cfg = {"vocab_size": cfg.vocab_size, "spm_sample_pairs": cfg.spm_sample_pairs,
+               "spm_seed": cfg.spm_seed, "character_coverage": cfg.character_coverage}
+    m["spm"] = _stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
+                      lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp))
+    batch_cfg = {"max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
+                 "shuffle_window": cfg.shuffle_window, "seed": cfg.seed}
+    for split in cfg.splits:
+        m[f"encoded/{split}"] = _stage(
+            task_dir, f"encoded/{split}", {}, _fp(m["spm"], m[f"clean/{split}"]),
+            lambda tmp, s=split: _encode(cfg, task_dir, s, m["spm"], m[f"clean/{s}"], tmp))
+        m[f"batches/{split}"] = _stage(
+            task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
+            lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp))
+    if cfg.eval_splits:
+        text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
+        text_cfg["splits"] = {s: cfg.splits[s] for s in cfg.eval_splits}
+        text_fp = config_hash([sources[s].fingerprint for s in cfg.eval_splits])
+        m["text"] = _stage(task_dir, "text", text_cfg, text_fp,
+                           lambda tmp: _text(cfg, sources, tmp))
+    return PipelineOutput(
+        root=str(task_dir), spm_model=m["spm"]["vocab_path"], vocab_size=m["spm"]["vocab_size"],
+        batches={s: str(task_dir / "batches" / s) for s in cfg.splits},
+        text={s: tuple(m["text"]["splits"][s]["files"]) for s in cfg.eval_splits},
+        manifests=m)

@@ -1,0 +1,346 @@
+"""Sentence-pair sources as Ray Datasets in the Hugging Face row shape, plus a row id.
+
+Every source yields rows `{"id": int64, "translation": {src: str, tgt: str}, "error": str|None}`
+(or `{"id", "document", "summary", "error"}` for row_shape "columns", Gigaword's shape).
+`id` is the row's position in its split (0, 1, ...): everything downstream that needs an order
+(sampling, shuffle windows, text export) keys on it, never on Ray's block order. `error` marks
+a row the reader could not take (invalid_utf8, line_too_long, bad_row); cleaning counts it.
+
+Kinds (`resolve_split` picks one per split; driver-side checks raise `PreprocessError`):
+- hub: parquet files of a Hugging Face dataset (`wmt/wmt14` `fr-en/train-*.parquet`, Gigaword's
+  `refs/convert/parquet`), listed with huggingface_hub and read over `hf://` by Ray tasks.
+- parquet: a local folder laid out like the hub (`<config>/<split>-*.parquet`, ...).
+  Parquet is read one row group per Ray task; row ids come from the footers' row counts.
+- text: two line-aligned files `<name>.<src>` / `<name>.<tgt>` (optionally .gz), read in
+  lockstep as bytes (a line is what ends in b"\\n": no other Unicode line breaks, empty lines
+  kept); tsv (`src<TAB>tgt`) and jsonl (one hub-shaped row per line) likewise.
+- demo: the embedded synthetic corpus (`preprocessing.demo`), generated inside Ray tasks.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+
+from preprocessing.config import PreprocessConfig
+from preprocessing.errors import PreprocessError
+from preprocessing.stages import file_fingerprint
+
+NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
+               "folder: `--source DIR` with line-aligned text files (DIR/<name>.<lang>[.gz]), "
+               "<name>.tsv / <name>.jsonl, or parquet files laid out like the hub's "
+               "(DIR/<config>/<split>-*.parquet).")
+
+
+@dataclass
+class SplitSource:
+    """A resolved split: what to read and how, and the input's fingerprint."""
+
+    kind: str  # "demo" | "text" | "tsv" | "jsonl" | "parquet"
+    files: list[str] = field(default_factory=list)
+    row_groups: list[dict] = field(default_factory=list)  # parquet: file, group, first id
+    demo_start: int = 0
+    rows: int | None = None  # known row count (parquet, demo), else None
+    fingerprint: dict = field(default_factory=dict)
+
+    def estimated_rows(self) -> int:
+        if self.rows is not None:
+            return self.rows
+        return max(1, sum(Path(f).stat().st_size for f in self.files) // 100)
+
+
+# --- resolution (driver) -----------------------------------------------------------------------
+
+
+def _split_patterns(config: str, name: str) -> list[str]:
+    """Where the hub (and a local copy of it) keeps a split's parquet files."""
+    return [f"{config}/{name}-*.parquet", f"{config}/{name}/*.parquet",
+            f"{config}/partial-{name}/*.parquet", f"{name}-*.parquet", f"{name}/*.parquet",
+            f"{name}.parquet"]
+
+
+def hub_parquet_files(cfg: PreprocessConfig, name: str,
+                      endpoint: str | None = None) -> tuple[list[str], str]:
+    """hf:// paths of a split's parquet files and the resolved commit, or a clear error."""
+    from fnmatch import fnmatch
+
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint).dataset_info(cfg.hub_repo, revision=cfg.hub_revision)
+    except Exception as e:  # noqa: BLE001 - offline, DNS, HTTP, auth: all mean "no hub here"
+        raise PreprocessError(
+            f"cannot reach the Hugging Face hub for dataset {cfg.hub_repo} (revision "
+            f"{cfg.hub_revision}): {type(e).__name__}: {str(e)[:200]}. {NO_HUB_HINT}") from None
+    names = sorted(s.rfilename for s in info.siblings or [])
+    for pattern in _split_patterns(cfg.hub_config, name):
+        found = [n for n in names if fnmatch(n, pattern)]
+        if found:
+            rev = quote(info.sha or cfg.hub_revision, safe="")
+            return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
+    raise PreprocessError(f"hub dataset {cfg.hub_repo}@{cfg.hub_revision} has no parquet files "
+                          f"for config {cfg.hub_config!r} split {name!r}; check hub_config "
+                          "and the split names (e.g. --split valid=validation)")
+
+
+def _open_binary(path: str):
+    if path.startswith("hf://"):
+        import fsspec
+
+        return fsspec.open(path, "rb").open()
+    return open(path, "rb")
+
+
+def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[dict], int]:
+    """Row groups of all files with their first row id; checks every file's columns."""
+    groups, offset = [], 0
+    for path in files:
+        with _open_binary(path) as f:
+            meta = pq.ParquetFile(f)
+            _check_columns(path, meta.schema_arrow, cfg)
+            for g in range(meta.metadata.num_row_groups):
+                n = meta.metadata.row_group(g).num_rows
+                groups.append({"file": path, "group": g, "first_id": offset})
+                offset += n
+    return groups, offset
+
+
+def _check_columns(path: str, schema: pa.Schema, cfg: PreprocessConfig) -> None:
+    if cfg.row_shape == "translation":
+        t = schema.field("translation").type if "translation" in schema.names else None
+        ok = (t is not None and pa.types.is_struct(t)
+              and {cfg.src_lang, cfg.tgt_lang} <= {t.field(i).name for i in range(t.num_fields)})
+        want = f"a struct column 'translation' with fields {cfg.src_lang!r} and {cfg.tgt_lang!r}"
+    else:
+        ok = {cfg.src_lang, cfg.tgt_lang} <= set(schema.names)
+        want = f"columns {cfg.src_lang!r} and {cfg.tgt_lang!r}"
+    if not ok:
+        has = ", ".join(f"{f.name}: {f.type}" for f in schema)
+        raise PreprocessError(f"{path}: parquet file has columns ({has}) but the task needs {want} "
+                              "(the hub's row shape); convert the file or set src_lang / "
+                              "tgt_lang / row_shape to match it")
+
+
+def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSource | None:
+    """The first local layout that exists for split name `name` under folder `base`."""
+    if "," in name:  # two explicit line-aligned files
+        files = [base / p.strip() for p in name.split(",")]
+        if len(files) != 2:
+            raise PreprocessError(f"split source {name!r}: give exactly two files 'src,tgt'")
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise PreprocessError(f"missing input file(s) {missing}; check --source / --split")
+        return SplitSource("text", [str(f) for f in files])
+    for gz in ("", ".gz"):
+        pair = [base / f"{name}.{cfg.src_lang}{gz}", base / f"{name}.{cfg.tgt_lang}{gz}"]
+        if pair[0].is_file() or pair[1].is_file():
+            missing = [str(f) for f in pair if not f.is_file()]
+            if missing:
+                raise PreprocessError(f"found {pair[0] if pair[0].is_file() else pair[1]} but "
+                                      f"not its other side {missing[0]}: line-aligned text needs "
+                                      "both files")
+            return SplitSource("text", [str(p) for p in pair])
+    for kind in ("tsv", "jsonl"):
+        for gz in ("", ".gz"):
+            p = base / f"{name}.{kind}{gz}"
+            if p.is_file():
+                return SplitSource(kind, [str(p)])
+    for pattern in _split_patterns(cfg.hub_config, name):
+        found = sorted(str(p) for p in base.glob(pattern) if p.is_file())
+        if found:
+            return SplitSource("parquet", found)
+    return None
+
+
+def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None) -> SplitSource:
+    """Find and check a split's input (files exist, columns right); no data is read."""
+    name = cfg.splits[split]
+    if cfg.source == "demo":
+        start = 0
+        order = ["train"] + cfg.eval_splits  # disjoint index ranges, train first
+        for s in order[: order.index(split)]:
+            start += cfg.demo_rows.get(s, 0)
+        n = cfg.demo_rows.get(split, 0)
+        demo_file = Path(__file__).with_name("demo.py")
+        code = hashlib.sha256(demo_file.read_bytes()).hexdigest()[:16] if demo_file.exists() else ""
+        return SplitSource("demo", demo_start=start, rows=n, fingerprint={
+            "demo": code, "seed": cfg.seed, "start": start, "rows": n, "shape": cfg.row_shape})
+    if cfg.source == "hub":
+        files, sha = hub_parquet_files(cfg, name, endpoint)
+        src = SplitSource("parquet", files)
+        src.fingerprint = {"hub": cfg.hub_repo, "commit": sha, "files": files}
+    else:
+        base = Path(cfg.source)
+        if not base.is_dir():
+            raise PreprocessError(f"source folder {base} does not exist; give --source hub, demo "
+                                  "or an existing folder")
+        src = _local_candidates(base.resolve(), name, cfg)
+        if src is None:
+            raise PreprocessError(
+                f"no input for split {split!r} (source name {name!r}) in {base}: looked for "
+                f"{name}.{cfg.src_lang} + {name}.{cfg.tgt_lang} (or .gz), {name}.tsv, "
+                f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))}); "
+                f"set the name with --split {split}=NAME or --split {split}=SRC_FILE,TGT_FILE")
+        src.fingerprint = {"files": file_fingerprint(src.files)}
+    if src.kind == "parquet":
+        src.row_groups, src.rows = _parquet_row_groups(src.files, cfg)
+    src.fingerprint["kind"] = src.kind
+    return src
+
+
+# --- reading (Ray tasks) -----------------------------------------------------------------------
+
+
+def _pairs_table(ids, src, tgt, errors, cfg_shape: tuple[str, str, str]) -> pa.Table:
+    shape, s_lang, t_lang = cfg_shape
+    s_arr, t_arr = pa.array(src, pa.string()), pa.array(tgt, pa.string())
+    cols = {"id": pa.array(ids, pa.int64())}
+    if shape == "translation":
+        cols["translation"] = pa.StructArray.from_arrays([s_arr, t_arr], names=[s_lang, t_lang])
+    else:
+        cols[s_lang], cols[t_lang] = s_arr, t_arr
+    cols["error"] = pa.array(errors, pa.string())
+    return pa.table(cols)
+
+
+class _TooLong(bytes):
+    """Marks a line longer than the limit (distinct from any real line's bytes)."""
+
+
+TOO_LONG = _TooLong()
+
+
+def _readline(f, limit: int) -> bytes | None:
+    """Next line without its ending; None at end of file; TOO_LONG past `limit` bytes
+    (the rest of that line is skipped in bounded chunks, never held whole)."""
+    line = f.readline(limit + 2)
+    if not line:
+        return None
+    if not line.endswith(b"\n") and len(line) > limit:
+        while line and not line.endswith(b"\n"):
+            line = f.readline(1 << 20)
+        return TOO_LONG
+    line = line[:-1] if line.endswith(b"\n") else line
+    line = line[:-1] if line.endswith(b"\r") else line
+    if len(line) > limit:
+        return TOO_LONG
+    return line
+
+
+def _decode(raw: bytes) -> tuple[str, str | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace"), "invalid_utf8"  # kept for text export only
+
+
+def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
+    """(src, tgt, error) of one input row from its raw line(s)."""
+    if any(isinstance(x, _TooLong) for x in lines):
+        return "", "", "line_too_long"
+    texts, errs = zip(*(_decode(x) for x in lines))
+    err = next((e for e in errs if e), None)
+    if kind == "text":
+        return texts[0], texts[1], err
+    if err:
+        return texts[0], "", err
+    if kind == "tsv":
+        cols = texts[0].split("\t")
+        return (cols[0], cols[1], None) if len(cols) == 2 else (texts[0], "", "bad_row")
+    try:  # jsonl: one hub-shaped row per line
+        row = json.loads(texts[0])
+        pair = row["translation"] if shape[0] == "translation" else row
+        return str(pair[shape[1]]), str(pair[shape[2]]), None
+    except (ValueError, KeyError, TypeError):
+        return texts[0], "", "bad_row"
+
+
+def _read_lines(batch, *, kind: str, files: list[str], shape, limit: int, block_rows: int):
+    """Ray Data generator: one task reads the file(s) in lockstep, yields blocks of rows."""
+    handles = [gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb") for p in files]
+    try:
+        ids, src, tgt, errors, n = [], [], [], [], 0
+        while True:
+            lines = [_readline(h, limit) for h in handles]
+            if all(x is None for x in lines):
+                break
+            if any(x is None for x in lines):
+                short = files[lines.index(None)]
+                other = files[1 - lines.index(None)]
+                raise PreprocessError(
+                    f"line count mismatch: {short} ends after {n} lines but {other} has more. "
+                    "Line-aligned files must have the same number of lines (empty lines "
+                    "included); fix or re-export the pair")
+            s, t, e = _parse(kind, lines, shape)
+            ids.append(n), src.append(s), tgt.append(t), errors.append(e)
+            n += 1
+            if len(ids) == block_rows:
+                yield _pairs_table(ids, src, tgt, errors, shape)
+                ids, src, tgt, errors = [], [], [], []
+        if ids:
+            yield _pairs_table(ids, src, tgt, errors, shape)
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _read_row_groups(batch: pa.Table, *, shape, block_rows: int):
+    """Ray Data generator: read the listed parquet row groups, add ids, yield blocks."""
+    columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
+    for item in batch.to_pylist():
+        with _open_binary(item["file"]) as f:
+            table = pq.ParquetFile(f).read_row_group(item["group"], columns=columns)
+        ids = np.arange(item["first_id"], item["first_id"] + table.num_rows, dtype=np.int64)
+        table = table.add_column(0, "id", pa.array(ids))
+        table = table.append_column("error", pa.nulls(table.num_rows, pa.string()))
+        for start in range(0, table.num_rows, block_rows):
+            yield table.slice(start, block_rows)
+
+
+def _demo_block(batch: dict, *, seed: int, start: int, shape) -> pa.Table:
+    """Ray Data function: generate demo pairs for a block of split-local indices."""
+    from preprocessing import demo
+
+    make = demo.translation_pairs if shape[0] == "translation" else demo.summarization_pairs
+    ids = np.sort(batch["id"])
+    pairs: list[tuple[str, str]] = []
+    runs = np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)  # contiguous index runs
+    for run in runs:
+        if len(run):
+            pairs += make(seed, start + int(run[0]), len(run))
+    return _pairs_table(ids, [p[0] for p in pairs], [p[1] for p in pairs],
+                        [None] * len(pairs), shape)
+
+
+def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:
+    """The split as a Ray Dataset in the hub row shape (+ id, error); nothing read yet."""
+    shape = (cfg.row_shape, cfg.src_lang, cfg.tgt_lang)
+    if src.kind == "demo":
+        if not Path(__file__).with_name("demo.py").exists():
+            raise PreprocessError("preprocessing/demo.py (the embedded demo corpus) is missing")
+        if not src.rows:
+            raise PreprocessError(f"demo split has no rows: set demo_rows (got {cfg.demo_rows})")
+        blocks = max(1, math.ceil(src.rows / cfg.block_rows))
+        return ray.data.range(src.rows, override_num_blocks=blocks).map_batches(
+            _demo_block, batch_size=None, batch_format="numpy",
+            fn_kwargs={"seed": cfg.seed, "start": src.demo_start, "shape": shape})
+    if src.kind == "parquet":
+        tasks = ray.data.from_items(src.row_groups, override_num_blocks=len(src.row_groups))
+        return tasks.map_batches(_read_row_groups, batch_size=1, batch_format="pyarrow",
+                                 fn_kwargs={"shape": shape, "block_rows": cfg.block_rows})
+    # One reader task streams the file(s); it asks for half a CPU so Ray does not fuse the
+    # (parallel) cleaning into it.
+    return ray.data.from_items([{"files": src.files}]).map_batches(
+        _read_lines, batch_size=1, batch_format="pyarrow", num_cpus=0.5,
+        fn_kwargs={"kind": src.kind, "files": src.files, "shape": shape,
+                   "limit": cfg.max_line_bytes, "block_rows": cfg.block_rows})

@@ -1,0 +1,173 @@
+"""Stage mechanics shared by every preprocessing stage: manifests, skip-on-rerun, atomic output.
+
+A stage writes `<root>/<task>/<stage>/` = parquet parts + `manifest.json`. It first writes into a
+hidden sibling `.<name>.partial-<run>/` and renames it into place only once the manifest is written,
+so a killed run never leaves a folder that a rerun takes as complete; the rerun wipes the
+partial folder and recomputes the stage. A stage whose manifest records the same config hash
+and input fingerprint is skipped.
+
+Also here: deterministic hashing (`config_hash`, `mix64`) so that output never depends on Ray's
+block scheduling, and `collect_stats`, which drains a stage's per-part statistics rows on the
+driver (one small row per part, never the data itself) while printing progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from preprocessing.errors import user_errors
+
+log = logging.getLogger("preprocessing")
+
+# Bump when a stage's output for the same config would change (cleaning rules, row format, ...):
+# manifests from older code then no longer match and the stage reruns.
+PIPELINE_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+# --- hashing -----------------------------------------------------------------------------------
+
+
+def config_hash(obj) -> str:
+    """Stable short hash of a JSON-able object (sorted keys)."""
+    blob = json.dumps(obj, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def file_fingerprint(paths: list[str]) -> list[dict]:
+    """Identity of local input files without reading them: path, size, mtime (as make does)."""
+    out = []
+    for p in paths:
+        st = os.stat(p)
+        out.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
+
+
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def mix64(ids: np.ndarray, seed: int) -> np.ndarray:
+    """splitmix64 of (id, seed): a fixed pseudo-random uint64 per row id.
+
+    Sampling, shuffle windows and tie-breaking all key on this, so they depend only on the row
+    ids and the seed, never on how Ray happened to split or schedule blocks.
+    """
+    with np.errstate(over="ignore"):
+        z = np.asarray(ids, dtype=np.int64).astype(np.uint64)
+        z = z + np.uint64((seed * 0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019) & 0xFFFFFFFFFFFFFFFF)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return (z ^ (z >> np.uint64(31))) & _M64
+
+
+# --- manifests and atomic stage folders --------------------------------------------------------
+
+
+def read_manifest(stage_dir: Path) -> dict | None:
+    path = Path(stage_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def finished(stage_dir: Path, cfg_hash: str, input_fp: str) -> dict | None:
+    """The manifest of a finished stage with this config and input, else None (must run)."""
+    m = read_manifest(stage_dir)
+    if m and m.get("config_hash") == cfg_hash and m.get("input_fingerprint") == input_fp:
+        return m
+    return None
+
+
+@contextlib.contextmanager
+def stage_output(stage_dir: Path) -> Iterator[Path]:
+    """Yield a fresh temporary folder; on success it replaces `stage_dir` by rename.
+
+    The caller writes parts and, last, the manifest into the yielded folder. The folder name is
+    unique per run, so a task of a killed run that is still finishing cannot write into it.
+    """
+    stage_dir = Path(stage_dir)
+    stage_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Leftovers of a killed run are never trusted: the stage is always redone from scratch.
+    for leftover in stage_dir.parent.glob(f".{stage_dir.name}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = stage_dir.parent / f".{stage_dir.name}.partial-{uuid.uuid4().hex[:12]}"
+    old = stage_dir.parent / f".{stage_dir.name}.old-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if not (tmp / MANIFEST).is_file():
+        raise RuntimeError(f"stage {stage_dir} finished without writing its manifest")
+    if stage_dir.exists():
+        stage_dir.rename(old)  # two renames: the folder is either old-complete or new-complete
+    tmp.rename(stage_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    rows_in, kept = manifest.get("rows_in"), manifest.get("rows_kept")
+    if rows_in is not None:
+        dropped = sum(manifest.get("dropped", {}).values())
+        if rows_in != kept + dropped:  # the accounting invariant every stage must keep
+            raise RuntimeError(
+                f"{manifest['stage']}: rows_in {rows_in} != kept {kept} + dropped {dropped}"
+            )
+    (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def write_part(table: pa.Table, folder: str, name: str) -> None:
+    """Write one parquet part; same table -> same bytes (no timestamps in parquet metadata)."""
+    path = os.path.join(folder, name)
+    pq.write_table(table, path + ".tmp", compression="zstd")
+    os.replace(path + ".tmp", path)
+
+
+def part_name(first_id: int) -> str:
+    return f"part-{int(first_id):012d}.parquet"
+
+
+# --- draining per-part statistics ----------------------------------------------------------------
+
+
+def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 10.0) -> dict:
+    """Run a stage's Ray Data pipeline, whose output is one stats row per part; sum the rows.
+
+    Only these small rows reach the driver. Prints progress every `every_s` seconds.
+    """
+    totals: dict[str, int] = {}
+    t0 = last = time.monotonic()
+    with user_errors():
+        for row in ds.iter_rows():
+            for k, v in row.items():  # stats columns are integer counts; others are labels
+                if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+                    totals[k] = totals.get(k, 0) + int(v)
+            now = time.monotonic()
+            if now - last >= every_s:
+                last = now
+                log.info("  %s: %s rows so far (%.0f s)", label,
+                         f"{int(totals.get(count_key, 0)):,}", now - t0)
+    return totals
+
+
+def dropped_counts(totals: dict, prefix: str = "drop_") -> dict[str, int]:
+    """{reason: n} from summed stats columns named drop_<reason> (zero counts left out)."""
+    return {k[len(prefix):]: int(v) for k, v in sorted(totals.items())
+            if k.startswith(prefix) and v}

@@ -1,0 +1,163 @@
+"""Preprocessing building blocks without Ray: special ids, cleaning, filters, batch cutting,
+batch-shard determinism, dedupe, stage atomicity, presets.
+
+    .venv/bin/python -m pytest tests/test_preprocessing.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from preprocessing import config as pconfig
+from preprocessing.batching import BATCH_SCHEMA, batch_window, cut_batches
+from preprocessing.cleaning import dedupe_and_write, drop_reason, normalize
+from preprocessing.encoding import ids_array
+from preprocessing.stages import finished, stage_output, write_manifest
+from preprocessing.vocab import BOS, EOS, PAD, UNK
+
+
+def test_special_ids_match_the_model_package():
+    from convs2s import config as model_config
+
+    assert (BOS, PAD, EOS, UNK) == (0, 1, 2, 3)
+    assert (BOS, PAD, EOS, UNK) == (model_config.BOS, model_config.PAD, model_config.EOS,
+                                    model_config.UNK)
+
+
+@pytest.mark.parametrize("raw, clean", [
+    ("Cafe\u0301", "Caf\u00e9"),  # combining accent -> NFC precomposed
+    ("  a \t b\u00a0c\u3000d  ", "a b c d"),  # tabs, NBSP, ideographic space, edges
+    ("zero\u200bwidth\u00adsoft\ufeffbom", "zerowidthsoftbom"),  # format characters removed
+    ("bell\x07 esc\x1b[0m", "bell esc[0m"),  # C0 controls removed
+    ("line\u2028sep\x85nel", "line sep nel"),  # Unicode line breaks become spaces
+    ("priv\ue000ate", "private"),
+    ("", ""), (None, ""),
+])
+def test_normalize(raw, clean):
+    assert normalize(raw) == clean
+
+
+def test_length_and_ratio_filters_at_their_limits():
+    w = lambda n: " ".join(["w"] * n)  # noqa: E731
+    assert drop_reason(w(175), w(175), 175, 1.5) is None
+    assert drop_reason(w(176), w(175), 175, 1.5) == "too_long"
+    assert drop_reason(w(2), w(3), 175, 1.5) is None  # 3 / 2 = 1.5 is not over 1.5
+    assert drop_reason(w(2), w(4), 175, 1.5) == "ratio"
+    assert drop_reason(w(2), w(40), 175, None) is None  # summarization: ratio off
+    assert drop_reason(w(500), w(1), None, None) is None
+    assert drop_reason("", w(1), 175, 1.5) == "empty"
+
+
+def test_cut_batches_covers_every_row_within_budget():
+    rng = np.random.default_rng(0)
+    for max_tokens, max_sentences in [(4000, None), (300, 16), (64, 1000)]:
+        lengths = np.sort(rng.integers(1, 120, size=2000))
+        bounds, stop = cut_batches(lengths, max_tokens, max_sentences)
+        assert stop == int(np.searchsorted(lengths, max_tokens, side="right"))
+        covered = [i for a, b in bounds for i in range(a, b)]
+        assert covered == list(range(stop))  # every batchable row once, in order
+        for a, b in bounds:
+            assert (b - a) * lengths[b - 1] <= max_tokens
+            assert max_sentences is None or b - a <= max_sentences
+            # greedy: the next row would not have fitted
+            if b < stop:
+                assert (b - a + 1) * lengths[b] > max_tokens or b - a + 1 > (max_sentences or 1e9)
+
+
+def encoded_group(n: int, seed: int = 0) -> pa.Table:
+    """A synthetic window of encoded rows (as the batches stage receives it)."""
+    rng = np.random.default_rng(seed)
+    src = [list(rng.integers(4, 100, size=rng.integers(1, 60))) + [EOS] for _ in range(n)]
+    tgt = [list(rng.integers(4, 100, size=rng.integers(1, 60))) + [EOS] for _ in range(n)]
+    return pa.table({"id": pa.array(np.arange(n) * 7 + 3, pa.int64()),
+                     "src": pa.array(src, pa.list_(pa.int32())),
+                     "tgt": pa.array(tgt, pa.list_(pa.int32())),
+                     "src_len": pa.array([len(s) for s in src], pa.int32()),
+                     "tgt_len": pa.array([len(t) for t in tgt], pa.int32()),
+                     "window": pa.array([5] * n, pa.int64())})
+
+
+def test_batch_window_rows_once_within_budget_and_independent_of_input_order(tmp_path):
+    group = encoded_group(600)
+    outs = []
+    for k, perm in enumerate([np.arange(600), np.random.default_rng(1).permutation(600)]):
+        out = tmp_path / str(k)
+        out.mkdir()
+        stats = batch_window(group.take(perm), out_dir=str(out), max_tokens=500,
+                             max_sentences=20, seed=3)
+        outs.append((out / "part-000005.parquet").read_bytes())
+    assert outs[0] == outs[1]  # same rows in another order -> byte-identical shard
+    table = pq.read_table(tmp_path / "0" / "part-000005.parquet")
+    assert table.schema.equals(BATCH_SCHEMA)
+    ids = [i for b in table["id"].to_pylist() for i in b]
+    assert sorted(ids) == group["id"].to_pylist()
+    by_id = {r["id"]: r for r in group.to_pylist()}
+    for b in table.to_pylist():
+        longest = max(max(len(s), len(t)) for s, t in zip(b["src"], b["tgt"]))
+        assert len(b["id"]) <= 20 and len(b["id"]) * longest <= 500
+        assert b["padded_tokens"] == len(b["id"]) * longest
+        assert b["src_tokens"] == sum(len(s) for s in b["src"])
+        assert [by_id[i]["src"] for i in b["id"]] == b["src"]
+    assert int(stats["batches"][0]) == table.num_rows and int(stats["rows_kept"][0]) == 600
+
+
+def test_sentence_over_the_budget_is_dropped_and_counted(tmp_path):
+    stats = batch_window(encoded_group(50), out_dir=str(tmp_path), max_tokens=40,
+                         max_sentences=None, seed=0)
+    table = pq.read_table(tmp_path / "part-000005.parquet")
+    kept = sum(len(b) for b in table["id"].to_pylist())
+    assert kept == int(stats["rows_kept"][0]) and kept < 50
+    assert int(stats["drop_over_max_tokens"][0]) == 50 - kept
+
+
+def test_ids_array_appends_eos():
+    arr, lengths = ids_array([[5, 6], [], [7]])
+    assert arr.to_pylist() == [[5, 6, EOS], [EOS], [7, EOS]] and list(lengths) == [3, 1, 2]
+
+
+def test_dedupe_keeps_the_lowest_id(tmp_path):
+    group = pa.table({"id": [9, 2, 5, 7], "src": ["a", "a", "b", ""], "tgt": ["x", "x", "y", ""],
+                      "reason": [None, None, None, "empty"], "bucket": [1, 1, 1, 1]})
+    stats = dedupe_and_write(group, out_dir=str(tmp_path))
+    kept = pq.read_table(tmp_path / "part-b000001.parquet")
+    assert kept["id"].to_pylist() == [2, 5]
+    assert int(stats["drop_duplicate"][0]) == 1 and int(stats["drop_empty"][0]) == 1
+
+
+def test_stage_output_is_atomic(tmp_path):
+    stage = tmp_path / "task" / "clean" / "train"
+    with pytest.raises(ValueError):
+        with stage_output(stage) as tmp:
+            (tmp / "part-0.parquet").write_text("half")
+            raise ValueError("killed midway")
+    assert not stage.exists() and not list(stage.parent.iterdir())
+    # A leftover of a hard kill (no cleanup ran) is removed by the next run, never reused.
+    (stage.parent / ".train.partial-dead").mkdir()
+    (stage.parent / ".train.partial-dead" / "part-9.parquet").write_text("stale")
+    with stage_output(stage) as tmp:
+        (tmp / "part-0.parquet").write_text("new")
+        write_manifest(tmp, {"stage": "clean/train", "config_hash": "c", "input_fingerprint": "i",
+                             "rows_in": 3, "rows_kept": 2, "dropped": {"empty": 1}})
+    assert sorted(p.name for p in stage.parent.iterdir()) == ["train"]
+    assert sorted(p.name for p in stage.iterdir()) == ["manifest.json", "part-0.parquet"]
+    assert finished(stage, "c", "i") and not finished(stage, "c", "other input")
+    with pytest.raises(RuntimeError, match="rows_in 3 != kept 1 \\+ dropped 1"):
+        write_manifest(tmp_path, {"stage": "x", "rows_in": 3, "rows_kept": 1,
+                                  "dropped": {"empty": 1}})
+
+
+def test_presets_follow_the_paper():
+    fr, ro, giga = pconfig.wmt14_en_fr(), pconfig.wmt16_en_ro(), pconfig.gigaword()
+    assert (fr.max_len, fr.max_len_ratio, fr.vocab_size, fr.max_tokens) == (175, 1.5, 40_000, 4000)
+    assert (fr.hub_repo, fr.hub_config) == ("wmt/wmt14", "fr-en")
+    assert ro.max_len == 175 and ro.max_len_ratio is None and ro.hub_config == "ro-en"
+    assert giga.vocab_size == 30_000 and giga.max_len_ratio is None
+    assert giga.hub_revision == "refs/convert/parquet" and giga.row_shape == "columns"
+    assert pconfig.demo().source == "demo" and pconfig.demo().vocab_size <= 2000
+    for make in pconfig.PRESETS.values():
+        assert make().splits["train"] == "train"
+    with pytest.raises(ValueError, match="train"):
+        pconfig.PreprocessConfig(task="x", splits={"valid": "v"})

@@ -1,0 +1,285 @@
+"""The preprocessing pipeline end to end on real Ray Data, with the newstest files of
+../shared/data (skipped when absent) and the embedded demo corpus.
+
+    timeout 900 .venv/bin/python -m pytest tests/test_preprocessing_pipeline.py -q
+
+One newstest run (module fixture) is checked from several sides; a hub-shaped parquet copy of
+the same files must give the same encoded rows and byte-identical batch shards; a run killed
+(SIGKILL) in the middle of a stage and rerun must give the same bytes again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from preprocessing.cleaning import normalize
+from preprocessing.config import PreprocessConfig
+from preprocessing.errors import PreprocessError
+from preprocessing.pipeline import run_pipeline
+from preprocessing.vocab import BOS, EOS, PAD, UNK, load
+
+NEWSTEST = {"train": "newstest2012", "valid": "newstest2013", "test": "newstest2014"}
+
+
+def newstest_cfg(shared_data: Path, root: Path, **kw) -> PreprocessConfig:
+    args = dict(task="newstest", source=str(shared_data / "wmt14-en-fr"), splits=dict(NEWSTEST),
+                vocab_size=800, block_rows=1000, shuffle_window=1500, root=str(root))
+    return PreprocessConfig(**{**args, **kw})
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_bytes().decode("utf-8").split("\n")[:-1]
+
+
+def read_rows(folder: str) -> list[dict]:
+    """All rows of a stage folder's parts, sorted by id (read without Ray)."""
+    tables = [pq.read_table(p) for p in sorted(Path(folder).glob("part-*.parquet"))]
+    return sorted(pa.concat_tables(tables).to_pylist(), key=lambda r: r["id"])
+
+
+def part_bytes(folder: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("part-*.parquet"))}
+
+
+@pytest.fixture(scope="module")
+def newstest(ray_session, shared_data, tmp_path_factory):
+    cfg = newstest_cfg(shared_data, tmp_path_factory.mktemp("prep"))
+    return cfg, run_pipeline(cfg)
+
+
+def independent_drops(src_lines: list[str], tgt_lines: list[str]) -> dict[str, int]:
+    """The paper's filters re-counted directly on the raw files (newstest text is clean)."""
+    counts = {}
+    for s, t in zip(src_lines, tgt_lines):
+        ls, lt = len(s.split()), len(t.split())
+        reason = ("empty" if not ls or not lt else "too_long" if max(ls, lt) > 175
+                  else "ratio" if max(ls, lt) / min(ls, lt) > 1.5 else None)
+        if reason:
+            counts[reason] = counts.get(reason, 0) + 1
+    return counts
+
+
+def test_filters_drop_exactly_the_violating_pairs(newstest, shared_data):
+    cfg, out = newstest
+    for split, name in NEWSTEST.items():
+        en, fr = (lines(shared_data / "wmt14-en-fr" / f"{name}.{x}") for x in ("en", "fr"))
+        m = out.manifests[f"clean/{split}"]
+        assert m["rows_in"] == len(en) == m["rows_kept"] + sum(m["dropped"].values())
+        assert m["dropped"] == independent_drops(en, fr)
+        kept = [r["id"] for r in read_rows(f"{out.root}/clean/{split}")]
+        assert m["rows_kept"] == len(kept) == len(set(kept))
+        for stage in ("encoded", "batches"):
+            sm = out.manifests[f"{stage}/{split}"]
+            assert sm["rows_in"] == sm["rows_kept"] + sum(sm["dropped"].values())
+
+
+def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
+    cfg, out = newstest
+    for split in NEWSTEST:
+        encoded = {r["id"]: r for r in read_rows(f"{out.root}/encoded/{split}")}
+        clean_ids = [r["id"] for r in read_rows(f"{out.root}/clean/{split}")]
+        assert sorted(encoded) == clean_ids
+        batched = []
+        for b in read_rows(out.batches[split]):
+            longest = max(max(len(s), len(t)) for s, t in zip(b["src"], b["tgt"]))
+            assert len(b["id"]) * longest == b["padded_tokens"] <= cfg.max_tokens
+            assert len(b["id"]) <= cfg.max_sentences
+            for i, s, t in zip(b["id"], b["src"], b["tgt"]):
+                assert (s, t) == (encoded[i]["src"], encoded[i]["tgt"])
+            batched += b["id"]
+        assert sorted(batched) == clean_ids  # once each: no loss, no duplicate
+        m = out.manifests[f"batches/{split}"]
+        assert 0.5 < m["padding_efficiency"] <= 1.0
+
+
+def test_batch_rows_survive_ray_data_read_parquet(newstest):
+    _, out = newstest
+    expected = {tuple(b["id"]): b for b in read_rows(out.batches["valid"])}
+    ds = ray_data_read(out.batches["valid"])
+    n = 0
+    for row in ds.iter_rows():  # one batch-row at a time, as a training worker iterates
+        want = expected[tuple(int(i) for i in row["id"])]
+        assert [[int(x) for x in s] for s in row["src"]] == want["src"]
+        assert [[int(x) for x in t] for t in row["tgt"]] == want["tgt"]
+        assert int(row["padded_tokens"]) == want["padded_tokens"]
+        n += 1
+    assert n == len(expected)
+    batch = next(iter(ds.iter_batches(batch_size=1, batch_format="numpy")))
+    assert len(batch["src"]) == 1 and len(batch["src"][0]) == len(batch["id"][0])
+
+
+def ray_data_read(folder: str):
+    import ray
+
+    return ray.data.read_parquet(folder)
+
+
+def test_bpe_round_trips_newstest_and_uses_project_ids(newstest, shared_data):
+    _, out = newstest
+    sp = load(out.spm_model)
+    assert (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id()) == (BOS, PAD, EOS, UNK)
+    assert sp.get_piece_size() == out.vocab_size == 800
+    for name in NEWSTEST.values():
+        for lang in ("en", "fr"):
+            texts = [normalize(x) for x in lines(shared_data / "wmt14-en-fr" / f"{name}.{lang}")]
+            decoded = sp.decode(sp.encode(texts))
+            assert decoded == texts
+    clean = read_rows(f"{out.root}/clean/test")[:200]
+    encoded = {r["id"]: r for r in read_rows(f"{out.root}/encoded/test")}
+    for r in clean:
+        src = encoded[r["id"]]["src"]
+        assert src[-1] == EOS and BOS not in src and encoded[r["id"]]["src_len"] == len(src)
+        assert sp.decode(src[:-1]) == r["src"]
+
+
+def test_eval_text_is_every_line_in_order_unfiltered(newstest, shared_data):
+    _, out = newstest
+    for split in ("valid", "test"):
+        for path, lang in zip(out.text[split], ("en", "fr")):
+            raw = lines(shared_data / "wmt14-en-fr" / f"{NEWSTEST[split]}.{lang}")
+            assert lines(Path(path)) == [normalize(x) for x in raw]
+        assert out.manifests[f"clean/{split}"]["dropped"]  # some pairs filtered, none here
+
+
+def test_rerun_skips_finished_stages(newstest):
+    cfg, out = newstest
+    stamps = {p: p.stat().st_mtime_ns for p in Path(out.root).rglob("*") if p.is_file()}
+    t0 = time.monotonic()
+    again = run_pipeline(cfg)
+    assert time.monotonic() - t0 < 5
+    assert again.manifests == out.manifests
+    assert {p: p.stat().st_mtime_ns for p in Path(out.root).rglob("*") if p.is_file()} == stamps
+
+
+def write_hub_layout(shared_data: Path, folder: Path) -> None:
+    """newstest files as parquet laid out like hub wmt/wmt14 (fr-en/<split>-*.parquet)."""
+    hub_names = {"train": "train", "valid": "validation", "test": "test"}
+    (folder / "fr-en").mkdir(parents=True)
+    for split, name in NEWSTEST.items():
+        en, fr = (lines(shared_data / "wmt14-en-fr" / f"{name}.{x}") for x in ("en", "fr"))
+        rows = [{"translation": {"en": s, "fr": t}} for s, t in zip(en, fr)]
+        n_files = 2 if split == "train" else 1
+        per = -(-len(rows) // n_files)
+        for i in range(n_files):
+            name = f"{hub_names[split]}-{i:05d}-of-{n_files:05d}.parquet"
+            pq.write_table(pa.Table.from_pylist(rows[i * per:(i + 1) * per]),
+                           folder / "fr-en" / name, row_group_size=700)
+
+
+def test_hub_shaped_parquet_gives_the_same_rows_and_shards(newstest, shared_data, tmp_path):
+    cfg, out = newstest
+    write_hub_layout(shared_data, tmp_path / "hub")
+    hub = run_pipeline(cfg.replace(source=str(tmp_path / "hub"),
+                                   splits={"train": "train", "valid": "validation",
+                                           "test": "test"},
+                                   root=str(tmp_path / "out")))
+    assert Path(hub.spm_model).read_bytes() == Path(out.spm_model).read_bytes()
+    for split in NEWSTEST:
+        assert (read_rows(f"{hub.root}/encoded/{split}")
+                == read_rows(f"{out.root}/encoded/{split}"))
+        assert part_bytes(hub.batches[split]) == part_bytes(out.batches[split])
+    for split in ("valid", "test"):
+        for a, b in zip(hub.text[split], out.text[split]):
+            assert Path(a).read_bytes() == Path(b).read_bytes()
+
+
+KILLED_RUN = """
+import json, sys, ray
+from preprocessing.config import PreprocessConfig
+from preprocessing.pipeline import run_pipeline
+ray.init(address=sys.argv[1], log_to_driver=False)
+run_pipeline(PreprocessConfig(**json.loads(sys.argv[2])))
+"""
+
+
+@pytest.mark.slow
+def test_killed_stage_reruns_to_identical_shards(newstest, ray_session, tmp_path):
+    cfg, out = newstest
+    cfg2 = cfg.replace(root=str(tmp_path / "out"))
+    task = Path(cfg2.root) / cfg2.task
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, ray_session.get_runtime_context().gcs_address,
+         json.dumps(cfg2.to_dict())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # SIGKILL the driver once the encoding stage has written its first part
+        deadline = time.monotonic() + 180
+        while not list(task.glob("encoded/.train.partial-*/part-*.parquet")):
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "encoding never started"
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    killed_at = time.time_ns()
+    assert not (task / "encoded" / "train").exists()  # the half-done stage is not "complete"
+    again = run_pipeline(cfg2)
+    assert not list(task.rglob(".*.partial-*"))
+    for split in NEWSTEST:  # same input and seed -> byte-identical shards, rows once each
+        assert part_bytes(again.batches[split]) == part_bytes(out.batches[split])
+        assert (read_rows(f"{again.root}/encoded/{split}")
+                == read_rows(f"{out.root}/encoded/{split}"))
+    # stages finished before the kill were skipped, not redone
+    assert (task / "clean" / "train" / "manifest.json").stat().st_mtime_ns < killed_at
+
+
+def test_bad_rows_are_dropped_and_counted(ray_session, shared_data, tmp_path):
+    en = lines(shared_data / "news-commentary-5k" / "nc-5k.en")[:300]
+    fr = lines(shared_data / "news-commentary-5k" / "nc-5k.fr")[:300]
+    pairs = [(s.encode(), t.encode()) for s, t in zip(en, fr)]
+    pairs += [(b"caf\xe9 latin-1 bytes", b"caf\xc3\xa9"), (b"a NUL \x00 here", b"un NUL"),
+              (b"x" * 70_000, b"trop long"), (b"", b"vide"), pairs[0], pairs[1]]
+    (tmp_path / "bad.en").write_bytes(b"\n".join(p[0] for p in pairs) + b"\n")
+    (tmp_path / "bad.fr").write_bytes(b"\n".join(p[1] for p in pairs) + b"\n")
+    cfg = PreprocessConfig(task="bad", source=str(tmp_path), splits={"train": "bad"},
+                           dedupe=True, vocab_size=400, root=str(tmp_path / "out"))
+    out = run_pipeline(cfg)
+    # Rows the reader accepts: the corpus, the empty pair and the two repeated pairs.
+    plain_en, plain_fr = en + ["", en[0], en[1]], fr + ["vide", fr[0], fr[1]]
+    expected = independent_drops(plain_en, plain_fr)
+    survivors = [(s, t) for s, t in zip(plain_en, plain_fr) if not independent_drops([s], [t])]
+    expected["duplicate"] = len(survivors) - len(set(survivors))
+    expected.update(invalid_utf8=1, nul_byte=1, line_too_long=1)
+    m = out.manifests["clean/train"]
+    assert m["rows_in"] == len(pairs) and m["dropped"] == expected
+    assert m["rows_kept"] == len(pairs) - sum(expected.values())
+
+
+def test_bad_inputs_fail_with_clear_errors(ray_session, tmp_path):
+    (tmp_path / "m.en").write_text("one\ntwo\nthree\n")
+    (tmp_path / "m.fr").write_text("un\ndeux\n")
+    (tmp_path / "e.en").write_text("")
+    (tmp_path / "e.fr").write_text("")
+    base = PreprocessConfig(task="err", source=str(tmp_path), root=str(tmp_path / "out"),
+                            vocab_size=300)
+    with pytest.raises(PreprocessError, match=r"line count mismatch: .*m\.fr ends after 2 lines"):
+        run_pipeline(base.replace(splits={"train": "m"}))
+    with pytest.raises(PreprocessError, match=r"split 'train' .* is empty"):
+        run_pipeline(base.replace(splits={"train": "e"}))
+    assert not (tmp_path / "out" / "err" / "clean" / "train").exists()
+    assert not list((tmp_path / "out").rglob(".*.partial-*"))
+
+
+def test_demo_source_runs_end_to_end(ray_session, tmp_path):
+    demo = pytest.importorskip("preprocessing.demo")
+    if not hasattr(demo, "translation_pairs"):
+        pytest.skip("preprocessing/demo.py has no translation_pairs yet")
+    cfg = PreprocessConfig(task="demo", source="demo", vocab_size=500, spm_sample_pairs=2000,
+                           demo_rows={"train": 3000, "valid": 200, "test": 200},
+                           dedupe=True, block_rows=1000, root=str(tmp_path))
+    out = run_pipeline(cfg)
+    assert out.manifests["clean/train"]["rows_in"] == 3000
+    assert "duplicate" not in out.manifests["clean/train"]["dropped"]  # distinct by contract
+    pairs = demo.translation_pairs(cfg.seed, 3000, 200)  # valid follows train's index range
+    assert lines(Path(out.text["valid"][0])) == [normalize(s) for s, _ in pairs]
+    assert sum(len(b) for b in [r["id"] for r in read_rows(out.batches["train"])]) == \
+        out.manifests["batches/train"]["rows_kept"]

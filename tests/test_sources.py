@@ -1,0 +1,168 @@
+"""Source readers and source resolution, without Ray: the readers are plain generators that
+Ray Data runs as tasks; here they run in-process on small files written by the tests.
+
+    .venv/bin/python -m pytest tests/test_sources.py -q
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from preprocessing.config import PreprocessConfig, wmt14_en_fr
+from preprocessing.errors import PreprocessError
+from preprocessing.sources import _read_lines, _read_row_groups, resolve_split
+
+SHAPE = ("translation", "en", "fr")
+
+
+def read_all(src, cfg) -> list[dict]:
+    """Run a resolved source's reader generator in-process; rows as dicts."""
+    if src.kind == "parquet":
+        gen = _read_row_groups(pa.Table.from_pylist(src.row_groups), shape=SHAPE, block_rows=3)
+    else:
+        gen = _read_lines(None, kind=src.kind, files=src.files, shape=SHAPE,
+                          limit=cfg.max_line_bytes, block_rows=3)
+    rows = []
+    for table in gen:
+        rows += table.to_pylist()
+    return rows
+
+
+def local_cfg(folder, **kw) -> PreprocessConfig:
+    return PreprocessConfig(task="t", source=str(folder), **kw)
+
+
+def test_aligned_text_keeps_alignment_and_marks_bad_lines(tmp_path):
+    en = [b"Hello world", b"", b"caf\xc3\xa9 \xff broken", b"nul \x00 byte", b"x" * 200, b"last"]
+    fr = [b"Bonjour le monde", b"vide en face", b"cafe", b"nul", b"court", b"dernier"]
+    (tmp_path / "d.en").write_bytes(b"\r\n".join(en) + b"\r\n")  # CRLF endings
+    with gzip.open(tmp_path / "d.fr.gz", "wb") as f:  # one side compressed, no final newline
+        f.write(b"\n".join(fr))
+    (tmp_path / "d.fr").unlink(missing_ok=True)
+    cfg = local_cfg(tmp_path, splits={"train": "x,y"}, max_line_bytes=100)
+    src = resolve_split(cfg.replace(splits={"train": "d.en,d.fr.gz"}), "train")
+    assert src.kind == "text"
+    rows = read_all(src, cfg)
+    assert [r["id"] for r in rows] == list(range(6))
+    fr_side = [r["translation"]["fr"] for r in rows]
+    assert fr_side[:3] == ["Bonjour le monde", "vide en face", "cafe"]
+    assert rows[0]["translation"]["en"] == "Hello world" and rows[0]["error"] is None
+    assert rows[1]["translation"]["en"] == "" and rows[1]["error"] is None  # empty line kept
+    assert rows[2]["error"] == "invalid_utf8" and "\ufffd" in rows[2]["translation"]["en"]
+    assert rows[3]["error"] is None and "\x00" in rows[3]["translation"]["en"]  # cleaning drops
+    assert rows[4]["error"] == "line_too_long"
+    assert rows[5]["translation"] == {"en": "last", "fr": "dernier"}
+
+
+def test_unicode_line_separators_do_not_split_rows(tmp_path):
+    # str.splitlines() would break these lines apart and shift every later pair.
+    (tmp_path / "d.en").write_text("a\u2028b\x0bc\x1cd\nsecond\n", encoding="utf-8")
+    (tmp_path / "d.fr").write_text("un\ndeux\n", encoding="utf-8")
+    cfg = local_cfg(tmp_path, splits={"train": "d"})
+    rows = read_all(resolve_split(cfg, "train"), cfg)
+    assert [r["translation"]["fr"] for r in rows] == ["un", "deux"]
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path):
+    (tmp_path / "d.en").write_text("a\nb\nc\n")
+    (tmp_path / "d.fr").write_text("a\nb\n")
+    cfg = local_cfg(tmp_path, splits={"train": "d"})
+    with pytest.raises(PreprocessError, match=r"d\.fr ends after 2 lines but .*d\.en has more"):
+        read_all(resolve_split(cfg, "train"), cfg)
+
+
+def test_tsv_and_jsonl_rows(tmp_path):
+    (tmp_path / "t.tsv").write_text("hello\tbonjour\nno tab here\na\tb\tc\n\t\n")
+    lines = [json.dumps({"translation": {"en": "hi", "fr": "salut"}}), "{not json",
+             json.dumps({"translation": {"en": "hi"}}), json.dumps({"other": 1})]
+    with gzip.open(tmp_path / "j.jsonl.gz", "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    cfg = local_cfg(tmp_path, splits={"train": "t", "valid": "j"})
+    tsv = read_all(resolve_split(cfg, "train"), cfg)
+    assert [r["error"] for r in tsv] == [None, "bad_row", "bad_row", None]
+    assert tsv[0]["translation"] == {"en": "hello", "fr": "bonjour"}
+    src = resolve_split(cfg, "valid")
+    assert src.kind == "jsonl"
+    jl = read_all(src, cfg)
+    assert jl[0]["translation"] == {"en": "hi", "fr": "salut"}
+    assert [r["error"] for r in jl] == [None, "bad_row", "bad_row", "bad_row"]
+
+
+def test_missing_inputs_are_clear_errors(tmp_path):
+    (tmp_path / "only.en").write_text("a\n")
+    cfg = local_cfg(tmp_path, splits={"train": "only", "valid": "nothing", "test": "a.txt,b.txt"})
+    with pytest.raises(PreprocessError, match=r"found .*only\.en but not its other .*only\.fr"):
+        resolve_split(cfg, "train")
+    with pytest.raises(PreprocessError, match=r"no input for split 'valid'.*nothing\.en.*--split"):
+        resolve_split(cfg, "valid")
+    with pytest.raises(PreprocessError, match=r"missing input file.*a\.txt"):
+        resolve_split(cfg, "test")
+    with pytest.raises(PreprocessError, match="does not exist"):
+        resolve_split(local_cfg(tmp_path / "nope"), "train")
+
+
+def write_hub_parquet(folder, config: str, split: str, pairs: list[tuple[str, str]],
+                      n_files: int = 1, row_group_size: int = 1000, langs=("en", "fr")):
+    """Parquet files named and shaped like the hub's: <config>/<split>-0000i-of-0000n.parquet."""
+    (folder / config).mkdir(parents=True, exist_ok=True)
+    per = -(-len(pairs) // n_files)
+    for i in range(n_files):
+        chunk = pairs[i * per:(i + 1) * per]
+        table = pa.table({"translation": [{langs[0]: s, langs[1]: t} for s, t in chunk]})
+        pq.write_table(table, folder / config / f"{split}-{i:05d}-of-{n_files:05d}.parquet",
+                       row_group_size=row_group_size)
+
+
+def test_hub_shaped_parquet_folder_ids_across_files_and_row_groups(tmp_path):
+    pairs = [(f"s{i}", f"t{i}") for i in range(23)]
+    write_hub_parquet(tmp_path, "fr-en", "train", pairs, n_files=3, row_group_size=4)
+    cfg = local_cfg(tmp_path)  # default WMT split names, hub_config fr-en
+    src = resolve_split(cfg, "train")
+    assert src.kind == "parquet" and len(src.files) == 3 and src.rows == 23
+    rows = read_all(src, cfg)
+    assert [r["id"] for r in rows] == list(range(23))
+    assert [(r["translation"]["en"], r["translation"]["fr"]) for r in rows] == pairs
+
+
+def test_parquet_without_expected_columns_names_the_file(tmp_path):
+    (tmp_path / "fr-en").mkdir()
+    pq.write_table(pa.table({"en": ["a"], "fr": ["b"]}), tmp_path / "fr-en" / "train-0.parquet")
+    with pytest.raises(PreprocessError, match=r"train-0\.parquet: parquet file has .*translation"):
+        resolve_split(local_cfg(tmp_path), "train")
+    write_hub_parquet(tmp_path / "de", "fr-en", "train", [("a", "b")], langs=("en", "de"))
+    with pytest.raises(PreprocessError, match="fields 'en' and 'fr'"):
+        resolve_split(local_cfg(tmp_path / "de"), "train")
+
+
+def test_columns_row_shape_reads_document_summary_parquet(tmp_path):
+    (tmp_path / "default").mkdir()
+    pq.write_table(pa.table({"document": ["a long text", "b"], "summary": ["short", "s"]}),
+                   tmp_path / "default" / "test-00000-of-00001.parquet")
+    cfg = local_cfg(tmp_path, src_lang="document", tgt_lang="summary", row_shape="columns",
+                    hub_config="default")
+    src = resolve_split(cfg, "test")
+    gen = _read_row_groups(pa.Table.from_pylist(src.row_groups),
+                           shape=("columns", "document", "summary"), block_rows=10)
+    rows = [r for t in gen for r in t.to_pylist()]
+    assert rows[0] == {"id": 0, "document": "a long text", "summary": "short", "error": None}
+
+
+def test_unreachable_hub_says_how_to_work_offline():
+    cfg = wmt14_en_fr()
+    with pytest.raises(PreprocessError, match=r"cannot reach the Hugging Face hub.*--source demo"):
+        resolve_split(cfg, "train", endpoint="http://127.0.0.1:9")
+
+
+def test_demo_splits_get_disjoint_index_ranges():
+    cfg = PreprocessConfig(task="d", demo_rows={"train": 100, "valid": 10, "test": 7},
+                           splits={"train": "train", "valid": "v", "test": "t"})
+    ranges = []
+    for split in cfg.splits:
+        src = resolve_split(cfg, split)
+        ranges.append(range(src.demo_start, src.demo_start + src.rows))
+    assert ranges == [range(0, 100), range(100, 110), range(110, 117)]
