@@ -17,14 +17,16 @@ Training / scoring:
 Inference (used by `convs2s.search`):
 
     net = inference_copy(model)             # eval-mode copy, weight norm folded into plain weights
-    enc = net.encode(src_tokens, src_lengths)          # EncoderOut, computed once per sentence
-    enc = enc.select(rows)                              # e.g. expand to beams once
-    state = net.init_state(enc)                         # DecoderState: per-conv buffers, step 0
-    logits, attn = net.decode_step(tokens, state)       # tokens B (last output), logits B x V
-    state.reorder(beam_rows)                            # follow the beams (buffers only)
+    enc = net.encode(src_tokens, src_lengths)         # EncoderOut, computed once per sentence
+    state = net.init_state(enc, beam_size=K)          # DecoderState: B*K rows, zero buffers
+    logits, attn = net.decode_step(tokens, state)     # tokens B*K (last outputs), logits B*K x V
+    state.reorder(rows)                               # row i continues hypothesis rows[i]
+    state.reorder(rows, sentences=keep)               # ... and drop finished sentences
 
 One decode step costs the same at every position: each decoder convolution keeps the last k-1
-input frames and computes one matmul with its (out, k * in) weight.
+input frames and computes one matmul with its (out, k * in) weight. Rows are hypotheses, the K
+of a sentence consecutive; attention reads each sentence's keys and values once for its K rows
+(the decoder accepts N = B * K target rows for B source rows everywhere, `decode` included).
 """
 
 from __future__ import annotations
@@ -210,16 +212,20 @@ class Attention(nn.Module):
         self.out_proj = linear(embed_dim, channels)
 
     def forward(self, h: torch.Tensor, g: torch.Tensor, enc: EncoderOut):
-        # h B x T x C (block output after the GLU), g B x T x E (target embedding)
-        d = (self.in_proj(h) + g) * SQRT_HALF  # B x T x E
+        # h N x T x C (block output after the GLU), g N x T x E (target embedding); N = B * K
+        # target rows for B sentences, the K rows of a sentence consecutive (K = 1 in training).
+        N, T, _ = h.shape
+        B, S, E = enc.keys.shape
+        d = (self.in_proj(h) + g) * SQRT_HALF  # N x T x E
+        d = d.reshape(B, N // B * T, E)  # B x KT x E: one matmul per sentence, keys read once
         # Scores and softmax in float32 even under autocast (bf16 logits lose the ranking).
         with torch.autocast(device_type=d.device.type, enabled=False):
-            scores = torch.bmm(d.float(), enc.keys.float().transpose(1, 2))  # B x T x S
+            scores = torch.bmm(d.float(), enc.keys.float().transpose(1, 2))  # B x KT x S
             attn = torch.softmax(scores + enc.mask_bias, dim=-1)  # padding gets weight 0
-        c = torch.bmm(attn.to(enc.values.dtype), enc.values)  # B x T x E
+        c = torch.bmm(attn.to(enc.values.dtype), enc.values)  # B x KT x E
         c = c * enc.scale.to(c.dtype)  # §3.4: m * sqrt(1/m), m = true source length
-        h = (self.out_proj(c) + h) * SQRT_HALF  # B x T x C
-        return h, attn
+        h = (self.out_proj(c.view(N, T, E)) + h) * SQRT_HALF  # N x T x C
+        return h, attn.view(N, T, S)
 
 
 # --- decoder (§3.2, §3.3) and incremental decoding state (§5.3) ---------------------------------
@@ -229,16 +235,16 @@ class Attention(nn.Module):
 class DecoderState:
     """Everything one incremental decode step needs; rows are hypotheses (sentences x beams)."""
 
-    enc: EncoderOut  # B rows, aligned with the hypotheses
-    buffers: list  # per decoder block: B x (k-1) x C_in, the last k-1 conv inputs (None if k=1)
+    enc: EncoderOut  # B sentences
+    buffers: list  # per decoder block: N x (k-1) x C_in, the last k-1 conv inputs (None if k=1)
     step: int = 0  # number of target tokens consumed so far
 
-    def reorder(self, rows: torch.Tensor, encoder: bool = False) -> None:
-        """Make row i continue hypothesis rows[i]; `encoder=True` also reorders the source side
-        (needed when rows move across sentences, not when beams stay within their sentence)."""
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Row i continues hypothesis rows[i]; `sentences` (optional) selects the source rows
+        that remain, so that the K rows of each remaining sentence stay consecutive."""
         self.buffers = [None if b is None else b.index_select(0, rows) for b in self.buffers]
-        if encoder:
-            self.enc = self.enc.select(rows)
+        if sentences is not None:
+            self.enc = self.enc.select(sentences)
 
 
 class Decoder(nn.Module):
@@ -286,23 +292,24 @@ class Decoder(nn.Module):
                 x, attn = block.attention(x, g, enc)
                 attn_sum = attn if attn_sum is None else attn_sum + attn
             x = (x + residual) * SQRT_HALF
-        attn = _mean_attention(attn_sum, self.num_attention, g, enc)
+        attn = attn_sum / self.num_attention  # mean over attention layers
         if last_only:  # full-prefix decoding needs the output layer at the last position only
             x, attn = x[:, -1:], attn[:, -1:]
         return self._output(x), attn
 
-    def init_state(self, enc: EncoderOut) -> DecoderState:
-        """Empty history: zero buffers, exactly the left padding of the causal convolutions."""
-        B = enc.keys.shape[0]
+    def init_state(self, enc: EncoderOut, beam_size: int = 1) -> DecoderState:
+        """Empty history for `beam_size` rows per sentence: zero buffers, exactly the left
+        padding of the causal convolutions."""
+        N = enc.keys.shape[0] * beam_size
         buffers = [
             None if blk.kernel == 1 else
-            enc.keys.new_zeros(B, blk.kernel - 1, blk.conv.c_in, dtype=self.fc1.weight.dtype)
+            enc.keys.new_zeros(N, blk.kernel - 1, blk.conv.c_in, dtype=self.fc1.weight.dtype)
             for blk in self.blocks
         ]
         return DecoderState(enc=enc, buffers=buffers, step=0)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState):
-        """Consume one token per row (B), return logits B x V and mean attention B x S.
+        """Consume one token per row (N), return logits N x V and mean attention N x S.
 
         Same computation as `forward` at position `state.step`, in O(1) of the prefix length.
         """
@@ -329,15 +336,8 @@ class Decoder(nn.Module):
                 attn_sum = attn if attn_sum is None else attn_sum + attn
             x = (x + residual) * SQRT_HALF
         state.step += 1
-        attn = _mean_attention(attn_sum, self.num_attention, g, enc)
+        attn = attn_sum / self.num_attention  # mean over attention layers
         return self._output(x).squeeze(1), attn.squeeze(1)
-
-
-def _mean_attention(attn_sum, n: int, g: torch.Tensor, enc: EncoderOut) -> torch.Tensor:
-    """Average attention over the attention layers (zeros if no layer attends): B x T x S."""
-    if attn_sum is None:
-        return g.new_zeros(g.shape[0], g.shape[1], enc.keys.shape[1], dtype=torch.float32)
-    return attn_sum / n
 
 
 # --- the full model ----------------------------------------------------------------------------
@@ -370,8 +370,8 @@ class ConvS2S(nn.Module):
         """Full (non-incremental) decoder pass over a whole prefix: logits B x T x V, attn."""
         return self.decoder(prev_output_tokens, enc, last_only)
 
-    def init_state(self, enc: EncoderOut) -> DecoderState:
-        return self.decoder.init_state(enc)
+    def init_state(self, enc: EncoderOut, beam_size: int = 1) -> DecoderState:
+        return self.decoder.init_state(enc, beam_size)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState):
         """One incremental step: tokens B -> logits B x V, mean attention B x S."""

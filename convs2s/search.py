@@ -32,10 +32,10 @@ from convs2s.config import BOS, EOS, PAD, UNK
 class _Stepper:
     """One model's decoding: incremental (DecoderState) or full-prefix recomputation."""
 
-    def __init__(self, model, enc, incremental: bool):
+    def __init__(self, model, enc, beam_size: int, incremental: bool):
         self.model, self.incremental = model, incremental
-        self.enc = enc
-        self.state = model.init_state(enc) if incremental else None
+        self.enc = enc  # one row per sentence, shared by its beam_size hypothesis rows
+        self.state = model.init_state(enc, beam_size) if incremental else None
 
     def step(self, prefix: torch.Tensor):  # prefix N x (t+1) -> logits N x V, attn N x S
         if self.incremental:
@@ -43,12 +43,11 @@ class _Stepper:
         logits, attn = self.model.decode(prefix, self.enc, last_only=True)  # recompute prefix
         return logits[:, -1], attn[:, -1]
 
-    def reorder(self, rows: torch.Tensor, encoder: bool) -> None:
+    def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         if self.incremental:
-            self.state.reorder(rows, encoder=encoder)
-            self.enc = self.state.enc
-        elif encoder:
-            self.enc = self.enc.select(rows)
+            self.state.reorder(rows, sentences)
+        elif sentences is not None:
+            self.enc = self.enc.select(sentences)
 
 
 @contextmanager
@@ -102,8 +101,8 @@ def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int) -> torch.Te
     return lens.clamp(min=0, max=limit)  # B
 
 
-def _encode(models, src_tokens, src_lengths, rows, incremental):
-    return [_Stepper(m, m.encode(src_tokens, src_lengths).select(rows), incremental)
+def _encode(models, src_tokens, src_lengths, beam_size, incremental):
+    return [_Stepper(m, m.encode(src_tokens, src_lengths), beam_size, incremental)
             for m in models]
 
 
@@ -131,8 +130,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
-        steppers = _encode(models, src_tokens, src_lengths,
-                           torch.arange(B, device=dev).repeat_interleave(K), incremental)
+        steppers = _encode(models, src_tokens, src_lengths, K, incremental)
         # Finished hypotheses, K slots per sentence.
         fin_tokens = torch.full((B, K, T), PAD, dtype=torch.long, device=dev)
         fin_pos = torch.zeros(B, K, T, device=dev)
@@ -194,16 +192,15 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
             done = fin_count[sent] >= K
             if bool(done.all()):
                 break
-            keep = (~done).nonzero(as_tuple=True)[0]
-            reshape_rows = None
+            keep = None  # active sentences that stay (None: all of them)
             if bool(done.any()):
+                keep = (~done).nonzero(as_tuple=True)[0]
                 keep_rows = (keep[:, None] * K + beam_offsets).view(-1)
                 new_rows, new_tok = new_rows[keep_rows], new_tok[keep_rows]
                 new_scores, step_lp = new_scores[keep_rows], step_lp[keep_rows]
                 sent = sent[keep]
-                reshape_rows = new_rows
             for s in steppers:
-                s.reorder(new_rows, encoder=reshape_rows is not None)
+                s.reorder(new_rows, keep)
             tokens = torch.cat([tokens[new_rows], new_tok[:, None]], 1)
             pos_hist = torch.cat([pos_hist[new_rows], step_lp[:, None]], 1)
             attn_hist = torch.cat([attn_hist[new_rows], attn[new_rows, None]], 1)
@@ -244,8 +241,7 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
         T = int(max_lens.max()) + 1
-        steppers = _encode(models, src_tokens, src_lengths, torch.arange(B, device=dev),
-                           incremental)
+        steppers = _encode(models, src_tokens, src_lengths, 1, incremental)
         tokens = torch.full((B, 1), EOS, dtype=torch.long, device=dev)
         lps, attns = [], []
         length = torch.full((B,), T, dtype=torch.long, device=dev)  # tokens incl. EOS

@@ -137,7 +137,7 @@ def test_incremental_parity_with_reordering(cfg):
         src_now = src
         for t in range(T):
             rows = torch.randperm(B, generator=g)  # hypotheses move rows (and sentences)
-            state.reorder(rows, encoder=True)
+            state.reorder(rows, sentences=rows)  # K = 1: rows are sentences
             prefix, src_now = prefix[rows], src_now[rows]
             new = torch.randint(4, 60, (B,), generator=g) if t else torch.full((B,), EOS)
             prefix = torch.cat([prefix, new[:, None]], 1)
