@@ -10,7 +10,8 @@ Training / scoring:
 
     model = ConvS2S(PRESETS["iwslt_de_en"], src_vocab_size, tgt_vocab_size)
     logits, attn = model(src_tokens, src_lengths, prev_output_tokens)
-    # src_tokens B x S (padded with PAD=1, left or right), src_lengths B (non-pad counts),
+    # src_tokens B x S (padded with PAD=1, left or right), src_lengths B (non-pad counts; the
+    # model derives lengths and masks from PAD itself, so padding side does not matter),
     # prev_output_tokens B x T ([EOS] + target[:-1], right-padded with PAD)
     # logits B x T x V (unnormalized), attn B x T x S (mean over the attention layers, float32)
 
@@ -22,6 +23,7 @@ Inference (used by `convs2s.search`):
     logits, attn = net.decode_step(tokens, state)     # tokens B*K (last outputs), logits B*K x V
     state.reorder(rows)                               # row i continues hypothesis rows[i]
     state.reorder(rows, sentences=keep)               # ... and drop finished sentences
+    logits, attn = net.decode(prefix, enc, last_only=True)  # full-prefix recomputation
 
 One decode step costs the same at every position: each decoder convolution keeps the last k-1
 input frames and computes one matmul with its (out, k * in) weight. Rows are hypotheses, the K
@@ -140,6 +142,13 @@ class Block(nn.Module):
         self.kernel = kernel
 
 
+def _check_length(tokens: torch.Tensor, max_positions: int, name: str) -> None:
+    if tokens.shape[1] > max_positions:
+        raise ValueError(f"{name} has {tokens.shape[1]} positions but the model's position "
+                         f"table covers max_positions={max_positions}; filter or truncate "
+                         "longer sentences (preprocessing) or use a larger max_positions")
+
+
 # --- encoder (§3.1, §3.2, §3.4) ---------------------------------------------------------------
 
 
@@ -153,7 +162,7 @@ class EncoderOut:
     scale: torch.Tensor  # B x 1 x 1: s * sqrt(1/s) = sqrt(s), s = true source length (§3.4)
 
     def select(self, rows: torch.Tensor) -> "EncoderOut":
-        """Rows `rows` (LongTensor) of every field, e.g. to expand each sentence to K beams."""
+        """Rows `rows` (LongTensor) of every field, e.g. to drop finished sentences."""
         return EncoderOut(*(t.index_select(0, rows) for t in
                             (self.keys, self.values, self.mask_bias, self.scale)))
 
@@ -162,7 +171,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, num_attention_layers: int):
         super().__init__()
         E, p = cfg.embed_dim, cfg.dropout
-        self.dropout = p
+        self.dropout, self.max_positions = p, cfg.max_positions
         self.embed_tokens = embedding(vocab_size, E)
         self.embed_positions = embedding(cfg.max_positions + PAD + 1, E)
         c0 = cfg.encoder_layers[0][0]
@@ -177,6 +186,7 @@ class Encoder(nn.Module):
         self.grad_scale = 1.0 / (2.0 * num_attention_layers)
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
+        _check_length(src_tokens, self.max_positions, "src_tokens")
         pad = src_tokens.eq(PAD).unsqueeze(-1)  # B x S x 1
         # §3.1: e = token embedding + position embedding.
         e = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens))
@@ -251,7 +261,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
         E, p = cfg.embed_dim, cfg.dropout
-        self.dropout = p
+        self.dropout, self.max_positions = p, cfg.max_positions
         self.embed_tokens = embedding(vocab_size, E)
         self.embed_positions = embedding(cfg.max_positions + PAD + 1, E)
         c0 = cfg.decoder_layers[0][0]
@@ -271,18 +281,19 @@ class Decoder(nn.Module):
         else:
             self.fc3 = linear(cfg.out_embed_dim, vocab_size, dropout=p)  # dropout precedes fc3
 
-    def _output(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_last -> B x T x V
+    def _output(self, x: torch.Tensor) -> torch.Tensor:  # N x T x C_last -> N x T x V
         x = self.fc2(x)
         x = F.dropout(x, self.dropout, self.training)
         return self.fc3(x)
 
     def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut, last_only: bool = False):
-        """prev B x T -> logits B x T x V, attention B x T x S (T = 1 with `last_only`)."""
+        """prev N x T -> logits N x T x V, attention N x T x S (T = 1 with `last_only`)."""
+        _check_length(prev_output_tokens, self.max_positions, "prev_output_tokens")
         # g: target embedding, used by every attention layer (§3.3).
         g = self.embed_tokens(prev_output_tokens)
         g = g + self.embed_positions(make_positions(prev_output_tokens))
-        g = F.dropout(g, self.dropout, self.training)  # B x T x E
-        x = self.fc1(g)  # B x T x C0
+        g = F.dropout(g, self.dropout, self.training)  # N x T x E
+        x = self.fc1(g)  # N x T x C0
         attn_sum = None
         for block in self.blocks:
             residual = x if block.proj is None else block.proj(x)
@@ -314,10 +325,13 @@ class Decoder(nn.Module):
         Same computation as `forward` at position `state.step`, in O(1) of the prefix length.
         """
         enc = state.enc
+        if state.step >= self.max_positions:
+            raise ValueError(f"decode_step: step {state.step} is beyond max_positions "
+                             f"{self.max_positions} of the position table")
         pos = torch.full_like(tokens, PAD + 1 + state.step)
-        g = (self.embed_tokens(tokens) + self.embed_positions(pos)).unsqueeze(1)  # B x 1 x E
+        g = (self.embed_tokens(tokens) + self.embed_positions(pos)).unsqueeze(1)  # N x 1 x E
         g = F.dropout(g, self.dropout, self.training)
-        x = self.fc1(g)  # B x 1 x C0
+        x = self.fc1(g)  # N x 1 x C0
         attn_sum = None
         for i, block in enumerate(self.blocks):
             residual = x if block.proj is None else block.proj(x)
@@ -326,10 +340,10 @@ class Decoder(nn.Module):
             if block.kernel == 1:
                 y = F.linear(x, cv.weight.reshape(cv.c_out, -1), cv.bias)
             else:
-                window = torch.cat([state.buffers[i], x], dim=1)  # B x k x C_in: shift in x
+                window = torch.cat([state.buffers[i], x], dim=1)  # N x k x C_in: shift in x
                 state.buffers[i] = window[:, 1:]  # keep the last k-1 frames for the next step
                 y = F.linear(window.reshape(window.shape[0], 1, -1),
-                             cv.weight.reshape(cv.c_out, -1), cv.bias)  # B x 1 x 2C
+                             cv.weight.reshape(cv.c_out, -1), cv.bias)  # N x 1 x 2C
             x = F.glu(y, dim=-1)
             if block.attention is not None:
                 x, attn = block.attention(x, g, enc)

@@ -263,3 +263,12 @@ def test_bf16_autocast_matches_fp32_on_gpu():
         step_logits, step_attn = net.decode_step(prev[:, 0], state)
     assert step_attn.dtype == torch.float32
     assert (step_logits.float() - ref_logits[:, 0]).abs().max() < 0.05 * scale
+
+
+def test_too_long_inputs_are_refused_with_a_clear_error():
+    model = model_for(TINY.replace(max_positions=8))
+    src, lengths, prev = make_batch(S=9, T=4)
+    with pytest.raises(ValueError, match="max_positions=8"):
+        model(src, lengths, prev)
+    src, lengths, prev = make_batch(S=8, T=8)
+    model(src, lengths, prev)  # exactly max_positions is fine
