@@ -272,3 +272,31 @@ def test_too_long_inputs_are_refused_with_a_clear_error():
         model(src, lengths, prev)
     src, lengths, prev = make_batch(S=8, T=8)
     model(src, lengths, prev)  # exactly max_positions is fine
+
+
+def test_incremental_step_cost_does_not_grow_with_the_prefix():
+    """Counted FLOPs of one incremental step are the same at step 1 and step 40, while the
+    full-prefix recomputation grows with the prefix (§5.3)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = inference_copy(model_for(MIXED))
+    src, lengths, _ = make_batch(B=2)
+    enc = net.encode(src, lengths)
+    state = net.init_state(enc, beam_size=3)
+    tokens = torch.full((6,), EOS)
+    prefix = tokens[:, None]
+    flops = {}
+    with torch.no_grad():
+        for step in range(41):
+            if step in (1, 40):
+                with FlopCounterMode(display=False) as inc:
+                    net.decode_step(tokens, state)
+                with FlopCounterMode(display=False) as full:
+                    net.decode(prefix, enc, last_only=True)
+                flops[step] = (inc.get_total_flops(), full.get_total_flops())
+            else:
+                net.decode_step(tokens, state)
+            tokens = torch.randint(4, 60, (6,))
+            prefix = torch.cat([prefix, tokens[:, None]], 1)
+    assert flops[1][0] == flops[40][0] > 0
+    assert flops[40][1] > 5 * flops[1][1]  # prefix of 41 tokens vs 2
