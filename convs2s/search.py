@@ -110,6 +110,84 @@ def _as_list(models):
     return list(models) if isinstance(models, (list, tuple)) else [models]
 
 
+class _Finished:
+    """K slots per sentence for ended hypotheses, filled with tensor ops (no sentence loop)."""
+
+    def __init__(self, B: int, K: int, T: int, S: int, dev):
+        self.K = K
+        self.tokens = torch.full((B, K, T), PAD, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(B, K, T, device=dev)  # per-token log-probs
+        self.attn = torch.zeros(B, K, T, S, device=dev)
+        self.len = torch.zeros(B, K, dtype=torch.long, device=dev)  # 0: an empty slot
+        self.score = torch.full((B, K), -math.inf, device=dev)
+        self.count = torch.zeros(B, dtype=torch.long, device=dev)
+
+    def add(self, ends, beams: "_Beams", cand_rows, cand_scores, attn, step: int,
+            lenpen: float) -> None:
+        """ends A x K: EOS among the K best candidates (rank order) ends those hypotheses; a
+        sentence keeps its first K ended ones (the reference's rule), later ones are dropped."""
+        a_idx, c_idx = ends.nonzero(as_tuple=True)  # sentence-major, rank order
+        slot = self.count[beams.sent][a_idx] + ends.cumsum(1)[a_idx, c_idx] - 1
+        ok = slot < self.K
+        a_idx, c_idx, slot = a_idx[ok], c_idx[ok], slot[ok]
+        rows, b = cand_rows[a_idx, c_idx], beams.sent[a_idx]
+        total = cand_scores[a_idx, c_idx]  # cumulative log-prob, EOS included
+        self.tokens[b, slot, :step] = beams.tokens[rows, 1:]
+        self.tokens[b, slot, step] = EOS
+        self.pos[b, slot, :step] = beams.pos[rows]
+        self.pos[b, slot, step] = total - beams.scores[rows]
+        self.attn[b, slot, :step] = beams.attn[rows]
+        self.attn[b, slot, step] = attn[rows]
+        self.len[b, slot] = step + 1  # |y| counts the EOS
+        self.score[b, slot] = total / (step + 1) ** lenpen
+        self.count.index_add_(0, b, torch.ones_like(b))
+
+    def collect(self, src_tokens: torch.Tensor, nbest: int) -> list[list[dict]]:
+        """Per sentence: its hypotheses sorted by score, `nbest` of them, on the CPU."""
+        order = self.score.argsort(dim=1, descending=True, stable=True).cpu()
+        tokens, pos, attn = self.tokens.cpu(), self.pos.cpu(), self.attn.cpu()
+        length, score = self.len.cpu(), self.score.cpu()
+        src_real = src_tokens.ne(PAD).cpu()
+        out = []
+        for b in range(tokens.shape[0]):
+            hyps = []
+            for k in order[b, :nbest].tolist():
+                n = int(length[b, k])
+                if n == 0:  # an unused slot (fewer than nbest hypotheses could end)
+                    continue
+                hyps.append({
+                    "tokens": tokens[b, k, :n].clone(),
+                    "score": float(score[b, k]),
+                    "positional_scores": pos[b, k, :n].clone(),
+                    "attention": attn[b, k, :n][:, src_real[b]].t().contiguous(),  # S_i x L
+                })
+            out.append(hyps)
+        return out
+
+
+class _Beams:
+    """The live hypotheses: rows = active sentences x K, the K rows of a sentence consecutive."""
+
+    def __init__(self, B: int, K: int, S: int, dev):
+        self.sent = torch.arange(B, device=dev)  # A active sentences -> original index
+        self.tokens = torch.full((B * K, 1), EOS, dtype=torch.long, device=dev)  # EOS as BOS
+        self.pos = torch.zeros(B * K, 0, device=dev)  # per-token log-probs so far
+        self.attn = torch.zeros(B * K, 0, S, device=dev)
+        # Only beam 0 is live at the start (all K beams are the same empty hypothesis).
+        scores = torch.full((B, K), -math.inf, device=dev)
+        scores[:, 0] = 0.0
+        self.scores = scores.view(-1)  # A*K cumulative log-probs
+
+    def advance(self, rows, tok, scores, attn, keep) -> None:
+        """Row i continues old row rows[i] with token tok[i]; `keep`: sentences that stay."""
+        if keep is not None:
+            self.sent = self.sent[keep]
+        self.tokens = torch.cat([self.tokens[rows], tok[:, None]], 1)
+        self.pos = torch.cat([self.pos[rows], (scores - self.scores[rows])[:, None]], 1)
+        self.attn = torch.cat([self.attn[rows], attn[rows, None]], 1)
+        self.scores = scores
+
+
 def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_size: int = 5,
              max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
              lenpen: float = 1.0, unk_penalty: float = 0.0, nbest: int = 1,
@@ -119,7 +197,8 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
 
     A hypothesis ends when EOS is among the K best of the 2K candidates of its sentence (the
     reference's rule); a sentence ends when K hypotheses have ended. Scores are normalized by
-    length: sum log p / |y|^lenpen, |y| counting the EOS.
+    length: sum log p / |y|^lenpen, |y| counting the EOS. Weight norm is computed once per
+    call (pass `convs2s.model.inference_copy(model)` to skip even that).
     """
     models = _as_list(models)
     K = beam_size
@@ -127,108 +206,47 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
         raise ValueError(f"nbest must be in [1, beam_size={K}], got {nbest}")
     B, S = src_tokens.shape
     dev = src_tokens.device
+    if B == 0:
+        return []
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
         steppers = _encode(models, src_tokens, src_lengths, K, incremental)
-        # Finished hypotheses, K slots per sentence.
-        fin_tokens = torch.full((B, K, T), PAD, dtype=torch.long, device=dev)
-        fin_pos = torch.zeros(B, K, T, device=dev)
-        fin_attn = torch.zeros(B, K, T, S, device=dev)
-        fin_len = torch.zeros(B, K, dtype=torch.long, device=dev)
-        fin_score = torch.full((B, K), -math.inf, device=dev)
-        fin_count = torch.zeros(B, dtype=torch.long, device=dev)
-
-        sent = torch.arange(B, device=dev)  # A active sentences -> original index
-        tokens = torch.full((B * K, 1), EOS, dtype=torch.long, device=dev)  # EOS acts as BOS
-        pos_hist = torch.zeros(B * K, 0, device=dev)  # per-token log-probs so far
-        attn_hist = torch.zeros(B * K, 0, S, device=dev)
-        # Only beam 0 is live at the start (all K beams are the same empty hypothesis).
-        scores = torch.full((B, K), -math.inf, device=dev)
-        scores[:, 0] = 0.0
-        scores = scores.view(-1)  # A*K cumulative log-probs
+        finished, beams = _Finished(B, K, T, S, dev), _Beams(B, K, S, dev)
         beam_offsets = torch.arange(K, device=dev)
         for step in range(T):
-            A = sent.numel()
-            lprobs, attn = _ensemble_step(steppers, tokens)  # A*K x V, A*K x S
+            A = beams.sent.numel()
+            lprobs, attn = _ensemble_step(steppers, beams.tokens)  # A*K x V, A*K x S
             V = lprobs.shape[1]
             lprobs = _constrain(lprobs, step, min_len,
-                                max_lens[sent].repeat_interleave(K), unk_penalty)
-            cand = lprobs.add_(scores[:, None]).view(A, K * V)  # in place: N x V is the big one
+                                max_lens[beams.sent].repeat_interleave(K), unk_penalty)
+            cand = lprobs.add_(beams.scores[:, None]).view(A, K * V)  # in place (the big one)
             cand_scores, cand_idx = cand.topk(min(2 * K, K * V), dim=1)  # A x 2K, best first
-            cand_beam = cand_idx // V  # beam within the sentence
             cand_tok = cand_idx % V
-            cand_rows = cand_beam + (torch.arange(A, device=dev) * K)[:, None]  # A x 2K
+            cand_rows = cand_idx // V + (torch.arange(A, device=dev) * K)[:, None]  # A x 2K
             is_eos = cand_tok.eq(EOS) & torch.isfinite(cand_scores)
 
-            # 1) EOS among the K best candidates finishes that hypothesis (up to K per sentence).
-            eos_top = is_eos[:, :K]
-            if bool(eos_top.any()):
-                a_idx, c_idx = eos_top.nonzero(as_tuple=True)  # sentence-major, rank order
-                slot = fin_count[sent][a_idx] + eos_top.cumsum(1)[a_idx, c_idx] - 1
-                ok = slot < K
-                a_idx, c_idx, slot = a_idx[ok], c_idx[ok], slot[ok]
-                rows, b = cand_rows[a_idx, c_idx], sent[a_idx]
-                total = cand_scores[a_idx, c_idx]
-                n = step + 1  # tokens including EOS
-                fin_tokens[b, slot, :step] = tokens[rows, 1:]
-                fin_tokens[b, slot, step] = EOS
-                fin_pos[b, slot, :step] = pos_hist[rows]
-                fin_pos[b, slot, step] = total - scores[rows]
-                fin_attn[b, slot, :step] = attn_hist[rows]
-                fin_attn[b, slot, step] = attn[rows]
-                fin_len[b, slot] = n
-                fin_score[b, slot] = total / n ** lenpen
-                fin_count.index_add_(0, b, torch.ones_like(b))
-
-            # 2) The K best non-EOS candidates continue (stable sort keeps the rank order).
+            # 1) EOS among the K best candidates ends that hypothesis.
+            if bool(is_eos[:, :K].any()):
+                finished.add(is_eos[:, :K], beams, cand_rows, cand_scores, attn, step, lenpen)
+            # 2) The K best non-EOS candidates continue (a stable sort keeps the rank order).
             order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :K]
-            new_rows = cand_rows.gather(1, order).view(-1)  # A*K
-            new_tok = cand_tok.gather(1, order).view(-1)
-            new_scores = cand_scores.gather(1, order).view(-1)
-            step_lp = new_scores - scores[new_rows]
-
-            # 3) Sentences with K finished hypotheses leave the batch.
-            done = fin_count[sent] >= K
+            rows = cand_rows.gather(1, order).view(-1)  # A*K
+            tok = cand_tok.gather(1, order).view(-1)
+            scores = cand_scores.gather(1, order).view(-1)
+            # 3) Sentences with K ended hypotheses leave the batch.
+            done = finished.count[beams.sent] >= K
             if bool(done.all()):
                 break
             keep = None  # active sentences that stay (None: all of them)
             if bool(done.any()):
                 keep = (~done).nonzero(as_tuple=True)[0]
                 keep_rows = (keep[:, None] * K + beam_offsets).view(-1)
-                new_rows, new_tok = new_rows[keep_rows], new_tok[keep_rows]
-                new_scores, step_lp = new_scores[keep_rows], step_lp[keep_rows]
-                sent = sent[keep]
+                rows, tok, scores = rows[keep_rows], tok[keep_rows], scores[keep_rows]
             for s in steppers:
-                s.reorder(new_rows, keep)
-            tokens = torch.cat([tokens[new_rows], new_tok[:, None]], 1)
-            pos_hist = torch.cat([pos_hist[new_rows], step_lp[:, None]], 1)
-            attn_hist = torch.cat([attn_hist[new_rows], attn[new_rows, None]], 1)
-            scores = new_scores
-        return _collect(fin_tokens, fin_pos, fin_attn, fin_len, fin_score, src_tokens, nbest)
-
-
-def _collect(fin_tokens, fin_pos, fin_attn, fin_len, fin_score, src_tokens, nbest):
-    """Per sentence: its finished hypotheses sorted by score, `nbest` of them, on the CPU."""
-    order = fin_score.argsort(dim=1, descending=True, stable=True)
-    fin = [t.cpu() for t in (fin_tokens, fin_pos, fin_attn, fin_len, fin_score, order)]
-    fin_tokens, fin_pos, fin_attn, fin_len, fin_score, order = fin
-    src_real = src_tokens.ne(PAD).cpu()
-    out = []
-    for b in range(fin_tokens.shape[0]):
-        hyps = []
-        for k in order[b, :nbest].tolist():
-            n = int(fin_len[b, k])
-            if n == 0:  # an unused slot (fewer than nbest hypotheses could finish)
-                continue
-            hyps.append({
-                "tokens": fin_tokens[b, k, :n].clone(),
-                "score": float(fin_score[b, k]),
-                "positional_scores": fin_pos[b, k, :n].clone(),
-                "attention": fin_attn[b, k, :n][:, src_real[b]].t().contiguous(),  # S_i x L
-            })
-        out.append(hyps)
-    return out
+                s.reorder(rows, keep)
+            beams.advance(rows, tok, scores, attn, keep)
+        return finished.collect(src_tokens, nbest)
 
 
 def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_a: float = 0.0,
@@ -238,6 +256,8 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
     models = _as_list(models)
     B, S = src_tokens.shape
     dev = src_tokens.device
+    if B == 0:
+        return []
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
         T = int(max_lens.max()) + 1
@@ -247,19 +267,19 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
         length = torch.full((B,), T, dtype=torch.long, device=dev)  # tokens incl. EOS
         for step in range(T):
             lprobs, attn = _ensemble_step(steppers, tokens)
-            lprobs = _constrain(lprobs, step, min_len, max_lens, unk_penalty)
-            lp, tok = lprobs.max(dim=1)
+            lp, tok = _constrain(lprobs, step, min_len, max_lens, unk_penalty).max(dim=1)
             tokens = torch.cat([tokens, tok[:, None]], 1)
             lps.append(lp)
             attns.append(attn)
-            ended = tok.eq(EOS) & length.eq(T)
-            length = torch.where(ended, step + 1, length)
+            length = torch.where(tok.eq(EOS) & length.eq(T), step + 1, length)
             if bool(length.lt(T).all()):
                 break
-        pos, attn = torch.stack(lps, 1), torch.stack(attns, 1)  # B x T', B x T' x S
-        n_steps = pos.shape[1]
-        steps = torch.arange(n_steps, device=dev)
-        pos = pos.masked_fill(steps[None] >= length[:, None], 0.0)
-        score = pos.sum(1) / length.double().pow(lenpen).float()
-        return _collect(tokens[:, 1:].unsqueeze(1), pos[:, None], attn[:, None],
-                        length[:, None], score[:, None], src_tokens, 1)
+        out = _Finished(B, 1, len(lps), S, dev)
+        steps = torch.arange(len(lps), device=dev)
+        pos = torch.stack(lps, 1).masked_fill(steps[None] >= length[:, None], 0.0)  # B x T'
+        out.tokens[:, 0] = tokens[:, 1:]
+        out.pos[:, 0] = pos
+        out.attn[:, 0] = torch.stack(attns, 1)  # B x T' x S
+        out.len[:, 0] = length
+        out.score[:, 0] = pos.sum(1) / length.double().pow(lenpen).float()
+        return out.collect(src_tokens, 1)
