@@ -15,6 +15,7 @@ the bounded BPE sample, so memory does not grow with the corpus.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +123,7 @@ def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clea
             tmp: Path) -> dict:
     cpus = int(ray.cluster_resources().get("CPU", 2))
     actors = cfg.encode_actors or max(1, cpus - 1)  # leave a CPU for the parquet reads
+    actors = min(actors, math.ceil(clean_m["rows_kept"] / cfg.block_rows))  # no idle actors
     ds = encode_dataset(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"], actors,
                         cfg.block_rows)
     totals = collect_stats(ds, f"encoded/{split}")

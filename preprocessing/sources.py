@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from urllib.parse import quote
 
@@ -69,11 +70,20 @@ def _split_patterns(config: str, name: str) -> list[str]:
             f"{name}.parquet"]
 
 
+def select_split_files(names: list[str], config: str, name: str) -> list[str]:
+    """A split's parquet files among a repository's (or folder's) relative file names: the
+    first pattern that matches wins, e.g. `fr-en/train-*.parquet` (wmt/wmt14) or
+    `default/train/*.parquet` (a `refs/convert/parquet` conversion)."""
+    for pattern in _split_patterns(config, name):
+        found = sorted(n for n in names if fnmatch(n, pattern))
+        if found:
+            return found
+    return []
+
+
 def hub_parquet_files(cfg: PreprocessConfig, name: str,
                       endpoint: str | None = None) -> tuple[list[str], str]:
     """hf:// paths of a split's parquet files and the resolved commit, or a clear error."""
-    from fnmatch import fnmatch
-
     from huggingface_hub import HfApi
 
     try:
@@ -82,15 +92,13 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
         raise PreprocessError(
             f"cannot reach the Hugging Face hub for dataset {cfg.hub_repo} (revision "
             f"{cfg.hub_revision}): {type(e).__name__}: {str(e)[:200]}. {NO_HUB_HINT}") from None
-    names = sorted(s.rfilename for s in info.siblings or [])
-    for pattern in _split_patterns(cfg.hub_config, name):
-        found = [n for n in names if fnmatch(n, pattern)]
-        if found:
-            rev = quote(info.sha or cfg.hub_revision, safe="")
-            return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
-    raise PreprocessError(f"hub dataset {cfg.hub_repo}@{cfg.hub_revision} has no parquet files "
-                          f"for config {cfg.hub_config!r} split {name!r}; check hub_config "
-                          "and the split names (e.g. --split valid=validation)")
+    found = select_split_files([s.rfilename for s in info.siblings or []], cfg.hub_config, name)
+    if not found:
+        raise PreprocessError(f"hub dataset {cfg.hub_repo}@{cfg.hub_revision} has no parquet "
+                              f"files for config {cfg.hub_config!r} split {name!r}; check "
+                              "hub_config and the split names (e.g. --split valid=validation)")
+    rev = quote(info.sha or cfg.hub_revision, safe="")
+    return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
 
 
 def _open_binary(path: str):
@@ -141,6 +149,14 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
         if missing:
             raise PreprocessError(f"missing input file(s) {missing}; check --source / --split")
         return SplitSource("text", [str(f) for f in files])
+    if (base / name).is_file():  # a file named outright: kind from its suffix
+        kind = next((k for k in ("tsv", "jsonl", "parquet")
+                     if name.endswith((f".{k}", f".{k}.gz"))), None)
+        if kind is None or name.endswith(".parquet.gz"):
+            raise PreprocessError(f"{base / name}: a single input file must be .tsv, .jsonl "
+                                  "(optionally .gz) or .parquet; give line-aligned text as "
+                                  "two files: --split SPLIT=SRC_FILE,TGT_FILE")
+        return SplitSource(kind, [str(base / name)])
     for gz in ("", ".gz"):
         pair = [base / f"{name}.{cfg.src_lang}{gz}", base / f"{name}.{cfg.tgt_lang}{gz}"]
         if pair[0].is_file() or pair[1].is_file():
@@ -155,11 +171,9 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
             p = base / f"{name}.{kind}{gz}"
             if p.is_file():
                 return SplitSource(kind, [str(p)])
-    for pattern in _split_patterns(cfg.hub_config, name):
-        found = sorted(str(p) for p in base.glob(pattern) if p.is_file())
-        if found:
-            return SplitSource("parquet", found)
-    return None
+    names = [str(p.relative_to(base)) for p in base.rglob("*.parquet") if p.is_file()]
+    found = select_split_files(names, cfg.hub_config, name)
+    return SplitSource("parquet", [str(base / f) for f in found]) if found else None
 
 
 def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None) -> SplitSource:
@@ -181,6 +195,9 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         src.fingerprint = {"hub": cfg.hub_repo, "commit": sha, "files": files}
     else:
         base = Path(cfg.source)
+        if base.is_file():
+            raise PreprocessError(f"--source {base} is a file; give its folder and name the file "
+                                  f"per split: --source {base.parent} --split train={base.name}")
         if not base.is_dir():
             raise PreprocessError(f"source folder {base} does not exist; give --source hub, demo "
                                   "or an existing folder")

@@ -274,11 +274,11 @@ def test_demo_source_runs_end_to_end(ray_session, tmp_path):
     if not hasattr(demo, "translation_pairs"):
         pytest.skip("preprocessing/demo.py has no translation_pairs yet")
     cfg = PreprocessConfig(task="demo", source="demo", vocab_size=500, spm_sample_pairs=2000,
-                           demo_rows={"train": 3000, "valid": 200, "test": 200},
-                           dedupe=True, block_rows=1000, root=str(tmp_path))
+                           splits={"train": "train", "valid": "valid"},
+                           demo_rows={"train": 3000, "valid": 200}, block_rows=1000,
+                           root=str(tmp_path))
     out = run_pipeline(cfg)
     assert out.manifests["clean/train"]["rows_in"] == 3000
-    assert "duplicate" not in out.manifests["clean/train"]["dropped"]  # distinct by contract
     pairs = demo.translation_pairs(cfg.seed, 3000, 200)  # valid follows train's index range
     assert lines(Path(out.text["valid"][0])) == [normalize(s) for s, _ in pairs]
     assert sum(len(b) for b in [r["id"] for r in read_rows(out.batches["train"])]) == \

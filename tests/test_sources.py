@@ -15,7 +15,7 @@ import pytest
 
 from preprocessing.config import PreprocessConfig, wmt14_en_fr
 from preprocessing.errors import PreprocessError
-from preprocessing.sources import _read_lines, _read_row_groups, resolve_split
+from preprocessing.sources import _read_lines, _read_row_groups, resolve_split, select_split_files
 
 SHAPE = ("translation", "en", "fr")
 
@@ -166,3 +166,30 @@ def test_demo_splits_get_disjoint_index_ranges():
         src = resolve_split(cfg, split)
         ranges.append(range(src.demo_start, src.demo_start + src.rows))
     assert ranges == [range(0, 100), range(100, 110), range(110, 117)]
+
+
+def test_hub_listings_select_the_split_files():
+    wmt14 = ["README.md", "cs-en/train-00000-of-00001.parquet",
+             "fr-en/test-00000-of-00001.parquet", "fr-en/validation-00000-of-00001.parquet",
+             *[f"fr-en/train-{i:05d}-of-00030.parquet" for i in (1, 0, 29)]]
+    assert select_split_files(wmt14, "fr-en", "train") == [
+        "fr-en/train-00000-of-00030.parquet", "fr-en/train-00001-of-00030.parquet",
+        "fr-en/train-00029-of-00030.parquet"]
+    assert select_split_files(wmt14, "fr-en", "validation") == [
+        "fr-en/validation-00000-of-00001.parquet"]
+    assert select_split_files(wmt14, "de-en", "train") == []
+    converted = [".gitattributes", "default/train/0000.parquet", "default/train/0001.parquet",
+                 "default/validation/0000.parquet", "default/test/0000.parquet"]
+    assert select_split_files(converted, "default", "test") == ["default/test/0000.parquet"]
+    assert len(select_split_files(converted, "default", "train")) == 2
+
+
+def test_a_split_can_name_one_file(tmp_path):
+    (tmp_path / "pairs.tsv.gz").write_bytes(gzip.compress(b"a\tb\n"))
+    (tmp_path / "notes.txt").write_text("x\n")
+    cfg = local_cfg(tmp_path, splits={"train": "pairs.tsv.gz", "valid": "notes.txt"})
+    assert resolve_split(cfg, "train").kind == "tsv"
+    with pytest.raises(PreprocessError, match="two files"):
+        resolve_split(cfg, "valid")
+    with pytest.raises(PreprocessError, match=r"is a file; give its folder"):
+        resolve_split(local_cfg(tmp_path / "notes.txt"), "train")
