@@ -23,6 +23,7 @@ import gzip
 import hashlib
 import json
 import math
+import zlib
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -113,13 +114,18 @@ def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[d
     """Row groups of all files with their first row id; checks every file's columns."""
     groups, offset = [], 0
     for path in files:
-        with _open_binary(path) as f:
-            meta = pq.ParquetFile(f)
-            _check_columns(path, meta.schema_arrow, cfg)
-            for g in range(meta.metadata.num_row_groups):
-                n = meta.metadata.row_group(g).num_rows
-                groups.append({"file": path, "group": g, "first_id": offset})
-                offset += n
+        try:
+            with _open_binary(path) as f:
+                meta = pq.ParquetFile(f)
+                schema, counts = meta.schema_arrow, [meta.metadata.row_group(g).num_rows
+                                                     for g in range(meta.metadata.num_row_groups)]
+        except (OSError, pa.ArrowException) as e:  # damaged, not parquet, or unreachable
+            hint = NO_HUB_HINT if path.startswith("hf://") else "re-download or re-export it"
+            raise PreprocessError(f"{path}: cannot read its parquet footer ({e}); {hint}") from None
+        _check_columns(path, schema, cfg)
+        for g, n in enumerate(counts):
+            groups.append({"file": path, "group": g, "first_id": offset})
+            offset += n
     return groups, offset
 
 
@@ -277,7 +283,8 @@ def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
     try:  # jsonl: one hub-shaped row per line
         row = json.loads(texts[0])
         pair = row["translation"] if shape[0] == "translation" else row
-        return str(pair[shape[1]]), str(pair[shape[2]]), None
+        s, t = pair[shape[1]], pair[shape[2]]
+        return ("" if s is None else str(s)), ("" if t is None else str(t)), None
     except (ValueError, KeyError, TypeError):
         return texts[0], "", "bad_row"
 
@@ -288,7 +295,12 @@ def _read_lines(batch, *, kind: str, files: list[str], shape, limit: int, block_
     try:
         ids, src, tgt, errors, n = [], [], [], [], 0
         while True:
-            lines = [_readline(h, limit) for h in handles]
+            try:
+                lines = [_readline(h, limit) for h in handles]
+            except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, I/O error
+                raise PreprocessError(f"cannot read {' / '.join(files)} after line {n}: "
+                                      f"{type(e).__name__}: {e}; re-download or re-export "
+                                      "the file") from None
             if all(x is None for x in lines):
                 break
             if any(x is None for x in lines):

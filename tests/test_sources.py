@@ -76,9 +76,18 @@ def test_mismatched_line_counts_name_both_files(tmp_path):
         read_all(resolve_split(cfg, "train"), cfg)
 
 
+def test_truncated_gzip_is_a_clear_error(tmp_path):
+    data = gzip.compress(b"".join(b"line %d\n" % i for i in range(5000)))
+    (tmp_path / "d.en.gz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "d.fr.gz").write_bytes(data)
+    cfg = local_cfg(tmp_path, splits={"train": "d"})
+    with pytest.raises(PreprocessError, match=r"cannot read .*d\.en\.gz.*re-download"):
+        read_all(resolve_split(cfg, "train"), cfg)
+
+
 def test_tsv_and_jsonl_rows(tmp_path):
     (tmp_path / "t.tsv").write_text("hello\tbonjour\nno tab here\na\tb\tc\n\t\n")
-    lines = [json.dumps({"translation": {"en": "hi", "fr": "salut"}}), "{not json",
+    lines = [json.dumps({"translation": {"en": "hi", "fr": None}}), "{not json",
              json.dumps({"translation": {"en": "hi"}}), json.dumps({"other": 1})]
     with gzip.open(tmp_path / "j.jsonl.gz", "wt") as f:
         f.write("\n".join(lines) + "\n")
@@ -89,7 +98,7 @@ def test_tsv_and_jsonl_rows(tmp_path):
     src = resolve_split(cfg, "valid")
     assert src.kind == "jsonl"
     jl = read_all(src, cfg)
-    assert jl[0]["translation"] == {"en": "hi", "fr": "salut"}
+    assert jl[0]["translation"] == {"en": "hi", "fr": ""}  # null -> empty, dropped later
     assert [r["error"] for r in jl] == [None, "bad_row", "bad_row", "bad_row"]
 
 
@@ -135,6 +144,10 @@ def test_parquet_without_expected_columns_names_the_file(tmp_path):
     with pytest.raises(PreprocessError, match=r"train-0\.parquet: parquet file has .*translation"):
         resolve_split(local_cfg(tmp_path), "train")
     write_hub_parquet(tmp_path / "de", "fr-en", "train", [("a", "b")], langs=("en", "de"))
+    (tmp_path / "broken" / "fr-en").mkdir(parents=True)
+    (tmp_path / "broken" / "fr-en" / "test-0.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(PreprocessError, match=r"test-0\.parquet: cannot read its parquet footer"):
+        resolve_split(local_cfg(tmp_path / "broken"), "test")
     with pytest.raises(PreprocessError, match="fields 'en' and 'fr'"):
         resolve_split(local_cfg(tmp_path / "de"), "train")
 
