@@ -191,8 +191,12 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         for s in order[: order.index(split)]:
             start += cfg.demo_rows.get(s, 0)
         n = cfg.demo_rows.get(split, 0)
-        demo_file = Path(__file__).with_name("demo.py")
-        code = hashlib.sha256(demo_file.read_bytes()).hexdigest()[:16] if demo_file.exists() else ""
+        # The generated pairs depend on the grammar and on its word lists: hash both files.
+        h = hashlib.sha256()
+        for name in ("demo.py", "demo_lexicon.py"):
+            f = Path(__file__).with_name(name)
+            h.update(f.read_bytes() if f.exists() else b"")
+        code = h.hexdigest()[:16]
         return SplitSource("demo", demo_start=start, rows=n, fingerprint={
             "demo": code, "seed": cfg.seed, "start": start, "rows": n, "shape": cfg.row_shape})
     if cfg.source == "hub":
