@@ -101,15 +101,18 @@ def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from convs2s.translate import Translator
+    from convs2s.translate import SearchConfig, Translator
 
     p = argparse.ArgumentParser(prog="python -m convs2s.attention_plot",
                                 description="Per-layer attention heatmaps (paper appendix C).")
     p.add_argument("--checkpoint", nargs="+", required=True)
     p.add_argument("--out", required=True, help="output folder for the PNG files")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--max-len-b", type=int, default=200, help="most output pieces")
     p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
     args = p.parse_args(argv)
-    translator = Translator.from_checkpoints(args.checkpoint)
+    translator = Translator.from_checkpoints(
+        args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
     for path in plot_attention(translator, args.sentences, args.out):
         print(path)
     return 0

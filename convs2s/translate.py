@@ -264,6 +264,9 @@ class Translator:
             text = self._replace_unk(ids, tr, h["attention"])
         else:
             text = self.sp.decode(ids)
+        # Byte pieces can spell line breaks or control characters: clean them as the training
+        # text was cleaned, so that one translation is always one output line.
+        text = normalize(text)
         return Hypothesis(text=text, score=h["score"], tokens=tokens,
                           positional_scores=h["positional_scores"].tolist(),
                           attention=h["attention"])

@@ -1,0 +1,49 @@
+"""Tests of convs2s.attention_plot: per-layer attention read by forward hooks, PNG heatmaps.
+
+Run: .venv/bin/python -m pytest tests/test_attention_plot.py -q
+"""
+
+from __future__ import annotations
+
+import matplotlib.image
+import torch
+
+from convs2s.attention_plot import layer_attention, main, plot_attention
+from convs2s.config import EOS
+from convs2s.translate import SearchConfig, Translator
+
+SEARCH = SearchConfig(beam=2, max_len_a=0, max_len_b=6)
+
+
+def test_layer_maps_average_to_the_search_attention(tiny_checkpoints):
+    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SEARCH)
+    line = "The old cat sleeps near the house ."
+    t = tr.translate_full([line])[0]
+    hyp = t.hypotheses[0]
+    src_ids = [tr.sp.piece_to_id(p) for p in t.src_pieces] + [EOS]
+    model = tr.models[0]
+    maps = layer_attention(model, src_ids, hyp.tokens)
+    n_layers = sum(b.attention is not None for b in model.decoder.blocks)
+    assert maps.shape == (n_layers, len(hyp.tokens), len(src_ids))  # A x T x S
+    torch.testing.assert_close(maps.sum(-1), torch.ones(n_layers, len(hyp.tokens)))
+    # Teacher forcing on the search's own output reproduces its (layer-mean) attention.
+    torch.testing.assert_close(maps.mean(0).t(), hyp.attention, atol=1e-5, rtol=1e-4)
+    assert all(not b.attention._forward_hooks for b in model.decoder.blocks)  # hooks removed
+
+
+def test_plot_attention_writes_one_png_per_sentence(tiny_checkpoints, tmp_path):
+    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SEARCH)
+    paths = plot_attention(tr, ["The cat sleeps .", "", "A dog runs near the river ."],
+                           tmp_path / "pics")
+    assert [p.name for p in paths] == ["attention_000.png", "attention_002.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        img = matplotlib.image.imread(p)
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 300
+
+
+def test_cli(tiny_checkpoints, tmp_path, capsys):
+    assert main(["--checkpoint", tiny_checkpoints["b"], "--out", str(tmp_path),
+                 "--max-len-b", "5", "The cat sleeps ."]) == 0
+    assert (tmp_path / "attention_000.png").is_file()
+    assert "attention_000.png" in capsys.readouterr().out

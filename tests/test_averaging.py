@@ -1,0 +1,79 @@
+"""Tests of convs2s.averaging (checkpoint weight averaging).
+
+Run: .venv/bin/python -m pytest tests/test_averaging.py -q
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from convs2s.averaging import average_checkpoints, average_state_dicts, main
+from convs2s.checkpoint import load_checkpoint, save_checkpoint
+from convs2s.config import PRESETS
+from convs2s.translate import SearchConfig, Translator
+
+
+def test_average_of_identical_checkpoints_is_bit_identical(tiny_checkpoints, tmp_path):
+    a = tiny_checkpoints["a"]
+    out = average_checkpoints([a, a, a], tmp_path / "avg")
+    original, averaged = load_checkpoint(a)["model"], load_checkpoint(out)["model"]
+    assert original.keys() == averaged.keys()
+    for k in original:
+        assert averaged[k].dtype == original[k].dtype
+        assert torch.equal(averaged[k], original[k]), k
+
+
+def test_average_of_two_is_their_mean_and_keeps_only_inference_state(tiny_checkpoints,
+                                                                      tmp_path):
+    a, b = tiny_checkpoints["a"], tiny_checkpoints["b"]
+    out = average_checkpoints([a, b], tmp_path / "avg")
+    sa, sb, avg = load_checkpoint(a), load_checkpoint(b), load_checkpoint(out)
+    for k, v in avg["model"].items():
+        torch.testing.assert_close(v, (sa["model"][k] + sb["model"][k]) / 2)
+    assert "optimizer" not in avg and avg["val_loss"] is None
+    assert avg["update"] == max(sa["update"], sb["update"])  # metadata of the newest input
+    assert avg["averaged_from"] == [a, b]
+    assert (Path(out) / "sentencepiece.model").read_bytes() == \
+        Path(tiny_checkpoints["spm"]).read_bytes()
+    # The result is an ordinary checkpoint: it translates.
+    tr = Translator.from_checkpoints([out], search=SearchConfig(beam=2, max_len_b=3))
+    assert len(tr.translate(["The cat sleeps ."])) == 1
+
+
+def test_average_state_dicts_checks_shapes_and_integer_buffers():
+    x = {"w": torch.ones(2), "n": torch.tensor([3])}
+    y = {"w": torch.zeros(2), "n": torch.tensor([3])}
+    assert torch.equal(average_state_dicts([x, y])["w"], torch.full((2,), 0.5))
+    with pytest.raises(ValueError, match="shape"):
+        average_state_dicts([x, {"w": torch.ones(3), "n": torch.tensor([3])}])
+    with pytest.raises(ValueError, match="non-float"):
+        average_state_dicts([x, {"w": torch.ones(2), "n": torch.tensor([4])}])
+    with pytest.raises(ValueError, match="different parameters"):
+        average_state_dicts([x, {"w": torch.ones(2)}])
+
+
+def test_incompatible_checkpoints_are_refused(tiny_checkpoints, tmp_path):
+    state = load_checkpoint(tiny_checkpoints["a"])
+    other = PRESETS["tiny"].replace(max_positions=128)
+    state["model_config"] = other.to_dict()
+    odd = save_checkpoint(tmp_path / "odd", state, spm_model=tiny_checkpoints["spm"])
+    with pytest.raises(ValueError, match="different model configurations"):
+        average_checkpoints([tiny_checkpoints["a"], odd], tmp_path / "avg")
+    copy = tmp_path / "other_bpe"
+    shutil.copytree(tiny_checkpoints["b"], copy)
+    (copy / "sentencepiece.model").write_bytes(b"another model")
+    with pytest.raises(ValueError, match="different BPE"):
+        average_checkpoints([tiny_checkpoints["a"], copy], tmp_path / "avg2")
+    with pytest.raises(FileNotFoundError, match="no checkpoint.pt"):
+        average_checkpoints([tmp_path], tmp_path / "avg3")
+
+
+def test_cli(tiny_checkpoints, tmp_path, capsys):
+    assert main([tiny_checkpoints["a"], tiny_checkpoints["b"], "--out",
+                 str(tmp_path / "cli")]) == 0
+    assert (tmp_path / "cli" / "checkpoint.pt").is_file()
+    assert str(tmp_path / "cli") in capsys.readouterr().out

@@ -1,0 +1,183 @@
+"""Tests of convs2s.translate: the Translator API and the convs2s-translate command line.
+
+Fast tests use randomly initialised `tiny` checkpoints (tests/conftest.py `tiny_checkpoints`);
+the slow ones use the demo model trained for a few minutes by convs2s.train.fit (`demo_trained`)
+and check that translating through the command line beats an untrained model by far.
+
+Run: .venv/bin/python -m pytest tests/test_translate.py -q            (add -m "not slow")
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from convs2s.config import EOS, UNK
+from convs2s.scoring import read_lines, score_translation
+from convs2s.translate import CheckpointError, SearchConfig, Translator, main
+
+REPO = Path(__file__).resolve().parents[1]
+SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "convs2s.translate", *args], input=stdin,
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+
+
+def test_search_config_validation():
+    with pytest.raises(ValueError, match="nbest"):
+        SearchConfig(beam=2, nbest=3)
+    with pytest.raises(ValueError, match="replace_unk"):
+        SearchConfig(dictionary="lex.txt")
+    cfg = SearchConfig(beam=4, lenpen=0.6)
+    assert SearchConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown"):
+        SearchConfig.from_dict({"beam_size": 5})
+
+
+def test_empty_lines_keep_order_and_ensemble_of_one(tiny_checkpoints):
+    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT)
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:6]]
+    lines[1] = lines[4] = ""
+    out = tr.translate_full(lines)
+    assert [t.text == "" for t in out] == [False, True, False, False, True, False]
+    assert all(t.hypotheses for i, t in enumerate(out) if i not in (1, 4))
+    # A path given alone or as a one-checkpoint ensemble: the same translations and scores.
+    alone = Translator.from_checkpoints(tiny_checkpoints["a"], search=SHORT).translate_full(lines)
+    assert [t.text for t in alone] == [t.text for t in out]
+    assert [t.hypotheses[0].score for t in alone if t.hypotheses] == \
+        [t.hypotheses[0].score for t in out if t.hypotheses]
+
+
+def test_batches_sorted_by_length_give_input_order(tiny_checkpoints):
+    """Batching (max_sentences=2, length-sorted) returns each sentence's own translation."""
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:5]]
+    batched = Translator.from_checkpoints([tiny_checkpoints["a"]],
+                                          search=SHORT.replace(max_sentences=2))
+    out = batched.translate_full(lines)
+    for line, t in zip(lines, out):
+        assert t.source == line
+        ids, _, _ = batched.encode(line)
+        assert t.hypotheses[0].attention.shape[0] == len(ids)  # its own source length
+
+
+def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):
+    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT)
+    long_line = " ".join(s for s, _ in tiny_checkpoints["pairs"][:60])  # > 256 pieces
+    with caplog.at_level(logging.WARNING, logger="convs2s.translate"):
+        out = tr.translate_full(["a cat .", long_line])
+    assert out[1].truncated and not out[0].truncated
+    assert len(out[1].src_pieces) == tr.max_positions - 1  # + EOS = 256 positions
+    assert "line 2" in caplog.text and "cut to" in caplog.text
+    assert out[1].hypotheses[0].tokens[-1] == EOS
+
+
+def test_nbest_and_alignment(tiny_checkpoints):
+    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT.replace(nbest=3))
+    t = tr.translate_full(["The cat sleeps ."])[0]
+    assert len(t.hypotheses) == 3
+    scores = [h.score for h in t.hypotheses]
+    assert scores == sorted(scores, reverse=True)
+    h = t.hypotheses[0]
+    align = h.alignment()
+    assert [tgt for _, tgt in align] == list(range(len(h.tokens) - 1))
+    assert all(0 <= s <= len(t.src_pieces) for s, _ in align)
+
+
+def test_replace_unk_copies_attended_source_words(tiny_checkpoints, tmp_path):
+    """A huge negative unk penalty makes every output token <unk>; each is then replaced by
+    a source word (or its dictionary entry)."""
+    line = "The cat sleeps near the old house ."
+    search = SHORT.replace(unk_penalty=-1e4, replace_unk=True, min_len=3)
+    out = Translator.from_checkpoints([tiny_checkpoints["a"]], search=search).translate_full(
+        [line])[0]
+    hyp = out.hypotheses[0]
+    assert UNK in hyp.tokens
+    words = out.text.split()
+    assert len(words) == sum(t == UNK for t in hyp.tokens) and set(words) <= set(line.split())
+    table = tmp_path / "lex.txt"
+    table.write_text("".join(f"{w} X{i}\n" for i, w in enumerate(line.split())))
+    with_dict = Translator.from_checkpoints(
+        [tiny_checkpoints["a"]], search=search.replace(dictionary=str(table))).translate([line])
+    assert all(w.startswith("X") for w in with_dict[0].split())
+
+
+def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        Translator.from_checkpoints([tmp_path / "nope"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="no checkpoint.pt"):
+        Translator.from_checkpoints([empty])
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    data = (Path(tiny_checkpoints["a"]) / "checkpoint.pt").read_bytes()
+    (bad / "checkpoint.pt").write_bytes(data[: len(data) // 2])  # a cut copy
+    (bad / "sentencepiece.model").write_bytes(Path(tiny_checkpoints["spm"]).read_bytes())
+    with pytest.raises(CheckpointError, match="truncated, corrupt"):
+        Translator.from_checkpoints([bad])
+    res = run_cli("--checkpoint", str(bad), stdin="a cat .\n")
+    assert res.returncode == 2 and "truncated, corrupt" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_file_and_stdin(tiny_checkpoints, tmp_path):
+    src = tmp_path / "in.en"
+    src.write_text("The cat sleeps .\n\nA dog runs .\n", encoding="utf-8")
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "3", "--max-len-a", "0",
+            "--max-len-b", "4", "--threads", "1"]
+    assert main([*args, "--input", str(src), "--output", str(tmp_path / "out")]) == 0
+    out = read_lines(tmp_path / "out")
+    expected = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT).translate(
+        read_lines(src))
+    assert out == expected and out[1] == ""
+    res = run_cli(*args, "--nbest", "2", stdin=src.read_text())
+    assert res.returncode == 0, res.stderr
+    nbest = res.stdout.split("\n")[:-1]
+    assert len(nbest) == 6  # 2 lines per input, the empty one included
+    assert (nbest[0], nbest[2:4], nbest[4]) == (expected[0], ["", ""], expected[2])
+    res = run_cli(*args, "--print-attention", stdin="The cat sleeps .\n")
+    tags = [line.split("\t")[0] for line in res.stdout.splitlines()]
+    assert tags == ["S-0", "H-0", "P-0", "A-0"]
+
+
+# --- a model trained for a few minutes on the demo corpus ----------------------------------------
+
+
+@pytest.mark.slow
+def test_trained_model_beats_untrained_through_the_cli(demo_trained, tmp_path):
+    refs = read_lines(demo_trained.test_ref)
+    scores = {}
+    for name, ckpt in (("trained", demo_trained.train.best_checkpoint),
+                       ("untrained", demo_trained.untrained)):
+        hyp = tmp_path / f"{name}.fr"
+        res = run_cli("--checkpoint", ckpt, "--input", demo_trained.test_src, "--output",
+                      str(hyp), "--max-len-a", "1.5", "--max-len-b", "10")
+        assert res.returncode == 0, res.stderr
+        scores[name] = score_translation(read_lines(hyp), refs, "fr")
+    print(f"demo test BLEU: trained {scores['trained']['bleu']:.2f}, "
+          f"untrained {scores['untrained']['bleu']:.2f}")
+    assert scores["untrained"]["bleu"] < 2.0
+    assert scores["trained"]["bleu"] > scores["untrained"]["bleu"] + 10.0
+
+
+@pytest.mark.slow
+def test_ensemble_of_copies_and_batching_match_single_model(demo_trained):
+    best = demo_trained.train.best_checkpoint
+    lines = read_lines(demo_trained.test_src)[:40]
+    search = SearchConfig(max_len_a=1.5, max_len_b=10)
+    single = Translator.from_checkpoints([best], search=search).translate_full(lines)
+    pair = Translator.from_checkpoints([best, best], search=search).translate_full(lines)
+    one_by_one = Translator.from_checkpoints(
+        [best], search=search.replace(max_sentences=1)).translate_full(lines)
+    assert [t.text for t in pair] == [t.text for t in single]
+    assert [t.text for t in one_by_one] == [t.text for t in single]
+    for a, b in zip(single, pair):
+        assert a.hypotheses[0].score == pytest.approx(b.hypotheses[0].score, abs=1e-4)
+        torch.testing.assert_close(a.hypotheses[0].attention, b.hypotheses[0].attention)
