@@ -1,0 +1,149 @@
+"""Tests of workflows.evaluation: evaluation jobs, ensembling jobs, parallel Ray evaluation with
+one MLflow child run per (model, test set) pair.
+
+The slow tests evaluate the demo model trained for a few minutes by convs2s.train.fit
+(`demo_trained` in tests/conftest.py) on a local Ray (`ray_session`) and a sqlite MLflow store.
+
+Run: .venv/bin/python -m pytest tests/test_evaluation.py -q            (add -m "not slow")
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from convs2s.checkpoint import best_checkpoint, checkpoint_dir_name, load_checkpoint, \
+    save_checkpoint
+from convs2s.scoring import read_lines
+from convs2s.translate import SearchConfig, Translator
+from workflows.evaluation import (EvalJob, TestSet, averaging_job, ensembling_jobs,
+                                  evaluate_all, evaluate_job, summarization_search)
+
+SHORT = SearchConfig(beam=2, max_len_a=0, max_len_b=4)
+
+
+def fake_run(tiny_checkpoints, root: Path, updates: list[int], best: str) -> Path:
+    """A run directory laid out as convs2s.train leaves it, from the tiny checkpoints."""
+    for i, u in enumerate(updates):
+        state = load_checkpoint(tiny_checkpoints["ab"[i % 2]])
+        state.update(update=u, epoch=i + 1, val_loss=float(10 - i))
+        save_checkpoint(root / checkpoint_dir_name(u), state, tiny_checkpoints["spm"],
+                        end_of_epoch=True)
+    shutil.copytree(tiny_checkpoints[best], root / "best")
+    return root
+
+
+def tiny_test_set(tiny_checkpoints, tmp_path: Path, n: int = 6, task="translation") -> TestSet:
+    pairs = tiny_checkpoints["pairs"][-n:]
+    (tmp_path / "t.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (tmp_path / "t.fr").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    return TestSet("tiny", str(tmp_path / "t.en"), str(tmp_path / "t.fr"), "fr", task)
+
+
+def test_ensembling_jobs_pick_best_and_last_checkpoints(tiny_checkpoints, tmp_path):
+    run_a = fake_run(tiny_checkpoints, tmp_path / "a", [100, 200, 300], "a")
+    run_b = fake_run(tiny_checkpoints, tmp_path / "b", [50, 150], "b")
+    test = TestSet("t", "src", "ref")
+    jobs = ensembling_jobs([str(run_a), str(run_b)], [test], last_n=2, num_cpus=2)
+    by_name = {j.name: j for j in jobs}
+    assert sorted(by_name) == ["ensemble_2", "run0_avg_last2", "run0_best", "run1_avg_last2",
+                               "run1_best"]
+    assert by_name["ensemble_2"].checkpoints == (str(run_a / "best"), str(run_b / "best"))
+    assert by_name["ensemble_2"].kind == "ensemble" and by_name["run0_best"].kind == "single"
+    avg = by_name["run0_avg_last2"]
+    assert avg.kind == "average" and avg.num_cpus == 2
+    assert avg.checkpoints == tuple(str(run_a / checkpoint_dir_name(u)) for u in (200, 300))
+    assert best_checkpoint(run_a).path == str(run_a / "best")
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        averaging_job("x", str(tmp_path), 2, test)
+
+
+def test_evaluate_job_without_ray(tiny_checkpoints, tmp_path):
+    """The task body: averaged checkpoints translate like the averaged checkpoint itself, and
+    the metrics and pictures come back."""
+    test = tiny_test_set(tiny_checkpoints, tmp_path)
+    job = EvalJob("avg", (tiny_checkpoints["a"], tiny_checkpoints["b"]), test, SHORT,
+                  average=True, attention_sentences=2)
+    out = evaluate_job(job)
+    assert {"bleu", "bleu_tokenized", "chrf", "length_ratio", "sentences_per_second"} <= \
+        set(out["metrics"])
+    assert out["metrics"]["sentences"] == 6 and len(out["hypotheses"]) == 6
+    assert sorted(out["pngs"]) == ["attention_000.png", "attention_001.png"]
+    from convs2s.averaging import average_checkpoints
+
+    avg = average_checkpoints([tiny_checkpoints["a"], tiny_checkpoints["b"]], tmp_path / "avg")
+    assert out["hypotheses"] == Translator.from_checkpoints([avg], search=SHORT).translate(
+        read_lines(test.src))
+    summ = evaluate_job(EvalJob("s", (tiny_checkpoints["a"],),
+                                tiny_test_set(tiny_checkpoints, tmp_path, task="summarization"),
+                                summarization_search(beam=2, min_len=3, max_len_b=5)))
+    assert {"rouge1_f", "rouge2_r", "rougeL_f", "length_ratio"} <= set(summ["metrics"])
+
+
+@pytest.mark.slow
+def test_parallel_evaluation_logs_one_child_run_per_pair(demo_trained, tmp_path):
+    t = demo_trained
+    test = TestSet("test", t.test_src, t.test_ref, "fr")
+    search = SearchConfig(max_len_a=1.5, max_len_b=10)
+    ckpts = t.train.checkpoints
+    jobs = [EvalJob("best", (t.train.best_checkpoint,), test, search, attention_sentences=2),
+            EvalJob("untrained", (t.untrained,), test, search),
+            EvalJob("ensemble_last2", tuple(ckpts[-2:]), test, search),
+            averaging_job("avg_last3", t.train.run_dir, 3, test, search)]
+    results = evaluate_all(jobs, t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "eval"))
+    bleu = {r.job.name: r.metrics["bleu"] for r in results}
+    print("demo test BLEU by job:", {k: round(v, 2) for k, v in bleu.items()},
+          "sentences/s:", {r.job.name: round(r.metrics["sentences_per_second"], 1)
+                           for r in results})
+    assert [r.job.name for r in results] == [j.name for j in jobs]
+    assert bleu["untrained"] < 2.0
+    for name in ("best", "ensemble_last2", "avg_last3"):
+        assert bleu[name] > bleu["untrained"] + 10.0, name
+
+    client = MlflowClient(t.tracking_uri)
+    children = client.search_runs(
+        [client.get_run(t.train.run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{t.train.run_id}'")
+    assert sorted(c.data.params["eval.job"] for c in children) == sorted(bleu)
+    for child in children:
+        r = next(r for r in results if r.run_id == child.info.run_id)
+        assert child.info.status == "FINISHED"
+        for key in ("bleu", "bleu_tokenized", "chrf", "length_ratio", "sentences_per_second"):
+            assert child.data.metrics[key] == pytest.approx(r.metrics[key])
+        logged = client.download_artifacts(child.info.run_id, "hypotheses/test.fr",
+                                           str(tmp_path / child.info.run_id))
+        assert read_lines(logged) == read_lines(r.hyp_path)
+        assert len(read_lines(logged)) == len(read_lines(t.test_src))
+    best = next(c for c in children if c.data.params["eval.job"] == "best")
+    assert sorted(a.path for a in client.list_artifacts(best.info.run_id, "attention")) == \
+        ["attention/test_attention_000.png", "attention/test_attention_001.png"]
+    # The parallel job's hypotheses are the translate entry's.
+    direct = Translator.from_checkpoints([t.train.best_checkpoint], search=search)
+    assert read_lines(results[0].hyp_path) == direct.translate(read_lines(t.test_src))
+
+
+@pytest.mark.slow
+def test_failed_job_marks_its_run_and_summarization_is_scored(demo_trained, tmp_path):
+    t = demo_trained
+    src, ref = tmp_path / "s.en", tmp_path / "s.fr"
+    src.write_text("".join(line + "\n" for line in read_lines(t.test_src)[:30]))
+    ref.write_text("".join(line + "\n" for line in read_lines(t.test_ref)[:30]))
+    summ = TestSet("short", str(src), str(ref), "fr", task="summarization")
+    jobs = [EvalJob("summary", (t.train.best_checkpoint,), summ,
+                    summarization_search(max_len_a=1.5, max_len_b=10)),
+            EvalJob("missing", (str(tmp_path / "nope"),), summ)]
+    with pytest.raises(RuntimeError, match="missing/short: .*does not exist"):
+        evaluate_all(jobs, t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "eval"))
+    client = MlflowClient(t.tracking_uri)
+    runs = {r.data.params["eval.job"]: r for r in client.search_runs(
+        [client.get_run(t.train.run_id).info.experiment_id],
+        filter_string=f"tags.mlflow.parentRunId = '{t.train.run_id}' and "
+                      "params.`test.name` = 'short'")}
+    assert runs["missing"].info.status == "FAILED"
+    assert runs["summary"].info.status == "FINISHED"
+    assert runs["summary"].data.params["search.min_len"] == "14"
+    assert {"rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r"} <= set(runs["summary"].data.metrics)
+    assert (tmp_path / "eval" / "summary" / "short.fr").is_file()

@@ -1,0 +1,124 @@
+"""Tests of convs2s.serving: the translator logged as an MLflow pyfunc model, registered with an
+alias, loaded in a fresh process, and served over HTTP by `mlflow models serve`.
+
+Run: .venv/bin/python -m pytest tests/test_serving.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from convs2s.scoring import read_lines
+from convs2s.serving import log_translator
+from convs2s.translate import SearchConfig, Translator
+
+REPO = Path(__file__).resolve().parents[1]
+LOAD_AND_PREDICT = """
+import json, sys
+import mlflow
+mlflow.set_tracking_uri(sys.argv[1])
+model = mlflow.pyfunc.load_model(sys.argv[2])
+print(json.dumps(model.predict(json.loads(sys.stdin.read()))))
+"""
+
+
+def fresh_process_predict(tracking_uri: str, uri: str, lines: list[str], cwd: Path) -> list:
+    """Load the model in a new Python process started outside the checkout and predict."""
+    res = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, tracking_uri, uri],
+                         input=json.dumps(lines), capture_output=True, text=True, cwd=cwd,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_checkpoints,
+                                                                      tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    lex = tmp_path / "lex.txt"
+    lex.write_text("cat CHAT\n")
+    search = SearchConfig(beam=2, max_len_a=0, max_len_b=4, replace_unk=True,
+                          dictionary=str(lex))
+    ckpts = [tiny_checkpoints["a"], tiny_checkpoints["b"]]
+    served = log_translator(ckpts, search, tracking_uri=uri, experiment_name="serving-test",
+                            registered_model_name="tiny-ensemble", alias="candidate")
+    assert served.registered_uri == "models:/tiny-ensemble@candidate"
+    mv = MlflowClient(uri).get_model_version_by_alias("tiny-ensemble", "candidate")
+    assert str(mv.version) == served.version
+    lines = ["The cat sleeps .", "", "A dog runs near the river ."]
+    expected = Translator.from_checkpoints(ckpts, search=search).translate(lines)
+    outside = tmp_path / "elsewhere"  # a new process, started outside the checkout
+    outside.mkdir()
+    assert fresh_process_predict(uri, served.registered_uri, lines, outside) == expected
+    assert expected[1] == ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, payload: dict, timeout: float = 120.0):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
+    t = demo_trained
+    search = SearchConfig(max_len_a=1.5, max_len_b=10)
+    served = log_translator([t.train.best_checkpoint], search, tracking_uri=t.tracking_uri,
+                            run_id=t.train.run_id, registered_model_name="convs2s-demo",
+                            alias="champion")
+    lines = read_lines(t.test_src)[:8] + [""]
+    expected = Translator.from_checkpoints([t.train.best_checkpoint],
+                                           search=search).translate(lines)
+    assert fresh_process_predict(t.tracking_uri, served.registered_uri, lines, tmp_path) == \
+        expected
+
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": t.tracking_uri}
+    log_file = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m",
+         served.registered_uri, "--env-manager", "local", "-p", str(port), "-h", "127.0.0.1",
+         "-w", "1"], stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "server did not start within 300 s"
+            time.sleep(2)
+        answer = post(f"http://127.0.0.1:{port}/invocations", {"inputs": lines})
+        assert answer == {"predictions": expected}
+        print("served:", list(zip(lines[:3], answer["predictions"][:3])))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and its worker: our own group
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log_file.close()

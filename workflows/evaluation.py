@@ -1,0 +1,333 @@
+"""Parallel evaluation and ensembling jobs on Ray, each scored result an MLflow child run.
+
+One call evaluates every (checkpoint, ensemble or averaged checkpoint) x (test set) pair as its
+own Ray task with its own resources (CPUs, or a GPU fraction so several jobs share a GPU). The
+driver creates one child run per pair under the training (or workflow) run and, as each task
+finishes, logs its metrics (bleu, bleu_tokenized, chrf, length_ratio or rouge*, and
+sentences_per_second), its hypotheses file and its attention pictures.
+
+    from workflows.evaluation import EvalJob, TestSet, evaluate_all, ensembling_jobs
+    test = TestSet("test", src=".../text/test.en", ref=".../text/test.fr", tgt_lang="fr")
+    jobs = [EvalJob("best", (result.best_checkpoint,), test)]
+    jobs += ensembling_jobs([run_a, run_b, run_c], [test], last_n=5)  # paper's ensembles
+    results = evaluate_all(jobs, tracking_uri, parent_run_id=result.run_id, out_dir="eval")
+    results[0].metrics["bleu"], results[0].run_id, results[0].hyp_path
+
+Run (inside or next to a Ray cluster; checkpoint paths must be readable by every node):
+    python -m workflows.evaluation --run-dir runs/a runs/b --last-n 5 \\
+        --test test data/demo/text/test.en data/demo/text/test.fr fr --parent-run-id <id>
+
+Jobs (paper §5): a single checkpoint; an ensemble (several checkpoints, probabilities
+averaged: the paper's ensembles of the best checkpoint of several training runs); or
+`average=True`, the mean of the checkpoints' weights (the last N checkpoints of one run).
+Summarization test sets (`task="summarization"`) are scored with ROUGE; give them a search
+with a minimum output length (`summarization_search()`, paper §5.5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import ray
+
+from convs2s.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
+from convs2s.translate import SearchConfig
+from convs2s.tracking import (bounded_http, end_run, find_or_create_run, flatten_params,
+                              log_artifacts, log_params, resolve_tracking_uri)
+
+log = logging.getLogger("workflows.evaluation")
+
+
+@dataclass(frozen=True)
+class TestSet:
+    __test__ = False  # not a pytest test class (its name starts with "Test")
+
+    name: str  # e.g. "newstest2014"; names the child run and the hypotheses file
+    src: str  # source text, one sentence per line
+    ref: str  # references, line-aligned with src
+    tgt_lang: str = "fr"  # for tokenized BLEU (Moses rules) and Romanian normalization
+    task: Literal["translation", "summarization"] = "translation"
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    name: str  # e.g. "best", "ensemble_3", "avg_last5"
+    checkpoints: tuple[str, ...]  # one: single model; several: an ensemble (or averaged)
+    test_set: TestSet
+    search: SearchConfig = field(default_factory=SearchConfig)
+    average: bool = False  # average the checkpoints' weights into one model first
+    num_cpus: float = 1.0  # Ray resources of the task; torch uses that many threads
+    num_gpus: float = 0.0  # a GPU fraction, e.g. 0.25 lets four jobs share one GPU
+    attention_sentences: int = 0  # per-layer attention PNGs for the first N test sentences
+
+    @property
+    def kind(self) -> str:
+        if self.average and len(self.checkpoints) > 1:
+            return "average"
+        return "ensemble" if len(self.checkpoints) > 1 else "single"
+
+
+@dataclass
+class EvalResult:
+    job: EvalJob
+    metrics: dict[str, float]  # scores + sentences_per_second, seconds
+    hyp_path: str  # the hypotheses file written on the driver (also an MLflow artifact)
+    run_id: str | None  # the MLflow child run (None when tracking was unreachable)
+    attention_pngs: list[str] = field(default_factory=list)
+
+
+def summarization_search(**changes) -> SearchConfig:
+    """Paper §5.5: beam 5 and outputs of at least 14 words (here BPE pieces, a close proxy)."""
+    return SearchConfig(beam=5, min_len=14).replace(**changes)
+
+
+# --- one job (runs inside a Ray task; also callable without Ray) ---------------------------------
+
+
+def evaluate_job(job: EvalJob) -> dict:
+    """Translate and score one job: {"hypotheses", "metrics", "signatures", "pngs"}."""
+    import torch
+
+    from convs2s.attention_plot import plot_attention
+    from convs2s.averaging import average_checkpoints
+    from convs2s.scoring import (ROUGE_TYPES, read_lines, score_summarization,
+                                 score_translation, translation_signatures)
+    from convs2s.translate import Translator
+
+    torch.set_num_threads(max(1, int(job.num_cpus)))
+    use_cuda = job.num_gpus > 0 and torch.cuda.is_available()
+    test = job.test_set
+    src, refs = read_lines(test.src), read_lines(test.ref)
+    if len(src) != len(refs):
+        raise ValueError(f"test set {test.name}: {test.src} has {len(src)} lines but "
+                         f"{test.ref} has {len(refs)}; they must be line-aligned")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = list(job.checkpoints)
+        if job.average and len(paths) > 1:
+            paths = [average_checkpoints(paths, Path(tmp) / "averaged")]
+        translator = Translator.from_checkpoints(paths, "cuda" if use_cuda else "cpu",
+                                                 job.search)
+        t0 = time.perf_counter()
+        hyps = translator.translate(src)
+        if use_cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        pngs = {}
+        if job.attention_sentences:
+            for p in plot_attention(translator, src[: job.attention_sentences], tmp):
+                pngs[p.name] = p.read_bytes()
+    if test.task == "summarization":
+        metrics = score_summarization(hyps, refs)
+        signatures = {"rouge": f"rouge-score {ROUGE_TYPES}, stemmer, sentence mean"}
+    else:
+        metrics = score_translation(hyps, refs, test.tgt_lang)
+        signatures = translation_signatures(test.tgt_lang)
+    metrics.update(seconds=seconds, sentences_per_second=len(src) / max(seconds, 1e-9),
+                   sentences=float(len(src)))
+    return {"hypotheses": hyps, "metrics": metrics, "signatures": signatures, "pngs": pngs}
+
+
+@ray.remote
+def _evaluate_task(job: EvalJob) -> dict:
+    return evaluate_job(job)
+
+
+# --- the driver: child runs, Ray tasks, logging as results arrive --------------------------------
+
+
+def _job_params(job: EvalJob) -> dict[str, str]:
+    """The same keys for every job, so MLflow's compare view lines the runs up."""
+    return flatten_params({
+        "eval": {"job": job.name, "kind": job.kind, "n_checkpoints": len(job.checkpoints),
+                 "checkpoints": ",".join(job.checkpoints), "num_cpus": job.num_cpus,
+                 "num_gpus": job.num_gpus},
+        "test": {"name": job.test_set.name, "src": job.test_set.src, "ref": job.test_set.ref,
+                 "tgt_lang": job.test_set.tgt_lang, "task": job.test_set.task},
+        "search": job.search.to_dict()})
+
+
+def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
+    if not parent_run_id:
+        return default
+    from mlflow.tracking import MlflowClient
+
+    with bounded_http():
+        client = MlflowClient(uri)
+        return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
+
+
+def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict) -> None:
+    from mlflow.entities import Metric
+
+    if run_id is None:
+        return
+    now = int(time.time() * 1000)
+    try:
+        from mlflow.tracking import MlflowClient
+
+        with bounded_http():
+            client = MlflowClient(uri)
+            client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0)
+                                              for k, v in out["metrics"].items()])
+            for k, v in out["signatures"].items():
+                client.set_tag(run_id, f"signature.{k}", v)
+    except Exception as err:  # noqa: BLE001 - scores are also in the returned results
+        log.warning("could not log the metrics of %s to MLflow (%s)", job.name, err)
+
+
+def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
+                 parent_run_id: str | None = None, out_dir: str = "eval",
+                 experiment_name: str = "convs2s", raise_on_error: bool = True
+                 ) -> list[EvalResult]:
+    """Run every job as a Ray task and log each as a child run of `parent_run_id`.
+
+    Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning with the
+    same parent, job and test names reuses the same child runs. A failed job marks its run
+    FAILED; with `raise_on_error` a RuntimeError naming every failed job follows once the
+    others are logged (else failed jobs are left out of the results).
+    """
+    if not ray.is_initialized():
+        ray.init()
+    names = [(j.name, j.test_set.name) for j in jobs]
+    if len(set(names)) != len(names):
+        raise ValueError("two jobs share a (job name, test set name); the child runs and "
+                         "hypotheses files are named after them")
+    uri = resolve_tracking_uri(tracking_uri)
+    exp = _experiment_name(uri, parent_run_id, experiment_name)
+    run_ids = {}
+    for job in jobs:
+        run_ids[job] = find_or_create_run(
+            uri, exp, run_key=f"eval:{parent_run_id}:{job.name}:{job.test_set.name}",
+            run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
+            tags={"convs2s.eval.kind": job.kind})
+        log_params(uri, run_ids[job], _job_params(job))
+    pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus)
+               .remote(job): job for job in jobs}
+    results, failures = [], []
+    while pending:
+        [ref], _ = ray.wait(list(pending), num_returns=1)
+        job = pending.pop(ref)
+        try:
+            out = ray.get(ref)
+        except Exception as err:  # noqa: BLE001 - log the failure, keep collecting the others
+            first = str(err).strip().splitlines()[-1][:500] if str(err) else type(err).__name__
+            failures.append(f"{job.name}/{job.test_set.name}: {first}")
+            end_run(uri, run_ids[job], "FAILED")
+            continue
+        results.append(_finish(uri, run_ids[job], job, out, Path(out_dir)))
+    if failures and raise_on_error:
+        raise RuntimeError("evaluation jobs failed:\n  " + "\n  ".join(failures))
+    order = {job: i for i, job in enumerate(jobs)}
+    return sorted(results, key=lambda r: order[r.job])
+
+
+def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path) -> EvalResult:
+    """Write the hypotheses and pictures, log them and the metrics, close the child run."""
+    job_dir = out_dir.resolve() / job.name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    hyp_path = job_dir / f"{job.test_set.name}.{job.test_set.tgt_lang}"
+    hyp_path.write_text("".join(h + "\n" for h in out["hypotheses"]), encoding="utf-8")
+    pngs = []
+    for name, data in out["pngs"].items():
+        png = job_dir / "attention" / f"{job.test_set.name}_{name}"
+        png.parent.mkdir(exist_ok=True)
+        png.write_bytes(data)
+        pngs.append(str(png))
+    _log_result(uri, run_id, job, out)
+    log_artifacts(uri, run_id, str(hyp_path), "hypotheses")
+    for png in pngs:
+        log_artifacts(uri, run_id, png, "attention")
+    end_run(uri, run_id, "FINISHED")
+    m = out["metrics"]
+    main = m.get("bleu", m.get("rouge1_f", float("nan")))
+    log.info("%s/%s: %s %.2f, %.1f sentences/s", job.name, job.test_set.name,
+             "bleu" if "bleu" in m else "rouge1_f", main, m["sentences_per_second"])
+    return EvalResult(job=job, metrics=m, hyp_path=str(hyp_path), run_id=run_id,
+                      attention_pngs=pngs)
+
+
+# --- ensembling jobs (paper §5.2-5.3 and the reference's checkpoint averaging) -------------------
+
+
+def ensemble_job(name: str, run_dirs: list[str], test_set: TestSet,
+                 search: SearchConfig | None = None, **resources) -> EvalJob:
+    """The ensemble of the best checkpoint (lowest validation loss) of each training run."""
+    bests = []
+    for run_dir in run_dirs:
+        info = best_checkpoint(run_dir)
+        if info is None:
+            raise FileNotFoundError(f"{run_dir} has no best/ checkpoint and no checkpoint with "
+                                    "a validation loss: train it first")
+        bests.append(info.path)
+    return EvalJob(name, tuple(bests), test_set, search or SearchConfig(), **resources)
+
+
+def averaging_job(name: str, run_dir: str, last_n: int, test_set: TestSet,
+                  search: SearchConfig | None = None, epoch_ends_only: bool = False,
+                  **resources) -> EvalJob:
+    """The weight average of the last `last_n` kept checkpoints of one run."""
+    infos = pick_checkpoints(list_checkpoints(run_dir), last=last_n,
+                             epoch_ends_only=epoch_ends_only)
+    if not infos:
+        raise FileNotFoundError(f"{run_dir} keeps no checkpoint_* directories to average")
+    if len(infos) < last_n:
+        log.warning("%s keeps %d checkpoints, fewer than last_n=%d: averaging those",
+                    run_dir, len(infos), last_n)
+    return EvalJob(name, tuple(i.path for i in infos), test_set, search or SearchConfig(),
+                   average=True, **resources)
+
+
+def ensembling_jobs(run_dirs: list[str], test_sets: list[TestSet], last_n: int = 5,
+                    search: SearchConfig | None = None, **resources) -> list[EvalJob]:
+    """Per test set: each run's best checkpoint, the ensemble of all bests (when several
+    runs), and each run's average of its last `last_n` checkpoints."""
+    jobs = []
+    for test in test_sets:
+        for i, run_dir in enumerate(run_dirs):
+            best = ensemble_job(f"run{i}_best", [run_dir], test, search, **resources)
+            jobs.append(best)
+            jobs.append(averaging_job(f"run{i}_avg_last{last_n}", run_dir, last_n, test,
+                                      search, **resources))
+        if len(run_dirs) > 1:
+            jobs.append(ensemble_job(f"ensemble_{len(run_dirs)}", run_dirs, test, search,
+                                     **resources))
+    return jobs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workflows.evaluation",
+                                description="Ensembling and averaging jobs, scored on Ray.")
+    p.add_argument("--run-dir", nargs="+", required=True, help="training run directories")
+    p.add_argument("--test", nargs=4, action="append", required=True,
+                   metavar=("NAME", "SRC", "REF", "LANG"), help="a test set (repeatable)")
+    p.add_argument("--summarization", action="store_true", help="score with ROUGE")
+    p.add_argument("--last-n", type=int, default=5)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--num-cpus", type=float, default=1.0)
+    p.add_argument("--num-gpus", type=float, default=0.0)
+    p.add_argument("--tracking-uri")
+    p.add_argument("--parent-run-id")
+    p.add_argument("--out", default="eval")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    task = "summarization" if args.summarization else "translation"
+    search = summarization_search(beam=args.beam) if args.summarization \
+        else SearchConfig(beam=args.beam)
+    tests = [TestSet(n, s, r, lang, task) for n, s, r, lang in args.test]
+    jobs = ensembling_jobs(args.run_dir, tests, args.last_n, search,
+                           num_cpus=args.num_cpus, num_gpus=args.num_gpus)
+    for r in evaluate_all(jobs, args.tracking_uri, args.parent_run_id, args.out):
+        print(r.job.name, r.job.test_set.name,
+              " ".join(f"{k}={v:.3f}" for k, v in sorted(r.metrics.items())), sep="\t")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
