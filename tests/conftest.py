@@ -43,3 +43,200 @@ def ray_session():
                  configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+# --- translation assets (tests of translate, averaging, attention plots, evaluation, serving) ---
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict:
+    """Two randomly initialised `tiny` ConvS2S checkpoints (seeds 0 and 1) that share a small
+    BPE model trained on 2,000 demo pairs: {"a": dir, "b": dir, "spm": path, "pairs": [...]}.
+    Fast: no Ray, no training."""
+    import torch
+
+    from convs2s.checkpoint import save_checkpoint
+    from convs2s.config import PRESETS
+    from convs2s.model import ConvS2S
+    import pyarrow as pa
+
+    from preprocessing.demo import translation_pairs
+    from preprocessing.vocab import load, train_bpe
+
+    root = tmp_path_factory.mktemp("tiny_checkpoints")
+    pairs = translation_pairs(7, 0, 2000)
+    train_bpe(pa.table({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]}),
+              root / "spm", 400, 1.0)
+    vocab = load(root / "spm.model").get_piece_size()
+    out = {"spm": str(root / "spm.model"), "pairs": pairs}
+    for name, seed in (("a", 0), ("b", 1)):
+        torch.manual_seed(seed)
+        cfg = PRESETS["tiny"]
+        model = ConvS2S(cfg, vocab, vocab)
+        state = {"model": model.state_dict(), "model_config": cfg.to_dict(),
+                 "src_vocab_size": vocab, "tgt_vocab_size": vocab, "epoch": 1,
+                 "update": 10 * (seed + 1), "optimizer": {}, "val_loss": 5.0}
+        out[name] = str(save_checkpoint(root / name, state, spm_model=out["spm"]))
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_trained(tmp_path_factory, ray_session):
+    """The demo corpus preprocessed (300-sentence valid and test splits) and a `small` ConvS2S
+    trained on it by `convs2s.train.fit` (1 worker, 600 updates: a few minutes on 2 CPUs),
+    logged to a sqlite MLflow store; plus an untrained checkpoint of the same shape and BPE
+    (the BLEU baseline). Returns a namespace: prep, train (TrainResult), tracking_uri,
+    untrained, test_src, test_ref."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from convs2s.checkpoint import save_checkpoint
+    from convs2s.config import PRESETS
+    from convs2s.model import ConvS2S
+    from convs2s.train import fit
+    from convs2s.train_config import TrainConfig, TrainJob
+    from preprocessing.config import demo
+    from preprocessing.pipeline import run_pipeline
+
+    root = tmp_path_factory.mktemp("demo_trained")
+    prep = run_pipeline(demo().replace(root=str(root / "prep"),
+                                       demo_rows={"train": 20_000, "valid": 300, "test": 300}))
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    cfg = PRESETS["small"]
+    result = fit(TrainJob(
+        model=cfg, train=TrainConfig(max_epochs=0, max_updates=600, checkpoint_interval=150,
+                                     keep_last=4, log_interval=50, lr_schedule="fixed"),
+        train_data=prep.batches["train"], valid_data=prep.batches["valid"],
+        spm_model=prep.spm_model, vocab_size=prep.vocab_size, storage_path=str(root / "runs"),
+        run_name="demo_small", num_workers=1, cpus_per_worker=1, tracking_uri=uri))
+    torch.manual_seed(0)
+    V = prep.vocab_size
+    untrained = save_checkpoint(
+        root / "untrained", {"model": ConvS2S(cfg, V, V).state_dict(),
+                             "model_config": cfg.to_dict(), "src_vocab_size": V,
+                             "tgt_vocab_size": V, "epoch": 0, "update": 0},
+        spm_model=prep.spm_model)
+    src, ref = prep.text["test"]
+    return SimpleNamespace(prep=prep, train=result, tracking_uri=uri, untrained=str(untrained),
+                           test_src=src, test_ref=ref)
+
+
+# --- workflows: a smoke workflow run, and Ray nodes started with the `ray` CLI ---------------------
+
+
+@pytest.fixture(scope="session")
+def smoke_workflow(tmp_path_factory, ray_session):
+    """The En-Fr workflow's smoke preset run through its command line (`main`) on the session's
+    Ray, cut to 60 updates: demo corpus, `small` model, 2 workers, evaluation of the best
+    checkpoint and the average of the last two. Returns a namespace: storage, tracking_uri,
+    experiment, run_name, stdout (the printed summary)."""
+    import contextlib
+    import io
+    from types import SimpleNamespace
+
+    from workflows import wmt14_en_fr
+
+    root = tmp_path_factory.mktemp("smoke_workflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    argv = ["--preset", "smoke", "--max-updates", "60", "--storage-path", str(root / "runs"),
+            "--tracking-uri", uri, "--run-name", "smoke-test"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = wmt14_en_fr.main({"paper": wmt14_en_fr.paper, "smoke": wmt14_en_fr.smoke},
+                              wmt14_en_fr.__doc__, argv)
+    assert rc == 0, buf.getvalue()[-3000:]
+    return SimpleNamespace(storage=root / "runs", tracking_uri=uri, experiment="wmt14_en_fr",
+                           run_name="smoke-test", argv=argv, stdout=buf.getvalue())
+
+
+class RayCliCluster:
+    """Ray nodes started with `ray start` on this host (a real head with the dashboard / job
+    API, and more nodes joining it), all under one short temp dir. `stop()` ends exactly the
+    processes whose command line names that temp dir (never `ray stop`, which would end every
+    Ray on the machine)."""
+
+    def __init__(self, env: dict):
+        import tempfile
+
+        # Short: Ray's unix sockets live under it (path limit ~107 bytes).
+        self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+        self.env = env
+        self.gcs_address: str | None = None
+        self.dashboard_url: str | None = None
+
+    @staticmethod
+    def free_port() -> int:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    def _start(self, args: list[str]) -> None:
+        import subprocess
+
+        ports = ["--dashboard-agent-listen-port", str(self.free_port()),
+                 "--metrics-export-port", str(self.free_port()),
+                 "--runtime-env-agent-port", str(self.free_port())]
+        proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir", self.temp_dir,
+                               "--disable-usage-stats"], env=self.env, capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, f"ray start {args} failed:\n{proc.stdout}\n{proc.stderr}"
+
+    def start_head(self, num_cpus: int) -> None:
+        port, dash = self.free_port(), self.free_port()
+        self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                     "--num-cpus", str(num_cpus), "--include-dashboard", "true",
+                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+                     "--ray-client-server-port", str(self.free_port())])
+        self.gcs_address = f"127.0.0.1:{port}"
+        self.dashboard_url = f"http://127.0.0.1:{dash}"
+
+    def add_node(self, num_cpus: int) -> None:
+        self._start(["--address", self.gcs_address, "--node-ip-address", "127.0.0.1",
+                     "--num-cpus", str(num_cpus)])
+
+    def pids(self) -> list[int]:
+        out = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and int(proc.name) != os.getpid():
+                try:
+                    cmd = (proc / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                if self.temp_dir.encode() in cmd:
+                    out.append(int(proc.name))
+        return out
+
+    def stop(self) -> None:
+        import shutil
+        import signal
+        import time
+
+        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+            for pid in self.pids():
+                with __import__("contextlib").suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + wait
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ray_cli():
+    """A `RayCliCluster` (token authentication, the project's .venv first on PATH so the Ray
+    processes and job drivers run the project's Python); its processes are ended afterwards."""
+    import sys
+
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["RAY_AUTH_MODE"] = "token"  # ray start --head enables tokens (reference-facts §8)
+    for var in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+        env.pop(var, None)
+    cluster = RayCliCluster(env)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
