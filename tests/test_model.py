@@ -16,6 +16,16 @@ from convs2s.config import EOS, PAD, PRESETS, ModelConfig
 from convs2s.model import ConvS2S, inference_copy
 
 TINY = PRESETS["tiny"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Small models gain nothing from intra-op threads, and one thread avoids OpenMP stalls
+    (measured 50x) when the two cores are shared with other processes."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 # Mixed widths (residual projections), kernels 1, 2 (even), 3 and 5, attention in a subset.
 MIXED = ModelConfig(
     embed_dim=24,
