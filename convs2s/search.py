@@ -95,6 +95,24 @@ def _constrain(lprobs, step: int, min_len: int, max_lens, unk_penalty: float):
     return lprobs
 
 
+def _topk(x: torch.Tensor, k: int, block: int = 64):
+    """`x.topk(k, dim=1)` for wide rows (A x K*V), several times faster on CPU: the k largest
+    values lie in the k blocks of `block` columns with the largest maxima, so one vectorized
+    max per block and two small topk calls replace a topk over the whole row."""
+    A, n = x.shape
+    nb = n // block
+    if nb < 4 * k:  # narrow rows: nothing to gain
+        return x.topk(k, dim=1)
+    block_max = x[:, : nb * block].view(A, nb, block).amax(dim=2)  # A x nb
+    blocks = block_max.topk(k, dim=1).indices  # A x k
+    cols = (blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(A, -1)
+    if nb * block < n:  # the tail that does not fill a block is always a candidate
+        tail = torch.arange(nb * block, n, device=x.device).expand(A, -1)
+        cols = torch.cat([cols, tail], dim=1)
+    values, j = x.gather(1, cols).topk(k, dim=1)
+    return values, cols.gather(1, j)
+
+
 def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int) -> torch.Tensor:
     limit = min(m.max_positions for m in models) - 1  # target positions the tables cover
     lens = (src_lengths.double() * max_len_a + max_len_b).long()
@@ -221,7 +239,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
             lprobs = _constrain(lprobs, step, min_len,
                                 max_lens[beams.sent].repeat_interleave(K), unk_penalty)
             cand = lprobs.add_(beams.scores[:, None]).view(A, K * V)  # in place (the big one)
-            cand_scores, cand_idx = cand.topk(min(2 * K, K * V), dim=1)  # A x 2K, best first
+            cand_scores, cand_idx = _topk(cand, min(2 * K, K * V))  # A x 2K, best first
             cand_tok = cand_idx % V
             cand_rows = cand_idx // V + (torch.arange(A, device=dev) * K)[:, None]  # A x 2K
             is_eos = cand_tok.eq(EOS) & torch.isfinite(cand_scores)

@@ -283,3 +283,34 @@ def test_replace_unknowns(tmp_path):
     bad.write_text("one two three\n")
     with pytest.raises(ValueError, match="bad.txt:1"):
         load_dictionary(str(bad))
+
+
+@pytest.mark.parametrize("n", [40_000, 40_003, 24, 1000])
+def test_blocked_topk_equals_topk(n):
+    from convs2s.search import _topk
+
+    torch.manual_seed(n)
+    x = torch.randn(7, n)
+    x[0, :] = -math.inf  # a dead row
+    x[0, 5] = x[1, 9] = 0.0
+    x[2, -2:] = torch.tensor([100.0, 101.0])  # winners in the tail that fills no block
+    x[3, ::2] = -math.inf
+    want_v, want_i = x.topk(10, dim=1)
+    got_v, got_i = _topk(x, 10)
+    assert torch.equal(got_v, want_v)
+    finite = torch.isfinite(want_v)  # ties (-inf) may come in any order
+    assert torch.equal(got_i[finite], want_i[finite])
+    assert torch.equal(x.gather(1, got_i), got_v)
+
+
+def test_beam_matches_reference_search_with_a_wide_vocabulary():
+    """K x V = 4000 candidates per sentence: the blocked top-k path of the search."""
+    torch.manual_seed(11)
+    model = ConvS2S(PRESETS["tiny"], 50, 1000).eval()
+    src = torch.randint(4, 50, (3, 6))
+    src[0, :2] = PAD
+    lengths = src.ne(PAD).sum(1)
+    hyps = generate(model, src, lengths, beam_size=4, max_len_b=5, nbest=4)
+    for b in range(3):
+        want = reference_beam([model], src[b:b + 1, src[b].ne(PAD)], K=4, max_len=5)
+        assert_same_hyps(hyps[b], want)
