@@ -285,22 +285,20 @@ def test_replace_unknowns(tmp_path):
         load_dictionary(str(bad))
 
 
-@pytest.mark.parametrize("n", [40_000, 40_003, 24, 1000])
-def test_blocked_topk_equals_topk(n):
-    from convs2s.search import _topk
+@pytest.mark.parametrize("V", [8000, 8003, 24, 1000])
+def test_best_candidates_equal_a_full_topk(V):
+    from convs2s.search import _best_candidates
 
-    torch.manual_seed(n)
-    x = torch.randn(7, n)
-    x[0, :] = -math.inf  # a dead row
-    x[0, 5] = x[1, 9] = 0.0
-    x[2, -2:] = torch.tensor([100.0, 101.0])  # winners in the tail that fills no block
-    x[3, ::2] = -math.inf
-    want_v, want_i = x.topk(10, dim=1)
-    got_v, got_i = _topk(x, 10)
-    assert torch.equal(got_v, want_v)
-    finite = torch.isfinite(want_v)  # ties (-inf) may come in any order
-    assert torch.equal(got_i[finite], want_i[finite])
-    assert torch.equal(x.gather(1, got_i), got_v)
+    torch.manual_seed(V)
+    A, K, k = 3, 5, 10
+    lprobs = torch.randn(A * K, V).log_softmax(-1)
+    scores = torch.randn(A * K) * 3
+    scores[1:K] = -math.inf  # sentence 0: only beam 0 is live (the first step)
+    lprobs[K + 2, -2:] = torch.tensor([5.0, 6.0])  # winners after the last full block
+    lprobs[2 * K:, ::2] = -math.inf
+    want_v, want_i = (lprobs + scores[:, None]).view(A, K * V).topk(k, dim=1)
+    got_v, got_i = _best_candidates(lprobs, scores, K, k)
+    assert torch.equal(got_v, want_v) and torch.equal(got_i, want_i)
 
 
 def test_beam_matches_reference_search_with_a_wide_vocabulary():
