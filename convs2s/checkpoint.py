@@ -1,0 +1,183 @@
+"""Checkpoint directories: save, load (torch only, no Ray), list and pick them.
+
+A checkpoint is a directory (docs/design.md) holding
+- `checkpoint.pt`: `{"model", "model_config", "src_vocab_size", "tgt_vocab_size",
+  "train_config", "epoch", "update", "optimizer", "scheduler", "rng", "val_loss", ...}`,
+  loadable with `torch.load(weights_only=True)` (only tensors, dicts, lists, numbers, strings);
+- `sentencepiece.model`: the BPE model, so a checkpoint translates on its own;
+- `meta.json`: epoch / update / val_loss / end_of_epoch, so listing a run needs no torch.load.
+
+    model, meta = load_model("/runs/demo/checkpoint_00000120")      # eval mode, on CPU
+    infos = list_checkpoints("/runs/demo")                          # oldest first
+    last5 = pick_checkpoints(infos, last=5, epoch_ends_only=True)   # e.g. for averaging
+    best = best_checkpoint("/runs/demo")                            # <run>/best, lowest val loss
+
+A training run `<storage_path>/<run_name>` keeps its last K checkpoints as
+`checkpoint_<update>` directories (Ray Train's retention) and a copy of the best one in `best/`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from convs2s.config import ModelConfig
+
+CHECKPOINT_FILE = "checkpoint.pt"
+SPM_FILE = "sentencepiece.model"
+META_FILE = "meta.json"
+BEST_DIR = "best"
+
+
+def checkpoint_dir_name(update: int) -> str:
+    """Directory name of the checkpoint taken after `update` updates (sorts by update)."""
+    return f"checkpoint_{update:08d}"
+
+
+def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | None = None,
+                    end_of_epoch: bool = False) -> Path:
+    """Write `state` (the dict described above) to `directory`; returns the directory.
+
+    Files are written under temporary names and renamed, so a crash never leaves a truncated
+    checkpoint.pt behind.
+    """
+    missing = {"model", "model_config", "src_vocab_size", "tgt_vocab_size", "epoch",
+               "update"} - set(state)
+    if missing:
+        raise ValueError(f"checkpoint state lacks {sorted(missing)}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / (CHECKPOINT_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, directory / CHECKPOINT_FILE)
+    if spm_model:
+        shutil.copyfile(spm_model, directory / SPM_FILE)
+    meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
+            "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch)}
+    (directory / META_FILE).write_text(json.dumps(meta))
+    return directory
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
+    """The state dict of a checkpoint directory (or of a checkpoint.pt file), weights only."""
+    path = Path(path)
+    file = path / CHECKPOINT_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no {CHECKPOINT_FILE} in {path}: give a checkpoint directory of a training run "
+            "(e.g. <storage_path>/<run_name>/best)"
+        )
+    return torch.load(file, map_location=map_location, weights_only=True)
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
+    """Rebuild the model of a checkpoint for inference -> (ConvS2S in eval mode, meta dict).
+
+    `meta` holds everything but the weights and the optimizer state, plus `path` and
+    `spm_model` (the path of the bundled sentencepiece model, or None).
+    """
+    from convs2s.model import ConvS2S  # import here: listing checkpoints needs no model code
+
+    state = load_checkpoint(path, map_location="cpu")
+    cfg = ModelConfig.from_dict(state["model_config"])
+    model = ConvS2S(cfg, state["src_vocab_size"], state["tgt_vocab_size"])
+    model.load_state_dict(state["model"])
+    model.to(device).eval()
+    directory = Path(path) if Path(path).is_dir() else Path(path).parent
+    spm = directory / SPM_FILE
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
+    meta["path"] = str(directory)
+    meta["spm_model"] = str(spm) if spm.is_file() else None
+    return model, meta
+
+
+# --- RNG state (stored per rank so a resumed run continues the same random streams) --------------
+
+
+def capture_rng_state() -> dict:
+    """torch (CPU and CUDA), Python and NumPy generator states as weights_only-safe objects."""
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python": random.getstate(),
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])],
+    }
+
+
+def restore_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+# --- listing and picking the checkpoints of a run ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    epoch: int
+    update: int
+    val_loss: float | None
+    end_of_epoch: bool
+
+
+def read_info(path: str | os.PathLike) -> CheckpointInfo:
+    meta = json.loads((Path(path) / META_FILE).read_text())
+    return CheckpointInfo(str(path), meta["epoch"], meta["update"], meta["val_loss"],
+                          meta["end_of_epoch"])
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
+    """The kept `checkpoint_*` directories of a run, oldest (fewest updates) first; `best/`
+    is not listed (it is a copy of one of them, or of an older one Ray already removed)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    infos = [read_info(d) for d in run_dir.glob("checkpoint_*")
+             if (d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()]
+    return sorted(infos, key=lambda i: i.update)
+
+
+def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,
+                     epoch_ends_only: bool = False) -> list[CheckpointInfo]:
+    """The `last` newest of `infos` (all if None), optionally only end-of-epoch ones."""
+    chosen = [i for i in sorted(infos, key=lambda i: i.update)
+              if i.end_of_epoch or not epoch_ends_only]
+    return chosen if last is None else chosen[-last:]
+
+
+def best_checkpoint(run_dir: str | os.PathLike) -> CheckpointInfo | None:
+    """`<run_dir>/best` if present, else the kept checkpoint with the lowest validation loss."""
+    best = Path(run_dir) / BEST_DIR
+    if (best / META_FILE).is_file() and (best / CHECKPOINT_FILE).is_file():
+        return read_info(best)
+    scored = [i for i in list_checkpoints(run_dir) if i.val_loss is not None]
+    return min(scored, key=lambda i: i.val_loss) if scored else None
+
+
+def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Copy directory `src` over `dst` via a temporary sibling and a rename (never half-written)."""
+    dst = Path(dst)
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    old = dst.with_name(dst.name + ".old")
+    if dst.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""Optimizer, learning-rate schedules and gradient renormalization of the paper (§4).
+
+    optimizer = build_optimizer(model.parameters(), cfg)     # Nesterov SGD, momentum 0.99
+    schedule = LRSchedule(cfg)
+    for epoch in ...:                                        # epochs are 1-based
+        for update in ...:
+            set_lr(optimizer, schedule.lr_at(update))        # warmup, then the epoch's lr
+            ...backward...; gnorm = clip_gradients(params, cfg.clip_norm); optimizer.step()
+        schedule.end_epoch(epoch, valid_loss)                # anneal
+        if schedule.should_stop(): break                     # lr fell below min_lr
+
+Schedules (TrainConfig.lr_schedule):
+- "plateau" (paper §4): divide the lr by 10 after every epoch whose validation perplexity did
+  not improve on the best so far (perplexity = exp(loss), so comparing losses is the same).
+- "fixed" (reference recipe): the lr stays fixed, then from epoch `anneal_from_epoch` on it is
+  multiplied by `lr_shrink` once per epoch: lr_e = lr * shrink^(e + 1 - anneal_from_epoch).
+Both stop training once the lr falls below `min_lr` (1e-4). An optional linear warmup over the
+first `warmup_updates` updates ramps from `warmup_init_lr` to the epoch's lr.
+
+torch's SGD(nesterov=True) applies the lr outside the momentum buffer, which is the reference's
+NAG with its lr-change correction: a shrunk lr does not rescale the accumulated velocity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from convs2s.train_config import TrainConfig
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.SGD:
+    """Nesterov accelerated gradient with the paper's momentum 0.99 and lr 0.25 (by default)."""
+    return torch.optim.SGD(list(params), lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+                           weight_decay=cfg.weight_decay)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Renormalize gradients to norm `max_norm` when larger (paper §4: 0.1); returns the norm
+    before clipping as a 0-d tensor (no host sync; read it only when logging)."""
+    params = [p for p in params if p.grad is not None]
+    if max_norm > 0:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params])
+
+
+class LRSchedule:
+    """Epoch-level annealing plus per-update warmup. State is a small dict of Python floats."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.epoch_lr = cfg.lr  # the lr of the current epoch, before warmup
+        self.best_loss: float | None = None  # best validation loss seen ("plateau")
+        self.epochs_done = 0
+
+    def lr_at(self, update: int) -> float:
+        """lr for the update numbered `update` (0-based count of updates done before it)."""
+        w = self.cfg.warmup_updates
+        if w > 0 and update < w:
+            frac = (update + 1) / w
+            return self.cfg.warmup_init_lr + (self.epoch_lr - self.cfg.warmup_init_lr) * frac
+        return self.epoch_lr
+
+    def end_epoch(self, epoch: int, val_loss: float | None) -> float:
+        """Anneal after the (1-based) `epoch` finished with validation loss `val_loss`; returns
+        the lr of the next epoch."""
+        self.epochs_done = epoch
+        if self.cfg.lr_schedule == "plateau":
+            if val_loss is not None:
+                if self.best_loss is not None and not val_loss < self.best_loss:
+                    self.epoch_lr *= self.cfg.lr_shrink  # no improvement this epoch
+                if self.best_loss is None or val_loss < self.best_loss:
+                    self.best_loss = float(val_loss)
+        else:
+            if val_loss is not None and (self.best_loss is None or val_loss < self.best_loss):
+                self.best_loss = float(val_loss)
+            self.epoch_lr = self.fixed_lr(epoch + 1)
+        return self.epoch_lr
+
+    def fixed_lr(self, epoch: int) -> float:
+        """"fixed" schedule: lr of the (1-based) `epoch`."""
+        start = self.cfg.anneal_from_epoch
+        if start is None or epoch < start:
+            return self.cfg.lr
+        return self.cfg.lr * self.cfg.lr_shrink ** (epoch + 1 - start)
+
+    def should_stop(self) -> bool:
+        return self.epoch_lr < self.cfg.min_lr
+
+    def state_dict(self) -> dict:
+        return {"epoch_lr": self.epoch_lr, "best_loss": self.best_loss,
+                "epochs_done": self.epochs_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch_lr = float(state["epoch_lr"])
+        self.best_loss = None if state["best_loss"] is None else float(state["best_loss"])
+        self.epochs_done = int(state["epochs_done"])

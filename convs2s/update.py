@@ -1,0 +1,138 @@
+"""One synchronous data-parallel update and validation, in torch only (torch.distributed, no Ray).
+
+An update takes `update_freq` micro-batches on every rank. Before any forward pass the ranks
+all-reduce their target-token counts (known from the data, no GPU sync), so every rank scales
+its summed loss by world_size / N_total; DDP then averages the gradients over the ranks, giving
+
+    grad = sum over all ranks and micro-batches of d(loss_sum) / N_total,
+
+exactly the single-process update on the union of the batches (paper §3.4/§4: gradients
+normalized by the number of non-padding target tokens, multi-GPU gradients summed). Only the
+last micro-batch synchronizes gradients (DDP `no_sync` for the others).
+
+    comm = Comm.create()                  # world of torch.distributed, or a single process
+    stats = train_update(model, optimizer, micro_batches, cfg, comm, device)
+    if stats is None: ...                 # some rank ran out of data: the epoch ends everywhere
+    loss, nll, ntok = validate(model, batches, comm, device)   # summed over all ranks
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from convs2s.collate import Batch
+from convs2s.loss import sequence_loss
+from convs2s.optim import clip_gradients
+from convs2s.train_config import TrainConfig
+
+
+@dataclass
+class Comm:
+    """Collectives of the training world; a CPU (gloo) group carries the host-side counts so that
+    reducing them never waits for the GPU."""
+
+    world_size: int = 1
+    rank: int = 0
+    cpu_group: object = None  # gloo process group for host integers (None: default group)
+
+    @classmethod
+    def create(cls) -> Comm:
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls()
+        group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
+        return cls(dist.get_world_size(), dist.get_rank(), group)
+
+    def sum_ints(self, values: list[int]) -> list[int]:
+        """Sum host integers over the ranks (gloo, CPU): no device synchronization."""
+        if self.world_size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(t, group=self.cpu_group)
+        return t.tolist()
+
+    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a device tensor over the ranks (the training backend: gloo or nccl), in place."""
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t
+
+    def gather_objects(self, obj) -> list:
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.cpu_group)
+        return out
+
+
+@dataclass
+class UpdateStats:
+    """Sums of one update on this rank, kept on the device until a log interval reads them."""
+
+    loss_sum: torch.Tensor  # 0-d float32: training loss summed over local target tokens
+    nll_sum: torch.Tensor  # 0-d float32: nll summed over local target tokens
+    grad_norm: torch.Tensor  # 0-d: total gradient norm before renormalization
+    ntokens: int  # target tokens of the update over all ranks (the normalizer)
+
+
+def autocast_for(device: torch.device, cfg: TrainConfig):
+    """bf16 autocast on CUDA (paper-size models); float32 on CPU, where bf16 is very slow."""
+    if device.type == "cuda" and cfg.bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 micro_batches: list[Batch], cfg: TrainConfig, comm: Comm,
+                 device: torch.device) -> UpdateStats | None:
+    """Forward/backward over this rank's micro-batches, renormalize, step. None (and no step)
+    when some rank has no batch left, so that all ranks stop together."""
+    local_tokens = sum(b.ntokens for b in micro_batches)
+    total_tokens, ranks_with_data = comm.sum_ints([local_tokens, int(bool(micro_batches))])
+    if ranks_with_data < comm.world_size or total_tokens == 0:
+        return None
+    scale = comm.world_size / total_tokens  # DDP averages over ranks: this makes it a sum / N
+    loss_sum = torch.zeros((), device=device)
+    nll_sum = torch.zeros((), device=device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") \
+            else model.no_sync()
+        batch = batch.to(device)
+        with sync:
+            with autocast_for(device, cfg):
+                logits, _ = model(batch.src_tokens, batch.src_lengths,
+                                  batch.prev_output_tokens)  # B x T x V
+            loss, nll = sequence_loss(logits, batch.target, cfg.label_smoothing)
+            (loss * scale).backward()
+        loss_sum += loss.detach()
+        nll_sum += nll
+    grad_norm = clip_gradients(model.parameters(), cfg.clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return UpdateStats(loss_sum, nll_sum, grad_norm, total_tokens)
+
+
+@torch.no_grad()
+def validate(model: torch.nn.Module, batches: Iterable[Batch], comm: Comm, device: torch.device,
+             cfg: TrainConfig) -> tuple[float, float, int]:
+    """(loss sum, nll sum, target tokens) over this rank's batches, summed over all ranks."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for batch in batches:
+        batch = batch.to(device)
+        with autocast_for(device, cfg):
+            logits, _ = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens)
+        loss, nll = sequence_loss(logits, batch.target, cfg.label_smoothing)
+        sums[0] += loss
+        sums[1] += nll
+        sums[2] += batch.ntokens
+    comm.sum_tensor(sums)
+    model.train(was_training)
+    loss, nll, ntok = sums.tolist()
+    return loss, nll, int(ntok)

@@ -1,0 +1,145 @@
+"""Tests of convs2s.checkpoint: weights-only round trip, model restore without Ray, RNG state,
+listing / picking a run's checkpoints, and the atomic directory replacement used for best/.
+
+Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from convs2s.checkpoint import (
+    BEST_DIR,
+    CHECKPOINT_FILE,
+    SPM_FILE,
+    best_checkpoint,
+    capture_rng_state,
+    checkpoint_dir_name,
+    list_checkpoints,
+    load_checkpoint,
+    load_model,
+    pick_checkpoints,
+    replace_dir,
+    restore_rng_state,
+    save_checkpoint,
+)
+from convs2s.config import PRESETS
+from convs2s.model import ConvS2S
+from convs2s.optim import LRSchedule, build_optimizer
+from convs2s.train_config import TrainConfig
+
+TINY = PRESETS["tiny"]
+V = 50
+
+
+def _state(model, opt, epoch=1, update=10, val_loss=3.5) -> dict:
+    return {"model": model.state_dict(), "model_config": TINY.to_dict(), "src_vocab_size": V,
+            "tgt_vocab_size": V, "train_config": TrainConfig().to_dict(), "epoch": epoch,
+            "update": update, "batches_in_epoch": 0, "world_size": 1,
+            "optimizer": opt.state_dict(), "scheduler": LRSchedule(TrainConfig()).state_dict(),
+            "rng": {"world_size": 1, "states": [capture_rng_state()]}, "val_loss": val_loss}
+
+
+def _trained_model():
+    torch.manual_seed(0)
+    model = ConvS2S(TINY, V, V)
+    opt = build_optimizer(model.parameters(), TrainConfig())
+    src = torch.randint(4, V, (3, 6))
+    prev = torch.randint(4, V, (3, 5))
+    logits, _ = model(src, torch.full((3,), 6), prev)
+    logits.sum().backward()
+    opt.step()  # creates momentum buffers in the optimizer state
+    return model, opt, (src, prev)
+
+
+def test_round_trip_is_weights_only_and_restores_the_model(tmp_path):
+    model, opt, (src, prev) = _trained_model()
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"not really a model")
+    d = save_checkpoint(tmp_path / checkpoint_dir_name(10), _state(model, opt), spm_model=str(spm),
+                        end_of_epoch=True)
+    raw = torch.load(d / CHECKPOINT_FILE, weights_only=True)  # must not raise
+    assert raw["update"] == 10 and raw["model_config"] == TINY.to_dict()
+    assert (d / SPM_FILE).read_bytes() == b"not really a model"
+    restored, meta = load_model(d)
+    assert not restored.training and meta["spm_model"] == str(d / SPM_FILE)
+    assert "model" not in meta and "optimizer" not in meta and meta["val_loss"] == 3.5
+    model.eval()
+    with torch.no_grad():
+        a, _ = model(src, torch.full((3,), 6), prev)
+        b, _ = restored(src, torch.full((3,), 6), prev)
+    assert torch.equal(a, b)
+    opt2 = build_optimizer(restored.parameters(), TrainConfig())
+    opt2.load_state_dict(load_checkpoint(d)["optimizer"])  # momentum buffers come back too
+    assert opt2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
+
+
+def test_load_model_works_in_a_process_without_ray(tmp_path):
+    model, opt, _ = _trained_model()
+    d = save_checkpoint(tmp_path / "ck", _state(model, opt))
+    code = ("import sys; from convs2s.checkpoint import load_model; m, meta = load_model(sys.argv[1]);"
+            "assert 'ray' not in sys.modules, 'checkpoint loading imported ray'; print(meta['update'])")
+    out = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "10"
+
+
+def test_missing_checkpoint_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint.pt"):
+        load_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="lacks"):
+        save_checkpoint(tmp_path / "x", {"model": {}})
+
+
+def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    state = capture_rng_state()
+    torch.save(state, tmp_path / "rng.pt")
+    expected = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(99), random.seed(99), np.random.seed(99)
+    restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    again = (torch.rand(3), random.random(), np.random.rand())
+    assert torch.equal(expected[0], again[0]) and expected[1:] == again[1:]
+
+
+def _fake_run(tmp_path, specs):
+    model, opt, _ = _trained_model()
+    for epoch, update, val, eoe in specs:
+        save_checkpoint(tmp_path / checkpoint_dir_name(update),
+                        _state(model, opt, epoch, update, val), end_of_epoch=eoe)
+    return tmp_path
+
+
+def test_list_pick_and_best(tmp_path):
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (1, 150, None, False), (2, 240, 2.5, True),
+                               (2, 300, None, False), (3, 360, 2.7, True)])
+    (run / "checkpoint_00000999.tmp").mkdir()  # junk is ignored
+    infos = list_checkpoints(run)
+    assert [i.update for i in infos] == [120, 150, 240, 300, 360]
+    assert [i.update for i in pick_checkpoints(infos, last=2)] == [300, 360]
+    assert [i.update for i in pick_checkpoints(infos, last=2, epoch_ends_only=True)] == [240, 360]
+    assert best_checkpoint(run).update == 240  # no best/: lowest validation loss among kept
+    replace_dir(run / checkpoint_dir_name(120), run / BEST_DIR)
+    assert best_checkpoint(run).update == 120  # best/ wins (it may be older than the kept ones)
+    assert [i.update for i in list_checkpoints(run)] == [120, 150, 240, 300, 360]
+
+
+def test_replace_dir_swaps_whole_directories(tmp_path):
+    a, b, dst = tmp_path / "a", tmp_path / "b", tmp_path / "best"
+    a.mkdir(), b.mkdir()
+    (a / "meta.json").write_text(json.dumps({"v": 1}))
+    (a / "only_in_a").write_text("x")
+    (b / "meta.json").write_text(json.dumps({"v": 2}))
+    replace_dir(a, dst)
+    replace_dir(b, dst)
+    assert sorted(p.name for p in dst.iterdir()) == ["meta.json"]
+    assert json.loads((dst / "meta.json").read_text()) == {"v": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "best"]

@@ -1,0 +1,145 @@
+"""Tests of convs2s.optim and convs2s.loss: the paper's annealing rule (lr trajectory for a given
+validation sequence), the reference's fixed schedule, warmup, gradient renormalization, the
+Nesterov update, and the token-summed loss with label smoothing.
+
+Run: .venv/bin/python -m pytest tests/test_optim.py -q
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from convs2s.config import PAD
+from convs2s.loss import sequence_loss
+from convs2s.optim import LRSchedule, build_optimizer, clip_gradients
+from convs2s.train_config import TrainConfig
+
+
+def trajectory(schedule: LRSchedule, val_losses: list[float]) -> tuple[list[float], int]:
+    """lr of every epoch (the first is the initial lr) and the epoch after which training stops."""
+    lrs = [schedule.epoch_lr]
+    for epoch, val in enumerate(val_losses, start=1):
+        lrs.append(schedule.end_epoch(epoch, val))
+        if schedule.should_stop():
+            return lrs, epoch
+    return lrs, 0
+
+
+def test_plateau_divides_by_ten_after_each_non_improving_epoch_and_stops_below_min_lr():
+    # Paper §4: lr 0.25; /10 whenever the validation perplexity did not improve on the best;
+    # stop once the lr falls below 1e-4.
+    vals = [5.0, 4.0, 4.2, 3.9, 3.9, 3.8, 3.85, 3.81, 3.7, 3.75]
+    lrs, stop = trajectory(LRSchedule(TrainConfig(lr=0.25)), vals)
+    expected = [0.25, 0.25, 0.25, 0.025, 0.025, 0.0025, 0.0025, 2.5e-4, 2.5e-5]
+    assert lrs == pytest.approx(expected, rel=1e-12)
+    assert stop == 8  # 2.5e-5 < 1e-4 after the 8th epoch: the last two values are never seen
+
+
+def test_plateau_compares_with_the_best_not_the_previous_epoch():
+    s = LRSchedule(TrainConfig(lr=1.0, min_lr=1e-9))
+    lrs, _ = trajectory(s, [3.0, 3.5, 3.2, 2.9])
+    # 3.2 improves on 3.5 but not on the best 3.0: still a plateau epoch.
+    assert lrs == pytest.approx([1.0, 1.0, 0.1, 0.01, 0.01])
+    assert s.best_loss == 2.9
+
+
+def test_fixed_schedule_shrinks_every_epoch_from_anneal_epoch():
+    # Reference recipe: lr fixed, then x0.1 per epoch from epoch 3: lr_e = lr * 0.1^(e - 2).
+    s = LRSchedule(TrainConfig(lr=0.5, lr_schedule="fixed", anneal_from_epoch=3, min_lr=1e-4))
+    lrs, stop = trajectory(s, [9.0, 8.0, 7.0, 6.0, 5.0, 4.0])
+    assert lrs == pytest.approx([0.5, 0.5, 0.05, 0.005, 5e-4, 5e-5])
+    assert stop == 5
+    assert s.best_loss == 5.0
+    never = LRSchedule(TrainConfig(lr=0.5, lr_schedule="fixed"))
+    assert trajectory(never, [1.0, 2.0, 3.0])[0] == [0.5] * 4
+
+
+def test_warmup_is_linear_then_the_epoch_lr():
+    s = LRSchedule(TrainConfig(lr=0.2, warmup_updates=4, warmup_init_lr=0.0))
+    assert [s.lr_at(u) for u in range(6)] == pytest.approx([0.05, 0.1, 0.15, 0.2, 0.2, 0.2])
+
+
+def test_schedule_state_round_trips():
+    a = LRSchedule(TrainConfig())
+    trajectory(a, [4.0, 4.5])
+    b = LRSchedule(TrainConfig())
+    b.load_state_dict(a.state_dict())
+    assert (b.epoch_lr, b.best_loss, b.epochs_done) == (a.epoch_lr, a.best_loss, a.epochs_done)
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ValueError, match="lr_schedule"):
+        TrainConfig(lr_schedule="cosine")
+    with pytest.raises(ValueError, match="max_epochs or max_updates"):
+        TrainConfig(max_epochs=0, max_updates=0)
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        TrainConfig.from_dict({"lr": 0.1, "learning_rate": 0.1})
+    assert TrainConfig.from_dict(TrainConfig(lr=0.3).to_dict()) == TrainConfig(lr=0.3)
+
+
+def test_clip_gradients_renormalizes_to_max_norm_and_returns_the_old_norm():
+    p, q = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(4))
+    p.grad, q.grad = torch.tensor([3.0, 0.0, 0.0]), torch.tensor([0.0, 4.0, 0.0, 0.0])
+    norm = clip_gradients([p, q], 0.1)
+    assert float(norm) == pytest.approx(5.0)
+    total = torch.cat([p.grad, q.grad]).norm()
+    assert float(total) == pytest.approx(0.1, rel=1e-5)
+    assert p.grad[0] / q.grad[1] == pytest.approx(0.75)  # direction kept
+    small = torch.nn.Parameter(torch.zeros(2))
+    small.grad = torch.tensor([0.03, 0.04])
+    assert float(clip_gradients([small], 0.1)) == pytest.approx(0.05)
+    assert small.grad.tolist() == pytest.approx([0.03, 0.04])  # below the threshold: untouched
+
+
+def test_nesterov_step_matches_the_formula():
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = build_optimizer([w], TrainConfig(lr=0.25, momentum=0.99))
+    g1, g2 = torch.tensor([0.5, 1.0]), torch.tensor([-1.0, 0.25])
+    for g in (g1, g2):
+        w.grad = g.clone()
+        opt.step()
+    # buf1 = g1; w1 = w0 - lr (g1 + m buf1); buf2 = m buf1 + g2; w2 = w1 - lr (g2 + m buf2)
+    m, lr = 0.99, 0.25
+    w1 = torch.tensor([1.0, -2.0]) - lr * (g1 + m * g1)
+    buf2 = m * g1 + g2
+    assert w.detach() == pytest.approx((w1 - lr * (g2 + m * buf2)).tolist())
+
+
+def _logits_and_target():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 7)  # B x T x V
+    target = torch.tensor([[4, 5, 2], [6, 2, PAD]])
+    return logits, target
+
+
+def test_loss_is_a_sum_over_non_pad_tokens():
+    logits, target = _logits_and_target()
+    loss, nll = sequence_loss(logits, target)
+    lp = torch.log_softmax(logits, -1)
+    manual = -sum(lp[b, t, target[b, t]] for b in range(2) for t in range(3)
+                  if target[b, t] != PAD)
+    assert float(loss) == pytest.approx(float(manual), rel=1e-6)
+    assert float(nll) == pytest.approx(float(manual), rel=1e-6)
+
+
+def test_label_smoothing_follows_the_reference_formula():
+    logits, target = _logits_and_target()
+    eps, V = 0.1, logits.size(-1)
+    loss, nll = sequence_loss(logits, target, label_smoothing=eps)
+    lp = torch.log_softmax(logits, -1)
+    keep = target != PAD
+    nll_ref = -lp.gather(-1, target.unsqueeze(-1)).squeeze(-1)[keep].sum()
+    smooth = -lp.sum(-1)[keep].sum()
+    ref = (1 - eps - eps / (V - 1)) * nll_ref + eps / (V - 1) * smooth
+    assert float(loss) == pytest.approx(float(ref), rel=1e-6)
+    assert float(nll) == pytest.approx(float(nll_ref), rel=1e-6)
+    assert not math.isclose(float(loss), float(nll))
+
+
+def test_loss_is_float32_for_bf16_logits():
+    logits, target = _logits_and_target()
+    loss, _ = sequence_loss(logits.bfloat16(), target, label_smoothing=0.1)
+    assert loss.dtype == torch.float32

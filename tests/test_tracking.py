@@ -1,0 +1,128 @@
+"""Tests of convs2s.tracking on a real MLflow sqlite store and on a dead tracking server
+(a closed loopback port): run lookup by key, params, no duplicate steps after a restart,
+local metrics.jsonl, bounded time and one warning when the server is unreachable.
+
+Run: .venv/bin/python -m pytest tests/test_tracking.py -q
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from convs2s.tracking import (
+    RUN_KEY_TAG,
+    RunLogger,
+    end_run,
+    find_or_create_run,
+    flatten_params,
+    log_params,
+    read_local_metrics,
+    resolve_tracking_uri,
+)
+
+
+@pytest.fixture
+def sqlite_uri(tmp_path):
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
+def dead_uri():
+    with socket.socket() as s:  # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def test_resolve_tracking_uri_is_absolute(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert resolve_tracking_uri("sqlite:///sub/m.db") == f"sqlite:///{tmp_path / 'sub/m.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
+    assert resolve_tracking_uri(None) == "http://tracking:5000"
+    with pytest.raises(ValueError, match="plain path"):
+        resolve_tracking_uri("mlruns")
+
+
+def test_same_run_key_finds_the_same_run_and_parent_is_tagged(sqlite_uri):
+    client = MlflowClient(sqlite_uri)
+    parent = client.create_run(client.create_experiment("wf")).info.run_id
+    a = find_or_create_run(sqlite_uri, "exp", run_key="/runs/a", run_name="a",
+                           parent_run_id=parent, tags={"extra": 1})
+    end_run(sqlite_uri, a, "FAILED")
+    again = find_or_create_run(sqlite_uri, "exp", run_key="/runs/a", run_name="a")
+    other = find_or_create_run(sqlite_uri, "exp", run_key="/runs/b", run_name="b")
+    assert a == again != other
+    run = client.get_run(a)
+    assert run.info.status == "RUNNING"  # reopened for the resumed job
+    assert run.data.tags[RUN_KEY_TAG] == "/runs/a"
+    assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["extra"] == "1"
+    assert client.get_experiment(run.info.experiment_id).artifact_location.startswith("file:///")
+
+
+def test_params_flatten_and_keep_their_first_value(sqlite_uri, caplog):
+    run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
+    params = flatten_params({"model": {"embed_dim": 32, "layers": [[32, 3]]}, "seed": 1})
+    assert params == {"model.embed_dim": "32", "model.layers": "[[32, 3]]", "seed": "1"}
+    log_params(sqlite_uri, run, params)
+    with caplog.at_level(logging.WARNING, logger="convs2s.tracking"):
+        log_params(sqlite_uri, run, {**params, "seed": "2", "new": "x"})
+    got = MlflowClient(sqlite_uri).get_run(run).data.params
+    assert got["seed"] == "1" and got["new"] == "x"
+    assert "different values for params ['seed']" in caplog.text
+
+
+def test_restarted_logger_skips_steps_already_logged(sqlite_uri, tmp_path):
+    run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
+    local = tmp_path / "metrics.jsonl"
+    first = RunLogger(sqlite_uri, run, local)
+    for step in (10, 20, 30):
+        first.log_metrics({"train/loss": 5.0 - step / 10}, step)
+    first.close()
+    # A worker restarted from the checkpoint at step 15 logs 20 and 30 again, then goes on.
+    second = RunLogger(sqlite_uri, run, local)
+    for step in (20, 30, 40):
+        second.log_metrics({"train/loss": 1.0, "valid/ppl": 9.0}, step)
+    second.close()
+    hist = MlflowClient(sqlite_uri).get_metric_history(run, "train/loss")
+    assert sorted(m.step for m in hist) == [10, 20, 30, 40]
+    assert {m.step: m.value for m in hist}[20] == 3.0  # the first value is kept
+    assert sorted(m.step for m in MlflowClient(sqlite_uri).get_metric_history(run, "valid/ppl")) \
+        == [20, 30, 40]  # a new key starts fresh
+    records = read_local_metrics(local)
+    seen = [(k, r["step"]) for r in records for k in r["metrics"]]
+    assert len(seen) == len(set(seen)) == 7
+
+
+def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri, tmp_path,
+                                                                        caplog):
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_TIMEOUT",
+                                            "MLFLOW_HTTP_REQUEST_MAX_RETRIES")}
+    with caplog.at_level(logging.WARNING, logger="convs2s.tracking"):
+        t0 = time.monotonic()
+        assert find_or_create_run(dead_uri, "exp", run_key="k", run_name="r") is None
+        assert time.monotonic() - t0 < 20
+        # Driver-side bounds are temporary: the caller's environment is left as it was.
+        assert {k: os.environ.get(k) for k in saved} == saved
+        caplog.clear()
+        # A run id from before the server went away: the worker-side logger.
+        logger = RunLogger(dead_uri, "0123456789abcdef", tmp_path / "metrics.jsonl")
+        t0 = time.monotonic()
+        for step in range(1, 201):
+            logger.log_metrics({"train/loss": 1.0 / step, "train/lr": 0.25}, step)
+        assert time.monotonic() - t0 < 2.0  # logging never waits for the server
+        logger.close(timeout=30)
+        assert time.monotonic() - t0 < 30
+    warnings = [r for r in caplog.records if "failed while logging metrics" in r.getMessage()]
+    assert len(warnings) == 1 and dead_uri in warnings[0].getMessage()
+    assert not logger.remote_ok
+    records = read_local_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 201))
+    assert records[-1]["metrics"]["train/loss"] == pytest.approx(1 / 200)

@@ -1,0 +1,183 @@
+"""Tests of the torch-only training pieces: collate (shard row -> padded tensors) and one
+data-parallel update (convs2s.update), including a 2-process gloo DDP run that must match the
+single-process update on the union of the batches, with uneven micro-batch counts per rank.
+
+Run: .venv/bin/python -m pytest tests/test_train_step.py -q
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pyarrow as pa
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from convs2s.collate import collate_arrow, collate_lists, pad_right
+from convs2s.config import EOS, PAD, PRESETS
+from convs2s.loss import sequence_loss
+from convs2s.model import ConvS2S
+from convs2s.optim import build_optimizer
+from convs2s.train_config import TrainConfig
+from convs2s.update import Comm, train_update, validate
+
+V = 40
+SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),
+                    ("tgt", pa.list_(pa.list_(pa.int32())))])
+
+
+def test_collate_pads_right_and_shifts_the_target():
+    b = collate_lists([[5, 6, 7, EOS], [8, EOS]], [[9, EOS], [10, 11, 12, EOS]], ids=[3, 4])
+    assert b.src_tokens.tolist() == [[5, 6, 7, EOS], [8, EOS, PAD, PAD]]
+    assert b.src_lengths.tolist() == [4, 2]
+    assert b.target.tolist() == [[9, EOS, PAD, PAD], [10, 11, 12, EOS]]
+    assert b.prev_output_tokens.tolist() == [[EOS, 9, PAD, PAD], [EOS, 10, 11, 12]]
+    assert (b.ntokens, b.src_ntokens, b.padded_tokens, b.nsentences) == (6, 6, 16, 2)
+    assert b.src_tokens.dtype == torch.int64 and b.ids.tolist() == [3, 4]
+
+
+def test_collate_arrow_reads_one_row_of_a_sliced_table():
+    rows = [{"id": [0, 1], "src": [[4, EOS], [5, 6, EOS]], "tgt": [[7, EOS], [8, EOS]]},
+            {"id": [2], "src": [[9, 9, 9, EOS]], "tgt": [[10, 11, EOS]]}]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    b = collate_arrow(table.slice(1, 1))
+    assert b.src_tokens.tolist() == [[9, 9, 9, EOS]]
+    assert b.prev_output_tokens.tolist() == [[EOS, 10, 11]] and b.ids.tolist() == [2]
+    with pytest.raises(ValueError, match="one batch row"):
+        collate_arrow(table)
+
+
+def test_collate_rejects_broken_rows_with_ids_and_fix():
+    with pytest.raises(ValueError, match=r"ids \[7\].*does not end with EOS.*re-run preprocessing"):
+        collate_lists([[4, EOS]], [[5, 6]], ids=[7])
+    with pytest.raises(ValueError, match="empty sentence"):
+        collate_lists([[4, EOS]], [[]])
+    bad = pa.table({"src": [[[4, EOS]]]})
+    with pytest.raises(ValueError, match=r"lacks columns \['tgt'\]"):
+        collate_arrow(bad)
+
+
+def test_pad_right_matches_a_python_loop():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 9, (17,), generator=g).numpy()
+    flat = torch.randint(4, 99, (int(lengths.sum()),), generator=g).numpy()
+    out = pad_right(flat, lengths)
+    start = 0
+    for i, n in enumerate(lengths):
+        assert out[i, :n].tolist() == flat[start:start + n].tolist()
+        assert (out[i, n:] == PAD).all()
+        start += n
+
+
+def make_batches(seed: int, n: int):
+    """n random batches of different sizes and lengths (different token counts)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        bsz = int(torch.randint(2, 6, (1,), generator=g))
+        src = [torch.randint(4, V, (int(torch.randint(2, 9, (1,), generator=g)),),
+                             generator=g).tolist() + [EOS] for _ in range(bsz)]
+        tgt = [torch.randint(4, V, (int(torch.randint(2, 9, (1,), generator=g)),),
+                             generator=g).tolist() + [EOS] for _ in range(bsz)]
+        out.append(collate_lists(src, tgt))
+    return out
+
+
+CFG = TrainConfig(lr=0.25, clip_norm=0.1, label_smoothing=0.1)
+
+
+def fresh_model():
+    torch.manual_seed(1)
+    return ConvS2S(PRESETS["tiny"], V, V)
+
+
+def single_process_update(batches):
+    model = fresh_model()
+    opt = build_optimizer(model.parameters(), CFG)
+    stats = train_update(model, opt, batches, CFG, Comm(), torch.device("cpu"))
+    return model, stats
+
+
+def _ddp_worker(rank: int, port: int, result: dict):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    batches = make_batches(0, 3)
+    mine = batches[:2] if rank == 0 else batches[2:]  # uneven: 2 micro-batches vs 1
+    model = torch.nn.parallel.DistributedDataParallel(fresh_model())
+    opt = build_optimizer(model.parameters(), CFG)
+    comm = Comm.create()
+    loss, nll, ntok = validate(model.module, mine, comm, torch.device("cpu"), CFG)
+    stats = train_update(model, opt, mine, CFG, comm, torch.device("cpu"))
+    stop = train_update(model, opt, [] if rank == 1 else mine, CFG, comm, torch.device("cpu"))
+    if rank == 0:
+        result["params"] = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+        result["ntokens"] = stats.ntokens
+        result["valid"] = (loss, nll, ntok)
+        result["stop"] = stop
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_update_equals_single_process_update_on_the_union():
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        result = manager.dict()
+        mp.start_processes(_ddp_worker, args=(_free_port(), result), nprocs=2, join=True,
+                           start_method="spawn")
+        result = dict(result)
+    batches = make_batches(0, 3)
+    ref, stats = single_process_update(batches)
+    assert result["ntokens"] == stats.ntokens == sum(b.ntokens for b in batches)
+    assert result["stop"] is None  # a rank without data ends the epoch on every rank
+    ref_params = ref.state_dict()
+    init = fresh_model().state_dict()
+    for k, v in result["params"].items():
+        assert torch.allclose(v, ref_params[k], rtol=1e-5, atol=1e-7), k
+    moved = max(float((ref_params[k] - init[k]).abs().max()) for k in init)
+    assert moved > 1e-4  # the update is far larger than the tolerance
+    # Normalizing per rank instead (mean of the two ranks' per-token losses) would differ:
+    wrong = fresh_model()
+    opt = build_optimizer(wrong.parameters(), CFG)
+    for part in (batches[:2], batches[2:]):
+        n = sum(b.ntokens for b in part)
+        for b in part:
+            logits, _ = wrong(b.src_tokens, b.src_lengths, b.prev_output_tokens)
+            (sequence_loss(logits, b.target, CFG.label_smoothing)[0] / n / 2).backward()
+    torch.nn.utils.clip_grad_norm_(wrong.parameters(), CFG.clip_norm)
+    opt.step()
+    assert any(not torch.allclose(result["params"][k], v, rtol=1e-5, atol=1e-7)
+               for k, v in wrong.state_dict().items())
+    # Validation sums over both ranks (taken before the update) equal the single-process sums.
+    loss, nll, ntok = validate(fresh_model(), batches, Comm(), torch.device("cpu"), CFG)
+    assert result["valid"][2] == ntok
+    assert result["valid"][0] == pytest.approx(loss, rel=1e-5)
+    assert result["valid"][1] == pytest.approx(nll, rel=1e-5)
+
+
+def test_gradient_accumulation_equals_one_big_batch():
+    batches = make_batches(5, 2)
+    accumulated, _ = single_process_update(batches)
+    src = [row[row != PAD].tolist() for b in batches for row in b.src_tokens]
+    tgt = [row[row != PAD].tolist() for b in batches for row in b.target]
+    merged, _ = single_process_update([collate_lists(src, tgt)])
+    for k, v in merged.state_dict().items():
+        assert torch.allclose(v, accumulated.state_dict()[k], rtol=1e-5, atol=1e-7), k
+
+
+def test_loss_falls_on_a_repeated_batch():
+    batches = make_batches(2, 2)
+    model = fresh_model()
+    cfg = TrainConfig(lr=0.25)
+    opt = build_optimizer(model.parameters(), cfg)
+    losses = []
+    for _ in range(30):
+        s = train_update(model, opt, batches, cfg, Comm(), torch.device("cpu"))
+        losses.append(float(s.loss_sum) / s.ntokens)
+    assert losses[-1] < 0.5 * losses[0]
