@@ -1,0 +1,284 @@
+"""Generation speed, the paper's Table 3 on this hardware: newstest2012 + newstest2013 En-Fr
+(6,003 sentences), BPE-encoded, sorted by length and batched up to 128 sentences, searched with
+beam 1 (greedy) and beam 5; sentences per second and seconds for the whole set. Incremental
+decoding (paper §5.3: cached conv inputs, O(1) per step) is compared with recomputing the whole
+prefix at every step on the same sentences.
+
+Without --checkpoint the model has random weights and every hypothesis is exactly --out-len
+tokens long (min_len = max_len, so EOS is forced there and nowhere else): every run does the
+same work whatever the weights. --out-len 0 takes per batch the mean BPE length of the
+reference translations (the work a trained model would do). With --checkpoint the trained
+model decodes freely (--max-len-a/--max-len-b) with its own sentencepiece model, and the
+result adds sacreBLEU against the references.
+
+    python -m benchmarks.generation --preset iwslt_de_en --limit 128 --out-len 40   # CPU target
+    python -m benchmarks.generation --preset iwslt_de_en --limit 128 --out-len 50 \\
+        --beams 5 --full-prefix-limit 128                                 # incremental vs full
+    python -m benchmarks.generation --preset wmt14_en_fr --device cuda --dtype bf16  # Table 3
+    python -m benchmarks.generation --checkpoint runs/wmt14_en_fr/best --device cuda
+
+--limit N searches a seeded uniform sample of N sentences (realistic lengths, not the
+shortest); seconds for 6,003 sentences are then extrapolated and labelled so. Writes
+benchmarks/results/generation_<preset>_<device>.json (or --out) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+import torch
+
+from benchmarks.corpus import DATA_DIR, encode, length_stats, read_pairs, train_joint_bpe
+from benchmarks.flops import decoder_flops, encoder_flops
+from benchmarks.machine import (load_average, machine_info, matmul_peak, synchronize,
+                                wait_for_quiet)
+from benchmarks.report import RESULTS_DIR, format_table, write_result
+from convs2s.config import EOS, PAD, PRESETS
+from convs2s.model import ConvS2S, inference_copy
+from convs2s.search import generate, greedy
+
+TABLE3_SETS = ["newstest2012", "newstest2013"]  # 3,003 + 3,000 = the paper's 6,003 sentences
+TABLE3_SENTENCES = 6003
+DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.generation",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="wmt14_en_fr", choices=sorted(PRESETS))
+    p.add_argument("--vocab", type=int, default=0,
+                   help="model vocabulary, random weights (0: 8000 for iwslt_de_en, else 40000)")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="a trained checkpoint directory instead of random weights")
+    p.add_argument("--bpe-vocab", type=int, default=16000,
+                   help="BPE trained on the test sets (random weights): sets source lengths")
+    p.add_argument("--data", type=Path, default=DATA_DIR, help="the small real corpora")
+    p.add_argument("--limit", type=int, default=0,
+                   help="search a seeded sample of this many sentences (0: all 6,003)")
+    p.add_argument("--batch-sentences", type=int, default=128)
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 5])
+    p.add_argument("--out-len", type=int, default=0,
+                   help="random weights: output tokens per hypothesis (0: per batch, the mean "
+                        "reference length)")
+    p.add_argument("--max-len-a", type=float, default=1.2, help="checkpoint: max len a*|x|+b")
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--full-prefix-limit", type=int, default=0,
+                   help="also time full-prefix recomputation on a sample of this many "
+                        "sentences, against incremental decoding on the same ones (0: skip)")
+    p.add_argument("--repeats", type=int, default=1, help="timed passes; the median is kept")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16 weights (CUDA only: bf16 is very slow on CPUs)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
+    p.add_argument("--peak-sizes", type=int, nargs="+", default=None,
+                   help="square matmul sizes for the peak (default 1024 2048; GPU 4096 8192)")
+    p.add_argument("--max-load", type=float, default=1.5,
+                   help="wait until the 1-minute load average is below this ...")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="... for at most this long (0: do not wait)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    args = p.parse_args(argv)
+    if args.dtype == "bf16" and not args.device.startswith("cuda"):
+        p.error("--dtype bf16 needs --device cuda (bf16 matmuls are very slow on this CPU)")
+    args.vocab = args.vocab or DEFAULT_VOCAB.get(args.preset, 40_000)
+    return args
+
+
+def load_model(args, device: torch.device, dtype: torch.dtype):
+    """(inference model, sentencepiece model or None, description)."""
+    if args.checkpoint is not None:
+        import sentencepiece as spm
+
+        from convs2s.translate import load_checkpoint_model
+
+        net, meta = load_checkpoint_model(args.checkpoint, device)
+        sp = spm.SentencePieceProcessor(model_file=meta["spm_model"])
+        return net.to(dtype), sp, {"checkpoint": str(args.checkpoint), "update": meta["update"]}
+    torch.manual_seed(args.seed)
+    model = ConvS2S(PRESETS[args.preset], args.vocab, args.vocab)
+    # Weight norm folded once, as the translator and the reference do for generation.
+    return inference_copy(model).to(device, dtype), None, {"random_weights": True}
+
+
+def make_batches(src: list[list[int]], ref_lens: list[int], limit: int, size: int, seed: int):
+    """Sorted by source length and cut into batches of up to `size`: (src B x S, lengths B,
+    indices, mean reference length) per batch; `limit` > 0 takes a seeded sample first."""
+    idx = np.arange(len(src))
+    if 0 < limit < len(src):
+        idx = np.sort(np.random.default_rng(seed).choice(len(src), limit, replace=False))
+    idx = sorted(idx.tolist(), key=lambda i: (len(src[i]), i))
+    out = []
+    for a in range(0, len(idx), size):
+        rows = idx[a:a + size]
+        S = max(len(src[i]) for i in rows)
+        tokens = torch.full((len(rows), S), PAD, dtype=torch.long)  # B x S, right-padded
+        for b, i in enumerate(rows):
+            tokens[b, :len(src[i])] = torch.tensor(src[i])
+        lengths = torch.tensor([len(src[i]) for i in rows])
+        out.append((tokens, lengths, rows, round(float(np.mean([ref_lens[i] for i in rows])))))
+    return out
+
+
+def search(net, batch, beam: int, incremental: bool, args, device) -> list[dict]:
+    """Best hypothesis per sentence of one batch."""
+    tokens, lengths, _, ref_len = batch
+    if args.checkpoint is not None:
+        lens = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "min_len": 1}
+    else:  # exactly n tokens + EOS per hypothesis: fixed work
+        n = args.out_len or ref_len
+        lens = {"max_len_a": 0.0, "max_len_b": n, "min_len": n}
+    src, src_len = tokens.to(device), lengths.to(device)
+    if beam == 1:
+        hyps = greedy([net], src, src_len, incremental=incremental, **lens)
+    else:
+        hyps = generate([net], src, src_len, beam_size=beam, incremental=incremental, **lens)
+    return [h[0] for h in hyps]
+
+
+def timed_pass(net, batches, beam, incremental, args, device) -> tuple[float, list[dict]]:
+    """Seconds for all batches (median of --repeats) after one untimed warm-up batch."""
+    search(net, batches[0], beam, incremental, args, device)
+    times, hyps = [], []
+    for _ in range(args.repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        hyps = [h for b in batches for h in search(net, b, beam, incremental, args, device)]
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return median(times), hyps
+
+
+def work_flops(cfg, vocab: int, batches, hyps: list[dict], beam: int) -> float:
+    """Analytic forward FLOPs of a pass: the encoder once per source token, the decoder once per
+    hypothesis row and step at the batch's padded source length (rows that finished early are
+    counted as they leave)."""
+    total, k = 0.0, 0
+    for tokens, lengths, rows, _ in batches:
+        B, S = tokens.shape
+        steps = sum(len(hyps[k + b]["tokens"]) for b in range(B))
+        k += B
+        total += encoder_flops(cfg) * B * S + decoder_flops(cfg, vocab, S) * steps * beam
+    return total
+
+
+def row(mode: str, beam: int, seconds: float, batches, hyps, flops: float) -> dict:
+    n = sum(len(b[2]) for b in batches)
+    out_tokens = sum(len(h["tokens"]) for h in hyps)
+    return {"mode": mode, "beam": beam, "sentences": n, "seconds": seconds,
+            "sentences_per_s": n / seconds, "output_tokens_per_s": out_tokens / seconds,
+            "mean_output_tokens": out_tokens / n, "achieved_flops": flops / seconds,
+            "seconds_for_6003": TABLE3_SENTENCES * seconds / n,
+            "extrapolated": n != TABLE3_SENTENCES}
+
+
+def bleu(sp, hyps: list[dict], rows: list[int], refs: list[str]) -> float:
+    import sacrebleu
+
+    text = [sp.decode([t for t in h["tokens"].tolist() if t != EOS]) for h in hyps]
+    return sacrebleu.corpus_bleu(text, [[refs[i] for i in rows]]).score
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    pairs = read_pairs(args.data / "wmt14-en-fr", TABLE3_SETS, "en", "fr")
+    net, sp, model_info = load_model(args, device, dtype)
+    if sp is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            sp = train_joint_bpe(pairs, min(args.bpe_vocab, args.vocab), Path(tmp))
+    src = encode(sp, [s for s, _ in pairs])
+    cut = net.max_positions - 1  # as the translator does for over-long lines
+    src = [s if len(s) <= net.max_positions else s[:cut] + [EOS] for s in src]
+    ref_lens = [len(t) - 1 for t in encode(sp, [t for _, t in pairs])]  # without EOS
+    batches = make_batches(src, ref_lens, args.limit, args.batch_sentences, args.seed)
+    order = [i for b in batches for i in b[2]]
+    cfg, V = net.cfg, net.tgt_vocab_size
+
+    peak_sizes = tuple(args.peak_sizes) if args.peak_sizes else None
+    quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
+    load_before = load_average()
+    peak = matmul_peak(device, dtype, peak_sizes)
+    rows, scores = [], {}
+    with torch.inference_mode():
+        for beam in args.beams:
+            sec, hyps = timed_pass(net, batches, beam, True, args, device)
+            rows.append(row("incremental", beam, sec, batches, hyps,
+                            work_flops(cfg, V, batches, hyps, beam)))
+            if args.checkpoint is not None:
+                scores[f"beam{beam}"] = bleu(sp, hyps, order, [t for _, t in pairs])
+            if args.full_prefix_limit:
+                n = min(args.full_prefix_limit, len(order))
+                sub = batches if n == len(order) else make_batches(
+                    src, ref_lens, n, args.batch_sentences, args.seed + 1)
+                for mode, inc in (("incremental (subset)", True), ("full-prefix", False)):
+                    if inc and sub is batches:
+                        continue  # the same sentences were just timed
+                    sec, hyps = timed_pass(net, sub, beam, inc, args, device)
+                    rows.append(row(mode, beam, sec, sub, hyps,
+                                    work_flops(cfg, V, sub, hyps, beam)))
+    load_after = load_average()
+    for r in rows:
+        r["fraction_of_peak"] = r["achieved_flops"] / peak["flops"]
+    speedups = {}
+    for beam in args.beams:
+        full = [r for r in rows if r["beam"] == beam and r["mode"] == "full-prefix"]
+        inc = [r for r in rows if r["beam"] == beam and r["mode"].startswith("incremental")
+               and full and r["sentences"] == full[0]["sentences"]]
+        if full and inc:
+            speedups[f"beam{beam}"] = full[0]["seconds"] / inc[-1]["seconds"]
+    results = {"preset": cfg_name(args), "vocab": V, "dtype": args.dtype, **model_info,
+               "parameters": sum(p.numel() for p in net.parameters()),
+               "data": {"corpus": "wmt14-en-fr " + " + ".join(TABLE3_SETS) + ", En->Fr",
+                        "bpe_vocab": sp.get_piece_size(), "src_len": length_stats(src),
+                        "searched": len(order), "batches": len(batches)},
+               "peak_flops": peak["flops"], "peak": peak, "runs": rows,
+               "speedup_incremental_vs_full_prefix": speedups, "bleu": scores}
+    return {"machine": machine_info(device), "load_before": load_before,
+            "load_after": load_after, "quiet": quiet, "results": results}
+
+
+def cfg_name(args) -> str:
+    return "checkpoint" if args.checkpoint is not None else args.preset
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    out = run(args)
+    r = out["results"]
+    device = torch.device(args.device).type
+    path = args.out or RESULTS_DIR / f"generation_{cfg_name(args)}_{device}.json"
+    notes = []
+    load = out["load_before"][:1] + out["load_after"][:1]
+    if load and max(load) > args.max_load:
+        notes.append(f"measured under load (1-minute load average {load}): figures are low")
+    if any(x["extrapolated"] for x in r["runs"]):
+        notes.append("seconds_for_6003 is extrapolated from the searched sample where "
+                     "extrapolated is true")
+    write_result(path, "generation", {k: str(v) if isinstance(v, Path) else v
+                                      for k, v in vars(args).items()},
+                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes)
+    table = [{**x, "of peak": f"{100 * x['fraction_of_peak']:.1f}%",
+              "6003 s": f"{x['seconds_for_6003']:,.1f}{'*' if x['extrapolated'] else ''}"}
+             for x in r["runs"]]
+    print(format_table(table, [("mode", "mode"), ("beam", "beam"), ("sentences", "sentences"),
+                               ("mean_output_tokens", "out tok"), ("seconds", "seconds"),
+                               ("sentences_per_s", "sent/s"), ("of peak", "of peak"),
+                               ("6003 s", "6,003 sent. s")]))
+    for beam, s in r["speedup_incremental_vs_full_prefix"].items():
+        print(f"incremental vs full-prefix, {beam}: {s:.1f}x faster")
+    for beam, s in r["bleu"].items():
+        print(f"sacreBLEU {beam}: {s:.2f}")
+    print(f"(* extrapolated)  load {'/'.join(f'{x:g}' for x in load)}  result: {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

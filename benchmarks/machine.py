@@ -1,0 +1,175 @@
+"""The machine a benchmark runs on: description, load, and its measured matmul peak.
+
+Every benchmark records `machine_info()` and the load average before and after it runs, and
+compares its achieved FLOP/s with `matmul_peak()` measured in the same process, with the same
+thread count and dtype (float32 on CPU, bf16 on GPU): the fraction of the machine's own peak
+is comparable across machines, raw throughput is not.
+
+    from benchmarks.machine import machine_info, matmul_peak, wait_for_quiet
+    waited = wait_for_quiet(max_load=1.5, timeout_s=600)   # poll the 1-minute load average
+    peak = matmul_peak(torch.device("cpu"), torch.float32)  # {"flops": ..., "by_size": ...}
+
+Run `python -m benchmarks.machine` to print both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_average() -> list[float]:
+    """1-, 5- and 15-minute load averages (empty where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def wait_for_quiet(max_load: float, timeout_s: float, poll_s: float = 15.0) -> dict:
+    """Sleep until the 1-minute load average is below `max_load` or `timeout_s` has passed.
+
+    Timings taken while other processes compete for the cores measure the neighbours, not the
+    code; the result says whether the machine got quiet so a reader can discount the figures.
+    """
+    t0 = time.monotonic()
+    while True:
+        load = load_average()
+        quiet = bool(load) and load[0] < max_load
+        if quiet or time.monotonic() - t0 >= timeout_s:
+            return {"quiet": quiet, "max_load": max_load, "waited_s": round(time.monotonic() - t0),
+                    "load_at_start": load}
+        print(f"waiting for a quiet machine: load average {load} (want < {max_load})",
+              file=sys.stderr, flush=True)
+        time.sleep(poll_s)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _git_commit() -> dict:
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def machine_info(device: torch.device) -> dict:
+    """What ran the benchmark: CPU, cores, threads, memory, GPU, library versions, git commit."""
+    import numpy
+
+    info = {
+        "hostname": platform.node(), "platform": platform.platform(), "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "memory_gib": _memory_gib(), "device": str(device),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "numpy": numpy.__version__},
+        "git": _git_commit(),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+                       "multiprocessors": props.multi_processor_count,
+                       "cuda": torch.version.cuda}
+    for name in ("sentencepiece", "ray", "pyarrow", "psutil", "sacrebleu"):
+        mod = sys.modules.get(name)  # only what the benchmark imported: no slow imports here
+        if mod is not None:
+            info["versions"][name] = getattr(mod, "__version__", "?")
+    return info
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device: torch.device, repeats: int, warmup: int = 1) -> list[float]:
+    """Wall-clock seconds of `repeats` calls of fn() after `warmup` calls (device synced)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def matmul_rate(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype,
+                repeats: int = 10) -> float:
+    """FLOP/s of an (m x k) @ (k x n) product: 2mkn over the median of `repeats` timings.
+
+    Random inputs (zeros run faster on some hardware), output buffer reused so allocation is
+    not timed.
+    """
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    times = time_call(lambda: torch.matmul(a, b, out=out), device, repeats, warmup=2)
+    return 2.0 * m * k * n / median(times)
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
+                repeats: int = 10) -> dict:
+    """The machine's matmul peak: the best FLOP/s of square products over a few sizes.
+
+    Sizes default to the model-scale 1024 and 2048 on CPU and 4096 / 8192 on GPU (large enough
+    to reach the tensor cores' peak).
+    """
+    if sizes is None:
+        sizes = (1024, 2048) if device.type == "cpu" else (4096, 8192)
+    by_size = {str(n): matmul_rate(n, n, n, device, dtype, repeats) for n in sizes}
+    return {"flops": max(by_size.values()), "by_size": by_size, "dtype": str(dtype).split(".")[-1],
+            "threads": torch.get_num_threads(), "repeats": repeats}
+
+
+def main() -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Print this machine's description and matmul peak.")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    print(json.dumps({"machine": machine_info(device), "load": load_average(),
+                      "peak": matmul_peak(device, dtype)}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""Preprocessing throughput and memory: pairs per second through clean + encode + batch with
+Ray Data on all CPUs, against the same stage functions in one plain process, and peak memory
+(driver and Ray workers) at two corpus sizes, to show that memory does not grow with the corpus.
+
+The corpus is the synthetic demo corpus (`preprocessing.demo`), written once (and cached under
+--workdir) as parquet laid out like the hub's `wmt/wmt14` (`fr-en/train-*.parquet`, rows
+`{"translation": {"en", "fr"}}`), so the pipeline reads it the way it reads the real hub data:
+one Ray task per row group. Generating the corpus is not timed (files are cached).
+
+- Ray: `preprocessing.pipeline.run_pipeline` (the production entry) on a fresh local Ray of
+  --cpus CPUs per size; the rate counts the clean, encoded and batches stages (seconds from
+  their manifests); the BPE stage (a bounded sample, same cost at any size) is reported apart.
+- Plain: the same functions (`clean_and_write`, the encoding actor class `Encoder`,
+  `add_window` + `batch_window`) called in a loop in this process, reading and writing the
+  same parquet parts, with the Ray run's BPE model; its batches are checked against Ray's.
+- Memory: a thread samples the process tree every 0.5 s: the driver's RSS, the proportional
+  set size (PSS: shared object-store pages counted once) of Ray's worker processes (`ray::*`),
+  and of everything together (driver, workers, raylet, GCS, ...).
+
+    python -m benchmarks.preprocess --sizes 250000 1000000            # the recorded run
+    python -m benchmarks.preprocess --sizes 20000 40000 --plain-rows 20000   # quick check
+
+Writes benchmarks/results/preprocess.json (or --out) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import multiprocessing
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray  # noqa: I001 - ray first: it puts its bundled psutil on sys.path
+import psutil
+
+from benchmarks.machine import load_average, machine_info, wait_for_quiet
+from benchmarks.report import RESULTS_DIR, format_table, write_result
+from preprocessing import demo
+from preprocessing.batching import add_window, batch_window
+from preprocessing.cleaning import clean_and_write
+from preprocessing.config import demo as demo_config
+from preprocessing.encoding import Encoder
+from preprocessing.pipeline import run_pipeline
+
+CHUNK_ROWS = 50_000  # rows per corpus file (one generating process each)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.preprocess",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000],
+                   help="corpus sizes in pairs (Ray runs, one fresh Ray each)")
+    p.add_argument("--plain-rows", type=int, default=0,
+                   help="size of the single-process run (0: the smallest of --sizes)")
+    p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray")
+    p.add_argument("--encode-actors", type=int, default=0,
+                   help="sentencepiece actors (0: the pipeline's default, CPUs - 1)")
+    p.add_argument("--block-rows", type=int, default=25_000,
+                   help="rows per block / parquet row group")
+    p.add_argument("--shuffle-window", type=int, default=50_000,
+                   help="rows per length-sorting window of the batches stage")
+    p.add_argument("--object-store-mb", type=int, default=0,
+                   help="Ray object store size (0: Ray's default)")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/convs2s-bench-preprocess"),
+                   help="corpus cache and stage outputs (deleted after each run, corpus kept)")
+    p.add_argument("--max-load", type=float, default=1.5,
+                   help="wait until the 1-minute load average is below this ...")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="... for at most this long (0: do not wait)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    args = p.parse_args(argv)
+    args.plain_rows = args.plain_rows or min(args.sizes)
+    return args
+
+
+# --- the corpus: demo pairs as hub-shaped parquet --------------------------------------------
+
+
+def _write_chunk(job: tuple) -> None:
+    path, seed, start, count, group_rows = job
+    pairs = demo.translation_pairs(seed, start, count)
+    table = pa.table({"translation": pa.StructArray.from_arrays(
+        [pa.array([s for s, _ in pairs]), pa.array([t for _, t in pairs])], names=["en", "fr"])})
+    pq.write_table(table, f"{path}.tmp", row_group_size=group_rows, compression="zstd")
+    os.replace(f"{path}.tmp", path)
+
+
+def make_corpus(n: int, workdir: Path, seed: int, group_rows: int) -> Path:
+    """`<workdir>/corpus-<n>/fr-en/train-*.parquet` holding demo pairs 0..n-1.
+
+    Files of CHUNK_ROWS pairs are generated once into a cache keyed by the demo code, the seed
+    and the row-group size, and hard-linked into each corpus: the smaller corpus is a prefix of
+    the larger one, and a rerun generates nothing.
+    """
+    code = hashlib.sha256(Path(demo.__file__).read_bytes()).hexdigest()[:12]
+    cache = workdir / f"chunks-{code}-seed{seed}-g{group_rows}"
+    cache.mkdir(parents=True, exist_ok=True)
+    spans = [(a, min(CHUNK_ROWS, n - a)) for a in range(0, n, CHUNK_ROWS)]
+    chunk = lambda a, c: cache / f"pairs-{a:010d}-{c}.parquet"  # noqa: E731
+    jobs = [(str(chunk(a, c)), seed, a, c, group_rows) for a, c in spans
+            if not chunk(a, c).is_file()]
+    if jobs:
+        t0 = time.monotonic()
+        with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
+            pool.map(_write_chunk, jobs)
+        print(f"{len(jobs) * CHUNK_ROWS:,} demo pairs generated in {time.monotonic() - t0:.0f} "
+              f"s into {cache}", flush=True)
+    folder = workdir / f"corpus-{n}"
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "fr-en").mkdir(parents=True)
+    for i, (a, c) in enumerate(spans):
+        os.link(chunk(a, c), folder / "fr-en" / f"train-{i:05d}-of-{len(spans):05d}.parquet")
+    return folder
+
+
+# --- memory sampling ---------------------------------------------------------------------------
+
+
+class MemorySampler:
+    """Peak memory of this process and its descendants (the local Ray), sampled in a thread."""
+
+    def __init__(self, interval_s: float = 0.5):
+        self.interval_s = interval_s
+        self.peak = {"driver_rss": 0, "driver_pss": 0, "workers_pss": 0, "total_pss": 0,
+                     "processes": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> "MemorySampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        me = psutil.Process()
+        driver = me.memory_full_info()
+        workers = total = 0
+        procs = me.children(recursive=True)
+        for p in procs:
+            try:
+                pss = p.memory_full_info().pss
+                name = p.name()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            total += pss
+            if name.startswith("ray::"):
+                workers += pss
+        for key, value in (("driver_rss", driver.rss), ("driver_pss", driver.pss),
+                           ("workers_pss", workers),
+                           ("total_pss", total + driver.pss), ("processes", len(procs) + 1)):
+            self.peak[key] = max(self.peak[key], value)
+
+    def peaks_mib(self) -> dict:
+        return {k: (round(v / 2**20, 1) if k != "processes" else v) for k, v in self.peak.items()}
+
+
+# --- the two ways of running the stages --------------------------------------------------------
+
+
+def pipeline_config(args, n: int, corpus: Path, root: Path):
+    return demo_config().replace(
+        task=f"bench_{n}", source=str(corpus), hub_config="fr-en", splits={"train": "train"},
+        root=str(root), block_rows=args.block_rows, shuffle_window=args.shuffle_window,
+        encode_actors=args.encode_actors, seed=args.seed)
+
+
+def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
+    """The production pipeline on a fresh local Ray: stage seconds, counts, memory peaks."""
+    root = args.workdir / f"ray-{n}"
+    shutil.rmtree(root, ignore_errors=True)
+    cfg = pipeline_config(args, n, corpus, root)
+    init = {"num_cpus": args.cpus, "include_dashboard": False, "configure_logging": False,
+            "log_to_driver": False}
+    if args.object_store_mb:
+        init["object_store_memory"] = args.object_store_mb * 2**20
+    owned = not ray.is_initialized()  # tests pass their session's Ray: used, not restarted
+    if owned:
+        ray.init(**init)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # no per-stage progress dumps
+    try:
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        with MemorySampler() as mem:
+            t0 = time.monotonic()
+            out = run_pipeline(cfg)
+            wall = time.monotonic() - t0
+    finally:
+        if owned:
+            ray.shutdown()
+    m = out.manifests
+    stages = {s: m[f"{s}/train"]["seconds"] for s in ("clean", "encoded", "batches")}
+    seconds = sum(stages.values())
+    return {"mode": "ray", "cpus": cpus, "pairs": n, "stage_seconds": stages,
+            "spm_seconds": m["spm"]["seconds"], "seconds": seconds, "pipeline_wall_s": wall,
+            "pairs_per_s": n / seconds, "rows_kept": m["batches/train"]["rows_kept"],
+            "batches": m["batches/train"]["batches"], "memory_mib": mem.peaks_mib()}, root
+
+
+def run_plain(args, n: int, corpus: Path, spm_model: str) -> dict:
+    """The same stage functions in a loop in this process (no Ray), same parquet in and out."""
+    cfg = pipeline_config(args, n, corpus, args.workdir / "plain")
+    work = args.workdir / f"plain-{n}"
+    shutil.rmtree(work, ignore_errors=True)
+    dirs = {s: work / s for s in ("clean", "encoded", "batches")}
+    for d in dirs.values():
+        d.mkdir(parents=True)
+    opts = {"src_lang": "en", "tgt_lang": "fr", "row_shape": "translation",
+            "max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio,
+            "max_line_bytes": cfg.max_line_bytes}
+    stages = {}
+    with MemorySampler() as mem:
+        t0 = time.monotonic()
+        first = 0
+        for f in sorted((corpus / "fr-en").glob("train-*.parquet")):
+            pf = pq.ParquetFile(f)
+            for g in range(pf.num_row_groups):  # one block per row group, as the Ray reader
+                t = pf.read_row_group(g, columns=["translation"])
+                t = t.add_column(0, "id", pa.array(np.arange(first, first + t.num_rows)))
+                t = t.append_column("error", pa.nulls(t.num_rows, pa.string()))
+                clean_and_write(t, out_dir=str(dirs["clean"]), **opts)
+                first += t.num_rows
+        stages["clean"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        encoder = Encoder(spm_model, str(dirs["encoded"]))
+        for f in sorted(dirs["clean"].glob("part-*.parquet")):
+            encoder(pq.read_table(f, columns=["id", "src", "tgt"]))
+        stages["encoded"] = time.monotonic() - t0
+        t0 = time.monotonic()
+        table = pa.concat_tables(pq.read_table(f) for f in
+                                 sorted(dirs["encoded"].glob("part-*.parquet")))
+        n_windows = max(1, -(-table.num_rows // cfg.shuffle_window))
+        table = add_window(table, n_windows=n_windows, seed=cfg.seed)
+        table = table.take(np.argsort(table["window"].to_numpy(), kind="stable"))
+        windows = table["window"].to_numpy()
+        cuts = np.flatnonzero(np.diff(windows)) + 1
+        n_batches = kept = 0
+        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(windows)]):
+            stats = batch_window(table.slice(a, b - a), out_dir=str(dirs["batches"]),
+                                 max_tokens=cfg.max_tokens, max_sentences=cfg.max_sentences,
+                                 seed=cfg.seed)
+            n_batches += int(stats["batches"][0])
+            kept += int(stats["rows_kept"][0])
+        stages["batches"] = time.monotonic() - t0
+    seconds = sum(stages.values())
+    return {"mode": "plain", "cpus": 1, "pairs": n, "stage_seconds": stages, "seconds": seconds,
+            "pairs_per_s": n / seconds, "rows_kept": kept, "batches": n_batches,
+            "memory_mib": mem.peaks_mib(), "_batches_dir": str(dirs["batches"])}
+
+
+def same_batches(ray_dir: Path, plain_dir: Path) -> bool:
+    """Byte-identical batch shards (the pipeline is deterministic in ids and seed)."""
+    a = sorted(p.name for p in ray_dir.glob("part-*.parquet"))
+    b = sorted(p.name for p in plain_dir.glob("part-*.parquet"))
+    return a == b and all((ray_dir / x).read_bytes() == (plain_dir / x).read_bytes() for x in a)
+
+
+def run(args: argparse.Namespace) -> dict:
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    sizes = sorted(set(args.sizes) | {args.plain_rows})
+    corpora = {n: make_corpus(n, args.workdir, args.seed, args.block_rows) for n in sizes}
+    quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
+    load_before = load_average()
+    runs = []
+    for n in sizes:
+        result, root = run_ray(args, n, corpora[n])
+        if n in args.sizes:
+            runs.append(result)
+        if n == args.plain_rows:
+            plain = run_plain(args, n, corpora[n], str(root / f"bench_{n}" / "spm" / "spm.model"))
+            plain["same_batches_as_ray"] = same_batches(
+                root / f"bench_{n}" / "batches" / "train", Path(plain.pop("_batches_dir")))
+            runs.append(plain)
+            shutil.rmtree(args.workdir / f"plain-{n}", ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+    load_after = load_average()
+    ray_runs = {r["pairs"]: r for r in runs if r["mode"] == "ray"}
+    plain = next(r for r in runs if r["mode"] == "plain")
+    small, large = min(args.sizes), max(args.sizes)
+    results = {
+        "runs": runs,
+        "speedup_ray_vs_plain": (ray_runs[plain["pairs"]]["pairs_per_s"] / plain["pairs_per_s"]
+                                 if plain["pairs"] in ray_runs else None),
+        "memory_growth_total_pss": (ray_runs[large]["memory_mib"]["total_pss"]
+                                    / ray_runs[small]["memory_mib"]["total_pss"]),
+        "memory_growth_driver_rss": (ray_runs[large]["memory_mib"]["driver_rss"]
+                                     / ray_runs[small]["memory_mib"]["driver_rss"]),
+        "settings_note": "demo preset: vocab 1000, max_tokens 2000; sizes in pairs",
+    }
+    return {"machine": machine_info(__import__("torch").device("cpu")),
+            "load_before": load_before, "load_after": load_after, "quiet": quiet,
+            "results": results}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    out = run(args)
+    r = out["results"]
+    path = args.out or RESULTS_DIR / "preprocess.json"
+    notes = []
+    load = out["load_before"][:1] + out["load_after"][:1]
+    if load and max(load) > args.max_load:
+        notes.append(f"measured under load (1-minute load average {load}): figures are low")
+    write_result(path, "preprocess", {k: str(v) if isinstance(v, Path) else v
+                                      for k, v in vars(args).items()},
+                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes)
+    rows = [{**x, **x["memory_mib"], "clean s": x["stage_seconds"]["clean"],
+             "encode s": x["stage_seconds"]["encoded"], "batch s": x["stage_seconds"]["batches"]}
+            for x in r["runs"]]
+    print(format_table(rows, [("mode", "mode"), ("cpus", "CPUs"), ("pairs", "pairs"),
+                              ("clean s", "clean s"), ("encode s", "encode s"),
+                              ("batch s", "batch s"), ("pairs_per_s", "pairs/s"),
+                              ("driver_rss", "driver MiB"), ("workers_pss", "workers MiB"),
+                              ("total_pss", "total MiB")]))
+    if r["speedup_ray_vs_plain"]:
+        print(f"Ray Data vs one process: {r['speedup_ray_vs_plain']:.2f}x")
+    print(f"peak memory, largest / smallest corpus: total {r['memory_growth_total_pss']:.2f}x, "
+          f"driver {r['memory_growth_driver_rss']:.2f}x   load "
+          f"{'/'.join(f'{x:g}' for x in load)}  result: {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Benchmark results: one JSON file per run, and a short table on stdout.
+
+Every result file has the same top-level keys, so results from different machines and commits
+can be compared by a script:
+
+    {"benchmark": "training", "created": "2026-...Z", "command": "python -m benchmarks...",
+     "settings": {...the parsed flags...}, "machine": {...machine_info()...},
+     "load_average": {"before": [1m, 5m, 15m], "after": [...]}, "quiet": {...},
+     "results": {...benchmark-specific...}, "notes": [...]}
+
+Results go to `benchmarks/results/<name>.json` by default (small; committed), `--out` elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def write_result(path: str | Path, benchmark: str, settings: dict, machine: dict,
+                 load_before: list, load_after: list, quiet: dict, results: dict,
+                 notes: list[str] | None = None) -> Path:
+    """Write one result file (atomically: a killed run leaves the old file) and return its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": benchmark,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "python -m " + shlex.join([f"benchmarks.{benchmark}"] + sys.argv[1:]),
+        "settings": settings,
+        "machine": machine,
+        "load_average": {"before": load_before, "after": load_after},
+        "quiet": quiet,
+        "results": results,
+        "notes": notes or [],
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=_plain) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def _plain(x):
+    """JSON fallback for numpy scalars, paths and torch dtypes."""
+    if hasattr(x, "item"):
+        return x.item()
+    return str(x)
+
+
+def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """Rows of dicts -> aligned text; columns are (key, header); floats get 3 significant digits
+    above 100 as integers with thousands separators."""
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+        if isinstance(v, int) and not isinstance(v, bool):
+            return f"{v:,}"
+        return "" if v is None else str(v)
+
+    table = [[h for _, h in columns]] + [[cell(r.get(k)) for k, _ in columns] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""Training throughput: target tokens per second of the real training step, against the
+machine's matmul peak measured in the same run.
+
+One step is `convs2s.update.train_update` (forward, loss, backward, gradient renormalization,
+Nesterov SGD step: exactly what the training loop calls) on one token-budget batch. Batches are
+real newstest sentences, BPE-encoded and cut the way the `batches/` preprocessing stage cuts
+them (n_sentences * max(src_len, tgt_len) <= --max-tokens, about 3,500 target tokens at 4000).
+After --warmup steps, --steps steps are timed one by one; the result is the median per-step rate.
+FLOPs are analytic (benchmarks/flops.py: 3 x forward matmul FLOPs of the real tokens), so the
+achieved FLOP/s over the peak (float32 on CPU, bf16 on GPU) says how close the step runs to
+what the hardware can do.
+
+    python -m benchmarks.training --preset iwslt_de_en --vocab 8000 --steps 20
+    python -m benchmarks.training --preset wmt14_en_de --steps 5 --warmup 1
+    python -m benchmarks.training --preset wmt14_en_de --device cuda --dtype bf16 --steps 50
+    python -m benchmarks.training --preset iwslt_de_en --profile 3     # + where the time goes
+
+Writes benchmarks/results/training_<preset>_<device>.json (or --out) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+import torch
+
+from benchmarks.corpus import (DATA_DIR, encode, length_stats, read_pairs, token_budget_batches,
+                               train_joint_bpe)
+from benchmarks.flops import TRAIN_MULTIPLIER, batch_flops, decoder_flops, encoder_flops
+from benchmarks.machine import (load_average, machine_info, matmul_peak, matmul_rate,
+                                synchronize, wait_for_quiet)
+from benchmarks.report import RESULTS_DIR, format_table, write_result
+from convs2s.collate import collate_lists
+from convs2s.config import PAD, PRESETS
+from convs2s.model import ConvS2S
+from convs2s.optim import build_optimizer
+from convs2s.train_config import TrainConfig
+from convs2s.update import Comm, train_update
+
+DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.training",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="iwslt_de_en", choices=sorted(PRESETS))
+    p.add_argument("--vocab", type=int, default=0,
+                   help="joint vocabulary of the model (0: 8000 for iwslt_de_en, else 40000)")
+    p.add_argument("--bpe-vocab", type=int, default=8000,
+                   help="BPE trained on the newstest text: sets the sentence lengths")
+    p.add_argument("--data", type=Path, default=DATA_DIR, help="the small real corpora")
+    p.add_argument("--max-tokens", type=int, default=4000, help="batch token budget")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16 autocast (CUDA only: bf16 is very slow on CPUs)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N steps and record the top operators")
+    p.add_argument("--peak-sizes", type=int, nargs="+", default=None,
+                   help="square matmul sizes for the peak (default 1024 2048; GPU 4096 8192)")
+    p.add_argument("--max-load", type=float, default=1.5,
+                   help="wait until the 1-minute load average is below this ...")
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                   help="... for at most this long (0: do not wait)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    args = p.parse_args(argv)
+    if args.dtype == "bf16" and not args.device.startswith("cuda"):
+        p.error("--dtype bf16 needs --device cuda (bf16 matmuls are very slow on this CPU)")
+    args.vocab = args.vocab or DEFAULT_VOCAB.get(args.preset, 40_000)
+    return args
+
+
+def make_batches(args, workdir: Path):
+    """Token-budget batches of real De-En newstest sentences (ids < bpe vocab <= model vocab)."""
+    pairs = read_pairs(args.data / "wmt14-en-de", ["newstest2013", "newstest2014"], "de", "en")
+    sp = train_joint_bpe(pairs, min(args.bpe_vocab, args.vocab), workdir)
+    src, tgt = encode(sp, [s for s, _ in pairs]), encode(sp, [t for _, t in pairs])
+    batches = token_budget_batches(src, tgt, args.max_tokens, args.seed)
+    info = {"corpus": "wmt14-en-de newstest2013+2014, De->En", "bpe_vocab": sp.get_piece_size(),
+            "src_len": length_stats(src), "tgt_len": length_stats(tgt), "batches": len(batches)}
+    return batches, info
+
+
+def profile_steps(step, n: int) -> list[dict]:
+    """Top operators by self time over n steps (torch.profiler), as rows for the JSON."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        for i in range(n):
+            step(i)
+    events = prof.key_averages()
+    use_cuda = torch.cuda.is_available()
+    key = "self_device_time_total" if use_cuda else "self_cpu_time_total"
+    total = sum(getattr(e, key) for e in events) or 1.0
+    rows = sorted(events, key=lambda e: -getattr(e, key))[:20]
+    return [{"op": e.key, "calls": e.count, "self_ms_per_step": getattr(e, key) / 1e3 / n,
+             "share": round(getattr(e, key) / total, 4)} for e in rows]
+
+
+def run(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    cfg = PRESETS[args.preset]
+    with tempfile.TemporaryDirectory() as tmp:
+        batches, data_info = make_batches(args, Path(tmp))
+    batches = [collate_lists(s, t) for s, t in batches]
+    model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
+    train_cfg = TrainConfig(bf16=args.dtype == "bf16")
+    optimizer = build_optimizer(model.parameters(), train_cfg)
+    comm = Comm()
+
+    def step(i: int):
+        stats = train_update(model, optimizer, [batches[i % len(batches)]], train_cfg, comm,
+                             device)
+        if stats is None:
+            raise RuntimeError("train_update returned None for a non-empty batch")
+        return stats
+
+    peak_sizes = tuple(args.peak_sizes) if args.peak_sizes else None
+    quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
+    load_before = load_average()
+    peak_before = matmul_peak(device, dtype, peak_sizes)
+    for i in range(args.warmup):
+        step(i)
+    synchronize(device)
+    rows, losses = [], []
+    for i in range(args.warmup, args.warmup + args.steps):
+        b = batches[i % len(batches)]
+        t0 = time.perf_counter()
+        stats = step(i)
+        synchronize(device)
+        dt = time.perf_counter() - t0
+        fl = batch_flops(cfg, args.vocab, b.src_lengths.tolist(),
+                         b.target.ne(PAD).sum(1).tolist())
+        rows.append({"seconds": dt, "tgt_tokens": b.ntokens, "src_tokens": b.src_ntokens,
+                     "sentences": b.nsentences, "useful_flops": TRAIN_MULTIPLIER * fl["useful"],
+                     "padded_flops": TRAIN_MULTIPLIER * fl["padded"]})
+        losses.append(float(stats.loss_sum) / stats.ntokens)
+    peak_after = matmul_peak(device, dtype, peak_sizes)
+    load_after = load_average()
+    # The model's dominant product: (tokens) x (k * C_in) @ (k * C_in) x (2 C), its own shape.
+    c, k = cfg.decoder_layers[0]
+    gemm = matmul_rate(int(median(r["tgt_tokens"] for r in rows)), k * c, 2 * c, device, dtype)
+    peak = max(peak_before["flops"], peak_after["flops"])
+    profile = profile_steps(step, args.profile) if args.profile else []
+
+    rate = lambda key: median(r[key] / r["seconds"] for r in rows)  # noqa: E731
+    total_s = sum(r["seconds"] for r in rows)
+    mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
+    results = {
+        "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "data": data_info,
+        "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),
+        "tgt_tokens_per_step": float(np.mean([r["tgt_tokens"] for r in rows])),
+        "tgt_tokens_per_s": rate("tgt_tokens"),
+        "tgt_tokens_per_s_overall": sum(r["tgt_tokens"] for r in rows) / total_s,
+        "flops_per_tgt_token": {  # forward, at the timed batches' mean source length
+            "encoder_per_src_token": encoder_flops(cfg),
+            "decoder": decoder_flops(cfg, args.vocab, mean_src),
+            "train_per_tgt_token": float(np.sum([r["useful_flops"] for r in rows])
+                                         / np.sum([r["tgt_tokens"] for r in rows]))},
+        "achieved_flops": rate("useful_flops"),
+        "achieved_flops_padded": rate("padded_flops"),
+        "peak_flops": peak, "peak": {"before": peak_before, "after": peak_after},
+        "model_gemm_flops": gemm,
+        "fraction_of_peak": rate("useful_flops") / peak,
+        "fraction_of_peak_padded": rate("padded_flops") / peak,
+        "loss_first_last": [losses[0], losses[-1]],
+        "max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "profile": profile,
+        "per_step": rows,
+    }
+    if device.type == "cuda":
+        results["max_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+    return {"machine": machine_info(device), "load_before": load_before, "load_after": load_after,
+            "quiet": quiet, "results": results}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    out = run(args)
+    r = out["results"]
+    path = args.out or RESULTS_DIR / f"training_{args.preset}_{torch.device(args.device).type}.json"
+    notes = []
+    load = out["load_before"][:1] + out["load_after"][:1]
+    if load and max(load) > args.max_load:
+        notes.append(f"measured under load (1-minute load average {load}): figures are low")
+    write_result(path, "training", {k: str(v) if isinstance(v, Path) else v
+                                    for k, v in vars(args).items()},
+                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes)
+    print(format_table([{
+        "preset": r["preset"], "device": f"{args.device} {args.dtype}",
+        "tok/step": r["tgt_tokens_per_step"], "step s": r["median_step_s"],
+        "tgt tok/s": r["tgt_tokens_per_s"], "GFLOP/s": r["achieved_flops"] / 1e9,
+        "peak GFLOP/s": r["peak_flops"] / 1e9,
+        "of peak": f"{100 * r['fraction_of_peak']:.1f}%",
+        "load": "/".join(f"{x:g}" for x in load)}],
+        [(k, k) for k in ("preset", "device", "tok/step", "step s", "tgt tok/s", "GFLOP/s",
+                          "peak GFLOP/s", "of peak", "load")]))
+    for row in r["profile"][:12]:
+        print(f"  {row['share']:6.1%}  {row['self_ms_per_step']:9.1f} ms/step  {row['op']}")
+    print(f"result: {path}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

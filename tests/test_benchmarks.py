@@ -1,0 +1,131 @@
+"""Benchmarks: the analytic FLOP count against torch's own counter, and smoke runs of each
+benchmark with tiny settings that must write a complete result JSON (no timing assertions:
+timings depend on the machine and its load).
+
+    timeout 900 .venv/bin/python -m pytest tests/test_benchmarks.py -q -x          # fast ones
+    timeout 900 .venv/bin/python -m pytest tests/test_benchmarks.py -q -m slow     # Ray run
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.flops import TRAIN_MULTIPLIER, batch_flops, decoder_flops
+from convs2s.config import PAD, ModelConfig
+from convs2s.model import ConvS2S, inference_copy
+
+# Widths change (residual projections), a k=1 and a k=5 layer, attention in one layer only.
+ODD = ModelConfig(embed_dim=16, encoder_layers=[(16, 3), (24, 3), (24, 1)],
+                  decoder_layers=[(16, 3), (32, 5)], out_embed_dim=8, dropout=0.0,
+                  decoder_attention=(True, False))
+
+
+def _check_result(path, benchmark: str) -> dict:
+    doc = json.loads(path.read_text())
+    assert doc["benchmark"] == benchmark
+    assert {"created", "command", "settings", "machine", "load_average", "quiet", "results",
+            "notes"} <= set(doc)
+    assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["torch"]
+    assert len(doc["load_average"]["before"]) == 3
+    assert doc["command"].startswith(f"python -m benchmarks.{benchmark}")
+    return doc
+
+
+def test_forward_and_training_flops_match_torch_counter():
+    V, B, S, T = 50, 3, 7, 5
+    model = ConvS2S(ODD, V, V)
+    src, prev = torch.randint(4, V, (B, S)), torch.randint(4, V, (B, T))
+    with FlopCounterMode(display=False) as fwd:
+        model(src, torch.full((B,), S), prev)
+    with FlopCounterMode(display=False) as train:
+        logits, _ = model(src, torch.full((B,), S), prev)
+        logits.sum().backward()
+    expected = batch_flops(ODD, V, [S] * B, [T] * B)
+    assert expected["useful"] == expected["padded"] == fwd.get_total_flops()
+    assert TRAIN_MULTIPLIER * expected["useful"] == train.get_total_flops()
+
+
+def test_useful_flops_count_real_tokens_only():
+    V = 50
+    padded = batch_flops(ODD, V, [7, 3], [5, 2])
+    assert padded["useful"] < padded["padded"] == batch_flops(ODD, V, [7, 7], [5, 5])["useful"]
+
+
+def test_incremental_step_flops_match_decoder_count():
+    V, B, S = 50, 2, 6
+    net = inference_copy(ConvS2S(ODD, V, V))
+    enc = net.encode(torch.randint(4, V, (B, S)), torch.full((B,), S))
+    state = net.init_state(enc, beam_size=1)
+    net.decode_step(torch.full((B,), 2), state)  # buffers filled; count a later step
+    with FlopCounterMode(display=False) as step:
+        net.decode_step(torch.randint(4, V, (B,)), state)
+    assert step.get_total_flops() == B * decoder_flops(ODD, V, S)
+
+
+def test_training_benchmark_writes_result(shared_data, tmp_path):
+    from benchmarks import training
+
+    out = tmp_path / "training.json"
+    training.main(["--preset", "tiny", "--steps", "2", "--warmup", "1", "--bpe-vocab", "500",
+                   "--max-tokens", "600", "--peak-sizes", "128", "--profile", "1",
+                   "--data", str(shared_data), "--out", str(out)])
+    r = _check_result(out, "training")["results"]
+    assert r["steps"] == 2 and len(r["per_step"]) == 2
+    assert 0 < r["tgt_tokens_per_step"] and r["tgt_tokens_per_s"] > 0
+    assert 0 < r["achieved_flops"] <= r["achieved_flops_padded"]
+    assert r["fraction_of_peak"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
+    assert r["profile"] and all(0 <= p["share"] <= 1 for p in r["profile"])
+    assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
+
+
+def test_generation_benchmark_writes_result(shared_data, tmp_path):
+    from benchmarks import generation
+
+    out = tmp_path / "generation.json"
+    generation.main(["--preset", "tiny", "--limit", "12", "--batch-sentences", "5",
+                     "--out-len", "4", "--beams", "1", "3", "--full-prefix-limit", "6",
+                     "--bpe-vocab", "500", "--peak-sizes", "128", "--data", str(shared_data),
+                     "--out", str(out)])
+    r = _check_result(out, "generation")["results"]
+    modes = {(x["mode"], x["beam"]) for x in r["runs"]}
+    assert modes == {(m, b) for m in ("incremental", "incremental (subset)", "full-prefix")
+                     for b in (1, 3)}
+    for x in r["runs"]:
+        assert x["mean_output_tokens"] == 5  # --out-len 4 tokens + EOS: fixed work
+        assert x["extrapolated"] and x["seconds_for_6003"] > x["seconds"]
+    assert set(r["speedup_incremental_vs_full_prefix"]) == {"beam1", "beam3"}
+    assert r["data"]["searched"] == 12 and r["data"]["batches"] == 3
+
+
+def test_generation_batches_sorted_and_padded():
+    from benchmarks.generation import make_batches
+
+    src = [[5] * n + [2] for n in (4, 1, 7, 2, 3)]
+    batches = make_batches(src, ref_lens=[3, 1, 6, 2, 2], limit=0, size=2, seed=1)
+    assert [b[2] for b in batches] == [[1, 3], [4, 0], [2]]  # by length, then index
+    tokens, lengths, _, ref_len = batches[1]
+    assert lengths.tolist() == [4, 5] and tokens.shape == (2, 5)
+    assert tokens[0, 4].item() == PAD and ref_len == 2  # round(mean(2, 3)) = 2 (to even)
+
+
+@pytest.mark.slow
+def test_preprocess_benchmark_writes_result(ray_session, tmp_path):
+    from benchmarks import preprocess
+
+    out = tmp_path / "preprocess.json"
+    preprocess.main(["--sizes", "2000", "4000", "--block-rows", "1000", "--shuffle-window",
+                     "1000", "--workdir", str(tmp_path / "work"), "--out", str(out)])
+    r = _check_result(out, "preprocess")["results"]
+    ray_runs = [x for x in r["runs"] if x["mode"] == "ray"]
+    plain = [x for x in r["runs"] if x["mode"] == "plain"]
+    assert [x["pairs"] for x in ray_runs] == [2000, 4000] and plain[0]["pairs"] == 2000
+    assert plain[0]["same_batches_as_ray"]  # the plain loop computes what the pipeline does
+    assert plain[0]["rows_kept"] == ray_runs[0]["rows_kept"] > 0
+    for x in r["runs"]:
+        assert x["pairs_per_s"] > 0 and x["memory_mib"]["driver_rss"] > 0
+    assert ray_runs[0]["memory_mib"]["workers_pss"] > 0  # the sampler sees Ray's workers
+    assert r["speedup_ray_vs_plain"] > 0 and r["memory_growth_total_pss"] > 0
