@@ -1,0 +1,410 @@
+"""Synchronous data-parallel ConvS2S training on Ray Train (V2) with MLflow tracking.
+
+The only `convs2s` module that imports Ray. Public API (used by the workflows):
+
+    from convs2s.train import fit
+    from convs2s.train_config import TrainConfig, TrainJob, TrainResult
+    result = fit(TrainJob(model=PRESETS["tiny"], train=TrainConfig(max_epochs=5),
+                          train_data=out.batches["train"], valid_data=out.batches["valid"],
+                          spm_model=out.spm_model, vocab_size=out.vocab_size,
+                          storage_path="/abs/runs", run_name="demo", num_workers=2))
+    result.run_id, result.best_checkpoint, result.last_checkpoint, result.checkpoints
+
+`fit(job) -> TrainResult` runs on the driver (inside `ray.init`): it finds or creates the MLflow
+run (tagged with the run directory, so rerunning the same run name + storage path logs into the
+same run), logs params and config artifacts, starts a `TorchTrainer` whose workers run
+`train_loop_per_worker`, and logs the best checkpoint as an artifact at the end. Rerunning a
+stopped job resumes from its latest checkpoint (Ray Train restores the run directory); a worker
+that dies mid-epoch makes Ray restart the group from the latest checkpoint
+(`TrainJob.max_failures`).
+
+Each worker (`train_loop_per_worker`): builds the model from the preset (same seed everywhere),
+wraps it in DDP (`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal shard of the
+`train` batch rows (one row = one batch, reshuffled every epoch by file order and a local
+shuffle buffer), runs `convs2s.update.train_update` (token-normalized over all ranks), validates
+every epoch, anneals the lr (`convs2s.optim`), and checkpoints every `checkpoint_interval`
+updates and at each epoch end through `ray.train.report` (a barrier: every rank calls it at the
+same updates). Rank 0 logs to MLflow through `convs2s.tracking.RunLogger` (background thread,
+local `metrics.jsonl`) and prints a progress line every `log_interval` updates.
+
+Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last`
+`checkpoint_<update>/` directories, `best/` (lowest validation loss), `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import ray.train
+import ray.train.torch
+import torch
+from ray.data import FileShuffleConfig
+from ray.train import (
+    Checkpoint,
+    CheckpointConfig,
+    DataConfig,
+    FailureConfig,
+    RunConfig,
+    ScalingConfig,
+)
+
+from convs2s.checkpoint import (
+    BEST_DIR,
+    capture_rng_state,
+    checkpoint_dir_name,
+    list_checkpoints,
+    load_checkpoint,
+    replace_dir,
+    restore_rng_state,
+    save_checkpoint,
+)
+from convs2s.collate import collate_arrow
+from convs2s.model import ConvS2S
+from convs2s.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.progress import TrainMeter, progress_line
+from convs2s.tracking import (
+    RunLogger,
+    end_run,
+    find_or_create_run,
+    flatten_params,
+    log_artifacts,
+    log_params,
+    resolve_tracking_uri,
+)
+from convs2s.train_config import TrainConfig, TrainJob, TrainResult
+from convs2s.update import Comm, train_update, validate
+
+METRICS_FILE = "metrics.jsonl"
+CRASH_MARKER = ".crash_injected"
+
+# --- driver -------------------------------------------------------------------------------------
+
+
+def fit(job: TrainJob) -> TrainResult:
+    """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
+    storage = _local_dir(job.storage_path, "storage_path")
+    run_dir = storage / job.run_name
+    uri = resolve_tracking_uri(job.tracking_uri)
+    version = code_version()
+    run_id = find_or_create_run(uri, job.experiment_name, run_key=str(run_dir),
+                                run_name=job.run_name, parent_run_id=job.parent_run_id,
+                                tags={"convs2s.code_version": version, **job.tags})
+    datasets, train_rows = _datasets(job)
+    job_params = {"num_workers": job.num_workers, "use_gpu": job.use_gpu,
+                  "vocab_size": job.vocab_size, "code_version": version,
+                  "train_batches": train_rows}
+    log_params(uri, run_id, flatten_params({"model": job.model.to_dict(),
+                                            "train": job.train.to_dict(),
+                                            "data": job.data_manifest, "job": job_params}))
+    _log_configs(uri, run_id, job)
+    resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
+    trainer = ray.train.torch.TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"job": job, "run_dir": str(run_dir), "tracking_uri": uri,
+                           "run_id": run_id, "train_rows": train_rows},
+        scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(name=job.run_name, storage_path=str(storage),
+                             failure_config=FailureConfig(max_failures=job.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=job.train.keep_last)),
+        datasets=datasets,
+        # Validation rows are not split: each rank reads them all and keeps its share by id,
+        # so no row is dropped to equalize the shards.
+        dataset_config=DataConfig(datasets_to_split=["train"]),
+    )
+    try:
+        result = trainer.fit()
+    except BaseException:
+        end_run(uri, run_id, "FAILED")
+        raise
+    best = run_dir / BEST_DIR
+    if best.is_dir():
+        log_artifacts(uri, run_id, str(best), "best_checkpoint")
+    end_run(uri, run_id, "FINISHED")
+    kept = [i.path for i in list_checkpoints(run_dir)]
+    last = result.checkpoint.path if result.checkpoint is not None else None
+    return TrainResult(run_id=run_id, run_dir=str(run_dir),
+                       best_checkpoint=str(best) if best.is_dir() else None,
+                       last_checkpoint=last, checkpoints=kept,
+                       metrics=dict(result.return_value or result.metrics or {}))
+
+
+def code_version() -> str:
+    """The git commit of the checkout, else the installed package version."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5, check=False)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("convs2s-ray")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _local_dir(path: str, what: str) -> Path:
+    if "://" in str(path):
+        raise ValueError(f"{what}={path!r}: give a local or shared (NFS) filesystem path; the "
+                         "run keeps best/ and metrics.jsonl beside Ray's checkpoints")
+    return Path(path).expanduser().resolve()
+
+
+def _datasets(job: TrainJob):
+    out = {}
+    for split, path in (("train", job.train_data), ("valid", job.valid_data)):
+        d = _local_dir(path, f"{split}_data")
+        if not d.is_dir() or not any(d.glob("*.parquet")):
+            raise FileNotFoundError(
+                f"no parquet batch shards in {d} ({split} split): run "
+                "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
+            )
+        shuffle = FileShuffleConfig(seed=job.train.seed, reseed_after_execution=True) \
+            if split == "train" else None
+        out[split] = _read_parquet(str(d), shuffle, job.read_cpus)
+    return out, out["train"].count()
+
+
+def _read_parquet(path: str, shuffle, num_cpus: float):
+    """read_parquet whose every task reserves `num_cpus` CPUs (0 by default).
+
+    Ray Data's V2 parquet path adds a file-listing task that always asks for one CPU; when the
+    train workers hold every CPU (the 2-CPU test cluster: 2 workers x 1 CPU) it never runs and
+    training hangs. The V1 path lists files on the driver and its read tasks honour num_cpus.
+    """
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.use_datasource_v2
+    ctx.use_datasource_v2 = False
+    try:
+        return ray.data.read_parquet(path, shuffle=shuffle, num_cpus=num_cpus)
+    finally:
+        ctx.use_datasource_v2 = saved
+
+
+def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:
+    if run_id is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = {"model": job.model.to_dict(), "train": job.train.to_dict(),
+               "job": {k: v for k, v in vars(job).items() if k not in ("model", "train")}}
+        Path(tmp, "train_job.json").write_text(json.dumps(cfg, indent=2, default=str))
+        log_artifacts(uri, run_id, str(Path(tmp, "train_job.json")), "config")
+    log_artifacts(uri, run_id, job.spm_model, "config")
+
+
+# --- worker -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    epoch: int = 0  # completed epochs
+    update: int = 0  # completed updates
+    batches_in_epoch: int = 0  # batch rows this rank consumed in the current epoch
+
+
+def train_loop_per_worker(config: dict) -> dict:
+    """Ray Train worker entry; `config` is the train_loop_config built by `fit`."""
+    job: TrainJob = config["job"]
+    cfg, run_dir = job.train, Path(config["run_dir"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device()
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    net = ConvS2S(job.model, job.vocab_size, job.vocab_size)
+    model = ray.train.torch.prepare_model(net)  # to device; DDP when world > 1
+    optimizer = build_optimizer(model.parameters(), cfg)
+    schedule = LRSchedule(cfg)
+    comm = Comm.create()
+    progress = _restore(net, optimizer, schedule, cfg, rank, world)
+    resumed_from = progress.update
+    logger = RunLogger(config["tracking_uri"], config["run_id"], run_dir / METRICS_FILE) \
+        if rank == 0 else None
+    updates_per_epoch = math.ceil(config["train_rows"] // world / cfg.update_freq)
+    train_shard = ray.train.get_dataset_shard("train")
+    valid_shard = ray.train.get_dataset_shard("valid")
+    meter = TrainMeter(comm, device)
+    valid = None  # this rank's share of the validation batches, kept after the first read
+    final: dict = {}
+    while not _done(cfg, progress, schedule):
+        epoch = progress.epoch + 1
+        batches = _train_batches(train_shard, cfg, epoch, progress.batches_in_epoch,
+                                 net.max_positions)
+        updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
+        epoch_end = True
+        meter.resume()
+        while True:
+            micro = list(itertools.islice(batches, cfg.update_freq))
+            lr = schedule.lr_at(progress.update)
+            set_lr(optimizer, lr)
+            stats = train_update(model, optimizer, micro, cfg, comm, device)
+            if stats is None:
+                break  # some rank's shard is exhausted: the epoch ends on every rank
+            progress.update += 1
+            progress.batches_in_epoch += len(micro)
+            meter.add(stats, micro)
+            _maybe_crash(cfg, rank, progress.update, run_dir)
+            if progress.update % cfg.log_interval == 0:
+                metrics = meter.read(lr)  # collective
+                if logger is not None:
+                    logger.log_metrics({**metrics, "train/epoch": epoch}, progress.update)
+                    eta = (updates_per_epoch - (progress.update - updates_at_start)) \
+                        / max(metrics["train/updates_per_s"], 1e-9)
+                    print(f"[convs2s.train] {progress_line(epoch, progress.update, metrics, eta)}",
+                          flush=True)
+            if cfg.max_updates and progress.update >= cfg.max_updates:
+                epoch_end = False
+                break
+            if cfg.checkpoint_interval and progress.update % cfg.checkpoint_interval == 0:
+                _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir,
+                            {"update": progress.update, "epoch": progress.epoch}, None, False)
+        meter.pause()
+        if valid is None:  # read once: validation sets are small (thousands of sentences)
+            valid = list(_valid_batches(valid_shard, comm))
+        final = _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid,
+                           device, logger, epoch, epoch_end)
+    if logger is not None:
+        logger.close()
+    # Rank 0's return value becomes Result.return_value: the final metrics of the run.
+    return {"update": progress.update, "epoch": progress.epoch,
+            "resumed_from_update": resumed_from, **final}
+
+
+def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, device, logger,
+               epoch, epoch_end) -> dict:
+    """Validate (all ranks), anneal, log, checkpoint (with best/ when it improved)."""
+    cfg = job.train
+    loss, nll, ntok = validate(net, valid, comm, device, cfg)
+    val_loss = nll / max(ntok, 1)  # per-token nll: perplexity = exp(val_loss)
+    best_before = schedule.best_loss
+    if epoch_end:
+        progress.epoch, progress.batches_in_epoch = epoch, 0
+        schedule.end_epoch(epoch, val_loss)
+    elif best_before is None or val_loss < best_before:
+        schedule.best_loss = val_loss  # stopped mid-epoch by max_updates: no annealing
+    metrics = {"valid/loss": loss / max(ntok, 1), "valid/nll": val_loss,
+               "valid/ppl": math.exp(min(val_loss, 50.0)), "valid/tokens": ntok,
+               "epoch": epoch, "lr": schedule.epoch_lr}
+    if logger is not None:
+        logger.log_metrics(metrics, progress.update)
+        print(f"[convs2s.train] epoch {epoch} done | update {progress.update} | valid loss "
+              f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
+              f"next lr {schedule.epoch_lr:.3g}", flush=True)
+    report = {"update": progress.update, "epoch": progress.epoch, "val_loss": val_loss,
+              "val_ppl": metrics["valid/ppl"], "lr": schedule.epoch_lr}
+    is_best = best_before is None or val_loss < best_before
+    _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir, report, val_loss,
+                epoch_end, is_best)
+    return report
+
+
+def _done(cfg: TrainConfig, progress: Progress, schedule: LRSchedule) -> bool:
+    return ((cfg.max_epochs and progress.epoch >= cfg.max_epochs)
+            or (cfg.max_updates and progress.update >= cfg.max_updates)
+            or schedule.should_stop())
+
+
+def _train_batches(shard, cfg: TrainConfig, epoch: int, skip: int, max_positions: int):
+    """This rank's batches of one epoch, in a new order every epoch; skips the `skip` rows a
+    resumed run already trained on in this epoch."""
+    it = shard.iter_batches(batch_size=1, batch_format="pyarrow", prefetch_batches=4,
+                            local_shuffle_buffer_size=cfg.shuffle_buffer or None,
+                            local_shuffle_seed=cfg.seed * 100_003 + epoch)
+    for table in itertools.islice(it, skip, None):
+        batch = collate_arrow(table)
+        longest = max(batch.src_tokens.shape[1], batch.target.shape[1])
+        if longest > max_positions:
+            raise ValueError(
+                f"batch with sentence ids {batch.ids[:5].tolist()} has a {longest}-token "
+                f"sentence, over the model's max_positions={max_positions}: filter longer "
+                "sentences in preprocessing or raise ModelConfig.max_positions")
+        yield batch
+
+
+def _valid_batches(shard, comm: Comm):
+    """Every rank reads all validation rows and keeps those whose first sentence id falls to
+    it: the split does not depend on the order in which rows arrive."""
+    for table in shard.iter_batches(batch_size=1, batch_format="pyarrow", prefetch_batches=2):
+        batch = collate_arrow(table)
+        if int(batch.ids[0]) % comm.world_size == comm.rank:
+            yield batch
+
+
+def _maybe_crash(cfg: TrainConfig, rank: int, update: int, run_dir: Path) -> None:
+    """Fault injection for tests: a real process death, once per run directory."""
+    if cfg.crash_at_update and update == cfg.crash_at_update and rank == cfg.crash_rank:
+        marker = run_dir / CRASH_MARKER
+        if not marker.exists():
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            print(f"[convs2s.train] fault injection: rank {rank} exits at update {update}",
+                  flush=True)
+            # Let Ray's controller collect the last report first (it polls workers every 2 s),
+            # as when a machine dies some time after its last checkpoint.
+            time.sleep(5)
+            os._exit(1)
+
+
+def _checkpoint(job: TrainJob, net, optimizer, schedule, progress: Progress, comm: Comm,
+                run_dir: Path, metrics: dict, val_loss: float | None, end_of_epoch: bool,
+                is_best: bool = False) -> None:
+    """Every rank calls this at the same update (ray.train.report is a barrier); rank 0 writes."""
+    rngs = comm.gather_objects(capture_rng_state())
+    if comm.rank != 0:
+        ray.train.report(metrics, checkpoint=None)
+        return
+    state = {
+        "model": net.state_dict(), "model_config": job.model.to_dict(),
+        "src_vocab_size": job.vocab_size, "tgt_vocab_size": job.vocab_size,
+        "train_config": job.train.to_dict(), "epoch": progress.epoch, "update": progress.update,
+        "batches_in_epoch": progress.batches_in_epoch, "world_size": comm.world_size,
+        "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
+        "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
+    tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
+    try:
+        save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch)
+        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
+                         checkpoint_dir_name=checkpoint_dir_name(progress.update))
+        if is_best and val_loss is not None:
+            replace_dir(tmp, run_dir / BEST_DIR)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _restore(net, optimizer, schedule: LRSchedule, cfg: TrainConfig, rank: int,
+             world: int) -> Progress:
+    """Resume from Ray's latest checkpoint (worker restart or rerun job), else start fresh."""
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
+        return Progress()
+    with ckpt.as_directory() as d:
+        state = load_checkpoint(d)
+    net.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    schedule.load_state_dict(state["scheduler"])
+    skip = state["batches_in_epoch"] * state["world_size"] // world  # same rows if world changed
+    progress = Progress(state["epoch"], state["update"], skip)
+    if state["rng"]["world_size"] == world:
+        restore_rng_state(state["rng"]["states"][rank])
+    else:
+        torch.manual_seed(cfg.seed + 1 + rank + progress.update)
+    if rank == 0:
+        print(f"[convs2s.train] resumed from update {progress.update} (epoch "
+              f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next)",
+              flush=True)
+    return progress

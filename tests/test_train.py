@@ -1,0 +1,201 @@
+"""End-to-end tests of convs2s.train on Ray Train (2 CPU workers, gloo) with the tiny preset on
+the demo corpus from the real preprocessing pipeline (the session `demo_batches` fixture):
+learning + MLflow + checkpoints, 2-worker == 1-process parity of an update, a worker killed
+mid-epoch + a rerun of the same job, an unreachable tracking server, and bf16/nccl on a GPU.
+
+Four TorchTrainer runs on CPU (about a minute each here); all are marked slow.
+Run: .venv/bin/python -m pytest tests/test_train.py -q
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from convs2s.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
+from convs2s.collate import collate_arrow
+from convs2s.config import PRESETS
+from convs2s.model import ConvS2S
+from convs2s.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.tracking import RUN_KEY_TAG, read_local_metrics
+from convs2s.train import METRICS_FILE, fit
+from convs2s.train_config import TrainConfig, TrainJob
+from convs2s.update import Comm, train_update
+
+pytestmark = pytest.mark.slow
+TINY = PRESETS["tiny"]
+
+
+def make_job(demo, storage: Path, name: str, train: TrainConfig, **kw) -> TrainJob:
+    manifest = demo.manifests["batches/train"]
+    kw.setdefault("tracking_uri", f"sqlite:///{storage / 'mlflow.db'}")
+    return TrainJob(model=TINY, train=train, train_data=demo.batches["train"],
+                    valid_data=demo.batches["valid"], spm_model=demo.spm_model,
+                    vocab_size=demo.vocab_size, storage_path=str(storage), run_name=name,
+                    num_workers=2, experiment_name="test_train",
+                    data_manifest={"train_batches": manifest["batches"],
+                                   "train_rows": manifest["rows_kept"]}, **kw)
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def train_rows(demo) -> int:
+    return demo.manifests["batches/train"]["batches"]
+
+
+@pytest.fixture(scope="module")
+def trained(demo_batches, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("train_runs")
+    cfg = TrainConfig(max_epochs=2, log_interval=10, checkpoint_interval=25, keep_last=2)
+    job = make_job(demo_batches, storage, "learns", cfg)
+    return job, fit(job)
+
+
+def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
+    job, result = trained
+    client = MlflowClient(job.tracking_uri)
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    loss = history(client, result.run_id, "train/loss")
+    assert loss[-1][1] < 0.7 * loss[0][1], loss  # ln(400) ~ 6 at the start
+    ppl = history(client, result.run_id, "valid/ppl")
+    assert len(ppl) == 2 and ppl[1][1] < ppl[0][1] < 400, ppl
+    for key in ("train/lr", "train/gnorm", "train/tokens_per_s", "train/padding_efficiency",
+                "train/peak_mem_mb", "train/updates_per_s", "valid/loss", "valid/nll"):
+        assert history(client, result.run_id, key), key
+    params = run.data.params
+    assert params["model.embed_dim"] == "32" and params["train.lr"] == "0.25"
+    assert params["job.num_workers"] == "2" and params["data.train_batches"] == \
+        str(job.data_manifest["train_batches"])
+    assert len(params["job.code_version"]) >= 5
+    assert run.data.tags[RUN_KEY_TAG] == result.run_dir
+    arts = {a.path for a in client.list_artifacts(result.run_id, "config")}
+    assert {"config/train_job.json", "config/spm.model"} <= arts
+    assert f"best_checkpoint/{CHECKPOINT_FILE}" in \
+        {a.path for a in client.list_artifacts(result.run_id, "best_checkpoint")}
+    assert result.metrics["epoch"] == 2 and result.metrics["val_ppl"] == pytest.approx(ppl[-1][1])
+
+
+def test_checkpoints_keep_best_and_last_k_and_load_without_ray(trained, demo_batches):
+    job, result = trained
+    per_epoch = train_rows(demo_batches) // 2
+    # Checkpoints every 25 updates and at both epoch ends; Ray keeps the last keep_last=2.
+    taken = sorted(set(range(25, 2 * per_epoch + 1, 25)) | {per_epoch, 2 * per_epoch})
+    assert [read_info(p).update for p in result.checkpoints] == taken[-2:]
+    assert result.last_checkpoint == result.checkpoints[-1]
+    best = read_info(result.best_checkpoint)
+    client = MlflowClient(job.tracking_uri)
+    nll = history(client, result.run_id, "valid/nll")
+    assert best.end_of_epoch and best.val_loss == pytest.approx(min(v for _, v in nll))
+    state = torch.load(Path(result.best_checkpoint) / CHECKPOINT_FILE, weights_only=True)
+    assert {"model", "optimizer", "scheduler", "rng", "model_config", "train_config"} <= set(state)
+    assert len(state["rng"]["states"]) == 2  # one RNG state per rank
+    model, meta = load_model(result.best_checkpoint)
+    assert meta["spm_model"] and Path(meta["spm_model"]).name == SPM_FILE
+    assert sum(p.numel() for p in model.parameters()) > 0
+    records = read_local_metrics(Path(result.run_dir) / METRICS_FILE)
+    assert [r["step"] for r in records if "train/loss" in r["metrics"]] == \
+        [s for s, _ in history(client, result.run_id, "train/loss")]
+
+
+def dead_tracking_uri() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_two_workers_equal_one_process_on_the_union_and_a_dead_tracker_is_harmless(
+        demo_batches, tmp_path):
+    # Two batch rows: each of the 2 workers trains on one of them for a single update.
+    first_part = min(Path(demo_batches.batches["train"]).glob("*.parquet"))
+    table = pq.read_table(first_part).slice(0, 2)
+    data = tmp_path / "two_batches"
+    data.mkdir()
+    pq.write_table(table, data / "part-0.parquet")
+    # No gradient renormalization: a wrong token normalization then shows in full.
+    cfg = TrainConfig(max_updates=1, clip_norm=0.0, log_interval=1, seed=3)
+    job = make_job(demo_batches, tmp_path, "parity", cfg, tracking_uri=dead_tracking_uri())
+    job = job.replace(train_data=str(data))
+    t0 = time.monotonic()
+    result = fit(job)
+    assert time.monotonic() - t0 < 300
+    assert result.run_id is None  # the run could not be created; training went on
+    records = read_local_metrics(Path(result.run_dir) / METRICS_FILE)
+    assert records[0]["step"] == 1 and "train/loss" in records[0]["metrics"]
+    assert any("valid/ppl" in r["metrics"] for r in records)
+
+    two_workers = load_checkpoint(result.last_checkpoint)["model"]
+    torch.manual_seed(cfg.seed)
+    model = ConvS2S(TINY, demo_batches.vocab_size, demo_batches.vocab_size)
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = build_optimizer(model.parameters(), cfg)
+    set_lr(opt, LRSchedule(cfg).lr_at(0))
+    union = [collate_arrow(table.slice(i, 1)) for i in range(2)]
+    assert union[0].ntokens != union[1].ntokens
+    train_update(model, opt, union, cfg, Comm(), torch.device("cpu"))
+    one_process = model.state_dict()
+    for k, v in one_process.items():
+        assert torch.allclose(two_workers[k], v, rtol=1e-4, atol=1e-6), k
+    assert max(float((one_process[k] - init[k]).abs().max()) for k in init) > 1e-3
+
+
+def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(demo_batches,
+                                                                           tmp_path):
+    per_epoch = train_rows(demo_batches) // 2  # equal shards: rows // workers batches each
+    interval = 30
+    ckpt_before_crash = (per_epoch // interval + 1) * interval  # mid-way through epoch 2
+    assert per_epoch < ckpt_before_crash < 2 * per_epoch - 10
+    cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=interval, keep_last=2,
+                      crash_at_update=ckpt_before_crash + 7, crash_rank=1)
+    job = make_job(demo_batches, tmp_path, "crashes", cfg, max_failures=1)
+    first = fit(job)
+    run_dir = Path(first.run_dir)
+    assert (run_dir / ".crash_injected").exists()  # rank 1 really died once
+    assert first.metrics["resumed_from_update"] == ckpt_before_crash
+    assert first.metrics["update"] == 2 * per_epoch  # the resumed epoch skipped what it had done
+
+    # The same job (same name and storage path) run again with one more epoch resumes.
+    second = fit(job.replace(train=cfg.replace(max_epochs=3, crash_at_update=0)))
+    assert second.run_id == first.run_id
+    assert second.metrics["resumed_from_update"] == 2 * per_epoch
+    assert second.metrics["update"] == 3 * per_epoch and second.metrics["epoch"] == 3
+
+    client = MlflowClient(job.tracking_uri)
+    exp = client.get_experiment_by_name("test_train")
+    runs = client.search_runs([exp.experiment_id],
+                              filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_dir}'")
+    assert [r.info.run_id for r in runs] == [first.run_id]
+    assert runs[0].info.status == "FINISHED"
+    for key in ("train/loss", "train/lr", "valid/ppl", "epoch"):
+        steps = [s for s, _ in history(client, first.run_id, key)]
+        assert len(steps) == len(set(steps)), (key, steps)  # no duplicate steps after restarts
+    assert [s for s, _ in history(client, first.run_id, "train/loss")] == \
+        list(range(5, 3 * per_epoch + 1, 5))
+    assert [s for s, _ in history(client, first.run_id, "valid/ppl")] == \
+        [per_epoch, 2 * per_epoch, 3 * per_epoch]
+    local = [(k, r["step"]) for r in read_local_metrics(run_dir / METRICS_FILE)
+             for k in r["metrics"]]
+    assert len(local) == len(set(local))
+
+
+@pytest.mark.gpu
+def test_bf16_updates_with_nccl_on_one_gpu(demo_batches, tmp_path):
+    cfg = TrainConfig(max_updates=8, log_interval=2, bf16=True)
+    job = make_job(demo_batches, tmp_path, "gpu", cfg, use_gpu=True).replace(num_workers=1)
+    result = fit(job)
+    assert result.metrics["update"] == 8
+    records = read_local_metrics(Path(result.run_dir) / METRICS_FILE)
+    losses = [r["metrics"]["train/loss"] for r in records if "train/loss" in r["metrics"]]
+    assert len(losses) == 4 and all(0 < x < 10 for x in losses)
+    assert losses[-1] < losses[0]
+    mem = [r["metrics"]["train/peak_mem_mb"] for r in records if "train/loss" in r["metrics"]]
+    assert all(m > 0 for m in mem)
+    assert load_checkpoint(result.last_checkpoint)["update"] == 8
