@@ -210,13 +210,14 @@ class RayCliCluster:
         return out
 
     def stop(self) -> None:
+        import contextlib
         import shutil
         import signal
         import time
 
         for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
             for pid in self.pids():
-                with __import__("contextlib").suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + wait
             while self.pids() and time.monotonic() < deadline:

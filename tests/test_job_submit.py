@@ -1,0 +1,60 @@
+"""`ray job submit` end to end: a real Ray head started with `ray start --head` on this machine
+(token authentication, as Ray 2.60 sets it up), the README's job command (plus one epoch and a
+temporary storage path / tracking URI), then the MLflow store and the uploaded working
+directory are checked.
+
+    timeout 900 .venv/bin/python -m pytest tests/test_job_submit.py -q
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    ray_cli.start_head(num_cpus=2)
+    out = tmp_path / "out"
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    env = {**ray_cli.env, "RAY_ADDRESS": ray_cli.dashboard_url}
+    # The README's command, run from the repository root, with one epoch and temporary outputs.
+    cmd = ["ray", "job", "submit", "--working-dir", ".", "--",
+           "python", "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
+           "--storage-path", str(out), "--tracking-uri", uri, "--run-name", "job-smoke"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-5000:]
+    assert re.search(r"Job '\S+' succeeded", log), log[-3000:]
+    assert "==== wmt14_en_fr (smoke) done" in log and "mlflow ui --backend-store-uri" in log
+    assert "Ray: cluster" in log  # the driver joined the head, it did not start its own Ray
+
+    # The store holds the parent run, its stage children and the scores.
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("wmt14_en_fr")
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.info.run_name == "job-smoke"]
+    children = {r.info.run_name: r for r in runs
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert parent.info.status == "FINISHED" and parent.data.metrics["epochs"] == 1
+    assert {"preprocess", "train", "eval/best/demo_test"} <= set(children)
+    assert children["eval/best/demo_test"].data.metrics["bleu"] == \
+        pytest.approx(parent.data.metrics["bleu"])
+    assert f"{parent.data.metrics['bleu']:.2f}" in log
+    assert (out / "job-smoke" / "train" / "best" / "checkpoint.pt").is_file()
+
+    # The uploaded working directory is the code: no virtualenv, runs, stores or checkpoints.
+    pkgs = list(Path(ray_cli.temp_dir).glob("session_*/runtime_resources/working_dir_files/*"))
+    assert len(pkgs) == 1, pkgs
+    names = {p.relative_to(pkgs[0]).as_posix() for p in pkgs[0].rglob("*")}
+    assert "workflows/orchestrate.py" in names and "convs2s/model.py" in names
+    heavy = [n for n in names if n.split("/")[0] in (".venv", "runs", "mlruns", "mlartifacts")
+             or n.endswith((".db", ".pt"))]
+    assert not heavy, heavy[:10]

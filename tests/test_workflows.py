@@ -1,0 +1,236 @@
+"""The paper-task workflows: presets against the paper / reference settings, the command line,
+clear errors without data, and (slow) every workflow's smoke preset end to end on the session's
+Ray with its MLflow parent / child runs, and a rerun that resumes instead of redoing.
+
+    timeout 900 .venv/bin/python -m pytest tests/test_workflows.py -q            # all
+    timeout 300 .venv/bin/python -m pytest tests/test_workflows.py -q -m "not slow"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workflows import gigaword, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
+from workflows.orchestrate import RunOptions, apply_options
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = {"wmt14_en_fr": wmt14_en_fr, "wmt14_en_de": wmt14_en_de,
+             "wmt16_en_ro": wmt16_en_ro, "gigaword": gigaword}
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def _runs(uri: str, experiment: str) -> list:
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment!r} in {uri}"
+    return client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def _family(uri: str, experiment: str, run_name: str):
+    """(parent run, {child run name: run}) of one workflow run."""
+    runs = _runs(uri, experiment)
+    (parent,) = [r for r in runs if r.info.run_name == run_name
+                 and "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_name: r for r in runs
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    return parent, children
+
+
+def _main(module, argv: list[str]) -> tuple[int, str]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = module.main({"paper": module.paper, "smoke": module.smoke}, module.__doc__, argv)
+    return rc, buf.getvalue()
+
+
+# --- presets ------------------------------------------------------------------------------------
+
+
+def test_paper_presets_follow_the_paper_and_reference_recipes():
+    fr, de, ro, giga = (m.paper() for m in (wmt14_en_fr, wmt14_en_de, wmt16_en_ro, gigaword))
+    # Data (paper §5.1 / §5.5, reference-facts §5): filters, vocabularies, hub sources.
+    for cfg in (fr, de):
+        assert (cfg.preprocess.max_len, cfg.preprocess.max_len_ratio) == (175, 1.5)
+    assert (ro.preprocess.max_len, ro.preprocess.max_len_ratio) == (175, None)
+    assert giga.preprocess.max_len_ratio is None and giga.preprocess.vocab_size == 30_000
+    assert {c.preprocess.vocab_size for c in (fr, de, ro)} == {40_000}
+    assert [c.preprocess.hub_config for c in (fr, de, ro)] == ["fr-en", "de-en", "ro-en"]
+    assert all(c.data == "hub" and c.use_gpu for c in (fr, de, ro, giga))
+    # En-Fr: the reference recipe, dropout 0.1, max-tokens 3000, 8 GPUs (paper §4).
+    assert fr.model.dropout == 0.1 and fr.preprocess.max_tokens == 3000 and fr.num_workers == 8
+    assert fr.model.encoder_layers[-1] == (4096, 1)
+    for cfg in (fr, de):
+        t = cfg.train
+        assert (t.lr, t.momentum, t.clip_norm, t.label_smoothing) == (0.5, 0.99, 0.1, 0.1)
+        assert (t.lr_schedule, t.anneal_from_epoch) == ("fixed", 50)
+    # En-De: dropout 0.2, max-tokens 4000, the full newstest2014.
+    assert de.model.dropout == 0.2 and de.preprocess.max_tokens == 4000
+    assert de.model.encoder_layers[-1] == (2048, 1)
+    # En-Ro and Gigaword: the paper's own optimizer (§4), 64 / 128 sentences per batch.
+    for cfg, sentences in ((ro, 64), (giga, 128)):
+        t = cfg.train
+        assert (t.lr, t.momentum, t.clip_norm, t.lr_schedule, t.min_lr) == \
+            (0.25, 0.99, 0.1, "plateau", 1e-4)
+        assert t.label_smoothing == 0.0 and cfg.preprocess.max_sentences == sentences
+    assert len(ro.model.encoder_layers) == 20 and ro.model.embed_dim == 512
+    assert len(giga.model.encoder_layers) == 6 and giga.model.embed_dim == 256
+    # Evaluation: beam 5 everywhere; summarization: ROUGE and at least 14 output tokens.
+    assert all(c.search.beam == 5 for c in (fr, de, ro, giga))
+    assert giga.task == "summarization" and giga.search.min_len == 14
+    assert [c.test_sets["test"] for c in (fr, de, ro)] == \
+        ["newstest2014", "newstest2014", "newstest2016"]
+    assert ro.preprocess.tgt_lang == "ro"  # scoring normalizes Romanian for "ro"
+
+
+@pytest.mark.parametrize("name", sorted(WORKFLOWS))
+def test_smoke_presets_run_on_the_embedded_corpus_on_cpu(name):
+    cfg = WORKFLOWS[name].smoke()
+    assert cfg.data == "demo" and cfg.demo.source == "demo" and not cfg.use_gpu
+    assert 1 <= cfg.num_workers <= 2
+    assert cfg.model.embed_dim <= 128 and cfg.train.max_epochs <= 6
+    expected = "demo_summarization" if name == "gigaword" else "demo"
+    assert cfg.demo.task == expected
+    assert cfg.task == ("summarization" if name == "gigaword" else "translation")
+
+
+def test_data_flag_picks_the_source_and_paths_are_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    paper = wmt14_en_fr.paper()
+    cfg, pre = apply_options(paper, RunOptions(preset="paper", storage_path="out"))
+    assert pre.source == "hub" and pre.root == str(tmp_path / "out" / "preprocessed")
+    _, pre = apply_options(paper, RunOptions(preset="paper", data="demo"))
+    assert pre.source == "demo" and pre.task == "demo"
+    _, pre = apply_options(paper, RunOptions(preset="paper", data="corpora/wmt14"))
+    assert pre.source == str(tmp_path / "corpora" / "wmt14")
+    assert pre.splits == {"train": "train", "valid": "newstest2013", "test": "newstest2014"}
+    cfg, _ = apply_options(paper, RunOptions(preset="paper", num_workers=2, use_gpu=False,
+                                             max_updates=10))
+    assert (cfg.num_workers, cfg.use_gpu) == (2, False)
+    # --max-updates alone stops on the update count, not on the preset's epoch count.
+    assert (cfg.train.max_updates, cfg.train.max_epochs) == (10, 0)
+    cfg, _ = apply_options(paper, RunOptions(max_epochs=1))
+    assert (cfg.train.max_epochs, cfg.train.max_updates) == (1, 0)
+
+
+def _run_script(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **env}
+    full_env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"), *args],
+                          cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def test_unreachable_hub_says_how_to_run_without_it(tmp_path):
+    # A closed local port as the hub endpoint: the same failure as no network, in milliseconds.
+    proc = _run_script(["--preset", "paper", "--storage-path", str(tmp_path)], tmp_path,
+                       HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_ETAG_TIMEOUT="2")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cannot reach the Hugging Face hub" in proc.stderr
+    assert "--data demo" in proc.stderr and "--data DIR" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # failed before any run was created
+
+
+def test_missing_local_folder_is_a_one_line_error(tmp_path):
+    proc = _run_script(["--preset", "smoke", "--data", str(tmp_path / "nope"),
+                        "--storage-path", str(tmp_path)], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"source folder {tmp_path / 'nope'} does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# --- end to end (slow) ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_en_fr_smoke_tracks_a_parent_run_with_stage_children(smoke_workflow):
+    w = smoke_workflow
+    out = w.stdout
+    assert "==== wmt14_en_fr (smoke) done" in out
+    assert f"mlflow ui --backend-store-uri {w.tracking_uri}" in out and "compare:" in out
+    parent, children = _family(w.tracking_uri, w.experiment, w.run_name)
+    assert parent.info.status == "FINISHED"
+    assert set(children) == {"preprocess", "train", "eval/best/demo_test",
+                             "eval/avg_last2/demo_test"}
+    assert all(c.info.status == "FINISHED" for c in children.values())
+    # The parent holds the whole configuration and the final scores.
+    p = parent.data.params
+    assert p["workflow.model.embed_dim"] == "128" and p["workflow.preset"] == "smoke"
+    assert p["workflow.preprocess.source"] == "demo" and p["workflow.train.max_updates"] == "60"
+    bleu = children["eval/best/demo_test"].data.metrics["bleu"]
+    assert parent.data.metrics["bleu"] == pytest.approx(bleu)
+    assert parent.data.metrics["best/demo_test/bleu"] == pytest.approx(bleu)
+    assert "avg_last2/demo_test/bleu" in parent.data.metrics
+    assert f"{bleu:.2f}" in out  # the printed table shows the logged score
+    # Stage children: data statistics, the training curve, and comparable evaluation runs.
+    pre = children["preprocess"].data
+    assert pre.metrics["train.rows_kept"] > 19_000 and pre.params["preprocess.vocab_size"] == \
+        "1000"
+    train = children["train"].data
+    assert train.metrics["valid/ppl"] < 300  # from ~1000 (uniform over the 1000 BPE types)
+    evals = [children[n].data for n in ("eval/best/demo_test", "eval/avg_last2/demo_test")]
+    assert set(evals[0].params) == set(evals[1].params)  # compare view: same keys
+    for e in evals:
+        assert {"bleu", "bleu_tokenized", "chrf", "sentences_per_second"} <= set(e.metrics)
+    assert bleu > 0.0  # 60 updates: far from learned (README smoke: the real score)
+
+
+@pytest.mark.slow
+def test_rerun_with_the_same_name_resumes_and_skips_finished_stages(smoke_workflow, capsys):
+    w = smoke_workflow
+    before = {r.info.run_id for r in _runs(w.tracking_uri, w.experiment)}
+    rc, out = _main(wmt14_en_fr, w.argv)
+    assert rc == 0
+    assert "skipped (finished earlier): train, eval/best/demo_test, eval/avg_last2/demo_test" \
+        in out
+    assert out.count("(scored earlier)") == 2
+    after = _runs(w.tracking_uri, w.experiment)
+    assert {r.info.run_id for r in after} == before  # the same runs, reopened, none added
+    parent, _ = _family(w.tracking_uri, w.experiment, w.run_name)
+    assert parent.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["wmt14_en_de", "wmt16_en_ro", "gigaword"])
+def test_other_workflows_smoke_end_to_end(name, smoke_workflow):
+    """The other three tasks' smoke presets, cut to a few updates (the En-Fr run above shares
+    their preprocessed demo corpus through the same storage path)."""
+    w, module = smoke_workflow, WORKFLOWS[name]
+    rc, out = _main(module, ["--preset", "smoke", "--max-updates", "20",
+                             "--storage-path", str(w.storage), "--tracking-uri", w.tracking_uri,
+                             "--run-name", f"{name}-smoke"])
+    assert rc == 0
+    parent, children = _family(w.tracking_uri, name, f"{name}-smoke")
+    assert parent.info.status == "FINISHED"
+    assert all(c.info.status == "FINISHED" for c in children.values())
+    cfg = module.smoke()
+    trains = {n for n in children if n.startswith("train")}
+    assert len(trains) == cfg.ensemble.runs
+    evals = {n: c.data.metrics for n, c in children.items() if n.startswith("eval/")}
+    if name == "gigaword":
+        # 20 updates leave one checkpoint: the average of the last two is not scored.
+        assert set(evals) == {"eval/best/demo_test"}
+        for m in evals.values():
+            assert {"rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r"} <= set(m)
+        assert parent.data.metrics["rouge1_f"] == \
+            pytest.approx(evals["eval/best/demo_test"]["rouge1_f"])
+        assert children["eval/best/demo_test"].data.params["search.min_len"] == "3"
+    elif name == "wmt14_en_de":  # two seeds and their ensemble (paper §5.2)
+        assert set(evals) == {"eval/run1_best/demo_test", "eval/run2_best/demo_test",
+                              "eval/ensemble_2/demo_test"}
+        assert children["eval/ensemble_2/demo_test"].data.params["eval.kind"] == "ensemble"
+        assert "bleu" in parent.data.metrics
+    else:
+        assert set(evals) == {"eval/best/demo_test"}
+        assert "bleu" in parent.data.metrics

@@ -1,0 +1,71 @@
+"""Gigaword headline generation with ConvS2S (paper §5.5, Table 5: ROUGE-1/2/L F1 35.88 / 17.48 /
+33.29 on the Gigaword test set).
+
+Preprocess (no ratio filter, 30k joint vocabulary) -> train (six 256-unit layers per side,
+paper §4 optimizer, batches of 128) -> generate with beam 5 and at least 14 output tokens ->
+ROUGE as parallel Ray tasks, tracked under one MLflow parent run.
+
+    python workflows/gigaword.py --preset smoke                   # demo summaries, CPU, minutes
+    python workflows/gigaword.py --preset paper --num-workers 4 --use-gpu \\
+        --storage-path /mnt/efs/convs2s/ray_results --tracking-uri http://mlflow:5000
+    RAY_AUTH_MODE=token ray job submit --working-dir . -- \\
+        python workflows/gigaword.py --preset smoke --storage-path /tmp/convs2s \\
+        --tracking-uri sqlite:////tmp/convs2s/mlflow.db
+
+Two approximations, both stated here: the paper asks for outputs "at least 14 words long"
+while search counts BPE pieces (`min_len=14` pieces, about 10-14 words); and the paper's
+vocabulary is 30k words while this project uses a 30k joint BPE. The paper's DUC-2004 recall
+numbers need the DUC data (not on the hub); the hub's test split has 1,951 pairs (paper: 2,000).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+
+from convs2s import config as models  # noqa: E402
+from convs2s.train_config import TrainConfig  # noqa: E402
+from preprocessing import config as data  # noqa: E402
+from workflows.evaluation import summarization_search  # noqa: E402
+from workflows.orchestrate import EnsembleConfig, WorkflowConfig, main  # noqa: E402
+
+
+def paper() -> WorkflowConfig:
+    """Paper §5.5: 3.8M training pairs, one GPU "in one night"."""
+    return WorkflowConfig(
+        name="gigaword",
+        # Harvard/gigaword (parquet conversion); no ratio filter (documents >> titles);
+        # 30k vocabulary; §5.5 "batch size 128".
+        preprocess=data.gigaword().replace(max_sentences=128),
+        demo=data.demo_summarization(),
+        data="hub",
+        model=models.gigaword(),  # 6 + 6 layers, 256 units
+        # §4 optimizer: NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau until below 1e-4.
+        train=TrainConfig(lr=0.25, momentum=0.99, clip_norm=0.1, lr_schedule="plateau",
+                          min_lr=1e-4, max_epochs=100, checkpoint_interval=2000, keep_last=5),
+        test_sets={"test": "gigaword_test"},  # hub "test": 1,951 pairs
+        local_splits={"train": "train", "valid": "valid", "test": "test"},
+        task="summarization",  # ROUGE-1/2/L (F1 and recall)
+        search=summarization_search(),  # beam 5, min_len 14 (§5.5)
+        ensemble=EnsembleConfig(runs=1, average_last=0),
+        num_workers=1,
+        use_gpu=True,
+    )
+
+
+def smoke() -> WorkflowConfig:
+    """Embedded demo summaries (3-6 word headlines, so a 3-token floor), `small` model, CPU."""
+    return paper().replace(
+        data="demo",
+        preprocess=data.gigaword().replace(vocab_size=8000, spm_sample_pairs=100_000),
+        model=models.small(),
+        train=TrainConfig(max_epochs=4, log_interval=50, keep_last=2),
+        search=summarization_search(min_len=3),
+        ensemble=EnsembleConfig(runs=1, average_last=2),
+        num_workers=2,
+        use_gpu=False,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main({"paper": paper, "smoke": smoke}, __doc__))

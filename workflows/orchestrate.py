@@ -1,0 +1,600 @@
+"""Shared orchestration of the paper-task workflows: preprocess -> train -> parallel evaluation
+(-> ensemble), tracked as one MLflow parent run with one child run per stage.
+
+A workflow file (workflows/wmt14_en_fr.py, ...) only declares its settings: `paper()` and
+`smoke()` return a `WorkflowConfig`, and its `__main__` calls
+
+    sys.exit(main({"paper": paper, "smoke": smoke}, __doc__))
+
+which parses the run-level flags (`--preset --data --num-workers --use-gpu --max-epochs
+--max-updates --storage-path --tracking-uri --experiment --run-name`) and calls
+`run_workflow(cfg, opts)`. Tests call `run_workflow` directly.
+
+Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray.init()` joins
+that cluster; otherwise it starts a local Ray on this machine.
+
+Where stages write (`--storage-path`, default ./runs; made absolute, Ray workers run elsewhere):
+
+    <storage>/preprocessed/<task>/<stage>/    preprocessing output; a rerun skips stages whose
+                                              manifest matches (shared by runs of one task)
+    <storage>/<run name>/train[_k]/           Ray Train run: checkpoint_*/, best/, metrics.jsonl
+    <storage>/<run name>/eval/<job>/<test>.*  hypotheses (and MLflow artifacts)
+    <storage>/<run name>/workflow.json        finished training runs and scored (job, test) pairs
+
+MLflow (`--tracking-uri`, default $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db with the
+artifacts in ./mlartifacts): experiment `--experiment` (default: the task name), one parent run
+named `--run-name` with the whole config as params and the final scores as metrics; child runs
+`preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<test set>`. Every eval
+child logs the same param keys and `bleu` (or `rouge*`), so MLflow's compare view lines them up.
+
+Rerunning with the same `--run-name` (and storage path) resumes: preprocessing stages are
+skipped by their manifests, a finished training run is skipped (an interrupted one resumes from
+its latest checkpoint; a larger --max-epochs continues it), and a (job, test set) pair is not
+scored again while its checkpoints are unchanged and its child run holds metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+from convs2s.config import ModelConfig
+from convs2s.train_config import TrainConfig
+from convs2s.translate import SearchConfig
+from preprocessing.config import PreprocessConfig
+
+log = logging.getLogger("workflows")
+
+# Scores shown per test set, and logged without prefix on the parent run (compare view).
+TRANSLATION_METRICS = ("bleu", "bleu_tokenized", "chrf", "length_ratio")
+SUMMARIZATION_METRICS = ("rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r", "rouge2_r", "rougeL_r")
+
+
+@dataclass(frozen=True)
+class EnsembleConfig:
+    """What is evaluated besides each run's best checkpoint (paper §5.2 Table 1 ensembles)."""
+
+    runs: int = 1  # independent training runs (seeds seed, seed+1, ...); >1 adds their ensemble
+    average_last: int = 0  # also score the weight average of each run's last N checkpoints
+
+    def __post_init__(self) -> None:
+        if self.runs < 1 or self.average_last < 0:
+            raise ValueError("EnsembleConfig: runs >= 1 and average_last >= 0")
+
+
+@dataclass(frozen=True)
+class WorkflowConfig:
+    """One paper task, end to end: data, model, optimization, evaluation."""
+
+    name: str  # the task; default MLflow experiment
+    preprocess: PreprocessConfig  # real data: `--data hub` or `--data DIR` change its source
+    demo: PreprocessConfig  # the embedded corpus, used for `--data demo`
+    data: str  # default --data: "hub" | "demo" | a folder
+    model: ModelConfig
+    train: TrainConfig
+    test_sets: dict[str, str]  # eval split -> test set name (e.g. {"test": "newstest2014"})
+    local_splits: dict[str, str]  # split -> file stem in a `--data DIR` folder
+    task: Literal["translation", "summarization"] = "translation"
+    search: SearchConfig = field(default_factory=SearchConfig)
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+    num_workers: int = 1  # Ray Train workers (one GPU each with use_gpu)
+    use_gpu: bool = False
+    eval_cpus: float = 1.0  # per evaluation task
+    eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
+
+    def __post_init__(self) -> None:
+        for split in self.test_sets:
+            if split not in self.preprocess.eval_splits or split not in self.demo.eval_splits:
+                raise ValueError(f"{self.name}: test split {split!r} is not an evaluation split "
+                                 "of the preprocess / demo configs")
+        if "valid" not in self.preprocess.splits or "valid" not in self.demo.splits:
+            raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
+
+    def replace(self, **changes) -> "WorkflowConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "task": self.task, "data": self.data,
+                "preprocess": self.preprocess.to_dict(), "model": self.model.to_dict(),
+                "train": self.train.to_dict(), "search": self.search.to_dict(),
+                "ensemble": dataclasses.asdict(self.ensemble), "test_sets": self.test_sets,
+                "num_workers": self.num_workers, "use_gpu": self.use_gpu}
+
+
+@dataclass
+class RunOptions:
+    """Run-level settings (the command-line flags); None keeps the preset's value."""
+
+    preset: str = "smoke"
+    data: str | None = None
+    num_workers: int | None = None
+    use_gpu: bool | None = None
+    max_epochs: int | None = None
+    max_updates: int | None = None
+    storage_path: str = "runs"
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    run_name: str | None = None
+
+
+@dataclass
+class EvalScore:
+    job: str
+    test_set: str
+    metrics: dict[str, float]
+    run_id: str | None
+    hyp_path: str
+    skipped: bool = False  # scored by an earlier invocation of the same run
+
+
+@dataclass
+class WorkflowResult:
+    parent_run_id: str | None
+    experiment: str
+    tracking_uri: str
+    run_dir: str
+    train: list  # [convs2s.train_config.TrainResult]
+    scores: list[EvalScore]
+    skipped: list[str]  # stages skipped because an earlier invocation finished them
+
+
+# --- the workflow --------------------------------------------------------------------------------
+
+
+def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
+    """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
+    from convs2s.tracking import end_run, find_or_create_run, resolve_tracking_uri
+
+    t0 = time.monotonic()
+    cfg, pre = apply_options(cfg, opts)
+    storage = Path(opts.storage_path).expanduser().resolve()
+    run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = storage / run_name
+    uri = resolve_tracking_uri(opts.tracking_uri)
+    experiment = opts.experiment or cfg.name
+    _check_sources(pre)  # a missing corpus or an unreachable hub fails here, before Ray starts
+    _start_ray(cfg.use_gpu, opts.preset)
+    parent = find_or_create_run(uri, experiment, run_key=f"workflow:{run_dir}", run_name=run_name,
+                                tags={"convs2s.workflow": cfg.name, "convs2s.preset": opts.preset,
+                                      "convs2s.data": pre.source})
+    log.info("MLflow run %r (id %s) in experiment %r at %s", run_name, parent, experiment, uri)
+    ctx = StageContext(uri, experiment, parent, run_dir, storage)
+    try:
+        params = {"workflow": {**cfg.to_dict(), "preprocess": pre.to_dict(),
+                               "preset": opts.preset}}
+        _log_params(uri, parent, params)
+        out = preprocess_stage(ctx, pre)
+        trained = train_stage(ctx, cfg, out)
+        scores = evaluate_stage(ctx, cfg, pre, out, trained)
+        _log_metrics(uri, parent, _parent_metrics(cfg, trained, scores,
+                                                  time.monotonic() - t0))
+    except BaseException:
+        end_run(uri, parent, "FAILED")
+        raise
+    end_run(uri, parent, "FINISHED")
+    return WorkflowResult(parent, experiment, uri, str(run_dir), trained, scores, ctx.skipped)
+
+
+def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig,
+                                                                  PreprocessConfig]:
+    """The config with the run-level overrides, and the preprocessing config `--data` picks."""
+    train_changes = {k: v for k, v in (("max_epochs", opts.max_epochs),
+                                       ("max_updates", opts.max_updates)) if v is not None}
+    if "max_updates" in train_changes and "max_epochs" not in train_changes:
+        train_changes["max_epochs"] = 0  # --max-updates alone: stop on the update count only
+    cfg = cfg.replace(
+        train=cfg.train.replace(**train_changes),
+        num_workers=opts.num_workers or cfg.num_workers,
+        use_gpu=cfg.use_gpu if opts.use_gpu is None else opts.use_gpu)
+    data = opts.data or cfg.data
+    root = str(Path(opts.storage_path).expanduser().resolve() / "preprocessed")
+    if data == "demo":
+        pre = cfg.demo
+    elif data == "hub":
+        pre = cfg.preprocess.replace(source="hub")
+    else:  # a local folder: the task's file stems, absolute (Ray tasks read it elsewhere)
+        pre = cfg.preprocess.replace(source=str(Path(data).expanduser().resolve()),
+                                     splits=dict(cfg.local_splits))
+    return cfg, pre.replace(root=root)
+
+
+@dataclass
+class StageContext:
+    uri: str
+    experiment: str
+    parent: str | None
+    run_dir: Path
+    storage: Path
+    skipped: list[str] = field(default_factory=list)
+
+    def child(self, key: str, name: str, stage: str) -> str | None:
+        from convs2s.tracking import find_or_create_run
+
+        return find_or_create_run(self.uri, self.experiment, run_key=f"{key}:{self.run_dir}",
+                                  run_name=name, parent_run_id=self.parent,
+                                  tags={"convs2s.stage": stage})
+
+    def state(self) -> dict:
+        path = self.run_dir / "workflow.json"
+        return json.loads(path.read_text()) if path.is_file() else {"train": {}, "eval": {}}
+
+    def save_state(self, state: dict) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / "workflow.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1, default=str))
+        tmp.replace(self.run_dir / "workflow.json")  # atomic: a crash never leaves half a file
+
+
+def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
+    """Every preprocessing stage as Ray Data jobs (finished stages are skipped by manifest)."""
+    from convs2s.tracking import end_run, log_artifacts
+    from preprocessing.pipeline import run_pipeline
+
+    run_id = ctx.child("preprocess", "preprocess", "preprocess")
+    _log_params(ctx.uri, run_id, {"preprocess": pre.to_dict()})
+    log.info("== preprocess: %s -> %s/%s", pre.source, pre.root, pre.task)
+    t0 = time.monotonic()
+    try:
+        out = run_pipeline(pre)
+    except BaseException:
+        end_run(ctx.uri, run_id, "FAILED")
+        raise
+    metrics = {"vocab_size": out.vocab_size, "seconds": time.monotonic() - t0}
+    for split in out.batches:
+        clean, batches = out.manifests[f"clean/{split}"], out.manifests[f"batches/{split}"]
+        metrics.update({f"{split}.rows_in": clean["rows_in"],
+                        f"{split}.rows_kept": batches["rows_kept"],
+                        f"{split}.batches": batches["batches"],
+                        f"{split}.padding_efficiency": batches["padding_efficiency"],
+                        f"{split}.src_tokens": batches["tokens"]["src_tokens"],
+                        f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
+    _log_metrics(ctx.uri, run_id, metrics)
+    manifests = ctx.run_dir / "preprocess_manifests.json"
+    manifests.parent.mkdir(parents=True, exist_ok=True)
+    manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
+    log_artifacts(ctx.uri, run_id, str(manifests), "manifests")
+    end_run(ctx.uri, run_id, "FINISHED")
+    return out
+
+
+def train_stage(ctx: StageContext, cfg: WorkflowConfig, out) -> list:
+    """One Ray Train run per ensemble member; a run finished with the same settings is skipped."""
+    from convs2s.train import fit
+    from convs2s.train_config import TrainJob, TrainResult
+
+    results = []
+    for k in range(cfg.ensemble.runs):
+        name = "train" if cfg.ensemble.runs == 1 else f"train_{k + 1}"
+        train = cfg.train.replace(seed=cfg.train.seed + k)  # members differ only in the seed
+        b = out.manifests["batches/train"]
+        key = _digest({"model": cfg.model.to_dict(), "train": train.to_dict(),
+                       "data": [b["config_hash"], b["input_fingerprint"]]})
+        state = ctx.state()
+        done = state["train"].get(name)
+        if done and done["key"] == key and Path(done["result"]["run_dir"]).is_dir():
+            log.info("== %s: finished earlier with the same settings, skipped", name)
+            ctx.skipped.append(name)
+            results.append(TrainResult(**done["result"]))
+            continue
+        log.info("== %s: %d worker(s)%s, %s", name, cfg.num_workers,
+                 " with a GPU each" if cfg.use_gpu else " on CPU", _limits(train))
+        job = TrainJob(model=cfg.model, train=train, train_data=out.batches["train"],
+                       valid_data=out.batches["valid"], spm_model=out.spm_model,
+                       vocab_size=out.vocab_size, storage_path=str(ctx.run_dir), run_name=name,
+                       num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                       tracking_uri=ctx.uri, experiment_name=ctx.experiment,
+                       parent_run_id=ctx.parent, data_manifest=_data_summary(out),
+                       tags={"convs2s.stage": "train"})
+        result = fit(job)
+        if result.best_checkpoint is None:
+            raise RuntimeError(f"{name}: training finished without a checkpoint in "
+                               f"{result.run_dir}; see its metrics.jsonl and the Ray logs")
+        state = ctx.state()
+        state["train"][name] = {"key": key, "result": dataclasses.asdict(result)}
+        state["eval"] = {}  # new weights: every score is stale
+        ctx.save_state(state)
+        results.append(result)
+    return results
+
+
+def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig, out,
+                   trained: list) -> list[EvalScore]:
+    """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks."""
+    from workflows.evaluation import EvalJob, TestSet, averaging_job, evaluate_all, ensemble_job
+
+    resources = {"num_cpus": cfg.eval_cpus, "num_gpus": cfg.eval_gpus if cfg.use_gpu else 0.0}
+    jobs = []
+    for split, test_name in cfg.test_sets.items():
+        name = test_name if pre.source != "demo" else f"demo_{split}"
+        src, ref = out.text[split]
+        test = TestSet(name, src, ref, tgt_lang=pre.tgt_lang, task=cfg.task)
+        for k, result in enumerate(trained):
+            prefix = "" if len(trained) == 1 else f"run{k + 1}_"
+            jobs.append(EvalJob(f"{prefix}best", (result.best_checkpoint,), test, cfg.search,
+                                **resources))
+            n = cfg.ensemble.average_last
+            if n and len(result.checkpoints) > 1:
+                jobs.append(averaging_job(f"{prefix}avg_last{n}", result.run_dir, n, test,
+                                          cfg.search, **resources))
+            elif n:
+                log.info("%savg_last%d not scored: %s keeps one checkpoint", prefix, n,
+                         result.run_dir)
+        if len(trained) > 1:  # paper §5.2: the ensemble of the runs' best checkpoints
+            jobs.append(ensemble_job(f"ensemble_{len(trained)}", [r.run_dir for r in trained],
+                                     test, cfg.search, **resources))
+    state = ctx.state()
+    done, todo = [], []
+    for job in jobs:
+        rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
+        if rec and rec["stamp"] == _stamp(job.checkpoints) and _has_metrics(ctx.uri,
+                                                                           rec["run_id"]):
+            done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
+                                  rec["hyp_path"], skipped=True))
+        else:
+            todo.append(job)
+    if done:
+        log.info("== evaluate: %d (job, test set) pairs scored earlier, skipped", len(done))
+        ctx.skipped += [f"eval/{s.job}/{s.test_set}" for s in done]
+    if todo:
+        log.info("== evaluate: %d jobs as parallel Ray tasks (%s)", len(todo),
+                 ", ".join(f"{j.name}/{j.test_set.name}" for j in todo))
+        results = evaluate_all(todo, ctx.uri, parent_run_id=ctx.parent,
+                               out_dir=str(ctx.run_dir / "eval"),
+                               experiment_name=ctx.experiment)
+        state = ctx.state()
+        for r in results:
+            state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
+                "stamp": _stamp(r.job.checkpoints), "run_id": r.run_id, "metrics": r.metrics,
+                "hyp_path": r.hyp_path}
+            done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
+                                  r.hyp_path))
+        ctx.save_state(state)
+    order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
+    return sorted(done, key=lambda s: order[(s.job, s.test_set)])
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _check_sources(pre: PreprocessConfig) -> None:
+    """Resolve every split's input now (files exist, the hub answers): errors in seconds."""
+    from preprocessing.sources import resolve_split
+
+    for split in pre.splits:
+        resolve_split(pre, split)
+
+
+def _start_ray(use_gpu: bool, preset: str) -> None:
+    import ray
+
+    if preset == "smoke":  # small data on a small machine: keep Ray Data light and quiet
+        os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    if not ray.is_initialized():
+        # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
+        # (reference-facts §8); otherwise a local Ray on this machine.
+        ray.init()
+    cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
+    address = os.environ.get("RAY_ADDRESS")
+    log.info("Ray: %s, %g CPUs, %g GPUs", f"cluster {address}" if address else "local instance",
+             cpus, gpus)
+    if use_gpu and not gpus:
+        if not address:
+            raise SystemExit("error: --use-gpu but this machine has no GPU visible to Ray; run "
+                             "without --use-gpu (CPU) or submit to a GPU cluster")
+        log.warning("--use-gpu but the cluster has no GPU now: training waits until the "
+                    "autoscaler adds GPU nodes")
+
+
+def _limits(train: TrainConfig) -> str:
+    parts = [f"max_epochs={train.max_epochs}"] if train.max_epochs else []
+    parts += [f"max_updates={train.max_updates}"] if train.max_updates else []
+    return ", ".join(parts + [f"lr={train.lr}", f"schedule={train.lr_schedule}"])
+
+
+def _data_summary(out) -> dict:
+    m = out.manifests
+    return {"vocab_size": out.vocab_size,
+            **{f"{s}_rows": m[f"batches/{s}"]["rows_kept"] for s in out.batches},
+            **{f"{s}_batches": m[f"batches/{s}"]["batches"] for s in out.batches}}
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _stamp(checkpoints) -> list:
+    """Identity of the weights a job scores: each checkpoint file's size and mtime."""
+    out = []
+    for c in checkpoints:
+        f = Path(c) / "checkpoint.pt"
+        st = f.stat() if f.is_file() else None
+        out.append([str(c), st.st_size if st else None, st.st_mtime_ns if st else None])
+    return out
+
+
+def _has_metrics(uri: str, run_id: str | None) -> bool:
+    """Whether the child run still exists and holds metrics (a deleted run is scored again)."""
+    if run_id is None:
+        return False
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.tracking import bounded_http
+
+    try:
+        with bounded_http():
+            run = MlflowClient(uri).get_run(run_id)
+        return run.info.lifecycle_stage == "active" and bool(run.data.metrics)
+    except Exception:  # noqa: BLE001 - deleted run or unreachable server: score again
+        return False
+
+
+def _log_params(uri: str, run_id: str | None, params: dict) -> None:
+    from convs2s.tracking import flatten_params, log_params
+
+    log_params(uri, run_id, flatten_params(params))
+
+
+def _log_metrics(uri: str, run_id: str | None, metrics: dict) -> None:
+    """Final figures (step 0) on a run; a tracking failure only warns (the scores are printed)."""
+    if run_id is None:
+        return
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.tracking import bounded_http
+
+    now = int(time.time() * 1000)
+    items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
+    try:
+        with bounded_http():
+            client = MlflowClient(uri)
+            for i in range(0, len(items), 500):
+                client.log_batch(run_id, metrics=items[i:i + 500])
+    except Exception as err:  # noqa: BLE001
+        log.warning("could not log metrics to MLflow run %s (%s)", run_id, err)
+
+
+def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
+                    seconds: float) -> dict:
+    """The main scores unprefixed (first test set, first run's best checkpoint) so parent runs
+    of different workflow runs compare by the same keys; every score as <job>/<test>/<metric>."""
+    keys = SUMMARIZATION_METRICS if cfg.task == "summarization" else TRANSLATION_METRICS
+    out = {"workflow_minutes": seconds / 60}
+    if scores:
+        main_score = scores[0]
+        out.update({k: main_score.metrics[k] for k in keys if k in main_score.metrics})
+    for s in scores:
+        out.update({f"{s.job}/{s.test_set}/{k}": s.metrics[k] for k in keys if k in s.metrics})
+    if trained:
+        m = trained[0].metrics
+        out.update({"valid_ppl": m.get("val_ppl"), "epochs": m.get("epoch"),
+                    "updates": m.get("update")})
+    return out
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowConfig]],
+               doc: str | None) -> RunOptions:
+    name = Path(sys.argv[0]).name if argv is None else "workflow"
+    lines = (doc or "").strip().splitlines()
+    p = argparse.ArgumentParser(prog=f"python workflows/{name}", description=lines[0] if lines
+                                else None, epilog="\n".join(lines[1:]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(presets), default="smoke",
+                   help="paper: the reproduction settings (GPU cluster); smoke: the embedded demo "
+                        "corpus, a small model, CPU, minutes (default)")
+    p.add_argument("--data", help="hub (Hugging Face), demo (embedded corpus) or a local folder "
+                                  "(default: the preset's: paper=hub, smoke=demo)")
+    p.add_argument("--num-workers", type=int, help="Ray Train workers (default: the preset's)")
+    p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
+                   help="one GPU per training worker (default: the preset's)")
+    p.add_argument("--max-epochs", type=int, help="stop after this many epochs")
+    p.add_argument("--max-updates", type=int, help="stop after this many updates (quick checks)")
+    p.add_argument("--storage-path", default="runs",
+                   help="preprocessing output and training runs; on a cluster a path every node "
+                        "shares (default: ./runs)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+                                          "else sqlite:///mlflow.db in the working directory)")
+    p.add_argument("--experiment", help="MLflow experiment (default: the task name)")
+    p.add_argument("--run-name", help="name of this workflow run; the same name resumes it "
+                                      "(default: <preset>-<date>-<time>)")
+    a = p.parse_args(argv)
+    for flag in ("num_workers", "max_epochs", "max_updates"):
+        if getattr(a, flag) is not None and getattr(a, flag) < (1 if flag == "num_workers"
+                                                                else 0):
+            p.error(f"--{flag.replace('_', '-')} must be positive")
+    return RunOptions(**vars(a))
+
+
+def main(presets: dict[str, Callable[[], WorkflowConfig]], doc: str | None = None,
+         argv: list[str] | None = None) -> int:
+    """Command-line entry of a workflow file: parse flags, run, print scores and MLflow links."""
+    from preprocessing.errors import PreprocessError
+
+    opts = parse_args(argv, presets, doc)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    cfg = presets[opts.preset]()
+    _warn_if_job_tmp(opts)
+    t0 = time.monotonic()
+    try:
+        result = run_workflow(cfg, opts)
+    except PreprocessError as e:
+        from preprocessing.sources import NO_HUB_HINT
+
+        # The preprocessing CLI's hint names its own flags; this command's are below.
+        print(f"error: {str(e).replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
+        print("hint: this workflow reads its data with --data: `--data demo` runs on the "
+              "embedded demo corpus (no network); `--data DIR` reads a local folder with "
+              f"{_stems(cfg)} (text files <stem>.<lang>, .tsv, .jsonl or hub-like parquet).",
+              file=sys.stderr)
+        return 2
+    print(summary(cfg, opts, result, time.monotonic() - t0), flush=True)
+    return 0
+
+
+def _stems(cfg: WorkflowConfig) -> str:
+    return ", ".join(f"{split}={stem}" for split, stem in cfg.local_splits.items())
+
+
+def _warn_if_job_tmp(opts: RunOptions) -> None:
+    """Under `ray job submit` the working directory is a temporary copy of the checkout."""
+    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") and not Path(opts.storage_path).is_absolute():
+        log.warning("running as a Ray job with a relative --storage-path: outputs go to the "
+                    "job's temporary working directory %s; give an absolute --storage-path "
+                    "and --tracking-uri to keep them", Path.cwd())
+
+
+def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: float) -> str:
+    """Scores per test set and job, then where to look in MLflow."""
+    keys = SUMMARIZATION_METRICS[:3] if cfg.task == "summarization" else TRANSLATION_METRICS[:3]
+    lines = ["", f"==== {cfg.name} ({opts.preset}) done in {seconds / 60:.1f} min ====",
+             f"{'test set':<16}{'job':<18}" + "".join(f"{k:>16}" for k in keys)]
+    for s in r.scores:
+        lines.append(f"{s.test_set:<16}{s.job:<18}"
+                     + "".join(f"{s.metrics.get(k, float('nan')):>16.2f}" for k in keys)
+                     + ("   (scored earlier)" if s.skipped else ""))
+    if cfg.task == "translation":
+        lines.append("bleu: sacreBLEU (13a, detokenized); bleu_tokenized: Moses-tokenized, "
+                     "comparable to the paper's tables")
+    if r.skipped:
+        lines.append(f"skipped (finished earlier): {', '.join(r.skipped)}")
+    lines += [f"outputs: {r.run_dir}",
+              f"MLflow: experiment {r.experiment!r}, parent run {Path(r.run_dir).name!r} "
+              f"(id {r.parent_run_id}) with child runs preprocess, train*, eval/*"]
+    exp_id = _experiment_id(r.tracking_uri, r.experiment)
+    if r.tracking_uri.startswith("sqlite:///"):
+        lines.append(f"  mlflow ui --backend-store-uri {r.tracking_uri} --port 5000")
+        base = "http://127.0.0.1:5000"
+    else:
+        base = r.tracking_uri.rstrip("/")
+    if exp_id is not None and r.parent_run_id:
+        ids = [r.parent_run_id] + [s.run_id for s in r.scores if s.run_id]
+        lines += [f"  run:     {base}/#/experiments/{exp_id}/runs/{r.parent_run_id}",
+                  f"  compare: {base}/#/compare-runs?runs={json.dumps(ids, separators=(',', ':'))}"
+                  f"&experiments={json.dumps([exp_id])}"]
+    return "\n".join(lines)
+
+
+def _experiment_id(uri: str, name: str) -> str | None:
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.tracking import bounded_http
+
+    try:
+        with bounded_http():
+            exp = MlflowClient(uri).get_experiment_by_name(name)
+        return exp.experiment_id if exp else None
+    except Exception:  # noqa: BLE001 - the summary still prints without a link
+        return None
