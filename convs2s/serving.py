@@ -11,8 +11,10 @@ search settings in one logged (and optionally registered) model.
     import mlflow
     mlflow.pyfunc.load_model(served.registered_uri).predict(["the cat is small ."])
 
-Serve over HTTP (the project's venv; POST {"inputs": ["a sentence", ...]} to /invocations,
-answer {"predictions": ["...", ...]}):
+Serve over HTTP (the project's venv, its bin/ on PATH: the server execs `uvicorn`). POST
+{"inputs": ["a sentence", ...]} to /invocations, answer {"predictions": ["...", ...]}; the
+model's signature comes from its list[str] type hints, so MLflow accepts only the "inputs"
+payload (not dataframe_split / instances):
 
     MLFLOW_TRACKING_URI=sqlite:////abs/mlflow.db mlflow models serve \\
         -m models:/convs2s-demo@champion --env-manager local -p 5001

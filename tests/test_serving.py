@@ -92,10 +92,14 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
         expected
 
     port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": t.tracking_uri}
+    # The venv's bin first on PATH, as after `source .venv/bin/activate`: the server execs
+    # `uvicorn` by name.
+    venv_bin = str(Path(sys.executable).parent)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": t.tracking_uri,
+           "PATH": venv_bin + os.pathsep + os.environ.get("PATH", "")}
     log_file = open(tmp_path / "serve.log", "w")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m",
+        [str(Path(venv_bin) / "mlflow"), "models", "serve", "-m",
          served.registered_uri, "--env-manager", "local", "-p", str(port), "-h", "127.0.0.1",
          "-w", "1"], stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
         start_new_session=True)

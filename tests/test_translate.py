@@ -181,3 +181,16 @@ def test_ensemble_of_copies_and_batching_match_single_model(demo_trained):
     for a, b in zip(single, pair):
         assert a.hypotheses[0].score == pytest.approx(b.hypotheses[0].score, abs=1e-4)
         torch.testing.assert_close(a.hypotheses[0].attention, b.hypotheses[0].attention)
+
+
+@pytest.mark.gpu
+def test_cuda_translation_agrees_with_cpu(tiny_checkpoints):
+    """Same checkpoint on CUDA and CPU: empty lines kept, (near-)identical translations (a
+    random model's near-ties may flip under different kernels, hence the 80% bound)."""
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:20]] + [""]
+    cpu = Translator.from_checkpoints([tiny_checkpoints["a"]], "cpu", SHORT).translate(lines)
+    gpu_tr = Translator.from_checkpoints([tiny_checkpoints["a"]], "cuda", SHORT)
+    assert next(gpu_tr.models[0].parameters()).is_cuda
+    gpu = gpu_tr.translate(lines)
+    assert gpu[-1] == "" and len(gpu) == len(lines)
+    assert sum(a == b for a, b in zip(cpu, gpu)) >= 0.8 * len(lines)

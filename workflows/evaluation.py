@@ -158,9 +158,14 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
         return default
     from mlflow.tracking import MlflowClient
 
-    with bounded_http():
-        client = MlflowClient(uri)
-        return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
+    try:
+        with bounded_http():
+            client = MlflowClient(uri)
+            return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
+    except Exception as err:  # noqa: BLE001 - the scores still come back without tracking
+        log.warning("cannot read parent run %s at %s (%s); child runs go to experiment %r",
+                    parent_run_id, uri, str(err).splitlines()[0][:200], default)
+        return default
 
 
 def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict) -> None:
