@@ -124,8 +124,8 @@ def fit(job: TrainJob) -> TrainResult:
     )
     try:
         result = trainer.fit()
-    except BaseException:
-        end_run(uri, run_id, "FAILED")
+    except BaseException as err:
+        end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     best = run_dir / BEST_DIR
     if best.is_dir():
@@ -279,7 +279,7 @@ def train_loop_per_worker(config: dict) -> dict:
         logger.close()
     # Rank 0's return value becomes Result.return_value: the final metrics of the run.
     return {"update": progress.update, "epoch": progress.epoch,
-            "resumed_from_update": resumed_from, **final}
+            "resumed_from_update": resumed_from, "best_val_loss": schedule.best_loss, **final}
 
 
 def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, device, logger,

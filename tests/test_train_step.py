@@ -181,3 +181,44 @@ def test_loss_falls_on_a_repeated_batch():
         s = train_update(model, opt, batches, cfg, Comm(), torch.device("cpu"))
         losses.append(float(s.loss_sum) / s.ntokens)
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_meter_reports_per_token_means_and_excludes_paused_time():
+    from convs2s.progress import TrainMeter, format_eta, progress_line
+
+    batches = make_batches(3, 2)
+    model = fresh_model()
+    opt = build_optimizer(model.parameters(), CFG)
+    meter = TrainMeter(Comm(), torch.device("cpu"))
+    total_loss, total_tokens = 0.0, 0
+    for _ in range(3):
+        s = train_update(model, opt, batches, CFG, Comm(), torch.device("cpu"))
+        meter.add(s, batches)
+        total_loss += float(s.loss_sum)
+        total_tokens += s.ntokens
+    meter.pause()
+    m = meter.read(lr=0.25)
+    assert m["train/loss"] == pytest.approx(total_loss / total_tokens, rel=1e-5)
+    assert m["train/ppl"] == pytest.approx(2.718281828 ** m["train/nll"], rel=1e-4)
+    assert 0 < m["train/padding_efficiency"] <= 1 and m["train/peak_mem_mb"] > 0
+    assert m["train/tokens_per_s"] == pytest.approx(m["train/updates_per_s"] * total_tokens / 3)
+    assert meter.updates == 0 and meter.tokens == 0  # reset after reading
+    line = progress_line(2, 30, m, eta_s=3725)
+    assert "epoch 2 | update 30" in line and "tok/s" in line and "ETA epoch 1:02:05" in line
+    assert format_eta(float("inf")) == "?"
+
+
+@pytest.mark.gpu
+def test_bf16_update_on_cuda_tracks_the_float32_update():
+    device = torch.device("cuda")
+    batches = make_batches(4, 2)
+    losses = {}
+    for bf16 in (False, True):
+        cfg = CFG.replace(bf16=bf16)
+        model = fresh_model().to(device)
+        opt = build_optimizer(model.parameters(), cfg)
+        stats = train_update(model, opt, batches, cfg, Comm(), device)
+        losses[bf16] = float(stats.loss_sum) / stats.ntokens
+        assert torch.isfinite(stats.grad_norm)
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)
