@@ -310,3 +310,32 @@ def test_incremental_step_cost_does_not_grow_with_the_prefix():
             prefix = torch.cat([prefix, tokens[:, None]], 1)
     assert flops[1][0] == flops[40][0] > 0
     assert flops[40][1] > 5 * flops[1][1]  # prefix of 41 tokens vs 2
+
+
+@pytest.mark.parametrize("kernel,causal,T", [(3, True, 6), (3, False, 6), (2, False, 5),
+                                             (5, True, 2), (5, False, 1), (4, False, 3)])
+def test_convolution_matches_conv1d_and_its_gradient(kernel, causal, T):
+    """The windowed-GEMM convolution equals F.conv1d with the same padding; the hand-written
+    window backward passes gradcheck."""
+    from convs2s.model import Conv, _Windows
+
+    torch.manual_seed(kernel * 10 + T)
+    conv = Conv(4, 6, kernel, causal, dropout=0.0).double()
+    x = torch.randn(2, T, 4, dtype=torch.double, requires_grad=True)
+    left, right = conv.pad
+    want = F.conv1d(F.pad(x, (0, 0, left, right)).transpose(1, 2),
+                    conv.weight.transpose(1, 2), conv.bias).transpose(1, 2)
+    torch.testing.assert_close(conv(x), want)
+    assert torch.autograd.gradcheck(lambda x: _Windows.apply(x, kernel, left, right), (x,))
+
+
+def test_dropout_keeps_the_expected_share_and_scale():
+    from convs2s.model import dropout
+
+    torch.manual_seed(0)
+    x = torch.ones(200, 1000)
+    y = dropout(x, 0.2, training=True)
+    assert abs(y.eq(0).float().mean().item() - 0.2) < 0.005
+    assert abs(y.mean().item() - 1.0) < 0.01
+    assert torch.equal(y[y.ne(0)], torch.full_like(y[y.ne(0)], 1.25))
+    assert dropout(x, 0.2, training=False) is x
