@@ -21,6 +21,7 @@ Inference (used by `convs2s.search`):
     enc = net.encode(src_tokens, src_lengths)         # EncoderOut, computed once per sentence
     state = net.init_state(enc, beam_size=K)          # DecoderState: B*K rows, zero buffers
     logits, attn = net.decode_step(tokens, state)     # tokens B*K (last outputs), logits B*K x V
+    logits, attn = net.decode_step(tokens, state, out=buf)  # logits written into buf (reused)
     state.reorder(rows)                               # row i continues hypothesis rows[i]
     state.reorder(rows, sentences=keep)               # ... and drop finished sentences
     logits, attn = net.decode(prefix, enc, last_only=True)  # full-prefix recomputation
@@ -325,10 +326,13 @@ class Decoder(nn.Module):
         else:
             self.fc3 = linear(cfg.out_embed_dim, vocab_size, dropout=p)  # dropout precedes fc3
 
-    def _output(self, x: torch.Tensor) -> torch.Tensor:  # N x T x C_last -> N x T x V
+    def _output(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """N x T x C_last -> N x T x V; or, with `out` (N x V, T = 1), logits written there."""
         x = self.fc2(x)
         x = dropout(x, self.dropout, self.training)
-        return self.fc3(x)
+        if out is None:
+            return self.fc3(x)
+        return torch.addmm(self.fc3.bias, x.view(out.shape[0], -1), self.fc3.weight.t(), out=out)
 
     def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut, last_only: bool = False):
         """prev N x T -> logits N x T x V, attention N x T x S (T = 1 with `last_only`)."""
@@ -363,10 +367,14 @@ class Decoder(nn.Module):
         ]
         return DecoderState(enc=enc, buffers=buffers, step=0)
 
-    def decode_step(self, tokens: torch.Tensor, state: DecoderState):
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState,
+                    out: torch.Tensor | None = None):
         """Consume one token per row (N), return logits N x V and mean attention N x S.
 
         Same computation as `forward` at position `state.step`, in O(1) of the prefix length.
+        `out` (optional, N x V, the model's dtype, no autocast): a buffer to write the logits
+        into, reused across steps by the search (a fresh N x V tensor per step costs page faults
+        on CPU that take as long as the output matmul).
         """
         enc = state.enc
         if state.step >= self.max_positions:
@@ -395,6 +403,8 @@ class Decoder(nn.Module):
             x = x.add_(residual).mul_(SQRT_HALF)  # in place: the GLU output is not saved
         state.step += 1
         attn = attn_sum / self.num_attention  # mean over attention layers
+        if out is not None:
+            return self._output(x, out), attn.squeeze(1)
         return self._output(x).squeeze(1), attn.squeeze(1)
 
 
@@ -431,9 +441,10 @@ class ConvS2S(nn.Module):
     def init_state(self, enc: EncoderOut, beam_size: int = 1) -> DecoderState:
         return self.decoder.init_state(enc, beam_size)
 
-    def decode_step(self, tokens: torch.Tensor, state: DecoderState):
-        """One incremental step: tokens B -> logits B x V, mean attention B x S."""
-        return self.decoder.decode_step(tokens, state)
+    def decode_step(self, tokens: torch.Tensor, state: DecoderState,
+                    out: torch.Tensor | None = None):
+        """One incremental step: tokens N -> logits N x V (in `out` if given), attention N x S."""
+        return self.decoder.decode_step(tokens, state, out)
 
 
 def inference_copy(model: ConvS2S) -> ConvS2S:

@@ -36,12 +36,27 @@ class _Stepper:
         self.model, self.incremental = model, incremental
         self.enc = enc  # one row per sentence, shared by its beam_size hypothesis rows
         self.state = model.init_state(enc, beam_size) if incremental else None
+        # Logits and log-prob buffers reused by every step (rows only shrink): on CPU a fresh
+        # N x V tensor per step costs page faults that take as long as the output matmul.
+        N, V = enc.keys.shape[0] * beam_size, model.tgt_vocab_size
+        dev = enc.keys.device
+        reuse = (incremental and next(model.parameters()).dtype == torch.float32
+                 and not torch.is_autocast_enabled(dev.type))
+        self.buffers = (torch.empty(N, V, device=dev), torch.empty(N, V, device=dev)) \
+            if reuse else None
 
-    def step(self, prefix: torch.Tensor):  # prefix N x (t+1) -> logits N x V, attn N x S
+    def step(self, prefix: torch.Tensor):  # prefix N x (t+1) -> log-probs N x V, attn N x S
+        N = prefix.shape[0]
+        if self.buffers is not None:
+            logits, lprobs = (b[:N] for b in self.buffers)
+            logits, attn = self.model.decode_step(prefix[:, -1], self.state, out=logits)
+            return torch.log_softmax(logits, dim=-1, out=lprobs), attn.float()
         if self.incremental:
-            return self.model.decode_step(prefix[:, -1], self.state)
-        logits, attn = self.model.decode(prefix, self.enc, last_only=True)  # recompute prefix
-        return logits[:, -1], attn[:, -1]
+            logits, attn = self.model.decode_step(prefix[:, -1], self.state)
+        else:  # the baseline: recompute the decoder over the whole prefix
+            logits, attn = self.model.decode(prefix, self.enc, last_only=True)
+            logits, attn = logits[:, -1], attn[:, -1]
+        return F.log_softmax(logits.float(), dim=-1), attn.float()
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
         if self.incremental:
@@ -65,12 +80,14 @@ def _inference(models):
 
 
 def _ensemble_step(steppers, prefix):
-    """Log of the mean of the models' probabilities (float32): N x V; mean attention N x S."""
+    """Log of the mean of the models' probabilities (float32): N x V; mean attention N x S.
+
+    The log-probs may live in a stepper's reused buffer: valid until the next step."""
     lprobs, attns = [], []
     for s in steppers:
-        logits, attn = s.step(prefix)
-        lprobs.append(F.log_softmax(logits.float(), dim=-1))
-        attns.append(attn.float())
+        lp, attn = s.step(prefix)
+        lprobs.append(lp)
+        attns.append(attn)
     if len(steppers) == 1:
         return lprobs[0], attns[0]
     lp = torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(steppers))

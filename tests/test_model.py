@@ -151,7 +151,9 @@ def test_incremental_parity_with_reordering(cfg):
             prefix, src_now = prefix[rows], src_now[rows]
             new = torch.randint(4, 60, (B,), generator=g) if t else torch.full((B,), EOS)
             prefix = torch.cat([prefix, new[:, None]], 1)
-            step_logits, step_attn = net.decode_step(new, state)
+            out = torch.empty(B, 60) if t % 2 else None  # odd steps: into a given buffer
+            step_logits, step_attn = net.decode_step(new, state, out=out)
+            assert out is None or step_logits.data_ptr() == out.data_ptr()
             full_logits, full_attn = model(src_now, src_now.ne(PAD).sum(1), prefix)
             torch.testing.assert_close(F.log_softmax(step_logits, -1),
                                        F.log_softmax(full_logits[:, -1], -1), rtol=0, atol=1e-5)
