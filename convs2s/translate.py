@@ -8,7 +8,7 @@ Command line (installed as `convs2s-translate`):
     python -m convs2s.translate --checkpoint runs/demo/best [runs/other/best ...] \\
         --input test.en --output hyp.fr [--beam 5 --lenpen 1 --max-len-a 0 --max-len-b 200 \\
         --min-len 1 --unk-penalty 0 --nbest 1 --replace-unk [--dictionary lex.txt] \\
-        --batch-size 128 --device cpu --threads 4 --print-attention]
+        --batch-size 128 --device cpu --threads 4 --print-attention --spm-model spm.model]
 
 Reads one sentence per line (a file, or stdin when --input is absent or "-") and writes one
 detokenized translation per line in input order. With --nbest N, N lines per input; with
@@ -49,7 +49,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 import torch
 
-from convs2s.config import EOS, PAD, UNK
+from convs2s.config import BOS, EOS, PAD, UNK
 from convs2s.search import generate
 from convs2s.unk_replace import load_dictionary, replace_unknowns
 
@@ -142,7 +142,8 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
+def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu",
+                          need_spm: bool = True):
     """(inference model, meta) of one checkpoint directory, or a CheckpointError that names the
     file and the fix. The model is an eval copy with weight norm folded into the weights."""
     from convs2s.checkpoint import load_model
@@ -162,10 +163,24 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
             f"cannot load checkpoint {path} ({type(err).__name__}: {msg}): the file is "
             "truncated, corrupt or not a ConvS2S checkpoint; copy it again or pick another "
             "checkpoint of the run") from None
-    if not meta.get("spm_model"):
+    if need_spm and not meta.get("spm_model"):
         raise CheckpointError(f"checkpoint {path} has no sentencepiece.model beside "
-                              "checkpoint.pt; copy the run's spm/spm.model there")
+                              "checkpoint.pt; copy the run's spm/spm.model there or give "
+                              "the BPE model explicitly (--spm-model)")
     return inference_copy(model.to(device)), meta
+
+
+def _load_spm(data: bytes, name: str) -> spm.SentencePieceProcessor:
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=data)
+    except Exception as err:  # noqa: BLE001 - sentencepiece raises RuntimeError / OSError
+        raise CheckpointError(f"{name} is not a readable sentencepiece model ({err}); copy "
+                              "the run's spm/spm.model again") from None
+    ids = (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id())
+    if ids != (BOS, PAD, EOS, UNK):
+        raise CheckpointError(f"{name}: special ids (bos, pad, eos, unk) = {ids}, expected "
+                              f"{(BOS, PAD, EOS, UNK)} (docs/design.md)")
+    return sp
 
 
 class Translator:
@@ -183,19 +198,28 @@ class Translator:
     @classmethod
     def from_checkpoints(cls, paths: Iterable[str | os.PathLike],
                          device: str | torch.device = "cpu",
-                         search: SearchConfig | None = None) -> "Translator":
+                         search: SearchConfig | None = None,
+                         spm_model: str | os.PathLike | None = None) -> "Translator":
         """Load checkpoint directories (one = single model, several = ensemble). All must
-        share the same sentencepiece model and vocabulary sizes."""
+        share the same sentencepiece model (the one bundled in each checkpoint, or
+        `spm_model` for all of them) and vocabulary sizes."""
         paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
         if not paths:
             raise CheckpointError("no checkpoint given")
-        models, metas = zip(*(load_checkpoint_model(p, device) for p in paths))
-        spm_bytes = Path(metas[0]["spm_model"]).read_bytes()
-        for p, m in zip(paths[1:], metas[1:]):
-            if Path(m["spm_model"]).read_bytes() != spm_bytes:
-                raise CheckpointError(f"{p} uses another sentencepiece model than {paths[0]}: "
-                                      "an ensemble needs models trained on the same BPE")
-        sp = spm.SentencePieceProcessor(model_proto=spm_bytes)
+        models, metas = zip(*(load_checkpoint_model(p, device, need_spm=spm_model is None)
+                              for p in paths))
+        if spm_model is not None:
+            if not Path(spm_model).is_file():
+                raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
+            spm_bytes, spm_name = Path(spm_model).read_bytes(), str(spm_model)
+        else:
+            spm_bytes, spm_name = Path(metas[0]["spm_model"]).read_bytes(), metas[0]["spm_model"]
+            for p, m in zip(paths[1:], metas[1:]):
+                if Path(m["spm_model"]).read_bytes() != spm_bytes:
+                    raise CheckpointError(f"{p} uses another sentencepiece model than "
+                                          f"{paths[0]}: an ensemble needs models trained on "
+                                          "the same BPE")
+        sp = _load_spm(spm_bytes, spm_name)
         for p, m in zip(paths, models):
             if (m.src_vocab_size, m.tgt_vocab_size) != (sp.get_piece_size(),) * 2:
                 raise CheckpointError(
@@ -348,6 +372,8 @@ def _parser() -> argparse.ArgumentParser:
     d = SearchConfig()
     p.add_argument("--checkpoint", nargs="+", required=True,
                    help="checkpoint directories; several = an ensemble")
+    p.add_argument("--spm-model", help="sentencepiece model (default: the one bundled with "
+                   "the checkpoints)")
     p.add_argument("--input", help="source text, one sentence per line (default: stdin)")
     p.add_argument("--output", help="where translations go (default: stdout)")
     p.add_argument("--beam", type=int, default=d.beam)
@@ -384,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                               unk_penalty=args.unk_penalty, nbest=args.nbest,
                               replace_unk=args.replace_unk, dictionary=args.dictionary,
                               max_sentences=args.batch_size)
-        translator = Translator.from_checkpoints(args.checkpoint, args.device, search)
+        translator = Translator.from_checkpoints(args.checkpoint, args.device, search,
+                                                 spm_model=args.spm_model)
         out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     except (CheckpointError, OSError, ValueError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)

@@ -122,6 +122,18 @@ def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp
     (bad / "sentencepiece.model").write_bytes(Path(tiny_checkpoints["spm"]).read_bytes())
     with pytest.raises(CheckpointError, match="truncated, corrupt"):
         Translator.from_checkpoints([bad])
+    no_bpe = tmp_path / "no_bpe"
+    no_bpe.mkdir()
+    (no_bpe / "checkpoint.pt").write_bytes(data)
+    with pytest.raises(CheckpointError, match="no sentencepiece.model"):
+        Translator.from_checkpoints([no_bpe])
+    given = Translator.from_checkpoints([no_bpe], search=SHORT,
+                                        spm_model=tiny_checkpoints["spm"])
+    assert given.translate(["The cat ."]) == Translator.from_checkpoints(
+        [tiny_checkpoints["a"]], search=SHORT).translate(["The cat ."])
+    (tmp_path / "junk.model").write_bytes(b"not a sentencepiece model")
+    with pytest.raises(CheckpointError, match="not a readable sentencepiece model"):
+        Translator.from_checkpoints([no_bpe], spm_model=tmp_path / "junk.model")
     res = run_cli("--checkpoint", str(bad), stdin="a cat .\n")
     assert res.returncode == 2 and "truncated, corrupt" in res.stderr
     assert "Traceback" not in res.stderr
