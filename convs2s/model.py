@@ -171,7 +171,8 @@ class GradMultiply(torch.autograd.Function):
 class Block(nn.Module):
     """One GLU convolution block (§3.2); decoder blocks may also attend (§3.3).
 
-    The caller applies: residual -> dropout -> conv -> GLU -> [attention] -> (+ residual) * sqrt(.5).
+    The caller applies: residual -> dropout -> conv -> GLU -> [attention]
+    -> (+ residual) * sqrt(.5).
     """
 
     def __init__(self, c_in: int, c_out: int, kernel: int, causal: bool, dropout: float,
