@@ -73,7 +73,7 @@ class SearchConfig:
     min_len: int = 1  # at least this many pieces (summarization, paper §5.5: 14 words)
     unk_penalty: float = 0.0  # subtracted from log p(<unk>); negative favours <unk>
     nbest: int = 1  # hypotheses kept per sentence (1 <= nbest <= beam)
-    replace_unk: bool = False  # replace <unk> by the most attended source word (§5.1)
+    replace_unk: bool = False  # replace <unk> by the most attended source word (paper §5.1)
     dictionary: str | None = None  # `source target` word table used by replace_unk
     max_sentences: int = 128  # sentences per search batch
 
@@ -250,7 +250,7 @@ class Translator:
         """Per line a Translation with `search.nbest` hypotheses (none for an empty line)."""
         sources = [normalize(s) for s in lines]
         out: list[Translation | None] = [None] * len(sources)
-        todo = []  # (index, ids, pieces)
+        todo = []  # (line index, source ids)
         for i, src in enumerate(sources):
             if not src:
                 out[i] = Translation(source="", src_pieces=[], hypotheses=[])
@@ -296,8 +296,9 @@ class Translator:
                           attention=h["attention"])
 
     def _replace_unk(self, ids: list[int], tr: Translation, attention: torch.Tensor) -> str:
-        """Each <unk> becomes the source *word* holding its most attended source piece, looked
-        up in the dictionary (Jean et al. 2015, as the paper's §5.1 En-De setup does)."""
+        """Each <unk> becomes the source *word* holding its most attended source piece (layer
+        mean, as the paper's §5.1 does for its word-based models; Jean et al. 2015), looked up
+        in the dictionary, else copied."""
         words = tr.source.split(" ")
         word_of_piece, w = [], -1
         for piece in tr.src_pieces:  # a piece starting with U+2581 opens the next word
