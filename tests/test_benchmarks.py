@@ -78,6 +78,7 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     assert 0 < r["tgt_tokens_per_step"] and r["tgt_tokens_per_s"] > 0
     assert 0 < r["achieved_flops"] <= r["achieved_flops_padded"]
     assert r["fraction_of_peak"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
+    assert r["tgt_tokens_per_s_best"] >= r["tgt_tokens_per_s"]
     assert r["profile"] and all(0 <= p["share"] <= 1 for p in r["profile"])
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
 
@@ -97,7 +98,8 @@ def test_generation_benchmark_writes_result(shared_data, tmp_path):
     for x in r["runs"]:
         assert x["mean_output_tokens"] == 5  # --out-len 4 tokens + EOS: fixed work
         assert x["extrapolated"] and x["seconds_for_6003"] > x["seconds"]
-    assert set(r["speedup_incremental_vs_full_prefix"]) == {"beam1", "beam3"}
+    assert set(r["speedup_incremental_vs_full_prefix"]) == {"beam1", "beam3", "beam1_best",
+                                                            "beam3_best"}
     assert r["data"]["searched"] == 12 and r["data"]["batches"] == 3
 
 
