@@ -51,7 +51,8 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
     assert (out / "job-smoke" / "train" / "best" / "checkpoint.pt").is_file()
 
     # The uploaded working directory is the code: no virtualenv, runs, stores or checkpoints.
-    pkgs = list(Path(ray_cli.temp_dir).glob("session_*/runtime_resources/working_dir_files/*"))
+    pkgs = [p for p in Path(ray_cli.temp_dir).glob(
+        "session_2*/runtime_resources/working_dir_files/_ray_pkg_*") if p.is_dir()]
     assert len(pkgs) == 1, pkgs
     names = {p.relative_to(pkgs[0]).as_posix() for p in pkgs[0].rglob("*")}
     assert "workflows/orchestrate.py" in names and "convs2s/model.py" in names

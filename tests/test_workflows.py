@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from workflows import gigaword, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
-from workflows.orchestrate import RunOptions, apply_options
+from workflows.workflow_config import RunOptions, apply_options
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = {"wmt14_en_fr": wmt14_en_fr, "wmt14_en_de": wmt14_en_de,
@@ -170,8 +170,8 @@ def test_en_fr_smoke_tracks_a_parent_run_with_stage_children(smoke_workflow):
     assert p["workflow.preprocess.source"] == "demo" and p["workflow.train.max_updates"] == "60"
     bleu = children["eval/best/demo_test"].data.metrics["bleu"]
     assert parent.data.metrics["bleu"] == pytest.approx(bleu)
-    assert parent.data.metrics["best/demo_test/bleu"] == pytest.approx(bleu)
-    assert "avg_last2/demo_test/bleu" in parent.data.metrics
+    assert parent.data.metrics["eval/best/demo_test/bleu"] == pytest.approx(bleu)
+    assert "eval/avg_last2/demo_test/bleu" in parent.data.metrics
     assert f"{bleu:.2f}" in out  # the printed table shows the logged score
     # Stage children: data statistics, the training curve, and comparable evaluation runs.
     pre = children["preprocess"].data
@@ -234,3 +234,41 @@ def test_other_workflows_smoke_end_to_end(name, smoke_workflow):
     else:
         assert set(evals) == {"eval/best/demo_test"}
         assert "bleu" in parent.data.metrics
+
+
+# --- the README stays true ----------------------------------------------------------------------
+
+
+def _readme_commands() -> list[str]:
+    import re
+
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [line.split("  #")[0].strip() for line in lines if line.strip()]
+
+
+def test_readme_commands_name_real_targets_and_accepted_flags():
+    import re
+    import shlex
+
+    from workflows.workflow_config import parse_args
+
+    commands = _readme_commands()
+    makefile = (REPO / "Makefile").read_text()
+    scripts = set()
+    for cmd in commands:
+        if cmd.startswith("make "):
+            assert re.search(rf"^{cmd.split()[1]}:", makefile, flags=re.M), cmd
+        m = re.search(r"python (workflows/\w+\.py)(.*)$", cmd)
+        if m:
+            scripts.add(m.group(1))
+            module = WORKFLOWS[Path(m.group(1)).stem]
+            argv = shlex.split(m.group(2).replace("$PWD", "/tmp"))
+            opts = parse_args(argv, {"paper": module.paper, "smoke": module.smoke}, None)
+            assert opts.preset in ("paper", "smoke")
+    assert scripts == {f"workflows/{n}.py" for n in WORKFLOWS}
+    # The two fresh-machine commands, and the CI entry runs the README's test command.
+    assert {"make smoke", "make test"} <= set(commands)
+    assert "make test" in (REPO / ".ci" / "run").read_text().splitlines()
+    assert ".venv/bin/python workflows/wmt14_en_fr.py --preset smoke" in makefile

@@ -23,7 +23,8 @@ from convs2s import config as models  # noqa: E402
 from convs2s.train_config import TrainConfig  # noqa: E402
 from convs2s.translate import SearchConfig  # noqa: E402
 from preprocessing import config as data  # noqa: E402
-from workflows.orchestrate import EnsembleConfig, WorkflowConfig, main  # noqa: E402
+from workflows.orchestrate import main  # noqa: E402
+from workflows.workflow_config import EnsembleConfig, WorkflowConfig  # noqa: E402
 
 
 def paper() -> WorkflowConfig:
