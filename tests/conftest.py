@@ -122,7 +122,7 @@ def demo_trained(tmp_path_factory, ray_session):
                            test_src=src, test_ref=ref)
 
 
-# --- workflows: a smoke workflow run, and Ray nodes started with the `ray` CLI ---------------------
+# --- workflows: a smoke workflow run, and Ray nodes started with the `ray` CLI --------------------
 
 
 @pytest.fixture(scope="session")

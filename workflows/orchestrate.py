@@ -218,7 +218,7 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out) -> list:
 def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig, out,
                    trained: list) -> list[EvalScore]:
     """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks."""
-    from workflows.evaluation import EvalJob, TestSet, averaging_job, evaluate_all, ensemble_job
+    from workflows.evaluation import EvalJob, TestSet, averaging_job, ensemble_job, evaluate_all
 
     resources = {"num_cpus": cfg.eval_cpus, "num_gpus": cfg.eval_gpus if cfg.use_gpu else 0.0}
     jobs = []
