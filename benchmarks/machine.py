@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from statistics import median
 
-import torch
+# torch is imported where it is used: the preprocessing benchmark's driver stays torch-free, so
+# the memory it reports is the pipeline's own.
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,23 +86,32 @@ def _git_commit() -> dict:
         return {"commit": None, "dirty": None}
 
 
-def machine_info(device: torch.device) -> dict:
-    """What ran the benchmark: CPU, cores, threads, memory, GPU, library versions, git commit."""
+def machine_info(device=None) -> dict:
+    """What ran the benchmark: CPU, cores, memory, GPU, library versions, git commit; torch
+    threads and version when a torch device is given."""
     import numpy
 
     info = {
         "hostname": platform.node(), "platform": platform.platform(), "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "memory_gib": _memory_gib(), "device": str(device),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "numpy": numpy.__version__},
+        "cpu_count": os.cpu_count(), "memory_gib": _memory_gib(), "device": str(device or "cpu"),
+        "versions": {"python": platform.python_version(), "numpy": numpy.__version__},
         "git": _git_commit(),
     }
+    if device is None:
+        return _imported_versions(info)
+    import torch
+
+    info["torch_threads"] = torch.get_num_threads()
+    info["versions"]["torch"] = torch.__version__
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["gpu"] = {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
                        "multiprocessors": props.multi_processor_count,
                        "cuda": torch.version.cuda}
+    return _imported_versions(info)
+
+
+def _imported_versions(info: dict) -> dict:
     for name in ("sentencepiece", "ray", "pyarrow", "psutil", "sacrebleu"):
         mod = sys.modules.get(name)  # only what the benchmark imported: no slow imports here
         if mod is not None:
@@ -109,12 +119,14 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
-def synchronize(device: torch.device) -> None:
+def synchronize(device) -> None:
     if device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 
-def time_call(fn, device: torch.device, repeats: int, warmup: int = 1) -> list[float]:
+def time_call(fn, device, repeats: int, warmup: int = 1) -> list[float]:
     """Wall-clock seconds of `repeats` calls of fn() after `warmup` calls (device synced)."""
     for _ in range(warmup):
         fn()
@@ -128,14 +140,15 @@ def time_call(fn, device: torch.device, repeats: int, warmup: int = 1) -> list[f
     return times
 
 
-def matmul_rate(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype,
-                repeats: int = 10) -> dict:
+def matmul_rate(m: int, k: int, n: int, device, dtype, repeats: int = 10) -> dict:
     """FLOP/s of an (m x k) @ (k x n) product, 2mkn over the median and over the fastest of
     `repeats` timings (the fastest is the better estimate of capability on a busy machine).
 
     Random inputs (zeros run faster on some hardware), output buffer reused so allocation is
     not timed.
     """
+    import torch
+
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
     out = torch.empty(m, n, device=device, dtype=dtype)
@@ -143,14 +156,15 @@ def matmul_rate(m: int, k: int, n: int, device: torch.device, dtype: torch.dtype
     return {"median": 2.0 * m * k * n / median(times), "best": 2.0 * m * k * n / min(times)}
 
 
-def matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] | None = None,
-                repeats: int = 10) -> dict:
+def matmul_peak(device, dtype, sizes: tuple[int, ...] | None = None, repeats: int = 10) -> dict:
     """The machine's matmul peak: the best FLOP/s of square products over a few sizes
     (`flops` from median timings, `flops_best` from the fastest ones).
 
     Sizes default to the model-scale 1024 and 2048 on CPU and 4096 / 8192 on GPU (large enough
     to reach the tensor cores' peak).
     """
+    import torch
+
     if sizes is None:
         sizes = (1024, 2048) if device.type == "cpu" else (4096, 8192)
     by_size = {str(n): matmul_rate(n, n, n, device, dtype, repeats) for n in sizes}
@@ -162,6 +176,8 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...]
 
 def main() -> None:
     import argparse
+
+    import torch
 
     p = argparse.ArgumentParser(description="Print this machine's description and matmul peak.")
     p.add_argument("--device", default="cpu")

@@ -13,9 +13,10 @@ one Ray task per row group. Generating the corpus is not timed (files are cached
 - Plain: the same functions (`clean_and_write`, the encoding actor class `Encoder`,
   `add_window` + `batch_window`) called in a loop in this process, reading and writing the
   same parquet parts, with the Ray run's BPE model; its batches are checked against Ray's.
-- Memory: a thread samples the process tree every 0.5 s: the driver's RSS, the proportional
-  set size (PSS: shared object-store pages counted once) of Ray's worker processes (`ray::*`),
-  and of everything together (driver, workers, raylet, GCS, ...).
+- Memory (benchmarks/memory.py): a thread samples the process tree every 0.5 s: the driver's
+  RSS, the proportional set size (PSS: shared object-store pages counted once) of Ray's worker
+  processes (`ray::*`) and of everything together (driver, workers, raylet, GCS, ...); peaks
+  overall and per stage (from the pipeline's `[stage] running` / `done` log lines).
 
     python -m benchmarks.preprocess --sizes 250000 1000000            # the recorded run
     python -m benchmarks.preprocess --sizes 20000 40000 --plain-rows 20000   # quick check
@@ -31,17 +32,17 @@ import logging
 import multiprocessing
 import os
 import shutil
-import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import ray  # noqa: I001 - ray first: it puts its bundled psutil on sys.path
-import psutil
+import ray
 
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
+from benchmarks.memory import MemorySampler, StageClock
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from preprocessing import demo
 from preprocessing.batching import add_window, batch_window
@@ -69,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows per length-sorting window of the batches stage")
     p.add_argument("--object-store-mb", type=int, default=0,
                    help="Ray object store size (0: Ray's default)")
+    p.add_argument("--no-isolate", dest="isolate", action="store_false",
+                   help="run in this process (a Ray already started here is used as is)")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/convs2s-bench-preprocess"),
                    help="corpus cache and stage outputs (deleted after each run, corpus kept)")
     p.add_argument("--max-load", type=float, default=1.5,
@@ -112,7 +115,7 @@ def make_corpus(n: int, workdir: Path, seed: int, group_rows: int) -> Path:
         t0 = time.monotonic()
         with multiprocessing.get_context("spawn").Pool(os.cpu_count()) as pool:
             pool.map(_write_chunk, jobs)
-        print(f"{len(jobs) * CHUNK_ROWS:,} demo pairs generated in {time.monotonic() - t0:.0f} "
+        print(f"{sum(j[3] for j in jobs):,} demo pairs generated in {time.monotonic() - t0:.0f} "
               f"s into {cache}", flush=True)
     folder = workdir / f"corpus-{n}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -120,55 +123,6 @@ def make_corpus(n: int, workdir: Path, seed: int, group_rows: int) -> Path:
     for i, (a, c) in enumerate(spans):
         os.link(chunk(a, c), folder / "fr-en" / f"train-{i:05d}-of-{len(spans):05d}.parquet")
     return folder
-
-
-# --- memory sampling ---------------------------------------------------------------------------
-
-
-class MemorySampler:
-    """Peak memory of this process and its descendants (the local Ray), sampled in a thread."""
-
-    def __init__(self, interval_s: float = 0.5):
-        self.interval_s = interval_s
-        self.peak = {"driver_rss": 0, "driver_pss": 0, "workers_pss": 0, "total_pss": 0,
-                     "processes": 0}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> "MemorySampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.sample()
-
-    def sample(self) -> None:
-        me = psutil.Process()
-        driver = me.memory_full_info()
-        workers = total = 0
-        procs = me.children(recursive=True)
-        for p in procs:
-            try:
-                pss = p.memory_full_info().pss
-                name = p.name()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-            total += pss
-            if name.startswith("ray::"):
-                workers += pss
-        for key, value in (("driver_rss", driver.rss), ("driver_pss", driver.pss),
-                           ("workers_pss", workers),
-                           ("total_pss", total + driver.pss), ("processes", len(procs) + 1)):
-            self.peak[key] = max(self.peak[key], value)
-
-    def peaks_mib(self) -> dict:
-        return {k: (round(v / 2**20, 1) if k != "processes" else v) for k, v in self.peak.items()}
 
 
 # --- the two ways of running the stages --------------------------------------------------------
@@ -196,7 +150,7 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # no per-stage progress dumps
     try:
         cpus = int(ray.cluster_resources().get("CPU", 0))
-        with MemorySampler() as mem:
+        with MemorySampler() as mem, StageClock(mem):
             t0 = time.monotonic()
             out = run_pipeline(cfg)
             wall = time.monotonic() - t0
@@ -209,7 +163,48 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
     return {"mode": "ray", "cpus": cpus, "pairs": n, "stage_seconds": stages,
             "spm_seconds": m["spm"]["seconds"], "seconds": seconds, "pipeline_wall_s": wall,
             "pairs_per_s": n / seconds, "rows_kept": m["batches/train"]["rows_kept"],
-            "batches": m["batches/train"]["batches"], "memory_mib": mem.peaks_mib()}, root
+            "batches": m["batches/train"]["batches"], "memory_mib": mem.peaks_mib(),
+            "stage_memory_mib": mem.stage_peaks_mib(),
+            "largest_processes_mib": mem.largest_processes_mib()}, root
+
+
+def _plain_clean(corpus: Path, out_dir: Path, cfg) -> None:
+    opts = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "row_shape": cfg.row_shape,
+            "max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio,
+            "max_line_bytes": cfg.max_line_bytes}
+    first = 0
+    for f in sorted((corpus / "fr-en").glob("train-*.parquet")):
+        pf = pq.ParquetFile(f)
+        for g in range(pf.num_row_groups):  # one block per row group, as the Ray reader
+            t = pf.read_row_group(g, columns=["translation"])
+            t = t.add_column(0, "id", pa.array(np.arange(first, first + t.num_rows)))
+            t = t.append_column("error", pa.nulls(t.num_rows, pa.string()))
+            clean_and_write(t, out_dir=str(out_dir), **opts)
+            first += t.num_rows
+
+
+def _plain_encode(clean_dir: Path, out_dir: Path, spm_model: str) -> None:
+    encoder = Encoder(spm_model, str(out_dir))
+    for f in sorted(clean_dir.glob("part-*.parquet")):
+        encoder(pq.read_table(f, columns=["id", "src", "tgt"]))
+
+
+def _plain_batches(encoded_dir: Path, out_dir: Path, cfg) -> tuple[int, int]:
+    """All encoded rows in memory, grouped by window (the pipeline shuffles them instead)."""
+    table = pa.concat_tables(pq.read_table(f) for f in sorted(encoded_dir.glob("part-*.parquet")))
+    n_windows = max(1, -(-table.num_rows // cfg.shuffle_window))
+    table = add_window(table, n_windows=n_windows, seed=cfg.seed)
+    table = table.take(np.argsort(table["window"].to_numpy(), kind="stable"))
+    windows = table["window"].to_numpy()
+    cuts = np.flatnonzero(np.diff(windows)) + 1
+    n_batches = kept = 0
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(windows)]):
+        stats = batch_window(table.slice(a, b - a), out_dir=str(out_dir),
+                             max_tokens=cfg.max_tokens, max_sentences=cfg.max_sentences,
+                             seed=cfg.seed)
+        n_batches += int(stats["batches"][0])
+        kept += int(stats["rows_kept"][0])
+    return n_batches, kept
 
 
 def run_plain(args, n: int, corpus: Path, spm_model: str) -> dict:
@@ -220,47 +215,23 @@ def run_plain(args, n: int, corpus: Path, spm_model: str) -> dict:
     dirs = {s: work / s for s in ("clean", "encoded", "batches")}
     for d in dirs.values():
         d.mkdir(parents=True)
-    opts = {"src_lang": "en", "tgt_lang": "fr", "row_shape": "translation",
-            "max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio,
-            "max_line_bytes": cfg.max_line_bytes}
     stages = {}
+    steps = [("clean", lambda: _plain_clean(corpus, dirs["clean"], cfg)),
+             ("encoded", lambda: _plain_encode(dirs["clean"], dirs["encoded"], spm_model)),
+             ("batches", lambda: _plain_batches(dirs["encoded"], dirs["batches"], cfg))]
     with MemorySampler() as mem:
-        t0 = time.monotonic()
-        first = 0
-        for f in sorted((corpus / "fr-en").glob("train-*.parquet")):
-            pf = pq.ParquetFile(f)
-            for g in range(pf.num_row_groups):  # one block per row group, as the Ray reader
-                t = pf.read_row_group(g, columns=["translation"])
-                t = t.add_column(0, "id", pa.array(np.arange(first, first + t.num_rows)))
-                t = t.append_column("error", pa.nulls(t.num_rows, pa.string()))
-                clean_and_write(t, out_dir=str(dirs["clean"]), **opts)
-                first += t.num_rows
-        stages["clean"] = time.monotonic() - t0
-        t0 = time.monotonic()
-        encoder = Encoder(spm_model, str(dirs["encoded"]))
-        for f in sorted(dirs["clean"].glob("part-*.parquet")):
-            encoder(pq.read_table(f, columns=["id", "src", "tgt"]))
-        stages["encoded"] = time.monotonic() - t0
-        t0 = time.monotonic()
-        table = pa.concat_tables(pq.read_table(f) for f in
-                                 sorted(dirs["encoded"].glob("part-*.parquet")))
-        n_windows = max(1, -(-table.num_rows // cfg.shuffle_window))
-        table = add_window(table, n_windows=n_windows, seed=cfg.seed)
-        table = table.take(np.argsort(table["window"].to_numpy(), kind="stable"))
-        windows = table["window"].to_numpy()
-        cuts = np.flatnonzero(np.diff(windows)) + 1
-        n_batches = kept = 0
-        for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(windows)]):
-            stats = batch_window(table.slice(a, b - a), out_dir=str(dirs["batches"]),
-                                 max_tokens=cfg.max_tokens, max_sentences=cfg.max_sentences,
-                                 seed=cfg.seed)
-            n_batches += int(stats["batches"][0])
-            kept += int(stats["rows_kept"][0])
-        stages["batches"] = time.monotonic() - t0
+        for name, fn in steps:
+            mem.mark(f"{name}/train", "running")
+            t0 = time.monotonic()
+            result = fn()
+            stages[name] = time.monotonic() - t0
+            mem.mark(f"{name}/train", "done")
+    n_batches, kept = result
     seconds = sum(stages.values())
     return {"mode": "plain", "cpus": 1, "pairs": n, "stage_seconds": stages, "seconds": seconds,
             "pairs_per_s": n / seconds, "rows_kept": kept, "batches": n_batches,
-            "memory_mib": mem.peaks_mib(), "_batches_dir": str(dirs["batches"])}
+            "memory_mib": mem.peaks_mib(), "stage_memory_mib": mem.stage_peaks_mib(),
+            "_batches_dir": str(dirs["batches"])}
 
 
 def same_batches(ray_dir: Path, plain_dir: Path) -> bool:
@@ -270,6 +241,15 @@ def same_batches(ray_dir: Path, plain_dir: Path) -> bool:
     return a == b and all((ray_dir / x).read_bytes() == (plain_dir / x).read_bytes() for x in a)
 
 
+def _call(isolate: bool, fn, *fn_args):
+    """fn(*fn_args), in a fresh spawned process when `isolate`: each measurement starts from a
+    clean driver (Python keeps freed memory, so a run would inherit the previous one's peak)."""
+    if not isolate:
+        return fn(*fn_args)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *fn_args).result()
+
+
 def run(args: argparse.Namespace) -> dict:
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -277,35 +257,41 @@ def run(args: argparse.Namespace) -> dict:
     corpora = {n: make_corpus(n, args.workdir, args.seed, args.block_rows) for n in sizes}
     quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
     load_before = load_average()
-    runs = []
-    for n in sizes:
-        result, root = run_ray(args, n, corpora[n])
+    runs, kept_root = [], None
+    for n in sizes:  # Ray runs first, smallest first; the plain run last
+        result, root = _call(args.isolate, run_ray, args, n, corpora[n])
         if n in args.sizes:
             runs.append(result)
         if n == args.plain_rows:
-            plain = run_plain(args, n, corpora[n], str(root / f"bench_{n}" / "spm" / "spm.model"))
-            plain["same_batches_as_ray"] = same_batches(
-                root / f"bench_{n}" / "batches" / "train", Path(plain.pop("_batches_dir")))
-            runs.append(plain)
-            shutil.rmtree(args.workdir / f"plain-{n}", ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
+            kept_root = root  # its BPE model and batches serve the plain run
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    n = args.plain_rows
+    plain = _call(args.isolate, run_plain, args, n, corpora[n],
+                  str(kept_root / f"bench_{n}" / "spm" / "spm.model"))
+    plain["same_batches_as_ray"] = same_batches(
+        kept_root / f"bench_{n}" / "batches" / "train", Path(plain.pop("_batches_dir")))
+    runs.append(plain)
+    shutil.rmtree(args.workdir / f"plain-{n}", ignore_errors=True)
+    shutil.rmtree(kept_root, ignore_errors=True)
     load_after = load_average()
     ray_runs = {r["pairs"]: r for r in runs if r["mode"] == "ray"}
-    plain = next(r for r in runs if r["mode"] == "plain")
-    small, large = min(args.sizes), max(args.sizes)
+    small, large = ray_runs[min(args.sizes)], ray_runs[max(args.sizes)]
+    growth = lambda key: large["memory_mib"][key] / small["memory_mib"][key]  # noqa: E731
     results = {
         "runs": runs,
-        "speedup_ray_vs_plain": (ray_runs[plain["pairs"]]["pairs_per_s"] / plain["pairs_per_s"]
-                                 if plain["pairs"] in ray_runs else None),
-        "memory_growth_total_pss": (ray_runs[large]["memory_mib"]["total_pss"]
-                                    / ray_runs[small]["memory_mib"]["total_pss"]),
-        "memory_growth_driver_rss": (ray_runs[large]["memory_mib"]["driver_rss"]
-                                     / ray_runs[small]["memory_mib"]["driver_rss"]),
+        "speedup_ray_vs_plain": (ray_runs[n]["pairs_per_s"] / plain["pairs_per_s"]
+                                 if n in ray_runs else None),
+        "memory_growth_total_pss": growth("total_pss"),
+        "memory_growth_workers_pss": growth("workers_pss"),
+        "memory_growth_driver_rss": growth("driver_rss"),
+        "memory_growth_by_stage_total_pss": {
+            st: large["stage_memory_mib"][st]["total_pss"] / v["total_pss"]
+            for st, v in small["stage_memory_mib"].items() if st in large["stage_memory_mib"]},
         "settings_note": "demo preset: vocab 1000, max_tokens 2000; sizes in pairs",
     }
-    return {"machine": machine_info(__import__("torch").device("cpu")),
-            "load_before": load_before, "load_after": load_after, "quiet": quiet,
-            "results": results}
+    return {"machine": machine_info(), "load_before": load_before, "load_after": load_after,
+            "quiet": quiet, "results": results}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -328,6 +314,12 @@ def main(argv: list[str] | None = None) -> dict:
                               ("batch s", "batch s"), ("pairs_per_s", "pairs/s"),
                               ("driver_rss", "driver MiB"), ("workers_pss", "workers MiB"),
                               ("total_pss", "total MiB")]))
+    stages = ["clean/train", "spm", "encoded/train", "batches/train"]
+    print("peak total PSS per stage, MiB: " + ", ".join(stages))
+    for x in r["runs"]:
+        per = x.get("stage_memory_mib", {})
+        print(f"  {x['mode']:>5} {x['pairs']:>9,}: " + "  ".join(
+            f"{per[st]['total_pss']:>7,.0f}" if st in per else f"{'-':>7}" for st in stages))
     if r["speedup_ray_vs_plain"]:
         print(f"Ray Data vs one process: {r['speedup_ray_vs_plain']:.2f}x")
     print(f"peak memory, largest / smallest corpus: total {r['memory_growth_total_pss']:.2f}x, "

@@ -37,6 +37,7 @@ from benchmarks.flops import TRAIN_MULTIPLIER, batch_flops, decoder_flops, encod
 from benchmarks.machine import (load_average, machine_info, matmul_peak, matmul_rate,
                                 synchronize, wait_for_quiet)
 from benchmarks.report import RESULTS_DIR, format_table, write_result
+from benchmarks.step_profile import operator_profile, phase_breakdown
 from convs2s.collate import collate_lists
 from convs2s.config import PAD, PRESETS
 from convs2s.model import ConvS2S
@@ -91,23 +92,6 @@ def make_batches(args, workdir: Path):
     return batches, info
 
 
-def profile_steps(step, n: int) -> list[dict]:
-    """Top operators by self time over n steps (torch.profiler), as rows for the JSON."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=acts) as prof:
-        for i in range(n):
-            step(i)
-    events = prof.key_averages()
-    use_cuda = torch.cuda.is_available()
-    key = "self_device_time_total" if use_cuda else "self_cpu_time_total"
-    total = sum(getattr(e, key) for e in events) or 1.0
-    rows = sorted(events, key=lambda e: -getattr(e, key))[:20]
-    return [{"op": e.key, "calls": e.count, "self_ms_per_step": getattr(e, key) / 1e3 / n,
-             "share": round(getattr(e, key) / total, 4)} for e in rows]
-
-
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -156,7 +140,15 @@ def run(args: argparse.Namespace) -> dict:
     gemm = matmul_rate(int(median(r["tgt_tokens"] for r in rows)), k * c, 2 * c, device, dtype)
     peak = max(peak_before["flops"], peak_after["flops"])
     peak_best = max(peak_before["flops_best"], peak_after["flops_best"])
-    profile = profile_steps(step, args.profile) if args.profile else []
+    profile = {}
+    if args.profile:  # where the time goes: operators, then the step's phases
+        first = args.warmup + args.steps
+        flops = sum(TRAIN_MULTIPLIER * batch_flops(
+            cfg, args.vocab, b.src_lengths.tolist(), b.target.ne(PAD).sum(1).tolist())["padded"]
+            for b in (batches[(first + i) % len(batches)] for i in range(args.profile)))
+        profile = operator_profile(lambda i: step(first + i), args.profile, flops)
+        profile["phases_ms"] = phase_breakdown(model, optimizer, batches, train_cfg, device,
+                                               args.profile)
 
     rate = lambda key: median(r[key] / r["seconds"] for r in rows)  # noqa: E731
     total_s = sum(r["seconds"] for r in rows)
@@ -216,8 +208,12 @@ def main(argv: list[str] | None = None) -> dict:
         "load": "/".join(f"{x:g}" for x in load)}],
         [(k, k) for k in ("preset", "device", "tok/step", "step s", "tgt tok/s", "GFLOP/s",
                           "peak GFLOP/s", "of peak", "load")]))
-    for row in r["profile"][:12]:
-        print(f"  {row['share']:6.1%}  {row['self_ms_per_step']:9.1f} ms/step  {row['op']}")
+    if r["profile"]:
+        p = r["profile"]
+        print(f"matmuls: {p['matmul_share']:.1%} of the step at {p['matmul_flops'] / 1e9:,.0f} "
+              f"GFLOP/s; phases (ms): {p['phases_ms']}")
+        for row in p["ops"][:12]:
+            print(f"  {row['share']:6.1%}  {row['self_ms_per_step']:9.1f} ms/step  {row['op']}")
     print(f"result: {path}")
     return out
 

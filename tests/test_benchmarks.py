@@ -29,7 +29,9 @@ def _check_result(path, benchmark: str) -> dict:
     assert doc["benchmark"] == benchmark
     assert {"created", "command", "settings", "machine", "load_average", "quiet", "results",
             "notes"} <= set(doc)
-    assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["torch"]
+    assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["python"]
+    # the preprocessing driver stays torch-free, so its memory is the pipeline's own
+    assert ("torch" in doc["machine"]["versions"]) == (benchmark != "preprocess")
     assert len(doc["load_average"]["before"]) == 3
     assert doc["command"].startswith(f"python -m benchmarks.{benchmark}")
     return doc
@@ -79,7 +81,10 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     assert 0 < r["achieved_flops"] <= r["achieved_flops_padded"]
     assert r["fraction_of_peak"] == pytest.approx(r["achieved_flops"] / r["peak_flops"])
     assert r["tgt_tokens_per_s_best"] >= r["tgt_tokens_per_s"]
-    assert r["profile"] and all(0 <= p["share"] <= 1 for p in r["profile"])
+    prof = r["profile"]
+    assert prof["ops"] and all(0 <= p["share"] <= 1 for p in prof["ops"])
+    assert 0 < prof["matmul_share"] < 1 and prof["matmul_flops"] > 0
+    assert set(prof["phases_ms"]) == {"forward", "loss", "backward", "clip_and_step"}
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
 
 
@@ -120,7 +125,8 @@ def test_preprocess_benchmark_writes_result(ray_session, tmp_path):
 
     out = tmp_path / "preprocess.json"
     preprocess.main(["--sizes", "2000", "4000", "--block-rows", "1000", "--shuffle-window",
-                     "1000", "--workdir", str(tmp_path / "work"), "--out", str(out)])
+                     "1000", "--no-isolate", "--workdir", str(tmp_path / "work"),
+                     "--out", str(out)])
     r = _check_result(out, "preprocess")["results"]
     ray_runs = [x for x in r["runs"] if x["mode"] == "ray"]
     plain = [x for x in r["runs"] if x["mode"] == "plain"]
@@ -131,3 +137,7 @@ def test_preprocess_benchmark_writes_result(ray_session, tmp_path):
         assert x["pairs_per_s"] > 0 and x["memory_mib"]["driver_rss"] > 0
     assert ray_runs[0]["memory_mib"]["workers_pss"] > 0  # the sampler sees Ray's workers
     assert r["speedup_ray_vs_plain"] > 0 and r["memory_growth_total_pss"] > 0
+    stages = {"clean/train", "spm", "encoded/train", "batches/train"}
+    assert set(ray_runs[0]["stage_memory_mib"]) == stages  # windows from the pipeline's log
+    assert set(plain[0]["stage_memory_mib"]) == stages - {"spm"}
+    assert set(r["memory_growth_by_stage_total_pss"]) == stages

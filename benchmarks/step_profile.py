@@ -1,0 +1,75 @@
+"""Where the time of a training step goes: an operator table (torch.profiler) and the step cut
+into phases (forward, loss, backward, renormalization + optimizer step).
+
+The phases repeat the operations of `convs2s.update.train_update` for one micro-batch on one
+process (model forward, `sequence_loss`, backward of loss / ntokens, `clip_gradients`,
+`optimizer.step`, `zero_grad`) with a timer between them; the matmul share says how much of
+the step the GEMMs take and at what rate they run (analytic FLOPs over their time), so the
+rest is overhead outside the matrix products.
+
+    prof = operator_profile(step, n_steps, train_flops)   # step(i) runs one training step
+    phases = phase_breakdown(model, optimizer, batches, train_cfg, device)
+"""
+
+from __future__ import annotations
+
+import time
+from statistics import median
+
+import torch
+
+from benchmarks.machine import synchronize
+from convs2s.loss import sequence_loss
+from convs2s.optim import clip_gradients
+from convs2s.update import autocast_for
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+
+
+def operator_profile(step, n: int, train_flops: float) -> dict:
+    """Top operators by self time over `n` calls of step(i); `train_flops`: the analytic
+    (padded) FLOPs of those n steps, to rate the matrix products."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        for i in range(n):
+            step(i)
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"  # microseconds
+    total = sum(getattr(e, key) for e in events) or 1.0
+    mm = sum(getattr(e, key) for e in events if e.key in MATMUL_OPS)
+    rows = sorted(events, key=lambda e: -getattr(e, key))[:20]
+    return {"ops": [{"op": e.key, "calls": e.count / n,
+                     "self_ms_per_step": getattr(e, key) / 1e3 / n,
+                     "share": round(getattr(e, key) / total, 4)} for e in rows],
+            "matmul_share": mm / total,
+            "matmul_flops": train_flops / (mm / 1e6) if mm else None}
+
+
+def phase_breakdown(model, optimizer, batches, train_cfg, device, n: int = 5) -> dict:
+    """Median milliseconds per phase over n steps (after one untimed step)."""
+    phases = {k: [] for k in ("forward", "loss", "backward", "clip_and_step")}
+    for i in range(n + 1):
+        b = batches[i % len(batches)].to(device)
+        marks = [time.perf_counter()]
+        with autocast_for(device, train_cfg):
+            logits, _ = model(b.src_tokens, b.src_lengths, b.prev_output_tokens)
+        synchronize(device)
+        marks.append(time.perf_counter())
+        loss, _ = sequence_loss(logits, b.target, train_cfg.label_smoothing)
+        synchronize(device)
+        marks.append(time.perf_counter())
+        (loss / b.ntokens).backward()
+        synchronize(device)
+        marks.append(time.perf_counter())
+        clip_gradients(model.parameters(), train_cfg.clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        marks.append(time.perf_counter())
+        if i:
+            for k, a, z in zip(phases, marks, marks[1:]):
+                phases[k].append(z - a)
+    return {k: round(1e3 * median(v), 1) for k, v in phases.items()}
