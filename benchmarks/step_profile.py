@@ -1,8 +1,9 @@
 """Where the time of a training step goes: an operator table (torch.profiler) and the step cut
-into phases (forward, loss, backward, renormalization + optimizer step).
+into phases (forward with the fused output-layer loss, backward, renormalization + optimizer
+step).
 
 The phases repeat the operations of `convs2s.update.train_update` for one micro-batch on one
-process (model forward, `sequence_loss`, backward of loss / ntokens, `clip_gradients`,
+process (model forward with `target`, backward of loss / ntokens, `clip_gradients`,
 `optimizer.step`, `zero_grad`) with a timer between them; the matmul share says how much of
 the step the GEMMs take and at what rate they run (analytic FLOPs over their time), so the
 rest is overhead outside the matrix products.
@@ -19,7 +20,6 @@ from statistics import median
 import torch
 
 from benchmarks.machine import synchronize
-from convs2s.loss import sequence_loss
 from convs2s.optim import clip_gradients
 from convs2s.update import autocast_for
 
@@ -50,15 +50,13 @@ def operator_profile(step, n: int, train_flops: float) -> dict:
 
 def phase_breakdown(model, optimizer, batches, train_cfg, device, n: int = 5) -> dict:
     """Median milliseconds per phase over n steps (after one untimed step)."""
-    phases = {k: [] for k in ("forward", "loss", "backward", "clip_and_step")}
+    phases = {k: [] for k in ("forward_and_loss", "backward", "clip_and_step")}
     for i in range(n + 1):
         b = batches[i % len(batches)].to(device)
         marks = [time.perf_counter()]
         with autocast_for(device, train_cfg):
-            logits, _ = model(b.src_tokens, b.src_lengths, b.prev_output_tokens)
-        synchronize(device)
-        marks.append(time.perf_counter())
-        loss, _ = sequence_loss(logits, b.target, train_cfg.label_smoothing)
+            loss, _ = model(b.src_tokens, b.src_lengths, b.prev_output_tokens,
+                            target=b.target, label_smoothing=train_cfg.label_smoothing)
         synchronize(device)
         marks.append(time.perf_counter())
         (loss / b.ntokens).backward()

@@ -8,6 +8,10 @@ the union of the batches. Optional label smoothing follows the reference impleme
     loss = (1 - eps - eps/(V-1)) * nll + eps/(V-1) * sum_v(-log p_v)
 
     loss_sum, nll_sum = sequence_loss(logits, target, label_smoothing=0.1)  # float32 scalars
+    loss_sum, nll_sum = output_layer_loss(hidden, weight, bias, target, 0.1)  # fused, training
+
+`sequence_loss` is the plain definition (scoring, tests); training uses `output_layer_loss`,
+the output layer fused with the loss, chunk by chunk, with the same values and gradients.
 
 Computed in float32 whatever the autocast dtype of the logits (bf16 log-probabilities lose the
 small differences the loss is made of).
@@ -43,3 +47,94 @@ def sequence_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: f
         eps_i = label_smoothing / (lprobs.size(-1) - 1)
         loss = (1.0 - label_smoothing - eps_i) * nll + eps_i * smooth
         return loss, nll.detach()
+
+
+# --- the output layer and the loss fused (training) ---------------------------------------------
+
+# Rows of logits per chunk: about 1M float32 values (4 MB; 128 rows of an 8k vocabulary), so that
+# a chunk stays in cache while it is normalized and turned into its gradient (measured on the
+# 2-core dev box, iwslt_de_en output layer: 2**20 fastest among 2**19 ... 2**23, 2.1x the unfused
+# path).
+CHUNK_VALUES = 2**20
+
+
+class _OutputLoss(torch.autograd.Function):
+    """logits = h W^T + b and the label-smoothed loss, chunk by chunk over the non-pad rows.
+
+    The loss is the end of the graph, so d(loss)/d(logits) = softmax - q (q: the smoothed
+    target distribution) is known as soon as a chunk's log-probabilities are: the forward
+    computes the gradients of h, W and b right away and the backward only scales them. No
+    N x V logits, log-probabilities or their gradients are ever stored; padded rows cost
+    nothing.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, target, label_smoothing, pad, with_grad):
+        # h N x C (N = B*T), weight V x C, bias V, target N
+        dev = h.device.type
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+        with torch.autocast(device_type=dev, enabled=False):
+            rows = target.ne(pad).nonzero().squeeze(1)  # the n non-pad rows
+            hr, tr = h.index_select(0, rows).to(cdt), target.index_select(0, rows)  # n x C, n
+            w, b = weight.to(cdt), bias.to(cdt)
+            n, V = hr.shape[0], w.shape[0]
+            eps = label_smoothing
+            eps_i = eps / (V - 1)
+            nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+            smooth_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+            if with_grad:
+                grad_h = torch.empty_like(hr)  # n x C
+                grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device)
+                grad_b = torch.zeros(V, dtype=torch.float32, device=h.device)
+            step = max(1, CHUNK_VALUES // V)
+            for r0 in range(0, n, step):
+                hc, tc = hr[r0:r0 + step], tr[r0:r0 + step, None]  # c x C, c x 1
+                lp = torch.log_softmax(torch.addmm(b, hc, w.t()).float(), dim=-1)  # c x V
+                nll_sum -= lp.gather(1, tc).sum()
+                if eps > 0:
+                    smooth_sum -= lp.sum()
+                if not with_grad:
+                    continue
+                g = lp.exp_()  # softmax, in place: d loss / d logits = softmax - q
+                if eps_i > 0:
+                    g.sub_(eps_i)
+                g.scatter_add_(1, tc, g.new_full(tc.shape, -(1.0 - eps - eps_i)))
+                g = g.to(cdt)
+                torch.mm(g, w, out=grad_h[r0:r0 + step])
+                if cdt == torch.float32:
+                    grad_w.addmm_(g.t(), hc)
+                else:
+                    grad_w += torch.mm(g.t(), hc).float()
+                grad_b += g.sum(0, dtype=torch.float32)
+            loss = (1.0 - eps - eps_i) * nll_sum + eps_i * smooth_sum if eps > 0 \
+                else nll_sum.clone()
+        if with_grad:
+            ctx.save_for_backward(rows, grad_h, grad_w, grad_b)
+            ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
+        ctx.mark_non_differentiable(nll_sum)
+        return loss, nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):
+        rows, grad_h, grad_w, grad_b = ctx.saved_tensors
+        gh = grad_h.new_zeros(ctx.h_shape).index_copy_(0, rows, grad_h * grad_loss.to(grad_h.dtype))
+        return (gh.to(ctx.h_dtype), (grad_w * grad_loss).to(ctx.w_dtype),
+                (grad_b * grad_loss).to(ctx.w_dtype), None, None, None, None)
+
+
+def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                      target: torch.Tensor, label_smoothing: float = 0.0,
+                      pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
+    """sequence_loss(F.linear(hidden, weight, bias), target, label_smoothing), fused.
+
+    hidden B x T x C (the input of the output layer), weight V x C, bias V, target B x T ->
+    (training loss sum, nll sum), float32 scalars; the same values and gradients as the unfused
+    pair, in a fraction of the time and memory (see `_OutputLoss`). Under autocast the matmuls
+    run in the autocast dtype and the log-softmax in float32, as in the unfused path.
+    """
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    with_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (hidden, weight, bias))
+    return _OutputLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+                             target.reshape(-1), label_smoothing, pad, with_grad)

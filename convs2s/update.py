@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 
 from convs2s.collate import Batch
-from convs2s.loss import sequence_loss
 from convs2s.optim import clip_gradients
 from convs2s.train_config import TrainConfig
 
@@ -104,10 +103,9 @@ def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             else model.no_sync()
         batch = batch.to(device)
         with sync:
-            with autocast_for(device, cfg):
-                logits, _ = model(batch.src_tokens, batch.src_lengths,
-                                  batch.prev_output_tokens)  # B x T x V
-            loss, nll = sequence_loss(logits, batch.target, cfg.label_smoothing)
+            with autocast_for(device, cfg):  # output layer and loss fused: no B x T x V logits
+                loss, nll = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
+                                  target=batch.target, label_smoothing=cfg.label_smoothing)
             (loss * scale).backward()
         loss_sum += loss.detach()
         nll_sum += nll
@@ -127,8 +125,8 @@ def validate(model: torch.nn.Module, batches: Iterable[Batch], comm: Comm, devic
     for batch in batches:
         batch = batch.to(device)
         with autocast_for(device, cfg):
-            logits, _ = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens)
-        loss, nll = sequence_loss(logits, batch.target, cfg.label_smoothing)
+            loss, nll = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
+                              target=batch.target, label_smoothing=cfg.label_smoothing)
         sums[0] += loss
         sums[1] += nll
         sums[2] += batch.ntokens

@@ -84,7 +84,7 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     prof = r["profile"]
     assert prof["ops"] and all(0 <= p["share"] <= 1 for p in prof["ops"])
     assert 0 < prof["matmul_share"] < 1 and prof["matmul_flops"] > 0
-    assert set(prof["phases_ms"]) == {"forward", "loss", "backward", "clip_and_step"}
+    assert set(prof["phases_ms"]) == {"forward_and_loss", "backward", "clip_and_step"}
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
 
 

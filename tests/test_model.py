@@ -340,5 +340,13 @@ def test_dropout_keeps_the_expected_share_and_scale():
     y = dropout(x, 0.2, training=True)
     assert abs(y.eq(0).float().mean().item() - 0.2) < 0.005
     assert abs(y.mean().item() - 1.0) < 0.01
-    assert torch.equal(y[y.ne(0)], torch.full_like(y[y.ne(0)], 1.25))
+    # p is used rounded to a multiple of 2**-16, with the exact scale for it
+    scale = 65536 / (65536 - round(0.2 * 65536))
+    assert scale == pytest.approx(1.25, rel=1e-5)
+    assert torch.equal(y[y.ne(0)], torch.full_like(y[y.ne(0)], scale))
     assert dropout(x, 0.2, training=False) is x
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.2, training=True), y)  # reproducible under manual_seed
+    assert not torch.equal(dropout(x, 0.2, training=True), y)  # a fresh mask each call
+    odd = dropout(torch.ones(7, 3), 0.5, training=True)  # sizes not a multiple of 4
+    assert odd.shape == (7, 3) and set(odd.unique().tolist()) <= {0.0, 2.0}

@@ -1,0 +1,103 @@
+"""Tests of convs2s.loss: the fused output-layer loss used in training equals the plain
+definition (`sequence_loss` on the logits) in value and gradient, whatever the chunking.
+
+Run: .venv/bin/python -m pytest tests/test_loss.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convs2s.loss as loss_module
+from convs2s.config import EOS, PAD, PRESETS
+from convs2s.loss import output_layer_loss, sequence_loss
+from convs2s.model import ConvS2S
+
+
+def _problem(B=3, T=7, C=5, V=11, seed=0, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, T, C, generator=g, dtype=dtype).to(device).requires_grad_()
+    w = torch.randn(V, C, generator=g, dtype=dtype).to(device).requires_grad_()
+    b = torch.randn(V, generator=g, dtype=dtype).to(device).requires_grad_()
+    target = torch.randint(0, V, (B, T), generator=g)
+    target[0, 5:] = PAD  # padded rows contribute nothing, and get zero gradient
+    target[2, 2:] = PAD
+    return h, w, b, target.to(device)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_values", [11, 30, 2**20], ids=["row", "3rows", "whole"])
+def test_fused_loss_equals_sequence_loss_on_the_logits(eps, chunk_values, monkeypatch):
+    monkeypatch.setattr(loss_module, "CHUNK_VALUES", chunk_values)
+    h, w, b, target = _problem()
+    loss, nll = output_layer_loss(h, w, b, target, eps)
+    grads = torch.autograd.grad(loss * 1.7, (h, w, b))  # a non-unit upstream gradient
+    ref_loss, ref_nll = sequence_loss(F.linear(h, w, b), target, eps)
+    ref_grads = torch.autograd.grad(ref_loss * 1.7, (h, w, b))
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    assert not nll.requires_grad and loss.dtype == nll.dtype == torch.float32
+    for got, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert grads[0][0, 5:].abs().max() == 0 and grads[0][2, 2:].abs().max() == 0
+
+
+def test_fused_loss_without_grad_gives_the_same_values():
+    h, w, b, target = _problem()
+    with torch.no_grad():
+        loss, nll = output_layer_loss(h, w, b, target, 0.1)
+    ref_loss, ref_nll = sequence_loss(F.linear(h, w, b), target, 0.1)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+
+
+def test_fused_loss_refuses_bad_smoothing():
+    h, w, b, target = _problem()
+    with pytest.raises(ValueError, match="label_smoothing"):
+        output_layer_loss(h, w, b, target, 1.0)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_model_target_path_equals_the_loss_of_its_logits(tied):
+    """model(..., target=) is the training path: same loss and parameter gradients as
+    sequence_loss on model(...)'s logits (dropout off so both passes see the same network)."""
+    cfg = PRESETS["tiny"].replace(dropout=0.0, share_decoder_embed=tied,
+                                  out_embed_dim=PRESETS["tiny"].embed_dim)
+    torch.manual_seed(0)
+    model = ConvS2S(cfg, 40, 40).train()
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    prev = torch.randint(4, 40, (3, 5), generator=g)
+    prev[:, 0] = EOS
+    target = torch.randint(4, 40, (3, 5), generator=g)
+    target[1, 3:] = PAD
+    loss, nll = model(src, src.ne(PAD).sum(1), prev, target=target, label_smoothing=0.1)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits, _ = model(src, src.ne(PAD).sum(1), prev)
+    ref_loss, ref_nll = sequence_loss(logits, target, 0.1)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.gpu
+def test_fused_loss_under_bf16_autocast_on_gpu():
+    """Under bf16 autocast the matmuls run in bf16 and the softmax in float32: the loss stays
+    within bf16 tolerance of float32, and the gradients point the same way."""
+    h, w, b, target = _problem(B=16, T=30, C=256, V=8000, device="cuda")
+    ref_loss, _ = output_layer_loss(h, w, b, target, 0.1)
+    ref_grads = torch.autograd.grad(ref_loss, (h, w, b))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, _ = output_layer_loss(h, w, b, target, 0.1)
+    grads = torch.autograd.grad(loss, (h, w, b))
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=2e-2)
+    for got, ref in zip(grads, ref_grads):
+        assert got.dtype == ref.dtype
+        assert F.cosine_similarity(got.float().flatten(), ref.flatten(), dim=0) > 0.98
