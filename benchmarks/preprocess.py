@@ -10,7 +10,7 @@ one Ray task per row group. Generating the corpus is not timed (files are cached
 - Ray: `preprocessing.pipeline.run_pipeline` (the production entry) on a fresh local Ray of
   --cpus CPUs per size; the rate counts the clean, encoded and batches stages (seconds from
   their manifests); the BPE stage (a bounded sample, same cost at any size) is reported apart.
-- Plain: the same functions (`clean_and_write`, the encoding actor class `Encoder`,
+- Plain: the same functions (`clean_and_write`, the encoding class `Encoder`,
   `add_window` + `batch_window`) called in a loop in this process, reading and writing the
   same parquet parts, with the Ray run's BPE model; its batches are checked against Ray's.
 - Memory (benchmarks/memory.py): a thread samples the process tree every 0.5 s: the driver's
@@ -63,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="size of the single-process run (0: the smallest of --sizes)")
     p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray")
     p.add_argument("--encode-actors", type=int, default=0,
-                   help="sentencepiece actors (0: the pipeline's default, CPUs - 1)")
+                   help="encoding tasks at once (0: the pipeline's default, one per CPU)")
     p.add_argument("--block-rows", type=int, default=25_000,
                    help="rows per block / parquet row group")
     p.add_argument("--shuffle-window", type=int, default=50_000,

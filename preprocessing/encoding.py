@@ -1,18 +1,25 @@
-"""Encoding: cleaned text -> sentencepiece ids (int32, EOS-terminated) in a pool of Ray actors.
+"""Encoding: cleaned text -> sentencepiece ids (int32, EOS-terminated), one Ray task per part.
 
-Each actor loads the model once from the spm stage folder (the output root is storage every
-worker shares: they write the stage parts there too); then it encodes whole blocks and writes
-each as one part of `encoded/<split>/`: rows
+Each task reads one part of `clean/<split>/` and writes it, encoded, as the part of the same
+name in `encoded/<split>/`: rows
 `{"id": int64, "src": list<int32>, "tgt": list<int32>, "src_len": int32, "tgt_len": int32}`.
+A worker process loads the model from the spm stage folder (the output root is storage every
+worker shares: they write the stage parts there too) once and keeps it for the next parts
+(cached by the model file's content, so a retrained model at the same path is reloaded).
+Plain tasks rather than an actor pool: no actor start-up, and the read fuses into the task.
 """
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 
-from preprocessing.stages import part_name, write_part
+from preprocessing.stages import part_name, parts_dataset, write_part
 from preprocessing.vocab import EOS, UNK, load
 
 ENCODED_SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.list_(pa.int32())),
@@ -32,7 +39,7 @@ def ids_array(seqs: list[list[int]]) -> tuple[pa.ListArray, np.ndarray]:
 
 
 class Encoder:
-    """Ray Data callable class: one sentencepiece model per actor, one part per block."""
+    """One sentencepiece model; called on a block of clean rows, writes it as one part."""
 
     def __init__(self, model_path: str, out_dir: str):
         self.sp = load(model_path)
@@ -57,11 +64,27 @@ class Encoder:
                 "src_unk": np.array([unk(src)]), "tgt_unk": np.array([unk(tgt)])}
 
 
-def encode_dataset(clean_dir: str, out_dir: str, model_path: str, actors: int,
-                   block_rows: int) -> ray.data.Dataset:
-    """Stats rows of encoding `clean_dir` into parts under `out_dir` (lazy until drained)."""
-    ds = ray.data.read_parquet(clean_dir).select_columns(["id", "src", "tgt"])
-    return ds.map_batches(Encoder, batch_size=block_rows, batch_format="pyarrow",
-                          compute=ray.data.ActorPoolStrategy(size=actors),
-                          fn_constructor_kwargs={"model_path": model_path,
-                                                 "out_dir": out_dir})
+_ENCODERS: dict[tuple[str, str], Encoder] = {}  # this worker's model: (content hash, out_dir)
+
+
+def _encoder(model_path: str, out_dir: str) -> Encoder:
+    key = (hashlib.sha256(Path(model_path).read_bytes()).hexdigest(), out_dir)
+    if key not in _ENCODERS:
+        _ENCODERS.clear()  # one model per worker process at a time
+        _ENCODERS[key] = Encoder(model_path, out_dir)
+    return _ENCODERS[key]
+
+
+def encode_part(row: dict, *, model_path: str, out_dir: str) -> dict:
+    """Ray Data row function: encode the clean part `row["path"]`, return its stats row."""
+    table = pq.read_table(row["path"], columns=["id", "src", "tgt"])
+    stats = _encoder(model_path, out_dir)(table)
+    return {k: int(v[0]) for k, v in stats.items()}
+
+
+def encode_dataset(clean_dir: str, out_dir: str, model_path: str,
+                   concurrency: int | None = None) -> ray.data.Dataset:
+    """Stats rows (one per part) of encoding `clean_dir` into parts under `out_dir` (lazy)."""
+    return parts_dataset(clean_dir).map(
+        encode_part, fn_kwargs={"model_path": model_path, "out_dir": out_dir},
+        concurrency=concurrency or None)

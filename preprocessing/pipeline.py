@@ -15,7 +15,7 @@ the bounded BPE sample, so memory does not grow with the corpus.
 from __future__ import annotations
 
 import logging
-import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ from pathlib import Path
 import ray
 from ray.data.context import ShuffleStrategy
 
-from preprocessing.batching import batch_dataset
+from preprocessing.batching import gather_dataset, n_windows_for, scatter_dataset, spill_paths
 from preprocessing.cleaning import clean_and_write, clean_rows, dedupe_and_write, normalize_block
 from preprocessing.config import PreprocessConfig
 from preprocessing.encoding import encode_dataset
@@ -92,7 +92,10 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
         stats = ds.groupby("bucket").map_groups(dedupe_and_write, batch_format="pyarrow",
                                                 fn_kwargs={"out_dir": str(tmp)})
     else:
-        stats = ds.map_batches(clean_and_write, batch_size=cfg.block_rows, batch_format="pyarrow",
+        # batch_size=None: each block the reader yields (<= block_rows rows) is one part. A row
+        # count here would make Ray bundle the reader's one-row inputs (row-group lists) up to
+        # that count, i.e. run the whole split in one task.
+        stats = ds.map_batches(clean_and_write, batch_size=None, batch_format="pyarrow",
                                fn_kwargs={**opts, "out_dir": str(tmp)})
     totals = collect_stats(stats, f"clean/{split}")
     where = f"split {split!r} ({cfg.source}: {cfg.splits[split]})"
@@ -121,11 +124,8 @@ def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) ->
 
 def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clean_m: dict,
             tmp: Path) -> dict:
-    cpus = int(ray.cluster_resources().get("CPU", 2))
-    actors = cfg.encode_actors or max(1, cpus - 1)  # leave a CPU for the parquet reads
-    actors = min(actors, math.ceil(clean_m["rows_kept"] / cfg.block_rows))  # no idle actors
-    ds = encode_dataset(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"], actors,
-                        cfg.block_rows)
+    ds = encode_dataset(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"],
+                        cfg.encode_actors or None)
     totals = collect_stats(ds, f"encoded/{split}")
     if totals.get("rows_in", 0) != clean_m["rows_kept"]:
         raise RuntimeError(f"encoded/{split}: {totals.get('rows_in')} rows encoded but "
@@ -136,9 +136,18 @@ def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clea
 
 
 def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp: Path) -> dict:
-    ds = batch_dataset(str(task_dir / "encoded" / split), str(tmp), enc_m["rows_kept"],
-                       cfg.shuffle_window, cfg.max_tokens, cfg.max_sentences, cfg.seed)
-    t = collect_stats(ds, f"batches/{split}")
+    encoded = str(task_dir / "encoded" / split)
+    n_windows = n_windows_for(enc_m["rows_kept"], cfg.shuffle_window)
+    spill = tmp / ".windows"  # removed before the stage folder is renamed into place
+    spilled = collect_stats(scatter_dataset(encoded, str(spill), n_windows, cfg.seed),
+                            f"batches/{split} (scatter)")
+    if spilled.get("rows_in", 0) != enc_m["rows_kept"]:
+        raise RuntimeError(f"batches/{split}: {spilled.get('rows_in')} rows spilled but "
+                           f"encoded/{split} holds {enc_m['rows_kept']}")
+    t = collect_stats(gather_dataset(spill_paths(encoded, str(spill)), str(tmp), n_windows,
+                                     cfg.max_tokens, cfg.max_sentences, cfg.seed),
+                      f"batches/{split}")
+    shutil.rmtree(spill)
     real = t["src_tokens"] + t["tgt_tokens"]
     return {"rows_in": t["rows_in"], "rows_kept": t["rows_kept"], "dropped": dropped_counts(t),
             "batches": t["batches"],

@@ -144,6 +144,25 @@ def part_name(first_id: int) -> str:
     return f"part-{int(first_id):012d}.parquet"
 
 
+def part_paths(folder: str | Path) -> list[str]:
+    """The parquet parts of a stage folder, sorted by name."""
+    return sorted(str(p) for p in Path(folder).glob("part-*.parquet"))
+
+
+def parts_dataset(folder: str | Path):
+    """A Ray dataset of one row `{"path": ...}` per part of a stage folder, one block per part,
+    so that a map over it runs one task per part (the task reads the part itself).
+
+    Used instead of `ray.data.read_parquet` between stages: the parts are ours and already the
+    right size, the file listing costs no Ray task, and the reading fuses with the stage's work.
+    """
+    import ray  # stages.py itself stays importable without starting Ray
+
+    paths = part_paths(folder)
+    return ray.data.from_items([{"path": p} for p in paths],
+                               override_num_blocks=max(1, len(paths)))
+
+
 # --- draining per-part statistics ----------------------------------------------------------------
 
 
@@ -164,6 +183,8 @@ def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 1
                 last = now
                 log.info("  %s: %s rows so far (%.0f s)", label,
                          f"{int(totals.get(count_key, 0)):,}", now - t0)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s: Ray Data stats\n%s", label, ds.stats())
     return totals
 
 
