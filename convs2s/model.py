@@ -125,10 +125,11 @@ class _Windows(torch.autograd.Function):
             s = left - j
             if j == left or abs(s) >= T:
                 continue
+            # add_ on the slice (not `+=`, whose setitem copies the slice onto itself again)
             if s > 0:
-                gx[:, : T - s] += grad[:, s:, j]
+                gx[:, : T - s].add_(grad[:, s:, j])
             else:
-                gx[:, -s:] += grad[:, : T + s, j]
+                gx[:, -s:].add_(grad[:, : T + s, j])
         return gx, None, None, None
 
 
@@ -282,7 +283,9 @@ class Attention(nn.Module):
         # target rows for B sentences, the K rows of a sentence consecutive (K = 1 in training).
         N, T, _ = h.shape
         B, S, E = enc.keys.shape
-        d = self.in_proj(h).add_(g).mul_(SQRT_HALF)  # N x T x E: (W h + b + g) * sqrt(.5)
+        # Out-of-place add, then in place: a linear layer's 3-D output is a view, and in-place
+        # ops on views cost autograd 4-5 extra copies each in the backward (CopySlices).
+        d = torch.add(self.in_proj(h), g).mul_(SQRT_HALF)  # N x T x E: (W h + b + g) * sqrt(.5)
         d = d.reshape(B, N // B * T, E)  # B x KT x E: one matmul per sentence, keys read once
         # Scores and softmax in float32 even under autocast (bf16 logits lose the ranking).
         with torch.autocast(device_type=d.device.type, enabled=False):
@@ -290,7 +293,7 @@ class Attention(nn.Module):
             attn = torch.softmax(scores + enc.mask_bias, dim=-1)  # padding gets weight 0
         c = torch.bmm(attn.to(enc.values.dtype), enc.values)  # B x KT x E
         c = c.mul_(enc.scale.to(c.dtype))  # §3.4: m * sqrt(1/m), m = true source length
-        h = self.out_proj(c.view(N, T, E)).add_(h).mul_(SQRT_HALF)  # N x T x C
+        h = torch.add(self.out_proj(c.view(N, T, E)), h).mul_(SQRT_HALF)  # N x T x C
         return h, attn.view(N, T, S)
 
 
