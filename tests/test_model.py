@@ -350,3 +350,12 @@ def test_dropout_keeps_the_expected_share_and_scale():
     assert not torch.equal(dropout(x, 0.2, training=True), y)  # a fresh mask each call
     odd = dropout(torch.ones(7, 3), 0.5, training=True)  # sizes not a multiple of 4
     assert odd.shape == (7, 3) and set(odd.unique().tolist()) <= {0.0, 2.0}
+    # `keep` (the encoder's non-pad frames) zeroes whole frames in the same multiply
+    frames = torch.ones(4, 50, 30)
+    keep = torch.ones(4, 50, 1)
+    keep[1, 40:] = 0
+    for training in (True, False):
+        y = dropout(frames, 0.2, training, keep=keep)
+        assert y[1, 40:].abs().max() == 0
+        assert y[:, :40].eq(0).float().mean().item() == pytest.approx(0.2 if training else 0.0,
+                                                                      abs=0.02)
