@@ -11,13 +11,11 @@ window's batches are shuffled and written as `part-<window>.parquet`, one row pe
 
 A sentence longer than `max_tokens` alone cannot be batched: it is dropped and counted.
 
-Windows gather rows from every encoded part: an all-to-all exchange. It goes through files,
-not through Ray's object store (a Ray shuffle holds the whole split in shared memory at once,
-so memory grew with the corpus): `scatter_part` (one task per encoded part) writes the part's
-rows as one Arrow IPC file under a spill folder, one record batch per window, in window order;
-`gather_window` (one task per window) reads record batch `w` of every spill file, so it holds
-one window and never more. The rows of a window, and so its bytes, do not depend on the exchange:
-`batch_window` sorts them into a total order.
+Windows gather rows from every encoded part: an all-to-all exchange, through spill files (see
+stages.py) rather than Ray's object store: `scatter_part` (a task per encoded part) writes the
+part's rows with one record batch per window, `gather_window` (a task per window) reads one
+window from every file, so a task holds one part or one window, never the split. The rows of a
+window, and so its bytes, do not depend on the exchange: `batch_window` sorts them totally.
 """
 
 from __future__ import annotations
@@ -31,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from preprocessing.stages import mix64, part_paths, parts_dataset, write_part
+from preprocessing.stages import (index_dataset, mix64, parts_dataset, read_spill, write_part,
+                                  write_spill)
 
 BATCH_SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),
                           ("tgt", pa.list_(pa.list_(pa.int32()))), ("src_tokens", pa.int64()),
@@ -115,39 +114,13 @@ def n_windows_for(rows: int, shuffle_window: int) -> int:
     return max(1, math.ceil(rows / shuffle_window))
 
 
-# Spill files are read back at once by the same job: cheap compression keeps the disk traffic
-# (and the shared storage's) about a third of the raw int32 lists at little CPU cost.
-_SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
-
-
 def scatter_part(row: dict, *, spill_dir: str, n_windows: int, seed: int) -> dict:
     """Ray Data row function: encoded part `row["path"]` -> `<spill_dir>/<part>.arrow`, its
     rows (window column added) as n_windows record batches, batch w = the rows of window w."""
     table = add_window(pq.read_table(row["path"]), n_windows=n_windows, seed=seed)
-    windows = table["window"].to_numpy()
-    order = np.argsort(windows, kind="stable")
-    table = table.take(order).combine_chunks()
-    bounds = np.searchsorted(windows[order], np.arange(n_windows + 1))
-    empty = pa.record_batch([pa.array([], f.type) for f in table.schema], schema=table.schema)
-    path = os.path.join(spill_dir, Path(row["path"]).stem + ".arrow")
-    with pa.OSFile(path + ".tmp", "wb") as f, \
-            pa.ipc.new_file(f, table.schema, options=_SPILL_OPTIONS) as writer:
-        for w in range(n_windows):
-            a, b = int(bounds[w]), int(bounds[w + 1])
-            writer.write_batch(table.slice(a, b - a).to_batches()[0] if b > a else empty)
-    os.replace(path + ".tmp", path)
+    write_spill(table, "window", n_windows, os.path.join(spill_dir, Path(row["path"]).stem
+                                                         + ".arrow"))
     return {"rows_in": table.num_rows}
-
-
-def read_window(spill_paths: list[str], window: int) -> pa.Table | None:
-    """All rows of one window: record batch `window` of every spill file (None: no rows)."""
-    batches = []
-    for path in spill_paths:
-        with pa.OSFile(path) as f:  # read, not memory-mapped: no file stays open
-            batch = pa.ipc.open_file(f).get_batch(window)
-        if batch.num_rows:
-            batches.append(batch)
-    return pa.Table.from_batches(batches) if batches else None
 
 
 STATS_KEYS = ("window", "rows_in", "rows_kept", "drop_over_max_tokens", "batches", "src_tokens",
@@ -157,7 +130,7 @@ STATS_KEYS = ("window", "rows_in", "rows_kept", "drop_over_max_tokens", "batches
 def gather_window(row: dict, *, spill_paths: list[str], out_dir: str, max_tokens: int,
                   max_sentences: int | None, seed: int) -> dict:
     """Ray Data row function: batch window `row["window"]` from the spill files; stats row."""
-    group = read_window(spill_paths, int(row["window"]))
+    group = read_spill(spill_paths, int(row["window"]))
     if group is None:  # a window no row hashed to (small splits): no part
         return {k: int(row["window"]) if k == "window" else 0 for k in STATS_KEYS}
     stats = batch_window(group, out_dir=out_dir, max_tokens=max_tokens,
@@ -173,16 +146,9 @@ def scatter_dataset(encoded_dir: str, spill_dir: str, n_windows: int,
         scatter_part, fn_kwargs={"spill_dir": spill_dir, "n_windows": n_windows, "seed": seed})
 
 
-def spill_paths(encoded_dir: str, spill_dir: str) -> list[str]:
-    """The spill files `scatter_dataset` wrote, one per encoded part."""
-    return [os.path.join(spill_dir, Path(p).stem + ".arrow") for p in part_paths(encoded_dir)]
-
-
 def gather_dataset(spills: list[str], out_dir: str, n_windows: int, max_tokens: int,
                    max_sentences: int | None, seed: int) -> ray.data.Dataset:
     """Stats rows (one per window) of batching the spilled windows into `out_dir` (lazy)."""
-    windows = ray.data.from_items([{"window": w} for w in range(n_windows)],
-                                  override_num_blocks=n_windows)
-    return windows.map(gather_window, fn_kwargs={
+    return index_dataset(n_windows, "window").map(gather_window, fn_kwargs={
         "spill_paths": spills, "out_dir": out_dir, "max_tokens": max_tokens,
         "max_sentences": max_sentences, "seed": seed})

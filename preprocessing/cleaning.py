@@ -7,18 +7,20 @@ invalid_utf8 / line_too_long / bad_row (from the reader), nul_byte, empty, too_l
 over_max_tokens (batching: one sentence larger than the token budget).
 
 Pure functions (`normalize`, `drop_reason`) are tested without Ray; `clean_and_write` /
-`clean_rows` + `dedupe_and_write` are the stage's Ray Data functions.
+`clean_and_spill` + `dedupe_bucket` (dedupe runs: rows exchanged by bucket through spill files,
+see stages.py) are the stage's Ray Data functions.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import unicodedata
 
 import numpy as np
 import pyarrow as pa
 
-from preprocessing.stages import mix64, part_name, write_part
+from preprocessing.stages import mix64, part_name, read_spill, write_part, write_spill
 
 REASONS = ("invalid_utf8", "line_too_long", "bad_row", "nul_byte", "empty", "too_long", "ratio",
            "duplicate", "over_max_tokens")
@@ -152,6 +154,27 @@ def dedupe_and_write(group: pa.Table, *, out_dir: str) -> dict:
     if keep.any():
         _write_kept(ids, src, tgt, keep, out_dir, f"part-b{bucket:06d}.parquet")
     return _stats(int(ids.min()), reasons, [s for s in src if s], [t for t in tgt if t])
+
+
+def clean_and_spill(table: pa.Table, *, spill_dir: str, n_buckets: int, seed: int,
+                    **opts) -> pa.Table:
+    """Ray Data function for dedupe runs: `clean_rows` of a block, spilled by bucket into
+    `<spill_dir>/<first id>.arrow`; returns one row {"rows_in"}."""
+    rows = clean_rows(table, n_buckets=n_buckets, seed=seed, **opts)
+    first = int(rows["id"].to_numpy().min()) if rows.num_rows else -1
+    if rows.num_rows:
+        name = part_name(first).replace(".parquet", ".arrow")
+        write_spill(rows, "bucket", n_buckets, os.path.join(spill_dir, name))
+    return pa.table({"rows_in": pa.array([rows.num_rows], pa.int64())})
+
+
+def dedupe_bucket(row: dict, *, spill_paths: list[str], out_dir: str) -> dict:
+    """Ray Data row function: `dedupe_and_write` of bucket `row["bucket"]` read from the spill
+    files; its stats row (zeros for a bucket no row fell into)."""
+    group = read_spill(spill_paths, int(row["bucket"]))
+    stats = (_stats(-1, [], [], []) if group is None
+             else dedupe_and_write(group, out_dir=out_dir))
+    return {k: int(v[0]) for k, v in stats.items()}
 
 
 def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str) -> pa.Table:

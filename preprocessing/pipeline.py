@@ -21,16 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
-from ray.data.context import ShuffleStrategy
 
-from preprocessing.batching import gather_dataset, n_windows_for, scatter_dataset, spill_paths
-from preprocessing.cleaning import clean_and_write, clean_rows, dedupe_and_write, normalize_block
+from preprocessing.batching import gather_dataset, n_windows_for, scatter_dataset
+from preprocessing.cleaning import clean_and_spill, clean_and_write, dedupe_bucket, normalize_block
 from preprocessing.config import PreprocessConfig
 from preprocessing.encoding import encode_dataset
 from preprocessing.errors import PreprocessError, user_errors
 from preprocessing.sources import SplitSource, read_split, resolve_split
 from preprocessing.stages import (PIPELINE_VERSION, collect_stats, config_hash, dropped_counts,
-                                  finished, stage_output, write_manifest)
+                                  finished, index_dataset, read_parts, spill_files, stage_output,
+                                  write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 
 log = logging.getLogger("preprocessing")
@@ -86,11 +86,14 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
             "max_line_bytes": cfg.max_line_bytes}
     if cfg.dedupe and split == "train":
         n_buckets = min(4096, max(1, src.estimated_rows() // 250_000))
-        ds = ds.map_batches(clean_rows, batch_size=None, batch_format="pyarrow",
-                            fn_kwargs={**opts, "n_buckets": n_buckets, "seed": cfg.seed})
-        ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-        stats = ds.groupby("bucket").map_groups(dedupe_and_write, batch_format="pyarrow",
-                                                fn_kwargs={"out_dir": str(tmp)})
+        spill = tmp / ".buckets"  # rows exchanged by bucket (stages.py); removed when done
+        spill.mkdir()
+        scattered = collect_stats(ds.map_batches(
+            clean_and_spill, batch_size=None, batch_format="pyarrow",
+            fn_kwargs={**opts, "n_buckets": n_buckets, "seed": cfg.seed,
+                       "spill_dir": str(spill)}), f"clean/{split} (scatter)")
+        stats = index_dataset(n_buckets, "bucket").map(
+            dedupe_bucket, fn_kwargs={"spill_paths": spill_files(spill), "out_dir": str(tmp)})
     else:
         # batch_size=None: each block the reader yields (<= block_rows rows) is one part. A row
         # count here would make Ray bundle the reader's one-row inputs (row-group lists) up to
@@ -98,6 +101,11 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
         stats = ds.map_batches(clean_and_write, batch_size=None, batch_format="pyarrow",
                                fn_kwargs={**opts, "out_dir": str(tmp)})
     totals = collect_stats(stats, f"clean/{split}")
+    if cfg.dedupe and split == "train":
+        if totals.get("rows_in") != scattered.get("rows_in"):
+            raise RuntimeError(f"clean/{split}: {scattered.get('rows_in')} rows spilled but "
+                               f"{totals.get('rows_in')} deduplicated")
+        shutil.rmtree(tmp / ".buckets")
     where = f"split {split!r} ({cfg.source}: {cfg.splits[split]})"
     dropped = dropped_counts(totals)
     if not totals.get("rows_in"):
@@ -111,8 +119,7 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
 
 
 def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:
-    ds = ray.data.read_parquet(str(task_dir / "clean" / "train")).select_columns(
-        ["id", "src", "tgt"])
+    ds = read_parts(task_dir / "clean" / "train", ["id", "src", "tgt"])
     with user_errors():
         sample = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
     train_bpe(sample, tmp / "spm", cfg.vocab_size, cfg.character_coverage)
@@ -138,13 +145,13 @@ def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clea
 def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp: Path) -> dict:
     encoded = str(task_dir / "encoded" / split)
     n_windows = n_windows_for(enc_m["rows_kept"], cfg.shuffle_window)
-    spill = tmp / ".windows"  # removed before the stage folder is renamed into place
+    spill = tmp / ".windows"  # rows exchanged by window (stages.py); removed when done
     spilled = collect_stats(scatter_dataset(encoded, str(spill), n_windows, cfg.seed),
                             f"batches/{split} (scatter)")
     if spilled.get("rows_in", 0) != enc_m["rows_kept"]:
         raise RuntimeError(f"batches/{split}: {spilled.get('rows_in')} rows spilled but "
                            f"encoded/{split} holds {enc_m['rows_kept']}")
-    t = collect_stats(gather_dataset(spill_paths(encoded, str(spill)), str(tmp), n_windows,
+    t = collect_stats(gather_dataset(spill_files(spill), str(tmp), n_windows,
                                      cfg.max_tokens, cfg.max_sentences, cfg.seed),
                       f"batches/{split}")
     shutil.rmtree(spill)

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from preprocessing import config as pconfig
-from preprocessing.batching import BATCH_SCHEMA, batch_window, cut_batches
+from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_window, cut_batches,
+                                    gather_window, scatter_part)
 from preprocessing.cleaning import dedupe_and_write, drop_reason, normalize
 from preprocessing.encoding import ids_array
-from preprocessing.stages import finished, stage_output, write_manifest
+from preprocessing.stages import finished, read_spill, stage_output, write_manifest, write_spill
 from preprocessing.vocab import BOS, EOS, PAD, UNK
 
 
@@ -111,6 +113,44 @@ def test_sentence_over_the_budget_is_dropped_and_counted(tmp_path):
     kept = sum(len(b) for b in table["id"].to_pylist())
     assert kept == int(stats["rows_kept"][0]) and kept < 50
     assert int(stats["drop_over_max_tokens"][0]) == 50 - kept
+
+
+def test_spill_exchange_gives_each_key_exactly_its_rows(tmp_path):
+    tables = [pa.table({"id": [4, 1, 9, 6], "k": [2, 0, 2, 1]}),
+              pa.table({"id": [3, 8], "k": [0, 2]})]
+    paths = [str(tmp_path / f"{i}.arrow") for i in range(2)]
+    for t, p in zip(tables, paths):
+        write_spill(t, "k", 4, p)
+    assert read_spill(paths, 0)["id"].to_pylist() == [1, 3]  # file order, then row order
+    assert read_spill(paths, 1)["id"].to_pylist() == [6]
+    assert read_spill(paths, 2)["id"].to_pylist() == [4, 9, 8]
+    assert read_spill(paths, 3) is None  # no row has key 3: an empty batch in every file
+    with pytest.raises(ValueError, match="outside"):
+        write_spill(pa.table({"k": [4]}), "k", 4, str(tmp_path / "bad.arrow"))
+
+
+def test_scatter_gather_windows_equal_batching_each_whole_window(tmp_path):
+    """The pipeline's file exchange gives every window the same shard as batching that window
+    from all rows at once (what the plain-process benchmark does)."""
+    rows = encoded_group(900).drop_columns(["window"])
+    for d in ("enc", "spill", "a", "b"):
+        (tmp_path / d).mkdir()
+    for i, (a, n) in enumerate([(0, 400), (400, 500)]):
+        pq.write_table(rows.slice(a, n), tmp_path / "enc" / f"part-{i:012d}.parquet")
+    kw = {"max_tokens": 500, "max_sentences": 30, "seed": 3}
+    for p in sorted((tmp_path / "enc").glob("part-*")):
+        scatter_part({"path": str(p)}, spill_dir=str(tmp_path / "spill"), n_windows=3, seed=3)
+    spills = sorted(str(p) for p in (tmp_path / "spill").glob("*.arrow"))
+    assert sum(gather_window({"window": w}, spill_paths=spills, out_dir=str(tmp_path / "a"),
+                             **kw)["rows_in"] for w in range(3)) == 900
+    whole = add_window(rows, n_windows=3, seed=3)
+    for w in range(3):
+        batch_window(whole.filter(pc.equal(whole["window"], w)), out_dir=str(tmp_path / "b"),
+                     **kw)
+    names = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "b").iterdir()) and len(names) == 3
+    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
+               for n in names)
 
 
 def test_ids_array_appends_eos():
