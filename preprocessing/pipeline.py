@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ray
+import ray.data  # noqa: F401 - imported with the pipeline, not inside the first stage
 
 from preprocessing.batching import gather_dataset, n_windows_for, scatter_dataset
 from preprocessing.cleaning import clean_and_spill, clean_and_write, dedupe_bucket, normalize_block
