@@ -55,6 +55,7 @@ from preprocessing.cleaning import clean_and_write
 from preprocessing.config import demo as demo_config
 from preprocessing.encoding import Encoder
 from preprocessing.pipeline import run_pipeline
+from preprocessing.stages import execution_settings
 
 CHUNK_ROWS = 50_000  # rows per corpus file (one generating process each)
 
@@ -153,8 +154,10 @@ def _warm_worker(row: dict) -> dict:
 def warm_up_ray(cpus: int) -> float:
     """Seconds to start `cpus` Ray worker processes and import the pipeline's modules in them
     (one Ray Data task each, no data)."""
+    from benchmarks.preprocess import _warm_worker as warm  # by module name, even from __main__
+
     t0 = time.monotonic()
-    ray.data.range(cpus, override_num_blocks=cpus).map(_warm_worker).take_all()
+    execution_settings(ray.data.range(cpus, override_num_blocks=cpus).map(warm)).take_all()
     return time.monotonic() - t0
 
 

@@ -30,8 +30,8 @@ from preprocessing.encoding import encode_dataset
 from preprocessing.errors import PreprocessError, user_errors
 from preprocessing.sources import SplitSource, read_split, resolve_split
 from preprocessing.stages import (PIPELINE_VERSION, collect_stats, config_hash, dropped_counts,
-                                  finished, index_dataset, read_parts, spill_files, stage_output,
-                                  write_manifest)
+                                  execution_settings, finished, index_dataset, read_parts,
+                                  spill_files, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 
 log = logging.getLogger("preprocessing")
@@ -120,7 +120,7 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
 
 
 def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:
-    ds = read_parts(task_dir / "clean" / "train", ["id", "src", "tgt"])
+    ds = execution_settings(read_parts(task_dir / "clean" / "train", ["id", "src", "tgt"]))
     with user_errors():
         sample = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
     train_bpe(sample, tmp / "spm", cfg.vocab_size, cfg.character_coverage)
@@ -177,6 +177,7 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
             normalize_block, batch_size=None, batch_format="pyarrow",
             fn_kwargs={"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
                        "row_shape": cfg.row_shape})
+        ds = execution_settings(ds)
         ds.context.execution_options.preserve_order = True  # input order = line order
         paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]
         n, unreadable = 0, 0

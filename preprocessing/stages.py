@@ -231,11 +231,22 @@ def spill_files(spill_dir: str | Path) -> list[str]:
 # --- draining per-part statistics ----------------------------------------------------------------
 
 
+def execution_settings(ds):
+    """`ds` with the pipeline's Ray Data execution settings (on its own context, not the
+    process-wide one): no per-operator resource reservation. Ray Data reserves half of the
+    cluster's CPUs for its operators in equal shares and lets an operator exceed its share only
+    slowly; on a small node (2 CPUs) a stage's single map then mostly runs one task at a time.
+    Our stages are one map each whose output is small, so there is nothing to reserve for."""
+    ds.context.op_resource_reservation_enabled = False
+    return ds
+
+
 def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 10.0) -> dict:
     """Run a stage's Ray Data pipeline, whose output is one stats row per part; sum the rows.
 
     Only these small rows reach the driver. Prints progress every `every_s` seconds.
     """
+    ds = execution_settings(ds)
     totals: dict[str, int] = {}
     t0 = last = time.monotonic()
     with user_errors():
