@@ -6,7 +6,7 @@ venv:
 
 # The full test suite (what CI runs).
 test: venv
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q --durations=15
 
 # Everything but the slow end-to-end tests.
 test-fast: venv
