@@ -30,7 +30,9 @@ def _problem(B=3, T=7, C=5, V=11, seed=0, dtype=torch.float32, device="cpu"):
 @pytest.mark.parametrize("eps", [0.0, 0.1])
 @pytest.mark.parametrize("chunk_values", [11, 30, 2**20], ids=["row", "3rows", "whole"])
 def test_fused_loss_equals_sequence_loss_on_the_logits(eps, chunk_values, monkeypatch):
-    monkeypatch.setattr(loss_module, "CHUNK_VALUES", chunk_values)
+    monkeypatch.setattr(loss_module, "CHUNK_VALUES", {"cpu": chunk_values})
+    monkeypatch.setattr(loss_module, "MIN_CHUNK_ROWS", 1)
+    assert loss_module.chunk_rows("cpu", 11) == max(1, chunk_values // 11)
     h, w, b, target = _problem()
     loss, nll = output_layer_loss(h, w, b, target, eps)
     grads = torch.autograd.grad(loss * 1.7, (h, w, b))  # a non-unit upstream gradient
