@@ -124,9 +124,12 @@ class _OutputLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
         rows, grad_h, grad_w, grad_b = ctx.saved_tensors
-        gh = grad_h.new_zeros(ctx.h_shape).index_copy_(0, rows, grad_h * grad_loss.to(grad_h.dtype))
-        return (gh.to(ctx.h_dtype), (grad_w * grad_loss).to(ctx.w_dtype),
-                (grad_b * grad_loss).to(ctx.w_dtype), None, None, None, None)
+        # Scaled in float32 (a bf16-rounded scale would differ from the weights' by up to 0.4%),
+        # out of place (a second backward must not scale the saved gradients twice).
+        gh = (grad_h.float() * grad_loss).to(ctx.h_dtype)
+        gh = gh.new_zeros(ctx.h_shape).index_copy_(0, rows, gh)  # zero at the pad rows
+        return (gh, (grad_w * grad_loss).to(ctx.w_dtype), (grad_b * grad_loss).to(ctx.w_dtype),
+                None, None, None, None)
 
 
 def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,

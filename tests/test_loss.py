@@ -103,3 +103,14 @@ def test_fused_loss_under_bf16_autocast_on_gpu():
     for got, ref in zip(grads, ref_grads):
         assert got.dtype == ref.dtype
         assert F.cosine_similarity(got.float().flatten(), ref.flatten(), dim=0) > 0.98
+
+
+def test_fused_loss_backward_twice_gives_the_same_gradients():
+    """The gradients formed in the forward are scaled out of place: a retained graph can be
+    differentiated again (e.g. by gradient checks) without scaling them twice."""
+    h, w, b, target = _problem()
+    loss, _ = output_layer_loss(h, w, b, target, 0.1)
+    first = torch.autograd.grad(loss * 3.0, (h, w, b), retain_graph=True)
+    second = torch.autograd.grad(loss * 3.0, (h, w, b))
+    for x, y in zip(first, second):
+        torch.testing.assert_close(x, y)
