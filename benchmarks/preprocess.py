@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plain-rows", type=int, default=0,
                    help="size of the single-process run (0: the smallest of --sizes)")
     p.add_argument("--cpus", type=int, default=os.cpu_count(), help="CPUs given to Ray")
-    p.add_argument("--encode-actors", type=int, default=0,
+    p.add_argument("--encode-tasks", type=int, default=0,
                    help="encoding tasks at once (0: the pipeline's default, one per CPU)")
     p.add_argument("--block-rows", type=int, default=25_000,
                    help="rows per block / parquet row group")
@@ -138,7 +138,7 @@ def pipeline_config(args, n: int, corpus: Path, root: Path):
     return demo_config().replace(
         task=f"bench_{n}", source=str(corpus), hub_config="fr-en", splits={"train": "train"},
         root=str(root), block_rows=args.block_rows, shuffle_window=args.shuffle_window,
-        encode_actors=args.encode_actors, seed=args.seed)
+        encode_tasks=args.encode_tasks, seed=args.seed)
 
 
 def _warm_worker(row: dict) -> dict:

@@ -54,7 +54,7 @@ class PreprocessConfig:
     seed: int = 1
     root: str = "data/preprocessed"
     block_rows: int = 50_000  # rows per block read from a source = rows per clean part
-    encode_actors: int = 0  # encoding tasks at once (one part each); 0 = as many as Ray's CPUs
+    encode_tasks: int = 0  # encoding tasks at once (one part each); 0 = as many as Ray's CPUs
 
     def __post_init__(self) -> None:
         if "train" not in self.splits:

@@ -133,7 +133,7 @@ def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) ->
 def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clean_m: dict,
             tmp: Path) -> dict:
     ds = encode_dataset(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"],
-                        cfg.encode_actors or None)
+                        cfg.encode_tasks or None)
     totals = collect_stats(ds, f"encoded/{split}")
     if totals.get("rows_in", 0) != clean_m["rows_kept"]:
         raise RuntimeError(f"encoded/{split}: {totals.get('rows_in')} rows encoded but "
