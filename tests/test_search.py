@@ -257,7 +257,9 @@ def test_tiny_model_overfits_and_greedy_reproduces():
     torch.manual_seed(0)
     model = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
     pairs = toy_pairs()
-    loss = train(model, pairs, steps=100)
+    # 150 Adam steps: seeds 0-9 all end below 0.002 (at 100 steps an unlucky dropout stream
+    # could still be recovering from a loss spike).
+    loss = train(model, pairs, steps=150)
     assert loss < 0.1
     src, lengths, _, _ = collate(pairs, left_pad=True)
     for (_, tgt), hyp in zip(pairs, greedy(model, src, lengths, max_len_a=1.5, max_len_b=5)):
