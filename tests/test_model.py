@@ -231,8 +231,8 @@ def test_torch_compile_matches_eager():
 
     The `aot_eager` backend runs the graphs that Dynamo and AOTAutograd capture, without
     Inductor's code generation: what can go wrong in *our* code is the capture (a wrong guard,
-    a mutation lost in functionalization, a custom backward dropped), and this checks it in 4 s
-    where Inductor's C++ compilation takes a minute on CPU."""
+    a mutation lost in functionalization, a custom backward dropped), and this checks it in
+    seconds where Inductor's C++ compilation takes a minute on CPU."""
     model = model_for(MIXED)  # eval mode: dropout off, so both runs are deterministic
     src, lengths, prev = make_batch()
     src[0, :2] = PAD
