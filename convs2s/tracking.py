@@ -185,6 +185,18 @@ def log_artifacts(uri: str, run_id: str | None, local_path: str, artifact_path: 
         return False
 
 
+def set_tags(uri: str, run_id: str | None, tags: dict[str, str]) -> None:
+    if run_id is None:
+        return
+    try:
+        with bounded_http():
+            client = _client(uri)
+            for k, v in tags.items():
+                client.set_tag(run_id, k, str(v))
+    except Exception as err:  # noqa: BLE001
+        _warn_unreachable(uri, "setting tags", err)
+
+
 def end_run(uri: str, run_id: str | None, status: str = "FINISHED") -> None:
     if run_id is None:
         return

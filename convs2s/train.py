@@ -3,7 +3,7 @@
 The only `convs2s` module that imports Ray. Public API (used by the workflows):
 
     from convs2s.train import fit
-    from convs2s.train_config import TrainConfig, TrainJob, TrainResult
+    from convs2s.train_config import STOP_REASONS, TrainConfig, TrainJob, TrainResult
     result = fit(TrainJob(model=PRESETS["tiny"], train=TrainConfig(max_epochs=5),
                           train_data=out.batches["train"], valid_data=out.batches["valid"],
                           spm_model=out.spm_model, vocab_size=out.vocab_size,
@@ -37,6 +37,7 @@ import itertools
 import json
 import math
 import os
+import random
 import shutil
 import subprocess
 import tempfile
@@ -80,8 +81,9 @@ from convs2s.tracking import (
     log_artifacts,
     log_params,
     resolve_tracking_uri,
+    set_tags,
 )
-from convs2s.train_config import TrainConfig, TrainJob, TrainResult
+from convs2s.train_config import STOP_REASONS, TrainConfig, TrainJob, TrainResult
 from convs2s.update import Comm, train_update, validate
 
 METRICS_FILE = "metrics.jsonl"
@@ -127,6 +129,9 @@ def fit(job: TrainJob) -> TrainResult:
     except BaseException as err:
         end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
+    final = dict(result.return_value or result.metrics or {})
+    if final.get("stop_reason"):  # why it stopped: a tag to filter runs by in MLflow
+        set_tags(uri, run_id, {"convs2s.stop_reason": final["stop_reason"]})
     best = run_dir / BEST_DIR
     if best.is_dir():
         log_artifacts(uri, run_id, str(best), "best_checkpoint")
@@ -135,8 +140,7 @@ def fit(job: TrainJob) -> TrainResult:
     last = result.checkpoint.path if result.checkpoint is not None else None
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
                        best_checkpoint=str(best) if best.is_dir() else None,
-                       last_checkpoint=last, checkpoints=kept,
-                       metrics=dict(result.return_value or result.metrics or {}))
+                       last_checkpoint=last, checkpoints=kept, metrics=final)
 
 
 def code_version() -> str:
@@ -213,6 +217,13 @@ class Progress:
     epoch: int = 0  # completed epochs
     update: int = 0  # completed updates
     batches_in_epoch: int = 0  # batch rows this rank consumed in the current epoch
+    seconds_before: float = 0.0  # training seconds spent up to the checkpoint resumed from
+    started: float = 0.0  # time.monotonic() when this process began training
+
+    def seconds(self) -> float:
+        """Training wall time of the run so far, resumes included (the max_time clock)."""
+        return self.seconds_before + time.monotonic() - self.started
+
 
 
 def train_loop_per_worker(config: dict) -> dict:
@@ -222,6 +233,8 @@ def train_loop_per_worker(config: dict) -> dict:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device()
+    if device.type == "cpu":  # intra-op threads = the CPUs Ray reserved for this worker
+        torch.set_num_threads(max(1, int(job.cpus_per_worker)))
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     net = ConvS2S(job.model, job.vocab_size, job.vocab_size)
     model = ray.train.torch.prepare_model(net)  # to device; DDP when world > 1
@@ -238,7 +251,8 @@ def train_loop_per_worker(config: dict) -> dict:
     meter = TrainMeter(comm, device)
     valid = None  # this rank's share of the validation batches, kept after the first read
     final: dict = {}
-    while not _done(cfg, progress, schedule):
+    stop = _stop_reason(cfg, progress, schedule, comm)
+    while stop is None:
         epoch = progress.epoch + 1
         batches = _train_batches(train_shard, cfg, epoch, progress.batches_in_epoch,
                                  net.max_positions)
@@ -259,13 +273,15 @@ def train_loop_per_worker(config: dict) -> dict:
             if progress.update % cfg.log_interval == 0:
                 metrics = meter.read(lr)  # collective
                 if logger is not None:
-                    logger.log_metrics({**metrics, "train/epoch": epoch}, progress.update)
+                    logger.log_metrics({**metrics, "train/epoch": epoch,
+                                        "train/seconds": progress.seconds()}, progress.update)
                     eta = (updates_per_epoch - (progress.update - updates_at_start)) \
                         / max(metrics["train/updates_per_s"], 1e-9)
                     print(f"[convs2s.train] {progress_line(epoch, progress.update, metrics, eta)}",
                           flush=True)
-            if cfg.max_updates and progress.update >= cfg.max_updates:
-                epoch_end = False
+            stop = _stop_reason(cfg, progress, schedule, comm)  # update or time limit
+            if stop is not None:
+                epoch_end = False  # stopped inside the epoch: validate and checkpoint here
                 break
             if cfg.checkpoint_interval and progress.update % cfg.checkpoint_interval == 0:
                 _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir,
@@ -275,11 +291,17 @@ def train_loop_per_worker(config: dict) -> dict:
             valid = list(_valid_batches(valid_shard, comm))
         final = _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid,
                            device, logger, epoch, epoch_end)
+        stop = stop or _stop_reason(cfg, progress, schedule, comm)
+    if rank == 0:
+        print(f"[convs2s.train] stopped after update {progress.update} ({progress.epoch} "
+              f"epochs, {progress.seconds():.0f} s of training): {STOP_REASONS[stop]}",
+              flush=True)
     if logger is not None:
         logger.close()
     # Rank 0's return value becomes Result.return_value: the final metrics of the run.
     return {"update": progress.update, "epoch": progress.epoch,
-            "resumed_from_update": resumed_from, "best_val_loss": schedule.best_loss, **final}
+            "resumed_from_update": resumed_from, "best_val_loss": schedule.best_loss,
+            **final, "train_seconds": progress.seconds(), "stop_reason": stop}
 
 
 def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, device, logger,
@@ -296,6 +318,7 @@ def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, de
         schedule.best_loss = val_loss  # stopped mid-epoch by max_updates: no annealing
     metrics = {"valid/loss": loss / max(ntok, 1), "valid/nll": val_loss,
                "valid/ppl": math.exp(min(val_loss, 50.0)), "valid/tokens": ntok,
+               "valid/seconds": progress.seconds(),  # the training clock: curve vs wall time
                "epoch": epoch, "lr": schedule.epoch_lr}
     if logger is not None:
         logger.log_metrics(metrics, progress.update)
@@ -310,19 +333,54 @@ def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, de
     return report
 
 
-def _done(cfg: TrainConfig, progress: Progress, schedule: LRSchedule) -> bool:
-    return ((cfg.max_epochs and progress.epoch >= cfg.max_epochs)
-            or (cfg.max_updates and progress.update >= cfg.max_updates)
-            or schedule.should_stop())
+def _stop_reason(cfg: TrainConfig, progress: Progress, schedule: LRSchedule,
+                 comm: Comm) -> str | None:
+    """Why training must stop now (a key of STOP_REASONS), or None. Called at the same points
+    on every rank; the time check is agreed on by all ranks (rank clocks differ a little)."""
+    if cfg.max_updates and progress.update >= cfg.max_updates:
+        return "max_updates"
+    if cfg.max_time and comm.sum_ints([int(progress.seconds() >= cfg.max_time)])[0]:
+        return "max_time"
+    if cfg.max_epochs and progress.epoch >= cfg.max_epochs:
+        return "max_epochs"
+    if schedule.should_stop():
+        return "min_lr"
+    return None
+
+
+def _rows(shard, prefetch: int):
+    """The shard's batch rows as one-row tables, read a whole Ray Data block at a time.
+
+    Asking Ray Data for one row at a time (batch_size=1), or letting it shuffle rows
+    (local_shuffle_buffer_size), cost 10-15% of a CPU training step: each call slices and
+    concatenates Arrow tables in the iterator thread, which competes with torch's threads."""
+    for block in shard.iter_batches(batch_size=None, batch_format="pyarrow",
+                                    prefetch_batches=prefetch):
+        for i in range(block.num_rows):
+            yield block.slice(i, 1)  # zero-copy
+
+
+def shuffled(items, size: int, rng: random.Random):
+    """Shuffle a stream through a buffer of `size` items (0: keep the order)."""
+    buffer = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        j = rng.randrange(size)
+        buffer[j], item = item, buffer[j]
+        yield item
+    rng.shuffle(buffer)
+    yield from buffer
 
 
 def _train_batches(shard, cfg: TrainConfig, epoch: int, skip: int, max_positions: int):
-    """This rank's batches of one epoch, in a new order every epoch; skips the `skip` rows a
-    resumed run already trained on in this epoch."""
-    it = shard.iter_batches(batch_size=1, batch_format="pyarrow", prefetch_batches=4,
-                            local_shuffle_buffer_size=cfg.shuffle_buffer or None,
-                            local_shuffle_seed=cfg.seed * 100_003 + epoch)
-    for table in itertools.islice(it, skip, None):
+    """This rank's batches of one epoch, in a new order every epoch (Ray Data shuffles the
+    file order, a buffer of `shuffle_buffer` rows the rest); skips the `skip` rows a resumed
+    run already trained on in this epoch."""
+    rows = shuffled(_rows(shard, prefetch=2), cfg.shuffle_buffer,
+                    random.Random(cfg.seed * 100_003 + epoch))
+    for table in itertools.islice(rows, skip, None):
         batch = collate_arrow(table)
         longest = max(batch.src_tokens.shape[1], batch.target.shape[1])
         if longest > max_positions:
@@ -336,7 +394,7 @@ def _train_batches(shard, cfg: TrainConfig, epoch: int, skip: int, max_positions
 def _valid_batches(shard, comm: Comm):
     """Every rank reads all validation rows and keeps those whose first sentence id falls to
     it: the split does not depend on the order in which rows arrive."""
-    for table in shard.iter_batches(batch_size=1, batch_format="pyarrow", prefetch_batches=2):
+    for table in _rows(shard, prefetch=1):
         batch = collate_arrow(table)
         if int(batch.ids[0]) % comm.world_size == comm.rank:
             yield batch
@@ -372,6 +430,7 @@ def _checkpoint(job: TrainJob, net, optimizer, schedule, progress: Progress, com
         "batches_in_epoch": progress.batches_in_epoch, "world_size": comm.world_size,
         "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
         "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
+        "train_seconds": progress.seconds(),
     }
     tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
     tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
@@ -391,20 +450,22 @@ def _restore(net, optimizer, schedule: LRSchedule, cfg: TrainConfig, rank: int,
     ckpt = ray.train.get_checkpoint()
     if ckpt is None:
         torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
-        return Progress()
+        return Progress(started=time.monotonic())
     with ckpt.as_directory() as d:
         state = load_checkpoint(d)
     net.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     schedule.load_state_dict(state["scheduler"])
     skip = state["batches_in_epoch"] * state["world_size"] // world  # same rows if world changed
-    progress = Progress(state["epoch"], state["update"], skip)
+    # The time budget continues from the checkpoint (time after it was lost with the process).
+    progress = Progress(state["epoch"], state["update"], skip,
+                        float(state.get("train_seconds", 0.0)), time.monotonic())
     if state["rng"]["world_size"] == world:
         restore_rng_state(state["rng"]["states"][rank])
     else:
         torch.manual_seed(cfg.seed + 1 + rank + progress.update)
     if rank == 0:
         print(f"[convs2s.train] resumed from update {progress.update} (epoch "
-              f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next)",
-              flush=True)
+              f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
+              f"{progress.seconds_before:.0f} s of training spent)", flush=True)
     return progress

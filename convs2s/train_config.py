@@ -21,6 +21,12 @@ from typing import Literal
 from convs2s.config import ModelConfig
 
 
+# Why a training run stopped: TrainResult.metrics["stop_reason"], the train run's MLflow tag
+# `convs2s.stop_reason`, and the words the logs use for it.
+STOP_REASONS = {"max_updates": "update limit reached", "max_time": "time budget spent",
+                "max_epochs": "epoch limit reached", "min_lr": "lr fell below min_lr"}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimization recipe. Defaults are the paper's (§4): NAG 0.99, lr 0.25, clip 0.1."""
@@ -40,6 +46,11 @@ class TrainConfig:
     label_smoothing: float = 0.0  # the paper uses none; the reference's WMT recipes use 0.1
     max_epochs: int = 100  # 0 = no epoch limit
     max_updates: int = 0  # 0 = no update limit
+    # Wall-clock budget in seconds (0 = none), like the reference's --stop-time-hours: training
+    # stops after the first update that ends past it, validates and checkpoints. The clock counts
+    # the training loop (validation and checkpoints included, not Ray's start-up) and carries
+    # over a resume: a resumed run has the budget left at its latest checkpoint.
+    max_time: float = 0.0
     update_freq: int = 1  # gradient accumulation: micro-batches per update and per rank
     checkpoint_interval: int = 0  # also checkpoint every N updates (0: only at epoch ends)
     keep_last: int = 3  # checkpoints kept besides best/ (Ray's CheckpointConfig.num_to_keep)
@@ -64,8 +75,11 @@ class TrainConfig:
             raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
         if self.log_interval < 1:
             raise ValueError(f"log_interval must be >= 1, got {self.log_interval}")
-        if self.max_epochs <= 0 and self.max_updates <= 0:
-            raise ValueError("give max_epochs or max_updates (both 0 would train forever)")
+        if self.max_time < 0:
+            raise ValueError(f"max_time is in seconds and must be >= 0, got {self.max_time}")
+        if self.max_epochs <= 0 and self.max_updates <= 0 and self.max_time <= 0:
+            raise ValueError("give max_epochs, max_updates or max_time (all 0 would train "
+                             "forever)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 

@@ -73,8 +73,11 @@ def test_schedule_state_round_trips():
 def test_config_rejects_nonsense():
     with pytest.raises(ValueError, match="lr_schedule"):
         TrainConfig(lr_schedule="cosine")
-    with pytest.raises(ValueError, match="max_epochs or max_updates"):
+    with pytest.raises(ValueError, match="max_epochs, max_updates or max_time"):
         TrainConfig(max_epochs=0, max_updates=0)
+    with pytest.raises(ValueError, match="max_time is in seconds"):
+        TrainConfig(max_time=-1)
+    assert TrainConfig(max_epochs=0, max_time=60).max_time == 60  # a time budget alone
     with pytest.raises(ValueError, match="unknown TrainConfig fields"):
         TrainConfig.from_dict({"lr": 0.1, "learning_rate": 0.1})
     assert TrainConfig.from_dict(TrainConfig(lr=0.3).to_dict()) == TrainConfig(lr=0.3)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from convs2s.train_config import TrainConfig
+from convs2s.train_config import STOP_REASONS, TrainConfig
 from preprocessing.config import PreprocessConfig
 from workflows.workflow_config import RunOptions, WorkflowConfig, apply_options, parse_args
 
@@ -195,12 +195,13 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out) -> list:
             results.append(TrainResult(**done["result"]))
             continue
         log.info("== %s: %d worker(s)%s, %s", name, cfg.num_workers,
-                 " with a GPU each" if cfg.use_gpu else " on CPU", _limits(train))
+                 " with a GPU each" if cfg.use_gpu
+                 else f" on CPU ({cfg.cpus_per_worker:g} threads each)", _limits(train))
         job = TrainJob(model=cfg.model, train=train, train_data=out.batches["train"],
                        valid_data=out.batches["valid"], spm_model=out.spm_model,
                        vocab_size=out.vocab_size, storage_path=str(ctx.run_dir), run_name=name,
                        num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                       tracking_uri=ctx.uri, experiment_name=ctx.experiment,
+                       cpus_per_worker=cfg.cpus_per_worker, tracking_uri=ctx.uri, experiment_name=ctx.experiment,
                        parent_run_id=ctx.parent, data_manifest=_data_summary(out),
                        tags={"convs2s.stage": "train"})
         result = fit(job)
@@ -222,7 +223,7 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
 
     resources = {"num_cpus": cfg.eval_cpus, "num_gpus": cfg.eval_gpus if cfg.use_gpu else 0.0}
     jobs = []
-    for split, test_name in cfg.test_sets.items():
+    for split, test_name in cfg.all_test_sets.items():
         name = test_name if pre.source != "demo" else f"demo_{split}"
         src, ref = out.text[split]
         test = TestSet(name, src, ref, tgt_lang=pre.tgt_lang, task=cfg.task)
@@ -307,6 +308,7 @@ def _start_ray(use_gpu: bool, preset: str) -> None:
 def _limits(train: TrainConfig) -> str:
     parts = [f"max_epochs={train.max_epochs}"] if train.max_epochs else []
     parts += [f"max_updates={train.max_updates}"] if train.max_updates else []
+    parts += [f"max_time={train.max_time:g}s"] if train.max_time else []
     return ", ".join(parts + [f"lr={train.lr}", f"schedule={train.lr_schedule}"])
 
 
@@ -388,8 +390,10 @@ def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
                     if k in s.metrics})
     if trained:
         m = trained[0].metrics
+        seconds = m.get("train_seconds")
         out.update({"valid_ppl": m.get("val_ppl"), "epochs": m.get("epoch"),
-                    "updates": m.get("update")})
+                    "updates": m.get("update"),
+                    "train_minutes": None if seconds is None else seconds / 60})
     return out
 
 
@@ -446,6 +450,13 @@ def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: f
     if cfg.task == "translation":
         lines.append("bleu: sacreBLEU (13a, detokenized); bleu_tokenized: Moses-tokenized, "
                      "comparable to the paper's tables")
+    for t in r.train:
+        m = t.metrics
+        if m.get("stop_reason"):
+            lines.append(f"{Path(t.run_dir).name}: {m.get('update', 0):,} updates, "
+                         f"{m.get('epoch', 0)} full epochs, "
+                         f"{m.get('train_seconds', 0) / 60:.1f} min of training; stopped: "
+                         f"{STOP_REASONS.get(m['stop_reason'], m['stop_reason'])}")
     if r.skipped:
         lines.append(f"skipped (finished earlier): {', '.join(r.skipped)}")
     lines += [f"outputs: {r.run_dir}",

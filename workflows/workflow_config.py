@@ -55,6 +55,10 @@ class WorkflowConfig:
     ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
     num_workers: int = 1  # Ray Train workers (one GPU each with use_gpu)
     use_gpu: bool = False
+    cpus_per_worker: float = 1.0  # CPUs (torch threads) per training worker
+    # Test sets added by `--test-set STEM` (file stems of a local --data folder): each is its
+    # own evaluation split, scored like `test_sets`.
+    extra_test_sets: tuple[str, ...] = ()
     eval_cpus: float = 1.0  # per evaluation task
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
 
@@ -66,6 +70,11 @@ class WorkflowConfig:
         if "valid" not in self.preprocess.splits or "valid" not in self.demo.splits:
             raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
 
+    @property
+    def all_test_sets(self) -> dict[str, str]:
+        """Evaluation split -> test set name: the preset's, then the --test-set ones."""
+        return {**self.test_sets, **{stem: stem for stem in self.extra_test_sets}}
+
     def replace(self, **changes) -> "WorkflowConfig":
         return dataclasses.replace(self, **changes)
 
@@ -73,8 +82,10 @@ class WorkflowConfig:
         return {"name": self.name, "task": self.task, "data": self.data,
                 "preprocess": self.preprocess.to_dict(), "model": self.model.to_dict(),
                 "train": self.train.to_dict(), "search": self.search.to_dict(),
-                "ensemble": dataclasses.asdict(self.ensemble), "test_sets": self.test_sets,
-                "num_workers": self.num_workers, "use_gpu": self.use_gpu}
+                "ensemble": dataclasses.asdict(self.ensemble),
+                "test_sets": self.all_test_sets,
+                "num_workers": self.num_workers, "use_gpu": self.use_gpu,
+                "cpus_per_worker": self.cpus_per_worker}
 
 
 @dataclass
@@ -87,6 +98,8 @@ class RunOptions:
     use_gpu: bool | None = None
     max_epochs: int | None = None
     max_updates: int | None = None
+    max_time: float | None = None  # seconds of training
+    test_set: list[str] = field(default_factory=list)  # extra test sets: file stems in --data
     storage_path: str = "runs"
     tracking_uri: str | None = None
     experiment: str | None = None
@@ -98,7 +111,8 @@ def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig
                                                                   PreprocessConfig]:
     """The config with the run-level overrides, and the preprocessing config `--data` picks."""
     train_changes = {k: v for k, v in (("max_epochs", opts.max_epochs),
-                                       ("max_updates", opts.max_updates)) if v is not None}
+                                       ("max_updates", opts.max_updates),
+                                       ("max_time", opts.max_time)) if v is not None}
     if "max_updates" in train_changes and "max_epochs" not in train_changes:
         train_changes["max_epochs"] = 0  # --max-updates alone: stop on the update count only
     cfg = cfg.replace(
@@ -114,6 +128,19 @@ def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig
     else:  # a local folder: the task's file stems, absolute (Ray tasks read it elsewhere)
         pre = cfg.preprocess.replace(source=str(Path(data).expanduser().resolve()),
                                      splits=dict(cfg.local_splits))
+    if opts.test_set:
+        if data in ("hub", "demo"):
+            raise ValueError("--test-set reads STEM.<src> / STEM.<tgt> from a local folder: "
+                             "give it with --data DIR")
+        extra = tuple(dict.fromkeys(stem for stem in opts.test_set
+                                    if stem not in pre.splits.values()))
+        bad = [stem for stem in extra if stem in pre.splits or not stem
+               or any(c in stem for c in "/\\,")]
+        if bad:
+            raise ValueError(f"--test-set {bad[0]!r}: give a file stem in the --data folder "
+                             "(STEM.<src> / STEM.<tgt>), not a path or a split name")
+        pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in extra}})
+        cfg = cfg.replace(extra_test_sets=extra)
     return cfg, pre.replace(root=root)
 
 
@@ -137,6 +164,14 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="one GPU per training worker (default: the preset's)")
     p.add_argument("--max-epochs", type=int, help="stop after this many epochs")
     p.add_argument("--max-updates", type=int, help="stop after this many updates (quick checks)")
+    p.add_argument("--max-time", type=duration, metavar="DURATION",
+                   help="training wall-clock budget: seconds, or with a unit (90s, 60m, 1.5h); "
+                        "training stops after the update that spends it, validates, "
+                        "checkpoints, and the workflow evaluates; a resumed run counts the "
+                        "time already spent")
+    p.add_argument("--test-set", action="append", default=[], metavar="STEM",
+                   help="also score STEM.<src> / STEM.<tgt> (optionally .gz) of the --data "
+                        "folder like the preset's test sets (repeatable)")
     p.add_argument("--storage-path", default="runs",
                    help="preprocessing output and training runs; on a cluster a path every node "
                         "shares (default: ./runs)")
@@ -150,4 +185,28 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
         if getattr(a, flag) is not None and getattr(a, flag) < (1 if flag == "num_workers"
                                                                 else 0):
             p.error(f"--{flag.replace('_', '-')} must be positive")
+    if a.test_set:
+        data = a.data or presets[a.preset]().data
+        if data in ("hub", "demo"):
+            p.error(f"--test-set reads STEM.<src> / STEM.<tgt> from a local folder, but the "
+                    f"data is {data!r}: add --data DIR")
+        for stem in a.test_set:
+            if not stem or any(c in stem for c in "/\\,") or stem in ("train", "valid"):
+                p.error(f"--test-set {stem!r}: give a file stem of the --data folder "
+                        "(STEM.<src> / STEM.<tgt>), not a path or a split name")
     return RunOptions(**vars(a))
+
+
+def duration(text: str) -> float:
+    """'3600' or '3600s', '60m', '1.5h' -> seconds (argparse type of --max-time)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    scale = units.get(t[-1:], None)
+    try:
+        value = float(t[:-1] if scale else t) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds or a "
+                                         "number with s, m or h (e.g. 3600, 60m, 1.5h)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the time budget must be positive")
+    return value
