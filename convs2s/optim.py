@@ -14,8 +14,13 @@ Schedules (TrainConfig.lr_schedule):
   not improve on the best so far (perplexity = exp(loss), so comparing losses is the same).
 - "fixed" (reference recipe): the lr stays fixed, then from epoch `anneal_from_epoch` on it is
   multiplied by `lr_shrink` once per epoch: lr_e = lr * shrink^(e + 1 - anneal_from_epoch).
-Both stop training once the lr falls below `min_lr` (1e-4). An optional linear warmup over the
-first `warmup_updates` updates ramps from `warmup_init_lr` to the epoch's lr.
+Both stop training once the lr falls below `min_lr` (1e-4).
+- "cosine" / "linear" (budgeted training): the lr falls from `lr` to 0 as the run spends its
+  budget; `lr_at(update, spent)` takes the fraction spent (0..1), which the training loop
+  measures against max_time, max_updates or max_epochs. A run stopped by its budget thus ends
+  annealed, wherever the budget falls.
+An optional linear warmup over the first `warmup_updates` updates ramps from `warmup_init_lr`
+to the scheduled lr.
 
 torch's SGD(nesterov=True) applies the lr outside the momentum buffer, which is the reference's
 NAG with its lr-change correction: a shrunk lr does not rescale the accumulated velocity.
@@ -23,6 +28,7 @@ NAG with its lr-change correction: a shrunk lr does not rescale the accumulated 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -59,19 +65,29 @@ class LRSchedule:
         self.best_loss: float | None = None  # best validation loss seen ("plateau")
         self.epochs_done = 0
 
-    def lr_at(self, update: int) -> float:
-        """lr for the update numbered `update` (0-based count of updates done before it)."""
+    def lr_at(self, update: int, spent: float = 0.0) -> float:
+        """lr for the update numbered `update` (0-based count of updates done before it);
+        `spent`: the fraction of the run's budget spent ("cosine" / "linear" only)."""
+        lr = self.epoch_lr
+        spent = min(max(spent, 0.0), 1.0)
+        if self.cfg.lr_schedule == "cosine":
+            lr *= 0.5 * (1.0 + math.cos(math.pi * spent))
+        elif self.cfg.lr_schedule == "linear":
+            lr *= 1.0 - spent
         w = self.cfg.warmup_updates
         if w > 0 and update < w:
             frac = (update + 1) / w
-            return self.cfg.warmup_init_lr + (self.epoch_lr - self.cfg.warmup_init_lr) * frac
-        return self.epoch_lr
+            return self.cfg.warmup_init_lr + (lr - self.cfg.warmup_init_lr) * frac
+        return lr
 
     def end_epoch(self, epoch: int, val_loss: float | None) -> float:
         """Anneal after the (1-based) `epoch` finished with validation loss `val_loss`; returns
         the lr of the next epoch."""
         self.epochs_done = epoch
-        if self.cfg.lr_schedule == "plateau":
+        if self.cfg.lr_schedule in ("cosine", "linear"):  # annealed by the budget, per update
+            if val_loss is not None and (self.best_loss is None or val_loss < self.best_loss):
+                self.best_loss = float(val_loss)
+        elif self.cfg.lr_schedule == "plateau":
             if val_loss is not None:
                 if self.best_loss is not None and not val_loss < self.best_loss:
                     self.epoch_lr *= self.cfg.lr_shrink  # no improvement this epoch

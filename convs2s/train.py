@@ -245,13 +245,15 @@ def train_loop_per_worker(config: dict) -> dict:
     resumed_from = progress.update
     logger = RunLogger(config["tracking_uri"], config["run_id"], run_dir / METRICS_FILE) \
         if rank == 0 else None
-    updates_per_epoch = math.ceil(config["train_rows"] // world / cfg.update_freq)
+    rows_per_rank = config["train_rows"] // world  # batch rows of one epoch on each rank
+    updates_per_epoch = math.ceil(rows_per_rank / cfg.update_freq)
     train_shard = ray.train.get_dataset_shard("train")
     valid_shard = ray.train.get_dataset_shard("valid")
     meter = TrainMeter(comm, device)
     valid = None  # this rank's share of the validation batches, kept after the first read
     final: dict = {}
-    stop = _stop_reason(cfg, progress, schedule, comm)
+    seconds = _clock(cfg, progress, comm)
+    stop = _stop_reason(cfg, progress, schedule, seconds)
     while stop is None:
         epoch = progress.epoch + 1
         batches = _train_batches(train_shard, cfg, epoch, progress.batches_in_epoch,
@@ -261,7 +263,7 @@ def train_loop_per_worker(config: dict) -> dict:
         meter.resume()
         while True:
             micro = list(itertools.islice(batches, cfg.update_freq))
-            lr = schedule.lr_at(progress.update)
+            lr = schedule.lr_at(progress.update, _spent(cfg, progress, seconds, rows_per_rank))
             set_lr(optimizer, lr)
             stats = train_update(model, optimizer, micro, cfg, comm, device)
             if stats is None:
@@ -270,16 +272,17 @@ def train_loop_per_worker(config: dict) -> dict:
             progress.batches_in_epoch += len(micro)
             meter.add(stats, micro)
             _maybe_crash(cfg, rank, progress.update, run_dir)
+            seconds = _clock(cfg, progress, comm)
             if progress.update % cfg.log_interval == 0:
                 metrics = meter.read(lr)  # collective
                 if logger is not None:
                     logger.log_metrics({**metrics, "train/epoch": epoch,
-                                        "train/seconds": progress.seconds()}, progress.update)
+                                        "train/seconds": seconds}, progress.update)
                     eta = (updates_per_epoch - (progress.update - updates_at_start)) \
                         / max(metrics["train/updates_per_s"], 1e-9)
                     print(f"[convs2s.train] {progress_line(epoch, progress.update, metrics, eta)}",
                           flush=True)
-            stop = _stop_reason(cfg, progress, schedule, comm)  # update or time limit
+            stop = _stop_reason(cfg, progress, schedule, seconds)  # update or time limit
             if stop is not None:
                 epoch_end = False  # stopped inside the epoch: validate and checkpoint here
                 break
@@ -291,7 +294,8 @@ def train_loop_per_worker(config: dict) -> dict:
             valid = list(_valid_batches(valid_shard, comm))
         final = _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid,
                            device, logger, epoch, epoch_end)
-        stop = stop or _stop_reason(cfg, progress, schedule, comm)
+        seconds = _clock(cfg, progress, comm)
+        stop = stop or _stop_reason(cfg, progress, schedule, seconds)
     if rank == 0:
         print(f"[convs2s.train] stopped after update {progress.update} ({progress.epoch} "
               f"epochs, {progress.seconds():.0f} s of training): {STOP_REASONS[stop]}",
@@ -333,13 +337,32 @@ def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, de
     return report
 
 
+def _clock(cfg: TrainConfig, progress: Progress, comm: Comm) -> float:
+    """Seconds of training so far. With a time budget every rank gets the same value (the mean
+    of the ranks' clocks, one small all-reduce), so all stop at the same update and a
+    time-based lr is the same everywhere."""
+    if not cfg.max_time or comm.world_size == 1:
+        return progress.seconds()
+    return comm.sum_ints([round(progress.seconds() * 1000)])[0] / 1000 / comm.world_size
+
+
+def _spent(cfg: TrainConfig, progress: Progress, seconds: float, rows_per_rank: int) -> float:
+    """The fraction of the run's budget spent: the furthest of time, updates and epochs."""
+    spent = [seconds / cfg.max_time if cfg.max_time else 0.0,
+             progress.update / cfg.max_updates if cfg.max_updates else 0.0]
+    if cfg.max_epochs:
+        spent.append((progress.epoch + progress.batches_in_epoch / max(rows_per_rank, 1))
+                     / cfg.max_epochs)
+    return max(spent)
+
+
 def _stop_reason(cfg: TrainConfig, progress: Progress, schedule: LRSchedule,
-                 comm: Comm) -> str | None:
+                 seconds: float) -> str | None:
     """Why training must stop now (a key of STOP_REASONS), or None. Called at the same points
-    on every rank; the time check is agreed on by all ranks (rank clocks differ a little)."""
+    on every rank with the same `seconds` (`_clock`)."""
     if cfg.max_updates and progress.update >= cfg.max_updates:
         return "max_updates"
-    if cfg.max_time and comm.sum_ints([int(progress.seconds() >= cfg.max_time)])[0]:
+    if cfg.max_time and seconds >= cfg.max_time:
         return "max_time"
     if cfg.max_epochs and progress.epoch >= cfg.max_epochs:
         return "max_epochs"

@@ -37,7 +37,9 @@ class TrainConfig:
     clip_norm: float = 0.1  # gradient renormalization threshold (paper §4); 0 disables
     # "plateau": paper §4, lr /= 10 after each epoch whose valid perplexity did not improve.
     # "fixed": reference recipe, lr fixed, then x lr_shrink per epoch from anneal_from_epoch.
-    lr_schedule: Literal["plateau", "fixed"] = "plateau"
+    # "cosine" / "linear": from lr down to 0 over the run's budget (the fraction spent of
+    # max_time, max_updates or max_epochs, whichever is furthest): a budgeted run ends annealed.
+    lr_schedule: Literal["plateau", "fixed", "cosine", "linear"] = "plateau"
     lr_shrink: float = 0.1
     anneal_from_epoch: int | None = None  # "fixed" only: first (1-based) epoch with a shrunk lr
     min_lr: float = 1e-4  # stop once the lr falls below this (paper §4)
@@ -64,8 +66,9 @@ class TrainConfig:
     crash_rank: int = 1
 
     def __post_init__(self) -> None:
-        if self.lr_schedule not in ("plateau", "fixed"):
-            raise ValueError(f"lr_schedule must be 'plateau' or 'fixed', got {self.lr_schedule!r}")
+        if self.lr_schedule not in ("plateau", "fixed", "cosine", "linear"):
+            raise ValueError("lr_schedule must be 'plateau', 'fixed', 'cosine' or 'linear', "
+                             f"got {self.lr_schedule!r}")
         if self.lr_schedule == "fixed" and self.anneal_from_epoch is not None \
                 and self.anneal_from_epoch < 1:
             raise ValueError("anneal_from_epoch is 1-based: give an epoch >= 1 or None")

@@ -182,6 +182,44 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
     return SplitSource("parquet", [str(base / f) for f in found]) if found else None
 
 
+# Line-aligned text up to this size (both files) is counted on the driver before Ray starts:
+# evaluation sets and small corpora fail in a second, not after Ray has read them.
+PAIRING_CHECK_BYTES = 64 << 20
+
+
+def _count_lines(path: str) -> int:
+    """Lines as the reader sees them (b"\\n"-terminated, a last unterminated one included)."""
+    n, last = 0, b"\n"
+    try:
+        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                n += chunk.count(b"\n")
+                last = chunk[-1:]
+    except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, unreadable file
+        raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
+                              "re-export this file") from None
+    return n + (last != b"\n")
+
+
+def check_text_pair(files: list[str]) -> None:
+    """Fail fast on line-aligned text: an empty file, or (for files small enough to count on
+    the driver) two sides with different line counts or an unreadable .gz."""
+    for f in files:
+        if Path(f).stat().st_size == 0:
+            raise PreprocessError(f"{f} is empty; a corpus file needs one sentence per line")
+    if len(files) != 2 or sum(Path(f).stat().st_size for f in files) > PAIRING_CHECK_BYTES:
+        return
+    counts = [_count_lines(f) for f in files]
+    if counts == [0, 0]:
+        raise PreprocessError(f"{files[0]} and {files[1]} hold no lines; a corpus file needs "
+                              "one sentence per line")
+    if counts[0] != counts[1]:
+        raise PreprocessError(
+            f"line count mismatch: {files[0]} has {counts[0]:,} lines but {files[1]} has "
+            f"{counts[1]:,}; line-aligned files need the same number of lines (empty lines "
+            "included): fix or re-export the pair")
+
+
 def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None) -> SplitSource:
     """Find and check a split's input (files exist, columns right); no data is read."""
     name = cfg.splits[split]
@@ -219,6 +257,8 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
                 f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))}); "
                 f"set the name with --split {split}=NAME or --split {split}=SRC_FILE,TGT_FILE")
         src.fingerprint = {"files": file_fingerprint(src.files)}
+        if src.kind == "text":
+            check_text_pair(src.files)
     if src.kind == "parquet":
         src.row_groups, src.rows = _parquet_row_groups(src.files, cfg)
     src.fingerprint["kind"] = src.kind

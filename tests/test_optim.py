@@ -62,6 +62,22 @@ def test_warmup_is_linear_then_the_epoch_lr():
     assert [s.lr_at(u) for u in range(6)] == pytest.approx([0.05, 0.1, 0.15, 0.2, 0.2, 0.2])
 
 
+def test_budget_schedules_fall_to_zero_as_the_budget_is_spent_and_never_stop_early():
+    cos = LRSchedule(TrainConfig(lr=0.4, lr_schedule="cosine"))
+    lin = LRSchedule(TrainConfig(lr=0.4, lr_schedule="linear"))
+    spent = [0.0, 0.25, 0.5, 0.75, 1.0, 1.5]
+    assert [cos.lr_at(100, f) for f in spent] == \
+        pytest.approx([0.4, 0.4 * (0.5 + 0.5 ** 1.5), 0.2, 0.4 * (0.5 - 0.5 ** 1.5), 0.0, 0.0])
+    assert [lin.lr_at(100, f) for f in spent] == pytest.approx([0.4, 0.3, 0.2, 0.1, 0.0, 0.0])
+    # Validation does not anneal them (the budget does), and min_lr never stops them.
+    for s in (cos, lin):
+        lrs, stop = trajectory(s, [3.0, 3.5, 4.0, 4.5])
+        assert lrs == [0.4] * 5 and stop == 0 and s.best_loss == 3.0
+    # Warmup ramps to the scheduled lr.
+    w = LRSchedule(TrainConfig(lr=0.4, lr_schedule="linear", warmup_updates=2))
+    assert w.lr_at(0, 0.5) == pytest.approx(0.1) and w.lr_at(2, 0.5) == pytest.approx(0.2)
+
+
 def test_schedule_state_round_trips():
     a = LRSchedule(TrainConfig())
     trajectory(a, [4.0, 4.5])
@@ -72,7 +88,7 @@ def test_schedule_state_round_trips():
 
 def test_config_rejects_nonsense():
     with pytest.raises(ValueError, match="lr_schedule"):
-        TrainConfig(lr_schedule="cosine")
+        TrainConfig(lr_schedule="exponential")
     with pytest.raises(ValueError, match="max_epochs, max_updates or max_time"):
         TrainConfig(max_epochs=0, max_updates=0)
     with pytest.raises(ValueError, match="max_time is in seconds"):

@@ -91,7 +91,7 @@ def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
     run_dir = Path(opts.storage_path).expanduser().resolve() / run_name
     uri = resolve_tracking_uri(opts.tracking_uri)
     experiment = opts.experiment or cfg.name
-    _check_sources(pre)  # a missing corpus or an unreachable hub fails here, before Ray starts
+    _check_sources(cfg, pre)  # a missing corpus or an unreachable hub fails here, before Ray
     _start_ray(cfg.use_gpu, opts.preset)
     parent = find_or_create_run(uri, experiment, run_key=f"workflow:{run_dir}", run_name=run_name,
                                 tags={"convs2s.workflow": cfg.name, "convs2s.preset": opts.preset,
@@ -275,10 +275,23 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def _check_sources(pre: PreprocessConfig) -> None:
-    """Resolve every split's input now (files exist, the hub answers): errors in seconds."""
+def _check_sources(cfg: WorkflowConfig, pre: PreprocessConfig) -> None:
+    """Resolve every split's input now (files exist, the hub answers, small line-aligned files
+    pair up): errors in seconds, before Ray starts."""
+    from preprocessing.errors import PreprocessError
     from preprocessing.sources import resolve_split
 
+    for stem in cfg.extra_test_sets:  # named on the command line: say which flag is wrong
+        folder = Path(pre.source)
+        sides = [f"{stem}.{lang}" for lang in (pre.src_lang, pre.tgt_lang)]
+        if not any((folder / f"{n}{gz}").is_file() for n in sides for gz in ("", ".gz")):
+            langs = {pre.src_lang, pre.tgt_lang}
+            stems = sorted({p.name.split(".")[0] for p in folder.iterdir()
+                            if len(p.name.split(".")) > 1 and p.name.split(".")[1] in langs})
+            raise PreprocessError(
+                f"--test-set {stem}: neither {folder / sides[0]} nor {folder / sides[1]} "
+                f"(nor .gz) exists; give a stem of a line-aligned pair in {folder} "
+                f"(found: {', '.join(stems) or 'none'})")
     for split in pre.splits:
         resolve_split(pre, split)
 

@@ -1,0 +1,271 @@
+"""The Multi30k workflow on real captions (../shared/data/multi30k): its presets, a local-folder
+run that learns, a time budget that stops within one update and carries over a resume, extra
+test sets, and bad input stopped with one clear line before Ray starts.
+
+    timeout 900 .venv/bin/python -m pytest tests/test_multi30k.py -q
+    timeout 120 .venv/bin/python -m pytest tests/test_multi30k.py -q -m "not slow"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convs2s import config as models
+from workflows import multi30k_en_de
+from workflows.workflow_config import RunOptions, apply_options, duration
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "workflows" / "multi30k_en_de.py"
+
+
+def _lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def _write(folder: Path, stem: str, lang: str, lines: list[str], gz: bool = True) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    if gz:
+        (folder / f"{stem}.{lang}.gz").write_bytes(gzip.compress(data))
+    else:
+        (folder / f"{stem}.{lang}").write_bytes(data)
+
+
+@pytest.fixture(scope="module")
+def multi30k_slice(shared_data, tmp_path_factory) -> Path:
+    """A local folder laid out like ../shared/data/multi30k, smaller: 12,000 training pairs,
+    300 validation and 300 test_2016_flickr pairs (.gz), plus `extra` (300 more validation
+    pairs as plain text) for --test-set."""
+    src = shared_data / "multi30k"
+    out = tmp_path_factory.mktemp("multi30k_slice")
+    for lang in ("en", "de"):
+        _write(out, "train", lang, _lines(src / f"train.{lang}.gz")[:12_000])
+        val = _lines(src / f"val.{lang}.gz")
+        _write(out, "val", lang, val[:300])
+        _write(out, "extra", lang, val[300:600], gz=False)
+        _write(out, "test_2016_flickr", lang, _lines(src / f"test_2016_flickr.{lang}.gz")[:300])
+    return out
+
+
+def fast() -> object:
+    """The cpu recipe with a smaller model, so that a short budget learns something."""
+    cfg = multi30k_en_de.cpu()
+    return cfg.replace(model=models.small(),
+                       train=cfg.train.replace(log_interval=1, max_epochs=100))
+
+
+def _main(argv: list[str]) -> tuple[int, str]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = multi30k_en_de.main({"fast": fast}, multi30k_en_de.__doc__, argv)
+    return rc, buf.getvalue()
+
+
+def _run_script(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+# --- presets and flags --------------------------------------------------------------------------
+
+
+def test_presets_read_multi30k_from_the_hub_or_the_same_stems_locally():
+    ref, cpu = multi30k_en_de.reference(), multi30k_en_de.cpu()
+    pre = cpu.preprocess
+    assert (pre.hub_repo, pre.hub_revision, pre.row_shape) == \
+        ("bentrevett/multi30k", "refs/convert/parquet", "columns")
+    assert (pre.src_lang, pre.tgt_lang, pre.vocab_size) == ("en", "de", 8000)
+    assert cpu.local_splits == {"train": "train", "valid": "val", "test": "test_2016_flickr"}
+    assert list(cpu.test_sets.values())[0] == "test_2016_flickr"  # the main score
+    # The reference recipe as the issue measured it: fconv_iwslt_de_en, NAG 0.25, two workers.
+    assert ref.model == models.iwslt_de_en() and ref.num_workers == 2
+    assert (ref.train.lr, ref.train.clip_norm, ref.train.label_smoothing) == (0.25, 0.1, 0.1)
+    # The cpu recipe is a 60-minute budget on one 2-core machine.
+    assert cpu.train.max_time == 3600 and cpu.num_workers * cpu.cpus_per_worker <= 2
+    assert not cpu.use_gpu
+
+
+def test_max_time_accepts_seconds_and_units_and_rejects_nonsense():
+    assert [duration(x) for x in ("90", "90s", "1.5m", "2h")] == [90, 90, 90, 7200]
+    for bad in ("0", "-5m", "soon", "10d"):
+        with pytest.raises(Exception, match="duration|positive"):
+            duration(bad)
+
+
+def test_test_set_flag_adds_evaluation_splits_of_the_local_folder(tmp_path):
+    cfg, pre = apply_options(multi30k_en_de.cpu(), RunOptions(
+        preset="cpu", data=str(tmp_path), test_set=["test_2017_flickr", "test_2016_flickr"],
+        max_time=600))
+    # The preset's own test set is not added twice; the new stem is its own split.
+    assert pre.splits == {"train": "train", "valid": "val", "test": "test_2016_flickr",
+                          "test_2017_flickr": "test_2017_flickr"}
+    assert cfg.all_test_sets["test_2017_flickr"] == "test_2017_flickr"
+    assert cfg.train.max_time == 600
+
+
+# --- bad input: one clear line, exit 2, nothing written (no Ray, seconds) -----------------------
+
+
+def _assert_refused(proc: subprocess.CompletedProcess, cwd: Path, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    first = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert first, proc.stderr
+    for needle in needles:
+        assert needle in first[0], first[0]
+    assert not (cwd / "mlflow.db").exists() and not (cwd / "runs").exists()
+
+
+def test_missing_test_set_file_is_one_clear_error_before_ray(multi30k_slice, tmp_path):
+    proc = _run_script(["--preset", "cpu", "--data", str(multi30k_slice),
+                        "--test-set", "test_2017_flickr"], tmp_path)
+    _assert_refused(proc, tmp_path, "--test-set test_2017_flickr",
+                    str(multi30k_slice / "test_2017_flickr.en"), "found: ")
+    assert "extra" in proc.stderr and "test_2016_flickr" in proc.stderr  # what there is
+
+
+def test_test_set_needs_a_local_folder(tmp_path):
+    proc = _run_script(["--preset", "cpu", "--test-set", "x"], tmp_path)
+    assert proc.returncode == 2 and "--test-set" in proc.stderr and "--data DIR" in proc.stderr
+
+
+def test_test_set_with_unequal_sides_is_refused_naming_both_files(multi30k_slice, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in multi30k_slice.iterdir():
+        (data / f.name).symlink_to(f)
+    _write(data, "odd", "en", ["A dog runs.", "Two men sit."], gz=False)
+    _write(data, "odd", "de", ["Ein Hund rennt."], gz=False)
+    proc = _run_script(["--preset", "cpu", "--data", str(data), "--test-set", "odd"], tmp_path)
+    _assert_refused(proc, tmp_path, "line count mismatch", f"{data / 'odd.en'} has 2 lines",
+                    f"{data / 'odd.de'} has 1")
+
+
+def test_missing_split_and_unknown_language_side_are_refused(multi30k_slice, tmp_path):
+    no_val = tmp_path / "no_val"
+    no_val.mkdir()
+    for f in multi30k_slice.iterdir():
+        if not f.name.startswith("val."):
+            (no_val / f.name).symlink_to(f)
+    proc = _run_script(["--preset", "cpu", "--data", str(no_val)], tmp_path)
+    _assert_refused(proc, tmp_path, "no input for split 'valid'", "val.en + val.de")
+    # An En-Fr folder given to the En-De workflow: the German side is missing.
+    fr = tmp_path / "en_fr"
+    _write(fr, "train", "en", ["A dog runs."])
+    _write(fr, "train", "fr", ["Un chien court."])
+    proc = _run_script(["--preset", "cpu", "--data", str(fr)], tmp_path)
+    _assert_refused(proc, tmp_path, "train.en.gz", "not its other side", "train.de")
+
+
+# --- end to end on real captions (slow) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def budget_run(multi30k_slice, ray_session, tmp_path_factory):
+    """The workflow's local-folder path with a 75-second training budget and an extra test
+    set, then the same run resumed with a 105-second budget."""
+    root = tmp_path_factory.mktemp("multi30k_run")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    argv = ["--preset", "fast", "--data", str(multi30k_slice), "--storage-path",
+            str(root / "runs"), "--tracking-uri", uri, "--run-name", "m30k",
+            "--test-set", "extra"]
+    rc, first = _main(argv + ["--max-time", "75s"])
+    assert rc == 0, first[-3000:]
+    train_dir = root / "runs" / "m30k" / "train"
+    seconds_first = _train_seconds(train_dir)
+    rc, second = _main(argv + ["--max-time", "105s"])
+    assert rc == 0, second[-3000:]
+    return {"root": root, "uri": uri, "first": first, "second": second,
+            "train_dir": train_dir, "seconds_first": seconds_first,
+            "seconds_all": _train_seconds(train_dir)}
+
+
+def _train_seconds(train_dir: Path) -> list[tuple[int, float]]:
+    """(update, training clock) of every update, from the run's metrics.jsonl."""
+    out = []
+    for line in (train_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "train/seconds" in rec["metrics"]:
+            out.append((rec["step"], rec["metrics"]["train/seconds"]))
+    return out
+
+
+@pytest.mark.slow
+def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
+    updates = budget_run["seconds_first"]
+    assert len(updates) > 20
+    (_, before), (last, after) = updates[-2], updates[-1]
+    assert before < 75 <= after  # the first update to end past the budget is the last
+    assert "stopped: time budget spent" in budget_run["first"]
+    assert f"train: {last:,} updates" in budget_run["first"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(budget_run["uri"])
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    (train,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'train'")
+    assert train.data.tags["convs2s.stop_reason"] == "max_time"
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_budget(budget_run):
+    first, all_ = budget_run["seconds_first"], budget_run["seconds_all"]
+    resumed = all_[len(first):]
+    assert resumed and resumed[0][0] == first[-1][0] + 1  # the next update, not a restart
+    assert resumed[0][1] > first[-1][1]  # the clock carried over the resume (not reset to 0)
+    assert resumed[-2][1] < 105 <= resumed[-1][1]
+    assert f"train: {resumed[-1][0]:,} updates" in budget_run["second"]
+
+
+def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> float:
+    """BLEU of the best checkpoint's model freshly initialized (greedy, short outputs: an
+    untrained model never ends a sentence)."""
+    import torch
+
+    from convs2s.checkpoint import load_checkpoint, save_checkpoint
+    from convs2s.model import ConvS2S
+    from convs2s.scoring import score_translation
+    from convs2s.translate import SearchConfig, Translator
+
+    state = load_checkpoint(best)
+    torch.manual_seed(0)
+    fresh = ConvS2S(models.ModelConfig.from_dict(state["model_config"]),
+                    state["src_vocab_size"], state["tgt_vocab_size"])
+    save_checkpoint(out, {**state, "model": fresh.state_dict()},
+                    spm_model=str(best / "sentencepiece.model"))
+    search = SearchConfig(beam=1, max_len_b=40)
+    hyps = Translator.from_checkpoints([str(out)], "cpu", search).translate(src)
+    return score_translation(hyps, refs, "de")["bleu"]
+
+
+@pytest.mark.slow
+def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30k_slice):
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.scoring import read_lines
+
+    client = MlflowClient(budget_run["uri"])
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    (parent,) = [r for r in runs if r.info.run_name == "m30k"]
+    m = parent.data.metrics
+    assert {"eval/best/test_2016_flickr/bleu", "eval/best/val/bleu",
+            "eval/best/extra/bleu"} <= set(m)
+    assert m["bleu"] == m["eval/best/test_2016_flickr/bleu"]  # the main score
+    assert any(r.info.run_name == "eval/best/extra" for r in runs)  # a child run of its own
+    untrained = _untrained_bleu(budget_run["train_dir"] / "best",
+                                budget_run["root"] / "untrained",
+                                read_lines(multi30k_slice / "extra.en"),
+                                read_lines(multi30k_slice / "extra.de"))
+    assert untrained < 1.0
+    assert m["eval/best/extra/bleu"] > 5.0 + 5 * untrained, m
