@@ -36,8 +36,13 @@ import torch
 from convs2s.train_config import TrainConfig
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.SGD:
-    """Nesterov accelerated gradient with the paper's momentum 0.99 and lr 0.25 (by default)."""
+def build_optimizer(params: Iterable[torch.nn.Parameter],
+                    cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Nesterov accelerated gradient with the paper's momentum 0.99 and lr 0.25 (the default),
+    or Adam (`optimizer="adam"`, betas `adam_betas`; decoupled weight decay as AdamW)."""
+    if cfg.optimizer == "adam":
+        return torch.optim.AdamW(list(params), lr=cfg.lr, betas=cfg.adam_betas,
+                                 eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
     return torch.optim.SGD(list(params), lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
                            weight_decay=cfg.weight_decay)
 

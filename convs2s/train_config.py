@@ -31,8 +31,12 @@ STOP_REASONS = {"max_updates": "update limit reached", "max_time": "time budget 
 class TrainConfig:
     """Optimization recipe. Defaults are the paper's (§4): NAG 0.99, lr 0.25, clip 0.1."""
 
+    # "nag": Nesterov accelerated gradient (paper §4); "adam": AdamW (decoupled weight decay).
+    optimizer: Literal["nag", "adam"] = "nag"
     lr: float = 0.25
     momentum: float = 0.99  # Nesterov accelerated gradient (paper §4)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
     weight_decay: float = 0.0
     clip_norm: float = 0.1  # gradient renormalization threshold (paper §4); 0 disables
     # "plateau": paper §4, lr /= 10 after each epoch whose valid perplexity did not improve.
@@ -72,6 +76,9 @@ class TrainConfig:
         if self.lr_schedule == "fixed" and self.anneal_from_epoch is not None \
                 and self.anneal_from_epoch < 1:
             raise ValueError("anneal_from_epoch is 1-based: give an epoch >= 1 or None")
+        if self.optimizer not in ("nag", "adam"):
+            raise ValueError(f"optimizer must be 'nag' or 'adam', got {self.optimizer!r}")
+        object.__setattr__(self, "adam_betas", tuple(self.adam_betas))  # from JSON: a list
         if self.update_freq < 1:
             raise ValueError(f"update_freq must be >= 1, got {self.update_freq}")
         if self.keep_last < 1:

@@ -162,3 +162,15 @@ def test_loss_is_float32_for_bf16_logits():
     logits, target = _logits_and_target()
     loss, _ = sequence_loss(logits.bfloat16(), target, label_smoothing=0.1)
     assert loss.dtype == torch.float32
+
+
+def test_adam_is_an_alternative_optimizer_with_its_own_settings():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = build_optimizer([p], TrainConfig(optimizer="adam", lr=1e-3, adam_betas=[0.9, 0.98],
+                                           weight_decay=0.01))
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["weight_decay"] == 0.01
+    nag = build_optimizer([p], TrainConfig())
+    assert isinstance(nag, torch.optim.SGD) and nag.defaults["nesterov"]
+    with pytest.raises(ValueError, match="optimizer"):
+        TrainConfig(optimizer="lamb")
