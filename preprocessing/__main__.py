@@ -18,7 +18,7 @@ import logging
 import sys
 
 from preprocessing.config import PRESETS
-from preprocessing.errors import PreprocessError
+from preprocessing.errors import PreprocessError, message
 from preprocessing.pipeline import PipelineOutput, run_pipeline
 
 
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = run_pipeline(cfg.replace(**changes), hub_endpoint=args.hub_endpoint)
     except PreprocessError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {message(e)}", file=sys.stderr)
         return 2
     print(summary(out))
     return 0

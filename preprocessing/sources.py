@@ -145,12 +145,21 @@ def _check_columns(path: str, schema: pa.Schema, cfg: PreprocessConfig) -> None:
                               "tgt_lang / row_shape to match it")
 
 
+def _not_a_directory(path: Path) -> None:
+    if path.is_dir():
+        raise PreprocessError(f"{path} is a directory, but a corpus file (one sentence per "
+                              "line) is expected there; move the folder away or point --data / "
+                              "--source at the folder that holds the files")
+
+
 def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSource | None:
     """The first local layout that exists for split name `name` under folder `base`."""
     if "," in name:  # two explicit line-aligned files
         files = [base / p.strip() for p in name.split(",")]
         if len(files) != 2:
             raise PreprocessError(f"split source {name!r}: give exactly two files 'src,tgt'")
+        for f in files:
+            _not_a_directory(f)
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise PreprocessError(f"missing input file(s) {missing}; check --source / --split")
@@ -165,6 +174,8 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
         return SplitSource(kind, [str(base / name)])
     for gz in ("", ".gz"):
         pair = [base / f"{name}.{cfg.src_lang}{gz}", base / f"{name}.{cfg.tgt_lang}{gz}"]
+        for f in pair:
+            _not_a_directory(f)
         if pair[0].is_file() or pair[1].is_file():
             missing = [str(f) for f in pair if not f.is_file()]
             if missing:
@@ -339,12 +350,14 @@ def _read_lines(batch, *, kind: str, files: list[str], shape, limit: int, block_
     try:
         ids, src, tgt, errors, n = [], [], [], [], 0
         while True:
-            try:
-                lines = [_readline(h, limit) for h in handles]
-            except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, I/O error
-                raise PreprocessError(f"cannot read {' / '.join(files)} after line {n}: "
-                                      f"{type(e).__name__}: {e}; re-download or re-export "
-                                      "the file") from None
+            lines = []
+            for h, path in zip(handles, files):
+                try:
+                    lines.append(_readline(h, limit))
+                except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, I/O
+                    raise PreprocessError(f"cannot read {path} after line {n}: "
+                                          f"{type(e).__name__}: {e}; re-download or re-export "
+                                          "this file") from None
             if all(x is None for x in lines):
                 break
             if any(x is None for x in lines):

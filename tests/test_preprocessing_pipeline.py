@@ -261,12 +261,33 @@ def test_bad_inputs_fail_with_clear_errors(ray_session, tmp_path):
     (tmp_path / "e.fr").write_text("")
     base = PreprocessConfig(task="err", source=str(tmp_path), root=str(tmp_path / "out"),
                             vocab_size=300)
-    with pytest.raises(PreprocessError, match=r"line count mismatch: .*m\.fr ends after 2 lines"):
+    with pytest.raises(PreprocessError, match=r"line count mismatch: .*m\.en has 3 lines but .*m\.fr has 2"):
         run_pipeline(base.replace(splits={"train": "m"}))
     with pytest.raises(PreprocessError, match=r"split 'train' .* is empty"):
         run_pipeline(base.replace(splits={"train": "e"}))
     assert not (tmp_path / "out" / "err" / "clean" / "train").exists()
     assert not list((tmp_path / "out").rglob(".*.partial-*"))
+
+
+def test_an_error_raised_in_a_ray_task_reaches_the_cli_as_one_line(ray_session, tmp_path,
+                                                                   monkeypatch, capsys):
+    # Too large to count on the driver (threshold lowered here): the reading task finds the
+    # mismatch, Ray wraps the error, and the command line still prints our one line.
+    from preprocessing import sources
+    from preprocessing.__main__ import main
+
+    monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)
+    (tmp_path / "m.en").write_text("one\ntwo\nthree\n")
+    (tmp_path / "m.fr").write_text("un\ndeux\n")
+    out = tmp_path / "out"
+    rc = main(["--task", "demo", "--source", str(tmp_path), "--out", str(out),
+               "--split", "train=m", "--split", "valid=m", "--split", "test=m"])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 2 and "Traceback" not in err and "\x1b[" not in err, err
+    assert len(errors) == 1 and errors[0].startswith("error: line count mismatch: "), err
+    assert f"{tmp_path / 'm.fr'} ends after 2 lines but {tmp_path / 'm.en'} has more" in errors[0]
+    assert not list(out.rglob("manifest.json"))  # nothing written as complete
 
 
 def test_demo_source_runs_end_to_end(ray_session, tmp_path):

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from preprocessing import sources
 from preprocessing.config import PreprocessConfig, wmt14_en_fr
 from preprocessing.errors import PreprocessError
 from preprocessing.sources import _read_lines, _read_row_groups, resolve_split, select_split_files
@@ -68,9 +69,19 @@ def test_unicode_line_separators_do_not_split_rows(tmp_path):
     assert [r["translation"]["fr"] for r in rows] == ["un", "deux"]
 
 
-def test_mismatched_line_counts_name_both_files(tmp_path):
+def test_mismatched_line_counts_name_both_files_and_both_counts(tmp_path):
     (tmp_path / "d.en").write_text("a\nb\nc\n")
     (tmp_path / "d.fr").write_text("a\nb\n")
+    cfg = local_cfg(tmp_path, splits={"train": "d"})
+    with pytest.raises(PreprocessError, match=r"d\.en has 3 lines but .*d\.fr has 2"):
+        resolve_split(cfg, "train")  # counted on the driver, before any reading
+
+
+def test_mismatch_past_the_driver_check_is_found_while_reading(tmp_path, monkeypatch):
+    # Files too large to count up front are checked in lockstep by the reading task.
+    (tmp_path / "d.en").write_text("a\nb\nc\n")
+    (tmp_path / "d.fr").write_text("a\nb\n")
+    monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)
     cfg = local_cfg(tmp_path, splits={"train": "d"})
     with pytest.raises(PreprocessError, match=r"d\.fr ends after 2 lines but .*d\.en has more"):
         read_all(resolve_split(cfg, "train"), cfg)
@@ -81,8 +92,23 @@ def test_truncated_gzip_is_a_clear_error(tmp_path):
     (tmp_path / "d.en.gz").write_bytes(data[: len(data) // 2])
     (tmp_path / "d.fr.gz").write_bytes(data)
     cfg = local_cfg(tmp_path, splits={"train": "d"})
-    with pytest.raises(PreprocessError, match=r"cannot read .*d\.en\.gz.*re-download"):
+    with pytest.raises(PreprocessError) as found:  # on the driver, before any reading
+        resolve_split(cfg, "train")
+    assert str(found.value).startswith(f"cannot read {tmp_path / 'd.en.gz'}: ")
+    assert "d.fr" not in str(found.value) and "re-download" in str(found.value)
+
+
+def test_truncated_gzip_past_the_driver_check_names_only_the_broken_file(tmp_path,
+                                                                        monkeypatch):
+    data = gzip.compress(b"".join(b"line %d\n" % i for i in range(5000)))
+    (tmp_path / "d.en.gz").write_bytes(data)
+    (tmp_path / "d.fr.gz").write_bytes(data[: len(data) // 2])
+    monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)
+    cfg = local_cfg(tmp_path, splits={"train": "d"})
+    with pytest.raises(PreprocessError) as found:
         read_all(resolve_split(cfg, "train"), cfg)
+    assert str(found.value).startswith(f"cannot read {tmp_path / 'd.fr.gz'} after line ")
+    assert "d.en" not in str(found.value)
 
 
 def test_tsv_and_jsonl_rows(tmp_path):
@@ -206,3 +232,13 @@ def test_a_split_can_name_one_file(tmp_path):
         resolve_split(cfg, "valid")
     with pytest.raises(PreprocessError, match=r"is a file; give its folder"):
         resolve_split(local_cfg(tmp_path / "notes.txt"), "train")
+
+
+def test_a_directory_where_a_corpus_file_belongs_is_named_as_such(tmp_path):
+    (tmp_path / "d.en").write_text("a\nb\n")
+    (tmp_path / "d.fr").mkdir()
+    cfg = local_cfg(tmp_path, splits={"train": "d"})
+    with pytest.raises(PreprocessError) as found:
+        resolve_split(cfg, "train")
+    assert str(found.value).startswith(f"{tmp_path / 'd.fr'} is a directory")
+    assert "other side" not in str(found.value)
