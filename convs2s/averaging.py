@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from convs2s.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.checkpoint import SPM_FILE, CheckpointError, load_checkpoint, save_checkpoint
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
         "val_loss")
@@ -112,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     args = p.parse_args(argv)
-    print(average_checkpoints(args.checkpoints, args.out))
+    try:
+        print(average_checkpoints(args.checkpoints, args.out))
+    except (CheckpointError, OSError, ValueError) as err:  # one line naming the file, exit 2
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -65,8 +65,19 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     return directory
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint (or its sentencepiece model) is missing, unreadable or inconsistent."""
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
-    """The state dict of a checkpoint directory (or of a checkpoint.pt file), weights only."""
+    """The state dict of a checkpoint directory (or of a checkpoint.pt file), weights only.
+
+    A missing file raises FileNotFoundError; a file that is not a checkpoint of this project
+    (truncated, another format) or that holds anything but tensors and plain containers (a
+    pickled object: possibly code, never loaded) raises CheckpointError. Both say which file."""
+    import pickle
+    import zipfile
+
     path = Path(path)
     file = path / CHECKPOINT_FILE if path.is_dir() else path
     if not file.is_file():
@@ -74,7 +85,27 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"no {CHECKPOINT_FILE} in {path}: give a checkpoint directory of a training run "
             "(e.g. <storage_path>/<run_name>/best)"
         )
-    return torch.load(file, map_location=map_location, weights_only=True)
+    try:
+        state = torch.load(file, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        if "weights only" not in str(err).lower():  # a damaged pickle stream
+            raise CheckpointError(_not_a_checkpoint(file)) from None
+        raise CheckpointError(
+            f"{file} was refused: it holds pickled Python objects besides tensors, which could "
+            "run code when loaded; only checkpoints written by this project's training load "
+            "(re-export it from the run that made it)") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+        raise CheckpointError(_not_a_checkpoint(file)) from None
+    if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
+        raise CheckpointError(f"{file} is a torch file but not a checkpoint of this project "
+                              "(no model weights and model_config); pick a checkpoint_* or "
+                              "best/ directory of a training run")
+    return state
+
+
+def _not_a_checkpoint(file: Path) -> str:
+    return (f"{file} is not a readable checkpoint of this project: the file is truncated, "
+            "corrupt or of another format; copy it again or pick another checkpoint of the run")
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):

@@ -49,6 +49,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 import torch
 
+from convs2s.checkpoint import CheckpointError
 from convs2s.config import BOS, EOS, PAD, UNK
 from convs2s.search import generate
 from convs2s.unk_replace import load_dictionary, replace_unknowns
@@ -56,10 +57,6 @@ from convs2s.unk_replace import load_dictionary, replace_unknowns
 log = logging.getLogger("convs2s.translate")
 
 UNK_PIECE = "<unk>"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint (or its sentencepiece model) is missing, unreadable or inconsistent."""
 
 
 @dataclass(frozen=True)
@@ -157,12 +154,14 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
         model, meta = load_model(path, device="cpu")
     except FileNotFoundError as err:
         raise CheckpointError(str(err)) from None
-    except Exception as err:  # noqa: BLE001 - torch.load / load_state_dict raise many types
-        msg = str(err).splitlines()[0][:300] if str(err) else ""
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        if isinstance(err, CheckpointError):  # unreadable or unsafe: says so itself
+            raise
+        # A torch file of another shape (load_state_dict, the config): never torch's own text,
+        # which suggests unsafe loading.
         raise CheckpointError(
-            f"cannot load checkpoint {path} ({type(err).__name__}: {msg}): the file is "
-            "truncated, corrupt or not a ConvS2S checkpoint; copy it again or pick another "
-            "checkpoint of the run") from None
+            f"{path} is not a checkpoint of this project's model ({type(err).__name__} while "
+            "rebuilding it); pick a checkpoint_* or best/ directory of a training run") from None
     if need_spm and not meta.get("spm_model"):
         raise CheckpointError(f"checkpoint {path} has no sentencepiece.model beside "
                               "checkpoint.pt; copy the run's spm/spm.model there or give "
@@ -331,6 +330,18 @@ class Translator:
 # --- command line --------------------------------------------------------------------------------
 
 
+def _check_input(path: str | None) -> None:
+    """A named input must be a readable file (checked before any output is touched)."""
+    if path in (None, "-"):
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise FileNotFoundError(f"input {path} is a directory: give a text file with one "
+                                "sentence per line")
+    if not p.is_file():
+        raise FileNotFoundError(f"input file {path} does not exist")
+
+
 def _read_lines(path: str | None) -> Iterator[str]:
     """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced."""
     if path in (None, "-"):
@@ -338,8 +349,7 @@ def _read_lines(path: str | None) -> Iterator[str]:
                                   newline="\n")
         yield from (line.rstrip("\n") for line in stream)
         return
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"input file {path} does not exist")
+    _check_input(path)
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
         yield from (line.rstrip("\n") for line in f)
 
@@ -411,9 +421,15 @@ def main(argv: list[str] | None = None) -> int:
                               unk_penalty=args.unk_penalty, nbest=args.nbest,
                               replace_unk=args.replace_unk, dictionary=args.dictionary,
                               max_sentences=args.batch_size)
+        _check_input(args.input)  # before anything is loaded or written
+        if args.output and Path(args.output).is_dir():
+            raise ValueError(f"--output {args.output} is a directory: give a file name")
         translator = Translator.from_checkpoints(args.checkpoint, args.device, search,
                                                  spm_model=args.spm_model)
-        out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+        # Translations go to a temporary file beside --output, renamed over it only when all
+        # are written: a failed run never leaves an emptied or half-written output.
+        tmp = Path(f"{args.output}.tmp-{os.getpid()}") if args.output else None
+        out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
     except (CheckpointError, OSError, ValueError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
@@ -425,12 +441,16 @@ def main(argv: list[str] | None = None) -> int:
                     out.write(format_translation(tr, n, args.nbest, args.print_attention))
                     n += 1
                 out.flush()
-    except FileNotFoundError as err:
+        if tmp:
+            out.close()
+            os.replace(tmp, args.output)
+    except OSError as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     finally:
-        if out is not sys.stdout:
+        if tmp:
             out.close()
+            tmp.unlink(missing_ok=True)
     secs = time.perf_counter() - t0
     log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
     return 0

@@ -77,3 +77,34 @@ def test_cli(tiny_checkpoints, tmp_path, capsys):
                  str(tmp_path / "cli")]) == 0
     assert (tmp_path / "cli" / "checkpoint.pt").is_file()
     assert str(tmp_path / "cli") in capsys.readouterr().out
+
+
+class _Payload:
+    """Unpickling this runs code (print): a stand-in for a malicious checkpoint."""
+
+    def __reduce__(self):
+        return (print, ("unsafe code ran",))
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "unsafe", "not_ours"])
+def test_cli_refuses_a_bad_checkpoint_with_one_line(case, tiny_checkpoints, tmp_path, capsys):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    data = (Path(tiny_checkpoints["a"]) / "checkpoint.pt").read_bytes()
+    if case == "corrupt":
+        (bad / "checkpoint.pt").write_bytes(data[: len(data) // 2])
+    elif case == "unsafe":
+        torch.save({"model": {}, "model_config": {}, "x": _Payload()}, bad / "checkpoint.pt")
+    elif case == "not_ours":
+        torch.save({"weights": torch.ones(2)}, bad / "checkpoint.pt")
+    rc = main([tiny_checkpoints["a"], str(bad), "--out", str(tmp_path / "avg")])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, captured.err
+    assert str(bad) in lines[0] and "weights_only" not in lines[0]
+    assert "unsafe code ran" not in captured.out
+    expect = {"missing": "no checkpoint.pt", "corrupt": "truncated, corrupt",
+              "unsafe": "refused: it holds pickled Python objects",
+              "not_ours": "not a checkpoint of this project"}[case]
+    assert expect in lines[0]
+    assert not (tmp_path / "avg" / "checkpoint.pt").exists()  # nothing written

@@ -206,3 +206,19 @@ def test_cuda_translation_agrees_with_cpu(tiny_checkpoints):
     gpu = gpu_tr.translate(lines)
     assert gpu[-1] == "" and len(gpu) == len(lines)
     assert sum(a == b for a, b in zip(cpu, gpu)) >= 0.8 * len(lines)
+
+
+def test_cli_touches_no_output_before_its_input_is_valid(tiny_checkpoints, tmp_path, capsys):
+    existing = tmp_path / "existing.txt"
+    existing.write_text("earlier translations\n")
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "1", "--max-len-b", "5"]
+    for bad, says in ((tmp_path / "missing.txt", "does not exist"), (tmp_path, "is a directory")):
+        assert main([*args, "--input", str(bad), "--output", str(existing)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(bad) in err[0] and says in err[0], err
+        assert existing.read_text() == "earlier translations\n"  # not emptied
+    src = tmp_path / "src.txt"
+    src.write_text("The cat .\n")
+    assert main([*args, "--input", str(src), "--output", str(existing)]) == 0
+    assert existing.read_text() != "earlier translations\n"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
