@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows import gigaword, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
+from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
 from workflows.workflow_config import RunOptions, apply_options
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,12 +263,31 @@ def test_readme_commands_name_real_targets_and_accepted_flags():
         m = re.search(r"python (workflows/\w+\.py)(.*)$", cmd)
         if m:
             scripts.add(m.group(1))
-            module = WORKFLOWS[Path(m.group(1)).stem]
+            module = {**WORKFLOWS, "multi30k_en_de": multi30k_en_de}[Path(m.group(1)).stem]
+            presets = {n: getattr(module, n) for n in ("paper", "smoke", "cpu", "reference")
+                       if hasattr(module, n)}
             argv = shlex.split(m.group(2).replace("$PWD", "/tmp"))
-            opts = parse_args(argv, {"paper": module.paper, "smoke": module.smoke}, None)
-            assert opts.preset in ("paper", "smoke")
-    assert scripts == {f"workflows/{n}.py" for n in WORKFLOWS}
+            opts = parse_args(argv, presets, None)
+            assert opts.preset in presets
+    assert scripts == {f"workflows/{n}.py" for n in [*WORKFLOWS, "multi30k_en_de"]}
     # The two fresh-machine commands, and the CI entry runs the README's test command.
     assert {"make smoke", "make test"} <= set(commands)
     assert "make test" in (REPO / ".ci" / "run").read_text().splitlines()
     assert ".venv/bin/python workflows/wmt14_en_fr.py --preset smoke" in makefile
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--max-updates", "0"], "--max-updates 0: give a positive integer"),
+    (["--max-epochs", "0"], "--max-epochs 0: give a positive integer"),
+    (["--num-workers", "0"], "--num-workers 0: give a positive integer"),
+    (["--tracking-uri", "/tmp/mlruns"], "--tracking-uri: tracking URI '/tmp/mlruns' is a plain "
+                                        "path"),
+])
+def test_bad_flag_values_are_refused_up_front_with_one_line(flags, says, capsys):
+    from workflows.workflow_config import parse_args
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(flags, {"smoke": wmt14_en_fr.smoke}, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2
+    assert f": error: {says}" in err[-1], err  # argparse style: usage, then one error line

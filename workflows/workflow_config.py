@@ -182,9 +182,15 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                                       "(default: <preset>-<date>-<time>)")
     a = p.parse_args(argv)
     for flag in ("num_workers", "max_epochs", "max_updates"):
-        if getattr(a, flag) is not None and getattr(a, flag) < (1 if flag == "num_workers"
-                                                                else 0):
-            p.error(f"--{flag.replace('_', '-')} must be positive")
+        if getattr(a, flag) is not None and getattr(a, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: give a positive integer")
+    if a.tracking_uri:
+        from convs2s.tracking import resolve_tracking_uri
+
+        try:
+            resolve_tracking_uri(a.tracking_uri)
+        except ValueError as err:
+            p.error(f"--tracking-uri: {err}")
     if a.test_set:
         data = a.data or presets[a.preset]().data
         if data in ("hub", "demo"):
