@@ -293,7 +293,7 @@ def train_loop_per_worker(config: dict) -> dict:
         if valid is None:  # read once: validation sets are small (thousands of sentences)
             valid = list(_valid_batches(valid_shard, comm))
         final = _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid,
-                           device, logger, epoch, epoch_end)
+                           device, logger, epoch, epoch_end, rows_per_rank)
         seconds = _clock(cfg, progress, comm)
         stop = stop or _stop_reason(cfg, progress, schedule, seconds)
     if rank == 0:
@@ -309,12 +309,16 @@ def train_loop_per_worker(config: dict) -> dict:
 
 
 def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, device, logger,
-               epoch, epoch_end) -> dict:
+               epoch, epoch_end, rows_per_rank) -> dict:
     """Validate (all ranks), anneal, log, checkpoint (with best/ when it improved)."""
     cfg = job.train
     loss, nll, ntok = validate(net, valid, comm, device, cfg)
     val_loss = nll / max(ntok, 1)  # per-token nll: perplexity = exp(val_loss)
     best_before = schedule.best_loss
+    # Epochs of training behind this validation: whole at an epoch end, a fraction when a
+    # limit stopped training inside the epoch (the same number in every log and metric).
+    epochs = float(epoch) if epoch_end else \
+        epoch - 1 + min(progress.batches_in_epoch / max(rows_per_rank, 1), 1.0)
     if epoch_end:
         progress.epoch, progress.batches_in_epoch = epoch, 0
         schedule.end_epoch(epoch, val_loss)
@@ -323,13 +327,15 @@ def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, de
     metrics = {"valid/loss": loss / max(ntok, 1), "valid/nll": val_loss,
                "valid/ppl": math.exp(min(val_loss, 50.0)), "valid/tokens": ntok,
                "valid/seconds": progress.seconds(),  # the training clock: curve vs wall time
-               "epoch": epoch, "lr": schedule.epoch_lr}
+               "epoch": round(epochs, 3), "lr": schedule.epoch_lr}
     if logger is not None:
         logger.log_metrics(metrics, progress.update)
-        print(f"[convs2s.train] epoch {epoch} done | update {progress.update} | valid loss "
+        where = f"epoch {epoch} done" if epoch_end else f"stopped at {epochs:.2f} epochs"
+        print(f"[convs2s.train] {where} | update {progress.update} | valid loss "
               f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
               f"next lr {schedule.epoch_lr:.3g}", flush=True)
-    report = {"update": progress.update, "epoch": progress.epoch, "val_loss": val_loss,
+    report = {"update": progress.update, "epoch": progress.epoch,
+              "epochs": round(epochs, 3), "val_loss": val_loss,
               "val_ppl": metrics["valid/ppl"], "lr": schedule.epoch_lr}
     is_best = best_before is None or val_loss < best_before
     _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir, report, val_loss,
