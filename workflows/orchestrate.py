@@ -296,20 +296,32 @@ def _check_sources(cfg: WorkflowConfig, pre: PreprocessConfig) -> None:
         resolve_split(pre, split)
 
 
+def _quiet_ray_console() -> None:
+    """The console shows the project's stage lines, training progress and results; Ray
+    Data's per-dataset INFO lines go only to ray-data.log in Ray's log folder, and its
+    progress bars (carriage-return redraws) only appear on a terminal. Set before Ray starts:
+    a local Ray's workers inherit the environment."""
+    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG",
+                          str(Path(__file__).with_name("ray_data_logging.yaml")))
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+
+
 def _start_ray(use_gpu: bool, preset: str) -> None:
+    _quiet_ray_console()
     import ray
 
-    if preset == "smoke":  # small data on a small machine: keep Ray Data light and quiet
+    if preset == "smoke":  # small data on a small machine: keep Ray Data light
         os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
-        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     if not ray.is_initialized():
         # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
-        # (reference-facts §8); otherwise a local Ray on this machine.
-        ray.init()
+        # (reference-facts §8); otherwise a local Ray on this machine. Ray's own INFO
+        # banner stays out of the console (its logs are in the session folder, named below).
+        ray.init(logging_level=logging.WARNING)
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
-    log.info("Ray: %s, %g CPUs, %g GPUs", f"cluster {address}" if address else "local instance",
-             cpus, gpus)
+    log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
+             f"cluster {address}" if address else "local instance", cpus, gpus, _ray_log_dir())
     if use_gpu and not gpus:
         if not address:
             raise SystemExit("error: --use-gpu but this machine has no GPU visible to Ray; run "
@@ -404,7 +416,8 @@ def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
     if trained:
         m = trained[0].metrics
         seconds = m.get("train_seconds")
-        out.update({"valid_ppl": m.get("val_ppl"), "epochs": m.get("epoch"),
+        # Epochs as the validation metrics count them (a fraction after a mid-epoch stop).
+        out.update({"valid_ppl": m.get("val_ppl"), "epochs": m.get("epochs", m.get("epoch")),
                     "updates": m.get("update"),
                     "train_minutes": None if seconds is None else seconds / 60})
     return out
@@ -426,10 +439,11 @@ def main(presets: dict[str, Callable[[], WorkflowConfig]], doc: str | None = Non
     try:
         result = run_workflow(cfg, opts)
     except PreprocessError as e:
+        from preprocessing.errors import message
         from preprocessing.sources import NO_HUB_HINT
 
         # The preprocessing CLI's hint names its own flags; this command's are below.
-        print(f"error: {str(e).replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
+        print(f"error: {message(e).replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
         print("hint: this workflow reads its data with --data: `--data demo` runs on the "
               "embedded demo corpus (no network); `--data DIR` reads a local folder with "
               f"{_stems(cfg)} (text files <stem>.<lang>, .tsv, .jsonl or hub-like parquet).",
@@ -467,7 +481,7 @@ def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: f
         m = t.metrics
         if m.get("stop_reason"):
             lines.append(f"{Path(t.run_dir).name}: {m.get('update', 0):,} updates, "
-                         f"{m.get('epoch', 0)} full epochs, "
+                         f"{m.get('epochs', m.get('epoch', 0)):g} epochs, "
                          f"{m.get('train_seconds', 0) / 60:.1f} min of training; stopped: "
                          f"{STOP_REASONS.get(m['stop_reason'], m['stop_reason'])}")
     if r.skipped:
@@ -487,6 +501,15 @@ def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: f
                   f"  compare: {base}/#/compare-runs?runs={json.dumps(ids, separators=(',', ':'))}"
                   f"&experiments={json.dumps([exp_id])}"]
     return "\n".join(lines)
+
+
+def _ray_log_dir() -> str:
+    import ray
+
+    try:
+        return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
+    except AttributeError:  # not a node of this process (a client connection)
+        return "the Ray dashboard (Logs), or `ray job logs`"
 
 
 def _experiment_id(uri: str, name: str) -> str | None:
