@@ -58,10 +58,12 @@ def multi30k_slice(shared_data, tmp_path_factory) -> Path:
 
 
 def fast() -> object:
-    """The cpu recipe with a smaller model, so that a short budget learns something."""
+    """The cpu recipe scaled down so that a budget of a minute learns something: the `small`
+    model, a 2,000-type BPE, a short warmup and a higher peak lr."""
     cfg = multi30k_en_de.cpu()
-    return cfg.replace(model=models.small(),
-                       train=cfg.train.replace(log_interval=1, max_epochs=100))
+    return cfg.replace(model=models.small(), preprocess=cfg.preprocess.replace(vocab_size=2000),
+                       train=cfg.train.replace(log_interval=1, max_epochs=100, lr=5e-3,
+                                               warmup_updates=20))
 
 
 def _main(argv: list[str]) -> tuple[int, str]:
@@ -173,18 +175,18 @@ def test_missing_split_and_unknown_language_side_are_refused(multi30k_slice, tmp
 
 @pytest.fixture(scope="module")
 def budget_run(multi30k_slice, ray_session, tmp_path_factory):
-    """The workflow's local-folder path with a 75-second training budget and an extra test
-    set, then the same run resumed with a 105-second budget."""
+    """The workflow's local-folder path with a 40-second training budget and an extra test
+    set, then the same run resumed with a 60-second budget."""
     root = tmp_path_factory.mktemp("multi30k_run")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     argv = ["--preset", "fast", "--data", str(multi30k_slice), "--storage-path",
             str(root / "runs"), "--tracking-uri", uri, "--run-name", "m30k",
             "--test-set", "extra"]
-    rc, first = _main(argv + ["--max-time", "75s"])
+    rc, first = _main(argv + ["--max-time", "40s"])
     assert rc == 0, first[-3000:]
     train_dir = root / "runs" / "m30k" / "train"
     seconds_first = _train_seconds(train_dir)
-    rc, second = _main(argv + ["--max-time", "105s"])
+    rc, second = _main(argv + ["--max-time", "60s"])
     assert rc == 0, second[-3000:]
     return {"root": root, "uri": uri, "first": first, "second": second,
             "train_dir": train_dir, "seconds_first": seconds_first,
@@ -206,7 +208,7 @@ def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
     updates = budget_run["seconds_first"]
     assert len(updates) > 20
     (_, before), (last, after) = updates[-2], updates[-1]
-    assert before < 75 <= after  # the first update to end past the budget is the last
+    assert before < 40 <= after  # the first update to end past the budget is the last
     assert "stopped: time budget spent" in budget_run["first"]
     assert f"train: {last:,} updates" in budget_run["first"]
     from mlflow.tracking import MlflowClient
@@ -218,12 +220,28 @@ def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
 
 
 @pytest.mark.slow
+def test_a_mid_epoch_stop_counts_the_same_fraction_of_an_epoch_everywhere(budget_run):
+    from mlflow.tracking import MlflowClient
+
+    records = [json.loads(line) for line in
+               (budget_run["train_dir"] / "metrics.jsonl").read_text().splitlines()]
+    last_valid = [r for r in records if "valid/loss" in r["metrics"]][-1]["metrics"]
+    epochs = last_valid["epoch"]
+    assert epochs != int(epochs)  # the budget ran out inside an epoch, not at its end
+    client = MlflowClient(budget_run["uri"])
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'm30k'")
+    assert parent.data.metrics["epochs"] == pytest.approx(epochs)
+    assert f"{epochs:g} epochs" in budget_run["second"]
+
+
+@pytest.mark.slow
 def test_resumed_run_continues_the_budget(budget_run):
     first, all_ = budget_run["seconds_first"], budget_run["seconds_all"]
     resumed = all_[len(first):]
     assert resumed and resumed[0][0] == first[-1][0] + 1  # the next update, not a restart
     assert resumed[0][1] > first[-1][1]  # the clock carried over the resume (not reset to 0)
-    assert resumed[-2][1] < 105 <= resumed[-1][1]
+    assert resumed[-2][1] < 60 <= resumed[-1][1]
     assert f"train: {resumed[-1][0]:,} updates" in budget_run["second"]
 
 
@@ -269,3 +287,18 @@ def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30
                                 read_lines(multi30k_slice / "extra.de"))
     assert untrained < 1.0
     assert m["eval/best/extra/bleu"] > 5.0 + 5 * untrained, m
+
+
+@pytest.mark.slow
+def test_quality_benchmark_collects_scores_and_the_validation_curve(budget_run):
+    from benchmarks.quality import collect
+
+    fig = collect(budget_run["root"] / "runs" / "m30k")
+    assert set(fig["scores"]) == {"test_2016_flickr", "val", "extra"}
+    assert {"bleu", "chrf", "bleu_tokenized"} <= set(fig["scores"]["test_2016_flickr"]["best"])
+    assert fig["stop_reason"] == "max_time" and fig["updates"] == budget_run["seconds_all"][-1][0]
+    curve = fig["validation_curve"]
+    # One point per epoch end and at each budget stop, in training-clock order.
+    assert len(curve) >= 2 and curve[-1]["update"] == fig["updates"]
+    assert [c["seconds"] for c in curve] == sorted(c["seconds"] for c in curve)
+    assert fig["best_valid_ppl"] == min(c["valid_ppl"] for c in curve)
