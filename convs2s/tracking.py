@@ -78,10 +78,19 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+_WARNED: set[str] = set()  # tracking URIs this process has already warned about
+
+
 def _warn_unreachable(uri: str, what: str, err: Exception) -> None:
-    log.warning("MLflow tracking at %s failed while %s (%s: %s); training goes on and metrics "
-                "stay in the local metrics.jsonl", uri, what, type(err).__name__,
-                str(err).splitlines()[0][:300] if str(err) else "")
+    """One warning per tracking URI and process; later failures only at debug level."""
+    detail = str(err).splitlines()[0][:300] if str(err) else ""
+    if uri in _WARNED:
+        log.debug("MLflow tracking at %s failed again while %s (%s: %s)", uri, what,
+                  type(err).__name__, detail)
+        return
+    _WARNED.add(uri)
+    log.warning("MLflow tracking at %s is unavailable (%s while %s); the run goes on and its "
+                "metrics stay in the local metrics.jsonl", uri, type(err).__name__, what)
 
 
 def _artifact_location(uri: str, experiment_name: str) -> str | None:
