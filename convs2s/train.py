@@ -40,6 +40,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ from ray.train import (
     CheckpointConfig,
     DataConfig,
     FailureConfig,
+    LoggingConfig,
     RunConfig,
     ScalingConfig,
 )
@@ -118,7 +120,10 @@ def fit(job: TrainJob) -> TrainResult:
                                      resources_per_worker=resources),
         run_config=RunConfig(name=job.run_name, storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=job.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=job.train.keep_last)),
+                             checkpoint_config=CheckpointConfig(num_to_keep=job.train.keep_last),
+                             # Ray Train's INFO lines (worker group start-up) stay in its log
+                             # files; the console shows our progress lines and warnings.
+                             logging_config=LoggingConfig(log_level="WARNING")),
         datasets=datasets,
         # Validation rows are not split: each rank reads them all and keeps its share by id,
         # so no row is dropped to equalize the shards.
@@ -226,6 +231,18 @@ class Progress:
 
 
 
+# Progress lines on the console at most this often (metrics.jsonl and MLflow still get every
+# log_interval); epoch ends and stops always print.
+CONSOLE_SECONDS = 30.0
+
+
+def _say(line: str) -> None:
+    """One line on the worker's stdout, which Ray forwards to the driver's console once.
+    Not print(): Ray Train patches it in workers to log *and* echo, so each line came twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def train_loop_per_worker(config: dict) -> dict:
     """Ray Train worker entry; `config` is the train_loop_config built by `fit`."""
     job: TrainJob = config["job"]
@@ -254,6 +271,7 @@ def train_loop_per_worker(config: dict) -> dict:
     final: dict = {}
     seconds = _clock(cfg, progress, comm)
     stop = _stop_reason(cfg, progress, schedule, seconds)
+    last_line = -math.inf  # when the last progress line was printed
     while stop is None:
         epoch = progress.epoch + 1
         batches = _train_batches(train_shard, cfg, epoch, progress.batches_in_epoch,
@@ -280,8 +298,10 @@ def train_loop_per_worker(config: dict) -> dict:
                                         "train/seconds": seconds}, progress.update)
                     eta = (updates_per_epoch - (progress.update - updates_at_start)) \
                         / max(metrics["train/updates_per_s"], 1e-9)
-                    print(f"[convs2s.train] {progress_line(epoch, progress.update, metrics, eta)}",
-                          flush=True)
+                    if time.monotonic() - last_line >= CONSOLE_SECONDS:
+                        last_line = time.monotonic()
+                        _say(f"[convs2s.train] "
+                             f"{progress_line(epoch, progress.update, metrics, eta)}")
             stop = _stop_reason(cfg, progress, schedule, seconds)  # update or time limit
             if stop is not None:
                 epoch_end = False  # stopped inside the epoch: validate and checkpoint here
@@ -297,9 +317,8 @@ def train_loop_per_worker(config: dict) -> dict:
         seconds = _clock(cfg, progress, comm)
         stop = stop or _stop_reason(cfg, progress, schedule, seconds)
     if rank == 0:
-        print(f"[convs2s.train] stopped after update {progress.update} ({progress.epoch} "
-              f"epochs, {progress.seconds():.0f} s of training): {STOP_REASONS[stop]}",
-              flush=True)
+        _say(f"[convs2s.train] stopped after update {progress.update} ({progress.epoch} full "
+             f"epochs, {progress.seconds():.0f} s of training): {STOP_REASONS[stop]}")
     if logger is not None:
         logger.close()
     # Rank 0's return value becomes Result.return_value: the final metrics of the run.
@@ -331,9 +350,9 @@ def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, de
     if logger is not None:
         logger.log_metrics(metrics, progress.update)
         where = f"epoch {epoch} done" if epoch_end else f"stopped at {epochs:.2f} epochs"
-        print(f"[convs2s.train] {where} | update {progress.update} | valid loss "
-              f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
-              f"next lr {schedule.epoch_lr:.3g}", flush=True)
+        _say(f"[convs2s.train] {where} | update {progress.update} | valid loss "
+             f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
+             f"next lr {schedule.epoch_lr:.3g}")
     report = {"update": progress.update, "epoch": progress.epoch,
               "epochs": round(epochs, 3), "val_loss": val_loss,
               "val_ppl": metrics["valid/ppl"], "lr": schedule.epoch_lr}
@@ -436,8 +455,7 @@ def _maybe_crash(cfg: TrainConfig, rank: int, update: int, run_dir: Path) -> Non
         if not marker.exists():
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
-            print(f"[convs2s.train] fault injection: rank {rank} exits at update {update}",
-                  flush=True)
+            _say(f"[convs2s.train] fault injection: rank {rank} exits at update {update}")
             # Let Ray's controller collect the last report first (it polls workers every 2 s),
             # as when a machine dies some time after its last checkpoint.
             time.sleep(5)
@@ -494,7 +512,7 @@ def _restore(net, optimizer, schedule: LRSchedule, cfg: TrainConfig, rank: int,
     else:
         torch.manual_seed(cfg.seed + 1 + rank + progress.update)
     if rank == 0:
-        print(f"[convs2s.train] resumed from update {progress.update} (epoch "
-              f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
-              f"{progress.seconds_before:.0f} s of training spent)", flush=True)
+        _say(f"[convs2s.train] resumed from update {progress.update} (epoch "
+             f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
+             f"{progress.seconds_before:.0f} s of training spent)")
     return progress
