@@ -291,3 +291,24 @@ def test_bad_flag_values_are_refused_up_front_with_one_line(flags, says, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2
     assert f": error: {says}" in err[-1], err  # argparse style: usage, then one error line
+
+
+def test_summary_aligns_long_names_and_says_where_metrics_went_without_tracking():
+    from workflows.orchestrate import EvalScore, WorkflowResult, summary
+
+    scores = [EvalScore("best", "test_2016_flickr", {"bleu": 38.1, "bleu_tokenized": 38.0,
+                                                     "chrf": 63.2}, None, "/r/eval/a"),
+              EvalScore("avg_last5", "val", {"bleu": 40.0, "bleu_tokenized": 40.1,
+                                             "chrf": 64.0}, None, "/r/eval/b")]
+    r = WorkflowResult(parent_run_id=None, experiment="multi30k_en_de",
+                       tracking_uri="http://127.0.0.1:9", run_dir="/r", train=[],
+                       scores=scores, skipped=[])
+    text = summary(multi30k_en_de.cpu(), RunOptions(preset="cpu"), r, 60.0)
+    header, row1, row2 = text.splitlines()[2:5]  # every column starts at the same offset
+    assert header.index("job") == row1.index("best") == row2.index("avg_last5")
+    ends = {line.index(x) + len(x) for line, x in ((header, "bleu"), (row1, "38.10"),
+                                                     (row2, "40.00"))}
+    assert len(ends) == 1, (header, row1, row2)
+    assert "(id None)" not in text and "mlflow ui" not in text
+    assert ("MLflow: tracking at http://127.0.0.1:9 was unavailable; training metrics are in "
+            "/r/train*/metrics.jsonl and the scores in /r/workflow.json") in text

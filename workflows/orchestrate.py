@@ -303,8 +303,10 @@ def _quiet_ray_console() -> None:
     a local Ray's workers inherit the environment."""
     os.environ.setdefault("RAY_DATA_LOGGING_CONFIG",
                           str(Path(__file__).with_name("ray_data_logging.yaml")))
-    if not sys.stdout.isatty():
+    if not sys.stdout.isatty():  # a file or a pipe: no redraws, no colour codes
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store set-up INFO lines
 
 
 def _start_ray(use_gpu: bool, preset: str) -> None:
@@ -468,11 +470,15 @@ def _warn_if_job_tmp(opts: RunOptions) -> None:
 def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: float) -> str:
     """Scores per test set and job, then where to look in MLflow."""
     keys = SUMMARIZATION_METRICS[:3] if cfg.task == "summarization" else TRANSLATION_METRICS[:3]
+    # Columns as wide as their longest entry (test set names like test_2016_flickr included).
+    w_test = max([len("test set")] + [len(s.test_set) for s in r.scores]) + 2
+    w_job = max([len("job")] + [len(s.job) for s in r.scores]) + 2
+    w_num = max(len(k) for k in keys) + 2
     lines = ["", f"==== {cfg.name} ({opts.preset}) done in {seconds / 60:.1f} min ====",
-             f"{'test set':<16}{'job':<18}" + "".join(f"{k:>16}" for k in keys)]
+             f"{'test set':<{w_test}}{'job':<{w_job}}" + "".join(f"{k:>{w_num}}" for k in keys)]
     for s in r.scores:
-        lines.append(f"{s.test_set:<16}{s.job:<18}"
-                     + "".join(f"{s.metrics.get(k, float('nan')):>16.2f}" for k in keys)
+        lines.append(f"{s.test_set:<{w_test}}{s.job:<{w_job}}"
+                     + "".join(f"{s.metrics.get(k, float('nan')):>{w_num}.2f}" for k in keys)
                      + ("   (scored earlier)" if s.skipped else ""))
     if cfg.task == "translation":
         lines.append("bleu: sacreBLEU (13a, detokenized); bleu_tokenized: Moses-tokenized, "
@@ -486,9 +492,14 @@ def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: f
                          f"{STOP_REASONS.get(m['stop_reason'], m['stop_reason'])}")
     if r.skipped:
         lines.append(f"skipped (finished earlier): {', '.join(r.skipped)}")
-    lines += [f"outputs: {r.run_dir}",
-              f"MLflow: experiment {r.experiment!r}, parent run {Path(r.run_dir).name!r} "
-              f"(id {r.parent_run_id}) with child runs preprocess, train*, eval/*"]
+    lines.append(f"outputs: {r.run_dir}")
+    if r.parent_run_id is None:  # the tracking server was down: say where everything went
+        lines.append(f"MLflow: tracking at {r.tracking_uri} was unavailable; training metrics "
+                     f"are in {r.run_dir}/train*/metrics.jsonl and the scores in "
+                     f"{r.run_dir}/workflow.json")
+        return "\n".join(lines)
+    lines.append(f"MLflow: experiment {r.experiment!r}, parent run {Path(r.run_dir).name!r} "
+                 f"(id {r.parent_run_id}) with child runs preprocess, train*, eval/*")
     exp_id = _experiment_id(r.tracking_uri, r.experiment)
     if r.tracking_uri.startswith("sqlite:///"):
         lines.append(f"  mlflow ui --backend-store-uri {r.tracking_uri} --port 5000")
