@@ -270,8 +270,16 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         src.fingerprint = {"files": file_fingerprint(src.files)}
         if src.kind == "text":
             check_text_pair(src.files)
+        elif src.kind in ("tsv", "jsonl"):
+            for f in src.files:
+                if Path(f).stat().st_size == 0:
+                    raise PreprocessError(f"{f} is empty; a corpus file needs one pair per line")
     if src.kind == "parquet":
         src.row_groups, src.rows = _parquet_row_groups(src.files, cfg)
+        if not src.rows:  # known from the footers: fail before any reading
+            raise PreprocessError(f"split {split!r}: its parquet files ({', '.join(src.files[:3])}"
+                                  f"{', ...' if len(src.files) > 3 else ''}) hold no rows; "
+                                  "check the input files")
     src.fingerprint["kind"] = src.kind
     return src
 

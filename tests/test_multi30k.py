@@ -73,10 +73,20 @@ def _main(argv: list[str]) -> tuple[int, str]:
     return rc, buf.getvalue()
 
 
+def _env_without_ray_address() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
 def _run_script(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd,
+                          env=_env_without_ray_address(), capture_output=True, text=True,
+                          timeout=120)
+
+
+# The workflow's command line with the `fast` preset below, in a process of its own.
+RUN_FAST = (f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'tests')!r}]; "
+            "from test_multi30k import fast; from workflows import multi30k_en_de as w; "
+            "sys.exit(w.main({'fast': fast}, w.__doc__, sys.argv[1:]))")
 
 
 # --- presets and flags --------------------------------------------------------------------------
@@ -170,6 +180,23 @@ def test_missing_split_and_unknown_language_side_are_refused(multi30k_slice, tmp
     _assert_refused(proc, tmp_path, "train.en.gz", "not its other side", "train.de")
 
 
+def test_an_empty_corpus_file_or_a_directory_is_refused_before_ray(multi30k_slice, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in multi30k_slice.iterdir():
+        if not f.name.startswith("val."):
+            (data / f.name).symlink_to(f)
+    (data / "val.en").write_text("")
+    (data / "val.de").write_text("")
+    proc = _run_script(["--preset", "cpu", "--data", str(data)], tmp_path)
+    _assert_refused(proc, tmp_path, f"{data / 'val.en'} is empty")
+    assert "Ray:" not in proc.stderr  # found before Ray started
+    (data / "val.de").unlink()
+    (data / "val.de").mkdir()
+    proc = _run_script(["--preset", "cpu", "--data", str(data)], tmp_path)
+    _assert_refused(proc, tmp_path, f"{data / 'val.de'} is a directory")
+
+
 # --- end to end on real captions (slow) ---------------------------------------------------------
 
 
@@ -182,13 +209,19 @@ def budget_run(multi30k_slice, ray_session, tmp_path_factory):
     argv = ["--preset", "fast", "--data", str(multi30k_slice), "--storage-path",
             str(root / "runs"), "--tracking-uri", uri, "--run-name", "m30k",
             "--test-set", "extra"]
-    rc, first = _main(argv + ["--max-time", "40s"])
-    assert rc == 0, first[-3000:]
+    # The first run as a user runs it: its own process and local Ray, console to a file.
+    console = root / "console.log"
+    with open(console, "wb") as out:
+        proc = subprocess.run([sys.executable, "-c", RUN_FAST, *argv, "--max-time", "40s"],
+                              cwd=root, env=_env_without_ray_address(), stdout=out,
+                              stderr=subprocess.STDOUT, timeout=600)
+    first = console.read_text(encoding="utf-8", errors="replace")
+    assert proc.returncode == 0, first[-3000:]
     train_dir = root / "runs" / "m30k" / "train"
     seconds_first = _train_seconds(train_dir)
     rc, second = _main(argv + ["--max-time", "60s"])
     assert rc == 0, second[-3000:]
-    return {"root": root, "uri": uri, "first": first, "second": second,
+    return {"root": root, "uri": uri, "first": first, "second": second, "console": console,
             "train_dir": train_dir, "seconds_first": seconds_first,
             "seconds_all": _train_seconds(train_dir)}
 
@@ -233,6 +266,25 @@ def test_a_mid_epoch_stop_counts_the_same_fraction_of_an_epoch_everywhere(budget
     (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'm30k'")
     assert parent.data.metrics["epochs"] == pytest.approx(epochs)
     assert f"{epochs:g} epochs" in budget_run["second"]
+
+
+@pytest.mark.slow
+def test_console_to_a_file_is_short_plain_and_says_each_thing_once(budget_run):
+    raw = budget_run["console"].read_bytes()
+    assert b"\x1b[" not in raw and b"\r" not in raw  # no colour codes, no bar redraws
+    lines = raw.decode("utf-8").splitlines()
+    assert len(lines) < 100, "\n".join(lines)
+    # Every stage's counts, training progress, the stop and the results are there ...
+    text = "\n".join(lines)
+    for needle in ("[clean/train] done", "[batches/train] done", "== train: 1 worker(s)",
+                   "[convs2s.train] epoch 1 done", "stopped: time budget spent",
+                   "test_2016_flickr", "Ray's own logs: "):
+        assert needle in text, needle
+    # ... each once (Ray Train echoed every worker print twice), and Ray Data's per-dataset
+    # INFO lines stayed in Ray's log folder.
+    ours = [line for line in lines if "[convs2s.train]" in line]
+    assert ours and len(ours) == len(set(ours)), "\n".join(ours)
+    assert "Starting execution of Dataset" not in text and "Execution plan" not in text
 
 
 @pytest.mark.slow

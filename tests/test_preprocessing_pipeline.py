@@ -261,9 +261,10 @@ def test_bad_inputs_fail_with_clear_errors(ray_session, tmp_path):
     (tmp_path / "e.fr").write_text("")
     base = PreprocessConfig(task="err", source=str(tmp_path), root=str(tmp_path / "out"),
                             vocab_size=300)
-    with pytest.raises(PreprocessError, match=r"line count mismatch: .*m\.en has 3 lines but .*m\.fr has 2"):
+    with pytest.raises(PreprocessError,
+                       match=r"line count mismatch: .*m\.en has 3 lines but .*m\.fr has 2"):
         run_pipeline(base.replace(splits={"train": "m"}))
-    with pytest.raises(PreprocessError, match=r"split 'train' .* is empty"):
+    with pytest.raises(PreprocessError, match=r"e\.en is empty; a corpus file needs one"):
         run_pipeline(base.replace(splits={"train": "e"}))
     assert not (tmp_path / "out" / "err" / "clean" / "train").exists()
     assert not list((tmp_path / "out").rglob(".*.partial-*"))
