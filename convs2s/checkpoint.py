@@ -94,7 +94,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{file} was refused: it holds pickled Python objects besides tensors, which could "
             "run code when loaded; only checkpoints written by this project's training load "
             "(re-export it from the run that made it)") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile):
         raise CheckpointError(_not_a_checkpoint(file)) from None
     if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
         raise CheckpointError(f"{file} is a torch file but not a checkpoint of this project "

@@ -280,8 +280,8 @@ def test_readme_commands_name_real_targets_and_accepted_flags():
     (["--max-updates", "0"], "--max-updates 0: give a positive integer"),
     (["--max-epochs", "0"], "--max-epochs 0: give a positive integer"),
     (["--num-workers", "0"], "--num-workers 0: give a positive integer"),
-    (["--tracking-uri", "/tmp/mlruns"], "--tracking-uri: tracking URI '/tmp/mlruns' is a plain "
-                                        "path"),
+    (["--tracking-uri", "/tmp/mlruns"],
+     "--tracking-uri: tracking URI '/tmp/mlruns' is a plain path"),
 ])
 def test_bad_flag_values_are_refused_up_front_with_one_line(flags, says, capsys):
     from workflows.workflow_config import parse_args
