@@ -236,6 +236,33 @@ def test_other_workflows_smoke_end_to_end(name, smoke_workflow):
         assert "bleu" in parent.data.metrics
 
 
+@pytest.mark.slow
+def test_a_dead_tracking_server_costs_one_warning_and_the_summary_says_where_metrics_went(
+        smoke_workflow, caplog):
+    """The En-Fr smoke run again, 5 updates, against a tracking server that is down (its
+    preprocessing is reused from the smoke run's storage)."""
+    import logging
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    w = smoke_workflow
+    with caplog.at_level(logging.WARNING):
+        rc, out = _main(wmt14_en_fr, ["--preset", "smoke", "--max-updates", "5",
+                                      "--storage-path", str(w.storage), "--tracking-uri", dead,
+                                      "--run-name", "dead-tracker"])
+    assert rc == 0, out[-2000:]
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+            and (dead in r.getMessage() or "MLflow" in r.getMessage())]
+    assert len(said) == 1 and f"MLflow tracking at {dead} is unavailable" in said[0], said
+    run_dir = w.storage / "dead-tracker"
+    assert "(id None)" not in out
+    assert f"MLflow: tracking at {dead} was unavailable; training metrics are in {run_dir}" in out
+    assert (run_dir / "train" / "metrics.jsonl").is_file()
+    assert "demo_test" in (run_dir / "workflow.json").read_text()  # the scores are kept
+
+
 # --- the README stays true ----------------------------------------------------------------------
 
 
