@@ -59,15 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def validation_curve(train_dir: Path) -> list[dict]:
     """Validation loss and perplexity after each epoch (and at the stop), against the
     training clock, from the run's metrics.jsonl."""
-    curve = []
-    for line in (train_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        m = rec["metrics"]
-        if "valid/loss" in m:
-            curve.append({"update": rec["step"], "seconds": round(m["valid/seconds"], 1),
-                          "valid_loss": round(m["valid/loss"], 4),
-                          "valid_ppl": round(m["valid/ppl"], 3)})
-    return curve
+    from convs2s.tracking import read_local_metrics
+
+    return [{"update": rec["step"], "seconds": round(m["valid/seconds"], 1),
+             "valid_loss": round(m["valid/loss"], 4), "valid_ppl": round(m["valid/ppl"], 3)}
+            for rec in read_local_metrics(train_dir / "metrics.jsonl")
+            if "valid/loss" in (m := rec["metrics"])]
 
 
 def collect(run_dir: Path) -> dict:

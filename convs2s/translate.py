@@ -154,9 +154,9 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
         model, meta = load_model(path, device="cpu")
     except FileNotFoundError as err:
         raise CheckpointError(str(err)) from None
+    except CheckpointError:  # unreadable or unsafe: the message says so
+        raise
     except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        if isinstance(err, CheckpointError):  # unreadable or unsafe: says so itself
-            raise
         # A torch file of another shape (load_state_dict, the config): never torch's own text,
         # which suggests unsafe loading.
         raise CheckpointError(
@@ -343,13 +343,13 @@ def _check_input(path: str | None) -> None:
 
 
 def _read_lines(path: str | None) -> Iterator[str]:
-    """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced."""
+    """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced.
+    `main` has checked a named file with `_check_input`."""
     if path in (None, "-"):
         stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
                                   newline="\n")
         yield from (line.rstrip("\n") for line in stream)
         return
-    _check_input(path)
     with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
         yield from (line.rstrip("\n") for line in f)
 

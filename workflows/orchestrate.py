@@ -296,7 +296,7 @@ def _check_sources(cfg: WorkflowConfig, pre: PreprocessConfig) -> None:
         resolve_split(pre, split)
 
 
-def _quiet_ray_console() -> None:
+def _quiet_console() -> None:
     """The console shows the project's stage lines, training progress and results; Ray
     Data's per-dataset INFO lines go only to ray-data.log in Ray's log folder, and its
     progress bars (carriage-return redraws) only appear on a terminal. Set before Ray starts:
@@ -310,7 +310,7 @@ def _quiet_ray_console() -> None:
 
 
 def _start_ray(use_gpu: bool, preset: str) -> None:
-    _quiet_ray_console()
+    _quiet_console()
     import ray
 
     if preset == "smoke":  # small data on a small machine: keep Ray Data light
