@@ -69,8 +69,9 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
 
 @dataclass
 class ServedModel:
-    model_uri: str  # the logged model
-    run_id: str  # the run it was logged to
+    model_uri: str  # the logged model: models:/m-...
+    run_id: str | None  # its source run
+    model_id: str | None = None  # the logged model's id (m-...)
     registered_name: str | None = None
     version: str | None = None
     alias: str | None = None
@@ -90,13 +91,18 @@ def _pip_requirements() -> list[str]:
             f"mlflow=={version('mlflow')}"]
 
 
-def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path) -> dict:
-    """Slim checkpoint copies, search.json (and the dictionary) under out_dir -> artifacts map."""
+def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
+                    average: bool = False) -> dict:
+    """Slim checkpoint copies (or, with `average`, their weight average as one model),
+    search.json (and the dictionary) under out_dir -> the pyfunc artifacts map."""
     from convs2s.averaging import average_checkpoints
 
     ck_dir = out_dir / "checkpoints"
-    for i, p in enumerate(checkpoints):
-        average_checkpoints([p], ck_dir / f"model_{i:02d}")  # a mean of one = a slim copy
+    if average and len(checkpoints) > 1:
+        average_checkpoints(list(checkpoints), ck_dir / "model_00")
+    else:
+        for i, p in enumerate(checkpoints):
+            average_checkpoints([p], ck_dir / f"model_{i:02d}")  # a mean of one = a slim copy
     artifacts = {"checkpoints": str(ck_dir), "search": str(out_dir / SEARCH_FILE)}
     cfg = search.to_dict()
     if search.dictionary:
@@ -110,46 +116,51 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path)
 def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
                    tracking_uri: str, run_id: str | None = None,
                    experiment_name: str = "convs2s", name: str = "translator",
+                   average: bool = False, params: dict | None = None, tags: dict | None = None,
                    registered_model_name: str | None = None, alias: str | None = None,
                    input_example: list[str] | None = None) -> ServedModel:
-    """Log checkpoints (one model or an ensemble) + search settings as a pyfunc model into
-    run `run_id` (a new run of `experiment_name` if None); register it and set `alias` when
-    `registered_model_name` is given. The input example is translated once at logging time,
-    which checks that the logged model loads and predicts."""
+    """Log checkpoints (one model, an ensemble, or with `average` their weight average) and
+    the search settings as a pyfunc model (an MLflow 3 logged model named `name`, with
+    `params` and `tags`). With `run_id` the model's source run is that run and the run lists
+    it among its outputs; without, it goes to `experiment_name`. Registers it and sets `alias`
+    when `registered_model_name` is given. The input example is translated once at logging
+    time, which checks that the logged model loads and predicts."""
+    from mlflow.entities import LoggedModelOutput
     from mlflow.tracking import MlflowClient
 
     import convs2s
-    from convs2s.tracking import get_or_create_experiment
+    from convs2s.tracking import get_or_create_experiment, global_tracking_uri, quiet_mlflow
     from convs2s.translate import SearchConfig, Translator
 
     search = search or SearchConfig()
     if alias and not registered_model_name:
         raise ValueError("an alias needs registered_model_name")
     Translator.from_checkpoints(checkpoints, "cpu", search)  # fail here, with a clear error
-    previous = mlflow.get_tracking_uri()
-    mlflow.set_tracking_uri(tracking_uri)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            artifacts = stage_artifacts(checkpoints, search, Path(tmp))
-            exp_id = None
-            if run_id is None:  # artifacts beside the sqlite store, not in ./mlruns
-                exp_id = get_or_create_experiment(tracking_uri, experiment_name)
-            with mlflow.start_run(run_id=run_id, experiment_id=exp_id,
-                                  run_name=None if run_id else name) as run:
-                info = mlflow.pyfunc.log_model(
-                    name=name, python_model=TranslatorModel(), artifacts=artifacts,
-                    code_paths=[str(Path(convs2s.__file__).parent)],
-                    pip_requirements=_pip_requirements(),
-                    input_example=input_example or EXAMPLE)
-                run_id = run.info.run_id
-        served = ServedModel(model_uri=info.model_uri, run_id=run_id)
+    client = MlflowClient(tracking_uri)
+    # MLflow resolves models:/ URIs (logging, registering) through its global tracking URI.
+    with global_tracking_uri(tracking_uri), quiet_mlflow(), \
+            tempfile.TemporaryDirectory() as tmp:
+        artifacts = stage_artifacts(checkpoints, search, Path(tmp), average)
+        # Created first, then filled: the model gets its source run without this process
+        # opening the run (which would copy the run's params and step-0 metrics into it).
+        exp_id = client.get_run(run_id).info.experiment_id if run_id else \
+            get_or_create_experiment(tracking_uri, experiment_name)
+        model = client.create_logged_model(
+            exp_id, name=name, source_run_id=run_id, model_type="translator",
+            params={k: str(v) for k, v in (params or {}).items()},
+            tags={k: str(v) for k, v in (tags or {}).items()})
+        info = mlflow.pyfunc.log_model(
+            name=name, python_model=str(Path(__file__).with_name("served_translator.py")),
+            artifacts=artifacts, code_paths=[str(Path(convs2s.__file__).parent)],
+            pip_requirements=_pip_requirements(), model_id=model.model_id,
+            input_example=input_example or EXAMPLE)
+        if run_id:
+            client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+        served = ServedModel(model_uri=info.model_uri, run_id=run_id, model_id=model.model_id)
         if registered_model_name:
             mv = mlflow.register_model(info.model_uri, registered_model_name)
             served.registered_name, served.version = registered_model_name, str(mv.version)
             if alias:
-                MlflowClient(tracking_uri).set_registered_model_alias(
-                    registered_model_name, alias, mv.version)
+                client.set_registered_model_alias(registered_model_name, alias, mv.version)
                 served.alias = alias
-        return served
-    finally:
-        mlflow.set_tracking_uri(previous)
+    return served

@@ -30,12 +30,15 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "convs2s.run_key"
 PARENT_TAG = "mlflow.parentRunId"
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"  # the UI's "Model training" view
 # A dead server must cost seconds, not MLflow's default minutes of retries (reference-facts §9).
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "3", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
@@ -72,6 +75,40 @@ def bounded_http():
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def global_tracking_uri(uri: str):
+    """MLflow's process-wide tracking (and registry) URI set to `uri` for the block: the
+    fluent API and models:/ URI resolution read it, not a client's URI."""
+    import mlflow
+    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+
+    previous = mlflow.get_tracking_uri() if is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+@contextlib.contextmanager
+def quiet_mlflow():
+    """MLflow's model-logging chatter off the console for the block (its INFO lines, and the
+    artifact download progress bars it draws while checking the input example)."""
+    saved_env = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    mlflow_log = logging.getLogger("mlflow")
+    saved_level = mlflow_log.level
+    mlflow_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        mlflow_log.setLevel(saved_level)
+        if saved_env is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved_env
+
+
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -102,18 +139,24 @@ def _artifact_location(uri: str, experiment_name: str) -> str | None:
 
 
 def get_or_create_experiment(uri: str, name: str) -> str:
-    """Experiment id of `name`, created if missing (tolerates a concurrent creation)."""
+    """Experiment id of `name`, created if missing (tolerates a concurrent creation).
+
+    The experiment is marked as model training: without the mark the MLflow 3 UI opens it on
+    its GenAI overview (traces, prompts), empty, instead of on its runs and models. An
+    experiment made earlier without the mark gets it; a kind someone set is kept."""
     client = _client(uri)
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=_artifact_location(uri, name))
-    except Exception:
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=_artifact_location(uri, name),
+                                            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        except Exception:
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in exp.tags:
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    return exp.experiment_id
 
 
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
@@ -214,6 +257,70 @@ def end_run(uri: str, run_id: str | None, status: str = "FINISHED") -> None:
             _client(uri).set_terminated(run_id, status=status)
     except Exception as err:  # noqa: BLE001
         _warn_unreachable(uri, "ending the run", err)
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """A dataset as MLflow records it: a run's input (the runs table's Dataset column) and the
+    dataset a metric was computed on (the Models view ranks models per dataset)."""
+
+    name: str  # e.g. "wmt14_en_fr/train", "newstest2014"
+    digest: str  # identifies the content: the same name with another digest is other data
+    source: str  # where it lives (a folder or file; the origin goes into the profile)
+    profile: tuple[tuple[str, object], ...] = ()  # counts shown on the dataset's page
+    context: str = "training"  # training / validation / evaluation
+
+    @staticmethod
+    def of(name: str, digest: str, source: str, profile: dict, context: str) -> DatasetRecord:
+        return DatasetRecord(name, digest, source, tuple(profile.items()), context)
+
+    def entity(self):
+        from mlflow.entities import Dataset
+
+        return Dataset(self.name, self.digest, source_type="local",
+                       source=json.dumps({"uri": self.source}),
+                       profile=json.dumps(dict(self.profile)))
+
+
+def log_inputs(uri: str, run_id: str | None, datasets: list[DatasetRecord] = (),
+               model_ids: list[str] = ()) -> None:
+    """Record what a run read: datasets (with their context) and logged models it scored."""
+    if run_id is None or not (datasets or model_ids):
+        return
+    try:
+        from mlflow.entities import DatasetInput, InputTag, LoggedModelInput
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        with bounded_http():
+            _client(uri).log_inputs(
+                run_id, datasets=[DatasetInput(d.entity(), [InputTag(MLFLOW_DATASET_CONTEXT,
+                                                                     d.context)])
+                                  for d in datasets],
+                models=[LoggedModelInput(m) for m in model_ids])
+    except Exception as err:  # noqa: BLE001
+        _warn_unreachable(uri, "logging the run's inputs", err)
+
+
+def log_final_metrics(uri: str, run_id: str | None, metrics: dict[str, float | None], *,
+                      model_id: str | None = None, dataset: DatasetRecord | None = None) -> None:
+    """Final figures of a run (step 0); with `model_id` and `dataset` each is also a metric of
+    that logged model on that dataset. None values are left out; a failure only warns."""
+    if run_id is None:
+        return
+    try:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, 0, model_id=model_id,
+                        dataset_name=dataset.name if dataset else None,
+                        dataset_digest=dataset.digest if dataset else None)
+                 for k, v in metrics.items() if v is not None]
+        with bounded_http():
+            client = _client(uri)
+            for i in range(0, len(items), 500):
+                client.log_batch(run_id, metrics=items[i:i + 500])
+    except Exception as err:  # noqa: BLE001
+        _warn_unreachable(uri, "logging final metrics", err)
 
 
 def read_local_metrics(path: str | os.PathLike) -> list[dict]:

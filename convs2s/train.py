@@ -81,6 +81,7 @@ from convs2s.tracking import (
     find_or_create_run,
     flatten_params,
     log_artifacts,
+    log_inputs,
     log_params,
     resolve_tracking_uri,
     set_tags,
@@ -110,6 +111,7 @@ def fit(job: TrainJob) -> TrainResult:
     log_params(uri, run_id, flatten_params({"model": job.model.to_dict(),
                                             "train": job.train.to_dict(),
                                             "data": job.data_manifest, "job": job_params}))
+    log_inputs(uri, run_id, list(job.datasets))
     _log_configs(uri, run_id, job)
     resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
     trainer = ray.train.torch.TorchTrainer(

@@ -20,7 +20,6 @@ from typing import Literal
 
 from convs2s.config import ModelConfig
 
-
 # Why a training run stopped: TrainResult.metrics["stop_reason"], the train run's MLflow tag
 # `convs2s.stop_reason`, and the words the logs use for it.
 STOP_REASONS = {"max_updates": "update limit reached", "max_time": "time budget spent",
@@ -132,6 +131,7 @@ class TrainJob:
     experiment_name: str = "convs2s"
     parent_run_id: str | None = None  # make the training run a child of a workflow's run
     data_manifest: dict = field(default_factory=dict)  # counts etc., flattened into params
+    datasets: tuple = ()  # convs2s.tracking.DatasetRecord: MLflow dataset inputs of the run
     tags: dict = field(default_factory=dict)  # extra MLflow run tags
 
     def replace(self, **changes) -> TrainJob:

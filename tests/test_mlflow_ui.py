@@ -1,7 +1,8 @@
 """The MLflow UI on a workflow's store: the `mlflow ui` command the workflow printed (`mlflow ui`
-is `mlflow server`) on loopback, and the compare view of the runs it printed, opened in headless
-Chromium (Debian's `chromium`); the rendered page must name the runs and show their BLEU. Keeps
-a screenshot in test-artifacts/mlflow_compare.png.
+is `mlflow server`) on loopback, and the pages the workflow printed links to, opened in headless
+Chromium (Debian's `chromium`): the compare view must name the runs and show their BLEU, the
+runs page the workflow run and its data, the Models view each logged model and its BLEU. Keeps
+screenshots in test-artifacts/mlflow_compare.png and mlflow_models.png.
 
     timeout 900 .venv/bin/python -m pytest tests/test_mlflow_ui.py -q
 """
@@ -46,13 +47,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def mlflow_server(smoke_workflow, tmp_path):
+@pytest.fixture(scope="module")
+def mlflow_server(smoke_workflow, tmp_path_factory):
     """The `mlflow ui ...` command the workflow printed (`mlflow ui` is `mlflow server`) on a
     free loopback port, one worker process."""
     (printed,) = re.findall(r"^\s*(mlflow ui .*)$", smoke_workflow.stdout, flags=re.M)
     args = printed.split()[1:]
     assert args[args.index("--backend-store-uri") + 1] == smoke_workflow.tracking_uri
+    tmp_path = tmp_path_factory.mktemp("mlflow_server")
     port = _free_port()
     args[args.index("--port") + 1] = str(port)
     proc = subprocess.Popen(
@@ -83,11 +85,37 @@ def mlflow_server(smoke_workflow, tmp_path):
 
 
 def _render(chromium: str, url: str, profile: Path, budget_s: int,
-            *mode: str) -> subprocess.CompletedProcess:
-    """One headless Chromium run; the page's JavaScript gets `budget_s` of virtual time."""
-    return subprocess.run([chromium, *CHROMIUM_FLAGS, f"--virtual-time-budget={budget_s * 1000}",
+            *mode: str, width: int = 1600) -> subprocess.CompletedProcess:
+    """One headless Chromium run; the page's JavaScript gets `budget_s` of virtual time. Wide
+    windows for tables whose columns are only drawn when visible (the Models view)."""
+    flags = [f for f in CHROMIUM_FLAGS if not f.startswith("--window-size")]
+    return subprocess.run([chromium, *flags, f"--window-size={width},2600",
+                           f"--virtual-time-budget={budget_s * 1000}",
                            f"--user-data-dir={profile}", *mode, url],
                           capture_output=True, text=True, timeout=300)
+
+
+def _until_shown(chromium: str, url: str, tmp_path: Path, expected: list[str], name: str,
+                 width: int = 1600) -> int:
+    """Render until every expected string is on the page (the UI fetches after its scripts
+    load; a loaded machine needs a longer budget); returns the budget that sufficed."""
+    for attempt, budget in enumerate((30, 60, 120)):
+        proc = _render(chromium, url, tmp_path / f"profile-{name}{attempt}", budget,
+                       "--dump-dom", width=width)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        text = _page_text(proc.stdout)
+        missing = [e for e in expected if e not in text]
+        if not missing:
+            return budget
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / f"mlflow_{name}.txt").write_text(text)
+    pytest.fail(f"the {name} page lacks {missing} (page text in test-artifacts/mlflow_{name}.txt)")
+
+
+def _js_number(value: float) -> str:
+    """A float as the Models table prints it (JavaScript's shortest form: 0, not 0.0)."""
+    text = repr(value)
+    return text[:-2] if text.endswith(".0") else text
 
 
 def _page_text(dom: str) -> str:
@@ -115,22 +143,43 @@ def test_compare_view_shows_the_runs_and_their_bleu(smoke_workflow, mlflow_serve
 
     expected = [f"Comparing {len(runs)} Runs", "bleu_tokenized", "chrf"]
     expected += [r.info.run_name for r in runs] + [_shown(r.data.metrics["bleu"]) for r in runs]
+    budget = _until_shown(chromium, url, tmp_path, expected, "compare")
     ARTIFACTS.mkdir(exist_ok=True)
-    # The UI fetches runs after its scripts load; a loaded machine may need a longer budget.
-    for attempt, budget in enumerate((30, 60, 120)):
-        proc = _render(chromium, url, tmp_path / f"profile-dom{attempt}", budget, "--dump-dom")
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        text = _page_text(proc.stdout)
-        missing = [e for e in expected if e not in text]
-        if not missing:
-            break
-    else:
-        (ARTIFACTS / "mlflow_compare.txt").write_text(text)
-        pytest.fail(f"the compare view lacks {missing} (page text in "
-                    f"test-artifacts/mlflow_compare.txt)")
-
     shot = ARTIFACTS / "mlflow_compare.png"
     shot.unlink(missing_ok=True)
     proc = _render(chromium, url, tmp_path / "profile-shot", budget, f"--screenshot={shot}")
     assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+@pytest.mark.slow
+def test_runs_page_and_models_view_show_the_runs_their_data_and_each_models_bleu(
+        smoke_workflow, mlflow_server, tmp_path):
+    """The `runs:` and `models:` links the workflow printed open MLflow's model-training pages:
+    the runs table lists the workflow run with its training data; the Models view lists each
+    evaluated checkpoint's logged model with its BLEU on the test set."""
+    from mlflow.tracking import MlflowClient
+
+    chromium = _chromium()
+    links = dict(re.findall(r"^  (runs|models): +(\S+)$", smoke_workflow.stdout, flags=re.M))
+    client = MlflowClient(smoke_workflow.tracking_uri)
+    exp = client.get_experiment_by_name(smoke_workflow.experiment)
+
+    runs_url = mlflow_server + links["runs"][links["runs"].index("/#/"):]
+    _until_shown(chromium, runs_url, tmp_path, ["Runs", "Model training",
+                                                smoke_workflow.run_name, "demo/train"], "runs")
+
+    models = [m for m in client.search_logged_models([exp.experiment_id])
+              if m.name.startswith(f"{smoke_workflow.run_name}-")]
+    assert len(models) == 2
+    expected = ["Models", "demo_test", "bleu"]
+    for m in models:
+        bleu = next(x.value for x in m.metrics if x.key == "bleu")
+        expected += [m.name, _js_number(bleu)]
+    models_url = mlflow_server + links["models"][links["models"].index("/#/"):]
+    budget = _until_shown(chromium, models_url, tmp_path, expected, "models", width=2800)
+    shot = ARTIFACTS / "mlflow_models.png"
+    shot.unlink(missing_ok=True)
+    proc = _render(chromium, models_url, tmp_path / "profile-models-shot", budget,
+                   f"--screenshot={shot}", width=2800)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]

@@ -134,3 +134,42 @@ def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri
     records = read_local_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 201))
     assert records[-1]["metrics"]["train/loss"] == pytest.approx(1 / 200)
+
+
+def test_experiments_are_marked_as_model_training(sqlite_uri):
+    """MLflow 3's UI opens an unmarked experiment on its GenAI overview; ours open on runs. An
+    experiment made without the mark gets it; a kind someone chose is kept."""
+    from convs2s.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING, get_or_create_experiment
+
+    client = MlflowClient(sqlite_uri)
+    new = get_or_create_experiment(sqlite_uri, "new")
+    assert client.get_experiment(new).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
+    old = client.create_experiment("old")
+    assert get_or_create_experiment(sqlite_uri, "old") == old
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    get_or_create_experiment(sqlite_uri, "chosen")
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_dataset_inputs_and_model_linked_metrics(sqlite_uri):
+    from convs2s.tracking import DatasetRecord, log_final_metrics, log_inputs
+
+    client = MlflowClient(sqlite_uri)
+    run_id = find_or_create_run(sqlite_uri, "exp", run_key="/runs/d", run_name="d")
+    exp_id = client.get_run(run_id).info.experiment_id
+    model = client.create_logged_model(exp_id, name="m", source_run_id=run_id)
+    test = DatasetRecord.of("newstest2014", "abc123", "/data/text", {"sentences": 3003},
+                            "evaluation")
+    log_inputs(sqlite_uri, run_id, [test], [model.model_id])
+    log_final_metrics(sqlite_uri, run_id, {"bleu": 40.5, "skipped": None},
+                      model_id=model.model_id, dataset=test)
+    run = client.get_run(run_id)
+    (inp,) = run.inputs.dataset_inputs
+    assert (inp.dataset.name, inp.dataset.digest) == ("newstest2014", "abc123")
+    assert inp.tags[0].value == "evaluation" and '"sentences": 3003' in inp.dataset.profile
+    assert [m.model_id for m in run.inputs.model_inputs] == [model.model_id]
+    assert run.data.metrics == {"bleu": 40.5}
+    (metric,) = client.get_logged_model(model.model_id).metrics
+    assert (metric.key, metric.value, metric.dataset_name, metric.dataset_digest) == \
+        ("bleu", 40.5, "newstest2014", "abc123")

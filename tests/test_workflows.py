@@ -197,6 +197,14 @@ def test_rerun_with_the_same_name_resumes_and_skips_finished_stages(smoke_workfl
     assert out.count("(scored earlier)") == 2
     after = _runs(w.tracking_uri, w.experiment)
     assert {r.info.run_id for r in after} == before  # the same runs, reopened, none added
+    # The same logged models (none logged twice) and the same champion version.
+    client = _client(w.tracking_uri)
+    exp = client.get_experiment_by_name(w.experiment)
+    models = [m.name for m in client.search_logged_models([exp.experiment_id])
+              if m.name.startswith(f"{w.run_name}-")]
+    assert sorted(models) == [f"{w.run_name}-avg_last2", f"{w.run_name}-best"]
+    assert len(client.search_model_versions("name = 'wmt14_en_fr'")) == 1
+    assert "models:/wmt14_en_fr@champion (version 1)" in out
     parent, _ = _family(w.tracking_uri, w.experiment, w.run_name)
     assert parent.info.status == "FINISHED"
 

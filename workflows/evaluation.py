@@ -27,6 +27,7 @@ with a minimum output length (`summarization_search()`, paper §5.5).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import sys
 import tempfile
@@ -38,9 +39,19 @@ from typing import Literal
 import ray
 
 from convs2s.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
+from convs2s.tracking import (
+    DatasetRecord,
+    bounded_http,
+    end_run,
+    find_or_create_run,
+    flatten_params,
+    log_artifacts,
+    log_final_metrics,
+    log_inputs,
+    log_params,
+    resolve_tracking_uri,
+)
 from convs2s.translate import SearchConfig
-from convs2s.tracking import (bounded_http, end_run, find_or_create_run, flatten_params,
-                              log_artifacts, log_params, resolve_tracking_uri)
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -66,6 +77,7 @@ class EvalJob:
     num_cpus: float = 1.0  # Ray resources of the task; torch uses that many threads
     num_gpus: float = 0.0  # a GPU fraction, e.g. 0.25 lets four jobs share one GPU
     attention_sentences: int = 0  # per-layer attention PNGs for the first N test sentences
+    model_id: str | None = None  # the MLflow logged model of these weights: scores link to it
 
     @property
     def kind(self) -> str:
@@ -97,8 +109,13 @@ def evaluate_job(job: EvalJob) -> dict:
 
     from convs2s.attention_plot import plot_attention
     from convs2s.averaging import average_checkpoints
-    from convs2s.scoring import (ROUGE_TYPES, read_lines, score_summarization,
-                                 score_translation, translation_signatures)
+    from convs2s.scoring import (
+        ROUGE_TYPES,
+        read_lines,
+        score_summarization,
+        score_translation,
+        translation_signatures,
+    )
     from convs2s.translate import Translator
 
     torch.set_num_threads(max(1, int(job.num_cpus)))
@@ -142,15 +159,38 @@ def _evaluate_task(job: EvalJob) -> dict:
 # --- the driver: child runs, Ray tasks, logging as results arrive --------------------------------
 
 
+def short_path(path: str) -> str:
+    """The last two parts of a path (train/best, text/test.en): readable in MLflow's compare
+    view, where absolute paths are too long to tell runs apart."""
+    return "/".join(Path(path).parts[-2:])
+
+
 def _job_params(job: EvalJob) -> dict[str, str]:
     """The same keys for every job, so MLflow's compare view lines the runs up."""
     return flatten_params({
         "eval": {"job": job.name, "kind": job.kind, "n_checkpoints": len(job.checkpoints),
-                 "checkpoints": ",".join(job.checkpoints), "num_cpus": job.num_cpus,
-                 "num_gpus": job.num_gpus},
-        "test": {"name": job.test_set.name, "src": job.test_set.src, "ref": job.test_set.ref,
-                 "tgt_lang": job.test_set.tgt_lang, "task": job.test_set.task},
+                 "checkpoints": ",".join(map(short_path, job.checkpoints)),
+                 "num_cpus": job.num_cpus, "num_gpus": job.num_gpus},
+        "test": {"name": job.test_set.name, "src": short_path(job.test_set.src),
+                 "ref": short_path(job.test_set.ref), "tgt_lang": job.test_set.tgt_lang,
+                 "task": job.test_set.task},
         "search": job.search.to_dict()})
+
+
+def test_dataset(test: TestSet) -> DatasetRecord:
+    """The test set as an MLflow dataset: its digest covers the source and reference bytes."""
+    h = hashlib.sha256()
+    for path in (test.src, test.ref):
+        h.update(Path(path).read_bytes())
+        h.update(b"\0")
+    with open(test.src, "rb") as f:
+        sentences = sum(1 for _ in f)
+    return DatasetRecord.of(test.name, h.hexdigest()[:16], str(Path(test.src).parent),
+                            {"sentences": sentences, "src": Path(test.src).name,
+                             "ref": Path(test.ref).name}, "evaluation")
+
+
+test_dataset.__test__ = False  # not a pytest test (its name starts with "test")
 
 
 def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
@@ -168,23 +208,28 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
         return default
 
 
-def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict) -> None:
-    from mlflow.entities import Metric
+# Figures of the run, not of the model: left out of the model's metrics on the test set.
+RUN_ONLY_METRICS = ("seconds", "sentences_per_second", "sentences")
 
-    if run_id is None:
-        return
-    now = int(time.time() * 1000)
-    try:
-        from mlflow.tracking import MlflowClient
 
-        with bounded_http():
-            client = MlflowClient(uri)
-            client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0)
-                                              for k, v in out["metrics"].items()])
-            for k, v in out["signatures"].items():
-                client.set_tag(run_id, f"signature.{k}", v)
-    except Exception as err:  # noqa: BLE001 - scores are also in the returned results
-        log.warning("could not log the metrics of %s to MLflow (%s)", job.name, err)
+def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
+                dataset: DatasetRecord) -> None:
+    """The scores on the child run, each also a metric of the job's logged model on the test
+    set's dataset (MLflow's Models view ranks by them); the speed only on the run."""
+    m = out["metrics"]
+    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_ONLY_METRICS},
+                      model_id=job.model_id, dataset=dataset)
+    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_ONLY_METRICS})
+    if run_id is not None:
+        try:
+            from mlflow.tracking import MlflowClient
+
+            with bounded_http():
+                client = MlflowClient(uri)
+                for k, v in out["signatures"].items():
+                    client.set_tag(run_id, f"signature.{k}", v)
+        except Exception as err:  # noqa: BLE001 - scores are also in the returned results
+            log.warning("could not tag %s with its metric signatures (%s)", job.name, err)
 
 
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
@@ -206,13 +251,17 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                          "hypotheses files are named after them")
     uri = resolve_tracking_uri(tracking_uri)
     exp = _experiment_name(uri, parent_run_id, experiment_name)
-    run_ids = {}
+    run_ids, datasets = {}, {}
     for job in jobs:
         run_ids[job] = find_or_create_run(
             uri, exp, run_key=f"eval:{parent_run_id}:{job.name}:{job.test_set.name}",
             run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
             tags={"convs2s.eval.kind": job.kind})
         log_params(uri, run_ids[job], _job_params(job))
+        if job.test_set not in datasets:
+            datasets[job.test_set] = test_dataset(job.test_set)
+        log_inputs(uri, run_ids[job], [datasets[job.test_set]],
+                   [job.model_id] if job.model_id else [])
     pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus)
                .remote(job): job for job in jobs}
     results, failures = [], []
@@ -226,14 +275,16 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
             failures.append(f"{job.name}/{job.test_set.name}: {first}")
             end_run(uri, run_ids[job], "FAILED")
             continue
-        results.append(_finish(uri, run_ids[job], job, out, Path(out_dir)))
+        results.append(_finish(uri, run_ids[job], job, out, Path(out_dir),
+                               datasets[job.test_set]))
     if failures and raise_on_error:
         raise RuntimeError("evaluation jobs failed:\n  " + "\n  ".join(failures))
     order = {job: i for i, job in enumerate(jobs)}
     return sorted(results, key=lambda r: order[r.job])
 
 
-def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path) -> EvalResult:
+def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path,
+            dataset: DatasetRecord) -> EvalResult:
     """Write the hypotheses and pictures, log them and the metrics, close the child run."""
     job_dir = out_dir.resolve() / job.name
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -245,7 +296,7 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path
         png.parent.mkdir(exist_ok=True)
         png.write_bytes(data)
         pngs.append(str(png))
-    _log_result(uri, run_id, job, out)
+    _log_result(uri, run_id, job, out, dataset)
     log_artifacts(uri, run_id, str(hyp_path), "hypotheses")
     for png in pngs:
         log_artifacts(uri, run_id, png, "attention")

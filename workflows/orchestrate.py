@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from convs2s.tracking import log_final_metrics
 from convs2s.train_config import STOP_REASONS, TrainConfig
 from preprocessing.config import PreprocessConfig
 from workflows.workflow_config import RunOptions, WorkflowConfig, apply_options, parse_args
@@ -76,6 +77,7 @@ class WorkflowResult:
     train: list  # [convs2s.train_config.TrainResult]
     scores: list[EvalScore]
     skipped: list[str]  # stages skipped because an earlier invocation finished them
+    champion: object = None  # workflows.lineage.Champion: the registered best model, or None
 
 
 # --- the workflow --------------------------------------------------------------------------------
@@ -83,7 +85,8 @@ class WorkflowResult:
 
 def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
     """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
-    from convs2s.tracking import end_run, find_or_create_run, resolve_tracking_uri
+    from convs2s.tracking import end_run, find_or_create_run, log_inputs, resolve_tracking_uri
+    from workflows.lineage import data_inputs, register_champion
 
     t0 = time.monotonic()
     cfg, pre = apply_options(cfg, opts)
@@ -93,25 +96,50 @@ def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
     experiment = opts.experiment or cfg.name
     _check_sources(cfg, pre)  # a missing corpus or an unreachable hub fails here, before Ray
     _start_ray(cfg.use_gpu, opts.preset)
+    source = _source_tags(cfg)  # the runs table's Source column: the workflow file and commit
     parent = find_or_create_run(uri, experiment, run_key=f"workflow:{run_dir}", run_name=run_name,
                                 tags={"convs2s.workflow": cfg.name, "convs2s.preset": opts.preset,
-                                      "convs2s.data": pre.source})
+                                      "convs2s.data": pre.source, **source})
     log.info("MLflow run %r (id %s) in experiment %r at %s", run_name, parent, experiment, uri)
     ctx = StageContext(uri, experiment, parent, run_dir)
     try:
-        params = {"workflow": {**cfg.to_dict(), "preprocess": pre.to_dict(),
+        params = {"workflow": {**cfg.to_dict(), "preprocess": _compared(pre),
                                "preset": opts.preset}}
         _log_params(uri, parent, params)
         out = preprocess_stage(ctx, pre)
-        trained = train_stage(ctx, cfg, out)
-        scores = evaluate_stage(ctx, cfg, pre, out, trained)
-        _log_metrics(uri, parent, _parent_metrics(cfg, trained, scores,
-                                                  time.monotonic() - t0))
+        datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
+        log_inputs(uri, parent, datasets)
+        trained = train_stage(ctx, cfg, out, datasets, source)
+        scores, models = evaluate_stage(ctx, cfg, pre, out, trained)
+        log_final_metrics(uri, parent, _parent_metrics(cfg, trained, scores,
+                                                       time.monotonic() - t0))
+        champion = None
+        if scores and models:  # the task's main metric on its main (first) test set
+            champion = register_champion(uri, cfg.name, scores, models, scores[0].test_set,
+                                         _main_metric(cfg))
     except BaseException:
         end_run(uri, parent, "FAILED")
         raise
     end_run(uri, parent, "FINISHED")
-    return WorkflowResult(parent, experiment, uri, str(run_dir), trained, scores, ctx.skipped)
+    return WorkflowResult(parent, experiment, uri, str(run_dir), trained, scores, ctx.skipped,
+                          champion)
+
+
+def _source_tags(cfg: WorkflowConfig) -> dict:
+    from convs2s.train import code_version
+
+    return {"mlflow.source.name": f"workflows/{cfg.name}.py", "mlflow.source.type": "LOCAL",
+            "mlflow.source.git.commit": code_version()}
+
+
+def _compared(pre: PreprocessConfig) -> dict:
+    """Preprocessing settings as params: all but the storage root, an absolute path that only
+    tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
+    return {k: v for k, v in pre.to_dict().items() if k != "root"}
+
+
+def _main_metric(cfg: WorkflowConfig) -> str:
+    return SUMMARIZATION_METRICS[0] if cfg.task == "summarization" else TRANSLATION_METRICS[0]
 
 
 @dataclass
@@ -149,7 +177,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
     from preprocessing.pipeline import run_pipeline
 
     run_id = ctx.child("preprocess", "preprocess", "preprocess")
-    _log_params(ctx.uri, run_id, {"preprocess": pre.to_dict()})
+    _log_params(ctx.uri, run_id, {"preprocess": _compared(pre)})
     log.info("== preprocess: %s -> %s/%s", pre.source, pre.root, pre.task)
     t0 = time.monotonic()
     try:
@@ -166,7 +194,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
                         f"{split}.padding_efficiency": batches["padding_efficiency"],
                         f"{split}.src_tokens": batches["tokens"]["src_tokens"],
                         f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
-    _log_metrics(ctx.uri, run_id, metrics)
+    log_final_metrics(ctx.uri, run_id, metrics)
     manifests = ctx.run_dir / "preprocess_manifests.json"
     manifests.parent.mkdir(parents=True, exist_ok=True)
     manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
@@ -175,8 +203,11 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
     return out
 
 
-def train_stage(ctx: StageContext, cfg: WorkflowConfig, out) -> list:
-    """One Ray Train run per ensemble member; a run finished with the same settings is skipped."""
+def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = (),
+                tags: dict | None = None) -> list:
+    """One Ray Train run per ensemble member; a run finished with the same settings is skipped.
+    `datasets` (convs2s.tracking.DatasetRecord) are logged as each run's MLflow inputs, `tags`
+    set on each run."""
     from convs2s.train import fit
     from convs2s.train_config import TrainJob, TrainResult
 
@@ -203,32 +234,38 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out) -> list:
                        num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
                        cpus_per_worker=cfg.cpus_per_worker, tracking_uri=ctx.uri, experiment_name=ctx.experiment,
                        parent_run_id=ctx.parent, data_manifest=_data_summary(out),
-                       tags={"convs2s.stage": "train"})
+                       datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"})
         result = fit(job)
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "
                                f"{result.run_dir}; see its metrics.jsonl and the Ray logs")
         state = ctx.state()
         state["train"][name] = {"key": key, "result": dataclasses.asdict(result)}
-        state["eval"] = {}  # new weights: every score is stale
+        state["eval"], state["models"] = {}, {}  # new weights: every score and model is stale
         ctx.save_state(state)
         results.append(result)
     return results
 
 
 def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig, out,
-                   trained: list) -> list[EvalScore]:
-    """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks."""
+                   trained: list) -> tuple[list[EvalScore], dict[str, str]]:
+    """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks, each set
+    of weights an MLflow logged model that its scores link to. Returns the scores and
+    {job name: logged model id}."""
     from workflows.evaluation import EvalJob, TestSet, averaging_job, ensemble_job, evaluate_all
+    from workflows.lineage import log_job_models, weights_stamp
 
     resources = {"num_cpus": cfg.eval_cpus, "num_gpus": cfg.eval_gpus if cfg.use_gpu else 0.0}
     jobs = []
+    source_runs = {}  # job name -> the run that produced its weights (ensembles: the parent)
     for split, test_name in cfg.all_test_sets.items():
         name = test_name if pre.source != "demo" else f"demo_{split}"
         src, ref = out.text[split]
         test = TestSet(name, src, ref, tgt_lang=pre.tgt_lang, task=cfg.task)
         for k, result in enumerate(trained):
             prefix = "" if len(trained) == 1 else f"run{k + 1}_"
+            source_runs.update({f"{prefix}best": result.run_id,
+                                f"{prefix}avg_last{cfg.ensemble.average_last}": result.run_id})
             jobs.append(EvalJob(f"{prefix}best", (result.best_checkpoint,), test, cfg.search,
                                 **resources))
             n = cfg.ensemble.average_last
@@ -242,10 +279,17 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
             jobs.append(ensemble_job(f"ensemble_{len(trained)}", [r.run_dir for r in trained],
                                      test, cfg.search, **resources))
     state = ctx.state()
+    models = {}
+    if ctx.parent is not None:  # tracking answers: one logged model per set of weights
+        source_runs = {j.name: source_runs.get(j.name, ctx.parent) for j in jobs}
+        models = log_job_models(ctx.uri, jobs, source_runs, ctx.run_dir.name,
+                                cfg.search.to_dict(), state.setdefault("models", {}))
+        ctx.save_state(state)
+        jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
     done, todo = [], []
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
-        if rec and rec["stamp"] == _stamp(job.checkpoints) and _has_metrics(ctx.uri,
+        if rec and rec["stamp"] == weights_stamp(job.checkpoints) and _has_metrics(ctx.uri,
                                                                            rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
@@ -263,13 +307,13 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
         state = ctx.state()
         for r in results:
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
-                "stamp": _stamp(r.job.checkpoints), "run_id": r.run_id, "metrics": r.metrics,
+                "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id, "metrics": r.metrics,
                 "hyp_path": r.hyp_path}
             done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
                                   r.hyp_path))
         ctx.save_state(state)
     order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
-    return sorted(done, key=lambda s: order[(s.job, s.test_set)])
+    return sorted(done, key=lambda s: order[(s.job, s.test_set)]), models
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -350,16 +394,6 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _stamp(checkpoints) -> list:
-    """Identity of the weights a job scores: each checkpoint file's size and mtime."""
-    out = []
-    for c in checkpoints:
-        f = Path(c) / "checkpoint.pt"
-        st = f.stat() if f.is_file() else None
-        out.append([str(c), st.st_size if st else None, st.st_mtime_ns if st else None])
-    return out
-
-
 def _has_metrics(uri: str, run_id: str | None) -> bool:
     """Whether the child run still exists and holds metrics (a deleted run is scored again)."""
     if run_id is None:
@@ -380,26 +414,6 @@ def _log_params(uri: str, run_id: str | None, params: dict) -> None:
     from convs2s.tracking import flatten_params, log_params
 
     log_params(uri, run_id, flatten_params(params))
-
-
-def _log_metrics(uri: str, run_id: str | None, metrics: dict) -> None:
-    """Final figures (step 0) on a run; a tracking failure only warns (the scores are printed)."""
-    if run_id is None:
-        return
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    from convs2s.tracking import bounded_http
-
-    now = int(time.time() * 1000)
-    items = [Metric(k, float(v), now, 0) for k, v in metrics.items() if v is not None]
-    try:
-        with bounded_http():
-            client = MlflowClient(uri)
-            for i in range(0, len(items), 500):
-                client.log_batch(run_id, metrics=items[i:i + 500])
-    except Exception as err:  # noqa: BLE001
-        log.warning("could not log metrics to MLflow run %s (%s)", run_id, err)
 
 
 def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
@@ -508,9 +522,22 @@ def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: f
         base = r.tracking_uri.rstrip("/")
     if exp_id is not None and r.parent_run_id:
         ids = [r.parent_run_id] + [s.run_id for s in r.scores if s.run_id]
-        lines += [f"  run:     {base}/#/experiments/{exp_id}/runs/{r.parent_run_id}",
+        ml = "?workflowType=machine_learning"  # the UI's "Model training" side, not GenAI
+        lines += [f"  runs:    {base}/#/experiments/{exp_id}/runs{ml}",
+                  f"  models:  {base}/#/experiments/{exp_id}/models{ml}",
+                  f"  run:     {base}/#/experiments/{exp_id}/runs/{r.parent_run_id}{ml}",
                   f"  compare: {base}/#/compare-runs?runs={json.dumps(ids, separators=(',', ':'))}"
                   f"&experiments={json.dumps([exp_id])}"]
+    c = r.champion
+    if c is not None:
+        if c.moved:
+            lines.append(f"best model: {c.job} ({c.metric} {c.value:.2f} on {c.test_set}) is "
+                         f"{c.uri} (version {c.version}); serve it with")
+        else:
+            lines.append(f"best model: {c.uri} stays version {c.version} ({c.metric} "
+                         f"{c.value:.2f} on {c.test_set}, above this run's); serve it with")
+        lines.append(f"  MLFLOW_TRACKING_URI={r.tracking_uri} mlflow models serve -m {c.uri} "
+                     "--env-manager local -p 5001")
     return "\n".join(lines)
 
 

@@ -1,0 +1,164 @@
+"""What the En-Fr smoke workflow leaves in its MLflow store (sqlite), as MLflow 3 users expect:
+an experiment marked as model training, dataset inputs with digests on the runs, one logged
+model per evaluated set of weights with its scores linked to it and to the test set, and the
+task's registered model whose `champion` alias loads and translates.
+
+    timeout 900 .venv/bin/python -m pytest tests/test_lineage.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _store(w):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(w.tracking_uri)
+    exp = client.get_experiment_by_name(w.experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    (parent,) = [r for r in runs if r.info.run_name == w.run_name
+                 and "mlflow.parentRunId" not in r.data.tags]
+    children = {r.info.run_name: client.get_run(r.info.run_id) for r in runs
+                if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    return client, exp, client.get_run(parent.info.run_id), children
+
+
+def _inputs(run) -> dict[str, tuple[str, str]]:
+    """{dataset name: (digest, context)} of a run's dataset inputs."""
+    return {d.dataset.name: (d.dataset.digest, {t.key: t.value for t in d.tags}
+                             ["mlflow.data.context"]) for d in run.inputs.dataset_inputs}
+
+
+def test_experiment_opens_on_its_runs_and_runs_show_their_data(smoke_workflow):
+    w = smoke_workflow
+    _, exp, parent, children = _store(w)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    manifests = json.loads((w.storage / w.run_name / "preprocess_manifests.json").read_text())
+    expected = {}
+    for split, context in (("train", "training"), ("valid", "validation")):
+        m = manifests[f"batches/{split}"]
+        expected[f"demo/{split}"] = (m["config_hash"][:8] + m["input_fingerprint"][:8], context)
+    assert _inputs(parent) == expected
+    assert _inputs(children["train"]) == expected
+    train_input = next(d for d in children["train"].inputs.dataset_inputs
+                       if d.dataset.name == "demo/train")
+    profile = json.loads(train_input.dataset.profile)
+    assert profile["rows"] == manifests["batches/train"]["rows_kept"]
+    assert profile["tgt_tokens"] == manifests["batches/train"]["tokens"]["tgt_tokens"]
+    # The runs table's Source column names the workflow file.
+    assert parent.data.tags["mlflow.source.name"] == "workflows/wmt14_en_fr.py"
+    # Params compare across machines: no absolute paths.
+    for run in (parent, *children.values()):
+        absolute = {k: v for k, v in run.data.params.items() if v.startswith("/")}
+        assert not absolute, (run.info.run_name, absolute)
+    assert children["eval/best/demo_test"].data.params["eval.checkpoints"] == "train/best"
+
+
+def test_each_evaluated_checkpoint_is_a_logged_model_ranked_by_its_scores(smoke_workflow):
+    w = smoke_workflow
+    client, exp, _, children = _store(w)
+    models = {m.name: m for m in client.search_logged_models([exp.experiment_id])
+              if m.name.startswith(f"{w.run_name}-")}
+    assert set(models) == {"smoke-test-best", "smoke-test-avg_last2"}
+    train = children["train"]
+    assert {o.model_id for o in train.outputs.model_outputs} == \
+        {m.model_id for m in models.values()}
+    for job in ("best", "avg_last2"):
+        model = models[f"smoke-test-{job}"]
+        run = children[f"eval/{job}/demo_test"]
+        assert str(model.status) == "READY" and model.source_run_id == train.info.run_id
+        assert model.params["job"] == job and model.params["search.beam"] == "5"
+        (digest, context), = _inputs(run).values()
+        assert context == "evaluation" and "demo_test" in _inputs(run)
+        assert [i.model_id for i in run.inputs.model_inputs] == [model.model_id]
+        linked = {m.key: m for m in model.metrics}
+        for key in ("bleu", "bleu_tokenized", "chrf"):
+            assert linked[key].value == pytest.approx(run.data.metrics[key])
+            assert (linked[key].dataset_name, linked[key].dataset_digest) == ("demo_test", digest)
+        assert "sentences_per_second" not in linked  # a figure of the run, not of the model
+
+
+def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_path):
+    import mlflow
+
+    from convs2s.averaging import average_checkpoints
+    from convs2s.checkpoint import list_checkpoints, pick_checkpoints
+    from convs2s.scoring import read_lines
+    from convs2s.translate import Translator
+    from workflows import wmt14_en_fr
+
+    w = smoke_workflow
+    client, _, _, children = _store(w)
+    scores = {job: children[f"eval/{job}/demo_test"].data.metrics["bleu"]
+              for job in ("best", "avg_last2")}
+    mv = client.get_model_version_by_alias("wmt14_en_fr", "champion")
+    job = mv.tags["convs2s.job"]
+    assert scores[job] == max(scores.values())
+    model = client.get_logged_model(mv.source.removeprefix("models:/"))
+    assert model.name == f"smoke-test-{job}"
+    assert json.loads(model.tags["mlflow.modelVersions"])[-1] == \
+        {"name": "wmt14_en_fr", "version": str(mv.version)}
+    assert f"is models:/wmt14_en_fr@champion (version {mv.version})" in w.stdout
+    assert "mlflow models serve -m models:/wmt14_en_fr@champion --env-manager local" in w.stdout
+
+    run_dir = w.storage / w.run_name / "train"
+    if job == "best":
+        weights = [run_dir / "best"]
+    else:
+        last2 = [i.path for i in pick_checkpoints(list_checkpoints(run_dir), last=2)]
+        weights = [average_checkpoints(last2, tmp_path / "avg")]
+    src = read_lines(w.storage / "preprocessed" / "demo" / "text" / "test.en")[:6]
+    expected = Translator.from_checkpoints(weights, search=wmt14_en_fr.smoke().search) \
+        .translate(src)
+    mlflow.set_tracking_uri(w.tracking_uri)
+    try:
+        served = mlflow.pyfunc.load_model("models:/wmt14_en_fr@champion")
+        assert served.predict(src) == expected
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_workflow):
+    """register_champion on the smoke store under another name: first registration, an
+    earlier champion that scored higher stays, a better model takes the alias."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.lineage import register_champion
+    from workflows.orchestrate import EvalScore
+
+    w = smoke_workflow
+    client = MlflowClient(w.tracking_uri)
+    exp = client.get_experiment_by_name(w.experiment)
+    ids = {m.name.removeprefix("smoke-test-"): m.model_id
+           for m in client.search_logged_models([exp.experiment_id])
+           if m.name.startswith("smoke-test-")}
+    real = {k: {m.key: m.value for m in client.get_logged_model(v).metrics}["bleu"]
+            for k, v in ids.items()}
+
+    def score(job, bleu):
+        return EvalScore(job, "demo_test", {"bleu": bleu}, None, "")
+
+    first = register_champion(w.tracking_uri, "lineage-test", [score("best", real["best"])],
+                              ids, "demo_test", "bleu")
+    assert first.moved and first.version == "1" and first.uri == "models:/lineage-test@champion"
+    # The other model, claiming a lower score than the champion's linked one: no new version.
+    stays = register_champion(w.tracking_uri, "lineage-test",
+                              [score("avg_last2", real["best"] - 1.0)], ids, "demo_test", "bleu")
+    assert not stays.moved and stays.version == "1"
+    assert client.get_model_version_by_alias("lineage-test", "champion").version in (1, "1")
+    # Claiming a higher score: it becomes version 2 and takes the alias.
+    moved = register_champion(w.tracking_uri, "lineage-test",
+                              [score("avg_last2", real["best"] + 1.0)], ids, "demo_test", "bleu")
+    assert moved.moved and moved.version == "2"
+    mv = client.get_model_version_by_alias("lineage-test", "champion")
+    assert mv.source == f"models:/{ids['avg_last2']}"
+    # Rerunning with the champion's own model changes nothing.
+    again = register_champion(w.tracking_uri, "lineage-test",
+                              [score("avg_last2", real["best"] + 1.0)], ids, "demo_test", "bleu")
+    assert again.moved and again.version == "2"
+    assert len(client.search_model_versions("name = 'lineage-test'")) == 2

@@ -1,0 +1,197 @@
+"""What MLflow links together for a workflow run: the datasets each run read, one logged model
+per evaluated set of weights (its scores are metrics of that model on each test set), and the
+task's registered model whose `champion` alias names the best of them.
+
+    datasets = data_inputs(out, source="demo", task="wmt14_en_fr")  # train + valid batches
+    models = log_job_models(ctx, jobs, trained, run_name)   # {job name: model id}
+    champion = register_champion(uri, "wmt14_en_fr", scores, models, "demo_test", "bleu")
+    champion.uri     # models:/wmt14_en_fr@champion
+
+In the MLflow UI (experiment marked as model training, so it opens on its runs): the runs
+table's Dataset column shows train/valid (and each evaluation run's test set), its Models
+column the models each training run produced; the experiment's Models tab lists every logged
+model with its BLEU per test set; the registry holds `<task>` with the alias `champion`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from convs2s.tracking import DatasetRecord, bounded_http, flatten_params, global_tracking_uri
+
+log = logging.getLogger("workflows")
+
+CHAMPION = "champion"
+
+
+def data_inputs(out, source: str, task: str) -> list[DatasetRecord]:
+    """The training and validation batches of a preprocessing output (PipelineOutput) as
+    MLflow datasets: the digest is the batches stage's identity (its config hash and input
+    fingerprint), the profile its counts."""
+    records = []
+    for split, context in (("train", "training"), ("valid", "validation")):
+        m = out.manifests[f"batches/{split}"]
+        profile = {"origin": source, "rows": m["rows_kept"], "batches": m["batches"],
+                   "src_tokens": m["tokens"]["src_tokens"],
+                   "tgt_tokens": m["tokens"]["tgt_tokens"],
+                   "padding_efficiency": m["padding_efficiency"],
+                   "max_tokens": m["max_tokens"], "vocab_size": m.get("vocab_size")}
+        records.append(DatasetRecord.of(f"{task}/{split}",
+                                        f"{m['config_hash'][:8]}{m['input_fingerprint'][:8]}",
+                                        str(out.batches[split]), profile, context))
+    return records
+
+
+def weights_stamp(checkpoints) -> list:
+    """Identity of the weights a job scores: each checkpoint file's path, size and mtime (new
+    weights under the same path are new weights)."""
+    out = []
+    for c in checkpoints:
+        f = Path(c) / "checkpoint.pt"
+        st = f.stat() if f.is_file() else None
+        out.append([str(c), st.st_size if st else None, st.st_mtime_ns if st else None])
+    return out
+
+
+def model_name(run_name: str, job: str) -> str:
+    """A logged model's name: the workflow run and the job (MLflow refuses / : . % and quotes)."""
+    return re.sub(r"[/:.%\"']", "-", f"{run_name}-{job}")
+
+
+def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run_name: str,
+                   search_params: dict, known: dict) -> dict[str, str]:
+    """One logged model per job name (the same weights serve every test set): the pyfunc
+    translator of its checkpoints (averaged when the job averages). `source_runs` maps a job
+    name to the run that produced the weights; `known` ({job: {"stamp", "model_id"}}, the
+    workflow's resume state) holds models logged earlier, reused while their stamp matches and
+    they still exist. Returns {job name: model id}; a job whose model cannot be logged is left
+    out after a warning (its scores are still logged on its run)."""
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.serving import log_translator
+    from workflows.evaluation import short_path
+
+    out: dict[str, str] = {}
+    for job in jobs:
+        if job.name in out:
+            continue
+        stamp = [weights_stamp(job.checkpoints), job.average, search_params]
+        rec = known.get(job.name)
+        if rec and rec["stamp"] == stamp and _exists(MlflowClient(uri), rec["model_id"]):
+            out[job.name] = rec["model_id"]
+            continue
+        params = flatten_params({"job": job.name, "kind": job.kind,
+                                 "checkpoints": ",".join(map(short_path, job.checkpoints)),
+                                 "search": search_params})
+        try:
+            with bounded_http():
+                served = log_translator(list(job.checkpoints), job.search, tracking_uri=uri,
+                                        run_id=source_runs.get(job.name),
+                                        name=model_name(run_name, job.name),
+                                        average=job.average, params=params,
+                                        tags={"convs2s.job": job.name,
+                                              "convs2s.workflow_run": run_name})
+        except Exception as err:  # noqa: BLE001 - the scores are still logged on the runs
+            log.warning("could not log %s as an MLflow model (%s: %s); its scores stay on "
+                        "its evaluation runs", job.name, type(err).__name__,
+                        str(err).splitlines()[0][:300] if str(err) else "")
+            continue
+        out[job.name] = served.model_id
+        known[job.name] = {"stamp": stamp, "model_id": served.model_id}
+    return out
+
+
+def _exists(client, model_id: str) -> bool:
+    from mlflow.entities import LoggedModelStatus
+
+    try:
+        with bounded_http():
+            return client.get_logged_model(model_id).status == LoggedModelStatus.READY
+    except Exception:  # noqa: BLE001 - deleted, or the server is gone: log it again
+        return False
+
+
+@dataclass
+class Champion:
+    name: str  # registered model: the task's name
+    version: str
+    job: str  # the job whose model holds the alias
+    metric: str
+    value: float
+    test_set: str
+    moved: bool  # the alias now names this run's model (False: an earlier one stays better)
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}@{CHAMPION}"
+
+
+def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
+                      test_set: str, metric: str) -> Champion | None:
+    """Register the best model of this run (by `metric` on `test_set`) under `name` and point
+    the alias `champion` at it, unless the current champion scored higher on the same test
+    data (same dataset digest). None when no scored model exists or tracking fails."""
+    from mlflow.tracking import MlflowClient
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
+                     and metric in s.metrics), key=lambda s: -s.metrics[metric])
+    if not ranked:
+        return None
+    best = ranked[0]
+    model_id, value = models[best.job], best.metrics[metric]
+    try:
+        with bounded_http(), global_tracking_uri(uri):  # models:/ sources resolve through it
+            client = MlflowClient(uri)
+            ours = client.get_logged_model(model_id)
+            digest = next((m.dataset_digest for m in ours.metrics or []
+                           if m.key == metric and m.dataset_name == test_set), None)
+            current = _current_champion(client, name)
+            if current is not None:
+                version, cur_model = current
+                if cur_model.model_id == model_id:
+                    return Champion(name, version, best.job, metric, value, test_set, True)
+                theirs = next((m.value for m in cur_model.metrics or [] if m.key == metric
+                               and m.dataset_name == test_set and m.dataset_digest == digest
+                               and digest is not None), None)
+                if theirs is not None and theirs > value:
+                    log.info("%s@%s stays version %s (%s %.2f on %s > this run's %.2f)", name,
+                             CHAMPION, version, metric, theirs, test_set, value)
+                    return Champion(name, version, best.job, metric, theirs, test_set, False)
+            if not client.search_registered_models(f"name = '{name}'"):
+                client.create_registered_model(name)
+            mv = client.create_model_version(name, f"models:/{model_id}",
+                                             run_id=ours.source_run_id, model_id=model_id,
+                                             tags={"convs2s.job": best.job, metric: f"{value:.2f}",
+                                                   "convs2s.test_set": test_set})
+            # The Models view's "Registered models" column reads this tag of the logged model.
+            versions = json.loads(ours.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+            client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
+                versions + [{"name": name, "version": str(mv.version)}])})
+            client.set_registered_model_alias(name, CHAMPION, mv.version)
+            return Champion(name, str(mv.version), best.job, metric, value, test_set, True)
+    except Exception as err:  # noqa: BLE001 - registration is a convenience, not the run
+        log.warning("could not register %s in the MLflow model registry (%s: %s)", name,
+                    type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "")
+        return None
+
+
+def _current_champion(client, name: str):
+    """(version, logged model) the alias names now, or None."""
+    try:
+        mv = client.get_model_version_by_alias(name, CHAMPION)
+    except Exception:  # noqa: BLE001 - no such model or alias yet
+        return None
+    # The sqlite store leaves the version's model_id empty; its source is models:/<model id>.
+    model_id = mv.model_id or (mv.source[len("models:/"):] if mv.source.startswith("models:/m-")
+                               else None)
+    if not model_id:
+        return None
+    try:
+        return str(mv.version), client.get_logged_model(model_id)
+    except Exception:  # noqa: BLE001 - its logged model was deleted
+        return None
