@@ -65,6 +65,17 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     assert expected[1] == ""
 
 
+def _download_mlmodel(tracking_uri: str, model_uri: str, tmp_path: Path) -> Path:
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    try:
+        return Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(tmp_path / "m"))) \
+            / "MLmodel"
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,6 +96,15 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
     served = log_translator([t.train.best_checkpoint], search, tracking_uri=t.tracking_uri,
                             run_id=t.train.run_id, registered_model_name="convs2s-demo",
                             alias="champion")
+    # A logged model of the training run (its output), stored as code, not a pickled object.
+    client = MlflowClient(t.tracking_uri)
+    model = client.get_logged_model(served.model_id)
+    assert model.source_run_id == t.train.run_id
+    assert served.model_id in [o.model_id for o in client.get_run(t.train.run_id).outputs
+                               .model_outputs]
+    mlmodel = _download_mlmodel(t.tracking_uri, served.model_uri, tmp_path)
+    assert "model_code_path" in mlmodel.read_text()
+    assert not list(mlmodel.parent.rglob("python_model.pkl"))
     lines = read_lines(t.test_src)[:8] + [""]
     expected = Translator.from_checkpoints([t.train.best_checkpoint],
                                            search=search).translate(lines)
