@@ -19,6 +19,11 @@ payload (not dataframe_split / instances):
     MLFLOW_TRACKING_URI=sqlite:////abs/mlflow.db mlflow models serve \\
         -m models:/convs2s-demo@champion --env-manager local -p 5001
 
+The workflows log one such model per evaluated set of weights (`workflows.lineage`), with the
+training run as its source run, and register the best under the task's name. The model is
+stored as code (`convs2s/served_translator.py`, MLflow's "models from code"), not as a pickled
+Python object.
+
 The model's artifacts are slim copies of the checkpoints (weights + model config + the
 sentencepiece model, no optimizer state; `convs2s.averaging`), `search.json` (a
 `convs2s.translate.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`

@@ -10,6 +10,12 @@ Driver side (synchronous, each call bounded to a few seconds; failures warn and 
     log_artifacts(uri, run_id, "/abs/runs/demo/best", "best_checkpoint")
     end_run(uri, run_id, "FINISHED")
 
+    log_inputs(uri, run_id, [DatasetRecord.of("wmt14_en_fr/train", digest, path, counts,
+                                              "training")], model_ids=[])
+    log_final_metrics(uri, run_id, {"bleu": 40.5}, model_id="m-...", dataset=test_record)
+
+Experiments are created marked as model training (MLflow 3's UI otherwise treats them as GenAI).
+
 Worker side (rank 0 of training, or any long-running process):
 
     logger = RunLogger(uri, run_id, local_path="/abs/runs/demo/metrics.jsonl")

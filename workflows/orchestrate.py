@@ -26,6 +26,8 @@ artifacts in ./mlartifacts): experiment `--experiment` (default: the task name),
 named `--run-name` with the whole config as params and the final scores as metrics; child runs
 `preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<test set>`. Every eval
 child logs the same param keys and `bleu` (or `rouge*`), so MLflow's compare view lines them up.
+The runs carry their datasets as inputs, each evaluated set of weights is a logged model its
+scores link to, and the best is registered as `models:/<task>@champion` (workflows/lineage.py).
 
 Rerunning with the same `--run-name` (and storage path) resumes: preprocessing stages are
 skipped by their manifests, a finished training run is skipped (an interrupted one resumes from
