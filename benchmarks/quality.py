@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def validation_curve(train_dir: Path) -> list[dict]:
     """Validation loss and perplexity after each epoch (and at the stop), against the
     training clock, from the run's metrics.jsonl."""
-    from convs2s.tracking import read_local_metrics
+    from convs2s.run_logger import read_local_metrics
 
     return [{"update": rec["step"], "seconds": round(m["valid/seconds"], 1),
              "valid_loss": round(m["valid/loss"], 4), "valid_ppl": round(m["valid/ppl"], 3)}

@@ -16,15 +16,7 @@ Driver side (synchronous, each call bounded to a few seconds; failures warn and 
 
 Experiments are created marked as model training (MLflow 3's UI otherwise treats them as GenAI).
 
-Worker side (rank 0 of training, or any long-running process):
-
-    logger = RunLogger(uri, run_id, local_path="/abs/runs/demo/metrics.jsonl")
-    logger.log_metrics({"train/loss": 3.2}, step=update)   # returns at once
-    logger.close()
-
-Steps are update numbers. A resumed process skips any (key, step) at or below the highest step
-already recorded for that key (in MLflow, and separately in the local file), so a restart from
-an older checkpoint never logs duplicate steps.
+Worker side: `convs2s.run_logger.RunLogger` (asynchronous metrics, a local metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -33,8 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +105,7 @@ def quiet_mlflow():
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = saved_env
 
 
-def _client(uri: str):
+def mlflow_client(uri: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
@@ -124,7 +114,7 @@ def _client(uri: str):
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
 
 
-def _warn_unreachable(uri: str, what: str, err: Exception) -> None:
+def warn_unreachable(uri: str, what: str, err: Exception) -> None:
     """One warning per tracking URI and process; later failures only at debug level."""
     detail = str(err).splitlines()[0][:300] if str(err) else ""
     if uri in _WARNED:
@@ -150,7 +140,7 @@ def get_or_create_experiment(uri: str, name: str) -> str:
     The experiment is marked as model training: without the mark the MLflow 3 UI opens it on
     its GenAI overview (traces, prompts), empty, instead of on its runs and models. An
     experiment made earlier without the mark gets it; a kind someone set is kept."""
-    client = _client(uri)
+    client = mlflow_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
@@ -171,7 +161,7 @@ def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: s
     one; None (after one warning) when the tracking server cannot be reached."""
     try:
         with bounded_http():
-            client = _client(uri)
+            client = mlflow_client(uri)
             exp_id = get_or_create_experiment(uri, experiment_name)
             key = run_key.replace("\\", "\\\\").replace("'", "\\'")
             found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
@@ -188,7 +178,7 @@ def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: s
             return client.create_run(exp_id, run_name=run_name,
                                      tags={k: str(v) for k, v in all_tags.items()}).info.run_id
     except Exception as err:  # noqa: BLE001 - tracking must never stop training
-        _warn_unreachable(uri, "creating the run", err)
+        warn_unreachable(uri, "creating the run", err)
         return None
 
 
@@ -213,7 +203,7 @@ def log_params(uri: str, run_id: str | None, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         with bounded_http():
-            client = _client(uri)
+            client = mlflow_client(uri)
             old = client.get_run(run_id).data.params
             changed = sorted(k for k, v in params.items() if k in old and old[k] != v)
             if changed:
@@ -223,7 +213,7 @@ def log_params(uri: str, run_id: str | None, params: dict[str, str]) -> None:
             for i in range(0, len(new), 100):
                 client.log_batch(run_id, params=new[i:i + 100])
     except Exception as err:  # noqa: BLE001
-        _warn_unreachable(uri, "logging params", err)
+        warn_unreachable(uri, "logging params", err)
 
 
 def log_artifacts(uri: str, run_id: str | None, local_path: str, artifact_path: str | None = None):
@@ -232,14 +222,14 @@ def log_artifacts(uri: str, run_id: str | None, local_path: str, artifact_path: 
         return False
     try:
         with bounded_http():
-            client = _client(uri)
+            client = mlflow_client(uri)
             if Path(local_path).is_dir():
                 client.log_artifacts(run_id, local_path, artifact_path)
             else:
                 client.log_artifact(run_id, local_path, artifact_path)
         return True
     except Exception as err:  # noqa: BLE001
-        _warn_unreachable(uri, f"uploading {local_path}", err)
+        warn_unreachable(uri, f"uploading {local_path}", err)
         return False
 
 
@@ -248,11 +238,11 @@ def set_tags(uri: str, run_id: str | None, tags: dict[str, str]) -> None:
         return
     try:
         with bounded_http():
-            client = _client(uri)
+            client = mlflow_client(uri)
             for k, v in tags.items():
                 client.set_tag(run_id, k, str(v))
     except Exception as err:  # noqa: BLE001
-        _warn_unreachable(uri, "setting tags", err)
+        warn_unreachable(uri, "setting tags", err)
 
 
 def end_run(uri: str, run_id: str | None, status: str = "FINISHED") -> None:
@@ -260,9 +250,9 @@ def end_run(uri: str, run_id: str | None, status: str = "FINISHED") -> None:
         return
     try:
         with bounded_http():
-            _client(uri).set_terminated(run_id, status=status)
+            mlflow_client(uri).set_terminated(run_id, status=status)
     except Exception as err:  # noqa: BLE001
-        _warn_unreachable(uri, "ending the run", err)
+        warn_unreachable(uri, "ending the run", err)
 
 
 @dataclass(frozen=True)
@@ -298,13 +288,13 @@ def log_inputs(uri: str, run_id: str | None, datasets: list[DatasetRecord] = (),
         from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
         with bounded_http():
-            _client(uri).log_inputs(
+            mlflow_client(uri).log_inputs(
                 run_id, datasets=[DatasetInput(d.entity(), [InputTag(MLFLOW_DATASET_CONTEXT,
                                                                      d.context)])
                                   for d in datasets],
                 models=[LoggedModelInput(m) for m in model_ids])
     except Exception as err:  # noqa: BLE001
-        _warn_unreachable(uri, "logging the run's inputs", err)
+        warn_unreachable(uri, "logging the run's inputs", err)
 
 
 def log_final_metrics(uri: str, run_id: str | None, metrics: dict[str, float | None], *,
@@ -322,107 +312,37 @@ def log_final_metrics(uri: str, run_id: str | None, metrics: dict[str, float | N
                         dataset_digest=dataset.digest if dataset else None)
                  for k, v in metrics.items() if v is not None]
         with bounded_http():
-            client = _client(uri)
+            client = mlflow_client(uri)
             for i in range(0, len(items), 500):
                 client.log_batch(run_id, metrics=items[i:i + 500])
     except Exception as err:  # noqa: BLE001
-        _warn_unreachable(uri, "logging final metrics", err)
+        warn_unreachable(uri, "logging final metrics", err)
 
 
-def read_local_metrics(path: str | os.PathLike) -> list[dict]:
-    """The records of a metrics.jsonl: [{"step": int, "time": float, "metrics": {...}}, ...]."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a crash: skip it
-            continue
-    return out
+def run_has_metrics(uri: str, run_id: str | None) -> bool:
+    """Whether the run still exists (not deleted) and holds metrics; False when unreachable."""
+    if run_id is None:
+        return False
+    try:
+        with bounded_http():
+            run = mlflow_client(uri).get_run(run_id)
+        return run.info.lifecycle_stage == "active" and bool(run.data.metrics)
+    except Exception:  # noqa: BLE001 - deleted run or unreachable server
+        return False
 
 
-class RunLogger:
-    """Asynchronous metric logger into one MLflow run plus a local JSONL file.
+def experiment_id(uri: str, name: str) -> str | None:
+    """The id of experiment `name`, or None (missing, or the server is unreachable)."""
+    try:
+        with bounded_http():
+            exp = mlflow_client(uri).get_experiment_by_name(name)
+        return exp.experiment_id if exp else None
+    except Exception:  # noqa: BLE001
+        return None
 
-    `log_metrics` appends to the local file and queues the MLflow write; a daemon thread sends
-    queued metrics in batches. The first MLflow failure prints one warning and turns remote
-    logging off for this logger (the local file keeps everything). Sets MLflow's HTTP timeout
-    and retry env vars for the process (meant for worker processes, which are ours).
-    """
 
-    def __init__(self, tracking_uri: str | None, run_id: str | None,
-                 local_path: str | os.PathLike | None = None):
-        for k, v in HTTP_ENV.items():
-            os.environ.setdefault(k, v)
-        self.uri, self.run_id = tracking_uri, run_id
-        self.local_path = Path(local_path) if local_path else None
-        self.remote_ok = bool(tracking_uri and run_id)
-        self._local_max: dict[str, int] = {}
-        for rec in read_local_metrics(self.local_path) if self.local_path else []:
-            for k in rec["metrics"]:
-                self._local_max[k] = max(self._local_max.get(k, -1), int(rec["step"]))
-        self._remote_max: dict[str, int] = {}  # filled lazily from MLflow's history per key
-        self._queue: queue.Queue = queue.Queue(maxsize=100_000)
-        self._thread = threading.Thread(target=self._work, name="mlflow-logger", daemon=True)
-        if self.remote_ok:
-            self._thread.start()
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        metrics = {k: float(v) for k, v in metrics.items()}
-        fresh = {k: v for k, v in metrics.items() if step > self._local_max.get(k, -1)}
-        if fresh and self.local_path:
-            self.local_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.local_path.open("a") as f:
-                f.write(json.dumps({"step": int(step), "time": time.time(), "metrics": fresh})
-                        + "\n")
-            for k in fresh:
-                self._local_max[k] = int(step)
-        if self.remote_ok:
-            try:
-                self._queue.put_nowait((metrics, int(step), int(time.time() * 1000)))
-            except queue.Full:
-                self._fail(RuntimeError("metric queue full (server too slow)"))
-
-    def close(self, timeout: float = 15.0) -> None:
-        """Flush what the server accepts within `timeout` seconds, then stop the thread."""
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning("MLflow logger did not flush within %.0f s; the rest of the metrics "
-                            "are only in %s", timeout, self.local_path)
-
-    def _fail(self, err: Exception) -> None:
-        if self.remote_ok:
-            self.remote_ok = False
-            _warn_unreachable(self.uri, "logging metrics", err)
-
-    def _work(self) -> None:
-        from mlflow.entities import Metric
-
-        client = _client(self.uri)
-        while True:
-            items = [self._queue.get()]
-            while not self._queue.empty() and len(items) < 200:  # batch what is waiting
-                items.append(self._queue.get_nowait())
-            stop = items[-1] is None or None in items
-            if self.remote_ok:
-                try:
-                    batch = []
-                    for item in filter(None, items):
-                        metrics, step, ts = item
-                        for k, v in metrics.items():
-                            if k not in self._remote_max:
-                                hist = client.get_metric_history(self.run_id, k)
-                                self._remote_max[k] = max((m.step for m in hist), default=-1)
-                            if step > self._remote_max[k]:
-                                batch.append(Metric(k, v, ts, step))
-                                self._remote_max[k] = step
-                    for i in range(0, len(batch), 1000):
-                        client.log_batch(self.run_id, metrics=batch[i:i + 1000])
-                except Exception as err:  # noqa: BLE001 - never let tracking kill training
-                    self._fail(err)
-            if stop:
-                return
+def experiment_of_run(uri: str, run_id: str) -> str:
+    """The name of the experiment that holds `run_id` (raises when unreachable)."""
+    with bounded_http():
+        client = mlflow_client(uri)
+        return client.get_experiment(client.get_run(run_id).info.experiment_id).name

@@ -24,7 +24,7 @@ wraps it in DDP (`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal 
 shuffle buffer), runs `convs2s.update.train_update` (token-normalized over all ranks), validates
 every epoch, anneals the lr (`convs2s.optim`), and checkpoints every `checkpoint_interval`
 updates and at each epoch end through `ray.train.report` (a barrier: every rank calls it at the
-same updates). Rank 0 logs to MLflow through `convs2s.tracking.RunLogger` (background thread,
+same updates). Rank 0 logs to MLflow through `convs2s.run_logger.RunLogger` (background thread,
 local `metrics.jsonl`) and prints a progress line every `log_interval` updates.
 
 Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last`
@@ -75,8 +75,8 @@ from convs2s.collate import collate_arrow
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.progress import TrainMeter, progress_line
+from convs2s.run_logger import RunLogger
 from convs2s.tracking import (
-    RunLogger,
     end_run,
     find_or_create_run,
     flatten_params,

@@ -130,7 +130,8 @@ def demo_trained(tmp_path_factory, ray_session):
 def smoke_workflow(tmp_path_factory, ray_session):
     """The En-Fr workflow's smoke preset run through its command line (`main`) on the session's
     Ray, cut to 60 updates: demo corpus, `small` model, 2 workers, evaluation of the best
-    checkpoint and the average of the last two. Returns a namespace: storage, tracking_uri,
+    checkpoint and the average of the last two (with the first test sentence's attention).
+    Returns a namespace: storage, tracking_uri,
     experiment, run_name, stdout (the printed summary)."""
     import contextlib
     import io
@@ -141,7 +142,7 @@ def smoke_workflow(tmp_path_factory, ray_session):
     root = tmp_path_factory.mktemp("smoke_workflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     argv = ["--preset", "smoke", "--max-updates", "60", "--storage-path", str(root / "runs"),
-            "--tracking-uri", uri, "--run-name", "smoke-test"]
+            "--tracking-uri", uri, "--run-name", "smoke-test", "--attention", "1"]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = wmt14_en_fr.main({"paper": wmt14_en_fr.paper, "smoke": wmt14_en_fr.smoke},

@@ -15,12 +15,23 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from convs2s.checkpoint import best_checkpoint, checkpoint_dir_name, load_checkpoint, \
-    save_checkpoint
+from convs2s.checkpoint import (
+    best_checkpoint,
+    checkpoint_dir_name,
+    load_checkpoint,
+    save_checkpoint,
+)
 from convs2s.scoring import read_lines
 from convs2s.translate import SearchConfig, Translator
-from workflows.evaluation import (EvalJob, TestSet, averaging_job, ensembling_jobs,
-                                  evaluate_all, evaluate_job, summarization_search)
+from workflows.evaluation import (
+    EvalJob,
+    TestSet,
+    averaging_job,
+    evaluate_all,
+    evaluate_job,
+    evaluation_jobs,
+    summarization_search,
+)
 
 SHORT = SearchConfig(beam=2, max_len_a=0, max_len_b=4)
 
@@ -43,22 +54,29 @@ def tiny_test_set(tiny_checkpoints, tmp_path: Path, n: int = 6, task="translatio
     return TestSet("tiny", str(tmp_path / "t.en"), str(tmp_path / "t.fr"), "fr", task)
 
 
-def test_ensembling_jobs_pick_best_and_last_checkpoints(tiny_checkpoints, tmp_path):
+def test_evaluation_jobs_pick_best_and_last_checkpoints(tiny_checkpoints, tmp_path):
     run_a = fake_run(tiny_checkpoints, tmp_path / "a", [100, 200, 300], "a")
     run_b = fake_run(tiny_checkpoints, tmp_path / "b", [50, 150], "b")
-    test = TestSet("t", "src", "ref")
-    jobs = ensembling_jobs([str(run_a), str(run_b)], [test], last_n=2, num_cpus=2)
-    by_name = {j.name: j for j in jobs}
-    assert sorted(by_name) == ["ensemble_2", "run0_avg_last2", "run0_best", "run1_avg_last2",
-                               "run1_best"]
+    tests = [TestSet("t", "src", "ref"), TestSet("u", "src2", "ref2")]
+    jobs = evaluation_jobs([str(run_a), str(run_b)], tests, average_last=2,
+                           attention_sentences=3, num_cpus=2)
+    by_name = {j.name: j for j in jobs if j.test_set.name == "t"}
+    # The workflows' names: runs counted from 1, the ensemble of the runs' bests.
+    assert sorted(by_name) == ["ensemble_2", "run1_avg_last2", "run1_best", "run2_avg_last2",
+                               "run2_best"]
+    assert [j.name for j in jobs if j.test_set.name == "u"] == [j.name for j in jobs
+                                                                if j.test_set.name == "t"]
     assert by_name["ensemble_2"].checkpoints == (str(run_a / "best"), str(run_b / "best"))
-    assert by_name["ensemble_2"].kind == "ensemble" and by_name["run0_best"].kind == "single"
-    avg = by_name["run0_avg_last2"]
-    assert avg.kind == "average" and avg.num_cpus == 2
+    assert by_name["ensemble_2"].kind == "ensemble" and by_name["run1_best"].kind == "single"
+    avg = by_name["run1_avg_last2"]
+    assert avg.kind == "average" and avg.num_cpus == 2 and avg.attention_sentences == 3
     assert avg.checkpoints == tuple(str(run_a / checkpoint_dir_name(u)) for u in (200, 300))
     assert best_checkpoint(run_a).path == str(run_a / "best")
+    # One run: bare names; a run with a single checkpoint has no average.
+    run_c = fake_run(tiny_checkpoints, tmp_path / "c", [10], "a")
+    assert [j.name for j in evaluation_jobs([str(run_c)], tests[:1], 5)] == ["best"]
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        averaging_job("x", str(tmp_path), 2, test)
+        averaging_job("x", str(tmp_path), 2, tests[0])
 
 
 def test_evaluate_job_without_ray(tiny_checkpoints, tmp_path):

@@ -15,14 +15,13 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
+from convs2s.run_logger import RunLogger, read_local_metrics
 from convs2s.tracking import (
     RUN_KEY_TAG,
-    RunLogger,
     end_run,
     find_or_create_run,
     flatten_params,
     log_params,
-    read_local_metrics,
     resolve_tracking_uri,
 )
 

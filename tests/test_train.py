@@ -23,7 +23,8 @@ from convs2s.collate import collate_arrow
 from convs2s.config import PRESETS
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
-from convs2s.tracking import RUN_KEY_TAG, read_local_metrics
+from convs2s.run_logger import read_local_metrics
+from convs2s.tracking import RUN_KEY_TAG
 from convs2s.train import METRICS_FILE, fit
 from convs2s.train_config import TrainConfig, TrainJob
 from convs2s.update import Comm, train_update

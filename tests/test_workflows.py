@@ -179,6 +179,10 @@ def test_en_fr_smoke_tracks_a_parent_run_with_stage_children(smoke_workflow):
         "1000"
     train = children["train"].data
     assert train.metrics["valid/ppl"] < 300  # from ~1000 (uniform over the 1000 BPE types)
+    # --attention 1: each evaluation run keeps the first sentence's attention pictures.
+    arts = _client(w.tracking_uri).list_artifacts(children["eval/best/demo_test"].info.run_id,
+                                                  "attention")
+    assert [a.path for a in arts] == ["attention/demo_test_attention_000.png"]
     evals = [children[n].data for n in ("eval/best/demo_test", "eval/avg_last2/demo_test")]
     assert set(evals[0].params) == set(evals[1].params)  # compare view: same keys
     for e in evals:
@@ -315,6 +319,7 @@ def test_readme_commands_name_real_targets_and_accepted_flags():
     (["--max-updates", "0"], "--max-updates 0: give a positive integer"),
     (["--max-epochs", "0"], "--max-epochs 0: give a positive integer"),
     (["--num-workers", "0"], "--num-workers 0: give a positive integer"),
+    (["--attention", "-1"], "--attention -1: give a number of sentences"),
     (["--tracking-uri", "/tmp/mlruns"],
      "--tracking-uri: tracking URI '/tmp/mlruns' is a plain path"),
 ])

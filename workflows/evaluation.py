@@ -6,10 +6,10 @@ driver creates one child run per pair under the training (or workflow) run and, 
 finishes, logs its metrics (bleu, bleu_tokenized, chrf, length_ratio or rouge*, and
 sentences_per_second), its hypotheses file and its attention pictures.
 
-    from workflows.evaluation import EvalJob, TestSet, evaluate_all, ensembling_jobs
+    from workflows.evaluation import EvalJob, TestSet, evaluate_all, evaluation_jobs
     test = TestSet("test", src=".../text/test.en", ref=".../text/test.fr", tgt_lang="fr")
     jobs = [EvalJob("best", (result.best_checkpoint,), test)]
-    jobs += ensembling_jobs([run_a, run_b, run_c], [test], last_n=5)  # paper's ensembles
+    jobs = evaluation_jobs([run_a, run_b, run_c], [test], average_last=5)  # paper §5.2
     results = evaluate_all(jobs, tracking_uri, parent_run_id=result.run_id, out_dir="eval")
     results[0].metrics["bleu"], results[0].run_id, results[0].hyp_path
 
@@ -41,8 +41,8 @@ import ray
 from convs2s.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
 from convs2s.tracking import (
     DatasetRecord,
-    bounded_http,
     end_run,
+    experiment_of_run,
     find_or_create_run,
     flatten_params,
     log_artifacts,
@@ -50,6 +50,7 @@ from convs2s.tracking import (
     log_inputs,
     log_params,
     resolve_tracking_uri,
+    set_tags,
 )
 from convs2s.translate import SearchConfig
 
@@ -196,12 +197,8 @@ test_dataset.__test__ = False  # not a pytest test (its name starts with "test")
 def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
     if not parent_run_id:
         return default
-    from mlflow.tracking import MlflowClient
-
     try:
-        with bounded_http():
-            client = MlflowClient(uri)
-            return client.get_experiment(client.get_run(parent_run_id).info.experiment_id).name
+        return experiment_of_run(uri, parent_run_id)
     except Exception as err:  # noqa: BLE001 - the scores still come back without tracking
         log.warning("cannot read parent run %s at %s (%s); child runs go to experiment %r",
                     parent_run_id, uri, str(err).splitlines()[0][:200], default)
@@ -220,16 +217,7 @@ def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_ONLY_METRICS},
                       model_id=job.model_id, dataset=dataset)
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_ONLY_METRICS})
-    if run_id is not None:
-        try:
-            from mlflow.tracking import MlflowClient
-
-            with bounded_http():
-                client = MlflowClient(uri)
-                for k, v in out["signatures"].items():
-                    client.set_tag(run_id, f"signature.{k}", v)
-        except Exception as err:  # noqa: BLE001 - scores are also in the returned results
-            log.warning("could not tag %s with its metric signatures (%s)", job.name, err)
+    set_tags(uri, run_id, {f"signature.{k}": v for k, v in out["signatures"].items()})
 
 
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
@@ -340,21 +328,37 @@ def averaging_job(name: str, run_dir: str, last_n: int, test_set: TestSet,
                    average=True, **resources)
 
 
-def ensembling_jobs(run_dirs: list[str], test_sets: list[TestSet], last_n: int = 5,
-                    search: SearchConfig | None = None, **resources) -> list[EvalJob]:
-    """Per test set: each run's best checkpoint, the ensemble of all bests (when several
-    runs), and each run's average of its last `last_n` checkpoints."""
-    jobs = []
-    for test in test_sets:
-        for i, run_dir in enumerate(run_dirs):
-            best = ensemble_job(f"run{i}_best", [run_dir], test, search, **resources)
-            jobs.append(best)
-            jobs.append(averaging_job(f"run{i}_avg_last{last_n}", run_dir, last_n, test,
-                                      search, **resources))
-        if len(run_dirs) > 1:
-            jobs.append(ensemble_job(f"ensemble_{len(run_dirs)}", run_dirs, test, search,
-                                     **resources))
-    return jobs
+def evaluation_jobs(run_dirs: list[str], test_sets: list[TestSet], average_last: int = 5,
+                    search: SearchConfig | None = None, attention_sentences: int = 0,
+                    **resources) -> list[EvalJob]:
+    """Every job the paper's evaluation asks for, per test set: each run's best checkpoint
+    (`best`), the weight average of its last `average_last` checkpoints (`avg_last<n>`, when
+    it keeps more than one) and, with several runs, the ensemble of their bests (`ensemble_<k>`,
+    paper §5.2). With several runs the per-run jobs are named `run1_best`, `run2_avg_last5`,
+    ... (`run_prefix`). The workflows and the command line below both build jobs here."""
+    per_run = []  # the checkpoints each job scores, decided once for every test set
+    for k, run_dir in enumerate(run_dirs):
+        prefix = run_prefix(k, len(run_dirs))
+        per_run.append((f"{prefix}best", ensemble_job("", [run_dir], test_sets[0]).checkpoints,
+                        False))
+        if average_last and len(list_checkpoints(run_dir)) > 1:
+            avg = averaging_job("", run_dir, average_last, test_sets[0])
+            per_run.append((f"{prefix}avg_last{average_last}", avg.checkpoints, True))
+        elif average_last:
+            log.info("%savg_last%d not scored: %s keeps one checkpoint", prefix, average_last,
+                     run_dir)
+    if len(run_dirs) > 1:
+        bests = ensemble_job("", run_dirs, test_sets[0]).checkpoints
+        per_run.append((f"ensemble_{len(run_dirs)}", bests, False))
+    search = search or SearchConfig()
+    return [EvalJob(name, checkpoints, test, search, average=average,
+                    attention_sentences=attention_sentences, **resources)
+            for test in test_sets for name, checkpoints, average in per_run]
+
+
+def run_prefix(k: int, n_runs: int) -> str:
+    """The job-name prefix of the k-th (from 0) of n training runs: none for a single run."""
+    return "" if n_runs == 1 else f"run{k + 1}_"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--num-cpus", type=float, default=1.0)
     p.add_argument("--num-gpus", type=float, default=0.0)
+    p.add_argument("--attention-sentences", type=int, default=0, metavar="N",
+                   help="per-layer attention pictures of the first N test sentences")
     p.add_argument("--tracking-uri")
     p.add_argument("--parent-run-id")
     p.add_argument("--out", default="eval")
@@ -377,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     search = summarization_search(beam=args.beam) if args.summarization \
         else SearchConfig(beam=args.beam)
     tests = [TestSet(n, s, r, lang, task) for n, s, r, lang in args.test]
-    jobs = ensembling_jobs(args.run_dir, tests, args.last_n, search,
+    jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search, args.attention_sentences,
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus)
     for r in evaluate_all(jobs, args.tracking_uri, args.parent_run_id, args.out):
         print(r.job.name, r.job.test_set.name,

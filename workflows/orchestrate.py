@@ -37,20 +37,20 @@ scored again while its checkpoints are unchanged and its child run holds metrics
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from convs2s.tracking import log_final_metrics
-from convs2s.train_config import STOP_REASONS, TrainConfig
+from convs2s.tracking import experiment_id, flatten_params, log_final_metrics, log_params
+from convs2s.train_config import STOP_REASONS
 from preprocessing.config import PreprocessConfig
+from workflows.run_state import StageContext
+from workflows.stages import EvalScore, compared, evaluate_stage, preprocess_stage, train_stage
 from workflows.workflow_config import RunOptions, WorkflowConfig, apply_options, parse_args
 
 log = logging.getLogger("workflows")
@@ -58,16 +58,6 @@ log = logging.getLogger("workflows")
 # Scores shown per test set, and logged without prefix on the parent run (compare view).
 TRANSLATION_METRICS = ("bleu", "bleu_tokenized", "chrf", "length_ratio")
 SUMMARIZATION_METRICS = ("rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r", "rouge2_r", "rougeL_r")
-
-
-@dataclass
-class EvalScore:
-    job: str
-    test_set: str
-    metrics: dict[str, float]
-    run_id: str | None
-    hyp_path: str
-    skipped: bool = False  # scored by an earlier invocation of the same run
 
 
 @dataclass
@@ -105,14 +95,14 @@ def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
     log.info("MLflow run %r (id %s) in experiment %r at %s", run_name, parent, experiment, uri)
     ctx = StageContext(uri, experiment, parent, run_dir)
     try:
-        params = {"workflow": {**cfg.to_dict(), "preprocess": _compared(pre),
+        params = {"workflow": {**cfg.to_dict(), "preprocess": compared(pre),
                                "preset": opts.preset}}
-        _log_params(uri, parent, params)
+        log_params(uri, parent, flatten_params(params))
         out = preprocess_stage(ctx, pre)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
         log_inputs(uri, parent, datasets)
         trained = train_stage(ctx, cfg, out, datasets, source)
-        scores, models = evaluate_stage(ctx, cfg, pre, out, trained)
+        scores, models = evaluate_stage(ctx, cfg, pre, out, trained, opts.attention)
         log_final_metrics(uri, parent, _parent_metrics(cfg, trained, scores,
                                                        time.monotonic() - t0))
         champion = None
@@ -134,188 +124,8 @@ def _source_tags(cfg: WorkflowConfig) -> dict:
             "mlflow.source.git.commit": code_version()}
 
 
-def _compared(pre: PreprocessConfig) -> dict:
-    """Preprocessing settings as params: all but the storage root, an absolute path that only
-    tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
-    return {k: v for k, v in pre.to_dict().items() if k != "root"}
-
-
 def _main_metric(cfg: WorkflowConfig) -> str:
     return SUMMARIZATION_METRICS[0] if cfg.task == "summarization" else TRANSLATION_METRICS[0]
-
-
-@dataclass
-class StageContext:
-    """What every stage needs: where to track, the parent run, the run directory and its
-    resume state (workflow.json)."""
-
-    uri: str
-    experiment: str
-    parent: str | None
-    run_dir: Path  # <storage>/<run name>
-    skipped: list[str] = field(default_factory=list)
-
-    def child(self, key: str, name: str, stage: str) -> str | None:
-        from convs2s.tracking import find_or_create_run
-
-        return find_or_create_run(self.uri, self.experiment, run_key=f"{key}:{self.run_dir}",
-                                  run_name=name, parent_run_id=self.parent,
-                                  tags={"convs2s.stage": stage})
-
-    def state(self) -> dict:
-        path = self.run_dir / "workflow.json"
-        return json.loads(path.read_text()) if path.is_file() else {"train": {}, "eval": {}}
-
-    def save_state(self, state: dict) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / "workflow.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1, default=str))
-        tmp.replace(self.run_dir / "workflow.json")  # atomic: a crash never leaves half a file
-
-
-def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
-    """Every preprocessing stage as Ray Data jobs (finished stages are skipped by manifest)."""
-    from convs2s.tracking import end_run, log_artifacts
-    from preprocessing.pipeline import run_pipeline
-
-    run_id = ctx.child("preprocess", "preprocess", "preprocess")
-    _log_params(ctx.uri, run_id, {"preprocess": _compared(pre)})
-    log.info("== preprocess: %s -> %s/%s", pre.source, pre.root, pre.task)
-    t0 = time.monotonic()
-    try:
-        out = run_pipeline(pre)
-    except BaseException:
-        end_run(ctx.uri, run_id, "FAILED")
-        raise
-    metrics = {"vocab_size": out.vocab_size, "seconds": time.monotonic() - t0}
-    for split in out.batches:
-        clean, batches = out.manifests[f"clean/{split}"], out.manifests[f"batches/{split}"]
-        metrics.update({f"{split}.rows_in": clean["rows_in"],
-                        f"{split}.rows_kept": batches["rows_kept"],
-                        f"{split}.batches": batches["batches"],
-                        f"{split}.padding_efficiency": batches["padding_efficiency"],
-                        f"{split}.src_tokens": batches["tokens"]["src_tokens"],
-                        f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
-    log_final_metrics(ctx.uri, run_id, metrics)
-    manifests = ctx.run_dir / "preprocess_manifests.json"
-    manifests.parent.mkdir(parents=True, exist_ok=True)
-    manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
-    log_artifacts(ctx.uri, run_id, str(manifests), "manifests")
-    end_run(ctx.uri, run_id, "FINISHED")
-    return out
-
-
-def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = (),
-                tags: dict | None = None) -> list:
-    """One Ray Train run per ensemble member; a run finished with the same settings is skipped.
-    `datasets` (convs2s.tracking.DatasetRecord) are logged as each run's MLflow inputs, `tags`
-    set on each run."""
-    from convs2s.train import fit
-    from convs2s.train_config import TrainJob, TrainResult
-
-    results = []
-    for k in range(cfg.ensemble.runs):
-        name = "train" if cfg.ensemble.runs == 1 else f"train_{k + 1}"
-        train = cfg.train.replace(seed=cfg.train.seed + k)  # members differ only in the seed
-        b = out.manifests["batches/train"]
-        key = _digest({"model": cfg.model.to_dict(), "train": train.to_dict(),
-                       "data": [b["config_hash"], b["input_fingerprint"]]})
-        state = ctx.state()
-        done = state["train"].get(name)
-        if done and done["key"] == key and Path(done["result"]["run_dir"]).is_dir():
-            log.info("== %s: finished earlier with the same settings, skipped", name)
-            ctx.skipped.append(name)
-            results.append(TrainResult(**done["result"]))
-            continue
-        log.info("== %s: %d worker(s)%s, %s", name, cfg.num_workers,
-                 " with a GPU each" if cfg.use_gpu
-                 else f" on CPU ({cfg.cpus_per_worker:g} threads each)", _limits(train))
-        job = TrainJob(model=cfg.model, train=train, train_data=out.batches["train"],
-                       valid_data=out.batches["valid"], spm_model=out.spm_model,
-                       vocab_size=out.vocab_size, storage_path=str(ctx.run_dir), run_name=name,
-                       num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                       cpus_per_worker=cfg.cpus_per_worker, tracking_uri=ctx.uri, experiment_name=ctx.experiment,
-                       parent_run_id=ctx.parent, data_manifest=_data_summary(out),
-                       datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"})
-        result = fit(job)
-        if result.best_checkpoint is None:
-            raise RuntimeError(f"{name}: training finished without a checkpoint in "
-                               f"{result.run_dir}; see its metrics.jsonl and the Ray logs")
-        state = ctx.state()
-        state["train"][name] = {"key": key, "result": dataclasses.asdict(result)}
-        state["eval"], state["models"] = {}, {}  # new weights: every score and model is stale
-        ctx.save_state(state)
-        results.append(result)
-    return results
-
-
-def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig, out,
-                   trained: list) -> tuple[list[EvalScore], dict[str, str]]:
-    """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks, each set
-    of weights an MLflow logged model that its scores link to. Returns the scores and
-    {job name: logged model id}."""
-    from workflows.evaluation import EvalJob, TestSet, averaging_job, ensemble_job, evaluate_all
-    from workflows.lineage import log_job_models, weights_stamp
-
-    resources = {"num_cpus": cfg.eval_cpus, "num_gpus": cfg.eval_gpus if cfg.use_gpu else 0.0}
-    jobs = []
-    source_runs = {}  # job name -> the run that produced its weights (ensembles: the parent)
-    for split, test_name in cfg.all_test_sets.items():
-        name = test_name if pre.source != "demo" else f"demo_{split}"
-        src, ref = out.text[split]
-        test = TestSet(name, src, ref, tgt_lang=pre.tgt_lang, task=cfg.task)
-        for k, result in enumerate(trained):
-            prefix = "" if len(trained) == 1 else f"run{k + 1}_"
-            source_runs.update({f"{prefix}best": result.run_id,
-                                f"{prefix}avg_last{cfg.ensemble.average_last}": result.run_id})
-            jobs.append(EvalJob(f"{prefix}best", (result.best_checkpoint,), test, cfg.search,
-                                **resources))
-            n = cfg.ensemble.average_last
-            if n and len(result.checkpoints) > 1:
-                jobs.append(averaging_job(f"{prefix}avg_last{n}", result.run_dir, n, test,
-                                          cfg.search, **resources))
-            elif n:
-                log.info("%savg_last%d not scored: %s keeps one checkpoint", prefix, n,
-                         result.run_dir)
-        if len(trained) > 1:  # paper §5.2: the ensemble of the runs' best checkpoints
-            jobs.append(ensemble_job(f"ensemble_{len(trained)}", [r.run_dir for r in trained],
-                                     test, cfg.search, **resources))
-    state = ctx.state()
-    models = {}
-    if ctx.parent is not None:  # tracking answers: one logged model per set of weights
-        source_runs = {j.name: source_runs.get(j.name, ctx.parent) for j in jobs}
-        models = log_job_models(ctx.uri, jobs, source_runs, ctx.run_dir.name,
-                                cfg.search.to_dict(), state.setdefault("models", {}))
-        ctx.save_state(state)
-        jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
-    done, todo = [], []
-    for job in jobs:
-        rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
-        if rec and rec["stamp"] == weights_stamp(job.checkpoints) and _has_metrics(ctx.uri,
-                                                                           rec["run_id"]):
-            done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
-                                  rec["hyp_path"], skipped=True))
-        else:
-            todo.append(job)
-    if done:
-        log.info("== evaluate: %d (job, test set) pairs scored earlier, skipped", len(done))
-        ctx.skipped += [f"eval/{s.job}/{s.test_set}" for s in done]
-    if todo:
-        log.info("== evaluate: %d jobs as parallel Ray tasks (%s)", len(todo),
-                 ", ".join(f"{j.name}/{j.test_set.name}" for j in todo))
-        results = evaluate_all(todo, ctx.uri, parent_run_id=ctx.parent,
-                               out_dir=str(ctx.run_dir / "eval"),
-                               experiment_name=ctx.experiment)
-        state = ctx.state()
-        for r in results:
-            state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
-                "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id, "metrics": r.metrics,
-                "hyp_path": r.hyp_path}
-            done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
-                                  r.hyp_path))
-        ctx.save_state(state)
-    order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
-    return sorted(done, key=lambda s: order[(s.job, s.test_set)]), models
 
 
 # --- helpers -------------------------------------------------------------------------------------
@@ -376,46 +186,6 @@ def _start_ray(use_gpu: bool, preset: str) -> None:
                              "without --use-gpu (CPU) or submit to a GPU cluster")
         log.warning("--use-gpu but the cluster has no GPU now: training waits until the "
                     "autoscaler adds GPU nodes")
-
-
-def _limits(train: TrainConfig) -> str:
-    parts = [f"max_epochs={train.max_epochs}"] if train.max_epochs else []
-    parts += [f"max_updates={train.max_updates}"] if train.max_updates else []
-    parts += [f"max_time={train.max_time:g}s"] if train.max_time else []
-    return ", ".join(parts + [f"lr={train.lr}", f"schedule={train.lr_schedule}"])
-
-
-def _data_summary(out) -> dict:
-    m = out.manifests
-    return {"vocab_size": out.vocab_size,
-            **{f"{s}_rows": m[f"batches/{s}"]["rows_kept"] for s in out.batches},
-            **{f"{s}_batches": m[f"batches/{s}"]["batches"] for s in out.batches}}
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _has_metrics(uri: str, run_id: str | None) -> bool:
-    """Whether the child run still exists and holds metrics (a deleted run is scored again)."""
-    if run_id is None:
-        return False
-    from mlflow.tracking import MlflowClient
-
-    from convs2s.tracking import bounded_http
-
-    try:
-        with bounded_http():
-            run = MlflowClient(uri).get_run(run_id)
-        return run.info.lifecycle_stage == "active" and bool(run.data.metrics)
-    except Exception:  # noqa: BLE001 - deleted run or unreachable server: score again
-        return False
-
-
-def _log_params(uri: str, run_id: str | None, params: dict) -> None:
-    from convs2s.tracking import flatten_params, log_params
-
-    log_params(uri, run_id, flatten_params(params))
 
 
 def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
@@ -516,7 +286,7 @@ def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: f
         return "\n".join(lines)
     lines.append(f"MLflow: experiment {r.experiment!r}, parent run {Path(r.run_dir).name!r} "
                  f"(id {r.parent_run_id}) with child runs preprocess, train*, eval/*")
-    exp_id = _experiment_id(r.tracking_uri, r.experiment)
+    exp_id = experiment_id(r.tracking_uri, r.experiment)
     if r.tracking_uri.startswith("sqlite:///"):
         lines.append(f"  mlflow ui --backend-store-uri {r.tracking_uri} --port 5000")
         base = "http://127.0.0.1:5000"
@@ -550,16 +320,3 @@ def _ray_log_dir() -> str:
         return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
     except AttributeError:  # not a node of this process (a client connection)
         return "the Ray dashboard (Logs), or `ray job logs`"
-
-
-def _experiment_id(uri: str, name: str) -> str | None:
-    from mlflow.tracking import MlflowClient
-
-    from convs2s.tracking import bounded_http
-
-    try:
-        with bounded_http():
-            exp = MlflowClient(uri).get_experiment_by_name(name)
-        return exp.experiment_id if exp else None
-    except Exception:  # noqa: BLE001 - the summary still prints without a link
-        return None

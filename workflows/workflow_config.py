@@ -100,6 +100,7 @@ class RunOptions:
     max_updates: int | None = None
     max_time: float | None = None  # seconds of training
     test_set: list[str] = field(default_factory=list)  # extra test sets: file stems in --data
+    attention: int = 0  # attention pictures of the first N sentences of each test set
     storage_path: str = "runs"
     tracking_uri: str | None = None
     experiment: str | None = None
@@ -172,6 +173,9 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p.add_argument("--test-set", action="append", default=[], metavar="STEM",
                    help="also score STEM.<src> / STEM.<tgt> (optionally .gz) of the --data "
                         "folder like the preset's test sets (repeatable)")
+    p.add_argument("--attention", type=int, default=0, metavar="N",
+                   help="also draw each decoder layer's attention for the first N sentences of "
+                        "every test set (PNGs in the evaluation runs' artifacts)")
     p.add_argument("--storage-path", default="runs",
                    help="preprocessing output and training runs; on a cluster a path every node "
                         "shares (default: ./runs)")
@@ -184,6 +188,8 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     for flag in ("num_workers", "max_epochs", "max_updates"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: give a positive integer")
+    if a.attention < 0:
+        p.error(f"--attention {a.attention}: give a number of sentences (0: none)")
     if a.tracking_uri:
         from convs2s.tracking import resolve_tracking_uri
 

@@ -1,0 +1,55 @@
+"""A workflow run's folder and resume state: what every stage needs (where to track, the
+parent run, the run directory) and what an earlier invocation of the same run finished.
+
+`<storage>/<run name>/workflow.json` records each finished training run (with the digest of
+its settings and data), each logged model (with the stamp of its weights) and each scored
+(job, test set) pair (with the stamp of the weights it scored and its child run). It is
+rewritten atomically, so a crash never leaves half a file; new weights make every score and
+model of the run stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def digest(obj) -> str:
+    """A short, stable digest of JSON-able settings (what makes a training run the same)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class StageContext:
+    """What every stage needs: where to track, the parent run, the run directory and its
+    resume state (workflow.json)."""
+
+    uri: str
+    experiment: str
+    parent: str | None
+    run_dir: Path  # <storage>/<run name>
+    skipped: list[str] = field(default_factory=list)
+
+    def child(self, key: str, name: str, stage: str) -> str | None:
+        from convs2s.tracking import find_or_create_run
+
+        return find_or_create_run(self.uri, self.experiment, run_key=f"{key}:{self.run_dir}",
+                                  run_name=name, parent_run_id=self.parent,
+                                  tags={"convs2s.stage": stage})
+
+    def state(self) -> dict:
+        """{"train": {name: {key, result}}, "models": {job: {stamp, model_id}},
+        "eval": {"<job>/<test set>": {stamp, run_id, metrics, hyp_path}}}"""
+        path = self.run_dir / "workflow.json"
+        state = json.loads(path.read_text()) if path.is_file() else {}
+        for part in ("train", "models", "eval"):
+            state.setdefault(part, {})
+        return state
+
+    def save_state(self, state: dict) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.run_dir / "workflow.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1, default=str))
+        tmp.replace(self.run_dir / "workflow.json")  # atomic: a crash never leaves half a file

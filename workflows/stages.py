@@ -1,0 +1,192 @@
+"""The three stages of a paper-task workflow, each tracked as an MLflow child run of the
+workflow's parent run: preprocess (Ray Data), train (Ray Train, one run per ensemble member)
+and evaluate (parallel Ray tasks, one per (weights, test set) pair). Each stage skips what an
+earlier invocation of the same run finished (workflows/run_state.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from convs2s.tracking import flatten_params, log_final_metrics, log_params, run_has_metrics
+from convs2s.train_config import TrainConfig
+from preprocessing.config import PreprocessConfig
+from workflows.run_state import StageContext, digest
+from workflows.workflow_config import WorkflowConfig
+
+log = logging.getLogger("workflows")
+
+
+@dataclass
+class EvalScore:
+    job: str
+    test_set: str
+    metrics: dict[str, float]
+    run_id: str | None
+    hyp_path: str
+    skipped: bool = False  # scored by an earlier invocation of the same run
+
+
+
+def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
+    """Every preprocessing stage as Ray Data jobs (finished stages are skipped by manifest)."""
+    from convs2s.tracking import end_run, log_artifacts
+    from preprocessing.pipeline import run_pipeline
+
+    run_id = ctx.child("preprocess", "preprocess", "preprocess")
+    log_params(ctx.uri, run_id, flatten_params({"preprocess": compared(pre)}))
+    log.info("== preprocess: %s -> %s/%s", pre.source, pre.root, pre.task)
+    t0 = time.monotonic()
+    try:
+        out = run_pipeline(pre)
+    except BaseException:
+        end_run(ctx.uri, run_id, "FAILED")
+        raise
+    metrics = {"vocab_size": out.vocab_size, "seconds": time.monotonic() - t0}
+    for split in out.batches:
+        clean, batches = out.manifests[f"clean/{split}"], out.manifests[f"batches/{split}"]
+        metrics.update({f"{split}.rows_in": clean["rows_in"],
+                        f"{split}.rows_kept": batches["rows_kept"],
+                        f"{split}.batches": batches["batches"],
+                        f"{split}.padding_efficiency": batches["padding_efficiency"],
+                        f"{split}.src_tokens": batches["tokens"]["src_tokens"],
+                        f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
+    log_final_metrics(ctx.uri, run_id, metrics)
+    manifests = ctx.run_dir / "preprocess_manifests.json"
+    manifests.parent.mkdir(parents=True, exist_ok=True)
+    manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
+    log_artifacts(ctx.uri, run_id, str(manifests), "manifests")
+    end_run(ctx.uri, run_id, "FINISHED")
+    return out
+
+
+def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = (),
+                tags: dict | None = None) -> list:
+    """One Ray Train run per ensemble member; a run finished with the same settings is skipped.
+    `datasets` (convs2s.tracking.DatasetRecord) are logged as each run's MLflow inputs, `tags`
+    set on each run."""
+    from convs2s.train import fit
+    from convs2s.train_config import TrainJob, TrainResult
+
+    results = []
+    for k in range(cfg.ensemble.runs):
+        name = "train" if cfg.ensemble.runs == 1 else f"train_{k + 1}"
+        train = cfg.train.replace(seed=cfg.train.seed + k)  # members differ only in the seed
+        b = out.manifests["batches/train"]
+        key = digest({"model": cfg.model.to_dict(), "train": train.to_dict(),
+                       "data": [b["config_hash"], b["input_fingerprint"]]})
+        state = ctx.state()
+        done = state["train"].get(name)
+        if done and done["key"] == key and Path(done["result"]["run_dir"]).is_dir():
+            log.info("== %s: finished earlier with the same settings, skipped", name)
+            ctx.skipped.append(name)
+            results.append(TrainResult(**done["result"]))
+            continue
+        log.info("== %s: %d worker(s)%s, %s", name, cfg.num_workers,
+                 " with a GPU each" if cfg.use_gpu
+                 else f" on CPU ({cfg.cpus_per_worker:g} threads each)", _limits(train))
+        job = TrainJob(model=cfg.model, train=train, train_data=out.batches["train"],
+                       valid_data=out.batches["valid"], spm_model=out.spm_model,
+                       vocab_size=out.vocab_size, storage_path=str(ctx.run_dir), run_name=name,
+                       num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                       cpus_per_worker=cfg.cpus_per_worker, tracking_uri=ctx.uri,
+                       experiment_name=ctx.experiment,
+                       parent_run_id=ctx.parent, data_manifest=_data_summary(out),
+                       datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"})
+        result = fit(job)
+        if result.best_checkpoint is None:
+            raise RuntimeError(f"{name}: training finished without a checkpoint in "
+                               f"{result.run_dir}; see its metrics.jsonl and the Ray logs")
+        state = ctx.state()
+        state["train"][name] = {"key": key, "result": dataclasses.asdict(result)}
+        state["eval"], state["models"] = {}, {}  # new weights: every score and model is stale
+        ctx.save_state(state)
+        results.append(result)
+    return results
+
+
+def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig, out,
+                   trained: list, attention: int = 0) -> tuple[list[EvalScore], dict[str, str]]:
+    """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks, each set
+    of weights an MLflow logged model that its scores link to. Returns the scores and
+    {job name: logged model id}."""
+    from workflows.evaluation import TestSet, evaluate_all, evaluation_jobs
+    from workflows.lineage import log_job_models, weights_stamp
+
+    tests = []
+    for split, test_name in cfg.all_test_sets.items():
+        src, ref = out.text[split]
+        tests.append(TestSet(test_name if pre.source != "demo" else f"demo_{split}", src, ref,
+                             tgt_lang=pre.tgt_lang, task=cfg.task))
+    jobs = evaluation_jobs([r.run_dir for r in trained], tests, cfg.ensemble.average_last,
+                           cfg.search, attention, num_cpus=cfg.eval_cpus,
+                           num_gpus=cfg.eval_gpus if cfg.use_gpu else 0.0)
+    source_runs = {j.name: _source_run(j.checkpoints, trained, ctx.parent) for j in jobs}
+    state = ctx.state()
+    models = {}
+    if ctx.parent is not None:  # tracking answers: one logged model per set of weights
+        models = log_job_models(ctx.uri, jobs, source_runs, ctx.run_dir.name,
+                                cfg.search.to_dict(), state.setdefault("models", {}))
+        ctx.save_state(state)
+        jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
+    done, todo = [], []
+    for job in jobs:
+        rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
+        if rec and rec["stamp"] == weights_stamp(job.checkpoints) \
+                and run_has_metrics(ctx.uri, rec["run_id"]):
+            done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
+                                  rec["hyp_path"], skipped=True))
+        else:
+            todo.append(job)
+    if done:
+        log.info("== evaluate: %d (job, test set) pairs scored earlier, skipped", len(done))
+        ctx.skipped += [f"eval/{s.job}/{s.test_set}" for s in done]
+    if todo:
+        log.info("== evaluate: %d jobs as parallel Ray tasks (%s)", len(todo),
+                 ", ".join(f"{j.name}/{j.test_set.name}" for j in todo))
+        results = evaluate_all(todo, ctx.uri, parent_run_id=ctx.parent,
+                               out_dir=str(ctx.run_dir / "eval"),
+                               experiment_name=ctx.experiment)
+        state = ctx.state()
+        for r in results:
+            state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
+                "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id, "metrics": r.metrics,
+                "hyp_path": r.hyp_path}
+            done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
+                                  r.hyp_path))
+        ctx.save_state(state)
+    order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
+    return sorted(done, key=lambda s: order[(s.job, s.test_set)]), models
+
+
+def _source_run(checkpoints, trained: list, parent: str | None) -> str | None:
+    """The training run whose folder holds all the checkpoints; for an ensemble of several
+    runs, the workflow's parent run."""
+    owners = {r.run_id for r in trained for c in checkpoints
+              if Path(c).parent == Path(r.run_dir)}
+    return owners.pop() if len(owners) == 1 else parent
+
+
+def _limits(train: TrainConfig) -> str:
+    parts = [f"max_epochs={train.max_epochs}"] if train.max_epochs else []
+    parts += [f"max_updates={train.max_updates}"] if train.max_updates else []
+    parts += [f"max_time={train.max_time:g}s"] if train.max_time else []
+    return ", ".join(parts + [f"lr={train.lr}", f"schedule={train.lr_schedule}"])
+
+
+def _data_summary(out) -> dict:
+    m = out.manifests
+    return {"vocab_size": out.vocab_size,
+            **{f"{s}_rows": m[f"batches/{s}"]["rows_kept"] for s in out.batches},
+            **{f"{s}_batches": m[f"batches/{s}"]["batches"] for s in out.batches}}
+
+
+def compared(pre: PreprocessConfig) -> dict:
+    """Preprocessing settings as params: all but the storage root, an absolute path that only
+    tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
+    return {k: v for k, v in pre.to_dict().items() if k != "root"}
