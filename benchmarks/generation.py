@@ -36,8 +36,7 @@ import torch
 
 from benchmarks.corpus import DATA_DIR, encode, length_stats, read_pairs, train_joint_bpe
 from benchmarks.flops import decoder_flops, encoder_flops
-from benchmarks.machine import (load_average, machine_info, matmul_peak, synchronize,
-                                wait_for_quiet)
+from benchmarks.machine import load_average, machine_info, matmul_peak, synchronize, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from convs2s.config import EOS, PAD, PRESETS
 from convs2s.model import ConvS2S, inference_copy

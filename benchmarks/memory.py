@@ -23,8 +23,8 @@ import re
 import threading
 import time
 
-import ray  # noqa: F401 - ray puts its bundled psutil on sys.path
 import psutil  # noqa: E402,I001
+import ray  # noqa: F401 - ray puts its bundled psutil on sys.path
 
 KEYS = ("driver_rss", "driver_pss", "workers_pss", "total_pss")
 

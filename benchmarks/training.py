@@ -31,18 +31,29 @@ from statistics import median
 import numpy as np
 import torch
 
-from benchmarks.corpus import (DATA_DIR, encode, length_stats, read_pairs, token_budget_batches,
-                               train_joint_bpe)
+from benchmarks.corpus import (
+    DATA_DIR,
+    encode,
+    length_stats,
+    read_pairs,
+    token_budget_batches,
+    train_joint_bpe,
+)
 from benchmarks.flops import TRAIN_MULTIPLIER, batch_flops, decoder_flops, encoder_flops
-from benchmarks.machine import (load_average, machine_info, matmul_peak, matmul_rate,
-                                synchronize, wait_for_quiet)
+from benchmarks.machine import (
+    load_average,
+    machine_info,
+    matmul_peak,
+    matmul_rate,
+    synchronize,
+    wait_for_quiet,
+)
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from benchmarks.step_profile import operator_profile, phase_breakdown
 from convs2s.collate import collate_lists
-from convs2s.config import PAD, PRESETS
+from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import build_optimizer
-from convs2s.train_config import TrainConfig
 from convs2s.update import Comm, train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)

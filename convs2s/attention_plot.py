@@ -101,7 +101,8 @@ def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
 
 
 def main(argv: list[str] | None = None) -> int:
-    from convs2s.translate import SearchConfig, Translator
+    from convs2s.config import SearchConfig
+    from convs2s.translate import Translator
 
     p = argparse.ArgumentParser(prog="python -m convs2s.attention_plot",
                                 description="Per-layer attention heatmaps (paper appendix C).")

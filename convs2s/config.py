@@ -1,16 +1,22 @@
-"""Model configuration and the named presets of the paper and the reference implementation.
+"""The settings of the model package, in one torch-free module (cheap to import when a
+workflow is declared): the model's shape (`ModelConfig`, with the named presets of the paper and
+the reference implementation), the optimization recipe (`TrainConfig`) and beam search
+(`SearchConfig`, with the summarization preset). All are frozen dataclasses sharing `Settings`:
+`replace(**changes)`, `to_dict()` and `from_dict(d)` (which refuses unknown fields).
 
 A layer stack is data: a list of (channels, kernel_width) per side, as in the paper's tables.
-Presets are plain functions returning a `ModelConfig`; `PRESETS` maps their names for the CLI.
+Presets are plain functions returning a config; `PRESETS` maps their names for the CLI.
 
-    from convs2s.config import PRESETS
+    from convs2s.config import PRESETS, SearchConfig, TrainConfig
     cfg = PRESETS["wmt14_en_de"]
+    train = TrainConfig(max_epochs=5).replace(lr=0.5)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 # Special token ids, fixed project-wide (the reference convention; sentencepiece is trained to
 # these ids). Targets start with EOS used as BOS, as in the reference implementation.
@@ -19,8 +25,26 @@ BOS, PAD, EOS, UNK = 0, 1, 2, 3
 Layers = list[tuple[int, int]]  # [(channels, kernel_width), ...]
 
 
+class Settings:
+    """The dataclass plumbing every config shares (a base of frozen dataclasses)."""
+
+    def to_dict(self) -> dict:
+        """Plain dict for checkpoints, MLflow params and JSON."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
+        return cls(**d)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Settings):
     """Shape of a ConvS2S model (paper §3). Field names follow the paper's terms."""
 
     embed_dim: int  # E: token and position embedding size (encoder and decoder)
@@ -66,19 +90,6 @@ class ModelConfig:
             d["decoder_attention"] = list(self.decoder_attention)
         return d
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields {sorted(unknown)}")
-        d = dict(d)
-        if d.get("decoder_attention") is not None:
-            d["decoder_attention"] = tuple(d["decoder_attention"])
-        return cls(**d)
-
-    def replace(self, **changes) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
 
 
 # --- presets (reference-facts §3) -------------------------------------------------------------
@@ -174,3 +185,109 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": tiny(),
     "small": small(),
 }
+
+
+# --- optimization (paper §4, reference-facts §4) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class TrainConfig(Settings):
+    """Optimization recipe. Defaults are the paper's (§4): NAG 0.99, lr 0.25, clip 0.1."""
+
+    # "nag": Nesterov accelerated gradient (paper §4); "adam": AdamW (decoupled weight decay).
+    optimizer: Literal["nag", "adam"] = "nag"
+    lr: float = 0.25
+    momentum: float = 0.99  # Nesterov accelerated gradient (paper §4)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 0.1  # gradient renormalization threshold (paper §4); 0 disables
+    # "plateau": paper §4, lr /= 10 after each epoch whose valid perplexity did not improve.
+    # "fixed": reference recipe, lr fixed, then x lr_shrink per epoch from anneal_from_epoch.
+    # "cosine" / "linear": from lr down to 0 over the run's budget (the fraction spent of
+    # max_time, max_updates or max_epochs, whichever is furthest): a budgeted run ends annealed.
+    lr_schedule: Literal["plateau", "fixed", "cosine", "linear"] = "plateau"
+    lr_shrink: float = 0.1
+    anneal_from_epoch: int | None = None  # "fixed" only: first (1-based) epoch with a shrunk lr
+    min_lr: float = 1e-4  # stop once the lr falls below this (paper §4)
+    warmup_updates: int = 0  # linear warmup from warmup_init_lr to lr over this many updates
+    warmup_init_lr: float = 0.0
+    label_smoothing: float = 0.0  # the paper uses none; the reference's WMT recipes use 0.1
+    max_epochs: int = 100  # 0 = no epoch limit
+    max_updates: int = 0  # 0 = no update limit
+    # Wall-clock budget in seconds (0 = none), like the reference's --stop-time-hours: training
+    # stops after the first update that ends past it, validates and checkpoints. The clock counts
+    # the training loop (validation and checkpoints included, not Ray's start-up) and carries
+    # over a resume: a resumed run has the budget left at its latest checkpoint.
+    max_time: float = 0.0
+    update_freq: int = 1  # gradient accumulation: micro-batches per update and per rank
+    checkpoint_interval: int = 0  # also checkpoint every N updates (0: only at epoch ends)
+    keep_last: int = 3  # checkpoints kept besides best/ (Ray's CheckpointConfig.num_to_keep)
+    log_interval: int = 50  # updates between train metric logs (the only host syncs)
+    shuffle_buffer: int = 256  # batch rows in the per-worker shuffle buffer (reshuffled per epoch)
+    seed: int = 1
+    bf16: bool = True  # bf16 autocast, CUDA only (float32 on CPU: bf16 is very slow there)
+    # Fault injection for tests: rank `crash_rank` calls os._exit(1) at update `crash_at_update`
+    # once per run (a marker file in the run directory stops the retry from dying again).
+    crash_at_update: int = 0
+    crash_rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.lr_schedule not in ("plateau", "fixed", "cosine", "linear"):
+            raise ValueError("lr_schedule must be 'plateau', 'fixed', 'cosine' or 'linear', "
+                             f"got {self.lr_schedule!r}")
+        if self.lr_schedule == "fixed" and self.anneal_from_epoch is not None \
+                and self.anneal_from_epoch < 1:
+            raise ValueError("anneal_from_epoch is 1-based: give an epoch >= 1 or None")
+        if self.optimizer not in ("nag", "adam"):
+            raise ValueError(f"optimizer must be 'nag' or 'adam', got {self.optimizer!r}")
+        object.__setattr__(self, "adam_betas", tuple(self.adam_betas))  # from JSON: a list
+        if self.update_freq < 1:
+            raise ValueError(f"update_freq must be >= 1, got {self.update_freq}")
+        if self.keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
+        if self.log_interval < 1:
+            raise ValueError(f"log_interval must be >= 1, got {self.log_interval}")
+        if self.max_time < 0:
+            raise ValueError(f"max_time is in seconds and must be >= 0, got {self.max_time}")
+        if self.max_epochs <= 0 and self.max_updates <= 0 and self.max_time <= 0:
+            raise ValueError("give max_epochs, max_updates or max_time (all 0 would train "
+                             "forever)")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+# --- beam search (paper §5, reference-facts §6) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class SearchConfig(Settings):
+    """Beam search and output settings (reference-facts §6). Lengths count output pieces."""
+
+    beam: int = 5  # beam width K (paper §5: 5)
+    lenpen: float = 1.0  # score = sum log p / |y|^lenpen
+    max_len_a: float = 0.0  # at most a * |x| + b output pieces (|x| counts source EOS)
+    max_len_b: int = 200
+    min_len: int = 1  # at least this many pieces (summarization, paper §5.5: 14 words)
+    unk_penalty: float = 0.0  # subtracted from log p(<unk>); negative favours <unk>
+    nbest: int = 1  # hypotheses kept per sentence (1 <= nbest <= beam)
+    replace_unk: bool = False  # replace <unk> by the most attended source word (paper §5.1)
+    dictionary: str | None = None  # `source target` word table used by replace_unk
+    max_sentences: int = 128  # sentences per search batch
+
+    def __post_init__(self) -> None:
+        if self.beam < 1:
+            raise ValueError(f"beam must be >= 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise ValueError(f"nbest must be in [1, beam={self.beam}], got {self.nbest}")
+        if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
+            raise ValueError("min_len, max_len_a and max_len_b must be >= 0")
+        if self.max_sentences < 1:
+            raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}")
+        if self.dictionary is not None and not self.replace_unk:
+            raise ValueError("a dictionary is only used with replace_unk=True")
+
+
+def summarization_search(**changes) -> SearchConfig:
+    """Paper §5.5: beam 5 and outputs of at least 14 words (here BPE pieces, a close proxy)."""
+    return SearchConfig(beam=5, min_len=14).replace(**changes)

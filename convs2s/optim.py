@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 import torch
 
-from convs2s.train_config import TrainConfig
+from convs2s.config import TrainConfig
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter],

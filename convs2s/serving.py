@@ -26,7 +26,7 @@ Python object.
 
 The model's artifacts are slim copies of the checkpoints (weights + model config + the
 sentencepiece model, no optimizer state; `convs2s.averaging`), `search.json` (a
-`convs2s.translate.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`
+`convs2s.config.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`
 package travels with the model (`code_paths`), so a process without the project installed
 loads it as long as torch, sentencepiece and mlflow are there (they are the model's
 pip requirements). Predictions run on CUDA when the serving machine has a GPU.
@@ -55,7 +55,8 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         import torch
 
-        from convs2s.translate import SearchConfig, Translator
+        from convs2s.config import SearchConfig
+        from convs2s.translate import Translator
 
         cfg = json.loads(Path(context.artifacts["search"]).read_text())
         if cfg.get("dictionary"):
@@ -134,8 +135,9 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     from mlflow.tracking import MlflowClient
 
     import convs2s
+    from convs2s.config import SearchConfig
     from convs2s.tracking import get_or_create_experiment, global_tracking_uri, quiet_mlflow
-    from convs2s.translate import SearchConfig, Translator
+    from convs2s.translate import Translator
 
     search = search or SearchConfig()
     if alias and not registered_model_name:

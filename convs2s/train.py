@@ -3,7 +3,8 @@
 The only `convs2s` module that imports Ray. Public API (used by the workflows):
 
     from convs2s.train import fit
-    from convs2s.train_config import STOP_REASONS, TrainConfig, TrainJob, TrainResult
+    from convs2s.config import TrainConfig
+    from convs2s.train_job import STOP_REASONS, TrainJob, TrainResult
     result = fit(TrainJob(model=PRESETS["tiny"], train=TrainConfig(max_epochs=5),
                           train_data=out.batches["train"], valid_data=out.batches["valid"],
                           spm_model=out.spm_model, vocab_size=out.vocab_size,
@@ -72,6 +73,7 @@ from convs2s.checkpoint import (
     save_checkpoint,
 )
 from convs2s.collate import collate_arrow
+from convs2s.config import TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.progress import TrainMeter, progress_line
@@ -86,7 +88,7 @@ from convs2s.tracking import (
     resolve_tracking_uri,
     set_tags,
 )
-from convs2s.train_config import STOP_REASONS, TrainConfig, TrainJob, TrainResult
+from convs2s.train_job import STOP_REASONS, TrainJob, TrainResult
 from convs2s.update import Comm, train_update, validate
 
 METRICS_FILE = "metrics.jsonl"

@@ -18,7 +18,9 @@ pairs, each target piece aligned to its most attended source piece).
 
 Python API:
 
-    from convs2s.translate import SearchConfig, Translator
+    from convs2s.config import SearchConfig
+
+    from convs2s.translate import Translator
     tr = Translator.from_checkpoints(["runs/demo/best"], device="cpu",
                                      search=SearchConfig(beam=5, lenpen=1.0))
     tr.translate(["the cat is small ."])        # -> ["le chat est petit ."]
@@ -35,7 +37,6 @@ norm is folded once per model at load time (`convs2s.model.inference_copy`).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import logging
 import os
@@ -50,55 +51,13 @@ import sentencepiece as spm
 import torch
 
 from convs2s.checkpoint import CheckpointError
-from convs2s.config import BOS, EOS, PAD, UNK
+from convs2s.config import BOS, EOS, PAD, UNK, SearchConfig
 from convs2s.search import generate
 from convs2s.unk_replace import load_dictionary, replace_unknowns
 
 log = logging.getLogger("convs2s.translate")
 
 UNK_PIECE = "<unk>"
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """Beam search and output settings (reference-facts §6). Lengths count output pieces."""
-
-    beam: int = 5  # beam width K (paper §5: 5)
-    lenpen: float = 1.0  # score = sum log p / |y|^lenpen
-    max_len_a: float = 0.0  # at most a * |x| + b output pieces (|x| counts source EOS)
-    max_len_b: int = 200
-    min_len: int = 1  # at least this many pieces (summarization, paper §5.5: 14 words)
-    unk_penalty: float = 0.0  # subtracted from log p(<unk>); negative favours <unk>
-    nbest: int = 1  # hypotheses kept per sentence (1 <= nbest <= beam)
-    replace_unk: bool = False  # replace <unk> by the most attended source word (paper §5.1)
-    dictionary: str | None = None  # `source target` word table used by replace_unk
-    max_sentences: int = 128  # sentences per search batch
-
-    def __post_init__(self) -> None:
-        if self.beam < 1:
-            raise ValueError(f"beam must be >= 1, got {self.beam}")
-        if not 1 <= self.nbest <= self.beam:
-            raise ValueError(f"nbest must be in [1, beam={self.beam}], got {self.nbest}")
-        if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
-            raise ValueError("min_len, max_len_a and max_len_b must be >= 0")
-        if self.max_sentences < 1:
-            raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}")
-        if self.dictionary is not None and not self.replace_unk:
-            raise ValueError("a dictionary is only used with replace_unk=True")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "SearchConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown SearchConfig fields {sorted(unknown)}")
-        return cls(**d)
-
-    def replace(self, **changes) -> "SearchConfig":
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from convs2s.collate import Batch
+from convs2s.config import TrainConfig
 from convs2s.optim import clip_gradients
-from convs2s.train_config import TrainConfig
 
 
 @dataclass

@@ -53,13 +53,12 @@ def tiny_checkpoints(tmp_path_factory) -> dict:
     """Two randomly initialised `tiny` ConvS2S checkpoints (seeds 0 and 1) that share a small
     BPE model trained on 2,000 demo pairs: {"a": dir, "b": dir, "spm": path, "pairs": [...]}.
     Fast: no Ray, no training."""
+    import pyarrow as pa
     import torch
 
     from convs2s.checkpoint import save_checkpoint
     from convs2s.config import PRESETS
     from convs2s.model import ConvS2S
-    import pyarrow as pa
-
     from preprocessing.demo import translation_pairs
     from preprocessing.vocab import load, train_bpe
 
@@ -93,10 +92,10 @@ def demo_trained(tmp_path_factory, ray_session):
     import torch
 
     from convs2s.checkpoint import save_checkpoint
-    from convs2s.config import PRESETS
+    from convs2s.config import PRESETS, TrainConfig
     from convs2s.model import ConvS2S
     from convs2s.train import fit
-    from convs2s.train_config import TrainConfig, TrainJob
+    from convs2s.train_job import TrainJob
     from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
 

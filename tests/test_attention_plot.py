@@ -9,8 +9,8 @@ import matplotlib.image
 import torch
 
 from convs2s.attention_plot import layer_attention, main, plot_attention
-from convs2s.config import EOS
-from convs2s.translate import SearchConfig, Translator
+from convs2s.config import EOS, SearchConfig
+from convs2s.translate import Translator
 
 SEARCH = SearchConfig(beam=2, max_len_a=0, max_len_b=6)
 

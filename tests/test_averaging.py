@@ -13,8 +13,8 @@ import torch
 
 from convs2s.averaging import average_checkpoints, average_state_dicts, main
 from convs2s.checkpoint import load_checkpoint, save_checkpoint
-from convs2s.config import PRESETS
-from convs2s.translate import SearchConfig, Translator
+from convs2s.config import PRESETS, SearchConfig
+from convs2s.translate import Translator
 
 
 def test_average_of_identical_checkpoints_is_bit_identical(tiny_checkpoints, tmp_path):

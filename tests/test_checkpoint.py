@@ -30,10 +30,9 @@ from convs2s.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from convs2s.config import PRESETS
+from convs2s.config import PRESETS, TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer
-from convs2s.train_config import TrainConfig
 
 TINY = PRESETS["tiny"]
 V = 50

@@ -13,8 +13,22 @@ import sys
 import pytest
 
 from preprocessing import demo
-from preprocessing.demo_lexicon import (ADJECTIVES, HIS, MY, NAME_SUBJECTS, NOUNS, PRONOUNS, SOME,
-                                        THE, THE_PL, THIS, THREE, VERBS, A, fr_sentence)
+from preprocessing.demo_lexicon import (
+    ADJECTIVES,
+    HIS,
+    MY,
+    NAME_SUBJECTS,
+    NOUNS,
+    PRONOUNS,
+    SOME,
+    THE,
+    THE_PL,
+    THIS,
+    THREE,
+    VERBS,
+    A,
+    fr_sentence,
+)
 
 N_SAMPLE = 20_000
 

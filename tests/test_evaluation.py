@@ -21,8 +21,9 @@ from convs2s.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from convs2s.config import SearchConfig, summarization_search
 from convs2s.scoring import read_lines
-from convs2s.translate import SearchConfig, Translator
+from convs2s.translate import Translator
 from workflows.evaluation import (
     EvalJob,
     TestSet,
@@ -30,7 +31,6 @@ from workflows.evaluation import (
     evaluate_all,
     evaluate_job,
     evaluation_jobs,
-    summarization_search,
 )
 
 SHORT = SearchConfig(beam=2, max_len_a=0, max_len_b=4)

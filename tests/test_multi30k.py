@@ -308,9 +308,10 @@ def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> f
     import torch
 
     from convs2s.checkpoint import load_checkpoint, save_checkpoint
+    from convs2s.config import SearchConfig
     from convs2s.model import ConvS2S
     from convs2s.scoring import score_translation
-    from convs2s.translate import SearchConfig, Translator
+    from convs2s.translate import Translator
 
     state = load_checkpoint(best)
     torch.manual_seed(0)

@@ -12,10 +12,9 @@ import math
 import pytest
 import torch
 
-from convs2s.config import PAD
+from convs2s.config import PAD, TrainConfig
 from convs2s.loss import sequence_loss
 from convs2s.optim import LRSchedule, build_optimizer, clip_gradients
-from convs2s.train_config import TrainConfig
 
 
 def trajectory(schedule: LRSchedule, val_losses: list[float]) -> tuple[list[float], int]:

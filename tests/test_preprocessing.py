@@ -13,8 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from preprocessing import config as pconfig
-from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_window, cut_batches,
-                                    gather_window, scatter_part)
+from preprocessing.batching import (
+    BATCH_SCHEMA,
+    add_window,
+    batch_window,
+    cut_batches,
+    gather_window,
+    scatter_part,
+)
 from preprocessing.cleaning import dedupe_and_write, drop_reason, normalize
 from preprocessing.encoding import ids_array
 from preprocessing.stages import finished, read_spill, stage_output, write_manifest, write_spill

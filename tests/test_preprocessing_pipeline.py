@@ -11,7 +11,6 @@ the same files must give the same encoded rows and byte-identical batch shards; 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time

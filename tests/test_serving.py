@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from convs2s.config import SearchConfig
 from convs2s.scoring import read_lines
 from convs2s.serving import log_translator
-from convs2s.translate import SearchConfig, Translator
+from convs2s.translate import Translator
 
 REPO = Path(__file__).resolve().parents[1]
 LOAD_AND_PREDICT = """

@@ -20,13 +20,13 @@ from mlflow.tracking import MlflowClient
 
 from convs2s.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
 from convs2s.collate import collate_arrow
-from convs2s.config import PRESETS
+from convs2s.config import PRESETS, TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.run_logger import read_local_metrics
 from convs2s.tracking import RUN_KEY_TAG
 from convs2s.train import METRICS_FILE, fit
-from convs2s.train_config import TrainConfig, TrainJob
+from convs2s.train_job import TrainJob
 from convs2s.update import Comm, train_update
 
 pytestmark = pytest.mark.slow

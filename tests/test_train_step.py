@@ -16,11 +16,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from convs2s.collate import collate_arrow, collate_lists, pad_right
-from convs2s.config import EOS, PAD, PRESETS
+from convs2s.config import EOS, PAD, PRESETS, TrainConfig
 from convs2s.loss import sequence_loss
 from convs2s.model import ConvS2S
 from convs2s.optim import build_optimizer
-from convs2s.train_config import TrainConfig
 from convs2s.update import Comm, train_update, validate
 
 V = 40

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from convs2s.config import EOS, UNK
+from convs2s.config import EOS, UNK, SearchConfig
 from convs2s.scoring import read_lines, score_translation
-from convs2s.translate import CheckpointError, SearchConfig, Translator, main
+from convs2s.translate import CheckpointError, Translator, main
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models

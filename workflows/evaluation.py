@@ -39,6 +39,7 @@ from typing import Literal
 import ray
 
 from convs2s.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
+from convs2s.config import SearchConfig, summarization_search
 from convs2s.tracking import (
     DatasetRecord,
     end_run,
@@ -52,7 +53,6 @@ from convs2s.tracking import (
     resolve_tracking_uri,
     set_tags,
 )
-from convs2s.translate import SearchConfig
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -94,11 +94,6 @@ class EvalResult:
     hyp_path: str  # the hypotheses file written on the driver (also an MLflow artifact)
     run_id: str | None  # the MLflow child run (None when tracking was unreachable)
     attention_pngs: list[str] = field(default_factory=list)
-
-
-def summarization_search(**changes) -> SearchConfig:
-    """Paper §5.5: beam 5 and outputs of at least 14 words (here BPE pieces, a close proxy)."""
-    return SearchConfig(beam=5, min_len=14).replace(**changes)
 
 
 # --- one job (runs inside a Ray task; also callable without Ray) ---------------------------------

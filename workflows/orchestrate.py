@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.tracking import experiment_id, flatten_params, log_final_metrics, log_params
-from convs2s.train_config import STOP_REASONS
+from convs2s.train_job import STOP_REASONS
 from preprocessing.config import PreprocessConfig
 from workflows.run_state import StageContext
 from workflows.stages import EvalScore, compared, evaluate_stage, preprocess_stage, train_stage
@@ -66,7 +66,7 @@ class WorkflowResult:
     experiment: str
     tracking_uri: str
     run_dir: str
-    train: list  # [convs2s.train_config.TrainResult]
+    train: list  # [convs2s.train_job.TrainResult]
     scores: list[EvalScore]
     skipped: list[str]  # stages skipped because an earlier invocation finished them
     champion: object = None  # workflows.lineage.Champion: the registered best model, or None

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from convs2s.config import TrainConfig
 from convs2s.tracking import flatten_params, log_final_metrics, log_params, run_has_metrics
-from convs2s.train_config import TrainConfig
 from preprocessing.config import PreprocessConfig
 from workflows.run_state import StageContext, digest
 from workflows.workflow_config import WorkflowConfig
@@ -71,7 +71,7 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = ()
     `datasets` (convs2s.tracking.DatasetRecord) are logged as each run's MLflow inputs, `tags`
     set on each run."""
     from convs2s.train import fit
-    from convs2s.train_config import TrainJob, TrainResult
+    from convs2s.train_job import TrainJob, TrainResult
 
     results = []
     for k in range(cfg.ensemble.runs):

@@ -19,12 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
-from convs2s import config as models  # noqa: E402
-from convs2s.train_config import TrainConfig  # noqa: E402
-from convs2s.translate import SearchConfig  # noqa: E402
-from preprocessing import config as data  # noqa: E402
-from workflows.orchestrate import main  # noqa: E402
-from workflows.workflow_config import EnsembleConfig, WorkflowConfig  # noqa: E402
+from convs2s import config as models
+from convs2s.config import SearchConfig, TrainConfig
+from preprocessing import config as data
+from workflows.orchestrate import main
+from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def paper() -> WorkflowConfig:

@@ -20,9 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from convs2s.config import ModelConfig
-from convs2s.train_config import TrainConfig
-from convs2s.translate import SearchConfig
+from convs2s.config import ModelConfig, SearchConfig, TrainConfig
 from preprocessing.config import PreprocessConfig
 
 

@@ -1,0 +1,68 @@
+"""A training job and its result (no torch, no Ray: cheap to import).
+
+`TrainJob` says what to train (a `ModelConfig` with a `TrainConfig` recipe, convs2s.config) on
+what data, where (storage, workers) and how it is tracked; `TrainResult` is what
+`convs2s.train.fit(job)` returns; `STOP_REASONS` names why training stopped. A workflow builds
+them in Python:
+
+    from convs2s.config import PRESETS, TrainConfig
+    from convs2s.train_job import TrainJob
+    job = TrainJob(model=PRESETS["tiny"], train=TrainConfig(max_epochs=5),
+                   train_data=out.batches["train"], valid_data=out.batches["valid"],
+                   spm_model=out.spm_model, vocab_size=out.vocab_size,
+                   storage_path="/abs/runs", run_name="demo", num_workers=2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from convs2s.config import ModelConfig, TrainConfig
+
+# Why a training run stopped: TrainResult.metrics["stop_reason"], the train run's MLflow tag
+# `convs2s.stop_reason`, and the words the logs use for it.
+STOP_REASONS = {"max_updates": "update limit reached", "max_time": "time budget spent",
+                "max_epochs": "epoch limit reached", "min_lr": "lr fell below min_lr"}
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One training run: model, recipe, data, where to store it, how many workers, tracking."""
+
+    model: ModelConfig
+    train: TrainConfig
+    train_data: str  # batches/train dir of the preprocessing output (absolute or relative)
+    valid_data: str  # batches/valid dir
+    spm_model: str  # sentencepiece model, copied into every checkpoint
+    vocab_size: int  # joint BPE vocabulary: source and target size
+    storage_path: str  # Ray Train storage (shared for multi-node); the run lives in <it>/<name>
+    run_name: str  # same name + storage_path = resume (Ray Train and the MLflow run)
+    num_workers: int = 1
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    # CPUs each Ray Data read task reserves. 0 by default: reading batch rows is light, and the
+    # workers may hold every CPU of the cluster (the 2-CPU test cluster), which would starve
+    # the reads and hang training.
+    read_cpus: float = 0.0
+    max_failures: int = 3  # worker-group restarts from the latest checkpoint
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
+    experiment_name: str = "convs2s"
+    parent_run_id: str | None = None  # make the training run a child of a workflow's run
+    data_manifest: dict = field(default_factory=dict)  # counts etc., flattened into params
+    datasets: tuple = ()  # convs2s.tracking.DatasetRecord: MLflow dataset inputs of the run
+    tags: dict = field(default_factory=dict)  # extra MLflow run tags
+
+    def replace(self, **changes) -> TrainJob:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class TrainResult:
+    """What `fit` returns; checkpoint paths are directories holding checkpoint.pt."""
+
+    run_id: str | None  # MLflow run (None when the tracking server was unreachable)
+    run_dir: str  # <storage_path>/<run_name>: Ray Train state, checkpoints, metrics.jsonl
+    best_checkpoint: str | None  # <run_dir>/best: lowest validation loss so far
+    last_checkpoint: str | None  # the latest reported checkpoint
+    checkpoints: list[str]  # kept checkpoints (the last keep_last), oldest first
+    metrics: dict  # final metrics of rank 0 (train/valid loss, ppl, lr, update, epoch, ...)
