@@ -315,6 +315,22 @@ def test_readme_commands_name_real_targets_and_accepted_flags():
     assert ".venv/bin/python workflows/wmt14_en_fr.py --preset smoke" in makefile
 
 
+def test_declaring_a_workflow_imports_neither_torch_nor_ray():
+    """Settings live in torch-free config modules: reading a workflow's presets (a driver
+    that only submits, a notebook) imports none of the heavy packages."""
+    code = ("import sys\n"
+            "from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, "
+            "wmt16_en_ro\n"
+            "for m in (gigaword, wmt14_en_de, wmt14_en_fr, wmt16_en_ro):\n"
+            "    m.paper(), m.smoke()\n"
+            "multi30k_en_de.reference(), multi30k_en_de.cpu()\n"
+            "print(sorted(p for p in ('torch', 'ray', 'sentencepiece', 'mlflow') "
+            "if p in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("flags, says", [
     (["--max-updates", "0"], "--max-updates 0: give a positive integer"),
     (["--max-epochs", "0"], "--max-epochs 0: give a positive integer"),
