@@ -10,17 +10,15 @@ the mean of the recorded maps equals the search's attention).
     paths = plot_attention(translator, ["the cat is small ."], "out/attention")
     # out/attention/attention_000.png: one panel per attention layer, plus the layer mean
 
-Run: python -m convs2s.attention_plot --checkpoint runs/demo/best --out pics "the cat is small ."
+Run: python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."
 Figures are built on matplotlib's object API (no pyplot state), so threads and Ray tasks can
 draw at the same time.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -98,26 +96,3 @@ def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
         fig.savefig(path, dpi=100)
         paths.append(path)
     return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    from convs2s.config import SearchConfig
-    from convs2s.translate import Translator
-
-    p = argparse.ArgumentParser(prog="python -m convs2s.attention_plot",
-                                description="Per-layer attention heatmaps (paper appendix C).")
-    p.add_argument("--checkpoint", nargs="+", required=True)
-    p.add_argument("--out", required=True, help="output folder for the PNG files")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--max-len-b", type=int, default=200, help="most output pieces")
-    p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
-    args = p.parse_args(argv)
-    translator = Translator.from_checkpoints(
-        args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
-    for path in plot_attention(translator, args.sentences, args.out):
-        print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

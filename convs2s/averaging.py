@@ -10,7 +10,7 @@ does with its state dicts.
                               "runs/demo/averaged_last2")
     # out/checkpoint.pt + out/sentencepiece.model + out/meta.json: a checkpoint like any other
 
-Run: python -m convs2s.averaging --out runs/demo/avg runs/demo/checkpoint_*
+Run: python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
 
 The sum is accumulated in float64 and cast back to each tensor's dtype, so the average of N
 identical checkpoints is bit-identical to them. The result keeps only what inference needs
@@ -20,14 +20,12 @@ state — so `average_checkpoints([path], out)` also makes a slim copy for servi
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
 
-from convs2s.checkpoint import SPM_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from convs2s.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
         "val_loss")
@@ -104,21 +102,3 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
                              "on different BPE vocabularies and cannot be averaged")
     spm = spms[0] if spms else None
     return save_checkpoint(out_dir, out, spm_model=str(spm) if spm else None)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m convs2s.averaging",
-                                description="Average the weights of checkpoint directories.")
-    p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
-    p.add_argument("--out", required=True, help="output checkpoint directory")
-    args = p.parse_args(argv)
-    try:
-        print(average_checkpoints(args.checkpoints, args.out))
-    except (CheckpointError, OSError, ValueError) as err:  # one line naming the file, exit 2
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

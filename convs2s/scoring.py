@@ -16,16 +16,13 @@ references aligned. The numbers (reference-facts §6):
   metric; the paper's En-Ro BLEU (30.02) is on such text.
 
 Run:
-    python -m convs2s.scoring --hyp hyp.fr --ref ../shared/data/wmt14-en-fr/newstest2014.fr --lang fr
-    python -m convs2s.scoring --hyp hyp.txt --ref ../shared/data/gigaword-sample/title.txt \
+    python -m convs2s score --hyp hyp.fr --ref ../shared/data/wmt14-en-fr/newstest2014.fr --lang fr
+    python -m convs2s score --hyp hyp.txt --ref ../shared/data/gigaword-sample/title.txt \
         --task summarization
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -199,37 +196,3 @@ def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file as sacrebleu's CLI reads them (split on \\n, rstripped)."""
     with open(path, encoding="utf-8", newline="\n") as f:
         return [line.rstrip() for line in f]
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m convs2s.scoring", description=__doc__.split("\n")[0])
-    p.add_argument("--hyp", required=True, help="hypotheses, one detokenized sentence per line")
-    p.add_argument("--ref", required=True, help="references, line-aligned with --hyp")
-    p.add_argument("--lang", help="target language (needed for translation: fr, de, ro, ...)")
-    p.add_argument("--task", choices=["translation", "summarization"], default="translation")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
-    args = p.parse_args(argv)
-    hyps, refs = read_lines(args.hyp), read_lines(args.ref)
-    if len(hyps) != len(refs):
-        p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
-    if args.task == "translation":
-        if not args.lang:
-            p.error("--lang is required for translation (the target language, e.g. fr)")
-        metrics: dict = score_translation(hyps, refs, args.lang)
-        signatures = translation_signatures(args.lang)
-    else:
-        metrics, signatures = score_summarization(hyps, refs), {
-            "rouge": f"rouge-score {ROUGE_TYPES} use_stemmer={ROUGE_USE_STEMMER}, sentence mean"
-        }
-    if args.json:
-        print(json.dumps({"metrics": metrics, "signatures": signatures}, indent=1))
-    else:
-        for name, value in metrics.items():
-            print(f"{name}\t{value:.4f}")
-        for name, sig in signatures.items():
-            print(f"# {name}: {sig}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
 """Translate text with one ConvS2S checkpoint or an ensemble of them (beam search, paper §5).
 
-No Ray and no MLflow: this is the library and command line that the evaluation jobs
-(`workflows.evaluation`) and the served model (`convs2s.serving`) call.
+No Ray and no MLflow: this is the library that the evaluation jobs (`workflows.evaluation`),
+the served model (`convs2s.serving`) and the command line (`convs2s.cli`) call.
 
-Command line (installed as `convs2s-translate`):
+Command line (also installed as `convs2s-translate`):
 
-    python -m convs2s.translate --checkpoint runs/demo/best [runs/other/best ...] \\
+    python -m convs2s translate --checkpoint runs/demo/best [runs/other/best ...] \\
         --input test.en --output hyp.fr [--beam 5 --lenpen 1 --max-len-a 0 --max-len-b 200 \\
         --min-len 1 --unk-penalty 0 --nbest 1 --replace-unk [--dictionary lex.txt] \\
         --batch-size 128 --device cpu --threads 4 --print-attention --spm-model spm.model]
@@ -19,7 +19,6 @@ pairs, each target piece aligned to its most attended source piece).
 Python API:
 
     from convs2s.config import SearchConfig
-
     from convs2s.translate import Translator
     tr = Translator.from_checkpoints(["runs/demo/best"], device="cpu",
                                      search=SearchConfig(beam=5, lenpen=1.0))
@@ -36,16 +35,12 @@ norm is folded once per model at load time (`convs2s.model.inference_copy`).
 
 from __future__ import annotations
 
-import argparse
-import io
 import logging
 import os
-import sys
-import time
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import sentencepiece as spm
 import torch
@@ -284,136 +279,3 @@ class Translator:
                 run.append(i)
         flush()
         return "".join(parts)
-
-
-# --- command line --------------------------------------------------------------------------------
-
-
-def _check_input(path: str | None) -> None:
-    """A named input must be a readable file (checked before any output is touched)."""
-    if path in (None, "-"):
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise FileNotFoundError(f"input {path} is a directory: give a text file with one "
-                                "sentence per line")
-    if not p.is_file():
-        raise FileNotFoundError(f"input file {path} does not exist")
-
-
-def _read_lines(path: str | None) -> Iterator[str]:
-    """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced.
-    `main` has checked a named file with `_check_input`."""
-    if path in (None, "-"):
-        stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
-                                  newline="\n")
-        yield from (line.rstrip("\n") for line in stream)
-        return
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        yield from (line.rstrip("\n") for line in f)
-
-
-def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in lines:
-        chunk.append(line)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def format_translation(tr: Translation, index: int, nbest: int, verbose: bool) -> str:
-    """Plain: `nbest` lines (empty lines pad missing hypotheses). Verbose: S-/H-/P-/A- lines."""
-    if not verbose:
-        texts = [h.text for h in tr.hypotheses[:nbest]]
-        return "\n".join(texts + [""] * (nbest - len(texts))) + "\n"
-    lines = [f"S-{index}\t{tr.source}"]
-    for h in tr.hypotheses[:nbest]:
-        lines.append(f"H-{index}\t{h.score:.4f}\t{h.text}")
-        lines.append(f"P-{index}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores))
-        lines.append(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in h.alignment()))
-    return "\n".join(lines) + "\n"
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="convs2s-translate", description=__doc__.split("\n")[0])
-    d = SearchConfig()
-    p.add_argument("--checkpoint", nargs="+", required=True,
-                   help="checkpoint directories; several = an ensemble")
-    p.add_argument("--spm-model", help="sentencepiece model (default: the one bundled with "
-                   "the checkpoints)")
-    p.add_argument("--input", help="source text, one sentence per line (default: stdin)")
-    p.add_argument("--output", help="where translations go (default: stdout)")
-    p.add_argument("--beam", type=int, default=d.beam)
-    p.add_argument("--lenpen", type=float, default=d.lenpen)
-    p.add_argument("--max-len-a", type=float, default=d.max_len_a)
-    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
-    p.add_argument("--min-len", type=int, default=d.min_len)
-    p.add_argument("--unk-penalty", type=float, default=d.unk_penalty)
-    p.add_argument("--nbest", type=int, default=d.nbest)
-    p.add_argument("--replace-unk", action="store_true",
-                   help="replace <unk> by the most attended source word")
-    p.add_argument("--dictionary", help="`source target` word table for --replace-unk")
-    p.add_argument("--batch-size", type=int, default=d.max_sentences,
-                   help="sentences per search batch")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (default: the CPUs this process may use)")
-    p.add_argument("--buffer-size", type=int, default=10_000,
-                   help="lines read, translated and written at a time")
-    p.add_argument("--print-attention", action="store_true",
-                   help="verbose output with scores and attention alignments")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
-                        stream=sys.stderr)
-    threads = args.threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(max(1, threads))
-    try:
-        search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
-                              max_len_b=args.max_len_b, min_len=args.min_len,
-                              unk_penalty=args.unk_penalty, nbest=args.nbest,
-                              replace_unk=args.replace_unk, dictionary=args.dictionary,
-                              max_sentences=args.batch_size)
-        _check_input(args.input)  # before anything is loaded or written
-        if args.output and Path(args.output).is_dir():
-            raise ValueError(f"--output {args.output} is a directory: give a file name")
-        translator = Translator.from_checkpoints(args.checkpoint, args.device, search,
-                                                 spm_model=args.spm_model)
-        # Translations go to a temporary file beside --output, renamed over it only when all
-        # are written: a failed run never leaves an emptied or half-written output.
-        tmp = Path(f"{args.output}.tmp-{os.getpid()}") if args.output else None
-        out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
-    except (CheckpointError, OSError, ValueError) as err:
-        print(f"convs2s-translate: error: {err}", file=sys.stderr)
-        return 2
-    n, t0 = 0, time.perf_counter()
-    try:
-        with torch.inference_mode():
-            for chunk in _chunks(_read_lines(args.input), args.buffer_size):
-                for tr in translator.translate_full(chunk):
-                    out.write(format_translation(tr, n, args.nbest, args.print_attention))
-                    n += 1
-                out.flush()
-        if tmp:
-            out.close()
-            os.replace(tmp, args.output)
-    except OSError as err:
-        print(f"convs2s-translate: error: {err}", file=sys.stderr)
-        return 2
-    finally:
-        if tmp:
-            out.close()
-            tmp.unlink(missing_ok=True)
-    secs = time.perf_counter() - t0
-    log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

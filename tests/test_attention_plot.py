@@ -8,7 +8,8 @@ from __future__ import annotations
 import matplotlib.image
 import torch
 
-from convs2s.attention_plot import layer_attention, main, plot_attention
+from convs2s.attention_plot import layer_attention, plot_attention
+from convs2s.cli import attention as main
 from convs2s.config import EOS, SearchConfig
 from convs2s.translate import Translator
 

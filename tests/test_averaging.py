@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from convs2s.averaging import average_checkpoints, average_state_dicts, main
+from convs2s.averaging import average_checkpoints, average_state_dicts
 from convs2s.checkpoint import load_checkpoint, save_checkpoint
+from convs2s.cli import average as main
 from convs2s.config import PRESETS, SearchConfig
 from convs2s.translate import Translator
 

@@ -249,7 +249,7 @@ def test_cli_prints_the_api_numbers(en_fr, tmp_path):
     ref = write_lines(tmp_path / "ref.fr", scoring.read_lines(en_fr[0])[:300])
     hyp = write_lines(tmp_path / "hyp.fr", scoring.read_lines(en_fr[1])[:300])
     out = subprocess.run(
-        [sys.executable, "-m", "convs2s.scoring", "--hyp", str(hyp), "--ref", str(ref),
+        [sys.executable, "-m", "convs2s", "score", "--hyp", str(hyp), "--ref", str(ref),
          "--lang", "fr", "--json"], check=True, capture_output=True, text=True).stdout
     printed = json.loads(out)
     expected = scoring.score_translation(scoring.read_lines(hyp), scoring.read_lines(ref), "fr")
@@ -258,7 +258,7 @@ def test_cli_prints_the_api_numbers(en_fr, tmp_path):
 
     short = write_lines(tmp_path / "short.fr", ["un", "deux"])
     bad = subprocess.run(
-        [sys.executable, "-m", "convs2s.scoring", "--hyp", str(short), "--ref", str(ref),
+        [sys.executable, "-m", "convs2s", "score", "--hyp", str(short), "--ref", str(ref),
          "--lang", "fr"], capture_output=True, text=True)
     assert bad.returncode != 0
     assert "has 2 lines" in bad.stderr and "has 300 lines" in bad.stderr

@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
 from convs2s.scoring import read_lines, score_translation
-from convs2s.translate import CheckpointError, Translator, main
+from convs2s.translate import CheckpointError, Translator
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "convs2s.translate", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "convs2s", "translate", *args], input=stdin,
                           capture_output=True, text=True, cwd=REPO, timeout=600)
 
 

@@ -1,0 +1,252 @@
+"""The command lines of the model package, apart from its library modules:
+
+    convs2s-translate --checkpoint runs/demo/best [runs/other/best ...] < src.txt > hyp.txt
+    python -m convs2s translate --checkpoint ... --input src.txt --output hyp.txt [--beam 5 ...]
+    python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
+    python -m convs2s score --hyp hyp.fr --ref newstest2014.fr --lang fr [--json]
+    python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."
+
+Bad input (a missing or unreadable file, a checkpoint that is not ours) is one line on stderr
+naming the file, exit status 2; nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from convs2s.attention_plot import plot_attention
+from convs2s.averaging import average_checkpoints
+from convs2s.checkpoint import CheckpointError
+from convs2s.config import SearchConfig
+from convs2s.scoring import (
+    ROUGE_TYPES,
+    ROUGE_USE_STEMMER,
+    read_lines,
+    score_summarization,
+    score_translation,
+    translation_signatures,
+)
+from convs2s.translate import Translation, Translator
+
+log = logging.getLogger("convs2s.translate")
+
+
+# --- translate --------------------------------------------------------------------------------
+
+
+def _check_input(path: str | None) -> None:
+    """A named input must be a readable file (checked before any output is touched)."""
+    if path in (None, "-"):
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise FileNotFoundError(f"input {path} is a directory: give a text file with one "
+                                "sentence per line")
+    if not p.is_file():
+        raise FileNotFoundError(f"input file {path} does not exist")
+
+
+def _read_lines(path: str | None) -> Iterator[str]:
+    """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced.
+    `translate` has checked a named file with `_check_input`."""
+    if path in (None, "-"):
+        stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
+                                  newline="\n")
+        yield from (line.rstrip("\n") for line in stream)
+        return
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+        yield from (line.rstrip("\n") for line in f)
+
+
+def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def format_translation(tr: Translation, index: int, nbest: int, verbose: bool) -> str:
+    """Plain: `nbest` lines (empty lines pad missing hypotheses). Verbose: S-/H-/P-/A- lines."""
+    if not verbose:
+        texts = [h.text for h in tr.hypotheses[:nbest]]
+        return "\n".join(texts + [""] * (nbest - len(texts))) + "\n"
+    lines = [f"S-{index}\t{tr.source}"]
+    for h in tr.hypotheses[:nbest]:
+        lines.append(f"H-{index}\t{h.score:.4f}\t{h.text}")
+        lines.append(f"P-{index}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores))
+        lines.append(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in h.alignment()))
+    return "\n".join(lines) + "\n"
+
+
+def _translate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="convs2s-translate", description="Translate text with "
+                                "ConvS2S checkpoints (one model or an ensemble).")
+    d = SearchConfig()
+    p.add_argument("--checkpoint", nargs="+", required=True,
+                   help="checkpoint directories; several = an ensemble")
+    p.add_argument("--spm-model", help="sentencepiece model (default: the one bundled with "
+                   "the checkpoints)")
+    p.add_argument("--input", help="source text, one sentence per line (default: stdin)")
+    p.add_argument("--output", help="where translations go (default: stdout)")
+    p.add_argument("--beam", type=int, default=d.beam)
+    p.add_argument("--lenpen", type=float, default=d.lenpen)
+    p.add_argument("--max-len-a", type=float, default=d.max_len_a)
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b)
+    p.add_argument("--min-len", type=int, default=d.min_len)
+    p.add_argument("--unk-penalty", type=float, default=d.unk_penalty)
+    p.add_argument("--nbest", type=int, default=d.nbest)
+    p.add_argument("--replace-unk", action="store_true",
+                   help="replace <unk> by the most attended source word")
+    p.add_argument("--dictionary", help="`source target` word table for --replace-unk")
+    p.add_argument("--batch-size", type=int, default=d.max_sentences,
+                   help="sentences per search batch")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (default: the CPUs this process may use)")
+    p.add_argument("--buffer-size", type=int, default=10_000,
+                   help="lines read, translated and written at a time")
+    p.add_argument("--print-attention", action="store_true",
+                   help="verbose output with scores and attention alignments")
+    return p
+
+
+def translate(argv: list[str] | None = None) -> int:
+    """convs2s-translate / python -m convs2s translate."""
+    args = _translate_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(max(1, threads))
+    try:
+        search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
+                              max_len_b=args.max_len_b, min_len=args.min_len,
+                              unk_penalty=args.unk_penalty, nbest=args.nbest,
+                              replace_unk=args.replace_unk, dictionary=args.dictionary,
+                              max_sentences=args.batch_size)
+        _check_input(args.input)  # before anything is loaded or written
+        if args.output and Path(args.output).is_dir():
+            raise ValueError(f"--output {args.output} is a directory: give a file name")
+        translator = Translator.from_checkpoints(args.checkpoint, args.device, search,
+                                                 spm_model=args.spm_model)
+        # Translations go to a temporary file beside --output, renamed over it only when all
+        # are written: a failed run never leaves an emptied or half-written output.
+        tmp = Path(f"{args.output}.tmp-{os.getpid()}") if args.output else None
+        out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+    except (CheckpointError, OSError, ValueError) as err:
+        print(f"convs2s-translate: error: {err}", file=sys.stderr)
+        return 2
+    n, t0 = 0, time.perf_counter()
+    try:
+        with torch.inference_mode():
+            for chunk in _chunks(_read_lines(args.input), args.buffer_size):
+                for tr in translator.translate_full(chunk):
+                    out.write(format_translation(tr, n, args.nbest, args.print_attention))
+                    n += 1
+                out.flush()
+        if tmp:
+            out.close()
+            os.replace(tmp, args.output)
+    except OSError as err:
+        print(f"convs2s-translate: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        if tmp:
+            out.close()
+            tmp.unlink(missing_ok=True)
+    secs = time.perf_counter() - t0
+    log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
+    return 0
+
+
+# --- average, score, attention -----------------------------------------------------------------
+
+
+def average(argv: list[str] | None = None) -> int:
+    """python -m convs2s average."""
+    p = argparse.ArgumentParser(prog="python -m convs2s average",
+                                description="Average the weights of checkpoint directories.")
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
+    p.add_argument("--out", required=True, help="output checkpoint directory")
+    args = p.parse_args(argv)
+    try:
+        print(average_checkpoints(args.checkpoints, args.out))
+    except (CheckpointError, OSError, ValueError) as err:  # one line naming the file, exit 2
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def score(argv: list[str] | None = None) -> int:
+    """python -m convs2s score."""
+    p = argparse.ArgumentParser(prog="python -m convs2s score",
+                                description="sacreBLEU / chrF or ROUGE of a hypotheses file.")
+    p.add_argument("--hyp", required=True, help="hypotheses, one detokenized sentence per line")
+    p.add_argument("--ref", required=True, help="references, line-aligned with --hyp")
+    p.add_argument("--lang", help="target language (needed for translation: fr, de, ro, ...)")
+    p.add_argument("--task", choices=["translation", "summarization"], default="translation")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
+    args = p.parse_args(argv)
+    hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+    if len(hyps) != len(refs):
+        p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
+    if args.task == "translation":
+        if not args.lang:
+            p.error("--lang is required for translation (the target language, e.g. fr)")
+        metrics: dict = score_translation(hyps, refs, args.lang)
+        signatures = translation_signatures(args.lang)
+    else:
+        metrics, signatures = score_summarization(hyps, refs), {
+            "rouge": f"rouge-score {ROUGE_TYPES} use_stemmer={ROUGE_USE_STEMMER}, sentence mean"
+        }
+    if args.json:
+        print(json.dumps({"metrics": metrics, "signatures": signatures}, indent=1))
+    else:
+        for name, value in metrics.items():
+            print(f"{name}\t{value:.4f}")
+        for name, sig in signatures.items():
+            print(f"# {name}: {sig}")
+    return 0
+
+
+def attention(argv: list[str] | None = None) -> int:
+    """python -m convs2s attention."""
+    p = argparse.ArgumentParser(prog="python -m convs2s attention",
+                                description="Per-layer attention heatmaps (paper appendix C).")
+    p.add_argument("--checkpoint", nargs="+", required=True)
+    p.add_argument("--out", required=True, help="output folder for the PNG files")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--max-len-b", type=int, default=200, help="most output pieces")
+    p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
+    args = p.parse_args(argv)
+    translator = Translator.from_checkpoints(
+        args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
+    for path in plot_attention(translator, args.sentences, args.out):
+        print(path)
+    return 0
+
+
+COMMANDS = {"translate": translate, "average": average, "score": score, "attention": attention}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m convs2s <command> ...: one of COMMANDS."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: python -m convs2s {{{','.join(COMMANDS)}}} ...  (--help after a command "
+              "for its flags)", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]](argv[1:])
