@@ -87,7 +87,7 @@ def main() -> None:
     p.add_argument("--source-len", type=float, default=30.0, help="source tokens attended over")
     args = p.parse_args()
     print(f"{'preset':<14}{'enc/src tok':>14}{'dec/tgt tok':>14}{'train/tgt tok':>16}  (MFLOP)")
-    for name, cfg in PRESETS.items():
+    for name, cfg in ((n, make()) for n, make in PRESETS.items()):
         enc = encoder_flops(cfg)
         dec = decoder_flops(cfg, args.vocab, args.source_len)
         print(f"{name:<14}{enc / 1e6:>14.2f}{dec / 1e6:>14.2f}"

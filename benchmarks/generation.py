@@ -101,7 +101,7 @@ def load_model(args, device: torch.device, dtype: torch.dtype):
         sp = spm.SentencePieceProcessor(model_file=meta["spm_model"])
         return net.to(dtype), sp, {"checkpoint": str(args.checkpoint), "update": meta["update"]}
     torch.manual_seed(args.seed)
-    model = ConvS2S(PRESETS[args.preset], args.vocab, args.vocab)
+    model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab)
     # Weight norm folded once, as the translator and the reference do for generation.
     return inference_copy(model).to(device, dtype), None, {"random_weights": True}
 

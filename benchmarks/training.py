@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    cfg = PRESETS[args.preset]
+    cfg = PRESETS[args.preset]()
     with tempfile.TemporaryDirectory() as tmp:
         batches, data_info = make_batches(args, Path(tmp))
     batches = [collate_lists(s, t) for s, t in batches]

@@ -8,13 +8,14 @@ A layer stack is data: a list of (channels, kernel_width) per side, as in the pa
 Presets are plain functions returning a config; `PRESETS` maps their names for the CLI.
 
     from convs2s.config import PRESETS, SearchConfig, TrainConfig
-    cfg = PRESETS["wmt14_en_de"]
+    cfg = PRESETS["wmt14_en_de"]()  # or wmt14_en_de()
     train = TrainConfig(max_epochs=5).replace(lr=0.5)
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -176,14 +177,14 @@ def small() -> ModelConfig:
     )
 
 
-PRESETS: dict[str, ModelConfig] = {
-    "iwslt_de_en": iwslt_de_en(),
-    "wmt16_en_ro": wmt16_en_ro(),
-    "wmt14_en_de": wmt14_en_de(),
-    "wmt14_en_fr": wmt14_en_fr(),
-    "gigaword": gigaword(),
-    "tiny": tiny(),
-    "small": small(),
+PRESETS: dict[str, Callable[[], ModelConfig]] = {
+    "iwslt_de_en": iwslt_de_en,
+    "wmt16_en_ro": wmt16_en_ro,
+    "wmt14_en_de": wmt14_en_de,
+    "wmt14_en_fr": wmt14_en_fr,
+    "gigaword": gigaword,
+    "tiny": tiny,
+    "small": small,
 }
 
 

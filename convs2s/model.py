@@ -8,7 +8,7 @@ the vocabulary). Imports only torch (and `convs2s.config` and `convs2s.loss`, th
 
 Training / scoring:
 
-    model = ConvS2S(PRESETS["iwslt_de_en"], src_vocab_size, tgt_vocab_size)
+    model = ConvS2S(PRESETS["iwslt_de_en"](), src_vocab_size, tgt_vocab_size)
     logits, attn = model(src_tokens, src_lengths, prev_output_tokens)
     # src_tokens B x S (padded with PAD=1, left or right), src_lengths B (non-pad counts; the
     # model derives lengths and masks from PAD itself, so padding side does not matter),
@@ -29,9 +29,11 @@ Inference (used by `convs2s.search`):
     logits, attn = net.decode(prefix, enc, last_only=True)  # full-prefix recomputation
 
 One decode step costs the same at every position: each decoder convolution keeps the last k-1
-input frames and computes one matmul with its (out, k * in) weight. Rows are hypotheses, the K
-of a sentence consecutive; attention reads each sentence's keys and values once for its K rows
-(the decoder accepts N = B * K target rows for B source rows everywhere, `decode` included).
+input frames and computes one matmul with its (out, k * in) weight (`Conv.step`); a block's
+`step` shares all the rest with its `forward`, so the incremental step is the full pass's math.
+Rows are hypotheses, the K of a sentence consecutive; attention reads each sentence's keys and
+values once for its K rows (the decoder accepts N = B * K target rows for B source rows
+everywhere, `decode` included).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 from convs2s.config import PAD, ModelConfig
+from convs2s.conv import conv
 from convs2s.loss import output_layer_loss
 
 SQRT_HALF = math.sqrt(0.5)  # §3.4: halves the variance of a sum of two equal-variance terms
@@ -107,71 +110,6 @@ def linear(n_in: int, n_out: int, dropout: float = 0.0) -> nn.Module:
     return weight_norm(m, dim=0)  # one gain per output unit; g starts at ||v|| so w = v at init
 
 
-class _Windows(torch.autograd.Function):
-    """B x T x C -> (B*T) x (k*C): row t holds the k frames of the padded input starting at t.
-
-    Forward is pad + unfold + one copy. The hand-written backward adds k shifted slices of the
-    gradient, cheaper than autograd's zero-filled unfold_backward followed by the pad slice.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, k: int, left: int, right: int) -> torch.Tensor:
-        B, T, C = x.shape
-        ctx.shape, ctx.k, ctx.left = (B, T, C), k, left
-        x = F.pad(x, (0, 0, left, right))  # B x (T + k - 1) x C, zeros outside
-        return x.unfold(1, k, 1).transpose(2, 3).reshape(B * T, k * C)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (B, T, C), k, left = ctx.shape, ctx.k, ctx.left
-        grad = grad.view(B, T, k, C)
-        # Frame j of window t is input position t + j - left: input t gets grad[t + left - j, j].
-        gx = grad[:, :, left].clone()  # B x T x C
-        for j in range(k):
-            s = left - j
-            if j == left or abs(s) >= T:
-                continue
-            # add_ on the slice (not `+=`, whose setitem copies the slice onto itself again)
-            if s > 0:
-                gx[:, : T - s].add_(grad[:, s:, j])
-            else:
-                gx[:, -s:].add_(grad[:, : T + s, j])
-        return gx, None, None, None
-
-
-class Conv(nn.Module):
-    """1-D convolution over time on B x T x C inputs, computed as one matmul over k frames.
-
-    The weight is stored (C_out, k, C_in) so that `weight.view(C_out, k * C_in)` multiplies a
-    window of k consecutive frames laid out time-major: the same matrix serves the full forward
-    (after unfolding) and the incremental step (on a buffer of the last k frames, §5.3).
-    """
-
-    def __init__(self, c_in: int, c_out: int, kernel: int, causal: bool, dropout: float):
-        super().__init__()
-        self.c_in, self.c_out, self.kernel, self.causal = c_in, c_out, kernel, causal
-        self.weight = nn.Parameter(torch.empty(c_out, kernel, c_in))
-        self.bias = nn.Parameter(torch.zeros(c_out))
-        # Appendix A: a conv feeding a GLU, after dropout: N(0, sqrt(4p / (k * C_in))).
-        nn.init.normal_(self.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel * c_in)))
-        # Causal (decoder): k-1 frames of left context only. Encoder: centred window.
-        self.pad = (kernel - 1, 0) if causal else ((kernel - 1) // 2, kernel // 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_in -> B x T x C_out
-        B, T, _ = x.shape
-        w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
-        if self.kernel > 1:
-            # The k-frame windows copied once into a (B*T) x (k*C_in) matrix: the whole
-            # convolution is then a single large GEMM.
-            x = _Windows.apply(x, self.kernel, *self.pad)
-        return F.linear(x, w, self.bias).view(B, T, -1)
-
-
-def conv(c_in: int, c_out: int, kernel: int, causal: bool, dropout: float) -> nn.Module:
-    """Weight-normed Conv (one gain per output channel, the norm taken over k and C_in)."""
-    return weight_norm(Conv(c_in, c_out, kernel, causal, dropout), dim=0)
-
-
 class GradMultiply(torch.autograd.Function):
     """Identity forward, gradient scaled by `scale` backward (§3.4: encoder gradient scaling)."""
 
@@ -186,10 +124,11 @@ class GradMultiply(torch.autograd.Function):
 
 
 class Block(nn.Module):
-    """One GLU convolution block (§3.2); decoder blocks may also attend (§3.3).
+    """One GLU convolution block (§3.2); decoder blocks may also attend (§3.3):
+    residual -> dropout -> conv -> GLU -> [attention] -> (+ residual) * sqrt(.5).
 
-    The caller applies: residual -> dropout -> conv -> GLU -> [attention]
-    -> (+ residual) * sqrt(.5).
+    The full pass (`forward`, encoder and decoder) and the incremental decoder step (`step`,
+    §5.3) share all of it but the convolution: `_conv_input` before it, `_conv_output` after.
     """
 
     def __init__(self, c_in: int, c_out: int, kernel: int, causal: bool, dropout: float,
@@ -199,7 +138,34 @@ class Block(nn.Module):
         self.proj = linear(c_in, c_out) if c_in != c_out else None
         self.conv = conv(c_in, 2 * c_out, kernel, causal, dropout)  # 2 * C_out for the GLU
         self.attention = attention
-        self.kernel = kernel
+        self.kernel, self.dropout = kernel, dropout
+
+    def _conv_input(self, x: torch.Tensor, keep: torch.Tensor | None = None):
+        """x N x T x C_in -> residual N x T x C_out, conv input N x T x C_in (dropped out)."""
+        residual = x if self.proj is None else self.proj(x)
+        return residual, dropout(x, self.dropout, self.training, keep=keep)
+
+    def _conv_output(self, y: torch.Tensor, residual: torch.Tensor, g, enc):
+        """Conv output y N x T x 2C -> block output N x T x C, attention N x T x S or None."""
+        x, attn = F.glu(y, dim=-1), None  # A * sigmoid(B)
+        if self.attention is not None:
+            x, attn = self.attention(x, g, enc)
+        return x.add_(residual).mul_(SQRT_HALF), attn  # in place: the GLU output is not saved
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None,
+                g: torch.Tensor | None = None, enc: EncoderOut | None = None):
+        """x N x T x C_in -> N x T x C_out, attention N x T x S (None without attention).
+        Attention needs `g` N x T x E (the target embedding) and `enc`; `keep`: see Encoder."""
+        residual, x = self._conv_input(x, keep)
+        return self._conv_output(self.conv(x), residual, g, enc)  # causal: t sees inputs <= t
+
+    def step(self, x: torch.Tensor, buffer: torch.Tensor | None, g: torch.Tensor,
+             enc: EncoderOut):
+        """`forward` at the last position of the prefix, in O(1) of its length: x N x 1 x C_in
+        and the conv's buffer -> N x 1 x C_out, attention N x 1 x S or None, the next buffer."""
+        residual, x = self._conv_input(x)
+        y, buffer = self.conv.step(x, buffer)  # N x 1 x 2C
+        return *self._conv_output(y, residual, g, enc), buffer
 
 
 def _check_length(tokens: torch.Tensor, max_positions: int, name: str) -> None:
@@ -254,13 +220,10 @@ class Encoder(nn.Module):
         e = dropout(e, self.dropout, self.training)  # B x S x E
         x = self.fc1(e)  # B x S x C0
         for block in self.blocks:
-            residual = x if block.proj is None else block.proj(x)
             # Pad frames are zero conv inputs so that left or right padding changes nothing
             # (a broadcast multiply: much faster on CPU than masked_fill with a broadcast mask;
             # folded into the dropout mask when training).
-            x = dropout(x, self.dropout, self.training, keep=keep)
-            x = F.glu(block.conv(x), dim=-1)  # B x S x 2C -> B x S x C: A * sigmoid(B)
-            x = x.add_(residual).mul_(SQRT_HALF)  # in place: the GLU output is not saved
+            x, _ = block(x, keep=keep)  # B x S x C
         z = self.fc2(x)
         z = z * keep.to(z.dtype)  # B x S x E, zero at padding
         if torch.is_grad_enabled():
@@ -348,8 +311,7 @@ class Decoder(nn.Module):
 
     def _output(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """N x T x C_last -> N x T x V; or, with `out` (N x V, T = 1), logits written there."""
-        x = self.fc2(x)
-        x = dropout(x, self.dropout, self.training)
+        x = dropout(self.fc2(x), self.dropout, self.training)
         if out is None:
             return self.fc3(x)
         return torch.addmm(self.fc3.bias, x.view(out.shape[0], -1), self.fc3.weight.t(), out=out)
@@ -360,25 +322,31 @@ class Decoder(nn.Module):
         x = dropout(self.fc2(x), self.dropout, self.training)
         return output_layer_loss(x, self.fc3.weight, self.fc3.bias, target, label_smoothing)
 
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """N x T -> g N x T x E (§3.1), the first layer's input and every attention's (§3.3)."""
+        g = self.embed_tokens(tokens) + self.embed_positions(positions)
+        return dropout(g, self.dropout, self.training)
+
+    def _blocks(self, x: torch.Tensor, g: torch.Tensor, enc: EncoderOut, buffers=None):
+        """x N x T x C0 -> N x T x C_last, attention summed over the layers N x T x S. With
+        `buffers` (DecoderState.buffers, updated in place): one incremental step, T = 1."""
+        attn_sum = None
+        for i, block in enumerate(self.blocks):
+            if buffers is None:
+                x, attn = block(x, g=g, enc=enc)
+            else:
+                x, attn, buffers[i] = block.step(x, buffers[i], g, enc)
+            if attn is not None:
+                attn_sum = attn if attn_sum is None else attn_sum + attn
+        return x, attn_sum
+
     def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut, last_only: bool = False,
                 target: torch.Tensor | None = None, label_smoothing: float = 0.0):
         """prev N x T -> logits N x T x V, attention N x T x S (T = 1 with `last_only`);
         with `target` N x T: (loss sum, nll sum) instead, see `ConvS2S.forward`."""
         _check_length(prev_output_tokens, self.max_positions, "prev_output_tokens")
-        # g: target embedding, used by every attention layer (§3.3).
-        g = self.embed_tokens(prev_output_tokens)
-        g = g + self.embed_positions(make_positions(prev_output_tokens))
-        g = dropout(g, self.dropout, self.training)  # N x T x E
-        x = self.fc1(g)  # N x T x C0
-        attn_sum = None
-        for block in self.blocks:
-            residual = x if block.proj is None else block.proj(x)
-            x = dropout(x, self.dropout, self.training)
-            x = F.glu(block.conv(x), dim=-1)  # causal: output t sees inputs <= t
-            if block.attention is not None:
-                x, attn = block.attention(x, g, enc)
-                attn_sum = attn if attn_sum is None else attn_sum + attn
-            x = x.add_(residual).mul_(SQRT_HALF)  # in place: the GLU output is not saved
+        g = self._embed(prev_output_tokens, make_positions(prev_output_tokens))  # N x T x E
+        x, attn_sum = self._blocks(self.fc1(g), g, enc)  # N x T x C_last
         if target is not None:  # training and validation: no attention average needed
             return self._output_loss(x, target, label_smoothing)
         attn = attn_sum / self.num_attention  # mean over attention layers
@@ -389,53 +357,31 @@ class Decoder(nn.Module):
     def init_state(self, enc: EncoderOut, beam_size: int = 1) -> DecoderState:
         """Empty history for `beam_size` rows per sentence: zero buffers, exactly the left
         padding of the causal convolutions."""
-        N = enc.keys.shape[0] * beam_size
-        buffers = [
-            None if blk.kernel == 1 else
-            enc.keys.new_zeros(N, blk.kernel - 1, blk.conv.c_in, dtype=self.fc1.weight.dtype)
-            for blk in self.blocks
-        ]
+        N, dtype = enc.keys.shape[0] * beam_size, self.fc1.weight.dtype
+        buffers = [b.conv.init_buffer(N, enc.keys.device, dtype) for b in self.blocks]
         return DecoderState(enc=enc, buffers=buffers, step=0)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState,
                     out: torch.Tensor | None = None):
         """Consume one token per row (N), return logits N x V and mean attention N x S.
 
-        Same computation as `forward` at position `state.step`, in O(1) of the prefix length.
-        `out` (optional, N x V, the model's dtype, no autocast): a buffer to write the logits
-        into, reused across steps by the search (a fresh N x V tensor per step costs page faults
-        on CPU that take as long as the output matmul).
+        `forward` at position `state.step` (same embedding, blocks and output layer; the blocks
+        step, `Block.step`), in O(1) of the prefix length. `out` (optional, N x V, the model's
+        dtype, no autocast): a buffer to write the logits into, reused across steps by the
+        search (a fresh N x V tensor per step costs page faults on CPU that take as long as the
+        output matmul).
         """
-        enc = state.enc
         if state.step >= self.max_positions:
             raise ValueError(f"decode_step: step {state.step} is beyond max_positions "
                              f"{self.max_positions} of the position table")
-        pos = torch.full_like(tokens, PAD + 1 + state.step)
-        g = (self.embed_tokens(tokens) + self.embed_positions(pos)).unsqueeze(1)  # N x 1 x E
-        g = dropout(g, self.dropout, self.training)
-        x = self.fc1(g)  # N x 1 x C0
-        attn_sum = None
-        for i, block in enumerate(self.blocks):
-            residual = x if block.proj is None else block.proj(x)
-            x = dropout(x, self.dropout, self.training)
-            cv = block.conv
-            if block.kernel == 1:
-                y = F.linear(x, cv.weight.reshape(cv.c_out, -1), cv.bias)
-            else:
-                window = torch.cat([state.buffers[i], x], dim=1)  # N x k x C_in: shift in x
-                state.buffers[i] = window[:, 1:]  # keep the last k-1 frames for the next step
-                y = F.linear(window.reshape(window.shape[0], 1, -1),
-                             cv.weight.reshape(cv.c_out, -1), cv.bias)  # N x 1 x 2C
-            x = F.glu(y, dim=-1)
-            if block.attention is not None:
-                x, attn = block.attention(x, g, enc)
-                attn_sum = attn if attn_sum is None else attn_sum + attn
-            x = x.add_(residual).mul_(SQRT_HALF)  # in place: the GLU output is not saved
+        tokens = tokens.unsqueeze(1)  # N x 1
+        g = self._embed(tokens, torch.full_like(tokens, PAD + 1 + state.step))  # N x 1 x E
+        x, attn_sum = self._blocks(self.fc1(g), g, state.enc, state.buffers)  # N x 1 x C_last
         state.step += 1
-        attn = attn_sum / self.num_attention  # mean over attention layers
+        attn = attn_sum.squeeze(1) / self.num_attention  # N x S, mean over attention layers
         if out is not None:
-            return self._output(x, out), attn.squeeze(1)
-        return self._output(x).squeeze(1), attn.squeeze(1)
+            return self._output(x, out), attn
+        return self._output(x).squeeze(1), attn
 
 
 # --- the full model ----------------------------------------------------------------------------

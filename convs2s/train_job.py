@@ -7,7 +7,7 @@ them in Python:
 
     from convs2s.config import PRESETS, TrainConfig
     from convs2s.train_job import TrainJob
-    job = TrainJob(model=PRESETS["tiny"], train=TrainConfig(max_epochs=5),
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(max_epochs=5),
                    train_data=out.batches["train"], valid_data=out.batches["valid"],
                    spm_model=out.spm_model, vocab_size=out.vocab_size,
                    storage_path="/abs/runs", run_name="demo", num_workers=2)

@@ -149,6 +149,5 @@ PRESETS = {
     "gigaword": gigaword,
     "multi30k_en_de": multi30k_en_de,
     "demo": demo,
-    "smoke": demo,
     "demo_summarization": demo_summarization,
 }

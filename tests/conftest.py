@@ -70,7 +70,7 @@ def tiny_checkpoints(tmp_path_factory) -> dict:
     out = {"spm": str(root / "spm.model"), "pairs": pairs}
     for name, seed in (("a", 0), ("b", 1)):
         torch.manual_seed(seed)
-        cfg = PRESETS["tiny"]
+        cfg = PRESETS["tiny"]()
         model = ConvS2S(cfg, vocab, vocab)
         state = {"model": model.state_dict(), "model_config": cfg.to_dict(),
                  "src_vocab_size": vocab, "tgt_vocab_size": vocab, "epoch": 1,
@@ -103,7 +103,7 @@ def demo_trained(tmp_path_factory, ray_session):
     prep = run_pipeline(demo().replace(root=str(root / "prep"),
                                        demo_rows={"train": 20_000, "valid": 300, "test": 300}))
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    cfg = PRESETS["small"]
+    cfg = PRESETS["small"]()
     result = fit(TrainJob(
         model=cfg, train=TrainConfig(max_epochs=0, max_updates=450, checkpoint_interval=150,
                                      keep_last=4, log_interval=50, lr_schedule="fixed"),

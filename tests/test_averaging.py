@@ -59,7 +59,7 @@ def test_average_state_dicts_checks_shapes_and_integer_buffers():
 
 def test_incompatible_checkpoints_are_refused(tiny_checkpoints, tmp_path):
     state = load_checkpoint(tiny_checkpoints["a"])
-    other = PRESETS["tiny"].replace(max_positions=128)
+    other = PRESETS["tiny"]().replace(max_positions=128)
     state["model_config"] = other.to_dict()
     odd = save_checkpoint(tmp_path / "odd", state, spm_model=tiny_checkpoints["spm"])
     with pytest.raises(ValueError, match="different model configurations"):

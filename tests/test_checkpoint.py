@@ -34,7 +34,7 @@ from convs2s.config import PRESETS, TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer
 
-TINY = PRESETS["tiny"]
+TINY = PRESETS["tiny"]()
 V = 50
 
 

@@ -65,8 +65,8 @@ def test_fused_loss_refuses_bad_smoothing():
 def test_model_target_path_equals_the_loss_of_its_logits(tied):
     """model(..., target=) is the training path: same loss and parameter gradients as
     sequence_loss on model(...)'s logits (dropout off so both passes see the same network)."""
-    cfg = PRESETS["tiny"].replace(dropout=0.0, share_decoder_embed=tied,
-                                  out_embed_dim=PRESETS["tiny"].embed_dim)
+    cfg = PRESETS["tiny"]().replace(dropout=0.0, share_decoder_embed=tied,
+                                  out_embed_dim=PRESETS["tiny"]().embed_dim)
     torch.manual_seed(0)
     model = ConvS2S(cfg, 40, 40).train()
     g = torch.Generator().manual_seed(1)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from convs2s.config import EOS, PAD, PRESETS, ModelConfig
 from convs2s.model import ConvS2S, inference_copy
 
-TINY = PRESETS["tiny"]
+TINY = PRESETS["tiny"]()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -79,7 +79,7 @@ def test_backward_reaches_every_parameter():
 ])
 def test_parameter_counts(name, millions):
     with torch.device("meta"):  # no memory, no init cost
-        model = ConvS2S(PRESETS[name].replace(max_positions=1024), 40_000, 40_000)
+        model = ConvS2S(PRESETS[name]().replace(max_positions=1024), 40_000, 40_000)
     n = sum(p.numel() for p in model.parameters())
     assert abs(n / 1e6 - millions) / millions < 0.005, n
     # Weight norm on every conv and linear (a gain g and a direction v), none on embeddings.
@@ -159,6 +159,61 @@ def test_incremental_parity_with_reordering(cfg):
             torch.testing.assert_close(F.log_softmax(step_logits, -1),
                                        F.log_softmax(full_logits[:, -1], -1), rtol=0, atol=1e-5)
             torch.testing.assert_close(step_attn, full_attn[:, -1], rtol=0, atol=1e-5)
+
+
+def test_block_step_equals_block_forward_at_every_position():
+    """Each decoder block's incremental step (§5.3), fed one frame at a time with its conv
+    buffer, gives its full forward's output and attention at that position: kernels 3, 2
+    (even), 1 (no buffer) and 5, residual projections, with and without attention."""
+    model = model_for(MIXED)
+    B, K, T = 2, 3, 6
+    src, _, _ = make_batch(B=B)
+    src[0, :2] = PAD
+    torch.manual_seed(0)
+    with torch.no_grad():
+        enc = model.encode(src, src.ne(PAD).sum(1))
+        g = torch.randn(B * K, T, MIXED.embed_dim)  # K rows per sentence, as in a beam
+        for block in model.decoder.blocks:
+            x = torch.randn(B * K, T, block.conv.c_in)
+            full, full_attn = block(x, g=g, enc=enc)
+            buffer = block.conv.init_buffer(B * K, x.device, x.dtype)
+            assert (buffer is None) == (block.kernel == 1)
+            for t in range(T):
+                y, attn, buffer = block.step(x[:, t:t + 1], buffer, g[:, t:t + 1], enc)
+                torch.testing.assert_close(y, full[:, t:t + 1], rtol=0, atol=1e-5)
+                assert (attn is None) == (block.attention is None) == (full_attn is None)
+                if attn is not None:
+                    torch.testing.assert_close(attn, full_attn[:, t:t + 1], rtol=0, atol=1e-6)
+
+
+def test_state_dict_keys_are_those_of_saved_checkpoints():
+    """Checkpoints (and the reference comparison) rely on these parameter names, in this order
+    (the optimizer state follows it), and on the conv weight layout C_out x k x C_in."""
+    model = model_for(MIXED)
+
+    def wn(name):  # a weight-normed layer: bias, gain g, direction v
+        return [f"{name}.bias", f"{name}.parametrizations.weight.original0",
+                f"{name}.parametrizations.weight.original1"]
+
+    want = []
+    for side, layers, attention in (("encoder", MIXED.encoder_layers, (False,) * 4),
+                                    ("decoder", MIXED.decoder_layers, MIXED.attention_layers)):
+        want += [f"{side}.embed_tokens.weight", f"{side}.embed_positions.weight"]
+        want += wn(f"{side}.fc1")
+        c_in = layers[0][0]
+        for i, ((c_out, _), att) in enumerate(zip(layers, attention)):
+            want += wn(f"{side}.blocks.{i}.proj") if c_in != c_out else []
+            want += wn(f"{side}.blocks.{i}.conv")
+            want += wn(f"{side}.blocks.{i}.attention.in_proj") if att else []
+            want += wn(f"{side}.blocks.{i}.attention.out_proj") if att else []
+            c_in = c_out
+        want += wn(f"{side}.fc2")
+    want += wn("decoder.fc3")
+    state = model.state_dict()
+    assert list(state) == want
+    assert [n for n, _ in model.named_parameters()] == want
+    assert state["decoder.blocks.3.conv.parametrizations.weight.original1"].shape == (48, 5, 32)
+    assert state["decoder.blocks.1.proj.parametrizations.weight.original1"].shape == (32, 16)
 
 
 def test_inference_copy_folds_weight_norm_and_keeps_outputs():
@@ -254,7 +309,7 @@ def test_bf16_autocast_matches_fp32_on_gpu():
     """bf16 autocast forward/backward agrees with float32 within bf16 tolerance; the attention
     scores and softmax stay float32; incremental decoding also runs under autocast."""
     dev = torch.device("cuda")
-    cfg = PRESETS["iwslt_de_en"].replace(dropout=0.0)
+    cfg = PRESETS["iwslt_de_en"]().replace(dropout=0.0)
     model = model_for(cfg, src_vocab=1000, tgt_vocab=1000).to(dev)
     src, lengths, prev = (t.to(dev) for t in make_batch(B=16, S=30, T=28, src_vocab=1000,
                                                          tgt_vocab=1000))
@@ -325,7 +380,7 @@ def test_incremental_step_cost_does_not_grow_with_the_prefix():
 def test_convolution_matches_conv1d_and_its_gradient(kernel, causal, T):
     """The windowed-GEMM convolution equals F.conv1d with the same padding; the hand-written
     window backward passes gradcheck."""
-    from convs2s.model import Conv, _Windows
+    from convs2s.conv import Conv, _Windows
 
     torch.manual_seed(kernel * 10 + T)
     conv = Conv(4, 6, kernel, causal, dropout=0.0).double()

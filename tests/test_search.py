@@ -78,7 +78,7 @@ def train(model, pairs, steps, lr=1e-2):
 def trained():
     """A tiny model trained briefly (peaked but imperfect distributions), and its data."""
     torch.manual_seed(0)
-    model = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
+    model = ConvS2S(PRESETS["tiny"](), VOCAB, VOCAB)
     pairs = toy_pairs()
     train(model, pairs, steps=60)
     return model.eval(), pairs
@@ -142,7 +142,7 @@ def test_beam_matches_reference_search(trained, lenpen):
 def test_ensemble_matches_reference_search(trained):
     model, pairs = trained
     torch.manual_seed(5)
-    other = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
+    other = ConvS2S(PRESETS["tiny"](), VOCAB, VOCAB)
     train(other, pairs, steps=30)
     src, lengths, _, _ = collate(pairs[:4])
     hyps = generate([model, other.eval()], src, lengths, beam_size=4, max_len_b=9, nbest=2)
@@ -255,7 +255,7 @@ def test_generate_restores_training_mode(trained):
 def test_tiny_model_overfits_and_greedy_reproduces():
     """A tiny model learns a handful of pairs (loss < 0.1) and greedy decoding returns them."""
     torch.manual_seed(0)
-    model = ConvS2S(PRESETS["tiny"], VOCAB, VOCAB)
+    model = ConvS2S(PRESETS["tiny"](), VOCAB, VOCAB)
     pairs = toy_pairs()
     # 150 Adam steps: seeds 0-9 all end below 0.002 (at 100 steps an unlucky dropout stream
     # could still be recovering from a loss spike).
@@ -306,7 +306,7 @@ def test_best_candidates_equal_a_full_topk(V):
 def test_beam_matches_reference_search_with_a_wide_vocabulary():
     """K x V = 4000 candidates per sentence: the blocked top-k path of the search."""
     torch.manual_seed(11)
-    model = ConvS2S(PRESETS["tiny"], 50, 1000).eval()
+    model = ConvS2S(PRESETS["tiny"](), 50, 1000).eval()
     src = torch.randint(4, 50, (3, 6))
     src[0, :2] = PAD
     lengths = src.ne(PAD).sum(1)

@@ -25,12 +25,13 @@ from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.run_logger import read_local_metrics
 from convs2s.tracking import RUN_KEY_TAG
-from convs2s.train import METRICS_FILE, fit
+from convs2s.train import fit
 from convs2s.train_job import TrainJob
+from convs2s.train_worker import METRICS_FILE
 from convs2s.update import Comm, train_update
 
 pytestmark = pytest.mark.slow
-TINY = PRESETS["tiny"]
+TINY = PRESETS["tiny"]()
 
 
 def make_job(demo, storage: Path, name: str, train: TrainConfig, **kw) -> TrainJob:

@@ -89,7 +89,7 @@ CFG = TrainConfig(lr=0.25, clip_norm=0.1, label_smoothing=0.1)
 
 def fresh_model():
     torch.manual_seed(1)
-    return ConvS2S(PRESETS["tiny"], V, V)
+    return ConvS2S(PRESETS["tiny"](), V, V)
 
 
 def single_process_update(batches):

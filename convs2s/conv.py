@@ -1,0 +1,101 @@
+"""The convolution of a ConvS2S block (paper §3.2) as one matrix multiply over k-frame windows,
+and its incremental form for decoding (§5.3): the same (C_out, k * C_in) weight serves both.
+
+    layer = conv(c_in, 2 * c_out, kernel=3, causal=True, dropout=0.1)  # weight-normed Conv
+    y = layer(x)                                   # B x T x C_in -> B x T x 2C_out
+    buf = layer.init_buffer(n, device, dtype)      # the causal left padding
+    y_t, buf = layer.step(x_t, buf)                # one frame per row, O(1) in the prefix
+
+Imports only torch (the model's and the search's rule).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.utils.parametrizations import weight_norm
+
+
+class _Windows(torch.autograd.Function):
+    """B x T x C -> (B*T) x (k*C): row t holds the k frames of the padded input starting at t.
+
+    Forward is pad + unfold + one copy. The hand-written backward adds k shifted slices of the
+    gradient, cheaper than autograd's zero-filled unfold_backward followed by the pad slice.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, k: int, left: int, right: int) -> torch.Tensor:
+        B, T, C = x.shape
+        ctx.shape, ctx.k, ctx.left = (B, T, C), k, left
+        x = F.pad(x, (0, 0, left, right))  # B x (T + k - 1) x C, zeros outside
+        return x.unfold(1, k, 1).transpose(2, 3).reshape(B * T, k * C)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (B, T, C), k, left = ctx.shape, ctx.k, ctx.left
+        grad = grad.view(B, T, k, C)
+        # Frame j of window t is input position t + j - left: input t gets grad[t + left - j, j].
+        gx = grad[:, :, left].clone()  # B x T x C
+        for j in range(k):
+            s = left - j
+            if j == left or abs(s) >= T:
+                continue
+            # add_ on the slice (not `+=`, whose setitem copies the slice onto itself again)
+            if s > 0:
+                gx[:, : T - s].add_(grad[:, s:, j])
+            else:
+                gx[:, -s:].add_(grad[:, : T + s, j])
+        return gx, None, None, None
+
+
+class Conv(nn.Module):
+    """1-D convolution over time on B x T x C inputs, computed as one matmul over k frames.
+
+    The weight is stored (C_out, k, C_in) so that `weight.view(C_out, k * C_in)` multiplies a
+    window of k consecutive frames laid out time-major: the same matrix serves the full forward
+    (after unfolding) and the incremental step (on a buffer of the last k frames, §5.3).
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, causal: bool, dropout: float):
+        super().__init__()
+        self.c_in, self.c_out, self.kernel, self.causal = c_in, c_out, kernel, causal
+        self.weight = nn.Parameter(torch.empty(c_out, kernel, c_in))
+        self.bias = nn.Parameter(torch.zeros(c_out))
+        # Appendix A: a conv feeding a GLU, after dropout: N(0, sqrt(4p / (k * C_in))).
+        nn.init.normal_(self.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel * c_in)))
+        # Causal (decoder): k-1 frames of left context only. Encoder: centred window.
+        self.pad = (kernel - 1, 0) if causal else ((kernel - 1) // 2, kernel // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_in -> B x T x C_out
+        B, T, _ = x.shape
+        w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
+        if self.kernel > 1:
+            # The k-frame windows copied once into a (B*T) x (k*C_in) matrix: the whole
+            # convolution is then a single large GEMM.
+            x = _Windows.apply(x, self.kernel, *self.pad)
+        return F.linear(x, w, self.bias).view(B, T, -1)
+
+    def init_buffer(self, n: int, device, dtype) -> torch.Tensor | None:
+        """`step`'s history before the first frame: N x (k-1) x C_in zeros, exactly the causal
+        left padding of `forward` (None for k = 1)."""
+        return None if self.kernel == 1 else torch.zeros(
+            n, self.kernel - 1, self.c_in, device=device, dtype=dtype)
+
+    def step(self, x: torch.Tensor, buffer: torch.Tensor | None):
+        """Causal conv of one new frame per row (§5.3): x N x 1 x C_in, buffer N x (k-1) x C_in
+        (the last k-1 inputs) -> N x 1 x C_out and the next buffer. The window [buffer, x] is
+        the last row of `forward`'s unfolded matrix: same weight, one small matmul."""
+        w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
+        if self.kernel > 1:
+            window = torch.cat([buffer, x], dim=1)  # N x k x C_in: shift x in
+            buffer = window[:, 1:]  # keep the last k-1 frames for the next step
+            x = window.reshape(window.shape[0], 1, -1)  # N x 1 x (k * C_in), time-major
+        return F.linear(x, w, self.bias), buffer
+
+
+def conv(c_in: int, c_out: int, kernel: int, causal: bool, dropout: float) -> nn.Module:
+    """Weight-normed Conv (one gain per output channel, the norm taken over k and C_in)."""
+    return weight_norm(Conv(c_in, c_out, kernel, causal, dropout), dim=0)
