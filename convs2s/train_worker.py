@@ -14,6 +14,7 @@ latest checkpoint, RNG states and position in the epoch included. Rank 0 logs to
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import random
@@ -80,8 +81,21 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+def _quiet_reports() -> None:
+    """Ray Train (2.60) logs every `ray.train.report` of every rank at INFO on a logger named
+    after its source file, which `LoggingConfig` does not reach: two console lines per
+    checkpoint. The workers' own progress lines say the same; keep those only."""
+    try:
+        from ray.train.v2._internal.execution import context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    except ImportError:  # another Ray version: nothing to quiet
+        pass
+
+
 def train_loop_per_worker(config: dict) -> dict:
     """Ray Train worker entry; `config` is the train_loop_config built by `fit`."""
+    _quiet_reports()
     job: TrainJob = config["job"]
     cfg, run_dir = job.train, Path(config["run_dir"])
     ctx = ray.train.get_context()

@@ -285,6 +285,8 @@ def test_console_to_a_file_is_short_plain_and_says_each_thing_once(budget_run):
                    "[convs2s.train] epoch 1 done", "stopped: time budget spent",
                    "test_2016_flickr", "Ray's own logs: "):
         assert needle in text, needle
+    # Ray Train's per-report INFO lines and MLflow's store set-up lines stay off the console.
+    assert "Reporting training result" not in text and "INFO mlflow" not in text
     # ... each once (Ray Train echoed every worker print twice), and Ray Data's per-dataset
     # INFO lines stayed in Ray's log folder.
     ours = [line for line in lines if "[convs2s.train]" in line]

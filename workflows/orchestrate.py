@@ -162,7 +162,10 @@ def _quiet_console() -> None:
     if not sys.stdout.isatty():  # a file or a pipe: no redraws, no colour codes
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # its store set-up INFO lines
+    # MLflow's INFO lines (store set-up): its own env var for a fresh import, the level for an
+    # MLflow already imported.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 def _start_ray(use_gpu: bool, preset: str) -> None:
