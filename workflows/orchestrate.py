@@ -87,7 +87,7 @@ def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
     uri = resolve_tracking_uri(opts.tracking_uri)
     experiment = opts.experiment or cfg.name
     _check_sources(cfg, pre)  # a missing corpus or an unreachable hub fails here, before Ray
-    _start_ray(cfg.use_gpu, opts.preset)
+    _start_ray(cfg.use_gpu, small_data=pre.source == "demo")
     source = _source_tags(cfg)  # the runs table's Source column: the workflow file and commit
     parent = find_or_create_run(uri, experiment, run_key=f"workflow:{run_dir}", run_name=run_name,
                                 tags={"convs2s.workflow": cfg.name, "convs2s.preset": opts.preset,
@@ -168,11 +168,11 @@ def _quiet_console() -> None:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
-def _start_ray(use_gpu: bool, preset: str) -> None:
+def _start_ray(use_gpu: bool, small_data: bool) -> None:
     _quiet_console()
     import ray
 
-    if preset == "smoke":  # small data on a small machine: keep Ray Data light
+    if small_data:  # the embedded corpus: a few parquet files, no need for footer actors
         os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
     if not ray.is_initialized():
         # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
