@@ -22,21 +22,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
-from convs2s.attention_plot import plot_attention
-from convs2s.averaging import average_checkpoints
-from convs2s.checkpoint import CheckpointError
 from convs2s.config import SearchConfig
-from convs2s.scoring import (
-    ROUGE_TYPES,
-    ROUGE_USE_STEMMER,
-    read_lines,
-    score_summarization,
-    score_translation,
-    translation_signatures,
-)
-from convs2s.translate import Translation, Translator
+
+# Each command imports what it needs when it runs: `convs2s-translate` does not pay for
+# matplotlib (attention) or sacreBLEU / rouge (score) at start-up.
 
 log = logging.getLogger("convs2s.translate")
 
@@ -79,7 +68,7 @@ def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def format_translation(tr: Translation, index: int, nbest: int, verbose: bool) -> str:
+def format_translation(tr, index: int, nbest: int, verbose: bool) -> str:
     """Plain: `nbest` lines (empty lines pad missing hypotheses). Verbose: S-/H-/P-/A- lines."""
     if not verbose:
         texts = [h.text for h in tr.hypotheses[:nbest]]
@@ -114,7 +103,7 @@ def _translate_parser() -> argparse.ArgumentParser:
     p.add_argument("--dictionary", help="`source target` word table for --replace-unk")
     p.add_argument("--batch-size", type=int, default=d.max_sentences,
                    help="sentences per search batch")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is visible)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default: the CPUs this process may use)")
     p.add_argument("--buffer-size", type=int, default=10_000,
@@ -127,6 +116,12 @@ def _translate_parser() -> argparse.ArgumentParser:
 def translate(argv: list[str] | None = None) -> int:
     """convs2s-translate / python -m convs2s translate."""
     args = _translate_parser().parse_args(argv)
+    import torch
+
+    from convs2s.checkpoint import CheckpointError
+    from convs2s.translate import Translator
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
     threads = args.threads or len(os.sched_getaffinity(0))
@@ -140,7 +135,7 @@ def translate(argv: list[str] | None = None) -> int:
         _check_input(args.input)  # before anything is loaded or written
         if args.output and Path(args.output).is_dir():
             raise ValueError(f"--output {args.output} is a directory: give a file name")
-        translator = Translator.from_checkpoints(args.checkpoint, args.device, search,
+        translator = Translator.from_checkpoints(args.checkpoint, device, search,
                                                  spm_model=args.spm_model)
         # Translations go to a temporary file beside --output, renamed over it only when all
         # are written: a failed run never leaves an emptied or half-written output.
@@ -182,6 +177,9 @@ def average(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     args = p.parse_args(argv)
+    from convs2s.averaging import average_checkpoints
+    from convs2s.checkpoint import CheckpointError
+
     try:
         print(average_checkpoints(args.checkpoints, args.out))
     except (CheckpointError, OSError, ValueError) as err:  # one line naming the file, exit 2
@@ -200,6 +198,15 @@ def score(argv: list[str] | None = None) -> int:
     p.add_argument("--task", choices=["translation", "summarization"], default="translation")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = p.parse_args(argv)
+    from convs2s.scoring import (
+        ROUGE_TYPES,
+        ROUGE_USE_STEMMER,
+        read_lines,
+        score_summarization,
+        score_translation,
+        translation_signatures,
+    )
+
     hyps, refs = read_lines(args.hyp), read_lines(args.ref)
     if len(hyps) != len(refs):
         p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
@@ -232,6 +239,9 @@ def attention(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len-b", type=int, default=200, help="most output pieces")
     p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
     args = p.parse_args(argv)
+    from convs2s.attention_plot import plot_attention
+    from convs2s.translate import Translator
+
     translator = Translator.from_checkpoints(
         args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
     for path in plot_attention(translator, args.sentences, args.out):

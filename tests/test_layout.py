@@ -70,3 +70,23 @@ def test_library_modules_carry_no_command_line():
             if rel in entries:
                 continue
             assert 'if __name__ == "__main__"' not in path.read_text(), rel
+
+
+def test_the_command_line_dispatches_and_loads_each_command_lazily():
+    """`python -m convs2s` names its commands; importing the command-line module (what
+    `convs2s-translate --help` does) loads neither torch, matplotlib nor the scorers."""
+    import subprocess
+    import sys
+
+    bare = subprocess.run([sys.executable, "-m", "convs2s"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert bare.returncode == 2
+    assert "usage: python -m convs2s {translate,average,score,attention}" in bare.stderr
+    help_ = subprocess.run([sys.executable, "-m", "convs2s", "average", "--help"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert help_.stdout.startswith("usage: python -m convs2s average")
+    code = ("import sys, convs2s.cli\nprint(sorted(m for m in ('torch', 'matplotlib', "
+            "'sacrebleu', 'rouge_score') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=120, check=True)
+    assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
