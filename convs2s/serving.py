@@ -142,12 +142,16 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     search = search or SearchConfig()
     if alias and not registered_model_name:
         raise ValueError("an alias needs registered_model_name")
-    Translator.from_checkpoints(checkpoints, "cpu", search)  # fail here, with a clear error
     client = MlflowClient(tracking_uri)
     # MLflow resolves models:/ URIs (logging, registering) through its global tracking URI.
     with global_tracking_uri(tracking_uri), quiet_mlflow(), \
             tempfile.TemporaryDirectory() as tmp:
         artifacts = stage_artifacts(checkpoints, search, Path(tmp), average)
+        # Load what will be served (an average is one model), once, before anything is
+        # logged: a bad checkpoint or dictionary fails here with a clear error. MLflow's own
+        # check of the input example only warns.
+        staged = sorted(Path(artifacts["checkpoints"]).iterdir())
+        Translator.from_checkpoints(staged, "cpu", search)
         # Created first, then filled: the model gets its source run without this process
         # opening the run (which would copy the run's params and step-0 metrics into it).
         exp_id = client.get_run(run_id).info.experiment_id if run_id else \
