@@ -4,7 +4,8 @@ Written in the paper's order: embeddings (§3.1), convolution blocks with GLUs a
 residuals (§3.2), the encoder, multi-step attention (§3.3), the decoder, the normalization and
 initialization strategy (§3.4, §3.5, appendix A), then incremental decoding for generation.
 Tensors are batch-first and channels-last everywhere: B x T x C (S for source positions, V for
-the vocabulary). Imports only torch (and `convs2s.config` and `convs2s.loss`, themselves torch-only).
+the vocabulary). Imports only torch (and `convs2s.config`, `convs2s.conv` and `convs2s.loss`,
+themselves torch-only).
 
 Training / scoring:
 

@@ -10,8 +10,8 @@ Driver side (synchronous, each call bounded to a few seconds; failures warn and 
     log_artifacts(uri, run_id, "/abs/runs/demo/best", "best_checkpoint")
     end_run(uri, run_id, "FINISHED")
 
-    log_inputs(uri, run_id, [DatasetRecord.of("wmt14_en_fr/train", digest, path, counts,
-                                              "training")], model_ids=[])
+    log_inputs(uri, run_id, [DatasetRecord("wmt14_en_fr/train", digest, path, counts,
+                                           "training")], model_ids=[])
     log_final_metrics(uri, run_id, {"bleu": 40.5}, model_id="m-...", dataset=test_record)
 
 Experiments are created marked as model training (MLflow 3's UI otherwise treats them as GenAI).
@@ -22,11 +22,13 @@ Worker side: `convs2s.run_logger.RunLogger` (asynchronous metrics, a local metri
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
+import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,25 @@ def get_or_create_experiment(uri: str, name: str) -> str:
     return exp.experiment_id
 
 
+@functools.cache
+def code_version() -> str:
+    """The git commit of the checkout, else the installed package version (asked once per
+    process: the parent run and every training run are tagged with it)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5, check=False)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("convs2s-ray")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
                        parent_run_id: str | None = None, tags: dict | None = None) -> str | None:
     """The id of the run tagged `run_key` in the experiment (reopened as RUNNING), or of a new
@@ -263,19 +284,15 @@ class DatasetRecord:
     name: str  # e.g. "wmt14_en_fr/train", "newstest2014"
     digest: str  # identifies the content: the same name with another digest is other data
     source: str  # where it lives (a folder or file; the origin goes into the profile)
-    profile: tuple[tuple[str, object], ...] = ()  # counts shown on the dataset's page
+    profile: dict = field(default_factory=dict)  # counts shown on the dataset's page
     context: str = "training"  # training / validation / evaluation
-
-    @staticmethod
-    def of(name: str, digest: str, source: str, profile: dict, context: str) -> DatasetRecord:
-        return DatasetRecord(name, digest, source, tuple(profile.items()), context)
 
     def entity(self):
         from mlflow.entities import Dataset
 
         return Dataset(self.name, self.digest, source_type="local",
                        source=json.dumps({"uri": self.source}),
-                       profile=json.dumps(dict(self.profile)))
+                       profile=json.dumps(self.profile))
 
 
 def log_inputs(uri: str, run_id: str | None, datasets: list[DatasetRecord] = (),

@@ -27,7 +27,6 @@ Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -49,6 +48,7 @@ from convs2s.checkpoint import (
     list_checkpoints,
 )
 from convs2s.tracking import (
+    code_version,
     end_run,
     find_or_create_run,
     flatten_params,
@@ -117,23 +117,6 @@ def fit(job: TrainJob) -> TrainResult:
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
                        best_checkpoint=str(best) if best.is_dir() else None,
                        last_checkpoint=last, checkpoints=kept, metrics=final)
-
-
-def code_version() -> str:
-    """The git commit of the checkout, else the installed package version."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5, check=False)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("convs2s-ray")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _local_dir(path: str, what: str) -> Path:

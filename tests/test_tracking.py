@@ -158,7 +158,7 @@ def test_dataset_inputs_and_model_linked_metrics(sqlite_uri):
     run_id = find_or_create_run(sqlite_uri, "exp", run_key="/runs/d", run_name="d")
     exp_id = client.get_run(run_id).info.experiment_id
     model = client.create_logged_model(exp_id, name="m", source_run_id=run_id)
-    test = DatasetRecord.of("newstest2014", "abc123", "/data/text", {"sentences": 3003},
+    test = DatasetRecord("newstest2014", "abc123", "/data/text", {"sentences": 3003},
                             "evaluation")
     log_inputs(sqlite_uri, run_id, [test], [model.model_id])
     log_final_metrics(sqlite_uri, run_id, {"bleu": 40.5, "skipped": None},

@@ -173,20 +173,14 @@ def _job_params(job: EvalJob) -> dict[str, str]:
         "search": job.search.to_dict()})
 
 
-def test_dataset(test: TestSet) -> DatasetRecord:
+def dataset_of(test: TestSet) -> DatasetRecord:
     """The test set as an MLflow dataset: its digest covers the source and reference bytes."""
-    h = hashlib.sha256()
-    for path in (test.src, test.ref):
-        h.update(Path(path).read_bytes())
-        h.update(b"\0")
-    with open(test.src, "rb") as f:
-        sentences = sum(1 for _ in f)
-    return DatasetRecord.of(test.name, h.hexdigest()[:16], str(Path(test.src).parent),
-                            {"sentences": sentences, "src": Path(test.src).name,
-                             "ref": Path(test.ref).name}, "evaluation")
-
-
-test_dataset.__test__ = False  # not a pytest test (its name starts with "test")
+    src, ref = Path(test.src).read_bytes(), Path(test.ref).read_bytes()
+    digest = hashlib.sha256(src + b"\0" + ref).hexdigest()[:16]
+    sentences = src.count(b"\n") + (1 if src and not src.endswith(b"\n") else 0)
+    return DatasetRecord(test.name, digest, str(Path(test.src).parent),
+                         {"sentences": sentences, "src": Path(test.src).name,
+                          "ref": Path(test.ref).name}, "evaluation")
 
 
 def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
@@ -242,7 +236,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
             tags={"convs2s.eval.kind": job.kind})
         log_params(uri, run_ids[job], _job_params(job))
         if job.test_set not in datasets:
-            datasets[job.test_set] = test_dataset(job.test_set)
+            datasets[job.test_set] = dataset_of(job.test_set)
         log_inputs(uri, run_ids[job], [datasets[job.test_set]],
                    [job.model_id] if job.model_id else [])
     pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus)
@@ -295,9 +289,8 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path
 # --- ensembling jobs (paper §5.2-5.3 and the reference's checkpoint averaging) -------------------
 
 
-def ensemble_job(name: str, run_dirs: list[str], test_set: TestSet,
-                 search: SearchConfig | None = None, **resources) -> EvalJob:
-    """The ensemble of the best checkpoint (lowest validation loss) of each training run."""
+def best_checkpoints(run_dirs: list[str]) -> tuple[str, ...]:
+    """The best checkpoint (lowest validation loss) of each training run."""
     bests = []
     for run_dir in run_dirs:
         info = best_checkpoint(run_dir)
@@ -305,13 +298,13 @@ def ensemble_job(name: str, run_dirs: list[str], test_set: TestSet,
             raise FileNotFoundError(f"{run_dir} has no best/ checkpoint and no checkpoint with "
                                     "a validation loss: train it first")
         bests.append(info.path)
-    return EvalJob(name, tuple(bests), test_set, search or SearchConfig(), **resources)
+    return tuple(bests)
 
 
-def averaging_job(name: str, run_dir: str, last_n: int, test_set: TestSet,
-                  search: SearchConfig | None = None, epoch_ends_only: bool = False,
-                  **resources) -> EvalJob:
-    """The weight average of the last `last_n` kept checkpoints of one run."""
+def last_checkpoints(run_dir: str, last_n: int,
+                     epoch_ends_only: bool = False) -> tuple[str, ...]:
+    """The last `last_n` kept checkpoints of one run (fewer, with a warning, if it keeps
+    fewer)."""
     infos = pick_checkpoints(list_checkpoints(run_dir), last=last_n,
                              epoch_ends_only=epoch_ends_only)
     if not infos:
@@ -319,8 +312,22 @@ def averaging_job(name: str, run_dir: str, last_n: int, test_set: TestSet,
     if len(infos) < last_n:
         log.warning("%s keeps %d checkpoints, fewer than last_n=%d: averaging those",
                     run_dir, len(infos), last_n)
-    return EvalJob(name, tuple(i.path for i in infos), test_set, search or SearchConfig(),
-                   average=True, **resources)
+    return tuple(i.path for i in infos)
+
+
+def ensemble_job(name: str, run_dirs: list[str], test_set: TestSet,
+                 search: SearchConfig | None = None, **resources) -> EvalJob:
+    """The ensemble of the best checkpoint of each training run (paper §5.2)."""
+    return EvalJob(name, best_checkpoints(run_dirs), test_set, search or SearchConfig(),
+                   **resources)
+
+
+def averaging_job(name: str, run_dir: str, last_n: int, test_set: TestSet,
+                  search: SearchConfig | None = None, epoch_ends_only: bool = False,
+                  **resources) -> EvalJob:
+    """The weight average of the last `last_n` kept checkpoints of one run."""
+    return EvalJob(name, last_checkpoints(run_dir, last_n, epoch_ends_only), test_set,
+                   search or SearchConfig(), average=True, **resources)
 
 
 def evaluation_jobs(run_dirs: list[str], test_sets: list[TestSet], average_last: int = 5,
@@ -331,20 +338,18 @@ def evaluation_jobs(run_dirs: list[str], test_sets: list[TestSet], average_last:
     it keeps more than one) and, with several runs, the ensemble of their bests (`ensemble_<k>`,
     paper §5.2). With several runs the per-run jobs are named `run1_best`, `run2_avg_last5`,
     ... (`run_prefix`). The workflows and the command line below both build jobs here."""
-    per_run = []  # the checkpoints each job scores, decided once for every test set
+    per_run = []  # (name, checkpoints, average): decided once for every test set
     for k, run_dir in enumerate(run_dirs):
         prefix = run_prefix(k, len(run_dirs))
-        per_run.append((f"{prefix}best", ensemble_job("", [run_dir], test_sets[0]).checkpoints,
-                        False))
+        per_run.append((f"{prefix}best", best_checkpoints([run_dir]), False))
         if average_last and len(list_checkpoints(run_dir)) > 1:
-            avg = averaging_job("", run_dir, average_last, test_sets[0])
-            per_run.append((f"{prefix}avg_last{average_last}", avg.checkpoints, True))
+            per_run.append((f"{prefix}avg_last{average_last}",
+                            last_checkpoints(run_dir, average_last), True))
         elif average_last:
             log.info("%savg_last%d not scored: %s keeps one checkpoint", prefix, average_last,
                      run_dir)
     if len(run_dirs) > 1:
-        bests = ensemble_job("", run_dirs, test_sets[0]).checkpoints
-        per_run.append((f"ensemble_{len(run_dirs)}", bests, False))
+        per_run.append((f"ensemble_{len(run_dirs)}", best_checkpoints(run_dirs), False))
     search = search or SearchConfig()
     return [EvalJob(name, checkpoints, test, search, average=average,
                     attention_sentences=attention_sentences, **resources)

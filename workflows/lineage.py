@@ -3,7 +3,8 @@ per evaluated set of weights (its scores are metrics of that model on each test 
 task's registered model whose `champion` alias names the best of them.
 
     datasets = data_inputs(out, source="demo", task="wmt14_en_fr")  # train + valid batches
-    models = log_job_models(ctx, jobs, trained, run_name)   # {job name: model id}
+    models = log_job_models(uri, jobs, source_runs, run_name, search.to_dict(),
+                            state["models"])                 # {job name: model id}
     champion = register_champion(uri, "wmt14_en_fr", scores, models, "demo_test", "bleu")
     champion.uri     # models:/wmt14_en_fr@champion
 
@@ -19,9 +20,9 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from convs2s.tracking import DatasetRecord, bounded_http, flatten_params, global_tracking_uri
+from workflows.run_state import weights_stamp
 
 log = logging.getLogger("workflows")
 
@@ -40,21 +41,10 @@ def data_inputs(out, source: str, task: str) -> list[DatasetRecord]:
                    "tgt_tokens": m["tokens"]["tgt_tokens"],
                    "padding_efficiency": m["padding_efficiency"],
                    "max_tokens": m["max_tokens"], "vocab_size": m.get("vocab_size")}
-        records.append(DatasetRecord.of(f"{task}/{split}",
-                                        f"{m['config_hash'][:8]}{m['input_fingerprint'][:8]}",
-                                        str(out.batches[split]), profile, context))
+        records.append(DatasetRecord(f"{task}/{split}",
+                                     f"{m['config_hash'][:8]}{m['input_fingerprint'][:8]}",
+                                     str(out.batches[split]), profile, context))
     return records
-
-
-def weights_stamp(checkpoints) -> list:
-    """Identity of the weights a job scores: each checkpoint file's path, size and mtime (new
-    weights under the same path are new weights)."""
-    out = []
-    for c in checkpoints:
-        f = Path(c) / "checkpoint.pt"
-        st = f.stat() if f.is_file() else None
-        out.append([str(c), st.st_size if st else None, st.st_mtime_ns if st else None])
-    return out
 
 
 def model_name(run_name: str, job: str) -> str:
@@ -75,13 +65,16 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
     from convs2s.serving import log_translator
     from workflows.evaluation import short_path
 
+    client = MlflowClient(uri)
     out: dict[str, str] = {}
+    tried: set[str] = set()  # one attempt per job name (it recurs once per test set)
     for job in jobs:
-        if job.name in out:
+        if job.name in tried:
             continue
+        tried.add(job.name)
         stamp = [weights_stamp(job.checkpoints), job.average, search_params]
         rec = known.get(job.name)
-        if rec and rec["stamp"] == stamp and _exists(MlflowClient(uri), rec["model_id"]):
+        if rec and rec["stamp"] == stamp and _exists(client, rec["model_id"]):
             out[job.name] = rec["model_id"]
             continue
         params = flatten_params({"job": job.name, "kind": job.kind,

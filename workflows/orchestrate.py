@@ -46,7 +46,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from convs2s.tracking import experiment_id, flatten_params, log_final_metrics, log_params
+from convs2s.tracking import (
+    code_version,
+    experiment_id,
+    flatten_params,
+    log_final_metrics,
+    log_params,
+)
 from convs2s.train_job import STOP_REASONS
 from preprocessing.config import PreprocessConfig
 from workflows.run_state import StageContext
@@ -118,8 +124,6 @@ def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
 
 
 def _source_tags(cfg: WorkflowConfig) -> dict:
-    from convs2s.train import code_version
-
     return {"mlflow.source.name": f"workflows/{cfg.name}.py", "mlflow.source.type": "LOCAL",
             "mlflow.source.git.commit": code_version()}
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from convs2s.config import TrainConfig
 from convs2s.tracking import flatten_params, log_final_metrics, log_params, run_has_metrics
 from preprocessing.config import PreprocessConfig
-from workflows.run_state import StageContext, digest
+from workflows.run_state import StageContext, digest, weights_stamp
 from workflows.workflow_config import WorkflowConfig
 
 log = logging.getLogger("workflows")
@@ -30,7 +30,6 @@ class EvalScore:
     run_id: str | None
     hyp_path: str
     skipped: bool = False  # scored by an earlier invocation of the same run
-
 
 
 def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
@@ -116,7 +115,7 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
     of weights an MLflow logged model that its scores link to. Returns the scores and
     {job name: logged model id}."""
     from workflows.evaluation import TestSet, evaluate_all, evaluation_jobs
-    from workflows.lineage import log_job_models, weights_stamp
+    from workflows.lineage import log_job_models
 
     tests = []
     for split, test_name in cfg.all_test_sets.items():
@@ -131,7 +130,7 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
     models = {}
     if ctx.parent is not None:  # tracking answers: one logged model per set of weights
         models = log_job_models(ctx.uri, jobs, source_runs, ctx.run_dir.name,
-                                cfg.search.to_dict(), state.setdefault("models", {}))
+                                cfg.search.to_dict(), state["models"])
         ctx.save_state(state)
         jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
     done, todo = [], []
@@ -155,8 +154,8 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
         state = ctx.state()
         for r in results:
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
-                "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id, "metrics": r.metrics,
-                "hyp_path": r.hyp_path}
+                "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id,
+                "metrics": r.metrics, "hyp_path": r.hyp_path}
             done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
                                   r.hyp_path))
         ctx.save_state(state)
