@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import threading
 import time
 
@@ -32,8 +33,10 @@ KEYS = ("driver_rss", "driver_pss", "workers_pss", "total_pss")
 class MemorySampler:
     """Samples the memory of this process and its descendants in a background thread."""
 
-    def __init__(self, interval_s: float = 0.5):
+    def __init__(self, interval_s: float = 0.5, disk_path: str | None = None):
         self.interval_s = interval_s
+        self.disk_path = disk_path  # also sample the used bytes of this path's file system
+        self.disk_used: list[int] = []
         self.samples: list[tuple[float, dict]] = []  # (monotonic time, {key: bytes})
         self.marks: list[tuple[float, str, str]] = []  # (time, stage, "running" | "done")
         self.max_processes = 0
@@ -74,6 +77,8 @@ class MemorySampler:
                 workers += pss
             self.by_name[name] = max(self.by_name.get(name, 0), pss)
         self.max_processes = max(self.max_processes, len(procs) + 1)
+        if self.disk_path:
+            self.disk_used.append(shutil.disk_usage(self.disk_path).used)
         self.samples.append((time.monotonic(), {
             "driver_rss": driver.rss, "driver_pss": driver.pss, "workers_pss": workers,
             "total_pss": total + driver.pss}))
@@ -86,6 +91,12 @@ class MemorySampler:
         """Peak of each measure over the whole run, in MiB (peaks may come from different
         moments), and the most processes seen at once."""
         return {**self._peak(self.samples), "processes": self.max_processes}
+
+    def disk_growth_mib(self) -> float | None:
+        """Peak growth of the used disk space over the first sample (outputs + spill files)."""
+        if not self.disk_used:
+            return None
+        return round((max(self.disk_used) - self.disk_used[0]) / 2**20, 1)
 
     def largest_processes_mib(self, n: int = 8) -> dict:
         """The n process titles with the largest single-process PSS (e.g. which actor grew)."""

@@ -50,10 +50,11 @@ from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.memory import MemorySampler, StageClock
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from preprocessing import demo
-from preprocessing.batching import add_window, batch_window
-from preprocessing.cleaning import clean_and_write
+from preprocessing.batching import BATCH_SCHEMA, add_window, batch_stats, batch_window
+from preprocessing.cleaning import CLEAN_SCHEMA, clean_block, clean_stats
 from preprocessing.config import demo as demo_config
-from preprocessing.encoding import Encoder
+from preprocessing.encoding import ENCODED_SCHEMA, Encoder, encoded_stats
+from preprocessing.parts import PartSink
 from preprocessing.pipeline import run_pipeline
 from preprocessing.stages import execution_settings
 
@@ -74,6 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows per block / parquet row group")
     p.add_argument("--shuffle-window", type=int, default=50_000,
                    help="rows per length-sorting window of the batches stage")
+    p.add_argument("--exchange", choices=["files", "ray"], default="files",
+                   help="how windows gather rows (preprocessing/exchange.py)")
     p.add_argument("--object-store-mb", type=int, default=0,
                    help="Ray object store size (0: Ray's default)")
     p.add_argument("--no-isolate", dest="isolate", action="store_false",
@@ -138,7 +141,7 @@ def pipeline_config(args, n: int, corpus: Path, root: Path):
     return demo_config().replace(
         task=f"bench_{n}", source=str(corpus), hub_config="fr-en", splits={"train": "train"},
         root=str(root), block_rows=args.block_rows, shuffle_window=args.shuffle_window,
-        encode_tasks=args.encode_tasks, seed=args.seed)
+        encode_tasks=args.encode_tasks, seed=args.seed, exchange=args.exchange)
 
 
 def _warm_worker(row: dict) -> dict:
@@ -177,10 +180,11 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
     try:
         cpus = int(ray.cluster_resources().get("CPU", 0))
         warmup = warm_up_ray(cpus)
-        with MemorySampler() as mem, StageClock(mem):
+        with MemorySampler(disk_path=str(args.workdir)) as mem, StageClock(mem):
             t0 = time.monotonic()
             out = run_pipeline(cfg)
             wall = time.monotonic() - t0
+        spilled = object_store_spilled_mib()
     finally:
         if owned:
             ray.shutdown()
@@ -190,10 +194,34 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
     return {"mode": "ray", "cpus": cpus, "pairs": n, "stage_seconds": stages,
             "spm_seconds": m["spm"]["seconds"], "seconds": seconds, "pipeline_wall_s": wall,
             "pairs_per_s": n / seconds, "ray_warmup_s": warmup,
-            "pairs_per_s_incl_warmup": n / (seconds + warmup), "rows_kept": m["batches/train"]["rows_kept"],
+            "pairs_per_s_incl_warmup": n / (seconds + warmup),
+            "rows_kept": m["batches/train"]["rows_kept"],
             "batches": m["batches/train"]["batches"], "memory_mib": mem.peaks_mib(),
             "stage_memory_mib": mem.stage_peaks_mib(),
-            "largest_processes_mib": mem.largest_processes_mib()}, root
+            "largest_processes_mib": mem.largest_processes_mib(),
+            "object_store_spilled_mib": spilled, "disk_growth_peak_mib": mem.disk_growth_mib(),
+            "output_mib": {s: folder_mib(root / cfg.task / s) for s in
+                           ("clean", "encoded", "batches")},
+            "rows": {k: {f: v.get(f) for f in ("rows_in", "rows_kept", "dropped")}
+                     for k, v in m.items() if "rows_in" in v}}, root
+
+
+def folder_mib(folder: Path) -> float:
+    return round(sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 2**20, 1)
+
+
+def object_store_spilled_mib() -> float | None:
+    """MiB Ray spilled from the object store to disk so far (its memory summary), if known."""
+    import re
+
+    from ray._private.internal_api import memory_summary
+
+    try:
+        text = memory_summary(stats_only=True)
+    except Exception:  # noqa: BLE001 - a figure we report, not one the run depends on
+        return None
+    found = re.search(r"Spilled (\d+) MiB", text)
+    return float(found.group(1)) if found else 0.0
 
 
 def _plain_clean(corpus: Path, out_dir: Path, cfg) -> None:
@@ -207,14 +235,22 @@ def _plain_clean(corpus: Path, out_dir: Path, cfg) -> None:
             t = pf.read_row_group(g, columns=["translation"])
             t = t.add_column(0, "id", pa.array(np.arange(first, first + t.num_rows)))
             t = t.append_column("error", pa.nulls(t.num_rows, pa.string()))
-            clean_and_write(t, out_dir=str(out_dir), **opts)
+            _plain_sink(clean_block(t, **opts), out_dir, "part", CLEAN_SCHEMA, clean_stats)
             first += t.num_rows
 
 
+def _plain_sink(table: pa.Table, out_dir: Path, key: str, schema, stats_fn, digits=12) -> dict:
+    """What the pipeline's write operator does with one block, in this process."""
+    sink = PartSink(str(out_dir), part_key=key, schema=schema, stats_fn=stats_fn,
+                    key_digits=digits)
+    return sink.write([table], None)["stats"]
+
+
 def _plain_encode(clean_dir: Path, out_dir: Path, spm_model: str) -> None:
-    encoder = Encoder(spm_model, str(out_dir))
+    encoder = Encoder(spm_model)
     for f in sorted(clean_dir.glob("part-*.parquet")):
-        encoder(pq.read_table(f, columns=["id", "src", "tgt"]))
+        _plain_sink(encoder(pq.read_table(f, columns=["id", "src", "tgt"])), out_dir, "part",
+                    ENCODED_SCHEMA, encoded_stats)
 
 
 def _plain_batches(encoded_dir: Path, out_dir: Path, cfg) -> tuple[int, int]:
@@ -227,11 +263,11 @@ def _plain_batches(encoded_dir: Path, out_dir: Path, cfg) -> tuple[int, int]:
     cuts = np.flatnonzero(np.diff(windows)) + 1
     n_batches = kept = 0
     for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(windows)]):
-        stats = batch_window(table.slice(a, b - a), out_dir=str(out_dir),
-                             max_tokens=cfg.max_tokens, max_sentences=cfg.max_sentences,
-                             seed=cfg.seed)
-        n_batches += int(stats["batches"][0])
-        kept += int(stats["rows_kept"][0])
+        rows = batch_window(table.slice(a, b - a), max_tokens=cfg.max_tokens,
+                            max_sentences=cfg.max_sentences, seed=cfg.seed)
+        stats = _plain_sink(rows, out_dir, "window", BATCH_SCHEMA, batch_stats, 6)
+        n_batches += stats["batches"]
+        kept += stats["rows_kept"]
     return n_batches, kept
 
 

@@ -11,26 +11,21 @@ window's batches are shuffled and written as `part-<window>.parquet`, one row pe
 
 A sentence longer than `max_tokens` alone cannot be batched: it is dropped and counted.
 
-Windows gather rows from every encoded part: an all-to-all exchange, through spill files (see
-stages.py) rather than Ray's object store: `scatter_part` (a task per encoded part) writes the
-part's rows with one record batch per window, `gather_window` (a task per window) reads one
-window from every file, so a task holds one part or one window, never the split. The rows of a
-window, and so its bytes, do not depend on the exchange: `batch_window` sorts them totally.
+Windows gather rows from every encoded part: `add_window` keys each row, `exchange.group_by`
+brings each window's rows together, `batch_window` cuts one window, `PartSink` writes it. The
+rows of a window, and so its bytes, do not depend on the exchange: `batch_window` sorts them
+totally.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-import ray
+import pyarrow.compute as pc
 
-from preprocessing.stages import (index_dataset, mix64, parts_dataset, read_spill, write_part,
-                                  write_spill)
+from preprocessing.stages import mix64
 
 BATCH_SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),
                           ("tgt", pa.list_(pa.list_(pa.int32()))), ("src_tokens", pa.int64()),
@@ -73,9 +68,14 @@ def add_window(batch: pa.Table, *, n_windows: int, seed: int) -> pa.Table:
     return batch.append_column("window", pa.array(w.astype(np.int64)))
 
 
-def batch_window(group: pa.Table, *, out_dir: str, max_tokens: int, max_sentences: int | None,
-                 seed: int) -> dict:
-    """Ray Data group function: sort one window by length, cut, shuffle, write its part."""
+def batch_window(group: pa.Table, *, max_tokens: int, max_sentences: int | None,
+                 seed: int) -> pa.Table:
+    """Ray Data group function: one window sorted by length, cut and shuffled into batch rows.
+
+    Returns BATCH_SCHEMA's columns plus `window` (the part key), `padded_slots` (slots of the
+    padded B x S and B x T tensors) and `reason` (null), then one row per sentence too long for
+    the budget (reason `over_max_tokens`, no tokens): the sink counts them and writes the rest.
+    """
     window = int(group["window"][0].as_py())
     ids = group["id"].to_numpy()
     src_len = group["src_len"].to_numpy().astype(np.int64)
@@ -86,69 +86,43 @@ def batch_window(group: pa.Table, *, out_dir: str, max_tokens: int, max_sentence
     bounds, stop = cut_batches(longest[order], max_tokens, max_sentences)
     rng = np.random.default_rng([seed, window])
     bounds = [bounds[i] for i in rng.permutation(len(bounds))]  # no length order across rows
-    stats = {"window": window, "rows_in": len(ids), "rows_kept": stop,
-             "drop_over_max_tokens": len(ids) - stop, "batches": len(bounds), "src_tokens": 0,
-             "tgt_tokens": 0, "padded_tokens": 0, "padded_slots": 0}
+    rows = (np.concatenate([order[a:b] for a, b in bounds]) if bounds  # batch after batch
+            else np.zeros(0, dtype=np.int64))
+    sizes = np.array([b - a for a, b in bounds], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    s_tok, t_tok, s_max, t_max = (np.zeros(0, dtype=np.int64),) * 4
     if bounds:
-        rows = np.concatenate([order[a:b] for a, b in bounds])  # batch after batch
-        sizes = np.array([b - a for a, b in bounds], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         s_tok, t_tok = (np.add.reduceat(x[rows], starts) for x in (src_len, tgt_len))
         s_max, t_max = (np.maximum.reduceat(x[rows], starts) for x in (src_len, tgt_len))
-        padded = sizes * np.maximum(s_max, t_max)  # the budget measure: n * max(S, T)
-        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
-        table = pa.Table.from_arrays([
-            pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids[rows], pa.int64())),
-            _nested(group["src"], rows, sizes), _nested(group["tgt"], rows, sizes),
-            pa.array(s_tok, pa.int64()), pa.array(t_tok, pa.int64()), pa.array(padded, pa.int64()),
-        ], schema=BATCH_SCHEMA)
-        write_part(table, out_dir, f"part-{window:06d}.parquet")
-        stats.update(src_tokens=int(s_tok.sum()), tgt_tokens=int(t_tok.sum()),
-                     padded_tokens=int(padded.sum()),
-                     # slots of the two padded tensors (B x S and B x T): padding efficiency
-                     padded_slots=int((sizes * (s_max + t_max)).sum()))
-    return {k: np.array([v], dtype=np.int64) for k, v in stats.items()}
+    dropped = order[stop:]  # longer than max_tokens alone: one row each, counted by the sink
+    n_drop = len(dropped)
+    sizes_all = np.concatenate([sizes, np.ones(n_drop, dtype=np.int64)])
+    offsets = np.concatenate([[0], np.cumsum(sizes_all)]).astype(np.int32)
+    empty = np.zeros(n_drop, dtype=np.int64)
+    no_lists = pa.ListArray.from_arrays(pa.array(np.zeros(n_drop + 1, dtype=np.int32)),
+                                        pa.array([], pa.list_(pa.int32())))
+    table = pa.Table.from_arrays([
+        pa.ListArray.from_arrays(pa.array(offsets),
+                                 pa.array(ids[np.concatenate([rows, dropped])], pa.int64())),
+        pa.concat_arrays([_nested(group["src"], rows, sizes), no_lists]),
+        pa.concat_arrays([_nested(group["tgt"], rows, sizes), no_lists]),
+        pa.array(np.concatenate([s_tok, empty]), pa.int64()),
+        pa.array(np.concatenate([t_tok, empty]), pa.int64()),
+        # the budget measure: n * max(S, T)
+        pa.array(np.concatenate([sizes * np.maximum(s_max, t_max), empty]), pa.int64()),
+        pa.array(np.full(len(bounds) + n_drop, window, dtype=np.int64)),
+        pa.array(np.concatenate([sizes * (s_max + t_max), empty]), pa.int64()),
+        pa.array([None] * len(bounds) + ["over_max_tokens"] * n_drop, pa.string()),
+    ], names=BATCH_SCHEMA.names + ["window", "padded_slots", "reason"])
+    return table
+
+
+def batch_stats(kept: pa.Table) -> dict[str, int]:
+    """PartSink counts of kept batch rows: batches, tokens, padded tokens and slots."""
+    return {"batches": kept.num_rows,
+            **{k: int(pc.sum(kept[k]).as_py() or 0)
+               for k in ("src_tokens", "tgt_tokens", "padded_tokens", "padded_slots")}}
 
 
 def n_windows_for(rows: int, shuffle_window: int) -> int:
     return max(1, math.ceil(rows / shuffle_window))
-
-
-def scatter_part(row: dict, *, spill_dir: str, n_windows: int, seed: int) -> dict:
-    """Ray Data row function: encoded part `row["path"]` -> `<spill_dir>/<part>.arrow`, its
-    rows (window column added) as n_windows record batches, batch w = the rows of window w."""
-    table = add_window(pq.read_table(row["path"]), n_windows=n_windows, seed=seed)
-    write_spill(table, "window", n_windows, os.path.join(spill_dir, Path(row["path"]).stem
-                                                         + ".arrow"))
-    return {"rows_in": table.num_rows}
-
-
-STATS_KEYS = ("window", "rows_in", "rows_kept", "drop_over_max_tokens", "batches", "src_tokens",
-              "tgt_tokens", "padded_tokens", "padded_slots")
-
-
-def gather_window(row: dict, *, spill_paths: list[str], out_dir: str, max_tokens: int,
-                  max_sentences: int | None, seed: int) -> dict:
-    """Ray Data row function: batch window `row["window"]` from the spill files; stats row."""
-    group = read_spill(spill_paths, int(row["window"]))
-    if group is None:  # a window no row hashed to (small splits): no part
-        return {k: int(row["window"]) if k == "window" else 0 for k in STATS_KEYS}
-    stats = batch_window(group, out_dir=out_dir, max_tokens=max_tokens,
-                         max_sentences=max_sentences, seed=seed)
-    return {k: int(v[0]) for k, v in stats.items()}
-
-
-def scatter_dataset(encoded_dir: str, spill_dir: str, n_windows: int,
-                    seed: int) -> ray.data.Dataset:
-    """Stats rows (one per encoded part) of spilling `encoded_dir` by window (lazy)."""
-    os.makedirs(spill_dir, exist_ok=True)
-    return parts_dataset(encoded_dir).map(
-        scatter_part, fn_kwargs={"spill_dir": spill_dir, "n_windows": n_windows, "seed": seed})
-
-
-def gather_dataset(spills: list[str], out_dir: str, n_windows: int, max_tokens: int,
-                   max_sentences: int | None, seed: int) -> ray.data.Dataset:
-    """Stats rows (one per window) of batching the spilled windows into `out_dir` (lazy)."""
-    return index_dataset(n_windows, "window").map(gather_window, fn_kwargs={
-        "spill_paths": spills, "out_dir": out_dir, "max_tokens": max_tokens,
-        "max_sentences": max_sentences, "seed": seed})

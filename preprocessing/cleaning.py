@@ -6,21 +6,21 @@ invalid_utf8 / line_too_long / bad_row (from the reader), nul_byte, empty, too_l
 `max_len` words), ratio (word-count ratio over `max_len_ratio`), duplicate (optional dedupe),
 over_max_tokens (batching: one sentence larger than the token budget).
 
-Pure functions (`normalize`, `drop_reason`) are tested without Ray; `clean_and_write` /
-`clean_and_spill` + `dedupe_bucket` (dedupe runs: rows exchanged by bucket through spill files,
-see stages.py) are the stage's Ray Data functions.
+Pure functions (`normalize`, `drop_reason`) are tested without Ray; `clean_block` (or, with
+dedupe, `clean_rows` grouped by bucket into `dedupe_group`, see exchange.py) is the stage's Ray
+Data function, and `PartSink` (parts.py) writes the kept rows and counts the drops by reason.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import unicodedata
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from preprocessing.stages import mix64, part_name, read_spill, write_part, write_spill
+from preprocessing.stages import mix64
 
 REASONS = ("invalid_utf8", "line_too_long", "bad_row", "nul_byte", "empty", "too_long", "ratio",
            "duplicate", "over_max_tokens")
@@ -84,36 +84,27 @@ def _clean_batch(table: pa.Table, src_lang: str, tgt_lang: str, row_shape: str,
     return ids, out_src, out_tgt, reasons
 
 
-def _stats(first_id: int, reasons: list, kept_src: list, kept_tgt: list) -> dict:
-    row = {"first_id": np.array([first_id], dtype=np.int64),
-           "rows_in": np.array([len(reasons)], dtype=np.int64),
-           "rows_kept": np.array([len(kept_src)], dtype=np.int64),
-           "src_words": np.array([sum(s.count(" ") + 1 for s in kept_src)], dtype=np.int64),
-           "tgt_words": np.array([sum(t.count(" ") + 1 for t in kept_tgt)], dtype=np.int64)}
-    for r in REASONS:
-        row[f"drop_{r}"] = np.array([sum(1 for x in reasons if x == r)], dtype=np.int64)
-    return row
+CLEAN_SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.string()), ("tgt", pa.string())])
 
 
-def _write_kept(ids, src, tgt, keep: np.ndarray, out_dir: str, name: str) -> None:
-    order = np.argsort(ids[keep], kind="stable")  # rows sorted by id inside a part
-    kid = ids[keep][order]
-    ks = [src[i] for i in np.flatnonzero(keep)[order]]
-    kt = [tgt[i] for i in np.flatnonzero(keep)[order]]
-    table = pa.table({"id": pa.array(kid, pa.int64()), "src": pa.array(ks, pa.string()),
-                      "tgt": pa.array(kt, pa.string())})
-    write_part(table, out_dir, name)
-
-
-def clean_and_write(table: pa.Table, *, out_dir: str, **opts) -> dict:
-    """Ray Data function: clean + filter one block, write its kept rows as one part, return
-    one stats row (rows in / kept / dropped by reason). Idempotent if Ray retries the task."""
+def clean_block(table: pa.Table, **opts) -> pa.Table:
+    """Ray Data function: one block cleaned and filtered, sorted by id; `reason` says why a row
+    is dropped (null: kept; its text is blanked) and `part` (the block's first id) names the
+    part its kept rows go to."""
     ids, src, tgt, reasons = _clean_batch(table, **opts)
-    keep = np.array([r is None for r in reasons], dtype=bool)
-    first = int(ids.min()) if len(ids) else -1
-    if keep.any():
-        _write_kept(ids, src, tgt, keep, out_dir, part_name(first))
-    return _stats(first, reasons, [s for s in src if s], [t for t in tgt if t])
+    order = np.argsort(ids, kind="stable")
+    first = int(ids[order[0]]) if len(ids) else 0
+    return pa.table({"id": pa.array(ids[order], pa.int64()),
+                     "src": pa.array([src[i] for i in order], pa.string()),
+                     "tgt": pa.array([tgt[i] for i in order], pa.string()),
+                     "reason": pa.array([reasons[i] for i in order], pa.string()),
+                     "part": pa.array(np.full(len(ids), first, dtype=np.int64))})
+
+
+def clean_stats(kept: pa.Table) -> dict[str, int]:
+    """PartSink counts of kept clean rows: whitespace words per side (text is normalized)."""
+    words = lambda col: int(pc.sum(pc.count_substring(kept[col], " ")).as_py() or 0)  # noqa: E731
+    return {"src_words": words("src") + kept.num_rows, "tgt_words": words("tgt") + kept.num_rows}
 
 
 def clean_rows(table: pa.Table, *, n_buckets: int, seed: int, **opts) -> pa.Table:
@@ -134,12 +125,10 @@ def clean_rows(table: pa.Table, *, n_buckets: int, seed: int, **opts) -> pa.Tabl
                      "bucket": pa.array(bucket, pa.int64())})
 
 
-def dedupe_and_write(group: pa.Table, *, out_dir: str) -> dict:
-    """Ray Data group function: in one bucket, keep the lowest id of each exact duplicate pair,
-    write the kept rows as part `part-<bucket>`, return the bucket's stats row."""
-    order = np.argsort(group["id"].to_numpy(), kind="stable")
-    group = group.take(order)
-    ids = group["id"].to_numpy()
+def dedupe_group(group: pa.Table) -> pa.Table:
+    """Ray Data group function: in one bucket, keep the lowest id of each exact duplicate pair
+    (the others get reason `duplicate`); rows sorted by id, `bucket` names their part."""
+    group = group.take(np.argsort(group["id"].to_numpy(), kind="stable"))
     src, tgt = group["src"].to_pylist(), group["tgt"].to_pylist()
     reasons = group["reason"].to_pylist()
     seen = set()
@@ -149,32 +138,9 @@ def dedupe_and_write(group: pa.Table, *, out_dir: str) -> dict:
                 reasons[i], src[i], tgt[i] = "duplicate", "", ""
             else:
                 seen.add((s, t))
-    keep = np.array([r is None for r in reasons], dtype=bool)
-    bucket = int(group["bucket"][0].as_py())
-    if keep.any():
-        _write_kept(ids, src, tgt, keep, out_dir, f"part-b{bucket:06d}.parquet")
-    return _stats(int(ids.min()), reasons, [s for s in src if s], [t for t in tgt if t])
-
-
-def clean_and_spill(table: pa.Table, *, spill_dir: str, n_buckets: int, seed: int,
-                    **opts) -> pa.Table:
-    """Ray Data function for dedupe runs: `clean_rows` of a block, spilled by bucket into
-    `<spill_dir>/<first id>.arrow`; returns one row {"rows_in"}."""
-    rows = clean_rows(table, n_buckets=n_buckets, seed=seed, **opts)
-    first = int(rows["id"].to_numpy().min()) if rows.num_rows else -1
-    if rows.num_rows:
-        name = part_name(first).replace(".parquet", ".arrow")
-        write_spill(rows, "bucket", n_buckets, os.path.join(spill_dir, name))
-    return pa.table({"rows_in": pa.array([rows.num_rows], pa.int64())})
-
-
-def dedupe_bucket(row: dict, *, spill_paths: list[str], out_dir: str) -> dict:
-    """Ray Data row function: `dedupe_and_write` of bucket `row["bucket"]` read from the spill
-    files; its stats row (zeros for a bucket no row fell into)."""
-    group = read_spill(spill_paths, int(row["bucket"]))
-    stats = (_stats(-1, [], [], []) if group is None
-             else dedupe_and_write(group, out_dir=out_dir))
-    return {k: int(v[0]) for k, v in stats.items()}
+    return pa.table({"id": group["id"], "src": pa.array(src, pa.string()),
+                     "tgt": pa.array(tgt, pa.string()), "reason": pa.array(reasons, pa.string()),
+                     "bucket": group["bucket"]})
 
 
 def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str) -> pa.Table:

@@ -54,7 +54,10 @@ class PreprocessConfig:
     seed: int = 1
     root: str = "data/preprocessed"
     block_rows: int = 50_000  # rows per block read from a source = rows per clean part
-    encode_tasks: int = 0  # encoding tasks at once (one part each); 0 = as many as Ray's CPUs
+    encode_tasks: int = 0  # encoder actors (one model each); 0 = as many as Ray's CPUs
+    # How dedupe buckets / batching windows gather rows from the whole split (exchange.py):
+    # "files" (spill files, bounded memory) or "ray" (Ray Data's groupby shuffle). Same output.
+    exchange: str = "files"
 
     def __post_init__(self) -> None:
         if "train" not in self.splits:
@@ -67,6 +70,8 @@ class PreprocessConfig:
             raise ValueError(f"max_len_ratio must be >= 1 or None, got {self.max_len_ratio}")
         if self.max_tokens < 1 or (self.max_sentences is not None and self.max_sentences < 1):
             raise ValueError("max_tokens and max_sentences must be positive")
+        if self.exchange not in ("files", "ray"):
+            raise ValueError(f"exchange must be 'files' or 'ray', got {self.exchange!r}")
         if self.vocab_size < 300:  # 4 specials + 256 byte pieces + a few merges
             raise ValueError(f"vocab_size {self.vocab_size} too small; use at least 300")
 

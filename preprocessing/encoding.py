@@ -1,25 +1,18 @@
-"""Encoding: cleaned text -> sentencepiece ids (int32, EOS-terminated), one Ray task per part.
+"""Encoding: cleaned text -> sentencepiece ids (int32, EOS-terminated), on an actor pool.
 
-Each task reads one part of `clean/<split>/` and writes it, encoded, as the part of the same
-name in `encoded/<split>/`: rows
-`{"id": int64, "src": list<int32>, "tgt": list<int32>, "src_len": int32, "tgt_len": int32}`.
-A worker process loads the model from the spm stage folder (the output root is storage every
-worker shares: they write the stage parts there too) once and keeps it for the next parts
-(cached by the model file's content, so a retrained model at the same path is reloaded).
-Plain tasks rather than an actor pool: no actor start-up, and the read fuses into the task.
+`Encoder` is a callable class: Ray Data starts a pool of `concurrency` actors, each loads the
+model once, and the clean parts stream through them (`read_parquet` -> `map_batches(Encoder)`
+-> `PartSink`). Rows `{"id": int64, "src": list<int32>, "tgt": list<int32>, "src_len": int32,
+"tgt_len": int32}`; each clean part becomes the encoded part named by its first id.
 """
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-import ray
+import pyarrow.compute as pc
 
-from preprocessing.stages import part_name, parts_dataset, write_part
+from preprocessing.parts import read_stage
 from preprocessing.vocab import EOS, UNK, load
 
 ENCODED_SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.list_(pa.int32())),
@@ -39,52 +32,45 @@ def ids_array(seqs: list[list[int]]) -> tuple[pa.ListArray, np.ndarray]:
 
 
 class Encoder:
-    """One sentencepiece model; called on a block of clean rows, writes it as one part."""
+    """Ray Data callable class: one sentencepiece model per actor, one block per call."""
 
-    def __init__(self, model_path: str, out_dir: str):
+    def __init__(self, model_path: str):
         self.sp = load(model_path)
-        self.out_dir = out_dir
 
-    def __call__(self, batch: pa.Table) -> dict:
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        """Encoded rows sorted by id, with `part` (the block's first id) and `reason` (null)."""
+        batch = batch.take(np.argsort(batch["id"].to_numpy(), kind="stable"))
         ids = batch["id"].to_numpy()
         src = self.sp.encode(batch["src"].to_pylist(), out_type=int, num_threads=1)
         tgt = self.sp.encode(batch["tgt"].to_pylist(), out_type=int, num_threads=1)
         src_arr, src_len = ids_array(src)
         tgt_arr, tgt_len = ids_array(tgt)
-        table = pa.Table.from_arrays([pa.array(ids, pa.int64()), src_arr, tgt_arr,
-                                      pa.array(src_len), pa.array(tgt_len)],
-                                     schema=ENCODED_SCHEMA)
-        table = table.take(np.argsort(ids, kind="stable"))
-        if table.num_rows:
-            write_part(table, self.out_dir, part_name(int(ids.min())))
-        unk = lambda seqs: sum(s.count(UNK) for s in seqs)  # noqa: E731
-        return {"rows_in": np.array([len(ids)]), "rows_kept": np.array([len(ids)]),
-                "src_tokens": np.array([int(src_len.sum())]),
-                "tgt_tokens": np.array([int(tgt_len.sum())]),
-                "src_unk": np.array([unk(src)]), "tgt_unk": np.array([unk(tgt)])}
+        first = int(ids[0]) if len(ids) else 0
+        return pa.Table.from_arrays(
+            [pa.array(ids, pa.int64()), src_arr, tgt_arr, pa.array(src_len), pa.array(tgt_len),
+             pa.array(np.full(len(ids), first, dtype=np.int64)), pa.nulls(len(ids), pa.string())],
+            names=ENCODED_SCHEMA.names + ["part", "reason"])
 
 
-_ENCODERS: dict[tuple[str, str], Encoder] = {}  # this worker's model: (content hash, out_dir)
+def encoded_stats(kept: pa.Table) -> dict[str, int]:
+    """PartSink counts of encoded rows: tokens (EOS included) and unknown pieces per side."""
+    out = {}
+    for side in ("src", "tgt"):
+        out[f"{side}_tokens"] = int(pc.sum(kept[f"{side}_len"]).as_py() or 0)
+        flat = pc.list_flatten(kept[side])
+        out[f"{side}_unk"] = int(pc.sum(pc.equal(flat, UNK)).as_py() or 0)
+    return out
 
 
-def _encoder(model_path: str, out_dir: str) -> Encoder:
-    key = (hashlib.sha256(Path(model_path).read_bytes()).hexdigest(), out_dir)
-    if key not in _ENCODERS:
-        _ENCODERS.clear()  # one model per worker process at a time
-        _ENCODERS[key] = Encoder(model_path, out_dir)
-    return _ENCODERS[key]
+def encode_dataset(clean_dir: str, model_path: str, concurrency: int):
+    """Encoded rows of the clean parts under `clean_dir` (lazy), on `concurrency` actors.
 
+    The actors ask for half a CPU each: a pool as large as the node's CPUs then leaves room for
+    read_parquet's file listing and reads (one CPU each), which otherwise wait forever.
+    """
+    import ray.data
 
-def encode_part(row: dict, *, model_path: str, out_dir: str) -> dict:
-    """Ray Data row function: encode the clean part `row["path"]`, return its stats row."""
-    table = pq.read_table(row["path"], columns=["id", "src", "tgt"])
-    stats = _encoder(model_path, out_dir)(table)
-    return {k: int(v[0]) for k, v in stats.items()}
-
-
-def encode_dataset(clean_dir: str, out_dir: str, model_path: str,
-                   concurrency: int | None = None) -> ray.data.Dataset:
-    """Stats rows (one per part) of encoding `clean_dir` into parts under `out_dir` (lazy)."""
-    return parts_dataset(clean_dir).map(
-        encode_part, fn_kwargs={"model_path": model_path, "out_dir": out_dir},
-        concurrency=concurrency or None)
+    return read_stage(clean_dir, ["id", "src", "tgt"]).map_batches(
+        Encoder, batch_size=None, batch_format="pyarrow", num_cpus=0.5,
+        compute=ray.data.ActorPoolStrategy(size=max(1, concurrency)),
+        fn_constructor_kwargs={"model_path": model_path})

@@ -8,8 +8,11 @@
 Output layout `<root>/<task>/<stage>/` (see docs/design.md): clean/<split>, spm, encoded/<split>,
 batches/<split>, text/<split>.<lang>. Each stage is skipped when its manifest matches (same
 stage config and the same input fingerprint) and otherwise rebuilt atomically (stages.py).
-Data flows between Ray tasks and parquet parts; the driver only sees per-part statistics and
-the bounded BPE sample, so memory does not grow with the corpus.
+Each stage is a Ray Data pipeline on Ray's own operators: a datasource or `read_parquet` in,
+map_batches (the encoder on an actor pool), a grouping exchange where rows must meet across the
+split (exchange.py), and `PartSink` (parts.py) out, which writes the parts and counts every row
+kept or dropped. The driver only sees those counts and the bounded BPE sample, so its memory
+does not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -23,15 +26,19 @@ from pathlib import Path
 import ray
 import ray.data  # noqa: F401 - imported with the pipeline, not inside the first stage
 
-from preprocessing.batching import gather_dataset, n_windows_for, scatter_dataset
-from preprocessing.cleaning import clean_and_spill, clean_and_write, dedupe_bucket, normalize_block
+from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_stats, batch_window,
+                                    n_windows_for)
+from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean_stats,
+                                    dedupe_group, normalize_block)
 from preprocessing.config import PreprocessConfig
-from preprocessing.encoding import encode_dataset
+from preprocessing.encoding import ENCODED_SCHEMA, encode_dataset, encoded_stats
 from preprocessing.errors import PreprocessError, user_errors
-from preprocessing.sources import SplitSource, read_split, resolve_split
-from preprocessing.stages import (PIPELINE_VERSION, collect_stats, config_hash, dropped_counts,
-                                  execution_settings, finished, index_dataset, read_parts,
-                                  spill_files, stage_output, write_manifest)
+from preprocessing.exchange import group_by
+from preprocessing.parts import PartSink, read_stage, write_stage
+from preprocessing.reading import read_split
+from preprocessing.sources import SplitSource, resolve_split
+from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts, execution_settings,
+                                  finished, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 
 log = logging.getLogger("preprocessing")
@@ -80,33 +87,35 @@ def _brief(m: dict) -> str:
     return f": {m['rows_in']:,} in, {m['rows_kept']:,} kept, dropped: {drops}"
 
 
+def _checked(label: str, rows: int | None, expected: int, what: str) -> None:
+    if rows is not None and rows != expected:
+        raise RuntimeError(f"{label}: {rows} rows {what} but {expected} expected")
+
+
 def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> dict:
     ds = read_split(src, cfg)
     opts = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "row_shape": cfg.row_shape,
             "max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio,
             "max_line_bytes": cfg.max_line_bytes}
+    label = f"clean/{split}"
+    # batch_size=None: each block the reader yields (<= block_rows rows) is one part.
     if cfg.dedupe and split == "train":
         n_buckets = min(4096, max(1, src.estimated_rows() // 250_000))
-        spill = tmp / ".buckets"  # rows exchanged by bucket (stages.py); removed when done
-        spill.mkdir()
-        scattered = collect_stats(ds.map_batches(
-            clean_and_spill, batch_size=None, batch_format="pyarrow",
-            fn_kwargs={**opts, "n_buckets": n_buckets, "seed": cfg.seed,
-                       "spill_dir": str(spill)}), f"clean/{split} (scatter)")
-        stats = index_dataset(n_buckets, "bucket").map(
-            dedupe_bucket, fn_kwargs={"spill_paths": spill_files(spill), "out_dir": str(tmp)})
+        rows = ds.map_batches(clean_rows, batch_size=None, batch_format="pyarrow",
+                              fn_kwargs={**opts, "n_buckets": n_buckets, "seed": cfg.seed})
+        out, scattered = group_by(rows, key="bucket", n_keys=n_buckets, fn=dedupe_group,
+                                  fn_kwargs={}, how=cfg.exchange, spill_dir=tmp / ".buckets",
+                                  label=label)
+        sink = PartSink(tmp, part_key="bucket", schema=CLEAN_SCHEMA, stats_fn=clean_stats,
+                        key_digits=6, label=label)
     else:
-        # batch_size=None: each block the reader yields (<= block_rows rows) is one part. A row
-        # count here would make Ray bundle the reader's one-row inputs (row-group lists) up to
-        # that count, i.e. run the whole split in one task.
-        stats = ds.map_batches(clean_and_write, batch_size=None, batch_format="pyarrow",
-                               fn_kwargs={**opts, "out_dir": str(tmp)})
-    totals = collect_stats(stats, f"clean/{split}")
-    if cfg.dedupe and split == "train":
-        if totals.get("rows_in") != scattered.get("rows_in"):
-            raise RuntimeError(f"clean/{split}: {scattered.get('rows_in')} rows spilled but "
-                               f"{totals.get('rows_in')} deduplicated")
-        shutil.rmtree(tmp / ".buckets")
+        out, scattered = ds.map_batches(clean_block, batch_size=None, batch_format="pyarrow",
+                                        fn_kwargs=opts), None
+        sink = PartSink(tmp, part_key="part", schema=CLEAN_SCHEMA, stats_fn=clean_stats,
+                        label=label)
+    totals = write_stage(out, sink)
+    shutil.rmtree(tmp / ".buckets", ignore_errors=True)
+    _checked(label, scattered, totals.get("rows_in", 0), "spilled")
     where = f"split {split!r} ({cfg.source}: {cfg.splits[split]})"
     dropped = dropped_counts(totals)
     if not totals.get("rows_in"):
@@ -120,7 +129,7 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
 
 
 def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:
-    ds = execution_settings(read_parts(task_dir / "clean" / "train", ["id", "src", "tgt"]))
+    ds = execution_settings(read_stage(task_dir / "clean" / "train", ["id", "src", "tgt"]))
     with user_errors():
         sample = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
     train_bpe(sample, tmp / "spm", cfg.vocab_size, cfg.character_coverage)
@@ -132,30 +141,31 @@ def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) ->
 
 def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clean_m: dict,
             tmp: Path) -> dict:
-    ds = encode_dataset(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"],
-                        cfg.encode_tasks or None)
-    totals = collect_stats(ds, f"encoded/{split}")
-    if totals.get("rows_in", 0) != clean_m["rows_kept"]:
-        raise RuntimeError(f"encoded/{split}: {totals.get('rows_in')} rows encoded but "
-                           f"clean/{split} holds {clean_m['rows_kept']}")
+    label = f"encoded/{split}"
+    actors = cfg.encode_tasks or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    ds = encode_dataset(str(task_dir / "clean" / split), spm_m["vocab_path"], actors)
+    totals = write_stage(ds, PartSink(tmp, part_key="part", schema=ENCODED_SCHEMA,
+                                      stats_fn=encoded_stats, label=label))
+    _checked(label, totals.get("rows_in", 0), clean_m["rows_kept"], "encoded")
     return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": {},
             "tokens": {k: totals[k] for k in ("src_tokens", "tgt_tokens", "src_unk", "tgt_unk")},
             "vocab_path": spm_m["vocab_path"], "vocab_size": spm_m["vocab_size"]}
 
 
 def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp: Path) -> dict:
-    encoded = str(task_dir / "encoded" / split)
+    label = f"batches/{split}"
     n_windows = n_windows_for(enc_m["rows_kept"], cfg.shuffle_window)
-    spill = tmp / ".windows"  # rows exchanged by window (stages.py); removed when done
-    spilled = collect_stats(scatter_dataset(encoded, str(spill), n_windows, cfg.seed),
-                            f"batches/{split} (scatter)")
-    if spilled.get("rows_in", 0) != enc_m["rows_kept"]:
-        raise RuntimeError(f"batches/{split}: {spilled.get('rows_in')} rows spilled but "
-                           f"encoded/{split} holds {enc_m['rows_kept']}")
-    t = collect_stats(gather_dataset(spill_files(spill), str(tmp), n_windows,
-                                     cfg.max_tokens, cfg.max_sentences, cfg.seed),
-                      f"batches/{split}")
-    shutil.rmtree(spill)
+    rows = read_stage(task_dir / "encoded" / split).map_batches(
+        add_window, batch_size=None, batch_format="pyarrow",
+        fn_kwargs={"n_windows": n_windows, "seed": cfg.seed})
+    out, scattered = group_by(rows, key="window", n_keys=n_windows, fn=batch_window, fn_kwargs={
+        "max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences, "seed": cfg.seed},
+        how=cfg.exchange, spill_dir=tmp / ".windows", label=label)
+    _checked(label, scattered, enc_m["rows_kept"], "spilled")
+    t = write_stage(out, PartSink(tmp, part_key="window", schema=BATCH_SCHEMA,
+                                  stats_fn=batch_stats, key_digits=6, label=label))
+    shutil.rmtree(tmp / ".windows", ignore_errors=True)
+    _checked(label, t.get("rows_in", 0), enc_m["rows_kept"], "batched")
     real = t["src_tokens"] + t["tgt_tokens"]
     return {"rows_in": t["rows_in"], "rows_kept": t["rows_kept"], "dropped": dropped_counts(t),
             "batches": t["batches"],

@@ -21,18 +21,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
-import math
 import zlib
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 from urllib.parse import quote
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import ray
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
@@ -102,7 +98,7 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
     return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
 
 
-def _open_binary(path: str):
+def open_binary(path: str):
     if path.startswith("hf://"):
         import fsspec
 
@@ -115,7 +111,7 @@ def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[d
     groups, offset = [], 0
     for path in files:
         try:
-            with _open_binary(path) as f:
+            with open_binary(path) as f:
                 meta = pq.ParquetFile(f)
                 schema, counts = meta.schema_arrow, [meta.metadata.row_group(g).num_rows
                                                      for g in range(meta.metadata.num_row_groups)]
@@ -282,159 +278,3 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
                                   "check the input files")
     src.fingerprint["kind"] = src.kind
     return src
-
-
-# --- reading (Ray tasks) -----------------------------------------------------------------------
-
-
-def _pairs_table(ids, src, tgt, errors, cfg_shape: tuple[str, str, str]) -> pa.Table:
-    shape, s_lang, t_lang = cfg_shape
-    s_arr, t_arr = pa.array(src, pa.string()), pa.array(tgt, pa.string())
-    cols = {"id": pa.array(ids, pa.int64())}
-    if shape == "translation":
-        cols["translation"] = pa.StructArray.from_arrays([s_arr, t_arr], names=[s_lang, t_lang])
-    else:
-        cols[s_lang], cols[t_lang] = s_arr, t_arr
-    cols["error"] = pa.array(errors, pa.string())
-    return pa.table(cols)
-
-
-class _TooLong(bytes):
-    """Marks a line longer than the limit (distinct from any real line's bytes)."""
-
-
-TOO_LONG = _TooLong()
-
-
-def _readline(f, limit: int) -> bytes | None:
-    """Next line without its ending; None at end of file; TOO_LONG past `limit` bytes
-    (the rest of that line is skipped in bounded chunks, never held whole)."""
-    line = f.readline(limit + 2)
-    if not line:
-        return None
-    if not line.endswith(b"\n") and len(line) > limit:
-        while line and not line.endswith(b"\n"):
-            line = f.readline(1 << 20)
-        return TOO_LONG
-    line = line[:-1] if line.endswith(b"\n") else line
-    line = line[:-1] if line.endswith(b"\r") else line
-    if len(line) > limit:
-        return TOO_LONG
-    return line
-
-
-def _decode(raw: bytes) -> tuple[str, str | None]:
-    try:
-        return raw.decode("utf-8"), None
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "replace"), "invalid_utf8"  # kept for text export only
-
-
-def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
-    """(src, tgt, error) of one input row from its raw line(s)."""
-    if any(isinstance(x, _TooLong) for x in lines):
-        return "", "", "line_too_long"
-    texts, errs = zip(*(_decode(x) for x in lines))
-    err = next((e for e in errs if e), None)
-    if kind == "text":
-        return texts[0], texts[1], err
-    if err:
-        return texts[0], "", err
-    if kind == "tsv":
-        cols = texts[0].split("\t")
-        return (cols[0], cols[1], None) if len(cols) == 2 else (texts[0], "", "bad_row")
-    try:  # jsonl: one hub-shaped row per line
-        row = json.loads(texts[0])
-        pair = row["translation"] if shape[0] == "translation" else row
-        s, t = pair[shape[1]], pair[shape[2]]
-        return ("" if s is None else str(s)), ("" if t is None else str(t)), None
-    except (ValueError, KeyError, TypeError):
-        return texts[0], "", "bad_row"
-
-
-def _read_lines(batch, *, kind: str, files: list[str], shape, limit: int, block_rows: int):
-    """Ray Data generator: one task reads the file(s) in lockstep, yields blocks of rows."""
-    handles = [gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb") for p in files]
-    try:
-        ids, src, tgt, errors, n = [], [], [], [], 0
-        while True:
-            lines = []
-            for h, path in zip(handles, files):
-                try:
-                    lines.append(_readline(h, limit))
-                except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, I/O
-                    raise PreprocessError(f"cannot read {path} after line {n}: "
-                                          f"{type(e).__name__}: {e}; re-download or re-export "
-                                          "this file") from None
-            if all(x is None for x in lines):
-                break
-            if any(x is None for x in lines):
-                short = files[lines.index(None)]
-                other = files[1 - lines.index(None)]
-                raise PreprocessError(
-                    f"line count mismatch: {short} ends after {n} lines but {other} has more. "
-                    "Line-aligned files must have the same number of lines (empty lines "
-                    "included); fix or re-export the pair")
-            s, t, e = _parse(kind, lines, shape)
-            ids.append(n), src.append(s), tgt.append(t), errors.append(e)
-            n += 1
-            if len(ids) == block_rows:
-                yield _pairs_table(ids, src, tgt, errors, shape)
-                ids, src, tgt, errors = [], [], [], []
-        if ids:
-            yield _pairs_table(ids, src, tgt, errors, shape)
-    finally:
-        for h in handles:
-            h.close()
-
-
-def _read_row_groups(batch: pa.Table, *, shape, block_rows: int):
-    """Ray Data generator: read the listed parquet row groups, add ids, yield blocks."""
-    columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
-    for item in batch.to_pylist():
-        with _open_binary(item["file"]) as f:
-            table = pq.ParquetFile(f).read_row_group(item["group"], columns=columns)
-        ids = np.arange(item["first_id"], item["first_id"] + table.num_rows, dtype=np.int64)
-        table = table.add_column(0, "id", pa.array(ids))
-        table = table.append_column("error", pa.nulls(table.num_rows, pa.string()))
-        for start in range(0, table.num_rows, block_rows):
-            yield table.slice(start, block_rows)
-
-
-def _demo_block(batch: dict, *, seed: int, start: int, shape) -> pa.Table:
-    """Ray Data function: generate demo pairs for a block of split-local indices."""
-    from preprocessing import demo
-
-    make = demo.translation_pairs if shape[0] == "translation" else demo.summarization_pairs
-    ids = np.sort(batch["id"])
-    pairs: list[tuple[str, str]] = []
-    runs = np.split(ids, np.flatnonzero(np.diff(ids) != 1) + 1)  # contiguous index runs
-    for run in runs:
-        if len(run):
-            pairs += make(seed, start + int(run[0]), len(run))
-    return _pairs_table(ids, [p[0] for p in pairs], [p[1] for p in pairs],
-                        [None] * len(pairs), shape)
-
-
-def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:
-    """The split as a Ray Dataset in the hub row shape (+ id, error); nothing read yet."""
-    shape = (cfg.row_shape, cfg.src_lang, cfg.tgt_lang)
-    if src.kind == "demo":
-        if not Path(__file__).with_name("demo.py").exists():
-            raise PreprocessError("preprocessing/demo.py (the embedded demo corpus) is missing")
-        if not src.rows:
-            raise PreprocessError(f"demo split has no rows: set demo_rows (got {cfg.demo_rows})")
-        blocks = max(1, math.ceil(src.rows / cfg.block_rows))
-        return ray.data.range(src.rows, override_num_blocks=blocks).map_batches(
-            _demo_block, batch_size=None, batch_format="numpy",
-            fn_kwargs={"seed": cfg.seed, "start": src.demo_start, "shape": shape})
-    if src.kind == "parquet":
-        tasks = ray.data.from_items(src.row_groups, override_num_blocks=len(src.row_groups))
-        return tasks.map_batches(_read_row_groups, batch_size=1, batch_format="pyarrow",
-                                 fn_kwargs={"shape": shape, "block_rows": cfg.block_rows})
-    # One reader task streams the file(s); it asks for half a CPU so Ray does not fuse the
-    # (parallel) cleaning into it.
-    return ray.data.from_items([{"files": src.files}]).map_batches(
-        _read_lines, batch_size=1, batch_format="pyarrow", num_cpus=0.5,
-        fn_kwargs={"kind": src.kind, "files": src.files, "shape": shape,
-                   "limit": cfg.max_line_bytes, "block_rows": cfg.block_rows})

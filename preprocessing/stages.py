@@ -7,8 +7,8 @@ partial folder and recomputes the stage. A stage whose manifest records the same
 and input fingerprint is skipped.
 
 Also here: deterministic hashing (`config_hash`, `mix64`) so that output never depends on Ray's
-block scheduling, and `collect_stats`, which drains a stage's per-part statistics rows on the
-driver (one small row per part, never the data itself) while printing progress.
+block scheduling, writing one parquet part, and `collect_stats`, which drains small statistics
+rows on the driver (one per block, never the data itself) while printing progress.
 """
 
 from __future__ import annotations
@@ -147,86 +147,6 @@ def part_name(first_id: int) -> str:
 def part_paths(folder: str | Path) -> list[str]:
     """The parquet parts of a stage folder, sorted by name."""
     return sorted(str(p) for p in Path(folder).glob("part-*.parquet"))
-
-
-def parts_dataset(folder: str | Path):
-    """A Ray dataset of one row `{"path": ...}` per part of a stage folder, one block per part,
-    so that a map over it runs one task per part (the task reads the part itself).
-
-    Used instead of `ray.data.read_parquet` between stages: the parts are ours and already the
-    right size, the file listing costs no Ray task, and the reading fuses with the stage's work.
-    """
-    import ray  # stages.py itself stays importable without starting Ray
-
-    paths = part_paths(folder)
-    return ray.data.from_items([{"path": p} for p in paths],
-                               override_num_blocks=max(1, len(paths)))
-
-
-def _read_part(batch: pa.Table, *, columns: list[str] | None) -> pa.Table:
-    return pa.concat_tables([pq.read_table(p, columns=columns) for p in batch["path"].to_pylist()])
-
-
-def read_parts(folder: str | Path, columns: list[str] | None = None):
-    """A stage folder's rows as a Ray dataset of one block per part (`ray.data.read_parquet`
-    would pack small parts into a few large blocks, up to the whole split in one)."""
-    return parts_dataset(folder).map_batches(_read_part, batch_size=None, batch_format="pyarrow",
-                                             fn_kwargs={"columns": columns})
-
-
-def index_dataset(n: int, key: str):
-    """A Ray dataset of rows `{key: 0}` .. `{key: n - 1}`, one block (so one task) each."""
-    import ray
-
-    return ray.data.from_items([{key: k} for k in range(n)], override_num_blocks=max(1, n))
-
-
-# --- exchanging rows by key through files ------------------------------------------------------
-#
-# Windows (batching) and dedupe buckets gather rows from every block: an all-to-all exchange. It
-# goes through files rather than Ray's object store (a Ray shuffle holds the whole split in
-# shared memory at once, so memory grows with the corpus): a task per block writes its rows as
-# one Arrow IPC file with one record batch per key, in key order (`write_spill`); then a task per
-# key reads that record batch of every file (`read_spill`), so it holds one key's rows only.
-# Spill files live in a stage's temporary folder and are deleted before it is renamed into place.
-
-# Uncompressed: spill files live for seconds and are read back once, and CPU is what a small node
-# runs out of (lz4 would cut them to ~40% for ~20% more CPU in the batches stage). On disk they
-# take about twice the encoded parquet parts (zstd) of the split.
-SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression=None)
-
-
-def write_spill(table: pa.Table, key: str, n_keys: int, path: str) -> None:
-    """Write `table` to `path` as n_keys record batches: batch k = its rows whose int column
-    `key` is k (in table order), possibly empty. Atomic (a retried task rewrites it whole)."""
-    keys = table[key].to_numpy()
-    if len(keys) and (keys.min() < 0 or keys.max() >= n_keys):
-        raise ValueError(f"{key} outside 0..{n_keys - 1}")
-    order = np.argsort(keys, kind="stable")
-    table = table.take(order).combine_chunks()
-    bounds = np.searchsorted(keys[order], np.arange(n_keys + 1))
-    empty = pa.record_batch([pa.array([], f.type) for f in table.schema], schema=table.schema)
-    with pa.OSFile(path + ".tmp", "wb") as f, \
-            pa.ipc.new_file(f, table.schema, options=SPILL_OPTIONS) as writer:
-        for k in range(n_keys):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            writer.write_batch(table.slice(a, b - a).to_batches()[0] if b > a else empty)
-    os.replace(path + ".tmp", path)
-
-
-def read_spill(paths: list[str], k: int) -> pa.Table | None:
-    """All rows of key k: record batch k of every spill file, in file order (None: no rows)."""
-    batches = []
-    for path in paths:
-        with pa.OSFile(path) as f:  # read, not memory-mapped: no file stays open
-            batch = pa.ipc.open_file(f).get_batch(k)
-        if batch.num_rows:
-            batches.append(batch)
-    return pa.Table.from_batches(batches) if batches else None
-
-
-def spill_files(spill_dir: str | Path) -> list[str]:
-    return sorted(str(p) for p in Path(spill_dir).glob("*.arrow"))
 
 
 # --- draining per-part statistics ----------------------------------------------------------------

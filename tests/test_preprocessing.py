@@ -11,19 +11,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from ray.data.datasource import WriteResult
 
 from preprocessing import config as pconfig
-from preprocessing.batching import (
-    BATCH_SCHEMA,
-    add_window,
-    batch_window,
-    cut_batches,
-    gather_window,
-    scatter_part,
-)
-from preprocessing.cleaning import dedupe_and_write, drop_reason, normalize
+from preprocessing.batching import BATCH_SCHEMA, add_window, batch_stats, batch_window, cut_batches
+from preprocessing.cleaning import CLEAN_SCHEMA, clean_stats, dedupe_group, drop_reason, normalize
 from preprocessing.encoding import ids_array
-from preprocessing.stages import finished, read_spill, stage_output, write_manifest, write_spill
+from preprocessing.exchange import _gather, _scatter, read_spill, spill_files, write_spill
+from preprocessing.parts import PartSink
+from preprocessing.stages import finished, stage_output, write_manifest
 from preprocessing.vocab import BOS, EOS, PAD, UNK
 
 
@@ -88,15 +84,26 @@ def encoded_group(n: int, seed: int = 0) -> pa.Table:
                      "window": pa.array([5] * n, pa.int64())})
 
 
+def sink_writes(tables: list[pa.Table], out_dir, **kw) -> dict:
+    """Run PartSink as Ray's write operator does, one write task per table; summed counts."""
+    out_dir.mkdir(exist_ok=True)
+    sink = PartSink(str(out_dir), **kw)
+    returns = [sink.write([t], None) for t in tables]
+    sink.on_write_complete(WriteResult(num_rows=0, size_bytes=0, write_returns=returns))
+    return sink.totals
+
+
+BATCH_SINK = {"part_key": "window", "schema": BATCH_SCHEMA, "stats_fn": batch_stats,
+              "key_digits": 6}
+
+
 def test_batch_window_rows_once_within_budget_and_independent_of_input_order(tmp_path):
     group = encoded_group(600)
     outs = []
     for k, perm in enumerate([np.arange(600), np.random.default_rng(1).permutation(600)]):
-        out = tmp_path / str(k)
-        out.mkdir()
-        stats = batch_window(group.take(perm), out_dir=str(out), max_tokens=500,
-                             max_sentences=20, seed=3)
-        outs.append((out / "part-000005.parquet").read_bytes())
+        rows = batch_window(group.take(perm), max_tokens=500, max_sentences=20, seed=3)
+        stats = sink_writes([rows], tmp_path / str(k), **BATCH_SINK)
+        outs.append((tmp_path / str(k) / "part-000005.parquet").read_bytes())
     assert outs[0] == outs[1]  # same rows in another order -> byte-identical shard
     table = pq.read_table(tmp_path / "0" / "part-000005.parquet")
     assert table.schema.equals(BATCH_SCHEMA)
@@ -109,16 +116,23 @@ def test_batch_window_rows_once_within_budget_and_independent_of_input_order(tmp
         assert b["padded_tokens"] == len(b["id"]) * longest
         assert b["src_tokens"] == sum(len(s) for s in b["src"])
         assert [by_id[i]["src"] for i in b["id"]] == b["src"]
-    assert int(stats["batches"][0]) == table.num_rows and int(stats["rows_kept"][0]) == 600
+    assert stats["batches"] == table.num_rows and stats["rows_kept"] == stats["rows_in"] == 600
 
 
 def test_sentence_over_the_budget_is_dropped_and_counted(tmp_path):
-    stats = batch_window(encoded_group(50), out_dir=str(tmp_path), max_tokens=40,
-                         max_sentences=None, seed=0)
+    rows = batch_window(encoded_group(50), max_tokens=40, max_sentences=None, seed=0)
+    stats = sink_writes([rows], tmp_path, **BATCH_SINK)
     table = pq.read_table(tmp_path / "part-000005.parquet")
     kept = sum(len(b) for b in table["id"].to_pylist())
-    assert kept == int(stats["rows_kept"][0]) and kept < 50
-    assert int(stats["drop_over_max_tokens"][0]) == 50 - kept
+    assert kept == stats["rows_kept"] and 0 < kept < 50 and stats["rows_in"] == 50
+    assert stats["drop_over_max_tokens"] == 50 - kept
+
+
+def test_a_part_written_by_two_write_tasks_is_an_error(tmp_path):
+    """Two tasks writing one part file would lose rows: the sink refuses instead."""
+    rows = batch_window(encoded_group(60), max_tokens=500, max_sentences=20, seed=0)
+    with pytest.raises(RuntimeError, match=r"parts \[5\] were written by two write tasks"):
+        sink_writes([rows.slice(0, 2), rows.slice(2)], tmp_path, **BATCH_SINK)
 
 
 def test_spill_exchange_gives_each_key_exactly_its_rows(tmp_path):
@@ -136,23 +150,20 @@ def test_spill_exchange_gives_each_key_exactly_its_rows(tmp_path):
 
 
 def test_scatter_gather_windows_equal_batching_each_whole_window(tmp_path):
-    """The pipeline's file exchange gives every window the same shard as batching that window
-    from all rows at once (what the plain-process benchmark does)."""
-    rows = encoded_group(900).drop_columns(["window"])
-    for d in ("enc", "spill", "a", "b"):
-        (tmp_path / d).mkdir()
-    for i, (a, n) in enumerate([(0, 400), (400, 500)]):
-        pq.write_table(rows.slice(a, n), tmp_path / "enc" / f"part-{i:012d}.parquet")
+    """The file exchange gives every window the same shard as batching that window from all
+    rows at once (what Ray's groupby and the plain-process benchmark do)."""
+    rows = add_window(encoded_group(900).drop_columns(["window"]), n_windows=3, seed=3)
+    (tmp_path / "spill").mkdir()
     kw = {"max_tokens": 500, "max_sentences": 30, "seed": 3}
-    for p in sorted((tmp_path / "enc").glob("part-*")):
-        scatter_part({"path": str(p)}, spill_dir=str(tmp_path / "spill"), n_windows=3, seed=3)
-    spills = sorted(str(p) for p in (tmp_path / "spill").glob("*.arrow"))
-    assert sum(gather_window({"window": w}, spill_paths=spills, out_dir=str(tmp_path / "a"),
-                             **kw)["rows_in"] for w in range(3)) == 900
-    whole = add_window(rows, n_windows=3, seed=3)
-    for w in range(3):
-        batch_window(whole.filter(pc.equal(whole["window"], w)), out_dir=str(tmp_path / "b"),
-                     **kw)
+    for a, n in [(0, 400), (400, 500)]:  # two encoded parts
+        _scatter(rows.slice(a, n), key="window", n_keys=3, spill_dir=str(tmp_path / "spill"))
+    spills = spill_files(tmp_path / "spill")
+    gathered = [t for w in range(3) for t in _gather(pa.table({"window": [w]}), spill_paths=spills,
+                                                     fn=batch_window, fn_kwargs=kw)]
+    a = sink_writes(gathered, tmp_path / "a", **BATCH_SINK)
+    b = sink_writes([batch_window(rows.filter(pc.equal(rows["window"], w)), **kw)
+                     for w in range(3)], tmp_path / "b", **BATCH_SINK)
+    assert a == b and a["rows_in"] == 900
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "b").iterdir()) and len(names) == 3
     assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
@@ -167,10 +178,12 @@ def test_ids_array_appends_eos():
 def test_dedupe_keeps_the_lowest_id(tmp_path):
     group = pa.table({"id": [9, 2, 5, 7], "src": ["a", "a", "b", ""], "tgt": ["x", "x", "y", ""],
                       "reason": [None, None, None, "empty"], "bucket": [1, 1, 1, 1]})
-    stats = dedupe_and_write(group, out_dir=str(tmp_path))
-    kept = pq.read_table(tmp_path / "part-b000001.parquet")
-    assert kept["id"].to_pylist() == [2, 5]
-    assert int(stats["drop_duplicate"][0]) == 1 and int(stats["drop_empty"][0]) == 1
+    stats = sink_writes([dedupe_group(group)], tmp_path, part_key="bucket", schema=CLEAN_SCHEMA,
+                        stats_fn=clean_stats, key_digits=6)
+    kept = pq.read_table(tmp_path / "part-000001.parquet")
+    assert kept["id"].to_pylist() == [2, 5] and kept.schema.equals(CLEAN_SCHEMA)
+    assert stats == {"rows_in": 4, "rows_kept": 2, "drop_duplicate": 1, "drop_empty": 1,
+                     "src_words": 2, "tgt_words": 2}
 
 
 def test_stage_output_is_atomic(tmp_path):

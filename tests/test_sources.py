@@ -16,22 +16,16 @@ import pytest
 from preprocessing import sources
 from preprocessing.config import PreprocessConfig, wmt14_en_fr
 from preprocessing.errors import PreprocessError
-from preprocessing.sources import _read_lines, _read_row_groups, resolve_split, select_split_files
+from preprocessing.reading import SplitDatasource
+from preprocessing.sources import resolve_split, select_split_files
 
 SHAPE = ("translation", "en", "fr")
 
 
 def read_all(src, cfg) -> list[dict]:
-    """Run a resolved source's reader generator in-process; rows as dicts."""
-    if src.kind == "parquet":
-        gen = _read_row_groups(pa.Table.from_pylist(src.row_groups), shape=SHAPE, block_rows=3)
-    else:
-        gen = _read_lines(None, kind=src.kind, files=src.files, shape=SHAPE,
-                          limit=cfg.max_line_bytes, block_rows=3)
-    rows = []
-    for table in gen:
-        rows += table.to_pylist()
-    return rows
+    """Run a resolved source's read tasks in-process (blocks of 3 rows); rows as dicts."""
+    tasks = SplitDatasource(src, cfg.replace(block_rows=3)).get_read_tasks(1)
+    return [row for task in tasks for table in task() for row in table.to_pylist()]
 
 
 def local_cfg(folder, **kw) -> PreprocessConfig:
@@ -185,9 +179,7 @@ def test_columns_row_shape_reads_document_summary_parquet(tmp_path):
     cfg = local_cfg(tmp_path, src_lang="document", tgt_lang="summary", row_shape="columns",
                     hub_config="default")
     src = resolve_split(cfg, "test")
-    gen = _read_row_groups(pa.Table.from_pylist(src.row_groups),
-                           shape=("columns", "document", "summary"), block_rows=10)
-    rows = [r for t in gen for r in t.to_pylist()]
+    rows = read_all(src, cfg)
     assert rows[0] == {"id": 0, "document": "a long text", "summary": "short", "error": None}
 
 

@@ -1,0 +1,199 @@
+"""Reading a resolved split (`sources.SplitSource`) as a Ray Dataset: `SplitDatasource`.
+
+Rows `{"id": int64, <hub row shape>, "error": str|None}` (see sources.py). One read task per
+parquet row group (row ids from the footers' row counts), per `block_rows` demo pairs, or one
+task that streams line-aligned text files in lockstep (their lines cannot be split between
+tasks without reading them first). Each task yields blocks of at most `block_rows` rows.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray.data
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from preprocessing.config import PreprocessConfig
+from preprocessing.errors import PreprocessError
+from preprocessing.sources import SplitSource, open_binary
+
+
+def _pairs_table(ids, src, tgt, errors, cfg_shape: tuple[str, str, str]) -> pa.Table:
+    shape, s_lang, t_lang = cfg_shape
+    s_arr, t_arr = pa.array(src, pa.string()), pa.array(tgt, pa.string())
+    cols = {"id": pa.array(ids, pa.int64())}
+    if shape == "translation":
+        cols["translation"] = pa.StructArray.from_arrays([s_arr, t_arr], names=[s_lang, t_lang])
+    else:
+        cols[s_lang], cols[t_lang] = s_arr, t_arr
+    cols["error"] = pa.array(errors, pa.string())
+    return pa.table(cols)
+
+
+class _TooLong(bytes):
+    """Marks a line longer than the limit (distinct from any real line's bytes)."""
+
+
+TOO_LONG = _TooLong()
+
+
+def _readline(f, limit: int) -> bytes | None:
+    """Next line without its ending; None at end of file; TOO_LONG past `limit` bytes
+    (the rest of that line is skipped in bounded chunks, never held whole)."""
+    line = f.readline(limit + 2)
+    if not line:
+        return None
+    if not line.endswith(b"\n") and len(line) > limit:
+        while line and not line.endswith(b"\n"):
+            line = f.readline(1 << 20)
+        return TOO_LONG
+    line = line[:-1] if line.endswith(b"\n") else line
+    line = line[:-1] if line.endswith(b"\r") else line
+    if len(line) > limit:
+        return TOO_LONG
+    return line
+
+
+def _decode(raw: bytes) -> tuple[str, str | None]:
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace"), "invalid_utf8"  # kept for text export only
+
+
+def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
+    """(src, tgt, error) of one input row from its raw line(s)."""
+    if any(isinstance(x, _TooLong) for x in lines):
+        return "", "", "line_too_long"
+    texts, errs = zip(*(_decode(x) for x in lines))
+    err = next((e for e in errs if e), None)
+    if kind == "text":
+        return texts[0], texts[1], err
+    if err:
+        return texts[0], "", err
+    if kind == "tsv":
+        cols = texts[0].split("\t")
+        return (cols[0], cols[1], None) if len(cols) == 2 else (texts[0], "", "bad_row")
+    try:  # jsonl: one hub-shaped row per line
+        row = json.loads(texts[0])
+        pair = row["translation"] if shape[0] == "translation" else row
+        s, t = pair[shape[1]], pair[shape[2]]
+        return ("" if s is None else str(s)), ("" if t is None else str(t)), None
+    except (ValueError, KeyError, TypeError):
+        return texts[0], "", "bad_row"
+
+
+def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int):
+    """One read task: the file(s) in lockstep, as blocks of `block_rows` rows."""
+    handles = [gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb") for p in files]
+    try:
+        ids, src, tgt, errors, n = [], [], [], [], 0
+        while True:
+            lines = []
+            for h, path in zip(handles, files):
+                try:
+                    lines.append(_readline(h, limit))
+                except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, I/O
+                    raise PreprocessError(f"cannot read {path} after line {n}: "
+                                          f"{type(e).__name__}: {e}; re-download or re-export "
+                                          "this file") from None
+            if all(x is None for x in lines):
+                break
+            if any(x is None for x in lines):
+                short = files[lines.index(None)]
+                other = files[1 - lines.index(None)]
+                raise PreprocessError(
+                    f"line count mismatch: {short} ends after {n} lines but {other} has more. "
+                    "Line-aligned files must have the same number of lines (empty lines "
+                    "included); fix or re-export the pair")
+            s, t, e = _parse(kind, lines, shape)
+            ids.append(n), src.append(s), tgt.append(t), errors.append(e)
+            n += 1
+            if len(ids) == block_rows:
+                yield _pairs_table(ids, src, tgt, errors, shape)
+                ids, src, tgt, errors = [], [], [], []
+        if ids:
+            yield _pairs_table(ids, src, tgt, errors, shape)
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _read_row_group(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
+    """One read task: one parquet row group, with row ids and an empty error column."""
+    columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
+    with open_binary(item["file"]) as f:
+        table = pq.ParquetFile(f).read_row_group(item["group"], columns=columns)
+    ids = np.arange(item["first_id"], item["first_id"] + table.num_rows, dtype=np.int64)
+    table = table.add_column(0, "id", pa.array(ids))
+    table = table.append_column("error", pa.nulls(table.num_rows, pa.string()))
+    for start in range(0, table.num_rows, block_rows):
+        yield table.slice(start, block_rows)
+
+
+def _demo_rows(first: int, count: int, seed: int, start: int, shape) -> Iterator[pa.Table]:
+    """One read task: demo pairs first .. first + count - 1 of the split."""
+    from preprocessing import demo
+
+    make = demo.translation_pairs if shape[0] == "translation" else demo.summarization_pairs
+    pairs = make(seed, start + first, count)
+    yield _pairs_table(np.arange(first, first + count, dtype=np.int64),
+                       [p[0] for p in pairs], [p[1] for p in pairs], [None] * count, shape)
+
+
+class SplitDatasource(Datasource):
+    """A split as Ray Data read tasks (see the module docstring)."""
+
+    def __init__(self, src: SplitSource, cfg: PreprocessConfig):
+        super().__init__()
+        self.src, self.block_rows = src, cfg.block_rows
+        self.shape = (cfg.row_shape, cfg.src_lang, cfg.tgt_lang)
+        self.seed, self.limit = cfg.seed, cfg.max_line_bytes
+
+    def get_name(self) -> str:
+        return f"Read{self.src.kind.capitalize()}"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def _task(self, read_fn, rows: int | None, files: list[str]) -> ReadTask:
+        meta = BlockMetadata(num_rows=rows, size_bytes=None, exec_stats=None,
+                             input_files=files)
+        return ReadTask(read_fn, meta)
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                       data_context=None) -> list[ReadTask]:
+        src, shape, n = self.src, self.shape, self.block_rows
+        if src.kind == "parquet":
+            return [self._task(lambda g=g: _read_row_group(g, shape, n), None, [g["file"]])
+                    for g in src.row_groups]
+        if src.kind == "demo":
+            seed, start = self.seed, src.demo_start
+            return [self._task(lambda a=a: _demo_rows(a, min(n, src.rows - a), seed, start,
+                                                      shape), min(n, src.rows - a), [])
+                    for a in range(0, src.rows, n)]
+        kind, files, limit = src.kind, src.files, self.limit
+        return [self._task(lambda: _read_lines(kind, files, shape, limit, n), None, files)]
+
+
+def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:
+    """The split as a Ray Dataset in the hub row shape (+ id, error); nothing read yet."""
+    if src.kind == "demo":
+        if not Path(__file__).with_name("demo.py").exists():
+            raise PreprocessError("preprocessing/demo.py (the embedded demo corpus) is missing")
+        if not src.rows:
+            raise PreprocessError(f"demo split has no rows: set demo_rows (got {cfg.demo_rows})")
+    # One task streams text files: it asks for half a CPU, so that Ray does not fuse the
+    # (parallel) cleaning into that single task.
+    args = {"num_cpus": 0.5} if src.kind not in ("parquet", "demo") else {}
+    source = SplitDatasource(src, cfg)
+    n_tasks = len(source.get_read_tasks(1))  # as many blocks as tasks: Ray splits none
+    return ray.data.read_datasource(source, override_num_blocks=n_tasks, **args)
