@@ -19,6 +19,7 @@ Spill files live in a stage's temporary folder and are deleted before it is rena
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from preprocessing.stages import collect_stats
+from preprocessing.stages import collect_stats, no_space
 
 EXCHANGES = ("files", "ray")
 
@@ -46,12 +47,17 @@ def write_spill(table: pa.Table, key: str, n_keys: int, path: str) -> None:
     table = table.take(order).combine_chunks()
     bounds = np.searchsorted(keys[order], np.arange(n_keys + 1))
     empty = pa.record_batch([pa.array([], f.type) for f in table.schema], schema=table.schema)
-    with pa.OSFile(path + ".tmp", "wb") as f, \
-            pa.ipc.new_file(f, table.schema, options=SPILL_OPTIONS) as writer:
-        for k in range(n_keys):
-            a, b = int(bounds[k]), int(bounds[k + 1])
-            writer.write_batch(table.slice(a, b - a).to_batches()[0] if b > a else empty)
-    os.replace(path + ".tmp", path)
+    try:
+        with pa.OSFile(path + ".tmp", "wb") as f, \
+                pa.ipc.new_file(f, table.schema, options=SPILL_OPTIONS) as writer:
+            for k in range(n_keys):
+                a, b = int(bounds[k]), int(bounds[k + 1])
+                writer.write_batch(table.slice(a, b - a).to_batches()[0] if b > a else empty)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        raise (no_space(path, e) or e) from None
 
 
 def read_spill(paths: list[str], k: int) -> pa.Table | None:

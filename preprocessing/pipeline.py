@@ -8,11 +8,11 @@
 Output layout `<root>/<task>/<stage>/` (see docs/design.md): clean/<split>, spm, encoded/<split>,
 batches/<split>, text/<split>.<lang>. Each stage is skipped when its manifest matches (same
 stage config and the same input fingerprint) and otherwise rebuilt atomically (stages.py).
-Each stage is a Ray Data pipeline on Ray's own operators: a datasource or `read_parquet` in,
-map_batches (the encoder on an actor pool), a grouping exchange where rows must meet across the
-split (exchange.py), and `PartSink` (parts.py) out, which writes the parts and counts every row
-kept or dropped. The driver only sees those counts and the bounded BPE sample, so its memory
-does not grow with the corpus.
+Each stage is a Ray Data pipeline: a datasource in (reading.py, parts.py), map_batches, a
+grouping exchange where rows must meet across the split (exchange.py), and `PartSink` (parts.py)
+out, which writes the parts and counts every row kept or dropped. The encoder is a callable
+class on an actor pool whose actors read and write their parts themselves (encoding.py says
+why). The driver only sees counts and the bounded BPE sample.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_stats, batch
 from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean_stats,
                                     dedupe_group, normalize_block)
 from preprocessing.config import PreprocessConfig
-from preprocessing.encoding import ENCODED_SCHEMA, encode_dataset, encoded_stats
+from preprocessing.encoding import encode_parts
 from preprocessing.errors import PreprocessError, user_errors
 from preprocessing.exchange import group_by
 from preprocessing.parts import PartSink, read_stage, write_stage
 from preprocessing.reading import read_split
 from preprocessing.sources import SplitSource, resolve_split
 from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts, execution_settings,
-                                  finished, stage_output, write_manifest)
+                                  finished, no_space, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 
 log = logging.getLogger("preprocessing")
@@ -70,12 +70,15 @@ def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body) -> 
         return done
     log.info("[%s] running", stage)
     t0 = time.monotonic()
-    with stage_output(task_dir / stage) as tmp:
-        info = body(tmp)
-        manifest = {"stage": stage, "config": stage_cfg, "config_hash": cfg_hash,
-                    "input_fingerprint": input_fp, **info,
-                    "seconds": round(time.monotonic() - t0, 2)}
-        write_manifest(tmp, manifest)
+    try:
+        with stage_output(task_dir / stage) as tmp:
+            info = body(tmp)
+            manifest = {"stage": stage, "config": stage_cfg, "config_hash": cfg_hash,
+                        "input_fingerprint": input_fp, **info,
+                        "seconds": round(time.monotonic() - t0, 2)}
+            write_manifest(tmp, manifest)
+    except OSError as e:  # on the driver: the BPE model, the text export, a manifest
+        raise (no_space(getattr(e, "filename", None) or task_dir / stage, e) or e) from None
     log.info("[%s] done in %.1f s%s", stage, manifest["seconds"], _brief(manifest))
     return manifest
 
@@ -143,9 +146,8 @@ def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clea
             tmp: Path) -> dict:
     label = f"encoded/{split}"
     actors = cfg.encode_tasks or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    ds = encode_dataset(str(task_dir / "clean" / split), spm_m["vocab_path"], actors)
-    totals = write_stage(ds, PartSink(tmp, part_key="part", schema=ENCODED_SCHEMA,
-                                      stats_fn=encoded_stats, label=label))
+    totals = encode_parts(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"],
+                          actors, label)
     _checked(label, totals.get("rows_in", 0), clean_m["rows_kept"], "encoded")
     return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": {},
             "tokens": {k: totals[k] for k in ("src_tokens", "tgt_tokens", "src_unk", "tgt_unk")},

@@ -130,8 +130,13 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int)
 def _read_row_group(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
     """One read task: one parquet row group, with row ids and an empty error column."""
     columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
-    with open_binary(item["file"]) as f:
-        table = pq.ParquetFile(f).read_row_group(item["group"], columns=columns)
+    try:
+        with open_binary(item["file"]) as f:
+            table = pq.ParquetFile(f).read_row_group(item["group"], columns=columns)
+    except (OSError, pa.ArrowException) as e:  # a damaged page: its footer read fine
+        raise PreprocessError(f"{item['file']}: cannot read row group {item['group']} "
+                              f"({type(e).__name__}: {e}); re-download or re-export this "
+                              "file") from None
     ids = np.arange(item["first_id"], item["first_id"] + table.num_rows, dtype=np.int64)
     table = table.add_column(0, "id", pa.array(ids))
     table = table.append_column("error", pa.nulls(table.num_rows, pa.string()))

@@ -14,6 +14,7 @@ rows on the driver (one per block, never the data itself) while printing progres
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -28,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.errors import user_errors
+from preprocessing.errors import PreprocessError, user_errors
 
 log = logging.getLogger("preprocessing")
 
@@ -133,11 +134,25 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def no_space(path: str | Path, exc: OSError) -> PreprocessError | None:
+    """The user-facing error for a full disk while writing `path` (None: another OSError)."""
+    if exc.errno != errno.ENOSPC:
+        return None
+    return PreprocessError(f"no space left on the device writing {path}: free disk space under "
+                           f"{Path(path).parent} (or give another --out) and rerun; finished "
+                           "stages are kept and the unfinished one is redone")
+
+
 def write_part(table: pa.Table, folder: str, name: str) -> None:
     """Write one parquet part; same table -> same bytes (no timestamps in parquet metadata)."""
     path = os.path.join(folder, name)
-    pq.write_table(table, path + ".tmp", compression="zstd")
-    os.replace(path + ".tmp", path)
+    try:
+        pq.write_table(table, path + ".tmp", compression="zstd")
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        raise (no_space(path, e) or e) from None
 
 
 def part_name(first_id: int) -> str:
@@ -156,8 +171,8 @@ def execution_settings(ds):
     """`ds` with the pipeline's Ray Data execution settings (on its own context, not the
     process-wide one): no per-operator resource reservation. Ray Data reserves half of the
     cluster's CPUs for its operators in equal shares and lets an operator exceed its share only
-    slowly; on a small node (2 CPUs) a stage's single map then mostly runs one task at a time.
-    Our stages are one map each whose output is small, so there is nothing to reserve for."""
+    slowly; on a small node (2 CPUs) a stage then mostly runs one task at a time. Each stage's
+    bulk data stays inside fused tasks (or actors), so there is little to reserve for."""
     ds.context.op_resource_reservation_enabled = False
     return ds
 

@@ -151,93 +151,13 @@ def smoke_workflow(tmp_path_factory, ray_session):
                            run_name="smoke-test", argv=argv, stdout=buf.getvalue())
 
 
-class RayCliCluster:
-    """Ray nodes started with `ray start` on this host (a real head with the dashboard / job
-    API, and more nodes joining it), all under one short temp dir. `stop()` ends exactly the
-    processes whose command line names that temp dir (never `ray stop`, which would end every
-    Ray on the machine)."""
-
-    def __init__(self, env: dict):
-        import tempfile
-
-        # Short: Ray's unix sockets live under it (path limit ~107 bytes).
-        self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-        self.env = env
-        self.gcs_address: str | None = None
-        self.dashboard_url: str | None = None
-
-    @staticmethod
-    def free_port() -> int:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-
-    def _start(self, args: list[str]) -> None:
-        import subprocess
-
-        ports = ["--dashboard-agent-listen-port", str(self.free_port()),
-                 "--metrics-export-port", str(self.free_port()),
-                 "--runtime-env-agent-port", str(self.free_port())]
-        proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir", self.temp_dir,
-                               "--disable-usage-stats"], env=self.env, capture_output=True,
-                              text=True, timeout=240)
-        assert proc.returncode == 0, f"ray start {args} failed:\n{proc.stdout}\n{proc.stderr}"
-
-    def start_head(self, num_cpus: int) -> None:
-        port, dash = self.free_port(), self.free_port()
-        self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                     "--num-cpus", str(num_cpus), "--include-dashboard", "true",
-                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-                     "--ray-client-server-port", str(self.free_port())])
-        self.gcs_address = f"127.0.0.1:{port}"
-        self.dashboard_url = f"http://127.0.0.1:{dash}"
-
-    def add_node(self, num_cpus: int) -> None:
-        self._start(["--address", self.gcs_address, "--node-ip-address", "127.0.0.1",
-                     "--num-cpus", str(num_cpus)])
-
-    def pids(self) -> list[int]:
-        out = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit() and int(proc.name) != os.getpid():
-                try:
-                    cmd = (proc / "cmdline").read_bytes()
-                except OSError:
-                    continue
-                if self.temp_dir.encode() in cmd:
-                    out.append(int(proc.name))
-        return out
-
-    def stop(self) -> None:
-        import contextlib
-        import shutil
-        import signal
-        import time
-
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + wait
-            while self.pids() and time.monotonic() < deadline:
-                time.sleep(0.2)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
 @pytest.fixture
 def ray_cli():
     """A `RayCliCluster` (token authentication, the project's .venv first on PATH so the Ray
     processes and job drivers run the project's Python); its processes are ended afterwards."""
-    import sys
+    from benchmarks.local_cluster import RayCliCluster, cli_env
 
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["RAY_AUTH_MODE"] = "token"  # ray start --head enables tokens (reference-facts §8)
-    for var in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
-        env.pop(var, None)
-    cluster = RayCliCluster(env)
+    cluster = RayCliCluster(cli_env())
     try:
         yield cluster
     finally:

@@ -174,13 +174,16 @@ def write_hub_layout(shared_data: Path, folder: Path) -> None:
                            folder / "fr-en" / name, row_group_size=700)
 
 
-def test_hub_shaped_parquet_gives_the_same_rows_and_shards(newstest, shared_data, tmp_path):
+def test_hub_parquet_and_ray_groupby_give_the_same_rows_and_shards(newstest, shared_data,
+                                                                   tmp_path):
+    """Another reader (hub-shaped parquet, one read task per row group) and the other exchange
+    (Ray Data's groupby shuffle instead of spill files) give byte-identical shards."""
     cfg, out = newstest
     write_hub_layout(shared_data, tmp_path / "hub")
     hub = run_pipeline(cfg.replace(source=str(tmp_path / "hub"),
                                    splits={"train": "train", "valid": "validation",
                                            "test": "test"},
-                                   root=str(tmp_path / "out")))
+                                   root=str(tmp_path / "out"), exchange="ray"))
     assert Path(hub.spm_model).read_bytes() == Path(out.spm_model).read_bytes()
     for split in NEWSTEST:
         assert (read_rows(f"{hub.root}/encoded/{split}")
