@@ -203,7 +203,20 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
             "output_mib": {s: folder_mib(root / cfg.task / s) for s in
                            ("clean", "encoded", "batches")},
             "rows": {k: {f: v.get(f) for f in ("rows_in", "rows_kept", "dropped")}
-                     for k, v in m.items() if "rows_in" in v}}, root
+                     for k, v in m.items() if "rows_in" in v},
+            # same input and seed -> the same digest, whatever the run (compare across runs)
+            "batches_sha256": folder_digest(root / cfg.task / "batches" / "train")}, root
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the part files' names and bytes, in name order."""
+    h = hashlib.sha256()
+    for part in sorted(folder.glob("part-*.parquet")):
+        h.update(part.name.encode())
+        with open(part, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def folder_mib(folder: Path) -> float:
