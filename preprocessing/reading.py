@@ -12,7 +12,6 @@ import gzip
 import json
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -191,11 +190,8 @@ class SplitDatasource(Datasource):
 
 def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:
     """The split as a Ray Dataset in the hub row shape (+ id, error); nothing read yet."""
-    if src.kind == "demo":
-        if not Path(__file__).with_name("demo.py").exists():
-            raise PreprocessError("preprocessing/demo.py (the embedded demo corpus) is missing")
-        if not src.rows:
-            raise PreprocessError(f"demo split has no rows: set demo_rows (got {cfg.demo_rows})")
+    if src.kind == "demo" and not src.rows:
+        raise PreprocessError(f"demo split has no rows: set demo_rows (got {cfg.demo_rows})")
     # One task streams text files: it asks for half a CPU, so that Ray does not fuse the
     # (parallel) cleaning into that single task.
     args = {"num_cpus": 0.5} if src.kind not in ("parquet", "demo") else {}

@@ -1,4 +1,5 @@
-"""The synthetic `demo` corpus: determinism, distinctness, size, lengths and French grammar.
+"""The synthetic `demo` corpus: determinism, distinctness, size, lengths, French grammar and its
+command line.
 
 Run: `.venv/bin/python -m pytest tests/test_demo.py -q`  (fast: no Ray, a few seconds)
 """
@@ -13,22 +14,31 @@ import sys
 import pytest
 
 from preprocessing import demo
-from preprocessing.demo_lexicon import (
-    ADJECTIVES,
+from preprocessing.demo.lexicon import ADJECTIVES, NOUNS
+from preprocessing.demo.pairs import IndexPermutation, _allocate
+from preprocessing.demo.phrases import (
     HIS,
     MY,
     NAME_SUBJECTS,
-    NOUNS,
     PRONOUNS,
     SOME,
     THE,
     THE_PL,
     THIS,
     THREE,
-    VERBS,
     A,
     fr_sentence,
+    np_subject,
 )
+from preprocessing.demo.summarization import MAX_DOC_WORDS, DocShape, _summary
+from preprocessing.demo.translation import (
+    Shape,
+    _copula,
+    _existential,
+    _intransitive,
+    _transitive,
+)
+from preprocessing.demo.verbs import VERBS
 
 N_SAMPLE = 20_000
 
@@ -96,12 +106,12 @@ def test_each_corpus_has_at_least_a_billion_distinct_pairs():
 
 def test_index_permutation_is_a_bijection():
     for n, seed in [(1, 0), (2, 5), (1000, 1), (4097, 2), (12345, 99)]:
-        perm = demo.IndexPermutation(n, seed, salt=7)
+        perm = IndexPermutation(n, seed, salt=7)
         assert sorted(perm(i) for i in range(n)) == list(range(n))
 
 
 def test_allocation_respects_sizes_and_total():
-    counts = demo._allocate(weights=[5, 3, 2], sizes=[10, 10**9, 10**9], total=10**6)
+    counts = _allocate(weights=[5, 3, 2], sizes=[10, 10**9, 10**9], total=10**6)
     assert counts[0] == 10  # a small shape is used in full...
     assert counts[1] + counts[2] <= 10**6 - 10  # ...and its share goes to the others
     assert abs(counts[1] / counts[2] - 3 / 2) < 1e-6
@@ -154,7 +164,7 @@ def test_sentence_lengths(translation, summarization):
     for en, fr in translation:
         assert 4 <= len(demo.words(en)) <= 30 and 4 <= len(demo.words(fr)) <= 30, (en, fr)
     for doc, headline in summarization:
-        assert 8 <= len(doc.split()) <= demo.MAX_DOC_WORDS, doc
+        assert 8 <= len(doc.split()) <= MAX_DOC_WORDS, doc
         assert 3 <= len(headline.split()) <= 10 and len(headline) < len(doc), (doc, headline)
     ratio = [len(en.split()) / len(fr.split()) for en, fr in translation]
     assert sum(1 / 1.5 <= r <= 1.5 for r in ratio) / len(ratio) > 0.99  # the paper's filter
@@ -215,22 +225,21 @@ def np(noun, det=THE, *adjectives):
 
 
 def say(subject, verb, tense, obj, neg=False, pp=None, time=None):
-    shape = demo.Shape("transitive", V[verb, "T"], neg)
-    return demo._transitive(shape, (subject, (tense, time), obj, pp))
+    shape = Shape("transitive", V[verb, "T"], neg)
+    return _transitive(shape, (subject, (tense, time), obj, pp))
 
 
 def say_intransitive(subject, verb, tense, pp, neg=False):
-    shape = demo.Shape("intransitive", V[verb, "I"], neg)
-    return demo._intransitive(shape, (subject, (tense, None), None, pp))
+    shape = Shape("intransitive", V[verb, "I"], neg)
+    return _intransitive(shape, (subject, (tense, None), None, pp))
 
 
 def be(subject, adjective, tense, neg=False, time=None):
-    return demo._copula(demo.Shape("copula", neg=neg), ((subject, ADJ[adjective]),
-                                                        (tense, time), None))
+    return _copula(Shape("copula", neg=neg), ((subject, ADJ[adjective]), (tense, time), None))
 
 
 def there(np_, tense, pp, neg=False):
-    return demo._existential(demo.Shape("existential", neg=neg), (np_, (tense, None), pp))
+    return _existential(Shape("existential", neg=neg), (np_, (tense, None), pp))
 
 
 def test_elision_of_articles_pronouns_and_ne():
@@ -302,7 +311,7 @@ def test_conjugation():
     assert say(I, "throw", "prog", np("ball"))[1] == "Je lançais le ballon."
     assert say(THEY, "go_to", "fut", np("market")) == ("They will go to the market.",
                                                       "Ils iront au marché.")
-    girls = demo.np_subject(np("girl", THE_PL))
+    girls = np_subject(np("girl", THE_PL))
     assert say(girls, "go_to", "past", np("market")) == (
         "The girls went to the market.", "Les filles sont allées au marché.")  # être agrees
     assert be(SHE, "happy", "pres", time=("today", "aujourd'hui")) == (
@@ -320,17 +329,17 @@ def test_french_orthography_rules_directly():
 
 
 def test_summary_keeps_the_core_clause_in_headline_style():
-    shape = demo.DocShape("summary", lead="lead", subj="np1", mod="rel", adverb=True, n_obj=1,
+    shape = DocShape("summary", lead="lead", subj="np1", mod="rel", adverb=True, n_obj=1,
                           objmod=True, loc=True, time=True)
     values = ("as expected ,", np("farmer", THE, "old"), (V["sell", "T"], np("horse", HIS)),
               "carefully", ("past", "yesterday"), (V["repair", "T"], np("chair", THREE, "broken")),
               np("child", THE_PL), ("in", np("kitchen", THE, "dark")))
-    assert demo._summary(shape, values) == (
+    assert _summary(shape, values) == (
         "as expected , the old farmer , who sold his horse , carefully repaired three broken "
         "chairs for the children in the dark kitchen yesterday .",
         "farmer repairs three chairs in kitchen")
     future = values[:4] + (("fut", None),) + values[5:]
-    assert demo._summary(shape, future)[1] == "farmer to repair three chairs in kitchen"
+    assert _summary(shape, future)[1] == "farmer to repair three chairs in kitchen"
 
 
 def test_headline_words_come_from_the_document(summarization):

@@ -28,7 +28,8 @@ def _imports(path: Path) -> set[str]:
 
 
 def _modules(package: str) -> list[Path]:
-    return sorted((REPO / package).glob("*.py"))
+    """The package's modules, its subpackages' included (preprocessing/demo/...)."""
+    return sorted((REPO / package).rglob("*.py"))
 
 
 @pytest.mark.parametrize("package, forbidden", [
@@ -60,10 +61,7 @@ def test_settings_modules_are_light(path):
 
 def test_library_modules_carry_no_command_line():
     entries = {"convs2s/cli.py", "convs2s/__main__.py", "preprocessing/__main__.py",
-               "workflows/evaluation.py",
-               # Still to move: the demo corpus becomes a source subpackage with the
-               # preprocessing rework (issue 14's preprocessing part waits for the scale issue).
-               "preprocessing/demo.py"}
+               "preprocessing/demo/__main__.py", "workflows/evaluation.py"}
     for package in ("convs2s", "preprocessing"):
         for path in _modules(package):
             rel = str(path.relative_to(REPO))
