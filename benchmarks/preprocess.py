@@ -109,12 +109,11 @@ def _write_chunk(job: tuple) -> None:
 def make_corpus(n: int, workdir: Path, seed: int, group_rows: int) -> Path:
     """`<workdir>/corpus-<n>/fr-en/train-*.parquet` holding demo pairs 0..n-1.
 
-    Files of CHUNK_ROWS pairs are generated once into a cache keyed by the demo code, the seed
-    and the row-group size, and hard-linked into each corpus: the smaller corpus is a prefix of
-    the larger one, and a rerun generates nothing.
+    Files of CHUNK_ROWS pairs are generated once into a cache keyed by the demo's DEMO_VERSION,
+    the seed and the row-group size, and hard-linked into each corpus: the smaller corpus is a
+    prefix of the larger one, and a rerun generates nothing.
     """
-    code = hashlib.sha256(Path(demo.__file__).read_bytes()).hexdigest()[:12]
-    cache = workdir / f"chunks-{code}-seed{seed}-g{group_rows}"
+    cache = workdir / f"chunks-demo{demo.DEMO_VERSION}-seed{seed}-g{group_rows}"
     cache.mkdir(parents=True, exist_ok=True)
     spans = [(a, min(CHUNK_ROWS, n - a)) for a in range(0, n, CHUNK_ROWS)]
     chunk = lambda a, c: cache / f"pairs-{a:010d}-{c}.parquet"  # noqa: E731

@@ -1,11 +1,12 @@
-"""The synthetic `demo` corpus: determinism, distinctness, size, lengths, French grammar and its
-command line.
+"""The synthetic `demo` corpus: determinism, distinctness, the version its pairs are pinned to,
+size, lengths, French grammar and its command line.
 
 Run: `.venv/bin/python -m pytest tests/test_demo.py -q`  (fast: no Ray, a few seconds)
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -73,6 +74,36 @@ def test_pairs_are_the_same_in_another_process_with_another_hash_seed():
                          check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     here = demo.translation_pairs(5, 123456, 20) + demo.summarization_pairs(5, 7, 20)
     assert out.stdout.strip() == repr(here)
+
+
+# DEMO_VERSION and the pairs it stands for: a digest of the first 2,000 translation and
+# summarization pairs of seed 1. Preprocessing manifests and benchmark caches key on the version.
+PINNED_VERSION = 1
+PINNED_DIGEST = "9b7b020a02faf78ab20149e7359ca88569e218da1b809e74b1ff2e94d4d7e147"
+
+
+def test_the_generated_pairs_are_pinned_to_demo_version():
+    pairs = demo.translation_pairs(1, 0, 2_000) + demo.summarization_pairs(1, 0, 2_000)
+    digest = hashlib.sha256("\n".join(f"{s}\t{t}" for s, t in pairs).encode()).hexdigest()
+    if digest != PINNED_DIGEST:
+        bump = (f"bump DEMO_VERSION in preprocessing/demo/__init__.py to "
+                f"{PINNED_VERSION + 1}, then " if demo.DEMO_VERSION == PINNED_VERSION else "")
+        pytest.fail(f"the generated demo pairs changed: {bump}pin PINNED_VERSION = "
+                    f"{max(demo.DEMO_VERSION, PINNED_VERSION + 1)} and PINNED_DIGEST = "
+                    f"{digest!r} here (preprocessed demo data and benchmark caches are keyed on "
+                    "DEMO_VERSION, so stale ones would be reused)")
+    assert demo.DEMO_VERSION == PINNED_VERSION, (
+        f"DEMO_VERSION is {demo.DEMO_VERSION} but the pairs are those pinned for version "
+        f"{PINNED_VERSION}: pin PINNED_VERSION = {demo.DEMO_VERSION} here")
+
+
+def test_the_command_line_prints_pairs():
+    out = subprocess.run([sys.executable, "-m", "preprocessing.demo", "--seed", "5", "--start",
+                          "123456", "--count", "2"], capture_output=True, text=True, check=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__)), timeout=120)
+    (en, fr), second = demo.translation_pairs(5, 123456, 2)
+    assert out.stdout.startswith(f"{en}\n  -> {fr}\n{second[0]}\n  -> {second[1]}\n# ")
+    assert "distinct pairs per seed" in out.stdout
 
 
 def test_translation_pairs_are_distinct_and_sources_too(translation):
