@@ -6,7 +6,8 @@ Presets are plain functions returning a config; `PRESETS` maps names for the com
     cfg = wmt14_en_fr().replace(source="/data/wmt14", root="/shared/prep")
 
 Sources (`source`): "hub" (the Hugging Face parquet files of `hub_repo`), "demo" (the embedded
-synthetic corpus, the default) or a local folder. `splits` maps our split names (`train`,
+synthetic corpus, the default; `with_demo_source(cfg)` swaps a task's config to it with the
+demo's own settings) or a local folder. `splits` maps our split names (`train`,
 `valid`, one or more test splits) to the source's names: hub split names ("validation"), local
 file stems ("newstest2013" -> newstest2013.en / newstest2013.fr, .tsv, .jsonl, parquet), or
 two comma-separated files ("article.txt,title.txt").
@@ -145,6 +146,19 @@ def demo_summarization() -> PreprocessConfig:
     """Smoke run on the embedded synthetic document -> summary corpus."""
     return demo().replace(task="demo_summarization", src_lang="document", tgt_lang="summary",
                           row_shape="columns", max_len_ratio=None)
+
+
+def with_demo_source(cfg: PreprocessConfig, task: str = "translation") -> PreprocessConfig:
+    """`cfg` with the embedded demo corpus as its source (a workflow's `--data demo`).
+
+    The demo corpus brings what describes its data and what is sized to it: its languages
+    (en -> fr, or document -> summary for task "summarization"), row shape, rows per split
+    (`demo_rows`), filters and small-corpus recipe (1k BPE vocabulary, 2000-token batches, small
+    windows and blocks), all from `demo()` / `demo_summarization()`. Where and how `cfg` runs is
+    kept: `root`, `encode_tasks`, `exchange`.
+    """
+    base = demo_summarization() if task == "summarization" else demo()
+    return base.replace(root=cfg.root, encode_tasks=cfg.encode_tasks, exchange=cfg.exchange)
 
 
 PRESETS = {

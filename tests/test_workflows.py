@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
 from workflows.workflow_config import RunOptions, apply_options
 
@@ -97,11 +98,12 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
 @pytest.mark.parametrize("name", sorted(WORKFLOWS))
 def test_smoke_presets_run_on_the_embedded_corpus_on_cpu(name):
     cfg = WORKFLOWS[name].smoke()
-    assert cfg.data == "demo" and cfg.demo.source == "demo" and not cfg.use_gpu
+    _, pre = apply_options(cfg, RunOptions(preset="smoke"))  # the preset's own --data
+    assert cfg.data == "demo" and pre.source == "demo" and not cfg.use_gpu
     assert 1 <= cfg.num_workers <= 2
     assert cfg.model.embed_dim <= 128 and cfg.train.max_epochs <= 6
     expected = "demo_summarization" if name == "gigaword" else "demo"
-    assert cfg.demo.task == expected
+    assert pre.task == expected
     assert cfg.task == ("summarization" if name == "gigaword" else "translation")
 
 
@@ -110,8 +112,14 @@ def test_data_flag_picks_the_source_and_paths_are_absolute(tmp_path, monkeypatch
     paper = wmt14_en_fr.paper()
     cfg, pre = apply_options(paper, RunOptions(preset="paper", storage_path="out"))
     assert pre.source == "hub" and pre.root == str(tmp_path / "out" / "preprocessed")
-    _, pre = apply_options(paper, RunOptions(preset="paper", data="demo"))
+    cfg, pre = apply_options(paper, RunOptions(preset="paper", data="demo"))
     assert pre.source == "demo" and pre.task == "demo"
+    # The demo source brings its own settings (small vocabulary, rows per split), whatever the
+    # preset's data settings, and its test sets are named after it.
+    assert pre == pconfig.demo().replace(root=str(tmp_path / "runs" / "preprocessed"))
+    assert cfg.all_test_sets == {"test": "demo_test"}
+    _, pre = apply_options(gigaword.paper(), RunOptions(preset="paper", data="demo"))
+    assert pre == pconfig.demo_summarization().replace(root=str(tmp_path / "runs" / "preprocessed"))
     _, pre = apply_options(paper, RunOptions(preset="paper", data="corpora/wmt14"))
     assert pre.source == str(tmp_path / "corpora" / "wmt14")
     assert pre.splits == {"train": "train", "valid": "newstest2013", "test": "newstest2014"}

@@ -37,7 +37,6 @@ def paper() -> WorkflowConfig:
         # Harvard/gigaword (parquet conversion); no ratio filter (documents >> titles);
         # 30k vocabulary; §5.5 "batch size 128".
         preprocess=data.gigaword().replace(max_sentences=128),
-        demo=data.demo_summarization(),
         data="hub",
         model=models.gigaword(),  # 6 + 6 layers, 256 units
         # §4 optimizer: NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau until below 1e-4.

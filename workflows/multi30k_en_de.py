@@ -35,7 +35,6 @@ def reference() -> WorkflowConfig:
     return WorkflowConfig(
         name="multi30k_en_de",
         preprocess=data.multi30k_en_de(),  # joint BPE 8k, character coverage 1.0
-        demo=data.demo(),
         data="hub",
         model=models.iwslt_de_en(),  # 4 + 3 layers of 256 units, kernel 3; dropout 0.2
         train=TrainConfig(lr=0.25, momentum=0.99, clip_norm=0.1, label_smoothing=0.1,

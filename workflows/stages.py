@@ -120,8 +120,7 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
     tests = []
     for split, test_name in cfg.all_test_sets.items():
         src, ref = out.text[split]
-        tests.append(TestSet(test_name if pre.source != "demo" else f"demo_{split}", src, ref,
-                             tgt_lang=pre.tgt_lang, task=cfg.task))
+        tests.append(TestSet(test_name, src, ref, tgt_lang=pre.tgt_lang, task=cfg.task))
     jobs = evaluation_jobs([r.run_dir for r in trained], tests, cfg.ensemble.average_last,
                            cfg.search, attention, num_cpus=cfg.eval_cpus,
                            num_gpus=cfg.eval_gpus if cfg.use_gpu else 0.0)

@@ -32,7 +32,6 @@ def paper() -> WorkflowConfig:
     return WorkflowConfig(
         name="wmt14_en_de",
         preprocess=data.wmt14_en_de(),  # 175 words / ratio 1.5, joint BPE 40k, 4000 tokens
-        demo=data.demo(),
         data="hub",
         model=models.wmt14_en_de(),  # 9x512, 4x1024, 2x2048 (k=1); dropout 0.2
         # NAG 0.99, clip 0.1; lr 0.5, label smoothing 0.1, lr fixed then x0.1 per epoch from

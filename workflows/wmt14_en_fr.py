@@ -33,7 +33,6 @@ def paper() -> WorkflowConfig:
         # 40.8M pairs from the hub; drop > 175 words and ratio > 1.5 (§5.1); joint BPE 40k.
         # max-tokens 3000: the reference En-Fr recipe (the 15-layer, 4096-wide model is big).
         preprocess=data.wmt14_en_fr().replace(max_tokens=3000),
-        demo=data.demo(),
         data="hub",
         model=models.wmt14_en_fr(),  # dropout 0.1 (reference recipe)
         # NAG 0.99, clip 0.1 (§4); reference recipe: lr 0.5, label smoothing 0.1, lr fixed,
@@ -54,7 +53,6 @@ def paper() -> WorkflowConfig:
 def smoke() -> WorkflowConfig:
     """The embedded demo corpus and the `small` model on CPU: learns it in minutes."""
     return paper().replace(
-        demo=data.demo(),
         data="demo",
         # `--data hub|DIR` with the smoke preset: the real corpus, a small vocabulary.
         preprocess=data.wmt14_en_fr().replace(vocab_size=8000, spm_sample_pairs=100_000),

@@ -33,7 +33,6 @@ def paper() -> WorkflowConfig:
         # 610k hub pairs, drop > 175 words (no ratio filter for En-Ro); joint BPE 40k.
         # §4: "mini-batches of 64 sentences", capped by a token budget.
         preprocess=data.wmt16_en_ro().replace(max_sentences=64),
-        demo=data.demo(),
         data="hub",
         model=models.wmt16_en_ro(),  # 20 + 20 layers, 512 units, kernel 3; dropout 0.2
         # §4: NAG momentum 0.99, lr 0.25, renormalize gradients to 0.1, lr / 10 per epoch once

@@ -8,7 +8,8 @@ torchtitan style: the settings are read in the file, not assembled from flags):
 
 The command line only carries run-level options (`RunOptions`: preset, data source, workers,
 GPUs, epoch / update limits, storage, tracking, names); `apply_options` folds them into the
-config and picks the preprocessing config that `--data` names. `workflows.orchestrate` runs it.
+config and sets the source of its preprocessing config from `--data` (the demo source brings
+its own settings: `preprocessing.config.with_demo_source`). `workflows.orchestrate` runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from convs2s.config import ModelConfig, SearchConfig, TrainConfig
-from preprocessing.config import PreprocessConfig
+from preprocessing.config import PreprocessConfig, with_demo_source
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,7 @@ class WorkflowConfig:
     """One paper task, end to end: data, model, optimization, evaluation."""
 
     name: str  # the task; default MLflow experiment
-    preprocess: PreprocessConfig  # real data: `--data hub` or `--data DIR` change its source
-    demo: PreprocessConfig  # the embedded corpus, used for `--data demo`
+    preprocess: PreprocessConfig  # the task's data; `--data hub|demo|DIR` sets its source
     data: str  # default --data: "hub" | "demo" | a folder
     model: ModelConfig
     train: TrainConfig
@@ -61,11 +61,12 @@ class WorkflowConfig:
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
 
     def __post_init__(self) -> None:
+        demo = with_demo_source(self.preprocess, self.task)  # what `--data demo` runs on
         for split in self.test_sets:
-            if split not in self.preprocess.eval_splits or split not in self.demo.eval_splits:
+            if split not in self.preprocess.eval_splits or split not in demo.eval_splits:
                 raise ValueError(f"{self.name}: test split {split!r} is not an evaluation split "
-                                 "of the preprocess / demo configs")
-        if "valid" not in self.preprocess.splits or "valid" not in self.demo.splits:
+                                 "of the preprocess config / the demo source")
+        if "valid" not in self.preprocess.splits or "valid" not in demo.splits:
             raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
 
     @property
@@ -108,7 +109,8 @@ class RunOptions:
 
 def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig,
                                                                   PreprocessConfig]:
-    """The config with the run-level overrides, and the preprocessing config `--data` picks."""
+    """The config with the run-level overrides, and its preprocessing config on the source
+    `--data` names."""
     train_changes = {k: v for k, v in (("max_epochs", opts.max_epochs),
                                        ("max_updates", opts.max_updates),
                                        ("max_time", opts.max_time)) if v is not None}
@@ -120,8 +122,9 @@ def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig
         use_gpu=cfg.use_gpu if opts.use_gpu is None else opts.use_gpu)
     data = opts.data or cfg.data
     root = str(Path(opts.storage_path).expanduser().resolve() / "preprocessed")
-    if data == "demo":
-        pre = cfg.demo
+    if data == "demo":  # the demo's own languages and settings; test sets named demo_<split>
+        pre = with_demo_source(cfg.preprocess, cfg.task)
+        cfg = cfg.replace(test_sets={split: f"demo_{split}" for split in cfg.test_sets})
     elif data == "hub":
         pre = cfg.preprocess.replace(source="hub")
     else:  # a local folder: the task's file stems, absolute (Ray tasks read it elsewhere)
