@@ -90,11 +90,11 @@ def test_the_generated_pairs_are_pinned_to_demo_version():
                 f"{PINNED_VERSION + 1}, then " if demo.DEMO_VERSION == PINNED_VERSION else "")
         pytest.fail(f"the generated demo pairs changed: {bump}pin PINNED_VERSION = "
                     f"{max(demo.DEMO_VERSION, PINNED_VERSION + 1)} and PINNED_DIGEST = "
-                    f"{digest!r} here (preprocessed demo data and benchmark caches are keyed on "
-                    "DEMO_VERSION, so stale ones would be reused)")
+                    f"{digest!r} in tests/test_demo.py (preprocessed demo data and benchmark "
+                    "caches are keyed on DEMO_VERSION, so stale ones would be reused)")
     assert demo.DEMO_VERSION == PINNED_VERSION, (
         f"DEMO_VERSION is {demo.DEMO_VERSION} but the pairs are those pinned for version "
-        f"{PINNED_VERSION}: pin PINNED_VERSION = {demo.DEMO_VERSION} here")
+        f"{PINNED_VERSION}: pin PINNED_VERSION = {demo.DEMO_VERSION} in tests/test_demo.py")
 
 
 def test_the_command_line_prints_pairs():
