@@ -296,7 +296,7 @@ def test_an_error_raised_in_a_ray_task_reaches_the_cli_as_one_line(ray_session, 
 def test_demo_source_runs_end_to_end(ray_session, tmp_path):
     demo = pytest.importorskip("preprocessing.demo")
     if not hasattr(demo, "translation_pairs"):
-        pytest.skip("preprocessing/demo.py has no translation_pairs yet")
+        pytest.skip("preprocessing.demo has no translation_pairs yet")
     cfg = PreprocessConfig(task="demo", source="demo", vocab_size=500, spm_sample_pairs=2000,
                            splits={"train": "train", "valid": "valid"},
                            demo_rows={"train": 3000, "valid": 200}, block_rows=1000,
