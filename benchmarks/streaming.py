@@ -101,10 +101,12 @@ def data_profile(data: Path) -> dict:
 
 
 class WorkerMemory:
-    """Every second, the PSS of each process whose title names a training worker."""
+    """Every second, the PSS of each process whose title names a training worker and whose
+    raylet belongs to this cluster (not another Ray on the same host)."""
 
     def __init__(self, match: str = "RayTrainWorker"):
         self.match, self.series = match, {}  # pid -> [(t, bytes)]
+        self.cluster_dir = os.environ.get("STREAMING_BENCH_CLUSTER_DIR", "")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -122,9 +124,11 @@ class WorkerMemory:
         while not self._stop.wait(1.0):
             for p in psutil.process_iter(["name"]):
                 if self.match in (p.info["name"] or ""):
-                    try:
+                    try:  # a worker's parent is its node's raylet, started in the temp dir
+                        if self.cluster_dir not in " ".join(p.parent().cmdline()):
+                            continue
                         pss = p.memory_full_info().pss
-                    except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
                         continue
                     self.series.setdefault(p.pid, []).append((time.monotonic(), pss))
 
@@ -245,7 +249,8 @@ def run(args, argv: list[str]) -> dict:
         cluster.start_head(num_cpus=args.cpus_per_node)
         cluster.add_node(num_cpus=args.cpus_per_node)
         env = {**cluster.env, "RAY_ADDRESS": cluster.gcs_address,
-               "RAY_DATA_DISABLE_PROGRESS_BARS": "1"}
+               "RAY_DATA_DISABLE_PROGRESS_BARS": "1",
+               "STREAMING_BENCH_CLUSTER_DIR": cluster.temp_dir}
         subprocess.run([sys.executable, "-m", "benchmarks.streaming", *argv,
                         "--inner-result", str(inner)], env=env, check=True)
     finally:

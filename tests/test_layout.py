@@ -42,9 +42,9 @@ def test_imports_flow_one_way(package, forbidden):
         assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
 
 
-@pytest.mark.parametrize("name", ["model", "conv", "search", "loss"])
+@pytest.mark.parametrize("name", ["model", "layers", "conv", "search", "loss"])
 def test_model_and_search_import_only_torch(name):
-    allowed_project = {"convs2s.config", "convs2s.conv", "convs2s.loss"}
+    allowed_project = {"convs2s.config", "convs2s.layers", "convs2s.conv", "convs2s.loss"}
     for mod in _imports(REPO / "convs2s" / f"{name}.py"):
         top = mod.split(".")[0]
         assert top == "torch" or top in STDLIB_OK or mod in allowed_project, \

@@ -393,7 +393,7 @@ def test_convolution_matches_conv1d_and_its_gradient(kernel, causal, T):
 
 
 def test_dropout_keeps_the_expected_share_and_scale():
-    from convs2s.model import dropout
+    from convs2s.layers import dropout
 
     torch.manual_seed(0)
     x = torch.ones(200, 1000)
