@@ -122,8 +122,9 @@ def measured(args) -> dict:
                  "pairs_per_s": run["pairs_per_s"], "per_cpu": run["pairs_per_s"] / run["cpus"]}
     if "output_mib" in run:  # batches of the demo preset's max_tokens
         from preprocessing.config import demo
-        m["prep"]["bytes_per_budget_token"] = (run["output_mib"] * 2**20 / run["batches"]
-                                               / demo().max_tokens)
+        # the batches stage's parquet (zstd) per batch, per token of the budget
+        m["prep"]["bytes_per_budget_token"] = (run["output_mib"]["batches"] * 2**20
+                                               / run["batches"] / demo().max_tokens)
     m["stream"] = None
     if args.streaming_json.exists():
         stream = json.loads(args.streaming_json.read_text())["results"]["stream"]
