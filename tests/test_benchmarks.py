@@ -30,8 +30,10 @@ def _check_result(path, benchmark: str) -> dict:
     assert {"created", "command", "settings", "machine", "load_average", "quiet", "results",
             "notes"} <= set(doc)
     assert doc["machine"]["cpu_count"] >= 1 and doc["machine"]["versions"]["python"]
-    # the preprocessing driver stays torch-free, so its memory is the pipeline's own
-    assert ("torch" in doc["machine"]["versions"]) == (benchmark != "preprocess")
+    # the preprocessing driver stays torch-free, so its memory is the pipeline's own; the cost
+    # model builds models on the meta device only
+    if benchmark != "cost_model":
+        assert ("torch" in doc["machine"]["versions"]) == (benchmark != "preprocess")
     assert len(doc["load_average"]["before"]) == 3
     assert doc["command"].startswith(f"python -m benchmarks.{benchmark}")
     return doc
@@ -141,3 +143,24 @@ def test_preprocess_benchmark_writes_result(ray_session, tmp_path):
     assert set(ray_runs[0]["stage_memory_mib"]) == stages  # windows from the pipeline's log
     assert set(plain[0]["stage_memory_mib"]) == stages - {"spm"}
     assert set(r["memory_growth_by_stage_total_pss"]) == stages
+
+
+def test_cost_model_marks_every_gpu_row_projected_and_reads_the_measured_inputs(tmp_path):
+    """The cost model runs in seconds from the recorded results; no GPU figure may pass for a
+    measurement, and the more GPUs, the less compute time per epoch."""
+    from benchmarks import cost_model
+
+    out = tmp_path / "cost.json"
+    cost_model.main(["--out", str(out)])
+    doc = _check_result(out, "cost_model")
+    r = doc["results"]
+    assert {t["task"] for t in r["tasks"]} == {"wmt14_en_fr", "wmt14_en_de", "wmt16_en_ro"}
+    assert r["scales"] and all(row["basis"] == "projected" for row in r["scales"])
+    for task in ("wmt14_en_fr", "wmt14_en_de", "wmt16_en_ro"):
+        rows = sorted((x for x in r["scales"] if x["task"] == task and x["gpu"] == "H100"),
+                      key=lambda x: x["n"])
+        assert [x["n"] for x in rows] == [8, 64, 128]
+        assert rows[0]["epoch_hours_linear"] > rows[1]["epoch_hours_linear"] \
+            > rows[2]["epoch_hours_linear"]
+    kinds = {row["input"]: row["kind"] for row in r["inputs"]}
+    assert kinds["GPU throughput"] == "projected" and kinds["preprocessing"] == "measured"
