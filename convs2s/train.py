@@ -128,23 +128,24 @@ def _local_dir(path: str, what: str) -> Path:
 
 
 def _datasets(job: TrainJob):
-    out = {}
+    out, rows = {}, 0
     for split, path in (("train", job.train_data), ("valid", job.valid_data)):
         d = _local_dir(path, f"{split}_data")
-        if not d.is_dir() or not any(d.glob("*.parquet")):
+        files = sorted(d.glob("*.parquet")) if d.is_dir() else []
+        if not files:
             raise FileNotFoundError(
                 f"no parquet batch shards in {d} ({split} split): run "
                 "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
             )
         shuffle = FileShuffleConfig(seed=job.train.seed, reseed_after_execution=True) \
             if split == "train" else None
-        files = len(list(d.glob("*.parquet")))  # a cap above it: a Ray warning per worker
+        # at most as many read tasks as files: a cap above it is a Ray warning per worker
         out[split] = _read_parquet(str(d), shuffle, job.read_cpus,
-                                   min(2 * job.num_workers, files))
-    # Batch rows from the parquet footers: Dataset.count() reads every file (45 s for the
-    # 102k batches of 10M pairs on 2 CPUs, before the first update).
-    rows = sum(pq.read_metadata(p).num_rows for p in _local_dir(job.train_data, "train_data")
-               .glob("*.parquet"))
+                                   min(2 * job.num_workers, len(files)))
+        if split == "train":
+            # Batch rows from the parquet footers: Dataset.count() reads every file (45 s for
+            # the 102k batches of 10M pairs on 2 CPUs, before the first update).
+            rows = sum(pq.read_metadata(f).num_rows for f in files)
     return out, rows
 
 

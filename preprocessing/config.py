@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 WMT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 
+EXCHANGES = ("files", "ray")  # how rows meet by window / bucket (preprocessing/exchange.py)
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """Everything that decides a task's preprocessing output (reference-facts §5)."""
@@ -71,8 +73,8 @@ class PreprocessConfig:
             raise ValueError(f"max_len_ratio must be >= 1 or None, got {self.max_len_ratio}")
         if self.max_tokens < 1 or (self.max_sentences is not None and self.max_sentences < 1):
             raise ValueError("max_tokens and max_sentences must be positive")
-        if self.exchange not in ("files", "ray"):
-            raise ValueError(f"exchange must be 'files' or 'ray', got {self.exchange!r}")
+        if self.exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
         if self.vocab_size < 300:  # 4 specials + 256 byte pieces + a few merges
             raise ValueError(f"vocab_size {self.vocab_size} too small; use at least 300")
 

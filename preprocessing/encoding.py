@@ -10,7 +10,6 @@ part named by its first id.
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 import numpy as np
@@ -23,8 +22,6 @@ from preprocessing.errors import user_errors
 from preprocessing.parts import PartSink
 from preprocessing.stages import execution_settings, part_paths
 from preprocessing.vocab import EOS, UNK, load
-
-log = logging.getLogger("preprocessing")
 
 ENCODED_SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.list_(pa.int32())),
                             ("tgt", pa.list_(pa.int32())), ("src_len", pa.int32()),
@@ -113,6 +110,5 @@ def encode_parts(clean_dir: str, out_dir: str, model_path: str, concurrency: int
         for row in ds.iter_rows():
             returns.append(json.loads(row["write_return"]))
     sink.on_write_complete(WriteResult(num_rows=0, size_bytes=0, write_returns=returns))
-    log.info("  %s: %s rows, %s parts written (%.0f s)", label,
-             f"{sink.totals.get('rows_in', 0):,}", f"{len(sink.parts):,}", time.monotonic() - t0)
+    sink.log_done(t0)
     return sink.totals

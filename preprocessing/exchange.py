@@ -27,9 +27,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from preprocessing.config import EXCHANGES
 from preprocessing.stages import collect_stats, no_space
-
-EXCHANGES = ("files", "ray")
 
 # Uncompressed: spill files live for seconds and are read back once, and CPU is what a small node
 # runs out of (lz4 would cut them to ~40% for ~20% more CPU in the batches stage). On disk they

@@ -90,6 +90,11 @@ class PartSink(Datasink):
                        f"part-{int(k):0{self.key_digits}d}.parquet")
         return {"parts": parts, "stats": stats}
 
+    def log_done(self, t0: float) -> None:
+        log.info("  %s: %s rows, %s parts written (%.0f s)", self.label,
+                 f"{self.totals.get('rows_in', 0):,}", f"{len(self.parts):,}",
+                 time.monotonic() - t0)
+
     def on_write_complete(self, write_result) -> None:
         totals: dict[str, int] = {}
         parts: list[int] = []
@@ -109,8 +114,7 @@ def write_stage(ds, sink: PartSink) -> dict[str, int]:
     t0 = time.monotonic()
     with user_errors():
         execution_settings(ds).write_datasink(sink)
-    log.info("  %s: %s rows, %s parts written (%.0f s)", sink.label,
-             f"{sink.totals.get('rows_in', 0):,}", f"{len(sink.parts):,}", time.monotonic() - t0)
+    sink.log_done(t0)
     return sink.totals
 
 
@@ -131,14 +135,11 @@ class PartsDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context=None) -> list[ReadTask]:
-        cols = self.columns
-        tasks = []
-        for path in self.paths:
-            rows = pq.read_metadata(path).num_rows
-            meta = BlockMetadata(num_rows=rows, size_bytes=None, exec_stats=None,
-                                 input_files=[path])
-            tasks.append(ReadTask(lambda p=path: [pq.read_table(p, columns=cols)], meta))
-        return tasks
+        cols = self.columns  # row counts left unknown: no footer read per part on the driver
+        return [ReadTask(lambda p=path: [pq.read_table(p, columns=cols)],
+                         BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
+                                       input_files=[path]))
+                for path in self.paths]
 
 
 def read_stage(folder: str | Path, columns: list[str] | None = None):
