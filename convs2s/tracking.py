@@ -50,12 +50,25 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
-    elif "://" not in uri:
+    elif "://" not in uri or uri.lower().startswith("file:"):
+        # A file store would fail at every call, each failure a warning the run outlives:
+        # minutes of training with nothing tracked. Refuse it before anything starts.
+        kind = "a plain path" if "://" not in uri else "a file:// store"
         raise ValueError(
-            f"tracking URI {uri!r} is a plain path: MLflow 3 refuses file stores; give "
+            f"tracking URI {uri!r} is {kind}: MLflow 3 refuses file stores; give "
             "sqlite:///<path>/mlflow.db or an http(s):// server"
         )
     return uri
+
+
+def tracking_uri_problem(flag_value: str | None, flag: str = "--tracking-uri") -> str | None:
+    """For a command line: why the tracking URI it would use is refused (naming the flag, or
+    $MLFLOW_TRACKING_URI when the flag is not given), or None when it is usable."""
+    try:
+        resolve_tracking_uri(flag_value)
+    except ValueError as err:
+        return f"{flag if flag_value else '$MLFLOW_TRACKING_URI'}: {err}"
+    return None
 
 
 @contextlib.contextmanager

@@ -99,7 +99,8 @@ def fit(job: TrainJob) -> TrainResult:
         datasets=datasets,
         # Validation rows are not split: each rank reads them all and keeps its share by id,
         # so no row is dropped to equalize the shards.
-        dataset_config=DataConfig(datasets_to_split=["train"]),
+        dataset_config=DataConfig(datasets_to_split=["train"],
+                                  execution_options=_ingest_options()),
     )
     try:
         result = trainer.fit()
@@ -147,6 +148,16 @@ def _datasets(job: TrainJob):
             # the 102k batches of 10M pairs on 2 CPUs, before the first update).
             rows = sum(pq.read_metadata(f).num_rows for f in files)
     return out, rows
+
+
+def _ingest_options():
+    """Ray Train's default ingest options, without the deprecated `exclude_resources`:
+    `DataConfig.default_ingest_options` (Ray 2.60) copies it over and so warns, from the
+    DatasetManager actor, once per run."""
+    current = ray.data.DataContext.get_current().execution_options
+    return ray.data.ExecutionOptions(resource_limits=current.resource_limits,
+                                     preserve_order=current.preserve_order,
+                                     verbose_progress=current.verbose_progress)
 
 
 def _read_parquet(path: str, shuffle, num_cpus: float, tasks: int):

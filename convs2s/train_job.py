@@ -51,6 +51,9 @@ class TrainJob:
     data_manifest: dict = field(default_factory=dict)  # counts etc., flattened into params
     datasets: tuple = ()  # convs2s.tracking.DatasetRecord: MLflow dataset inputs of the run
     tags: dict = field(default_factory=dict)  # extra MLflow run tags
+    # Seconds between samples of each node's CPU / memory / GPU utilization, logged to the
+    # training run as system/<node>/... (convs2s.system_metrics); 0: no sampling.
+    system_metrics_s: float = 10.0
 
     def replace(self, **changes) -> TrainJob:
         return dataclasses.replace(self, **changes)

@@ -48,6 +48,7 @@ from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.progress import TrainMeter, progress_line
 from convs2s.run_logger import RunLogger
+from convs2s.system_metrics import node_metrics, node_name
 from convs2s.train_job import STOP_REASONS, TrainJob
 from convs2s.update import Comm, train_update, validate
 
@@ -97,6 +98,15 @@ def train_loop_per_worker(config: dict) -> dict:
     """Ray Train worker entry; `config` is the train_loop_config built by `fit`."""
     _quiet_reports()
     job: TrainJob = config["job"]
+    ctx = ray.train.get_context()
+    # One utilization sampler per node (its first worker), into the training run.
+    interval = job.system_metrics_s if ctx.get_local_rank() == 0 else 0.0
+    with node_metrics(config["tracking_uri"], config["run_id"], node_name(ctx.get_node_rank()),
+                      interval):
+        return _train(config, job)
+
+
+def _train(config: dict, job: TrainJob) -> dict:
     cfg, run_dir = job.train, Path(config["run_dir"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
@@ -194,19 +204,23 @@ def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, de
         schedule.end_epoch(epoch, val_loss)
     elif best_before is None or val_loss < best_before:
         schedule.best_loss = val_loss  # stopped mid-epoch by max_updates: no annealing
+    # The lr the next update will use: the epoch's lr after annealing, then warmup and the
+    # budget's cosine / linear decay (schedule.epoch_lr alone is the undecayed peak).
+    next_lr = schedule.lr_at(progress.update, _spent(cfg, progress, progress.seconds(),
+                                                     rows_per_rank))
     metrics = {"valid/loss": loss / max(ntok, 1), "valid/nll": val_loss,
                "valid/ppl": math.exp(min(val_loss, 50.0)), "valid/tokens": ntok,
                "valid/seconds": progress.seconds(),  # the training clock: curve vs wall time
-               "epoch": round(epochs, 3), "lr": schedule.epoch_lr}
+               "epoch": round(epochs, 3), "lr": next_lr}
     if logger is not None:
         logger.log_metrics(metrics, progress.update)
         where = f"epoch {epoch} done" if epoch_end else f"stopped at {epochs:.2f} epochs"
         _say(f"[convs2s.train] {where} | update {progress.update} | valid loss "
              f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
-             f"next lr {schedule.epoch_lr:.3g}")
+             f"next lr {next_lr:.3g}")
     report = {"update": progress.update, "epoch": progress.epoch,
               "epochs": round(epochs, 3), "val_loss": val_loss,
-              "val_ppl": metrics["valid/ppl"], "lr": schedule.epoch_lr}
+              "val_ppl": metrics["valid/ppl"], "lr": next_lr}
     is_best = best_before is None or val_loss < best_before
     _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir, report, val_loss,
                 epoch_end, is_best)

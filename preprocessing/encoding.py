@@ -100,9 +100,11 @@ def encode_parts(clean_dir: str, out_dir: str, model_path: str, concurrency: int
 
     paths = part_paths(clean_dir)
     ds = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=len(paths))
+    # No more actors than parts: an actor without a part only starts, loads the model and is
+    # killed (Ray warns that the pool is larger than its input, and its GCS logs a failed kill).
     ds = execution_settings(ds.map_batches(
         PartEncoder, batch_size=1, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=max(1, concurrency)),
+        compute=ray.data.ActorPoolStrategy(size=max(1, min(concurrency, len(paths)))),
         fn_constructor_kwargs={"model_path": model_path, "out_dir": out_dir}))
     sink = PartSink(out_dir, part_key="part", schema=ENCODED_SCHEMA, label=label)
     t0, returns = time.monotonic(), []

@@ -14,7 +14,18 @@ from collections.abc import Iterator
 
 
 class PreprocessError(RuntimeError):
-    """Bad input or configuration: the message names the file / row and the fix."""
+    """Bad input or configuration: the message names the file / row and the fix.
+
+    `cli_fix` is a fix worded with the preprocessing command's flags (`--source`, `--split`),
+    kept apart from `fact` so that a command with other flags (the workflows' `--data`) can
+    say its own instead."""
+
+    def __init__(self, fact: str, cli_fix: str = ""):
+        super().__init__(f"{fact}; {cli_fix}" if cli_fix else fact)
+        self.fact, self.cli_fix = fact, cli_fix
+
+    def __reduce__(self):  # pickles (Ray) with both parts
+        return type(self), (self.fact, self.cli_fix)
 
 
 _MARKER = "PreprocessError: "

@@ -92,8 +92,9 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
     found = select_split_files([s.rfilename for s in info.siblings or []], cfg.hub_config, name)
     if not found:
         raise PreprocessError(f"hub dataset {cfg.hub_repo}@{cfg.hub_revision} has no parquet "
-                              f"files for config {cfg.hub_config!r} split {name!r}; check "
-                              "hub_config and the split names (e.g. --split valid=validation)")
+                              f"files for config {cfg.hub_config!r} split {name!r}",
+                              "check hub_config and the split names (e.g. --split "
+                              "valid=validation)")
     rev = quote(info.sha or cfg.hub_revision, safe="")
     return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
 
@@ -158,14 +159,14 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
             _not_a_directory(f)
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
-            raise PreprocessError(f"missing input file(s) {missing}; check --source / --split")
+            raise PreprocessError(f"missing input file(s) {missing}", "check --source / --split")
         return SplitSource("text", [str(f) for f in files])
     if (base / name).is_file():  # a file named outright: kind from its suffix
         kind = next((k for k in ("tsv", "jsonl", "parquet")
                      if name.endswith((f".{k}", f".{k}.gz"))), None)
         if kind is None or name.endswith(".parquet.gz"):
             raise PreprocessError(f"{base / name}: a single input file must be .tsv, .jsonl "
-                                  "(optionally .gz) or .parquet; give line-aligned text as "
+                                  "(optionally .gz) or .parquet", "give line-aligned text as "
                                   "two files: --split SPLIT=SRC_FILE,TGT_FILE")
         return SplitSource(kind, [str(base / name)])
     for gz in ("", ".gz"):
@@ -248,8 +249,9 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
     else:
         base = Path(cfg.source)
         if base.is_file():
-            raise PreprocessError(f"--source {base} is a file; give its folder and name the file "
-                                  f"per split: --source {base.parent} --split train={base.name}")
+            raise PreprocessError(f"{base} is a file",
+                                  f"give its folder and name the file per split: --source "
+                                  f"{base.parent} --split train={base.name}")
         if not base.is_dir():
             raise PreprocessError(f"source folder {base} does not exist; give --source hub, demo "
                                   "or an existing folder")
@@ -258,7 +260,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
             raise PreprocessError(
                 f"no input for split {split!r} (source name {name!r}) in {base}: looked for "
                 f"{name}.{cfg.src_lang} + {name}.{cfg.tgt_lang} (or .gz), {name}.tsv, "
-                f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))}); "
+                f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))})",
                 f"set the name with --split {split}=NAME or --split {split}=SRC_FILE,TGT_FILE")
         src.fingerprint = {"files": file_fingerprint(src.files)}
         if src.kind == "text":

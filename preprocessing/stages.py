@@ -174,7 +174,42 @@ def execution_settings(ds):
     slowly; on a small node (2 CPUs) a stage then mostly runs one task at a time. Each stage's
     bulk data stays inside fused tasks (or actors), so there is little to reserve for."""
     ds.context.op_resource_reservation_enabled = False
+    _wait_for_a_free_cpu()
     return ds
+
+
+class _RayCpuCheckToLogFile(logging.Filter):
+    """Ray Data warns that a dataset "will hang" whenever the cluster shows no free CPU as it
+    starts executing. `write_datasink` runs through `materialize()`, which checks a second
+    time right after the write ran, before the write tasks' CPUs show as released: a false
+    alarm on a small machine. The stages check for a free CPU themselves
+    (`_wait_for_a_free_cpu`, with a warning of their own), so Ray's check is demoted to INFO:
+    it stays in ray-data.log, off the console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "does not have any available CPUs" in record.getMessage():
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def _wait_for_a_free_cpu(timeout_s: float = 10.0) -> None:
+    """Ray releases a finished stage's task and actor CPUs asynchronously, so the next stage,
+    started at once, can find no free CPU for a moment. Start it once a CPU is free again, or
+    after `timeout_s` with a warning: then other work (training workers, other jobs' actors)
+    holds every CPU, and the stage waits for Ray to schedule it."""
+    import ray
+
+    ray_check = logging.getLogger("ray.data.dataset")
+    if not any(isinstance(f, _RayCpuCheckToLogFile) for f in ray_check.filters):
+        ray_check.addFilter(_RayCpuCheckToLogFile())
+    deadline = time.monotonic() + timeout_s
+    while not ray.available_resources().get("CPU"):
+        if time.monotonic() >= deadline:
+            log.warning("no free CPU on the Ray cluster for %.0f s: the stage starts and waits "
+                        "until other work (training workers, other jobs) releases one",
+                        timeout_s)
+            return
+        time.sleep(0.05)
 
 
 def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 10.0) -> dict:

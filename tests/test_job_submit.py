@@ -35,6 +35,17 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
     assert re.search(r"Job '\S+' succeeded", log), log[-3000:]
     assert "==== wmt14_en_fr (smoke) done" in log and "mlflow ui --backend-store-uri" in log
     assert "Ray: cluster" in log  # the driver joined the head, it did not start its own Ray
+    # The workflow's own console (the job's log, as `ray job submit` tails it) is clean: no
+    # Ray ERROR line, no warning, no traceback (workflows/console.py).
+    from workflows.console import alarming_lines
+
+    # (stdout: stderr holds the client's own packaging notices. Ray Train's
+    # PlacementGroupCleaner prints a traceback only when two Ray instances run on one host:
+    # this head and the test session's.)
+    job_log = proc.stdout.split("Tailing logs until the job exits", 1)[-1]
+    alarming = [line for line in alarming_lines(job_log)
+                if not line.startswith("(PlacementGroupCleaner ")]
+    assert not alarming, "\n".join(alarming)
 
     # The store holds the parent run, its stage children and the scores.
     client = MlflowClient(uri)

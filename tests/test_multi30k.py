@@ -86,7 +86,7 @@ def _run_script(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 # The workflow's command line with the `fast` preset below, in a process of its own.
 RUN_FAST = (f"import sys; sys.path[:0] = [{str(REPO)!r}, {str(REPO / 'tests')!r}]; "
             "from test_multi30k import fast; from workflows import multi30k_en_de as w; "
-            "sys.exit(w.main({'fast': fast}, w.__doc__, sys.argv[1:]))")
+            "sys.exit(w.main({'fast': fast}, w.__doc__, sys.argv[1:], filter_console=True))")
 
 
 # --- presets and flags --------------------------------------------------------------------------
@@ -177,12 +177,37 @@ def test_missing_split_and_unknown_language_side_are_refused(multi30k_slice, tmp
     no_val = _linked_copy(multi30k_slice, tmp_path / "no_val", without="val.")
     proc = _run_script(["--preset", "cpu", "--data", str(no_val)], tmp_path)
     _assert_refused(proc, tmp_path, "no input for split 'valid'", "val.en + val.de")
+    # The fix named is this command's (its --data folder's stems), not the preprocessing
+    # command's --split, which workflows do not take.
+    assert "--split" not in proc.stderr
+    assert "valid=val" in proc.stderr.splitlines()[-1]
     # An En-Fr folder given to the En-De workflow: the German side is missing.
     fr = tmp_path / "en_fr"
     _write(fr, "train", "en", ["A dog runs."])
     _write(fr, "train", "fr", ["Un chien court."])
     proc = _run_script(["--preset", "cpu", "--data", str(fr)], tmp_path)
     _assert_refused(proc, tmp_path, "train.en.gz", "not its other side", "train.de")
+
+
+@pytest.mark.parametrize("uri, says", [
+    ("mlruns", "$MLFLOW_TRACKING_URI: tracking URI 'mlruns' is a plain path"),
+    ("file:///tmp/mlruns", "$MLFLOW_TRACKING_URI: tracking URI 'file:///tmp/mlruns' is a "
+                           "file:// store"),
+])
+def test_an_unusable_tracking_uri_from_the_environment_is_one_line_before_ray(
+        multi30k_slice, tmp_path, uri, says):
+    """The variable gets the flag's treatment: exit 2, one line, nothing started (a file://
+    store used to pass and the run trained for minutes with nothing tracked)."""
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "cpu", "--data",
+                           str(multi30k_slice)], cwd=tmp_path, capture_output=True, text=True,
+                          env={**_env_without_ray_address(), "MLFLOW_TRACKING_URI": uri},
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "Ray:" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"error: {says}: MLflow 3 refuses file "
+                                                         "stores; give sqlite:///<path>/mlflow.db "
+                                                         "or an http(s):// server")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_an_empty_corpus_file_or_a_directory_is_refused_before_ray(multi30k_slice, tmp_path):
@@ -227,6 +252,13 @@ def budget_run(multi30k_slice, ray_session, tmp_path_factory):
             "seconds_all": _train_seconds(train_dir)}
 
 
+def _valid_seconds(train_dir: Path) -> dict[int, float]:
+    """update -> training clock when the validation at that update ended."""
+    records = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["metrics"]["valid/seconds"] for r in records
+            if "valid/seconds" in r["metrics"]}
+
+
 def _train_seconds(train_dir: Path) -> list[tuple[int, float]]:
     """(update, training clock) of every update, from the run's metrics.jsonl."""
     out = []
@@ -242,7 +274,11 @@ def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
     updates = budget_run["seconds_first"]
     assert len(updates) > 20
     (_, before), (last, after) = updates[-2], updates[-1]
-    assert before < 40 <= after  # the first update to end past the budget is the last
+    # The first update to end past the budget is the last, or, when an epoch ended just before
+    # the budget, the validation at that epoch's end spent it (a host whose epoch of this
+    # slice takes about 40 s).
+    assert before < 40
+    assert after >= 40 or _valid_seconds(budget_run["train_dir"]).get(last, 0) >= 40, updates[-3:]
     assert "stopped: time budget spent" in budget_run["first"]
     assert f"train: {last:,} updates" in budget_run["first"]
     from mlflow.tracking import MlflowClient
@@ -261,7 +297,9 @@ def test_a_mid_epoch_stop_counts_the_same_fraction_of_an_epoch_everywhere(budget
                (budget_run["train_dir"] / "metrics.jsonl").read_text().splitlines()]
     last_valid = [r for r in records if "valid/loss" in r["metrics"]][-1]["metrics"]
     epochs = last_valid["epoch"]
-    assert epochs != int(epochs)  # the budget ran out inside an epoch, not at its end
+    if epochs == int(epochs):  # see test_time_budget_stops_after_the_update_that_spends_it
+        pytest.skip("on this host the first epoch ended just before the 40 s budget and its "
+                    "validation spent it: no fraction of an epoch to count")
     client = MlflowClient(budget_run["uri"])
     exp = client.get_experiment_by_name("multi30k_en_de")
     (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'm30k'")
@@ -292,6 +330,44 @@ def test_console_to_a_file_is_short_plain_and_says_each_thing_once(budget_run):
     ours = [line for line in lines if "[convs2s.train]" in line]
     assert ours and len(ours) == len(set(ours)), "\n".join(ours)
     assert "Starting execution of Dataset" not in text and "Execution plan" not in text
+    # Lines that read as failures on a clean run, each removed at its cause (an encoder pool
+    # no larger than its parts, Ray Train's ingest options without the deprecated field, the
+    # local Ray's authentication mode chosen explicitly, Ray Data's progress notices in its
+    # log file) or, for Ray's own harmless lines, kept in Ray's log files only.
+    for gone in ("has constructor arguments in the object store", "Failed to kill actor",
+                 "KillActor RPC failed", "The minimum number of concurrent actors",
+                 "does not have any available CPUs", "RayDeprecationWarning",
+                 "exclude_resources", "Progress bars disabled", "Token authentication",
+                 "UserWarning", "Traceback"):
+        assert gone not in text, (gone, text)
+    assert not [line for line in lines if " E " in line and "] " in line], text
+    # ... still in Ray's log folder, where the console says it is.
+    (logs,) = [line.split("Ray's own logs: ")[1].strip() for line in lines
+               if "Ray's own logs: " in line]
+    in_logs = [f for f in Path(logs).rglob("*") if f.is_file() and
+               "has constructor arguments in the object store" in f.read_text(errors="replace")]
+    assert in_logs, f"the filtered Ray line is not in {logs}"
+
+
+@pytest.mark.slow
+def test_epoch_lines_say_the_lr_the_next_update_uses(budget_run):
+    """The cosine schedule decays with the budget: an epoch line's `next lr` is the lr of the
+    next update as logged, not the schedule's undecayed peak (which it used to print)."""
+    import re
+
+    records = [json.loads(line) for line in
+               (budget_run["train_dir"] / "metrics.jsonl").read_text().splitlines()]
+    lr_of = {r["step"]: r["metrics"]["train/lr"] for r in records if "train/lr" in r["metrics"]}
+    ends = re.findall(r"epoch (\d+) done \| update (\d+) \| .* next lr ([0-9.e+-]+)",
+                      budget_run["first"] + budget_run["second"])
+    assert ends
+    peak = fast().train.lr
+    for _, update, next_lr in ends:
+        following = int(update) + 1
+        if following in lr_of:  # within the decay of the seconds validation and the
+            # checkpoint take (the budget is 40 s: a second moves a cosine by < 4% of peak)
+            assert float(next_lr) == pytest.approx(lr_of[following], abs=0.05 * peak)
+        assert float(next_lr) < 0.9 * peak
 
 
 @pytest.mark.slow

@@ -57,7 +57,7 @@ def train_rows(demo) -> int:
 def trained(demo_batches, tmp_path_factory):
     storage = tmp_path_factory.mktemp("train_runs")
     cfg = TrainConfig(max_epochs=2, log_interval=10, checkpoint_interval=25, keep_last=2)
-    job = make_job(demo_batches, storage, "learns", cfg)
+    job = make_job(demo_batches, storage, "learns", cfg, system_metrics_s=1.0)
     return job, fit(job)
 
 
@@ -84,6 +84,29 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
     assert f"best_checkpoint/{CHECKPOINT_FILE}" in \
         {a.path for a in client.list_artifacts(result.run_id, "best_checkpoint")}
     assert result.metrics["epoch"] == 2 and result.metrics["val_ppl"] == pytest.approx(ppl[-1][1])
+
+
+def test_each_training_node_logs_its_utilization_to_the_run(trained):
+    """MLflow system metrics, sampled by one worker per node (2 workers here, one node),
+    named after the node."""
+    from convs2s.system_metrics import node_name
+
+    job, result = trained
+    client = MlflowClient(job.tracking_uri)
+    node = node_name(0)
+    keys = [k for k in client.get_run(result.run_id).data.metrics if k.startswith("system/")]
+    assert keys and all(k.startswith(f"system/{node}/") for k in keys), keys
+    for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes",
+                 "system_memory_usage_percentage"):
+        samples = history(client, result.run_id, f"system/{node}/{name}")
+        assert len(samples) >= 2, (name, samples)
+        steps = [step for step, _ in samples]
+        assert steps == sorted(set(steps))  # one sampler: no step twice
+        values = [value for _, value in samples]
+        if "percentage" in name:  # (psutil's first CPU reading is 0 by definition)
+            assert all(0 <= v <= 100 for v in values) and max(values) > 0, samples
+        else:
+            assert all(v > 0 for v in values), samples
 
 
 def test_checkpoints_keep_best_and_last_k_and_load_without_ray(trained, demo_batches):
@@ -125,6 +148,7 @@ def test_two_workers_equal_one_process_on_the_union_and_a_dead_tracker_is_harmle
     # No gradient renormalization: a wrong token normalization then shows in full.
     cfg = TrainConfig(max_updates=1, clip_norm=0.0, log_interval=1, seed=3)
     job = make_job(demo_batches, tmp_path, "parity", cfg, tracking_uri=dead_tracking_uri())
+    assert job.system_metrics_s > 0  # on by default; a dead tracker stops the sampler, not training
     job = job.replace(train_data=str(data))
     t0 = time.monotonic()
     result = fit(job)
@@ -157,7 +181,7 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(demo_
     assert per_epoch < ckpt_before_crash < 2 * per_epoch - 10
     cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=interval, keep_last=2,
                       crash_at_update=ckpt_before_crash + 7, crash_rank=1)
-    job = make_job(demo_batches, tmp_path, "crashes", cfg, max_failures=1)
+    job = make_job(demo_batches, tmp_path, "crashes", cfg, max_failures=1, system_metrics_s=1.0)
     first = fit(job)
     run_dir = Path(first.run_dir)
     assert (run_dir / ".crash_injected").exists()  # rank 1 really died once
@@ -176,7 +200,9 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(demo_
                               filter_string=f"tags.`{RUN_KEY_TAG}` = '{run_dir}'")
     assert [r.info.run_id for r in runs] == [first.run_id]
     assert runs[0].info.status == "FINISHED"
-    for key in ("train/loss", "train/lr", "valid/ppl", "epoch"):
+    system = [k for k in runs[0].data.metrics if k.startswith("system/")]
+    assert system  # the utilization samples continue across the restarts ...
+    for key in ("train/loss", "train/lr", "valid/ppl", "epoch", *system):
         steps = [s for s, _ in history(client, first.run_id, key)]
         assert len(steps) == len(set(steps)), (key, steps)  # no duplicate steps after restarts
     assert [s for s, _ in history(client, first.run_id, "train/loss")] == \

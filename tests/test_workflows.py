@@ -346,6 +346,8 @@ def test_declaring_a_workflow_imports_neither_torch_nor_ray():
     (["--attention", "-1"], "--attention -1: give a number of sentences"),
     (["--tracking-uri", "/tmp/mlruns"],
      "--tracking-uri: tracking URI '/tmp/mlruns' is a plain path"),
+    (["--tracking-uri", "file:///tmp/mlruns"],
+     "--tracking-uri: tracking URI 'file:///tmp/mlruns' is a file:// store"),
 ])
 def test_bad_flag_values_are_refused_up_front_with_one_line(flags, says, capsys):
     from workflows.workflow_config import parse_args
@@ -376,3 +378,52 @@ def test_summary_aligns_long_names_and_says_where_metrics_went_without_tracking(
     assert "(id None)" not in text and "mlflow ui" not in text
     assert ("MLflow: tracking at http://127.0.0.1:9 was unavailable; training metrics are in "
             "/r/train*/metrics.jsonl and the scores in /r/workflow.json") in text
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) while a stage runs: exit 130, one line
+    naming the run to resume, no KeyboardInterrupt traceback; the parent run is KILLED."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",
+                                                            "MLFLOW_TRACKING_URI")}
+    proc = subprocess.Popen([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
+                             "--preset", "smoke", "--run-name", "ctrlc"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "[clean/train] running" in line:
+                time.sleep(1.0)
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    console = "".join(seen) + rest
+    assert proc.returncode == 130, console[-3000:]
+    assert "Traceback" not in console and "KeyboardInterrupt" not in console, console[-3000:]
+    (said,) = [line for line in console.splitlines() if line.startswith("interrupted:")]
+    assert "--run-name ctrlc" in said and str(tmp_path / "runs") in said
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("wmt14_en_fr")
+    (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'ctrlc'")
+    assert parent.info.status == "KILLED"
+
+
+def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():
+    from workflows.workflow_config import parse_args
+
+    presets = {"smoke": wmt14_en_fr.smoke}
+    on = parse_args([], presets, None)
+    off = parse_args(["--no-system-metrics"], presets, None)
+    cfg = wmt14_en_fr.smoke()
+    assert apply_options(cfg, on)[0].system_metrics_s == cfg.system_metrics_s > 0
+    assert apply_options(cfg, off)[0].system_metrics_s == 0

@@ -52,6 +52,7 @@ from convs2s.tracking import (
     log_params,
     resolve_tracking_uri,
     set_tags,
+    tracking_uri_problem,
 )
 
 log = logging.getLogger("workflows.evaluation")
@@ -364,7 +365,11 @@ def run_prefix(k: int, n_runs: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workflows.evaluation",
                                 description="Ensembling and averaging jobs, scored on Ray.")
-    p.add_argument("--run-dir", nargs="+", required=True, help="training run directories")
+    p.add_argument("--run-dir", nargs="+", default=[], help="training run directories")
+    p.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR",
+                   help="also score one checkpoint directory as job NAME: e.g. a reference "
+                        "model imported with `python -m convs2s import-fairseq` (repeatable); "
+                        "it is logged as an MLflow model its scores link to")
     p.add_argument("--test", nargs=4, action="append", required=True,
                    metavar=("NAME", "SRC", "REF", "LANG"), help="a test set (repeatable)")
     p.add_argument("--summarization", action="store_true", help="score with ROUGE")
@@ -378,14 +383,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parent-run-id")
     p.add_argument("--out", default="eval")
     args = p.parse_args(argv)
+    if problem := tracking_uri_problem(args.tracking_uri):
+        p.error(problem)
+    if not args.run_dir and not args.checkpoint:
+        p.error("give --run-dir (training runs) or --checkpoint NAME=DIR (or both)")
+    named = []
+    for item in args.checkpoint:
+        name, _, path = item.partition("=")
+        if not name or not path or not Path(path, "checkpoint.pt").is_file():
+            p.error(f"--checkpoint {item!r}: give NAME=DIR, DIR a checkpoint directory "
+                    "(checkpoint.pt inside)")
+        named.append((name, str(Path(path).resolve())))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     task = "summarization" if args.summarization else "translation"
     search = summarization_search(beam=args.beam) if args.summarization \
         else SearchConfig(beam=args.beam)
     tests = [TestSet(n, s, r, lang, task) for n, s, r, lang in args.test]
     jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search, args.attention_sentences,
-                           num_cpus=args.num_cpus, num_gpus=args.num_gpus)
-    for r in evaluate_all(jobs, args.tracking_uri, args.parent_run_id, args.out):
+                           num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \
+        else []
+    uri = resolve_tracking_uri(args.tracking_uri)
+    for name, path in named:
+        from convs2s.serving import log_translator
+
+        served = log_translator([path], search, tracking_uri=uri, run_id=args.parent_run_id,
+                                experiment_name="convs2s", name=name)
+        jobs += [EvalJob(name, (path,), test, search, num_cpus=args.num_cpus,
+                         num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
+                         model_id=served.model_id) for test in tests]
+    for r in evaluate_all(jobs, uri, args.parent_run_id, args.out):
         print(r.job.name, r.job.test_set.name,
               " ".join(f"{k}={v:.3f}" for k, v in sorted(r.metrics.items())), sep="\t")
     return 0

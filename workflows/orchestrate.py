@@ -115,8 +115,8 @@ def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
         if scores and models:  # the task's main metric on its main (first) test set
             champion = register_champion(uri, cfg.name, scores, models, scores[0].test_set,
                                          _main_metric(cfg))
-    except BaseException:
-        end_run(uri, parent, "FAILED")
+    except BaseException as err:
+        end_run(uri, parent, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     end_run(uri, parent, "FINISHED")
     return WorkflowResult(parent, experiment, uri, str(run_dir), trained, scores, ctx.skipped,
@@ -182,6 +182,8 @@ def _start_ray(use_gpu: bool, small_data: bool) -> None:
         # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
         # (reference-facts §8); otherwise a local Ray on this machine. Ray's own INFO
         # banner stays out of the console (its logs are in the session folder, named below).
+        if not os.environ.get("RAY_ADDRESS"):
+            _local_ray_auth()
         ray.init(logging_level=logging.WARNING)
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
@@ -193,6 +195,18 @@ def _start_ray(use_gpu: bool, small_data: bool) -> None:
                              "without --use-gpu (CPU) or submit to a GPU cluster")
         log.warning("--use-gpu but the cluster has no GPU now: training waits until the "
                     "autoscaler adds GPU nodes")
+
+
+def _local_ray_auth() -> None:
+    """A local Ray this workflow starts uses token authentication (Ray's default for a new
+    local instance), chosen explicitly: left unset, Ray picks the same and prints a notice on
+    every run. A user's own RAY_AUTH_MODE is kept."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    import ray._raylet
+
+    ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
 
 
 def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
@@ -222,23 +236,47 @@ def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
 
 
 def main(presets: dict[str, Callable[[], WorkflowConfig]], doc: str | None = None,
-         argv: list[str] | None = None) -> int:
-    """Command-line entry of a workflow file: parse flags, run, print scores and MLflow links."""
+         argv: list[str] | None = None, filter_console: bool | None = None) -> int:
+    """Command-line entry of a workflow file: parse flags, run, print scores and MLflow links.
+    With `filter_console` (default: when run as a command, argv None) Ray's known harmless
+    console lines stay in its log files (workflows/console.py)."""
+    opts = parse_args(argv, presets, doc)
+    if not (argv is None if filter_console is None else filter_console):
+        return _run_main(presets, opts)  # in-process (tests, notebooks): stderr as it is
+    from workflows.console import harmless_ray_lines_dropped
+
+    with harmless_ray_lines_dropped():
+        return _run_main(presets, opts)
+
+
+def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions) -> int:
     from preprocessing.errors import PreprocessError
 
-    opts = parse_args(argv, presets, doc)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     cfg = presets[opts.preset]()
     _warn_if_job_tmp(opts)
+    # Named now, so that an interrupted run can be told how to resume.
+    opts.run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     t0 = time.monotonic()
     try:
         result = run_workflow(cfg, opts)
+    except KeyboardInterrupt:
+        # Every stage writes whole files or none (manifests last), so what is on disk is
+        # complete: the same run name picks up from there.
+        print(f"\ninterrupted: finished stages are kept under "
+              f"{Path(opts.storage_path).expanduser().resolve()}; resume with the same "
+              f"--run-name {opts.run_name} and --storage-path {opts.storage_path}",
+              file=sys.stderr, flush=True)
+        return 130
     except PreprocessError as e:
-        from preprocessing.errors import message
+        from preprocessing.errors import unwrap_ray_error
         from preprocessing.sources import NO_HUB_HINT
 
-        # The preprocessing CLI's hint names its own flags; this command's are below.
-        print(f"error: {message(e).replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
+        # The preprocessing CLI's fixes name its own flags (--source, --split); this command's
+        # are in the hint below.
+        found = unwrap_ray_error(e) or e
+        text = getattr(found, "fact", None) or str(found)
+        print(f"error: {text.replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
         print("hint: this workflow reads its data with --data: `--data demo` runs on the "
               "embedded demo corpus (no network); `--data DIR` reads a local folder with "
               f"{_stems(cfg)} (text files <stem>.<lang>, .tsv, .jsonl or hub-like parquet).",

@@ -96,7 +96,8 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = ()
                        cpus_per_worker=cfg.cpus_per_worker, tracking_uri=ctx.uri,
                        experiment_name=ctx.experiment,
                        parent_run_id=ctx.parent, data_manifest=_data_summary(out),
-                       datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"})
+                       datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"},
+                       system_metrics_s=cfg.system_metrics_s)
         result = fit(job)
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "

@@ -59,6 +59,9 @@ class WorkflowConfig:
     extra_test_sets: tuple[str, ...] = ()
     eval_cpus: float = 1.0  # per evaluation task
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
+    # Seconds between samples of each training node's CPU / memory / GPU utilization in the
+    # train run's MLflow metrics (system/<node>/...); 0 (--no-system-metrics): none.
+    system_metrics_s: float = 10.0
 
     def __post_init__(self) -> None:
         demo = with_demo_source(self.preprocess, self.task)  # what `--data demo` runs on
@@ -104,6 +107,7 @@ class RunOptions:
     tracking_uri: str | None = None
     experiment: str | None = None
     run_name: str | None = None
+    system_metrics: bool = True  # sample each training node's utilization into MLflow
 
 
 
@@ -119,7 +123,8 @@ def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig
     cfg = cfg.replace(
         train=cfg.train.replace(**train_changes),
         num_workers=opts.num_workers or cfg.num_workers,
-        use_gpu=cfg.use_gpu if opts.use_gpu is None else opts.use_gpu)
+        use_gpu=cfg.use_gpu if opts.use_gpu is None else opts.use_gpu,
+        system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0)
     data = opts.data or cfg.data
     root = str(Path(opts.storage_path).expanduser().resolve() / "preprocessed")
     if data == "demo":  # the demo's own languages and settings; test sets named demo_<split>
@@ -185,19 +190,19 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p.add_argument("--experiment", help="MLflow experiment (default: the task name)")
     p.add_argument("--run-name", help="name of this workflow run; the same name resumes it "
                                       "(default: <preset>-<date>-<time>)")
+    p.add_argument("--system-metrics", action=argparse.BooleanOptionalAction, default=True,
+                   help="log each training node's CPU, memory and GPU utilization to the "
+                        "train run in MLflow (system/<node>/...; default: on)")
     a = p.parse_args(argv)
     for flag in ("num_workers", "max_epochs", "max_updates"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: give a positive integer")
     if a.attention < 0:
         p.error(f"--attention {a.attention}: give a number of sentences (0: none)")
-    if a.tracking_uri:
-        from convs2s.tracking import resolve_tracking_uri
+    from convs2s.tracking import tracking_uri_problem
 
-        try:
-            resolve_tracking_uri(a.tracking_uri)
-        except ValueError as err:
-            p.error(f"--tracking-uri: {err}")
+    if problem := tracking_uri_problem(a.tracking_uri):
+        p.error(problem)
     if a.test_set:
         data = a.data or presets[a.preset]().data
         if data in ("hub", "demo"):

@@ -1,0 +1,66 @@
+"""CPU, memory, disk, network and GPU utilization of every node that trains, in the training
+run's MLflow metrics: the first place to look when a cluster run is slow.
+
+One sampler per node (the worker with local rank 0) runs MLflow's own `SystemMetricsMonitor`
+in a background thread against the training run. Metric names carry the node:
+
+    system/<node>/cpu_utilization_percentage      system/<node>/system_memory_usage_megabytes
+    system/<node>/gpu_0_utilization_percentage    system/<node>/gpu_0_memory_usage_megabytes
+
+where <node> is `node<node rank>-<host name>` (Ray Train's node rank: two Ray nodes on one host
+stay apart). GPU metrics appear where NVIDIA's management library sees a GPU (nvidia-ml-py).
+A resumed run continues the steps after the last logged sample. `TrainJob.system_metrics_s`
+sets the sampling interval; 0 turns sampling off (`--no-system-metrics` in the workflows).
+
+    with node_metrics(tracking_uri, run_id, node_name(ctx), interval_s=10.0):
+        ...train...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+PREFIX = "system/"
+
+
+def node_name(node_rank: int) -> str:
+    """The node's part of the metric names: `node<rank>-<host>` (metric keys allow letters,
+    digits, '_', '-', '.', ' ', '/')."""
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    return f"node{node_rank}-{host or 'unknown'}"
+
+
+@contextlib.contextmanager
+def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
+                 interval_s: float) -> Iterator[object | None]:
+    """Sample this node's system metrics into MLflow run `run_id` every `interval_s` seconds
+    for the block; nothing when sampling is off (interval 0) or the run is untracked. A
+    sampler that cannot start (no psutil, tracking unreachable) warns once and the block runs
+    on: utilization figures never stop training."""
+    if not interval_s or interval_s <= 0 or not run_id or not tracking_uri:
+        yield None
+        return
+    # MLflow's monitor says "Started monitoring ..." / "Skip logging GPU metrics ..." at INFO:
+    # on a Ray worker that is a console line per node.
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
+    monitor = None
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
+                                       samples_before_logging=1, resume_logging=True,
+                                       node_id=node, tracking_uri=tracking_uri)
+        monitor.start()
+    except Exception as err:  # noqa: BLE001 - utilization is an extra, never a failure
+        logging.getLogger(__name__).warning(
+            "system metrics of %s are off for this run (%s: %s)", node, type(err).__name__,
+            str(err).splitlines()[0][:200] if str(err) else "")
+        monitor = None
+    try:
+        yield monitor
+    finally:
+        if monitor is not None:
+            monitor.finish()  # stops the thread and flushes what it sampled

@@ -1,0 +1,139 @@
+"""The workflow console filter (workflows/console.py) as a specification: each Ray line it keeps
+off the console is named here, as Ray printed it on a clean run, with the reason it is
+harmless; every other line, Python's and C++'s alike, passes through unchanged and in order.
+
+    .venv/bin/python -m pytest tests/test_console.py -q
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workflows.console import HARMLESS_RAY_LINES, is_harmless
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Lines as Ray 2.60 printed them during `make smoke` (the driver's own C++ log, and worker and
+# GCS lines forwarded by Ray's log monitor).
+RAY_SAID = {
+    "restartable actor, arguments in the object store (driver)":
+        "[2026-11-24 06:10:18,334 E 2779 2779] core_worker.cc:2465: Actor with class name: "
+        "'MapWorker(MapBatches(PartEncoder))' and ID: '923ea68990991e123865cb3d01000000' has "
+        "constructor arguments in the object store and max_restarts > 0. If the arguments in "
+        "the object store go out of scope or are lost, the actor restart will fail. See "
+        "https://github.com/ray-project/ray/issues/53727 for more details.",
+    "restartable actor, arguments in the object store (Ray Train's controller)":
+        "(TrainController pid=4046) [2026-11-24 06:11:04,707 E 4046 4076] core_worker.cc:2465: "
+        "Actor with class name: 'PreemptionWatcher' and ID: '7d3a5793d11e4de8b26e090a01000000' "
+        "has constructor arguments in the object store and max_restarts > 0. If the arguments "
+        "in the object store go out of scope or are lost, the actor restart will fail.",
+    "a kill RPC to an actor that had exited":
+        "(pid=gcs_server) [2026-11-24 06:10:37,775 E 2782 2782] (gcs_server) "
+        "gcs_actor_scheduler.cc:538: Failed to kill actor 668c6250ece636d0125b5cbf01000000, "
+        "return status: Invalid: KillActor RPC failed for actor "
+        "668c6250ece636d0125b5cbf01000000: RpcError: RPC error: Socket closed rpc_code: 14",
+}
+
+# Lines that must reach the user, including Ray errors that look alike.
+MUST_PASS = [
+    "(RayTrainWorker pid=4148) [convs2s.train] epoch 1 done | update 104 | valid loss 4.589",
+    "[2026-11-24 06:10:18,334 E 2779 2779] core_worker.cc:812: Failed to register worker to "
+    "Raylet: IOError: Connection refused",
+    "(pid=gcs_server) [2026-11-24 06:10:37,775 E 2782 2782] (gcs_server) "
+    "gcs_actor_scheduler.cc:538: Actor 668c6250 creation failed: insufficient resources",
+    "Traceback (most recent call last):",
+    "error: no input for split 'valid' (source name 'val') in /data",
+]
+
+
+@pytest.mark.parametrize("what", sorted(RAY_SAID))
+def test_each_filtered_ray_line_is_named_with_why_it_is_harmless(what):
+    why = is_harmless(RAY_SAID[what])
+    assert why and len(why) > 60, what  # a reason a reader can check, not a label
+
+
+def test_every_pattern_is_exercised_and_other_lines_pass():
+    for pattern, _ in HARMLESS_RAY_LINES:
+        assert any(pattern.search(line) for line in RAY_SAID.values()), pattern.pattern
+    for line in MUST_PASS:
+        assert is_harmless(line) is None, line
+
+
+CHILD = r"""
+import os, subprocess, sys
+sys.path.insert(0, {repo!r})
+from workflows.console import harmless_ray_lines_dropped
+with harmless_ray_lines_dropped():
+    print("python line 1", file=sys.stderr, flush=True)
+    os.write(2, ({harmless!r} + "\n").encode())           # C++ writes straight to fd 2
+    subprocess.run([sys.executable, "-c",                 # so does a child process
+                    "import os; os.write(2, b'child line\\n' + os.environ['LINE'].encode())"],
+                   env={{**os.environ, "LINE": {harmless!r} + "\n"}})
+    os.write(2, b"partial line without newline")
+    os.write(2, b" ends here\n")
+    print("python line 2", file=sys.stderr, flush=True)
+print("after the block", file=sys.stderr, flush=True)
+"""
+
+
+def test_the_filter_drops_only_those_lines_from_every_writer_of_stderr():
+    harmless = RAY_SAID["restartable actor, arguments in the object store (driver)"]
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(REPO),
+                                                              harmless=harmless)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == ["python line 1", "child line",
+                                        "partial line without newline ends here",
+                                        "python line 2", "after the block"]
+
+
+def test_the_clean_console_check_flags_what_reads_as_trouble_and_only_that():
+    from workflows.console import alarming_lines
+
+    trouble = [*RAY_SAID.values(),
+               "2026-11-24 06:09:51,598\tWARNING authentication_token_setup.py:85 -- Token "
+               "authentication is enabled for this Ray cluster.",
+               "/x/actor_pool_map_operator.py:551: UserWarning: The minimum number of concurrent "
+               "actors for 'MapBatches(PartEncoder)' is set to 2",
+               "(DatasetManager pid=4215) /x/execution_options.py:436: RayDeprecationWarning: "
+               "`ExecutionOptions.exclude_resources` is deprecated",
+               "Traceback (most recent call last):"]
+    fine = ["06:10:16 [clean/train] done in 8.1 s: 20,000 in, 19,944 kept, dropped: ratio=56",
+            "(RayTrainWorker pid=4148) [convs2s.train] epoch 1 done | update 104 | valid loss "
+            "4.589 | valid ppl 98.35 | next lr 0.25",
+            "06:16:15 avg_last2/demo_test: bleu 71.15, 173.0 sentences/s"]
+    assert alarming_lines("\n".join(trouble + fine)) == trouble
+
+
+def test_rays_no_free_cpu_alarm_after_a_write_stays_in_its_log_file():
+    """Ray Data's `materialize()` (under `write_datasink`) checks for a free CPU again right
+    after the write ran, before the write tasks' CPUs show as released: the stages demote that
+    false alarm to INFO (ray-data.log keeps it) and do the check themselves."""
+    import logging
+
+    from preprocessing.stages import _RayCpuCheckToLogFile
+
+    logger = logging.getLogger("test.ray.data.dataset")
+    logger.propagate, logger.level = False, logging.DEBUG
+    console, file = [], []
+
+    class Collect(logging.Handler):
+        def __init__(self, out, level):
+            super().__init__(level)
+            self.out = out
+
+        def emit(self, record):
+            self.out.append((record.levelname, record.getMessage()))
+
+    logger.addHandler(Collect(console, logging.WARNING))
+    logger.addHandler(Collect(file, logging.DEBUG))
+    logger.addFilter(_RayCpuCheckToLogFile())
+    logger.warning("Warning: The Ray cluster currently does not have any available CPUs. The "
+                   "Dataset job will hang unless more CPUs are freed up.")
+    logger.warning("Some other warning")
+    assert console == [("WARNING", "Some other warning")]
+    assert [level for level, _ in file] == ["INFO", "WARNING"]
