@@ -61,9 +61,12 @@ def train_joint_bpe(pairs: list[tuple[str, str]], vocab_size: int, workdir: Path
     return load(f"{prefix}.model")
 
 
-def encode(sp: spm.SentencePieceProcessor, sentences: list[str]) -> list[list[int]]:
-    """Token ids of each sentence with EOS appended (the `encoded/` stage's format)."""
-    return [ids + [EOS] for ids in sp.encode(sentences, out_type=int)]
+def encode(codec, sentences: list[str]) -> list[list[int]]:
+    """Token ids of each sentence with EOS appended (the `encoded/` stage's format): with a
+    sentencepiece model, or a checkpoint's text codec (`convs2s.text_codec`)."""
+    if isinstance(codec, spm.SentencePieceProcessor):
+        return [ids + [EOS] for ids in codec.encode(sentences, out_type=int)]
+    return [codec.source_ids(codec.encode(s)) + [EOS] for s in sentences]
 
 
 def token_budget_batches(src: list[list[int]], tgt: list[list[int]], max_tokens: int,

@@ -91,15 +91,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_model(args, device: torch.device, dtype: torch.dtype):
-    """(inference model, sentencepiece model or None, description)."""
+    """(inference model, text codec or None, description). A checkpoint brings its own text
+    pipeline: its sentencepiece model, or an imported reference model's Moses + BPE
+    (`python -m convs2s import-fairseq`: Table 3 on the paper's own En-Fr model)."""
     if args.checkpoint is not None:
-        import sentencepiece as spm
-
+        from convs2s.text_codec import codec_for_checkpoint
         from convs2s.translate import load_checkpoint_model
 
         net, meta = load_checkpoint_model(args.checkpoint, device)
-        sp = spm.SentencePieceProcessor(model_file=meta["spm_model"])
-        return net.to(dtype), sp, {"checkpoint": str(args.checkpoint), "update": meta["update"]}
+        codec = codec_for_checkpoint(args.checkpoint)
+        return net.to(dtype), codec, {"checkpoint": str(args.checkpoint),
+                                      "update": meta["update"], "text": codec.kind,
+                                      "imported_from": meta.get("imported_from")}
     torch.manual_seed(args.seed)
     model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab)
     # Weight norm folded once, as the translator and the reference do for generation.
@@ -197,8 +200,11 @@ def run(args: argparse.Namespace) -> dict:
     pairs = read_pairs(args.data / "wmt14-en-fr", TABLE3_SETS, "en", "fr")
     net, sp, model_info = load_model(args, device, dtype)
     if sp is None:
+        from convs2s.text_codec import SentencePieceCodec
+
         with tempfile.TemporaryDirectory() as tmp:
-            sp = train_joint_bpe(pairs, min(args.bpe_vocab, args.vocab), Path(tmp))
+            sp = SentencePieceCodec(train_joint_bpe(pairs, min(args.bpe_vocab, args.vocab),
+                                                    Path(tmp)))
     src = encode(sp, [s for s, _ in pairs])
     cut = net.max_positions - 1  # as the translator does for over-long lines
     src = [s if len(s) <= net.max_positions else s[:cut] + [EOS] for s in src]
@@ -244,7 +250,7 @@ def run(args: argparse.Namespace) -> dict:
     results = {"preset": cfg_name(args), "vocab": V, "dtype": args.dtype, **model_info,
                "parameters": sum(p.numel() for p in net.parameters()),
                "data": {"corpus": "wmt14-en-fr " + " + ".join(TABLE3_SETS) + ", En->Fr",
-                        "bpe_vocab": sp.get_piece_size(), "src_len": length_stats(src),
+                        "bpe_vocab": sp.src_size, "src_len": length_stats(src),
                         "searched": len(order), "batches": len(batches)},
                "peak_flops": peak["flops"], "peak": peak, "runs": rows,
                "speedup_incremental_vs_full_prefix": speedups, "bleu": scores}

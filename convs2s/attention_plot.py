@@ -81,16 +81,16 @@ def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
     model `model_index` of the translator (an ensemble's models attend differently)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model, sp = translator.models[model_index], translator.sp
+    model, codec = translator.models[model_index], translator.codec
     paths = []
     for i, tr in enumerate(translator.translate_full(lines)):
         if not tr.hypotheses:
             continue
         hyp = tr.hypotheses[0]
-        src_ids = [sp.piece_to_id(p) for p in tr.src_pieces] + [EOS]
+        src_ids = codec.source_ids(tr.src_pieces) + [EOS]
         maps = layer_attention(model, src_ids, hyp.tokens)
         fig = attention_figure(maps, tr.src_pieces + ["</s>"],
-                               [sp.id_to_piece(t) for t in hyp.tokens[:-1]] + ["</s>"],
+                               [codec.target_piece(t) for t in hyp.tokens[:-1]] + ["</s>"],
                                title=f"{tr.source}\n-> {hyp.text}")
         path = out_dir / f"{prefix}_{i:03d}.png"
         fig.savefig(path, dpi=100)

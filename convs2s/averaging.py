@@ -21,11 +21,13 @@ state — so `average_checkpoints([path], out)` also makes a slim copy for servi
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from convs2s.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.text_codec import codec_files
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
         "val_loss")
@@ -95,10 +97,17 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
         out["val_loss"] = None  # the inputs' validation losses do not describe the average
     out.update(model=_finish(total, like, len(paths)),
                averaged_from=[str(p) for p in paths])
-    spms = [p / SPM_FILE for p in paths if (p / SPM_FILE).is_file()]
-    for other in spms[1:]:
-        if other.read_bytes() != spms[0].read_bytes():
-            raise ValueError(f"{other} differs from {spms[0]}: the checkpoints were trained "
-                             "on different BPE vocabularies and cannot be averaged")
-    spm = spms[0] if spms else None
-    return save_checkpoint(out_dir, out, spm_model=str(spm) if spm else None)
+    # The text pipeline travels with the weights: the sentencepiece model, or an imported
+    # model's dictionaries, BPE codes and text.json (convs2s.text_codec).
+    texts = [codec_files(p) for p in paths]
+    for p, files in zip(paths[1:], texts[1:]):
+        if [f.name for f in files] != [f.name for f in texts[0]] or \
+                any(a.read_bytes() != b.read_bytes() for a, b in zip(files, texts[0])):
+            raise ValueError(f"{p} and {paths[0]} were trained on different BPE vocabularies "
+                             "(sentencepiece model, or dictionaries and codes) and cannot be "
+                             "averaged")
+    saved = save_checkpoint(out_dir, out)
+    for f in texts[0]:
+        if f.resolve() != (saved / f.name).resolve():
+            shutil.copyfile(f, saved / f.name)
+    return saved

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,9 +87,16 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             "(e.g. <storage_path>/<run_name>/best)"
         )
     try:
-        state = torch.load(file, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # A pickle of another protocol is refused below with its own message; torch's
+            # warning about the protocol would only precede it.
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(file, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        if "weights only" not in str(err).lower():  # a damaged pickle stream
+        # The weights-only unpickler refuses two things: a pickle that names Python classes or
+        # functions to import (possibly code), and bytes that are no pickle at all (random or
+        # damaged data: not a checkpoint, and no threat either).
+        if not _names_python_objects(file):
             raise CheckpointError(_not_a_checkpoint(file)) from None
         raise CheckpointError(
             f"{file} was refused: it holds pickled Python objects besides tensors, which could "
@@ -101,6 +109,27 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                               "(no model weights and model_config); pick a checkpoint_* or "
                               "best/ directory of a training run")
     return state
+
+
+def _names_python_objects(file: Path) -> bool:
+    """Whether `file` is a well-formed pickle (or torch zip archive) that imports Python names.
+    Read with pickletools, which parses opcodes and runs nothing."""
+    import pickletools
+    import zipfile
+
+    try:
+        if zipfile.is_zipfile(file):
+            with zipfile.ZipFile(file) as z:
+                name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
+                data = z.read(name) if name else b""
+        else:
+            data = file.read_bytes()
+        imports = False
+        for op, _, _ in pickletools.genops(data):
+            imports = imports or op.name in ("GLOBAL", "STACK_GLOBAL", "INST")
+        return imports
+    except Exception:  # noqa: BLE001 - any parse failure: not a pickle at all
+        return False
 
 
 def _not_a_checkpoint(file: Path) -> str:

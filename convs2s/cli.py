@@ -5,6 +5,8 @@
     python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
     python -m convs2s score --hyp hyp.fr --ref newstest2014.fr --lang fr [--json]
     python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."
+    python -m convs2s import-fairseq wmt14.v2.en-fr.fconv-py --out runs/paper/en-fr
+    python -m convs2s export-fairseq runs/demo/best --out exported/
 
 Bad input (a missing or unreadable file, a checkpoint that is not ours) is one line on stderr
 naming the file, exit status 2; nothing half-written is left behind.
@@ -249,7 +251,55 @@ def attention(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"translate": translate, "average": average, "score": score, "attention": attention}
+def import_fairseq(argv: list[str] | None = None) -> int:
+    """python -m convs2s import-fairseq: a reference fconv archive -> a checkpoint directory."""
+    p = argparse.ArgumentParser(
+        prog="python -m convs2s import-fairseq",
+        description="Import a trained fconv model of the reference implementation (an unpacked "
+                    "archive such as wmt14.v2.en-fr.fconv-py: model.pt, dict.<src>.txt, "
+                    "dict.<tgt>.txt, bpecodes) as a checkpoint directory that translate, "
+                    "evaluation, averaging and serving accept.")
+    p.add_argument("archive", help="the unpacked archive folder")
+    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--source-lang", help="when the saved arguments do not name it")
+    p.add_argument("--target-lang", help="when the saved arguments do not name it")
+    args = p.parse_args(argv)
+    from convs2s.fairseq_interop import FairseqImportError
+    from convs2s.fairseq_interop import import_fairseq as run
+
+    try:
+        out = run(args.archive, args.out, args.source_lang, args.target_lang)
+    except (FairseqImportError, OSError) as err:  # one line, nothing written
+        print(f"import-fairseq: error: {err}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+def export_fairseq(argv: list[str] | None = None) -> int:
+    """python -m convs2s export-fairseq: a checkpoint directory -> a reference archive."""
+    p = argparse.ArgumentParser(
+        prog="python -m convs2s export-fairseq",
+        description="Write a checkpoint as an archive the reference implementation loads "
+                    "(model.pt with its arguments, dict.<src>.txt, dict.<tgt>.txt, and the "
+                    "bpecodes or sentencepiece.model).")
+    p.add_argument("checkpoint", help="a checkpoint directory (best/, checkpoint_*, imported)")
+    p.add_argument("--out", required=True, help="archive folder to write")
+    args = p.parse_args(argv)
+    from convs2s.checkpoint import CheckpointError
+    from convs2s.fairseq_interop import export_fairseq as run
+
+    try:
+        out = run(args.checkpoint, args.out)
+    except (CheckpointError, OSError, ValueError) as err:
+        print(f"export-fairseq: error: {err}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+COMMANDS = {"translate": translate, "average": average, "score": score, "attention": attention,
+            "import-fairseq": import_fairseq, "export-fairseq": export_fairseq}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,7 +93,9 @@ class ServedModel:
 
 def _pip_requirements() -> list[str]:
     torch_version = version("torch").split("+")[0]  # the CUDA image installs its own build
+    # sacremoses and subword-nmt: the text pipeline of imported reference models
     return [f"torch=={torch_version}", f"sentencepiece=={version('sentencepiece')}",
+            f"sacremoses=={version('sacremoses')}", f"subword-nmt=={version('subword-nmt')}",
             f"mlflow=={version('mlflow')}"]
 
 

@@ -42,17 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import sentencepiece as spm
 import torch
 
 from convs2s.checkpoint import CheckpointError
-from convs2s.config import BOS, EOS, PAD, UNK, SearchConfig
+from convs2s.config import EOS, PAD, UNK, SearchConfig
 from convs2s.search import generate
+from convs2s.text_codec import UNK_PIECE
 from convs2s.unk_replace import load_dictionary, replace_unknowns
 
 log = logging.getLogger("convs2s.translate")
-
-UNK_PIECE = "<unk>"
 
 
 @dataclass
@@ -93,10 +91,10 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu",
-                          need_spm: bool = True):
+def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     """(inference model, meta) of one checkpoint directory, or a CheckpointError that names the
-    file and the fix. The model is an eval copy with weight norm folded into the weights."""
+    file and the fix. The model is an eval copy with weight norm folded into the weights; its
+    text pipeline is `convs2s.text_codec.codec_for_checkpoint`'s."""
     from convs2s.checkpoint import load_model
     from convs2s.model import inference_copy
 
@@ -116,34 +114,19 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
         raise CheckpointError(
             f"{path} is not a checkpoint of this project's model ({type(err).__name__} while "
             "rebuilding it); pick a checkpoint_* or best/ directory of a training run") from None
-    if need_spm and not meta.get("spm_model"):
-        raise CheckpointError(f"checkpoint {path} has no sentencepiece.model beside "
-                              "checkpoint.pt; copy the run's spm/spm.model there or give "
-                              "the BPE model explicitly (--spm-model)")
     return inference_copy(model.to(device)), meta
 
 
-def _load_spm(data: bytes, name: str) -> spm.SentencePieceProcessor:
-    try:
-        sp = spm.SentencePieceProcessor(model_proto=data)
-    except Exception as err:  # noqa: BLE001 - sentencepiece raises RuntimeError / OSError
-        raise CheckpointError(f"{name} is not a readable sentencepiece model ({err}); copy "
-                              "the run's spm/spm.model again") from None
-    ids = (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id())
-    if ids != (BOS, PAD, EOS, UNK):
-        raise CheckpointError(f"{name}: special ids (bos, pad, eos, unk) = {ids}, expected "
-                              f"{(BOS, PAD, EOS, UNK)} (docs/design.md)")
-    return sp
-
-
 class Translator:
-    """Sentencepiece + one model or an ensemble (probabilities averaged, reference-facts §6)."""
+    """A checkpoint's text pipeline (`convs2s.text_codec`: sentencepiece, or Moses + BPE for
+    imported reference models) and one model or an ensemble (probabilities averaged,
+    reference-facts §6)."""
 
-    def __init__(self, models: list, sp: spm.SentencePieceProcessor, search: SearchConfig,
+    def __init__(self, models: list, codec, search: SearchConfig,
                  device: str | torch.device = "cpu"):
         if not models:
             raise ValueError("a Translator needs at least one model")
-        self.models, self.sp, self.search = list(models), sp, search
+        self.models, self.codec, self.search = list(models), codec, search
         self.device = torch.device(device)
         self.max_positions = min(m.max_positions for m in self.models)
         self.dictionary = load_dictionary(search.dictionary) if search.dictionary else None
@@ -154,44 +137,50 @@ class Translator:
                          search: SearchConfig | None = None,
                          spm_model: str | os.PathLike | None = None) -> "Translator":
         """Load checkpoint directories (one = single model, several = ensemble). All must
-        share the same sentencepiece model (the one bundled in each checkpoint, or
-        `spm_model` for all of them) and vocabulary sizes."""
+        share one text pipeline: the sentencepiece model bundled in each checkpoint (or
+        `spm_model` for all of them), or the same imported dictionaries and BPE codes; and
+        the vocabulary sizes that go with it."""
+        from convs2s.text_codec import CodecError, codec_files, codec_for_checkpoint
+
         paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
         if not paths:
             raise CheckpointError("no checkpoint given")
-        models, metas = zip(*(load_checkpoint_model(p, device, need_spm=spm_model is None)
-                              for p in paths))
-        if spm_model is not None:
-            if not Path(spm_model).is_file():
-                raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
-            spm_bytes, spm_name = Path(spm_model).read_bytes(), str(spm_model)
-        else:
-            spm_bytes, spm_name = Path(metas[0]["spm_model"]).read_bytes(), metas[0]["spm_model"]
-            for p, m in zip(paths[1:], metas[1:]):
-                if Path(m["spm_model"]).read_bytes() != spm_bytes:
-                    raise CheckpointError(f"{p} uses another sentencepiece model than "
+        models = [load_checkpoint_model(p, device)[0] for p in paths]
+        if spm_model is not None and not Path(spm_model).is_file():
+            raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
+        try:
+            codec = codec_for_checkpoint(paths[0], spm_model)
+        except CodecError as err:
+            raise CheckpointError(str(err)) from None
+        if spm_model is None:
+            first = [f.read_bytes() for f in codec_files(paths[0])]
+            for p in paths[1:]:
+                if [f.read_bytes() for f in codec_files(p)] != first:
+                    raise CheckpointError(f"{p} uses another text pipeline (sentencepiece "
+                                          f"model, or dictionaries and BPE codes) than "
                                           f"{paths[0]}: an ensemble needs models trained on "
-                                          "the same BPE")
-        sp = _load_spm(spm_bytes, spm_name)
+                                          "the same vocabulary")
         for p, m in zip(paths, models):
-            if (m.src_vocab_size, m.tgt_vocab_size) != (sp.get_piece_size(),) * 2:
+            if (m.src_vocab_size, m.tgt_vocab_size) != (codec.src_size, codec.tgt_size):
+                what = "sentencepiece.model" if codec.kind == "sentencepiece" else \
+                    "dictionaries"
                 raise CheckpointError(
                     f"{p}: vocabulary sizes {m.src_vocab_size}/{m.tgt_vocab_size} do not match "
-                    f"its sentencepiece.model ({sp.get_piece_size()} pieces)")
-        return cls(list(models), sp, search or SearchConfig(), device)
+                    f"its {what} ({codec.src_size}/{codec.tgt_size} symbols)")
+        return cls(list(models), codec, search or SearchConfig(), device)
 
     # --- encoding ------------------------------------------------------------------------------
 
     def encode(self, line: str, index: int = 0) -> tuple[list[int], list[str], bool]:
         """(ids ending in EOS, pieces, truncated) of a normalized line; cut to max_positions."""
-        pieces = self.sp.encode(line, out_type=str)
+        pieces = self.codec.encode(line)
         limit = self.max_positions - 1  # + EOS = max_positions source positions
         truncated = len(pieces) > limit
         if truncated:
             log.warning("line %d has %d pieces, more than the model's %d positions: cut to "
                         "the first %d", index + 1, len(pieces) + 1, self.max_positions, limit)
             pieces = pieces[:limit]
-        return [self.sp.piece_to_id(p) for p in pieces] + [EOS], pieces, truncated
+        return self.codec.source_ids(pieces) + [EOS], pieces, truncated
 
     # --- translation ---------------------------------------------------------------------------
 
@@ -240,7 +229,7 @@ class Translator:
         if self.search.replace_unk and UNK in ids:
             text = self._replace_unk(ids, tr, h["attention"])
         else:
-            text = self.sp.decode(ids)
+            text = self.codec.decode(ids)
         # Byte pieces can spell line breaks or control characters: clean them as the training
         # text was cleaned, so that one translation is always one output line.
         text = normalize(text)
@@ -252,30 +241,8 @@ class Translator:
         """Each <unk> becomes the source *word* holding its most attended source piece (layer
         mean, as the paper's §5.1 does for its word-based models; Jean et al. 2015), looked up
         in the dictionary, else copied."""
-        words = tr.source.split(" ")
-        word_of_piece, w = [], -1
-        for piece in tr.src_pieces:  # a piece starting with U+2581 opens the next word
-            w += piece.startswith("\u2581")
-            word_of_piece.append(words[min(max(w, 0), len(words) - 1)])
-        hyp_pieces = [UNK_PIECE if i == UNK else self.sp.id_to_piece(i) for i in ids]
+        word_of_piece = self.codec.source_words(tr.source, tr.src_pieces)
+        hyp_pieces = [self.codec.target_piece(i) for i in ids]
         replaced = replace_unknowns(hyp_pieces, word_of_piece, attention, unk=UNK_PIECE,
                                     dictionary=self.dictionary)
-        # Decode runs of normal pieces with sentencepiece (bytes, spaces) and put each
-        # replacement in as a word of its own.
-        parts, run = [], []
-
-        def flush():
-            if run:
-                text = self.sp.decode(run)
-                opens_word = self.sp.id_to_piece(run[0]).startswith("\u2581")
-                parts.append((" " if parts and opens_word else "") + text)
-                run.clear()
-
-        for i, word in zip(ids, replaced):
-            if i == UNK:
-                flush()
-                parts.append((" " if parts else "") + word)
-            else:
-                run.append(i)
-        flush()
-        return "".join(parts)
+        return self.codec.join_with_words(ids, replaced)

@@ -21,7 +21,7 @@ def test_layer_maps_average_to_the_search_attention(tiny_checkpoints):
     line = "The old cat sleeps near the house ."
     t = tr.translate_full([line])[0]
     hyp = t.hypotheses[0]
-    src_ids = [tr.sp.piece_to_id(p) for p in t.src_pieces] + [EOS]
+    src_ids = tr.codec.source_ids(t.src_pieces) + [EOS]
     model = tr.models[0]
     maps = layer_attention(model, src_ids, hyp.tokens)
     n_layers = sum(b.attention is not None for b in model.decoder.blocks)

@@ -142,3 +142,42 @@ def test_replace_dir_swaps_whole_directories(tmp_path):
     assert sorted(p.name for p in dst.iterdir()) == ["meta.json"]
     assert json.loads((dst / "meta.json").read_text()) == {"v": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "best"]
+
+
+class _Hostile:
+    """Stands for any pickled object: loading it would import and run this module's code."""
+
+
+@pytest.mark.parametrize("content, says", [
+    (lambda: bytes(random.Random(0).getrandbits(8) for _ in range(4096)),
+     "is not a readable checkpoint of this project"),
+    (lambda: b"not a checkpoint at all\n" * 10, "is not a readable checkpoint of this project"),
+])
+def test_random_bytes_are_unreadable_not_called_code(tmp_path, content, says):
+    (tmp_path / CHECKPOINT_FILE).write_bytes(content())
+    from convs2s.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match=says) as err:
+        load_checkpoint(tmp_path)
+    assert "could run code" not in str(err.value)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_pickled_object_is_refused_as_code_without_torch_warnings(tmp_path, protocol):
+    """torch.save's protocol 2 and plain pickles of newer protocols (torch warns about those
+    before refusing them): one message, no warning before it."""
+    import pickle
+    import warnings
+
+    from convs2s.checkpoint import CheckpointError
+
+    state = {"model": {}, "model_config": TINY.to_dict(), "hook": _Hostile()}
+    file = tmp_path / CHECKPOINT_FILE
+    if protocol == 2:
+        torch.save(state, file)
+    else:
+        file.write_bytes(pickle.dumps(state, protocol=protocol))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        with pytest.raises(CheckpointError, match="refused: it holds pickled Python objects"):
+            load_checkpoint(tmp_path)

@@ -1,0 +1,442 @@
+"""The reference implementation's `fconv` checkpoints in and out: the paper's published models
+(`wmt14.v2.en-fr.fconv-py`, `wmt14.en-de.fconv-py`, `wmt17.v2.en-de.fconv-py`) load here,
+and our checkpoints export to its `fairseq-generate` / hub loader.
+
+    ckpt = import_fairseq("wmt14.v2.en-fr.fconv-py", "runs/imported/en-fr")   # a checkpoint dir
+    export_fairseq("runs/demo/best", "exported/")                             # model.pt + dicts
+
+An archive folder holds `model.pt`, `dict.<src>.txt`, `dict.<tgt>.txt` and `bpecodes` (the
+layout the reference's hub loader reads). Import writes a checkpoint directory of this project
+(`checkpoint.pt`, `meta.json`) plus the archive's text files and `text.json`, which tells the
+translator to use Moses tokenization + subword-nmt BPE with those dictionaries
+(`convs2s.text_codec`) instead of a sentencepiece model.
+
+- **Safe loading.** The reference pickles its settings (an `argparse.Namespace`, or a plain
+  dict of them in newer versions) beside the tensors. `model.pt` is read with torch's
+  weights-only unpickler and an allowlist of exactly those types; anything else (possibly
+  code) is refused with the name of the type, never loaded.
+- **The model config comes from the checkpoint's own arguments**: the architecture name's
+  defaults (our table of the reference's `fconv*` architectures) overridden by the saved
+  values; layer strings such as "[(512, 3)] * 9 + [(1024, 3)] * 4" are read by a literal
+  evaluator (lists, tuples, numbers, `+`, `*`), never `eval`.
+- **Weights.** Token tables and position tables (the same layout: row 1 the padding row,
+  positions from 2) copy over; weight-normed layers map gain / direction pairs: linear
+  layers share our layout, `ConvTBC` directions (kernel, in, out) are permuted to our
+  (out, kernel, in); a decoder saved before the reference's weight-norm fix
+  (`decoder.version` < 2, gains per kernel position) is folded to its effective weights and
+  re-normalized per output channel, which computes the same function. A key or shape that
+  does not fit is one `FairseqImportError` naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from convs2s.config import PAD, ModelConfig
+from convs2s.text_codec import BPE_CODES, TEXT_FILE, CodecError, read_dictionary
+
+ARCHIVE_MODEL = "model.pt"
+
+# The reference's fconv architectures: name -> the defaults its registry fills in (the saved
+# arguments override them). Layer strings are as the reference writes them.
+_BASE = {"encoder_embed_dim": 512, "encoder_layers": "[(512, 3)] * 20",
+         "decoder_embed_dim": 512, "decoder_layers": "[(512, 3)] * 20",
+         "decoder_out_embed_dim": 256, "decoder_attention": "True",
+         "share_input_output_embed": False, "dropout": 0.1,
+         "max_source_positions": 1024, "max_target_positions": 1024}
+_EN_DE = "[(512, 3)] * 9 + [(1024, 3)] * 4 + [(2048, 1)] * 2"
+_EN_FR = "[(512, 3)] * 6 + [(768, 3)] * 4 + [(1024, 3)] * 3 + [(2048, 1)] * 1 + [(4096, 1)] * 1"
+ARCHITECTURES: dict[str, dict] = {
+    "fconv": {},
+    "fconv_iwslt_de_en": {"encoder_embed_dim": 256, "encoder_layers": "[(256, 3)] * 4",
+                          "decoder_embed_dim": 256, "decoder_layers": "[(256, 3)] * 3",
+                          "decoder_out_embed_dim": 256},
+    "fconv_wmt_en_ro": {"decoder_out_embed_dim": 512},
+    "fconv_wmt_en_de": {"encoder_embed_dim": 768, "encoder_layers": _EN_DE,
+                        "decoder_embed_dim": 768, "decoder_layers": _EN_DE,
+                        "decoder_out_embed_dim": 512},
+    "fconv_wmt_en_fr": {"encoder_embed_dim": 768, "encoder_layers": _EN_FR,
+                        "decoder_embed_dim": 768, "decoder_layers": _EN_FR,
+                        "decoder_out_embed_dim": 512},
+}
+
+
+class FairseqImportError(ValueError):
+    """An archive or checkpoint of the reference that cannot be imported; says which file or
+    key and why."""
+
+
+# --- reading a reference checkpoint safely --------------------------------------------------------
+
+
+def read_reference_checkpoint(path: str | Path) -> dict:
+    """The reference's checkpoint dict, read with torch's weights-only unpickler: tensors,
+    containers, numbers, strings and `argparse.Namespace` (its saved arguments) only."""
+    import pickle
+    import zipfile
+
+    path = Path(path)
+    if not path.is_file():
+        raise FairseqImportError(f"{path} does not exist: an archive folder of the reference "
+                                 f"holds {ARCHIVE_MODEL}, dict.<src>.txt, dict.<tgt>.txt and "
+                                 f"{BPE_CODES}")
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        what = next((line.strip() for line in str(err).splitlines()
+                     if "GLOBAL" in line or "Unsupported" in line), str(err).splitlines()[0])
+        raise FairseqImportError(
+            f"{path} was refused: it holds a pickled object outside the allowlist of a "
+            f"reference checkpoint (tensors, containers, argparse.Namespace): {what[:200]}; "
+            "loading it could run code, so it is not loaded") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+        raise FairseqImportError(f"{path} is not a readable checkpoint (truncated or of "
+                                 f"another format: {type(err).__name__}); download or copy "
+                                 "it again") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise FairseqImportError(f"{path} holds no 'model' weights: not a checkpoint of the "
+                                 "reference implementation")
+    return state
+
+
+def saved_arguments(state: dict, path: Path) -> dict:
+    """The model's saved settings as a plain dict: `args` (a Namespace, older versions) or the
+    `model` section of `cfg` (newer versions, a dict)."""
+    args = state.get("args")
+    if isinstance(args, argparse.Namespace):
+        return vars(args)
+    cfg = state.get("cfg")
+    if isinstance(cfg, dict):
+        model = cfg.get("model")
+        if isinstance(model, argparse.Namespace):
+            return vars(model)
+        if isinstance(model, dict):
+            task = cfg.get("task") or {}
+            merged = dict(model)
+            for k in ("source_lang", "target_lang"):  # the task holds the languages
+                merged.setdefault(k, task.get(k) if isinstance(task, dict) else None)
+            return merged
+    raise FairseqImportError(f"{path}: no saved arguments ('args' or 'cfg.model'): the model "
+                             "config cannot be known without guessing")
+
+
+# --- the model config ----------------------------------------------------------------------------
+
+
+def _literal(text: str, what: str, path: Path):
+    """A layer / attention expression of the reference ("[(512, 3)] * 9 + [(1024, 3)] * 4",
+    "[True, False]", "True") evaluated over literals, +, * only."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = [ev(e) for e in node.elts]
+            return items if isinstance(node, ast.List) else tuple(items)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            a, b = ev(node.left), ev(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a * b
+        raise ValueError(f"unsupported expression {ast.dump(node)[:80]}")
+    try:
+        return ev(ast.parse(str(text).strip(), mode="eval"))
+    except (SyntaxError, ValueError, TypeError) as err:
+        raise FairseqImportError(f"{path}: {what} = {text!r} is not a layer expression of the "
+                                 f"reference ({err})") from None
+
+
+def _layers(text: str, what: str, path: Path) -> list[tuple[int, int]]:
+    spec = _literal(text, what, path)
+    out = []
+    for layer in spec if isinstance(spec, list) else []:
+        if not isinstance(layer, tuple) or len(layer) not in (2, 3) or \
+                not all(isinstance(v, int) for v in layer):
+            raise FairseqImportError(f"{path}: {what} layer {layer!r} is not (channels, kernel)")
+        if len(layer) == 3 and layer[2] != 1:
+            raise FairseqImportError(f"{path}: {what} layer {layer!r} takes its residual from "
+                                     f"{layer[2]} layers back; this model has residuals from "
+                                     "the previous layer only (the paper's)")
+        out.append((layer[0], layer[1]))
+    if not out:
+        raise FairseqImportError(f"{path}: {what} = {text!r} names no layers")
+    return out
+
+
+def model_config(args: dict, path: Path) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, languages) from the saved arguments: the architecture's defaults, then
+    every saved value."""
+    arch = args.get("arch") or args.get("_name")
+    if arch not in ARCHITECTURES:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise FairseqImportError(f"{path}: architecture {arch!r} is not a convolutional "
+                                 f"sequence-to-sequence model this project imports ({known})")
+    a = {**_BASE, **ARCHITECTURES[arch],
+         **{k: v for k, v in args.items() if k in _BASE and v is not None}}
+    if a["encoder_embed_dim"] != a["decoder_embed_dim"]:
+        raise FairseqImportError(f"{path}: encoder and decoder embeddings differ "
+                                 f"({a['encoder_embed_dim']} / {a['decoder_embed_dim']}); "
+                                 "this model has one embedding size")
+    if a["max_source_positions"] != a["max_target_positions"]:
+        raise FairseqImportError(f"{path}: source and target position tables differ "
+                                 f"({a['max_source_positions']} / {a['max_target_positions']})")
+    decoder = _layers(a["decoder_layers"], "decoder_layers", path)
+    attention = _literal(a["decoder_attention"], "decoder_attention", path)
+    attention = tuple([attention] * len(decoder)) if isinstance(attention, bool) \
+        else tuple(bool(x) for x in attention)
+    cfg = ModelConfig(embed_dim=int(a["encoder_embed_dim"]),
+                      encoder_layers=_layers(a["encoder_layers"], "encoder_layers", path),
+                      decoder_layers=decoder, out_embed_dim=int(a["decoder_out_embed_dim"]),
+                      dropout=float(a["dropout"]),
+                      # the reference's table has max_positions rows, padding row and the
+                      # unused row 0 included; ours has max_positions + 2
+                      max_positions=int(a["max_source_positions"]) - PAD - 1,
+                      decoder_attention=None if all(attention) else attention,
+                      share_decoder_embed=bool(a["share_input_output_embed"]))
+    langs = {"source_lang": args.get("source_lang"), "target_lang": args.get("target_lang")}
+    return cfg, langs
+
+
+# --- weights -------------------------------------------------------------------------------------
+
+
+def layer_names(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(kind, the reference's prefix, ours) of every layer with weights, in model order. Kinds:
+    "table" (token / position embeddings: `.weight`), "linear" (weight-normed linear layer),
+    "conv" (weight-normed convolution), "tied" (fc3 sharing the decoder's token table: only
+    its bias is its own). The one place the two naming schemes meet (import and export)."""
+    out = []
+    for side, layers in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
+        out += [("table", f"{side}.embed_tokens", f"{side}.embed_tokens"),
+                ("table", f"{side}.embed_positions", f"{side}.embed_positions"),
+                ("linear", f"{side}.fc1", f"{side}.fc1")]
+        width = layers[0][0]
+        for i, (channels, _) in enumerate(layers):
+            if width != channels:  # the residual needs a projection to the new width
+                out.append(("linear", f"{side}.projections.{i}", f"{side}.blocks.{i}.proj"))
+            out.append(("conv", f"{side}.convolutions.{i}", f"{side}.blocks.{i}.conv"))
+            if side == "decoder" and (cfg.decoder_attention is None or cfg.decoder_attention[i]):
+                out += [("linear", f"decoder.attention.{i}.in_projection",
+                         f"decoder.blocks.{i}.attention.in_proj"),
+                        ("linear", f"decoder.attention.{i}.out_projection",
+                         f"decoder.blocks.{i}.attention.out_proj")]
+            width = channels
+        out.append(("linear", f"{side}.fc2", f"{side}.fc2"))
+    out.append(("tied" if cfg.share_decoder_embed else "linear", "decoder.fc3", "decoder.fc3"))
+    return out
+
+
+def _norm_except(w: torch.Tensor, dim: int) -> torch.Tensor:
+    """||w|| over every dimension but `dim`, shaped to broadcast against w."""
+    dims = [d for d in range(w.dim()) if d != dim]
+    return w.norm(dim=dims, keepdim=True)
+
+
+def _effective(g: torch.Tensor, v: torch.Tensor, dim: int) -> torch.Tensor:
+    return v * (g / _norm_except(v, dim))
+
+
+def convert_weights(fs: dict, cfg: ModelConfig, path: Path) -> dict[str, torch.Tensor]:
+    """Our state dict from the reference's fconv state dict."""
+    fs = {k: v for k, v in fs.items() if torch.is_tensor(v)}
+    used: set[str] = set()
+    out: dict[str, torch.Tensor] = {}
+
+    def take(key: str) -> torch.Tensor:
+        if key not in fs:
+            raise FairseqImportError(f"{path}: the weights lack {key!r} that the saved "
+                                     "architecture implies")
+        used.add(key)
+        return fs[key].float()
+
+    def linear(src: str, dst: str) -> None:
+        out[f"{dst}.parametrizations.weight.original0"] = take(f"{src}.weight_g")
+        out[f"{dst}.parametrizations.weight.original1"] = take(f"{src}.weight_v")
+        out[f"{dst}.bias"] = take(f"{src}.bias")
+
+    def conv(src: str, dst: str, old_norm: bool) -> None:
+        g, v = take(f"{src}.weight_g"), take(f"{src}.weight_v")  # v: kernel x in x out
+        if old_norm:  # gains per kernel position: fold, then one gain per output channel
+            w = _effective(g, v, 0).permute(2, 0, 1)
+            g, v = _norm_except(w, 0), w
+        else:
+            g, v = g.reshape(-1, 1, 1), v.permute(2, 0, 1)
+        out[f"{dst}.parametrizations.weight.original0"] = g.contiguous()
+        out[f"{dst}.parametrizations.weight.original1"] = v.contiguous()
+        out[f"{dst}.bias"] = take(f"{src}.bias")
+
+    version = fs.get("decoder.version")
+    if version is not None:
+        old_decoder = float(version.flatten()[0]) < 2
+    else:  # no version buffer: tell by the gains' shape ((kernel, 1, 1) before the fix)
+        g0 = fs.get("decoder.convolutions.0.weight_g")
+        old_decoder = g0 is not None and g0.shape[-1] == 1 and cfg.decoder_layers[0][0] > 1
+    used.update(k for k in ("decoder.version", "encoder.version") if k in fs)
+    for kind, ref, ours in layer_names(cfg):
+        if kind == "table":
+            out[f"{ours}.weight"] = take(f"{ref}.weight")
+        elif kind == "linear":
+            linear(ref, ours)
+        elif kind == "conv":
+            conv(ref, ours, old_decoder and ref.startswith("decoder."))
+        else:  # tied: the token table's rows are the output weights
+            out[f"{ours}.weight"] = out["decoder.embed_tokens.weight"]
+            used.add(f"{ref}.weight")
+            out[f"{ours}.bias"] = take(f"{ref}.bias")
+    left = sorted(set(fs) - used)
+    if left:
+        raise FairseqImportError(f"{path}: weights {left[:5]} have no place in the saved "
+                                 "architecture (another model, or arguments that disagree "
+                                 "with the weights)")
+    return out
+
+
+# --- import / export -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _whole_folder(out: Path):
+    """A temporary folder beside `out` for the block to fill; it replaces `out` only when the
+    block succeeds (nothing half written is ever `out`), else it is removed."""
+    tmp = out.with_name(out.name + ".writing")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None = None,
+                   target_lang: str | None = None) -> Path:
+    """Write a checkpoint directory of this project from a reference archive folder. Nothing
+    is written unless everything checks out."""
+    from convs2s.checkpoint import save_checkpoint
+    from convs2s.model import ConvS2S
+    from convs2s.text_codec import MOSES_BPE, codec_settings
+
+    archive, out = Path(archive), Path(out)
+    if not archive.is_dir():
+        raise FairseqImportError(f"{archive} is not a folder: give the unpacked archive "
+                                 f"(model.pt, dict.<src>.txt, dict.<tgt>.txt, {BPE_CODES})")
+    model_file = archive / ARCHIVE_MODEL
+    state = read_reference_checkpoint(model_file)
+    args = saved_arguments(state, model_file)
+    cfg, langs = model_config(args, model_file)
+    src = source_lang or langs["source_lang"]
+    tgt = target_lang or langs["target_lang"]
+    if not src or not tgt:
+        raise FairseqImportError(f"{model_file}: the saved arguments name no languages; give "
+                                 "--source-lang and --target-lang")
+    if not (archive / BPE_CODES).is_file():
+        raise FairseqImportError(f"{archive / BPE_CODES} is missing: the subword-nmt codes the "
+                                 "model's vocabulary was made with")
+    try:
+        dicts = {lang: read_dictionary(archive / f"dict.{lang}.txt") for lang in (src, tgt)}
+    except CodecError as err:
+        raise FairseqImportError(str(err)) from None
+    fs = state["model"]
+    for side, lang in (("encoder", src), ("decoder", tgt)):
+        rows = fs.get(f"{side}.embed_tokens.weight")
+        if rows is not None and rows.shape[0] != len(dicts[lang]):
+            raise FairseqImportError(
+                f"{archive / f'dict.{lang}.txt'} has {len(dicts[lang])} symbols (the 4 "
+                f"specials included) but {side}.embed_tokens has {rows.shape[0]} rows: the "
+                "dictionary is not the model's")
+    weights = convert_weights(fs, cfg, model_file)
+    model = ConvS2S(cfg, len(dicts[src]), len(dicts[tgt]))
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        first = str(err).splitlines()[1:2] or [str(err)[:200]]
+        raise FairseqImportError(f"{model_file}: the weights do not fit the saved "
+                                 f"architecture: {first[0].strip()[:300]}") from None
+    updates = 0
+    for entry in state.get("optimizer_history") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("num_updates"), int):
+            updates = entry["num_updates"]
+    with _whole_folder(out) as tmp:
+        save_checkpoint(tmp, {"model": model.state_dict(), "model_config": cfg.to_dict(),
+                              "src_vocab_size": len(dicts[src]),
+                              "tgt_vocab_size": len(dicts[tgt]), "epoch": 0, "update": updates,
+                              "imported_from": {"kind": "fairseq fconv", "archive": str(archive),
+                                                "arch": args.get("arch") or args.get("_name")}})
+        for lang in (src, tgt):
+            shutil.copyfile(archive / f"dict.{lang}.txt", tmp / f"dict.{lang}.txt")
+        shutil.copyfile(archive / BPE_CODES, tmp / BPE_CODES)
+        (tmp / TEXT_FILE).write_text(json.dumps(codec_settings(MOSES_BPE, src, tgt), indent=1))
+    return out
+
+
+def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
+    """A reference archive folder (model.pt with its arguments, dict.<src>.txt,
+    dict.<tgt>.txt, and bpecodes or sentencepiece.model) from a checkpoint directory."""
+    from convs2s.checkpoint import SPM_FILE, load_checkpoint
+    from convs2s.text_codec import read_codec_settings
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    state = load_checkpoint(checkpoint)
+    cfg = ModelConfig.from_dict(state["model_config"])
+    text = read_codec_settings(checkpoint)
+    src, tgt = (text["source_lang"], text["target_lang"]) if text else ("src", "tgt")
+    ours = state["model"]
+    fs: dict[str, torch.Tensor] = {"decoder.version": torch.tensor([2.0])}
+
+    for kind, ref, our in layer_names(cfg):
+        if kind == "table":
+            fs[f"{ref}.weight"] = ours[f"{our}.weight"]
+        elif kind == "tied":
+            fs[f"{ref}.weight"] = ours["decoder.embed_tokens.weight"]
+            fs[f"{ref}.bias"] = ours[f"{our}.bias"]
+        else:
+            g = ours[f"{our}.parametrizations.weight.original0"]
+            v = ours[f"{our}.parametrizations.weight.original1"]
+            if kind == "conv":  # ours (out, kernel, in) -> ConvTBC (kernel, in, out)
+                g, v = g.reshape(1, 1, -1), v.permute(1, 2, 0)
+            fs[f"{ref}.weight_g"], fs[f"{ref}.weight_v"] = g.contiguous(), v.contiguous()
+            fs[f"{ref}.bias"] = ours[f"{our}.bias"]
+    layers = {side: " + ".join(f"[({c}, {k})]" for c, k in getattr(cfg, f"{side}_layers"))
+              for side in ("encoder", "decoder")}
+    attention = "True" if cfg.decoder_attention is None else str(list(cfg.decoder_attention))
+    args = argparse.Namespace(
+        arch="fconv", task="translation", source_lang=src, target_lang=tgt,
+        encoder_embed_dim=cfg.embed_dim, decoder_embed_dim=cfg.embed_dim,
+        encoder_layers=layers["encoder"], decoder_layers=layers["decoder"],
+        decoder_out_embed_dim=cfg.out_embed_dim, decoder_attention=attention,
+        share_input_output_embed=cfg.share_decoder_embed, dropout=cfg.dropout,
+        encoder_embed_path=None, decoder_embed_path=None,
+        max_source_positions=cfg.max_positions + PAD + 1,
+        max_target_positions=cfg.max_positions + PAD + 1,
+        left_pad_source=True, left_pad_target=False, criterion="cross_entropy",
+        optimizer="nag", lr=[0.25], momentum=0.99, weight_decay=0.0, clip_norm=0.1,
+        lr_scheduler="fixed", seed=1, data=str(out))
+    with _whole_folder(out) as tmp:
+        torch.save({"args": args, "model": {k: v.clone() for k, v in fs.items()},
+                    "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
+                                           "optimizer_name": "FairseqNAG",
+                                           "lr_scheduler_state": {"best": None},
+                                           "num_updates": int(state.get("update", 0))}],
+                    "extra_state": {}, "last_optimizer_state": None}, tmp / ARCHIVE_MODEL)
+        if text:  # imported: the archive's own dictionaries and codes
+            for lang in (src, tgt):
+                shutil.copyfile(checkpoint / f"dict.{lang}.txt", tmp / f"dict.{lang}.txt")
+            shutil.copyfile(checkpoint / BPE_CODES, tmp / BPE_CODES)
+        else:  # sentencepiece: one joint vocabulary, written as both dictionaries
+            import sentencepiece as spm
+
+            sp = spm.SentencePieceProcessor(model_file=str(checkpoint / SPM_FILE))
+            lines = "".join(f"{sp.id_to_piece(i)} 1\n" for i in range(4, sp.get_piece_size()))
+            for lang in (src, tgt):
+                (tmp / f"dict.{lang}.txt").write_text(lines, encoding="utf-8")
+            shutil.copyfile(checkpoint / SPM_FILE, tmp / SPM_FILE)
+    return out

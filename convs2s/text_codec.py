@@ -1,0 +1,229 @@
+"""Text <-> token ids for a checkpoint: this project's sentencepiece model, or the text pipeline
+of the reference implementation's published models (Moses tokenization, subword-nmt BPE with
+`@@ ` continuation marks, one dictionary per language, Moses detokenization).
+
+A checkpoint directory says which one it needs: `sentencepiece.model` beside `checkpoint.pt`
+(trained here), or `text.json` + `bpecodes` + `dict.<src>.txt` / `dict.<tgt>.txt`
+(imported with `python -m convs2s import-fairseq`).
+
+    codec = codec_for_checkpoint("runs/imported/en-fr")
+    pieces = codec.encode("Hello world!")            # ['Hello', 'world', '!'] (BPE pieces)
+    ids = codec.source_ids(pieces)                   # source dictionary ids (no EOS)
+    codec.decode([ids...])                           # detokenized target text
+
+Both keep the special ids of docs/design.md (<s> 0, <pad> 1, </s> 2, <unk> 3).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from convs2s.config import BOS, EOS, PAD, UNK
+
+SENTENCEPIECE = "sentencepiece"
+MOSES_BPE = "moses+subword_nmt"
+TEXT_FILE = "text.json"
+SPM_FILE = "sentencepiece.model"
+BPE_CODES = "bpecodes"
+UNK_PIECE = "<unk>"
+
+
+class CodecError(ValueError):
+    """A checkpoint's text files are missing or do not fit its model."""
+
+
+def codec_settings(kind: str, source_lang: str, target_lang: str) -> dict:
+    """The contents of a checkpoint's text.json."""
+    return {"tokenizer": "moses" if kind == MOSES_BPE else kind,
+            "bpe": "subword_nmt" if kind == MOSES_BPE else kind, "kind": kind,
+            "source_lang": source_lang, "target_lang": target_lang,
+            "bpe_codes": BPE_CODES, "source_dict": f"dict.{source_lang}.txt",
+            "target_dict": f"dict.{target_lang}.txt"}
+
+
+def read_codec_settings(checkpoint_dir: str | Path) -> dict | None:
+    """The checkpoint's text.json, or None (a sentencepiece checkpoint)."""
+    path = Path(checkpoint_dir) / TEXT_FILE
+    if not path.is_file():
+        return None
+    try:
+        settings = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise CodecError(f"{path} is not readable JSON ({err}); import the model again") from None
+    if settings.get("kind") != MOSES_BPE:
+        raise CodecError(f"{path}: unknown text pipeline {settings.get('kind')!r} "
+                         f"(this project knows {SENTENCEPIECE!r} and {MOSES_BPE!r})")
+    return settings
+
+
+class SentencePieceCodec:
+    """One joint sentencepiece model for both sides (this project's training)."""
+
+    kind = SENTENCEPIECE
+
+    def __init__(self, sp, name: str = SPM_FILE):
+        ids = (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id())
+        if ids != (BOS, PAD, EOS, UNK):
+            raise CodecError(f"{name}: special ids (bos, pad, eos, unk) = {ids}, expected "
+                             f"{(BOS, PAD, EOS, UNK)} (docs/design.md)")
+        self.sp = sp
+        self.src_size = self.tgt_size = sp.get_piece_size()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str) -> "SentencePieceCodec":
+        import sentencepiece as spm
+
+        try:
+            sp = spm.SentencePieceProcessor(model_proto=data)
+        except Exception as err:  # noqa: BLE001 - sentencepiece raises RuntimeError / OSError
+            raise CodecError(f"{name} is not a readable sentencepiece model ({err}); copy "
+                             "the run's spm/spm.model again") from None
+        return cls(sp, name)
+
+    def encode(self, line: str) -> list[str]:
+        return self.sp.encode(line, out_type=str)
+
+    def source_ids(self, pieces: list[str]) -> list[int]:
+        return [self.sp.piece_to_id(p) for p in pieces]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.sp.decode(ids)
+
+    def target_piece(self, i: int) -> str:
+        return UNK_PIECE if i == UNK else self.sp.id_to_piece(i)
+
+    def source_words(self, source: str, pieces: list[str]) -> list[str]:
+        """The source word each piece belongs to (a piece starting with U+2581 opens a word)."""
+        words = source.split(" ")
+        out, w = [], -1
+        for piece in pieces:
+            w += piece.startswith("\u2581")
+            out.append(words[min(max(w, 0), len(words) - 1)])
+        return out
+
+    def join_with_words(self, ids: list[int], replaced: list[str]) -> str:
+        """Decode `ids` with each <unk> replaced by its word from `replaced`: runs of normal
+        pieces decode with sentencepiece (bytes, spaces), each replacement is a word."""
+        parts, run = [], []
+
+        def flush():
+            if run:
+                text = self.sp.decode(run)
+                opens_word = self.sp.id_to_piece(run[0]).startswith("\u2581")
+                parts.append((" " if parts and opens_word else "") + text)
+                run.clear()
+
+        for i, word in zip(ids, replaced):
+            if i == UNK:
+                flush()
+                parts.append((" " if parts else "") + word)
+            else:
+                run.append(i)
+        flush()
+        return "".join(parts)
+
+
+class MosesBpeCodec:
+    """The reference's text pipeline: Moses tokenization (sacremoses, with the language's
+    rules, aggressive dash splits, HTML escaping as the reference's hub does), subword-nmt
+    BPE with the archive's codes, a dictionary per language; output pieces joined, `@@ `
+    removed, then Moses detokenization."""
+
+    kind = MOSES_BPE
+
+    def __init__(self, folder: str | Path, settings: dict):
+        from sacremoses import MosesDetokenizer, MosesTokenizer
+        from subword_nmt.apply_bpe import BPE
+
+        folder = Path(folder)
+        self.settings = settings
+        codes = folder / settings.get("bpe_codes", BPE_CODES)
+        if not codes.is_file():
+            raise CodecError(f"{codes} is missing: the subword-nmt codes of the model "
+                             "(import the archive again)")
+        with open(codes, encoding="utf-8") as f:
+            self.bpe = BPE(f, separator="@@")
+        self.src_symbols = read_dictionary(folder / settings["source_dict"])
+        self.tgt_symbols = read_dictionary(folder / settings["target_dict"])
+        self.src_index = {s: i for i, s in reversed(list(enumerate(self.src_symbols)))}
+        self.src_size, self.tgt_size = len(self.src_symbols), len(self.tgt_symbols)
+        self.tok = MosesTokenizer(settings["source_lang"])
+        self.detok = MosesDetokenizer(settings["target_lang"])
+
+    def encode(self, line: str) -> list[str]:
+        tokens = self.tok.tokenize(line, aggressive_dash_splits=True, return_str=True,
+                                   escape=True)
+        return self.bpe.process_line(tokens).split()
+
+    def source_ids(self, pieces: list[str]) -> list[int]:
+        return [self.src_index.get(p, UNK) for p in pieces]
+
+    def target_piece(self, i: int) -> str:
+        return self.tgt_symbols[i] if 0 <= i < self.tgt_size else UNK_PIECE
+
+    def decode(self, ids: list[int]) -> str:
+        return self._detokenize([self.target_piece(i) for i in ids])
+
+    def _detokenize(self, pieces: list[str]) -> str:
+        text = (" ".join(pieces) + " ").replace("@@ ", "").rstrip()
+        return self.detok.detokenize(text.split())
+
+    def source_words(self, source: str, pieces: list[str]) -> list[str]:
+        """The source word (its pieces joined) each piece belongs to."""
+        out, word, members = [], "", 0
+        for p in pieces:
+            word += p[:-2] if p.endswith("@@") else p
+            members += 1
+            if not p.endswith("@@"):
+                out += [word] * members
+                word, members = "", 0
+        return out + [word] * members
+
+    def join_with_words(self, ids: list[int], replaced: list[str]) -> str:
+        return self._detokenize([word if i == UNK else self.target_piece(i)
+                                 for i, word in zip(ids, replaced)])
+
+
+def read_dictionary(path: Path) -> list[str]:
+    """The symbols of a reference dictionary file in id order: <s> <pad> </s> <unk> (ids 0-3,
+    the same as ours), then one `symbol count` line per id."""
+    path = Path(path)
+    if not path.is_file():
+        raise CodecError(f"{path} is missing: the model's dictionary of that language "
+                         "(dict.<lang>.txt)")
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"]
+    assert (BOS, PAD, EOS, UNK) == (0, 1, 2, 3)
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.rstrip().split(" ")
+        if len(parts) < 2 or not (parts[-1].lstrip("-").isdigit()
+                                  or parts[-1] == "#fairseq:overwrite"):
+            raise CodecError(f"{path}:{n}: expected 'symbol count', got {line!r}")
+        symbols.append(parts[0])
+    return symbols
+
+
+def codec_for_checkpoint(checkpoint_dir: str | Path, spm_model: str | Path | None = None):
+    """The codec a checkpoint directory needs (see the module docstring)."""
+    folder = Path(checkpoint_dir)
+    settings = read_codec_settings(folder)
+    if settings is not None:
+        return MosesBpeCodec(folder, settings)
+    spm = Path(spm_model) if spm_model else folder / SPM_FILE
+    if not spm.is_file():
+        raise CodecError(f"checkpoint {folder} has no sentencepiece.model beside "
+                         "checkpoint.pt; copy the run's spm/spm.model there or give "
+                         "the BPE model explicitly (--spm-model)")
+    return SentencePieceCodec.from_bytes(spm.read_bytes(), str(spm))
+
+
+def codec_files(checkpoint_dir: str | Path) -> list[Path]:
+    """The files of a checkpoint's text pipeline (to copy with its weights)."""
+    folder = Path(checkpoint_dir)
+    settings = read_codec_settings(folder)
+    if settings is None:
+        return [folder / SPM_FILE] if (folder / SPM_FILE).is_file() else []
+    return [folder / TEXT_FILE, folder / settings["bpe_codes"], folder / settings["source_dict"],
+            folder / settings["target_dict"]]

@@ -1,0 +1,310 @@
+"""The reference implementation's fconv checkpoints, imported and exported, checked against what
+the reference itself computed on them (tests/fixtures/fairseq, made by
+scripts/fairseq_fixtures.sh with fairseq 0.12 on small models it trained on Multi30k):
+
+- the imported model's log-probabilities equal the reference's within 1e-5;
+- beam 5 gives the hypotheses (and scores) of `fairseq-generate`;
+- raw text through Moses + subword-nmt, the model and Moses detokenization gives the
+  reference hub interface's translations;
+- a decoder saved before the reference's weight-norm fix imports to the same function;
+- an export imports back to the same weights; with the reference installed
+  (FAIRSEQ_PYTHON, or the scratch venv the script makes) its own hub loads the export;
+- bad archives: one line, exit 2, nothing written.
+
+    .venv/bin/python -m pytest tests/test_fairseq_interop.py -q
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from convs2s.checkpoint import load_model
+from convs2s.config import EOS, PAD, SearchConfig
+from convs2s.fairseq_interop import (
+    ARCHIVE_MODEL,
+    FairseqImportError,
+    convert_weights,
+    export_fairseq,
+    import_fairseq,
+    model_config,
+    read_reference_checkpoint,
+    saved_arguments,
+)
+from convs2s.search import generate
+from convs2s.text_codec import codec_for_checkpoint
+from convs2s.translate import Translator
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "fairseq"
+MODELS = ["iwslt", "mixed"]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("imported")
+    return {name: import_fairseq(FIXTURES / name, root / name) for name in MODELS}
+
+
+def assert_same_log_probs(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    """Within 1e-5 wherever p > 1e-9; past that, within float32 rounding of the value (a
+    log-probability of -35 has an ulp of 4e-6)."""
+    assert ours.shape == theirs.shape
+    diff = (ours - theirs).abs()
+    assert diff[theirs > -20.7].max().item() < 1e-5
+    assert (diff <= 1e-5 + 1e-6 * theirs.abs()).all(), diff.max().item()
+
+
+def _lprobs(model, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        logits, _ = model(src[None], torch.tensor([len(src)]), prev[None])
+    return torch.log_softmax(logits.float(), dim=-1)[0]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_imported_log_probabilities_equal_the_references(imported, name):
+    model, meta = load_model(imported[name])
+    assert meta["imported_from"]["kind"] == "fairseq fconv"
+    items = torch.load(FIXTURES / name / "logprobs.pt", weights_only=True)
+    assert len(items) >= 5
+    for item in items:
+        assert_same_log_probs(_lprobs(model, item["src"], item["prev"]), item["lprobs"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_beam5_gives_the_hypotheses_of_fairseq_generate(imported, name):
+    model, _ = load_model(imported[name])
+    codec = codec_for_checkpoint(imported[name])
+    recorded = json.loads((FIXTURES / name / "generate.json").read_text())
+    same = 0
+    for sent in recorded["sentences"]:
+        ids = codec.source_ids(sent["source_bpe"].split()) + [EOS]
+        (best, *_), = generate([model], torch.tensor([ids]), torch.tensor([len(ids)]),
+                               beam_size=recorded["beam"], max_len_a=0, max_len_b=200)
+        text = " ".join(codec.target_piece(t) for t in best["tokens"].tolist()[:-1])
+        assert text == sent["hypothesis_bpe"], sent["id"]
+        # fairseq-generate prints the length-normalized score in base 2
+        assert best["score"] / torch.log(torch.tensor(2.0)).item() == \
+            pytest.approx(sent["score"], abs=2e-4)
+        same += 1
+    assert same == len(recorded["sentences"]) >= 30
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_raw_text_translates_as_the_reference_hub_does(imported, name):
+    recorded = json.loads((FIXTURES / name / "hub.json").read_text())
+    tr = Translator.from_checkpoints([imported[name]], search=SearchConfig(beam=recorded["beam"]))
+    assert tr.codec.kind == "moses+subword_nmt"
+    assert tr.translate(recorded["source"]) == recorded["translation"]
+
+
+def _old_style_decoder(state: dict, cfg) -> dict:
+    """The reference's decoder weights as saved before its weight-norm fix: gains per kernel
+    position (dim 0 of kernel x in x out), no version buffer."""
+    fs = dict(state["model"])
+    for i in range(len(cfg.decoder_layers)):
+        g, v = fs[f"decoder.convolutions.{i}.weight_g"], fs[f"decoder.convolutions.{i}.weight_v"]
+        w = v * (g / v.norm(dim=(0, 1), keepdim=True))
+        scale = torch.linspace(0.5, 2.0, w.shape[0]).reshape(-1, 1, 1)  # any direction scale
+        fs[f"decoder.convolutions.{i}.weight_v"] = w * scale
+        fs[f"decoder.convolutions.{i}.weight_g"] = w.norm(dim=(1, 2), keepdim=True)
+    fs.pop("decoder.version", None)
+    return {**state, "model": fs}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_decoder_saved_before_the_weight_norm_fix_imports_to_the_same_function(
+        imported, name, tmp_path):
+    archive = tmp_path / "old"
+    shutil.copytree(FIXTURES / name, archive)
+    path = archive / ARCHIVE_MODEL
+    state = read_reference_checkpoint(path)
+    cfg, _ = model_config(saved_arguments(state, path), path)
+    torch.save(_old_style_decoder(state, cfg), path)
+    model, _ = load_model(import_fairseq(archive, tmp_path / "ckpt"))
+    for item in torch.load(FIXTURES / name / "logprobs.pt", weights_only=True):
+        assert_same_log_probs(_lprobs(model, item["src"], item["prev"]), item["lprobs"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_an_export_imports_back_to_the_same_weights(imported, name, tmp_path):
+    exported = export_fairseq(imported[name], tmp_path / "exported")
+    assert {p.name for p in exported.iterdir()} == {ARCHIVE_MODEL, "dict.en.txt", "dict.de.txt",
+                                                    "bpecodes"}
+    again, _ = load_model(import_fairseq(exported, tmp_path / "again"))
+    first, _ = load_model(imported[name])
+    for (k, a), (k2, b) in zip(first.state_dict().items(), again.state_dict().items()):
+        assert k == k2 and torch.equal(a, b), k
+
+
+def test_a_sentencepiece_checkpoint_exports_with_its_own_dictionary(tiny_checkpoints, tmp_path):
+    exported = export_fairseq(tiny_checkpoints["a"], tmp_path / "exported")
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(exported / "sentencepiece.model"))
+    lines = (exported / "dict.src.txt").read_text(encoding="utf-8").splitlines()
+    # the reference adds <s> <pad> </s> <unk> as ids 0-3: the file starts at id 4
+    assert [line.split(" ")[0] for line in lines] == \
+        [sp.id_to_piece(i) for i in range(4, sp.get_piece_size())]
+    state = read_reference_checkpoint(exported / ARCHIVE_MODEL)
+    cfg, _ = model_config(saved_arguments(state, exported), exported)
+    back = convert_weights(state["model"], cfg, exported)
+    ours = torch.load(Path(tiny_checkpoints["a"]) / "checkpoint.pt", weights_only=True)["model"]
+    assert set(back) == set(ours)
+    for k in ours:
+        assert torch.equal(back[k], ours[k].float()), k
+
+
+def _reference_python() -> str | None:
+    path = os.environ.get("FAIRSEQ_PYTHON") or "/tmp/fairseq-ref-venv/bin/python"
+    return path if Path(path).is_file() else None
+
+
+HUB = """
+import json, sys
+from fairseq.models.fconv import FConvModel
+d = sys.argv[1]
+hub = FConvModel.from_pretrained(d, checkpoint_file="model.pt", data_name_or_path=".",
+                                 tokenizer="moses", bpe="subword_nmt", bpe_codes=d + "/bpecodes")
+print(json.dumps(hub.translate(json.loads(sys.argv[2]), beam=5)))
+"""
+
+
+@pytest.mark.skipif(_reference_python() is None,
+                    reason="the reference implementation is not installed (run "
+                           "scripts/fairseq_fixtures.sh, or set FAIRSEQ_PYTHON)")
+def test_the_reference_itself_loads_an_export(imported, tmp_path):
+    exported = export_fairseq(imported["mixed"], tmp_path / "exported")
+    recorded = json.loads((FIXTURES / "mixed" / "hub.json").read_text())
+    sources = recorded["source"][:8]
+    proc = subprocess.run([_reference_python(), "-c", HUB, str(exported), json.dumps(sources)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert theirs == recorded["translation"][:8]
+
+
+# --- bad input: one line, exit 2, nothing written ------------------------------------------------
+
+
+class Hostile:
+    """Stands for a pickled object that would run code when loaded."""
+
+
+def _broken(archive: Path, how: str) -> None:
+    model = archive / ARCHIVE_MODEL
+    if how == "no dictionary":
+        (archive / "dict.de.txt").unlink()
+    elif how == "no bpecodes":
+        (archive / "bpecodes").unlink()
+    elif how == "dictionary of another size":
+        lines = (archive / "dict.de.txt").read_text().splitlines()
+        (archive / "dict.de.txt").write_text("\n".join(lines[:-3]) + "\n")
+    elif how == "unknown architecture":
+        state = read_reference_checkpoint(model)
+        saved = state["args"] if isinstance(state.get("args"), argparse.Namespace) \
+            else state["cfg"]["model"]  # fairseq 0.12: a Namespace inside the cfg dict
+        saved.arch = "transformer"
+        torch.save(state, model)
+    elif how == "pickled object":
+        state = read_reference_checkpoint(model)
+        state["extra_state"] = {"hook": Hostile()}
+        torch.save(state, model)
+    elif how == "truncated":
+        data = model.read_bytes()
+        model.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("how, says", [
+    ("no dictionary", "dict.de.txt is missing"),
+    ("no bpecodes", "bpecodes is missing"),
+    ("dictionary of another size", "the dictionary is not the model's"),
+    ("unknown architecture", "architecture 'transformer' is not a convolutional"),
+    ("pickled object", "was refused: it holds a pickled object outside the allowlist"),
+    ("truncated", "is not a readable checkpoint"),
+])
+def test_a_bad_archive_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, how, says):
+    from convs2s.cli import main
+
+    archive = tmp_path / "archive"
+    shutil.copytree(FIXTURES / "iwslt", archive)
+    _broken(archive, how)
+    out = tmp_path / "out"
+    assert main(["import-fairseq", str(archive), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("import-fairseq: error: ") and says in err[0], err
+    assert not out.exists() and not list(tmp_path.glob("out.*"))
+
+
+def test_layer_strings_are_read_as_literals_never_evaluated(tmp_path):
+    path = tmp_path / ARCHIVE_MODEL
+    args = {"arch": "fconv", "encoder_layers": "[(64, 3)] * 2 + [(128, 1)]",
+            "decoder_layers": "[(64, 3)]", "decoder_attention": "[False]",
+            "encoder_embed_dim": 32, "decoder_embed_dim": 32, "decoder_out_embed_dim": 16}
+    cfg, _ = model_config(args, path)
+    assert cfg.encoder_layers == [(64, 3), (64, 3), (128, 1)]
+    assert cfg.decoder_attention == (False,) and cfg.max_positions == 1024 - PAD - 1
+    with pytest.raises(FairseqImportError, match="is not a layer expression"):
+        model_config({**args, "encoder_layers": "__import__('os').system('true')"}, path)
+
+
+def test_an_imported_model_averages_and_serves_like_a_trained_one(imported, tmp_path):
+    """The slim copies that averaging, evaluation jobs and the MLflow model make carry the
+    imported text pipeline (dictionaries, BPE codes, text.json)."""
+    from convs2s.averaging import average_checkpoints
+
+    slim = average_checkpoints([imported["iwslt"]], tmp_path / "slim")
+    assert {"text.json", "bpecodes", "dict.en.txt", "dict.de.txt"} <= \
+        {p.name for p in slim.iterdir()}
+    recorded = json.loads((FIXTURES / "iwslt" / "hub.json").read_text())
+    tr = Translator.from_checkpoints([slim], search=SearchConfig(beam=5))
+    assert tr.translate(recorded["source"][:5]) == recorded["translation"][:5]
+
+
+def test_an_imported_model_is_logged_and_served_with_its_text_pipeline(imported, tmp_path):
+    import mlflow
+
+    from convs2s.serving import log_translator
+    from convs2s.tracking import global_tracking_uri
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    recorded = json.loads((FIXTURES / "mixed" / "hub.json").read_text())
+    served = log_translator([imported["mixed"]], SearchConfig(beam=5), tracking_uri=uri,
+                            experiment_name="imported", registered_model_name="paper-en-de",
+                            alias="champion", input_example=recorded["source"][:1])
+    with global_tracking_uri(uri):
+        model = mlflow.pyfunc.load_model(served.registered_uri)
+        assert model.predict(recorded["source"][:4]) == recorded["translation"][:4]
+
+
+def test_an_evaluation_job_scores_an_imported_model_as_the_reference_would(imported, ray_session,
+                                                                           tmp_path):
+    """`python -m workflows.evaluation --checkpoint NAME=DIR`: a Ray task scores the imported
+    model; its BLEU is the BLEU of the reference hub's own translations, and the score is
+    linked to the logged model."""
+    import sacrebleu
+    from mlflow.tracking import MlflowClient
+
+    from workflows.evaluation import main
+
+    recorded = json.loads((FIXTURES / "iwslt" / "hub.json").read_text())
+    src, ref = tmp_path / "test.en", tmp_path / "test.de"
+    src.write_text("\n".join(recorded["source"]) + "\n")
+    ref.write_text("\n".join(recorded["reference"]) + "\n")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["--checkpoint", f"paper={imported['iwslt']}", "--test", "flickr", str(src),
+                 str(ref), "de", "--tracking-uri", uri, "--out", str(tmp_path / "eval")]) == 0
+    expected = sacrebleu.corpus_bleu(recorded["translation"], [recorded["reference"]]).score
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("convs2s")
+    (run,) = [r for r in client.search_runs([exp.experiment_id]) if "bleu" in r.data.metrics]
+    assert run.data.metrics["bleu"] == pytest.approx(expected, abs=0.01)
+    (model,) = client.search_logged_models([exp.experiment_id])
+    assert any(m.key == "bleu" for m in model.metrics)
