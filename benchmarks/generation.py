@@ -94,12 +94,12 @@ def load_model(args, device: torch.device, dtype: torch.dtype):
     """(inference model, text codec or None, description). A checkpoint brings its own text
     pipeline: its sentencepiece model, or an imported reference model's Moses + BPE
     (`python -m convs2s import-fairseq`: Table 3 on the paper's own En-Fr model)."""
-    if args.checkpoint is not None:
-        from convs2s.text_codec import codec_for_checkpoint
-        from convs2s.translate import load_checkpoint_model
+    if args.checkpoint is not None:  # loaded as everything else loads it for inference
+        from convs2s.translate import load_for_inference
 
-        net, meta = load_checkpoint_model(args.checkpoint, device)
-        codec = codec_for_checkpoint(args.checkpoint)
+        translator = load_for_inference([args.checkpoint], device=device)
+        (net,), codec = translator.models, translator.codec
+        meta = net.meta
         return net.to(dtype), codec, {"checkpoint": str(args.checkpoint),
                                       "update": meta["update"], "text": codec.kind,
                                       "imported_from": meta.get("imported_from")}

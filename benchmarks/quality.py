@@ -27,6 +27,7 @@ from pathlib import Path
 from benchmarks.corpus import DATA_DIR
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
+from convs2s.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
 from workflows.workflow_config import RunOptions, duration
 
@@ -78,8 +79,7 @@ def collect(run_dir: Path) -> dict:
     for key, rec in sorted(state["eval"].items()):
         job, test = key.split("/", 1)
         scores.setdefault(test, {})[job] = {k: round(v, 2) for k, v in rec["metrics"].items()
-                                            if k in ("bleu", "bleu_tokenized", "chrf",
-                                                     "length_ratio")}
+                                            if k in TRANSLATION.metrics}
     curve = validation_curve(Path(result["run_dir"]))
     return {
         "scores": scores,
@@ -95,6 +95,7 @@ def collect(run_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from workflows.orchestrate import run_workflow
+    from workflows.run_spec import resolve
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -114,13 +115,14 @@ def main(argv: list[str] | None = None) -> int:
                       storage_path=str(storage), run_name=run_name,
                       tracking_uri=f"sqlite:///{storage / 'mlflow.db'}")
     t0 = time.monotonic()
-    result = run_workflow(cfg, opts)
+    spec = resolve(cfg, opts)
+    result = run_workflow(spec)
     wall = time.monotonic() - t0
     figures = collect(Path(result.run_dir))
     figures["workflow_seconds"] = round(wall, 1)
     out = args.out or RESULTS_DIR / f"quality_multi30k_en_de_{args.preset}.json"
     settings = {"preset": args.preset, "max_time": args.max_time, "data": str(args.data),
-                "run_name": run_name, "workflow": cfg.to_dict()}
+                "run_name": run_name, "workflow": spec.params()["workflow"]}
     path = write_result(out, "quality", settings, machine_info(), load_before, load_average(),
                         quiet, figures,
                         notes=[f"BLEU: sacreBLEU 13a on detokenized output; main test set "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from convs2s.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.checkpoint import load_checkpoint, save_checkpoint
 from convs2s.text_codec import codec_files
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",

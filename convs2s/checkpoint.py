@@ -92,7 +92,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             # warning about the protocol would only precede it.
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             state = torch.load(file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as err:
+    except pickle.UnpicklingError:
         # The weights-only unpickler refuses two things: a pickle that names Python classes or
         # functions to import (possibly code), and bytes that are no pickle at all (random or
         # damaged data: not a checkpoint, and no threat either).

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from convs2s.config import SearchConfig
+from convs2s.task_kinds import KINDS, task_kind
 
 # Each command imports what it needs when it runs: `convs2s-translate` does not pay for
 # matplotlib (attention) or sacreBLEU / rouge (score) at start-up.
@@ -121,7 +122,7 @@ def translate(argv: list[str] | None = None) -> int:
     import torch
 
     from convs2s.checkpoint import CheckpointError
-    from convs2s.translate import Translator
+    from convs2s.translate import load_for_inference
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
@@ -137,8 +138,8 @@ def translate(argv: list[str] | None = None) -> int:
         _check_input(args.input)  # before anything is loaded or written
         if args.output and Path(args.output).is_dir():
             raise ValueError(f"--output {args.output} is a directory: give a file name")
-        translator = Translator.from_checkpoints(args.checkpoint, device, search,
-                                                 spm_model=args.spm_model)
+        translator = load_for_inference(args.checkpoint, search, device,
+                                        spm_model=args.spm_model)
         # Translations go to a temporary file beside --output, renamed over it only when all
         # are written: a failed run never leaves an emptied or half-written output.
         tmp = Path(f"{args.output}.tmp-{os.getpid()}") if args.output else None
@@ -197,30 +198,19 @@ def score(argv: list[str] | None = None) -> int:
     p.add_argument("--hyp", required=True, help="hypotheses, one detokenized sentence per line")
     p.add_argument("--ref", required=True, help="references, line-aligned with --hyp")
     p.add_argument("--lang", help="target language (needed for translation: fr, de, ro, ...)")
-    p.add_argument("--task", choices=["translation", "summarization"], default="translation")
+    p.add_argument("--task", choices=sorted(KINDS), default="translation",
+                   help="the task kind, which decides the metrics (default: translation)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = p.parse_args(argv)
-    from convs2s.scoring import (
-        ROUGE_TYPES,
-        ROUGE_USE_STEMMER,
-        read_lines,
-        score_summarization,
-        score_translation,
-        translation_signatures,
-    )
+    from convs2s.scoring import read_lines
 
     hyps, refs = read_lines(args.hyp), read_lines(args.ref)
     if len(hyps) != len(refs):
         p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
-    if args.task == "translation":
-        if not args.lang:
-            p.error("--lang is required for translation (the target language, e.g. fr)")
-        metrics: dict = score_translation(hyps, refs, args.lang)
-        signatures = translation_signatures(args.lang)
-    else:
-        metrics, signatures = score_summarization(hyps, refs), {
-            "rouge": f"rouge-score {ROUGE_TYPES} use_stemmer={ROUGE_USE_STEMMER}, sentence mean"
-        }
+    if args.task == "translation" and not args.lang:
+        p.error("--lang is required for translation (the target language, e.g. fr)")
+    kind = task_kind(args.task)
+    metrics, signatures = kind.score(hyps, refs, args.lang), kind.signatures(args.lang)
     if args.json:
         print(json.dumps({"metrics": metrics, "signatures": signatures}, indent=1))
     else:
@@ -242,9 +232,9 @@ def attention(argv: list[str] | None = None) -> int:
     p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
     args = p.parse_args(argv)
     from convs2s.attention_plot import plot_attention
-    from convs2s.translate import Translator
+    from convs2s.translate import load_for_inference
 
-    translator = Translator.from_checkpoints(
+    translator = load_for_inference(
         args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
     for path in plot_attention(translator, args.sentences, args.out):
         print(path)

@@ -125,13 +125,28 @@ class EncoderOut:
                             (self.keys, self.values, self.mask_bias, self.scale)))
 
 
-class Encoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, vocab_size: int, num_attention_layers: int):
+class Embedded(nn.Module):
+    """§3.1, the same on both sides: token embedding plus position embedding, then dropout.
+    The encoder and the decoder extend it, so their tables keep the reference's names
+    (`embed_tokens`, `embed_positions`) and one change here reaches both sides."""
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int):
         super().__init__()
+        self.dropout, self.max_positions = cfg.dropout, cfg.max_positions
+        self.embed_tokens = embedding(vocab_size, cfg.embed_dim)
+        # Positions count from PAD + 1 (`make_positions`); row PAD stays zero.
+        self.embed_positions = embedding(cfg.max_positions + PAD + 1, cfg.embed_dim)
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """N x T tokens and their positions -> N x T x E."""
+        e = self.embed_tokens(tokens) + self.embed_positions(positions)
+        return dropout(e, self.dropout, self.training)
+
+
+class Encoder(Embedded):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, num_attention_layers: int):
+        super().__init__(cfg, vocab_size)
         E, p = cfg.embed_dim, cfg.dropout
-        self.dropout, self.max_positions = p, cfg.max_positions
-        self.embed_tokens = embedding(vocab_size, E)
-        self.embed_positions = embedding(cfg.max_positions + PAD + 1, E)
         c0 = cfg.encoder_layers[0][0]
         self.fc1 = linear(E, c0, dropout=p)  # dropout precedes fc1
         widths = [c0] + [c for c, _ in cfg.encoder_layers]
@@ -147,9 +162,7 @@ class Encoder(nn.Module):
         _check_length(src_tokens, self.max_positions, "src_tokens")
         pad = src_tokens.eq(PAD).unsqueeze(-1)  # B x S x 1
         keep = (~pad).to(torch.float32)  # 1 for tokens, 0 for padding
-        # §3.1: e = token embedding + position embedding.
-        e = self.embed_tokens(src_tokens) + self.embed_positions(make_positions(src_tokens))
-        e = dropout(e, self.dropout, self.training)  # B x S x E
+        e = self.embed(src_tokens, make_positions(src_tokens))  # B x S x E (§3.1)
         x = self.fc1(e)  # B x S x C0
         for block in self.blocks:
             # Pad frames are zero conv inputs so that left or right padding changes nothing
@@ -217,13 +230,10 @@ class DecoderState:
             self.enc = self.enc.select(sentences)
 
 
-class Decoder(nn.Module):
+class Decoder(Embedded):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
-        super().__init__()
+        super().__init__(cfg, vocab_size)
         E, p = cfg.embed_dim, cfg.dropout
-        self.dropout, self.max_positions = p, cfg.max_positions
-        self.embed_tokens = embedding(vocab_size, E)
-        self.embed_positions = embedding(cfg.max_positions + PAD + 1, E)
         c0 = cfg.decoder_layers[0][0]
         self.fc1 = linear(E, c0, dropout=p)
         widths = [c0] + [c for c, _ in cfg.decoder_layers]
@@ -254,11 +264,6 @@ class Decoder(nn.Module):
         x = dropout(self.fc2(x), self.dropout, self.training)
         return output_layer_loss(x, self.fc3.weight, self.fc3.bias, target, label_smoothing)
 
-    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """N x T -> g N x T x E (§3.1), the first layer's input and every attention's (§3.3)."""
-        g = self.embed_tokens(tokens) + self.embed_positions(positions)
-        return dropout(g, self.dropout, self.training)
-
     def _blocks(self, x: torch.Tensor, g: torch.Tensor, enc: EncoderOut, buffers=None):
         """x N x T x C0 -> N x T x C_last, attention summed over the layers N x T x S. With
         `buffers` (DecoderState.buffers, updated in place): one incremental step, T = 1."""
@@ -277,7 +282,7 @@ class Decoder(nn.Module):
         """prev N x T -> logits N x T x V, attention N x T x S (T = 1 with `last_only`);
         with `target` N x T: (loss sum, nll sum) instead, see `ConvS2S.forward`."""
         _check_length(prev_output_tokens, self.max_positions, "prev_output_tokens")
-        g = self._embed(prev_output_tokens, make_positions(prev_output_tokens))  # N x T x E
+        g = self.embed(prev_output_tokens, make_positions(prev_output_tokens))  # N x T x E
         x, attn_sum = self._blocks(self.fc1(g), g, enc)  # N x T x C_last
         if target is not None:  # training and validation: no attention average needed
             return self._output_loss(x, target, label_smoothing)
@@ -307,7 +312,7 @@ class Decoder(nn.Module):
             raise ValueError(f"decode_step: step {state.step} is beyond max_positions "
                              f"{self.max_positions} of the position table")
         tokens = tokens.unsqueeze(1)  # N x 1
-        g = self._embed(tokens, torch.full_like(tokens, PAD + 1 + state.step))  # N x 1 x E
+        g = self.embed(tokens, torch.full_like(tokens, PAD + 1 + state.step))  # N x 1 x E
         x, attn_sum = self._blocks(self.fc1(g), g, state.enc, state.buffers)  # N x 1 x C_last
         state.step += 1
         attn = attn_sum.squeeze(1) / self.num_attention  # N x S, mean over attention layers

@@ -192,6 +192,12 @@ def score_summarization(hyps: list[str], refs: list[str]) -> dict[str, float]:
     return {**rouge(hyps, refs), "length_ratio": length_ratio(hyps, refs)}
 
 
+def rouge_signature() -> str:
+    """How `rouge` scores: the package and version, the ROUGE types, stemming, averaging."""
+    return (f"rouge-score {version('rouge-score')} {'/'.join(ROUGE_TYPES)} "
+            f"use_stemmer={ROUGE_USE_STEMMER}, sentence mean")
+
+
 def read_lines(path: str | Path) -> list[str]:
     """Lines of a UTF-8 text file as sacrebleu's CLI reads them (split on \\n, rstripped)."""
     with open(path, encoding="utf-8", newline="\n") as f:

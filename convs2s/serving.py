@@ -56,7 +56,7 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         import torch
 
         from convs2s.config import SearchConfig
-        from convs2s.translate import Translator
+        from convs2s.translate import load_for_inference
 
         cfg = json.loads(Path(context.artifacts["search"]).read_text())
         if cfg.get("dictionary"):
@@ -64,8 +64,7 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         root = Path(context.artifacts["checkpoints"])
         paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.translator = Translator.from_checkpoints(paths, device,
-                                                      SearchConfig.from_dict(cfg))
+        self.translator = load_for_inference(paths, SearchConfig.from_dict(cfg), device)
 
     def predict(self, context, model_input: list[str], params=None) -> list[str]:
         # The list[str] type hints give the model its signature: MLflow checks and converts
@@ -100,13 +99,17 @@ def _pip_requirements() -> list[str]:
 
 
 def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
-                    average: bool = False) -> dict:
-    """Slim checkpoint copies (or, with `average`, their weight average as one model),
-    search.json (and the dictionary) under out_dir -> the pyfunc artifacts map."""
+                    average: bool = False, as_is: bool = False) -> dict:
+    """Slim checkpoint copies (or, with `average`, their weight average as one model; with
+    `as_is`, the folders copied unchanged: inference copies staged already), search.json (and
+    the dictionary) under out_dir -> the pyfunc artifacts map."""
     from convs2s.averaging import average_checkpoints
 
     ck_dir = out_dir / "checkpoints"
-    if average and len(checkpoints) > 1:
+    if as_is:
+        for i, p in enumerate(checkpoints):
+            shutil.copytree(p, ck_dir / f"model_{i:02d}")
+    elif average and len(checkpoints) > 1:
         average_checkpoints(list(checkpoints), ck_dir / "model_00")
     else:
         for i, p in enumerate(checkpoints):
@@ -124,14 +127,16 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
 def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
                    tracking_uri: str, run_id: str | None = None,
                    experiment_name: str = "convs2s", name: str = "translator",
-                   average: bool = False, params: dict | None = None, tags: dict | None = None,
+                   average: bool = False, as_is: bool = False, params: dict | None = None,
+                   tags: dict | None = None,
                    registered_model_name: str | None = None, alias: str | None = None,
                    input_example: list[str] | None = None) -> ServedModel:
     """Log checkpoints (one model, an ensemble, or with `average` their weight average) and
     the search settings as a pyfunc model (an MLflow 3 logged model named `name`, with
-    `params` and `tags`). With `run_id` the model's source run is that run and the run lists
-    it among its outputs; without, it goes to `experiment_name`. Registers it and sets `alias`
-    when `registered_model_name` is given. The input example is translated once at logging
+    `params` and `tags`; with `as_is`, checkpoint folders that are already the inference
+    copies to serve, copied unchanged). With `run_id` the model's source run is that run and
+    the run lists it among its outputs; without, it goes to `experiment_name`. Registers it and
+    sets `alias` when `registered_model_name` is given. The input example is translated once at logging
     time, which checks that the logged model loads and predicts."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.tracking import MlflowClient
@@ -139,7 +144,7 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     import convs2s
     from convs2s.config import SearchConfig
     from convs2s.tracking import get_or_create_experiment, global_tracking_uri, quiet_mlflow
-    from convs2s.translate import Translator
+    from convs2s.translate import load_for_inference
 
     search = search or SearchConfig()
     if alias and not registered_model_name:
@@ -148,12 +153,12 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     # MLflow resolves models:/ URIs (logging, registering) through its global tracking URI.
     with global_tracking_uri(tracking_uri), quiet_mlflow(), \
             tempfile.TemporaryDirectory() as tmp:
-        artifacts = stage_artifacts(checkpoints, search, Path(tmp), average)
+        artifacts = stage_artifacts(checkpoints, search, Path(tmp), average, as_is)
         # Load what will be served (an average is one model), once, before anything is
         # logged: a bad checkpoint or dictionary fails here with a clear error. MLflow's own
         # check of the input example only warns.
         staged = sorted(Path(artifacts["checkpoints"]).iterdir())
-        Translator.from_checkpoints(staged, "cpu", search)
+        load_for_inference(staged, search, "cpu")
         # Created first, then filled: the model gets its source run without this process
         # opening the run (which would copy the run's params and step-0 metrics into it).
         exp_id = client.get_run(run_id).info.experiment_id if run_id else \

@@ -189,6 +189,14 @@ def code_version() -> str:
         return "unknown"
 
 
+def run_key(path: str | os.PathLike) -> str:
+    """The key (tag `convs2s.run_key`) of the run that describes the outputs at `path`: the
+    absolute path itself. One scheme for every run of the project: a workflow's parent run is
+    keyed by its run folder, a training run by its Ray Train folder, an evaluation run by its
+    hypotheses' folder; the same storage path and names find the same runs again."""
+    return str(Path(path).expanduser().resolve())
+
+
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
                        parent_run_id: str | None = None, tags: dict | None = None) -> str | None:
     """The id of the run tagged `run_key` in the experiment (reopened as RUNNING), or of a new
@@ -306,6 +314,29 @@ class DatasetRecord:
         return Dataset(self.name, self.digest, source_type="local",
                        source=json.dumps({"uri": self.source}),
                        profile=json.dumps(self.profile))
+
+
+def describe_run(uri: str, run_id: str | None, params: dict | None = None,
+                 datasets: list[DatasetRecord] = (), model_ids: list[str] = ()) -> None:
+    """What a run is: its params (nested dicts, flattened; keys logged before keep their value)
+    and what it read (datasets with their context, logged models it scored), each recorded
+    once however often the run is resumed. Every run of the project is described here."""
+    if run_id is None:
+        return
+    if params:
+        log_params(uri, run_id, flatten_params(params))
+    if not (datasets or model_ids):
+        return
+    try:
+        with bounded_http():
+            inputs = mlflow_client(uri).get_run(run_id).inputs
+        seen = {(d.dataset.name, d.dataset.digest) for d in inputs.dataset_inputs or []}
+        models = {m.model_id for m in inputs.model_inputs or []}
+    except Exception as err:  # noqa: BLE001
+        warn_unreachable(uri, "reading the run's inputs", err)
+        return
+    log_inputs(uri, run_id, [d for d in datasets if (d.name, d.digest) not in seen],
+               [m for m in model_ids if m not in models])
 
 
 def log_inputs(uri: str, run_id: str | None, datasets: list[DatasetRecord] = (),

@@ -19,9 +19,8 @@ pairs, each target piece aligned to its most attended source piece).
 Python API:
 
     from convs2s.config import SearchConfig
-    from convs2s.translate import Translator
-    tr = Translator.from_checkpoints(["runs/demo/best"], device="cpu",
-                                     search=SearchConfig(beam=5, lenpen=1.0))
+    from convs2s.translate import load_for_inference
+    tr = load_for_inference(["runs/demo/best"], SearchConfig(beam=5, lenpen=1.0), "cpu")
     tr.translate(["the cat is small ."])        # -> ["le chat est petit ."]
     tr.translate_full(lines)                    # -> [Translation] with nbest Hypothesis each
 
@@ -91,14 +90,51 @@ def normalize(text: str) -> str:
     return " ".join(text.split())
 
 
-def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
-    """(inference model, meta) of one checkpoint directory, or a CheckpointError that names the
-    file and the fix. The model is an eval copy with weight norm folded into the weights; its
-    text pipeline is `convs2s.text_codec.codec_for_checkpoint`'s."""
+def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
+                       search: SearchConfig | None = None,
+                       device: str | torch.device = "cpu",
+                       spm_model: str | os.PathLike | None = None) -> "Translator":
+    """The one way to load checkpoints for inference (translate, evaluation, serving, the
+    benchmarks): one checkpoint directory = a single model, several = an ensemble. Each model
+    is an eval copy with weight norm folded into its weights; the text pipeline is the
+    checkpoint's own (`convs2s.text_codec`: its bundled sentencepiece model, `spm_model` for
+    all of them, or an imported model's dictionaries and BPE codes). All must share one text
+    pipeline and the vocabulary sizes that go with it. Bad input raises a CheckpointError that
+    names the file and the fix."""
+    from convs2s.text_codec import CodecError, codec_files, codec_for_checkpoint
+
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    if not paths:
+        raise CheckpointError("no checkpoint given")
+    models = [_inference_model(p, device) for p in paths]
+    if spm_model is not None and not Path(spm_model).is_file():
+        raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
+    try:
+        codec = codec_for_checkpoint(paths[0], spm_model)
+    except CodecError as err:
+        raise CheckpointError(str(err)) from None
+    if spm_model is None:
+        first = [f.read_bytes() for f in codec_files(paths[0])]
+        for p in paths[1:]:
+            if [f.read_bytes() for f in codec_files(p)] != first:
+                raise CheckpointError(f"{p} uses another text pipeline (sentencepiece "
+                                      f"model, or dictionaries and BPE codes) than "
+                                      f"{paths[0]}: an ensemble needs models trained on "
+                                      "the same vocabulary")
+    for p, m in zip(paths, models):
+        if (m.src_vocab_size, m.tgt_vocab_size) != (codec.src_size, codec.tgt_size):
+            what = "sentencepiece.model" if codec.kind == "sentencepiece" else "dictionaries"
+            raise CheckpointError(
+                f"{p}: vocabulary sizes {m.src_vocab_size}/{m.tgt_vocab_size} do not match "
+                f"its {what} ({codec.src_size}/{codec.tgt_size} symbols)")
+    return Translator(models, codec, search or SearchConfig(), device)
+
+
+def _inference_model(path: Path, device: str | torch.device):
+    """The inference copy of one checkpoint directory's model, or a CheckpointError."""
     from convs2s.checkpoint import load_model
     from convs2s.model import inference_copy
 
-    path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist: give a checkpoint directory "
                               "of a training run (e.g. <storage_path>/<run_name>/best)")
@@ -114,7 +150,9 @@ def load_checkpoint_model(path: str | os.PathLike, device: str | torch.device = 
         raise CheckpointError(
             f"{path} is not a checkpoint of this project's model ({type(err).__name__} while "
             "rebuilding it); pick a checkpoint_* or best/ directory of a training run") from None
-    return inference_copy(model.to(device)), meta
+    net = inference_copy(model.to(device))
+    net.meta = meta  # what the checkpoint says about itself: update, epoch, imported_from, ...
+    return net
 
 
 class Translator:
@@ -130,44 +168,6 @@ class Translator:
         self.device = torch.device(device)
         self.max_positions = min(m.max_positions for m in self.models)
         self.dictionary = load_dictionary(search.dictionary) if search.dictionary else None
-
-    @classmethod
-    def from_checkpoints(cls, paths: Iterable[str | os.PathLike],
-                         device: str | torch.device = "cpu",
-                         search: SearchConfig | None = None,
-                         spm_model: str | os.PathLike | None = None) -> "Translator":
-        """Load checkpoint directories (one = single model, several = ensemble). All must
-        share one text pipeline: the sentencepiece model bundled in each checkpoint (or
-        `spm_model` for all of them), or the same imported dictionaries and BPE codes; and
-        the vocabulary sizes that go with it."""
-        from convs2s.text_codec import CodecError, codec_files, codec_for_checkpoint
-
-        paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-        if not paths:
-            raise CheckpointError("no checkpoint given")
-        models = [load_checkpoint_model(p, device)[0] for p in paths]
-        if spm_model is not None and not Path(spm_model).is_file():
-            raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
-        try:
-            codec = codec_for_checkpoint(paths[0], spm_model)
-        except CodecError as err:
-            raise CheckpointError(str(err)) from None
-        if spm_model is None:
-            first = [f.read_bytes() for f in codec_files(paths[0])]
-            for p in paths[1:]:
-                if [f.read_bytes() for f in codec_files(p)] != first:
-                    raise CheckpointError(f"{p} uses another text pipeline (sentencepiece "
-                                          f"model, or dictionaries and BPE codes) than "
-                                          f"{paths[0]}: an ensemble needs models trained on "
-                                          "the same vocabulary")
-        for p, m in zip(paths, models):
-            if (m.src_vocab_size, m.tgt_vocab_size) != (codec.src_size, codec.tgt_size):
-                what = "sentencepiece.model" if codec.kind == "sentencepiece" else \
-                    "dictionaries"
-                raise CheckpointError(
-                    f"{p}: vocabulary sizes {m.src_vocab_size}/{m.tgt_vocab_size} do not match "
-                    f"its {what} ({codec.src_size}/{codec.tgt_size} symbols)")
-        return cls(list(models), codec, search or SearchConfig(), device)
 
     # --- encoding ------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ EXCHANGES = ("files", "ray")  # how rows meet by window / bucket (preprocessing/
 class PreprocessConfig:
     """Everything that decides a task's preprocessing output (reference-facts §5)."""
 
-    task: str  # output folder <root>/<task>/
+    task: str  # the task's name: its output folder <root>/<task>/ (not a task *kind*)
     source: str = "demo"  # "demo" | "hub" | a local folder
     src_lang: str = "en"  # key in the hub row's "translation" dict / local file suffix
     tgt_lang: str = "fr"

@@ -11,13 +11,13 @@ import torch
 from convs2s.attention_plot import layer_attention, plot_attention
 from convs2s.cli import attention as main
 from convs2s.config import EOS, SearchConfig
-from convs2s.translate import Translator
+from convs2s.translate import load_for_inference
 
 SEARCH = SearchConfig(beam=2, max_len_a=0, max_len_b=6)
 
 
 def test_layer_maps_average_to_the_search_attention(tiny_checkpoints):
-    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SEARCH)
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SEARCH)
     line = "The old cat sleeps near the house ."
     t = tr.translate_full([line])[0]
     hyp = t.hypotheses[0]
@@ -33,7 +33,7 @@ def test_layer_maps_average_to_the_search_attention(tiny_checkpoints):
 
 
 def test_plot_attention_writes_one_png_per_sentence(tiny_checkpoints, tmp_path):
-    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SEARCH)
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SEARCH)
     paths = plot_attention(tr, ["The cat sleeps .", "", "A dog runs near the river ."],
                            tmp_path / "pics")
     assert [p.name for p in paths] == ["attention_000.png", "attention_002.png"]

@@ -15,7 +15,7 @@ from convs2s.averaging import average_checkpoints, average_state_dicts
 from convs2s.checkpoint import load_checkpoint, save_checkpoint
 from convs2s.cli import average as main
 from convs2s.config import PRESETS, SearchConfig
-from convs2s.translate import Translator
+from convs2s.translate import load_for_inference
 
 
 def test_average_of_identical_checkpoints_is_bit_identical(tiny_checkpoints, tmp_path):
@@ -41,7 +41,7 @@ def test_average_of_two_is_their_mean_and_keeps_only_inference_state(tiny_checkp
     assert (Path(out) / "sentencepiece.model").read_bytes() == \
         Path(tiny_checkpoints["spm"]).read_bytes()
     # The result is an ordinary checkpoint: it translates.
-    tr = Translator.from_checkpoints([out], search=SearchConfig(beam=2, max_len_b=3))
+    tr = load_for_inference([out], search=SearchConfig(beam=2, max_len_b=3))
     assert len(tr.translate(["The cat sleeps ."])) == 1
 
 

@@ -9,6 +9,7 @@ Run: .venv/bin/python -m pytest tests/test_evaluation.py -q            (add -m "
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from convs2s.checkpoint import (
 )
 from convs2s.config import SearchConfig, summarization_search
 from convs2s.scoring import read_lines
-from convs2s.translate import Translator
+from convs2s.translate import load_for_inference
 from workflows.evaluation import (
     EvalJob,
     TestSet,
@@ -47,11 +48,12 @@ def fake_run(tiny_checkpoints, root: Path, updates: list[int], best: str) -> Pat
     return root
 
 
-def tiny_test_set(tiny_checkpoints, tmp_path: Path, n: int = 6, task="translation") -> TestSet:
+def tiny_test_set(tiny_checkpoints, tmp_path: Path, n: int = 6,
+                  task_kind="translation") -> TestSet:
     pairs = tiny_checkpoints["pairs"][-n:]
     (tmp_path / "t.en").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
     (tmp_path / "t.fr").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
-    return TestSet("tiny", str(tmp_path / "t.en"), str(tmp_path / "t.fr"), "fr", task)
+    return TestSet("tiny", str(tmp_path / "t.en"), str(tmp_path / "t.fr"), "fr", task_kind)
 
 
 def test_evaluation_jobs_pick_best_and_last_checkpoints(tiny_checkpoints, tmp_path):
@@ -93,10 +95,10 @@ def test_evaluate_job_without_ray(tiny_checkpoints, tmp_path):
     from convs2s.averaging import average_checkpoints
 
     avg = average_checkpoints([tiny_checkpoints["a"], tiny_checkpoints["b"]], tmp_path / "avg")
-    assert out["hypotheses"] == Translator.from_checkpoints([avg], search=SHORT).translate(
+    assert out["hypotheses"] == load_for_inference([avg], search=SHORT).translate(
         read_lines(test.src))
-    summ = evaluate_job(EvalJob("s", (tiny_checkpoints["a"],),
-                                tiny_test_set(tiny_checkpoints, tmp_path, task="summarization"),
+    summ_set = tiny_test_set(tiny_checkpoints, tmp_path, task_kind="summarization")
+    summ = evaluate_job(EvalJob("s", (tiny_checkpoints["a"],), summ_set,
                                 summarization_search(beam=2, min_len=3, max_len_b=5)))
     assert {"rouge1_f", "rouge2_r", "rougeL_f", "length_ratio"} <= set(summ["metrics"])
 
@@ -139,7 +141,7 @@ def test_parallel_evaluation_logs_one_child_run_per_pair(demo_trained, tmp_path)
     assert sorted(a.path for a in client.list_artifacts(best.info.run_id, "attention")) == \
         ["attention/test_attention_000.png", "attention/test_attention_001.png"]
     # The parallel job's hypotheses are the translate entry's.
-    direct = Translator.from_checkpoints([t.train.best_checkpoint], search=search)
+    direct = load_for_inference([t.train.best_checkpoint], search=search)
     assert read_lines(results[0].hyp_path) == direct.translate(read_lines(t.test_src))
 
 
@@ -149,7 +151,7 @@ def test_failed_job_marks_its_run_and_summarization_is_scored(demo_trained, tmp_
     src, ref = tmp_path / "s.en", tmp_path / "s.fr"
     src.write_text("".join(line + "\n" for line in read_lines(t.test_src)[:30]))
     ref.write_text("".join(line + "\n" for line in read_lines(t.test_ref)[:30]))
-    summ = TestSet("short", str(src), str(ref), "fr", task="summarization")
+    summ = TestSet("short", str(src), str(ref), "fr", task_kind="summarization")
     jobs = [EvalJob("summary", (t.train.best_checkpoint,), summ,
                     summarization_search(max_len_a=1.5, max_len_b=10)),
             EvalJob("missing", (str(tmp_path / "nope"),), summ)]
@@ -165,3 +167,39 @@ def test_failed_job_marks_its_run_and_summarization_is_scored(demo_trained, tmp_
     assert runs["summary"].data.params["search.min_len"] == "14"
     assert {"rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r"} <= set(runs["summary"].data.metrics)
     assert (tmp_path / "eval" / "summary" / "short.fr").is_file()
+
+
+def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, tmp_path):
+    """An averaging job's average and an ensemble's members are written once per job name (not
+    per test set) as slim inference copies; staging again from unchanged checkpoints reuses
+    them, new weights under the same paths are staged anew."""
+    from workflows.evaluation import STAGED_FILE, stage_weights
+
+    a = shutil.copytree(tiny_checkpoints["a"], tmp_path / "ck" / "a")
+    b = shutil.copytree(tiny_checkpoints["b"], tmp_path / "ck" / "b")
+    tests = [TestSet("t", "src", "ref"), TestSet("u", "src2", "ref2")]
+    jobs = [EvalJob(n, (str(a), str(b)), t, average=avg) for t in tests
+            for n, avg in (("avg", True), ("ens", False))]
+    staged = stage_weights(jobs, tmp_path / "weights")
+    by = {(j.name, j.test_set.name): j.staged for j in staged}
+    assert by[("avg", "t")] == by[("avg", "u")] == (str(tmp_path / "weights/avg/model_00"),)
+    assert by[("ens", "t")] == tuple(str(tmp_path / f"weights/ens/model_0{i}") for i in (0, 1))
+    avg_state = load_checkpoint(by[("avg", "t")][0])
+    assert avg_state["averaged_from"] == [str(a), str(b)] and "optimizer" not in avg_state
+    assert "optimizer" not in load_checkpoint(by[("ens", "t")][1])
+    mtime = (tmp_path / "weights/avg/model_00/checkpoint.pt").stat().st_mtime_ns
+    stage_weights(jobs, tmp_path / "weights")  # unchanged sources: reused
+    assert (tmp_path / "weights/avg/model_00/checkpoint.pt").stat().st_mtime_ns == mtime
+    state = load_checkpoint(b)
+    state["model"] = {k: v + 1 if v.is_floating_point() else v for k, v in state["model"].items()}
+    save_checkpoint(b, state, tiny_checkpoints["spm"])  # new weights under the same path
+    stage_weights(jobs, tmp_path / "weights")
+    new = load_checkpoint(tmp_path / "weights/avg/model_00")["model"]
+    key = next(k for k, v in new.items() if v.is_floating_point())
+    assert not new[key].equal(avg_state["model"][key])
+    assert (tmp_path / "weights/avg" / STAGED_FILE).is_file()
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["avg", "ens"]
+    # An averaging job scored without a run folder averages in a temporary one, as before.
+    out = evaluate_job(dataclasses.replace(staged[0], test_set=tiny_test_set(
+        tiny_checkpoints, tmp_path), search=SHORT))
+    assert len(out["hypotheses"]) == 6

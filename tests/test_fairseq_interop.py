@@ -40,7 +40,7 @@ from convs2s.fairseq_interop import (
 )
 from convs2s.search import generate
 from convs2s.text_codec import codec_for_checkpoint
-from convs2s.translate import Translator
+from convs2s.translate import load_for_inference
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "fairseq"
 MODELS = ["iwslt", "mixed"]
@@ -52,13 +52,13 @@ def imported(tmp_path_factory) -> dict[str, Path]:
     return {name: import_fairseq(FIXTURES / name, root / name) for name in MODELS}
 
 
-def assert_same_log_probs(ours: torch.Tensor, theirs: torch.Tensor) -> None:
-    """Within 1e-5 wherever p > 1e-9; past that, within float32 rounding of the value (a
+def assert_same_log_probs(ours: torch.Tensor, theirs: torch.Tensor, tol: float = 1e-5) -> None:
+    """Within `tol` wherever p > 1e-9; past that, within float32 rounding of the value (a
     log-probability of -35 has an ulp of 4e-6)."""
     assert ours.shape == theirs.shape
     diff = (ours - theirs).abs()
-    assert diff[theirs > -20.7].max().item() < 1e-5
-    assert (diff <= 1e-5 + 1e-6 * theirs.abs()).all(), diff.max().item()
+    assert diff[theirs > -20.7].max().item() < tol
+    assert (diff <= tol + 1e-6 * theirs.abs()).all(), diff.max().item()
 
 
 def _lprobs(model, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ def test_beam5_gives_the_hypotheses_of_fairseq_generate(imported, name):
 @pytest.mark.parametrize("name", MODELS)
 def test_raw_text_translates_as_the_reference_hub_does(imported, name):
     recorded = json.loads((FIXTURES / name / "hub.json").read_text())
-    tr = Translator.from_checkpoints([imported[name]], search=SearchConfig(beam=recorded["beam"]))
+    tr = load_for_inference([imported[name]], search=SearchConfig(beam=recorded["beam"]))
     assert tr.codec.kind == "moses+subword_nmt"
     assert tr.translate(recorded["source"]) == recorded["translation"]
 
@@ -128,8 +128,12 @@ def test_a_decoder_saved_before_the_weight_norm_fix_imports_to_the_same_function
     cfg, _ = model_config(saved_arguments(state, path), path)
     torch.save(_old_style_decoder(state, cfg), path)
     model, _ = load_model(import_fairseq(archive, tmp_path / "ckpt"))
+    # The old layout is folded into the new one (weight norm over another dimension): one
+    # more float32 rounding per weight than a current checkpoint, seen as up to 1.4e-5 on an
+    # AMD EPYC host without AVX-512 (a wrong fold changes the weights, not their last bits).
     for item in torch.load(FIXTURES / name / "logprobs.pt", weights_only=True):
-        assert_same_log_probs(_lprobs(model, item["src"], item["prev"]), item["lprobs"])
+        assert_same_log_probs(_lprobs(model, item["src"], item["prev"]), item["lprobs"],
+                              tol=3e-5)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -264,7 +268,7 @@ def test_an_imported_model_averages_and_serves_like_a_trained_one(imported, tmp_
     assert {"text.json", "bpecodes", "dict.en.txt", "dict.de.txt"} <= \
         {p.name for p in slim.iterdir()}
     recorded = json.loads((FIXTURES / "iwslt" / "hub.json").read_text())
-    tr = Translator.from_checkpoints([slim], search=SearchConfig(beam=5))
+    tr = load_for_inference([slim], search=SearchConfig(beam=5))
     assert tr.translate(recorded["source"][:5]) == recorded["translation"][:5]
 
 

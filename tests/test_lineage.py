@@ -89,7 +89,7 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
     from convs2s.averaging import average_checkpoints
     from convs2s.checkpoint import list_checkpoints, pick_checkpoints
     from convs2s.scoring import read_lines
-    from convs2s.translate import Translator
+    from convs2s.translate import load_for_inference
     from workflows import wmt14_en_fr
 
     w = smoke_workflow
@@ -113,7 +113,7 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
         last2 = [i.path for i in pick_checkpoints(list_checkpoints(run_dir), last=2)]
         weights = [average_checkpoints(last2, tmp_path / "avg")]
     src = read_lines(w.storage / "preprocessed" / "demo" / "text" / "test.en")[:6]
-    expected = Translator.from_checkpoints(weights, search=wmt14_en_fr.smoke().search) \
+    expected = load_for_inference(weights, search=wmt14_en_fr.smoke().search) \
         .translate(src)
     mlflow.set_tracking_uri(w.tracking_uri)
     try:
@@ -162,3 +162,28 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
                               [score("avg_last2", real["best"] + 1.0)], ids, "demo_test", "bleu")
     assert again.moved and again.version == "2"
     assert len(client.search_model_versions("name = 'lineage-test'")) == 2
+
+
+def test_each_model_is_logged_from_the_files_its_scores_were_computed_on(smoke_workflow,
+                                                                         tmp_path):
+    """The weights of each job are staged once under the run folder (an average computed once);
+    the evaluation task scored those files and the logged model holds the same bytes."""
+    import hashlib
+
+    import mlflow
+
+    w = smoke_workflow
+    client, exp, _, children = _store(w)
+    models = {m.name: m for m in client.search_logged_models([exp.experiment_id])
+              if m.name.startswith(f"{w.run_name}-")}
+    staged_root = w.storage / w.run_name / "weights"
+    for job in ("best", "avg_last2"):
+        staged = staged_root / job / "model_00" / "checkpoint.pt"
+        assert staged.is_file() and not (staged_root / job / "model_01").exists()
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=f"{models[f'smoke-test-{job}'].artifact_location}/artifacts/"
+                         "checkpoints/model_00/checkpoint.pt",
+            dst_path=str(tmp_path / job), tracking_uri=w.tracking_uri)
+        digest = [hashlib.sha256(open(f, "rb").read()).hexdigest() for f in (staged, local)]
+        assert digest[0] == digest[1], job
+        assert children[f"eval/{job}/demo_test"].data.params["eval.job"] == job

@@ -21,7 +21,8 @@ import pytest
 
 from convs2s import config as models
 from workflows import multi30k_en_de
-from workflows.workflow_config import RunOptions, apply_options, duration
+from workflows.run_spec import SpecError, resolve
+from workflows.workflow_config import RunOptions, duration
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "workflows" / "multi30k_en_de.py"
@@ -116,14 +117,22 @@ def test_max_time_accepts_seconds_and_units_and_rejects_nonsense():
 
 
 def test_test_set_flag_adds_evaluation_splits_of_the_local_folder(tmp_path):
-    cfg, pre = apply_options(multi30k_en_de.cpu(), RunOptions(
+    spec = resolve(multi30k_en_de.cpu(), RunOptions(
         preset="cpu", data=str(tmp_path), test_set=["test_2017_flickr", "test_2016_flickr"],
         max_time=600))
-    # The preset's own test set is not added twice; the new stem is its own split.
-    assert pre.splits == {"train": "train", "valid": "val", "test": "test_2016_flickr",
-                          "test_2017_flickr": "test_2017_flickr"}
-    assert cfg.all_test_sets["test_2017_flickr"] == "test_2017_flickr"
-    assert cfg.train.max_time == 600
+    # The preset's own test set is not added twice; the new stem is its own split, scored
+    # after the preset's (whose first test set keeps the headline score).
+    assert spec.data.splits == {"train": "train", "valid": "val", "test": "test_2016_flickr",
+                                "test_2017_flickr": "test_2017_flickr"}
+    assert spec.test_sets == {**multi30k_en_de.cpu().test_sets,
+                              "test_2017_flickr": "test_2017_flickr"}
+    assert spec.added_test_sets == ("test_2017_flickr",) and spec.train.max_time == 600
+    for bad in ("valid", "a/b", ""):
+        with pytest.raises(SpecError, match="give a file stem"):
+            resolve(multi30k_en_de.cpu(), RunOptions(preset="cpu", data=str(tmp_path),
+                                                     test_set=[bad]))
+    with pytest.raises(SpecError, match="--data DIR"):
+        resolve(multi30k_en_de.cpu(), RunOptions(preset="cpu", data="demo", test_set=["x"]))
 
 
 # --- bad input: one clear line, exit 2, nothing written (no Ray, seconds) -----------------------
@@ -389,7 +398,7 @@ def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> f
     from convs2s.config import SearchConfig
     from convs2s.model import ConvS2S
     from convs2s.scoring import score_translation
-    from convs2s.translate import Translator
+    from convs2s.translate import load_for_inference
 
     state = load_checkpoint(best)
     torch.manual_seed(0)
@@ -398,7 +407,7 @@ def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> f
     save_checkpoint(out, {**state, "model": fresh.state_dict()},
                     spm_model=str(best / "sentencepiece.model"))
     search = SearchConfig(beam=1, max_len_b=40)
-    hyps = Translator.from_checkpoints([str(out)], "cpu", search).translate(src)
+    hyps = load_for_inference([str(out)], search, "cpu").translate(src)
     return score_translation(hyps, refs, "de")["bleu"]
 
 

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from convs2s.config import SearchConfig
 from convs2s.scoring import read_lines
 from convs2s.serving import log_translator
-from convs2s.translate import Translator
+from convs2s.translate import load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
 LOAD_AND_PREDICT = """
@@ -59,7 +59,7 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     mv = MlflowClient(uri).get_model_version_by_alias("tiny-ensemble", "candidate")
     assert str(mv.version) == served.version
     lines = ["The cat sleeps .", "", "A dog runs near the river ."]
-    expected = Translator.from_checkpoints(ckpts, search=search).translate(lines)
+    expected = load_for_inference(ckpts, search=search).translate(lines)
     outside = tmp_path / "elsewhere"  # a new process, started outside the checkout
     outside.mkdir()
     assert fresh_process_predict(uri, served.registered_uri, lines, outside) == expected
@@ -107,7 +107,7 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
     assert "model_code_path" in mlmodel.read_text()
     assert not list(mlmodel.parent.rglob("python_model.pkl"))
     lines = read_lines(t.test_src)[:8] + [""]
-    expected = Translator.from_checkpoints([t.train.best_checkpoint],
+    expected = load_for_inference([t.train.best_checkpoint],
                                            search=search).translate(lines)
     assert fresh_process_predict(t.tracking_uri, served.registered_uri, lines, tmp_path) == \
         expected

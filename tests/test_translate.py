@@ -20,7 +20,7 @@ import torch
 from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
 from convs2s.scoring import read_lines, score_translation
-from convs2s.translate import CheckpointError, Translator
+from convs2s.translate import CheckpointError, load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models
@@ -43,14 +43,14 @@ def test_search_config_validation():
 
 
 def test_empty_lines_keep_order_and_ensemble_of_one(tiny_checkpoints):
-    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT)
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT)
     lines = [s for s, _ in tiny_checkpoints["pairs"][:6]]
     lines[1] = lines[4] = ""
     out = tr.translate_full(lines)
     assert [t.text == "" for t in out] == [False, True, False, False, True, False]
     assert all(t.hypotheses for i, t in enumerate(out) if i not in (1, 4))
     # A path given alone or as a one-checkpoint ensemble: the same translations and scores.
-    alone = Translator.from_checkpoints(tiny_checkpoints["a"], search=SHORT).translate_full(lines)
+    alone = load_for_inference(tiny_checkpoints["a"], search=SHORT).translate_full(lines)
     assert [t.text for t in alone] == [t.text for t in out]
     assert [t.hypotheses[0].score for t in alone if t.hypotheses] == \
         [t.hypotheses[0].score for t in out if t.hypotheses]
@@ -59,7 +59,7 @@ def test_empty_lines_keep_order_and_ensemble_of_one(tiny_checkpoints):
 def test_batches_sorted_by_length_give_input_order(tiny_checkpoints):
     """Batching (max_sentences=2, length-sorted) returns each sentence's own translation."""
     lines = [s for s, _ in tiny_checkpoints["pairs"][:5]]
-    batched = Translator.from_checkpoints([tiny_checkpoints["a"]],
+    batched = load_for_inference([tiny_checkpoints["a"]],
                                           search=SHORT.replace(max_sentences=2))
     out = batched.translate_full(lines)
     for line, t in zip(lines, out):
@@ -69,7 +69,7 @@ def test_batches_sorted_by_length_give_input_order(tiny_checkpoints):
 
 
 def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):
-    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT)
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT)
     long_line = " ".join(s for s, _ in tiny_checkpoints["pairs"][:60])  # > 256 pieces
     with caplog.at_level(logging.WARNING, logger="convs2s.translate"):
         out = tr.translate_full(["a cat .", long_line])
@@ -80,7 +80,7 @@ def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):
 
 
 def test_nbest_and_alignment(tiny_checkpoints):
-    tr = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT.replace(nbest=3))
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT.replace(nbest=3))
     t = tr.translate_full(["The cat sleeps ."])[0]
     assert len(t.hypotheses) == 3
     scores = [h.score for h in t.hypotheses]
@@ -96,7 +96,7 @@ def test_replace_unk_copies_attended_source_words(tiny_checkpoints, tmp_path):
     a source word (or its dictionary entry)."""
     line = "The cat sleeps near the old house ."
     search = SHORT.replace(unk_penalty=-1e4, replace_unk=True, min_len=3)
-    out = Translator.from_checkpoints([tiny_checkpoints["a"]], search=search).translate_full(
+    out = load_for_inference([tiny_checkpoints["a"]], search=search).translate_full(
         [line])[0]
     hyp = out.hypotheses[0]
     assert UNK in hyp.tokens
@@ -104,37 +104,37 @@ def test_replace_unk_copies_attended_source_words(tiny_checkpoints, tmp_path):
     assert len(words) == sum(t == UNK for t in hyp.tokens) and set(words) <= set(line.split())
     table = tmp_path / "lex.txt"
     table.write_text("".join(f"{w} X{i}\n" for i, w in enumerate(line.split())))
-    with_dict = Translator.from_checkpoints(
+    with_dict = load_for_inference(
         [tiny_checkpoints["a"]], search=search.replace(dictionary=str(table))).translate([line])
     assert all(w.startswith("X") for w in with_dict[0].split())
 
 
 def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
-        Translator.from_checkpoints([tmp_path / "nope"])
+        load_for_inference([tmp_path / "nope"])
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(CheckpointError, match="no checkpoint.pt"):
-        Translator.from_checkpoints([empty])
+        load_for_inference([empty])
     bad = tmp_path / "bad"
     bad.mkdir()
     data = (Path(tiny_checkpoints["a"]) / "checkpoint.pt").read_bytes()
     (bad / "checkpoint.pt").write_bytes(data[: len(data) // 2])  # a cut copy
     (bad / "sentencepiece.model").write_bytes(Path(tiny_checkpoints["spm"]).read_bytes())
     with pytest.raises(CheckpointError, match="truncated, corrupt"):
-        Translator.from_checkpoints([bad])
+        load_for_inference([bad])
     no_bpe = tmp_path / "no_bpe"
     no_bpe.mkdir()
     (no_bpe / "checkpoint.pt").write_bytes(data)
     with pytest.raises(CheckpointError, match="no sentencepiece.model"):
-        Translator.from_checkpoints([no_bpe])
-    given = Translator.from_checkpoints([no_bpe], search=SHORT,
+        load_for_inference([no_bpe])
+    given = load_for_inference([no_bpe], search=SHORT,
                                         spm_model=tiny_checkpoints["spm"])
-    assert given.translate(["The cat ."]) == Translator.from_checkpoints(
+    assert given.translate(["The cat ."]) == load_for_inference(
         [tiny_checkpoints["a"]], search=SHORT).translate(["The cat ."])
     (tmp_path / "junk.model").write_bytes(b"not a sentencepiece model")
     with pytest.raises(CheckpointError, match="not a readable sentencepiece model"):
-        Translator.from_checkpoints([no_bpe], spm_model=tmp_path / "junk.model")
+        load_for_inference([no_bpe], spm_model=tmp_path / "junk.model")
     res = run_cli("--checkpoint", str(bad), stdin="a cat .\n")
     assert res.returncode == 2 and "truncated, corrupt" in res.stderr
     assert "Traceback" not in res.stderr
@@ -147,7 +147,7 @@ def test_cli_file_and_stdin(tiny_checkpoints, tmp_path):
             "--max-len-b", "4", "--threads", "1"]
     assert main([*args, "--input", str(src), "--output", str(tmp_path / "out")]) == 0
     out = read_lines(tmp_path / "out")
-    expected = Translator.from_checkpoints([tiny_checkpoints["a"]], search=SHORT).translate(
+    expected = load_for_inference([tiny_checkpoints["a"]], search=SHORT).translate(
         read_lines(src))
     assert out == expected and out[1] == ""
     res = run_cli(*args, "--nbest", "2", stdin=src.read_text())
@@ -185,9 +185,9 @@ def test_ensemble_of_copies_and_batching_match_single_model(demo_trained):
     best = demo_trained.train.best_checkpoint
     lines = read_lines(demo_trained.test_src)[:40]
     search = SearchConfig(max_len_a=1.5, max_len_b=10)
-    single = Translator.from_checkpoints([best], search=search).translate_full(lines)
-    pair = Translator.from_checkpoints([best, best], search=search).translate_full(lines)
-    one_by_one = Translator.from_checkpoints(
+    single = load_for_inference([best], search=search).translate_full(lines)
+    pair = load_for_inference([best, best], search=search).translate_full(lines)
+    one_by_one = load_for_inference(
         [best], search=search.replace(max_sentences=1)).translate_full(lines)
     assert [t.text for t in pair] == [t.text for t in single]
     assert [t.text for t in one_by_one] == [t.text for t in single]
@@ -201,8 +201,8 @@ def test_cuda_translation_agrees_with_cpu(tiny_checkpoints):
     """Same checkpoint on CUDA and CPU: empty lines kept, (near-)identical translations (a
     random model's near-ties may flip under different kernels, hence the 80% bound)."""
     lines = [s for s, _ in tiny_checkpoints["pairs"][:20]] + [""]
-    cpu = Translator.from_checkpoints([tiny_checkpoints["a"]], "cpu", SHORT).translate(lines)
-    gpu_tr = Translator.from_checkpoints([tiny_checkpoints["a"]], "cuda", SHORT)
+    cpu = load_for_inference([tiny_checkpoints["a"]], SHORT, "cpu").translate(lines)
+    gpu_tr = load_for_inference([tiny_checkpoints["a"]], SHORT, "cuda")
     assert next(gpu_tr.models[0].parameters()).is_cuda
     gpu = gpu_tr.translate(lines)
     assert gpu[-1] == "" and len(gpu) == len(lines)

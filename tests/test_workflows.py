@@ -19,7 +19,8 @@ import pytest
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
-from workflows.workflow_config import RunOptions, apply_options
+from workflows.run_spec import resolve
+from workflows.workflow_config import RunOptions
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = {"wmt14_en_fr": wmt14_en_fr, "wmt14_en_de": wmt14_en_de,
@@ -89,7 +90,7 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
     assert len(giga.model.encoder_layers) == 6 and giga.model.embed_dim == 256
     # Evaluation: beam 5 everywhere; summarization: ROUGE and at least 14 output tokens.
     assert all(c.search.beam == 5 for c in (fr, de, ro, giga))
-    assert giga.task == "summarization" and giga.search.min_len == 14
+    assert giga.task_kind == "summarization" and giga.search.min_len == 14
     assert [c.test_sets["test"] for c in (fr, de, ro)] == \
         ["newstest2014", "newstest2014", "newstest2016"]
     assert ro.preprocess.tgt_lang == "ro"  # scoring normalizes Romanian for "ro"
@@ -98,38 +99,43 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
 @pytest.mark.parametrize("name", sorted(WORKFLOWS))
 def test_smoke_presets_run_on_the_embedded_corpus_on_cpu(name):
     cfg = WORKFLOWS[name].smoke()
-    _, pre = apply_options(cfg, RunOptions(preset="smoke"))  # the preset's own --data
+    pre = resolve(cfg, RunOptions(preset="smoke")).data  # the preset's own --data
     assert cfg.data == "demo" and pre.source == "demo" and not cfg.use_gpu
     assert 1 <= cfg.num_workers <= 2
     assert cfg.model.embed_dim <= 128 and cfg.train.max_epochs <= 6
     expected = "demo_summarization" if name == "gigaword" else "demo"
     assert pre.task == expected
-    assert cfg.task == ("summarization" if name == "gigaword" else "translation")
+    assert cfg.task_kind == ("summarization" if name == "gigaword" else "translation")
 
 
 def test_data_flag_picks_the_source_and_paths_are_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     paper = wmt14_en_fr.paper()
-    cfg, pre = apply_options(paper, RunOptions(preset="paper", storage_path="out"))
+    spec = resolve(paper, RunOptions(preset="paper", storage_path="out"))
+    pre = spec.data
     assert pre.source == "hub" and pre.root == str(tmp_path / "out" / "preprocessed")
-    cfg, pre = apply_options(paper, RunOptions(preset="paper", data="demo"))
+    assert spec.test_sets == {"test": "newstest2014"}
+    assert spec.run_dir.parent == tmp_path / "out" and spec.run_name.startswith("paper-")
+    spec = resolve(paper, RunOptions(preset="paper", data="demo"))
+    pre = spec.data
     assert pre.source == "demo" and pre.task == "demo"
     # The demo source brings its own settings (small vocabulary, rows per split), whatever the
     # preset's data settings, and its test sets are named after it.
     assert pre == pconfig.demo().replace(root=str(tmp_path / "runs" / "preprocessed"))
-    assert cfg.all_test_sets == {"test": "demo_test"}
-    _, pre = apply_options(gigaword.paper(), RunOptions(preset="paper", data="demo"))
+    assert spec.test_sets == {"test": "demo_test"}
+    pre = resolve(gigaword.paper(), RunOptions(preset="paper", data="demo")).data
     assert pre == pconfig.demo_summarization().replace(root=str(tmp_path / "runs" / "preprocessed"))
-    _, pre = apply_options(paper, RunOptions(preset="paper", data="corpora/wmt14"))
+    pre = resolve(paper, RunOptions(preset="paper", data="corpora/wmt14")).data
     assert pre.source == str(tmp_path / "corpora" / "wmt14")
     assert pre.splits == {"train": "train", "valid": "newstest2013", "test": "newstest2014"}
-    cfg, _ = apply_options(paper, RunOptions(preset="paper", num_workers=2, use_gpu=False,
-                                             max_updates=10))
-    assert (cfg.num_workers, cfg.use_gpu) == (2, False)
+    spec = resolve(paper, RunOptions(preset="paper", num_workers=2, use_gpu=False,
+                                     max_updates=10))
+    assert (spec.num_workers, spec.use_gpu, spec.eval_gpus) == (2, False, 0.0)
     # --max-updates alone stops on the update count, not on the preset's epoch count.
-    assert (cfg.train.max_updates, cfg.train.max_epochs) == (10, 0)
-    cfg, _ = apply_options(paper, RunOptions(max_epochs=1))
-    assert (cfg.train.max_epochs, cfg.train.max_updates) == (1, 0)
+    assert (spec.train.max_updates, spec.train.max_epochs) == (10, 0)
+    spec = resolve(paper, RunOptions(max_epochs=1))
+    assert (spec.train.max_epochs, spec.train.max_updates) == (1, 0)
+    assert resolve(paper, RunOptions(preset="paper")).eval_gpus == paper.eval_gpus > 0
 
 
 def _run_script(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
@@ -369,7 +375,7 @@ def test_summary_aligns_long_names_and_says_where_metrics_went_without_tracking(
     r = WorkflowResult(parent_run_id=None, experiment="multi30k_en_de",
                        tracking_uri="http://127.0.0.1:9", run_dir="/r", train=[],
                        scores=scores, skipped=[])
-    text = summary(multi30k_en_de.cpu(), RunOptions(preset="cpu"), r, 60.0)
+    text = summary(resolve(multi30k_en_de.cpu(), RunOptions(preset="cpu")), r, 60.0)
     header, row1, row2 = text.splitlines()[2:5]  # every column starts at the same offset
     assert header.index("job") == row1.index("best") == row2.index("avg_last5")
     ends = {line.index(x) + len(x) for line, x in ((header, "bleu"), (row1, "38.10"),
@@ -425,5 +431,5 @@ def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():
     on = parse_args([], presets, None)
     off = parse_args(["--no-system-metrics"], presets, None)
     cfg = wmt14_en_fr.smoke()
-    assert apply_options(cfg, on)[0].system_metrics_s == cfg.system_metrics_s > 0
-    assert apply_options(cfg, off)[0].system_metrics_s == 0
+    assert resolve(cfg, on).system_metrics_s == cfg.system_metrics_s > 0
+    assert resolve(cfg, off).system_metrics_s == 0

@@ -3,8 +3,8 @@
 One call evaluates every (checkpoint, ensemble or averaged checkpoint) x (test set) pair as its
 own Ray task with its own resources (CPUs, or a GPU fraction so several jobs share a GPU). The
 driver creates one child run per pair under the training (or workflow) run and, as each task
-finishes, logs its metrics (bleu, bleu_tokenized, chrf, length_ratio or rouge*, and
-sentences_per_second), its hypotheses file and its attention pictures.
+finishes, logs its metrics (its task kind's, `convs2s.task_kinds`: bleu, bleu_tokenized, chrf,
+length_ratio or rouge*; and sentences_per_second), its hypotheses file and its attention pictures.
 
     from workflows.evaluation import EvalJob, TestSet, evaluate_all, evaluation_jobs
     test = TestSet("test", src=".../text/test.en", ref=".../text/test.fr", tgt_lang="fr")
@@ -20,37 +20,40 @@ Run (inside or next to a Ray cluster; checkpoint paths must be readable by every
 Jobs (paper §5): a single checkpoint; an ensemble (several checkpoints, probabilities
 averaged: the paper's ensembles of the best checkpoint of several training runs); or
 `average=True`, the mean of the checkpoints' weights (the last N checkpoints of one run).
-Summarization test sets (`task="summarization"`) are scored with ROUGE; give them a search
+Summarization test sets (`task_kind="summarization"`) are scored with ROUGE; give them a search
 with a minimum output length (`summarization_search()`, paper §5.5).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import json
 import logging
+import os
+import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import ray
 
 from convs2s.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
 from convs2s.config import SearchConfig, summarization_search
+from convs2s.task_kinds import RUN_METRICS, task_kind
 from convs2s.tracking import (
     DatasetRecord,
+    describe_run,
     end_run,
     experiment_of_run,
     find_or_create_run,
-    flatten_params,
     log_artifacts,
     log_final_metrics,
-    log_inputs,
-    log_params,
     resolve_tracking_uri,
+    run_key,
     set_tags,
     tracking_uri_problem,
 )
@@ -66,7 +69,7 @@ class TestSet:
     src: str  # source text, one sentence per line
     ref: str  # references, line-aligned with src
     tgt_lang: str = "fr"  # for tokenized BLEU (Moses rules) and Romanian normalization
-    task: Literal["translation", "summarization"] = "translation"
+    task_kind: str = "translation"  # how it is scored (convs2s.task_kinds)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class EvalJob:
     num_gpus: float = 0.0  # a GPU fraction, e.g. 0.25 lets four jobs share one GPU
     attention_sentences: int = 0  # per-layer attention PNGs for the first N test sentences
     model_id: str | None = None  # the MLflow logged model of these weights: scores link to it
+    # The files that are scored and logged (`stage_weights`): one folder per model, an
+    # averaging job's average already computed. Empty: the checkpoints as they are.
+    staged: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -105,15 +111,8 @@ def evaluate_job(job: EvalJob) -> dict:
     import torch
 
     from convs2s.attention_plot import plot_attention
-    from convs2s.averaging import average_checkpoints
-    from convs2s.scoring import (
-        ROUGE_TYPES,
-        read_lines,
-        score_summarization,
-        score_translation,
-        translation_signatures,
-    )
-    from convs2s.translate import Translator
+    from convs2s.scoring import read_lines
+    from convs2s.translate import load_for_inference
 
     torch.set_num_threads(max(1, int(job.num_cpus)))
     use_cuda = job.num_gpus > 0 and torch.cuda.is_available()
@@ -123,11 +122,11 @@ def evaluate_job(job: EvalJob) -> dict:
         raise ValueError(f"test set {test.name}: {test.src} has {len(src)} lines but "
                          f"{test.ref} has {len(refs)}; they must be line-aligned")
     with tempfile.TemporaryDirectory() as tmp:
-        paths = list(job.checkpoints)
-        if job.average and len(paths) > 1:
-            paths = [average_checkpoints(paths, Path(tmp) / "averaged")]
-        translator = Translator.from_checkpoints(paths, "cuda" if use_cuda else "cpu",
-                                                 job.search)
+        if not job.staged and job.kind == "average":  # called without a run folder
+            job = stage_weights([job], tmp)[0]
+        paths = list(job.staged or job.checkpoints)
+        translator = load_for_inference(paths, job.search,
+                                        "cuda" if use_cuda else "cpu")
         t0 = time.perf_counter()
         hyps = translator.translate(src)
         if use_cuda:
@@ -137,15 +136,52 @@ def evaluate_job(job: EvalJob) -> dict:
         if job.attention_sentences:
             for p in plot_attention(translator, src[: job.attention_sentences], tmp):
                 pngs[p.name] = p.read_bytes()
-    if test.task == "summarization":
-        metrics = score_summarization(hyps, refs)
-        signatures = {"rouge": f"rouge-score {ROUGE_TYPES}, stemmer, sentence mean"}
-    else:
-        metrics = score_translation(hyps, refs, test.tgt_lang)
-        signatures = translation_signatures(test.tgt_lang)
+    kind = task_kind(test.task_kind)
+    metrics, signatures = kind.score(hyps, refs, test.tgt_lang), kind.signatures(test.tgt_lang)
     metrics.update(seconds=seconds, sentences_per_second=len(src) / max(seconds, 1e-9),
                    sentences=float(len(src)))
     return {"hypotheses": hyps, "metrics": metrics, "signatures": signatures, "pngs": pngs}
+
+
+STAGED_FILE = "staged.json"  # in each staged job folder: the weights it was made from
+
+
+def stage_weights(jobs: list[EvalJob], folder: str | Path) -> list[EvalJob]:
+    """Write each job's weights once, as the files that are scored and logged as its model:
+    `<folder>/<job>/model_00` (`model_01`, ... for an ensemble) is a slim inference copy of
+    each checkpoint (no optimizer state) or, for an averaging job, their weight average. A job
+    folder staged earlier from the same checkpoint files (`weights_stamp`) is reused; otherwise
+    a new one is written beside it and swapped in whole, so a crash never leaves a half-written
+    set that reads as complete. Returns the jobs with `staged` set (one staging per job name:
+    it recurs once per test set)."""
+    from convs2s.averaging import average_checkpoints
+    from workflows.run_state import weights_stamp
+
+    folder = Path(folder)
+    staged: dict[str, tuple[str, ...]] = {}
+    out = []
+    for job in jobs:
+        if job.name not in staged:
+            target = folder / job.name
+            stamp = {"checkpoints": weights_stamp(job.checkpoints), "average": job.average}
+            record = target / STAGED_FILE
+            if not (record.is_file() and json.loads(record.read_text()) == stamp):
+                partial = folder / f".partial-{job.name}"
+                shutil.rmtree(partial, ignore_errors=True)
+                groups = [list(job.checkpoints)] if job.kind == "average" else \
+                    [[c] for c in job.checkpoints]  # a mean of one is a slim copy
+                for i, group in enumerate(groups):
+                    average_checkpoints(group, partial / f"model_{i:02d}")
+                (partial / STAGED_FILE).write_text(json.dumps(stamp))  # written last
+                old = folder / f".old-{job.name}"
+                shutil.rmtree(old, ignore_errors=True)
+                if target.exists():
+                    os.replace(target, old)
+                os.replace(partial, target)
+                shutil.rmtree(old, ignore_errors=True)
+            staged[job.name] = tuple(str(p) for p in sorted(target.glob("model_*")))
+        out.append(dataclasses.replace(job, staged=staged[job.name]))
+    return out
 
 
 @ray.remote
@@ -162,16 +198,16 @@ def short_path(path: str) -> str:
     return "/".join(Path(path).parts[-2:])
 
 
-def _job_params(job: EvalJob) -> dict[str, str]:
+def _job_params(job: EvalJob) -> dict:
     """The same keys for every job, so MLflow's compare view lines the runs up."""
-    return flatten_params({
+    return {
         "eval": {"job": job.name, "kind": job.kind, "n_checkpoints": len(job.checkpoints),
                  "checkpoints": ",".join(map(short_path, job.checkpoints)),
                  "num_cpus": job.num_cpus, "num_gpus": job.num_gpus},
         "test": {"name": job.test_set.name, "src": short_path(job.test_set.src),
                  "ref": short_path(job.test_set.ref), "tgt_lang": job.test_set.tgt_lang,
-                 "task": job.test_set.task},
-        "search": job.search.to_dict()})
+                 "task_kind": job.test_set.task_kind},
+        "search": job.search.to_dict()}
 
 
 def dataset_of(test: TestSet) -> DatasetRecord:
@@ -195,18 +231,14 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
         return default
 
 
-# Figures of the run, not of the model: left out of the model's metrics on the test set.
-RUN_ONLY_METRICS = ("seconds", "sentences_per_second", "sentences")
-
-
 def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
                 dataset: DatasetRecord) -> None:
     """The scores on the child run, each also a metric of the job's logged model on the test
     set's dataset (MLflow's Models view ranks by them); the speed only on the run."""
     m = out["metrics"]
-    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_ONLY_METRICS},
+    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_METRICS},
                       model_id=job.model_id, dataset=dataset)
-    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_ONLY_METRICS})
+    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_METRICS})
     set_tags(uri, run_id, {f"signature.{k}": v for k, v in out["signatures"].items()})
 
 
@@ -231,15 +263,15 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     exp = _experiment_name(uri, parent_run_id, experiment_name)
     run_ids, datasets = {}, {}
     for job in jobs:
+        # Keyed by where its hypotheses go (workflows.run_tree: <run folder>/eval/<job>/<test>).
         run_ids[job] = find_or_create_run(
-            uri, exp, run_key=f"eval:{parent_run_id}:{job.name}:{job.test_set.name}",
+            uri, exp, run_key=run_key(Path(out_dir) / job.name / job.test_set.name),
             run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
             tags={"convs2s.eval.kind": job.kind})
-        log_params(uri, run_ids[job], _job_params(job))
         if job.test_set not in datasets:
             datasets[job.test_set] = dataset_of(job.test_set)
-        log_inputs(uri, run_ids[job], [datasets[job.test_set]],
-                   [job.model_id] if job.model_id else [])
+        describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
+                     [job.model_id] if job.model_id else [])
     pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus)
                .remote(job): job for job in jobs}
     results, failures = [], []
@@ -279,10 +311,9 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path
     for png in pngs:
         log_artifacts(uri, run_id, png, "attention")
     end_run(uri, run_id, "FINISHED")
-    m = out["metrics"]
-    main = m.get("bleu", m.get("rouge1_f", float("nan")))
-    log.info("%s/%s: %s %.2f, %.1f sentences/s", job.name, job.test_set.name,
-             "bleu" if "bleu" in m else "rouge1_f", main, m["sentences_per_second"])
+    m, headline = out["metrics"], task_kind(job.test_set.task_kind).headline
+    log.info("%s/%s: %s %.2f, %.1f sentences/s", job.name, job.test_set.name, headline,
+             m[headline], m["sentences_per_second"])
     return EvalResult(job=job, metrics=m, hyp_path=str(hyp_path), run_id=run_id,
                       attention_pngs=pngs)
 
@@ -395,10 +426,10 @@ def main(argv: list[str] | None = None) -> int:
                     "(checkpoint.pt inside)")
         named.append((name, str(Path(path).resolve())))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
-    task = "summarization" if args.summarization else "translation"
+    kind = "summarization" if args.summarization else "translation"
     search = summarization_search(beam=args.beam) if args.summarization \
         else SearchConfig(beam=args.beam)
-    tests = [TestSet(n, s, r, lang, task) for n, s, r, lang in args.test]
+    tests = [TestSet(n, s, r, lang, kind) for n, s, r, lang in args.test]
     jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search, args.attention_sentences,
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \
         else []

@@ -44,7 +44,7 @@ def paper() -> WorkflowConfig:
                           min_lr=1e-4, max_epochs=100, checkpoint_interval=2000, keep_last=5),
         test_sets={"test": "gigaword_test"},  # hub "test": 1,951 pairs
         local_splits={"train": "train", "valid": "valid", "test": "test"},
-        task="summarization",  # ROUGE-1/2/L (F1 and recall)
+        task_kind="summarization",  # ROUGE-1/2/L (F1 and recall)
         search=summarization_search(),  # beam 5, min_len 14 (§5.5)
         ensemble=EnsembleConfig(runs=1, average_last=0),
         num_workers=1,

@@ -82,10 +82,12 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
                                  "search": search_params})
         try:
             with bounded_http():
-                served = log_translator(list(job.checkpoints), job.search, tracking_uri=uri,
-                                        run_id=source_runs.get(job.name),
+                # The staged files, as the evaluation tasks score them.
+                served = log_translator(list(job.staged or job.checkpoints), job.search,
+                                        tracking_uri=uri, run_id=source_runs.get(job.name),
                                         name=model_name(run_name, job.name),
-                                        average=job.average, params=params,
+                                        average=job.average and not job.staged,
+                                        as_is=bool(job.staged), params=params,
                                         tags={"convs2s.job": job.name,
                                               "convs2s.workflow_run": run_name})
         except Exception as err:  # noqa: BLE001 - the scores are still logged on the runs

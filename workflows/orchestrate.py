@@ -7,8 +7,9 @@ A workflow file (workflows/wmt14_en_fr.py, ...) only declares its settings: `pap
     sys.exit(main({"paper": paper, "smoke": smoke}, __doc__))
 
 which parses the run-level flags (`--preset --data --num-workers --use-gpu --max-epochs
---max-updates --storage-path --tracking-uri --experiment --run-name`), calls
-`run_workflow(cfg, opts)` and prints the scores and where to look in MLflow.
+--max-updates --storage-path --tracking-uri --experiment --run-name`), resolves them with the
+preset once (`workflows.run_spec.resolve` -> `RunSpec`), calls `run_workflow(spec)` and prints
+the scores and where to look in MLflow.
 
 Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray.init()` joins
 that cluster; otherwise it starts a local Ray on this machine.
@@ -23,8 +24,9 @@ Where stages write (`--storage-path`, default ./runs; made absolute, Ray workers
 
 MLflow (`--tracking-uri`, default $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db with the
 artifacts in ./mlartifacts): experiment `--experiment` (default: the task name), one parent run
-named `--run-name` with the whole config as params and the final scores as metrics; child runs
-`preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<test set>`. Every eval
+named `--run-name` with the resolved run spec as params and the final scores as metrics; child
+runs `preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<test set>`, all
+named and found by `workflows.run_tree`. Every eval
 child logs the same param keys and `bleu` (or `rouge*`), so MLflow's compare view lines them up.
 The runs carry their datasets as inputs, each evaluated set of weights is a logged model its
 scores link to, and the best is registered as `models:/<task>@champion` (workflows/lineage.py).
@@ -46,25 +48,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from convs2s.task_kinds import task_kind
 from convs2s.tracking import (
     code_version,
     experiment_id,
-    flatten_params,
     log_final_metrics,
-    log_params,
 )
 from convs2s.train_job import STOP_REASONS
-from preprocessing.config import PreprocessConfig
+from workflows.run_spec import RunSpec, SpecError, resolve
 from workflows.run_state import StageContext
-from workflows.stages import EvalScore, compared, evaluate_stage, preprocess_stage, train_stage
-from workflows.workflow_config import RunOptions, WorkflowConfig, apply_options, parse_args
+from workflows.run_tree import RunTree
+from workflows.stages import EvalScore, evaluate_stage, preprocess_stage, train_stage
+from workflows.workflow_config import RunOptions, WorkflowConfig, parse_args
 
 log = logging.getLogger("workflows")
-
-# Scores shown per test set, and logged without prefix on the parent run (compare view).
-TRANSLATION_METRICS = ("bleu", "bleu_tokenized", "chrf", "length_ratio")
-SUMMARIZATION_METRICS = ("rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r", "rouge2_r", "rougeL_r")
-
 
 @dataclass
 class WorkflowResult:
@@ -81,67 +78,61 @@ class WorkflowResult:
 # --- the workflow --------------------------------------------------------------------------------
 
 
-def run_workflow(cfg: WorkflowConfig, opts: RunOptions) -> WorkflowResult:
+def run_workflow(spec: RunSpec) -> WorkflowResult:
     """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
-    from convs2s.tracking import end_run, find_or_create_run, log_inputs, resolve_tracking_uri
+    from convs2s.tracking import end_run, resolve_tracking_uri
     from workflows.lineage import data_inputs, register_champion
 
     t0 = time.monotonic()
-    cfg, pre = apply_options(cfg, opts)
-    run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(opts.storage_path).expanduser().resolve() / run_name
-    uri = resolve_tracking_uri(opts.tracking_uri)
-    experiment = opts.experiment or cfg.name
-    _check_sources(cfg, pre)  # a missing corpus or an unreachable hub fails here, before Ray
-    _start_ray(cfg.use_gpu, small_data=pre.source == "demo")
-    source = _source_tags(cfg)  # the runs table's Source column: the workflow file and commit
-    parent = find_or_create_run(uri, experiment, run_key=f"workflow:{run_dir}", run_name=run_name,
-                                tags={"convs2s.workflow": cfg.name, "convs2s.preset": opts.preset,
-                                      "convs2s.data": pre.source, **source})
-    log.info("MLflow run %r (id %s) in experiment %r at %s", run_name, parent, experiment, uri)
-    ctx = StageContext(uri, experiment, parent, run_dir)
+    pre, run_dir = spec.data, spec.run_dir
+    uri = resolve_tracking_uri(spec.tracking_uri)
+    _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
+    _start_ray(spec.use_gpu, small_data=pre.source == "demo")
+    source = _source_tags(spec)  # the runs table's Source column: the workflow file and commit
+    tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
+                        tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
+                              "convs2s.data": pre.source, **source})
+    parent = tree.parent
+    log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
+             spec.experiment, uri)
+    ctx = StageContext(tree)
     try:
-        params = {"workflow": {**cfg.to_dict(), "preprocess": compared(pre),
-                               "preset": opts.preset}}
-        log_params(uri, parent, flatten_params(params))
+        tree.describe(parent, spec.params())
         out = preprocess_stage(ctx, pre)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
-        log_inputs(uri, parent, datasets)
-        trained = train_stage(ctx, cfg, out, datasets, source)
-        scores, models = evaluate_stage(ctx, cfg, pre, out, trained, opts.attention)
-        log_final_metrics(uri, parent, _parent_metrics(cfg, trained, scores,
+        tree.describe(parent, datasets=datasets)
+        trained = train_stage(ctx, spec, out, datasets, source)
+        scores, models = evaluate_stage(ctx, spec, out, trained)
+        log_final_metrics(uri, parent, _parent_metrics(spec, trained, scores,
                                                        time.monotonic() - t0))
         champion = None
         if scores and models:  # the task's main metric on its main (first) test set
-            champion = register_champion(uri, cfg.name, scores, models, scores[0].test_set,
-                                         _main_metric(cfg))
+            champion = register_champion(uri, spec.workflow, scores, models,
+                                         scores[0].test_set, task_kind(spec.task_kind).headline)
     except BaseException as err:
         end_run(uri, parent, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     end_run(uri, parent, "FINISHED")
-    return WorkflowResult(parent, experiment, uri, str(run_dir), trained, scores, ctx.skipped,
-                          champion)
+    return WorkflowResult(parent, spec.experiment, uri, str(run_dir), trained, scores,
+                          ctx.skipped, champion)
 
 
-def _source_tags(cfg: WorkflowConfig) -> dict:
-    return {"mlflow.source.name": f"workflows/{cfg.name}.py", "mlflow.source.type": "LOCAL",
+def _source_tags(spec: RunSpec) -> dict:
+    return {"mlflow.source.name": f"workflows/{spec.workflow}.py", "mlflow.source.type": "LOCAL",
             "mlflow.source.git.commit": code_version()}
-
-
-def _main_metric(cfg: WorkflowConfig) -> str:
-    return SUMMARIZATION_METRICS[0] if cfg.task == "summarization" else TRANSLATION_METRICS[0]
 
 
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def _check_sources(cfg: WorkflowConfig, pre: PreprocessConfig) -> None:
+def _check_sources(spec: RunSpec) -> None:
     """Resolve every split's input now (files exist, the hub answers, small line-aligned files
     pair up): errors in seconds, before Ray starts."""
     from preprocessing.errors import PreprocessError
     from preprocessing.sources import resolve_split
 
-    for stem in cfg.extra_test_sets:  # named on the command line: say which flag is wrong
+    pre = spec.data
+    for stem in spec.added_test_sets:  # named on the command line: say which flag is wrong
         folder = Path(pre.source)
         sides = [f"{stem}.{lang}" for lang in (pre.src_lang, pre.tgt_lang)]
         if not any((folder / f"{n}{gz}").is_file() for n in sides for gz in ("", ".gz")):
@@ -209,12 +200,12 @@ def _local_ray_auth() -> None:
     ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
 
 
-def _parent_metrics(cfg: WorkflowConfig, trained: list, scores: list[EvalScore],
+def _parent_metrics(spec: RunSpec, trained: list, scores: list[EvalScore],
                     seconds: float) -> dict:
     """The main scores unprefixed (first test set, first run's best checkpoint) so parent runs
     of different workflow runs compare by the same keys; every score as
     eval/<job>/<test>/<metric>, named like the child run that holds it."""
-    keys = SUMMARIZATION_METRICS if cfg.task == "summarization" else TRANSLATION_METRICS
+    keys = task_kind(spec.task_kind).metrics
     out = {"workflow_minutes": seconds / 60}
     if scores:
         main_score = scores[0]
@@ -255,17 +246,19 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     cfg = presets[opts.preset]()
     _warn_if_job_tmp(opts)
-    # Named now, so that an interrupted run can be told how to resume.
-    opts.run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        spec = resolve(cfg, opts)  # named now: an interrupted run is told how to resume
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     try:
-        result = run_workflow(cfg, opts)
+        result = run_workflow(spec)
     except KeyboardInterrupt:
         # Every stage writes whole files or none (manifests last), so what is on disk is
         # complete: the same run name picks up from there.
-        print(f"\ninterrupted: finished stages are kept under "
-              f"{Path(opts.storage_path).expanduser().resolve()}; resume with the same "
-              f"--run-name {opts.run_name} and --storage-path {opts.storage_path}",
+        print(f"\ninterrupted: finished stages are kept under {spec.storage}; resume with "
+              f"the same --run-name {spec.run_name} and --storage-path {opts.storage_path}",
               file=sys.stderr, flush=True)
         return 130
     except PreprocessError as e:
@@ -282,7 +275,7 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
               f"{_stems(cfg)} (text files <stem>.<lang>, .tsv, .jsonl or hub-like parquet).",
               file=sys.stderr)
         return 2
-    print(summary(cfg, opts, result, time.monotonic() - t0), flush=True)
+    print(summary(spec, result, time.monotonic() - t0), flush=True)
     return 0
 
 
@@ -298,22 +291,22 @@ def _warn_if_job_tmp(opts: RunOptions) -> None:
                     "and --tracking-uri to keep them", Path.cwd())
 
 
-def summary(cfg: WorkflowConfig, opts: RunOptions, r: WorkflowResult, seconds: float) -> str:
+def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
     """Scores per test set and job, then where to look in MLflow."""
-    keys = SUMMARIZATION_METRICS[:3] if cfg.task == "summarization" else TRANSLATION_METRICS[:3]
+    kind = task_kind(spec.task_kind)
+    keys = kind.shown
     # Columns as wide as their longest entry (test set names like test_2016_flickr included).
     w_test = max([len("test set")] + [len(s.test_set) for s in r.scores]) + 2
     w_job = max([len("job")] + [len(s.job) for s in r.scores]) + 2
     w_num = max(len(k) for k in keys) + 2
-    lines = ["", f"==== {cfg.name} ({opts.preset}) done in {seconds / 60:.1f} min ====",
+    lines = ["", f"==== {spec.workflow} ({spec.preset}) done in {seconds / 60:.1f} min ====",
              f"{'test set':<{w_test}}{'job':<{w_job}}" + "".join(f"{k:>{w_num}}" for k in keys)]
     for s in r.scores:
         lines.append(f"{s.test_set:<{w_test}}{s.job:<{w_job}}"
                      + "".join(f"{s.metrics.get(k, float('nan')):>{w_num}.2f}" for k in keys)
                      + ("   (scored earlier)" if s.skipped else ""))
-    if cfg.task == "translation":
-        lines.append("bleu: sacreBLEU (13a, detokenized); bleu_tokenized: Moses-tokenized, "
-                     "comparable to the paper's tables")
+    if kind.note:
+        lines.append(kind.note)
     for t in r.train:
         m = t.metrics
         if m.get("stop_reason"):

@@ -1,5 +1,6 @@
-"""A workflow run's folder and resume state: what every stage needs (where to track, the
-parent run, the run directory) and what an earlier invocation of the same run finished.
+"""A workflow run's folder and resume state: what every stage needs (the run tree: where to
+track, the parent run, the run directory) and what an earlier invocation of the same run
+finished.
 
 `<storage>/<run name>/workflow.json` records each finished training run (with the digest of
 its settings and data), each logged model (with the stamp of its weights) and each scored
@@ -14,6 +15,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from workflows.run_tree import RunTree
 
 
 def digest(obj) -> str:
@@ -34,21 +37,15 @@ def weights_stamp(checkpoints) -> list:
 
 @dataclass
 class StageContext:
-    """What every stage needs: where to track, the parent run, the run directory and its
-    resume state (workflow.json)."""
+    """What every stage needs: the run tree (where to track, the parent run, the run folder)
+    and the run's resume state (workflow.json)."""
 
-    uri: str
-    experiment: str
-    parent: str | None
-    run_dir: Path  # <storage>/<run name>
+    tree: RunTree
     skipped: list[str] = field(default_factory=list)
 
-    def child(self, key: str, name: str, stage: str) -> str | None:
-        from convs2s.tracking import find_or_create_run
-
-        return find_or_create_run(self.uri, self.experiment, run_key=f"{key}:{self.run_dir}",
-                                  run_name=name, parent_run_id=self.parent,
-                                  tags={"convs2s.stage": stage})
+    @property
+    def run_dir(self) -> Path:  # <storage>/<run name>
+        return self.tree.run_dir
 
     def state(self) -> dict:
         """{"train": {name: {key, result}}, "models": {job: {stamp, model_id}},

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.config import TrainConfig
-from convs2s.tracking import flatten_params, log_final_metrics, log_params, run_has_metrics
+from convs2s.tracking import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
+from workflows.run_spec import RunSpec, compared
 from workflows.run_state import StageContext, digest, weights_stamp
-from workflows.workflow_config import WorkflowConfig
 
 log = logging.getLogger("workflows")
 
@@ -37,14 +37,14 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
     from convs2s.tracking import end_run, log_artifacts
     from preprocessing.pipeline import run_pipeline
 
-    run_id = ctx.child("preprocess", "preprocess", "preprocess")
-    log_params(ctx.uri, run_id, flatten_params({"preprocess": compared(pre)}))
+    run_id = ctx.tree.child("preprocess", "preprocess")
+    ctx.tree.describe(run_id, {"preprocess": compared(pre)})
     log.info("== preprocess: %s -> %s/%s", pre.source, pre.root, pre.task)
     t0 = time.monotonic()
     try:
         out = run_pipeline(pre)
     except BaseException:
-        end_run(ctx.uri, run_id, "FAILED")
+        end_run(ctx.tree.uri, run_id, "FAILED")
         raise
     metrics = {"vocab_size": out.vocab_size, "seconds": time.monotonic() - t0}
     for split in out.batches:
@@ -55,16 +55,16 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
                         f"{split}.padding_efficiency": batches["padding_efficiency"],
                         f"{split}.src_tokens": batches["tokens"]["src_tokens"],
                         f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
-    log_final_metrics(ctx.uri, run_id, metrics)
+    log_final_metrics(ctx.tree.uri, run_id, metrics)
     manifests = ctx.run_dir / "preprocess_manifests.json"
     manifests.parent.mkdir(parents=True, exist_ok=True)
     manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
-    log_artifacts(ctx.uri, run_id, str(manifests), "manifests")
-    end_run(ctx.uri, run_id, "FINISHED")
+    log_artifacts(ctx.tree.uri, run_id, str(manifests), "manifests")
+    end_run(ctx.tree.uri, run_id, "FINISHED")
     return out
 
 
-def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = (),
+def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                 tags: dict | None = None) -> list:
     """One Ray Train run per ensemble member; a run finished with the same settings is skipped.
     `datasets` (convs2s.tracking.DatasetRecord) are logged as each run's MLflow inputs, `tags`
@@ -73,11 +73,11 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = ()
     from convs2s.train_job import TrainJob, TrainResult
 
     results = []
-    for k in range(cfg.ensemble.runs):
-        name = "train" if cfg.ensemble.runs == 1 else f"train_{k + 1}"
-        train = cfg.train.replace(seed=cfg.train.seed + k)  # members differ only in the seed
+    for k in range(spec.ensemble.runs):
+        name = "train" if spec.ensemble.runs == 1 else f"train_{k + 1}"
+        train = spec.train.replace(seed=spec.train.seed + k)  # members differ only in the seed
         b = out.manifests["batches/train"]
-        key = digest({"model": cfg.model.to_dict(), "train": train.to_dict(),
+        key = digest({"model": spec.model.to_dict(), "train": train.to_dict(),
                        "data": [b["config_hash"], b["input_fingerprint"]]})
         state = ctx.state()
         done = state["train"].get(name)
@@ -86,18 +86,18 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = ()
             ctx.skipped.append(name)
             results.append(TrainResult(**done["result"]))
             continue
-        log.info("== %s: %d worker(s)%s, %s", name, cfg.num_workers,
-                 " with a GPU each" if cfg.use_gpu
-                 else f" on CPU ({cfg.cpus_per_worker:g} threads each)", _limits(train))
-        job = TrainJob(model=cfg.model, train=train, train_data=out.batches["train"],
+        log.info("== %s: %d worker(s)%s, %s", name, spec.num_workers,
+                 " with a GPU each" if spec.use_gpu
+                 else f" on CPU ({spec.cpus_per_worker:g} threads each)", _limits(train))
+        job = TrainJob(model=spec.model, train=train, train_data=out.batches["train"],
                        valid_data=out.batches["valid"], spm_model=out.spm_model,
                        vocab_size=out.vocab_size, storage_path=str(ctx.run_dir), run_name=name,
-                       num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
-                       cpus_per_worker=cfg.cpus_per_worker, tracking_uri=ctx.uri,
-                       experiment_name=ctx.experiment,
-                       parent_run_id=ctx.parent, data_manifest=_data_summary(out),
+                       num_workers=spec.num_workers, use_gpu=spec.use_gpu,
+                       cpus_per_worker=spec.cpus_per_worker, tracking_uri=ctx.tree.uri,
+                       experiment_name=ctx.tree.experiment,
+                       parent_run_id=ctx.tree.parent, data_manifest=_data_summary(out),
                        datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"},
-                       system_metrics_s=cfg.system_metrics_s)
+                       system_metrics_s=spec.system_metrics_s)
         result = fit(job)
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "
@@ -110,34 +110,39 @@ def train_stage(ctx: StageContext, cfg: WorkflowConfig, out, datasets: list = ()
     return results
 
 
-def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig, out,
-                   trained: list, attention: int = 0) -> tuple[list[EvalScore], dict[str, str]]:
+def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
+                   trained: list) -> tuple[list[EvalScore], dict[str, str]]:
     """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks, each set
     of weights an MLflow logged model that its scores link to. Returns the scores and
     {job name: logged model id}."""
-    from workflows.evaluation import TestSet, evaluate_all, evaluation_jobs
+    from workflows.evaluation import TestSet, evaluate_all, evaluation_jobs, stage_weights
     from workflows.lineage import log_job_models
 
     tests = []
-    for split, test_name in cfg.all_test_sets.items():
+    for split, test_name in spec.test_sets.items():
         src, ref = out.text[split]
-        tests.append(TestSet(test_name, src, ref, tgt_lang=pre.tgt_lang, task=cfg.task))
-    jobs = evaluation_jobs([r.run_dir for r in trained], tests, cfg.ensemble.average_last,
-                           cfg.search, attention, num_cpus=cfg.eval_cpus,
-                           num_gpus=cfg.eval_gpus if cfg.use_gpu else 0.0)
-    source_runs = {j.name: _source_run(j.checkpoints, trained, ctx.parent) for j in jobs}
+        tests.append(TestSet(test_name, src, ref, tgt_lang=spec.data.tgt_lang,
+                             task_kind=spec.task_kind))
+    jobs = evaluation_jobs([r.run_dir for r in trained], tests, spec.ensemble.average_last,
+                           spec.search, spec.attention, num_cpus=spec.eval_cpus,
+                           num_gpus=spec.eval_gpus)
+    # Each job's weights (a checkpoint's inference copy, an average, ensemble members) are
+    # written once under the run folder: the evaluation tasks score those files and the
+    # logged model is made from them.
+    jobs = stage_weights(jobs, ctx.run_dir / "weights")
+    source_runs = {j.name: _source_run(j.checkpoints, trained, ctx.tree.parent) for j in jobs}
     state = ctx.state()
     models = {}
-    if ctx.parent is not None:  # tracking answers: one logged model per set of weights
-        models = log_job_models(ctx.uri, jobs, source_runs, ctx.run_dir.name,
-                                cfg.search.to_dict(), state["models"])
+    if ctx.tree.parent is not None:  # tracking answers: one logged model per set of weights
+        models = log_job_models(ctx.tree.uri, jobs, source_runs, ctx.run_dir.name,
+                                spec.search.to_dict(), state["models"])
         ctx.save_state(state)
         jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
     done, todo = [], []
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
         if rec and rec["stamp"] == weights_stamp(job.checkpoints) \
-                and run_has_metrics(ctx.uri, rec["run_id"]):
+                and run_has_metrics(ctx.tree.uri, rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
         else:
@@ -148,9 +153,9 @@ def evaluate_stage(ctx: StageContext, cfg: WorkflowConfig, pre: PreprocessConfig
     if todo:
         log.info("== evaluate: %d jobs as parallel Ray tasks (%s)", len(todo),
                  ", ".join(f"{j.name}/{j.test_set.name}" for j in todo))
-        results = evaluate_all(todo, ctx.uri, parent_run_id=ctx.parent,
+        results = evaluate_all(todo, ctx.tree.uri, parent_run_id=ctx.tree.parent,
                                out_dir=str(ctx.run_dir / "eval"),
-                               experiment_name=ctx.experiment)
+                               experiment_name=ctx.tree.experiment)
         state = ctx.state()
         for r in results:
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
@@ -184,8 +189,3 @@ def _data_summary(out) -> dict:
             **{f"{s}_rows": m[f"batches/{s}"]["rows_kept"] for s in out.batches},
             **{f"{s}_batches": m[f"batches/{s}"]["batches"] for s in out.batches}}
 
-
-def compared(pre: PreprocessConfig) -> dict:
-    """Preprocessing settings as params: all but the storage root, an absolute path that only
-    tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
-    return {k: v for k, v in pre.to_dict().items() if k != "root"}

@@ -7,9 +7,8 @@ torchtitan style: the settings are read in the file, not assembled from flags):
     def smoke() -> WorkflowConfig: ...      # the embedded demo corpus, small model, CPU
 
 The command line only carries run-level options (`RunOptions`: preset, data source, workers,
-GPUs, epoch / update limits, storage, tracking, names); `apply_options` folds them into the
-config and sets the source of its preprocessing config from `--data` (the demo source brings
-its own settings: `preprocessing.config.with_demo_source`). `workflows.orchestrate` runs it.
+GPUs, epoch / update limits, storage, tracking, names); `workflows.run_spec.resolve` folds them
+into the preset once, giving the `RunSpec` that `workflows.orchestrate` runs.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Callable
 
 from convs2s.config import ModelConfig, SearchConfig, TrainConfig
-from preprocessing.config import PreprocessConfig, with_demo_source
+from preprocessing.config import WMT_SPLITS, PreprocessConfig
 
 
 @dataclass(frozen=True)
@@ -48,15 +47,12 @@ class WorkflowConfig:
     train: TrainConfig
     test_sets: dict[str, str]  # eval split -> test set name (e.g. {"test": "newstest2014"})
     local_splits: dict[str, str]  # split -> file stem in a `--data DIR` folder
-    task: Literal["translation", "summarization"] = "translation"
+    task_kind: str = "translation"  # how outputs are scored (convs2s.task_kinds)
     search: SearchConfig = field(default_factory=SearchConfig)
     ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
     num_workers: int = 1  # Ray Train workers (one GPU each with use_gpu)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0  # CPUs (torch threads) per training worker
-    # Test sets added by `--test-set STEM` (file stems of a local --data folder): each is its
-    # own evaluation split, scored like `test_sets`.
-    extra_test_sets: tuple[str, ...] = ()
     eval_cpus: float = 1.0  # per evaluation task
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
     # Seconds between samples of each training node's CPU / memory / GPU utilization in the
@@ -64,30 +60,19 @@ class WorkflowConfig:
     system_metrics_s: float = 10.0
 
     def __post_init__(self) -> None:
-        demo = with_demo_source(self.preprocess, self.task)  # what `--data demo` runs on
+        # Every preset also runs on the demo corpus (`--data demo`), whose splits have the
+        # WMT names (preprocessing.config.demo).
         for split in self.test_sets:
-            if split not in self.preprocess.eval_splits or split not in demo.eval_splits:
+            if split not in self.preprocess.eval_splits or split not in WMT_SPLITS \
+                    or split not in self.local_splits:
                 raise ValueError(f"{self.name}: test split {split!r} is not an evaluation split "
-                                 "of the preprocess config / the demo source")
-        if "valid" not in self.preprocess.splits or "valid" not in demo.splits:
-            raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
-
-    @property
-    def all_test_sets(self) -> dict[str, str]:
-        """Evaluation split -> test set name: the preset's, then the --test-set ones."""
-        return {**self.test_sets, **{stem: stem for stem in self.extra_test_sets}}
+                                 "of the preprocess config / the local splits / the demo source")
+        for splits in (self.preprocess.splits, self.local_splits, WMT_SPLITS):
+            if "valid" not in splits:
+                raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
 
     def replace(self, **changes) -> "WorkflowConfig":
         return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "task": self.task, "data": self.data,
-                "preprocess": self.preprocess.to_dict(), "model": self.model.to_dict(),
-                "train": self.train.to_dict(), "search": self.search.to_dict(),
-                "ensemble": dataclasses.asdict(self.ensemble),
-                "test_sets": self.all_test_sets,
-                "num_workers": self.num_workers, "use_gpu": self.use_gpu,
-                "cpus_per_worker": self.cpus_per_worker}
 
 
 @dataclass
@@ -109,46 +94,6 @@ class RunOptions:
     run_name: str | None = None
     system_metrics: bool = True  # sample each training node's utilization into MLflow
 
-
-
-def apply_options(cfg: WorkflowConfig, opts: RunOptions) -> tuple[WorkflowConfig,
-                                                                  PreprocessConfig]:
-    """The config with the run-level overrides, and its preprocessing config on the source
-    `--data` names."""
-    train_changes = {k: v for k, v in (("max_epochs", opts.max_epochs),
-                                       ("max_updates", opts.max_updates),
-                                       ("max_time", opts.max_time)) if v is not None}
-    if "max_updates" in train_changes and "max_epochs" not in train_changes:
-        train_changes["max_epochs"] = 0  # --max-updates alone: stop on the update count only
-    cfg = cfg.replace(
-        train=cfg.train.replace(**train_changes),
-        num_workers=opts.num_workers or cfg.num_workers,
-        use_gpu=cfg.use_gpu if opts.use_gpu is None else opts.use_gpu,
-        system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0)
-    data = opts.data or cfg.data
-    root = str(Path(opts.storage_path).expanduser().resolve() / "preprocessed")
-    if data == "demo":  # the demo's own languages and settings; test sets named demo_<split>
-        pre = with_demo_source(cfg.preprocess, cfg.task)
-        cfg = cfg.replace(test_sets={split: f"demo_{split}" for split in cfg.test_sets})
-    elif data == "hub":
-        pre = cfg.preprocess.replace(source="hub")
-    else:  # a local folder: the task's file stems, absolute (Ray tasks read it elsewhere)
-        pre = cfg.preprocess.replace(source=str(Path(data).expanduser().resolve()),
-                                     splits=dict(cfg.local_splits))
-    if opts.test_set:
-        if data in ("hub", "demo"):
-            raise ValueError("--test-set reads STEM.<src> / STEM.<tgt> from a local folder: "
-                             "give it with --data DIR")
-        extra = tuple(dict.fromkeys(stem for stem in opts.test_set
-                                    if stem not in pre.splits.values()))
-        bad = [stem for stem in extra if stem in pre.splits or not stem
-               or any(c in stem for c in "/\\,")]
-        if bad:
-            raise ValueError(f"--test-set {bad[0]!r}: give a file stem in the --data folder "
-                             "(STEM.<src> / STEM.<tgt>), not a path or a split name")
-        pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in extra}})
-        cfg = cfg.replace(extra_test_sets=extra)
-    return cfg, pre.replace(root=root)
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -203,15 +148,6 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
 
     if problem := tracking_uri_problem(a.tracking_uri):
         p.error(problem)
-    if a.test_set:
-        data = a.data or presets[a.preset]().data
-        if data in ("hub", "demo"):
-            p.error(f"--test-set reads STEM.<src> / STEM.<tgt> from a local folder, but the "
-                    f"data is {data!r}: add --data DIR")
-        for stem in a.test_set:
-            if not stem or any(c in stem for c in "/\\,") or stem in ("train", "valid"):
-                p.error(f"--test-set {stem!r}: give a file stem of the --data folder "
-                        "(STEM.<src> / STEM.<tgt>), not a path or a split name")
     return RunOptions(**vars(a))
 
 

@@ -1,0 +1,100 @@
+"""What each kind of task is scored by: one table per kind, read by every consumer.
+
+A workflow's *kind* (translation, summarization) decides how its outputs are scored, which
+signatures describe the scores, which metric is the headline (the champion comparison, the log
+line, the first column), and what the summary table shows. Orchestration, the evaluation
+tasks, `python -m convs2s score` and the benchmarks read it from here, so a new metric is one
+edit: its function in `convs2s.scoring` and its name in the kind's `metrics` (and `shown`, to
+print it).
+
+    kind = task_kind("translation")
+    metrics = kind.score(hyps, refs, "fr")   # {"bleu": ..., "bleu_tokenized": ..., ...}
+    kind.headline                            # "bleu"
+
+(A *kind* is not the preprocessing output's folder name, `PreprocessConfig.task`.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Figures of an evaluation run, not of the model: logged on the run only, never as the model's
+# metrics on a test set (MLflow's Models view ranks models by those).
+RUN_METRICS = ("seconds", "sentences_per_second", "sentences")
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    name: str
+    metrics: tuple[str, ...]  # what `score` returns: the model's metrics on a test set
+    headline: str  # the main metric (higher is better): champion, log lines, summary order
+    shown: tuple[str, ...]  # the summary table's columns
+    _score: Callable[[list[str], list[str], str], dict[str, float]]
+    _signatures: Callable[[str], dict[str, str]]
+    note: str = ""  # a line under the summary table that says what the numbers are
+
+    def score(self, hyps: list[str], refs: list[str], tgt_lang: str) -> dict[str, float]:
+        """Every metric of `metrics` for line-aligned detokenized hypotheses and references."""
+        out = self._score(hyps, refs, tgt_lang)
+        assert set(out) == set(self.metrics), (self.name, sorted(out))  # the table is the truth
+        return out
+
+    def signatures(self, tgt_lang: str) -> dict[str, str]:
+        """How the scores were computed (tool, version, options), for run tags and reports."""
+        return self._signatures(tgt_lang)
+
+
+def _translation_score(hyps, refs, tgt_lang):
+    from convs2s.scoring import score_translation
+
+    return score_translation(hyps, refs, tgt_lang)
+
+
+def _translation_signatures(tgt_lang):
+    from convs2s.scoring import translation_signatures
+
+    return translation_signatures(tgt_lang)
+
+
+def _summarization_score(hyps, refs, tgt_lang):
+    from convs2s.scoring import score_summarization
+
+    return score_summarization(hyps, refs)
+
+
+def _summarization_signatures(tgt_lang):
+    from convs2s.scoring import rouge_signature
+
+    return {"rouge": rouge_signature()}
+
+
+TRANSLATION = TaskKind(
+    name="translation",
+    metrics=("bleu", "bleu_tokenized", "chrf", "length_ratio"),
+    headline="bleu",
+    shown=("bleu", "bleu_tokenized", "chrf"),
+    _score=_translation_score,
+    _signatures=_translation_signatures,
+    note="bleu: sacreBLEU (13a, detokenized); bleu_tokenized: Moses-tokenized, comparable to "
+         "the paper's tables",
+)
+
+SUMMARIZATION = TaskKind(
+    name="summarization",
+    metrics=tuple(f"rouge{t}_{k}" for k in "fpr" for t in ("1", "2", "L")) + ("length_ratio",),
+    headline="rouge1_f",
+    shown=("rouge1_f", "rouge2_f", "rougeL_f"),
+    _score=_summarization_score,
+    _signatures=_summarization_signatures,
+    note="rouge*: rouge-score F1 (_f) / recall (_r) with Porter stemming, sentence mean, in %",
+)
+
+KINDS = {k.name: k for k in (TRANSLATION, SUMMARIZATION)}
+
+
+def task_kind(name: str) -> TaskKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown task kind {name!r}: one of {', '.join(KINDS)}") from None

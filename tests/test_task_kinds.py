@@ -1,0 +1,45 @@
+"""Each task kind's table is the one place its metrics are defined: what it scores, how the
+scores are signed, its headline and its summary columns; the CLI reads the same table."""
+
+import json
+
+import pytest
+
+from convs2s import cli
+from convs2s.task_kinds import KINDS, RUN_METRICS, SUMMARIZATION, TRANSLATION, task_kind
+
+HYPS = ["the cat sat on the mat .", "a dog runs in the park ."]
+REFS = ["the cat sat on a mat .", "a dog is running in the park ."]
+
+
+@pytest.mark.parametrize("kind", list(KINDS.values()), ids=list(KINDS))
+def test_a_kind_scores_exactly_its_metrics_and_names_a_headline_among_them(kind):
+    metrics = kind.score(HYPS, REFS, "en")
+    assert tuple(sorted(metrics)) == tuple(sorted(kind.metrics))
+    assert kind.headline in kind.metrics and set(kind.shown) <= set(kind.metrics)
+    assert kind.shown[0] == kind.headline  # the summary's first column is the headline
+    assert not set(kind.metrics) & set(RUN_METRICS)  # speed is the run's, never the model's
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert kind.signatures("en") and all(kind.signatures("en").values())
+
+
+def test_translation_and_summarization_headlines():
+    assert TRANSLATION.headline == "bleu" and SUMMARIZATION.headline == "rouge1_f"
+    assert TRANSLATION.score(REFS, REFS, "en")["bleu"] == pytest.approx(100.0)
+
+
+def test_an_unknown_kind_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown task kind 'qa'.*translation, summarization"):
+        task_kind("qa")
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_the_score_command_prints_the_tables_metrics_and_signatures(name, tmp_path, capsys):
+    (tmp_path / "h").write_text("".join(h + "\n" for h in HYPS), encoding="utf-8")
+    (tmp_path / "r").write_text("".join(r + "\n" for r in REFS), encoding="utf-8")
+    assert cli.main(["score", "--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"),
+                     "--lang", "en", "--task", name, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kind = task_kind(name)
+    assert out["metrics"] == kind.score(HYPS, REFS, "en")
+    assert out["signatures"] == kind.signatures("en")

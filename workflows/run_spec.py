@@ -1,0 +1,135 @@
+"""One workflow run, resolved once: `resolve(preset, options) -> RunSpec`.
+
+A workflow file declares its presets (`WorkflowConfig`, workflows/workflow_config.py); the
+command line gives run-level options (`RunOptions`). Everything that depends on both is decided
+here, in one function, and nowhere else: the data source (`--data hub | demo | DIR`, the demo
+corpus bringing its own settings), the splits and every evaluation set with its name (the
+preset's test sets, renamed `demo_<split>` on the demo corpus, and each `--test-set STEM` of a
+local folder), the training limits, the resources, where outputs go and where runs are tracked.
+Stages receive only the spec; a sweep varies it.
+
+    spec = resolve(wmt14_en_fr.smoke(), RunOptions(preset="smoke", max_updates=50))
+    spec.data.splits      # {"train": "train", "valid": "validation", "test": "test"}
+    spec.test_sets        # {"test": "demo_test"}: evaluation split -> test set name
+    spec.run_dir          # <storage>/<run name>
+
+Two words are kept apart: a *task kind* (`task_kind`: translation or summarization, which
+decides the metrics, convs2s.task_kinds) and the preprocessing output's *task* folder
+(`data.task`, e.g. "wmt14_en_fr").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from convs2s.config import ModelConfig, SearchConfig, TrainConfig
+from preprocessing.config import PreprocessConfig, with_demo_source
+from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
+
+
+class SpecError(ValueError):
+    """A run-level option that cannot apply to the preset; the message names the flag and
+    the fix (the command line prints it as one `error:` line, exit 2)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one workflow run does, decided before anything starts."""
+
+    workflow: str  # the workflow's name: default experiment, registered model name
+    preset: str
+    task_kind: str  # translation | summarization (convs2s.task_kinds)
+    data_flag: str  # what --data said (or the preset's default): hub | demo | a folder
+    data: PreprocessConfig  # the one home of the data: source, every split, output root
+    # Evaluation split of `data` -> test set name, in scoring order; the first one carries the
+    # headline score (parent run, champion).
+    test_sets: dict[str, str]
+    model: ModelConfig
+    train: TrainConfig
+    search: SearchConfig
+    ensemble: EnsembleConfig
+    num_workers: int
+    use_gpu: bool
+    cpus_per_worker: float
+    eval_cpus: float
+    eval_gpus: float  # per evaluation task; 0 without --use-gpu
+    system_metrics_s: float
+    attention: int  # attention pictures of the first N sentences of each test set
+    run_name: str
+    storage: str  # absolute: Ray workers on other nodes read and write there
+    tracking_uri: str | None  # None: $MLFLOW_TRACKING_URI, else ./mlflow.db
+    experiment: str
+    added_test_sets: tuple[str, ...] = ()  # the --test-set stems (checked for files up front)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.storage) / self.run_name
+
+    def replace(self, **changes) -> "RunSpec":
+        return dataclasses.replace(self, **changes)
+
+    def params(self) -> dict:
+        """The parent run's params: the whole resolved run (paths left out but the source's:
+        absolute paths only tell machines apart in MLflow's compare view)."""
+        return {"workflow": {
+            "name": self.workflow, "preset": self.preset, "task_kind": self.task_kind,
+            "data": self.data_flag, "preprocess": compared(self.data),
+            "model": self.model.to_dict(), "train": self.train.to_dict(),
+            "search": self.search.to_dict(), "ensemble": dataclasses.asdict(self.ensemble),
+            "test_sets": dict(self.test_sets), "num_workers": self.num_workers,
+            "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker}}
+
+
+def compared(pre: PreprocessConfig) -> dict:
+    """Preprocessing settings as params: all but the storage root, an absolute path that only
+    tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
+    return {k: v for k, v in pre.to_dict().items() if k != "root"}
+
+
+def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
+    """The run `opts` asks of the preset `cfg`; a SpecError names a flag that cannot apply."""
+    storage = Path(opts.storage_path).expanduser().resolve()
+    data_flag = opts.data or cfg.data
+    test_sets = dict(cfg.test_sets)
+    if data_flag == "demo":  # the demo's own languages and settings; test sets named after it
+        pre = with_demo_source(cfg.preprocess, cfg.task_kind)
+        test_sets = {split: f"demo_{split}" for split in test_sets}
+    elif data_flag == "hub":
+        pre = cfg.preprocess.replace(source="hub")
+    else:  # a local folder: the preset's file stems, absolute (Ray tasks read it elsewhere)
+        pre = cfg.preprocess.replace(source=str(Path(data_flag).expanduser().resolve()),
+                                     splits=dict(cfg.local_splits))
+    added: tuple[str, ...] = ()
+    if opts.test_set:
+        if data_flag in ("hub", "demo"):
+            raise SpecError(f"--test-set reads STEM.<src> / STEM.<tgt> from a local folder, "
+                            f"but the data is {data_flag!r}: add --data DIR")
+        for stem in opts.test_set:
+            if not stem or any(c in stem for c in "/\\,") or stem in pre.splits:
+                raise SpecError(f"--test-set {stem!r}: give a file stem of the --data folder "
+                                "(STEM.<src> / STEM.<tgt>), not a path or a split name")
+        # A stem that already is one of the preset's splits is scored already: not twice.
+        added = tuple(dict.fromkeys(s for s in opts.test_set if s not in pre.splits.values()))
+        pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
+        test_sets.update({stem: stem for stem in added})
+    limits = {k: v for k, v in (("max_epochs", opts.max_epochs),
+                                ("max_updates", opts.max_updates),
+                                ("max_time", opts.max_time)) if v is not None}
+    if "max_updates" in limits and "max_epochs" not in limits:
+        limits["max_epochs"] = 0  # --max-updates alone: stop on the update count only
+    use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
+    run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return RunSpec(
+        workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
+        data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
+        model=cfg.model, train=cfg.train.replace(**limits), search=cfg.search,
+        ensemble=cfg.ensemble, num_workers=opts.num_workers or cfg.num_workers,
+        use_gpu=use_gpu, cpus_per_worker=cfg.cpus_per_worker, eval_cpus=cfg.eval_cpus,
+        eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
+        system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
+        attention=opts.attention, run_name=run_name, storage=str(storage),
+        tracking_uri=opts.tracking_uri, experiment=opts.experiment or cfg.name,
+        added_test_sets=added)

@@ -1,0 +1,54 @@
+"""Every MLflow run of a workflow run, named, found and described one way: the run tree.
+
+    experiment <--experiment, default the workflow's name>
+      <run name>                      parent: the resolved RunSpec as params, the data as inputs,
+                                      the headline scores as metrics
+        preprocess                    the preprocessing settings and counts
+        train (train_2, ...)          made by convs2s.train.fit: model / train / data params,
+                                      the data as inputs, training metrics, checkpoints
+        eval/<job>/<test set>         made by workflows.evaluation.evaluate_all: the job, the
+                                      test set (an input, with the scored logged model), scores
+
+A run's key (tag `convs2s.run_key`, `convs2s.tracking.run_key`) is the absolute path of what
+it describes: the run folder `<storage>/<run name>` for the parent, `<run folder>/preprocess`,
+`<run folder>/train`, `<run folder>/eval/<job>/<test set>`. The same `--run-name` and
+`--storage-path` find the same runs again (resume), and the runs of two workflow runs never
+mix. Every run is described by `convs2s.tracking.describe_run` (params and inputs, once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from convs2s.tracking import describe_run, find_or_create_run, run_key
+
+
+@dataclass
+class RunTree:
+    uri: str
+    experiment: str
+    run_dir: Path  # <storage>/<run name>
+    parent: str | None  # the parent run's id; None when tracking is unreachable
+
+    @classmethod
+    def open(cls, uri: str, experiment: str, run_dir: Path, run_name: str,
+             tags: dict | None = None) -> "RunTree":
+        """The tree of the workflow run at `run_dir`, its parent run found or created."""
+        parent = find_or_create_run(uri, experiment, run_key=run_key(run_dir),
+                                    run_name=run_name, tags=tags)
+        return cls(uri, experiment, Path(run_dir), parent)
+
+    def child(self, name: str, stage: str, tags: dict | None = None) -> str | None:
+        """The child run `name` (a path under the run folder, e.g. "preprocess")."""
+        return find_or_create_run(self.uri, self.experiment, run_key=run_key(self.path(name)),
+                                  run_name=name, parent_run_id=self.parent,
+                                  tags={"convs2s.stage": stage, **(tags or {})})
+
+    def path(self, name: str) -> Path:
+        """Where the outputs of child `name` live (and what keys its run)."""
+        return self.run_dir / name
+
+    def describe(self, run_id: str | None, params: dict | None = None, datasets=(),
+                 model_ids=()) -> None:
+        describe_run(self.uri, run_id, params, datasets, model_ids)
