@@ -50,17 +50,16 @@ from convs2s.checkpoint import (
 )
 from convs2s.tracking import (
     code_version,
+    describe_run,
     end_run,
     find_or_create_run,
-    flatten_params,
     log_artifacts,
-    log_inputs,
-    log_params,
     resolve_tracking_uri,
+    run_key,
     set_tags,
 )
 from convs2s.train_job import TrainJob, TrainResult
-from convs2s.train_worker import train_loop_per_worker
+from convs2s.train_worker import CrashInjection, train_loop_per_worker
 
 # --- driver -------------------------------------------------------------------------------------
 
@@ -71,23 +70,26 @@ def fit(job: TrainJob) -> TrainResult:
     run_dir = storage / job.run_name
     uri = resolve_tracking_uri(job.tracking_uri)
     version = code_version()
-    run_id = find_or_create_run(uri, job.experiment_name, run_key=str(run_dir),
+    # Keyed by its run folder, as every run of the project (tracking.run_key).
+    run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
                                 run_name=job.run_name, parent_run_id=job.parent_run_id,
                                 tags={"convs2s.code_version": version, **job.tags})
     datasets, train_rows = _datasets(job)
     job_params = {"num_workers": job.num_workers, "use_gpu": job.use_gpu,
                   "vocab_size": job.vocab_size, "code_version": version,
                   "train_batches": train_rows}
-    log_params(uri, run_id, flatten_params({"model": job.model.to_dict(),
-                                            "train": job.train.to_dict(),
-                                            "data": job.data_manifest, "job": job_params}))
-    log_inputs(uri, run_id, list(job.datasets))
+    describe_run(uri, run_id, {"model": job.model.to_dict(), "train": job.train.to_dict(),
+                               "data": job.data_manifest, "job": job_params},
+                 list(job.datasets))
     _log_configs(uri, run_id, job)
     resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
     trainer = ray.train.torch.TorchTrainer(
         train_loop_per_worker,
+        # "crash": the tests' fault injection, read from this process's environment and handed
+        # over here: the Ray workers may have started before the test set it.
         train_loop_config={"job": job, "run_dir": str(run_dir), "tracking_uri": uri,
-                           "run_id": run_id, "train_rows": train_rows},
+                           "run_id": run_id, "train_rows": train_rows,
+                           "crash": CrashInjection.from_env()},
         scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
                                      resources_per_worker=resources),
         run_config=RunConfig(name=job.run_name, storage_path=str(storage),

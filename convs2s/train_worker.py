@@ -1,4 +1,13 @@
-"""The Ray Train worker of `convs2s.train.fit`: `train_loop_per_worker` and what it needs.
+"""The Ray Train worker of `convs2s.train.fit`: `train_loop_per_worker` and its `Trainer`.
+
+`train_loop_per_worker` builds a `Trainer` (one per rank), restores it from the latest
+checkpoint, trains it epoch by epoch until a limit is reached and returns its final metrics:
+
+    trainer = Trainer(config)       # model (DDP), optimizer, lr schedule, data shards, logger
+    trainer.restore()               # weights, optimizer, RNG states, position in the epoch
+    while not trainer.should_stop():
+        trainer.train_epoch()       # updates, then validate(), anneal, checkpoint()
+    return trainer.finish()         # Result.return_value on the driver
 
 Each worker builds the model from the preset (same seed everywhere), wraps it in DDP
 (`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal shard of the `train` batch rows
@@ -9,6 +18,9 @@ every `checkpoint_interval` updates and at each epoch end through `ray.train.rep
 barrier: every rank calls it at the same updates). A restarted worker group resumes from the
 latest checkpoint, RNG states and position in the epoch included. Rank 0 logs to MLflow through
 `convs2s.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
+
+Tests kill a worker mid-run through `CrashInjection` (environment variables of the driver, not a
+training setting).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +63,8 @@ from convs2s.progress import TrainMeter, progress_line
 from convs2s.run_logger import RunLogger
 from convs2s.system_metrics import node_metrics, node_name
 from convs2s.train_job import STOP_REASONS, TrainJob
-from convs2s.update import Comm, train_update, validate
+from convs2s.update import Comm, train_update
+from convs2s.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
 CRASH_MARKER = ".crash_injected"
@@ -103,162 +117,283 @@ def train_loop_per_worker(config: dict) -> dict:
     interval = job.system_metrics_s if ctx.get_local_rank() == 0 else 0.0
     with node_metrics(config["tracking_uri"], config["run_id"], node_name(ctx.get_node_rank()),
                       interval):
-        return _train(config, job)
+        trainer = Trainer(config)
+        trainer.restore()
+        while not trainer.should_stop():
+            trainer.train_epoch()
+        return trainer.finish()
 
 
-def _train(config: dict, job: TrainJob) -> dict:
-    cfg, run_dir = job.train, Path(config["run_dir"])
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = ray.train.torch.get_device()
-    if device.type == "cpu":  # intra-op threads = the CPUs Ray reserved for this worker
-        torch.set_num_threads(max(1, int(job.cpus_per_worker)))
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    net = ConvS2S(job.model, job.vocab_size, job.vocab_size)
-    model = ray.train.torch.prepare_model(net)  # to device; DDP when world > 1
-    optimizer = build_optimizer(model.parameters(), cfg)
-    schedule = LRSchedule(cfg)
-    comm = Comm.create()
-    progress = _restore(net, optimizer, schedule, cfg, rank, world)
-    resumed_from = progress.update
-    logger = RunLogger(config["tracking_uri"], config["run_id"], run_dir / METRICS_FILE) \
-        if rank == 0 else None
-    rows_per_rank = config["train_rows"] // world  # batch rows of one epoch on each rank
-    updates_per_epoch = math.ceil(rows_per_rank / cfg.update_freq)
-    train_shard = ray.train.get_dataset_shard("train")
-    valid_shard = ray.train.get_dataset_shard("valid")
-    meter = TrainMeter(comm, device)
-    valid = None  # this rank's share of the validation batches, kept after the first read
-    final: dict = {}
-    seconds = _clock(cfg, progress, comm)
-    stop = _stop_reason(cfg, progress, schedule, seconds)
-    last_line = -math.inf  # when the last progress line was printed
-    while stop is None:
+class Trainer:
+    """One rank's training: the model (DDP-wrapped), optimizer, lr schedule, collectives
+    (`Comm`), where training stands (`Progress`), the meter and rank 0's logger, the run folder.
+
+    Every rank makes the same calls in the same order: `restore`, `train_epoch`, `validate`
+    and `checkpoint` hold collectives (all-reduces, gathers; `checkpoint` reports to Ray Train,
+    a barrier). Between them each rank decides alone, but on numbers that are the same on every
+    rank, so all agree on every stop and every checkpoint."""
+
+    def __init__(self, config: dict):
+        """`config`: the train_loop_config of `fit` (job, run_dir, tracking_uri, run_id,
+        train_rows, crash)."""
+        job: TrainJob = config["job"]
+        self.job, self.cfg = job, job.train
+        self.run_dir = Path(config["run_dir"])
+        self.crash: CrashInjection = config.get("crash") or CrashInjection()
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = ray.train.torch.get_device()
+        if self.device.type == "cpu":  # intra-op threads = the CPUs Ray reserved for this worker
+            torch.set_num_threads(max(1, int(job.cpus_per_worker)))
+        torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
+        self.net = ConvS2S(job.model, job.vocab_size, job.vocab_size)
+        self.model = ray.train.torch.prepare_model(self.net)  # to device; DDP when world > 1
+        self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
+        self.schedule = LRSchedule(self.cfg)
+        self.comm = Comm.create()
+        self._tracking = (config["tracking_uri"], config["run_id"])
+        # Set by restore(), which then opens the logger, the data shards and the meter (in the
+        # order the loop always made them: after the checkpoint is loaded).
+        self.progress = Progress()
+        self.resumed_from = 0  # the update of the checkpoint resumed from (0: a fresh start)
+        self.logger: RunLogger | None = None  # rank 0 only
+        self.train_shard = self.valid_shard = None
+        self.meter: TrainMeter | None = None
+        self.rows_per_rank = config["train_rows"] // self.world  # batch rows of an epoch
+        self.updates_per_epoch = math.ceil(self.rows_per_rank / self.cfg.update_freq)
+        self.valid: list | None = None  # this rank's validation batches, kept after one read
+        self.final: dict = {}  # the last validation's report
+        self.seconds = 0.0  # the training clock at the last check (`_clock`)
+        self.stop_reason: str | None = None  # a key of STOP_REASONS once a limit is reached
+        self._last_line = -math.inf  # when the last progress line was printed
+
+    # --- resuming ---------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """Resume from Ray's latest checkpoint (worker restart or rerun job), else start fresh;
+        then open the logger and the data, start the clocks and check the limits (a resumed
+        run may already have reached one)."""
+        self.progress = self._load_latest()
+        self.resumed_from = self.progress.update
+        self.logger = RunLogger(*self._tracking, self.run_dir / METRICS_FILE) \
+            if self.rank == 0 else None
+        self.train_shard = ray.train.get_dataset_shard("train")
+        self.valid_shard = ray.train.get_dataset_shard("valid")
+        self.meter = TrainMeter(self.comm, self.device)  # its clock starts now
+        self.seconds = self._clock()
+        self.stop_reason = self._limit_reached(self.seconds)
+
+    def _load_latest(self) -> Progress:
+        cfg, rank, world = self.cfg, self.rank, self.world
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
+            return Progress(started=time.monotonic())
+        with ckpt.as_directory() as d:
+            state = load_checkpoint(d)
+        self.net.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["scheduler"])
+        # the same rows if the number of workers changed
+        skip = state["batches_in_epoch"] * state["world_size"] // world
+        # The time budget continues from the checkpoint (time after it was lost with the process).
+        progress = Progress(state["epoch"], state["update"], skip,
+                            float(state.get("train_seconds", 0.0)), time.monotonic())
+        if state["rng"]["world_size"] == world:
+            restore_rng_state(state["rng"]["states"][rank])
+        else:
+            torch.manual_seed(cfg.seed + 1 + rank + progress.update)
+        if rank == 0:
+            _say(f"[convs2s.train] resumed from update {progress.update} (epoch "
+                 f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
+                 f"{progress.seconds_before:.0f} s of training spent)")
+        return progress
+
+    # --- training ---------------------------------------------------------------------------
+
+    def should_stop(self) -> bool:
+        """Whether a limit is reached (`stop_reason` says which): the same on every rank."""
+        return self.stop_reason is not None
+
+    def train_epoch(self) -> dict:
+        """Train the rest of the next epoch, up to its end or the first limit reached (every
+        rank stops at the same update), then validate, anneal and checkpoint; returns the
+        validation's report (also kept as `final`)."""
+        cfg, progress, meter = self.cfg, self.progress, self.meter
         epoch = progress.epoch + 1
-        batches = _train_batches(train_shard, cfg, epoch, progress.batches_in_epoch,
-                                 net.max_positions)
+        batches = _train_batches(self.train_shard, cfg, epoch, progress.batches_in_epoch,
+                                 self.net.max_positions)
         updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
         epoch_end = True
         meter.resume()
         while True:
             micro = list(itertools.islice(batches, cfg.update_freq))
-            lr = schedule.lr_at(progress.update, _spent(cfg, progress, seconds, rows_per_rank))
-            set_lr(optimizer, lr)
-            stats = train_update(model, optimizer, micro, cfg, comm, device)
+            lr = self.schedule.lr_at(progress.update, self._spent(self.seconds))
+            set_lr(self.optimizer, lr)
+            stats = train_update(self.model, self.optimizer, micro, cfg, self.comm, self.device)
             if stats is None:
                 break  # some rank's shard is exhausted: the epoch ends on every rank
             progress.update += 1
             progress.batches_in_epoch += len(micro)
             meter.add(stats, micro)
-            _maybe_crash(cfg, rank, progress.update, run_dir)
-            seconds = _clock(cfg, progress, comm)
+            self.crash.maybe_crash(self.rank, progress.update, self.run_dir)
+            self.seconds = self._clock()
             if progress.update % cfg.log_interval == 0:
-                metrics = meter.read(lr)  # collective
-                if logger is not None:
-                    logger.log_metrics({**metrics, "train/epoch": epoch,
-                                        "train/seconds": seconds}, progress.update)
-                    eta = (updates_per_epoch - (progress.update - updates_at_start)) \
-                        / max(metrics["train/updates_per_s"], 1e-9)
-                    if time.monotonic() - last_line >= CONSOLE_SECONDS:
-                        last_line = time.monotonic()
-                        _say(f"[convs2s.train] "
-                             f"{progress_line(epoch, progress.update, metrics, eta)}")
-            stop = _stop_reason(cfg, progress, schedule, seconds)  # update or time limit
-            if stop is not None:
+                self._log_train(epoch, lr, updates_at_start)
+            self.stop_reason = self._limit_reached(self.seconds)  # update or time limit
+            if self.stop_reason is not None:
                 epoch_end = False  # stopped inside the epoch: validate and checkpoint here
                 break
             if cfg.checkpoint_interval and progress.update % cfg.checkpoint_interval == 0:
-                _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir,
-                            {"update": progress.update, "epoch": progress.epoch}, None, False)
+                self.checkpoint({"update": progress.update, "epoch": progress.epoch})
         meter.pause()
-        if valid is None:  # read once: validation sets are small (thousands of sentences)
-            valid = list(_valid_batches(valid_shard, comm))
-        final = _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid,
-                           device, logger, epoch, epoch_end, rows_per_rank)
-        seconds = _clock(cfg, progress, comm)
-        stop = stop or _stop_reason(cfg, progress, schedule, seconds)
-    if rank == 0:
-        _say(f"[convs2s.train] stopped after update {progress.update} ({progress.epoch} full "
-             f"epochs, {progress.seconds():.0f} s of training): {STOP_REASONS[stop]}")
-    if logger is not None:
-        logger.close()
-    # Rank 0's return value becomes Result.return_value: the final metrics of the run.
-    return {"update": progress.update, "epoch": progress.epoch,
-            "resumed_from_update": resumed_from, "best_val_loss": schedule.best_loss,
-            **final, "train_seconds": progress.seconds(), "stop_reason": stop}
+        self.final = self._end_epoch(epoch, epoch_end)
+        self.seconds = self._clock()
+        self.stop_reason = self.stop_reason or self._limit_reached(self.seconds)
+        return self.final
+
+    def _log_train(self, epoch: int, lr: float, updates_at_start: int) -> None:
+        """The interval's train metrics (a collective: every rank), logged and said by rank 0."""
+        metrics = self.meter.read(lr)  # collective
+        if self.logger is None:
+            return
+        update = self.progress.update
+        self.logger.log_metrics({**metrics, "train/epoch": epoch,
+                                 "train/seconds": self.seconds}, update)
+        eta = (self.updates_per_epoch - (update - updates_at_start)) \
+            / max(metrics["train/updates_per_s"], 1e-9)
+        if time.monotonic() - self._last_line >= CONSOLE_SECONDS:
+            self._last_line = time.monotonic()
+            _say(f"[convs2s.train] {progress_line(epoch, update, metrics, eta)}")
+
+    def validate(self) -> tuple[float, float, int]:
+        """(loss sum, nll sum, target tokens) of the validation set, summed over all ranks (a
+        collective). The batches are read on the first call and kept: validation sets are
+        small (thousands of sentences)."""
+        if self.valid is None:
+            self.valid = list(_valid_batches(self.valid_shard, self.comm))
+        return validate_all_ranks(self.net, self.valid, self.comm, self.device, self.cfg)
+
+    def _end_epoch(self, epoch: int, epoch_end: bool) -> dict:
+        """Validate (all ranks), anneal, log, checkpoint (with best/ when it improved)."""
+        progress, schedule = self.progress, self.schedule
+        loss, nll, ntok = self.validate()
+        val_loss = nll / max(ntok, 1)  # per-token nll: perplexity = exp(val_loss)
+        best_before = schedule.best_loss
+        # Epochs of training behind this validation: whole at an epoch end, a fraction when a
+        # limit stopped training inside the epoch (the same number in every log and metric).
+        epochs = float(epoch) if epoch_end else \
+            epoch - 1 + min(progress.batches_in_epoch / max(self.rows_per_rank, 1), 1.0)
+        if epoch_end:
+            progress.epoch, progress.batches_in_epoch = epoch, 0
+            schedule.end_epoch(epoch, val_loss)
+        elif best_before is None or val_loss < best_before:
+            schedule.best_loss = val_loss  # stopped mid-epoch by max_updates: no annealing
+        # The lr the next update will use: the epoch's lr after annealing, then warmup and the
+        # budget's cosine / linear decay (schedule.epoch_lr alone is the undecayed peak).
+        next_lr = schedule.lr_at(progress.update, self._spent(progress.seconds()))
+        metrics = {"valid/loss": loss / max(ntok, 1), "valid/nll": val_loss,
+                   "valid/ppl": math.exp(min(val_loss, 50.0)), "valid/tokens": ntok,
+                   "valid/seconds": progress.seconds(),  # the training clock: curve vs wall time
+                   "epoch": round(epochs, 3), "lr": next_lr}
+        if self.logger is not None:
+            self.logger.log_metrics(metrics, progress.update)
+            where = f"epoch {epoch} done" if epoch_end else f"stopped at {epochs:.2f} epochs"
+            _say(f"[convs2s.train] {where} | update {progress.update} | valid loss "
+                 f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
+                 f"next lr {next_lr:.3g}")
+        report = {"update": progress.update, "epoch": progress.epoch,
+                  "epochs": round(epochs, 3), "val_loss": val_loss,
+                  "val_ppl": metrics["valid/ppl"], "lr": next_lr}
+        is_best = best_before is None or val_loss < best_before
+        self.checkpoint(report, val_loss, epoch_end, is_best)
+        return report
+
+    def checkpoint(self, metrics: dict, val_loss: float | None = None,
+                   end_of_epoch: bool = False, is_best: bool = False) -> None:
+        """Report `metrics` with a checkpoint of the run as it stands. Every rank calls this at
+        the same update (ray.train.report is a barrier; the RNG states are gathered from all
+        ranks); rank 0 writes, and copies it to best/ when `is_best` (validation improved)."""
+        progress, comm = self.progress, self.comm
+        rngs = comm.gather_objects(capture_rng_state())
+        if comm.rank != 0:
+            ray.train.report(metrics, checkpoint=None)
+            return
+        job = self.job
+        state = {
+            "model": self.net.state_dict(), "model_config": job.model.to_dict(),
+            "src_vocab_size": job.vocab_size, "tgt_vocab_size": job.vocab_size,
+            "train_config": job.train.to_dict(), "epoch": progress.epoch,
+            "update": progress.update, "batches_in_epoch": progress.batches_in_epoch,
+            "world_size": comm.world_size, "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
+            "train_seconds": progress.seconds(),
+        }
+        tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
+        tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
+        try:
+            save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
+                             checkpoint_dir_name=checkpoint_dir_name(progress.update))
+            if is_best and val_loss is not None:
+                replace_dir(tmp, self.run_dir / BEST_DIR)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def finish(self) -> dict:
+        """Say why training stopped (rank 0), flush the logger; the run's final metrics (rank
+        0's become Result.return_value on the driver)."""
+        progress = self.progress
+        if self.rank == 0:
+            _say(f"[convs2s.train] stopped after update {progress.update} ({progress.epoch} "
+                 f"full epochs, {progress.seconds():.0f} s of training): "
+                 f"{STOP_REASONS[self.stop_reason]}")
+        if self.logger is not None:
+            self.logger.close()
+        return {"update": progress.update, "epoch": progress.epoch,
+                "resumed_from_update": self.resumed_from,
+                "best_val_loss": self.schedule.best_loss, **self.final,
+                "train_seconds": progress.seconds(), "stop_reason": self.stop_reason}
+
+    # --- the clock and the limits -------------------------------------------------------------
+
+    def _clock(self) -> float:
+        """Seconds of training so far. With a time budget every rank gets the same value (the
+        mean of the ranks' clocks, one small all-reduce), so all stop at the same update and a
+        time-based lr is the same everywhere."""
+        if not self.cfg.max_time or self.comm.world_size == 1:
+            return self.progress.seconds()
+        return self.comm.sum_ints([round(self.progress.seconds() * 1000)])[0] / 1000 \
+            / self.comm.world_size
+
+    def _spent(self, seconds: float) -> float:
+        """The fraction of the run's budget spent: the furthest of time, updates and epochs."""
+        cfg, progress = self.cfg, self.progress
+        spent = [seconds / cfg.max_time if cfg.max_time else 0.0,
+                 progress.update / cfg.max_updates if cfg.max_updates else 0.0]
+        if cfg.max_epochs:
+            spent.append((progress.epoch
+                          + progress.batches_in_epoch / max(self.rows_per_rank, 1))
+                         / cfg.max_epochs)
+        return max(spent)
+
+    def _limit_reached(self, seconds: float) -> str | None:
+        """Why training must stop now (a key of STOP_REASONS), or None. Called at the same
+        points on every rank with the same `seconds` (`_clock`)."""
+        cfg, progress = self.cfg, self.progress
+        if cfg.max_updates and progress.update >= cfg.max_updates:
+            return "max_updates"
+        if cfg.max_time and seconds >= cfg.max_time:
+            return "max_time"
+        if cfg.max_epochs and progress.epoch >= cfg.max_epochs:
+            return "max_epochs"
+        if self.schedule.should_stop():
+            return "min_lr"
+        return None
 
 
-def _end_epoch(job, net, optimizer, schedule, progress, comm, run_dir, valid, device, logger,
-               epoch, epoch_end, rows_per_rank) -> dict:
-    """Validate (all ranks), anneal, log, checkpoint (with best/ when it improved)."""
-    cfg = job.train
-    loss, nll, ntok = validate(net, valid, comm, device, cfg)
-    val_loss = nll / max(ntok, 1)  # per-token nll: perplexity = exp(val_loss)
-    best_before = schedule.best_loss
-    # Epochs of training behind this validation: whole at an epoch end, a fraction when a
-    # limit stopped training inside the epoch (the same number in every log and metric).
-    epochs = float(epoch) if epoch_end else \
-        epoch - 1 + min(progress.batches_in_epoch / max(rows_per_rank, 1), 1.0)
-    if epoch_end:
-        progress.epoch, progress.batches_in_epoch = epoch, 0
-        schedule.end_epoch(epoch, val_loss)
-    elif best_before is None or val_loss < best_before:
-        schedule.best_loss = val_loss  # stopped mid-epoch by max_updates: no annealing
-    # The lr the next update will use: the epoch's lr after annealing, then warmup and the
-    # budget's cosine / linear decay (schedule.epoch_lr alone is the undecayed peak).
-    next_lr = schedule.lr_at(progress.update, _spent(cfg, progress, progress.seconds(),
-                                                     rows_per_rank))
-    metrics = {"valid/loss": loss / max(ntok, 1), "valid/nll": val_loss,
-               "valid/ppl": math.exp(min(val_loss, 50.0)), "valid/tokens": ntok,
-               "valid/seconds": progress.seconds(),  # the training clock: curve vs wall time
-               "epoch": round(epochs, 3), "lr": next_lr}
-    if logger is not None:
-        logger.log_metrics(metrics, progress.update)
-        where = f"epoch {epoch} done" if epoch_end else f"stopped at {epochs:.2f} epochs"
-        _say(f"[convs2s.train] {where} | update {progress.update} | valid loss "
-             f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
-             f"next lr {next_lr:.3g}")
-    report = {"update": progress.update, "epoch": progress.epoch,
-              "epochs": round(epochs, 3), "val_loss": val_loss,
-              "val_ppl": metrics["valid/ppl"], "lr": next_lr}
-    is_best = best_before is None or val_loss < best_before
-    _checkpoint(job, net, optimizer, schedule, progress, comm, run_dir, report, val_loss,
-                epoch_end, is_best)
-    return report
-
-
-def _clock(cfg: TrainConfig, progress: Progress, comm: Comm) -> float:
-    """Seconds of training so far. With a time budget every rank gets the same value (the mean
-    of the ranks' clocks, one small all-reduce), so all stop at the same update and a
-    time-based lr is the same everywhere."""
-    if not cfg.max_time or comm.world_size == 1:
-        return progress.seconds()
-    return comm.sum_ints([round(progress.seconds() * 1000)])[0] / 1000 / comm.world_size
-
-
-def _spent(cfg: TrainConfig, progress: Progress, seconds: float, rows_per_rank: int) -> float:
-    """The fraction of the run's budget spent: the furthest of time, updates and epochs."""
-    spent = [seconds / cfg.max_time if cfg.max_time else 0.0,
-             progress.update / cfg.max_updates if cfg.max_updates else 0.0]
-    if cfg.max_epochs:
-        spent.append((progress.epoch + progress.batches_in_epoch / max(rows_per_rank, 1))
-                     / cfg.max_epochs)
-    return max(spent)
-
-
-def _stop_reason(cfg: TrainConfig, progress: Progress, schedule: LRSchedule,
-                 seconds: float) -> str | None:
-    """Why training must stop now (a key of STOP_REASONS), or None. Called at the same points
-    on every rank with the same `seconds` (`_clock`)."""
-    if cfg.max_updates and progress.update >= cfg.max_updates:
-        return "max_updates"
-    if cfg.max_time and seconds >= cfg.max_time:
-        return "max_time"
-    if cfg.max_epochs and progress.epoch >= cfg.max_epochs:
-        return "max_epochs"
-    if schedule.should_stop():
-        return "min_lr"
-    return None
+# --- data -----------------------------------------------------------------------------------------
 
 
 def _rows(shard, prefetch: int):
@@ -313,71 +448,45 @@ def _valid_batches(shard, comm: Comm):
             yield batch
 
 
-def _maybe_crash(cfg: TrainConfig, rank: int, update: int, run_dir: Path) -> None:
-    """Fault injection for tests: a real process death, once per run directory."""
-    if cfg.crash_at_update and update == cfg.crash_at_update and rank == cfg.crash_rank:
-        marker = run_dir / CRASH_MARKER
-        if not marker.exists():
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-            _say(f"[convs2s.train] fault injection: rank {rank} exits at update {update}")
-            # Let Ray's controller collect the last report first (it polls workers every 2 s),
-            # as when a machine dies some time after its last checkpoint.
-            time.sleep(5)
-            os._exit(1)
+# --- fault injection (tests only) -------------------------------------------------------------
+
+# Test-only: rank CONVS2S_TEST_CRASH_RANK (default 1) dies right after update
+# CONVS2S_TEST_CRASH_AT_UPDATE (unset or 0: never). Read from the environment of the process that
+# calls `fit` (the driver), which hands them to the workers in train_loop_config: variables set
+# after Ray started never reach its worker processes. Not a TrainConfig field, so that a test
+# hook is no part of a recipe, its hash (workflow stage keys) or its checkpoints.
+CRASH_AT_UPDATE_ENV = "CONVS2S_TEST_CRASH_AT_UPDATE"
+CRASH_RANK_ENV = "CONVS2S_TEST_CRASH_RANK"
 
 
-def _checkpoint(job: TrainJob, net, optimizer, schedule, progress: Progress, comm: Comm,
-                run_dir: Path, metrics: dict, val_loss: float | None, end_of_epoch: bool,
-                is_best: bool = False) -> None:
-    """Every rank calls this at the same update (ray.train.report is a barrier); rank 0 writes."""
-    rngs = comm.gather_objects(capture_rng_state())
-    if comm.rank != 0:
-        ray.train.report(metrics, checkpoint=None)
-        return
-    state = {
-        "model": net.state_dict(), "model_config": job.model.to_dict(),
-        "src_vocab_size": job.vocab_size, "tgt_vocab_size": job.vocab_size,
-        "train_config": job.train.to_dict(), "epoch": progress.epoch, "update": progress.update,
-        "batches_in_epoch": progress.batches_in_epoch, "world_size": comm.world_size,
-        "optimizer": optimizer.state_dict(), "scheduler": schedule.state_dict(),
-        "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
-        "train_seconds": progress.seconds(),
-    }
-    tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
-    tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
-    try:
-        save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch)
-        ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
-                         checkpoint_dir_name=checkpoint_dir_name(progress.update))
-        if is_best and val_loss is not None:
-            replace_dir(tmp, run_dir / BEST_DIR)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+@dataclass(frozen=True)
+class CrashInjection:
+    """Fault injection for tests: a real process death (os._exit), once per run directory (a
+    marker file there stops the restarted worker group from dying again)."""
 
+    at_update: int = 0  # 0: never
+    rank: int = 1
 
-def _restore(net, optimizer, schedule: LRSchedule, cfg: TrainConfig, rank: int,
-             world: int) -> Progress:
-    """Resume from Ray's latest checkpoint (worker restart or rerun job), else start fresh."""
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is None:
-        torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
-        return Progress(started=time.monotonic())
-    with ckpt.as_directory() as d:
-        state = load_checkpoint(d)
-    net.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    schedule.load_state_dict(state["scheduler"])
-    skip = state["batches_in_epoch"] * state["world_size"] // world  # same rows if world changed
-    # The time budget continues from the checkpoint (time after it was lost with the process).
-    progress = Progress(state["epoch"], state["update"], skip,
-                        float(state.get("train_seconds", 0.0)), time.monotonic())
-    if state["rng"]["world_size"] == world:
-        restore_rng_state(state["rng"]["states"][rank])
-    else:
-        torch.manual_seed(cfg.seed + 1 + rank + progress.update)
-    if rank == 0:
-        _say(f"[convs2s.train] resumed from update {progress.update} (epoch "
-             f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
-             f"{progress.seconds_before:.0f} s of training spent)")
-    return progress
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> CrashInjection:
+        def number(name: str, default: int) -> int:
+            value = env.get(name, "").strip()
+            try:
+                return int(value) if value else default
+            except ValueError:
+                raise ValueError(f"{name}={value!r}: give an integer (a test-only "
+                                 "fault injection setting)") from None
+
+        return cls(number(CRASH_AT_UPDATE_ENV, 0), number(CRASH_RANK_ENV, 1))
+
+    def maybe_crash(self, rank: int, update: int, run_dir: Path) -> None:
+        if self.at_update and update == self.at_update and rank == self.rank:
+            marker = run_dir / CRASH_MARKER
+            if not marker.exists():
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.touch()
+                _say(f"[convs2s.train] fault injection: rank {rank} exits at update {update}")
+                # Let Ray's controller collect the last report first (it polls workers every
+                # 2 s), as when a machine dies some time after its last checkpoint.
+                time.sleep(5)
+                os._exit(1)

@@ -1,7 +1,8 @@
 """End-to-end tests of convs2s.train on Ray Train (2 CPU workers, gloo) with the tiny preset on
 the demo corpus from the real preprocessing pipeline (the session `demo_batches` fixture):
 learning + MLflow + checkpoints, 2-worker == 1-process parity of an update, a worker killed
-mid-epoch + a rerun of the same job, an unreachable tracking server, and bf16/nccl on a GPU.
+mid-epoch (the `CrashInjection` test hook) + a rerun of the same job, an unreachable tracking
+server, and bf16/nccl on a GPU.
 
 Four TorchTrainer runs on CPU (about a minute each here); all are marked slow.
 Run: .venv/bin/python -m pytest tests/test_train.py -q
@@ -27,7 +28,13 @@ from convs2s.run_logger import read_local_metrics
 from convs2s.tracking import RUN_KEY_TAG
 from convs2s.train import fit
 from convs2s.train_job import TrainJob
-from convs2s.train_worker import METRICS_FILE
+from convs2s.train_worker import (
+    CRASH_AT_UPDATE_ENV,
+    CRASH_MARKER,
+    CRASH_RANK_ENV,
+    METRICS_FILE,
+    CrashInjection,
+)
 from convs2s.update import Comm, train_update
 
 pytestmark = pytest.mark.slow
@@ -174,22 +181,27 @@ def test_two_workers_equal_one_process_on_the_union_and_a_dead_tracker_is_harmle
 
 
 def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(demo_batches,
-                                                                           tmp_path):
+                                                                           tmp_path,
+                                                                           monkeypatch):
     per_epoch = train_rows(demo_batches) // 2  # equal shards: rows // workers batches each
     interval = 30
     ckpt_before_crash = (per_epoch // interval + 1) * interval  # mid-way through epoch 2
     assert per_epoch < ckpt_before_crash < 2 * per_epoch - 10
-    cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=interval, keep_last=2,
-                      crash_at_update=ckpt_before_crash + 7, crash_rank=1)
+    cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=interval, keep_last=2)
+    # Rank 1 dies after update ckpt_before_crash + 7 (fit reads the hook from this process's
+    # environment and hands it to the workers).
+    monkeypatch.setenv(CRASH_AT_UPDATE_ENV, str(ckpt_before_crash + 7))
+    monkeypatch.setenv(CRASH_RANK_ENV, "1")
     job = make_job(demo_batches, tmp_path, "crashes", cfg, max_failures=1, system_metrics_s=1.0)
     first = fit(job)
     run_dir = Path(first.run_dir)
-    assert (run_dir / ".crash_injected").exists()  # rank 1 really died once
+    assert (run_dir / CRASH_MARKER).exists()  # rank 1 really died once
     assert first.metrics["resumed_from_update"] == ckpt_before_crash
     assert first.metrics["update"] == 2 * per_epoch  # the resumed epoch skipped what it had done
 
     # The same job (same name and storage path) run again with one more epoch resumes.
-    second = fit(job.replace(train=cfg.replace(max_epochs=3, crash_at_update=0)))
+    monkeypatch.delenv(CRASH_AT_UPDATE_ENV)
+    second = fit(job.replace(train=cfg.replace(max_epochs=3)))
     assert second.run_id == first.run_id
     assert second.metrics["resumed_from_update"] == 2 * per_epoch
     assert second.metrics["update"] == 3 * per_epoch and second.metrics["epoch"] == 3
@@ -212,6 +224,21 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(demo_
     local = [(k, r["step"]) for r in read_local_metrics(run_dir / METRICS_FILE)
              for k in r["metrics"]]
     assert len(local) == len(set(local))
+
+
+def test_fault_injection_is_a_test_hook_not_a_training_setting():
+    assert CrashInjection.from_env({}) == CrashInjection(at_update=0, rank=1)  # off
+    assert CrashInjection.from_env({CRASH_AT_UPDATE_ENV: "37", CRASH_RANK_ENV: "0"}) == \
+        CrashInjection(at_update=37, rank=0)
+    with pytest.raises(ValueError, match=CRASH_AT_UPDATE_ENV):
+        CrashInjection.from_env({CRASH_AT_UPDATE_ENV: "soon"})
+    # Checkpoints written while the hook was a TrainConfig field hold it in train_config.
+    cfg = TrainConfig(max_epochs=2, lr=0.5)
+    assert "crash_at_update" not in cfg.to_dict()
+    old = {**cfg.to_dict(), "crash_at_update": 0, "crash_rank": 1}
+    assert TrainConfig.from_dict(old) == cfg
+    with pytest.raises(ValueError, match="unknown TrainConfig fields"):
+        TrainConfig.from_dict({**cfg.to_dict(), "crash_at": 3})
 
 
 @pytest.mark.gpu
