@@ -136,8 +136,8 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     `params` and `tags`; with `as_is`, checkpoint folders that are already the inference
     copies to serve, copied unchanged). With `run_id` the model's source run is that run and
     the run lists it among its outputs; without, it goes to `experiment_name`. Registers it and
-    sets `alias` when `registered_model_name` is given. The input example is translated once at logging
-    time, which checks that the logged model loads and predicts."""
+    sets `alias` when `registered_model_name` is given. The input example is translated once at
+    logging time, which checks that the logged model loads and predicts."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.tracking import MlflowClient
 
