@@ -96,15 +96,21 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
     client, _, _, children = _store(w)
     scores = {job: children[f"eval/{job}/demo_test"].data.metrics["bleu"]
               for job in ("best", "avg_last2")}
-    mv = client.get_model_version_by_alias("wmt14_en_fr", "champion")
+    # Registered per test set: the smoke run's demo_test model is not the paper's newstest2014.
+    mv = client.get_model_version_by_alias("wmt14_en_fr-demo_test", "champion")
     job = mv.tags["convs2s.job"]
     assert scores[job] == max(scores.values())
     model = client.get_logged_model(mv.source.removeprefix("models:/"))
     assert model.name == f"smoke-test-{job}"
     assert json.loads(model.tags["mlflow.modelVersions"])[-1] == \
-        {"name": "wmt14_en_fr", "version": str(mv.version)}
-    assert f"is models:/wmt14_en_fr@champion (version {mv.version})" in w.stdout
-    assert "mlflow models serve -m models:/wmt14_en_fr@champion --env-manager local" in w.stdout
+        {"name": "wmt14_en_fr-demo_test", "version": str(mv.version)}
+    assert f"is models:/wmt14_en_fr-demo_test@champion (version {mv.version})" in w.stdout
+    assert "mlflow models serve -m models:/wmt14_en_fr-demo_test@champion --env-manager local" \
+        in w.stdout
+    assert not client.search_registered_models("name = 'wmt14_en_fr'")  # no paper model touched
+    registered = client.get_registered_model("wmt14_en_fr-demo_test")
+    assert registered.tags["convs2s.test_set"] == "demo_test"
+    assert registered.tags["convs2s.test_set_digest"]
 
     run_dir = w.storage / w.run_name / "train"
     if job == "best":
@@ -117,7 +123,7 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
         .translate(src)
     mlflow.set_tracking_uri(w.tracking_uri)
     try:
-        served = mlflow.pyfunc.load_model("models:/wmt14_en_fr@champion")
+        served = mlflow.pyfunc.load_model("models:/wmt14_en_fr-demo_test@champion")
         assert served.predict(src) == expected
     finally:
         mlflow.set_tracking_uri(None)
@@ -162,6 +168,36 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
                               [score("avg_last2", real["best"] + 1.0)], ids, "demo_test", "bleu")
     assert again.moved and again.version == "2"
     assert len(client.search_model_versions("name = 'lineage-test'")) == 2
+
+
+def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
+    """A registered model keeps the digest of the test data it compares on: a model scored on
+    another test set, or on other data under the same name, leaves the alias where it is, and
+    the result says why, however high its score."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.lineage import DIGEST_TAG, register_champion
+    from workflows.orchestrate import EvalScore
+
+    w = smoke_workflow
+    client = MlflowClient(w.tracking_uri)
+    exp = client.get_experiment_by_name(w.experiment)
+    ids = {m.name.removeprefix("smoke-test-"): m.model_id
+           for m in client.search_logged_models([exp.experiment_id])
+           if m.name.startswith("smoke-test-")}
+    first = register_champion(w.tracking_uri, "lineage-data",
+                              [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
+                              "demo_test", "bleu")
+    assert first.moved and first.version == "1"
+    # Other data under the same test set name (another digest): refused before any version.
+    client.set_registered_model_tag("lineage-data", DIGEST_TAG, "0123456789abcdef")
+    other = register_champion(w.tracking_uri, "lineage-data",
+                              [EvalScore("avg_last2", "demo_test", {"bleu": 99.0}, None, "")],
+                              ids, "demo_test", "bleu")
+    assert not other.moved and other.version == "1" and "not comparable" in other.reason
+    assert "0123456789abcdef" in other.reason
+    assert len(client.search_model_versions("name = 'lineage-data'")) == 1
+    assert client.get_model_version_by_alias("lineage-data", "champion").version in (1, "1")
 
 
 def test_each_model_is_logged_from_the_files_its_scores_were_computed_on(smoke_workflow,

@@ -221,8 +221,8 @@ def test_rerun_with_the_same_name_resumes_and_skips_finished_stages(smoke_workfl
     models = [m.name for m in client.search_logged_models([exp.experiment_id])
               if m.name.startswith(f"{w.run_name}-")]
     assert sorted(models) == [f"{w.run_name}-avg_last2", f"{w.run_name}-best"]
-    assert len(client.search_model_versions("name = 'wmt14_en_fr'")) == 1
-    assert "models:/wmt14_en_fr@champion (version 1)" in out
+    assert len(client.search_model_versions("name = 'wmt14_en_fr-demo_test'")) == 1
+    assert "models:/wmt14_en_fr-demo_test@champion (version 1)" in out
     parent, _ = _family(w.tracking_uri, w.experiment, w.run_name)
     assert parent.info.status == "FINISHED"
 
@@ -433,3 +433,88 @@ def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():
     cfg = wmt14_en_fr.smoke()
     assert resolve(cfg, on).system_metrics_s == cfg.system_metrics_s > 0
     assert resolve(cfg, off).system_metrics_s == 0
+
+
+# --- reusing a run name -------------------------------------------------------------------------
+
+
+def _with_lr(module, lr):
+    base = module.smoke()
+    return lambda: base.replace(train=base.train.replace(lr=lr))
+
+
+@pytest.mark.slow
+def test_a_run_name_reused_with_other_settings_is_refused_before_anything_starts(
+        smoke_workflow, capsys):
+    """Training would resume the old weights under the new settings: refused with one line that
+    names what differs and the two ways forward; nothing is touched."""
+    w = smoke_workflow
+    before = {r.info.run_id: r.info.status for r in _runs(w.tracking_uri, w.experiment)}
+    state = (w.storage / w.run_name / "workflow.json").read_text()
+    old_lr = wmt14_en_fr.smoke().train.lr
+    rc = wmt14_en_fr.main({"smoke": _with_lr(wmt14_en_fr, old_lr * 2)}, None, w.argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: run 'smoke-test'")
+    assert f"train.lr: {old_lr} -> {old_lr * 2}" in err[0]
+    assert "new --run-name" in err[0] and "--restart" in err[0]
+    assert {r.info.run_id: r.info.status for r in _runs(w.tracking_uri, w.experiment)} == before
+    assert (w.storage / w.run_name / "workflow.json").read_text() == state
+
+
+def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(tmp_path):
+    """--restart moves the run's training, weights and scores into replaced-<time>/, re-keys
+    their MLflow runs to there (so the new training gets new runs) and says so on the parent;
+    a larger budget alone is a continuation, recorded on the parent. Real sqlite store and
+    files, no training."""
+    from convs2s.tracking import RUN_KEY_TAG, find_or_create_run, run_key
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    tree = RunTree.open(uri, "exp", spec.run_dir, "r")
+    ctx = StageContext(tree)
+    record_settings(ctx, spec)
+    run_dir = spec.run_dir
+    for f in ("train/checkpoint_00000010/checkpoint.pt", "eval/best/demo_test.fr",
+              "weights/best/model_00/checkpoint.pt", "preprocess_manifests.json"):
+        (run_dir / f).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / f).write_text("x")
+    train_id = find_or_create_run(uri, "exp", run_key(run_dir / "train"), "train", tree.parent)
+    eval_id = tree.child("eval/best/demo_test", "evaluate")
+    prep_id = tree.child("preprocess", "preprocess")
+    state = ctx.state()
+    state["train"]["train"] = {"key": "k", "result": {}}
+    ctx.save_state(state)
+
+    changed = resolve(wmt14_en_fr.smoke().replace(
+        train=wmt14_en_fr.smoke().train.replace(lr=0.5)), opts)
+    assert "train.lr" in reuse_problem(changed)
+    restart = changed.replace(restart=True)
+    assert reuse_problem(restart) is None
+    record_settings(ctx, restart)
+    (aside,) = run_dir.glob("replaced-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["eval", "train", "weights"]
+    assert (aside / "train/checkpoint_00000010/checkpoint.pt").is_file()
+    assert not (run_dir / "train").exists() and (run_dir / "preprocess_manifests.json").exists()
+    client = _client(uri)
+    for run_id, rel in ((train_id, "train"), (eval_id, "eval/best/demo_test")):
+        run = client.get_run(run_id)
+        assert run.data.tags[RUN_KEY_TAG] == run_key(aside / rel)
+        assert run.info.run_name.endswith("(replaced)") and "train.lr" in \
+            run.data.tags["convs2s.replaced"]
+    assert client.get_run(prep_id).data.tags[RUN_KEY_TAG] == run_key(run_dir / "preprocess")
+    parent = client.get_run(tree.parent).data.tags
+    assert "train.lr" in parent["convs2s.restarted"] and str(aside) in parent["convs2s.restarted"]
+    assert ctx.state()["train"] == {} and reuse_problem(changed) is None
+    # The new training gets a new run under the old key.
+    assert find_or_create_run(uri, "exp", run_key(run_dir / "train"), "train",
+                              tree.parent) != train_id
+
+    longer = resolve(_with_lr(wmt14_en_fr, 0.5)(), RunOptions(**{**vars(opts), "max_epochs": 9}))
+    assert reuse_problem(longer) is None  # a larger budget continues the run
+    record_settings(ctx, longer)
+    continued = client.get_run(tree.parent).data.tags["convs2s.continued"]
+    assert f"max_epochs {spec.train.max_epochs} -> 9" in continued

@@ -5,13 +5,15 @@ task's registered model whose `champion` alias names the best of them.
     datasets = data_inputs(out, source="demo", task="wmt14_en_fr")  # train + valid batches
     models = log_job_models(uri, jobs, source_runs, run_name, search.to_dict(),
                             state["models"])                 # {job name: model id}
-    champion = register_champion(uri, "wmt14_en_fr", scores, models, "demo_test", "bleu")
-    champion.uri     # models:/wmt14_en_fr@champion
+    champion = register_champion(uri, registered_name("wmt14_en_fr", "demo_test"), scores,
+                                 models, "demo_test", "bleu")
+    champion.uri     # models:/wmt14_en_fr-demo_test@champion
 
 In the MLflow UI (experiment marked as model training, so it opens on its runs): the runs
 table's Dataset column shows train/valid (and each evaluation run's test set), its Models
 column the models each training run produced; the experiment's Models tab lists every logged
-model with its BLEU per test set; the registry holds `<task>` with the alias `champion`.
+model with its BLEU per test set; the registry holds `<task>-<test set>` (only scores on one
+test set compare) with the alias `champion`, moved only by a better model on the same data.
 """
 
 from __future__ import annotations
@@ -110,26 +112,42 @@ def _exists(client, model_id: str) -> bool:
         return False
 
 
+def registered_name(workflow: str, test_set: str) -> str:
+    """The registered model of a workflow's models scored on one test set: only scores on the
+    same test set compare, so a smoke run (demo_test) never touches the paper runs' model
+    (newstest2014): `wmt14_en_fr-newstest2014`, `wmt14_en_fr-demo_test`."""
+    return model_name(workflow, test_set)
+
+
 @dataclass
 class Champion:
-    name: str  # registered model: the task's name
-    version: str
-    job: str  # the job whose model holds the alias
+    name: str  # registered model: <workflow>-<test set>
+    version: str  # the version the alias names after this run
+    job: str  # this run's best job
     metric: str
-    value: float
+    value: float  # the champion's score (this run's when moved)
     test_set: str
-    moved: bool  # the alias now names this run's model (False: an earlier one stays better)
+    moved: bool  # the alias now names this run's model
+    reason: str = ""  # why it moved or stayed, for the summary
 
     @property
     def uri(self) -> str:
         return f"models:/{self.name}@{CHAMPION}"
 
 
+# Tags of a registered model: the test data its champion is compared on.
+DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.test_set_digest", "convs2s.test_set", \
+    "convs2s.metric"
+
+
 def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                       test_set: str, metric: str) -> Champion | None:
     """Register the best model of this run (by `metric` on `test_set`) under `name` and point
-    the alias `champion` at it, unless the current champion scored higher on the same test
-    data (same dataset digest). None when no scored model exists or tracking fails."""
+    the alias `champion` at it, but only where the scores compare: the registered model keeps
+    the digest of the test data it was first registered on, and a model scored on other data
+    (another digest) never moves its alias, nor does a model that scores lower than the current
+    champion on the same data. `Champion.reason` says why the alias moved or stayed. None when
+    no scored model exists or tracking fails."""
     from mlflow.tracking import MlflowClient
     from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
@@ -145,20 +163,45 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
             ours = client.get_logged_model(model_id)
             digest = next((m.dataset_digest for m in ours.metrics or []
                            if m.key == metric and m.dataset_name == test_set), None)
+            registered = client.search_registered_models(f"name = '{name}'")
+            if registered:
+                keyed = registered[0].tags.get(DIGEST_TAG)
+                if keyed and keyed != digest:
+                    why = (f"not comparable: {name} holds models scored on {test_set} with "
+                           f"digest {keyed}, this run's {test_set} has digest {digest}; the "
+                           "alias stays (run on the same test data, or use another "
+                           "experiment / tracking server)")
+                    log.warning("%s@%s %s", name, CHAMPION, why)
+                    cur = _current_champion(client, name)
+                    return Champion(name, cur[0] if cur else "none", best.job, metric, value,
+                                    test_set, False, why)
             current = _current_champion(client, name)
             if current is not None:
                 version, cur_model = current
                 if cur_model.model_id == model_id:
-                    return Champion(name, version, best.job, metric, value, test_set, True)
+                    return Champion(name, version, best.job, metric, value, test_set, True,
+                                    "this run's model is the champion already")
                 theirs = next((m.value for m in cur_model.metrics or [] if m.key == metric
                                and m.dataset_name == test_set and m.dataset_digest == digest
                                and digest is not None), None)
-                if theirs is not None and theirs > value:
-                    log.info("%s@%s stays version %s (%s %.2f on %s > this run's %.2f)", name,
-                             CHAMPION, version, metric, theirs, test_set, value)
-                    return Champion(name, version, best.job, metric, theirs, test_set, False)
-            if not client.search_registered_models(f"name = '{name}'"):
-                client.create_registered_model(name)
+                if theirs is None:
+                    why = (f"not comparable: the champion (version {version}) has no {metric} "
+                           f"on this run's {test_set} (digest {digest}); the alias stays")
+                    log.warning("%s@%s %s", name, CHAMPION, why)
+                    return Champion(name, version, best.job, metric, value, test_set, False, why)
+                if theirs >= value:
+                    why = (f"the champion (version {version}) scored {metric} {theirs:.2f} on "
+                           f"the same {test_set}, this run {value:.2f}")
+                    log.info("%s@%s stays version %s: %s", name, CHAMPION, version, why)
+                    return Champion(name, version, best.job, metric, theirs, test_set, False, why)
+                why = (f"{metric} {value:.2f} above the former champion's {theirs:.2f} "
+                       f"(version {version}) on the same {test_set}")
+            else:
+                why = f"no champion on {test_set} yet"
+            if not registered:
+                client.create_registered_model(name, tags={
+                    TEST_SET_TAG: test_set, METRIC_TAG: metric,
+                    **({DIGEST_TAG: digest} if digest else {})})
             mv = client.create_model_version(name, f"models:/{model_id}",
                                              run_id=ours.source_run_id, model_id=model_id,
                                              tags={"convs2s.job": best.job, metric: f"{value:.2f}",
@@ -168,7 +211,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
             client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
                 versions + [{"name": name, "version": str(mv.version)}])})
             client.set_registered_model_alias(name, CHAMPION, mv.version)
-            return Champion(name, str(mv.version), best.job, metric, value, test_set, True)
+            return Champion(name, str(mv.version), best.job, metric, value, test_set, True, why)
     except Exception as err:  # noqa: BLE001 - registration is a convenience, not the run
         log.warning("could not register %s in the MLflow model registry (%s: %s)", name,
                     type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "")

@@ -29,7 +29,8 @@ runs `preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<tes
 named and found by `workflows.run_tree`. Every eval
 child logs the same param keys and `bleu` (or `rouge*`), so MLflow's compare view lines them up.
 The runs carry their datasets as inputs, each evaluated set of weights is a logged model its
-scores link to, and the best is registered as `models:/<task>@champion` (workflows/lineage.py).
+scores link to, and the best is registered as `models:/<task>-<test set>@champion`, moved only
+by a better model on the same test data (workflows/lineage.py).
 
 Rerunning with the same `--run-name` (and storage path) resumes: preprocessing stages are
 skipped by their manifests, a finished training run is skipped (an interrupted one resumes from
@@ -56,7 +57,7 @@ from convs2s.tracking import (
 )
 from convs2s.train_job import STOP_REASONS
 from workflows.run_spec import RunSpec, SpecError, resolve
-from workflows.run_state import StageContext
+from workflows.run_state import StageContext, record_settings, reuse_problem
 from workflows.run_tree import RunTree
 from workflows.stages import EvalScore, evaluate_stage, preprocess_stage, train_stage
 from workflows.workflow_config import RunOptions, WorkflowConfig, parse_args
@@ -81,10 +82,12 @@ class WorkflowResult:
 def run_workflow(spec: RunSpec) -> WorkflowResult:
     """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
     from convs2s.tracking import end_run, resolve_tracking_uri
-    from workflows.lineage import data_inputs, register_champion
+    from workflows.lineage import data_inputs, register_champion, registered_name
 
     t0 = time.monotonic()
     pre, run_dir = spec.data, spec.run_dir
+    if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
+        raise SpecError(problem)
     uri = resolve_tracking_uri(spec.tracking_uri)
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
     _start_ray(spec.use_gpu, small_data=pre.source == "demo")
@@ -98,6 +101,7 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
     ctx = StageContext(tree)
     try:
         tree.describe(parent, spec.params())
+        record_settings(ctx, spec)  # --restart sets earlier work aside; a continuation is noted
         out = preprocess_stage(ctx, pre)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
         tree.describe(parent, datasets=datasets)
@@ -107,8 +111,9 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
                                                        time.monotonic() - t0))
         champion = None
         if scores and models:  # the task's main metric on its main (first) test set
-            champion = register_champion(uri, spec.workflow, scores, models,
-                                         scores[0].test_set, task_kind(spec.task_kind).headline)
+            main_test = scores[0].test_set  # only scores on one test set compare
+            champion = register_champion(uri, registered_name(spec.workflow, main_test), scores,
+                                         models, main_test, task_kind(spec.task_kind).headline)
     except BaseException as err:
         end_run(uri, parent, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
@@ -254,6 +259,9 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     t0 = time.monotonic()
     try:
         result = run_workflow(spec)
+    except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         # Every stage writes whole files or none (manifests last), so what is on disk is
         # complete: the same run name picks up from there.
@@ -342,12 +350,13 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
     if c is not None:
         if c.moved:
             lines.append(f"best model: {c.job} ({c.metric} {c.value:.2f} on {c.test_set}) is "
-                         f"{c.uri} (version {c.version}); serve it with")
+                         f"{c.uri} (version {c.version}): {c.reason}; serve it with")
         else:
-            lines.append(f"best model: {c.uri} stays version {c.version} ({c.metric} "
-                         f"{c.value:.2f} on {c.test_set}, above this run's); serve it with")
-        lines.append(f"  MLFLOW_TRACKING_URI={r.tracking_uri} mlflow models serve -m {c.uri} "
-                     "--env-manager local -p 5001")
+            lines.append(f"best model: {c.uri} stays version {c.version}: {c.reason}"
+                         + ("; serve it with" if c.version != "none" else ""))
+        if c.moved or c.version != "none":
+            lines.append(f"  MLFLOW_TRACKING_URI={r.tracking_uri} mlflow models serve -m "
+                         f"{c.uri} --env-manager local -p 5001")
     return "\n".join(lines)
 
 

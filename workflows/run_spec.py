@@ -63,6 +63,7 @@ class RunSpec:
     tracking_uri: str | None  # None: $MLFLOW_TRACKING_URI, else ./mlflow.db
     experiment: str
     added_test_sets: tuple[str, ...] = ()  # the --test-set stems (checked for files up front)
+    restart: bool = False  # --restart: train the run name over (workflows.run_state)
 
     @property
     def run_dir(self) -> Path:
@@ -132,4 +133,4 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
         attention=opts.attention, run_name=run_name, storage=str(storage),
         tracking_uri=opts.tracking_uri, experiment=opts.experiment or cfg.name,
-        added_test_sets=added)
+        added_test_sets=added, restart=opts.restart)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,3 +62,126 @@ class StageContext:
         tmp = self.run_dir / "workflow.json.tmp"
         tmp.write_text(json.dumps(state, indent=1, default=str))
         tmp.replace(self.run_dir / "workflow.json")  # atomic: a crash never leaves half a file
+
+
+# --- reusing a run name -----------------------------------------------------------------------
+
+BUDGETS = ("max_epochs", "max_updates", "max_time")  # may grow on a rerun: training continues
+
+
+def result_settings(spec) -> dict[str, str]:
+    """What decides a workflow run's results (flattened, as strings): its data (all but the
+    evaluation-only test splits and the output root), the task kind, model, optimization
+    (budgets aside), search and ensemble. A rerun under the same name must keep them."""
+    from convs2s.tracking import flatten_params
+    from workflows.run_spec import compared
+
+    data = compared(spec.data)
+    data["splits"] = {s: data["splits"][s] for s in ("train", "valid")}
+    train = {k: v for k, v in spec.train.to_dict().items() if k not in BUDGETS}
+    return flatten_params({"task_kind": spec.task_kind, "data": data,
+                           "model": spec.model.to_dict(), "train": train,
+                           "search": spec.search.to_dict(),
+                           "ensemble": {"runs": spec.ensemble.runs,
+                                        "average_last": spec.ensemble.average_last}})
+
+
+def budgets(spec) -> dict[str, float]:
+    return {k: getattr(spec.train, k) for k in BUDGETS}
+
+
+def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """'key: old -> new' for every setting that differs (a missing one reads as 'unset')."""
+    return [f"{k}: {before.get(k, 'unset')} -> {after.get(k, 'unset')}"
+            for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+
+
+def reuse_problem(spec) -> str | None:
+    """Why `spec` cannot run under its run name, or None: the run folder holds a run started
+    with other settings (training would resume its weights under the new settings). Checked
+    before anything starts; `--restart` starts the run's training over instead."""
+    path = spec.run_dir / "workflow.json"
+    if spec.restart or not path.is_file():
+        return None
+    recorded = json.loads(path.read_text()).get("settings")
+    if recorded is None:  # a folder from before settings were recorded: nothing to compare
+        return None
+    changed = changed_settings(recorded, result_settings(spec))
+    if not changed:
+        return None
+    shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
+                                      else "")
+    return (f"run {spec.run_name!r} in {spec.storage} was started with other settings "
+            f"({shown}): give a new --run-name for these settings, or add --restart to "
+            "train this run over (its earlier training and scores are kept aside in its "
+            "folder, and its MLflow runs say so); a larger --max-epochs / --max-updates / "
+            "--max-time alone continues a run")
+
+
+def record_settings(ctx: StageContext, spec) -> None:
+    """Before any stage: with `--restart`, set the run's earlier training and scores aside;
+    then record the settings (what a later rerun must keep) and the budgets in workflow.json,
+    and on the parent MLflow run a continuation (larger budgets) or a restart as tags."""
+    from convs2s.tracking import set_tags
+
+    state = ctx.state()
+    settings, new_budgets = result_settings(spec), budgets(spec)
+    tags = {}
+    if spec.restart and (state["train"] or state["eval"] or _outputs(ctx.run_dir)):
+        changed = changed_settings(state.get("settings") or {}, settings)
+        aside = set_aside(ctx, "; ".join(changed) or "--restart")
+        tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: trained over "
+                                     f"({'; '.join(changed) or 'same settings'}); the earlier "
+                                     f"training and scores are in {aside}")
+        state = {"train": {}, "eval": {}, "models": {}}
+    elif state.get("budgets") and state["budgets"] != new_budgets:
+        tags["convs2s.continued"] = ", ".join(
+            f"{k} {state['budgets'].get(k)} -> {v}" for k, v in new_budgets.items()
+            if state["budgets"].get(k) != v)
+    state["settings"], state["budgets"] = settings, new_budgets
+    ctx.save_state(state)
+    if tags:
+        set_tags(ctx.tree.uri, ctx.tree.parent, tags)
+
+
+def _outputs(run_dir: Path) -> list[Path]:
+    """The folders a restart sets aside: training runs, staged weights, evaluation outputs."""
+    return sorted(p for p in run_dir.glob("*") if p.is_dir() and (
+        p.name in ("eval", "weights") or p.name == "train" or p.name.startswith("train_")))
+
+
+def set_aside(ctx: StageContext, why: str) -> Path:
+    """Move the run's training, weights and evaluation folders to `<run>/replaced-<time>/` and
+    re-key their MLflow runs to where their outputs went (named "... (replaced)"), so the new
+    training starts from nothing and its runs are new ones. Returns the folder."""
+    import shutil
+
+    aside = ctx.run_dir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir(parents=True)
+    for p in _outputs(ctx.run_dir):
+        shutil.move(str(p), str(aside / p.name))
+    if ctx.tree.parent is not None:
+        _rekey_runs(ctx.tree, aside, why)
+    return aside
+
+
+def _rekey_runs(tree: RunTree, aside: Path, why: str) -> None:
+    from convs2s.tracking import RUN_KEY_TAG, bounded_http, mlflow_client, run_key, warn_unreachable
+
+    try:
+        with bounded_http():
+            client = mlflow_client(tree.uri)
+            exp = client.get_run(tree.parent).info.experiment_id
+            runs = client.search_runs([exp], filter_string=f"tags.`mlflow.parentRunId` = "
+                                                           f"'{tree.parent}'", max_results=1000)
+            root = run_key(tree.run_dir)
+            for r in runs:
+                key = r.data.tags.get(RUN_KEY_TAG, "")
+                rel = key[len(root) + 1:] if key.startswith(root + "/") else ""
+                if rel.split("/")[0] in ("eval",) or rel == "train" or rel.startswith("train_"):
+                    client.set_tag(r.info.run_id, RUN_KEY_TAG, run_key(aside / rel))
+                    client.set_tag(r.info.run_id, "mlflow.runName",
+                                   f"{r.info.run_name} (replaced)")
+                    client.set_tag(r.info.run_id, "convs2s.replaced", why[:5000])
+    except Exception as err:  # noqa: BLE001 - the folders moved; the runs keep their names
+        warn_unreachable(tree.uri, "re-keying the replaced runs", err)

@@ -93,6 +93,7 @@ class RunOptions:
     experiment: str | None = None
     run_name: str | None = None
     system_metrics: bool = True  # sample each training node's utilization into MLflow
+    restart: bool = False  # train this run name over under new settings (earlier work set aside)
 
 
 
@@ -135,6 +136,10 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p.add_argument("--experiment", help="MLflow experiment (default: the task name)")
     p.add_argument("--run-name", help="name of this workflow run; the same name resumes it "
                                       "(default: <preset>-<date>-<time>)")
+    p.add_argument("--restart", action="store_true",
+                   help="the --run-name exists with other settings: train it over under these "
+                        "(its earlier training and scores are set aside in its folder, and "
+                        "its MLflow runs say so); without it such a rerun is refused")
     p.add_argument("--system-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
