@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--preprocess-json", type=Path, default=RESULTS_DIR / "preprocess_epyc_40m.json")
     a("--streaming-json", type=Path, default=RESULTS_DIR / "streaming.json")
     a("--out", type=Path, default=None)
+    a("--replace", action="store_true",
+      help="overwrite the result file if it exists (default: keep it and write "
+           "<name>-<time>.json beside it)")
     return p.parse_args(argv)
 
 
@@ -250,9 +253,10 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"inputs": inputs, "tasks": tasks, "scales": rows,
                "paper_flops_per_s": paper_flops_s, "measured": m}
     path = args.out or RESULTS_DIR / "cost_model.json"
-    write_result(path, "cost_model", {k: str(v) if isinstance(v, Path) else v
+    path = write_result(path, "cost_model", {k: str(v) if isinstance(v, Path) else v
                                       for k, v in vars(args).items()},
-                 machine_info(), load_before, load_average(), {}, results, notes)
+                 machine_info(), load_before, load_average(), {}, results, notes,
+                 replace=args.replace)
     print(format_table(inputs, [(k, k) for k in ("input", "value", "kind", "source")]) + "\n")
     print(format_table(tasks, [
         ("task", "task"), ("params_m", "params M"), ("gflop_per_tok", "train GFLOP/tok"),

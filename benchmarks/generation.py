@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="... for at most this long (0: do not wait)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite the result file if it exists (default: keep it and write "
+                        "<name>-<time>.json beside it)")
     args = p.parse_args(argv)
     if args.dtype == "bf16" and not args.device.startswith("cuda"):
         p.error("--dtype bf16 needs --device cuda (bf16 matmuls are very slow on this CPU)")
@@ -275,9 +278,10 @@ def main(argv: list[str] | None = None) -> dict:
     if any(x["extrapolated"] for x in r["runs"]):
         notes.append("seconds_for_6003 is extrapolated from the searched sample where "
                      "extrapolated is true")
-    write_result(path, "generation", {k: str(v) if isinstance(v, Path) else v
+    path = write_result(path, "generation", {k: str(v) if isinstance(v, Path) else v
                                       for k, v in vars(args).items()},
-                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes)
+                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes,
+                 replace=args.replace)
     table = [{**x, "of peak": f"{100 * x['fraction_of_peak']:.1f}%",
               "6003 s": f"{x['seconds_for_6003']:,.1f}{'*' if x['extrapolated'] else ''}"}
              for x in r["runs"]]

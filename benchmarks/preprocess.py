@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="... for at most this long (0: do not wait)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite the result file if it exists (default: keep it and write "
+                        "<name>-<time>.json beside it)")
     args = p.parse_args(argv)
     args.plain_rows = args.plain_rows or min(args.sizes)
     return args
@@ -382,9 +385,10 @@ def main(argv: list[str] | None = None) -> dict:
     load = out["load_before"][:1] + out["load_after"][:1]
     if load and max(load) > args.max_load:
         notes.append(f"measured under load (1-minute load average {load}): figures are low")
-    write_result(path, "preprocess", {k: str(v) if isinstance(v, Path) else v
+    path = write_result(path, "preprocess", {k: str(v) if isinstance(v, Path) else v
                                       for k, v in vars(args).items()},
-                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes)
+                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes,
+                 replace=args.replace)
     rows = [{**x, **x["memory_mib"], "clean s": x["stage_seconds"]["clean"],
              "encode s": x["stage_seconds"]["encoded"], "batch s": x["stage_seconds"]["batches"]}
             for x in r["runs"]]

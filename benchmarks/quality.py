@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                       "name resumes that run")
     p.add_argument("--out", type=Path, help="result JSON (default: benchmarks/results/"
                                             "quality_multi30k_en_de_<preset>.json)")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite the result file if it exists (default: keep it and write "
+                        "<name>-<time>.json beside it)")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                    help="first wait up to S seconds for a 1-minute load below --max-load")
     p.add_argument("--max-load", type=float, default=1.0)
@@ -126,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     path = write_result(out, "quality", settings, machine_info(), load_before, load_average(),
                         quiet, figures,
                         notes=[f"BLEU: sacreBLEU 13a on detokenized output; main test set "
-                               f"{MAIN_TEST}, settings chosen on {VALID}"])
+                               f"{MAIN_TEST}, settings chosen on {VALID}"],
+                        replace=args.replace)
     rows = [{"test": test, "job": job, **s} for test, jobs in figures["scores"].items()
             for job, s in jobs.items()]
     print(format_table(rows, [("test", "test set"), ("job", "job"), ("bleu", "BLEU"),

@@ -24,10 +24,22 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 def write_result(path: str | Path, benchmark: str, settings: dict, machine: dict,
                  load_before: list, load_after: list, quiet: dict, results: dict,
-                 notes: list[str] | None = None) -> Path:
-    """Write one result file (atomically: a killed run leaves the old file) and return its path."""
+                 notes: list[str] | None = None, replace: bool = False) -> Path:
+    """Write one result file (atomically: a killed run leaves the old file) and return its
+    path. An existing file (a recorded result) is kept unless `replace`: the new result goes
+    beside it as `<name>-<UTC time>.json`, and the returned path says where."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not replace:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        new = path.with_name(f"{path.stem}-{stamp}{path.suffix}")
+        n = 1
+        while new.exists():  # two results in one second
+            n += 1
+            new = path.with_name(f"{path.stem}-{stamp}-{n}{path.suffix}")
+        print(f"{path} exists (a recorded result; --replace overwrites it): writing {new}",
+              file=sys.stderr)
+        path = new
     doc = {
         "benchmark": benchmark,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

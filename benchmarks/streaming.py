@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cpus-per-node", type=int, default=1)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/convs2s-bench-streaming"))
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite the result file if it exists (default: keep it and write "
+                        "<name>-<time>.json beside it)")
     p.add_argument("--inner-result", type=Path, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -235,12 +238,27 @@ def measure(args) -> dict:
     return {"nodes": nodes, "stream": stream, "train": [full, part]}
 
 
+WORKDIR_MARK = ".convs2s-bench-streaming"  # in a --workdir this benchmark made
+
+
+def _fresh_workdir(workdir: Path) -> None:
+    """An empty --workdir: made here, or emptied only if an earlier run of this benchmark made
+    it (its mark file says so). A folder it did not create is never deleted."""
+    if workdir.exists() and any(workdir.iterdir()):
+        if not (workdir / WORKDIR_MARK).is_file():
+            raise SystemExit(f"error: --workdir {workdir} holds files this benchmark did not "
+                             "write; give a new or empty folder")
+        for p in workdir.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / WORKDIR_MARK).write_text("made by python -m benchmarks.streaming\n")
+
+
 def run(args, argv: list[str]) -> dict:
     """Start the two-node cluster, run `measure` in a driver process connected to it as on a
     real cluster (RAY_ADDRESS set, like `ray job submit`), stop the cluster."""
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    args.workdir.mkdir(parents=True)
+    _fresh_workdir(args.workdir)
     sliced = make_slice(args.data, args.slice_pairs, args.workdir / "slice")
     make_valid(args.data, 8, args.workdir / "valid")
     cluster = RayCliCluster(cli_env())
@@ -273,9 +291,10 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = load_average()
     r = run(args, argv)
     path = args.out or RESULTS_DIR / "streaming.json"
-    write_result(path, "streaming", {k: str(v) if isinstance(v, Path) else v
+    path = write_result(path, "streaming", {k: str(v) if isinstance(v, Path) else v
                                      for k, v in vars(args).items()},
-                 r.pop("machine"), load_before, load_average(), {}, r, [])
+                 r.pop("machine"), load_before, load_average(), {}, r, [],
+                 replace=args.replace)
     print(format_table([{**s, "what": "stream"} for s in r["stream"]],
                        [("what", "what"), ("node", "node"), ("batches", "batches"),
                         ("batches_per_s", "batches/s"), ("target_tokens_per_s", "tgt tok/s")]))

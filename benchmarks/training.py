@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="... for at most this long (0: do not wait)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite the result file if it exists (default: keep it and write "
+                        "<name>-<time>.json beside it)")
     args = p.parse_args(argv)
     if args.dtype == "bf16" and not args.device.startswith("cuda"):
         p.error("--dtype bf16 needs --device cuda (bf16 matmuls are very slow on this CPU)")
@@ -207,9 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
     load = out["load_before"][:1] + out["load_after"][:1]
     if load and max(load) > args.max_load:
         notes.append(f"measured under load (1-minute load average {load}): figures are low")
-    write_result(path, "training", {k: str(v) if isinstance(v, Path) else v
+    path = write_result(path, "training", {k: str(v) if isinstance(v, Path) else v
                                     for k, v in vars(args).items()},
-                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes)
+                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes,
+                 replace=args.replace)
     print(format_table([{
         "preset": r["preset"], "device": f"{args.device} {args.dtype}",
         "tok/step": r["tgt_tokens_per_step"], "step s": r["median_step_s"],

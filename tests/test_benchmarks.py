@@ -164,3 +164,36 @@ def test_cost_model_marks_every_gpu_row_projected_and_reads_the_measured_inputs(
             > rows[2]["epoch_hours_linear"]
     kinds = {row["input"]: row["kind"] for row in r["inputs"]}
     assert kinds["GPU throughput"] == "projected" and kinds["preprocessing"] == "measured"
+
+
+def test_a_recorded_result_is_kept_unless_told_to_replace_it(tmp_path, capsys):
+    from benchmarks.report import write_result
+
+    args = ("training", {"a": 1}, {}, [0, 0, 0], [0, 0, 0], {})
+    first = write_result(tmp_path / "r.json", *args, {"tok_s": 1.0})
+    second = write_result(tmp_path / "r.json", *args, {"tok_s": 2.0})
+    third = write_result(tmp_path / "r.json", *args, {"tok_s": 3.0})
+    assert first == tmp_path / "r.json" and len({first, second, third}) == 3
+    assert second.name.startswith("r-") and second.suffix == ".json"
+    assert json.loads(first.read_text())["results"] == {"tok_s": 1.0}  # the recorded one
+    assert json.loads(third.read_text())["results"] == {"tok_s": 3.0}
+    assert "--replace overwrites it" in capsys.readouterr().err
+    write_result(first, *args, {"tok_s": 4.0}, replace=True)
+    assert json.loads(first.read_text())["results"] == {"tok_s": 4.0}
+
+
+def test_the_streaming_benchmark_never_deletes_a_folder_it_did_not_create(tmp_path):
+    from benchmarks.streaming import WORKDIR_MARK, _fresh_workdir
+
+    mine = tmp_path / "work"
+    _fresh_workdir(mine)  # made here
+    (mine / "slice").mkdir()
+    (mine / "measured.json").write_text("{}")
+    _fresh_workdir(mine)  # emptied: an earlier run of this benchmark made it
+    assert sorted(p.name for p in mine.iterdir()) == [WORKDIR_MARK]
+    theirs = tmp_path / "home"
+    theirs.mkdir()
+    (theirs / "thesis.tex").write_text("precious")
+    with pytest.raises(SystemExit, match="did not write"):
+        _fresh_workdir(theirs)
+    assert (theirs / "thesis.tex").read_text() == "precious"
