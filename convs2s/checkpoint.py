@@ -162,11 +162,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
 
 
 def capture_rng_state() -> dict:
-    """torch (CPU and CUDA), Python and NumPy generator states as weights_only-safe objects."""
+    """torch (CPU and this rank's CUDA device), Python and NumPy generator states as
+    weights_only-safe objects. Only the device this process uses: a rank restored onto a node
+    with another number of visible GPUs finds its own state."""
     np_state = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "cuda": [torch.cuda.get_rng_state()] if torch.cuda.is_available() else [],
         "python": random.getstate(),
         "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)),
                   int(np_state[2]), int(np_state[3]), float(np_state[4])],
@@ -175,12 +177,26 @@ def capture_rng_state() -> dict:
 
 def restore_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        cuda = cuda_state_for_device(state["cuda"], torch.cuda.current_device())
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+
+
+def cuda_state_for_device(states: list, device: int):
+    """The saved CUDA generator state for this process's device, or None (a CPU checkpoint).
+    One entry: this project's format (the saving rank's own device). Several: an older
+    checkpoint that held every visible GPU's state; its entry for this device index if there
+    is one, else none (a node with more GPUs than the one that saved it): never an IndexError."""
+    if not states:
+        return None
+    if len(states) == 1:
+        return states[0]
+    return states[device] if device < len(states) else None
 
 
 # --- listing and picking the checkpoints of a run ----------------------------------------------

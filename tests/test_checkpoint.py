@@ -109,6 +109,31 @@ def test_rng_state_round_trips_through_a_weights_only_file(tmp_path):
     assert torch.equal(expected[0], again[0]) and expected[1:] == again[1:]
 
 
+def test_a_rank_finds_its_cuda_rng_state_whatever_the_gpu_count():
+    """A checkpoint holds the saving rank's own CUDA state (one entry); an older one held every
+    visible GPU's. Restored onto a node with more or fewer GPUs: the device's own entry, or
+    none, never an IndexError."""
+    from convs2s.checkpoint import cuda_state_for_device
+
+    states = [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]
+    assert cuda_state_for_device([], 0) is None  # saved on CPU
+    assert cuda_state_for_device(states[:1], 3) is states[0]  # this project's format
+    assert cuda_state_for_device(states, 5) is states[5]  # an 8-GPU node's list
+    assert cuda_state_for_device(states[:4], 6) is None  # saved on 4 GPUs, resumed on 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+def test_cuda_rng_state_round_trips_for_this_device():
+    torch.cuda.manual_seed(3)
+    state = capture_rng_state()
+    assert len(state["cuda"]) == 1
+    expected = torch.rand(3, device="cuda")
+    torch.cuda.manual_seed(99)
+    restore_rng_state(state)
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
 def _fake_run(tmp_path, specs):
     model, opt, _ = _trained_model()
     for epoch, update, val, eoe in specs:

@@ -518,3 +518,20 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     record_settings(ctx, longer)
     continued = client.get_run(tree.parent).data.tags["convs2s.continued"]
     assert f"max_epochs {spec.train.max_epochs} -> 9" in continued
+
+
+def test_a_gpu_request_this_machine_cannot_meet_is_refused_before_ray_starts(tmp_path, capsys):
+    """One GPU per training worker, checked against this machine's GPUs before Ray starts: too
+    few is one line with the fix, exit 2, nothing written."""
+    import torch
+
+    have = torch.cuda.device_count()
+    argv = ["--preset", "smoke", "--use-gpu", "--num-workers", str(have + 1),
+            "--storage-path", str(tmp_path / "runs"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    rc, _ = _main(wmt14_en_fr, argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert f"needs {have + 1} GPU(s) (one per worker), but this machine has {have}" in err[0]
+    assert ("--num-workers" if have else "without --use-gpu") in err[0]
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()

@@ -90,7 +90,9 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
         raise SpecError(problem)
     uri = resolve_tracking_uri(spec.tracking_uri)
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
+    _check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
     _start_ray(spec.use_gpu, small_data=pre.source == "demo")
+    _await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
     source = _source_tags(spec)  # the runs table's Source column: the workflow file and commit
     tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
                         tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
@@ -185,12 +187,58 @@ def _start_ray(use_gpu: bool, small_data: bool) -> None:
     address = os.environ.get("RAY_ADDRESS")
     log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
              f"cluster {address}" if address else "local instance", cpus, gpus, _ray_log_dir())
-    if use_gpu and not gpus:
-        if not address:
-            raise SystemExit("error: --use-gpu but this machine has no GPU visible to Ray; run "
-                             "without --use-gpu (CPU) or submit to a GPU cluster")
-        log.warning("--use-gpu but the cluster has no GPU now: training waits until the "
-                    "autoscaler adds GPU nodes")
+
+
+# How long a workflow on a cluster waits for the GPUs it asks for (the autoscaler adding
+# nodes) before it stops with a message, instead of Ray Train waiting without end.
+GPU_WAIT_S = float(os.environ.get("CONVS2S_GPU_WAIT_S", 900))
+
+
+def _gpu_request(spec: RunSpec) -> int:
+    """GPUs the training needs at once: one per Ray Train worker (`ScalingConfig`)."""
+    return spec.num_workers if spec.use_gpu else 0
+
+
+def _check_local_gpus(spec: RunSpec) -> None:
+    """A local run (no RAY_ADDRESS): the GPUs this machine has against the request, before Ray
+    starts; too few is one `error:` line with the fix (exit 2)."""
+    need = _gpu_request(spec)
+    if not need or os.environ.get("RAY_ADDRESS"):
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < need:
+        raise SpecError(
+            f"--use-gpu with {spec.num_workers} worker(s) needs {need} GPU(s) (one per worker), "
+            f"but this machine has {have}: " + (f"run with --num-workers {have}" if have
+                                                else "run without --use-gpu (CPU)")
+            + ", or submit the workflow to a GPU cluster (`ray job submit`)")
+
+
+def _await_cluster_gpus(spec: RunSpec) -> None:
+    """On a cluster: wait (bounded, GPU_WAIT_S) until it has the GPUs the training asks for, as
+    an autoscaler adds nodes; then stop with a message instead of a silent hang."""
+    import ray
+
+    need = _gpu_request(spec)
+    if not need or not os.environ.get("RAY_ADDRESS"):
+        return
+    deadline, said = time.monotonic() + GPU_WAIT_S, False
+    while (have := ray.cluster_resources().get("GPU", 0)) < need:
+        if time.monotonic() > deadline:
+            raise SpecError(
+                f"the cluster has {have:g} GPU(s) after {GPU_WAIT_S:.0f} s but training asks "
+                f"for {need} ({spec.num_workers} worker(s) x 1 GPU): lower --num-workers to "
+                f"{int(have)} or raise the GPU node count the autoscaler may start "
+                "(max_workers of its GPU node type, infra/cluster-aws.yaml)" if have else
+                f"the cluster has no GPU after {GPU_WAIT_S:.0f} s but --use-gpu asks for "
+                f"{need}: check that its config has GPU worker nodes (infra/cluster-aws.yaml)")
+        if not said:
+            log.warning("the cluster has %g of the %d GPUs training asks for: waiting up to %.0f "
+                        "s for the autoscaler to add GPU nodes", have, need, GPU_WAIT_S)
+            said = True
+        time.sleep(10)
 
 
 def _local_ray_auth() -> None:
