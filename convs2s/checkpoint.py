@@ -62,7 +62,10 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
         shutil.copyfile(spm_model, directory / SPM_FILE)
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
             "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch)}
-    (directory / META_FILE).write_text(json.dumps(meta))
+    # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
+    tmp = directory / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, directory / META_FILE)
     return directory
 
 
@@ -243,6 +246,28 @@ def best_checkpoint(run_dir: str | os.PathLike) -> CheckpointInfo | None:
         return read_info(best)
     scored = [i for i in list_checkpoints(run_dir) if i.val_loss is not None]
     return min(scored, key=lambda i: i.val_loss) if scored else None
+
+
+def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: int) -> str:
+    """Make `<run_dir>/best/` what the checkpoint resumed from says it is: the kept checkpoint
+    with the lowest validation loss `best_loss`, at or before `update`. A worker that died
+    between reporting a checkpoint and copying it to best/ (or after copying a checkpoint that
+    was never reported) leaves best/ stale; the resumed run repairs it here. Returns what it
+    did: "ok", "repaired from <dir>", or "no kept checkpoint has <loss>" (best/ left as is)."""
+    if best_loss is None:
+        return "ok"
+    best = Path(run_dir) / BEST_DIR
+    if (best / META_FILE).is_file():
+        info = read_info(best)
+        if info.val_loss == best_loss and info.update <= update:
+            return "ok"
+    kept = [i for i in list_checkpoints(run_dir)
+            if i.val_loss == best_loss and i.update <= update]
+    if not kept:
+        return f"no kept checkpoint has validation loss {best_loss}"
+    source = kept[-1].path
+    replace_dir(source, best)
+    return f"repaired from {Path(source).name}"
 
 
 def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:

@@ -51,6 +51,7 @@ from convs2s.checkpoint import (
     capture_rng_state,
     checkpoint_dir_name,
     load_checkpoint,
+    reconcile_best,
     replace_dir,
     restore_rng_state,
     save_checkpoint,
@@ -207,6 +208,11 @@ class Trainer:
             _say(f"[convs2s.train] resumed from update {progress.update} (epoch "
                  f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
                  f"{progress.seconds_before:.0f} s of training spent)")
+            # A death between reporting a checkpoint and copying it to best/ left best/ stale:
+            # best/ is what this checkpoint says is best.
+            fixed = reconcile_best(self.run_dir, self.schedule.best_loss, progress.update)
+            if fixed != "ok":
+                _say(f"[convs2s.train] best/: {fixed}")
         return progress
 
     # --- training ---------------------------------------------------------------------------

@@ -142,6 +142,31 @@ def _fake_run(tmp_path, specs):
     return tmp_path
 
 
+def test_best_is_repaired_from_what_the_resumed_checkpoint_says(tmp_path):
+    """A kill between reporting a checkpoint and copying it to best/ leaves best/ stale; one
+    after copying a checkpoint that was never reported leaves best/ ahead of the resumed run.
+    The resumed run makes best/ the kept checkpoint with the loss its checkpoint calls best."""
+    from convs2s.checkpoint import BEST_DIR, read_info, reconcile_best, replace_dir
+
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True), (3, 360, 2.7, True)])
+    replace_dir(run / checkpoint_dir_name(120), run / BEST_DIR)  # died before copying 240
+    assert reconcile_best(run, 2.5, 360) == f"repaired from {checkpoint_dir_name(240)}"
+    assert read_info(run / BEST_DIR).update == 240
+    assert reconcile_best(run, 2.5, 360) == "ok"  # consistent: nothing to do
+    # best/ from an update the resumed run never reached (copied, then killed before report)
+    assert reconcile_best(run, 3.0, 120) == f"repaired from {checkpoint_dir_name(120)}"
+    assert read_info(run / BEST_DIR).update == 120
+    # The best was pruned by keep_last and best/ holds another loss: left, and said so.
+    assert reconcile_best(run, 1.9, 360) == "no kept checkpoint has validation loss 1.9"
+    assert reconcile_best(run, None, 360) == "ok"  # nothing validated yet
+
+
+def test_meta_json_is_written_last_and_whole(tmp_path):
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True)])
+    d = run / checkpoint_dir_name(120)
+    assert sorted(p.name for p in d.iterdir()) == ["checkpoint.pt", "meta.json"]  # no .tmp
+
+
 def test_list_pick_and_best(tmp_path):
     run = _fake_run(tmp_path, [(1, 120, 3.0, True), (1, 150, None, False), (2, 240, 2.5, True),
                                (2, 300, None, False), (3, 360, 2.7, True)])
