@@ -202,12 +202,12 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
             "stage_memory_mib": mem.stage_peaks_mib(),
             "largest_processes_mib": mem.largest_processes_mib(),
             "object_store_spilled_mib": spilled, "disk_growth_peak_mib": mem.disk_growth_mib(),
-            "output_mib": {s: folder_mib(root / cfg.task / s) for s in
+            "output_mib": {s: folder_mib(Path(out.root) / s) for s in
                            ("clean", "encoded", "batches")},
             "rows": {k: {f: v.get(f) for f in ("rows_in", "rows_kept", "dropped")}
                      for k, v in m.items() if "rows_in" in v},
             # same input and seed -> the same digest, whatever the run (compare across runs)
-            "batches_sha256": folder_digest(root / cfg.task / "batches" / "train")}, root
+            "batches_sha256": folder_digest(Path(out.root) / "batches" / "train")}, root
 
 
 def folder_digest(folder: Path) -> str:

@@ -3,10 +3,10 @@
     from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
     out = run_pipeline(demo().replace(root="/tmp/prep"))
-    out.batches["train"]   # <root>/<task>/batches/train: ray.data.read_parquet(...) it
+    out.batches["train"]   # <root>/<task>/<data key>/batches/train: ray.data.read_parquet(...)
 
-Output layout `<root>/<task>/<stage>/` (see docs/design.md): clean/<split>, spm, encoded/<split>,
-batches/<split>, text/<split>.<lang>. Each stage is skipped when its manifest matches (same
+Output layout `<root>/<task>/<data key>/<stage>/` (see docs/design.md; `data_dir`):
+clean/<split>, spm, encoded/<split>, batches/<split>, text/<split>.<lang>. Each stage is skipped when its manifest matches (same
 stage config and the same input fingerprint) and otherwise rebuilt atomically (stages.py).
 Each stage is a Ray Data pipeline: a datasource in (reading.py, parts.py), map_batches, a
 grouping exchange where rows must meet across the split (exchange.py), and `PartSink` (parts.py)
@@ -48,7 +48,7 @@ log = logging.getLogger("preprocessing")
 class PipelineOutput:
     """Where a finished run's outputs are (design.md): paths are absolute."""
 
-    root: str  # <root>/<task>
+    root: str  # <root>/<task>/<data key> (data_dir)
     spm_model: str
     vocab_size: int
     batches: dict[str, str]  # split -> batches folder (one parquet row per batch)
@@ -209,11 +209,31 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
     return {"splits": out}
 
 
+# What does not change the output: where it goes, how many encoder actors, how rows meet.
+_NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits")
+
+
+def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None) -> Path:
+    """`<root>/<task>/<data key>/`: the folder of this data. The key is the hash of the
+    settings that decide the output and of the training and validation inputs (their source
+    names and fingerprints), so runs on other data or settings write beside each other and
+    never replace a folder another run trains from; evaluation-only splits are stages inside
+    it. `sources` (resolved splits) is computed when not given."""
+    if sources is None:
+        sources = {s: resolve_split(cfg, s) for s in ("train", "valid") if s in cfg.splits}
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_OUTPUT}
+    inputs = {s: [cfg.splits[s], sources[s].fingerprint] for s in ("train", "valid")
+              if s in sources}
+    key = config_hash({"pipeline_version": PIPELINE_VERSION, "settings": settings,
+                       "inputs": inputs})[:12]
+    return Path(cfg.root).resolve() / cfg.task / key
+
+
 def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> PipelineOutput:
     """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running."""
     cfg = cfg.replace(root=str(Path(cfg.root).resolve()))
-    task_dir = Path(cfg.root) / cfg.task
     sources = {s: resolve_split(cfg, s, hub_endpoint) for s in cfg.splits}  # fail fast, no Ray
+    task_dir = data_dir(cfg, sources)
     if not ray.is_initialized():
         ray.init()
     m: dict[str, dict] = {}

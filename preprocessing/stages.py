@@ -1,10 +1,11 @@
 """Stage mechanics shared by every preprocessing stage: manifests, skip-on-rerun, atomic output.
 
-A stage writes `<root>/<task>/<stage>/` = parquet parts + `manifest.json`. It first writes into a
-hidden sibling `.<name>.partial-<run>/` and renames it into place only once the manifest is written,
-so a killed run never leaves a folder that a rerun takes as complete; the rerun wipes the
-partial folder and recomputes the stage. A stage whose manifest records the same config hash
-and input fingerprint is skipped.
+A stage writes `<root>/<task>/<data key>/<stage>/` = parquet parts + `manifest.json`. It first
+writes into a hidden sibling `.<name>.partial-<run>/` (created with its owner: host, pid) and
+renames it into place only once the manifest is written, so a killed run never leaves a folder
+that a rerun takes as complete; a rerun removes the partial folder once its writer is provably
+gone (`remove_stale_leftovers`) and recomputes the stage. A stage whose manifest records the
+same config hash and input fingerprint is skipped.
 
 Also here: deterministic hashing (`config_hash`, `mix64`) so that output never depends on Ray's
 block scheduling, writing one parquet part, and `collect_stats`, which drains small statistics
@@ -20,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -95,21 +97,28 @@ def finished(stage_dir: Path, cfg_hash: str, input_fp: str) -> dict | None:
     return None
 
 
+OWNER_FILE = ".owner.json"  # in a partial folder: who is writing it (host, pid)
+
+
 @contextlib.contextmanager
 def stage_output(stage_dir: Path) -> Iterator[Path]:
     """Yield a fresh temporary folder; on success it replaces `stage_dir` by rename.
 
     The caller writes parts and, last, the manifest into the yielded folder. The folder name is
     unique per run, so a task of a killed run that is still finishing cannot write into it.
+    The folder is created with an owner file (host, pid) already inside, so other runs can tell
+    a live partial folder from a crash leftover: only provably stale leftovers are removed.
     """
     stage_dir = Path(stage_dir)
     stage_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Leftovers of a killed run are never trusted: the stage is always redone from scratch.
-    for leftover in stage_dir.parent.glob(f".{stage_dir.name}.partial-*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+    remove_stale_leftovers(stage_dir)
     tmp = stage_dir.parent / f".{stage_dir.name}.partial-{uuid.uuid4().hex[:12]}"
     old = stage_dir.parent / f".{stage_dir.name}.old-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir()
+    staging = stage_dir.parent / f".{tmp.name}.new"
+    staging.mkdir()
+    (staging / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(),
+                                                  "pid": os.getpid()}))
+    staging.rename(tmp)  # appears with its owner named
     try:
         yield tmp
     except BaseException:
@@ -117,10 +126,52 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
         raise
     if not (tmp / MANIFEST).is_file():
         raise RuntimeError(f"stage {stage_dir} finished without writing its manifest")
+    (tmp / OWNER_FILE).unlink(missing_ok=True)
     if stage_dir.exists():
         stage_dir.rename(old)  # two renames: the folder is either old-complete or new-complete
     tmp.rename(stage_dir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_leftovers(stage_dir: Path) -> list[Path]:
+    """Remove the crash leftovers of `stage_dir` that are provably stale: `.old-*` folders
+    (never read: a finished stage's previous output) and `.partial-*` folders whose writer is
+    gone (this host and a process that no longer runs, or this process itself: its stages run
+    one at a time), or that name no writer (written by an older version, or emptied by a
+    failed run while a late write task recreated it). A partial folder of a live run, or of
+    another host, is left alone. Returns what was removed."""
+    removed = []
+    for p in stage_dir.parent.glob(f".{stage_dir.name}.old-*"):
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    for p in stage_dir.parent.glob(f".{stage_dir.name}.partial-*"):
+        if p.name.endswith(".new"):
+            continue  # being created right now
+        if _writer_gone(p):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        else:
+            log.info("%s is being written by another run: left alone", p)
+    return removed
+
+
+def _writer_gone(partial: Path) -> bool:
+    try:
+        owner = json.loads((partial / OWNER_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return True  # no owner: an older version's, or a failed run's emptied folder
+    if owner.get("host") != socket.gethostname():
+        return False  # another machine's process: cannot be proven gone from here
+    pid = int(owner.get("pid", -1))
+    if pid == os.getpid():
+        return True  # this process runs one stage at a time: an earlier failed attempt
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:

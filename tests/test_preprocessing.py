@@ -220,3 +220,60 @@ def test_presets_follow_the_paper():
         assert make().splits["train"] == "train"
     with pytest.raises(ValueError, match="train"):
         pconfig.PreprocessConfig(task="x", splits={"valid": "v"})
+
+
+# --- runs sharing one storage volume -------------------------------------------------------------
+
+
+def test_other_data_or_settings_get_their_own_folder_beside_the_others(tmp_path):
+    """The data folder is keyed by what decides the training data: another vocabulary or
+    another training source is another folder; where it goes, how many encoders and an
+    added evaluation split are not."""
+    from preprocessing.pipeline import data_dir
+
+    base = pconfig.demo().replace(root=str(tmp_path / "a"))
+    here = data_dir(base)
+    assert here.parent == tmp_path / "a" / "demo" and len(here.name) == 12
+    assert data_dir(base.replace(vocab_size=500)) != here
+    assert data_dir(base.replace(demo_rows={**base.demo_rows, "train": 999})) != here
+    assert data_dir(base.replace(encode_tasks=3, exchange="ray")) == here
+    assert data_dir(base.replace(splits={**base.splits, "extra": "test"})) == here
+    assert data_dir(base.replace(root=str(tmp_path / "b"))).name == here.name
+
+
+def test_only_provably_stale_leftovers_are_removed(tmp_path):
+    """A starting stage removes `.old-*` folders and partial folders whose writer is gone; a
+    live run's partial folder, or another host's, is left alone."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from preprocessing.stages import OWNER_FILE, remove_stale_leftovers
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead_pid = int(gone.stdout)
+    host = socket.gethostname()
+    owners = {"dead": {"host": host, "pid": dead_pid}, "live": {"host": host,
+                                                              "pid": os.getppid()},
+              "remote": {"host": host + "-other", "pid": 1}, "mine": {"host": host,
+                                                                    "pid": os.getpid()}}
+    stage = tmp_path / "encoded" / "train"
+    stage.parent.mkdir(parents=True)
+    for name, owner in owners.items():
+        (stage.parent / f".train.partial-{name}").mkdir()
+        (stage.parent / f".train.partial-{name}" / OWNER_FILE).write_text(json.dumps(owner))
+    (stage.parent / ".train.partial-nameless").mkdir()
+    (stage.parent / ".train.old-1234").mkdir()
+    removed = {p.name for p in remove_stale_leftovers(stage)}
+    assert removed == {".train.old-1234", ".train.partial-dead", ".train.partial-mine",
+                       ".train.partial-nameless"}
+    assert sorted(p.name for p in stage.parent.iterdir()) == [".train.partial-live",
+                                                              ".train.partial-remote"]
+    with stage_output(stage) as tmp:  # a new stage: its folder names its owner from the start
+        assert json.loads((tmp / OWNER_FILE).read_text()) == {"host": host, "pid": os.getpid()}
+        write_manifest(tmp, {"stage": "encoded/train"})
+    assert not (stage / OWNER_FILE).exists() and (stage / "manifest.json").is_file()
+    assert (stage.parent / ".train.partial-live").is_dir()  # still left alone

@@ -23,7 +23,7 @@ import pytest
 from preprocessing.cleaning import normalize
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
-from preprocessing.pipeline import run_pipeline
+from preprocessing.pipeline import data_dir, run_pipeline
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load
 
 NEWSTEST = {"train": "newstest2012", "valid": "newstest2013", "test": "newstest2014"}
@@ -207,7 +207,7 @@ run_pipeline(PreprocessConfig(**json.loads(sys.argv[2])))
 def test_killed_stage_reruns_to_identical_shards(newstest, ray_session, tmp_path):
     cfg, out = newstest
     cfg2 = cfg.replace(root=str(tmp_path / "out"))
-    task = Path(cfg2.root) / cfg2.task
+    task = data_dir(cfg2)  # <root>/<task>/<data key>
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, ray_session.get_runtime_context().gcs_address,
          json.dumps(cfg2.to_dict())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

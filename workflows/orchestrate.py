@@ -16,8 +16,9 @@ that cluster; otherwise it starts a local Ray on this machine.
 
 Where stages write (`--storage-path`, default ./runs; made absolute, Ray workers run elsewhere):
 
-    <storage>/preprocessed/<task>/<stage>/    preprocessing output; a rerun skips stages whose
-                                              manifest matches (shared by runs of one task)
+    <storage>/preprocessed/<task>/<key>/<stage>/  preprocessing output, keyed by its settings
+                                              and inputs; a rerun skips stages whose manifest
+                                              matches (shared by runs on the same data)
     <storage>/<run name>/train[_k]/           Ray Train run: checkpoint_*/, best/, metrics.jsonl
     <storage>/<run name>/eval/<job>/<test>.*  hypotheses (and MLflow artifacts)
     <storage>/<run name>/workflow.json        finished training runs and scored (job, test) pairs
