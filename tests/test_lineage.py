@@ -28,6 +28,14 @@ def _store(w):
     return client, exp, client.get_run(parent.info.run_id), children
 
 
+def _job_models(client, w) -> dict[str, str]:
+    """{job: logged model id} of the smoke run."""
+    exp = client.get_experiment_by_name(w.experiment)
+    return {m.name.removeprefix("smoke-test-"): m.model_id
+            for m in client.search_logged_models([exp.experiment_id])
+            if m.name.startswith("smoke-test-")}
+
+
 def _inputs(run) -> dict[str, tuple[str, str]]:
     """{dataset name: (digest, context)} of a run's dataset inputs."""
     return {d.dataset.name: (d.dataset.digest, {t.key: t.value for t in d.tags}
@@ -140,10 +148,7 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
 
     w = smoke_workflow
     client = MlflowClient(w.tracking_uri)
-    exp = client.get_experiment_by_name(w.experiment)
-    ids = {m.name.removeprefix("smoke-test-"): m.model_id
-           for m in client.search_logged_models([exp.experiment_id])
-           if m.name.startswith("smoke-test-")}
+    ids = _job_models(client, w)
     real = {k: {m.key: m.value for m in client.get_logged_model(v).metrics}["bleu"]
             for k, v in ids.items()}
 
@@ -182,10 +187,7 @@ def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
 
     w = smoke_workflow
     client = MlflowClient(w.tracking_uri)
-    exp = client.get_experiment_by_name(w.experiment)
-    ids = {m.name.removeprefix("smoke-test-"): m.model_id
-           for m in client.search_logged_models([exp.experiment_id])
-           if m.name.startswith("smoke-test-")}
+    ids = _job_models(client, w)
     first = register_champion(w.tracking_uri, "lineage-data",
                               [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
                               "demo_test", "bleu")
