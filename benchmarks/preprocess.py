@@ -336,20 +336,21 @@ def run(args: argparse.Namespace) -> dict:
     corpora = {n: make_corpus(n, args.workdir, args.seed, args.block_rows) for n in sizes}
     quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
     load_before = load_average()
-    runs, kept_root = [], None
+    runs, kept_root, kept_data = [], None, None
     for n in sizes:  # Ray runs first, smallest first; the plain run last
         result, root = _call(args.isolate, run_ray, args, n, corpora[n])
         if n in args.sizes:
             runs.append(result)
         if n == args.plain_rows:
             kept_root = root  # its BPE model and batches serve the plain run
+            (kept_data,) = (root / f"bench_{n}").iterdir()  # the one <data key> folder
         else:
             shutil.rmtree(root, ignore_errors=True)
     n = args.plain_rows
     plain = _call(args.isolate, run_plain, args, n, corpora[n],
-                  str(kept_root / f"bench_{n}" / "spm" / "spm.model"))
+                  str(kept_data / "spm" / "spm.model"))
     plain["same_batches_as_ray"] = same_batches(
-        kept_root / f"bench_{n}" / "batches" / "train", Path(plain.pop("_batches_dir")))
+        kept_data / "batches" / "train", Path(plain.pop("_batches_dir")))
     runs.append(plain)
     shutil.rmtree(args.workdir / f"plain-{n}", ignore_errors=True)
     shutil.rmtree(kept_root, ignore_errors=True)
