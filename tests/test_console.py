@@ -36,6 +36,13 @@ RAY_SAID = {
         "gcs_actor_scheduler.cc:538: Failed to kill actor 668c6250ece636d0125b5cbf01000000, "
         "return status: Invalid: KillActor RPC failed for actor "
         "668c6250ece636d0125b5cbf01000000: RpcError: RPC error: Socket closed rpc_code: 14",
+    "Ray Train's and Ray Data's actors starting together on a 2-CPU node":
+        "(raylet) WARNING: 8 PYTHON worker processes have been started on node: "
+        "7fc01a80262e569f79cda224a5d515442d7f2afea399cfe299988784 with address: 192.0.2.2, "
+        "which is 4x the maximum expected startup concurrency (2). This could be a result of "
+        "using a large number of actors, tasks blocked in ray.get() calls, or tasks with "
+        "fractional CPU requests (e.g., num_cpus=0.1) allowing high concurrency. See "
+        "https://github.com/ray-project/ray/issues/3644 for some discussion of workarounds.",
 }
 
 # Lines that must reach the user, including Ray errors that look alike.
@@ -46,6 +53,7 @@ MUST_PASS = [
     "(pid=gcs_server) [2026-11-24 06:10:37,775 E 2782 2782] (gcs_server) "
     "gcs_actor_scheduler.cc:538: Actor 668c6250 creation failed: insufficient resources",
     "Traceback (most recent call last):",
+    "(raylet) WARNING: the node is running low on memory",
     "error: no input for split 'valid' (source name 'val') in /data",
 ]
 

@@ -38,13 +38,22 @@ HARMLESS_RAY_LINES: tuple[tuple[re.Pattern, str], ...] = (
                 r".*KillActor RPC failed"),
      "Ray's GCS logs that its kill RPC to an actor failed when the actor's process had already "
      "exited (Ray Data shutting down a finished pool): the actor is gone either way."),
+    (re.compile(r"\(raylet\) WARNING: \d+ PYTHON worker processes have been started on node: "
+                r"\S+ with address: \S+, which is \d+x the maximum expected startup "
+                r"concurrency"),
+     "The raylet counts Python processes starting at the same moment against one per CPU: "
+     "when training starts, Ray Train's controller, its two workers and Ray Data's dataset, "
+     "split and stats actors all start together, which is more than a 2-CPU node's count. "
+     "They are Ray's own actors, each started once; the run is not slowed or short of CPUs."),
 )
 
 
 # A clean run's console has none of these: a Ray C++ ERROR line ("[<time> E <pid> <tid>]"), a
-# Ray Python WARNING / ERROR line ("<time>\tWARNING file.py:12 -- ..."), a Python warning
-# ("...Warning: ...") or a traceback.
-ALARMING = re.compile(r"\d E \d+ \d+\]|\b(WARNING|ERROR) \S+\.py:\d+ --|Warning|Traceback")
+# Ray Python WARNING / ERROR line ("<time>\tWARNING file.py:12 -- ..."), a raylet warning or
+# error forwarded to the driver ("(raylet) WARNING: ..."), a Python warning ("...Warning: ...")
+# or a traceback.
+ALARMING = re.compile(r"\d E \d+ \d+\]|\b(WARNING|ERROR) \S+\.py:\d+ --|\(raylet\) (WARNING|ERROR)"
+                      r"|Warning|Traceback")
 
 
 def alarming_lines(console: str) -> list[str]:
