@@ -88,6 +88,29 @@ print("after the block", file=sys.stderr, flush=True)
 """
 
 
+STDOUT_CHILD = r"""
+import os, sys
+sys.path.insert(0, {repo!r})
+from workflows.console import harmless_ray_lines_dropped
+with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1):  # as a workflow command
+    print("stage line")
+    print({harmless!r})                                   # Ray prints raylet errors on stdout
+    print("an error the user must see", file=sys.stderr)
+    print("summary line")                                 # buffered: flushed through the filter
+print("after the block", flush=True)
+"""
+
+
+def test_a_workflow_filters_stdout_too_where_ray_prints_the_raylets_warnings():
+    harmless = RAY_SAID["Ray Train's and Ray Data's actors starting together on a 2-CPU node"]
+    proc = subprocess.run([sys.executable, "-c", STDOUT_CHILD.format(repo=str(REPO),
+                                                                     harmless=harmless)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["stage line", "summary line", "after the block"]
+    assert proc.stderr.splitlines() == ["an error the user must see"]
+
+
 def test_the_filter_drops_only_those_lines_from_every_writer_of_stderr():
     harmless = RAY_SAID["restartable actor, arguments in the object store (driver)"]
     proc = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(REPO),

@@ -7,7 +7,7 @@ are notices about Ray's own design, not about this run, and read as failures to 
 is named below with the reason it is harmless; every other line passes untouched, and a
 filtered line is still in Ray's log folder (`Ray's own logs: ...` on the console).
 
-    with harmless_ray_lines_dropped():   # the workflow's command line, not the library
+    with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1):  # a workflow command
         run()
 
 The filter sits on file descriptor 2 (a pipe read by a thread), since the C++ lines bypass
@@ -72,9 +72,11 @@ def is_harmless(line: str) -> str | None:
 @contextlib.contextmanager
 def harmless_ray_lines_dropped(stream_fd: int = 2) -> Iterator[None]:
     """Lines written to `stream_fd` (by Python, C++ or Ray's log forwarding) pass through,
-    except the harmless Ray lines above. Restores the descriptor on exit."""
+    except the harmless Ray lines above. Restores the descriptor on exit. A workflow filters
+    both streams: Ray forwards its processes' logs to stderr but prints the errors the raylet
+    pushes to the driver (`(raylet) WARNING: ...`) on stdout."""
     try:
-        sys.stderr.flush()
+        _flush()
         saved = os.dup(stream_fd)
         read_end, write_end = os.pipe()
     except OSError:  # no usable descriptor (closed stderr): nothing to filter
@@ -88,11 +90,16 @@ def harmless_ray_lines_dropped(stream_fd: int = 2) -> Iterator[None]:
     try:
         yield
     finally:
-        with contextlib.suppress(Exception):
-            sys.stderr.flush()
+        _flush()  # Python's buffered text goes through the filter before it is removed
         os.dup2(saved, stream_fd)  # the pipe's last writer in this process is gone ...
         thread.join(timeout=5.0)   # ... so the pump drains it and stops
         os.close(saved)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def _pump(read_end: int, out_fd: int) -> None:

@@ -290,7 +290,8 @@ def main(presets: dict[str, Callable[[], WorkflowConfig]], doc: str | None = Non
         return _run_main(presets, opts)  # in-process (tests, notebooks): stderr as it is
     from workflows.console import harmless_ray_lines_dropped
 
-    with harmless_ray_lines_dropped():
+    # Both streams: Ray prints the raylet's pushed errors on stdout, its logs on stderr.
+    with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1):
         return _run_main(presets, opts)
 
 
