@@ -58,6 +58,10 @@ class ModelConfig(Settings):
     # Multi-step attention (§3.3): one flag per decoder layer, or None for attention everywhere.
     decoder_attention: tuple[bool, ...] | None = None
     share_decoder_embed: bool = False  # tie fc3 to the decoder input embedding (needs E == out)
+    # Learned position embeddings on each side (§3.1); Table 4 ablates them. Without them the
+    # model still refuses inputs over max_positions (one limit for every model).
+    src_positions: bool = True
+    tgt_positions: bool = True
 
     def __post_init__(self) -> None:
         # Frozen dataclass: normalise lists of lists (e.g. from JSON) into tuples once.

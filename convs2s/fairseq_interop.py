@@ -387,6 +387,9 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     checkpoint, out = Path(checkpoint), Path(out)
     state = load_checkpoint(checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])
+    if not (cfg.src_positions and cfg.tgt_positions):
+        raise ValueError(f"{checkpoint}: a model without position embeddings (paper Table 4's "
+                         "ablation) has no fconv counterpart: the reference always adds them")
     text = read_codec_settings(checkpoint)
     src, tgt = (text["source_lang"], text["target_lang"]) if text else ("src", "tgt")
     ours = state["model"]

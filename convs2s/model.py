@@ -128,24 +128,28 @@ class EncoderOut:
 class Embedded(nn.Module):
     """§3.1, the same on both sides: token embedding plus position embedding, then dropout.
     The encoder and the decoder extend it, so their tables keep the reference's names
-    (`embed_tokens`, `embed_positions`) and one change here reaches both sides."""
+    (`embed_tokens`, `embed_positions`) and one change here reaches both sides. Without
+    `positions` (Table 4's ablation) there is no position table: tokens alone."""
 
-    def __init__(self, cfg: ModelConfig, vocab_size: int):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, positions: bool = True):
         super().__init__()
         self.dropout, self.max_positions = cfg.dropout, cfg.max_positions
         self.embed_tokens = embedding(vocab_size, cfg.embed_dim)
         # Positions count from PAD + 1 (`make_positions`); row PAD stays zero.
-        self.embed_positions = embedding(cfg.max_positions + PAD + 1, cfg.embed_dim)
+        self.embed_positions = embedding(cfg.max_positions + PAD + 1, cfg.embed_dim) \
+            if positions else None
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """N x T tokens and their positions -> N x T x E."""
-        e = self.embed_tokens(tokens) + self.embed_positions(positions)
+        e = self.embed_tokens(tokens)
+        if self.embed_positions is not None:
+            e = e + self.embed_positions(positions)
         return dropout(e, self.dropout, self.training)
 
 
 class Encoder(Embedded):
     def __init__(self, cfg: ModelConfig, vocab_size: int, num_attention_layers: int):
-        super().__init__(cfg, vocab_size)
+        super().__init__(cfg, vocab_size, cfg.src_positions)
         E, p = cfg.embed_dim, cfg.dropout
         c0 = cfg.encoder_layers[0][0]
         self.fc1 = linear(E, c0, dropout=p)  # dropout precedes fc1
@@ -232,7 +236,7 @@ class DecoderState:
 
 class Decoder(Embedded):
     def __init__(self, cfg: ModelConfig, vocab_size: int):
-        super().__init__(cfg, vocab_size)
+        super().__init__(cfg, vocab_size, cfg.tgt_positions)
         E, p = cfg.embed_dim, cfg.dropout
         c0 = cfg.decoder_layers[0][0]
         self.fc1 = linear(E, c0, dropout=p)

@@ -312,3 +312,18 @@ def test_an_evaluation_job_scores_an_imported_model_as_the_reference_would(impor
     assert run.data.metrics["bleu"] == pytest.approx(expected, abs=0.01)
     (model,) = client.search_logged_models([exp.experiment_id])
     assert any(m.key == "bleu" for m in model.metrics)
+
+
+def test_a_model_without_position_embeddings_is_not_exported(tiny_checkpoints, tmp_path):
+    """Table 4's ablation has no fconv counterpart (the reference always adds positions)."""
+    from convs2s.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(tiny_checkpoints["a"])
+    state["model_config"] = {**state["model_config"], "src_positions": False}
+    state["model"] = {k: v for k, v in state["model"].items()
+                      if k != "encoder.embed_positions.weight"}
+    ckpt = save_checkpoint(tmp_path / "nopos", state, spm_model=tiny_checkpoints["spm"])
+    assert load_for_inference([ckpt]).translate(["The cat sleeps ."])  # loads and translates
+    with pytest.raises(ValueError, match="no fconv counterpart"):
+        export_fairseq(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

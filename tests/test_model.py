@@ -130,6 +130,46 @@ def test_mixed_lengths_match_single_sentences():
         torch.testing.assert_close(logits[b:b + 1], alone, rtol=0, atol=1e-5)
 
 
+NO_POSITIONS = {"no source positions": {"src_positions": False},
+                "no target positions": {"tgt_positions": False},
+                "no positions": {"src_positions": False, "tgt_positions": False}}
+
+
+@pytest.mark.parametrize("off", list(NO_POSITIONS.values()), ids=list(NO_POSITIONS))
+def test_a_model_without_position_embeddings_decodes_like_its_full_pass(off):
+    """Table 4's ablation: no position table on that side (no parameters, no state-dict key),
+    incremental decoding still equals the full pass, the length limit stays, and the
+    other side is the default model's."""
+    cfg = TINY.replace(**off)
+    model = model_for(cfg)
+    keys = set(model.state_dict())
+    for side, flag in (("encoder", "src_positions"), ("decoder", "tgt_positions")):
+        assert (f"{side}.embed_positions.weight" in keys) == cfg.to_dict()[flag]
+    net = inference_copy(model)
+    src, lengths, prev = make_batch(B=2, S=7, T=5)
+    with torch.no_grad():
+        state = net.init_state(net.encode(src, lengths))
+        full, _ = model(src, lengths, prev)
+        for t in range(prev.shape[1]):
+            step, _ = net.decode_step(prev[:, t], state)
+            torch.testing.assert_close(F.log_softmax(step, -1), F.log_softmax(full[:, t], -1),
+                                       rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="max_positions"):
+        model(torch.full((1, cfg.max_positions + 1), 5), torch.tensor([cfg.max_positions + 1]),
+              prev[:1])
+    if not cfg.src_positions:  # tokens alone: the same word at two positions embeds the same
+        e = model.encoder.embed(torch.tensor([[7, 9, 7]]), torch.tensor([[2, 3, 4]]))
+        torch.testing.assert_close(e[0, 0], e[0, 2])
+    assert cfg == type(cfg).from_dict(cfg.to_dict())
+
+
+def test_a_config_saved_before_the_position_switches_loads_with_them_on():
+    old = {k: v for k, v in TINY.to_dict().items() if k not in ("src_positions",
+                                                                  "tgt_positions")}
+    cfg = type(TINY).from_dict(old)
+    assert cfg.src_positions and cfg.tgt_positions
+
+
 @pytest.mark.parametrize("cfg", [TINY, MIXED], ids=["tiny", "mixed"])
 def test_incremental_parity_with_reordering(cfg):
     """Each incremental step's log-probs equal the full forward's (|diff| <= 1e-5), while the

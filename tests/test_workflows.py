@@ -492,6 +492,10 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     changed = resolve(wmt14_en_fr.smoke().replace(
         train=wmt14_en_fr.smoke().train.replace(lr=0.5)), opts)
     assert "train.lr" in reuse_problem(changed)
+    from workflows.run_state import changed_settings
+    # A field added by newer code (its default: the old behaviour) is not a change of the run.
+    assert changed_settings({"a": "1"}, {"a": "1", "model.src_positions": "True"}) == []
+    assert changed_settings({"a": "1"}, {"a": "2"}) == ["a: 1 -> 2"]
     restart = changed.replace(restart=True)
     assert reuse_problem(restart) is None
     record_settings(ctx, restart)

@@ -91,9 +91,11 @@ def budgets(spec) -> dict[str, float]:
 
 
 def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """'key: old -> new' for every setting that differs (a missing one reads as 'unset')."""
-    return [f"{k}: {before.get(k, 'unset')} -> {after.get(k, 'unset')}"
-            for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    """'key: old -> new' for every setting both sides name and that differs. A key only one
+    side names is a field added (with the earlier behaviour as its default) or retired by a
+    newer version of the code, not a change of the run."""
+    return [f"{k}: {before[k]} -> {after[k]}" for k in sorted(set(before) & set(after))
+            if before[k] != after[k]]
 
 
 def reuse_problem(spec) -> str | None:
