@@ -101,22 +101,24 @@ print("after the block", flush=True)
 """
 
 
-def test_a_workflow_filters_stdout_too_where_ray_prints_the_raylets_warnings():
-    harmless = RAY_SAID["Ray Train's and Ray Data's actors starting together on a 2-CPU node"]
-    proc = subprocess.run([sys.executable, "-c", STDOUT_CHILD.format(repo=str(REPO),
-                                                                     harmless=harmless)],
-                          capture_output=True, text=True, timeout=60)
+def _run_child(script: str, harmless_key: str) -> subprocess.CompletedProcess:
+    """`script` in a fresh Python with RAY_SAID[harmless_key] as the line it must drop."""
+    code = script.format(repo=str(REPO), harmless=RAY_SAID[harmless_key])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_a_workflow_filters_stdout_too_where_ray_prints_the_raylets_warnings():
+    proc = _run_child(STDOUT_CHILD, "Ray Train's and Ray Data's actors starting together on a "
+                                    "2-CPU node")
     assert proc.stdout.splitlines() == ["stage line", "summary line", "after the block"]
     assert proc.stderr.splitlines() == ["an error the user must see"]
 
 
 def test_the_filter_drops_only_those_lines_from_every_writer_of_stderr():
-    harmless = RAY_SAID["restartable actor, arguments in the object store (driver)"]
-    proc = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(REPO),
-                                                              harmless=harmless)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    proc = _run_child(CHILD, "restartable actor, arguments in the object store (driver)")
     assert proc.stderr.splitlines() == ["python line 1", "child line",
                                         "partial line without newline ends here",
                                         "python line 2", "after the block"]
