@@ -2,7 +2,7 @@
 
 Every benchmark records `machine_info()` and the load average before and after it runs, and
 compares its achieved FLOP/s with `matmul_peak()` measured in the same process, with the same
-thread count and dtype (float32 on CPU, bf16 on GPU): the fraction of the machine's own peak
+thread count and dtype (float32, or bf16 where the hardware has it natively): the fraction of the machine's own peak
 is comparable across machines, raw throughput is not.
 
     from benchmarks.machine import machine_info, matmul_peak, wait_for_quiet
@@ -96,6 +96,7 @@ def machine_info(device=None) -> dict:
         "cpu_count": os.cpu_count(), "memory_gib": _memory_gib(), "device": str(device or "cpu"),
         "versions": {"python": platform.python_version(), "numpy": numpy.__version__},
         "git": _git_commit(),
+        "cpu_flags": _cpu_matmul_flags(),
     }
     if device is None:
         return _imported_versions(info)
@@ -109,6 +110,19 @@ def machine_info(device=None) -> dict:
                        "multiprocessors": props.multi_processor_count,
                        "cuda": torch.version.cuda}
     return _imported_versions(info)
+
+
+# The CPU features that decide the matmul rates: AVX-512, native bf16 (AVX-512 BF16, AMX) and
+# int8 dot products (VNNI); a figure is comparable only between hosts that share them.
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+                "amx_int8", "amx_tile", "bf16", "i8mm", "asimddp")
+
+
+def _cpu_matmul_flags() -> list[str] | None:
+    from convs2s.precision import cpu_flags
+
+    flags = cpu_flags()
+    return None if flags is None else [f for f in MATMUL_FLAGS if f in flags]
 
 
 def _imported_versions(info: dict) -> dict:

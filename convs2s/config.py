@@ -237,13 +237,19 @@ class TrainConfig(Settings):
     log_interval: int = 50  # updates between train metric logs (the only host syncs)
     shuffle_buffer: int = 256  # batch rows in the per-worker shuffle buffer (reshuffled per epoch)
     seed: int = 1
-    bf16: bool = True  # bf16 autocast, CUDA only (float32 on CPU: bf16 is very slow there)
+    # "auto": bf16 autocast where every rank's hardware multiplies bf16 natively (GPUs from
+    # Ampere, CPUs with AVX-512 BF16 / AMX), float32 elsewhere; "bf16" / "fp32": as asked.
+    # Decided once per run and the same on every rank (convs2s.precision).
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
         # Configs saved before a field was removed (every checkpoint holds its train_config)
         # still load: the removed fields are dropped.
-        return super().from_dict({k: v for k, v in d.items() if k not in RETIRED_TRAIN_FIELDS})
+        d = {k: v for k, v in d.items() if k not in RETIRED_TRAIN_FIELDS}
+        if "bf16" in d:  # before `precision`: bf16 = True meant bf16 where it pays (GPUs)
+            d.setdefault("precision", "auto" if d.pop("bf16") else "fp32")
+        return super().from_dict(d)
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in ("plateau", "fixed", "cosine", "linear"):
@@ -252,6 +258,8 @@ class TrainConfig(Settings):
         if self.lr_schedule == "fixed" and self.anneal_from_epoch is not None \
                 and self.anneal_from_epoch < 1:
             raise ValueError("anneal_from_epoch is 1-based: give an epoch >= 1 or None")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         if self.optimizer not in ("nag", "adam"):
             raise ValueError(f"optimizer must be 'nag' or 'adam', got {self.optimizer!r}")
         object.__setattr__(self, "adam_betas", tuple(self.adam_betas))  # from JSON: a list

@@ -60,15 +60,18 @@ from convs2s.collate import collate_arrow
 from convs2s.config import TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.precision import agree
 from convs2s.progress import TrainMeter, progress_line
 from convs2s.run_logger import RunLogger
 from convs2s.system_metrics import node_metrics, node_name
+from convs2s.tracking import set_tags
 from convs2s.train_job import STOP_REASONS, TrainJob
 from convs2s.update import Comm, train_update
 from convs2s.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
 CRASH_MARKER = ".crash_injected"
+PRECISION_TAG = "convs2s.precision"  # the train run's decided precision; _reason: why
 
 
 @dataclass
@@ -153,6 +156,14 @@ class Trainer:
         self.schedule = LRSchedule(self.cfg)
         self.comm = Comm.create()
         self._tracking = (config["tracking_uri"], config["run_id"])
+        # bf16 autocast or float32, decided once from every rank's hardware (a collective):
+        # the same on every rank; the steps below see the decided value, never "auto".
+        self.precision = agree(job.train.precision, self.device, self.comm)
+        self.cfg = self.cfg.replace(precision=self.precision.name)
+        if self.rank == 0:
+            _say(f"[convs2s.train] precision {self.precision.name}: {self.precision.reason}")
+            set_tags(*self._tracking, {PRECISION_TAG: self.precision.name,
+                                       PRECISION_TAG + "_reason": self.precision.reason})
         # Set by restore(), which then opens the logger, the data shards and the meter (in the
         # order the loop always made them: after the checkpoint is loaded).
         self.progress = Progress()
@@ -334,7 +345,7 @@ class Trainer:
             "world_size": comm.world_size, "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
-            "train_seconds": progress.seconds(),
+            "train_seconds": progress.seconds(), "precision": self.precision.name,
         }
         tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
         tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
@@ -360,7 +371,8 @@ class Trainer:
         return {"update": progress.update, "epoch": progress.epoch,
                 "resumed_from_update": self.resumed_from,
                 "best_val_loss": self.schedule.best_loss, **self.final,
-                "train_seconds": progress.seconds(), "stop_reason": self.stop_reason}
+                "train_seconds": progress.seconds(), "stop_reason": self.stop_reason,
+                "precision": self.precision.name}
 
     # --- the clock and the limits -------------------------------------------------------------
 

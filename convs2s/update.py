@@ -28,6 +28,7 @@ import torch.distributed as dist
 from convs2s.collate import Batch
 from convs2s.config import TrainConfig
 from convs2s.optim import clip_gradients
+from convs2s.precision import choose
 
 
 @dataclass
@@ -79,10 +80,10 @@ class UpdateStats:
 
 
 def autocast_for(device: torch.device, cfg: TrainConfig):
-    """bf16 autocast on CUDA (paper-size models); float32 on CPU, where bf16 is very slow."""
-    if device.type == "cuda" and cfg.bf16:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """The forward passes' context for `cfg.precision`: bf16 autocast or float32. A run's
+    Trainer passes the precision its ranks agreed on ("bf16" / "fp32"); "auto" is decided here
+    for this process alone (benchmarks, single-process use)."""
+    return choose(cfg.precision, device).autocast(device)
 
 
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

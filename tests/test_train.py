@@ -24,6 +24,7 @@ from convs2s.collate import collate_arrow
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.precision import choose
 from convs2s.run_logger import read_local_metrics
 from convs2s.tracking import RUN_KEY_TAG
 from convs2s.train import fit
@@ -33,6 +34,7 @@ from convs2s.train_worker import (
     CRASH_MARKER,
     CRASH_RANK_ENV,
     METRICS_FILE,
+    PRECISION_TAG,
     CrashInjection,
 )
 from convs2s.update import Comm, train_update
@@ -91,6 +93,12 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
     assert f"best_checkpoint/{CHECKPOINT_FILE}" in \
         {a.path for a in client.list_artifacts(result.run_id, "best_checkpoint")}
     assert result.metrics["epoch"] == 2 and result.metrics["val_ppl"] == pytest.approx(ppl[-1][1])
+    # precision "auto": what the workers picked on this host, and why, is on the run (both
+    # workers share this host, so it is what this process picks)
+    expected = choose("auto", torch.device("cpu"))
+    assert params["train.precision"] == "auto"
+    assert run.data.tags[PRECISION_TAG] == expected.name == result.metrics["precision"]
+    assert run.data.tags[PRECISION_TAG + "_reason"] == expected.reason
 
 
 def test_each_training_node_logs_its_utilization_to_the_run(trained):
@@ -152,8 +160,9 @@ def test_two_workers_equal_one_process_on_the_union_and_a_dead_tracker_is_harmle
     data = tmp_path / "two_batches"
     data.mkdir()
     pq.write_table(table, data / "part-0.parquet")
-    # No gradient renormalization: a wrong token normalization then shows in full.
-    cfg = TrainConfig(max_updates=1, clip_norm=0.0, log_interval=1, seed=3)
+    # No gradient renormalization: a wrong token normalization then shows in full. float32: the
+    # comparison is of the normalization, not of bf16 rounding.
+    cfg = TrainConfig(max_updates=1, clip_norm=0.0, log_interval=1, seed=3, precision="fp32")
     job = make_job(demo_batches, tmp_path, "parity", cfg, tracking_uri=dead_tracking_uri())
     assert job.system_metrics_s > 0  # on by default; a dead tracker stops the sampler, not training
     job = job.replace(train_data=str(data))
@@ -243,7 +252,7 @@ def test_fault_injection_is_a_test_hook_not_a_training_setting():
 
 @pytest.mark.gpu
 def test_bf16_updates_with_nccl_on_one_gpu(demo_batches, tmp_path):
-    cfg = TrainConfig(max_updates=8, log_interval=2, bf16=True)
+    cfg = TrainConfig(max_updates=8, log_interval=2, precision="bf16")
     job = make_job(demo_batches, tmp_path, "gpu", cfg, use_gpu=True).replace(num_workers=1)
     result = fit(job)
     assert result.metrics["update"] == 8

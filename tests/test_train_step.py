@@ -84,7 +84,8 @@ def make_batches(seed: int, n: int):
     return out
 
 
-CFG = TrainConfig(lr=0.25, clip_norm=0.1, label_smoothing=0.1)
+# float32: these tests compare updates to rounding (bf16 has its own tests, test_precision.py)
+CFG = TrainConfig(lr=0.25, clip_norm=0.1, label_smoothing=0.1, precision="fp32")
 
 
 def fresh_model():
@@ -213,7 +214,7 @@ def test_bf16_update_on_cuda_tracks_the_float32_update():
     batches = make_batches(4, 2)
     losses = {}
     for bf16 in (False, True):
-        cfg = CFG.replace(bf16=bf16)
+        cfg = CFG.replace(precision="bf16" if bf16 else "fp32")
         model = fresh_model().to(device)
         opt = build_optimizer(model.parameters(), cfg)
         stats = train_update(model, opt, batches, cfg, Comm(), device)

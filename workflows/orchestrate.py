@@ -370,7 +370,9 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
         if m.get("stop_reason"):
             lines.append(f"{Path(t.run_dir).name}: {m.get('update', 0):,} updates, "
                          f"{m.get('epochs', m.get('epoch', 0)):g} epochs, "
-                         f"{m.get('train_seconds', 0) / 60:.1f} min of training; stopped: "
+                         f"{m.get('train_seconds', 0) / 60:.1f} min of training"
+                         + (f" in {m['precision']}" if m.get("precision") else "")
+                         + "; stopped: "
                          f"{STOP_REASONS.get(m['stop_reason'], m['stop_reason'])}")
     if r.skipped:
         lines.append(f"skipped (finished earlier): {', '.join(r.skipped)}")
