@@ -2,8 +2,8 @@
 
 Every benchmark records `machine_info()` and the load average before and after it runs, and
 compares its achieved FLOP/s with `matmul_peak()` measured in the same process, with the same
-thread count and dtype (float32, or bf16 where the hardware has it natively): the fraction of the machine's own peak
-is comparable across machines, raw throughput is not.
+thread count and dtype (float32, or bf16 where the hardware has it natively): the fraction of
+the machine's own peak is comparable across machines, raw throughput is not.
 
     from benchmarks.machine import machine_info, matmul_peak, wait_for_quiet
     waited = wait_for_quiet(max_load=1.5, timeout_s=600)   # poll the 1-minute load average

@@ -42,6 +42,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the workflow preset to train (default: cpu, the recipe)")
     p.add_argument("--max-time", type=duration, default=3600.0, metavar="DURATION",
                    help="training budget: seconds or 90s / 60m / 1h (default: 60m)")
+    p.add_argument("--max-updates", type=int, default=None,
+                   help="also stop after this many updates (equal-update comparisons)")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
+                   help="training precision (default: the preset's, auto)")
     p.add_argument("--data", type=Path, default=DATA_DIR / "multi30k",
                    help="folder with train / val / test_2016_flickr .en/.de(.gz)")
     p.add_argument("--storage-path", type=Path,
@@ -90,6 +94,7 @@ def collect(run_dir: Path) -> dict:
         "epochs": m.get("epochs", m.get("epoch")),
         "train_seconds": round(m.get("train_seconds", 0.0), 1),
         "stop_reason": m.get("stop_reason"),
+        "precision": m.get("precision"),
         "best_valid_ppl": min((c["valid_ppl"] for c in curve), default=None),
         "validation_curve": curve,
         "checkpoints": [Path(c).name for c in result["checkpoints"]],
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage_path.expanduser().resolve()
     storage.mkdir(parents=True, exist_ok=True)
     opts = RunOptions(preset=args.preset, data=str(args.data), max_time=args.max_time,
+                      max_updates=args.max_updates, precision=args.precision,
                       storage_path=str(storage), run_name=run_name,
                       tracking_uri=f"sqlite:///{storage / 'mlflow.db'}")
     t0 = time.monotonic()
@@ -124,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     figures = collect(Path(result.run_dir))
     figures["workflow_seconds"] = round(wall, 1)
     out = args.out or RESULTS_DIR / f"quality_multi30k_en_de_{args.preset}.json"
-    settings = {"preset": args.preset, "max_time": args.max_time, "data": str(args.data),
+    settings = {"preset": args.preset, "max_time": args.max_time,
+                "max_updates": args.max_updates, "precision": spec.train.precision,
+                "data": str(args.data),
                 "run_name": run_name, "workflow": spec.params()["workflow"]}
     path = write_result(out, "quality", settings, machine_info(), load_before, load_average(),
                         quiet, figures,
@@ -136,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, [("test", "test set"), ("job", "job"), ("bleu", "BLEU"),
                               ("chrf", "chrF"), ("bleu_tokenized", "BLEU tok")]))
     print(f"{figures['updates']:,} updates, {figures['epochs']} epochs, "
-          f"{figures['train_seconds'] / 60:.1f} min of training ({figures['stop_reason']}); "
+          f"{figures['train_seconds'] / 60:.1f} min of training in {figures['precision']} "
+          f"({figures['stop_reason']}); "
           f"best valid ppl {figures['best_valid_ppl']}; workflow {wall / 60:.1f} min")
     print(f"wrote {path}")
     return 0

@@ -7,8 +7,8 @@ real newstest sentences, BPE-encoded and cut the way the `batches/` preprocessin
 them (n_sentences * max(src_len, tgt_len) <= --max-tokens, about 3,500 target tokens at 4000).
 After --warmup steps, --steps steps are timed one by one; the result is the median per-step rate.
 FLOPs are analytic (benchmarks/flops.py: 3 x forward matmul FLOPs of the real tokens), so the
-achieved FLOP/s over the peak of the step's dtype (float32, or bf16 with --dtype bf16) says how close the step runs to
-what the hardware can do.
+achieved FLOP/s over the peak of the step's dtype (float32, or bf16 with --dtype bf16) says how
+close the step runs to what the hardware can do.
 
     python -m benchmarks.training --preset iwslt_de_en --vocab 8000 --steps 20
     python -m benchmarks.training --preset wmt14_en_de --steps 5 --warmup 1

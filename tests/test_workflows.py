@@ -435,6 +435,18 @@ def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():
     assert resolve(cfg, off).system_metrics_s == 0
 
 
+def test_the_training_precision_is_the_presets_auto_unless_a_flag_says_otherwise():
+    from workflows.workflow_config import parse_args
+
+    presets = {"smoke": wmt14_en_fr.smoke}
+    cfg = wmt14_en_fr.smoke()
+    assert resolve(cfg, parse_args([], presets, None)).train.precision == "auto"
+    for choice in ("bf16", "fp32"):
+        spec = resolve(cfg, parse_args(["--precision", choice], presets, None))
+        assert spec.train.precision == choice
+        assert spec.params()["workflow"]["train"]["precision"] == choice
+
+
 # --- reusing a run name -------------------------------------------------------------------------
 
 

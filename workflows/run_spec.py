@@ -121,6 +121,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
                                 ("max_time", opts.max_time)) if v is not None}
     if "max_updates" in limits and "max_epochs" not in limits:
         limits["max_epochs"] = 0  # --max-updates alone: stop on the update count only
+    if opts.precision is not None:
+        limits["precision"] = opts.precision
     use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
     run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     return RunSpec(

@@ -86,6 +86,7 @@ class RunOptions:
     max_epochs: int | None = None
     max_updates: int | None = None
     max_time: float | None = None  # seconds of training
+    precision: str | None = None  # training precision: auto | bf16 | fp32 (convs2s.precision)
     test_set: list[str] = field(default_factory=list)  # extra test sets: file stems in --data
     attention: int = 0  # attention pictures of the first N sentences of each test set
     storage_path: str = "runs"
@@ -122,6 +123,10 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                         "training stops after the update that spends it, validates, "
                         "checkpoints, and the workflow evaluates; a resumed run counts the "
                         "time already spent")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"],
+                   help="training precision: bf16 autocast or float32; auto (the presets' "
+                        "default) picks bf16 where every node multiplies bf16 natively (GPUs, "
+                        "CPUs with AVX-512 BF16 or AMX) and says which in the log and MLflow")
     p.add_argument("--test-set", action="append", default=[], metavar="STEM",
                    help="also score STEM.<src> / STEM.<tgt> (optionally .gz) of the --data "
                         "folder like the preset's test sets (repeatable)")
