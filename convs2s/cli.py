@@ -106,6 +106,9 @@ def _translate_parser() -> argparse.ArgumentParser:
     p.add_argument("--dictionary", help="`source target` word table for --replace-unk")
     p.add_argument("--batch-size", type=int, default=d.max_sentences,
                    help="sentences per search batch")
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default=d.precision,
+                   help="weights to search with: fp32 as trained (default); bf16 (fast where "
+                        "the hardware has native bf16); int8 (per-channel int8 weights, CPU)")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is visible)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default: the CPUs this process may use)")
@@ -134,7 +137,7 @@ def translate(argv: list[str] | None = None) -> int:
                               max_len_b=args.max_len_b, min_len=args.min_len,
                               unk_penalty=args.unk_penalty, nbest=args.nbest,
                               replace_unk=args.replace_unk, dictionary=args.dictionary,
-                              max_sentences=args.batch_size)
+                              max_sentences=args.batch_size, precision=args.precision)
         _check_input(args.input)  # before anything is loaded or written
         if args.output and Path(args.output).is_dir():
             raise ValueError(f"--output {args.output} is a directory: give a file name")

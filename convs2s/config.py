@@ -295,6 +295,9 @@ class SearchConfig(Settings):
     replace_unk: bool = False  # replace <unk> by the most attended source word (paper §5.1)
     dictionary: str | None = None  # `source target` word table used by replace_unk
     max_sentences: int = 128  # sentences per search batch
+    # Weights the search multiplies with (convs2s.quantize): "fp32" as trained; "bf16"; "int8"
+    # (per-channel int8 weights, CPU). Faster, scores may move slightly: never a silent default.
+    precision: Literal["fp32", "bf16", "int8"] = "fp32"
 
     def __post_init__(self) -> None:
         if self.beam < 1:
@@ -305,6 +308,9 @@ class SearchConfig(Settings):
             raise ValueError("min_len, max_len_a and max_len_b must be >= 0")
         if self.max_sentences < 1:
             raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}")
+        if self.precision not in ("fp32", "bf16", "int8"):
+            raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got "
+                             f"{self.precision!r}")
         if self.dictionary is not None and not self.replace_unk:
             raise ValueError("a dictionary is only used with replace_unk=True")
 

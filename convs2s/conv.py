@@ -64,19 +64,26 @@ class Conv(nn.Module):
         self.c_in, self.c_out, self.kernel, self.causal = c_in, c_out, kernel, causal
         self.weight = nn.Parameter(torch.empty(c_out, kernel, c_in))
         self.bias = nn.Parameter(torch.zeros(c_out))
+        # An int8 inference copy (`convs2s.quantize`) replaces the float matmul by this module.
+        self.int8: nn.Module | None = None
         # Appendix A: a conv feeding a GLU, after dropout: N(0, sqrt(4p / (k * C_in))).
         nn.init.normal_(self.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel * c_in)))
         # Causal (decoder): k-1 frames of left context only. Encoder: centred window.
         self.pad = (kernel - 1, 0) if causal else ((kernel - 1) // 2, kernel // 2)
 
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolution's one GEMM: (..., k * C_in) windows -> (..., C_out)."""
+        if self.int8 is not None:
+            return self.int8(x)
+        return F.linear(x, self.weight.reshape(self.c_out, -1), self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_in -> B x T x C_out
         B, T, _ = x.shape
-        w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
         if self.kernel > 1:
             # The k-frame windows copied once into a (B*T) x (k*C_in) matrix: the whole
             # convolution is then a single large GEMM.
             x = _Windows.apply(x, self.kernel, *self.pad)
-        return F.linear(x, w, self.bias).view(B, T, -1)
+        return self.matmul(x).view(B, T, -1)
 
     def init_buffer(self, n: int, device, dtype) -> torch.Tensor | None:
         """`step`'s history before the first frame: N x (k-1) x C_in zeros, exactly the causal
@@ -88,12 +95,11 @@ class Conv(nn.Module):
         """Causal conv of one new frame per row (§5.3): x N x 1 x C_in, buffer N x (k-1) x C_in
         (the last k-1 inputs) -> N x 1 x C_out and the next buffer. The window [buffer, x] is
         the last row of `forward`'s unfolded matrix: same weight, one small matmul."""
-        w = self.weight.reshape(self.c_out, -1)  # C_out x (k * C_in)
         if self.kernel > 1:
             window = torch.cat([buffer, x], dim=1)  # N x k x C_in: shift x in
             buffer = window[:, 1:]  # keep the last k-1 frames for the next step
             x = window.reshape(window.shape[0], 1, -1)  # N x 1 x (k * C_in), time-major
-        return F.linear(x, w, self.bias), buffer
+        return self.matmul(x), buffer
 
 
 def conv(c_in: int, c_out: int, kernel: int, causal: bool, dropout: float) -> nn.Module:

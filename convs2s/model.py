@@ -298,7 +298,8 @@ class Decoder(Embedded):
     def init_state(self, enc: EncoderOut, beam_size: int = 1) -> DecoderState:
         """Empty history for `beam_size` rows per sentence: zero buffers, exactly the left
         padding of the causal convolutions."""
-        N, dtype = enc.keys.shape[0] * beam_size, self.fc1.weight.dtype
+        # the activations' dtype (an int8 copy keeps float embeddings and activations)
+        N, dtype = enc.keys.shape[0] * beam_size, self.embed_tokens.weight.dtype
         buffers = [b.conv.init_buffer(N, enc.keys.device, dtype) for b in self.blocks]
         return DecoderState(enc=enc, buffers=buffers, step=0)
 

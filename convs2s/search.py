@@ -40,7 +40,9 @@ class _Stepper:
         # N x V tensor per step costs page faults that take as long as the output matmul.
         N, V = enc.keys.shape[0] * beam_size, model.tgt_vocab_size
         dev = enc.keys.device
-        reuse = (incremental and next(model.parameters()).dtype == torch.float32
+        # (float32 weights only: the buffer is written by fc3's own addmm)
+        reuse = (incremental and getattr(model, "precision", "fp32") == "fp32"
+                 and next(model.parameters()).dtype == torch.float32
                  and not torch.is_autocast_enabled(dev.type))
         self.buffers = (torch.empty(N, V, device=dev), torch.empty(N, V, device=dev)) \
             if reuse else None

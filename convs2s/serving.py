@@ -46,6 +46,7 @@ import mlflow
 import mlflow.pyfunc
 
 SEARCH_FILE = "search.json"
+PRECISION_TAG = "convs2s.inference_precision"  # on the logged model
 EXAMPLE = ["the cat is small ."]
 
 
@@ -166,7 +167,9 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
         model = client.create_logged_model(
             exp_id, name=name, source_run_id=run_id, model_type="translator",
             params={k: str(v) for k, v in (params or {}).items()},
-            tags={k: str(v) for k, v in (tags or {}).items()})
+            # what it serves with: fp32 as trained, or bf16 / int8 weights (convs2s.quantize)
+            tags={PRECISION_TAG: search.precision,
+                  **{k: str(v) for k, v in (tags or {}).items()}})
         info = mlflow.pyfunc.log_model(
             name=name, python_model=str(Path(__file__).with_name("served_translator.py")),
             artifacts=artifacts, code_paths=[str(Path(convs2s.__file__).parent)],

@@ -45,6 +45,7 @@ import torch
 
 from convs2s.checkpoint import CheckpointError
 from convs2s.config import EOS, PAD, UNK, SearchConfig
+from convs2s.quantize import for_inference
 from convs2s.search import generate
 from convs2s.text_codec import UNK_PIECE
 from convs2s.unk_replace import load_dictionary, replace_unknowns
@@ -106,7 +107,8 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     if not paths:
         raise CheckpointError("no checkpoint given")
-    models = [_inference_model(p, device) for p in paths]
+    search = search or SearchConfig()
+    models = [for_inference(_inference_model(p, device), search.precision) for p in paths]
     if spm_model is not None and not Path(spm_model).is_file():
         raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
     try:
@@ -127,7 +129,7 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
             raise CheckpointError(
                 f"{p}: vocabulary sizes {m.src_vocab_size}/{m.tgt_vocab_size} do not match "
                 f"its {what} ({codec.src_size}/{codec.tgt_size} symbols)")
-    return Translator(models, codec, search or SearchConfig(), device)
+    return Translator(models, codec, search, device)
 
 
 def _inference_model(path: Path, device: str | torch.device):

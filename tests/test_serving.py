@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from convs2s.config import SearchConfig
 from convs2s.scoring import read_lines
-from convs2s.serving import log_translator
+from convs2s.serving import PRECISION_TAG, log_translator
 from convs2s.translate import load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,16 +31,21 @@ import json, sys
 import mlflow
 mlflow.set_tracking_uri(sys.argv[1])
 model = mlflow.pyfunc.load_model(sys.argv[2])
+served = model.unwrap_python_model().translator.models
+print(json.dumps(sorted({m.precision for m in served})), file=sys.stderr)
 print(json.dumps(model.predict(json.loads(sys.stdin.read()))))
 """
 
 
-def fresh_process_predict(tracking_uri: str, uri: str, lines: list[str], cwd: Path) -> list:
-    """Load the model in a new Python process started outside the checkout and predict."""
+def fresh_process_predict(tracking_uri: str, uri: str, lines: list[str], cwd: Path,
+                          precision: str = "fp32") -> list:
+    """Load the model in a new Python process started outside the checkout and predict; its
+    models must serve with weights of `precision`."""
     res = subprocess.run([sys.executable, "-c", LOAD_AND_PREDICT, tracking_uri, uri],
                          input=json.dumps(lines), capture_output=True, text=True, cwd=cwd,
                          timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
+    assert f'["{precision}"]' in res.stderr, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -50,19 +55,22 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     lex = tmp_path / "lex.txt"
     lex.write_text("cat CHAT\n")
+    # served with int8 weights (convs2s.quantize), as the logged model says
     search = SearchConfig(beam=2, max_len_a=0, max_len_b=4, replace_unk=True,
-                          dictionary=str(lex))
+                          dictionary=str(lex), precision="int8")
     ckpts = [tiny_checkpoints["a"], tiny_checkpoints["b"]]
     served = log_translator(ckpts, search, tracking_uri=uri, experiment_name="serving-test",
                             registered_model_name="tiny-ensemble", alias="candidate")
     assert served.registered_uri == "models:/tiny-ensemble@candidate"
-    mv = MlflowClient(uri).get_model_version_by_alias("tiny-ensemble", "candidate")
+    client = MlflowClient(uri)
+    mv = client.get_model_version_by_alias("tiny-ensemble", "candidate")
     assert str(mv.version) == served.version
+    assert client.get_logged_model(served.model_id).tags[PRECISION_TAG] == "int8"
     lines = ["The cat sleeps .", "", "A dog runs near the river ."]
     expected = load_for_inference(ckpts, search=search).translate(lines)
     outside = tmp_path / "elsewhere"  # a new process, started outside the checkout
     outside.mkdir()
-    assert fresh_process_predict(uri, served.registered_uri, lines, outside) == expected
+    assert fresh_process_predict(uri, served.registered_uri, lines, outside, "int8") == expected
     assert expected[1] == ""
 
 

@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summarization", action="store_true", help="score with ROUGE")
     p.add_argument("--last-n", type=int, default=5)
     p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="weights the search multiplies with (convs2s.quantize; default fp32)")
     p.add_argument("--num-cpus", type=float, default=1.0)
     p.add_argument("--num-gpus", type=float, default=0.0)
     p.add_argument("--attention-sentences", type=int, default=0, metavar="N",
@@ -427,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         named.append((name, str(Path(path).resolve())))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     kind = "summarization" if args.summarization else "translation"
-    search = summarization_search(beam=args.beam) if args.summarization \
-        else SearchConfig(beam=args.beam)
+    search = summarization_search(beam=args.beam, precision=args.precision) \
+        if args.summarization else SearchConfig(beam=args.beam, precision=args.precision)
     tests = [TestSet(n, s, r, lang, kind) for n, s, r, lang in args.test]
     jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search, args.attention_sentences,
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \

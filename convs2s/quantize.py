@@ -1,0 +1,119 @@
+"""Inference precision: an inference copy of a model in float32, bf16 or int8 weights.
+
+    net = for_inference(inference_copy(model), "int8")  # what load_for_inference does
+    net.precision  # "int8": what it serves, for logs, MLflow and the search
+
+- **fp32**: the weights as trained (weight norm folded in).
+- **bf16**: weights and activations in bf16; the attention softmax (`convs2s.model`) and the
+  search's log-softmax stay float32. Fast where the hardware multiplies bf16 natively (GPUs,
+  CPUs with AVX-512 BF16 or AMX); emulated and slow elsewhere.
+- **int8**: every matrix product of the encoder and the decoder (the convolutions, both in the
+  full pass and in the incremental step, the attention projections, fc1 / fc2 and the output
+  projection fc3) with int8 weights, one scale per output channel (symmetric), and activations
+  quantized per call (dynamic quantization), accumulating in int32 and returning float32:
+  PyTorch's quantized linear kernels (oneDNN where the CPU has int8 dot products, AVX-512 VNNI /
+  AMX; fbgemm elsewhere). Embeddings, the softmaxes and the beam bookkeeping stay float32.
+
+Nothing changes unless asked: `SearchConfig.precision` is "fp32" by default. An int8 request
+where PyTorch has no quantized CPU kernels is an error that says so (`PrecisionError`).
+Imports only torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+
+INFERENCE_PRECISIONS = ("fp32", "bf16", "int8")
+
+
+class PrecisionError(RuntimeError):
+    """An inference precision this machine or build cannot serve."""
+
+
+def int8_engine() -> str:
+    """The quantized engine for int8 weights: oneDNN (int8 dot-product instructions, the fastest
+    measured on AVX-512 VNNI hosts), else fbgemm / x86; PrecisionError without any."""
+    engines = _supported_engines()
+    for name in ("onednn", "x86", "fbgemm"):
+        if name in engines:
+            return name
+    raise PrecisionError(
+        f"int8 inference needs PyTorch's quantized CPU kernels (oneDNN or fbgemm); this build "
+        f"has {engines or 'none'}: use precision fp32 (or bf16), or a standard x86-64 / "
+        "aarch64 PyTorch wheel")
+
+
+def _supported_engines() -> list[str]:
+    return list(torch.backends.quantized.supported_engines)
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W stored in int8 (per-output-channel scales) and x quantized per call;
+    float32 in and out. Built from a float weight (out x in) and bias."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        engine = int8_engine()
+        w = weight.detach().float().contiguous()
+        self.out_features, self.in_features = w.shape
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-8).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        b = None if bias is None else bias.detach().float().contiguous()
+        saved = torch.backends.quantized.engine
+        try:
+            torch.backends.quantized.engine = engine  # the packing picks the kernel
+            with warnings.catch_warnings():  # torch >= 2.10 marks quantized tensors deprecated
+                warnings.simplefilter("ignore", UserWarning)
+                qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+                self._packed = torch.ops.quantized.linear_prepack(qw, b)
+        except (RuntimeError, AttributeError) as err:
+            raise PrecisionError(f"int8 weights could not be packed with the {engine} engine "
+                                 f"({err}): use precision fp32 or bf16") from None
+        finally:
+            torch.backends.quantized.engine = saved
+        # oneDNN multiplies u8 x s8 without saturation (VNNI); fbgemm's AVX2 path saturates its
+        # 16-bit sums, so activations then use 7 bits (PyTorch's own default for it).
+        self.reduce_range = engine != "onednn"
+        self.engine = engine
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), float32
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(),
+                                               self._packed, self.reduce_range)
+        return y.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}, {self.out_features}, int8 ({self.engine})"
+
+
+def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:
+    """`net` (an eval copy with weight norm folded: `convs2s.model.inference_copy`) converted in
+    place to `precision`; sets `net.precision`."""
+    if precision not in INFERENCE_PRECISIONS:
+        raise ValueError(f"inference precision {precision!r}: choose one of "
+                         f"{', '.join(INFERENCE_PRECISIONS)}")
+    if precision == "bf16":
+        net.to(torch.bfloat16)
+    elif precision == "int8":
+        device = next(net.parameters()).device
+        if device.type != "cpu":
+            raise PrecisionError(f"int8 inference runs on CPUs (PyTorch's quantized kernels); "
+                                 f"the model is on {device}: use precision bf16 there")
+        _quantize(net)
+    net.precision = precision
+    return net
+
+
+def _quantize(net: nn.Module) -> None:
+    """Every nn.Linear and every convolution's GEMM of `net` -> int8 (embeddings stay float)."""
+    from convs2s.conv import Conv
+
+    for module in list(net.modules()):
+        if isinstance(module, Conv):
+            module.int8 = Int8Linear(module.weight.reshape(module.c_out, -1), module.bias)
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, Int8Linear(child.weight, child.bias))

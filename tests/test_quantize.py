@@ -1,0 +1,85 @@
+"""Inference precision (convs2s.quantize): int8 and bf16 copies of a trained model translate
+like its float32 weights (the same hypotheses on most sentences, scores close), every matrix
+product of an int8 copy is int8, and what cannot be served says so.
+
+The trained model is the session's `demo_trained` (tests/conftest.py).
+Run: .venv/bin/python -m pytest tests/test_quantize.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from convs2s.config import PRESETS, SearchConfig
+from convs2s.conv import Conv
+from convs2s.model import ConvS2S, inference_copy
+from convs2s import quantize
+from convs2s.quantize import Int8Linear, PrecisionError, for_inference
+from convs2s.scoring import read_lines
+from convs2s.translate import load_for_inference
+
+
+def test_an_int8_linear_layer_is_close_to_its_float_weights():
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40)
+    q = Int8Linear(lin.weight, lin.bias)
+    x = torch.randn(7, 3, 96)
+    with torch.no_grad():
+        ref = lin(x)
+    y = q(x)
+    assert y.shape == ref.shape and y.dtype == torch.float32
+    # 8-bit weights (per output channel) and 8-bit activations (per call): ~1% of the range
+    assert float((y - ref).abs().max()) < 0.03 * float(ref.abs().max())
+
+
+def test_every_matrix_product_of_an_int8_copy_is_int8_and_embeddings_stay_float():
+    torch.manual_seed(0)
+    net = for_inference(inference_copy(ConvS2S(PRESETS["tiny"](), 50, 50)), "int8")
+    assert net.precision == "int8"
+    assert not [n for n, m in net.named_modules() if type(m) is nn.Linear]
+    convs = [m for m in net.modules() if isinstance(m, Conv)]
+    assert convs and all(isinstance(c.int8, Int8Linear) for c in convs)
+    assert net.encoder.embed_tokens.weight.dtype == torch.float32
+    # the incremental step agrees with the full pass on the int8 weights too (to the rounding of
+    # the activations, whose scale is taken per call: over all positions, or one)
+    src = torch.randint(4, 50, (2, 6))
+    enc = net.encode(src, torch.tensor([6, 6]))
+    prev = torch.randint(4, 50, (2, 4))
+    with torch.no_grad():
+        full, _ = net.decode(prev, enc)
+        state = net.init_state(enc)
+        steps = [net.decode_step(prev[:, t], state)[0] for t in range(4)]
+    assert float((torch.stack(steps, 1) - full).abs().max()) < 0.03 * float(full.abs().max())
+
+
+def test_bad_precisions_are_refused_with_the_way_out(monkeypatch):
+    net = inference_copy(ConvS2S(PRESETS["tiny"](), 50, 50))
+    with pytest.raises(ValueError, match="choose one of fp32, bf16, int8"):
+        for_inference(net, "int4")
+    with pytest.raises(ValueError, match="precision must be"):
+        SearchConfig(precision="fp16")
+    on_meta = inference_copy(ConvS2S(PRESETS["tiny"](), 50, 50)).to("meta")
+    with pytest.raises(PrecisionError, match="int8 inference runs on CPUs.*bf16"):
+        for_inference(on_meta, "int8")
+    monkeypatch.setattr(quantize, "_supported_engines", lambda: ["none"])
+    with pytest.raises(PrecisionError, match="quantized CPU kernels.*use precision fp32"):
+        for_inference(net, "int8")
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_a_trained_model_translates_alike_at_lower_precision(demo_trained, precision):
+    t = demo_trained
+    lines = read_lines(t.test_src)[:60]
+    ckpt = [t.train.best_checkpoint]
+    fp32 = load_for_inference(ckpt, SearchConfig(beam=5)).translate_full(lines)
+    low = load_for_inference(ckpt, SearchConfig(beam=5, precision=precision))
+    assert low.models[0].precision == precision
+    out = low.translate_full(lines)
+    same = [a.hypotheses[0].text == b.hypotheses[0].text for a, b in zip(fp32, out)]
+    assert sum(same) >= 0.75 * len(lines), sum(same)
+    # where the words agree, so do the scores (mean log-prob per token)
+    diffs = [abs(a.hypotheses[0].score - b.hypotheses[0].score)
+             for a, b, s in zip(fp32, out, same) if s]
+    assert max(diffs) < 0.1, max(diffs)
