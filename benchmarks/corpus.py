@@ -14,6 +14,8 @@ vocabulary (its embedding and output layer) is set separately.
 
 from __future__ import annotations
 
+import gzip
+
 from pathlib import Path
 
 import numpy as np
@@ -34,12 +36,15 @@ def read_pairs(folder: Path, names: list[str], src_lang: str, tgt_lang: str
     pairs = []
     for name in names:
         paths = [Path(folder) / f"{name}.{lang}" for lang in (src_lang, tgt_lang)]
+        paths = [p if p.is_file() or not p.with_name(p.name + ".gz").is_file()
+                 else p.with_name(p.name + ".gz") for p in paths]  # gzipped: read as is
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"benchmark corpus file(s) {missing} not found: give the "
                                     "folder of the small real corpora with --data (the "
                                     "project's ../shared/data, see its README)")
-        src, tgt = (p.read_bytes().decode("utf-8").split("\n") for p in paths)
+        src, tgt = ((gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_bytes())
+                    .decode("utf-8").split("\n") for p in paths)
         if src and src[-1] == "" and tgt and tgt[-1] == "":  # the final newline
             src, tgt = src[:-1], tgt[:-1]
         if len(src) != len(tgt):

@@ -16,6 +16,11 @@ result adds sacreBLEU against the references.
         --beams 5 --full-prefix-limit 128                                 # incremental vs full
     python -m benchmarks.generation --preset wmt14_en_fr --device cuda --dtype bf16  # Table 3
     python -m benchmarks.generation --checkpoint runs/wmt14_en_fr/best --device cuda
+    python -m benchmarks.generation --checkpoint CKPT --test ../shared/data/multi30k \\
+        test_2016_flickr en de --dtype fp32 bf16 int8 --repeats 3  # real outputs, with BLEU
+
+Several --dtype values load the same weights once per dtype (`convs2s.quantize`) and time them
+in alternated rounds: their speed ratios come from the same minutes of the same machine.
 
 --limit N searches a seeded uniform sample of N sentences (realistic lengths, not the
 shortest); seconds for 6,003 sentences are then extrapolated and labelled so. Writes
@@ -38,8 +43,9 @@ from benchmarks.corpus import DATA_DIR, encode, length_stats, read_pairs, train_
 from benchmarks.flops import decoder_flops, encoder_flops
 from benchmarks.machine import load_average, machine_info, matmul_peak, synchronize, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
-from convs2s.config import EOS, PAD, PRESETS
+from convs2s.config import EOS, PAD, PRESETS, SearchConfig
 from convs2s.model import ConvS2S, inference_copy
+from convs2s.quantize import for_inference
 from convs2s.search import generate, greedy
 
 TABLE3_SETS = ["newstest2012", "newstest2013"]  # 3,003 + 3,000 = the paper's 6,003 sentences
@@ -70,11 +76,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--full-prefix-limit", type=int, default=0,
                    help="also time full-prefix recomputation on a sample of this many "
                         "sentences, against incremental decoding on the same ones (0: skip)")
-    p.add_argument("--repeats", type=int, default=1, help="timed passes; the median is kept")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="timed rounds (each times every --dtype once); the median is kept")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
-                   help="bf16 weights (fast where the hardware has native bf16: GPUs, CPUs "
-                        "with AVX-512 BF16 or AMX)")
+    p.add_argument("--dtype", nargs="+", choices=["fp32", "bf16", "int8"], default=["fp32"],
+                   help="weights to search with (convs2s.quantize): fp32; bf16 (fast where "
+                        "the hardware has native bf16: GPUs, CPUs with AVX-512 BF16 or AMX); "
+                        "int8 (CPU). Several: each timed in every round, alternating")
+    p.add_argument("--test", nargs=4, metavar=("DIR", "NAME", "SRC", "TGT"), default=None,
+                   help="search DIR/NAME.SRC (.gz too) and score against DIR/NAME.TGT instead "
+                        "of newstest2012+2013 En-Fr (e.g. ../shared/data/multi30k "
+                        "test_2016_flickr en de with a Multi30k checkpoint)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--peak-sizes", type=int, nargs="+", default=None,
                    help="square matmul sizes for the peak (default 1024 2048; GPU 4096 8192)")
@@ -92,23 +104,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_model(args, device: torch.device, dtype: torch.dtype):
-    """(inference model, text codec or None, description). A checkpoint brings its own text
-    pipeline: its sentencepiece model, or an imported reference model's Moses + BPE
-    (`python -m convs2s import-fairseq`: Table 3 on the paper's own En-Fr model)."""
+def load_model(args, device: torch.device, precision: str):
+    """(inference model at `precision`, text codec or None, description). A checkpoint brings
+    its own text pipeline: its sentencepiece model, or an imported reference model's Moses +
+    BPE (`python -m convs2s import-fairseq`: Table 3 on the paper's own En-Fr model)."""
     if args.checkpoint is not None:  # loaded as everything else loads it for inference
         from convs2s.translate import load_for_inference
 
-        translator = load_for_inference([args.checkpoint], device=device)
+        translator = load_for_inference([args.checkpoint], SearchConfig(precision=precision),
+                                        device=device)
         (net,), codec = translator.models, translator.codec
         meta = net.meta
-        return net.to(dtype), codec, {"checkpoint": str(args.checkpoint),
-                                      "update": meta["update"], "text": codec.kind,
-                                      "imported_from": meta.get("imported_from")}
+        return net, codec, {"checkpoint": str(args.checkpoint), "update": meta["update"],
+                            "text": codec.kind, "imported_from": meta.get("imported_from")}
     torch.manual_seed(args.seed)
     model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab)
     # Weight norm folded once, as the translator and the reference do for generation.
-    return inference_copy(model).to(device, dtype), None, {"random_weights": True}
+    net = for_inference(inference_copy(model).to(device), precision)
+    return net, None, {"random_weights": True}
 
 
 def make_batches(src: list[list[int]], ref_lens: list[int], limit: int, size: int, seed: int):
@@ -149,16 +162,28 @@ def search(net, batch, beam: int, incremental: bool, args, device) -> list[dict]
 def timed_pass(net, batches, beam, incremental, args, device) -> tuple[list[float], list]:
     """Seconds for all batches, once per --repeats, after an untimed warm-up on a few
     sentences (first-call allocations and kernel selection)."""
-    tokens, lengths, rows, ref_len = batches[0]
-    search(net, (tokens[:8], lengths[:8], rows[:8], ref_len), beam, incremental, args, device)
-    times, hyps = [], []
-    for _ in range(args.repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        hyps = [h for b in batches for h in search(net, b, beam, incremental, args, device)]
-        synchronize(device)
-        times.append(time.perf_counter() - t0)
+    (times, hyps), = timed_rounds([net], batches, beam, incremental, args, device)
     return times, hyps
+
+
+def timed_rounds(nets, batches, beam, incremental, args, device) -> list[tuple[list, list]]:
+    """(seconds per round, hypotheses) per model: --repeats rounds, each timing every model
+    once in turn (alternated, so that a change of the machine's speed reaches all alike),
+    after an untimed warm-up of each on a few sentences."""
+    tokens, lengths, rows, ref_len = batches[0]
+    for net in nets:
+        search(net, (tokens[:8], lengths[:8], rows[:8], ref_len), beam, incremental, args,
+               device)
+    out = [([], []) for _ in nets]
+    for _ in range(args.repeats):
+        for net, (times, hyps) in zip(nets, out):
+            synchronize(device)
+            t0 = time.perf_counter()
+            hyps[:] = [h for b in batches for h in search(net, b, beam, incremental, args,
+                                                           device)]
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+    return out
 
 
 def work_flops(cfg, vocab: int, batches, hyps: list[dict], beam: int) -> float:
@@ -198,9 +223,17 @@ def bleu(sp, hyps: list[dict], rows: list[int], refs: list[str]) -> float:
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    pairs = read_pairs(args.data / "wmt14-en-fr", TABLE3_SETS, "en", "fr")
-    net, sp, model_info = load_model(args, device, dtype)
+    if args.test:
+        folder, name, src_lang, tgt_lang = args.test
+        pairs = read_pairs(Path(folder), [name], src_lang, tgt_lang)
+        corpus = f"{Path(folder).name} {name}, {src_lang}->{tgt_lang}"
+    else:
+        pairs = read_pairs(args.data / "wmt14-en-fr", TABLE3_SETS, "en", "fr")
+        corpus = "wmt14-en-fr " + " + ".join(TABLE3_SETS) + ", En->Fr"
+    dtypes = list(dict.fromkeys(args.dtype))
+    loaded = {d: load_model(args, device, d) for d in dtypes}  # the same weights, each dtype
+    nets = [loaded[d][0] for d in dtypes]
+    net, sp, model_info = loaded[dtypes[0]]
     if sp is None:
         from convs2s.text_codec import SentencePieceCodec
 
@@ -218,15 +251,20 @@ def run(args: argparse.Namespace) -> dict:
     peak_sizes = tuple(args.peak_sizes) if args.peak_sizes else None
     quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
     load_before = load_average()
-    peak = matmul_peak(device, dtype, peak_sizes)
+    # int8 rows are set against the float32 peak (no int8 peak is measured)
+    peaks = {d: matmul_peak(device, torch.bfloat16 if d == "bf16" else torch.float32,
+                            peak_sizes) for d in dict.fromkeys("bf16" if d == "bf16"
+                                                               else "fp32" for d in dtypes)}
     rows, scores = [], {}
     with torch.inference_mode():
         for beam in args.beams:
-            sec, hyps = timed_pass(net, batches, beam, True, args, device)
-            rows.append(row("incremental", beam, sec, batches, hyps,
-                            work_flops(cfg, V, batches, hyps, beam)))
-            if args.checkpoint is not None:
-                scores[f"beam{beam}"] = bleu(sp, hyps, order, [t for _, t in pairs])
+            timed = timed_rounds(nets, batches, beam, True, args, device)
+            for d, (sec, hyps) in zip(dtypes, timed):
+                rows.append({"dtype": d, **row("incremental", beam, sec, batches, hyps,
+                                               work_flops(cfg, V, batches, hyps, beam))})
+                if args.checkpoint is not None:
+                    key = f"beam{beam}" if d == "fp32" else f"{d} beam{beam}"
+                    scores[key] = bleu(sp, hyps, order, [t for _, t in pairs])
             if args.full_prefix_limit:
                 n = min(args.full_prefix_limit, len(order))
                 sub = batches if n == len(order) else make_batches(
@@ -234,28 +272,38 @@ def run(args: argparse.Namespace) -> dict:
                 for mode, inc in (("incremental (subset)", True), ("full-prefix", False)):
                     if inc and sub is batches:
                         continue  # the same sentences were just timed
-                    sec, hyps = timed_pass(net, sub, beam, inc, args, device)
-                    rows.append(row(mode, beam, sec, sub, hyps,
-                                    work_flops(cfg, V, sub, hyps, beam)))
+                    sec, hyps = timed_pass(nets[0], sub, beam, inc, args, device)
+                    rows.append({"dtype": dtypes[0], **row(
+                        mode, beam, sec, sub, hyps, work_flops(cfg, V, sub, hyps, beam))})
     load_after = load_average()
     for r in rows:
+        peak = peaks["bf16" if r["dtype"] == "bf16" else "fp32"]
         r["fraction_of_peak"] = r["achieved_flops"] / peak["flops"]
         r["fraction_of_peak_best"] = r["achieved_flops_best"] / peak["flops_best"]
     speedups = {}
     for beam in args.beams:
         full = [r for r in rows if r["beam"] == beam and r["mode"] == "full-prefix"]
         inc = [r for r in rows if r["beam"] == beam and r["mode"].startswith("incremental")
-               and full and r["sentences"] == full[0]["sentences"]]
+               and r["dtype"] == dtypes[0] and full
+               and r["sentences"] == full[0]["sentences"]]
         if full and inc:
             speedups[f"beam{beam}"] = full[0]["seconds"] / inc[-1]["seconds"]
             speedups[f"beam{beam}_best"] = full[0]["seconds_best"] / inc[-1]["seconds_best"]
-    results = {"preset": cfg_name(args), "vocab": V, "dtype": args.dtype, **model_info,
+    ratios = {}  # each dtype's speed over the first's, round by round (the same rounds)
+    for beam in args.beams:
+        base = next(r for r in rows if r["beam"] == beam and r["mode"] == "incremental")
+        for r in rows:
+            if r["beam"] == beam and r["mode"] == "incremental" and r is not base:
+                ratios[f"{r['dtype']}/{base['dtype']} beam{beam}"] = \
+                    base["seconds"] / r["seconds"]
+    results = {"preset": cfg_name(args), "vocab": V, "dtype": dtypes, **model_info,
                "parameters": sum(p.numel() for p in net.parameters()),
-               "data": {"corpus": "wmt14-en-fr " + " + ".join(TABLE3_SETS) + ", En->Fr",
-                        "bpe_vocab": sp.src_size, "src_len": length_stats(src),
-                        "searched": len(order), "batches": len(batches)},
-               "peak_flops": peak["flops"], "peak": peak, "runs": rows,
-               "speedup_incremental_vs_full_prefix": speedups, "bleu": scores}
+               "data": {"corpus": corpus, "bpe_vocab": sp.src_size,
+                        "src_len": length_stats(src), "searched": len(order),
+                        "batches": len(batches)},
+               "peak_flops": peaks[next(iter(peaks))]["flops"], "peak": peaks, "runs": rows,
+               "speedup_incremental_vs_full_prefix": speedups, "speedup_over_first_dtype":
+               ratios, "bleu": scores}
     return {"machine": machine_info(device), "load_before": load_before,
             "load_after": load_after, "quiet": quiet, "results": results}
 
@@ -284,13 +332,16 @@ def main(argv: list[str] | None = None) -> dict:
     table = [{**x, "of peak": f"{100 * x['fraction_of_peak']:.1f}%",
               "6003 s": f"{x['seconds_for_6003']:,.1f}{'*' if x['extrapolated'] else ''}"}
              for x in r["runs"]]
-    print(format_table(table, [("mode", "mode"), ("beam", "beam"), ("sentences", "sentences"),
+    print(format_table(table, [("mode", "mode"), ("dtype", "weights"), ("beam", "beam"),
+                               ("sentences", "sentences"),
                                ("mean_output_tokens", "out tok"), ("seconds", "seconds"),
                                ("sentences_per_s", "sent/s"),
                                ("sentences_per_s_best", "best sent/s"), ("of peak", "of peak"),
                                ("6003 s", "6,003 sent. s")]))
     for beam, s in r["speedup_incremental_vs_full_prefix"].items():
         print(f"incremental vs full-prefix, {beam}: {s:.1f}x faster")
+    for key, x in r["speedup_over_first_dtype"].items():
+        print(f"speed {key}: {x:.2f}x")
     for beam, s in r["bleu"].items():
         print(f"sacreBLEU {beam}: {s:.2f}")
     print(f"(* extrapolated)  load {'/'.join(f'{x:g}' for x in load)}  result: {path}")
