@@ -109,6 +109,11 @@ def _translate_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default=d.precision,
                    help="weights to search with: fp32 as trained (default); bf16 (fast where "
                         "the hardware has native bf16); int8 (per-channel int8 weights, CPU)")
+    p.add_argument("--shortlist", metavar="NPZ",
+                   help="vocabulary selection: the lexical table of the model's data "
+                        "(<data>/shortlist/shortlist.npz, preprocessing shortlist_per_source)")
+    p.add_argument("--shortlist-frequent", type=int, default=d.shortlist_frequent,
+                   help="most frequent target tokens always in the shortlist")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is visible)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default: the CPUs this process may use)")
@@ -137,7 +142,9 @@ def translate(argv: list[str] | None = None) -> int:
                               max_len_b=args.max_len_b, min_len=args.min_len,
                               unk_penalty=args.unk_penalty, nbest=args.nbest,
                               replace_unk=args.replace_unk, dictionary=args.dictionary,
-                              max_sentences=args.batch_size, precision=args.precision)
+                              max_sentences=args.batch_size, precision=args.precision,
+                              shortlist=args.shortlist,
+                              shortlist_frequent=args.shortlist_frequent)
         _check_input(args.input)  # before anything is loaded or written
         if args.output and Path(args.output).is_dir():
             raise ValueError(f"--output {args.output} is a directory: give a file name")

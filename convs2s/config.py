@@ -298,6 +298,13 @@ class SearchConfig(Settings):
     # Weights the search multiplies with (convs2s.quantize): "fp32" as trained; "bf16"; "int8"
     # (per-channel int8 weights, CPU). Faster, scores may move slightly: never a silent default.
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # Vocabulary selection (convs2s.shortlist): the lexical table (a shortlist.npz of the
+    # model's data, preprocessing's shortlist/ stage); each batch scores only the
+    # shortlist_frequent most frequent targets and the table's candidates for its source
+    # tokens (shortlist_per_source of them; 0: all the table has). None: the whole vocabulary.
+    shortlist: str | None = None
+    shortlist_frequent: int = 2000
+    shortlist_per_source: int = 0
 
     def __post_init__(self) -> None:
         if self.beam < 1:
@@ -311,6 +318,8 @@ class SearchConfig(Settings):
         if self.precision not in ("fp32", "bf16", "int8"):
             raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got "
                              f"{self.precision!r}")
+        if self.shortlist_frequent < 0 or self.shortlist_per_source < 0:
+            raise ValueError("shortlist_frequent and shortlist_per_source must be >= 0")
         if self.dictionary is not None and not self.replace_unk:
             raise ValueError("a dictionary is only used with replace_unk=True")
 

@@ -255,12 +255,18 @@ class Decoder(Embedded):
         else:
             self.fc3 = linear(cfg.out_embed_dim, vocab_size, dropout=p)  # dropout precedes fc3
 
-    def _output(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """N x T x C_last -> N x T x V; or, with `out` (N x V, T = 1), logits written there."""
+    def _output(self, x: torch.Tensor, out: torch.Tensor | None = None,
+                rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """N x T x C_last -> N x T x V; or, with `out` (N x V, T = 1), logits written there.
+        `rows` (weight C x E, bias C): a shortlist's rows of fc3 (vocabulary selection),
+        giving N x T x C (or N x C in `out`)."""
         x = dropout(self.fc2(x), self.dropout, self.training)
-        if out is None:
+        if rows is None and out is None:
             return self.fc3(x)
-        return torch.addmm(self.fc3.bias, x.view(out.shape[0], -1), self.fc3.weight.t(), out=out)
+        weight, bias = rows if rows is not None else (self.fc3.weight, self.fc3.bias)
+        if out is None:
+            return F.linear(x, weight, bias)
+        return torch.addmm(bias, x.view(out.shape[0], -1), weight.t(), out=out)
 
     def _output_loss(self, x: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         """N x T x C_last, target N x T -> (loss sum, nll sum): the output layer fused with the
@@ -304,8 +310,10 @@ class Decoder(Embedded):
         return DecoderState(enc=enc, buffers=buffers, step=0)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState,
-                    out: torch.Tensor | None = None):
-        """Consume one token per row (N), return logits N x V and mean attention N x S.
+                    out: torch.Tensor | None = None,
+                    rows: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Consume one token per row (N), return logits N x V and mean attention N x S; with
+        `rows` (a shortlist's fc3 weight C x E and bias C), logits N x C over the shortlist.
 
         `forward` at position `state.step` (same embedding, blocks and output layer; the blocks
         step, `Block.step`), in O(1) of the prefix length. `out` (optional, N x V, the model's
@@ -322,8 +330,8 @@ class Decoder(Embedded):
         state.step += 1
         attn = attn_sum.squeeze(1) / self.num_attention  # N x S, mean over attention layers
         if out is not None:
-            return self._output(x, out), attn
-        return self._output(x).squeeze(1), attn
+            return self._output(x, out, rows), attn
+        return self._output(x, rows=rows).squeeze(1), attn
 
 
 # --- the full model ----------------------------------------------------------------------------
@@ -368,9 +376,17 @@ class ConvS2S(nn.Module):
         return self.decoder.init_state(enc, beam_size)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState,
-                    out: torch.Tensor | None = None):
-        """One incremental step: tokens N -> logits N x V (in `out` if given), attention N x S."""
-        return self.decoder.decode_step(tokens, state, out)
+                    out: torch.Tensor | None = None,
+                    rows: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """One incremental step: tokens N -> logits N x V (in `out` if given), attention N x S;
+        over a shortlist's fc3 `rows` (weight C x E, bias C): N x C."""
+        return self.decoder.decode_step(tokens, state, out, rows)
+
+    def output_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fc3's weight and bias rows of the target ids `ids` (C): vocabulary selection's
+        output layer for one batch (float weights also in an int8 copy)."""
+        fc3 = self.decoder.fc3
+        return fc3.weight.index_select(0, ids), fc3.bias.index_select(0, ids)
 
 
 def inference_copy(model: ConvS2S) -> ConvS2S:

@@ -78,6 +78,9 @@ class Int8Linear(nn.Module):
         # 16-bit sums, so activations then use 7 bits (PyTorch's own default for it).
         self.reduce_range = engine != "onednn"
         self.engine = engine
+        # The float weights stay readable (not parameters): vocabulary selection multiplies a
+        # batch's few rows of fc3 in float (`ConvS2S.output_rows`).
+        self.weight, self.bias = w, b if b is not None else torch.zeros(w.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), float32
         shape = x.shape

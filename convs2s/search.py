@@ -32,13 +32,18 @@ from convs2s.config import BOS, EOS, PAD, UNK
 class _Stepper:
     """One model's decoding: incremental (DecoderState) or full-prefix recomputation."""
 
-    def __init__(self, model, enc, beam_size: int, incremental: bool):
+    def __init__(self, model, enc, beam_size: int, incremental: bool,
+                 vocab: torch.Tensor | None = None):
         self.model, self.incremental = model, incremental
         self.enc = enc  # one row per sentence, shared by its beam_size hypothesis rows
         self.state = model.init_state(enc, beam_size) if incremental else None
+        # Vocabulary selection: fc3's rows of the batch's shortlist, cut once per batch.
+        self.vocab = vocab
+        self.rows = model.output_rows(vocab) if vocab is not None and incremental else None
         # Logits and log-prob buffers reused by every step (rows only shrink): on CPU a fresh
         # N x V tensor per step costs page faults that take as long as the output matmul.
-        N, V = enc.keys.shape[0] * beam_size, model.tgt_vocab_size
+        N = enc.keys.shape[0] * beam_size
+        V = model.tgt_vocab_size if vocab is None else vocab.numel()
         dev = enc.keys.device
         # (float32 weights only: the buffer is written by fc3's own addmm)
         reuse = (incremental and getattr(model, "precision", "fp32") == "fp32"
@@ -51,13 +56,17 @@ class _Stepper:
         N = prefix.shape[0]
         if self.buffers is not None:
             logits, lprobs = (b[:N] for b in self.buffers)
-            logits, attn = self.model.decode_step(prefix[:, -1], self.state, out=logits)
+            logits, attn = self.model.decode_step(prefix[:, -1], self.state, out=logits,
+                                                  rows=self.rows)
             return torch.log_softmax(logits, dim=-1, out=lprobs), attn.float()
         if self.incremental:
-            logits, attn = self.model.decode_step(prefix[:, -1], self.state)
+            logits, attn = self.model.decode_step(prefix[:, -1], self.state, rows=self.rows)
         else:  # the baseline: recompute the decoder over the whole prefix
             logits, attn = self.model.decode(prefix, self.enc, last_only=True)
             logits, attn = logits[:, -1], attn[:, -1]
+            if self.vocab is not None:
+                logits = logits.index_select(1, self.vocab)
+        # (log-softmax over the shortlist: its tokens share the probability mass)
         return F.log_softmax(logits.float(), dim=-1), attn.float()
 
     def reorder(self, rows: torch.Tensor, sentences: torch.Tensor | None) -> None:
@@ -149,8 +158,13 @@ def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int) -> torch.Te
     return lens.clamp(min=0, max=limit)  # B
 
 
-def _encode(models, src_tokens, src_lengths, beam_size, incremental):
-    return [_Stepper(m, m.encode(src_tokens, src_lengths), beam_size, incremental)
+def _encode(models, src_tokens, src_lengths, beam_size, incremental, vocab=None):
+    if vocab is not None:
+        vocab = vocab.to(src_tokens.device)
+        if vocab[:4].tolist() != [0, 1, 2, 3]:  # the specials at their own positions
+            raise ValueError("vocab (a shortlist) must be sorted target ids that start with the "
+                             "special tokens 0-3 (convs2s.shortlist.Shortlist.for_batch)")
+    return [_Stepper(m, m.encode(src_tokens, src_lengths), beam_size, incremental, vocab)
             for m in models]
 
 
@@ -239,9 +253,12 @@ class _Beams:
 def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_size: int = 5,
              max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
              lenpen: float = 1.0, unk_penalty: float = 0.0, nbest: int = 1,
-             incremental: bool = True) -> list[list[dict]]:
+             incremental: bool = True, vocab: torch.Tensor | None = None
+             ) -> list[list[dict]]:
     """Beam search over a batch: src_tokens B x S (PAD 1), src_lengths B -> per sentence the
     `nbest` best hypotheses, best first (see the module docstring for their fields).
+    `vocab` (sorted target ids, the specials first): vocabulary selection, every step scores
+    only these tokens (`convs2s.shortlist`).
 
     A hypothesis ends when EOS is among the K best of the 2K candidates of its sentence (the
     reference's rule); a sentence ends when K hypotheses have ended. Scores are normalized by
@@ -259,7 +276,8 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
-        steppers = _encode(models, src_tokens, src_lengths, K, incremental)
+        steppers = _encode(models, src_tokens, src_lengths, K, incremental, vocab)
+        vocab = steppers[0].vocab
         finished, beams = _Finished(B, K, T, S, dev), _Beams(B, K, S, dev)
         beam_offsets = torch.arange(K, device=dev)
         for step in range(T):
@@ -270,7 +288,9 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
                                 max_lens[beams.sent].repeat_interleave(K), unk_penalty)
             # A x 2K best continuations (cumulative scores, best first), indices into K * V
             cand_scores, cand_idx = _best_candidates(lprobs, beams.scores, K, min(2 * K, K * V))
-            cand_tok = cand_idx % V
+            cand_tok = cand_idx % V  # a column: the token itself, or its shortlist position
+            if vocab is not None:
+                cand_tok = vocab[cand_tok]  # (the specials keep their ids: EOS stays EOS)
             cand_rows = cand_idx // V + (torch.arange(A, device=dev) * K)[:, None]  # A x 2K
             is_eos = cand_tok.eq(EOS) & torch.isfinite(cand_scores)
 
@@ -299,8 +319,10 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
 
 def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_a: float = 0.0,
            max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0,
-           unk_penalty: float = 0.0, incremental: bool = True) -> list[list[dict]]:
-    """Greedy decoding (argmax each step), in the same output format as `generate` (1-best)."""
+           unk_penalty: float = 0.0, incremental: bool = True,
+           vocab: torch.Tensor | None = None) -> list[list[dict]]:
+    """Greedy decoding (argmax each step), in the same output format as `generate` (1-best);
+    `vocab`: vocabulary selection, as in `generate`."""
     models = _as_list(models)
     B, S = src_tokens.shape
     dev = src_tokens.device
@@ -309,13 +331,16 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
         T = int(max_lens.max()) + 1
-        steppers = _encode(models, src_tokens, src_lengths, 1, incremental)
+        steppers = _encode(models, src_tokens, src_lengths, 1, incremental, vocab)
+        vocab = steppers[0].vocab
         tokens = torch.full((B, 1), EOS, dtype=torch.long, device=dev)
         lps, attns = [], []
         length = torch.full((B,), T, dtype=torch.long, device=dev)  # tokens incl. EOS
         for step in range(T):
             lprobs, attn = _ensemble_step(steppers, tokens)
             lp, tok = _constrain(lprobs, step, min_len, max_lens, unk_penalty).max(dim=1)
+            if vocab is not None:
+                tok = vocab[tok]
             tokens = torch.cat([tokens, tok[:, None]], 1)
             lps.append(lp)
             attns.append(attn)

@@ -62,6 +62,8 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         cfg = json.loads(Path(context.artifacts["search"]).read_text())
         if cfg.get("dictionary"):
             cfg["dictionary"] = context.artifacts["dictionary"]
+        if cfg.get("shortlist"):
+            cfg["shortlist"] = context.artifacts["shortlist"]
         root = Path(context.artifacts["checkpoints"])
         paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -121,6 +123,10 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
         shutil.copyfile(search.dictionary, out_dir / "dictionary.txt")
         artifacts["dictionary"] = str(out_dir / "dictionary.txt")
         cfg["dictionary"] = "dictionary.txt"  # replaced by the artifact path at load
+    if search.shortlist:  # vocabulary selection's lexical table travels with the model
+        shutil.copyfile(search.shortlist, out_dir / "shortlist.npz")
+        artifacts["shortlist"] = str(out_dir / "shortlist.npz")
+        cfg["shortlist"] = "shortlist.npz"
     (out_dir / SEARCH_FILE).write_text(json.dumps(cfg, indent=1))
     return artifacts
 
@@ -133,7 +139,8 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
                    registered_model_name: str | None = None, alias: str | None = None,
                    input_example: list[str] | None = None) -> ServedModel:
     """Log checkpoints (one model, an ensemble, or with `average` their weight average) and
-    the search settings as a pyfunc model (an MLflow 3 logged model named `name`, with
+    the search settings (with the replace-unk dictionary and the shortlist table they name) as
+    a pyfunc model (an MLflow 3 logged model named `name`, with
     `params` and `tags`; with `as_is`, checkpoint folders that are already the inference
     copies to serve, copied unchanged). With `run_id` the model's source run is that run and
     the run lists it among its outputs; without, it goes to `experiment_name`. Registers it and

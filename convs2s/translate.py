@@ -47,6 +47,7 @@ from convs2s.checkpoint import CheckpointError
 from convs2s.config import EOS, PAD, UNK, SearchConfig
 from convs2s.quantize import for_inference
 from convs2s.search import generate
+from convs2s.shortlist import Shortlist, ShortlistError
 from convs2s.text_codec import UNK_PIECE
 from convs2s.unk_replace import load_dictionary, replace_unknowns
 
@@ -129,7 +130,18 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
             raise CheckpointError(
                 f"{p}: vocabulary sizes {m.src_vocab_size}/{m.tgt_vocab_size} do not match "
                 f"its {what} ({codec.src_size}/{codec.tgt_size} symbols)")
-    return Translator(models, codec, search, device)
+    shortlist = None
+    if search.shortlist:
+        if codec.kind != "sentencepiece":
+            raise CheckpointError(f"{paths[0]}: vocabulary selection reads a lexical table of "
+                                  "sentencepiece ids; this model's text pipeline is "
+                                  f"{codec.kind}: search without a shortlist")
+        spm_file = Path(spm_model) if spm_model is not None else codec_files(paths[0])[0]
+        try:
+            shortlist = Shortlist.load(search.shortlist, spm_file, models[0].tgt_vocab_size)
+        except ShortlistError as err:
+            raise CheckpointError(str(err)) from None
+    return Translator(models, codec, search, device, shortlist)
 
 
 def _inference_model(path: Path, device: str | torch.device):
@@ -163,10 +175,11 @@ class Translator:
     reference-facts §6)."""
 
     def __init__(self, models: list, codec, search: SearchConfig,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", shortlist: Shortlist | None = None):
         if not models:
             raise ValueError("a Translator needs at least one model")
         self.models, self.codec, self.search = list(models), codec, search
+        self.shortlist = shortlist  # vocabulary selection's table, or None
         self.device = torch.device(device)
         self.max_positions = min(m.max_positions for m in self.models)
         self.dictionary = load_dictionary(search.dictionary) if search.dictionary else None
@@ -220,10 +233,12 @@ class Translator:
             src[b, : len(ids)] = torch.tensor(ids)
         lengths = torch.tensor([len(ids) for ids in batch])
         s = self.search
+        vocab = None if self.shortlist is None else self.shortlist.for_batch(
+            src, s.shortlist_frequent, s.shortlist_per_source or None)
         return generate(self.models, src.to(self.device), lengths.to(self.device),
                         beam_size=s.beam, max_len_a=s.max_len_a, max_len_b=s.max_len_b,
                         min_len=s.min_len, lenpen=s.lenpen, unk_penalty=s.unk_penalty,
-                        nbest=s.nbest)
+                        nbest=s.nbest, vocab=vocab)
 
     def _hypothesis(self, h: dict, tr: Translation) -> Hypothesis:
         tokens = h["tokens"].tolist()

@@ -50,6 +50,11 @@ class PreprocessConfig:
     spm_sample_pairs: int = 1_000_000  # both sides of each sampled pair go into training
     spm_seed: int = 1
     character_coverage: float = 0.9999  # the rest is spelled in bytes (byte fallback)
+    # Vocabulary selection's lexical table (preprocessing/lexical.py, the `shortlist` stage):
+    # target candidates kept per source token; 0: no table. Counted on at most
+    # shortlist_sample_pairs training pairs (every n-th pair).
+    shortlist_per_source: int = 0
+    shortlist_sample_pairs: int = 2_000_000
     # Token-budget batches: n_sentences * max(src_len, tgt_len) <= max_tokens.
     max_tokens: int = 4000
     max_sentences: int | None = 1024
@@ -75,6 +80,9 @@ class PreprocessConfig:
             raise ValueError("max_tokens and max_sentences must be positive")
         if self.exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
+        if self.shortlist_per_source < 0 or self.shortlist_sample_pairs < 1:
+            raise ValueError("shortlist_per_source must be >= 0 (0: no lexical table) and "
+                             "shortlist_sample_pairs >= 1")
         if self.vocab_size < 300:  # 4 specials + 256 byte pieces + a few merges
             raise ValueError(f"vocab_size {self.vocab_size} too small; use at least 300")
 

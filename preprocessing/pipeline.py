@@ -6,8 +6,10 @@
     out.batches["train"]   # <root>/<task>/<data key>/batches/train: ray.data.read_parquet(...)
 
 Output layout `<root>/<task>/<data key>/<stage>/` (see docs/design.md; `data_dir`):
-clean/<split>, spm, encoded/<split>, batches/<split>, text/<split>.<lang>. Each stage is skipped when its manifest matches (same
-stage config and the same input fingerprint) and otherwise rebuilt atomically (stages.py).
+clean/<split>, spm, encoded/<split>, batches/<split>, text/<split>.<lang>, and with
+`shortlist_per_source` the lexical table of vocabulary selection, shortlist/ (lexical.py).
+Each stage is skipped when its manifest matches (same stage config and the same input
+fingerprint) and otherwise rebuilt atomically (stages.py).
 Each stage is a Ray Data pipeline: a datasource in (reading.py, parts.py), map_batches, a
 grouping exchange where rows must meet across the split (exchange.py), and `PartSink` (parts.py)
 out, which writes the parts and counts every row kept or dropped. The encoder is a callable
@@ -33,6 +35,7 @@ from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean
 from preprocessing.config import PreprocessConfig
 from preprocessing.encoding import encode_parts
 from preprocessing.errors import PreprocessError, user_errors
+from preprocessing.lexical import TABLE_FILE, build_table
 from preprocessing.exchange import group_by
 from preprocessing.parts import PartSink, read_stage, write_stage
 from preprocessing.reading import read_split
@@ -54,6 +57,7 @@ class PipelineOutput:
     batches: dict[str, str]  # split -> batches folder (one parquet row per batch)
     text: dict[str, tuple[str, str]]  # eval split -> (source text, target text)
     manifests: dict[str, dict]  # "clean/train", "spm", "encoded/valid", ..., "text"
+    shortlist: str | None = None  # the lexical table of vocabulary selection, if made
 
 
 def _fp(*manifests: dict) -> str:
@@ -209,8 +213,11 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
     return {"splits": out}
 
 
-# What does not change the output: where it goes, how many encoder actors, how rows meet.
-_NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits")
+# What does not change the output: where it goes, how many encoder actors, how rows meet; and
+# the settings of the lexical table, a stage of its own beside the training data (its manifest
+# holds them), like the evaluation-only text.
+_NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits", "shortlist_per_source",
+               "shortlist_sample_pairs")
 
 
 def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None) -> Path:
@@ -257,6 +264,15 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> Pipe
         m[f"batches/{split}"] = _stage(
             task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
             lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp))
+    if cfg.shortlist_per_source:  # vocabulary selection's lexical table (lexical.py)
+        short_cfg = {"k": cfg.shortlist_per_source,
+                     "sample_pairs": cfg.shortlist_sample_pairs}
+        m["shortlist"] = _stage(
+            task_dir, "shortlist", short_cfg, _fp(m["encoded/train"]),
+            lambda tmp: {"table": str(task_dir / "shortlist" / TABLE_FILE), **build_table(
+                task_dir / "encoded" / "train", m["spm"]["vocab_path"], m["spm"]["vocab_size"],
+                cfg.shortlist_per_source, cfg.shortlist_sample_pairs,
+                m["encoded/train"]["rows_kept"], tmp)})
     if cfg.eval_splits:
         text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
         text_cfg["splits"] = {s: cfg.splits[s] for s in cfg.eval_splits}
@@ -267,4 +283,4 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> Pipe
         root=str(task_dir), spm_model=m["spm"]["vocab_path"], vocab_size=m["spm"]["vocab_size"],
         batches={s: str(task_dir / "batches" / s) for s in cfg.splits},
         text={s: tuple(m["text"]["splits"][s]["files"]) for s in cfg.eval_splits},
-        manifests=m)
+        manifests=m, shortlist=m["shortlist"]["table"] if "shortlist" in m else None)

@@ -1,0 +1,147 @@
+"""Vocabulary selection: the lexical table's counts are exact on a tiny corpus (preprocessing
+/lexical.py, on Ray Data), a batch's shortlist holds the specials, the frequent targets and
+each source token's candidates (convs2s.shortlist), a search over the whole vocabulary given as
+a shortlist is the plain search, and a table of other data is refused.
+
+Run: .venv/bin/python -m pytest tests/test_shortlist.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from convs2s.config import EOS, PRESETS
+from convs2s.model import ConvS2S, inference_copy
+from convs2s.search import generate, greedy
+from convs2s.shortlist import Shortlist, ShortlistError
+from preprocessing.lexical import TABLE_FILE, best_targets, cooccurrence_block, vocab_digest
+
+# Four encoded pairs (ids >= 4 are pieces; EOS ends each side).
+PAIRS = [([4, 5, EOS], [10, 11, EOS]),
+         ([4, 6, EOS], [10, 12, EOS]),
+         ([5, 5, EOS], [11, 13, EOS]),  # 5 twice: counted once per sentence
+         ([7, EOS], [14, EOS])]
+
+
+def encoded(pairs, first_id=0) -> pa.Table:
+    return pa.table({"id": list(range(first_id, first_id + len(pairs))),
+                     "src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]})
+
+
+def counts_of(table: pa.Table) -> dict:
+    return {(s, t): n for s, t, n in zip(*(table.column(c).to_pylist()
+                                           for c in ("src", "tgt", "n")))}
+
+
+def test_cooccurrence_counts_each_sentence_once_and_skips_specials():
+    c = counts_of(cooccurrence_block(encoded(PAIRS)))
+    assert c[(4, 10)] == 2 and c[(4, 11)] == 1 and c[(5, 11)] == 2 and c[(5, 13)] == 1
+    assert c[(7, 14)] == 1 and (7, 10) not in c
+    assert c[(4, -1)] == 2 and c[(5, -1)] == 2 and c[(-1, 10)] == 2 and c[(-1, 11)] == 2
+    assert c[(-1, -1)] == 4  # pairs counted
+    assert not [k for k in c if EOS in k]
+    # every other pair (id % 2 == 0): pairs 0 and 2
+    half = counts_of(cooccurrence_block(encoded(PAIRS), stride=2))
+    assert half[(-1, -1)] == 2 and half[(4, 10)] == 1 and (6, 12) not in half
+
+
+def test_best_targets_rank_by_dice():
+    # source 4: with 10 twice (c(10)=2), with 11 once (c(11)=2), with 12 once (c(12)=1)
+    group = pa.table({"src": pa.array([4, 4, 4], pa.int32()),
+                      "tgt": pa.array([11, 12, 10], pa.int32()), "sum(n)": [1, 1, 2]})
+    src_counts, tgt_counts = np.zeros(20), np.zeros(20)
+    src_counts[4] = 2
+    tgt_counts[[10, 11, 12]] = [2, 2, 1]
+    out = best_targets(group, 2, tgt_counts, src_counts)
+    # Dice: 10 -> 2*2/4 = 1.0, 12 -> 2/3, 11 -> 2/4
+    assert out.column("targets").to_pylist() == [[10, 12]]
+
+
+@pytest.mark.slow
+def test_the_table_stage_counts_exactly_on_ray_data(ray_session, tmp_path):
+    from preprocessing.lexical import build_table
+    from preprocessing.parts import PartSink  # noqa: F401 - the stage's own part format
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "encoded"
+    folder.mkdir()
+    # two parts, as the encoded stage writes them
+    pq.write_table(encoded(PAIRS[:2]), folder / "part-000000.parquet")
+    pq.write_table(encoded(PAIRS[2:], first_id=2), folder / "part-000001.parquet")
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"pretend sentencepiece bytes")
+    out = tmp_path / "out"
+    out.mkdir()
+    meta = build_table(folder, spm, vocab_size=20, k=2, sample_pairs=100, rows=4, out_dir=out)
+    assert meta["pairs_counted"] == 4 and meta["stride"] == 1 and meta["k"] == 2
+    assert meta["vocab_digest"] == vocab_digest(spm)
+    with np.load(out / TABLE_FILE, allow_pickle=False) as z:
+        table, order = z["table"], z["target_order"]
+        assert json.loads(str(z["meta"]))["vocab_size"] == 20
+    assert table.shape == (20, 2)
+    assert table[4].tolist() == [10, 12]  # Dice 1.0, then 2/3 (12 only with 4) over 11's 1/2
+    assert table[7].tolist() == [14, -1]  # one candidate only
+    assert table[6].tolist() == [12, 10]  # 12: 2/2; 10: 2/3
+    assert (table[[0, 1, 2, 3, 8]] == -1).all()  # specials and unseen tokens: none
+    assert order[:4].tolist() == [0, 1, 2, 3] and order[4:6].tolist() == [10, 11]
+
+
+def table_file(tmp_path, spm_bytes=b"spm", vocab=30, k=2) -> tuple:
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(spm_bytes)
+    table = np.full((vocab, k), -1, dtype=np.int32)
+    table[5] = [20, 21]
+    table[6] = [22, -1]
+    order = np.concatenate([np.arange(4), np.arange(29, 3, -1)]).astype(np.int32)
+    meta = {"vocab_digest": vocab_digest(spm), "vocab_size": vocab, "k": k}
+    path = tmp_path / TABLE_FILE
+    np.savez(path, table=table, target_order=order, meta=np.array(json.dumps(meta)))
+    return path, spm
+
+
+def test_a_batch_shortlist_holds_specials_frequent_and_candidates(tmp_path):
+    path, spm = table_file(tmp_path)
+    sl = Shortlist.load(path, spm, vocab_size=30)
+    src = torch.tensor([[5, 6, EOS], [6, EOS, 1]])  # PAD = 1 at the end of row 2
+    ids = sl.for_batch(src, frequent=3)
+    assert ids.tolist() == [0, 1, 2, 3, 20, 21, 22, 27, 28, 29]
+    assert sl.for_batch(src, frequent=0, per_source=1).tolist() == [0, 1, 2, 3, 20, 22]
+
+
+def test_a_table_of_other_data_is_refused(tmp_path):
+    path, _ = table_file(tmp_path)
+    other = tmp_path / "other.model"
+    other.write_bytes(b"another vocabulary")
+    with pytest.raises(ShortlistError, match="another vocabulary.*use the shortlist/ table"):
+        Shortlist.load(path, other)
+    with pytest.raises(ShortlistError, match="covers 30 tokens but the model has 40"):
+        Shortlist.load(path, vocab_size=40)
+    with pytest.raises(ShortlistError, match="does not exist"):
+        Shortlist.load(tmp_path / "missing.npz")
+
+
+def test_the_whole_vocabulary_as_a_shortlist_is_the_plain_search():
+    torch.manual_seed(0)
+    V = 60
+    net = inference_copy(ConvS2S(PRESETS["tiny"](), V, V))
+    src = torch.randint(4, V, (3, 7))
+    src[:, -1] = EOS
+    lengths = torch.full((3,), 7)
+    every = torch.arange(V)
+    for search in (generate, greedy):
+        plain = search([net], src, lengths, max_len_b=8)
+        listed = search([net], src, lengths, max_len_b=8, vocab=every)
+        for a, b in zip(plain, listed):
+            assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+            assert a[0]["score"] == pytest.approx(b[0]["score"], abs=1e-5)
+    # a real shortlist: outputs use only its tokens, and their scores are renormalized over it
+    short = torch.cat([torch.arange(4), torch.arange(30, 45)])
+    for h in generate([net], src, lengths, max_len_b=8, vocab=short):
+        assert set(h[0]["tokens"].tolist()) <= set(short.tolist())
+    with pytest.raises(ValueError, match="start with the special tokens"):
+        generate([net], src, lengths, vocab=torch.arange(4, V))
