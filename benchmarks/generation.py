@@ -30,7 +30,10 @@ benchmarks/results/generation_<preset>_<device>.json (or --out) and prints a tab
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -83,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="weights to search with (convs2s.quantize): fp32; bf16 (fast where "
                         "the hardware has native bf16: GPUs, CPUs with AVX-512 BF16 or AMX); "
                         "int8 (CPU). Several: each timed in every round, alternating")
+    p.add_argument("--reference-python", type=Path, default=None, metavar="PYTHON",
+                   help="with --checkpoint: also time the reference implementation's generator "
+                        "(this interpreter of a scratch environment with fairseq, see "
+                        "scripts/fairseq_fixtures.sh) on the same weights (exported with "
+                        "convs2s.fairseq_interop) and batches, in the same rounds")
     p.add_argument("--test", nargs=4, metavar=("DIR", "NAME", "SRC", "TGT"), default=None,
                    help="search DIR/NAME.SRC (.gz too) and score against DIR/NAME.TGT instead "
                         "of newstest2012+2013 En-Fr (e.g. ../shared/data/multi30k "
@@ -100,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="overwrite the result file if it exists (default: keep it and write "
                         "<name>-<time>.json beside it)")
     args = p.parse_args(argv)
+    if args.reference_python is not None and args.checkpoint is None:
+        p.error("--reference-python compares trained weights: give --checkpoint")
     args.vocab = args.vocab or DEFAULT_VOCAB.get(args.preset, 40_000)
     return args
 
@@ -166,10 +176,12 @@ def timed_pass(net, batches, beam, incremental, args, device) -> tuple[list[floa
     return times, hyps
 
 
-def timed_rounds(nets, batches, beam, incremental, args, device) -> list[tuple[list, list]]:
+def timed_rounds(nets, batches, beam, incremental, args, device, reference=None
+                 ) -> list[tuple[list, list]]:
     """(seconds per round, hypotheses) per model: --repeats rounds, each timing every model
     once in turn (alternated, so that a change of the machine's speed reaches all alike),
-    after an untimed warm-up of each on a few sentences."""
+    after an untimed warm-up of each on a few sentences. `reference(beam) -> (seconds,
+    hypotheses)`: the reference implementation, timed last in each round."""
     tokens, lengths, rows, ref_len = batches[0]
     for net in nets:
         search(net, (tokens[:8], lengths[:8], rows[:8], ref_len), beam, incremental, args,
@@ -183,7 +195,45 @@ def timed_rounds(nets, batches, beam, incremental, args, device) -> list[tuple[l
                                                            device)]
             synchronize(device)
             times.append(time.perf_counter() - t0)
+        if reference is not None:
+            if len(out) == len(nets):
+                out.append(([], []))
+            sec, hyps = reference(beam)
+            out[-1][0].append(sec)
+            out[-1][1][:] = hyps
     return out
+
+
+class ReferenceGenerator:
+    """The reference implementation's generator on the same trained weights and batches, run
+    by scripts/fairseq_generation_speed.py with the reference's own interpreter."""
+
+    def __init__(self, python: Path, checkpoint: Path, batches, args, workdir: Path):
+        from convs2s.fairseq_interop import export_fairseq
+
+        self.python, self.args, self.workdir = python, args, workdir
+        self.archive = export_fairseq(checkpoint, workdir / "archive")  # same weights, ids
+        self.batches_file = workdir / "batches.json"
+        self.batches_file.write_text(json.dumps(
+            [[tokens[b, :n].tolist() for b, n in enumerate(lengths.tolist())]
+             for tokens, lengths, _, _ in batches]))
+        self.script = Path(__file__).resolve().parents[1] / "scripts" / \
+            "fairseq_generation_speed.py"
+
+    def __call__(self, beam: int) -> tuple[float, list[dict]]:
+        out = self.workdir / f"reference_beam{beam}.json"
+        a = self.args
+        cmd = [str(self.python), str(self.script), "--archive", str(self.archive),
+               "--batches", str(self.batches_file), "--beam", str(beam), "--threads",
+               str(a.threads), "--max-len-a", str(a.max_len_a), "--max-len-b", str(a.max_len_b),
+               "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"the reference generator failed ({' '.join(cmd[:2])}):\n"
+                               f"{proc.stderr[-3000:]}")
+        res = json.loads(out.read_text())
+        hyps = [{"tokens": torch.tensor(h)} for batch in res["hypotheses"] for h in batch]
+        return res["seconds"], hyps
 
 
 def work_flops(cfg, vocab: int, batches, hyps: list[dict], beam: int) -> float:
@@ -255,10 +305,23 @@ def run(args: argparse.Namespace) -> dict:
     peaks = {d: matmul_peak(device, torch.bfloat16 if d == "bf16" else torch.float32,
                             peak_sizes) for d in dict.fromkeys("bf16" if d == "bf16"
                                                                else "fp32" for d in dtypes)}
-    rows, scores = [], {}
+    rows, scores, identical = [], {}, {}
+    workdir = Path(tempfile.mkdtemp(prefix="generation-reference-"))
+    reference = ReferenceGenerator(args.reference_python, args.checkpoint, batches, args,
+                                   workdir) if args.reference_python else None
     with torch.inference_mode():
         for beam in args.beams:
-            timed = timed_rounds(nets, batches, beam, True, args, device)
+            timed = timed_rounds(nets, batches, beam, True, args, device, reference)
+            if reference is not None:  # the reference: its own row, its outputs against ours
+                sec, ref_hyps = timed[-1]
+                rows.append({"dtype": "reference fp32", **row(
+                    "reference implementation", beam, sec, batches, ref_hyps,
+                    work_flops(cfg, V, batches, ref_hyps, beam))})
+                scores[f"reference beam{beam}"] = bleu(sp, ref_hyps, order,
+                                                       [t for _, t in pairs])
+                identical[f"beam{beam}"] = sum(
+                    a["tokens"].tolist() == b["tokens"].tolist()
+                    for a, b in zip(timed[0][1], ref_hyps)) / len(ref_hyps)
             for d, (sec, hyps) in zip(dtypes, timed):
                 rows.append({"dtype": d, **row("incremental", beam, sec, batches, hyps,
                                                work_flops(cfg, V, batches, hyps, beam))})
@@ -275,6 +338,7 @@ def run(args: argparse.Namespace) -> dict:
                     sec, hyps = timed_pass(nets[0], sub, beam, inc, args, device)
                     rows.append({"dtype": dtypes[0], **row(
                         mode, beam, sec, sub, hyps, work_flops(cfg, V, sub, hyps, beam))})
+    shutil.rmtree(workdir, ignore_errors=True)
     load_after = load_average()
     for r in rows:
         peak = peaks["bf16" if r["dtype"] == "bf16" else "fp32"]
@@ -289,13 +353,15 @@ def run(args: argparse.Namespace) -> dict:
         if full and inc:
             speedups[f"beam{beam}"] = full[0]["seconds"] / inc[-1]["seconds"]
             speedups[f"beam{beam}_best"] = full[0]["seconds_best"] / inc[-1]["seconds_best"]
-    ratios = {}  # each dtype's speed over the first's, round by round (the same rounds)
+    ratios = {}  # speed ratios of rows timed in the same rounds ("a/b": a is that much faster)
     for beam in args.beams:
-        base = next(r for r in rows if r["beam"] == beam and r["mode"] == "incremental")
-        for r in rows:
-            if r["beam"] == beam and r["mode"] == "incremental" and r is not base:
-                ratios[f"{r['dtype']}/{base['dtype']} beam{beam}"] = \
-                    base["seconds"] / r["seconds"]
+        inc = [r for r in rows if r["beam"] == beam and r["mode"] == "incremental"]
+        ref = [r for r in rows if r["beam"] == beam and r["mode"] == "reference implementation"]
+        for r in inc[1:]:  # each dtype over the first
+            ratios[f"{r['dtype']}/{inc[0]['dtype']} beam{beam}"] = \
+                inc[0]["seconds"] / r["seconds"]
+        for r in inc if ref else []:  # each dtype over the reference
+            ratios[f"{r['dtype']}/reference beam{beam}"] = ref[0]["seconds"] / r["seconds"]
     results = {"preset": cfg_name(args), "vocab": V, "dtype": dtypes, **model_info,
                "parameters": sum(p.numel() for p in net.parameters()),
                "data": {"corpus": corpus, "bpe_vocab": sp.src_size,
@@ -303,7 +369,10 @@ def run(args: argparse.Namespace) -> dict:
                         "batches": len(batches)},
                "peak_flops": peaks[next(iter(peaks))]["flops"], "peak": peaks, "runs": rows,
                "speedup_incremental_vs_full_prefix": speedups, "speedup_over_first_dtype":
-               ratios, "bleu": scores}
+               ratios, "bleu": scores,
+               # the share of sentences whose best hypothesis is the reference's, token for
+               # token (the first --dtype against the reference's float32)
+               "identical_to_reference": identical}
     return {"machine": machine_info(device), "load_before": load_before,
             "load_after": load_after, "quiet": quiet, "results": results}
 
@@ -342,6 +411,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"incremental vs full-prefix, {beam}: {s:.1f}x faster")
     for key, x in r["speedup_over_first_dtype"].items():
         print(f"speed {key}: {x:.2f}x")
+    for key, x in r["identical_to_reference"].items():
+        print(f"identical to the reference's outputs, {key}: {100 * x:.1f}% of sentences")
     for beam, s in r["bleu"].items():
         print(f"sacreBLEU {beam}: {s:.2f}")
     print(f"(* extrapolated)  load {'/'.join(f'{x:g}' for x in load)}  result: {path}")

@@ -333,26 +333,29 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
         T = int(max_lens.max()) + 1
         steppers = _encode(models, src_tokens, src_lengths, 1, incremental, vocab)
         vocab = steppers[0].vocab
-        tokens = torch.full((B, 1), EOS, dtype=torch.long, device=dev)
-        lps, attns = [], []
+        out = _Finished(B, 1, T, S, dev)
+        active = torch.arange(B, device=dev)  # sentences still decoding (rows of the steppers)
+        prefix = torch.full((B, 1), EOS, dtype=torch.long, device=dev)  # EOS as BOS
         length = torch.full((B,), T, dtype=torch.long, device=dev)  # tokens incl. EOS
         for step in range(T):
-            lprobs, attn = _ensemble_step(steppers, tokens)
-            lp, tok = _constrain(lprobs, step, min_len, max_lens, unk_penalty).max(dim=1)
+            lprobs, attn = _ensemble_step(steppers, prefix)
+            lp, tok = _constrain(lprobs, step, min_len, max_lens[active], unk_penalty).max(dim=1)
             if vocab is not None:
                 tok = vocab[tok]
-            tokens = torch.cat([tokens, tok[:, None]], 1)
-            lps.append(lp)
-            attns.append(attn)
-            length = torch.where(tok.eq(EOS) & length.eq(T), step + 1, length)
-            if bool(length.lt(T).all()):
-                break
-        out = _Finished(B, 1, len(lps), S, dev)
-        steps = torch.arange(len(lps), device=dev)
-        pos = torch.stack(lps, 1).masked_fill(steps[None] >= length[:, None], 0.0)  # B x T'
-        out.tokens[:, 0] = tokens[:, 1:]
-        out.pos[:, 0] = pos
-        out.attn[:, 0] = torch.stack(attns, 1)  # B x T' x S
+            out.tokens[active, 0, step] = tok
+            out.pos[active, 0, step] = lp
+            out.attn[active, 0, step] = attn
+            ended = tok.eq(EOS)  # (a row's max length forces EOS: every row ends by T - 1)
+            if bool(ended.any()):
+                length[active[ended]] = step + 1
+                if bool(ended.all()):
+                    break
+                # Sentences that ended leave the batch: the next steps compute only the others.
+                keep = (~ended).nonzero(as_tuple=True)[0]
+                for s in steppers:
+                    s.reorder(keep, keep)
+                active, prefix, tok = active[keep], prefix[keep], tok[keep]
+            prefix = torch.cat([prefix, tok[:, None]], 1)
         out.len[:, 0] = length
-        out.score[:, 0] = pos.sum(1) / length.double().pow(lenpen).float()
+        out.score[:, 0] = out.pos[:, 0].sum(1) / length.double().pow(lenpen).float()
         return out.collect(src_tokens, 1)
