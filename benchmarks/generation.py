@@ -126,12 +126,24 @@ def load_model(args, device: torch.device, precision: str):
         (net,), codec = translator.models, translator.codec
         meta = net.meta
         return net, codec, {"checkpoint": str(args.checkpoint), "update": meta["update"],
-                            "text": codec.kind, "imported_from": meta.get("imported_from")}
+                            "text": codec.kind, "imported_from": meta.get("imported_from"),
+                            "parameters": _parameters(net)}
     torch.manual_seed(args.seed)
     model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab)
     # Weight norm folded once, as the translator and the reference do for generation.
     net = for_inference(inference_copy(model).to(device), precision)
-    return net, None, {"random_weights": True}
+    return net, None, {"random_weights": True, "parameters": _parameters(net)}
+
+
+def _parameters(net) -> int:
+    """Weights of the model, int8 layers included (their float copies: the same count)."""
+    from convs2s.conv import Conv
+    from convs2s.quantize import Int8Linear
+
+    in_convs = {id(m.int8) for m in net.modules() if isinstance(m, Conv)}  # counted as Conv
+    return sum(p.numel() for p in net.parameters()) + sum(
+        m.weight.numel() + m.bias.numel() for m in net.modules()
+        if isinstance(m, Int8Linear) and id(m) not in in_convs)
 
 
 def make_batches(src: list[list[int]], ref_lens: list[int], limit: int, size: int, seed: int):
@@ -305,10 +317,28 @@ def run(args: argparse.Namespace) -> dict:
     peaks = {d: matmul_peak(device, torch.bfloat16 if d == "bf16" else torch.float32,
                             peak_sizes) for d in dict.fromkeys("bf16" if d == "bf16"
                                                                else "fp32" for d in dtypes)}
-    rows, scores, identical = [], {}, {}
     workdir = Path(tempfile.mkdtemp(prefix="generation-reference-"))
     reference = ReferenceGenerator(args.reference_python, args.checkpoint, batches, args,
                                    workdir) if args.reference_python else None
+    try:
+        rows, scores, identical = _timed_beams(args, nets, dtypes, batches, order, pairs, sp,
+                                               src, ref_lens, cfg, V, device, reference)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    load_after = load_average()
+    for r in rows:
+        peak = peaks["bf16" if r["dtype"] == "bf16" else "fp32"]
+        r["fraction_of_peak"] = r["achieved_flops"] / peak["flops"]
+        r["fraction_of_peak_best"] = r["achieved_flops_best"] / peak["flops_best"]
+    return _results(args, rows, scores, identical, dtypes, V, model_info, corpus, sp, src,
+                    order, batches, peaks, device, load_before, load_after, quiet)
+
+
+def _timed_beams(args, nets, dtypes, batches, order, pairs, sp, src, ref_lens, cfg, V, device,
+                 reference):
+    """Every beam: the dtypes (and the reference) in alternated rounds; the full-prefix
+    comparison on a subset when asked. -> rows, BLEU per setting, identical shares."""
+    rows, scores, identical = [], {}, {}
     with torch.inference_mode():
         for beam in args.beams:
             timed = timed_rounds(nets, batches, beam, True, args, device, reference)
@@ -338,12 +368,11 @@ def run(args: argparse.Namespace) -> dict:
                     sec, hyps = timed_pass(nets[0], sub, beam, inc, args, device)
                     rows.append({"dtype": dtypes[0], **row(
                         mode, beam, sec, sub, hyps, work_flops(cfg, V, sub, hyps, beam))})
-    shutil.rmtree(workdir, ignore_errors=True)
-    load_after = load_average()
-    for r in rows:
-        peak = peaks["bf16" if r["dtype"] == "bf16" else "fp32"]
-        r["fraction_of_peak"] = r["achieved_flops"] / peak["flops"]
-        r["fraction_of_peak_best"] = r["achieved_flops_best"] / peak["flops_best"]
+    return rows, scores, identical
+
+
+def _results(args, rows, scores, identical, dtypes, V, model_info, corpus, sp, src, order,
+             batches, peaks, device, load_before, load_after, quiet) -> dict:
     speedups = {}
     for beam in args.beams:
         full = [r for r in rows if r["beam"] == beam and r["mode"] == "full-prefix"]
@@ -363,7 +392,6 @@ def run(args: argparse.Namespace) -> dict:
         for r in inc if ref else []:  # each dtype over the reference
             ratios[f"{r['dtype']}/reference beam{beam}"] = ref[0]["seconds"] / r["seconds"]
     results = {"preset": cfg_name(args), "vocab": V, "dtype": dtypes, **model_info,
-               "parameters": sum(p.numel() for p in net.parameters()),
                "data": {"corpus": corpus, "bpe_vocab": sp.src_size,
                         "src_len": length_stats(src), "searched": len(order),
                         "batches": len(batches)},

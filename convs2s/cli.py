@@ -130,9 +130,12 @@ def translate(argv: list[str] | None = None) -> int:
     import torch
 
     from convs2s.checkpoint import CheckpointError
+    from convs2s.quantize import PrecisionError
     from convs2s.translate import load_for_inference
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    # int8 weights run on PyTorch's quantized CPU kernels: the CPU unless --device says else
+    device = args.device or ("cuda" if torch.cuda.is_available() and args.precision != "int8"
+                             else "cpu")
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
     threads = args.threads or len(os.sched_getaffinity(0))
@@ -154,7 +157,7 @@ def translate(argv: list[str] | None = None) -> int:
         # are written: a failed run never leaves an emptied or half-written output.
         tmp = Path(f"{args.output}.tmp-{os.getpid()}") if args.output else None
         out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
-    except (CheckpointError, OSError, ValueError) as err:
+    except (CheckpointError, OSError, ValueError, PrecisionError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     n, t0 = 0, time.perf_counter()

@@ -107,9 +107,12 @@ def decide(requested: str, nodes: list[tuple[str, bool, str]]) -> Precision:
     rather than mixing precisions), `bf16` / `fp32` are taken as asked."""
     if requested not in CHOICES:
         raise ValueError(f"precision {requested!r}: choose one of {', '.join(CHOICES)}")
-    hosts = {}
-    for host, ok, why in nodes:  # one line per host (its ranks share the hardware)
-        hosts.setdefault(host, (ok, why))
+    hosts: dict[str, tuple[bool, str]] = {}
+    for host, ok, why in nodes:  # one entry per host: native only if all its ranks are
+        if host in hosts:
+            seen_ok, seen_why = hosts[host]
+            ok, why = seen_ok and ok, seen_why if why == seen_why else f"{seen_why}, {why}"
+        hosts[host] = (ok, why)
     lacking = sorted(h for h, (ok, _) in hosts.items() if not ok)
     evidence = "; ".join(f"{h}: {why}" for h, (_, why) in sorted(hosts.items()))
     if requested == "fp32":

@@ -12,7 +12,9 @@
   projection fc3) with int8 weights, one scale per output channel (symmetric), and activations
   quantized per call (dynamic quantization), accumulating in int32 and returning float32:
   PyTorch's quantized linear kernels (oneDNN where the CPU has int8 dot products, AVX-512 VNNI /
-  AMX; fbgemm elsewhere). Embeddings, the softmaxes and the beam bookkeeping stay float32.
+  AMX; x86 / fbgemm with 7-bit activations elsewhere). Embeddings, the softmaxes and the beam
+  bookkeeping stay float32; with vocabulary selection, a batch's few rows of fc3 are multiplied
+  in float32 (`ConvS2S.output_rows`).
 
 Nothing changes unless asked: `SearchConfig.precision` is "fp32" by default. An int8 request
 where PyTorch has no quantized CPU kernels is an error that says so (`PrecisionError`).
@@ -33,11 +35,28 @@ class PrecisionError(RuntimeError):
     """An inference precision this machine or build cannot serve."""
 
 
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # int8 dot products without saturation
+
+
+def has_int8_dot_products() -> bool:
+    """Whether this CPU multiplies u8 x s8 into int32 without saturating (VNNI / AMX)."""
+    from convs2s.precision import cpu_flags
+
+    flags = cpu_flags()
+    if flags is not None:
+        return any(f in flags for f in VNNI_FLAGS)
+    probe = getattr(torch.cpu, "_is_vnni_supported", None)
+    return bool(probe and probe())
+
+
 def int8_engine() -> str:
-    """The quantized engine for int8 weights: oneDNN (int8 dot-product instructions, the fastest
-    measured on AVX-512 VNNI hosts), else fbgemm / x86; PrecisionError without any."""
+    """The quantized engine for int8 weights: oneDNN where the CPU has int8 dot products (VNNI /
+    AMX: the fastest measured, with full 8-bit activations), else x86 / fbgemm (whose AVX2 path
+    saturates 16-bit sums, so activations use 7 bits there); PrecisionError without any."""
     engines = _supported_engines()
-    for name in ("onednn", "x86", "fbgemm"):
+    order = ("onednn", "x86", "fbgemm") if has_int8_dot_products() else \
+        ("x86", "fbgemm", "qnnpack", "onednn")
+    for name in order:
         if name in engines:
             return name
     raise PrecisionError(
@@ -74,9 +93,9 @@ class Int8Linear(nn.Module):
                                  f"({err}): use precision fp32 or bf16") from None
         finally:
             torch.backends.quantized.engine = saved
-        # oneDNN multiplies u8 x s8 without saturation (VNNI); fbgemm's AVX2 path saturates its
-        # 16-bit sums, so activations then use 7 bits (PyTorch's own default for it).
-        self.reduce_range = engine != "onednn"
+        # With VNNI, oneDNN multiplies u8 x s8 without saturation; elsewhere the 16-bit sums
+        # of the AVX2 kernels saturate, so activations then use 7 bits (PyTorch's own rule).
+        self.reduce_range = not (engine == "onednn" and has_int8_dot_products())
         self.engine = engine
         # The float weights stay readable (not parameters): vocabulary selection multiplies a
         # batch's few rows of fc3 in float (`ConvS2S.output_rows`).
@@ -114,7 +133,12 @@ def _quantize(net: nn.Module) -> None:
     """Every nn.Linear and every convolution's GEMM of `net` -> int8 (embeddings stay float)."""
     from convs2s.conv import Conv
 
+    from torch.nn.utils import parametrize
+
     for module in list(net.modules()):
+        if parametrize.is_parametrized(module):
+            raise ValueError("int8 weights are made from an inference copy (weight norm folded: "
+                             "convs2s.model.inference_copy), not from a training model")
         if isinstance(module, Conv):
             module.int8 = Int8Linear(module.weight.reshape(module.c_out, -1), module.bias)
         for name, child in list(module.named_children()):

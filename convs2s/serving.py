@@ -66,7 +66,9 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
             cfg["shortlist"] = context.artifacts["shortlist"]
         root = Path(context.artifacts["checkpoints"])
         paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        # int8 weights run on PyTorch's quantized CPU kernels
+        device = "cuda" if torch.cuda.is_available() and cfg.get("precision") != "int8" \
+            else "cpu"
         self.translator = load_for_inference(paths, SearchConfig.from_dict(cfg), device)
 
     def predict(self, context, model_input: list[str], params=None) -> list[str]:

@@ -86,6 +86,8 @@ def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: in
                 sample_pairs: int, rows: int, out_dir: Path) -> dict:
     """Count the encoded training split (`rows` pairs, at most `sample_pairs` of them counted)
     on Ray Data and write `out_dir/shortlist.npz`; returns the manifest fields."""
+    from ray.data.expressions import col
+
     from preprocessing.parts import read_stage
     from preprocessing.stages import execution_settings
 
@@ -95,14 +97,14 @@ def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: in
         fn_kwargs={"stride": stride})
     counts = execution_settings(ds.groupby(["src", "tgt"]).sum("n")).materialize()
     src_counts, tgt_counts, counted = np.zeros(vocab_size), np.zeros(vocab_size), 0
-    singles = counts.filter(expr="src == -1 or tgt == -1")
+    singles = counts.filter(expr=(col("src") == -1) | (col("tgt") == -1))
     for b in singles.iter_batches(batch_size=None, batch_format="pyarrow"):
         s, t = b.column("src").to_numpy(), b.column("tgt").to_numpy()
         n = b.column("sum(n)").to_numpy()
         tgt_counts[t[(s == -1) & (t >= 0)]] = n[(s == -1) & (t >= 0)]
         src_counts[s[(t == -1) & (s >= 0)]] = n[(t == -1) & (s >= 0)]
         counted += int(n[(s == -1) & (t == -1)].sum())
-    pairs = counts.filter(expr="src >= 0 and tgt >= 0")
+    pairs = counts.filter(expr=(col("src") >= 0) & (col("tgt") >= 0))
     best = pairs.groupby("src").map_groups(
         best_targets, batch_format="pyarrow",
         fn_kwargs={"k": k, "target_counts": tgt_counts, "source_counts": src_counts})

@@ -92,6 +92,10 @@ def test_a_world_agrees_on_one_precision():
     p = decide("bf16", mixed)
     assert p.name == "bf16" and "emulated, slower than float32, on node-b" in p.reason
     assert decide("fp32", native).name == "fp32"
+    # two ranks of one host that differ (a V100 beside an A100): the host is not native
+    p = decide("auto", [("gpu-node", True, "A100 (compute 8.0)"),
+                        ("gpu-node", False, "V100 (compute 7.0, bf16 native from 8.0)")])
+    assert p.name == "fp32" and "A100" in p.reason and "V100" in p.reason
     with pytest.raises(ValueError, match="choose one of auto, bf16, fp32"):
         decide("fp16", native)
 

@@ -139,9 +139,25 @@ def test_the_whole_vocabulary_as_a_shortlist_is_the_plain_search():
         for a, b in zip(plain, listed):
             assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
             assert a[0]["score"] == pytest.approx(b[0]["score"], abs=1e-5)
-    # a real shortlist: outputs use only its tokens, and their scores are renormalized over it
+    # a real shortlist (positions != ids): outputs use only its tokens, greedy and beam,
+    # incremental or not, and each token's log-prob is the full model's renormalized over it
     short = torch.cat([torch.arange(4), torch.arange(30, 45)])
-    for h in generate([net], src, lengths, max_len_b=8, vocab=short):
-        assert set(h[0]["tokens"].tolist()) <= set(short.tolist())
+    allowed = set(short.tolist())
+    for search in (generate, greedy):
+        inc = search([net], src, lengths, max_len_b=8, vocab=short)
+        full = search([net], src, lengths, max_len_b=8, vocab=short, incremental=False)
+        for a, b in zip(inc, full):
+            assert set(a[0]["tokens"].tolist()) <= allowed
+            assert a[0]["tokens"].tolist() == b[0]["tokens"].tolist()
+            assert a[0]["score"] == pytest.approx(b[0]["score"], abs=1e-4)
+    h = greedy([net], src[:1], lengths[:1], max_len_b=8, vocab=short)[0][0]
+    prefix = torch.cat([torch.tensor([EOS]), h["tokens"][:-1]])[None]
+    with torch.no_grad():
+        logits, _ = net.decode(prefix, net.encode(src[:1], lengths[:1]))
+    renormed = torch.log_softmax(logits[0][:, short], dim=-1)  # T x C
+    pos = {t: i for i, t in enumerate(short.tolist())}
+    expected = renormed[torch.arange(len(h["tokens"])),
+                        torch.tensor([pos[t] for t in h["tokens"].tolist()])]
+    assert torch.allclose(h["positional_scores"], expected, atol=1e-5)
     with pytest.raises(ValueError, match="start with the special tokens"):
         generate([net], src, lengths, vocab=torch.arange(4, V))

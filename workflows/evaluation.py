@@ -115,7 +115,8 @@ def evaluate_job(job: EvalJob) -> dict:
     from convs2s.translate import load_for_inference
 
     torch.set_num_threads(max(1, int(job.num_cpus)))
-    use_cuda = job.num_gpus > 0 and torch.cuda.is_available()
+    # (int8 weights run on PyTorch's quantized CPU kernels: a GPU job searches on its CPU)
+    use_cuda = job.num_gpus > 0 and torch.cuda.is_available() and job.search.precision != "int8"
     test = job.test_set
     src, refs = read_lines(test.src), read_lines(test.ref)
     if len(src) != len(refs):
