@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
@@ -91,6 +92,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(this interpreter of a scratch environment with fairseq, see "
                         "scripts/fairseq_fixtures.sh) on the same weights (exported with "
                         "convs2s.fairseq_interop) and batches, in the same rounds")
+    p.add_argument("--shortlist", type=Path, default=None, metavar="NPZ",
+                   help="also time each --dtype with vocabulary selection, this lexical table "
+                        "(the checkpoint's data: preprocessing --shortlist K)")
+    p.add_argument("--shortlist-k", type=int, default=0, metavar="K",
+                   help="without --shortlist: count a table of K candidates per source token "
+                        "on the benchmark's own sentence pairs (random weights: sizes only)")
+    p.add_argument("--shortlist-frequent", type=int, default=2000,
+                   help="most frequent target tokens always in a batch's shortlist")
     p.add_argument("--test", nargs=4, metavar=("DIR", "NAME", "SRC", "TGT"), default=None,
                    help="search DIR/NAME.SRC (.gz too) and score against DIR/NAME.TGT instead "
                         "of newstest2012+2013 En-Fr (e.g. ../shared/data/multi30k "
@@ -165,8 +174,25 @@ def make_batches(src: list[list[int]], ref_lens: list[int], limit: int, size: in
     return out
 
 
-def search(net, batch, beam: int, incremental: bool, args, device) -> list[dict]:
+@dataclass
+class Setting:
+    """What one row of the table searches with: a model at a dtype, and optionally vocabulary
+    selection (a shortlist per batch, computed inside the timed pass as the Translator does)."""
+
+    label: str  # "fp32", "int8", "int8+shortlist", ...
+    dtype: str
+    net: object
+    shortlist: object = None  # convs2s.shortlist.Shortlist
+    frequent: int = 0
+
+    def vocab(self, tokens: torch.Tensor):
+        return None if self.shortlist is None else self.shortlist.for_batch(tokens,
+                                                                            self.frequent)
+
+
+def search(setting, batch, beam: int, incremental: bool, args, device) -> list[dict]:
     """Best hypothesis per sentence of one batch."""
+    net = setting.net
     tokens, lengths, _, ref_len = batch
     if args.checkpoint is not None:
         lens = {"max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "min_len": 1}
@@ -174,23 +200,25 @@ def search(net, batch, beam: int, incremental: bool, args, device) -> list[dict]
         n = args.out_len or ref_len
         lens = {"max_len_a": 0.0, "max_len_b": n, "min_len": n}
     src, src_len = tokens.to(device), lengths.to(device)
+    vocab = setting.vocab(tokens)
     if beam == 1:
-        hyps = greedy([net], src, src_len, incremental=incremental, **lens)
+        hyps = greedy([net], src, src_len, incremental=incremental, vocab=vocab, **lens)
     else:
-        hyps = generate([net], src, src_len, beam_size=beam, incremental=incremental, **lens)
+        hyps = generate([net], src, src_len, beam_size=beam, incremental=incremental,
+                        vocab=vocab, **lens)
     return [h[0] for h in hyps]
 
 
-def timed_pass(net, batches, beam, incremental, args, device) -> tuple[list[float], list]:
+def timed_pass(setting, batches, beam, incremental, args, device) -> tuple[list[float], list]:
     """Seconds for all batches, once per --repeats, after an untimed warm-up on a few
     sentences (first-call allocations and kernel selection)."""
-    (times, hyps), = timed_rounds([net], batches, beam, incremental, args, device)
+    (times, hyps), = timed_rounds([setting], batches, beam, incremental, args, device)
     return times, hyps
 
 
 def timed_rounds(nets, batches, beam, incremental, args, device, reference=None
                  ) -> list[tuple[list, list]]:
-    """(seconds per round, hypotheses) per model: --repeats rounds, each timing every model
+    """(seconds per round, hypotheses) per setting: --repeats rounds, each timing every one
     once in turn (alternated, so that a change of the machine's speed reaches all alike),
     after an untimed warm-up of each on a few sentences. `reference(beam) -> (seconds,
     hypotheses)`: the reference implementation, timed last in each round."""
@@ -294,7 +322,6 @@ def run(args: argparse.Namespace) -> dict:
         corpus = "wmt14-en-fr " + " + ".join(TABLE3_SETS) + ", En->Fr"
     dtypes = list(dict.fromkeys(args.dtype))
     loaded = {d: load_model(args, device, d) for d in dtypes}  # the same weights, each dtype
-    nets = [loaded[d][0] for d in dtypes]
     net, sp, model_info = loaded[dtypes[0]]
     if sp is None:
         from convs2s.text_codec import SentencePieceCodec
@@ -309,14 +336,21 @@ def run(args: argparse.Namespace) -> dict:
     batches = make_batches(src, ref_lens, args.limit, args.batch_sentences, args.seed)
     order = [i for b in batches for i in b[2]]
     cfg, V = net.cfg, net.tgt_vocab_size
+    nets = [Setting(d, d, loaded[d][0]) for d in dtypes]
+    shortlist = load_shortlist(args, sp, pairs, V)
+    if shortlist is not None:  # each dtype again, with vocabulary selection
+        nets += [Setting(f"{d}+shortlist", d, loaded[d][0], shortlist, args.shortlist_frequent)
+                 for d in dtypes]
+        model_info["shortlist"] = output_layer_times(net, batches, shortlist, args, device)
+    dtypes = [x.label for x in nets]
 
     peak_sizes = tuple(args.peak_sizes) if args.peak_sizes else None
     quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
     load_before = load_average()
     # int8 rows are set against the float32 peak (no int8 peak is measured)
     peaks = {d: matmul_peak(device, torch.bfloat16 if d == "bf16" else torch.float32,
-                            peak_sizes) for d in dict.fromkeys("bf16" if d == "bf16"
-                                                               else "fp32" for d in dtypes)}
+                            peak_sizes) for d in dict.fromkeys(
+                                "bf16" if d.startswith("bf16") else "fp32" for d in dtypes)}
     workdir = Path(tempfile.mkdtemp(prefix="generation-reference-"))
     reference = ReferenceGenerator(args.reference_python, args.checkpoint, batches, args,
                                    workdir) if args.reference_python else None
@@ -327,11 +361,59 @@ def run(args: argparse.Namespace) -> dict:
         shutil.rmtree(workdir, ignore_errors=True)
     load_after = load_average()
     for r in rows:
-        peak = peaks["bf16" if r["dtype"] == "bf16" else "fp32"]
+        peak = peaks["bf16" if r["dtype"].startswith("bf16") else "fp32"]
         r["fraction_of_peak"] = r["achieved_flops"] / peak["flops"]
         r["fraction_of_peak_best"] = r["achieved_flops_best"] / peak["flops_best"]
     return _results(args, rows, scores, identical, dtypes, V, model_info, corpus, sp, src,
                     order, batches, peaks, device, load_before, load_after, quiet)
+
+
+def load_shortlist(args, sp, pairs, V: int):
+    """The lexical table of --shortlist (the checkpoint's data), or with --shortlist-k one
+    counted on the benchmark's own sentence pairs (random weights: only its sizes matter)."""
+    from convs2s.shortlist import Shortlist
+
+    if args.shortlist is not None:
+        from convs2s.text_codec import codec_files
+
+        spm_file = codec_files(args.checkpoint)[0] if args.checkpoint is not None else None
+        return Shortlist.load(args.shortlist, spm_file, vocab_size=V)
+    if not args.shortlist_k:
+        return None
+    from preprocessing.lexical import table_in_memory
+
+    table, order = table_in_memory(encode(sp, [s for s, _ in pairs]),
+                                   encode(sp, [t for _, t in pairs]), V, args.shortlist_k)
+    return Shortlist(torch.from_numpy(table.astype(np.int64)),
+                     torch.from_numpy(order.astype(np.int64)),
+                     {"k": args.shortlist_k, "counted_on": "the benchmark's own pairs"})
+
+
+def output_layer_times(net, batches, shortlist, args, device) -> dict:
+    """The output layer of one decoding step (batch_sentences x the largest beam rows): the
+    whole vocabulary against each batch's shortlist (milliseconds, median of the batches)."""
+    fc3 = net.decoder.fc3
+    w = fc3.weight  # float in an int8 copy too: a shortlist multiplies float rows
+    x = torch.randn(args.batch_sentences * max(args.beams), w.shape[1], device=device,
+                    dtype=w.dtype)
+    full, short, sizes = [], [], []
+    with torch.inference_mode():
+        for tokens, _, _, _ in batches:
+            ids = shortlist.for_batch(tokens, args.shortlist_frequent).to(device)
+            rows = (w.index_select(0, ids), fc3.bias.index_select(0, ids))
+            sizes.append(ids.numel())
+            for out, (weight, bias) in ((full, (w, fc3.bias)), (short, rows)):
+                torch.addmm(bias, x, weight.t())  # warm
+                synchronize(device)
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    torch.addmm(bias, x, weight.t())
+                synchronize(device)
+                out.append((time.perf_counter() - t0) / 5 * 1e3)
+    return {"vocab": w.shape[0], "shortlist_mean": float(np.mean(sizes)),
+            "shortlist_max": int(max(sizes)), "rows": x.shape[0],
+            "full_ms": median(full), "shortlist_ms": median(short),
+            "speedup": median(full) / median(short)}
 
 
 def _timed_beams(args, nets, dtypes, batches, order, pairs, sp, src, ref_lens, cfg, V, device,

@@ -5,6 +5,8 @@
     python -m preprocessing --task wmt14_en_fr --source ../shared/data/wmt14-en-fr \\
         --split train=newstest2012 --split valid=newstest2013 --split test=newstest2014 \\
         --vocab-size 8000
+    python -m preprocessing --task multi30k_en_de --source ../shared/data/multi30k \\
+        --split valid=val --split test=test_2016_flickr --shortlist 30   # + lexical table
 
 `--task` picks a preset (preprocessing.config.PRESETS); other settings are edited there or in
 a workflow file. With RAY_ADDRESS set (e.g. under `ray job submit`) it joins that cluster,
@@ -36,6 +38,11 @@ def summary(out: PipelineOutput) -> str:
                      + (", ".join(f"{k}={v:,}" for k, v in drops.items()) or "-"))
     for split, (s, t) in out.text.items():
         lines.append(f"text    {split}: {s} {t}")
+    if out.shortlist:
+        m = out.manifests["shortlist"]
+        lines.append(f"shortlist {out.shortlist} ({m['k']} candidates per source token, "
+                     f"{m['sources_with_candidates']:,} source tokens, {m['pairs_counted']:,} "
+                     "pairs counted)")
     return "\n".join(lines)
 
 
@@ -51,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, help="BPE types (default: the preset's)")
     p.add_argument("--max-tokens", type=int, help="token budget per batch")
     p.add_argument("--dedupe", action="store_true", help="drop exact duplicate training pairs")
+    p.add_argument("--shortlist", type=int, metavar="K",
+                   help="also learn vocabulary selection's lexical table: K target candidates "
+                        "per source token (<out>/<task>/<key>/shortlist/shortlist.npz)")
     p.add_argument("--hub-endpoint", help="Hugging Face endpoint (a mirror); default: the hub")
     args = p.parse_args(argv)
 
@@ -58,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PRESETS[args.task]()
     changes = {k: v for k, v in {"source": args.source, "root": args.out,
                                  "vocab_size": args.vocab_size,
-                                 "max_tokens": args.max_tokens}.items() if v is not None}
+                                 "max_tokens": args.max_tokens,
+                                 "shortlist_per_source": args.shortlist}.items()
+               if v is not None}
     if args.dedupe:
         changes["dedupe"] = True
     if args.split:

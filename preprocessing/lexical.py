@@ -82,6 +82,30 @@ def best_targets(group: pa.Table, k: int, target_counts: np.ndarray,
                                          pa.list_(pa.int32()))})
 
 
+def table_in_memory(src: list[list[int]], tgt: list[list[int]], vocab_size: int, k: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(table, target_order) of a small corpus counted in this process: the stage's own
+    functions without Ray (benchmarks, tests)."""
+    counts = cooccurrence_block(pa.table({"id": list(range(len(src))), "src": src,
+                                          "tgt": tgt}))
+    s, t, n = (counts.column(c).to_numpy() for c in ("src", "tgt", "n"))
+    src_counts, tgt_counts = np.zeros(vocab_size), np.zeros(vocab_size)
+    tgt_counts[t[(s == -1) & (t >= 0)]] = n[(s == -1) & (t >= 0)]
+    src_counts[s[(t == -1) & (s >= 0)]] = n[(t == -1) & (s >= 0)]
+    table = np.full((vocab_size, k), -1, dtype=np.int32)
+    pairs = (s >= 0) & (t >= 0)
+    by_src = np.argsort(s[pairs], kind="stable")
+    g = pa.table({"src": s[pairs][by_src], "tgt": t[pairs][by_src], "sum(n)": n[pairs][by_src]})
+    ids, starts = np.unique(g.column("src").to_numpy(), return_index=True)
+    for src_id, a, b in zip(ids.tolist(), starts.tolist(), [*starts[1:].tolist(), len(g)]):
+        row = best_targets(g.slice(a, b - a), k, tgt_counts, src_counts)
+        targets = row.column("targets")[0].as_py()
+        table[src_id, :len(targets)] = targets
+    order = np.lexsort((np.arange(vocab_size), -tgt_counts))
+    order = np.concatenate([np.arange(N_SPECIAL), order[order >= N_SPECIAL]]).astype(np.int32)
+    return table, order
+
+
 def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: int, k: int,
                 sample_pairs: int, rows: int, out_dir: Path) -> dict:
     """Count the encoded training split (`rows` pairs, at most `sample_pairs` of them counted)

@@ -97,13 +97,20 @@ def test_generation_benchmark_writes_result(shared_data, tmp_path):
     generation.main(["--preset", "tiny", "--limit", "12", "--batch-sentences", "5",
                      "--out-len", "4", "--beams", "1", "3", "--full-prefix-limit", "6",
                      "--bpe-vocab", "500", "--peak-sizes", "128", "--data", str(shared_data),
-                     "--dtype", "fp32", "int8", "--out", str(out)])
+                     "--dtype", "fp32", "int8", "--shortlist-k", "5", "--shortlist-frequent",
+                     "50", "--out", str(out)])
     r = _check_result(out, "generation")["results"]
     modes = {(x["mode"], x["dtype"], x["beam"]) for x in r["runs"]}
+    # int8 and vocabulary selection: timed in the same rounds as float32
     assert modes == {(m, "fp32", b) for m in ("incremental", "incremental (subset)",
                                               "full-prefix") for b in (1, 3)} | \
-        {("incremental", "int8", b) for b in (1, 3)}  # int8: timed in the same rounds
-    assert set(r["speedup_over_first_dtype"]) == {"int8/fp32 beam1", "int8/fp32 beam3"}
+        {("incremental", d, b) for d in ("int8", "fp32+shortlist", "int8+shortlist")
+         for b in (1, 3)}
+    assert set(r["speedup_over_first_dtype"]) == {
+        f"{d}/fp32 beam{b}" for d in ("int8", "fp32+shortlist", "int8+shortlist")
+        for b in (1, 3)}
+    sl = r["shortlist"]  # the output layer alone: the whole vocabulary against a shortlist
+    assert sl["vocab"] == 1000 and 54 <= sl["shortlist_mean"] < 1000 and sl["speedup"] > 0
     for x in r["runs"]:
         assert x["mean_output_tokens"] == 5  # --out-len 4 tokens + EOS: fixed work
         assert x["extrapolated"] and x["seconds_for_6003"] > x["seconds"]

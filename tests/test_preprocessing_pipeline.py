@@ -159,6 +159,30 @@ def test_rerun_skips_finished_stages(newstest):
     assert {p: p.stat().st_mtime_ns for p in Path(out.root).rglob("*") if p.is_file()} == stamps
 
 
+def test_the_lexical_table_is_a_stage_beside_the_same_data(newstest):
+    """With shortlist_per_source the pipeline adds shortlist/ to the same data folder (the
+    other stages are reused, not rebuilt) and the table pairs newstest's frequent words."""
+    import numpy as np
+
+    cfg, out = newstest
+    with_table = run_pipeline(cfg.replace(shortlist_per_source=8))
+    assert with_table.root == out.root  # the same data key: only a stage is added
+    for stage in ("clean/train", "spm", "encoded/train", "batches/train"):
+        assert with_table.manifests[stage] == out.manifests[stage]
+    m = with_table.manifests["shortlist"]
+    assert with_table.shortlist == str(Path(out.root) / "shortlist" / "shortlist.npz")
+    assert m["k"] == 8 and m["pairs_counted"] == out.manifests["encoded/train"]["rows_kept"]
+    with np.load(with_table.shortlist, allow_pickle=False) as z:
+        table = z["table"]
+    assert table.shape == (out.vocab_size, 8) and m["sources_with_candidates"] > 1000
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=out.spm_model)
+    house = sp.piece_to_id("▁house")  # a whole-word piece in newstest's En-Fr BPE
+    if house != sp.unk_id():
+        assert sp.piece_to_id("▁maison") in table[house].tolist()
+
+
 def write_hub_layout(shared_data: Path, folder: Path) -> None:
     """newstest files as parquet laid out like hub wmt/wmt14 (fr-en/<split>-*.parquet)."""
     hub_names = {"train": "train", "valid": "validation", "test": "test"}

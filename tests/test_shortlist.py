@@ -62,6 +62,14 @@ def test_best_targets_rank_by_dice():
     assert out.column("targets").to_pylist() == [[10, 12]]
 
 
+def test_the_in_memory_table_is_the_stages_table():
+    from preprocessing.lexical import table_in_memory
+
+    table, order = table_in_memory([s for s, _ in PAIRS], [t for _, t in PAIRS], 20, 2)
+    assert table[4].tolist() == [10, 12] and table[7].tolist() == [14, -1]
+    assert table[6].tolist() == [12, 10] and order[:6].tolist() == [0, 1, 2, 3, 10, 11]
+
+
 @pytest.mark.slow
 def test_the_table_stage_counts_exactly_on_ray_data(ray_session, tmp_path):
     from preprocessing.lexical import build_table
