@@ -174,7 +174,8 @@ def test_the_lexical_table_is_a_stage_beside_the_same_data(newstest):
     assert m["k"] == 8 and m["pairs_counted"] == out.manifests["encoded/train"]["rows_kept"]
     with np.load(with_table.shortlist, allow_pickle=False) as z:
         table = z["table"]
-    assert table.shape == (out.vocab_size, 8) and m["sources_with_candidates"] > 1000
+    assert table.shape == (out.vocab_size, 8)
+    assert m["sources_with_candidates"] > 0.5 * out.vocab_size
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_file=out.spm_model)
