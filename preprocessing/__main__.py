@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     cfg = PRESETS[args.task]()
+    if args.source not in (None, "hub", "demo"):  # a folder: absolute, as the workflows give
+        from pathlib import Path  # it, so both find the same data folder (its key hashes it)
+
+        args.source = str(Path(args.source).expanduser().resolve())
     changes = {k: v for k, v in {"source": args.source, "root": args.out,
                                  "vocab_size": args.vocab_size,
                                  "max_tokens": args.max_tokens,
