@@ -15,6 +15,9 @@ close the step runs to what the hardware can do.
     python -m benchmarks.training --preset wmt14_en_de --device cuda --dtype bf16 --steps 50
     python -m benchmarks.training --preset iwslt_de_en --dtype bf16   # CPUs with native bf16
     python -m benchmarks.training --preset iwslt_de_en --profile 3     # + where the time goes
+    python -m benchmarks.training --preset iwslt_de_en --dump-batches b.json   # then the
+    /tmp/fairseq-ref-venv/bin/python scripts/fairseq_training_speed.py --batches b.json \\
+        --arch fconv_iwslt_de_en --vocab 8000 --threads 2 --out ref.json   # reference's step
 
 Writes benchmarks/results/training_<preset>_<device>.json (or --out) and prints a table.
 """
@@ -22,6 +25,7 @@ Writes benchmarks/results/training_<preset>_<device>.json (or --out) and prints 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import tempfile
@@ -85,6 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="wait until the 1-minute load average is below this ...")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
                    help="... for at most this long (0: do not wait)")
+    p.add_argument("--dump-batches", type=Path, default=None, metavar="JSON",
+                   help="also write the timed batches (token ids) for the reference "
+                        "implementation's step: scripts/fairseq_training_speed.py")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
     p.add_argument("--replace", action="store_true",
@@ -114,6 +121,8 @@ def run(args: argparse.Namespace) -> dict:
     cfg = PRESETS[args.preset]()
     with tempfile.TemporaryDirectory() as tmp:
         batches, data_info = make_batches(args, Path(tmp))
+    if args.dump_batches is not None:
+        args.dump_batches.write_text(json.dumps([[src, tgt] for src, tgt in batches]))
     batches = [collate_lists(s, t) for s, t in batches]
     model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
     train_cfg = TrainConfig(precision=args.dtype)
