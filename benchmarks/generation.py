@@ -100,6 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "on the benchmark's own sentence pairs (random weights: sizes only)")
     p.add_argument("--shortlist-frequent", type=int, default=2000,
                    help="most frequent target tokens always in a batch's shortlist")
+    p.add_argument("--shortlist-per-source", type=int, default=0,
+                   help="candidates taken per source token (0: all the table has)")
     p.add_argument("--test", nargs=4, metavar=("DIR", "NAME", "SRC", "TGT"), default=None,
                    help="search DIR/NAME.SRC (.gz too) and score against DIR/NAME.TGT instead "
                         "of newstest2012+2013 En-Fr (e.g. ../shared/data/multi30k "
@@ -184,10 +186,11 @@ class Setting:
     net: object
     shortlist: object = None  # convs2s.shortlist.Shortlist
     frequent: int = 0
+    per_source: int = 0  # 0: all the table has
 
     def vocab(self, tokens: torch.Tensor):
-        return None if self.shortlist is None else self.shortlist.for_batch(tokens,
-                                                                            self.frequent)
+        return None if self.shortlist is None else self.shortlist.for_batch(
+            tokens, self.frequent, self.per_source or None)
 
 
 def search(setting, batch, beam: int, incremental: bool, args, device) -> list[dict]:
@@ -339,8 +342,8 @@ def run(args: argparse.Namespace) -> dict:
     nets = [Setting(d, d, loaded[d][0]) for d in dtypes]
     shortlist = load_shortlist(args, sp, pairs, V)
     if shortlist is not None:  # each dtype again, with vocabulary selection
-        nets += [Setting(f"{d}+shortlist", d, loaded[d][0], shortlist, args.shortlist_frequent)
-                 for d in dtypes]
+        nets += [Setting(f"{d}+shortlist", d, loaded[d][0], shortlist, args.shortlist_frequent,
+                         args.shortlist_per_source) for d in dtypes]
         model_info["shortlist"] = output_layer_times(net, batches, shortlist, args, device)
     dtypes = [x.label for x in nets]
 
@@ -399,7 +402,8 @@ def output_layer_times(net, batches, shortlist, args, device) -> dict:
     full, short, sizes = [], [], []
     with torch.inference_mode():
         for tokens, _, _, _ in batches:
-            ids = shortlist.for_batch(tokens, args.shortlist_frequent).to(device)
+            ids = shortlist.for_batch(tokens, args.shortlist_frequent,
+                                      args.shortlist_per_source or None).to(device)
             rows = (w.index_select(0, ids), fc3.bias.index_select(0, ids))
             sizes.append(ids.numel())
             for out, (weight, bias) in ((full, (w, fc3.bias)), (short, rows)):
