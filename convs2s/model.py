@@ -263,6 +263,8 @@ class Decoder(Embedded):
         x = dropout(self.fc2(x), self.dropout, self.training)
         if rows is None and out is None:
             return self.fc3(x)
+        if callable(rows):  # an int8 copy's shortlist layer (convs2s.quantize.Int8Linear)
+            return rows(x)
         weight, bias = rows if rows is not None else (self.fc3.weight, self.fc3.bias)
         if out is None:
             return F.linear(x, weight, bias)
@@ -382,10 +384,13 @@ class ConvS2S(nn.Module):
         over a shortlist's fc3 `rows` (weight C x E, bias C): N x C."""
         return self.decoder.decode_step(tokens, state, out, rows)
 
-    def output_rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def output_rows(self, ids: torch.Tensor):
         """fc3's weight and bias rows of the target ids `ids` (C): vocabulary selection's
-        output layer for one batch (float weights also in an int8 copy)."""
+        output layer for one batch. An int8 copy (`convs2s.quantize`) gets those rows as an
+        int8 layer of their own (`fc3.select`), packed once per batch."""
         fc3 = self.decoder.fc3
+        if hasattr(fc3, "select"):
+            return fc3.select(ids)
         return fc3.weight.index_select(0, ids), fc3.bias.index_select(0, ids)
 
 

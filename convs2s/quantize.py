@@ -13,8 +13,8 @@
   quantized per call (dynamic quantization), accumulating in int32 and returning float32:
   PyTorch's quantized linear kernels (oneDNN where the CPU has int8 dot products, AVX-512 VNNI /
   AMX; x86 / fbgemm with 7-bit activations elsewhere). Embeddings, the softmaxes and the beam
-  bookkeeping stay float32; with vocabulary selection, a batch's few rows of fc3 are multiplied
-  in float32 (`ConvS2S.output_rows`).
+  bookkeeping stay float32; with vocabulary selection, a batch's rows of fc3 are packed into
+  an int8 layer of their own once per batch (`Int8Linear.select`).
 
 Nothing changes unless asked: `SearchConfig.precision` is "fp32" by default. An int8 request
 where PyTorch has no quantized CPU kernels is an error that says so (`PrecisionError`).
@@ -100,6 +100,11 @@ class Int8Linear(nn.Module):
         # The float weights stay readable (not parameters): vocabulary selection multiplies a
         # batch's few rows of fc3 in float (`ConvS2S.output_rows`).
         self.weight, self.bias = w, b if b is not None else torch.zeros(w.shape[0])
+
+    def select(self, rows: torch.Tensor) -> "Int8Linear":
+        """The layer of output rows `rows` only (vocabulary selection's fc3 for one batch):
+        re-quantized from the float rows, so each row keeps its own scale."""
+        return Int8Linear(self.weight.index_select(0, rows), self.bias.index_select(0, rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), float32
         shape = x.shape

@@ -52,6 +52,14 @@ def test_every_matrix_product_of_an_int8_copy_is_int8_and_embeddings_stay_float(
         state = net.init_state(enc)
         steps = [net.decode_step(prev[:, t], state)[0] for t in range(4)]
     assert float((torch.stack(steps, 1) - full).abs().max()) < 0.03 * float(full.abs().max())
+    # vocabulary selection on an int8 copy: the shortlist's rows of fc3 as an int8 layer
+    ids = torch.tensor([0, 1, 2, 3, 7, 11, 40])
+    rows = net.output_rows(ids)
+    assert isinstance(rows, Int8Linear) and rows.out_features == 7
+    state = net.init_state(enc)
+    short, _ = net.decode_step(prev[:, 0], state, rows=rows)
+    assert short.shape == (2, 7)
+    assert float((short - steps[0][:, ids]).abs().max()) < 0.03 * float(steps[0].abs().max())
 
 
 def test_bad_precisions_are_refused_with_the_way_out(monkeypatch):
