@@ -1,7 +1,9 @@
 """Vocabulary selection: the lexical table's counts are exact on a tiny corpus (preprocessing
 /lexical.py, on Ray Data), a batch's shortlist holds the specials, the frequent targets and
 each source token's candidates (convs2s.shortlist), a search over the whole vocabulary given as
-a shortlist is the plain search, and a table of other data is refused.
+a shortlist is the plain search, a trained model searched over its data's shortlists (float32
+and int8) gives the whole vocabulary's hypotheses on most sentences, and a table of other data
+is refused.
 
 Run: .venv/bin/python -m pytest tests/test_shortlist.py -q
 """
@@ -9,16 +11,19 @@ Run: .venv/bin/python -m pytest tests/test_shortlist.py -q
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 import torch
 
-from convs2s.config import EOS, PRESETS
+from convs2s.config import EOS, PRESETS, SearchConfig
 from convs2s.model import ConvS2S, inference_copy
+from convs2s.scoring import read_lines
 from convs2s.search import generate, greedy
 from convs2s.shortlist import Shortlist, ShortlistError
+from convs2s.translate import load_for_inference
 from preprocessing.lexical import TABLE_FILE, best_targets, cooccurrence_block, vocab_digest
 
 # Four encoded pairs (ids >= 4 are pieces; EOS ends each side).
@@ -169,3 +174,29 @@ def test_the_whole_vocabulary_as_a_shortlist_is_the_plain_search():
     assert torch.allclose(h["positional_scores"], expected, atol=1e-5)
     with pytest.raises(ValueError, match="start with the special tokens"):
         generate([net], src, lengths, vocab=torch.arange(4, V))
+
+
+def test_a_trained_model_with_a_shortlist_translates_like_the_whole_vocabulary(demo_trained,
+                                                                               tmp_path):
+    """The lexical table of the demo model's own training data (the shortlist stage's
+    function on Ray Data): beam search over each batch's shortlist, in float32 and int8,
+    gives the whole vocabulary's hypotheses on most sentences."""
+    import pyarrow.parquet as pq
+
+    from preprocessing.lexical import TABLE_FILE, build_table
+
+    t = demo_trained
+    encoded = Path(t.prep.root) / "encoded" / "train"
+    rows = sum(pq.read_metadata(p).num_rows for p in encoded.glob("*.parquet"))
+    meta = build_table(encoded, t.prep.spm_model, t.prep.vocab_size, k=20,
+                       sample_pairs=100_000, rows=rows, out_dir=tmp_path)
+    assert meta["pairs_counted"] == rows
+    lines = read_lines(t.test_src)[:60]
+    ckpt = [t.train.best_checkpoint]
+    full = load_for_inference(ckpt, SearchConfig(beam=5)).translate(lines)
+    for precision in ("fp32", "int8"):
+        short = load_for_inference(ckpt, SearchConfig(
+            beam=5, precision=precision, shortlist=str(tmp_path / TABLE_FILE),
+            shortlist_frequent=100)).translate(lines)
+        same = sum(a == b for a, b in zip(full, short))
+        assert same >= 0.75 * len(lines), (precision, same)
