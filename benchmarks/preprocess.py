@@ -53,7 +53,7 @@ from preprocessing import demo
 from preprocessing.batching import BATCH_SCHEMA, add_window, batch_stats, batch_window
 from preprocessing.cleaning import CLEAN_SCHEMA, clean_block, clean_stats
 from preprocessing.config import demo as demo_config
-from preprocessing.encoding import ENCODED_SCHEMA, Encoder, encoded_stats
+from preprocessing.encoding import ENCODED_SCHEMA, Encoder, SentencePieceVocabulary, encoded_stats
 from preprocessing.parts import PartSink
 from preprocessing.pipeline import run_pipeline
 from preprocessing.stages import execution_settings
@@ -262,7 +262,7 @@ def _plain_sink(table: pa.Table, out_dir: Path, key: str, schema, stats_fn, digi
 
 
 def _plain_encode(clean_dir: Path, out_dir: Path, spm_model: str) -> None:
-    encoder = Encoder(spm_model)
+    encoder = Encoder(SentencePieceVocabulary(spm_model))
     for f in sorted(clean_dir.glob("part-*.parquet")):
         _plain_sink(encoder(pq.read_table(f, columns=["id", "src", "tgt"])), out_dir, "part",
                     ENCODED_SCHEMA, encoded_stats)

@@ -43,8 +43,10 @@ def checkpoint_dir_name(update: int) -> str:
 
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | None = None,
-                    end_of_epoch: bool = False) -> Path:
-    """Write `state` (the dict described above) to `directory`; returns the directory.
+                    end_of_epoch: bool = False, text_files: tuple[str, ...] = ()) -> Path:
+    """Write `state` (the dict described above) to `directory`, with the sentencepiece model
+    or the `text_files` of another text pipeline (convs2s.text_codec) beside it; returns the
+    directory.
 
     Files are written under temporary names and renamed, so a crash never leaves a truncated
     checkpoint.pt behind.
@@ -60,6 +62,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     os.replace(tmp, directory / CHECKPOINT_FILE)
     if spm_model:
         shutil.copyfile(spm_model, directory / SPM_FILE)
+    for path in text_files:
+        if Path(path).name != SPM_FILE or not spm_model:
+            shutil.copyfile(path, directory / Path(path).name)
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
             "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch)}
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.

@@ -16,6 +16,7 @@ Both keep the special ids of docs/design.md (<s> 0, <pad> 1, </s> 2, <unk> 3).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -84,6 +85,10 @@ class SentencePieceCodec:
     def encode(self, line: str) -> list[str]:
         return self.sp.encode(line, out_type=str)
 
+    def ids(self, lines: list[str], side: str) -> list[list[int]]:
+        """Token ids (no EOS) of raw lines of either side (one joint model)."""
+        return self.sp.encode(lines, out_type=int, num_threads=1)
+
     def source_ids(self, pieces: list[str]) -> list[int]:
         return [self.sp.piece_to_id(p) for p in pieces]
 
@@ -150,11 +155,28 @@ class MosesBpeCodec:
         self.src_size, self.tgt_size = len(self.src_symbols), len(self.tgt_symbols)
         self.tok = MosesTokenizer(settings["source_lang"])
         self.detok = MosesDetokenizer(settings["target_lang"])
+        self._tgt = None  # the target side's tokenizer and dictionary index, made when needed
 
     def encode(self, line: str) -> list[str]:
-        tokens = self.tok.tokenize(line, aggressive_dash_splits=True, return_str=True,
-                                   escape=True)
+        return self._pieces(self.tok, line)
+
+    def _pieces(self, tok, line: str) -> list[str]:
+        tokens = tok.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
         return self.bpe.process_line(tokens).split()
+
+    def ids(self, lines: list[str], side: str) -> list[list[int]]:
+        """Token ids (no EOS) of raw lines of the source (`side` "src") or target language
+        ("tgt"), each side tokenized with its language's rules and looked up in its own
+        dictionary: training data for a model that keeps these dictionaries (fine-tuning)."""
+        if side == "src":
+            return [self.source_ids(self._pieces(self.tok, line)) for line in lines]
+        if self._tgt is None:
+            from sacremoses import MosesTokenizer
+
+            index = {s: i for i, s in reversed(list(enumerate(self.tgt_symbols)))}
+            self._tgt = (MosesTokenizer(self.settings["target_lang"]), index)
+        tok, index = self._tgt
+        return [[index.get(p, UNK) for p in self._pieces(tok, line)] for line in lines]
 
     def source_ids(self, pieces: list[str]) -> list[int]:
         return [self.src_index.get(p, UNK) for p in pieces]
@@ -227,3 +249,37 @@ def codec_files(checkpoint_dir: str | Path) -> list[Path]:
         return [folder / SPM_FILE] if (folder / SPM_FILE).is_file() else []
     return [folder / TEXT_FILE, folder / settings["bpe_codes"], folder / settings["source_dict"],
             folder / settings["target_dict"]]
+
+
+class CheckpointVocabulary:
+    """A checkpoint's text pipeline as the vocabulary of new training data: fine-tuning keeps
+    the model's token ids, so preprocessing encodes with the checkpoint's own sentencepiece
+    model, or its Moses + subword-nmt pipeline and dictionaries, instead of learning a BPE.
+
+    It is what `preprocessing.pipeline.run_pipeline(..., vocabulary=)` takes (the protocol is
+    in preprocessing/encoding.py): plain attributes, so it pickles to the encoder actors, where
+    `encoder()` builds the codec once.
+    """
+
+    def __init__(self, checkpoint_dir: str | Path):
+        folder = Path(checkpoint_dir).expanduser().resolve()
+        codec = codec_for_checkpoint(folder)  # the files exist and fit together
+        self.folder = str(folder)
+        self.kind = codec.kind
+        self.src_size, self.tgt_size = codec.src_size, codec.tgt_size
+        self.files = tuple(str(p) for p in codec_files(folder))  # they travel with the weights
+        self.spm_model = str(folder / SPM_FILE) if codec.kind == SENTENCEPIECE else ""
+        settings = read_codec_settings(folder)
+        # (source, target) language of a Moses pipeline; None: sentencepiece knows no language
+        self.languages = (settings["source_lang"], settings["target_lang"]) if settings else None
+        digest = hashlib.sha256()
+        for path in self.files:
+            digest.update(Path(path).name.encode() + b"\0" + Path(path).read_bytes())
+        self.fingerprint = digest.hexdigest()[:16]
+
+    def encoder(self):
+        """`encode(lines, side) -> ids` (no EOS) for side "src" or "tgt"."""
+        return codec_for_checkpoint(self.folder).ids
+
+    def __repr__(self) -> str:
+        return f"CheckpointVocabulary({self.folder!r}, {self.kind}, {self.fingerprint})"

@@ -59,7 +59,7 @@ from convs2s.tracking import (
     set_tags,
 )
 from convs2s.train_job import TrainJob, TrainResult
-from convs2s.train_worker import CrashInjection, train_loop_per_worker
+from convs2s.train_worker import CrashInjection, initial_weights, train_loop_per_worker
 
 # --- driver -------------------------------------------------------------------------------------
 
@@ -74,10 +74,15 @@ def fit(job: TrainJob) -> TrainResult:
     run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
                                 run_name=job.run_name, parent_run_id=job.parent_run_id,
                                 tags={"convs2s.code_version": version, **job.tags})
+    if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart
+        initial_weights(job)
+        set_tags(uri, run_id, {"convs2s.init_from": job.init_from})
     datasets, train_rows = _datasets(job)
     job_params = {"num_workers": job.num_workers, "use_gpu": job.use_gpu,
                   "vocab_size": job.vocab_size, "code_version": version,
-                  "train_batches": train_rows}
+                  "train_batches": train_rows,
+                  **({"tgt_vocab_size": job.tgt_vocab_size} if job.tgt_vocab_size else {}),
+                  **({"init_from": job.init_from} if job.init_from else {})}
     describe_run(uri, run_id, {"model": job.model.to_dict(), "train": job.train.to_dict(),
                                "data": job.data_manifest, "job": job_params},
                  list(job.datasets))
@@ -191,4 +196,6 @@ def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:
                "job": {k: v for k, v in vars(job).items() if k not in ("model", "train")}}
         Path(tmp, "train_job.json").write_text(json.dumps(cfg, indent=2, default=str))
         log_artifacts(uri, run_id, str(Path(tmp, "train_job.json")), "config")
-    log_artifacts(uri, run_id, job.spm_model, "config")
+    for path in dict.fromkeys([job.spm_model, *job.text_files]):  # the text pipeline
+        if path:
+            log_artifacts(uri, run_id, path, "config")

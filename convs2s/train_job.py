@@ -33,8 +33,8 @@ class TrainJob:
     train: TrainConfig
     train_data: str  # batches/train dir of the preprocessing output (absolute or relative)
     valid_data: str  # batches/valid dir
-    spm_model: str  # sentencepiece model, copied into every checkpoint
-    vocab_size: int  # joint BPE vocabulary: source and target size
+    spm_model: str  # sentencepiece model, copied into every checkpoint ("" if none)
+    vocab_size: int  # joint BPE vocabulary: source and target size (source with tgt_vocab_size)
     storage_path: str  # Ray Train storage (shared for multi-node); the run lives in <it>/<name>
     run_name: str  # same name + storage_path = resume (Ray Train and the MLflow run)
     num_workers: int = 1
@@ -54,6 +54,14 @@ class TrainJob:
     # Seconds between samples of each node's CPU / memory / GPU utilization, logged to the
     # training run as system/<node>/... (convs2s.system_metrics); 0: no sampling.
     system_metrics_s: float = 10.0
+    # Fine-tuning: start from this checkpoint directory's weights (trained here or imported
+    # with `python -m convs2s import-fairseq`) instead of random ones; `model` must be its
+    # architecture (the dropout may differ) and the data encoded with its vocabulary.
+    init_from: str | None = None
+    tgt_vocab_size: int = 0  # the target vocabulary of a model with one per language (0: joint)
+    # The files of a fixed vocabulary (a checkpoint's text pipeline), copied into every
+    # checkpoint so that it translates, scores and serves on its own.
+    text_files: tuple[str, ...] = ()
 
     def replace(self, **changes) -> TrainJob:
         return dataclasses.replace(self, **changes)

@@ -48,6 +48,7 @@ from ray.train import (
 
 from convs2s.checkpoint import (
     BEST_DIR,
+    CheckpointError,
     capture_rng_state,
     checkpoint_dir_name,
     load_checkpoint,
@@ -57,7 +58,7 @@ from convs2s.checkpoint import (
     save_checkpoint,
 )
 from convs2s.collate import collate_arrow
-from convs2s.config import TrainConfig
+from convs2s.config import ModelConfig, TrainConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import agree
@@ -150,7 +151,9 @@ class Trainer:
         if self.device.type == "cpu":  # intra-op threads = the CPUs Ray reserved for this worker
             torch.set_num_threads(max(1, int(job.cpus_per_worker)))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
-        self.net = ConvS2S(job.model, job.vocab_size, job.vocab_size)
+        self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
+        if job.init_from:  # fine-tuning: a trained (or imported) model's weights
+            self.net.load_state_dict(initial_weights(job))
         self.model = ray.train.torch.prepare_model(self.net)  # to device; DDP when world > 1
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
@@ -339,7 +342,8 @@ class Trainer:
         job = self.job
         state = {
             "model": self.net.state_dict(), "model_config": job.model.to_dict(),
-            "src_vocab_size": job.vocab_size, "tgt_vocab_size": job.vocab_size,
+            "src_vocab_size": job.vocab_size,
+            "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size,
             "train_config": job.train.to_dict(), "epoch": progress.epoch,
             "update": progress.update, "batches_in_epoch": progress.batches_in_epoch,
             "world_size": comm.world_size, "optimizer": self.optimizer.state_dict(),
@@ -350,7 +354,8 @@ class Trainer:
         tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
         tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
         try:
-            save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch)
+            save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch,
+                            text_files=job.text_files)
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
                              checkpoint_dir_name=checkpoint_dir_name(progress.update))
             if is_best and val_loss is not None:
@@ -409,6 +414,24 @@ class Trainer:
         if self.schedule.should_stop():
             return "min_lr"
         return None
+
+
+def initial_weights(job: TrainJob) -> dict:
+    """The weights of `job.init_from` for the model `job` builds; a checkpoint of another
+    architecture or vocabulary is a CheckpointError naming what differs."""
+    state = load_checkpoint(job.init_from)
+    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
+    differ = [f"{k} {v!r} (the run: {getattr(job.model, k)!r})"
+              for k, v in theirs.to_dict().items() if v != job.model.to_dict()[k]]
+    ours = (job.vocab_size, job.tgt_vocab_size or job.vocab_size)
+    if (state["src_vocab_size"], state["tgt_vocab_size"]) != ours:
+        differ.append(f"vocabulary sizes {state['src_vocab_size']} / {state['tgt_vocab_size']} "
+                      f"(the run's data: {ours[0]} / {ours[1]})")
+    if differ:
+        raise CheckpointError(f"init_from={job.init_from}: its model differs from the one to "
+                              f"train: {'; '.join(differ)}; fine-tuning keeps the checkpoint's "
+                              "architecture and encodes the data with its vocabulary")
+    return state["model"]
 
 
 # --- data -----------------------------------------------------------------------------------------

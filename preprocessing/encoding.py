@@ -1,4 +1,12 @@
-"""Encoding: cleaned text -> sentencepiece ids (int32, EOS-terminated), on an actor pool.
+"""Encoding: cleaned text -> token ids (int32, EOS-terminated), on an actor pool.
+
+The ids come from a *vocabulary*: the joint sentencepiece model the pipeline learned
+(`SentencePieceVocabulary`), or a fixed one handed to `run_pipeline(vocabulary=)`, such as a
+checkpoint's text pipeline when fine-tuning keeps a model's ids (convs2s.text_codec's
+`CheckpointVocabulary`; this package does not import it). A vocabulary pickles to the actors
+and has `encoder() -> encode(lines, side) -> list of id lists` (side "src" or "tgt", no EOS),
+`fingerprint` (a digest of its files: part of the data key), `src_size` / `tgt_size`,
+`spm_model` (a sentencepiece model path, or "") and `files` (what travels with the weights).
 
 `PartEncoder` is a callable class: Ray Data starts a pool of `concurrency` actors, each loads
 the model once, and the clean parts' paths stream through them; an actor reads a part, encodes
@@ -39,18 +47,31 @@ def ids_array(seqs: list[list[int]]) -> tuple[pa.ListArray, np.ndarray]:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)), lengths
 
 
-class Encoder:
-    """Ray Data callable class: one sentencepiece model per actor, one block per call."""
+class SentencePieceVocabulary:
+    """The pipeline's own vocabulary: one joint sentencepiece model for both sides."""
 
-    def __init__(self, model_path: str):
-        self.sp = load(model_path)
+    def __init__(self, model_path: str, size: int = 0):
+        self.spm_model = str(model_path)
+        self.src_size = self.tgt_size = size
+        self.files = (self.spm_model,)
+
+    def encoder(self):
+        sp = load(self.spm_model)
+        return lambda lines, side: sp.encode(lines, out_type=int, num_threads=1)
+
+
+class Encoder:
+    """Ray Data callable class: one vocabulary's encoder per actor, one block per call."""
+
+    def __init__(self, vocabulary):
+        self.encode = vocabulary.encoder()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         """Encoded rows sorted by id, with `part` (the block's first id) and `reason` (null)."""
         batch = batch.take(np.argsort(batch["id"].to_numpy(), kind="stable"))
         ids = batch["id"].to_numpy()
-        src = self.sp.encode(batch["src"].to_pylist(), out_type=int, num_threads=1)
-        tgt = self.sp.encode(batch["tgt"].to_pylist(), out_type=int, num_threads=1)
+        src = self.encode(batch["src"].to_pylist(), "src")
+        tgt = self.encode(batch["tgt"].to_pylist(), "tgt")
         src_arr, src_len = ids_array(src)
         tgt_arr, tgt_len = ids_array(tgt)
         first = int(ids[0]) if len(ids) else 0
@@ -81,8 +102,8 @@ class PartEncoder:
     stage's peak memory from 1.2 GB to 2.8 GB (docs/benchmarks.md).
     """
 
-    def __init__(self, model_path: str, out_dir: str):
-        self.encoder = Encoder(model_path)
+    def __init__(self, vocabulary, out_dir: str):
+        self.encoder = Encoder(vocabulary)
         self.sink = PartSink(out_dir, part_key="part", schema=ENCODED_SCHEMA,
                              stats_fn=encoded_stats)
 
@@ -92,7 +113,7 @@ class PartEncoder:
         return pa.table({"write_return": [json.dumps(r) for r in returns]})
 
 
-def encode_parts(clean_dir: str, out_dir: str, model_path: str, concurrency: int,
+def encode_parts(clean_dir: str, out_dir: str, vocabulary, concurrency: int,
                  label: str) -> dict:
     """Encode every clean part under `clean_dir` into `out_dir` on `concurrency` actors; the
     summed counts (PartSink.totals, checked for parts written twice)."""
@@ -105,7 +126,7 @@ def encode_parts(clean_dir: str, out_dir: str, model_path: str, concurrency: int
     ds = execution_settings(ds.map_batches(
         PartEncoder, batch_size=1, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=max(1, min(concurrency, len(paths)))),
-        fn_constructor_kwargs={"model_path": model_path, "out_dir": out_dir}))
+        fn_constructor_kwargs={"vocabulary": vocabulary, "out_dir": out_dir}))
     sink = PartSink(out_dir, part_key="part", schema=ENCODED_SCHEMA, label=label)
     t0, returns = time.monotonic(), []
     with user_errors():

@@ -1,4 +1,5 @@
 """The preprocessing pipeline: clean -> spm -> encoded -> batches (+ text), each a Ray Data stage.
+(With a fixed vocabulary, e.g. a checkpoint's for fine-tuning, there is no spm stage.)
 
     from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
@@ -33,7 +34,7 @@ from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_stats, batch
 from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean_stats,
                                     dedupe_group, normalize_block)
 from preprocessing.config import PreprocessConfig
-from preprocessing.encoding import encode_parts
+from preprocessing.encoding import SentencePieceVocabulary, encode_parts
 from preprocessing.errors import PreprocessError, user_errors
 from preprocessing.lexical import TABLE_FILE, build_table
 from preprocessing.exchange import group_by
@@ -52,12 +53,15 @@ class PipelineOutput:
     """Where a finished run's outputs are (design.md): paths are absolute."""
 
     root: str  # <root>/<task>/<data key> (data_dir)
-    spm_model: str
-    vocab_size: int
+    spm_model: str  # the joint sentencepiece model ("" for a fixed vocabulary without one)
+    vocab_size: int  # source vocabulary (joint: both sides)
     batches: dict[str, str]  # split -> batches folder (one parquet row per batch)
     text: dict[str, tuple[str, str]]  # eval split -> (source text, target text)
     manifests: dict[str, dict]  # "clean/train", "spm", "encoded/valid", ..., "text"
     shortlist: str | None = None  # the lexical table of vocabulary selection, if made
+    tgt_vocab_size: int = 0  # the target vocabulary when it is not the joint one (else 0)
+    # A fixed vocabulary's files (run_pipeline(vocabulary=)): they travel with the weights.
+    text_files: tuple[str, ...] = ()
 
 
 def _fp(*manifests: dict) -> str:
@@ -146,12 +150,20 @@ def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) ->
                                                              "unk": UNK}}
 
 
-def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, clean_m: dict,
-            tmp: Path) -> dict:
+def _fixed(vocabulary) -> dict:
+    """The manifest of a vocabulary given to run_pipeline (not learned: no stage folder)."""
+    return {"stage": "vocabulary", "config_hash": vocabulary.fingerprint,
+            "input_fingerprint": "", "from": getattr(vocabulary, "folder", None),
+            "kind": getattr(vocabulary, "kind", None), "files": list(vocabulary.files),
+            "vocab_path": vocabulary.spm_model, "vocab_size": vocabulary.src_size,
+            "tgt_vocab_size": vocabulary.tgt_size}
+
+
+def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, vocabulary,
+            clean_m: dict, tmp: Path) -> dict:
     label = f"encoded/{split}"
     actors = cfg.encode_tasks or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    totals = encode_parts(str(task_dir / "clean" / split), str(tmp), spm_m["vocab_path"],
-                          actors, label)
+    totals = encode_parts(str(task_dir / "clean" / split), str(tmp), vocabulary, actors, label)
     _checked(label, totals.get("rows_in", 0), clean_m["rows_kept"], "encoded")
     return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": {},
             "tokens": {k: totals[k] for k in ("src_tokens", "tgt_tokens", "src_unk", "tgt_unk")},
@@ -220,27 +232,39 @@ _NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits", "shortlist_per_sour
                "shortlist_sample_pairs")
 
 
-def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None) -> Path:
+def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None,
+             vocabulary=None) -> Path:
     """`<root>/<task>/<data key>/`: the folder of this data. The key is the hash of the
-    settings that decide the output and of the training and validation inputs (their source
-    names and fingerprints), so runs on other data or settings write beside each other and
-    never replace a folder another run trains from; evaluation-only splits are stages inside
-    it. `sources` (resolved splits) is computed when not given."""
+    settings that decide the output, of the training and validation inputs (their source
+    names and fingerprints) and of a fixed vocabulary's files, so runs on other data or
+    settings write beside each other and never replace a folder another run trains from;
+    evaluation-only splits are stages inside it. `sources` (resolved splits) is computed when
+    not given."""
     if sources is None:
         sources = {s: resolve_split(cfg, s) for s in ("train", "valid") if s in cfg.splits}
     settings = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_OUTPUT}
     inputs = {s: [cfg.splits[s], sources[s].fingerprint] for s in ("train", "valid")
               if s in sources}
-    key = config_hash({"pipeline_version": PIPELINE_VERSION, "settings": settings,
-                       "inputs": inputs})[:12]
-    return Path(cfg.root).resolve() / cfg.task / key
+    keyed = {"pipeline_version": PIPELINE_VERSION, "settings": settings, "inputs": inputs}
+    if vocabulary is not None:
+        keyed["vocabulary"] = vocabulary.fingerprint
+    return Path(cfg.root).resolve() / cfg.task / config_hash(keyed)[:12]
 
 
-def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> PipelineOutput:
-    """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running."""
+def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
+                 vocabulary=None) -> PipelineOutput:
+    """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running.
+
+    `vocabulary` (encoding.py says what it is) fixes the token ids instead of learning a joint
+    BPE: fine-tuning encodes new data with the model's own text pipeline. The BPE settings of
+    `cfg` then do not apply."""
     cfg = cfg.replace(root=str(Path(cfg.root).resolve()))
     sources = {s: resolve_split(cfg, s, hub_endpoint) for s in cfg.splits}  # fail fast, no Ray
-    task_dir = data_dir(cfg, sources)
+    if vocabulary is not None and cfg.shortlist_per_source and not vocabulary.spm_model:
+        raise PreprocessError(f"shortlist_per_source={cfg.shortlist_per_source}: vocabulary "
+                              "selection needs one joint vocabulary, and the fixed "
+                              f"vocabulary {vocabulary!r} has one per language; set it to 0")
+    task_dir = data_dir(cfg, sources, vocabulary)
     if not ray.is_initialized():
         ray.init()
     m: dict[str, dict] = {}
@@ -253,14 +277,20 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> Pipe
                                      lambda tmp, s=split, src=src: _clean(cfg, s, src, tmp))
     spm_cfg = {"vocab_size": cfg.vocab_size, "spm_sample_pairs": cfg.spm_sample_pairs,
                "spm_seed": cfg.spm_seed, "character_coverage": cfg.character_coverage}
-    m["spm"] = _stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
-                      lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp))
+    if vocabulary is None:  # learn the joint BPE
+        m["spm"] = _stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
+                          lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp))
+        vocabulary = SentencePieceVocabulary(m["spm"]["vocab_path"], m["spm"]["vocab_size"])
+        vocab_m = m["spm"]
+    else:
+        vocab_m = m["vocabulary"] = _fixed(vocabulary)
     batch_cfg = {"max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
                  "shuffle_window": cfg.shuffle_window, "seed": cfg.seed}
     for split in cfg.splits:
         m[f"encoded/{split}"] = _stage(
-            task_dir, f"encoded/{split}", {}, _fp(m["spm"], m[f"clean/{split}"]),
-            lambda tmp, s=split: _encode(cfg, task_dir, s, m["spm"], m[f"clean/{s}"], tmp))
+            task_dir, f"encoded/{split}", {}, _fp(vocab_m, m[f"clean/{split}"]),
+            lambda tmp, s=split: _encode(cfg, task_dir, s, vocab_m, vocabulary,
+                                         m[f"clean/{s}"], tmp))
         m[f"batches/{split}"] = _stage(
             task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
             lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp))
@@ -270,7 +300,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> Pipe
         m["shortlist"] = _stage(
             task_dir, "shortlist", short_cfg, _fp(m["encoded/train"]),
             lambda tmp: {"table": str(task_dir / "shortlist" / TABLE_FILE), **build_table(
-                task_dir / "encoded" / "train", m["spm"]["vocab_path"], m["spm"]["vocab_size"],
+                task_dir / "encoded" / "train", vocab_m["vocab_path"], vocab_m["vocab_size"],
                 cfg.shortlist_per_source, cfg.shortlist_sample_pairs,
                 m["encoded/train"]["rows_kept"], tmp)})
     if cfg.eval_splits:
@@ -280,7 +310,9 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None) -> Pipe
         m["text"] = _stage(task_dir, "text", text_cfg, text_fp,
                            lambda tmp: _text(cfg, sources, tmp))
     return PipelineOutput(
-        root=str(task_dir), spm_model=m["spm"]["vocab_path"], vocab_size=m["spm"]["vocab_size"],
+        root=str(task_dir), spm_model=vocab_m["vocab_path"], vocab_size=vocab_m["vocab_size"],
         batches={s: str(task_dir / "batches" / s) for s in cfg.splits},
         text={s: tuple(m["text"]["splits"][s]["files"]) for s in cfg.eval_splits},
-        manifests=m, shortlist=m["shortlist"]["table"] if "shortlist" in m else None)
+        manifests=m, shortlist=m["shortlist"]["table"] if "shortlist" in m else None,
+        tgt_vocab_size=vocab_m.get("tgt_vocab_size", 0) if "vocabulary" in m else 0,
+        text_files=tuple(vocab_m["files"]) if "vocabulary" in m else ())

@@ -105,7 +105,7 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
     try:
         tree.describe(parent, spec.params())
         record_settings(ctx, spec)  # --restart sets earlier work aside; a continuation is noted
-        out = preprocess_stage(ctx, pre)
+        out = preprocess_stage(ctx, pre, spec.init_from)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
         tree.describe(parent, datasets=datasets)
         trained = train_stage(ctx, spec, out, datasets, source)
@@ -365,6 +365,8 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
                      + ("   (scored earlier)" if s.skipped else ""))
     if kind.note:
         lines.append(kind.note)
+    if spec.init_from:
+        lines.append(f"fine-tuned from {spec.init_from} (its architecture and vocabulary)")
     for t in r.train:
         m = t.metrics
         if m.get("stop_reason"):

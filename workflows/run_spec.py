@@ -64,6 +64,9 @@ class RunSpec:
     experiment: str
     added_test_sets: tuple[str, ...] = ()  # the --test-set stems (checked for files up front)
     restart: bool = False  # --restart: train the run name over (workflows.run_state)
+    # --init-from: fine-tuning starts from this checkpoint directory's weights (absolute), keeps
+    # its architecture (`model` is the checkpoint's, with the preset's dropout) and vocabulary.
+    init_from: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -81,7 +84,8 @@ class RunSpec:
             "model": self.model.to_dict(), "train": self.train.to_dict(),
             "search": self.search.to_dict(), "ensemble": dataclasses.asdict(self.ensemble),
             "test_sets": dict(self.test_sets), "num_workers": self.num_workers,
-            "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker}}
+            "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker,
+            **({"init_from": self.init_from} if self.init_from else {})}}
 
 
 def compared(pre: PreprocessConfig) -> dict:
@@ -125,14 +129,43 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         limits["precision"] = opts.precision
     use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
     run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    model, init_from = cfg.model, None
+    if opts.init_from:
+        init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
     return RunSpec(
         workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
-        model=cfg.model, train=cfg.train.replace(**limits), search=cfg.search,
+        model=model, train=cfg.train.replace(**limits), search=cfg.search,
         ensemble=cfg.ensemble, num_workers=opts.num_workers or cfg.num_workers,
         use_gpu=use_gpu, cpus_per_worker=cfg.cpus_per_worker, eval_cpus=cfg.eval_cpus,
         eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
         system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
         attention=opts.attention, run_name=run_name, storage=str(storage),
         tracking_uri=opts.tracking_uri, experiment=opts.experiment or cfg.name,
-        added_test_sets=added, restart=opts.restart)
+        added_test_sets=added, restart=opts.restart, init_from=init_from)
+
+
+def _fine_tuned(path: str, preset_model: ModelConfig,
+                pre: PreprocessConfig) -> tuple[str, ModelConfig]:
+    """--init-from: the checkpoint folder (absolute) and the model to train, its architecture
+    with the preset's dropout. Its text pipeline must read the data's languages."""
+    from convs2s.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+    from convs2s.text_codec import CheckpointVocabulary, CodecError
+
+    folder = Path(path).expanduser().resolve()
+    if not (folder / CHECKPOINT_FILE).is_file():
+        raise SpecError(f"--init-from {path}: no {CHECKPOINT_FILE} there; give a checkpoint "
+                        "directory (a run's best/ or checkpoint_*, or the output of `python -m "
+                        "convs2s import-fairseq`)")
+    try:
+        vocabulary = CheckpointVocabulary(folder)
+        state = load_checkpoint(folder)
+    except (CodecError, CheckpointError) as err:
+        raise SpecError(f"--init-from {path}: {err}") from None
+    languages = (pre.src_lang, pre.tgt_lang)
+    if vocabulary.languages is not None and vocabulary.languages != languages:
+        raise SpecError(f"--init-from {path}: the model translates "
+                        f"{'->'.join(vocabulary.languages)} but the data is "
+                        f"{'->'.join(languages)}; fine-tune it on data of its own direction")
+    model = ModelConfig.from_dict(state["model_config"]).replace(dropout=preset_model.dropout)
+    return str(folder), model

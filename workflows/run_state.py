@@ -83,7 +83,8 @@ def result_settings(spec) -> dict[str, str]:
                            "model": spec.model.to_dict(), "train": train,
                            "search": spec.search.to_dict(),
                            "ensemble": {"runs": spec.ensemble.runs,
-                                        "average_last": spec.ensemble.average_last}})
+                                        "average_last": spec.ensemble.average_last},
+                           **({"init_from": spec.init_from} if spec.init_from else {})})
 
 
 def budgets(spec) -> dict[str, float]:

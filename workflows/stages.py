@@ -32,17 +32,26 @@ class EvalScore:
     skipped: bool = False  # scored by an earlier invocation of the same run
 
 
-def preprocess_stage(ctx: StageContext, pre: PreprocessConfig):
-    """Every preprocessing stage as Ray Data jobs (finished stages are skipped by manifest)."""
+def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | None = None):
+    """Every preprocessing stage as Ray Data jobs (finished stages are skipped by manifest).
+    Fine-tuning (`init_from`, a checkpoint directory) encodes with that model's vocabulary
+    instead of learning a BPE."""
+    from convs2s.text_codec import CheckpointVocabulary
     from convs2s.tracking import end_run, log_artifacts
     from preprocessing.pipeline import run_pipeline
 
+    vocabulary = CheckpointVocabulary(init_from) if init_from else None
     run_id = ctx.tree.child("preprocess", "preprocess")
-    ctx.tree.describe(run_id, {"preprocess": compared(pre)})
-    log.info("== preprocess: %s -> %s/%s", pre.source, pre.root, pre.task)
+    params = {"preprocess": compared(pre)}
+    if vocabulary is not None:
+        params["vocabulary"] = {"from": vocabulary.folder, "kind": vocabulary.kind,
+                                "fingerprint": vocabulary.fingerprint}
+    ctx.tree.describe(run_id, params)
+    log.info("== preprocess: %s -> %s/%s%s", pre.source, pre.root, pre.task,
+             f" with the vocabulary of {init_from}" if init_from else "")
     t0 = time.monotonic()
     try:
-        out = run_pipeline(pre)
+        out = run_pipeline(pre, vocabulary=vocabulary)
     except BaseException:
         end_run(ctx.tree.uri, run_id, "FAILED")
         raise
@@ -78,7 +87,8 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
         train = spec.train.replace(seed=spec.train.seed + k)  # members differ only in the seed
         b = out.manifests["batches/train"]
         key = digest({"model": spec.model.to_dict(), "train": train.to_dict(),
-                       "data": [b["config_hash"], b["input_fingerprint"]]})
+                       "data": [b["config_hash"], b["input_fingerprint"]],
+                       **({"init_from": spec.init_from} if spec.init_from else {})})
         state = ctx.state()
         done = state["train"].get(name)
         if done and done["key"] == key and Path(done["result"]["run_dir"]).is_dir():
@@ -97,7 +107,8 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        experiment_name=ctx.tree.experiment,
                        parent_run_id=ctx.tree.parent, data_manifest=_data_summary(out),
                        datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"},
-                       system_metrics_s=spec.system_metrics_s)
+                       system_metrics_s=spec.system_metrics_s, init_from=spec.init_from,
+                       tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files)
         result = fit(job)
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "

@@ -95,6 +95,7 @@ class RunOptions:
     run_name: str | None = None
     system_metrics: bool = True  # sample each training node's utilization into MLflow
     restart: bool = False  # train this run name over under new settings (earlier work set aside)
+    init_from: str | None = None  # fine-tune: start from this checkpoint directory's weights
 
 
 
@@ -145,6 +146,13 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="the --run-name exists with other settings: train it over under these "
                         "(its earlier training and scores are set aside in its folder, and "
                         "its MLflow runs say so); without it such a rerun is refused")
+    p.add_argument("--init-from", metavar="CKPT_DIR",
+                   help="fine-tune: start training from this checkpoint directory's weights (a "
+                        "run's checkpoint, or a reference model imported with `python -m convs2s "
+                        "import-fairseq`) instead of random ones; the run keeps its "
+                        "architecture and vocabulary (the data is encoded with its sentencepiece "
+                        "model or Moses + BPE pipeline) and takes the preset's recipe and "
+                        "dropout")
     p.add_argument("--system-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
