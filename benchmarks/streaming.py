@@ -4,9 +4,9 @@ Starts a two-node Ray cluster (`ray start --head` + `ray start --address`, --cpu
 each: two raylets, as on a real cluster) and, on the batches of a large preprocessing run
 (--data: `<root>/<task>/batches/train`, e.g. the 10M-pair benchmark output), measures:
 
-1. stream: the input side alone. The batches are read with Ray Data and split between two
-   consumer actors, one per node (`streaming_split(2, equal=True)`, what `get_dataset_shard`
-   does); each reads rows and collates them the way the training loop does, for
+1. stream: the input side alone. Two consumer actors, one per node, each read their rank's
+   rows of epoch 1 the way the training loop does (`convs2s.train_data`: the epoch's plan of
+   rows, read with pyarrow from the shared files a window ahead) and collate them, for
    --stream-seconds: the input rate per worker, in batches/s and target tokens/s.
 2. train: `convs2s.train.fit` with 2 workers (one per node) for --updates updates, twice: on
    the whole --data folder and on a slice of its first parts holding about --slice-pairs pairs.
@@ -153,19 +153,24 @@ class WorkerMemory:
 
 
 def stream_rates(data: Path, seconds: float, cpus_per_node: int) -> list[dict]:
-    """Two consumer actors, one per node, each draining its split for `seconds`."""
+    """Two consumer actors, one per node, each draining its rank's rows for `seconds`."""
     import ray
-    import ray.data
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from convs2s.config import TrainConfig
+    from convs2s.train_data import TrainFiles
+
+    files, shuffle = TrainFiles.scan(data), TrainConfig().shuffle_buffer
 
     @ray.remote(num_cpus=cpus_per_node)
     class Consumer:
-        def run(self, shard, seconds: float) -> dict:
+        def run(self, rank: int, seconds: float) -> dict:
             from convs2s.collate import collate_arrow
-            from convs2s.train_worker import _rows
+            from convs2s.train_data import epoch_rows, read_rows
 
             start, t0, n, tokens = time.monotonic(), None, 0, 0
-            for row in _rows(shard, prefetch=2):
+            refs = epoch_rows(files, 1, 1, 2, rank, shuffle)
+            for row in read_rows(files, refs, shuffle):
                 batch = collate_arrow(row)
                 if t0 is None:  # the clock starts at the first batch (start-up is apart)
                     t0, first = time.monotonic(), time.monotonic() - start
@@ -179,14 +184,10 @@ def stream_rates(data: Path, seconds: float, cpus_per_node: int) -> list[dict]:
                     "first_batch_s": round(first, 2), "seconds": round(dt, 2),
                     "batches_per_s": n / dt, "target_tokens_per_s": tokens / dt}
 
-    from convs2s.train import _read_parquet
-
-    ds = _read_parquet(str(data), None, 0.0, 4)  # the training job's read (2 workers)
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     consumers = [Consumer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
         node, soft=False)).remote() for node in nodes[:2]]
-    shards = ds.streaming_split(2, equal=True)
-    return ray.get([c.run.remote(s, seconds) for c, s in zip(consumers, shards)])
+    return ray.get([c.run.remote(rank, seconds) for rank, c in enumerate(consumers)])
 
 
 # --- 2. training from the full data and from a slice ----------------------------------------

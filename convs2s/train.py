@@ -30,11 +30,9 @@ import json
 import tempfile
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import ray
 import ray.train
 import ray.train.torch
-from ray.data import FileShuffleConfig
 from ray.train import (
     CheckpointConfig,
     DataConfig,
@@ -58,6 +56,7 @@ from convs2s.tracking import (
     run_key,
     set_tags,
 )
+from convs2s.train_data import TrainFiles
 from convs2s.train_job import TrainJob, TrainResult
 from convs2s.train_worker import CrashInjection, initial_weights, train_loop_per_worker
 
@@ -77,10 +76,10 @@ def fit(job: TrainJob) -> TrainResult:
     if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart
         initial_weights(job)
         set_tags(uri, run_id, {"convs2s.init_from": job.init_from})
-    datasets, train_rows = _datasets(job)
+    datasets, files = _datasets(job)
     job_params = {"num_workers": job.num_workers, "use_gpu": job.use_gpu,
                   "vocab_size": job.vocab_size, "code_version": version,
-                  "train_batches": train_rows,
+                  "train_batches": files.total,
                   **({"tgt_vocab_size": job.tgt_vocab_size} if job.tgt_vocab_size else {}),
                   **({"init_from": job.init_from} if job.init_from else {})}
     describe_run(uri, run_id, {"model": job.model.to_dict(), "train": job.train.to_dict(),
@@ -93,10 +92,12 @@ def fit(job: TrainJob) -> TrainResult:
         # "crash": the tests' fault injection, read from this process's environment and handed
         # over here: the Ray workers may have started before the test set it.
         train_loop_config={"job": job, "run_dir": str(run_dir), "tracking_uri": uri,
-                           "run_id": run_id, "train_rows": train_rows,
+                           "run_id": run_id, "train_files": files,
                            "crash": CrashInjection.from_env()},
         scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
-                                     resources_per_worker=resources),
+                                     resources_per_worker=resources,
+                                     accelerator_type=job.accelerator_type
+                                     if job.use_gpu else None),
         run_config=RunConfig(name=job.run_name, storage_path=str(storage),
                              failure_config=FailureConfig(max_failures=job.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=job.train.keep_last),
@@ -106,7 +107,7 @@ def fit(job: TrainJob) -> TrainResult:
         datasets=datasets,
         # Validation rows are not split: each rank reads them all and keeps its share by id,
         # so no row is dropped to equalize the shards.
-        dataset_config=DataConfig(datasets_to_split=["train"],
+        dataset_config=DataConfig(datasets_to_split=[],
                                   execution_options=_ingest_options()),
     )
     try:
@@ -135,26 +136,26 @@ def _local_dir(path: str, what: str) -> Path:
     return Path(path).expanduser().resolve()
 
 
-def _datasets(job: TrainJob):
-    out, rows = {}, 0
+def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
+    """The validation split as a Ray Dataset (every rank reads it all and keeps its share by
+    id) and the training split's files: each rank plans and reads its own rows of every epoch
+    from them (convs2s.train_data), so a resumed run trains exactly the rows it had left."""
+    out, files = {}, None
     for split, path in (("train", job.train_data), ("valid", job.valid_data)):
         d = _local_dir(path, f"{split}_data")
-        files = sorted(d.glob("*.parquet")) if d.is_dir() else []
-        if not files:
+        parts = sorted(d.glob("*.parquet")) if d.is_dir() else []
+        if not parts:
             raise FileNotFoundError(
                 f"no parquet batch shards in {d} ({split} split): run "
                 "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
             )
-        shuffle = FileShuffleConfig(seed=job.train.seed, reseed_after_execution=True) \
-            if split == "train" else None
-        # at most as many read tasks as files: a cap above it is a Ray warning per worker
-        out[split] = _read_parquet(str(d), shuffle, job.read_cpus,
-                                   min(2 * job.num_workers, len(files)))
         if split == "train":
-            # Batch rows from the parquet footers: Dataset.count() reads every file (45 s for
-            # the 102k batches of 10M pairs on 2 CPUs, before the first update).
-            rows = sum(pq.read_metadata(f).num_rows for f in files)
-    return out, rows
+            files = TrainFiles.scan(d)
+        else:
+            # at most as many read tasks as files: a cap above it is a Ray warning per worker
+            out[split] = _read_parquet(str(d), None, job.read_cpus,
+                                       min(2 * job.num_workers, len(parts)))
+    return out, files
 
 
 def _ingest_options():

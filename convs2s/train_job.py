@@ -62,6 +62,9 @@ class TrainJob:
     # The files of a fixed vocabulary (a checkpoint's text pipeline), copied into every
     # checkpoint so that it translates, scores and serves on its own.
     text_files: tuple[str, ...] = ()
+    # With use_gpu: every worker on nodes with this GPU model (ScalingConfig.accelerator_type,
+    # e.g. "A100"), so a data-parallel group never mixes models; None: any GPU.
+    accelerator_type: str | None = None
 
     def replace(self, **changes) -> TrainJob:
         return dataclasses.replace(self, **changes)

@@ -3,33 +3,35 @@
 `train_loop_per_worker` builds a `Trainer` (one per rank), restores it from the latest
 checkpoint, trains it epoch by epoch until a limit is reached and returns its final metrics:
 
-    trainer = Trainer(config)       # model (DDP), optimizer, lr schedule, data shards, logger
+    trainer = Trainer(config)       # model (DDP), optimizer, lr schedule, data, logger
     trainer.restore()               # weights, optimizer, RNG states, position in the epoch
     while not trainer.should_stop():
         trainer.train_epoch()       # updates, then validate(), anneal, checkpoint()
     return trainer.finish()         # Result.return_value on the driver
 
 Each worker builds the model from the preset (same seed everywhere), wraps it in DDP
-(`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal shard of the `train` batch rows
-(one row = one batch, reshuffled every epoch by file order and a local shuffle buffer), runs
+(`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal share of the `train` batch rows
+(one row = one batch; which rows and in what order each epoch is a plan made from the files,
+the seed, the epoch and the number of ranks alone: convs2s.train_data), runs
 `convs2s.update.train_update` (token-normalized over all ranks), validates every epoch, anneals
 the lr (`convs2s.optim`), stops on the first limit reached (`STOP_REASONS`), and checkpoints
 every `checkpoint_interval` updates and at each epoch end through `ray.train.report` (a
 barrier: every rank calls it at the same updates). A restarted worker group resumes from the
-latest checkpoint, RNG states and position in the epoch included. Rank 0 logs to MLflow through
+latest checkpoint, RNG states and position in the epoch included: it trains exactly the rows
+the interrupted epoch had not trained. Rank 0 logs to MLflow through
 `convs2s.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
 
-Tests kill a worker mid-run through `CrashInjection` (environment variables of the driver, not a
-training setting).
+Tests kill a worker mid-run, and record which rows each update trained, through
+`CrashInjection` (environment variables of the driver, not a training setting).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -58,7 +60,7 @@ from convs2s.checkpoint import (
     save_checkpoint,
 )
 from convs2s.collate import collate_arrow
-from convs2s.config import ModelConfig, TrainConfig
+from convs2s.config import ModelConfig
 from convs2s.model import ConvS2S
 from convs2s.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import agree
@@ -66,6 +68,7 @@ from convs2s.progress import TrainMeter, progress_line
 from convs2s.run_logger import RunLogger
 from convs2s.system_metrics import node_metrics, node_name
 from convs2s.tracking import set_tags
+from convs2s.train_data import TrainFiles, read_rows, resumed_rows
 from convs2s.train_job import STOP_REASONS, TrainJob
 from convs2s.update import Comm, train_update
 from convs2s.update import validate as validate_all_ranks
@@ -140,7 +143,7 @@ class Trainer:
 
     def __init__(self, config: dict):
         """`config`: the train_loop_config of `fit` (job, run_dir, tracking_uri, run_id,
-        train_rows, crash)."""
+        train_files, crash)."""
         job: TrainJob = config["job"]
         self.job, self.cfg = job, job.train
         self.run_dir = Path(config["run_dir"])
@@ -172,9 +175,13 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from = 0  # the update of the checkpoint resumed from (0: a fresh start)
         self.logger: RunLogger | None = None  # rank 0 only
-        self.train_shard = self.valid_shard = None
+        self.valid_shard = None
+        # The training rows: every rank plans its rows of each epoch from the files alone
+        # (convs2s.train_data), so a resumed run trains exactly what its epoch had left.
+        self.files: TrainFiles = config["train_files"]
+        self._resume = (0, self.world)  # (rows each rank had trained, on how many ranks)
         self.meter: TrainMeter | None = None
-        self.rows_per_rank = config["train_rows"] // self.world  # batch rows of an epoch
+        self.rows_per_rank = self.files.rows_per_rank(self.world)  # batch rows of an epoch
         self.updates_per_epoch = math.ceil(self.rows_per_rank / self.cfg.update_freq)
         self.valid: list | None = None  # this rank's validation batches, kept after one read
         self.final: dict = {}  # the last validation's report
@@ -192,7 +199,6 @@ class Trainer:
         self.resumed_from = self.progress.update
         self.logger = RunLogger(*self._tracking, self.run_dir / METRICS_FILE) \
             if self.rank == 0 else None
-        self.train_shard = ray.train.get_dataset_shard("train")
         self.valid_shard = ray.train.get_dataset_shard("valid")
         self.meter = TrainMeter(self.comm, self.device)  # its clock starts now
         self.seconds = self._clock()
@@ -209,7 +215,9 @@ class Trainer:
         self.net.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
-        # the same rows if the number of workers changed
+        # The interrupted epoch continues with exactly its untrained rows (train_data); on
+        # another number of workers its progress counts the same share of the epoch.
+        self._resume = (state["batches_in_epoch"], state["world_size"])
         skip = state["batches_in_epoch"] * state["world_size"] // world
         # The time budget continues from the checkpoint (time after it was lost with the process).
         progress = Progress(state["epoch"], state["update"], skip,
@@ -241,7 +249,11 @@ class Trainer:
         validation's report (also kept as `final`)."""
         cfg, progress, meter = self.cfg, self.progress, self.meter
         epoch = progress.epoch + 1
-        batches = _train_batches(self.train_shard, cfg, epoch, progress.batches_in_epoch,
+        done, done_world = self._resume
+        self._resume = (0, self.world)
+        rows = resumed_rows(self.files, cfg.seed, epoch, self.world, self.rank,
+                            cfg.shuffle_buffer, done, done_world)
+        batches = _train_batches(read_rows(self.files, rows, cfg.shuffle_buffer),
                                  self.net.max_positions)
         updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
         epoch_end = True
@@ -256,6 +268,7 @@ class Trainer:
             progress.update += 1
             progress.batches_in_epoch += len(micro)
             meter.add(stats, micro)
+            self.crash.record(self.rank, progress.update, micro)
             self.crash.maybe_crash(self.rank, progress.update, self.run_dir)
             self.seconds = self._clock()
             if progress.update % cfg.log_interval == 0:
@@ -449,27 +462,9 @@ def _rows(shard, prefetch: int):
             yield block.slice(i, 1)  # zero-copy
 
 
-def shuffled(items, size: int, rng: random.Random):
-    """Shuffle a stream through a buffer of `size` items (0: keep the order)."""
-    buffer = []
-    for item in items:
-        if len(buffer) < size:
-            buffer.append(item)
-            continue
-        j = rng.randrange(size)
-        buffer[j], item = item, buffer[j]
-        yield item
-    rng.shuffle(buffer)
-    yield from buffer
-
-
-def _train_batches(shard, cfg: TrainConfig, epoch: int, skip: int, max_positions: int):
-    """This rank's batches of one epoch, in a new order every epoch (Ray Data shuffles the
-    file order, a buffer of `shuffle_buffer` rows the rest); skips the `skip` rows a resumed
-    run already trained on in this epoch."""
-    rows = shuffled(_rows(shard, prefetch=2), cfg.shuffle_buffer,
-                    random.Random(cfg.seed * 100_003 + epoch))
-    for table in itertools.islice(rows, skip, None):
+def _train_batches(rows, max_positions: int):
+    """Collated batches of this rank's rows (`train_data.read_rows`)."""
+    for table in rows:
         batch = collate_arrow(table)
         longest = max(batch.src_tokens.shape[1], batch.target.shape[1])
         if longest > max_positions:
@@ -498,15 +493,20 @@ def _valid_batches(shard, comm: Comm):
 # hook is no part of a recipe, its hash (workflow stage keys) or its checkpoints.
 CRASH_AT_UPDATE_ENV = "CONVS2S_TEST_CRASH_AT_UPDATE"
 CRASH_RANK_ENV = "CONVS2S_TEST_CRASH_RANK"
+# A folder: each rank appends the sentence ids of every batch it trains, with the update, to
+# rank<r>.jsonl there (the exact-resume tests compare which rows trained, not how many).
+RECORD_BATCHES_ENV = "CONVS2S_TEST_RECORD_BATCHES"
 
 
 @dataclass(frozen=True)
 class CrashInjection:
     """Fault injection for tests: a real process death (os._exit), once per run directory (a
-    marker file there stops the restarted worker group from dying again)."""
+    marker file there stops the restarted worker group from dying again); and the record of
+    which batches each update trained."""
 
     at_update: int = 0  # 0: never
     rank: int = 1
+    record_dir: str = ""  # "": no record
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> CrashInjection:
@@ -518,7 +518,14 @@ class CrashInjection:
                 raise ValueError(f"{name}={value!r}: give an integer (a test-only "
                                  "fault injection setting)") from None
 
-        return cls(number(CRASH_AT_UPDATE_ENV, 0), number(CRASH_RANK_ENV, 1))
+        return cls(number(CRASH_AT_UPDATE_ENV, 0), number(CRASH_RANK_ENV, 1),
+                   env.get(RECORD_BATCHES_ENV, ""))
+
+    def record(self, rank: int, update: int, batches: list) -> None:
+        if self.record_dir:
+            line = json.dumps({"update": update, "ids": [b.ids.tolist() for b in batches]})
+            with open(Path(self.record_dir) / f"rank{rank}.jsonl", "a") as f:
+                f.write(line + "\n")
 
     def maybe_crash(self, rank: int, update: int, run_dir: Path) -> None:
         if self.at_update and update == self.at_update and rank == self.rank:

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 # The workflow command-line contract (every workflow takes these flags).
 WORKFLOW_FLAGS = {"--preset", "--data", "--num-workers", "--use-gpu", "--max-epochs",
-                  "--storage-path", "--tracking-uri", "--experiment", "--run-name"}
+                  "--storage-path", "--tracking-uri", "--experiment", "--run-name",
+                  "--accelerator-type"}
 ALL_WORKFLOWS = {"workflows/wmt14_en_fr.py", "workflows/wmt14_en_de.py",
                  "workflows/wmt16_en_ro.py", "workflows/gigaword.py"}
 
@@ -220,6 +221,11 @@ def test_cluster_config_passes_ray_validation():
     gpu_types = {k: v for k, v in types.items() if v["resources"].get("GPU", 0) > 0}
     assert {v["node_config"]["InstanceType"].split(".")[0] for v in gpu_types.values()} >= \
         {"g5", "p4d"}
+    # each GPU node type names its GPU model (a run asks for one with --accelerator-type)
+    models = {k: [r for r in v["resources"] if r.startswith("accelerator_type:")]
+              for k, v in gpu_types.items()}
+    assert all(len(m) == 1 for m in models.values()), models
+    assert len({m[0] for m in models.values()}) == len(models)
     for name, t in types.items():
         if name != raw["head_node_type"]:
             assert 0 <= t["min_workers"] <= t["max_workers"], name
@@ -251,6 +257,13 @@ def test_aws_storage_is_shared_and_jobs_fit_the_cluster():
         assert path.startswith(mount + "/") or path.startswith("s3://"), (
             f"{script}: --storage-path {path} is not on the shared mount {mount}")
         assert "--use-gpu" in flags and int(flags["--num-workers"]) <= gpu_capacity
+        # one GPU model per data-parallel group, with enough of them in the cluster config
+        model = flags.get("--accelerator-type")
+        assert model, f"{script}: give --accelerator-type (the config has two GPU models)"
+        of_model = sum(t.get("max_workers", 0) * t["resources"].get("GPU", 0)
+                       for t in raw["available_node_types"].values()
+                       if f"accelerator_type:{model}" in t["resources"])
+        assert int(flags["--num-workers"]) <= of_model, (script, model, of_model)
     assert largest_node >= 8  # the paper's 8-GPU En-Fr run fits on one node
     assert load("runtime_env.yaml")["env_vars"]["HF_HOME"].startswith(mount + "/")
 

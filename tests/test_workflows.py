@@ -19,7 +19,7 @@ import pytest
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
-from workflows.run_spec import resolve
+from workflows.run_spec import SpecError, resolve
 from workflows.workflow_config import RunOptions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -551,3 +551,43 @@ def test_a_gpu_request_this_machine_cannot_meet_is_refused_before_ray_starts(tmp
     assert f"needs {have + 1} GPU(s) (one per worker), but this machine has {have}" in err[0]
     assert ("--num-workers" if have else "without --use-gpu") in err[0]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_accelerator_type_needs_gpus_and_reaches_the_training_job():
+    with pytest.raises(SpecError, match="add --use-gpu"):
+        resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", use_gpu=False,
+                                                accelerator_type="A100"))
+    spec = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", accelerator_type="A100"))
+    assert spec.use_gpu and spec.accelerator_type == "A100"
+
+
+def test_gpus_are_counted_per_gpu_model_on_alive_nodes():
+    from workflows.orchestrate import gpus_of
+
+    nodes = [{"Alive": True, "Resources": {"CPU": 48.0, "GPU": 4.0,
+                                           "accelerator_type:A10G": 1.0}},
+             {"Alive": True, "Resources": {"CPU": 96.0, "GPU": 8.0,
+                                           "accelerator_type:A100": 1.0}},
+             {"Alive": False, "Resources": {"CPU": 96.0, "GPU": 8.0,
+                                            "accelerator_type:A100": 1.0}},
+             {"Alive": True, "Resources": {"CPU": 8.0}}]
+    assert gpus_of(nodes) == 12
+    assert gpus_of(nodes, "A100") == 8 and gpus_of(nodes, "A10G") == 4
+    assert gpus_of(nodes, "H100") == 0
+
+
+def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_waiting(
+        ray_session, monkeypatch):
+    """On a cluster (RAY_ADDRESS) the workflow waits for the GPUs at most CONVS2S_GPU_WAIT_S
+    (the autoscaler may be adding nodes), then stops with one message; the session's real Ray
+    has no GPU."""
+    from workflows import orchestrate
+
+    monkeypatch.setenv("RAY_ADDRESS", "auto")  # what a submitted job sees; Ray is connected
+    monkeypatch.setattr(orchestrate, "GPU_WAIT_S", 0.0)
+    spec = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=8,
+                                                   accelerator_type="A100"))
+    with pytest.raises(SpecError) as err:
+        orchestrate._await_cluster_gpus(spec)
+    assert "the cluster has no A100 GPU after 0 s but --use-gpu asks for 8" in str(err.value)
+    assert "accelerator_type:A100" in str(err.value)

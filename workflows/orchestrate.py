@@ -225,21 +225,33 @@ def _await_cluster_gpus(spec: RunSpec) -> None:
     need = _gpu_request(spec)
     if not need or not os.environ.get("RAY_ADDRESS"):
         return
+    kind = spec.accelerator_type
+    what = f"{kind} GPU" if kind else "GPU"
     deadline, said = time.monotonic() + GPU_WAIT_S, False
-    while (have := ray.cluster_resources().get("GPU", 0)) < need:
+    while (have := gpus_of(ray.nodes(), kind)) < need:
         if time.monotonic() > deadline:
             raise SpecError(
-                f"the cluster has {have:g} GPU(s) after {GPU_WAIT_S:.0f} s but training asks "
+                f"the cluster has {have:g} {what}(s) after {GPU_WAIT_S:.0f} s but training asks "
                 f"for {need} ({spec.num_workers} worker(s) x 1 GPU): lower --num-workers to "
                 f"{int(have)} or raise the GPU node count the autoscaler may start "
                 "(max_workers of its GPU node type, infra/cluster-aws.yaml)" if have else
-                f"the cluster has no GPU after {GPU_WAIT_S:.0f} s but --use-gpu asks for "
-                f"{need}: check that its config has GPU worker nodes (infra/cluster-aws.yaml)")
+                f"the cluster has no {what} after {GPU_WAIT_S:.0f} s but --use-gpu asks for "
+                f"{need}: check that its config has "
+                + (f"a node type with the resource accelerator_type:{kind}" if kind
+                   else "GPU worker nodes") + " (infra/cluster-aws.yaml)")
         if not said:
-            log.warning("the cluster has %g of the %d GPUs training asks for: waiting up to %.0f "
-                        "s for the autoscaler to add GPU nodes", have, need, GPU_WAIT_S)
+            log.warning("the cluster has %g of the %d %ss training asks for: waiting up to %.0f "
+                        "s for the autoscaler to add GPU nodes", have, need, what, GPU_WAIT_S)
             said = True
         time.sleep(10)
+
+
+def gpus_of(nodes: list[dict], accelerator_type: str | None = None) -> float:
+    """GPUs of the alive nodes (`ray.nodes()`), only those of nodes whose GPU model is
+    `accelerator_type` when given (Ray's `accelerator_type:<model>` node resource)."""
+    return sum(n.get("Resources", {}).get("GPU", 0) for n in nodes if n.get("Alive")
+               and (accelerator_type is None
+                    or f"accelerator_type:{accelerator_type}" in n.get("Resources", {})))
 
 
 def _local_ray_auth() -> None:

@@ -67,6 +67,9 @@ class RunSpec:
     # --init-from: fine-tuning starts from this checkpoint directory's weights (absolute), keeps
     # its architecture (`model` is the checkpoint's, with the preset's dropout) and vocabulary.
     init_from: str | None = None
+    # --accelerator-type: the GPU model every training worker's node has (Ray Train's
+    # ScalingConfig.accelerator_type); None: any GPU.
+    accelerator_type: str | None = None
 
     @property
     def run_dir(self) -> Path:
@@ -129,6 +132,9 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         limits["precision"] = opts.precision
     use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
     run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if opts.accelerator_type and not use_gpu:
+        raise SpecError(f"--accelerator-type {opts.accelerator_type} places GPU workers; add "
+                        "--use-gpu (or leave it out to train on CPUs)")
     model, init_from = cfg.model, None
     if opts.init_from:
         init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
@@ -142,7 +148,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
         attention=opts.attention, run_name=run_name, storage=str(storage),
         tracking_uri=opts.tracking_uri, experiment=opts.experiment or cfg.name,
-        added_test_sets=added, restart=opts.restart, init_from=init_from)
+        added_test_sets=added, restart=opts.restart, init_from=init_from,
+        accelerator_type=opts.accelerator_type)
 
 
 def _fine_tuned(path: str, preset_model: ModelConfig,

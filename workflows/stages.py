@@ -108,7 +108,8 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        parent_run_id=ctx.tree.parent, data_manifest=_data_summary(out),
                        datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"},
                        system_metrics_s=spec.system_metrics_s, init_from=spec.init_from,
-                       tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files)
+                       tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files,
+                       accelerator_type=spec.accelerator_type)
         result = fit(job)
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "

@@ -96,6 +96,7 @@ class RunOptions:
     system_metrics: bool = True  # sample each training node's utilization into MLflow
     restart: bool = False  # train this run name over under new settings (earlier work set aside)
     init_from: str | None = None  # fine-tune: start from this checkpoint directory's weights
+    accelerator_type: str | None = None  # every training worker on nodes with this GPU model
 
 
 
@@ -146,6 +147,11 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="the --run-name exists with other settings: train it over under these "
                         "(its earlier training and scores are set aside in its folder, and "
                         "its MLflow runs say so); without it such a rerun is refused")
+    p.add_argument("--accelerator-type", metavar="TYPE",
+                   help="with --use-gpu: place every training worker on nodes with this GPU "
+                        "model (Ray's accelerator types: A100, H100, A10G, ...), so that one "
+                        "data-parallel group never mixes GPU models of different speed and "
+                        "memory (infra/cluster-aws.yaml has two GPU node types)")
     p.add_argument("--init-from", metavar="CKPT_DIR",
                    help="fine-tune: start training from this checkpoint directory's weights (a "
                         "run's checkpoint, or a reference model imported with `python -m convs2s "

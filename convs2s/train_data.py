@@ -1,0 +1,115 @@
+"""Which batch rows each rank trains on in each epoch, as a plan that depends only on the data's
+files, the seed, the epoch and the number of ranks: a run resumed in a new driver (after a
+worker, node or driver death) trains exactly the rows its interrupted epoch had not trained,
+on every rank, whatever reads the files.
+
+Ray Data's `streaming_split` hands blocks to whichever rank asks first and its file shuffle
+reseeds per execution; a new driver reproduces neither, so skipping "the first k rows" after a
+resume repeated some rows and skipped others. Here, for epoch e:
+
+1. the files (one parquet row per batch, preprocessing's `batches/train`) are permuted with a
+   generator seeded by (seed, e);
+2. their rows, in that order, are cut into `world` equal contiguous ranges: rank r trains
+   range r (the remainder, fewer than `world` rows, waits for another epoch's order, as Ray
+   Data's equal split drops it);
+3. each rank shuffles its range in windows of `shuffle_buffer` rows, seeded by (seed, e, r):
+   a window spans one or two files, so reading stays sequential;
+4. a run resumed after `done` rows of the epoch on each rank (every rank takes the same number
+   of rows per update) skips them; resumed on another number of ranks, the rows the old ranks
+   had not trained are cut again into equal ranges of the new number.
+
+`read_rows` reads a plan's rows with pyarrow from the shared parquet files (`TrainJob` paths
+are local or shared-filesystem paths), the next window's files in a background thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class TrainFiles:
+    """The training split's parquet files (sorted by name) and their row counts."""
+
+    paths: tuple[str, ...]
+    rows: tuple[int, ...]
+
+    @classmethod
+    def scan(cls, folder: str | Path) -> TrainFiles:
+        """Row counts from the parquet footers (reading every file would take minutes at
+        scale: 45 s for the 102k batches of 10M pairs on 2 CPUs)."""
+        files = sorted(Path(folder).glob("*.parquet"))
+        return cls(tuple(str(f) for f in files),
+                   tuple(pq.read_metadata(f).num_rows for f in files))
+
+    @property
+    def total(self) -> int:
+        return sum(self.rows)
+
+    def rows_per_rank(self, world: int) -> int:
+        return self.total // world
+
+
+def epoch_rows(files: TrainFiles, seed: int, epoch: int, world: int, rank: int,
+               shuffle_buffer: int) -> np.ndarray:
+    """Rank `rank`'s rows of epoch `epoch` in training order: an (n, 2) array of (file index,
+    row in file), n = total rows // world."""
+    order = np.random.default_rng([seed, epoch]).permutation(len(files.paths))
+    refs = np.concatenate([np.stack([np.full(files.rows[f], f), np.arange(files.rows[f])], 1)
+                           for f in order] or [np.zeros((0, 2), dtype=np.int64)])
+    per = len(refs) // world
+    mine = refs[rank * per:(rank + 1) * per]
+    if shuffle_buffer > 1:
+        rng = np.random.default_rng([seed, epoch, rank])
+        for start in range(0, len(mine), shuffle_buffer):
+            window = mine[start:start + shuffle_buffer]
+            mine[start:start + shuffle_buffer] = window[rng.permutation(len(window))]
+    return mine
+
+
+def resumed_rows(files: TrainFiles, seed: int, epoch: int, world: int, rank: int,
+                 shuffle_buffer: int, done: int, done_world: int) -> np.ndarray:
+    """Rank `rank`'s rows still to train in epoch `epoch`, after `done` rows on each of
+    `done_world` ranks were trained (`done` 0: the whole epoch)."""
+    if done_world == world or done == 0:
+        return epoch_rows(files, seed, epoch, world, rank, shuffle_buffer)[done:]
+    rest = np.concatenate([epoch_rows(files, seed, epoch, done_world, r, shuffle_buffer)[done:]
+                           for r in range(done_world)])
+    per = len(rest) // world
+    return rest[rank * per:(rank + 1) * per]
+
+
+def read_rows(files: TrainFiles, refs: np.ndarray, window: int = 256) -> Iterator[pa.Table]:
+    """The rows `refs` names, in order, as one-row tables (zero-copy slices of the files they
+    come from). Files are read whole, the next window's in a background thread while this one
+    trains; at most the files of two windows are held."""
+    window = max(1, window)
+    starts = range(0, len(refs), window)
+
+    def needed(start: int) -> list[int]:
+        return list(dict.fromkeys(int(f) for f in refs[start:start + window, 0]))
+
+    tables: dict[int, concurrent.futures.Future] = {}
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="convs2s-read") as pool:
+        def fetch(start: int) -> None:
+            for f in needed(start):
+                if f not in tables:
+                    tables[f] = pool.submit(pq.read_table, files.paths[f])
+
+        if len(refs):
+            fetch(0)
+        for start in starts:
+            if start + window < len(refs):
+                fetch(start + window)  # read ahead while this window trains
+            for f, row in refs[start:start + window]:
+                yield tables[int(f)].result().slice(int(row), 1)
+            keep = set(needed(start + window)) if start + window < len(refs) else set()
+            for f in [f for f in tables if f not in keep]:
+                del tables[f]
