@@ -72,9 +72,43 @@ class RayCliCluster:
         self.gcs_address = f"127.0.0.1:{port}"
         self.dashboard_url = f"http://127.0.0.1:{dash}"
 
-    def add_node(self, num_cpus: int) -> None:
+    def add_node(self, num_cpus: int, node_manager_port: int | None = None) -> int:
+        """Start a node joining the head; returns its raylet's port (`kill_node` takes it)."""
+        port = node_manager_port or self.free_port()
         self._start(["--address", self.gcs_address, "--node-ip-address", "127.0.0.1",
-                     "--num-cpus", str(num_cpus)])
+                     "--num-cpus", str(num_cpus), "--node-manager-port", str(port)])
+        return port
+
+    def kill_node(self, node_manager_port: int) -> int:
+        """Lose a node as a machine is lost: SIGKILL its raylet (the one serving
+        `node_manager_port`) and every process under it at once; returns how many died."""
+        import signal
+
+        parents = {}
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    stat = (proc / "stat").read_text()
+                    cmd = (proc / "cmdline").read_bytes()
+                except OSError:
+                    continue
+                parents[int(proc.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), cmd)
+        flag = f"--node_manager_port={node_manager_port}".encode()
+        doomed = {pid for pid, (_, cmd) in parents.items()
+                  if b"raylet" in cmd.split(b"\0")[0] and flag in cmd}
+        if not doomed:
+            raise RuntimeError(f"no raylet serves port {node_manager_port}")
+        grew = True
+        while grew:  # the raylet's descendants: its workers, agents
+            more = {pid for pid, (ppid, _) in parents.items() if ppid in doomed} - doomed
+            doomed |= more
+            grew = bool(more)
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return len(doomed)
 
     def pids(self) -> list[int]:
         out = []

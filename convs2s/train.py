@@ -27,6 +27,8 @@ Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last
 from __future__ import annotations
 
 import json
+import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -57,7 +59,7 @@ from convs2s.tracking import (
     set_tags,
 )
 from convs2s.train_data import TrainFiles
-from convs2s.train_job import TrainJob, TrainResult
+from convs2s.train_job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train_worker import CrashInjection, initial_weights, train_loop_per_worker
 
 # --- driver -------------------------------------------------------------------------------------
@@ -99,7 +101,9 @@ def fit(job: TrainJob) -> TrainResult:
                                      accelerator_type=job.accelerator_type
                                      if job.use_gpu else None),
         run_config=RunConfig(name=job.run_name, storage_path=str(storage),
-                             failure_config=FailureConfig(max_failures=job.max_failures),
+                             failure_config=FailureConfig(
+                                 max_failures=job.max_failures,
+                                 controller_failure_limit=_placement_tries(job)),
                              checkpoint_config=CheckpointConfig(num_to_keep=job.train.keep_last),
                              # Ray Train's INFO lines (worker group start-up) stay in its log
                              # files; the console shows our progress lines and warnings.
@@ -114,6 +118,13 @@ def fit(job: TrainJob) -> TrainResult:
         result = trainer.fit()
     except BaseException as err:
         end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        if _not_placed(err):
+            raise WorkersNotPlaced(
+                f"training could not place its {job.num_workers} worker(s) "
+                f"({_resources(job)} each) for {job.placement_wait_s:.0f} s: a node was lost "
+                "and not replaced, or the cluster is too small. The run stopped at its latest "
+                f"checkpoint ({run_dir}); rerun the same job (the same --run-name and "
+                "--storage-path) once the cluster has room, and it resumes there") from None
         raise
     final = dict(result.return_value or result.metrics or {})
     if final.get("stop_reason"):  # why it stopped: a tag to filter runs by in MLflow
@@ -127,6 +138,33 @@ def fit(job: TrainJob) -> TrainResult:
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
                        best_checkpoint=str(best) if best.is_dir() else None,
                        last_checkpoint=last, checkpoints=kept, metrics=final)
+
+
+# Ray Train gives up one attempt to place a worker group after this long (its default is 60 s);
+# it reads the variable from the driver's environment.
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+
+
+def _placement_tries(job: TrainJob) -> int:
+    """Attempts to place the worker group (Ray Train's controller failures) that fit into
+    `placement_wait_s`; -1: without end."""
+    if job.placement_wait_s is None:
+        return -1
+    per_try = float(os.environ.get(START_TIMEOUT_ENV, 60.0))
+    return max(1, math.ceil(job.placement_wait_s / max(per_try, 1e-3)))
+
+
+def _not_placed(err: BaseException) -> bool:
+    """Whether Ray Train gave up placing the workers (its startup-timeout controller error;
+    the class is internal to Ray Train, so it is recognized by name)."""
+    from ray.train import ControllerError
+
+    return isinstance(err, ControllerError) and \
+        type(getattr(err, "controller_failure", None)).__name__ == "WorkerGroupStartupTimeoutError"
+
+
+def _resources(job: TrainJob) -> str:
+    return f"{job.cpus_per_worker:g} CPU" + (" + 1 GPU" if job.use_gpu else "")
 
 
 def _local_dir(path: str, what: str) -> Path:

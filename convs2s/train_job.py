@@ -65,9 +65,19 @@ class TrainJob:
     # With use_gpu: every worker on nodes with this GPU model (ScalingConfig.accelerator_type,
     # e.g. "A100"), so a data-parallel group never mixes models; None: any GPU.
     accelerator_type: str | None = None
+    # How long Ray Train may try to place the workers again after a loss (a dead node whose
+    # replacement the autoscaler has not brought yet) before the run stops, resumable; None
+    # tries without end. In tries of RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s).
+    placement_wait_s: float | None = 900.0
 
     def replace(self, **changes) -> TrainJob:
         return dataclasses.replace(self, **changes)
+
+
+class WorkersNotPlaced(RuntimeError):
+    """Ray Train could not place the run's workers within `TrainJob.placement_wait_s` (a lost
+    node not replaced, a cluster too small); the run stopped at its latest checkpoint and the
+    same job resumes from there."""
 
 
 @dataclass

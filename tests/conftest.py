@@ -180,3 +180,44 @@ def demo_batches(ray_session, tmp_path_factory):
                          spm_sample_pairs=2000, max_tokens=800, block_rows=1000,
                          demo_rows={"train": 3000, "valid": 200, "test": 200})
     return run_pipeline(cfg)
+
+
+@pytest.fixture(scope="session")
+def rows_follow_the_plan():
+    """check(record_dir, train_data, seed, shuffle_buffer, world, updates) -> replayed updates:
+    which rows (not how many) each update of each rank trained, from the record the workers
+    write under CONVS2S_TEST_RECORD_BATCHES. Every update 1..`updates` trained the rows that an
+    uninterrupted run's plan (convs2s.train_data) gives it, so each epoch trains every row
+    once; an update recorded twice (lost with a dead worker group, trained again) trained the
+    same rows both times. Returns the set of those replayed updates."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from convs2s.train_data import TrainFiles, epoch_rows
+
+    def check(record: Path, train_data: str, seed: int, shuffle_buffer: int, world: int,
+              updates: int) -> set[int]:
+        files = TrainFiles.scan(train_data)
+        tables = [pq.read_table(p, columns=["id"]) for p in files.paths]
+        per_epoch = files.rows_per_rank(world)
+        replayed = set()
+        for rank in range(world):
+            seen: dict[int, list] = {}
+            for line in (Path(record) / f"rank{rank}.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                if rec["update"] in seen:
+                    assert rec["ids"] == seen[rec["update"]], (rank, rec["update"])
+                    replayed.add(rec["update"])
+                seen[rec["update"]] = rec["ids"]
+            assert sorted(seen) == list(range(1, updates + 1)), rank
+            plans = {}
+            for update in range(1, updates + 1):
+                epoch, i = (update - 1) // per_epoch + 1, (update - 1) % per_epoch
+                if epoch not in plans:
+                    plans[epoch] = epoch_rows(files, seed, epoch, world, rank, shuffle_buffer)
+                f, row = plans[epoch][i]
+                assert seen[update] == [tables[f]["id"][int(row)].as_py()], (rank, update)
+        return replayed
+
+    return check

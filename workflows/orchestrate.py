@@ -56,7 +56,7 @@ from convs2s.tracking import (
     experiment_id,
     log_final_metrics,
 )
-from convs2s.train_job import STOP_REASONS
+from convs2s.train_job import STOP_REASONS, WorkersNotPlaced
 from workflows.run_spec import RunSpec, SpecError, resolve
 from workflows.run_state import StageContext, record_settings, reuse_problem
 from workflows.run_tree import RunTree
@@ -324,6 +324,9 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except WorkersNotPlaced as e:  # a lost node not replaced: stopped, resumable
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         # Every stage writes whole files or none (manifests last), so what is on disk is
         # complete: the same run name picks up from there.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,10 @@ from workflows.run_spec import RunSpec, compared
 from workflows.run_state import StageContext, digest, weights_stamp
 
 log = logging.getLogger("workflows")
+
+# How long training may wait to place its workers again after losing some (a node lost and
+# not yet replaced by the autoscaler) before the run stops, resumable (TrainJob).
+PLACEMENT_WAIT_S = float(os.environ.get("CONVS2S_PLACEMENT_WAIT_S", 900))
 
 
 @dataclass
@@ -109,7 +114,8 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"},
                        system_metrics_s=spec.system_metrics_s, init_from=spec.init_from,
                        tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files,
-                       accelerator_type=spec.accelerator_type)
+                       accelerator_type=spec.accelerator_type,
+                       placement_wait_s=PLACEMENT_WAIT_S)
         result = fit(job)
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "
