@@ -18,7 +18,10 @@ same run), logs params and config artifacts, starts a `TorchTrainer` whose worke
 `train_loop_per_worker`, and logs the best checkpoint as an artifact at the end. Rerunning a
 stopped job resumes from its latest checkpoint (Ray Train restores the run directory); a worker
 that dies mid-epoch makes Ray restart the group from the latest checkpoint
-(`TrainJob.max_failures`).
+(`TrainJob.max_failures`), and the resumed epoch trains exactly the rows it had left
+(`convs2s.train_data`). A group that cannot be placed again (a lost node not replaced) is
+waited for `TrainJob.placement_wait_s`, then `WorkersNotPlaced` is raised; the run resumes
+when rerun.
 
 Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last`
 `checkpoint_<update>/` directories, `best/` (lowest validation loss), `metrics.jsonl`.
