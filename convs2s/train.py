@@ -194,7 +194,7 @@ def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
             files = TrainFiles.scan(d)
         else:
             # at most as many read tasks as files: a cap above it is a Ray warning per worker
-            out[split] = _read_parquet(str(d), None, job.read_cpus,
+            out[split] = _read_parquet(str(d), job.read_cpus,
                                        min(2 * job.num_workers, len(parts)))
     return out, files
 
@@ -209,7 +209,7 @@ def _ingest_options():
                                      verbose_progress=current.verbose_progress)
 
 
-def _read_parquet(path: str, shuffle, num_cpus: float, tasks: int):
+def _read_parquet(path: str, num_cpus: float, tasks: int):
     """read_parquet whose every task reserves `num_cpus` CPUs (0 by default), at most `tasks`
     read tasks at once.
 
@@ -224,7 +224,7 @@ def _read_parquet(path: str, shuffle, num_cpus: float, tasks: int):
     saved = ctx.use_datasource_v2
     ctx.use_datasource_v2 = False
     try:
-        return ray.data.read_parquet(path, shuffle=shuffle, num_cpus=num_cpus,
+        return ray.data.read_parquet(path, num_cpus=num_cpus,
                                      concurrency=max(1, tasks))
     finally:
         ctx.use_datasource_v2 = saved

@@ -155,8 +155,6 @@ class Trainer:
             torch.set_num_threads(max(1, int(job.cpus_per_worker)))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
-        if job.init_from:  # fine-tuning: a trained (or imported) model's weights
-            self.net.load_state_dict(initial_weights(job))
         self.model = ray.train.torch.prepare_model(self.net)  # to device; DDP when world > 1
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
@@ -208,6 +206,8 @@ class Trainer:
         cfg, rank, world = self.cfg, self.rank, self.world
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
+            if self.job.init_from:  # fine-tuning: a trained (or imported) model's weights
+                self.net.load_state_dict(initial_weights(self.job))
             torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
             return Progress(started=time.monotonic())
         with ckpt.as_directory() as d:
