@@ -62,7 +62,7 @@ class PreprocessConfig:
     seed: int = 1
     root: str = "data/preprocessed"
     block_rows: int = 50_000  # rows per block read from a source = rows per clean part
-    encode_tasks: int = 0  # encoder actors (one model each); 0 = as many as Ray's CPUs
+    encode_tasks: int = 0  # encoder tasks at a time; 0 = as many as Ray's CPUs
     # How dedupe buckets / batching windows gather rows from the whole split (exchange.py):
     # "files" (spill files, bounded memory) or "ray" (Ray Data's groupby shuffle). Same output.
     exchange: str = "files"

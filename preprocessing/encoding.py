@@ -1,23 +1,30 @@
-"""Encoding: cleaned text -> token ids (int32, EOS-terminated), on an actor pool.
+"""Encoding: cleaned text -> token ids (int32, EOS-terminated), on Ray tasks.
 
 The ids come from a *vocabulary*: the joint sentencepiece model the pipeline learned
 (`SentencePieceVocabulary`), or a fixed one handed to `run_pipeline(vocabulary=)`, such as a
 checkpoint's text pipeline when fine-tuning keeps a model's ids (convs2s.text_codec's
-`CheckpointVocabulary`; this package does not import it). A vocabulary pickles to the actors
+`CheckpointVocabulary`; this package does not import it). A vocabulary pickles to the tasks
 and has `encoder() -> encode(lines, side) -> list of id lists` (side "src" or "tgt", no EOS),
 `fingerprint` (a digest of its files: part of the data key), `src_size` / `tgt_size`,
 `spm_model` (a sentencepiece model path, or "") and `files` (what travels with the weights).
 
-`PartEncoder` is a callable class: Ray Data starts a pool of `concurrency` actors, each loads
-the model once, and the clean parts' paths stream through them; an actor reads a part, encodes
-it (`Encoder`) and writes it with `PartSink.write`. Rows `{"id": int64, "src": list<int32>,
-"tgt": list<int32>, "src_len": int32, "tgt_len": int32}`; each clean part becomes the encoded
-part named by its first id.
+`PartEncoder` reads a clean part, encodes it (`Encoder`) and writes it with `PartSink.write`.
+The clean parts' paths stream through at most `concurrency` Ray tasks (`encode_part_paths`);
+each worker process loads the vocabulary once and keeps it for the next parts.
+
+Tasks, not an actor pool: Ray Data releases a finished pool's actors by dropping its handles,
+and the blocks' lineage can keep them alive, idle but holding their CPUs, until Python's
+garbage collector runs. On a 2-CPU node the next encode pool then waited for ever for CPUs
+(seen in the test suite); a task gives its CPU back when it returns.
+
+Rows `{"id": int64, "src": list<int32>, "tgt": list<int32>, "src_len": int32, "tgt_len": int32}`;
+each clean part becomes the encoded part named by its first id.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -61,7 +68,7 @@ class SentencePieceVocabulary:
 
 
 class Encoder:
-    """Ray Data callable class: one vocabulary's encoder per actor, one block per call."""
+    """One vocabulary's encoder, loaded once; each call encodes one block of clean rows."""
 
     def __init__(self, vocabulary):
         self.encode = vocabulary.encoder()
@@ -92,11 +99,11 @@ def encoded_stats(kept: pa.Table) -> dict[str, int]:
 
 
 class PartEncoder:
-    """Ray Data callable class for the actor pool: one `Encoder` per actor; each call reads the
-    listed clean parts, encodes them and writes each as the encoded part named by its first id
-    (`PartSink.write`, the write operator's own code), returning the write's counts.
+    """One `Encoder` and the encoded parts' sink; each call reads the listed clean parts, encodes
+    them and writes each as the encoded part named by its first id (`PartSink.write`, the write
+    operator's own code), returning the write's counts.
 
-    The actors read and write their parts themselves rather than taking blocks from a parquet
+    The tasks read and write their parts themselves rather than taking blocks from a parquet
     read and handing them to the write operator: that dataflow moves every block through the
     object store twice, whose touched pages stay resident, and at 10M pairs it raised the
     stage's peak memory from 1.2 GB to 2.8 GB (docs/benchmarks.md).
@@ -113,20 +120,34 @@ class PartEncoder:
         return pa.table({"write_return": [json.dumps(r) for r in returns]})
 
 
+# Per worker process: the PartEncoder of the last (vocabulary files, out_dir) it encoded for.
+_PART_ENCODER: dict = {}
+
+
+def encode_part_paths(batch: pa.Table, vocabulary, out_dir: str) -> pa.Table:
+    """Ray Data task function: the listed clean parts encoded and written (`PartEncoder`),
+    loading the vocabulary once per worker process. The key holds the files' sizes and mtimes,
+    so a vocabulary rebuilt at the same path is loaded again."""
+    key = (out_dir, tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns)
+                          for f in vocabulary.files if f))
+    if key not in _PART_ENCODER:
+        _PART_ENCODER.clear()
+        _PART_ENCODER[key] = PartEncoder(vocabulary, out_dir)
+    return _PART_ENCODER[key](batch)
+
+
 def encode_parts(clean_dir: str, out_dir: str, vocabulary, concurrency: int,
                  label: str) -> dict:
-    """Encode every clean part under `clean_dir` into `out_dir` on `concurrency` actors; the
-    summed counts (PartSink.totals, checked for parts written twice)."""
+    """Encode every clean part under `clean_dir` into `out_dir` on at most `concurrency` tasks
+    at a time; the summed counts (PartSink.totals, checked for parts written twice)."""
     import ray.data
 
     paths = part_paths(clean_dir)
     ds = ray.data.from_items([{"path": p} for p in paths], override_num_blocks=len(paths))
-    # No more actors than parts: an actor without a part only starts, loads the model and is
-    # killed (Ray warns that the pool is larger than its input, and its GCS logs a failed kill).
     ds = execution_settings(ds.map_batches(
-        PartEncoder, batch_size=1, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=max(1, min(concurrency, len(paths)))),
-        fn_constructor_kwargs={"vocabulary": vocabulary, "out_dir": out_dir}))
+        encode_part_paths, batch_size=1, batch_format="pyarrow",
+        compute=ray.data.TaskPoolStrategy(size=max(1, min(concurrency, len(paths)))),
+        fn_kwargs={"vocabulary": vocabulary, "out_dir": out_dir}))
     sink = PartSink(out_dir, part_key="part", schema=ENCODED_SCHEMA, label=label)
     t0, returns = time.monotonic(), []
     with user_errors():

@@ -13,9 +13,9 @@ Each stage is skipped when its manifest matches (same stage config and the same 
 fingerprint) and otherwise rebuilt atomically (stages.py).
 Each stage is a Ray Data pipeline: a datasource in (reading.py, parts.py), map_batches, a
 grouping exchange where rows must meet across the split (exchange.py), and `PartSink` (parts.py)
-out, which writes the parts and counts every row kept or dropped. The encoder is a callable
-class on an actor pool whose actors read and write their parts themselves (encoding.py says
-why). The driver only sees counts and the bounded BPE sample.
+out, which writes the parts and counts every row kept or dropped. The encoder tasks read and
+write their parts themselves, each worker process loading the vocabulary once (encoding.py
+says why). The driver only sees counts and the bounded BPE sample.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
     return {"splits": out}
 
 
-# What does not change the output: where it goes, how many encoder actors, how rows meet; and
+# What does not change the output: where it goes, how many encoder tasks, how rows meet; and
 # the settings of the lexical table, a stage of its own beside the training data (its manifest
 # holds them), like the evaluation-only text.
 _NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits", "shortlist_per_source",

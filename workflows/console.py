@@ -30,8 +30,8 @@ HARMLESS_RAY_LINES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"core_worker\.cc:\d+: Actor with class name: '[^']+' and ID: '[0-9a-f]+' "
                 r"has constructor arguments in the object store and max_restarts > 0"),
      "Ray warns for every restartable actor whose constructor arguments it keeps in its object "
-     "store (ray-project/ray#53727). Ray Data's actor pools (the sentencepiece encoders: "
-     "their DataContext and transformer) and Ray Train's PreemptionWatcher are made that way "
+     "store (ray-project/ray#53727). Ray Data's actor pools (their "
+     "DataContext and transformer) and Ray Train's PreemptionWatcher are made that way "
      "by Ray itself; the driver that owns those objects lives as long as the actors, so a "
      "restart finds them. Turning restarts off to silence it would lose the restarts."),
     (re.compile(r"gcs_actor_scheduler\.cc:\d+: Failed to kill actor [0-9a-f]+, return status: "
