@@ -135,6 +135,18 @@ def wmt14_en_de() -> ModelConfig:
     )
 
 
+def wmt14_en_de_ablation() -> ModelConfig:
+    """The model of the paper's analysis (§5.2): 13 encoder layers at kernel 3 and 5 decoder
+    layers at kernel 5 (the widths are not given; 512 as in §5.1's En-Ro model)."""
+    return ModelConfig(
+        embed_dim=512,
+        encoder_layers=[(512, 3)] * 13,
+        decoder_layers=[(512, 5)] * 5,
+        out_embed_dim=512,
+        dropout=0.2,
+    )
+
+
 def wmt14_en_fr() -> ModelConfig:
     """Reference fconv_wmt_en_fr: 15 layers growing from 512 to 4096 units."""
     layers = [(512, 3)] * 6 + [(768, 3)] * 4 + [(1024, 3)] * 3 + [(2048, 1)] + [(4096, 1)]
@@ -186,6 +198,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
     "iwslt_de_en": iwslt_de_en,
     "wmt16_en_ro": wmt16_en_ro,
     "wmt14_en_de": wmt14_en_de,
+    "wmt14_en_de_ablation": wmt14_en_de_ablation,
     "wmt14_en_fr": wmt14_en_fr,
     "gigaword": gigaword,
     "tiny": tiny,

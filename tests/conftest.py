@@ -39,8 +39,16 @@ def ray_session():
     os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        # With the dashboard, as on a real cluster: Ray Train removes the placement group of
+        # a run whose controller died (a killed sweep trial) through the state API it serves.
+        # On a free port: runs started by tests in other processes keep Ray's default one.
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+                 dashboard_port=port, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 

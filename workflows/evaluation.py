@@ -273,7 +273,10 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
             datasets[job.test_set] = dataset_of(job.test_set)
         describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
                      [job.model_id] if job.model_id else [])
-    pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus)
+    # Scheduled on the cluster, never inside the caller's placement group: a sweep's trial
+    # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
+    pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus,
+                                      scheduling_strategy="DEFAULT")
                .remote(job): job for job in jobs}
     results, failures = [], []
     while pending:

@@ -61,6 +61,7 @@ from workflows.run_spec import RunSpec, SpecError, resolve
 from workflows.run_state import StageContext, record_settings, reuse_problem
 from workflows.run_tree import RunTree
 from workflows.stages import EvalScore, evaluate_stage, preprocess_stage, train_stage
+from workflows.sweep import SweepResult, resolve_sweep, run_sweep
 from workflows.workflow_config import RunOptions, WorkflowConfig, parse_args
 
 log = logging.getLogger("workflows")
@@ -82,28 +83,42 @@ class WorkflowResult:
 
 def run_workflow(spec: RunSpec) -> WorkflowResult:
     """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
+    prepare(spec)
+    return run_stages(spec)
+
+
+def prepare(spec: RunSpec) -> None:
+    """What a driver checks and starts before any stage: the run name's settings, the data
+    sources and GPUs (errors in seconds, before Ray), then Ray and the cluster's GPUs."""
+    if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
+        raise SpecError(problem)
+    _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
+    _check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
+    _start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
+    _await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
+
+
+def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = None,
+               params: dict | None = None) -> WorkflowResult:
+    """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
+    `within` when given (a sweep's trial, with the sweep's `tags` and `params`)."""
     from convs2s.tracking import end_run, resolve_tracking_uri
     from workflows.lineage import data_inputs, register_champion, registered_name
 
     t0 = time.monotonic()
     pre, run_dir = spec.data, spec.run_dir
-    if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
-        raise SpecError(problem)
     uri = resolve_tracking_uri(spec.tracking_uri)
-    _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
-    _check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
-    _start_ray(spec.use_gpu, small_data=pre.source == "demo")
-    _await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
     source = _source_tags(spec)  # the runs table's Source column: the workflow file and commit
     tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
                         tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
-                              "convs2s.data": pre.source, **source})
+                              "convs2s.data": pre.source, **source, **(tags or {})},
+                        within=within)
     parent = tree.parent
     log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
              spec.experiment, uri)
     ctx = StageContext(tree)
     try:
-        tree.describe(parent, spec.params())
+        tree.describe(parent, {**spec.params(), **(params or {})})
         record_settings(ctx, spec)  # --restart sets earlier work aside; a continuation is noted
         out = preprocess_stage(ctx, pre, spec.init_from)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
@@ -113,7 +128,8 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
         log_final_metrics(uri, parent, _parent_metrics(spec, trained, scores,
                                                        time.monotonic() - t0))
         champion = None
-        if scores and models:  # the task's main metric on its main (first) test set
+        # The task's main metric on its main (first) test set; a sweep's trials never register.
+        if scores and models and spec.register_champion:
             main_test = scores[0].test_set  # only scores on one test set compare
             champion = register_champion(uri, registered_name(spec.workflow, main_test), scores,
                                          models, main_test, task_kind(spec.task_kind).headline)
@@ -314,12 +330,17 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     cfg = presets[opts.preset]()
     _warn_if_job_tmp(opts)
     try:
-        spec = resolve(cfg, opts)  # named now: an interrupted run is told how to resume
+        # Named now: an interrupted run is told how to resume.
+        spec = resolve_sweep(cfg, opts) if opts.sweep else resolve(cfg, opts)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     try:
+        if opts.sweep:
+            result = run_sweep(spec)
+            print(sweep_summary(result, time.monotonic() - t0), flush=True)
+            return 1 if result.failed else 0
         result = run_workflow(spec)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -330,7 +351,8 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     except KeyboardInterrupt:
         # Every stage writes whole files or none (manifests last), so what is on disk is
         # complete: the same run name picks up from there.
-        print(f"\ninterrupted: finished stages are kept under {spec.storage}; resume with "
+        where = spec.base.storage if opts.sweep else spec.storage
+        print(f"\ninterrupted: finished stages are kept under {where}; resume with "
               f"the same --run-name {spec.run_name} and --storage-path {opts.storage_path}",
               file=sys.stderr, flush=True)
         return 130
@@ -350,6 +372,33 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
         return 2
     print(summary(spec, result, time.monotonic() - t0), flush=True)
     return 0
+
+
+def sweep_summary(r: SweepResult, seconds: float) -> str:
+    """The sweep's table, what was skipped or failed, and where to compare the trials."""
+    s = r.sweep
+    lines = ["", f"==== sweep {s.run_name} ({s.sweep} on {s.base.workflow} {s.base.preset}) "
+                 f"done in {seconds / 60:.1f} min ====", r.table]
+    if r.skipped:
+        lines.append(f"skipped (finished earlier): {', '.join(r.skipped)}")
+    if r.failed:
+        lines.append(f"{len(r.failed)} trial(s) failed; rerun the same command to run them "
+                     "again (finished trials are skipped)")
+    lines.append(f"outputs: {s.folder} (summary.md, one folder per trial)")
+    if r.run_id is None:
+        lines.append(f"MLflow: tracking at {r.tracking_uri} was unavailable")
+        return "\n".join(lines)
+    exp_id = experiment_id(r.tracking_uri, s.base.experiment)
+    lines.append(f"MLflow: experiment {s.base.experiment!r}, sweep run {s.run_name!r} (id "
+                 f"{r.run_id}) with one child run per trial; select them and press Compare")
+    if r.tracking_uri.startswith("sqlite:///"):
+        lines.append(f"  mlflow ui --backend-store-uri {r.tracking_uri} --port 5000")
+        base = "http://127.0.0.1:5000"
+    else:
+        base = r.tracking_uri.rstrip("/")
+    if exp_id is not None:
+        lines.append(f"  sweep:   {base}/#/experiments/{exp_id}/runs/{r.run_id}")
+    return "\n".join(lines)
 
 
 def _stems(cfg: WorkflowConfig) -> str:

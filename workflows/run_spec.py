@@ -70,6 +70,9 @@ class RunSpec:
     # --accelerator-type: the GPU model every training worker's node has (Ray Train's
     # ScalingConfig.accelerator_type); None: any GPU.
     accelerator_type: str | None = None
+    # Whether a better model moves the task's champion alias; a sweep's trials (ablations) never
+    # do: they are compared with each other, not served.
+    register_champion: bool = True
 
     @property
     def run_dir(self) -> Path:

@@ -1,6 +1,7 @@
 """Every MLflow run of a workflow run, named, found and described one way: the run tree.
 
     experiment <--experiment, default the workflow's name>
+      [<sweep run name>]              a sweep (workflows/sweep.py): its trials are the parents
       <run name>                      parent: the resolved RunSpec as params, the data as inputs,
                                       the headline scores as metrics
         preprocess                    the preprocessing settings and counts
@@ -33,10 +34,11 @@ class RunTree:
 
     @classmethod
     def open(cls, uri: str, experiment: str, run_dir: Path, run_name: str,
-             tags: dict | None = None) -> "RunTree":
-        """The tree of the workflow run at `run_dir`, its parent run found or created."""
+             tags: dict | None = None, within: str | None = None) -> "RunTree":
+        """The tree of the workflow run at `run_dir`, its parent run found or created (itself
+        a child of run `within`: a sweep's trial under the sweep's run)."""
         parent = find_or_create_run(uri, experiment, run_key=run_key(run_dir),
-                                    run_name=run_name, tags=tags)
+                                    run_name=run_name, parent_run_id=within, tags=tags)
         return cls(uri, experiment, Path(run_dir), parent)
 
     def child(self, name: str, stage: str, tags: dict | None = None) -> str | None:

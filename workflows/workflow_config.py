@@ -97,6 +97,10 @@ class RunOptions:
     restart: bool = False  # train this run name over under new settings (earlier work set aside)
     init_from: str | None = None  # fine-tune: start from this checkpoint directory's weights
     accelerator_type: str | None = None  # every training worker on nodes with this GPU model
+    sweep: str | None = None  # run a sweep of model variants (workflows/ablations.py) instead
+    seeds: int = 1  # seeds per variant of a sweep
+    variants: list[str] = field(default_factory=list)  # a subset of the sweep's variants
+    concurrent_trials: int | None = None  # a sweep's trials at once (default: what fits)
 
 
 
@@ -159,6 +163,23 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                         "architecture and vocabulary (the data is encoded with its sentencepiece "
                         "model or Moses + BPE pipeline) and takes the preset's recipe and "
                         "dropout")
+    from workflows.ablations import SWEEPS
+
+    p.add_argument("--sweep", choices=sorted(SWEEPS), metavar="NAME",
+                   help="instead of one run: a sweep of model variants of the preset (the "
+                        "paper's section 5.2: table4 = position embeddings, table5 = attention "
+                        "layers, paper-5.2 = both, depth, kernel), each variant x --seeds a "
+                        "whole workflow run with the same budget, on Ray Tune, compared in "
+                        "one MLflow sweep run; the same --run-name resumes it. Choices: "
+                        + ", ".join(sorted(SWEEPS)))
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="with --sweep: runs per variant, seeds seed, seed+1, ... (default 1)")
+    p.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=[],
+                   metavar="A,B", help="with --sweep: only these variants (names as the "
+                                       "sweep's table prints them, e.g. baseline,no-pos)")
+    p.add_argument("--concurrent-trials", type=int, metavar="N",
+                   help="with --sweep: trials at once (default: as many as the cluster's "
+                        "CPUs, or GPUs with --use-gpu, fit)")
     p.add_argument("--system-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
@@ -168,6 +189,15 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
             p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: give a positive integer")
     if a.attention < 0:
         p.error(f"--attention {a.attention}: give a number of sentences (0: none)")
+    if a.sweep is None:
+        for flag, value, unset in (("--seeds", a.seeds, 1), ("--variants", a.variants, []),
+                                   ("--concurrent-trials", a.concurrent_trials, None)):
+            if value != unset:
+                p.error(f"{flag} applies to a sweep: add --sweep NAME")
+    elif a.seeds < 1:
+        p.error(f"--seeds {a.seeds}: give the number of seeds per variant (>= 1)")
+    elif a.concurrent_trials is not None and a.concurrent_trials < 1:
+        p.error(f"--concurrent-trials {a.concurrent_trials}: give a positive number")
     from convs2s.tracking import tracking_uri_problem
 
     if problem := tracking_uri_problem(a.tracking_uri):

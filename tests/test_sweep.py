@@ -1,0 +1,277 @@
+"""Sweeps (workflows/sweep.py, workflows/ablations.py): the paper's §5.2 variants of a preset,
+bad sweep requests refused in one line before Ray starts, the paper-shaped summary, and (slow)
+a 2-variant x 2-seed sweep of whole workflow runs on Ray Tune with one MLflow child run per
+trial, a killed trial reported while the others go on, and a rerun that skips the finished
+trials and continues the killed one from its checkpoint.
+
+    timeout 600 .venv/bin/python -m pytest tests/test_sweep.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from convs2s.config import PRESETS
+from workflows import multi30k_en_de, orchestrate
+from workflows.ablations import BASELINE, SWEEPS, SweepError, table4, table5, variants_for
+from workflows.sweep import mean_sd, resolve_sweep, run_sweep, summary_table
+from workflows.workflow_config import RunOptions
+
+CPU_MODEL = multi30k_en_de.cpu().model  # 4 + 3 layers of 256 units, kernel 3
+
+
+# --- the variants: plain functions of the preset's model -----------------------------------------
+
+
+def test_table4_has_the_papers_four_rows_with_its_numbers():
+    rows = table4(CPU_MODEL)
+    assert [v.name for v in rows] == [BASELINE, "no-src-pos", "no-tgt-pos", "no-pos"]
+    assert [v.paper for v in rows] == [(6.64, 21.7), (6.69, 21.3), (6.63, 21.5), (6.68, 21.2)]
+    assert rows[3].changed(CPU_MODEL) == {"model.src_positions": "False",
+                                          "model.tgt_positions": "False"}
+    assert rows[0].changed(CPU_MODEL) == {}  # the baseline is the preset's model
+
+
+def test_table5_moves_attention_into_fewer_decoder_layers():
+    """The paper's placements for an n-layer decoder: layers 1..k, then each single layer."""
+    rows = table5(CPU_MODEL)  # a 3-layer decoder
+    assert [v.name for v in rows] == [BASELINE, "attn-1-2", "attn-1", "attn-2", "attn-3"]
+    assert rows[1].apply(CPU_MODEL).decoder_attention == (True, True, False)
+    assert rows[4].apply(CPU_MODEL).decoder_attention == (False, False, True)
+    ablation = PRESETS["wmt14_en_de_ablation"]()  # the paper's 5-layer decoder: Table 5's 9 rows
+    assert len(table5(ablation)) == 9
+
+
+def test_every_sweep_builds_distinct_models_on_the_cpu_and_paper_ablation_presets():
+    for model in (CPU_MODEL, PRESETS["wmt14_en_de_ablation"]()):
+        for name in SWEEPS:
+            variants = variants_for(name, model)
+            assert variants[0].name == BASELINE
+            assert all(v.changed(model) for v in variants[1:]), name
+    assert [v.name for v in variants_for("paper-5.2", CPU_MODEL)][:4] == \
+        [BASELINE, "no-src-pos", "no-tgt-pos", "no-pos"]
+    depth = variants_for("depth", CPU_MODEL)
+    assert [len(v.apply(CPU_MODEL).encoder_layers) for v in depth[1:3]] == [2, 8]
+
+
+# --- bad requests: one line, before Ray -------------------------------------------------------
+
+
+def _main(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = multi30k_en_de.main({"cpu": multi30k_en_de.cpu, "smoke": multi30k_en_de.smoke},
+                                     multi30k_en_de.__doc__, argv)
+        except SystemExit as e:  # argparse
+            rc = e.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--sweep", "table9"], "invalid choice: 'table9'"),
+    (["--sweep", "table4", "--variants", "baseline,no-such"],
+     "error: --variants no-such: not a variant of the 'table4' sweep"),
+    (["--sweep", "table4", "--seeds", "0"], "--seeds 0: give the number of seeds"),
+    (["--seeds", "2"], "--seeds applies to a sweep: add --sweep NAME"),
+    (["--sweep", "table4", "--init-from", "/x"], "error: --init-from fixes the model's"),
+])
+def test_a_bad_sweep_request_is_one_line_before_ray_starts(args, says, tmp_path, monkeypatch):
+    def no_ray(*a, **k):
+        raise AssertionError("Ray was started for a request refused up front")
+
+    monkeypatch.setattr(orchestrate, "_start_ray", no_ray)
+    rc, out, err = _main(["--preset", "smoke", "--storage-path", str(tmp_path), *args])
+    lines = err.strip().splitlines()
+    assert rc == 2 and says in lines[-1], err  # argparse style: usage, then one error line
+    assert "Traceback" not in err and sum("error" in line for line in lines) == 1
+
+
+def test_a_variant_that_changes_nothing_in_the_preset_is_refused():
+    no_src = CPU_MODEL.replace(src_positions=False)
+    with pytest.raises(SweepError, match="variant no-src-pos: it changes nothing"):
+        variants_for("table4", no_src)
+    assert [v.name for v in variants_for("table4", no_src, ["baseline", "no-tgt-pos"])] == \
+        [BASELINE, "no-tgt-pos"]
+
+
+def test_each_trial_is_a_whole_run_of_the_preset_with_its_variant_and_seed(tmp_path):
+    opts = RunOptions(preset="cpu", storage_path=str(tmp_path), run_name="s", sweep="table4",
+                      seeds=2, variants=["baseline", "no-pos"], max_time=480.0)
+    sweep = resolve_sweep(multi30k_en_de.cpu(), opts)
+    assert [t.name for t in sweep.trials] == ["baseline-seed1", "baseline-seed2",
+                                              "no-pos-seed1", "no-pos-seed2"]
+    t = sweep.trials[3]
+    assert t.spec.train.seed == 2 and not t.spec.model.src_positions
+    assert t.spec.train.max_time == 480 and sweep.trials[0].spec.train.max_time == 480
+    assert t.spec.run_dir == tmp_path / "s" / "no-pos-seed2"
+    # single models (the paper's tables), no ensemble average, never a champion
+    assert t.spec.ensemble.runs == 1 and t.spec.ensemble.average_last == 0
+    assert not t.spec.register_champion
+    assert len({x.key for x in sweep.trials}) == 4
+
+
+def test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers(tmp_path):
+    opts = RunOptions(preset="cpu", storage_path=str(tmp_path), run_name="s", sweep="table4",
+                      seeds=2, variants=["baseline", "no-pos"], max_updates=100)
+    sweep = resolve_sweep(multi30k_en_de.cpu(), opts)
+    tests = list(sweep.base.test_sets.values())
+    res = {"baseline-seed1": {"valid_ppl": 7.0, f"{tests[0]}/bleu": 30.0},
+           "baseline-seed2": {"valid_ppl": 9.0, f"{tests[0]}/bleu": 32.0},
+           "no-pos-seed1": {"valid_ppl": 8.0, f"{tests[0]}/bleu": 29.0}}
+    table = summary_table(sweep, res, {"no-pos-seed2": "RayActorError: killed"})
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[:4]]
+    assert cells[0] == ["variant", "n", "valid PPL", f"bleu {tests[0]}", f"bleu {tests[1]}",
+                        "paper PPL", "paper bleu"]
+    assert cells[2] == ["baseline", "2/2", "8.00 +- 1.41", "31.00 +- 1.41", "-", "6.64", "21.7"]
+    assert cells[3] == ["no-pos", "1/2", "8.00", "29.00", "-", "6.68", "21.2"]
+    assert "FAILED no-pos-seed2: RayActorError: killed" in table
+    assert mean_sd([1.0])[0] == 1.0 and math.isnan(mean_sd([1.0])[1])
+
+
+# --- end to end on the session's Ray (slow) ---------------------------------------------------
+
+
+def _ray_processes() -> dict[int, str]:
+    """{pid: title} of this machine's Ray worker processes ("ray::<actor class>.<method>")."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+        except (OSError, ValueError):
+            continue
+        if title.startswith("ray::"):
+            out[int(proc.name)] = title
+    return out
+
+
+def _kill_trial_when_checkpointed(trial_dir: Path, stop: threading.Event, killed: list):
+    """SIGKILL the Ray Tune actor running the trial at `trial_dir` (a function trial's process
+    is titled `ray::ImplicitFunc.train`) once Ray Train has recorded a checkpoint of its
+    training: a crashed trial, whose Ray Train run goes with it."""
+    snapshot = trial_dir / "train" / "checkpoint_manager_snapshot.json"
+    while not stop.is_set():
+        try:
+            latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+        except (OSError, ValueError):
+            latest = None
+        if latest:
+            pids = [pid for pid, title in _ray_processes().items()
+                    if title.startswith("ray::ImplicitFunc")]
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            killed.extend(pids or [f"no trial among {sorted(set(_ray_processes().values()))}"])
+            return
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_one(
+        ray_session, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.checkpoint import best_checkpoint, list_checkpoints, load_model
+    from convs2s.model import inference_copy
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = multi30k_en_de.smoke()
+    cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=20, keep_last=5))
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="t4",
+                      tracking_uri=uri, sweep="table4", seeds=2,
+                      variants=["baseline", "no-pos"], max_updates=60)
+    sweep = resolve_sweep(cfg, opts)
+    victim = sweep.trials[1]  # baseline-seed2
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=_kill_trial_when_checkpointed,
+                               args=(victim.spec.run_dir, stop, killed), daemon=True)
+    watcher.start()
+    try:
+        first = run_sweep(sweep)
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed and all(isinstance(k, int) for k in killed), killed
+    # The killed trial is reported; the other three ran to the end.
+    assert list(first.failed) == ["baseline-seed2"]
+    assert sorted(first.results) == ["baseline-seed1", "no-pos-seed1", "no-pos-seed2"]
+    assert "FAILED baseline-seed2" in first.table and "| baseline | 1/2 |" in first.table
+    # The checkpoints Ray Train had recorded when the trial died (its snapshot is what a
+    # restored run resumes from).
+    snapshot = json.loads((victim.spec.run_dir / "train/checkpoint_manager_snapshot.json")
+                          .read_text())
+    recorded = {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}
+    kept = {c.update: c.path for c in list_checkpoints(victim.spec.run_dir / "train")
+            if Path(c.path).name in recorded}
+    assert kept and max(kept) < 60, (recorded, kept)
+    stamps = {u: (Path(p) / "checkpoint.pt").stat().st_mtime_ns for u, p in kept.items()}
+
+    # MLflow: the sweep run, one child per trial with its variant, seed and changes as params.
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    (top,) = [r for r in runs if r.info.run_name == "t4"]
+    assert top.data.tags["convs2s.sweep"] == "table4" and top.info.status == "FAILED"
+    trials = {r.info.run_name: r for r in runs
+              if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
+    assert set(trials) == {t.name for t in sweep.trials}
+    p = trials["no-pos-seed2"].data.params
+    assert (p["sweep.variant"], p["sweep.seed"]) == ("no-pos", "2")
+    assert p["sweep.changes"] == "model.src_positions=False; model.tgt_positions=False"
+    assert p["workflow.model.src_positions"] == "False"
+    assert trials["baseline-seed1"].data.params["sweep.changes"] == "none"
+    assert "bleu" in trials["no-pos-seed1"].data.metrics
+    assert "baseline/valid_ppl_mean" in top.data.metrics
+
+    # A model without position embeddings trained, round-trips through its checkpoint and
+    # decodes incrementally like its full pass.
+    import torch
+    import torch.nn.functional as F
+
+    model, meta = load_model(best_checkpoint(sweep.trials[2].spec.run_dir / "train").path)
+    assert not meta["model_config"]["src_positions"]
+    assert not any("embed_positions" in k for k in model.state_dict())
+    src = torch.randint(4, 200, (2, 9))
+    prev = torch.randint(4, 200, (2, 6))
+    lengths = torch.tensor([9, 9])
+    net = inference_copy(model)
+    with torch.no_grad():
+        full, _ = model(src, lengths, prev)
+        state = net.init_state(net.encode(src, lengths))
+        for t in range(prev.shape[1]):
+            step, _ = net.decode_step(prev[:, t], state)
+            torch.testing.assert_close(F.log_softmax(step, -1), F.log_softmax(full[:, t], -1),
+                                       rtol=0, atol=1e-4)
+
+    # The rerun skips the three finished trials and continues the killed one from its
+    # checkpoints (kept as they were) to the same budget.
+    again = run_sweep(resolve_sweep(cfg, opts))
+    assert sorted(again.skipped) == ["baseline-seed1", "no-pos-seed1", "no-pos-seed2"]
+    resumed = again.results["baseline-seed2"]
+    assert not again.failed and resumed["updates"] == 60
+    assert resumed["resumed_from_update"] == max(kept)
+    for u, stamp in stamps.items():
+        assert (Path(kept[u]) / "checkpoint.pt").stat().st_mtime_ns == stamp
+    runs = client.search_runs([exp.experiment_id], max_results=500)
+    (top2,) = [r for r in runs if r.info.run_name == "t4"]
+    assert top2.info.run_id == top.info.run_id and top2.info.status == "FINISHED"
+    again_trials = {r.info.run_name: r for r in runs
+                    if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
+    assert {n: r.info.run_id for n, r in again_trials.items()} == \
+        {n: r.info.run_id for n, r in trials.items()}  # reopened, none added
+    assert again_trials["baseline-seed2"].info.status == "FINISHED"
+    (train,) = [r for r in runs if r.info.run_name == "train" and
+                r.data.tags.get("mlflow.parentRunId") == trials["baseline-seed2"].info.run_id]
+    steps = [m.step for m in client.get_metric_history(train.info.run_id, "valid/ppl")]
+    assert steps == sorted(set(steps)) and steps[-1] == 60  # each validation logged once
+    assert "| baseline | 2/2 |" in again.table
+    assert (sweep.folder / "summary.md").read_text().count("| no-pos") == 1

@@ -1,0 +1,169 @@
+"""The paper's analysis (§5.2) as named sets of model variants: what a sweep varies.
+
+A *variant* is a name and the `ModelConfig` fields it changes from the workflow preset's model;
+a *sweep* is a plain function of that model returning its variants, the unchanged `baseline`
+first (torchtitan-style presets: read them here, not in a registry of strings):
+
+    table4(model)    position embeddings on / off (Table 4)
+    table5(model)    multi-step attention in fewer decoder layers (Table 5)
+    depth(model)     shallower and deeper encoders and decoders (Figure 2)
+    kernel(model)    wider encoder and decoder kernels (Figure 3)
+
+`SWEEPS` names them for `--sweep` ("paper-5.2" is Tables 4 and 5 together). Each variant is
+derived from the preset's model, so the same sweep fits Multi30k's 4 + 3 layers and the paper's
+ablation model (13 encoder layers at kernel 3, 5 decoder layers at kernel 5; `wmt14_en_de`'s
+`ablation` preset). The paper's own numbers (WMT'14 En-De, newstest2014, averaged over three
+runs) are kept beside the rows that have one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from convs2s.config import ModelConfig
+from workflows.run_spec import SpecError
+
+BASELINE = "baseline"
+
+
+class SweepError(SpecError):
+    """A sweep that cannot run as asked: the message names the flag and the fix (one `error:`
+    line, exit 2, before Ray starts)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # a trial folder / run name part: letters, digits, dashes
+    label: str  # as the paper's table says it
+    changes: tuple[tuple[str, object], ...] = ()  # ModelConfig field -> value
+    paper: tuple[float, float] | None = None  # the paper's (valid PPL, BLEU), where it has it
+
+    def apply(self, model: ModelConfig) -> ModelConfig:
+        return model.replace(**dict(self.changes))
+
+    def changed(self, model: ModelConfig) -> dict[str, str]:
+        """{"model.<field>": value} for each field this variant sets to another value than the
+        preset's: what the trial's MLflow run shows as its changed settings."""
+        base, new = model.to_dict(), self.apply(model).to_dict()
+        return {f"model.{k}": str(new[k]) for k in sorted(new) if new[k] != base.get(k)}
+
+
+def _baseline(paper: tuple[float, float] | None = None) -> Variant:
+    return Variant(BASELINE, "ConvS2S (the preset's model)", (), paper)
+
+
+# --- Table 4: position embeddings ---------------------------------------------------------------
+
+
+def table4(model: ModelConfig) -> list[Variant]:
+    """Removing the source, the target or both position embeddings (§5.2, Table 4: 6.64 PPL /
+    21.7 BLEU with both; both removed cost 0.5 BLEU)."""
+    return [_baseline((6.64, 21.7)),
+            Variant("no-src-pos", "-source position", (("src_positions", False),), (6.69, 21.3)),
+            Variant("no-tgt-pos", "-target position", (("tgt_positions", False),), (6.63, 21.5)),
+            Variant("no-pos", "-source & target position",
+                    (("src_positions", False), ("tgt_positions", False)), (6.68, 21.2))]
+
+
+# --- Table 5: multi-step attention ---------------------------------------------------------------
+
+
+def table5(model: ModelConfig) -> list[Variant]:
+    """Attention in fewer decoder layers (§5.2, Table 5; the paper: attention in every layer
+    gives the best validation perplexity, and removing attention layers costs BLEU and PPL).
+    For an n-layer decoder: layers 1..k for k = n-1 .. 1, then each single layer 2..n."""
+    n = len(model.decoder_layers)
+    placements = [tuple(range(1, k + 1)) for k in range(n - 1, 0, -1)]
+    placements += [(i,) for i in range(2, n + 1)]
+    out = [_baseline()]
+    for layers in placements:
+        flags = tuple(i + 1 in layers for i in range(n))
+        out.append(Variant("attn-" + "-".join(map(str, layers)),
+                           "attention in layer" + ("s " if len(layers) > 1 else " ")
+                           + ",".join(map(str, layers)),
+                           (("decoder_attention", flags),)))
+    return out
+
+
+# --- Figures 2 and 3: depth and kernel width -----------------------------------------------------
+
+
+def _stack(layers, depth: int, kernel: int | None = None) -> list[tuple[int, int]]:
+    """`depth` layers of the stack's first width (its kernel, or `kernel`)."""
+    width, k = layers[0]
+    return [(width, kernel or k)] * depth
+
+
+def depth(model: ModelConfig) -> list[Variant]:
+    """Encoder and decoder depth (§5.2, Figure 2: deeper encoders help up to about 9 layers;
+    decoders of two layers already do well): half and twice the preset's encoder depth, and a
+    1-layer and a twice-as-deep decoder, each keeping the first layer's width and kernel."""
+    ne, nd = len(model.encoder_layers), len(model.decoder_layers)
+    out = [_baseline()]
+    for n in sorted({max(1, ne // 2), 2 * ne} - {ne}):
+        out.append(Variant(f"enc-{n}", f"{n} encoder layers",
+                           (("encoder_layers", _stack(model.encoder_layers, n)),)))
+    for n in sorted({1, 2 * nd} - {nd}):
+        out.append(Variant(f"dec-{n}", f"{n} decoder layers",
+                           (("decoder_layers", _stack(model.decoder_layers, n)),
+                            ("decoder_attention", None))))
+    return out
+
+
+def kernel(model: ModelConfig) -> list[Variant]:
+    """Kernel width (§5.2, Figure 3: narrow kernels with many layers beat wide ones): kernels of
+    3, 5 and 7 in the encoder, then in the decoder, at the preset's depths and widths."""
+    out = [_baseline()]
+    for side in ("encoder", "decoder"):
+        layers = getattr(model, f"{side}_layers")
+        for k in (3, 5, 7):
+            if all(kw == k for _, kw in layers):
+                continue  # the preset's own kernel: the baseline
+            out.append(Variant(f"{side[:3]}-k{k}", f"{side} kernel {k}",
+                               ((f"{side}_layers", [(w, k) for w, _ in layers]),)))
+    return out
+
+
+def paper_5_2(model: ModelConfig) -> list[Variant]:
+    """Tables 4 and 5 together, one shared baseline."""
+    return table4(model) + table5(model)[1:]
+
+
+SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
+    "paper-5.2": paper_5_2, "table4": table4, "table5": table5, "depth": depth,
+    "kernel": kernel,
+}
+
+
+def variants_for(sweep: str, model: ModelConfig, only: list[str] | None = None) -> list[Variant]:
+    """The variants of `sweep` for the preset's `model` (`only`: a subset by name, in the
+    sweep's order). Each must build a valid model that differs from the baseline and from the
+    others; a SweepError names what does not."""
+    if sweep not in SWEEPS:
+        raise SweepError(f"--sweep {sweep!r}: no such sweep; choose one of "
+                         f"{', '.join(sorted(SWEEPS))}")
+    variants = SWEEPS[sweep](model)
+    if only:
+        names = [v.name for v in variants]
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise SweepError(f"--variants {','.join(unknown)}: not a variant of the "
+                             f"{sweep!r} sweep for this preset; choose from {', '.join(names)}")
+        variants = [v for v in variants if v.name in only]
+    seen: dict[str, str] = {}
+    for v in variants:
+        try:
+            built = v.apply(model)
+        except ValueError as err:
+            raise SweepError(f"sweep {sweep!r}, variant {v.name}: {err}") from None
+        if v.name != BASELINE and not v.changed(model):
+            raise SweepError(f"sweep {sweep!r}, variant {v.name}: it changes nothing in this "
+                             "preset's model (it already has those settings); leave it out "
+                             "with --variants")
+        key = repr(built.to_dict())
+        if key in seen:
+            raise SweepError(f"sweep {sweep!r}: variants {seen[key]} and {v.name} build the "
+                             "same model; keep one with --variants")
+        seen[key] = v.name
+    return variants

@@ -1,0 +1,416 @@
+"""Sweeps of whole workflow runs on Ray Tune: the paper's §5.2 analysis as one command.
+
+    python workflows/multi30k_en_de.py --preset cpu --data ../shared/data/multi30k \\
+        --sweep paper-5.2 --seeds 2 --max-time 6m
+
+A sweep is a named set of model variants of the workflow's preset (workflows/ablations.py)
+times `--seeds` seeds; each (variant, seed) is a *trial*: a whole workflow run (the preset's
+data, the variant's model, seed `seed + k`, the same budget as every other trial: train, then
+score the best checkpoint on the preset's test sets). Trials run as Ray Tune trials (Ray Train
+V2's pattern: a Tune function trial that launches the run's own `TorchTrainer`), as many at
+once as the cluster has room for (`concurrency`; one at a time on a 2-CPU machine), each
+training run placed with its own resources by Ray Train.
+
+Where it goes (`--storage-path`, `--run-name`, default `<sweep>-<date>-<time>`):
+
+    <storage>/preprocessed/...                 the data, prepared once before the trials
+    <storage>/<sweep run>/<variant>-seed<s>/   each trial's workflow run (train/, eval/, ...)
+                          .../trial.json       written when the trial finished
+    <storage>/<sweep run>/tune/                Ray Tune's experiment folder
+    <storage>/<sweep run>/summary.md, .json    the table below
+
+MLflow: one run for the sweep (named `--run-name`, tag `convs2s.sweep`), and under it each
+trial's workflow run with `sweep.variant`, `sweep.seed` and `sweep.changes` (the settings the
+variant changed) as params beside the whole run spec, and its scores; the sweep run holds the
+summary as an artifact and per-variant means and spreads as metrics (`<variant>/bleu_mean`).
+Selecting the trials in MLflow's runs table and pressing Compare lines them up.
+
+Rerunning the same sweep (same --run-name and --storage-path) skips every trial whose
+trial.json matches its settings and budget, continues an interrupted one from its latest
+checkpoint (the workflow run's own resume), and runs the rest; a failed trial is reported and
+the others go on. A larger budget continues every trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from convs2s.task_kinds import task_kind
+from workflows.ablations import BASELINE, SweepError, Variant, variants_for
+from workflows.run_spec import RunSpec, resolve
+from workflows.run_state import budgets, digest, result_settings, reuse_problem
+from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
+
+log = logging.getLogger("workflows")
+
+# What a trial's driver (the Tune actor that runs the workflow's stages) reserves: memory for
+# the workflow's state, no CPU. Its training workers and evaluation tasks ask for their own
+# CPUs / GPUs; a CPU held by the driver would leave a 2-CPU node unable to place a 2-thread
+# training worker. (A Tune trial needs some resource: an all-zero request is refused.)
+TRIAL_DRIVER_MEMORY = 256 * 2**20
+SCORED_JOB = "best"  # each trial scores its best checkpoint (the paper compares single models)
+
+
+@dataclass(frozen=True)
+class Trial:
+    name: str  # "<variant>-seed<seed>": the trial's run folder and MLflow run name
+    variant: Variant
+    seed: int
+    spec: RunSpec  # the trial's whole workflow run
+    changes: dict[str, str]  # the model settings the variant changed ("model.<field>": value)
+
+    @property
+    def key(self) -> str:
+        """What makes a finished trial the same: its run's settings and budget."""
+        return digest({"settings": result_settings(self.spec), "budgets": budgets(self.spec)})
+
+    @property
+    def record(self) -> Path:
+        return self.spec.run_dir / "trial.json"
+
+    def finished(self) -> dict | None:
+        """The trial's recorded result when it finished under the same settings, else None."""
+        if not self.record.is_file():
+            return None
+        rec = json.loads(self.record.read_text())
+        return rec if rec.get("key") == self.key else None
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    sweep: str  # the sweep's name in workflows.ablations.SWEEPS
+    run_name: str
+    base: RunSpec  # the preset's run: data, budget, resources; each trial varies it
+    variants: list[Variant]
+    seeds: list[int]
+    trials: list[Trial]
+    concurrency: int | None = None  # trials at once; None: as many as the cluster fits
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.base.storage) / self.run_name
+
+
+@dataclass
+class SweepResult:
+    sweep: SweepSpec
+    run_id: str | None  # the sweep's MLflow run
+    tracking_uri: str
+    results: dict[str, dict] = field(default_factory=dict)  # trial name -> metrics
+    skipped: list[str] = field(default_factory=list)  # finished by an earlier invocation
+    failed: dict[str, str] = field(default_factory=dict)  # trial name -> error
+    table: str = ""
+
+
+# --- resolving: every trial decided before Ray starts -------------------------------------------
+
+
+def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
+    """The sweep `opts` asks of the preset `cfg`; a SweepError names the flag to fix."""
+    if opts.seeds < 1:
+        raise SweepError(f"--seeds {opts.seeds}: give the number of seeds per variant (>= 1)")
+    if opts.init_from:
+        raise SweepError("--init-from fixes the model's architecture, which a sweep varies; "
+                         "sweep from random weights (leave --init-from out)")
+    if opts.restart:
+        raise SweepError("--restart applies to one workflow run; give the sweep a new "
+                         "--run-name to run it over")
+    run_name = opts.run_name or f"{opts.sweep}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = resolve(cfg, dataclasses.replace(opts, run_name=run_name))
+    # Seeds are the sweep's; each trial scores its best checkpoint (single models, as the
+    # paper's tables): no ensemble members or averages inside a trial.
+    base = base.replace(ensemble=EnsembleConfig(runs=1, average_last=0),
+                        register_champion=False)
+    variants = variants_for(opts.sweep, base.model, opts.variants or None)
+    seeds = [base.train.seed + k for k in range(opts.seeds)]
+    folder = Path(base.storage) / run_name
+    if (folder / "workflow.json").is_file():
+        raise SweepError(f"{folder} holds a workflow run named {run_name!r}, not a sweep: give "
+                         "the sweep another --run-name")
+    trials = []
+    for v in variants:
+        for seed in seeds:
+            name = f"{v.name}-seed{seed}"
+            spec = base.replace(model=v.apply(base.model), train=base.train.replace(seed=seed),
+                                run_name=name, storage=str(folder))
+            trials.append(Trial(name, v, seed, spec, v.changed(base.model)))
+    for t in trials:  # a trial folder holding a run under other settings: before anything
+        if problem := reuse_problem(t.spec):
+            raise SweepError(f"sweep {run_name!r}, trial {t.name}: {problem}")
+    if opts.concurrent_trials is not None and opts.concurrent_trials < 1:
+        raise SweepError(f"--concurrent-trials {opts.concurrent_trials}: give a positive number")
+    return SweepSpec(opts.sweep, run_name, base, variants, seeds, trials,
+                     opts.concurrent_trials)
+
+
+def concurrency(sweep: SweepSpec, resources: dict[str, float]) -> int:
+    """Trials at once: the cluster's CPUs (GPUs with --use-gpu) over one trial's training
+    workers' (at least 1; `--concurrent-trials` decides when given)."""
+    if sweep.concurrency:
+        return sweep.concurrency
+    b = sweep.base
+    if b.use_gpu:
+        fit = resources.get("GPU", 0) // b.num_workers
+    else:
+        fit = resources.get("CPU", 0) // (b.num_workers * b.cpus_per_worker)
+    return int(max(1, min(fit, len(sweep.trials))))
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def run_sweep(sweep: SweepSpec) -> SweepResult:
+    """Prepare the data once, run every trial not finished yet on Ray Tune, then summarize
+    (table, MLflow metrics and artifacts)."""
+    from convs2s.tracking import (describe_run, end_run, find_or_create_run, log_artifacts,
+                                  log_final_metrics, resolve_tracking_uri, run_key)
+    from preprocessing.pipeline import run_pipeline
+    from workflows.orchestrate import _source_tags, prepare
+
+    base = sweep.base
+    prepare(base)  # sources, GPUs and Ray, as for one workflow run
+    uri = resolve_tracking_uri(base.tracking_uri)
+    run_id = find_or_create_run(uri, base.experiment, run_key=run_key(sweep.folder),
+                                run_name=sweep.run_name,
+                                tags={"convs2s.sweep": sweep.sweep, "convs2s.stage": "sweep",
+                                      "convs2s.workflow": base.workflow,
+                                      "convs2s.preset": base.preset, **_source_tags(base)})
+    describe_run(uri, run_id, sweep_params(sweep))
+    result = SweepResult(sweep, run_id, uri)
+    try:
+        log.info("== sweep %s (%s): %d variants x %d seeds = %d trials", sweep.run_name,
+                 sweep.sweep, len(sweep.variants), len(sweep.seeds), len(sweep.trials))
+        for t in sweep.trials:
+            if (rec := t.finished()) is not None:
+                result.results[t.name] = rec["metrics"]
+                result.skipped.append(t.name)
+        if result.skipped:
+            log.info("== sweep: %d trial(s) finished earlier, skipped: %s",
+                     len(result.skipped), ", ".join(result.skipped))
+        todo = [t for t in sweep.trials if t.name not in result.results]
+        if todo:
+            # The data once, before the trials: they find it prepared (no two trials build it).
+            run_pipeline(base.data)
+            ran, failed = _run_on_tune(sweep, todo, run_id, uri)
+            result.results.update(ran)
+            result.failed.update(failed)
+        result.table = summary_table(sweep, result.results, result.failed)
+        _log_summary(sweep, result, uri, run_id, log_final_metrics, log_artifacts)
+    except BaseException as err:
+        end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
+    end_run(uri, run_id, "FAILED" if result.failed else "FINISHED")
+    return result
+
+
+def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
+                 uri: str) -> tuple[dict, dict]:
+    """Run `todo` as Ray Tune trials; ({trial: metrics}, {trial: error})."""
+
+    import ray
+    from ray import tune
+
+    n = concurrency(sweep, ray.cluster_resources())
+    log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
+             ", ".join(t.name for t in todo))
+    trainable = tune.with_parameters(_trial_main, trials={t.name: t for t in todo},
+                                     sweep_run_id=run_id, sweep_name=sweep.run_name)
+    trainable = tune.with_resources(
+        trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}]))
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search([t.name for t in todo])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=n,
+                                    trial_name_creator=lambda tr: tr.config["trial"],
+                                    trial_dirname_creator=lambda tr: tr.config["trial"]),
+        run_config=tune.RunConfig(name="tune", storage_path=str(sweep.folder), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)))
+    grid = tuner.fit()
+    ran, failed = {}, {}
+    for r in grid:
+        name = (r.config or {}).get("trial")
+        if r.error is not None:
+            lines = str(r.error).strip().splitlines()
+            failed[name] = (lines[-1] if lines else type(r.error).__name__)[:500]
+            log.warning("== sweep: trial %s failed: %s", name, failed[name])
+        else:
+            ran[name] = {k: v for k, v in r.metrics.items() if k in _METRIC_KEYS
+                         or "/" in k}
+    return ran, failed
+
+
+_METRIC_KEYS = ("valid_ppl", "updates", "epochs", "train_minutes", "resumed_from_update",
+                "run_id")
+
+
+def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name: str) -> dict:
+    """A Ray Tune trial (runs in a Tune actor): the trial's whole workflow run under the sweep's
+    MLflow run; writes trial.json when it finished and returns its metrics to Tune."""
+    from workflows.orchestrate import run_stages
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
+                        datefmt="%H:%M:%S")
+    trial: Trial = trials[config["trial"]]
+    log.info("== trial %s: %s", trial.name,
+             "; ".join(f"{k}={v}" for k, v in trial.changes.items()) or "the preset's model")
+    out = run_stages(trial.spec, within=sweep_run_id,
+                     tags={"convs2s.sweep": sweep_name, "convs2s.variant": trial.variant.name,
+                           "convs2s.seed": str(trial.seed)},
+                     params={"sweep": {"run": sweep_name, "variant": trial.variant.name,
+                                       "seed": trial.seed,
+                                       "changes": "; ".join(f"{k}={v}" for k, v in
+                                                            trial.changes.items()) or "none"}})
+    metrics = trial_metrics(trial.spec, out)
+    tmp = trial.record.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"key": trial.key, "trial": trial.name, "metrics": metrics},
+                              indent=1))
+    tmp.replace(trial.record)  # atomic: a trial is finished or not
+    return metrics
+
+
+def trial_metrics(spec: RunSpec, out) -> dict:
+    """A finished trial's figures: the best checkpoint's scores per test set
+    (`<test set>/<metric>`), the validation perplexity, updates, epochs, minutes, the update
+    its training last resumed from (0: it ran in one go), the run id."""
+    kind = task_kind(spec.task_kind)
+    m = out.train[0].metrics if out.train else {}
+    metrics = {f"{s.test_set}/{k}": s.metrics[k] for s in out.scores if s.job == SCORED_JOB
+               for k in kind.metrics if k in s.metrics}
+    metrics.update({"valid_ppl": m.get("val_ppl"), "updates": m.get("update"),
+                    "epochs": m.get("epochs", m.get("epoch")),
+                    "train_minutes": (m.get("train_seconds") or 0) / 60,
+                    "resumed_from_update": m.get("resumed_from_update", 0),
+                    "run_id": out.parent_run_id})
+    return metrics
+
+
+# --- the summary ---------------------------------------------------------------------------------
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (nan for one value)."""
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, math.nan
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def variant_stats(sweep: SweepSpec, results: dict[str, dict]) -> dict[str, dict]:
+    """Per variant: n, and mean / sd of the validation perplexity and of each test set's
+    headline metric over its finished seeds."""
+    b = sweep.base
+    headline = task_kind(b.task_kind).headline
+    out = {}
+    for v in sweep.variants:
+        rows = [results[t.name] for t in sweep.trials
+                if t.variant.name == v.name and t.name in results]
+        stats = {"n": len(rows)}
+        keys = ["valid_ppl"] + [f"{name}/{headline}" for name in b.test_sets.values()]
+        for key in keys:
+            vals = [float(r[key]) for r in rows if r.get(key) is not None]
+            stats[key] = mean_sd(vals)
+        out[v.name] = stats
+    return out
+
+
+def summary_table(sweep: SweepSpec, results: dict[str, dict], failed: dict[str, str]) -> str:
+    """The paper-shaped table: variant, valid PPL and each test set's headline metric as mean
+    +- sd over seeds, with the paper's (valid PPL, BLEU) where it has the row."""
+    b = sweep.base
+    headline = task_kind(b.task_kind).headline
+    stats = variant_stats(sweep, results)
+    tests = list(b.test_sets.values())
+    cols = ["variant", "n", "valid PPL"] + [f"{headline} {t}" for t in tests] \
+        + ["paper PPL", f"paper {headline}"]
+    rows = []
+    for v in sweep.variants:
+        s = stats[v.name]
+        rows.append([v.name, f"{s['n']}/{len(sweep.seeds)}", _pm(s["valid_ppl"])]
+                    + [_pm(s[f"{t}/{headline}"]) for t in tests]
+                    + ([f"{v.paper[0]:.2f}", f"{v.paper[1]:.1f}"] if v.paper else ["", ""]))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    out = [line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in rows]
+    base = next((v for v in sweep.variants if v.name == BASELINE), None)
+    out.append("")
+    out.append(f"{len(sweep.seeds)} seed(s) ({', '.join(map(str, sweep.seeds))}) per variant; "
+               f"mean +- sample sd; budget {_budget(b)}; scores of each trial's best "
+               f"checkpoint, beam {b.search.beam}."
+               + (" Paper: WMT'14 En-De, newstest2014, mean of three runs (Table 4)."
+                  if any(v.paper for v in sweep.variants) else ""))
+    if base is None:
+        out.append("(no baseline among the variants run: compare the rows with each other)")
+    for name, err in failed.items():
+        out.append(f"FAILED {name}: {err}")
+    return "\n".join(out)
+
+
+def _pm(ms: tuple[float, float]) -> str:
+    mean, sd = ms
+    if math.isnan(mean):
+        return "-"
+    return f"{mean:.2f}" + ("" if math.isnan(sd) else f" +- {sd:.2f}")
+
+
+def _budget(spec: RunSpec) -> str:
+    t = spec.train
+    parts = ([f"{t.max_time / 60:g} min of training"] if t.max_time else []) \
+        + ([f"{t.max_updates} updates"] if t.max_updates else []) \
+        + ([f"{t.max_epochs} epochs"] if t.max_epochs else [])
+    return " / ".join(parts) + " per trial (whichever comes first)" if parts else "unbounded"
+
+
+def sweep_params(sweep: SweepSpec) -> dict:
+    """The sweep run's params: the sweep, its variants and seeds, and the base run spec."""
+    return {"sweep": {"name": sweep.sweep, "variants": ",".join(v.name for v in sweep.variants),
+                      "seeds": ",".join(map(str, sweep.seeds)), "trials": len(sweep.trials),
+                      "budget": _budget(sweep.base)},
+            **sweep.base.params()}
+
+
+def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | None,
+                 log_final_metrics, log_artifacts) -> None:
+    """summary.md / summary.json in the sweep folder and as the sweep run's artifacts; the
+    per-variant means and spreads as its metrics."""
+    headline = task_kind(sweep.base.task_kind).headline
+    stats = variant_stats(sweep, result.results)
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    md = sweep.folder / "summary.md"
+    md.write_text(f"# Sweep {sweep.run_name} ({sweep.sweep}, {sweep.base.workflow} "
+                  f"{sweep.base.preset})\n\n{result.table}\n")
+    js = sweep.folder / "summary.json"
+    js.write_text(json.dumps({"sweep": sweep.sweep, "run_name": sweep.run_name,
+                              "workflow": sweep.base.workflow, "preset": sweep.base.preset,
+                              "seeds": sweep.seeds, "budget": _budget(sweep.base),
+                              "variants": {v.name: {"label": v.label, "paper": v.paper,
+                                                    "changes": v.changed(sweep.base.model),
+                                                    "stats": stats[v.name]}
+                                           for v in sweep.variants},
+                              "trials": result.results, "failed": result.failed,
+                              "headline": headline}, indent=1, default=str))
+    metrics = {}
+    for name, s in stats.items():
+        metrics[f"{name}/n"] = s["n"]
+        for key, value in s.items():
+            if key == "n":
+                continue
+            mean, sd = value
+            label = key.replace("/", "_")
+            if not math.isnan(mean):
+                metrics[f"{name}/{label}_mean"] = mean
+            if not math.isnan(sd):
+                metrics[f"{name}/{label}_sd"] = sd
+    metrics["trials_finished"] = len(result.results)
+    metrics["trials_failed"] = len(result.failed)
+    log_final_metrics(uri, run_id, metrics)
+    log_artifacts(uri, run_id, str(md), "summary")
+    log_artifacts(uri, run_id, str(js), "summary")
