@@ -206,3 +206,20 @@ def test_the_streaming_benchmark_never_deletes_a_folder_it_did_not_create(tmp_pa
     with pytest.raises(SystemExit, match="did not write"):
         _fresh_workdir(theirs)
     assert (theirs / "thesis.tex").read_text() == "precious"
+
+
+def test_the_analysis_says_whether_an_effect_exceeds_the_seed_spread():
+    from benchmarks.analysis import direction
+
+    nan = float("nan")
+    stats = {"baseline": {"valid_ppl": (7.0, 0.1), "bleu": (30.0, 0.2)},
+             "no-pos": {"valid_ppl": (7.5, 0.2), "bleu": (29.9, 0.3)},
+             "attn-1": {"valid_ppl": (6.9, nan), "bleu": (nan, nan)}}
+    ppl = direction(stats, "no-pos", "valid_ppl", lower_is_better=True)
+    assert ppl == {"baseline_better_by": 0.5, "seed_spread": 0.2, "beyond_spread": True}
+    bleu = direction(stats, "no-pos", "bleu", lower_is_better=False)
+    assert bleu["baseline_better_by"] == 0.1 and not bleu["beyond_spread"]  # within the spread
+    one_seed = direction(stats, "attn-1", "valid_ppl", lower_is_better=True)
+    assert one_seed["baseline_better_by"] == -0.1 and one_seed["seed_spread"] == 0.1
+    assert direction(stats, "attn-1", "bleu", lower_is_better=False) is None  # no finished seed
+    assert direction(stats, "no-such", "bleu", lower_is_better=False) is None

@@ -317,7 +317,8 @@ def test_readme_commands_name_real_targets_and_accepted_flags():
         if m:
             scripts.add(m.group(1))
             module = {**WORKFLOWS, "multi30k_en_de": multi30k_en_de}[Path(m.group(1)).stem]
-            presets = {n: getattr(module, n) for n in ("paper", "smoke", "cpu", "reference")
+            presets = {n: getattr(module, n) for n in ("paper", "smoke", "cpu", "reference",
+                                                         "ablation")
                        if hasattr(module, n)}
             argv = shlex.split(m.group(2).replace("$PWD", "/tmp"))
             opts = parse_args(argv, presets, None)

@@ -397,7 +397,13 @@ def sweep_summary(r: SweepResult, seconds: float) -> str:
     else:
         base = r.tracking_uri.rstrip("/")
     if exp_id is not None:
-        lines.append(f"  sweep:   {base}/#/experiments/{exp_id}/runs/{r.run_id}")
+        ml = "?workflowType=machine_learning"  # the UI's "Model training" side, not GenAI
+        lines.append(f"  sweep:   {base}/#/experiments/{exp_id}/runs/{r.run_id}{ml}")
+        ids = [m["run_id"] for t in s.trials if (m := r.results.get(t.name)) and m.get("run_id")]
+        if ids:  # every finished trial's workflow run, side by side
+            lines.append(f"  compare: {base}/#/compare-runs?runs="
+                         f"{json.dumps(ids, separators=(',', ':'))}"
+                         f"&experiments={json.dumps([exp_id])}")
     return "\n".join(lines)
 
 

@@ -13,6 +13,11 @@ tracked under one MLflow parent run.
 
 The smoke preset trains two tiny models and scores their ensemble too (the paper's ensembles
 are several independently seeded runs). The same --run-name resumes a stopped run.
+
+The paper's analysis (§5.2, Tables 4 and 5) on its ablation model, as a sweep on Ray Tune:
+
+    ray job submit --working-dir . -- python workflows/wmt14_en_de.py --preset ablation \
+        --sweep paper-5.2 --seeds 3 --use-gpu --max-time 12h --run-name paper-5.2
 """
 
 import sys
