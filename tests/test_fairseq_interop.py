@@ -53,12 +53,15 @@ def imported(tmp_path_factory) -> dict[str, Path]:
 
 
 def assert_same_log_probs(ours: torch.Tensor, theirs: torch.Tensor, tol: float = 1e-5) -> None:
-    """Within `tol` wherever p > 1e-9; past that, within float32 rounding of the value (a
-    log-probability of -35 has an ulp of 4e-6)."""
+    """Within `tol` plus float32 rounding of the value (1e-6 x |log p|, about 8 ulps: a
+    log-probability of -20 has an ulp of 2e-6). The fixtures come from one host; another
+    host's matrix kernels sum in another order (the Intel Xeon host: 1.14e-5 at log p = -19.7,
+    where the AMD EPYC host that made them stayed within 1e-5)."""
     assert ours.shape == theirs.shape
     diff = (ours - theirs).abs()
-    assert diff[theirs > -20.7].max().item() < tol
-    assert (diff <= tol + 1e-6 * theirs.abs()).all(), diff.max().item()
+    excess = diff - (tol + 1e-6 * theirs.abs())
+    assert (excess <= 0).all(), (diff.max().item(), excess.max().item())
+    assert diff[theirs > -20.7].max().item() < 2 * tol  # p > 1e-9: never more than 2e-5
 
 
 def _lprobs(model, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:

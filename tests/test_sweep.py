@@ -275,6 +275,11 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     assert steps == sorted(set(steps)) and steps[-1] == 60  # each validation logged once
     assert "| baseline | 2/2 |" in again.table
     assert (sweep.folder / "summary.md").read_text().count("| no-pos") == 1
+    # Once every trial finished, the same sweep again skips them all and runs nothing.
+    third = run_sweep(resolve_sweep(cfg, opts))
+    assert sorted(third.skipped) == sorted(t.name for t in sweep.trials) and not third.failed
+    assert third.table.splitlines()[2:4] == again.table.splitlines()[2:4]
+
     # The printed summary links the sweep run and a compare view of every trial's run.
     printed = orchestrate.sweep_summary(again, 60.0)
     assert "==== sweep t4 (table4 on multi30k_en_de smoke) done in 1.0 min ====" in printed
