@@ -29,6 +29,7 @@ from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from convs2s.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
+from workflows.ablations import SweepError, variants_for
 from workflows.workflow_config import RunOptions, duration
 
 MAIN_TEST = "test_2016_flickr"
@@ -42,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the workflow preset to train (default: cpu, the recipe)")
     p.add_argument("--max-time", type=duration, default=3600.0, metavar="DURATION",
                    help="training budget: seconds or 90s / 60m / 1h (default: 60m)")
+    p.add_argument("--variant", metavar="SWEEP:NAME",
+                   help="train a variant of the preset's model from workflows/ablations.py "
+                        "instead, e.g. recipe:dropout-0.4 (one trial of that sweep, scored the "
+                        "same way)")
     p.add_argument("--max-updates", type=int, default=None,
                    help="also stop after this many updates (equal-update comparisons)")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
@@ -101,6 +106,16 @@ def collect(run_dir: Path) -> dict:
     }
 
 
+def with_variant(cfg, variant: str):
+    """The workflow config with `SWEEP:NAME`'s model changes applied (a SweepError names a bad
+    sweep or variant and the choices)."""
+    sweep, _, name = variant.partition(":")
+    if not name:
+        raise SweepError(f"--variant {variant!r}: give SWEEP:NAME, e.g. recipe:dropout-0.4")
+    (v,) = variants_for(sweep, cfg.model, [name])
+    return cfg.replace(model=v.apply(cfg.model))
+
+
 def main(argv: list[str] | None = None) -> int:
     from workflows.orchestrate import run_workflow
     from workflows.run_spec import resolve
@@ -115,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
              else {"quiet": None})
     load_before = load_average()
     cfg = {"cpu": multi30k_en_de.cpu, "reference": multi30k_en_de.reference}[args.preset]()
+    if args.variant:
+        try:
+            cfg = with_variant(cfg, args.variant)
+        except SweepError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     budget = f"{args.max_time / 60:g}m"
-    run_name = args.run_name or f"{args.preset}-{budget}-{time.strftime('%Y%m%d-%H%M%S')}"
+    tag = args.preset + (f"_{args.variant.replace(':', '_')}" if args.variant else "")
+    run_name = args.run_name or f"{tag}-{budget}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = args.storage_path.expanduser().resolve()
     storage.mkdir(parents=True, exist_ok=True)
     opts = RunOptions(preset=args.preset, data=str(args.data), max_time=args.max_time,
@@ -129,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     figures = collect(Path(result.run_dir))
     figures["workflow_seconds"] = round(wall, 1)
-    out = args.out or RESULTS_DIR / f"quality_multi30k_en_de_{args.preset}.json"
-    settings = {"preset": args.preset, "max_time": args.max_time,
+    out = args.out or RESULTS_DIR / f"quality_multi30k_en_de_{tag}.json"
+    settings = {"preset": args.preset, "variant": args.variant, "max_time": args.max_time,
                 "max_updates": args.max_updates, "precision": spec.train.precision,
                 "data": str(args.data),
                 "run_name": run_name, "workflow": spec.params()["workflow"]}

@@ -64,6 +64,24 @@ def test_every_sweep_builds_distinct_models_on_the_cpu_and_paper_ablation_preset
     assert [len(v.apply(CPU_MODEL).encoder_layers) for v in depth[1:3]] == [2, 8]
 
 
+def test_the_recipe_sweep_adds_dropout_and_width_and_the_quality_benchmark_takes_one_variant():
+    """Not the paper's: what a small-corpus recipe retunes for more updates per hour."""
+    from benchmarks.quality import main as quality, with_variant
+
+    rows = variants_for("recipe", CPU_MODEL)  # dropout 0.3, width 256
+    assert [v.name for v in rows] == [BASELINE, "dropout-0.4", "dropout-0.5", "wide-384"]
+    wide = rows[3].apply(CPU_MODEL)
+    assert wide.embed_dim == 384 and wide.dropout == 0.4
+    assert {w for w, _ in wide.encoder_layers + wide.decoder_layers} == {384}
+    assert wide.out_embed_dim == CPU_MODEL.out_embed_dim  # the vocabulary projection: as before
+    cfg = with_variant(multi30k_en_de.cpu(), "recipe:dropout-0.5")
+    assert cfg.model == CPU_MODEL.replace(dropout=0.5) and cfg.train == multi30k_en_de.cpu().train
+    with pytest.raises(SweepError, match="give SWEEP:NAME"):
+        with_variant(multi30k_en_de.cpu(), "dropout-0.4")
+    assert quality(["--variant", "recipe:dropout-9",
+                    "--data", str(Path(__file__).parent)]) == 2  # refused before Ray starts
+
+
 # --- bad requests: one line, before Ray -------------------------------------------------------
 
 

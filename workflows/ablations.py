@@ -8,6 +8,7 @@ first (torchtitan-style presets: read them here, not in a registry of strings):
     table5(model)    multi-step attention in fewer decoder layers (Table 5)
     depth(model)     shallower and deeper encoders and decoders (Figure 2)
     kernel(model)    wider encoder and decoder kernels (Figure 3)
+    recipe(model)    more dropout and a wider model: retuning a small-data recipe (not the paper's)
 
 `SWEEPS` names them for `--sweep` ("paper-5.2" is Tables 4 and 5 together). Each variant is
 derived from the preset's model, so the same sweep fits Multi30k's 4 + 3 layers and the paper's
@@ -130,9 +131,31 @@ def paper_5_2(model: ModelConfig) -> list[Variant]:
     return table4(model) + table5(model)[1:]
 
 
+# --- Not the paper's: retuning a recipe for more updates per hour ------------------------------
+
+
+def _widen(layers, width: int) -> list[tuple[int, int]]:
+    return [(width, k) for _, k in layers]
+
+
+def recipe(model: ModelConfig) -> list[Variant]:
+    """Regularization and width for a small corpus seen many times (Multi30k's 29,000 captions
+    pass 40-65 times in an hour at the CPU's bf16 rate): dropout +0.1 and +0.2, and 1.5x the
+    convolution width with dropout +0.1 (the output embedding keeps its width, so the vocabulary
+    projection costs the same)."""
+    d, w = model.dropout, 3 * model.embed_dim // 2
+    more, most = round(d + 0.1, 2), round(d + 0.2, 2)
+    return [_baseline(),
+            Variant(f"dropout-{more:g}", f"dropout {more:g}", (("dropout", more),)),
+            Variant(f"dropout-{most:g}", f"dropout {most:g}", (("dropout", most),)),
+            Variant(f"wide-{w}", f"width {w}, dropout {more:g}",
+                    (("embed_dim", w), ("encoder_layers", _widen(model.encoder_layers, w)),
+                     ("decoder_layers", _widen(model.decoder_layers, w)), ("dropout", more)))]
+
+
 SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
     "paper-5.2": paper_5_2, "table4": table4, "table5": table5, "depth": depth,
-    "kernel": kernel,
+    "kernel": kernel, "recipe": recipe,
 }
 
 
