@@ -106,9 +106,14 @@ def _translate_parser() -> argparse.ArgumentParser:
     p.add_argument("--dictionary", help="`source target` word table for --replace-unk")
     p.add_argument("--batch-size", type=int, default=d.max_sentences,
                    help="sentences per search batch")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens,
+                   help="also cut a batch at this many padded source tokens (0: sentences only)")
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default=d.precision,
                    help="weights to search with: fp32 as trained (default); bf16 (fast where "
                         "the hardware has native bf16); int8 (per-channel int8 weights, CPU)")
+    p.add_argument("--precision-fallback", choices=["fp32"], default=d.precision_fallback,
+                   help="where --precision cannot run here (no int8 kernels, no bf16 on this "
+                        "GPU): serve fp32 with a warning instead of failing")
     p.add_argument("--shortlist", metavar="NPZ",
                    help="vocabulary selection: the lexical table of the model's data "
                         "(<data>/shortlist/shortlist.npz, preprocessing shortlist_per_source)")
@@ -145,7 +150,9 @@ def translate(argv: list[str] | None = None) -> int:
                               max_len_b=args.max_len_b, min_len=args.min_len,
                               unk_penalty=args.unk_penalty, nbest=args.nbest,
                               replace_unk=args.replace_unk, dictionary=args.dictionary,
-                              max_sentences=args.batch_size, precision=args.precision,
+                              max_sentences=args.batch_size, max_tokens=args.max_tokens,
+                              precision=args.precision,
+                              precision_fallback=args.precision_fallback,
                               shortlist=args.shortlist,
                               shortlist_frequent=args.shortlist_frequent)
         _check_input(args.input)  # before anything is loaded or written

@@ -308,9 +308,16 @@ class SearchConfig(Settings):
     replace_unk: bool = False  # replace <unk> by the most attended source word (paper §5.1)
     dictionary: str | None = None  # `source target` word table used by replace_unk
     max_sentences: int = 128  # sentences per search batch
+    # Also cut a batch where its padded source tokens (sentences x longest) would pass this;
+    # 0: sentences only. Batches are cut from the sentences sorted by length either way.
+    max_tokens: int = 0
     # Weights the search multiplies with (convs2s.quantize): "fp32" as trained; "bf16"; "int8"
     # (per-channel int8 weights, CPU). Faster, scores may move slightly: never a silent default.
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
+    # "fp32": serve float32 weights, with one warning, where `precision` cannot run (no int8
+    # kernels in this build or CPU, int8 asked of a GPU, bf16 on a GPU without it); None
+    # (default): that is an error. The translator's search says what was served.
+    precision_fallback: Literal["fp32"] | None = None
     # Vocabulary selection (convs2s.shortlist): the lexical table (a shortlist.npz of the
     # model's data, preprocessing's shortlist/ stage); each batch scores only the
     # shortlist_frequent most frequent targets and the table's candidates for its source
@@ -328,9 +335,15 @@ class SearchConfig(Settings):
             raise ValueError("min_len, max_len_a and max_len_b must be >= 0")
         if self.max_sentences < 1:
             raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0 (0: no token budget), got "
+                             f"{self.max_tokens}")
         if self.precision not in ("fp32", "bf16", "int8"):
             raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got "
                              f"{self.precision!r}")
+        if self.precision_fallback not in (None, "fp32"):
+            raise ValueError(f"precision_fallback must be None or 'fp32', got "
+                             f"{self.precision_fallback!r}")
         if self.shortlist_frequent < 0 or self.shortlist_per_source < 0:
             raise ValueError("shortlist_frequent and shortlist_per_source must be >= 0")
         if self.dictionary is not None and not self.replace_unk:

@@ -17,16 +17,20 @@
   an int8 layer of their own once per batch (`Int8Linear.select`).
 
 Nothing changes unless asked: `SearchConfig.precision` is "fp32" by default. An int8 request
-where PyTorch has no quantized CPU kernels is an error that says so (`PrecisionError`).
-Imports only torch.
+where PyTorch has no quantized CPU kernels is an error that says so (`PrecisionError`), or, when
+the user asked for it (`SearchConfig.precision_fallback="fp32"`), one warning and float32
+weights (`resolve_precision`). Imports only torch.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import torch
 import torch.nn as nn
+
+log = logging.getLogger("convs2s.quantize")
 
 INFERENCE_PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -114,6 +118,43 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, int8 ({self.engine})"
+
+
+def unavailable(precision: str, device: str | torch.device = "cpu") -> str | None:
+    """Why `precision` cannot be served on `device` here, or None where it can: int8 needs the
+    CPU and a quantized engine that packs a weight (probed once, on a 2 x 2 matrix); bf16 on a
+    GPU needs one that multiplies bf16. (bf16 on any CPU runs, emulated and slow without
+    AVX-512 BF16 / AMX.)"""
+    device = torch.device(device)
+    if precision == "int8":
+        if device.type != "cpu":
+            return (f"int8 inference runs on CPUs (PyTorch's quantized kernels), not on "
+                    f"{device}: use precision bf16 there")
+        try:
+            Int8Linear(torch.eye(2), None)
+        except PrecisionError as err:
+            return str(err)
+    elif precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return f"this GPU ({torch.cuda.get_device_name(device)}) has no bf16: use precision fp32"
+    return None
+
+
+def resolve_precision(precision: str, device: str | torch.device = "cpu",
+                      fallback: str | None = None) -> str:
+    """The precision to serve: `precision` where it can run; else `fallback` ("fp32") with one
+    warning that says why, when the user asked for a fallback; else a PrecisionError."""
+    if precision not in INFERENCE_PRECISIONS:
+        raise ValueError(f"inference precision {precision!r}: choose one of "
+                         f"{', '.join(INFERENCE_PRECISIONS)}")
+    why = unavailable(precision, device)
+    if why is None:
+        return precision
+    if fallback is None:
+        raise PrecisionError(f"{why} (or set precision_fallback / --precision-fallback fp32 "
+                             "to serve float32 weights where this precision cannot run)")
+    log.warning("%s inference is not available here: %s; serving %s weights instead, as "
+                "precision_fallback=%r asks", precision, why, fallback, fallback)
+    return fallback
 
 
 def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:

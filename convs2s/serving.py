@@ -47,6 +47,7 @@ import mlflow.pyfunc
 
 SEARCH_FILE = "search.json"
 PRECISION_TAG = "convs2s.inference_precision"  # on the logged model
+FALLBACK_TAG = "convs2s.inference_precision_fallback"
 EXAMPLE = ["the cat is small ."]
 
 
@@ -178,6 +179,9 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
             params={k: str(v) for k, v in (params or {}).items()},
             # what it serves with: fp32 as trained, or bf16 / int8 weights (convs2s.quantize)
             tags={PRECISION_TAG: search.precision,
+                  # fp32 where the serving machine cannot run that precision (with a warning)
+                  **({FALLBACK_TAG: search.precision_fallback} if search.precision_fallback
+                     else {}),
                   **{k: str(v) for k, v in (tags or {}).items()}})
         info = mlflow.pyfunc.log_model(
             name=name, python_model=str(Path(__file__).with_name("served_translator.py")),

@@ -45,7 +45,7 @@ import torch
 
 from convs2s.checkpoint import CheckpointError
 from convs2s.config import EOS, PAD, UNK, SearchConfig
-from convs2s.quantize import for_inference
+from convs2s.quantize import for_inference, resolve_precision
 from convs2s.search import generate
 from convs2s.shortlist import Shortlist, ShortlistError
 from convs2s.text_codec import UNK_PIECE
@@ -109,7 +109,11 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     if not paths:
         raise CheckpointError("no checkpoint given")
     search = search or SearchConfig()
-    models = [for_inference(_inference_model(p, device), search.precision) for p in paths]
+    # What is served: the asked precision, or float32 where it cannot run and the user asked
+    # for that fallback (one warning); the translator's search says which.
+    served = resolve_precision(search.precision, device, search.precision_fallback)
+    search = search.replace(precision=served)
+    models = [for_inference(_inference_model(p, device), served) for p in paths]
     if spm_model is not None and not Path(spm_model).is_file():
         raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
     try:
@@ -169,6 +173,22 @@ def _inference_model(path: Path, device: str | torch.device):
     return net
 
 
+def batches_by_budget(todo: list, max_sentences: int, max_tokens: int = 0) -> list[list]:
+    """(index, ids) pairs sorted longest first -> batches of at most `max_sentences`, and, with
+    `max_tokens` > 0, of at most that many padded source tokens (a batch's first sentence is its
+    longest; a sentence longer than the budget is a batch of its own)."""
+    out: list[list] = []
+    for item in todo:
+        if out:
+            batch = out[-1]
+            n, longest = len(batch), len(batch[0][1])
+            if n < max_sentences and (max_tokens <= 0 or (n + 1) * longest <= max_tokens):
+                batch.append(item)
+                continue
+        out.append([item])
+    return out
+
+
 class Translator:
     """A checkpoint's text pipeline (`convs2s.text_codec`: sentencepiece, or Moses + BPE for
     imported reference models) and one model or an ensemble (probabilities averaged,
@@ -219,9 +239,7 @@ class Translator:
         # Longest first: similar lengths share a batch (little padding), and the largest
         # batch runs first so an out-of-memory error shows at once.
         todo.sort(key=lambda x: -len(x[1]))
-        step = self.search.max_sentences
-        for start in range(0, len(todo), step):
-            chunk = todo[start:start + step]
+        for chunk in batches_by_budget(todo, self.search.max_sentences, self.search.max_tokens):
             for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk])):
                 out[i].hypotheses = [self._hypothesis(h, out[i]) for h in hyps]
         return out  # type: ignore[return-value]

@@ -91,3 +91,36 @@ def test_a_trained_model_translates_alike_at_lower_precision(demo_trained, preci
     diffs = [abs(a.hypotheses[0].score - b.hypotheses[0].score)
              for a, b, s in zip(fp32, out, same) if s]
     assert max(diffs) < 0.1, max(diffs)
+
+
+def test_int8_without_kernels_fails_clearly_or_falls_back_to_fp32_only_when_asked(
+        demo_trained, monkeypatch, caplog, capsys):
+    from convs2s.cli import translate
+
+    t = demo_trained
+    lines = read_lines(t.test_src)[:20]
+    ckpt = [str(t.train.best_checkpoint)]
+    fp32 = load_for_inference(ckpt, SearchConfig(beam=2)).translate(lines)
+    monkeypatch.setattr(quantize, "_supported_engines", lambda: [])  # a build without them
+    # not asked: an error naming the missing kernels and both ways out
+    with pytest.raises(PrecisionError, match="quantized CPU kernels.*use precision fp32.*"
+                                             "--precision-fallback fp32"):
+        load_for_inference(ckpt, SearchConfig(beam=2, precision="int8"))
+    # asked: one warning, float32 weights, and the translator says what it serves
+    caplog.set_level("WARNING", logger="convs2s.quantize")
+    tr = load_for_inference(ckpt, SearchConfig(beam=2, precision="int8",
+                                               precision_fallback="fp32"))
+    assert tr.search.precision == "fp32" and tr.models[0].precision == "fp32"
+    assert tr.translate(lines) == fp32
+    warned = [r.getMessage() for r in caplog.records if r.name == "convs2s.quantize"]
+    assert len(warned) == 1 and warned[0].startswith("int8 inference is not available here")
+    assert "serving fp32" in warned[0]
+    # the command line: exit 2 with one error line, or the fallback when the flag asks for it
+    src = t.test_src
+    assert translate(["--checkpoint", *ckpt, "--input", str(src), "--precision", "int8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("convs2s-translate: error: int8 inference needs")
+    assert translate(["--checkpoint", *ckpt, "--input", str(src), "--precision", "int8",
+                      "--precision-fallback", "fp32", "--beam", "2"]) == 0
+    with pytest.raises(ValueError, match="precision_fallback must be None or 'fp32'"):
+        SearchConfig(precision="int8", precision_fallback="bf16")

@@ -22,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from convs2s.config import SearchConfig
 from convs2s.scoring import read_lines
-from convs2s.serving import PRECISION_TAG, log_translator
+from convs2s.serving import FALLBACK_TAG, PRECISION_TAG, log_translator
 from convs2s.translate import load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,9 +55,10 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     lex = tmp_path / "lex.txt"
     lex.write_text("cat CHAT\n")
-    # served with int8 weights (convs2s.quantize), as the logged model says
+    # served with int8 weights (convs2s.quantize), as the logged model says; float32 only on a
+    # machine without int8 kernels (asked for, and tagged)
     search = SearchConfig(beam=2, max_len_a=0, max_len_b=4, replace_unk=True,
-                          dictionary=str(lex), precision="int8")
+                          dictionary=str(lex), precision="int8", precision_fallback="fp32")
     ckpts = [tiny_checkpoints["a"], tiny_checkpoints["b"]]
     served = log_translator(ckpts, search, tracking_uri=uri, experiment_name="serving-test",
                             registered_model_name="tiny-ensemble", alias="candidate")
@@ -65,7 +66,8 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     client = MlflowClient(uri)
     mv = client.get_model_version_by_alias("tiny-ensemble", "candidate")
     assert str(mv.version) == served.version
-    assert client.get_logged_model(served.model_id).tags[PRECISION_TAG] == "int8"
+    tags = client.get_logged_model(served.model_id).tags
+    assert tags[PRECISION_TAG] == "int8" and tags[FALLBACK_TAG] == "fp32"
     lines = ["The cat sleeps .", "", "A dog runs near the river ."]
     expected = load_for_inference(ckpts, search=search).translate(lines)
     outside = tmp_path / "elsewhere"  # a new process, started outside the checkout

@@ -20,7 +20,7 @@ import torch
 from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
 from convs2s.scoring import read_lines, score_translation
-from convs2s.translate import CheckpointError, load_for_inference
+from convs2s.translate import CheckpointError, batches_by_budget, load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models
@@ -66,6 +66,25 @@ def test_batches_sorted_by_length_give_input_order(tiny_checkpoints):
         assert t.source == line
         ids, _, _ = batched.encode(line)
         assert t.hypotheses[0].attention.shape[0] == len(ids)  # its own source length
+
+
+def test_a_token_budget_cuts_batches_without_changing_translations(tiny_checkpoints):
+    """max_tokens bounds sentences x longest source per batch (longest first); a sentence over
+    the budget is searched alone; the translations are the sentence-budget ones."""
+    todo = [(i, [0] * n) for i, n in enumerate([10, 8, 8, 5, 5, 5, 3, 2, 2, 1])]
+    cut = batches_by_budget(todo, max_sentences=128, max_tokens=20)
+    assert [[i for i, _ in b] for b in cut] == [[0, 1], [2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(len(b) * len(b[0][1]) <= 20 for b in cut)
+    assert [[i for i, _ in b] for b in batches_by_budget(todo, 4, 0)] == \
+        [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [len(b) for b in batches_by_budget(todo, 128, 5)] == [1] * 7 + [2, 1]
+    with pytest.raises(ValueError, match="max_tokens must be >= 0"):
+        SearchConfig(max_tokens=-1)
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:12]]
+    by_sentences = load_for_inference([tiny_checkpoints["a"]], search=SHORT).translate(lines)
+    by_tokens = load_for_inference([tiny_checkpoints["a"]],
+                                   search=SHORT.replace(max_tokens=24)).translate(lines)
+    assert by_tokens == by_sentences
 
 
 def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):

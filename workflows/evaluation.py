@@ -412,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="weights the search multiplies with (convs2s.quantize; default fp32)")
+    p.add_argument("--precision-fallback", choices=["fp32"],
+                   help="where --precision cannot run on a job's machine: fp32, with a warning")
     p.add_argument("--num-cpus", type=float, default=1.0)
     p.add_argument("--num-gpus", type=float, default=0.0)
     p.add_argument("--attention-sentences", type=int, default=0, metavar="N",
@@ -433,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         named.append((name, str(Path(path).resolve())))
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     kind = "summarization" if args.summarization else "translation"
-    search = summarization_search(beam=args.beam, precision=args.precision) \
-        if args.summarization else SearchConfig(beam=args.beam, precision=args.precision)
+    asked = {"beam": args.beam, "precision": args.precision,
+             "precision_fallback": args.precision_fallback}
+    search = summarization_search(**asked) if args.summarization else SearchConfig(**asked)
     tests = [TestSet(n, s, r, lang, kind) for n, s, r, lang in args.test]
     jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search, args.attention_sentences,
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \
