@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.corpus import DATA_DIR
 from benchmarks.machine import load_average, machine_info
+from benchmarks.mlflow_ui import mlflow_server
 from benchmarks.report import RESULTS_DIR, write_result
 from workflows import multi30k_en_de
 from workflows.ablations import BASELINE, SWEEPS
@@ -85,12 +82,6 @@ def trial_times(uri: str, results: dict) -> dict[str, float]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def screenshot(uri: str, page: str, out: Path, budget_s: int = 60) -> Path:
     """Render `page` (a path after the UI's address, e.g. `/#/compare-runs?...`) of `mlflow
     server` on the store `uri` in headless Chromium to `out`."""
@@ -98,23 +89,8 @@ def screenshot(uri: str, page: str, out: Path, budget_s: int = 60) -> Path:
                      if shutil.which(n)), None)
     if chromium is None:
         raise RuntimeError("no Chromium for --screenshot: apt-get install -y chromium")
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                             uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.read().strip() == b"OK":
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start; its log: {log.name}")
-            time.sleep(1)
+    log = Path(tempfile.mkstemp(suffix=".log", prefix="mlflow-server-")[1])
+    with mlflow_server(["server", "--backend-store-uri", uri], log) as url:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as profile:
             subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
@@ -122,11 +98,8 @@ def screenshot(uri: str, page: str, out: Path, budget_s: int = 60) -> Path:
                             "--disable-component-update", "--disable-sync", "--hide-scrollbars",
                             "--window-size=1600,1400", f"--virtual-time-budget={budget_s * 1000}",
                             f"--user-data-dir={profile}", f"--screenshot={out}",
-                            f"http://127.0.0.1:{port}{page}"],
+                            f"{url}{page}"],
                            check=True, capture_output=True, timeout=300)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
     return out
 
 

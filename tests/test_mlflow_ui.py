@@ -10,17 +10,14 @@ screenshots in test-artifacts/mlflow_compare.png and mlflow_models.png.
 from __future__ import annotations
 
 import html
-import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from benchmarks import mlflow_ui
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -38,14 +35,6 @@ def _chromium() -> str:
     pytest.skip("no Chromium: `apt-get update && apt-get install -y chromium` (.ci/run does it)")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(smoke_workflow, tmp_path_factory):
     """The `mlflow ui ...` command the workflow printed (`mlflow ui` is `mlflow server`) on a
@@ -53,34 +42,9 @@ def mlflow_server(smoke_workflow, tmp_path_factory):
     (printed,) = re.findall(r"^\s*(mlflow ui .*)$", smoke_workflow.stdout, flags=re.M)
     args = printed.split()[1:]
     assert args[args.index("--backend-store-uri") + 1] == smoke_workflow.tracking_uri
-    tmp_path = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
-    args[args.index("--port") + 1] = str(port)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1", "--workers", "1"],
-        stdout=open(tmp_path / "server.log", "w"), stderr=subprocess.STDOUT,
-        start_new_session=True)  # its own process group: uvicorn workers end with it
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                    if r.read().strip() == b"OK":
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "mlflow server did not answer /health in 180 s"
-            time.sleep(1)
+    log = tmp_path_factory.mktemp("mlflow_server") / "server.log"
+    with mlflow_ui.mlflow_server(args, log) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _render(chromium: str, url: str, profile: Path, budget_s: int,
