@@ -223,3 +223,17 @@ def test_the_analysis_says_whether_an_effect_exceeds_the_seed_spread():
     assert one_seed["baseline_better_by"] == -0.1 and one_seed["seed_spread"] == 0.1
     assert direction(stats, "attn-1", "bleu", lower_is_better=False) is None  # no finished seed
     assert direction(stats, "no-such", "bleu", lower_is_better=False) is None
+
+
+def test_the_layout_benchmark_tries_batch_sizes_budgets_and_one_actor_per_core():
+    from benchmarks.generation_layout import Layout, layouts, shards
+
+    todo = layouts(2, [64, 128], [1500])
+    assert todo == [Layout(1, 2, 64), Layout(1, 2, 128), Layout(1, 2, 128, 1500),
+                    Layout(2, 1, 64), Layout(2, 1, 128)]
+    assert all(lay.processes * lay.threads == 2 for lay in todo)  # every core, never more
+    assert [lay.processes for lay in layouts(1, [128], [])] == [1]  # no actors on one core
+    lines = ["a b c d e", "a", "a b c", "a b", "a b c d"]
+    parts = shards(lines, 2)
+    assert sorted(i for p in parts for i in p) == list(range(5))  # every line once
+    assert parts == [[0, 2, 1], [4, 3]]  # dealt in order of length: as much work each

@@ -68,16 +68,19 @@ def test_the_recipe_sweep_adds_dropout_and_width_and_the_quality_benchmark_takes
     """Not the paper's: what a small-corpus recipe retunes for more updates per hour."""
     from benchmarks.quality import main as quality, with_variant
 
-    rows = variants_for("recipe", CPU_MODEL)  # dropout 0.3, width 256
-    assert [v.name for v in rows] == [BASELINE, "dropout-0.4", "dropout-0.5", "wide-384"]
+    d = CPU_MODEL.dropout  # the recipe's: 0.4
+    more, most = f"{d + 0.1:g}", f"{d + 0.2:g}"
+    rows = variants_for("recipe", CPU_MODEL)  # width 256
+    assert [v.name for v in rows] == [BASELINE, f"dropout-{more}", f"dropout-{most}", "wide-384"]
     wide = rows[3].apply(CPU_MODEL)
-    assert wide.embed_dim == 384 and wide.dropout == 0.4
+    assert wide.embed_dim == 384 and wide.dropout == float(more)
     assert {w for w, _ in wide.encoder_layers + wide.decoder_layers} == {384}
     assert wide.out_embed_dim == CPU_MODEL.out_embed_dim  # the vocabulary projection: as before
-    cfg = with_variant(multi30k_en_de.cpu(), "recipe:dropout-0.5")
-    assert cfg.model == CPU_MODEL.replace(dropout=0.5) and cfg.train == multi30k_en_de.cpu().train
+    cfg = with_variant(multi30k_en_de.cpu(), f"recipe:dropout-{most}")
+    assert cfg.model == CPU_MODEL.replace(dropout=float(most))
+    assert cfg.train == multi30k_en_de.cpu().train
     with pytest.raises(SweepError, match="give SWEEP:NAME"):
-        with_variant(multi30k_en_de.cpu(), "dropout-0.4")
+        with_variant(multi30k_en_de.cpu(), f"dropout-{more}")
     assert quality(["--variant", "recipe:dropout-9",
                     "--data", str(Path(__file__).parent)]) == 2  # refused before Ray starts
 
@@ -203,7 +206,9 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = multi30k_en_de.smoke()
-    cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=20, keep_last=5))
+    # outputs of at most 1.2 x |source| + 10 pieces: untrained models would run to 200
+    cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=20, keep_last=5),
+                      search=cfg.search.replace(max_len_a=1.2, max_len_b=10))
     opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="t4",
                       tracking_uri=uri, sweep="table4", seeds=2,
                       variants=["baseline", "no-pos"], max_updates=60)
