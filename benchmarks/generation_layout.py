@@ -209,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                                      f"_beam{args.beam}.json")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
                 if k not in ("out", "replace")}
-    path = write_result(out, "generation_layout", settings, machine_info(), load_before,
-                        load_average(), quiet, results,
+    path = write_result(out, "generation_layout", settings, machine_info(torch.device("cpu")),
+                        load_before, load_average(), quiet, results,
                         notes=["seconds: translating the whole test set, text in and out, "
                                "model loading excluded; medians of alternated rounds"],
                         replace=args.replace)

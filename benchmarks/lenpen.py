@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     import sacrebleu
+    import torch
 
     from convs2s.config import SearchConfig
     from convs2s.translate import load_for_inference
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS_DIR / f"lenpen_{name}.json"
     settings = {k: ([str(p) for p in v] if k == "checkpoint" else v) for k, v in
                 vars(args).items() if k not in ("out", "replace")}
-    path = write_result(out, "lenpen", settings, machine_info(), load_before, load_average(),
-                        {"quiet": None}, {"rows": rows, "best": rows[0]},
+    path = write_result(out, "lenpen", settings, machine_info(torch.device("cpu")),
+                        load_before, load_average(), {"quiet": None}, {"rows": rows, "best": rows[0]},
                         notes=["sacreBLEU 13a on detokenized output; choose on a validation "
                                "set, never on the test set"], replace=args.replace)
     print(f"best: beam {rows[0]['beam']} lenpen {rows[0]['lenpen']:g} "

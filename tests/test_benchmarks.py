@@ -237,3 +237,21 @@ def test_the_layout_benchmark_tries_batch_sizes_budgets_and_one_actor_per_core()
     parts = shards(lines, 2)
     assert sorted(i for p in parts for i in p) == list(range(5))  # every line once
     assert parts == [[0, 2, 1], [4, 3]]  # dealt in order of length: as much work each
+
+
+def test_the_lenpen_benchmark_scores_each_setting_on_the_validation_set(tiny_checkpoints,
+                                                                        tmp_path):
+    from benchmarks import lenpen
+
+    pairs = tiny_checkpoints["pairs"][:6]
+    for side, lang in ((0, "en"), (1, "fr")):
+        (tmp_path / f"val.{lang}").write_text("".join(p[side] + "\n" for p in pairs))
+    out = tmp_path / "lenpen.json"
+    assert lenpen.main(["--checkpoint", str(tiny_checkpoints["a"]), "--valid", str(tmp_path),
+                        "val", "en", "fr", "--lenpen", "0.5", "2.0", "--beam", "1", "2",
+                        "--max-len-b", "6", "--out", str(out)]) == 0
+    r = _check_result(out, "lenpen")["results"]
+    assert {(x["beam"], x["lenpen"]) for x in r["rows"]} == {(1, 0.5), (1, 2.0), (2, 0.5),
+                                                             (2, 2.0)}
+    assert r["best"] == r["rows"][0] and r["best"]["bleu"] == max(x["bleu"] for x in r["rows"])
+    assert all(x["length_ratio"] > 0 for x in r["rows"])
