@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {k: ([str(p) for p in v] if k == "checkpoint" else v) for k, v in
                 vars(args).items() if k not in ("out", "replace")}
     path = write_result(out, "lenpen", settings, machine_info(torch.device("cpu")),
-                        load_before, load_average(), {"quiet": None}, {"rows": rows, "best": rows[0]},
+                        load_before, load_average(), {"quiet": None},
+                        {"rows": rows, "best": rows[0]},
                         notes=["sacreBLEU 13a on detokenized output; choose on a validation "
                                "set, never on the test set"], replace=args.replace)
     print(f"best: beam {rows[0]['beam']} lenpen {rows[0]['lenpen']:g} "
