@@ -142,15 +142,21 @@ def recipe(model: ModelConfig) -> list[Variant]:
     """Regularization and width for a small corpus seen many times (Multi30k's 29,000 captions
     pass 40-65 times in an hour at the CPU's bf16 rate): dropout +0.1 and +0.2, and 1.5x the
     convolution width with dropout +0.1 (the output embedding keeps its width, so the vocabulary
-    projection costs the same)."""
+    projection costs the same); and the output projection tied to the decoder's input embedding
+    (Press & Wolf 2017; the reference's `share_input_output_embed`), which takes the vocabulary
+    x width table out of the parameters that 29,000 captions must fit, where the widths match."""
     d, w = model.dropout, 3 * model.embed_dim // 2
     more, most = round(d + 0.1, 2), round(d + 0.2, 2)
+    tied = ([Variant("tied-output", "fc3 tied to the decoder input embedding",
+                     (("share_decoder_embed", True),))]
+            if model.out_embed_dim == model.embed_dim and not model.share_decoder_embed else [])
     return [_baseline(),
             Variant(f"dropout-{more:g}", f"dropout {more:g}", (("dropout", more),)),
             Variant(f"dropout-{most:g}", f"dropout {most:g}", (("dropout", most),)),
             Variant(f"wide-{w}", f"width {w}, dropout {more:g}",
                     (("embed_dim", w), ("encoder_layers", _widen(model.encoder_layers, w)),
-                     ("decoder_layers", _widen(model.decoder_layers, w)), ("dropout", more)))]
+                     ("decoder_layers", _widen(model.decoder_layers, w)), ("dropout", more))),
+            *tied]
 
 
 SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
