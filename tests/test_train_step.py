@@ -222,3 +222,58 @@ def test_bf16_update_on_cuda_tracks_the_float32_update():
         assert torch.isfinite(stats.grad_norm)
         assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
     assert losses[True] == pytest.approx(losses[False], rel=2e-2)
+
+
+def _nccl_worker(rank: int, port: int, result: dict):
+    """One rank of an nccl world on GPU 0: DDP's bucketed all-reduce runs through nccl and the
+    host counts through Comm's gloo side group, as on a Ray Train GPU worker."""
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=1)
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    comm = Comm.create()
+    result["backend"] = (dist.get_backend(), dist.get_backend(comm.cpu_group))
+    batches = [b.to(device) for b in make_batches(0, 3)]
+    model = torch.nn.parallel.DistributedDataParallel(fresh_model().to(device),
+                                                      device_ids=[0])
+    opt = build_optimizer(model.parameters(), CFG)
+    stats = train_update(model, opt, batches, CFG, comm, device)
+    result["fp32_params"] = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
+    result["ntokens"] = stats.ntokens
+    bf16 = CFG.replace(precision="bf16")
+    model = torch.nn.parallel.DistributedDataParallel(fresh_model().to(device), device_ids=[0])
+    opt = build_optimizer(model.parameters(), bf16.replace(lr=0.05))
+    losses = []
+    for _ in range(12):
+        s = train_update(model, opt, batches, bf16.replace(lr=0.05), comm, device)
+        losses.append(float(s.loss_sum) / s.ntokens)
+        assert torch.isfinite(s.grad_norm)
+    result["bf16_losses"] = losses
+    result["bf16_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
+    dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_nccl_ddp_update_on_one_gpu_equals_the_plain_update_and_bf16_trains():
+    """The training update as a Ray Train GPU worker runs it (DDP over nccl, host counts over
+    gloo) equals the plain float32 update on the same GPU; bf16 autocast updates lower the loss
+    with float32 master weights."""
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        result = manager.dict()
+        mp.start_processes(_nccl_worker, args=(_free_port(), result), nprocs=1, join=True,
+                           start_method="spawn")
+        result = dict(result)
+    assert result["backend"] == ("nccl", "gloo")
+    device = torch.device("cuda")
+    batches = [b.to(device) for b in make_batches(0, 3)]
+    ref = fresh_model().to(device)
+    opt = build_optimizer(ref.parameters(), CFG)
+    stats = train_update(ref, opt, batches, CFG, Comm(), device)
+    assert result["ntokens"] == stats.ntokens
+    for k, v in ref.state_dict().items():
+        torch.testing.assert_close(result["fp32_params"][k], v.cpu(), rtol=1e-4, atol=1e-6,
+                                   msg=k)
+    losses = result["bf16_losses"]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert result["bf16_dtypes"] == ["torch.float32"]

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU checks in one pass, for a machine with one CUDA GPU and PyTorch installed:
+#   1. every test marked `gpu` that needs no Ray / MLflow (the Ray Train one, tests/test_train.py,
+#      needs both; run `make test` on a GPU node with the project installed for it),
+#   2. benchmarks.training on the paper's En-De and En-Fr models, float32 and bf16,
+#   3. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
+#      sentences), float32 and bf16, beam 1 and 5.
+#
+#   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
+#
+# DATA_DIR holds wmt14-en-de/newstest2013+2014 and wmt14-en-fr/newstest2012+2013 (default
+# ../shared/data). Each step runs under its own time limit and the script goes on after a
+# failure; the last line says which steps failed. Results: OUT_DIR/*.json and OUT_DIR/gpu.log.
+set -uo pipefail
+out=${1:?usage: gpu_checks.sh OUT_DIR [DATA_DIR]}
+data=${2:-../shared/data}
+mkdir -p "$out"
+exec > >(tee -a "$out/gpu.log") 2>&1
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+failed=()
+step() {  # step NAME SECONDS CMD...
+  local name=$1 limit=$2
+  shift 2
+  echo "==== $name ($(date -u +%T))"
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "==== $name: exit $rc in $((SECONDS - t0)) s"
+  [[ $rc -eq 0 ]] || failed+=("$name")
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
+
+step gpu-tests 300 $PY -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_model.py tests/test_loss.py tests/test_checkpoint.py tests/test_train_step.py \
+  tests/test_translate.py
+
+for preset in wmt14_en_de wmt14_en_fr; do
+  tokens=$([[ $preset == wmt14_en_fr ]] && echo 3000 || echo 4000)  # the paper's per-GPU budget
+  for dtype in fp32 bf16; do
+    step "training $preset $dtype" 150 $PY -m benchmarks.training --preset "$preset" \
+      --device cuda --dtype "$dtype" --max-tokens "$tokens" --steps 40 --warmup 5 \
+      --data "$data" --out "$out/training_${preset}_cuda_${dtype}.json" --replace
+  done
+done
+
+step "generation wmt14_en_fr" 300 $PY -m benchmarks.generation --preset wmt14_en_fr \
+  --device cuda --dtype fp32 bf16 --beams 1 5 --data "$data" \
+  --out "$out/generation_wmt14_en_fr_cuda.json" --replace
+
+echo "failed steps: ${failed[*]:-none}"
+[[ ${#failed[@]} -eq 0 ]]
