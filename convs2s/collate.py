@@ -47,12 +47,14 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         device = torch.device(device)
-        if device.type == "cpu":
+        if self.src_tokens.device == device:
             return self
 
         def move(t: torch.Tensor) -> torch.Tensor:
-            # Pinned host memory lets the copy overlap with the previous step's kernels.
-            return t.pin_memory().to(device, non_blocking=True)
+            if t.device.type == "cpu" and device.type == "cuda":
+                # Pinned host memory lets the copy overlap with the previous step's kernels.
+                return t.pin_memory().to(device, non_blocking=True)
+            return t.to(device)  # already on a GPU (another one, or back to the host)
 
         return Batch(move(self.src_tokens), move(self.src_lengths),
                      move(self.prev_output_tokens), move(self.target), self.ids,
