@@ -4,9 +4,11 @@ measured figures where they exist and stated assumptions where they do not.
 Per task (its workflow's `paper()`): training FLOPs per target token (benchmarks/flops.py),
 parameters (the model built on the meta device), target tokens per epoch (the paper's pairs x
 an assumed length), epochs (the workflow's lr recipe, or what the paper's days imply). Per scale
-an update takes the longest of: compute (bf16 peak x --mfu: PROJECTED, no GPU run exists), the
-ring all-reduce of float32 gradients (overlapped with the backward pass by DDP) and, once
-benchmarks/streaming.py has a result, streaming a batch per worker. Preprocessing (measured
+an update takes the longest of: compute, the ring all-reduce of float32 gradients (overlapped
+with the backward pass by DDP) and, once benchmarks/streaming.py has a result, streaming a batch per
+worker. Compute is PROJECTED (bf16 peak x --mfu) for the H100 and A100 rows; an H200 row is added for each task whose paper
+model and token budget benchmarks.training measured on one H200 (--gpu-json): its compute time
+is that GPU's measured step, and only its scaling to n GPUs is modelled. Preprocessing (measured
 pairs/s per CPU) and checkpoint saves (weights + NAG momentum) are set against that.
 
     python -m benchmarks.cost_model
@@ -70,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--training-json", type=Path, default=RESULTS_DIR / "training_wmt14_en_de_cpu_epyc.json")
     a("--preprocess-json", type=Path, default=RESULTS_DIR / "preprocess_epyc_40m.json")
     a("--streaming-json", type=Path, default=RESULTS_DIR / "streaming.json")
+    a("--gpu-json", type=Path, nargs="*", default=[
+        RESULTS_DIR / f"training_{t}_cuda_bf16_h200.json" for t in ("wmt14_en_fr", "wmt14_en_de")],
+      help="benchmarks.training results on one GPU (bf16): measured compute for that task")
     a("--out", type=Path, default=None)
     a("--replace", action="store_true",
       help="overwrite the result file if it exists (default: keep it and write "
@@ -134,7 +139,28 @@ def measured(args) -> dict:
         m["stream"] = {"file": rel(args.streaming_json),
                        "batches_per_s": min(s["batches_per_s"] for s in stream),
                        "tok_s": min(s["target_tokens_per_s"] for s in stream)}
+    m["gpu"] = {}
+    for path in args.gpu_json:
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text())
+        r = doc["results"]
+        m["gpu"][r["preset"]] = {
+            "file": rel(path), "device": (doc["machine"].get("gpu") or {}).get("name", "?"),
+            "vocab": r["vocab"], "max_tokens": doc["settings"]["max_tokens"],
+            "dtype": r["dtype"], "step_s": r["median_step_s"],
+            "tgt_per_step": r["tgt_tokens_per_step"], "tok_s": r["tgt_tokens_per_s"],
+            "fraction": r["fraction_of_peak"], "peak_flops": r["peak_flops"]}
     return m
+
+
+def measured_gpu(t: dict, m: dict) -> dict | None:
+    """The measured one-GPU run of this task's paper model, vocabulary and token budget."""
+    g = m["gpu"].get(t["preset"])
+    if g and g["vocab"] == t["vocab"] and g["max_tokens"] == t["max_tokens"] \
+            and g["dtype"] == "bf16":
+        return g
+    return None
 
 
 def task_inputs(name: str, args, m: dict, paper_flops_s: float) -> dict:
@@ -162,7 +188,8 @@ def task_inputs(name: str, args, m: dict, paper_flops_s: float) -> dict:
     # Other presets on the CPU: the measured fraction of the same CPU's peak.
     cpu_tok_s = m["cpu"]["tok_s"] if same else m["cpu"]["fraction"] * m["cpu"]["peak_flops"] / flops
     ckpt_bytes = params * CKPT_BYTES_PER_PARAM
-    return {"task": name, "vocab": vocab, "max_tokens": max_tokens, "params": params,
+    return {"task": name, "preset": _preset_name(cfg), "vocab": vocab, "max_tokens": max_tokens,
+            "params": params,
             "params_m": params / 1e6, "flops": flops, "gflop_per_tok": flops / 1e9,
             "pairs": pairs, "epoch_tokens": epoch_tokens, "tgt_per_batch": per_batch,
             "recipe_epochs": recipe, "implied_epochs": implied, "epochs": epochs,
@@ -174,8 +201,22 @@ def task_inputs(name: str, args, m: dict, paper_flops_s: float) -> dict:
             "cpu_basis": "measured" if same else "projected (measured fraction)"}
 
 
+def _preset_name(cfg: ModelConfig) -> str | None:
+    """The convs2s.config preset that builds this model (its dropout aside), if one does."""
+    from convs2s.config import PRESETS
+
+    for name, make in PRESETS.items():
+        if make().replace(dropout=cfg.dropout) == cfg:
+            return name
+    return None
+
+
 def scale_row(t: dict, gpu: str, n: int, args, m: dict) -> dict:
-    compute_s = t["tgt_per_batch"] * t["flops"] / (GPU_PEAK[gpu] * args.mfu)
+    g = measured_gpu(t, m) if gpu == "H200" else None
+    if g:  # the measured step, pro rata for the task's mean batch
+        compute_s = g["step_s"] * t["tgt_per_batch"] / g["tgt_per_step"]
+    else:
+        compute_s = t["tgt_per_batch"] * t["flops"] / (GPU_PEAK[gpu] * args.mfu)
     bw = (args.intra_node_gbyte * 1e9 if n <= args.gpus_per_node
           else args.inter_node_gbit * 1e9 / 8)  # the ring's slowest link
     times = {"compute": compute_s,
@@ -200,7 +241,8 @@ def scale_row(t: dict, gpu: str, n: int, args, m: dict) -> dict:
             "prep_s": t["pairs"] / prep_pairs_s,
             "prep_over_need": prep_pairs_s / (linear_tok_s / args.tgt_tokens_per_pair),
             "ckpt_pct": 100 * t["ckpt_s"] / (t["ckpt_every"] * update_s)
-            if t["ckpt_every"] else None, "basis": "projected"}
+            if t["ckpt_every"] else None,
+            "basis": f"measured step ({g['file']}), modelled scaling" if g else "projected"}
 
 
 def inputs_table(args, m: dict, paper_flops_s: float) -> list[dict]:
@@ -220,7 +262,11 @@ def inputs_table(args, m: dict, paper_flops_s: float) -> list[dict]:
          else "not measured yet", "measured" if st else "-", st["file"] if st
          else f"{rel(args.streaming_json)} absent: left out of the bottleneck"),
         ("GPU throughput", f"bf16 peak H100 989, A100 312 TFLOP/s x MFU {args.mfu:g}",
-         "projected", "datasheets; no GPU run exists in this project"),
+         "projected", "datasheets"),
+        *((f"GPU training, {p}", f"{g['tok_s']:,.0f} tgt tok/s bf16 at max_tokens "
+           f"{g['max_tokens']} ({g['step_s'] * 1e3:.1f} ms/step, {g['fraction']:.1%} of "
+           f"{g['peak_flops'] / 1e12:.0f} TFLOP/s)", "measured", f"{g['file']} ({g['device']})")
+          for p, g in m["gpu"].items()),
         ("all-reduce bandwidth", f"{args.intra_node_gbyte:g} GB/s in a node, "
          f"{args.inter_node_gbit:g} Gbit/s per node between nodes", "assumed",
          f"ring: 2(n-1)/n x 4 B x params; {args.gpus_per_node} GPUs/node"),
@@ -241,7 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
     paper_flops_s = PAPER_WORDS_PER_S * train_flops(
         ABLATION, 20_000, args.src_tokens_per_pair, args.tgt_tokens_per_pair)
     tasks = [task_inputs(name, args, m, paper_flops_s) for name in TASKS]
-    rows = [scale_row(t, gpu, n, args, m) for t in tasks for gpu in GPU_PEAK for n in args.gpus]
+    rows = [scale_row(t, gpu, n, args, m) for t in tasks
+            for gpu in [*GPU_PEAK, *(["H200"] if measured_gpu(t, m) else [])] for n in args.gpus]
     inputs = inputs_table(args, m, paper_flops_s) + [{
         "input": "bytes per batch", "value": ", ".join(
             f"{t['task']} {t['bytes_per_batch'] / 1e3:.1f} kB" for t in tasks),
