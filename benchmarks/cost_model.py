@@ -5,10 +5,11 @@ Per task (its workflow's `paper()`): training FLOPs per target token (benchmarks
 parameters (the model built on the meta device), target tokens per epoch (the paper's pairs x
 an assumed length), epochs (the workflow's lr recipe, or what the paper's days imply). Per scale
 an update takes the longest of: compute, the ring all-reduce of float32 gradients (overlapped
-with the backward pass by DDP) and, once benchmarks/streaming.py has a result, streaming a batch per
-worker. Compute is PROJECTED (bf16 peak x --mfu) for the H100 and A100 rows; an H200 row is added for each task whose paper
-model and token budget benchmarks.training measured on one H200 (--gpu-json): its compute time
-is that GPU's measured step, and only its scaling to n GPUs is modelled. Preprocessing (measured
+with the backward pass by DDP) and, once benchmarks/streaming.py has a result, streaming a batch
+per worker. Compute is PROJECTED (bf16 peak x --mfu) for the H100 and A100 rows; an H200 row is
+added for each task whose paper model and token budget benchmarks.training measured on one H200
+(--gpu-json): its compute time is that GPU's measured step, and only its scaling to n GPUs is
+modelled. Preprocessing (measured
 pairs/s per CPU) and checkpoint saves (weights + NAG momentum) are set against that.
 
     python -m benchmarks.cost_model
