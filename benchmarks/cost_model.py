@@ -9,8 +9,8 @@ with the backward pass by DDP) and, once benchmarks/streaming.py has a result, s
 per worker. Compute is PROJECTED (bf16 peak x --mfu) for the H100 and A100 rows; an H200 row is
 added for each task whose paper model and token budget benchmarks.training measured on one H200
 (--gpu-json): its compute time is that GPU's measured step, and only its scaling to n GPUs is
-modelled. Preprocessing (measured
-pairs/s per CPU) and checkpoint saves (weights + NAG momentum) are set against that.
+modelled. Preprocessing (measured pairs/s per CPU) and checkpoint saves (weights + NAG
+momentum) are set against that.
 
     python -m benchmarks.cost_model
     python -m benchmarks.cost_model --mfu 0.5 --epochs wmt16_en_ro=20 --inter-node-gbit 400
