@@ -13,6 +13,14 @@ changes which sentences share a batch) and the best layout for this machine.
         --test ../shared/data/multi30k test_2016_flickr en de --beam 5 --precision int8 \\
         --batch-sentences 32 64 128 256 --max-tokens 1500 3000 --repeats 3
 
+--reference-python PYTHON (the scratch environment of scripts/fairseq_fixtures.sh) also times
+the reference implementation's generator in every round, last, on the same weights
+(`convs2s.fairseq_interop.export_fairseq`) and sentences: float32, one process with every
+core's thread, batches of up to 128 sentences sorted by length, as its own generator batches
+them. It is given token ids and returns token ids, so its row leaves out the text work that
+every layout of ours includes (encoding, decoding, detokenizing): its time is a lower bound,
+and each layout's speed over it a conservative ratio.
+
 Writes benchmarks/results/generation_layout_<test>_<precision>_beam<k>.json (or --out).
 """
 
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--limit", type=int, default=0, help="the first N sentences only (checks)")
+    p.add_argument("--reference-python", type=Path, metavar="PYTHON",
+                   help="also time the reference implementation's generator with this "
+                        "interpreter (its scratch environment) in every round")
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--max-load", type=float, default=1.0)
     p.add_argument("--out", type=Path)
@@ -121,6 +133,35 @@ class ShardWorker:
             return tr.translate(lines)
 
 
+REFERENCE = "reference implementation (fp32, ids in and out), 1 process x {} threads, <= 128 " \
+    "sentences"
+
+
+def reference_runner(args, translator, src: list[str]):
+    """() -> (seconds, texts in input order): the reference implementation's generator on the
+    ids our translator would search (its codec and truncation), batched as its generator
+    batches (sorted by length, up to 128 sentences), decoded back to text outside the timing."""
+    from benchmarks.generation import ReferenceGenerator, make_batches
+    from convs2s.config import EOS
+
+    ids = [translator.encode(line, i)[0] for i, line in enumerate(src)]
+    batches = make_batches(ids, [0] * len(ids), 0, 128, 0)
+    order = [i for b in batches for i in b[2]]
+    settings = argparse.Namespace(threads=args.cores, max_len_a=args.max_len_a,
+                                  max_len_b=args.max_len_b)
+    gen = ReferenceGenerator(args.reference_python, args.checkpoint, batches, settings,
+                             Path(tempfile.mkdtemp(prefix="layout-reference-")))
+
+    def run() -> tuple[float, list[str]]:
+        sec, hyps = gen(args.beam)
+        out = [""] * len(src)
+        for i, h in zip(order, hyps):
+            out[i] = translator.codec.decode([t for t in h["tokens"].tolist() if t != EOS])
+        return sec, out
+
+    return run
+
+
 def main(argv: list[str] | None = None) -> int:
     import ray
     import sacrebleu
@@ -155,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     for lay, tr in local.items():  # warm: first-call allocations and kernel choice
         torch.set_num_threads(lay.threads)
         tr.translate(src[:8])
+    reference = (reference_runner(args, next(iter(local.values())), src)
+                 if args.reference_python else None)
 
     def run_once(lay: Layout) -> tuple[float, list[str]]:
         t0 = time.perf_counter()
@@ -176,11 +219,16 @@ def main(argv: list[str] | None = None) -> int:
 
     times: dict[Layout, list[float]] = {lay: [] for lay in todo}
     outputs: dict[Layout, list[str]] = {}
+    ref_times: list[float] = []
     for r in range(args.repeats):
         for lay in todo:
             sec, outputs[lay] = run_once(lay)
             times[lay].append(sec)
             print(f"round {r + 1}: {lay.name}: {sec:.2f} s", file=sys.stderr)
+        if reference is not None:  # last in each round, as in benchmarks.generation
+            sec, ref_out = reference()
+            ref_times.append(sec)
+            print(f"round {r + 1}: reference implementation: {sec:.2f} s", file=sys.stderr)
     if actors:
         ray.shutdown()
     first = outputs[todo[0]]
@@ -199,11 +247,25 @@ def main(argv: list[str] | None = None) -> int:
     results = {"rows": rows, "best": best["layout"],
                "best_over_default": best["sentences_per_s"] / default["sentences_per_s"],
                "default": default["layout"], "sentences": len(src)}
+    if reference is not None:
+        sec = median(ref_times)
+        ref_row = {"layout": REFERENCE.format(args.cores), "processes": 1,
+                   "threads": args.cores, "max_sentences": 128, "max_tokens": 0,
+                   "seconds": sec, "seconds_all": ref_times, "sentences_per_s": len(src) / sec,
+                   "bleu": round(sacrebleu.corpus_bleu(ref_out, [refs]).score, 2),
+                   "same_as_first": sum(a == b for a, b in zip(ref_out, first))}
+        for r in rows:  # medians over the reference's median, from the same rounds
+            r["over_reference"] = ref_row["seconds"] / r["seconds"]
+        rows.append(ref_row)
+        results["best_over_reference"] = best["over_reference"]
     print(format_table(rows, [("layout", "layout"), ("sentences_per_s", "sentences/s"),
                               ("seconds", "seconds"), ("bleu", "BLEU"),
-                              ("same_as_first", "same outputs")]))
+                              ("same_as_first", "same outputs")]
+                       + ([("over_reference", "x reference")] if reference else [])))
     print(f"best on this machine: {best['layout']} "
-          f"({results['best_over_default']:.2f}x the default: {default['layout']})")
+          f"({results['best_over_default']:.2f}x the default: {default['layout']}"
+          + (f"; {results['best_over_reference']:.2f}x the reference implementation)"
+             if reference else ")"))
     out = args.out or RESULTS_DIR / (f"generation_layout_{name}_{args.precision}"
                                      f"{'_shortlist' if args.shortlist else ''}"
                                      f"_beam{args.beam}.json")
