@@ -125,13 +125,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_process_ddp_update_equals_single_process_update_on_the_union():
+def run_ranks(worker, nprocs: int) -> dict:
+    """worker(rank, port, result) in `nprocs` spawned processes; what rank 0 put in `result`."""
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         result = manager.dict()
-        mp.start_processes(_ddp_worker, args=(_free_port(), result), nprocs=2, join=True,
+        mp.start_processes(worker, args=(_free_port(), result), nprocs=nprocs, join=True,
                            start_method="spawn")
-        result = dict(result)
+        return dict(result)
+
+
+def test_two_process_ddp_update_equals_single_process_update_on_the_union():
+    result = run_ranks(_ddp_worker, 2)
     batches = make_batches(0, 3)
     ref, stats = single_process_update(batches)
     assert result["ntokens"] == stats.ntokens == sum(b.ntokens for b in batches)
@@ -258,12 +263,7 @@ def test_nccl_ddp_update_on_one_gpu_equals_the_plain_update_and_bf16_trains():
     """The training update as a Ray Train GPU worker runs it (DDP over nccl, host counts over
     gloo) equals the plain float32 update on the same GPU; bf16 autocast updates lower the loss
     with float32 master weights."""
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        result = manager.dict()
-        mp.start_processes(_nccl_worker, args=(_free_port(), result), nprocs=1, join=True,
-                           start_method="spawn")
-        result = dict(result)
+    result = run_ranks(_nccl_worker, 1)
     assert result["backend"] == ("nccl", "gloo")
     device = torch.device("cuda")
     batches = [b.to(device) for b in make_batches(0, 3)]
