@@ -237,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         for lay, run_reference in reference.items():  # last in each round, as in generation
             sec, ref_out[lay] = run_reference()
             ref_times[lay].append(sec)
-            print(f"round {r + 1}: reference implementation, {lay.name}: {sec:.2f} s",
-                  file=sys.stderr)
+            print(f"round {r + 1}: reference implementation, {lay.processes} x "
+                  f"{lay.threads} threads: {sec:.2f} s", file=sys.stderr)
     if actors:
         ray.shutdown()
     first = outputs[todo[0]]
@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         for lay in reference:
             sec = median(ref_times[lay])
             ref_rows.append({
-                "layout": f"reference implementation (fp32, ids in and out), {lay.name}",
+                "layout": "reference implementation (fp32, ids in and out), "
+                          + (f"{lay.processes} processes" if lay.processes > 1 else "1 process")
+                          + f" x {lay.threads} threads, <= 128 sentences",
                 "processes": lay.processes, "threads": lay.threads,
                 "max_sentences": 128, "max_tokens": 0, "seconds": sec,
                 "seconds_all": ref_times[lay], "sentences_per_s": len(src) / sec,
