@@ -198,6 +198,33 @@ def test_the_reference_itself_loads_an_export(imported, tmp_path):
     assert theirs == recorded["translation"][:8]
 
 
+@pytest.mark.skipif(_reference_python() is None,
+                    reason="the reference implementation is not installed (run "
+                           "scripts/fairseq_fixtures.sh, or set FAIRSEQ_PYTHON)")
+def test_the_layout_benchmark_times_the_reference_on_the_same_sentences(tiny_checkpoints):
+    """benchmarks.generation_layout's reference rows: the reference's generator on the ids our
+    translator searches, in one process and in one process per shard, back in input order."""
+    from benchmarks.generation_layout import reference_runner
+    from convs2s.config import SearchConfig
+    from convs2s.translate import load_for_inference
+
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:12]]
+    settings = argparse.Namespace(cores=2, max_len_a=0.0, max_len_b=4, beam=3,
+                                  checkpoint=Path(tiny_checkpoints["a"]),
+                                  reference_python=Path(_reference_python()))
+    tr = load_for_inference([tiny_checkpoints["a"]], SearchConfig(beam=3, max_len_a=0.0,
+                                                                  max_len_b=4))
+    one_sec, one = reference_runner(settings, tr, lines, 1)()
+    two_sec, two = reference_runner(settings, tr, lines, 2)()
+    assert one_sec > 0 and two_sec > 0 and len(one) == len(two) == len(lines)
+    # the same sentence in either layout (a shard changes only which sentences share a batch)
+    assert sum(a == b for a, b in zip(one, two)) >= 0.8 * len(lines)
+    # in input order: most agree with our translator's output for the same line (a random
+    # model's near-ties and length limits aside); out of order, next to none would
+    ours = tr.translate(lines)
+    assert sum(a.startswith(b) or b.startswith(a) for a, b in zip(ours, one)) >= len(lines) // 2
+
+
 # --- bad input: one line, exit 2, nothing written ------------------------------------------------
 
 
