@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from convs2s.config import PRESETS
+from convs2s.model import ConvS2S
 from workflows import multi30k_en_de, orchestrate
 from workflows.ablations import BASELINE, SWEEPS, SweepError, table4, table5, variants_for
 from workflows.sweep import mean_sd, resolve_sweep, run_sweep, summary_table
@@ -64,18 +65,26 @@ def test_every_sweep_builds_distinct_models_on_the_cpu_and_paper_ablation_preset
     assert [len(v.apply(CPU_MODEL).encoder_layers) for v in depth[1:3]] == [2, 8]
 
 
-def test_the_recipe_sweep_adds_dropout_and_width_and_the_quality_benchmark_takes_one_variant():
+def test_the_recipe_sweep_adds_dropout_width_and_tying_and_the_quality_benchmark_takes_one():
     """Not the paper's: what a small-corpus recipe retunes for more updates per hour."""
     from benchmarks.quality import main as quality, with_variant
 
     d = CPU_MODEL.dropout  # the recipe's: 0.4
     more, most = f"{d + 0.1:g}", f"{d + 0.2:g}"
     rows = variants_for("recipe", CPU_MODEL)  # width 256
-    assert [v.name for v in rows] == [BASELINE, f"dropout-{more}", f"dropout-{most}", "wide-384"]
+    assert [v.name for v in rows] == [BASELINE, f"dropout-{more}", f"dropout-{most}", "wide-384",
+                                      "tied-output"]
     wide = rows[3].apply(CPU_MODEL)
     assert wide.embed_dim == 384 and wide.dropout == float(more)
     assert {w for w, _ in wide.encoder_layers + wide.decoder_layers} == {384}
     assert wide.out_embed_dim == CPU_MODEL.out_embed_dim  # the vocabulary projection: as before
+    tied = rows[4].apply(CPU_MODEL)
+    assert tied == CPU_MODEL.replace(share_decoder_embed=True)
+    net = ConvS2S(tied, 50, 50)
+    assert net.decoder.fc3.weight is net.decoder.embed_tokens.weight
+    # where the output width differs from the embedding's, there is nothing to tie
+    other = CPU_MODEL.replace(out_embed_dim=CPU_MODEL.embed_dim // 2)
+    assert "tied-output" not in [v.name for v in variants_for("recipe", other)]
     cfg = with_variant(multi30k_en_de.cpu(), f"recipe:dropout-{most}")
     assert cfg.model == CPU_MODEL.replace(dropout=float(most))
     assert cfg.train == multi30k_en_de.cpu().train
