@@ -12,9 +12,9 @@
   projection fc3) with int8 weights, one scale per output channel (symmetric), and activations
   quantized per call (dynamic quantization), accumulating in int32 and returning float32:
   PyTorch's quantized linear kernels (oneDNN where the CPU has int8 dot products, AVX-512 VNNI /
-  AMX; x86 / fbgemm with 7-bit activations elsewhere). Embeddings, the softmaxes and the beam
-  bookkeeping stay float32; with vocabulary selection, a batch's rows of fc3 are packed into
-  an int8 layer of their own once per batch (`Int8Linear.select`).
+  AMX; x86 / fbgemm elsewhere, with 7-bit weights: `weight_levels`). Embeddings, the softmaxes
+  and the beam bookkeeping stay float32; with vocabulary selection, a batch's rows of fc3 are
+  packed into an int8 layer of their own once per batch (`Int8Linear.select`).
 
 Nothing changes unless asked: `SearchConfig.precision` is "fp32" by default. An int8 request
 where PyTorch has no quantized CPU kernels is an error that says so (`PrecisionError`), or, when
@@ -55,8 +55,7 @@ def has_int8_dot_products() -> bool:
 
 def int8_engine() -> str:
     """The quantized engine for int8 weights: oneDNN where the CPU has int8 dot products (VNNI /
-    AMX: the fastest measured, with full 8-bit activations), else x86 / fbgemm (whose AVX2 path
-    saturates 16-bit sums, so activations use 7 bits there); PrecisionError without any."""
+    AMX: the fastest measured), else x86 / fbgemm; PrecisionError without any."""
     engines = _supported_engines()
     order = ("onednn", "x86", "fbgemm") if has_int8_dot_products() else \
         ("x86", "fbgemm", "qnnpack", "onednn")
@@ -73,6 +72,19 @@ def _supported_engines() -> list[str]:
     return list(torch.backends.quantized.supported_engines)
 
 
+def weight_levels() -> int:
+    """The largest int8 weight magnitude: 127 where the CPU has int8 dot products, else 63.
+
+    Without VNNI / AMX the kernels multiply u8 activations by s8 weights in pairs summed into
+    16 bits (AVX2 / AVX-512 `vpmaddubsw`), which saturates past 32,767: 255 x 127 x 2 does,
+    255 x 63 x 2 = 32,130 does not. PyTorch's own rule keeps the weights and drops a bit of the
+    activations instead (`reduce_range`); on the trained demo model that moved 15 of 60 beam-5
+    translations (an AVX2 kernel run, docs/benchmarks.md "int8 without VNNI"), while 7-bit
+    weights, one scale per output channel, keep the 8-bit activations' per-call scale over the
+    whole batch and translate like the VNNI path."""
+    return 127 if has_int8_dot_products() else 63
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with W stored in int8 (per-output-channel scales) and x quantized per call;
     float32 in and out. Built from a float weight (out x in) and bias."""
@@ -82,7 +94,8 @@ class Int8Linear(nn.Module):
         engine = int8_engine()
         w = weight.detach().float().contiguous()
         self.out_features, self.in_features = w.shape
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-8).double()
+        self.levels = weight_levels()  # no saturating 16-bit sums on any CPU (see there)
+        scale = (w.abs().amax(dim=1) / self.levels).clamp(min=1e-8).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         b = None if bias is None else bias.detach().float().contiguous()
         saved = torch.backends.quantized.engine
@@ -97,9 +110,6 @@ class Int8Linear(nn.Module):
                                  f"({err}): use precision fp32 or bf16") from None
         finally:
             torch.backends.quantized.engine = saved
-        # With VNNI, oneDNN multiplies u8 x s8 without saturation; elsewhere the 16-bit sums
-        # of the AVX2 kernels saturate, so activations then use 7 bits (PyTorch's own rule).
-        self.reduce_range = not (engine == "onednn" and has_int8_dot_products())
         self.engine = engine
         # The float weights stay readable (not parameters): vocabulary selection multiplies a
         # batch's few rows of fc3 in float (`ConvS2S.output_rows`).
@@ -113,11 +123,12 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out), float32
         shape = x.shape
         y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).float().contiguous(),
-                                               self._packed, self.reduce_range)
+                                               self._packed, False)  # 8-bit activations
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, int8 ({self.engine})"
+        return (f"{self.in_features}, {self.out_features}, int8 ({self.engine}, weights within "
+                f"+-{self.levels})")
 
 
 def unavailable(precision: str, device: str | torch.device = "cpu") -> str | None:

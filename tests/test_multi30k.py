@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -263,11 +264,9 @@ def budget_run(multi30k_slice, ray_session, tmp_path_factory):
             "seconds_all": _train_seconds(train_dir)}
 
 
-def _valid_seconds(train_dir: Path) -> dict[int, float]:
-    """update -> training clock when the validation at that update ended."""
-    records = [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["metrics"]["valid/seconds"] for r in records
-            if "valid/seconds" in r["metrics"]}
+def _records(train_dir: Path) -> list[dict]:
+    """The run's metrics.jsonl records (step, metrics), both runs of the budget test."""
+    return [json.loads(line) for line in (train_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _train_seconds(train_dir: Path) -> list[tuple[int, float]]:
@@ -284,12 +283,8 @@ def _train_seconds(train_dir: Path) -> list[tuple[int, float]]:
 def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
     updates = budget_run["seconds_first"]
     assert len(updates) > 20
-    (_, before), (last, after) = updates[-2], updates[-1]
-    # The first update to end past the budget is the last, or, when an epoch ended just before
-    # the budget, the validation at that epoch's end spent it (a host whose epoch of this
-    # slice takes about 40 s).
-    assert before < 40
-    assert after >= 40 or _valid_seconds(budget_run["train_dir"]).get(last, 0) >= 40, updates[-3:]
+    last = updates[-1][0]
+    _assert_stopped_by_the_update_that_spent(updates, 40, budget_run, run=0)
     assert "stopped: time budget spent" in budget_run["first"]
     assert f"train: {last:,} updates" in budget_run["first"]
     from mlflow.tracking import MlflowClient
@@ -298,6 +293,31 @@ def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
     exp = client.get_experiment_by_name("multi30k_en_de")
     (train,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'train'")
     assert train.data.tags["convs2s.stop_reason"] == "max_time"
+
+
+def _assert_stopped_by_the_update_that_spent(updates: list[tuple[int, float]], budget: float,
+                                             budget_run: dict, run: int) -> None:
+    """Every update of a run but its last started inside the `budget` (seconds), and the run
+    stopped at the first check past it. The limit is checked after each update and again after
+    an epoch's validation and checkpoint: the last update ends past the budget, or it ended an
+    epoch inside it and that epoch's end spent it (a host whose epoch of the test slice takes
+    about the budget); the run's training clock then ended past the budget, never before it.
+    `run`: 0 the first run, 1 the resumed one (the parent run records each one's clock)."""
+    from mlflow.tracking import MlflowClient
+
+    (_, before), (last, after) = updates[-2], updates[-1]
+    assert before < budget, updates[-3:]
+    if after >= budget:
+        return
+    epochs_at = {r["step"]: r["metrics"]["epoch"] for r in _records(budget_run["train_dir"])
+                 if "valid/seconds" in r["metrics"]}
+    assert last in epochs_at and epochs_at[last] == int(epochs_at[last]), updates[-3:]
+    client = MlflowClient(budget_run["uri"])
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'm30k'")
+    history = sorted(client.get_metric_history(parent.info.run_id, "train_minutes"),
+                     key=lambda m: m.timestamp)
+    assert len(history) > run and history[run].value * 60 >= budget, (updates[-3:], history)
 
 
 @pytest.mark.slow
@@ -366,17 +386,20 @@ def test_epoch_lines_say_the_lr_the_next_update_uses(budget_run):
     next update as logged, not the schedule's undecayed peak (which it used to print)."""
     import re
 
-    records = [json.loads(line) for line in
-               (budget_run["train_dir"] / "metrics.jsonl").read_text().splitlines()]
+    records = _records(budget_run["train_dir"])
     lr_of = {r["step"]: r["metrics"]["train/lr"] for r in records if "train/lr" in r["metrics"]}
-    ends = re.findall(r"epoch (\d+) done \| update (\d+) \| .* next lr ([0-9.e+-]+)",
-                      budget_run["first"] + budget_run["second"])
+    last_of_first = budget_run["seconds_first"][-1][0]
+    pattern = r"epoch (\d+) done \| update (\d+) \| .* next lr ([0-9.e+-]+)"
+    # The next update of the same run: the resumed run has a 60 s budget, so the lr the first
+    # run's last line announces (its 40 s budget spent) is not the resumed run's first lr.
+    ends = [(u, lr, last_of_first) for _, u, lr in re.findall(pattern, budget_run["first"])]
+    ends += [(u, lr, math.inf) for _, u, lr in re.findall(pattern, budget_run["second"])]
     assert ends
     peak = fast().train.lr
-    for _, update, next_lr in ends:
+    for update, next_lr, run_end in ends:
         following = int(update) + 1
-        if following in lr_of:  # within the decay of the seconds validation and the
-            # checkpoint take (the budget is 40 s: a second moves a cosine by < 4% of peak)
+        if following in lr_of and following <= run_end:  # within the decay that the
+            # validation and the checkpoint take (40 s budget: a second moves a cosine by < 4%)
             assert float(next_lr) == pytest.approx(lr_of[following], abs=0.05 * peak)
         assert float(next_lr) < 0.9 * peak
 
@@ -387,7 +410,7 @@ def test_resumed_run_continues_the_budget(budget_run):
     resumed = all_[len(first):]
     assert resumed and resumed[0][0] == first[-1][0] + 1  # the next update, not a restart
     assert resumed[0][1] > first[-1][1]  # the clock carried over the resume (not reset to 0)
-    assert resumed[-2][1] < 60 <= resumed[-1][1]
+    _assert_stopped_by_the_update_that_spent(resumed, 60, budget_run, run=1)
     assert f"train: {resumed[-1][0]:,} updates" in budget_run["second"]
 
 

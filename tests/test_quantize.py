@@ -8,6 +8,13 @@ Run: .venv/bin/python -m pytest tests/test_quantize.py -q
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -32,6 +39,85 @@ def test_an_int8_linear_layer_is_close_to_its_float_weights():
     assert y.shape == ref.shape and y.dtype == torch.float32
     # 8-bit weights (per output channel) and 8-bit activations (per call): ~1% of the range
     assert float((y - ref).abs().max()) < 0.03 * float(ref.abs().max())
+
+
+# A CPU without int8 dot products (AVX2-only hosts): fbgemm's AVX2 kernels, forced on any x86
+# host by FBGEMM_ENABLE_INSTRUCTIONS, with the CPU-flag probe saying "no VNNI" (what such a host
+# reads from /proc/cpuinfo). The kernels sum u8 x s8 pairs in 16 bits (`vpmaddubsw`).
+_AVX2_ENV = {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+_NO_VNNI = "import convs2s.quantize as q; q.has_int8_dot_products = lambda: False\n"
+_x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                          reason="fbgemm's AVX2 kernels exist on x86-64 CPUs only")
+
+
+def _python(code: str, env: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_SATURATION = _NO_VNNI + """
+import json, torch, warnings
+from convs2s.quantize import Int8Linear, weight_levels
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+x = torch.rand(64, 512) * 4 + 1.0  # positive and wide: u8 activations near 255
+w = torch.randn(256, 512)
+ref = x @ w.T
+def err(y):
+    return float((y - ref).abs().max() / ref.abs().max())
+# what 8-bit weights and 8-bit activations give on these kernels (PyTorch's x86 engine)
+torch.backends.quantized.engine = "x86"
+scale = (w.abs().amax(1) / 127).double()
+qw = torch.quantize_per_channel(w, scale, torch.zeros(256, dtype=torch.long), 0, torch.qint8)
+plain = torch.ops.quantized.linear_dynamic(x, torch.ops.quantized.linear_prepack(qw, None), False)
+print(json.dumps({"levels": weight_levels(), "plain": err(plain),
+                  "ours": err(Int8Linear(w, None)(x))}))
+"""
+
+
+@_x86
+def test_int8_on_a_cpu_without_int8_dot_products_never_saturates():
+    """Without VNNI the kernels' 16-bit pair sums saturate past 32,767: 8-bit weights times
+    8-bit activations do (several % of the range lost), so such a host quantizes weights to
+    7 bits (255 x 63 x 2 = 32,130) and stays within int8's rounding."""
+    out = _python(_SATURATION, _AVX2_ENV)
+    assert out["levels"] == 63
+    assert out["plain"] > 0.03, out  # the forced AVX2 kernels do saturate 8 x 8 bits
+    assert out["ours"] < 0.03, out
+
+
+_TRANSLATE = _NO_VNNI + """
+import json, sys
+from convs2s.config import SearchConfig
+from convs2s.scoring import read_lines
+from convs2s.translate import load_for_inference
+ckpt, src = sys.argv[1:3]
+lines = read_lines(src)[:60]
+fp32 = load_for_inference([ckpt], SearchConfig(beam=5)).translate_full(lines)
+low = load_for_inference([ckpt], SearchConfig(beam=5, precision="int8"))
+out = low.translate_full(lines)
+print(json.dumps({"engine": low.models[0].encoder.fc1.engine,
+                  "pairs": [[a.hypotheses[0].text == b.hypotheses[0].text,
+                             abs(a.hypotheses[0].score - b.hypotheses[0].score)]
+                            for a, b in zip(fp32, out)]}))
+"""
+
+
+@_x86
+def test_a_trained_model_translates_alike_in_int8_without_int8_dot_products(demo_trained):
+    """The same bar as test_a_trained_model_translates_alike_at_lower_precision, on the kernels
+    an AVX2-only host runs (PyTorch's 7-bit activations moved 20 of these 60 sentences)."""
+    t = demo_trained
+    code = _TRANSLATE.replace("sys.argv[1:3]", repr([str(t.train.best_checkpoint),
+                                                     str(t.test_src)]))
+    out = _python(code, _AVX2_ENV)
+    assert out["engine"] in ("x86", "fbgemm")
+    same = [s for s, _ in out["pairs"]]
+    assert sum(same) >= 0.75 * len(same), sum(same)
+    assert max(d for s, d in out["pairs"] if s) < 0.1
 
 
 def test_every_matrix_product_of_an_int8_copy_is_int8_and_embeddings_stay_float():
