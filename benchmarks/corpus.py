@@ -68,7 +68,7 @@ def train_joint_bpe(pairs: list[tuple[str, str]], vocab_size: int, workdir: Path
 
 def encode(codec, sentences: list[str]) -> list[list[int]]:
     """Token ids of each sentence with EOS appended (the `encoded/` stage's format): with a
-    sentencepiece model, or a checkpoint's text codec (`convs2s.text_codec`)."""
+    sentencepiece model, or a checkpoint's text codec (`convs2s.io.text_codec`)."""
     if isinstance(codec, spm.SentencePieceProcessor):
         return [ids + [EOS] for ids in codec.encode(sentences, out_type=int)]
     return [codec.source_ids(codec.encode(s)) + [EOS] for s in sentences]

@@ -96,16 +96,17 @@ def train_flops(cfg: ModelConfig, vocab: int, src: float, tgt: float) -> float:
 def parameters(cfg: ModelConfig, vocab: int) -> int:
     import torch
 
-    from convs2s.model import ConvS2S
+    from convs2s.model.network import ConvS2S
     with torch.device("meta"):  # shapes only: no memory, no initialization cost
         return sum(p.numel() for p in ConvS2S(cfg, vocab, vocab).parameters())
 
 
 def recipe_epochs(train) -> int | None:
-    """Epochs a "fixed" lr recipe runs (convs2s.optim); None for "plateau" (depends on data)."""
+    """Epochs a "fixed" lr recipe runs (convs2s.train.optim); None for "plateau" (depends on
+    data)."""
     if train.lr_schedule != "fixed":
         return None
-    from convs2s.optim import LRSchedule
+    from convs2s.train.optim import LRSchedule
     sched = LRSchedule(train)
     for epoch in range(1, train.max_epochs + 1):
         sched.end_epoch(epoch, None)

@@ -19,7 +19,8 @@ result adds sacreBLEU against the references.
     python -m benchmarks.generation --checkpoint CKPT --test ../shared/data/multi30k \\
         test_2016_flickr en de --dtype fp32 bf16 int8 --repeats 3  # real outputs, with BLEU
 
-Several --dtype values load the same weights once per dtype (`convs2s.quantize`) and time them
+Several --dtype values load the same weights once per dtype (`convs2s.inference.quantize`) and time
+them
 in alternated rounds: their speed ratios come from the same minutes of the same machine.
 
 --limit N searches a seeded uniform sample of N sentences (realistic lengths, not the
@@ -48,9 +49,9 @@ from benchmarks.flops import decoder_flops, encoder_flops
 from benchmarks.machine import load_average, machine_info, matmul_peak, synchronize, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from convs2s.config import EOS, PAD, PRESETS, SearchConfig
-from convs2s.model import ConvS2S, inference_copy
-from convs2s.quantize import for_inference
-from convs2s.search import generate, greedy
+from convs2s.model.network import ConvS2S, inference_copy
+from convs2s.inference.quantize import for_inference
+from convs2s.inference.search import generate, greedy
 
 TABLE3_SETS = ["newstest2012", "newstest2013"]  # 3,003 + 3,000 = the paper's 6,003 sentences
 TABLE3_SENTENCES = 6003
@@ -84,14 +85,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="timed rounds (each times every --dtype once); the median is kept")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", nargs="+", choices=["fp32", "bf16", "int8"], default=["fp32"],
-                   help="weights to search with (convs2s.quantize): fp32; bf16 (fast where "
+                   help="weights to search with (convs2s.inference.quantize): fp32; bf16 (fast "
+                   "where "
                         "the hardware has native bf16: GPUs, CPUs with AVX-512 BF16 or AMX); "
                         "int8 (CPU). Several: each timed in every round, alternating")
     p.add_argument("--reference-python", type=Path, default=None, metavar="PYTHON",
                    help="with --checkpoint: also time the reference implementation's generator "
                         "(this interpreter of a scratch environment with fairseq, see "
                         "scripts/fairseq_fixtures.sh) on the same weights (exported with "
-                        "convs2s.fairseq_interop) and batches, in the same rounds")
+                        "convs2s.io.fairseq) and batches, in the same rounds")
     p.add_argument("--shortlist", type=Path, default=None, metavar="NPZ",
                    help="also time each --dtype with vocabulary selection, this lexical table "
                         "(the checkpoint's data: preprocessing --shortlist K)")
@@ -130,7 +132,7 @@ def load_model(args, device: torch.device, precision: str):
     its own text pipeline: its sentencepiece model, or an imported reference model's Moses +
     BPE (`python -m convs2s import-fairseq`: Table 3 on the paper's own En-Fr model)."""
     if args.checkpoint is not None:  # loaded as everything else loads it for inference
-        from convs2s.translate import load_for_inference
+        from convs2s.inference.translate import load_for_inference
 
         translator = load_for_inference([args.checkpoint], SearchConfig(precision=precision),
                                         device=device)
@@ -148,8 +150,8 @@ def load_model(args, device: torch.device, precision: str):
 
 def _parameters(net) -> int:
     """Weights of the model, int8 layers included (their float copies: the same count)."""
-    from convs2s.conv import Conv
-    from convs2s.quantize import Int8Linear
+    from convs2s.model.conv import Conv
+    from convs2s.inference.quantize import Int8Linear
 
     in_convs = {id(m.int8) for m in net.modules() if isinstance(m, Conv)}  # counted as Conv
     return sum(p.numel() for p in net.parameters()) + sum(
@@ -184,7 +186,7 @@ class Setting:
     label: str  # "fp32", "int8", "int8+shortlist", ...
     dtype: str
     net: object
-    shortlist: object = None  # convs2s.shortlist.Shortlist
+    shortlist: object = None  # convs2s.inference.shortlist.Shortlist
     frequent: int = 0
     per_source: int = 0  # 0: all the table has
 
@@ -252,7 +254,7 @@ class ReferenceGenerator:
     by scripts/fairseq_generation_speed.py with the reference's own interpreter."""
 
     def __init__(self, python: Path, checkpoint: Path, batches, args, workdir: Path):
-        from convs2s.fairseq_interop import export_fairseq
+        from convs2s.io.fairseq import export_fairseq
 
         self.python, self.args, self.workdir = python, args, workdir
         self.archive = export_fairseq(checkpoint, workdir / "archive")  # same weights, ids
@@ -327,7 +329,7 @@ def run(args: argparse.Namespace) -> dict:
     loaded = {d: load_model(args, device, d) for d in dtypes}  # the same weights, each dtype
     net, sp, model_info = loaded[dtypes[0]]
     if sp is None:
-        from convs2s.text_codec import SentencePieceCodec
+        from convs2s.io.text_codec import SentencePieceCodec
 
         with tempfile.TemporaryDirectory() as tmp:
             sp = SentencePieceCodec(train_joint_bpe(pairs, min(args.bpe_vocab, args.vocab),
@@ -374,10 +376,10 @@ def run(args: argparse.Namespace) -> dict:
 def load_shortlist(args, sp, pairs, V: int):
     """The lexical table of --shortlist (the checkpoint's data), or with --shortlist-k one
     counted on the benchmark's own sentence pairs (random weights: only its sizes matter)."""
-    from convs2s.shortlist import Shortlist
+    from convs2s.inference.shortlist import Shortlist
 
     if args.shortlist is not None:
-        from convs2s.text_codec import codec_files
+        from convs2s.io.text_codec import codec_files
 
         spm_file = codec_files(args.checkpoint)[0] if args.checkpoint is not None else None
         return Shortlist.load(args.shortlist, spm_file, vocab_size=V)

@@ -3,7 +3,7 @@ batch holds, a token budget per batch, and whether the cores serve one process w
 torch threads or one Ray actor each (a shard of the sentences per actor, one thread each).
 
 Every layout translates the same sentences with the same trained model, settings and precision
-through the Translator (`convs2s.translate.load_for_inference`, what `python -m convs2s
+through the Translator (`convs2s.inference.translate.load_for_inference`, what `python -m convs2s
 translate`, the evaluation jobs and the MLflow model run), text in and text out. Layouts are
 timed in alternated rounds (each once per round, in turn), so a change of the machine's speed
 reaches all of them alike; the table gives medians, BLEU (which must not move: batching only
@@ -15,7 +15,7 @@ changes which sentences share a batch) and the best layout for this machine.
 
 --reference-python PYTHON (the scratch environment of scripts/fairseq_fixtures.sh) also times
 the reference implementation's generator in every round, last, on the same weights
-(`convs2s.fairseq_interop.export_fairseq`) and sentences: float32, batches of up to 128
+(`convs2s.io.fairseq.export_fairseq`) and sentences: float32, batches of up to 128
 sentences sorted by length, as its own generator batches them, in both layouts: one process
 with every core's thread, and one single-thread process per core on a length-balanced shard
 each (started together; the layout's time is the slower shard's timed pass). It is given
@@ -121,7 +121,7 @@ class ShardWorker:
     def __init__(self, checkpoint: str, search, threads: int):
         import torch
 
-        from convs2s.translate import load_for_inference
+        from convs2s.inference.translate import load_for_inference
 
         torch.set_num_threads(threads)
         self.translator = load_for_inference([checkpoint], search)
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     import sacrebleu
     import torch
 
-    from convs2s.translate import load_for_inference
+    from convs2s.inference.translate import load_for_inference
 
     args = parse_args(argv)
     folder, name, src_lang, tgt_lang = args.test

@@ -5,7 +5,7 @@ x86 CPUs without VNNI / AMX (AVX2-only hosts) sum u8 x s8 pairs in 16 bits, whic
 for 8-bit weights times 8-bit activations. Two ways round it are compared on those kernels
 (fbgemm's AVX2 path, forced on any x86 host with FBGEMM_ENABLE_INSTRUCTIONS=AVX2, the CPU-flag
 probe told "no VNNI"):
-- `weights7`: 7-bit weights, 8-bit activations (`convs2s.quantize.weight_levels`, what the
+- `weights7`: 7-bit weights, 8-bit activations (`convs2s.inference.quantize.weight_levels`, what the
   project does);
 - `activations7`: 8-bit weights, 7-bit activations (PyTorch's own `reduce_range` rule, what
   the project did before);
@@ -29,7 +29,7 @@ from benchmarks.report import RESULTS_DIR, write_result
 
 _CHILD = """
 import json, sys, time
-import convs2s.quantize as q
+import convs2s.inference.quantize as q
 variant, ckpt, src, ref, n = sys.argv[1:6]
 if variant != "native":
     q.has_int8_dot_products = lambda: False
@@ -44,8 +44,8 @@ if variant == "activations7":  # PyTorch's rule: 8-bit weights, activations in 7
         return y.view(*shape[:-1], self.out_features)
     q.Int8Linear.forward = forward
 from convs2s.config import SearchConfig
-from convs2s.scoring import read_lines, score_translation
-from convs2s.translate import load_for_inference
+from convs2s.metrics.scoring import read_lines, score_translation
+from convs2s.inference.translate import load_for_inference
 lines, refs = read_lines(src)[:int(n)], read_lines(ref)[:int(n)]
 fp32 = load_for_inference([ckpt], SearchConfig(beam=5)).translate(lines)
 tr = load_for_inference([ckpt], SearchConfig(beam=5, precision="int8"))

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from convs2s.config import SearchConfig
-    from convs2s.translate import load_for_inference
+    from convs2s.inference.translate import load_for_inference
 
     args = parse_args(argv)
     folder, name, src_lang, tgt_lang = args.valid

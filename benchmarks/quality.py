@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks.corpus import DATA_DIR
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
-from convs2s.task_kinds import TRANSLATION
+from convs2s.metrics.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
 from workflows.ablations import SweepError, variants_for
 from workflows.workflow_config import RunOptions, duration
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def validation_curve(train_dir: Path) -> list[dict]:
     """Validation loss and perplexity after each epoch (and at the stop), against the
     training clock, from the run's metrics.jsonl."""
-    from convs2s.run_logger import read_local_metrics
+    from convs2s.tracking.run_logger import read_local_metrics
 
     return [{"update": rec["step"], "seconds": round(m["valid/seconds"], 1),
              "valid_loss": round(m["valid/loss"], 4), "valid_ppl": round(m["valid/ppl"], 3)}
@@ -117,7 +117,7 @@ def with_variant(cfg, variant: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from workflows.orchestrate import run_workflow
+    from workflows.engine import run_workflow
     from workflows.run_spec import resolve
 
     args = parse_args(argv)

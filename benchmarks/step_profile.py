@@ -2,7 +2,7 @@
 into phases (forward with the fused output-layer loss, backward, renormalization + optimizer
 step).
 
-The phases repeat the operations of `convs2s.update.train_update` for one micro-batch on one
+The phases repeat the operations of `convs2s.train.update.train_update` for one micro-batch on one
 process (model forward with `target`, backward of loss / ntokens, `clip_gradients`,
 `optimizer.step`, `zero_grad`) with a timer between them; the matmul share says how much of
 the step the GEMMs take and at what rate they run (analytic FLOPs over their time), so the
@@ -20,8 +20,8 @@ from statistics import median
 import torch
 
 from benchmarks.machine import synchronize
-from convs2s.optim import clip_gradients
-from convs2s.update import autocast_for
+from convs2s.train.optim import clip_gradients
+from convs2s.train.update import autocast_for
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
 

@@ -5,10 +5,10 @@ each: two raylets, as on a real cluster) and, on the batches of a large preproce
 (--data: `<root>/<task>/batches/train`, e.g. the 10M-pair benchmark output), measures:
 
 1. stream: the input side alone. Two consumer actors, one per node, each read their rank's
-   rows of epoch 1 the way the training loop does (`convs2s.train_data`: the epoch's plan of
+   rows of epoch 1 the way the training loop does (`convs2s.train.data`: the epoch's plan of
    rows, read with pyarrow from the shared files a window ahead) and collate them, for
    --stream-seconds: the input rate per worker, in batches/s and target tokens/s.
-2. train: `convs2s.train.fit` with 2 workers (one per node) for --updates updates, twice: on
+2. train: `convs2s.train.launch.fit` with 2 workers (one per node) for --updates updates, twice: on
    the whole --data folder and on a slice of its first parts holding about --slice-pairs pairs.
    Step rate = updates/s of the logged intervals after the first (start-up excluded), and the
    PSS of each training worker sampled every second (first quarter, last quarter, peak).
@@ -158,15 +158,15 @@ def stream_rates(data: Path, seconds: float, cpus_per_node: int) -> list[dict]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from convs2s.config import TrainConfig
-    from convs2s.train_data import TrainFiles
+    from convs2s.train.data import TrainFiles
 
     files, shuffle = TrainFiles.scan(data), TrainConfig().shuffle_buffer
 
     @ray.remote(num_cpus=cpus_per_node)
     class Consumer:
         def run(self, rank: int, seconds: float) -> dict:
-            from convs2s.collate import collate_arrow
-            from convs2s.train_data import epoch_rows, read_rows
+            from convs2s.train.collate import collate_arrow
+            from convs2s.train.data import epoch_rows, read_rows
 
             start, t0, n, tokens = time.monotonic(), None, 0, 0
             refs = epoch_rows(files, 1, 1, 2, rank, shuffle)
@@ -195,9 +195,9 @@ def stream_rates(data: Path, seconds: float, cpus_per_node: int) -> list[dict]:
 
 def train_run(args, name: str, data: Path, valid: Path, storage: Path) -> dict:
     from convs2s.config import PRESETS, TrainConfig
-    from convs2s.run_logger import read_local_metrics
-    from convs2s.train import fit
-    from convs2s.train_job import TrainJob
+    from convs2s.tracking.run_logger import read_local_metrics
+    from convs2s.train.launch import fit
+    from convs2s.train.job import TrainJob
 
     job = TrainJob(model=PRESETS[args.preset](), train=TrainConfig(
         max_updates=args.updates, max_epochs=0, log_interval=args.log_interval,

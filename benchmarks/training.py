@@ -1,7 +1,7 @@
 """Training throughput: target tokens per second of the real training step, against the
 machine's matmul peak measured in the same run.
 
-One step is `convs2s.update.train_update` (forward, loss, backward, gradient renormalization,
+One step is `convs2s.train.update.train_update` (forward, loss, backward, gradient renormalization,
 Nesterov SGD step: exactly what the training loop calls) on one token-budget batch. Batches are
 real newstest sentences, BPE-encoded and cut the way the `batches/` preprocessing stage cuts
 them (n_sentences * max(src_len, tgt_len) <= --max-tokens, about 3,500 target tokens at 4000).
@@ -55,11 +55,11 @@ from benchmarks.machine import (
 )
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from benchmarks.step_profile import operator_profile, phase_breakdown
-from convs2s.collate import collate_lists
+from convs2s.train.collate import collate_lists
 from convs2s.config import PAD, PRESETS, TrainConfig
-from convs2s.model import ConvS2S
-from convs2s.optim import build_optimizer
-from convs2s.update import Comm, train_update
+from convs2s.model.network import ConvS2S
+from convs2s.train.optim import build_optimizer
+from convs2s.train.update import Comm, train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
 

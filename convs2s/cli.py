@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from convs2s.config import SearchConfig
-from convs2s.task_kinds import KINDS, task_kind
+from convs2s.metrics.task_kinds import KINDS, task_kind
 
 # Each command imports what it needs when it runs: `convs2s-translate` does not pay for
 # matplotlib (attention) or sacreBLEU / rouge (score) at start-up.
 
-log = logging.getLogger("convs2s.translate")
+log = logging.getLogger("convs2s.inference.translate")
 
 
 # --- translate --------------------------------------------------------------------------------
@@ -134,9 +134,9 @@ def translate(argv: list[str] | None = None) -> int:
     args = _translate_parser().parse_args(argv)
     import torch
 
-    from convs2s.checkpoint import CheckpointError
-    from convs2s.quantize import PrecisionError
-    from convs2s.translate import load_for_inference
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.inference.quantize import PrecisionError
+    from convs2s.inference.translate import load_for_inference
 
     # int8 weights run on PyTorch's quantized CPU kernels: the CPU unless --device says else
     device = args.device or ("cuda" if torch.cuda.is_available() and args.precision != "int8"
@@ -200,8 +200,8 @@ def average(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoints", nargs="+", help="checkpoint directories of one run")
     p.add_argument("--out", required=True, help="output checkpoint directory")
     args = p.parse_args(argv)
-    from convs2s.averaging import average_checkpoints
-    from convs2s.checkpoint import CheckpointError
+    from convs2s.io.averaging import average_checkpoints
+    from convs2s.io.checkpoint import CheckpointError
 
     try:
         print(average_checkpoints(args.checkpoints, args.out))
@@ -222,7 +222,7 @@ def score(argv: list[str] | None = None) -> int:
                    help="the task kind, which decides the metrics (default: translation)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = p.parse_args(argv)
-    from convs2s.scoring import read_lines
+    from convs2s.metrics.scoring import read_lines
 
     hyps, refs = read_lines(args.hyp), read_lines(args.ref)
     if len(hyps) != len(refs):
@@ -251,8 +251,8 @@ def attention(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len-b", type=int, default=200, help="most output pieces")
     p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
     args = p.parse_args(argv)
-    from convs2s.attention_plot import plot_attention
-    from convs2s.translate import load_for_inference
+    from convs2s.inference.attention_plot import plot_attention
+    from convs2s.inference.translate import load_for_inference
 
     translator = load_for_inference(
         args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
@@ -274,8 +274,8 @@ def import_fairseq(argv: list[str] | None = None) -> int:
     p.add_argument("--source-lang", help="when the saved arguments do not name it")
     p.add_argument("--target-lang", help="when the saved arguments do not name it")
     args = p.parse_args(argv)
-    from convs2s.fairseq_interop import FairseqImportError
-    from convs2s.fairseq_interop import import_fairseq as run
+    from convs2s.io.fairseq import FairseqImportError
+    from convs2s.io.fairseq import import_fairseq as run
 
     try:
         out = run(args.archive, args.out, args.source_lang, args.target_lang)
@@ -296,8 +296,8 @@ def export_fairseq(argv: list[str] | None = None) -> int:
     p.add_argument("checkpoint", help="a checkpoint directory (best/, checkpoint_*, imported)")
     p.add_argument("--out", required=True, help="archive folder to write")
     args = p.parse_args(argv)
-    from convs2s.checkpoint import CheckpointError
-    from convs2s.fairseq_interop import export_fairseq as run
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.io.fairseq import export_fairseq as run
 
     try:
         out = run(args.checkpoint, args.out)

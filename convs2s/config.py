@@ -210,7 +210,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 
 # TrainConfig fields that were removed, dropped when an old saved config is read: the test-only
 # fault injection (crash_rank dying at update crash_at_update), now environment variables of the
-# driver (convs2s.train_worker.CrashInjection) so that a test hook changes no recipe or hash.
+# driver (convs2s.train.trainer.CrashInjection) so that a test hook changes no recipe or hash.
 RETIRED_TRAIN_FIELDS = ("crash_at_update", "crash_rank")
 
 
@@ -311,14 +311,15 @@ class SearchConfig(Settings):
     # Also cut a batch where its padded source tokens (sentences x longest) would pass this;
     # 0: sentences only. Batches are cut from the sentences sorted by length either way.
     max_tokens: int = 0
-    # Weights the search multiplies with (convs2s.quantize): "fp32" as trained; "bf16"; "int8"
+    # Weights the search multiplies with (convs2s.inference.quantize): "fp32" as trained; "bf16";
+    # "int8"
     # (per-channel int8 weights, CPU). Faster, scores may move slightly: never a silent default.
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     # "fp32": serve float32 weights, with one warning, where `precision` cannot run (no int8
     # kernels in this build or CPU, int8 asked of a GPU, bf16 on a GPU without it); None
     # (default): that is an error. The translator's search says what was served.
     precision_fallback: Literal["fp32"] | None = None
-    # Vocabulary selection (convs2s.shortlist): the lexical table (a shortlist.npz of the
+    # Vocabulary selection (convs2s.inference.shortlist): the lexical table (a shortlist.npz of the
     # model's data, preprocessing's shortlist/ stage); each batch scores only the
     # shortlist_frequent most frequent targets and the table's candidates for its source
     # tokens (shortlist_per_source of them; 0: all the table has). None: the whole vocabulary.

@@ -2,7 +2,7 @@
 
 The ids come from a *vocabulary*: the joint sentencepiece model the pipeline learned
 (`SentencePieceVocabulary`), or a fixed one handed to `run_pipeline(vocabulary=)`, such as a
-checkpoint's text pipeline when fine-tuning keeps a model's ids (convs2s.text_codec's
+checkpoint's text pipeline when fine-tuning keeps a model's ids (convs2s.io.text_codec's
 `CheckpointVocabulary`; this package does not import it). A vocabulary pickles to the tasks
 and has `encoder() -> encode(lines, side) -> list of id lists` (side "src" or "tgt", no EOS),
 `fingerprint` (a digest of its files: part of the data key), `src_size` / `tgt_size`,

@@ -2,7 +2,8 @@
 2016): for each source token, the target tokens that co-occur with it most specifically in the
 training pairs, and the target tokens ranked by how many training sentences hold them.
 
-At search time (`convs2s.shortlist`) the output layer of a batch is cut to the most frequent
+At search time (`convs2s.inference.shortlist`) the output layer of a batch is cut to the most
+frequent
 target tokens plus, for each source token of the batch, its candidates here: a few thousand
 rows of fc3 instead of the whole vocabulary.
 

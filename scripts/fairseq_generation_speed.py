@@ -2,7 +2,7 @@
 own interpreter (the scratch environment of scripts/fairseq_fixtures.sh), never the project's.
 
 `python -m benchmarks.generation --reference-python /tmp/fairseq-ref-venv/bin/python ...` calls
-it once per timed round and beam, on an archive `convs2s.fairseq_interop.export_fairseq` wrote
+it once per timed round and beam, on an archive `convs2s.io.fairseq.export_fairseq` wrote
 from the same checkpoint (the dictionaries list the sentencepiece pieces in id order, so token
 ids are the same on both sides) and on the same batches (source ids, EOS-terminated; left
 padded here, as the reference's translation task pads sources):

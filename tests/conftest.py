@@ -64,9 +64,9 @@ def tiny_checkpoints(tmp_path_factory) -> dict:
     import pyarrow as pa
     import torch
 
-    from convs2s.checkpoint import save_checkpoint
+    from convs2s.io.checkpoint import save_checkpoint
     from convs2s.config import PRESETS
-    from convs2s.model import ConvS2S
+    from convs2s.model.network import ConvS2S
     from preprocessing.demo import translation_pairs
     from preprocessing.vocab import load, train_bpe
 
@@ -90,7 +90,7 @@ def tiny_checkpoints(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def demo_trained(tmp_path_factory, ray_session):
     """The demo corpus preprocessed (300-sentence valid and test splits) and a `small` ConvS2S
-    trained on it by `convs2s.train.fit` (1 worker, 450 updates: about 1.5 minutes on 2 CPUs;
+    trained on it by `convs2s.train.launch.fit` (1 worker, 450 updates: about 1.5 minutes on 2 CPUs;
     demo test BLEU about 35, against 15 at 300 updates and 60 at 600),
     logged to a sqlite MLflow store; plus an untrained checkpoint of the same shape and BPE
     (the BLEU baseline). Returns a namespace: prep, train (TrainResult), tracking_uri,
@@ -99,11 +99,11 @@ def demo_trained(tmp_path_factory, ray_session):
 
     import torch
 
-    from convs2s.checkpoint import save_checkpoint
+    from convs2s.io.checkpoint import save_checkpoint
     from convs2s.config import PRESETS, TrainConfig
-    from convs2s.model import ConvS2S
-    from convs2s.train import fit
-    from convs2s.train_job import TrainJob
+    from convs2s.model.network import ConvS2S
+    from convs2s.train.launch import fit
+    from convs2s.train.job import TrainJob
     from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
 
@@ -195,14 +195,14 @@ def rows_follow_the_plan():
     """check(record_dir, train_data, seed, shuffle_buffer, world, updates) -> replayed updates:
     which rows (not how many) each update of each rank trained, from the record the workers
     write under CONVS2S_TEST_RECORD_BATCHES. Every update 1..`updates` trained the rows that an
-    uninterrupted run's plan (convs2s.train_data) gives it, so each epoch trains every row
+    uninterrupted run's plan (convs2s.train.data) gives it, so each epoch trains every row
     once; an update recorded twice (lost with a dead worker group, trained again) trained the
     same rows both times. Returns the set of those replayed updates."""
     import json
 
     import pyarrow.parquet as pq
 
-    from convs2s.train_data import TrainFiles, epoch_rows
+    from convs2s.train.data import TrainFiles, epoch_rows
 
     def check(record: Path, train_data: str, seed: int, shuffle_buffer: int, world: int,
               updates: int) -> set[int]:

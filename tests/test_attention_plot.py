@@ -1,4 +1,5 @@
-"""Tests of convs2s.attention_plot: per-layer attention read by forward hooks, PNG heatmaps.
+"""Tests of convs2s.inference.attention_plot: per-layer attention read by forward hooks, PNG
+heatmaps.
 
 Run: .venv/bin/python -m pytest tests/test_attention_plot.py -q
 """
@@ -8,10 +9,10 @@ from __future__ import annotations
 import matplotlib.image
 import torch
 
-from convs2s.attention_plot import layer_attention, plot_attention
+from convs2s.inference.attention_plot import layer_attention, plot_attention
 from convs2s.cli import attention as main
 from convs2s.config import EOS, SearchConfig
-from convs2s.translate import load_for_inference
+from convs2s.inference.translate import load_for_inference
 
 SEARCH = SearchConfig(beam=2, max_len_a=0, max_len_b=6)
 

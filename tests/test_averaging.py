@@ -1,4 +1,4 @@
-"""Tests of convs2s.averaging (checkpoint weight averaging).
+"""Tests of convs2s.io.averaging (checkpoint weight averaging).
 
 Run: .venv/bin/python -m pytest tests/test_averaging.py -q
 """
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from convs2s.averaging import average_checkpoints, average_state_dicts
-from convs2s.checkpoint import load_checkpoint, save_checkpoint
+from convs2s.io.averaging import average_checkpoints, average_state_dicts
+from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
 from convs2s.cli import average as main
 from convs2s.config import PRESETS, SearchConfig
-from convs2s.translate import load_for_inference
+from convs2s.inference.translate import load_for_inference
 
 
 def test_average_of_identical_checkpoints_is_bit_identical(tiny_checkpoints, tmp_path):

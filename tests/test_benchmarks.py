@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.flops import TRAIN_MULTIPLIER, batch_flops, decoder_flops
 from benchmarks.report import RESULTS_DIR as RESULTS
 from convs2s.config import PAD, ModelConfig
-from convs2s.model import ConvS2S, inference_copy
+from convs2s.model.network import ConvS2S, inference_copy
 
 # Widths change (residual projections), a k=1 and a k=5 layer, attention in one layer only.
 ODD = ModelConfig(embed_dim=16, encoder_layers=[(16, 3), (24, 3), (24, 1)],

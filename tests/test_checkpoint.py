@@ -1,4 +1,4 @@
-"""Tests of convs2s.checkpoint: weights-only round trip, model restore without Ray, RNG state,
+"""Tests of convs2s.io.checkpoint: weights-only round trip, model restore without Ray, RNG state,
 listing / picking a run's checkpoints, and the atomic directory replacement used for best/.
 
 Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from convs2s.checkpoint import (
+from convs2s.io.checkpoint import (
     BEST_DIR,
     CHECKPOINT_FILE,
     SPM_FILE,
@@ -31,8 +31,8 @@ from convs2s.checkpoint import (
     save_checkpoint,
 )
 from convs2s.config import PRESETS, TrainConfig
-from convs2s.model import ConvS2S
-from convs2s.optim import LRSchedule, build_optimizer
+from convs2s.model.network import ConvS2S
+from convs2s.train.optim import LRSchedule, build_optimizer
 
 TINY = PRESETS["tiny"]()
 V = 50
@@ -83,8 +83,10 @@ def test_round_trip_is_weights_only_and_restores_the_model(tmp_path):
 def test_load_model_works_in_a_process_without_ray(tmp_path):
     model, opt, _ = _trained_model()
     d = save_checkpoint(tmp_path / "ck", _state(model, opt))
-    code = ("import sys; from convs2s.checkpoint import load_model; m, meta = load_model(sys.argv[1]);"
-            "assert 'ray' not in sys.modules, 'checkpoint loading imported ray'; print(meta['update'])")
+    code = ("import sys; from convs2s.io.checkpoint import load_model; "
+            "m, meta = load_model(sys.argv[1]);"
+            "assert 'ray' not in sys.modules, 'checkpoint loading imported ray'; "
+            "print(meta['update'])")
     out = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True, text=True,
                          timeout=120, check=False)
     assert out.returncode == 0, out.stderr
@@ -113,7 +115,7 @@ def test_a_rank_finds_its_cuda_rng_state_whatever_the_gpu_count():
     """A checkpoint holds the saving rank's own CUDA state (one entry); an older one held every
     visible GPU's. Restored onto a node with more or fewer GPUs: the device's own entry, or
     none, never an IndexError."""
-    from convs2s.checkpoint import cuda_state_for_device
+    from convs2s.io.checkpoint import cuda_state_for_device
 
     states = [torch.full((4,), i, dtype=torch.uint8) for i in range(8)]
     assert cuda_state_for_device([], 0) is None  # saved on CPU
@@ -146,7 +148,7 @@ def test_best_is_repaired_from_what_the_resumed_checkpoint_says(tmp_path):
     """A kill between reporting a checkpoint and copying it to best/ leaves best/ stale; one
     after copying a checkpoint that was never reported leaves best/ ahead of the resumed run.
     The resumed run makes best/ the kept checkpoint with the loss its checkpoint calls best."""
-    from convs2s.checkpoint import BEST_DIR, read_info, reconcile_best, replace_dir
+    from convs2s.io.checkpoint import BEST_DIR, read_info, reconcile_best, replace_dir
 
     run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True), (3, 360, 2.7, True)])
     replace_dir(run / checkpoint_dir_name(120), run / BEST_DIR)  # died before copying 240
@@ -205,7 +207,7 @@ class _Hostile:
 ])
 def test_random_bytes_are_unreadable_not_called_code(tmp_path, content, says):
     (tmp_path / CHECKPOINT_FILE).write_bytes(content())
-    from convs2s.checkpoint import CheckpointError
+    from convs2s.io.checkpoint import CheckpointError
 
     with pytest.raises(CheckpointError, match=says) as err:
         load_checkpoint(tmp_path)
@@ -219,7 +221,7 @@ def test_a_pickled_object_is_refused_as_code_without_torch_warnings(tmp_path, pr
     import pickle
     import warnings
 
-    from convs2s.checkpoint import CheckpointError
+    from convs2s.io.checkpoint import CheckpointError
 
     state = {"model": {}, "model_config": TINY.to_dict(), "hook": _Hostile()}
     file = tmp_path / CHECKPOINT_FILE

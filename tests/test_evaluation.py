@@ -1,7 +1,7 @@
 """Tests of workflows.evaluation: evaluation jobs, ensembling jobs, parallel Ray evaluation with
 one MLflow child run per (model, test set) pair.
 
-The slow tests evaluate the demo model trained for a few minutes by convs2s.train.fit
+The slow tests evaluate the demo model trained for a few minutes by convs2s.train.launch.fit
 (`demo_trained` in tests/conftest.py) on a local Ray (`ray_session`) and a sqlite MLflow store.
 
 Run: .venv/bin/python -m pytest tests/test_evaluation.py -q            (add -m "not slow")
@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from convs2s.checkpoint import (
+from convs2s.io.checkpoint import (
     best_checkpoint,
     checkpoint_dir_name,
     load_checkpoint,
     save_checkpoint,
 )
 from convs2s.config import SearchConfig, summarization_search
-from convs2s.scoring import read_lines
-from convs2s.translate import load_for_inference
+from convs2s.metrics.scoring import read_lines
+from convs2s.inference.translate import load_for_inference
 from workflows.evaluation import (
     EvalJob,
     TestSet,
@@ -38,7 +38,7 @@ SHORT = SearchConfig(beam=2, max_len_a=0, max_len_b=4)
 
 
 def fake_run(tiny_checkpoints, root: Path, updates: list[int], best: str) -> Path:
-    """A run directory laid out as convs2s.train leaves it, from the tiny checkpoints."""
+    """A run directory laid out as convs2s.train.launch leaves it, from the tiny checkpoints."""
     for i, u in enumerate(updates):
         state = load_checkpoint(tiny_checkpoints["ab"[i % 2]])
         state.update(update=u, epoch=i + 1, val_loss=float(10 - i))
@@ -92,7 +92,7 @@ def test_evaluate_job_without_ray(tiny_checkpoints, tmp_path):
         set(out["metrics"])
     assert out["metrics"]["sentences"] == 6 and len(out["hypotheses"]) == 6
     assert sorted(out["pngs"]) == ["attention_000.png", "attention_001.png"]
-    from convs2s.averaging import average_checkpoints
+    from convs2s.io.averaging import average_checkpoints
 
     avg = average_checkpoints([tiny_checkpoints["a"], tiny_checkpoints["b"]], tmp_path / "avg")
     assert out["hypotheses"] == load_for_inference([avg], search=SHORT).translate(

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from convs2s.checkpoint import load_model
+from convs2s.io.checkpoint import load_model
 from convs2s.config import EOS, PAD, SearchConfig
-from convs2s.fairseq_interop import (
+from convs2s.io.fairseq import (
     ARCHIVE_MODEL,
     FairseqImportError,
     convert_weights,
@@ -38,9 +38,9 @@ from convs2s.fairseq_interop import (
     read_reference_checkpoint,
     saved_arguments,
 )
-from convs2s.search import generate
-from convs2s.text_codec import codec_for_checkpoint
-from convs2s.translate import load_for_inference
+from convs2s.inference.search import generate
+from convs2s.io.text_codec import codec_for_checkpoint
+from convs2s.inference.translate import load_for_inference
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "fairseq"
 MODELS = ["iwslt", "mixed"]
@@ -206,7 +206,7 @@ def test_the_layout_benchmark_times_the_reference_on_the_same_sentences(tiny_che
     translator searches, in one process and in one process per shard, back in input order."""
     from benchmarks.generation_layout import reference_runner
     from convs2s.config import SearchConfig
-    from convs2s.translate import load_for_inference
+    from convs2s.inference.translate import load_for_inference
 
     lines = [s for s, _ in tiny_checkpoints["pairs"][:12]]
     settings = argparse.Namespace(cores=2, max_len_a=0.0, max_len_b=4, beam=3,
@@ -292,7 +292,7 @@ def test_layer_strings_are_read_as_literals_never_evaluated(tmp_path):
 def test_an_imported_model_averages_and_serves_like_a_trained_one(imported, tmp_path):
     """The slim copies that averaging, evaluation jobs and the MLflow model make carry the
     imported text pipeline (dictionaries, BPE codes, text.json)."""
-    from convs2s.averaging import average_checkpoints
+    from convs2s.io.averaging import average_checkpoints
 
     slim = average_checkpoints([imported["iwslt"]], tmp_path / "slim")
     assert {"text.json", "bpecodes", "dict.en.txt", "dict.de.txt"} <= \
@@ -305,8 +305,8 @@ def test_an_imported_model_averages_and_serves_like_a_trained_one(imported, tmp_
 def test_an_imported_model_is_logged_and_served_with_its_text_pipeline(imported, tmp_path):
     import mlflow
 
-    from convs2s.serving import log_translator
-    from convs2s.tracking import global_tracking_uri
+    from convs2s.serving.pyfunc import log_translator
+    from convs2s.tracking.runs import global_tracking_uri
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     recorded = json.loads((FIXTURES / "mixed" / "hub.json").read_text())
@@ -346,7 +346,7 @@ def test_an_evaluation_job_scores_an_imported_model_as_the_reference_would(impor
 
 def test_a_model_without_position_embeddings_is_not_exported(tiny_checkpoints, tmp_path):
     """Table 4's ablation has no fconv counterpart (the reference always adds positions)."""
-    from convs2s.checkpoint import load_checkpoint, save_checkpoint
+    from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
 
     state = load_checkpoint(tiny_checkpoints["a"])
     state["model_config"] = {**state["model_config"], "src_positions": False}

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from convs2s.fairseq_interop import import_fairseq
-from convs2s.text_codec import CheckpointVocabulary, codec_for_checkpoint
+from convs2s.io.fairseq import import_fairseq
+from convs2s.io.text_codec import CheckpointVocabulary, codec_for_checkpoint
 from workflows import multi30k_en_de
 from workflows.run_spec import SpecError, resolve
 from workflows.workflow_config import RunOptions
@@ -148,8 +148,8 @@ def test_fine_tuning_starts_where_the_imported_model_stands(fine_tuned, imported
     import sacrebleu
 
     from convs2s.config import SearchConfig
-    from convs2s.scoring import read_lines
-    from convs2s.translate import load_for_inference
+    from convs2s.metrics.scoring import read_lines
+    from convs2s.inference.translate import load_for_inference
 
     src = read_lines(new_data / "test_2016_flickr.en")
     ref = read_lines(new_data / "test_2016_flickr.de")
@@ -169,7 +169,7 @@ def test_fine_tuning_starts_where_the_imported_model_stands(fine_tuned, imported
 
 def test_fine_tuned_checkpoints_keep_the_vocabulary_and_carry_its_text_pipeline(
         fine_tuned, imported):
-    from convs2s.checkpoint import load_checkpoint
+    from convs2s.io.checkpoint import load_checkpoint
 
     best = fine_tuned["run_dir"] / "train" / "best"
     for name in ("text.json", "bpecodes", "dict.en.txt", "dict.de.txt"):

@@ -289,7 +289,7 @@ def test_runtime_env_excludes_heavy_paths(tmp_path):
 
     # A checkout with every heavy path, packaged by Ray's own zip routine with our excludes.
     tree = tmp_path / "checkout"
-    keep = ["convs2s/model.py", "workflows/wmt14_en_fr.py", "preprocessing/data.py",
+    keep = ["convs2s/model/network.py", "workflows/wmt14_en_fr.py", "preprocessing/data.py",
             "convs2s/data/readme.txt", "infra/runtime_env.yaml"]
     drop = [".venv/lib/torch.so", ".git/objects/ab", "data/wmt14/train.parquet",
             "runs/exp1/checkpoint_000/checkpoint.pt", "mlruns/0/meta.yaml", "mlflow.db",
@@ -307,7 +307,7 @@ def test_real_checkout_packages_small(tmp_path):
 
     env = load("runtime_env.yaml")
     names = _zip_names(REPO, env["excludes"], tmp_path, include_gitignore=True)
-    assert "convs2s/scoring.py" in names and "infra/runtime_env.yaml" in names
+    assert "convs2s/metrics/scoring.py" in names and "infra/runtime_env.yaml" in names
     assert not [n for n in names if n.startswith((".venv/", ".git/")) or n.endswith(".pt")]
     size = (tmp_path / "pkg.zip").stat().st_size
     assert size < PACKAGE_SIZE_WARNING, f"working_dir package is {size / 2**20:.0f} MiB"

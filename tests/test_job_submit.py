@@ -66,7 +66,7 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
         "session_2*/runtime_resources/working_dir_files/_ray_pkg_*") if p.is_dir()]
     assert len(pkgs) == 1, pkgs
     names = {p.relative_to(pkgs[0]).as_posix() for p in pkgs[0].rglob("*")}
-    assert "workflows/orchestrate.py" in names and "convs2s/model.py" in names
+    assert "workflows/orchestrate.py" in names and "convs2s/model/network.py" in names
     heavy = [n for n in names if n.split("/")[0] in (".venv", "runs", "mlruns", "mlartifacts")
              or n.endswith((".db", ".pt"))]
     assert not heavy, heavy[:10]

@@ -1,6 +1,8 @@
 """The package layout as a specification: imports flow workflows -> {preprocessing, convs2s};
-the model, its convolution and the search import only torch and torch-free project modules;
-settings modules import neither torch nor Ray; library modules carry no command line.
+convs2s/ is in parts (model, io, inference, train, tracking, serving, metrics) that import
+downwards only; no import cycle anywhere; the model, its convolution and the search import only
+torch and torch-free project modules; settings modules import neither torch nor Ray; library
+modules carry no command line.
 
     .venv/bin/python -m pytest tests/test_layout.py -q
 """
@@ -42,16 +44,129 @@ def test_imports_flow_one_way(package, forbidden):
         assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
 
 
-@pytest.mark.parametrize("name", ["model", "layers", "conv", "search", "loss"])
-def test_model_and_search_import_only_torch(name):
-    allowed_project = {"convs2s.config", "convs2s.layers", "convs2s.conv", "convs2s.loss"}
-    for mod in _imports(REPO / "convs2s" / f"{name}.py"):
+# What each part of convs2s/ may import of the others (its __init__ docstring says the same):
+# the architecture's layers, bottom up. cli.py and __main__.py sit on top and may import any.
+LAYERS = {
+    "convs2s.config": set(),
+    "convs2s.precision": set(),
+    "convs2s.metrics": set(),
+    "convs2s.tracking": set(),
+    "convs2s.model": {"convs2s.config"},
+    "convs2s.io": {"convs2s.config", "convs2s.model"},
+    "convs2s.inference": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io"},
+    "convs2s.train": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io",
+                      "convs2s.tracking"},
+    "convs2s.serving": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io",
+                        "convs2s.inference", "convs2s.tracking"},
+}
+TOP = {"convs2s/cli.py", "convs2s/__main__.py", "convs2s/__init__.py"}
+
+
+def _part(module: str) -> str | None:
+    """The LAYERS key a dotted project module belongs to."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and ".".join(parts[:2]) in LAYERS else None
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(parts)
+
+
+def test_every_module_of_convs2s_belongs_to_one_part():
+    for path in _modules("convs2s"):
+        rel = str(path.relative_to(REPO))
+        assert rel in TOP or _part(_module_name(path)) is not None, \
+            f"{rel}: put it in one of {sorted(LAYERS)} (tests/test_layout.py LAYERS)"
+
+
+def test_the_parts_of_convs2s_import_downwards_only():
+    for path in _modules("convs2s"):
+        rel = str(path.relative_to(REPO))
+        if rel in TOP:
+            continue
+        own = _part(_module_name(path))
+        for mod in _imports(path):
+            other = _part(mod) if mod.startswith("convs2s.") else None
+            if mod.startswith("convs2s.") and other is None:
+                raise AssertionError(f"{rel} imports {mod}: only cli.py imports the command line")
+            assert other is None or other == own or other in LAYERS[own], \
+                f"{rel} ({own}) imports {mod} ({other}): allowed {sorted(LAYERS[own])}"
+
+
+@pytest.mark.parametrize("path", ["convs2s/model/network.py", "convs2s/model/layers.py",
+                                  "convs2s/model/conv.py", "convs2s/model/loss.py",
+                                  "convs2s/inference/search.py"])
+def test_model_and_search_import_only_torch(path):
+    for mod in _imports(REPO / path):
         top = mod.split(".")[0]
-        assert top == "torch" or top in STDLIB_OK or mod in allowed_project, \
-            f"convs2s/{name}.py imports {mod}"
+        assert top == "torch" or top in STDLIB_OK or mod == "convs2s.config" \
+            or mod.startswith("convs2s.model."), f"{path} imports {mod}"
 
 
-@pytest.mark.parametrize("path", ["convs2s/config.py", "convs2s/train_job.py",
+def _project_graph() -> dict[str, set[str]]:
+    """Every project module -> the project modules it imports, anywhere in it (function-level
+    imports too: a cycle through a lazy import is still a cycle). `from pkg import name`
+    counts as importing pkg.name where that is a module."""
+    paths = [p for pkg in ("convs2s", "preprocessing", "workflows", "benchmarks")
+             for p in _modules(pkg)]
+    modules = {_module_name(p): p for p in paths}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                base = node.module if node.level == 0 else \
+                    ".".join(name.split(".")[:-node.level] + [node.module])
+                subs = {f"{base}.{a.name}" for a in node.names} & modules.keys()
+                deps.update(subs or ({base} & modules.keys()))
+        graph[name] = deps - {name}
+    return graph
+
+
+def test_no_import_cycles_anywhere_in_the_project():
+    graph = _project_graph()
+    # Tarjan's strongly connected components: a component of more than one module is a cycle.
+    index, low, stack, on, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            # a package's __init__ re-exporting its own submodule is not a cycle of design
+            if len(comp) > 1 and not _package_reexport(comp):
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def _package_reexport(comp: list[str]) -> bool:
+    return len(comp) == 2 and (comp[0].startswith(comp[1] + ".")
+                               or comp[1].startswith(comp[0] + "."))
+
+
+@pytest.mark.parametrize("path", ["convs2s/config.py", "convs2s/train/job.py",
                                   "preprocessing/config.py", "workflows/workflow_config.py"])
 def test_settings_modules_are_light(path):
     heavy = {"torch", "ray", "sentencepiece", "mlflow", "pyarrow"}

@@ -94,10 +94,10 @@ def test_each_evaluated_checkpoint_is_a_logged_model_ranked_by_its_scores(smoke_
 def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_path):
     import mlflow
 
-    from convs2s.averaging import average_checkpoints
-    from convs2s.checkpoint import list_checkpoints, pick_checkpoints
-    from convs2s.scoring import read_lines
-    from convs2s.translate import load_for_inference
+    from convs2s.io.averaging import average_checkpoints
+    from convs2s.io.checkpoint import list_checkpoints, pick_checkpoints
+    from convs2s.metrics.scoring import read_lines
+    from convs2s.inference.translate import load_for_inference
     from workflows import wmt14_en_fr
 
     w = smoke_workflow
@@ -144,7 +144,7 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
     from mlflow.tracking import MlflowClient
 
     from workflows.lineage import register_champion
-    from workflows.orchestrate import EvalScore
+    from workflows.engine import EvalScore
 
     w = smoke_workflow
     client = MlflowClient(w.tracking_uri)
@@ -183,7 +183,7 @@ def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
     from mlflow.tracking import MlflowClient
 
     from workflows.lineage import DIGEST_TAG, register_champion
-    from workflows.orchestrate import EvalScore
+    from workflows.engine import EvalScore
 
     w = smoke_workflow
     client = MlflowClient(w.tracking_uri)

@@ -1,4 +1,4 @@
-"""Tests of convs2s.loss: the fused output-layer loss used in training equals the plain
+"""Tests of convs2s.model.loss: the fused output-layer loss used in training equals the plain
 definition (`sequence_loss` on the logits) in value and gradient, whatever the chunking.
 
 Run: .venv/bin/python -m pytest tests/test_loss.py -q
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import convs2s.loss as loss_module
+import convs2s.model.loss as loss_module
 from convs2s.config import EOS, PAD, PRESETS
-from convs2s.loss import output_layer_loss, sequence_loss
-from convs2s.model import ConvS2S
+from convs2s.model.loss import output_layer_loss, sequence_loss
+from convs2s.model.network import ConvS2S
 
 
 def _problem(B=3, T=7, C=5, V=11, seed=0, dtype=torch.float32, device="cpu"):

@@ -1,4 +1,5 @@
-"""Tests of convs2s.model: shapes, parameter counts, causality, padding invariance, incremental
+"""Tests of convs2s.model.network: shapes, parameter counts, causality, padding invariance,
+incremental
 decoding parity, initialization, bf16 autocast (GPU) and torch.compile.
 
 Run: .venv/bin/python -m pytest tests/test_model.py -q
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from convs2s.config import EOS, PAD, PRESETS, ModelConfig
-from convs2s.model import ConvS2S, inference_copy
+from convs2s.model.network import ConvS2S, inference_copy
 
 TINY = PRESETS["tiny"]()
 
@@ -420,7 +421,7 @@ def test_incremental_step_cost_does_not_grow_with_the_prefix():
 def test_convolution_matches_conv1d_and_its_gradient(kernel, causal, T):
     """The windowed-GEMM convolution equals F.conv1d with the same padding; the hand-written
     window backward passes gradcheck."""
-    from convs2s.conv import Conv, _Windows
+    from convs2s.model.conv import Conv, _Windows
 
     torch.manual_seed(kernel * 10 + T)
     conv = Conv(4, 6, kernel, causal, dropout=0.0).double()
@@ -433,7 +434,7 @@ def test_convolution_matches_conv1d_and_its_gradient(kernel, causal, T):
 
 
 def test_dropout_keeps_the_expected_share_and_scale():
-    from convs2s.layers import dropout
+    from convs2s.model.layers import dropout
 
     torch.manual_seed(0)
     x = torch.ones(200, 1000)

@@ -419,11 +419,11 @@ def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> f
     untrained model never ends a sentence)."""
     import torch
 
-    from convs2s.checkpoint import load_checkpoint, save_checkpoint
+    from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
     from convs2s.config import SearchConfig
-    from convs2s.model import ConvS2S
-    from convs2s.scoring import score_translation
-    from convs2s.translate import load_for_inference
+    from convs2s.model.network import ConvS2S
+    from convs2s.metrics.scoring import score_translation
+    from convs2s.inference.translate import load_for_inference
 
     state = load_checkpoint(best)
     torch.manual_seed(0)
@@ -440,7 +440,7 @@ def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> f
 def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30k_slice):
     from mlflow.tracking import MlflowClient
 
-    from convs2s.scoring import read_lines
+    from convs2s.metrics.scoring import read_lines
 
     client = MlflowClient(budget_run["uri"])
     exp = client.get_experiment_by_name("multi30k_en_de")

@@ -1,4 +1,5 @@
-"""Tests of convs2s.optim and convs2s.loss: the paper's annealing rule (lr trajectory for a given
+"""Tests of convs2s.train.optim and convs2s.model.loss: the paper's annealing rule (lr trajectory
+for a given
 validation sequence), the reference's fixed schedule, warmup, gradient renormalization, the
 Nesterov update, and the token-summed loss with label smoothing.
 
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from convs2s.config import PAD, TrainConfig
-from convs2s.loss import sequence_loss
-from convs2s.optim import LRSchedule, build_optimizer, clip_gradients
+from convs2s.model.loss import sequence_loss
+from convs2s.train.optim import LRSchedule, build_optimizer, clip_gradients
 
 
 def trajectory(schedule: LRSchedule, val_losses: list[float]) -> tuple[list[float], int]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convs2s.checkpoint import load_model, save_checkpoint
+from convs2s.io.checkpoint import load_model, save_checkpoint
 from convs2s.config import EOS, PRESETS, TrainConfig
-from convs2s.collate import collate_lists
-from convs2s.model import ConvS2S
-from convs2s.optim import build_optimizer
+from convs2s.train.collate import collate_lists
+from convs2s.model.network import ConvS2S
+from convs2s.train.optim import build_optimizer
 from convs2s.precision import (
     OVERRIDE_ENV,
     Precision,
@@ -24,7 +24,7 @@ from convs2s.precision import (
     cpu_native_bf16,
     decide,
 )
-from convs2s.update import Comm, autocast_for, train_update, validate
+from convs2s.train.update import Comm, autocast_for, train_update, validate
 
 CPU = torch.device("cpu")
 V = 40

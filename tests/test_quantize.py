@@ -1,4 +1,5 @@
-"""Inference precision (convs2s.quantize): int8 and bf16 copies of a trained model translate
+"""Inference precision (convs2s.inference.quantize): int8 and bf16 copies of a trained model
+translate
 like its float32 weights (the same hypotheses on most sentences, scores close), every matrix
 product of an int8 copy is int8, and what cannot be served says so.
 
@@ -20,12 +21,12 @@ import torch
 import torch.nn as nn
 
 from convs2s.config import PRESETS, SearchConfig
-from convs2s.conv import Conv
-from convs2s.model import ConvS2S, inference_copy
-from convs2s import quantize
-from convs2s.quantize import Int8Linear, PrecisionError, for_inference
-from convs2s.scoring import read_lines
-from convs2s.translate import load_for_inference
+from convs2s.model.conv import Conv
+from convs2s.model.network import ConvS2S, inference_copy
+from convs2s.inference import quantize
+from convs2s.inference.quantize import Int8Linear, PrecisionError, for_inference
+from convs2s.metrics.scoring import read_lines
+from convs2s.inference.translate import load_for_inference
 
 
 def test_an_int8_linear_layer_is_close_to_its_float_weights():
@@ -45,7 +46,7 @@ def test_an_int8_linear_layer_is_close_to_its_float_weights():
 # host by FBGEMM_ENABLE_INSTRUCTIONS, with the CPU-flag probe saying "no VNNI" (what such a host
 # reads from /proc/cpuinfo). The kernels sum u8 x s8 pairs in 16 bits (`vpmaddubsw`).
 _AVX2_ENV = {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
-_NO_VNNI = "import convs2s.quantize as q; q.has_int8_dot_products = lambda: False\n"
+_NO_VNNI = "import convs2s.inference.quantize as q; q.has_int8_dot_products = lambda: False\n"
 _x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                           reason="fbgemm's AVX2 kernels exist on x86-64 CPUs only")
 
@@ -60,7 +61,7 @@ def _python(code: str, env: dict) -> dict:
 
 _SATURATION = _NO_VNNI + """
 import json, torch, warnings
-from convs2s.quantize import Int8Linear, weight_levels
+from convs2s.inference.quantize import Int8Linear, weight_levels
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
 x = torch.rand(64, 512) * 4 + 1.0  # positive and wide: u8 activations near 255
@@ -92,8 +93,8 @@ def test_int8_on_a_cpu_without_int8_dot_products_never_saturates():
 _TRANSLATE = _NO_VNNI + """
 import json, sys
 from convs2s.config import SearchConfig
-from convs2s.scoring import read_lines
-from convs2s.translate import load_for_inference
+from convs2s.metrics.scoring import read_lines
+from convs2s.inference.translate import load_for_inference
 ckpt, src = sys.argv[1:3]
 lines = read_lines(src)[:60]
 fp32 = load_for_inference([ckpt], SearchConfig(beam=5)).translate_full(lines)
@@ -193,12 +194,12 @@ def test_int8_without_kernels_fails_clearly_or_falls_back_to_fp32_only_when_aske
                                              "--precision-fallback fp32"):
         load_for_inference(ckpt, SearchConfig(beam=2, precision="int8"))
     # asked: one warning, float32 weights, and the translator says what it serves
-    caplog.set_level("WARNING", logger="convs2s.quantize")
+    caplog.set_level("WARNING", logger="convs2s.inference.quantize")
     tr = load_for_inference(ckpt, SearchConfig(beam=2, precision="int8",
                                                precision_fallback="fp32"))
     assert tr.search.precision == "fp32" and tr.models[0].precision == "fp32"
     assert tr.translate(lines) == fp32
-    warned = [r.getMessage() for r in caplog.records if r.name == "convs2s.quantize"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "convs2s.inference.quantize"]
     assert len(warned) == 1 and warned[0].startswith("int8 inference is not available here")
     assert "serving fp32" in warned[0]
     # the command line: exit 2 with one error line, or the fallback when the flag asks for it

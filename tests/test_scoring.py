@@ -1,4 +1,4 @@
-"""convs2s.scoring against the tools themselves, on real test sets from ../shared/data.
+"""convs2s.metrics.scoring against the tools themselves, on real test sets from ../shared/data.
 
 References are real newstest / Gigaword files; hypotheses are a deterministic perturbation of
 them (words dropped, swapped, replaced with a seeded RNG). The oracles are the `sacrebleu` and
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer
 
-from convs2s import scoring
+from convs2s.metrics import scoring
 
 BIN = Path(sys.executable).parent  # .venv/bin: sacrebleu and sacremoses CLIs live beside python
 

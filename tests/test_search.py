@@ -1,4 +1,5 @@
-"""Tests of convs2s.search (greedy, beam search, ensembles) and convs2s.unk_replace.
+"""Tests of convs2s.inference.search (greedy, beam search, ensembles) and
+convs2s.inference.unk_replace.
 
 Beam search is checked against a plain one-sentence-at-a-time reference written here from the
 rules (reference-facts §6), on a model trained for a few seconds so that its distributions are
@@ -16,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from convs2s.config import BOS, EOS, PAD, PRESETS, UNK, ModelConfig
-from convs2s.model import ConvS2S, inference_copy
-from convs2s.search import generate, greedy
-from convs2s.unk_replace import load_dictionary, replace_unknowns
+from convs2s.model.network import ConvS2S, inference_copy
+from convs2s.inference.search import generate, greedy
+from convs2s.inference.unk_replace import load_dictionary, replace_unknowns
 
 VOCAB = 24  # 4 special ids + 20 words
 
@@ -289,7 +290,7 @@ def test_replace_unknowns(tmp_path):
 
 @pytest.mark.parametrize("V", [8000, 8003, 24, 1000])
 def test_best_candidates_equal_a_full_topk(V):
-    from convs2s.search import _best_candidates
+    from convs2s.inference.search import _best_candidates
 
     torch.manual_seed(V)
     A, K, k = 3, 5, 10

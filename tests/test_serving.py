@@ -1,4 +1,5 @@
-"""Tests of convs2s.serving: the translator logged as an MLflow pyfunc model, registered with an
+"""Tests of convs2s.serving.pyfunc: the translator logged as an MLflow pyfunc model, registered
+with an
 alias, loaded in a fresh process, and served over HTTP by `mlflow models serve`.
 
 Run: .venv/bin/python -m pytest tests/test_serving.py -q
@@ -21,9 +22,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from convs2s.config import SearchConfig
-from convs2s.scoring import read_lines
-from convs2s.serving import FALLBACK_TAG, PRECISION_TAG, log_translator
-from convs2s.translate import load_for_inference
+from convs2s.metrics.scoring import read_lines
+from convs2s.serving.pyfunc import FALLBACK_TAG, PRECISION_TAG, log_translator
+from convs2s.inference.translate import load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
 LOAD_AND_PREDICT = """
@@ -55,7 +56,8 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     lex = tmp_path / "lex.txt"
     lex.write_text("cat CHAT\n")
-    # served with int8 weights (convs2s.quantize), as the logged model says; float32 only on a
+    # served with int8 weights (convs2s.inference.quantize), as the logged model says; float32 only
+    # on a
     # machine without int8 kernels (asked for, and tagged)
     search = SearchConfig(beam=2, max_len_a=0, max_len_b=4, replace_unk=True,
                           dictionary=str(lex), precision="int8", precision_fallback="fp32")

@@ -1,6 +1,7 @@
 """Vocabulary selection: the lexical table's counts are exact on a tiny corpus (preprocessing
 /lexical.py, on Ray Data), a batch's shortlist holds the specials, the frequent targets and
-each source token's candidates (convs2s.shortlist), a search over the whole vocabulary given as
+each source token's candidates (convs2s.inference.shortlist), a search over the whole vocabulary
+given as
 a shortlist is the plain search, a trained model searched over its data's shortlists (float32
 and int8) gives the whole vocabulary's hypotheses on most sentences, and a table of other data
 is refused.
@@ -19,11 +20,11 @@ import pytest
 import torch
 
 from convs2s.config import EOS, PRESETS, SearchConfig
-from convs2s.model import ConvS2S, inference_copy
-from convs2s.scoring import read_lines
-from convs2s.search import generate, greedy
-from convs2s.shortlist import Shortlist, ShortlistError
-from convs2s.translate import load_for_inference
+from convs2s.model.network import ConvS2S, inference_copy
+from convs2s.metrics.scoring import read_lines
+from convs2s.inference.search import generate, greedy
+from convs2s.inference.shortlist import Shortlist, ShortlistError
+from convs2s.inference.translate import load_for_inference
 from preprocessing.lexical import TABLE_FILE, best_targets, cooccurrence_block, vocab_digest
 
 # Four encoded pairs (ids >= 4 are pieces; EOS ends each side).

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from convs2s.config import PRESETS
-from convs2s.model import ConvS2S
-from workflows import multi30k_en_de, orchestrate
+from convs2s.model.network import ConvS2S
+from workflows import engine, multi30k_en_de, orchestrate
 from workflows.ablations import BASELINE, SWEEPS, SweepError, table4, table5, variants_for
 from workflows.sweep import mean_sd, resolve_sweep, run_sweep, summary_table
 from workflows.workflow_config import RunOptions
@@ -120,7 +120,7 @@ def test_a_bad_sweep_request_is_one_line_before_ray_starts(args, says, tmp_path,
     def no_ray(*a, **k):
         raise AssertionError("Ray was started for a request refused up front")
 
-    monkeypatch.setattr(orchestrate, "_start_ray", no_ray)
+    monkeypatch.setattr(engine, "start_ray", no_ray)
     rc, out, err = _main(["--preset", "smoke", "--storage-path", str(tmp_path), *args])
     lines = err.strip().splitlines()
     assert rc == 2 and says in lines[-1], err  # argparse style: usage, then one error line
@@ -210,8 +210,8 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
         ray_session, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from convs2s.checkpoint import best_checkpoint, list_checkpoints, load_model
-    from convs2s.model import inference_copy
+    from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, load_model
+    from convs2s.model.network import inference_copy
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = multi30k_en_de.smoke()

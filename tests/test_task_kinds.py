@@ -6,7 +6,7 @@ import json
 import pytest
 
 from convs2s import cli
-from convs2s.task_kinds import KINDS, RUN_METRICS, SUMMARIZATION, TRANSLATION, task_kind
+from convs2s.metrics.task_kinds import KINDS, RUN_METRICS, SUMMARIZATION, TRANSLATION, task_kind
 
 HYPS = ["the cat sat on the mat .", "a dog runs in the park ."]
 REFS = ["the cat sat on a mat .", "a dog is running in the park ."]

@@ -1,4 +1,4 @@
-"""Tests of convs2s.tracking on a real MLflow sqlite store and on a dead tracking server
+"""Tests of convs2s.tracking.runs on a real MLflow sqlite store and on a dead tracking server
 (a closed loopback port): run lookup by key, params, no duplicate steps after a restart,
 local metrics.jsonl, bounded time and one warning when the server is unreachable.
 
@@ -15,8 +15,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from convs2s.run_logger import RunLogger, read_local_metrics
-from convs2s.tracking import (
+from convs2s.tracking.run_logger import RunLogger, read_local_metrics
+from convs2s.tracking.runs import (
     RUN_KEY_TAG,
     end_run,
     find_or_create_run,
@@ -71,7 +71,7 @@ def test_params_flatten_and_keep_their_first_value(sqlite_uri, caplog):
     params = flatten_params({"model": {"embed_dim": 32, "layers": [[32, 3]]}, "seed": 1})
     assert params == {"model.embed_dim": "32", "model.layers": "[[32, 3]]", "seed": "1"}
     log_params(sqlite_uri, run, params)
-    with caplog.at_level(logging.WARNING, logger="convs2s.tracking"):
+    with caplog.at_level(logging.WARNING, logger="convs2s.tracking.runs"):
         log_params(sqlite_uri, run, {**params, "seed": "2", "new": "x"})
     got = MlflowClient(sqlite_uri).get_run(run).data.params
     assert got["seed"] == "1" and got["new"] == "x"
@@ -102,12 +102,12 @@ def test_restarted_logger_skips_steps_already_logged(sqlite_uri, tmp_path):
 
 def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri, tmp_path,
                                                                         caplog, monkeypatch):
-    from convs2s import tracking
+    from convs2s.tracking import runs as tracking
 
     saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_TIMEOUT",
                                             "MLFLOW_HTTP_REQUEST_MAX_RETRIES")}
     monkeypatch.setattr(tracking, "_WARNED", set())  # a fresh process
-    with caplog.at_level(logging.WARNING, logger="convs2s.tracking"):
+    with caplog.at_level(logging.WARNING, logger="convs2s.tracking.runs"):
         t0 = time.monotonic()
         assert find_or_create_run(dead_uri, "exp", run_key="k", run_name="r") is None
         assert find_or_create_run(dead_uri, "exp", run_key="k2", run_name="r2") is None
@@ -115,7 +115,7 @@ def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri
         # Driver-side bounds are temporary: the caller's environment is left as it was.
         assert {k: os.environ.get(k) for k in saved} == saved
         # One warning per process, however many calls fail.
-        said = [r.getMessage() for r in caplog.records if r.name == "convs2s.tracking"]
+        said = [r.getMessage() for r in caplog.records if r.name == "convs2s.tracking.runs"]
         assert len(said) == 1 and f"MLflow tracking at {dead_uri} is unavailable" in said[0]
         caplog.clear()
         monkeypatch.setattr(tracking, "_WARNED", set())  # the training worker's process
@@ -138,7 +138,7 @@ def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri
 def test_experiments_are_marked_as_model_training(sqlite_uri):
     """MLflow 3's UI opens an unmarked experiment on its GenAI overview; ours open on runs. An
     experiment made without the mark gets it; a kind someone chose is kept."""
-    from convs2s.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING, get_or_create_experiment
+    from convs2s.tracking.runs import EXPERIMENT_KIND_TAG, MODEL_TRAINING, get_or_create_experiment
 
     client = MlflowClient(sqlite_uri)
     new = get_or_create_experiment(sqlite_uri, "new")
@@ -152,7 +152,7 @@ def test_experiments_are_marked_as_model_training(sqlite_uri):
 
 
 def test_dataset_inputs_and_model_linked_metrics(sqlite_uri):
-    from convs2s.tracking import DatasetRecord, log_final_metrics, log_inputs
+    from convs2s.tracking.runs import DatasetRecord, log_final_metrics, log_inputs
 
     client = MlflowClient(sqlite_uri)
     run_id = find_or_create_run(sqlite_uri, "exp", run_key="/runs/d", run_name="d")

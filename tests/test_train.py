@@ -1,4 +1,5 @@
-"""End-to-end tests of convs2s.train on Ray Train (2 CPU workers, gloo) with the tiny preset on
+"""End-to-end tests of convs2s.train.launch on Ray Train (2 CPU workers, gloo) with the tiny preset
+on
 the demo corpus from the real preprocessing pipeline (the session `demo_batches` fixture):
 learning + MLflow + checkpoints, 2-worker == 1-process parity of an update, a worker killed
 mid-epoch (the `CrashInjection` test hook) + a rerun of the same job, an unreachable tracking
@@ -19,17 +20,17 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from convs2s.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
-from convs2s.collate import collate_arrow
+from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
+from convs2s.train.collate import collate_arrow
 from convs2s.config import PRESETS, TrainConfig
-from convs2s.model import ConvS2S
-from convs2s.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.model.network import ConvS2S
+from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import choose
-from convs2s.run_logger import read_local_metrics
-from convs2s.tracking import RUN_KEY_TAG
-from convs2s.train import fit
-from convs2s.train_job import TrainJob
-from convs2s.train_worker import (
+from convs2s.tracking.run_logger import read_local_metrics
+from convs2s.tracking.runs import RUN_KEY_TAG
+from convs2s.train.launch import fit
+from convs2s.train.job import TrainJob
+from convs2s.train.trainer import (
     CRASH_AT_UPDATE_ENV,
     CRASH_MARKER,
     CRASH_RANK_ENV,
@@ -38,7 +39,7 @@ from convs2s.train_worker import (
     RECORD_BATCHES_ENV,
     CrashInjection,
 )
-from convs2s.update import Comm, train_update
+from convs2s.train.update import Comm, train_update
 
 pytestmark = pytest.mark.slow
 TINY = PRESETS["tiny"]()
@@ -105,7 +106,7 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
 def test_each_training_node_logs_its_utilization_to_the_run(trained):
     """MLflow system metrics, sampled by one worker per node (2 workers here, one node),
     named after the node."""
-    from convs2s.system_metrics import node_name
+    from convs2s.tracking.system_metrics import node_name
 
     job, result = trained
     client = MlflowClient(job.tracking_uri)

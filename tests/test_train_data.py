@@ -1,4 +1,4 @@
-"""The training rows' plan as a specification (convs2s.train_data): every epoch each row is
+"""The training rows' plan as a specification (convs2s.train.data): every epoch each row is
 trained by exactly one rank, in an order that depends only on the files, the seed, the epoch
 and the number of ranks, so a resumed run trains exactly the rows its epoch had left, on the
 same or on another number of ranks; and the reader returns exactly the planned rows.
@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from convs2s.train_data import TrainFiles, epoch_rows, read_rows, resumed_rows
+from convs2s.train.data import TrainFiles, epoch_rows, read_rows, resumed_rows
 
 
 @pytest.fixture

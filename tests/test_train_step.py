@@ -1,5 +1,5 @@
 """Tests of the torch-only training pieces: collate (shard row -> padded tensors) and one
-data-parallel update (convs2s.update), including a 2-process gloo DDP run that must match the
+data-parallel update (convs2s.train.update), including a 2-process gloo DDP run that must match the
 single-process update on the union of the batches, with uneven micro-batch counts per rank.
 
 Run: .venv/bin/python -m pytest tests/test_train_step.py -q
@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from convs2s.collate import collate_arrow, collate_lists, pad_right
+from convs2s.train.collate import collate_arrow, collate_lists, pad_right
 from convs2s.config import EOS, PAD, PRESETS, TrainConfig
-from convs2s.loss import sequence_loss
-from convs2s.model import ConvS2S
-from convs2s.optim import build_optimizer
-from convs2s.update import Comm, train_update, validate
+from convs2s.model.loss import sequence_loss
+from convs2s.model.network import ConvS2S
+from convs2s.train.optim import build_optimizer
+from convs2s.train.update import Comm, train_update, validate
 
 V = 40
 SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),
@@ -189,7 +189,7 @@ def test_loss_falls_on_a_repeated_batch():
 
 
 def test_meter_reports_per_token_means_and_excludes_paused_time():
-    from convs2s.progress import TrainMeter, format_eta, progress_line
+    from convs2s.train.meter import TrainMeter, format_eta, progress_line
 
     batches = make_batches(3, 2)
     model = fresh_model()

@@ -1,7 +1,8 @@
-"""Tests of convs2s.translate: the Translator API and the convs2s-translate command line.
+"""Tests of convs2s.inference.translate: the Translator API and the convs2s-translate command line.
 
 Fast tests use randomly initialised `tiny` checkpoints (tests/conftest.py `tiny_checkpoints`);
-the slow ones use the demo model trained for a few minutes by convs2s.train.fit (`demo_trained`)
+the slow ones use the demo model trained for a few minutes by convs2s.train.launch.fit
+(`demo_trained`)
 and check that translating through the command line beats an untrained model by far.
 
 Run: .venv/bin/python -m pytest tests/test_translate.py -q            (add -m "not slow")
@@ -19,8 +20,8 @@ import torch
 
 from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
-from convs2s.scoring import read_lines, score_translation
-from convs2s.translate import CheckpointError, batches_by_budget, load_for_inference
+from convs2s.metrics.scoring import read_lines, score_translation
+from convs2s.inference.translate import CheckpointError, batches_by_budget, load_for_inference
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models
@@ -90,7 +91,7 @@ def test_a_token_budget_cuts_batches_without_changing_translations(tiny_checkpoi
 def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):
     tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT)
     long_line = " ".join(s for s, _ in tiny_checkpoints["pairs"][:60])  # > 256 pieces
-    with caplog.at_level(logging.WARNING, logger="convs2s.translate"):
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
         out = tr.translate_full(["a cat .", long_line])
     assert out[1].truncated and not out[0].truncated
     assert len(out[1].src_pieces) == tr.max_positions - 1  # + EOS = 256 positions

@@ -367,7 +367,8 @@ def test_bad_flag_values_are_refused_up_front_with_one_line(flags, says, capsys)
 
 
 def test_summary_aligns_long_names_and_says_where_metrics_went_without_tracking():
-    from workflows.orchestrate import EvalScore, WorkflowResult, summary
+    from workflows.engine import EvalScore, WorkflowResult
+    from workflows.orchestrate import summary
 
     scores = [EvalScore("best", "test_2016_flickr", {"bleu": 38.1, "bleu_tokenized": 38.0,
                                                      "chrf": 63.2}, None, "/r/eval/a"),
@@ -479,7 +480,7 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     their MLflow runs to there (so the new training gets new runs) and says so on the parent;
     a larger budget alone is a continuation, recorded on the parent. Real sqlite store and
     files, no training."""
-    from convs2s.tracking import RUN_KEY_TAG, find_or_create_run, run_key
+    from convs2s.tracking.runs import RUN_KEY_TAG, find_or_create_run, run_key
     from workflows.run_state import StageContext, record_settings, reuse_problem
     from workflows.run_tree import RunTree
 
@@ -563,7 +564,7 @@ def test_accelerator_type_needs_gpus_and_reaches_the_training_job():
 
 
 def test_gpus_are_counted_per_gpu_model_on_alive_nodes():
-    from workflows.orchestrate import gpus_of
+    from workflows.cluster import gpus_of
 
     nodes = [{"Alive": True, "Resources": {"CPU": 48.0, "GPU": 4.0,
                                            "accelerator_type:A10G": 1.0}},
@@ -582,13 +583,13 @@ def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_wait
     """On a cluster (RAY_ADDRESS) the workflow waits for the GPUs at most CONVS2S_GPU_WAIT_S
     (the autoscaler may be adding nodes), then stops with one message; the session's real Ray
     has no GPU."""
-    from workflows import orchestrate
+    from workflows import cluster
 
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # what a submitted job sees; Ray is connected
-    monkeypatch.setattr(orchestrate, "GPU_WAIT_S", 0.0)
+    monkeypatch.setattr(cluster, "GPU_WAIT_S", 0.0)
     spec = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=8,
                                                    accelerator_type="A100"))
     with pytest.raises(SpecError) as err:
-        orchestrate._await_cluster_gpus(spec)
+        cluster.await_cluster_gpus(spec)
     assert "the cluster has no A100 GPU after 0 s but --use-gpu asks for 8" in str(err.value)
     assert "accelerator_type:A100" in str(err.value)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from convs2s.config import ModelConfig
-from workflows.run_spec import SpecError
+from workflows.errors import SpecError
 
 BASELINE = "baseline"
 

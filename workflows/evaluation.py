@@ -3,7 +3,8 @@
 One call evaluates every (checkpoint, ensemble or averaged checkpoint) x (test set) pair as its
 own Ray task with its own resources (CPUs, or a GPU fraction so several jobs share a GPU). The
 driver creates one child run per pair under the training (or workflow) run and, as each task
-finishes, logs its metrics (its task kind's, `convs2s.task_kinds`: bleu, bleu_tokenized, chrf,
+finishes, logs its metrics (its task kind's, `convs2s.metrics.task_kinds`: bleu, bleu_tokenized,
+chrf,
 length_ratio or rouge*; and sentences_per_second), its hypotheses file and its attention pictures.
 
     from workflows.evaluation import EvalJob, TestSet, evaluate_all, evaluation_jobs
@@ -41,10 +42,10 @@ from pathlib import Path
 
 import ray
 
-from convs2s.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
+from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
 from convs2s.config import SearchConfig, summarization_search
-from convs2s.task_kinds import RUN_METRICS, task_kind
-from convs2s.tracking import (
+from convs2s.metrics.task_kinds import RUN_METRICS, task_kind
+from convs2s.tracking.runs import (
     DatasetRecord,
     describe_run,
     end_run,
@@ -69,7 +70,7 @@ class TestSet:
     src: str  # source text, one sentence per line
     ref: str  # references, line-aligned with src
     tgt_lang: str = "fr"  # for tokenized BLEU (Moses rules) and Romanian normalization
-    task_kind: str = "translation"  # how it is scored (convs2s.task_kinds)
+    task_kind: str = "translation"  # how it is scored (convs2s.metrics.task_kinds)
 
 
 @dataclass(frozen=True)
@@ -110,9 +111,9 @@ def evaluate_job(job: EvalJob) -> dict:
     """Translate and score one job: {"hypotheses", "metrics", "signatures", "pngs"}."""
     import torch
 
-    from convs2s.attention_plot import plot_attention
-    from convs2s.scoring import read_lines
-    from convs2s.translate import load_for_inference
+    from convs2s.inference.attention_plot import plot_attention
+    from convs2s.metrics.scoring import read_lines
+    from convs2s.inference.translate import load_for_inference
 
     torch.set_num_threads(max(1, int(job.num_cpus)))
     # (int8 weights run on PyTorch's quantized CPU kernels: a GPU job searches on its CPU)
@@ -155,7 +156,7 @@ def stage_weights(jobs: list[EvalJob], folder: str | Path) -> list[EvalJob]:
     a new one is written beside it and swapped in whole, so a crash never leaves a half-written
     set that reads as complete. Returns the jobs with `staged` set (one staging per job name:
     it recurs once per test set)."""
-    from convs2s.averaging import average_checkpoints
+    from convs2s.io.averaging import average_checkpoints
     from workflows.run_state import weights_stamp
 
     folder = Path(folder)
@@ -411,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--last-n", type=int, default=5)
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
-                   help="weights the search multiplies with (convs2s.quantize; default fp32)")
+                   help="weights the search multiplies with (convs2s.inference.quantize; "
+                   "default fp32)")
     p.add_argument("--precision-fallback", choices=["fp32"],
                    help="where --precision cannot run on a job's machine: fp32, with a warning")
     p.add_argument("--num-cpus", type=float, default=1.0)
@@ -444,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         else []
     uri = resolve_tracking_uri(args.tracking_uri)
     for name, path in named:
-        from convs2s.serving import log_translator
+        from convs2s.serving.pyfunc import log_translator
 
         served = log_translator([path], search, tracking_uri=uri, run_id=args.parent_run_id,
                                 experiment_name="convs2s", name=name)

@@ -14,7 +14,7 @@ Stages receive only the spec; a sweep varies it.
     spec.run_dir          # <storage>/<run name>
 
 Two words are kept apart: a *task kind* (`task_kind`: translation or summarization, which
-decides the metrics, convs2s.task_kinds) and the preprocessing output's *task* folder
+decides the metrics, convs2s.metrics.task_kinds) and the preprocessing output's *task* folder
 (`data.task`, e.g. "wmt14_en_fr").
 """
 
@@ -27,12 +27,8 @@ from pathlib import Path
 
 from convs2s.config import ModelConfig, SearchConfig, TrainConfig
 from preprocessing.config import PreprocessConfig, with_demo_source
+from workflows.errors import SpecError  # noqa: F401  (raised here; imported from here too)
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
-
-
-class SpecError(ValueError):
-    """A run-level option that cannot apply to the preset; the message names the flag and
-    the fix (the command line prints it as one `error:` line, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +37,7 @@ class RunSpec:
 
     workflow: str  # the workflow's name: default experiment, registered model name
     preset: str
-    task_kind: str  # translation | summarization (convs2s.task_kinds)
+    task_kind: str  # translation | summarization (convs2s.metrics.task_kinds)
     data_flag: str  # what --data said (or the preset's default): hub | demo | a folder
     data: PreprocessConfig  # the one home of the data: source, every split, output root
     # Evaluation split of `data` -> test set name, in scoring order; the first one carries the
@@ -159,8 +155,8 @@ def _fine_tuned(path: str, preset_model: ModelConfig,
                 pre: PreprocessConfig) -> tuple[str, ModelConfig]:
     """--init-from: the checkpoint folder (absolute) and the model to train, its architecture
     with the preset's dropout. Its text pipeline must read the data's languages."""
-    from convs2s.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
-    from convs2s.text_codec import CheckpointVocabulary, CodecError
+    from convs2s.io.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
+    from convs2s.io.text_codec import CheckpointVocabulary, CodecError
 
     folder = Path(path).expanduser().resolve()
     if not (folder / CHECKPOINT_FILE).is_file():

@@ -73,7 +73,7 @@ def result_settings(spec) -> dict[str, str]:
     """What decides a workflow run's results (flattened, as strings): its data (all but the
     evaluation-only test splits and the output root), the task kind, model, optimization
     (budgets aside), search and ensemble. A rerun under the same name must keep them."""
-    from convs2s.tracking import flatten_params
+    from convs2s.tracking.runs import flatten_params
     from workflows.run_spec import compared
 
     data = compared(spec.data)
@@ -125,7 +125,7 @@ def record_settings(ctx: StageContext, spec) -> None:
     """Before any stage: with `--restart`, set the run's earlier training and scores aside;
     then record the settings (what a later rerun must keep) and the budgets in workflow.json,
     and on the parent MLflow run a continuation (larger budgets) or a restart as tags."""
-    from convs2s.tracking import set_tags
+    from convs2s.tracking.runs import set_tags
 
     state = ctx.state()
     settings, new_budgets = result_settings(spec), budgets(spec)
@@ -169,7 +169,8 @@ def set_aside(ctx: StageContext, why: str) -> Path:
 
 
 def _rekey_runs(tree: RunTree, aside: Path, why: str) -> None:
-    from convs2s.tracking import RUN_KEY_TAG, bounded_http, mlflow_client, run_key, warn_unreachable
+    from convs2s.tracking.runs import (RUN_KEY_TAG, bounded_http, mlflow_client, run_key,
+                                       warn_unreachable)
 
     try:
         with bounded_http():

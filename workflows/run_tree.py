@@ -5,16 +5,16 @@
       <run name>                      parent: the resolved RunSpec as params, the data as inputs,
                                       the headline scores as metrics
         preprocess                    the preprocessing settings and counts
-        train (train_2, ...)          made by convs2s.train.fit: model / train / data params,
+        train (train_2, ...)          made by convs2s.train.launch.fit: model / train / data params,
                                       the data as inputs, training metrics, checkpoints
         eval/<job>/<test set>         made by workflows.evaluation.evaluate_all: the job, the
                                       test set (an input, with the scored logged model), scores
 
-A run's key (tag `convs2s.run_key`, `convs2s.tracking.run_key`) is the absolute path of what
+A run's key (tag `convs2s.run_key`, `convs2s.tracking.runs.run_key`) is the absolute path of what
 it describes: the run folder `<storage>/<run name>` for the parent, `<run folder>/preprocess`,
 `<run folder>/train`, `<run folder>/eval/<job>/<test set>`. The same `--run-name` and
 `--storage-path` find the same runs again (resume), and the runs of two workflow runs never
-mix. Every run is described by `convs2s.tracking.describe_run` (params and inputs, once).
+mix. Every run is described by `convs2s.tracking.runs.describe_run` (params and inputs, once).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from convs2s.tracking import describe_run, find_or_create_run, run_key
+from convs2s.tracking.runs import describe_run, find_or_create_run, run_key
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.config import TrainConfig
-from convs2s.tracking import log_final_metrics, run_has_metrics
+from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
 from workflows.run_spec import RunSpec, compared
 from workflows.run_state import StageContext, digest, weights_stamp
@@ -41,8 +41,8 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
     """Every preprocessing stage as Ray Data jobs (finished stages are skipped by manifest).
     Fine-tuning (`init_from`, a checkpoint directory) encodes with that model's vocabulary
     instead of learning a BPE."""
-    from convs2s.text_codec import CheckpointVocabulary
-    from convs2s.tracking import end_run, log_artifacts
+    from convs2s.io.text_codec import CheckpointVocabulary
+    from convs2s.tracking.runs import end_run, log_artifacts
     from preprocessing.pipeline import run_pipeline
 
     vocabulary = CheckpointVocabulary(init_from) if init_from else None
@@ -81,10 +81,10 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
 def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                 tags: dict | None = None) -> list:
     """One Ray Train run per ensemble member; a run finished with the same settings is skipped.
-    `datasets` (convs2s.tracking.DatasetRecord) are logged as each run's MLflow inputs, `tags`
+    `datasets` (convs2s.tracking.runs.DatasetRecord) are logged as each run's MLflow inputs, `tags`
     set on each run."""
-    from convs2s.train import fit
-    from convs2s.train_job import TrainJob, TrainResult
+    from convs2s.train.launch import fit
+    from convs2s.train.job import TrainJob, TrainResult
 
     results = []
     for k in range(spec.ensemble.runs):

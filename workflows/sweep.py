@@ -41,8 +41,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convs2s.task_kinds import task_kind
+from convs2s.metrics.task_kinds import task_kind
 from workflows.ablations import BASELINE, SweepError, Variant, variants_for
+from workflows.engine import prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
@@ -168,10 +169,9 @@ def concurrency(sweep: SweepSpec, resources: dict[str, float]) -> int:
 def run_sweep(sweep: SweepSpec) -> SweepResult:
     """Prepare the data once, run every trial not finished yet on Ray Tune, then summarize
     (table, MLflow metrics and artifacts)."""
-    from convs2s.tracking import (describe_run, end_run, find_or_create_run, log_artifacts,
+    from convs2s.tracking.runs import (describe_run, end_run, find_or_create_run, log_artifacts,
                                   log_final_metrics, resolve_tracking_uri, run_key)
     from preprocessing.pipeline import run_pipeline
-    from workflows.orchestrate import _source_tags, prepare
 
     base = sweep.base
     prepare(base)  # sources, GPUs and Ray, as for one workflow run
@@ -180,7 +180,7 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
                                 run_name=sweep.run_name,
                                 tags={"convs2s.sweep": sweep.sweep, "convs2s.stage": "sweep",
                                       "convs2s.workflow": base.workflow,
-                                      "convs2s.preset": base.preset, **_source_tags(base)})
+                                      "convs2s.preset": base.preset, **source_tags(base)})
     describe_run(uri, run_id, sweep_params(sweep))
     result = SweepResult(sweep, run_id, uri)
     try:
@@ -252,7 +252,6 @@ _METRIC_KEYS = ("valid_ppl", "updates", "epochs", "train_minutes", "resumed_from
 def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name: str) -> dict:
     """A Ray Tune trial (runs in a Tune actor): the trial's whole workflow run under the sweep's
     MLflow run; writes trial.json when it finished and returns its metrics to Tune."""
-    from workflows.orchestrate import run_stages
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -282,9 +281,8 @@ def trial_metrics(spec: RunSpec, out) -> dict:
     m = out.train[0].metrics if out.train else {}
     metrics = {f"{s.test_set}/{k}": s.metrics[k] for s in out.scores if s.job == SCORED_JOB
                for k in kind.metrics if k in s.metrics}
-    metrics.update({"valid_ppl": m.get("val_ppl"), "updates": m.get("update"),
-                    "epochs": m.get("epochs", m.get("epoch")),
-                    "train_minutes": (m.get("train_seconds") or 0) / 60,
+    metrics.update(training_figures(out.train))
+    metrics.update({"train_minutes": metrics["train_minutes"] or 0,
                     "resumed_from_update": m.get("resumed_from_update", 0),
                     "run_id": out.parent_run_id})
     return metrics

@@ -47,7 +47,7 @@ class WorkflowConfig:
     train: TrainConfig
     test_sets: dict[str, str]  # eval split -> test set name (e.g. {"test": "newstest2014"})
     local_splits: dict[str, str]  # split -> file stem in a `--data DIR` folder
-    task_kind: str = "translation"  # how outputs are scored (convs2s.task_kinds)
+    task_kind: str = "translation"  # how outputs are scored (convs2s.metrics.task_kinds)
     search: SearchConfig = field(default_factory=SearchConfig)
     ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
     num_workers: int = 1  # Ray Train workers (one GPU each with use_gpu)
@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
         p.error(f"--seeds {a.seeds}: give the number of seeds per variant (>= 1)")
     elif a.concurrent_trials is not None and a.concurrent_trials < 1:
         p.error(f"--concurrent-trials {a.concurrent_trials}: give a positive number")
-    from convs2s.tracking import tracking_uri_problem
+    from convs2s.tracking.runs import tracking_uri_problem
 
     if problem := tracking_uri_problem(a.tracking_uri):
         p.error(problem)

@@ -1,4 +1,4 @@
-"""The Ray Train worker of `convs2s.train.fit`: `train_loop_per_worker` and its `Trainer`.
+"""The Ray Train worker of `convs2s.train.launch.fit`: `train_loop_per_worker` and its `Trainer`.
 
 `train_loop_per_worker` builds a `Trainer` (one per rank), restores it from the latest
 checkpoint, trains it epoch by epoch until a limit is reached and returns its final metrics:
@@ -12,14 +12,15 @@ checkpoint, trains it epoch by epoch until a limit is reached and returns its fi
 Each worker builds the model from the preset (same seed everywhere), wraps it in DDP
 (`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal share of the `train` batch rows
 (one row = one batch; which rows and in what order each epoch is a plan made from the files,
-the seed, the epoch and the number of ranks alone: convs2s.train_data), runs
-`convs2s.update.train_update` (token-normalized over all ranks), validates every epoch, anneals
-the lr (`convs2s.optim`), stops on the first limit reached (`STOP_REASONS`), and checkpoints
+the seed, the epoch and the number of ranks alone: convs2s.train.data), runs
+`convs2s.train.update.train_update` (token-normalized over all ranks), validates every epoch,
+anneals
+the lr (`convs2s.train.optim`), stops on the first limit reached (`STOP_REASONS`), and checkpoints
 every `checkpoint_interval` updates and at each epoch end through `ray.train.report` (a
 barrier: every rank calls it at the same updates). A restarted worker group resumes from the
 latest checkpoint, RNG states and position in the epoch included: it trains exactly the rows
 the interrupted epoch had not trained. Rank 0 logs to MLflow through
-`convs2s.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
+`convs2s.tracking.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
 
 Tests kill a worker mid-run, and record which rows each update trained, through
 `CrashInjection` (environment variables of the driver, not a training setting).
@@ -48,7 +49,7 @@ from ray.train import (
     Checkpoint,
 )
 
-from convs2s.checkpoint import (
+from convs2s.io.checkpoint import (
     BEST_DIR,
     CheckpointError,
     capture_rng_state,
@@ -59,19 +60,19 @@ from convs2s.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from convs2s.collate import collate_arrow
+from convs2s.train.collate import collate_arrow
 from convs2s.config import ModelConfig
-from convs2s.model import ConvS2S
-from convs2s.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.model.network import ConvS2S
+from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import agree
-from convs2s.progress import TrainMeter, progress_line
-from convs2s.run_logger import RunLogger
-from convs2s.system_metrics import node_metrics, node_name
-from convs2s.tracking import set_tags
-from convs2s.train_data import TrainFiles, read_rows, resumed_rows
-from convs2s.train_job import STOP_REASONS, TrainJob
-from convs2s.update import Comm, train_update
-from convs2s.update import validate as validate_all_ranks
+from convs2s.train.meter import TrainMeter, progress_line
+from convs2s.tracking.run_logger import RunLogger
+from convs2s.tracking.system_metrics import node_metrics, node_name
+from convs2s.tracking.runs import set_tags
+from convs2s.train.data import TrainFiles, read_rows, resumed_rows
+from convs2s.train.job import STOP_REASONS, TrainJob
+from convs2s.train.update import Comm, train_update
+from convs2s.train.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
 CRASH_MARKER = ".crash_injected"
@@ -175,7 +176,7 @@ class Trainer:
         self.logger: RunLogger | None = None  # rank 0 only
         self.valid_shard = None
         # The training rows: every rank plans its rows of each epoch from the files alone
-        # (convs2s.train_data), so a resumed run trains exactly what its epoch had left.
+        # (convs2s.train.data), so a resumed run trains exactly what its epoch had left.
         self.files: TrainFiles = config["train_files"]
         self._resume = (0, self.world)  # (rows each rank had trained, on how many ranks)
         self.meter: TrainMeter | None = None

@@ -1,4 +1,4 @@
-"""The paper's building blocks, shared by the encoder and the decoder (`convs2s.model`):
+"""The paper's building blocks, shared by the encoder and the decoder (`convs2s.model.network`):
 embeddings with positions (§3.1), weight-normalized linear layers and their initialization
 (§3.5, appendix A), dropout (with a frame mask folded in), and gradient scaling (§3.4).
 Imports only torch and `convs2s.config`.

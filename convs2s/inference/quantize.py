@@ -4,7 +4,7 @@
     net.precision  # "int8": what it serves, for logs, MLflow and the search
 
 - **fp32**: the weights as trained (weight norm folded in).
-- **bf16**: weights and activations in bf16; the attention softmax (`convs2s.model`) and the
+- **bf16**: weights and activations in bf16; the attention softmax (`convs2s.model.network`) and the
   search's log-softmax stay float32. Fast where the hardware multiplies bf16 natively (GPUs,
   CPUs with AVX-512 BF16 or AMX); emulated and slow elsewhere.
 - **int8**: every matrix product of the encoder and the decoder (the convolutions, both in the
@@ -30,7 +30,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-log = logging.getLogger("convs2s.quantize")
+log = logging.getLogger("convs2s.inference.quantize")
 
 INFERENCE_PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -169,7 +169,8 @@ def resolve_precision(precision: str, device: str | torch.device = "cpu",
 
 
 def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:
-    """`net` (an eval copy with weight norm folded: `convs2s.model.inference_copy`) converted in
+    """`net` (an eval copy with weight norm folded: `convs2s.model.network.inference_copy`)
+    converted in
     place to `precision`; sets `net.precision`."""
     if precision not in INFERENCE_PRECISIONS:
         raise ValueError(f"inference precision {precision!r}: choose one of "
@@ -188,14 +189,14 @@ def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:
 
 def _quantize(net: nn.Module) -> None:
     """Every nn.Linear and every convolution's GEMM of `net` -> int8 (embeddings stay float)."""
-    from convs2s.conv import Conv
+    from convs2s.model.conv import Conv
 
     from torch.nn.utils import parametrize
 
     for module in list(net.modules()):
         if parametrize.is_parametrized(module):
             raise ValueError("int8 weights are made from an inference copy (weight norm folded: "
-                             "convs2s.model.inference_copy), not from a training model")
+                             "convs2s.model.network.inference_copy), not from a training model")
         if isinstance(module, Conv):
             module.int8 = Int8Linear(module.weight.reshape(module.c_out, -1), module.bias)
         for name, child in list(module.named_children()):

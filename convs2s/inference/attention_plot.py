@@ -6,7 +6,7 @@ maps are read here without touching the model code: forward hooks on every decod
 decoder pass over the translation the search produced (the same prefix the search scored, so
 the mean of the recorded maps equals the search's attention).
 
-    from convs2s.attention_plot import plot_attention
+    from convs2s.inference.attention_plot import plot_attention
     paths = plot_attention(translator, ["the cat is small ."], "out/attention")
     # out/attention/attention_000.png: one panel per attention layer, plus the layer mean
 

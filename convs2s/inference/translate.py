@@ -1,7 +1,7 @@
 """Translate text with one ConvS2S checkpoint or an ensemble of them (beam search, paper §5).
 
 No Ray and no MLflow: this is the library that the evaluation jobs (`workflows.evaluation`),
-the served model (`convs2s.serving`) and the command line (`convs2s.cli`) call.
+the served model (`convs2s.serving.pyfunc`) and the command line (`convs2s.cli`) call.
 
 Command line (also installed as `convs2s-translate`):
 
@@ -19,7 +19,7 @@ pairs, each target piece aligned to its most attended source piece).
 Python API:
 
     from convs2s.config import SearchConfig
-    from convs2s.translate import load_for_inference
+    from convs2s.inference.translate import load_for_inference
     tr = load_for_inference(["runs/demo/best"], SearchConfig(beam=5, lenpen=1.0), "cpu")
     tr.translate(["the cat is small ."])        # -> ["le chat est petit ."]
     tr.translate_full(lines)                    # -> [Translation] with nbest Hypothesis each
@@ -29,7 +29,7 @@ dropped, whitespace collapsed). An empty line gives an empty translation (the mo
 it). A line longer than the model's position table is cut to `max_positions - 1` pieces + EOS
 with a logged warning. Sentences are sorted by length and searched in batches of up to
 `SearchConfig.max_sentences` (128, the paper's speed setting) so padding stays small; weight
-norm is folded once per model at load time (`convs2s.model.inference_copy`).
+norm is folded once per model at load time (`convs2s.model.network.inference_copy`).
 """
 
 from __future__ import annotations
@@ -43,15 +43,15 @@ from typing import Iterable
 
 import torch
 
-from convs2s.checkpoint import CheckpointError
+from convs2s.io.checkpoint import CheckpointError
 from convs2s.config import EOS, PAD, UNK, SearchConfig
-from convs2s.quantize import for_inference, resolve_precision
-from convs2s.search import generate
-from convs2s.shortlist import Shortlist, ShortlistError
-from convs2s.text_codec import UNK_PIECE
-from convs2s.unk_replace import load_dictionary, replace_unknowns
+from convs2s.inference.quantize import for_inference, resolve_precision
+from convs2s.inference.search import generate
+from convs2s.inference.shortlist import Shortlist, ShortlistError
+from convs2s.io.text_codec import UNK_PIECE
+from convs2s.inference.unk_replace import load_dictionary, replace_unknowns
 
-log = logging.getLogger("convs2s.translate")
+log = logging.getLogger("convs2s.inference.translate")
 
 
 @dataclass
@@ -99,11 +99,11 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     """The one way to load checkpoints for inference (translate, evaluation, serving, the
     benchmarks): one checkpoint directory = a single model, several = an ensemble. Each model
     is an eval copy with weight norm folded into its weights; the text pipeline is the
-    checkpoint's own (`convs2s.text_codec`: its bundled sentencepiece model, `spm_model` for
+    checkpoint's own (`convs2s.io.text_codec`: its bundled sentencepiece model, `spm_model` for
     all of them, or an imported model's dictionaries and BPE codes). All must share one text
     pipeline and the vocabulary sizes that go with it. Bad input raises a CheckpointError that
     names the file and the fix."""
-    from convs2s.text_codec import CodecError, codec_files, codec_for_checkpoint
+    from convs2s.io.text_codec import CodecError, codec_files, codec_for_checkpoint
 
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     if not paths:
@@ -150,8 +150,8 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
 
 def _inference_model(path: Path, device: str | torch.device):
     """The inference copy of one checkpoint directory's model, or a CheckpointError."""
-    from convs2s.checkpoint import load_model
-    from convs2s.model import inference_copy
+    from convs2s.io.checkpoint import load_model
+    from convs2s.model.network import inference_copy
 
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist: give a checkpoint directory "
@@ -190,7 +190,7 @@ def batches_by_budget(todo: list, max_sentences: int, max_tokens: int = 0) -> li
 
 
 class Translator:
-    """A checkpoint's text pipeline (`convs2s.text_codec`: sentencepiece, or Moses + BPE for
+    """A checkpoint's text pipeline (`convs2s.io.text_codec`: sentencepiece, or Moses + BPE for
     imported reference models) and one model or an ensemble (probabilities averaged,
     reference-facts §6)."""
 

@@ -4,7 +4,8 @@ A workflow's *kind* (translation, summarization) decides how its outputs are sco
 signatures describe the scores, which metric is the headline (the champion comparison, the log
 line, the first column), and what the summary table shows. Orchestration, the evaluation
 tasks, `python -m convs2s score` and the benchmarks read it from here, so a new metric is one
-edit: its function in `convs2s.scoring` and its name in the kind's `metrics` (and `shown`, to
+edit: its function in `convs2s.metrics.scoring` and its name in the kind's `metrics` (and `shown`,
+to
 print it).
 
     kind = task_kind("translation")
@@ -46,25 +47,25 @@ class TaskKind:
 
 
 def _translation_score(hyps, refs, tgt_lang):
-    from convs2s.scoring import score_translation
+    from convs2s.metrics.scoring import score_translation
 
     return score_translation(hyps, refs, tgt_lang)
 
 
 def _translation_signatures(tgt_lang):
-    from convs2s.scoring import translation_signatures
+    from convs2s.metrics.scoring import translation_signatures
 
     return translation_signatures(tgt_lang)
 
 
 def _summarization_score(hyps, refs, tgt_lang):
-    from convs2s.scoring import score_summarization
+    from convs2s.metrics.scoring import score_summarization
 
     return score_summarization(hyps, refs)
 
 
 def _summarization_signatures(tgt_lang):
-    from convs2s.scoring import rouge_signature
+    from convs2s.metrics.scoring import rouge_signature
 
     return {"rouge": rouge_signature()}
 

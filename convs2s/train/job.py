@@ -2,11 +2,12 @@
 
 `TrainJob` says what to train (a `ModelConfig` with a `TrainConfig` recipe, convs2s.config) on
 what data, where (storage, workers) and how it is tracked; `TrainResult` is what
-`convs2s.train.fit(job)` returns; `STOP_REASONS` names why training stopped. A workflow builds
+`convs2s.train.launch.fit(job)` returns; `STOP_REASONS` names why training stopped. A workflow
+builds
 them in Python:
 
     from convs2s.config import PRESETS, TrainConfig
-    from convs2s.train_job import TrainJob
+    from convs2s.train.job import TrainJob
     job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(max_epochs=5),
                    train_data=out.batches["train"], valid_data=out.batches["valid"],
                    spm_model=out.spm_model, vocab_size=out.vocab_size,
@@ -49,10 +50,10 @@ class TrainJob:
     experiment_name: str = "convs2s"
     parent_run_id: str | None = None  # make the training run a child of a workflow's run
     data_manifest: dict = field(default_factory=dict)  # counts etc., flattened into params
-    datasets: tuple = ()  # convs2s.tracking.DatasetRecord: MLflow dataset inputs of the run
+    datasets: tuple = ()  # convs2s.tracking.runs.DatasetRecord: MLflow dataset inputs of the run
     tags: dict = field(default_factory=dict)  # extra MLflow run tags
     # Seconds between samples of each node's CPU / memory / GPU utilization, logged to the
-    # training run as system/<node>/... (convs2s.system_metrics); 0: no sampling.
+    # training run as system/<node>/... (convs2s.tracking.system_metrics); 0: no sampling.
     system_metrics_s: float = 10.0
     # Fine-tuning: start from this checkpoint directory's weights (trained here or imported
     # with `python -m convs2s import-fairseq`) instead of random ones; `model` must be its

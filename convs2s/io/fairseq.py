@@ -9,7 +9,7 @@ An archive folder holds `model.pt`, `dict.<src>.txt`, `dict.<tgt>.txt` and `bpec
 layout the reference's hub loader reads). Import writes a checkpoint directory of this project
 (`checkpoint.pt`, `meta.json`) plus the archive's text files and `text.json`, which tells the
 translator to use Moses tokenization + subword-nmt BPE with those dictionaries
-(`convs2s.text_codec`) instead of a sentencepiece model.
+(`convs2s.io.text_codec`) instead of a sentencepiece model.
 
 - **Safe loading.** The reference pickles its settings (an `argparse.Namespace`, or a plain
   dict of them in newer versions) beside the tensors. `model.pt` is read with torch's
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from convs2s.config import PAD, ModelConfig
-from convs2s.text_codec import BPE_CODES, TEXT_FILE, CodecError, read_dictionary
+from convs2s.io.text_codec import BPE_CODES, TEXT_FILE, CodecError, read_dictionary
 
 ARCHIVE_MODEL = "model.pt"
 
@@ -321,9 +321,9 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
                    target_lang: str | None = None) -> Path:
     """Write a checkpoint directory of this project from a reference archive folder. Nothing
     is written unless everything checks out."""
-    from convs2s.checkpoint import save_checkpoint
-    from convs2s.model import ConvS2S
-    from convs2s.text_codec import MOSES_BPE, codec_settings
+    from convs2s.io.checkpoint import save_checkpoint
+    from convs2s.model.network import ConvS2S
+    from convs2s.io.text_codec import MOSES_BPE, codec_settings
 
     archive, out = Path(archive), Path(out)
     if not archive.is_dir():
@@ -381,8 +381,8 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
 def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     """A reference archive folder (model.pt with its arguments, dict.<src>.txt,
     dict.<tgt>.txt, and bpecodes or sentencepiece.model) from a checkpoint directory."""
-    from convs2s.checkpoint import SPM_FILE, load_checkpoint
-    from convs2s.text_codec import read_codec_settings
+    from convs2s.io.checkpoint import SPM_FILE, load_checkpoint
+    from convs2s.io.text_codec import read_codec_settings
 
     checkpoint, out = Path(checkpoint), Path(out)
     state = load_checkpoint(checkpoint)

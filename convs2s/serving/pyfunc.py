@@ -1,7 +1,7 @@
 """The trained translator as an MLflow pyfunc model: weights, configs, sentencepiece model and
 search settings in one logged (and optionally registered) model.
 
-    from convs2s.serving import log_translator
+    from convs2s.serving.pyfunc import log_translator
     served = log_translator(["runs/demo/best"], SearchConfig(beam=5), tracking_uri=uri,
                             run_id=train_run_id, registered_model_name="convs2s-demo",
                             alias="champion")
@@ -21,11 +21,11 @@ payload (not dataframe_split / instances):
 
 The workflows log one such model per evaluated set of weights (`workflows.lineage`), with the
 training run as its source run, and register the best under the task's name. The model is
-stored as code (`convs2s/served_translator.py`, MLflow's "models from code"), not as a pickled
+stored as code (`convs2s/serving/model_code.py`, MLflow's "models from code"), not as a pickled
 Python object.
 
 The model's artifacts are slim copies of the checkpoints (weights + model config + the
-sentencepiece model, no optimizer state; `convs2s.averaging`), `search.json` (a
+sentencepiece model, no optimizer state; `convs2s.io.averaging`), `search.json` (a
 `convs2s.config.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`
 package travels with the model (`code_paths`), so a process without the project installed
 loads it as long as torch, sentencepiece and mlflow are there (they are the model's
@@ -58,7 +58,7 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         import torch
 
         from convs2s.config import SearchConfig
-        from convs2s.translate import load_for_inference
+        from convs2s.inference.translate import load_for_inference
 
         cfg = json.loads(Path(context.artifacts["search"]).read_text())
         if cfg.get("dictionary"):
@@ -109,7 +109,7 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
     """Slim checkpoint copies (or, with `average`, their weight average as one model; with
     `as_is`, the folders copied unchanged: inference copies staged already), search.json (and
     the dictionary) under out_dir -> the pyfunc artifacts map."""
-    from convs2s.averaging import average_checkpoints
+    from convs2s.io.averaging import average_checkpoints
 
     ck_dir = out_dir / "checkpoints"
     if as_is:
@@ -154,8 +154,8 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
 
     import convs2s
     from convs2s.config import SearchConfig
-    from convs2s.tracking import get_or_create_experiment, global_tracking_uri, quiet_mlflow
-    from convs2s.translate import load_for_inference
+    from convs2s.tracking.runs import get_or_create_experiment, global_tracking_uri, quiet_mlflow
+    from convs2s.inference.translate import load_for_inference
 
     search = search or SearchConfig()
     if alias and not registered_model_name:
@@ -177,14 +177,15 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
         model = client.create_logged_model(
             exp_id, name=name, source_run_id=run_id, model_type="translator",
             params={k: str(v) for k, v in (params or {}).items()},
-            # what it serves with: fp32 as trained, or bf16 / int8 weights (convs2s.quantize)
+            # what it serves with: fp32 as trained, or bf16 / int8 weights
+            # (convs2s.inference.quantize)
             tags={PRECISION_TAG: search.precision,
                   # fp32 where the serving machine cannot run that precision (with a warning)
                   **({FALLBACK_TAG: search.precision_fallback} if search.precision_fallback
                      else {}),
                   **{k: str(v) for k, v in (tags or {}).items()}})
         info = mlflow.pyfunc.log_model(
-            name=name, python_model=str(Path(__file__).with_name("served_translator.py")),
+            name=name, python_model=str(Path(__file__).with_name("model_code.py")),
             artifacts=artifacts, code_paths=[str(Path(convs2s.__file__).parent)],
             pip_requirements=_pip_requirements(), model_id=model.model_id,
             input_example=input_example or EXAMPLE)

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from convs2s.collate import Batch
+from convs2s.train.collate import Batch
 from convs2s.config import TrainConfig
-from convs2s.optim import clip_gradients
+from convs2s.train.optim import clip_gradients
 from convs2s.precision import choose
 
 

@@ -1,6 +1,6 @@
 """Greedy and beam search for ConvS2S models and ensembles (paper §5, reference-facts §6).
 
-    from convs2s.search import generate
+    from convs2s.inference.search import generate
     hyps = generate([model], src_tokens, src_lengths, beam_size=5, max_len_a=1.2, max_len_b=10)
     best = hyps[0][0]  # sentence 0, best hypothesis: dict with
     # tokens (LongTensor L, ends in EOS), score (float, sum log p / L^lenpen),
@@ -163,7 +163,7 @@ def _encode(models, src_tokens, src_lengths, beam_size, incremental, vocab=None)
         vocab = vocab.to(src_tokens.device)
         if vocab[:4].tolist() != [0, 1, 2, 3]:  # the specials at their own positions
             raise ValueError("vocab (a shortlist) must be sorted target ids that start with the "
-                             "special tokens 0-3 (convs2s.shortlist.Shortlist.for_batch)")
+                             "special tokens 0-3 (convs2s.inference.shortlist.Shortlist.for_batch)")
     return [_Stepper(m, m.encode(src_tokens, src_lengths), beam_size, incremental, vocab)
             for m in models]
 
@@ -258,12 +258,12 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
     """Beam search over a batch: src_tokens B x S (PAD 1), src_lengths B -> per sentence the
     `nbest` best hypotheses, best first (see the module docstring for their fields).
     `vocab` (sorted target ids, the specials first): vocabulary selection, every step scores
-    only these tokens (`convs2s.shortlist`).
+    only these tokens (`convs2s.inference.shortlist`).
 
     A hypothesis ends when EOS is among the K best of the 2K candidates of its sentence (the
     reference's rule); a sentence ends when K hypotheses have ended. Scores are normalized by
     length: sum log p / |y|^lenpen, |y| counting the EOS. Weight norm is computed once per
-    call (pass `convs2s.model.inference_copy(model)` to skip even that).
+    call (pass `convs2s.model.network.inference_copy(model)` to skip even that).
     """
     models = _as_list(models)
     K = beam_size

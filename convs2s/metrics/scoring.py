@@ -100,7 +100,8 @@ def bleu(hyps: list[str], refs: list[str]) -> BleuScore:
 
 
 def moses_tokenize(lines: list[str], lang: str) -> list[str]:
-    """Moses-tokenize each line with `lang`'s rules, no XML escaping (`tokenizer.perl -no-escape`)."""
+    """Moses-tokenize each line with `lang`'s rules, no XML escaping (`tokenizer.perl
+    -no-escape`)."""
     tok = MosesTokenizer(lang=lang)
     return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
 

@@ -4,8 +4,8 @@ Written in the paper's order: embeddings (§3.1), convolution blocks with GLUs a
 residuals (§3.2), the encoder, multi-step attention (§3.3), the decoder, the normalization and
 initialization strategy (§3.4, §3.5, appendix A), then incremental decoding for generation.
 Tensors are batch-first and channels-last everywhere: B x T x C (S for source positions, V for
-the vocabulary). Imports only torch (and `convs2s.config`, `convs2s.layers`, `convs2s.conv` and
-`convs2s.loss`, themselves torch-only).
+the vocabulary). Imports only torch (and `convs2s.config` and its neighbours `layers`, `conv`
+and `loss` in `convs2s.model`, themselves torch-only).
 
 Training / scoring:
 
@@ -18,7 +18,7 @@ Training / scoring:
     loss_sum, nll_sum = model(src_tokens, src_lengths, prev_output_tokens, target=target,
                               label_smoothing=0.1)  # output layer fused with the loss
 
-Inference (used by `convs2s.search`):
+Inference (used by `convs2s.inference.search`):
 
     net = inference_copy(model)             # eval-mode copy, weight norm folded into plain weights
     enc = net.encode(src_tokens, src_lengths)         # EncoderOut, computed once per sentence
@@ -48,9 +48,9 @@ import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 from convs2s.config import PAD, ModelConfig
-from convs2s.conv import conv
-from convs2s.layers import GradMultiply, dropout, embedding, linear, make_positions
-from convs2s.loss import output_layer_loss
+from convs2s.model.conv import conv
+from convs2s.model.layers import GradMultiply, dropout, embedding, linear, make_positions
+from convs2s.model.loss import output_layer_loss
 
 SQRT_HALF = math.sqrt(0.5)  # §3.4: halves the variance of a sum of two equal-variance terms
 
@@ -263,7 +263,7 @@ class Decoder(Embedded):
         x = dropout(self.fc2(x), self.dropout, self.training)
         if rows is None and out is None:
             return self.fc3(x)
-        if callable(rows):  # an int8 copy's shortlist layer (convs2s.quantize.Int8Linear)
+        if callable(rows):  # an int8 copy's shortlist layer (convs2s.inference.quantize.Int8Linear)
             return rows(x)
         weight, bias = rows if rows is not None else (self.fc3.weight, self.fc3.bias)
         if out is None:
@@ -272,7 +272,7 @@ class Decoder(Embedded):
 
     def _output_loss(self, x: torch.Tensor, target: torch.Tensor, label_smoothing: float):
         """N x T x C_last, target N x T -> (loss sum, nll sum): the output layer fused with the
-        loss, no N x T x V logits (`convs2s.loss.output_layer_loss`)."""
+        loss, no N x T x V logits (`convs2s.model.loss.output_layer_loss`)."""
         x = dropout(self.fc2(x), self.dropout, self.training)
         return output_layer_loss(x, self.fc3.weight, self.fc3.bias, target, label_smoothing)
 
@@ -386,7 +386,8 @@ class ConvS2S(nn.Module):
 
     def output_rows(self, ids: torch.Tensor):
         """fc3's weight and bias rows of the target ids `ids` (C): vocabulary selection's
-        output layer for one batch. An int8 copy (`convs2s.quantize`) gets those rows as an
+        output layer for one batch. An int8 copy (`convs2s.inference.quantize`) gets those rows as
+        an
         int8 layer of their own (`fc3.select`), packed once per batch."""
         fc3 = self.decoder.fc3
         if hasattr(fc3, "select"):

@@ -16,7 +16,7 @@ Driver side (synchronous, each call bounded to a few seconds; failures warn and 
 
 Experiments are created marked as model training (MLflow 3's UI otherwise treats them as GenAI).
 
-Worker side: `convs2s.run_logger.RunLogger` (asynchronous metrics, a local metrics.jsonl).
+Worker side: `convs2s.tracking.run_logger.RunLogger` (asynchronous metrics, a local metrics.jsonl).
 """
 
 from __future__ import annotations

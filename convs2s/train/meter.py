@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from convs2s.collate import Batch
-from convs2s.update import Comm, UpdateStats
+from convs2s.train.collate import Batch
+from convs2s.train.update import Comm, UpdateStats
 
 
 class TrainMeter:

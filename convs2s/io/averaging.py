@@ -5,7 +5,7 @@ Averaging the last N checkpoints of one run is the reference implementation's ch
 averaged as stored, i.e. the weight-norm gains g and directions v separately, as the reference
 does with its state dicts.
 
-    from convs2s.averaging import average_checkpoints
+    from convs2s.io.averaging import average_checkpoints
     out = average_checkpoints(["runs/demo/checkpoint_00000300", "runs/demo/checkpoint_00000400"],
                               "runs/demo/averaged_last2")
     # out/checkpoint.pt + out/sentencepiece.model + out/meta.json: a checkpoint like any other
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from convs2s.checkpoint import load_checkpoint, save_checkpoint
-from convs2s.text_codec import codec_files
+from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
+from convs2s.io.text_codec import codec_files
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
         "val_loss")
@@ -98,7 +98,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     out.update(model=_finish(total, like, len(paths)),
                averaged_from=[str(p) for p in paths])
     # The text pipeline travels with the weights: the sentencepiece model, or an imported
-    # model's dictionaries, BPE codes and text.json (convs2s.text_codec).
+    # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec).
     texts = [codec_files(p) for p in paths]
     for p, files in zip(paths[1:], texts[1:]):
         if [f.name for f in files] != [f.name for f in texts[0]] or \

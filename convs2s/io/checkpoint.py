@@ -45,7 +45,7 @@ def checkpoint_dir_name(update: int) -> str:
 def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | None = None,
                     end_of_epoch: bool = False, text_files: tuple[str, ...] = ()) -> Path:
     """Write `state` (the dict described above) to `directory`, with the sentencepiece model
-    or the `text_files` of another text pipeline (convs2s.text_codec) beside it; returns the
+    or the `text_files` of another text pipeline (convs2s.io.text_codec) beside it; returns the
     directory.
 
     Files are written under temporary names and renamed, so a crash never leaves a truncated
@@ -151,7 +151,8 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     `meta` holds everything but the weights and the optimizer state, plus `path` and
     `spm_model` (the path of the bundled sentencepiece model, or None).
     """
-    from convs2s.model import ConvS2S  # import here: listing checkpoints needs no model code
+    # imported here: listing checkpoints needs no model code
+    from convs2s.model.network import ConvS2S
 
     state = load_checkpoint(path, map_location="cpu")
     cfg = ModelConfig.from_dict(state["model_config"])

@@ -64,7 +64,8 @@ class Conv(nn.Module):
         self.c_in, self.c_out, self.kernel, self.causal = c_in, c_out, kernel, causal
         self.weight = nn.Parameter(torch.empty(c_out, kernel, c_in))
         self.bias = nn.Parameter(torch.zeros(c_out))
-        # An int8 inference copy (`convs2s.quantize`) replaces the float matmul by this module.
+        # An int8 inference copy (`convs2s.inference.quantize`) replaces the float matmul by this
+        # module.
         self.int8: nn.Module | None = None
         # Appendix A: a conv feeding a GLU, after dropout: N(0, sqrt(4p / (k * C_in))).
         nn.init.normal_(self.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel * c_in)))

@@ -1,11 +1,11 @@
 """Synchronous data-parallel ConvS2S training on Ray Train (V2) with MLflow tracking.
 
-With `convs2s.train_worker` (the workers' loop), the only `convs2s` modules that import Ray.
+With `convs2s.train.trainer` (the workers' loop), the only `convs2s` modules that import Ray.
 Public API (used by the workflows):
 
-    from convs2s.train import fit
+    from convs2s.train.launch import fit
     from convs2s.config import TrainConfig
-    from convs2s.train_job import STOP_REASONS, TrainJob, TrainResult
+    from convs2s.train.job import STOP_REASONS, TrainJob, TrainResult
     result = fit(TrainJob(model=PRESETS["tiny"](), train=TrainConfig(max_epochs=5),
                           train_data=out.batches["train"], valid_data=out.batches["valid"],
                           spm_model=out.spm_model, vocab_size=out.vocab_size,
@@ -19,7 +19,7 @@ same run), logs params and config artifacts, starts a `TorchTrainer` whose worke
 stopped job resumes from its latest checkpoint (Ray Train restores the run directory); a worker
 that dies mid-epoch makes Ray restart the group from the latest checkpoint
 (`TrainJob.max_failures`), and the resumed epoch trains exactly the rows it had left
-(`convs2s.train_data`). A group that cannot be placed again (a lost node not replaced) is
+(`convs2s.train.data`). A group that cannot be placed again (a lost node not replaced) is
 waited for `TrainJob.placement_wait_s`, then `WorkersNotPlaced` is raised; the run resumes
 when rerun.
 
@@ -47,11 +47,11 @@ from ray.train import (
     ScalingConfig,
 )
 
-from convs2s.checkpoint import (
+from convs2s.io.checkpoint import (
     BEST_DIR,
     list_checkpoints,
 )
-from convs2s.tracking import (
+from convs2s.tracking.runs import (
     code_version,
     describe_run,
     end_run,
@@ -61,9 +61,9 @@ from convs2s.tracking import (
     run_key,
     set_tags,
 )
-from convs2s.train_data import TrainFiles
-from convs2s.train_job import TrainJob, TrainResult, WorkersNotPlaced
-from convs2s.train_worker import CrashInjection, initial_weights, train_loop_per_worker
+from convs2s.train.data import TrainFiles
+from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
+from convs2s.train.trainer import CrashInjection, initial_weights, train_loop_per_worker
 
 # --- driver -------------------------------------------------------------------------------------
 
@@ -180,7 +180,7 @@ def _local_dir(path: str, what: str) -> Path:
 def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
     """The validation split as a Ray Dataset (every rank reads it all and keeps its share by
     id) and the training split's files: each rank plans and reads its own rows of every epoch
-    from them (convs2s.train_data), so a resumed run trains exactly the rows it had left."""
+    from them (convs2s.train.data), so a resumed run trains exactly the rows it had left."""
     out, files = {}, None
     for split, path in (("train", job.train_data), ("valid", job.valid_data)):
         d = _local_dir(path, f"{split}_data")

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from convs2s.tracking import HTTP_ENV, mlflow_client, warn_unreachable
+from convs2s.tracking.runs import HTTP_ENV, mlflow_client, warn_unreachable
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,139 @@
+"""The cluster a workflow runs on: Ray started or joined, and the GPUs a run asks for checked
+before any stage (this machine's before Ray starts, a cluster's while its autoscaler adds nodes).
+
+Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray.init()` joins
+that cluster; otherwise it starts a local Ray on this machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from workflows.errors import SpecError
+from workflows.run_spec import RunSpec
+
+log = logging.getLogger("workflows")
+
+
+def _quiet_console() -> None:
+    """The console shows the project's stage lines, training progress and results; Ray
+    Data's per-dataset INFO lines go only to ray-data.log in Ray's log folder, and its
+    progress bars (carriage-return redraws) only appear on a terminal. Set before Ray starts:
+    a local Ray's workers inherit the environment."""
+    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG",
+                          str(Path(__file__).with_name("ray_data_logging.yaml")))
+    if not sys.stdout.isatty():  # a file or a pipe: no redraws, no colour codes
+        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    # MLflow's INFO lines (store set-up): its own env var for a fresh import, the level for an
+    # MLflow already imported.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
+def start_ray(use_gpu: bool, small_data: bool) -> None:
+    _quiet_console()
+    import ray
+
+    if small_data:  # the embedded corpus: a few parquet files, no need for footer actors
+        os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
+    if not ray.is_initialized():
+        # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
+        # (reference-facts §8); otherwise a local Ray on this machine. Ray's own INFO
+        # banner stays out of the console (its logs are in the session folder, named below).
+        if not os.environ.get("RAY_ADDRESS"):
+            _local_ray_auth()
+        ray.init(logging_level=logging.WARNING)
+    cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
+    address = os.environ.get("RAY_ADDRESS")
+    log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
+             f"cluster {address}" if address else "local instance", cpus, gpus, ray_log_dir())
+
+
+# How long a workflow on a cluster waits for the GPUs it asks for (the autoscaler adding
+# nodes) before it stops with a message, instead of Ray Train waiting without end.
+GPU_WAIT_S = float(os.environ.get("CONVS2S_GPU_WAIT_S", 900))
+
+
+def _gpu_request(spec: RunSpec) -> int:
+    """GPUs the training needs at once: one per Ray Train worker (`ScalingConfig`)."""
+    return spec.num_workers if spec.use_gpu else 0
+
+
+def check_local_gpus(spec: RunSpec) -> None:
+    """A local run (no RAY_ADDRESS): the GPUs this machine has against the request, before Ray
+    starts; too few is one `error:` line with the fix (exit 2)."""
+    need = _gpu_request(spec)
+    if not need or os.environ.get("RAY_ADDRESS"):
+        return
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < need:
+        raise SpecError(
+            f"--use-gpu with {spec.num_workers} worker(s) needs {need} GPU(s) (one per worker), "
+            f"but this machine has {have}: " + (f"run with --num-workers {have}" if have
+                                                else "run without --use-gpu (CPU)")
+            + ", or submit the workflow to a GPU cluster (`ray job submit`)")
+
+
+def await_cluster_gpus(spec: RunSpec) -> None:
+    """On a cluster: wait (bounded, GPU_WAIT_S) until it has the GPUs the training asks for, as
+    an autoscaler adds nodes; then stop with a message instead of a silent hang."""
+    import ray
+
+    need = _gpu_request(spec)
+    if not need or not os.environ.get("RAY_ADDRESS"):
+        return
+    kind = spec.accelerator_type
+    what = f"{kind} GPU" if kind else "GPU"
+    deadline, said = time.monotonic() + GPU_WAIT_S, False
+    while (have := gpus_of(ray.nodes(), kind)) < need:
+        if time.monotonic() > deadline:
+            raise SpecError(
+                f"the cluster has {have:g} {what}(s) after {GPU_WAIT_S:.0f} s but training asks "
+                f"for {need} ({spec.num_workers} worker(s) x 1 GPU): lower --num-workers to "
+                f"{int(have)} or raise the GPU node count the autoscaler may start "
+                "(max_workers of its GPU node type, infra/cluster-aws.yaml)" if have else
+                f"the cluster has no {what} after {GPU_WAIT_S:.0f} s but --use-gpu asks for "
+                f"{need}: check that its config has "
+                + (f"a node type with the resource accelerator_type:{kind}" if kind
+                   else "GPU worker nodes") + " (infra/cluster-aws.yaml)")
+        if not said:
+            log.warning("the cluster has %g of the %d %ss training asks for: waiting up to %.0f "
+                        "s for the autoscaler to add GPU nodes", have, need, what, GPU_WAIT_S)
+            said = True
+        time.sleep(10)
+
+
+def gpus_of(nodes: list[dict], accelerator_type: str | None = None) -> float:
+    """GPUs of the alive nodes (`ray.nodes()`), only those of nodes whose GPU model is
+    `accelerator_type` when given (Ray's `accelerator_type:<model>` node resource)."""
+    return sum(n.get("Resources", {}).get("GPU", 0) for n in nodes if n.get("Alive")
+               and (accelerator_type is None
+                    or f"accelerator_type:{accelerator_type}" in n.get("Resources", {})))
+
+
+def _local_ray_auth() -> None:
+    """A local Ray this workflow starts uses token authentication (Ray's default for a new
+    local instance), chosen explicitly: left unset, Ray picks the same and prints a notice on
+    every run. A user's own RAY_AUTH_MODE is kept."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    import ray._raylet
+
+    ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
+
+
+def ray_log_dir() -> str:
+    import ray
+
+    try:
+        return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
+    except AttributeError:  # not a node of this process (a client connection)
+        return "the Ray dashboard (Logs), or `ray job logs`"

@@ -1,0 +1,184 @@
+"""The workflow engine: one workflow run's stages, preprocess -> train -> parallel evaluation
+(-> ensemble), tracked as one MLflow parent run with one child run per stage.
+
+    prepare(spec)            # the run name's settings, sources, GPUs, then Ray (workflows.cluster)
+    result = run_stages(spec)  # or run_workflow(spec): both
+
+`spec` is the `RunSpec` that `workflows.run_spec.resolve` made from a preset and the flags;
+the command line around it is `workflows.orchestrate`, a sweep's trials run `run_stages` as a
+child of the sweep's run (`workflows.sweep`).
+
+Where stages write (`--storage-path`, default ./runs; made absolute, Ray workers run elsewhere):
+
+    <storage>/preprocessed/<task>/<key>/<stage>/  preprocessing output, keyed by its settings
+                                              and inputs; a rerun skips stages whose manifest
+                                              matches (shared by runs on the same data)
+    <storage>/<run name>/train[_k]/           Ray Train run: checkpoint_*/, best/, metrics.jsonl
+    <storage>/<run name>/eval/<job>/<test>.*  hypotheses (and MLflow artifacts)
+    <storage>/<run name>/workflow.json        finished training runs and scored (job, test) pairs
+
+MLflow (`--tracking-uri`, default $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db with the
+artifacts in ./mlartifacts): experiment `--experiment` (default: the task name), one parent run
+named `--run-name` with the resolved run spec as params and the final scores as metrics; child
+runs `preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<test set>`, all
+named and found by `workflows.run_tree`. Every eval child logs the same param keys and `bleu`
+(or `rouge*`), so MLflow's compare view lines them up. The runs carry their datasets as inputs,
+each evaluated set of weights is a logged model its scores link to, and the best is registered
+as `models:/<task>-<test set>@champion`, moved only by a better model on the same test data
+(workflows/lineage.py).
+
+Rerunning with the same `--run-name` (and storage path) resumes: preprocessing stages are
+skipped by their manifests, a finished training run is skipped (an interrupted one resumes from
+its latest checkpoint; a larger --max-epochs continues it), and a (job, test set) pair is not
+scored again while its checkpoints are unchanged and its child run holds metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from convs2s.metrics.task_kinds import task_kind
+from convs2s.tracking.runs import code_version, log_final_metrics
+from workflows.cluster import await_cluster_gpus, check_local_gpus, start_ray
+from workflows.errors import SpecError
+from workflows.run_spec import RunSpec
+from workflows.run_state import StageContext, record_settings, reuse_problem
+from workflows.run_tree import RunTree
+from workflows.stages import EvalScore, evaluate_stage, preprocess_stage, train_stage
+
+log = logging.getLogger("workflows")
+
+__all__ = ["EvalScore", "WorkflowResult", "prepare", "run_stages", "run_workflow",
+           "parent_metrics", "source_tags", "training_figures"]
+
+
+@dataclass
+class WorkflowResult:
+    parent_run_id: str | None
+    experiment: str
+    tracking_uri: str
+    run_dir: str
+    train: list  # [convs2s.train_job.TrainResult]
+    scores: list[EvalScore]
+    skipped: list[str]  # stages skipped because an earlier invocation finished them
+    champion: object = None  # workflows.lineage.Champion: the registered best model, or None
+
+
+
+def run_workflow(spec: RunSpec) -> WorkflowResult:
+    """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
+    prepare(spec)
+    return run_stages(spec)
+
+
+def prepare(spec: RunSpec) -> None:
+    """What a driver checks and starts before any stage: the run name's settings, the data
+    sources and GPUs (errors in seconds, before Ray), then Ray and the cluster's GPUs."""
+    if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
+        raise SpecError(problem)
+    _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
+    check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
+    start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
+    await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
+
+
+def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = None,
+               params: dict | None = None) -> WorkflowResult:
+    """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
+    `within` when given (a sweep's trial, with the sweep's `tags` and `params`)."""
+    from convs2s.tracking.runs import end_run, resolve_tracking_uri
+    from workflows.lineage import data_inputs, register_champion, registered_name
+
+    t0 = time.monotonic()
+    pre, run_dir = spec.data, spec.run_dir
+    uri = resolve_tracking_uri(spec.tracking_uri)
+    source = source_tags(spec)  # the runs table's Source column: the workflow file and commit
+    tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
+                        tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
+                              "convs2s.data": pre.source, **source, **(tags or {})},
+                        within=within)
+    parent = tree.parent
+    log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
+             spec.experiment, uri)
+    ctx = StageContext(tree)
+    try:
+        tree.describe(parent, {**spec.params(), **(params or {})})
+        record_settings(ctx, spec)  # --restart sets earlier work aside; a continuation is noted
+        out = preprocess_stage(ctx, pre, spec.init_from)
+        datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
+        tree.describe(parent, datasets=datasets)
+        trained = train_stage(ctx, spec, out, datasets, source)
+        scores, models = evaluate_stage(ctx, spec, out, trained)
+        log_final_metrics(uri, parent, parent_metrics(spec, trained, scores,
+                                                      time.monotonic() - t0))
+        champion = None
+        # The task's main metric on its main (first) test set; a sweep's trials never register.
+        if scores and models and spec.register_champion:
+            main_test = scores[0].test_set  # only scores on one test set compare
+            champion = register_champion(uri, registered_name(spec.workflow, main_test), scores,
+                                         models, main_test, task_kind(spec.task_kind).headline)
+    except BaseException as err:
+        end_run(uri, parent, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
+    end_run(uri, parent, "FINISHED")
+    return WorkflowResult(parent, spec.experiment, uri, str(run_dir), trained, scores,
+                          ctx.skipped, champion)
+
+
+def source_tags(spec: RunSpec) -> dict:
+    return {"mlflow.source.name": f"workflows/{spec.workflow}.py", "mlflow.source.type": "LOCAL",
+            "mlflow.source.git.commit": code_version()}
+
+
+def _check_sources(spec: RunSpec) -> None:
+    """Resolve every split's input now (files exist, the hub answers, small line-aligned files
+    pair up): errors in seconds, before Ray starts."""
+    from preprocessing.errors import PreprocessError
+    from preprocessing.sources import resolve_split
+
+    pre = spec.data
+    for stem in spec.added_test_sets:  # named on the command line: say which flag is wrong
+        folder = Path(pre.source)
+        sides = [f"{stem}.{lang}" for lang in (pre.src_lang, pre.tgt_lang)]
+        if not any((folder / f"{n}{gz}").is_file() for n in sides for gz in ("", ".gz")):
+            langs = {pre.src_lang, pre.tgt_lang}
+            stems = sorted({p.name.split(".")[0] for p in folder.iterdir()
+                            if len(p.name.split(".")) > 1 and p.name.split(".")[1] in langs})
+            raise PreprocessError(
+                f"--test-set {stem}: neither {folder / sides[0]} nor {folder / sides[1]} "
+                f"(nor .gz) exists; give a stem of a line-aligned pair in {folder} "
+                f"(found: {', '.join(stems) or 'none'})")
+    for split in pre.splits:
+        resolve_split(pre, split)
+
+
+
+def parent_metrics(spec: RunSpec, trained: list, scores: list[EvalScore],
+                    seconds: float) -> dict:
+    """The main scores unprefixed (first test set, first run's best checkpoint) so parent runs
+    of different workflow runs compare by the same keys; every score as
+    eval/<job>/<test>/<metric>, named like the child run that holds it."""
+    keys = task_kind(spec.task_kind).metrics
+    out = {"workflow_minutes": seconds / 60}
+    if scores:
+        main_score = scores[0]
+        out.update({k: main_score.metrics[k] for k in keys if k in main_score.metrics})
+    for s in scores:
+        out.update({f"eval/{s.job}/{s.test_set}/{k}": s.metrics[k] for k in keys
+                    if k in s.metrics})
+    if trained:
+        out.update(training_figures(trained))
+    return out
+
+
+def training_figures(trained: list) -> dict:
+    """The first training run's figures, as a workflow's parent run and a sweep's trial table
+    show them: validation perplexity, updates, epochs (as the validation metrics count them: a
+    fraction after a mid-epoch stop) and minutes of training (None where it did not say)."""
+    m = trained[0].metrics if trained else {}
+    seconds = m.get("train_seconds")
+    return {"valid_ppl": m.get("val_ppl"), "epochs": m.get("epochs", m.get("epoch")),
+            "updates": m.get("update"), "train_minutes": None if seconds is None else seconds / 60}
