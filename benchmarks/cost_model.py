@@ -36,7 +36,7 @@ PAPER = "../shared/seeds/convs2s-paper.txt"
 # Per task: training pairs after the paper's filters (§5.1), and GPUs x days it trained; quoted.
 PAPER_TASK = {
     "wmt14_en_fr": (35.5e6, f'{PAPER} l.50 "This results in 35.5M sentence-pairs"',
-                    8, 37.0, "reference-facts.md §4: about 37 days on 8 GPUs"),
+                    8, 37.0, "docs/reference.md, Recipes: about 37 days on 8 GPUs"),
     "wmt14_en_de": (4.5e6, f'{PAPER} l.49 "comprises 4.5M sentence pairs for training"',
                     1, 18.5, f'{PAPER} l.64 "a single GPU over a period of 18.5 days"'),
     "wmt16_en_ro": (2.8e6, f'{PAPER} l.48 "This results in 2.8M sentence pairs"',

@@ -22,7 +22,7 @@ def cli_env() -> dict:
     PATH (so the Ray processes run the project's Python), no inherited cluster or MLflow."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["RAY_AUTH_MODE"] = "token"  # ray start --head enables tokens (reference-facts §8)
+    env["RAY_AUTH_MODE"] = "token"  # ray start --head enables tokens (docs/reference.md, Ray)
     for var in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
         env.pop(var, None)
     return env

@@ -98,7 +98,7 @@ class ModelConfig(Settings):
 
 
 
-# --- presets (reference-facts §3) -------------------------------------------------------------
+# --- presets (docs/reference.md, Presets) ---------------------------------------------------------
 
 
 def iwslt_de_en() -> ModelConfig:
@@ -206,7 +206,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
-# --- optimization (paper §4, reference-facts §4) ----------------------------------------------
+# --- optimization (paper §4, docs/reference.md, Recipes) ------------------------------------------
 
 # TrainConfig fields that were removed, dropped when an old saved config is read: the test-only
 # fault injection (crash_rank dying at update crash_at_update), now environment variables of the
@@ -291,12 +291,13 @@ class TrainConfig(Settings):
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
 
 
-# --- beam search (paper §5, reference-facts §6) -----------------------------------------------
+# --- beam search (paper §5, docs/reference.md, Evaluation) ----------------------------------------
 
 
 @dataclass(frozen=True)
 class SearchConfig(Settings):
-    """Beam search and output settings (reference-facts §6). Lengths count output pieces."""
+    """Beam search and output settings (docs/reference.md, Evaluation). Lengths count output
+    pieces."""
 
     beam: int = 5  # beam width K (paper §5: 5)
     lenpen: float = 1.0  # score = sum log p / |y|^lenpen

@@ -25,7 +25,7 @@ EXCHANGES = ("files", "ray")  # how rows meet by window / bucket (preprocessing/
 
 @dataclass(frozen=True)
 class PreprocessConfig:
-    """Everything that decides a task's preprocessing output (reference-facts §5)."""
+    """Everything that decides a task's preprocessing output (docs/reference.md, Data)."""
 
     task: str  # the task's name: its output folder <root>/<task>/ (not a task *kind*)
     source: str = "demo"  # "demo" | "hub" | a local folder
@@ -98,7 +98,7 @@ class PreprocessConfig:
         return dataclasses.replace(self, **changes)
 
 
-# --- presets (reference-facts §5) --------------------------------------------------------------
+# --- presets (docs/reference.md, Data) ------------------------------------------------------------
 
 
 def wmt14_en_fr() -> PreprocessConfig:

@@ -35,7 +35,7 @@ def ray_session():
     """One local Ray instance (2 CPUs) shared by every test of the session."""
     import ray
 
-    # Keep small parquet reads light (reference-facts §8) and quiet Ray's progress bars.
+    # Keep small parquet reads light (docs/reference.md, Ray) and quiet Ray's progress bars.
     os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     if not ray.is_initialized():

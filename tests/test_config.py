@@ -1,4 +1,5 @@
-"""Tests of convs2s.config: presets as in reference-facts §3, round trips, validation, token ids.
+"""Tests of convs2s.config: presets as in docs/reference.md (Presets), round trips, validation,
+token ids.
 
 Run: .venv/bin/python -m pytest tests/test_config.py -q
 """

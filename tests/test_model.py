@@ -74,7 +74,8 @@ def test_backward_reaches_every_parameter():
     assert not missing, missing
 
 
-# Reference counts (reference-facts §3): two 40k vocabularies, 1024 positions, gains included.
+# Reference counts (docs/reference.md, Presets): two 40k vocabularies, 1024 positions, gains
+# included.
 @pytest.mark.parametrize("name,millions", [
     ("iwslt_de_en", 34.7), ("wmt16_en_ro", 137.1), ("wmt14_en_de", 209.6), ("wmt14_en_fr", 258.1),
 ])

@@ -112,7 +112,7 @@ def en_fr(shared_data, tmp_path_factory) -> tuple[Path, Path]:
 def test_bleu_chrf_equal_sacrebleu_cli(shared_data, tmp_path, pair, lang):
     ref = shared_data / f"{pair}.{lang}"
     refs = scoring.read_lines(ref)
-    assert len(refs) == 3003  # the full newstest2014 (reference-facts §6)
+    assert len(refs) == 3003  # the full newstest2014 (docs/reference.md, Evaluation)
     hyps = perturb(refs, seed=7)
     hyp = write_lines(tmp_path / f"hyp.{lang}", hyps)
     cli_bleu, cli_chrf = sacrebleu_cli(ref, hyp, "-m", "bleu", "chrf")

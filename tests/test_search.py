@@ -2,8 +2,8 @@
 convs2s.inference.unk_replace.
 
 Beam search is checked against a plain one-sentence-at-a-time reference written here from the
-rules (reference-facts §6), on a model trained for a few seconds so that its distributions are
-peaked like a real model's.
+rules (docs/reference.md, Evaluation), on a model trained for a few seconds so that its
+distributions are peaked like a real model's.
 
 Run: .venv/bin/python -m pytest tests/test_search.py -q
 """

@@ -62,7 +62,7 @@ def _main(module, argv: list[str]) -> tuple[int, str]:
 
 def test_paper_presets_follow_the_paper_and_reference_recipes():
     fr, de, ro, giga = (m.paper() for m in (wmt14_en_fr, wmt14_en_de, wmt16_en_ro, gigaword))
-    # Data (paper §5.1 / §5.5, reference-facts §5): filters, vocabularies, hub sources.
+    # Data (paper §5.1 / §5.5, docs/reference.md, Data): filters, vocabularies, hub sources.
     for cfg in (fr, de):
         assert (cfg.preprocess.max_len, cfg.preprocess.max_len_ratio) == (175, 1.5)
     assert (ro.preprocess.max_len, ro.preprocess.max_len_ratio) == (175, None)

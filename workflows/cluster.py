@@ -43,7 +43,7 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
         os.environ.setdefault("RAY_DATA_PARQUET_FOOTER_NUM_ACTORS", "1")
     if not ray.is_initialized():
         # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
-        # (reference-facts §8); otherwise a local Ray on this machine. Ray's own INFO
+        # (docs/reference.md, Ray); otherwise a local Ray on this machine. Ray's own INFO
         # banner stays out of the console (its logs are in the session folder, named below).
         if not os.environ.get("RAY_ADDRESS"):
             _local_ray_auth()

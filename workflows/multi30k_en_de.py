@@ -29,8 +29,9 @@ from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def reference() -> WorkflowConfig:
-    """The reference implementation's small-data recipe (reference-facts §11): fconv_iwslt_de_en,
-    joint BPE 8k, NAG lr 0.25, clip 0.1, dropout 0.2, label smoothing 0.1, max-tokens 4000,
+    """The reference implementation's small-data recipe (docs/reference.md, Recipes):
+    fconv_iwslt_de_en, joint BPE 8k, NAG lr 0.25, clip 0.1, dropout 0.2, label smoothing 0.1,
+    max-tokens 4000,
     lr / 10 on a plateau, beam 5; two data-parallel workers of one CPU each."""
     return WorkflowConfig(
         name="multi30k_en_de",

@@ -33,7 +33,8 @@ from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def paper() -> WorkflowConfig:
-    """Reference recipe (reference-facts §4): 4.5M pairs, one GPU in the paper (18.5 days)."""
+    """Reference recipe (docs/reference.md, Recipes): 4.5M pairs, one GPU in the paper (18.5
+    days)."""
     return WorkflowConfig(
         name="wmt14_en_de",
         preprocess=data.wmt14_en_de(),  # 175 words / ratio 1.5, joint BPE 40k, 4000 tokens

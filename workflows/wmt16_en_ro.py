@@ -2,7 +2,7 @@
 
 Preprocess (175-word filter, no ratio filter, joint 40k BPE) -> train (paper §4 optimizer, 20+20
 layers) -> score newstest2016 with beam 5 (Romanian normalized and diacritics stripped before
-BLEU, reference-facts §6) as parallel Ray tasks, tracked under one MLflow parent run.
+BLEU, docs/reference.md, Evaluation) as parallel Ray tasks, tracked under one MLflow parent run.
 
     python workflows/wmt16_en_ro.py --preset smoke                # demo corpus, CPU, minutes
     python workflows/wmt16_en_ro.py --preset paper --num-workers 4 --use-gpu \\

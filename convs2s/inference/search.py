@@ -1,4 +1,5 @@
-"""Greedy and beam search for ConvS2S models and ensembles (paper §5, reference-facts §6).
+"""Greedy and beam search for ConvS2S models and ensembles (paper §5; docs/reference.md,
+Evaluation).
 
     from convs2s.inference.search import generate
     hyps = generate([model], src_tokens, src_lengths, beam_size=5, max_len_a=1.2, max_len_b=10)

@@ -192,7 +192,7 @@ def batches_by_budget(todo: list, max_sentences: int, max_tokens: int = 0) -> li
 class Translator:
     """A checkpoint's text pipeline (`convs2s.io.text_codec`: sentencepiece, or Moses + BPE for
     imported reference models) and one model or an ensemble (probabilities averaged,
-    reference-facts §6)."""
+    docs/reference.md, Evaluation)."""
 
     def __init__(self, models: list, codec, search: SearchConfig,
                  device: str | torch.device = "cpu", shortlist: Shortlist | None = None):

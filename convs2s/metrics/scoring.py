@@ -1,7 +1,7 @@
 """Scores for translation and summarization output: sacreBLEU, tokenized BLEU, chrF, ROUGE.
 
 All inputs are detokenized text, one sentence per list item (or file line), hypotheses and
-references aligned. The numbers (reference-facts §6):
+references aligned. The numbers (docs/reference.md, Evaluation):
 
 - `bleu`: sacreBLEU with its defaults (tok 13a, smooth exp, case mixed) and its signature: the
   project's main number, equal to what the `sacrebleu` command-line tool prints.

@@ -37,7 +37,8 @@ RUN_KEY_TAG = "convs2s.run_key"
 PARENT_TAG = "mlflow.parentRunId"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"  # the UI's "Model training" view
-# A dead server must cost seconds, not MLflow's default minutes of retries (reference-facts §9).
+# A dead server must cost seconds, not MLflow's default minutes of retries (docs/reference.md,
+# MLflow).
 HTTP_ENV = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "3", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
 
@@ -142,7 +143,7 @@ def warn_unreachable(uri: str, what: str, err: Exception) -> None:
 
 
 def _artifact_location(uri: str, experiment_name: str) -> str | None:
-    """sqlite stores: artifacts beside the database (absolute), as reference-facts §9 asks."""
+    """sqlite stores: artifacts beside the database, absolute (docs/reference.md, MLflow)."""
     if uri.startswith("sqlite:///"):
         db = Path(uri[len("sqlite:///"):])
         return (db.parent / "mlartifacts" / experiment_name).as_uri()
