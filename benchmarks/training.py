@@ -59,7 +59,8 @@ from convs2s.train.collate import collate_lists
 from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
-from convs2s.train.update import Comm, train_update
+from convs2s.train.comm import Comm
+from convs2s.train.update import train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
 

@@ -11,8 +11,8 @@ and CPUs with AVX-512 BF16 or AMX (measured on an AMD EPYC (Zen 4) host: bf16 GE
 float32 rate, the `iwslt_de_en` training step 1.65-1.75x). Elsewhere torch emulates bf16 and is
 slower than float32, so `auto` picks float32 there.
 
-    precision = choose("auto", device)          # this process: Precision(name, reason)
-    precision = agree("auto", device, comm)     # a training world: the same on every rank
+    precision = local_precision("auto", device)          # this process: Precision(name, reason)
+    precision = world_precision("auto", device, comm)     # a training world: the same on every rank
     with precision.autocast(device): loss = model(...)
 
 `CONVS2S_CPU_BF16=1|0` overrides the CPU detector (tests; a host whose flags lie).
@@ -97,12 +97,12 @@ def native_bf16(device: torch.device) -> tuple[bool, str]:
     return False, f"device {device.type}: bf16 support unknown"
 
 
-def choose(requested: str, device: torch.device) -> Precision:
+def local_precision(requested: str, device: torch.device) -> Precision:
     """This process's precision for `requested` ("auto", "bf16" or "fp32") on `device`."""
-    return decide(requested, [(socket.gethostname(), *native_bf16(device))])
+    return common_precision(requested, [(socket.gethostname(), *native_bf16(device))])
 
 
-def decide(requested: str, nodes: list[tuple[str, bool, str]]) -> Precision:
+def common_precision(requested: str, nodes: list[tuple[str, bool, str]]) -> Precision:
     """One precision for a world whose ranks report (host, native bf16, evidence): `auto` is
     bf16 only when every rank has native bf16 (a mixed cluster trains float32 everywhere
     rather than mixing precisions), `bf16` / `fp32` are taken as asked."""
@@ -129,8 +129,8 @@ def decide(requested: str, nodes: list[tuple[str, bool, str]]) -> Precision:
     return Precision("fp32", f"auto: no native bf16 ({evidence})")
 
 
-def agree(requested: str, device: torch.device, comm) -> Precision:
+def world_precision(requested: str, device: torch.device, comm) -> Precision:
     """The precision of a training world, the same on every rank: each rank reports its host's
     support (`comm.gather_objects`, a collective), every rank decides on the same list."""
     mine = (socket.gethostname(), *native_bf16(device))
-    return decide(requested, comm.gather_objects(mine))
+    return common_precision(requested, comm.gather_objects(mine))

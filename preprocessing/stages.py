@@ -206,10 +206,6 @@ def write_part(table: pa.Table, folder: str, name: str) -> None:
         raise (no_space(path, e) or e) from None
 
 
-def part_name(first_id: int) -> str:
-    return f"part-{int(first_id):012d}.parquet"
-
-
 def part_paths(folder: str | Path) -> list[str]:
     """The parquet parts of a stage folder, sorted by name."""
     return sorted(str(p) for p in Path(folder).glob("part-*.parquet"))

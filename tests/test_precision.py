@@ -19,12 +19,13 @@ from convs2s.train.optim import build_optimizer
 from convs2s.precision import (
     OVERRIDE_ENV,
     Precision,
-    choose,
+    common_precision,
     cpu_flags,
     cpu_native_bf16,
-    decide,
+    local_precision,
 )
-from convs2s.train.update import Comm, autocast_for, train_update, validate
+from convs2s.train.comm import Comm
+from convs2s.train.update import autocast_for, train_update, validate
 
 CPU = torch.device("cpu")
 V = 40
@@ -66,14 +67,14 @@ def test_the_cpu_detector_reads_the_native_bf16_flags(monkeypatch):
 def test_the_detector_can_be_forced_and_auto_then_picks_float32(monkeypatch):
     monkeypatch.setenv(OVERRIDE_ENV, "0")
     assert cpu_native_bf16({"avx512_bf16"}) == (False, f"{OVERRIDE_ENV}=0")
-    p = choose("auto", CPU)
+    p = local_precision("auto", CPU)
     assert p.name == "fp32" and p.dtype == torch.float32
     assert p.reason.startswith("auto: no native bf16") and f"{OVERRIDE_ENV}=0" in p.reason
     assert not torch.is_autocast_enabled("cpu")
     with autocast_for(CPU, TrainConfig(precision="auto")):
         assert not torch.is_autocast_enabled("cpu")
     monkeypatch.setenv(OVERRIDE_ENV, "1")
-    p = choose("auto", CPU)
+    p = local_precision("auto", CPU)
     assert p.name == "bf16" and p.dtype == torch.bfloat16 and "native bf16" in p.reason
     with autocast_for(CPU, TrainConfig(precision="auto")):
         assert torch.is_autocast_enabled("cpu")
@@ -82,22 +83,22 @@ def test_the_detector_can_be_forced_and_auto_then_picks_float32(monkeypatch):
 
 def test_a_world_agrees_on_one_precision():
     native = [("node-a", True, "CPU flags avx512_bf16"), ("node-a", True, "CPU flags avx512_bf16")]
-    assert decide("auto", native).name == "bf16"
+    assert common_precision("auto", native).name == "bf16"
     # one node without native bf16: float32 on every node, and the reason names that node
     mixed = native + [("node-b", False, "no avx512_bf16 / amx_bf16 CPU flag")]
-    p = decide("auto", mixed)
+    p = common_precision("auto", mixed)
     assert p == Precision("fp32", p.reason) and "node-b lacks native bf16" in p.reason
     assert "float32 on every node" in p.reason
     # asked for: taken as asked, the emulated nodes named
-    p = decide("bf16", mixed)
+    p = common_precision("bf16", mixed)
     assert p.name == "bf16" and "emulated, slower than float32, on node-b" in p.reason
-    assert decide("fp32", native).name == "fp32"
+    assert common_precision("fp32", native).name == "fp32"
     # two ranks of one host that differ (a V100 beside an A100): the host is not native
-    p = decide("auto", [("gpu-node", True, "A100 (compute 8.0)"),
+    p = common_precision("auto", [("gpu-node", True, "A100 (compute 8.0)"),
                         ("gpu-node", False, "V100 (compute 7.0, bf16 native from 8.0)")])
     assert p.name == "fp32" and "A100" in p.reason and "V100" in p.reason
     with pytest.raises(ValueError, match="choose one of auto, bf16, fp32"):
-        decide("fp16", native)
+        common_precision("fp16", native)
 
 
 def test_the_setting_is_a_choice_and_old_configs_load():

@@ -25,7 +25,7 @@ from convs2s.train.collate import collate_arrow
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
-from convs2s.precision import choose
+from convs2s.precision import local_precision
 from convs2s.tracking.run_logger import read_local_metrics
 from convs2s.tracking.runs import RUN_KEY_TAG
 from convs2s.train.launch import fit
@@ -39,7 +39,8 @@ from convs2s.train.trainer import (
     RECORD_BATCHES_ENV,
     CrashInjection,
 )
-from convs2s.train.update import Comm, train_update
+from convs2s.train.comm import Comm
+from convs2s.train.update import train_update
 
 pytestmark = pytest.mark.slow
 TINY = PRESETS["tiny"]()
@@ -97,7 +98,7 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
     assert result.metrics["epoch"] == 2 and result.metrics["val_ppl"] == pytest.approx(ppl[-1][1])
     # precision "auto": what the workers picked on this host, and why, is on the run (both
     # workers share this host, so it is what this process picks)
-    expected = choose("auto", torch.device("cpu"))
+    expected = local_precision("auto", torch.device("cpu"))
     assert params["train.precision"] == "auto"
     assert run.data.tags[PRECISION_TAG] == expected.name == result.metrics["precision"]
     assert run.data.tags[PRECISION_TAG + "_reason"] == expected.reason

@@ -20,7 +20,8 @@ from convs2s.config import EOS, PAD, PRESETS, TrainConfig
 from convs2s.model.loss import sequence_loss
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
-from convs2s.train.update import Comm, train_update, validate
+from convs2s.train.comm import Comm
+from convs2s.train.update import train_update, validate
 
 V = 40
 SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),

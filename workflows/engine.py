@@ -47,7 +47,7 @@ from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 from workflows.run_state import StageContext, record_settings, reuse_problem
 from workflows.run_tree import RunTree
-from workflows.stages import EvalScore, evaluate_stage, preprocess_stage, train_stage
+from workflows.steps import EvalScore, evaluate_stage, preprocess_stage, train_stage
 
 log = logging.getLogger("workflows")
 

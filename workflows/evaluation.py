@@ -352,13 +352,6 @@ def last_checkpoints(run_dir: str, last_n: int,
     return tuple(i.path for i in infos)
 
 
-def ensemble_job(name: str, run_dirs: list[str], test_set: TestSet,
-                 search: SearchConfig | None = None, **resources) -> EvalJob:
-    """The ensemble of the best checkpoint of each training run (paper §5.2)."""
-    return EvalJob(name, best_checkpoints(run_dirs), test_set, search or SearchConfig(),
-                   **resources)
-
-
 def averaging_job(name: str, run_dir: str, last_n: int, test_set: TestSet,
                   search: SearchConfig | None = None, epoch_ends_only: bool = False,
                   **resources) -> EvalJob:

@@ -82,7 +82,7 @@ class RunSpec:
         absolute paths only tell machines apart in MLflow's compare view)."""
         return {"workflow": {
             "name": self.workflow, "preset": self.preset, "task_kind": self.task_kind,
-            "data": self.data_flag, "preprocess": compared(self.data),
+            "data": self.data_flag, "preprocess": preprocess_params(self.data),
             "model": self.model.to_dict(), "train": self.train.to_dict(),
             "search": self.search.to_dict(), "ensemble": dataclasses.asdict(self.ensemble),
             "test_sets": dict(self.test_sets), "num_workers": self.num_workers,
@@ -90,7 +90,7 @@ class RunSpec:
             **({"init_from": self.init_from} if self.init_from else {})}}
 
 
-def compared(pre: PreprocessConfig) -> dict:
+def preprocess_params(pre: PreprocessConfig) -> dict:
     """Preprocessing settings as params: all but the storage root, an absolute path that only
     tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
     return {k: v for k, v in pre.to_dict().items() if k != "root"}

@@ -74,9 +74,9 @@ def result_settings(spec) -> dict[str, str]:
     evaluation-only test splits and the output root), the task kind, model, optimization
     (budgets aside), search and ensemble. A rerun under the same name must keep them."""
     from convs2s.tracking.runs import flatten_params
-    from workflows.run_spec import compared
+    from workflows.run_spec import preprocess_params
 
-    data = compared(spec.data)
+    data = preprocess_params(spec.data)
     data["splits"] = {s: data["splits"][s] for s in ("train", "valid")}
     train = {k: v for k, v in spec.train.to_dict().items() if k not in BUDGETS}
     return flatten_params({"task_kind": spec.task_kind, "data": data,

@@ -23,8 +23,6 @@ import logging
 import socket
 from collections.abc import Iterator
 
-PREFIX = "system/"
-
 
 def node_name(node_rank: int) -> str:
     """The node's part of the metric names: `node<rank>-<host>` (metric keys allow letters,

@@ -17,7 +17,8 @@ import time
 import torch
 
 from convs2s.train.collate import Batch
-from convs2s.train.update import Comm, UpdateStats
+from convs2s.train.comm import Comm
+from convs2s.train.update import UpdateStats
 
 
 class TrainMeter:

@@ -64,14 +64,15 @@ from convs2s.train.collate import collate_arrow
 from convs2s.config import ModelConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
-from convs2s.precision import agree
+from convs2s.precision import world_precision
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.tracking.runs import set_tags
 from convs2s.train.data import TrainFiles, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
-from convs2s.train.update import Comm, train_update
+from convs2s.train.comm import Comm
+from convs2s.train.update import train_update
 from convs2s.train.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
@@ -163,7 +164,7 @@ class Trainer:
         self._tracking = (config["tracking_uri"], config["run_id"])
         # bf16 autocast or float32, decided once from every rank's hardware (a collective):
         # the same on every rank; the steps below see the decided value, never "auto".
-        self.precision = agree(job.train.precision, self.device, self.comm)
+        self.precision = world_precision(job.train.precision, self.device, self.comm)
         self.cfg = self.cfg.replace(precision=self.precision.name)
         if self.rank == 0:
             _say(f"[convs2s.train] precision {self.precision.name}: {self.precision.reason}")

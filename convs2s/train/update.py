@@ -10,7 +10,7 @@ exactly the single-process update on the union of the batches (paper §3.4/§4: 
 normalized by the number of non-padding target tokens, multi-GPU gradients summed). Only the
 last micro-batch synchronizes gradients (DDP `no_sync` for the others).
 
-    comm = Comm.create()                  # world of torch.distributed, or a single process
+    comm = Comm.create()                  # world of torch.distributed (convs2s.train.comm)
     stats = train_update(model, optimizer, micro_batches, cfg, comm, device)
     if stats is None: ...                 # some rank ran out of data: the epoch ends everywhere
     loss, nll, ntok = validate(model, batches, comm, device)   # summed over all ranks
@@ -23,50 +23,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from convs2s.train.collate import Batch
 from convs2s.config import TrainConfig
 from convs2s.train.optim import clip_gradients
-from convs2s.precision import choose
-
-
-@dataclass
-class Comm:
-    """Collectives of the training world; a CPU (gloo) group carries the host-side counts so that
-    reducing them never waits for the GPU."""
-
-    world_size: int = 1
-    rank: int = 0
-    cpu_group: object = None  # gloo process group for host integers (None: default group)
-
-    @classmethod
-    def create(cls) -> Comm:
-        if not (dist.is_available() and dist.is_initialized()):
-            return cls()
-        group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else None
-        return cls(dist.get_world_size(), dist.get_rank(), group)
-
-    def sum_ints(self, values: list[int]) -> list[int]:
-        """Sum host integers over the ranks (gloo, CPU): no device synchronization."""
-        if self.world_size == 1:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(t, group=self.cpu_group)
-        return t.tolist()
-
-    def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum a device tensor over the ranks (the training backend: gloo or nccl), in place."""
-        if self.world_size > 1:
-            dist.all_reduce(t)
-        return t
-
-    def gather_objects(self, obj) -> list:
-        if self.world_size == 1:
-            return [obj]
-        out = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.cpu_group)
-        return out
+from convs2s.precision import local_precision
+from convs2s.train.comm import Comm
 
 
 @dataclass
@@ -83,7 +45,7 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
     """The forward passes' context for `cfg.precision`: bf16 autocast or float32. A run's
     Trainer passes the precision its ranks agreed on ("bf16" / "fp32"); "auto" is decided here
     for this process alone (benchmarks, single-process use)."""
-    return choose(cfg.precision, device).autocast(device)
+    return local_precision(cfg.precision, device).autocast(device)
 
 
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

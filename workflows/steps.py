@@ -17,7 +17,7 @@ from pathlib import Path
 from convs2s.config import TrainConfig
 from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
-from workflows.run_spec import RunSpec, compared
+from workflows.run_spec import RunSpec, preprocess_params
 from workflows.run_state import StageContext, digest, weights_stamp
 
 log = logging.getLogger("workflows")
@@ -47,7 +47,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
 
     vocabulary = CheckpointVocabulary(init_from) if init_from else None
     run_id = ctx.tree.child("preprocess", "preprocess")
-    params = {"preprocess": compared(pre)}
+    params = {"preprocess": preprocess_params(pre)}
     if vocabulary is not None:
         params["vocabulary"] = {"from": vocabulary.folder, "kind": vocabulary.kind,
                                 "fingerprint": vocabulary.fingerprint}
