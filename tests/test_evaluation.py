@@ -83,11 +83,16 @@ def test_evaluation_jobs_pick_best_and_last_checkpoints(tiny_checkpoints, tmp_pa
 
 def test_evaluate_job_without_ray(tiny_checkpoints, tmp_path):
     """The task body: averaged checkpoints translate like the averaged checkpoint itself, and
-    the metrics and pictures come back."""
+    the metrics and pictures come back. The average is staged once on the driver
+    (`stage_weights`, the one staging path): a task never averages on its own."""
+    from workflows.evaluation import stage_weights
+
     test = tiny_test_set(tiny_checkpoints, tmp_path)
     job = EvalJob("avg", (tiny_checkpoints["a"], tiny_checkpoints["b"]), test, SHORT,
                   average=True, attention_sentences=2)
-    out = evaluate_job(job)
+    with pytest.raises(ValueError, match="stage it first"):
+        evaluate_job(job)
+    out = evaluate_job(stage_weights([job], tmp_path / "weights")[0])
     assert {"bleu", "bleu_tokenized", "chrf", "length_ratio", "sentences_per_second"} <= \
         set(out["metrics"])
     assert out["metrics"]["sentences"] == 6 and len(out["hypotheses"]) == 6
@@ -173,7 +178,8 @@ def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, 
     """An averaging job's average and an ensemble's members are written once per job name (not
     per test set) as slim inference copies; staging again from unchanged checkpoints reuses
     them, new weights under the same paths are staged anew."""
-    from workflows.evaluation import STAGED_FILE, stage_weights
+    from convs2s.io.staging import STAGED_FILE
+    from workflows.evaluation import stage_weights
 
     a = shutil.copytree(tiny_checkpoints["a"], tmp_path / "ck" / "a")
     b = shutil.copytree(tiny_checkpoints["b"], tmp_path / "ck" / "b")
@@ -199,7 +205,7 @@ def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, 
     assert not new[key].equal(avg_state["model"][key])
     assert (tmp_path / "weights/avg" / STAGED_FILE).is_file()
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["avg", "ens"]
-    # An averaging job scored without a run folder averages in a temporary one, as before.
+    # The staged average is what a task scores.
     out = evaluate_job(dataclasses.replace(staged[0], test_set=tiny_test_set(
         tiny_checkpoints, tmp_path), search=SHORT))
     assert len(out["hypotheses"]) == 6

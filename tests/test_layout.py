@@ -203,3 +203,15 @@ def test_the_command_line_dispatches_and_loads_each_command_lazily():
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
+
+
+def test_the_evaluation_types_load_without_ray():
+    """`workflows.evaluation`'s TestSet / EvalJob and the job body import without Ray: Ray
+    is imported where jobs are scheduled (`evaluate_all`)."""
+    import subprocess
+    import sys
+
+    code = "import sys, workflows.evaluation\nprint('ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr

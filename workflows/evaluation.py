@@ -30,17 +30,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
-import json
 import logging
-import os
-import shutil
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import ray
 
 from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
 from convs2s.config import SearchConfig, summarization_search
@@ -123,9 +118,10 @@ def evaluate_job(job: EvalJob) -> dict:
     if len(src) != len(refs):
         raise ValueError(f"test set {test.name}: {test.src} has {len(src)} lines but "
                          f"{test.ref} has {len(refs)}; they must be line-aligned")
+    if job.kind == "average" and not job.staged:
+        raise ValueError(f"job {job.name}: an averaging job scores its staged average; stage "
+                         "it first (stage_weights, which evaluate_all does)")
     with tempfile.TemporaryDirectory() as tmp:
-        if not job.staged and job.kind == "average":  # called without a run folder
-            job = stage_weights([job], tmp)[0]
         paths = list(job.staged or job.checkpoints)
         translator = load_for_inference(paths, job.search,
                                         "cuda" if use_cuda else "cpu")
@@ -145,50 +141,20 @@ def evaluate_job(job: EvalJob) -> dict:
     return {"hypotheses": hyps, "metrics": metrics, "signatures": signatures, "pngs": pngs}
 
 
-STAGED_FILE = "staged.json"  # in each staged job folder: the weights it was made from
-
-
 def stage_weights(jobs: list[EvalJob], folder: str | Path) -> list[EvalJob]:
-    """Write each job's weights once, as the files that are scored and logged as its model:
-    `<folder>/<job>/model_00` (`model_01`, ... for an ensemble) is a slim inference copy of
-    each checkpoint (no optimizer state) or, for an averaging job, their weight average. A job
-    folder staged earlier from the same checkpoint files (`weights_stamp`) is reused; otherwise
-    a new one is written beside it and swapped in whole, so a crash never leaves a half-written
-    set that reads as complete. Returns the jobs with `staged` set (one staging per job name:
-    it recurs once per test set)."""
-    from convs2s.io.averaging import average_checkpoints
-    from workflows.run_state import weights_stamp
+    """Each job's weights staged once under `<folder>/<job>` (`convs2s.io.staging`: slim copies,
+    an averaging job's average computed there, reused while the checkpoints are unchanged);
+    returns the jobs with `staged` set. One staging per job name: it recurs once per test set."""
+    from convs2s.io.staging import stage_models
 
-    folder = Path(folder)
     staged: dict[str, tuple[str, ...]] = {}
     out = []
     for job in jobs:
         if job.name not in staged:
-            target = folder / job.name
-            stamp = {"checkpoints": weights_stamp(job.checkpoints), "average": job.average}
-            record = target / STAGED_FILE
-            if not (record.is_file() and json.loads(record.read_text()) == stamp):
-                partial = folder / f".partial-{job.name}"
-                shutil.rmtree(partial, ignore_errors=True)
-                groups = [list(job.checkpoints)] if job.kind == "average" else \
-                    [[c] for c in job.checkpoints]  # a mean of one is a slim copy
-                for i, group in enumerate(groups):
-                    average_checkpoints(group, partial / f"model_{i:02d}")
-                (partial / STAGED_FILE).write_text(json.dumps(stamp))  # written last
-                old = folder / f".old-{job.name}"
-                shutil.rmtree(old, ignore_errors=True)
-                if target.exists():
-                    os.replace(target, old)
-                os.replace(partial, target)
-                shutil.rmtree(old, ignore_errors=True)
-            staged[job.name] = tuple(str(p) for p in sorted(target.glob("model_*")))
+            staged[job.name] = stage_models(job.checkpoints, job.kind == "average",
+                                            Path(folder) / job.name)
         out.append(dataclasses.replace(job, staged=staged[job.name]))
     return out
-
-
-@ray.remote
-def _evaluate_task(job: EvalJob) -> dict:
-    return evaluate_job(job)
 
 
 # --- the driver: child runs, Ray tasks, logging as results arrive --------------------------------
@@ -255,12 +221,21 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     FAILED; with `raise_on_error` a RuntimeError naming every failed job follows once the
     others are logged (else failed jobs are left out of the results).
     """
+    import ray  # here: the job and test-set types above load without Ray
+
     if not ray.is_initialized():
         ray.init()
     names = [(j.name, j.test_set.name) for j in jobs]
     if len(set(names)) != len(names):
         raise ValueError("two jobs share a (job name, test set name); the child runs and "
                          "hypotheses files are named after them")
+    # An averaging job scores its average, computed once on the driver (the workflows stage
+    # every job before, into the run's weights/ folder; here what is left goes to out_dir).
+    unstaged = [j for j in jobs if j.kind == "average" and not j.staged]
+    if unstaged:
+        done = {j.name: j for j in stage_weights(unstaged, Path(out_dir) / "weights")}
+        jobs = [dataclasses.replace(j, staged=done[j.name].staged) if j in unstaged else j
+                for j in jobs]
     uri = resolve_tracking_uri(tracking_uri)
     exp = _experiment_name(uri, parent_run_id, experiment_name)
     run_ids, datasets = {}, {}
@@ -276,9 +251,9 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                      [job.model_id] if job.model_id else [])
     # Scheduled on the cluster, never inside the caller's placement group: a sweep's trial
     # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
-    pending = {_evaluate_task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus,
-                                      scheduling_strategy="DEFAULT")
-               .remote(job): job for job in jobs}
+    task = ray.remote(evaluate_job)
+    pending = {task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus,
+                            scheduling_strategy="DEFAULT").remote(job): job for job in jobs}
     results, failures = [], []
     while pending:
         [ref], _ = ray.wait(list(pending), num_returns=1)

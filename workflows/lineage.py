@@ -24,7 +24,6 @@ import re
 from dataclasses import dataclass
 
 from convs2s.tracking.runs import DatasetRecord, bounded_http, flatten_params, global_tracking_uri
-from workflows.run_state import weights_stamp
 
 log = logging.getLogger("workflows")
 
@@ -64,6 +63,7 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
     out after a warning (its scores are still logged on its run)."""
     from mlflow.tracking import MlflowClient
 
+    from convs2s.io.staging import weights_stamp
     from convs2s.serving.pyfunc import log_translator
     from workflows.evaluation import short_path
 

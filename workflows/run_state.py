@@ -25,17 +25,6 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def weights_stamp(checkpoints) -> list:
-    """Identity of the weights a job scores: each checkpoint file's path, size and mtime (new
-    weights under the same path are new weights)."""
-    out = []
-    for c in checkpoints:
-        f = Path(c) / "checkpoint.pt"
-        st = f.stat() if f.is_file() else None
-        out.append([str(c), st.st_size if st else None, st.st_mtime_ns if st else None])
-    return out
-
-
 @dataclass
 class StageContext:
     """What every stage needs: the run tree (where to track, the parent run, the run folder)

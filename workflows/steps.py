@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.config import TrainConfig
+from convs2s.io.staging import weights_stamp
 from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
 from workflows.run_spec import RunSpec, preprocess_params
-from workflows.run_state import StageContext, digest, weights_stamp
+from workflows.run_state import StageContext, digest
 
 log = logging.getLogger("workflows")
 

@@ -109,17 +109,15 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
     """Slim checkpoint copies (or, with `average`, their weight average as one model; with
     `as_is`, the folders copied unchanged: inference copies staged already), search.json (and
     the dictionary) under out_dir -> the pyfunc artifacts map."""
-    from convs2s.io.averaging import average_checkpoints
+    from convs2s.io.staging import STAGED_FILE, stage_models
 
     ck_dir = out_dir / "checkpoints"
     if as_is:
         for i, p in enumerate(checkpoints):
             shutil.copytree(p, ck_dir / f"model_{i:02d}")
-    elif average and len(checkpoints) > 1:
-        average_checkpoints(list(checkpoints), ck_dir / "model_00")
-    else:
-        for i, p in enumerate(checkpoints):
-            average_checkpoints([p], ck_dir / f"model_{i:02d}")  # a mean of one = a slim copy
+    else:  # the one staging path (convs2s.io.staging), as the evaluation tasks score weights
+        stage_models(list(checkpoints), average, ck_dir)
+        (ck_dir / STAGED_FILE).unlink()  # a record of the local paths: not the model's
     artifacts = {"checkpoints": str(ck_dir), "search": str(out_dir / SEARCH_FILE)}
     cfg = search.to_dict()
     if search.dictionary:
