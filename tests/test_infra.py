@@ -20,14 +20,16 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
+from workflows.catalog import paper_tasks
+
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 # The workflow command-line contract (every workflow takes these flags).
 WORKFLOW_FLAGS = {"--preset", "--data", "--num-workers", "--use-gpu", "--max-epochs",
                   "--storage-path", "--tracking-uri", "--experiment", "--run-name",
                   "--accelerator-type"}
-ALL_WORKFLOWS = {"workflows/wmt14_en_fr.py", "workflows/wmt14_en_de.py",
-                 "workflows/wmt16_en_ro.py", "workflows/gigaword.py"}
+# The paper tasks' workflow files, as found in workflows/.
+ALL_WORKFLOWS = {f"workflows/{name}.py" for name in paper_tasks()}
 
 
 def load(name: str) -> dict:
@@ -104,7 +106,8 @@ def test_every_infra_file_present_and_yaml_loads():
 
 def test_entry_points_use_the_workflow_flag_contract():
     commands = workflow_commands()
-    assert {script for _, script, _ in commands} == ALL_WORKFLOWS, "README covers all 4 workflows"
+    assert {script for _, script, _ in commands} == ALL_WORKFLOWS, \
+        "README covers every paper workflow"
     for source, script, argv in commands:
         flags = flag_values(argv)
         assert set(flags) <= WORKFLOW_FLAGS, f"{source}: {script} has unknown flags {flags}"

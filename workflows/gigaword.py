@@ -66,5 +66,9 @@ def smoke() -> WorkflowConfig:
     )
 
 
+# The presets `--preset` chooses from (default smoke); workflows.catalog finds this file by them.
+PRESETS = {"paper": paper, "smoke": smoke}
+
+
 if __name__ == "__main__":
-    sys.exit(main({"paper": paper, "smoke": smoke}, __doc__))
+    sys.exit(main(PRESETS, __doc__))

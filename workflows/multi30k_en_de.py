@@ -89,5 +89,9 @@ def smoke() -> WorkflowConfig:
     )
 
 
+# The presets `--preset` chooses from (default smoke); workflows.catalog finds this file by them.
+PRESETS = {"cpu": cpu, "reference": reference, "smoke": smoke}
+
+
 if __name__ == "__main__":
-    sys.exit(main({"cpu": cpu, "reference": reference, "smoke": smoke}, __doc__))
+    sys.exit(main(PRESETS, __doc__))
