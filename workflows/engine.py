@@ -89,12 +89,12 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                params: dict | None = None) -> WorkflowResult:
     """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
     `within` when given (a sweep's trial, with the sweep's `tags` and `params`)."""
-    from convs2s.tracking.runs import end_run, resolve_tracking_uri
+    from convs2s.tracking.runs import end_run
     from workflows.lineage import data_inputs, register_champion, registered_name
 
     t0 = time.monotonic()
     pre, run_dir = spec.data, spec.run_dir
-    uri = resolve_tracking_uri(spec.tracking_uri)
+    uri = spec.tracking_uri
     source = source_tags(spec)  # the runs table's Source column: the workflow file and commit
     tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
                         tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,

@@ -212,14 +212,16 @@ def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
 
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                  parent_run_id: str | None = None, out_dir: str = "eval",
-                 experiment_name: str = "convs2s", raise_on_error: bool = True
+                 experiment_name: str = "convs2s", raise_on_error: bool = True,
+                 run_ids: dict[tuple[str, str], str | None] | None = None
                  ) -> list[EvalResult]:
     """Run every job as a Ray task and log each as a child run of `parent_run_id`.
 
     Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning with the
     same parent, job and test names reuses the same child runs. A failed job marks its run
     FAILED; with `raise_on_error` a RuntimeError naming every failed job follows once the
-    others are logged (else failed jobs are left out of the results).
+    others are logged (else failed jobs are left out of the results). `run_ids` ({(job name,
+    test set name): run id}, a workflow's run tree made them) are the child runs to log into.
     """
     import ray  # here: the job and test-set types above load without Ray
 
@@ -237,14 +239,20 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         jobs = [dataclasses.replace(j, staged=done[j.name].staged) if j in unstaged else j
                 for j in jobs]
     uri = resolve_tracking_uri(tracking_uri)
-    exp = _experiment_name(uri, parent_run_id, experiment_name)
+    given = run_ids or {}
+    exp = None if len(given) == len(jobs) else \
+        _experiment_name(uri, parent_run_id, experiment_name)
     run_ids, datasets = {}, {}
     for job in jobs:
-        # Keyed by where its hypotheses go (workflows.run_tree: <run folder>/eval/<job>/<test>).
-        run_ids[job] = find_or_create_run(
-            uri, exp, run_key=run_key(Path(out_dir) / job.name / job.test_set.name),
-            run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
-            tags={"convs2s.eval.kind": job.kind})
+        pair = (job.name, job.test_set.name)
+        if pair in given:
+            run_ids[job] = given[pair]
+            set_tags(uri, given[pair], {"convs2s.eval.kind": job.kind})
+        else:  # keyed by where its hypotheses go (<out_dir>/<job>/<test>, as the run tree)
+            run_ids[job] = find_or_create_run(
+                uri, exp, run_key=run_key(Path(out_dir) / job.name / job.test_set.name),
+                run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
+                tags={"convs2s.eval.kind": job.kind})
         if job.test_set not in datasets:
             datasets[job.test_set] = dataset_of(job.test_set)
         describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],

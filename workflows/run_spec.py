@@ -56,7 +56,9 @@ class RunSpec:
     attention: int  # attention pictures of the first N sentences of each test set
     run_name: str
     storage: str  # absolute: Ray workers on other nodes read and write there
-    tracking_uri: str | None  # None: $MLFLOW_TRACKING_URI, else ./mlflow.db
+    # Resolved once, here: --tracking-uri, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
+    # (absolute: Ray workers run in another working directory).
+    tracking_uri: str
     experiment: str
     added_test_sets: tuple[str, ...] = ()  # the --test-set stems (checked for files up front)
     restart: bool = False  # --restart: train the run name over (workflows.run_state)
@@ -94,6 +96,15 @@ def preprocess_params(pre: PreprocessConfig) -> dict:
     """Preprocessing settings as params: all but the storage root, an absolute path that only
     tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
     return {k: v for k, v in pre.to_dict().items() if k != "root"}
+
+
+def _tracking_uri(flag: str | None) -> str:
+    from convs2s.tracking.runs import resolve_tracking_uri
+
+    try:
+        return resolve_tracking_uri(flag)
+    except ValueError as err:
+        raise SpecError(f"--tracking-uri: {err}") from None
 
 
 def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
@@ -146,7 +157,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
         system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
         attention=opts.attention, run_name=run_name, storage=str(storage),
-        tracking_uri=opts.tracking_uri, experiment=opts.experiment or cfg.name,
+        tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or cfg.name,
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type)
 

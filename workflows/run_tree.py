@@ -1,20 +1,26 @@
-"""Every MLflow run of a workflow run, named, found and described one way: the run tree.
+"""Every MLflow run of a workflow run is made, found and described here: the run tree.
 
     experiment <--experiment, default the workflow's name>
-      [<sweep run name>]              a sweep (workflows/sweep.py): its trials are the parents
-      <run name>                      parent: the resolved RunSpec as params, the data as inputs,
-                                      the headline scores as metrics
-        preprocess                    the preprocessing settings and counts
-        train (train_2, ...)          made by convs2s.train.launch.fit: model / train / data params,
-                                      the data as inputs, training metrics, checkpoints
-        eval/<job>/<test set>         made by workflows.evaluation.evaluate_all: the job, the
-                                      test set (an input, with the scored logged model), scores
+      [<sweep run name>]              a sweep (workflows/sweep.py, `RunTree.open` of its folder):
+                                      its trials' parents are its children (`within`)
+      <run name>                      parent (`RunTree.open`): the resolved RunSpec as params,
+                                      the data as inputs, the headline scores as metrics
+        preprocess                    `child`: the preprocessing settings and counts
+        train (train_2, ...)          `child`, its id handed to convs2s.train.launch.fit
+                                      (`TrainJob.run_id`): model / train / data params, the data
+                                      as inputs, training metrics, checkpoints
+        eval/<job>/<test set>         `child`, the ids handed to workflows.evaluation.evaluate_all
+                                      (`run_ids`): the job, the test set (an input, with the
+                                      scored logged model), scores
 
 A run's key (tag `convs2s.run_key`, `convs2s.tracking.runs.run_key`) is the absolute path of what
 it describes: the run folder `<storage>/<run name>` for the parent, `<run folder>/preprocess`,
-`<run folder>/train`, `<run folder>/eval/<job>/<test set>`. The same `--run-name` and
-`--storage-path` find the same runs again (resume), and the runs of two workflow runs never
-mix. Every run is described by `convs2s.tracking.runs.describe_run` (params and inputs, once).
+`<run folder>/train`, `<run folder>/eval/<job>/<test set>`, the sweep's folder for a sweep. The
+same `--run-name` and `--storage-path` find the same runs again (resume), and the runs of two
+workflow runs never mix. Every run is described by `convs2s.tracking.runs.describe_run`
+(params and inputs, once). The tracking URI is the spec's, resolved once
+(`workflows.run_spec.resolve`). Used without a workflow, `fit` and `evaluate_all` find or make
+their runs by the same keys.
 """
 
 from __future__ import annotations

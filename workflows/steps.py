@@ -105,14 +105,16 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
         log.info("== %s: %d worker(s)%s, %s", name, spec.num_workers,
                  " with a GPU each" if spec.use_gpu
                  else f" on CPU ({spec.cpus_per_worker:g} threads each)", _limits(train))
+        train_tags = {**(tags or {}), "convs2s.stage": "train"}
         job = TrainJob(model=spec.model, train=train, train_data=out.batches["train"],
                        valid_data=out.batches["valid"], spm_model=out.spm_model,
                        vocab_size=out.vocab_size, storage_path=str(ctx.run_dir), run_name=name,
                        num_workers=spec.num_workers, use_gpu=spec.use_gpu,
                        cpus_per_worker=spec.cpus_per_worker, tracking_uri=ctx.tree.uri,
-                       experiment_name=ctx.tree.experiment,
-                       parent_run_id=ctx.tree.parent, data_manifest=_data_summary(out),
-                       datasets=tuple(datasets), tags={**(tags or {}), "convs2s.stage": "train"},
+                       experiment_name=ctx.tree.experiment, parent_run_id=ctx.tree.parent,
+                       run_id=ctx.tree.child(name, "train", train_tags),
+                       data_manifest=_data_summary(out),
+                       datasets=tuple(datasets), tags=train_tags,
                        system_metrics_s=spec.system_metrics_s, init_from=spec.init_from,
                        tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files,
                        accelerator_type=spec.accelerator_type,
@@ -172,9 +174,13 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     if todo:
         log.info("== evaluate: %d jobs as parallel Ray tasks (%s)", len(todo),
                  ", ".join(f"{j.name}/{j.test_set.name}" for j in todo))
+        # The tree makes their runs: eval/<job>/<test set>, keyed by where the hypotheses go.
+        run_ids = {(j.name, j.test_set.name): ctx.tree.child(f"eval/{j.name}/{j.test_set.name}",
+                                                             "eval")
+                   for j in todo}
         results = evaluate_all(todo, ctx.tree.uri, parent_run_id=ctx.tree.parent,
                                out_dir=str(ctx.run_dir / "eval"),
-                               experiment_name=ctx.tree.experiment)
+                               experiment_name=ctx.tree.experiment, run_ids=run_ids)
         state = ctx.state()
         for r in results:
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {

@@ -169,19 +169,20 @@ def concurrency(sweep: SweepSpec, resources: dict[str, float]) -> int:
 def run_sweep(sweep: SweepSpec) -> SweepResult:
     """Prepare the data once, run every trial not finished yet on Ray Tune, then summarize
     (table, MLflow metrics and artifacts)."""
-    from convs2s.tracking.runs import (describe_run, end_run, find_or_create_run, log_artifacts,
-                                  log_final_metrics, resolve_tracking_uri, run_key)
+    from convs2s.tracking.runs import end_run, log_artifacts, log_final_metrics
     from preprocessing.pipeline import run_pipeline
+    from workflows.run_tree import RunTree
 
     base = sweep.base
     prepare(base)  # sources, GPUs and Ray, as for one workflow run
-    uri = resolve_tracking_uri(base.tracking_uri)
-    run_id = find_or_create_run(uri, base.experiment, run_key=run_key(sweep.folder),
-                                run_name=sweep.run_name,
-                                tags={"convs2s.sweep": sweep.sweep, "convs2s.stage": "sweep",
-                                      "convs2s.workflow": base.workflow,
-                                      "convs2s.preset": base.preset, **source_tags(base)})
-    describe_run(uri, run_id, sweep_params(sweep))
+    uri = base.tracking_uri
+    # The sweep's run, the root of its trials' run trees (each trial's parent is its child).
+    tree = RunTree.open(uri, base.experiment, sweep.folder, sweep.run_name,
+                        tags={"convs2s.sweep": sweep.sweep, "convs2s.stage": "sweep",
+                              "convs2s.workflow": base.workflow, "convs2s.preset": base.preset,
+                              **source_tags(base)})
+    run_id = tree.parent
+    tree.describe(run_id, sweep_params(sweep))
     result = SweepResult(sweep, run_id, uri)
     try:
         log.info("== sweep %s (%s): %d variants x %d seeds = %d trials", sweep.run_name,

@@ -49,6 +49,10 @@ class TrainJob:
     tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
     experiment_name: str = "convs2s"
     parent_run_id: str | None = None  # make the training run a child of a workflow's run
+    # The MLflow run to train into, made by the caller (a workflow's run tree); None: `fit`
+    # finds or creates it from tracking_uri, experiment_name and parent_run_id (keyed by the
+    # run folder, as every run of the project).
+    run_id: str | None = None
     data_manifest: dict = field(default_factory=dict)  # counts etc., flattened into params
     datasets: tuple = ()  # convs2s.tracking.runs.DatasetRecord: MLflow dataset inputs of the run
     tags: dict = field(default_factory=dict)  # extra MLflow run tags

@@ -74,10 +74,14 @@ def fit(job: TrainJob) -> TrainResult:
     run_dir = storage / job.run_name
     uri = resolve_tracking_uri(job.tracking_uri)
     version = code_version()
-    # Keyed by its run folder, as every run of the project (tracking.run_key).
-    run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
-                                run_name=job.run_name, parent_run_id=job.parent_run_id,
-                                tags={"convs2s.code_version": version, **job.tags})
+    run_tags = {"convs2s.code_version": version, **job.tags}
+    if job.run_id is not None:  # made by the caller (a workflow's run tree)
+        run_id = job.run_id
+        set_tags(uri, run_id, run_tags)
+    else:  # keyed by its run folder, as every run of the project (tracking.run_key)
+        run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
+                                    run_name=job.run_name, parent_run_id=job.parent_run_id,
+                                    tags=run_tags)
     if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart
         initial_weights(job)
         set_tags(uri, run_id, {"convs2s.init_from": job.init_from})
