@@ -48,7 +48,7 @@ from benchmarks.corpus import DATA_DIR, encode, length_stats, read_pairs, train_
 from benchmarks.flops import decoder_flops, encoder_flops
 from benchmarks.machine import load_average, machine_info, matmul_peak, synchronize, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
-from convs2s.config import EOS, PAD, PRESETS, SearchConfig
+from convs2s.config import EOS, INFERENCE_PRECISIONS, PAD, PRESETS, SearchConfig
 from convs2s.model.network import ConvS2S, inference_copy
 from convs2s.inference.quantize import for_inference
 from convs2s.inference.search import generate, greedy
@@ -84,7 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1,
                    help="timed rounds (each times every --dtype once); the median is kept")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", nargs="+", choices=["fp32", "bf16", "int8"], default=["fp32"],
+    p.add_argument("--dtype", nargs="+", choices=INFERENCE_PRECISIONS, default=["fp32"],
                    help="weights to search with (convs2s.inference.quantize): fp32; bf16 (fast "
                    "where "
                         "the hardware has native bf16: GPUs, CPUs with AVX-512 BF16 or AMX); "

@@ -40,6 +40,7 @@ from statistics import median
 from benchmarks.corpus import read_pairs
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
+from convs2s.config import INFERENCE_PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--test", nargs=4, metavar=("DIR", "NAME", "SRC", "TGT"), required=True,
                    help="the test set: folder, file stem, source and target language")
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument("--precision", choices=INFERENCE_PRECISIONS, default="fp32")
     p.add_argument("--shortlist", type=Path, help="vocabulary selection's lexical table")
     p.add_argument("--shortlist-frequent", type=int, default=1000)
     p.add_argument("--shortlist-per-source", type=int, default=0)

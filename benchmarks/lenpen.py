@@ -18,6 +18,7 @@ from pathlib import Path
 from benchmarks.corpus import read_pairs
 from benchmarks.machine import load_average, machine_info
 from benchmarks.report import RESULTS_DIR, format_table, write_result
+from convs2s.config import INFERENCE_PRECISIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beam", type=int, nargs="+", default=[5])
     p.add_argument("--max-len-a", type=float, default=0.0)
     p.add_argument("--max-len-b", type=int, default=200)
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32")
+    p.add_argument("--precision", choices=INFERENCE_PRECISIONS, default="fp32")
     p.add_argument("--out", type=Path)
     p.add_argument("--replace", action="store_true")
     return p.parse_args(argv)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from convs2s.config import SearchConfig
+from convs2s.config import INFERENCE_PRECISIONS, SearchConfig
 from convs2s.metrics.task_kinds import KINDS, task_kind
 
 # Each command imports what it needs when it runs: `convs2s-translate` does not pay for
@@ -108,7 +108,7 @@ def _translate_parser() -> argparse.ArgumentParser:
                    help="sentences per search batch")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens,
                    help="also cut a batch at this many padded source tokens (0: sentences only)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default=d.precision,
+    p.add_argument("--precision", choices=INFERENCE_PRECISIONS, default=d.precision,
                    help="weights to search with: fp32 as trained (default); bf16 (fast where "
                         "the hardware has native bf16); int8 (per-channel int8 weights, CPU)")
     p.add_argument("--precision-fallback", choices=["fp32"], default=d.precision_fallback,

@@ -294,6 +294,11 @@ class TrainConfig(Settings):
 # --- beam search (paper §5, docs/reference.md, Evaluation) ----------------------------------------
 
 
+# The precisions a search can multiply with (convs2s.inference.quantize converts the weights);
+# every command line's --precision offers these.
+INFERENCE_PRECISIONS = ("fp32", "bf16", "int8")
+
+
 @dataclass(frozen=True)
 class SearchConfig(Settings):
     """Beam search and output settings (docs/reference.md, Evaluation). Lengths count output
@@ -340,7 +345,7 @@ class SearchConfig(Settings):
         if self.max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0 (0: no token budget), got "
                              f"{self.max_tokens}")
-        if self.precision not in ("fp32", "bf16", "int8"):
+        if self.precision not in INFERENCE_PRECISIONS:
             raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got "
                              f"{self.precision!r}")
         if self.precision_fallback not in (None, "fp32"):

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
-from convs2s.config import SearchConfig, summarization_search
+from convs2s.config import INFERENCE_PRECISIONS, SearchConfig, summarization_search
 from convs2s.metrics.task_kinds import RUN_METRICS, task_kind
 from convs2s.tracking.runs import (
     DatasetRecord,
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summarization", action="store_true", help="score with ROUGE")
     p.add_argument("--last-n", type=int, default=5)
     p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+    p.add_argument("--precision", choices=INFERENCE_PRECISIONS, default="fp32",
                    help="weights the search multiplies with (convs2s.inference.quantize; "
                    "default fp32)")
     p.add_argument("--precision-fallback", choices=["fp32"],

@@ -30,9 +30,9 @@ import warnings
 import torch
 import torch.nn as nn
 
-log = logging.getLogger("convs2s.inference.quantize")
+from convs2s.config import INFERENCE_PRECISIONS  # the names; converted here
 
-INFERENCE_PRECISIONS = ("fp32", "bf16", "int8")
+log = logging.getLogger("convs2s.inference.quantize")
 
 
 class PrecisionError(RuntimeError):
