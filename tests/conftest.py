@@ -10,6 +10,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
+# Ray Train's controller checks its workers every 2 s (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S), and a
+# run's start and its end each wait for a check: 4-5 s of a short run's 12 (a bare two-worker
+# TorchTrainer.fit here: 12 s at 2 s, 7-8 s at 0.2 s). The suite makes dozens of short runs, in
+# this process, its Ray and the workflows it starts (they inherit the environment).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
 
 def pytest_collection_modifyitems(config, items):
     import torch
