@@ -55,14 +55,21 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     from preprocessing.errors import PreprocessError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    cfg = presets[opts.preset]()
-    _warn_if_job_tmp(opts)
     try:
+        cfg = presets[opts.preset]() if opts.config is None else _load_config(opts)
+        if opts.dry_run and opts.format == "yaml":  # the preset, --set applied: a --config file
+            print(config_yaml(cfg, opts), end="", flush=True)
+            return 0
         # Named now: an interrupted run is told how to resume.
         spec = resolve_sweep(cfg, opts) if opts.sweep else resolve(cfg, opts)
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if opts.dry_run:
+        what = [t.spec.describe() for t in spec.trials] if opts.sweep else spec.describe()
+        print(json.dumps(what, indent=1, default=str), flush=True)
+        return 0
+    _warn_if_job_tmp(opts)
     t0 = time.monotonic()
     try:
         if opts.sweep:
@@ -159,6 +166,40 @@ def sweep_summary(r: SweepResult, seconds: float) -> str:
         if ids:  # every finished trial's workflow run, side by side
             lines.append(f"  compare: {ui.compare(ids)}")
     return "\n".join(lines)
+
+
+def _load_config(opts: RunOptions) -> WorkflowConfig:
+    """--config FILE: the preset from a YAML / JSON file (`config_yaml` writes one); the run is
+    labelled with the file's stem as its preset."""
+    import yaml
+
+    path = Path(opts.config).expanduser()
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, dict):
+            raise ValueError("the file holds no mapping of settings")
+        cfg = WorkflowConfig.from_dict(doc)
+    except OSError as err:
+        raise SpecError(f"--config {opts.config}: cannot read it ({err.strerror})") from None
+    except (yaml.YAMLError, ValueError, TypeError, KeyError) as err:
+        raise SpecError(f"--config {opts.config}: {str(err).splitlines()[0]}") from None
+    opts.preset = path.stem
+    return cfg
+
+
+def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
+    """The preset `cfg` with --set applied, as the YAML file `--config` reads back."""
+    import yaml
+
+    from workflows import overrides
+
+    changes = overrides.parse(opts.set)
+    cfg = overrides.apply(cfg, changes)
+    cfg = cfg.replace(preprocess=overrides.apply_data(cfg.preprocess, changes))
+    head = (f"# {cfg.name}: preset {opts.preset}"
+            + (f", with --set {' --set '.join(opts.set)}" if opts.set else "")
+            + "\n# run it with: --config THIS_FILE (the run-level flags as usual)\n")
+    return head + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
 def _stems(cfg: WorkflowConfig) -> str:

@@ -71,6 +71,8 @@ class RunSpec:
     # Whether a better model moves the task's champion alias; a sweep's trials (ablations) never
     # do: they are compared with each other, not served.
     register_champion: bool = True
+    # --set section.field=value as given (workflows.overrides): applied above; kept to show.
+    overrides: tuple[str, ...] = ()
 
     @property
     def run_dir(self) -> Path:
@@ -89,7 +91,27 @@ class RunSpec:
             "search": self.search.to_dict(), "ensemble": dataclasses.asdict(self.ensemble),
             "test_sets": dict(self.test_sets), "num_workers": self.num_workers,
             "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker,
-            **({"init_from": self.init_from} if self.init_from else {})}}
+            **({"init_from": self.init_from} if self.init_from else {}),
+            **({"overrides": "; ".join(self.overrides)} if self.overrides else {})}}
+
+    def describe(self) -> dict:
+        """The resolved run as `--dry-run` prints it: the parent run's params, the update each
+        step trains, where the run goes and what it scores."""
+        d = self.data
+        workers = self.num_workers
+        return {**self.params(),
+                "update": {"workers": workers, "gpus": workers if self.use_gpu else 0,
+                           "max_tokens_per_batch": d.max_tokens,  # a padded-token budget
+                           "micro_batches_per_update": self.train.update_freq,
+                           "max_tokens_per_update": workers * self.train.update_freq
+                           * d.max_tokens},
+                "run": {"run_name": self.run_name, "storage": self.storage,
+                        "run_dir": str(self.run_dir), "tracking_uri": self.tracking_uri,
+                        "experiment": self.experiment, "data_source": d.source,
+                        "test_sets": dict(self.test_sets),
+                        "added_test_sets": list(self.added_test_sets),
+                        "accelerator_type": self.accelerator_type,
+                        "init_from": self.init_from, "restart": self.restart}}
 
 
 def preprocess_params(pre: PreprocessConfig) -> dict:
@@ -109,6 +131,10 @@ def _tracking_uri(flag: str | None) -> str:
 
 def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     """The run `opts` asks of the preset `cfg`; a SpecError names a flag that cannot apply."""
+    from workflows import overrides
+
+    changes = overrides.parse(opts.set)  # --set: the preset changed before anything else
+    cfg = overrides.apply(cfg, changes)
     storage = Path(opts.storage_path).expanduser().resolve()
     data_flag = opts.data or cfg.data
     test_sets = dict(cfg.test_sets)
@@ -133,6 +159,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         added = tuple(dict.fromkeys(s for s in opts.test_set if s not in pre.splits.values()))
         pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
         test_sets.update({stem: stem for stem in added})
+    pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
     limits = {k: v for k, v in (("max_epochs", opts.max_epochs),
                                 ("max_updates", opts.max_updates),
                                 ("max_time", opts.max_time)) if v is not None}
@@ -159,7 +186,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         attention=opts.attention, run_name=run_name, storage=str(storage),
         tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or cfg.name,
         added_test_sets=added, restart=opts.restart, init_from=init_from,
-        accelerator_type=opts.accelerator_type)
+        accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes))
 
 
 def _fine_tuned(path: str, preset_model: ModelConfig,

@@ -74,6 +74,52 @@ class WorkflowConfig:
     def replace(self, **changes) -> "WorkflowConfig":
         return dataclasses.replace(self, **changes)
 
+    def to_dict(self) -> dict:
+        """Plain data (a `--config` file's content): every section as its settings' dict."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(preprocess=_plain(self.preprocess.to_dict()), model=self.model.to_dict(),
+                 train=_plain(self.train.to_dict()), search=_plain(self.search.to_dict()),
+                 ensemble=dataclasses.asdict(self.ensemble))
+        return _plain(d)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "WorkflowConfig":
+        """A `to_dict` document back; an unknown key anywhere is refused with the closest
+        names (ValueError)."""
+        import difflib
+
+        def check(keys, cls_, where):
+            names = [f.name for f in dataclasses.fields(cls_)]
+            for k in keys:
+                if k not in names:
+                    near = difflib.get_close_matches(k, names, n=3, cutoff=0.5)
+                    raise ValueError(f"{where}{k}: no such setting"
+                                     + (f" (did you mean {' or '.join(near)}?)" if near else ""))
+
+        d = dict(d)
+        check(d, cls, "")
+        sections = {"preprocess": PreprocessConfig, "model": ModelConfig, "train": TrainConfig,
+                    "search": SearchConfig, "ensemble": EnsembleConfig}
+        for name, cls_ in sections.items():
+            if name in d:
+                check(d[name] or {}, cls_, f"{name}.")
+        pre = d.pop("preprocess")
+        pre = PreprocessConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in pre.items()})
+        return cls(preprocess=pre, model=ModelConfig.from_dict(d.pop("model")),
+                   train=TrainConfig.from_dict(d.pop("train")),
+                   search=SearchConfig.from_dict(d.pop("search", None) or {}),
+                   ensemble=EnsembleConfig(**(d.pop("ensemble", None) or {})), **d)
+
+
+def _plain(x):
+    """Tuples as lists, recursively: what YAML and JSON write."""
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
 
 @dataclass
 class RunOptions:
@@ -101,6 +147,10 @@ class RunOptions:
     seeds: int = 1  # seeds per variant of a sweep
     variants: list[str] = field(default_factory=list)  # a subset of the sweep's variants
     concurrent_trials: int | None = None  # a sweep's trials at once (default: what fits)
+    set: list[str] = field(default_factory=list)  # --set section.field=value (workflows.overrides)
+    config: str | None = None  # --config FILE.yaml: the preset as a file (replaces --preset's)
+    dry_run: bool = False  # print the resolved run and exit, starting nothing
+    format: str = "json"  # --dry-run's output: json (the resolved run) or yaml (a --config file)
 
 
 
@@ -180,6 +230,19 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p.add_argument("--concurrent-trials", type=int, metavar="N",
                    help="with --sweep: trials at once (default: as many as the cluster's "
                         "CPUs, or GPUs with --use-gpu, fit)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="change one setting of the preset (repeatable): sections model, train, "
+                        "search, data, ensemble, workflow; e.g. --set model.dropout=0.3 --set "
+                        "train.lr=0.5 (a value is read as YAML: numbers, true/false, lists)")
+    p.add_argument("--config", metavar="FILE.yaml",
+                   help="the whole preset from a YAML (or JSON) file, as `--dry-run --format "
+                        "yaml` writes one; --set applies on top, the run-level flags as usual")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved run (every setting, workers, tokens per update, "
+                        "data key inputs, test sets) and exit, starting nothing")
+    p.add_argument("--format", choices=["json", "yaml"], default="json",
+                   help="with --dry-run: json, the resolved run (default); yaml, the preset "
+                        "with --set applied as a --config file")
     p.add_argument("--system-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
@@ -198,6 +261,8 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
         p.error(f"--seeds {a.seeds}: give the number of seeds per variant (>= 1)")
     elif a.concurrent_trials is not None and a.concurrent_trials < 1:
         p.error(f"--concurrent-trials {a.concurrent_trials}: give a positive number")
+    if a.format != "json" and not a.dry_run:
+        p.error("--format applies to --dry-run")
     from convs2s.tracking.runs import tracking_uri_problem
 
     if problem := tracking_uri_problem(a.tracking_uri):

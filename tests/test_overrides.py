@@ -1,0 +1,146 @@
+"""A researcher's knobs without Python (workflows/overrides.py, --config, --dry-run): any
+setting changed with `--set section.field=value`, a preset written to and read from a YAML
+file, the resolved run printed before anything starts; a bad name or value is one line, exit 2.
+
+Run: .venv/bin/python -m pytest tests/test_overrides.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflows import multi30k_en_de, wmt14_en_de, wmt14_en_fr
+from workflows.errors import SpecError
+from workflows.orchestrate import config_yaml
+from workflows.run_spec import resolve
+from workflows.workflow_config import RunOptions, WorkflowConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _main(module, argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = module.main(module.PRESETS, module.__doc__, argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_set_changes_any_section_and_dry_run_shows_the_run_without_starting_anything(tmp_path):
+    argv = ["--preset", "paper", "--set", "model.dropout=0.3", "--set", "train.lr=0.5",
+            "--set", "search.beam=10", "--set", "data.vocab_size=32000",
+            "--set", "ensemble.average_last=3", "--set", "workflow.eval_cpus=2",
+            "--set", "model.encoder_layers=[[512, 3], [512, 3]]", "--dry-run",
+            "--storage-path", str(tmp_path / "runs"), "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    code = ("import sys, json\nfrom workflows import wmt14_en_fr as w\n"
+            f"rc = w.main(w.PRESETS, w.__doc__, {argv!r})\n"
+            "print(json.dumps({'rc': rc, 'ray': 'ray' in sys.modules, "
+            "'mlflow': 'mlflow' in sys.modules}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, check=True)
+    *printed, status = proc.stdout.strip().splitlines()
+    assert json.loads(status) == {"rc": 0, "ray": False, "mlflow": False}  # nothing started
+    run = json.loads("\n".join(printed))
+    w = run["workflow"]
+    assert w["model"]["dropout"] == 0.3 and w["train"]["lr"] == 0.5
+    assert w["search"]["beam"] == 10 and w["preprocess"]["vocab_size"] == 32000
+    assert w["ensemble"]["average_last"] == 3
+    assert w["model"]["encoder_layers"] == [[512, 3], [512, 3]]
+    assert w["overrides"] == ("model.dropout=0.3; train.lr=0.5; search.beam=10; "
+                              "data.vocab_size=32000; ensemble.average_last=3; "
+                              "workflow.eval_cpus=2; model.encoder_layers=[[512, 3], [512, 3]]")
+    # The paper's update: 8 GPUs x 3,000 tokens.
+    assert run["update"] == {"workers": 8, "gpus": 8, "max_tokens_per_batch": 3000,
+                             "micro_batches_per_update": 1, "max_tokens_per_update": 24000}
+    assert run["run"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("train.lrr=0.5", "TrainConfig has no field 'lrr' (did you mean lr"),
+    ("modle.dropout=0.3", "no section 'modle' (did you mean model?)"),
+    ("model.dropout=high", "model.dropout takes float, not 'high'"),
+    ("model.dropout=1.5", "dropout must be in [0, 1)"),
+    ("train.max_updates=2.5", "train.max_updates takes int"),
+    ("search.precision=fp16", "precision must be 'fp32', 'bf16' or 'int8'"),
+    ("data.root=/elsewhere", "data.root is set by --storage-path"),
+    ("dropout=0.3", "write section.field=value"),
+])
+def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says, tmp_path):
+    rc, out, err = _main(wmt14_en_fr, ["--set", setting, "--storage-path", str(tmp_path)])
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --set") and says in lines[0], err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_preset_written_as_yaml_reads_back_as_the_same_resolved_run(tmp_path):
+    """`--dry-run --format yaml` writes the preset (with --set) as a --config file; the file
+    resolves to the same run as the preset and the flags did."""
+    for module, preset, sets in ((wmt14_en_fr, "paper", []),
+                                 (wmt14_en_de, "paper", ["train.lr=0.25"]),
+                                 (multi30k_en_de, "cpu", ["model.dropout=0.3"])):
+        path = tmp_path / f"{module.__name__.split('.')[-1]}.yaml"
+        argv = ["--preset", preset, "--dry-run", "--format", "yaml",
+                *[x for s in sets for x in ("--set", s)]]
+        rc, text, _ = _main(module, argv)
+        assert rc == 0
+        path.write_text(text)
+        opts = RunOptions(preset=preset, storage_path=str(tmp_path / "runs"), run_name="r",
+                          tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", data="hub")
+        from_flags = resolve(module.PRESETS[preset](), RunOptions(**{**vars(opts),
+                                                                     "set": sets}))
+        from_file = resolve(WorkflowConfig.from_dict(yaml.safe_load(text)), opts)
+        assert from_file.replace(overrides=()) == from_flags.replace(overrides=()), module
+        # and through the command line: --config FILE --dry-run prints the same run
+        rc, printed, err = _main(module, ["--config", str(path), "--dry-run", "--data", "hub",
+                                          "--storage-path", str(tmp_path / "runs"),
+                                          "--run-name", "r", "--tracking-uri",
+                                          f"sqlite:///{tmp_path / 'm.db'}"])
+        assert rc == 0, err
+        run = json.loads(printed)
+        assert run["workflow"]["preset"] == path.stem
+        assert run["workflow"]["model"] == from_flags.model.to_dict()
+        assert run["workflow"]["train"] == json.loads(json.dumps(from_flags.train.to_dict()))
+    assert config_yaml(wmt14_en_fr.paper(), RunOptions(preset="paper")).startswith(
+        "# wmt14_en_fr: preset paper\n")
+
+
+def test_a_config_file_with_an_unknown_setting_is_refused_with_the_closest_name(tmp_path):
+    doc = yaml.safe_load(config_yaml(wmt14_en_fr.smoke(), RunOptions()))
+    doc["train"]["lrr"] = 0.5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    rc, out, err = _main(wmt14_en_fr, ["--config", str(bad), "--dry-run"])
+    assert rc == 2 and err.strip() == (f"error: --config {bad}: train.lrr: no such setting "
+                                       "(did you mean lr or lr_shrink?)")
+    rc, _, err = _main(wmt14_en_fr, ["--config", str(tmp_path / "missing.yaml"), "--dry-run"])
+    assert rc == 2 and "cannot read it" in err
+    with pytest.raises(ValueError, match="no such setting"):
+        WorkflowConfig.from_dict({**yaml.safe_load(config_yaml(wmt14_en_fr.smoke(),
+                                                               RunOptions())), "colour": 1})
+
+
+def test_a_different_set_on_the_same_run_name_is_refused_like_any_changed_setting(tmp_path):
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri, set=["train.lr=0.5"])
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    assert spec.train.lr == 0.5 and spec.params()["workflow"]["overrides"] == "train.lr=0.5"
+    record_settings(StageContext(RunTree.open(uri, "exp", spec.run_dir, "r")), spec)
+    assert reuse_problem(spec) is None  # the same --set again: the same run
+    other = resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": ["train.lr=0.4"]}))
+    assert "train.lr: 0.5 -> 0.4" in reuse_problem(other)
+    with pytest.raises(SpecError, match="--set train.lr=abc: train.lr takes float"):
+        resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": ["train.lr=abc"]}))
