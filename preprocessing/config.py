@@ -146,6 +146,15 @@ def multi30k_en_de() -> PreprocessConfig:
                             block_rows=10_000)
 
 
+def translation() -> PreprocessConfig:
+    """Any language pair (workflows/translation.py): the paper's filters (175 words, length
+    ratio 1.5) and a joint BPE; the languages and the data come from the command line
+    (`--src`, `--tgt`, `--data DIR` with `--split`, or `--data hub` with --set data.hub_*)."""
+    return PreprocessConfig(task="translation", source="hub", src_lang="en", tgt_lang="fr",
+                            vocab_size=8000, spm_sample_pairs=200_000, max_tokens=4000,
+                            shuffle_window=50_000, block_rows=10_000)
+
+
 def demo() -> PreprocessConfig:
     """Smoke run on the embedded synthetic En->Fr corpus: small vocabulary, small windows."""
     return PreprocessConfig(task="demo", source="demo", vocab_size=1000, spm_sample_pairs=20_000,
@@ -177,6 +186,7 @@ PRESETS = {
     "wmt16_en_ro": wmt16_en_ro,
     "gigaword": gigaword,
     "multi30k_en_de": multi30k_en_de,
+    "translation": translation,
     "demo": demo,
     "demo_summarization": demo_summarization,
 }

@@ -90,8 +90,11 @@ def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
         return texts[0], "", "bad_row"
 
 
-def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int):
-    """One read task: the file(s) in lockstep, as blocks of `block_rows` rows."""
+def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
+                span: tuple[int, int | None] | None = None):
+    """One read task: the file(s) in lockstep, as blocks of `block_rows` rows (only lines
+    [first, end) with `span`; row ids stay line numbers)."""
+    first, end = span or (0, None)
     handles = [gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb") for p in files]
     try:
         ids, src, tgt, errors, n = [], [], [], [], 0
@@ -104,7 +107,7 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int)
                     raise PreprocessError(f"cannot read {path} after line {n}: "
                                           f"{type(e).__name__}: {e}; re-download or re-export "
                                           "this file") from None
-            if all(x is None for x in lines):
+            if all(x is None for x in lines) or (end is not None and n >= end):
                 break
             if any(x is None for x in lines):
                 short = files[lines.index(None)]
@@ -113,6 +116,9 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int)
                     f"line count mismatch: {short} ends after {n} lines but {other} has more. "
                     "Line-aligned files must have the same number of lines (empty lines "
                     "included); fix or re-export the pair")
+            if n < first:  # before the range: read past, never kept
+                n += 1
+                continue
             s, t, e = _parse(kind, lines, shape)
             ids.append(n), src.append(s), tgt.append(t), errors.append(e)
             n += 1
@@ -184,8 +190,9 @@ class SplitDatasource(Datasource):
             return [self._task(lambda a=a: _demo_rows(a, min(n, src.rows - a), seed, start,
                                                       shape), min(n, src.rows - a), [])
                     for a in range(0, src.rows, n)]
-        kind, files, limit = src.kind, src.files, self.limit
-        return [self._task(lambda: _read_lines(kind, files, shape, limit, n), None, files)]
+        kind, files, limit, span = src.kind, src.files, self.limit, src.lines
+        return [self._task(lambda: _read_lines(kind, files, shape, limit, n, span), None,
+                           files)]
 
 
 def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:

@@ -21,6 +21,7 @@ Kinds (`resolve_split` picks one per split; driver-side checks raise `Preprocess
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -50,6 +51,8 @@ class SplitSource:
     demo_start: int = 0
     rows: int | None = None  # known row count (parquet, demo), else None
     fingerprint: dict = field(default_factory=dict)
+    # Line-based files: only lines [first, end) (a split cut from one corpus: `NAME[a:b]`).
+    lines: tuple[int, int | None] | None = None
 
     def estimated_rows(self) -> int:
         if self.rows is not None:
@@ -149,8 +152,26 @@ def _not_a_directory(path: Path) -> None:
                               "--source at the folder that holds the files")
 
 
+LINE_RANGE = re.compile(r"(.+)\[(\d*):(\d*)\]")  # NAME[a:b]: lines a to b-1 of NAME
+
+
 def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSource | None:
-    """The first local layout that exists for split name `name` under folder `base`."""
+    """The first local layout that exists for split name `name` under folder `base`;
+    `NAME[a:b]` is lines a (from 0) to b - 1 of NAME's line-based files (either end may be
+    left out, as in Python): splits cut from one corpus, such as train / valid / test."""
+    if m := LINE_RANGE.fullmatch(name):
+        src = _local_candidates(base, m[1], cfg)
+        if src is None:
+            return None
+        if src.kind not in ("text", "tsv", "jsonl"):
+            raise PreprocessError(f"split source {name!r}: a line range cuts line-based files "
+                                  f"(text pairs, .tsv, .jsonl), not {src.kind}")
+        first, end = int(m[2] or 0), int(m[3]) if m[3] else None
+        if end is not None and end <= first:
+            raise PreprocessError(f"split source {name!r}: the range holds no line; give "
+                                  "NAME[first:end] with first < end")
+        src.lines = (first, end)
+        return src
     if "," in name:  # two explicit line-aligned files
         files = [base / p.strip() for p in name.split(",")]
         if len(files) != 2:
@@ -263,8 +284,16 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
                 f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))})",
                 f"set the name with --split {split}=NAME or --split {split}=SRC_FILE,TGT_FILE")
         src.fingerprint = {"files": file_fingerprint(src.files)}
+        if src.lines is not None:
+            src.fingerprint["lines"] = list(src.lines)
         if src.kind == "text":
             check_text_pair(src.files)
+        if src.lines is not None and \
+                sum(Path(f).stat().st_size for f in src.files) <= PAIRING_CHECK_BYTES:
+            total = _count_lines(src.files[0])
+            if src.lines[0] >= total:
+                raise PreprocessError(f"split {split!r} ({name}): the range starts at line "
+                                      f"{src.lines[0]:,} but {src.files[0]} has {total:,} lines")
         elif src.kind in ("tsv", "jsonl"):
             for f in src.files:
                 if Path(f).stat().st_size == 0:

@@ -234,3 +234,21 @@ def test_a_directory_where_a_corpus_file_belongs_is_named_as_such(tmp_path):
         resolve_split(cfg, "train")
     assert str(found.value).startswith(f"{tmp_path / 'd.fr'} is a directory")
     assert "other side" not in str(found.value)
+
+
+def test_splits_cut_from_one_corpus_by_line_ranges(tmp_path):
+    """`NAME[a:b]` reads lines a..b-1 of NAME's files (ends optional, as in Python): train,
+    valid and test cut from one file pair, disjoint, each keyed by its own range."""
+    (tmp_path / "c.en").write_text("".join(f"e{i}\n" for i in range(10)))
+    (tmp_path / "c.fr").write_text("".join(f"f{i}\n" for i in range(10)))
+    cfg = local_cfg(tmp_path, splits={"train": "c[:6]", "valid": "c[6:8]", "test": "c[8:]"})
+    got = {s: [(r["id"], r["translation"]["fr"]) for r in read_all(resolve_split(cfg, s), cfg)]
+           for s in ("train", "valid", "test")}
+    assert got["train"] == [(i, f"f{i}") for i in range(6)]
+    assert got["valid"] == [(6, "f6"), (7, "f7")] and got["test"] == [(8, "f8"), (9, "f9")]
+    prints = [resolve_split(cfg, s).fingerprint for s in ("train", "valid", "test")]
+    assert [p["lines"] for p in prints] == [[0, 6], [6, 8], [8, None]]
+    with pytest.raises(PreprocessError, match=r"the range starts at line 12 but .*c.en has 10"):
+        resolve_split(cfg.replace(splits={"train": "c[12:]"}), "train")
+    with pytest.raises(PreprocessError, match="the range holds no line"):
+        resolve_split(cfg.replace(splits={"train": "c[5:5]"}), "train")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def _family(uri: str, experiment: str, run_name: str):
 def _main(module, argv: list[str]) -> tuple[int, str]:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = module.main({"paper": module.paper, "smoke": module.smoke}, module.__doc__, argv)
+        rc = module.main(module.PRESETS, module.__doc__, argv)
     return rc, buf.getvalue()
 
 
@@ -318,7 +319,8 @@ def test_readme_commands_name_real_targets_and_accepted_flags():
         if m:
             scripts.add(m.group(1))
             presets = workflow_modules()[Path(m.group(1)).stem].PRESETS
-            argv = shlex.split(m.group(2).replace("$PWD", "/tmp"))
+            # (a shell redirection of the output is not a flag)
+            argv = shlex.split(m.group(2).split(" > ")[0].replace("$PWD", "/tmp"))
             opts = parse_args(argv, presets, None)
             assert opts.preset in presets
     assert scripts == {f"workflows/{n}.py" for n in workflow_modules()}
@@ -591,3 +593,36 @@ def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_wait
         cluster.await_cluster_gpus(spec)
     assert "the cluster has no A100 GPU after 0 s but --use-gpu asks for 8" in str(err.value)
     assert "accelerator_type:A100" in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(
+        shared_data, ray_session, tmp_path):
+    """workflows/translation.py, no Python written: French -> English from the one file pair
+    of news-commentary-5k, cut into train / valid / test by line ranges (--split), a smaller
+    vocabulary with --set; trained, scored and registered under the pair's own name."""
+    from workflows import translation
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rc, out = _main(translation, [
+        "--preset", "cpu", "--src", "fr", "--tgt", "en",
+        "--data", str(shared_data / "news-commentary-5k"), "--split", "train=nc-5k[:4500]",
+        "--split", "valid=nc-5k[4500:4750]", "--split", "test=nc-5k[4750:]",
+        "--set", "data.vocab_size=2000", "--set", "ensemble.average_last=0",
+        "--max-updates", "20", "--storage-path", str(tmp_path / "runs"), "--tracking-uri", uri,
+        "--run-name", "fr-en"])
+    assert rc == 0, out
+    parent, children = _family(uri, "translation_fr_en", "fr-en")
+    assert parent.info.status == "FINISHED" and "bleu" in parent.data.metrics
+    params = parent.data.params
+    assert (params["workflow.preprocess.src_lang"], params["workflow.preprocess.tgt_lang"]) == \
+        ("fr", "en")
+    assert params["workflow.preprocess.vocab_size"] == "2000"
+    assert set(children) == {"preprocess", "train", "eval/best/test"}
+    manifests = json.loads((tmp_path / "runs" / "fr-en" / "preprocess_manifests.json")
+                           .read_text())
+    rows = {s: manifests[f"clean/{s}"]["rows_in"] for s in ("train", "valid", "test")}
+    assert rows == {"train": 4500, "valid": 250, "test": 250}
+    hyps = (tmp_path / "runs" / "fr-en" / "eval" / "best" / "test.en").read_text().splitlines()
+    assert len(hyps) == 250
+    assert "models:/translation_fr_en-test@champion (version 1)" in out

@@ -137,6 +137,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     cfg = overrides.apply(cfg, changes)
     storage = Path(opts.storage_path).expanduser().resolve()
     data_flag = opts.data or cfg.data
+    cfg = _languages_and_splits(cfg, opts, data_flag)
     test_sets = dict(cfg.test_sets)
     if data_flag == "demo":  # the demo's own languages and settings; test sets named after it
         pre = with_demo_source(cfg.preprocess, cfg.task_kind)
@@ -187,6 +188,32 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or cfg.name,
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes))
+
+
+def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,
+                          data_flag: str) -> WorkflowConfig:
+    """--src / --tgt / --split on the preset; a workflow name with {src} / {tgt} (the generic
+    translation workflow) takes the languages, so each pair has its experiment and models."""
+    pre, splits = cfg.preprocess, dict(cfg.local_splits)
+    if (opts.src or opts.tgt) and data_flag == "demo":
+        raise SpecError("--src / --tgt: the demo corpus is English -> French (or document -> "
+                        "summary); give your data with --data DIR (or hub)")
+    if opts.split and data_flag in ("hub", "demo"):
+        raise SpecError(f"--split names file stems of a --data DIR folder, but the data is "
+                        f"{data_flag!r}: add --data DIR")
+    for item in opts.split:
+        name, _, stem = item.partition("=")
+        if name not in splits and name not in ("train", "valid", "test"):
+            raise SpecError(f"--split {item}: no split {name!r}; the preset's splits are "
+                            f"{', '.join(splits)} (add test sets with --test-set STEM)")
+        splits[name] = stem
+    try:
+        pre = pre.replace(**{k: v for k, v in (("src_lang", opts.src), ("tgt_lang", opts.tgt))
+                             if v})
+    except ValueError as err:
+        raise SpecError(f"--src / --tgt: {err}") from None
+    return cfg.replace(preprocess=pre, local_splits=splits,
+                       name=cfg.name.format(src=pre.src_lang, tgt=pre.tgt_lang))
 
 
 def _fine_tuned(path: str, preset_model: ModelConfig,

@@ -148,6 +148,9 @@ class RunOptions:
     variants: list[str] = field(default_factory=list)  # a subset of the sweep's variants
     concurrent_trials: int | None = None  # a sweep's trials at once (default: what fits)
     set: list[str] = field(default_factory=list)  # --set section.field=value (workflows.overrides)
+    src: str | None = None  # --src LANG: the source language (file suffix, hub column)
+    tgt: str | None = None  # --tgt LANG: the target language
+    split: list[str] = field(default_factory=list)  # --split SPLIT=STEM: local file stems
     config: str | None = None  # --config FILE.yaml: the preset as a file (replaces --preset's)
     dry_run: bool = False  # print the resolved run and exit, starting nothing
     format: str = "json"  # --dry-run's output: json (the resolved run) or yaml (a --config file)
@@ -230,6 +233,15 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p.add_argument("--concurrent-trials", type=int, metavar="N",
                    help="with --sweep: trials at once (default: as many as the cluster's "
                         "CPUs, or GPUs with --use-gpu, fit)")
+    p.add_argument("--src", metavar="LANG",
+                   help="the source language: the suffix of its files (STEM.LANG) or its key in "
+                        "the hub rows (default: the preset's)")
+    p.add_argument("--tgt", metavar="LANG", help="the target language (default: the preset's)")
+    p.add_argument("--split", action="append", default=[], metavar="SPLIT=STEM",
+                   help="with --data DIR: the file stem of a split (train, valid, test; "
+                        "repeatable), e.g. --split valid=dev; STEM[a:b] cuts lines a to b-1 of "
+                        "one corpus, e.g. --split 'train=corpus[:9000]' --split "
+                        "'valid=corpus[9000:9500]' --split 'test=corpus[9500:]'")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="change one setting of the preset (repeatable): sections model, train, "
                         "search, data, ensemble, workflow; e.g. --set model.dropout=0.3 --set "
@@ -261,6 +273,10 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
         p.error(f"--seeds {a.seeds}: give the number of seeds per variant (>= 1)")
     elif a.concurrent_trials is not None and a.concurrent_trials < 1:
         p.error(f"--concurrent-trials {a.concurrent_trials}: give a positive number")
+    for item in a.split:
+        name, eq, stem = item.partition("=")
+        if not eq or not name or not stem:
+            p.error(f"--split {item!r}: write SPLIT=STEM (e.g. valid=newstest2013)")
     if a.format != "json" and not a.dry_run:
         p.error("--format applies to --dry-run")
     from convs2s.tracking.runs import tracking_uri_problem

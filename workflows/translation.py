@@ -1,0 +1,83 @@
+"""Any language pair with ConvS2S: a folder of line-aligned files (or a hub dataset) in, a
+trained, scored and registered translation model out, no Python to write.
+
+    python workflows/translation.py --preset cpu --src fr --tgt en \\
+        --data ../shared/data/news-commentary-5k --split 'train=nc-5k[:4500]' \\
+        --split 'valid=nc-5k[4500:4750]' --split 'test=nc-5k[4750:]' --max-time 20m
+    python workflows/translation.py --preset gpu --src de --tgt en --data /data/de-en \\
+        --split valid=newstest2013 --split test=newstest2014 --num-workers 8
+
+--src / --tgt name the languages (the files' suffixes: STEM.<src>, STEM.<tgt>, optionally .gz;
+or .tsv / .jsonl / parquet); --split SPLIT=STEM names the files of train, valid and test
+(default: train, valid, test), and STEM[a:b] cuts one corpus into splits by lines. The run is
+the experiment `translation_<src>_<tgt>`, its best model registered as
+`models:/translation_<src>_<tgt>-test@champion`. Presets:
+
+- cpu: the `small` model (4 + 3 layers of 256) with the Multi30k CPU recipe (Adam 3e-3,
+  warmup, a cosine decay over the time budget, 60 minutes by default), one worker;
+- gpu: the paper's WMT'14 En-De model and recipe (NAG, lr 0.5, 4,000 tokens per GPU), a 40k
+  joint BPE, one GPU (--num-workers N --use-gpu for more);
+- smoke: the embedded demo corpus (English -> French), minutes.
+
+Any other setting with --set (model.*, train.*, data.*, search.*), e.g. --set
+data.vocab_size=16000 --set model.dropout=0.3; --dry-run shows the resolved run.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
+
+from convs2s import config as models
+from convs2s.config import SearchConfig, TrainConfig
+from preprocessing import config as data
+from workflows.orchestrate import main
+from workflows.workflow_config import EnsembleConfig, WorkflowConfig
+
+
+def gpu() -> WorkflowConfig:
+    """The paper's WMT'14 En-De model and recipe (docs/reference.md, Recipes) on any pair."""
+    return WorkflowConfig(
+        name="translation_{src}_{tgt}",  # the languages the run resolves to
+        preprocess=data.translation().replace(vocab_size=40_000, spm_sample_pairs=1_000_000),
+        data="hub",
+        model=models.wmt14_en_de(),
+        train=TrainConfig(lr=0.5, momentum=0.99, clip_norm=0.1, label_smoothing=0.1,
+                          lr_schedule="fixed", anneal_from_epoch=50, max_epochs=100,
+                          checkpoint_interval=2000, keep_last=5),
+        test_sets={"test": "test"},
+        local_splits={"train": "train", "valid": "valid", "test": "test"},
+        search=SearchConfig(beam=5, lenpen=1.0),
+        ensemble=EnsembleConfig(runs=1, average_last=5),
+        num_workers=1,
+        use_gpu=True,
+    )
+
+
+def cpu() -> WorkflowConfig:
+    """The `small` model and the 60-minute CPU recipe of workflows/multi30k_en_de.py (`cpu`),
+    which docs/benchmarks.md chose on Multi30k's validation set."""
+    return gpu().replace(
+        preprocess=data.translation(),  # joint BPE 8k, 4,000 tokens
+        model=models.small().replace(dropout=0.3),
+        train=TrainConfig(optimizer="adam", lr=3e-3, adam_betas=(0.9, 0.98), clip_norm=0.0,
+                          label_smoothing=0.1, lr_schedule="cosine", warmup_updates=200,
+                          warmup_init_lr=1e-7, max_epochs=0, max_time=3600, keep_last=5),
+        use_gpu=False,
+        cpus_per_worker=2,
+    )
+
+
+def smoke() -> WorkflowConfig:
+    """The embedded demo corpus (English -> French) and the `small` model, minutes."""
+    return cpu().replace(data="demo", train=TrainConfig(max_epochs=2, log_interval=50,
+                                                        keep_last=2),
+                         ensemble=EnsembleConfig(runs=1, average_last=2))
+
+
+# The presets `--preset` chooses from (default smoke); workflows.catalog finds this file by them.
+PRESETS = {"cpu": cpu, "gpu": gpu, "smoke": smoke}
+
+
+if __name__ == "__main__":
+    sys.exit(main(PRESETS, __doc__))
