@@ -7,6 +7,9 @@
         --vocab-size 8000
     python -m preprocessing --task multi30k_en_de --source ../shared/data/multi30k \\
         --split valid=val --split test=test_2016_flickr --shortlist 30   # + lexical table
+    python -m preprocessing --task translation --src fr --tgt en \\
+        --source ../shared/data/news-commentary-5k --split 'train=nc-5k[:4500]' \\
+        --split 'valid=nc-5k[4500:4750]' --split 'test=nc-5k[4750:]'   # any pair, one corpus
 
 `--task` picks a preset (preprocessing.config.PRESETS); other settings are edited there or in
 a workflow file. With RAY_ADDRESS set (e.g. under `ray job submit`) it joins that cluster,
@@ -20,6 +23,7 @@ import logging
 import sys
 
 from preprocessing.config import PRESETS
+from preprocessing.console import quiet_ray_data
 from preprocessing.errors import PreprocessError, message
 from preprocessing.pipeline import PipelineOutput, run_pipeline
 
@@ -51,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--task", default="demo", choices=sorted(PRESETS), help="preset name")
     p.add_argument("--source", help="hub | demo | local folder (default: the preset's)")
+    p.add_argument("--src", metavar="LANG", help="source language: its files' suffix or hub "
+                                                 "key (default: the preset's)")
+    p.add_argument("--tgt", metavar="LANG", help="target language (default: the preset's)")
     p.add_argument("--out", help="output root; stages go to <out>/<task>/<stage>/")
     p.add_argument("--split", action="append", default=[], metavar="SPLIT=NAME",
                    help="source name of a split, e.g. valid=newstest2013 or train=a.txt,b.txt "
@@ -65,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    quiet_ray_data()  # stage lines and results; Ray Data's own INFO lines in its log folder
     cfg = PRESETS[args.task]()
     if args.source not in (None, "hub", "demo"):  # a folder: absolute, as the workflows give
         from pathlib import Path  # it, so both find the same data folder (its key hashes it)
@@ -73,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     changes = {k: v for k, v in {"source": args.source, "root": args.out,
                                  "vocab_size": args.vocab_size,
                                  "max_tokens": args.max_tokens,
-                                 "shortlist_per_source": args.shortlist}.items()
+                                 "shortlist_per_source": args.shortlist,
+                                 "src_lang": args.src, "tgt_lang": args.tgt}.items()
                if v is not None}
     if args.dedupe:
         changes["dedupe"] = True
@@ -86,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             splits[name] = value
         changes["splits"] = splits
     try:
-        out = run_pipeline(cfg.replace(**changes), hub_endpoint=args.hub_endpoint)
+        cfg = cfg.replace(**changes)
+    except ValueError as e:  # e.g. --src equal to --tgt
+        p.error(str(e))
+    try:
+        out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)
     except PreprocessError as e:
         print(f"error: {message(e)}", file=sys.stderr)
         return 2

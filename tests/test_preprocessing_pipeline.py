@@ -11,6 +11,7 @@ the same files must give the same encoded rows and byte-identical batch shards; 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -332,3 +333,30 @@ def test_demo_source_runs_end_to_end(ray_session, tmp_path):
     assert lines(Path(out.text["valid"][0])) == [normalize(s) for s, _ in pairs]
     assert sum(len(b) for b in [r["id"] for r in read_rows(out.batches["train"])]) == \
         out.manifests["batches/train"]["rows_kept"]
+
+
+@pytest.mark.slow
+def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shared_data,
+                                                                             tmp_path):
+    """`python -m preprocessing` as a user runs it (its own local Ray, console to a pipe):
+    French -> English cut from one file pair by line ranges; the console holds the stage lines
+    and the summary, Ray Data's per-dataset INFO lines stay in Ray's log folder."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "preprocessing", "--task", "translation", "--src", "fr",
+         "--tgt", "en", "--source", str(shared_data / "news-commentary-5k"),
+         "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
+         "--split", "test=nc-5k[4750:]", "--vocab-size", "1000", "--out", str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
+            if line.split() and line.split()[0] in ("train", "valid", "test")}
+    assert rows == {"train": "4,500", "valid": "250", "test": "250"}, proc.stdout
+    err = proc.stderr.splitlines()
+    assert not [line for line in err if "Starting execution of Dataset" in line
+                or "Execution plan" in line or "\r" in line], proc.stderr[-3000:]
+    assert len(err) < 60, "\n".join(err)

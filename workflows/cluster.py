@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -24,11 +23,9 @@ def _quiet_console() -> None:
     Data's per-dataset INFO lines go only to ray-data.log in Ray's log folder, and its
     progress bars (carriage-return redraws) only appear on a terminal. Set before Ray starts:
     a local Ray's workers inherit the environment."""
-    os.environ.setdefault("RAY_DATA_LOGGING_CONFIG",
-                          str(Path(__file__).with_name("ray_data_logging.yaml")))
-    if not sys.stdout.isatty():  # a file or a pipe: no redraws, no colour codes
-        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    from preprocessing.console import quiet_ray_data
+
+    quiet_ray_data()
     # MLflow's INFO lines (store set-up): its own env var for a fresh import, the level for an
     # MLflow already imported.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
