@@ -128,7 +128,9 @@ class RayCliCluster:
         import signal
         import time
 
-        for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+        # A test cluster's state is thrown away: a short grace, then SIGKILL (Ray's workers
+        # may take 10 s and more to wind down on SIGTERM).
+        for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)

@@ -59,8 +59,8 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
     record.mkdir()
     uri = f"sqlite:///{shared / 'mlflow.db'}"
     env = {**ray_cli.env, "RAY_ADDRESS": ray_cli.gcs_address,
-           # Ray Train tries to place the workers for 10 s a time, the workflow waits 20 s
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10", "CONVS2S_PLACEMENT_WAIT_S": "20",
+           # Ray Train tries to place the workers for 10 s a time, the workflow waits 12 s
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10", "CONVS2S_PLACEMENT_WAIT_S": "12",
            "CONVS2S_TEST_RECORD_BATCHES": str(record)}
     updates = 200  # checkpoints every 50 (the smoke preset): the loss comes after the first
     cmd = [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--num-workers",

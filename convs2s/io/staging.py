@@ -20,15 +20,14 @@ import os
 import shutil
 from pathlib import Path
 
-from convs2s.io.averaging import average_checkpoints
-from convs2s.io.checkpoint import CHECKPOINT_FILE
-
 STAGED_FILE = "staged.json"  # in each staged folder: the weights it was made from, written last
 
 
 def weights_stamp(checkpoints) -> list:
     """Identity of a set of weights: each checkpoint file's path, size and mtime (new weights
     under the same path are new weights)."""
+    from convs2s.io.checkpoint import CHECKPOINT_FILE  # here: a stamp needs no torch
+
     out = []
     for c in checkpoints:
         f = Path(c) / CHECKPOINT_FILE
@@ -41,6 +40,8 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
     """The model folders of `checkpoints` under `target`: their weight average as one model
     when `average` (and there are several), else one slim copy each (an ensemble keeps its
     members). Reused while the checkpoints are unchanged; replaced whole otherwise."""
+    from convs2s.io.averaging import average_checkpoints
+
     target = Path(target)
     stamp = {"checkpoints": weights_stamp(checkpoints), "average": average}
     record = target / STAGED_FILE
