@@ -255,8 +255,8 @@ def budget_run(multi30k_slice, ray_session, tmp_path_factory):
     # The first run as a user runs it: its own process and local Ray, console to a file.
     console = root / "console.log"
     with open(console, "wb") as out:
-        proc = subprocess.run([sys.executable, "-c", RUN_FAST, *argv, "--max-time", f"{FIRST_BUDGET}s"],
-                              cwd=root, env=_env_without_ray_address(), stdout=out,
+        proc = subprocess.run([sys.executable, "-c", RUN_FAST, *argv, "--max-time",
+                               f"{FIRST_BUDGET}s"], cwd=root, env=_env_without_ray_address(), stdout=out,
                               stderr=subprocess.STDOUT, timeout=600)
     first = console.read_text(encoding="utf-8", errors="replace")
     assert proc.returncode == 0, first[-3000:]
