@@ -256,8 +256,8 @@ def budget_run(multi30k_slice, ray_session, tmp_path_factory):
     console = root / "console.log"
     with open(console, "wb") as out:
         proc = subprocess.run([sys.executable, "-c", RUN_FAST, *argv, "--max-time",
-                               f"{FIRST_BUDGET}s"], cwd=root, env=_env_without_ray_address(), stdout=out,
-                              stderr=subprocess.STDOUT, timeout=600)
+                               f"{FIRST_BUDGET}s"], cwd=root, env=_env_without_ray_address(),
+                              stdout=out, stderr=subprocess.STDOUT, timeout=600)
     first = console.read_text(encoding="utf-8", errors="replace")
     assert proc.returncode == 0, first[-3000:]
     train_dir = root / "runs" / "m30k" / "train"
