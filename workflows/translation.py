@@ -29,43 +29,32 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from a checkout
 
 from convs2s import config as models
-from convs2s.config import SearchConfig, TrainConfig
+from convs2s.config import TrainConfig
 from preprocessing import config as data
+from workflows import multi30k_en_de, wmt14_en_de
 from workflows.orchestrate import main
 from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def gpu() -> WorkflowConfig:
-    """The paper's WMT'14 En-De model and recipe (docs/reference.md, Recipes) on any pair."""
-    return WorkflowConfig(
+    """The paper's WMT'14 En-De model and recipe (`workflows/wmt14_en_de.py`, `paper`) on any
+    pair: a 40k joint BPE, the paper's filters, one GPU."""
+    return wmt14_en_de.paper().replace(
         name="translation_{src}_{tgt}",  # the languages the run resolves to
         preprocess=data.translation().replace(vocab_size=40_000, spm_sample_pairs=1_000_000),
-        data="hub",
-        model=models.wmt14_en_de(),
-        train=TrainConfig(lr=0.5, momentum=0.99, clip_norm=0.1, label_smoothing=0.1,
-                          lr_schedule="fixed", anneal_from_epoch=50, max_epochs=100,
-                          checkpoint_interval=2000, keep_last=5),
         test_sets={"test": "test"},
-        local_splits={"train": "train", "valid": "valid", "test": "test"},
-        search=SearchConfig(beam=5, lenpen=1.0),
-        ensemble=EnsembleConfig(runs=1, average_last=5),
-        num_workers=1,
-        use_gpu=True,
-    )
+        local_splits={"train": "train", "valid": "valid", "test": "test"})
 
 
 def cpu() -> WorkflowConfig:
-    """The `small` model and the 60-minute CPU recipe of workflows/multi30k_en_de.py (`cpu`),
-    which docs/benchmarks.md chose on Multi30k's validation set."""
+    """The `small` model with the 60-minute CPU recipe of `workflows/multi30k_en_de.py`
+    (`cpu`, chosen on Multi30k's validation set; docs/benchmarks.md), one worker."""
+    recipe = multi30k_en_de.cpu()
     return gpu().replace(
         preprocess=data.translation(),  # joint BPE 8k, 4,000 tokens
-        model=models.small().replace(dropout=0.3),
-        train=TrainConfig(optimizer="adam", lr=3e-3, adam_betas=(0.9, 0.98), clip_norm=0.0,
-                          label_smoothing=0.1, lr_schedule="cosine", warmup_updates=200,
-                          warmup_init_lr=1e-7, max_epochs=0, max_time=3600, keep_last=5),
-        use_gpu=False,
-        cpus_per_worker=2,
-    )
+        model=models.small().replace(dropout=0.3), train=recipe.train,
+        ensemble=recipe.ensemble, use_gpu=False, num_workers=recipe.num_workers,
+        cpus_per_worker=recipe.cpus_per_worker)
 
 
 def smoke() -> WorkflowConfig:
