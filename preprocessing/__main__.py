@@ -11,8 +11,8 @@
         --source ../shared/data/news-commentary-5k --split 'train=nc-5k[:4500]' \\
         --split 'valid=nc-5k[4500:4750]' --split 'test=nc-5k[4750:]'   # any pair, one corpus
 
-`--task` picks a preset (preprocessing.config.PRESETS); other settings are edited there or in
-a workflow file. With RAY_ADDRESS set (e.g. under `ray job submit`) it joins that cluster,
+`--task` picks a preset (preprocessing.config.PRESETS); any of its settings changes with
+`--set FIELD=VALUE`. With RAY_ADDRESS set (e.g. under `ray job submit`) it joins that cluster,
 otherwise it starts a local Ray. Exit status 2 with a one-line reason on bad input.
 """
 
@@ -24,6 +24,7 @@ import sys
 
 from preprocessing.config import PRESETS
 from preprocessing.console import quiet_ray_data
+from preprocessing.settings import Change, apply_changes, read_value
 from preprocessing.errors import PreprocessError, message
 from preprocessing.pipeline import PipelineOutput, run_pipeline
 
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shortlist", type=int, metavar="K",
                    help="also learn vocabulary selection's lexical table: K target candidates "
                         "per source token (<out>/<task>/<key>/shortlist/shortlist.npz)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="change any setting of the preset (preprocessing.config."
+                        "PreprocessConfig; repeatable), e.g. --set max_len=100 --set "
+                        "character_coverage=1.0 (data.FIELD as the workflows write it works too)")
     p.add_argument("--hub-endpoint", help="Hugging Face endpoint (a mirror); default: the hub")
     args = p.parse_args(argv)
 
@@ -96,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         changes["splits"] = splits
     try:
         cfg = cfg.replace(**changes)
-    except ValueError as e:  # e.g. --src equal to --tgt
+        sets = [Change("data", key.strip().removeprefix("data."), read_value(raw), item)
+                for item in args.set for key, _, raw in [item.partition("=")]]
+        if any("=" not in item or not c.field for item, c in zip(args.set, sets)):
+            p.error("--set: write FIELD=VALUE (e.g. --set max_len=100)")
+        cfg = apply_changes(cfg, sets, "data", {"data.root": "--out", "data.source": "--source"})
+    except ValueError as e:  # e.g. --src equal to --tgt; a --set naming no field
         p.error(str(e))
     try:
         out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)

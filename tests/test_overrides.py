@@ -144,3 +144,18 @@ def test_a_different_set_on_the_same_run_name_is_refused_like_any_changed_settin
     assert "train.lr: 0.5 -> 0.4" in reuse_problem(other)
     with pytest.raises(SpecError, match="--set train.lr=abc: train.lr takes float"):
         resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": ["train.lr=abc"]}))
+
+
+def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
+    """`python -m preprocessing --set FIELD=VALUE` (or data.FIELD): the same typed changes
+    and one-line refusals, before Ray starts."""
+    from preprocessing.__main__ import main
+
+    for setting, says in (("max_lenn=10", "no field 'max_lenn' (did you mean max_len"),
+                          ("data.max_len=abc", "data.max_len takes int | None, not 'abc'"),
+                          ("root=/x", "data.root is set by --out"),
+                          ("vocab_size=100", "vocab_size 100 too small")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--task", "demo", "--set", setting])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and says in err[-1], err

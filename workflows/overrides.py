@@ -18,11 +18,8 @@ field, the closest valid names and the expected type (exit 2, before Ray starts)
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-
-import yaml
-
+from preprocessing.settings import Change as Override
+from preprocessing.settings import SettingError, apply_changes, closest, read_value
 from workflows.errors import SpecError
 
 SECTIONS = ("model", "train", "search", "data", "ensemble", "workflow")
@@ -34,14 +31,6 @@ OWNED = {"data.root": "--storage-path", "data.source": "--data",
          "workflow.data": "--data"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Override:
-    section: str
-    field: str
-    value: object
-    text: str  # as given: "train.lr=0.5"
-
-
 def parse(items: list[str] | tuple[str, ...]) -> list[Override]:
     """`section.field=value` strings -> Overrides (sections checked; fields in `apply`)."""
     out = []
@@ -51,86 +40,17 @@ def parse(items: list[str] | tuple[str, ...]) -> list[Override]:
         if not eq or not dot or not name:
             raise SpecError(f"--set {text!r}: write section.field=value (e.g. train.lr=0.5)")
         if section not in SECTIONS:
-            raise SpecError(f"--set {text}: no section {section!r}{_closest(section, SECTIONS)}; "
+            raise SpecError(f"--set {text}: no section {section!r}{closest(section, SECTIONS)}; "
                             f"sections: {', '.join(SECTIONS)}")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw  # a plain string that YAML cannot read (e.g. "a: b: c")
-        out.append(Override(section, name, value, text))
+        out.append(Override(section, name, read_value(raw), text))
     return out
 
 
-def _closest(name: str, names) -> str:
-    near = difflib.get_close_matches(name, list(names), n=3, cutoff=0.5)
-    return f" (did you mean {' or '.join(near)}?)" if near else ""
-
-
-def _kind(annotation: str, current) -> str:
-    """bool | int | float | str | dict | seq | any: what a field holds, from its annotation
-    (the current value's type where the annotation says nothing plain)."""
-    a = annotation.replace(" ", "")
-    for kind, starts in (("bool", ("bool",)), ("int", ("int",)), ("float", ("float",)),
-                         ("str", ("str", "Literal[")), ("dict", ("dict",)),
-                         ("seq", ("tuple", "list", "Layers"))):
-        if a.startswith(starts):
-            return kind
-    for kind, types in (("bool", bool), ("int", int), ("float", float), ("str", str),
-                        ("dict", dict), ("seq", (list, tuple))):
-        if isinstance(current, types):
-            return kind
-    return "any"
-
-
-def _coerce(o: Override, field: dataclasses.Field, current):
-    """The value in the field's type; a SpecError naming the type otherwise."""
-    v, want = o.value, str(field.type)
-    kind = _kind(want, current)
-
-    def bad():
-        return SpecError(f"--set {o.text}: {o.section}.{o.field} takes {want}, not {v!r}")
-
-    if v is None:
-        if current is None or "None" in want:
-            return None
-        raise bad()
-    if kind == "bool" and not isinstance(v, bool):
-        raise bad()
-    if kind == "int" and (isinstance(v, bool) or not isinstance(v, int)):
-        raise bad()
-    if kind == "float":
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise bad()
-        return float(v)
-    if kind == "str":
-        return o.text.partition("=")[2].strip()  # as typed: "1e-4" stays a string here
-    if kind == "dict" and not isinstance(v, dict):
-        raise bad()
-    if kind == "seq":
-        if not isinstance(v, list):
-            raise bad()
-        return tuple(tuple(x) if isinstance(x, list) else x for x in v)
-    return v
-
-
 def _apply_to(obj, overrides: list[Override], section: str):
-    if not overrides:
-        return obj
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    changes = {}
-    for o in overrides:
-        if f"{section}.{o.field}" in OWNED:
-            raise SpecError(f"--set {o.text}: {section}.{o.field} is set by "
-                            f"{OWNED[f'{section}.{o.field}']}")
-        if o.field not in fields:
-            raise SpecError(f"--set {o.text}: {type(obj).__name__} has no field {o.field!r}"
-                            f"{_closest(o.field, fields)}")
-        changes[o.field] = _coerce(o, fields[o.field], getattr(obj, o.field))
     try:
-        return dataclasses.replace(obj, **changes)
-    except (ValueError, TypeError) as err:
-        given = " ".join(f"--set {o.text}" for o in overrides)
-        raise SpecError(f"{given}: {err}") from None
+        return apply_changes(obj, overrides, section, OWNED)
+    except SettingError as err:
+        raise SpecError(str(err)) from None
 
 
 def apply(cfg, overrides: list[Override]):
