@@ -36,6 +36,7 @@ from convs2s.io.fairseq import (
     import_fairseq,
     model_config,
     read_reference_checkpoint,
+    WRITTEN_BY,
     saved_arguments,
 )
 from convs2s.inference.search import generate
@@ -142,8 +143,9 @@ def test_a_decoder_saved_before_the_weight_norm_fix_imports_to_the_same_function
 @pytest.mark.parametrize("name", MODELS)
 def test_an_export_imports_back_to_the_same_weights(imported, name, tmp_path):
     exported = export_fairseq(imported[name], tmp_path / "exported")
+    # the archive's files, and the mark that the folder is this command's to replace
     assert {p.name for p in exported.iterdir()} == {ARCHIVE_MODEL, "dict.en.txt", "dict.de.txt",
-                                                    "bpecodes"}
+                                                    "bpecodes", WRITTEN_BY}
     again, _ = load_model(import_fairseq(exported, tmp_path / "again"))
     first, _ = load_model(imported[name])
     for (k, a), (k2, b) in zip(first.state_dict().items(), again.state_dict().items()):
@@ -357,3 +359,27 @@ def test_a_model_without_position_embeddings_is_not_exported(tiny_checkpoints, t
     with pytest.raises(ValueError, match="no fconv counterpart"):
         export_fairseq(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_out_is_never_a_folder_the_command_did_not_write(tmp_path, capsys, tiny_checkpoints):
+    """import / export --out onto a folder of someone else's files is refused with nothing
+    changed; onto its own earlier output (or an empty folder) it replaces it whole."""
+    from convs2s.cli import main
+
+    theirs = tmp_path / "runs"
+    (theirs / "run-a").mkdir(parents=True)
+    (theirs / "run-a" / "notes.txt").write_text("a user's file")
+    for argv in (["import-fairseq", str(FIXTURES / "iwslt"), "--out", str(theirs)],
+                 ["export-fairseq", tiny_checkpoints["a"], "--out", str(theirs)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "exists and was not written by import-fairseq" in err[0], err
+        assert (theirs / "run-a" / "notes.txt").read_text() == "a user's file"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # no leftovers
+    ours = tmp_path / "imported"
+    ours.mkdir()  # an empty folder: nothing to lose
+    assert main(["import-fairseq", str(FIXTURES / "iwslt"), "--out", str(ours)]) == 0
+    first = (ours / "checkpoint.pt").stat().st_mtime_ns
+    assert main(["import-fairseq", str(FIXTURES / "iwslt"), "--out", str(ours)]) == 0
+    assert (ours / "checkpoint.pt").stat().st_mtime_ns != first  # its own output, replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imported", "runs"]

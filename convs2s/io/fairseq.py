@@ -34,7 +34,9 @@ import argparse
 import ast
 import contextlib
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -301,18 +303,33 @@ def convert_weights(fs: dict, cfg: ModelConfig, path: Path) -> dict[str, torch.T
 # --- import / export -----------------------------------------------------------------------------
 
 
+WRITTEN_BY = ".convs2s-interop"  # in every folder import / export wrote: it may replace it
+
+
 @contextlib.contextmanager
 def _whole_folder(out: Path):
     """A temporary folder beside `out` for the block to fill; it replaces `out` only when the
-    block succeeds (nothing half written is ever `out`), else it is removed."""
-    tmp = out.with_name(out.name + ".writing")
+    block succeeds (nothing half written is ever `out`), else it is removed. An existing `out`
+    is replaced only when import / export wrote it (its `WRITTEN_BY` file) or it is an empty
+    folder, and then by renames (set aside, then removed): a folder of someone else's files is
+    refused before anything is written (FileExistsError)."""
+    if out.exists() and not (out / WRITTEN_BY).is_file() \
+            and not (out.is_dir() and not any(out.iterdir())):
+        raise FileExistsError(f"--out {out} exists and was not written by import-fairseq / "
+                              f"export-fairseq (no {WRITTEN_BY} file in it): give a new --out, "
+                              "or move it away yourself; nothing was changed")
+    tag = f"{os.getpid()}"  # the writer's own temporary names: never another command's
+    tmp = out.with_name(f"{out.name}.writing-{tag}")
+    old = out.with_name(f"{out.name}.old-{tag}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        (tmp / WRITTEN_BY).write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
         if out.exists():
-            shutil.rmtree(out)
+            out.rename(old)  # ours (or empty): set aside whole, removed once the new is in
         tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
