@@ -172,3 +172,30 @@ def test_dataset_inputs_and_model_linked_metrics(sqlite_uri):
     (metric,) = client.get_logged_model(model.model_id).metrics
     assert (metric.key, metric.value, metric.dataset_name, metric.dataset_digest) == \
         ("bleu", 40.5, "newstest2014", "abc123")
+
+
+def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path):
+    """A server URI with `user:password@` (or a bare token) keeps them out of every line the
+    project prints or logs: warnings, the dry run, the summary's links and commands."""
+    import logging
+
+    from convs2s.tracking import runs
+    from convs2s.tracking.runs import redact_uri
+    from workflows import wmt14_en_fr
+    from workflows.orchestrate import MlflowLinks
+
+    assert redact_uri("http://bob:S3CRET@mlflow:5000") == "http://bob:***@mlflow:5000"
+    assert redact_uri("https://S3CRET@host/path") == "https://***@host/path"
+    assert redact_uri("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
+    uri = "http://bob:S3CRET@127.0.0.1:9"
+    with caplog.at_level(logging.DEBUG, logger="convs2s"):
+        runs.warn_unreachable(uri, "creating the run", ConnectionError(f"refused {uri}"))
+        runs.warn_unreachable(uri, "logging", ConnectionError(f"refused {uri}"))
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "bob:***@127.0.0.1:9" in logged and "S3CRET" not in logged
+    links = MlflowLinks(uri, "1")
+    assert "S3CRET" not in links.run("abc") + links.compare(["a"]) + links.page("runs")
+    rc = wmt14_en_fr.main(wmt14_en_fr.PRESETS, None, ["--dry-run", "--tracking-uri", uri,
+                                                      "--storage-path", str(tmp_path)])
+    out = capsys.readouterr()
+    assert rc == 0 and "bob:***@" in out.out and "S3CRET" not in out.out + out.err

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.metrics.task_kinds import task_kind
-from convs2s.tracking.runs import code_version, log_final_metrics
+from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri
 from workflows.cluster import await_cluster_gpus, check_local_gpus, start_ray
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
@@ -102,7 +102,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                         within=within)
     parent = tree.parent
     log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
-             spec.experiment, uri)
+             spec.experiment, redact_uri(uri))
     ctx = StageContext(tree)
     try:
         tree.describe(parent, {**spec.params(), **(params or {})})

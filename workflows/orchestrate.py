@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.metrics.task_kinds import task_kind
-from convs2s.tracking.runs import experiment_id
+from convs2s.tracking.runs import experiment_id, redact_uri
 from convs2s.train.job import STOP_REASONS, WorkersNotPlaced
 from workflows.engine import WorkflowResult, run_workflow
 from workflows.errors import SpecError
@@ -122,7 +122,7 @@ class MlflowLinks:
     def base(self) -> str:
         if self.tracking_uri.startswith("sqlite:///"):
             return "http://127.0.0.1:5000"
-        return self.tracking_uri.rstrip("/")
+        return redact_uri(self.tracking_uri).rstrip("/")
 
     def command(self) -> list[str]:
         """The `mlflow ui` line for a local store, nothing for a server."""
@@ -153,7 +153,7 @@ def sweep_summary(r: SweepResult, seconds: float) -> str:
                      "again (finished trials are skipped)")
     lines.append(f"outputs: {s.folder} (summary.md, one folder per trial)")
     if r.run_id is None:
-        lines.append(f"MLflow: tracking at {r.tracking_uri} was unavailable")
+        lines.append(f"MLflow: tracking at {redact_uri(r.tracking_uri)} was unavailable")
         return "\n".join(lines)
     exp_id = experiment_id(r.tracking_uri, s.base.experiment)
     lines.append(f"MLflow: experiment {s.base.experiment!r}, sweep run {s.run_name!r} (id "
@@ -245,7 +245,8 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
         lines.append(f"skipped (finished earlier): {', '.join(r.skipped)}")
     lines.append(f"outputs: {r.run_dir}")
     if r.parent_run_id is None:  # the tracking server was down: say where everything went
-        lines.append(f"MLflow: tracking at {r.tracking_uri} was unavailable; training metrics "
+        lines.append(f"MLflow: tracking at {redact_uri(r.tracking_uri)} was unavailable; "
+                     "training metrics "
                      f"are in {r.run_dir}/train*/metrics.jsonl and the scores in "
                      f"{r.run_dir}/workflow.json")
         return "\n".join(lines)
@@ -267,6 +268,6 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
             lines.append(f"best model: {c.uri} stays version {c.version}: {c.reason}"
                          + ("; serve it with" if c.version != "none" else ""))
         if c.moved or c.version != "none":
-            lines.append(f"  MLFLOW_TRACKING_URI={r.tracking_uri} mlflow models serve -m "
-                         f"{c.uri} --env-manager local -p 5001")
+            lines.append(f"  MLFLOW_TRACKING_URI={redact_uri(r.tracking_uri)} mlflow models "
+                         f"serve -m {c.uri} --env-manager local -p 5001")
     return "\n".join(lines)

@@ -96,7 +96,9 @@ class RunSpec:
 
     def describe(self) -> dict:
         """The resolved run as `--dry-run` prints it: the parent run's params, the update each
-        step trains, where the run goes and what it scores."""
+        step trains, where the run goes and what it scores (credentials in the URI hidden)."""
+        from convs2s.tracking.runs import redact_uri
+
         d = self.data
         workers = self.num_workers
         return {**self.params(),
@@ -106,7 +108,8 @@ class RunSpec:
                            "max_tokens_per_update": workers * self.train.update_freq
                            * d.max_tokens},
                 "run": {"run_name": self.run_name, "storage": self.storage,
-                        "run_dir": str(self.run_dir), "tracking_uri": self.tracking_uri,
+                        "run_dir": str(self.run_dir),
+                        "tracking_uri": redact_uri(self.tracking_uri),
                         "experiment": self.experiment, "data_source": d.source,
                         "test_sets": dict(self.test_sets),
                         "added_test_sets": list(self.added_test_sets),

@@ -26,6 +26,7 @@ import functools
 import json
 import logging
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
         # minutes of training with nothing tracked. Refuse it before anything starts.
         kind = "a plain path" if "://" not in uri else "a file:// store"
         raise ValueError(
-            f"tracking URI {uri!r} is {kind}: MLflow 3 refuses file stores; give "
+            f"tracking URI {redact_uri(uri)!r} is {kind}: MLflow 3 refuses file stores; give "
             "sqlite:///<path>/mlflow.db or an http(s):// server"
         )
     return uri
@@ -128,18 +129,34 @@ def mlflow_client(uri: str):
 
 
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
+_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)([^/@]+)@")
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """`uri` as it may be printed, logged or stored: the password of `user:password@host` (or
+    a bare token `token@host`) replaced by `***`. Credentials are never shown (they reach
+    MLflow through the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
+    if not uri:
+        return uri
+    m = _USERINFO.match(uri)
+    if not m:
+        return uri
+    user, colon, _ = m[2].partition(":")
+    shown = f"{user}:***" if colon else "***"
+    return f"{m[1]}{shown}@{uri[m.end():]}"
 
 
 def warn_unreachable(uri: str, what: str, err: Exception) -> None:
     """One warning per tracking URI and process; later failures only at debug level."""
     detail = str(err).splitlines()[0][:300] if str(err) else ""
     if uri in _WARNED:
-        log.debug("MLflow tracking at %s failed again while %s (%s: %s)", uri, what,
-                  type(err).__name__, detail)
+        log.debug("MLflow tracking at %s failed again while %s (%s: %s)", redact_uri(uri),
+                  what, type(err).__name__, detail.replace(uri, redact_uri(uri)))
         return
     _WARNED.add(uri)
     log.warning("MLflow tracking at %s is unavailable (%s while %s); the run goes on and its "
-                "metrics stay in the local metrics.jsonl", uri, type(err).__name__, what)
+                "metrics stay in the local metrics.jsonl", redact_uri(uri), type(err).__name__,
+                what)
 
 
 def _artifact_location(uri: str, experiment_name: str) -> str | None:
