@@ -22,11 +22,15 @@ import argparse
 import logging
 import sys
 
+from typing import TYPE_CHECKING
+
 from preprocessing.config import PRESETS
 from preprocessing.console import quiet_ray_data
-from preprocessing.settings import Change, apply_changes, read_value
 from preprocessing.errors import PreprocessError, message
-from preprocessing.pipeline import PipelineOutput, run_pipeline
+from preprocessing.settings import Change, apply_changes, read_value
+
+if TYPE_CHECKING:
+    from preprocessing.pipeline import PipelineOutput
 
 
 def summary(out: PipelineOutput) -> str:
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = apply_changes(cfg, sets, "data", {"data.root": "--out", "data.source": "--source"})
     except ValueError as e:  # e.g. --src equal to --tgt; a --set naming no field
         p.error(str(e))
+    # Imported after quiet_ray_data: Ray Data reads its logging configuration when imported.
+    from preprocessing.pipeline import run_pipeline
+
     try:
         out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)
     except PreprocessError as e:

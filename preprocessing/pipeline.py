@@ -209,12 +209,14 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
         ds.context.execution_options.preserve_order = True  # input order = line order
         paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]
         n, unreadable = 0, 0
+        first = (sources[split].lines or (0, None))[0]  # a line range's ids start there
         with open(paths[0], "w", encoding="utf-8") as fs, open(paths[1], "w",
                                                                encoding="utf-8") as ft:
             with user_errors():
                 for b in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
                     ids = b["id"].to_pylist()
-                    if ids != list(range(n, n + len(ids))):  # alignment is the whole point
+                    if ids != list(range(first + n, first + n + len(ids))):  # alignment is
+                        # the whole point
                         raise RuntimeError(f"text/{split}: rows out of order at line {n}")
                     fs.writelines(s + "\n" for s in b["src"].to_pylist())
                     ft.writelines(t + "\n" for t in b["tgt"].to_pylist())
