@@ -25,9 +25,11 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
     out = tmp_path / "out"
     uri = f"sqlite:///{out / 'mlflow.db'}"
     env = {**ray_cli.env, "RAY_ADDRESS": ray_cli.dashboard_url}
-    # The README's command, run from the repository root, with one epoch and temporary outputs.
+    # The README's command, run from the repository root, with one epoch of a quarter of the
+    # demo corpus (--set) and temporary outputs.
     cmd = ["ray", "job", "submit", "--working-dir", ".", "--",
            "python", "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
+           "--set", "data.demo_rows={train: 5000, valid: 500, test: 500}",
            "--storage-path", str(out), "--tracking-uri", uri, "--run-name", "job-smoke"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
     log = proc.stdout + proc.stderr

@@ -62,7 +62,7 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
            # Ray Train tries to place the workers for 10 s a time, the workflow waits 12 s
            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10", "CONVS2S_PLACEMENT_WAIT_S": "12",
            "CONVS2S_TEST_RECORD_BATCHES": str(record)}
-    updates = 200  # checkpoints every 50 (the smoke preset): the loss comes after the first
+    updates = 120  # checkpoints every 50 (the smoke preset): the loss comes after the first
     cmd = [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--num-workers",
            "2", "--max-updates", str(updates), "--storage-path", str(shared), "--tracking-uri",
            uri, "--run-name", "lost-node", "--no-system-metrics"]
