@@ -159,3 +159,39 @@ def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
             main(["--task", "demo", "--set", setting])
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and says in err[-1], err
+
+
+def test_a_custom_sweep_takes_its_variants_as_set_lists(tmp_path, capsys):
+    """--sweep custom --variant NAME:SETTING;SETTING: each variant is the preset with those
+    --set settings (any section), beside the baseline, each seed a whole run; --dry-run lists
+    the trials; a variant that changes nothing, or a malformed one, is one line, exit 2."""
+    base = ["--preset", "cpu", "--data", "hub", "--sweep", "custom", "--seeds", "2",
+            "--storage-path", str(tmp_path), "--run-name", "knobs", "--tracking-uri",
+            f"sqlite:///{tmp_path / 'm.db'}"]
+    rc, out, err = _main(multi30k_en_de, [
+        *base, "--variant", "lr-half:train.lr=0.0015",
+        "--variant", "drop-bpe:model.dropout=0.3;data.vocab_size=4000", "--dry-run"])
+    assert rc == 0, err
+    trials = json.loads(out)
+    assert [t["run"]["run_name"] for t in trials] == [
+        "baseline-seed1", "baseline-seed2", "lr-half-seed1", "lr-half-seed2",
+        "drop-bpe-seed1", "drop-bpe-seed2"]
+    by = {t["run"]["run_name"]: t["workflow"] for t in trials}
+    cpu = multi30k_en_de.cpu()
+    assert by["baseline-seed1"]["train"]["lr"] == cpu.train.lr
+    assert by["lr-half-seed2"]["train"]["lr"] == 0.0015
+    assert by["lr-half-seed2"]["train"]["seed"] == 2
+    assert by["drop-bpe-seed1"]["model"]["dropout"] == 0.3
+    assert by["drop-bpe-seed1"]["preprocess"]["vocab_size"] == 4000
+    from workflows.sweep import resolve_sweep
+
+    opts = RunOptions(preset="cpu", data="hub", sweep="custom", storage_path=str(tmp_path),
+                      run_name="knobs", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
+                      variant=["drop-bpe:model.dropout=0.3;data.vocab_size=4000"])
+    sweep = resolve_sweep(cpu, opts)
+    assert sweep.trials[1].changes == {"model.dropout": "0.3", "preprocess.vocab_size": "4000"}
+    for variant, says in ((f"same:model.dropout={cpu.model.dropout}", "changes nothing"),
+                          ("no-settings", "write NAME:SECTION.FIELD=VALUE"),
+                          ("bad:train.lrr=1", "TrainConfig has no field 'lrr'")):
+        rc, out, err = _main(multi30k_en_de, [*base, "--variant", variant, "--dry-run"])
+        assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err

@@ -39,6 +39,9 @@ class Variant:
     label: str  # as the paper's table says it
     changes: tuple[tuple[str, object], ...] = ()  # ModelConfig field -> value
     paper: tuple[float, float] | None = None  # the paper's (valid PPL, BLEU), where it has it
+    # A `custom` sweep's variant: --set settings of any section (workflows/overrides.py),
+    # applied to the preset when the trial's run is resolved.
+    sets: tuple[str, ...] = ()
 
     def apply(self, model: ModelConfig) -> ModelConfig:
         return model.replace(**dict(self.changes))
@@ -163,6 +166,30 @@ SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
     "paper-5.2": paper_5_2, "table4": table4, "table5": table5, "depth": depth,
     "kernel": kernel, "recipe": recipe,
 }
+
+
+CUSTOM = "custom"  # --sweep custom --variant NAME:SETTING;SETTING ...: variants as --set lists
+
+
+def custom_variants(specs: list[str]) -> list[Variant]:
+    """`--variant NAME:SECTION.FIELD=VALUE[;...]` (repeatable) -> the baseline and a variant
+    each, its settings applied like --set; a SweepError names a malformed one."""
+    if not specs:
+        raise SweepError(f"--sweep {CUSTOM}: give its variants, e.g. --variant "
+                         "'lr-half:train.lr=0.125' --variant 'drop-0.3:model.dropout=0.3'")
+    out, seen = [_baseline()], {BASELINE}
+    for spec in specs:
+        name, colon, rest = spec.partition(":")
+        sets = tuple(s.strip() for s in rest.split(";") if s.strip())
+        if not colon or not name or not sets \
+                or not all(c.isalnum() or c in "-." for c in name):
+            raise SweepError(f"--variant {spec!r}: write NAME:SECTION.FIELD=VALUE[;...] with a "
+                             "name of letters, digits, '-' and '.' (e.g. lr-half:train.lr=0.125)")
+        if name in seen:
+            raise SweepError(f"--variant {name}: two variants share this name")
+        seen.add(name)
+        out.append(Variant(name, "; ".join(sets), sets=sets))
+    return out
 
 
 def variants_for(sweep: str, model: ModelConfig, only: list[str] | None = None) -> list[Variant]:

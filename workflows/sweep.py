@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convs2s.metrics.task_kinds import task_kind
-from workflows.ablations import BASELINE, SweepError, Variant, variants_for
+from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
+                                 variants_for)
 from workflows.engine import prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
@@ -128,7 +129,10 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
     # paper's tables): no ensemble members or averages inside a trial.
     base = base.replace(ensemble=EnsembleConfig(runs=1, average_last=0),
                         register_champion=False)
-    variants = variants_for(opts.sweep, base.model, opts.variants or None)
+    if opts.sweep == CUSTOM:
+        variants = custom_variants(opts.variant)
+    else:
+        variants = variants_for(opts.sweep, base.model, opts.variants or None)
     seeds = [base.train.seed + k for k in range(opts.seeds)]
     folder = Path(base.storage) / run_name
     if (folder / "workflow.json").is_file():
@@ -136,11 +140,21 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                          "the sweep another --run-name")
     trials = []
     for v in variants:
+        vbase, changes = base, v.changed(base.model)
+        if v.sets:  # --set lists: the preset with the sweep's own --set and the variant's
+            vbase = resolve(cfg, dataclasses.replace(
+                opts, run_name=run_name, set=[*opts.set, *v.sets])).replace(
+                ensemble=base.ensemble, register_champion=False)
+            changes = _changed(base, vbase)
+            if not changes:
+                raise SweepError(f"--variant {v.name}: {v.label} changes nothing in the "
+                                 f"preset; drop it or change another setting")
         for seed in seeds:
             name = f"{v.name}-seed{seed}"
-            spec = base.replace(model=v.apply(base.model), train=base.train.replace(seed=seed),
-                                run_name=name, storage=str(folder))
-            trials.append(Trial(name, v, seed, spec, v.changed(base.model)))
+            spec = vbase.replace(model=v.apply(vbase.model),
+                                 train=vbase.train.replace(seed=seed), run_name=name,
+                                 storage=str(folder))
+            trials.append(Trial(name, v, seed, spec, changes))
     for t in trials:  # a trial folder holding a run under other settings: before anything
         if problem := reuse_problem(t.spec):
             raise SweepError(f"sweep {run_name!r}, trial {t.name}: {problem}")
@@ -148,6 +162,16 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
         raise SweepError(f"--concurrent-trials {opts.concurrent_trials}: give a positive number")
     return SweepSpec(opts.sweep, run_name, base, variants, seeds, trials,
                      opts.concurrent_trials)
+
+
+def _changed(base: RunSpec, other: RunSpec) -> dict[str, str]:
+    """{"<section>.<field>": value} of every setting `other` runs with another value than
+    `base` (what a custom variant's --set changed), as the trial's run shows them."""
+    from convs2s.tracking.runs import flatten_params
+
+    a = flatten_params(base.params()["workflow"])
+    b = flatten_params(other.params()["workflow"])
+    return {k: b[k] for k in sorted(b) if b[k] != a.get(k) and k != "overrides"}
 
 
 def concurrency(sweep: SweepSpec, resources: dict[str, float]) -> int:

@@ -146,6 +146,7 @@ class RunOptions:
     sweep: str | None = None  # run a sweep of model variants (workflows/ablations.py) instead
     seeds: int = 1  # seeds per variant of a sweep
     variants: list[str] = field(default_factory=list)  # a subset of the sweep's variants
+    variant: list[str] = field(default_factory=list)  # --sweep custom: NAME:SETTING;SETTING
     concurrent_trials: int | None = None  # a sweep's trials at once (default: what fits)
     set: list[str] = field(default_factory=list)  # --set section.field=value (workflows.overrides)
     src: str | None = None  # --src LANG: the source language (file suffix, hub column)
@@ -216,15 +217,20 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                         "architecture and vocabulary (the data is encoded with its sentencepiece "
                         "model or Moses + BPE pipeline) and takes the preset's recipe and "
                         "dropout")
-    from workflows.ablations import SWEEPS
+    from workflows.ablations import CUSTOM, SWEEPS
 
-    p.add_argument("--sweep", choices=sorted(SWEEPS), metavar="NAME",
+    p.add_argument("--sweep", choices=sorted([*SWEEPS, CUSTOM]), metavar="NAME",
                    help="instead of one run: a sweep of model variants of the preset (the "
                         "paper's section 5.2: table4 = position embeddings, table5 = attention "
                         "layers, paper-5.2 = both, depth, kernel), each variant x --seeds a "
                         "whole workflow run with the same budget, on Ray Tune, compared in "
-                        "one MLflow sweep run; the same --run-name resumes it. Choices: "
-                        + ", ".join(sorted(SWEEPS)))
+                        "one MLflow sweep run; the same --run-name resumes it; custom: the "
+                        "variants given with --variant. Choices: "
+                        + ", ".join(sorted([*SWEEPS, CUSTOM])))
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:SETTING;...",
+                   help="with --sweep custom: one variant as --set settings (repeatable), e.g. "
+                        "--variant 'lr-half:train.lr=0.125' --variant "
+                        "'small:model.dropout=0.3;data.vocab_size=4000'")
     p.add_argument("--seeds", type=int, default=1, metavar="N",
                    help="with --sweep: runs per variant, seeds seed, seed+1, ... (default 1)")
     p.add_argument("--variants", type=lambda s: [v for v in s.split(",") if v], default=[],
@@ -266,6 +272,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
         p.error(f"--attention {a.attention}: give a number of sentences (0: none)")
     if a.sweep is None:
         for flag, value, unset in (("--seeds", a.seeds, 1), ("--variants", a.variants, []),
+                                   ("--variant", a.variant, []),
                                    ("--concurrent-trials", a.concurrent_trials, None)):
             if value != unset:
                 p.error(f"{flag} applies to a sweep: add --sweep NAME")
@@ -273,6 +280,12 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
         p.error(f"--seeds {a.seeds}: give the number of seeds per variant (>= 1)")
     elif a.concurrent_trials is not None and a.concurrent_trials < 1:
         p.error(f"--concurrent-trials {a.concurrent_trials}: give a positive number")
+    elif a.variant and a.sweep != CUSTOM:
+        p.error(f"--variant gives the variants of --sweep {CUSTOM}, not of --sweep {a.sweep} "
+                "(pick among those with --variants A,B)")
+    elif a.variants and a.sweep == CUSTOM:
+        p.error(f"--variants picks among a named sweep's variants: --sweep {CUSTOM} runs its "
+                "--variant list")
     for item in a.split:
         name, eq, stem = item.partition("=")
         if not eq or not name or not stem:
