@@ -20,8 +20,7 @@ result adds sacreBLEU against the references.
         test_2016_flickr en de --dtype fp32 bf16 int8 --repeats 3  # real outputs, with BLEU
 
 Several --dtype values load the same weights once per dtype (`convs2s.inference.quantize`) and time
-them
-in alternated rounds: their speed ratios come from the same minutes of the same machine.
+them in alternated rounds: their speed ratios come from the same minutes of the same machine.
 
 --limit N searches a seeded uniform sample of N sentences (realistic lengths, not the
 shortest); seconds for 6,003 sentences are then extrapolated and labelled so. Writes

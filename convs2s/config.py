@@ -317,9 +317,9 @@ class SearchConfig(Settings):
     # Also cut a batch where its padded source tokens (sentences x longest) would pass this;
     # 0: sentences only. Batches are cut from the sentences sorted by length either way.
     max_tokens: int = 0
-    # Weights the search multiplies with (convs2s.inference.quantize): "fp32" as trained; "bf16";
-    # "int8"
-    # (per-channel int8 weights, CPU). Faster, scores may move slightly: never a silent default.
+    # Weights the search multiplies with (convs2s.inference.quantize): "fp32" as trained;
+    # "bf16"; "int8" (per-channel int8 weights, CPU). Faster, scores may move slightly: never
+    # a silent default.
     precision: Literal["fp32", "bf16", "int8"] = "fp32"
     # "fp32": serve float32 weights, with one warning, where `precision` cannot run (no int8
     # kernels in this build or CPU, int8 asked of a GPU, bf16 on a GPU without it); None

@@ -1,15 +1,14 @@
 """Which floating-point precision training computes in: bf16 autocast or float32, chosen once
 per run and the same on every rank.
 
-bf16 autocast runs the matrix products (convolutions as GEMMs, attention projections, the
-output layer) in bf16 and keeps float32 where numerics need it: the master weights and the
-optimizer state (parameters stay float32), weight-norm statistics (computed on the float32
-parameters), the attention softmax and the loss's log-softmax (`convs2s.model.network`,
-`convs2s.model.loss`). It pays only where the hardware multiplies bf16 natively: GPUs from Ampere
-on,
-and CPUs with AVX-512 BF16 or AMX (measured on an AMD EPYC (Zen 4) host: bf16 GEMMs 2.2x the
-float32 rate, the `iwslt_de_en` training step 1.65-1.75x). Elsewhere torch emulates bf16 and is
-slower than float32, so `auto` picks float32 there.
+bf16 autocast runs the matrix products (convolutions as GEMMs, attention projections, the output
+layer) in bf16 and keeps float32 where numerics need it: the master weights and the optimizer state
+(parameters stay float32), weight-norm statistics (computed on the float32 parameters), the
+attention softmax and the loss's log-softmax (`convs2s.model.network`, `convs2s.model.loss`). It
+pays only where the hardware multiplies bf16 natively: GPUs from Ampere on, and CPUs with AVX-512
+BF16 or AMX (measured on an AMD EPYC (Zen 4) host: bf16 GEMMs 2.2x the float32 rate, the
+`iwslt_de_en` training step 1.65-1.75x). Elsewhere torch emulates bf16 and is slower than float32,
+so `auto` picks float32 there.
 
     precision = local_precision("auto", device)          # this process: Precision(name, reason)
     precision = world_precision("auto", device, comm)     # a training world: the same on every rank

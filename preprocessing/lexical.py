@@ -3,8 +3,7 @@
 training pairs, and the target tokens ranked by how many training sentences hold them.
 
 At search time (`convs2s.inference.shortlist`) the output layer of a batch is cut to the most
-frequent
-target tokens plus, for each source token of the batch, its candidates here: a few thousand
+frequent target tokens plus, for each source token of the batch, its candidates here: a few thousand
 rows of fc3 instead of the whole vocabulary.
 
 Counted on Ray Data from the encoded training split (one sentence pair counts each token and

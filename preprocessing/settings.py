@@ -75,8 +75,8 @@ def _coerce(o: Change, field: dataclasses.Field, current):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise bad()
         return float(v)
-    if kind == "str":
-        return o.text.partition("=")[2].strip()  # as typed: "1e-4" stays a string here
+    if kind == "str":  # YAML's string (quotes removed), else the text as typed ("1e-4")
+        return v if isinstance(v, str) else o.text.partition("=")[2].strip()
     if kind == "dict" and not isinstance(v, dict):
         raise bad()
     if kind == "seq":
@@ -99,7 +99,7 @@ def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, s
                                f"{owned[f'{section}.{o.field}']}")
         if o.field not in fields:
             raise SettingError(f"--set {o.text}: {type(obj).__name__} has no field {o.field!r}"
-                            f"{closest(o.field, fields)}")
+                               f"{closest(o.field, fields)}")
         changes[o.field] = _coerce(o, fields[o.field], getattr(obj, o.field))
     try:
         return dataclasses.replace(obj, **changes)

@@ -67,7 +67,6 @@ class WorkflowResult:
     champion: object = None  # workflows.lineage.Champion: the registered best model, or None
 
 
-
 def run_workflow(spec: RunSpec) -> WorkflowResult:
     """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
     prepare(spec)
@@ -155,9 +154,8 @@ def _check_sources(spec: RunSpec) -> None:
         resolve_split(pre, split)
 
 
-
 def parent_metrics(spec: RunSpec, trained: list, scores: list[EvalScore],
-                    seconds: float) -> dict:
+                   seconds: float) -> dict:
     """The main scores unprefixed (first test set, first run's best checkpoint) so parent runs
     of different workflow runs compare by the same keys; every score as
     eval/<job>/<test>/<metric>, named like the child run that holds it."""

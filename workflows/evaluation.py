@@ -1,11 +1,10 @@
 """Parallel evaluation and ensembling jobs on Ray, each scored result an MLflow child run.
 
-One call evaluates every (checkpoint, ensemble or averaged checkpoint) x (test set) pair as its
-own Ray task with its own resources (CPUs, or a GPU fraction so several jobs share a GPU). The
-driver creates one child run per pair under the training (or workflow) run and, as each task
-finishes, logs its metrics (its task kind's, `convs2s.metrics.task_kinds`: bleu, bleu_tokenized,
-chrf,
-length_ratio or rouge*; and sentences_per_second), its hypotheses file and its attention pictures.
+One call evaluates every (checkpoint, ensemble or averaged checkpoint) x (test set) pair as its own
+Ray task with its own resources (CPUs, or a GPU fraction so several jobs share a GPU). The driver
+creates one child run per pair under the training (or workflow) run and, as each task finishes, logs
+its metrics (its task kind's, `convs2s.metrics.task_kinds`: bleu, bleu_tokenized, chrf, length_ratio
+or rouge*; and sentences_per_second), its hypotheses file and its attention pictures.
 
     from workflows.evaluation import EvalJob, TestSet, evaluate_all, evaluation_jobs
     test = TestSet("test", src=".../text/test.en", ref=".../text/test.fr", tgt_lang="fr")

@@ -170,8 +170,7 @@ def resolve_precision(precision: str, device: str | torch.device = "cpu",
 
 def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:
     """`net` (an eval copy with weight norm folded: `convs2s.model.network.inference_copy`)
-    converted in
-    place to `precision`; sets `net.precision`."""
+    converted in place to `precision`; sets `net.precision`."""
     if precision not in INFERENCE_PRECISIONS:
         raise ValueError(f"inference precision {precision!r}: choose one of "
                          f"{', '.join(INFERENCE_PRECISIONS)}")

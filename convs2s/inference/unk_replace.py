@@ -2,8 +2,7 @@
 
 Each `<unk>` in a hypothesis is replaced by the source word it attends to most (the layer- and
 model-averaged attention that `convs2s.inference.search.generate` returns), translated through an
-optional
-dictionary, else copied as is.
+optional dictionary, else copied as is.
 
     from convs2s.inference.unk_replace import replace_unknowns
     words = replace_unknowns(hyp_words, src_words, hyp["attention"], dictionary={"Haus": "house"})

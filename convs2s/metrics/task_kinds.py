@@ -1,12 +1,10 @@
 """What each kind of task is scored by: one table per kind, read by every consumer.
 
 A workflow's *kind* (translation, summarization) decides how its outputs are scored, which
-signatures describe the scores, which metric is the headline (the champion comparison, the log
-line, the first column), and what the summary table shows. Orchestration, the evaluation
-tasks, `python -m convs2s score` and the benchmarks read it from here, so a new metric is one
-edit: its function in `convs2s.metrics.scoring` and its name in the kind's `metrics` (and `shown`,
-to
-print it).
+signatures describe the scores, which metric is the headline (the champion comparison, the log line,
+the first column), and what the summary table shows. Orchestration, the evaluation tasks, `python -m
+convs2s score` and the benchmarks read it from here, so a new metric is one edit: its function in
+`convs2s.metrics.scoring` and its name in the kind's `metrics` (and `shown`, to print it).
 
     kind = task_kind("translation")
     metrics = kind.score(hyps, refs, "fr")   # {"bleu": ..., "bleu_tokenized": ..., ...}

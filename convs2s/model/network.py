@@ -387,8 +387,7 @@ class ConvS2S(nn.Module):
     def output_rows(self, ids: torch.Tensor):
         """fc3's weight and bias rows of the target ids `ids` (C): vocabulary selection's
         output layer for one batch. An int8 copy (`convs2s.inference.quantize`) gets those rows as
-        an
-        int8 layer of their own (`fc3.select`), packed once per batch."""
+        an int8 layer of their own (`fc3.select`), packed once per batch."""
         fc3 = self.decoder.fc3
         if hasattr(fc3, "select"):
             return fc3.select(ids)

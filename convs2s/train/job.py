@@ -1,10 +1,9 @@
 """A training job and its result (no torch, no Ray: cheap to import).
 
-`TrainJob` says what to train (a `ModelConfig` with a `TrainConfig` recipe, convs2s.config) on
-what data, where (storage, workers) and how it is tracked; `TrainResult` is what
+`TrainJob` says what to train (a `ModelConfig` with a `TrainConfig` recipe, convs2s.config) on what
+data, where (storage, workers) and how it is tracked; `TrainResult` is what
 `convs2s.train.launch.fit(job)` returns; `STOP_REASONS` names why training stopped. A workflow
-builds
-them in Python:
+builds them in Python:
 
     from convs2s.config import PRESETS, TrainConfig
     from convs2s.train.job import TrainJob

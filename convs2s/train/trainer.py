@@ -10,16 +10,15 @@ checkpoint, trains it epoch by epoch until a limit is reached and returns its fi
     return trainer.finish()         # Result.return_value on the driver
 
 Each worker builds the model from the preset (same seed everywhere), wraps it in DDP
-(`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal share of the `train` batch rows
-(one row = one batch; which rows and in what order each epoch is a plan made from the files,
-the seed, the epoch and the number of ranks alone: convs2s.train.data), runs
+(`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal share of the `train` batch rows (one
+row = one batch; which rows and in what order each epoch is a plan made from the files, the seed,
+the epoch and the number of ranks alone: convs2s.train.data), runs
 `convs2s.train.update.train_update` (token-normalized over all ranks), validates every epoch,
-anneals
-the lr (`convs2s.train.optim`), stops on the first limit reached (`STOP_REASONS`), and checkpoints
-every `checkpoint_interval` updates and at each epoch end through `ray.train.report` (a
-barrier: every rank calls it at the same updates). A restarted worker group resumes from the
-latest checkpoint, RNG states and position in the epoch included: it trains exactly the rows
-the interrupted epoch had not trained. Rank 0 logs to MLflow through
+anneals the lr (`convs2s.train.optim`), stops on the first limit reached (`STOP_REASONS`), and
+checkpoints every `checkpoint_interval` updates and at each epoch end through `ray.train.report` (a
+barrier: every rank calls it at the same updates). A restarted worker group resumes from the latest
+checkpoint, RNG states and position in the epoch included: it trains exactly the rows the
+interrupted epoch had not trained. Rank 0 logs to MLflow through
 `convs2s.tracking.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
 
 Tests kill a worker mid-run, and record which rows each update trained, through
