@@ -16,6 +16,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # this process, its Ray and the workflows it starts (they inherit the environment).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
+# The S3-protocol server on loopback (benchmarks/s3_server.py) gets its port now and starts when
+# a test first asks for the `s3` fixture: its endpoint and test credentials must be in the
+# environment before the session's Ray starts, so that Ray's workers inherit them, as the
+# nodes of a cluster have them from their own environment (or instance role).
+_S3_PORT = None
+if not os.environ.get("AWS_ENDPOINT_URL"):
+    from benchmarks.s3_server import LoopbackS3, free_port
+
+    _S3_PORT = free_port()
+    os.environ.update(LoopbackS3(_S3_PORT, None).env())
+
 
 def pytest_collection_modifyitems(config, items):
     import torch
@@ -57,6 +68,20 @@ def ray_session():
                  dashboard_port=port, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """The loopback S3 server (moto's server mode, its own process) with one bucket,
+    `convs2s-test`. Returns the server (`.create_bucket`, `.keys(bucket, prefix)`)."""
+    from benchmarks.s3_server import LoopbackS3
+
+    if _S3_PORT is None:
+        pytest.skip("AWS_ENDPOINT_URL is set outside the tests: not starting a loopback server")
+    server = LoopbackS3.start(_S3_PORT)
+    server.create_bucket("convs2s-test")
+    yield server
+    server.stop()
 
 
 # --- translation assets (tests of translate, averaging, attention plots, evaluation, serving) ---

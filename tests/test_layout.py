@@ -1,4 +1,5 @@
-"""The package layout as a specification: imports flow workflows -> {preprocessing, convs2s};
+"""The package layout as a specification: imports flow workflows -> {preprocessing, convs2s}
+-> storage;
 convs2s/ is in parts (model, io, inference, train, tracking, serving, metrics) that import
 downwards only; no import cycle anywhere; the model, its convolution and the search import only
 torch and torch-free project modules; settings modules import neither torch nor Ray; library
@@ -37,6 +38,7 @@ def _modules(package: str) -> list[Path]:
 @pytest.mark.parametrize("package, forbidden", [
     ("preprocessing", ("convs2s", "workflows")),
     ("convs2s", ("preprocessing", "workflows")),
+    ("storage", ("convs2s", "preprocessing", "workflows")),  # the layer under both
 ])
 def test_imports_flow_one_way(package, forbidden):
     for path in _modules(package):

@@ -1,0 +1,32 @@
+"""One filesystem layer for every path the project reads or writes (docs/storage.md).
+
+A local path stays a `pathlib.Path` and behaves exactly as before; a URI (`s3://`, `gs://`,
+any scheme pyarrow serves) becomes an `ObjectPath` with the same small set of methods, served
+by `pyarrow.fs`, the library Ray Data and Ray Train use. Credentials and endpoints come from
+the standard environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, profiles, instance roles),
+read by pyarrow itself; nothing here takes or prints a credential.
+
+    from storage import location, local_copy, publish_dir, check_storage
+    run = location("s3://bucket/runs") / "demo"     # ObjectPath; location("runs") -> Path
+    (run / "workflow.json").write_text("{}")
+    torch.load(local_copy(run / "best" / "checkpoint.pt"))   # fetched once per node
+    publish_dir(tmp_dir, run / "best", marker="meta.json")   # the marker object last
+    check_storage("s3://bucket/runs", "--storage-path")       # StorageError: one line
+
+Imports flow `workflows -> {preprocessing, convs2s} -> storage`: this package imports neither.
+"""
+
+from storage.paths import (
+    ObjectPath,
+    StorageError,
+    filesystem_of,
+    is_uri,
+    local_copy,
+    location,
+    publish_dir,
+    remove_tree,
+)
+from storage.checks import check_storage
+
+__all__ = ["ObjectPath", "StorageError", "check_storage", "filesystem_of", "is_uri",
+           "local_copy", "location", "publish_dir", "remove_tree"]

@@ -1,0 +1,103 @@
+"""Up-front checks of a storage location: before Ray starts, a path that cannot work is one
+line naming it and the fix (`StorageError`), never a failure an hour into a run.
+
+What is checked for a bucket URI: a filesystem serves the scheme; for s3://, the standard AWS
+credential chain finds credentials; the bucket exists and answers within `timeout_s`; and, for
+a location the run writes to, an object can be written and deleted there.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import uuid
+
+import pyarrow.fs as pafs
+
+from storage.paths import ObjectPath, StorageError, location
+
+# Values that must never reach a message (pyarrow's errors do not carry them; this makes sure).
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+
+
+def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) -> None:
+    """Raise `StorageError` (one line: `what`, the path, the fix) when `p` cannot be used."""
+    where = location(p)
+    if not isinstance(where, ObjectPath):
+        return
+    if where.scheme == "s3" and not _aws_credentials():
+        raise StorageError(
+            f"{what} {where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or run on nodes with an instance role), "
+            "and AWS_ENDPOINT_URL for an S3-compatible server other than AWS")
+    bucket = f"{where.scheme}://{where.bucket}"
+    try:
+        info = _within(timeout_s, where, what, lambda: where.fs.get_file_info(where.bucket))
+    except StorageError as err:
+        if "no filesystem serves" in str(err) and not str(err).startswith(what):
+            raise StorageError(f"{what} {err}") from None
+        raise
+    if info is None or info.type == pafs.FileType.NotFound:
+        raise StorageError(f"{what} {where}: the bucket {bucket} does not exist (or these "
+                           "credentials cannot see it); create it first (e.g. `aws s3 mb "
+                           f"{bucket}`) or fix the name")
+    if write:
+        probe = where / f".convs2s-write-probe-{uuid.uuid4().hex[:12]}"
+
+        def put_and_delete():
+            probe.write_bytes(b"")
+            probe.unlink(missing_ok=True)
+
+        _within(timeout_s, where, what, put_and_delete)
+
+
+def _aws_credentials() -> bool:
+    """Whether the standard AWS chain (environment, profiles, SSO, web identity, container and
+    instance roles) yields credentials, as boto3 and pyarrow resolve them."""
+    import botocore.session
+
+    try:
+        return botocore.session.get_session().get_credentials() is not None
+    except Exception:  # a broken profile file: let the bucket request say what is wrong
+        return True
+
+
+def _within(timeout_s: float, where: ObjectPath, what: str, fn):
+    """`fn()` within `timeout_s`; a storage error as StorageError naming `what` and `where`;
+    None when the bucket was not found."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn).result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        endpoint = "AWS_ENDPOINT_URL (or the region)" if where.scheme == "s3" else "credentials"
+        raise StorageError(f"{what} {where}: no answer within {timeout_s:.0f} s; check the "
+                           f"network and {endpoint}") from None
+    except OSError as err:
+        if _not_found(err):
+            return None
+        raise StorageError(f"{what} {where}: {_reason(err)}") from None
+    finally:
+        pool.shutdown(wait=False)
+
+
+def _not_found(err: OSError) -> bool:
+    low = str(err).lower()
+    return isinstance(err, FileNotFoundError) or "no_such_bucket" in low \
+        or "nosuchbucket" in low or "resource_not_found" in low
+
+
+def _reason(err: OSError) -> str:
+    """The storage error's first line, with what to do for the common ones."""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    for name in _SECRET_ENV:
+        value = os.environ.get(name)
+        if value:
+            text = text.replace(value, "***")
+    low = text.lower()
+    if "access_denied" in low or "accessdenied" in low or "403" in low:
+        return f"access denied ({text}); give these credentials read and write access there"
+    if "invalidaccesskeyid" in low or "signaturedoesnotmatch" in low:
+        return f"the credentials were refused ({text}); check AWS_ACCESS_KEY_ID / the profile"
+    if "connect" in low or "resolve" in low or "curl" in low:
+        return f"cannot reach the storage endpoint ({text}); check AWS_ENDPOINT_URL and network"
+    return text

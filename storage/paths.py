@@ -1,0 +1,304 @@
+"""Paths that are local folders or objects in a bucket, behind one small interface.
+
+`location(p)` gives a `pathlib.Path` for a local path (absolute, `~` expanded; a `file://`
+URI included) and an `ObjectPath` for any other URI. `ObjectPath` offers the subset of
+`pathlib.Path` the project uses (`/`, `name`, `parent`, `is_file`, `is_dir`, `exists`,
+`read_*` / `write_*`, `iterdir`, `glob` of one level, `unlink`, `mkdir`), so code written for
+local folders reads and writes a bucket unchanged. It deliberately has no `__fspath__`: handing
+one to `open()` or `torch.load` is an error, not a local file named `s3:`. Code that needs a
+real file (torch, sentencepiece) asks `local_copy(p)`.
+
+Object stores have no rename and no folders. What holds there instead (docs/storage.md):
+- one object is written whole or not at all (a single PUT), so `write_text` / `write_bytes`
+  never leave half a file for a reader;
+- a folder of several objects counts as complete only once its marker object exists, and the
+  marker is written last (`publish_dir`); readers trust nothing without it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+class StorageError(ValueError):
+    """A path that cannot be used as given; the message names the path and the fix."""
+
+
+def is_uri(p) -> bool:
+    """Whether `p` is a URI with a scheme other than file:// (served by pyarrow.fs)."""
+    if isinstance(p, ObjectPath):
+        return True
+    m = _SCHEME.match(str(p))
+    return bool(m) and m.group(1).lower() != "file"
+
+
+def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
+    """`p` as a local absolute `Path`, or an `ObjectPath` for a bucket URI."""
+    if isinstance(p, ObjectPath):
+        return p
+    text = str(p)
+    if text.lower().startswith("file://"):
+        return Path(text[len("file://"):]).expanduser().resolve()
+    if is_uri(text):
+        return ObjectPath(text)
+    return Path(text).expanduser().resolve()
+
+
+@functools.lru_cache(maxsize=32)
+def _filesystem(scheme: str, bucket: str) -> pafs.FileSystem:
+    """One pyarrow filesystem per (scheme, bucket) and process; pyarrow reads the endpoint and
+    the credentials from the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."""
+    try:
+        fs, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
+    except OSError:  # served, but not reachable (S3 resolves the bucket's region here)
+        raise
+    except Exception as err:  # pyarrow's ArrowInvalid: a scheme it cannot serve here
+        raise StorageError(f"{scheme}://{bucket}: no filesystem serves this URI here "
+                           f"({_first_line(err)}); use s3:// (or gs:// where pyarrow has GCS "
+                           "support), or a local / shared folder") from None
+    return fs
+
+
+class ObjectPath:
+    """A file or a folder (a key prefix) in a bucket: `scheme://bucket/key`."""
+
+    __slots__ = ("uri", "scheme", "bucket", "key")
+
+    def __init__(self, uri: str):
+        m = _SCHEME.match(uri)
+        if not m:
+            raise StorageError(f"{uri!r} is not a URI (scheme://bucket/key)")
+        scheme = m.group(1).lower()
+        rest = re.sub(r"/+", "/", uri[m.end():]).strip("/")
+        if not rest:
+            raise StorageError(f"{uri!r}: name a bucket ({scheme}://BUCKET/PREFIX)")
+        bucket = rest.split("/", 1)[0]
+        self.scheme, self.bucket = scheme, bucket
+        self.key = rest  # the path pyarrow's filesystem takes: bucket/key
+        self.uri = f"{scheme}://{rest}"
+
+    # -- pickling: the URI only; each process makes its own filesystem --
+    def __getstate__(self):
+        return self.uri
+
+    def __setstate__(self, uri):
+        ObjectPath.__init__(self, uri)
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        return _filesystem(self.scheme, self.bucket)
+
+    # -- names --
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:
+        return f"ObjectPath({self.uri!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ObjectPath) and other.uri == self.uri
+
+    def __hash__(self) -> int:
+        return hash(self.uri)
+
+    def __truediv__(self, other) -> ObjectPath:
+        return ObjectPath(f"{self.uri}/{str(other).strip('/')}")
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix
+
+    @property
+    def parent(self) -> ObjectPath:
+        if "/" not in self.key:
+            return self
+        return ObjectPath(f"{self.scheme}://{self.key.rsplit('/', 1)[0]}")
+
+    def is_relative_to(self, other) -> bool:
+        return isinstance(other, ObjectPath) and (self == other
+                                                  or self.uri.startswith(other.uri + "/"))
+
+    # -- queries --
+    def info(self) -> pafs.FileInfo:
+        return self.fs.get_file_info(self.key)
+
+    def is_file(self) -> bool:
+        return self.info().type == pafs.FileType.File
+
+    def is_dir(self) -> bool:
+        return self.info().type == pafs.FileType.Directory
+
+    def exists(self) -> bool:
+        return self.info().type != pafs.FileType.NotFound
+
+    def iterdir(self) -> list[ObjectPath]:
+        infos = self.fs.get_file_info(pafs.FileSelector(self.key, allow_not_found=True))
+        return sorted(self / i.base_name for i in infos)
+
+    def glob(self, pattern: str) -> list[ObjectPath]:
+        """The entries of this folder whose names match `pattern` (one level, as fnmatch)."""
+        if "/" in pattern or "**" in pattern:
+            raise ValueError(f"ObjectPath.glob takes one level, not {pattern!r}")
+        return [p for p in self.iterdir() if fnmatch.fnmatchcase(p.name, pattern)]
+
+    def files(self) -> list[tuple[str, pafs.FileInfo]]:
+        """Every object under this prefix as (relative name, info), sorted."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.key, recursive=True,
+                                                        allow_not_found=True))
+        return sorted((i.path[len(self.key) + 1:], i) for i in infos
+                      if i.type == pafs.FileType.File)
+
+    def __lt__(self, other) -> bool:  # sorted() of paths, as pathlib
+        return self.uri < other.uri
+
+    # -- reading and writing whole objects --
+    def read_bytes(self) -> bytes:
+        with self.fs.open_input_stream(self.key) as f:
+            return f.read()
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, data: bytes) -> int:
+        """One PUT: readers see the old object or the new one, never a part."""
+        with self.fs.open_output_stream(self.key) as f:
+            f.write(data)
+        return len(data)
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> int:
+        return self.write_bytes(text.encode(encoding))
+
+    def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
+        """Nothing to do: a folder in a bucket exists once an object is under it."""
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            self.fs.delete_file(self.key)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def upload(self, local: str | os.PathLike) -> None:
+        """Copy one local file to this object."""
+        pafs.copy_files(str(local), self.key, source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=self.fs)
+
+
+def filesystem_of(p) -> tuple[pafs.FileSystem, str]:
+    """(pyarrow filesystem, path in it) for `p`: for pq.read_table / write_table and Ray Data's
+    `filesystem=` arguments."""
+    p = location(p)
+    if isinstance(p, ObjectPath):
+        return p.fs, p.key
+    return pafs.LocalFileSystem(), str(p)
+
+
+def cache_root() -> Path:
+    """Where objects are copied to be read as local files (CONVS2S_CACHE, else
+    ~/.cache/convs2s): one copy per node, shared by its processes."""
+    return Path(os.environ.get("CONVS2S_CACHE", "~/.cache/convs2s")).expanduser() / "objects"
+
+
+def local_copy(p) -> Path:
+    """A local file or folder with the content of `p`: `p` itself when local; else a copy in
+    `cache_root()`, fetched once per version of the object (its size and modification time).
+    A folder is copied whole (every object under the prefix)."""
+    p = location(p)
+    if not isinstance(p, ObjectPath):
+        return p
+    info = p.info()
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{p}: no such object")
+    digest = hashlib.sha256(p.uri.encode()).hexdigest()[:16]
+    if info.type == pafs.FileType.File:
+        version = f"{info.size}-{info.mtime_ns}"
+        dest = cache_root() / digest / version / p.name
+        if not dest.is_file():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+            pafs.copy_files(p.key, str(tmp), source_filesystem=p.fs,
+                            destination_filesystem=pafs.LocalFileSystem())
+            os.replace(tmp, dest)  # a concurrent reader on this node sees all or nothing
+        return dest
+    files = p.files()
+    version = hashlib.sha256(repr([(n, i.size, i.mtime_ns) for n, i in files]).encode())
+    dest = cache_root() / digest / version.hexdigest()[:16] / p.name
+    if not dest.is_dir():
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+        for name, _ in files:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            pafs.copy_files(f"{p.key}/{name}", str(tmp / name), source_filesystem=p.fs,
+                            destination_filesystem=pafs.LocalFileSystem())
+        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process on this node finished the same copy first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def publish_dir(src: str | os.PathLike, dest, marker: str) -> None:
+    """Make folder `dest` hold exactly the files of local folder `src`, with `marker` (a file
+    in `src`) the proof that it is complete.
+
+    Local: copied beside `dest` and renamed into place (two renames; the folder is always old-
+    complete or new-complete). Bucket: the old marker is deleted first (from then on readers
+    take `dest` as incomplete), every other file uploaded, objects of the old version that the
+    new one lacks deleted, and the marker uploaded last."""
+    src, dest = Path(src), location(dest)
+    if not (src / marker).is_file():
+        raise FileNotFoundError(f"{src}: no {marker} to publish it with")
+    if not isinstance(dest, ObjectPath):
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
+        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
+        shutil.copytree(src, tmp)
+        if dest.exists():
+            dest.rename(old)
+        tmp.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    (dest / marker).unlink(missing_ok=True)
+    names = sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file())
+    for name in names:
+        if name != marker:
+            (dest / name).upload(src / name)
+    for name, _ in dest.files():
+        if name not in names:
+            (dest / name).unlink(missing_ok=True)
+    (dest / marker).upload(src / marker)
+
+
+def remove_tree(p) -> None:
+    """Delete folder `p` and everything under it (nothing when it does not exist)."""
+    p = location(p)
+    if isinstance(p, ObjectPath):
+        if p.exists():
+            p.fs.delete_dir(p.key)
+    else:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def temp_dir(prefix: str) -> Path:
+    """A private local scratch folder (the caller removes it)."""
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]

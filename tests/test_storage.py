@@ -1,0 +1,123 @@
+"""The filesystem layer (storage/) as a specification, against a real S3-protocol server on
+loopback (moto's server mode, its own process: benchmarks/s3_server.py): local paths stay
+`pathlib.Path`; bucket URIs read and write through pyarrow.fs; a folder of objects counts as
+complete only with its marker, written last; bad locations are one line before anything runs.
+
+    .venv/bin/python -m pytest tests/test_storage.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storage import (
+    ObjectPath,
+    StorageError,
+    check_storage,
+    local_copy,
+    location,
+    publish_dir,
+    remove_tree,
+)
+
+BUCKET = "s3://convs2s-test"
+
+
+def test_local_paths_stay_pathlib_and_uris_become_object_paths(tmp_path):
+    assert location(str(tmp_path)) == tmp_path and isinstance(location("runs"), Path)
+    assert location(f"file://{tmp_path}") == tmp_path
+    obj = location("s3://bucket//runs/demo/")
+    assert isinstance(obj, ObjectPath) and str(obj) == "s3://bucket/runs/demo"
+    assert str(obj / "best" / "meta.json") == "s3://bucket/runs/demo/best/meta.json"
+    assert obj.name == "demo" and str(obj.parent) == "s3://bucket/runs"
+
+
+def test_an_object_path_is_never_taken_for_a_local_file():
+    # No __fspath__: open() of a URI fails instead of writing a local folder named "s3:".
+    with pytest.raises(TypeError):
+        open(location("s3://bucket/x.txt"), "w")  # noqa: SIM115
+
+
+def test_objects_read_write_list_and_delete(s3):
+    run = location(BUCKET) / "spec-objects"
+    (run / "a.txt").write_text("é")
+    (run / "sub" / "b.bin").write_bytes(b"\x00\x01")
+    assert (run / "a.txt").read_text() == "é" and (run / "a.txt").is_file()
+    assert run.is_dir() and (run / "sub").is_dir() and not (run / "nope").exists()
+    assert [p.name for p in run.iterdir()] == ["a.txt", "sub"]
+    assert [p.name for p in run.glob("*.txt")] == ["a.txt"]
+    assert [name for name, _ in run.files()] == ["a.txt", "sub/b.bin"]
+    (run / "a.txt").unlink()
+    assert not (run / "a.txt").exists()
+    remove_tree(run)
+    assert s3.keys("convs2s-test", "spec-objects/") == []
+
+
+def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVS2S_CACHE", str(tmp_path / "cache"))
+    obj = location(BUCKET) / "spec-copy" / "model.bin"
+    obj.write_bytes(b"v1")
+    first = local_copy(obj)
+    assert first.read_bytes() == b"v1" and local_copy(obj) == first
+    obj.write_bytes(b"version 2")
+    assert local_copy(obj).read_bytes() == b"version 2"
+    folder = local_copy(obj.parent)
+    assert (folder / "model.bin").read_bytes() == b"version 2"
+
+
+def _folder(tmp_path, files: dict) -> Path:
+    d = tmp_path / f"src{len(list(tmp_path.iterdir()))}"
+    for name, text in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_text(text)
+    return d
+
+
+@pytest.mark.parametrize("where", ["bucket", "local"])
+def test_publish_replaces_a_folder_whole_with_its_marker_last(s3, tmp_path, where):
+    dest = (location(BUCKET) / "spec-publish" if where == "bucket"
+            else tmp_path / "dest" / "best")
+    publish_dir(_folder(tmp_path, {"w.pt": "1", "old.txt": "x", "meta.json": "{}"}), dest,
+                marker="meta.json")
+    publish_dir(_folder(tmp_path, {"w.pt": "2", "meta.json": '{"v": 2}'}), dest,
+                marker="meta.json")
+    assert (dest / "w.pt").read_text() == "2" and (dest / "meta.json").read_text() == '{"v": 2}'
+    assert not (dest / "old.txt").exists()  # the old version's extra file is gone
+
+
+def test_a_writer_killed_mid_publish_leaves_no_marker(s3, tmp_path, monkeypatch):
+    dest = location(BUCKET) / "spec-killed"
+    publish_dir(_folder(tmp_path, {"w.pt": "1", "meta.json": "{}"}), dest, marker="meta.json")
+    uploaded = []
+
+    def dies_on_the_second_file(self, local):
+        if uploaded:
+            raise KeyboardInterrupt  # the writer killed mid-publish
+        uploaded.append(self)
+        ObjectPath.write_bytes(self, Path(local).read_bytes())
+
+    monkeypatch.setattr(ObjectPath, "upload", dies_on_the_second_file)
+    with pytest.raises(KeyboardInterrupt):
+        publish_dir(_folder(tmp_path, {"a.pt": "2", "b.pt": "2", "meta.json": "{}"}), dest,
+                    marker="meta.json")
+    assert not (dest / "meta.json").exists()  # readers take the folder as incomplete
+
+
+def test_bad_locations_are_one_line_before_anything_runs(s3, monkeypatch, tmp_path):
+    check_storage(f"{BUCKET}/runs", "--storage-path", write=True)  # the good one passes
+    with pytest.raises(StorageError, match=r"^--storage-path s3://convs2s-missing/runs: the "
+                                           r"bucket s3://convs2s-missing does not exist"):
+        check_storage("s3://convs2s-missing/runs", "--storage-path")
+    with pytest.raises(StorageError, match=r"^--data foo://b.*no filesystem serves"):
+        check_storage("foo://b/corpus", "--data")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
+                "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(StorageError, match=r"^--storage-path s3://convs2s-test/runs: no AWS "
+                                           r"credentials found; set AWS_ACCESS_KEY_ID"):
+        check_storage(f"{BUCKET}/runs", "--storage-path")
