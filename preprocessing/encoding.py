@@ -24,7 +24,6 @@ each clean part becomes the encoded part named by its first id.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import numpy as np
@@ -37,6 +36,7 @@ from preprocessing.errors import user_errors
 from preprocessing.parts import PartSink
 from preprocessing.stages import execution_settings, part_paths
 from preprocessing.vocab import EOS, UNK, load
+from storage import stamp
 
 ENCODED_SCHEMA = pa.schema([("id", pa.int64()), ("src", pa.list_(pa.int32())),
                             ("tgt", pa.list_(pa.int32())), ("src_len", pa.int32()),
@@ -128,8 +128,7 @@ def encode_part_paths(batch: pa.Table, vocabulary, out_dir: str) -> pa.Table:
     """Ray Data task function: the listed clean parts encoded and written (`PartEncoder`),
     loading the vocabulary once per worker process. The key holds the files' sizes and mtimes,
     so a vocabulary rebuilt at the same path is loaded again."""
-    key = (out_dir, tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns)
-                          for f in vocabulary.files if f))
+    key = (out_dir, tuple((f, *stamp(f)) for f in vocabulary.files if f))
     if key not in _PART_ENCODER:
         _PART_ENCODER.clear()
         _PART_ENCODER[key] = PartEncoder(vocabulary, out_dir)

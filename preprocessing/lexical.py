@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from storage import location, written_locally
+
 TABLE_FILE = "shortlist.npz"
 N_SPECIAL = 4  # BOS, PAD, EOS, UNK: always in a shortlist, never a candidate
 COUNT_SCHEMA = pa.schema([("src", pa.int32()), ("tgt", pa.int32()), ("n", pa.int64())])
@@ -35,7 +37,7 @@ COUNT_SCHEMA = pa.schema([("src", pa.int32()), ("tgt", pa.int32()), ("n", pa.int
 
 def vocab_digest(spm_model: str | Path) -> str:
     """sha256 of the sentencepiece model file: the ids a table holds mean these pieces."""
-    return hashlib.sha256(Path(spm_model).read_bytes()).hexdigest()
+    return hashlib.sha256(location(spm_model).read_bytes()).hexdigest()
 
 
 def cooccurrence_block(batch: pa.Table, stride: int = 1) -> pa.Table:
@@ -141,6 +143,6 @@ def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: in
     order = np.concatenate([np.arange(N_SPECIAL), order[order >= N_SPECIAL]]).astype(np.int32)
     meta = {"vocab_digest": vocab_digest(spm_model), "vocab_size": vocab_size, "k": k,
             "pairs_counted": counted, "stride": stride}
-    np.savez(out_dir / TABLE_FILE, table=table, target_order=order,
-             meta=np.array(json.dumps(meta)))
+    with written_locally(out_dir / TABLE_FILE) as path:
+        np.savez(path, table=table, target_order=order, meta=np.array(json.dumps(meta)))
     return {**meta, "sources_with_candidates": int((table[:, 0] >= 0).sum())}

@@ -21,7 +21,6 @@ says why). The driver only sees counts and the bounded BPE sample.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from preprocessing.sources import SplitSource, resolve_split
 from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts, execution_settings,
                                   finished, no_space, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
+from storage import local_copy, location, remove_tree, written_locally
 
 log = logging.getLogger("preprocessing")
 
@@ -125,7 +125,7 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
         sink = PartSink(tmp, part_key="part", schema=CLEAN_SCHEMA, stats_fn=clean_stats,
                         label=label)
     totals = write_stage(out, sink)
-    shutil.rmtree(tmp / ".buckets", ignore_errors=True)
+    remove_tree(tmp / ".buckets")
     _checked(label, scattered, totals.get("rows_in", 0), "spilled")
     where = f"split {split!r} ({cfg.source}: {cfg.splits[split]})"
     dropped = dropped_counts(totals)
@@ -144,7 +144,7 @@ def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) ->
     with user_errors():
         sample = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
     train_bpe(sample, tmp / "spm", cfg.vocab_size, cfg.character_coverage)
-    sp = load(tmp / "spm.model")
+    sp = load(local_copy(tmp / "spm.model"))
     return {"vocab_path": str(task_dir / "spm" / "spm.model"), "vocab_size": sp.get_piece_size(),
             "sample_pairs": sample.num_rows, "special_ids": {"bos": BOS, "pad": PAD, "eos": EOS,
                                                              "unk": UNK}}
@@ -182,7 +182,7 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
     _checked(label, scattered, enc_m["rows_kept"], "spilled")
     t = write_stage(out, PartSink(tmp, part_key="window", schema=BATCH_SCHEMA,
                                   stats_fn=batch_stats, key_digits=6, label=label))
-    shutil.rmtree(tmp / ".windows", ignore_errors=True)
+    remove_tree(tmp / ".windows")
     _checked(label, t.get("rows_in", 0), enc_m["rows_kept"], "batched")
     real = t["src_tokens"] + t["tgt_tokens"]
     return {"rows_in": t["rows_in"], "rows_kept": t["rows_kept"], "dropped": dropped_counts(t),
@@ -210,8 +210,9 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
         paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]
         n, unreadable = 0, 0
         first = (sources[split].lines or (0, None))[0]  # a line range's ids start there
-        with open(paths[0], "w", encoding="utf-8") as fs, open(paths[1], "w",
-                                                               encoding="utf-8") as ft:
+        with written_locally(paths[0]) as src_file, written_locally(paths[1]) as tgt_file, \
+                open(src_file, "w", encoding="utf-8") as fs, \
+                open(tgt_file, "w", encoding="utf-8") as ft:
             with user_errors():
                 for b in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
                     ids = b["id"].to_pylist()
@@ -250,7 +251,7 @@ def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = Non
     keyed = {"pipeline_version": PIPELINE_VERSION, "settings": settings, "inputs": inputs}
     if vocabulary is not None:
         keyed["vocabulary"] = vocabulary.fingerprint
-    return Path(cfg.root).resolve() / cfg.task / config_hash(keyed)[:12]
+    return location(cfg.root) / cfg.task / config_hash(keyed)[:12]
 
 
 def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
@@ -260,7 +261,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
     `vocabulary` (encoding.py says what it is) fixes the token ids instead of learning a joint
     BPE: fine-tuning encodes new data with the model's own text pipeline. The BPE settings of
     `cfg` then do not apply."""
-    cfg = cfg.replace(root=str(Path(cfg.root).resolve()))
+    cfg = cfg.replace(root=str(location(cfg.root)))
     sources = {s: resolve_split(cfg, s, hub_endpoint) for s in cfg.splits}  # fail fast, no Ray
     if vocabulary is not None and cfg.shortlist_per_source and not vocabulary.spm_model:
         raise PreprocessError(f"shortlist_per_source={cfg.shortlist_per_source}: vocabulary "

@@ -95,7 +95,8 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
     """One read task: the file(s) in lockstep, as blocks of `block_rows` rows (only lines
     [first, end) with `span`; row ids stay line numbers)."""
     first, end = span or (0, None)
-    handles = [gzip.open(p, "rb") if p.endswith(".gz") else open(p, "rb") for p in files]
+    handles = [gzip.open(open_binary(p), "rb") if p.endswith(".gz") else open_binary(p)
+               for p in files]
     try:
         ids, src, tgt, errors, n = [], [], [], [], 0
         while True:

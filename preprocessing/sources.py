@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
+from storage import is_uri, location, open_input, stamp
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
                "folder: `--source DIR` with line-aligned text files (DIR/<name>.<lang>[.gz]), "
@@ -57,7 +58,7 @@ class SplitSource:
     def estimated_rows(self) -> int:
         if self.rows is not None:
             return self.rows
-        return max(1, sum(Path(f).stat().st_size for f in self.files) // 100)
+        return max(1, sum(stamp(f)[0] for f in self.files) // 100)
 
 
 # --- resolution (driver) -----------------------------------------------------------------------
@@ -107,7 +108,7 @@ def open_binary(path: str):
         import fsspec
 
         return fsspec.open(path, "rb").open()
-    return open(path, "rb")
+    return open_input(path)  # a local file, or an object in a bucket (storage/)
 
 
 def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[dict], int]:
@@ -220,7 +221,8 @@ def _count_lines(path: str) -> int:
     """Lines as the reader sees them (b"\\n"-terminated, a last unterminated one included)."""
     n, last = 0, b"\n"
     try:
-        with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        with (gzip.open(open_binary(path), "rb") if path.endswith(".gz")
+              else open_binary(path)) as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 n += chunk.count(b"\n")
                 last = chunk[-1:]
@@ -234,9 +236,9 @@ def check_text_pair(files: list[str]) -> None:
     """Fail fast on line-aligned text: an empty file, or (for files small enough to count on
     the driver) two sides with different line counts or an unreadable .gz."""
     for f in files:
-        if Path(f).stat().st_size == 0:
+        if stamp(f)[0] == 0:
             raise PreprocessError(f"{f} is empty; a corpus file needs one sentence per line")
-    if len(files) != 2 or sum(Path(f).stat().st_size for f in files) > PAIRING_CHECK_BYTES:
+    if len(files) != 2 or sum(stamp(f)[0] for f in files) > PAIRING_CHECK_BYTES:
         return
     counts = [_count_lines(f) for f in files]
     if counts == [0, 0]:
@@ -268,7 +270,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         src = SplitSource("parquet", files)
         src.fingerprint = {"hub": cfg.hub_repo, "commit": sha, "files": files}
     else:
-        base = Path(cfg.source)
+        base = location(cfg.source) if is_uri(cfg.source) else Path(cfg.source)
         if base.is_file():
             raise PreprocessError(f"{base} is a file",
                                   f"give its folder and name the file per split: --source "
@@ -276,7 +278,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         if not base.is_dir():
             raise PreprocessError(f"source folder {base} does not exist; give --source hub, demo "
                                   "or an existing folder")
-        src = _local_candidates(base.resolve(), name, cfg)
+        src = _local_candidates(location(base), name, cfg)
         if src is None:
             raise PreprocessError(
                 f"no input for split {split!r} (source name {name!r}) in {base}: looked for "
@@ -289,14 +291,14 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         if src.kind == "text":
             check_text_pair(src.files)
         if src.lines is not None and \
-                sum(Path(f).stat().st_size for f in src.files) <= PAIRING_CHECK_BYTES:
+                sum(stamp(f)[0] for f in src.files) <= PAIRING_CHECK_BYTES:
             total = _count_lines(src.files[0])
             if src.lines[0] >= total:
                 raise PreprocessError(f"split {split!r} ({name}): the range starts at line "
                                       f"{src.lines[0]:,} but {src.files[0]} has {total:,} lines")
         elif src.kind in ("tsv", "jsonl"):
             for f in src.files:
-                if Path(f).stat().st_size == 0:
+                if stamp(f)[0] == 0:
                     raise PreprocessError(f"{f} is empty; a corpus file needs one pair per line")
     if src.kind == "parquet":
         src.row_groups, src.rows = _parquet_row_groups(src.files, cfg)

@@ -32,6 +32,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from preprocessing.errors import PreprocessError, user_errors
+from storage import (ObjectPath, filesystem_of, is_uri, location, publish_dir, remove_tree,
+                     stamp)
 
 log = logging.getLogger("preprocessing")
 
@@ -51,11 +53,12 @@ def config_hash(obj) -> str:
 
 
 def file_fingerprint(paths: list[str]) -> list[dict]:
-    """Identity of local input files without reading them: path, size, mtime (as make does)."""
+    """Identity of input files (local or objects) without reading them: path, size, mtime (as
+    make does)."""
     out = []
     for p in paths:
-        st = os.stat(p)
-        out.append({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        size, mtime_ns = stamp(p)
+        out.append({"path": str(p), "size": size, "mtime_ns": mtime_ns})
     return out
 
 
@@ -79,13 +82,11 @@ def mix64(ids: np.ndarray, seed: int) -> np.ndarray:
 # --- manifests and atomic stage folders --------------------------------------------------------
 
 
-def read_manifest(stage_dir: Path) -> dict | None:
-    path = Path(stage_dir) / MANIFEST
-    if not path.is_file():
-        return None
+def read_manifest(stage_dir) -> dict | None:
+    path = location(stage_dir) / MANIFEST
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):  # none (FileNotFoundError), or unreadable
         return None
 
 
@@ -109,6 +110,10 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
     The folder is created with an owner file (host, pid) already inside, so other runs can tell
     a live partial folder from a crash leftover: only provably stale leftovers are removed.
     """
+    if is_uri(stage_dir):
+        with _object_stage_output(location(stage_dir)) as tmp:
+            yield tmp
+        return
     stage_dir = Path(stage_dir)
     stage_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_leftovers(stage_dir)
@@ -133,7 +138,27 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def remove_stale_leftovers(stage_dir: Path) -> list[Path]:
+@contextlib.contextmanager
+def _object_stage_output(stage_dir: ObjectPath) -> Iterator[ObjectPath]:
+    """`stage_output` in a bucket, where nothing renames: the stage writes into a sibling
+    prefix `.<name>.partial-<run>/` (its owner object first); on success its objects are copied
+    (by the server) into `stage_dir` with the manifest last, after the old manifest was
+    deleted (`storage.publish_dir`), so a reader sees a complete stage or none."""
+    remove_stale_leftovers(stage_dir)
+    tmp = stage_dir.parent / f".{stage_dir.name}.partial-{uuid.uuid4().hex[:12]}"
+    (tmp / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(),
+                                              "pid": os.getpid()}))
+    try:
+        yield tmp
+        if not (tmp / MANIFEST).is_file():
+            raise RuntimeError(f"stage {stage_dir} finished without writing its manifest")
+        (tmp / OWNER_FILE).unlink(missing_ok=True)
+        publish_dir(tmp, stage_dir, marker=MANIFEST)
+    finally:
+        remove_tree(tmp)
+
+
+def remove_stale_leftovers(stage_dir) -> list:
     """Remove the crash leftovers of `stage_dir` that are provably stale: `.old-*` folders
     (never read: a finished stage's previous output) and `.partial-*` folders whose writer is
     gone (this host and a process that no longer runs, or this process itself: its stages run
@@ -141,6 +166,13 @@ def remove_stale_leftovers(stage_dir: Path) -> list[Path]:
     failed run while a late write task recreated it). A partial folder of a live run, or of
     another host, is left alone. Returns what was removed."""
     removed = []
+    stage_dir = location(stage_dir)
+    if isinstance(stage_dir, ObjectPath):  # no .old-* in a bucket (nothing is renamed)
+        for p in stage_dir.parent.glob(f".{stage_dir.name}.partial-*"):
+            if _writer_gone(p):
+                remove_tree(p)
+                removed.append(p)
+        return removed
     for p in stage_dir.parent.glob(f".{stage_dir.name}.old-*"):
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
@@ -182,7 +214,8 @@ def write_manifest(folder: Path, manifest: dict) -> None:
             raise RuntimeError(
                 f"{manifest['stage']}: rows_in {rows_in} != kept {kept} + dropped {dropped}"
             )
-    (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    (location(folder) / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True)
+                                             + "\n")
 
 
 def no_space(path: str | Path, exc: OSError) -> PreprocessError | None:
@@ -195,7 +228,12 @@ def no_space(path: str | Path, exc: OSError) -> PreprocessError | None:
 
 
 def write_part(table: pa.Table, folder: str, name: str) -> None:
-    """Write one parquet part; same table -> same bytes (no timestamps in parquet metadata)."""
+    """Write one parquet part; same table -> same bytes (no timestamps in parquet metadata).
+    In a bucket: one object, which appears whole (no temporary name needed)."""
+    if is_uri(folder):
+        fs, key = filesystem_of(location(folder) / name)
+        pq.write_table(table, key, filesystem=fs, compression="zstd")
+        return
     path = os.path.join(folder, name)
     try:
         pq.write_table(table, path + ".tmp", compression="zstd")
@@ -207,8 +245,8 @@ def write_part(table: pa.Table, folder: str, name: str) -> None:
 
 
 def part_paths(folder: str | Path) -> list[str]:
-    """The parquet parts of a stage folder, sorted by name."""
-    return sorted(str(p) for p in Path(folder).glob("part-*.parquet"))
+    """The parquet parts of a stage folder (local paths or object URIs), sorted by name."""
+    return sorted(str(p) for p in location(folder).glob("part-*.parquet"))
 
 
 # --- draining per-part statistics ----------------------------------------------------------------

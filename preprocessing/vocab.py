@@ -24,6 +24,7 @@ import sentencepiece as spm
 
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import mix64
+from storage import local_copy, location
 
 # Special token ids, fixed project-wide (the same values as convs2s.config; the packages do
 # not import each other). Encoded sentences end with EOS and carry no BOS.
@@ -89,16 +90,15 @@ def train_bpe(sample: pa.Table, model_prefix: Path, vocab_size: int,
         raise PreprocessError(f"sentencepiece could not train a {vocab_size}-type BPE model "
                               f"on {sample.num_rows} sampled pairs: {e}; change vocab_size "
                               "or character_coverage") from None
-    Path(f"{model_prefix}.model").write_bytes(buf.getvalue())
+    location(f"{model_prefix}.model").write_bytes(buf.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
-    with open(f"{model_prefix}.vocab", "w", encoding="utf-8") as f:
-        for i in range(sp.get_piece_size()):
-            f.write(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n")
+    location(f"{model_prefix}.vocab").write_text("".join(
+        f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())))
 
 
 def load(path: str | Path) -> spm.SentencePieceProcessor:
     """Load a model and check that it uses the project's special ids."""
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    sp = spm.SentencePieceProcessor(model_file=str(local_copy(path)))  # a bucket's: fetched
     ids = (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id())
     if ids != (BOS, PAD, EOS, UNK):
         raise ValueError(f"{path}: special ids (bos, pad, eos, unk) = {ids}, expected "

@@ -23,10 +23,14 @@ from storage.paths import (
     is_uri,
     local_copy,
     location,
+    open_input,
     publish_dir,
     remove_tree,
+    stamp,
+    written_locally,
 )
 from storage.checks import check_storage
 
 __all__ = ["ObjectPath", "StorageError", "check_storage", "filesystem_of", "is_uri",
-           "local_copy", "location", "publish_dir", "remove_tree"]
+           "local_copy", "location", "open_input", "publish_dir", "remove_tree", "stamp",
+           "written_locally"]

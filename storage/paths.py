@@ -17,15 +17,18 @@ Object stores have no rename and no folders. What holds there instead (docs/stor
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import hashlib
+import io
 import os
 import re
 import shutil
 import tempfile
 import uuid
-from pathlib import Path
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
 
 import pyarrow.fs as pafs
 
@@ -157,6 +160,16 @@ class ObjectPath:
             raise ValueError(f"ObjectPath.glob takes one level, not {pattern!r}")
         return [p for p in self.iterdir() if fnmatch.fnmatchcase(p.name, pattern)]
 
+    def rglob(self, pattern: str) -> list[ObjectPath]:
+        """Every object under this prefix whose name matches `pattern` (as pathlib's rglob)."""
+        return [self / name for name, _ in self.files()
+                if fnmatch.fnmatchcase(name.rsplit("/", 1)[-1], pattern)]
+
+    def relative_to(self, other: ObjectPath) -> PurePosixPath:
+        if not self.is_relative_to(other):
+            raise ValueError(f"{self} is not under {other}")
+        return PurePosixPath(self.uri[len(other.uri) + 1:])
+
     def files(self) -> list[tuple[str, pafs.FileInfo]]:
         """Every object under this prefix as (relative name, info), sorted."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.key, recursive=True,
@@ -198,6 +211,14 @@ class ObjectPath:
         """Copy one local file to this object."""
         pafs.copy_files(str(local), self.key, source_filesystem=pafs.LocalFileSystem(),
                         destination_filesystem=self.fs)
+
+
+def open_input(p):
+    """A seekable binary file object reading `p` (local or an object)."""
+    p = location(p)
+    if isinstance(p, ObjectPath):
+        return io.BufferedReader(p.fs.open_input_file(p.key), buffer_size=1 << 20)
+    return open(p, "rb")
 
 
 def filesystem_of(p) -> tuple[pafs.FileSystem, str]:
@@ -253,18 +274,23 @@ def local_copy(p) -> Path:
     return dest
 
 
-def publish_dir(src: str | os.PathLike, dest, marker: str) -> None:
-    """Make folder `dest` hold exactly the files of local folder `src`, with `marker` (a file
-    in `src`) the proof that it is complete.
+def publish_dir(src, dest, marker: str) -> None:
+    """Make folder `dest` hold exactly the files of folder `src`, with `marker` (a file in
+    `src`) the proof that it is complete. `src` is a local folder, or a folder in the same
+    bucket (its objects are copied by the server).
 
     Local: copied beside `dest` and renamed into place (two renames; the folder is always old-
     complete or new-complete). Bucket: the old marker is deleted first (from then on readers
-    take `dest` as incomplete), every other file uploaded, objects of the old version that the
-    new one lacks deleted, and the marker uploaded last."""
-    src, dest = Path(src), location(dest)
-    if not (src / marker).is_file():
+    take `dest` as incomplete), every other file copied, objects of the old version that the
+    new one lacks deleted, and the marker copied last."""
+    src, dest = location(src), location(dest)
+    names = ([n for n, _ in src.files()] if isinstance(src, ObjectPath)
+             else sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file()))
+    if marker not in names:
         raise FileNotFoundError(f"{src}: no {marker} to publish it with")
     if not isinstance(dest, ObjectPath):
+        if isinstance(src, ObjectPath):
+            src = local_copy(src)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
         old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
@@ -275,14 +301,51 @@ def publish_dir(src: str | os.PathLike, dest, marker: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
         return
     (dest / marker).unlink(missing_ok=True)
-    names = sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file())
     for name in names:
         if name != marker:
-            (dest / name).upload(src / name)
+            _copy(src / name, dest / name)
     for name, _ in dest.files():
         if name not in names:
             (dest / name).unlink(missing_ok=True)
-    (dest / marker).upload(src / marker)
+    _copy(src / marker, dest / marker)
+
+
+def _copy(src, dest: ObjectPath) -> None:
+    if isinstance(src, ObjectPath) and (src.scheme, src.bucket) == (dest.scheme, dest.bucket):
+        dest.fs.copy_file(src.key, dest.key)  # server-side: the bytes do not travel here
+    elif isinstance(src, ObjectPath):
+        dest.write_bytes(src.read_bytes())
+    else:
+        dest.upload(src)
+
+
+def stamp(p) -> tuple[int, int]:
+    """(size, modification time in ns) of a file, local or an object: its version, as make
+    tells files apart."""
+    p = location(p)
+    if isinstance(p, ObjectPath):
+        info = p.info()
+        if info.type != pafs.FileType.File:
+            raise FileNotFoundError(f"{p}: no such object")
+        return info.size, info.mtime_ns or 0
+    st = p.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+@contextlib.contextmanager
+def written_locally(dest) -> Iterator[Path]:
+    """A local path to write the file `dest` at: `dest` itself when local; else a scratch file,
+    uploaded to `dest` (one PUT) when the block ends without an error."""
+    dest = location(dest)
+    if not isinstance(dest, ObjectPath):
+        yield dest
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="convs2s-upload-"))
+    try:
+        yield scratch / dest.name
+        dest.upload(scratch / dest.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def remove_tree(p) -> None:
@@ -293,11 +356,6 @@ def remove_tree(p) -> None:
             p.fs.delete_dir(p.key)
     else:
         shutil.rmtree(p, ignore_errors=True)
-
-
-def temp_dir(prefix: str) -> Path:
-    """A private local scratch folder (the caller removes it)."""
-    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 def _first_line(err: BaseException) -> str:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from convs2s.config import ModelConfig
+from storage import is_uri, local_copy, location, publish_dir
 
 CHECKPOINT_FILE = "checkpoint.pt"
 SPM_FILE = "sentencepiece.model"
@@ -60,11 +61,11 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     tmp = directory / (CHECKPOINT_FILE + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, directory / CHECKPOINT_FILE)
-    if spm_model:
-        shutil.copyfile(spm_model, directory / SPM_FILE)
+    if spm_model:  # local, or a bucket's (fetched once per node)
+        shutil.copyfile(local_copy(spm_model), directory / SPM_FILE)
     for path in text_files:
-        if Path(path).name != SPM_FILE or not spm_model:
-            shutil.copyfile(path, directory / Path(path).name)
+        if location(path).name != SPM_FILE or not spm_model:
+            shutil.copyfile(local_copy(path), directory / location(path).name)
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
             "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch)}
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
@@ -87,7 +88,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     import pickle
     import zipfile
 
-    path = Path(path)
+    path = local_copy(path) if is_uri(path) else Path(path)  # a bucket's: fetched once per node
     file = path / CHECKPOINT_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
@@ -154,6 +155,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     # imported here: listing checkpoints needs no model code
     from convs2s.model.network import ConvS2S
 
+    shown, path = str(path), local_copy(path) if is_uri(path) else path
     state = load_checkpoint(path, map_location="cpu")
     cfg = ModelConfig.from_dict(state["model_config"])
     model = ConvS2S(cfg, state["src_vocab_size"], state["tgt_vocab_size"])
@@ -162,7 +164,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     directory = Path(path) if Path(path).is_dir() else Path(path).parent
     spm = directory / SPM_FILE
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
-    meta["path"] = str(directory)
+    meta["path"] = shown if is_uri(shown) else str(directory)
     meta["spm_model"] = str(spm) if spm.is_file() else None
     return model, meta
 
@@ -221,7 +223,7 @@ class CheckpointInfo:
 
 
 def read_info(path: str | os.PathLike) -> CheckpointInfo:
-    meta = json.loads((Path(path) / META_FILE).read_text())
+    meta = json.loads((location(path) / META_FILE).read_text())
     return CheckpointInfo(str(path), meta["epoch"], meta["update"], meta["val_loss"],
                           meta["end_of_epoch"])
 
@@ -229,7 +231,7 @@ def read_info(path: str | os.PathLike) -> CheckpointInfo:
 def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
     """The kept `checkpoint_*` directories of a run, oldest (fewest updates) first; `best/`
     is not listed (it is a copy of one of them, or of an older one Ray already removed)."""
-    run_dir = Path(run_dir)
+    run_dir = location(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     infos = [read_info(d) for d in run_dir.glob("checkpoint_*")
@@ -247,7 +249,7 @@ def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,
 
 def best_checkpoint(run_dir: str | os.PathLike) -> CheckpointInfo | None:
     """`<run_dir>/best` if present, else the kept checkpoint with the lowest validation loss."""
-    best = Path(run_dir) / BEST_DIR
+    best = location(run_dir) / BEST_DIR
     if (best / META_FILE).is_file() and (best / CHECKPOINT_FILE).is_file():
         return read_info(best)
     scored = [i for i in list_checkpoints(run_dir) if i.val_loss is not None]
@@ -262,7 +264,7 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
     did: "ok", "repaired from <dir>", or "no kept checkpoint has <loss>" (best/ left as is)."""
     if best_loss is None:
         return "ok"
-    best = Path(run_dir) / BEST_DIR
+    best = location(run_dir) / BEST_DIR
     if (best / META_FILE).is_file():
         info = read_info(best)
         if info.val_loss == best_loss and info.update <= update:
@@ -272,8 +274,8 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
     if not kept:
         return f"no kept checkpoint has validation loss {best_loss}"
     source = kept[-1].path
-    replace_dir(source, best)
-    return f"repaired from {Path(source).name}"
+    publish_dir(source, best, marker=META_FILE)  # meta.json last: best/ is whole or absent
+    return f"repaired from {location(source).name}"
 
 
 def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:

@@ -18,9 +18,12 @@ import json
 import logging
 import os
 import queue
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+from storage import is_uri, location
 
 from convs2s.tracking.runs import HTTP_ENV, mlflow_client, warn_unreachable
 
@@ -29,11 +32,12 @@ log = logging.getLogger(__name__)
 
 def read_local_metrics(path: str | os.PathLike) -> list[dict]:
     """The records of a metrics.jsonl: [{"step": int, "time": float, "metrics": {...}}, ...]."""
-    path = Path(path)
-    if not path.is_file():
+    try:
+        text = location(path).read_text()  # a local file, or an object in a bucket
+    except FileNotFoundError:
         return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:  # a line cut by a crash: skip it
@@ -55,7 +59,17 @@ class RunLogger:
         for k, v in HTTP_ENV.items():
             os.environ.setdefault(k, v)
         self.uri, self.run_id = tracking_uri, run_id
-        self.local_path = Path(local_path) if local_path else None
+        # In a bucket (no appends there): lines go to a local scratch copy, and `sync` (at each
+        # checkpoint, and on close) writes it whole over the object.
+        self.mirror = location(local_path) if is_uri(local_path or "") else None
+        self.local_path = Path(local_path) if local_path and not self.mirror else None
+        if self.mirror is not None:
+            scratch = Path(tempfile.mkdtemp(prefix="convs2s-metrics-")) / self.mirror.name
+            try:
+                scratch.write_bytes(self.mirror.read_bytes())  # a resumed run continues it
+            except FileNotFoundError:
+                scratch.touch()
+            self.local_path = scratch
         self.remote_ok = bool(tracking_uri and run_id)
         self._local_max: dict[str, int] = {}
         for rec in read_local_metrics(self.local_path) if self.local_path else []:
@@ -83,8 +97,14 @@ class RunLogger:
             except queue.Full:
                 self._fail(RuntimeError("metric queue full (server too slow)"))
 
+    def sync(self) -> None:
+        """In a bucket: write the local lines over the object (one PUT, never half a file)."""
+        if self.mirror is not None:
+            self.mirror.upload(self.local_path)
+
     def close(self, timeout: float = 15.0) -> None:
         """Flush what the server accepts within `timeout` seconds, then stop the thread."""
+        self.sync()
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout)

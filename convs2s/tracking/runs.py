@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage import is_uri, local_copy, location
+
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "convs2s.run_key"
@@ -212,7 +214,7 @@ def run_key(path: str | os.PathLike) -> str:
     absolute path itself. One scheme for every run of the project: a workflow's parent run is
     keyed by its run folder, a training run by its Ray Train folder, an evaluation run by its
     hypotheses' folder; the same storage path and names find the same runs again."""
-    return str(Path(path).expanduser().resolve())
+    return str(location(path))  # absolute; a bucket's URI as it is
 
 
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
@@ -277,10 +279,13 @@ def log_params(uri: str, run_id: str | None, params: dict[str, str]) -> None:
 
 
 def log_artifacts(uri: str, run_id: str | None, local_path: str, artifact_path: str | None = None):
-    """Upload a file or directory to the run; False (after a warning) when that fails."""
+    """Upload a file or directory (local, or in a bucket) to the run; False (after a warning)
+    when that fails."""
     if run_id is None:
         return False
     try:
+        if is_uri(local_path):
+            local_path = str(local_copy(local_path))
         with bounded_http():
             client = mlflow_client(uri)
             if Path(local_path).is_dir():

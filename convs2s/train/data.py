@@ -33,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from storage import filesystem_of, location
+
 
 @dataclass(frozen=True)
 class TrainFiles:
@@ -45,9 +47,10 @@ class TrainFiles:
     def scan(cls, folder: str | Path) -> TrainFiles:
         """Row counts from the parquet footers (reading every file would take minutes at
         scale: 45 s for the 102k batches of 10M pairs on 2 CPUs)."""
-        files = sorted(Path(folder).glob("*.parquet"))
+        files = sorted(location(folder).glob("*.parquet"))  # local, or objects in a bucket
         return cls(tuple(str(f) for f in files),
-                   tuple(pq.read_metadata(f).num_rows for f in files))
+                   tuple(pq.read_metadata(key, filesystem=fs).num_rows
+                         for fs, key in map(filesystem_of, files)))
 
     @property
     def total(self) -> int:
@@ -86,6 +89,12 @@ def resumed_rows(files: TrainFiles, seed: int, epoch: int, world: int, rank: int
     return rest[rank * per:(rank + 1) * per]
 
 
+def read_file(path: str) -> pa.Table:
+    """One training file, whole (a local path or an object's URI)."""
+    fs, key = filesystem_of(path)
+    return pq.read_table(key, filesystem=fs)
+
+
 def read_rows(files: TrainFiles, refs: np.ndarray, window: int = 256) -> Iterator[pa.Table]:
     """The rows `refs` names, in order, as one-row tables (zero-copy slices of the files they
     come from). Files are read whole, the next window's in a background thread while this one
@@ -101,7 +110,7 @@ def read_rows(files: TrainFiles, refs: np.ndarray, window: int = 256) -> Iterato
         def fetch(start: int) -> None:
             for f in needed(start):
                 if f not in tables:
-                    tables[f] = pool.submit(pq.read_table, files.paths[f])
+                    tables[f] = pool.submit(read_file, files.paths[f])
 
         if len(refs):
             fetch(0)

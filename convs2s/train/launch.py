@@ -24,7 +24,10 @@ waited for `TrainJob.placement_wait_s`, then `WorkersNotPlaced` is raised; the r
 when rerun.
 
 Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last`
-`checkpoint_<update>/` directories, `best/` (lowest validation loss), `metrics.jsonl`.
+`checkpoint_<update>/` directories, `best/` (lowest validation loss), `metrics.jsonl`. The
+storage path is a local or shared folder, or a bucket URI (`s3://bucket/prefix`): Ray Train
+then writes through the same pyarrow filesystem (`storage_filesystem`), `best/` is published
+with its meta.json last and metrics.jsonl is rewritten at each checkpoint (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -64,14 +67,17 @@ from convs2s.tracking.runs import (
 from convs2s.train.data import TrainFiles
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.trainer import CrashInjection, initial_weights, train_loop_per_worker
+from storage import filesystem_of, is_uri, location
 
 # --- driver -------------------------------------------------------------------------------------
 
 
 def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
-    storage = _local_dir(job.storage_path, "storage_path")
+    storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
+    # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
+    ray_fs, ray_path = filesystem_of(storage)
     uri = resolve_tracking_uri(job.tracking_uri)
     version = code_version()
     run_tags = {"convs2s.code_version": version, **job.tags}
@@ -107,7 +113,8 @@ def fit(job: TrainJob) -> TrainResult:
                                      resources_per_worker=resources,
                                      accelerator_type=job.accelerator_type
                                      if job.use_gpu else None),
-        run_config=RunConfig(name=job.run_name, storage_path=str(storage),
+        run_config=RunConfig(name=job.run_name, storage_path=ray_path,
+                             storage_filesystem=ray_fs if is_uri(storage) else None,
                              failure_config=FailureConfig(
                                  max_failures=job.max_failures,
                                  controller_failure_limit=_placement_tries(job)),
@@ -137,13 +144,16 @@ def fit(job: TrainJob) -> TrainResult:
     if final.get("stop_reason"):  # why it stopped: a tag to filter runs by in MLflow
         set_tags(uri, run_id, {"convs2s.stop_reason": final["stop_reason"]})
     best = run_dir / BEST_DIR
-    if best.is_dir():
+    has_best = best.is_dir()
+    if has_best:
         log_artifacts(uri, run_id, str(best), "best_checkpoint")
     end_run(uri, run_id, "FINISHED")
     kept = [i.path for i in list_checkpoints(run_dir)]
     last = result.checkpoint.path if result.checkpoint is not None else None
+    if last is not None and is_uri(storage):  # Ray gives the path inside the filesystem
+        last = f"{storage.scheme}://{last}"
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
-                       best_checkpoint=str(best) if best.is_dir() else None,
+                       best_checkpoint=str(best) if has_best else None,
                        last_checkpoint=last, checkpoints=kept, metrics=final)
 
 
@@ -174,20 +184,13 @@ def _resources(job: TrainJob) -> str:
     return f"{job.cpus_per_worker:g} CPU" + (" + 1 GPU" if job.use_gpu else "")
 
 
-def _local_dir(path: str, what: str) -> Path:
-    if "://" in str(path):
-        raise ValueError(f"{what}={path!r}: give a local or shared (NFS) filesystem path; the "
-                         "run keeps best/ and metrics.jsonl beside Ray's checkpoints")
-    return Path(path).expanduser().resolve()
-
-
 def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
     """The validation split as a Ray Dataset (every rank reads it all and keeps its share by
     id) and the training split's files: each rank plans and reads its own rows of every epoch
     from them (convs2s.train.data), so a resumed run trains exactly the rows it had left."""
     out, files = {}, None
     for split, path in (("train", job.train_data), ("valid", job.valid_data)):
-        d = _local_dir(path, f"{split}_data")
+        d = location(path)
         parts = sorted(d.glob("*.parquet")) if d.is_dir() else []
         if not parts:
             raise FileNotFoundError(
@@ -198,7 +201,7 @@ def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
             files = TrainFiles.scan(d)
         else:
             # at most as many read tasks as files: a cap above it is a Ray warning per worker
-            out[split] = _read_parquet(str(d), job.read_cpus,
+            out[split] = _read_parquet(d, job.read_cpus,
                                        min(2 * job.num_workers, len(parts)))
     return out, files
 
@@ -213,7 +216,7 @@ def _ingest_options():
                                      verbose_progress=current.verbose_progress)
 
 
-def _read_parquet(path: str, num_cpus: float, tasks: int):
+def _read_parquet(path, num_cpus: float, tasks: int):
     """read_parquet whose every task reserves `num_cpus` CPUs (0 by default), at most `tasks`
     read tasks at once.
 
@@ -228,7 +231,8 @@ def _read_parquet(path: str, num_cpus: float, tasks: int):
     saved = ctx.use_datasource_v2
     ctx.use_datasource_v2 = False
     try:
-        return ray.data.read_parquet(path, num_cpus=num_cpus,
+        fs, key = filesystem_of(path)
+        return ray.data.read_parquet(key, filesystem=fs, num_cpus=num_cpus,
                                      concurrency=max(1, tasks))
     finally:
         ctx.use_datasource_v2 = saved

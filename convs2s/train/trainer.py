@@ -50,17 +50,18 @@ from ray.train import (
 
 from convs2s.io.checkpoint import (
     BEST_DIR,
+    META_FILE,
     CheckpointError,
     capture_rng_state,
     checkpoint_dir_name,
     load_checkpoint,
     reconcile_best,
-    replace_dir,
     restore_rng_state,
     save_checkpoint,
 )
 from convs2s.train.collate import collate_arrow
 from convs2s.config import ModelConfig
+from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
@@ -147,7 +148,7 @@ class Trainer:
         train_files, crash)."""
         job: TrainJob = config["job"]
         self.job, self.cfg = job, job.train
-        self.run_dir = Path(config["run_dir"])
+        self.run_dir = location(config["run_dir"])  # a local / shared folder, or a bucket
         self.crash: CrashInjection = config.get("crash") or CrashInjection()
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
@@ -372,8 +373,10 @@ class Trainer:
                             text_files=job.text_files)
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
                              checkpoint_dir_name=checkpoint_dir_name(progress.update))
-            if is_best and val_loss is not None:
-                replace_dir(tmp, self.run_dir / BEST_DIR)
+            if is_best and val_loss is not None:  # meta.json last: best/ is whole or absent
+                publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
+            if self.logger is not None:
+                self.logger.sync()  # metrics.jsonl in a bucket: as of this checkpoint
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -533,7 +536,7 @@ class CrashInjection:
             marker = run_dir / CRASH_MARKER
             if not marker.exists():
                 marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.touch()
+                marker.write_text("")
                 _say(f"[convs2s.train] fault injection: rank {rank} exits at update {update}")
                 # Let Ray's controller collect the last report first (it polls workers every
                 # 2 s), as when a machine dies some time after its last checkpoint.
