@@ -23,6 +23,7 @@ from storage.paths import (
     is_uri,
     local_copy,
     location,
+    move_tree,
     open_input,
     publish_dir,
     remove_tree,
@@ -32,5 +33,5 @@ from storage.paths import (
 from storage.checks import check_storage
 
 __all__ = ["ObjectPath", "StorageError", "check_storage", "filesystem_of", "is_uri",
-           "local_copy", "location", "open_input", "publish_dir", "remove_tree", "stamp",
-           "written_locally"]
+           "local_copy", "location", "move_tree", "open_input", "publish_dir", "remove_tree",
+           "stamp", "written_locally"]

@@ -348,6 +348,18 @@ def written_locally(dest) -> Iterator[Path]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def move_tree(src, dest) -> None:
+    """Move folder `src` to `dest` (both local, or both in one bucket: each object copied by
+    the server, then the source deleted)."""
+    src, dest = location(src), location(dest)
+    if not isinstance(src, ObjectPath):
+        shutil.move(str(src), str(dest))
+        return
+    for name, _ in src.files():
+        _copy(src / name, dest / name)
+    remove_tree(src)
+
+
 def remove_tree(p) -> None:
     """Delete folder `p` and everything under it (nothing when it does not exist)."""
     p = location(p)

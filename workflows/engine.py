@@ -38,10 +38,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri
+from storage import is_uri, location
 from workflows.cluster import await_cluster_gpus, check_local_gpus, start_ray
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
@@ -88,13 +88,19 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                params: dict | None = None) -> WorkflowResult:
     """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
     `within` when given (a sweep's trial, with the sweep's `tags` and `params`)."""
-    from convs2s.tracking.runs import end_run
+    from convs2s.tracking.runs import artifacts_beside, end_run
     from workflows.lineage import data_inputs, register_champion, registered_name
 
     t0 = time.monotonic()
     pre, run_dir = spec.data, spec.run_dir
     uri = spec.tracking_uri
     source = source_tags(spec)  # the runs table's Source column: the workflow file and commit
+    if is_uri(spec.storage):  # a local store's MLflow artifacts go to the bucket as well
+        where = artifacts_beside(uri, spec.experiment, spec.storage)
+        if where is not None and not where.startswith(spec.storage.split("://")[0] + "://"):
+            log.warning("experiment %r keeps its MLflow artifacts in %s (it was created "
+                        "before this run); give a new --experiment to keep them in %s",
+                        spec.experiment, where, spec.storage)
     tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
                         tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
                               "convs2s.data": pre.source, **source, **(tags or {})},
@@ -140,7 +146,7 @@ def _check_sources(spec: RunSpec) -> None:
 
     pre = spec.data
     for stem in spec.added_test_sets:  # named on the command line: say which flag is wrong
-        folder = Path(pre.source)
+        folder = location(pre.source)  # a folder, or a bucket prefix
         sides = [f"{stem}.{lang}" for lang in (pre.src_lang, pre.tgt_lang)]
         if not any((folder / f"{n}{gz}").is_file() for n in sides for gz in ("", ".gz")):
             langs = {pre.src_lang, pre.tgt_lang}

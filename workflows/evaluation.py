@@ -53,6 +53,8 @@ from convs2s.tracking.runs import (
     tracking_uri_problem,
 )
 
+from storage import local_copy, location
+
 log = logging.getLogger("workflows.evaluation")
 
 
@@ -113,7 +115,8 @@ def evaluate_job(job: EvalJob) -> dict:
     # (int8 weights run on PyTorch's quantized CPU kernels: a GPU job searches on its CPU)
     use_cuda = job.num_gpus > 0 and torch.cuda.is_available() and job.search.precision != "int8"
     test = job.test_set
-    src, refs = read_lines(test.src), read_lines(test.ref)
+    # A bucket's files and model folders: their local copies, fetched once per node.
+    src, refs = read_lines(local_copy(test.src)), read_lines(local_copy(test.ref))
     if len(src) != len(refs):
         raise ValueError(f"test set {test.name}: {test.src} has {len(src)} lines but "
                          f"{test.ref} has {len(refs)}; they must be line-aligned")
@@ -121,7 +124,7 @@ def evaluate_job(job: EvalJob) -> dict:
         raise ValueError(f"job {job.name}: an averaging job scores its staged average; stage "
                          "it first (stage_weights, which evaluate_all does)")
     with tempfile.TemporaryDirectory() as tmp:
-        paths = list(job.staged or job.checkpoints)
+        paths = [str(local_copy(p)) for p in job.staged or job.checkpoints]
         translator = load_for_inference(paths, job.search,
                                         "cuda" if use_cuda else "cpu")
         t0 = time.perf_counter()
@@ -151,7 +154,7 @@ def stage_weights(jobs: list[EvalJob], folder: str | Path) -> list[EvalJob]:
     for job in jobs:
         if job.name not in staged:
             staged[job.name] = stage_models(job.checkpoints, job.kind == "average",
-                                            Path(folder) / job.name)
+                                            location(folder) / job.name)
         out.append(dataclasses.replace(job, staged=staged[job.name]))
     return out
 
@@ -179,12 +182,13 @@ def _job_params(job: EvalJob) -> dict:
 
 def dataset_of(test: TestSet) -> DatasetRecord:
     """The test set as an MLflow dataset: its digest covers the source and reference bytes."""
-    src, ref = Path(test.src).read_bytes(), Path(test.ref).read_bytes()
+    src_path, ref_path = location(test.src), location(test.ref)
+    src, ref = src_path.read_bytes(), ref_path.read_bytes()
     digest = hashlib.sha256(src + b"\0" + ref).hexdigest()[:16]
     sentences = src.count(b"\n") + (1 if src and not src.endswith(b"\n") else 0)
-    return DatasetRecord(test.name, digest, str(Path(test.src).parent),
-                         {"sentences": sentences, "src": Path(test.src).name,
-                          "ref": Path(test.ref).name}, "evaluation")
+    return DatasetRecord(test.name, digest, str(src_path.parent),
+                         {"sentences": sentences, "src": src_path.name,
+                          "ref": ref_path.name}, "evaluation")
 
 
 def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
@@ -234,7 +238,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     # every job before, into the run's weights/ folder; here what is left goes to out_dir).
     unstaged = [j for j in jobs if j.kind == "average" and not j.staged]
     if unstaged:
-        done = {j.name: j for j in stage_weights(unstaged, Path(out_dir) / "weights")}
+        done = {j.name: j for j in stage_weights(unstaged, location(out_dir) / "weights")}
         jobs = [dataclasses.replace(j, staged=done[j.name].staged) if j in unstaged else j
                 for j in jobs]
     uri = resolve_tracking_uri(tracking_uri)
@@ -249,7 +253,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
             set_tags(uri, given[pair], {"convs2s.eval.kind": job.kind})
         else:  # keyed by where its hypotheses go (<out_dir>/<job>/<test>, as the run tree)
             run_ids[job] = find_or_create_run(
-                uri, exp, run_key=run_key(Path(out_dir) / job.name / job.test_set.name),
+                uri, exp, run_key=run_key(location(out_dir) / job.name / job.test_set.name),
                 run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
                 tags={"convs2s.eval.kind": job.kind})
         if job.test_set not in datasets:
@@ -272,7 +276,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
             failures.append(f"{job.name}/{job.test_set.name}: {first}")
             end_run(uri, run_ids[job], "FAILED")
             continue
-        results.append(_finish(uri, run_ids[job], job, out, Path(out_dir),
+        results.append(_finish(uri, run_ids[job], job, out, location(out_dir),
                                datasets[job.test_set]))
     if failures and raise_on_error:
         raise RuntimeError("evaluation jobs failed:\n  " + "\n  ".join(failures))
@@ -280,10 +284,11 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     return sorted(results, key=lambda r: order[r.job])
 
 
-def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir: Path,
+def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,
             dataset: DatasetRecord) -> EvalResult:
-    """Write the hypotheses and pictures, log them and the metrics, close the child run."""
-    job_dir = out_dir.resolve() / job.name
+    """Write the hypotheses and pictures (a folder, or a bucket), log them and the metrics,
+    close the child run."""
+    job_dir = out_dir / job.name
     job_dir.mkdir(parents=True, exist_ok=True)
     hyp_path = job_dir / f"{job.test_set.name}.{job.test_set.tgt_lang}"
     hyp_path.write_text("".join(h + "\n" for h in out["hypotheses"]), encoding="utf-8")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from convs2s.tracking.runs import DatasetRecord, bounded_http, flatten_params, global_tracking_uri
 
+from storage import local_copy
 log = logging.getLogger("workflows")
 
 CHAMPION = "champion"
@@ -85,7 +86,9 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
         try:
             with bounded_http():
                 # The staged files, as the evaluation tasks score them.
-                served = log_translator(list(job.staged or job.checkpoints), job.search,
+                # (A bucket's folders: their local copies, fetched once per node.)
+                served = log_translator([str(local_copy(p)) for p in
+                                         job.staged or job.checkpoints], job.search,
                                         tracking_uri=uri, run_id=source_runs.get(job.name),
                                         name=model_name(run_name, job.name),
                                         average=job.average and not job.staged,

@@ -27,9 +27,10 @@ from pathlib import Path
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import experiment_id, redact_uri
 from convs2s.train.job import STOP_REASONS, WorkersNotPlaced
+from storage import is_uri
 from workflows.engine import WorkflowResult, run_workflow
 from workflows.errors import SpecError
-from workflows.run_spec import RunSpec, resolve
+from workflows.run_spec import RunSpec, check_locations, resolve
 from workflows.sweep import SweepResult, resolve_sweep, run_sweep
 from workflows.workflow_config import RunOptions, WorkflowConfig, parse_args
 
@@ -72,6 +73,7 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     _warn_if_job_tmp(opts)
     t0 = time.monotonic()
     try:
+        check_locations(spec)  # unreachable buckets, missing credentials: before Ray starts
         if opts.sweep:
             result = run_sweep(spec)
             print(sweep_summary(result, time.monotonic() - t0), flush=True)
@@ -208,7 +210,8 @@ def _stems(cfg: WorkflowConfig) -> str:
 
 def _warn_if_job_tmp(opts: RunOptions) -> None:
     """Under `ray job submit` the working directory is a temporary copy of the checkout."""
-    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") and not Path(opts.storage_path).is_absolute():
+    if os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") and not is_uri(opts.storage_path) \
+            and not Path(opts.storage_path).is_absolute():
         log.warning("running as a Ray job with a relative --storage-path: outputs go to the "
                     "job's temporary working directory %s; give an absolute --storage-path "
                     "and --tracking-uri to keep them", Path.cwd())

@@ -23,10 +23,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from convs2s.config import ModelConfig, SearchConfig, TrainConfig
 from preprocessing.config import PreprocessConfig, with_demo_source
+from storage import location
 from workflows.errors import SpecError  # noqa: F401  (raised here; imported from here too)
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
 
@@ -55,7 +55,9 @@ class RunSpec:
     system_metrics_s: float
     attention: int  # attention pictures of the first N sentences of each test set
     run_name: str
-    storage: str  # absolute: Ray workers on other nodes read and write there
+    # Absolute (Ray workers on other nodes read and write there): a shared folder, or a bucket
+    # URI (s3://bucket/prefix), kept a URI (storage/, docs/storage.md).
+    storage: str
     # Resolved once, here: --tracking-uri, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
     # (absolute: Ray workers run in another working directory).
     tracking_uri: str
@@ -75,8 +77,8 @@ class RunSpec:
     overrides: tuple[str, ...] = ()
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.storage) / self.run_name
+    def run_dir(self):  # pathlib.Path, or storage.ObjectPath in a bucket
+        return location(self.storage) / self.run_name
 
     def replace(self, **changes) -> "RunSpec":
         return dataclasses.replace(self, **changes)
@@ -117,6 +119,23 @@ class RunSpec:
                         "init_from": self.init_from, "restart": self.restart}}
 
 
+def check_locations(spec) -> None:
+    """Before Ray starts: every bucket the run reads or writes answers, with credentials that
+    may (storage/checks.py); a SpecError (one line: the flag, the path, the fix) otherwise.
+    `spec` is a RunSpec or a sweep (its base run's locations)."""
+    from storage import StorageError, check_storage
+
+    run = getattr(spec, "base", spec)
+    try:
+        check_storage(run.storage, "--storage-path", write=True)
+        if run.data_flag not in ("hub", "demo"):
+            check_storage(run.data.source, "--data")
+        if run.init_from:
+            check_storage(run.init_from, "--init-from")
+    except StorageError as err:
+        raise SpecError(str(err)) from None
+
+
 def preprocess_params(pre: PreprocessConfig) -> dict:
     """Preprocessing settings as params: all but the storage root, an absolute path that only
     tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
@@ -138,7 +157,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
 
     changes = overrides.parse(opts.set)  # --set: the preset changed before anything else
     cfg = overrides.apply(cfg, changes)
-    storage = Path(opts.storage_path).expanduser().resolve()
+    storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     data_flag = opts.data or cfg.data
     cfg = _languages_and_splits(cfg, opts, data_flag)
     test_sets = dict(cfg.test_sets)
@@ -147,8 +166,9 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         test_sets = {split: f"demo_{split}" for split in test_sets}
     elif data_flag == "hub":
         pre = cfg.preprocess.replace(source="hub")
-    else:  # a local folder: the preset's file stems, absolute (Ray tasks read it elsewhere)
-        pre = cfg.preprocess.replace(source=str(Path(data_flag).expanduser().resolve()),
+    else:  # a folder or a bucket prefix: the preset's file stems, absolute (Ray tasks read it
+        # elsewhere)
+        pre = cfg.preprocess.replace(source=str(location(data_flag)),
                                      splits=dict(cfg.local_splits))
     added: tuple[str, ...] = ()
     if opts.test_set:
@@ -226,7 +246,7 @@ def _fine_tuned(path: str, preset_model: ModelConfig,
     from convs2s.io.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
     from convs2s.io.text_codec import CheckpointVocabulary, CodecError
 
-    folder = Path(path).expanduser().resolve()
+    folder = location(path)
     if not (folder / CHECKPOINT_FILE).is_file():
         raise SpecError(f"--init-from {path}: no {CHECKPOINT_FILE} there; give a checkpoint "
                         "directory (a run's best/ or checkpoint_*, or the output of `python -m "

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage import ObjectPath, move_tree
 from workflows.run_tree import RunTree
 
 
@@ -40,13 +41,19 @@ class StageContext:
     def state(self) -> dict:
         """{"train": {name: {key, result}}, "models": {job: {stamp, model_id}},
         "eval": {"<job>/<test set>": {stamp, run_id, metrics, hyp_path}}}"""
-        path = self.run_dir / "workflow.json"
-        state = json.loads(path.read_text()) if path.is_file() else {}
+        try:
+            state = json.loads((self.run_dir / "workflow.json").read_text())
+        except FileNotFoundError:
+            state = {}
         for part in ("train", "models", "eval"):
             state.setdefault(part, {})
         return state
 
     def save_state(self, state: dict) -> None:
+        if isinstance(self.run_dir, ObjectPath):  # one PUT: the old object or the new one
+            (self.run_dir / "workflow.json").write_text(json.dumps(state, indent=1,
+                                                                   default=str))
+            return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.run_dir / "workflow.json.tmp"
         tmp.write_text(json.dumps(state, indent=1, default=str))
@@ -146,12 +153,10 @@ def set_aside(ctx: StageContext, why: str) -> Path:
     """Move the run's training, weights and evaluation folders to `<run>/replaced-<time>/` and
     re-key their MLflow runs to where their outputs went (named "... (replaced)"), so the new
     training starts from nothing and its runs are new ones. Returns the folder."""
-    import shutil
-
     aside = ctx.run_dir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir(parents=True)
     for p in _outputs(ctx.run_dir):
-        shutil.move(str(p), str(aside / p.name))
+        move_tree(p, aside / p.name)  # in a bucket: copied by the server, then deleted
     if ctx.tree.parent is not None:
         _rekey_runs(ctx.tree, aside, why)
     return aside

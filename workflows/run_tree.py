@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.tracking.runs import describe_run, find_or_create_run, run_key
+from storage import location
 
 
 @dataclass
@@ -45,7 +46,7 @@ class RunTree:
         a child of run `within`: a sweep's trial under the sweep's run)."""
         parent = find_or_create_run(uri, experiment, run_key=run_key(run_dir),
                                     run_name=run_name, parent_run_id=within, tags=tags)
-        return cls(uri, experiment, Path(run_dir), parent)
+        return cls(uri, experiment, location(run_dir), parent)
 
     def child(self, name: str, stage: str, tags: dict | None = None) -> str | None:
         """The child run `name` (a path under the run folder, e.g. "preprocess")."""

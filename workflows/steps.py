@@ -12,12 +12,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from convs2s.config import TrainConfig
 from convs2s.io.staging import weights_stamp
 from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
+from storage import location
 from workflows.run_spec import RunSpec, preprocess_params
 from workflows.run_state import StageContext, digest
 
@@ -71,7 +71,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
                         f"{split}.src_tokens": batches["tokens"]["src_tokens"],
                         f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
     log_final_metrics(ctx.tree.uri, run_id, metrics)
-    manifests = ctx.run_dir / "preprocess_manifests.json"
+    manifests = ctx.run_dir / "preprocess_manifests.json"  # a file, or an object in a bucket
     manifests.parent.mkdir(parents=True, exist_ok=True)
     manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
     log_artifacts(ctx.tree.uri, run_id, str(manifests), "manifests")
@@ -97,7 +97,7 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        **({"init_from": spec.init_from} if spec.init_from else {})})
         state = ctx.state()
         done = state["train"].get(name)
-        if done and done["key"] == key and Path(done["result"]["run_dir"]).is_dir():
+        if done and done["key"] == key and location(done["result"]["run_dir"]).is_dir():
             log.info("== %s: finished earlier with the same settings, skipped", name)
             ctx.skipped.append(name)
             results.append(TrainResult(**done["result"]))
@@ -197,7 +197,7 @@ def _source_run(checkpoints, trained: list, parent: str | None) -> str | None:
     """The training run whose folder holds all the checkpoints; for an ensemble of several
     runs, the workflow's parent run."""
     owners = {r.run_id for r in trained for c in checkpoints
-              if Path(c).parent == Path(r.run_dir)}
+              if location(c).parent == location(r.run_dir)}
     return owners.pop() if len(owners) == 1 else parent
 
 

@@ -28,6 +28,7 @@ import torch
 
 from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import codec_files
+from storage import is_uri, local_copy
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
         "val_loss")
@@ -76,7 +77,8 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
 
     Checkpoints are read one at a time into a running float64 sum (memory: about three models).
     """
-    paths = [Path(p) for p in paths]
+    shown = [str(p) for p in paths]  # as given (a bucket's URIs), for the record
+    paths = [local_copy(p) if is_uri(p) else Path(p) for p in paths]  # fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0])
@@ -96,7 +98,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     if len(paths) > 1:
         out["val_loss"] = None  # the inputs' validation losses do not describe the average
     out.update(model=_finish(total, like, len(paths)),
-               averaged_from=[str(p) for p in paths])
+               averaged_from=shown)
     # The text pipeline travels with the weights: the sentencepiece model, or an imported
     # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec).
     texts = [codec_files(p) for p in paths]

@@ -18,7 +18,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
+
+from storage import ObjectPath, location, publish_dir, stamp
 
 STAGED_FILE = "staged.json"  # in each staged folder: the weights it was made from, written last
 
@@ -30,33 +33,45 @@ def weights_stamp(checkpoints) -> list:
 
     out = []
     for c in checkpoints:
-        f = Path(c) / CHECKPOINT_FILE
-        st = f.stat() if f.is_file() else None
-        out.append([str(c), st.st_size if st else None, st.st_mtime_ns if st else None])
+        try:
+            size, mtime_ns = stamp(location(c) / CHECKPOINT_FILE)
+        except FileNotFoundError:
+            size = mtime_ns = None
+        out.append([str(c), size, mtime_ns])
     return out
 
 
 def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple[str, ...]:
-    """The model folders of `checkpoints` under `target`: their weight average as one model
-    when `average` (and there are several), else one slim copy each (an ensemble keeps its
-    members). Reused while the checkpoints are unchanged; replaced whole otherwise."""
+    """The model folders of `checkpoints` under `target` (a folder, or a bucket prefix): their
+    weight average as one model when `average` (and there are several), else one slim copy
+    each (an ensemble keeps its members). Reused while the checkpoints are unchanged; replaced
+    whole otherwise (in a bucket: published with staged.json last, storage.publish_dir)."""
     from convs2s.io.averaging import average_checkpoints
 
-    target = Path(target)
-    stamp = {"checkpoints": weights_stamp(checkpoints), "average": average}
-    record = target / STAGED_FILE
-    if not (record.is_file() and json.loads(record.read_text()) == stamp):
-        partial = target.with_name(f".partial-{target.name}")
+    target = location(target)
+    wanted = {"checkpoints": weights_stamp(checkpoints), "average": average}
+    try:
+        current = json.loads((target / STAGED_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        current = None
+    if current != wanted:
+        local = not isinstance(target, ObjectPath)
+        partial = target.with_name(f".partial-{target.name}") if local \
+            else Path(tempfile.mkdtemp(prefix="convs2s-staging-")) / target.name
         shutil.rmtree(partial, ignore_errors=True)
         groups = [list(checkpoints)] if average and len(checkpoints) > 1 else \
             [[c] for c in checkpoints]  # a mean of one is a slim copy
         for i, group in enumerate(groups):
             average_checkpoints(group, partial / f"model_{i:02d}")
-        (partial / STAGED_FILE).write_text(json.dumps(stamp))  # written last
-        old = target.with_name(f".old-{target.name}")
-        shutil.rmtree(old, ignore_errors=True)
-        if target.exists():
-            os.replace(target, old)
-        os.replace(partial, target)
-        shutil.rmtree(old, ignore_errors=True)
+        (partial / STAGED_FILE).write_text(json.dumps(wanted))  # written last
+        if not local:
+            publish_dir(partial, target, marker=STAGED_FILE)
+            shutil.rmtree(partial.parent, ignore_errors=True)
+        else:
+            old = target.with_name(f".old-{target.name}")
+            shutil.rmtree(old, ignore_errors=True)
+            if target.exists():
+                os.replace(target, old)
+            os.replace(partial, target)
+            shutil.rmtree(old, ignore_errors=True)
     return tuple(str(p) for p in sorted(target.glob("model_*")))

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from convs2s.config import BOS, EOS, PAD, UNK
+from storage import is_uri, local_copy
 
 SENTENCEPIECE = "sentencepiece"
 MOSES_BPE = "moses+subword_nmt"
@@ -262,7 +263,9 @@ class CheckpointVocabulary:
     """
 
     def __init__(self, checkpoint_dir: str | Path):
-        folder = Path(checkpoint_dir).expanduser().resolve()
+        # A bucket's checkpoint: its local copy (fetched once per node) is what travels.
+        folder = local_copy(checkpoint_dir) if is_uri(checkpoint_dir) \
+            else Path(checkpoint_dir).expanduser().resolve()
         codec = codec_for_checkpoint(folder)  # the files exist and fit together
         self.folder = str(folder)
         self.kind = codec.kind

@@ -28,8 +28,8 @@ The model's artifacts are slim copies of the checkpoints (weights + model config
 sentencepiece model, no optimizer state; `convs2s.io.averaging`), `search.json` (a
 `convs2s.config.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`
 package travels with the model (`code_paths`), so a process without the project installed
-loads it as long as torch, sentencepiece and mlflow are there (they are the model's
-pip requirements). Predictions run on CUDA when the serving machine has a GPU.
+loads it as long as torch, sentencepiece, pyarrow and mlflow are there (they are the model's
+pip requirements); `storage/` (the filesystem layer convs2s reads files through) travels too. Predictions run on CUDA when the serving machine has a GPU.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def _pip_requirements() -> list[str]:
     # sacremoses and subword-nmt: the text pipeline of imported reference models
     return [f"torch=={torch_version}", f"sentencepiece=={version('sentencepiece')}",
             f"sacremoses=={version('sacremoses')}", f"subword-nmt=={version('subword-nmt')}",
-            f"mlflow=={version('mlflow')}"]
+            f"mlflow=={version('mlflow')}",
+            f"pyarrow=={version('pyarrow')}"]  # storage/, the filesystem layer
 
 
 def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
@@ -151,6 +152,7 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     from mlflow.tracking import MlflowClient
 
     import convs2s
+    import storage
     from convs2s.config import SearchConfig
     from convs2s.tracking.runs import get_or_create_experiment, global_tracking_uri, quiet_mlflow
     from convs2s.inference.translate import load_for_inference
@@ -184,7 +186,10 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
                   **{k: str(v) for k, v in (tags or {}).items()}})
         info = mlflow.pyfunc.log_model(
             name=name, python_model=str(Path(__file__).with_name("model_code.py")),
-            artifacts=artifacts, code_paths=[str(Path(convs2s.__file__).parent)],
+            artifacts=artifacts,
+            # The project's code the model imports: convs2s and the filesystem layer it reads
+            # files through (storage/).
+            code_paths=[str(Path(convs2s.__file__).parent), str(Path(storage.__file__).parent)],
             pip_requirements=_pip_requirements(), model_id=model.model_id,
             input_example=input_example or EXAMPLE)
         if run_id:

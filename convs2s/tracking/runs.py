@@ -169,8 +169,10 @@ def _artifact_location(uri: str, experiment_name: str) -> str | None:
     return None
 
 
-def get_or_create_experiment(uri: str, name: str) -> str:
-    """Experiment id of `name`, created if missing (tolerates a concurrent creation).
+def get_or_create_experiment(uri: str, name: str, artifact_root: str | None = None) -> str:
+    """Experiment id of `name`, created if missing (tolerates a concurrent creation), its
+    artifacts under `artifact_root/<name>` when given (a bucket: a workflow whose storage is
+    object storage keeps its MLflow artifacts there too), else where the store puts them.
 
     The experiment is marked as model training: without the mark the MLflow 3 UI opens it on
     its GenAI overview (traces, prompts), empty, instead of on its runs and models. An
@@ -179,7 +181,9 @@ def get_or_create_experiment(uri: str, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=_artifact_location(uri, name),
+            where = f"{artifact_root.rstrip('/')}/{name}" if artifact_root \
+                else _artifact_location(uri, name)
+            return client.create_experiment(name, artifact_location=where,
                                             tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
         except Exception:
             exp = client.get_experiment_by_name(name)
@@ -413,6 +417,22 @@ def run_has_metrics(uri: str, run_id: str | None) -> bool:
         return run.info.lifecycle_stage == "active" and bool(run.data.metrics)
     except Exception:  # noqa: BLE001 - deleted run or unreachable server
         return False
+
+
+def artifacts_beside(uri: str, name: str, storage: str) -> str | None:
+    """A workflow whose storage is a bucket, tracked in a local store (sqlite, files): its
+    experiment is created with artifacts under `<storage>/mlartifacts/`, so the MLflow
+    artifacts are objects in the bucket too. Returns the experiment's artifact location (None:
+    a tracking server, which puts artifacts where it is configured to, or unreachable)."""
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    try:
+        with bounded_http():
+            exp_id = get_or_create_experiment(uri, name, f"{storage.rstrip('/')}/mlartifacts")
+            return mlflow_client(uri).get_experiment(exp_id).artifact_location
+    except Exception as err:  # noqa: BLE001 - the stages warn about tracking themselves
+        log.debug("artifact location of %s: %s", name, err)
+        return None
 
 
 def experiment_id(uri: str, name: str) -> str | None:
