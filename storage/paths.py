@@ -65,8 +65,12 @@ def _filesystem(scheme: str, bucket: str) -> pafs.FileSystem:
     the credentials from the standard environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."""
     try:
         fs, _ = pafs.FileSystem.from_uri(f"{scheme}://{bucket}/")
-    except OSError:  # served, but not reachable (S3 resolves the bucket's region here)
-        raise
+    except OSError as err:
+        if "unable to load" not in str(err).lower():  # e.g. HDFS without its Java libraries
+            raise  # served, but not reachable (S3 resolves the bucket's region here)
+        raise StorageError(f"{scheme}://{bucket}: no filesystem serves this URI here "
+                           f"({_first_line(err)}); use s3:// (or gs:// where pyarrow has GCS "
+                           "support), or a local / shared folder") from None
     except Exception as err:  # pyarrow's ArrowInvalid: a scheme it cannot serve here
         raise StorageError(f"{scheme}://{bucket}: no filesystem serves this URI here "
                            f"({_first_line(err)}); use s3:// (or gs:// where pyarrow has GCS "

@@ -193,6 +193,41 @@ def smoke_workflow(tmp_path_factory, ray_session):
                            run_name="smoke-test", argv=argv, stdout=buf.getvalue())
 
 
+@pytest.fixture(scope="session")
+def fr_en_workflow(shared_data, ray_session):
+    """run(data, storage, tracking_uri) -> (exit code, stdout): workflows/translation.py,
+    French -> English from the one file pair of news-commentary-5k cut into train / valid /
+    test by line ranges, a 2000-piece BPE, 20 updates, run name "fr-en". The local run and the
+    same run on a bucket (tests/test_object_storage.py) compare their outputs."""
+    import contextlib
+    import io
+
+    from workflows import translation
+
+    def run(data: str, storage: str, tracking_uri: str) -> tuple[int, str]:
+        argv = ["--preset", "cpu", "--src", "fr", "--tgt", "en", "--data", data,
+                "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
+                "--split", "test=nc-5k[4750:]", "--set", "data.vocab_size=2000",
+                "--set", "ensemble.average_last=0", "--max-updates", "20",
+                "--storage-path", storage, "--tracking-uri", tracking_uri, "--run-name", "fr-en"]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = translation.main(translation.PRESETS, translation.__doc__, argv)
+        return rc, buf.getvalue()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def fr_en_local(fr_en_workflow, shared_data, tmp_path_factory):
+    """The fr-en workflow run on local storage, once per session: (root, tracking uri, exit
+    code, stdout); its outputs are under <root>/runs/fr-en."""
+    root = tmp_path_factory.mktemp("fr_en_local")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    rc, out = fr_en_workflow(str(shared_data / "news-commentary-5k"), str(root / "runs"), uri)
+    return root, uri, rc, out
+
+
 @pytest.fixture
 def ray_cli():
     """A `RayCliCluster` (token authentication, the project's .venv first on PATH so the Ray

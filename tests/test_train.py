@@ -46,9 +46,9 @@ pytestmark = pytest.mark.slow
 TINY = PRESETS["tiny"]()
 
 
-def make_job(demo, storage: Path, name: str, train: TrainConfig, **kw) -> TrainJob:
+def make_job(demo, storage: Path | str, name: str, train: TrainConfig, **kw) -> TrainJob:
     manifest = demo.manifests["batches/train"]
-    kw.setdefault("tracking_uri", f"sqlite:///{storage / 'mlflow.db'}")
+    kw.setdefault("tracking_uri", f"sqlite:///{Path(storage) / 'mlflow.db'}")
     return TrainJob(model=TINY, train=train, train_data=demo.batches["train"],
                     valid_data=demo.batches["valid"], spm_model=demo.spm_model,
                     vocab_size=demo.vocab_size, storage_path=str(storage), run_name=name,
@@ -192,8 +192,36 @@ def test_two_workers_equal_one_process_on_the_union_and_a_dead_tracker_is_harmle
     assert max(float((one_process[k] - init[k]).abs().max()) for k in init) > 1e-3
 
 
+def _in_a_bucket(demo, tmp_path: Path, s3):
+    """The demo batches and BPE model uploaded to the loopback S3 server (each folder with its
+    manifest last, as a stage commits there), and a storage path in the same bucket."""
+    import dataclasses
+
+    from storage import location, publish_dir
+
+    root = location(f"s3://convs2s-test/{tmp_path.name}")
+    batches = {}
+    for split in ("train", "valid"):
+        batches[split] = str(root / "batches" / split)
+        publish_dir(demo.batches[split], batches[split], marker="manifest.json")
+    spm = root / "spm.model"
+    spm.upload(demo.spm_model)
+    return dataclasses.replace(demo, batches=batches, spm_model=str(spm)), str(root / "runs")
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
 def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
-        demo_batches, tmp_path, monkeypatch, rows_follow_the_plan):
+        demo_batches, tmp_path, monkeypatch, rows_follow_the_plan, where, request):
+    """A rank dies mid-epoch; Ray restarts the group from the latest checkpoint, which trains
+    exactly the rows it had left. On a bucket (the loopback S3 server) the same: the data is
+    read from it, the checkpoints, best/ and metrics.jsonl are objects there."""
+    from storage import location
+
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = tmp_path
+    if where == "bucket":
+        demo_batches, storage = _in_a_bucket(demo_batches, tmp_path,
+                                              request.getfixturevalue("s3"))
     per_epoch = train_rows(demo_batches) // 2  # equal shards: rows // workers batches each
     interval = 30
     ckpt_before_crash = (per_epoch // interval + 1) * interval  # mid-way through epoch 2
@@ -206,9 +234,11 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
     record = tmp_path / "record"  # each rank writes the sentence ids of every update's batch
     record.mkdir()
     monkeypatch.setenv(RECORD_BATCHES_ENV, str(record))
-    job = make_job(demo_batches, tmp_path, "crashes", cfg, max_failures=1, system_metrics_s=1.0)
+    job = make_job(demo_batches, storage, "crashes", cfg, max_failures=1, system_metrics_s=1.0,
+                   tracking_uri=tracking)
     first = fit(job)
-    run_dir = Path(first.run_dir)
+    run_dir = location(first.run_dir)
+    assert str(run_dir).startswith(str(storage))  # in the bucket: an s3:// URI
     assert (run_dir / CRASH_MARKER).exists()  # rank 1 really died once
     assert first.metrics["resumed_from_update"] == ckpt_before_crash
     assert first.metrics["update"] == 2 * per_epoch  # the resumed epoch skipped what it had done
@@ -244,6 +274,12 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
     local = [(k, r["step"]) for r in read_local_metrics(run_dir / METRICS_FILE)
              for k in r["metrics"]]
     assert len(local) == len(set(local))
+    if where == "bucket":  # every output an object in the bucket; nothing local named after it
+        keys = request.getfixturevalue("s3").keys("convs2s-test", f"{tmp_path.name}/runs/")
+        names = {k.split("/crashes/", 1)[1] for k in keys if "/crashes/" in k}
+        assert {"best/meta.json", "best/checkpoint.pt", METRICS_FILE, CRASH_MARKER} <= names
+        assert any(n.startswith("checkpoint_") and n.endswith("/meta.json") for n in names)
+        assert not Path("s3:").exists() and not (tmp_path / "s3:").exists()
 
 
 def test_fault_injection_is_a_test_hook_not_a_training_setting():

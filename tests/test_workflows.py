@@ -596,21 +596,11 @@ def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_wait
 
 
 @pytest.mark.slow
-def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(
-        shared_data, ray_session, tmp_path):
+def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_en_local):
     """workflows/translation.py, no Python written: French -> English from the one file pair
     of news-commentary-5k, cut into train / valid / test by line ranges (--split), a smaller
     vocabulary with --set; trained, scored and registered under the pair's own name."""
-    from workflows import translation
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rc, out = _main(translation, [
-        "--preset", "cpu", "--src", "fr", "--tgt", "en",
-        "--data", str(shared_data / "news-commentary-5k"), "--split", "train=nc-5k[:4500]",
-        "--split", "valid=nc-5k[4500:4750]", "--split", "test=nc-5k[4750:]",
-        "--set", "data.vocab_size=2000", "--set", "ensemble.average_last=0",
-        "--max-updates", "20", "--storage-path", str(tmp_path / "runs"), "--tracking-uri", uri,
-        "--run-name", "fr-en"])
+    tmp_path, uri, rc, out = fr_en_local
     assert rc == 0, out
     parent, children = _family(uri, "translation_fr_en", "fr-en")
     assert parent.info.status == "FINISHED" and "bleu" in parent.data.metrics

@@ -29,7 +29,8 @@ sentencepiece model, no optimizer state; `convs2s.io.averaging`), `search.json` 
 `convs2s.config.SearchConfig`) and the replace-unk dictionary if one is set. The `convs2s`
 package travels with the model (`code_paths`), so a process without the project installed
 loads it as long as torch, sentencepiece, pyarrow and mlflow are there (they are the model's
-pip requirements); `storage/` (the filesystem layer convs2s reads files through) travels too. Predictions run on CUDA when the serving machine has a GPU.
+pip requirements); `storage/` (the filesystem layer convs2s reads files through) travels too.
+Predictions run on CUDA when the serving machine has a GPU.
 """
 
 from __future__ import annotations

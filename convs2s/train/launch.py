@@ -74,6 +74,7 @@ from storage import filesystem_of, is_uri, location
 
 def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
+    datasets, files = _datasets(job)  # bad or incomplete data: refused before any run starts
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
@@ -91,7 +92,6 @@ def fit(job: TrainJob) -> TrainResult:
     if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart
         initial_weights(job)
         set_tags(uri, run_id, {"convs2s.init_from": job.init_from})
-    datasets, files = _datasets(job)
     job_params = {"num_workers": job.num_workers, "use_gpu": job.use_gpu,
                   "vocab_size": job.vocab_size, "code_version": version,
                   "train_batches": files.total,
@@ -191,6 +191,13 @@ def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
     out, files = {}, None
     for split, path in (("train", job.train_data), ("valid", job.valid_data)):
         d = location(path)
+        if is_uri(d) and not (d / STAGE_MANIFEST).is_file():
+            # In a bucket a stage is complete only once its manifest is there (written last):
+            # parts without it are a killed or running writer's, never read.
+            raise FileNotFoundError(
+                f"{d} ({split} split) has no {STAGE_MANIFEST}: the preprocessing stage that "
+                "writes it did not finish (killed, or still running); rerun preprocessing (the "
+                "workflow redoes an unfinished stage) and train from its output")
         parts = sorted(d.glob("*.parquet")) if d.is_dir() else []
         if not parts:
             raise FileNotFoundError(
@@ -204,6 +211,9 @@ def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
             out[split] = _read_parquet(d, job.read_cpus,
                                        min(2 * job.num_workers, len(parts)))
     return out, files
+
+
+STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)
 
 
 def _ingest_options():

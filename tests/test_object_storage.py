@@ -1,0 +1,149 @@
+"""Runs and data on object storage, as a specification, against a real S3-protocol server on
+loopback (moto's server mode, its own process: benchmarks/s3_server.py): a workflow with
+`--storage-path s3://…` and `--data s3://…` writes every output as an object in the bucket
+and nothing local but its tracking database, and translates exactly as the same run on local
+disk; a stage commits with its manifest last, so a killed writer's objects are never read;
+a location that cannot work is one line before Ray starts.
+
+(The training run on a bucket, killed mid-epoch and resumed from the bucket with the planned
+rows trained once: tests/test_train.py, the worker-death test's "bucket" case.)
+
+    .venv/bin/python -m pytest tests/test_object_storage.py -q
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from storage import location
+
+BUCKET = "s3://convs2s-test"
+
+
+@pytest.mark.slow
+def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
+        s3, fr_en_workflow, fr_en_local, shared_data, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing but the tracking database may appear here
+    corpus = location(f"{BUCKET}/nc-corpus")
+    for name in ("nc-5k.en", "nc-5k.fr"):
+        (corpus / name).upload(shared_data / "news-commentary-5k" / name)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rc, out = fr_en_workflow(str(corpus), f"{BUCKET}/nc-runs", uri)
+    assert rc == 0, out
+    assert "outputs: s3://convs2s-test/nc-runs/fr-en" in out
+
+    keys = set(s3.keys("convs2s-test", "nc-runs/"))
+    run = "nc-runs/fr-en/"
+    for name in ("workflow.json", "preprocess_manifests.json", "train/best/meta.json",
+                 "train/best/checkpoint.pt", "train/metrics.jsonl",
+                 "weights/best/staged.json", "weights/best/model_00/checkpoint.pt",
+                 "eval/best/test.en"):
+        assert run + name in keys, name
+    stages = {k.split("/")[-3] + "/" + k.split("/")[-2] for k in keys
+              if k.startswith("nc-runs/preprocessed/") and k.endswith("/manifest.json")}
+    assert {"clean/train", "encoded/train", "batches/train", "batches/valid"} <= stages
+    assert not [k for k in keys if ".partial-" in k]  # committed stages leave no partials
+    # The MLflow artifacts (a local store's) are objects beside the run: the hypotheses, the
+    # best checkpoint and the logged model.
+    artifacts = [k for k in keys if k.startswith("nc-runs/mlartifacts/translation_fr_en/")]
+    assert any(k.endswith("hypotheses/test.en") for k in artifacts)
+    assert any(k.endswith("best_checkpoint/checkpoint.pt") for k in artifacts)
+    assert any(k.endswith("/MLmodel") for k in artifacts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+    # The same settings on local disk: the same data, the same training, the same output.
+    local_root, _, local_rc, local_out = fr_en_local
+    assert local_rc == 0, local_out
+    local = local_root / "runs" / "fr-en"
+    assert location(f"{BUCKET}/{run}eval/best/test.en").read_text() == \
+        (local / "eval" / "best" / "test.en").read_text()
+    bucket_state = json.loads(location(f"{BUCKET}/{run}workflow.json").read_text())
+    local_state = json.loads((local / "workflow.json").read_text())
+    assert bucket_state["eval"]["best/test"]["metrics"]["bleu"] == \
+        local_state["eval"]["best/test"]["metrics"]["bleu"]
+
+
+def _refused(argv: list[str], capsys) -> str:
+    from workflows import translation
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = translation.main(translation.PRESETS, translation.__doc__, argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--storage-path", "s3://convs2s-missing/runs"],
+     "error: --storage-path s3://convs2s-missing/runs: the bucket s3://convs2s-missing does "
+     "not exist"),
+    (["--data", "hdfs://namenode/corpus"],
+     "error: --data hdfs://namenode: no filesystem serves this URI here"),
+])
+def test_a_location_that_cannot_work_is_one_line_before_ray_starts(s3, flags, says, capsys,
+                                                                   tmp_path):
+    # (the last --storage-path given wins, as argparse reads flags)
+    argv = ["--preset", "cpu", "--storage-path", f"{BUCKET}/runs",
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", *flags]
+    assert _refused(argv, capsys).startswith(says)
+
+
+def test_a_bucket_without_credentials_is_one_line_naming_the_variables(s3, capsys, tmp_path,
+                                                                       monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE",
+                "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    err = _refused(["--preset", "smoke", "--storage-path", f"{BUCKET}/runs",
+                    "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"], capsys)
+    assert "no AWS credentials found; set AWS_ACCESS_KEY_ID" in err
+
+
+def test_a_stage_killed_mid_write_in_a_bucket_is_never_read_and_a_rerun_completes_it(s3):
+    import pyarrow as pa
+
+    from preprocessing.stages import (MANIFEST, part_paths, read_manifest, stage_output,
+                                      write_manifest, write_part)
+
+    stage = location(f"{BUCKET}/stages/batches/train")
+    with pytest.raises(KeyboardInterrupt), stage_output(stage) as tmp:
+        write_part(pa.table({"id": [1, 2]}), str(tmp), "part-000000.parquet")
+        raise KeyboardInterrupt  # the writer is killed before its manifest
+    assert read_manifest(stage) is None and part_paths(stage) == []
+    assert not stage.parent.glob(".train.partial-*")  # its own leftovers removed on the way out
+    # A leftover of a writer on this host that is gone (a dead pid) is removed by the next run.
+    dead = stage.parent / ".train.partial-deadbeef0000"
+    (dead / ".owner.json").write_text(json.dumps({"host": os.uname().nodename, "pid": 2**22}))
+    (dead / "part-000000.parquet").write_bytes(b"half")
+    with stage_output(stage) as tmp:
+        write_part(pa.table({"id": [1, 2, 3]}), str(tmp), "part-000000.parquet")
+        write_manifest(tmp, {"stage": "batches/train", "rows_kept": 3})
+    assert read_manifest(stage)["rows_kept"] == 3 and len(part_paths(stage)) == 1
+    assert stage.parent.glob(".train.partial-*") == []
+    assert (stage / MANIFEST).is_file()
+
+
+def test_training_refuses_bucket_data_whose_stage_has_no_manifest(s3, demo_batches, tmp_path):
+    from convs2s.config import PRESETS, TrainConfig
+    from convs2s.train.job import TrainJob
+    from convs2s.train.launch import fit
+
+    train = location(f"{BUCKET}/unfinished/batches/train")
+    for part in sorted(Path(demo_batches.batches["train"]).glob("*.parquet")):
+        (train / part.name).upload(part)  # the parts, but the writer died before the manifest
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(max_updates=1),
+                   train_data=str(train), valid_data=demo_batches.batches["valid"],
+                   spm_model=demo_batches.spm_model, vocab_size=demo_batches.vocab_size,
+                   storage_path=f"{BUCKET}/unfinished/runs", run_name="never",
+                   num_workers=1, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with pytest.raises(FileNotFoundError, match=r"batches/train \(train split\) has no "
+                                                r"manifest.json: the preprocessing stage"):
+        fit(job)
+    assert not location(f"{BUCKET}/unfinished/runs").exists()  # nothing started
