@@ -20,12 +20,14 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from convs2s.config import INFERENCE_PRECISIONS, SearchConfig
 from convs2s.metrics.task_kinds import KINDS, task_kind
+from storage import StorageError, check_storage, is_uri, location, open_input
 
 # Each command imports what it needs when it runs: `convs2s-translate` does not pay for
 # matplotlib (attention) or sacreBLEU / rouge (score) at start-up.
@@ -40,7 +42,7 @@ def _check_input(path: str | None) -> None:
     """A named input must be a readable file (checked before any output is touched)."""
     if path in (None, "-"):
         return
-    p = Path(path)
+    p = location(path)  # a local file, or an object in a bucket
     if p.is_dir():
         raise FileNotFoundError(f"input {path} is a directory: give a text file with one "
                                 "sentence per line")
@@ -56,7 +58,8 @@ def _read_lines(path: str | None) -> Iterator[str]:
                                   newline="\n")
         yield from (line.rstrip("\n") for line in stream)
         return
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+    with io.TextIOWrapper(open_input(path), encoding="utf-8", errors="replace",
+                          newline="\n") as f:
         yield from (line.rstrip("\n") for line in f)
 
 
@@ -156,15 +159,20 @@ def translate(argv: list[str] | None = None) -> int:
                               shortlist=args.shortlist,
                               shortlist_frequent=args.shortlist_frequent)
         _check_input(args.input)  # before anything is loaded or written
-        if args.output and Path(args.output).is_dir():
+        if args.output and location(args.output).is_dir():
             raise ValueError(f"--output {args.output} is a directory: give a file name")
+        if args.output and is_uri(args.output):
+            check_storage(location(args.output).parent, "--output", write=True)
         translator = load_for_inference(args.checkpoint, search, device,
                                         spm_model=args.spm_model)
         # Translations go to a temporary file beside --output, renamed over it only when all
-        # are written: a failed run never leaves an emptied or half-written output.
-        tmp = Path(f"{args.output}.tmp-{os.getpid()}") if args.output else None
+        # are written: a failed run never leaves an emptied or half-written output. (In a
+        # bucket: a local scratch file, uploaded as one object once complete.)
+        tmp = None if not args.output else \
+            Path(tempfile.mkdtemp(prefix="convs2s-translate-")) / "out" if is_uri(args.output) \
+            else Path(f"{args.output}.tmp-{os.getpid()}")
         out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
-    except (CheckpointError, OSError, ValueError, PrecisionError) as err:
+    except (CheckpointError, OSError, ValueError, PrecisionError, StorageError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     n, t0 = 0, time.perf_counter()
@@ -177,7 +185,10 @@ def translate(argv: list[str] | None = None) -> int:
                 out.flush()
         if tmp:
             out.close()
-            os.replace(tmp, args.output)
+            if is_uri(args.output):
+                location(args.output).upload(tmp)
+            else:
+                os.replace(tmp, args.output)
     except OSError as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
@@ -185,6 +196,8 @@ def translate(argv: list[str] | None = None) -> int:
         if tmp:
             out.close()
             tmp.unlink(missing_ok=True)
+            if is_uri(args.output):
+                tmp.parent.rmdir()
     secs = time.perf_counter() - t0
     log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
     return 0

@@ -28,6 +28,7 @@ from preprocessing.config import PRESETS
 from preprocessing.console import quiet_ray_data
 from preprocessing.errors import PreprocessError, message
 from preprocessing.settings import Change, apply_changes, read_value
+from storage import StorageError, check_storage, location
 
 if TYPE_CHECKING:
     from preprocessing.pipeline import PipelineOutput
@@ -59,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m preprocessing",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--task", default="demo", choices=sorted(PRESETS), help="preset name")
-    p.add_argument("--source", help="hub | demo | local folder (default: the preset's)")
+    p.add_argument("--source", help="hub | demo | a folder or bucket prefix (s3://BUCKET/"
+                                    "PREFIX) (default: the preset's)")
     p.add_argument("--src", metavar="LANG", help="source language: its files' suffix or hub "
                                                  "key (default: the preset's)")
     p.add_argument("--tgt", metavar="LANG", help="target language (default: the preset's)")
-    p.add_argument("--out", help="output root; stages go to <out>/<task>/<stage>/")
+    p.add_argument("--out", help="output root, a folder or a bucket prefix; stages go to "
+                                 "<out>/<task>/<key>/<stage>/")
     p.add_argument("--split", action="append", default=[], metavar="SPLIT=NAME",
                    help="source name of a split, e.g. valid=newstest2013 or train=a.txt,b.txt "
                         "(repeatable; a new split name adds a test set)")
@@ -84,9 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     quiet_ray_data()  # stage lines and results; Ray Data's own INFO lines in its log folder
     cfg = PRESETS[args.task]()
     if args.source not in (None, "hub", "demo"):  # a folder: absolute, as the workflows give
-        from pathlib import Path  # it, so both find the same data folder (its key hashes it)
-
-        args.source = str(Path(args.source).expanduser().resolve())
+        # it, so both find the same data folder (its key hashes it); a bucket URI as it is
+        args.source = str(location(args.source))
     changes = {k: v for k, v in {"source": args.source, "root": args.out,
                                  "vocab_size": args.vocab_size,
                                  "max_tokens": args.max_tokens,
@@ -116,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     from preprocessing.pipeline import run_pipeline
 
     try:
+        for flag, where, write in (("--out", cfg.root, True), ("--source", cfg.source, False)):
+            if where not in ("hub", "demo"):
+                check_storage(where, flag, write=write)  # a bucket that cannot work: one line
         out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)
+    except StorageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except PreprocessError as e:
         print(f"error: {message(e)}", file=sys.stderr)
         return 2

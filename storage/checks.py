@@ -41,7 +41,8 @@ def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) ->
         raise StorageError(f"{what} {where}: the bucket {bucket} does not exist (or these "
                            "credentials cannot see it); create it first (e.g. `aws s3 mb "
                            f"{bucket}`) or fix the name")
-    if write:
+    if write:  # (pyarrow keeps `where` as a folder marker once the probe is deleted: give a
+        # folder, never the name of a file to write)
         probe = where / f".convs2s-write-probe-{uuid.uuid4().hex[:12]}"
 
         def put_and_delete():

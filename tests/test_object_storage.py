@@ -147,3 +147,22 @@ def test_training_refuses_bucket_data_whose_stage_has_no_manifest(s3, demo_batch
                                                 r"manifest.json: the preprocessing stage"):
         fit(job)
     assert not location(f"{BUCKET}/unfinished/runs").exists()  # nothing started
+
+
+def test_translate_reads_its_model_and_input_from_a_bucket_and_writes_its_output_there(
+        s3, tiny_checkpoints, tmp_path):
+    from convs2s.cli import translate as main
+    from storage import publish_dir
+
+    folder = location(f"{BUCKET}/models/a")
+    publish_dir(tiny_checkpoints["a"], folder, marker="meta.json")
+    src = location(f"{BUCKET}/text/in.en")
+    src.write_text("The cat sleeps .\n\nA dog runs .\n")
+    (tmp_path / "in.en").write_text(src.read_text())
+    args = ["--beam", "3", "--max-len-a", "0", "--max-len-b", "4", "--threads", "1"]
+    assert main(["--checkpoint", str(folder), "--input", str(src),
+                 "--output", f"{BUCKET}/text/out.fr", *args]) == 0
+    assert main(["--checkpoint", tiny_checkpoints["a"], "--input", str(tmp_path / "in.en"),
+                 "--output", str(tmp_path / "out.fr"), *args]) == 0
+    assert location(f"{BUCKET}/text/out.fr").read_text() == (tmp_path / "out.fr").read_text()
+    assert [p.name for p in location(f"{BUCKET}/text").iterdir()] == ["in.en", "out.fr"]
