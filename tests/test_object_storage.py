@@ -166,3 +166,26 @@ def test_translate_reads_its_model_and_input_from_a_bucket_and_writes_its_output
                  "--output", str(tmp_path / "out.fr"), *args]) == 0
     assert location(f"{BUCKET}/text/out.fr").read_text() == (tmp_path / "out.fr").read_text()
     assert [p.name for p in location(f"{BUCKET}/text").iterdir()] == ["in.en", "out.fr"]
+
+
+def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path):
+    import torch
+
+    from convs2s.io.checkpoint import load_model
+    from convs2s.io.fairseq import WRITTEN_BY, export_fairseq, import_fairseq
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "fairseq" / "iwslt"
+    imported = import_fairseq(fixture, tmp_path / "imported")
+    archive = location(f"{BUCKET}/interop/archive")
+    export_fairseq(imported, archive)  # published with its WRITTEN_BY object last
+    assert (archive / WRITTEN_BY).is_file() and (archive / "model.pt").is_file()
+    again = import_fairseq(archive, f"{BUCKET}/interop/again")
+    first, _ = load_model(imported)
+    second, _ = load_model(again)  # read back from the bucket
+    for (k, a), (k2, b) in zip(first.state_dict().items(), second.state_dict().items()):
+        assert k == k2 and torch.equal(a, b), k
+    someone_elses = location(f"{BUCKET}/interop/theirs")
+    (someone_elses / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="was not written by import-fairseq"):
+        export_fairseq(imported, someone_elses)
+    assert [p.name for p in someone_elses.iterdir()] == ["notes.txt"]

@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +44,7 @@ import torch
 
 from convs2s.config import PAD, ModelConfig
 from convs2s.io.text_codec import BPE_CODES, TEXT_FILE, CodecError, read_dictionary
+from storage import ObjectPath, is_uri, local_copy, location, publish_dir
 
 ARCHIVE_MODEL = "model.pt"
 
@@ -318,6 +320,17 @@ def _whole_folder(out: Path):
         raise FileExistsError(f"--out {out} exists and was not written by import-fairseq / "
                               f"export-fairseq (no {WRITTEN_BY} file in it): give a new --out, "
                               "or move it away yourself; nothing was changed")
+    if isinstance(out, ObjectPath):  # a bucket: filled locally, then published with the
+        # WRITTEN_BY object last (storage.publish_dir): whole, or not complete
+        scratch = Path(tempfile.mkdtemp(prefix="convs2s-interop-"))
+        try:
+            yield scratch
+            (scratch / WRITTEN_BY).write_text(json.dumps({"pid": os.getpid(),
+                                                          "time": time.time()}))
+            publish_dir(scratch, out, marker=WRITTEN_BY)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     tag = f"{os.getpid()}"  # the writer's own temporary names: never another command's
     tmp = out.with_name(f"{out.name}.writing-{tag}")
     old = out.with_name(f"{out.name}.old-{tag}")
@@ -342,7 +355,9 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
     from convs2s.model.network import ConvS2S
     from convs2s.io.text_codec import MOSES_BPE, codec_settings
 
-    archive, out = Path(archive), Path(out)
+    # A bucket's archive: its local copy; a bucket --out: published there (_whole_folder).
+    archive = local_copy(archive) if is_uri(archive) else Path(archive)
+    out = location(out) if is_uri(out) else Path(out)
     if not archive.is_dir():
         raise FairseqImportError(f"{archive} is not a folder: give the unpacked archive "
                                  f"(model.pt, dict.<src>.txt, dict.<tgt>.txt, {BPE_CODES})")
@@ -401,7 +416,8 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     from convs2s.io.checkpoint import SPM_FILE, load_checkpoint
     from convs2s.io.text_codec import read_codec_settings
 
-    checkpoint, out = Path(checkpoint), Path(out)
+    checkpoint = local_copy(checkpoint) if is_uri(checkpoint) else Path(checkpoint)
+    out = location(out) if is_uri(out) else Path(out)
     state = load_checkpoint(checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])
     if not (cfg.src_positions and cfg.tgt_positions):
