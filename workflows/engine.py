@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri
 from storage import is_uri, location
-from workflows.cluster import await_cluster_gpus, check_local_gpus, start_ray
+from workflows.cluster import (await_cluster_gpus, check_local_gpus, check_shared_storage,
+                               start_ray)
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 from workflows.run_state import StageContext, record_settings, reuse_problem
@@ -81,6 +82,7 @@ def prepare(spec: RunSpec) -> None:
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
     check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
     start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
+    check_shared_storage(spec.storage)  # a node-local folder on a cluster of several nodes
     await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
 
 

@@ -39,9 +39,9 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from convs2s.metrics.task_kinds import task_kind
+from storage import location
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  variants_for)
 from workflows.engine import prepare, run_stages, source_tags, training_figures
@@ -73,7 +73,7 @@ class Trial:
         return digest({"settings": result_settings(self.spec), "budgets": budgets(self.spec)})
 
     @property
-    def record(self) -> Path:
+    def record(self):
         return self.spec.run_dir / "trial.json"
 
     def finished(self) -> dict | None:
@@ -95,8 +95,8 @@ class SweepSpec:
     concurrency: int | None = None  # trials at once; None: as many as the cluster fits
 
     @property
-    def folder(self) -> Path:
-        return Path(self.base.storage) / self.run_name
+    def folder(self):  # a Path, or an ObjectPath in a bucket
+        return location(self.base.storage) / self.run_name
 
 
 @dataclass
@@ -134,7 +134,7 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
     else:
         variants = variants_for(opts.sweep, base.model, opts.variants or None)
     seeds = [base.train.seed + k for k in range(opts.seeds)]
-    folder = Path(base.storage) / run_name
+    folder = location(base.storage) / run_name
     if (folder / "workflow.json").is_file():
         raise SweepError(f"{folder} holds a workflow run named {run_name!r}, not a sweep: give "
                          "the sweep another --run-name")
