@@ -68,7 +68,9 @@ def workflow_commands() -> list[tuple[str, str, list[str]]]:
     blocks = re.findall(r"```bash\n(.*?)```", (INFRA / "README.md").read_text(), flags=re.S)
     readme = "\n".join(blocks).replace("\\\n", " ")  # code blocks, continuation lines joined
     sources = [("infra/README.md", readme),
-               ("infra/kuberay-rayjob.yaml", load("kuberay-rayjob.yaml")["spec"]["entrypoint"])]
+               ("infra/kuberay-rayjob.yaml", load("kuberay-rayjob.yaml")["spec"]["entrypoint"]),
+               ("infra/kuberay-rayjob-s3.yaml",
+                load("kuberay-rayjob-s3.yaml")["spec"]["entrypoint"])]
     found = []
     for source, text in sources:
         for script, args in re.findall(r"python\s+(workflows/\w+\.py)([^\n`]*)", text):
@@ -89,7 +91,8 @@ def flag_values(argv: list[str]) -> dict[str, str | None]:
 
 
 def test_every_infra_file_present_and_yaml_loads():
-    for name in ("cluster-aws.yaml", "kuberay-rayjob.yaml", "kuberay-shared-pvc.yaml",
+    for name in ("cluster-aws.yaml", "kuberay-rayjob.yaml", "kuberay-rayjob-s3.yaml",
+                 "kuberay-shared-pvc.yaml",
                  "runtime_env.yaml", "mlflow/docker-compose.yaml", "Dockerfile",
                  "Dockerfile.dockerignore", "mlflow/Dockerfile", "mlflow/env.example",
                  "README.md"):
@@ -355,6 +358,26 @@ def test_kuberay_rayjob_runs_a_workflow_on_gpus_with_shared_storage():
                   if m["name"] in shared]
         assert any(flags["--storage-path"].startswith(m + "/") for m in mounts)
         assert runtime_env["env_vars"]["HF_HOME"].startswith(mounts[0] + "/")
+
+
+def test_kuberay_rayjob_on_a_bucket_is_the_same_job_with_s3_storage_and_no_volume():
+    """kuberay-rayjob-s3.yaml: the shared-volume job with its storage path in a bucket, reached
+    through the pods' service account; otherwise the same cluster and settings."""
+    shared, s3 = load("kuberay-rayjob.yaml"), load("kuberay-rayjob-s3.yaml")
+    (_, script, argv), = [c for c in workflow_commands() if c[0] == "infra/kuberay-rayjob-s3.yaml"]
+    (_, script0, argv0), = [c for c in workflow_commands() if c[0] == "infra/kuberay-rayjob.yaml"]
+    flags, flags0 = flag_values(argv), flag_values(argv0)
+    assert script == script0 and flags["--storage-path"].startswith("s3://")
+    assert {k: v for k, v in flags.items() if k not in ("--storage-path", "--run-name")} == \
+        {k: v for k, v in flags0.items() if k not in ("--storage-path", "--run-name")}
+    cluster, cluster0 = s3["spec"]["rayClusterSpec"], shared["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] == cluster0["rayVersion"]
+    for group in [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        assert pod["serviceAccountName"]  # the bucket's IAM role (IRSA / Pod Identity)
+        assert not [v for v in pod.get("volumes", []) if "persistentVolumeClaim" in v]
+    env = yaml.safe_load(s3["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert not [k for k in env if "SECRET" in k or k == "AWS_ACCESS_KEY_ID"]  # no keys in files
 
 
 # --- MLflow tracking server ---------------------------------------------------------------------

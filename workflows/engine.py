@@ -8,7 +8,8 @@
 the command line around it is `workflows.orchestrate`, a sweep's trials run `run_stages` as a
 child of the sweep's run (`workflows.sweep`).
 
-Where stages write (`--storage-path`, default ./runs; made absolute, Ray workers run elsewhere):
+Where stages write (`--storage-path`, default ./runs; made absolute, Ray workers run elsewhere;
+or a bucket URI, s3://BUCKET/PREFIX, kept a URI: docs/storage.md):
 
     <storage>/preprocessed/<task>/<key>/<stage>/  preprocessing output, keyed by its settings
                                               and inputs; a rerun skips stages whose manifest
