@@ -189,3 +189,24 @@ def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path)
     with pytest.raises(FileExistsError, match="was not written by import-fairseq"):
         export_fairseq(imported, someone_elses)
     assert [p.name for p in someone_elses.iterdir()] == ["notes.txt"]
+
+
+def test_fine_tuning_starts_from_a_checkpoint_in_a_bucket(s3, tmp_path):
+    """--init-from s3://…: the run takes the checkpoint's architecture and its text pipeline
+    exactly as from the same folder on local disk (the workers load it from their node's
+    copy, storage.local_copy)."""
+    from convs2s.io.fairseq import import_fairseq
+    from convs2s.io.text_codec import CheckpointVocabulary
+    from storage import publish_dir
+    from workflows import multi30k_en_de
+    from workflows.run_spec import resolve
+    from workflows.workflow_config import RunOptions
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "fairseq" / "iwslt"
+    local = import_fairseq(fixture, tmp_path / "iwslt")
+    remote = f"{BUCKET}/init/iwslt"
+    publish_dir(local, remote, marker="meta.json")
+    from_bucket = resolve(multi30k_en_de.cpu(), RunOptions(preset="cpu", init_from=remote))
+    from_disk = resolve(multi30k_en_de.cpu(), RunOptions(preset="cpu", init_from=str(local)))
+    assert from_bucket.init_from == remote and from_bucket.model == from_disk.model
+    assert CheckpointVocabulary(remote).fingerprint == CheckpointVocabulary(local).fingerprint
