@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,26 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
            "python", "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
            "--set", "data.demo_rows={train: 5000, valid: 500, test: 500}",
            "--storage-path", str(out), "--tracking-uri", uri, "--run-name", "job-smoke"]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=840)
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    # While the job runs, a second command on the same run name and storage (another real
+    # process) is refused at once with the holder named: one writer per run (storage/lease.py).
+    lease = out / "job-smoke" / ".lease.json"
+    deadline = time.monotonic() + 300
+    while not lease.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert lease.exists(), "the job never took its run's lease"
+    second = subprocess.run(
+        [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
+         "--set", "data.demo_rows={train: 5000, valid: 500, test: 500}", "--storage-path",
+         str(out), "--tracking-uri", uri, "--run-name", "job-smoke"],
+        cwd=REPO, env={k: v for k, v in env.items() if k != "RAY_ADDRESS"},
+        capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+    assert re.search(r"error: \S+/job-smoke is in use by another command \(wmt14_en_fr "
+                     r"smoke\): pid \d+ on ", second.stderr), second.stderr
+    stdout, stderr = job.communicate(timeout=840)
+    proc = subprocess.CompletedProcess(cmd, job.returncode, stdout, stderr)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     assert re.search(r"Job '\S+' succeeded", log), log[-3000:]
@@ -62,6 +83,7 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
         pytest.approx(parent.data.metrics["bleu"])
     assert f"{parent.data.metrics['bleu']:.2f}" in log
     assert (out / "job-smoke" / "train" / "best" / "checkpoint.pt").is_file()
+    assert not lease.exists()  # released when the job finished
 
     # The uploaded working directory is the code: no virtualenv, runs, stores or checkpoints.
     pkgs = [p for p in Path(ray_cli.temp_dir).glob(

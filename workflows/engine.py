@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri
 from storage import is_uri, location
+from storage.lease import RunLease
 from workflows.cluster import (await_cluster_gpus, check_local_gpus, check_shared_storage,
                                start_ray)
 from workflows.errors import SpecError
@@ -70,9 +71,12 @@ class WorkflowResult:
 
 
 def run_workflow(spec: RunSpec) -> WorkflowResult:
-    """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow."""
-    prepare(spec)
-    return run_stages(spec)
+    """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow.
+    The run folder's lease is held throughout: a second command on the same run name and
+    storage stops at once (storage.lease.LeaseHeld)."""
+    with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}"):
+        prepare(spec)
+        return run_stages(spec)
 
 
 def prepare(spec: RunSpec) -> None:

@@ -28,6 +28,7 @@ from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import experiment_id, redact_uri
 from convs2s.train.job import STOP_REASONS, WorkersNotPlaced
 from storage import is_uri
+from storage.lease import LeaseHeld
 from workflows.engine import WorkflowResult, run_workflow
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec, check_locations, resolve
@@ -80,6 +81,9 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
             return 1 if result.failed else 0
         result = run_workflow(spec)
     except SpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except LeaseHeld as e:  # another command holds this run name on this storage
         print(f"error: {e}", file=sys.stderr)
         return 2
     except WorkersNotPlaced as e:  # a lost node not replaced: stopped, resumable

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from convs2s.metrics.task_kinds import task_kind
 from storage import location
+from storage.lease import RunLease
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  variants_for)
 from workflows.engine import prepare, run_stages, source_tags, training_figures
@@ -192,7 +193,13 @@ def concurrency(sweep: SweepSpec, resources: dict[str, float]) -> int:
 
 def run_sweep(sweep: SweepSpec) -> SweepResult:
     """Prepare the data once, run every trial not finished yet on Ray Tune, then summarize
-    (table, MLflow metrics and artifacts)."""
+    (table, MLflow metrics and artifacts). The sweep folder's lease is held throughout."""
+    base = sweep.base
+    with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
+        return _run_sweep(sweep)
+
+
+def _run_sweep(sweep: SweepSpec) -> SweepResult:
     from convs2s.tracking.runs import end_run, log_artifacts, log_final_metrics
     from preprocessing.pipeline import run_pipeline
     from workflows.run_tree import RunTree

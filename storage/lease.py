@@ -1,0 +1,233 @@
+"""A run lease: one writer per run folder, on a POSIX path and on S3 alike.
+
+The first command to use a run folder writes `<folder>/.lease.json` with an exclusive create
+(O_CREAT | O_EXCL on a POSIX path; a conditional PUT, `If-None-Match: *`, on S3) naming its
+owner (host, pid, a random id, the command) and an expiry; a heartbeat thread renews it every
+`heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag). A second command
+finds the lease and stops with one line naming the holder (`LeaseHeld`). A lease whose holder
+is gone is taken over, and the taker says so: the same host and a pid that no longer runs, or
+an expiry in the past (its heartbeat stopped more than `ttl_s` ago; hosts' clocks are assumed
+to agree within a few seconds). Taking over is itself exclusive: the stale lease is renamed
+away (POSIX) or overwritten with `If-Match` its ETag (S3), so of two takers one wins.
+
+    with RunLease(run_dir, command="wmt14_en_fr smoke") as lease:
+        ...                                   # lease.taken_over: the message, or None
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from storage.paths import ObjectPath, StorageError, location
+
+log = logging.getLogger("storage")
+
+LEASE_FILE = ".lease.json"
+
+
+class LeaseHeld(RuntimeError):
+    """The folder is held by another live command; the message names it and the fix."""
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class RunLease:
+    """An exclusive, renewed hold on `folder` (see the module's docstring)."""
+
+    def __init__(self, folder, command: str = "", ttl_s: float = 120.0,
+                 heartbeat_s: float = 20.0):
+        self.folder = location(folder)
+        self.path = self.folder / LEASE_FILE
+        self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
+        self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
+                      "id": uuid.uuid4().hex[:12], "command": command}
+        self.taken_over: str | None = None
+        self.lost = False  # set when a renewal finds the lease no longer ours
+        self._etag: str | None = None
+        self._seen_etag: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the record --
+    def _record(self) -> dict:
+        now = time.time()
+        return {**self.owner, "renewed": now, "expires": now + self.ttl_s}
+
+    def _stale(self, held: dict) -> str | None:
+        """Why a held lease is stale (its holder gone), or None (live)."""
+        if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) \
+                and held["pid"] != os.getpid() and _pid_gone(held["pid"]):
+            return f"its holder (pid {held['pid']} on this host) is gone"
+        if float(held.get("expires", 0)) < time.time():
+            age = time.time() - float(held.get("renewed", 0))
+            return f"its heartbeat stopped {age:.0f} s ago (more than {self.ttl_s:.0f} s)"
+        return None
+
+    def _refusal(self, held: dict) -> LeaseHeld:
+        since = time.strftime("%H:%M:%S", time.localtime(float(held.get("renewed", 0))))
+        what = f" ({held['command']})" if held.get("command") else ""
+        return LeaseHeld(
+            f"{self.folder} is in use by another command{what}: pid {held.get('pid')} on "
+            f"{held.get('host')}, lease renewed at {since}; wait for it to finish, stop it, or "
+            "give another --run-name (a holder that died is taken over after "
+            f"{self.ttl_s:.0f} s, at once on its own host)")
+
+    # -- acquire / renew / release --
+    def acquire(self) -> RunLease:
+        for _ in range(5):  # a lost race with another taker: look again
+            if self._create():
+                self._start_heartbeat()
+                return self
+            held = self._read()
+            if held is None:
+                continue  # released between our create and our read
+            why = self._stale(held)
+            if why is None:
+                raise self._refusal(held)
+            if self._take_over(held):
+                self.taken_over = (f"took over the lease of {self.folder} from pid "
+                                   f"{held.get('pid')} on {held.get('host')}: {why}")
+                log.warning("%s", self.taken_over)
+                self._start_heartbeat()
+                return self
+        raise LeaseHeld(f"{self.folder}: could not take its lease (other commands keep "
+                        "taking it); try again")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self.lost:
+            return
+        held = self._read()
+        if held and held.get("id") == self.owner["id"]:
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> RunLease:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def _start_heartbeat(self) -> None:
+        def beat():
+            while not self._stop.wait(self.heartbeat_s):
+                if not self._renew():
+                    self.lost = True
+                    log.warning("the lease of %s was taken by another command; this command "
+                                "no longer holds it", self.folder)
+                    return
+
+        self._thread = threading.Thread(target=beat, name="run-lease", daemon=True)
+        self._thread.start()
+
+    # -- per filesystem --
+    def _s3(self):
+        import boto3
+
+        return boto3.client("s3")
+
+    def _key(self) -> tuple[str, str]:
+        return self.path.bucket, self.path.key.split("/", 1)[1]
+
+    def _read(self) -> dict | None:
+        try:
+            if isinstance(self.path, ObjectPath) and self.path.scheme == "s3":
+                bucket, key = self._key()
+                obj = self._s3().get_object(Bucket=bucket, Key=key)
+                self._seen_etag = obj["ETag"]
+                return json.loads(obj["Body"].read())
+            return json.loads(self.path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        except Exception as err:  # noqa: BLE001 - botocore's NoSuchKey
+            if _code(err) in ("NoSuchKey", "404"):
+                return None
+            raise
+
+    def _create(self) -> bool:
+        body = json.dumps(self._record()).encode()
+        if isinstance(self.path, ObjectPath):
+            if self.path.scheme != "s3":
+                raise StorageError(f"{self.folder}: a run lease needs a local / shared folder or "
+                                   "s3:// (conditional writes); this scheme has none through "
+                                   "pyarrow")
+            bucket, key = self._key()
+            try:
+                self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=body,
+                                                   IfNoneMatch="*")["ETag"]
+                return True
+            except Exception as err:  # noqa: BLE001
+                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    return False
+                raise
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        return True
+
+    def _take_over(self, held: dict) -> bool:
+        body = json.dumps(self._record()).encode()
+        if isinstance(self.path, ObjectPath):
+            bucket, key = self._key()
+            try:
+                self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=body,
+                                                   IfMatch=self._seen_etag)["ETag"]
+                return True
+            except Exception as err:  # noqa: BLE001
+                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    return False
+                raise
+        aside = self.path.with_name(f"{LEASE_FILE}.stale-{self.owner['id']}")
+        try:
+            os.rename(self.path, aside)  # of two takers, one renames it; the other finds none
+        except FileNotFoundError:
+            return False
+        os.unlink(aside)
+        return self._create()
+
+    def _renew(self) -> bool:
+        """Extend the expiry; False when the lease is no longer ours."""
+        body = json.dumps(self._record()).encode()
+        if isinstance(self.path, ObjectPath):
+            bucket, key = self._key()
+            try:
+                self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=body,
+                                                   IfMatch=self._etag)["ETag"]
+                return True
+            except Exception as err:  # noqa: BLE001
+                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    return False
+                log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
+                return True
+        held = self._read()
+        if not held or held.get("id") != self.owner["id"]:
+            return False
+        tmp = Path(f"{self.path}.{self.owner['id']}")  # this writer's own temporary name
+        tmp.write_bytes(body)
+        os.replace(tmp, self.path)
+        return True
+
+
+def _code(err: Exception) -> str:
+    response = getattr(err, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))

@@ -1,0 +1,110 @@
+"""The run lease as a specification (storage/lease.py), on a local folder and on a bucket of
+the loopback S3 server alike: one holder per run folder; a second command is refused with the
+holder named; a holder that is gone (a dead pid on this host, or a heartbeat older than the
+bound) is taken over with a line saying so; of two takers one wins; a holder whose lease was
+taken learns it at its next heartbeat.
+
+    .venv/bin/python -m pytest tests/test_lease.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from storage import location
+from storage.lease import LEASE_FILE, LeaseHeld, RunLease
+
+
+@pytest.fixture(params=["local", "bucket"])
+def run_dir(request, tmp_path):
+    if request.param == "local":
+        return tmp_path / "runs" / "demo"
+    request.getfixturevalue("s3")
+    return location(f"s3://convs2s-test/leases/{tmp_path.name}/demo")
+
+
+def _plant(run_dir, **held) -> None:
+    """A lease another command wrote: `held` overrides a live holder on another host."""
+    now = time.time()
+    record = {"host": "other-host", "pid": 4242, "id": "someone", "command": "wmt14_en_fr paper",
+              "renewed": now, "expires": now + 120, **held}
+    location(run_dir).mkdir(parents=True, exist_ok=True)
+    (location(run_dir) / LEASE_FILE).write_text(json.dumps(record))
+
+
+def test_one_holder_a_second_command_is_refused_with_the_holder_named(run_dir):
+    with RunLease(run_dir, command="wmt14_en_fr smoke") as first:
+        assert first.taken_over is None and (location(run_dir) / LEASE_FILE).exists()
+        with pytest.raises(LeaseHeld, match=r"is in use by another command \(wmt14_en_fr "
+                                            r"smoke\): pid \d+ on .*give another --run-name"):
+            RunLease(run_dir).acquire()
+    assert not (location(run_dir) / LEASE_FILE).exists()  # released
+    with RunLease(run_dir):  # free again
+        pass
+
+
+def test_a_live_holder_on_another_host_is_never_taken_over(run_dir):
+    _plant(run_dir)
+    with pytest.raises(LeaseHeld, match="pid 4242 on other-host"):
+        RunLease(run_dir).acquire()
+
+
+@pytest.mark.parametrize("held, why", [
+    ({"host": socket.gethostname(), "pid": 2**22}, "holder .pid 4194304 on this host. is gone"),
+    ({"renewed": time.time() - 600, "expires": time.time() - 480},
+     "heartbeat stopped 6\\d\\d s ago"),
+])
+def test_a_gone_holder_is_taken_over_with_a_line_saying_so(run_dir, held, why, caplog):
+    _plant(run_dir, **held)
+    with RunLease(run_dir) as lease:
+        assert lease.taken_over is not None
+        assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == \
+            lease.owner["id"]
+    import re
+
+    assert re.search(why, lease.taken_over), lease.taken_over
+    assert "took over the lease" in caplog.text
+
+
+def test_of_two_takers_of_a_stale_lease_one_wins(run_dir):
+    _plant(run_dir, renewed=time.time() - 600, expires=time.time() - 480)
+    outcomes, barrier = [], threading.Barrier(2)
+
+    def take():
+        lease = RunLease(run_dir, heartbeat_s=60)
+        barrier.wait()
+        try:
+            lease.acquire()
+            outcomes.append("held")
+        except LeaseHeld:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["held", "refused"]
+
+
+def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_heartbeat(run_dir):
+    lease = RunLease(run_dir, heartbeat_s=0.2).acquire()
+    _plant(run_dir)  # another command took it (as after this holder's heartbeat had stopped)
+    deadline = time.monotonic() + 10
+    while not lease.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lease.lost
+    lease.release()  # leaves the other command's lease alone
+    assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == "someone"
+
+
+def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
+    with RunLease(run_dir, ttl_s=1.0, heartbeat_s=0.2):
+        time.sleep(1.5)  # longer than the ttl: only the renewals keep it live
+        with pytest.raises(LeaseHeld):
+            RunLease(run_dir).acquire()
