@@ -26,19 +26,33 @@ from storage import location
 BUCKET = "s3://convs2s-test"
 
 
+SECRET = "pw-8d1f3c-never-printed"
+
+
 @pytest.mark.slow
 def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
-        s3, fr_en_workflow, fr_en_local, shared_data, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # nothing but the tracking database may appear here
+        s3, fr_en_workflow, fr_en_local, shared_data, tmp_path, monkeypatch, capfd):
+    """The fr-en workflow with --data and --storage-path in the bucket, tracked by a team-style
+    `mlflow server` whose artifacts go to the same bucket (--artifacts-destination), reached
+    with a password in the tracking URI."""
+    from benchmarks.mlflow_ui import mlflow_server
+
+    monkeypatch.chdir(tmp_path)  # nothing may appear here
     corpus = location(f"{BUCKET}/nc-corpus")
     for name in ("nc-5k.en", "nc-5k.fr"):
         (corpus / name).upload(shared_data / "news-commentary-5k" / name)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    rc, out = fr_en_workflow(str(corpus), f"{BUCKET}/nc-runs", uri)
-    assert rc == 0, out
+    server_dir = tmp_path.parent / f"{tmp_path.name}-server"
+    server_dir.mkdir()
+    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{server_dir / 'm.db'}",
+                        "--artifacts-destination", f"{BUCKET}/mlflow", "--serve-artifacts"],
+                       server_dir / "server.log") as url:
+        uri = url.replace("http://", f"http://alice:{SECRET}@")
+        rc, out = fr_en_workflow(str(corpus), f"{BUCKET}/nc-runs", uri)
+    console = out + "".join(capfd.readouterr())
+    assert rc == 0, console[-3000:]
     assert "outputs: s3://convs2s-test/nc-runs/fr-en" in out
 
-    keys = set(s3.keys("convs2s-test", "nc-runs/"))
+    keys = set(s3.keys("convs2s-test"))
     run = "nc-runs/fr-en/"
     for name in ("workflow.json", "preprocess_manifests.json", "train/best/meta.json",
                  "train/best/checkpoint.pt", "train/metrics.jsonl",
@@ -49,13 +63,18 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
               if k.startswith("nc-runs/preprocessed/") and k.endswith("/manifest.json")}
     assert {"clean/train", "encoded/train", "batches/train", "batches/valid"} <= stages
     assert not [k for k in keys if ".partial-" in k]  # committed stages leave no partials
-    # The MLflow artifacts (a local store's) are objects beside the run: the hypotheses, the
-    # best checkpoint and the logged model.
-    artifacts = [k for k in keys if k.startswith("nc-runs/mlartifacts/translation_fr_en/")]
+    # The MLflow artifacts went through the server to the bucket: the hypotheses, the best
+    # checkpoint and the logged model.
+    artifacts = [k for k in keys if k.startswith("mlflow/")]
     assert any(k.endswith("hypotheses/test.en") for k in artifacts)
     assert any(k.endswith("best_checkpoint/checkpoint.pt") for k in artifacts)
     assert any(k.endswith("/MLmodel") for k in artifacts)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+    assert list(tmp_path.iterdir()) == []  # nothing local: not even a folder named "s3:"
+    # The password is in no console line and in no object the run wrote.
+    assert SECRET not in console
+    leaked = [k for k in keys if not k.endswith((".pt", ".parquet", ".arrow"))
+              and SECRET.encode() in location(f"{BUCKET}/{k}").read_bytes()]
+    assert not leaked, leaked
 
     # The same settings on local disk: the same data, the same training, the same output.
     local_root, _, local_rc, local_out = fr_en_local
@@ -67,6 +86,22 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
     local_state = json.loads((local / "workflow.json").read_text())
     assert bucket_state["eval"]["best/test"]["metrics"]["bleu"] == \
         local_state["eval"]["best/test"]["metrics"]["bleu"]
+
+
+def test_a_local_tracking_store_keeps_a_bucket_runs_artifacts_in_the_bucket(s3, tmp_path):
+    """sqlite tracking (the default) with a bucket storage path: the experiment is created
+    with its artifacts under <storage>/mlartifacts/, so logged files are objects too."""
+    from convs2s.tracking.runs import artifacts_beside, find_or_create_run, log_artifacts
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = f"{BUCKET}/local-store-runs"
+    where = artifacts_beside(uri, "bucket_runs", storage)
+    assert where == f"{storage}/mlartifacts/bucket_runs"
+    run_id = find_or_create_run(uri, "bucket_runs", run_key=f"{storage}/demo", run_name="demo")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert log_artifacts(uri, run_id, str(tmp_path / "notes.txt"), "notes")
+    assert f"local-store-runs/mlartifacts/bucket_runs/{run_id}/artifacts/notes/notes.txt" in \
+        s3.keys("convs2s-test", "local-store-runs/")
 
 
 def _refused(argv: list[str], capsys) -> str:

@@ -60,6 +60,7 @@ from convs2s.tracking.runs import (
     end_run,
     find_or_create_run,
     log_artifacts,
+    redact_uri,
     resolve_tracking_uri,
     run_key,
     set_tags,
@@ -253,7 +254,8 @@ def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {"model": job.model.to_dict(), "train": job.train.to_dict(),
-               "job": {k: v for k, v in vars(job).items() if k not in ("model", "train")}}
+               "job": {k: redact_uri(v) if k == "tracking_uri" else v
+                       for k, v in vars(job).items() if k not in ("model", "train")}}
         Path(tmp, "train_job.json").write_text(json.dumps(cfg, indent=2, default=str))
         log_artifacts(uri, run_id, str(Path(tmp, "train_job.json")), "config")
     for path in dict.fromkeys([job.spm_model, *job.text_files]):  # the text pipeline
