@@ -475,6 +475,24 @@ def test_a_run_name_reused_with_other_settings_is_refused_before_anything_starts
     assert (w.storage / w.run_name / "workflow.json").read_text() == state
 
 
+@pytest.mark.parametrize("extra, says", [
+    (["--max-updates", "30"], "max_updates: 60 -> 30 (smaller)"),
+    (["--num-workers", "1"], "update.workers: 2 -> 1"),
+    (["--init-from", "{best}"], "init_from (--init-from): (none) -> "),
+])
+def test_a_rerun_that_adds_init_from_shrinks_a_budget_or_resizes_the_update_is_refused(
+        smoke_workflow, capsys, extra, says):
+    """Each would resume the old weights as if nothing changed: refused in one line, as any
+    other changed setting is."""
+    w = smoke_workflow
+    best = str(w.storage / w.run_name / "train" / "best")
+    rc = wmt14_en_fr.main({"smoke": wmt14_en_fr.smoke}, None,
+                          [*w.argv, *(a.format(best=best) for a in extra)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: run 'smoke-test'"), err
+    assert says in err[0] and "--restart" in err[0]
+
+
 def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(tmp_path):
     """--restart moves the run's training, weights and scores into replaced-<time>/, re-keys
     their MLflow runs to there (so the new training gets new runs) and says so on the parent;

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ class StageContext:
                                                                    default=str))
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / "workflow.json.tmp"
+        tmp = self.run_dir / f"workflow.json.tmp-{os.getpid()}"  # this writer's own name
         tmp.write_text(json.dumps(state, indent=1, default=str))
         tmp.replace(self.run_dir / "workflow.json")  # atomic: a crash never leaves half a file
 
@@ -75,7 +76,9 @@ def result_settings(spec) -> dict[str, str]:
     data = preprocess_params(spec.data)
     data["splits"] = {s: data["splits"][s] for s in ("train", "valid")}
     train = {k: v for k, v in spec.train.to_dict().items() if k not in BUDGETS}
-    return flatten_params({"task_kind": spec.task_kind, "data": data,
+    # The update's size: workers (each a GPU with --use-gpu) x micro-batches x tokens.
+    update = {"workers": spec.num_workers, "gpus": spec.use_gpu}
+    return flatten_params({"task_kind": spec.task_kind, "data": data, "update": update,
                            "model": spec.model.to_dict(), "train": train,
                            "search": spec.search.to_dict(),
                            "ensemble": {"runs": spec.ensemble.runs,
@@ -102,10 +105,17 @@ def reuse_problem(spec) -> str | None:
     path = spec.run_dir / "workflow.json"
     if spec.restart or not path.is_file():
         return None
-    recorded = json.loads(path.read_text()).get("settings")
+    state = json.loads(path.read_text())
+    recorded = state.get("settings")
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None
-    changed = changed_settings(recorded, result_settings(spec))
+    current = result_settings(spec)
+    changed = changed_settings(recorded, current)
+    # --init-from on one side only is a change of the run (not a field a version added).
+    if ("init_from" in recorded) != ("init_from" in current):
+        changed.append(f"init_from (--init-from): {recorded.get('init_from', '(none)')} -> "
+                       f"{current.get('init_from', '(none)')}")
+    changed += _shrunk(state.get("budgets") or {}, budgets(spec))
     if not changed:
         return None
     shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
@@ -114,7 +124,13 @@ def reuse_problem(spec) -> str | None:
             f"({shown}): give a new --run-name for these settings, or add --restart to "
             "train this run over (its earlier training and scores are kept aside in its "
             "folder, and its MLflow runs say so); a larger --max-epochs / --max-updates / "
-            "--max-time alone continues a run")
+            "--max-time alone continues a run, a smaller one is refused")
+
+
+def _shrunk(before: dict, after: dict) -> list[str]:
+    """Budgets both runs set that the new one lowers: the run may have trained past them."""
+    return [f"{k}: {before[k]} -> {after[k]} (smaller)" for k in BUDGETS
+            if before.get(k) and after.get(k) and after[k] < before[k]]
 
 
 def record_settings(ctx: StageContext, spec) -> None:

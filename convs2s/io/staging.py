@@ -56,7 +56,7 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
         current = None
     if current != wanted:
         local = not isinstance(target, ObjectPath)
-        partial = target.with_name(f".partial-{target.name}") if local \
+        partial = target.with_name(f".partial-{target.name}-{os.getpid()}") if local \
             else Path(tempfile.mkdtemp(prefix="convs2s-staging-")) / target.name
         shutil.rmtree(partial, ignore_errors=True)
         groups = [list(checkpoints)] if average and len(checkpoints) > 1 else \
