@@ -176,6 +176,72 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
     assert len(client.search_model_versions("name = 'lineage-test'")) == 2
 
 
+def test_two_runs_finishing_together_agree_on_the_better_model(smoke_workflow):
+    """Two registrations at once (threads, one sqlite store) under a new name: each compares,
+    sets, and re-reads the alias; the alias ends on the better-scored model and neither run
+    claims a champion the alias does not name."""
+    import threading
+
+    from mlflow.tracking import MlflowClient
+
+    from workflows.engine import EvalScore
+    from workflows.lineage import register_champion
+
+    w = smoke_workflow
+    client = MlflowClient(w.tracking_uri)
+    ids = _job_models(client, w)
+    real = {k: {m.key: m.value for m in client.get_logged_model(v).metrics}["bleu"]
+            for k, v in ids.items()}
+    results, barrier = {}, threading.Barrier(2)
+
+    def finish(job):
+        barrier.wait()
+        results[job] = register_champion(
+            w.tracking_uri, "lineage-race", [EvalScore(job, "demo_test", {"bleu": real[job]},
+                                                       None, "")], ids, "demo_test", "bleu")
+
+    threads = [threading.Thread(target=finish, args=(job,)) for job in ("best", "avg_last2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    mv = client.get_model_version_by_alias("lineage-race", "champion")
+    winner = next(job for job in ids if mv.source == f"models:/{ids[job]}")
+    assert real[winner] == max(real.values())
+    for job, champion in results.items():
+        assert champion is not None and champion.moved == (job == winner), (job, champion)
+
+
+def test_a_registry_error_leaves_the_alias_where_it_is(smoke_workflow, monkeypatch, caplog):
+    """Reading the current champion fails (a timeout, not "no such alias"): nothing is
+    compared, so the alias does not move, and the warning says so."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from workflows.engine import EvalScore
+    from workflows.lineage import register_champion
+
+    w = smoke_workflow
+    client = MlflowClient(w.tracking_uri)
+    ids = _job_models(client, w)
+    first = register_champion(w.tracking_uri, "lineage-error",
+                              [EvalScore("best", "demo_test", {"bleu": 1.0}, None, "")], ids,
+                              "demo_test", "bleu")
+    assert first.moved
+
+    def times_out(self, name, alias):
+        raise MlflowException("API request timed out", error_code="TEMPORARILY_UNAVAILABLE")
+
+    monkeypatch.setattr(MlflowClient, "get_model_version_by_alias", times_out)
+    after = register_champion(w.tracking_uri, "lineage-error",
+                              [EvalScore("avg_last2", "demo_test", {"bleu": 99.0}, None, "")],
+                              ids, "demo_test", "bleu")
+    monkeypatch.undo()
+    assert after is None and "the champion alias was not moved" in caplog.text
+    assert client.get_model_version_by_alias("lineage-error", "champion").version in (1, "1")
+    assert len(client.search_model_versions("name = 'lineage-error'")) == 1
+
+
 def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
     """A registered model keeps the digest of the test data it compares on: a model scored on
     another test set, or on other data under the same name, leaves the alias where it is, and

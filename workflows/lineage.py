@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import time
 from dataclasses import dataclass
 
 from convs2s.tracking.runs import DatasetRecord, bounded_http, flatten_params, global_tracking_uri
-
 from storage import local_copy
 log = logging.getLogger("workflows")
 
@@ -138,6 +139,9 @@ class Champion:
         return f"models:/{self.name}@{CHAMPION}"
 
 
+# Seconds between setting the champion alias and reading it back (register_champion).
+REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", 0.5))
+
 # Tags of a registered model: the test data its champion is compared on.
 DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.test_set_digest", "convs2s.test_set", \
     "convs2s.metric"
@@ -152,7 +156,6 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
     champion on the same data. `Champion.reason` says why the alias moved or stayed. None when
     no scored model exists or tracking fails."""
     from mlflow.tracking import MlflowClient
-    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
     ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
                      and metric in s.metrics), key=lambda s: -s.metrics[metric])
@@ -178,55 +181,101 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     cur = _current_champion(client, name)
                     return Champion(name, cur[0] if cur else "none", best.job, metric, value,
                                     test_set, False, why)
-            current = _current_champion(client, name)
-            if current is not None:
-                version, cur_model = current
-                if cur_model.model_id == model_id:
-                    return Champion(name, version, best.job, metric, value, test_set, True,
-                                    "this run's model is the champion already")
-                theirs = next((m.value for m in cur_model.metrics or [] if m.key == metric
-                               and m.dataset_name == test_set and m.dataset_digest == digest
-                               and digest is not None), None)
-                if theirs is None:
-                    why = (f"not comparable: the champion (version {version}) has no {metric} "
-                           f"on this run's {test_set} (digest {digest}); the alias stays")
-                    log.warning("%s@%s %s", name, CHAMPION, why)
-                    return Champion(name, version, best.job, metric, value, test_set, False, why)
-                if theirs >= value:
-                    why = (f"the champion (version {version}) scored {metric} {theirs:.2f} on "
-                           f"the same {test_set}, this run {value:.2f}")
-                    log.info("%s@%s stays version %s: %s", name, CHAMPION, version, why)
-                    return Champion(name, version, best.job, metric, theirs, test_set, False, why)
-                why = (f"{metric} {value:.2f} above the former champion's {theirs:.2f} "
-                       f"(version {version}) on the same {test_set}")
-            else:
-                why = f"no champion on {test_set} yet"
-            if not registered:
-                client.create_registered_model(name, tags={
-                    TEST_SET_TAG: test_set, METRIC_TAG: metric,
-                    **({DIGEST_TAG: digest} if digest else {})})
-            mv = client.create_model_version(name, f"models:/{model_id}",
-                                             run_id=ours.source_run_id, model_id=model_id,
-                                             tags={"convs2s.job": best.job, metric: f"{value:.2f}",
-                                                   "convs2s.test_set": test_set})
-            # The Models view's "Registered models" column reads this tag of the logged model.
-            versions = json.loads(ours.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
-            client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
-                versions + [{"name": name, "version": str(mv.version)}])})
-            client.set_registered_model_alias(name, CHAMPION, mv.version)
-            return Champion(name, str(mv.version), best.job, metric, value, test_set, True, why)
+            # MLflow's registry has no compare-and-set. So: compare, set, and re-read after a
+            # pause (REGISTRY_SETTLE_S) until the alias names this run's model twice running;
+            # a model another run set meanwhile is compared in turn (a better one is kept, a
+            # worse one replaced). Two runs finishing together thus agree on the better model
+            # as long as each run's read-then-set takes less than the pause.
+            mv, confirmed = None, 0  # this run's version (created once); reads that saw it
+            for _ in range(12):
+                current = _current_champion(client, name)
+                if current is not None:
+                    version, cur_model = current
+                    if cur_model.model_id == model_id:
+                        if mv is None:
+                            return Champion(name, version, best.job, metric, value, test_set,
+                                            True, "this run's model is the champion already")
+                        confirmed += 1
+                        if confirmed == 2:
+                            return Champion(name, version, best.job, metric, value, test_set,
+                                            True, why)
+                        time.sleep(REGISTRY_SETTLE_S)
+                        continue
+                    theirs = next((m.value for m in cur_model.metrics or []
+                                   if m.key == metric and m.dataset_name == test_set
+                                   and m.dataset_digest == digest and digest is not None), None)
+                    if theirs is None:
+                        why = (f"not comparable: the champion (version {version}) has no "
+                               f"{metric} on this run's {test_set} (digest {digest}); the alias "
+                               "stays")
+                        log.warning("%s@%s %s", name, CHAMPION, why)
+                        return Champion(name, version, best.job, metric, value, test_set, False,
+                                        why)
+                    if theirs >= value:
+                        why = (f"the champion (version {version}) scored {metric} {theirs:.2f} "
+                               f"on the same {test_set}, this run {value:.2f}")
+                        log.info("%s@%s stays version %s: %s", name, CHAMPION, version, why)
+                        return Champion(name, version, best.job, metric, theirs, test_set,
+                                        False, why)
+                    why = (f"{metric} {value:.2f} above the former champion's {theirs:.2f} "
+                           f"(version {version}) on the same {test_set}")
+                else:
+                    why = f"no champion on {test_set} yet"
+                confirmed = 0
+                if mv is None:
+                    mv = _new_version(client, name, registered, model_id, ours, best, metric,
+                                      value, test_set, digest)
+                client.set_registered_model_alias(name, CHAMPION, mv.version)
+                time.sleep(REGISTRY_SETTLE_S)
+            raise RuntimeError(f"{name}@{CHAMPION} kept changing while this run compared it")
     except Exception as err:  # noqa: BLE001 - registration is a convenience, not the run
-        log.warning("could not register %s in the MLflow model registry (%s: %s)", name,
-                    type(err).__name__, str(err).splitlines()[0][:300] if str(err) else "")
+        log.warning("could not register %s in the MLflow model registry (%s: %s); the "
+                    "champion alias was not moved", name, type(err).__name__,
+                    str(err).splitlines()[0][:300] if str(err) else "")
         return None
+
+
+def _new_version(client, name, registered, model_id, ours, best, metric, value, test_set,
+                 digest):
+    """This run's model as a new version of `name` (the registered model made first)."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    if not registered:
+        try:
+            client.create_registered_model(name, tags={
+                TEST_SET_TAG: test_set, METRIC_TAG: metric, **({DIGEST_TAG: digest} if digest
+                                                               else {})})
+        except Exception as err:  # noqa: BLE001 - another run made it a moment ago: use it
+            if getattr(err, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+                raise
+    mv = client.create_model_version(name, f"models:/{model_id}", run_id=ours.source_run_id,
+                                     model_id=model_id,
+                                     tags={"convs2s.job": best.job, metric: f"{value:.2f}",
+                                           "convs2s.test_set": test_set})
+    # The Models view's "Registered models" column reads this tag of the logged model.
+    versions = json.loads(ours.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
+    client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
+        versions + [{"name": name, "version": str(mv.version)}])})
+    return mv
+
+
+def _not_found(err: Exception) -> bool:
+    """The registry's answer for a model or alias that does not exist (any other error, a
+    timeout included, is not an answer: the caller must not move the alias on it)."""
+    code = getattr(err, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (
+        code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
 
 
 def _current_champion(client, name: str):
-    """(version, logged model) the alias names now, or None."""
+    """(version, logged model) the alias names now, or None when there is none. Any other
+    registry error is raised: the alias then stays where it is."""
     try:
         mv = client.get_model_version_by_alias(name, CHAMPION)
-    except Exception:  # noqa: BLE001 - no such model or alias yet
-        return None
+    except Exception as err:  # noqa: BLE001
+        if _not_found(err):
+            return None
+        raise
     # The sqlite store leaves the version's model_id empty; its source is models:/<model id>.
     model_id = mv.model_id or (mv.source[len("models:/"):] if mv.source.startswith("models:/m-")
                                else None)
@@ -234,5 +283,7 @@ def _current_champion(client, name: str):
         return None
     try:
         return str(mv.version), client.get_logged_model(model_id)
-    except Exception:  # noqa: BLE001 - its logged model was deleted
-        return None
+    except Exception as err:  # noqa: BLE001
+        if _not_found(err):  # its logged model was deleted
+            return None
+        raise
