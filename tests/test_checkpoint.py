@@ -163,6 +163,28 @@ def test_best_is_repaired_from_what_the_resumed_checkpoint_says(tmp_path):
     assert reconcile_best(run, None, 360) == "ok"  # nothing validated yet
 
 
+@pytest.mark.parametrize("leftovers", ["new and old", "old only"])
+def test_a_crash_between_the_two_renames_of_best_is_recovered(tmp_path, leftovers):
+    """publish_dir sets best/ aside (.best.old-*) and renames its complete replacement
+    (.best.tmp-*) into place; killed in between, best/ is missing. The resumed run puts the
+    replacement in place (or, without one, the old best/ back, then repairs it as usual)."""
+    import shutil
+
+    from convs2s.io.checkpoint import BEST_DIR, read_info, reconcile_best
+
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True)])
+    shutil.copytree(run / checkpoint_dir_name(120), run / f".{BEST_DIR}.old-aaaa")
+    if leftovers == "new and old":
+        shutil.copytree(run / checkpoint_dir_name(240), run / f".{BEST_DIR}.tmp-bbbb")
+        # the new best's own checkpoint was pruned since (keep_last): only the leftover has it
+        shutil.rmtree(run / checkpoint_dir_name(240))
+        assert reconcile_best(run, 2.5, 240).startswith("recovered from the interrupted swap")
+    else:
+        assert reconcile_best(run, 2.5, 240) == f"repaired from {checkpoint_dir_name(240)}"
+    assert read_info(run / BEST_DIR).update == 240
+    assert not list(run.glob(f".{BEST_DIR}.*"))  # the leftovers are gone
+
+
 def test_meta_json_is_written_last_and_whole(tmp_path):
     run = _fake_run(tmp_path, [(1, 120, 3.0, True)])
     d = run / checkpoint_dir_name(120)

@@ -321,6 +321,9 @@ def best_checkpoints(run_dirs: list[str]) -> tuple[str, ...]:
         if info is None:
             raise FileNotFoundError(f"{run_dir} has no best/ checkpoint and no checkpoint with "
                                     "a validation loss: train it first")
+        if location(info.path).name != "best":  # said, never a silent substitute
+            log.warning("%s has no best/: scoring %s (the lowest validation loss kept, %.4f) "
+                        "as its best", run_dir, location(info.path).name, info.val_loss)
         bests.append(info.path)
     return tuple(bests)
 

@@ -265,6 +265,22 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
     if best_loss is None:
         return "ok"
     best = location(run_dir) / BEST_DIR
+    if not (best / META_FILE).is_file() and not is_uri(best):
+        # A crash between publish_dir's two renames: best/ was set aside (.best.old-*) and
+        # its replacement, copied whole before the renames, is the newest .best.tmp-*. (A
+        # .tmp without an .old beside it may be a copy cut short: never used.)
+        # Failing that, the set-aside old best/ is put back (and checked like any best/).
+        olds = sorted(best.parent.glob(f".{BEST_DIR}.old-*"), key=lambda p: p.stat().st_mtime)
+        done = sorted(best.parent.glob(f".{BEST_DIR}.tmp-*"), key=lambda p: p.stat().st_mtime)
+        usable = [d for d in (done[-1:] if olds else []) + olds[-1:]
+                  if (d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()]
+        if usable:
+            os.replace(usable[0], best)
+            for p in olds + done:
+                shutil.rmtree(p, ignore_errors=True)
+            info = read_info(best)
+            if info.val_loss == best_loss and info.update <= update:
+                return f"recovered from the interrupted swap ({usable[0].name})"
     if (best / META_FILE).is_file():
         info = read_info(best)
         if info.val_loss == best_loss and info.update <= update:

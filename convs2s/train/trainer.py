@@ -371,10 +371,13 @@ class Trainer:
         try:
             save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch,
                             text_files=job.text_files)
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
-                             checkpoint_dir_name=checkpoint_dir_name(progress.update))
+            # best/ before the report: a death in between leaves a best/ newer than the
+            # checkpoint resumed from, which the resumed run repairs (reconcile_best); after
+            # the report, the checkpoint Ray keeps could be the best with no best/ copy of it.
             if is_best and val_loss is not None:  # meta.json last: best/ is whole or absent
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
+                             checkpoint_dir_name=checkpoint_dir_name(progress.update))
             if self.logger is not None:
                 self.logger.sync()  # metrics.jsonl in a bucket: as of this checkpoint
         finally:
