@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -289,6 +291,50 @@ def test_layer_strings_are_read_as_literals_never_evaluated(tmp_path):
     assert cfg.decoder_attention == (False,) and cfg.max_positions == 1024 - PAD - 1
     with pytest.raises(FairseqImportError, match="is not a layer expression"):
         model_config({**args, "encoder_layers": "__import__('os').system('true')"}, path)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"encoder_layers": "[(64, 3)] * 1000000000"}, "a repeat of 1000000000 exceeds 1000"),
+    ({"encoder_layers": "[(64, 3)] * 201"}, "has 201 layers, more than 200"),
+    ({"decoder_layers": "[(10000000, 3)]"}, "is outside (1...40960 channels"),
+    ({"encoder_embed_dim": 10**6, "decoder_embed_dim": 10**6}, "encoder_embed_dim = 1000000 "
+                                                               "is outside"),
+    ({"max_source_positions": 10**8, "max_target_positions": 10**8}, "max_source_positions"),
+])
+def test_an_architecture_too_large_to_build_is_refused_before_any_tensor(tmp_path, change,
+                                                                          says):
+    """Saved arguments are untrusted input: an unbounded repeat or a size no model of the
+    paper's family has is one error, decided before any list or tensor is built."""
+    args = {"arch": "fconv", "encoder_layers": "[(64, 3)] * 2", "decoder_layers": "[(64, 3)]",
+            "encoder_embed_dim": 32, "decoder_embed_dim": 32, "decoder_out_embed_dim": 16}
+    t0 = time.monotonic()
+    with pytest.raises(FairseqImportError, match=re.escape(says)):
+        model_config({**args, **change}, tmp_path / ARCHIVE_MODEL)
+    assert time.monotonic() - t0 < 1.0  # refused, not computed
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "sub/bpecodes", "~x"])
+def test_a_text_json_naming_files_outside_its_folder_is_refused(imported, tmp_path, name):
+    """text.json names its files; a path out of the checkpoint folder would be read, staged
+    with the weights and uploaded as an MLflow artifact."""
+    from convs2s.io.text_codec import CodecError, read_codec_settings
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(imported["iwslt"], folder)
+    settings = json.loads((folder / "text.json").read_text())
+    (folder / "text.json").write_text(json.dumps({**settings, "bpe_codes": name}))
+    with pytest.raises(CodecError, match="must name a file in the checkpoint's own folder"):
+        read_codec_settings(folder)
+
+
+def test_a_dictionary_far_larger_than_any_is_refused_unread(tmp_path):
+    from convs2s.io.text_codec import MAX_DICTIONARY_BYTES, CodecError, read_dictionary
+
+    big = tmp_path / "dict.de.txt"
+    with open(big, "wb") as f:
+        f.truncate(MAX_DICTIONARY_BYTES + 1)  # sparse: no memory, no disk
+    with pytest.raises(CodecError, match="more than a dictionary's"):
+        read_dictionary(big)
 
 
 def test_an_imported_model_averages_and_serves_like_a_trained_one(imported, tmp_path):

@@ -150,6 +150,14 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
             time.sleep(2)
         answer = post(f"http://127.0.0.1:{port}/invocations", {"inputs": lines})
         assert answer == {"predictions": expected}
+        # Over the limits: a 400 naming the limit, before any translation.
+        from convs2s.serving.pyfunc import MAX_CHARS, MAX_SENTENCES
+
+        for too_much, says in (([lines[0]] * (MAX_SENTENCES + 1), "sentences in one request"),
+                               (["a" * (MAX_CHARS + 1)], "characters; at most")):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                post(f"http://127.0.0.1:{port}/invocations", {"inputs": too_much})
+            assert refused.value.code == 400 and says in refused.value.read().decode()
         print("served:", list(zip(lines[:3], answer["predictions"][:3])))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and its worker: our own group

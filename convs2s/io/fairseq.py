@@ -148,7 +148,18 @@ def _literal(text: str, what: str, path: Path):
             return items if isinstance(node, ast.List) else tuple(items)
         if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
             a, b = ev(node.left), ev(node.right)
-            return a + b if isinstance(node.op, ast.Add) else a * b
+            if isinstance(node.op, ast.Mult):  # bounded before any list is built
+                seq, n = (a, b) if isinstance(a, (list, tuple)) else (b, a)
+                if not isinstance(seq, (list, tuple)):  # two numbers
+                    if max(abs(a), abs(b)) > 10**9:
+                        raise ValueError("a number above 10**9")
+                    return a * b
+                if not isinstance(n, int) or len(seq) * n > MAX_LAYER_ITEMS:
+                    raise ValueError(f"a repeat of {len(seq) * n} exceeds {MAX_LAYER_ITEMS}")
+                return a * b
+            if isinstance(a, (list, tuple)) and len(a) + len(b) > MAX_LAYER_ITEMS:
+                raise ValueError(f"more than {MAX_LAYER_ITEMS} items")
+            return a + b
         raise ValueError(f"unsupported expression {ast.dump(node)[:80]}")
     try:
         return ev(ast.parse(str(text).strip(), mode="eval"))
@@ -157,13 +168,26 @@ def _literal(text: str, what: str, path: Path):
                                  f"reference ({err})") from None
 
 
+# Bounds on what a saved architecture may ask for, checked before any tensor is made: ten
+# times the paper's largest model in every dimension (docs/design.md, hostile inputs).
+MAX_LAYER_ITEMS = 1000  # entries a layer expression may build (the paper's deepest: 20)
+MAX_LAYERS, MAX_CHANNELS, MAX_KERNEL = 200, 40_960, 31
+MAX_EMBED, MAX_POSITIONS = 40_960, 65_536
+
+
 def _layers(text: str, what: str, path: Path) -> list[tuple[int, int]]:
     spec = _literal(text, what, path)
     out = []
+    if isinstance(spec, list) and len(spec) > MAX_LAYERS:
+        raise FairseqImportError(f"{path}: {what} has {len(spec)} layers, more than "
+                                 f"{MAX_LAYERS}")
     for layer in spec if isinstance(spec, list) else []:
         if not isinstance(layer, tuple) or len(layer) not in (2, 3) or \
                 not all(isinstance(v, int) for v in layer):
             raise FairseqImportError(f"{path}: {what} layer {layer!r} is not (channels, kernel)")
+        if not (0 < layer[0] <= MAX_CHANNELS and 0 < layer[1] <= MAX_KERNEL):
+            raise FairseqImportError(f"{path}: {what} layer {layer!r} is outside (1..."
+                                     f"{MAX_CHANNELS} channels, 1...{MAX_KERNEL} kernel)")
         if len(layer) == 3 and layer[2] != 1:
             raise FairseqImportError(f"{path}: {what} layer {layer!r} takes its residual from "
                                      f"{layer[2]} layers back; this model has residuals from "
@@ -191,6 +215,10 @@ def model_config(args: dict, path: Path) -> tuple[ModelConfig, dict]:
     if a["max_source_positions"] != a["max_target_positions"]:
         raise FairseqImportError(f"{path}: source and target position tables differ "
                                  f"({a['max_source_positions']} / {a['max_target_positions']})")
+    for key, bound in (("encoder_embed_dim", MAX_EMBED), ("decoder_out_embed_dim", MAX_EMBED),
+                       ("max_source_positions", MAX_POSITIONS)):
+        if not isinstance(a[key], int) or not 0 < a[key] <= bound:
+            raise FairseqImportError(f"{path}: {key} = {a[key]!r} is outside 1...{bound}")
     decoder = _layers(a["decoder_layers"], "decoder_layers", path)
     attention = _literal(a["decoder_attention"], "decoder_attention", path)
     attention = tuple([attention] * len(decoder)) if isinstance(attention, bool) \

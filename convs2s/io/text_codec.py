@@ -24,6 +24,7 @@ from convs2s.config import BOS, EOS, PAD, UNK
 from storage import is_uri, local_copy
 
 SENTENCEPIECE = "sentencepiece"
+MAX_DICTIONARY_BYTES = 64 << 20  # a reference dictionary: ~1 MB for 40k symbols
 MOSES_BPE = "moses+subword_nmt"
 TEXT_FILE = "text.json"
 SPM_FILE = "sentencepiece.model"
@@ -56,6 +57,14 @@ def read_codec_settings(checkpoint_dir: str | Path) -> dict | None:
     if settings.get("kind") != MOSES_BPE:
         raise CodecError(f"{path}: unknown text pipeline {settings.get('kind')!r} "
                          f"(this project knows {SENTENCEPIECE!r} and {MOSES_BPE!r})")
+    for key in ("bpe_codes", "source_dict", "target_dict"):
+        name = settings.get(key)
+        # Files beside text.json only: a path out of the folder would be read, staged with
+        # the weights and uploaded as an MLflow artifact.
+        if not isinstance(name, str) or not name or name in (".", "..") \
+                or any(c in name for c in "/\\") or name.startswith("~"):
+            raise CodecError(f"{path}: {key} = {name!r} must name a file in the checkpoint's "
+                             "own folder (no path); import the model again")
     return settings
 
 
@@ -215,9 +224,15 @@ def read_dictionary(path: Path) -> list[str]:
     if not path.is_file():
         raise CodecError(f"{path} is missing: the model's dictionary of that language "
                          "(dict.<lang>.txt)")
+    size = path.stat().st_size
+    if size > MAX_DICTIONARY_BYTES:
+        raise CodecError(f"{path} has {size:,} bytes, more than a dictionary's "
+                         f"{MAX_DICTIONARY_BYTES:,} (a million symbols); is it the right file?")
     symbols = ["<s>", "<pad>", "</s>", "<unk>"]
     assert (BOS, PAD, EOS, UNK) == (0, 1, 2, 3)
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    with path.open(encoding="utf-8") as f:  # streamed, a line at a time
+        lines = [line.rstrip("\n") for line in f]
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         parts = line.rstrip().split(" ")

@@ -50,6 +50,11 @@ SEARCH_FILE = "search.json"
 PRECISION_TAG = "convs2s.inference_precision"  # on the logged model
 FALLBACK_TAG = "convs2s.inference_precision_fallback"
 EXAMPLE = ["the cat is small ."]
+# What one request may ask (a request over them is an HTTP 400 with the limit named): each
+# sentence is cut by the tokenizer only after it is read whole, and a request's sentences are
+# translated together.
+MAX_SENTENCES = int(os.environ.get("CONVS2S_SERVE_MAX_SENTENCES", 256))
+MAX_CHARS = int(os.environ.get("CONVS2S_SERVE_MAX_CHARS", 4096))
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
@@ -76,7 +81,25 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: list[str], params=None) -> list[str]:
         # The list[str] type hints give the model its signature: MLflow checks and converts
         # inputs (a list, or a one-column DataFrame from the REST server) to a list of str.
+        check_request(model_input)
         return self.translator.translate([s or "" for s in model_input])
+
+
+def check_request(sentences: list) -> None:
+    """A request over the limits is refused before any work (MLflow's server answers 400
+    with this message)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    if len(sentences) > MAX_SENTENCES:
+        raise MlflowException(f"{len(sentences)} sentences in one request; at most "
+                              f"{MAX_SENTENCES} (CONVS2S_SERVE_MAX_SENTENCES): split it",
+                              error_code=INVALID_PARAMETER_VALUE)
+    for i, s in enumerate(sentences):
+        if s is not None and len(s) > MAX_CHARS:
+            raise MlflowException(f"sentence {i} has {len(s):,} characters; at most "
+                                  f"{MAX_CHARS:,} (CONVS2S_SERVE_MAX_CHARS)",
+                                  error_code=INVALID_PARAMETER_VALUE)
 
 
 @dataclass
