@@ -113,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.data} is not a folder; give --data DIR (../shared/data/multi30k)",
               file=sys.stderr)
         return 2
+    if args.screenshot and args.screenshot.exists() and not args.replace:
+        print(f"error: --screenshot {args.screenshot} exists: give another file name, or "
+              "--replace to overwrite it", file=sys.stderr)
+        return 2
     storage = args.storage_path.expanduser().resolve()
     storage.mkdir(parents=True, exist_ok=True)
     uri = args.tracking_uri or f"sqlite:///{storage / 'mlflow.db'}"

@@ -109,6 +109,28 @@ def _write_chunk(job: tuple) -> None:
     os.replace(f"{path}.tmp", path)
 
 
+OWNER_MARK = ".convs2s-bench-preprocess"  # in every folder this benchmark made: it may remove it
+
+
+def fresh_dir(folder: Path) -> Path:
+    """`folder` emptied for this benchmark: removed first only when this benchmark made it
+    (its OWNER_MARK file); a folder without the mark is someone else's and is refused."""
+    remove_own(folder)
+    folder.mkdir(parents=True)
+    (folder / OWNER_MARK).write_text("made by benchmarks/preprocess.py; removed by its next run\n")
+    return folder
+
+
+def remove_own(folder: Path) -> None:
+    """Remove `folder` when this benchmark made it; refuse (SystemExit) when it did not."""
+    if not folder.exists():
+        return
+    if not (folder / OWNER_MARK).is_file():
+        raise SystemExit(f"{folder} exists and was not made by this benchmark (no {OWNER_MARK} "
+                         "in it): give another --workdir, or move it away yourself")
+    shutil.rmtree(folder)
+
+
 def make_corpus(n: int, workdir: Path, seed: int, group_rows: int) -> Path:
     """`<workdir>/corpus-<n>/fr-en/train-*.parquet` holding demo pairs 0..n-1.
 
@@ -128,8 +150,7 @@ def make_corpus(n: int, workdir: Path, seed: int, group_rows: int) -> Path:
             pool.map(_write_chunk, jobs)
         print(f"{sum(j[3] for j in jobs):,} demo pairs generated in {time.monotonic() - t0:.0f} "
               f"s into {cache}", flush=True)
-    folder = workdir / f"corpus-{n}"
-    shutil.rmtree(folder, ignore_errors=True)
+    folder = fresh_dir(workdir / f"corpus-{n}")
     (folder / "fr-en").mkdir(parents=True)
     for i, (a, c) in enumerate(spans):
         os.link(chunk(a, c), folder / "fr-en" / f"train-{i:05d}-of-{len(spans):05d}.parquet")
@@ -168,8 +189,7 @@ def warm_up_ray(cpus: int) -> float:
 
 def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
     """The production pipeline on a fresh local Ray: stage seconds, counts, memory peaks."""
-    root = args.workdir / f"ray-{n}"
-    shutil.rmtree(root, ignore_errors=True)
+    root = fresh_dir(args.workdir / f"ray-{n}")
     cfg = pipeline_config(args, n, corpus, root)
     init = {"num_cpus": args.cpus, "include_dashboard": False, "configure_logging": False,
             "log_to_driver": False}
@@ -289,8 +309,7 @@ def _plain_batches(encoded_dir: Path, out_dir: Path, cfg) -> tuple[int, int]:
 def run_plain(args, n: int, corpus: Path, spm_model: str) -> dict:
     """The same stage functions in a loop in this process (no Ray), same parquet in and out."""
     cfg = pipeline_config(args, n, corpus, args.workdir / "plain")
-    work = args.workdir / f"plain-{n}"
-    shutil.rmtree(work, ignore_errors=True)
+    work = fresh_dir(args.workdir / f"plain-{n}")
     dirs = {s: work / s for s in ("clean", "encoded", "batches")}
     for d in dirs.values():
         d.mkdir(parents=True)
@@ -345,15 +364,15 @@ def run(args: argparse.Namespace) -> dict:
             kept_root = root  # its BPE model and batches serve the plain run
             (kept_data,) = (root / f"bench_{n}").iterdir()  # the one <data key> folder
         else:
-            shutil.rmtree(root, ignore_errors=True)
+            remove_own(root)
     n = args.plain_rows
     plain = _call(args.isolate, run_plain, args, n, corpora[n],
                   str(kept_data / "spm" / "spm.model"))
     plain["same_batches_as_ray"] = same_batches(
         kept_data / "batches" / "train", Path(plain.pop("_batches_dir")))
     runs.append(plain)
-    shutil.rmtree(args.workdir / f"plain-{n}", ignore_errors=True)
-    shutil.rmtree(kept_root, ignore_errors=True)
+    remove_own(args.workdir / f"plain-{n}")
+    remove_own(kept_root)
     load_after = load_average()
     ray_runs = {r["pairs"]: r for r in runs if r["mode"] == "ray"}
     small, large = ray_runs[min(args.sizes)], ray_runs[max(args.sizes)]
