@@ -268,3 +268,22 @@ def test_the_lenpen_benchmark_scores_each_setting_on_the_validation_set(tiny_che
                                                              (2, 2.0)}
     assert r["best"] == r["rows"][0] and r["best"]["bleu"] == max(x["bleu"] for x in r["rows"])
     assert all(x["length_ratio"] > 0 for x in r["rows"])
+
+
+def test_the_preprocess_benchmark_removes_only_the_folders_it_made(tmp_path):
+    """--workdir may hold other files: a corpus-N / ray-N / plain-N folder without the
+    benchmark's owner mark is refused, never removed."""
+    from benchmarks.preprocess import OWNER_MARK, fresh_dir, remove_own
+
+    theirs = tmp_path / "ray-2000"
+    theirs.mkdir()
+    (theirs / "results.txt").write_text("someone's")
+    with pytest.raises(SystemExit, match="was not made by this benchmark"):
+        fresh_dir(theirs)
+    assert (theirs / "results.txt").read_text() == "someone's"
+    ours = fresh_dir(tmp_path / "plain-2000")
+    assert (ours / OWNER_MARK).is_file()
+    (ours / "part-0.parquet").write_bytes(b"x")
+    assert fresh_dir(ours) == ours and [p.name for p in ours.iterdir()] == [OWNER_MARK]
+    remove_own(ours)
+    assert not ours.exists()
