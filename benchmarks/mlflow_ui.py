@@ -26,11 +26,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def mlflow_server(args: list[str], log: Path, timeout_s: float = 180.0) -> Iterator[str]:
+def mlflow_server(args: list[str], log: Path, timeout_s: float = 180.0,
+                  wrapper: tuple[str, ...] = (), env: dict | None = None) -> Iterator[str]:
     """`python -m mlflow <args>` (`server ...` or `ui ...`; a --port in `args` is replaced) on
     127.0.0.1 at a free port with one worker, in its own process group so that its uvicorn
     workers end with it. Yields its URL once /health answers OK; a server that exits or does
-    not answer within `timeout_s` is a RuntimeError with the end of its log."""
+    not answer within `timeout_s` is a RuntimeError with the end of its log. `wrapper`: a
+    command that runs the server (infra/mlflow/auth-entrypoint.sh), `env` its environment."""
     args = list(args)
     port = str(free_port())
     if "--port" in args:
@@ -39,9 +41,9 @@ def mlflow_server(args: list[str], log: Path, timeout_s: float = 180.0) -> Itera
         args += ["--port", port]
     log = Path(log)
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", *args, "--host", "127.0.0.1",
-                                 "--workers", "1"], stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen([*wrapper, sys.executable, "-m", "mlflow", *args, "--host",
+                                 "127.0.0.1", "--workers", "1"], stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s

@@ -84,6 +84,47 @@ def s3():
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def team_server(s3, tmp_path_factory):
+    """The team tracking server of infra/mlflow on loopback: `mlflow server --app-name
+    basic-auth` started through infra/mlflow/auth-entrypoint.sh, its artifacts in the loopback
+    bucket (--artifacts-destination s3://convs2s-test/mlflow --serve-artifacts). Returns a
+    namespace: url, admin (user, password), add_user(name, password)."""
+    from types import SimpleNamespace
+
+    from benchmarks.mlflow_ui import mlflow_server
+
+    root = tmp_path_factory.mktemp("team_server")
+    admin = ("admin", "admin-pw-for-tests")
+    env = {**os.environ, "MLFLOW_ADMIN_PASSWORD": admin[1],
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-key-for-tests-only",
+           "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
+           "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{root / 'auth.db'}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    with mlflow_server(["server", "--app-name", "basic-auth", "--backend-store-uri",
+                        f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
+                        "s3://convs2s-test/mlflow", "--serve-artifacts"], root / "server.log",
+                       wrapper=("sh", str(REPO / "infra" / "mlflow" / "auth-entrypoint.sh")),
+                       env=env) as url:
+        def add_user(name: str, password: str) -> None:
+            from mlflow.server.auth.client import AuthServiceClient
+
+            saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME",
+                                                    "MLFLOW_TRACKING_PASSWORD")}
+            os.environ.update(MLFLOW_TRACKING_USERNAME=admin[0],
+                              MLFLOW_TRACKING_PASSWORD=admin[1])
+            try:
+                AuthServiceClient(url).create_user(name, password)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+        yield SimpleNamespace(url=url, admin=admin, add_user=add_user)
+
+
 # --- translation assets (tests of translate, averaging, attention plots, evaluation, serving) ---
 
 

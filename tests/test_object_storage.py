@@ -31,23 +31,18 @@ SECRET = "pw-8d1f3c-never-printed"
 
 @pytest.mark.slow
 def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
-        s3, fr_en_workflow, fr_en_local, shared_data, tmp_path, monkeypatch, capfd):
-    """The fr-en workflow with --data and --storage-path in the bucket, tracked by a team-style
-    `mlflow server` whose artifacts go to the same bucket (--artifacts-destination), reached
-    with a password in the tracking URI."""
-    from benchmarks.mlflow_ui import mlflow_server
-
+        s3, team_server, fr_en_workflow, fr_en_local, shared_data, tmp_path, monkeypatch,
+        capfd):
+    """The fr-en workflow with --data and --storage-path in the bucket, tracked by the team
+    server of infra/mlflow (basic-auth; its artifacts in the same bucket), logged in with the
+    user and password in the tracking URI."""
     monkeypatch.chdir(tmp_path)  # nothing may appear here
     corpus = location(f"{BUCKET}/nc-corpus")
     for name in ("nc-5k.en", "nc-5k.fr"):
         (corpus / name).upload(shared_data / "news-commentary-5k" / name)
-    server_dir = tmp_path.parent / f"{tmp_path.name}-server"
-    server_dir.mkdir()
-    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{server_dir / 'm.db'}",
-                        "--artifacts-destination", f"{BUCKET}/mlflow", "--serve-artifacts"],
-                       server_dir / "server.log") as url:
-        uri = url.replace("http://", f"http://alice:{SECRET}@")
-        rc, out = fr_en_workflow(str(corpus), f"{BUCKET}/nc-runs", uri)
+    team_server.add_user("alice", SECRET)
+    uri = team_server.url.replace("http://", f"http://alice:{SECRET}@")
+    rc, out = fr_en_workflow(str(corpus), f"{BUCKET}/nc-runs", uri)
     console = out + "".join(capfd.readouterr())
     assert rc == 0, console[-3000:]
     assert "outputs: s3://convs2s-test/nc-runs/fr-en" in out

@@ -121,8 +121,9 @@ class RunSpec:
 
 def check_locations(spec) -> None:
     """Before Ray starts: every bucket the run reads or writes answers, with credentials that
-    may (storage/checks.py); a SpecError (one line: the flag, the path, the fix) otherwise.
-    `spec` is a RunSpec or a sweep (its base run's locations)."""
+    may (storage/checks.py), and a tracking server that answers takes its runs (a login, the
+    right to write the experiment); a SpecError (one line: the flag, the location, the fix)
+    otherwise. `spec` is a RunSpec or a sweep (its base run's locations)."""
     from storage import StorageError, check_storage
 
     run = getattr(spec, "base", spec)
@@ -134,6 +135,10 @@ def check_locations(spec) -> None:
             check_storage(run.init_from, "--init-from")
     except StorageError as err:
         raise SpecError(str(err)) from None
+    from convs2s.tracking.runs import tracking_problem
+
+    if problem := tracking_problem(run.tracking_uri, run.experiment):
+        raise SpecError(problem)
 
 
 def preprocess_params(pre: PreprocessConfig) -> dict:

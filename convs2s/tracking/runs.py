@@ -76,10 +76,13 @@ def tracking_uri_problem(flag_value: str | None, flag: str = "--tracking-uri") -
 
 
 @contextlib.contextmanager
-def bounded_http():
-    """Temporarily bound MLflow's HTTP timeout and retries (driver-side calls)."""
+def bounded_http(timeout_s: float | None = None):
+    """Temporarily bound MLflow's HTTP timeout and retries (driver-side calls); `timeout_s`
+    instead of HTTP_ENV's per request."""
     saved = {k: os.environ.get(k) for k in HTTP_ENV}
     os.environ.update(HTTP_ENV)
+    if timeout_s is not None:
+        os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(int(timeout_s))
     try:
         yield
     finally:
@@ -417,6 +420,48 @@ def run_has_metrics(uri: str, run_id: str | None) -> bool:
         return run.info.lifecycle_stage == "active" and bool(run.data.metrics)
     except Exception:  # noqa: BLE001 - deleted run or unreachable server
         return False
+
+
+def tracking_problem(uri: str, experiment: str) -> str | None:
+    """Before a run starts: why a tracking server that answers will not take its runs, or
+    None. A server with authentication (MLflow's basic-auth app) that gets no login, a wrong
+    one, or one that may only read the experiment would refuse every run, param and metric
+    later; the answer names the fix. The check writes the experiment's kind tag with the value
+    it has (creating the experiment if it is new, as the run would): it needs the right to
+    edit. A server that does not answer is not a problem here: runs then go on untracked."""
+    from mlflow.exceptions import MlflowException
+
+    if not uri.startswith(("http://", "https://")):
+        return None
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME") or _user_of(uri)
+    try:
+        # A server that refuses connections fails at once; a busy one gets 20 s an answer.
+        with bounded_http(timeout_s=20):
+            exp_id = get_or_create_experiment(uri, experiment)
+            mlflow_client(uri).set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG,
+                                                  mlflow_client(uri).get_experiment(exp_id)
+                                                  .tags.get(EXPERIMENT_KIND_TAG, MODEL_TRAINING))
+    except MlflowException as err:
+        code = getattr(err, "error_code", "")
+        where = redact_uri(uri)
+        if code == "UNAUTHENTICATED":
+            return (f"--tracking-uri {where}: the server asks for a login"
+                    + (f" and refused user {user!r}" if user else "")
+                    + ": set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (an account "
+                    "the server's admin made)")
+        if code == "PERMISSION_DENIED":
+            return (f"--tracking-uri {where}: user {user!r} may not write to experiment "
+                    f"{experiment!r} (read-only); ask its owner or the admin for EDIT on it, "
+                    "or give another --experiment")
+        return None
+    except Exception:  # noqa: BLE001 - unreachable: the stages warn once and go on untracked
+        return None
+    return None
+
+
+def _user_of(uri: str) -> str | None:
+    m = re.match(r"^[a-z]+://([^:@/]+)(:[^@/]*)?@", uri)
+    return m.group(1) if m else None
 
 
 def artifacts_beside(uri: str, name: str, storage: str) -> str | None:
