@@ -23,7 +23,7 @@ def cli_env() -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["RAY_AUTH_MODE"] = "token"  # ray start --head enables tokens (docs/reference.md, Ray)
-    for var in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+    for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "MLFLOW_TRACKING_URI"):
         env.pop(var, None)
     return env
 
@@ -65,6 +65,9 @@ class RayCliCluster:
 
     def start_head(self, num_cpus: int) -> None:
         port, dash = self.free_port(), self.free_port()
+        # This cluster's processes (and drivers started with `env`) ask its own state API,
+        # never another Ray's on this machine (workflows.cluster.own_dashboard).
+        self.env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dash}"
         self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
                      "--num-cpus", str(num_cpus), "--include-dashboard", "true",
                      "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),

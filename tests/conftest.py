@@ -64,6 +64,9 @@ def ray_session():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+        # Its processes ask this instance's state API, not another Ray's on this machine
+        # (workflows.cluster.own_dashboard says why).
+        os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
         ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
                  dashboard_port=port, log_to_driver=False, configure_logging=False)
     yield ray

@@ -42,9 +42,11 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
         # RAY_ADDRESS set (job submission): join that cluster, no resource arguments
         # (docs/reference.md, Ray); otherwise a local Ray on this machine. Ray's own INFO
         # banner stays out of the console (its logs are in the session folder, named below).
-        if not os.environ.get("RAY_ADDRESS"):
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(logging_level=logging.WARNING)
+        else:
             _local_ray_auth()
-        ray.init(logging_level=logging.WARNING)
+            ray.init(logging_level=logging.WARNING, **own_dashboard())
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
     log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
@@ -145,6 +147,24 @@ def check_shared_storage(storage: str) -> None:
                                 "PREFIX)")
     finally:
         probe.unlink(missing_ok=True)
+
+
+def own_dashboard() -> dict:
+    """ray.init arguments for a local Ray whose processes find their own instance's state API.
+
+    Ray Train's placement-group cleaner (it frees the CPUs / GPUs of a run whose controller
+    died) asks Ray's state API, which looks the cluster up on this machine: with two local Ray
+    instances (two workflows at once, or a workflow beside a test session) it finds several,
+    prints a traceback and frees nothing. Naming the dashboard (the state API server) in
+    RAY_API_SERVER_ADDRESS before Ray starts gives every process of this instance its own (a
+    value inherited from another process names that process's Ray: replaced)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"  # inherited by Ray
+    return {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port}
 
 
 def gpus_of(nodes: list[dict], accelerator_type: str | None = None) -> float:
