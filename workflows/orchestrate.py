@@ -27,7 +27,7 @@ from pathlib import Path
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import experiment_id, redact_uri
 from convs2s.train.job import STOP_REASONS, WorkersNotPlaced
-from storage import is_uri
+from storage import StorageError, is_uri
 from storage.lease import LeaseHeld
 from workflows.engine import WorkflowResult, run_workflow
 from workflows.errors import SpecError
@@ -83,7 +83,7 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     except SpecError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except LeaseHeld as e:  # another command holds this run name on this storage
+    except (LeaseHeld, StorageError) as e:  # another command holds this run; no lease there
         print(f"error: {e}", file=sys.stderr)
         return 2
     except WorkersNotPlaced as e:  # a lost node not replaced: stopped, resumable
