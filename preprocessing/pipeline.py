@@ -197,8 +197,9 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
             "vocab_path": enc_m["vocab_path"], "vocab_size": enc_m["vocab_size"]}
 
 
-def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> dict:
-    """Evaluation splits as plain text, one line per input row, in input order."""
+def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, final) -> dict:
+    """Evaluation splits as plain text, one line per input row, in input order; `final` is
+    where the stage's files end up (its keyed folder)."""
     out = {}
     for split in cfg.eval_splits:
         ds = read_split(sources[split], cfg).map_batches(
@@ -224,7 +225,7 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path) -> 
                     unreadable += sum(e is not None for e in b["error"].to_pylist())
                     n += len(ids)
         out[split] = {"rows": n, "rows_with_read_errors": unreadable,
-                      "files": [str(tmp.parent / "text" / p.name) for p in paths]}
+                      "files": [str(final / p.name) for p in paths]}
     return {"splits": out}
 
 
@@ -310,8 +311,11 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
         text_cfg["splits"] = {s: cfg.splits[s] for s in cfg.eval_splits}
         text_fp = config_hash([sources[s].fingerprint for s in cfg.eval_splits])
-        m["text"] = _stage(task_dir, "text", text_cfg, text_fp,
-                           lambda tmp: _text(cfg, sources, tmp))
+        # Keyed by its splits and their inputs: runs scoring other test sets (other --test-set
+        # values) on the same data each have their own folder, never rewrite another's.
+        text_dir = f"text/{config_hash([text_cfg, text_fp])[:12]}"
+        m["text"] = _stage(task_dir, text_dir, text_cfg, text_fp,
+                           lambda tmp: _text(cfg, sources, tmp, task_dir / text_dir))
     return PipelineOutput(
         root=str(task_dir), spm_model=vocab_m["vocab_path"], vocab_size=vocab_m["vocab_size"],
         batches={s: str(task_dir / "batches" / s) for s in cfg.splits},

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -227,6 +228,53 @@ def test_rerun_with_the_same_name_resumes_and_skips_finished_stages(smoke_workfl
     assert "models:/wmt14_en_fr-demo_test@champion (version 1)" in out
     parent, _ = _family(w.tracking_uri, w.experiment, w.run_name)
     assert parent.info.status == "FINISHED"
+
+
+def test_a_rerun_on_data_changed_under_the_same_path_is_refused(tmp_path):
+    """The run records the identity of its training and validation inputs (each file's size
+    and modification time; a hub commit): new content under the same path is refused, not
+    trained on from the old checkpoint."""
+    from workflows import translation
+    from workflows.run_spec import resolve
+    from workflows.run_state import budgets, input_identity, result_settings, reuse_problem
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for lang, word in (("fr", "chat"), ("en", "cat")):
+        (data / f"c.{lang}").write_text("".join(f"{word} {i}\n" for i in range(12)))
+    opts = RunOptions(preset="cpu", src="fr", tgt="en", data=str(data), run_name="r",
+                      split=["train=c[:8]", "valid=c[8:10]", "test=c[10:]"],
+                      storage_path=str(tmp_path / "runs"))
+    spec = resolve(translation.PRESETS["cpu"](), opts)
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / "workflow.json").write_text(json.dumps(
+        {"settings": result_settings(spec), "budgets": budgets(spec),
+         "inputs": input_identity(spec)}))
+    assert reuse_problem(spec) is None  # the same files: the run continues
+    (data / "c.en").write_text("".join(f"dog {i}\n" for i in range(12)))  # same path
+    problem = reuse_problem(spec)
+    assert "data.train: its files changed since the run trained on them" in problem
+    assert "new --run-name" in problem and "--restart" in problem
+
+
+@pytest.mark.slow
+def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path):
+    """A score stands while its weights and its test text (by content) are the ones scored:
+    a copy of the smoke run whose reference file was edited scores again, training skipped."""
+    import shutil
+
+    w = smoke_workflow
+    shutil.copytree(w.storage, tmp_path / "runs")
+    shutil.copy(Path(w.tracking_uri[len("sqlite:///"):]), tmp_path / "mlflow.db")
+    (ref,) = (tmp_path / "runs" / "preprocessed").rglob("text/*/demo_test.fr")
+    lines = ref.read_text().splitlines()
+    ref.write_text("\n".join(["une autre référence ."] + lines[1:]) + "\n")
+    argv = [*w.argv, "--storage-path", str(tmp_path / "runs"),
+            "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
+    rc, out = _main(wmt14_en_fr, argv)
+    assert rc == 0, out[-3000:]
+    assert re.search(r"skipped \(finished earlier\): train$", out, flags=re.M), out[-2000:]
+    assert "(scored earlier)" not in out  # both jobs scored the edited test set again
 
 
 @pytest.mark.slow

@@ -86,6 +86,24 @@ def result_settings(spec) -> dict[str, str]:
                            **({"init_from": spec.init_from} if spec.init_from else {})})
 
 
+def input_identity(spec) -> dict[str, str]:
+    """The identity of every input the trained weights depend on: the training and validation
+    data (a hub commit, or each file's path, size and modification time, as the preprocessing
+    source resolves them) and the checkpoint fine-tuning starts from. Recorded with the run; a
+    rerun whose inputs changed under the same run name is refused (`reuse_problem`). Test sets
+    are not here: evaluation re-scores when their text changes (workflows/steps.py)."""
+    from convs2s.io.staging import weights_stamp
+    from preprocessing.sources import resolve_split
+
+    out = {}
+    for split in ("train", "valid"):
+        if split in spec.data.splits:
+            out[f"data.{split}"] = digest(resolve_split(spec.data, split).fingerprint)
+    if spec.init_from:
+        out["init_from"] = digest(weights_stamp([spec.init_from]))
+    return out
+
+
 def budgets(spec) -> dict[str, float]:
     return {k: getattr(spec.train, k) for k in BUDGETS}
 
@@ -116,6 +134,12 @@ def reuse_problem(spec) -> str | None:
         changed.append(f"init_from (--init-from): {recorded.get('init_from', '(none)')} -> "
                        f"{current.get('init_from', '(none)')}")
     changed += _shrunk(state.get("budgets") or {}, budgets(spec))
+    recorded_inputs = state.get("inputs") or {}
+    if recorded_inputs:
+        now = input_identity(spec)
+        changed += [f"{k}: its files changed since the run trained on them"
+                    for k in sorted(set(recorded_inputs) & set(now))
+                    if recorded_inputs[k] != now[k]]
     if not changed:
         return None
     shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
@@ -154,6 +178,7 @@ def record_settings(ctx: StageContext, spec) -> None:
             f"{k} {state['budgets'].get(k)} -> {v}" for k, v in new_budgets.items()
             if state["budgets"].get(k) != v)
     state["settings"], state["budgets"] = settings, new_budgets
+    state["inputs"] = input_identity(spec)
     ctx.save_state(state)
     if tags:
         set_tags(ctx.tree.uri, ctx.tree.parent, tags)
