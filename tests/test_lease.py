@@ -56,11 +56,12 @@ def test_a_live_holder_on_another_host_is_never_taken_over(run_dir):
 
 @pytest.mark.parametrize("held, why", [
     ({"host": socket.gethostname(), "pid": 2**22}, "holder .pid 4194304 on this host. is gone"),
-    ({"renewed": time.time() - 600, "expires": time.time() - 480},
-     "heartbeat stopped 6\\d\\d s ago"),
+    ({"renewed": -600, "expires": -480}, "heartbeat stopped 6\\d\\d s ago"),
 ])
 def test_a_gone_holder_is_taken_over_with_a_line_saying_so(run_dir, held, why, caplog):
-    _plant(run_dir, **held)
+    # (times relative to now: the parameters are made when the tests are collected)
+    _plant(run_dir, **{k: time.time() + v if k in ("renewed", "expires") else v
+                       for k, v in held.items()})
     with RunLease(run_dir) as lease:
         assert lease.taken_over is not None
         assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == \
