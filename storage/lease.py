@@ -160,6 +160,19 @@ class RunLease:
                 return None
             raise
 
+    def _put_if(self, **condition) -> bool:
+        """A conditional PUT of a fresh record (If-None-Match / If-Match); False when the
+        condition does not hold (another command's lease is there)."""
+        bucket, key = self._key()
+        try:
+            self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=json.dumps(
+                self._record()).encode(), **condition)["ETag"]
+            return True
+        except Exception as err:  # noqa: BLE001 - botocore's ClientError
+            if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                return False
+            raise
+
     def _create(self) -> bool:
         body = json.dumps(self._record()).encode()
         if isinstance(self.path, ObjectPath):
@@ -167,15 +180,7 @@ class RunLease:
                 raise StorageError(f"{self.folder}: a run lease needs a local / shared folder or "
                                    "s3:// (conditional writes); this scheme has none through "
                                    "pyarrow")
-            bucket, key = self._key()
-            try:
-                self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=body,
-                                                   IfNoneMatch="*")["ETag"]
-                return True
-            except Exception as err:  # noqa: BLE001
-                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                    return False
-                raise
+            return self._put_if(IfNoneMatch="*")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -186,17 +191,8 @@ class RunLease:
         return True
 
     def _take_over(self, held: dict) -> bool:
-        body = json.dumps(self._record()).encode()
         if isinstance(self.path, ObjectPath):
-            bucket, key = self._key()
-            try:
-                self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=body,
-                                                   IfMatch=self._seen_etag)["ETag"]
-                return True
-            except Exception as err:  # noqa: BLE001
-                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                    return False
-                raise
+            return self._put_if(IfMatch=self._seen_etag)
         aside = self.path.with_name(f"{LEASE_FILE}.stale-{self.owner['id']}")
         try:
             os.rename(self.path, aside)  # of two takers, one renames it; the other finds none
@@ -207,18 +203,13 @@ class RunLease:
 
     def _renew(self) -> bool:
         """Extend the expiry; False when the lease is no longer ours."""
-        body = json.dumps(self._record()).encode()
         if isinstance(self.path, ObjectPath):
-            bucket, key = self._key()
             try:
-                self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=body,
-                                                   IfMatch=self._etag)["ETag"]
-                return True
-            except Exception as err:  # noqa: BLE001
-                if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                    return False
+                return self._put_if(IfMatch=self._etag)
+            except Exception as err:  # noqa: BLE001 - a network error: the next beat retries
                 log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
                 return True
+        body = json.dumps(self._record()).encode()
         held = self._read()
         if not held or held.get("id") != self.owner["id"]:
             return False

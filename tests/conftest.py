@@ -110,20 +110,13 @@ def team_server(s3, tmp_path_factory):
                        wrapper=("sh", str(REPO / "infra" / "mlflow" / "auth-entrypoint.sh")),
                        env=env) as url:
         def add_user(name: str, password: str) -> None:
+            from unittest import mock
+
             from mlflow.server.auth.client import AuthServiceClient
 
-            saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME",
-                                                    "MLFLOW_TRACKING_PASSWORD")}
-            os.environ.update(MLFLOW_TRACKING_USERNAME=admin[0],
-                              MLFLOW_TRACKING_PASSWORD=admin[1])
-            try:
+            with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_USERNAME": admin[0],
+                                              "MLFLOW_TRACKING_PASSWORD": admin[1]}):
                 AuthServiceClient(url).create_user(name, password)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
 
         yield SimpleNamespace(url=url, admin=admin, add_user=add_user)
 

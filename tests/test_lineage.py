@@ -126,7 +126,8 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
     else:
         last2 = [i.path for i in pick_checkpoints(list_checkpoints(run_dir), last=2)]
         weights = [average_checkpoints(last2, tmp_path / "avg")]
-    (text,) = (w.storage / "preprocessed" / "demo").glob("*/text")  # <task>/<data key>/text
+    # <task>/<data key>/text/<key of the test sets>
+    (text,) = (w.storage / "preprocessed" / "demo").glob("*/text/*")
     src = read_lines(text / "test.en")[:6]
     expected = load_for_inference(weights, search=wmt14_en_fr.smoke().search) \
         .translate(src)

@@ -266,7 +266,7 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     w = smoke_workflow
     shutil.copytree(w.storage, tmp_path / "runs")
     shutil.copy(Path(w.tracking_uri[len("sqlite:///"):]), tmp_path / "mlflow.db")
-    (ref,) = (tmp_path / "runs" / "preprocessed").rglob("text/*/demo_test.fr")
+    (ref,) = (tmp_path / "runs" / "preprocessed").glob("demo/*/text/*/test.fr")
     lines = ref.read_text().splitlines()
     ref.write_text("\n".join(["une autre référence ."] + lines[1:]) + "\n")
     argv = [*w.argv, "--storage-path", str(tmp_path / "runs"),

@@ -1,8 +1,10 @@
 """The workflow engine: one workflow run's stages, preprocess -> train -> parallel evaluation
 (-> ensemble), tracked as one MLflow parent run with one child run per stage.
 
-    prepare(spec)            # the run name's settings, sources, GPUs, then Ray (workflows.cluster)
-    result = run_stages(spec)  # or run_workflow(spec): both
+    result = run_workflow(spec)  # check, then with the run's lease held: prepare, run_stages
+    check(spec)                # the run name's settings, sources, GPUs: no write, no Ray
+    prepare(spec)              # then Ray and the cluster's GPUs (workflows.cluster)
+    result = run_stages(spec)  # the stages (a sweep's trials call this alone)
 
 `spec` is the `RunSpec` that `workflows.run_spec.resolve` made from a preset and the flags;
 the command line around it is `workflows.orchestrate`, a sweep's trials run `run_stages` as a
@@ -31,7 +33,9 @@ as `models:/<task>-<test set>@champion`, moved only by a better model on the sam
 Rerunning with the same `--run-name` (and storage path) resumes: preprocessing stages are
 skipped by their manifests, a finished training run is skipped (an interrupted one resumes from
 its latest checkpoint; a larger --max-epochs continues it), and a (job, test set) pair is not
-scored again while its checkpoints are unchanged and its child run holds metrics.
+scored again while its checkpoints and its test text are unchanged and its child run holds
+metrics. A rerun whose settings, update size or input data changed is refused
+(workflows/run_state.py); one command at a time holds a run (storage/lease.py).
 """
 
 from __future__ import annotations
@@ -72,20 +76,29 @@ class WorkflowResult:
 
 def run_workflow(spec: RunSpec) -> WorkflowResult:
     """Preprocess, train (each ensemble member), evaluate in parallel; all tracked in MLflow.
-    The run folder's lease is held throughout: a second command on the same run name and
-    storage stops at once (storage.lease.LeaseHeld)."""
+    The run folder's lease is held from the first write to the end: a second command on the
+    same run name and storage stops at once (storage.lease.LeaseHeld)."""
+    check(spec)  # writes nothing: a refused run leaves no folder behind
     with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}"):
         prepare(spec)
         return run_stages(spec)
 
 
-def prepare(spec: RunSpec) -> None:
-    """What a driver checks and starts before any stage: the run name's settings, the data
-    sources and GPUs (errors in seconds, before Ray), then Ray and the cluster's GPUs."""
+def check(spec: RunSpec) -> None:
+    """The checks that need neither Ray nor a write: the run name's settings, the data
+    sources and this machine's GPUs (errors in seconds)."""
     if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
         raise SpecError(problem)
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
     check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
+
+
+def prepare(spec: RunSpec) -> None:
+    """What a driver checks and starts before any stage, the lease held: the run name's
+    settings again (another command may have changed them since `check`), then Ray and the
+    cluster's GPUs."""
+    if problem := reuse_problem(spec):
+        raise SpecError(problem)
     start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
     check_shared_storage(spec.storage)  # a node-local folder on a cluster of several nodes
     await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)

@@ -188,7 +188,10 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
             # as long as each run's read-then-set takes less than the pause.
             mv, confirmed = None, 0  # this run's version (created once); reads that saw it
             for _ in range(12):
-                current = _current_champion(client, name)
+                read_at = time.monotonic()
+                # (No registered model yet: no alias to read; a server with authentication
+                # answers a read of a model that does not exist with 403, not 404.)
+                current = _current_champion(client, name) if registered or mv else None
                 if current is not None:
                     version, cur_model = current
                     if cur_model.model_id == model_id:
@@ -222,11 +225,13 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                 else:
                     why = f"no champion on {test_set} yet"
                 confirmed = 0
-                if mv is None:
+                if mv is None:  # (slow: made first, then compared afresh before the set)
                     mv = _new_version(client, name, registered, model_id, ours, best, metric,
                                       value, test_set, digest)
+                    continue
                 client.set_registered_model_alias(name, CHAMPION, mv.version)
-                time.sleep(REGISTRY_SETTLE_S)
+                # The pause outlasts another run's read-then-set even on a busy machine.
+                time.sleep(max(REGISTRY_SETTLE_S, 3 * (time.monotonic() - read_at)))
             raise RuntimeError(f"{name}@{CHAMPION} kept changing while this run compared it")
     except Exception as err:  # noqa: BLE001 - registration is a convenience, not the run
         log.warning("could not register %s in the MLflow model registry (%s: %s); the "

@@ -45,7 +45,7 @@ from storage import location
 from storage.lease import RunLease
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  variants_for)
-from workflows.engine import prepare, run_stages, source_tags, training_figures
+from workflows.engine import check, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
@@ -195,6 +195,7 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
     """Prepare the data once, run every trial not finished yet on Ray Tune, then summarize
     (table, MLflow metrics and artifacts). The sweep folder's lease is held throughout."""
     base = sweep.base
+    check(base)  # writes nothing: a refused sweep leaves no folder behind
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
         return _run_sweep(sweep)
 
