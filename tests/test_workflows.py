@@ -266,12 +266,18 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     w = smoke_workflow
     shutil.copytree(w.storage, tmp_path / "runs")
     shutil.copy(Path(w.tracking_uri[len("sqlite:///"):]), tmp_path / "mlflow.db")
-    (ref,) = (tmp_path / "runs" / "preprocessed").glob("demo/*/text/*/test.fr")
+    # The copy's finished stages name the smoke run's text files: that is the file to edit
+    # (and to put back for the other tests of the session).
+    (ref,) = (w.storage / "preprocessed").glob("demo/*/text/*/test.fr")
+    original = ref.read_bytes()
     lines = ref.read_text().splitlines()
-    ref.write_text("\n".join(["une autre référence ."] + lines[1:]) + "\n")
     argv = [*w.argv, "--storage-path", str(tmp_path / "runs"),
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
-    rc, out = _main(wmt14_en_fr, argv)
+    try:
+        ref.write_text("\n".join(["une autre référence ."] + lines[1:]) + "\n")
+        rc, out = _main(wmt14_en_fr, argv)
+    finally:
+        ref.write_bytes(original)
     assert rc == 0, out[-3000:]
     assert re.search(r"skipped \(finished earlier\): train$", out, flags=re.M), out[-2000:]
     assert "(scored earlier)" not in out  # both jobs scored the edited test set again
