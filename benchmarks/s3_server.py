@@ -33,6 +33,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the server's process (Linux): end it when the process that started it ends, so a
+    test session killed mid-run leaves no server behind."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LoopbackS3:
     """A `moto_server` process on 127.0.0.1:`port`, its data in memory (gone when stopped)."""
 
@@ -53,7 +65,8 @@ class LoopbackS3:
                                "'.[test]', which brings moto[server])")
         port = port or free_port()
         proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
         server = cls(port, proc)
         deadline = time.monotonic() + timeout_s
         while True:
