@@ -18,6 +18,7 @@ import torch
 from convs2s.io.checkpoint import (
     BEST_DIR,
     CHECKPOINT_FILE,
+    META_FILE,
     SPM_FILE,
     best_checkpoint,
     capture_rng_state,
@@ -26,13 +27,13 @@ from convs2s.io.checkpoint import (
     load_checkpoint,
     load_model,
     pick_checkpoints,
-    replace_dir,
     restore_rng_state,
     save_checkpoint,
 )
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer
+from storage import publish_dir
 
 TINY = PRESETS["tiny"]()
 V = 50
@@ -148,10 +149,11 @@ def test_best_is_repaired_from_what_the_resumed_checkpoint_says(tmp_path):
     """A kill between reporting a checkpoint and copying it to best/ leaves best/ stale; one
     after copying a checkpoint that was never reported leaves best/ ahead of the resumed run.
     The resumed run makes best/ the kept checkpoint with the loss its checkpoint calls best."""
-    from convs2s.io.checkpoint import BEST_DIR, read_info, reconcile_best, replace_dir
+    from convs2s.io.checkpoint import BEST_DIR, read_info, reconcile_best
 
     run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True), (3, 360, 2.7, True)])
-    replace_dir(run / checkpoint_dir_name(120), run / BEST_DIR)  # died before copying 240
+    # died before copying 240
+    publish_dir(run / checkpoint_dir_name(120), run / BEST_DIR, marker=META_FILE)
     assert reconcile_best(run, 2.5, 360) == f"repaired from {checkpoint_dir_name(240)}"
     assert read_info(run / BEST_DIR).update == 240
     assert reconcile_best(run, 2.5, 360) == "ok"  # consistent: nothing to do
@@ -200,19 +202,19 @@ def test_list_pick_and_best(tmp_path):
     assert [i.update for i in pick_checkpoints(infos, last=2)] == [300, 360]
     assert [i.update for i in pick_checkpoints(infos, last=2, epoch_ends_only=True)] == [240, 360]
     assert best_checkpoint(run).update == 240  # no best/: lowest validation loss among kept
-    replace_dir(run / checkpoint_dir_name(120), run / BEST_DIR)
+    publish_dir(run / checkpoint_dir_name(120), run / BEST_DIR, marker=META_FILE)
     assert best_checkpoint(run).update == 120  # best/ wins (it may be older than the kept ones)
     assert [i.update for i in list_checkpoints(run)] == [120, 150, 240, 300, 360]
 
 
-def test_replace_dir_swaps_whole_directories(tmp_path):
+def test_best_is_swapped_whole_by_publish_dir(tmp_path):
     a, b, dst = tmp_path / "a", tmp_path / "b", tmp_path / "best"
     a.mkdir(), b.mkdir()
     (a / "meta.json").write_text(json.dumps({"v": 1}))
     (a / "only_in_a").write_text("x")
     (b / "meta.json").write_text(json.dumps({"v": 2}))
-    replace_dir(a, dst)
-    replace_dir(b, dst)
+    publish_dir(a, dst, marker="meta.json")
+    publish_dir(b, dst, marker="meta.json")
     assert sorted(p.name for p in dst.iterdir()) == ["meta.json"]
     assert json.loads((dst / "meta.json").read_text()) == {"v": 2}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "best"]

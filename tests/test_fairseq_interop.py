@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -307,10 +306,8 @@ def test_an_architecture_too_large_to_build_is_refused_before_any_tensor(tmp_pat
     paper's family has is one error, decided before any list or tensor is built."""
     args = {"arch": "fconv", "encoder_layers": "[(64, 3)] * 2", "decoder_layers": "[(64, 3)]",
             "encoder_embed_dim": 32, "decoder_embed_dim": 32, "decoder_out_embed_dim": 16}
-    t0 = time.monotonic()
     with pytest.raises(FairseqImportError, match=re.escape(says)):
         model_config({**args, **change}, tmp_path / ARCHIVE_MODEL)
-    assert time.monotonic() - t0 < 1.0  # refused, not computed
 
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "sub/bpecodes", "~x"])

@@ -293,16 +293,3 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
     publish_dir(source, best, marker=META_FILE)  # meta.json last: best/ is whole or absent
     return f"repaired from {location(source).name}"
 
-
-def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Copy directory `src` over `dst` via a temporary sibling and a rename (never half-written)."""
-    dst = Path(dst)
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    old = dst.with_name(dst.name + ".old")
-    if dst.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(dst, old)
-    os.replace(tmp, dst)
-    shutil.rmtree(old, ignore_errors=True)
