@@ -74,19 +74,6 @@ def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
-def format_translation(tr, index: int, nbest: int, verbose: bool) -> str:
-    """Plain: `nbest` lines (empty lines pad missing hypotheses). Verbose: S-/H-/P-/A- lines."""
-    if not verbose:
-        texts = [h.text for h in tr.hypotheses[:nbest]]
-        return "\n".join(texts + [""] * (nbest - len(texts))) + "\n"
-    lines = [f"S-{index}\t{tr.source}"]
-    for h in tr.hypotheses[:nbest]:
-        lines.append(f"H-{index}\t{h.score:.4f}\t{h.text}")
-        lines.append(f"P-{index}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores))
-        lines.append(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in h.alignment()))
-    return "\n".join(lines) + "\n"
-
-
 def _translate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="convs2s-translate", description="Translate text with "
                                 "ConvS2S checkpoints (one model or an ensemble).")
@@ -129,7 +116,59 @@ def _translate_parser() -> argparse.ArgumentParser:
                    help="lines read, translated and written at a time")
     p.add_argument("--print-attention", action="store_true",
                    help="verbose output with scores and attention alignments")
+    big = p.add_argument_group(
+        "a large corpus on Ray (convs2s.serving.corpus): --actors turns --output into a folder "
+        "of parts with a manifest; a rerun resumes")
+    big.add_argument("--actors", type=int, default=0,
+                     help="translator actors of a Ray Data job (0: this process alone)")
+    big.add_argument("--gpus-per-actor", type=float, default=0.0,
+                     help="GPU share of each actor (0: CPU actors)")
+    big.add_argument("--shard-lines", type=int, default=2000,
+                     help="input lines per part (the unit of work, of progress and of resume)")
+    big.add_argument("--column", help="parquet input: the text column (default: its only "
+                     "string column)")
+    big.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _translate_corpus(args, search) -> int:
+    """--actors N: the Ray Data job (convs2s.serving.corpus)."""
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.inference.quantize import PrecisionError
+    from convs2s.inference.translate import load_for_inference
+    from convs2s.serving.corpus import CorpusError, CorpusJob, check_job, translate_corpus
+    from storage.lease import LeaseHeld
+
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    try:
+        if args.input in (None, "-") or not args.output:
+            raise CorpusError("--actors needs --input (a file or an object) and --output (a "
+                              "folder for the parts)")
+        if args.print_attention:
+            raise CorpusError("--print-attention is for one process; leave out --actors")
+        job = CorpusJob(checkpoints=args.checkpoint, input=args.input, output=args.output,
+                        search=search, actors=args.actors,
+                        threads_per_actor=args.threads or 1, gpus_per_actor=args.gpus_per_actor,
+                        shard_lines=args.shard_lines, column=args.column,
+                        spm_model=args.spm_model, progress=not args.no_progress)
+        check_job(job)
+        if is_uri(args.output):
+            check_storage(args.output, "--output", write=True)
+        if job.device == "cpu":  # the model and settings load here before any actor starts
+            load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
+        manifest = translate_corpus(job)
+    except (CorpusError, CheckpointError, PrecisionError, StorageError, LeaseHeld,
+            OSError) as err:
+        print(f"convs2s-translate: error: {err}", file=sys.stderr)
+        return 2
+    f = manifest["failures"]
+    log.info("%s: %d lines in, %d out (%d empty, %d not UTF-8, %d cut to the model's "
+             "positions); %s", args.output, manifest["lines_in"], manifest["lines_out"],
+             f["empty"], f["non_utf8"]["count"], f["truncated"]["count"],
+             f"{manifest['sentences_per_s']:.1f} sentences/s" if manifest["sentences_per_s"]
+             else "resumed")
+    return 0
 
 
 def translate(argv: list[str] | None = None) -> int:
@@ -139,7 +178,7 @@ def translate(argv: list[str] | None = None) -> int:
 
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
-    from convs2s.inference.translate import load_for_inference
+    from convs2s.inference.translate import format_translation, load_for_inference
 
     # int8 weights run on PyTorch's quantized CPU kernels: the CPU unless --device says else
     device = args.device or ("cuda" if torch.cuda.is_available() and args.precision != "int8"
@@ -158,6 +197,8 @@ def translate(argv: list[str] | None = None) -> int:
                               precision_fallback=args.precision_fallback,
                               shortlist=args.shortlist,
                               shortlist_frequent=args.shortlist_frequent)
+        if args.actors:
+            return _translate_corpus(args, search)
         _check_input(args.input)  # before anything is loaded or written
         if args.output and location(args.output).is_dir():
             raise ValueError(f"--output {args.output} is a directory: give a file name")

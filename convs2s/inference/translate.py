@@ -221,13 +221,24 @@ class Translator:
 
     # --- translation ---------------------------------------------------------------------------
 
-    def translate(self, lines: Iterable[str]) -> list[str]:
+    def translate(self, lines: Iterable[str], search: SearchConfig | None = None) -> list[str]:
         """Best detokenized translation of each line, in input order."""
-        return [t.text for t in self.translate_full(lines)]
+        return [t.text for t in self.translate_full(lines, search)]
 
-    def translate_full(self, lines: Iterable[str]) -> list[Translation]:
-        """Per line a Translation with `search.nbest` hypotheses (none for an empty line)."""
-        sources = [normalize(s) for s in lines]
+    def translate_full(self, lines: Iterable[str],
+                       search: SearchConfig | None = None) -> list[Translation]:
+        """Per line a Translation with `search.nbest` hypotheses (none for an empty line).
+        `search` replaces the loaded settings for this call only (a served request's beam,
+        nbest, lenpen): its precision and vocabulary selection must be the loaded ones, which
+        are properties of the weights and tables already in memory."""
+        s = self.search if search is None else search
+        if (s.precision, s.shortlist) != (self.search.precision, self.search.shortlist):
+            raise ValueError("precision and shortlist are chosen when the model is loaded "
+                             f"({self.search.precision}, {self.search.shortlist}); a call may "
+                             "change the search settings only")
+        if s.dictionary != self.search.dictionary:
+            raise ValueError("the replace-unk dictionary is chosen when the model is loaded")
+        sources = [normalize(line) for line in lines]
         out: list[Translation | None] = [None] * len(sources)
         todo = []  # (line index, source ids)
         for i, src in enumerate(sources):
@@ -241,18 +252,17 @@ class Translator:
         # Longest first: similar lengths share a batch (little padding), and the largest
         # batch runs first so an out-of-memory error shows at once.
         todo.sort(key=lambda x: -len(x[1]))
-        for chunk in batches_by_budget(todo, self.search.max_sentences, self.search.max_tokens):
-            for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk])):
-                out[i].hypotheses = [self._hypothesis(h, out[i]) for h in hyps]
+        for chunk in batches_by_budget(todo, s.max_sentences, s.max_tokens):
+            for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk], s)):
+                out[i].hypotheses = [self._hypothesis(h, out[i], s) for h in hyps]
         return out  # type: ignore[return-value]
 
-    def _search(self, batch: list[list[int]]) -> list[list[dict]]:
+    def _search(self, batch: list[list[int]], s: SearchConfig) -> list[list[dict]]:
         S = max(len(ids) for ids in batch)
         src = torch.full((len(batch), S), PAD, dtype=torch.long)  # B x S, right-padded
         for b, ids in enumerate(batch):
             src[b, : len(ids)] = torch.tensor(ids)
         lengths = torch.tensor([len(ids) for ids in batch])
-        s = self.search
         vocab = None if self.shortlist is None else self.shortlist.for_batch(
             src, s.shortlist_frequent, s.shortlist_per_source or None)
         return generate(self.models, src.to(self.device), lengths.to(self.device),
@@ -260,10 +270,10 @@ class Translator:
                         min_len=s.min_len, lenpen=s.lenpen, unk_penalty=s.unk_penalty,
                         nbest=s.nbest, vocab=vocab)
 
-    def _hypothesis(self, h: dict, tr: Translation) -> Hypothesis:
+    def _hypothesis(self, h: dict, tr: Translation, s: SearchConfig) -> Hypothesis:
         tokens = h["tokens"].tolist()
         ids = tokens[:-1] if tokens and tokens[-1] == EOS else tokens
-        if self.search.replace_unk and UNK in ids:
+        if s.replace_unk and UNK in ids:
             text = self._replace_unk(ids, tr, h["attention"])
         else:
             text = self.codec.decode(ids)
@@ -283,3 +293,17 @@ class Translator:
         replaced = replace_unknowns(hyp_pieces, word_of_piece, attention, unk=UNK_PIECE,
                                     dictionary=self.dictionary)
         return self.codec.join_with_words(ids, replaced)
+
+
+def format_translation(tr: Translation, index: int, nbest: int, verbose: bool) -> str:
+    """One input's output lines. Plain: `nbest` lines (empty lines pad missing hypotheses).
+    Verbose: S-/H-/P-/A- lines (the module docstring)."""
+    if not verbose:
+        texts = [h.text for h in tr.hypotheses[:nbest]]
+        return "\n".join(texts + [""] * (nbest - len(texts))) + "\n"
+    lines = [f"S-{index}\t{tr.source}"]
+    for h in tr.hypotheses[:nbest]:
+        lines.append(f"H-{index}\t{h.score:.4f}\t{h.text}")
+        lines.append(f"P-{index}\t" + " ".join(f"{p:.4f}" for p in h.positional_scores))
+        lines.append(f"A-{index}\t" + " ".join(f"{s}-{t}" for s, t in h.alignment()))
+    return "\n".join(lines) + "\n"

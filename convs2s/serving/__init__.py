@@ -1,12 +1,24 @@
-"""The trained translator as an MLflow pyfunc model (`pyfunc`: `log_translator`,
-`TranslatorModel`) and the file MLflow runs to build it (`model_code`, "models from code").
+"""Serving the trained translator:
+- `pyfunc`: the MLflow pyfunc model (`log_translator`, `TranslatorModel`) and `model_code`, the
+  file MLflow runs to build it ("models from code");
+- `corpus`: a large corpus translated by a Ray Data job (an actor pool, parts with a manifest,
+  resumable);
+- `online`: a Ray Serve deployment with dynamic request batching.
 
-May import: mlflow, `convs2s.config`, `convs2s.io`, `convs2s.inference`, `convs2s.tracking`.
+May import: mlflow, ray, `convs2s.config`, `convs2s.io`, `convs2s.inference`,
+`convs2s.tracking`.
 
 Logged models store `model_code.py` (older ones `served_translator.py`), which imports
-`TranslatorModel` from `convs2s.serving`: it stays importable here.
+`TranslatorModel` from `convs2s.serving`: it stays importable here (loaded on first use, so a
+corpus actor does not import MLflow).
 """
 
-from convs2s.serving.pyfunc import TranslatorModel, log_translator
-
 __all__ = ["TranslatorModel", "log_translator"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from convs2s.serving import pyfunc
+
+        return getattr(pyfunc, name)
+    raise AttributeError(f"module 'convs2s.serving' has no attribute {name!r}")

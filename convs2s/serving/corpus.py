@@ -1,0 +1,395 @@
+"""Translate a large corpus on Ray: a Ray Data job with a pool of translator actors, resumable,
+its output in shards with a manifest (back-translation of monolingual text, paper-scale test
+sets).
+
+    python -m convs2s translate --checkpoint RUN/train/best --input mono.en.gz \\
+        --output s3://bucket/bt/mono.de --actors 2 [--gpus-per-actor 0.5] [--precision int8]
+
+    from convs2s.serving.corpus import CorpusJob, translate_corpus
+    manifest = translate_corpus(CorpusJob(["RUN/train/best"], "mono.en.gz", "out/", actors=2))
+
+How (the layout a Ray Data batch-inference job takes: stateful callable classes on an actor
+pool, docs/reference.md, Ray):
+1. **Split.** This process reads the input once (text, .gz, or a parquet column; a local file
+   or an object) and writes it to `<output>/source/part-NNNNN.txt`, `--shard-lines` lines each,
+   then `source/manifest.json`. A line that is not UTF-8 is counted, named by its line number,
+   and kept as an empty line (its translation is an empty line): the output stays line for
+   line with the input.
+2. **Translate.** A Ray Data dataset of the shards not translated yet goes through
+   `map_batches` on `actors` translator actors (each loads the model once, one torch thread
+   per CPU it holds, or a GPU fraction). An actor writes `part-NNNNN.txt` (the translations of
+   the shard, line for line; `nbest` lines per input with --nbest) and then `part-NNNNN.json`
+   (its counts): a part counts as done only once its `.json` exists, so a killed job leaves no
+   half-written part that a rerun would trust (a local part is renamed into place; an object is
+   one PUT).
+3. **Manifest.** When every part is done, `manifest.json` (written last) sums them: lines in
+   and out, failures by reason (empty input lines, kept empty; lines that were not UTF-8, kept
+   empty; lines cut to the model's positions), the model, the search, the time and the rate.
+
+`cat <output>/part-*.txt` is the translation in input order. A rerun with the same input,
+model and settings skips the finished parts (no line lost or repeated); with another input,
+model or settings it is refused (a new --output, or delete the folder). One job at a time per
+output folder (`storage.lease.RunLease`). A folder this command did not write is never used.
+The console shows one progress bar (sentences, sentences/s, ETA).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from convs2s.config import SearchConfig
+from storage import ObjectPath, location, open_input, stamp
+from storage.lease import RunLease
+
+log = logging.getLogger("convs2s.serving.corpus")
+
+JOB_FILE = "job.json"  # written first: what this folder translates (input, model, settings)
+SOURCE = "source"
+MANIFEST = "manifest.json"
+MAX_NAMED = 1000  # line numbers kept per failure reason in a manifest
+
+
+class CorpusError(ValueError):
+    """Bad input or output for a corpus job; the message names the file and the fix."""
+
+
+@dataclass
+class CorpusJob:
+    """One corpus translation: the model, the input, where the shards go, the actor pool."""
+
+    checkpoints: list[str]
+    input: str
+    output: str
+    search: SearchConfig = field(default_factory=SearchConfig)
+    actors: int = 1
+    threads_per_actor: int = 1  # torch threads (CPUs reserved) per actor
+    gpus_per_actor: float = 0.0  # > 0: each actor searches on a GPU (a fraction may share one)
+    shard_lines: int = 2000
+    column: str | None = None  # parquet input: the text column (default: the only string one)
+    spm_model: str | None = None
+    progress: bool = True  # the console progress bar
+
+    def __post_init__(self) -> None:
+        if self.actors < 1 or self.threads_per_actor < 1 or self.shard_lines < 1:
+            raise CorpusError("--actors, threads per actor and --shard-lines must be >= 1")
+        if self.gpus_per_actor < 0:
+            raise CorpusError("--gpus-per-actor must be >= 0")
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus_per_actor > 0 else "cpu"
+
+
+# --- small helpers: whole files committed at once ---------------------------------------------
+
+
+def _put(path, data: bytes) -> None:
+    """Write a whole file: an object is one PUT; a local file is written beside and renamed,
+    so a reader sees the old file or the new one, never a part."""
+    path = location(path)
+    if isinstance(path, ObjectPath):
+        path.write_bytes(data)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _read_json(path) -> dict | None:
+    path = location(path)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def part_name(index: int, suffix: str) -> str:
+    return f"part-{index:05d}.{suffix}"
+
+
+# --- 1. split ---------------------------------------------------------------------------------
+
+
+def _input_lines(path: str, column: str | None):
+    """(text or None when the line is not UTF-8) per input line: text, gzip, or parquet."""
+    p = location(path)
+    name = p.name.lower()
+    if name.endswith(".parquet"):
+        yield from _parquet_lines(path, column)
+        return
+    with open_input(path) as raw:
+        stream = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw
+        for line in stream:
+            line = line.rstrip(b"\n")  # lines split on \n only, as `translate` reads them
+            try:
+                yield line.decode("utf-8")
+            except UnicodeDecodeError:
+                yield None
+
+
+def _parquet_lines(path: str, column: str | None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from storage import filesystem_of
+
+    fs, key = filesystem_of(path)
+    pf = pq.ParquetFile(fs.open_input_file(key))
+    strings = [f.name for f in pf.schema_arrow if pa.types.is_string(f.type)
+               or pa.types.is_large_string(f.type)]
+    if column is None:
+        if len(strings) != 1:
+            raise CorpusError(f"{path}: {len(strings)} string columns ({', '.join(strings)}): "
+                              "name the one to translate with --column")
+        column = strings[0]
+    elif column not in strings:
+        raise CorpusError(f"{path}: no string column {column!r} (string columns: "
+                          f"{', '.join(strings) or 'none'})")
+    for batch in pf.iter_batches(columns=[column], batch_size=8192):
+        for value in batch.column(0).to_pylist():
+            # a null is an empty line; a line break inside a value would split it in two
+            yield "" if value is None else value.replace("\n", " ")
+
+
+def split_input(job: CorpusJob, out) -> dict:
+    """Cut the input into source shards under `out/source/` (manifest last); reused when a
+    previous run of this job finished it."""
+    out = location(out)
+    done = _read_json(out / SOURCE / MANIFEST)
+    if done is not None:
+        return done
+    t0 = time.perf_counter()
+    shards, lines, non_utf8, n_non_utf8, total = [], [], [], 0, 0
+
+    def flush():
+        index = len(shards)
+        _put(out / SOURCE / part_name(index, "txt"), "".join(f"{x}\n" for x in lines).encode())
+        shards.append({"index": index, "first_line": total - len(lines) + 1,
+                       "lines": len(lines)})
+        lines.clear()
+
+    for text in _input_lines(job.input, job.column):
+        total += 1
+        if text is None:
+            n_non_utf8 += 1
+            if len(non_utf8) < MAX_NAMED:
+                non_utf8.append(total)
+            text = ""
+        lines.append(text)
+        if len(lines) == job.shard_lines:
+            flush()
+    if lines:
+        flush()
+    if total == 0:
+        raise CorpusError(f"input {job.input} is empty: nothing to translate")
+    if n_non_utf8:
+        log.warning("%d line(s) of %s are not UTF-8 (first: line %d): each is kept as an empty "
+                    "line, its translation an empty line (manifest: failures.non_utf8)",
+                    n_non_utf8, job.input, non_utf8[0])
+    manifest = {"input": str(job.input), "lines": total, "shard_lines": job.shard_lines,
+                "shards": shards, "non_utf8": {"count": n_non_utf8, "lines": non_utf8},
+                "seconds": round(time.perf_counter() - t0, 3)}
+    _put(out / SOURCE / MANIFEST, json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+# --- 2. translate: the actor pool -------------------------------------------------------------
+
+
+class ShardTranslator:
+    """A Ray Data actor: loads the model once, then translates whole source shards, writing each
+    part and then its counts."""
+
+    def __init__(self, checkpoints: list[str], search: dict, device: str, threads: int,
+                 spm_model: str | None, output: str, nbest: int):
+        import torch
+
+        from convs2s.inference.translate import load_for_inference
+
+        torch.set_num_threads(threads)
+        # A cut line is counted in the part's record, not logged line by line
+        logging.getLogger("convs2s.inference.translate").setLevel(logging.ERROR)
+        self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
+                                             device, spm_model=spm_model)
+        self.out, self.nbest = location(output), nbest
+
+    def __call__(self, batch: dict) -> dict:
+        import torch
+
+        from convs2s.inference.translate import format_translation
+
+        rows = {"index": [], "lines": [], "seconds": []}
+        for index in batch["index"]:
+            index = int(index)
+            t0 = time.perf_counter()
+            text = (self.out / SOURCE / part_name(index, "txt")).read_bytes().decode("utf-8")
+            lines = text.split("\n")[:-1]
+            with torch.inference_mode():
+                translations = self.translator.translate_full(lines)
+            _put(self.out / part_name(index, "txt"), "".join(
+                format_translation(tr, 0, self.nbest, False) for tr in translations).encode())
+            record = {"index": index, "lines": len(lines),
+                      "empty": sum(1 for tr in translations if not tr.source),
+                      "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
+                      "seconds": round(time.perf_counter() - t0, 3)}
+            _put(self.out / part_name(index, "json"), json.dumps(record).encode())  # done
+            for k in rows:
+                rows[k].append(record[k])
+        return rows
+
+
+# --- the job ----------------------------------------------------------------------------------
+
+
+def _identity(job: CorpusJob) -> dict:
+    """What the output's translations depend on: a rerun must match it to reuse parts."""
+    search = job.search.to_dict()
+    return {"input": str(job.input), "input_stamp": list(stamp(job.input)),
+            "checkpoints": [{"path": str(c), "stamp": list(stamp(location(c) / "checkpoint.pt"))}
+                            for c in job.checkpoints],
+            "spm_model": job.spm_model, "search": search, "shard_lines": job.shard_lines,
+            "column": job.column}
+
+
+def check_job(job: CorpusJob) -> None:
+    """Before Ray or the model: the input is a readable, non-empty file; the output is a folder
+    this command owns or a new one; the checkpoints exist."""
+    src = location(job.input)
+    if src.is_dir():
+        raise CorpusError(f"input {job.input} is a directory: give a text, .gz or .parquet file")
+    if not src.is_file():
+        raise CorpusError(f"input file {job.input} does not exist")
+    if stamp(job.input)[0] == 0:
+        raise CorpusError(f"input {job.input} is empty: nothing to translate")
+    for c in job.checkpoints:
+        if not (location(c) / "checkpoint.pt").is_file():
+            raise CorpusError(f"checkpoint {c} does not exist (no checkpoint.pt): give a "
+                              "checkpoint directory of a training run, e.g. RUN/train/best")
+    out = location(job.output)
+    if out.is_file():
+        raise CorpusError(f"--output {job.output} is a file: with --actors the output is a "
+                          "folder of parts (give a new folder name)")
+    if out.is_dir() and not (out / JOB_FILE).is_file():
+        foreign = [p.name for p in out.iterdir() if p.name != ".lease.json"]
+        if foreign:
+            raise CorpusError(f"--output {job.output} holds files this command did not write "
+                              f"({', '.join(sorted(foreign)[:3])}...): give a new or empty "
+                              "folder")
+
+
+def translate_corpus(job: CorpusJob) -> dict:
+    """Run `job` on the Ray this process is connected to (or a local one it starts) and return
+    the manifest. Raises CorpusError for bad input, LeaseHeld when another job writes there."""
+    check_job(job)
+    out = location(job.output)
+    with RunLease(out, command=f"translate --input {job.input}"):
+        identity = _identity(job)
+        previous = _read_json(out / JOB_FILE)
+        if previous is not None and previous != identity:
+            changed = sorted(k for k in identity if previous.get(k) != identity[k])
+            raise CorpusError(f"--output {job.output} holds translations of another job "
+                              f"(changed: {', '.join(changed)}): give a new --output, or delete "
+                              "the folder to start over")
+        if previous is None:
+            _put(out / JOB_FILE, json.dumps(identity, indent=1).encode())
+        if (out / MANIFEST).is_file():
+            log.info("%s is complete already (%s)", job.output, MANIFEST)
+            return json.loads((out / MANIFEST).read_text())
+        source = split_input(job, out)
+        t0 = time.perf_counter()
+        todo = [s for s in source["shards"] if not (out / part_name(s["index"], "json")).is_file()]
+        done_lines = source["lines"] - sum(s["lines"] for s in todo)
+        if done_lines:
+            log.info("resuming: %d of %d parts done already", len(source["shards"]) - len(todo),
+                     len(source["shards"]))
+        if todo:
+            _run_pool(job, todo, source["lines"], done_lines)
+        seconds = time.perf_counter() - t0
+        manifest = _manifest(job, out, source, identity, seconds, len(todo))
+        _put(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
+    return manifest
+
+
+def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int) -> None:
+    import ray
+    from tqdm import tqdm
+
+    start_ray()
+    ds = ray.data.from_items([{"index": s["index"]} for s in todo],
+                             override_num_blocks=len(todo))
+    gpus = {"num_gpus": job.gpus_per_actor} if job.gpus_per_actor else {}
+    ds = ds.map_batches(
+        ShardTranslator, batch_size=1, concurrency=min(job.actors, len(todo)),
+        num_cpus=job.threads_per_actor, **gpus,
+        fn_constructor_kwargs=dict(checkpoints=[str(c) for c in job.checkpoints],
+                                   search=job.search.to_dict(), device=job.device,
+                                   threads=job.threads_per_actor, spm_model=job.spm_model,
+                                   output=str(job.output), nbest=job.search.nbest))
+    with tqdm(total=total, initial=done, unit=" sentences", unit_scale=True, file=sys.stderr,
+              disable=not job.progress, dynamic_ncols=True, smoothing=0.1,
+              desc="translate") as bar:
+        for row in ds.iter_rows():
+            bar.update(int(row["lines"]))
+
+
+def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
+              translated_parts: int) -> dict:
+    parts = [_read_json(out / part_name(s["index"], "json")) for s in source["shards"]]
+    missing = [s["index"] for s, p in zip(source["shards"], parts) if p is None]
+    if missing:
+        raise CorpusError(f"{job.output}: parts {missing[:5]} were not written; rerun the "
+                          "same command to finish them")
+    for s, p in zip(source["shards"], parts):
+        if p["lines"] != s["lines"]:
+            raise CorpusError(f"{out / part_name(s['index'], 'json')} counts {p['lines']} "
+                              f"lines, its source shard {s['lines']}: delete the part and rerun")
+    lines = sum(p["lines"] for p in parts)
+    truncated = [s["first_line"] + i for s, p in zip(source["shards"], parts)
+                 for i in p["truncated"]]
+    non_utf8 = source["non_utf8"]
+    return {
+        "input": str(job.input), "lines_in": source["lines"],
+        "lines_out": lines * job.search.nbest, "nbest": job.search.nbest,
+        "parts": [part_name(s["index"], "txt") for s in source["shards"]],
+        "failures": {
+            # empty input lines (the not-UTF-8 ones among them) give empty output lines
+            "empty": sum(p["empty"] for p in parts) - non_utf8["count"],
+            "non_utf8": non_utf8,
+            "truncated": {"count": len(truncated), "lines": truncated[:MAX_NAMED]}},
+        "model": identity["checkpoints"], "search": identity["search"],
+        "actors": job.actors, "threads_per_actor": job.threads_per_actor,
+        "gpus_per_actor": job.gpus_per_actor, "parts_translated_now": translated_parts,
+        "seconds": round(seconds, 3),
+        "sentences_per_s": round(sum(p["lines"] for s, p in zip(source["shards"], parts))
+                                 / max(seconds, 1e-9), 2) if translated_parts == len(parts)
+        else None}
+
+
+def start_ray() -> None:
+    """Join the cluster of RAY_ADDRESS (a submitted job), else start a local Ray quietly."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")  # ours is the one bar
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(logging_level=logging.WARNING)
+    else:
+        if "RAY_AUTH_MODE" not in os.environ:
+            # token authentication, Ray's default for a new local instance, chosen explicitly
+            # (left unset, Ray prints a notice on every run); as workflows.cluster does
+            os.environ["RAY_AUTH_MODE"] = "token"
+            import ray._raylet
+
+            ray._raylet.Config.initialize("")
+        ray.init(logging_level=logging.WARNING, include_dashboard=False)
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+

@@ -1,0 +1,176 @@
+"""A large corpus translated on Ray (`convs2s.serving.corpus`, `python -m convs2s translate
+--actors N`): parts in input order, line for line with the input and with one process's
+translation; failures counted by reason; a killed job resumes without losing or repeating a
+line; bad input is one error line and nothing half-written.
+
+    .venv/bin/python -m pytest tests/test_corpus.py -q
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from convs2s.config import SearchConfig
+from convs2s.serving.corpus import CorpusError, CorpusJob, translate_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+# A random tiny model writes to its length limit: short outputs keep these tests fast
+SEARCH = SearchConfig(beam=2, max_len_a=0, max_len_b=12)
+
+
+def corpus_lines(pairs, n: int) -> list[str]:
+    lines = [s for s, _ in pairs[:n]]
+    lines[3] = ""  # an empty line: an empty translation
+    lines[7] = "   "  # blank once normalized
+    return lines
+
+
+def one_process(checkpoint: str, lines: list[str]) -> list[str]:
+    """What `translate` without --actors gives: one Translator, all lines at once."""
+    from convs2s.inference.translate import load_for_inference
+
+    return load_for_inference([checkpoint], SEARCH, "cpu").translate(lines)
+
+
+def parts_text(out: Path) -> list[str]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    text = "".join((out / name).read_text() for name in manifest["parts"])
+    return text.split("\n")[:-1]
+
+
+def test_a_corpus_job_translates_line_for_line_in_input_order(tiny_checkpoints, ray_session,
+                                                              tmp_path):
+    lines = corpus_lines(tiny_checkpoints["pairs"], 230)
+    raw = [x.encode() for x in lines]
+    raw[11] = b"caf\xe9 au lait"  # Latin-1, not UTF-8: kept as an empty line, counted
+    src = tmp_path / "mono.en.gz"
+    src.write_bytes(gzip.compress(b"\n".join(raw) + b"\n"))
+    out = tmp_path / "out"
+    job = CorpusJob([tiny_checkpoints["a"]], str(src), str(out), search=SEARCH, actors=2,
+                    shard_lines=50, progress=False)
+    manifest = translate_corpus(job)
+
+    expected = one_process(tiny_checkpoints["a"], lines[:11] + [""] + lines[12:])
+    assert parts_text(out) == expected  # the same translations, in input order
+    assert manifest["lines_in"] == manifest["lines_out"] == 230
+    assert manifest["parts"] == [f"part-{i:05d}.txt" for i in range(5)]
+    assert manifest["failures"]["empty"] == 2
+    assert manifest["failures"]["non_utf8"] == {"count": 1, "lines": [12]}
+    assert manifest["failures"]["truncated"]["count"] == 0
+    assert manifest["parts_translated_now"] == 5 and manifest["sentences_per_s"] > 0
+    # Complete: the same command again translates nothing and returns the same manifest
+    assert translate_corpus(job) == manifest
+
+
+def test_a_corpus_job_reads_a_parquet_column_and_writes_nbest(tiny_checkpoints, ray_session,
+                                                             tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:40]]
+    pq.write_table(pa.table({"id": list(range(40)), "text": lines[:5] + [None] + lines[6:]}),
+                   tmp_path / "mono.parquet")
+    search = SEARCH.replace(nbest=2)
+    manifest = translate_corpus(CorpusJob(
+        [tiny_checkpoints["a"]], str(tmp_path / "mono.parquet"), str(tmp_path / "out"),
+        search=search, actors=1, shard_lines=16, progress=False))
+    assert manifest["lines_in"] == 40 and manifest["lines_out"] == 80
+    assert manifest["failures"]["empty"] == 1  # the null
+    got = parts_text(tmp_path / "out")
+    from convs2s.inference.translate import load_for_inference
+
+    full = load_for_inference([tiny_checkpoints["a"]], search, "cpu").translate_full(
+        lines[:5] + [""] + lines[6:])
+    assert got == [h for tr in full for h in
+                   ([x.text for x in tr.hypotheses] or ["", ""])]
+
+
+KILLED = [sys.executable, "-m", "convs2s", "translate", "--beam", "2", "--max-len-b", "12",
+          "--actors", "2", "--shard-lines", "40", "--no-progress"]
+
+
+@pytest.mark.slow
+def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
+        tiny_checkpoints, ray_session, tmp_path):
+    lines = corpus_lines(tiny_checkpoints["pairs"], 800)
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+    proc = subprocess.Popen(KILLED + ["--checkpoint", tiny_checkpoints["a"], "--input",
+                                      str(tmp_path / "mono.en"), "--output", str(out)],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:  # SIGKILL the job once its first part is done
+        deadline = time.monotonic() + 180
+        while not list(out.glob("part-*.json")):
+            assert proc.poll() is None, "the job ended before it could be killed"
+            assert time.monotonic() < deadline, "no part was ever written"
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done_before = {p.name for p in out.glob("part-*.json")}
+    assert not (out / "manifest.json").exists() and len(done_before) < 20
+    mtimes = {n: (out / n).stat().st_mtime_ns for n in done_before}
+
+    manifest = translate_corpus(CorpusJob(  # the same job again, in this process
+        [tiny_checkpoints["a"]], str(tmp_path / "mono.en"), str(out), search=SEARCH, actors=2,
+        shard_lines=40, progress=False))
+    assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)  # none lost or repeated
+    assert manifest["lines_in"] == manifest["lines_out"] == 800
+    assert manifest["parts_translated_now"] == 20 - len(done_before)
+    assert all((out / n).stat().st_mtime_ns == t for n, t in mtimes.items())  # not redone
+    assert not list(out.glob(".*.tmp-*"))  # no half-written file left
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "convs2s", "translate", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_bad_corpus_inputs_are_one_error_line_and_write_nothing(tiny_checkpoints, tmp_path):
+    ck = tiny_checkpoints["a"]
+    (tmp_path / "empty.en").write_text("")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    (tmp_path / "a.en").write_text("one\n")
+    cases = [
+        (["--input", str(tmp_path / "missing.en")], "missing.en does not exist"),
+        (["--input", str(tmp_path / "empty.en")], "empty.en is empty"),
+        (["--input", str(tmp_path / "a.en"), "--output", str(tmp_path / "other")],
+         "holds files this command did not write"),
+        (["--input", str(tmp_path / "a.en"), "--output", str(tmp_path / "a.en")], "is a file"),
+    ]
+    for extra, message in cases:
+        args = ["--checkpoint", ck, "--actors", "2", "--output", str(tmp_path / "out"), *extra]
+        proc = run_cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    proc = run_cli("--checkpoint", str(tmp_path / "nope"), "--actors", "2", "--input",
+                   str(tmp_path / "a.en"), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "nope does not exist" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, tmp_path):
+    (tmp_path / "a.en").write_text("one two\nthree\n")
+    job = CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "a.en"), str(tmp_path / "out"),
+                    search=SEARCH, actors=1, progress=False)
+    translate_corpus(job)
+    with pytest.raises(CorpusError, match=r"another job \(changed: search\)"):
+        translate_corpus(CorpusJob(job.checkpoints, job.input, job.output,
+                                   search=SEARCH.replace(beam=3), progress=False))
+    (tmp_path / "a.en").write_text("one two\nthree\nfour\n")
+    with pytest.raises(CorpusError, match=r"changed: input_stamp"):
+        translate_corpus(job)
