@@ -2,6 +2,8 @@
 
     convs2s-translate --checkpoint runs/demo/best [runs/other/best ...] < src.txt > hyp.txt
     python -m convs2s translate --checkpoint ... --input src.txt --output hyp.txt [--beam 5 ...]
+    python -m convs2s translate --checkpoint ... --input mono.en.gz --output parts/ --actors 4
+    python -m convs2s serve --checkpoint runs/demo/best  (or --model models:/NAME@champion)
     python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
     python -m convs2s score --hyp hyp.fr --ref newstest2014.fr --lang fr [--json]
     python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."
@@ -362,8 +364,83 @@ def export_fairseq(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"translate": translate, "average": average, "score": score, "attention": attention,
-            "import-fairseq": import_fairseq, "export-fairseq": export_fairseq}
+def serve(argv: list[str] | None = None) -> int:
+    """python -m convs2s serve: the Ray Serve deployment (convs2s.serving.online)."""
+    d = SearchConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m convs2s serve",
+        description="Serve a translator over HTTP on Ray Serve, batching concurrent requests "
+                    "(POST /translate {\"inputs\": [...], \"params\": {...}}; GET /health).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--checkpoint", nargs="+", help="checkpoint directories (several: an "
+                      "ensemble)")
+    what.add_argument("--model", help="an MLflow model URI: models:/NAME@ALIAS (pinned to the "
+                      "version it names at start), models:/NAME/VERSION, models:/m-ID, runs:/...")
+    p.add_argument("--tracking-uri", help="where --model resolves (default: "
+                   "MLFLOW_TRACKING_URI)")
+    p.add_argument("--spm-model")
+    p.add_argument("--beam", type=int, help=f"default beam of requests (checkpoints: {d.beam})")
+    p.add_argument("--lenpen", type=float)
+    p.add_argument("--max-len-a", type=float)
+    p.add_argument("--max-len-b", type=int)
+    p.add_argument("--precision", choices=INFERENCE_PRECISIONS)
+    p.add_argument("--shortlist", metavar="NPZ")
+    p.add_argument("--shortlist-frequent", type=int)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--min-replicas", type=int, help="autoscaling: fewest replicas")
+    p.add_argument("--max-replicas", type=int, help="autoscaling: most replicas")
+    p.add_argument("--target-ongoing-requests", type=float, default=8.0,
+                   help="autoscaling: requests in flight per replica it aims at")
+    p.add_argument("--threads-per-replica", type=int, default=1,
+                   help="CPUs (torch threads) each replica holds")
+    p.add_argument("--gpus-per-replica", type=float, default=0.0)
+    p.add_argument("--max-batch-size", type=int, default=32,
+                   help="most sentences searched together")
+    p.add_argument("--batch-wait-ms", type=float, default=5.0,
+                   help="how long a batch waits for more sentences")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=8000)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    from convs2s.serving.corpus import start_ray
+    from convs2s.serving.online import ServeSettings, resolve_model_uri, run
+
+    search = {k: v for k, v in (("beam", args.beam), ("lenpen", args.lenpen),
+                                ("max_len_a", args.max_len_a), ("max_len_b", args.max_len_b),
+                                ("precision", args.precision), ("shortlist", args.shortlist),
+                                ("shortlist_frequent", args.shortlist_frequent))
+              if v is not None}
+    try:
+        settings = ServeSettings(
+            checkpoints=args.checkpoint or [], model=args.model, tracking_uri=args.tracking_uri,
+            search=search, spm_model=args.spm_model, replicas=args.replicas,
+            min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+            target_ongoing_requests=args.target_ongoing_requests,
+            threads_per_replica=args.threads_per_replica,
+            gpus_per_replica=args.gpus_per_replica, max_batch_size=args.max_batch_size,
+            batch_wait_ms=args.batch_wait_ms)
+        if settings.model:  # resolved (and an alias pinned) before Ray starts
+            settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
+            from convs2s.serving.online import fetch_logged_model, logged_model_artifacts
+
+            logged_model_artifacts(fetch_logged_model(settings.model, settings.tracking_uri))
+        else:
+            for c in settings.checkpoints:
+                if not location(c).is_dir():
+                    raise ValueError(f"checkpoint {c} does not exist: give a checkpoint "
+                                     "directory of a training run (e.g. RUN/train/best)")
+    except ValueError as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    start_ray()
+    run(settings, host=args.host, port=args.port, blocking=True)
+    return 0
+
+
+COMMANDS = {"translate": translate, "serve": serve, "average": average, "score": score,
+            "attention": attention, "import-fairseq": import_fairseq,
+            "export-fairseq": export_fairseq}
 
 
 def main(argv: list[str] | None = None) -> int:

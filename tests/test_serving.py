@@ -151,7 +151,7 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
         answer = post(f"http://127.0.0.1:{port}/invocations", {"inputs": lines})
         assert answer == {"predictions": expected}
         # Over the limits: a 400 naming the limit, before any translation.
-        from convs2s.serving.pyfunc import MAX_CHARS, MAX_SENTENCES
+        from convs2s.serving.requests import MAX_CHARS, MAX_SENTENCES
 
         for too_much, says in (([lines[0]] * (MAX_SENTENCES + 1), "sentences in one request"),
                                (["a" * (MAX_CHARS + 1)], "characters; at most")):

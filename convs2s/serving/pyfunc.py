@@ -46,60 +46,77 @@ from pathlib import Path
 import mlflow
 import mlflow.pyfunc
 
+from convs2s.serving.requests import RequestError, check_sentences, search_for
+
 SEARCH_FILE = "search.json"
 PRECISION_TAG = "convs2s.inference_precision"  # on the logged model
 FALLBACK_TAG = "convs2s.inference_precision_fallback"
 EXAMPLE = ["the cat is small ."]
-# What one request may ask (a request over them is an HTTP 400 with the limit named): each
-# sentence is cut by the tokenizer only after it is read whole, and a request's sentences are
-# translated together.
-MAX_SENTENCES = int(os.environ.get("CONVS2S_SERVE_MAX_SENTENCES", 256))
-MAX_CHARS = int(os.environ.get("CONVS2S_SERVE_MAX_CHARS", 4096))
+# Search settings a request may change here (`params`, in the model's signature; MLflow fills
+# the logged values for those a request leaves out). n-best lists and attention need a richer
+# answer than list[str]: the Ray Serve deployment (convs2s.serving.online) gives them.
+PYFUNC_PARAMS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "unk_penalty")
+
+
+def translator_from_artifacts(artifacts: dict[str, str], device: str | None = None):
+    """The Translator of a logged model's artifacts (local paths by name: checkpoints, search,
+    and the dictionary and shortlist when its search names them)."""
+    import torch
+
+    from convs2s.config import SearchConfig
+    from convs2s.inference.translate import load_for_inference
+
+    cfg = json.loads(Path(artifacts["search"]).read_text())
+    if cfg.get("dictionary"):
+        cfg["dictionary"] = artifacts["dictionary"]
+    if cfg.get("shortlist"):
+        cfg["shortlist"] = artifacts["shortlist"]
+    root = Path(artifacts["checkpoints"])
+    paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
+    if device is None:  # int8 weights run on PyTorch's quantized CPU kernels
+        device = "cuda" if torch.cuda.is_available() and cfg.get("precision") != "int8" \
+            else "cpu"
+    return load_for_inference(paths, SearchConfig.from_dict(cfg), device)
 
 
 class TranslatorModel(mlflow.pyfunc.PythonModel):
     """pyfunc wrapper: a list of source sentences in, their translations out (same order)."""
 
     def load_context(self, context) -> None:
-        import torch
+        self.translator = translator_from_artifacts(context.artifacts)
 
-        from convs2s.config import SearchConfig
-        from convs2s.inference.translate import load_for_inference
-
-        cfg = json.loads(Path(context.artifacts["search"]).read_text())
-        if cfg.get("dictionary"):
-            cfg["dictionary"] = context.artifacts["dictionary"]
-        if cfg.get("shortlist"):
-            cfg["shortlist"] = context.artifacts["shortlist"]
-        root = Path(context.artifacts["checkpoints"])
-        paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
-        # int8 weights run on PyTorch's quantized CPU kernels
-        device = "cuda" if torch.cuda.is_available() and cfg.get("precision") != "int8" \
-            else "cpu"
-        self.translator = load_for_inference(paths, SearchConfig.from_dict(cfg), device)
-
-    def predict(self, context, model_input: list[str], params=None) -> list[str]:
+    def predict(self, context, model_input: list[str], params: dict | None = None) -> list[str]:
         # The list[str] type hints give the model its signature: MLflow checks and converts
         # inputs (a list, or a one-column DataFrame from the REST server) to a list of str.
         check_request(model_input)
-        return self.translator.translate([s or "" for s in model_input])
+        search = self.translator.search
+        if params:
+            try:
+                search = search_for(search, params, PYFUNC_PARAMS)
+            except RequestError as err:
+                raise _bad_request(str(err)) from None
+        return self.translator.translate([s or "" for s in model_input], search)
 
 
-def check_request(sentences: list) -> None:
-    """A request over the limits is refused before any work (MLflow's server answers 400
-    with this message)."""
+def _bad_request(message: str):
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-    if len(sentences) > MAX_SENTENCES:
-        raise MlflowException(f"{len(sentences)} sentences in one request; at most "
-                              f"{MAX_SENTENCES} (CONVS2S_SERVE_MAX_SENTENCES): split it",
-                              error_code=INVALID_PARAMETER_VALUE)
-    for i, s in enumerate(sentences):
-        if s is not None and len(s) > MAX_CHARS:
-            raise MlflowException(f"sentence {i} has {len(s):,} characters; at most "
-                                  f"{MAX_CHARS:,} (CONVS2S_SERVE_MAX_CHARS)",
-                                  error_code=INVALID_PARAMETER_VALUE)
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)  # HTTP 400
+
+
+def check_request(sentences: list) -> None:
+    """A request over the limits (convs2s.serving.requests) is refused before any work
+    (MLflow's server answers 400 with this message)."""
+    try:
+        check_sentences(sentences)
+    except RequestError as err:
+        raise _bad_request(str(err)) from None
+
+
+def request_params(search) -> dict:
+    """The model's default per-request params (its signature's params schema)."""
+    return {name: getattr(search, name) for name in PYFUNC_PARAMS}
 
 
 @dataclass
@@ -215,7 +232,9 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
             # files through (storage/).
             code_paths=[str(Path(convs2s.__file__).parent), str(Path(storage.__file__).parent)],
             pip_requirements=_pip_requirements(), model_id=model.model_id,
-            input_example=input_example or EXAMPLE)
+            # (sentences, params): the signature's params schema, with this search's values
+            # as the defaults a request may change
+            input_example=(input_example or EXAMPLE, request_params(search)))
         if run_id:
             client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
         served = ServedModel(model_uri=info.model_uri, run_id=run_id, model_id=model.model_id)

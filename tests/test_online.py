@@ -1,0 +1,149 @@
+"""Online translation on Ray Serve (`convs2s.serving.online`, `python -m convs2s serve`,
+infra/serve/translator.yaml): real HTTP over loopback to a deployment on the test session's
+Ray; concurrent requests batched into one search give each sentence its own translation;
+per-request search settings with limits; health; the model from a checkpoint folder or a
+registered MLflow model.
+
+    .venv/bin/python -m pytest tests/test_online.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+
+from convs2s.config import SearchConfig
+
+REPO = Path(__file__).resolve().parents[1]
+SEARCH = {"beam": 3, "max_len_a": 0, "max_len_b": 12}  # a random tiny model: short outputs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body, timeout: float = 60):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def refused(url: str, body) -> tuple[int, str]:
+    with pytest.raises(urllib.error.HTTPError) as err:
+        post(url, body)
+    return err.value.code, err.value.read().decode()
+
+
+def config_args() -> dict:
+    """The application args of infra/serve/translator.yaml."""
+    cfg = yaml.safe_load((REPO / "infra" / "serve" / "translator.yaml").read_text())
+    (app,) = cfg["applications"]
+    assert app["import_path"] == "convs2s.serving.online:build_app"
+    return app["args"]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_checkpoints, ray_session):
+    """The config file's application, serving a tiny checkpoint instead of its registry model,
+    with 2 fixed replicas of one thread."""
+    from ray import serve
+
+    from convs2s.serving.online import ServeSettings, run
+
+    args = {**config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+            "search": SEARCH, "min_replicas": None, "max_replicas": None, "replicas": 2,
+            "batch_wait_ms": 20}
+    port = free_port()
+    run(ServeSettings(**args), port=port, name="convs2s-test")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+
+
+def alone(checkpoint: str, sentences: list[str], **changes) -> list[str]:
+    from convs2s.inference.translate import load_for_inference
+
+    tr = load_for_inference([checkpoint], SearchConfig(**SEARCH).replace(**changes), "cpu")
+    return [tr.translate([s])[0] for s in sentences]
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_translation(
+        served, tiny_checkpoints):
+    sentences = [s for s, _ in tiny_checkpoints["pairs"][:48]] + [""]
+    with ThreadPoolExecutor(16) as pool:  # 16 clients, one sentence a request
+        answers = list(pool.map(lambda s: post(f"{served}/translate", {"inputs": [s]}),
+                                sentences))
+    assert [a["predictions"][0] for a in answers] == alone(tiny_checkpoints["a"], sentences)
+    # MLflow's path and payload answer the same, several sentences in one request
+    assert post(f"{served}/invocations", {"inputs": sentences[:5]})["predictions"] == \
+        [a["predictions"][0] for a in answers[:5]]
+    health = urllib.request.urlopen(f"{served}/health", timeout=10)
+    info = json.loads(health.read())
+    assert info["status"] == "ok" and info["precision"] == "fp32"
+    assert info["search"]["beam"] == 3
+
+
+def test_a_request_sets_its_own_search_within_limits(served, tiny_checkpoints):
+    from convs2s.serving.requests import MAX_BEAM, MAX_CHARS, MAX_SENTENCES
+
+    s = [x for x, _ in tiny_checkpoints["pairs"][:3]]
+    greedy = post(f"{served}/translate", {"inputs": s, "params": {"beam": 1}})
+    assert greedy["predictions"] == alone(tiny_checkpoints["a"], s, beam=1)
+    two = post(f"{served}/translate", {"inputs": s, "params": {"nbest": 2, "attention": True}})
+    for hyps, best in zip(two["predictions"], alone(tiny_checkpoints["a"], s)):
+        assert len(hyps) == 2 and hyps[0]["text"] == best
+        assert hyps[0]["score"] >= hyps[1]["score"]
+        assert hyps[0]["alignment"] and len(hyps[0]["attention"]) >= 2
+    for body, says in [
+        ({"inputs": ["a"] * (MAX_SENTENCES + 1)}, "sentences in one request"),
+        ({"inputs": ["a" * (MAX_CHARS + 1)]}, "characters; at most"),
+        ({"inputs": ["a"], "params": {"beam": MAX_BEAM + 1}}, f"beam={MAX_BEAM + 1} is outside"),
+        ({"inputs": ["a"], "params": {"nbest": 4}}, "nbest must be in [1, beam=3]"),
+        ({"inputs": ["a"], "params": {"temperature": 1}}, "unknown parameter(s) temperature"),
+        ({"inputs": ["a"], "params": {"beam": "five"}}, "beam must be an integer"),
+        ({"inputs": [3]}, "sentence 0 is a int"),
+        ({"text": "a"}, "the body must be a JSON object"),
+    ]:
+        code, text = refused(f"{served}/translate", body)
+        assert code == 400 and says in text, (body, code, text)
+
+
+@pytest.mark.slow
+def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
+        tiny_checkpoints, tmp_path):
+    from convs2s.serving.online import (ServeSettings, fetch_logged_model, load_translator,
+                                        resolve_model_uri)
+    from convs2s.serving.pyfunc import log_translator
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    search = SearchConfig(**SEARCH)
+    first = log_translator([tiny_checkpoints["a"]], search, tracking_uri=uri,
+                           registered_model_name="tiny", alias="champion")
+    pinned = resolve_model_uri("models:/tiny@champion", uri)
+    assert pinned in (f"models:/{first.model_id}", f"models:/tiny/{first.version}")
+    log_translator([tiny_checkpoints["b"]], search, tracking_uri=uri,
+                   registered_model_name="tiny", alias="champion")  # the alias moves on
+    tr = load_translator(ServeSettings(model=pinned, tracking_uri=uri))
+    s = [x for x, _ in tiny_checkpoints["pairs"][:4]]
+    assert tr.translate(s) == alone(tiny_checkpoints["a"], s)  # still the first model
+    assert fetch_logged_model(pinned, uri) == fetch_logged_model(pinned, uri)  # cached
+    with pytest.raises(ValueError, match=r"models:/tiny@nope does not resolve"):
+        resolve_model_uri("models:/tiny@nope", uri)
+    proc = subprocess.run([sys.executable, "-m", "convs2s", "serve", "--model",
+                           "models:/other@champion", "--tracking-uri", uri], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "models:/other@champion does not resolve" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
