@@ -125,8 +125,9 @@ def _translate_parser() -> argparse.ArgumentParser:
                      help="translator actors of a Ray Data job (0: this process alone)")
     big.add_argument("--gpus-per-actor", type=float, default=0.0,
                      help="GPU share of each actor (0: CPU actors)")
-    big.add_argument("--shard-lines", type=int, default=2000,
-                     help="input lines per part (the unit of work, of progress and of resume)")
+    big.add_argument("--shard-lines", type=int, default=10_000,
+                     help="input lines per part: the unit of work, progress and resume; "
+                          "equal to --buffer-size, parts are batched as one process batches")
     big.add_argument("--column", help="parquet input: the text column (default: its only "
                      "string column)")
     big.add_argument("--no-progress", action="store_true", help="no progress bar")

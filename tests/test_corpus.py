@@ -49,6 +49,7 @@ def parts_text(out: Path) -> list[str]:
 def test_a_corpus_job_translates_line_for_line_in_input_order(tiny_checkpoints, ray_session,
                                                               tmp_path):
     lines = corpus_lines(tiny_checkpoints["pairs"], 230)
+    lines[20] = " ".join(["the cat"] * 300)  # over the model's 256 positions: cut, counted
     raw = [x.encode() for x in lines]
     raw[11] = b"caf\xe9 au lait"  # Latin-1, not UTF-8: kept as an empty line, counted
     src = tmp_path / "mono.en.gz"
@@ -64,7 +65,7 @@ def test_a_corpus_job_translates_line_for_line_in_input_order(tiny_checkpoints, 
     assert manifest["parts"] == [f"part-{i:05d}.txt" for i in range(5)]
     assert manifest["failures"]["empty"] == 2
     assert manifest["failures"]["non_utf8"] == {"count": 1, "lines": [12]}
-    assert manifest["failures"]["truncated"]["count"] == 0
+    assert manifest["failures"]["truncated"] == {"count": 1, "lines": [21]}
     assert manifest["parts_translated_now"] == 5 and manifest["sentences_per_s"] > 0
     # Complete: the same command again translates nothing and returns the same manifest
     assert translate_corpus(job) == manifest
@@ -174,3 +175,21 @@ def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, t
     (tmp_path / "a.en").write_text("one two\nthree\nfour\n")
     with pytest.raises(CorpusError, match=r"changed: input_stamp"):
         translate_corpus(job)
+
+
+def test_a_corpus_job_reads_and_writes_a_bucket(s3, tiny_checkpoints, ray_session):
+    from storage import location, publish_dir
+
+    bucket = "s3://convs2s-test/corpus"
+    publish_dir(tiny_checkpoints["a"], location(f"{bucket}/model"), marker="meta.json")
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:60]]
+    location(f"{bucket}/mono.en").write_text("\n".join(lines) + "\n")
+    manifest = translate_corpus(CorpusJob([f"{bucket}/model"], f"{bucket}/mono.en",
+                                          f"{bucket}/out", search=SEARCH, actors=2,
+                                          shard_lines=25, progress=False))
+    out = location(f"{bucket}/out")
+    text = "".join((out / name).read_text() for name in manifest["parts"])
+    assert text.split("\n")[:-1] == one_process(tiny_checkpoints["a"], lines)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "job.json", "manifest.json", "part-00000.json", "part-00000.txt", "part-00001.json",
+        "part-00001.txt", "part-00002.json", "part-00002.txt", "source"]

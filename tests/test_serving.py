@@ -150,6 +150,15 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
             time.sleep(2)
         answer = post(f"http://127.0.0.1:{port}/invocations", {"inputs": lines})
         assert answer == {"predictions": expected}
+        # A request's own search settings (the signature's params, within their limits)
+        greedy = load_for_inference([t.train.best_checkpoint],
+                                    search=search.replace(beam=1)).translate(lines)
+        assert post(f"http://127.0.0.1:{port}/invocations",
+                    {"inputs": lines, "params": {"beam": 1}}) == {"predictions": greedy}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post(f"http://127.0.0.1:{port}/invocations",
+                 {"inputs": lines[:1], "params": {"beam": 99}})
+        assert refused.value.code == 400 and "beam=99 is outside" in refused.value.read().decode()
         # Over the limits: a 400 naming the limit, before any translation.
         from convs2s.serving.requests import MAX_CHARS, MAX_SENTENCES
 
