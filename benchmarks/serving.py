@@ -58,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--threads-per-replica", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--max-batch-size", type=int, default=32)
-    p.add_argument("--batch-wait-ms", type=float, default=5.0)
+    p.add_argument("--batch-wait-ms", type=float, default=2.0)
     p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
     p.add_argument("--max-load", type=float, default=1.0)
     p.add_argument("--out", type=Path)

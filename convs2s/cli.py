@@ -397,8 +397,8 @@ def serve(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-replica", type=float, default=0.0)
     p.add_argument("--max-batch-size", type=int, default=32,
                    help="most sentences searched together")
-    p.add_argument("--batch-wait-ms", type=float, default=5.0,
-                   help="how long a batch waits for more sentences")
+    p.add_argument("--batch-wait-ms", type=float, default=2.0,
+                   help="at rest, how long a sentence waits for others to share its search")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     args = p.parse_args(argv)
@@ -445,10 +445,17 @@ COMMANDS = {"translate": translate, "serve": serve, "average": average, "score":
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m convs2s <command> ...: one of COMMANDS."""
+    """python -m convs2s <command> ...: one of COMMANDS. As a command (no argv), the Ray
+    commands' console keeps Ray's harmless lines in its log files (convs2s.console)."""
+    command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: python -m convs2s {{{','.join(COMMANDS)}}} ...  (--help after a command "
               "for its flags)", file=sys.stderr)
         return 2
+    if command_line and (argv[0] == "serve" or "--actors" in argv):
+        from convs2s.console import harmless_ray_lines_dropped
+
+        with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1):
+            return COMMANDS[argv[0]](argv[1:])
     return COMMANDS[argv[0]](argv[1:])

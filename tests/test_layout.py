@@ -50,6 +50,7 @@ def test_imports_flow_one_way(package, forbidden):
 # the architecture's layers, bottom up. cli.py and __main__.py sit on top and may import any.
 LAYERS = {
     "convs2s.config": set(),
+    "convs2s.console": set(),
     "convs2s.precision": set(),
     "convs2s.metrics": set(),
     "convs2s.tracking": set(),
@@ -196,12 +197,13 @@ def test_the_command_line_dispatches_and_loads_each_command_lazily():
     bare = subprocess.run([sys.executable, "-m", "convs2s"], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False)
     assert bare.returncode == 2
-    assert "usage: python -m convs2s {translate,average,score,attention,import-fairseq,export-fairseq}" in bare.stderr
+    assert ("usage: python -m convs2s {translate,serve,average,score,attention,import-fairseq,"
+            "export-fairseq}") in bare.stderr
     help_ = subprocess.run([sys.executable, "-m", "convs2s", "average", "--help"], cwd=REPO,
                            capture_output=True, text=True, timeout=120, check=True)
     assert help_.stdout.startswith("usage: python -m convs2s average")
     code = ("import sys, convs2s.cli\nprint(sorted(m for m in ('torch', 'matplotlib', "
-            "'sacrebleu', 'rouge_score') if m in sys.modules))")
+            "'sacrebleu', 'rouge_score', 'ray', 'mlflow') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                             text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr

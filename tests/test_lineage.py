@@ -115,6 +115,7 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
     assert f"is models:/wmt14_en_fr-demo_test@champion (version {mv.version})" in w.stdout
     assert "mlflow models serve -m models:/wmt14_en_fr-demo_test@champion --env-manager local" \
         in w.stdout
+    assert "python -m convs2s serve --model models:/wmt14_en_fr-demo_test@champion" in w.stdout
     assert not client.search_registered_models("name = 'wmt14_en_fr'")  # no paper model touched
     registered = client.get_registered_model("wmt14_en_fr-demo_test")
     assert registered.tags["convs2s.test_set"] == "demo_test"

@@ -133,7 +133,7 @@ def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
     first = log_translator([tiny_checkpoints["a"]], search, tracking_uri=uri,
                            registered_model_name="tiny", alias="champion")
     pinned = resolve_model_uri("models:/tiny@champion", uri)
-    assert pinned in (f"models:/{first.model_id}", f"models:/tiny/{first.version}")
+    assert pinned == f"models:/{first.model_id}"  # the logged model, whatever the alias does
     log_translator([tiny_checkpoints["b"]], search, tracking_uri=uri,
                    registered_model_name="tiny", alias="champion")  # the alias moves on
     tr = load_translator(ServeSettings(model=pinned, tracking_uri=uri))

@@ -277,4 +277,6 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
         if c.moved or c.version != "none":
             lines.append(f"  MLFLOW_TRACKING_URI={redact_uri(r.tracking_uri)} mlflow models "
                          f"serve -m {c.uri} --env-manager local -p 5001")
+            lines.append(f"  or, batching concurrent requests on Ray Serve: python -m convs2s "
+                         f"serve --model {c.uri} --tracking-uri {redact_uri(r.tracking_uri)}")
     return "\n".join(lines)

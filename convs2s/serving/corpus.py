@@ -326,9 +326,12 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int) -> None:
     ds = ray.data.from_items([{"index": s["index"]} for s in todo],
                              override_num_blocks=len(todo))
     gpus = {"num_gpus": job.gpus_per_actor} if job.gpus_per_actor else {}
+    # One part in flight per actor: a part waits for a free actor rather than queueing behind
+    # the first actor to start (Ray Data's default sends up to 4 to one actor)
+    pool = ray.data.ActorPoolStrategy(size=min(job.actors, len(todo)),
+                                      max_tasks_in_flight_per_actor=1)
     ds = ds.map_batches(
-        ShardTranslator, batch_size=1, concurrency=min(job.actors, len(todo)),
-        num_cpus=job.threads_per_actor, **gpus,
+        ShardTranslator, batch_size=1, compute=pool, num_cpus=job.threads_per_actor, **gpus,
         fn_constructor_kwargs=dict(checkpoints=[str(c) for c in job.checkpoints],
                                    search=job.search.to_dict(), device=job.device,
                                    threads=job.threads_per_actor, spm_model=job.spm_model,
@@ -380,7 +383,15 @@ def start_ray() -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")  # ours is the one bar
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    import ray.data  # noqa: F401  (configures Ray Data's loggers on import; adjusted below)
+
+    # Ray Data's per-dataset INFO lines stay in ray-data.log, as in the workflows
+    # (preprocessing/ray_data_logging.yaml); its "Progress bars disabled" notice too: the
+    # job's own bar is the one on the console
+    for handler in logging.getLogger("ray.data").handlers:
+        if type(handler).__name__ != "SessionFileHandler":
+            handler.setLevel(logging.WARNING)
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(logging_level=logging.WARNING)
     else:

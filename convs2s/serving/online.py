@@ -16,13 +16,17 @@ HTTP (port 8000 unless --port):
 A request over the limits (convs2s.serving.requests) is an HTTP 400 naming the limit; a body
 that is not a JSON object with a list of strings, a 422.
 
-Dynamic batching (Ray Serve's `@serve.batch`, docs/reference.md, Ray): every sentence of every
-request waiting at a replica joins one queue; up to `max_batch_size` sentences that ask the same
-search settings are searched together, after waiting at most `batch_wait_ms` for more. A search
-runs in a worker thread, so the replica keeps accepting requests and the next batch fills while
-one is searched. Sentences of a batch are sorted by length as `translate` sorts them: a
-sentence's translation does not depend on the others in float32 (bf16 and int8 may move
-slightly with the batch, docs/benchmarks.md).
+Dynamic batching: every sentence of every request waiting at a replica joins one queue; when
+the replica's search thread is free, one consumer takes every sentence waiting (up to
+`max_batch_size`; at rest, a sentence waits at most `batch_wait_ms` for company) and searches
+those that ask the same settings together. Under load a batch holds what arrived during the
+previous search, so batches grow with the load and latency stays one or two searches. (Ray
+Serve's `@serve.batch` cuts the next batch within its wait window while the previous one still
+runs, then queues it: its batches stayed at 2-5 sentences with 16 clients here,
+docs/benchmarks.md, Serving.) The search runs on one thread of its own, so the replica keeps
+accepting requests meanwhile. Sentences of a batch are sorted by length as `translate` sorts
+them; in float32 a sentence's translation does not depend on the others (bf16 and int8 may
+move slightly with the batch, docs/benchmarks.md).
 
 Replicas: `--replicas N` fixed, or autoscaling between `--min-replicas` and `--max-replicas`
 on `--target-ongoing-requests` per replica; each holds `--threads-per-replica` CPUs (its torch
@@ -64,7 +68,7 @@ class ServeSettings:
     max_replicas: int | None = None
     target_ongoing_requests: float = 8.0
     max_batch_size: int = 32
-    batch_wait_ms: float = 5.0
+    batch_wait_ms: float = 2.0
     max_ongoing_requests: int = 128
 
     def __post_init__(self) -> None:
@@ -113,8 +117,11 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
         except MlflowException as err:
             raise ValueError(f"model {uri} does not resolve at {_public(tracking_uri)}: "
                              f"{err.message.splitlines()[0]}") from None
-        return f"models:/{mv.model_id}" if getattr(mv, "model_id", None) else \
-            f"models:/{name}/{mv.version}"
+        if getattr(mv, "model_id", None):
+            return f"models:/{mv.model_id}"
+        if str(mv.source).startswith("models:/m-"):  # the logged model it was registered from
+            return mv.source
+        return f"models:/{name}/{mv.version}"
     return uri
 
 
@@ -213,15 +220,21 @@ class TranslatorReplica:
     deployment with FastAPI routes by `deployment()`."""
 
     def __init__(self, settings: dict):
-        import torch
+        from concurrent.futures import ThreadPoolExecutor
 
         self.settings = ServeSettings(**settings)
-        torch.set_num_threads(self.settings.threads_per_replica)
         logging.getLogger("convs2s.inference.translate").setLevel(logging.ERROR)
-        self.translator = load_translator(self.settings)
-        self._search_batch.set_max_batch_size(self.settings.max_batch_size)
-        self._search_batch.set_batch_wait_timeout_s(self.settings.batch_wait_ms / 1000)
-        self.served = 0
+        # Every torch call of the replica (loading, then each search) runs on this one thread:
+        # the event loop stays free to take requests while a batch is searched, and torch's
+        # CPU threads (an OpenMP team per calling thread) serve one caller. Searches issued
+        # from another thread than the one that loaded the model took twice as long with 2
+        # torch threads (docs/benchmarks.md, Serving).
+        self._torch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search")
+        self.translator = self._torch.submit(self._load).result()
+        self._queue: asyncio.Queue | None = None  # (item, future): made in the serving loop
+        self._batcher: asyncio.Task | None = None
+        self.served = 0  # sentences answered
+        self.batches, self.search_s = 0, 0.0  # searches run, and their time
 
     async def translate(self, body: dict) -> dict:
         """A request body -> {"predictions": [...]}; RequestError for a bad request."""
@@ -235,17 +248,68 @@ class TranslatorReplica:
         if not isinstance(attention, bool):
             raise RequestError(f"attention must be true or false, got {attention!r}")
         search = search_for(self.translator.search, params)
-        answers = await asyncio.gather(*[self._search_batch(_Item(s or "", search, attention))
+        answers = await asyncio.gather(*[self._enqueue(_Item(s or "", search, attention))
                                          for s in sentences])
         self.served += len(sentences)
         return {"predictions": list(answers)}
+
+    # --- dynamic batching (the module docstring says why not @serve.batch) -------------------
+
+    async def _enqueue(self, item: _Item):
+        if self._batcher is None or self._batcher.done():
+            self._queue = self._queue or asyncio.Queue()
+            self._batcher = asyncio.get_running_loop().create_task(self._batch_loop())
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put((item, future))
+        return await future
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait_s, most = self.settings.batch_wait_ms / 1000, self.settings.max_batch_size
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + wait_s
+            while len(batch) < most:
+                if not self._queue.empty():
+                    batch.append(self._queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+            batch = [(item, f) for item, f in batch if not f.cancelled()]  # clients gone
+            if not batch:
+                continue
+            try:
+                answers = await loop.run_in_executor(self._torch, self._search_groups,
+                                                     [item for item, _ in batch])
+            except Exception as err:  # every request of the batch gets the error
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(err)
+                continue
+            for (_, f), answer in zip(batch, answers):
+                if not f.done():
+                    f.set_result(answer)
+
+    def _load(self):
+        import torch
+
+        torch.set_num_threads(self.settings.threads_per_replica)
+        return load_translator(self.settings)
 
     def health(self) -> dict:
         s = self.translator.search
         return {"status": "ok", "model": self.settings.model or self.settings.checkpoints,
                 "precision": s.precision, "shortlist": bool(s.shortlist),
                 "search": {k: getattr(s, k) for k in ("beam", "lenpen", "nbest")},
-                "replica": os.getpid(), "sentences_served": self.served}
+                "replica": os.getpid(), "sentences_served": self.served,
+                "batches": self.batches,
+                "mean_batch": round(self.served / self.batches, 2) if self.batches else None,
+                "search_s": round(self.search_s, 3)}
 
     def check_health(self) -> None:
         """Serve's periodic probe: a replica whose model is gone is replaced."""
@@ -256,6 +320,7 @@ class TranslatorReplica:
         """Blocking: the items' sentences searched per distinct settings, answers in order."""
         import torch
 
+        t0 = time.perf_counter()
         answers: list = [None] * len(items)
         groups: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
@@ -265,25 +330,9 @@ class TranslatorReplica:
                 trs = self.translator.translate_full([items[i].sentence for i in idx], search)
                 for i, tr in zip(idx, trs):
                     answers[i] = _answer(tr, search, attention)
+        self.batches += 1
+        self.search_s += time.perf_counter() - t0
         return answers
-
-
-def _batched(method):
-    """`@serve.batch` applied where Ray Serve is importable (the module loads without it)."""
-    from ray import serve
-
-    return serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)(method)
-
-
-async def _search_batch(self, items: list[_Item]) -> list:
-    # A worker thread searches: the event loop keeps taking requests, so the next batch fills
-    return await asyncio.to_thread(self._search_groups, items)
-
-
-try:
-    TranslatorReplica._search_batch = _batched(_search_batch)
-except ImportError:  # Ray Serve not installed: the corpus job and the library still work
-    pass
 
 
 def deployment(settings: ServeSettings):
