@@ -113,7 +113,8 @@ def _translate_parser() -> argparse.ArgumentParser:
                    help="most frequent target tokens always in the shortlist")
     p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is visible)")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (default: the CPUs this process may use)")
+                   help="torch CPU threads (default: the CPUs this process may use; with "
+                        "--actors: per actor, default 1)")
     p.add_argument("--buffer-size", type=int, default=10_000,
                    help="lines read, translated and written at a time")
     p.add_argument("--print-attention", action="store_true",
@@ -434,7 +435,7 @@ def serve(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
-    start_ray()
+    start_ray(log_to_driver=False)  # Serve's per-request lines stay in Ray's log files
     run(settings, host=args.host, port=args.port, blocking=True)
     return 0
 

@@ -193,3 +193,18 @@ def test_a_corpus_job_reads_and_writes_a_bucket(s3, tiny_checkpoints, ray_sessio
     assert sorted(p.name for p in out.iterdir()) == [
         "job.json", "manifest.json", "part-00000.json", "part-00000.txt", "part-00001.json",
         "part-00001.txt", "part-00002.json", "part-00002.txt", "source"]
+
+
+@pytest.mark.gpu
+def test_a_corpus_job_on_gpu_actors_translates_as_the_cpu_does(tiny_checkpoints, ray_session,
+                                                               tmp_path):
+    """Two actors sharing one GPU (--gpus-per-actor 0.5): every part done, empty lines kept,
+    (near-)identical translations (a random model's near-ties may flip under other kernels)."""
+    lines = corpus_lines(tiny_checkpoints["pairs"], 120)
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    manifest = translate_corpus(CorpusJob(
+        [tiny_checkpoints["a"]], str(tmp_path / "mono.en"), str(tmp_path / "out"),
+        search=SEARCH, actors=2, gpus_per_actor=0.5, shard_lines=40, progress=False))
+    assert manifest["lines_in"] == manifest["lines_out"] == 120
+    got, cpu = parts_text(tmp_path / "out"), one_process(tiny_checkpoints["a"], lines)
+    assert got[3] == "" and sum(a == b for a, b in zip(got, cpu)) >= 0.8 * len(lines)

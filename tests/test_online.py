@@ -147,3 +147,17 @@ def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "models:/other@champion does not resolve" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+@pytest.mark.gpu
+def test_a_gpu_replica_serves_its_model_on_the_gpu(tiny_checkpoints, ray_session):
+    """--gpus-per-replica: the replica's model sits on CUDA and answers like the CPU (near-ties
+    of a random model aside)."""
+    from convs2s.serving.online import ServeSettings, load_translator
+
+    tr = load_translator(ServeSettings(checkpoints=[tiny_checkpoints["a"]], search=SEARCH,
+                                       gpus_per_replica=1))
+    assert next(tr.models[0].parameters()).is_cuda
+    s = [x for x, _ in tiny_checkpoints["pairs"][:20]]
+    got = tr.translate(s)
+    assert sum(a == b for a, b in zip(got, alone(tiny_checkpoints["a"], s))) >= 16

@@ -376,8 +376,10 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         else None}
 
 
-def start_ray() -> None:
-    """Join the cluster of RAY_ADDRESS (a submitted job), else start a local Ray quietly."""
+def start_ray(log_to_driver: bool = True) -> None:
+    """Join the cluster of RAY_ADDRESS (a submitted job), else start a local Ray quietly. With
+    `log_to_driver=False` the Ray processes' own lines stay in Ray's log files (`serve`: its
+    proxy, controller and per-request access lines)."""
     import ray
 
     if ray.is_initialized():
@@ -393,7 +395,7 @@ def start_ray() -> None:
             handler.setLevel(logging.WARNING)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     if os.environ.get("RAY_ADDRESS"):
-        ray.init(logging_level=logging.WARNING)
+        ray.init(logging_level=logging.WARNING, log_to_driver=log_to_driver)
     else:
         if "RAY_AUTH_MODE" not in os.environ:
             # token authentication, Ray's default for a new local instance, chosen explicitly
@@ -402,7 +404,8 @@ def start_ray() -> None:
             import ray._raylet
 
             ray._raylet.Config.initialize("")
-        ray.init(logging_level=logging.WARNING, include_dashboard=False)
+        ray.init(logging_level=logging.WARNING, include_dashboard=False,
+                 log_to_driver=log_to_driver)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False

@@ -143,6 +143,7 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
     if (dest / "MLmodel").is_file():
         return dest
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a line per file
     try:
         if tracking_uri:
             mlflow.set_tracking_uri(tracking_uri)
@@ -374,19 +375,23 @@ def build_app(args: dict):
 def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
         name: str = "convs2s", blocking: bool = False):
     """Start (or update) the application on the Ray this process is connected to; returns
-    Serve's handle. With `blocking`, serves until interrupted."""
+    Serve's handle. With `blocking`, serves until interrupted (Ctrl-C: the application is
+    deleted, nothing else is left running by this process)."""
     from ray import serve
 
-    serve.start(http_options={"host": host, "port": port})
-    t0 = time.perf_counter()
-    handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
-                       blocking=False)
-    log.info("serving %s on http://%s:%d/translate (ready in %.1f s)",
-             settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
-    if blocking:
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            serve.delete(name)
-    return handle
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        t0 = time.perf_counter()
+        handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
+                           blocking=False)
+        log.info("serving %s on http://%s:%d/translate (ready in %.1f s; Ctrl-C stops)",
+                 settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
+        if not blocking:
+            return handle
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        log.info("stopping: the application %r is deleted", name)
+        serve.delete(name)
+        return None
