@@ -100,6 +100,8 @@ def collect(run_dir: Path) -> dict:
         "train_seconds": round(m.get("train_seconds", 0.0), 1),
         "stop_reason": m.get("stop_reason"),
         "precision": m.get("precision"),
+        # dropout_by_passes: the dropout the run chose, from which projected passes
+        "dropout_choice": m.get("dropout_choice"),
         "best_valid_ppl": min((c["valid_ppl"] for c in curve), default=None),
         "validation_curve": curve,
         "checkpoints": [Path(c).name for c in result["checkpoints"]],

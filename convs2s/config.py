@@ -254,6 +254,13 @@ class TrainConfig(Settings):
     # Ampere, CPUs with AVX-512 BF16 / AMX), float32 elsewhere; "bf16" / "fp32": as asked.
     # Decided once per run and the same on every rank (convs2s.precision).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # Dropout that follows the passes over the data a time budget will reach on this machine
+    # (convs2s.train.regularization): ((from_passes, dropout), ...), ascending, the first from
+    # 0. After `passes_probe_updates` updates the trainer projects the run's passes from their
+    # rate and sets the dropout of the last entry whose `from_passes` the projection reaches,
+    # once, and says so (log, MLflow). Empty, or no max_time: the model's dropout throughout.
+    dropout_by_passes: tuple[tuple[float, float], ...] = ()
+    passes_probe_updates: int = 50
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -289,6 +296,17 @@ class TrainConfig(Settings):
                              "forever)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        table = tuple(tuple(float(x) for x in pair) for pair in self.dropout_by_passes)
+        object.__setattr__(self, "dropout_by_passes", table)  # from JSON / --set: lists
+        if table:
+            if any(len(pair) != 2 for pair in table) or table[0][0] != 0.0 \
+                    or any(a[0] >= b[0] for a, b in zip(table, table[1:])) \
+                    or not all(0.0 <= p < 1.0 for _, p in table):
+                raise ValueError("dropout_by_passes is ((from_passes, dropout), ...): from_passes "
+                                 "ascending from 0, each dropout in [0, 1); got "
+                                 f"{self.dropout_by_passes}")
+        if self.passes_probe_updates < 1:
+            raise ValueError("passes_probe_updates must be >= 1")
 
 
 # --- beam search (paper §5, docs/reference.md, Evaluation) ----------------------------------------

@@ -69,6 +69,8 @@ from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.tracking.runs import set_tags
+from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
+                                          projected_passes, set_dropout)
 from convs2s.train.data import TrainFiles, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
@@ -188,6 +190,10 @@ class Trainer:
         self.seconds = 0.0  # the training clock at the last check (`_clock`)
         self.stop_reason: str | None = None  # a key of STOP_REASONS once a limit is reached
         self._last_line = -math.inf  # when the last progress line was printed
+        # dropout_by_passes (convs2s.train.regularization): the choice once made, and the
+        # clock at the start of the timed probe
+        self.dropout_choice: dict | None = None
+        self._probe_start: float | None = None
 
     # --- resuming ---------------------------------------------------------------------------
 
@@ -215,6 +221,9 @@ class Trainer:
         with ckpt.as_directory() as d:
             state = load_checkpoint(d)
         self.net.load_state_dict(state["model"])
+        if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
+            self.dropout_choice = state["dropout_choice"]
+            set_dropout(self.net, self.dropout_choice["dropout"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["scheduler"])
         # The interrupted epoch continues with exactly its untrained rows (train_data); on
@@ -273,6 +282,8 @@ class Trainer:
             self.crash.record(self.rank, progress.update, micro)
             self.crash.maybe_crash(self.rank, progress.update, self.run_dir)
             self.seconds = self._clock()
+            if cfg.dropout_by_passes and cfg.max_time and self.dropout_choice is None:
+                self._probe_passes()
             if progress.update % cfg.log_interval == 0:
                 self._log_train(epoch, lr, updates_at_start)
             self.stop_reason = self._limit_reached(self.seconds)  # update or time limit
@@ -365,6 +376,7 @@ class Trainer:
             "scheduler": self.schedule.state_dict(),
             "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
             "train_seconds": progress.seconds(), "precision": self.precision.name,
+            "dropout_choice": self.dropout_choice,
         }
         tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
         tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
@@ -397,7 +409,31 @@ class Trainer:
                 "resumed_from_update": self.resumed_from,
                 "best_val_loss": self.schedule.best_loss, **self.final,
                 "train_seconds": progress.seconds(), "stop_reason": self.stop_reason,
-                "precision": self.precision.name}
+                "precision": self.precision.name, "dropout_choice": self.dropout_choice}
+
+    def _probe_passes(self) -> None:
+        """dropout_by_passes: time `passes_probe_updates` updates after the first few, project
+        the budget's passes, set the dropout once (the same on every rank: the clock is)."""
+        cfg, update = self.cfg, self.progress.update
+        start = self.resumed_from + WARMUP_UPDATES
+        if update == start:
+            self._probe_start = self.seconds
+        if self._probe_start is None or update < start + cfg.passes_probe_updates:
+            return
+        per_update = (self.seconds - self._probe_start) / (update - start)
+        passes = projected_passes(update, self.seconds, per_update, cfg.max_time,
+                                  self.updates_per_epoch)
+        p = dropout_for(cfg.dropout_by_passes, passes)
+        set_dropout(self.net, p)
+        self.dropout_choice = {"dropout": p, "update": update,
+                               "seconds_per_update": round(per_update, 4),
+                               "projected_passes": round(passes, 2),
+                               "table": [list(r) for r in cfg.dropout_by_passes]}
+        if self.rank == 0:
+            _say(f"[convs2s.train] {choice_message(self.dropout_choice)}")
+            set_tags(*self._tracking, {"convs2s.dropout": p,
+                                       "convs2s.dropout_reason":
+                                           choice_message(self.dropout_choice)})
 
     # --- the clock and the limits -------------------------------------------------------------
 

@@ -1,0 +1,60 @@
+"""Dropout that follows the number of passes over the training data a time budget will reach.
+
+Why: the Multi30k `cpu` recipe trains for 60 minutes. A host that multiplies bf16 natively
+passes the 29,000 captions 40-65 times in that hour, one without it about 15 times; dropout
+0.4 was best on validation at 63 passes and 0.3 at 15-18 (docs/benchmarks.md, "Translation
+quality"): more passes need more regularization, and the rate is only known on the machine.
+
+How: `TrainConfig.dropout_by_passes` is a table ((from_passes, dropout), ...). After
+`passes_probe_updates` updates (timed from the 10th, past the first updates' start-up cost)
+the trainer projects the passes of the whole budget from that rate, picks the last row the
+projection reaches and sets every dropout of the model to it, once. The first updates train
+with the model's own dropout. Every rank gets the same choice (the clock is shared:
+`Trainer._clock`), and a resumed run takes the choice from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.nn as nn
+
+WARMUP_UPDATES = 10  # not timed: the first updates pay for allocation and threads starting
+
+
+def projected_passes(update: int, seconds: float, seconds_per_update: float, max_time: float,
+                     updates_per_epoch: int) -> float:
+    """Passes over the data at the end of the budget: the updates made, plus those the rest of
+    the budget holds at the measured rate, over the updates of one epoch."""
+    if seconds_per_update <= 0 or updates_per_epoch <= 0:
+        return math.inf
+    left = max(max_time - seconds, 0.0) / seconds_per_update
+    return (update + left) / updates_per_epoch
+
+
+def dropout_for(table: tuple[tuple[float, float], ...], passes: float) -> float:
+    """The dropout of the last row whose from_passes `passes` reaches."""
+    chosen = table[0][1]
+    for from_passes, p in table:
+        if passes >= from_passes:
+            chosen = p
+    return chosen
+
+
+def set_dropout(model: nn.Module, p: float) -> int:
+    """Set the dropout probability every module of the model applies (their float `dropout`
+    attribute, convs2s.model.network); returns how many modules changed."""
+    n = 0
+    for m in model.modules():
+        value = getattr(m, "dropout", None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            m.dropout = float(p)
+            n += 1
+    return n
+
+
+def choice_message(choice: dict) -> str:
+    return (f"dropout {choice['dropout']:g} from update {choice['update']}: "
+            f"{choice['seconds_per_update']:.3f} s an update projects "
+            f"{choice['projected_passes']:.1f} passes over the data in the time budget "
+            f"(dropout_by_passes {choice['table']})")

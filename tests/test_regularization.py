@@ -1,0 +1,82 @@
+"""Dropout that follows the passes a time budget will reach (`convs2s.train.regularization`,
+`TrainConfig.dropout_by_passes`, the Multi30k `cpu` recipe): the choice for a measured rate,
+without training; and a short real training run that makes it and keeps it in its checkpoint.
+
+    .venv/bin/python -m pytest tests/test_regularization.py -q
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from convs2s.config import PRESETS, TrainConfig
+from convs2s.model.network import ConvS2S
+from convs2s.train.regularization import dropout_for, projected_passes, set_dropout
+
+from workflows.multi30k_en_de import cpu
+
+RECIPE = cpu().train.dropout_by_passes
+
+
+@pytest.mark.parametrize("host, seconds_per_update, dropout", [
+    # 29,000 captions in 122 updates an epoch (the recipe's batches), 60 minutes
+    ("float32 host (EPYC without AVX-512: 1,792 updates in an hour)", 3600 / 1792, 0.3),
+    ("bf16 host (Xeon with AMX: 7,717 updates in an hour)", 3600 / 7717, 0.4),
+])
+def test_the_recipe_picks_dropout_by_the_passes_the_hour_will_reach(host, seconds_per_update,
+                                                                  dropout):
+    passes = projected_passes(update=60, seconds=60 * seconds_per_update,
+                              seconds_per_update=seconds_per_update, max_time=3600,
+                              updates_per_epoch=122)
+    assert dropout_for(RECIPE, passes) == dropout, (host, passes)
+
+
+def test_projection_and_table_edges():
+    table = ((0.0, 0.3), (30.0, 0.4), (80.0, 0.5))
+    assert [dropout_for(table, p) for p in (0, 29.9, 30, 79, 80, 500)] == \
+        [0.3, 0.3, 0.4, 0.4, 0.5, 0.5]
+    # 100 updates done in 50 s; 3,550 s left at 0.5 s an update: 7,200 updates, 100 an epoch
+    assert projected_passes(100, 50.0, 0.5, 3600, 100) == pytest.approx(72.0)
+    assert projected_passes(100, 4000.0, 0.5, 3600, 100) == pytest.approx(1.0)  # budget spent
+    assert projected_passes(1, 0.0, 0.0, 3600, 100) == math.inf
+
+
+def test_set_dropout_reaches_every_dropout_of_the_model():
+    net = ConvS2S(PRESETS["tiny"]().replace(dropout=0.2), 50, 50)
+    n = set_dropout(net, 0.35)
+    values = {m.dropout for m in net.modules() if isinstance(getattr(m, "dropout", None), float)}
+    assert n > 4 and values == {0.35}
+
+
+def test_a_bad_table_is_refused():
+    for bad in [((5.0, 0.3),), ((0.0, 0.3), (0.0, 0.4)), ((0.0, 1.2),), ((0.0,),)]:
+        with pytest.raises(ValueError, match="dropout_by_passes"):
+            TrainConfig(dropout_by_passes=bad, max_time=60)
+    assert TrainConfig(dropout_by_passes=[[0, 0.3], [30, 0.4]]).dropout_by_passes == \
+        ((0.0, 0.3), (30.0, 0.4))  # from JSON / --set
+
+
+@pytest.mark.slow
+def test_a_budgeted_run_makes_the_choice_once_and_keeps_it(demo_batches, ray_session, tmp_path):
+    """A real training run with a time budget: after the probe the dropout is chosen, said in
+    the result, and kept in the checkpoint a resume reads."""
+    from convs2s.io.checkpoint import load_checkpoint
+    from convs2s.train.job import TrainJob
+    from convs2s.train.launch import fit
+
+    train = TrainConfig(max_epochs=0, max_updates=30, max_time=3600, log_interval=10,
+                        precision="fp32", passes_probe_updates=5,
+                        dropout_by_passes=((0.0, 0.05), (1e9, 0.5)))
+    result = fit(TrainJob(model=PRESETS["tiny"]().replace(dropout=0.2), train=train,
+                          train_data=demo_batches.batches["train"],
+                          valid_data=demo_batches.batches["valid"],
+                          spm_model=demo_batches.spm_model, vocab_size=demo_batches.vocab_size,
+                          storage_path=str(tmp_path / "runs"), run_name="probe",
+                          num_workers=1, cpus_per_worker=1))
+    choice = result.metrics["dropout_choice"]
+    assert choice["dropout"] == 0.05 and choice["update"] == 15  # 10 untimed + 5 timed
+    assert 0 < choice["projected_passes"] < 1e9
+    state = load_checkpoint(result.best_checkpoint)
+    assert state["dropout_choice"] == choice
