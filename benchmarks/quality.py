@@ -27,6 +27,7 @@ from pathlib import Path
 from benchmarks.corpus import DATA_DIR
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
+from convs2s.config import keep_explicit_dropout
 from convs2s.metrics.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
 from workflows.ablations import SweepError, variants_for
@@ -115,7 +116,9 @@ def with_variant(cfg, variant: str):
     if not name:
         raise SweepError(f"--variant {variant!r}: give SWEEP:NAME, e.g. recipe:dropout-0.4")
     (v,) = variants_for(sweep, cfg.model, [name])
-    return cfg.replace(model=v.apply(cfg.model))
+    model = v.apply(cfg.model)
+    return cfg.replace(model=model, train=keep_explicit_dropout(cfg.train, cfg.model.dropout,
+                                                                model.dropout))
 
 
 def main(argv: list[str] | None = None) -> int:

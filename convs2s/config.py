@@ -309,6 +309,15 @@ class TrainConfig(Settings):
             raise ValueError("passes_probe_updates must be >= 1")
 
 
+
+def keep_explicit_dropout(train: TrainConfig, preset_dropout: float,
+                          dropout: float) -> TrainConfig:
+    """A dropout set on purpose (a sweep variant, `--set model.dropout=...`) wins over
+    `dropout_by_passes`: `train` without the table when `dropout` is not the preset's."""
+    if train.dropout_by_passes and dropout != preset_dropout:
+        return train.replace(dropout_by_passes=())
+    return train
+
 # --- beam search (paper §5, docs/reference.md, Evaluation) ----------------------------------------
 
 

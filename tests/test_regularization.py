@@ -80,3 +80,23 @@ def test_a_budgeted_run_makes_the_choice_once_and_keeps_it(demo_batches, ray_ses
     assert 0 < choice["projected_passes"] < 1e9
     state = load_checkpoint(result.best_checkpoint)
     assert state["dropout_choice"] == choice
+
+
+def test_a_dropout_set_on_purpose_wins_over_the_table():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.quality import with_variant
+
+    variant = with_variant(cpu(), "recipe:dropout-0.5")  # a sweep variant's dropout
+    assert variant.model.dropout == 0.5 and variant.train.dropout_by_passes == ()
+    assert with_variant(cpu(), "recipe:tied-output").train.dropout_by_passes == RECIPE
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "workflows/multi30k_en_de.py", "--preset", "cpu",
+                          "--data", "demo", "--set", "model.dropout=0.2", "--dry-run",
+                          "--format", "json"], cwd=repo, capture_output=True, text=True,
+                         timeout=120, check=True)
+    spec = json.loads(out.stdout)["workflow"]
+    assert spec["model"]["dropout"] == 0.2 and spec["train"]["dropout_by_passes"] == []

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from convs2s.metrics.task_kinds import task_kind
 from storage import location
 from storage.lease import RunLease
+from convs2s.config import keep_explicit_dropout
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  variants_for)
 from workflows.engine import check, prepare, run_stages, source_tags, training_figures
@@ -152,8 +153,10 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                                  f"preset; drop it or change another setting")
         for seed in seeds:
             name = f"{v.name}-seed{seed}"
-            spec = vbase.replace(model=v.apply(vbase.model),
-                                 train=vbase.train.replace(seed=seed), run_name=name,
+            model = v.apply(vbase.model)
+            train = keep_explicit_dropout(vbase.train.replace(seed=seed),
+                                          vbase.model.dropout, model.dropout)
+            spec = vbase.replace(model=model, train=train, run_name=name,
                                  storage=str(folder))
             trials.append(Trial(name, v, seed, spec, changes))
     for t in trials:  # a trial folder holding a run under other settings: before anything

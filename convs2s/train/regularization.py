@@ -19,6 +19,7 @@ import math
 
 import torch.nn as nn
 
+
 WARMUP_UPDATES = 10  # not timed: the first updates pay for allocation and threads starting
 
 
@@ -58,3 +59,4 @@ def choice_message(choice: dict) -> str:
             f"{choice['seconds_per_update']:.3f} s an update projects "
             f"{choice['projected_passes']:.1f} passes over the data in the time budget "
             f"(dropout_by_passes {choice['table']})")
+
