@@ -13,7 +13,8 @@ import pytest
 
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
-from convs2s.train.regularization import dropout_for, projected_passes, set_dropout
+from convs2s.train.regularization import (WARMUP_UPDATES, dropout_for, projected_passes,
+                                          set_dropout)
 
 from workflows.multi30k_en_de import cpu
 
@@ -66,7 +67,8 @@ def test_a_budgeted_run_makes_the_choice_once_and_keeps_it(demo_batches, ray_ses
     from convs2s.train.job import TrainJob
     from convs2s.train.launch import fit
 
-    train = TrainConfig(max_epochs=0, max_updates=30, max_time=3600, log_interval=10,
+    train = TrainConfig(max_epochs=0, max_updates=WARMUP_UPDATES + 10, max_time=3600,
+                        log_interval=10,
                         precision="fp32", passes_probe_updates=5,
                         dropout_by_passes=((0.0, 0.05), (1e9, 0.5)))
     result = fit(TrainJob(model=PRESETS["tiny"]().replace(dropout=0.2), train=train,
@@ -76,7 +78,8 @@ def test_a_budgeted_run_makes_the_choice_once_and_keeps_it(demo_batches, ray_ses
                           storage_path=str(tmp_path / "runs"), run_name="probe",
                           num_workers=1, cpus_per_worker=1))
     choice = result.metrics["dropout_choice"]
-    assert choice["dropout"] == 0.05 and choice["update"] == 15  # 10 untimed + 5 timed
+    assert choice["dropout"] == 0.05  # the table's first row: far from 1e9 passes
+    assert choice["update"] == WARMUP_UPDATES + 5  # untimed start, then 5 timed updates
     assert 0 < choice["projected_passes"] < 1e9
     state = load_checkpoint(result.best_checkpoint)
     assert state["dropout_choice"] == choice

@@ -61,7 +61,7 @@ def cpu() -> WorkflowConfig:
       validation perplexity after 3 epochs was 15.0 at a peak of 2.7e-3, 23.7 at 1.35e-3 and
       55.0 at 0.67e-3; NAG 0.25 was at 115 after 2 epochs against Adam's 24-39);
     - dropout by the passes the hour will reach on this machine (`dropout_by_passes`, measured
-      over the first 60 updates; convs2s.train.regularization), label smoothing 0.1: at the
+      over updates 50-100; convs2s.train.regularization), label smoothing 0.1: at the
       bf16 rate of a host with AMX / AVX-512 BF16 an hour passes the 29,000 captions 40-65
       times, and dropout 0.4 reached val BLEU 40.13 there (63 passes) against 0.3's best of
       39.59 (39 passes, another host); a float32 host passes them about 15 times, where 0.3
