@@ -189,7 +189,9 @@ def test_a_custom_sweep_takes_its_variants_as_set_lists(tmp_path, capsys):
                       run_name="knobs", tracking_uri=f"sqlite:///{tmp_path / 'm.db'}",
                       variant=["drop-bpe:model.dropout=0.3;data.vocab_size=4000"])
     sweep = resolve_sweep(cpu, opts)
-    assert sweep.trials[1].changes == {"model.dropout": "0.3", "preprocess.vocab_size": "4000"}
+    # a dropout set on purpose also turns off the recipe's dropout-by-passes table
+    assert sweep.trials[1].changes == {"model.dropout": "0.3", "preprocess.vocab_size": "4000",
+                                       "train.dropout_by_passes": "()"}
     for variant, says in ((f"same:model.dropout={cpu.model.dropout}", "changes nothing"),
                           ("no-settings", "write NAME:SECTION.FIELD=VALUE"),
                           ("bad:train.lrr=1", "TrainConfig has no field 'lrr'")):

@@ -18,6 +18,7 @@ field, the closest valid names and the expected type (exit 2, before Ray starts)
 
 from __future__ import annotations
 
+from convs2s.config import keep_explicit_dropout
 from preprocessing.settings import Change as Override
 from preprocessing.settings import SettingError, apply_changes, closest, read_value
 from workflows.errors import SpecError
@@ -59,8 +60,12 @@ def apply(cfg, overrides: list[Override]):
     for o in by["data"]:  # checked now, applied once --data chose the source (`apply_data`)
         _apply_to(cfg.preprocess, [o], "data")
     cfg = _apply_to(cfg, by["workflow"], "workflow")
-    return cfg.replace(model=_apply_to(cfg.model, by["model"], "model"),
-                       train=_apply_to(cfg.train, by["train"], "train"),
+    model = _apply_to(cfg.model, by["model"], "model")
+    train = _apply_to(cfg.train, by["train"], "train")
+    if not any(o.field == "dropout_by_passes" for o in by["train"]):
+        # --set model.dropout=...: that dropout throughout, not the passes table's choice
+        train = keep_explicit_dropout(train, cfg.model.dropout, model.dropout)
+    return cfg.replace(model=model, train=train,
                        search=_apply_to(cfg.search, by["search"], "search"),
                        ensemble=_apply_to(cfg.ensemble, by["ensemble"], "ensemble"))
 

@@ -24,7 +24,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from convs2s.config import ModelConfig, SearchConfig, TrainConfig, keep_explicit_dropout
+from convs2s.config import ModelConfig, SearchConfig, TrainConfig
 from preprocessing.config import PreprocessConfig, with_demo_source
 from storage import location
 from workflows.errors import SpecError  # noqa: F401  (raised here; imported from here too)
@@ -161,10 +161,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     from workflows import overrides
 
     changes = overrides.parse(opts.set)  # --set: the preset changed before anything else
-    preset_dropout = cfg.model.dropout
     cfg = overrides.apply(cfg, changes)
-    # --set model.dropout=...: that dropout throughout, not the passes table's choice
-    cfg = cfg.replace(train=keep_explicit_dropout(cfg.train, preset_dropout, cfg.model.dropout))
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     data_flag = opts.data or cfg.data
     cfg = _languages_and_splits(cfg, opts, data_flag)
