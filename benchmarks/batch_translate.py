@@ -21,7 +21,6 @@ Writes benchmarks/results/batch_translate_<precision>[_shortlist].json (or --out
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import re
@@ -33,7 +32,8 @@ from pathlib import Path
 from statistics import median
 
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
-from benchmarks.report import RESULTS_DIR, format_table, write_result
+from benchmarks.report import (RESULTS_DIR, add_result_args, add_search_args, format_table,
+                               read_sentences, write_result)
 
 RATE = re.compile(r"translated (\d+) lines in ([\d.]+) s")
 
@@ -44,18 +44,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--input", type=Path, required=True, help="text or .gz, one sentence a line")
     p.add_argument("--lines", type=int, default=20_000)
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--max-len-a", type=float, default=1.2)
-    p.add_argument("--max-len-b", type=int, default=10)
-    p.add_argument("--precision", default="fp32")
-    p.add_argument("--shortlist", type=Path)
-    p.add_argument("--shortlist-frequent", type=int, default=1000)
+    add_search_args(p)
     p.add_argument("--actors", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
-    p.add_argument("--max-load", type=float, default=1.0)
-    p.add_argument("--out", type=Path)
-    p.add_argument("--replace", action="store_true")
+    add_result_args(p)
     return p.parse_args(argv)
 
 
@@ -107,9 +99,7 @@ def main(argv=None) -> None:
     quiet = (wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet
              else {"quiet": None})
     load_before = load_average()
-    opener = gzip.open if args.input.suffix == ".gz" else open
-    with opener(args.input, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for _, line in zip(range(args.lines), f)]
+    lines = read_sentences(args.input, args.lines)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)  # the job starts its own local Ray, as on a workstation
     runs: dict[str, list[dict]] = {"one process": [], "ray data job": []}

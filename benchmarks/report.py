@@ -79,3 +79,33 @@ def format_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def add_search_args(p, beam: int = 5) -> None:
+    """The search flags the translation benchmarks share (the Multi30k settings by default)."""
+    from pathlib import Path as _Path
+
+    p.add_argument("--beam", type=int, default=beam)
+    p.add_argument("--max-len-a", type=float, default=1.2)
+    p.add_argument("--max-len-b", type=int, default=10)
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--shortlist", type=_Path)
+    p.add_argument("--shortlist-frequent", type=int, default=1000)
+
+
+def add_result_args(p) -> None:
+    """--wait-quiet / --max-load (machine_info's quiet check), --out and --replace."""
+    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--max-load", type=float, default=1.0)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--replace", action="store_true")
+
+
+def read_sentences(path: Path, limit: int | None = None) -> list[str]:
+    """The lines of a text or .gz file (the first `limit`)."""
+    import gzip
+    import itertools
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in itertools.islice(f, limit)]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import os
 import signal
 import socket
@@ -37,7 +36,8 @@ from pathlib import Path
 from statistics import median
 
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
-from benchmarks.report import RESULTS_DIR, format_table, write_result
+from benchmarks.report import (RESULTS_DIR, add_result_args, add_search_args, format_table,
+                               read_sentences, write_result)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,12 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoint", required=True)
     p.add_argument("--test", type=Path, required=True, help="source sentences (text or .gz)")
-    p.add_argument("--beam", type=int, default=5)
-    p.add_argument("--max-len-a", type=float, default=1.2)
-    p.add_argument("--max-len-b", type=int, default=10)
-    p.add_argument("--precision", default="fp32")
-    p.add_argument("--shortlist", type=Path)
-    p.add_argument("--shortlist-frequent", type=int, default=1000)
+    add_search_args(p)
     p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--requests", type=int, default=400, help="most requests per measurement")
     p.add_argument("--max-seconds", type=float, default=30.0, help="most time per measurement")
@@ -59,10 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads-per-replica", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--max-batch-size", type=int, default=32)
     p.add_argument("--batch-wait-ms", type=float, default=2.0)
-    p.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS")
-    p.add_argument("--max-load", type=float, default=1.0)
-    p.add_argument("--out", type=Path)
-    p.add_argument("--replace", action="store_true")
+    add_result_args(p)
     return p.parse_args(argv)
 
 
@@ -146,9 +138,7 @@ def main(argv=None) -> None:
     quiet = (wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet
              else {"quiet": None})
     load_before = load_average()
-    opener = gzip.open if args.test.suffix == ".gz" else open
-    with opener(args.test, "rt", encoding="utf-8") as f:
-        sentences = [line.rstrip("\n") for line in f]
+    sentences = read_sentences(args.test)
     search = SearchConfig(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b,
                           precision=args.precision,
                           shortlist=str(args.shortlist) if args.shortlist else None,

@@ -28,6 +28,24 @@ if not os.environ.get("AWS_ENDPOINT_URL"):
     os.environ.update(LoopbackS3(_S3_PORT, None).env())
 
 
+
+def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
+    """SIGKILL `proc` (a subprocess.Popen) as soon as `ready()` holds; fail with `never` if it
+    does not within `timeout_s`, or if the process ends first."""
+    import time
+
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert proc.poll() is None, "the process ended before it could be killed"
+            assert time.monotonic() < deadline, never
+            time.sleep(0.01)
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

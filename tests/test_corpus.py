@@ -13,12 +13,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from convs2s.config import SearchConfig
+from conftest import kill_when
 from convs2s.serving.corpus import CorpusError, CorpusJob, translate_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,17 +109,8 @@ def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
                                       str(tmp_path / "mono.en"), "--output", str(out)],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    try:  # SIGKILL the job once its first part is done
-        deadline = time.monotonic() + 180
-        while not list(out.glob("part-*.json")):
-            assert proc.poll() is None, "the job ended before it could be killed"
-            assert time.monotonic() < deadline, "no part was ever written"
-            time.sleep(0.01)
-        proc.kill()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # SIGKILL the job once its first part is done
+    kill_when(proc, lambda: list(out.glob("part-*.json")), "no part was ever written")
     done_before = {p.name for p in out.glob("part-*.json")}
     assert not (out / "manifest.json").exists() and len(done_before) < 20
     mtimes = {n: (out / n).stat().st_mtime_ns for n in done_before}

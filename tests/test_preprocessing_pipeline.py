@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from conftest import kill_when
 from preprocessing.cleaning import normalize
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
@@ -237,17 +238,9 @@ def test_killed_stage_reruns_to_identical_shards(newstest, ray_session, tmp_path
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_RUN, ray_session.get_runtime_context().gcs_address,
          json.dumps(cfg2.to_dict())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # SIGKILL the driver once the encoding stage has written its first part
-        deadline = time.monotonic() + 180
-        while not list(task.glob("encoded/.train.partial-*/part-*.parquet")):
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "encoding never started"
-            time.sleep(0.01)
-        proc.kill()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # SIGKILL the driver once the encoding stage has written its first part
+    kill_when(proc, lambda: list(task.glob("encoded/.train.partial-*/part-*.parquet")),
+              "encoding never started")
     killed_at = time.time_ns()
     assert not (task / "encoded" / "train").exists()  # the half-done stage is not "complete"
     again = run_pipeline(cfg2)
