@@ -5,8 +5,9 @@ Both are the project's command lines in subprocesses, on the same model, setting
 (the first --lines lines of a file, e.g. Multi30k's train.en: 20,000 distinct captions), in
 alternated rounds (each once per round, the order swapped every round). Per run:
 - the single process's own rate (its log line: translation only, model load excluded);
-- the job's rate from its manifest (from its first actor's start to the last part: actor
-  start-up and model loading included), and its split time;
+- the job's rate from its manifest (from the end of its split to the last part: the local
+  Ray's start-up, the actors' and the model loading included), and its split time;
+- the actors' own rate (lines over the parts' search time shared among the actors);
 - both commands' wall time (Python start, Ray start for the job, model loading: everything).
 Outputs must be identical line for line (the job's parts are batched as one process batches:
 convs2s.serving.corpus, shard_lines).
@@ -147,8 +148,9 @@ def main(argv=None) -> None:
         {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         machine_info(), load_before, load_average(), quiet, {"rows": rows},
         notes=["one process: its own log's rate (translation only); the job: its manifest's "
-               "(actor start-up and model loading included); the actors' own rate: lines over "
-               "the parts' search time divided among the actors; wall: the whole command"],
+               "(Ray's and the actors' start-up and model loading included); the actors' own "
+               "rate: lines over the parts' search time divided among the actors; wall: the "
+               "whole command"],
         replace=args.replace)
     print(path)
 

@@ -28,10 +28,11 @@ from storage.paths import (
     publish_dir,
     remove_tree,
     stamp,
+    write_whole,
     written_locally,
 )
 from storage.checks import check_storage
 
 __all__ = ["ObjectPath", "StorageError", "check_storage", "filesystem_of", "is_uri",
            "local_copy", "location", "move_tree", "open_input", "publish_dir", "remove_tree",
-           "stamp", "written_locally"]
+           "stamp", "write_whole", "written_locally"]

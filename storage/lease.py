@@ -50,10 +50,11 @@ class RunLease:
     """An exclusive, renewed hold on `folder` (see the module's docstring)."""
 
     def __init__(self, folder, command: str = "", ttl_s: float = 120.0,
-                 heartbeat_s: float = 20.0):
+                 heartbeat_s: float = 20.0, elsewhere: str = "give another --run-name"):
         self.folder = location(folder)
         self.path = self.folder / LEASE_FILE
         self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
+        self.elsewhere = elsewhere  # the refusal's way to another folder
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
                       "id": uuid.uuid4().hex[:12], "command": command}
         self.taken_over: str | None = None
@@ -84,7 +85,7 @@ class RunLease:
         return LeaseHeld(
             f"{self.folder} is in use by another command{what}: pid {held.get('pid')} on "
             f"{held.get('host')}, lease renewed at {since}; wait for it to finish, stop it, or "
-            "give another --run-name (a holder that died is taken over after "
+            f"{self.elsewhere} (a holder that died is taken over after "
             f"{self.ttl_s:.0f} s, at once on its own host)")
 
     # -- acquire / renew / release --

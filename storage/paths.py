@@ -217,6 +217,19 @@ class ObjectPath:
                         destination_filesystem=self.fs)
 
 
+
+def write_whole(p, data: bytes) -> None:
+    """Write a whole file so that a reader sees the old content or the new, never a part: an
+    object is one PUT; a local file is written beside and renamed over."""
+    p = location(p)
+    if isinstance(p, ObjectPath):
+        p.write_bytes(data)
+        return
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_bytes(data)
+    os.replace(tmp, p)
+
 def open_input(p):
     """A seekable binary file object reading `p` (local or an object)."""
     p = location(p)

@@ -199,3 +199,15 @@ def test_a_corpus_job_on_gpu_actors_translates_as_the_cpu_does(tiny_checkpoints,
     assert manifest["lines_in"] == manifest["lines_out"] == 120
     got, cpu = parts_text(tmp_path / "out"), one_process(tiny_checkpoints["a"], lines)
     assert got[3] == "" and sum(a == b for a, b in zip(got, cpu)) >= 0.8 * len(lines)
+
+
+def test_a_folder_another_job_holds_is_refused_before_any_work(tiny_checkpoints, tmp_path):
+    from storage.lease import LeaseHeld, RunLease
+
+    (tmp_path / "a.en").write_text("one two\n")
+    out = tmp_path / "out"
+    with RunLease(out, command="translate (another job)"):
+        with pytest.raises(LeaseHeld, match=r"translate \(another job\).*give another --output"):
+            translate_corpus(CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "a.en"),
+                                       str(out), search=SEARCH, progress=False))
+    assert [p.name for p in out.iterdir()] == []  # nothing written; the lease is gone

@@ -59,8 +59,8 @@ LAYERS = {
     "convs2s.inference": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io"},
     "convs2s.train": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io",
                       "convs2s.tracking"},
-    "convs2s.serving": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io",
-                        "convs2s.inference", "convs2s.tracking"},
+    "convs2s.serving": {"convs2s.config", "convs2s.console", "convs2s.precision",
+                        "convs2s.model", "convs2s.io", "convs2s.inference", "convs2s.tracking"},
 }
 TOP = {"convs2s/cli.py", "convs2s/__main__.py", "convs2s/__init__.py"}
 

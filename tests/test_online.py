@@ -94,6 +94,8 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_translation(
     info = json.loads(health.read())
     assert info["status"] == "ok" and info["precision"] == "fp32"
     assert info["search"]["beam"] == 3
+    # concurrent requests shared searches: fewer searches than sentences (this replica's)
+    assert info["batches"] < info["sentences_served"], info
 
 
 def test_a_request_sets_its_own_search_within_limits(served, tiny_checkpoints):
@@ -124,6 +126,8 @@ def test_a_request_sets_its_own_search_within_limits(served, tiny_checkpoints):
 @pytest.mark.slow
 def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
         tiny_checkpoints, tmp_path):
+    import torch
+
     from convs2s.serving.online import (ServeSettings, fetch_logged_model, load_translator,
                                         resolve_model_uri)
     from convs2s.serving.pyfunc import log_translator
@@ -139,6 +143,11 @@ def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
     tr = load_translator(ServeSettings(model=pinned, tracking_uri=uri))
     s = [x for x, _ in tiny_checkpoints["pairs"][:4]]
     assert tr.translate(s) == alone(tiny_checkpoints["a"], s)  # still the first model
+    # a precision given at serve time converts the logged weights, not only the label
+    bf16 = load_translator(ServeSettings(model=pinned, tracking_uri=uri,
+                                         search={"precision": "bf16"}))
+    assert bf16.search.precision == "bf16"
+    assert next(bf16.models[0].parameters()).dtype == torch.bfloat16
     assert fetch_logged_model(pinned, uri) == fetch_logged_model(pinned, uri)  # cached
     with pytest.raises(ValueError, match=r"models:/tiny@nope does not resolve"):
         resolve_model_uri("models:/tiny@nope", uri)

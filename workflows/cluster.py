@@ -12,6 +12,7 @@ import os
 import time
 from pathlib import Path
 
+from convs2s.console import choose_local_ray_auth
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 
@@ -45,7 +46,7 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(logging_level=logging.WARNING)
         else:
-            _local_ray_auth()
+            choose_local_ray_auth()
             ray.init(logging_level=logging.WARNING, **own_dashboard())
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
@@ -173,18 +174,6 @@ def gpus_of(nodes: list[dict], accelerator_type: str | None = None) -> float:
     return sum(n.get("Resources", {}).get("GPU", 0) for n in nodes if n.get("Alive")
                and (accelerator_type is None
                     or f"accelerator_type:{accelerator_type}" in n.get("Resources", {})))
-
-
-def _local_ray_auth() -> None:
-    """A local Ray this workflow starts uses token authentication (Ray's default for a new
-    local instance), chosen explicitly: left unset, Ray picks the same and prints a notice on
-    every run. A user's own RAY_AUTH_MODE is kept."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    os.environ["RAY_AUTH_MODE"] = "token"
-    import ray._raylet
-
-    ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
 
 
 def ray_log_dir() -> str:

@@ -5,8 +5,8 @@
   resumable);
 - `online`: a Ray Serve deployment with dynamic request batching.
 
-May import: mlflow, ray, `convs2s.config`, `convs2s.io`, `convs2s.inference`,
-`convs2s.tracking`.
+May import: mlflow, ray, `convs2s.config`, `convs2s.console` (starting a quiet local Ray),
+`convs2s.io`, `convs2s.inference`, `convs2s.tracking`.
 
 Logged models store `model_code.py` (older ones `served_translator.py`), which imports
 `TranslatorModel` from `convs2s.serving`: it stays importable here (loaded on first use, so a

@@ -41,11 +41,11 @@ import logging
 import os
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
-from storage import ObjectPath, location, open_input, stamp
+from convs2s.console import choose_local_ray_auth
+from storage import location, open_input, stamp, write_whole
 from storage.lease import RunLease
 
 log = logging.getLogger("convs2s.serving.corpus")
@@ -90,20 +90,7 @@ class CorpusJob:
         return "cuda" if self.gpus_per_actor > 0 else "cpu"
 
 
-# --- small helpers: whole files committed at once ---------------------------------------------
-
-
-def _put(path, data: bytes) -> None:
-    """Write a whole file: an object is one PUT; a local file is written beside and renamed,
-    so a reader sees the old file or the new one, never a part."""
-    path = location(path)
-    if isinstance(path, ObjectPath):
-        path.write_bytes(data)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+# --- small helpers -----------------------------------------------------------------------------
 
 
 def _read_json(path) -> dict | None:
@@ -171,7 +158,8 @@ def split_input(job: CorpusJob, out) -> dict:
 
     def flush():
         index = len(shards)
-        _put(out / SOURCE / part_name(index, "txt"), "".join(f"{x}\n" for x in lines).encode())
+        write_whole(out / SOURCE / part_name(index, "txt"),
+                    "".join(f"{x}\n" for x in lines).encode())
         shards.append({"index": index, "first_line": total - len(lines) + 1,
                        "lines": len(lines)})
         lines.clear()
@@ -197,7 +185,7 @@ def split_input(job: CorpusJob, out) -> dict:
     manifest = {"input": str(job.input), "lines": total, "shard_lines": job.shard_lines,
                 "shards": shards, "non_utf8": {"count": n_non_utf8, "lines": non_utf8},
                 "seconds": round(time.perf_counter() - t0, 3)}
-    _put(out / SOURCE / MANIFEST, json.dumps(manifest, indent=1).encode())
+    write_whole(out / SOURCE / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
 
@@ -234,13 +222,13 @@ class ShardTranslator:
             lines = text.split("\n")[:-1]
             with torch.inference_mode():
                 translations = self.translator.translate_full(lines)
-            _put(self.out / part_name(index, "txt"), "".join(
+            write_whole(self.out / part_name(index, "txt"), "".join(
                 format_translation(tr, 0, self.nbest, False) for tr in translations).encode())
             record = {"index": index, "lines": len(lines),
                       "empty": sum(1 for tr in translations if not tr.source),
                       "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
                       "seconds": round(time.perf_counter() - t0, 3)}
-            _put(self.out / part_name(index, "json"), json.dumps(record).encode())  # done
+            write_whole(self.out / part_name(index, "json"), json.dumps(record).encode())  # done
             for k in rows:
                 rows[k].append(record[k])
         return rows
@@ -290,7 +278,8 @@ def translate_corpus(job: CorpusJob) -> dict:
     the manifest. Raises CorpusError for bad input, LeaseHeld when another job writes there."""
     check_job(job)
     out = location(job.output)
-    with RunLease(out, command=f"translate --input {job.input}"):
+    with RunLease(out, command=f"translate --input {job.input}",
+                  elsewhere="give another --output"):
         identity = _identity(job)
         previous = _read_json(out / JOB_FILE)
         if previous is not None and previous != identity:
@@ -299,7 +288,7 @@ def translate_corpus(job: CorpusJob) -> dict:
                               f"(changed: {', '.join(changed)}): give a new --output, or delete "
                               "the folder to start over")
         if previous is None:
-            _put(out / JOB_FILE, json.dumps(identity, indent=1).encode())
+            write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
         if (out / MANIFEST).is_file():
             log.info("%s is complete already (%s)", job.output, MANIFEST)
             return json.loads((out / MANIFEST).read_text())
@@ -314,7 +303,7 @@ def translate_corpus(job: CorpusJob) -> dict:
             _run_pool(job, todo, source["lines"], done_lines)
         seconds = time.perf_counter() - t0
         manifest = _manifest(job, out, source, identity, seconds, len(todo))
-        _put(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
+        write_whole(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
     return manifest
 
 
@@ -371,9 +360,9 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         "actors": job.actors, "threads_per_actor": job.threads_per_actor,
         "gpus_per_actor": job.gpus_per_actor, "parts_translated_now": translated_parts,
         "seconds": round(seconds, 3),
-        "sentences_per_s": round(sum(p["lines"] for s, p in zip(source["shards"], parts))
-                                 / max(seconds, 1e-9), 2) if translated_parts == len(parts)
-        else None}
+        # the rate of a run that translated every part (a resumed run's would mislead)
+        "sentences_per_s": round(lines / max(seconds, 1e-9), 2)
+        if translated_parts == len(parts) else None}
 
 
 def start_ray(log_to_driver: bool = True) -> None:
@@ -397,13 +386,7 @@ def start_ray(log_to_driver: bool = True) -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(logging_level=logging.WARNING, log_to_driver=log_to_driver)
     else:
-        if "RAY_AUTH_MODE" not in os.environ:
-            # token authentication, Ray's default for a new local instance, chosen explicitly
-            # (left unset, Ray prints a notice on every run); as workflows.cluster does
-            os.environ["RAY_AUTH_MODE"] = "token"
-            import ray._raylet
-
-            ray._raylet.Config.initialize("")
+        choose_local_ray_auth()
         ray.init(logging_level=logging.WARNING, include_dashboard=False,
                  log_to_driver=log_to_driver)
     from ray.data import DataContext

@@ -109,13 +109,15 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from convs2s.tracking.runs import redact_uri
+
     tracking_uri = tracking_uri or mlflow.get_tracking_uri()
     if uri.startswith("models:/") and "@" in uri:
         name, alias = uri[len("models:/"):].split("@", 1)
         try:
             mv = MlflowClient(tracking_uri).get_model_version_by_alias(name, alias)
         except MlflowException as err:
-            raise ValueError(f"model {uri} does not resolve at {_public(tracking_uri)}: "
+            raise ValueError(f"model {uri} does not resolve at {redact_uri(tracking_uri)}: "
                              f"{err.message.splitlines()[0]}") from None
         if getattr(mv, "model_id", None):
             return f"models:/{mv.model_id}"
@@ -125,17 +127,11 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
     return uri
 
 
-def _public(uri: str) -> str:
-    """A tracking URI without credentials (user:password@ in an http URI)."""
-    import re
-
-    return re.sub(r"//[^/@]*@", "//", uri)
-
-
 def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
     """The logged model's folder on this node (downloaded once per node and URI)."""
     import mlflow.artifacts
 
+    from convs2s.tracking.runs import redact_uri
     from storage.paths import cache_root
 
     dest = cache_root() / "models" / hashlib.sha256(
@@ -149,8 +145,10 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
             mlflow.set_tracking_uri(tracking_uri)
         mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp))
     except Exception as err:  # MLflow raises several types for a URI that does not resolve
-        raise ValueError(f"model {uri} could not be fetched: {str(err).splitlines()[0]}") \
-            from None
+        reason = str(err).splitlines()[0]
+        if tracking_uri:  # never the server's password, should MLflow name the server
+            reason = reason.replace(tracking_uri, redact_uri(tracking_uri))
+        raise ValueError(f"model {uri} could not be fetched: {reason}") from None
     try:
         os.replace(tmp, dest)
     except OSError:  # another replica on this node finished first
@@ -181,10 +179,9 @@ def load_translator(s: ServeSettings):
         from convs2s.serving.pyfunc import translator_from_artifacts
 
         folder = fetch_logged_model(s.model, s.tracking_uri)
-        translator = translator_from_artifacts(logged_model_artifacts(folder), device)
-        if s.search:
-            translator.search = translator.search.replace(**s.search)
-        return translator
+        # the settings given here over the logged ones, before the weights are converted (a
+        # precision or shortlist changes what is loaded, not only how it searches)
+        return translator_from_artifacts(logged_model_artifacts(folder), device, s.search)
     from convs2s.inference.translate import load_for_inference
 
     return load_for_inference(s.checkpoints, SearchConfig.from_dict(s.search), device,

@@ -58,9 +58,11 @@ EXAMPLE = ["the cat is small ."]
 PYFUNC_PARAMS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "unk_penalty")
 
 
-def translator_from_artifacts(artifacts: dict[str, str], device: str | None = None):
+def translator_from_artifacts(artifacts: dict[str, str], device: str | None = None,
+                              overrides: dict | None = None):
     """The Translator of a logged model's artifacts (local paths by name: checkpoints, search,
-    and the dictionary and shortlist when its search names them)."""
+    and the dictionary and shortlist when its search names them), with `overrides` (search
+    settings) over the logged search."""
     import torch
 
     from convs2s.config import SearchConfig
@@ -71,6 +73,7 @@ def translator_from_artifacts(artifacts: dict[str, str], device: str | None = No
         cfg["dictionary"] = artifacts["dictionary"]
     if cfg.get("shortlist"):
         cfg["shortlist"] = artifacts["shortlist"]
+    cfg.update(overrides or {})
     root = Path(artifacts["checkpoints"])
     paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
     if device is None:  # int8 weights run on PyTorch's quantized CPU kernels
