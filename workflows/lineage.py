@@ -229,7 +229,12 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     mv = _new_version(client, name, registered, model_id, ours, best, metric,
                                       value, test_set, digest)
                     continue
-                client.set_registered_model_alias(name, CHAMPION, mv.version)
+                try:
+                    client.set_registered_model_alias(name, CHAMPION, mv.version)
+                except Exception as err:  # noqa: BLE001
+                    if "IntegrityError" not in str(err):
+                        raise
+                    continue  # another run set the alias at this moment: read and compare again
                 # The pause outlasts another run's read-then-set even on a busy machine.
                 time.sleep(max(REGISTRY_SETTLE_S, 3 * (time.monotonic() - read_at)))
             raise RuntimeError(f"{name}@{CHAMPION} kept changing while this run compared it")
