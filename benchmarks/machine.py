@@ -98,11 +98,17 @@ def machine_info(device=None) -> dict:
         "git": _git_commit(),
         "cpu_flags": _cpu_matmul_flags(),
     }
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) != os.cpu_count():
+        info["cpus_usable"] = len(os.sched_getaffinity(0))  # pinned (taskset) to fewer
+    limits = {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)}
+    if limits:  # a host made to run as one without its wider instructions (or without bf16)
+        info["isa_limits"] = limits
     if device is None:
         return _imported_versions(info)
     import torch
 
     info["torch_threads"] = torch.get_num_threads()
+    info["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     info["versions"]["torch"] = torch.__version__
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -116,6 +122,14 @@ def machine_info(device=None) -> dict:
 # int8 dot products (VNNI); a figure is comparable only between hosts that share them.
 MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
                 "amx_int8", "amx_tile", "bf16", "i8mm", "asimddp")
+
+
+# Environment settings that cap what the kernels use below what the flags say: ATen's vector
+# kernels (ATEN_CPU_CAPABILITY=avx2), oneDNN's matmuls and convolutions (ONEDNN_MAX_CPU_ISA=AVX2)
+# MKL's (MKL_ENABLE_INSTRUCTIONS=AVX2) and the project's native-bf16 decision (CONVS2S_CPU_BF16=0, convs2s/precision.py). Set
+# together, they run an AVX-512 / AMX host as a host without them (docs/benchmarks.md).
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "CONVS2S_CPU_BF16")
 
 
 def _cpu_matmul_flags() -> list[str] | None:
