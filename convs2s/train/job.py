@@ -40,10 +40,6 @@ class TrainJob:
     num_workers: int = 1
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
-    # CPUs each Ray Data read task reserves. 0 by default: reading batch rows is light, and the
-    # workers may hold every CPU of the cluster (the 2-CPU test cluster), which would starve
-    # the reads and hang training.
-    read_cpus: float = 0.0
     max_failures: int = 3  # worker-group restarts from the latest checkpoint
     tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
     experiment_name: str = "convs2s"

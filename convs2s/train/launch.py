@@ -43,7 +43,6 @@ import ray.train
 import ray.train.torch
 from ray.train import (
     CheckpointConfig,
-    DataConfig,
     FailureConfig,
     LoggingConfig,
     RunConfig,
@@ -75,7 +74,7 @@ from storage import filesystem_of, is_uri, location
 
 def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
-    datasets, files = _datasets(job)  # bad or incomplete data: refused before any run starts
+    files, valid_files = _split_files(job)  # bad or incomplete data: refused before any run
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
@@ -109,6 +108,7 @@ def fit(job: TrainJob) -> TrainResult:
         # over here: the Ray workers may have started before the test set it.
         train_loop_config={"job": job, "run_dir": str(run_dir), "tracking_uri": uri,
                            "run_id": run_id, "train_files": files,
+                           "valid_files": valid_files,
                            "crash": CrashInjection.from_env()},
         scaling_config=ScalingConfig(num_workers=job.num_workers, use_gpu=job.use_gpu,
                                      resources_per_worker=resources,
@@ -123,11 +123,6 @@ def fit(job: TrainJob) -> TrainResult:
                              # Ray Train's INFO lines (worker group start-up) stay in its log
                              # files; the console shows our progress lines and warnings.
                              logging_config=LoggingConfig(log_level="WARNING")),
-        datasets=datasets,
-        # Validation rows are not split: each rank reads them all and keeps its share by id,
-        # so no row is dropped to equalize the shards.
-        dataset_config=DataConfig(datasets_to_split=[],
-                                  execution_options=_ingest_options()),
     )
     try:
         result = trainer.fit()
@@ -185,11 +180,13 @@ def _resources(job: TrainJob) -> str:
     return f"{job.cpus_per_worker:g} CPU" + (" + 1 GPU" if job.use_gpu else "")
 
 
-def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
-    """The validation split as a Ray Dataset (every rank reads it all and keeps its share by
-    id) and the training split's files: each rank plans and reads its own rows of every epoch
-    from them (convs2s.train.data), so a resumed run trains exactly the rows it had left."""
-    out, files = {}, None
+def _split_files(job: TrainJob) -> tuple[TrainFiles, TrainFiles]:
+    """The training and validation splits' parquet files and row counts. Each rank plans and
+    reads its own training rows of every epoch from them (convs2s.train.data), so a resumed
+    run trains exactly the rows it had left; each reads the validation files whole and keeps
+    its share by sentence id. Neither goes through Ray Data: the workers read the files with
+    pyarrow, as a process without Ray would."""
+    found = []
     for split, path in (("train", job.train_data), ("valid", job.valid_data)):
         d = location(path)
         if is_uri(d) and not (d / STAGE_MANIFEST).is_file():
@@ -199,54 +196,17 @@ def _datasets(job: TrainJob) -> tuple[dict, TrainFiles]:
                 f"{d} ({split} split) has no {STAGE_MANIFEST}: the preprocessing stage that "
                 "writes it did not finish (killed, or still running); rerun preprocessing (the "
                 "workflow redoes an unfinished stage) and train from its output")
-        parts = sorted(d.glob("*.parquet")) if d.is_dir() else []
-        if not parts:
+        files = TrainFiles.scan(d) if d.is_dir() else TrainFiles((), ())
+        if not files.paths:
             raise FileNotFoundError(
                 f"no parquet batch shards in {d} ({split} split): run "
                 "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
             )
-        if split == "train":
-            files = TrainFiles.scan(d)
-        else:
-            # at most as many read tasks as files: a cap above it is a Ray warning per worker
-            out[split] = _read_parquet(d, job.read_cpus,
-                                       min(2 * job.num_workers, len(parts)))
-    return out, files
+        found.append(files)
+    return found[0], found[1]
 
 
 STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)
-
-
-def _ingest_options():
-    """Ray Train's default ingest options, without the deprecated `exclude_resources`:
-    `DataConfig.default_ingest_options` (Ray 2.60) copies it over and so warns, from the
-    DatasetManager actor, once per run."""
-    current = ray.data.DataContext.get_current().execution_options
-    return ray.data.ExecutionOptions(resource_limits=current.resource_limits,
-                                     preserve_order=current.preserve_order,
-                                     verbose_progress=current.verbose_progress)
-
-
-def _read_parquet(path, num_cpus: float, tasks: int):
-    """read_parquet whose every task reserves `num_cpus` CPUs (0 by default), at most `tasks`
-    read tasks at once.
-
-    Ray Data's V2 parquet path adds a file-listing task that always asks for one CPU; when the
-    train workers hold every CPU (the 2-CPU test cluster: 2 workers x 1 CPU) it never runs and
-    training hangs. The V1 path lists files on the driver and its read tasks honour num_cpus.
-    Tasks that reserve no CPU are not limited by the cluster's CPUs: without a cap Ray started
-    a read task (and a worker process) per file at once, and the first batch of the 10M-pair
-    shards (200 files) reached the workers after 55 s on 2 CPUs.
-    """
-    ctx = ray.data.DataContext.get_current()
-    saved = ctx.use_datasource_v2
-    ctx.use_datasource_v2 = False
-    try:
-        fs, key = filesystem_of(path)
-        return ray.data.read_parquet(key, filesystem=fs, num_cpus=num_cpus,
-                                     concurrency=max(1, tasks))
-    finally:
-        ctx.use_datasource_v2 = saved
 
 
 def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:

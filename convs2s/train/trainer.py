@@ -71,7 +71,7 @@ from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.tracking.runs import set_tags
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
-from convs2s.train.data import TrainFiles, read_rows, resumed_rows
+from convs2s.train.data import TrainFiles, read_file, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
 from convs2s.train.update import train_update
@@ -147,7 +147,7 @@ class Trainer:
 
     def __init__(self, config: dict):
         """`config`: the train_loop_config of `fit` (job, run_dir, tracking_uri, run_id,
-        train_files, crash)."""
+        train_files, valid_files, crash)."""
         job: TrainJob = config["job"]
         self.job, self.cfg = job, job.train
         self.run_dir = location(config["run_dir"])  # a local / shared folder, or a bucket
@@ -177,10 +177,10 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from = 0  # the update of the checkpoint resumed from (0: a fresh start)
         self.logger: RunLogger | None = None  # rank 0 only
-        self.valid_shard = None
         # The training rows: every rank plans its rows of each epoch from the files alone
         # (convs2s.train.data), so a resumed run trains exactly what its epoch had left.
         self.files: TrainFiles = config["train_files"]
+        self.valid_files: TrainFiles = config["valid_files"]
         self._resume = (0, self.world)  # (rows each rank had trained, on how many ranks)
         self.meter: TrainMeter | None = None
         self.rows_per_rank = self.files.rows_per_rank(self.world)  # batch rows of an epoch
@@ -205,7 +205,6 @@ class Trainer:
         self.resumed_from = self.progress.update
         self.logger = RunLogger(*self._tracking, self.run_dir / METRICS_FILE) \
             if self.rank == 0 else None
-        self.valid_shard = ray.train.get_dataset_shard("valid")
         self.meter = TrainMeter(self.comm, self.device)  # its clock starts now
         self.seconds = self._clock()
         self.stop_reason = self._limit_reached(self.seconds)
@@ -317,7 +316,7 @@ class Trainer:
         collective). The batches are read on the first call and kept: validation sets are
         small (thousands of sentences)."""
         if self.valid is None:
-            self.valid = list(_valid_batches(self.valid_shard, self.comm))
+            self.valid = list(_valid_batches(self.valid_files, self.comm))
         return validate_all_ranks(self.net, self.valid, self.comm, self.device, self.cfg)
 
     def _end_epoch(self, epoch: int, epoch_end: bool) -> dict:
@@ -493,18 +492,6 @@ def initial_weights(job: TrainJob) -> dict:
 # --- data -----------------------------------------------------------------------------------------
 
 
-def _rows(shard, prefetch: int):
-    """The shard's batch rows as one-row tables, read a whole Ray Data block at a time.
-
-    Asking Ray Data for one row at a time (batch_size=1), or letting it shuffle rows
-    (local_shuffle_buffer_size), cost 10-15% of a CPU training step: each call slices and
-    concatenates Arrow tables in the iterator thread, which competes with torch's threads."""
-    for block in shard.iter_batches(batch_size=None, batch_format="pyarrow",
-                                    prefetch_batches=prefetch):
-        for i in range(block.num_rows):
-            yield block.slice(i, 1)  # zero-copy
-
-
 def _train_batches(rows, max_positions: int):
     """Collated batches of this rank's rows (`train_data.read_rows`)."""
     for table in rows:
@@ -518,13 +505,16 @@ def _train_batches(rows, max_positions: int):
         yield batch
 
 
-def _valid_batches(shard, comm: Comm):
-    """Every rank reads all validation rows and keeps those whose first sentence id falls to
-    it: the split does not depend on the order in which rows arrive."""
-    for table in _rows(shard, prefetch=1):
-        batch = collate_arrow(table)
-        if int(batch.ids[0]) % comm.world_size == comm.rank:
-            yield batch
+def _valid_batches(files: TrainFiles, comm: Comm):
+    """Every rank reads all validation rows, file by file in name order, and keeps those whose
+    first sentence id falls to it: each row is validated once, on one rank, and no row is
+    dropped to equalize the ranks' shares."""
+    for path in files.paths:
+        table = read_file(path)
+        for i in range(table.num_rows):
+            batch = collate_arrow(table.slice(i, 1))  # zero-copy row
+            if int(batch.ids[0]) % comm.world_size == comm.rank:
+                yield batch
 
 
 # --- fault injection (tests only) -------------------------------------------------------------
