@@ -4,6 +4,8 @@
     python -m convs2s translate --checkpoint ... --input src.txt --output hyp.txt [--beam 5 ...]
     python -m convs2s translate --checkpoint ... --input mono.en.gz --output parts/ --actors 4
     python -m convs2s serve --checkpoint runs/demo/best  (or --model models:/NAME@champion)
+    python -m convs2s train --train-data PREP/batches/train --valid-data PREP/batches/valid \
+        --spm-model PREP/spm.model --storage-path runs --run-name demo  (no Ray: train/local.py)
     python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
     python -m convs2s score --hyp hyp.fr --ref newstest2014.fr --lang fr [--json]
     python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."
@@ -440,7 +442,15 @@ def serve(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"translate": translate, "serve": serve, "average": average, "score": score,
+def train(argv: list[str] | None = None) -> int:
+    """python -m convs2s train: the training loop without Ray (convs2s.train.local)."""
+    from convs2s.train.local import main as train_main
+
+    return train_main(argv)
+
+
+COMMANDS = {"translate": translate, "serve": serve, "train": train, "average": average,
+            "score": score,
             "attention": attention, "import-fairseq": import_fairseq,
             "export-fairseq": export_fairseq}
 

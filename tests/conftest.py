@@ -176,8 +176,9 @@ def tiny_checkpoints(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def demo_trained(tmp_path_factory, ray_session):
     """The demo corpus preprocessed (300-sentence valid and test splits) and a `small` ConvS2S
-    trained on it by `convs2s.train.launch.fit` (1 worker, 450 updates: about 1.5 minutes on 2 CPUs;
-    demo test BLEU about 35, against 15 at 300 updates and 60 at 600),
+    trained on it in this process (`convs2s.train.local.fit_local`: the Trainer's loop without Ray
+    Train, whose start-up this fixture does not test; 450 updates, about 40 s on 2 CPUs; demo
+    test BLEU about 35, against 15 at 300 updates and 60 at 600),
     logged to a sqlite MLflow store; plus an untrained checkpoint of the same shape and BPE
     (the BLEU baseline). Returns a namespace: prep, train (TrainResult), tracking_uri,
     untrained, test_src, test_ref."""
@@ -188,8 +189,8 @@ def demo_trained(tmp_path_factory, ray_session):
     from convs2s.io.checkpoint import save_checkpoint
     from convs2s.config import PRESETS, TrainConfig
     from convs2s.model.network import ConvS2S
-    from convs2s.train.launch import fit
     from convs2s.train.job import TrainJob
+    from convs2s.train.local import fit_local
     from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
 
@@ -198,7 +199,7 @@ def demo_trained(tmp_path_factory, ray_session):
                                        demo_rows={"train": 20_000, "valid": 300, "test": 300}))
     uri = f"sqlite:///{root / 'mlflow.db'}"
     cfg = PRESETS["small"]()
-    result = fit(TrainJob(
+    result = fit_local(TrainJob(
         # float32 on every host: the tests' quality thresholds do not depend on whether the
         # host has native bf16 (auto would pick it where it does)
         model=cfg, train=TrainConfig(max_epochs=0, max_updates=450, checkpoint_interval=150,

@@ -197,7 +197,8 @@ def test_the_command_line_dispatches_and_loads_each_command_lazily():
     bare = subprocess.run([sys.executable, "-m", "convs2s"], cwd=REPO, capture_output=True,
                           text=True, timeout=120, check=False)
     assert bare.returncode == 2
-    assert ("usage: python -m convs2s {translate,serve,average,score,attention,import-fairseq,"
+    assert ("usage: python -m convs2s {translate,serve,train,average,score,attention,"
+            "import-fairseq,"
             "export-fairseq}") in bare.stderr
     help_ = subprocess.run([sys.executable, "-m", "convs2s", "average", "--help"], cwd=REPO,
                            capture_output=True, text=True, timeout=120, check=True)

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage import filesystem_of, location
+from storage import filesystem_of, is_uri, location
 
 
 @dataclass(frozen=True)
@@ -122,3 +122,32 @@ def read_rows(files: TrainFiles, refs: np.ndarray, window: int = 256) -> Iterato
             keep = set(needed(start + window)) if start + window < len(refs) else set()
             for f in [f for f in tables if f not in keep]:
                 del tables[f]
+
+
+def split_files(train_data: str, valid_data: str) -> tuple[TrainFiles, TrainFiles]:
+    """The training and validation splits' parquet files and row counts. Each rank plans and
+    reads its own training rows of every epoch from them (convs2s.train.data), so a resumed
+    run trains exactly the rows it had left; each reads the validation files whole and keeps
+    its share by sentence id. Neither goes through Ray Data: the workers read the files with
+    pyarrow, with or without Ray."""
+    found = []
+    for split, path in (("train", train_data), ("valid", valid_data)):
+        d = location(path)
+        if is_uri(d) and not (d / STAGE_MANIFEST).is_file():
+            # In a bucket a stage is complete only once its manifest is there (written last):
+            # parts without it are a killed or running writer's, never read.
+            raise FileNotFoundError(
+                f"{d} ({split} split) has no {STAGE_MANIFEST}: the preprocessing stage that "
+                "writes it did not finish (killed, or still running); rerun preprocessing (the "
+                "workflow redoes an unfinished stage) and train from its output")
+        files = TrainFiles.scan(d) if d.is_dir() else TrainFiles((), ())
+        if not files.paths:
+            raise FileNotFoundError(
+                f"no parquet batch shards in {d} ({split} split): run "
+                "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
+            )
+        found.append(files)
+    return found[0], found[1]
+
+
+STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)

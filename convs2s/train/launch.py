@@ -64,7 +64,7 @@ from convs2s.tracking.runs import (
     run_key,
     set_tags,
 )
-from convs2s.train.data import TrainFiles
+from convs2s.train.data import split_files
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.trainer import CrashInjection, initial_weights, train_loop_per_worker
 from storage import filesystem_of, is_uri, location
@@ -74,7 +74,8 @@ from storage import filesystem_of, is_uri, location
 
 def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
-    files, valid_files = _split_files(job)  # bad or incomplete data: refused before any run
+    # bad or incomplete data: refused before any run starts
+    files, valid_files = split_files(job.train_data, job.valid_data)
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
@@ -178,35 +179,6 @@ def _not_placed(err: BaseException) -> bool:
 
 def _resources(job: TrainJob) -> str:
     return f"{job.cpus_per_worker:g} CPU" + (" + 1 GPU" if job.use_gpu else "")
-
-
-def _split_files(job: TrainJob) -> tuple[TrainFiles, TrainFiles]:
-    """The training and validation splits' parquet files and row counts. Each rank plans and
-    reads its own training rows of every epoch from them (convs2s.train.data), so a resumed
-    run trains exactly the rows it had left; each reads the validation files whole and keeps
-    its share by sentence id. Neither goes through Ray Data: the workers read the files with
-    pyarrow, as a process without Ray would."""
-    found = []
-    for split, path in (("train", job.train_data), ("valid", job.valid_data)):
-        d = location(path)
-        if is_uri(d) and not (d / STAGE_MANIFEST).is_file():
-            # In a bucket a stage is complete only once its manifest is there (written last):
-            # parts without it are a killed or running writer's, never read.
-            raise FileNotFoundError(
-                f"{d} ({split} split) has no {STAGE_MANIFEST}: the preprocessing stage that "
-                "writes it did not finish (killed, or still running); rerun preprocessing (the "
-                "workflow redoes an unfinished stage) and train from its output")
-        files = TrainFiles.scan(d) if d.is_dir() else TrainFiles((), ())
-        if not files.paths:
-            raise FileNotFoundError(
-                f"no parquet batch shards in {d} ({split} split): run "
-                "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
-            )
-        found.append(files)
-    return found[0], found[1]
-
-
-STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)
 
 
 def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:

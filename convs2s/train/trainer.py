@@ -1,13 +1,17 @@
-"""The Ray Train worker of `convs2s.train.launch.fit`: `train_loop_per_worker` and its `Trainer`.
+"""One rank's training loop, `run_loop`, and its `Trainer`, under any launcher: Ray Train
+(`train_loop_per_worker`, the worker of `convs2s.train.launch.fit`) or one plain process /
+torchrun (`convs2s.train.local.fit_local`). The launcher's part (rank, device, the checkpoint to
+resume from, where checkpoints go) is a runtime object (`convs2s.train.runtime`); nothing here
+imports Ray.
 
-`train_loop_per_worker` builds a `Trainer` (one per rank), restores it from the latest
-checkpoint, trains it epoch by epoch until a limit is reached and returns its final metrics:
+`run_loop` builds a `Trainer` (one per rank), restores it from the latest checkpoint, trains it
+epoch by epoch until a limit is reached and returns its final metrics:
 
-    trainer = Trainer(config)       # model (DDP), optimizer, lr schedule, data, logger
+    trainer = Trainer(config, runtime)  # model (DDP), optimizer, lr schedule, data, logger
     trainer.restore()               # weights, optimizer, RNG states, position in the epoch
     while not trainer.should_stop():
         trainer.train_epoch()       # updates, then validate(), anneal, checkpoint()
-    return trainer.finish()         # Result.return_value on the driver
+    return trainer.finish()         # Result.return_value on the Ray driver
 
 Each worker builds the model from the preset (same seed everywhere), wraps it in DDP
 (`prepare_model`; gloo on CPU, nccl on GPU), iterates its equal share of the `train` batch rows (one
@@ -15,10 +19,10 @@ row = one batch; which rows and in what order each epoch is a plan made from the
 the epoch and the number of ranks alone: convs2s.train.data), runs
 `convs2s.train.update.train_update` (token-normalized over all ranks), validates every epoch,
 anneals the lr (`convs2s.train.optim`), stops on the first limit reached (`STOP_REASONS`), and
-checkpoints every `checkpoint_interval` updates and at each epoch end through `ray.train.report` (a
-barrier: every rank calls it at the same updates). A restarted worker group resumes from the latest
-checkpoint, RNG states and position in the epoch included: it trains exactly the rows the
-interrupted epoch had not trained. Rank 0 logs to MLflow through
+checkpoints every `checkpoint_interval` updates and at each epoch end through the runtime's
+`report` (a barrier: every rank calls it at the same updates). A restarted worker group resumes
+from the latest checkpoint, RNG states and position in the epoch included: it trains exactly the
+rows the interrupted epoch had not trained. Rank 0 logs to MLflow through
 `convs2s.tracking.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
 
 Tests kill a worker mid-run, and record which rows each update trained, through
@@ -40,13 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import ray
-import ray.train
-import ray.train.torch
 import torch
-from ray.train import (
-    Checkpoint,
-)
 
 from convs2s.io.checkpoint import (
     BEST_DIR,
@@ -122,14 +120,22 @@ def _quiet_reports() -> None:
 
 def train_loop_per_worker(config: dict) -> dict:
     """Ray Train worker entry; `config` is the train_loop_config built by `fit`."""
+    from convs2s.train.runtime import RayRuntime
+
     _quiet_reports()
+    return run_loop(config, RayRuntime(config["run_dir"]))
+
+
+def run_loop(config: dict, runtime) -> dict:
+    """The training loop of one rank under any launcher (`convs2s.train.runtime`): restore,
+    epochs until a limit, the final metrics. `config`: job, run_dir, tracking_uri, run_id,
+    train_files, valid_files, crash."""
     job: TrainJob = config["job"]
-    ctx = ray.train.get_context()
     # One utilization sampler per node (its first worker), into the training run.
-    interval = job.system_metrics_s if ctx.get_local_rank() == 0 else 0.0
-    with node_metrics(config["tracking_uri"], config["run_id"], node_name(ctx.get_node_rank()),
+    interval = job.system_metrics_s if runtime.local_rank == 0 and config["run_id"] else 0.0
+    with node_metrics(config["tracking_uri"], config["run_id"], node_name(runtime.node_rank),
                       interval):
-        trainer = Trainer(config)
+        trainer = Trainer(config, runtime)
         trainer.restore()
         while not trainer.should_stop():
             trainer.train_epoch()
@@ -145,21 +151,22 @@ class Trainer:
     a barrier). Between them each rank decides alone, but on numbers that are the same on every
     rank, so all agree on every stop and every checkpoint."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, runtime):
         """`config`: the train_loop_config of `fit` (job, run_dir, tracking_uri, run_id,
-        train_files, valid_files, crash)."""
+        train_files, valid_files, crash); `runtime`: rank, device, checkpoints
+        (`convs2s.train.runtime`)."""
         job: TrainJob = config["job"]
         self.job, self.cfg = job, job.train
         self.run_dir = location(config["run_dir"])  # a local / shared folder, or a bucket
         self.crash: CrashInjection = config.get("crash") or CrashInjection()
-        ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
-        self.device = ray.train.torch.get_device()
-        if self.device.type == "cpu":  # intra-op threads = the CPUs Ray reserved for this worker
-            torch.set_num_threads(max(1, int(job.cpus_per_worker)))
+        self.runtime = runtime
+        self.rank, self.world = runtime.rank, runtime.world_size
+        self.device = runtime.device
+        if self.device.type == "cpu":  # intra-op threads: the CPUs this rank may use
+            torch.set_num_threads(runtime.cpu_threads(job))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
-        self.model = ray.train.torch.prepare_model(self.net)  # to device; DDP when world > 1
+        self.model = runtime.prepare_model(self.net)  # to device; DDP when world > 1
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
         self.comm = Comm.create()
@@ -211,14 +218,13 @@ class Trainer:
 
     def _load_latest(self) -> Progress:
         cfg, rank, world = self.cfg, self.rank, self.world
-        ckpt = ray.train.get_checkpoint()
-        if ckpt is None:
+        with self.runtime.latest_checkpoint() as d:
+            state = None if d is None else load_checkpoint(d)
+        if state is None:
             if self.job.init_from:  # fine-tuning: a trained (or imported) model's weights
                 self.net.load_state_dict(initial_weights(self.job))
             torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
             return Progress(started=time.monotonic())
-        with ckpt.as_directory() as d:
-            state = load_checkpoint(d)
         self.net.load_state_dict(state["model"])
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
@@ -357,12 +363,12 @@ class Trainer:
     def checkpoint(self, metrics: dict, val_loss: float | None = None,
                    end_of_epoch: bool = False, is_best: bool = False) -> None:
         """Report `metrics` with a checkpoint of the run as it stands. Every rank calls this at
-        the same update (ray.train.report is a barrier; the RNG states are gathered from all
+        the same update (the runtime's report is a barrier; the RNG states are gathered from all
         ranks); rank 0 writes, and copies it to best/ when `is_best` (validation improved)."""
         progress, comm = self.progress, self.comm
         rngs = comm.gather_objects(capture_rng_state())
         if comm.rank != 0:
-            ray.train.report(metrics, checkpoint=None)
+            self.runtime.report(metrics)
             return
         job = self.job
         state = {
@@ -387,8 +393,7 @@ class Trainer:
             # the report, the checkpoint Ray keeps could be the best with no best/ copy of it.
             if is_best and val_loss is not None:  # meta.json last: best/ is whole or absent
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(tmp)),
-                             checkpoint_dir_name=checkpoint_dir_name(progress.update))
+            self.runtime.report(metrics, tmp, checkpoint_dir_name(progress.update))
             if self.logger is not None:
                 self.logger.sync()  # metrics.jsonl in a bucket: as of this checkpoint
         finally:

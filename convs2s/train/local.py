@@ -1,0 +1,195 @@
+"""Training without Ray: the same loop (`convs2s.train.trainer.run_loop`) in one process, or in
+each rank of a torchrun world, on preprocessed batches. For a machine that has PyTorch, pyarrow
+and sentencepiece but not Ray or MLflow (a lent GPU box), a quick look at a recipe, or a debugger.
+
+    from convs2s.train.local import fit_local
+    result = fit_local(job)                 # a TrainJob, as for convs2s.train.launch.fit
+    result = fit_local(job, device="cuda")  # the default: this rank's GPU if any, else the CPU
+
+    python -m convs2s train --train-data PREP/batches/train --valid-data PREP/batches/valid \
+        --spm-model PREP/spm.model --model small --storage-path runs --run-name demo \
+        --max-updates 1000 [--max-time 10m --precision bf16 --update-freq 8 --device cuda]
+    torchrun --nproc-per-node 8 -m convs2s train ...   # one rank per GPU (nccl)
+
+Checkpoints, `best/` and `metrics.jsonl` land in `<storage_path>/<run_name>` as under Ray Train,
+so the same command resumes an interrupted run, and a run started here resumes under Ray Train
+(`convs2s.train.launch.fit`, the same job) and back. MLflow is used only when the job names a tracking URI (or a run id);
+`num_workers`, `cpus_per_worker`, `use_gpu` and the placement settings are Ray's and unused here.
+"""
+
+from __future__ import annotations
+
+import os
+
+from convs2s.io.checkpoint import BEST_DIR, META_FILE, list_checkpoints
+from convs2s.train.data import split_files
+from convs2s.train.job import TrainJob, TrainResult
+from convs2s.train.runtime import LocalRuntime
+from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
+from storage import location
+
+
+def fit_local(job: TrainJob, device=None) -> TrainResult:
+    """Train `job` in this process (one rank of a torchrun world when WORLD_SIZE is set);
+    resumes from `<storage_path>/<run_name>`'s latest checkpoint when there is one."""
+    files, valid_files = split_files(job.train_data, job.valid_data)
+    run_dir = location(job.storage_path) / job.run_name
+    runtime = LocalRuntime(run_dir, job.train.keep_last, device)
+    if job.init_from:  # a checkpoint that does not fit fails here, before the loop
+        initial_weights(job)
+    uri, run_id = _tracking(job, run_dir) if runtime.rank == 0 else (None, None)
+    if runtime.world_size > 1:  # every rank logs nothing but rank 0, which needs the run id
+        import torch.distributed as dist
+
+        shared = [(uri, run_id)]
+        dist.broadcast_object_list(shared, src=0)
+        uri, run_id = shared[0]
+    config = {"job": job, "run_dir": str(run_dir), "tracking_uri": uri, "run_id": run_id,
+              "train_files": files, "valid_files": valid_files,
+              "crash": CrashInjection.from_env()}
+    try:
+        final = run_loop(config, runtime)
+    except BaseException as err:
+        if run_id and runtime.rank == 0:
+            from convs2s.tracking.runs import end_run
+
+            end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        raise
+    best = run_dir / BEST_DIR
+    has_best = (best / META_FILE).is_file()
+    if run_id and runtime.rank == 0:
+        from convs2s.tracking.runs import end_run, log_artifacts, set_tags
+
+        if final.get("stop_reason"):
+            set_tags(uri, run_id, {"convs2s.stop_reason": final["stop_reason"]})
+        if has_best:
+            log_artifacts(uri, run_id, str(best), "best_checkpoint")
+        end_run(uri, run_id, "FINISHED")
+    kept = [i.path for i in list_checkpoints(run_dir)]
+    return TrainResult(run_id=run_id, run_dir=str(run_dir),
+                       best_checkpoint=str(best) if has_best else None,
+                       last_checkpoint=kept[-1] if kept else None, checkpoints=kept,
+                       metrics=final)
+
+
+def _tracking(job: TrainJob, run_dir) -> tuple[str | None, str | None]:
+    """(tracking URI, run id) when the job asks for MLflow, else (None, None): without a
+    tracking URI nothing imports MLflow, and the metrics go to metrics.jsonl only."""
+    if not (job.tracking_uri or job.run_id):
+        return None, None
+    from convs2s.tracking.runs import (
+        code_version,
+        describe_run,
+        find_or_create_run,
+        resolve_tracking_uri,
+        run_key,
+        set_tags,
+    )
+
+    uri = resolve_tracking_uri(job.tracking_uri)
+    tags = {"convs2s.code_version": code_version(), "convs2s.launcher": "local", **job.tags}
+    if job.run_id is not None:
+        run_id = job.run_id
+        set_tags(uri, run_id, tags)
+    else:
+        run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
+                                    run_name=job.run_name, parent_run_id=job.parent_run_id,
+                                    tags=tags)
+    describe_run(uri, run_id, {"model": job.model.to_dict(), "train": job.train.to_dict(),
+                               "data": job.data_manifest,
+                               "job": {"launcher": "local", "vocab_size": job.vocab_size}},
+                 list(job.datasets))
+    return uri, run_id
+
+
+# --- python -m convs2s train ---------------------------------------------------------------------
+
+
+def _seconds(text: str) -> float:
+    """A duration: seconds, or with a unit: 90s, 10m, 2h."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    try:
+        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise ValueError(f"--max-time {text!r}: give seconds or 90s / 10m / 2h") from None
+
+
+def _value(text: str):
+    """A --set value: JSON (numbers, true/false, null, lists) or else the text itself."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m convs2s train: one process (or torchrun rank), no Ray, MLflow only if asked."""
+    import argparse
+    import sys
+
+    from convs2s.config import PRESETS, TrainConfig
+    from convs2s.io.checkpoint import CheckpointError
+
+    p = argparse.ArgumentParser(
+        prog="python -m convs2s train",
+        description="Train on preprocessed batches in this process (or each torchrun rank), "
+                    "without Ray; rerun the same command to resume.")
+    p.add_argument("--train-data", required=True, help="the batches/train folder of a "
+                   "preprocessing output (local or a bucket URI)")
+    p.add_argument("--valid-data", required=True, help="its batches/valid folder")
+    p.add_argument("--spm-model", required=True, help="its joint sentencepiece model")
+    p.add_argument("--model", default="small", choices=sorted(PRESETS),
+                   help="model preset (convs2s.config.PRESETS; default: small)")
+    p.add_argument("--storage-path", required=True, help="the run lives in "
+                   "<storage-path>/<run-name>: checkpoints, best/, metrics.jsonl")
+    p.add_argument("--run-name", required=True)
+    p.add_argument("--max-updates", type=int)
+    p.add_argument("--max-epochs", type=int)
+    p.add_argument("--max-time", metavar="DURATION", help="training budget: 90s / 10m / 2h")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--update-freq", type=int, help="micro-batches accumulated per update")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any TrainConfig field, e.g. --set lr=0.5 --set keep_last=3")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's GPU, else CPU)")
+    p.add_argument("--tracking-uri", help="log to this MLflow store too (default: no MLflow)")
+    p.add_argument("--experiment", default="convs2s", help="MLflow experiment (with "
+                   "--tracking-uri)")
+    args = p.parse_args(argv)
+    try:
+        train = TrainConfig().to_dict()
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set {item!r}: give KEY=VALUE")
+            train[key.strip()] = _value(value)
+        flags = {"max_updates": args.max_updates, "max_epochs": args.max_epochs,
+                 "max_time": _seconds(args.max_time) if args.max_time else None,
+                 "precision": args.precision, "update_freq": args.update_freq}
+        train.update({k: v for k, v in flags.items() if v is not None})
+        recipe = TrainConfig.from_dict(train)
+        import sentencepiece as spm
+
+        spm_file = location(args.spm_model)
+        if not spm_file.is_file():
+            raise FileNotFoundError(f"--spm-model {args.spm_model} does not exist")
+        vocab = spm.SentencePieceProcessor(model_proto=spm_file.read_bytes()).get_piece_size()
+        job = TrainJob(model=PRESETS[args.model](), train=recipe, train_data=args.train_data,
+                       valid_data=args.valid_data, spm_model=args.spm_model, vocab_size=vocab,
+                       storage_path=args.storage_path, run_name=args.run_name,
+                       tracking_uri=args.tracking_uri, experiment_name=args.experiment)
+        result = fit_local(job, args.device)
+    except (CheckpointError, OSError, ValueError, TypeError) as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    m = result.metrics
+    from convs2s.train.job import STOP_REASONS
+
+    if int(os.environ.get("RANK", "0")) == 0:  # one summary for a torchrun world
+        print(f"train: {m['update']:,} updates, {m['epoch']} epochs, "
+              f"{m['train_seconds']:.0f} s in {m['precision']}; stopped: "
+              f"{STOP_REASONS.get(m['stop_reason'], m['stop_reason'])}; best: "
+              f"{result.best_checkpoint}")
+    return 0

@@ -1,0 +1,125 @@
+"""Where a `Trainer` runs: its place in the world, its device, the checkpoint it resumes from and
+where its checkpoints go. The Trainer asks a runtime for these and never a launcher itself, so the
+same loop runs under Ray Train (`RayRuntime`, built in each Ray Train worker by
+`convs2s.train.trainer.train_loop_per_worker`) and in one plain process or under torchrun
+(`LocalRuntime`, `convs2s.train.local.fit_local`), where neither Ray nor MLflow need be installed.
+
+    runtime.rank, runtime.world_size, runtime.local_rank, runtime.node_rank, runtime.device
+    model = runtime.prepare_model(net)         # on the device; DDP when the world has > 1 rank
+    with runtime.latest_checkpoint() as d:     # a checkpoint folder, or None: a fresh start
+        ...
+    runtime.report(metrics, folder, name)      # every rank, same update; rank 0 passes a folder
+
+Both keep the checkpoints as `<run_dir>/checkpoint_<update>/` (the last `keep_last`; `best/` is the
+Trainer's own copy) and resume from the latest, so a run started by one launcher is resumed by the
+other (Ray Train prefers its own record of the run where it has one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from convs2s.io.checkpoint import META_FILE, list_checkpoints
+from storage import location, publish_dir, remove_tree
+
+
+class RayRuntime:
+    """A Ray Train worker's runtime: rank and device from Ray Train's context, checkpoints
+    reported to it (it keeps the last `CheckpointConfig.num_to_keep` and resumes from its
+    latest after a worker or driver death)."""
+
+    def __init__(self, run_dir):
+        import ray.train
+        import ray.train.torch
+
+        self._train = ray.train
+        self.run_dir = location(run_dir)
+        ctx = ray.train.get_context()
+        self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
+        self.local_rank, self.node_rank = ctx.get_local_rank(), ctx.get_node_rank()
+        self.device = ray.train.torch.get_device()
+
+    def cpu_threads(self, job) -> int:
+        """The CPUs Ray reserved for this worker (`TrainJob.cpus_per_worker`)."""
+        return max(1, int(job.cpus_per_worker))
+
+    def prepare_model(self, net: torch.nn.Module) -> torch.nn.Module:
+        import ray.train.torch
+
+        return ray.train.torch.prepare_model(net)  # to the device; DDP when world > 1
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[Path | str | None]:
+        """Ray Train's latest checkpoint of the run; where Ray has none (a run started by
+        `LocalRuntime`), the latest complete `checkpoint_*` folder of `run_dir`."""
+        ckpt = self._train.get_checkpoint()
+        if ckpt is None:
+            kept = list_checkpoints(self.run_dir) if self.run_dir.is_dir() else []
+            yield kept[-1].path if kept else None
+            return
+        with ckpt.as_directory() as d:
+            yield Path(d)
+
+    def report(self, metrics: dict, folder: Path | None = None, name: str | None = None) -> None:
+        """A barrier of every rank; rank 0's `folder` becomes checkpoint `name` of the run."""
+        checkpoint = None
+        if folder is not None:
+            checkpoint = self._train.Checkpoint.from_directory(str(folder))
+        self._train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
+
+
+class LocalRuntime:
+    """One process, or one rank of a torchrun world (RANK / WORLD_SIZE / LOCAL_RANK in the
+    environment: the process group is initialized here, nccl on CUDA, else gloo). Checkpoints
+    are published into `run_dir` (local folder or bucket) by rank 0, each whole or absent
+    (meta.json last), the oldest beyond `keep_last` removed; the latest complete one is the
+    resume point."""
+
+    def __init__(self, run_dir, keep_last: int, device: str | torch.device | None = None):
+        self.run_dir = location(run_dir)
+        self.keep_last = max(1, keep_last)
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.node_rank = int(os.environ.get("GROUP_RANK", "0"))
+        if device is None:
+            device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+
+    def cpu_threads(self, job) -> int:
+        """The CPUs this process may use, shared by the ranks on this machine."""
+        usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        return max(1, usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+    def prepare_model(self, net: torch.nn.Module) -> torch.nn.Module:
+        net.to(self.device)
+        if self.world_size == 1:
+            return net
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(net, device_ids=ids)
+
+    @contextlib.contextmanager
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        kept = list_checkpoints(self.run_dir) if self.run_dir.is_dir() else []
+        yield kept[-1].path if kept else None  # a folder, or a bucket's URI (load_checkpoint)
+
+    def report(self, metrics: dict, folder: Path | None = None, name: str | None = None) -> None:
+        if folder is not None and name:
+            publish_dir(folder, self.run_dir / name, marker=META_FILE)
+            for old in list_checkpoints(self.run_dir)[:-self.keep_last]:
+                remove_tree(old.path)
+        if self.world_size > 1:
+            dist.barrier()  # as Ray Train's report: no rank runs ahead of a checkpoint

@@ -1,0 +1,107 @@
+"""Training without Ray (`convs2s.train.local`, `python -m convs2s train`): the Trainer's loop in one
+process on the session's demo batches (`demo_batches`), with checkpoints, `best/`, the last k kept,
+and resume; a run started there resumes under Ray Train exactly as it would have gone on alone.
+
+    .venv/bin/python -m pytest tests/test_local_training.py -q
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convs2s.config import PRESETS, TrainConfig
+from convs2s.tracking.run_logger import read_local_metrics
+from convs2s.train.job import TrainJob
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs the command in a fresh interpreter and says afterwards whether Ray or MLflow was imported.
+RUN = ("import sys; from convs2s.train.local import main; rc = main(sys.argv[1:]); "
+       "print('imported ray', 'ray' in sys.modules, 'mlflow', 'mlflow' in sys.modules); "
+       "sys.exit(rc)")
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["metrics"]["train/loss"]
+            for r in read_local_metrics(run_dir / "metrics.jsonl") if "train/loss" in r["metrics"]}
+
+
+def test_a_run_without_ray_trains_keeps_its_last_checkpoints_and_resumes(demo_batches,
+                                                                          tmp_path):
+    d = demo_batches
+    argv = ["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+            "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(tmp_path),
+            "--run-name", "alone", "--precision", "fp32", "--set", "checkpoint_interval=10",
+            "--set", "keep_last=2", "--set", "log_interval=5"]
+
+    def run(updates: int) -> str:
+        proc = subprocess.run([sys.executable, "-c", RUN, *argv, "--max-updates", str(updates)],
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert "imported ray False mlflow False" in proc.stdout  # neither is needed
+        return proc.stdout
+
+    first = run(25)
+    assert "train: 25 updates, 0 epochs" in first and "stopped: update limit reached" in first
+    run_dir = tmp_path / "alone"
+    # A checkpoint every 10 updates and at the stop; the last two kept; best/ beside them.
+    assert sorted(p.name for p in run_dir.glob("checkpoint_*")) == \
+        ["checkpoint_00000020", "checkpoint_00000025"]
+    assert (run_dir / "best" / "meta.json").is_file()
+
+    second = run(40)
+    assert "resumed from update 25" in second and "train: 40 updates" in second
+    assert sorted(p.name for p in run_dir.glob("checkpoint_*")) == \
+        ["checkpoint_00000030", "checkpoint_00000040"]
+    assert sorted(_losses(run_dir)) == list(range(5, 41, 5))  # each step logged once
+
+
+def test_bad_arguments_are_one_line(tmp_path, capsys):
+    from convs2s.train.local import main
+
+    rc = main(["--train-data", str(tmp_path / "none"), "--valid-data", str(tmp_path),
+               "--spm-model", str(tmp_path / "spm.model"), "--storage-path", str(tmp_path),
+               "--run-name", "x", "--max-updates", "5"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"--spm-model {tmp_path / 'spm.model'} does not exist" in err
+    assert main(["--train-data", "a", "--valid-data", "b", "--spm-model", "c", "--storage-path",
+                 str(tmp_path), "--run-name", "x", "--set", "lr"]) == 2
+    assert "--set 'lr': give KEY=VALUE" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone_on_alone(
+        demo_batches, tmp_path, ray_session):
+    """20 updates in this process, then the same job under Ray Train (one worker) to 40: it
+    resumes from the local checkpoint into the same MLflow run, and its losses are those of
+    40 updates in this process (float32; the thread counts differ, so not bit for bit)."""
+    from convs2s.train.launch import fit
+    from convs2s.train.local import fit_local
+
+    d = demo_batches
+    cfg = TrainConfig(max_epochs=0, max_updates=20, checkpoint_interval=10, log_interval=5,
+                      precision="fp32")
+
+    def job(name: str, updates: int) -> TrainJob:
+        return TrainJob(model=PRESETS["tiny"](), train=cfg.replace(max_updates=updates),
+                        train_data=d.batches["train"], valid_data=d.batches["valid"],
+                        spm_model=d.spm_model, vocab_size=d.vocab_size,
+                        storage_path=str(tmp_path), run_name=name, num_workers=1,
+                        experiment_name="test_local", system_metrics_s=0,
+                        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+    local = fit_local(job("mixed", 20))
+    assert local.metrics["update"] == 20 and local.run_id
+    on_ray = fit(job("mixed", 40))
+    assert on_ray.metrics["resumed_from_update"] == 20 and on_ray.metrics["update"] == 40
+    assert on_ray.run_id == local.run_id  # one MLflow run, keyed by the run folder
+    alone = fit_local(job("alone", 40))
+    mixed, reference = _losses(Path(on_ray.run_dir)), _losses(Path(alone.run_dir))
+    assert sorted(mixed) == sorted(reference) == list(range(5, 41, 5))
+    assert mixed == pytest.approx(reference, rel=1e-3)
+    assert on_ray.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
