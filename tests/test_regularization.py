@@ -60,23 +60,24 @@ def test_a_bad_table_is_refused():
 
 
 @pytest.mark.slow
-def test_a_budgeted_run_makes_the_choice_once_and_keeps_it(demo_batches, ray_session, tmp_path):
-    """A real training run with a time budget: after the probe the dropout is chosen, said in
-    the result, and kept in the checkpoint a resume reads."""
+def test_a_budgeted_run_makes_the_choice_once_and_keeps_it(demo_batches, tmp_path):
+    """A real training run with a time budget (the Trainer's loop in this process, as under
+    Ray Train): after the probe the dropout is chosen, said in the result, and kept in the
+    checkpoint a resume reads."""
     from convs2s.io.checkpoint import load_checkpoint
     from convs2s.train.job import TrainJob
-    from convs2s.train.launch import fit
+    from convs2s.train.local import fit_local
 
     train = TrainConfig(max_epochs=0, max_updates=WARMUP_UPDATES + 10, max_time=3600,
                         log_interval=10,
                         precision="fp32", passes_probe_updates=5,
                         dropout_by_passes=((0.0, 0.05), (1e9, 0.5)))
-    result = fit(TrainJob(model=PRESETS["tiny"]().replace(dropout=0.2), train=train,
-                          train_data=demo_batches.batches["train"],
-                          valid_data=demo_batches.batches["valid"],
-                          spm_model=demo_batches.spm_model, vocab_size=demo_batches.vocab_size,
-                          storage_path=str(tmp_path / "runs"), run_name="probe",
-                          num_workers=1, cpus_per_worker=1))
+    result = fit_local(TrainJob(model=PRESETS["tiny"]().replace(dropout=0.2), train=train,
+                                train_data=demo_batches.batches["train"],
+                                valid_data=demo_batches.batches["valid"],
+                                spm_model=demo_batches.spm_model,
+                                vocab_size=demo_batches.vocab_size,
+                                storage_path=str(tmp_path / "runs"), run_name="probe"))
     choice = result.metrics["dropout_choice"]
     assert choice["dropout"] == 0.05  # the table's first row: far from 1e9 passes
     assert choice["update"] == WARMUP_UPDATES + 5  # untimed start, then 5 timed updates
