@@ -4,7 +4,10 @@
 #      needs both; run `make test` on a GPU node with the project installed for it),
 #   2. benchmarks.training on the paper's En-De and En-Fr models, float32 and bf16,
 #   3. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
-#      sentences), float32 and bf16, beam 1 and 5.
+#      sentences), float32 and bf16, beam 1 and 5,
+#   4. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
+#      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
+#      validation and checkpoints, then the same command to 300, which must resume.
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
 #
@@ -50,6 +53,16 @@ done
 step "generation wmt14_en_fr" 300 $PY -m benchmarks.generation --preset wmt14_en_fr \
   --device cuda --dtype fp32 bf16 --beams 1 5 --data "$data" \
   --out "$out/generation_wmt14_en_fr_cuda.json" --replace
+
+if [[ -n "${LOOP_DATA:-}" ]]; then
+  loop=(--train-data "$LOOP_DATA/batches/train" --valid-data "$LOOP_DATA/batches/valid"
+        --spm-model "$(ls "$LOOP_DATA"/spm/spm.model "$LOOP_DATA"/spm.model 2>/dev/null | head -1)"
+        --model small --storage-path "$out/loop" --run-name gpu --device cuda --precision bf16
+        --set checkpoint_interval=100)
+  step "loop 200 updates" 150 $PY -m convs2s train "${loop[@]}" --max-updates 200
+  step "loop resumed to 300" 150 $PY -m convs2s train "${loop[@]}" --max-updates 300
+  cp "$out/loop/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
+fi
 
 echo "failed steps: ${failed[*]:-none}"
 [[ ${#failed[@]} -eq 0 ]]
