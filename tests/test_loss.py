@@ -55,6 +55,26 @@ def test_fused_loss_without_grad_gives_the_same_values():
     torch.testing.assert_close(nll, ref_nll)
 
 
+def test_rows_found_by_the_collate_give_the_same_loss_and_gradients():
+    """The training step passes the non-pad rows the collate found on the host
+    (`Batch.target_rows`), so that the loss never asks the device for them: the same values
+    and gradients as rows found in the loss."""
+    import numpy as np
+
+    from convs2s.train.collate import collate_lists
+
+    batch = collate_lists([[5, 6, EOS], [7, EOS]], [[8, 9, 10, EOS], [11, EOS]])
+    assert batch.target_rows.tolist() == \
+        batch.target.reshape(-1).ne(PAD).nonzero().squeeze(1).tolist() == [0, 1, 2, 3, 4, 5]
+    h, w, b, target = _problem()
+    rows = torch.from_numpy(np.flatnonzero(target.reshape(-1).numpy() != PAD))
+    given = output_layer_loss(h, w, b, target, 0.1, target_rows=rows)
+    found = output_layer_loss(h, w, b, target, 0.1)
+    torch.testing.assert_close(given, found)
+    torch.testing.assert_close(torch.autograd.grad(given[0], (h, w, b)),
+                               torch.autograd.grad(found[0], (h, w, b)))
+
+
 def test_fused_loss_refuses_bad_smoothing():
     h, w, b, target = _problem()
     with pytest.raises(ValueError, match="label_smoothing"):

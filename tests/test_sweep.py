@@ -217,11 +217,11 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = multi30k_en_de.smoke()
     # outputs of at most 1.2 x |source| + 10 pieces: untrained models would run to 200
-    cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=20, keep_last=5),
+    cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=10, keep_last=5),
                       search=cfg.search.replace(max_len_a=1.2, max_len_b=10))
     opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="t4",
                       tracking_uri=uri, sweep="table4", seeds=2,
-                      variants=["baseline", "no-pos"], max_updates=60)
+                      variants=["baseline", "no-pos"], max_updates=30)
     sweep = resolve_sweep(cfg, opts)
     victim = sweep.trials[1]  # baseline-seed2
     stop, killed = threading.Event(), []
@@ -245,7 +245,7 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     recorded = {r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]}
     kept = {c.update: c.path for c in list_checkpoints(victim.spec.run_dir / "train")
             if Path(c.path).name in recorded}
-    assert kept and max(kept) < 60, (recorded, kept)
+    assert kept and max(kept) < 30, (recorded, kept)
     stamps = {u: (Path(p) / "checkpoint.pt").stat().st_mtime_ns for u, p in kept.items()}
 
     # MLflow: the sweep run, one child per trial with its variant, seed and changes as params.
@@ -290,7 +290,7 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     again = run_sweep(resolve_sweep(cfg, opts))
     assert sorted(again.skipped) == ["baseline-seed1", "no-pos-seed1", "no-pos-seed2"]
     resumed = again.results["baseline-seed2"]
-    assert not again.failed and resumed["updates"] == 60
+    assert not again.failed and resumed["updates"] == 30
     assert resumed["resumed_from_update"] == max(kept)
     for u, stamp in stamps.items():
         assert (Path(kept[u]) / "checkpoint.pt").stat().st_mtime_ns == stamp
@@ -305,7 +305,7 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     (train,) = [r for r in runs if r.info.run_name == "train" and
                 r.data.tags.get("mlflow.parentRunId") == trials["baseline-seed2"].info.run_id]
     steps = [m.step for m in client.get_metric_history(train.info.run_id, "valid/ppl")]
-    assert steps == sorted(set(steps)) and steps[-1] == 60  # each validation logged once
+    assert steps == sorted(set(steps)) and steps[-1] == 30  # each validation logged once
     assert "| baseline | 2/2 |" in again.table
     assert (sweep.folder / "summary.md").read_text().count("| no-pos") == 1
     # Once every trial finished, the same sweep again skips them all and runs nothing.

@@ -278,3 +278,28 @@ def test_nccl_ddp_update_on_one_gpu_equals_the_plain_update_and_bf16_trains():
     losses = result["bf16_losses"]
     assert losses[-1] < losses[0] - 0.1, losses  # H200: even lr 0.05 lowered it by 0.13
     assert result["bf16_dtypes"] == ["torch.float32"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision):
+    """CUDA's sync debug mode raises on any operation that makes the host wait for the device:
+    the model's forward through the fused loss and its backward make none (the non-pad rows
+    come from the collate, `Batch.target_rows`), so the host can queue the next kernels."""
+    from convs2s.train.update import autocast_for
+
+    device = torch.device("cuda")
+    cfg = CFG.replace(precision=precision)
+    model = fresh_model().to(device)
+    batch = make_batches(4, 1)[0].to(device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with autocast_for(device, cfg):
+            loss, _ = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
+                            target=batch.target, label_smoothing=0.1,
+                            target_rows=batch.target_rows)
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss).item()

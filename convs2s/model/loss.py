@@ -76,12 +76,14 @@ class _OutputLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, bias, target, label_smoothing, pad, with_grad):
-        # h N x C (N = B*T), weight V x C, bias V, target N
+    def forward(ctx, h, weight, bias, target, label_smoothing, pad, with_grad, rows):
+        # h N x C (N = B*T), weight V x C, bias V, target N; rows n: the non-pad rows, or None
         dev = h.device.type
         cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
         with torch.autocast(device_type=dev, enabled=False):
-            rows = target.ne(pad).nonzero().squeeze(1)  # the n non-pad rows
+            if rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
+                rows = target.ne(pad).nonzero().squeeze(1)
+            # n = rows.shape[0] is known on the host either way; with rows given, no wait
             hr, tr = h.index_select(0, rows).to(cdt), target.index_select(0, rows)  # n x C, n
             w, b = weight.to(cdt), bias.to(cdt)
             n, V = hr.shape[0], w.shape[0]
@@ -129,22 +131,26 @@ class _OutputLoss(torch.autograd.Function):
         gh = (grad_h.float() * grad_loss).to(ctx.h_dtype)
         gh = gh.new_zeros(ctx.h_shape).index_copy_(0, rows, gh)  # zero at the pad rows
         return (gh, (grad_w * grad_loss).to(ctx.w_dtype), (grad_b * grad_loss).to(ctx.w_dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                      target: torch.Tensor, label_smoothing: float = 0.0,
-                      pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
+                      target: torch.Tensor, label_smoothing: float = 0.0, pad: int = PAD,
+                      target_rows: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """sequence_loss(F.linear(hidden, weight, bias), target, label_smoothing), fused.
 
     hidden B x T x C (the input of the output layer), weight V x C, bias V, target B x T ->
     (training loss sum, nll sum), float32 scalars; the same values and gradients as the unfused
     pair, in a fraction of the time and memory (see `_OutputLoss`). Under autocast the matmuls
     run in the autocast dtype and the log-softmax in float32, as in the unfused path.
+    `target_rows` (n, on hidden's device): the flat indices of target's non-pad tokens when the
+    caller knows them (`Batch.target_rows`); else they are found here, which on a GPU makes the
+    host wait for the device.
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     with_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (hidden, weight, bias))
     return _OutputLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
-                             target.reshape(-1), label_smoothing, pad, with_grad)
+                             target.reshape(-1), label_smoothing, pad, with_grad, target_rows)

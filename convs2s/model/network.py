@@ -270,11 +270,13 @@ class Decoder(Embedded):
             return F.linear(x, weight, bias)
         return torch.addmm(bias, x.view(out.shape[0], -1), weight.t(), out=out)
 
-    def _output_loss(self, x: torch.Tensor, target: torch.Tensor, label_smoothing: float):
+    def _output_loss(self, x: torch.Tensor, target: torch.Tensor, label_smoothing: float,
+                     target_rows: torch.Tensor | None = None):
         """N x T x C_last, target N x T -> (loss sum, nll sum): the output layer fused with the
         loss, no N x T x V logits (`convs2s.model.loss.output_layer_loss`)."""
         x = dropout(self.fc2(x), self.dropout, self.training)
-        return output_layer_loss(x, self.fc3.weight, self.fc3.bias, target, label_smoothing)
+        return output_layer_loss(x, self.fc3.weight, self.fc3.bias, target, label_smoothing,
+                                 target_rows=target_rows)
 
     def _blocks(self, x: torch.Tensor, g: torch.Tensor, enc: EncoderOut, buffers=None):
         """x N x T x C0 -> N x T x C_last, attention summed over the layers N x T x S. With
@@ -290,14 +292,15 @@ class Decoder(Embedded):
         return x, attn_sum
 
     def forward(self, prev_output_tokens: torch.Tensor, enc: EncoderOut, last_only: bool = False,
-                target: torch.Tensor | None = None, label_smoothing: float = 0.0):
+                target: torch.Tensor | None = None, label_smoothing: float = 0.0,
+                target_rows: torch.Tensor | None = None):
         """prev N x T -> logits N x T x V, attention N x T x S (T = 1 with `last_only`);
         with `target` N x T: (loss sum, nll sum) instead, see `ConvS2S.forward`."""
         _check_length(prev_output_tokens, self.max_positions, "prev_output_tokens")
         g = self.embed(prev_output_tokens, make_positions(prev_output_tokens))  # N x T x E
         x, attn_sum = self._blocks(self.fc1(g), g, enc)  # N x T x C_last
         if target is not None:  # training and validation: no attention average needed
-            return self._output_loss(x, target, label_smoothing)
+            return self._output_loss(x, target, label_smoothing, target_rows)
         attn = attn_sum / self.num_attention  # mean over attention layers
         if last_only:  # full-prefix decoding needs the output layer at the last position only
             x, attn = x[:, -1:], attn[:, -1:]
@@ -355,17 +358,19 @@ class ConvS2S(nn.Module):
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor,
                 prev_output_tokens: torch.Tensor, target: torch.Tensor | None = None,
-                label_smoothing: float = 0.0):
+                label_smoothing: float = 0.0, target_rows: torch.Tensor | None = None):
         """src B x S, lengths B, prev B x T -> logits B x T x V, attention B x T x S.
 
         With `target` (B x T, PAD where there is no token): (loss sum, nll sum) over the
         non-pad targets, float32 scalars, equal to `sequence_loss(logits, target,
         label_smoothing)` but with the output layer fused into the loss (no B x T x V logits).
         Training goes through here rather than a separate method so that DDP sees one forward.
+        `target_rows`: the flat indices of target's non-pad tokens, made by the collate on the
+        host (`Batch.target_rows`), so that finding them is no device-to-host wait in the step.
         """
         enc = self.encoder(src_tokens, src_lengths)
         return self.decoder(prev_output_tokens, enc, target=target,
-                            label_smoothing=label_smoothing)
+                            label_smoothing=label_smoothing, target_rows=target_rows)
 
     def encode(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> EncoderOut:
         return self.encoder(src_tokens, src_lengths)

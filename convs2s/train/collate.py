@@ -35,6 +35,9 @@ class Batch:
     ids: np.ndarray  # B int64 sentence ids (for error messages and tests)
     ntokens: int  # non-pad target tokens: the loss normalizer (paper §3.4 / reference)
     src_ntokens: int  # non-pad source tokens
+    # ntokens int64: flat (B*T) indices of the non-pad target tokens, found on the host so the
+    # fused loss never waits for the device to find them (convs2s.model.loss)
+    target_rows: torch.Tensor | None = None
 
     @property
     def nsentences(self) -> int:
@@ -58,7 +61,8 @@ class Batch:
 
         return Batch(move(self.src_tokens), move(self.src_lengths),
                      move(self.prev_output_tokens), move(self.target), self.ids,
-                     self.ntokens, self.src_ntokens)
+                     self.ntokens, self.src_ntokens,
+                     None if self.target_rows is None else move(self.target_rows))
 
 
 def pad_right(flat: np.ndarray, lengths: np.ndarray, pad: int = PAD) -> np.ndarray:
@@ -133,6 +137,7 @@ def _collate(src_flat, src_len, tgt_flat, tgt_len, ids) -> Batch:
         ids=ids,
         ntokens=int(tgt_len.sum()),
         src_ntokens=int(src_len.sum()),
+        target_rows=torch.from_numpy(np.flatnonzero(target != PAD)),
     )
 
 

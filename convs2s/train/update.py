@@ -68,7 +68,8 @@ def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         with sync:
             with autocast_for(device, cfg):  # output layer and loss fused: no B x T x V logits
                 loss, nll = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
-                                  target=batch.target, label_smoothing=cfg.label_smoothing)
+                                  target=batch.target, label_smoothing=cfg.label_smoothing,
+                                  target_rows=batch.target_rows)
             (loss * scale).backward()
         loss_sum += loss.detach()
         nll_sum += nll
@@ -89,7 +90,8 @@ def validate(model: torch.nn.Module, batches: Iterable[Batch], comm: Comm, devic
         batch = batch.to(device)
         with autocast_for(device, cfg):
             loss, nll = model(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
-                              target=batch.target, label_smoothing=cfg.label_smoothing)
+                              target=batch.target, label_smoothing=cfg.label_smoothing,
+                              target_rows=batch.target_rows)
         sums[0] += loss
         sums[1] += nll
         sums[2] += batch.ntokens
