@@ -1,6 +1,6 @@
-"""Training without Ray (`convs2s.train.local`, `python -m convs2s train`): the Trainer's loop in one
-process on the session's demo batches (`demo_batches`), with checkpoints, `best/`, the last k kept,
-and resume; a run started there resumes under Ray Train exactly as it would have gone on alone.
+"""Training without Ray (`convs2s.train.local`, `python -m convs2s train`): the Trainer's loop in
+one process on the session's demo batches (`demo_batches`), with checkpoints, `best/`, the last k
+kept, and resume; a run started there resumes under Ray Train as it would have gone on alone.
 
     .venv/bin/python -m pytest tests/test_local_training.py -q
 """

@@ -13,8 +13,9 @@ and sentencepiece but not Ray or MLflow (a lent GPU box), a quick look at a reci
 
 Checkpoints, `best/` and `metrics.jsonl` land in `<storage_path>/<run_name>` as under Ray Train,
 so the same command resumes an interrupted run, and a run started here resumes under Ray Train
-(`convs2s.train.launch.fit`, the same job) and back. MLflow is used only when the job names a tracking URI (or a run id);
-`num_workers`, `cpus_per_worker`, `use_gpu` and the placement settings are Ray's and unused here.
+(`convs2s.train.launch.fit`, the same job) and back. MLflow is used only when the job names a
+tracking URI (or a run id); `num_workers`, `cpus_per_worker`, `use_gpu` and the placement
+settings are Ray's and unused here.
 """
 
 from __future__ import annotations
