@@ -59,9 +59,61 @@ def test_set_changes_any_section_and_dry_run_shows_the_run_without_starting_anyt
                               "workflow.eval_cpus=2; model.encoder_layers=[[512, 3], [512, 3]]")
     # The paper's update: 8 GPUs x 3,000 tokens.
     assert run["update"] == {"workers": 8, "gpus": 8, "max_tokens_per_batch": 3000,
-                             "micro_batches_per_update": 1, "max_tokens_per_update": 24000}
+                             "micro_batches_per_update": 1, "max_tokens_per_update": 24000,
+                             "preset_tokens_per_update": 24000}
+    assert w["update_tokens"] == 24000  # a param of the parent run
     assert run["run"]["tracking_uri"] == f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("workers, freq, tokens", [(8, 1, 24000), (4, 2, 24000), (2, 4, 24000),
+                                                   (1, 8, 24000)])
+def test_fewer_gpus_keep_the_papers_update_by_accumulating_micro_batches(workers, freq, tokens,
+                                                                         tmp_path):
+    """The paper's En-Fr update is 8 GPUs x 3,000 tokens: on fewer GPUs each accumulates
+    micro-batches (the reference's --update-freq), so the run still trains 24,000-token
+    updates; `--dry-run` shows it."""
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "paper", "--num-workers", str(workers),
+                                       "--dry-run", "--storage-path", str(tmp_path)])
+    assert rc == 0, err
+    update = json.loads(out)["update"]
+    assert (update["workers"], update["micro_batches_per_update"],
+            update["max_tokens_per_update"]) == (workers, freq, tokens)
+    assert "note" not in update
+    spec = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=workers,
+                                                   storage_path=str(tmp_path)))
+    assert spec.train.update_freq == freq and not spec.update_note
+
+
+def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys):
+    from workflows.run_spec import update_plan
+
+    # 3 GPUs: 3 x 3 x 3,000 = 27,000, the nearest; the note says so and what to do.
+    freq, note = update_plan(24000, 3, 3000, None, 1)
+    assert freq == 3 and note == ("3 worker(s) x 3 micro-batch(es) x 3,000 tokens = 27,000 "
+                                  "tokens an update: the preset's update is 24,000 tokens, "
+                                  "which 3 worker(s) cannot keep exactly (--update-freq to "
+                                  "choose)")
+    # The paper's En-De update (one GPU x 4,000 tokens) on 8 GPUs: smaller batches keep it.
+    spec = resolve(wmt14_en_de.paper(), RunOptions(preset="paper", num_workers=8,
+                                                   storage_path=str(tmp_path)))
+    assert spec.train.update_freq == 1
+    assert spec.update_note.endswith("which 8 worker(s) cannot keep exactly "
+                                     "(--set data.max_tokens=500)")
+    kept = resolve(wmt14_en_de.paper(), RunOptions(preset="paper", num_workers=8,
+                                                   storage_path=str(tmp_path),
+                                                   set=["data.max_tokens=500"]))
+    assert kept.update_note == "" and kept.data.max_tokens == 500
+    # --update-freq decides; a preset without a stated update keeps its own.
+    asked = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=8,
+                                                    update_freq=2, storage_path=str(tmp_path)))
+    assert asked.train.update_freq == 2 and "not the preset's 24,000" in asked.update_note
+    assert update_plan(0, 4, 4000, None, 3) == (3, "")
+    with pytest.raises(SystemExit) as exited:
+        wmt14_en_fr.main(wmt14_en_fr.PRESETS, wmt14_en_fr.__doc__,
+                         ["--update-freq", "0", "--storage-path", str(tmp_path)])
+    assert exited.value.code == 2
+    assert "--update-freq 0: give a positive integer" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("setting, says", [

@@ -75,6 +75,8 @@ class RunSpec:
     register_champion: bool = True
     # --set section.field=value as given (workflows.overrides): applied above; kept to show.
     overrides: tuple[str, ...] = ()
+    update_tokens: int = 0  # the preset's tokens per update (0: none stated)
+    update_note: str = ""  # one line when the run's update is not the preset's
 
     @property
     def run_dir(self):  # pathlib.Path, or storage.ObjectPath in a bucket
@@ -94,6 +96,7 @@ class RunSpec:
             "test_sets": dict(self.test_sets), "num_workers": self.num_workers,
             "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker,
             **({"init_from": self.init_from} if self.init_from else {}),
+            **({"update_tokens": self.update_tokens} if self.update_tokens else {}),
             **({"overrides": "; ".join(self.overrides)} if self.overrides else {})}}
 
     def describe(self) -> dict:
@@ -108,7 +111,9 @@ class RunSpec:
                            "max_tokens_per_batch": d.max_tokens,  # a padded-token budget
                            "micro_batches_per_update": self.train.update_freq,
                            "max_tokens_per_update": workers * self.train.update_freq
-                           * d.max_tokens},
+                           * d.max_tokens,
+                           "preset_tokens_per_update": self.update_tokens,
+                           **({"note": self.update_note} if self.update_note else {})},
                 "run": {"run_name": self.run_name, "storage": self.storage,
                         "run_dir": str(self.run_dir),
                         "tracking_uri": redact_uri(self.tracking_uri),
@@ -154,6 +159,31 @@ def _tracking_uri(flag: str | None) -> str:
         return resolve_tracking_uri(flag)
     except ValueError as err:
         raise SpecError(f"--tracking-uri: {err}") from None
+
+
+def update_plan(update_tokens: int, workers: int, max_tokens: int, asked: int | None,
+                preset_freq: int) -> tuple[int, str]:
+    """(micro-batches per update, a note: "" when the update is the preset's). With
+    `update_tokens` (the preset's GPUs x tokens per GPU) the run keeps it on any number of
+    workers by accumulating micro-batches, as the reference's --update-freq does; `asked`
+    (--update-freq) decides when given."""
+    per_pass = workers * max_tokens  # the tokens of one micro-batch on every worker
+    if asked is not None:
+        freq = asked
+    elif update_tokens:
+        freq = max(1, round(update_tokens / per_pass))
+    else:
+        return preset_freq, ""
+    if not update_tokens or per_pass * freq == update_tokens:
+        return freq, ""
+    got = f"{workers} worker(s) x {freq} micro-batch(es) x {max_tokens:,} tokens = " \
+          f"{per_pass * freq:,} tokens an update"
+    if asked is not None:
+        return freq, f"{got}, not the preset's {update_tokens:,} (--update-freq {asked})"
+    fix = (f"--set data.max_tokens={update_tokens // (workers * freq)}"
+           if update_tokens % (workers * freq) == 0 else "--update-freq to choose")
+    return freq, f"{got}: the preset's update is {update_tokens:,} tokens, which " \
+                 f"{workers} worker(s) cannot keep exactly ({fix})"
 
 
 def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
@@ -204,18 +234,22 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     model, init_from = cfg.model, None
     if opts.init_from:
         init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
+    workers = opts.num_workers or cfg.num_workers
+    limits["update_freq"], update_note = update_plan(
+        cfg.update_tokens, workers, pre.max_tokens, opts.update_freq, cfg.train.update_freq)
     return RunSpec(
         workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
         model=model, train=cfg.train.replace(**limits), search=cfg.search,
-        ensemble=cfg.ensemble, num_workers=opts.num_workers or cfg.num_workers,
+        ensemble=cfg.ensemble, num_workers=workers,
         use_gpu=use_gpu, cpus_per_worker=cfg.cpus_per_worker, eval_cpus=cfg.eval_cpus,
         eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
         system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
         attention=opts.attention, run_name=run_name, storage=str(storage),
         tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or cfg.name,
         added_test_sets=added, restart=opts.restart, init_from=init_from,
-        accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes))
+        accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes),
+        update_tokens=cfg.update_tokens, update_note=update_note)
 
 
 def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,

@@ -102,9 +102,12 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
             ctx.skipped.append(name)
             results.append(TrainResult(**done["result"]))
             continue
-        log.info("== %s: %d worker(s)%s, %s", name, spec.num_workers,
+        log.info("== %s: %d worker(s)%s, %s, %s", name, spec.num_workers,
                  " with a GPU each" if spec.use_gpu
-                 else f" on CPU ({spec.cpus_per_worker:g} threads each)", _limits(train))
+                 else f" on CPU ({spec.cpus_per_worker:g} threads each)",
+                 _update(spec, train), _limits(train))
+        if spec.update_note:
+            log.warning("%s: %s", name, spec.update_note)
         train_tags = {**(tags or {}), "convs2s.stage": "train"}
         job = TrainJob(model=spec.model, train=train, train_data=out.batches["train"],
                        valid_data=out.batches["valid"], spm_model=out.spm_model,
@@ -205,6 +208,13 @@ def _source_run(checkpoints, trained: list, parent: str | None) -> str | None:
     owners = {r.run_id for r in trained for c in checkpoints
               if location(c).parent == location(r.run_dir)}
     return owners.pop() if len(owners) == 1 else parent
+
+
+def _update(spec: RunSpec, train: TrainConfig) -> str:
+    """What one update trains: workers x micro-batches x tokens per batch (a padded budget)."""
+    tokens = spec.num_workers * train.update_freq * spec.data.max_tokens
+    return (f"update {spec.num_workers} x {train.update_freq} x {spec.data.max_tokens:,} = "
+            f"{tokens:,} tokens" + (" (the preset's)" if tokens == spec.update_tokens else ""))
 
 
 def _limits(train: TrainConfig) -> str:

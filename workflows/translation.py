@@ -54,7 +54,7 @@ def cpu() -> WorkflowConfig:
         preprocess=data.translation(),  # joint BPE 8k, 4,000 tokens
         model=models.small().replace(dropout=0.3), train=recipe.train,
         ensemble=recipe.ensemble, use_gpu=False, num_workers=recipe.num_workers,
-        cpus_per_worker=recipe.cpus_per_worker)
+        cpus_per_worker=recipe.cpus_per_worker, update_tokens=0)
 
 
 def smoke() -> WorkflowConfig:

@@ -53,6 +53,10 @@ class WorkflowConfig:
     num_workers: int = 1  # Ray Train workers (one GPU each with use_gpu)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0  # CPUs (torch threads) per training worker
+    # The tokens of one update the recipe states (the paper's GPUs x tokens per GPU): every run
+    # keeps it whatever --num-workers, with micro-batches per update = update_tokens / (workers
+    # x preprocess.max_tokens) (workflows.run_spec.update_plan); 0: one micro-batch a worker.
+    update_tokens: int = 0
     eval_cpus: float = 1.0  # per evaluation task
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
     # Seconds between samples of each training node's CPU / memory / GPU utilization in the
@@ -133,6 +137,7 @@ class RunOptions:
     max_updates: int | None = None
     max_time: float | None = None  # seconds of training
     precision: str | None = None  # training precision: auto | bf16 | fp32 (convs2s.precision)
+    update_freq: int | None = None  # micro-batches per update (default: what keeps the preset's)
     test_set: list[str] = field(default_factory=list)  # extra test sets: file stems in --data
     attention: int = 0  # attention pictures of the first N sentences of each test set
     storage_path: str = "runs"
@@ -187,6 +192,10 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="training precision: bf16 autocast or float32; auto (the presets' "
                         "default) picks bf16 where every node multiplies bf16 natively (GPUs, "
                         "CPUs with AVX-512 BF16 or AMX) and says which in the log and MLflow")
+    p.add_argument("--update-freq", type=int, metavar="N",
+                   help="micro-batches each worker accumulates per update (default: as many as "
+                        "keep the preset's tokens per update with this many workers; 1 where "
+                        "the preset states none)")
     p.add_argument("--test-set", action="append", default=[], metavar="STEM",
                    help="also score STEM.<src> / STEM.<tgt> (optionally .gz) of the --data "
                         "folder like the preset's test sets (repeatable)")
@@ -265,7 +274,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
     a = p.parse_args(argv)
-    for flag in ("num_workers", "max_epochs", "max_updates"):
+    for flag in ("num_workers", "max_epochs", "max_updates", "update_freq"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: give a positive integer")
     if a.attention < 0:
