@@ -31,6 +31,7 @@ from convs2s.config import keep_explicit_dropout
 from convs2s.metrics.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
 from workflows.ablations import SweepError, variants_for
+from workflows.errors import SpecError
 from workflows.workflow_config import RunOptions, duration
 
 MAIN_TEST = "test_2016_flickr"
@@ -48,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train a variant of the preset's model from workflows/ablations.py "
                         "instead, e.g. recipe:dropout-0.4 (one trial of that sweep, scored the "
                         "same way)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="change the preset as the workflows' --set does (workflows/overrides.py), "
+                        "e.g. --set 'train.dropout_by_passes=[[0, 0.2], [30, 0.4]]'")
     p.add_argument("--max-updates", type=int, default=None,
                    help="also stop after this many updates (equal-update comparisons)")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
@@ -148,16 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     storage.mkdir(parents=True, exist_ok=True)
     opts = RunOptions(preset=args.preset, data=str(args.data), max_time=args.max_time,
                       max_updates=args.max_updates, precision=args.precision,
-                      storage_path=str(storage), run_name=run_name,
+                      storage_path=str(storage), run_name=run_name, set=args.set,
                       tracking_uri=f"sqlite:///{storage / 'mlflow.db'}")
     t0 = time.monotonic()
-    spec = resolve(cfg, opts)
+    try:
+        spec = resolve(cfg, opts)
+    except SpecError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     result = run_workflow(spec)
     wall = time.monotonic() - t0
     figures = collect(Path(result.run_dir))
     figures["workflow_seconds"] = round(wall, 1)
     out = args.out or RESULTS_DIR / f"quality_multi30k_en_de_{tag}.json"
-    settings = {"preset": args.preset, "variant": args.variant, "max_time": args.max_time,
+    settings = {"preset": args.preset, "variant": args.variant, "set": args.set,
+                "max_time": args.max_time,
                 "max_updates": args.max_updates, "precision": spec.train.precision,
                 "data": str(args.data),
                 "run_name": run_name, "workflow": spec.params()["workflow"]}
