@@ -254,6 +254,10 @@ class TrainConfig(Settings):
     # Ampere, CPUs with AVX-512 BF16 / AMX), float32 elsewhere; "bf16" / "fp32": as asked.
     # Decided once per run and the same on every rank (convs2s.precision).
     precision: Literal["auto", "bf16", "fp32"] = "auto"
+    # torch.compile the model through the fused loss as one graph with dynamic shapes (one
+    # compile for every batch shape): "" off (eager), else the backend ("inductor"; "aot_eager"
+    # captures without generating code, for checks).
+    compile: str = ""
     # Dropout that follows the passes over the data a time budget will reach on this machine
     # (convs2s.train.regularization): ((from_passes, dropout), ...), ascending, the first from
     # 0. After `passes_probe_updates` updates the trainer projects the run's passes from their

@@ -167,6 +167,8 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
         self.model = runtime.prepare_model(self.net)  # to device; DDP when world > 1
+        if self.cfg.compile:  # the training forward (model + fused loss): one dynamic graph
+            self.model = torch.compile(self.model, backend=self.cfg.compile, dynamic=True)
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
         self.comm = Comm.create()
