@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dump-batches", type=Path, default=None, metavar="JSON",
                    help="also write the timed batches (token ids) for the reference "
                         "implementation's step: scripts/fairseq_training_speed.py")
+    p.add_argument("--compile", default="", metavar="BACKEND",
+                   help="torch.compile the model through the loss (TrainConfig.compile), e.g. "
+                        "inductor; the warmup steps include the compile")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
     p.add_argument("--replace", action="store_true",
@@ -126,12 +129,14 @@ def run(args: argparse.Namespace) -> dict:
         args.dump_batches.write_text(json.dumps([[src, tgt] for src, tgt in batches]))
     batches = [collate_lists(s, t) for s, t in batches]
     model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
-    train_cfg = TrainConfig(precision=args.dtype)
+    train_cfg = TrainConfig(precision=args.dtype, compile=args.compile)
     optimizer = build_optimizer(model.parameters(), train_cfg)
     comm = Comm()
+    stepped = torch.compile(model, backend=args.compile, dynamic=True) if args.compile \
+        else model  # as the Trainer does with TrainConfig.compile
 
     def step(i: int):
-        stats = train_update(model, optimizer, [batches[i % len(batches)]], train_cfg, comm,
+        stats = train_update(stepped, optimizer, [batches[i % len(batches)]], train_cfg, comm,
                              device)
         if stats is None:
             raise RuntimeError("train_update returned None for a non-empty batch")
@@ -178,7 +183,7 @@ def run(args: argparse.Namespace) -> dict:
     total_s = sum(r["seconds"] for r in rows)
     mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
     results = {
-        "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype,
+        "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),

@@ -5,7 +5,9 @@
 #   2. benchmarks.training on the paper's En-De and En-Fr models, float32 and bf16,
 #   3. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
 #      sentences), float32 and bf16, beam 1 and 5,
-#   4. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
+#   4. last (compiling takes minutes): the paper's En-Fr step in bf16 with the model compiled
+#      through the loss (--compile inductor, one dynamic graph), beside step 2's eager figure,
+#   5. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
 #      validation and checkpoints, then the same command to 300, which must resume.
 #
@@ -63,6 +65,10 @@ if [[ -n "${LOOP_DATA:-}" ]]; then
   step "loop resumed to 300" 150 $PY -m convs2s train "${loop[@]}" --max-updates 300
   cp "$out/loop/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
 fi
+
+step "training wmt14_en_fr bf16 compiled" 300 $PY -m benchmarks.training --preset wmt14_en_fr \
+  --device cuda --dtype bf16 --max-tokens 3000 --steps 40 --warmup 8 --compile inductor \
+  --data "$data" --out "$out/training_wmt14_en_fr_cuda_bf16_compiled.json" --replace
 
 echo "failed steps: ${failed[*]:-none}"
 [[ ${#failed[@]} -eq 0 ]]
