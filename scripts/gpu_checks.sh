@@ -5,11 +5,11 @@
 #   2. benchmarks.training on the paper's En-De and En-Fr models, float32 and bf16,
 #   3. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
 #      sentences), float32 and bf16, beam 1 and 5,
-#   4. last (compiling takes minutes): the paper's En-Fr step in bf16 with the model compiled
-#      through the loss (--compile inductor, one dynamic graph), beside step 2's eager figure,
-#   5. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
+#   4. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
 #      validation and checkpoints, then the same command to 300, which must resume.
+#   5. last (compiling takes minutes): the paper's En-Fr step in bf16 with the model compiled
+#      through the loss (--compile inductor, one dynamic graph), beside step 2's eager figure,
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
 #
