@@ -7,9 +7,9 @@
 #      sentences), float32 and bf16, beam 1 and 5,
 #   4. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
-#      validation and checkpoints, then the same command to 300, which must resume.
+#      validation and checkpoints, then the same command to 300, which must resume,
 #   5. last (compiling takes minutes): the paper's En-Fr step in bf16 with the model compiled
-#      through the loss (--compile inductor, one dynamic graph), beside step 2's eager figure,
+#      through the loss (--compile inductor, one dynamic graph), beside step 2's eager figure.
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
 #
