@@ -125,9 +125,10 @@ MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnn
 
 
 # Environment settings that cap what the kernels use below what the flags say: ATen's vector
-# kernels (ATEN_CPU_CAPABILITY=avx2), oneDNN's matmuls and convolutions (ONEDNN_MAX_CPU_ISA=AVX2)
-# MKL's (MKL_ENABLE_INSTRUCTIONS=AVX2) and the project's native-bf16 decision (CONVS2S_CPU_BF16=0, convs2s/precision.py). Set
-# together, they run an AVX-512 / AMX host as a host without them (docs/benchmarks.md).
+# kernels (ATEN_CPU_CAPABILITY=avx2), oneDNN's matmuls and convolutions (ONEDNN_MAX_CPU_ISA=AVX2),
+# MKL's (MKL_ENABLE_INSTRUCTIONS=AVX2) and the project's native-bf16 decision
+# (CONVS2S_CPU_BF16=0, convs2s/precision.py). Set together, they run an AVX-512 / AMX host as a
+# host without them (docs/benchmarks.md).
 ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
               "CONVS2S_CPU_BF16")
 
