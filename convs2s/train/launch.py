@@ -32,11 +32,8 @@ with its meta.json last and metrics.jsonl is rewritten at each checkpoint (docs/
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
-from pathlib import Path
 
 import ray
 import ray.train
@@ -53,20 +50,10 @@ from convs2s.io.checkpoint import (
     BEST_DIR,
     list_checkpoints,
 )
-from convs2s.tracking.runs import (
-    code_version,
-    describe_run,
-    end_run,
-    find_or_create_run,
-    log_artifacts,
-    redact_uri,
-    resolve_tracking_uri,
-    run_key,
-    set_tags,
-)
 from convs2s.train.data import split_files
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
-from convs2s.train.trainer import CrashInjection, initial_weights, train_loop_per_worker
+from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
+from convs2s.train.trainer import CrashInjection, train_loop_per_worker
 from storage import filesystem_of, is_uri, location
 
 # --- driver -------------------------------------------------------------------------------------
@@ -80,28 +67,8 @@ def fit(job: TrainJob) -> TrainResult:
     run_dir = storage / job.run_name
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
     ray_fs, ray_path = filesystem_of(storage)
-    uri = resolve_tracking_uri(job.tracking_uri)
-    version = code_version()
-    run_tags = {"convs2s.code_version": version, **job.tags}
-    if job.run_id is not None:  # made by the caller (a workflow's run tree)
-        run_id = job.run_id
-        set_tags(uri, run_id, run_tags)
-    else:  # keyed by its run folder, as every run of the project (tracking.run_key)
-        run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
-                                    run_name=job.run_name, parent_run_id=job.parent_run_id,
-                                    tags=run_tags)
-    if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart
-        initial_weights(job)
-        set_tags(uri, run_id, {"convs2s.init_from": job.init_from})
-    job_params = {"num_workers": job.num_workers, "use_gpu": job.use_gpu,
-                  "vocab_size": job.vocab_size, "code_version": version,
-                  "train_batches": files.total,
-                  **({"tgt_vocab_size": job.tgt_vocab_size} if job.tgt_vocab_size else {}),
-                  **({"init_from": job.init_from} if job.init_from else {})}
-    describe_run(uri, run_id, {"model": job.model.to_dict(), "train": job.train.to_dict(),
-                               "data": job.data_manifest, "job": job_params},
-                 list(job.datasets))
-    _log_configs(uri, run_id, job)
+    uri, run_id = open_train_run(job, run_dir, files, {"num_workers": job.num_workers,
+                                                        "use_gpu": job.use_gpu})
     resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
     trainer = ray.train.torch.TorchTrainer(
         train_loop_per_worker,
@@ -128,7 +95,7 @@ def fit(job: TrainJob) -> TrainResult:
     try:
         result = trainer.fit()
     except BaseException as err:
-        end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        fail_train_run(uri, run_id, err)
         if _not_placed(err):
             raise WorkersNotPlaced(
                 f"training could not place its {job.num_workers} worker(s) "
@@ -138,19 +105,13 @@ def fit(job: TrainJob) -> TrainResult:
                 "--storage-path) once the cluster has room, and it resumes there") from None
         raise
     final = dict(result.return_value or result.metrics or {})
-    if final.get("stop_reason"):  # why it stopped: a tag to filter runs by in MLflow
-        set_tags(uri, run_id, {"convs2s.stop_reason": final["stop_reason"]})
-    best = run_dir / BEST_DIR
-    has_best = best.is_dir()
-    if has_best:
-        log_artifacts(uri, run_id, str(best), "best_checkpoint")
-    end_run(uri, run_id, "FINISHED")
+    has_best = close_train_run(uri, run_id, final, run_dir)
     kept = [i.path for i in list_checkpoints(run_dir)]
     last = result.checkpoint.path if result.checkpoint is not None else None
     if last is not None and is_uri(storage):  # Ray gives the path inside the filesystem
         last = f"{storage.scheme}://{last}"
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
-                       best_checkpoint=str(best) if has_best else None,
+                       best_checkpoint=str(run_dir / BEST_DIR) if has_best else None,
                        last_checkpoint=last, checkpoints=kept, metrics=final)
 
 
@@ -179,17 +140,3 @@ def _not_placed(err: BaseException) -> bool:
 
 def _resources(job: TrainJob) -> str:
     return f"{job.cpus_per_worker:g} CPU" + (" + 1 GPU" if job.use_gpu else "")
-
-
-def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:
-    if run_id is None:
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = {"model": job.model.to_dict(), "train": job.train.to_dict(),
-               "job": {k: redact_uri(v) if k == "tracking_uri" else v
-                       for k, v in vars(job).items() if k not in ("model", "train")}}
-        Path(tmp, "train_job.json").write_text(json.dumps(cfg, indent=2, default=str))
-        log_artifacts(uri, run_id, str(Path(tmp, "train_job.json")), "config")
-    for path in dict.fromkeys([job.spm_model, *job.text_files]):  # the text pipeline
-        if path:
-            log_artifacts(uri, run_id, path, "config")

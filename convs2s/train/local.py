@@ -36,10 +36,19 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     files, valid_files = split_files(job.train_data, job.valid_data)
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
-    if job.init_from:  # a checkpoint that does not fit fails here, before the loop
-        initial_weights(job)
-    uri, run_id = _tracking(job, run_dir) if runtime.rank == 0 else (None, None)
-    if runtime.world_size > 1:  # every rank logs nothing but rank 0, which needs the run id
+    # MLflow only when the job names a tracking URI or a run (rank 0 opens it, as on Ray)
+    tracked = bool(job.tracking_uri or job.run_id) and runtime.rank == 0
+    if tracked:
+        from convs2s.train.tracked import open_train_run
+
+        uri, run_id = open_train_run(job, run_dir, files,
+                                     {"launcher": "local", "world_size": runtime.world_size},
+                                     tags={"convs2s.launcher": "local"})
+    else:
+        uri, run_id = None, None
+        if job.init_from:  # a checkpoint that does not fit fails here, before the loop
+            initial_weights(job)
+    if runtime.world_size > 1:  # rank 0's logger needs the run; the others get it too
         import torch.distributed as dist
 
         shared = [(uri, run_id)]
@@ -51,69 +60,24 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     try:
         final = run_loop(config, runtime)
     except BaseException as err:
-        if run_id and runtime.rank == 0:
-            from convs2s.tracking.runs import end_run
+        if tracked:
+            from convs2s.train.tracked import fail_train_run
 
-            end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+            fail_train_run(uri, run_id, err)
         raise
-    best = run_dir / BEST_DIR
-    has_best = (best / META_FILE).is_file()
-    if run_id and runtime.rank == 0:
-        from convs2s.tracking.runs import end_run, log_artifacts, set_tags
+    if tracked:
+        from convs2s.train.tracked import close_train_run
 
-        if final.get("stop_reason"):
-            set_tags(uri, run_id, {"convs2s.stop_reason": final["stop_reason"]})
-        if has_best:
-            log_artifacts(uri, run_id, str(best), "best_checkpoint")
-        end_run(uri, run_id, "FINISHED")
+        close_train_run(uri, run_id, final, run_dir)
+    has_best = (run_dir / BEST_DIR / META_FILE).is_file()
     kept = [i.path for i in list_checkpoints(run_dir)]
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
-                       best_checkpoint=str(best) if has_best else None,
+                       best_checkpoint=str(run_dir / BEST_DIR) if has_best else None,
                        last_checkpoint=kept[-1] if kept else None, checkpoints=kept,
                        metrics=final)
 
 
-def _tracking(job: TrainJob, run_dir) -> tuple[str | None, str | None]:
-    """(tracking URI, run id) when the job asks for MLflow, else (None, None): without a
-    tracking URI nothing imports MLflow, and the metrics go to metrics.jsonl only."""
-    if not (job.tracking_uri or job.run_id):
-        return None, None
-    from convs2s.tracking.runs import (
-        code_version,
-        describe_run,
-        find_or_create_run,
-        resolve_tracking_uri,
-        run_key,
-        set_tags,
-    )
-
-    uri = resolve_tracking_uri(job.tracking_uri)
-    tags = {"convs2s.code_version": code_version(), "convs2s.launcher": "local", **job.tags}
-    if job.run_id is not None:
-        run_id = job.run_id
-        set_tags(uri, run_id, tags)
-    else:
-        run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
-                                    run_name=job.run_name, parent_run_id=job.parent_run_id,
-                                    tags=tags)
-    describe_run(uri, run_id, {"model": job.model.to_dict(), "train": job.train.to_dict(),
-                               "data": job.data_manifest,
-                               "job": {"launcher": "local", "vocab_size": job.vocab_size}},
-                 list(job.datasets))
-    return uri, run_id
-
-
 # --- python -m convs2s train ---------------------------------------------------------------------
-
-
-def _seconds(text: str) -> float:
-    """A duration: seconds, or with a unit: 90s, 10m, 2h."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip().lower()
-    try:
-        return float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except ValueError:
-        raise ValueError(f"--max-time {text!r}: give seconds or 90s / 10m / 2h") from None
 
 
 def _value(text: str):
@@ -131,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from convs2s.config import PRESETS, TrainConfig
+    from convs2s.config import PRESETS, TrainConfig, duration
     from convs2s.io.checkpoint import CheckpointError
 
     p = argparse.ArgumentParser(
@@ -149,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-name", required=True)
     p.add_argument("--max-updates", type=int)
     p.add_argument("--max-epochs", type=int)
-    p.add_argument("--max-time", metavar="DURATION", help="training budget: 90s / 10m / 2h")
+    p.add_argument("--max-time", type=duration, metavar="DURATION",
+                   help="training budget: seconds, or 90s / 10m / 1.5h")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"])
     p.add_argument("--update-freq", type=int, help="micro-batches accumulated per update")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -167,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--set {item!r}: give KEY=VALUE")
             train[key.strip()] = _value(value)
         flags = {"max_updates": args.max_updates, "max_epochs": args.max_epochs,
-                 "max_time": _seconds(args.max_time) if args.max_time else None,
+                 "max_time": args.max_time,
                  "precision": args.precision, "update_freq": args.update_freq}
         train.update({k: v for k, v in flags.items() if v is not None})
         recipe = TrainConfig.from_dict(train)
