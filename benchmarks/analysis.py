@@ -31,7 +31,8 @@ from benchmarks.mlflow_ui import mlflow_server
 from benchmarks.report import RESULTS_DIR, write_result
 from workflows import multi30k_en_de
 from workflows.ablations import BASELINE, SWEEPS
-from workflows.workflow_config import RunOptions, duration
+from convs2s.config import duration
+from workflows.workflow_config import RunOptions
 
 MAIN_TEST = "test_2016_flickr"
 VALID = "val"

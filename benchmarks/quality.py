@@ -32,7 +32,8 @@ from convs2s.metrics.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
 from workflows.ablations import SweepError, variants_for
 from workflows.errors import SpecError
-from workflows.workflow_config import RunOptions, duration
+from convs2s.config import duration
+from workflows.workflow_config import RunOptions
 
 MAIN_TEST = "test_2016_flickr"
 VALID = "val"

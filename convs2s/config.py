@@ -15,6 +15,7 @@ Presets are plain functions returning a config; `PRESETS` maps their names for t
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -391,3 +392,22 @@ class SearchConfig(Settings):
 def summarization_search(**changes) -> SearchConfig:
     """Paper §5.5: beam 5 and outputs of at least 14 words (here BPE pieces, a close proxy)."""
     return SearchConfig(beam=5, min_len=14).replace(**changes)
+
+
+# --- command-line values -----------------------------------------------------------------------
+
+
+def duration(text: str) -> float:
+    """'3600' or '3600s', '60m', '1.5h' -> seconds (argparse type of every --max-time: the
+    workflows', the benchmarks', `python -m convs2s train`)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    scale = units.get(t[-1:], None)
+    try:
+        value = float(t[:-1] if scale else t) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds or a "
+                                         "number with s, m or h (e.g. 3600, 60m, 1.5h)") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the time budget must be positive")
+    return value

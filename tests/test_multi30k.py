@@ -23,7 +23,8 @@ import pytest
 from convs2s import config as models
 from workflows import multi30k_en_de
 from workflows.run_spec import SpecError, resolve
-from workflows.workflow_config import RunOptions, duration
+from convs2s.config import duration
+from workflows.workflow_config import RunOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "workflows" / "multi30k_en_de.py"

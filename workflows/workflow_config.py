@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from convs2s.config import ModelConfig, SearchConfig, TrainConfig
+from convs2s.config import ModelConfig, SearchConfig, TrainConfig, duration
 from preprocessing.config import WMT_SPLITS, PreprocessConfig
 
 
@@ -308,16 +308,3 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     return RunOptions(**vars(a))
 
 
-def duration(text: str) -> float:
-    """'3600' or '3600s', '60m', '1.5h' -> seconds (argparse type of --max-time)."""
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip().lower()
-    scale = units.get(t[-1:], None)
-    try:
-        value = float(t[:-1] if scale else t) * (scale or 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: give seconds or a "
-                                         "number with s, m or h (e.g. 3600, 60m, 1.5h)") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the time budget must be positive")
-    return value
