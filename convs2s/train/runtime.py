@@ -29,6 +29,13 @@ from convs2s.io.checkpoint import META_FILE, list_checkpoints
 from storage import location, publish_dir, remove_tree
 
 
+def latest_kept(run_dir) -> str | None:
+    """The run's latest complete `checkpoint_*` folder (a path, or a bucket URI that
+    `load_checkpoint` fetches); None for a run that has none yet."""
+    kept = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    return kept[-1].path if kept else None
+
+
 class RayRuntime:
     """A Ray Train worker's runtime: rank and device from Ray Train's context, checkpoints
     reported to it (it keeps the last `CheckpointConfig.num_to_keep` and resumes from its
@@ -60,8 +67,7 @@ class RayRuntime:
         `LocalRuntime`), the latest complete `checkpoint_*` folder of `run_dir`."""
         ckpt = self._train.get_checkpoint()
         if ckpt is None:
-            kept = list_checkpoints(self.run_dir) if self.run_dir.is_dir() else []
-            yield kept[-1].path if kept else None
+            yield latest_kept(self.run_dir)
             return
         with ckpt.as_directory() as d:
             yield Path(d)
@@ -113,8 +119,7 @@ class LocalRuntime:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        kept = list_checkpoints(self.run_dir) if self.run_dir.is_dir() else []
-        yield kept[-1].path if kept else None  # a folder, or a bucket's URI (load_checkpoint)
+        yield latest_kept(self.run_dir)
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None) -> None:
         if folder is not None and name:

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from convs2s.io.checkpoint import (
@@ -513,15 +514,19 @@ def _train_batches(rows, max_positions: int):
 
 
 def _valid_batches(files: TrainFiles, comm: Comm):
-    """Every rank reads all validation rows, file by file in name order, and keeps those whose
-    first sentence id falls to it: each row is validated once, on one rank, and no row is
-    dropped to equalize the ranks' shares."""
+    """Every rank reads all validation rows, file by file in name order, and keeps (collates)
+    those whose first sentence id falls to it: each row is validated once, on one rank, and no
+    row is dropped to equalize the ranks' shares."""
+    import pyarrow.compute as pc
+
     for path in files.paths:
         table = read_file(path)
-        for i in range(table.num_rows):
-            batch = collate_arrow(table.slice(i, 1))  # zero-copy row
-            if int(batch.ids[0]) % comm.world_size == comm.rank:
-                yield batch
+        if "id" not in table.column_names:
+            raise ValueError(f"{path}: validation batches without sentence ids (the `id` "
+                             "column of docs/design.md's batches format); re-run preprocessing")
+        first = pc.list_element(table.column("id"), 0).to_numpy(zero_copy_only=False)
+        for i in np.flatnonzero(first % comm.world_size == comm.rank):
+            yield collate_arrow(table.slice(int(i), 1))  # zero-copy row
 
 
 # --- fault injection (tests only) -------------------------------------------------------------
