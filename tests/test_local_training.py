@@ -60,6 +60,26 @@ def test_a_run_without_ray_trains_keeps_its_last_checkpoints_and_resumes(demo_ba
     assert sorted(_losses(run_dir)) == list(range(5, 41, 5))  # each step logged once
 
 
+def test_torchrun_trains_one_run_with_two_ranks_without_ray(demo_batches, tmp_path):
+    """`torchrun --nproc-per-node 2 -m convs2s train`, as the README gives it (gloo on CPU):
+    two ranks train one run, rank 0 writes its checkpoints and metrics and prints the one
+    summary."""
+    d = demo_batches
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
+         "convs2s", "train", "--train-data", d.batches["train"], "--valid-data",
+         d.batches["valid"], "--spm-model", d.spm_model, "--model", "tiny", "--storage-path",
+         str(tmp_path), "--run-name", "two", "--precision", "fp32", "--max-updates", "10",
+         "--set", "log_interval=5"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("train: 10 updates") == 1, out[-2000:]
+    run_dir = tmp_path / "two"
+    assert [p.name for p in run_dir.glob("checkpoint_*")] == ["checkpoint_00000010"]
+    assert sorted(_losses(run_dir)) == [5, 10]  # rank 0's log, each step once
+
+
 def test_bad_arguments_are_one_line(tmp_path, capsys):
     from convs2s.train.local import main
 
