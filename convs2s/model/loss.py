@@ -65,73 +65,95 @@ def chunk_rows(device_type: str, vocab_size: int) -> int:
     return max(MIN_CHUNK_ROWS, CHUNK_VALUES.get(device_type, CHUNK_VALUES["cpu"]) // vocab_size)
 
 
-class _OutputLoss(torch.autograd.Function):
+# The fused kernel is a custom operator (torch.library.custom_op): autograd calls its backward,
+# and torch.compile sees one opaque node whose outputs it knows from `_output_loss_fake`. Traced
+# through, its Python loop over the chunks of the n non-pad rows would fix n in the graph, and a
+# compiled step would be captured again for every batch's token count.
+@torch.library.custom_op("convs2s::output_loss", mutates_args=())
+def _output_loss(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                 target: torch.Tensor, rows: torch.Tensor, label_smoothing: float,
+                 with_grad: bool, compute_dtype: torch.dtype
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits = h W^T + b and the label-smoothed loss, chunk by chunk over the non-pad rows.
 
     The loss is the end of the graph, so d(loss)/d(logits) = softmax - q (q: the smoothed
     target distribution) is known as soon as a chunk's log-probabilities are: the forward
-    computes the gradients of h, W and b right away and the backward only scales them. No
-    N x V logits, log-probabilities or their gradients are ever stored; padded rows cost
-    nothing.
+    computes the gradients of h's non-pad rows, W and b right away and the backward only
+    scales them. No N x V logits, log-probabilities or their gradients are ever stored; padded
+    rows cost nothing. h N x C (N = B*T), weight V x C, bias V, target N, rows n (the non-pad
+    rows) -> (loss, nll) float32 scalars and, with `with_grad`, the unscaled gradients
+    (n x C in compute_dtype, V x C and V in float32; else empty).
     """
-
-    @staticmethod
-    def forward(ctx, h, weight, bias, target, label_smoothing, pad, with_grad, rows):
-        # h N x C (N = B*T), weight V x C, bias V, target N; rows n: the non-pad rows, or None
-        dev = h.device.type
-        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
-        with torch.autocast(device_type=dev, enabled=False):
-            if rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
-                rows = target.ne(pad).nonzero().squeeze(1)
-            # n = rows.shape[0] is known on the host either way; with rows given, no wait
-            hr, tr = h.index_select(0, rows).to(cdt), target.index_select(0, rows)  # n x C, n
-            w, b = weight.to(cdt), bias.to(cdt)
-            n, V = hr.shape[0], w.shape[0]
-            eps = label_smoothing
-            eps_i = eps / (V - 1)
-            nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
-            smooth_sum = torch.zeros((), dtype=torch.float32, device=h.device)
-            if with_grad:
-                grad_h = torch.empty_like(hr)  # n x C
-                grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device)
-                grad_b = torch.zeros(V, dtype=torch.float32, device=h.device)
-            step = chunk_rows(dev, V)
-            for r0 in range(0, n, step):
-                hc, tc = hr[r0:r0 + step], tr[r0:r0 + step, None]  # c x C, c x 1
-                lp = torch.log_softmax(torch.addmm(b, hc, w.t()).float(), dim=-1)  # c x V
-                nll_sum -= lp.gather(1, tc).sum()
-                if eps > 0:
-                    smooth_sum -= lp.sum()
-                if not with_grad:
-                    continue
-                g = lp.exp_()  # softmax, in place: d loss / d logits = softmax - q
-                if eps_i > 0:
-                    g.sub_(eps_i)
-                g.scatter_add_(1, tc, g.new_full(tc.shape, -(1.0 - eps - eps_i)))
-                g = g.to(cdt)
-                torch.mm(g, w, out=grad_h[r0:r0 + step])
-                if cdt == torch.float32:
-                    grad_w.addmm_(g.t(), hc)
-                else:
-                    grad_w += torch.mm(g.t(), hc).float()
-                grad_b += g.sum(0, dtype=torch.float32)
-            loss = (1.0 - eps - eps_i) * nll_sum + eps_i * smooth_sum if eps > 0 \
-                else nll_sum.clone()
+    cdt = compute_dtype
+    with torch.autocast(device_type=h.device.type, enabled=False):
+        hr, tr = h.index_select(0, rows).to(cdt), target.index_select(0, rows)  # n x C, n
+        w, b = weight.to(cdt), bias.to(cdt)
+        n, V = hr.shape[0], w.shape[0]
+        eps = label_smoothing
+        eps_i = eps / (V - 1)
+        nll_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        smooth_sum = torch.zeros((), dtype=torch.float32, device=h.device)
+        none = h.new_empty(0, dtype=torch.float32)
+        grad_h, grad_w, grad_b = none, none.clone(), none.clone()
         if with_grad:
-            ctx.save_for_backward(rows, grad_h, grad_w, grad_b)
-            ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
-        ctx.mark_non_differentiable(nll_sum)
-        return loss, nll_sum
+            grad_h = torch.empty_like(hr)  # n x C
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device)
+            grad_b = torch.zeros(V, dtype=torch.float32, device=h.device)
+        step = chunk_rows(h.device.type, V)
+        for r0 in range(0, n, step):
+            hc, tc = hr[r0:r0 + step], tr[r0:r0 + step, None]  # c x C, c x 1
+            lp = torch.log_softmax(torch.addmm(b, hc, w.t()).float(), dim=-1)  # c x V
+            nll_sum -= lp.gather(1, tc).sum()
+            if eps > 0:
+                smooth_sum -= lp.sum()
+            if not with_grad:
+                continue
+            g = lp.exp_()  # softmax, in place: d loss / d logits = softmax - q
+            if eps_i > 0:
+                g.sub_(eps_i)
+            g.scatter_add_(1, tc, g.new_full(tc.shape, -(1.0 - eps - eps_i)))
+            g = g.to(cdt)
+            torch.mm(g, w, out=grad_h[r0:r0 + step])
+            if cdt == torch.float32:
+                grad_w.addmm_(g.t(), hc)
+            else:
+                grad_w += torch.mm(g.t(), hc).float()
+            grad_b += g.sum(0, dtype=torch.float32)
+        loss = (1.0 - eps - eps_i) * nll_sum + eps_i * smooth_sum if eps > 0 \
+            else nll_sum.clone()
+    return loss, nll_sum, grad_h, grad_w, grad_b
 
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_nll):
-        rows, grad_h, grad_w, grad_b = ctx.saved_tensors
-        # Scaled in float32 (a bf16-rounded scale would differ from the weights' by up to 0.4%),
-        # out of place (a second backward must not scale the saved gradients twice).
-        gh = (grad_h.float() * grad_loss).to(ctx.h_dtype)
-        gh = gh.new_zeros(ctx.h_shape).index_copy_(0, rows, gh)  # zero at the pad rows
-        return (gh, (grad_w * grad_loss).to(ctx.w_dtype), (grad_b * grad_loss).to(ctx.w_dtype),
-                None, None, None, None, None)
+
+@_output_loss.register_fake
+def _output_loss_fake(h, weight, bias, target, rows, label_smoothing, with_grad, compute_dtype):
+    # What the kernel returns, by shape and dtype only (torch.compile's tracing)
+    loss, nll = (h.new_empty((), dtype=torch.float32) for _ in range(2))
+    if not with_grad:
+        return (loss, nll, *(h.new_empty(0, dtype=torch.float32) for _ in range(3)))
+    return (loss, nll, h.new_empty((rows.shape[0], h.shape[1]), dtype=compute_dtype),
+            h.new_empty(weight.shape, dtype=torch.float32),
+            h.new_empty(bias.shape, dtype=torch.float32))
+
+
+def _output_loss_setup(ctx, inputs, output):
+    h, weight, _, _, rows, _, with_grad, _ = inputs
+    _, nll, grad_h, grad_w, grad_b = output
+    ctx.save_for_backward(rows, grad_h, grad_w, grad_b)
+    ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
+    ctx.mark_non_differentiable(nll, grad_h, grad_w, grad_b)
+
+
+def _output_loss_backward(ctx, grad_loss, *_):
+    rows, grad_h, grad_w, grad_b = ctx.saved_tensors
+    # Scaled in float32 (a bf16-rounded scale would differ from the weights' by up to 0.4%),
+    # out of place (a second backward must not scale the saved gradients twice).
+    gh = (grad_h.float() * grad_loss).to(ctx.h_dtype)
+    gh = gh.new_zeros(ctx.h_shape).index_copy_(0, rows, gh)  # zero at the pad rows
+    return (gh, (grad_w * grad_loss).to(ctx.w_dtype), (grad_b * grad_loss).to(ctx.w_dtype),
+            None, None, None, None, None)
+
+
+_output_loss.register_autograd(_output_loss_backward, setup_context=_output_loss_setup)
 
 
 def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
@@ -142,7 +164,7 @@ def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
 
     hidden B x T x C (the input of the output layer), weight V x C, bias V, target B x T ->
     (training loss sum, nll sum), float32 scalars; the same values and gradients as the unfused
-    pair, in a fraction of the time and memory (see `_OutputLoss`). Under autocast the matmuls
+    pair, in a fraction of the time and memory (see `_output_loss`). Under autocast the matmuls
     run in the autocast dtype and the log-softmax in float32, as in the unfused path.
     `target_rows` (n, on hidden's device): the flat indices of target's non-pad tokens when the
     caller knows them (`Batch.target_rows`); else they are found here, which on a GPU makes the
@@ -152,5 +174,11 @@ def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     with_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (hidden, weight, bias))
-    return _OutputLoss.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
-                             target.reshape(-1), label_smoothing, pad, with_grad, target_rows)
+    dev = hidden.device.type
+    cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+    target = target.reshape(-1)
+    if target_rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
+        target_rows = target.ne(pad).nonzero().squeeze(1)
+    loss, nll, *_ = _output_loss(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target,
+                                 target_rows, float(label_smoothing), with_grad, cdt)
+    return loss, nll
