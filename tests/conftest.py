@@ -222,6 +222,11 @@ def demo_trained(tmp_path_factory, ray_session):
 
 # --- workflows: a smoke workflow run, and Ray nodes started with the `ray` CLI --------------------
 
+# Outputs of at most 1.2 x |source| + 10 pieces for the workflow runs of the tests, whose models
+# train for a few dozen updates: such a model rarely ends a sentence and would otherwise run each
+# one to the presets' 200 pieces (beam 5), most of a short run's evaluation time.
+SHORT_OUTPUTS = ("--set", "search.max_len_a=1.2", "--set", "search.max_len_b=10")
+
 
 @pytest.fixture(scope="session")
 def smoke_workflow(tmp_path_factory, ray_session):
@@ -238,8 +243,9 @@ def smoke_workflow(tmp_path_factory, ray_session):
 
     root = tmp_path_factory.mktemp("smoke_workflow")
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    argv = ["--preset", "smoke", "--max-updates", "60", "--storage-path", str(root / "runs"),
-            "--tracking-uri", uri, "--run-name", "smoke-test", "--attention", "1"]
+    argv = ["--preset", "smoke", "--max-updates", "60", *SHORT_OUTPUTS, "--storage-path",
+            str(root / "runs"), "--tracking-uri", uri, "--run-name", "smoke-test",
+            "--attention", "1"]
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = wmt14_en_fr.main({"paper": wmt14_en_fr.paper, "smoke": wmt14_en_fr.smoke},
@@ -264,7 +270,7 @@ def fr_en_workflow(shared_data, ray_session):
         argv = ["--preset", "cpu", "--src", "fr", "--tgt", "en", "--data", data,
                 "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
                 "--split", "test=nc-5k[4750:]", "--set", "data.vocab_size=2000",
-                "--set", "ensemble.average_last=0", "--max-updates", "20",
+                "--set", "ensemble.average_last=0", "--max-updates", "20", *SHORT_OUTPUTS,
                 "--storage-path", storage, "--tracking-uri", tracking_uri, "--run-name", "fr-en"]
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):

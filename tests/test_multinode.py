@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHORT_OUTPUTS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +66,7 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
     updates = 120  # checkpoints every 50 (the smoke preset): the loss comes after the first
     cmd = [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--num-workers",
            "2", "--max-updates", str(updates), "--storage-path", str(shared), "--tracking-uri",
-           uri, "--run-name", "lost-node", "--no-system-metrics"]
+           uri, "--run-name", "lost-node", "--no-system-metrics", *SHORT_OUTPUTS]
     train_dir = shared / "lost-node" / "train"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SHORT_OUTPUTS
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
@@ -289,7 +290,7 @@ def test_other_workflows_smoke_end_to_end(name, smoke_workflow):
     """The other three tasks' smoke presets, cut to a few updates (the En-Fr run above shares
     their preprocessed demo corpus through the same storage path)."""
     w, module = smoke_workflow, WORKFLOWS[name]
-    rc, out = _main(module, ["--preset", "smoke", "--max-updates", "20",
+    rc, out = _main(module, ["--preset", "smoke", "--max-updates", "20", *SHORT_OUTPUTS,
                              "--storage-path", str(w.storage), "--tracking-uri", w.tracking_uri,
                              "--run-name", f"{name}-smoke"])
     assert rc == 0
