@@ -25,7 +25,7 @@ from convs2s.config import PRESETS
 from convs2s.model.network import ConvS2S
 from workflows import engine, multi30k_en_de, orchestrate
 from workflows.ablations import BASELINE, SWEEPS, SweepError, table4, table5, variants_for
-from workflows.sweep import mean_sd, resolve_sweep, run_sweep, summary_table
+from workflows.sweep import concurrency, mean_sd, resolve_sweep, run_sweep, summary_table
 from workflows.workflow_config import RunOptions
 
 CPU_MODEL = multi30k_en_de.cpu().model  # 4 + 3 layers of 256 units, kernel 3
@@ -186,10 +186,19 @@ def _ray_processes() -> dict[int, str]:
     return out
 
 
+def _trial_of(pid: int) -> str:
+    """The trial a Ray Tune actor runs: Tune moves its working directory to the trial's
+    (`.../working_dirs/<trial dir name>`, the trial's name in a sweep)."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd")).name
+    except OSError:
+        return ""
+
+
 def _kill_trial_when_checkpointed(trial_dir: Path, stop: threading.Event, killed: list):
     """SIGKILL the Ray Tune actor running the trial at `trial_dir` (a function trial's process
-    is titled `ray::ImplicitFunc.train`) once Ray Train has recorded a checkpoint of its
-    training: a crashed trial, whose Ray Train run goes with it."""
+    is titled `ray::ImplicitFunc.train`), and no other trial's, once Ray Train has recorded a
+    checkpoint of its training: a crashed trial, whose Ray Train run goes with it."""
     snapshot = trial_dir / "train" / "checkpoint_manager_snapshot.json"
     while not stop.is_set():
         try:
@@ -198,7 +207,8 @@ def _kill_trial_when_checkpointed(trial_dir: Path, stop: threading.Event, killed
             latest = None
         if latest:
             pids = [pid for pid, title in _ray_processes().items()
-                    if title.startswith("ray::ImplicitFunc")]
+                    if title.startswith("ray::ImplicitFunc") and
+                    _trial_of(pid) == trial_dir.name]
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
             killed.extend(pids or [f"no trial among {sorted(set(_ray_processes().values()))}"])
@@ -216,14 +226,16 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = multi30k_en_de.smoke()
-    # outputs of at most 1.2 x |source| + 10 pieces: untrained models would run to 200
+    # outputs of at most 1.2 x |source| + 10 pieces: untrained models would run to 200;
+    # one CPU a trial: two trials at a time on the session's two
     cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=10, keep_last=5),
-                      search=cfg.search.replace(max_len_a=1.2, max_len_b=10))
+                      search=cfg.search.replace(max_len_a=1.2, max_len_b=10), cpus_per_worker=1)
     opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="t4",
                       tracking_uri=uri, sweep="table4", seeds=2,
                       variants=["baseline", "no-pos"], max_updates=30)
     sweep = resolve_sweep(cfg, opts)
-    victim = sweep.trials[1]  # baseline-seed2
+    assert concurrency(sweep, ray_session.cluster_resources()) == 2
+    victim = sweep.trials[1]  # baseline-seed2, killed beside baseline-seed1
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_trial_when_checkpointed,
                                args=(victim.spec.run_dir, stop, killed), daemon=True)
