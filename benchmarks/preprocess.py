@@ -227,7 +227,7 @@ def run_ray(args, n: int, corpus: Path) -> tuple[dict, Path]:
             "rows": {k: {f: v.get(f) for f in ("rows_in", "rows_kept", "dropped")}
                      for k, v in m.items() if "rows_in" in v},
             # same input and seed -> the same digest, whatever the run (compare across runs)
-            "batches_sha256": folder_digest(Path(out.root) / "batches" / "train")}, root
+            "batches_sha256": folder_digest(Path(out.batches["train"]))}, root
 
 
 def folder_digest(folder: Path) -> str:
@@ -368,8 +368,8 @@ def run(args: argparse.Namespace) -> dict:
     n = args.plain_rows
     plain = _call(args.isolate, run_plain, args, n, corpora[n],
                   str(kept_data / "spm" / "spm.model"))
-    plain["same_batches_as_ray"] = same_batches(
-        kept_data / "batches" / "train", Path(plain.pop("_batches_dir")))
+    (kept_batches,) = (kept_data / "batches").glob("*/train")  # its one batch cut
+    plain["same_batches_as_ray"] = same_batches(kept_batches, Path(plain.pop("_batches_dir")))
     runs.append(plain)
     remove_own(args.workdir / f"plain-{n}")
     remove_own(kept_root)

@@ -4,8 +4,9 @@
     python -m convs2s translate --checkpoint ... --input src.txt --output hyp.txt [--beam 5 ...]
     python -m convs2s translate --checkpoint ... --input mono.en.gz --output parts/ --actors 4
     python -m convs2s serve --checkpoint runs/demo/best  (or --model models:/NAME@champion)
-    python -m convs2s train --train-data PREP/batches/train --valid-data PREP/batches/valid \
-        --spm-model PREP/spm.model --storage-path runs --run-name demo  (no Ray: train/local.py)
+    python -m convs2s train --train-data CUT/train --valid-data CUT/valid \
+        --spm-model PREP/spm.model --storage-path runs --run-name demo  (no Ray: train/local.py;
+        CUT: a preprocessing output's batches for one token budget, PREP/batches/<hash>)
     python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
     python -m convs2s score --hyp hyp.fr --ref newstest2014.fr --lang fr [--json]
     python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."

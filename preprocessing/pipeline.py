@@ -4,10 +4,11 @@
     from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
     out = run_pipeline(demo().replace(root="/tmp/prep"))
-    out.batches["train"]   # <root>/<task>/<data key>/batches/train: ray.data.read_parquet(...)
+    out.batches["train"]   # <root>/<task>/<data key>/batches/<cut key>/train (parquet)
 
 Output layout `<root>/<task>/<data key>/<stage>/` (see docs/design.md; `data_dir`):
-clean/<split>, spm, encoded/<split>, batches/<split>, text/<split>.<lang>, and with
+clean/<split>, spm, encoded/<split>, batches/<cut key>/<split> (one folder per batch cut:
+`BATCH_CUT`), text/<split>.<lang>, and with
 `shortlist_per_source` the lexical table of vocabulary selection, shortlist/ (lexical.py).
 Each stage is skipped when its manifest matches (same stage config and the same input
 fingerprint) and otherwise rebuilt atomically (stages.py).
@@ -69,24 +70,27 @@ def _fp(*manifests: dict) -> str:
     return config_hash([[m["config_hash"], m["input_fingerprint"]] for m in manifests])
 
 
-def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body) -> dict:
-    """Run `body(tmp_dir) -> manifest fields` unless a matching manifest exists."""
+def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body,
+           folder: str | None = None) -> dict:
+    """Run `body(tmp_dir) -> manifest fields` unless a matching manifest exists; the output
+    is <task_dir>/<folder> (default: the stage's name)."""
     cfg_hash = config_hash({"pipeline_version": PIPELINE_VERSION, **stage_cfg})
-    done = finished(task_dir / stage, cfg_hash, input_fp)
+    where = task_dir / (folder or stage)
+    done = finished(where, cfg_hash, input_fp)
     if done is not None:
         log.info("[%s] up to date, skipped", stage)
         return done
     log.info("[%s] running", stage)
     t0 = time.monotonic()
     try:
-        with stage_output(task_dir / stage) as tmp:
+        with stage_output(where) as tmp:
             info = body(tmp)
             manifest = {"stage": stage, "config": stage_cfg, "config_hash": cfg_hash,
                         "input_fingerprint": input_fp, **info,
                         "seconds": round(time.monotonic() - t0, 2)}
             write_manifest(tmp, manifest)
     except OSError as e:  # on the driver: the BPE model, the text export, a manifest
-        raise (no_space(getattr(e, "filename", None) or task_dir / stage, e) or e) from None
+        raise (no_space(getattr(e, "filename", None) or where, e) or e) from None
     log.info("[%s] done in %.1f s%s", stage, manifest["seconds"], _brief(manifest))
     return manifest
 
@@ -234,6 +238,16 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, fin
 # holds them), like the evaluation-only text.
 _NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits", "shortlist_per_source",
                "shortlist_sample_pairs")
+# The batch cut: settings that only the batches stages read. They are not in the data key, so
+# runs that differ only in them (another `--set data.max_tokens`, to keep the paper's update on
+# fewer GPUs) share the cleaned, BPE and encoded stages, and each cuts its own batches into a
+# folder of its own, batches/<cut key>/<split>, never replacing batches another run trains from.
+BATCH_CUT = ("max_tokens", "max_sentences", "shuffle_window")
+
+
+def cut_key(cfg: PreprocessConfig) -> str:
+    """The batch cut's folder name: a hash of its settings (BATCH_CUT)."""
+    return config_hash({k: getattr(cfg, k) for k in BATCH_CUT})[:12]
 
 
 def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None,
@@ -246,7 +260,8 @@ def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = Non
     not given."""
     if sources is None:
         sources = {s: resolve_split(cfg, s) for s in ("train", "valid") if s in cfg.splits}
-    settings = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_OUTPUT}
+    settings = {k: v for k, v in cfg.to_dict().items()
+                if k not in _NOT_OUTPUT and k not in BATCH_CUT}
     inputs = {s: [cfg.splits[s], sources[s].fingerprint] for s in ("train", "valid")
               if s in sources}
     keyed = {"pipeline_version": PIPELINE_VERSION, "settings": settings, "inputs": inputs}
@@ -290,6 +305,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         vocab_m = m["vocabulary"] = _fixed(vocabulary)
     batch_cfg = {"max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
                  "shuffle_window": cfg.shuffle_window, "seed": cfg.seed}
+    cut = cut_key(cfg)
     for split in cfg.splits:
         m[f"encoded/{split}"] = _stage(
             task_dir, f"encoded/{split}", {}, _fp(vocab_m, m[f"clean/{split}"]),
@@ -297,7 +313,8 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
                                          m[f"clean/{s}"], tmp))
         m[f"batches/{split}"] = _stage(
             task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
-            lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp))
+            lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp),
+            folder=f"batches/{cut}/{split}")
     if cfg.shortlist_per_source:  # vocabulary selection's lexical table (lexical.py)
         short_cfg = {"k": cfg.shortlist_per_source,
                      "sample_pairs": cfg.shortlist_sample_pairs}
@@ -318,7 +335,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
                            lambda tmp: _text(cfg, sources, tmp, task_dir / text_dir))
     return PipelineOutput(
         root=str(task_dir), spm_model=vocab_m["vocab_path"], vocab_size=vocab_m["vocab_size"],
-        batches={s: str(task_dir / "batches" / s) for s in cfg.splits},
+        batches={s: str(task_dir / "batches" / cut / s) for s in cfg.splits},
         text={s: tuple(m["text"]["splits"][s]["files"]) for s in cfg.eval_splits},
         manifests=m, shortlist=m["shortlist"]["table"] if "shortlist" in m else None,
         tgt_vocab_size=vocab_m.get("tgt_vocab_size", 0) if "vocabulary" in m else 0,

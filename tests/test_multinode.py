@@ -115,7 +115,7 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
         assert len(steps) == len(set(steps)), (key, steps)
     assert trains[0].data.metrics["train/loss"] > 0
     cfg = TrainConfig()
-    (batches,) = list(shared.glob("preprocessed/*/*/batches/train"))
+    (batches,) = list(shared.glob("preprocessed/*/*/batches/*/train"))
     rows_follow_the_plan(record, str(batches), cfg.seed, cfg.shuffle_buffer, 2, updates)
 
 

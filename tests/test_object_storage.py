@@ -55,7 +55,7 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
                  "weights/best/staged.json", "weights/best/model_00/checkpoint.pt",
                  "eval/best/test.en"):
         assert run + name in keys, name
-    stages = {k.split("/")[-3] + "/" + k.split("/")[-2] for k in keys
+    stages = {json.loads(location(f"{BUCKET}/{k}").read_text())["stage"] for k in keys
               if k.startswith("nc-runs/preprocessed/") and k.endswith("/manifest.json")}
     assert {"clean/train", "encoded/train", "batches/train", "batches/valid"} <= stages
     assert not [k for k in keys if ".partial-" in k]  # committed stages leave no partials

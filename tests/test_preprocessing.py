@@ -227,12 +227,17 @@ def test_presets_follow_the_paper():
 
 def test_other_data_or_settings_get_their_own_folder_beside_the_others(tmp_path):
     """The data folder is keyed by what decides the training data: another vocabulary or
-    another training source is another folder; where it goes, how many encoders and an
-    added evaluation split are not."""
-    from preprocessing.pipeline import data_dir
+    another training source is another folder; where it goes, how many encoders, an added
+    evaluation split and the batch cut are not (each cut is a folder inside it)."""
+    from preprocessing.pipeline import cut_key, data_dir
 
     base = pconfig.demo().replace(root=str(tmp_path / "a"))
     here = data_dir(base)
+    assert data_dir(base.replace(max_tokens=base.max_tokens // 2, max_sentences=7,
+                                 shuffle_window=99)) == here
+    assert len({cut_key(base), cut_key(base.replace(max_tokens=base.max_tokens // 2)),
+                cut_key(base.replace(max_sentences=7)),
+                cut_key(base.replace(shuffle_window=99))}) == 4
     assert here.parent == tmp_path / "a" / "demo" and len(here.name) == 12
     assert data_dir(base.replace(vocab_size=500)) != here
     assert data_dir(base.replace(demo_rows={**base.demo_rows, "train": 999})) != here

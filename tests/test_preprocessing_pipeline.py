@@ -221,6 +221,34 @@ def test_hub_parquet_and_ray_groupby_give_the_same_rows_and_shards(newstest, sha
             assert Path(a).read_bytes() == Path(b).read_bytes()
 
 
+def test_another_batch_cut_reuses_the_encoded_data_and_keeps_the_first_cut(newstest):
+    """Another token budget on prepared data (`--set data.max_tokens=N`, to keep the paper's
+    update on fewer GPUs): the cleaned, BPE and encoded stages are reused, only the batches
+    are cut again, into a folder of their own; the first cut, which a run may be training
+    from, stays as it was."""
+    cfg, out = newstest
+    same = lambda a, b: json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # noqa: E731
+    first = {split: part_bytes(out.batches[split]) for split in NEWSTEST}
+    half = cfg.replace(max_tokens=cfg.max_tokens // 2)
+    again = run_pipeline(half)
+    assert again.root == out.root and again.spm_model == out.spm_model
+    for stage in ("spm", *(f"{kind}/{split}" for kind in ("clean", "encoded")
+                           for split in NEWSTEST)):
+        # skipped, not redone: the manifest as written (its time included)
+        assert same(again.manifests[stage], out.manifests[stage]), stage
+    for split in NEWSTEST:
+        assert Path(again.batches[split]).parent != Path(out.batches[split]).parent
+        m, m0 = again.manifests[f"batches/{split}"], out.manifests[f"batches/{split}"]
+        assert m["max_tokens"] == half.max_tokens and m["rows_kept"] == m0["rows_kept"]
+        assert m["batches"] > m0["batches"]
+        assert all(b["padded_tokens"] <= half.max_tokens for b in read_rows(again.batches[split]))
+        assert part_bytes(out.batches[split]) == first[split]
+    # the first budget again: its cut is found, nothing runs
+    back = run_pipeline(cfg)
+    assert back.batches == out.batches
+    assert same(back.manifests, out.manifests)
+
+
 KILLED_RUN = """
 import json, sys, ray
 from preprocessing.config import PreprocessConfig

@@ -6,7 +6,8 @@ and sentencepiece but not Ray or MLflow (a lent GPU box), a quick look at a reci
     result = fit_local(job)                 # a TrainJob, as for convs2s.train.launch.fit
     result = fit_local(job, device="cuda")  # the default: this rank's GPU if any, else the CPU
 
-    python -m convs2s train --train-data PREP/batches/train --valid-data PREP/batches/valid \
+    # PREP: a preprocessing output; CUT: its batches for one token budget, PREP/batches/<hash>
+    python -m convs2s train --train-data CUT/train --valid-data CUT/valid \
         --spm-model PREP/spm.model --model small --storage-path runs --run-name demo \
         --max-updates 1000 [--max-time 10m --precision bf16 --update-freq 8 --device cuda]
     torchrun --nproc-per-node 8 -m convs2s train ...   # one rank per GPU (nccl)
