@@ -104,7 +104,7 @@ def collate_arrow(table: pa.Table) -> Batch:
     if missing:
         raise ValueError(
             f"batch row lacks columns {sorted(missing)} (has {table.column_names}); expected the "
-            "batches/<split> format of docs/design.md: re-run preprocessing"
+            "batches format of docs/design.md: re-run preprocessing"
         )
     src_flat, src_len = _list_column(table, "src")
     tgt_flat, tgt_len = _list_column(table, "tgt")
