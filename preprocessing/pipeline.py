@@ -303,8 +303,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         vocab_m = m["spm"]
     else:
         vocab_m = m["vocabulary"] = _fixed(vocabulary)
-    batch_cfg = {"max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
-                 "shuffle_window": cfg.shuffle_window, "seed": cfg.seed}
+    batch_cfg = {**{k: getattr(cfg, k) for k in BATCH_CUT}, "seed": cfg.seed}
     cut = cut_key(cfg)
     for split in cfg.splits:
         m[f"encoded/{split}"] = _stage(

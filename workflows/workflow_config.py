@@ -306,5 +306,3 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     if problem := tracking_uri_problem(a.tracking_uri):
         p.error(problem)
     return RunOptions(**vars(a))
-
-

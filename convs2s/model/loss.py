@@ -136,7 +136,7 @@ def _output_loss_fake(h, weight, bias, target, rows, label_smoothing, with_grad,
 
 
 def _output_loss_setup(ctx, inputs, output):
-    h, weight, _, _, rows, _, with_grad, _ = inputs
+    h, weight, _, _, rows, *_ = inputs
     _, nll, grad_h, grad_w, grad_b = output
     ctx.save_for_backward(rows, grad_h, grad_w, grad_b)
     ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
