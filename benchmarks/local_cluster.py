@@ -42,14 +42,21 @@ class RayCliCluster:
         self.env = env
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
+        self._ports: set[int] = set()  # handed out by free_port
 
-    @staticmethod
-    def free_port() -> int:
+    def free_port(self) -> int:
+        """A port free now and not handed out before by this cluster: a port is only taken
+        once `ray start` binds it, so the OS may offer the same free port twice in a row (a
+        node's raylet and its metrics exporter were once given one port, and it refused)."""
         import socket
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in self._ports:
+                self._ports.add(port)
+                return port
 
     def _start(self, args: list[str]) -> None:
         import subprocess
