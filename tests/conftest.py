@@ -29,6 +29,35 @@ if not os.environ.get("AWS_ENDPOINT_URL"):
 
 
 
+# A new sqlite MLflow store costs MLflow its whole schema history (its alembic migrations, 1-1.3 s
+# here), and the suite makes about 40 of them. `mlflow_store` gives a test a copy of one empty
+# store that MLflow built that way once per session. (Its unused `Default` experiment names the
+# template's folder for artifacts; the project logs to experiments it creates.)
+_STORE_TEMPLATE: list[Path] = []
+
+
+def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
+    """The tracking URI of a new, empty sqlite MLflow store `folder`/`name` (an existing one is
+    kept as it is)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = Path(folder) / name
+    if not path.exists():
+        if not _STORE_TEMPLATE:
+            from mlflow.tracking import MlflowClient
+
+            home = Path(tempfile.mkdtemp(prefix="convs2s-mlflow-template-"))
+            atexit.register(shutil.rmtree, home, ignore_errors=True)
+            template = home / "mlflow.db"
+            MlflowClient(f"sqlite:///{template}").search_experiments()  # MLflow migrates it
+            _STORE_TEMPLATE.append(template)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(_STORE_TEMPLATE[0], path)
+    return f"sqlite:///{path}"
+
+
 def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
     """SIGKILL `proc` (a subprocess.Popen) as soon as `ready()` holds; fail with `never` if it
     does not within `timeout_s`, or if the process ends first."""
@@ -197,7 +226,7 @@ def demo_trained(tmp_path_factory, ray_session):
     root = tmp_path_factory.mktemp("demo_trained")
     prep = run_pipeline(demo().replace(root=str(root / "prep"),
                                        demo_rows={"train": 20_000, "valid": 300, "test": 300}))
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root)
     cfg = PRESETS["small"]()
     result = fit_local(TrainJob(
         # float32 on every host: the tests' quality thresholds do not depend on whether the
@@ -242,7 +271,7 @@ def smoke_workflow(tmp_path_factory, ray_session):
     from workflows import wmt14_en_fr
 
     root = tmp_path_factory.mktemp("smoke_workflow")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root)
     argv = ["--preset", "smoke", "--max-updates", "60", *SHORT_OUTPUTS, "--storage-path",
             str(root / "runs"), "--tracking-uri", uri, "--run-name", "smoke-test",
             "--attention", "1"]
@@ -285,7 +314,7 @@ def fr_en_local(fr_en_workflow, shared_data, tmp_path_factory):
     """The fr-en workflow run on local storage, once per session: (root, tracking uri, exit
     code, stdout); its outputs are under <root>/runs/fr-en."""
     root = tmp_path_factory.mktemp("fr_en_local")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root)
     rc, out = fr_en_workflow(str(shared_data / "news-commentary-5k"), str(root / "runs"), uri)
     return root, uri, rc, out
 

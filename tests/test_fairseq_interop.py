@@ -25,6 +25,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 import torch
 
 from convs2s.io.checkpoint import load_model
@@ -353,7 +354,7 @@ def test_an_imported_model_is_logged_and_served_with_its_text_pipeline(imported,
     from convs2s.serving.pyfunc import log_translator
     from convs2s.tracking.runs import global_tracking_uri
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     recorded = json.loads((FIXTURES / "mixed" / "hub.json").read_text())
     served = log_translator([imported["mixed"]], SearchConfig(beam=5), tracking_uri=uri,
                             experiment_name="imported", registered_model_name="paper-en-de",
@@ -377,7 +378,7 @@ def test_an_evaluation_job_scores_an_imported_model_as_the_reference_would(impor
     src, ref = tmp_path / "test.en", tmp_path / "test.de"
     src.write_text("\n".join(recorded["source"]) + "\n")
     ref.write_text("\n".join(recorded["reference"]) + "\n")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     assert main(["--checkpoint", f"paper={imported['iwslt']}", "--test", "flickr", str(src),
                  str(ref), "de", "--tracking-uri", uri, "--out", str(tmp_path / "eval")]) == 0
     expected = sacrebleu.corpus_bleu(recorded["translation"], [recorded["reference"]]).score

@@ -15,6 +15,7 @@ import io
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 
 from convs2s.io.fairseq import import_fairseq
 from convs2s.io.text_codec import CheckpointVocabulary, codec_for_checkpoint
@@ -129,7 +130,7 @@ def _fine_tune_preset():
 def fine_tuned(imported, new_data, ray_session, tmp_path_factory) -> dict:
     """The Multi30k workflow fine-tuning the imported model on new captions for 2 updates."""
     root = tmp_path_factory.mktemp("fine_tune")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root)
     argv = ["--preset", "cpu", "--data", str(new_data), "--storage-path", str(root / "runs"),
             "--tracking-uri", uri, "--run-name", "ft", "--init-from", str(imported),
             "--max-updates", "2", "--no-system-metrics"]

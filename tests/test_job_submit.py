@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS
+from conftest import SHORT_OUTPUTS, mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,14 +26,14 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
 
     ray_cli.start_head(num_cpus=2)
     out = tmp_path / "out"
-    uri = f"sqlite:///{out / 'mlflow.db'}"
+    uri = mlflow_store(out)
     env = {**ray_cli.env, "RAY_ADDRESS": ray_cli.dashboard_url}
     # The README's command, run from the repository root, with one epoch of a quarter of the
     # demo corpus (--set), short outputs (an epoch leaves a model far from learned) and
     # temporary outputs.
     cmd = ["ray", "job", "submit", "--working-dir", ".", "--",
            "python", "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
-           "--set", "data.demo_rows={train: 5000, valid: 500, test: 500}", *SHORT_OUTPUTS,
+           "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}", *SHORT_OUTPUTS,
            "--storage-path", str(out), "--tracking-uri", uri, "--run-name", "job-smoke"]
     job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -46,7 +46,7 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
     assert lease.exists(), "the job never took its run's lease"
     second = subprocess.run(
         [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
-         "--set", "data.demo_rows={train: 5000, valid: 500, test: 500}", *SHORT_OUTPUTS,
+         "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}", *SHORT_OUTPUTS,
          "--storage-path", str(out), "--tracking-uri", uri, "--run-name", "job-smoke"],
         cwd=REPO, env={k: v for k, v in env.items() if k != "RAY_ADDRESS"},
         capture_output=True, text=True, timeout=120)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.tracking.run_logger import read_local_metrics
@@ -113,7 +114,7 @@ def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone
                         spm_model=d.spm_model, vocab_size=d.vocab_size,
                         storage_path=str(tmp_path), run_name=name, num_workers=1,
                         experiment_name="test_local", system_metrics_s=0,
-                        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+                        tracking_uri=mlflow_store(tmp_path))
 
     local = fit_local(job("mixed", 20))
     assert local.metrics["update"] == 20 and local.run_id

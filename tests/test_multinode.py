@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS
+from conftest import SHORT_OUTPUTS, mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,15 +58,17 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
     shared = tmp_path / "shared"
     record = tmp_path / "record"
     record.mkdir()
-    uri = f"sqlite:///{shared / 'mlflow.db'}"
+    uri = mlflow_store(shared)
     env = {**ray_cli.env, "RAY_ADDRESS": ray_cli.gcs_address,
-           # Ray Train tries to place the workers for 10 s a time, the workflow waits 12 s
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10", "CONVS2S_PLACEMENT_WAIT_S": "12",
+           # Ray Train tries to place the workers for 5 s a time, the workflow waits 10 s
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "5", "CONVS2S_PLACEMENT_WAIT_S": "10",
            "CONVS2S_TEST_RECORD_BATCHES": str(record)}
-    updates = 120  # checkpoints every 50 (the smoke preset): the loss comes after the first
+    updates = 80  # checkpoints every 50 (the smoke preset): the loss comes after the first
+    # (a quarter of the demo corpus: 26 updates an epoch, the loss in the second)
     cmd = [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--num-workers",
            "2", "--max-updates", str(updates), "--storage-path", str(shared), "--tracking-uri",
-           uri, "--run-name", "lost-node", "--no-system-metrics", *SHORT_OUTPUTS]
+           uri, "--run-name", "lost-node", "--no-system-metrics", *SHORT_OUTPUTS,
+           "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}"]
     train_dir = shared / "lost-node" / "train"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 
 from storage import location
 
@@ -89,7 +90,7 @@ def test_a_local_tracking_store_keeps_a_bucket_runs_artifacts_in_the_bucket(s3, 
     with its artifacts under <storage>/mlartifacts/, so logged files are objects too."""
     from convs2s.tracking.runs import artifacts_beside, find_or_create_run, log_artifacts
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     storage = f"{BUCKET}/local-store-runs"
     where = artifacts_beside(uri, "bucket_runs", storage)
     assert where == f"{storage}/mlartifacts/bucket_runs"

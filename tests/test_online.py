@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 import yaml
 
 from convs2s.config import SearchConfig
@@ -132,7 +133,7 @@ def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
                                         resolve_model_uri)
     from convs2s.serving.pyfunc import log_translator
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     search = SearchConfig(**SEARCH)
     first = log_translator([tiny_checkpoints["a"]], search, tracking_uri=uri,
                            registered_model_name="tiny", alias="champion")

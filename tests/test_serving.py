@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 from mlflow.tracking import MlflowClient
 
 from convs2s.config import SearchConfig
@@ -53,7 +54,7 @@ def fresh_process_predict(tracking_uri: str, uri: str, lines: list[str], cwd: Pa
 @pytest.mark.slow
 def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_checkpoints,
                                                                       tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     lex = tmp_path / "lex.txt"
     lex.write_text("cat CHAT\n")
     # served with int8 weights (convs2s.inference.quantize), as the logged model says; float32 only

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 
 from convs2s.config import PRESETS
 from convs2s.model.network import ConvS2S
@@ -224,12 +225,15 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, load_model
     from convs2s.model.network import inference_copy
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     cfg = multi30k_en_de.smoke()
     # outputs of at most 1.2 x |source| + 10 pieces: untrained models would run to 200;
-    # one CPU a trial: two trials at a time on the session's two
+    # one CPU a trial: two trials at a time on the session's two; a quarter of the demo
+    # corpus, 200 sentences to validate and score on
     cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=10, keep_last=5),
-                      search=cfg.search.replace(max_len_a=1.2, max_len_b=10), cpus_per_worker=1)
+                      search=cfg.search.replace(max_len_a=1.2, max_len_b=10), cpus_per_worker=1,
+                      preprocess=cfg.preprocess.replace(
+                          demo_rows={"train": 5000, "valid": 200, "test": 200}))
     opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="t4",
                       tracking_uri=uri, sweep="table4", seeds=2,
                       variants=["baseline", "no-pos"], max_updates=30)

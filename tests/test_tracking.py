@@ -13,6 +13,7 @@ import socket
 import time
 
 import pytest
+from conftest import mlflow_store
 from mlflow.tracking import MlflowClient
 
 from convs2s.tracking.run_logger import RunLogger, read_local_metrics
@@ -28,7 +29,7 @@ from convs2s.tracking.runs import (
 
 @pytest.fixture
 def sqlite_uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return mlflow_store(tmp_path)
 
 
 @pytest.fixture

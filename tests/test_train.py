@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import mlflow_store
 import torch
 from mlflow.tracking import MlflowClient
 
@@ -48,7 +49,8 @@ TINY = PRESETS["tiny"]()
 
 def make_job(demo, storage: Path | str, name: str, train: TrainConfig, **kw) -> TrainJob:
     manifest = demo.manifests["batches/train"]
-    kw.setdefault("tracking_uri", f"sqlite:///{Path(storage) / 'mlflow.db'}")
+    if "tracking_uri" not in kw:
+        kw["tracking_uri"] = mlflow_store(Path(storage))
     return TrainJob(model=TINY, train=train, train_data=demo.batches["train"],
                     valid_data=demo.batches["valid"], spm_model=demo.spm_model,
                     vocab_size=demo.vocab_size, storage_path=str(storage), run_name=name,
@@ -217,7 +219,7 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
     read from it, the checkpoints, best/ and metrics.jsonl are objects there."""
     from storage import location
 
-    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracking = mlflow_store(tmp_path)
     storage = tmp_path
     if where == "bucket":
         demo_batches, storage = _in_a_bucket(demo_batches, tmp_path,

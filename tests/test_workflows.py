@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS
+from conftest import SHORT_OUTPUTS, mlflow_store
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
@@ -557,7 +557,7 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     from workflows.run_state import StageContext, record_settings, reuse_problem
     from workflows.run_tree import RunTree
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store(tmp_path)
     opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
                       tracking_uri=uri)
     spec = resolve(wmt14_en_fr.smoke(), opts)

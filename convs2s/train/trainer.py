@@ -579,7 +579,9 @@ class CrashInjection:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text("")
                 _say(f"[convs2s.train] fault injection: rank {rank} exits at update {update}")
-                # Let Ray's controller collect the last report first (it polls workers every
-                # 2 s), as when a machine dies some time after its last checkpoint.
-                time.sleep(5)
+                # Let Ray's controller collect the last report first (it polls the workers
+                # every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default), as when a machine
+                # dies some time after its last checkpoint.
+                poll_s = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0))
+                time.sleep(max(1.0, 2.5 * poll_s))
                 os._exit(1)
