@@ -43,6 +43,8 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
     import shutil
     import tempfile
 
+    if not Path(folder).is_absolute():  # e.g. an s3:// URI that Path() made a relative "s3:/"
+        raise ValueError(f"mlflow_store needs a local absolute folder, got {folder}")
     path = Path(folder) / name
     if not path.exists():
         if not _STORE_TEMPLATE:
