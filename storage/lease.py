@@ -16,6 +16,7 @@ away (POSIX) or overwritten with `If-Match` its ETag (S3), so of two takers one 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -198,6 +199,18 @@ class RunLease:
         try:
             os.rename(self.path, aside)  # of two takers, one renames it; the other finds none
         except FileNotFoundError:
+            return False
+        try:
+            moved = json.loads(aside.read_text())
+        except json.JSONDecodeError:
+            moved = None
+        if moved != held:
+            # Not the stale record this taker judged: the other taker had already moved that
+            # one and created its own lease, which this rename took. Put it back (a link fails
+            # rather than replace a lease made meanwhile) and lose the race.
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, self.path)
+            os.unlink(aside)
             return False
         os.unlink(aside)
         return self._create()
