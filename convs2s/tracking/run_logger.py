@@ -4,6 +4,7 @@ remote logging off, and every metric is also appended to a local JSONL file.
 
     logger = RunLogger(uri, run_id, local_path="/abs/runs/demo/metrics.jsonl")
     logger.log_metrics({"train/loss": 3.2}, step=update)   # returns at once
+    logger.set_tags({"convs2s.precision": "bf16"})          # so does this
     logger.close()
     read_local_metrics("/abs/runs/demo/metrics.jsonl")     # [{"step", "time", "metrics"}, ...]
 
@@ -97,6 +98,16 @@ class RunLogger:
             except queue.Full:
                 self._fail(RuntimeError("metric queue full (server too slow)"))
 
+    def set_tags(self, tags: dict[str, object]) -> None:
+        """Set tags on the run from the same thread, in order with the metrics (returns at
+        once: the training loop never waits for the tracking server, not even for its
+        first connection)."""
+        if self.remote_ok:
+            try:
+                self._queue.put_nowait({k: str(v) for k, v in tags.items()})
+            except queue.Full:
+                self._fail(RuntimeError("metric queue full (server too slow)"))
+
     def sync(self) -> None:
         """In a bucket: write the local lines over the object (one PUT, never half a file)."""
         if self.mirror is not None:
@@ -118,7 +129,7 @@ class RunLogger:
             warn_unreachable(self.uri, "logging metrics", err)
 
     def _work(self) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric, RunTag
 
         client = mlflow_client(self.uri)
         while True:
@@ -130,6 +141,12 @@ class RunLogger:
                 try:
                     batch = []
                     for item in filter(None, items):
+                        if isinstance(item, dict):  # tags (set_tags): sent with what is before
+                            self._send(client, batch)
+                            batch = []
+                            client.log_batch(self.run_id, tags=[RunTag(k, v)
+                                                                for k, v in item.items()])
+                            continue
                         metrics, step, ts = item
                         for k, v in metrics.items():
                             if k not in self._remote_max:
@@ -138,9 +155,12 @@ class RunLogger:
                             if step > self._remote_max[k]:
                                 batch.append(Metric(k, v, ts, step))
                                 self._remote_max[k] = step
-                    for i in range(0, len(batch), 1000):
-                        client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+                    self._send(client, batch)
                 except Exception as err:  # noqa: BLE001 - never let tracking kill training
                     self._fail(err)
             if stop:
                 return
+
+    def _send(self, client, batch: list) -> None:
+        for i in range(0, len(batch), 1000):
+            client.log_batch(self.run_id, metrics=batch[i:i + 1000])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import threading
 from collections.abc import Iterator
 
 
@@ -33,32 +34,49 @@ def node_name(node_rank: int) -> str:
 
 @contextlib.contextmanager
 def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
-                 interval_s: float) -> Iterator[object | None]:
+                 interval_s: float) -> Iterator[None]:
     """Sample this node's system metrics into MLflow run `run_id` every `interval_s` seconds
     for the block; nothing when sampling is off (interval 0) or the run is untracked. A
     sampler that cannot start (no psutil, tracking unreachable) warns once and the block runs
-    on: utilization figures never stop training."""
+    on: utilization figures never stop training.
+
+    The sampler starts in a thread of its own: importing MLflow and reading the run's last
+    logged step (to resume after it) take 1.5-2 s in a fresh worker process, and the other
+    ranks would wait that long for this one at their first collective."""
     if not interval_s or interval_s <= 0 or not run_id or not tracking_uri:
         yield None
         return
     # MLflow's monitor says "Started monitoring ..." / "Skip logging GPU metrics ..." at INFO:
     # on a Ray worker that is a console line per node.
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
-    monitor = None
-    try:
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    started: list = []
 
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
-                                       samples_before_logging=1, resume_logging=True,
-                                       node_id=node, tracking_uri=tracking_uri)
-        monitor.start()
-    except Exception as err:  # noqa: BLE001 - utilization is an extra, never a failure
-        logging.getLogger(__name__).warning(
-            "system metrics of %s are off for this run (%s: %s)", node, type(err).__name__,
-            str(err).splitlines()[0][:200] if str(err) else "")
-        monitor = None
+    def start() -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
+                                           samples_before_logging=1, resume_logging=True,
+                                           node_id=node, tracking_uri=tracking_uri)
+            monitor.start()
+            started.append(monitor)
+        except Exception as err:  # noqa: BLE001 - utilization is an extra, never a failure
+            logging.getLogger(__name__).warning(
+                "system metrics of %s are off for this run (%s: %s)", node,
+                type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+
+    starter = threading.Thread(target=start, name="system-metrics-start", daemon=True)
+    starter.start()
     try:
-        yield monitor
+        yield None
     finally:
-        if monitor is not None:
-            monitor.finish()  # stops the thread and flushes what it sampled
+        # A block shorter than the start-up waits for it, so that the samples it took are
+        # flushed; a start that hangs (an unreachable server past MLflow's HTTP timeouts) is
+        # left behind after STOP_WAIT_S.
+        starter.join(STOP_WAIT_S)
+        for monitor in started:
+            monitor.finish()  # stops the sampling thread and flushes what it sampled
+
+
+# How long the end of a training block waits for a sampler still starting.
+STOP_WAIT_S = 30.0

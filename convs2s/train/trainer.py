@@ -67,7 +67,6 @@ from convs2s.precision import world_precision
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
-from convs2s.tracking.runs import set_tags
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
 from convs2s.train.data import TrainFiles, read_file, read_rows, resumed_rows
@@ -178,10 +177,8 @@ class Trainer:
         # the same on every rank; the steps below see the decided value, never "auto".
         self.precision = world_precision(job.train.precision, self.device, self.comm)
         self.cfg = self.cfg.replace(precision=self.precision.name)
-        if self.rank == 0:
+        if self.rank == 0:  # (its tags go to the run with the logger's, from restore)
             _say(f"[convs2s.train] precision {self.precision.name}: {self.precision.reason}")
-            set_tags(*self._tracking, {PRECISION_TAG: self.precision.name,
-                                       PRECISION_TAG + "_reason": self.precision.reason})
         # Set by restore(), which then opens the logger, the data shards and the meter (in the
         # order the loop always made them: after the checkpoint is loaded).
         self.progress = Progress()
@@ -215,6 +212,9 @@ class Trainer:
         self.resumed_from = self.progress.update
         self.logger = RunLogger(*self._tracking, self.run_dir / METRICS_FILE) \
             if self.rank == 0 else None
+        if self.logger is not None:  # from the logger's thread: no rank waits for MLflow
+            self.logger.set_tags({PRECISION_TAG: self.precision.name,
+                                  PRECISION_TAG + "_reason": self.precision.reason})
         self.meter = TrainMeter(self.comm, self.device)  # its clock starts now
         self.seconds = self._clock()
         self.stop_reason = self._limit_reached(self.seconds)
@@ -438,9 +438,9 @@ class Trainer:
                                "table": [list(r) for r in cfg.dropout_by_passes]}
         if self.rank == 0:
             _say(f"[convs2s.train] {choice_message(self.dropout_choice)}")
-            set_tags(*self._tracking, {"convs2s.dropout": p,
-                                       "convs2s.dropout_reason":
-                                           choice_message(self.dropout_choice)})
+            if self.logger is not None:
+                self.logger.set_tags({"convs2s.dropout": p, "convs2s.dropout_reason":
+                                      choice_message(self.dropout_choice)})
 
     # --- the clock and the limits -------------------------------------------------------------
 
