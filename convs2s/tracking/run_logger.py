@@ -132,6 +132,7 @@ class RunLogger:
         from mlflow.entities import Metric, RunTag
 
         client = mlflow_client(self.uri)
+        logged: set | None = None  # the metric keys the run had when this logger started
         while True:
             items = [self._queue.get()]
             while not self._queue.empty() and len(items) < 200:  # batch what is waiting
@@ -148,9 +149,13 @@ class RunLogger:
                                                                 for k, v in item.items()])
                             continue
                         metrics, step, ts = item
+                        if logged is None:  # the keys the run has: one request
+                            logged = set(client.get_run(self.run_id).data.metrics)
                         for k, v in metrics.items():
-                            if k not in self._remote_max:
-                                hist = client.get_metric_history(self.run_id, k)
+                            if k not in self._remote_max:  # a key's history: only a resumed
+                                # run's keys have one to read
+                                hist = client.get_metric_history(self.run_id, k) \
+                                    if k in logged else []
                                 self._remote_max[k] = max((m.step for m in hist), default=-1)
                             if step > self._remote_max[k]:
                                 batch.append(Metric(k, v, ts, step))
