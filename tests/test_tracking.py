@@ -200,3 +200,29 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
                                                       "--storage-path", str(tmp_path)])
     out = capsys.readouterr()
     assert rc == 0 and "bob:***@" in out.out and "S3CRET" not in out.out + out.err
+
+
+def test_a_sampler_still_starting_when_training_ends_never_starts(monkeypatch):
+    """Node utilization sampling starts in a thread of its own, so no rank waits for the
+    tracking server; a block that ends first (a server that accepts and never answers) waits
+    at most STOP_WAIT_S, and the sampler that gets its answer later never starts sampling."""
+    import socket
+    import threading
+    import time
+
+    from convs2s.tracking import system_metrics
+
+    with socket.socket() as silent:  # a listening socket that never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        monkeypatch.setattr(system_metrics, "STOP_WAIT_S", 0.3)
+        t0 = time.monotonic()
+        with system_metrics.node_metrics(uri, "0" * 32, "node0-test", 1.0):
+            pass  # the training: over before the server's (non-)answer
+        assert time.monotonic() - t0 < 2.0
+        for thread in [t for t in threading.enumerate() if t.name == "system-metrics-start"]:
+            thread.join(60)  # the request times out; the start gives up
+    assert not [t for t in threading.enumerate() if t.name == "SystemMetricsMonitor"]

@@ -145,8 +145,11 @@ class RunLogger:
                         if isinstance(item, dict):  # tags (set_tags): sent with what is before
                             self._send(client, batch)
                             batch = []
-                            client.log_batch(self.run_id, tags=[RunTag(k, v)
-                                                                for k, v in item.items()])
+                            try:  # a refused tag warns; it does not stop the metrics
+                                client.log_batch(self.run_id, tags=[RunTag(k, v)
+                                                                    for k, v in item.items()])
+                            except Exception as err:  # noqa: BLE001
+                                warn_unreachable(self.uri, "setting tags", err)
                             continue
                         metrics, step, ts = item
                         if logged is None:  # the keys the run has: one request

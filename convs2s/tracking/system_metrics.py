@@ -50,6 +50,7 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
     # on a Ray worker that is a console line per node.
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     started: list = []
+    lock, closed = threading.Lock(), threading.Event()
 
     def start() -> None:
         try:
@@ -58,8 +59,10 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
             monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
                                            samples_before_logging=1, resume_logging=True,
                                            node_id=node, tracking_uri=tracking_uri)
-            monitor.start()
-            started.append(monitor)
+            with lock:  # a block that ended meanwhile gets no sampler left running after it
+                if not closed.is_set():
+                    monitor.start()
+                    started.append(monitor)
         except Exception as err:  # noqa: BLE001 - utilization is an extra, never a failure
             logging.getLogger(__name__).warning(
                 "system metrics of %s are off for this run (%s: %s)", node,
@@ -72,10 +75,12 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
     finally:
         # A block shorter than the start-up waits for it, so that the samples it took are
         # flushed; a start that hangs (an unreachable server past MLflow's HTTP timeouts) is
-        # left behind after STOP_WAIT_S.
+        # given up after STOP_WAIT_S and never starts sampling.
         starter.join(STOP_WAIT_S)
-        for monitor in started:
-            monitor.finish()  # stops the sampling thread and flushes what it sampled
+        with lock:
+            closed.set()
+            for monitor in started:
+                monitor.finish()  # stops the sampling thread and flushes what it sampled
 
 
 # How long the end of a training block waits for a sampler still starting.
