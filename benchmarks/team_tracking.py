@@ -7,7 +7,9 @@ turn, and counts the requests the server answered: compare code versions in one 
     python -m benchmarks.team_tracking --checkout /tmp/old-checkout . --rounds 2
 
 Writes benchmarks/results/team_tracking.json (or --out) and prints seconds and requests per
-checkout and round.
+checkout and round. `--auth-cache-ttl 0 60` also alternates the server's credential cache
+(infra/mlflow/auth-entrypoint.sh's MLFLOW_AUTH_CACHE_TTL_SECONDS; 0: the password's hash
+checked on every request) within each round.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkout", type=Path, nargs="+", default=[REPO],
                    help="repository checkouts whose workflow runs (default: this one)")
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--auth-cache-ttl", type=int, nargs="+", default=[None],
+                   help="the server's credential cache TTLs (s) to alternate (default: the "
+                        "entrypoint's)")
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data" /
                    "news-commentary-5k", help="folder with nc-5k.en / nc-5k.fr")
     p.add_argument("--out", type=Path)
@@ -42,17 +47,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def one_run(checkout: Path, data: Path, index: int) -> dict:
-    """The workflow from `checkout` against a new team server and bucket prefix: seconds and
-    the server's request count."""
+def one_run(checkout: Path, data: Path, index: int, ttl: int | None = None) -> dict:
+    """The workflow from `checkout` against a new team server (credential cache TTL `ttl`,
+    None: the entrypoint's default) and bucket prefix: seconds and the server's request
+    count."""
     root = Path(tempfile.mkdtemp(prefix="convs2s-team-bench-"))
     try:
-        return _run_in(root, checkout, data, index)
+        return {**_run_in(root, checkout, data, index, ttl),
+                "auth_cache_ttl": "default" if ttl is None else ttl}
     finally:
         shutil.rmtree(root, ignore_errors=True)  # made above: the server's store and log
 
 
-def _run_in(root: Path, checkout: Path, data: Path, index: int) -> dict:
+def _run_in(root: Path, checkout: Path, data: Path, index: int, ttl: int | None) -> dict:
     from benchmarks.mlflow_ui import mlflow_server
 
     admin = ("admin", "admin-pw-for-benchmarks")
@@ -62,6 +69,8 @@ def _run_in(root: Path, checkout: Path, data: Path, index: int) -> dict:
            "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
            "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{root / 'auth.db'}"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    if ttl is not None:
+        env["MLFLOW_AUTH_CACHE_TTL_SECONDS"] = str(ttl)
     with mlflow_server(["server", "--app-name", "basic-auth", "--backend-store-uri",
                         f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
                         f"{prefix}/mlflow", "--serve-artifacts"], root / "server.log",
@@ -102,21 +111,24 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         server.create_bucket(BUCKET)
+        runs = [(c, t) for c in checkouts for t in args.auth_cache_ttl]
         for r in range(args.rounds):
-            for i, checkout in enumerate(checkouts):
-                row = {"round": r + 1, **one_run(checkout, args.data, r * len(checkouts) + i)}
+            for i, (checkout, ttl) in enumerate(runs):
+                row = {"round": r + 1, **one_run(checkout, args.data, r * len(runs) + i, ttl)}
                 print(row, file=sys.stderr)
                 rows.append(row)
     finally:
         server.stop()
     print(format_table(rows, [("round", "round"), ("checkout", "checkout"),
-                              ("seconds", "seconds"), ("requests", "requests")]))
+                              ("auth_cache_ttl", "cache ttl"), ("seconds", "seconds"),
+                              ("requests", "requests")]))
     settings = {"checkout": [str(c) for c in checkouts], "rounds": args.rounds,
-                "data": str(args.data)}
+                "auth_cache_ttl": args.auth_cache_ttl, "data": str(args.data)}
     path = write_result(args.out or RESULTS_DIR / "team_tracking.json", "team_tracking",
                         settings, machine_info(), load_before, load_average(), {"quiet": None},
                         {"rows": rows},
-                        notes=["rounds alternate the checkouts in one window; compare ratios"],
+                        notes=["rounds alternate the checkouts (and cache TTLs) in one window; "
+                               "compare ratios"],
                         replace=args.replace)
     print(f"wrote {path}")
     return 0

@@ -141,7 +141,8 @@ def team_server(s3, tmp_path_factory):
     """The team tracking server of infra/mlflow on loopback: `mlflow server --app-name
     basic-auth` started through infra/mlflow/auth-entrypoint.sh, its artifacts in the loopback
     bucket (--artifacts-destination s3://convs2s-test/mlflow --serve-artifacts). Returns a
-    namespace: url, admin (user, password), add_user(name, password)."""
+    namespace: url, admin (user, password), add_user(name, password), config (the basic-auth
+    configuration the entrypoint wrote)."""
     from types import SimpleNamespace
 
     from benchmarks.mlflow_ui import mlflow_server
@@ -167,7 +168,8 @@ def team_server(s3, tmp_path_factory):
                                               "MLFLOW_TRACKING_PASSWORD": admin[1]}):
                 AuthServiceClient(url).create_user(name, password)
 
-        yield SimpleNamespace(url=url, admin=admin, add_user=add_user)
+        yield SimpleNamespace(url=url, admin=admin, add_user=add_user,
+                              config=root / "basic_auth.ini")
 
 
 # --- translation assets (tests of translate, averaging, attention plots, evaluation, serving) ---

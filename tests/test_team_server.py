@@ -42,6 +42,32 @@ def test_the_server_wants_a_login_for_everything_but_its_health(team_server):
     assert refused.value.code == 401
 
 
+def test_a_checked_login_is_kept_for_a_minute_and_a_wrong_password_is_still_refused(
+        team_server, bob):
+    """The entrypoint turns MLflow's credential cache on (a run's 100-200 requests each carried
+    a password whose hash check costs tens of milliseconds): it keeps logins that passed, never
+    a password that did not match."""
+    import base64
+    import configparser
+
+    conf = configparser.ConfigParser()
+    conf.read(team_server.config)
+    assert conf["mlflow"]["auth_cache_ttl_seconds"] == "60"
+
+    def status(password: str) -> int:
+        token = base64.b64encode(f"{bob}:{password}".encode()).decode()
+        req = urllib.request.Request(f"{team_server.url}/api/2.0/mlflow/experiments/search"
+                                     "?max_results=1", headers={"Authorization": f"Basic {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    assert [status(PASSWORD), status(PASSWORD), status("not-his-password"), status(PASSWORD)] \
+        == [200, 200, 401, 200]
+
+
 @pytest.mark.parametrize("login, says", [
     (None, "the server asks for a login: set MLFLOW_TRACKING_USERNAME and "
            "MLFLOW_TRACKING_PASSWORD"),
