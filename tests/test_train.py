@@ -1,11 +1,11 @@
 """End-to-end tests of convs2s.train.launch on Ray Train (2 CPU workers, gloo) with the tiny preset
-on
-the demo corpus from the real preprocessing pipeline (the session `demo_batches` fixture):
-learning + MLflow + checkpoints, 2-worker == 1-process parity of an update, a worker killed
-mid-epoch (the `CrashInjection` test hook) + a rerun of the same job, an unreachable tracking
-server, and bf16/nccl on a GPU.
+on the demo corpus from the real preprocessing pipeline (the session `demo_batches` fixture):
+a worker killed mid-epoch (the `CrashInjection` test hook) + a rerun of the same job, on local
+disk and on a bucket, and what the local run leaves (learning, MLflow, checkpoints); 2-worker ==
+1-process parity of an update with an unreachable tracking server; bf16/nccl on a GPU.
 
-Four TorchTrainer runs on CPU (about a minute each here); all are marked slow.
+Three TorchTrainer jobs on CPU (the crashed ones run twice, about 45 s each here); all are
+marked slow.
 Run: .venv/bin/python -m pytest tests/test_train.py -q
 """
 
@@ -67,12 +67,49 @@ def train_rows(demo) -> int:
     return demo.manifests["batches/train"]["batches"]
 
 
+# The crash-and-rerun run (test_worker_death_...) on local disk: 2 workers, tiny model, checkpoints
+# every CHECKPOINT_INTERVAL updates, the last KEEP_LAST kept; rank 1 dies mid-epoch 2 and Ray
+# restarts the group, then the same job is run again for one more epoch (3 in all).
+CHECKPOINT_INTERVAL, KEEP_LAST, EPOCHS = 30, 2, 3
+
+
+def _crash_and_rerun(demo, storage, tracking: str, record: Path) -> dict:
+    """Train `demo` 2 epochs with rank 1 dying after the update 7 past the first checkpoint of
+    epoch 2 (fit reads the test hook from this process's environment and hands it to the
+    workers; each rank writes the sentence ids of every update's batch under `record`), then
+    run the same job (same name and storage path) again with one more epoch. Returns job,
+    first, second (TrainResults), per_epoch, ckpt_before_crash."""
+    per_epoch = train_rows(demo) // 2  # equal shards: rows // workers batches each
+    ckpt_before_crash = (per_epoch // CHECKPOINT_INTERVAL + 1) * CHECKPOINT_INTERVAL
+    assert per_epoch < ckpt_before_crash < 2 * per_epoch - 10  # mid-way through epoch 2
+    cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=CHECKPOINT_INTERVAL,
+                      keep_last=KEEP_LAST)
+    job = make_job(demo, storage, "crashes", cfg, max_failures=1, system_metrics_s=1.0,
+                   tracking_uri=tracking)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(CRASH_AT_UPDATE_ENV, str(ckpt_before_crash + 7))
+        mp.setenv(CRASH_RANK_ENV, "1")
+        mp.setenv(RECORD_BATCHES_ENV, str(record))
+        first = fit(job)
+    second = fit(job.replace(train=cfg.replace(max_epochs=EPOCHS)))
+    return {"job": job, "first": first, "second": second, "per_epoch": per_epoch,
+            "ckpt_before_crash": ckpt_before_crash, "record": record}
+
+
 @pytest.fixture(scope="module")
-def trained(demo_batches, tmp_path_factory):
-    storage = tmp_path_factory.mktemp("train_runs")
-    cfg = TrainConfig(max_epochs=2, log_interval=10, checkpoint_interval=25, keep_last=2)
-    job = make_job(demo_batches, storage, "learns", cfg, system_metrics_s=1.0)
-    return job, fit(job)
+def crashed_run(demo_batches, tmp_path_factory) -> dict:
+    """`_crash_and_rerun` on local disk, once for this module: the worker-death test checks its
+    recovery, the others what any finished run leaves (it trained 3 epochs in all)."""
+    root = tmp_path_factory.mktemp("crashed_run")
+    record = root / "record"
+    record.mkdir()
+    return _crash_and_rerun(demo_batches, root, mlflow_store(root), record)
+
+
+@pytest.fixture(scope="module")
+def trained(crashed_run):
+    """(job, result) of a run that learned: the crashed run after its rerun."""
+    return crashed_run["job"], crashed_run["second"]
 
 
 def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
@@ -82,8 +119,8 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
     assert run.info.status == "FINISHED"
     loss = history(client, result.run_id, "train/loss")
     assert loss[-1][1] < 0.7 * loss[0][1], loss  # ln(400) ~ 6 at the start
-    ppl = history(client, result.run_id, "valid/ppl")
-    assert len(ppl) == 2 and ppl[1][1] < ppl[0][1] < 400, ppl
+    ppl = history(client, result.run_id, "valid/ppl")  # one a epoch
+    assert len(ppl) == EPOCHS and ppl[-1][1] < ppl[0][1] < 400, ppl
     for key in ("train/lr", "train/gnorm", "train/tokens_per_s", "train/padding_efficiency",
                 "train/peak_mem_mb", "train/updates_per_s", "valid/loss", "valid/nll"):
         assert history(client, result.run_id, key), key
@@ -97,7 +134,8 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
     assert {"config/train_job.json", "config/spm.model"} <= arts
     assert f"best_checkpoint/{CHECKPOINT_FILE}" in \
         {a.path for a in client.list_artifacts(result.run_id, "best_checkpoint")}
-    assert result.metrics["epoch"] == 2 and result.metrics["val_ppl"] == pytest.approx(ppl[-1][1])
+    assert result.metrics["epoch"] == EPOCHS
+    assert result.metrics["val_ppl"] == pytest.approx(ppl[-1][1])
     # precision "auto": what the workers picked on this host, and why, is on the run (both
     # workers share this host, so it is what this process picks)
     expected = local_precision("auto", torch.device("cpu"))
@@ -132,9 +170,11 @@ def test_each_training_node_logs_its_utilization_to_the_run(trained):
 def test_checkpoints_keep_best_and_last_k_and_load_without_ray(trained, demo_batches):
     job, result = trained
     per_epoch = train_rows(demo_batches) // 2
-    # Checkpoints every 25 updates and at both epoch ends; Ray keeps the last keep_last=2.
-    taken = sorted(set(range(25, 2 * per_epoch + 1, 25)) | {per_epoch, 2 * per_epoch})
-    assert [read_info(p).update for p in result.checkpoints] == taken[-2:]
+    # Checkpoints every CHECKPOINT_INTERVAL updates and at each epoch's end; Ray keeps the last
+    # KEEP_LAST.
+    taken = sorted(set(range(CHECKPOINT_INTERVAL, EPOCHS * per_epoch + 1, CHECKPOINT_INTERVAL))
+                   | {e * per_epoch for e in range(1, EPOCHS + 1)})
+    assert [read_info(p).update for p in result.checkpoints] == taken[-KEEP_LAST:]
     assert result.last_checkpoint == result.checkpoints[-1]
     best = read_info(result.best_checkpoint)
     client = MlflowClient(job.tracking_uri)
@@ -213,32 +253,24 @@ def _in_a_bucket(demo, tmp_path: Path, s3):
 
 @pytest.mark.parametrize("where", ["local", "bucket"])
 def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
-        demo_batches, tmp_path, monkeypatch, rows_follow_the_plan, where, request):
+        demo_batches, tmp_path, rows_follow_the_plan, where, request):
     """A rank dies mid-epoch; Ray restarts the group from the latest checkpoint, which trains
     exactly the rows it had left. On a bucket (the loopback S3 server) the same: the data is
-    read from it, the checkpoints, best/ and metrics.jsonl are objects there."""
+    read from it, the checkpoints, best/ and metrics.jsonl are objects there. (On local disk,
+    the module's `crashed_run`, whose outputs the tests above read too.)"""
     from storage import location
 
-    tracking = mlflow_store(tmp_path)
-    storage = tmp_path
-    if where == "bucket":
+    if where == "local":
+        run = request.getfixturevalue("crashed_run")
+        storage = run["job"].storage_path
+    else:
         demo_batches, storage = _in_a_bucket(demo_batches, tmp_path,
                                               request.getfixturevalue("s3"))
-    per_epoch = train_rows(demo_batches) // 2  # equal shards: rows // workers batches each
-    interval = 30
-    ckpt_before_crash = (per_epoch // interval + 1) * interval  # mid-way through epoch 2
-    assert per_epoch < ckpt_before_crash < 2 * per_epoch - 10
-    cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=interval, keep_last=2)
-    # Rank 1 dies after update ckpt_before_crash + 7 (fit reads the hook from this process's
-    # environment and hands it to the workers).
-    monkeypatch.setenv(CRASH_AT_UPDATE_ENV, str(ckpt_before_crash + 7))
-    monkeypatch.setenv(CRASH_RANK_ENV, "1")
-    record = tmp_path / "record"  # each rank writes the sentence ids of every update's batch
-    record.mkdir()
-    monkeypatch.setenv(RECORD_BATCHES_ENV, str(record))
-    job = make_job(demo_batches, storage, "crashes", cfg, max_failures=1, system_metrics_s=1.0,
-                   tracking_uri=tracking)
-    first = fit(job)
+        record = tmp_path / "record"
+        record.mkdir()
+        run = _crash_and_rerun(demo_batches, storage, mlflow_store(tmp_path), record)
+    job, first, second = run["job"], run["first"], run["second"]
+    per_epoch, ckpt_before_crash = run["per_epoch"], run["ckpt_before_crash"]
     run_dir = location(first.run_dir)
     assert str(run_dir).startswith(str(storage))  # in the bucket: an s3:// URI
     assert (run_dir / CRASH_MARKER).exists()  # rank 1 really died once
@@ -246,14 +278,11 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
     assert first.metrics["update"] == 2 * per_epoch  # the resumed epoch skipped what it had done
     # Which rows: those of an uninterrupted run's plan; the updates the death lost were
     # trained again on the same rows.
-    replayed = rows_follow_the_plan(record, demo_batches.batches["train"], cfg.seed,
-                                    cfg.shuffle_buffer, 2, 2 * per_epoch)
+    replayed = rows_follow_the_plan(run["record"], demo_batches.batches["train"], job.train.seed,
+                                    job.train.shuffle_buffer, 2, 2 * per_epoch)
     assert replayed and replayed <= set(range(ckpt_before_crash + 1, ckpt_before_crash + 8))
-    monkeypatch.delenv(RECORD_BATCHES_ENV)
 
-    # The same job (same name and storage path) run again with one more epoch resumes.
-    monkeypatch.delenv(CRASH_AT_UPDATE_ENV)
-    second = fit(job.replace(train=cfg.replace(max_epochs=3)))
+    # The same job (same name and storage path) run again with one more epoch resumed.
     assert second.run_id == first.run_id
     assert second.metrics["resumed_from_update"] == 2 * per_epoch
     assert second.metrics["update"] == 3 * per_epoch and second.metrics["epoch"] == 3
