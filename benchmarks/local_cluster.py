@@ -30,19 +30,25 @@ def cli_env() -> dict:
 
 class RayCliCluster:
     """Ray nodes started with `ray start` on this host (a real head with the dashboard / job
-    API, and more nodes joining it), all under one short temp dir. `stop()` ends exactly the
-    processes whose command line names that temp dir (never `ray stop`, which would end every
-    Ray on the machine)."""
+    API, and more nodes joining it), all under one short temp dir. Every process they start
+    inherits `MARKER_ENV`=<that temp dir> from `env`; `stop()` ends exactly the processes that
+    carry it or name the temp dir (never `ray stop`, which would end every Ray on the machine).
+    The command line alone does not find them all: Ray's dashboard agent and runtime-env agent
+    retitle themselves (`ray::DashboardAgent`), and the Ray Client server names only the GCS
+    address; left behind, an agent whose raylet is gone spins a whole core for minutes."""
+
+    MARKER_ENV = "CONVS2S_RAY_CLI_CLUSTER"
 
     def __init__(self, env: dict):
         import tempfile
 
         # Short: Ray's unix sockets live under it (path limit ~107 bytes).
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-        self.env = env
+        self.env = {**env, self.MARKER_ENV: self.temp_dir}
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
         self._ports: set[int] = set()  # handed out by free_port
+        self._raylets: set[int] = set()  # pids of this cluster's raylets, once seen
 
     def free_port(self) -> int:
         """A port free now and not handed out before by this cluster: a port is only taken
@@ -121,16 +127,33 @@ class RayCliCluster:
         return len(doomed)
 
     def pids(self) -> list[int]:
-        out = []
+        """This cluster's live processes: those whose environment carries its marker or whose
+        command line names its temp dir, the agents of its raylets (which Ray starts with an
+        environment of its own, RAY_RAYLET_PID among it), and every descendant of these.
+        Zombies, already ended, are left out."""
+        procs = {}  # pid -> (parent pid, command line, environment entries)
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit() and int(proc.name) != os.getpid():
                 try:
-                    cmd = (proc / "cmdline").read_bytes()
-                except OSError:
+                    stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                    if stat[0] == "Z":
+                        continue
+                    procs[int(proc.name)] = (int(stat[1]), (proc / "cmdline").read_bytes(),
+                                             set((proc / "environ").read_bytes().split(b"\0")))
+                except (OSError, IndexError, ValueError):
                     continue
-                if self.temp_dir.encode() in cmd:
-                    out.append(int(proc.name))
-        return out
+        marker = f"{self.MARKER_ENV}={self.temp_dir}".encode()
+        found = {pid for pid, (_, cmd, env) in procs.items()
+                 if self.temp_dir.encode() in cmd or marker in env}
+        self._raylets |= {pid for pid in found if b"raylet" in procs[pid][1].split(b"\0")[0]}
+        agents = {f"RAY_RAYLET_PID={pid}".encode() for pid in self._raylets}
+        found |= {pid for pid, (_, _, env) in procs.items() if env & agents}
+        grew = True
+        while grew:
+            more = {pid for pid, (ppid, _, _) in procs.items() if ppid in found} - found
+            found |= more
+            grew = bool(more)
+        return sorted(found)
 
     def stop(self) -> None:
         import contextlib

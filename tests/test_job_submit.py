@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import orphaned_ray_agents
 
 
 @pytest.mark.slow
@@ -64,6 +65,8 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(smoke_workflow):
     heavy = [n for n in names if n.split("/")[0] in (".venv", "runs", "mlruns", "mlartifacts")
              or n.endswith((".db", ".pt"))]
     assert not heavy, heavy[:10]
+    # The head was stopped with every process it started, its agents among them.
+    assert not orphaned_ray_agents()
 
 
 def test_two_local_ray_instances_each_ask_their_own_state_api(smoke_workflow):
