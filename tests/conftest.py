@@ -293,96 +293,29 @@ SHORT_OUTPUTS = ("--set", "search.max_len_a=1.2", "--set", "search.max_len_b=10"
 
 @pytest.fixture(scope="session")
 def smoke_workflow(tmp_path_factory, ray_session):
-    """The En-Fr workflow's smoke preset, run as the README runs a job (`ray job submit
-    --working-dir . -- python workflows/wmt14_en_fr.py ...`) on a real Ray head started with
-    `ray start --head` (token authentication), cut to 60 updates: demo corpus, `small` model,
-    2 workers, evaluation of the best checkpoint and the average of the last two (with the first
-    test sentence's attention). One run feeds the job path's tests (tests/test_job_submit.py)
-    and those of what a workflow leaves behind (lineage, MLflow UI, translation, reruns that
-    share its storage).
-
-    While the job runs, two things happen beside it, as on a machine shared by two workflows:
-    the same command started again (another process, same run name and storage), which must be
-    refused; and a task on the session's own Ray listing the live actors of the Ray it asks.
-    The head is stopped before the fixture returns. Returns a namespace: storage, tracking_uri,
-    experiment, run_name, argv (the workflow's arguments), stdout (the workflow's console: the
-    job's log), job (the `ray job submit` output: returncode, stdout, stderr), lease (the run's
-    lease file), lease_seen, second (the refused command's CompletedProcess), working_dir (the
-    uploaded packages' file names), session_actors (what the session's task listed)."""
-    import subprocess
-    import sys
-    import time
+    """The En-Fr workflow's smoke preset run through its command line (`main`) on the session's
+    Ray, cut to 60 updates: demo corpus, `small` model, 2 workers, evaluation of the best
+    checkpoint and the average of the last two (with the first test sentence's attention).
+    Returns a namespace: storage, tracking_uri,
+    experiment, run_name, stdout (the printed summary)."""
+    import contextlib
+    import io
     from types import SimpleNamespace
 
-    from benchmarks.local_cluster import RayCliCluster, cli_env
+    from workflows import wmt14_en_fr
 
     root = tmp_path_factory.mktemp("smoke_workflow")
     uri = mlflow_store(root)
     argv = ["--preset", "smoke", "--max-updates", "60", *SHORT_OUTPUTS, "--storage-path",
             str(root / "runs"), "--tracking-uri", uri, "--run-name", "smoke-test",
             "--attention", "1"]
-    cluster = RayCliCluster(cli_env())
-    try:
-        cluster.start_head(num_cpus=2)
-        env = {**cluster.env, "RAY_ADDRESS": cluster.dashboard_url}
-        # The README's command, run from the repository root.
-        cmd = ["ray", "job", "submit", "--working-dir", ".", "--", "python",
-               "workflows/wmt14_en_fr.py", *argv]
-        job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-        # While the job runs, a second command on the same run (another real process, no
-        # RAY_ADDRESS) must be refused at once with the holder named (storage/lease.py).
-        lease = root / "runs" / "smoke-test" / ".lease.json"
-        deadline = time.monotonic() + 300
-        while not lease.exists() and job.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        lease_seen = lease.exists()
-        second = None
-        if lease_seen:
-            second = subprocess.run([sys.executable, "workflows/wmt14_en_fr.py", *argv],
-                                    cwd=REPO, env={k: v for k, v in env.items()
-                                                   if k != "RAY_ADDRESS"},
-                                    capture_output=True, text=True, timeout=120)
-        session_actors = _actors_seen_from_the_session(ray_session)
-        stdout, stderr = job.communicate(timeout=840)
-        pkgs = [p for p in Path(cluster.temp_dir).glob(
-            "session_2*/runtime_resources/working_dir_files/_ray_pkg_*") if p.is_dir()]
-        working_dir = [sorted(q.relative_to(p).as_posix() for q in p.rglob("*")) for p in pkgs]
-    finally:
-        cluster.stop()
-    log = stdout + stderr
-    assert job.returncode == 0, log[-5000:]
-    console = stdout.split("Tailing logs until the job exits", 1)[-1]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = wmt14_en_fr.main({"paper": wmt14_en_fr.paper, "smoke": wmt14_en_fr.smoke},
+                              wmt14_en_fr.__doc__, argv)
+    assert rc == 0, buf.getvalue()[-3000:]
     return SimpleNamespace(storage=root / "runs", tracking_uri=uri, experiment="wmt14_en_fr",
-                           run_name="smoke-test", argv=argv, stdout=console,
-                           job=SimpleNamespace(returncode=job.returncode, stdout=stdout,
-                                               stderr=stderr),
-                           second=second, lease_seen=lease_seen, lease=lease,
-                           working_dir=working_dir, session_actors=session_actors)
-
-
-def _actors_seen_from_the_session(ray) -> list[str]:
-    """The names of the live actors that a task on the session's Ray finds through the state
-    API, a named marker actor of the session's among them when it asks its own instance (and
-    not another Ray on this machine: workflows.cluster.own_dashboard)."""
-
-    @ray.remote(num_cpus=0)
-    class Marker:
-        def ping(self) -> int:
-            return 1
-
-    @ray.remote(num_cpus=0)
-    def actor_names() -> list[str]:
-        from ray.util.state import list_actors
-
-        return [a.name for a in list_actors(filters=[("state", "=", "ALIVE")])]
-
-    marker = Marker.options(name="session-marker").remote()
-    try:
-        ray.get(marker.ping.remote())
-        return ray.get(actor_names.remote())
-    finally:
-        ray.kill(marker)
+                           run_name="smoke-test", argv=argv, stdout=buf.getvalue())
 
 
 @pytest.fixture(scope="session")

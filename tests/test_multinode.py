@@ -122,3 +122,30 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
     # The lost node went with its agents, and the cluster's stop takes the rest.
     ray_cli.stop()
     assert not orphaned_ray_agents()
+
+
+def test_two_local_ray_instances_each_ask_their_own_state_api(ray_session, ray_cli):
+    """Two Ray instances on one machine (the session's and a `ray start` head: as two
+    workflows at once): a process of each finds its own instance's state API, as Ray Train's
+    placement-group cleaner must, instead of failing with "Found multiple active Ray
+    instances" (workflows.cluster.own_dashboard)."""
+    import ray
+
+    ray_cli.start_head(num_cpus=1)
+
+    @ray.remote(num_cpus=0)
+    class Marker:
+        def ping(self) -> int:
+            return 1
+
+    marker = Marker.options(name="session-marker").remote()
+    ray.get(marker.ping.remote())
+
+    @ray.remote(num_cpus=0)
+    def actor_names() -> list[str]:
+        from ray.util.state import list_actors
+
+        return [a.name for a in list_actors(filters=[("state", "=", "ALIVE")])]
+
+    assert "session-marker" in ray.get(actor_names.remote())  # this instance's, not the head's
+    ray.kill(marker)
