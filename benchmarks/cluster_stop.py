@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -92,10 +93,11 @@ def one_stop(checkout: Path, watch_s: float, job: bool = True) -> dict:
     time.sleep(3)  # the agents up
     if job:
         _submit_a_job(cluster)
-    # Every process of the head, found this checkout's way, while it runs.
-    finder = Current.__new__(Current)
-    finder.temp_dir, finder._raylets = cluster.temp_dir, set()  # (an older checkout's
-    # processes lack the marker: they are found by temp dir, raylet and descendants)
+    # Every process of the head, found this checkout's way while it runs (an older checkout's
+    # processes lack the marker: they are found by temp dir, raylet and descendants).
+    finder = Current(cluster.env)
+    shutil.rmtree(finder.temp_dir, ignore_errors=True)  # made by Current(), never used
+    finder.temp_dir = cluster.temp_dir
     members = set(finder.pids())
     t0 = time.monotonic()
     cluster.stop()

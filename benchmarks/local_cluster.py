@@ -1,13 +1,15 @@
 """A multi-node Ray cluster on one host, as on a real cluster: `ray start --head` plus more
 nodes joining it with `ray start --address`, each its own raylet with its own CPUs.
 
-Used by tests/test_multinode.py and benchmarks/streaming.py:
+Used by tests/test_multinode.py, tests/test_job_submit.py, benchmarks/streaming.py and
+benchmarks/cluster_stop.py:
 
     cluster = RayCliCluster(cli_env())
     cluster.start_head(num_cpus=1); cluster.add_node(num_cpus=1)
     ray.init(address=cluster.gcs_address)   # with cluster.env's RAY_AUTH_MODE
     ...
     cluster.stop()
+    orphaned_agents()                       # [] once every stopped cluster took its agents
 """
 
 from __future__ import annotations
@@ -15,6 +17,39 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+
+
+def processes() -> dict[int, tuple[int, bytes, set[bytes]]]:
+    """The machine's live processes but this one: {pid: (parent pid, command line, environment
+    entries)}; zombies (ended, not yet reaped) are left out."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                if stat[0] == "Z":
+                    continue
+                out[int(proc.name)] = (int(stat[1]), (proc / "cmdline").read_bytes(),
+                                       set((proc / "environ").read_bytes().split(b"\0")))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def orphaned_agents() -> list[str]:
+    """Ray agent processes (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) whose raylet is gone,
+    "pid title (raylet pid)" each: such an agent spins a whole core for minutes, so a stopped
+    cluster must take its agents along."""
+    procs = processes()
+    out = []
+    for pid, (_, cmd, env) in procs.items():
+        title = cmd.split(b"\0")[0].decode(errors="replace").strip()
+        if not title.startswith("ray::") or "Agent" not in title:
+            continue
+        raylet = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RAY_RAYLET_PID=")]
+        if raylet and raylet[0].isdigit() and int(raylet[0]) not in procs:
+            out.append(f"{pid} {title} (raylet {raylet[0]})")
+    return out
 
 
 def cli_env() -> dict:
@@ -129,19 +164,8 @@ class RayCliCluster:
     def pids(self) -> list[int]:
         """This cluster's live processes: those whose environment carries its marker or whose
         command line names its temp dir, the agents of its raylets (which Ray starts with an
-        environment of its own, RAY_RAYLET_PID among it), and every descendant of these.
-        Zombies, already ended, are left out."""
-        procs = {}  # pid -> (parent pid, command line, environment entries)
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit() and int(proc.name) != os.getpid():
-                try:
-                    stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                    if stat[0] == "Z":
-                        continue
-                    procs[int(proc.name)] = (int(stat[1]), (proc / "cmdline").read_bytes(),
-                                             set((proc / "environ").read_bytes().split(b"\0")))
-                except (OSError, IndexError, ValueError):
-                    continue
+        environment of its own, RAY_RAYLET_PID among it), and every descendant of these."""
+        procs = processes()
         marker = f"{self.MARKER_ENV}={self.temp_dir}".encode()
         found = {pid for pid, (_, cmd, env) in procs.items()
                  if self.temp_dir.encode() in cmd or marker in env}

@@ -60,36 +60,6 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
     return f"sqlite:///{path}"
 
 
-def orphaned_ray_agents() -> list[str]:
-    """Ray agent processes (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) whose raylet is gone:
-    "pid title (raylet pid)" each. Such an agent spins a whole core for minutes, so a test
-    cluster's stop must take them along (benchmarks/local_cluster.py)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode().strip()
-            env = (proc / "environ").read_bytes().split(b"\0")
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, UnicodeDecodeError, IndexError):
-            continue
-        if state == "Z" or not title.startswith("ray::") or "Agent" not in title:
-            continue
-        raylet = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RAY_RAYLET_PID=")]
-        if raylet and not _alive(int(raylet[0])):
-            out.append(f"{proc.name} {title} (raylet {raylet[0]})")
-    return out
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
     """SIGKILL `proc` (a subprocess.Popen) as soon as `ready()` holds; fail with `never` if it
     does not within `timeout_s`, or if the process ends first."""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS, mlflow_store, orphaned_ray_agents
+from conftest import SHORT_OUTPUTS, mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -96,5 +96,7 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
              or n.endswith((".db", ".pt"))]
     assert not heavy, heavy[:10]
     # The head stops with every process it started, its agents among them.
+    from benchmarks.local_cluster import orphaned_agents
+
     ray_cli.stop()
-    assert not orphaned_ray_agents()
+    assert not orphaned_agents()

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS, mlflow_store, orphaned_ray_agents
+from conftest import SHORT_OUTPUTS, mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,8 +120,10 @@ def test_training_spans_two_nodes_survives_losing_one_and_finishes_on_a_replacem
     (batches,) = list(shared.glob("preprocessed/*/*/batches/*/train"))
     rows_follow_the_plan(record, str(batches), cfg.seed, cfg.shuffle_buffer, 2, updates)
     # The lost node went with its agents, and the cluster's stop takes the rest.
+    from benchmarks.local_cluster import orphaned_agents
+
     ray_cli.stop()
-    assert not orphaned_ray_agents()
+    assert not orphaned_agents()
 
 
 def test_two_local_ray_instances_each_ask_their_own_state_api(ray_session, ray_cli):
