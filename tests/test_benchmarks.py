@@ -287,3 +287,40 @@ def test_the_preprocess_benchmark_removes_only_the_folders_it_made(tmp_path):
     assert fresh_dir(ours) == ours and [p.name for p in ours.iterdir()] == [OWNER_MARK]
     remove_own(ours)
     assert not ours.exists()
+
+
+def test_the_suite_profile_records_each_phase_and_sums_them_per_file():
+    """benchmarks.suite_phases: the plugin writes one line a test phase, with the machine's busy
+    and idle CPU seconds over it; the summary adds them per file and lists the slowest first."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from benchmarks.suite_phases import summarize
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "test_two.py").write_text(
+            "import time\n"
+            "def test_busy():\n    t = time.process_time()\n"
+            "    while time.process_time() - t < 0.3: pass\n"
+            "def test_sleeps():\n    time.sleep(0.3)\n")
+        out = Path(d) / "phases.jsonl"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-p", "benchmarks.suite_phases", "test_two.py"], cwd=d,
+                              env={**os.environ, "SUITE_PHASES_OUT": str(out),
+                                   "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"].split("::")[1], r["phase"]) for r in rows] == [
+        (t, p) for t in ("test_busy", "test_sleeps") for p in ("setup", "call", "teardown")]
+    calls = {r["id"].split("::")[1]: r for r in rows if r["phase"] == "call"}
+    assert calls["test_busy"]["busy"] >= 0.25 and calls["test_sleeps"]["wall"] >= 0.3
+    res = summarize(rows, top=1)
+    assert res["tests"] == 2 and len(res["slowest_phases"]) == 1
+    assert res["slowest_phases"][0]["name"].startswith("call test_two.py::")
+    (per_file,) = res["per_file"]
+    assert per_file["name"] == "test_two.py"
+    assert per_file["wall_s"] == pytest.approx(sum(r["wall"] for r in rows), abs=0.1)
