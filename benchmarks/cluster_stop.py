@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -95,9 +94,7 @@ def one_stop(checkout: Path, watch_s: float, job: bool = True) -> dict:
         _submit_a_job(cluster)
     # Every process of the head, found this checkout's way while it runs (an older checkout's
     # processes lack the marker: they are found by temp dir, raylet and descendants).
-    finder = Current(cluster.env)
-    shutil.rmtree(finder.temp_dir, ignore_errors=True)  # made by Current(), never used
-    finder.temp_dir = cluster.temp_dir
+    finder = Current(cluster.env, temp_dir=cluster.temp_dir)
     members = set(finder.pids())
     t0 = time.monotonic()
     cluster.stop()

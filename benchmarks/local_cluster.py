@@ -74,11 +74,13 @@ class RayCliCluster:
 
     MARKER_ENV = "CONVS2S_RAY_CLI_CLUSTER"
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, temp_dir: str | None = None):
+        """`temp_dir`: a running cluster's folder, to find its processes (`pids`); by default
+        a new one."""
         import tempfile
 
         # Short: Ray's unix sockets live under it (path limit ~107 bytes).
-        self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+        self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rt", dir="/tmp")
         self.env = {**env, self.MARKER_ENV: self.temp_dir}
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
