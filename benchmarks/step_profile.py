@@ -41,12 +41,33 @@ def operator_profile(step, n: int, train_flops: float) -> dict:
     ops, total = _ops_and_busy_time(events, cuda, key)
     mm = sum(getattr(e, key) for e in ops if e.key in MATMUL_OPS)
     rows = sorted(ops, key=lambda e: -getattr(e, key))[:20]
-    return {"ops": [{"op": e.key, "calls": e.count / n,
+    counts = _launch_and_sync_counts(events, n) if cuda else {}
+    return {**counts, "ops": [{"op": e.key, "calls": e.count / n,
                      "self_ms_per_step": getattr(e, key) / 1e3 / n,
                      "share": round(getattr(e, key) / total, 4)} for e in rows],
             "busy_ms_per_step": total / 1e3 / n,  # GPU-busy (CUDA) or operator CPU time
             "matmul_share": mm / total,
             "matmul_flops": train_flops / (mm / 1e6) if mm else None}
+
+
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def _launch_and_sync_counts(events, n: int) -> dict:
+    """Kernels run, kernel launches and host waits for the GPU per step, read off the CUDA
+    runtime calls the profile records (a blocking device-to-host copy is a wait too)."""
+    from torch.autograd import DeviceType
+
+    calls = {}
+    for e in events:
+        if e.device_type != DeviceType.CUDA and e.key.startswith("cuda"):
+            calls[e.key] = calls.get(e.key, 0) + e.count
+    kernels = sum(e.count for e in events if e.device_type == DeviceType.CUDA)
+    launches = sum(v for k, v in calls.items() if "LaunchKernel" in k)
+    syncs = sum(v for k, v in calls.items() if k in SYNC_CALLS) + calls.get("cudaMemcpy", 0)
+    return {"kernels_per_step": kernels / n, "launches_per_step": launches / n,
+            "host_syncs_per_step": syncs / n,
+            "runtime_calls_per_step": {k: v / n for k, v in sorted(calls.items())}}
 
 
 def _ops_and_busy_time(events, cuda: bool, key: str) -> tuple[list, float]:

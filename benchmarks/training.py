@@ -242,6 +242,10 @@ def main(argv: list[str] | None = None) -> dict:
         p = r["profile"]
         print(f"matmuls: {p['matmul_share']:.1%} of the step at {p['matmul_flops'] / 1e9:,.0f} "
               f"GFLOP/s; phases (ms): {p['phases_ms']}")
+        if "kernels_per_step" in p:
+            print(f"GPU busy {p['busy_ms_per_step']:.1f} ms of a {1e3 * r['median_step_s']:.1f} ms "
+                  f"step; {p['kernels_per_step']:,.0f} kernels, "
+                  f"{p['host_syncs_per_step']:g} host syncs a step")
         for row in p["ops"][:12]:
             print(f"  {row['share']:6.1%}  {row['self_ms_per_step']:9.1f} ms/step  {row['op']}")
     print(f"result: {path}")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import mlflow_store
 
 from convs2s.config import PRESETS, TrainConfig
@@ -126,3 +127,13 @@ def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone
     assert sorted(mixed) == sorted(reference) == list(range(5, 41, 5))
     assert mixed == pytest.approx(reference, rel=1e-3)
     assert on_ray.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
+
+
+def test_a_bare_cuda_device_names_the_ranks_gpu():
+    # `--device cuda` reached torch.cuda.set_device without an index and failed on an H200
+    # (benchmarks/results/gpu_checks_h200_20261127/gpu.log); no GPU is needed to check the rule.
+    from convs2s.train.runtime import rank_device
+
+    assert rank_device("cuda", 3) == torch.device("cuda", 3)
+    assert rank_device("cuda:1", 3) == torch.device("cuda", 1)
+    assert rank_device("cpu", 3) == torch.device("cpu")

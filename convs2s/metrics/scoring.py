@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesTokenizer
+
+# sacremoses and rouge_score are imported where used: a GPU box with PyTorch and sacreBLEU but
+# not these two still imports this module (translation and BLEU need neither).
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 # Stemming on: the Gigaword / DUC ROUGE numbers the paper compares against were computed with
@@ -102,6 +103,8 @@ def bleu(hyps: list[str], refs: list[str]) -> BleuScore:
 def moses_tokenize(lines: list[str], lang: str) -> list[str]:
     """Moses-tokenize each line with `lang`'s rules, no XML escaping (`tokenizer.perl
     -no-escape`)."""
+    from sacremoses import MosesTokenizer
+
     tok = MosesTokenizer(lang=lang)
     return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
 
@@ -126,6 +129,8 @@ def normalize_romanian(text: str) -> str:
 
 def rouge(hyps: list[str], refs: list[str]) -> dict[str, float]:
     """ROUGE-1/2/L recall (_r), precision (_p), F1 (_f), averaged over sentences, in %."""
+    from rouge_score import rouge_scorer
+
     _check_pair(hyps, refs)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=ROUGE_USE_STEMMER)
     sums = {f"{t}_{k}": 0.0 for t in ROUGE_TYPES for k in "rpf"}

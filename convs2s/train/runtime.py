@@ -80,6 +80,18 @@ class RayRuntime:
         self._train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
 
 
+def rank_device(device: str | torch.device | None, local_rank: int) -> torch.device:
+    """The device of the rank with `local_rank` on its machine: its GPU when `device` is None
+    and one is visible (else the CPU); a bare "cuda" (`--device cuda`) gets the rank's index,
+    which `torch.cuda.set_device` needs (seen failing on an H200 without it)."""
+    if device is None:
+        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", local_rank)
+    return device
+
+
 class LocalRuntime:
     """One process, or one rank of a torchrun world (RANK / WORLD_SIZE / LOCAL_RANK in the
     environment: the process group is initialized here, nccl on CUDA, else gloo). Checkpoints
@@ -94,9 +106,7 @@ class LocalRuntime:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node_rank = int(os.environ.get("GROUP_RANK", "0"))
-        if device is None:
-            device = f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = rank_device(device, self.local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if self.world_size > 1 and not dist.is_initialized():
