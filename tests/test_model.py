@@ -461,3 +461,31 @@ def test_dropout_keeps_the_expected_share_and_scale():
         assert y[1, 40:].abs().max() == 0
         assert y[:, :40].eq(0).float().mean().item() == pytest.approx(0.2 if training else 0.0,
                                                                       abs=0.02)
+
+
+def test_under_bf16_autocast_attention_casts_no_keys_or_values_in_its_layers():
+    # Each attention layer cast the encoder keys to float32 and autocast cast the values and the
+    # length scale to bf16 again (15 layers, and their gradients back): `EncoderOut.for_attention`
+    # does it once per forward. A layer now casts only its two weights and its attention weights.
+    from benchmarks.step_traffic import Traffic
+
+    torch.manual_seed(0)
+    model = ConvS2S(TINY, 50, 60)
+    src = torch.randint(4, 50, (3, 7))
+    prev = torch.randint(4, 60, (3, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        enc = model.encoder(src, torch.full((3,), 7))
+        g = model.decoder.embed(prev, torch.arange(2, 7).expand(3, 5))
+        h = torch.randn(3, 5, TINY.decoder_layers[0][0]).bfloat16()
+        attention = model.decoder.blocks[0].attention
+        # The operands as the encoder made them, first: autocast then keeps the biases' bf16
+        # copies (leaf parameters) for the rest of the context, and the count below is per call.
+        before_out, before_attn = attention(h, g, enc)
+        ready = enc.for_attention()
+        out, attn = attention(h, g, ready)
+        with Traffic() as traffic:  # counts (its matrix products are zeros, not products)
+            attention(h, g, ready)
+    casts = sum(r["calls"] for (op, _, _), r in traffic.rows.items() if op == "_to_copy")
+    assert casts == 3  # in_proj's and out_proj's weight-normed weights, the attention weights
+    assert ready.keys.dtype == torch.float32 and ready.values.dtype == torch.bfloat16
+    assert torch.equal(out, before_out) and torch.equal(attn, before_attn)

@@ -119,6 +119,17 @@ class EncoderOut:
     mask_bias: torch.Tensor  # B x 1 x S float32: 0 for tokens, -inf for source padding
     scale: torch.Tensor  # B x 1 x 1: s * sqrt(1/s) = sqrt(s), s = true source length (§3.4)
 
+    def for_attention(self) -> "EncoderOut":
+        """The keys in float32 (the scores are float32 even under autocast, `Attention`) and,
+        under autocast, the values in its dtype (the product with the attention weights casts
+        them to it): once for all the decoder's attention layers instead of once in each. Under
+        bf16 autocast each of the 15 layers of the paper's models cast both (and the length
+        scale) again, and converted the gradients back: 75 casts a step for the same numbers."""
+        values, device = self.values, self.values.device.type
+        if torch.is_autocast_enabled(device):
+            values = values.to(torch.get_autocast_dtype(device))
+        return EncoderOut(self.keys.float(), values, self.mask_bias, self.scale.to(values.dtype))
+
     def select(self, rows: torch.Tensor) -> "EncoderOut":
         """Rows `rows` (LongTensor) of every field, e.g. to drop finished sentences."""
         return EncoderOut(*(t.index_select(0, rows) for t in
@@ -278,16 +289,18 @@ class Decoder(Embedded):
         return output_layer_loss(x, self.fc3.weight, self.fc3.bias, target, label_smoothing,
                                  target_rows=target_rows)
 
-    def _blocks(self, x: torch.Tensor, g: torch.Tensor, enc: EncoderOut, buffers=None):
-        """x N x T x C0 -> N x T x C_last, attention summed over the layers N x T x S. With
-        `buffers` (DecoderState.buffers, updated in place): one incremental step, T = 1."""
+    def _blocks(self, x: torch.Tensor, g: torch.Tensor, enc: EncoderOut, buffers=None,
+                need_attn: bool = True):
+        """x N x T x C0 -> N x T x C_last, attention summed over the layers N x T x S (None
+        without `need_attn`: training and scoring never read it). With `buffers`
+        (DecoderState.buffers, updated in place): one incremental step, T = 1."""
         attn_sum = None
         for i, block in enumerate(self.blocks):
             if buffers is None:
                 x, attn = block(x, g=g, enc=enc)
             else:
                 x, attn, buffers[i] = block.step(x, buffers[i], g, enc)
-            if attn is not None:
+            if attn is not None and need_attn:
                 attn_sum = attn if attn_sum is None else attn_sum + attn
         return x, attn_sum
 
@@ -298,7 +311,8 @@ class Decoder(Embedded):
         with `target` N x T: (loss sum, nll sum) instead, see `ConvS2S.forward`."""
         _check_length(prev_output_tokens, self.max_positions, "prev_output_tokens")
         g = self.embed(prev_output_tokens, make_positions(prev_output_tokens))  # N x T x E
-        x, attn_sum = self._blocks(self.fc1(g), g, enc)  # N x T x C_last
+        x, attn_sum = self._blocks(self.fc1(g), g, enc.for_attention(),  # N x T x C_last
+                                   need_attn=target is None)
         if target is not None:  # training and validation: no attention average needed
             return self._output_loss(x, target, label_smoothing, target_rows)
         attn = attn_sum / self.num_attention  # mean over attention layers

@@ -1,0 +1,174 @@
+"""What one training update asks of the memory system, op by op, without a GPU: every ATen
+operator the update dispatches (forward, backward, clipping, optimizer), its calls and the
+bytes it reads and writes, matrix products apart from the rest.
+
+On a GPU past a few thousand tokens per batch the step is GPU-bound and its non-matmul kernels
+are memory-bound (docs/benchmarks.md, "The GPU step on an H200, 2026-11-27": matmuls 45% of
+GPU-busy time at 18.6k tokens, copies and casts 14%). Their time is about their bytes over the
+memory bandwidth, and each operator call is at least one kernel launch, so bytes and calls
+counted here on the CPU predict which changes shorten the GPU step, before a GPU is lent. The
+counts are of the CPU's dispatch under CPU autocast, whose casting rules are close to but not
+the same as CUDA's; views (reshape, transpose, slices) move nothing and are not counted. The
+matrix products are counted but not computed (zeros of their shape: which operators run does
+not depend on the values); the fused output layer and loss is one custom operator here
+(`convs2s::output_loss`), counted as one, its own products computed, so a 40k vocabulary on a
+CPU without native bf16 still takes minutes: use the smaller presets there.
+
+    python -m benchmarks.step_traffic --preset wmt14_en_fr --max-tokens 2000 --dtype bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+from benchmarks.machine import machine_info
+from benchmarks.step_profile import MATMUL_OPS
+from convs2s.config import PRESETS, TrainConfig
+from convs2s.model.network import ConvS2S
+from convs2s.train.comm import Comm
+from convs2s.train.optim import build_optimizer
+from convs2s.train.update import train_update
+
+MATMULS = {op.split("::")[1] for op in MATMUL_OPS} | {"_weight_int8pack_mm"}
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _where() -> str:
+    """The code that asked for the operator: the autograd node running it in a backward pass,
+    else the innermost project function on the Python stack."""
+    node = torch._C._current_autograd_node()
+    if node is not None:
+        return f"backward of {node.name()}"
+    f = sys._getframe(2)
+    while f is not None:
+        path = f.f_code.co_filename
+        if "/convs2s/" in path or "/torch/optim/" in path:
+            return f"{path.split('/')[-2]}/{path.split('/')[-1]}:{f.f_code.co_name}"
+        f = f.f_back
+    return "?"
+
+
+class Traffic(TorchDispatchMode):
+    """Counts calls and bytes per (operator, dtypes, where) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = defaultdict(lambda: {"calls": 0, "read": 0, "written": 0})
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in MATMULS and not name.endswith("_") and "out" not in (kwargs or {}):
+            # Zeros of the product's shape and dtype (read off the meta device), not the
+            # product: which operators run and their sizes do not depend on the values, and a
+            # CPU without native bf16 would take minutes per update of the paper's models.
+            meta = func(*tree_map_only(torch.Tensor, lambda t: t.to("meta"), args),
+                        **tree_map_only(torch.Tensor, lambda t: t.to("meta"),
+                                        kwargs or {}))
+            out = torch.zeros(meta.shape, dtype=meta.dtype)
+        else:
+            out = func(*args, **(kwargs or {}))
+        ins, outs = _tensors((args, kwargs)), _tensors(out)
+        in_ptrs = {t.untyped_storage().data_ptr() for t in ins if t.numel()}
+        if not name.endswith("_") and outs and all(
+                t.untyped_storage().data_ptr() in in_ptrs for t in outs):
+            return out  # a view: no kernel, no bytes
+        written = {t.untyped_storage().data_ptr(): _nbytes(t) for t in outs}
+        dtypes = "->".join(sorted({str(t.dtype).split(".")[1] for t in ins}) or ["-"]) + \
+            ("->" + str(outs[0].dtype).split(".")[1] if name in ("_to_copy", "copy_") and outs
+             else "")
+        row = self.rows[(name, dtypes, _where())]
+        row["calls"] += 1
+        row["read"] += sum(_nbytes(t) for t in ins if t.untyped_storage().data_ptr()
+                           not in written or name.endswith("_"))
+        row["written"] += sum(written.values())
+        return out
+
+
+def count(model, optimizer, batch, train_cfg, device) -> dict:
+    """One update's operators under `Traffic` (after one untimed update that builds the
+    optimizer state)."""
+    comm = Comm()
+    train_update(model, optimizer, [batch], train_cfg, comm, device)
+    with Traffic() as t:
+        train_update(model, optimizer, [batch], train_cfg, comm, device)
+    rows = [{"op": op, "dtypes": dt, "where": where, **r, "matmul": op in MATMULS}
+            for (op, dt, where), r in t.rows.items()]
+    rows.sort(key=lambda r: -(r["read"] + r["written"]))
+    other = [r for r in rows if not r["matmul"]]
+    return {"ops_per_update": sum(r["calls"] for r in rows),
+            "matmul_calls": sum(r["calls"] for r in rows if r["matmul"]),
+            "non_matmul_bytes": sum(r["read"] + r["written"] for r in other),
+            "cast_bytes": sum(r["read"] + r["written"] for r in other
+                              if r["op"] in ("_to_copy", "copy_", "clone")),
+            "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from benchmarks.training import make_batches  # the same real batches as the step benchmark
+    from convs2s.train.collate import collate_lists
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.step_traffic", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="wmt14_en_fr", choices=sorted(PRESETS))
+    p.add_argument("--vocab", type=int, default=40_000)
+    p.add_argument("--bpe-vocab", type=int, default=8000)
+    p.add_argument("--max-tokens", type=int, default=2000)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] /
+                   "shared" / "data")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    torch.manual_seed(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        batches, info = make_batches(args, Path(tmp))
+    src, tgt = max(batches, key=lambda b: sum(map(len, b[1])))  # the fullest batch
+    batch = collate_lists(src, tgt)
+    device = torch.device("cpu")
+    model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab).train()
+    train_cfg = TrainConfig(precision=args.dtype)
+    optimizer = build_optimizer(model.parameters(), train_cfg)
+    t0 = time.perf_counter()
+    result = count(model, optimizer, batch, train_cfg, device)
+    tokens = batch.ntokens
+    result.update({"preset": args.preset, "dtype": args.dtype, "tgt_tokens": tokens,
+                   "src_tokens": batch.src_ntokens, "seconds": time.perf_counter() - t0,
+                   "non_matmul_bytes_per_tgt_token": result["non_matmul_bytes"] / tokens,
+                   "cast_bytes_per_tgt_token": result["cast_bytes"] / tokens})
+    print(f"{args.preset} {args.dtype}, {tokens} target tokens: {result['ops_per_update']:,} "
+          f"operator calls ({result['matmul_calls']} matmuls); non-matmul traffic "
+          f"{result['non_matmul_bytes'] / 2**20:,.0f} MiB "
+          f"({result['non_matmul_bytes_per_tgt_token'] / 1024:,.1f} KiB a target token), casts "
+          f"and copies {result['cast_bytes'] / 2**20:,.0f} MiB")
+    for r in result["rows"][:15]:
+        print(f"  {(r['read'] + r['written']) / 2**20:9,.1f} MiB {r['calls']:6}x  {r['op']} "
+              f"({r['dtypes']})  {r['where']}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"benchmark": "step_traffic", "machine":
+                                        machine_info(device), "settings": vars(args) | {
+                                            "data": str(args.data), "out": str(args.out)},
+                                        "data": info, "results": result}, indent=1))
+        print(f"result: {args.out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
