@@ -146,9 +146,12 @@ def run(args: argparse.Namespace) -> dict:
     quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
     load_before = load_average()
     peak_before = matmul_peak(device, dtype, peak_sizes)
+    warmup_s = []  # each untimed step's seconds: with --compile the first holds the compile
     for i in range(args.warmup):
+        t0 = time.perf_counter()
         step(i)
-    synchronize(device)
+        synchronize(device)
+        warmup_s.append(time.perf_counter() - t0)
     rows, losses = [], []
     for i in range(args.warmup, args.warmup + args.steps):
         b = batches[i % len(batches)]
@@ -187,6 +190,7 @@ def run(args: argparse.Namespace) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),
+        "warmup_step_s": [round(x, 3) for x in warmup_s],
         "tgt_tokens_per_step": float(np.mean([r["tgt_tokens"] for r in rows])),
         "tgt_tokens_per_s": rate("tgt_tokens"),
         "tgt_tokens_per_s_overall": sum(r["tgt_tokens"] for r in rows) / total_s,
