@@ -234,9 +234,12 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     model, init_from = cfg.model, None
     if opts.init_from:
         init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
+    pre, batch_note = float32_cpu_batches(cfg, pre, changes, use_gpu,
+                                          opts.precision or cfg.train.precision)
     workers = opts.num_workers or cfg.num_workers
     limits["update_freq"], update_note = update_plan(
         cfg.update_tokens, workers, pre.max_tokens, opts.update_freq, cfg.train.update_freq)
+    update_note = "; ".join(n for n in (batch_note, update_note) if n)
     return RunSpec(
         workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
@@ -250,6 +253,27 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes),
         update_tokens=cfg.update_tokens, update_note=update_note)
+
+
+def float32_cpu_batches(cfg: WorkflowConfig, pre: PreprocessConfig, changes, use_gpu: bool,
+                        precision: str) -> tuple[PreprocessConfig, str]:
+    """`pre` with the preset's float32 CPU batch budget when the run will train in float32 on
+    CPUs (the precision `precision` resolves to on this machine), and a line saying so; `pre`
+    unchanged where the preset has none, on GPUs, in bf16, or under `--set data.max_tokens`."""
+    n = cfg.float32_cpu_max_tokens
+    if not n or use_gpu or n == pre.max_tokens or \
+            any(o.section == "data" and o.field == "max_tokens" for o in changes):
+        return pre, ""
+    import torch
+
+    from convs2s.precision import local_precision
+
+    chosen = local_precision(precision, torch.device("cpu"))
+    if chosen.name != "fp32":
+        return pre, ""
+    return pre.replace(max_tokens=n), (
+        f"batches of {n:,} tokens, not {pre.max_tokens:,}: training in float32 on CPUs "
+        f"({chosen.reason}); --set data.max_tokens=N to choose")
 
 
 def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,

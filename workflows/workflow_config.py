@@ -57,6 +57,12 @@ class WorkflowConfig:
     # keeps it whatever --num-workers, with micro-batches per update = update_tokens / (workers
     # x preprocess.max_tokens) (workflows.run_spec.update_plan); 0: one micro-batch a worker.
     update_tokens: int = 0
+    # The batch budget (preprocess.max_tokens) for a run that trains in float32 on CPUs, what
+    # `--precision auto` picks on a CPU without native bf16: an hour passes the data a third as
+    # often there, and smaller batches (twice the updates) scored higher on val
+    # (docs/benchmarks.md, Multi30k). 0: the preprocess's budget everywhere. `--set
+    # data.max_tokens` overrides it. Decided on the driver's CPU, before the batches are cut.
+    float32_cpu_max_tokens: int = 0
     eval_cpus: float = 1.0  # per evaluation task
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
     # Seconds between samples of each training node's CPU / memory / GPU utilization in the
