@@ -14,13 +14,12 @@ not depend on the values); the fused output layer and loss is one custom operato
 (`convs2s::output_loss`), counted as one, its own products computed, so a 40k vocabulary on a
 CPU without native bf16 still takes minutes: use the smaller presets there.
 
-    python -m benchmarks.step_traffic --preset wmt14_en_fr --max-tokens 2000 --dtype bf16
+    python -m benchmarks.step_traffic --preset iwslt_de_en --max-tokens 2000 --dtype bf16
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import defaultdict
@@ -30,7 +29,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 
-from benchmarks.machine import machine_info
+from benchmarks.corpus import DATA_DIR
+from benchmarks.machine import load_average, machine_info
+from benchmarks.report import RESULTS_DIR, write_result
 from benchmarks.step_profile import MATMUL_OPS
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
@@ -120,22 +121,27 @@ def count(model, optimizer, batch, train_cfg, device) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from benchmarks.training import make_batches  # the same real batches as the step benchmark
-    from convs2s.train.collate import collate_lists
     import tempfile
+
+    from benchmarks.training import DEFAULT_VOCAB, make_batches  # the step benchmark's batches
+    from convs2s.train.collate import collate_lists
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.step_traffic", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="wmt14_en_fr", choices=sorted(PRESETS))
-    p.add_argument("--vocab", type=int, default=40_000)
+    p.add_argument("--preset", default="iwslt_de_en", choices=sorted(PRESETS))
+    p.add_argument("--vocab", type=int, default=0,
+                   help="model vocabulary (default: 8000 for iwslt_de_en, 40k for the paper's)")
     p.add_argument("--bpe-vocab", type=int, default=8000)
     p.add_argument("--max-tokens", type=int, default=2000)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
-    p.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] /
-                   "shared" / "data")
+    p.add_argument("--data", type=Path, default=DATA_DIR, help="the small real corpora")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None,
+                   help="result JSON (default: benchmarks/results/step_traffic_<preset>_<dtype>"
+                        ".json)")
+    p.add_argument("--replace", action="store_true", help="overwrite the result file")
     args = p.parse_args(argv)
+    args.vocab = args.vocab or DEFAULT_VOCAB.get(args.preset, 40_000)
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         batches, info = make_batches(args, Path(tmp))
@@ -145,11 +151,13 @@ def main(argv: list[str] | None = None) -> dict:
     model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab).train()
     train_cfg = TrainConfig(precision=args.dtype)
     optimizer = build_optimizer(model.parameters(), train_cfg)
+    load_before = load_average()
     t0 = time.perf_counter()
     result = count(model, optimizer, batch, train_cfg, device)
     tokens = batch.ntokens
     result.update({"preset": args.preset, "dtype": args.dtype, "tgt_tokens": tokens,
                    "src_tokens": batch.src_ntokens, "seconds": time.perf_counter() - t0,
+                   "data": info,
                    "non_matmul_bytes_per_tgt_token": result["non_matmul_bytes"] / tokens,
                    "cast_bytes_per_tgt_token": result["cast_bytes"] / tokens})
     print(f"{args.preset} {args.dtype}, {tokens} target tokens: {result['ops_per_update']:,} "
@@ -160,13 +168,12 @@ def main(argv: list[str] | None = None) -> dict:
     for r in result["rows"][:15]:
         print(f"  {(r['read'] + r['written']) / 2**20:9,.1f} MiB {r['calls']:6}x  {r['op']} "
               f"({r['dtypes']})  {r['where']}")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"benchmark": "step_traffic", "machine":
-                                        machine_info(device), "settings": vars(args) | {
-                                            "data": str(args.data), "out": str(args.out)},
-                                        "data": info, "results": result}, indent=1))
-        print(f"result: {args.out}")
+    path = args.out or RESULTS_DIR / f"step_traffic_{args.preset}_{args.dtype}.json"
+    path = write_result(path, "step_traffic",
+                        {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                        machine_info(device), load_before, load_average(), {}, result,
+                        replace=args.replace)
+    print(f"result: {path}")
     return result
 
 

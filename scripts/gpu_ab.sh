@@ -20,12 +20,13 @@ shift 3
 if (( $# )); then budgets=("$@"); else budgets=(3000 24000); fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+json_dir=$(mktemp -d)  # this script's own: the JSONs are packed from here, then it goes
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 run() {  # run LABEL DIR TOKENS ROUND
   (cd "$2" && timeout 60 $PY -m benchmarks.training --preset "${PRESET:-wmt14_en_fr}" \
     --device "${DEVICE:-cuda}" --dtype "${DTYPE:-bf16}" --max-tokens "$3" --steps 15 --warmup 3 --profile 2 --data "$data" \
-    --out "$out/ab_$1_$3_$4.json" --replace 2>&1 | grep -E " (cuda|cpu) |GPU busy") \
+    --out "$json_dir/ab_$1_$3_$4.json" --replace 2>&1 | grep -E " (cuda|cpu) |GPU busy") \
     | sed "s/^/$1 $3: /" | tee -a "$out/ab.log"
 }
 for t in "${budgets[@]}"; do
@@ -34,4 +35,4 @@ for t in "${budgets[@]}"; do
     run new . "$t" "$round"
   done
 done
-tar -czf "$out/ab_json.tgz" -C "$out" $(cd "$out" && ls ab_*.json) && (cd "$out" && rm -f ab_*.json)
+tar -czf "$out/ab_json.tgz" -C "$json_dir" . && rm -rf "$json_dir"

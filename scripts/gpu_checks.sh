@@ -69,14 +69,15 @@ step gpu-tests 120 $PY -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_translate.py
 
 if [[ -n "${LOOP_DATA:-}" ]]; then
+  run_root=$(mktemp -d)  # the runs' checkpoints: a folder of this script's own, removed after
   loop=(--train-data "$LOOP_DATA/batches/train" --valid-data "$LOOP_DATA/batches/valid"
         --spm-model "$(ls "$LOOP_DATA"/spm/spm.model "$LOOP_DATA"/spm.model 2>/dev/null | head -1)"
-        --model small --storage-path "$out/loop" --run-name gpu --device cuda --precision bf16
+        --model small --storage-path "$run_root" --run-name gpu --device cuda --precision bf16
         --set checkpoint_interval=100)
   step "loop 200 updates" 90 $PY -m convs2s train "${loop[@]}" --max-updates 200
   step "loop resumed to 300" 90 $PY -m convs2s train "${loop[@]}" --max-updates 300
-  cp "$out/loop/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
-  rm -rf "$out/loop"  # checkpoints stay on the machine; $OUT brings back the metrics
+  cp "$run_root/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
+  rm -rf "$run_root"
 fi
 
 train "en-fr fp32 3000" 80 $fr fp32 3000 --steps 20 --warmup 3 \

@@ -91,6 +91,24 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
 
 
+def test_step_traffic_counts_an_updates_operators_and_bytes(shared_data, tmp_path):
+    from benchmarks import step_traffic
+
+    out = tmp_path / "traffic.json"
+    step_traffic.main(["--preset", "tiny", "--bpe-vocab", "500", "--max-tokens", "600",
+                       "--dtype", "bf16", "--data", str(shared_data), "--out", str(out)])
+    r = _check_result(out, "step_traffic")["results"]
+    rows = r["rows"]
+    assert r["ops_per_update"] == sum(x["calls"] for x in rows) > r["matmul_calls"] > 0
+    # bf16 autocast casts the float32 weights: the casts are counted, and where they came from
+    casts = [x for x in rows if x["op"] == "_to_copy" and x["dtypes"] == "float32->bfloat16"]
+    assert casts and all(x["written"] > 0 for x in casts)
+    assert any(x["where"].startswith("backward of ") for x in rows)
+    assert 0 < r["cast_bytes"] < r["non_matmul_bytes"]
+    assert r["non_matmul_bytes_per_tgt_token"] == pytest.approx(
+        r["non_matmul_bytes"] / r["tgt_tokens"])
+
+
 def test_generation_benchmark_writes_result(shared_data, tmp_path):
     from benchmarks import generation
 

@@ -70,7 +70,8 @@ def cpu() -> WorkflowConfig:
     - batches of 2,000 tokens, not 4,000, where training runs in float32 on CPUs
       (`float32_cpu_max_tokens`): on an AMD EPYC without AVX-512 or bf16, twice the updates of
       half the size reached val 39.1 / 39.1 (best / average of 5) against 37.87 / 38.08 (3,945
-      against 1,870 updates in the hour, the same tokens a second); bf16 hosts keep 4,000;
+      against 1,870 updates in the hour; two hours of one host type and day); bf16 hosts
+      keep 4,000;
     - the average of the last 5 epoch checkpoints is scored beside the best one.
     """
     ref = reference()
