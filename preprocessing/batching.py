@@ -118,10 +118,17 @@ def batch_window(group: pa.Table, *, max_tokens: int, max_sentences: int | None,
 
 
 def batch_stats(kept: pa.Table) -> dict[str, int]:
-    """PartSink counts of kept batch rows: batches, tokens, padded tokens and slots."""
+    """PartSink counts of kept batch rows: batches, tokens, padded tokens and slots, and the
+    longest source and target sentence (PartSink keeps the largest of a `longest_` count): with
+    the budget they give the data's largest step (convs2s.train.memory_fit)."""
+    def longest(column: str) -> int:
+        lengths = pc.list_value_length(pc.list_flatten(kept[column]))
+        return int(pc.max(lengths).as_py() or 0) if len(lengths) else 0
+
     return {"batches": kept.num_rows,
             **{k: int(pc.sum(kept[k]).as_py() or 0)
-               for k in ("src_tokens", "tgt_tokens", "padded_tokens", "padded_slots")}}
+               for k in ("src_tokens", "tgt_tokens", "padded_tokens", "padded_slots")},
+            "longest_src": longest("src"), "longest_tgt": longest("tgt")}
 
 
 def n_windows_for(rows: int, shuffle_window: int) -> int:

@@ -100,8 +100,9 @@ class PartSink(Datasink):
         parts: list[int] = []
         for r in write_result.write_returns:
             parts += r["parts"]
-            for k, v in r["stats"].items():
-                totals[k] = totals.get(k, 0) + int(v)
+            for k, v in r["stats"].items():  # counts add up; a `longest_` count is a maximum
+                totals[k] = max(totals.get(k, 0), int(v)) if k.startswith("longest_") else \
+                    totals.get(k, 0) + int(v)
         if len(parts) != len(set(parts)):  # two tasks wrote the same file: rows were lost
             twice = sorted({p for p in parts if parts.count(p) > 1})[:5]
             raise RuntimeError(f"{self.label}: parts {twice} were written by two write tasks; "

@@ -198,6 +198,8 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
             # how full the token budget is: sum of n * max(S, T) / (batches * max_tokens)
             "budget_fill": round(t["padded_tokens"] / max(1, t["batches"] * cfg.max_tokens), 4),
             "max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
+            # pieces, EOS included: the largest step of the data is the budget filled with them
+            "longest": {"src": t.get("longest_src", 0), "tgt": t.get("longest_tgt", 0)},
             "vocab_path": enc_m["vocab_path"], "vocab_size": enc_m["vocab_size"]}
 
 

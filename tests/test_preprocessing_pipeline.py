@@ -89,10 +89,12 @@ def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
         encoded = {r["id"]: r for r in read_rows(f"{out.root}/encoded/{split}")}
         clean_ids = [r["id"] for r in read_rows(f"{out.root}/clean/{split}")]
         assert sorted(encoded) == clean_ids
-        batched = []
+        batched, longest_src, longest_tgt = [], 0, 0
         for b in read_rows(out.batches[split]):
             longest = max(max(len(s), len(t)) for s, t in zip(b["src"], b["tgt"]))
             assert len(b["id"]) * longest == b["padded_tokens"] <= cfg.max_tokens
+            longest_src = max([longest_src] + [len(s) for s in b["src"]])
+            longest_tgt = max([longest_tgt] + [len(t) for t in b["tgt"]])
             assert len(b["id"]) <= cfg.max_sentences
             for i, s, t in zip(b["id"], b["src"], b["tgt"]):
                 assert (s, t) == (encoded[i]["src"], encoded[i]["tgt"])
@@ -100,6 +102,9 @@ def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
         assert sorted(batched) == clean_ids  # once each: no loss, no duplicate
         m = out.manifests[f"batches/{split}"]
         assert 0.5 < m["padding_efficiency"] <= 1.0
+        # the longest sentences, which with the budget give the data's largest training step
+        # (convs2s.train.memory_fit), over all the split's parts
+        assert m["longest"] == {"src": longest_src, "tgt": longest_tgt}
 
 
 def test_batch_rows_survive_ray_data_read_parquet(newstest):

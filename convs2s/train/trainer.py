@@ -64,6 +64,7 @@ from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
+from convs2s.train.memory_fit import WorstStep, check_fits
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
@@ -179,6 +180,7 @@ class Trainer:
         self.cfg = self.cfg.replace(precision=self.precision.name)
         if self.rank == 0:  # (its tags go to the run with the logger's, from restore)
             _say(f"[convs2s.train] precision {self.precision.name}: {self.precision.reason}")
+        self._check_memory_fit()
         # Set by restore(), which then opens the logger, the data shards and the meter (in the
         # order the loop always made them: after the checkpoint is loaded).
         self.progress = Progress()
@@ -201,6 +203,31 @@ class Trainer:
         # clock at the start of the timed probe
         self.dropout_choice: dict | None = None
         self._probe_start: float | None = None
+
+    def _check_memory_fit(self) -> None:
+        """On a GPU, the data's largest step once before training: a token budget this GPU
+        cannot hold stops the run now, naming the largest that fits (convs2s.train.memory_fit)."""
+        if self.device.type != "cuda":
+            return
+        worst = WorstStep.of_data(self.job.train_data, self.net.max_positions)
+        if worst is None:
+            if self.rank == 0:
+                _say("[convs2s.train] GPU memory not checked before training: the batches' "
+                     "manifest does not record their longest sentences (cut them again to "
+                     "have it)")
+            return
+        param_bytes = sum(p.numel() * p.element_size() for p in self.net.parameters())
+        # what the first update adds to the probed step: the momentum buffers, and DDP's
+        # gradient buckets on more than one rank
+        extra = param_bytes * (int(self.cfg.momentum > 0) + int(self.world > 1))
+        peak = check_fits(self.net, worst, self.precision, self.device,
+                          self.job.tgt_vocab_size or self.job.vocab_size,
+                          self.cfg.label_smoothing, extra)
+        if self.rank == 0:
+            n, s, t = worst.shape()
+            _say(f"[convs2s.train] GPU memory: the data's largest step ({n} x {s} source / "
+                 f"{t} target pieces) peaks at {peak / 2**30:.1f} GiB "
+                 f"(+{extra / 2**30:.1f} GiB for the update)")
 
     # --- resuming ---------------------------------------------------------------------------
 

@@ -1,0 +1,165 @@
+"""Whether the data's token budget fits the GPU's memory, known before the first update.
+
+Batches are cut before training (`preprocessing`: n sentences x max(S, T) <= max_tokens), so
+the largest step a run will take is known from its data: as many of the longest sentences as
+the budget holds. On a GPU each rank runs that step once (forward, fused loss, backward, in the
+run's precision) before training starts. If it runs out of memory, or its peak plus what the
+first update adds (the optimizer's momentum, DDP's gradient buckets) is over what this process
+may use, the run stops at once with the largest budget whose worst step fits, found by
+bisection on the same probe (issue 37: "a --max-tokens a GPU's memory cannot hold fails before
+training with the largest budget that fits"), instead of an out-of-memory error hours into an
+epoch, when a long batch first comes.
+
+    worst = WorstStep.of_data(files_folder, max_positions)   # from the batches' manifest
+    check_fits(net, worst, precision, device, vocab, extra_bytes=...)  # raises BudgetTooLarge
+
+On the CPU nothing is checked (a host's memory is not a fixed card's, and the operating system
+swaps before it refuses).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from convs2s.config import EOS
+from convs2s.train.collate import Batch, collate_lists
+from storage import location
+
+# The share of what this process may use that the probed step may reach: the allocator's
+# fragmentation, cuBLAS workspaces and the varying shapes of real batches need the rest.
+HEADROOM = 0.92
+STEP = 500  # the largest fitting budget is reported to this many tokens
+
+
+class BudgetTooLarge(ValueError):
+    """The data's token budget does not fit this GPU; the message names the largest that does."""
+
+
+@dataclass(frozen=True)
+class WorstStep:
+    """The most memory a batch of the data can take: the budget filled with its longest
+    sentences (n x max(S, T) <= max_tokens, the budget's own measure)."""
+
+    max_tokens: int
+    longest_src: int  # pieces, EOS included
+    longest_tgt: int
+
+    def shape(self, budget: int | None = None) -> tuple[int, int, int]:
+        """(sentences, S, T) of the worst batch under `budget` (default: the data's own):
+        sentences longer than a smaller budget would not be in its batches at all."""
+        budget = budget or self.max_tokens
+        s, t = min(self.longest_src, budget), min(self.longest_tgt, budget)
+        return max(1, budget // max(s, t)), s, t
+
+    @classmethod
+    def of_data(cls, batches_folder, max_positions: int) -> WorstStep | None:
+        """From the manifest preprocessing wrote beside the batches (`max_tokens`, `longest`);
+        None when it does not say (batches cut before the longest sentence was recorded)."""
+        path = location(batches_folder) / "manifest.json"
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        longest = manifest.get("longest") or {}
+        if not manifest.get("max_tokens") or not longest.get("src") or not longest.get("tgt"):
+            return None
+        return cls(int(manifest["max_tokens"]), min(int(longest["src"]), max_positions),
+                   min(int(longest["tgt"]), max_positions))
+
+
+def worst_batch(worst: WorstStep, vocab: int, budget: int | None = None, seed: int = 0) -> Batch:
+    """A batch of the worst shape under `budget`: random pieces, every sentence full length."""
+    n, s, t = worst.shape(budget)
+    rng = np.random.default_rng(seed)
+    src = rng.integers(4, vocab, size=(n, s))
+    tgt = rng.integers(4, vocab, size=(n, t))
+    src[:, -1] = tgt[:, -1] = EOS
+    return collate_lists(src.tolist(), tgt.tolist())
+
+
+def probe_peak(net: torch.nn.Module, batch: Batch, autocast, device: torch.device,
+               label_smoothing: float) -> int:
+    """Peak bytes allocated on `device` over one forward, fused loss and backward of `batch`
+    (the gradients are dropped after). Raises torch.cuda.OutOfMemoryError when it does not fit."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    batch = batch.to(device)
+    try:
+        with autocast:
+            loss, _ = net(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
+                          target=batch.target, label_smoothing=label_smoothing,
+                          target_rows=batch.target_rows)
+        loss.backward()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+    finally:
+        loss = None
+        net.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+
+
+def largest_fitting(fits: Callable[[int], bool], below: int, step: int = STEP) -> int:
+    """The largest multiple of `step` under `below` for which `fits` holds, assuming a smaller
+    budget never takes more memory (bisection); 0 when not even `step` fits."""
+    lo, hi = 0, (below - 1) // step  # fits(lo * step) holds (0: trivially), fits(> hi) unknown
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * step):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * step
+
+
+def check_fits(net: torch.nn.Module, worst: WorstStep, precision, device: torch.device,
+               vocab: int, label_smoothing: float, extra_bytes: int = 0) -> int | None:
+    """Run the data's worst step once on `device` (a GPU; the CPU is not checked: None) and
+    return its peak bytes; raise `BudgetTooLarge`, naming the largest budget that fits, when it
+    runs out of memory or its peak plus `extra_bytes` (what the first update adds) is over
+    HEADROOM of what this process may use."""
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    # what this process may use: what is free and what it holds, within its allocator's
+    # limit (torch.cuda.set_per_process_memory_fraction, 1 unless set)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)(device)
+    usable = HEADROOM * min(free + torch.cuda.memory_allocated(device), fraction * total)
+    autocast = precision.autocast(device)
+    was_training = net.training
+    net.train()  # dropout masks are part of what backward keeps
+
+    def peak_at(budget: int | None) -> int | None:
+        try:
+            return probe_peak(net, worst_batch(worst, vocab, budget), autocast, device,
+                              label_smoothing)
+        except torch.cuda.OutOfMemoryError:
+            return None
+
+    try:
+        peak = peak_at(None)
+        if peak is not None and peak + extra_bytes <= usable:
+            return peak
+        best = largest_fitting(lambda b: (p := peak_at(b)) is not None and
+                               p + extra_bytes <= usable, worst.max_tokens)
+    finally:
+        net.train(was_training)
+    n, s, t = worst.shape()
+    need = "ran out of memory" if peak is None else \
+        f"needs {(peak + extra_bytes) / 2**30:.1f} GiB"
+    name = torch.cuda.get_device_name(device)
+    fix = (f"the largest budget that fits is {best:,} tokens: cut the batches again with "
+           f"--set data.max_tokens={best} (a workflow) or --max-tokens {best} (python -m "
+           "preprocessing); the cleaned, BPE and encoded stages are reused, and --update-freq "
+           "keeps the update's tokens") if best else \
+        f"not even {STEP} tokens fit: use a smaller model or a GPU with more memory"
+    raise BudgetTooLarge(
+        f"the data's token budget ({worst.max_tokens:,} tokens a batch) does not fit on "
+        f"{name} ({total / 2**30:.0f} GiB, {usable / 2**30:.1f} GiB usable by this process): "
+        f"its largest batch, {n} sentences of {s} source and {t} target pieces, {need} "
+        f"(forward, loss and backward in {precision.name}, plus "
+        f"{extra_bytes / 2**30:.1f} GiB the first update adds); {fix}")

@@ -1,0 +1,87 @@
+"""A token budget the GPU cannot hold fails before training, naming the largest that fits
+(convs2s/train/memory_fit.py): the data's largest step is the budget filled with its longest
+sentences, probed once on the rank's GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from convs2s.config import EOS, PAD, PRESETS
+from convs2s.model.network import ConvS2S
+from convs2s.precision import Precision
+from convs2s.train.memory_fit import (HEADROOM, STEP, BudgetTooLarge, WorstStep, check_fits,
+                                      largest_fitting, worst_batch)
+
+
+def test_the_worst_batch_fills_the_budget_with_the_longest_sentences():
+    worst = WorstStep(max_tokens=3000, longest_src=120, longest_tgt=140)
+    assert worst.shape() == (21, 120, 140)  # 21 x max(120, 140) = 2,940 <= 3,000
+    batch = worst_batch(worst, vocab=500)
+    assert batch.src_tokens.shape == (21, 120) and batch.target.shape == (21, 140)
+    assert (batch.target[:, -1] == EOS).all() and not (batch.target == PAD).any()
+    assert batch.ntokens == 21 * 140 and len(batch.target_rows) == 21 * 140
+    # under a smaller budget, sentences longer than it would not be in any batch
+    assert worst.shape(1000) == (7, 120, 140) and worst.shape(100) == (1, 100, 100)
+
+
+def test_the_worst_step_comes_from_the_manifest_preprocessing_wrote(tmp_path):
+    folder = tmp_path / "batches" / "train"
+    folder.mkdir(parents=True)
+    assert WorstStep.of_data(folder, max_positions=1024) is None  # no manifest
+    (folder / "manifest.json").write_text(json.dumps({"max_tokens": 4000}))
+    assert WorstStep.of_data(folder, max_positions=1024) is None  # cut before `longest`
+    (folder / "manifest.json").write_text(json.dumps(
+        {"max_tokens": 4000, "longest": {"src": 300, "tgt": 90}}))
+    assert WorstStep.of_data(folder, max_positions=256) == WorstStep(4000, 256, 90)
+
+
+def test_the_largest_fitting_budget_is_found_by_bisection():
+    asked = []
+
+    def fits(budget: int) -> bool:
+        asked.append(budget)
+        return budget <= 7300
+
+    assert largest_fitting(fits, below=24000) == 7000
+    assert len(asked) <= 6 and all(b % STEP == 0 and b < 24000 for b in asked)
+    assert largest_fitting(lambda b: False, below=24000) == 0
+    assert largest_fitting(lambda b: True, below=24000) == 23500
+
+
+def test_the_cpu_is_not_checked():
+    net = ConvS2S(PRESETS["tiny"](), 100, 100)
+    worst = WorstStep(10**9, 1024, 1024)  # would never fit anywhere
+    assert check_fits(net, worst, Precision("fp32", "test"), torch.device("cpu"), 100,
+                      0.1) is None
+
+
+@pytest.mark.gpu
+def test_a_budget_the_gpu_cannot_hold_fails_with_the_largest_that_does():
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    net = ConvS2S(PRESETS["iwslt_de_en"](), 8000, 8000).to(device)
+    precision = Precision("bf16", "test")
+    base = torch.cuda.memory_allocated(device)  # the weights
+    peak = check_fits(net, WorstStep(2000, 60, 60), precision, device, 8000, 0.1)
+    assert peak and peak > base + sum(p.numel() * 4 for p in net.parameters())  # + gradients
+    assert not any(p.grad is not None for p in net.parameters())  # the probe leaves none
+    # This process may use what a 2,000-token step takes plus four times its activations and
+    # gradients (its allocator refuses more): 40,000 tokens cannot fit, and the message names
+    # a budget whose own worst step passes the same check.
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction((base + 5 * (peak - base)) / HEADROOM / total,
+                                               device)
+    try:
+        huge = WorstStep(max_tokens=40000, longest_src=200, longest_tgt=200)
+        with pytest.raises(BudgetTooLarge, match=r"largest budget that fits is [\d,]+ tokens") \
+                as err:
+            check_fits(net, huge, precision, device, 8000, 0.1)
+        best = int(str(err.value).split("largest budget that fits is ")[1].split(" ")[0]
+                   .replace(",", ""))
+        assert 2000 <= best < 40000 and f"--max-tokens {best}" in str(err.value)
+        assert check_fits(net, WorstStep(best, 200, 200), precision, device, 8000, 0.1)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
