@@ -1,21 +1,30 @@
 """The reference implementation's training step on given batches: run with the reference's own
-interpreter (the scratch environment of scripts/fairseq_fixtures.sh), never the project's.
+interpreter (the scratch environment of scripts/fairseq_fixtures.sh, or the wheels
+scripts/fairseq_wheels.sh fetches for a GPU machine), never the project's.
 
 `python -m benchmarks.training --dump-batches batches.json ...` writes the batches it times
 (token ids, EOS-terminated); this script times the reference's `fconv` model of the same
 architecture on them: forward, label-smoothed loss summed over the target tokens, backward,
-gradient clipping and a Nesterov SGD step (the reference recipe: momentum 0.99, clip 0.1),
-float32 on the CPU, one step per batch, after untimed warm-up steps:
+gradient clipping and a Nesterov SGD step (the reference recipe: momentum 0.99, clip 0.1), one
+step per batch, after untimed warm-up steps. Each batch's padded tensors are built once, before
+the timing; a timed step moves them to the device, as the project's step does, and on a GPU
+ends with a synchronize. The optimizer is torch's SGD (foreach on a GPU), not the reference's
+own per-parameter NAG loop: if anything, faster than the reference as it ships.
 
     python scripts/fairseq_training_speed.py --batches batches.json --arch fconv_iwslt_de_en \
         --vocab 8000 --steps 10 --warmup 2 --threads 2 --out result.json
+    python scripts/fairseq_training_speed.py --batches b.json --arch fconv_wmt_en_fr \
+        --vocab 40000 --device cuda --dtype bf16 --out ref.json     # one GPU
 
+`--dtype bf16` runs the forward passes under bf16 autocast, the project's own bf16 mode (the
+reference's `--bf16` instead trains a bf16 copy of the model behind float32 master weights).
 The result holds each timed step's seconds and target tokens, and the median tokens/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -32,6 +41,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: the forward passes under bf16 autocast")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -51,10 +63,13 @@ def main() -> None:
     ARCH_CONFIG_REGISTRY[args.arch](margs)
     model = ARCH_MODEL_REGISTRY[args.arch].build_model(
         margs, SimpleNamespace(source_dictionary=d, target_dictionary=d))
-    model.train()
+    device = torch.device(args.device)
+    model = model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.25, momentum=0.99, nesterov=True)
     pad, eos = d.pad(), d.eos()
     batches = json.loads(open(args.batches).read())
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.dtype == "bf16" \
+        else contextlib.nullcontext()
 
     def tensors(src, tgt):
         S, T = max(map(len, src)), max(map(len, tgt))
@@ -65,19 +80,25 @@ def main() -> None:
             s[i, S - len(a):] = torch.tensor(a)  # left padded, as the reference's task pads
             target[i, :len(b)] = torch.tensor(b)
             prev[i, :len(b)] = torch.tensor([eos] + b[:-1])
-        return s, torch.tensor([len(a) for a in src]), prev, target
+        return (s, torch.tensor([len(a) for a in src]), prev, target), sum(map(len, tgt))
+
+    prepared = [tensors(*b) for b in batches]  # built once, outside the timing
 
     def step(i):
-        src, lengths, prev, target = tensors(*batches[i % len(batches)])
-        out = model(src, lengths, prev)
-        lprobs = model.get_normalized_probs(out, log_probs=True).view(-1, out[0].size(-1))
-        loss, _ = label_smoothed_nll_loss(lprobs, target.view(-1, 1), args.label_smoothing,
-                                          ignore_index=pad, reduce=True)
+        cpu, tokens = prepared[i % len(prepared)]
+        src, lengths, prev, target = (t.to(device) for t in cpu)
+        with autocast:
+            out = model(src, lengths, prev)
+            lprobs = model.get_normalized_probs(out, log_probs=True).view(-1, out[0].size(-1))
+            loss, _ = label_smoothed_nll_loss(lprobs, target.view(-1, 1), args.label_smoothing,
+                                              ignore_index=pad, reduce=True)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
         opt.step()
-        return int(target.ne(pad).sum())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return tokens
 
     for i in range(args.warmup):
         step(i)
@@ -87,7 +108,9 @@ def main() -> None:
         tokens = step(i)
         rows.append({"seconds": time.perf_counter() - t0, "tgt_tokens": tokens})
     with open(args.out, "w") as f:
-        json.dump({"arch": args.arch, "threads": torch.get_num_threads(), "per_step": rows,
+        json.dump({"arch": args.arch, "threads": torch.get_num_threads(), "device":
+                   torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                   "dtype": args.dtype, "per_step": rows,
                    "tgt_tokens_per_s": statistics.median(r["tgt_tokens"] / r["seconds"]
                                                          for r in rows),
                    "torch": torch.__version__}, f)

@@ -5,6 +5,8 @@
 #   1. benchmarks.training, the paper's En-Fr model in bf16 at the paper's 3,000 tokens per GPU
 #      and at the paper's whole 24,000-token update in one step, each with --profile (GPU-busy
 #      time from kernel events, kernels, launches and host syncs per step, phases),
+#      then, with REF_WHEELS set (a folder from scripts/fairseq_wheels.sh), the reference
+#      implementation's step on the same 3,000-token batches, bf16 autocast and float32,
 #   2. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
 #   3. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
@@ -15,7 +17,7 @@
 #   6. last (compiling takes minutes): the En-Fr bf16 step with the model compiled through the
 #      loss (--compile inductor, one dynamic graph), beside step 1's eager figure.
 #
-#   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]      (LOOP_DATA=..., DEADLINE=... optional)
+#   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]  (LOOP_DATA=, REF_WHEELS=, DEADLINE= optional)
 #
 # DATA_DIR holds wmt14-en-de/newstest2013+2014 and wmt14-en-fr/newstest2012+2013 (default
 # ../shared/data). The script goes on after a failure; the last line says which steps failed
@@ -59,10 +61,22 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
 
 fr=wmt14_en_fr
+work=$(mktemp -d)  # this script's own scratch (the timed batches, the reference's packages)
 train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
-  --out "$out/training_${fr}_cuda_bf16.json"
+  --dump-batches "$work/batches_3000.json" --out "$out/training_${fr}_cuda_bf16.json"
 train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
   --out "$out/training_${fr}_cuda_bf16_24k.json"
+
+if [[ -n "${REF_WHEELS:-}" ]]; then  # the reference on the same batches (issue 37: >= 2x)
+  step "reference install" 60 $PY -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target "$work/ref" "$REF_WHEELS"/*.whl
+  for dtype in bf16 fp32; do
+    step "reference en-fr $dtype 3000" 90 env PYTHONPATH="$work/ref" \
+      $PY scripts/fairseq_training_speed.py --batches "$work/batches_3000.json" \
+      --arch fconv_wmt_en_fr --vocab 40000 --device cuda --dtype $dtype --steps 30 --warmup 5 \
+      --out "$out/training_${fr}_cuda_${dtype}_reference.json"
+  done
+fi
 
 step gpu-tests 120 $PY -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_model.py tests/test_loss.py tests/test_checkpoint.py tests/test_train_step.py \
@@ -96,5 +110,6 @@ train "en-fr bf16 3000 compiled" 300 $fr bf16 3000 --steps 20 --warmup 4 --compi
   --out "$out/training_${fr}_cuda_bf16_compiled.json"
 unset TORCH_LOGS
 
+rm -rf "$work"
 echo "failed steps: ${failed[*]:-none}; skipped: ${skipped[*]:-none}"
 [[ ${#failed[@]} -eq 0 ]]
