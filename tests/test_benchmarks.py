@@ -342,3 +342,35 @@ def test_the_suite_profile_records_each_phase_and_sums_them_per_file():
     (per_file,) = res["per_file"]
     assert per_file["name"] == "test_two.py"
     assert per_file["wall_s"] == pytest.approx(sum(r["wall"] for r in rows), abs=0.1)
+
+
+def test_the_process_profile_gives_each_kind_of_process_its_cpu(tmp_path):
+    """benchmarks.process_cpu: a command's CPU, by the kind of process that used it (a child
+    that burns 0.6 s is counted under its own command line; a sleeping one costs nothing), and
+    Ray's processes named by their titles."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks.process_cpu import kind
+
+    (tmp_path / "burner.py").write_text(
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass\n")
+    burn = ("import subprocess, sys, time\n"
+            f"c = subprocess.Popen([sys.executable, {str(tmp_path / 'burner.py')!r}])\n"
+            "time.sleep(1.0)\nc.wait()\n")
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.process_cpu", "--interval", "0.05",
+                           "--out", str(out), "--", sys.executable, "-c", burn],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())["results"]
+    kinds = {k["kind"]: k for k in res["kinds"]}
+    burner = [k for name, k in kinds.items() if "burner" in name]
+    assert len(burner) == 1 and 0.5 <= burner[0]["cpu_s"] <= 1.0, res["kinds"]
+    assert res["wall_s"] >= 1.0 and res["cpu_s"] >= burner[0]["cpu_s"]
+    assert kind("ray::RayTrainWorker.__init__ ") == "ray::RayTrainWorker.__init__"
+    assert kind("/x/bin/python -u /x/ray/_private/log_monitor.py --x") == "ray daemon: log monitor"
+    assert kind("/x/ray/core/src/ray/raylet/raylet --raylet_socket_name=a") == \
+        "ray daemon: raylet"
