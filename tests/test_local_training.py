@@ -96,6 +96,27 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert "--set 'lr': give KEY=VALUE" in capsys.readouterr().err
 
 
+def test_an_update_the_data_cannot_fill_is_one_line_before_training(demo_batches, tmp_path,
+                                                                     capsys):
+    """An update of more micro-batches than the training split holds for a worker would train
+    nothing: refused before the loop, naming the counts and the fixes."""
+    from convs2s.train.data import TrainFiles, check_updates_fill
+    from convs2s.train.local import main
+
+    d = demo_batches
+    batches = TrainFiles.scan(d.batches["train"]).total
+    rc = main(["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+               "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(tmp_path),
+               "--run-name", "x", "--update-freq", str(batches + 1), "--max-updates", "5"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"the training split has {batches:,} batch(es)" in err and "--update-freq" in err
+    assert not (tmp_path / "x").exists()  # nothing started
+    check_updates_fill(10, world=2, update_freq=5)  # 5 rows a worker: one whole update
+    with pytest.raises(ValueError, match=r"4 for each of 2 worker\(s\), and an update takes 5"):
+        check_updates_fill(9, world=2, update_freq=5)
+
+
 @pytest.mark.slow
 def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone_on_alone(
         demo_batches, tmp_path, ray_session):

@@ -18,6 +18,7 @@ from convs2s.io.staging import weights_stamp
 from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
 from storage import location
+from workflows.errors import SpecError
 from workflows.run_spec import RunSpec, preprocess_params
 from workflows.run_state import StageContext, digest
 
@@ -84,8 +85,9 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
     """One Ray Train run per ensemble member; a run finished with the same settings is skipped.
     `datasets` (convs2s.tracking.runs.DatasetRecord) are logged as each run's MLflow inputs, `tags`
     set on each run."""
-    from convs2s.train.launch import fit
+    from convs2s.train.data import check_updates_fill
     from convs2s.train.job import TrainJob, TrainResult
+    from convs2s.train.launch import fit
 
     results = []
     for k in range(spec.ensemble.runs):
@@ -108,6 +110,11 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                  _update(spec, train), _limits(train))
         if spec.update_note:
             log.warning("%s: %s", name, spec.update_note)
+        try:  # the same check fit makes, as the command line's one line (exit 2)
+            check_updates_fill(out.manifests["batches/train"]["batches"], spec.num_workers,
+                               train.update_freq)
+        except ValueError as err:
+            raise SpecError(f"{name}: {err}") from None
         train_tags = {**(tags or {}), "convs2s.stage": "train"}
         job = TrainJob(model=spec.model, train=train, train_data=out.batches["train"],
                        valid_data=out.batches["valid"], spm_model=out.spm_model,

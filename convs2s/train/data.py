@@ -150,4 +150,16 @@ def split_files(train_data: str, valid_data: str) -> tuple[TrainFiles, TrainFile
     return found[0], found[1]
 
 
+def check_updates_fill(batches: int, world: int, update_freq: int) -> None:
+    """Refuse, before a worker starts, an update the training split cannot fill: each of the
+    `world` ranks trains `batches // world` batch rows an epoch, `update_freq` to an update."""
+    per_rank = batches // world
+    if per_rank < update_freq:
+        raise ValueError(
+            f"the training split has {batches:,} batch(es), {per_rank:,} for each of "
+            f"{world} worker(s), and an update takes {update_freq} a worker: not one update "
+            "could be trained. Use fewer workers, a smaller --update-freq, or smaller batches "
+            "(a smaller max_tokens cuts more of them)")
+
+
 STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)

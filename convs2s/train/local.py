@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 from convs2s.io.checkpoint import BEST_DIR, META_FILE, list_checkpoints
-from convs2s.train.data import split_files
+from convs2s.train.data import check_updates_fill, split_files
 from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
 from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
@@ -37,6 +37,7 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     files, valid_files = split_files(job.train_data, job.valid_data)
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
+    check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
     # MLflow only when the job names a tracking URI or a run (rank 0 opens it, as on Ray)
     tracked = bool(job.tracking_uri or job.run_id) and runtime.rank == 0
     if tracked:
