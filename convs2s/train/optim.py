@@ -43,7 +43,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter],
 
     Parameters on a GPU get the fused implementation (one kernel for every parameter instead of
     a few per tensor list: the step's optimizer launches stop depending on the parameter count);
-    elsewhere PyTorch's default (foreach on CPU)."""
+    elsewhere PyTorch's default (on the CPU, its loop over the tensors one by one)."""
     params = list(params)
     fused = bool(params) and all(p.device.type == "cuda" for p in params)
     if cfg.optimizer == "adam":
