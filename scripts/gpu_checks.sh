@@ -62,20 +62,24 @@ torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
 
 fr=wmt14_en_fr
 work=$(mktemp -d)  # this script's own scratch (the timed batches, the reference's packages)
+trap 'rm -rf "$work"' EXIT
 train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
   --dump-batches "$work/batches_3000.json" --out "$out/training_${fr}_cuda_bf16.json"
 train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
   --out "$out/training_${fr}_cuda_bf16_24k.json"
 
-if [[ -n "${REF_WHEELS:-}" ]]; then  # the reference on the same batches (issue 37: >= 2x)
+# the reference on the same batches as this project's step of the same dtype (issue 37: >= 2x)
+if [[ -n "${REF_WHEELS:-}" && -f "$work/batches_3000.json" ]]; then
   step "reference install" 60 $PY -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --target "$work/ref" "$REF_WHEELS"/*.whl
-  for dtype in bf16 fp32; do
-    step "reference en-fr $dtype 3000" 90 env PYTHONPATH="$work/ref" \
+  ref() {  # ref DTYPE STEPS WARMUP: the steps and warm-up of this project's run of that dtype
+    step "reference en-fr $1 3000" 90 env PYTHONPATH="$work/ref" \
       $PY scripts/fairseq_training_speed.py --batches "$work/batches_3000.json" \
-      --arch fconv_wmt_en_fr --vocab 40000 --device cuda --dtype $dtype --steps 30 --warmup 5 \
-      --out "$out/training_${fr}_cuda_${dtype}_reference.json"
-  done
+      --arch fconv_wmt_en_fr --vocab 40000 --device cuda --dtype "$1" --steps "$2" \
+      --warmup "$3" --out "$out/training_${fr}_cuda_${1}_reference.json"
+  }
+  ref bf16 30 5
+  ref fp32 20 3
 fi
 
 step gpu-tests 120 $PY -m pytest -q -m gpu -p no:cacheprovider \
@@ -110,6 +114,5 @@ train "en-fr bf16 3000 compiled" 300 $fr bf16 3000 --steps 20 --warmup 4 --compi
   --out "$out/training_${fr}_cuda_bf16_compiled.json"
 unset TORCH_LOGS
 
-rm -rf "$work"
 echo "failed steps: ${failed[*]:-none}; skipped: ${skipped[*]:-none}"
 [[ ${#failed[@]} -eq 0 ]]

@@ -16,15 +16,18 @@ from convs2s.train.memory_fit import (HEADROOM, STEP, BudgetTooLarge, WorstStep,
                                       largest_fitting, worst_batch)
 
 
-def test_the_worst_batch_fills_the_budget_with_the_longest_sentences():
+def test_the_worst_batch_fills_the_budget_on_both_sides_with_the_longest_it_can():
     worst = WorstStep(max_tokens=3000, longest_src=120, longest_tgt=140)
-    assert worst.shape() == (21, 120, 140)  # 21 x max(120, 140) = 2,940 <= 3,000
-    batch = worst_batch(worst, vocab=500)
-    assert batch.src_tokens.shape == (21, 120) and batch.target.shape == (21, 140)
+    # 25 pairs of 120 x 120 fill the budget on both sides (3,000 tokens each) with attention
+    # 25 x 120 x 120: no batch the budget allows has more tokens on a side or more attention
+    assert worst.shape() == (25, 120, 120)
+    batch = worst_batch(worst, src_vocab=300, tgt_vocab=500)
+    assert batch.src_tokens.shape == (25, 120) and batch.target.shape == (25, 120)
+    assert int(batch.src_tokens.max()) < 300 and int(batch.target.max()) < 500
     assert (batch.target[:, -1] == EOS).all() and not (batch.target == PAD).any()
-    assert batch.ntokens == 21 * 140 and len(batch.target_rows) == 21 * 140
+    assert batch.ntokens == 25 * 120 and len(batch.target_rows) == 25 * 120
     # under a smaller budget, sentences longer than it would not be in any batch
-    assert worst.shape(1000) == (7, 120, 140) and worst.shape(100) == (1, 100, 100)
+    assert worst.shape(1000) == (8, 120, 120) and worst.shape(100) == (1, 100, 100)
 
 
 def test_the_worst_step_comes_from_the_manifest_preprocessing_wrote(tmp_path):
@@ -54,8 +57,7 @@ def test_the_largest_fitting_budget_is_found_by_bisection():
 def test_the_cpu_is_not_checked():
     net = ConvS2S(PRESETS["tiny"](), 100, 100)
     worst = WorstStep(10**9, 1024, 1024)  # would never fit anywhere
-    assert check_fits(net, worst, Precision("fp32", "test"), torch.device("cpu"), 100,
-                      0.1) is None
+    assert check_fits(net, worst, Precision("fp32", "test"), torch.device("cpu"), 0.1) is None
 
 
 @pytest.mark.gpu
@@ -65,7 +67,7 @@ def test_a_budget_the_gpu_cannot_hold_fails_with_the_largest_that_does():
     net = ConvS2S(PRESETS["iwslt_de_en"](), 8000, 8000).to(device)
     precision = Precision("bf16", "test")
     base = torch.cuda.memory_allocated(device)  # the weights
-    peak = check_fits(net, WorstStep(2000, 60, 60), precision, device, 8000, 0.1)
+    peak = check_fits(net, WorstStep(2000, 60, 60), precision, device, 0.1)
     assert peak and peak > base + sum(p.numel() * 4 for p in net.parameters())  # + gradients
     assert not any(p.grad is not None for p in net.parameters())  # the probe leaves none
     # This process may use what a 2,000-token step takes plus four times its activations and
@@ -78,10 +80,10 @@ def test_a_budget_the_gpu_cannot_hold_fails_with_the_largest_that_does():
         huge = WorstStep(max_tokens=40000, longest_src=200, longest_tgt=200)
         with pytest.raises(BudgetTooLarge, match=r"largest budget that fits is [\d,]+ tokens") \
                 as err:
-            check_fits(net, huge, precision, device, 8000, 0.1)
+            check_fits(net, huge, precision, device, 0.1)
         best = int(str(err.value).split("largest budget that fits is ")[1].split(" ")[0]
                    .replace(",", ""))
         assert 2000 <= best < 40000 and f"--max-tokens {best}" in str(err.value)
-        assert check_fits(net, WorstStep(best, 200, 200), precision, device, 8000, 0.1)
+        assert check_fits(net, WorstStep(best, 200, 200), precision, device, 0.1)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)

@@ -152,13 +152,17 @@ def split_files(train_data: str, valid_data: str) -> tuple[TrainFiles, TrainFile
 
 def check_updates_fill(batches: int, world: int, update_freq: int) -> None:
     """Refuse, before a worker starts, an update the training split cannot fill: each of the
-    `world` ranks trains `batches // world` batch rows an epoch, `update_freq` to an update."""
+    `world` ranks trains `batches // world` batch rows an epoch, `update_freq` to an update, so
+    with fewer rows than that every update would be a smaller one than asked (none at all
+    without a row)."""
     per_rank = batches // world
     if per_rank < update_freq:
+        trained = "no update at all" if per_rank == 0 else \
+            f"one update of {per_rank} micro-batch(es) an epoch, smaller than asked"
         raise ValueError(
             f"the training split has {batches:,} batch(es), {per_rank:,} for each of "
-            f"{world} worker(s), and an update takes {update_freq} a worker: not one update "
-            "could be trained. Use fewer workers, a smaller --update-freq, or smaller batches "
+            f"{world} worker(s), and an update takes {update_freq} a worker: the run would "
+            f"train {trained}. Use fewer workers, a smaller --update-freq, or smaller batches "
             "(a smaller max_tokens cuts more of them)")
 
 

@@ -1,17 +1,17 @@
 """Whether the data's token budget fits the GPU's memory, known before the first update.
 
 Batches are cut before training (`preprocessing`: n sentences x max(S, T) <= max_tokens), so
-the largest step a run will take is known from its data: as many of the longest sentences as
-the budget holds. On a GPU each rank runs that step once (forward, fused loss, backward, in the
-run's precision) before training starts. If it runs out of memory, or its peak plus what the
-first update adds (the optimizer's momentum, DDP's gradient buckets) is over what this process
-may use, the run stops at once with the largest budget whose worst step fits, found by
+the largest step a run will take is known from its data (`WorstStep`). On a GPU each rank runs
+that step once (forward, fused loss, backward, in the run's precision) before training starts.
+If it runs out of memory, or its peak plus what an update adds (the optimizer's state, the
+gradients kept between micro-batches) is over what this process may use, the run stops with the
+largest budget whose worst step fits, found by
 bisection on the same probe (issue 37: "a --max-tokens a GPU's memory cannot hold fails before
 training with the largest budget that fits"), instead of an out-of-memory error hours into an
 epoch, when a long batch first comes.
 
     worst = WorstStep.of_data(files_folder, max_positions)   # from the batches' manifest
-    check_fits(net, worst, precision, device, vocab, extra_bytes=...)  # raises BudgetTooLarge
+    check_fits(net, worst, precision, device, label_smoothing, extra_bytes)  # BudgetTooLarge
 
 On the CPU nothing is checked (a host's memory is not a fixed card's, and the operating system
 swaps before it refuses).
@@ -42,19 +42,21 @@ class BudgetTooLarge(ValueError):
 
 @dataclass(frozen=True)
 class WorstStep:
-    """The most memory a batch of the data can take: the budget filled with its longest
-    sentences (n x max(S, T) <= max_tokens, the budget's own measure)."""
+    """The most memory a batch of the data can take. A batch holds n pairs with
+    n x max(S, T) <= max_tokens (the budget's own measure), so each side holds at most the budget
+    in tokens and the attention n x S x T at most the budget x min(S, T): pairs of the shorter
+    of the two longest lengths on both sides, as many as the budget takes, reach all three."""
 
     max_tokens: int
     longest_src: int  # pieces, EOS included
     longest_tgt: int
 
     def shape(self, budget: int | None = None) -> tuple[int, int, int]:
-        """(sentences, S, T) of the worst batch under `budget` (default: the data's own):
-        sentences longer than a smaller budget would not be in its batches at all."""
+        """(sentences, S, T) of the worst batch under `budget` (default: the data's own;
+        sentences longer than a smaller budget would not be in its batches at all)."""
         budget = budget or self.max_tokens
-        s, t = min(self.longest_src, budget), min(self.longest_tgt, budget)
-        return max(1, budget // max(s, t)), s, t
+        m = min(self.longest_src, self.longest_tgt, budget)
+        return max(1, budget // m), m, m
 
     @classmethod
     def of_data(cls, batches_folder, max_positions: int) -> WorstStep | None:
@@ -72,12 +74,13 @@ class WorstStep:
                    min(int(longest["tgt"]), max_positions))
 
 
-def worst_batch(worst: WorstStep, vocab: int, budget: int | None = None, seed: int = 0) -> Batch:
+def worst_batch(worst: WorstStep, src_vocab: int, tgt_vocab: int, budget: int | None = None,
+                seed: int = 0) -> Batch:
     """A batch of the worst shape under `budget`: random pieces, every sentence full length."""
     n, s, t = worst.shape(budget)
     rng = np.random.default_rng(seed)
-    src = rng.integers(4, vocab, size=(n, s))
-    tgt = rng.integers(4, vocab, size=(n, t))
+    src = rng.integers(4, src_vocab, size=(n, s))
+    tgt = rng.integers(4, tgt_vocab, size=(n, t))
     src[:, -1] = tgt[:, -1] = EOS
     return collate_lists(src.tolist(), tgt.tolist())
 
@@ -116,29 +119,35 @@ def largest_fitting(fits: Callable[[int], bool], below: int, step: int = STEP) -
     return lo * step
 
 
-def check_fits(net: torch.nn.Module, worst: WorstStep, precision, device: torch.device,
-               vocab: int, label_smoothing: float, extra_bytes: int = 0) -> int | None:
+def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smoothing: float,
+               extra_bytes: int = 0) -> int | None:
     """Run the data's worst step once on `device` (a GPU; the CPU is not checked: None) and
     return its peak bytes; raise `BudgetTooLarge`, naming the largest budget that fits, when it
-    runs out of memory or its peak plus `extra_bytes` (what the first update adds) is over
+    runs out of memory or its peak plus `extra_bytes` (what an update adds) is over
     HEADROOM of what this process may use."""
     if device.type != "cuda":
         return None
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
-    # what this process may use: what is free and what it holds, within its allocator's
-    # limit (torch.cuda.set_per_process_memory_fraction, 1 unless set)
+    # what this process may use: what is free and what its allocator holds, within the
+    # allocator's limit (torch.cuda.set_per_process_memory_fraction, 1 unless set)
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)(device)
-    usable = HEADROOM * min(free + torch.cuda.memory_allocated(device), fraction * total)
+    usable = HEADROOM * min(free + torch.cuda.memory_reserved(device), fraction * total)
     autocast = precision.autocast(device)
     was_training = net.training
     net.train()  # dropout masks are part of what backward keeps
 
     def peak_at(budget: int | None) -> int | None:
+        batch = worst_batch(worst, net.src_vocab_size, net.tgt_vocab_size, budget)
         try:
-            return probe_peak(net, worst_batch(worst, vocab, budget), autocast, device,
-                              label_smoothing)
+            return probe_peak(net, batch, autocast, device, label_smoothing)
         except torch.cuda.OutOfMemoryError:
-            return None
+            pass
+        except RuntimeError as err:  # a library's own allocation failing (cuBLAS, cuDNN)
+            if "out of memory" not in str(err).lower() and "ALLOC_FAILED" not in str(err):
+                raise
+        torch.cuda.empty_cache()  # the failed step's blocks, freed with its traceback
+        return None
 
     try:
         peak = peak_at(None)
@@ -162,4 +171,4 @@ def check_fits(net: torch.nn.Module, worst: WorstStep, precision, device: torch.
         f"{name} ({total / 2**30:.0f} GiB, {usable / 2**30:.1f} GiB usable by this process): "
         f"its largest batch, {n} sentences of {s} source and {t} target pieces, {need} "
         f"(forward, loss and backward in {precision.name}, plus "
-        f"{extra_bytes / 2**30:.1f} GiB the first update adds); {fix}")
+        f"{extra_bytes / 2**30:.1f} GiB an update adds); {fix}")

@@ -217,11 +217,12 @@ class Trainer:
                      "have it)")
             return
         param_bytes = sum(p.numel() * p.element_size() for p in self.net.parameters())
-        # what the first update adds to the probed step: the momentum buffers, and DDP's
-        # gradient buckets on more than one rank
-        extra = param_bytes * (int(self.cfg.momentum > 0) + int(self.world > 1))
+        # what an update adds to the probed step (DDP's buckets, made with the wrapper, are in
+        # it): the optimizer's state (Adam: two buffers; NAG: the momentum), and with
+        # micro-batches the gradients kept through the next one's forward
+        state = 2 if self.cfg.optimizer == "adam" else int(self.cfg.momentum > 0)
+        extra = param_bytes * (state + int(self.cfg.update_freq > 1))
         peak = check_fits(self.net, worst, self.precision, self.device,
-                          self.job.tgt_vocab_size or self.job.vocab_size,
                           self.cfg.label_smoothing, extra)
         if self.rank == 0:
             n, s, t = worst.shape()
