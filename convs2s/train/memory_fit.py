@@ -28,6 +28,7 @@ import torch
 
 from convs2s.config import EOS
 from convs2s.train.collate import Batch, collate_lists
+from convs2s.train.data import STAGE_MANIFEST
 from storage import location
 
 # The share of what this process may use that the probed step may reach: the allocator's
@@ -62,7 +63,7 @@ class WorstStep:
     def of_data(cls, batches_folder, max_positions: int) -> WorstStep | None:
         """From the manifest preprocessing wrote beside the batches (`max_tokens`, `longest`);
         None when it does not say (batches cut before the longest sentence was recorded)."""
-        path = location(batches_folder) / "manifest.json"
+        path = location(batches_folder) / STAGE_MANIFEST
         try:
             manifest = json.loads(path.read_text())
         except (OSError, ValueError):

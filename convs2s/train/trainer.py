@@ -213,8 +213,8 @@ class Trainer:
         if worst is None:
             if self.rank == 0:
                 _say("[convs2s.train] GPU memory not checked before training: the batches' "
-                     "manifest does not record their longest sentences (cut them again to "
-                     "have it)")
+                     "manifest does not record their longest sentences (batches cut before "
+                     "it did: preprocessing into a new --out records it)")
             return
         param_bytes = sum(p.numel() * p.element_size() for p in self.net.parameters())
         # what an update adds to the probed step (DDP's buckets, made with the wrapper, are in
