@@ -7,6 +7,8 @@ Run: .venv/bin/python -m pytest tests/test_train_step.py -q
 
 from __future__ import annotations
 
+import math
+
 import socket
 
 import pyarrow as pa
@@ -331,3 +333,27 @@ def test_a_compiled_update_equals_the_eager_update():
     assert runs["compiled"] == pytest.approx(runs["eager"], rel=1e-5)
     for (k, a), b in zip(eager.state_dict().items(), compiled_net.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_a_compiled_update_with_dropout_is_still_one_graph():
+    """Dropout on the CPU draws its masks with an eager-only trick (`random_` on a buffer);
+    under torch.compile it takes `F.dropout`, so the graph does not break at each of the
+    model's dropouts (fullgraph raises on a break) and the masks still drop: two updates from
+    the same weights on the same batch differ only by their masks."""
+    cfg = CFG.replace(compile="aot_eager")
+    batch = make_batches(7, 1)[0]
+    from convs2s.train.regularization import set_dropout
+
+    net = fresh_model()
+    set_dropout(net, 0.2)  # the tiny preset has none
+    compiled = torch.compile(net, backend=cfg.compile, dynamic=True, fullgraph=True)
+    net.train()
+    losses = []
+    for _ in range(2):
+        with torch.no_grad():
+            loss, _ = compiled(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
+                               target=batch.target, label_smoothing=0.1,
+                               target_rows=batch.target_rows)
+        losses.append(float(loss))
+    assert losses[0] != losses[1]  # fresh masks each call
+    assert all(math.isfinite(v) for v in losses)

@@ -46,7 +46,9 @@ def dropout(x: torch.Tensor, p: float, training: bool,
     for that probability, so the expectation of the output is x."""
     if not training or p == 0.0:
         return x if keep is None else x * keep.to(x.dtype)
-    if x.device.type != "cpu":
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        # (a compiled graph draws its own masks: the bit trick below is an eager-CPU saving,
+        # and its in-place `random_` would break the graph)
         return F.dropout(x if keep is None else x * keep.to(x.dtype), p, True)
     dropped = round(p * 65536)  # of the 65536 values of a 16-bit draw
     n = x.numel()
