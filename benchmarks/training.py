@@ -25,8 +25,11 @@ Writes benchmarks/results/training_<preset>_<device>.json (or --out) and prints 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import sys
+import threading
 import resource
 import tempfile
 import time
@@ -96,6 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default="", metavar="BACKEND",
                    help="torch.compile the model through the loss (TrainConfig.compile), e.g. "
                         "inductor; the warmup steps include the compile")
+    p.add_argument("--compile-deadline", type=float, default=0.0, metavar="SECONDS",
+                   help="with --compile: if the first step is still compiling after this "
+                        "long, print the compile's phases so far and every thread's stack, "
+                        "and exit 3 (0: no deadline)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
     p.add_argument("--replace", action="store_true",
@@ -115,6 +122,48 @@ def make_batches(args, workdir: Path):
     info = {"corpus": "wmt14-en-de newstest2013+2014, De->En", "bpe_vocab": sp.get_piece_size(),
             "src_len": length_stats(src), "tgt_len": length_stats(tgt), "batches": len(batches)}
     return batches, info
+
+
+# The compile's phases, as torch's dynamo timers name them (seconds summed over compiles): the
+# frontend traces the model (bytecode_tracing), AOT autograd makes the joint graph and splits it
+# (aot_trace_joint_graph, ...), inductor lowers each half and generates and builds its kernels
+# (compile_fx_inner; compile_file and async_compile.wait are the C++ / Triton builds).
+COMPILE_PHASES = ("_compile.compile_inner", "compile_attempt_0", "compile_attempt_1",
+                  "bytecode_tracing", "create_aot_dispatcher_function", "aot_collect_metadata",
+                  "aot_trace_joint_graph", "compile_fx.<locals>.fw_compiler_base",
+                  "compile_fx.<locals>.bw_compiler", "compile_fx_inner", "GraphLowering.codegen",
+                  "compile_file", "async_compile.wait", "PyCodeCache.load_by_key_path")
+
+
+def compile_phases() -> dict:
+    """Seconds per compile phase so far (torch's own timers; {} where this torch has none)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    return {k: round(sum(v), 2) for k, v in list(compilation_time_metrics.items())
+            if k in COMPILE_PHASES}
+
+
+class CompileWatchdog:
+    """With `--compile-deadline`: if the compiling step is still running after `seconds`, print
+    every thread's stack and the compile phases timed so far, then end the process (exit 3), so
+    that a compile cut off by an outer time limit still says where its time went."""
+
+    def __init__(self, seconds: float):
+        self.done = threading.Event()
+        self.seconds = seconds
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        if self.done.wait(self.seconds):
+            return
+        print(f"compile deadline: the first step is still compiling after {self.seconds:.0f} s; "
+              f"phases timed so far (s): {json.dumps(compile_phases())}; where each thread is:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(3)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -147,11 +196,17 @@ def run(args: argparse.Namespace) -> dict:
     load_before = load_average()
     peak_before = matmul_peak(device, dtype, peak_sizes)
     warmup_s = []  # each untimed step's seconds: with --compile the first holds the compile
+    watchdog = CompileWatchdog(args.compile_deadline) \
+        if args.compile and args.compile_deadline else None
     for i in range(args.warmup):
         t0 = time.perf_counter()
         step(i)
         synchronize(device)
         warmup_s.append(time.perf_counter() - t0)
+        if watchdog is not None:
+            watchdog.done.set()  # the compile is in the first step (one dynamic graph)
+    if watchdog is not None:
+        watchdog.done.set()
     rows, losses = [], []
     for i in range(args.warmup, args.warmup + args.steps):
         b = batches[i % len(batches)]
@@ -191,6 +246,7 @@ def run(args: argparse.Namespace) -> dict:
         "data": data_info,
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),
         "warmup_step_s": [round(x, 3) for x in warmup_s],
+        "compile_phases_s": compile_phases() if args.compile else {},
         "tgt_tokens_per_step": float(np.mean([r["tgt_tokens"] for r in rows])),
         "tgt_tokens_per_s": rate("tgt_tokens"),
         "tgt_tokens_per_s_overall": sum(r["tgt_tokens"] for r in rows) / total_s,

@@ -91,6 +91,22 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
 
 
+def test_a_compile_past_its_deadline_says_where_it_was(shared_data, tmp_path):
+    """`--compile-deadline`: a compile that an outer time limit would cut off silently instead
+    ends itself with its timed phases and every thread's stack (exit 3)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "benchmarks.training", "--preset", "tiny", "--steps", "1",
+           "--warmup", "1", "--bpe-vocab", "500", "--max-tokens", "600", "--peak-sizes", "128",
+           "--compile", "aot_eager", "--compile-deadline", "0.2", "--data", str(shared_data),
+           "--out", str(tmp_path / "training.json")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "still compiling after" in done.stderr and "phases timed so far" in done.stderr
+    assert "Thread 0x" in done.stderr  # the main thread's stack, inside the compile
+    assert not (tmp_path / "training.json").exists()  # no result from a cut-off run
+
 def test_step_traffic_counts_an_updates_operators_and_bytes(shared_data, tmp_path):
     from benchmarks import step_traffic
 
