@@ -63,7 +63,7 @@ from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
-from convs2s.train.update import train_update
+from convs2s.train.update import compile_for_training, train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
 
@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> dict:
     train_cfg = TrainConfig(precision=args.dtype, compile=args.compile)
     optimizer = build_optimizer(model.parameters(), train_cfg)
     comm = Comm()
-    stepped = torch.compile(model, backend=args.compile, dynamic=True) if args.compile \
+    stepped = compile_for_training(model, args.compile) if args.compile \
         else model  # as the Trainer does with TrainConfig.compile
 
     def step(i: int):

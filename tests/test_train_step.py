@@ -23,7 +23,7 @@ from convs2s.model.loss import sequence_loss
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
-from convs2s.train.update import train_update, validate
+from convs2s.train.update import compile_for_training, train_update, validate
 
 V = 40
 SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),
@@ -319,7 +319,7 @@ def test_a_compiled_update_equals_the_eager_update():
     eager, compiled_net = fresh_model(), fresh_model()  # the same weights
     for net in (eager, compiled_net):
         set_dropout(net, 0.0)  # no random masks: the two runs must match
-    compiled = torch.compile(compiled_net, backend=cfg.compile, dynamic=True, fullgraph=True)
+    compiled = compile_for_training(compiled_net, cfg.compile, fullgraph=True)  # as the Trainer
     runs = {}
     for name, model, net in (("eager", eager, eager), ("compiled", compiled, compiled_net)):
         opt = build_optimizer(net.parameters(), cfg)
@@ -346,7 +346,7 @@ def test_a_compiled_update_with_dropout_is_still_one_graph():
 
     net = fresh_model()
     set_dropout(net, 0.2)  # the tiny preset has none
-    compiled = torch.compile(net, backend=cfg.compile, dynamic=True, fullgraph=True)
+    compiled = compile_for_training(net, cfg.compile, fullgraph=True)
     net.train()
     losses = []
     for _ in range(2):

@@ -169,7 +169,7 @@ class Trainer:
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
         self.model = runtime.prepare_model(self.net)  # to device; DDP when world > 1
         if self.cfg.compile:  # the training forward (model + fused loss): one dynamic graph
-            self.model = torch.compile(self.model, backend=self.cfg.compile, dynamic=True)
+            self.model = compile_for_training(self.model, self.cfg.compile)
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
         self.comm = Comm.create()

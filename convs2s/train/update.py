@@ -48,6 +48,23 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
     return local_precision(cfg.precision, device).autocast(device)
 
 
+def compile_for_training(model: torch.nn.Module, backend: str,
+                         fullgraph: bool = False) -> torch.nn.Module:
+    """The model through the fused loss as one graph with dynamic shapes (`TrainConfig.compile`):
+    one compile serves every batch shape.
+
+    Python floats (dropout rates, the sqrt(.5) scalings, label smoothing) are specialized, as
+    they were by default before torch made them symbolic under `dynamic=True`: as symbols they
+    cost the compile's frontend a second, discarded attempt (dynamo restarts when it turns
+    them back into constants) and 1.6-2.4x its time (the En-Fr model's graph at 1/16 width,
+    measured with `aot_eager` on the CPU, docs/benchmarks.md). A rate that changes mid-run
+    (`train.dropout_by_passes`) recompiles once. The setting is process-wide (dynamo's config).
+    `fullgraph` (tests): a graph break is an error instead of a split graph.
+    """
+    torch._dynamo.config.specialize_float = True
+    return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph)
+
+
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  micro_batches: list[Batch], cfg: TrainConfig, comm: Comm,
                  device: torch.device) -> UpdateStats | None:
