@@ -73,7 +73,7 @@ from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropou
 from convs2s.train.data import TrainFiles, read_file, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
-from convs2s.train.update import train_update
+from convs2s.train.update import compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
