@@ -56,8 +56,8 @@ def compile_for_training(model: torch.nn.Module, backend: str,
     Python floats (dropout rates, the sqrt(.5) scalings, label smoothing) are specialized, as
     they were by default before torch made them symbolic under `dynamic=True`: as symbols they
     cost the compile's frontend a second, discarded attempt (dynamo restarts when it turns
-    them back into constants) and 1.6-2.4x its time (the En-Fr model's graph at 1/16 width,
-    measured with `aot_eager` on the CPU, docs/benchmarks.md). A rate that changes mid-run
+    them back into constants) and twice its time (the En-Fr model's graph through AOT
+    autograd on the CPU: 96-103 s against 50 s, docs/benchmarks.md). A rate that changes mid-run
     (`train.dropout_by_passes`) recompiles once. The setting is process-wide (dynamo's config).
     `fullgraph` (tests): a graph break is an error instead of a split graph.
     """
