@@ -365,9 +365,14 @@ def test_console_to_a_file_is_short_plain_and_says_each_thing_once(budget_run):
     # Every stage's counts, training progress, the stop and the results are there ...
     text = "\n".join(lines)
     for needle in ("[clean/train] done", "[batches/train] done", "== train: 1 worker(s)",
-                   "[convs2s.train] epoch 1 done", "stopped: time budget spent",
-                   "test_2016_flickr", "Ray's own logs: "):
+                   "stopped: time budget spent", "test_2016_flickr", "Ray's own logs: "):
         assert needle in text, needle
+    # The epoch line wherever the run ended an epoch: a busy or slow host may spend the 30 s
+    # inside the first one (the run's metrics say whether it validated, which epochs end with).
+    last_of_first = budget_run["seconds_first"][-1][0]
+    if any("valid/loss" in r["metrics"] and r["metrics"]["epoch"] == 1
+           and r["step"] <= last_of_first for r in _records(budget_run["train_dir"])):
+        assert "[convs2s.train] epoch 1 done" in text, text
     # Ray Train's per-report INFO lines and MLflow's store set-up lines stay off the console.
     assert "Reporting training result" not in text and "INFO mlflow" not in text
     # ... each once (Ray Train echoed every worker print twice), and Ray Data's per-dataset
@@ -408,7 +413,12 @@ def test_epoch_lines_say_the_lr_the_next_update_uses(budget_run):
     # run's last line announces (its budget spent) is not the resumed run's first lr.
     ends = [(u, lr, last_of_first) for _, u, lr in re.findall(pattern, budget_run["first"])]
     ends += [(u, lr, math.inf) for _, u, lr in re.findall(pattern, budget_run["second"])]
-    assert ends
+    epoch_ends = [r["step"] for r in records if "valid/loss" in r["metrics"]
+                  and r["metrics"]["epoch"] == int(r["metrics"]["epoch"])]
+    if not epoch_ends:
+        pytest.skip(f"on this host neither run ended an epoch within its {FIRST_BUDGET} + "
+                    f"{SECOND_BUDGET} s: no epoch line to read")
+    assert ends, epoch_ends
     peak = fast().train.lr
     for update, next_lr, run_end in ends:
         following = int(update) + 1
