@@ -17,7 +17,8 @@
 #   6. last (compiling takes minutes): the En-Fr bf16 step with the model compiled through the
 #      loss (--compile inductor, one dynamic graph), beside step 1's eager figure.
 #
-#   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]  (LOOP_DATA=, REF_WHEELS=, DEADLINE= optional)
+#   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
+#   (LOOP_DATA=, REF_WHEELS=, DEADLINE=, INDUCTOR_CACHE= optional)
 #
 # DATA_DIR holds wmt14-en-de/newstest2013+2014 and wmt14-en-fr/newstest2012+2013 (default
 # ../shared/data). The script goes on after a failure; the last line says which steps failed
@@ -108,9 +109,16 @@ step "generation en-fr" 150 $PY -m benchmarks.generation --preset $fr \
   --out "$out/generation_${fr}_cuda.json" --replace
 
 # TORCH_LOGS: the log says whether the graph recompiles or breaks; warmup_step_s in the JSON
-# holds the compile (first step) and any recompile.
+# holds the compile (first step) and any recompile, compile_phases_s its phases. A compile still
+# running 15 s before the step's limit prints its phases and where it is (--compile-deadline).
+# INDUCTOR_CACHE=DIR keeps inductor's caches there (its FX graphs and each Triton kernel as it is
+# built): bring DIR back and carry it to the next lease, whose compile of the same code then
+# skips what is cached, even after a compile that was cut off.
+[[ -n "${INDUCTOR_CACHE:-}" ]] && export TORCHINDUCTOR_CACHE_DIR="$INDUCTOR_CACHE"
 export TORCH_LOGS=recompiles,graph_breaks
-train "en-fr bf16 3000 compiled" 300 $fr bf16 3000 --steps 20 --warmup 4 --compile inductor \
+limit=$((deadline - SECONDS)); (( limit > 480 )) && limit=480
+train "en-fr bf16 3000 compiled" 480 $fr bf16 3000 --steps 20 --warmup 4 --compile inductor \
+  --compile-deadline $((limit > 35 ? limit - 15 : 20)) \
   --out "$out/training_${fr}_cuda_bf16_compiled.json"
 unset TORCH_LOGS
 
