@@ -12,8 +12,8 @@ import torch
 from convs2s.config import EOS, PAD, PRESETS
 from convs2s.model.network import ConvS2S
 from convs2s.precision import Precision
-from convs2s.train.memory_fit import (HEADROOM, STEP, BudgetTooLarge, WorstStep, check_fits,
-                                      largest_fitting, worst_batch)
+from convs2s.train.memory_fit import (HEADROOM, STEP, BudgetTooLarge, WorstStep, agree_on_fit,
+                                      check_fits, largest_fitting, worst_batch)
 
 
 def test_the_worst_batch_fills_the_budget_on_both_sides_with_the_longest_it_can():
@@ -87,3 +87,52 @@ def test_a_budget_the_gpu_cannot_hold_fails_with_the_largest_that_does():
         assert check_fits(net, WorstStep(best, 200, 200), precision, device, 0.1)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+def _agree_worker(rank: int, port: int, result: dict):
+    import torch.distributed as dist
+
+    from convs2s.train.comm import Comm
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=3)
+    comm = Comm.create()
+    # round 1: every rank fits; round 2: rank 1 alone cannot hold the budget
+    agree_on_fit(comm, None)
+    mine = BudgetTooLarge("the budget does not fit: use 2500") if rank == 1 else None
+    try:
+        agree_on_fit(comm, mine)
+        result[rank] = "went on"
+    except BudgetTooLarge as err:
+        result[rank] = str(err)
+    dist.destroy_process_group()
+
+
+def test_one_rank_that_cannot_hold_the_budget_stops_every_rank():
+    """A world's ranks agree (a collective): when one rank's GPU cannot hold the budget, every
+    rank raises the same error naming that rank, rather than the others going on to wait for it
+    in the first all-reduce. Three real gloo ranks on the CPU; under Ray Train the workers then
+    return the message to the driver instead of raising (no restarts to fail again)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:  # a free port for the ranks' rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        result = manager.dict()
+        mp.start_processes(_agree_worker, args=(port, result), nprocs=3,
+                           start_method="spawn", join=True)
+        result = dict(result)
+    assert set(result.values()) == {"rank 1 of 3: the budget does not fit: use 2500"}, result
+    assert sorted(result) == [0, 1, 2]
+
+
+def test_a_single_process_raises_its_own_message_unchanged():
+    from convs2s.train.comm import Comm
+
+    agree_on_fit(Comm(), None)  # fits: nothing happens
+    with pytest.raises(BudgetTooLarge, match=r"^does not fit: use 1500$"):
+        agree_on_fit(Comm(), BudgetTooLarge("does not fit: use 1500"))

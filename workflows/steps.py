@@ -88,6 +88,7 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
     from convs2s.train.data import check_updates_fill
     from convs2s.train.job import TrainJob, TrainResult
     from convs2s.train.launch import fit
+    from convs2s.train.memory_fit import BudgetTooLarge
 
     results = []
     for k in range(spec.ensemble.runs):
@@ -129,7 +130,10 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files,
                        accelerator_type=spec.accelerator_type,
                        placement_wait_s=PLACEMENT_WAIT_S)
-        result = fit(job)
+        try:
+            result = fit(job)
+        except BudgetTooLarge as err:  # a GPU cannot hold the batches: one line, exit 2
+            raise SpecError(f"{name}: {err}") from None
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "
                                f"{result.run_dir}; see its metrics.jsonl and the Ray logs")

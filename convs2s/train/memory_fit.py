@@ -12,6 +12,13 @@ epoch, when a long batch first comes.
 
     worst = WorstStep.of_data(files_folder, max_positions)   # from the batches' manifest
     check_fits(net, worst, precision, device, label_smoothing, extra_bytes)  # BudgetTooLarge
+    agree_on_fit(comm, error)   # every rank raises if any rank's check failed (a collective)
+
+Every rank of a world ends the same way: if one rank's GPU cannot hold the budget, all raise
+the same `BudgetTooLarge` (the others would otherwise wait in the first all-reduce for ever).
+Under Ray Train the workers then return the message instead of raising it, so that Ray Train
+does not restart the group `max_failures` times only to probe and fail again; the driver
+raises it (`convs2s.train.launch.fit`), and a workflow prints it in one line (exit 2).
 
 On the CPU nothing is checked (a host's memory is not a fixed card's, and the operating system
 swaps before it refuses).
@@ -39,6 +46,20 @@ STEP = 500  # the largest fitting budget is reported to this many tokens
 
 class BudgetTooLarge(ValueError):
     """The data's token budget does not fit this GPU; the message names the largest that does."""
+
+
+def agree_on_fit(comm, error: BudgetTooLarge | None) -> None:
+    """A collective over `comm` (`convs2s.train.comm.Comm`): raise `BudgetTooLarge` on every
+    rank when any rank's check failed, with the first failing rank's message (the others',
+    if they differ, counted), so that no rank goes on to wait for the ones that stopped."""
+    errors = comm.gather_objects(None if error is None else str(error))
+    failed = [(rank, msg) for rank, msg in enumerate(errors) if msg is not None]
+    if not failed:
+        return
+    rank, msg = failed[0]
+    where = f"rank {rank} of {len(errors)}: " if len(errors) > 1 else ""
+    more = f" ({len(failed) - 1} other rank(s) too)" if len(failed) > 1 else ""
+    raise BudgetTooLarge(f"{where}{msg}{more}")
 
 
 @dataclass(frozen=True)

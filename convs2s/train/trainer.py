@@ -64,7 +64,7 @@ from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
-from convs2s.train.memory_fit import WorstStep, check_fits
+from convs2s.train.memory_fit import BudgetTooLarge, WorstStep, agree_on_fit, check_fits
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
@@ -119,12 +119,21 @@ def _quiet_reports() -> None:
         pass
 
 
+# The key of a worker's return value that carries a `BudgetTooLarge` to the Ray driver.
+UNFIT_KEY = "budget_too_large"
+
+
 def train_loop_per_worker(config: dict) -> dict:
-    """Ray Train worker entry; `config` is the train_loop_config built by `fit`."""
+    """Ray Train worker entry; `config` is the train_loop_config built by `fit`. A token budget
+    the GPUs cannot hold (the same on every rank, `agree_on_fit`) is returned, not raised: a
+    raised error would make Ray Train restart the group to probe and fail again."""
     from convs2s.train.runtime import RayRuntime
 
     _quiet_reports()
-    return run_loop(config, RayRuntime(config["run_dir"]))
+    try:
+        return run_loop(config, RayRuntime(config["run_dir"]))
+    except BudgetTooLarge as err:
+        return {UNFIT_KEY: str(err)}
 
 
 def run_loop(config: dict, runtime) -> dict:
@@ -222,8 +231,13 @@ class Trainer:
         # micro-batches the gradients kept through the next one's forward
         state = 2 if self.cfg.optimizer == "adam" else int(self.cfg.momentum > 0)
         extra = param_bytes * (state + int(self.cfg.update_freq > 1))
-        peak = check_fits(self.net, worst, self.precision, self.device,
-                          self.cfg.label_smoothing, extra)
+        peak, error = None, None
+        try:
+            peak = check_fits(self.net, worst, self.precision, self.device,
+                              self.cfg.label_smoothing, extra)
+        except BudgetTooLarge as err:
+            error = err
+        agree_on_fit(self.comm, error)  # all ranks stop if one cannot hold the budget
         if self.rank == 0:
             n, s, t = worst.shape()
             _say(f"[convs2s.train] GPU memory: the data's largest step ({n} x {s} source / "
