@@ -26,14 +26,17 @@ from convs2s.train.update import autocast_for
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
 
 
-def operator_profile(step, n: int, train_flops: float) -> dict:
+def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> dict:
     """Top operators by self time over `n` calls of step(i); `train_flops`: the analytic
-    (padded) FLOPs of those n steps, to rate the matrix products."""
+    (padded) FLOPs of those n steps, to rate the matrix products. With `shapes`, also the
+    largest input-shape groups of the top operators that are not matrix products (`by_shape`:
+    which copies, adds and casts cost the time; recording shapes adds host time to the
+    profiled steps, not GPU time)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=shapes) as prof:
         for i in range(n):
             step(i)
     events = prof.key_averages()
@@ -42,12 +45,26 @@ def operator_profile(step, n: int, train_flops: float) -> dict:
     mm = sum(getattr(e, key) for e in ops if e.key in MATMUL_OPS)
     rows = sorted(ops, key=lambda e: -getattr(e, key))[:20]
     counts = _launch_and_sync_counts(events, n) if cuda else {}
-    return {**counts, "ops": [{"op": e.key, "calls": e.count / n,
-                     "self_ms_per_step": getattr(e, key) / 1e3 / n,
-                     "share": round(getattr(e, key) / total, 4)} for e in rows],
-            "busy_ms_per_step": total / 1e3 / n,  # GPU-busy (CUDA) or operator CPU time
-            "matmul_share": mm / total,
-            "matmul_flops": train_flops / (mm / 1e6) if mm else None}
+    out = {**counts, "ops": [{"op": e.key, "calls": e.count / n,
+                              "self_ms_per_step": getattr(e, key) / 1e3 / n,
+                              "share": round(getattr(e, key) / total, 4)} for e in rows],
+           "busy_ms_per_step": total / 1e3 / n,  # GPU-busy (CUDA) or operator CPU time
+           "matmul_share": mm / total,
+           "matmul_flops": train_flops / (mm / 1e6) if mm else None}
+    if shapes:
+        top = [e.key for e in rows if e.key not in MATMUL_OPS][:SHAPE_OPS]
+        grouped, _ = _ops_and_busy_time(prof.key_averages(group_by_input_shape=True), cuda,
+                                        key)
+        out["by_shape"] = {op: [{"shapes": [list(x) for x in e.input_shapes if x],
+                                 "calls": e.count / n,
+                                 "self_ms_per_step": round(getattr(e, key) / 1e3 / n, 3)}
+                                for e in sorted((g for g in grouped if g.key == op),
+                                                key=lambda g: -getattr(g, key))[:SHAPE_ROWS]]
+                           for op in top}
+    return out
+
+
+SHAPE_OPS, SHAPE_ROWS = 6, 10  # with shapes: this many operators, each's largest shape groups
 
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -87,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch CPU threads")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N steps and record the top operators")
+    p.add_argument("--profile-shapes", action="store_true",
+                   help="with --profile: also the largest input-shape groups of the top "
+                        "operators that are not matrix products (which copies and casts cost)")
     p.add_argument("--peak-sizes", type=int, nargs="+", default=None,
                    help="square matmul sizes for the peak (default 1024 2048; GPU 4096 8192)")
     p.add_argument("--max-load", type=float, default=1.5,
@@ -233,7 +236,8 @@ def run(args: argparse.Namespace) -> dict:
         flops = sum(TRAIN_MULTIPLIER * batch_flops(
             cfg, args.vocab, b.src_lengths.tolist(), b.target.ne(PAD).sum(1).tolist())["padded"]
             for b in (batches[(first + i) % len(batches)] for i in range(args.profile)))
-        profile = operator_profile(lambda i: step(first + i), args.profile, flops)
+        profile = operator_profile(lambda i: step(first + i), args.profile, flops,
+                                   shapes=args.profile_shapes)
         profile["phases_ms"] = phase_breakdown(model, optimizer, batches, train_cfg, device,
                                                args.profile)
 

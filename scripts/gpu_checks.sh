@@ -66,7 +66,7 @@ work=$(mktemp -d)  # this script's own scratch (the timed batches, the reference
 trap 'rm -rf "$work"' EXIT
 train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
   --dump-batches "$work/batches_3000.json" --out "$out/training_${fr}_cuda_bf16.json"
-train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
+train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 --profile-shapes \
   --out "$out/training_${fr}_cuda_bf16_24k.json"
 
 # the reference on the same batches as this project's step of the same dtype (issue 37: >= 2x)

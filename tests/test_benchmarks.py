@@ -77,7 +77,7 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     out = tmp_path / "training.json"
     training.main(["--preset", "tiny", "--steps", "2", "--warmup", "1", "--bpe-vocab", "500",
                    "--max-tokens", "600", "--peak-sizes", "128", "--profile", "1",
-                   "--data", str(shared_data), "--out", str(out)])
+                   "--profile-shapes", "--data", str(shared_data), "--out", str(out)])
     r = _check_result(out, "training")["results"]
     assert r["steps"] == 2 and len(r["per_step"]) == 2
     assert 0 < r["tgt_tokens_per_step"] and r["tgt_tokens_per_s"] > 0
@@ -88,6 +88,13 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
     assert prof["ops"] and all(0 <= p["share"] <= 1 for p in prof["ops"])
     assert 0 < prof["matmul_share"] < 1 and prof["matmul_flops"] > 0
     assert set(prof["phases_ms"]) == {"forward_and_loss", "backward", "clip_and_step"}
+    # the top non-matmul operators by input shape, each group's time within its operator's
+    by_op = {p["op"]: p["self_ms_per_step"] for p in prof["ops"]}
+    assert prof["by_shape"] and not set(prof["by_shape"]) & {"aten::mm", "aten::addmm"}
+    for op, groups in prof["by_shape"].items():
+        assert groups and all(g["calls"] > 0 for g in groups)
+        assert sum(g["self_ms_per_step"] for g in groups) <= by_op[op] * 1.01 + 1e-3
+    assert any(g["shapes"] for groups in prof["by_shape"].values() for g in groups)
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
 
 
