@@ -103,15 +103,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch.compile the model through the loss (TrainConfig.compile), e.g. "
                         "inductor; the warmup steps include the compile")
     p.add_argument("--compile-deadline", type=float, default=0.0, metavar="SECONDS",
-                   help="with --compile: if the first step is still compiling after this "
-                        "long, print the compile's phases so far and every thread's stack, "
-                        "and exit 3 (0: no deadline)")
+                   help="with --compile: if the first step is still compiling this long "
+                        "after the start, print the compile's phases so far and every "
+                        "thread's stack, and exit 3 (0: no deadline)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None, help="result JSON path")
     p.add_argument("--replace", action="store_true",
                    help="overwrite the result file if it exists (default: keep it and write "
                         "<name>-<time>.json beside it)")
     args = p.parse_args(argv)
+    if args.compile_deadline and not (args.compile and args.warmup):
+        p.error("--compile-deadline watches the compile in the first warm-up step: give "
+                "--compile and --warmup 1 or more")
     args.vocab = args.vocab or DEFAULT_VOCAB.get(args.preset, 40_000)
     return args
 
@@ -139,19 +142,22 @@ COMPILE_PHASES = ("_compile.compile_inner", "compile_attempt_0", "compile_attemp
 
 
 def compile_phases() -> dict:
-    """Seconds per compile phase so far (torch's own timers; {} where this torch has none)."""
+    """Seconds per compile phase so far (torch's own timers, summed over attempts and graphs;
+    a phase still running, which torch lists before it ends, is "running"); {} where this torch
+    has no such timers."""
     try:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:
         return {}
-    return {k: round(sum(v), 2) for k, v in list(compilation_time_metrics.items())
-            if k in COMPILE_PHASES}
+    return {k: round(sum(v), 2) if v else "running"
+            for k, v in list(compilation_time_metrics.items()) if k in COMPILE_PHASES}
 
 
 class CompileWatchdog:
-    """With `--compile-deadline`: if the compiling step is still running after `seconds`, print
-    every thread's stack and the compile phases timed so far, then end the process (exit 3), so
-    that a compile cut off by an outer time limit still says where its time went."""
+    """With `--compile-deadline`: if the compiling step has not finished `seconds` after the
+    benchmark started (the clock an outer time limit counts on), print the compile phases timed
+    so far and every thread's stack, then end the process (exit 3), so that a compile cut off
+    by that limit still says where its time went."""
 
     def __init__(self, seconds: float):
         self.done = threading.Event()
@@ -161,15 +167,20 @@ class CompileWatchdog:
     def _watch(self) -> None:
         if self.done.wait(self.seconds):
             return
-        print(f"compile deadline: the first step is still compiling after {self.seconds:.0f} s; "
-              f"phases timed so far (s): {json.dumps(compile_phases())}; where each thread is:",
-              file=sys.stderr, flush=True)
+        phases = compile_phases()
+        if self.done.is_set():  # the step ended as the deadline passed
+            return
+        print(f"compile deadline: the first step is still compiling {self.seconds:.0f} s after "
+              f"the start; phases timed so far (s): {json.dumps(phases)}; where each thread "
+              "is:", file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         os._exit(3)
 
 
 def run(args: argparse.Namespace) -> dict:
+    watchdog = CompileWatchdog(args.compile_deadline) \
+        if args.compile and args.compile_deadline else None  # counts from the start
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -199,8 +210,6 @@ def run(args: argparse.Namespace) -> dict:
     load_before = load_average()
     peak_before = matmul_peak(device, dtype, peak_sizes)
     warmup_s = []  # each untimed step's seconds: with --compile the first holds the compile
-    watchdog = CompileWatchdog(args.compile_deadline) \
-        if args.compile and args.compile_deadline else None
     for i in range(args.warmup):
         t0 = time.perf_counter()
         step(i)

@@ -111,9 +111,10 @@ step "generation en-fr" 150 $PY -m benchmarks.generation --preset $fr \
 # TORCH_LOGS: the log says whether the graph recompiles or breaks; warmup_step_s in the JSON
 # holds the compile (first step) and any recompile, compile_phases_s its phases. A compile still
 # running 15 s before the step's limit prints its phases and where it is (--compile-deadline).
-# INDUCTOR_CACHE=DIR keeps inductor's caches there (its FX graphs and each Triton kernel as it is
-# built): bring DIR back and carry it to the next lease, whose compile of the same code then
-# skips what is cached, even after a compile that was cut off.
+# INDUCTOR_CACHE=DIR keeps inductor's caches there: bring DIR back and carry it to the next
+# lease, whose compile of the same code then skips what is cached. Triton kernels are kept as
+# each is built, so even a compile that was cut off leaves them; the FX-graph and AOT caches
+# are written only by a compile that finished.
 [[ -n "${INDUCTOR_CACHE:-}" ]] && export TORCHINDUCTOR_CACHE_DIR="$INDUCTOR_CACHE"
 export TORCH_LOGS=recompiles,graph_breaks
 limit=$((deadline - SECONDS)); (( limit > 480 )) && limit=480

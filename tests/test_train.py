@@ -30,6 +30,7 @@ from convs2s.precision import local_precision
 from convs2s.tracking.run_logger import read_local_metrics
 from convs2s.tracking.runs import RUN_KEY_TAG
 from convs2s.train.launch import fit
+from convs2s.train.memory_fit import BudgetTooLarge
 from convs2s.train.job import TrainJob
 from convs2s.train.trainer import (
     CRASH_AT_UPDATE_ENV,
@@ -38,6 +39,7 @@ from convs2s.train.trainer import (
     METRICS_FILE,
     PRECISION_TAG,
     RECORD_BATCHES_ENV,
+    UNFIT_RANK_ENV,
     CrashInjection,
 )
 from convs2s.train.comm import Comm
@@ -311,6 +313,26 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
         assert {"best/meta.json", "best/checkpoint.pt", METRICS_FILE, CRASH_MARKER} <= names
         assert any(n.startswith("checkpoint_") and n.endswith("/meta.json") for n in names)
         assert not Path("s3:").exists() and not (tmp_path / "s3:").exists()
+
+
+def test_a_budget_one_rank_cannot_hold_ends_the_run_at_once_in_one_message(demo_batches,
+                                                                            tmp_path):
+    """A rank whose GPU cannot hold the batches (here rank 1 of 2, by the test hook: the check
+    itself needs a GPU) stops every rank before training, and the driver gets the message as
+    `BudgetTooLarge`, not Ray Train's worker-group error after `max_failures` restarts that
+    would each probe and fail again. The training run is marked failed; nothing was trained."""
+    job = make_job(demo_batches, tmp_path, "unfit", TrainConfig(max_updates=5), max_failures=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(UNFIT_RANK_ENV, "1")
+        with pytest.raises(BudgetTooLarge) as err:
+            fit(job)
+    assert str(err.value).startswith("rank 1 of 2: fault injection: rank 1 cannot hold")
+    assert "\n" not in str(err.value)  # one line for the workflow's `error:` (exit 2)
+    assert not list((tmp_path / "unfit").glob("checkpoint_*"))
+    client = MlflowClient(job.tracking_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("test_train").experiment_id],
+                                "attributes.run_name = 'unfit'")
+    assert run.info.status == "FAILED"
 
 
 def test_fault_injection_is_a_test_hook_not_a_training_setting():

@@ -8,7 +8,6 @@ Run: .venv/bin/python -m pytest tests/test_train_step.py -q
 from __future__ import annotations
 
 import math
-
 import socket
 
 import pyarrow as pa
@@ -307,11 +306,13 @@ def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision):
     assert torch.isfinite(loss).item()
 
 
-def test_a_compiled_update_equals_the_eager_update():
+def test_a_compiled_update_equals_the_eager_update(monkeypatch):
     """`TrainConfig.compile`: the model through the fused loss captured as one graph with
     dynamic shapes (fullgraph: no break, one capture for batches of every shape) trains the
     same updates as eager, losses and weights within float32 tolerance. The `aot_eager`
     backend checks the capture in seconds (Inductor adds code generation, not semantics)."""
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float",  # restored after the test
+                        torch._dynamo.config.specialize_float)
     cfg = CFG.replace(compile="aot_eager")
     batches = make_batches(7, 4)  # four shapes
     from convs2s.train.regularization import set_dropout
@@ -335,11 +336,13 @@ def test_a_compiled_update_equals_the_eager_update():
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_a_compiled_update_with_dropout_is_still_one_graph():
+def test_a_compiled_update_with_dropout_is_still_one_graph(monkeypatch):
     """Dropout on the CPU draws its masks with an eager-only trick (`random_` on a buffer);
     under torch.compile it takes `F.dropout`, so the graph does not break at each of the
-    model's dropouts (fullgraph raises on a break) and the masks still drop: two updates from
-    the same weights on the same batch differ only by their masks."""
+    model's dropouts (fullgraph raises on a break) and the masks still drop: the forward and
+    backward of the same weights on the same batch differ only by their masks."""
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float",  # restored after the test
+                        torch._dynamo.config.specialize_float)
     cfg = CFG.replace(compile="aot_eager")
     batch = make_batches(7, 1)[0]
     from convs2s.train.regularization import set_dropout
@@ -348,12 +351,16 @@ def test_a_compiled_update_with_dropout_is_still_one_graph():
     set_dropout(net, 0.2)  # the tiny preset has none
     compiled = compile_for_training(net, cfg.compile, fullgraph=True)
     net.train()
-    losses = []
+    losses, grads = [], []
     for _ in range(2):
-        with torch.no_grad():
-            loss, _ = compiled(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
-                               target=batch.target, label_smoothing=0.1,
-                               target_rows=batch.target_rows)
+        net.zero_grad()
+        loss, _ = compiled(batch.src_tokens, batch.src_lengths, batch.prev_output_tokens,
+                           target=batch.target, label_smoothing=0.1,
+                           target_rows=batch.target_rows)
+        loss.backward()
         losses.append(float(loss))
+        grads.append(torch.cat([p.grad.flatten() for p in net.parameters()
+                                if p.grad is not None]))
     assert losses[0] != losses[1]  # fresh masks each call
     assert all(math.isfinite(v) for v in losses)
+    assert all(torch.isfinite(g).all() for g in grads) and not torch.equal(*grads)

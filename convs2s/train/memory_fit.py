@@ -50,8 +50,8 @@ class BudgetTooLarge(ValueError):
 
 def agree_on_fit(comm, error: BudgetTooLarge | None) -> None:
     """A collective over `comm` (`convs2s.train.comm.Comm`): raise `BudgetTooLarge` on every
-    rank when any rank's check failed, with the first failing rank's message (the others',
-    if they differ, counted), so that no rank goes on to wait for the ones that stopped."""
+    rank when any rank's check failed, with the first failing rank's message (and how many
+    other ranks failed too), so that no rank goes on to wait for the ones that stopped."""
     errors = comm.gather_objects(None if error is None else str(error))
     failed = [(rank, msg) for rank, msg in enumerate(errors) if msg is not None]
     if not failed:

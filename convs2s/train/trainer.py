@@ -215,30 +215,35 @@ class Trainer:
 
     def _check_memory_fit(self) -> None:
         """On a GPU, the data's largest step once before training: a token budget this GPU
-        cannot hold stops the run now, naming the largest that fits (convs2s.train.memory_fit)."""
-        if self.device.type != "cuda":
-            return
-        worst = WorstStep.of_data(self.job.train_data, self.net.max_positions)
-        if worst is None:
-            if self.rank == 0:
-                _say("[convs2s.train] GPU memory not checked before training: the batches' "
-                     "manifest does not record their longest sentences (batches cut before "
-                     "it did: preprocessing into a new --out records it)")
-            return
-        param_bytes = sum(p.numel() * p.element_size() for p in self.net.parameters())
-        # what an update adds to the probed step (DDP's buckets, made with the wrapper, are in
-        # it): the optimizer's state (Adam: two buffers; NAG: the momentum), and with
-        # micro-batches the gradients kept through the next one's forward
-        state = 2 if self.cfg.optimizer == "adam" else int(self.cfg.momentum > 0)
-        extra = param_bytes * (state + int(self.cfg.update_freq > 1))
-        peak, error = None, None
-        try:
-            peak = check_fits(self.net, worst, self.precision, self.device,
-                              self.cfg.label_smoothing, extra)
-        except BudgetTooLarge as err:
-            error = err
-        agree_on_fit(self.comm, error)  # all ranks stop if one cannot hold the budget
-        if self.rank == 0:
+        cannot hold stops the run now, naming the largest that fits (convs2s.train.memory_fit).
+        Every rank ends in the same agreement (a collective), whatever it found alone."""
+        error, peak, worst = None, None, None
+        if self.crash.unfit_rank == self.rank:  # fault injection (tests): see UNFIT_RANK_ENV
+            error = BudgetTooLarge(f"fault injection: rank {self.rank} cannot hold the budget "
+                                   f"({UNFIT_RANK_ENV})")
+        elif self.device.type == "cuda":
+            worst = WorstStep.of_data(self.job.train_data, self.net.max_positions)
+        if worst is None and error is None and self.device.type == "cuda" and self.rank == 0:
+            _say("[convs2s.train] GPU memory not checked before training: the batches' "
+                 "manifest does not record their longest sentences (batches cut before "
+                 "it did: preprocessing into a new --out records it)")
+        extra = 0
+        if worst is not None:
+            param_bytes = sum(p.numel() * p.element_size() for p in self.net.parameters())
+            # what an update adds to the probed step (DDP's buckets, made with the wrapper, are
+            # in it): the optimizer's state (Adam: two buffers; NAG: the momentum), and with
+            # micro-batches the gradients kept through the next one's forward
+            state = 2 if self.cfg.optimizer == "adam" else int(self.cfg.momentum > 0)
+            extra = param_bytes * (state + int(self.cfg.update_freq > 1))
+            try:
+                peak = check_fits(self.net, worst, self.precision, self.device,
+                                  self.cfg.label_smoothing, extra)
+            except BudgetTooLarge as err:
+                error = err
+        # every rank, every path (a rank that skipped it would pair its next collective with
+        # this one): all stop if one cannot hold the budget
+        agree_on_fit(self.comm, error)
+        if self.rank == 0 and peak is not None:
             n, s, t = worst.shape()
             _say(f"[convs2s.train] GPU memory: the data's largest step ({n} x {s} source / "
                  f"{t} target pieces) peaks at {peak / 2**30:.1f} GiB "
@@ -583,6 +588,9 @@ CRASH_RANK_ENV = "CONVS2S_TEST_CRASH_RANK"
 # A folder: each rank appends the sentence ids of every batch it trains, with the update, to
 # rank<r>.jsonl there (the exact-resume tests compare which rows trained, not how many).
 RECORD_BATCHES_ENV = "CONVS2S_TEST_RECORD_BATCHES"
+# A rank (default: none) whose memory check fails as if its GPU could not hold the budget: the
+# ranks' agreement and the Ray path to the driver, tested where there is no GPU.
+UNFIT_RANK_ENV = "CONVS2S_TEST_UNFIT_RANK"
 
 
 @dataclass(frozen=True)
@@ -594,6 +602,7 @@ class CrashInjection:
     at_update: int = 0  # 0: never
     rank: int = 1
     record_dir: str = ""  # "": no record
+    unfit_rank: int = -1  # -1: none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> CrashInjection:
@@ -606,7 +615,7 @@ class CrashInjection:
                                  "fault injection setting)") from None
 
         return cls(number(CRASH_AT_UPDATE_ENV, 0), number(CRASH_RANK_ENV, 1),
-                   env.get(RECORD_BATCHES_ENV, ""))
+                   env.get(RECORD_BATCHES_ENV, ""), number(UNFIT_RANK_ENV, -1))
 
     def record(self, rank: int, update: int, batches: list) -> None:
         if self.record_dir:
