@@ -306,13 +306,20 @@ def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision):
     assert torch.isfinite(loss).item()
 
 
-def test_a_compiled_update_equals_the_eager_update(monkeypatch):
+@pytest.fixture
+def dynamo_floats():
+    """`compile_for_training` sets dynamo's process-wide float setting: put it back after the
+    test (pytest's monkeypatch would delete it on undo, which hides a torch config entry)."""
+    before = torch._dynamo.config.specialize_float
+    yield
+    torch._dynamo.config.specialize_float = before
+
+
+def test_a_compiled_update_equals_the_eager_update(dynamo_floats):
     """`TrainConfig.compile`: the model through the fused loss captured as one graph with
     dynamic shapes (fullgraph: no break, one capture for batches of every shape) trains the
     same updates as eager, losses and weights within float32 tolerance. The `aot_eager`
     backend checks the capture in seconds (Inductor adds code generation, not semantics)."""
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float",  # restored after the test
-                        torch._dynamo.config.specialize_float)
     cfg = CFG.replace(compile="aot_eager")
     batches = make_batches(7, 4)  # four shapes
     from convs2s.train.regularization import set_dropout
@@ -336,13 +343,11 @@ def test_a_compiled_update_equals_the_eager_update(monkeypatch):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_a_compiled_update_with_dropout_is_still_one_graph(monkeypatch):
+def test_a_compiled_update_with_dropout_is_still_one_graph(dynamo_floats):
     """Dropout on the CPU draws its masks with an eager-only trick (`random_` on a buffer);
     under torch.compile it takes `F.dropout`, so the graph does not break at each of the
     model's dropouts (fullgraph raises on a break) and the masks still drop: the forward and
     backward of the same weights on the same batch differ only by their masks."""
-    monkeypatch.setattr(torch._dynamo.config, "specialize_float",  # restored after the test
-                        torch._dynamo.config.specialize_float)
     cfg = CFG.replace(compile="aot_eager")
     batch = make_batches(7, 1)[0]
     from convs2s.train.regularization import set_dropout
