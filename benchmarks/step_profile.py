@@ -24,6 +24,7 @@ from convs2s.train.optim import clip_gradients
 from convs2s.train.update import autocast_for
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+SHAPE_OPS, SHAPE_ROWS = 6, 10  # with shapes: this many operators, each's largest shape groups
 
 
 def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> dict:
@@ -62,9 +63,6 @@ def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> 
                                                 key=lambda g: -getattr(g, key))[:SHAPE_ROWS]]
                            for op in top}
     return out
-
-
-SHAPE_OPS, SHAPE_ROWS = 6, 10  # with shapes: this many operators, each's largest shape groups
 
 
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")

@@ -217,8 +217,6 @@ def run(args: argparse.Namespace) -> dict:
         warmup_s.append(time.perf_counter() - t0)
         if watchdog is not None:
             watchdog.done.set()  # the compile is in the first step (one dynamic graph)
-    if watchdog is not None:
-        watchdog.done.set()
     rows, losses = [], []
     for i in range(args.warmup, args.warmup + args.steps):
         b = batches[i % len(batches)]

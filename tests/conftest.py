@@ -60,6 +60,24 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
     return f"sqlite:///{path}"
 
 
+def run_ranks(worker, nprocs: int) -> dict:
+    """worker(rank, port, result) in `nprocs` spawned processes, a torch.distributed world that
+    rendezvouses on a free loopback port; returns the shared `result` dict the ranks filled."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        result = manager.dict()
+        mp.start_processes(worker, args=(port, result), nprocs=nprocs, join=True,
+                           start_method="spawn")
+        return dict(result)
+
+
 def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
     """SIGKILL `proc` (a subprocess.Popen) as soon as `ready()` holds; fail with `never` if it
     does not within `timeout_s`, or if the process ends first."""

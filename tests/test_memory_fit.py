@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from conftest import run_ranks
 
 from convs2s.config import EOS, PAD, PRESETS
 from convs2s.model.network import ConvS2S
@@ -113,19 +114,7 @@ def test_one_rank_that_cannot_hold_the_budget_stops_every_rank():
     rank raises the same error naming that rank, rather than the others going on to wait for it
     in the first all-reduce. Three real gloo ranks on the CPU; under Ray Train the workers then
     return the message to the driver instead of raising (no restarts to fail again)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:  # a free port for the ranks' rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        result = manager.dict()
-        mp.start_processes(_agree_worker, args=(port, result), nprocs=3,
-                           start_method="spawn", join=True)
-        result = dict(result)
+    result = run_ranks(_agree_worker, 3)
     assert set(result.values()) == {"rank 1 of 3: the budget does not fit: use 2500"}, result
     assert sorted(result) == [0, 1, 2]
 

@@ -8,13 +8,12 @@ Run: .venv/bin/python -m pytest tests/test_train_step.py -q
 from __future__ import annotations
 
 import math
-import socket
 
 import pyarrow as pa
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from conftest import run_ranks
 
 from convs2s.train.collate import collate_arrow, collate_lists, pad_right
 from convs2s.config import EOS, PAD, PRESETS, TrainConfig
@@ -119,22 +118,6 @@ def _ddp_worker(rank: int, port: int, result: dict):
         result["valid"] = (loss, nll, ntok)
         result["stop"] = stop
     dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(worker, nprocs: int) -> dict:
-    """worker(rank, port, result) in `nprocs` spawned processes; what rank 0 put in `result`."""
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as manager:
-        result = manager.dict()
-        mp.start_processes(worker, args=(_free_port(), result), nprocs=nprocs, join=True,
-                           start_method="spawn")
-        return dict(result)
 
 
 def test_two_process_ddp_update_equals_single_process_update_on_the_union():
