@@ -73,8 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--training-json", type=Path, default=RESULTS_DIR / "training_wmt14_en_de_cpu_epyc.json")
     a("--preprocess-json", type=Path, default=RESULTS_DIR / "preprocess_epyc_40m.json")
     a("--streaming-json", type=Path, default=RESULTS_DIR / "streaming.json")
-    a("--gpu-json", type=Path, nargs="*", default=[
-        RESULTS_DIR / f"training_{t}_cuda_bf16_h200.json" for t in ("wmt14_en_fr", "wmt14_en_de")],
+    a("--gpu-json", type=Path, nargs="*", default=[  # the latest lease (2026-11-27, H200)
+        RESULTS_DIR / "gpu_checks_h200_20261127_reference" / f"training_{t}_cuda_bf16.json"
+        for t in ("wmt14_en_fr", "wmt14_en_de")],
       help="benchmarks.training results on one GPU (bf16): measured compute for that task")
     a("--out", type=Path, default=None)
     a("--replace", action="store_true",
