@@ -63,6 +63,7 @@ from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
+from convs2s.model.loss import compile_loss_chunks
 from convs2s.train.update import compile_for_training, train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
@@ -102,6 +103,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", default="", metavar="BACKEND",
                    help="torch.compile the model through the loss (TrainConfig.compile), e.g. "
                         "inductor; the warmup steps include the compile")
+    p.add_argument("--compile-loss", default="", metavar="BACKEND",
+                   help="torch.compile only the fused loss's element-wise chunk work "
+                        "(convs2s.model.loss.compile_loss_chunks; --compile does it too, on "
+                        "CUDA), the model eager: what fusing the loss alone buys, for a "
+                        "compile of seconds")
     p.add_argument("--compile-deadline", type=float, default=0.0, metavar="SECONDS",
                    help="with --compile: if the first step is still compiling this long "
                         "after the start, print the compile's phases so far and every "
@@ -197,6 +203,8 @@ def run(args: argparse.Namespace) -> dict:
     comm = Comm()
     stepped = compile_for_training(model, args.compile) if args.compile \
         else model  # as the Trainer does with TrainConfig.compile
+    if args.compile_loss and not args.compile:  # on this device, the CPU included
+        compile_loss_chunks(args.compile_loss, devices=(device.type,))
 
     def step(i: int):
         stats = train_update(stepped, optimizer, [batches[i % len(batches)]], train_cfg, comm,
@@ -253,6 +261,7 @@ def run(args: argparse.Namespace) -> dict:
     mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
     results = {
         "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
+        "compile_loss": args.compile_loss or (args.compile if device.type == "cuda" else ""),
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),

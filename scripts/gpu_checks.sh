@@ -4,7 +4,8 @@
 # DEADLINE seconds (default 500: a step that would start with under 20 s left is skipped):
 #   1. benchmarks.training, the paper's En-Fr model in bf16 at the paper's 3,000 tokens per GPU
 #      and at the paper's whole 24,000-token update in one step, each with --profile (GPU-busy
-#      time from kernel events, kernels, launches and host syncs per step, phases),
+#      time from kernel events, kernels, launches and host syncs per step, phases), and the
+#      24,000-token step again with only the fused loss's chunks compiled (--compile-loss),
 #      then, with REF_WHEELS set (a folder from scripts/fairseq_wheels.sh), the reference
 #      implementation's step on the same 3,000-token batches, bf16 autocast and float32,
 #   2. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
@@ -68,6 +69,8 @@ train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
   --dump-batches "$work/batches_3000.json" --out "$out/training_${fr}_cuda_bf16.json"
 train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 --profile-shapes \
   --out "$out/training_${fr}_cuda_bf16_24k.json"
+train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
+  --compile-loss inductor --out "$out/training_${fr}_cuda_bf16_24k_loss_compiled.json"
 
 # the reference on the same batches as this project's step of the same dtype (issue 37: >= 2x)
 if [[ -n "${REF_WHEELS:-}" && -f "$work/batches_3000.json" ]]; then

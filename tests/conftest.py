@@ -106,6 +106,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture
+def compile_state():
+    """`compile_for_training` sets process-wide state: dynamo's float setting and the fused
+    loss's compiled chunks (`convs2s.model.loss.compile_loss_chunks`). Put both back after the
+    test (pytest's monkeypatch would delete the config entry on undo, which hides a torch
+    config entry)."""
+    import torch
+
+    from convs2s.model import loss
+
+    before = torch._dynamo.config.specialize_float
+    yield
+    torch._dynamo.config.specialize_float = before
+    loss.compile_loss_chunks(None)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data (small real corpora); the test is skipped when it is absent."""

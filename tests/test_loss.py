@@ -46,6 +46,33 @@ def test_fused_loss_equals_sequence_loss_on_the_logits(eps, chunk_values, monkey
     assert grads[0][0, 5:].abs().max() == 0 and grads[0][2, 2:].abs().max() == 0
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_chunks_give_the_eager_loss_and_gradients(backend, compile_state, monkeypatch):
+    """`compile_loss_chunks`: the element-wise work of each chunk compiled (fused kernels under
+    Inductor) gives the eager chunks' loss and gradients, with and without smoothing, for
+    chunks of every row count from one capture (dynamic shapes: a second capture is an error
+    here), and without gradients (validation) the same values."""
+    monkeypatch.setattr(loss_module, "CHUNK_VALUES", {"cpu": 7 * 11})  # 7-row chunks, then 4
+    monkeypatch.setattr(loss_module, "MIN_CHUNK_ROWS", 1)
+    h, w, b, target = _problem(B=4, T=6)  # 18 non-pad rows
+    runs = {}
+    for name in ("eager", backend):
+        loss_module.compile_loss_chunks(None if name == "eager" else backend, devices=("cpu",))
+        for eps in (0.1, 0.0):  # (each rate its own capture: rates are constants in the graph)
+            output_layer_loss(h[:1], w, b, target[:1], eps)  # captured on one 5-row chunk
+            with torch.no_grad():
+                output_layer_loss(h[:1], w, b, target[:1], eps)
+            with torch.compiler.set_stance("fail_on_recompile"):
+                loss, nll = output_layer_loss(h, w, b, target, eps)  # 7, 7 and 4 rows
+                with torch.no_grad():
+                    values = output_layer_loss(h, w, b, target, eps)
+            grads = torch.autograd.grad(loss * 1.7, (h, w, b))
+            runs[name, eps] = (loss, nll, *grads, *values)
+    for eps in (0.1, 0.0):
+        for got, ref in zip(runs[backend, eps], runs["eager", eps]):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_fused_loss_without_grad_gives_the_same_values():
     h, w, b, target = _problem()
     with torch.no_grad():
@@ -123,6 +150,25 @@ def test_fused_loss_under_bf16_autocast_on_gpu():
     for got, ref in zip(grads, ref_grads):
         assert got.dtype == ref.dtype
         assert F.cosine_similarity(got.float().flatten(), ref.flatten(), dim=0) > 0.98
+
+
+@pytest.mark.gpu
+def test_compiled_chunks_under_bf16_autocast_on_gpu_match_the_eager_chunks(compile_state):
+    """On CUDA, where `compile_for_training` compiles the chunks by default: Inductor's fused
+    kernels give the eager chunks' loss and, in bf16, the same gradients up to rounding."""
+    h, w, b, target = _problem(B=16, T=30, C=256, V=8000, device="cuda")
+    runs = []
+    for backend in (None, "inductor"):
+        loss_module.compile_loss_chunks(backend)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, nll = output_layer_loss(h, w, b, target, 0.1)
+        runs.append((loss, nll, *torch.autograd.grad(loss, (h, w, b))))
+    (loss, nll, *grads), (c_loss, c_nll, *c_grads) = runs
+    assert c_loss.item() == pytest.approx(loss.item(), rel=1e-4)
+    assert c_nll.item() == pytest.approx(nll.item(), rel=1e-4)
+    for got, ref in zip(c_grads, grads):
+        assert got.dtype == ref.dtype
+        assert F.cosine_similarity(got.float().flatten(), ref.float().flatten(), dim=0) > 0.9999
 
 
 def test_fused_loss_backward_twice_gives_the_same_gradients():

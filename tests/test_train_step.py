@@ -289,16 +289,7 @@ def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision):
     assert torch.isfinite(loss).item()
 
 
-@pytest.fixture
-def dynamo_floats():
-    """`compile_for_training` sets dynamo's process-wide float setting: put it back after the
-    test (pytest's monkeypatch would delete it on undo, which hides a torch config entry)."""
-    before = torch._dynamo.config.specialize_float
-    yield
-    torch._dynamo.config.specialize_float = before
-
-
-def test_a_compiled_update_equals_the_eager_update(dynamo_floats):
+def test_a_compiled_update_equals_the_eager_update(compile_state):
     """`TrainConfig.compile`: the model through the fused loss captured as one graph with
     dynamic shapes (fullgraph: no break, one capture for batches of every shape) trains the
     same updates as eager, losses and weights within float32 tolerance. The `aot_eager`
@@ -310,9 +301,11 @@ def test_a_compiled_update_equals_the_eager_update(dynamo_floats):
     eager, compiled_net = fresh_model(), fresh_model()  # the same weights
     for net in (eager, compiled_net):
         set_dropout(net, 0.0)  # no random masks: the two runs must match
-    compiled = compile_for_training(compiled_net, cfg.compile, fullgraph=True)  # as the Trainer
     runs = {}
-    for name, model, net in (("eager", eager, eager), ("compiled", compiled, compiled_net)):
+    for name in ("eager", "compiled"):
+        net = eager if name == "eager" else compiled_net
+        # (after the eager run: what the compile sets is process-wide)
+        model = net if name == "eager" else compile_for_training(net, cfg.compile, fullgraph=True)
         opt = build_optimizer(net.parameters(), cfg)
         runs[name] = []
         for i, b in enumerate(batches):
@@ -326,7 +319,7 @@ def test_a_compiled_update_equals_the_eager_update(dynamo_floats):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_a_compiled_update_with_dropout_is_still_one_graph(dynamo_floats):
+def test_a_compiled_update_with_dropout_is_still_one_graph(compile_state):
     """Dropout on the CPU draws its masks with an eager-only trick (`random_` on a buffer);
     under torch.compile it takes `F.dropout`, so the graph does not break at each of the
     model's dropouts (fullgraph raises on a break) and the masks still drop: the forward and

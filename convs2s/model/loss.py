@@ -65,6 +65,59 @@ def chunk_rows(device_type: str, vocab_size: int) -> int:
     return max(MIN_CHUNK_ROWS, CHUNK_VALUES.get(device_type, CHUNK_VALUES["cpu"]) // vocab_size)
 
 
+def chunk_loss(logits: torch.Tensor, tc: torch.Tensor, eps: float, eps_i: float,
+               with_grad: bool):
+    """One chunk of `_output_loss` after its GEMM: logits c x V (the compute dtype), targets
+    c x 1 -> the nll sum and the smoothing sum (float32 scalars; None without smoothing) and,
+    with `with_grad`, d(loss)/d(logits) = softmax - q in the logits' dtype (c x V) and its
+    column sums (V, float32: the bias gradient); else None, None.
+
+    Eager, this is about ten passes over the c x V values (the float32 copy, the log-softmax,
+    the sums, exp, the shift, the cast back), each its own kernel; compiled
+    (`compile_loss_chunks`), the element-wise work fuses into a few kernels. On a GPU at the
+    paper's 40k vocabulary these passes are an estimated tenth of a 24,000-token bf16 step.
+    """
+    lp = torch.log_softmax(logits.float(), dim=-1)  # c x V, float32 (see the module docstring)
+    nll = -lp.gather(1, tc).sum()
+    smooth = -lp.sum() if eps > 0 else None
+    if not with_grad:
+        return nll, smooth, None, None
+    hit = -(1.0 - eps - eps_i)  # q puts 1 - eps - eps_i more on the target than elsewhere
+    if torch.compiler.is_compiling():
+        # out of place, the target as a compare: one fused element-wise kernel
+        vocab = torch.arange(lp.shape[1], device=lp.device)
+        g = torch.where(vocab == tc, lp.exp() + (hit - eps_i), lp.exp() - eps_i)
+    else:
+        g = lp.exp_()  # softmax, in place (eager: no second c x V float32 buffer)
+        if eps_i > 0:
+            g.sub_(eps_i)
+        g.scatter_add_(1, tc, g.new_full(tc.shape, hit))
+    g = g.to(logits.dtype)
+    return nll, smooth, g, g.sum(0, dtype=torch.float32)
+
+
+_compiled: dict[str, object] = {}  # device type -> `chunk_loss` compiled for it
+
+
+def compile_loss_chunks(backend: str | None, devices: tuple[str, ...] = ("cuda",)) -> None:
+    """Compile `chunk_loss` with `backend` (dynamic shapes: one capture for every chunk's row
+    count) for the chunks computed on `devices`, or go back to eager everywhere with None.
+    Process-wide, like the custom operator it serves; the whole-model compile
+    (`convs2s.train.update.compile_for_training`) calls it, because the model's graph sees the
+    fused loss as one opaque operator.
+
+    CUDA only by default: on the CPU the compiled chunks made the float32 `iwslt_de_en` step
+    slower (0.86-0.90x, docs/benchmarks.md); there a chunk is about 1M values, in cache, and
+    ATen's own log-softmax is already vectorized.
+    """
+    _compiled.clear()
+    if not backend:
+        return
+    torch._dynamo.config.specialize_float = True  # the rates as constants, as the model's
+    fn = torch.compile(chunk_loss, backend=backend, dynamic=True)
+    _compiled.update({d: fn for d in devices})
+
+
 # The fused kernel is a custom operator (torch.library.custom_op): autograd calls its backward,
 # and torch.compile sees one opaque node whose outputs it knows from `_output_loss_fake`. Traced
 # through, its Python loop over the chunks of the n non-pad rows would fix n in the graph, and a
@@ -100,25 +153,23 @@ def _output_loss(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device)
             grad_b = torch.zeros(V, dtype=torch.float32, device=h.device)
         step = chunk_rows(h.device.type, V)
+        chunk = _compiled.get(h.device.type, chunk_loss)
         for r0 in range(0, n, step):
-            hc, tc = hr[r0:r0 + step], tr[r0:r0 + step, None]  # c x C, c x 1
-            lp = torch.log_softmax(torch.addmm(b, hc, w.t()).float(), dim=-1)  # c x V
-            nll_sum -= lp.gather(1, tc).sum()
-            if eps > 0:
-                smooth_sum -= lp.sum()
+            # (the targets copied out of `tr`: as a view, a compiled chunk would guard on the
+            # size of its base, and capture again when the rows no longer fit in one chunk)
+            hc, tc = hr[r0:r0 + step], tr[r0:r0 + step, None].clone()  # c x C, c x 1
+            nll, smooth, g, gb = chunk(torch.addmm(b, hc, w.t()), tc, eps, eps_i, with_grad)
+            nll_sum += nll
+            if smooth is not None:
+                smooth_sum += smooth
             if not with_grad:
                 continue
-            g = lp.exp_()  # softmax, in place: d loss / d logits = softmax - q
-            if eps_i > 0:
-                g.sub_(eps_i)
-            g.scatter_add_(1, tc, g.new_full(tc.shape, -(1.0 - eps - eps_i)))
-            g = g.to(cdt)
             torch.mm(g, w, out=grad_h[r0:r0 + step])
             if cdt == torch.float32:
                 grad_w.addmm_(g.t(), hc)
             else:
                 grad_w += torch.mm(g.t(), hc).float()
-            grad_b += g.sum(0, dtype=torch.float32)
+            grad_b += gb
         loss = (1.0 - eps - eps_i) * nll_sum + eps_i * smooth_sum if eps > 0 \
             else nll_sum.clone()
     return loss, nll_sum, grad_h, grad_w, grad_b

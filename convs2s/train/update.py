@@ -26,6 +26,7 @@ import torch
 
 from convs2s.train.collate import Batch
 from convs2s.config import TrainConfig
+from convs2s.model.loss import compile_loss_chunks
 from convs2s.train.optim import clip_gradients
 from convs2s.precision import local_precision
 from convs2s.train.comm import Comm
@@ -58,10 +59,13 @@ def compile_for_training(model: torch.nn.Module, backend: str,
     cost the compile's frontend a second, discarded attempt (dynamo restarts when it turns
     them back into constants) and twice its time (the En-Fr model's graph through AOT
     autograd on the CPU: 96-103 s against 50 s, docs/benchmarks.md). A rate that changes mid-run
-    (`train.dropout_by_passes`) recompiles once. The setting is process-wide (dynamo's config).
+    (`train.dropout_by_passes`) recompiles once. The setting is process-wide (dynamo's config),
+    as is the compile of the fused loss's chunks (`convs2s.model.loss.compile_loss_chunks`),
+    which the model's graph sees as one opaque operator.
     `fullgraph` (tests): a graph break is an error instead of a split graph.
     """
     torch._dynamo.config.specialize_float = True
+    compile_loss_chunks(backend)
     return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph)
 
 
