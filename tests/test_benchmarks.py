@@ -213,8 +213,10 @@ def test_cost_model_marks_every_gpu_row_projected_or_measured_and_reads_the_meas
     measured = [row for row in r["scales"] if row["basis"] != "projected"]
     assert {(row["task"], row["gpu"]) for row in measured} == {("wmt14_en_fr", "H200"),
                                                                ("wmt14_en_de", "H200")}
-    for row in measured:
-        gpu = json.loads((RESULTS / f"training_{row['task']}_cuda_bf16_h200.json").read_text())
+    for row in measured:  # each from the file it names (the latest lease's, by default)
+        path = r["measured"]["gpu"][row["task"]]["file"]
+        assert path in row["basis"]
+        gpu = json.loads((RESULTS.parents[1] / path).read_text())
         step_ms = 1e3 * gpu["results"]["median_step_s"]
         assert row["basis"].startswith("measured step") and \
             row["compute_ms"] == pytest.approx(step_ms, rel=0.05)
