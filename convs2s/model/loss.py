@@ -107,7 +107,7 @@ def compile_loss_chunks(backend: str | None, devices: tuple[str, ...] = ("cuda",
     fused loss as one opaque operator.
 
     CUDA only by default: on the CPU the compiled chunks made the float32 `iwslt_de_en` step
-    slower (0.86-0.90x, docs/benchmarks.md); there a chunk is about 1M values, in cache, and
+    slower (0.86-0.92x, docs/benchmarks.md); there a chunk is about 1M values, in cache, and
     ATen's own log-softmax is already vectorized.
     """
     _compiled.clear()
