@@ -63,7 +63,7 @@ from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
-from convs2s.model.loss import compile_loss_chunks
+from convs2s.model.loss import compile_loss_chunks, compiled_chunk_devices
 from convs2s.train.update import compile_for_training, train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
@@ -261,7 +261,8 @@ def run(args: argparse.Namespace) -> dict:
     mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
     results = {
         "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
-        "compile_loss": args.compile_loss or (args.compile if device.type == "cuda" else ""),
+        "compile_loss": args.compile_loss,
+        "compiled_loss_on": compiled_chunk_devices(),  # devices whose chunks ran compiled
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),

@@ -412,14 +412,13 @@ def test_epoch_lines_say_the_lr_the_next_update_uses(budget_run):
     # The next update of the same run: the resumed run has a longer budget, so the lr the first
     # run's last line announces (its budget spent) is not the resumed run's first lr.
     ends = [(u, lr, last_of_first) for _, u, lr in re.findall(pattern, budget_run["first"])]
-    epoch_ends = [r for r in records if "valid/loss" in r["metrics"]
-                  and r["metrics"]["epoch"] == int(r["metrics"]["epoch"])]
+    ended = [r for r in records if "valid/loss" in r["metrics"]
+             and r["metrics"]["epoch"] == int(r["metrics"]["epoch"])]
     # The resumed run trains on this process's Ray, which does not forward its workers'
     # console (tests/conftest.py, ray_session): there, the number its epoch line prints, the
     # validation record's `lr`.
-    ends += [(r["step"], r["metrics"]["lr"], math.inf) for r in epoch_ends
-             if r["step"] > last_of_first]
-    epoch_ends = [r["step"] for r in epoch_ends]
+    ends += [(r["step"], r["metrics"]["lr"], math.inf) for r in ended if r["step"] > last_of_first]
+    epoch_ends = [r["step"] for r in ended]
     if not epoch_ends:
         pytest.skip(f"on this host neither run ended an epoch within its {FIRST_BUDGET} + "
                     f"{SECOND_BUDGET} s: no epoch line to read")

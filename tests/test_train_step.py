@@ -301,11 +301,9 @@ def test_a_compiled_update_equals_the_eager_update(compile_state):
     eager, compiled_net = fresh_model(), fresh_model()  # the same weights
     for net in (eager, compiled_net):
         set_dropout(net, 0.0)  # no random masks: the two runs must match
+    compiled = compile_for_training(compiled_net, cfg.compile, fullgraph=True)  # as the Trainer
     runs = {}
-    for name in ("eager", "compiled"):
-        net = eager if name == "eager" else compiled_net
-        # (after the eager run: what the compile sets is process-wide)
-        model = net if name == "eager" else compile_for_training(net, cfg.compile, fullgraph=True)
+    for name, model, net in (("eager", eager, eager), ("compiled", compiled, compiled_net)):
         opt = build_optimizer(net.parameters(), cfg)
         runs[name] = []
         for i, b in enumerate(batches):

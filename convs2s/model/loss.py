@@ -118,6 +118,11 @@ def compile_loss_chunks(backend: str | None, devices: tuple[str, ...] = ("cuda",
     _compiled.update({d: fn for d in devices})
 
 
+def compiled_chunk_devices() -> list[str]:
+    """The device types whose chunks `compile_loss_chunks` compiled (results record it)."""
+    return sorted(_compiled)
+
+
 # The fused kernel is a custom operator (torch.library.custom_op): autograd calls its backward,
 # and torch.compile sees one opaque node whose outputs it knows from `_output_loss_fake`. Traced
 # through, its Python loop over the chunks of the n non-pad rows would fix n in the graph, and a
