@@ -108,10 +108,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(convs2s.model.loss.compile_loss_chunks; --compile does it too, on "
                         "CUDA), the model eager: what fusing the loss alone buys, for a "
                         "compile of seconds")
-    p.add_argument("--compile-regional", action="store_true",
-                   help="with --compile: compile each encoder / decoder block instead of the "
-                        "whole model (compile_for_training(regional=True)): blocks of one kind "
-                        "share a capture, for a shorter compile")
     p.add_argument("--compile-deadline", type=float, default=0.0, metavar="SECONDS",
                    help="with --compile: if the first step is still compiling this long "
                         "after the start, print the compile's phases so far and every "
@@ -122,8 +118,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="overwrite the result file if it exists (default: keep it and write "
                         "<name>-<time>.json beside it)")
     args = p.parse_args(argv)
-    if args.compile_regional and not args.compile:
-        p.error("--compile-regional says how to compile: give --compile BACKEND as well")
     if args.compile_deadline and not (args.compile and args.warmup):
         p.error("--compile-deadline watches the compile in the first warm-up step: give "
                 "--compile and --warmup 1 or more")
@@ -151,12 +145,6 @@ COMPILE_PHASES = ("_compile.compile_inner", "compile_attempt_0", "compile_attemp
                   "aot_trace_joint_graph", "compile_fx.<locals>.fw_compiler_base",
                   "compile_fx.<locals>.bw_compiler", "compile_fx_inner", "GraphLowering.codegen",
                   "compile_file", "async_compile.wait", "PyCodeCache.load_by_key_path")
-
-
-def _compiled_graphs() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
 
 
 def compile_phases() -> dict:
@@ -213,9 +201,7 @@ def run(args: argparse.Namespace) -> dict:
     train_cfg = TrainConfig(precision=args.dtype, compile=args.compile)
     optimizer = build_optimizer(model.parameters(), train_cfg)
     comm = Comm()
-    graphs_before = _compiled_graphs()  # (dynamo's counters are the process's)
-    stepped = compile_for_training(model, args.compile, regional=args.compile_regional) \
-        if args.compile \
+    stepped = compile_for_training(model, args.compile) if args.compile \
         else model  # as the Trainer does with TrainConfig.compile
     if args.compile_loss and not args.compile:  # on this device, the CPU included
         compile_loss_chunks(args.compile_loss, devices=(device.type,))
@@ -275,9 +261,7 @@ def run(args: argparse.Namespace) -> dict:
     mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
     results = {
         "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
-        "compile_regional": args.compile_regional, "compile_loss": args.compile_loss,
-        # graphs dynamo captured (the whole model: one or a few; regional: one per block kind)
-        "compiled_graphs": _compiled_graphs() - graphs_before,
+        "compile_loss": args.compile_loss,
         "compiled_loss_on": compiled_chunk_devices(),  # devices whose chunks ran compiled
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,

@@ -15,10 +15,8 @@
 #   4. the float32 En-Fr step and the En-De bf16 step at the paper's budgets,
 #   5. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
 #      sentences), float32 and bf16, beam 1 and 5,
-#   6. last (compiling takes minutes): the En-Fr bf16 step compiled block by block
-#      (--compile-regional: blocks of one kind share a capture, the shorter compile), then with
-#      the model compiled through the loss (--compile inductor, one dynamic graph) in the time
-#      left, beside step 1's eager figure.
+#   6. last (compiling takes minutes): the En-Fr bf16 step with the model compiled through the
+#      loss (--compile inductor, one dynamic graph), beside step 1's eager figure.
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
 #   (LOOP_DATA=, REF_WHEELS=, DEADLINE=, INDUCTOR_CACHE= optional)
@@ -122,10 +120,6 @@ step "generation en-fr" 150 $PY -m benchmarks.generation --preset $fr \
 # are written only by a compile that finished.
 [[ -n "${INDUCTOR_CACHE:-}" ]] && export TORCHINDUCTOR_CACHE_DIR="$INDUCTOR_CACHE"
 export TORCH_LOGS=recompiles,graph_breaks
-limit=$((deadline - SECONDS)); (( limit > 240 )) && limit=240
-train "en-fr bf16 3000 compiled per block" 240 $fr bf16 3000 --steps 20 --warmup 4 \
-  --compile inductor --compile-regional --compile-deadline $((limit > 35 ? limit - 15 : 20)) \
-  --out "$out/training_${fr}_cuda_bf16_compiled_regional.json"
 limit=$((deadline - SECONDS)); (( limit > 480 )) && limit=480
 train "en-fr bf16 3000 compiled" 480 $fr bf16 3000 --steps 20 --warmup 4 --compile inductor \
   --compile-deadline $((limit > 35 ? limit - 15 : 20)) \

@@ -108,8 +108,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def compile_state():
-    """`compile_for_training` sets process-wide state: dynamo's float setting and recompile
-    limit (regional compiles), and the fused
+    """`compile_for_training` sets process-wide state: dynamo's float setting and the fused
     loss's compiled chunks (`convs2s.model.loss.compile_loss_chunks`). Put both back after the
     test (pytest's monkeypatch would delete the config entry on undo, which hides a torch
     config entry)."""
@@ -117,9 +116,9 @@ def compile_state():
 
     from convs2s.model import loss
 
-    before = torch._dynamo.config.specialize_float, torch._dynamo.config.recompile_limit
+    before = torch._dynamo.config.specialize_float
     yield
-    torch._dynamo.config.specialize_float, torch._dynamo.config.recompile_limit = before
+    torch._dynamo.config.specialize_float = before
     loss.compile_loss_chunks(None)
 
 

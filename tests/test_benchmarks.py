@@ -116,24 +116,6 @@ def test_a_compile_past_its_deadline_says_where_it_was(shared_data, tmp_path):
     assert not (tmp_path / "training.json").exists()  # no result from a cut-off run
 
 
-def test_the_training_benchmark_compiles_block_by_block_on_request(shared_data, tmp_path,
-                                                                   compile_state):
-    """`--compile-regional`: each block compiled on its own (the tiny model's four blocks: the
-    first of each side guarded apart from the second, so four graphs), the result saying so;
-    without --compile the flag is refused."""
-    from benchmarks import training
-
-    args = ["--preset", "tiny", "--steps", "1", "--warmup", "1", "--bpe-vocab", "500",
-            "--max-tokens", "600", "--peak-sizes", "128", "--data", str(shared_data)]
-    with pytest.raises(SystemExit):
-        training.main([*args, "--compile-regional", "--out", str(tmp_path / "refused.json")])
-    out = tmp_path / "training.json"
-    training.main([*args, "--compile", "aot_eager", "--compile-regional", "--out", str(out)])
-    r = _check_result(out, "training")["results"]
-    assert r["compile_regional"] and r["compiled_graphs"] == 4
-    assert all(x == x for x in r["loss_first_last"])
-
-
 def test_step_traffic_counts_an_updates_operators_and_bytes(shared_data, tmp_path):
     from benchmarks import step_traffic
 

@@ -317,62 +317,6 @@ def test_a_compiled_update_equals_the_eager_update(compile_state):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_a_regionally_compiled_update_equals_eager_with_one_capture_per_kind_of_block(
-        compile_state):
-    """`compile_for_training(regional=True)`: each block compiled on its own, blocks of one kind
-    sharing one capture (the encoder's 32-wide blocks after the first share one), trains the same
-    updates as eager over batches of four shapes without a recompile after the first batch;
-    the state dict keeps its names, and a block's weight norm cannot be removed in place (an
-    error, not every module of its kind losing its weight)."""
-    from torch._dynamo.utils import counters
-    from torch.nn.utils import parametrize
-
-    from convs2s.model.layers import share_weight_norm_classes
-    from convs2s.model.network import inference_copy
-
-    cfg = CFG.replace(compile="aot_eager")
-    model_cfg = PRESETS["tiny"]().replace(encoder_layers=[(32, 3)] * 3 + [(48, 3)] * 2,
-                                          decoder_layers=[(32, 3)] * 2)
-
-    def fresh():
-        torch.manual_seed(1)
-        return ConvS2S(model_cfg, V, V)
-
-    eager, net = fresh(), fresh()
-    keys = list(net.state_dict())
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = compile_for_training(net, cfg.compile, fullgraph=True, regional=True)
-    assert compiled is net and list(net.state_dict()) == keys
-    batches = make_batches(7, 4)
-    runs = {}
-    for name, model in (("eager", eager), ("compiled", net)):
-        opt = build_optimizer(model.parameters(), cfg)
-        runs[name] = []
-        for i, b in enumerate(batches):
-            with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
-                runs[name].append(float(train_update(model, opt, [b], cfg, Comm(),
-                                                     torch.device("cpu")).loss_sum))
-    # seven blocks, six graphs: in the encoder the first block (its input is fc1's output, a
-    # view, which dynamo guards apart), the other two 32-wide ones (shared), the 32 -> 48 one
-    # with its projection and the last; in the decoder the first (a view again) and the second
-    assert counters["stats"]["unique_graphs"] == 6, dict(counters["stats"])
-    assert runs["compiled"] == pytest.approx(runs["eager"], rel=1e-5)
-    for (k, a), b in zip(eager.state_dict().items(), net.state_dict().values()):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
-    # the folded inference copy is built fresh, so it works on a compiled model too
-    x = torch.randint(4, V, (2, 6))
-    with torch.no_grad():
-        a, _ = inference_copy(eager)(x, torch.tensor([6, 6]), x)
-        b, _ = inference_copy(net)(x, torch.tensor([6, 6]), x)
-    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    assert share_weight_norm_classes(net) == 2  # Linear and the convolution; idempotent
-    fc1 = net.encoder.fc1
-    with pytest.raises(AttributeError):
-        parametrize.remove_parametrizations(fc1, "weight")
-    assert net.encoder.fc2.weight.shape == (model_cfg.embed_dim, 48)  # its kind still works
-
-
 def test_a_compiled_update_with_dropout_is_still_one_graph(compile_state):
     """Dropout on the CPU draws its masks with an eager-only trick (`random_` on a buffer);
     under torch.compile it takes `F.dropout`, so the graph does not break at each of the

@@ -71,37 +71,6 @@ def linear(n_in: int, n_out: int, dropout: float = 0.0) -> nn.Module:
     return weight_norm(m, dim=0)  # one gain per output unit; g starts at ||v|| so w = v at init
 
 
-def share_weight_norm_classes(model: nn.Module) -> int:
-    """Give every weight-normed module of `model` of one kind (Linear, the convolution) one
-    class -> the number of shared classes.
-
-    torch's parametrizations give each parametrized module a class of its own, made when it is
-    registered; torch.compile guards on a module's class, so a compiled block met again under
-    another block would be captured again for each block (`compile_for_training` with
-    `regional=True`). After this, blocks of one shape of code share their capture.
-
-    The weight property stays on the first module's own class (the shared class is an empty
-    subclass of it): removing the parametrization of a module in place then fails with an
-    AttributeError instead of deleting the property of every module of its kind. A folded copy
-    is built fresh instead (`convs2s.model.network.inference_copy`). State dicts, parameters and
-    values are unchanged.
-    """
-    from torch.nn.utils import parametrize
-
-    shared: dict[tuple, type] = {}
-    for m in model.modules():
-        if not parametrize.is_parametrized(m):
-            continue
-        own = type(m)
-        first = own.__bases__[0] if own.__dict__.get("_convs2s_shared") else own
-        key = (first.__bases__[0], tuple(sorted(m.parametrizations.keys())))
-        if key not in shared:  # a module already shared (a second call) keeps its class
-            shared[key] = own if own is not first else \
-                type(own.__name__, (own,), {"_convs2s_shared": True})
-        m.__class__ = shared[key]
-    return len(shared)
-
-
 class GradMultiply(torch.autograd.Function):
     """Identity forward, gradient scaled by `scale` backward (§3.4: encoder gradient scaling)."""
 

@@ -50,7 +50,7 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
 
 
 def compile_for_training(model: torch.nn.Module, backend: str,
-                         fullgraph: bool = False, regional: bool = False) -> torch.nn.Module:
+                         fullgraph: bool = False) -> torch.nn.Module:
     """The model through the fused loss as one graph with dynamic shapes (`TrainConfig.compile`):
     one compile serves every batch shape.
 
@@ -63,27 +63,10 @@ def compile_for_training(model: torch.nn.Module, backend: str,
     as is the compile of the fused loss's chunks (`convs2s.model.loss.compile_loss_chunks`),
     which the model's graph sees as one opaque operator.
     `fullgraph` (tests): a graph break is an error instead of a split graph.
-
-    `regional`: compile each encoder and decoder block (in place) instead of the whole model,
-    the rest (embeddings, fc1 / fc2, the fused loss) eager. Blocks of one kind share one
-    capture (`convs2s.model.layers.share_weight_norm_classes`): the paper's En-Fr model's 30
-    blocks make 16 graphs (widths and kernel sizes as constants). Measured on the CPU
-    (docs/benchmarks.md): 0.85-0.91x the whole model's compile time. Returns the model itself.
     """
     torch._dynamo.config.specialize_float = True
     compile_loss_chunks(backend)
-    if not regional:
-        return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph)
-    from convs2s.model.layers import share_weight_norm_classes
-
-    share_weight_norm_classes(model)
-    blocks = [*model.encoder.blocks, *model.decoder.blocks]
-    # one code object (Block.forward) captured once per kind of block: allow one per block
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               len(blocks))
-    for block in blocks:
-        block.compile(backend=backend, dynamic=True, fullgraph=fullgraph)
-    return model
+    return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph)
 
 
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
