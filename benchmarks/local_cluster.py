@@ -82,8 +82,20 @@ class RayCliCluster:
         # Short: Ray's unix sockets live under it (path limit ~107 bytes).
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rt", dir="/tmp")
         self.env = {**env, self.MARKER_ENV: self.temp_dir}
+        # The cluster's own token, in its temp dir: `ray start` reads a token and never makes
+        # one, so with the user's ~/.ray/auth_token it failed on a machine where no Ray had run
+        # yet, and a shared file ties every test cluster to whatever last wrote it.
+        token = Path(self.temp_dir) / "auth_token"
+        if not token.exists():
+            import secrets
+
+            fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+        self.env["RAY_AUTH_TOKEN_PATH"] = str(token)
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
+        self.agent_wait_s: float | None = None  # the head's agent's wait after `ray start`
         self._ports: set[int] = set()  # handed out by free_port
         self._raylets: set[int] = set()  # pids of this cluster's raylets, once seen
 
@@ -101,10 +113,13 @@ class RayCliCluster:
                 self._ports.add(port)
                 return port
 
-    def _start(self, args: list[str]) -> None:
+    def _start(self, args: list[str]) -> int:
+        """`ray start` with this cluster's ports and temp dir; returns the port of the node's
+        dashboard agent (its HTTP server)."""
         import subprocess
 
-        ports = ["--dashboard-agent-listen-port", str(self.free_port()),
+        agent_port = self.free_port()
+        ports = ["--dashboard-agent-listen-port", str(agent_port),
                  "--metrics-export-port", str(self.free_port()),
                  "--runtime-env-agent-port", str(self.free_port())]
         proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir", self.temp_dir,
@@ -112,18 +127,51 @@ class RayCliCluster:
                               text=True, timeout=240)
         if proc.returncode != 0:
             raise RuntimeError(f"ray start {args} failed:\n{proc.stdout}\n{proc.stderr}")
+        return agent_port
+
+    def wait_for_agent(self, agent_port: int, timeout: float = 180.0) -> float:
+        """Wait until the node's dashboard agent answers its health check; returns the seconds
+        waited. A job is submitted through the head's agent, which the dashboard waits for
+        only 10 s (Ray's WAIT_AVAILABLE_AGENT_TIMEOUT) before it refuses the job ("No available
+        agent to submit job"); the agent records its address in the GCS right after its HTTP
+        server starts. On this project's 2-core hosts `ray start` returned with the agent
+        already healthy (0.0 s waited, idle and with 3 busy processes): the wait is a guard
+        that turns a slow or dead agent into an error with the agent's log."""
+        import time
+        import urllib.error
+        import urllib.request
+
+        url = f"http://127.0.0.1:{agent_port}/api/healthz"
+        start = time.monotonic()
+        last = "no answer"
+        while time.monotonic() - start < timeout:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - start
+            except urllib.error.HTTPError as exc:  # up, raylet / GCS not yet healthy
+                last = f"HTTP {exc.code}"
+            except OSError as exc:
+                last = str(exc)
+            time.sleep(0.25)
+        logs = sorted(Path(self.temp_dir).glob("session_latest/logs/dashboard_agent*.log"))
+        tail = logs[-1].read_text(errors="replace")[-3000:] if logs else "(no agent log)"
+        raise RuntimeError(f"the dashboard agent on port {agent_port} was not healthy after "
+                           f"{timeout:.0f} s ({last}); its log ends:\n{tail}")
 
     def start_head(self, num_cpus: int) -> None:
         port, dash = self.free_port(), self.free_port()
         # This cluster's processes (and drivers started with `env`) ask its own state API,
         # never another Ray's on this machine (workflows.cluster.own_dashboard).
         self.env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dash}"
-        self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                     "--num-cpus", str(num_cpus), "--include-dashboard", "true",
-                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-                     "--ray-client-server-port", str(self.free_port())])
+        agent = self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                             "--num-cpus", str(num_cpus), "--include-dashboard", "true",
+                             "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
+                             "--ray-client-server-port", str(self.free_port())])
         self.gcs_address = f"127.0.0.1:{port}"
         self.dashboard_url = f"http://127.0.0.1:{dash}"
+        # Ready for `ray job submit` (and the state API) when start_head returns.
+        self.agent_wait_s = self.wait_for_agent(agent)
 
     def add_node(self, num_cpus: int, node_manager_port: int | None = None) -> int:
         """Start a node joining the head; returns its raylet's port (`kill_node` takes it)."""

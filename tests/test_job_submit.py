@@ -43,7 +43,12 @@ def test_ray_job_submit_runs_the_smoke_workflow_on_a_real_head(ray_cli, tmp_path
     deadline = time.monotonic() + 300
     while not lease.exists() and job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert lease.exists(), "the job never took its run's lease"
+    if not lease.exists():  # say why: the submission refused, the driver failed, or slow
+        if job.poll() is None:
+            job.kill()
+        stdout, stderr = job.communicate(timeout=60)
+        pytest.fail(f"the job never took its run's lease (`ray job submit` exit "
+                    f"{job.returncode}):\n{stdout[-3000:]}\n{stderr[-3000:]}")
     second = subprocess.run(
         [sys.executable, "workflows/wmt14_en_fr.py", "--preset", "smoke", "--max-epochs", "1",
          "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}", *SHORT_OUTPUTS,
