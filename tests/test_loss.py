@@ -180,3 +180,107 @@ def test_fused_loss_backward_twice_gives_the_same_gradients():
     second = torch.autograd.grad(loss * 3.0, (h, w, b))
     for x, y in zip(first, second):
         torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_values", [11, 30, 2**20], ids=["row", "3rows", "whole"])
+def test_static_shapes_mask_the_pad_rows_to_the_same_loss_and_gradients(
+        eps, chunk_values, monkeypatch):
+    """The masked variant (every row computed, the pad rows masked out: the form a CUDA graph
+    can capture) gives the loss and gradients of the gathered rows, whatever the chunking;
+    a bool `target_rows` is the same request."""
+    monkeypatch.setattr(loss_module, "CHUNK_VALUES", {"cpu": chunk_values})
+    monkeypatch.setattr(loss_module, "MIN_CHUNK_ROWS", 1)
+    h, w, b, target = _problem()
+    runs = []
+    for kwargs in ({}, {"static_shapes": True}, {"target_rows": target.reshape(-1) != PAD}):
+        loss, nll = output_layer_loss(h, w, b, target, eps, **kwargs)
+        runs.append((loss, nll, *torch.autograd.grad(loss * 1.7, (h, w, b))))
+    for masked in runs[1:]:
+        for got, ref in zip(masked, runs[0]):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    grad_h = runs[1][2]
+    assert grad_h[0, 5:].abs().max() == 0 and grad_h[2, 2:].abs().max() == 0
+    with torch.no_grad():
+        values = output_layer_loss(h, w, b, target, eps, static_shapes=True)
+    torch.testing.assert_close(values, runs[0][:2])
+
+
+def test_static_shapes_compile_once_for_every_token_count(compile_state):
+    """With static shapes, batches of one padded shape but different numbers of target tokens
+    are one graph (no recompile, as a CUDA graph replay needs); gathered rows change shape with
+    the token count, and a shape-specialized compile captures again. The compiled masked chunk
+    (the fused `torch.where` form) gives the eager values and gradients."""
+    calls = []
+
+    def counting(gm, example_inputs):
+        calls.append(len(example_inputs))
+        return gm
+
+    def loss_of(h, w, b, target, **kwargs):
+        return output_layer_loss(h, w, b, target, 0.1, **kwargs)[0]
+
+    h, w, b, target = _problem()
+    fewer = target.clone()
+    fewer[1, 3:] = PAD
+    for static, graphs in ((True, 1), (False, 2)):
+        calls.clear()
+        torch._dynamo.reset()
+        fn = torch.compile(loss_of, backend=counting, dynamic=False, fullgraph=True)
+        for t in (target, fewer):
+            rows = t.reshape(-1).ne(PAD).nonzero().squeeze(1)  # as the collate gives them
+            fn(h, w, b, t, **({"static_shapes": True} if static else {"target_rows": rows}))
+        assert len(calls) == graphs, (static, calls)
+
+    loss_module.compile_loss_chunks("aot_eager", devices=("cpu",))
+    for t in (target, fewer):
+        compiled = output_layer_loss(h, w, b, t, 0.1, static_shapes=True)
+        c_grads = torch.autograd.grad(compiled[0], (h, w, b))
+        loss_module.compile_loss_chunks(None)
+        eager = output_layer_loss(h, w, b, t, 0.1)
+        grads = torch.autograd.grad(eager[0], (h, w, b))
+        loss_module.compile_loss_chunks("aot_eager", devices=("cpu",))
+        torch.testing.assert_close(compiled, eager)
+        for got, ref in zip(c_grads, grads):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_static_shapes_loss_and_backward_replay_in_a_cuda_graph():
+    """The masked loss and its backward captured in one CUDA graph: replayed on a new batch of
+    the same shape with fewer tokens, it gives what the eager gathered path gives."""
+    h, w, b, target = _problem(B=16, T=30, C=256, V=8000, device="cuda")
+    static_h = h.detach().clone().requires_grad_()
+    static_target = target.clone()
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, nll = output_layer_loss(static_h, w, b, static_target, 0.1,
+                                          static_shapes=True)
+        return (loss, nll, *torch.autograd.grad(loss, (static_h, w, b)))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+
+    h2, _, _, target2 = _problem(B=16, T=30, C=256, V=8000, seed=1, device="cuda")
+    target2[:, 20:] = PAD
+    with torch.no_grad():
+        static_h.copy_(h2)
+    static_target.copy_(target2)
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, nll = output_layer_loss(static_h, w, b, static_target, 0.1)
+    ref = (loss, nll, *torch.autograd.grad(loss, (static_h, w, b)))
+    assert out[0].item() == pytest.approx(ref[0].item(), rel=1e-4)
+    assert out[1].item() == pytest.approx(ref[1].item(), rel=1e-4)
+    for got, want in zip(out[2:], ref[2:]):
+        assert F.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0) > 0.9999
+    assert out[2][:, 20:].abs().max() == 0  # the pad rows get no gradient

@@ -66,11 +66,12 @@ def chunk_rows(device_type: str, vocab_size: int) -> int:
 
 
 def chunk_loss(logits: torch.Tensor, tc: torch.Tensor, eps: float, eps_i: float,
-               with_grad: bool):
+               with_grad: bool, keep: torch.Tensor | None = None):
     """One chunk of `_output_loss` after its GEMM: logits c x V (the compute dtype), targets
     c x 1 -> the nll sum and the smoothing sum (float32 scalars; None without smoothing) and,
     with `with_grad`, d(loss)/d(logits) = softmax - q in the logits' dtype (c x V) and its
-    column sums (V, float32: the bias gradient); else None, None.
+    column sums (V, float32: the bias gradient); else None, None. `keep` (c x 1 bool): the
+    rows that count, the others give zero loss and gradient (the masked variant).
 
     Eager, this is about ten passes over the c x V values (the float32 copy, the log-softmax,
     the sums, exp, the shift, the cast back), each its own kernel; compiled
@@ -78,8 +79,12 @@ def chunk_loss(logits: torch.Tensor, tc: torch.Tensor, eps: float, eps_i: float,
     paper's 40k vocabulary these passes are an estimated tenth of a 24,000-token bf16 step.
     """
     lp = torch.log_softmax(logits.float(), dim=-1)  # c x V, float32 (see the module docstring)
-    nll = -lp.gather(1, tc).sum()
-    smooth = -lp.sum() if eps > 0 else None
+    if keep is None:
+        nll = -lp.gather(1, tc).sum()
+        smooth = -lp.sum() if eps > 0 else None
+    else:  # (where, not a product: a dropped row's values never reach the sums)
+        nll = -torch.where(keep, lp.gather(1, tc), 0.0).sum()
+        smooth = -torch.where(keep, lp.sum(1, keepdim=True), 0.0).sum() if eps > 0 else None
     if not with_grad:
         return nll, smooth, None, None
     hit = -(1.0 - eps - eps_i)  # q puts 1 - eps - eps_i more on the target than elsewhere
@@ -87,11 +92,15 @@ def chunk_loss(logits: torch.Tensor, tc: torch.Tensor, eps: float, eps_i: float,
         # out of place, the target as a compare: one fused element-wise kernel
         vocab = torch.arange(lp.shape[1], device=lp.device)
         g = torch.where(vocab == tc, lp.exp() + (hit - eps_i), lp.exp() - eps_i)
+        if keep is not None:
+            g = torch.where(keep, g, 0.0)
     else:
         g = lp.exp_()  # softmax, in place (eager: no second c x V float32 buffer)
         if eps_i > 0:
             g.sub_(eps_i)
         g.scatter_add_(1, tc, g.new_full(tc.shape, hit))
+        if keep is not None:
+            g.masked_fill_(~keep, 0.0)
     g = g.to(logits.dtype)
     return nll, smooth, g, g.sum(0, dtype=torch.float32)
 
@@ -133,6 +142,8 @@ def _output_loss(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                  with_grad: bool, compute_dtype: torch.dtype
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits = h W^T + b and the label-smoothed loss, chunk by chunk over the non-pad rows.
+    `rows` holds their flat indices (n), or is a mask over all N rows (bool): then every row
+    is computed and the pad rows are masked out (see `output_layer_loss`).
 
     The loss is the end of the graph, so d(loss)/d(logits) = softmax - q (q: the smoothed
     target distribution) is known as soon as a chunk's log-probabilities are: the forward
@@ -143,8 +154,12 @@ def _output_loss(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     (n x C in compute_dtype, V x C and V in float32; else empty).
     """
     cdt = compute_dtype
+    masked = rows.dtype == torch.bool
     with torch.autocast(device_type=h.device.type, enabled=False):
-        hr, tr = h.index_select(0, rows).to(cdt), target.index_select(0, rows)  # n x C, n
+        if masked:  # every row, n = N: no shape depends on the data
+            hr, tr = h.to(cdt), target  # N x C, N
+        else:
+            hr, tr = h.index_select(0, rows).to(cdt), target.index_select(0, rows)  # n x C, n
         w, b = weight.to(cdt), bias.to(cdt)
         n, V = hr.shape[0], w.shape[0]
         eps = label_smoothing
@@ -163,7 +178,9 @@ def _output_loss(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
             # (the targets copied out of `tr`: as a view, a compiled chunk would guard on the
             # size of its base, and capture again when the rows no longer fit in one chunk)
             hc, tc = hr[r0:r0 + step], tr[r0:r0 + step, None].clone()  # c x C, c x 1
-            nll, smooth, g, gb = chunk(torch.addmm(b, hc, w.t()), tc, eps, eps_i, with_grad)
+            keep = rows[r0:r0 + step, None].clone() if masked else None  # c x 1
+            nll, smooth, g, gb = chunk(torch.addmm(b, hc, w.t()), tc, eps, eps_i, with_grad,
+                                       keep)
             nll_sum += nll
             if smooth is not None:
                 smooth_sum += smooth
@@ -204,7 +221,8 @@ def _output_loss_backward(ctx, grad_loss, *_):
     # Scaled in float32 (a bf16-rounded scale would differ from the weights' by up to 0.4%),
     # out of place (a second backward must not scale the saved gradients twice).
     gh = (grad_h.float() * grad_loss).to(ctx.h_dtype)
-    gh = gh.new_zeros(ctx.h_shape).index_copy_(0, rows, gh)  # zero at the pad rows
+    if rows.dtype != torch.bool:  # (masked: every row's, zero at the pad rows already)
+        gh = gh.new_zeros(ctx.h_shape).index_copy_(0, rows, gh)  # zero at the pad rows
     return (gh, (grad_w * grad_loss).to(ctx.w_dtype), (grad_b * grad_loss).to(ctx.w_dtype),
             None, None, None, None, None)
 
@@ -214,7 +232,7 @@ _output_loss.register_autograd(_output_loss_backward, setup_context=_output_loss
 
 def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       target: torch.Tensor, label_smoothing: float = 0.0, pad: int = PAD,
-                      target_rows: torch.Tensor | None = None
+                      target_rows: torch.Tensor | None = None, static_shapes: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """sequence_loss(F.linear(hidden, weight, bias), target, label_smoothing), fused.
 
@@ -225,6 +243,11 @@ def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     `target_rows` (n, on hidden's device): the flat indices of target's non-pad tokens when the
     caller knows them (`Batch.target_rows`); else they are found here, which on a GPU makes the
     host wait for the device.
+
+    `static_shapes` (or `target_rows` given as a bool mask over the N rows): compute every row
+    and mask the pad rows out. No tensor's shape then depends on how many tokens the batch
+    holds and nothing waits for the device, as a CUDA graph capture requires (batches padded
+    to one shape replay one graph); the price is the output layer's work on the pad rows.
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
@@ -233,7 +256,9 @@ def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     dev = hidden.device.type
     cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
     target = target.reshape(-1)
-    if target_rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
+    if static_shapes:
+        target_rows = target.ne(pad)  # N, bool: a mask, not indices
+    elif target_rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
         target_rows = target.ne(pad).nonzero().squeeze(1)
     loss, nll, *_ = _output_loss(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target,
                                  target_rows, float(label_smoothing), with_grad, cdt)
