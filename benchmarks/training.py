@@ -15,6 +15,8 @@ close the step runs to what the hardware can do.
     python -m benchmarks.training --preset wmt14_en_de --device cuda --dtype bf16 --steps 50
     python -m benchmarks.training --preset iwslt_de_en --dtype bf16   # CPUs with native bf16
     python -m benchmarks.training --preset iwslt_de_en --profile 3     # + where the time goes
+    python -m benchmarks.training --preset wmt14_en_fr --device cuda --dtype bf16 \
+        --max-tokens 3000 --static-shapes 8 --cuda-graphs   # one CUDA graph per batch shape
     python -m benchmarks.training --preset iwslt_de_en --dump-batches b.json   # then the
     /tmp/fairseq-ref-venv/bin/python scripts/fairseq_training_speed.py --batches b.json \\
         --arch fconv_iwslt_de_en --vocab 8000 --threads 2 --out ref.json   # reference's step
@@ -58,7 +60,7 @@ from benchmarks.machine import (
 )
 from benchmarks.report import RESULTS_DIR, format_table, write_result
 from benchmarks.step_profile import operator_profile, phase_breakdown
-from convs2s.train.collate import collate_lists
+from convs2s.train.collate import collate_lists, pad_to, static_shape
 from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
@@ -108,6 +110,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(convs2s.model.loss.compile_loss_chunks; --compile does it too, on "
                         "CUDA), the model eager: what fusing the loss alone buys, for a "
                         "compile of seconds")
+    p.add_argument("--compile-mode", default="", metavar="MODE",
+                   help="with --compile: torch.compile's mode, e.g. reduce-overhead (CUDA "
+                        "graphs, one per batch shape: give --static-shapes)")
+    p.add_argument("--static-shapes", type=int, default=0, metavar="M",
+                   help="pad every batch to a static shape (convs2s.train.collate.pad_to: "
+                        "lengths rounded up to a multiple of M, the budget's sentence count "
+                        "for them; the loss masked, not gathered), and step each shape once "
+                        "before the timed steps; flops are counted on the unpadded batches")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay the forward and backward from CUDA graphs, one per batch shape "
+                        "(convs2s.train.graphs; needs --static-shapes and a CUDA device)")
     p.add_argument("--compile-deadline", type=float, default=0.0, metavar="SECONDS",
                    help="with --compile: if the first step is still compiling this long "
                         "after the start, print the compile's phases so far and every "
@@ -121,6 +134,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.compile_deadline and not (args.compile and args.warmup):
         p.error("--compile-deadline watches the compile in the first warm-up step: give "
                 "--compile and --warmup 1 or more")
+    if args.compile_mode and not args.compile:
+        p.error("--compile-mode needs --compile BACKEND")
+    if args.cuda_graphs and not (args.static_shapes and args.device.startswith("cuda")):
+        p.error("--cuda-graphs needs --static-shapes M and a CUDA --device")
+    if args.cuda_graphs and args.compile:
+        p.error("--cuda-graphs captures the eager step: for CUDA graphs with --compile, give "
+                "--compile-mode reduce-overhead instead")
     args.vocab = args.vocab or DEFAULT_VOCAB.get(args.preset, 40_000)
     return args
 
@@ -197,18 +217,26 @@ def run(args: argparse.Namespace) -> dict:
     if args.dump_batches is not None:
         args.dump_batches.write_text(json.dumps([[src, tgt] for src, tgt in batches]))
     batches = [collate_lists(s, t) for s, t in batches]
+    # what the step trains on: the batches, or padded to static shapes (the flops and token
+    # counts of the timed rows stay the unpadded batches')
+    stepped_batches = [pad_to(b, *static_shape(b, args.max_tokens, args.static_shapes))
+                       for b in batches] if args.static_shapes else batches
     model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
     train_cfg = TrainConfig(precision=args.dtype, compile=args.compile)
     optimizer = build_optimizer(model.parameters(), train_cfg)
     comm = Comm()
-    stepped = compile_for_training(model, args.compile) if args.compile \
-        else model  # as the Trainer does with TrainConfig.compile
+    stepped = compile_for_training(model, args.compile, mode=args.compile_mode or None) \
+        if args.compile else model  # as the Trainer does with TrainConfig.compile
+    if args.cuda_graphs:
+        from convs2s.train.graphs import CudaGraphedLoss
+
+        stepped = CudaGraphedLoss(model)
     if args.compile_loss and not args.compile:  # on this device, the CPU included
         compile_loss_chunks(args.compile_loss, devices=(device.type,))
 
     def step(i: int):
-        stats = train_update(stepped, optimizer, [batches[i % len(batches)]], train_cfg, comm,
-                             device)
+        stats = train_update(stepped, optimizer, [stepped_batches[i % len(batches)]], train_cfg,
+                             comm, device)
         if stats is None:
             raise RuntimeError("train_update returned None for a non-empty batch")
         return stats
@@ -225,8 +253,21 @@ def run(args: argparse.Namespace) -> dict:
         warmup_s.append(time.perf_counter() - t0)
         if watchdog is not None:
             watchdog.done.set()  # the compile is in the first step (one dynamic graph)
+    timed = range(args.warmup, args.warmup + args.steps)
+    shape_of = lambda i: (tuple(stepped_batches[i % len(batches)].src_tokens.shape),  # noqa: E731
+                          tuple(stepped_batches[i % len(batches)].target.shape))
+    shape_warmup_s = []  # static shapes: each timed shape stepped once first (its graph)
+    if args.static_shapes:
+        seen = {shape_of(i) for i in range(args.warmup)}
+        for i in timed:
+            if shape_of(i) not in seen:
+                seen.add(shape_of(i))
+                t0 = time.perf_counter()
+                step(i)
+                synchronize(device)
+                shape_warmup_s.append(time.perf_counter() - t0)
     rows, losses = [], []
-    for i in range(args.warmup, args.warmup + args.steps):
+    for i in timed:
         b = batches[i % len(batches)]
         t0 = time.perf_counter()
         stats = step(i)
@@ -253,7 +294,7 @@ def run(args: argparse.Namespace) -> dict:
             for b in (batches[(first + i) % len(batches)] for i in range(args.profile)))
         profile = operator_profile(lambda i: step(first + i), args.profile, flops,
                                    shapes=args.profile_shapes)
-        profile["phases_ms"] = phase_breakdown(model, optimizer, batches, train_cfg, device,
+        profile["phases_ms"] = phase_breakdown(model, optimizer, stepped_batches, train_cfg, device,
                                                args.profile)
 
     rate = lambda key: median(r[key] / r["seconds"] for r in rows)  # noqa: E731
@@ -268,6 +309,13 @@ def run(args: argparse.Namespace) -> dict:
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),
         "warmup_step_s": [round(x, 3) for x in warmup_s],
         "compile_phases_s": compile_phases() if args.compile else {},
+        "compile_mode": args.compile_mode, "static_shapes": args.static_shapes,
+        "cuda_graphs": stepped.captured_shapes if args.cuda_graphs else 0,  # graphs captured
+        "shape_warmup_step_s": [round(x, 3) for x in shape_warmup_s],
+        "timed_shapes": len({shape_of(i) for i in timed}),
+        # token slots computed on over those of the unpadded batches (1: no padding added)
+        "padding_factor": sum(stepped_batches[i % len(batches)].padded_tokens for i in timed)
+        / sum(batches[i % len(batches)].padded_tokens for i in timed),
         "tgt_tokens_per_step": float(np.mean([r["tgt_tokens"] for r in rows])),
         "tgt_tokens_per_s": rate("tgt_tokens"),
         "tgt_tokens_per_s_overall": sum(r["tgt_tokens"] for r in rows) / total_s,

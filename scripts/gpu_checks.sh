@@ -6,6 +6,8 @@
 #      and at the paper's whole 24,000-token update in one step, each with --profile (GPU-busy
 #      time from kernel events, kernels, launches and host syncs per step, phases), and the
 #      24,000-token step again with only the fused loss's chunks compiled (--compile-loss),
+#      the 3,000-token step on batches padded to static shapes, eager and replayed from CUDA
+#      graphs (--static-shapes 8, --cuda-graphs),
 #      then, with REF_WHEELS set (a folder from scripts/fairseq_wheels.sh), the reference
 #      implementation's step on the same 3,000-token batches, bf16 autocast and float32,
 #   2. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
@@ -67,6 +69,12 @@ work=$(mktemp -d)  # this script's own scratch (the timed batches, the reference
 trap 'rm -rf "$work"' EXIT
 train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
   --dump-batches "$work/batches_3000.json" --out "$out/training_${fr}_cuda_bf16.json"
+# the same batches padded to static shapes (what the padding costs), then replayed from one CUDA
+# graph per shape (what the launches cost): each timed shape is stepped once before the timing
+train "en-fr bf16 3000 static shapes" 80 $fr bf16 3000 --steps 30 --warmup 5 --static-shapes 8 \
+  --out "$out/training_${fr}_cuda_bf16_static.json"
+train "en-fr bf16 3000 cuda graphs" 120 $fr bf16 3000 --steps 30 --warmup 5 --static-shapes 8 \
+  --cuda-graphs --out "$out/training_${fr}_cuda_bf16_graphs.json"
 train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 --profile-shapes \
   --out "$out/training_${fr}_cuda_bf16_24k.json"
 train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \

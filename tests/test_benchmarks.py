@@ -96,6 +96,25 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
         assert sum(g["self_ms_per_step"] for g in groups) <= by_op[op] * 1.01 + 1e-3
     assert any(g["shapes"] for groups in prof["by_shape"].values() for g in groups)
     assert all(x == x for x in r["loss_first_last"])  # finite losses, not NaN
+    assert r["static_shapes"] == 0 and r["padding_factor"] == 1.0 and not r["shape_warmup_step_s"]
+
+
+def test_training_benchmark_pads_to_static_shapes_and_steps_each_shape_first(shared_data,
+                                                                               tmp_path):
+    """`--static-shapes M` (the form a CUDA-graph step needs): the step trains batches padded
+    to few shapes, each timed shape is stepped once before the timing (its graph is recorded
+    then), and the padding it costs is reported; tokens and flops stay the batches' own."""
+    from benchmarks import training
+
+    out = tmp_path / "training.json"
+    training.main(["--preset", "tiny", "--steps", "4", "--warmup", "1", "--bpe-vocab", "500",
+                   "--max-tokens", "600", "--peak-sizes", "128", "--static-shapes", "16",
+                   "--data", str(shared_data), "--out", str(out)])
+    r = _check_result(out, "training")["results"]
+    assert r["static_shapes"] == 16 and r["padding_factor"] > 1.0
+    assert 1 <= r["timed_shapes"] <= 4 and len(r["shape_warmup_step_s"]) <= r["timed_shapes"]
+    assert 0 < r["achieved_flops"] <= r["achieved_flops_padded"]
+    assert all(x == x for x in r["loss_first_last"])
 
 
 def test_a_compile_past_its_deadline_says_where_it_was(shared_data, tmp_path):
@@ -403,3 +422,28 @@ def test_the_process_profile_gives_each_kind_of_process_its_cpu(tmp_path):
     assert kind("/x/bin/python -u /x/ray/_private/log_monitor.py --x") == "ray daemon: log monitor"
     assert kind("/x/ray/core/src/ray/raylet/raylet --raylet_socket_name=a") == \
         "ray daemon: raylet"
+
+
+def test_training_benchmark_refuses_cuda_graphs_without_static_shapes_or_a_gpu(capsys):
+    from benchmarks import training
+
+    for argv, says in ((["--cuda-graphs", "--device", "cuda"], "--static-shapes"),
+                       (["--cuda-graphs", "--static-shapes", "16"], "CUDA --device"),
+                       (["--compile-mode", "reduce-overhead"], "needs --compile")):
+        with pytest.raises(SystemExit):
+            training.parse_args(argv)
+        assert says in capsys.readouterr().err
+
+
+def test_static_shapes_benchmark_writes_result(shared_data, tmp_path):
+    from benchmarks import static_shapes
+
+    out = tmp_path / "static_shapes.json"
+    static_shapes.main(["--max-tokens", "600", "--multiples", "8", "32", "--bpe-vocab", "500",
+                        "--data", str(shared_data), "--out", str(out)])
+    rows = _check_result(out, "static_shapes")["results"]["rows"]
+    assert [r["multiple"] for r in rows] == [8, 32]
+    for r in rows:
+        assert 1 <= r["shapes_first_35"] <= r["shapes"] <= r["batches"]
+        assert r["padding_factor"] >= 1.0 and 0 < r["real_tokens_per_slot_unpadded"] <= 1
+    assert rows[1]["shapes"] <= rows[0]["shapes"]  # coarser rounding: fewer shapes

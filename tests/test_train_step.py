@@ -15,13 +15,15 @@ import torch
 import torch.distributed as dist
 from conftest import run_ranks
 
-from convs2s.train.collate import collate_arrow, collate_lists, pad_right
+from convs2s.train.collate import (collate_arrow, collate_lists, pad_right, pad_to,
+                                   static_shape)
 from convs2s.config import EOS, PAD, PRESETS, TrainConfig
 from convs2s.model.loss import sequence_loss
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
-from convs2s.train.update import compile_for_training, train_update, validate
+from convs2s.train.update import (autocast_for, compile_for_training, train_update,
+                                  validate)
 
 V = 40
 SCHEMA = pa.schema([("id", pa.list_(pa.int64())), ("src", pa.list_(pa.list_(pa.int32()))),
@@ -198,6 +200,56 @@ def test_meter_reports_per_token_means_and_excludes_paused_time():
     assert format_eta(float("inf")) == "?"
 
 
+def test_batches_padded_to_static_shapes_train_the_same_updates():
+    """A step captured once per shape (CUDA graphs) trains batches padded to a few fixed
+    shapes (`static_shape`, `pad_to`): appended dummy sentences and wider padding leave the
+    losses and the trained weights those of the unpadded batches, and the counts (tokens,
+    sentences) the batch's own."""
+    batches = make_batches(3, 4)
+    shapes = [static_shape(b, max_tokens=48, multiple=8) for b in batches]
+    padded = [pad_to(b, *shape) for b, shape in zip(batches, shapes)]
+    for b, p, (n, s, t) in zip(batches, padded, shapes):
+        assert p.src_tokens.shape == (n, s) and p.target.shape == (n, t)
+        assert n >= b.nsentences and s % 8 == 0 and t % 8 == 0
+        assert (p.nsentences, p.ntokens, p.pad_rows) == (b.nsentences, b.ntokens,
+                                                          n - b.nsentences)
+        assert p.target_rows.dtype == torch.bool and int(p.target_rows.sum()) == b.ntokens
+        assert (p.src_lengths[b.nsentences:] == 1).all()
+    assert len(set(shapes)) < len({(b.src_tokens.shape, b.target.shape) for b in batches})
+    runs = []
+    for seq in (batches, padded):
+        model = fresh_model()
+        opt = build_optimizer(model.parameters(), CFG)
+        losses = [float(train_update(model, opt, [b], CFG, Comm(), torch.device("cpu"))
+                        .loss_sum) for b in seq]
+        runs.append((losses, model.state_dict()))
+    assert runs[1][0] == pytest.approx(runs[0][0], rel=1e-5)
+    for (k, a), b in zip(runs[0][1].items(), runs[1][1].values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
+    with pytest.raises(ValueError, match="cannot hold"):
+        pad_to(batches[0], batches[0].nsentences - 1, 64, 64)
+
+
+def test_static_shapes_round_lengths_and_sentence_counts_to_few_values():
+    """Lengths round up to the multiple; sentence counts to a ladder growing by a quarter,
+    capped at what a batch of the budget (n * max(S, T) <= max_tokens) can hold at the
+    bucket's shortest lengths; a batch over the budget (one long sentence) keeps its count."""
+    def batch(n, s, t):
+        return collate_lists([[5] * (s - 1) + [EOS]] * n, [[6] * (t - 1) + [EOS]] * n)
+
+    budget = 120
+    counts, shapes = set(), set()
+    for s in range(9, 17):
+        for t in range(9, 17):
+            n = budget // max(s, t)  # 7, 8, 9, 10, 12 or 13 sentences
+            shape = static_shape(batch(n, s, t), budget, multiple=8)
+            assert shape[1:] == (16, 16) and n <= shape[0] <= min(budget // 9, 1.25 * n + 1)
+            counts.add(n)
+            shapes.add(shape)
+    assert len(counts) == 6 and sorted(n for n, _, _ in shapes) == [8, 10, 12, 13]
+    assert static_shape(batch(1, 150, 7), budget, multiple=8) == (1, 152, 8)
+
+
 @pytest.mark.gpu
 def test_bf16_update_on_cuda_tracks_the_float32_update():
     device = torch.device("cuda")
@@ -265,17 +317,20 @@ def test_nccl_ddp_update_on_one_gpu_equals_the_plain_update_and_bf16_trains():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("static", [False, True], ids=["rows", "static-shape"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision):
+def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision, static):
     """CUDA's sync debug mode raises on any operation that makes the host wait for the device:
     the model's forward through the fused loss and its backward make none (the non-pad rows
-    come from the collate, `Batch.target_rows`), so the host can queue the next kernels."""
-    from convs2s.train.update import autocast_for
-
+    come from the collate, `Batch.target_rows`; padded to a static shape, a mask), so the
+    host can queue the next kernels."""
     device = torch.device("cuda")
     cfg = CFG.replace(precision=precision)
     model = fresh_model().to(device)
-    batch = make_batches(4, 1)[0].to(device)
+    batch = make_batches(4, 1)[0]
+    if static:
+        batch = pad_to(batch, *static_shape(batch, max_tokens=64))
+    batch = batch.to(device)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -287,6 +342,59 @@ def test_the_forward_and_backward_of_a_step_never_wait_for_the_gpu(precision):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(loss).item()
+
+
+def test_cuda_graphs_refuse_a_model_off_the_gpu():
+    from convs2s.train.graphs import CudaGraphedLoss
+
+    with pytest.raises(ValueError, match="CUDA device, it is on cpu"):
+        CudaGraphedLoss(fresh_model())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_graphed_updates_equal_the_eager_updates(precision):
+    """The forward and backward replayed from one CUDA graph per static shape train the same
+    updates as the eager step on the same padded batches (no dropout: the masks would differ),
+    capture once per shape, validate eagerly, and with dropout draw fresh masks each replay."""
+    from convs2s.train.graphs import CudaGraphedLoss
+    from convs2s.train.regularization import set_dropout
+
+    device = torch.device("cuda")
+    cfg = CFG.replace(precision=precision)
+    batches = [pad_to(b, *static_shape(b, max_tokens=48, multiple=16))
+               for b in make_batches(5, 3)]
+    # shapes seen again: replays, no new capture; the last update has two micro-batches of
+    # one shape, whose gradients must add up (not the second replay's alone)
+    updates = [[b] for b in batches + batches[:2]] + [[batches[0], batches[0]]]
+    runs = []
+    for graphed in (False, True):
+        net = fresh_model().to(device)
+        stepped = CudaGraphedLoss(net) if graphed else net
+        opt = build_optimizer(net.parameters(), cfg)
+        losses = [float(train_update(stepped, opt, mbs, cfg, Comm(), device).loss_sum)
+                  for mbs in updates]
+        runs.append((losses, net.state_dict(), validate(stepped, batches[:2], Comm(), device,
+                                                        cfg)))
+        if graphed:
+            assert stepped.captured_shapes == len({(b.src_tokens.shape, b.target.shape)
+                                                   for b in batches})
+    (eager, eager_state, eager_val), (replayed, state, val) = runs
+    rel = 1e-4 if precision == "fp32" else 1e-2
+    assert replayed == pytest.approx(eager, rel=rel)
+    assert val == pytest.approx(eager_val, rel=rel)
+    for k, a in eager_state.items():
+        torch.testing.assert_close(state[k], a, rtol=rel, atol=rel * 1e-2, msg=k)
+
+    net = fresh_model().to(device)
+    set_dropout(net, 0.2)
+    graphed = CudaGraphedLoss(net)
+    b = batches[0].to(device)
+    with autocast_for(device, cfg):
+        losses = [float(graphed(b.src_tokens, b.src_lengths, b.prev_output_tokens,
+                                target=b.target, label_smoothing=0.1,
+                                target_rows=b.target_rows)[0]) for _ in range(2)]
+    assert losses[0] != losses[1] and all(math.isfinite(v) for v in losses)
 
 
 def test_a_compiled_update_equals_the_eager_update(compile_state):

@@ -1,6 +1,7 @@
 """Training: `job` (what a training job is given and returns: light, no torch), `data` (which
 rows of the shared batch files each rank reads, in which order, resumably), `collate` (`Batch`),
-`update` (one synchronous update: micro-batches, bf16 autocast, gradient all-reduce), `optim`
+`update` (one synchronous update: micro-batches, bf16 autocast, gradient all-reduce), `graphs`
+(the forward and backward replayed from CUDA graphs, one per static batch shape), `optim`
 (the paper's Nesterov SGD, clipping, the lr schedule), `meter` (the log interval's sums and the
 progress line), `trainer` (`run_loop` and the `Trainer`: the loop's state, validation,
 checkpoints, resume, limits), `memory_fit` (on a GPU, the data's largest step once before

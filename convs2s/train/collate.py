@@ -36,12 +36,14 @@ class Batch:
     ntokens: int  # non-pad target tokens: the loss normalizer (paper §3.4 / reference)
     src_ntokens: int  # non-pad source tokens
     # ntokens int64: flat (B*T) indices of the non-pad target tokens, found on the host so the
-    # fused loss never waits for the device to find them (convs2s.model.loss)
+    # fused loss never waits for the device to find them (convs2s.model.loss); or, padded to a
+    # static shape (`pad_to`), a B*T bool mask of them
     target_rows: torch.Tensor | None = None
+    pad_rows: int = 0  # dummy sentences appended by `pad_to` (the last rows)
 
     @property
     def nsentences(self) -> int:
-        return int(self.src_tokens.shape[0])
+        return int(self.src_tokens.shape[0]) - self.pad_rows
 
     @property
     def padded_tokens(self) -> int:
@@ -62,7 +64,8 @@ class Batch:
         return Batch(move(self.src_tokens), move(self.src_lengths),
                      move(self.prev_output_tokens), move(self.target), self.ids,
                      self.ntokens, self.src_ntokens,
-                     None if self.target_rows is None else move(self.target_rows))
+                     None if self.target_rows is None else move(self.target_rows),
+                     self.pad_rows)
 
 
 def pad_right(flat: np.ndarray, lengths: np.ndarray, pad: int = PAD) -> np.ndarray:
@@ -156,3 +159,53 @@ def _check(src_len: np.ndarray, tgt_len: np.ndarray, tgt_flat: np.ndarray, ids) 
         raise ValueError(f"{where}: empty sentence (EOS missing); {fix}")
     if not np.all(tgt_flat[np.cumsum(tgt_len) - 1] == EOS):
         raise ValueError(f"{where}: a target sentence does not end with EOS={EOS}; {fix}")
+
+
+# --- static shapes (a step captured once per shape: CUDA graphs) --------------------------------
+
+
+def static_shape(batch: Batch, max_tokens: int, multiple: int = 8) -> tuple[int, int, int]:
+    """(sentences, source length, target length) to pad `batch` to, so that the batches of one
+    token budget come in few shapes: both lengths rounded up to a multiple of `multiple`; the
+    sentence count up to a rung of a ladder growing by a quarter (8, 10, 12, 15, 19, 24, ...:
+    about a quarter more sentences at most), or to the most a budget-respecting batch can hold
+    at the shortest lengths that round to these where that is fewer (the batches stage cuts
+    n * max(S, T) <= max_tokens, preprocessing/batching.py): long batches share one count. A
+    batch over the budget (one sentence longer than it) keeps its own count. What the padding
+    costs on real batches: `python -m benchmarks.static_shapes`."""
+    B, S = batch.src_tokens.shape
+    T = batch.target.shape[1]
+    src_len, tgt_len = (-(-n // multiple) * multiple for n in (S, T))
+    shortest = max(src_len, tgt_len) - multiple + 1  # the least max(S, T) rounding to these
+    rung = 8
+    while rung < B:
+        rung = round(rung * 1.25)
+    return max(B, min(rung, max_tokens // shortest)), src_len, tgt_len
+
+
+def pad_to(batch: Batch, sentences: int, src_len: int, tgt_len: int) -> Batch:
+    """`batch` padded to sentences x src_len (source) and sentences x tgt_len (target), for a
+    step compiled or captured once per shape. Its loss and gradients do not change: the model
+    is invariant to right padding (pad frames are zero conv inputs and get no attention; the
+    decoder is causal), the appended sentences have no target tokens, and `target_rows`
+    becomes a mask (the fused loss's static-shape form, convs2s.model.loss). An appended
+    sentence's source is one EOS: with no token at all its attention would be a softmax over
+    nothing (NaN)."""
+    B, S = batch.src_tokens.shape
+    T = batch.target.shape[1]
+    if sentences < B or src_len < S or tgt_len < T:
+        raise ValueError(f"pad_to({sentences}, {src_len}, {tgt_len}) cannot hold a batch of "
+                         f"{B} sentences x {S} source x {T} target positions")
+
+    def grown(t: torch.Tensor, width: int) -> torch.Tensor:
+        out = t.new_full((sentences, width), PAD)
+        out[:B, :t.shape[1]] = t
+        return out
+
+    src = grown(batch.src_tokens, src_len)
+    src[B:, 0] = EOS
+    lengths = torch.cat([batch.src_lengths, batch.src_lengths.new_ones(sentences - B)])
+    target = grown(batch.target, tgt_len)
+    return Batch(src, lengths, grown(batch.prev_output_tokens, tgt_len), target, batch.ids,
+                 batch.ntokens, batch.src_ntokens, target_rows=target.reshape(-1).ne(PAD),
+                 pad_rows=batch.pad_rows + sentences - B)

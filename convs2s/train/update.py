@@ -50,7 +50,7 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
 
 
 def compile_for_training(model: torch.nn.Module, backend: str,
-                         fullgraph: bool = False) -> torch.nn.Module:
+                         fullgraph: bool = False, mode: str | None = None) -> torch.nn.Module:
     """The model through the fused loss as one graph with dynamic shapes (`TrainConfig.compile`):
     one compile serves every batch shape.
 
@@ -62,11 +62,15 @@ def compile_for_training(model: torch.nn.Module, backend: str,
     (`train.dropout_by_passes`) recompiles once. The setting is process-wide (dynamo's config),
     as is the compile of the fused loss's chunks (`convs2s.model.loss.compile_loss_chunks`),
     which the model's graph sees as one opaque operator.
-    `fullgraph` (tests): a graph break is an error instead of a split graph.
+    `fullgraph` (tests): a graph break is an error instead of a split graph. `mode`:
+    torch.compile's (Inductor), e.g. "reduce-overhead" for CUDA graphs, one recorded per
+    batch shape: with batches padded to a few static shapes (`convs2s.train.collate.pad_to`),
+    whose loss is masked rather than gathered, so no shape depends on the token count.
     """
     torch._dynamo.config.specialize_float = True
     compile_loss_chunks(backend)
-    return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph)
+    return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph,
+                         **({"mode": mode} if mode else {}))
 
 
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

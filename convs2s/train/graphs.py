@@ -1,0 +1,132 @@
+"""CUDA graphs for the training step: the model's forward through the fused loss and its
+backward, captured once per batch shape and replayed (`torch.cuda.make_graphed_callables`).
+
+Why: at the paper's 3,000 tokens per GPU the bf16 step is bound by launching its kernels one by
+one from Python, not by the GPU (docs/benchmarks.md, "The GPU step on an H200"); a replay
+launches a whole captured forward or backward at once. What a capture needs, and where it
+comes from:
+
+- a few fixed shapes: batches padded to them (`convs2s.train.collate.static_shape`, `pad_to`);
+- no shape that depends on the data: the fused loss's static-shape form, a mask of the target
+  tokens instead of their gathered rows (`convs2s.model.loss.output_layer_loss`);
+- no host wait inside the step (tests/test_train_step.py checks it in CUDA's sync-debug mode);
+- autocast without its cache of weight casts (a cast kept from the capture would go stale).
+
+    graphed = CudaGraphedLoss(model)        # model on a CUDA device, in training mode
+    loss, nll = graphed(src, lengths, prev, target=target, label_smoothing=0.1,
+                        target_rows=mask)  # a padded batch: mask = target.reshape(-1) != PAD
+    (loss * scale).backward()               # the captured backward, then the .grad sums
+
+It is called as the model is by `convs2s.train.update.train_update`. Each new (shape, label
+smoothing, precision) is captured on its first call, in a memory pool of its own: memory grows
+with the number of shapes (`static_shape` keeps it small). Outside training (eval mode, or no
+gradient) the model runs eagerly. Parameters are read where they live, so the optimizer's
+in-place steps are seen by every replay; dropout draws fresh masks at each replay (the CUDA
+generator's offsets advance with the graph).
+
+Gradients: the captured backward leaves its results in the graph's own buffers, and autograd
+would adopt such a buffer as a parameter's `.grad` when it has none; the next replay of the
+same graph (a second micro-batch of that shape in one update) would then overwrite the first
+one's gradient. So before a forward finds the gradients set to None (by the optimizer's
+`zero_grad`), it gives every parameter a zeroed `.grad`, views of one buffer (a single fill),
+and autograd adds into them. A parameter the loss does not reach gets a zero gradient, not
+None.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class _LossOf(nn.Module):
+    """The model's training forward with the loss arguments fixed, as a module of tensor
+    arguments only (what `make_graphed_callables` captures). Shares the model's parameters."""
+
+    def __init__(self, model: nn.Module, label_smoothing: float):
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, target, target_rows):
+        return self.model(src_tokens, src_lengths, prev_output_tokens, target=target,
+                          label_smoothing=self.label_smoothing, target_rows=target_rows)
+
+
+class CudaGraphedLoss(nn.Module):
+    """The model's forward through the fused loss, replayed from one CUDA graph per batch
+    shape; see the module docstring."""
+
+    def __init__(self, model: nn.Module, warmup_iters: int = 3):
+        super().__init__()
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, it is on {device}; "
+                             "train without them on this device")
+        self.model = model
+        self.warmup_iters = warmup_iters
+        self._graphed: dict[tuple, nn.Module] = {}
+        self._grad_buffers: dict[torch.dtype, torch.Tensor] = {}  # the .grad views' storage
+
+    @property
+    def captured_shapes(self) -> int:
+        return len(self._graphed)
+
+    def forward(self, src_tokens, src_lengths, prev_output_tokens, target=None,
+                label_smoothing: float = 0.0, target_rows=None):
+        if target is None or not (self.model.training and torch.is_grad_enabled()):
+            return self.model(src_tokens, src_lengths, prev_output_tokens, target=target,
+                              label_smoothing=label_smoothing, target_rows=target_rows)
+        if target_rows is None or target_rows.dtype != torch.bool:
+            raise ValueError("a CUDA-graphed step takes batches padded to a static shape, whose "
+                             "target rows are a mask (convs2s.train.collate.pad_to)")
+        dev = src_tokens.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+        args = (src_tokens, src_lengths, prev_output_tokens, target, target_rows)
+        key = (tuple(src_tokens.shape), tuple(target.shape), float(label_smoothing), dtype)
+        graphed = self._graphed.get(key)
+        if graphed is None:
+            graphed = self._capture(args, float(label_smoothing), dtype)
+            self._graphed[key] = graphed
+        self._grads_in_place()
+        loss, nll = graphed(*args)
+        return loss, nll.detach()
+
+    def _grads_in_place(self) -> None:
+        """Zeroed `.grad`s, views of one buffer per dtype, where the optimizer left None (see
+        the module docstring)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        missing = [p for p in params if p.grad is None]
+        if not missing:
+            return
+        if len(missing) < len(params):  # some kept theirs: fill only the others
+            for p in missing:
+                p.grad = torch.zeros_like(p)
+            return
+        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+        for p in params:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        for dtype, group in by_dtype.items():
+            n = sum(p.numel() for p in group)
+            flat = self._grad_buffers.get(dtype)
+            if flat is None or flat.numel() != n:
+                flat = self._grad_buffers[dtype] = torch.empty(n, dtype=dtype,
+                                                               device=group[0].device)
+            flat.zero_()
+            offset = 0
+            for p in group:
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+
+    def _capture(self, args: tuple, label_smoothing: float, dtype) -> nn.Module:
+        """Warm up and capture the forward and backward for these argument shapes. The sample
+        arguments are copies: the graph keeps them as its input buffers, and each call copies
+        the batch's tensors into them."""
+        samples = tuple(a.clone() for a in args)
+        module = _LossOf(self.model, label_smoothing)
+        # (within a step's autocast, whose weight-cast cache a capture cannot use)
+        autocast = torch.autocast("cuda", dtype=dtype, cache_enabled=False) if dtype \
+            else torch.autocast("cuda", enabled=False)
+        with autocast:
+            return torch.cuda.make_graphed_callables(
+                module, samples, num_warmup_iters=self.warmup_iters, allow_unused_input=True)
