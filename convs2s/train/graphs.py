@@ -10,7 +10,9 @@ comes from:
 - no shape that depends on the data: the fused loss's static-shape form, a mask of the target
   tokens instead of their gathered rows (`convs2s.model.loss.output_layer_loss`);
 - no host wait inside the step (tests/test_train_step.py checks it in CUDA's sync-debug mode);
-- autocast without its cache of weight casts (a cast kept from the capture would go stale).
+- autocast around the forward only, without its cache of weight casts (a cast kept from the
+  capture would go stale); the backward runs outside it, as the eager step's `.backward()` does
+  (captured under autocast, the float32 attention products' gradients would be bf16 ones).
 
     graphed = CudaGraphedLoss(model)        # model on a CUDA device, in training mode
     loss, nll = graphed(src, lengths, prev, target=target, label_smoothing=0.1,
@@ -18,11 +20,15 @@ comes from:
     (loss * scale).backward()               # the captured backward, then the .grad sums
 
 It is called as the model is by `convs2s.train.update.train_update`. Each new (shape, label
-smoothing, precision) is captured on its first call, in a memory pool of its own: memory grows
-with the number of shapes (`static_shape` keeps it small). Outside training (eval mode, or no
-gradient) the model runs eagerly. Parameters are read where they live, so the optimizer's
-in-place steps are seen by every replay; dropout draws fresh masks at each replay (the CUDA
-generator's offsets advance with the graph).
+smoothing, precision, dropout rates) is captured on its first call. All captures share one
+memory pool: what a replay computes lives only until its backward has run, so a graphed
+forward must be followed by its backward before a forward of another shape (as in
+`train_update`; a second shape's forward before that is an error). What stays per shape is
+the graph's own output buffers, among them a float32 gradient of every parameter (about 1 GiB
+for the paper's En-Fr model): `static_shape` keeps the shapes few. Outside training (eval
+mode, or no gradient) the model runs eagerly. Parameters are read where they live, so the
+optimizer's in-place steps are seen by every replay; dropout draws fresh masks at each replay
+(the CUDA generator's offsets advance with the graph).
 
 Gradients: the captured backward leaves its results in the graph's own buffers, and autograd
 would adopt such a buffer as a parameter's `.grad` when it has none; the next replay of the
@@ -35,6 +41,8 @@ None.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -43,14 +51,18 @@ class _LossOf(nn.Module):
     """The model's training forward with the loss arguments fixed, as a module of tensor
     arguments only (what `make_graphed_callables` captures). Shares the model's parameters."""
 
-    def __init__(self, model: nn.Module, label_smoothing: float):
+    def __init__(self, model: nn.Module, label_smoothing: float, dtype: torch.dtype | None):
         super().__init__()
         self.model = model
         self.label_smoothing = label_smoothing
+        self.dtype = dtype  # the forward's autocast dtype, None: float32
 
     def forward(self, src_tokens, src_lengths, prev_output_tokens, target, target_rows):
-        return self.model(src_tokens, src_lengths, prev_output_tokens, target=target,
-                          label_smoothing=self.label_smoothing, target_rows=target_rows)
+        autocast = torch.autocast("cuda", dtype=self.dtype, cache_enabled=False) \
+            if self.dtype else contextlib.nullcontext()
+        with autocast:
+            return self.model(src_tokens, src_lengths, prev_output_tokens, target=target,
+                              label_smoothing=self.label_smoothing, target_rows=target_rows)
 
 
 class CudaGraphedLoss(nn.Module):
@@ -67,6 +79,8 @@ class CudaGraphedLoss(nn.Module):
         self.warmup_iters = warmup_iters
         self._graphed: dict[tuple, nn.Module] = {}
         self._grad_buffers: dict[torch.dtype, torch.Tensor] = {}  # the .grad views' storage
+        self._pool = torch.cuda.graph_pool_handle()  # shared by every capture
+        self._pending: tuple | None = None  # the shape whose backward has not run yet
 
     @property
     def captured_shapes(self) -> int:
@@ -83,14 +97,26 @@ class CudaGraphedLoss(nn.Module):
         dev = src_tokens.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         args = (src_tokens, src_lengths, prev_output_tokens, target, target_rows)
-        key = (tuple(src_tokens.shape), tuple(target.shape), float(label_smoothing), dtype)
+        rates = tuple(m.dropout for m in self.model.modules()
+                      if isinstance(getattr(m, "dropout", None), float))
+        key = (tuple(src_tokens.shape), tuple(target.shape), float(label_smoothing), dtype,
+               rates)
+        if self._pending is not None and self._pending != key:
+            raise RuntimeError("a CUDA-graphed forward of another batch shape before the "
+                               "backward of the last one: their graphs share memory; call "
+                               "backward on each loss first (as train_update does)")
         graphed = self._graphed.get(key)
         if graphed is None:
             graphed = self._capture(args, float(label_smoothing), dtype)
             self._graphed[key] = graphed
         self._grads_in_place()
         loss, nll = graphed(*args)
+        self._pending = key
+        loss.register_hook(self._backward_ran)
         return loss, nll.detach()
+
+    def _backward_ran(self, grad: torch.Tensor) -> None:
+        self._pending = None
 
     def _grads_in_place(self) -> None:
         """Zeroed `.grad`s, views of one buffer per dtype, where the optimizer left None (see
@@ -123,10 +149,10 @@ class CudaGraphedLoss(nn.Module):
         arguments are copies: the graph keeps them as its input buffers, and each call copies
         the batch's tensors into them."""
         samples = tuple(a.clone() for a in args)
-        module = _LossOf(self.model, label_smoothing)
-        # (within a step's autocast, whose weight-cast cache a capture cannot use)
-        autocast = torch.autocast("cuda", dtype=dtype, cache_enabled=False) if dtype \
-            else torch.autocast("cuda", enabled=False)
-        with autocast:
+        module = _LossOf(self.model, label_smoothing, dtype)
+        # Out of the step's autocast (whose weight-cast cache a capture refuses): `_LossOf`
+        # enters its own around the forward, and the backward is captured outside it.
+        with torch.autocast("cuda", enabled=False):
             return torch.cuda.make_graphed_callables(
-                module, samples, num_warmup_iters=self.warmup_iters, allow_unused_input=True)
+                module, samples, num_warmup_iters=self.warmup_iters, allow_unused_input=True,
+                pool=self._pool)
