@@ -82,17 +82,19 @@ class RayCliCluster:
         # Short: Ray's unix sockets live under it (path limit ~107 bytes).
         self.temp_dir = temp_dir or tempfile.mkdtemp(prefix="rt", dir="/tmp")
         self.env = {**env, self.MARKER_ENV: self.temp_dir}
-        # The cluster's own token, in its temp dir: `ray start` reads a token and never makes
+        # A new cluster's own token, in its temp dir: `ray start` reads a token and never makes
         # one, so with the user's ~/.ray/auth_token it failed on a machine where no Ray had run
-        # yet, and a shared file ties every test cluster to whatever last wrote it.
+        # yet, and a shared file ties every test cluster to whatever last wrote it. (A running
+        # cluster's folder, `temp_dir`, is only read: its token is used if it has one.)
         token = Path(self.temp_dir) / "auth_token"
-        if not token.exists():
+        if temp_dir is None:
             import secrets
 
             fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32))
-        self.env["RAY_AUTH_TOKEN_PATH"] = str(token)
+        if token.exists():
+            self.env["RAY_AUTH_TOKEN_PATH"] = str(token)
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
         self.agent_wait_s: float | None = None  # the head's agent's wait after `ray start`

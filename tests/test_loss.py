@@ -186,14 +186,15 @@ def test_fused_loss_backward_twice_gives_the_same_gradients():
 @pytest.mark.parametrize("chunk_values", [11, 30, 2**20], ids=["row", "3rows", "whole"])
 def test_static_shapes_mask_the_pad_rows_to_the_same_loss_and_gradients(
         eps, chunk_values, monkeypatch):
-    """The masked variant (every row computed, the pad rows masked out: the form a CUDA graph
-    can capture) gives the loss and gradients of the gathered rows, whatever the chunking;
-    a bool `target_rows` is the same request."""
+    """The masked variant (a bool mask as `target_rows`: every row computed, the pad rows
+    masked out, the form a CUDA graph can capture) gives the loss and gradients of the gathered
+    rows, whatever the chunking."""
     monkeypatch.setattr(loss_module, "CHUNK_VALUES", {"cpu": chunk_values})
     monkeypatch.setattr(loss_module, "MIN_CHUNK_ROWS", 1)
     h, w, b, target = _problem()
     runs = []
-    for kwargs in ({}, {"static_shapes": True}, {"target_rows": target.reshape(-1) != PAD}):
+    mask = target.reshape(-1) != PAD
+    for kwargs in ({}, {"target_rows": mask}):
         loss, nll = output_layer_loss(h, w, b, target, eps, **kwargs)
         runs.append((loss, nll, *torch.autograd.grad(loss * 1.7, (h, w, b))))
     for masked in runs[1:]:
@@ -202,7 +203,7 @@ def test_static_shapes_mask_the_pad_rows_to_the_same_loss_and_gradients(
     grad_h = runs[1][2]
     assert grad_h[0, 5:].abs().max() == 0 and grad_h[2, 2:].abs().max() == 0
     with torch.no_grad():
-        values = output_layer_loss(h, w, b, target, eps, static_shapes=True)
+        values = output_layer_loss(h, w, b, target, eps, target_rows=mask)
     torch.testing.assert_close(values, runs[0][:2])
 
 
@@ -229,12 +230,12 @@ def test_static_shapes_compile_once_for_every_token_count(compile_state):
         fn = torch.compile(loss_of, backend=counting, dynamic=False, fullgraph=True)
         for t in (target, fewer):
             rows = t.reshape(-1).ne(PAD).nonzero().squeeze(1)  # as the collate gives them
-            fn(h, w, b, t, **({"static_shapes": True} if static else {"target_rows": rows}))
+            fn(h, w, b, t, target_rows=t.reshape(-1).ne(PAD) if static else rows)
         assert len(calls) == graphs, (static, calls)
 
     loss_module.compile_loss_chunks("aot_eager", devices=("cpu",))
     for t in (target, fewer):
-        compiled = output_layer_loss(h, w, b, t, 0.1, static_shapes=True)
+        compiled = output_layer_loss(h, w, b, t, 0.1, target_rows=t.reshape(-1).ne(PAD))
         c_grads = torch.autograd.grad(compiled[0], (h, w, b))
         loss_module.compile_loss_chunks(None)
         eager = output_layer_loss(h, w, b, t, 0.1)
@@ -256,7 +257,7 @@ def test_static_shapes_loss_and_backward_replay_in_a_cuda_graph():
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss, nll = output_layer_loss(static_h, w, b, static_target, 0.1,
-                                          static_shapes=True)
+                                          target_rows=static_target.reshape(-1).ne(PAD))
         return (loss, nll, *torch.autograd.grad(loss, (static_h, w, b)))
 
     side = torch.cuda.Stream()

@@ -232,7 +232,7 @@ _output_loss.register_autograd(_output_loss_backward, setup_context=_output_loss
 
 def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                       target: torch.Tensor, label_smoothing: float = 0.0, pad: int = PAD,
-                      target_rows: torch.Tensor | None = None, static_shapes: bool = False
+                      target_rows: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """sequence_loss(F.linear(hidden, weight, bias), target, label_smoothing), fused.
 
@@ -244,10 +244,11 @@ def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     caller knows them (`Batch.target_rows`); else they are found here, which on a GPU makes the
     host wait for the device.
 
-    `static_shapes` (or `target_rows` given as a bool mask over the N rows): compute every row
-    and mask the pad rows out. No tensor's shape then depends on how many tokens the batch
-    holds and nothing waits for the device, as a CUDA graph capture requires (batches padded
-    to one shape replay one graph); the price is the output layer's work on the pad rows.
+    `target_rows` as a bool mask over the N rows (`target != pad`, what `collate.pad_to` gives):
+    compute every row and mask the pad rows out. No tensor's shape then depends on how many
+    tokens the batch holds and nothing waits for the device, as a CUDA graph capture requires
+    (batches padded to one shape replay one graph); the price is the output layer's work on
+    the pad rows.
     """
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
@@ -256,9 +257,7 @@ def output_layer_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     dev = hidden.device.type
     cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
     target = target.reshape(-1)
-    if static_shapes:
-        target_rows = target.ne(pad)  # N, bool: a mask, not indices
-    elif target_rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
+    if target_rows is None:  # found here: on a GPU nonzero waits for the device (a sync)
         target_rows = target.ne(pad).nonzero().squeeze(1)
     loss, nll, *_ = _output_loss(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target,
                                  target_rows, float(label_smoothing), with_grad, cdt)

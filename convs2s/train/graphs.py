@@ -77,6 +77,12 @@ class CudaGraphedLoss(nn.Module):
                              "train without them on this device")
         self.model = model
         self.warmup_iters = warmup_iters
+        # looked up once, not at every forward (the step is host-bound: convs2s.model.network
+        # keeps its dropout rates as numbers on the modules, `set_dropout` changes them)
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._with_dropout = [m for m in model.modules()
+                              if isinstance(getattr(m, "dropout", None), (int, float))
+                              and not isinstance(m.dropout, bool)]
         self._graphed: dict[tuple, nn.Module] = {}
         self._grad_buffers: dict[torch.dtype, torch.Tensor] = {}  # the .grad views' storage
         self._pool = torch.cuda.graph_pool_handle()  # shared by every capture
@@ -97,8 +103,7 @@ class CudaGraphedLoss(nn.Module):
         dev = src_tokens.device.type
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         args = (src_tokens, src_lengths, prev_output_tokens, target, target_rows)
-        rates = tuple(m.dropout for m in self.model.modules()
-                      if isinstance(getattr(m, "dropout", None), float))
+        rates = tuple(float(m.dropout) for m in self._with_dropout)
         key = (tuple(src_tokens.shape), tuple(target.shape), float(label_smoothing), dtype,
                rates)
         if self._pending is not None and self._pending != key:
@@ -121,7 +126,7 @@ class CudaGraphedLoss(nn.Module):
     def _grads_in_place(self) -> None:
         """Zeroed `.grad`s, views of one buffer per dtype, where the optimizer left None (see
         the module docstring)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._params
         missing = [p for p in params if p.grad is None]
         if not missing:
             return
