@@ -484,7 +484,12 @@ def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30
                                 read_lines(multi30k_slice / "extra.en"),
                                 read_lines(multi30k_slice / "extra.de"))
     assert untrained < 1.0
-    assert m["eval/best/extra/bleu"] > 5.0 + 5 * untrained, m
+    # Learned, on any host: the budget is time, so the updates it buys differ by host. After
+    # 45 s the extra set scored 15.75 on a 2-core Xeon with AMX (bf16, 398 updates) and 4.33 on
+    # CI's float32-only EPYC host (2026-11-28), where a bar of 5 failed; the untrained model
+    # scores about 0.01, and a model that learned nothing (or sets scored against the wrong
+    # references) stays below 1.
+    assert m["eval/best/extra/bleu"] > 2.0 + 5 * untrained, m
 
 
 @pytest.mark.slow
