@@ -259,6 +259,17 @@ class TrainConfig(Settings):
     # compile for every batch shape): "" off (eager), else the backend ("inductor"; "aot_eager"
     # captures without generating code, for checks).
     compile: str = ""
+    # Static shapes: every training batch padded to one of a few fixed shapes, its lengths
+    # rounded up to a multiple of this and its sentences to a rung of a ladder
+    # (convs2s.train.collate.static_shape; about 1.2x the token slots on newstest-like
+    # batches, docs/benchmarks.md); 0: each batch its own shape. The same updates: pad rows
+    # and positions carry no loss (tests/test_local_training.py).
+    static_shapes: int = 0
+    # CUDA graphs over those shapes: the training forward through the loss and its backward,
+    # captured once per shape and replayed (convs2s.train.graphs), for steps bound by
+    # launching kernels (the paper's 3,000 tokens per GPU). Needs static_shapes; a CUDA device
+    # and one rank (elsewhere the run says so and steps eagerly); not with `compile`.
+    cuda_graphs: bool = False
     # Dropout that follows the passes over the data a time budget will reach on this machine
     # (convs2s.train.regularization): ((from_passes, dropout), ...), ascending, the first from
     # 0. After `passes_probe_updates` updates the trainer projects the run's passes from their
@@ -312,6 +323,15 @@ class TrainConfig(Settings):
                                  f"{self.dropout_by_passes}")
         if self.passes_probe_updates < 1:
             raise ValueError("passes_probe_updates must be >= 1")
+        if self.static_shapes < 0:
+            raise ValueError("static_shapes is the multiple lengths are rounded up to (0: off), "
+                             f"got {self.static_shapes}")
+        if self.cuda_graphs and not self.static_shapes:
+            raise ValueError("cuda_graphs captures one graph per batch shape: give static_shapes "
+                             "as well (8 is a good start)")
+        if self.cuda_graphs and self.compile:
+            raise ValueError(f"cuda_graphs and compile={self.compile!r}: choose one (a compiled "
+                             "step is not captured in these graphs)")
 
 
 

@@ -13,7 +13,8 @@
 #   2. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
 #   3. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
-#      validation and checkpoints, then the same command to 300, which must resume,
+#      validation and checkpoints, then the same command to 300, which must resume, and 200
+#      updates on static shapes replayed from CUDA graphs (--set cuda_graphs=true),
 #   4. the float32 En-Fr step and the En-De bf16 step at the paper's budgets,
 #   5. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
 #      sentences), float32 and bf16, beam 1 and 5,
@@ -102,11 +103,16 @@ if [[ -n "${LOOP_DATA:-}" ]]; then
   run_root=$(mktemp -d)  # the runs' checkpoints: a folder of this script's own, removed after
   loop=(--train-data "$LOOP_DATA/batches/train" --valid-data "$LOOP_DATA/batches/valid"
         --spm-model "$(ls "$LOOP_DATA"/spm/spm.model "$LOOP_DATA"/spm.model 2>/dev/null | head -1)"
-        --model small --storage-path "$run_root" --run-name gpu --device cuda --precision bf16
+        --model small --storage-path "$run_root" --device cuda --precision bf16
         --set checkpoint_interval=100)
-  step "loop 200 updates" 90 $PY -m convs2s train "${loop[@]}" --max-updates 200
-  step "loop resumed to 300" 90 $PY -m convs2s train "${loop[@]}" --max-updates 300
+  step "loop 200 updates" 90 $PY -m convs2s train "${loop[@]}" --run-name gpu --max-updates 200
+  step "loop resumed to 300" 90 $PY -m convs2s train "${loop[@]}" --run-name gpu \
+    --max-updates 300
   cp "$run_root/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
+  # the same loop on static shapes replayed from CUDA graphs (TrainConfig.cuda_graphs)
+  step "loop 200 updates, cuda graphs" 120 $PY -m convs2s train "${loop[@]}" \
+    --run-name gpu_graphs --max-updates 200 --set static_shapes=8 --set cuda_graphs=true
+  cp "$run_root/gpu_graphs/metrics.jsonl" "$out/loop_graphs_metrics.jsonl" 2>/dev/null
   rm -rf "$run_root"
 fi
 

@@ -150,6 +150,44 @@ def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone
     assert on_ray.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
 
 
+def test_static_shapes_train_the_same_updates_and_graphs_off_a_gpu_say_so(demo_batches,
+                                                                           tmp_path, capsys):
+    """`static_shapes=8` pads every batch to a few shapes (what CUDA graphs capture): the same
+    losses as the unpadded run (float32, no dropout: the padded run draws no other numbers),
+    with a lower padding efficiency. `cuda_graphs` on a CPU says in one line that it is off
+    and why, and the run steps eagerly on the same shapes."""
+    from convs2s.train.local import fit_local
+
+    d = demo_batches
+    cfg = TrainConfig(max_epochs=0, max_updates=12, log_interval=4, precision="fp32")
+
+    def run(name: str, **train) -> dict:
+        job = TrainJob(model=PRESETS["tiny"]().replace(dropout=0.0),
+                       train=cfg.replace(**train), train_data=d.batches["train"],
+                       valid_data=d.batches["valid"], spm_model=d.spm_model,
+                       vocab_size=d.vocab_size, storage_path=str(tmp_path), run_name=name,
+                       system_metrics_s=0)
+        fit_local(job, "cpu")
+        return {r["step"]: r["metrics"] for r in
+                read_local_metrics(tmp_path / name / "metrics.jsonl")
+                if "train/loss" in r["metrics"]}
+
+    plain = run("plain")
+    capsys.readouterr()
+    padded = run("padded", static_shapes=8, cuda_graphs=True)
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "cuda_graphs" in line]
+    assert len(said) == 1 and "cuda_graphs off: CUDA graphs need a CUDA device" in said[0], said
+    assert sorted(plain) == sorted(padded) == [4, 8, 12]
+    for step in plain:
+        assert padded[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-5)
+        assert padded[step]["train/padding_efficiency"] < plain[step]["train/padding_efficiency"]
+    with pytest.raises(ValueError, match="give static_shapes"):
+        TrainConfig(cuda_graphs=True)
+    with pytest.raises(ValueError, match="choose one"):
+        TrainConfig(static_shapes=8, cuda_graphs=True, compile="inductor")
+
+
 def test_a_bare_cuda_device_names_the_ranks_gpu():
     # `--device cuda` reached torch.cuda.set_device without an index and failed on an H200
     # (benchmarks/results/gpu_checks_h200_20261127/gpu.log); no GPU is needed to check the rule.

@@ -248,6 +248,9 @@ def test_static_shapes_round_lengths_and_sentence_counts_to_few_values():
             shapes.add(shape)
     assert len(counts) == 6 and sorted(n for n, _, _ in shapes) == [8, 10, 12, 13]
     assert static_shape(batch(1, 150, 7), budget, multiple=8) == (1, 152, 8)
+    # the model's max_positions caps a rounded length, never below the batch's own
+    assert static_shape(batch(1, 150, 7), budget, multiple=8, max_len=150) == (1, 150, 8)
+    assert static_shape(batch(1, 150, 7), budget, multiple=8, max_len=100) == (1, 150, 8)
 
 
 @pytest.mark.gpu

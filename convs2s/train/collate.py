@@ -164,7 +164,8 @@ def _check(src_len: np.ndarray, tgt_len: np.ndarray, tgt_flat: np.ndarray, ids) 
 # --- static shapes (a step captured once per shape: CUDA graphs) --------------------------------
 
 
-def static_shape(batch: Batch, max_tokens: int, multiple: int = 8) -> tuple[int, int, int]:
+def static_shape(batch: Batch, max_tokens: int, multiple: int = 8,
+                 max_len: int | None = None) -> tuple[int, int, int]:
     """(sentences, source length, target length) to pad `batch` to, so that the batches of one
     token budget come in few shapes: both lengths rounded up to a multiple of `multiple`; the
     sentence count up to a rung of a ladder growing by a quarter (8, 10, 12, 15, 19, 24, ...:
@@ -172,10 +173,12 @@ def static_shape(batch: Batch, max_tokens: int, multiple: int = 8) -> tuple[int,
     at the shortest lengths that round to these where that is fewer (the batches stage cuts
     n * max(S, T) <= max_tokens, preprocessing/batching.py): long batches share one count. A
     batch over the budget (one sentence longer than it) keeps its own count. What the padding
-    costs on real batches: `python -m benchmarks.static_shapes`."""
+    costs on real batches: `python -m benchmarks.static_shapes`. `max_len` (the model's
+    max_positions) caps a rounded length, never below the batch's own."""
     B, S = batch.src_tokens.shape
     T = batch.target.shape[1]
-    src_len, tgt_len = (-(-n // multiple) * multiple for n in (S, T))
+    cap = max_len or max(S, T) + multiple
+    src_len, tgt_len = (max(n, min(-(-n // multiple) * multiple, cap)) for n in (S, T))
     shortest = max(src_len, tgt_len) - multiple + 1  # the least max(S, T) rounding to these
     rung = 8
     while rung < B:

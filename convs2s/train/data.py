@@ -167,3 +167,14 @@ def check_updates_fill(batches: int, world: int, update_freq: int) -> None:
 
 
 STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)
+
+
+def read_manifest(batches_folder) -> dict:
+    """The manifest preprocessing wrote beside a split's batches (`max_tokens`, `longest`, the
+    counts); {} where there is none or it does not parse (batches made by other tools)."""
+    import json
+
+    try:
+        return json.loads((location(batches_folder) / STAGE_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}

@@ -26,7 +26,6 @@ swaps before it refuses).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,8 +34,7 @@ import torch
 
 from convs2s.config import EOS
 from convs2s.train.collate import Batch, collate_lists
-from convs2s.train.data import STAGE_MANIFEST
-from storage import location
+from convs2s.train.data import read_manifest
 
 # The share of what this process may use that the probed step may reach: the allocator's
 # fragmentation, cuBLAS workspaces and the varying shapes of real batches need the rest.
@@ -84,11 +82,7 @@ class WorstStep:
     def of_data(cls, batches_folder, max_positions: int) -> WorstStep | None:
         """From the manifest preprocessing wrote beside the batches (`max_tokens`, `longest`);
         None when it does not say (batches cut before the longest sentence was recorded)."""
-        path = location(batches_folder) / STAGE_MANIFEST
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
+        manifest = read_manifest(batches_folder)
         longest = manifest.get("longest") or {}
         if not manifest.get("max_tokens") or not longest.get("src") or not longest.get("tgt"):
             return None

@@ -58,7 +58,7 @@ from convs2s.io.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from convs2s.train.collate import collate_arrow
+from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.config import ModelConfig
 from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
@@ -70,7 +70,7 @@ from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
-from convs2s.train.data import TrainFiles, read_file, read_rows, resumed_rows
+from convs2s.train.data import TrainFiles, read_file, read_manifest, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
 from convs2s.train.update import compile_for_training, train_update
@@ -179,6 +179,12 @@ class Trainer:
         self.model = runtime.prepare_model(self.net)  # to device; DDP when world > 1
         if self.cfg.compile:  # the training forward (model + fused loss): one dynamic graph
             self.model = compile_for_training(self.model, self.cfg.compile)
+        # Static shapes (and CUDA graphs over them): the batches' token budget caps the ladder
+        # of sentence counts (convs2s.train.collate.static_shape)
+        self.budget = int(read_manifest(job.train_data).get("max_tokens") or 0) \
+            if self.cfg.static_shapes else 0
+        if self.cfg.cuda_graphs:
+            self.model = self._graphed(self.model)
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
         self.comm = Comm.create()
@@ -212,6 +218,26 @@ class Trainer:
         # clock at the start of the timed probe
         self.dropout_choice: dict | None = None
         self._probe_start: float | None = None
+
+    def _graphed(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The training step captured once per batch shape (convs2s.train.graphs) where it can
+        be: on a CUDA device, one rank. Elsewhere the run says why and steps eagerly on the
+        same padded batches."""
+        why = None
+        if self.device.type != "cuda":
+            why = f"CUDA graphs need a CUDA device, this rank's is {self.device}"
+        elif self.world > 1:  # DDP's gradient hooks inside a captured backward: not yet run
+            why = f"captured steps run on one rank only so far, this run has {self.world}"
+        if why:
+            if self.rank == 0:
+                _say(f"[convs2s.train] cuda_graphs off: {why}; stepping eagerly on the same "
+                     f"static shapes")
+            return model
+        from convs2s.train.graphs import CudaGraphedLoss
+
+        _say("[convs2s.train] cuda_graphs: each batch shape's forward and backward captured "
+             "once and replayed")
+        return CudaGraphedLoss(model)
 
     def _check_memory_fit(self) -> None:
         """On a GPU, the data's largest step once before training: a token budget this GPU
@@ -321,6 +347,8 @@ class Trainer:
                             cfg.shuffle_buffer, done, done_world)
         batches = _train_batches(read_rows(self.files, rows, cfg.shuffle_buffer),
                                  self.net.max_positions)
+        if cfg.static_shapes:
+            batches = _static(batches, self.budget, cfg.static_shapes, self.net.max_positions)
         updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
         epoch_end = True
         meter.resume()
@@ -558,6 +586,15 @@ def _train_batches(rows, max_positions: int):
                 f"sentence, over the model's max_positions={max_positions}: filter longer "
                 "sentences in preprocessing or raise ModelConfig.max_positions")
         yield batch
+
+
+def _static(batches, max_tokens: int, multiple: int, max_positions: int):
+    """`batches` padded to static shapes (`TrainConfig.static_shapes`): the same loss and
+    gradients, a few shapes. Without the batches' budget (no manifest) the ladder alone sets
+    the sentence counts."""
+    budget = max_tokens or 1 << 62
+    for batch in batches:
+        yield pad_to(batch, *static_shape(batch, budget, multiple, max_positions))
 
 
 def _valid_batches(files: TrainFiles, comm: Comm):
