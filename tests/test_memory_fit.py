@@ -55,6 +55,18 @@ def test_the_largest_fitting_budget_is_found_by_bisection():
     assert largest_fitting(lambda b: True, below=24000) == 23500
 
 
+def test_cuda_graphs_capture_as_many_shapes_as_the_memory_left_holds():
+    """Each capture keeps about what the worst step holds beyond the weights; the cap and at
+    least one capture bound the count."""
+    from convs2s.train.memory_fit import graph_shapes_that_fit
+
+    gib = 2**30
+    # weights 1, worst step 4 (3 beyond the weights), update 2: 20 usable leaves 14, 4 more
+    assert graph_shapes_that_fit(4 * gib, 1 * gib, 2 * gib, 20 * gib, cap=16) == 5
+    assert graph_shapes_that_fit(4 * gib, 1 * gib, 2 * gib, 200 * gib, cap=16) == 16
+    assert graph_shapes_that_fit(4 * gib, 1 * gib, 2 * gib, 5 * gib, cap=16) == 1
+
+
 def test_the_cpu_is_not_checked():
     net = ConvS2S(PRESETS["tiny"](), 100, 100)
     worst = WorstStep(10**9, 1024, 1024)  # would never fit anywhere

@@ -412,6 +412,36 @@ def test_cuda_graphed_updates_equal_the_eager_updates(precision):
         loss_of(batches[1])
 
 
+@pytest.mark.gpu
+def test_cuda_graphs_past_their_cap_step_eagerly_and_a_new_dropout_recaptures():
+    """`max_shapes` bounds the captures (each keeps a step's memory): a shape past it steps
+    eagerly, and the updates are still the eager ones; a new dropout rate drops the captures
+    made with the old one."""
+    from convs2s.train.graphs import CudaGraphedLoss
+    from convs2s.train.regularization import set_dropout
+
+    device = torch.device("cuda")
+    raw = make_batches(5, 3)
+    batches = [pad_to(b, *static_shape(b, max_tokens=48, multiple=8)) for b in raw]
+    assert len({(b.src_tokens.shape, b.target.shape) for b in batches}) >= 2
+    runs = []
+    for graphed in (False, True):
+        net = fresh_model().to(device)
+        stepped = CudaGraphedLoss(net, max_shapes=1) if graphed else net
+        opt = build_optimizer(net.parameters(), CFG)
+        runs.append(([float(train_update(stepped, opt, [b], CFG, Comm(), device).loss_sum)
+                      for b in batches], {k: v.clone() for k, v in net.state_dict().items()}))
+        if graphed:
+            assert stepped.captured_shapes == 1 and stepped.eager_steps >= 1
+            set_dropout(net, 0.1)
+            train_update(stepped, opt, [batches[-1]], CFG, Comm(), device)
+            assert stepped.captured_shapes == 1  # the rate's own capture, the old one dropped
+    (eager, eager_state), (mixed, state) = runs
+    assert mixed == pytest.approx(eager, rel=1e-4)
+    for k, a in eager_state.items():
+        torch.testing.assert_close(state[k], a, rtol=1e-4, atol=1e-6, msg=k)
+
+
 def test_a_compiled_update_equals_the_eager_update(compile_state):
     """`TrainConfig.compile`: the model through the fused loss captured as one graph with
     dynamic shapes (fullgraph: no break, one capture for batches of every shape) trains the

@@ -20,15 +20,18 @@ comes from:
     (loss * scale).backward()               # the captured backward, then the .grad sums
 
 It is called as the model is by `convs2s.train.update.train_update`. Each new (shape, label
-smoothing, precision, dropout rates) is captured on its first call. All captures share one
-memory pool: what a replay computes lives only until its backward has run, so a graphed
-forward must be followed by its backward before a forward of another shape (as in
-`train_update`; a second shape's forward before that is an error). What stays per shape is
-the graph's own output buffers, among them a float32 gradient of every parameter (about 1 GiB
-for the paper's En-Fr model): `static_shape` keeps the shapes few. Outside training (eval
-mode, or no gradient) the model runs eagerly. Parameters are read where they live, so the
-optimizer's in-place steps are seen by every replay; dropout draws fresh masks at each replay
-(the CUDA generator's offsets advance with the graph).
+smoothing, precision) is captured on its first call, up to `max_shapes` captures; a shape past
+them steps eagerly (`eager_steps`). A change of the dropout rates (`set_dropout`, the dropout
+chosen by `train.dropout_by_passes`) drops the captures made with the old ones. All captures
+share one memory pool: what a replay computes lives only until its backward has run, so a
+graphed forward must be followed by its backward before a forward of another shape (as in
+`train_update`; a second shape's forward before that is an error). What stays per shape is the
+graph's own buffers: the activations its forward saves for the backward and a float32 gradient
+of every parameter (about 1 GiB for the paper's En-Fr model), so each capture costs about one
+eager step's memory: `static_shape` keeps the shapes few and `max_shapes` bounds them. Outside
+training (eval mode, or no gradient) the model runs eagerly. Parameters are read where they
+live, so the optimizer's in-place steps are seen by every replay; dropout draws fresh masks at
+each replay (the CUDA generator's offsets advance with the graph).
 
 Gradients: the captured backward leaves its results in the graph's own buffers, and autograd
 would adopt such a buffer as a parameter's `.grad` when it has none; the next replay of the
@@ -69,7 +72,7 @@ class CudaGraphedLoss(nn.Module):
     """The model's forward through the fused loss, replayed from one CUDA graph per batch
     shape; see the module docstring."""
 
-    def __init__(self, model: nn.Module, warmup_iters: int = 3):
+    def __init__(self, model: nn.Module, warmup_iters: int = 3, max_shapes: int = 16):
         super().__init__()
         device = next(model.parameters()).device
         if device.type != "cuda":
@@ -77,6 +80,12 @@ class CudaGraphedLoss(nn.Module):
                              "train without them on this device")
         self.model = model
         self.warmup_iters = warmup_iters
+        # Captures kept at most: each holds its shape's saved activations and a float32
+        # gradient of every parameter until the run ends; a shape past the cap steps eagerly
+        # (`eager_steps` counts them), so memory stays bounded however varied the data.
+        self.max_shapes = max_shapes
+        self.eager_steps = 0
+        self._rates: tuple | None = None  # the dropout rates the kept captures were made with
         # looked up once, not at every forward (the step is host-bound: convs2s.model.network
         # keeps its dropout rates as numbers on the modules, `set_dropout` changes them)
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -104,8 +113,15 @@ class CudaGraphedLoss(nn.Module):
         dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
         args = (src_tokens, src_lengths, prev_output_tokens, target, target_rows)
         rates = tuple(float(m.dropout) for m in self._with_dropout)
+        if rates != self._rates:  # a new dropout (dropout_by_passes): the old captures go
+            self._graphed.clear()
+            self._rates = rates
         key = (tuple(src_tokens.shape), tuple(target.shape), float(label_smoothing), dtype,
                rates)
+        if key not in self._graphed and len(self._graphed) >= self.max_shapes:
+            self.eager_steps += 1  # (in the caller's autocast, as the eager step)
+            return self.model(src_tokens, src_lengths, prev_output_tokens, target=target,
+                              label_smoothing=label_smoothing, target_rows=target_rows)
         if self._pending is not None and self._pending != key:
             raise RuntimeError("a CUDA-graphed forward of another batch shape before the "
                                "backward of the last one: their graphs share memory; call "

@@ -135,6 +135,27 @@ def largest_fitting(fits: Callable[[int], bool], below: int, step: int = STEP) -
     return lo * step
 
 
+def usable_bytes(device: torch.device) -> tuple[float, int]:
+    """(bytes this process may use on the GPU, the GPU's total): what is free and what its
+    allocator holds, within the allocator's limit (torch.cuda.set_per_process_memory_fraction,
+    1 unless set), times HEADROOM."""
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)(device)
+    return HEADROOM * min(free + torch.cuda.memory_reserved(device), fraction * total), total
+
+
+def graph_shapes_that_fit(peak: int, param_bytes: int, extra_bytes: int, usable: float,
+                          cap: int) -> int:
+    """How many step shapes CUDA graphs may capture (convs2s.train.graphs, at most `cap`, at
+    least 1): each capture keeps about what the worst step holds beyond the weights (its
+    saved activations and a gradient of every parameter), beside the run's `peak` (weights
+    included) and the update's `extra_bytes`, within `usable`."""
+    per_capture = max(peak - param_bytes, 1)
+    room = usable - peak - extra_bytes
+    return max(1, min(cap, 1 + int(room // per_capture)))
+
+
 def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smoothing: float,
                extra_bytes: int = 0) -> int | None:
     """Run the data's worst step once on `device` (a GPU; the CPU is not checked: None) and
@@ -143,12 +164,7 @@ def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smo
     HEADROOM of what this process may use."""
     if device.type != "cuda":
         return None
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(device)
-    # what this process may use: what is free and what its allocator holds, within the
-    # allocator's limit (torch.cuda.set_per_process_memory_fraction, 1 unless set)
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda d: 1.0)(device)
-    usable = HEADROOM * min(free + torch.cuda.memory_reserved(device), fraction * total)
+    usable, total = usable_bytes(device)
     autocast = precision.autocast(device)
     was_training = net.training
     net.train()  # dropout masks are part of what backward keeps

@@ -64,7 +64,8 @@ from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
-from convs2s.train.memory_fit import BudgetTooLarge, WorstStep, agree_on_fit, check_fits
+from convs2s.train.memory_fit import (BudgetTooLarge, WorstStep, agree_on_fit, check_fits,
+                                      graph_shapes_that_fit, usable_bytes)
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
@@ -253,7 +254,7 @@ class Trainer:
             _say("[convs2s.train] GPU memory not checked before training: the batches' "
                  "manifest does not record their longest sentences (batches cut before "
                  "it did: preprocessing into a new --out records it)")
-        extra = 0
+        extra, param_bytes = 0, 0
         if worst is not None:
             param_bytes = sum(p.numel() * p.element_size() for p in self.net.parameters())
             # what an update adds to the probed step (DDP's buckets, made with the wrapper, are
@@ -274,6 +275,13 @@ class Trainer:
             _say(f"[convs2s.train] GPU memory: the data's largest step ({n} x {s} source / "
                  f"{t} target pieces) peaks at {peak / 2**30:.1f} GiB "
                  f"(+{extra / 2**30:.1f} GiB for the update)")
+        if peak is not None and hasattr(self.model, "max_shapes"):  # CUDA graphs: one rank
+            cap = self.model.max_shapes
+            self.model.max_shapes = graph_shapes_that_fit(
+                peak, param_bytes, extra, usable_bytes(self.device)[0], cap)
+            _say(f"[convs2s.train] cuda_graphs: up to {self.model.max_shapes} batch shapes "
+                 f"captured (of {cap}; each keeps about {(peak - param_bytes) / 2**30:.1f} GiB), "
+                 "the others stepped eagerly")
 
     # --- resuming ---------------------------------------------------------------------------
 
