@@ -71,7 +71,8 @@ def cpu() -> WorkflowConfig:
       (`float32_cpu_max_tokens`): on an AMD EPYC without AVX-512 or bf16, twice the updates of
       half the size reached val 39.1 / 39.1 (best / average of 5) against 37.87 / 38.08 (3,945
       against 1,870 updates in the hour; two hours of one host type and day); bf16 hosts
-      keep 4,000;
+      keep 4,000 (2,000 there: val 40.13 / 40.00 against 40.13 / 40.14, no gain at 47-63
+      passes);
     - the average of the last 5 epoch checkpoints is scored beside the best one.
     """
     ref = reference()
