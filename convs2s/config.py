@@ -270,6 +270,11 @@ class TrainConfig(Settings):
     # launching kernels (the paper's 3,000 tokens per GPU). Needs static_shapes; a CUDA device
     # and one rank (elsewhere the run says so and steps eagerly); not with `compile`.
     cuda_graphs: bool = False
+    # DDP, for runs of several ranks (convs2s.train.ddp): the gradient buckets' size in MiB
+    # (PyTorch's default 25), and "bf16" to all-reduce the gradients as bf16 (half the bytes;
+    # the weights and the optimizer stay float32) or "none".
+    ddp_bucket_mb: float = 25.0
+    grad_compression: Literal["none", "bf16"] = "none"
     # Dropout that follows the passes over the data a time budget will reach on this machine
     # (convs2s.train.regularization): ((from_passes, dropout), ...), ascending, the first from
     # 0. After `passes_probe_updates` updates the trainer projects the run's passes from their
@@ -323,6 +328,11 @@ class TrainConfig(Settings):
                                  f"{self.dropout_by_passes}")
         if self.passes_probe_updates < 1:
             raise ValueError("passes_probe_updates must be >= 1")
+        if self.ddp_bucket_mb <= 0:
+            raise ValueError(f"ddp_bucket_mb must be > 0, got {self.ddp_bucket_mb}")
+        if self.grad_compression not in ("none", "bf16"):
+            raise ValueError("grad_compression must be 'none' or 'bf16', got "
+                             f"{self.grad_compression!r}")
         if self.static_shapes < 0:
             raise ValueError("static_shapes is the multiple lengths are rounded up to (0: off), "
                              f"got {self.static_shapes}")

@@ -153,6 +153,48 @@ def test_two_process_ddp_update_equals_single_process_update_on_the_union():
     assert result["valid"][1] == pytest.approx(nll, rel=1e-5)
 
 
+def _compressed_worker(rank: int, port: int, result: dict):
+    """One update of two ranks whose DDP all-reduces bf16 gradients in 1 MiB buckets, as the
+    Trainer wraps its model (`convs2s.train.ddp`)."""
+    from convs2s.train.ddp import compress_gradients, ddp_kwargs
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    # unclipped, so that a gradient off by a factor shows in the update
+    cfg = CFG.replace(clip_norm=0.0, ddp_bucket_mb=1.0, grad_compression="bf16")
+    batches = make_batches(0, 3)
+    mine = batches[:2] if rank == 0 else batches[2:]
+    model = compress_gradients(
+        torch.nn.parallel.DistributedDataParallel(fresh_model(), **ddp_kwargs(cfg)),
+        cfg.grad_compression)
+    opt = build_optimizer(model.parameters(), cfg)
+    train_update(model, opt, mine, cfg, Comm.create(), torch.device("cpu"))
+    if rank == 0:
+        result["params"] = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    dist.destroy_process_group()
+
+
+def test_bf16_gradient_compression_trains_the_float32_update_within_bf16_rounding():
+    """`grad_compression="bf16"` halves the bytes of DDP's all-reduce: the update is the
+    single-process one within bf16 rounding of the gradients, and not bit for bit (the
+    gradients did travel as bf16)."""
+    result = run_ranks(_compressed_worker, 2)
+    ref = fresh_model()
+    cfg = CFG.replace(clip_norm=0.0)
+    train_update(ref, build_optimizer(ref.parameters(), cfg), make_batches(0, 3), cfg, Comm(),
+                 torch.device("cpu"))
+    init = fresh_model().state_dict()
+    exact = True
+    for k, v in ref.state_dict().items():
+        step, got = v - init[k], result["params"][k] - init[k]
+        # each weight's step within 2% of the largest step of its tensor (bf16: 8 bits)
+        assert float((got - step).abs().max()) <= 0.02 * float(step.abs().max()) + 1e-9, k
+        exact &= torch.allclose(result["params"][k], v, rtol=1e-6, atol=1e-9)
+    assert not exact
+    with pytest.raises(ValueError, match="grad_compression must be"):
+        CFG.replace(grad_compression="fp8")
+
+
 def test_gradient_accumulation_equals_one_big_batch():
     batches = make_batches(5, 2)
     accumulated, _ = single_process_update(batches)

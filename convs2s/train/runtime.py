@@ -5,7 +5,7 @@ same loop runs under Ray Train (`RayRuntime`, built in each Ray Train worker by
 (`LocalRuntime`, `convs2s.train.local.fit_local`), where neither Ray nor MLflow need be installed.
 
     runtime.rank, runtime.world_size, runtime.local_rank, runtime.node_rank, runtime.device
-    model = runtime.prepare_model(net)         # on the device; DDP when the world has > 1 rank
+    model = runtime.prepare_model(net, ddp)    # on the device; DDP when the world has > 1 rank
     with runtime.latest_checkpoint() as d:     # a checkpoint folder, or None: a fresh start
         ...
     runtime.report(metrics, folder, name)      # every rank, same update; rank 0 passes a folder
@@ -56,10 +56,11 @@ class RayRuntime:
         """The CPUs Ray reserved for this worker (`TrainJob.cpus_per_worker`)."""
         return max(1, int(job.cpus_per_worker))
 
-    def prepare_model(self, net: torch.nn.Module) -> torch.nn.Module:
+    def prepare_model(self, net: torch.nn.Module, ddp: dict | None = None) -> torch.nn.Module:
+        """`net` on the device; DDP (with the keyword arguments `ddp`) when world > 1."""
         import ray.train.torch
 
-        return ray.train.torch.prepare_model(net)  # to the device; DDP when world > 1
+        return ray.train.torch.prepare_model(net, parallel_strategy_kwargs=ddp or None)
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[Path | str | None]:
@@ -118,14 +119,15 @@ class LocalRuntime:
             (os.cpu_count() or 1)
         return max(1, usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
-    def prepare_model(self, net: torch.nn.Module) -> torch.nn.Module:
+    def prepare_model(self, net: torch.nn.Module, ddp: dict | None = None) -> torch.nn.Module:
+        """`net` on the device; DDP (with the keyword arguments `ddp`) when world > 1."""
         net.to(self.device)
         if self.world_size == 1:
             return net
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(net, device_ids=ids)
+        return DistributedDataParallel(net, device_ids=ids, **(ddp or {}))
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:

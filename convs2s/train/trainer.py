@@ -71,6 +71,7 @@ from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
+from convs2s.train.ddp import compress_gradients, ddp_kwargs
 from convs2s.train.data import TrainFiles, read_file, read_manifest, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
@@ -177,7 +178,9 @@ class Trainer:
             torch.set_num_threads(runtime.cpu_threads(job))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
-        self.model = runtime.prepare_model(self.net)  # to device; DDP when world > 1
+        # to the device; DDP when world > 1, with the run's buckets and gradient compression
+        self.model = compress_gradients(runtime.prepare_model(self.net, ddp_kwargs(self.cfg)),
+                                        self.cfg.grad_compression)
         if self.cfg.compile:  # the training forward (model + fused loss): one dynamic graph
             self.model = compile_for_training(self.model, self.cfg.compile)
         # Static shapes (and CUDA graphs over them): the batches' token budget caps the ladder
