@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--gpus-per-node", type=int, default=8)
     a("--intra-node-gbyte", type=float, default=200.0, help="ASSUMED NVLink all-reduce GB/s")
     a("--inter-node-gbit", type=float, default=100.0, help="ASSUMED network Gbit/s per node")
+    a("--grad-compression", choices=["none", "bf16"], default="none",
+      help="gradients all-reduced as float32 (none) or bf16 (TrainConfig.grad_compression: "
+           "half the bytes)")
     a("--storage-gbyte", type=float, default=1.0, help="ASSUMED checkpoint write rate, GB/s")
     a("--cpus-per-node", type=int, default=64, help="ASSUMED CPUs per node for preprocessing")
     a("--paper-gpu-tflops", type=float, default=7.0, help="ASSUMED M40 fp32 peak (datasheet)")
@@ -214,6 +217,11 @@ def _preset_name(cfg: ModelConfig) -> str | None:
     return None
 
 
+def grad_bytes(args) -> int:
+    """Bytes a parameter's gradient takes in the all-reduce (convs2s.train.ddp)."""
+    return 2 if getattr(args, "grad_compression", "none") == "bf16" else GRAD_BYTES_PER_PARAM
+
+
 def scale_row(t: dict, gpu: str, n: int, args, m: dict) -> dict:
     g = measured_gpu(t, m) if gpu == "H200" else None
     if g:  # the measured step, pro rata for the task's mean batch
@@ -223,7 +231,7 @@ def scale_row(t: dict, gpu: str, n: int, args, m: dict) -> dict:
     bw = (args.intra_node_gbyte * 1e9 if n <= args.gpus_per_node
           else args.inter_node_gbit * 1e9 / 8)  # the ring's slowest link
     times = {"compute": compute_s,
-             "all-reduce": 2 * (n - 1) / n * GRAD_BYTES_PER_PARAM * t["params"] / bw}
+             "all-reduce": 2 * (n - 1) / n * grad_bytes(args) * t["params"] / bw}
     if m["stream"]:  # one batch per worker and update, prefetched: overlaps compute
         times["input"] = t["tgt_per_batch"] / m["stream"]["tok_s"]
     update_s = max(times.values())
@@ -272,7 +280,8 @@ def inputs_table(args, m: dict, paper_flops_s: float) -> list[dict]:
           for p, g in m["gpu"].items()),
         ("all-reduce bandwidth", f"{args.intra_node_gbyte:g} GB/s in a node, "
          f"{args.inter_node_gbit:g} Gbit/s per node between nodes", "assumed",
-         f"ring: 2(n-1)/n x 4 B x params; {args.gpus_per_node} GPUs/node"),
+         f"ring: 2(n-1)/n x {grad_bytes(args)} B x params ({args.grad_compression} gradient "
+         f"compression); {args.gpus_per_node} GPUs/node"),
         ("checkpoint write", f"{args.storage_gbyte:g} GB/s, 8 B/param", "assumed",
          "float32 weights + NAG momentum, every checkpoint_interval updates"),
         ("paper GPU speed", f"{paper_flops_s / 1e12:.2f} TFLOP/s = "

@@ -250,6 +250,10 @@ def test_cost_model_marks_every_gpu_row_projected_or_measured_and_reads_the_meas
     kinds = {row["input"]: row["kind"] for row in r["inputs"]}
     assert kinds["GPU throughput"] == "projected" and kinds["preprocessing"] == "measured"
     assert kinds["GPU training, wmt14_en_fr"] == "measured"
+    # bf16 gradient compression (TrainConfig.grad_compression) halves every all-reduce
+    bf16 = cost_model.main(["--out", str(tmp_path / "bf16.json"), "--grad-compression", "bf16"])
+    for plain, half in zip(r["scales"], bf16["scales"]):
+        assert half["allreduce_ms"] == pytest.approx(plain["allreduce_ms"] / 2)
 
 
 def test_a_recorded_result_is_kept_unless_told_to_replace_it(tmp_path, capsys):
