@@ -65,18 +65,22 @@ def test_a_run_without_ray_trains_keeps_its_last_checkpoints_and_resumes(demo_ba
 def test_torchrun_trains_one_run_with_two_ranks_without_ray(demo_batches, tmp_path):
     """`torchrun --nproc-per-node 2 -m convs2s train`, as the README gives it (gloo on CPU):
     two ranks train one run, rank 0 writes its checkpoints and metrics and prints the one
-    summary."""
+    summary; their gradients go over the wire as bf16 when asked (`grad_compression`, the
+    hook tests/test_train_step.py checks), and the run says so once."""
     d = demo_batches
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
          "convs2s", "train", "--train-data", d.batches["train"], "--valid-data",
          d.batches["valid"], "--spm-model", d.spm_model, "--model", "tiny", "--storage-path",
          str(tmp_path), "--run-name", "two", "--precision", "fp32", "--max-updates", "10",
-         "--set", "log_interval=5"],
+         "--set", "log_interval=5", "--set", "grad_compression=bf16", "--set",
+         "ddp_bucket_mb=4"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("train: 10 updates") == 1, out[-2000:]
+    assert out.count("gradients all-reduced as bf16 (grad_compression; buckets of 4 MiB)") \
+        == 1, out[-2000:]
     run_dir = tmp_path / "two"
     assert [p.name for p in run_dir.glob("checkpoint_*")] == ["checkpoint_00000010"]
     assert sorted(_losses(run_dir)) == [5, 10]  # rank 0's log, each step once

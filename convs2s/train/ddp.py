@@ -7,10 +7,10 @@ applied by both runtimes (`convs2s.train.runtime`) to the model they wrap.
   earlier start.
 - Compression: `grad_compression="bf16"` sends each bucket as bf16 (`bf16_all_reduce`: cast,
   divided by the world size, all-reduced, cast back into the float32 gradient; what PyTorch's
-  `bf16_compress_hook` does, which refuses any backend but NCCL / XCCL, so gloo on CPUs runs
-  the same code), half the bytes over the network for gradients rounded to 8 bits of mantissa;
-  the weights and the optimizer stay float32. The update is then the float32 one within bf16
-  rounding (tests/test_train_step.py).
+  `bf16_compress_hook` does, which a build without CUDA / NCCL 2.10+ or XCCL refuses, so
+  gloo on CPUs runs the same code), half the bytes over the network for gradients rounded to
+  8 bits of mantissa; the weights and the optimizer stay float32. The update is then the
+  float32 one within bf16 rounding (tests/test_train_step.py).
 
     model = DistributedDataParallel(net, **ddp_kwargs(cfg))
     compress_gradients(model, cfg.grad_compression)

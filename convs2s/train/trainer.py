@@ -181,6 +181,9 @@ class Trainer:
         # to the device; DDP when world > 1, with the run's buckets and gradient compression
         self.model = compress_gradients(runtime.prepare_model(self.net, ddp_kwargs(self.cfg)),
                                         self.cfg.grad_compression)
+        if self.rank == 0 and self.world > 1 and self.cfg.grad_compression != "none":
+            _say(f"[convs2s.train] gradients all-reduced as {self.cfg.grad_compression} "
+                 f"(grad_compression; buckets of {self.cfg.ddp_bucket_mb:g} MiB)")
         if self.cfg.compile:  # the training forward (model + fused loss): one dynamic graph
             self.model = compile_for_training(self.model, self.cfg.compile)
         # Static shapes (and CUDA graphs over them): the batches' token budget caps the ladder
