@@ -100,6 +100,7 @@ class RayCliCluster:
         self.agent_wait_s: float | None = None  # the head's agent's wait after `ray start`
         self._ports: set[int] = set()  # handed out by free_port
         self._raylets: set[int] = set()  # pids of this cluster's raylets, once seen
+        self._alive = 0  # nodes started and not killed (the head among them)
 
     def free_port(self) -> int:
         """A port free now and not handed out before by this cluster: a port is only taken
@@ -171,20 +172,82 @@ class RayCliCluster:
                              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
                              "--ray-client-server-port", str(self.free_port())])
         self.gcs_address = f"127.0.0.1:{port}"
+        self._alive = 1
         self.dashboard_url = f"http://127.0.0.1:{dash}"
         # Ready for `ray job submit` (and the state API) when start_head returns.
         self.agent_wait_s = self.wait_for_agent(agent)
 
     def add_node(self, num_cpus: int, node_manager_port: int | None = None) -> int:
-        """Start a node joining the head; returns its raylet's port (`kill_node` takes it)."""
-        port = node_manager_port or self.free_port()
-        self._start(["--address", self.gcs_address, "--node-ip-address", "127.0.0.1",
-                     "--num-cpus", str(num_cpus), "--node-manager-port", str(port)])
-        return port
+        """Start a node joining the head; returns its raylet's port (`kill_node` takes it).
+
+        `ray start` waits a fixed 30 s for its raylet to show in the GCS (Ray 2.60,
+        `ray/_private/node.py`) and then gives up, leaving the raylet running. On CI's 2-core
+        host that wait once ran out ("RPC error: Deadline Exceeded" from the GCS) in one test
+        of 600. A node that did not come up is ended (and, if the GCS had registered it after
+        all, waited on until the GCS counts it dead), then started once more on a new port, as
+        an autoscaler replaces a node that failed to launch; a second failure raises with both
+        attempts' output and the tail of the cluster's logs."""
+        import subprocess
+
+        errors = []
+        for attempt in range(2):
+            port = node_manager_port if node_manager_port and not attempt else self.free_port()
+            try:
+                self._start(["--address", self.gcs_address, "--node-ip-address", "127.0.0.1",
+                             "--num-cpus", str(num_cpus), "--node-manager-port", str(port)])
+            except RuntimeError as exc:
+                errors.append(f"attempt {attempt + 1}: {exc}\n{self.log_tails()}")
+                try:
+                    self._kill_raylet(port, missing_ok=True)
+                    self._wait_alive_nodes(self._alive, timeout=90.0)
+                except (RuntimeError, subprocess.TimeoutExpired) as gone:
+                    errors.append(f"ending the node that did not come up: {gone}")
+                    break
+                continue
+            self._alive += 1
+            return port
+        raise RuntimeError("\n\n".join(errors))
+
+    def log_tails(self, chars: int = 1500) -> str:
+        """The last `chars` of the GCS's log and of the newest raylet log (what says why a node
+        did not register)."""
+        logs = Path(self.temp_dir).glob("session_*/logs/*.out")
+        raylets = sorted((p for p in logs if p.name.startswith("raylet")),
+                         key=lambda p: p.stat().st_mtime)
+        picked = [*Path(self.temp_dir).glob("session_*/logs/gcs_server.out"), *raylets[-1:]]
+        return "\n".join(f"--- {p.name} ends:\n{p.read_text(errors='replace')[-chars:]}"
+                         for p in picked) or "(no GCS or raylet log)"
+
+    def alive_nodes(self) -> int:
+        """How many nodes the GCS counts alive (`ray list nodes`)."""
+        import json
+        import subprocess
+
+        proc = subprocess.run(["ray", "list", "nodes", "--address", self.gcs_address,
+                               "--format", "json", "--limit", "1000"], env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray list nodes failed:\n{proc.stderr[-2000:]}")
+        return sum(n["state"] == "ALIVE" for n in json.loads(proc.stdout))
+
+    def _wait_alive_nodes(self, count: int, timeout: float) -> None:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while (seen := self.alive_nodes()) != count:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the GCS counts {seen} live nodes, not {count}, after "
+                                   f"{timeout:.0f} s\n{self.log_tails()}")
+            time.sleep(1.0)
 
     def kill_node(self, node_manager_port: int) -> int:
         """Lose a node as a machine is lost: SIGKILL its raylet (the one serving
         `node_manager_port`) and every process under it at once; returns how many died."""
+        died = self._kill_raylet(node_manager_port)
+        self._alive -= 1
+        return died
+
+    def _kill_raylet(self, node_manager_port: int, missing_ok: bool = False) -> int:
         import signal
 
         parents = {}
@@ -200,6 +263,8 @@ class RayCliCluster:
         doomed = {pid for pid, (_, cmd) in parents.items()
                   if b"raylet" in cmd.split(b"\0")[0] and flag in cmd}
         if not doomed:
+            if missing_ok:
+                return 0
             raise RuntimeError(f"no raylet serves port {node_manager_port}")
         grew = True
         while grew:  # the raylet's descendants: its workers, agents
