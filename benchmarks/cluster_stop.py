@@ -1,5 +1,5 @@
 """What a stopped test cluster leaves running: a `ray start --head` (benchmarks/local_cluster.py,
-as tests/test_job_submit.py and tests/test_multinode.py start them) is stopped with
+as tests/test_multinode.py starts them) is stopped with
 `RayCliCluster.stop()`, then every process that belonged to it and still runs is watched until
 it ends (or `--watch` seconds): how many there were and the CPU seconds they burned. Before the
 stop, the head runs one job as the tests' do (`ray job submit --working-dir <folder> -- python

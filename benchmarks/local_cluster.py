@@ -1,7 +1,7 @@
 """A multi-node Ray cluster on one host, as on a real cluster: `ray start --head` plus more
 nodes joining it with `ray start --address`, each its own raylet with its own CPUs.
 
-Used by tests/test_multinode.py, tests/test_job_submit.py, benchmarks/streaming.py and
+Used by tests/test_multinode.py (its node loss and `ray job submit`), benchmarks/streaming.py and
 benchmarks/cluster_stop.py:
 
     cluster = RayCliCluster(cli_env())
@@ -101,6 +101,7 @@ class RayCliCluster:
         self._ports: set[int] = set()  # handed out by free_port
         self._raylets: set[int] = set()  # pids of this cluster's raylets, once seen
         self._alive = 0  # nodes started and not killed (the head among them)
+        self._nodes = 0  # nodes added (each has a temp dir n<k> in the cluster's)
 
     def free_port(self) -> int:
         """A port free now and not handed out before by this cluster: a port is only taken
@@ -116,18 +117,18 @@ class RayCliCluster:
                 self._ports.add(port)
                 return port
 
-    def _start(self, args: list[str]) -> int:
-        """`ray start` with this cluster's ports and temp dir; returns the port of the node's
-        dashboard agent (its HTTP server)."""
+    def _start(self, args: list[str], temp_dir: str | None = None) -> int:
+        """`ray start` with this cluster's ports and temp dir (or `temp_dir`, one inside it);
+        returns the port of the node's dashboard agent (its HTTP server)."""
         import subprocess
 
         agent_port = self.free_port()
         ports = ["--dashboard-agent-listen-port", str(agent_port),
                  "--metrics-export-port", str(self.free_port()),
                  "--runtime-env-agent-port", str(self.free_port())]
-        proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir", self.temp_dir,
-                               "--disable-usage-stats"], env=self.env, capture_output=True,
-                              text=True, timeout=240)
+        proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir",
+                               temp_dir or self.temp_dir, "--disable-usage-stats"],
+                              env=self.env, capture_output=True, text=True, timeout=240)
         if proc.returncode != 0:
             raise RuntimeError(f"ray start {args} failed:\n{proc.stdout}\n{proc.stderr}")
         return agent_port
@@ -192,9 +193,15 @@ class RayCliCluster:
         errors = []
         for attempt in range(2):
             port = node_manager_port if node_manager_port and not attempt else self.free_port()
+            # Its own temp dir, as a machine has its own disk: nodes that shared the head's
+            # unpacked a job's working directory into one folder, each replacing it under the
+            # processes running from it (the job's driver lost its working directory).
+            self._nodes += 1
+            node_dir = Path(self.temp_dir) / f"n{self._nodes}"
             try:
                 self._start(["--address", self.gcs_address, "--node-ip-address", "127.0.0.1",
-                             "--num-cpus", str(num_cpus), "--node-manager-port", str(port)])
+                             "--num-cpus", str(num_cpus), "--node-manager-port", str(port)],
+                            temp_dir=str(node_dir))
             except RuntimeError as exc:
                 errors.append(f"attempt {attempt + 1}: {exc}\n{self.log_tails()}")
                 try:
@@ -211,7 +218,7 @@ class RayCliCluster:
     def log_tails(self, chars: int = 1500) -> str:
         """The last `chars` of the GCS's log and of the newest raylet log (what says why a node
         did not register)."""
-        logs = Path(self.temp_dir).glob("session_*/logs/*.out")
+        logs = Path(self.temp_dir).glob("**/session_*/logs/*.out")
         raylets = sorted((p for p in logs if p.name.startswith("raylet")),
                          key=lambda p: p.stat().st_mtime)
         picked = [*Path(self.temp_dir).glob("session_*/logs/gcs_server.out"), *raylets[-1:]]

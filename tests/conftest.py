@@ -357,19 +357,6 @@ def fr_en_local(fr_en_workflow, shared_data, tmp_path_factory):
     return root, uri, rc, out
 
 
-@pytest.fixture
-def ray_cli():
-    """A `RayCliCluster` (token authentication, the project's .venv first on PATH so the Ray
-    processes and job drivers run the project's Python); its processes are ended afterwards."""
-    from benchmarks.local_cluster import RayCliCluster, cli_env
-
-    cluster = RayCliCluster(cli_env())
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 @pytest.fixture(scope="session")
 def demo_batches(ray_session, tmp_path_factory):
     """The embedded demo corpus (En->Fr) through the real preprocessing pipeline, small: 3000
