@@ -16,6 +16,16 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # this process, its Ray and the workflows it starts (they inherit the environment).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
+# Ray keeps as many idle worker processes as the node has CPUs and ends the others after 1 s
+# idle; each training run's actors push the task workers out, so the next evaluation or
+# preprocessing tasks start new ones (2.1 s for two tasks that import torch, against 0.01 s on a
+# kept one, after each of three TorchTrainer runs). The suite's Rays keep up to 8 idle workers for
+# 5 minutes (Ray's num_workers_soft_limit and idle_worker_killing_time_threshold_ms, read by the
+# raylet from the environment): tests/test_workflows.py took 0.85x the time (179.8 / 189.8 s
+# against 204.3 / 230.2 s, alternated; docs/benchmarks.md "The test suite's time").
+os.environ.setdefault("RAY_num_workers_soft_limit", "8")
+os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "300000")
+
 # The S3-protocol server on loopback (benchmarks/s3_server.py) gets its port now and starts when
 # a test first asks for the `s3` fixture: its endpoint and test credentials must be in the
 # environment before the session's Ray starts, so that Ray's workers inherit them, as the
