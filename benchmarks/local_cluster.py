@@ -218,10 +218,10 @@ class RayCliCluster:
     def log_tails(self, chars: int = 1500) -> str:
         """The last `chars` of the GCS's log and of the newest raylet log (what says why a node
         did not register)."""
-        logs = Path(self.temp_dir).glob("**/session_*/logs/*.out")
+        logs = Path(self.temp_dir).glob("**/session_2*/logs/*.out")  # not session_latest
         raylets = sorted((p for p in logs if p.name.startswith("raylet")),
                          key=lambda p: p.stat().st_mtime)
-        picked = [*Path(self.temp_dir).glob("session_*/logs/gcs_server.out"), *raylets[-1:]]
+        picked = [*Path(self.temp_dir).glob("session_2*/logs/gcs_server.out"), *raylets[-1:]]
         return "\n".join(f"--- {p.name} ends:\n{p.read_text(errors='replace')[-chars:]}"
                          for p in picked) or "(no GCS or raylet log)"
 
