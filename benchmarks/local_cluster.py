@@ -104,18 +104,13 @@ class RayCliCluster:
         self._nodes = 0  # nodes added (each has a temp dir n<k> in the cluster's)
 
     def free_port(self) -> int:
-        """A port free now and not handed out before by this cluster: a port is only taken
-        once `ray start` binds it, so the OS may offer the same free port twice in a row (a
-        node's raylet and its metrics exporter were once given one port, and it refused)."""
-        import socket
+        """A port free now, not handed out before by this cluster, and outside the range other
+        processes draw ports from (benchmarks/ports.py says why): a port is only taken once
+        `ray start` binds it, so the OS may offer the same free port twice in a row (a node's
+        raylet and its metrics exporter were once given one port, and it refused)."""
+        from benchmarks.ports import free_port
 
-        while True:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in self._ports:
-                self._ports.add(port)
-                return port
+        return free_port(self._ports)
 
     def _start(self, args: list[str], temp_dir: str | None = None) -> int:
         """`ray start` with this cluster's ports and temp dir (or `temp_dir`, one inside it);
@@ -123,9 +118,12 @@ class RayCliCluster:
         import subprocess
 
         agent_port = self.free_port()
+        # Every port a node binds is chosen here, none left to Ray's own pick.
         ports = ["--dashboard-agent-listen-port", str(agent_port),
+                 "--dashboard-agent-grpc-port", str(self.free_port()),
                  "--metrics-export-port", str(self.free_port()),
-                 "--runtime-env-agent-port", str(self.free_port())]
+                 "--runtime-env-agent-port", str(self.free_port()),
+                 "--object-manager-port", str(self.free_port())]
         proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir",
                                temp_dir or self.temp_dir, "--disable-usage-stats"],
                               env=self.env, capture_output=True, text=True, timeout=240)
@@ -141,6 +139,7 @@ class RayCliCluster:
         server starts. On this project's 2-core hosts `ray start` returned with the agent
         already healthy (0.0 s waited, idle and with 3 busy processes): the wait is a guard
         that turns a slow or dead agent into an error with the agent's log."""
+        import http.client
         import time
         import urllib.error
         import urllib.request
@@ -155,6 +154,10 @@ class RayCliCluster:
                         return time.monotonic() - start
             except urllib.error.HTTPError as exc:  # up, raylet / GCS not yet healthy
                 last = f"HTTP {exc.code}"
+            except http.client.HTTPException as exc:  # not HTTP: another server has the port
+                raise RuntimeError(f"port {agent_port}, given to the dashboard agent, answers "
+                                   f"as another kind of server ({type(exc).__name__}): another "
+                                   f"process bound it first") from None
             except OSError as exc:
                 last = str(exc)
             time.sleep(0.25)
@@ -164,18 +167,35 @@ class RayCliCluster:
                            f"{timeout:.0f} s ({last}); its log ends:\n{tail}")
 
     def start_head(self, num_cpus: int) -> None:
+        """Start the head; it is ready for `ray job submit` (and the state API) on return.
+        A head that did not come up (`ray start` failed, or its dashboard agent is not healthy)
+        is ended and started once more on new ports; a second failure raises with both
+        attempts' errors and the tail of the cluster's logs."""
+        errors = []
+        for attempt in range(2):
+            try:
+                self._start_head(num_cpus)
+                return
+            except RuntimeError as exc:
+                errors.append(f"attempt {attempt + 1}: {exc}\n{self.log_tails()}")
+                self._end_processes()
+                self.gcs_address = self.dashboard_url = None
+                self._alive = 0
+        raise RuntimeError("\n\n".join(errors))
+
+    def _start_head(self, num_cpus: int) -> None:
         port, dash = self.free_port(), self.free_port()
         # This cluster's processes (and drivers started with `env`) ask its own state API,
         # never another Ray's on this machine (workflows.cluster.own_dashboard).
         self.env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dash}"
         agent = self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                             "--node-manager-port", str(self.free_port()),
                              "--num-cpus", str(num_cpus), "--include-dashboard", "true",
                              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
                              "--ray-client-server-port", str(self.free_port())])
         self.gcs_address = f"127.0.0.1:{port}"
         self._alive = 1
         self.dashboard_url = f"http://127.0.0.1:{dash}"
-        # Ready for `ray job submit` (and the state API) when start_head returns.
         self.agent_wait_s = self.wait_for_agent(agent)
 
     def add_node(self, num_cpus: int, node_manager_port: int | None = None) -> int:
@@ -304,8 +324,14 @@ class RayCliCluster:
         return sorted(found)
 
     def stop(self) -> None:
-        import contextlib
+        """End every process of this cluster and remove its temp dir."""
         import shutil
+
+        self._end_processes()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _end_processes(self) -> None:
+        import contextlib
         import signal
         import time
 
@@ -318,4 +344,3 @@ class RayCliCluster:
             deadline = time.monotonic() + wait
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.2)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -19,18 +19,13 @@ the project uses (PUT / GET / HEAD / list / DELETE, multipart uploads).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from benchmarks.ports import free_port
 
 
 def _die_with_parent() -> None:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import urllib.request
 from pathlib import Path
 from statistics import median
 
+from benchmarks.ports import free_port
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import (RESULTS_DIR, add_result_args, add_search_args, format_table,
                                read_sentences, write_result)
@@ -56,12 +56,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-wait-ms", type=float, default=2.0)
     add_result_args(p)
     return p.parse_args(argv)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 300) -> None:

@@ -451,3 +451,33 @@ def test_static_shapes_benchmark_writes_result(shared_data, tmp_path):
         assert 1 <= r["shapes_first_35"] <= r["shapes"] <= r["batches"]
         assert r["padding_factor"] >= 1.0 and 0 < r["real_tokens_per_slot_unpadded"] <= 1
     assert rows[1]["shapes"] <= rows[0]["shapes"]  # coarser rounding: fewer shapes
+
+
+def test_server_ports_come_from_outside_the_ranges_other_processes_draw_from():
+    """A test server's port is held only once the server binds it, seconds later; a port from
+    the kernel's ephemeral range (or Ray's worker ports) can be taken by another process in
+    between (CI: a gRPC server answered a test head's dashboard-agent health check)."""
+    import random
+    import socket
+
+    from benchmarks.ports import RAY_WORKER_PORTS, ephemeral_range, free_port
+
+    taken: set[int] = set()
+    ports = [free_port(taken, random.Random(seed)) for seed in (1, 1, 2)]  # one seed twice
+    assert len(set(ports)) == 3 and set(ports) == taken  # never one port twice
+    ephemeral = ephemeral_range()
+    for port in ports:
+        assert port not in ephemeral and port not in RAY_WORKER_PORTS
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free when handed out
+    held_port, other = free_port(), free_port()
+    with socket.socket() as held:  # a port some process holds is never handed out
+        held.bind(("", held_port))
+        held.listen()
+        picks = iter([held_port, other])
+
+        class Picks(random.Random):
+            def randrange(self, *_):
+                return next(picks)
+
+        assert free_port(set(), Picks()) == other

@@ -10,7 +10,6 @@ registered MLflow model.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -19,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from benchmarks.ports import free_port
 from conftest import mlflow_store
 import yaml
 
@@ -26,12 +26,6 @@ from convs2s.config import SearchConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = {"beam": 3, "max_len_a": 0, "max_len_b": 12}  # a random tiny model: short outputs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body, timeout: float = 60):

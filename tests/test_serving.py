@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from benchmarks.ports import free_port
 from conftest import mlflow_store
 from mlflow.tracking import MlflowClient
 
@@ -88,12 +88,6 @@ def _download_mlmodel(tracking_uri: str, model_uri: str, tmp_path: Path) -> Path
             / "MLmodel"
     finally:
         mlflow.set_tracking_uri(None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, payload: dict, timeout: float = 120.0):
