@@ -104,11 +104,11 @@ class RayCliCluster:
         self._nodes = 0  # nodes added (each has a temp dir n<k> in the cluster's)
 
     def free_port(self) -> int:
-        """A port free now, not handed out before by this cluster, and outside the range other
-        processes draw ports from (benchmarks/ports.py says why): a port is only taken once
-        `ray start` binds it, so the OS may offer the same free port twice in a row (a node's
-        raylet and its metrics exporter were once given one port, and it refused)."""
-        from benchmarks.ports import free_port
+        """A port free now, not handed out before by this cluster, and outside the ranges other
+        processes draw ports from (`workflows.cluster.free_port` says why): a port is only
+        taken once `ray start` binds it, so the OS may offer the same free port twice in a row
+        (a node's raylet and its metrics exporter were once given one port, and it refused)."""
+        from workflows.cluster import free_port
 
         return free_port(self._ports)
 

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from benchmarks.ports import free_port
+from workflows.cluster import free_port
 
 
 @contextmanager

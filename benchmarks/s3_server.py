@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.ports import free_port
+from workflows.cluster import free_port
 
 
 def _die_with_parent() -> None:

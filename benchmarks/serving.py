@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from statistics import median
 
-from benchmarks.ports import free_port
+from workflows.cluster import free_port
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import (RESULTS_DIR, add_result_args, add_search_args, format_table,
                                read_sentences, write_result)

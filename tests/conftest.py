@@ -32,7 +32,7 @@ os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "300000")
 # nodes of a cluster have them from their own environment (or instance role).
 _S3_PORT = None
 if not os.environ.get("AWS_ENDPOINT_URL"):
-    from benchmarks.ports import free_port
+    from workflows.cluster import free_port
     from benchmarks.s3_server import LoopbackS3
 
     _S3_PORT = free_port()
@@ -74,13 +74,11 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
 def run_ranks(worker, nprocs: int) -> dict:
     """worker(rank, port, result) in `nprocs` spawned processes, a torch.distributed world that
     rendezvouses on a free loopback port; returns the shared `result` dict the ranks filled."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from workflows.cluster import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         result = manager.dict()
@@ -153,11 +151,9 @@ def ray_session():
         # With the dashboard, as on a real cluster: Ray Train removes the placement group of
         # a run whose controller died (a killed sweep trial) through the state API it serves.
         # On a free port: runs started by tests in other processes keep Ray's default one.
-        import socket
+        from workflows.cluster import free_port
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         # Its processes ask this instance's state API, not another Ray's on this machine
         # (workflows.cluster.own_dashboard says why).
         os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"

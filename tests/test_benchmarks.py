@@ -460,7 +460,7 @@ def test_server_ports_come_from_outside_the_ranges_other_processes_draw_from():
     import random
     import socket
 
-    from benchmarks.ports import RAY_WORKER_PORTS, ephemeral_range, free_port
+    from workflows.cluster import RAY_WORKER_PORTS, ephemeral_range, free_port
 
     taken: set[int] = set()
     ports = [free_port(taken, random.Random(seed)) for seed in (1, 1, 2)]  # one seed twice
@@ -481,3 +481,30 @@ def test_server_ports_come_from_outside_the_ranges_other_processes_draw_from():
                 return next(picks)
 
         assert free_port(set(), Picks()) == other
+
+
+def test_a_test_clusters_agent_port_held_by_another_kind_of_server_is_one_clear_error(tmp_path):
+    """What CI once met: the port given to a test head's dashboard agent answered with HTTP/2
+    bytes (another process's gRPC server). The health check says so at once, naming the port
+    (and `start_head` starts the head once more on new ports), instead of a raw BadStatusLine."""
+    import socket
+    import threading
+
+    from benchmarks.local_cluster import RayCliCluster, cli_env
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+
+        def answer():  # an HTTP/2 SETTINGS frame, as a gRPC server sends first
+            conn, _ = srv.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x7f\xff\xff\xff\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        cluster = RayCliCluster(cli_env(), temp_dir=str(tmp_path))  # starts nothing
+        with pytest.raises(RuntimeError, match=f"port {port}, given to the dashboard agent, "
+                                               "answers as another kind of server"):
+            cluster.wait_for_agent(port, timeout=10)

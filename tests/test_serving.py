@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from benchmarks.ports import free_port
+from workflows.cluster import free_port
 from conftest import mlflow_store
 from mlflow.tracking import MlflowClient
 

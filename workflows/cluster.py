@@ -2,13 +2,16 @@
 before any stage (this machine's before Ray starts, a cluster's while its autoscaler adds nodes).
 
 Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray.init()` joins
-that cluster; otherwise it starts a local Ray on this machine.
+that cluster; otherwise it starts a local Ray on this machine, its dashboard on a port from
+`free_port` (also what the tests and benchmarks give the servers they start).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+import socket
 import time
 from pathlib import Path
 
@@ -159,11 +162,7 @@ def own_dashboard() -> dict:
     prints a traceback and frees nothing. Naming the dashboard (the state API server) in
     RAY_API_SERVER_ADDRESS before Ray starts gives every process of this instance its own (a
     value inherited from another process names that process's Ray: replaced)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"  # inherited by Ray
     return {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port}
 
@@ -183,3 +182,59 @@ def ray_log_dir() -> str:
         return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
     except AttributeError:  # not a node of this process (a client connection)
         return "the Ray dashboard (Logs), or `ray job logs`"
+
+
+# --- ports for servers started on this machine -------------------------------------------------
+#
+# A port is free when it is picked, but the server binds it only seconds later. A port from
+# `bind(("", 0))` comes from the kernel's ephemeral range, the range every other `bind(0)` and
+# outgoing connection draws from; Ray alone binds dozens of such ports. In one CI run another
+# process's gRPC server took the port picked for a test head's dashboard agent in that window
+# (its health check read HTTP/2 bytes, "BadStatusLine"). Ports are therefore drawn at random
+# below the ephemeral range and above Ray's worker ports, where nothing binds unless told to.
+# Used for a local Ray's dashboard here, and by the tests' and benchmarks' servers.
+
+RAY_WORKER_PORTS = range(10002, 20000)  # Ray's default --min-worker-port .. --max-worker-port
+
+
+def ephemeral_range() -> range:
+    """The kernel's ephemeral ports (Linux: /proc/sys/net/ipv4/ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return range(low, high + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))  # every address: a server may bind 0.0.0.0 or 127.0.0.1
+        except OSError:
+            return False
+    return True
+
+
+def free_port(taken: set[int] | None = None, rng: random.Random | None = None) -> int:
+    """A port no process holds now, outside the ephemeral range and Ray's worker ports, and not
+    in `taken` (to which it is added): a port is only held once its server binds it, so two
+    picks in a row must not return one port twice. Falls back to a kernel-picked port where no
+    such range exists."""
+    rng = rng or random.SystemRandom()
+    taken = taken if taken is not None else set()
+    low = RAY_WORKER_PORTS.stop
+    high = ephemeral_range().start  # exclusive
+    if high - low >= 1000:
+        for _ in range(200):
+            port = rng.randrange(low, high)
+            if port not in taken and _bindable(port):
+                taken.add(port)
+                return port
+    while True:  # no room below the ephemeral range, or all 200 picks held
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
