@@ -508,3 +508,21 @@ def test_a_test_clusters_agent_port_held_by_another_kind_of_server_is_one_clear_
         with pytest.raises(RuntimeError, match=f"port {port}, given to the dashboard agent, "
                                                "answers as another kind of server"):
             cluster.wait_for_agent(port, timeout=10)
+
+
+def test_the_train_startup_benchmark_reads_the_controllers_phases_and_leaves_cold_runs_out():
+    from benchmarks.train_startup import controller_phases, summarize
+
+    log = "\n".join([  # Ray Train 2.60's controller log, two runs' worker group starts
+        '{"message": "[Worker Group Initialization] 2 worker actors created in 5.80s."}',
+        '{"message": "[Worker Group Initialization] 2 worker actors created in 2.79s."}',
+        '{"message": "[Worker Group Initialization] Train context initialized on workers in '
+        '2.70s."}'])
+    assert controller_phases(log) == {"actors_created_s": 2.79, "context_init_s": 2.7,
+                                      "group_start_s": None}
+    rows = [{"variant": "a", "run": r, "total_s": t, "start_to_entry_s": t - 1,
+             "actors_created_s": None, "context_init_s": 1.0, "entry_to_end_s": 1.0}
+            for r, t in ((0, 30.0), (1, 8.0), (2, 10.0), (1, 9.0))]
+    (a,) = summarize(rows, ["a"])
+    assert a["total_s"] == 9.0 and a["start_to_entry_s"] == 8.0  # the cold 30 s left out
+    assert a["actors_created_s"] is None and a["context_init_s"] == 1.0
