@@ -462,16 +462,22 @@ def test_server_ports_come_from_outside_the_ranges_other_processes_draw_from():
 
     from workflows.cluster import RAY_WORKER_PORTS, ephemeral_range, free_port
 
+    from workflows import cluster
+
     taken: set[int] = set()
     ports = [free_port(taken, random.Random(seed)) for seed in (1, 1, 2)]  # one seed twice
-    assert len(set(ports)) == 3 and set(ports) == taken  # never one port twice
+    assert len(set(ports)) == 3 and set(ports) == taken  # never one port twice ...
+    again = free_port(None, random.Random(1))  # ... in this process, whoever asks
+    assert again not in ports and {*ports, again} <= cluster._HANDED_OUT
     ephemeral = ephemeral_range()
-    for port in ports:
+    for port in [*ports, again]:
         assert port not in ephemeral and port not in RAY_WORKER_PORTS
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))  # free when handed out
-    held_port, other = free_port(), free_port()
-    with socket.socket() as held:  # a port some process holds is never handed out
+    # Two ports nobody was given yet, the first held by a listening socket: never handed out.
+    held_port, other = [p for p in range(RAY_WORKER_PORTS.stop, ephemeral.start)
+                        if p not in cluster._HANDED_OUT and cluster._bindable(p)][:2]
+    with socket.socket() as held:
         held.bind(("", held_port))
         held.listen()
         picks = iter([held_port, other])
