@@ -154,6 +154,8 @@ class RayCliCluster:
                         return time.monotonic() - start
             except urllib.error.HTTPError as exc:  # up, raylet / GCS not yet healthy
                 last = f"HTTP {exc.code}"
+            except http.client.RemoteDisconnected as exc:  # closed unanswered: not up yet
+                last = str(exc)
             except http.client.HTTPException as exc:  # not HTTP: another server has the port
                 raise RuntimeError(f"port {agent_port}, given to the dashboard agent, answers "
                                    f"as another kind of server ({type(exc).__name__}): another "
@@ -171,14 +173,17 @@ class RayCliCluster:
         A head that did not come up (`ray start` failed, or its dashboard agent is not healthy)
         is ended and started once more on new ports; a second failure raises with both
         attempts' errors and the tail of the cluster's logs."""
+        import subprocess
+
         errors = []
         for attempt in range(2):
             try:
                 self._start_head(num_cpus)
                 return
-            except RuntimeError as exc:
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 errors.append(f"attempt {attempt + 1}: {exc}\n{self.log_tails()}")
                 self._end_processes()
+                self._raylets.clear()  # ended: their pids may be reused
                 self.gcs_address = self.dashboard_url = None
                 self._alive = 0
         raise RuntimeError("\n\n".join(errors))
