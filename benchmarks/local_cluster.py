@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from workflows.cluster import free_port
+
 
 def processes() -> dict[int, tuple[int, bytes, set[bytes]]]:
     """The machine's live processes but this one: {pid: (parent pid, command line, environment
@@ -98,32 +100,24 @@ class RayCliCluster:
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
         self.agent_wait_s: float | None = None  # the head's agent's wait after `ray start`
-        self._ports: set[int] = set()  # handed out by free_port
         self._raylets: set[int] = set()  # pids of this cluster's raylets, once seen
         self._alive = 0  # nodes started and not killed (the head among them)
         self._nodes = 0  # nodes added (each has a temp dir n<k> in the cluster's)
-
-    def free_port(self) -> int:
-        """A port free now, not handed out before by this cluster, and outside the ranges other
-        processes draw ports from (`workflows.cluster.free_port` says why): a port is only
-        taken once `ray start` binds it, so the OS may offer the same free port twice in a row
-        (a node's raylet and its metrics exporter were once given one port, and it refused)."""
-        from workflows.cluster import free_port
-
-        return free_port(self._ports)
 
     def _start(self, args: list[str], temp_dir: str | None = None) -> int:
         """`ray start` with this cluster's ports and temp dir (or `temp_dir`, one inside it);
         returns the port of the node's dashboard agent (its HTTP server)."""
         import subprocess
 
-        agent_port = self.free_port()
-        # Every port a node binds is chosen here, none left to Ray's own pick.
+        agent_port = free_port()
+        # Every port a node binds is chosen here, none left to Ray's own pick; free_port never
+        # gives one twice (a node's raylet and its metrics exporter were once given one port
+        # by the kernel, and it refused).
         ports = ["--dashboard-agent-listen-port", str(agent_port),
-                 "--dashboard-agent-grpc-port", str(self.free_port()),
-                 "--metrics-export-port", str(self.free_port()),
-                 "--runtime-env-agent-port", str(self.free_port()),
-                 "--object-manager-port", str(self.free_port())]
+                 "--dashboard-agent-grpc-port", str(free_port()),
+                 "--metrics-export-port", str(free_port()),
+                 "--runtime-env-agent-port", str(free_port()),
+                 "--object-manager-port", str(free_port())]
         proc = subprocess.run(["ray", "start", *args, *ports, "--temp-dir",
                                temp_dir or self.temp_dir, "--disable-usage-stats"],
                               env=self.env, capture_output=True, text=True, timeout=240)
@@ -189,15 +183,15 @@ class RayCliCluster:
         raise RuntimeError("\n\n".join(errors))
 
     def _start_head(self, num_cpus: int) -> None:
-        port, dash = self.free_port(), self.free_port()
+        port, dash = free_port(), free_port()
         # This cluster's processes (and drivers started with `env`) ask its own state API,
         # never another Ray's on this machine (workflows.cluster.own_dashboard).
         self.env["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{dash}"
         agent = self._start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                             "--node-manager-port", str(self.free_port()),
+                             "--node-manager-port", str(free_port()),
                              "--num-cpus", str(num_cpus), "--include-dashboard", "true",
                              "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-                             "--ray-client-server-port", str(self.free_port())])
+                             "--ray-client-server-port", str(free_port())])
         self.gcs_address = f"127.0.0.1:{port}"
         self._alive = 1
         self.dashboard_url = f"http://127.0.0.1:{dash}"
@@ -217,7 +211,7 @@ class RayCliCluster:
 
         errors = []
         for attempt in range(2):
-            port = node_manager_port if node_manager_port and not attempt else self.free_port()
+            port = node_manager_port if node_manager_port and not attempt else free_port()
             # Its own temp dir, as a machine has its own disk: nodes that shared the head's
             # unpacked a job's working directory into one folder, each replacing it under the
             # processes running from it (the job's driver lost its working directory).

@@ -34,10 +34,10 @@ import urllib.request
 from pathlib import Path
 from statistics import median
 
-from workflows.cluster import free_port
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import (RESULTS_DIR, add_result_args, add_search_args, format_table,
                                read_sentences, write_result)
+from workflows.cluster import free_port
 
 
 def parse_args(argv=None) -> argparse.Namespace:

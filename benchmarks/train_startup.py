@@ -2,9 +2,9 @@
 function that only notes when it started) on a fresh local Ray per variant, with the
 controller's own phase times read from Ray Train's log.
 
-The test suite makes about 30 training runs, each paying this start-up; this benchmark says
-which part of it a setting moves. Variants (each its own Ray, since the raylet reads the
-environment when it starts; rounds alternate the variants):
+A test suite run makes 25 or so training runs (22 on its session's Ray at 22f4d18), each
+paying this start-up; this benchmark says which part of it a setting moves. Variants (each
+its own Ray, since the raylet reads the environment when it starts; rounds alternate them):
 
 - `default`: Ray's settings plus the suite's (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.2, idle
   workers kept: tests/conftest.py);
@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,6 +109,7 @@ def child(workers: int, runs: int) -> None:
         row.update(controller_phases(text))
         print(json.dumps(row), flush=True)
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)  # made above: the bare runs' Ray Train folders
 
 
 def run_variant(name: str, workers: int, runs: int) -> list[dict]:

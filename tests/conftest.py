@@ -32,8 +32,8 @@ os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "300000")
 # nodes of a cluster have them from their own environment (or instance role).
 _S3_PORT = None
 if not os.environ.get("AWS_ENDPOINT_URL"):
-    from workflows.cluster import free_port
     from benchmarks.s3_server import LoopbackS3
+    from workflows.cluster import free_port
 
     _S3_PORT = free_port()
     os.environ.update(LoopbackS3(_S3_PORT, None).env())

@@ -18,11 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from workflows.cluster import free_port
 from conftest import mlflow_store
 import yaml
 
 from convs2s.config import SearchConfig
+from workflows.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = {"beam": 3, "max_len_a": 0, "max_len_b": 12}  # a random tiny model: short outputs

@@ -18,7 +18,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from workflows.cluster import free_port
 from conftest import mlflow_store
 from mlflow.tracking import MlflowClient
 
@@ -26,6 +25,7 @@ from convs2s.config import SearchConfig
 from convs2s.metrics.scoring import read_lines
 from convs2s.serving.pyfunc import FALLBACK_TAG, PRECISION_TAG, log_translator
 from convs2s.inference.translate import load_for_inference
+from workflows.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 LOAD_AND_PREDICT = """

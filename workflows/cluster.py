@@ -219,30 +219,19 @@ def _bindable(port: int) -> bool:
 _HANDED_OUT: set[int] = set()  # every port free_port gave out in this process
 
 
-def free_port(taken: set[int] | None = None, rng: random.Random | None = None) -> int:
+def free_port(rng: random.Random | None = None) -> int:
     """A port no process holds now, outside the ephemeral range and Ray's worker ports, and
-    neither given out before by this process nor in `taken` (to which it is added): a port is
-    only held once its server binds it, so two picks in a row must not return one port twice.
-    Falls back to a kernel-picked port where no such range exists."""
+    never given out before by this process: a port is only held once its server binds it, so
+    two picks in a row must not return one port twice. Falls back to a kernel-picked port
+    where no such range exists."""
     rng = rng or random.SystemRandom()
-    taken = taken if taken is not None else set()
-    low = RAY_WORKER_PORTS.stop
-    high = ephemeral_range().start  # exclusive
-    if high - low >= 1000:
-        for _ in range(200):
-            port = rng.randrange(low, high)
-            if port not in taken and port not in _HANDED_OUT and _bindable(port):
-                break
-        else:
-            port = 0
-    else:
-        port = 0
+    low, high = RAY_WORKER_PORTS.stop, ephemeral_range().start  # high: exclusive
+    picks = (rng.randrange(low, high) for _ in range(200 if high - low >= 1000 else 0))
+    port = next((p for p in picks if p not in _HANDED_OUT and _bindable(p)), 0)
     while not port:  # no room below the ephemeral range, or all 200 picks held
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port in taken or port in _HANDED_OUT:
-            port = 0
-    taken.add(port)
+        port = 0 if port in _HANDED_OUT else port
     _HANDED_OUT.add(port)
     return port
