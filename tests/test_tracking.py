@@ -228,3 +228,30 @@ def test_a_sampler_still_starting_when_training_ends_never_starts(monkeypatch):
         assert not starter.is_alive()
     assert not [t for t in threading.enumerate()
                 if t.name == "SystemMetricsMonitor" and t not in before]
+
+
+def test_a_logger_into_a_bucket_writes_the_object_and_leaves_no_scratch_copy(s3, sqlite_uri):
+    """metrics.jsonl in a bucket (no appends there): the lines gather in a local scratch copy,
+    written whole over the object at each `sync` and on `close`, which also removes the copy;
+    a resumed logger continues the object."""
+    import json
+
+    from storage import location
+
+    target = location("s3://convs2s-test/tracking-scratch/run/metrics.jsonl")
+    run = find_or_create_run(sqlite_uri, "exp", run_key="scratch", run_name="r")
+    first = RunLogger(sqlite_uri, run, str(target))
+    scratch = first.local_path
+    assert scratch.is_file() and not str(scratch).startswith("s3:")
+    first.log_metrics({"train/loss": 2.0}, 1)
+    first.sync()
+    assert [json.loads(line)["step"] for line in target.read_bytes().splitlines()] == [1]
+    first.log_metrics({"train/loss": 1.5}, 2)
+    first.close()
+    assert not scratch.parent.exists()
+    second = RunLogger(sqlite_uri, run, str(target))
+    second.log_metrics({"train/loss": 1.0}, 2)  # already there: skipped
+    second.log_metrics({"train/loss": 1.0}, 3)
+    second.close()
+    assert [json.loads(line)["step"] for line in target.read_bytes().splitlines()] == [1, 2, 3]
+    assert not second.local_path.parent.exists()

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -114,8 +115,11 @@ class RunLogger:
             self.mirror.upload(self.local_path)
 
     def close(self, timeout: float = 15.0) -> None:
-        """Flush what the server accepts within `timeout` seconds, then stop the thread."""
+        """Flush what the server accepts within `timeout` seconds, then stop the thread. In a
+        bucket: the lines are written over the object, and the local scratch copy removed."""
         self.sync()
+        if self.mirror is not None:
+            shutil.rmtree(self.local_path.parent, ignore_errors=True)
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout)
