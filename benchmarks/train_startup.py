@@ -12,6 +12,12 @@ its own Ray, since the raylet reads the environment when it starts; rounds alter
   before its first task (Ray's `preload_python_modules`, RAY_preload_python_modules);
 - `no_env`: without RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray Train then hands its workers an
   empty set of environment variables to propagate).
+- `no_preempt`: the suite's settings with Ray Train's preemption watcher off
+  (RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0, as tests/conftest.py sets it).
+
+Besides the times, each run's `busy_core_s`: the CPU seconds the whole machine spent over it
+(/proc/stat), every process of Ray's included; the suite runs on 2 cores, so what a run
+keeps busy is what the tests beside it cannot have.
 
     python -m benchmarks.train_startup --workers 2 --runs 3 --rounds 2
 
@@ -40,6 +46,7 @@ VARIANTS = {
     "default": SUITE_ENV,
     "preload": {**SUITE_ENV, "RAY_preload_python_modules": "torch,ray.train.torch"},
     "no_env": {k: v for k, v in SUITE_ENV.items() if k != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"},
+    "no_preempt": {**SUITE_ENV, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"},
 }
 # The controller's log lines that time its phases (Ray Train 2.60, DEBUG level).
 PHASES = {"actors_created_s": r"worker actors created in ([0-9.]+)s",
@@ -59,12 +66,12 @@ def controller_phases(log_text: str) -> dict:
 def summarize(rows: list[dict], variants: list[str]) -> list[dict]:
     """Per variant, the medians over its warm runs (a Ray's first run is cold: left out)."""
     keys = ("total_s", "start_to_entry_s", "actors_created_s", "context_init_s",
-            "entry_to_end_s")
+            "entry_to_end_s", "busy_core_s")
     out = []
     for name in variants:
         warm = [x for x in rows if x["variant"] == name and x["run"] > 0]
         out.append({"variant": name, **{
-            key: round(median(v), 2) if (v := [x[key] for x in warm if x[key] is not None])
+            key: round(median(v), 2) if (v := [x[key] for x in warm if x.get(key) is not None])
             else None for key in keys}})
     return out
 
@@ -76,6 +83,13 @@ def _loop(config: dict) -> None:
 
     if ray.train.get_context().get_world_rank() == 0:
         Path(config["entry_file"]).write_text(repr(time.time()))
+
+
+def busy_seconds() -> float:
+    """CPU seconds the machine has spent busy since boot, all cores (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
 
 
 def child(workers: int, runs: int) -> None:
@@ -94,13 +108,13 @@ def child(workers: int, runs: int) -> None:
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "train"
     for i in range(runs):
         entry = tmp / f"entry_{i}"
-        start = time.time()
+        start, busy = time.time(), busy_seconds()
         TorchTrainer(_loop, train_loop_config={"entry_file": str(entry)},
                      scaling_config=ScalingConfig(num_workers=workers),
                      run_config=RunConfig(storage_path=str(tmp / "runs"), name=f"r{i}")).fit()
-        end = time.time()
+        end, busy = time.time(), busy_seconds() - busy
         entered = float(entry.read_text())
-        row = {"run": i, "total_s": round(end - start, 3),
+        row = {"run": i, "total_s": round(end - start, 3), "busy_core_s": round(busy, 2),
                "start_to_entry_s": round(entered - start, 3),
                "entry_to_end_s": round(end - entered, 3)}
         controllers = sorted(logs.glob("ray-train-sys-controller-*.log"),
@@ -114,7 +128,8 @@ def child(workers: int, runs: int) -> None:
 
 def run_variant(name: str, workers: int, runs: int) -> list[dict]:
     env = {k: v for k, v in os.environ.items()
-           if k not in {*SUITE_ENV, "RAY_preload_python_modules", "RAY_ADDRESS"}}
+           if k not in {*SUITE_ENV, "RAY_preload_python_modules", "RAY_ADDRESS",
+                        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"}}
     env.update(VARIANTS[name])
     proc = subprocess.run([sys.executable, "-m", "benchmarks.train_startup", "--child",
                            "--workers", str(workers), "--runs", str(runs)],
@@ -152,7 +167,8 @@ def main(argv=None) -> int:
                                  ("start_to_entry_s", "to loop s"),
                                  ("actors_created_s", "actors s"),
                                  ("context_init_s", "context s"),
-                                 ("entry_to_end_s", "loop to end s")]))
+                                 ("entry_to_end_s", "loop to end s"),
+                                 ("busy_core_s", "busy core s")]))
     path = write_result(args.out or RESULTS_DIR / "train_startup.json", "train_startup",
                         {k: v for k, v in vars(args).items() if k != "child"},
                         machine_info(), before, load_average(), quiet,

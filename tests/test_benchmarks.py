@@ -528,8 +528,10 @@ def test_the_train_startup_benchmark_reads_the_controllers_phases_and_leaves_col
     assert controller_phases(log) == {"actors_created_s": 2.79, "context_init_s": 2.7,
                                       "group_start_s": None}
     rows = [{"variant": "a", "run": r, "total_s": t, "start_to_entry_s": t - 1,
-             "actors_created_s": None, "context_init_s": 1.0, "entry_to_end_s": 1.0}
+             "actors_created_s": None, "context_init_s": 1.0, "entry_to_end_s": 1.0,
+             "busy_core_s": 2 * t}
             for r, t in ((0, 30.0), (1, 8.0), (2, 10.0), (1, 9.0))]
     (a,) = summarize(rows, ["a"])
     assert a["total_s"] == 9.0 and a["start_to_entry_s"] == 8.0  # the cold 30 s left out
+    assert a["busy_core_s"] == 18.0
     assert a["actors_created_s"] is None and a["context_init_s"] == 1.0
