@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,7 @@ if not os.environ.get("AWS_ENDPOINT_URL"):
 # store that MLflow built that way once per session. (Its unused `Default` experiment names the
 # template's folder for artifacts; the project logs to experiments it creates.)
 _STORE_TEMPLATE: list[Path] = []
+_STORE_LOCK = threading.Lock()  # background runs (`background` below) make stores too
 
 
 def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
@@ -57,7 +60,9 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
     if not Path(folder).is_absolute():  # e.g. an s3:// URI that Path() made a relative "s3:/"
         raise ValueError(f"mlflow_store needs a local absolute folder, got {folder}")
     path = Path(folder) / name
-    if not path.exists():
+    if path.exists():
+        return f"sqlite:///{path}"
+    with _STORE_LOCK:
         if not _STORE_TEMPLATE:
             from mlflow.tracking import MlflowClient
 
@@ -103,6 +108,142 @@ def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+# --- end-to-end runs in the background ------------------------------------------------------------
+
+
+class Background:
+    """End-to-end runs that share nothing with the session's Ray (a cluster of their own, its
+    processes and folders), started one after another in one thread as soon as collection
+    ends, so that their waits (nodes starting, a node's loss detected, a job's upload) overlap
+    the tests that run meanwhile instead of adding to the session's time (docs/benchmarks.md,
+    "The test suite's time").
+
+    A test module declares them as `BACKGROUND_RUNS = {name: run}`, in the order they run;
+    `run(ctx)` gets this object as `ctx` (`ctx.tmp_path_factory`, `ctx.env`: the environment
+    as the session started, before any test changed it; `ctx.result(name)` of an earlier run,
+    `ctx.cleanup(fn)` for what must end with the session, `ctx.cancelled` set when the
+    session ends early). A run starts only when a selected test uses the fixture of its name;
+    its module fixture takes the value with `background.result(name)`, which waits for it and
+    raises its error there (or runs it at once when it was not started). What measures time
+    (a training time budget) runs inside `with background.quiet():`, with no run going."""
+
+    def __init__(self, tmp_path_factory):
+        self.tmp_path_factory = tmp_path_factory
+        self.env = dict(os.environ)
+        self.cancelled = threading.Event()
+        self._runs: dict = {}  # name -> run, in order
+        self._done: dict = {}  # name -> ("ok", value) | ("error", exception)
+        self._cleanups: list = []
+        self._lock = threading.Lock()
+        self._gate = threading.Lock()  # held by a run, or by a `quiet` section
+        self._thread: threading.Thread | None = None
+        self._started: set = set()  # the names the thread runs
+        self._running: set = set()  # the names started (here or in the thread)
+        self._quiet_in: int | None = None  # the thread inside a `quiet` section
+
+    def start(self, runs: dict) -> None:
+        self._runs.update(runs)
+        self._started.update(runs)
+        self._thread = threading.Thread(target=self._work, args=(list(runs),),
+                                        name="background-runs", daemon=True)
+        self._thread.start()
+
+    def _work(self, names: list) -> None:
+        for name in names:
+            with self._gate:  # not inside a `quiet` section
+                if self.cancelled.is_set():
+                    break
+                self._run(name)
+
+    def _run(self, name: str) -> None:
+        """Run `name` here unless it has run or another thread is running it."""
+        with self._lock:
+            if name in self._done or name in self._running:
+                return
+            self._running.add(name)
+        try:
+            self._done[name] = ("ok", self._runs[name](self))
+        except BaseException as err:  # raised again in the test that takes the result
+            self._done[name] = ("error", err)
+
+    def result(self, name: str, run=None):
+        """The value of run `name` (waiting for it); `run` when no module declared it."""
+        import time
+
+        self._runs.setdefault(name, run)
+        while name not in self._done:
+            if (name not in self._started or not self._thread.is_alive()
+                    or self._quiet_in == threading.get_ident()):  # (the thread waits for us)
+                self._run(name)  # not started, or its thread cannot: here
+            else:
+                time.sleep(0.1)
+        kind, value = self._done[name]
+        if kind == "error":
+            raise value
+        return value
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """A section with no background run going: it waits for the run in progress to end,
+        and the next one starts after the section."""
+        with self._gate:
+            self._quiet_in = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._quiet_in = None
+
+    def cleanup(self, fn) -> None:
+        self._cleanups.append(fn)
+
+    def close(self) -> None:
+        """At the session's end: what the runs started is ended (a run still going fails
+        fast once its cluster is gone), the thread is given a while to finish, and what it
+        started meanwhile is ended too. (Cleanups are idempotent: a module may have ended
+        its part already.)"""
+        self.cancelled.set()
+        self._clean()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+            self._clean()  # what a run started while the first cleanup ran
+
+    def _clean(self) -> None:
+        for fn in reversed(self._cleanups):
+            try:
+                fn()
+            except Exception as err:  # one failed cleanup must not keep the others from running
+                print(f"background cleanup {fn!r} failed: {err!r}")
+
+
+_BACKGROUND: list[Background] = []
+
+
+def pytest_collection_finish(session):
+    """Start the background runs that the selected tests use (`Background`)."""
+    bg = Background(session.config._tmp_path_factory)
+    _BACKGROUND.append(bg)
+    if session.config.option.collectonly:
+        return
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    runs = {}
+    for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+        for name, run in getattr(module, "BACKGROUND_RUNS", {}).items():
+            if name in used:
+                runs[name] = run
+    if runs:
+        bg.start(runs)
+
+
+def pytest_sessionfinish(session):
+    for bg in _BACKGROUND:
+        bg.close()
+
+
+@pytest.fixture(scope="session")
+def background() -> Background:
+    return _BACKGROUND[-1]
+
 
 def pytest_collection_modifyitems(config, items):
     import torch

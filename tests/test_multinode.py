@@ -9,6 +9,9 @@ one preprocessing of the demo corpus):
 - the session's Ray and this head side by side, each process asking its own state API;
 - the cluster stopped with every process it started.
 
+The cluster and the node-loss run start in the background when the session starts (they share
+nothing with the session's Ray), so that their waits overlap the tests that run before these.
+
     timeout 900 .venv/bin/python -m pytest tests/test_multinode.py -q
 """
 
@@ -39,9 +42,11 @@ def _ray_json(cluster, *args: str):
     return json.loads(proc.stdout)
 
 
-def _wait_for(predicate, timeout: float, what: str, proc=None) -> None:
+def _wait_for(predicate, timeout: float, what: str, proc=None, cancelled=None) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
+        if cancelled is not None and cancelled.is_set():
+            raise RuntimeError(f"the test session ended before {what}")
         if proc is not None and proc.poll() is not None:
             out = proc.stdout.read() if proc.stdout else ""
             raise AssertionError(f"the workflow ended (rc {proc.returncode}) before {what}:\n"
@@ -50,24 +55,19 @@ def _wait_for(predicate, timeout: float, what: str, proc=None) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def nodes():
+def _start_nodes(ctx):
     """The module's cluster: a head (dashboard, job API) and one more node, 1 CPU each, token
-    authentication, the project's .venv first on PATH; `.spot` is the node's raylet port.
-    The last test stops it and checks what is left; the teardown stops it in any case."""
+    authentication, the project's .venv first on PATH; `.spot` is the node's raylet port."""
     from benchmarks.local_cluster import RayCliCluster, cli_env
 
     cluster = RayCliCluster(cli_env())
-    try:
-        cluster.start_head(num_cpus=1)
-        cluster.spot = cluster.add_node(num_cpus=1)
-        yield cluster
-    finally:
-        cluster.stop()
+    ctx.cleanup(cluster.stop)  # whatever happens to the session
+    cluster.start_head(num_cpus=1)
+    cluster.spot = cluster.add_node(num_cpus=1)
+    return cluster
 
 
-@pytest.fixture(scope="module")
-def lost_node_run(nodes, tmp_path_factory):
+def _lose_a_node(ctx):
     """The node-loss run, then its resumption as a Ray job:
 
     1. the En-Fr smoke workflow, 2 workers, UPDATES updates, run by a driver with RAY_ADDRESS
@@ -79,7 +79,8 @@ def lost_node_run(nodes, tmp_path_factory):
        hook that records each update's rows passed in the job's runtime environment); while
        it runs, the same command started directly is refused.
     Returns the outputs of each step for the tests to read."""
-    shared = tmp_path_factory.mktemp("lost_node") / "shared"
+    nodes = ctx.result("nodes")
+    shared = ctx.tmp_path_factory.mktemp("lost_node") / "shared"
     record = shared.parent / "record"
     record.mkdir()
     uri = mlflow_store(shared)
@@ -97,7 +98,7 @@ def lost_node_run(nodes, tmp_path_factory):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(lambda: (train_dir / f"checkpoint_{CHECKPOINT:08d}" / "meta.json").is_file(),
-                  600, f"checkpoint at update {CHECKPOINT}", proc)
+                  600, f"checkpoint at update {CHECKPOINT}", proc, ctx.cancelled)
         workers = [a for a in _ray_json(nodes, "list", "actors", "--detail", "--limit", "1000")
                    if a["class_name"] == "RayTrainWorker" and a["state"] == "ALIVE"]
         killed = nodes.kill_node(nodes.spot)
@@ -116,7 +117,7 @@ def lost_node_run(nodes, tmp_path_factory):
     lease = shared / "lost-node" / ".lease.json"
     try:
         _wait_for(lambda: lease.exists() or job.poll() is not None, 300,
-                  "lease taken by the job")
+                  "lease taken by the job", cancelled=ctx.cancelled)
         second = None
         if lease.exists():  # a second command on the same run, while the job holds it
             second = subprocess.run(
@@ -131,6 +132,26 @@ def lost_node_run(nodes, tmp_path_factory):
                            workers=workers, killed=killed, lost_rc=proc.returncode,
                            lost_out=lost_out, job_rc=job.returncode, job_stdout=stdout,
                            job_stderr=stderr, second=second, lease=lease)
+
+
+# Both run in the background from the session's start (tests/conftest.py, `Background`): the
+# cluster's start, the node's loss and the job overlap the tests that run before this module's.
+BACKGROUND_RUNS = {"nodes": _start_nodes, "lost_node_run": _lose_a_node}
+
+
+@pytest.fixture(scope="module")
+def nodes(background):
+    """The cluster of `_start_nodes`, shared by this module's tests. The last test stops it and
+    checks what is left; the teardown stops it in any case."""
+    cluster = background.result("nodes", _start_nodes)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def lost_node_run(nodes, background):
+    """What `_lose_a_node` saw (a namespace)."""
+    return background.result("lost_node_run", _lose_a_node)
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ the same files must give the same encoded rows and byte-identical batch shards; 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -361,23 +360,41 @@ def test_demo_source_runs_end_to_end(ray_session, tmp_path):
         out.manifests["batches/train"]["rows_kept"]
 
 
-@pytest.mark.slow
-def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shared_data,
-                                                                             tmp_path):
+def _preprocess_from_the_command_line(ctx):
     """`python -m preprocessing` as a user runs it (its own local Ray, console to a pipe):
-    French -> English cut from one file pair by line ranges; the console holds the stage lines
-    and the summary, Ray Data's per-dataset INFO lines stay in Ray's log folder."""
-    import subprocess
-    import sys
+    French -> English cut from one file pair by line ranges. Shares nothing with the session's
+    Ray: it runs in the background (tests/conftest.py, `Background`). None without
+    ../shared/data (the test skips)."""
+    from conftest import SHARED_DATA
 
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(
+    if not SHARED_DATA.is_dir():
+        return None
+    out = ctx.tmp_path_factory.mktemp("preprocessing_cli")
+    env = {k: v for k, v in ctx.env.items() if k != "RAY_ADDRESS"}
+    return subprocess.run(
         [sys.executable, "-m", "preprocessing", "--task", "translation", "--src", "fr",
-         "--tgt", "en", "--source", str(shared_data / "news-commentary-5k"),
+         "--tgt", "en", "--source", str(SHARED_DATA / "news-commentary-5k"),
          "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
-         "--split", "test=nc-5k[4750:]", "--vocab-size", "1000", "--out", str(tmp_path)],
+         "--split", "test=nc-5k[4750:]", "--vocab-size", "1000", "--out", str(out)],
         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
         timeout=600)
+
+
+BACKGROUND_RUNS = {"preprocessing_cli": _preprocess_from_the_command_line}
+
+
+@pytest.fixture(scope="module")
+def preprocessing_cli(background):
+    return background.result("preprocessing_cli", _preprocess_from_the_command_line)
+
+
+@pytest.mark.slow
+def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shared_data,
+                                                                             preprocessing_cli):
+    """`python -m preprocessing` as a user runs it (`_preprocess_from_the_command_line`); the
+    console holds the stage lines and the summary, Ray Data's per-dataset INFO lines stay in
+    Ray's log folder."""
+    proc = preprocessing_cli
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
             if line.split() and line.split()[0] in ("train", "valid", "test")}

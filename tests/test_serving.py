@@ -142,7 +142,7 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
                 pass
             assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "server did not start within 300 s"
-            time.sleep(2)
+            time.sleep(0.25)
         answer = post(f"http://127.0.0.1:{port}/invocations", {"inputs": lines})
         assert answer == {"predictions": expected}
         # A request's own search settings (the signature's params, within their limits)

@@ -284,16 +284,56 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     assert "(scored earlier)" not in out  # both jobs scored the edited test set again
 
 
+# The other tasks' smoke runs, one after another in one process of their own with its own local
+# Ray, as `python workflows/<task>.py --preset smoke` runs (what the driver prints, as JSON).
+OTHER_SMOKES = (
+    "import contextlib, io, json, sys; sys.path[:0] = [{repo!r}]\n"
+    "from workflows.catalog import paper_tasks\n"
+    "out = {{}}\n"
+    "for name in {names!r}:\n"
+    "    module, buf = paper_tasks()[name], io.StringIO()\n"
+    "    with contextlib.redirect_stdout(buf):\n"
+    "        rc = module.main(module.PRESETS, module.__doc__, ['--preset', 'smoke',\n"
+    "            '--max-updates', '20', *{short!r}, '--storage-path', {storage!r},\n"
+    "            '--tracking-uri', {uri!r}, '--run-name', name + '-smoke'])\n"
+    "    out[name] = [rc, buf.getvalue()]\n"
+    "open({result!r}, 'w').write(json.dumps(out))\n")
+
+
+def _run_other_smokes(ctx):
+    """The smoke presets of every paper task but En-Fr (whose run is the session's
+    `smoke_workflow`), cut to 20 updates, in a process of their own (its own local Ray: it
+    shares nothing with the session's, so it runs in the background, tests/conftest.py
+    `Background`). Returns storage, tracking_uri and {task: (exit code, stdout)}."""
+    from types import SimpleNamespace
+
+    root = ctx.tmp_path_factory.mktemp("other_smokes")
+    uri, result = mlflow_store(root), root / "result.json"
+    names = sorted(set(WORKFLOWS) - {"wmt14_en_fr"})
+    code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=SHORT_OUTPUTS,
+                               storage=str(root / "runs"), uri=uri, result=str(result))
+    env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0 and result.is_file(), (proc.stdout + proc.stderr)[-4000:]
+    runs = {k: tuple(v) for k, v in json.loads(result.read_text()).items()}
+    return SimpleNamespace(storage=root / "runs", tracking_uri=uri, runs=runs)
+
+
+@pytest.fixture(scope="session")
+def other_smokes(background):
+    return background.result("other_smokes", _run_other_smokes)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(WORKFLOWS) - {"wmt14_en_fr"}))
-def test_other_workflows_smoke_end_to_end(name, smoke_workflow):
-    """The other three tasks' smoke presets, cut to a few updates (the En-Fr run above shares
-    their preprocessed demo corpus through the same storage path)."""
-    w, module = smoke_workflow, WORKFLOWS[name]
-    rc, out = _main(module, ["--preset", "smoke", "--max-updates", "20", *SHORT_OUTPUTS,
-                             "--storage-path", str(w.storage), "--tracking-uri", w.tracking_uri,
-                             "--run-name", f"{name}-smoke"])
-    assert rc == 0
+def test_other_workflows_smoke_end_to_end(name, other_smokes):
+    """The other tasks' smoke presets, cut to a few updates, run as their command lines run
+    (`_run_other_smokes`; the first preprocesses the demo corpus, the others reuse it through
+    the same storage path)."""
+    w, module = other_smokes, WORKFLOWS[name]
+    rc, out = w.runs[name]
+    assert rc == 0, out[-3000:]
     parent, children = _family(w.tracking_uri, name, f"{name}-smoke")
     assert parent.info.status == "FINISHED"
     assert all(c.info.status == "FINISHED" for c in children.values())
@@ -443,17 +483,18 @@ def test_summary_aligns_long_names_and_says_where_metrics_went_without_tracking(
             "/r/train*/metrics.jsonl and the scores in /r/workflow.json") in text
 
 
-@pytest.mark.slow
-def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(tmp_path):
-    """Ctrl-C (SIGINT to the terminal's process group) while a stage runs: exit 130, one line
-    naming the run to resume, no KeyboardInterrupt traceback; the parent run is KILLED."""
+def _interrupt_preprocessing(ctx):
+    """The En-Fr smoke workflow as a user runs it, then Ctrl-C (SIGINT to the terminal's
+    process group) one second into its first cleaning stage. Its own local Ray: it runs in
+    the background (tests/conftest.py, `Background`). Returns folder, exit code, console."""
     import signal
     import time
+    from types import SimpleNamespace
 
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",
-                                                            "MLFLOW_TRACKING_URI")}
+    folder = ctx.tmp_path_factory.mktemp("ctrl_c")
+    env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     proc = subprocess.Popen([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
-                             "--preset", "smoke", "--run-name", "ctrlc"], cwd=tmp_path, env=env,
+                             "--preset", "smoke", "--run-name", "ctrlc"], cwd=folder, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     seen = []
@@ -468,14 +509,27 @@ def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(tmp_
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    console = "".join(seen) + rest
-    assert proc.returncode == 130, console[-3000:]
+    return SimpleNamespace(folder=folder, returncode=proc.returncode,
+                           console="".join(seen) + rest)
+
+
+@pytest.fixture(scope="module")
+def ctrl_c(background):
+    return background.result("ctrl_c", _interrupt_preprocessing)
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(ctrl_c):
+    """Ctrl-C while a stage runs (`_interrupt_preprocessing`): exit 130, one line naming the
+    run to resume, no KeyboardInterrupt traceback; the parent run is KILLED."""
+    console = ctrl_c.console
+    assert ctrl_c.returncode == 130, console[-3000:]
     assert "Traceback" not in console and "KeyboardInterrupt" not in console, console[-3000:]
     (said,) = [line for line in console.splitlines() if line.startswith("interrupted:")]
-    assert "--run-name ctrlc" in said and str(tmp_path / "runs") in said
+    assert "--run-name ctrlc" in said and str(ctrl_c.folder / "runs") in said
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{ctrl_c.folder / 'mlflow.db'}")
     exp = client.get_experiment_by_name("wmt14_en_fr")
     (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'ctrlc'")
     assert parent.info.status == "KILLED"
@@ -689,3 +743,8 @@ def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_e
     hyps = (tmp_path / "runs" / "fr-en" / "eval" / "best" / "test.en").read_text().splitlines()
     assert len(hyps) == 250
     assert "models:/translation_fr_en-test@champion (version 1)" in out
+
+
+# The runs above that share nothing with the session's Ray start in the background when the
+# session starts (tests/conftest.py, `Background`).
+BACKGROUND_RUNS = {"other_smokes": _run_other_smokes, "ctrl_c": _interrupt_preprocessing}
