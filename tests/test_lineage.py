@@ -178,16 +178,20 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
     assert len(client.search_model_versions("name = 'lineage-test'")) == 2
 
 
-def test_two_runs_finishing_together_agree_on_the_better_model(smoke_workflow):
+def test_two_runs_finishing_together_agree_on_the_better_model(smoke_workflow, monkeypatch):
     """Two registrations at once (threads, one sqlite store) under a new name: each compares,
-    sets, and re-reads the alias; the alias ends on the better-scored model and neither run
-    claims a champion the alias does not name."""
+    sets, and re-reads the alias after the default pause; the alias ends on the better-scored
+    model and neither run claims a champion the alias does not name."""
     import threading
 
     from mlflow.tracking import MlflowClient
 
+    from workflows import lineage
     from workflows.engine import EvalScore
     from workflows.lineage import register_champion
+
+    # the default pause (the suite sets a shorter one: tests/conftest.py)
+    monkeypatch.setattr(lineage, "REGISTRY_SETTLE_S", lineage.DEFAULT_REGISTRY_SETTLE_S)
 
     w = smoke_workflow
     client = MlflowClient(w.tracking_uri)

@@ -140,7 +140,8 @@ class Champion:
 
 
 # Seconds between setting the champion alias and reading it back (register_champion).
-REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", 0.5))
+DEFAULT_REGISTRY_SETTLE_S = 0.5
+REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", DEFAULT_REGISTRY_SETTLE_S))
 
 # Tags of a registered model: the test data its champion is compared on.
 DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.test_set_digest", "convs2s.test_set", \
