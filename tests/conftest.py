@@ -129,11 +129,12 @@ class Background:
     A test module declares them as `BACKGROUND_RUNS = {name: run}`, in the order they run;
     `run(ctx)` gets this object as `ctx` (`ctx.tmp_path_factory`, `ctx.env`: the environment
     as the session started, before any test changed it; `ctx.result(name)` of an earlier run,
-    `ctx.cleanup(fn)` for what must end with the session, `ctx.cancelled` set when the
-    session ends early). A run starts only when a selected test uses the fixture of its name;
-    its module fixture takes the value with `background.result(name)`, which waits for it and
-    raises its error there (or runs it at once when it was not started). What measures time
-    (a training time budget) runs inside `with background.quiet():`, with no run going."""
+    `ctx.popen` / `ctx.run` for its processes and `ctx.cleanup(fn)` for anything else that
+    must end with the session, `ctx.cancelled` set when the session ends early). A run
+    starts only when a selected test uses the fixture of its name; its module fixture takes
+    the value with `background.result(name)`, which waits for it and raises its error there
+    (or runs it at once when it was not started). What measures time (a training time
+    budget) runs inside `with background.quiet():`, with no run going."""
 
     def __init__(self, tmp_path_factory):
         self.tmp_path_factory = tmp_path_factory
@@ -203,6 +204,35 @@ class Background:
 
     def cleanup(self, fn) -> None:
         self._cleanups.append(fn)
+
+    def popen(self, cmd: list, **kw):
+        """subprocess.Popen in a process group of its own, which the session's end kills if it
+        still runs (a workflow and the local Ray it started)."""
+        import signal
+        import subprocess
+
+        proc = subprocess.Popen(cmd, start_new_session=True, **kw)
+
+        def end() -> None:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+        self.cleanup(end)
+        return proc
+
+    def run(self, cmd: list, timeout: float, **kw):
+        """subprocess.run through `popen`: its output captured as text."""
+        import subprocess
+
+        proc = self.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
     def close(self) -> None:
         """At the session's end: what the runs started is ended (a run still going fails

@@ -371,13 +371,12 @@ def _preprocess_from_the_command_line(ctx):
         return None
     out = ctx.tmp_path_factory.mktemp("preprocessing_cli")
     env = {k: v for k, v in ctx.env.items() if k != "RAY_ADDRESS"}
-    return subprocess.run(
+    return ctx.run(
         [sys.executable, "-m", "preprocessing", "--task", "translation", "--src", "fr",
          "--tgt", "en", "--source", str(SHARED_DATA / "news-commentary-5k"),
          "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
          "--split", "test=nc-5k[4750:]", "--vocab-size", "1000", "--out", str(out)],
-        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-        timeout=600)
+        cwd=Path(__file__).resolve().parents[1], env=env, timeout=600)
 
 
 BACKGROUND_RUNS = {"preprocessing_cli": _preprocess_from_the_command_line}

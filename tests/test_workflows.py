@@ -313,8 +313,7 @@ def _run_other_smokes(ctx):
     code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=SHORT_OUTPUTS,
                                storage=str(root / "runs"), uri=uri, result=str(result))
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = ctx.run([sys.executable, "-c", code], cwd=root, env=env, timeout=900)
     assert proc.returncode == 0 and result.is_file(), (proc.stdout + proc.stderr)[-4000:]
     runs = {k: tuple(v) for k, v in json.loads(result.read_text()).items()}
     return SimpleNamespace(storage=root / "runs", tracking_uri=uri, runs=runs)
@@ -493,10 +492,9 @@ def _interrupt_preprocessing(ctx):
 
     folder = ctx.tmp_path_factory.mktemp("ctrl_c")
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
-    proc = subprocess.Popen([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
-                             "--preset", "smoke", "--run-name", "ctrlc"], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = ctx.popen([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"), "--preset",
+                      "smoke", "--run-name", "ctrlc"], cwd=folder, env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         for line in proc.stdout:
