@@ -54,10 +54,11 @@ def orphaned_agents() -> list[str]:
     return out
 
 
-def cli_env() -> dict:
-    """Environment for `ray start` and drivers: token authentication, this Python's bin first on
-    PATH (so the Ray processes run the project's Python), no inherited cluster or MLflow."""
-    env = dict(os.environ)
+def cli_env(base: dict | None = None) -> dict:
+    """Environment for `ray start` and drivers: `base` (this process's environment by default)
+    with token authentication, this Python's bin first on PATH (so the Ray processes run the
+    project's Python), no inherited cluster or MLflow."""
+    env = dict(os.environ if base is None else base)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["RAY_AUTH_MODE"] = "token"  # ray start --head enables tokens (docs/reference.md, Ray)
     for var in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "MLFLOW_TRACKING_URI"):

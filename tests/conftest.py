@@ -151,6 +151,7 @@ class Background:
         self._quiet_in: int | None = None  # the thread inside a `quiet` section
 
     def start(self, runs: dict) -> None:
+        self.tmp_path_factory.getbasetemp()  # made here: making it is not thread-safe
         self._runs.update(runs)
         self._started.update(runs)
         self._thread = threading.Thread(target=self._work, args=(list(runs),),
@@ -213,24 +214,25 @@ class Background:
 
         proc = subprocess.Popen(cmd, start_new_session=True, **kw)
 
-        def end() -> None:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        def end() -> None:  # the whole group, even when its lead process has ended
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
         self.cleanup(end)
         return proc
 
     def run(self, cmd: list, timeout: float, **kw):
         """subprocess.run through `popen`: its output captured as text."""
+        import signal
         import subprocess
 
         proc = self.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
         try:
             out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        except subprocess.TimeoutExpired:  # the group: a child (its local Ray) holds the pipes
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 

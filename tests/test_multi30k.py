@@ -256,8 +256,9 @@ FIRST_BUDGET, SECOND_BUDGET = 30, 45
 def budget_run(multi30k_slice, ray_session, tmp_path_factory, background):
     """The workflow's local-folder path with a FIRST_BUDGET-second training budget and an extra
     test set, then the same run resumed with a SECOND_BUDGET-second budget. (A budget of time:
-    no background run of the session, tests/conftest.py, goes meanwhile, so that the updates
-    it buys, and the score they reach, are this host's alone.)"""
+    no background run of the session, tests/conftest.py, goes meanwhile, so that no other
+    training or workflow shares the host with it; the node tests' cluster may still be up,
+    idle: 0.075 core s a second, docs/benchmarks.md.)"""
     with background.quiet():
         root = tmp_path_factory.mktemp("multi30k_run")
         uri = mlflow_store(root)

@@ -118,14 +118,14 @@ class RunLogger:
         """Flush what the server accepts within `timeout` seconds, then stop the thread. In a
         bucket: the lines are written over the object, and the local scratch copy removed."""
         self.sync()
-        if self.mirror is not None:
-            shutil.rmtree(self.local_path.parent, ignore_errors=True)
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("MLflow logger did not flush within %.0f s; the rest of the metrics "
-                            "are only in %s", timeout, self.local_path)
+                            "are only in %s", timeout, self.mirror or self.local_path)
+        if self.mirror is not None:
+            shutil.rmtree(self.local_path.parent, ignore_errors=True)
 
     def _fail(self, err: Exception) -> None:
         if self.remote_ok:
