@@ -37,6 +37,15 @@ def load_average() -> list[float]:
         return []
 
 
+def cpu_seconds() -> tuple[float, float]:
+    """(all, idle) CPU seconds of the machine since boot, every core (/proc/stat's first line;
+    idle counts iowait): their differences over a stretch give its busy and idle core s."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return sum(ticks) / hz, (ticks[3] + ticks[4]) / hz
+
+
 def wait_for_quiet(max_load: float, timeout_s: float, poll_s: float = 15.0) -> dict:
     """Sleep until the 1-minute load average is below `max_load` or `timeout_s` has passed.
 

@@ -24,15 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.machine import cpu_seconds
+
 OUT_ENV = "SUITE_PHASES_OUT"
-
-
-def _cpu_seconds() -> tuple[float, float]:
-    """(all, idle) CPU seconds of the machine since boot (/proc/stat's first line)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    return sum(ticks) / hz, (ticks[3] + ticks[4]) / hz  # idle + iowait
 
 
 class _Phase:
@@ -40,13 +34,13 @@ class _Phase:
         self.item, self.phase = item, phase
 
     def __enter__(self):
-        self.t0, self.cpu0 = time.monotonic(), _cpu_seconds()
+        self.t0, self.cpu0 = time.monotonic(), cpu_seconds()
 
     def __exit__(self, *exc):
         path = os.environ.get(OUT_ENV)
         if not path:
             return
-        (all0, idle0), (all1, idle1) = self.cpu0, _cpu_seconds()
+        (all0, idle0), (all1, idle1) = self.cpu0, cpu_seconds()
         rec = {"id": self.item.nodeid, "phase": self.phase, "wall": time.monotonic() - self.t0,
                "busy": (all1 - all0) - (idle1 - idle0), "idle": idle1 - idle0}
         with open(path, "a") as f:

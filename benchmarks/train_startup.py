@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from benchmarks.machine import load_average, machine_info, wait_for_quiet
+from benchmarks.machine import cpu_seconds, load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, add_result_args, format_table, write_result
 
 SUITE_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_num_workers_soft_limit": "8",
@@ -85,13 +85,6 @@ def _loop(config: dict) -> None:
         Path(config["entry_file"]).write_text(repr(time.time()))
 
 
-def busy_seconds() -> float:
-    """CPU seconds the machine has spent busy since boot, all cores (/proc/stat)."""
-    with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
-
-
 def child(workers: int, runs: int) -> None:
     """One variant's runs, in this process (its environment set by the parent): prints one
     JSON line a run."""
@@ -108,11 +101,12 @@ def child(workers: int, runs: int) -> None:
     logs = Path(ray._private.worker._global_node.get_session_dir_path()) / "logs" / "train"
     for i in range(runs):
         entry = tmp / f"entry_{i}"
-        start, busy = time.time(), busy_seconds()
+        start, (all0, idle0) = time.time(), cpu_seconds()
         TorchTrainer(_loop, train_loop_config={"entry_file": str(entry)},
                      scaling_config=ScalingConfig(num_workers=workers),
                      run_config=RunConfig(storage_path=str(tmp / "runs"), name=f"r{i}")).fit()
-        end, busy = time.time(), busy_seconds() - busy
+        end, (all1, idle1) = time.time(), cpu_seconds()
+        busy = (all1 - all0) - (idle1 - idle0)
         entered = float(entry.read_text())
         row = {"run": i, "total_s": round(end - start, 3), "busy_core_s": round(busy, 2),
                "start_to_entry_s": round(entered - start, 3),
