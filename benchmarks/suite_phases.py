@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import sys
@@ -27,6 +28,28 @@ import pytest
 from benchmarks.machine import cpu_seconds
 
 OUT_ENV = "SUITE_PHASES_OUT"
+T0 = time.monotonic()  # the plugin's load: every record's `t` counts from it
+
+
+def _write(rec: dict) -> None:
+    path = os.environ.get(OUT_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+@contextlib.contextmanager
+def span(name: str):
+    """Record a stretch that is not a test phase (a background run of tests/conftest.py) as
+    `{"background": name, "t", "wall", "busy", "idle"}`; the tests' phases it overlaps count
+    the same CPU too."""
+    t0, (all0, idle0) = time.monotonic(), cpu_seconds()
+    try:
+        yield
+    finally:
+        (all1, idle1) = cpu_seconds()
+        _write({"background": name, "t": t0 - T0, "wall": time.monotonic() - t0,
+                "busy": (all1 - all0) - (idle1 - idle0), "idle": idle1 - idle0})
 
 
 class _Phase:
@@ -37,14 +60,10 @@ class _Phase:
         self.t0, self.cpu0 = time.monotonic(), cpu_seconds()
 
     def __exit__(self, *exc):
-        path = os.environ.get(OUT_ENV)
-        if not path:
-            return
         (all0, idle0), (all1, idle1) = self.cpu0, cpu_seconds()
-        rec = {"id": self.item.nodeid, "phase": self.phase, "wall": time.monotonic() - self.t0,
-               "busy": (all1 - all0) - (idle1 - idle0), "idle": idle1 - idle0}
-        with open(path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        _write({"id": self.item.nodeid, "phase": self.phase, "t": self.t0 - T0,
+                "wall": time.monotonic() - self.t0,
+                "busy": (all1 - all0) - (idle1 - idle0), "idle": idle1 - idle0})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -66,7 +85,12 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 def summarize(rows: list[dict], top: int = 30) -> dict:
-    """Totals, the `top` slowest phases and the time per test file of recorded phases."""
+    """Totals, the `top` slowest phases and the time per test file of recorded phases; the
+    background runs (`span`) apart, with when each started (s from the session's start)."""
+    background = [{"name": r["background"], "start_s": round(r["t"], 1),
+                   "wall_s": round(r["wall"], 1), "busy_core_s": round(r["busy"], 1),
+                   "idle_core_s": round(r["idle"], 1)} for r in rows if "background" in r]
+    rows = [r for r in rows if "id" in r]
     def tally(key) -> list[dict]:
         acc = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
         for r in rows:
@@ -81,7 +105,8 @@ def summarize(rows: list[dict], top: int = 30) -> dict:
             "wall_s": round(wall, 1), "busy_core_s": round(busy, 1), "idle_core_s": round(idle, 1),
             "idle_share": round(idle / (busy + idle), 3) if busy + idle else 0.0,
             "slowest_phases": tally(lambda r: f'{r["phase"]} {r["id"]}')[:top],
-            "per_file": tally(lambda r: r["id"].split("::")[0])}
+            "per_file": tally(lambda r: r["id"].split("::")[0]),
+            "background": background}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     cols = [("wall_s", "wall s"), ("busy_core_s", "busy core s"),
             ("idle_core_s", "idle core s"), ("name", "phase")]
     print(format_table([{**r, "name": r["name"][:100]} for r in res["slowest_phases"]], cols))
+    if res["background"]:
+        print("background runs (tests/conftest.py):")
+        print(format_table(res["background"], [("start_s", "start s"), *cols]))
     path = write_result(args.out, "suite_phases", {"phases": str(args.phases),
                                                    "command": args.command},
                         machine_info(), [], [], {}, res)

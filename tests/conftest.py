@@ -126,7 +126,10 @@ class Background:
     the tests that run meanwhile instead of adding to the session's time (docs/benchmarks.md,
     "The test suite's time").
 
-    A test module declares them as `BACKGROUND_RUNS = {name: run}`, in the order they run;
+    A test module declares them as `BACKGROUND_RUNS = {name: run}`, in the order they run; a
+    run wrapped in `when_idle(run)` waits until the machine has a core to spare (the suite's
+    tests keep both cores busy for minutes, then wait on servers, subprocesses and Ray for
+    others: such a run fills those waits instead of slowing the busy stretches);
     `run(ctx)` gets this object as `ctx` (`ctx.tmp_path_factory`, `ctx.env`: the environment
     as the session started, before any test changed it; `ctx.result(name)` of an earlier run,
     `ctx.popen` / `ctx.run` for its processes and `ctx.cleanup(fn)` for anything else that
@@ -160,10 +163,32 @@ class Background:
 
     def _work(self, names: list) -> None:
         for name in names:
+            if getattr(self._runs[name], "when_idle", False):
+                self._wait_for_idle_cores()
             with self._gate:  # not inside a `quiet` section
                 if self.cancelled.is_set():
                     break
                 self._run(name)
+
+    def _wait_for_idle_cores(self, window_s: float = 8.0, idle_share: float = 0.5) -> None:
+        """Until the machine's cores were idle for `idle_share` of the last `window_s` (from
+        /proc/stat), the session ends, or a test has taken over every run left."""
+        import collections
+        import time
+
+        from benchmarks.machine import cpu_seconds
+
+        seen = collections.deque()  # (time, (all, idle) core s)
+        while not self.cancelled.is_set():
+            seen.append((time.monotonic(), cpu_seconds()))
+            while seen[-1][0] - seen[0][0] > window_s:
+                seen.popleft()
+            (t0, (all0, idle0)), (t1, (all1, idle1)) = seen[0], seen[-1]
+            if t1 - t0 >= 0.9 * window_s and idle1 - idle0 >= idle_share * (all1 - all0):
+                return
+            if self._started <= self._running:  # nothing left for this thread to start
+                return
+            time.sleep(0.25)
 
     def _run(self, name: str) -> None:
         """Run `name` here unless it has run or another thread is running it."""
@@ -171,8 +196,11 @@ class Background:
             if name in self._done or name in self._running:
                 return
             self._running.add(name)
+        from benchmarks.suite_phases import span  # (records it only under that plugin)
+
         try:
-            self._done[name] = ("ok", self._runs[name](self))
+            with span(name):
+                self._done[name] = ("ok", self._runs[name](self))
         except BaseException as err:  # raised again in the test that takes the result
             self._done[name] = ("error", err)
 
@@ -182,9 +210,8 @@ class Background:
 
         self._runs.setdefault(name, run)
         while name not in self._done:
-            if (name not in self._started or not self._thread.is_alive()
-                    or self._quiet_in == threading.get_ident()):  # (the thread waits for us)
-                self._run(name)  # not started, or its thread cannot: here
+            if name not in self._running:
+                self._run(name)  # not started (or waiting for idle cores): here, now
             else:
                 time.sleep(0.1)
         kind, value = self._done[name]
@@ -255,6 +282,13 @@ class Background:
                 print(f"background cleanup {fn!r} failed: {err!r}")
 
 
+def when_idle(run):
+    """Mark a background run (`Background`) to start only once the machine has a core to
+    spare."""
+    run.when_idle = True
+    return run
+
+
 _BACKGROUND: list[Background] = []
 
 
@@ -285,8 +319,11 @@ def background() -> Background:
 
 
 def pytest_collection_modifyitems(config, items):
+    """Tests marked `timed` run last, when every background run (`Background`) has ended and
+    their `quiet` sections wait for none; `gpu` tests are skipped without a GPU."""
     import torch
 
+    items[:] = sorted(items, key=lambda item: "timed" in item.keywords)  # (a stable sort)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")

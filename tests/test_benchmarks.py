@@ -373,7 +373,9 @@ def test_the_suite_profile_records_each_phase_and_sums_them_per_file():
             "import time\n"
             "def test_busy():\n    t = time.process_time()\n"
             "    while time.process_time() - t < 0.3: pass\n"
-            "def test_sleeps():\n    time.sleep(0.3)\n")
+            "def test_sleeps():\n    time.sleep(0.3)\n"
+            "    from benchmarks.suite_phases import span\n"
+            "    with span('aside'):\n        time.sleep(0.1)\n")
         out = Path(d) / "phases.jsonl"
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                "-p", "benchmarks.suite_phases", "test_two.py"], cwd=d,
@@ -382,12 +384,17 @@ def test_the_suite_profile_records_each_phase_and_sums_them_per_file():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         rows = [json.loads(line) for line in out.read_text().splitlines()]
+    (aside,) = [r for r in rows if "background" in r]  # a stretch that is not a test phase
+    rows.remove(aside)
     assert [(r["id"].split("::")[1], r["phase"]) for r in rows] == [
         (t, p) for t in ("test_busy", "test_sleeps") for p in ("setup", "call", "teardown")]
+    assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)  # when each began
+    assert rows[4]["t"] < aside["t"] < rows[5]["t"] and aside["wall"] >= 0.1
     calls = {r["id"].split("::")[1]: r for r in rows if r["phase"] == "call"}
     assert calls["test_busy"]["busy"] >= 0.25 and calls["test_sleeps"]["wall"] >= 0.3
-    res = summarize(rows, top=1)
+    res = summarize([*rows, aside], top=1)
     assert res["tests"] == 2 and len(res["slowest_phases"]) == 1
+    assert [b["name"] for b in res["background"]] == ["aside"]
     assert res["slowest_phases"][0]["name"].startswith("call test_two.py::")
     (per_file,) = res["per_file"]
     assert per_file["name"] == "test_two.py"

@@ -59,19 +59,26 @@ def _render(chromium: str, url: str, profile: Path, budget_s: int,
 
 
 def _until_shown(chromium: str, url: str, tmp_path: Path, expected: list[str], name: str,
-                 width: int = 1600, values: tuple[float, ...] = ()) -> int:
+                 width: int = 1600, values: tuple[float, ...] = (),
+                 shot: Path | None = None) -> None:
     """Render until every expected string and value is on the page (the UI fetches after its
-    scripts load; a loaded machine needs a longer budget); returns the budget that sufficed."""
+    scripts load; a loaded machine needs a longer budget). With `shot`, the same render also
+    saves a screenshot of the page there (one Chromium run gives both)."""
+    ARTIFACTS.mkdir(exist_ok=True)
     for attempt, budget in enumerate((30, 60, 120)):
+        screenshot = () if shot is None else (f"--screenshot={shot}",)
+        if shot is not None:
+            shot.unlink(missing_ok=True)
         proc = _render(chromium, url, tmp_path / f"profile-{name}{attempt}", budget,
-                       "--dump-dom", width=width)
+                       "--dump-dom", *screenshot, width=width)
         assert proc.returncode == 0, proc.stderr[-2000:]
         text = _page_text(proc.stdout)
         missing = [e for e in expected if e not in text]
         missing += [v for v in values if not _value_shown(text, v)]
         if not missing:
-            return budget
-    ARTIFACTS.mkdir(exist_ok=True)
+            if shot is not None:  # a rendered page, not a blank one
+                assert shot.is_file() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
+            return
     (ARTIFACTS / f"mlflow_{name}.txt").write_text(text)
     pytest.fail(f"the {name} page lacks {missing} (page text in test-artifacts/mlflow_{name}.txt)")
 
@@ -115,14 +122,9 @@ def test_compare_view_shows_the_runs_and_their_bleu(smoke_workflow, mlflow_serve
 
     expected = [f"Comparing {len(runs)} Runs", "bleu_tokenized", "chrf"]
     expected += [r.info.run_name for r in runs]
-    budget = _until_shown(chromium, url, tmp_path, expected, "compare",
-                          values=tuple(r.data.metrics["bleu"] for r in runs))
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "mlflow_compare.png"
-    shot.unlink(missing_ok=True)
-    proc = _render(chromium, url, tmp_path / "profile-shot", budget, f"--screenshot={shot}")
-    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
-    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+    _until_shown(chromium, url, tmp_path, expected, "compare",
+                 values=tuple(r.data.metrics["bleu"] for r in runs),
+                 shot=ARTIFACTS / "mlflow_compare.png")
 
 
 @pytest.mark.slow
@@ -150,9 +152,5 @@ def test_runs_page_and_models_view_show_the_runs_their_data_and_each_models_bleu
         bleu = next(x.value for x in m.metrics if x.key == "bleu")
         expected += [m.name, _js_number(bleu)]
     models_url = mlflow_server + links["models"][links["models"].index("/#/"):]
-    budget = _until_shown(chromium, models_url, tmp_path, expected, "models", width=2800)
-    shot = ARTIFACTS / "mlflow_models.png"
-    shot.unlink(missing_ok=True)
-    proc = _render(chromium, models_url, tmp_path / "profile-models-shot", budget,
-                   f"--screenshot={shot}", width=2800)
-    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    _until_shown(chromium, models_url, tmp_path, expected, "models", width=2800,
+                 shot=ARTIFACTS / "mlflow_models.png")

@@ -257,8 +257,8 @@ def budget_run(multi30k_slice, ray_session, tmp_path_factory, background):
     """The workflow's local-folder path with a FIRST_BUDGET-second training budget and an extra
     test set, then the same run resumed with a SECOND_BUDGET-second budget. (A budget of time:
     no background run of the session, tests/conftest.py, goes meanwhile, so that no other
-    training or workflow shares the host with it; the node tests' cluster may still be up,
-    idle: 0.075 core s a second, docs/benchmarks.md.)"""
+    training or workflow shares the host with it; its tests are marked `timed`, which runs them
+    after every other test, when the background runs have ended.)"""
     with background.quiet():
         root = tmp_path_factory.mktemp("multi30k_run")
         uri = mlflow_store(root)
@@ -298,6 +298,7 @@ def _train_seconds(train_dir: Path) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_time_budget_stops_after_the_update_that_spends_it(budget_run):
     updates = budget_run["seconds_first"]
     assert len(updates) > 20
@@ -339,6 +340,7 @@ def _assert_stopped_by_the_update_that_spent(updates: list[tuple[int, float]], b
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_a_mid_epoch_stop_counts_the_same_fraction_of_an_epoch_everywhere(budget_run):
     from mlflow.tracking import MlflowClient
 
@@ -358,6 +360,7 @@ def test_a_mid_epoch_stop_counts_the_same_fraction_of_an_epoch_everywhere(budget
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_console_to_a_file_is_short_plain_and_says_each_thing_once(budget_run):
     raw = budget_run["console"].read_bytes()
     assert b"\x1b[" not in raw and b"\r" not in raw  # no colour codes, no bar redraws
@@ -404,6 +407,7 @@ def test_console_to_a_file_is_short_plain_and_says_each_thing_once(budget_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_epoch_lines_say_the_lr_the_next_update_uses(budget_run):
     """The cosine schedule decays with the budget: an epoch line's `next lr` is the lr of the
     next update as logged, not the schedule's undecayed peak (which it used to print)."""
@@ -437,6 +441,7 @@ def test_epoch_lines_say_the_lr_the_next_update_uses(budget_run):
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_resumed_run_continues_the_budget(budget_run):
     first, all_ = budget_run["seconds_first"], budget_run["seconds_all"]
     resumed = all_[len(first):]
@@ -469,6 +474,7 @@ def _untrained_bleu(best: Path, out: Path, src: list[str], refs: list[str]) -> f
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30k_slice):
     from mlflow.tracking import MlflowClient
 
@@ -497,6 +503,7 @@ def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30
 
 
 @pytest.mark.slow
+@pytest.mark.timed
 def test_quality_benchmark_collects_scores_and_the_validation_curve(budget_run):
     from benchmarks.quality import collect
 
