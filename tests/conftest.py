@@ -126,10 +126,7 @@ class Background:
     the tests that run meanwhile instead of adding to the session's time (docs/benchmarks.md,
     "The test suite's time").
 
-    A test module declares them as `BACKGROUND_RUNS = {name: run}`, in the order they run; a
-    run wrapped in `when_idle(run)` waits until the machine has a core to spare (the suite's
-    tests keep both cores busy for minutes, then wait on servers, subprocesses and Ray for
-    others: such a run fills those waits instead of slowing the busy stretches);
+    A test module declares them as `BACKGROUND_RUNS = {name: run}`, in the order they run;
     `run(ctx)` gets this object as `ctx` (`ctx.tmp_path_factory`, `ctx.env`: the environment
     as the session started, before any test changed it; `ctx.result(name)` of an earlier run,
     `ctx.popen` / `ctx.run` for its processes and `ctx.cleanup(fn)` for anything else that
@@ -149,46 +146,21 @@ class Background:
         self._lock = threading.Lock()
         self._gate = threading.Lock()  # held by a run, or by a `quiet` section
         self._thread: threading.Thread | None = None
-        self._started: set = set()  # the names the thread runs
         self._running: set = set()  # the names started (here or in the thread)
-        self._quiet_in: int | None = None  # the thread inside a `quiet` section
 
     def start(self, runs: dict) -> None:
         self.tmp_path_factory.getbasetemp()  # made here: making it is not thread-safe
         self._runs.update(runs)
-        self._started.update(runs)
         self._thread = threading.Thread(target=self._work, args=(list(runs),),
                                         name="background-runs", daemon=True)
         self._thread.start()
 
     def _work(self, names: list) -> None:
         for name in names:
-            if getattr(self._runs[name], "when_idle", False):
-                self._wait_for_idle_cores()
             with self._gate:  # not inside a `quiet` section
                 if self.cancelled.is_set():
                     break
                 self._run(name)
-
-    def _wait_for_idle_cores(self, window_s: float = 8.0, idle_share: float = 0.5) -> None:
-        """Until the machine's cores were idle for `idle_share` of the last `window_s` (from
-        /proc/stat), the session ends, or a test has taken over every run left."""
-        import collections
-        import time
-
-        from benchmarks.machine import cpu_seconds
-
-        seen = collections.deque()  # (time, (all, idle) core s)
-        while not self.cancelled.is_set():
-            seen.append((time.monotonic(), cpu_seconds()))
-            while seen[-1][0] - seen[0][0] > window_s:
-                seen.popleft()
-            (t0, (all0, idle0)), (t1, (all1, idle1)) = seen[0], seen[-1]
-            if t1 - t0 >= 0.9 * window_s and idle1 - idle0 >= idle_share * (all1 - all0):
-                return
-            if self._started <= self._running:  # nothing left for this thread to start
-                return
-            time.sleep(0.25)
 
     def _run(self, name: str) -> None:
         """Run `name` here unless it has run or another thread is running it."""
@@ -211,7 +183,7 @@ class Background:
         self._runs.setdefault(name, run)
         while name not in self._done:
             if name not in self._running:
-                self._run(name)  # not started (or waiting for idle cores): here, now
+                self._run(name)  # not started yet: here, now
             else:
                 time.sleep(0.1)
         kind, value = self._done[name]
@@ -224,11 +196,7 @@ class Background:
         """A section with no background run going: it waits for the run in progress to end,
         and the next one starts after the section."""
         with self._gate:
-            self._quiet_in = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._quiet_in = None
+            yield
 
     def cleanup(self, fn) -> None:
         self._cleanups.append(fn)
@@ -280,13 +248,6 @@ class Background:
                 fn()
             except Exception as err:  # one failed cleanup must not keep the others from running
                 print(f"background cleanup {fn!r} failed: {err!r}")
-
-
-def when_idle(run):
-    """Mark a background run (`Background`) to start only once the machine has a core to
-    spare."""
-    run.when_idle = True
-    return run
 
 
 _BACKGROUND: list[Background] = []

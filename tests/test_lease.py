@@ -74,13 +74,13 @@ def test_a_gone_holder_is_taken_over_with_a_line_saying_so(run_dir, held, why, c
 
 def test_of_two_takers_of_a_stale_lease_one_wins(run_dir):
     _plant(run_dir, renewed=time.time() - 600, expires=time.time() - 480)
-    outcomes, barrier = [], threading.Barrier(2)
+    outcomes, barrier, held = [], threading.Barrier(2), []
 
     def take():
         lease = RunLease(run_dir, heartbeat_s=60)
         barrier.wait()
         try:
-            lease.acquire()
+            held.append(lease.acquire())
             outcomes.append("held")
         except LeaseHeld:
             outcomes.append("refused")
@@ -90,6 +90,8 @@ def test_of_two_takers_of_a_stale_lease_one_wins(run_dir):
         t.start()
     for t in threads:
         t.join(30)
+    for lease in held:  # (its heartbeat would outlive the bucket's server otherwise)
+        lease.release()
     assert sorted(outcomes) == ["held", "refused"]
 
 

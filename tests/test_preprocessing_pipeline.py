@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import kill_when, when_idle
+from conftest import kill_when
 from preprocessing.cleaning import normalize
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
@@ -379,7 +379,7 @@ def _preprocess_from_the_command_line(ctx):
         cwd=Path(__file__).resolve().parents[1], env=env, timeout=600)
 
 
-BACKGROUND_RUNS = {"preprocessing_cli": when_idle(_preprocess_from_the_command_line)}
+BACKGROUND_RUNS = {"preprocessing_cli": _preprocess_from_the_command_line}
 
 
 @pytest.fixture(scope="module")

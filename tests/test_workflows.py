@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS, mlflow_store, when_idle
+from conftest import SHORT_OUTPUTS, mlflow_store
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
@@ -743,7 +743,6 @@ def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_e
     assert "models:/translation_fr_en-test@champion (version 1)" in out
 
 
-# The runs above that share nothing with the session's Ray run in the background, each once the
-# machine has a core to spare (tests/conftest.py, `Background`, `when_idle`).
-BACKGROUND_RUNS = {"other_smokes": when_idle(_run_other_smokes),
-                   "ctrl_c": when_idle(_interrupt_preprocessing)}
+# The runs above that share nothing with the session's Ray start in the background when the
+# session starts (tests/conftest.py, `Background`).
+BACKGROUND_RUNS = {"other_smokes": _run_other_smokes, "ctrl_c": _interrupt_preprocessing}
