@@ -148,10 +148,13 @@ class Background:
         self._thread: threading.Thread | None = None
         self._running: set = set()  # the names started (here or in the thread)
 
-    def start(self, runs: dict) -> None:
+    def start(self, declared: dict, used: list) -> None:
+        """Know every run the collected modules declare; start those in `used` (names)."""
+        self._runs.update(declared)
+        if not used:
+            return
         self.tmp_path_factory.getbasetemp()  # made here: making it is not thread-safe
-        self._runs.update(runs)
-        self._thread = threading.Thread(target=self._work, args=(list(runs),),
+        self._thread = threading.Thread(target=self._work, args=(used,),
                                         name="background-runs", daemon=True)
         self._thread.start()
 
@@ -176,11 +179,10 @@ class Background:
         except BaseException as err:  # raised again in the test that takes the result
             self._done[name] = ("error", err)
 
-    def result(self, name: str, run=None):
-        """The value of run `name` (waiting for it); `run` when no module declared it."""
+    def result(self, name: str):
+        """The value of run `name` (waiting for it)."""
         import time
 
-        self._runs.setdefault(name, run)
         while name not in self._done:
             if name not in self._running:
                 self._run(name)  # not started yet: here, now
@@ -260,13 +262,10 @@ def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
     used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
-    runs = {}
+    declared = {}
     for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
-        for name, run in getattr(module, "BACKGROUND_RUNS", {}).items():
-            if name in used:
-                runs[name] = run
-    if runs:
-        bg.start(runs)
+        declared.update(getattr(module, "BACKGROUND_RUNS", {}))
+    bg.start(declared, [name for name in declared if name in used])
 
 
 def pytest_sessionfinish(session):
@@ -284,7 +283,8 @@ def pytest_collection_modifyitems(config, items):
     their `quiet` sections wait for none; `gpu` tests are skipped without a GPU."""
     import torch
 
-    items[:] = sorted(items, key=lambda item: "timed" in item.keywords)  # (a stable sort)
+    # (sorted() is stable: every other test keeps its place)
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("timed") is not None)
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (none visible)")

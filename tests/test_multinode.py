@@ -145,7 +145,7 @@ BACKGROUND_RUNS = {"nodes": _start_nodes, "lost_node_run": _lose_a_node}
 def nodes(background):
     """The cluster of `_start_nodes`, shared by this module's tests. The last test stops it and
     checks what is left; the teardown stops it in any case."""
-    cluster = background.result("nodes", _start_nodes)
+    cluster = background.result("nodes")
     yield cluster
     cluster.stop()
 
@@ -153,7 +153,7 @@ def nodes(background):
 @pytest.fixture(scope="module")
 def lost_node_run(nodes, background):
     """What `_lose_a_node` saw (a namespace)."""
-    return background.result("lost_node_run", _lose_a_node)
+    return background.result("lost_node_run")
 
 
 @pytest.mark.slow

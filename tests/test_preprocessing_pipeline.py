@@ -384,7 +384,7 @@ BACKGROUND_RUNS = {"preprocessing_cli": _preprocess_from_the_command_line}
 
 @pytest.fixture(scope="module")
 def preprocessing_cli(background):
-    return background.result("preprocessing_cli", _preprocess_from_the_command_line)
+    return background.result("preprocessing_cli")
 
 
 @pytest.mark.slow

@@ -321,7 +321,7 @@ def _run_other_smokes(ctx):
 
 @pytest.fixture(scope="session")
 def other_smokes(background):
-    return background.result("other_smokes", _run_other_smokes)
+    return background.result("other_smokes")
 
 
 @pytest.mark.slow
@@ -513,7 +513,7 @@ def _interrupt_preprocessing(ctx):
 
 @pytest.fixture(scope="module")
 def ctrl_c(background):
-    return background.result("ctrl_c", _interrupt_preprocessing)
+    return background.result("ctrl_c")
 
 
 @pytest.mark.slow
