@@ -408,6 +408,11 @@ def test_mlflow_compose_services_and_server_flags():
     assert flags["--host"] == "0.0.0.0" and "--serve-artifacts" in flags
     assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
     assert services["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    # No server-side job runner (its huey consumers cost CPU for MLflow features the project
+    # does not use), through MLflow's own variable.
+    from mlflow.environment_variables import MLFLOW_SERVER_ENABLE_JOB_EXECUTION
+
+    assert services["mlflow"]["environment"][MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name] == "false"
 
     # Every variable the compose file requires is set in env.example.
     required = set(re.findall(r"\$\{(\w+):\?", (INFRA / "mlflow" / "docker-compose.yaml")

@@ -42,6 +42,22 @@ def test_the_server_wants_a_login_for_everything_but_its_health(team_server):
     assert refused.value.code == 401
 
 
+def test_the_server_runs_without_a_job_runner(team_server):
+    """As infra/mlflow/docker-compose.yaml sets it: no MLflow job runner and none of its huey
+    consumers beside the server (each server start cost about 16 CPU seconds more with them)."""
+    from pathlib import Path
+
+    cmdlines = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdlines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # not a process, or one that ended meanwhile
+            continue
+    assert any("mlflow" in c and " server " in f"{c} " for c in cmdlines)  # it is running
+    runners = [c for c in cmdlines if "huey_consumer" in c or "mlflow.server.jobs" in c]
+    assert not runners, runners
+
+
 def test_a_checked_login_is_kept_for_a_minute_and_a_wrong_password_is_still_refused(
         team_server, bob):
     """The entrypoint turns MLflow's credential cache on (a run's 100-200 requests each carried
