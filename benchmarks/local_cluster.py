@@ -38,20 +38,31 @@ def processes() -> dict[int, tuple[int, bytes, set[bytes]]]:
     return out
 
 
-def orphaned_agents() -> list[str]:
-    """Ray agent processes (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`) whose raylet is gone,
-    "pid title (raylet pid)" each: such an agent spins a whole core for minutes, so a stopped
-    cluster must take its agents along."""
-    procs = processes()
-    out = []
-    for pid, (_, cmd, env) in procs.items():
+def agents(temp_dir: str | None = None) -> dict[int, tuple[str, int | None]]:
+    """Ray agent processes (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`): {pid: (title, pid
+    of its raylet)}. `temp_dir`: only the agents of the `RayCliCluster` under that folder (their
+    environment names it: the token path of `ray start`); by default, every agent."""
+    mine = None if temp_dir is None else f"{temp_dir.rstrip('/')}/".encode()
+    out = {}
+    for pid, (_, cmd, env) in processes().items():
         title = cmd.split(b"\0")[0].decode(errors="replace").strip()
         if not title.startswith("ray::") or "Agent" not in title:
             continue
+        if mine is not None and not any(mine in e for e in env):
+            continue
         raylet = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RAY_RAYLET_PID=")]
-        if raylet and raylet[0].isdigit() and int(raylet[0]) not in procs:
-            out.append(f"{pid} {title} (raylet {raylet[0]})")
+        out[pid] = (title, int(raylet[0]) if raylet and raylet[0].isdigit() else None)
     return out
+
+
+def orphaned_agents(temp_dir: str | None = None) -> list[str]:
+    """The `agents` (of the cluster under `temp_dir`, or all) whose raylet is gone, "pid title
+    (raylet pid)" each: such an agent spins a whole core for minutes, so a stopped cluster must
+    take its agents along. (Restricted to one cluster, another Ray on the machine ending
+    meanwhile does not count.)"""
+    live = processes()
+    return [f"{pid} {title} (raylet {raylet})" for pid, (title, raylet) in agents(temp_dir).items()
+            if raylet is not None and raylet not in live]
 
 
 def cli_env(base: dict | None = None) -> dict:

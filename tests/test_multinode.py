@@ -292,14 +292,15 @@ def test_two_local_ray_instances_each_ask_their_own_state_api(ray_session, nodes
 
 
 @pytest.mark.slow
-def test_the_stopped_cluster_leaves_no_process_behind(lost_node_run, nodes, background):
+def test_the_stopped_cluster_leaves_no_process_behind(lost_node_run, nodes):
     """After a lost node, a replacement and a job, stopping the cluster ends every process it
     started: no Ray agent outlives its raylet (an orphaned dashboard agent spins a whole core
-    for minutes; benchmarks/local_cluster.py)."""
-    from benchmarks.local_cluster import orphaned_agents
+    for minutes; benchmarks/local_cluster.py). (The check reads this cluster's processes
+    alone, so a background run's local Ray may end meanwhile.)"""
+    from benchmarks.local_cluster import agents, orphaned_agents
 
-    # (The check is machine-wide: no background run's local Ray may be ending meanwhile.)
-    with background.quiet():
-        nodes.stop()
-        assert not nodes.pids()
-        assert not orphaned_agents()
+    # Each of the two live nodes has its agents, and the check finds them as this cluster's.
+    assert len({raylet for _, raylet in agents(nodes.temp_dir).values()}) == 2
+    nodes.stop()
+    assert not nodes.pids()
+    assert not orphaned_agents(nodes.temp_dir)
