@@ -32,6 +32,7 @@ from workflows.evaluation import (
     evaluate_all,
     evaluate_job,
     evaluation_jobs,
+    share_cpus,
 )
 
 SHORT = SearchConfig(beam=2, max_len_a=0, max_len_b=4)
@@ -172,6 +173,47 @@ def test_failed_job_marks_its_run_and_summarization_is_scored(demo_trained, tmp_
     assert runs["summary"].data.params["search.min_len"] == "14"
     assert {"rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r"} <= set(runs["summary"].data.metrics)
     assert (tmp_path / "eval" / "summary" / "short.fr").is_file()
+
+
+def test_idle_cpus_are_shared_out_to_the_cpu_jobs_there_are():
+    """Equal whole shares that fit on the nodes at once (a task runs on one node), never less
+    than a job asked for; GPU jobs keep their request."""
+    test = TestSet("t", "src", "ref")
+    one = [EvalJob("best", ("a",), test)]
+    assert [j.num_cpus for j in share_cpus(one, [2.0])] == [2.0]  # alone on 2 CPUs: both
+    assert [j.num_cpus for j in share_cpus(one, [16.0, 4.0])] == [16.0]  # one node's, at most
+    three = [EvalJob(n, ("a",), test) for n in "abc"]
+    assert [j.num_cpus for j in share_cpus(three, [8.0, 4.0])] == [4.0] * 3  # 2 + 1 fit
+    assert [j.num_cpus for j in share_cpus(three, [2.0])] == [1.0] * 3  # more jobs than CPUs
+    assert share_cpus(three, []) == three  # CPUs taken (or no CPU node): as asked
+    asked = [dataclasses.replace(j, num_cpus=3.0) for j in three]
+    assert share_cpus(asked, [4.0, 4.0]) == asked  # a share of 2 is less than asked
+    gpu = EvalJob("g", ("a",), test, num_gpus=0.25)
+    assert share_cpus([gpu, *one], [4.0]) == [gpu, dataclasses.replace(one[0], num_cpus=4.0)]
+
+
+@pytest.mark.slow
+def test_a_lone_job_on_an_idle_cluster_searches_with_its_cpus(demo_trained, tmp_path):
+    """The session's Ray (2 CPUs, idle between tests) scores one checkpoint with 2 threads: its
+    child run says so, and the hypotheses are those of one thread."""
+    import torch
+
+    t = demo_trained
+    src, ref = tmp_path / "s.en", tmp_path / "s.fr"
+    src.write_text("".join(line + "\n" for line in read_lines(t.test_src)[:60]))
+    ref.write_text("".join(line + "\n" for line in read_lines(t.test_ref)[:60]))
+    job = EvalJob("lone", (t.train.best_checkpoint,), TestSet("lone", str(src), str(ref), "fr"),
+                  SearchConfig(max_len_a=1.5, max_len_b=10))
+    (result,) = evaluate_all([job], t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "e"))
+    assert result.job.num_cpus == 2.0
+    params = MlflowClient(t.tracking_uri).get_run(result.run_id).data.params
+    assert params["eval.num_cpus"] == "2.0"
+    threads = torch.get_num_threads()
+    try:
+        one_thread = evaluate_job(job)  # num_cpus=1: one torch thread, in this process
+    finally:
+        torch.set_num_threads(threads)
+    assert read_lines(result.hyp_path) == one_thread["hypotheses"]
 
 
 def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, tmp_path):

@@ -63,7 +63,9 @@ class WorkflowConfig:
     # (docs/benchmarks.md, Multi30k). 0: the preprocess's budget everywhere. `--set
     # data.max_tokens` overrides it. Decided on the driver's CPU, before the batches are cut.
     float32_cpu_max_tokens: int = 0
-    eval_cpus: float = 1.0  # per evaluation task
+    # CPUs (torch threads) per evaluation task, at least: on an idle cluster, fewer tasks than
+    # CPUs share them out (workflows.evaluation.share_cpus)
+    eval_cpus: float = 1.0
     eval_gpus: float = 0.25  # GPU fraction per evaluation task when use_gpu (4 share a GPU)
     # Seconds between samples of each training node's CPU / memory / GPU utilization in the
     # train run's MLflow metrics (system/<node>/...); 0 (--no-system-metrics): none.
