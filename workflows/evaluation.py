@@ -227,14 +227,20 @@ def share_cpus(jobs: list[EvalJob], node_cpus: list[float]) -> list[EvalJob]:
             if j.num_gpus == 0 and share > j.num_cpus else j for j in jobs]
 
 
-def _free_cpus_per_node() -> list[float]:
+def _free_cpus_per_node(settle_s: float = 1.0) -> list[float]:
     """Each live node's CPUs, when none of the cluster's CPUs is taken (a workflow's evaluation
     after its training); [] while some are (a sweep's other trials): the jobs then keep what
-    they asked for."""
+    they asked for. The cluster's view of free CPUs trails tasks that have just ended (the
+    raylets report to the GCS periodically): it is read again for up to `settle_s`."""
     import ray
 
     total = ray.cluster_resources().get("CPU", 0.0)
-    if total == 0 or ray.available_resources().get("CPU", 0.0) < total:
+    deadline = time.monotonic() + settle_s
+    while ray.available_resources().get("CPU", 0.0) < total:
+        if time.monotonic() > deadline:
+            return []
+        time.sleep(0.05)
+    if total == 0:
         return []
     return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
 
