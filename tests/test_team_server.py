@@ -45,14 +45,10 @@ def test_the_server_wants_a_login_for_everything_but_its_health(team_server):
 def test_the_server_runs_without_a_job_runner(team_server):
     """As infra/mlflow/docker-compose.yaml sets it: no MLflow job runner and none of its huey
     consumers beside the server (each server start cost about 16 CPU seconds more with them)."""
-    from pathlib import Path
+    from benchmarks.local_cluster import processes
 
-    cmdlines = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdlines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:  # not a process, or one that ended meanwhile
-            continue
+    cmdlines = [cmd.replace(b"\0", b" ").decode(errors="replace")
+                for _, cmd, _ in processes().values()]
     assert any("mlflow" in c and " server " in f"{c} " for c in cmdlines)  # it is running
     runners = [c for c in cmdlines if "huey_consumer" in c or "mlflow.server.jobs" in c]
     assert not runners, runners

@@ -217,8 +217,9 @@ def share_cpus(jobs: list[EvalJob], node_cpus: list[float]) -> list[EvalJob]:
     """The CPU jobs (no GPU) with the largest equal whole number of CPUs (torch threads) that
     `node_cpus`, the free CPUs of each node, holds for all of them at once (a task runs on one
     node), where that is more than each asked for; other jobs as they are. One checkpoint
-    scored on an idle 2-CPU machine then searches with 2 threads, not 1: 1.7x the sentences/s,
-    the same hypotheses (docs/benchmarks.md, "evaluation tasks take the idle CPUs")."""
+    scored on an idle 2-CPU machine then searches with 2 threads, not 1: 1.55x the
+    sentences/s of a Multi30k model, the same hypotheses (docs/benchmarks.md, "evaluation
+    tasks take the idle CPUs")."""
     cpu_jobs = [j for j in jobs if j.num_gpus == 0]
     whole = [int(c) for c in node_cpus if c >= 1]
     share = next((s for s in range(max(whole, default=0), 0, -1)
