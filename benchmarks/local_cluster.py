@@ -38,31 +38,50 @@ def processes() -> dict[int, tuple[int, bytes, set[bytes]]]:
     return out
 
 
+def _open_paths(pid: int) -> set[str]:
+    """The files process `pid` holds open (empty when it ended meanwhile)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return set()
+    out = set()
+    for fd in fds:
+        try:
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out
+
+
 def agents(temp_dir: str | None = None) -> dict[int, tuple[str, int | None]]:
     """Ray agent processes (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`): {pid: (title, pid
-    of its raylet)}. `temp_dir`: only the agents of the `RayCliCluster` under that folder (their
-    environment names it: the token path of `ray start`); by default, every agent."""
-    mine = None if temp_dir is None else f"{temp_dir.rstrip('/')}/".encode()
+    of its raylet, or None when its parent is no raylet)}. `temp_dir`: only the agents of the
+    `RayCliCluster` under that folder, by the log files they hold open in its session folder;
+    by default, every agent. (Not by their environment: an agent retitles itself over its
+    command line and environment, so /proc/<pid>/environ keeps only some of its variables,
+    and which ones changes with the environment's length.)"""
+    mine = None if temp_dir is None else f"{temp_dir.rstrip('/')}/"
+    live = processes()
     out = {}
-    for pid, (_, cmd, env) in processes().items():
+    for pid, (parent, cmd, _) in live.items():
         title = cmd.split(b"\0")[0].decode(errors="replace").strip()
         if not title.startswith("ray::") or "Agent" not in title:
             continue
-        if mine is not None and not any(mine in e for e in env):
+        if mine is not None and not any(p.startswith(mine) for p in _open_paths(pid)):
             continue
-        raylet = [e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"RAY_RAYLET_PID=")]
-        out[pid] = (title, int(raylet[0]) if raylet and raylet[0].isdigit() else None)
+        # the raylet starts its agents: an agent whose raylet ended is reparented
+        raylet = parent if parent in live and b"raylet" in live[parent][1] else None
+        out[pid] = (title, raylet)
     return out
 
 
 def orphaned_agents(temp_dir: str | None = None) -> list[str]:
-    """The `agents` (of the cluster under `temp_dir`, or all) whose raylet is gone, "pid title
-    (raylet pid)" each: such an agent spins a whole core for minutes, so a stopped cluster must
-    take its agents along. (Restricted to one cluster, another Ray on the machine ending
-    meanwhile does not count.)"""
-    live = processes()
-    return [f"{pid} {title} (raylet {raylet})" for pid, (title, raylet) in agents(temp_dir).items()
-            if raylet is not None and raylet not in live]
+    """The `agents` (of the cluster under `temp_dir`, or all) whose raylet is gone, "pid title"
+    each: such an agent spins a whole core for minutes, so a stopped cluster must take its
+    agents along. (Restricted to one cluster, another Ray on the machine ending meanwhile does
+    not count.)"""
+    return [f"{pid} {title} (its raylet gone)"
+            for pid, (title, raylet) in agents(temp_dir).items() if raylet is None]
 
 
 def cli_env(base: dict | None = None) -> dict:
