@@ -18,6 +18,15 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # this process, its Ray and the workflows it starts (they inherit the environment).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
+# OpenMP's threads spin for a while when they wait for work (libgomp, torch's OpenMP here: 300,000
+# spins by default), which on a machine whose cores are all taken burns the time slices the
+# other threads need. The suite keeps its two cores busy most of the time (the background runs
+# beside the tests), and there a two-thread beam search beside one busy thread ran at 9-18
+# sentences/s spinning, 46-53 with 1,000 spins (97-114 and 66-72 alone); sleeping at once
+# (OMP_WAIT_POLICY=PASSIVE) gave 59-65 alone (docs/benchmarks.md, "OpenMP threads that spin").
+# Set before torch (and so libgomp) is first loaded in this process; children inherit it.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 # Ray keeps as many idle worker processes as the node has CPUs and ends the others after 1 s
 # idle; each training run's actors push the task workers out, so the next evaluation or
 # preprocessing tasks start new ones (2.1 s for two tasks that import torch, against 0.01 s on a
