@@ -131,7 +131,6 @@ class RayCliCluster:
         self.gcs_address: str | None = None
         self.dashboard_url: str | None = None
         self.agent_wait_s: float | None = None  # the head's agent's wait after `ray start`
-        self._raylets: set[int] = set()  # pids of this cluster's raylets, once seen
         self._alive = 0  # nodes started and not killed (the head among them)
         self._nodes = 0  # nodes added (each has a temp dir n<k> in the cluster's)
 
@@ -208,7 +207,6 @@ class RayCliCluster:
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 errors.append(f"attempt {attempt + 1}: {exc}\n{self.log_tails()}")
                 self._end_processes()
-                self._raylets.clear()  # ended: their pids may be reused
                 self.gcs_address = self.dashboard_url = None
                 self._alive = 0
         raise RuntimeError("\n\n".join(errors))
@@ -337,15 +335,13 @@ class RayCliCluster:
 
     def pids(self) -> list[int]:
         """This cluster's live processes: those whose environment carries its marker or whose
-        command line names its temp dir, the agents of its raylets (which Ray starts with an
-        environment of its own, RAY_RAYLET_PID among it), and every descendant of these."""
+        command line names its temp dir, its Ray agents (`agents`: by the files they hold in its
+        temp dir, an agent whose raylet was killed among them), and every descendant of these."""
         procs = processes()
         marker = f"{self.MARKER_ENV}={self.temp_dir}".encode()
         found = {pid for pid, (_, cmd, env) in procs.items()
                  if self.temp_dir.encode() in cmd or marker in env}
-        self._raylets |= {pid for pid in found if b"raylet" in procs[pid][1].split(b"\0")[0]}
-        agents = {f"RAY_RAYLET_PID={pid}".encode() for pid in self._raylets}
-        found |= {pid for pid, (_, _, env) in procs.items() if env & agents}
+        found |= set(agents(self.temp_dir))  # an orphan too (its raylet gone: a lost node)
         grew = True
         while grew:
             more = {pid for pid, (ppid, _, _) in procs.items() if ppid in found} - found
