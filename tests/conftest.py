@@ -27,6 +27,12 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 # Set before torch (and so libgomp) is first loaded in this process; children inherit it.
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
+# A Ray Data execution that moves no block for RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S fails,
+# naming its stuck operators (Ray's default: 1800 s). The suite's datasets each finish within
+# a minute, so a stall fails in 5 minutes, not 30 (a CI run stalled once, 1,800 s on a parquet
+# read, tests/test_preprocessing_pipeline.py says how). Read when Ray Data is first imported.
+os.environ.setdefault("RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S", "300")
+
 # Ray keeps as many idle worker processes as the node has CPUs and ends the others after 1 s
 # idle; each training run's actors push the task workers out, so the next evaluation or
 # preprocessing tasks start new ones (2.1 s for two tasks that import torch, against 0.01 s on a

@@ -123,9 +123,35 @@ def test_batch_rows_survive_ray_data_read_parquet(newstest):
 
 
 def ray_data_read(folder: str):
+    """`ray.data.read_parquet` on the session's Ray once both its CPUs are free. Its first
+    operator, ListFiles, runs as a task on one CPU and starts a footer-reader actor, which
+    needs a free CPU to be placed: beside anything else that holds the other CPU of the
+    2-CPU session, the read waits for it (a CI run waited 1,800 s, the whole no-progress
+    timeout, its ListFiles task active and nothing read). A CPU still taken after 60 s
+    fails here, naming what holds it."""
     import ray
 
+    held = cpus_held_for(ray, 60)
+    assert not held, f"the session's CPUs are still taken after 60 s, by {held}"
     return ray.data.read_parquet(folder)
+
+
+def cpus_held_for(ray, timeout_s: float) -> list[str]:
+    """Wait up to `timeout_s` for every CPU of the running Ray to be free; [] when they are,
+    else the live actors and placement groups that reserve CPUs."""
+    from ray.util.state import list_actors, list_placement_groups
+
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        if time.monotonic() > deadline:
+            actors = [f"actor {a.class_name} {a.required_resources}"
+                      for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+                      if a.required_resources.get("CPU")]
+            groups = [f"placement group {g.name or g.placement_group_id} {g.bundles}"
+                      for g in list_placement_groups(detail=True) if g.state != "REMOVED"]
+            return actors + groups or ["tasks (no actor or placement group holds one)"]
+        time.sleep(0.2)
+    return []
 
 
 def test_bpe_round_trips_newstest_and_uses_project_ids(newstest, shared_data):
