@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS, mlflow_store
+from conftest import SHORT_OUTPUTS, SMOKE_ROWS, mlflow_store
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
@@ -302,15 +302,19 @@ OTHER_SMOKES = (
 
 def _run_other_smokes(ctx):
     """The smoke presets of every paper task but En-Fr (whose run is the session's
-    `smoke_workflow`), cut to 20 updates, in a process of their own (its own local Ray: it
-    shares nothing with the session's, so it runs in the background, tests/conftest.py
-    `Background`). Returns storage, tracking_uri and {task: (exit code, stdout)}."""
+    `smoke_workflow`), cut to 20 updates on a quarter of the demo corpus, in a process of
+    their own (its own local Ray: it shares nothing with the session's, so it runs in the
+    background, tests/conftest.py `Background`). Returns storage, tracking_uri and
+    {task: (exit code, stdout)}."""
     from types import SimpleNamespace
 
     root = ctx.tmp_path_factory.mktemp("other_smokes")
     uri, result = mlflow_store(root), root / "result.json"
     names = sorted(set(WORKFLOWS) - {"wmt14_en_fr"})
-    code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=SHORT_OUTPUTS,
+    # a quarter of the demo corpus (each task's 20 updates stay inside its first epoch), 200
+    # pairs to validate and score on
+    short = (*SHORT_OUTPUTS, "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}")
+    code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=short,
                                storage=str(root / "runs"), uri=uri, result=str(result))
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     proc = ctx.run([sys.executable, "-c", code], cwd=root, env=env, timeout=900)
@@ -371,7 +375,7 @@ def test_a_dead_tracking_server_costs_one_warning_and_the_summary_says_where_met
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     w = smoke_workflow
     with caplog.at_level(logging.WARNING):
-        rc, out = _main(wmt14_en_fr, ["--preset", "smoke", "--max-updates", "5",
+        rc, out = _main(wmt14_en_fr, ["--preset", "smoke", "--max-updates", "5", *SMOKE_ROWS,
                                       "--storage-path", str(w.storage), "--tracking-uri", dead,
                                       "--run-name", "dead-tracker"])
     assert rc == 0, out[-2000:]
