@@ -496,8 +496,8 @@ SHORT_OUTPUTS = ("--set", "search.max_len_a=1.2", "--set", "search.max_len_b=10"
 
 # The demo corpus of the En-Fr smoke run of the tests (`smoke_workflow` and the runs that reuse its
 # preprocessing): its 20,000 training pairs, 200 validation and 200 test pairs instead of 500
-# (the tests read the run's records and families, not its scores' precision; 500 cost the run
-# a validation and two scorings 2.5x as long).
+# (the tests read the run's records and families, not its scores' precision; 500 gave the run
+# 2.5x the sentences to validate and to score twice).
 SMOKE_ROWS = ("--set", "data.demo_rows={train: 20000, valid: 200, test: 200}")
 
 
