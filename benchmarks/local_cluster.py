@@ -53,15 +53,17 @@ def _open_paths(pid: int) -> set[str]:
     return out
 
 
-def agents(temp_dir: str | None = None) -> dict[int, tuple[str, int | None]]:
+def agents(temp_dir: str | None = None, procs: dict | None = None
+           ) -> dict[int, tuple[str, int | None]]:
     """Ray agent processes (`ray::DashboardAgent`, `ray::RuntimeEnvAgent`): {pid: (title, pid
     of its raylet, or None when its parent is no raylet)}. `temp_dir`: only the agents of the
     `RayCliCluster` under that folder, by the log files they hold open in its session folder;
     by default, every agent. (Not by their environment: an agent retitles itself over its
     command line and environment, so /proc/<pid>/environ keeps only some of its variables,
-    and which ones changes with the environment's length.)"""
+    and which ones changes with the environment's length.) `procs`: a `processes()` table
+    already read."""
     mine = None if temp_dir is None else f"{temp_dir.rstrip('/')}/"
-    live = processes()
+    live = processes() if procs is None else procs
     out = {}
     for pid, (parent, cmd, _) in live.items():
         title = cmd.split(b"\0")[0].decode(errors="replace").strip()
@@ -341,7 +343,7 @@ class RayCliCluster:
         marker = f"{self.MARKER_ENV}={self.temp_dir}".encode()
         found = {pid for pid, (_, cmd, env) in procs.items()
                  if self.temp_dir.encode() in cmd or marker in env}
-        found |= set(agents(self.temp_dir))  # an orphan too (its raylet gone: a lost node)
+        found |= set(agents(self.temp_dir, procs))  # an orphan too (its raylet gone: a lost node)
         grew = True
         while grew:
             more = {pid for pid, (ppid, _, _) in procs.items() if ppid in found} - found

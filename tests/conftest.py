@@ -28,9 +28,10 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 # A Ray Data execution that moves no block for RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S fails,
-# naming its stuck operators (Ray's default: 1800 s). The suite's datasets each finish within
-# a minute, so a stall fails in 5 minutes, not 30 (a CI run stalled once, 1,800 s on a parquet
-# read, tests/test_preprocessing_pipeline.py says how). Read when Ray Data is first imported.
+# naming its stuck operators (Ray's default: 1800 s). The suite's datasets are small (its
+# longest test phase, with all its stages, took 95-134 s in benchmarks/results/suite_phases_*),
+# so a stall fails in 5 minutes, not 30 (a CI run stalled once, 1,800 s on a parquet read;
+# tests/test_preprocessing_pipeline.py says how). Read when Ray Data is first imported.
 os.environ.setdefault("RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S", "300")
 
 # Ray keeps as many idle worker processes as the node has CPUs and ends the others after 1 s
@@ -499,6 +500,9 @@ SHORT_OUTPUTS = ("--set", "search.max_len_a=1.2", "--set", "search.max_len_b=10"
 # (the tests read the run's records and families, not its scores' precision; 500 gave the run
 # 2.5x the sentences to validate and to score twice).
 SMOKE_ROWS = ("--set", "data.demo_rows={train: 20000, valid: 200, test: 200}")
+# A quarter of the demo corpus, for the short runs that only need a few dozen updates (the
+# node-loss run: 26 updates an epoch on two workers; the other tasks' smoke runs).
+QUARTER_DEMO = ("--set", "data.demo_rows={train: 5000, valid: 200, test: 200}")
 
 
 @pytest.fixture(scope="session")

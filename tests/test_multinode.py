@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import SHORT_OUTPUTS, mlflow_store
+from conftest import QUARTER_DEMO, SHORT_OUTPUTS, mlflow_store
 
 REPO = Path(__file__).resolve().parents[1]
 # Updates of the node-loss run, a checkpoint every CHECKPOINT: the node is lost after the first
@@ -87,9 +87,7 @@ def _lose_a_node(ctx):
     workflow = ["workflows/wmt14_en_fr.py", "--preset", "smoke", "--num-workers", "2",
                 "--max-updates", str(UPDATES), "--set", f"train.checkpoint_interval={CHECKPOINT}",
                 "--storage-path", str(shared), "--tracking-uri", uri, "--run-name", "lost-node",
-                "--no-system-metrics", *SHORT_OUTPUTS,
-                # a quarter of the demo corpus: 26 updates an epoch
-                "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}"]
+                "--no-system-metrics", *SHORT_OUTPUTS, *QUARTER_DEMO]
     env = {**nodes.env, "RAY_ADDRESS": nodes.gcs_address,
            "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "5", "CONVS2S_PLACEMENT_WAIT_S": "10",
            "CONVS2S_TEST_RECORD_BATCHES": str(record)}

@@ -131,27 +131,23 @@ def ray_data_read(folder: str):
     fails here, naming what holds it."""
     import ray
 
-    held = cpus_held_for(ray, 60)
-    assert not held, f"the session's CPUs are still taken after 60 s, by {held}"
+    from workflows.evaluation import _free_cpus_per_node
+
+    assert _free_cpus_per_node(settle_s=60), \
+        f"the session's CPUs are still taken after 60 s, by {cpu_holders()}"
     return ray.data.read_parquet(folder)
 
 
-def cpus_held_for(ray, timeout_s: float) -> list[str]:
-    """Wait up to `timeout_s` for every CPU of the running Ray to be free; [] when they are,
-    else the live actors and placement groups that reserve CPUs."""
+def cpu_holders() -> list[str]:
+    """The live actors and placement groups of the running Ray that reserve CPUs."""
     from ray.util.state import list_actors, list_placement_groups
 
-    deadline = time.monotonic() + timeout_s
-    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
-        if time.monotonic() > deadline:
-            actors = [f"actor {a.class_name} {a.required_resources}"
-                      for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
-                      if a.required_resources.get("CPU")]
-            groups = [f"placement group {g.name or g.placement_group_id} {g.bundles}"
-                      for g in list_placement_groups(detail=True) if g.state != "REMOVED"]
-            return actors + groups or ["tasks (no actor or placement group holds one)"]
-        time.sleep(0.2)
-    return []
+    actors = [f"actor {a.class_name} {a.required_resources}"
+              for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+              if a.required_resources.get("CPU")]
+    groups = [f"placement group {g.name or g.placement_group_id} {g.bundles}"
+              for g in list_placement_groups(detail=True) if g.state != "REMOVED"]
+    return actors + groups or ["tasks (no actor or placement group holds one)"]
 
 
 def test_bpe_round_trips_newstest_and_uses_project_ids(newstest, shared_data):

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHORT_OUTPUTS, SMOKE_ROWS, mlflow_store
+from conftest import QUARTER_DEMO, SHORT_OUTPUTS, SMOKE_ROWS, mlflow_store
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
@@ -313,7 +313,7 @@ def _run_other_smokes(ctx):
     names = sorted(set(WORKFLOWS) - {"wmt14_en_fr"})
     # a quarter of the demo corpus (each task's 20 updates stay inside its first epoch), 200
     # pairs to validate and score on
-    short = (*SHORT_OUTPUTS, "--set", "data.demo_rows={train: 5000, valid: 200, test: 200}")
+    short = (*SHORT_OUTPUTS, *QUARTER_DEMO)
     code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=short,
                                storage=str(root / "runs"), uri=uri, result=str(result))
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
