@@ -11,6 +11,8 @@ Run: .venv/bin/python -m pytest tests/test_train.py -q
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -88,6 +90,7 @@ def _crash_and_rerun(demo, storage, tracking: str, record: Path) -> dict:
                       keep_last=KEEP_LAST)
     job = make_job(demo, storage, "crashes", cfg, max_failures=1, system_metrics_s=1.0,
                    tracking_uri=tracking)
+    sigint_before = signal.getsignal(signal.SIGINT)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(CRASH_AT_UPDATE_ENV, str(ckpt_before_crash + 7))
         mp.setenv(CRASH_RANK_ENV, "1")
@@ -95,7 +98,8 @@ def _crash_and_rerun(demo, storage, tracking: str, record: Path) -> dict:
         first = fit(job)
     second = fit(job.replace(train=cfg.replace(max_epochs=EPOCHS)))
     return {"job": job, "first": first, "second": second, "per_epoch": per_epoch,
-            "ckpt_before_crash": ckpt_before_crash, "record": record}
+            "ckpt_before_crash": ckpt_before_crash, "record": record,
+            "sigint": (sigint_before, signal.getsignal(signal.SIGINT))}
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +148,18 @@ def test_loss_falls_and_validation_perplexity_is_in_mlflow(trained):
     assert params["train.precision"] == "auto"
     assert run.data.tags[PRECISION_TAG] == expected.name == result.metrics["precision"]
     assert run.data.tags[PRECISION_TAG + "_reason"] == expected.reason
+
+
+def test_ctrl_c_is_the_callers_again_once_a_run_ends(crashed_run):
+    """Ray Train's fit, in the main thread, installs a SIGINT handler that aborts its run; once
+    the run has ended, Ctrl-C is the caller's again: it raises KeyboardInterrupt (a workflow's
+    next stage stops and says how to resume) instead of going to the finished run's handler,
+    which swallowed it."""
+    before, after = crashed_run["sigint"]
+    assert after is before
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)
 
 
 def test_each_training_node_logs_its_utilization_to_the_run(trained):

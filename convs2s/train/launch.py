@@ -32,8 +32,11 @@ with its meta.json last and metrics.jsonl is rewritten at each checkpoint (docs/
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
+import threading
 
 import ray
 import ray.train
@@ -95,7 +98,8 @@ def fit(job: TrainJob) -> TrainResult:
                              logging_config=LoggingConfig(log_level="WARNING")),
     )
     try:
-        result = trainer.fit()
+        with _callers_sigint():
+            result = trainer.fit()
     except BaseException as err:
         fail_train_run(uri, run_id, err)
         if _not_placed(err):
@@ -119,6 +123,22 @@ def fit(job: TrainJob) -> TrainResult:
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
                        best_checkpoint=str(run_dir / BEST_DIR) if has_best else None,
                        last_checkpoint=last, checkpoints=kept, metrics=final)
+
+
+@contextlib.contextmanager
+def _callers_sigint():
+    """The caller's Ctrl-C handler put back when the run ends. Ray Train's `fit`, called in the
+    main thread, installs a SIGINT handler that aborts its run gracefully, and leaves it installed
+    after the run: it would then swallow the caller's Ctrl-C (a workflow's evaluation, the next
+    stage; the third press exits with status 0) and keep the finished run's controller actor
+    alive, held by the handler, until the next run or the end of the driver."""
+    before = signal.getsignal(signal.SIGINT) \
+        if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    finally:
+        if before is not None:  # (None: a handler not set from Python, left as it is)
+            signal.signal(signal.SIGINT, before)
 
 
 # Ray Train gives up one attempt to place a worker group after this long (its default is 60 s);
