@@ -250,11 +250,15 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     watcher = threading.Thread(target=_kill_trial_when_checkpointed,
                                args=(victim.spec.run_dir, stop, killed), daemon=True)
     watcher.start()
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGUSR1)}
     try:
         first = run_sweep(sweep)
     finally:
         stop.set()
         watcher.join()
+    # Ray Tune's Ctrl-C and SIGUSR1 handlers (which stop its experiment) end with the sweep: the
+    # caller's are in place again
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     assert killed and all(isinstance(k, int) for k in killed), killed
     # The killed trial is reported; the other three ran to the end.
     assert list(first.failed) == ["baseline-seed2"]

@@ -252,6 +252,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
     import ray
     from ray import tune
 
+    from convs2s.train.launch import callers_signal_handlers
+
     n = concurrency(sweep, ray.cluster_resources())
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
@@ -267,7 +269,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
                                     trial_dirname_creator=lambda tr: tr.config["trial"]),
         run_config=tune.RunConfig(name="tune", storage_path=str(sweep.folder), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))
-    grid = tuner.fit()
+    with callers_signal_handlers():  # (Ray Tune leaves its own installed)
+        grid = tuner.fit()
     ran, failed = {}, {}
     for r in grid:
         name = (r.config or {}).get("trial")

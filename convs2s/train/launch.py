@@ -98,7 +98,7 @@ def fit(job: TrainJob) -> TrainResult:
                              logging_config=LoggingConfig(log_level="WARNING")),
     )
     try:
-        with _callers_sigint():
+        with callers_signal_handlers():
             result = trainer.fit()
     except BaseException as err:
         fail_train_run(uri, run_id, err)
@@ -126,19 +126,23 @@ def fit(job: TrainJob) -> TrainResult:
 
 
 @contextlib.contextmanager
-def _callers_sigint():
-    """The caller's Ctrl-C handler put back when the run ends. Ray Train's `fit`, called in the
-    main thread, installs a SIGINT handler that aborts its run gracefully, and leaves it installed
-    after the run: it would then swallow the caller's Ctrl-C (a workflow's evaluation, the next
-    stage; the third press exits with status 0) and keep the finished run's controller actor
-    alive, held by the handler, until the next run or the end of the driver."""
-    before = signal.getsignal(signal.SIGINT) \
-        if threading.current_thread() is threading.main_thread() else None
+def callers_signal_handlers():
+    """The caller's Ctrl-C (SIGINT) and SIGUSR1 handlers put back when the block ends. Ray
+    Train's `fit` and Ray Tune's `Tuner.fit`, called in the main thread, install handlers of
+    their own (Ray Train's aborts its run; Ray Tune's stops its experiment, and it takes SIGUSR1
+    too) and leave them installed after the run. The caller's next Ctrl-C (a workflow's
+    evaluation, the stage after training) then went to a finished run: Ray Train's swallowed
+    it (the third press exits with status 0) and kept the run's controller actor alive, held by
+    the handler; Ray Tune's swallowed the first."""
+    signals = [s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None]
+    main = threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in signals} if main else {}
     try:
         yield
     finally:
-        if before is not None:  # (None: a handler not set from Python, left as it is)
-            signal.signal(signal.SIGINT, before)
+        for sig, handler in before.items():
+            if handler is not None:  # (None: a handler not set from Python, left as it is)
+                signal.signal(sig, handler)
 
 
 # Ray Train gives up one attempt to place a worker group after this long (its default is 60 s);
