@@ -158,6 +158,8 @@ def test_ctrl_c_is_the_callers_again_once_a_run_ends(crashed_run):
     next stage stops and says how to resume) instead of going to the finished run's handler,
     which swallowed it."""
     assert crashed_run["sigint"] is signal.default_int_handler  # as before the two runs
+    # (still in place: a SIGINT to another handler, or to none, could end the session)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(10)

@@ -37,6 +37,7 @@ import math
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
 import ray
 import ray.train
@@ -126,7 +127,7 @@ def fit(job: TrainJob) -> TrainResult:
 
 
 @contextlib.contextmanager
-def callers_signal_handlers():
+def callers_signal_handlers() -> Iterator[None]:
     """The caller's Ctrl-C (SIGINT) and SIGUSR1 handlers put back when the block ends. Ray
     Train's `fit` and Ray Tune's `Tuner.fit`, called in the main thread, install handlers of
     their own (Ray Train's aborts its run; Ray Tune's stops its experiment, and it takes SIGUSR1
