@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -163,6 +164,47 @@ def test_ctrl_c_is_the_callers_again_once_a_run_ends(crashed_run):
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(10)
+
+
+def _press_ctrl_c_once_training(metrics: Path, done: threading.Event) -> None:
+    """SIGINT to this process once Ray Train's handler is in place (it installs it just before
+    its run starts) and the run has logged an update (or 120 s after the start); never after
+    `done` is set or to any other handler (a KeyboardInterrupt outside the test would end the
+    session)."""
+    deadline = time.monotonic() + 120
+    while not done.wait(0.1):
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            continue  # not yet (or no longer) Ray Train's
+        if time.monotonic() > deadline or (metrics.is_file()
+                                           and "train/loss" in metrics.read_text()):
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+
+
+def test_ctrl_c_during_a_run_is_a_keyboard_interrupt_and_the_run_is_killed(demo_batches,
+                                                                           tmp_path):
+    """Ctrl-C while the workers train: Ray Train's handler aborts the worker group and calls
+    sys.exit; `fit` raises KeyboardInterrupt instead (a workflow then exits 130 and says how to
+    resume), the MLflow run is KILLED, and Ctrl-C is the caller's again."""
+    cfg = TrainConfig(max_epochs=50, log_interval=1)  # far from its end when the key is pressed
+    uri = mlflow_store(tmp_path)
+    job = make_job(demo_batches, tmp_path, "ctrl-c", cfg, tracking_uri=uri)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as a program has
+    done = threading.Event()
+    presser = threading.Thread(target=_press_ctrl_c_once_training,
+                               args=(tmp_path / "ctrl-c" / METRICS_FILE, done), daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fit(job)
+    finally:
+        done.set()
+        presser.join()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    (run,) = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("test_train").experiment_id])
+    assert run.info.status == "KILLED"
+    assert read_local_metrics(tmp_path / "ctrl-c" / METRICS_FILE)  # it had trained
 
 
 def test_each_training_node_logs_its_utilization_to_the_run(trained):

@@ -100,7 +100,7 @@ def fit(job: TrainJob) -> TrainResult:
     )
     try:
         with callers_signal_handlers():
-            result = trainer.fit()
+            result = _fit_until_ctrl_c(trainer)
     except BaseException as err:
         fail_train_run(uri, run_id, err)
         if _not_placed(err):
@@ -144,6 +144,19 @@ def callers_signal_handlers() -> Iterator[None]:
         for sig, handler in before.items():
             if handler is not None:  # (None: a handler not set from Python, left as it is)
                 signal.signal(sig, handler)
+
+
+def _fit_until_ctrl_c(trainer: ray.train.torch.TorchTrainer):
+    """`trainer.fit()`, with a Ctrl-C during the run raised as KeyboardInterrupt, as anywhere
+    else in a workflow (exit status 130, the runs marked KILLED, the command that resumes). Ray
+    Train's own SIGINT handler, installed for the run, aborts the worker group and then calls
+    `sys.exit(0)`, which leaves `fit` as SystemExit (status 1: raised again by `ray.get`).
+    Nothing else in the driver's part of `fit` exits: a SystemExit from it is a signal
+    handler's, and during the run the Ctrl-C handler is Ray Train's."""
+    try:
+        return trainer.fit()
+    except SystemExit:
+        raise KeyboardInterrupt("Ctrl-C: Ray Train aborted the run") from None
 
 
 # Ray Train gives up one attempt to place a worker group after this long (its default is 60 s);
