@@ -202,8 +202,8 @@ def test_ctrl_c_during_a_run_is_a_keyboard_interrupt_and_the_run_is_killed(demo_
         done.set()
         presser.join()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    (run,) = MlflowClient(uri).search_runs(
-        [MlflowClient(uri).get_experiment_by_name("test_train").experiment_id])
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("test_train").experiment_id])
     assert run.info.status == "KILLED"
     assert read_local_metrics(tmp_path / "ctrl-c" / METRICS_FILE)  # it had trained
 
