@@ -2,7 +2,8 @@
 bad sweep requests refused in one line before Ray starts, the paper-shaped summary, and (slow)
 a 2-variant x 2-seed sweep of whole workflow runs on Ray Tune with one MLflow child run per
 trial, a killed trial reported while the others go on, and a rerun that skips the finished
-trials and continues the killed one from its checkpoint.
+trials and continues the killed one from its checkpoint; a Ctrl-C during a sweep's trials
+stops it as it stops a workflow run.
 
     timeout 600 .venv/bin/python -m pytest tests/test_sweep.py -q
 """
@@ -222,25 +223,36 @@ def _kill_trial_when_checkpointed(trial_dir: Path, stop: threading.Event, killed
 UPDATES = 20
 
 
+def _sweep_cfg():
+    """The Multi30k smoke preset cut for the sweeps below: outputs of at most 1.2 x |source| +
+    10 pieces (untrained models would run to 200); one CPU a trial: two trials at a time on the
+    session's two; a quarter of the demo corpus, 100 sentences to validate and score on; a
+    checkpoint every 10 updates (the killed trial dies after its first)."""
+    cfg = multi30k_en_de.smoke()
+    return cfg.replace(train=cfg.train.replace(checkpoint_interval=10, keep_last=5),
+                       search=cfg.search.replace(max_len_a=1.2, max_len_b=10), cpus_per_worker=1,
+                       preprocess=cfg.preprocess.replace(
+                           demo_rows={"train": 5000, "valid": 100, "test": 100}))
+
+
+@pytest.fixture(scope="module")
+def sweep_storage(tmp_path_factory):
+    """One storage path for this module's sweeps (each its own run name): the data they share
+    is prepared once."""
+    return tmp_path_factory.mktemp("sweeps")
+
+
 @pytest.mark.slow
 def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_one(
-        ray_session, tmp_path):
+        ray_session, sweep_storage, tmp_path):
     from mlflow.tracking import MlflowClient
 
     from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, load_model
     from convs2s.model.network import inference_copy
 
     uri = mlflow_store(tmp_path)
-    cfg = multi30k_en_de.smoke()
-    # outputs of at most 1.2 x |source| + 10 pieces: untrained models would run to 200;
-    # one CPU a trial: two trials at a time on the session's two; a quarter of the demo
-    # corpus, 100 sentences to validate and score on; UPDATES updates a trial, a checkpoint
-    # every 10 (the killed trial dies after its first)
-    cfg = cfg.replace(train=cfg.train.replace(checkpoint_interval=10, keep_last=5),
-                      search=cfg.search.replace(max_len_a=1.2, max_len_b=10), cpus_per_worker=1,
-                      preprocess=cfg.preprocess.replace(
-                          demo_rows={"train": 5000, "valid": 100, "test": 100}))
-    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="t4",
+    cfg = _sweep_cfg()
+    opts = RunOptions(preset="smoke", storage_path=str(sweep_storage), run_name="t4",
                       tracking_uri=uri, sweep="table4", seeds=2,
                       variants=["baseline", "no-pos"], max_updates=UPDATES)
     sweep = resolve_sweep(cfg, opts)
@@ -283,6 +295,9 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     trials = {r.info.run_name: r for r in runs
               if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
     assert set(trials) == {t.name for t in sweep.trials}
+    # The killed trial's workflow died with it: the sweep ended its runs as FAILED.
+    assert trials["baseline-seed2"].info.status == "FAILED"
+    assert not _open_runs(client, exp.experiment_id, sweep.folder)
     p = trials["no-pos-seed2"].data.params
     assert (p["sweep.variant"], p["sweep.seed"]) == ("no-pos", "2")
     assert p["sweep.changes"] == "model.src_positions=False; model.tgt_positions=False"
@@ -345,3 +360,84 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     (compare,) = [line for line in printed.splitlines() if line.startswith("  compare: ")]
     assert all(r.info.run_id in compare for r in trials.values())
     assert f"/runs/{top.info.run_id}?workflowType=machine_learning" in printed
+
+
+def _open_runs(client, experiment_id: str, folder: Path) -> list[str]:
+    """The names of the runs still RUNNING whose key (tag convs2s.run_key) is under `folder`."""
+    root = str(folder)
+    return [r.info.run_name for r in client.search_runs(
+                [experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=1000)
+            if r.data.tags.get("convs2s.run_key", "").startswith(root + "/")
+            or r.data.tags.get("convs2s.run_key") == root]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summarized(
+        ray_session, sweep_storage, tmp_path):
+    """Ray Tune's handler takes a Ctrl-C during a sweep and stops the trials; the sweep then
+    raises KeyboardInterrupt (a workflow exits 130 with the command that resumes) instead of
+    summarizing the stopped trials as if they had run."""
+    import logging
+
+    from mlflow.tracking import MlflowClient
+
+    uri = mlflow_store(tmp_path)
+    opts = RunOptions(preset="smoke", storage_path=str(sweep_storage), run_name="ctrl-c",
+                      tracking_uri=uri, sweep="table4", seeds=1, variants=["baseline"],
+                      max_updates=UPDATES)
+    sweep = resolve_sweep(_sweep_cfg(), opts)
+    first = sweep.trials[0]
+    client = MlflowClient(uri)
+    pressed, stop = [], threading.Event()
+
+    def press_once_the_first_trial_runs():
+        """Ctrl-C once the first trial's workflow has opened its MLflow run (a Ray Tune
+        actor is running it)."""
+        while not stop.is_set():
+            exp = client.get_experiment_by_name("multi30k_en_de")
+            if exp is not None and client.search_runs(
+                    [exp.experiment_id], filter_string=f"attributes.run_name = '{first.name}' "
+                                                       "and attributes.status = 'RUNNING'"):
+                pressed.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.2)
+
+    tune_records = []
+    collect = logging.Handler()
+    collect.emit = lambda record: tune_records.append(record.getMessage())
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addHandler(collect)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a command's Ctrl-C
+    presser = threading.Thread(target=press_once_the_first_trial_runs, daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt, match=f"Ray Tune stopped the sweep before "
+                                                    f"{first.name}"):
+            run_sweep(sweep)
+    finally:
+        stop.set()
+        presser.join()
+        tune_log.removeHandler(collect)
+        after = signal.signal(signal.SIGINT, before)
+    assert pressed, "the first trial never opened its run"
+    assert after is signal.default_int_handler  # the caller's again, not Ray Tune's
+    # Ray Tune's own notice came; its hint to resume through its API did not (the workflow
+    # prints the command that resumes).
+    assert any("Stop signal received" in m for m in tune_records), tune_records
+    assert not any("Tuner.restore(" in m for m in tune_records), tune_records
+
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert runs["ctrl-c"].info.status == "KILLED"
+    assert runs[first.name].info.status == "KILLED"
+    assert not _open_runs(client, exp.experiment_id, sweep.folder)
+    # Nothing summarized and no trial recorded as finished: the same command resumes the sweep.
+    assert not (sweep.folder / "summary.md").exists()
+    assert all(t.finished() is None for t in sweep.trials)
+    # The stopped trial's Ray Tune actor is gone (Ray Tune's cleanup kills it).
+    deadline = time.monotonic() + 30
+    while left := [pid for pid, title in _ray_processes().items()
+                   if title.startswith("ray::ImplicitFunc") and _trial_of(pid) == first.name]:
+        assert time.monotonic() < deadline, f"trial actor(s) {left} still running"
+        time.sleep(0.2)

@@ -49,6 +49,7 @@ from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_v
 from workflows.engine import check, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
+from workflows.run_tree import RunTree
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
 
 log = logging.getLogger("workflows")
@@ -206,7 +207,6 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
 def _run_sweep(sweep: SweepSpec) -> SweepResult:
     from convs2s.tracking.runs import end_run, log_artifacts, log_final_metrics
     from preprocessing.pipeline import run_pipeline
-    from workflows.run_tree import RunTree
 
     base = sweep.base
     prepare(base)  # sources, GPUs and Ray, as for one workflow run
@@ -233,21 +233,25 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
         if todo:
             # The data once, before the trials: they find it prepared (no two trials build it).
             run_pipeline(base.data)
-            ran, failed = _run_on_tune(sweep, todo, run_id, uri)
+            ran, failed = _run_on_tune(sweep, todo, tree)
             result.results.update(ran)
             result.failed.update(failed)
         result.table = summary_table(sweep, result.results, result.failed)
         _log_summary(sweep, result, uri, run_id, log_final_metrics, log_artifacts)
     except BaseException as err:
-        end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        # the sweep's run, and the runs of any trial stopped before its workflow ended them
+        tree.end_open("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
         raise
     end_run(uri, run_id, "FAILED" if result.failed else "FINISHED")
     return result
 
 
-def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
-                 uri: str) -> tuple[dict, dict]:
-    """Run `todo` as Ray Tune trials; ({trial: metrics}, {trial: error})."""
+def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[dict, dict]:
+    """Run `todo` as Ray Tune trials; ({trial: metrics}, {trial: error}). A crashed trial's
+    runs are marked FAILED. A sweep that Ray Tune stopped (its handler takes the first Ctrl-C
+    and SIGUSR1: it stops the trials, then returns) is raised as KeyboardInterrupt, as a
+    Ctrl-C anywhere else in a workflow (exit status 130, the runs marked KILLED, the command
+    that resumes), not summarized as if the stopped trials had run."""
 
     import ray
     from ray import tune
@@ -258,7 +262,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
     trainable = tune.with_parameters(_trial_main, trials={t.name: t for t in todo},
-                                     sweep_run_id=run_id, sweep_name=sweep.run_name)
+                                     sweep_run_id=tree.parent, sweep_name=sweep.run_name)
     trainable = tune.with_resources(
         trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}]))
     tuner = tune.Tuner(
@@ -269,8 +273,13 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
                                     trial_dirname_creator=lambda tr: tr.config["trial"]),
         run_config=tune.RunConfig(name="tune", storage_path=str(sweep.folder), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))
-    with callers_signal_handlers():  # (Ray Tune leaves its own installed)
-        grid = tuner.fit()
+    tune_log = logging.getLogger("ray.tune.tune")
+    tune_log.addFilter(_no_tune_restore_hint)
+    try:
+        with callers_signal_handlers():  # (Ray Tune leaves its own installed)
+            grid = tuner.fit()
+    finally:
+        tune_log.removeFilter(_no_tune_restore_hint)
     ran, failed = {}, {}
     for r in grid:
         name = (r.config or {}).get("trial")
@@ -281,7 +290,21 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], run_id: str | None,
         else:
             ran[name] = {k: v for k, v in r.metrics.items() if k in _METRIC_KEYS
                          or "/" in k}
+    by_name = {t.name: t for t in todo}
+    for name in failed:  # its workflow died with it: its runs are still open
+        tree.end_open("FAILED", under=by_name[name].spec.run_dir)
+    # A trial ends with trial.json written or with an error; neither: Ray Tune stopped it.
+    stopped = [t.name for t in todo if t.name not in failed and t.finished() is None]
+    if stopped:
+        raise KeyboardInterrupt(f"Ray Tune stopped the sweep before {', '.join(stopped)} "
+                                "finished (Ctrl-C or SIGUSR1)")
     return ran, failed
+
+
+def _no_tune_restore_hint(record: logging.LogRecord) -> bool:
+    """Ray Tune's "Resume experiment with: Tuner.restore(...)" after a Ctrl-C names its own
+    API; a sweep resumes with the same command (`--run-name`), which the workflow prints."""
+    return "Tuner.restore(" not in record.getMessage()
 
 
 _METRIC_KEYS = ("valid_ppl", "updates", "epochs", "train_minutes", "resumed_from_update",
