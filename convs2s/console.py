@@ -177,11 +177,13 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     printed a stack."""
     with callers_signal_handlers():
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+            signal.signal(signal.SIGTERM, sigterm_handed_to_ctrl_c)
         yield
 
 
-def _sigterm_as_ctrl_c(signum, frame) -> None:
+def sigterm_handed_to_ctrl_c(signum, frame) -> None:
+    """`sigterm_as_ctrl_c`'s SIGTERM handler: the SIGINT handler in place, called as for
+    Ctrl-C."""
     handler = signal.getsignal(signal.SIGINT)
     if not callable(handler):
         raise KeyboardInterrupt("SIGTERM")
