@@ -171,10 +171,10 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     shutdown every process) stops the work as Ctrl-C does: through the SIGINT handler in place
     (Ray Train's during `fit`, which aborts the worker group; Ray Tune's during a sweep, which
     stops the trials; else Python's KeyboardInterrupt). The caller's handlers are put back after
-    (`callers_signal_handlers`). Ray's own driver handler, which `ray.init` installs, exits
-    with SystemExit wherever the driver is: in `fit` that left the run's controller and workers
-    to the process's exit, which ended in an abort (status 134) after Ray's C++ handler had
-    printed a stack."""
+    (`callers_signal_handlers`). Without it, SIGTERM went to Ray's handlers, which `ray.init`
+    installs: its C++ handler printed a stack and its Python one exited (SystemExit) wherever
+    the driver was, in `fit` leaving the run's controller and workers to the process's exit;
+    the process then ended in an abort (status 134), in every stage."""
     with callers_signal_handlers():
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, sigterm_handed_to_ctrl_c)
