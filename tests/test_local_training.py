@@ -121,6 +121,53 @@ def test_an_update_the_data_cannot_fill_is_one_line_before_training(demo_batches
         check_updates_fill(9, world=2, update_freq=5)
 
 
+def test_sigterm_stops_the_command_as_ctrl_c_with_its_run_killed(demo_batches, tmp_path,
+                                                                  capsys):
+    """SIGTERM (torchrun stopping its ranks, a machine's shutdown) once the run has trained:
+    exit 130 and the line that resumes, no traceback, the MLflow run KILLED (the default action
+    ended the process at once and left it RUNNING), the caller's handler back after."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.console import sigterm_handed_to_ctrl_c
+    from convs2s.train.local import main
+
+    d, uri, run_dir = demo_batches, mlflow_store(tmp_path), tmp_path / "term"
+    before, sent, done = signal.getsignal(signal.SIGTERM), [], threading.Event()
+
+    def term_once_trained():  # and only to the project's handler (SIG_DFL would end pytest)
+        deadline = time.monotonic() + 120
+        while not done.wait(0.05) and time.monotonic() < deadline:
+            if signal.getsignal(signal.SIGTERM) is sigterm_handed_to_ctrl_c and \
+                    _losses(run_dir):
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    thread = threading.Thread(target=term_once_trained, daemon=True)
+    thread.start()
+    try:
+        rc = main(["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+                   "--spm-model", d.spm_model, "--model", "tiny", "--storage-path",
+                   str(tmp_path), "--run-name", "term", "--precision", "fp32", "--set",
+                   "log_interval=1", "--max-time", "60s", "--tracking-uri", uri])  # (far)
+    finally:
+        done.set()
+        thread.join()
+    err = capsys.readouterr().err
+    assert sent and rc == 130, err[-2000:]
+    assert f"interrupted: the checkpoints kept are under {run_dir}; the same command resumes" \
+        in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("convs2s").experiment_id])
+    assert run.info.status == "KILLED"
+
+
 @pytest.mark.slow
 def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone_on_alone(
         demo_batches, tmp_path, ray_session):
