@@ -169,6 +169,10 @@ def _translate_corpus(args, search) -> int:
             OSError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) while the parts translate
+        print(f"\ninterrupted: the finished parts are kept in {args.output}; the same command "
+              "translates the rest", file=sys.stderr, flush=True)
+        return 130
     f = manifest["failures"]
     log.info("%s: %d lines in, %d out (%d empty, %d not UTF-8, %d cut to the model's "
              "positions); %s", args.output, manifest["lines_in"], manifest["lines_out"],

@@ -143,6 +143,50 @@ def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
     assert not list(out.glob(".*.tmp-*"))  # no half-written file left
 
 
+def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
+        tiny_checkpoints, ray_session, tmp_path, capsys):
+    """SIGTERM (`ray job stop`, a machine's shutdown) once a part is done: exit 130 and the line
+    that resumes, no traceback (Ray's own handler exited mid-job, and the process then ended in
+    an abort), the caller's handler back after; the same command then translates the rest."""
+    import signal
+    import threading
+    import time
+
+    from convs2s.cli import main
+    from convs2s.console import sigterm_handed_to_ctrl_c
+
+    lines = corpus_lines(tiny_checkpoints["pairs"], 800)
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    out, before, sent, done = tmp_path / "out", signal.getsignal(signal.SIGTERM), [], \
+        threading.Event()
+
+    def term_once_a_part_is_done():  # only to the project's handler (not Ray's, not SIG_DFL)
+        while not done.wait(0.05):
+            if signal.getsignal(signal.SIGTERM) is sigterm_handed_to_ctrl_c and \
+                    list(out.glob("part-*.json")):
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    argv = KILLED[4:] + ["--checkpoint", tiny_checkpoints["a"], "--input",
+                         str(tmp_path / "mono.en"), "--output", str(out)]
+    thread = threading.Thread(target=term_once_a_part_is_done, daemon=True)
+    thread.start()
+    try:
+        rc = main(["translate", *argv])
+    finally:
+        done.set()
+        thread.join()
+    err = capsys.readouterr().err
+    assert sent and rc == 130, err[-2000:]
+    assert f"interrupted: the finished parts are kept in {out}; the same command translates " \
+        "the rest" in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not (out / "manifest.json").exists()
+    assert main(["translate", *argv]) == 0
+    assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)  # none lost or repeated
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "convs2s", "translate", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
