@@ -183,8 +183,27 @@ def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
         "the rest" in err and "Traceback" not in err
     assert signal.getsignal(signal.SIGTERM) is before
     assert not (out / "manifest.json").exists()
+    # the stopped job's translators end with it (in this process too: they held the CPUs the
+    # rerun's pool waits for)
+    deadline = time.monotonic() + 30
+    while left := _translators():
+        assert time.monotonic() < deadline, f"translators {left} outlived the stopped job"
+        time.sleep(0.2)
     assert main(["translate", *argv]) == 0
     assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)  # none lost or repeated
+
+
+def _translators() -> list[int]:
+    """The pids of this machine's corpus-job translators (Ray Data's map actors)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, ValueError):
+            continue
+        if title.startswith(b"ray::MapWorker(MapBatches(ShardTranslator))"):
+            pids.append(int(proc.name))
+    return pids
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

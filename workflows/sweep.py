@@ -298,7 +298,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     stopped = [t.name for t in todo if t.name not in failed and t.finished() is None]
     if stopped:
         raise KeyboardInterrupt(f"Ray Tune stopped the sweep before {', '.join(stopped)} "
-                                "finished (Ctrl-C or SIGUSR1)")
+                                "finished (Ctrl-C, SIGTERM or SIGUSR1)")
     return ran, failed
 
 
