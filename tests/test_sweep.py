@@ -386,24 +386,25 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
     uri = mlflow_store(tmp_path)
     opts = RunOptions(preset="smoke", storage_path=str(sweep_storage), run_name="ctrl-c",
                       tracking_uri=uri, sweep="table4", seeds=1, variants=["baseline"],
-                      max_updates=UPDATES)
+                      max_updates=400)  # far beyond where the key is pressed
     sweep = resolve_sweep(_sweep_cfg(), opts)
     first = sweep.trials[0]
     client = MlflowClient(uri)
     pressed, stop = [], threading.Event()
 
-    def press_once_the_first_trial_runs():
-        """Ctrl-C once the first trial's workflow has opened its MLflow run (a Ray Tune
-        actor is running it)."""
-        while not stop.is_set():
-            exp = client.get_experiment_by_name("multi30k_en_de")
-            if exp is not None and client.search_runs(
-                    [exp.experiment_id], filter_string=f"attributes.run_name = '{first.name}' "
-                                                       "and attributes.status = 'RUNNING'"):
+    def press_once_the_first_trial_trains():
+        """Ctrl-C once Ray Train has recorded the first trial's first checkpoint (its run is
+        under way, its placement group in the hands of Ray Train's cleaner)."""
+        snapshot = first.spec.run_dir / "train" / "checkpoint_manager_snapshot.json"
+        while not stop.wait(0.1):
+            try:
+                latest = json.loads(snapshot.read_text()).get("latest_checkpoint_result")
+            except (OSError, ValueError):
+                latest = None
+            if latest:
                 pressed.append(signal.getsignal(signal.SIGTERM))
                 os.kill(os.getpid(), signal.SIGINT)
                 return
-            time.sleep(0.2)
 
     tune_records = []
     collect = logging.Handler()
@@ -411,7 +412,7 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addHandler(collect)
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a command's Ctrl-C
-    presser = threading.Thread(target=press_once_the_first_trial_runs, daemon=True)
+    presser = threading.Thread(target=press_once_the_first_trial_trains, daemon=True)
     presser.start()
     try:
         with pytest.raises(KeyboardInterrupt, match=f"Ray Tune stopped the sweep before "
@@ -422,7 +423,7 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
         presser.join()
         tune_log.removeHandler(collect)
         after = signal.signal(signal.SIGINT, before)
-    assert pressed, "the first trial never opened its run"
+    assert pressed, "the first trial never recorded a checkpoint"
     assert after is signal.default_int_handler  # the caller's again, not Ray Tune's
     # SIGTERM (`ray job stop`) meanwhile went to the handler that hands it to Ray Tune's Ctrl-C
     assert pressed[0] is sigterm_handed_to_ctrl_c
@@ -439,9 +440,14 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
     # Nothing summarized and no trial recorded as finished: the same command resumes the sweep.
     assert not (sweep.folder / "summary.md").exists()
     assert all(t.finished() is None for t in sweep.trials)
-    # The stopped trial's Ray Tune actor is gone (Ray Tune's cleanup kills it).
+    # The stopped trial's Ray Tune actor is gone (Ray Tune's cleanup kills it), and its
+    # training's CPUs are free again (Ray Train's cleaner removes the run's placement group).
     deadline = time.monotonic() + 30
     while left := [pid for pid, title in _ray_processes().items()
                    if title.startswith("ray::ImplicitFunc") and _trial_of(pid) == first.name]:
         assert time.monotonic() < deadline, f"trial actor(s) {left} still running"
+        time.sleep(0.2)
+    cpus = ray_session.cluster_resources()["CPU"]
+    while (free := ray_session.available_resources().get("CPU", 0)) < cpus:
+        assert time.monotonic() < deadline, f"{free} of {cpus} CPUs free after the stop"
         time.sleep(0.2)
