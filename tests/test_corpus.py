@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from convs2s.config import SearchConfig
-from conftest import kill_when
+from conftest import kill_when, sigterm_once
 from convs2s.serving.corpus import CorpusError, CorpusJob, translate_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,34 +149,17 @@ def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
     that resumes, no traceback (Ray's own handler exited mid-job, and the process then ended in
     an abort), the caller's handler back after; the same command then translates the rest."""
     import signal
-    import threading
     import time
 
     from convs2s.cli import main
-    from convs2s.console import sigterm_handed_to_ctrl_c
 
     lines = corpus_lines(tiny_checkpoints["pairs"], 800)
     (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
-    out, before, sent, done = tmp_path / "out", signal.getsignal(signal.SIGTERM), [], \
-        threading.Event()
-
-    def term_once_a_part_is_done():  # only to the project's handler (not Ray's, not SIG_DFL)
-        while not done.wait(0.05):
-            if signal.getsignal(signal.SIGTERM) is sigterm_handed_to_ctrl_c and \
-                    list(out.glob("part-*.json")):
-                sent.append(time.monotonic())
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
+    out, before = tmp_path / "out", signal.getsignal(signal.SIGTERM)
     argv = KILLED[4:] + ["--checkpoint", tiny_checkpoints["a"], "--input",
                          str(tmp_path / "mono.en"), "--output", str(out)]
-    thread = threading.Thread(target=term_once_a_part_is_done, daemon=True)
-    thread.start()
-    try:
+    with sigterm_once(lambda: list(out.glob("part-*.json"))) as sent:  # once a part is done
         rc = main(["translate", *argv])
-    finally:
-        done.set()
-        thread.join()
     err = capsys.readouterr().err
     assert sent and rc == 130, err[-2000:]
     assert f"interrupted: the finished parts are kept in {out}; the same command translates " \

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import mlflow_store
+from conftest import mlflow_store, sigterm_once
 
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.tracking.run_logger import read_local_metrics
@@ -126,38 +126,19 @@ def test_sigterm_stops_the_command_as_ctrl_c_with_its_run_killed(demo_batches, t
     """SIGTERM (torchrun stopping its ranks, a machine's shutdown) once the run has trained:
     exit 130 and the line that resumes, no traceback, the MLflow run KILLED (the default action
     ended the process at once and left it RUNNING), the caller's handler back after."""
-    import os
     import signal
-    import threading
-    import time
 
     from mlflow.tracking import MlflowClient
 
-    from convs2s.console import sigterm_handed_to_ctrl_c
     from convs2s.train.local import main
 
     d, uri, run_dir = demo_batches, mlflow_store(tmp_path), tmp_path / "term"
-    before, sent, done = signal.getsignal(signal.SIGTERM), [], threading.Event()
-
-    def term_once_trained():  # and only to the project's handler (SIG_DFL would end pytest)
-        deadline = time.monotonic() + 120
-        while not done.wait(0.05) and time.monotonic() < deadline:
-            if signal.getsignal(signal.SIGTERM) is sigterm_handed_to_ctrl_c and \
-                    _losses(run_dir):
-                sent.append(True)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
-    thread = threading.Thread(target=term_once_trained, daemon=True)
-    thread.start()
-    try:
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_once(lambda: _losses(run_dir)) as sent:  # once the run has trained
         rc = main(["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
                    "--spm-model", d.spm_model, "--model", "tiny", "--storage-path",
                    str(tmp_path), "--run-name", "term", "--precision", "fp32", "--set",
                    "log_interval=1", "--max-time", "60s", "--tracking-uri", uri])  # (far)
-    finally:
-        done.set()
-        thread.join()
     err = capsys.readouterr().err
     assert sent and rc == 130, err[-2000:]
     assert f"interrupted: the checkpoints kept are under {run_dir}; the same command resumes" \
