@@ -67,31 +67,40 @@ class RunTree:
         `under` (default: the tree's folder) or below it; the ids ended. For runs whose
         process was stopped before it could end them: a sweep's trials that Ray Tune stopped
         or that crashed (their workflow's own `end_run` never ran)."""
-        from convs2s.tracking.runs import (RUN_KEY_TAG, bounded_http, mlflow_client,
+        from convs2s.tracking.runs import (RUN_KEY_TAG, bounded_http, end_run, mlflow_client,
                                            warn_unreachable)
 
         root = run_key(under if under is not None else self.run_dir)
         ended: list[str] = []
         if self.parent is None:  # tracking unreachable: nothing was recorded
             return ended
+        # the keys that start with `root` (LIKE's `_` matches any character, and `root` is also
+        # the start of `root2`: the exact test is below)
+        like = root.replace("\\", "\\\\").replace("'", "\\'")
         try:
             with bounded_http():
                 client = mlflow_client(self.uri)
                 exp = client.get_run(self.parent).info.experiment_id
                 found, token = [], None
                 while True:  # every page first: ending runs would shift the pages' offsets
-                    page = client.search_runs([exp], filter_string="attributes.status = "
-                                              "'RUNNING'", max_results=1000, page_token=token)
+                    page = client.search_runs(
+                        [exp], filter_string=f"attributes.status = 'RUNNING' and "
+                                             f"tags.`{RUN_KEY_TAG}` LIKE '{like}%'",
+                        max_results=1000, page_token=token)
                     found += [r.info.run_id for r in page
                               if (key := r.data.tags.get(RUN_KEY_TAG, "")) == root
                               or key.startswith(root + "/")]
                     token = page.token
                     if not token:
                         break
-                for run_id in found:
+                if under is None:  # the tree's own run, whatever its status now
+                    found.append(self.parent)
+                for run_id in dict.fromkeys(found):
                     client.set_terminated(run_id, status=status)
                     ended.append(run_id)
                 return ended
         except Exception as err:  # noqa: BLE001 - the runs stay RUNNING; the outputs are kept
             warn_unreachable(self.uri, "ending the runs left open", err)
+            if under is None and self.parent not in ended:  # at least the tree's own run
+                end_run(self.uri, self.parent, status)
             return ended

@@ -261,7 +261,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     n = concurrency(sweep, ray.cluster_resources())
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
-    trainable = tune.with_parameters(_trial_main, trials={t.name: t for t in todo},
+    by_name = {t.name: t for t in todo}
+    trainable = tune.with_parameters(_trial_main, trials=by_name,
                                      sweep_run_id=tree.parent, sweep_name=sweep.run_name)
     trainable = tune.with_resources(
         trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}]))
@@ -290,7 +291,6 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
         else:
             ran[name] = {k: v for k, v in r.metrics.items() if k in _METRIC_KEYS
                          or "/" in k}
-    by_name = {t.name: t for t in todo}
     for name in failed:  # its workflow died with it: its runs are still open
         tree.end_open("FAILED", under=by_name[name].spec.run_dir)
     # A trial ends with trial.json written or with an error; neither: Ray Tune stopped it.
