@@ -20,6 +20,7 @@ naming the file, exit status 2; nothing half-written is left behind.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import logging
@@ -169,6 +170,17 @@ def _translate_corpus(args, search) -> int:
             OSError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) while the parts translate
+        manifest = None
+    if manifest is None:
+        # Ray Data ends the stopped job's translators when its dataset iterator is collected,
+        # which reference cycles leave to Python's cyclic collector (they held their CPUs for
+        # minutes in a process that went on); once the interrupt is handled, nothing else
+        # holds them
+        gc.collect()
+        print(f"\ninterrupted: the finished parts are kept in {args.output}; the same command "
+              "translates the rest", file=sys.stderr, flush=True)
+        return 130
     f = manifest["failures"]
     log.info("%s: %d lines in, %d out (%d empty, %d not UTF-8, %d cut to the model's "
              "positions); %s", args.output, manifest["lines_in"], manifest["lines_out"],

@@ -15,6 +15,10 @@ filtered line is still in Ray's log folder (`Ray's own logs: ...` on the console
 The filter sits on file descriptor 2 (a pipe read by a thread), since the C++ lines bypass
 Python's `sys.stderr`. It is installed only by a command (a workflow's or `python -m convs2s`'s
 `main()` without argv): in-process callers (tests, notebooks) keep their own stderr.
+
+How a run stops (`sigterm_as_ctrl_c`, `callers_signal_handlers`): Ctrl-C and SIGTERM (`ray job
+stop`) alike, through the handler Ray Train or Ray Tune has in place, and the caller's handlers
+back after Ray's calls that leave theirs installed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -134,3 +139,52 @@ def _pump(read_end: int, out_fd: int) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
+
+
+# --- stopping a command: Ctrl-C and SIGTERM ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def callers_signal_handlers() -> Iterator[None]:
+    """The caller's Ctrl-C (SIGINT), SIGTERM and SIGUSR1 handlers put back when the block ends.
+    Ray Train's `fit` and Ray Tune's `Tuner.fit`, called in the main thread, install handlers of
+    their own (Ray Train's aborts its run; Ray Tune's stops its experiment, and it takes SIGUSR1
+    too) and leave them installed after the run. The caller's next Ctrl-C (a workflow's
+    evaluation, the stage after training) then went to a finished run: Ray Train's swallowed
+    it (the third press exits with status 0) and kept the run's controller actor alive, held by
+    the handler; Ray Tune's swallowed the first."""
+    signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None))
+               if s is not None]
+    main = threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in signals} if main else {}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # (None: a handler not set from Python, left as it is)
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM (what `ray job stop` sends a job's driver, and a machine's
+    shutdown every process) stops the work as Ctrl-C does: through the SIGINT handler in place
+    (Ray Train's during `fit`, which aborts the worker group; Ray Tune's during a sweep, which
+    stops the trials; else Python's KeyboardInterrupt). The caller's handlers are put back after
+    (`callers_signal_handlers`). Without it, SIGTERM went to Ray's handlers, which `ray.init`
+    installs: its C++ handler printed a stack and its Python one exited (SystemExit) wherever
+    the driver was, in `fit` leaving the run's controller and workers to the process's exit;
+    the process then ended in an abort (status 134), in every stage."""
+    with callers_signal_handlers():
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm_handed_to_ctrl_c)
+        yield
+
+
+def sigterm_handed_to_ctrl_c(signum, frame) -> None:
+    """`sigterm_as_ctrl_c`'s SIGTERM handler: the SIGINT handler in place, called as for
+    Ctrl-C."""
+    handler = signal.getsignal(signal.SIGINT)
+    if not callable(handler):
+        raise KeyboardInterrupt("SIGTERM")
+    handler(signal.SIGINT, frame)

@@ -115,6 +115,36 @@ def run_ranks(worker, nprocs: int) -> dict:
         return dict(result)
 
 
+@contextlib.contextmanager
+def sigterm_once(ready, timeout_s: float = 120):
+    """SIGTERM to this process, once, as soon as `ready()` holds and the project's handler
+    (`convs2s.console.sigterm_handed_to_ctrl_c`) is in place (never to another: the default
+    action would end the test session), from a thread polling while the block runs; yields
+    the list that gets the moment it was sent."""
+    import signal
+    import time
+
+    from convs2s.console import sigterm_handed_to_ctrl_c
+
+    sent, done = [], threading.Event()
+
+    def watch():
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(0.05) and time.monotonic() < deadline:
+            if signal.getsignal(signal.SIGTERM) is sigterm_handed_to_ctrl_c and ready():
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield sent
+    finally:
+        done.set()
+        thread.join()
+
+
 def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
     """SIGKILL `proc` (a subprocess.Popen) as soon as `ready()` holds; fail with `never` if it
     does not within `timeout_s`, or if the process ends first."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from convs2s.config import SearchConfig
-from conftest import kill_when
+from conftest import kill_when, sigterm_once
 from convs2s.serving.corpus import CorpusError, CorpusJob, translate_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,6 +141,52 @@ def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
     assert manifest["parts_translated_now"] == 20 - len(done_before)
     assert all((out / n).stat().st_mtime_ns == t for n, t in mtimes.items())  # not redone
     assert not list(out.glob(".*.tmp-*"))  # no half-written file left
+
+
+def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
+        tiny_checkpoints, ray_session, tmp_path, capsys):
+    """SIGTERM (`ray job stop`, a machine's shutdown) once a part is done: exit 130 and the line
+    that resumes, no traceback (Ray's own handler exited mid-job, and the process then ended in
+    an abort), the caller's handler back after; the same command then translates the rest."""
+    import signal
+    import time
+
+    from convs2s.cli import main
+
+    lines = corpus_lines(tiny_checkpoints["pairs"], 800)
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    out, before = tmp_path / "out", signal.getsignal(signal.SIGTERM)
+    argv = KILLED[4:] + ["--checkpoint", tiny_checkpoints["a"], "--input",
+                         str(tmp_path / "mono.en"), "--output", str(out)]
+    with sigterm_once(lambda: list(out.glob("part-*.json"))) as sent:  # once a part is done
+        rc = main(["translate", *argv])
+    err = capsys.readouterr().err
+    assert sent and rc == 130, err[-2000:]
+    assert f"interrupted: the finished parts are kept in {out}; the same command translates " \
+        "the rest" in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not (out / "manifest.json").exists()
+    # the stopped job's translators end with it (in this process too: they held the CPUs the
+    # rerun's pool waits for)
+    deadline = time.monotonic() + 30
+    while left := _translators():
+        assert time.monotonic() < deadline, f"translators {left} outlived the stopped job"
+        time.sleep(0.2)
+    assert main(["translate", *argv]) == 0
+    assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)  # none lost or repeated
+
+
+def _translators() -> list[int]:
+    """The pids of this machine's corpus-job translators (Ray Data's map actors)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0]
+        except (OSError, ValueError):
+            continue
+        if title.startswith(b"ray::MapWorker(MapBatches(ShardTranslator))"):
+            pids.append(int(proc.name))
+    return pids
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -57,8 +57,8 @@ LAYERS = {
     "convs2s.model": {"convs2s.config"},
     "convs2s.io": {"convs2s.config", "convs2s.model"},
     "convs2s.inference": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io"},
-    "convs2s.train": {"convs2s.config", "convs2s.precision", "convs2s.model", "convs2s.io",
-                      "convs2s.tracking"},
+    "convs2s.train": {"convs2s.config", "convs2s.console", "convs2s.precision", "convs2s.model",
+                      "convs2s.io", "convs2s.tracking"},
     "convs2s.serving": {"convs2s.config", "convs2s.console", "convs2s.precision",
                         "convs2s.model", "convs2s.io", "convs2s.inference", "convs2s.tracking"},
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import mlflow_store
+from conftest import mlflow_store, sigterm_once
 
 from convs2s.config import PRESETS, TrainConfig
 from convs2s.tracking.run_logger import read_local_metrics
@@ -119,6 +119,34 @@ def test_an_update_the_data_cannot_fill_is_one_line_before_training(demo_batches
     check_updates_fill(10, world=2, update_freq=5)  # 5 rows a worker: one whole update
     with pytest.raises(ValueError, match=r"4 for each of 2 worker\(s\), and an update takes 5"):
         check_updates_fill(9, world=2, update_freq=5)
+
+
+def test_sigterm_stops_the_command_as_ctrl_c_with_its_run_killed(demo_batches, tmp_path,
+                                                                  capsys):
+    """SIGTERM (torchrun stopping its ranks, a machine's shutdown) once the run has trained:
+    exit 130 and the line that resumes, no traceback, the MLflow run KILLED (the default action
+    ended the process at once and left it RUNNING), the caller's handler back after."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.train.local import main
+
+    d, uri, run_dir = demo_batches, mlflow_store(tmp_path), tmp_path / "term"
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_once(lambda: _losses(run_dir)) as sent:  # once the run has trained
+        rc = main(["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+                   "--spm-model", d.spm_model, "--model", "tiny", "--storage-path",
+                   str(tmp_path), "--run-name", "term", "--precision", "fp32", "--set",
+                   "log_interval=1", "--max-time", "60s", "--tracking-uri", uri])  # (far)
+    err = capsys.readouterr().err
+    assert sent and rc == 130, err[-2000:]
+    assert f"interrupted: the checkpoints kept are under {run_dir}; the same command resumes" \
+        in err and "Traceback" not in err
+    assert signal.getsignal(signal.SIGTERM) is before
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("convs2s").experiment_id])
+    assert run.info.status == "KILLED"
 
 
 @pytest.mark.slow

@@ -381,6 +381,8 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
 
     from mlflow.tracking import MlflowClient
 
+    from convs2s.console import sigterm_handed_to_ctrl_c
+
     uri = mlflow_store(tmp_path)
     opts = RunOptions(preset="smoke", storage_path=str(sweep_storage), run_name="ctrl-c",
                       tracking_uri=uri, sweep="table4", seeds=1, variants=["baseline"],
@@ -400,7 +402,7 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
             except (OSError, ValueError):
                 latest = None
             if latest:
-                pressed.append(time.monotonic())
+                pressed.append(signal.getsignal(signal.SIGTERM))
                 os.kill(os.getpid(), signal.SIGINT)
                 return
 
@@ -423,6 +425,8 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
         after = signal.signal(signal.SIGINT, before)
     assert pressed, "the first trial never recorded a checkpoint"
     assert after is signal.default_int_handler  # the caller's again, not Ray Tune's
+    # SIGTERM (`ray job stop`) meanwhile went to the handler that hands it to Ray Tune's Ctrl-C
+    assert pressed[0] is sigterm_handed_to_ctrl_c
     # Ray Tune's own notice came; its hint to resume through its API did not (the workflow
     # prints the command that resumes).
     assert any("Stop signal received" in m for m in tune_records), tune_records

@@ -24,6 +24,7 @@ from conftest import mlflow_store
 import torch
 from mlflow.tracking import MlflowClient
 
+from convs2s.console import sigterm_handed_to_ctrl_c
 from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
 from convs2s.train.collate import collate_arrow
 from convs2s.config import PRESETS, TrainConfig
@@ -166,17 +167,18 @@ def test_ctrl_c_is_the_callers_again_once_a_run_ends(crashed_run):
         time.sleep(10)
 
 
-def _press_ctrl_c_once_training(metrics: Path, done: threading.Event) -> None:
+def _press_ctrl_c_once_training(metrics: Path, done: threading.Event, seen: list) -> None:
     """SIGINT to this process once Ray Train's handler is in place (it installs it just before
     its run starts) and the run has logged an update (or 120 s after the start); never after
     `done` is set or to any other handler (a KeyboardInterrupt outside the test would end the
-    session)."""
+    session). `seen` gets the SIGTERM handler in place at that moment."""
     deadline = time.monotonic() + 120
     while not done.wait(0.1):
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             continue  # not yet (or no longer) Ray Train's
         if time.monotonic() > deadline or (metrics.is_file()
                                            and "train/loss" in metrics.read_text()):
+            seen.append(signal.getsignal(signal.SIGTERM))
             os.kill(os.getpid(), signal.SIGINT)
             return
 
@@ -185,15 +187,18 @@ def test_ctrl_c_during_a_run_is_a_keyboard_interrupt_and_the_run_is_killed(demo_
                                                                            tmp_path):
     """Ctrl-C while the workers train: Ray Train's handler aborts the worker group and calls
     sys.exit; `fit` raises KeyboardInterrupt instead (a workflow then exits 130 and says how to
-    resume), the MLflow run is KILLED, and Ctrl-C is the caller's again."""
+    resume), the MLflow run is KILLED, and Ctrl-C is the caller's again. SIGTERM (`ray job
+    stop`) meanwhile goes to the project's handler, which hands it to the same Ctrl-C handler
+    (Ray's own would exit in the middle of `fit`: the command then ended in an abort)."""
     cfg = TrainConfig(max_epochs=50, log_interval=1)  # far from its end when the key is pressed
     uri = mlflow_store(tmp_path)
     # one worker: the handler and the abort are the driver's, whatever the group's size
     job = make_job(demo_batches, tmp_path, "ctrl-c", cfg, tracking_uri=uri).replace(num_workers=1)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, as a program has
-    done = threading.Event()
+    term = signal.getsignal(signal.SIGTERM)  # Ray's, from `ray.init` in this process
+    done, seen = threading.Event(), []
     presser = threading.Thread(target=_press_ctrl_c_once_training,
-                               args=(tmp_path / "ctrl-c" / METRICS_FILE, done), daemon=True)
+                               args=(tmp_path / "ctrl-c" / METRICS_FILE, done, seen), daemon=True)
     presser.start()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -202,6 +207,7 @@ def test_ctrl_c_during_a_run_is_a_keyboard_interrupt_and_the_run_is_killed(demo_
         done.set()
         presser.join()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert seen and seen[0] is sigterm_handed_to_ctrl_c and signal.getsignal(signal.SIGTERM) is term
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("test_train").experiment_id])
     assert run.info.status == "KILLED"

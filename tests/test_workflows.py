@@ -523,7 +523,7 @@ def ctrl_c(background):
 @pytest.mark.slow
 def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(ctrl_c):
     """Ctrl-C while a stage runs (`_interrupt_preprocessing`): exit 130, one line naming the
-    run to resume, no KeyboardInterrupt traceback; the parent run is KILLED."""
+    run to resume, no KeyboardInterrupt traceback; the parent run and the stage's are KILLED."""
     console = ctrl_c.console
     assert ctrl_c.returncode == 130, console[-3000:]
     assert "Traceback" not in console and "KeyboardInterrupt" not in console, console[-3000:]
@@ -533,8 +533,8 @@ def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(ctrl
 
     client = MlflowClient(f"sqlite:///{ctrl_c.folder / 'mlflow.db'}")
     exp = client.get_experiment_by_name("wmt14_en_fr")
-    (parent,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'ctrlc'")
-    assert parent.info.status == "KILLED"
+    runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
+    assert runs == {"ctrlc": "KILLED", "preprocess": "KILLED"}  # the stage's run too
 
 
 def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():
@@ -750,3 +750,52 @@ def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_e
 # The runs above that share nothing with the session's Ray start in the background when the
 # session starts (tests/conftest.py, `Background`).
 BACKGROUND_RUNS = {"other_smokes": _run_other_smokes, "ctrl_c": _interrupt_preprocessing}
+
+
+@pytest.mark.slow
+def test_sigterm_as_ray_job_stop_sends_it_stops_a_run_as_ctrl_c_does(ray_session, tmp_path,
+                                                                      capsys):
+    """`ray job stop` (and a pod's or an instance's shutdown) sends the driver SIGTERM. In any
+    stage (here the first cleaning stage, in this process) the run stops as on Ctrl-C: exit
+    130, the line that resumes, every run of the workflow KILLED, the run's lease given back,
+    and the caller's SIGTERM handler in place again (here Ray's, from `ray.init`)."""
+    import logging
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.console import sigterm_handed_to_ctrl_c
+
+    before = signal.getsignal(signal.SIGTERM)
+    sent = []
+
+    class TermOnCleaning(logging.Handler):  # the stage logs from this (the main) thread
+        def emit(self, record):
+            if not sent and "[clean/train] running" in record.getMessage():
+                sent.append(signal.getsignal(signal.SIGTERM))
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    uri = mlflow_store(tmp_path)
+    storage = tmp_path / "runs"
+    hook, pre_log = TermOnCleaning(), logging.getLogger("preprocessing")
+    pre_log.addHandler(hook)
+    level = pre_log.level
+    pre_log.setLevel(logging.INFO)  # (a command's console shows INFO; this process may not)
+    try:
+        rc, _ = _main(wmt14_en_fr, ["--preset", "smoke", *QUARTER_DEMO, "--storage-path",
+                                    str(storage), "--tracking-uri", uri, "--run-name", "term"])
+    finally:
+        pre_log.removeHandler(hook)
+        pre_log.setLevel(level)
+    said = capsys.readouterr().err
+    assert sent and rc == 130, said[-2000:]
+    # during the stages SIGTERM goes to the project's handler (Ray's own exits wherever the
+    # driver is, and the command then ended in an abort); the caller's is back after
+    assert sent[0] is sigterm_handed_to_ctrl_c and signal.getsignal(signal.SIGTERM) is before
+    assert f"interrupted: finished stages are kept under {storage}; resume with the same " \
+           f"--run-name term" in said
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("wmt14_en_fr")
+    runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
+    assert runs == {"term": "KILLED", "preprocess": "KILLED"}
+    assert not (storage / "term" / ".lease.json").exists()

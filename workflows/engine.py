@@ -44,8 +44,9 @@ import logging
 import time
 from dataclasses import dataclass
 
+from convs2s.console import sigterm_as_ctrl_c
 from convs2s.metrics.task_kinds import task_kind
-from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri
+from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri, stopped_status
 from storage import is_uri, location
 from storage.lease import RunLease
 from workflows.cluster import (await_cluster_gpus, check_local_gpus, check_shared_storage,
@@ -81,7 +82,8 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
     check(spec)  # writes nothing: a refused run leaves no folder behind
     with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}"):
         prepare(spec)
-        return run_stages(spec)
+        with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
+            return run_stages(spec)
 
 
 def check(spec: RunSpec) -> None:
@@ -146,7 +148,8 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
             champion = register_champion(uri, registered_name(spec.workflow, main_test), scores,
                                          models, main_test, task_kind(spec.task_kind).headline)
     except BaseException as err:
-        end_run(uri, parent, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        # the parent and any stage's run the stop left open (an evaluation's, a training's)
+        tree.end_open(stopped_status(err))
         raise
     end_run(uri, parent, "FINISHED")
     return WorkflowResult(parent, spec.experiment, uri, str(run_dir), trained, scores,

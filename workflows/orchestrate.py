@@ -89,7 +89,7 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     except WorkersNotPlaced as e:  # a lost node not replaced: stopped, resumable
         print(f"error: {e}", file=sys.stderr)
         return 3
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Ray's driver handler exits)
         # Every stage writes whole files or none (manifests last), so what is on disk is
         # complete: the same run name picks up from there.
         where = spec.base.storage if opts.sweep else spec.storage

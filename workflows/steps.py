@@ -44,7 +44,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
     Fine-tuning (`init_from`, a checkpoint directory) encodes with that model's vocabulary
     instead of learning a BPE."""
     from convs2s.io.text_codec import CheckpointVocabulary
-    from convs2s.tracking.runs import end_run, log_artifacts
+    from convs2s.tracking.runs import end_run, log_artifacts, stopped_status
     from preprocessing.pipeline import run_pipeline
 
     vocabulary = CheckpointVocabulary(init_from) if init_from else None
@@ -59,8 +59,8 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
     t0 = time.monotonic()
     try:
         out = run_pipeline(pre, vocabulary=vocabulary)
-    except BaseException:
-        end_run(ctx.tree.uri, run_id, "FAILED")
+    except BaseException as err:
+        end_run(ctx.tree.uri, run_id, stopped_status(err))
         raise
     metrics = {"vocab_size": out.vocab_size, "seconds": time.monotonic() - t0}
     for split in out.batches:

@@ -40,6 +40,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from convs2s.console import callers_signal_handlers, sigterm_as_ctrl_c
 from convs2s.metrics.task_kinds import task_kind
 from storage import location
 from storage.lease import RunLease
@@ -201,15 +202,16 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
     base = sweep.base
     check(base)  # writes nothing: a refused sweep leaves no folder behind
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
-        return _run_sweep(sweep)
+        prepare(base)  # sources, GPUs and Ray, as for one workflow run
+        with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
+            return _run_sweep(sweep)
 
 
 def _run_sweep(sweep: SweepSpec) -> SweepResult:
-    from convs2s.tracking.runs import end_run, log_artifacts, log_final_metrics
+    from convs2s.tracking.runs import end_run, log_artifacts, log_final_metrics, stopped_status
     from preprocessing.pipeline import run_pipeline
 
     base = sweep.base
-    prepare(base)  # sources, GPUs and Ray, as for one workflow run
     uri = base.tracking_uri
     # The sweep's run, the root of its trials' run trees (each trial's parent is its child).
     tree = RunTree.open(uri, base.experiment, sweep.folder, sweep.run_name,
@@ -240,7 +242,7 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
         _log_summary(sweep, result, uri, run_id, log_final_metrics, log_artifacts)
     except BaseException as err:
         # the sweep's run, and the runs of any trial stopped before its workflow ended them
-        tree.end_open("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+        tree.end_open(stopped_status(err))
         raise
     end_run(uri, run_id, "FAILED" if result.failed else "FINISHED")
     return result
@@ -256,7 +258,6 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     import ray
     from ray import tune
 
-    from convs2s.train.launch import callers_signal_handlers
 
     n = concurrency(sweep, ray.cluster_resources())
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
@@ -297,7 +298,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     stopped = [t.name for t in todo if t.name not in failed and t.finished() is None]
     if stopped:
         raise KeyboardInterrupt(f"Ray Tune stopped the sweep before {', '.join(stopped)} "
-                                "finished (Ctrl-C or SIGUSR1)")
+                                "finished (Ctrl-C, SIGTERM or SIGUSR1)")
     return ran, failed
 
 

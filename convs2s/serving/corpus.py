@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
-from convs2s.console import choose_local_ray_auth
+from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
 from storage import location, open_input, stamp, write_whole
 from storage.lease import RunLease
 
@@ -325,9 +325,11 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int) -> None:
                                    search=job.search.to_dict(), device=job.device,
                                    threads=job.threads_per_actor, spm_model=job.spm_model,
                                    output=str(job.output), nbest=job.search.nbest))
-    with tqdm(total=total, initial=done, unit=" sentences", unit_scale=True, file=sys.stderr,
-              disable=not job.progress, dynamic_ncols=True, smoothing=0.1,
-              desc="translate") as bar:
+    # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started)
+    with sigterm_as_ctrl_c(), \
+            tqdm(total=total, initial=done, unit=" sentences", unit_scale=True, file=sys.stderr,
+                 disable=not job.progress, dynamic_ncols=True, smoothing=0.1,
+                 desc="translate") as bar:
         for row in ds.iter_rows():
             bar.update(int(row["lines"]))
 

@@ -327,6 +327,13 @@ def _log_tags(client, run_id: str, tags: dict) -> None:
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+def stopped_status(err: BaseException) -> str:
+    """The MLflow status of a run that `err` ended: KILLED when the command was stopped (Ctrl-C,
+    KeyboardInterrupt; SIGTERM, which `ray job stop` sends: Ray's driver handler, installed by
+    `ray.init`, exits with SystemExit), FAILED for any other error."""
+    return "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
+
+
 def end_run(uri: str, run_id: str | None, status: str = "FINISHED") -> None:
     if run_id is None:
         return

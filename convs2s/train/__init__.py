@@ -10,7 +10,8 @@ training: a budget the card cannot hold fails at once with the largest that fits
 go), `launch` (the Ray Train driver: placement, storage, MLflow run, result) and `local` (the
 same loop in one process or a torchrun rank, without Ray: `python -m convs2s train`).
 
-May import: torch, `convs2s.config`, `convs2s.precision`, `convs2s.model`, `convs2s.io`,
-`convs2s.tracking` (MLflow only when a run is tracked); Ray only in `launch` and inside
+May import: torch, `convs2s.config`, `convs2s.console` (Ctrl-C and SIGTERM during a run),
+`convs2s.precision`, `convs2s.model`, `convs2s.io`, `convs2s.tracking` (MLflow only when a run
+is tracked); Ray only in `launch` and inside
 `runtime.RayRuntime` / `trainer.train_loop_per_worker`. Not `convs2s.inference`.
 """

@@ -32,12 +32,8 @@ with its meta.json last and metrics.jsonl is rewritten at each checkpoint (docs/
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
-import threading
-from collections.abc import Iterator
 
 import ray
 import ray.train
@@ -50,6 +46,7 @@ from ray.train import (
     ScalingConfig,
 )
 
+from convs2s.console import sigterm_as_ctrl_c
 from convs2s.io.checkpoint import (
     BEST_DIR,
     list_checkpoints,
@@ -99,7 +96,7 @@ def fit(job: TrainJob) -> TrainResult:
                              logging_config=LoggingConfig(log_level="WARNING")),
     )
     try:
-        with callers_signal_handlers():
+        with sigterm_as_ctrl_c():
             result = _fit_until_ctrl_c(trainer)
     except BaseException as err:
         fail_train_run(uri, run_id, err)
@@ -124,26 +121,6 @@ def fit(job: TrainJob) -> TrainResult:
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
                        best_checkpoint=str(run_dir / BEST_DIR) if has_best else None,
                        last_checkpoint=last, checkpoints=kept, metrics=final)
-
-
-@contextlib.contextmanager
-def callers_signal_handlers() -> Iterator[None]:
-    """The caller's Ctrl-C (SIGINT) and SIGUSR1 handlers put back when the block ends. Ray
-    Train's `fit` and Ray Tune's `Tuner.fit`, called in the main thread, install handlers of
-    their own (Ray Train's aborts its run; Ray Tune's stops its experiment, and it takes SIGUSR1
-    too) and leave them installed after the run. The caller's next Ctrl-C (a workflow's
-    evaluation, the stage after training) then went to a finished run: Ray Train's swallowed
-    it (the third press exits with status 0) and kept the run's controller actor alive, held by
-    the handler; Ray Tune's swallowed the first."""
-    signals = [s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None]
-    main = threading.current_thread() is threading.main_thread()
-    before = {s: signal.getsignal(s) for s in signals} if main else {}
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            if handler is not None:  # (None: a handler not set from Python, left as it is)
-                signal.signal(sig, handler)
 
 
 def _fit_until_ctrl_c(trainer: ray.train.torch.TorchTrainer):

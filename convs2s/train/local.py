@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from convs2s.config import PRESETS, TrainConfig, duration
+    from convs2s.console import sigterm_as_ctrl_c
     from convs2s.io.checkpoint import CheckpointError
 
     p = argparse.ArgumentParser(
@@ -148,10 +149,18 @@ def main(argv: list[str] | None = None) -> int:
                        valid_data=args.valid_data, spm_model=args.spm_model, vocab_size=vocab,
                        storage_path=args.storage_path, run_name=args.run_name,
                        tracking_uri=args.tracking_uri, experiment_name=args.experiment)
-        result = fit_local(job, args.device)
+        # SIGTERM (torchrun stopping its ranks, a machine's shutdown) as Ctrl-C: the run
+        # stops between operations, its MLflow run KILLED, and the same command resumes
+        with sigterm_as_ctrl_c():
+            result = fit_local(job, args.device)
     except (CheckpointError, OSError, ValueError, TypeError) as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the checkpoints kept are under "
+              f"{location(args.storage_path) / args.run_name}; the same command resumes from "
+              "the latest", file=sys.stderr, flush=True)
+        return 130
     m = result.metrics
     from convs2s.train.job import STOP_REASONS
 

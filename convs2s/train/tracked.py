@@ -30,6 +30,7 @@ from convs2s.tracking.runs import (
     resolve_tracking_uri,
     run_key,
     set_tags,
+    stopped_status,
 )
 from convs2s.train.data import TrainFiles
 from convs2s.train.job import TrainJob
@@ -78,7 +79,7 @@ def close_train_run(uri: str, run_id: str | None, final: dict, run_dir) -> bool:
 
 
 def fail_train_run(uri: str, run_id: str | None, err: BaseException) -> None:
-    end_run(uri, run_id, "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+    end_run(uri, run_id, stopped_status(err))
 
 
 def _log_configs(uri: str, run_id: str | None, job: TrainJob) -> None:
