@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 from pathlib import Path
 
@@ -50,6 +51,16 @@ os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "300000")
 # each in its own store, but for the test of two runs finishing together, which sets the
 # default back.
 os.environ.setdefault("CONVS2S_REGISTRY_SETTLE_S", "0.1")
+
+# Ctrl-C as a terminal sends it. A suite started in the background by a script (`make test &`,
+# a script's `( ... &)`) inherits SIGINT ignored (POSIX: a non-interactive shell's asynchronous
+# commands ignore SIGINT and SIGQUIT), and so does every process it starts, since an ignored
+# signal stays ignored across exec: a workflow the tests press Ctrl-C in would then be a
+# command told to ignore it, and it goes on, as a `nohup`'d one should (two suites started so
+# failed the Ctrl-C-in-preprocessing test; docs/benchmarks.md, "Stopping a run"). The suite
+# runs as from a terminal, whatever started it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The S3-protocol server on loopback (benchmarks/s3_server.py) gets its port now and starts when
 # a test first asks for the `s3` fixture: its endpoint and test credentials must be in the
@@ -121,7 +132,6 @@ def sigterm_once(ready, timeout_s: float = 120):
     (`convs2s.console.sigterm_handed_to_ctrl_c`) is in place (never to another: the default
     action would end the test session), from a thread polling while the block runs; yields
     the list that gets the moment it was sent."""
-    import signal
     import time
 
     from convs2s.console import sigterm_handed_to_ctrl_c
@@ -252,7 +262,6 @@ class Background:
     def popen(self, cmd: list, **kw):
         """subprocess.Popen in a process group of its own, which the session's end kills if it
         still runs (a workflow and the local Ray it started)."""
-        import signal
         import subprocess
 
         proc = subprocess.Popen(cmd, start_new_session=True, **kw)
@@ -267,7 +276,6 @@ class Background:
 
     def run(self, cmd: list, timeout: float, **kw):
         """subprocess.run through `popen`: its output captured as text."""
-        import signal
         import subprocess
 
         proc = self.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
