@@ -537,6 +537,17 @@ def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(ctrl
     assert runs == {"ctrlc": "KILLED", "preprocess": "KILLED"}  # the stage's run too
 
 
+def test_the_processes_the_suite_starts_take_ctrl_c_however_the_suite_was_started():
+    """A suite started in the background by a script inherits SIGINT ignored, and so would the
+    workflows it presses Ctrl-C in (they would go on, as a `nohup`'d command should):
+    tests/conftest.py gives the session Python's Ctrl-C handler, which a child resets to the
+    default, so a Python child raises KeyboardInterrupt on Ctrl-C as from a terminal."""
+    out = subprocess.run([sys.executable, "-c", "import signal; "
+                          "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == "True"
+
+
 def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():
     from workflows.workflow_config import parse_args
 
