@@ -441,7 +441,8 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
     assert not (sweep.folder / "summary.md").exists()
     assert all(t.finished() is None for t in sweep.trials)
     # The stopped trial's Ray Tune actor is gone (Ray Tune's cleanup kills it), and its
-    # training's CPUs are free again (Ray Train's cleaner removes the run's placement group).
+    # training's CPUs are free again (Ray Train's cleaner removes the run's placement group; one
+    # it missed, the sweep: the next test).
     deadline = time.monotonic() + 30
     while left := [pid for pid, title in _ray_processes().items()
                    if title.startswith("ray::ImplicitFunc") and _trial_of(pid) == first.name]:
@@ -451,3 +452,32 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
     while (free := ray_session.available_resources().get("CPU", 0)) < cpus:
         assert time.monotonic() < deadline, f"{free} of {cpus} CPUs free after the stop"
         time.sleep(0.2)
+
+
+def test_a_stopped_sweep_removes_the_placement_groups_its_trials_left_and_no_other(ray_session):
+    """Ray Train's controller, ended while it restarted a stopped trial's workers, once made a
+    placement group on its way out that nothing removed: 1 CPU of the session's Ray held for
+    good. A stopped sweep removes what its job made since it began, one made late included,
+    and keeps what was there before."""
+    from ray.util import placement_group, placement_group_table, remove_placement_group
+
+    from workflows.sweep import _job_placement_groups, _remove_placement_groups_left
+
+    ray = ray_session
+    kept = placement_group([{"CPU": 1}])  # the caller's own, from before the sweep
+    ray.get(kept.ready(), timeout=60)
+    before = _job_placement_groups()
+    left = placement_group([{"CPU": 1}])
+    ray.get(left.ready(), timeout=60)
+    late = []
+    maker = threading.Timer(0.5, lambda: late.append(placement_group([{"CPU": 0.5}])))
+    maker.start()
+    try:
+        removed = _remove_placement_groups_left(before, quiet_s=1.5)
+    finally:
+        maker.join()
+        remove_placement_group(kept)
+    assert sorted(removed) == sorted([left.id.hex(), late[0].id.hex()])
+    table = placement_group_table()
+    assert table[left.id.hex()]["state"] == table[late[0].id.hex()]["state"] == "REMOVED"
+    assert kept.id.hex() not in removed

@@ -33,6 +33,7 @@ the others go on. A larger budget continues every trial.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -258,7 +259,6 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     import ray
     from ray import tune
 
-
     n = concurrency(sweep, ray.cluster_resources())
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
@@ -277,6 +277,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
                                   failure_config=tune.FailureConfig(max_failures=0)))
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addFilter(_no_tune_restore_hint)
+    placement_groups_before = _job_placement_groups()
     try:
         with callers_signal_handlers():  # (Ray Tune leaves its own installed)
             grid = tuner.fit()
@@ -297,9 +298,51 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     # A trial ends with trial.json written or with an error; neither: Ray Tune stopped it.
     stopped = [t.name for t in todo if t.name not in failed and t.finished() is None]
     if stopped:
+        _remove_placement_groups_left(placement_groups_before)
         raise KeyboardInterrupt(f"Ray Tune stopped the sweep before {', '.join(stopped)} "
                                 "finished (Ctrl-C, SIGTERM or SIGUSR1)")
     return ran, failed
+
+
+def _job_placement_groups() -> set[str]:
+    """The ids of this driver's job's placement groups that are not removed (a placement
+    group's id ends with its job's id)."""
+    import ray
+
+    job = ray.get_runtime_context().get_job_id()
+    return {pg_id for pg_id, info in ray.util.placement_group_table().items()
+            if pg_id.endswith(job) and info["state"] != "REMOVED"}
+
+
+def _remove_placement_groups_left(before: set[str], quiet_s: float = 3.0,
+                                  limit_s: float = 20.0) -> list[str]:
+    """Removes the placement groups this job made since `before` that a stopped sweep left,
+    watching until none has appeared for `quiet_s` (at most `limit_s`); their ids.
+
+    Ray Train can leave one behind when Ray Tune stops a trial: its controller, ended while it
+    restarted the stopped worker group, made the next group's placement group on its way out,
+    and nothing removed it (a test session's Ray kept 1 CPU held for good, and its next
+    two-worker run waited for it; docs/benchmarks.md, "Stopping a run"). A command's job ends
+    when it exits, and the job's placement groups with it; a process that goes on (a test
+    session, a notebook) keeps them. Once the sweep is stopped nothing of it runs, so whatever
+    it made is left over."""
+    from ray._raylet import PlacementGroupID
+    from ray.util import remove_placement_group
+    from ray.util.placement_group import PlacementGroup
+
+    removed: list[str] = []
+    start = last = time.monotonic()
+    while time.monotonic() - last < quiet_s and time.monotonic() - start < limit_s:
+        for pg_id in sorted(_job_placement_groups() - before - set(removed)):
+            with contextlib.suppress(Exception):  # removed meanwhile (Ray Tune's own): gone
+                remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg_id)))
+            removed.append(pg_id)
+            last = time.monotonic()
+        time.sleep(0.2)
+    if removed:
+        log.info("== sweep: %d placement group(s) its stopped trials left removed",
+                 len(removed))
+    return removed
 
 
 def _no_tune_restore_hint(record: logging.LogRecord) -> bool:
