@@ -326,7 +326,7 @@ def _remove_placement_groups_left(before: set[str], quiet_s: float = 3.0,
     when it exits, and the job's placement groups with it; a process that goes on (a test
     session, a notebook) keeps them. Once the sweep is stopped nothing of it runs, so whatever
     it made is left over."""
-    from ray._raylet import PlacementGroupID
+    from ray import PlacementGroupID
     from ray.util import remove_placement_group
     from ray.util.placement_group import PlacementGroup
 
