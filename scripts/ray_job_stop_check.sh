@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d /tmp/ray-job-stop.XXXXXX)}
+mkdir -p "$OUT" && OUT=$(realpath "$OUT")  # absolute: the job runs in Ray's copy of the checkout
 SECONDS_IN=${SECONDS_IN:-15}
 source .venv/bin/activate
 ray start --head --num-cpus 2 --dashboard-port 8265 --disable-usage-stats > "$OUT/head.log" 2>&1
@@ -22,15 +23,20 @@ for case in default wait60; do
   [[ $case == wait60 ]] && env='{"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}}'
   ray job submit --no-wait --submission-id "$case" --working-dir . --runtime-env-json "$env" \
     -- python workflows/wmt14_en_fr.py --preset smoke --storage-path "$OUT/runs" \
-    --tracking-uri "sqlite:///$OUT/mlflow.db" --run-name "$case" > /dev/null 2>&1
+    --tracking-uri "sqlite:///$OUT/mlflow.db" --run-name "$case" > "$OUT/submit_$case.log" 2>&1 \
+    || { echo "error: ray job submit failed: $OUT/submit_$case.log" >&2; exit 1; }
+  started=""
   for _ in $(seq 1 300); do  # until training starts (the job's log says so)
-    ray job logs "$case" 2> /dev/null | grep -q "== train" && break
+    logs=$(ray job logs "$case" 2> /dev/null || true)
+    if [[ $logs == *"== train"* ]]; then started=1; break; fi
     sleep 1
   done
+  [[ -n $started ]] || { echo "error: job $case did not start training in 300 s" >&2; exit 1; }
   sleep "$SECONDS_IN"
   t0=$(date +%s.%N)
   ray job stop "$case" > "$OUT/stop_$case.log" 2>&1
   t1=$(date +%s.%N)
+  # (to about a second: the command's own start and its polling included)
   echo "== $case: ray job stop returned after $(python -c "print(round($t1 - $t0, 1))") s"
   ray job logs "$case" 2> /dev/null | tail -3
 done

@@ -463,21 +463,24 @@ def test_a_stopped_sweep_removes_the_placement_groups_its_trials_left_and_no_oth
 
     from workflows.sweep import _job_placement_groups, _remove_placement_groups_left
 
-    ray = ray_session
-    kept = placement_group([{"CPU": 1}])  # the caller's own, from before the sweep
-    ray.get(kept.ready(), timeout=60)
-    before = _job_placement_groups()
-    left = placement_group([{"CPU": 1}])
-    ray.get(left.ready(), timeout=60)
-    late = []
+    ray, made, late = ray_session, [], []
     maker = threading.Timer(0.5, lambda: late.append(placement_group([{"CPU": 0.5}])))
-    maker.start()
     try:
+        kept = placement_group([{"CPU": 1}])  # the caller's own, from before the sweep
+        made.append(kept)
+        ray.get(kept.ready(), timeout=60)
+        before = _job_placement_groups()
+        left = placement_group([{"CPU": 1}])
+        made.append(left)
+        ray.get(left.ready(), timeout=60)
+        maker.start()
         removed = _remove_placement_groups_left(before, quiet_s=1.5)
-    finally:
         maker.join()
-        remove_placement_group(kept)
-    assert sorted(removed) == sorted([left.id.hex(), late[0].id.hex()])
-    table = placement_group_table()
-    assert table[left.id.hex()]["state"] == table[late[0].id.hex()]["state"] == "REMOVED"
-    assert kept.id.hex() not in removed
+        assert sorted(removed) == sorted([left.id.hex(), late[0].id.hex()])
+        table = placement_group_table()
+        assert table[left.id.hex()]["state"] == table[late[0].id.hex()]["state"] == "REMOVED"
+        assert table[kept.id.hex()]["state"] == "CREATED"
+    finally:  # (the session's Ray has 2 CPUs: nothing of this test may hold one after it)
+        maker.cancel()
+        for group in made + late:
+            remove_placement_group(group)

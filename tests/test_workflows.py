@@ -541,11 +541,17 @@ def test_the_processes_the_suite_starts_take_ctrl_c_however_the_suite_was_starte
     """A suite started in the background by a script inherits SIGINT ignored, and so would the
     workflows it presses Ctrl-C in (they would go on, as a `nohup`'d command should):
     tests/conftest.py gives the session Python's Ctrl-C handler, which a child resets to the
-    default, so a Python child raises KeyboardInterrupt on Ctrl-C as from a terminal."""
-    out = subprocess.run([sys.executable, "-c", "import signal; "
-                          "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"],
-                         capture_output=True, text=True, timeout=60).stdout
-    assert out.strip() == "True"
+    default, so a Python child raises KeyboardInterrupt on Ctrl-C as from a terminal. Checked
+    in a process started as such a suite is (SIGINT ignored) that loads tests/conftest.py."""
+    check = ("import signal; "
+             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    suite = ("import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+             f"sys.path[:0] = [{str(REPO / 'tests')!r}, {str(REPO)!r}]; import conftest; "
+             f"print(subprocess.run([sys.executable, '-c', {check!r}], capture_output=True, "
+             "text=True).stdout.strip())")
+    proc = subprocess.run([sys.executable, "-c", suite], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.stdout.strip() == "True", proc.stdout + proc.stderr[-2000:]
 
 
 def test_system_metrics_are_on_by_default_and_one_flag_turns_them_off():

@@ -33,7 +33,6 @@ the others go on. A larger budget continues every trial.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -275,9 +274,9 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
                                     trial_dirname_creator=lambda tr: tr.config["trial"]),
         run_config=tune.RunConfig(name="tune", storage_path=str(sweep.folder), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))
+    placement_groups_before = _job_placement_groups()
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addFilter(_no_tune_restore_hint)
-    placement_groups_before = _job_placement_groups()
     try:
         with callers_signal_handlers():  # (Ray Tune leaves its own installed)
             grid = tuner.fit()
@@ -322,20 +321,30 @@ def _remove_placement_groups_left(before: set[str], quiet_s: float = 3.0,
     Ray Train can leave one behind when Ray Tune stops a trial: its controller, ended while it
     restarted the stopped worker group, made the next group's placement group on its way out,
     and nothing removed it (a test session's Ray kept 1 CPU held for good, and its next
-    two-worker run waited for it; docs/benchmarks.md, "Stopping a run"). A command's job ends
-    when it exits, and the job's placement groups with it; a process that goes on (a test
-    session, a notebook) keeps them. Once the sweep is stopped nothing of it runs, so whatever
-    it made is left over."""
+    two-worker run waited for it; docs/benchmarks.md, "Stopping a run"). Ray's GCS removes a
+    group once both its job and the actor that made it are dead, but marks the actor's death
+    only on the groups registered before it: one registered as its maker died may outlive
+    even the job, on a cluster too. Once the sweep is stopped nothing of it runs, so whatever
+    its job made since it began is left over; this assumes the job runs nothing else
+    meanwhile (a command's job does not; a notebook running other Ray work beside a sweep
+    would lose that work's placement groups)."""
     from ray import PlacementGroupID
     from ray.util import remove_placement_group
     from ray.util.placement_group import PlacementGroup
 
     removed: list[str] = []
+    failed: set[str] = set()
     start = last = time.monotonic()
     while time.monotonic() - last < quiet_s and time.monotonic() - start < limit_s:
-        for pg_id in sorted(_job_placement_groups() - before - set(removed)):
-            with contextlib.suppress(Exception):  # removed meanwhile (Ray Tune's own): gone
+        for pg_id in sorted(_job_placement_groups() - before - set(removed) - failed):
+            try:  # (removing a group that is gone meanwhile, Ray Tune's own, is no error)
                 remove_placement_group(PlacementGroup(PlacementGroupID.from_hex(pg_id)))
+            except Exception as err:  # noqa: BLE001 - it holds its resources; said once
+                failed.add(pg_id)
+                log.warning("== sweep: could not remove placement group %s its stopped "
+                            "trials left (%s); `ray stop` frees it", pg_id,
+                            err)
+                continue
             removed.append(pg_id)
             last = time.monotonic()
         time.sleep(0.2)
