@@ -155,6 +155,18 @@ def sigterm_once(ready, timeout_s: float = 120):
         thread.join()
 
 
+def cpu_holders() -> list[str]:
+    """The live actors and placement groups of the running Ray that reserve CPUs."""
+    from ray.util.state import list_actors, list_placement_groups
+
+    actors = [f"actor {a.class_name} {a.required_resources}"
+              for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+              if a.required_resources.get("CPU")]
+    groups = [f"placement group {g.name or g.placement_group_id} {g.bundles}"
+              for g in list_placement_groups(detail=True) if g.state != "REMOVED"]
+    return actors + groups or ["tasks (no actor or placement group holds one)"]
+
+
 def kill_when(proc, ready, never: str, timeout_s: float = 180) -> None:
     """SIGKILL `proc` (a subprocess.Popen) as soon as `ready()` holds; fail with `never` if it
     does not within `timeout_s`, or if the process ends first."""

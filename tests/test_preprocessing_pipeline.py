@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import kill_when
+from conftest import cpu_holders, kill_when
 from preprocessing.cleaning import normalize
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
@@ -136,18 +136,6 @@ def ray_data_read(folder: str):
     assert _free_cpus_per_node(settle_s=60), \
         f"the session's CPUs are still taken after 60 s, by {cpu_holders()}"
     return ray.data.read_parquet(folder)
-
-
-def cpu_holders() -> list[str]:
-    """The live actors and placement groups of the running Ray that reserve CPUs."""
-    from ray.util.state import list_actors, list_placement_groups
-
-    actors = [f"actor {a.class_name} {a.required_resources}"
-              for a in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
-              if a.required_resources.get("CPU")]
-    groups = [f"placement group {g.name or g.placement_group_id} {g.bundles}"
-              for g in list_placement_groups(detail=True) if g.state != "REMOVED"]
-    return actors + groups or ["tasks (no actor or placement group holds one)"]
 
 
 def test_bpe_round_trips_newstest_and_uses_project_ids(newstest, shared_data):

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import mlflow_store
+from conftest import cpu_holders, mlflow_store
 
 from convs2s.config import PRESETS
 from convs2s.model.network import ConvS2S
@@ -448,10 +448,10 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
                    if title.startswith("ray::ImplicitFunc") and _trial_of(pid) == first.name]:
         assert time.monotonic() < deadline, f"trial actor(s) {left} still running"
         time.sleep(0.2)
-    cpus = ray_session.cluster_resources()["CPU"]
-    while (free := ray_session.available_resources().get("CPU", 0)) < cpus:
-        assert time.monotonic() < deadline, f"{free} of {cpus} CPUs free after the stop"
-        time.sleep(0.2)
+    from workflows.evaluation import _free_cpus_per_node
+
+    assert _free_cpus_per_node(settle_s=max(0.0, deadline - time.monotonic())), \
+        f"the session's CPUs are still taken after the stop, by {cpu_holders()}"
 
 
 def test_a_stopped_sweep_removes_the_placement_groups_its_trials_left_and_no_other(ray_session):
