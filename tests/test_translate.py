@@ -243,3 +243,37 @@ def test_cli_touches_no_output_before_its_input_is_valid(tiny_checkpoints, tmp_p
     assert main([*args, "--input", str(src), "--output", str(existing)]) == 0
     assert existing.read_text() != "earlier translations\n"
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path):
+    """A missing input, an output that is a folder, an --actors output this command did not
+    write: one error line, exit 2, in a process that never imported torch or Ray (torch's
+    import alone is seconds of CPU: the refusal was that slow before)."""
+    (tmp_path / "a.en").write_text("one\n")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    ck, a = tiny_checkpoints["a"], str(tmp_path / "a.en")
+    cases = [["--input", str(tmp_path / "missing.en")],
+             ["--input", a, "--output", str(tmp_path)],
+             ["--input", str(tmp_path / "missing.en"), "--actors", "2", "--output",
+              str(tmp_path / "parts")],
+             ["--input", a, "--actors", "2", "--output", str(tmp_path / "other")]]
+    code = ("import contextlib, io, json, sys\n"
+            "from convs2s.cli import main\n"
+            "out = []\n"
+            f"for extra in {cases!r}:\n"
+            "    err = io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err):\n"
+            f"        rc = main(['translate', '--checkpoint', {ck!r}, *extra])\n"
+            "    out.append([rc, err.getvalue()])\n"
+            "print(json.dumps([out, [m for m in ('torch', 'ray') if m in sys.modules]]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results, loaded = __import__("json").loads(proc.stdout)
+    says = ["missing.en does not exist", "is a directory", "missing.en does not exist",
+            "holds files this command did not write"]
+    for (rc, err), said in zip(results, says):
+        assert rc == 2 and said in err and err.count("\n") == 1, err
+    assert loaded == []
+    assert not (tmp_path / "parts").exists()
