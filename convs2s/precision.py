@@ -15,7 +15,9 @@ so `auto` picks float32 there.
     with precision.autocast(device): loss = model(...)
 
 `CONVS2S_CPU_BF16=1|0` overrides the CPU detector (tests; a host whose flags lie).
-Imports only torch and the standard library.
+Imports only the standard library, and torch where a mode is applied (`dtype`, `autocast`) or a
+GPU is asked about: a command decides a CPU run's precision before torch loads
+(`local_precision("auto", "cpu")`), so that a refused command answers at once.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import platform
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 CHOICES = ("auto", "bf16", "fp32")
 OVERRIDE_ENV = "CONVS2S_CPU_BF16"
@@ -47,11 +51,15 @@ class Precision:
 
     @property
     def dtype(self) -> torch.dtype:
+        import torch
+
         return torch.bfloat16 if self.name == "bf16" else torch.float32
 
     def autocast(self, device: torch.device):
         """The context the forward passes run in: bf16 autocast, or nothing (float32)."""
         if self.name == "bf16":
+            import torch
+
             return torch.autocast(device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -85,18 +93,22 @@ def cpu_native_bf16(flags: frozenset[str] | set[str] | None = None) -> tuple[boo
     return False, "no avx512_bf16 / amx_bf16 CPU flag"
 
 
-def native_bf16(device: torch.device) -> tuple[bool, str]:
-    """(whether `device` multiplies bf16 natively, the evidence)."""
-    if device.type == "cuda":
+def native_bf16(device: torch.device | str) -> tuple[bool, str]:
+    """(whether `device` (a torch.device, or its type: "cpu", "cuda") multiplies bf16
+    natively, the evidence)."""
+    kind = getattr(device, "type", device)
+    if kind == "cuda":
+        import torch
+
         major, minor = torch.cuda.get_device_capability(device)
         return major >= 8, f"{torch.cuda.get_device_name(device)} (compute {major}.{minor}" \
             f"{'' if major >= 8 else ', bf16 native from 8.0'})"
-    if device.type == "cpu":
+    if kind == "cpu":
         return cpu_native_bf16()
-    return False, f"device {device.type}: bf16 support unknown"
+    return False, f"device {kind}: bf16 support unknown"
 
 
-def local_precision(requested: str, device: torch.device) -> Precision:
+def local_precision(requested: str, device: torch.device | str) -> Precision:
     """This process's precision for `requested` ("auto", "bf16" or "fp32") on `device`."""
     return common_precision(requested, [(socket.gethostname(), *native_bf16(device))])
 

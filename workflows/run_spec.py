@@ -264,11 +264,9 @@ def float32_cpu_batches(cfg: WorkflowConfig, pre: PreprocessConfig, changes, use
     if not n or use_gpu or n == pre.max_tokens or \
             any(o.section == "data" and o.field == "max_tokens" for o in changes):
         return pre, ""
-    import torch
-
     from convs2s.precision import local_precision
 
-    chosen = local_precision(precision, torch.device("cpu"))
+    chosen = local_precision(precision, "cpu")  # (decided before torch loads)
     if chosen.name != "fp32":
         return pre, ""
     return pre.replace(max_tokens=n), (

@@ -446,10 +446,10 @@ def tracking_problem(uri: str, experiment: str) -> str | None:
     later; the answer names the fix. The check writes the experiment's kind tag with the value
     it has (creating the experiment if it is new, as the run would): it needs the right to
     edit. A server that does not answer is not a problem here: runs then go on untracked."""
+    if not uri.startswith(("http://", "https://")):
+        return None  # (before MLflow's import: a local store has no login to check)
     from mlflow.exceptions import MlflowException
 
-    if not uri.startswith(("http://", "https://")):
-        return None
     user = os.environ.get("MLFLOW_TRACKING_USERNAME") or _user_of(uri)
     try:
         # A server that refuses connections fails at once; a busy one gets 20 s an answer.
