@@ -19,6 +19,14 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 # this process, its Ray and the workflows it starts (they inherit the environment).
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
+# Ray Train starts a preemption watcher with every worker group: an actor of its own (a new
+# process that imports Ray Train) that polls for nodes being drained, as a cloud's spot machines
+# are told before they go. Nothing drains a node here (the node tests kill one, which the
+# health checks see), and the watchers were 57 of the suite's 2,251 CPU s (29 of them, about
+# 2 s each: benchmarks.process_cpu over `make test`, docs/benchmarks.md). The project's own
+# runs keep Ray's default (on).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+
 # OpenMP's threads spin for a while when they wait for work (libgomp, torch's OpenMP here: 300,000
 # spins by default), which on a machine whose cores are all taken burns the time slices the
 # other threads need. The suite keeps its two cores busy most of the time (the background runs
