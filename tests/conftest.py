@@ -134,6 +134,28 @@ def run_ranks(worker, nprocs: int) -> dict:
         return dict(result)
 
 
+
+def calls_in_a_fresh_process(imports: str, call: str, cases: list,
+                             modules=("torch", "mlflow", "ray")) -> tuple[list, list]:
+    """`call` (an expression of `extra`, one of `cases`, giving an exit code) for each case in
+    one new Python process that ran `imports` first, each call's stderr captured; returns
+    ([[exit code, stderr] per case], the `modules` that process had imported by the end)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (f"import contextlib, io, json, sys\n{imports}\nout = []\n"
+            f"for extra in {cases!r}:\n"
+            "    err = io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+            f"        rc = {call}\n"
+            "    out.append([rc, err.getvalue()])\n"
+            f"print(json.dumps([out, [m for m in {tuple(modules)!r} if m in sys.modules]]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
 @contextlib.contextmanager
 def sigterm_once(ready, timeout_s: float = 120):
     """SIGTERM to this process, once, as soon as `ready()` holds and the project's handler

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import calls_in_a_fresh_process
 
 from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
@@ -258,19 +259,9 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
              ["--input", str(tmp_path / "missing.en"), "--actors", "2", "--output",
               str(tmp_path / "parts")],
              ["--input", a, "--actors", "2", "--output", str(tmp_path / "other")]]
-    code = ("import contextlib, io, json, sys\n"
-            "from convs2s.cli import main\n"
-            "out = []\n"
-            f"for extra in {cases!r}:\n"
-            "    err = io.StringIO()\n"
-            "    with contextlib.redirect_stderr(err):\n"
-            f"        rc = main(['translate', '--checkpoint', {ck!r}, *extra])\n"
-            "    out.append([rc, err.getvalue()])\n"
-            "print(json.dumps([out, [m for m in ('torch', 'ray') if m in sys.modules]]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results, loaded = __import__("json").loads(proc.stdout)
+    results, loaded = calls_in_a_fresh_process(
+        "from convs2s.cli import main", f"main(['translate', '--checkpoint', {ck!r}, *extra])",
+        cases, modules=("torch", "ray"))
     says = ["missing.en does not exist", "is a directory", "missing.en does not exist",
             "holds files this command did not write"]
     for (rc, err), said in zip(results, says):

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import QUARTER_DEMO, SHORT_OUTPUTS, SMOKE_ROWS, mlflow_store
+from conftest import (QUARTER_DEMO, SHORT_OUTPUTS, SMOKE_ROWS, calls_in_a_fresh_process,
+                      mlflow_store)
 
 from preprocessing import config as pconfig
 from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
@@ -448,31 +449,23 @@ def test_declaring_a_workflow_imports_neither_torch_nor_ray():
 def test_a_refused_run_answers_before_torch_or_mlflow_loads(tmp_path):
     """Bad data (a missing folder, a test set with no files, one side of a pair) is refused
     in the checks before Ray, and those need neither torch nor MLflow: a refusal costs the
-    command a fraction of a second, not the seconds their imports take (4.7 CPU s before)."""
+    command a fraction of a second, not the seconds their imports take (3.9 CPU s before:
+    docs/benchmarks.md)."""
     (tmp_path / "one_side").mkdir()
     (tmp_path / "one_side" / "train.en").write_text("a\n")
     cases = [["--data", str(tmp_path / "missing")],
              ["--data", str(tmp_path), "--test-set", "nope"],
              ["--data", str(tmp_path / "one_side")]]
-    code = ("import contextlib, io, json, sys\n"
-            "from workflows import multi30k_en_de as w\n"
-            "out = []\n"
-            f"for extra in {cases!r}:\n"
-            "    err = io.StringIO()\n"
-            "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
-            "        rc = w.main(w.PRESETS, w.__doc__, ['--preset', 'cpu', '--storage-path', "
-            f"{str(tmp_path / 'runs')!r}, *extra])\n"
-            "    out.append([rc, err.getvalue()])\n"
-            "print(json.dumps([out, [m for m in ('torch', 'mlflow', 'ray') if m in sys.modules]]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    results, loaded = json.loads(proc.stdout.splitlines()[-1])
+    results, loaded = calls_in_a_fresh_process(
+        "from workflows import multi30k_en_de as w",
+        f"w.main(w.PRESETS, w.__doc__, ['--preset', 'cpu', '--storage-path', "
+        f"{str(tmp_path / 'runs')!r}, *extra])", cases)
     says = ["missing does not exist", "--test-set nope", "not its other side"]
     for (rc, err), said in zip(results, says):
         assert rc == 2 and said in err, err
     assert loaded == []
     assert not (tmp_path / "runs").exists()
+
 
 @pytest.mark.parametrize("flags, says", [
     (["--max-updates", "0"], "--max-updates 0: give a positive integer"),
