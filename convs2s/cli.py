@@ -139,55 +139,59 @@ def _translate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _translate_corpus(args, search) -> int:
-    """--actors N: the Ray Data job (convs2s.serving.corpus). Its inputs, output folder and
-    checkpoints are checked before torch or Ray loads (`check_job`)."""
-    from convs2s.serving.corpus import CorpusError, CorpusJob, check_job, translate_corpus
-    from storage.lease import LeaseHeld
+def _corpus_job(args, search):
+    """--actors N: the corpus job, checked (its input, output folder and checkpoints) before
+    torch or Ray loads; CorpusError (or StorageError) otherwise."""
+    from convs2s.serving.corpus import CorpusError, CorpusJob, check_job
 
-    try:
-        if args.input in (None, "-") or not args.output:
-            raise CorpusError("--actors needs --input (a file or an object) and --output (a "
-                              "folder for the parts)")
-        if args.print_attention:
-            raise CorpusError("--print-attention is for one process; leave out --actors")
-        job = CorpusJob(checkpoints=args.checkpoint, input=args.input, output=args.output,
-                        search=search, actors=args.actors,
-                        threads_per_actor=args.threads or 1, gpus_per_actor=args.gpus_per_actor,
-                        shard_lines=args.shard_lines, column=args.column,
-                        spm_model=args.spm_model, progress=not args.no_progress)
-        check_job(job)
-        if is_uri(args.output):
-            check_storage(args.output, "--output", write=True)
-    except (CorpusError, StorageError, OSError) as err:
-        print(f"convs2s-translate: error: {err}", file=sys.stderr)
-        return 2
-    import torch
+    if args.input in (None, "-") or not args.output:
+        raise CorpusError("--actors needs --input (a file or an object) and --output (a "
+                          "folder for the parts)")
+    if args.print_attention:
+        raise CorpusError("--print-attention is for one process; leave out --actors")
+    job = CorpusJob(checkpoints=args.checkpoint, input=args.input, output=args.output,
+                    search=search, actors=args.actors,
+                    threads_per_actor=args.threads or 1, gpus_per_actor=args.gpus_per_actor,
+                    shard_lines=args.shard_lines, column=args.column,
+                    spm_model=args.spm_model, progress=not args.no_progress)
+    check_job(job)
+    if is_uri(args.output):
+        check_storage(args.output, "--output", write=True)
+    return job
 
+
+def _corpus_interrupted(output: str) -> int:
+    """Ctrl-C, or SIGTERM (`ray job stop`), during a corpus job: the line that resumes, 130."""
+    # Ray Data ends the stopped job's translators when its dataset iterator is collected,
+    # which reference cycles leave to Python's cyclic collector (they held their CPUs for
+    # minutes in a process that went on); once the interrupt is handled (called after the
+    # except block: its traceback's frames hold the iterator), nothing else holds them
+    gc.collect()
+    print(f"\ninterrupted: the finished parts are kept in {output}; the same command "
+          "translates the rest", file=sys.stderr, flush=True)
+    return 130
+
+
+def _translate_corpus(args, job, search) -> int:
+    """--actors N: the Ray Data job (convs2s.serving.corpus) of a checked `job`."""
+    from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import load_for_inference
-    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.serving.corpus import CorpusError, translate_corpus
+    from storage.lease import LeaseHeld
 
-    torch.set_num_threads(max(1, args.threads or len(os.sched_getaffinity(0))))
     try:
         if job.device == "cpu":  # the model and settings load here before any actor starts
             load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
         manifest = translate_corpus(job)
-    except (CorpusError, CheckpointError, PrecisionError, StorageError, LeaseHeld,
-            OSError) as err:
+    except (CorpusError, CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
+            ValueError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) while the parts translate
         manifest = None
-    if manifest is None:
-        # Ray Data ends the stopped job's translators when its dataset iterator is collected,
-        # which reference cycles leave to Python's cyclic collector (they held their CPUs for
-        # minutes in a process that went on); once the interrupt is handled, nothing else
-        # holds them
-        gc.collect()
-        print(f"\ninterrupted: the finished parts are kept in {args.output}; the same command "
-              "translates the rest", file=sys.stderr, flush=True)
-        return 130
+    if manifest is None:  # (out of the except block: the interrupt's traceback held the job)
+        return _corpus_interrupted(args.output)
     f = manifest["failures"]
     log.info("%s: %d lines in, %d out (%d empty, %d not UTF-8, %d cut to the model's "
              "positions); %s", args.output, manifest["lines_in"], manifest["lines_out"],
@@ -199,11 +203,13 @@ def _translate_corpus(args, search) -> int:
 
 def translate(argv: list[str] | None = None) -> int:
     """convs2s-translate / python -m convs2s translate. Bad input (a flag's value, a missing
-    input, an output that is a folder) is refused before torch loads: in a fraction of a
-    second, not the seconds torch's import takes."""
+    input, an output that is a folder, an --actors output this command did not write) is
+    refused before torch loads: in a fraction of a second, not the seconds torch's import
+    takes."""
     args = _translate_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
+    job = None
     try:
         search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
                               max_len_b=args.max_len_b, min_len=args.min_len,
@@ -215,16 +221,25 @@ def translate(argv: list[str] | None = None) -> int:
                               shortlist=args.shortlist,
                               shortlist_frequent=args.shortlist_frequent)
         if args.actors:
-            return _translate_corpus(args, search)
-        _check_input(args.input)  # before anything is loaded or written
-        if args.output and location(args.output).is_dir():
-            raise ValueError(f"--output {args.output} is a directory: give a file name")
-        if args.output and is_uri(args.output):
-            check_storage(location(args.output).parent, "--output", write=True)
-    except (OSError, ValueError, StorageError) as err:
+            job = _corpus_job(args, search)
+        else:
+            _check_input(args.input)  # before anything is loaded or written
+            if args.output and location(args.output).is_dir():
+                raise ValueError(f"--output {args.output} is a directory: give a file name")
+            if args.output and is_uri(args.output):
+                check_storage(location(args.output).parent, "--output", write=True)
+    except (OSError, ValueError, StorageError) as err:  # (CorpusError is a ValueError)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.actors:
+            return _corpus_interrupted(args.output)
+        raise
     import torch
+
+    torch.set_num_threads(max(1, args.threads or len(os.sched_getaffinity(0))))
+    if job is not None:
+        return _translate_corpus(args, job, search)
 
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
@@ -233,7 +248,6 @@ def translate(argv: list[str] | None = None) -> int:
     # int8 weights run on PyTorch's quantized CPU kernels: the CPU unless --device says else
     device = args.device or ("cuda" if torch.cuda.is_available() and args.precision != "int8"
                              else "cpu")
-    torch.set_num_threads(max(1, args.threads or len(os.sched_getaffinity(0))))
     try:
         translator = load_for_inference(args.checkpoint, search, device,
                                         spm_model=args.spm_model)

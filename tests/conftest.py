@@ -134,7 +134,6 @@ def run_ranks(worker, nprocs: int) -> dict:
         return dict(result)
 
 
-
 def calls_in_a_fresh_process(imports: str, call: str, cases: list,
                              modules=("torch", "mlflow", "ray")) -> tuple[list, list]:
     """`call` (an expression of `extra`, one of `cases`, giving an exit code) for each case in
@@ -144,17 +143,21 @@ def calls_in_a_fresh_process(imports: str, call: str, cases: list,
     import subprocess
     import sys
 
-    code = (f"import contextlib, io, json, sys\n{imports}\nout = []\n"
+    code = (f"import contextlib, io, json, logging, sys\n{imports}\nout = []\n"
             f"for extra in {cases!r}:\n"
             "    err = io.StringIO()\n"
+            "    logging.root.handlers.clear()  # (a command's basicConfig binds stderr as it is)\n"
             "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
             f"        rc = {call}\n"
             "    out.append([rc, err.getvalue()])\n"
             f"print(json.dumps([out, [m for m in {tuple(modules)!r} if m in sys.modules]]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # (a server's
+    # check would load MLflow; the calls name their own stores where they need one)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.splitlines()[-1])
+
 
 @contextlib.contextmanager
 def sigterm_once(ready, timeout_s: float = 120):

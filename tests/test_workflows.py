@@ -445,7 +445,6 @@ def test_declaring_a_workflow_imports_neither_torch_nor_ray():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-
 def test_a_refused_run_answers_before_torch_or_mlflow_loads(tmp_path):
     """Bad data (a missing folder, a test set with no files, one side of a pair) is refused
     in the checks before Ray, and those need neither torch nor MLflow: a refusal costs the
