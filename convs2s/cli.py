@@ -177,15 +177,15 @@ def _translate_corpus(args, job, search) -> int:
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import load_for_inference
-    from convs2s.serving.corpus import CorpusError, translate_corpus
+    from convs2s.serving.corpus import translate_corpus
     from storage.lease import LeaseHeld
 
     try:
         if job.device == "cpu":  # the model and settings load here before any actor starts
             load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
         manifest = translate_corpus(job)
-    except (CorpusError, CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
-            ValueError) as err:
+    except (CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
+            ValueError) as err:  # (CorpusError is a ValueError)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) while the parts translate
