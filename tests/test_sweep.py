@@ -27,7 +27,8 @@ from convs2s.config import PRESETS
 from convs2s.model.network import ConvS2S
 from workflows import engine, multi30k_en_de, orchestrate
 from workflows.ablations import BASELINE, SWEEPS, SweepError, table4, table5, variants_for
-from workflows.sweep import concurrency, mean_sd, resolve_sweep, run_sweep, summary_table
+from workflows.sweep import (concurrency, mean_sd, resolve_sweep, run_sweep, summary_metrics,
+                             summary_table)
 from workflows.workflow_config import RunOptions
 
 CPU_MODEL = multi30k_en_de.cpu().model  # 4 + 3 layers of 256 units, kernel 3
@@ -170,6 +171,16 @@ def test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers
     assert cells[3] == ["no-pos", "1/2", "8.00", "29.00", "-", "6.68", "21.2"]
     assert "FAILED no-pos-seed2: RayActorError: killed" in table
     assert mean_sd([1.0])[0] == 1.0 and math.isnan(mean_sd([1.0])[1])
+    # The same figures are the sweep run's metrics: mean and spread over the finished seeds
+    # (one seed: no spread; a test set no trial scored: no metric).
+    metrics = summary_metrics(sweep, res, {"no-pos-seed2": "RayActorError: killed"})
+    assert metrics["baseline/n"] == 2 and metrics["no-pos/n"] == 1
+    assert metrics["baseline/valid_ppl_mean"] == 8.0
+    assert metrics["baseline/valid_ppl_sd"] == pytest.approx(math.sqrt(2))
+    assert metrics[f"baseline/{tests[0]}_bleu_mean"] == 31.0
+    assert metrics["no-pos/valid_ppl_mean"] == 8.0 and "no-pos/valid_ppl_sd" not in metrics
+    assert f"baseline/{tests[1]}_bleu_mean" not in metrics
+    assert (metrics["trials_finished"], metrics["trials_failed"]) == (3, 1)
 
 
 # --- end to end on the session's Ray (slow) ---------------------------------------------------
@@ -253,11 +264,13 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     uri = mlflow_store(tmp_path)
     cfg = _sweep_cfg()
     opts = RunOptions(preset="smoke", storage_path=str(sweep_storage), run_name="t4",
-                      tracking_uri=uri, sweep="table4", seeds=2,
+                      tracking_uri=uri, sweep="table4", seeds=1,
                       variants=["baseline", "no-pos"], max_updates=UPDATES)
+    # Two trials, both at once: the mean and spread over seeds are a function's
+    # (test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers).
     sweep = resolve_sweep(cfg, opts)
     assert concurrency(sweep, ray_session.cluster_resources()) == 2
-    victim = sweep.trials[1]  # baseline-seed2, killed beside baseline-seed1
+    victim = sweep.trials[0]  # baseline-seed1, killed beside no-pos-seed1
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_trial_when_checkpointed,
                                args=(victim.spec.run_dir, stop, killed), daemon=True)
@@ -272,10 +285,10 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     # caller's are in place again
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     assert killed and all(isinstance(k, int) for k in killed), killed
-    # The killed trial is reported; the other three ran to the end.
-    assert list(first.failed) == ["baseline-seed2"]
-    assert sorted(first.results) == ["baseline-seed1", "no-pos-seed1", "no-pos-seed2"]
-    assert "FAILED baseline-seed2" in first.table and "| baseline | 1/2 |" in first.table
+    # The killed trial is reported; the other ran to the end.
+    assert list(first.failed) == ["baseline-seed1"]
+    assert sorted(first.results) == ["no-pos-seed1"]
+    assert "FAILED baseline-seed1" in first.table and "| baseline | 0/1 |" in first.table
     # The checkpoints Ray Train had recorded when the trial died (its snapshot is what a
     # restored run resumes from).
     snapshot = json.loads((victim.spec.run_dir / "train/checkpoint_manager_snapshot.json")
@@ -296,22 +309,22 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
               if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
     assert set(trials) == {t.name for t in sweep.trials}
     # The killed trial's workflow died with it: the sweep ended its runs as FAILED.
-    assert trials["baseline-seed2"].info.status == "FAILED"
+    assert trials["baseline-seed1"].info.status == "FAILED"
     assert not _open_runs(client, exp.experiment_id, sweep.folder)
-    p = trials["no-pos-seed2"].data.params
-    assert (p["sweep.variant"], p["sweep.seed"]) == ("no-pos", "2")
+    p = trials["no-pos-seed1"].data.params
+    assert (p["sweep.variant"], p["sweep.seed"]) == ("no-pos", "1")
     assert p["sweep.changes"] == "model.src_positions=False; model.tgt_positions=False"
     assert p["workflow.model.src_positions"] == "False"
     assert trials["baseline-seed1"].data.params["sweep.changes"] == "none"
     assert "bleu" in trials["no-pos-seed1"].data.metrics
-    assert "baseline/valid_ppl_mean" in top.data.metrics
+    assert "no-pos/valid_ppl_mean" in top.data.metrics and top.data.metrics["baseline/n"] == 0
 
     # A model without position embeddings trained, round-trips through its checkpoint and
     # decodes incrementally like its full pass.
     import torch
     import torch.nn.functional as F
 
-    model, meta = load_model(best_checkpoint(sweep.trials[2].spec.run_dir / "train").path)
+    model, meta = load_model(best_checkpoint(sweep.trials[1].spec.run_dir / "train").path)
     assert not meta["model_config"]["src_positions"]
     assert not any("embed_positions" in k for k in model.state_dict())
     src = torch.randint(4, 200, (2, 9))
@@ -326,11 +339,11 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
             torch.testing.assert_close(F.log_softmax(step, -1), F.log_softmax(full[:, t], -1),
                                        rtol=0, atol=1e-4)
 
-    # The rerun skips the three finished trials and continues the killed one from its
-    # checkpoints (kept as they were) to the same budget.
+    # The rerun skips the finished trial and continues the killed one from its checkpoints
+    # (kept as they were) to the same budget.
     again = run_sweep(resolve_sweep(cfg, opts))
-    assert sorted(again.skipped) == ["baseline-seed1", "no-pos-seed1", "no-pos-seed2"]
-    resumed = again.results["baseline-seed2"]
+    assert sorted(again.skipped) == ["no-pos-seed1"]
+    resumed = again.results["baseline-seed1"]
     assert not again.failed and resumed["updates"] == UPDATES
     assert resumed["resumed_from_update"] == max(kept)
     for u, stamp in stamps.items():
@@ -342,12 +355,13 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
                     if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
     assert {n: r.info.run_id for n, r in again_trials.items()} == \
         {n: r.info.run_id for n, r in trials.items()}  # reopened, none added
-    assert again_trials["baseline-seed2"].info.status == "FINISHED"
+    assert again_trials["baseline-seed1"].info.status == "FINISHED"
     (train,) = [r for r in runs if r.info.run_name == "train" and
-                r.data.tags.get("mlflow.parentRunId") == trials["baseline-seed2"].info.run_id]
+                r.data.tags.get("mlflow.parentRunId") == trials["baseline-seed1"].info.run_id]
     steps = [m.step for m in client.get_metric_history(train.info.run_id, "valid/ppl")]
     assert steps == sorted(set(steps)) and steps[-1] == UPDATES  # each validation logged once
-    assert "| baseline | 2/2 |" in again.table
+    assert "| baseline | 1/1 |" in again.table
+    assert "baseline/valid_ppl_mean" in top2.data.metrics
     assert (sweep.folder / "summary.md").read_text().count("| no-pos") == 1
     # Once every trial finished, the same sweep again skips them all and runs nothing.
     third = run_sweep(resolve_sweep(cfg, opts))

@@ -490,6 +490,29 @@ def sweep_params(sweep: SweepSpec) -> dict:
             **sweep.base.params()}
 
 
+def summary_metrics(sweep: SweepSpec, results: dict[str, dict],
+                    failed: dict[str, str]) -> dict[str, float]:
+    """The sweep run's metrics: per variant `<variant>/n` (its finished seeds) and the mean and
+    sample sd of each `variant_stats` figure (`<variant>/valid_ppl_mean`, `.../<test>_bleu_sd`;
+    a figure with no value, or an sd of one seed, is left out), and the trials finished and
+    failed."""
+    metrics = {}
+    for name, s in variant_stats(sweep, results).items():
+        metrics[f"{name}/n"] = s["n"]
+        for key, value in s.items():
+            if key == "n":
+                continue
+            mean, sd = value
+            label = key.replace("/", "_")
+            if not math.isnan(mean):
+                metrics[f"{name}/{label}_mean"] = mean
+            if not math.isnan(sd):
+                metrics[f"{name}/{label}_sd"] = sd
+    metrics["trials_finished"] = len(results)
+    metrics["trials_failed"] = len(failed)
+    return metrics
+
+
 def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | None,
                  log_final_metrics, log_artifacts) -> None:
     """summary.md / summary.json in the sweep folder and as the sweep run's artifacts; the
@@ -510,20 +533,6 @@ def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | 
                                            for v in sweep.variants},
                               "trials": result.results, "failed": result.failed,
                               "headline": headline}, indent=1, default=str))
-    metrics = {}
-    for name, s in stats.items():
-        metrics[f"{name}/n"] = s["n"]
-        for key, value in s.items():
-            if key == "n":
-                continue
-            mean, sd = value
-            label = key.replace("/", "_")
-            if not math.isnan(mean):
-                metrics[f"{name}/{label}_mean"] = mean
-            if not math.isnan(sd):
-                metrics[f"{name}/{label}_sd"] = sd
-    metrics["trials_finished"] = len(result.results)
-    metrics["trials_failed"] = len(result.failed)
-    log_final_metrics(uri, run_id, metrics)
+    log_final_metrics(uri, run_id, summary_metrics(sweep, result.results, result.failed))
     log_artifacts(uri, run_id, str(md), "summary")
     log_artifacts(uri, run_id, str(js), "summary")
