@@ -114,11 +114,8 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
     assert "model_code_path" in mlmodel.read_text()
     assert not list(mlmodel.parent.rglob("python_model.pkl"))
     lines = read_lines(t.test_src)[:8] + [""]
-    expected = load_for_inference([t.train.best_checkpoint],
-                                           search=search).translate(lines)
-    assert fresh_process_predict(t.tracking_uri, served.registered_uri, lines, tmp_path) == \
-        expected
 
+    # The server starts (its own process) while this process and a fresh one load the model.
     port = free_port()
     # The venv's bin first on PATH, as after `source .venv/bin/activate`: the server execs
     # `uvicorn` by name.
@@ -132,6 +129,10 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
          "-w", "1"], stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
         start_new_session=True)
     try:
+        expected = load_for_inference([t.train.best_checkpoint],
+                                      search=search).translate(lines)
+        assert fresh_process_predict(t.tracking_uri, served.registered_uri, lines,
+                                     tmp_path) == expected
         deadline = time.monotonic() + 300
         while True:
             try:

@@ -33,6 +33,16 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
                           capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
+def run_clis(*calls: tuple[tuple[str, ...], str | None]) -> list[subprocess.CompletedProcess]:
+    """`run_cli(*args, stdin=stdin)` for each (args, stdin), the commands running at once (each
+    a process of its own, as two users' would), results in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        running = [pool.submit(run_cli, *args, stdin=stdin) for args, stdin in calls]
+        return [r.result() for r in running]
+
+
 def test_search_config_validation():
     with pytest.raises(ValueError, match="nbest"):
         SearchConfig(beam=2, nbest=3)
@@ -171,13 +181,14 @@ def test_cli_file_and_stdin(tiny_checkpoints, tmp_path):
     expected = load_for_inference([tiny_checkpoints["a"]], search=SHORT).translate(
         read_lines(src))
     assert out == expected and out[1] == ""
-    res = run_cli(*args, "--nbest", "2", stdin=src.read_text())
+    res, attention = run_clis(((*args, "--nbest", "2"), src.read_text()),
+                              ((*args, "--print-attention"), "The cat sleeps .\n"))
     assert res.returncode == 0, res.stderr
     nbest = res.stdout.split("\n")[:-1]
     assert len(nbest) == 6  # 2 lines per input, the empty one included
     assert (nbest[0], nbest[2:4], nbest[4]) == (expected[0], ["", ""], expected[2])
-    res = run_cli(*args, "--print-attention", stdin="The cat sleeps .\n")
-    tags = [line.split("\t")[0] for line in res.stdout.splitlines()]
+    assert attention.returncode == 0, attention.stderr
+    tags = [line.split("\t")[0] for line in attention.stdout.splitlines()]
     assert tags == ["S-0", "H-0", "P-0", "A-0"]
 
 
@@ -187,14 +198,14 @@ def test_cli_file_and_stdin(tiny_checkpoints, tmp_path):
 @pytest.mark.slow
 def test_trained_model_beats_untrained_through_the_cli(demo_trained, tmp_path):
     refs = read_lines(demo_trained.test_ref)
+    models = {"trained": demo_trained.train.best_checkpoint, "untrained": demo_trained.untrained}
+    results = run_clis(*[(("--checkpoint", ckpt, "--input", demo_trained.test_src, "--output",
+                           str(tmp_path / f"{name}.fr"), "--max-len-a", "1.5", "--max-len-b",
+                           "10"), None) for name, ckpt in models.items()])
     scores = {}
-    for name, ckpt in (("trained", demo_trained.train.best_checkpoint),
-                       ("untrained", demo_trained.untrained)):
-        hyp = tmp_path / f"{name}.fr"
-        res = run_cli("--checkpoint", ckpt, "--input", demo_trained.test_src, "--output",
-                      str(hyp), "--max-len-a", "1.5", "--max-len-b", "10")
+    for name, res in zip(models, results):
         assert res.returncode == 0, res.stderr
-        scores[name] = score_translation(read_lines(hyp), refs, "fr")
+        scores[name] = score_translation(read_lines(tmp_path / f"{name}.fr"), refs, "fr")
     print(f"demo test BLEU: trained {scores['trained']['bleu']:.2f}, "
           f"untrained {scores['untrained']['bleu']:.2f}")
     assert scores["untrained"]["bleu"] < 2.0
