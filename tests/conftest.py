@@ -118,6 +118,17 @@ def mlflow_store(folder: Path, name: str = "mlflow.db") -> str:
     return f"sqlite:///{path}"
 
 
+def at_once(*calls):
+    """Call each of `calls` (functions of no argument) at the same time, each in a thread of its
+    own, and return their results in order: for calls that wait on processes of their own (a
+    command-line tool, a server starting), which then share the cores instead of queueing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        running = [pool.submit(call) for call in calls]
+        return [r.result() for r in running]
+
+
 def run_ranks(worker, nprocs: int) -> dict:
     """worker(rank, port, result) in `nprocs` spawned processes, a torch.distributed world that
     rendezvouses on a free loopback port; returns the shared `result` dict the ranks filled."""

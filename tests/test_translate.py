@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import calls_in_a_fresh_process
+from conftest import at_once, calls_in_a_fresh_process
 
 from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
@@ -36,11 +36,8 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
 def run_clis(*calls: tuple[tuple[str, ...], str | None]) -> list[subprocess.CompletedProcess]:
     """`run_cli(*args, stdin=stdin)` for each (args, stdin), the commands running at once (each
     a process of its own, as two users' would), results in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(len(calls)) as pool:
-        running = [pool.submit(run_cli, *args, stdin=stdin) for args, stdin in calls]
-        return [r.result() for r in running]
+    return at_once(*[lambda args=args, stdin=stdin: run_cli(*args, stdin=stdin)
+                     for args, stdin in calls])
 
 
 def test_search_config_validation():

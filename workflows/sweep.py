@@ -22,7 +22,8 @@ Where it goes (`--storage-path`, `--run-name`, default `<sweep>-<date>-<time>`):
 MLflow: one run for the sweep (named `--run-name`, tag `convs2s.sweep`), and under it each
 trial's workflow run with `sweep.variant`, `sweep.seed` and `sweep.changes` (the settings the
 variant changed) as params beside the whole run spec, and its scores; the sweep run holds the
-summary as an artifact and per-variant means and spreads as metrics (`<variant>/bleu_mean`).
+summary as an artifact and per-variant means and spreads as metrics (`summary_metrics`:
+`<variant>/valid_ppl_mean`, `<variant>/<test set>_bleu_sd`, `<variant>/n`).
 Selecting the trials in MLflow's runs table and pressing Compare lines them up.
 
 Rerunning the same sweep (same --run-name and --storage-path) skips every trial whose
