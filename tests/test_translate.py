@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,7 @@ def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess
 def run_clis(*calls: tuple[tuple[str, ...], str | None]) -> list[subprocess.CompletedProcess]:
     """`run_cli(*args, stdin=stdin)` for each (args, stdin), the commands running at once (each
     a process of its own, as two users' would), results in order."""
-    return at_once(*[lambda args=args, stdin=stdin: run_cli(*args, stdin=stdin)
-                     for args, stdin in calls])
+    return at_once(*[partial(run_cli, *args, stdin=stdin) for args, stdin in calls])
 
 
 def test_search_config_validation():
