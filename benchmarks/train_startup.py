@@ -14,6 +14,8 @@ its own Ray, since the raylet reads the environment when it starts; rounds alter
   empty set of environment variables to propagate).
 - `no_preempt`: the suite's settings with Ray Train's preemption watcher off
   (RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0, as tests/conftest.py sets it).
+- `no_metrics`: `no_preempt`, and Ray Train's own metrics off (RAY_TRAIN_METRICS_ENABLED=0:
+  no controller and worker metrics callbacks).
 
 Besides the times, each run's `busy_core_s`: the CPU seconds the whole machine spent over it
 (/proc/stat), every process of Ray's included; the suite runs on 2 cores, so what a run
@@ -47,6 +49,8 @@ VARIANTS = {
     "preload": {**SUITE_ENV, "RAY_preload_python_modules": "torch,ray.train.torch"},
     "no_env": {k: v for k, v in SUITE_ENV.items() if k != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"},
     "no_preempt": {**SUITE_ENV, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"},
+    "no_metrics": {**SUITE_ENV, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+                   "RAY_TRAIN_METRICS_ENABLED": "0"},
 }
 # The controller's log lines that time its phases (Ray Train 2.60, DEBUG level).
 PHASES = {"actors_created_s": r"worker actors created in ([0-9.]+)s",
@@ -123,7 +127,8 @@ def child(workers: int, runs: int) -> None:
 def run_variant(name: str, workers: int, runs: int) -> list[dict]:
     env = {k: v for k, v in os.environ.items()
            if k not in {*SUITE_ENV, "RAY_preload_python_modules", "RAY_ADDRESS",
-                        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"}}
+                        "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER",
+                        "RAY_TRAIN_METRICS_ENABLED"}}
     env.update(VARIANTS[name])
     proc = subprocess.run([sys.executable, "-m", "benchmarks.train_startup", "--child",
                            "--workers", str(workers), "--runs", str(runs)],

@@ -53,6 +53,18 @@ os.environ.setdefault("RAY_DATA_EXECUTION_NO_PROGRESS_TIMEOUT_S", "300")
 os.environ.setdefault("RAY_num_workers_soft_limit", "8")
 os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "300000")
 
+# Two of Ray's per-node pollers, in every Ray the suite starts (each node has both). Ray's log
+# monitor lists the whole logs folder again on every pass (ten a second when idle) while it
+# holds fewer than RAY_LOG_MONITOR_MANY_FILES_THRESHOLD files (1,000), and once every 0.5 s
+# from there on; the new lines of the files it knows are still read on every pass, so workers'
+# lines reach the drivers as before, a new worker's file noticed within 0.5 s. The dashboard
+# agent reads every Ray process's CPU and memory every REPORTER_UPDATE_INTERVAL_MS (5,000) for
+# the dashboard's node view, which no test reads. A local Ray that had started 150 worker
+# processes (306 log files), over 111-115 s: log monitor 2.69 -> 1.52 CPU s, dashboard agent
+# 2.27 -> 1.95 with a 30 s interval (python -m benchmarks.ray_daemons, docs/benchmarks.md).
+os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
+os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "30000")
+
 # A workflow's registration of its best model re-reads the `champion` alias after a pause
 # (workflows/lineage.py, REGISTRY_SETTLE_S: 0.5 s, or 3x the read-then-set when that is longer)
 # until two reads agree: 1 s of every registering run. The suite's runs register one at a time,
