@@ -34,7 +34,7 @@ import sys
 import time
 from statistics import median
 
-from benchmarks.machine import load_average, machine_info
+from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.process_cpu import Sampler
 from benchmarks.report import RESULTS_DIR, add_result_args, format_table, write_result
 
@@ -102,6 +102,7 @@ def main(argv=None) -> int:
     if args.child:
         child(args.workers, args.idle)
         return 0
+    quiet = wait_for_quiet(args.max_load, args.wait_quiet) if args.wait_quiet else {}
     before = load_average()
     rows = [{"round": r, **run_variant(name, args.workers, args.idle, args.interval)}
             for r in range(args.rounds) for name in VARIANTS]
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
                                  ("all_cpu_s", "all processes CPU s")]))
     path = write_result(args.out or RESULTS_DIR / "ray_daemons.json", "ray_daemons",
                         {k: v for k, v in vars(args).items() if k != "child"},
-                        machine_info(), before, load_average(), {},
+                        machine_info(), before, load_average(), quiet,
                         {"runs": rows, "median": summary},
                         notes=["medians over the rounds; CPU of every process on the machine "
                                "while a variant's process ran (benchmarks.process_cpu)"],
