@@ -60,7 +60,7 @@ os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", "300000")
 # lines reach the drivers as before, a new worker's file noticed within 0.5 s. The dashboard
 # agent reads every Ray process's CPU and memory every REPORTER_UPDATE_INTERVAL_MS (5,000) for
 # the dashboard's node view, which no test reads. A local Ray that had started 150 worker
-# processes (306 log files), over 111-115 s: log monitor 2.69 -> 1.52 CPU s, dashboard agent
+# processes (306 log files), over 109-115 s: log monitor 2.69 -> 1.52 CPU s, dashboard agent
 # 2.27 -> 1.95 with a 30 s interval (python -m benchmarks.ray_daemons, docs/benchmarks.md).
 os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
 os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", "30000")
