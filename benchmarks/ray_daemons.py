@@ -49,6 +49,8 @@ def child(workers: int, idle: float) -> None:
     prints one JSON line (the number of files in its logs folder)."""
     import ray
 
+    from workflows.cluster import ray_log_dir
+
     ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
              log_to_driver=False, configure_logging=False)
 
@@ -59,8 +61,7 @@ def child(workers: int, idle: float) -> None:
 
     for start in range(0, workers, 10):
         ray.get([note.remote(i) for i in range(start, min(start + 10, workers))])
-    logs = os.path.join(ray._private.worker._global_node.get_session_dir_path(), "logs")
-    files = len(os.listdir(logs))
+    files = len(os.listdir(ray_log_dir()))
     time.sleep(idle)
     ray.shutdown()
     print(json.dumps({"log_files": files}), flush=True)
