@@ -387,12 +387,15 @@ def pytest_collection_finish(session):
     declared = {}
     for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
         declared.update(getattr(module, "BACKGROUND_RUNS", {}))
+    if "s3" in used and _S3_PORT is not None:  # before the runs, which may use it (`s3_server`)
+        s3_server()
     bg.start(declared, [name for name in declared if name in used])
 
 
 def pytest_sessionfinish(session):
     for bg in _BACKGROUND:
         bg.close()
+    _SERVERS_STOP.close()  # the servers the tests and background runs shared
 
 
 @pytest.fixture(scope="session")
@@ -463,54 +466,100 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
-def s3():
+# --- servers the tests share: started once, by a test's fixture or by a background run ----------
+
+_SERVERS: dict = {}
+_SERVERS_LOCK = threading.Lock()  # a background run may ask for one while a test does
+_SERVERS_STOP = contextlib.ExitStack()  # closed at the session's end, after the background runs
+
+
+def s3_server():
     """The loopback S3 server (moto's server mode, its own process) with one bucket,
-    `convs2s-test`. Returns the server (`.create_bucket`, `.keys(bucket, prefix)`)."""
+    `convs2s-test` (`.create_bucket`, `.keys(bucket, prefix)`). It is started from the main
+    thread, by `pytest_collection_finish` when a selected test uses `s3`: its process ends
+    with the thread that started it (benchmarks/s3_server.py, PR_SET_PDEATHSIG), and a
+    background run's thread ends before the session does."""
     from benchmarks.s3_server import LoopbackS3
 
     if _S3_PORT is None:
         pytest.skip("AWS_ENDPOINT_URL is set outside the tests: not starting a loopback server")
-    server = LoopbackS3.start(_S3_PORT)
-    server.create_bucket("convs2s-test")
-    yield server
-    server.stop()
+    if "s3" in _SERVERS:  # (without the lock: not to wait while the team server starts)
+        return _SERVERS["s3"]
+    with _SERVERS_LOCK:
+        if "s3" not in _SERVERS:
+            if threading.current_thread() is not threading.main_thread():
+                raise RuntimeError("the loopback S3 server is started by the main thread "
+                                   "(a selected test uses the `s3` fixture)")
+            server = LoopbackS3.start(_S3_PORT)
+            _SERVERS_STOP.callback(server.stop)
+            server.create_bucket("convs2s-test")
+            _SERVERS["s3"] = server
+        return _SERVERS["s3"]
 
 
 @pytest.fixture(scope="session")
-def team_server(s3, tmp_path_factory):
+def s3():
+    """`s3_server()` for a test."""
+    return s3_server()
+
+
+TEAM_ADMIN = ("admin", "admin-pw-for-tests")
+
+
+def team_server_of(tmp_path_factory, env: dict):
     """The team tracking server of infra/mlflow on loopback: `mlflow server --app-name
     basic-auth` started through infra/mlflow/auth-entrypoint.sh, its artifacts in the loopback
-    bucket (--artifacts-destination s3://convs2s-test/mlflow --serve-artifacts). Returns a
-    namespace: url, admin (user, password), add_user(name, password), config (the basic-auth
-    configuration the entrypoint wrote)."""
+    bucket (--artifacts-destination s3://convs2s-test/mlflow --serve-artifacts), once per
+    session. `env`: the environment it starts in (a background run passes the session's as it
+    started, not os.environ, which a test may be changing meanwhile). Returns a namespace:
+    url, admin (user, password), add_user(name, password) (for the main thread: it sets the
+    admin's login in os.environ for the call), config (the basic-auth configuration the
+    entrypoint wrote)."""
     from types import SimpleNamespace
 
     from benchmarks.mlflow_ui import mlflow_server
 
-    root = tmp_path_factory.mktemp("team_server")
-    admin = ("admin", "admin-pw-for-tests")
-    env = {**os.environ, "MLFLOW_ADMIN_PASSWORD": admin[1],
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-key-for-tests-only",
-           "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
-           "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{root / 'auth.db'}"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    with mlflow_server(["server", "--app-name", "basic-auth", "--backend-store-uri",
-                        f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
-                        "s3://convs2s-test/mlflow", "--serve-artifacts"], root / "server.log",
-                       wrapper=("sh", str(REPO / "infra" / "mlflow" / "auth-entrypoint.sh")),
-                       env=env) as url:
+    s3_server()
+    with _SERVERS_LOCK:
+        if "team" in _SERVERS:
+            return _SERVERS["team"]
+        root = tmp_path_factory.mktemp("team_server")
+        server_env = {**env, "MLFLOW_ADMIN_PASSWORD": TEAM_ADMIN[1],
+                      "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-key-for-tests-only",
+                      "MLFLOW_AUTH_CONFIG_PATH": str(root / "basic_auth.ini"),
+                      "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{root / 'auth.db'}"}
+        server_env.pop("MLFLOW_TRACKING_URI", None)
+        url = _SERVERS_STOP.enter_context(mlflow_server(
+            ["server", "--app-name", "basic-auth", "--backend-store-uri",
+             f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination",
+             "s3://convs2s-test/mlflow", "--serve-artifacts"], root / "server.log",
+            wrapper=("sh", str(REPO / "infra" / "mlflow" / "auth-entrypoint.sh")),
+            env=server_env))
+
         def add_user(name: str, password: str) -> None:
-            from unittest import mock
+            add_team_user(url, name, password)
 
-            from mlflow.server.auth.client import AuthServiceClient
+        _SERVERS["team"] = SimpleNamespace(url=url, admin=TEAM_ADMIN, add_user=add_user,
+                                           config=root / "basic_auth.ini")
+        return _SERVERS["team"]
 
-            with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_USERNAME": admin[0],
-                                              "MLFLOW_TRACKING_PASSWORD": admin[1]}):
-                AuthServiceClient(url).create_user(name, password)
 
-        yield SimpleNamespace(url=url, admin=admin, add_user=add_user,
-                              config=root / "basic_auth.ini")
+def add_team_user(url: str, name: str, password: str) -> None:
+    """A user `name` on the team server at `url`, made by its admin (whose login this sets in
+    os.environ for the call: a main thread's call, or a process of its own)."""
+    from unittest import mock
+
+    from mlflow.server.auth.client import AuthServiceClient
+
+    with mock.patch.dict(os.environ, {"MLFLOW_TRACKING_USERNAME": TEAM_ADMIN[0],
+                                      "MLFLOW_TRACKING_PASSWORD": TEAM_ADMIN[1]}):
+        AuthServiceClient(url).create_user(name, password)
+
+
+@pytest.fixture(scope="session")
+def team_server(s3, tmp_path_factory):
+    """`team_server_of` for a test."""
+    return team_server_of(tmp_path_factory, dict(os.environ))
 
 
 # --- translation assets (tests of translate, averaging, attention plots, evaluation, serving) ---
@@ -636,41 +685,6 @@ def smoke_workflow(tmp_path_factory, ray_session):
     assert rc == 0, buf.getvalue()[-3000:]
     return SimpleNamespace(storage=root / "runs", tracking_uri=uri, experiment="wmt14_en_fr",
                            run_name="smoke-test", argv=argv, stdout=buf.getvalue())
-
-
-@pytest.fixture(scope="session")
-def fr_en_workflow(shared_data, ray_session):
-    """run(data, storage, tracking_uri) -> (exit code, stdout): workflows/translation.py,
-    French -> English from the one file pair of news-commentary-5k cut into train / valid /
-    test by line ranges, a 2000-piece BPE, 20 updates, run name "fr-en". The local run and the
-    same run on a bucket (tests/test_object_storage.py) compare their outputs."""
-    import contextlib
-    import io
-
-    from workflows import translation
-
-    def run(data: str, storage: str, tracking_uri: str) -> tuple[int, str]:
-        argv = ["--preset", "cpu", "--src", "fr", "--tgt", "en", "--data", data,
-                "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
-                "--split", "test=nc-5k[4750:]", "--set", "data.vocab_size=2000",
-                "--set", "ensemble.average_last=0", "--max-updates", "20", *SHORT_OUTPUTS,
-                "--storage-path", storage, "--tracking-uri", tracking_uri, "--run-name", "fr-en"]
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            rc = translation.main(translation.PRESETS, translation.__doc__, argv)
-        return rc, buf.getvalue()
-
-    return run
-
-
-@pytest.fixture(scope="session")
-def fr_en_local(fr_en_workflow, shared_data, tmp_path_factory):
-    """The fr-en workflow run on local storage, once per session: (root, tracking uri, exit
-    code, stdout); its outputs are under <root>/runs/fr-en."""
-    root = tmp_path_factory.mktemp("fr_en_local")
-    uri = mlflow_store(root)
-    rc, out = fr_en_workflow(str(shared_data / "news-commentary-5k"), str(root / "runs"), uri)
-    return root, uri, rc, out
 
 
 @pytest.fixture(scope="session")

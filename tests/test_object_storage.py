@@ -17,10 +17,11 @@ import contextlib
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import mlflow_store
+from conftest import REPO, SHORT_OUTPUTS, mlflow_store
 
 from storage import location
 
@@ -30,21 +31,95 @@ BUCKET = "s3://convs2s-test"
 SECRET = "pw-8d1f3c-never-printed"
 
 
-@pytest.mark.slow
-def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
-        s3, team_server, fr_en_workflow, fr_en_local, shared_data, tmp_path, monkeypatch,
-        capfd):
-    """The fr-en workflow with --data and --storage-path in the bucket, tracked by the team
-    server of infra/mlflow (basic-auth; its artifacts in the same bucket), logged in with the
-    user and password in the tracking URI."""
-    monkeypatch.chdir(tmp_path)  # nothing may appear here
+def _fr_en(data: str, storage: str, tracking_uri: str) -> list:
+    """[exit code, stdout] of workflows/translation.py, French -> English from the one file pair
+    of news-commentary-5k cut into train / valid / test by line ranges, a 2000-piece BPE, 20
+    updates, run name "fr-en"."""
+    from workflows import translation
+
+    argv = ["--preset", "cpu", "--src", "fr", "--tgt", "en", "--data", data,
+            "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
+            "--split", "test=nc-5k[4750:]", "--set", "data.vocab_size=2000",
+            "--set", "ensemble.average_last=0", "--max-updates", "20", *SHORT_OUTPUTS,
+            "--storage-path", storage, "--tracking-uri", tracking_uri, "--run-name", "fr-en"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = translation.main(translation.PRESETS, translation.__doc__, argv)
+    return [rc, buf.getvalue()]
+
+
+def fr_en_in_this_process(spec_file: str) -> None:
+    """The background run's process (`_fr_en_on_a_bucket_and_on_disk`), in an empty working
+    folder, with a local Ray of its own: the corpus uploaded to the bucket, the user alice
+    added on the team server, then the fr-en run on the bucket, tracked by the team server as
+    alice (the user and password in the tracking URI), and the same run on local disk. Writes
+    {"bucket": [rc, stdout], "local": [rc, stdout]} to the spec's `result`."""
+    from conftest import add_team_user
+
+    spec = json.loads(Path(spec_file).read_text())
     corpus = location(f"{BUCKET}/nc-corpus")
     for name in ("nc-5k.en", "nc-5k.fr"):
-        (corpus / name).upload(shared_data / "news-commentary-5k" / name)
-    team_server.add_user("alice", SECRET)
-    uri = team_server.url.replace("http://", f"http://alice:{SECRET}@")
-    rc, out = fr_en_workflow(str(corpus), f"{BUCKET}/nc-runs", uri)
-    console = out + "".join(capfd.readouterr())
+        (corpus / name).upload(Path(spec["data"]) / name)
+    add_team_user(spec["team_url"], "alice", SECRET)
+    uri = spec["team_url"].replace("http://", f"http://alice:{SECRET}@")
+    out = {"bucket": _fr_en(str(corpus), f"{BUCKET}/nc-runs", uri)}
+    out["local"] = _fr_en(spec["data"], spec["local_runs"], spec["local_uri"])
+    Path(spec["result"]).write_text(json.dumps(out))
+
+
+# The background run's command: this module's function in a Python of its own.
+FR_EN_PROCESS = ("import sys; sys.path[:0] = [{repo!r}, {tests!r}]; "
+                 "from test_object_storage import fr_en_in_this_process as run; run(sys.argv[1])")
+
+
+def _fr_en_on_a_bucket_and_on_disk(ctx):
+    """The fr-en run on the bucket and on local disk, one after the other in one process of
+    their own (`fr_en_in_this_process`; its own local Ray, so it runs in the background,
+    tests/conftest.py `Background`), beside the session's loopback S3 server and its team
+    tracking server. Returns bucket and local ([exit code, stdout] each), the process's stderr
+    (both runs'), its working folder and the local run's storage path."""
+    from types import SimpleNamespace
+
+    from conftest import SHARED_DATA, team_server_of
+
+    data = SHARED_DATA / "news-commentary-5k"
+    if not data.is_dir():
+        pytest.skip(f"real corpora not found at {SHARED_DATA} (../shared/data beside the "
+                    "checkout)")
+    team = team_server_of(ctx.tmp_path_factory, ctx.env)
+    root = ctx.tmp_path_factory.mktemp("fr_en")
+    cwd = root / "cwd"  # nothing may appear here
+    cwd.mkdir()
+    spec = {"data": str(data), "team_url": team.url, "local_runs": str(root / "runs"),
+            "local_uri": mlflow_store(root), "result": str(root / "result.json")}
+    (root / "spec.json").write_text(json.dumps(spec))
+    env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    code = FR_EN_PROCESS.format(repo=str(REPO), tests=str(REPO / "tests"))
+    proc = ctx.run([sys.executable, "-c", code, str(root / "spec.json")], cwd=cwd, env=env,
+                   timeout=900)
+    assert proc.returncode == 0 and Path(spec["result"]).is_file(), \
+        (proc.stdout + proc.stderr)[-4000:]
+    runs = json.loads(Path(spec["result"]).read_text())
+    return SimpleNamespace(bucket=runs["bucket"], local=runs["local"], stderr=proc.stderr,
+                           cwd=cwd, local_runs=Path(spec["local_runs"]))
+
+
+BACKGROUND_RUNS = {"fr_en_runs": _fr_en_on_a_bucket_and_on_disk}
+
+
+@pytest.fixture(scope="module")
+def fr_en_runs(background):
+    return background.result("fr_en_runs")
+
+
+@pytest.mark.slow
+def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(s3, fr_en_runs):
+    """The fr-en workflow with --data and --storage-path in the bucket, tracked by the team
+    server of infra/mlflow (basic-auth; its artifacts in the same bucket), logged in with the
+    user and password in the tracking URI; run as a command with its own Ray, in the background
+    (`fr_en_runs`)."""
+    rc, out = fr_en_runs.bucket
+    console = out + fr_en_runs.stderr
     assert rc == 0, console[-3000:]
     assert "outputs: s3://convs2s-test/nc-runs/fr-en" in out
     assert "models:/translation_fr_en-test@champion (version 1)" in out  # registered by alice
@@ -66,7 +141,8 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
     assert any(k.endswith("hypotheses/test.en") for k in artifacts)
     assert any(k.endswith("best_checkpoint/checkpoint.pt") for k in artifacts)
     assert any(k.endswith("/MLmodel") for k in artifacts)
-    assert list(tmp_path.iterdir()) == []  # nothing local: not even a folder named "s3:"
+    # nothing in the working folder: not even a folder named "s3:"
+    assert list(fr_en_runs.cwd.iterdir()) == []
     # The password is in no console line and in no object the run wrote.
     assert SECRET not in console
     leaked = [k for k in keys if not k.endswith((".pt", ".parquet", ".arrow", "/"))
@@ -74,9 +150,9 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(
     assert not leaked, leaked
 
     # The same settings on local disk: the same data, the same training, the same output.
-    local_root, _, local_rc, local_out = fr_en_local
+    local_rc, local_out = fr_en_runs.local
     assert local_rc == 0, local_out
-    local = local_root / "runs" / "fr-en"
+    local = fr_en_runs.local_runs / "fr-en"
     assert location(f"{BUCKET}/{run}eval/best/test.en").read_text() == \
         (local / "eval" / "best" / "test.en").read_text()
     bucket_state = json.loads(location(f"{BUCKET}/{run}workflow.json").read_text())
