@@ -497,6 +497,11 @@ def s3_server():
         return _SERVERS["s3"]
 
 
+def s3_running() -> bool:
+    """Whether the loopback S3 server has started (`s3_server`)."""
+    return "s3" in _SERVERS
+
+
 @pytest.fixture(scope="session")
 def s3():
     """`s3_server()` for a test."""

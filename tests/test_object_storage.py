@@ -50,19 +50,22 @@ def _fr_en(data: str, storage: str, tracking_uri: str) -> list:
 
 def fr_en_in_this_process(spec_file: str) -> None:
     """The background run's process (`_fr_en_on_a_bucket_and_on_disk`), in an empty working
-    folder, with a local Ray of its own: the corpus uploaded to the bucket, the user alice
-    added on the team server, then the fr-en run on the bucket, tracked by the team server as
-    alice (the user and password in the tracking URI), and the same run on local disk. Writes
-    {"bucket": [rc, stdout], "local": [rc, stdout]} to the spec's `result`."""
+    folder, with a local Ray of its own. When the spec names a team server: the corpus uploaded
+    to the bucket, the user alice added on the team server, then the fr-en run on the bucket,
+    tracked by the team server as alice (the user and password in the tracking URI). Then the
+    same run on local disk. Writes {"bucket": [rc, stdout] or None, "local": [rc, stdout]} to
+    the spec's `result`."""
     from conftest import add_team_user
 
     spec = json.loads(Path(spec_file).read_text())
-    corpus = location(f"{BUCKET}/nc-corpus")
-    for name in ("nc-5k.en", "nc-5k.fr"):
-        (corpus / name).upload(Path(spec["data"]) / name)
-    add_team_user(spec["team_url"], "alice", SECRET)
-    uri = spec["team_url"].replace("http://", f"http://alice:{SECRET}@")
-    out = {"bucket": _fr_en(str(corpus), f"{BUCKET}/nc-runs", uri)}
+    out = {"bucket": None}
+    if spec["team_url"] is not None:
+        corpus = location(f"{BUCKET}/nc-corpus")
+        for name in ("nc-5k.en", "nc-5k.fr"):
+            (corpus / name).upload(Path(spec["data"]) / name)
+        add_team_user(spec["team_url"], "alice", SECRET)
+        uri = spec["team_url"].replace("http://", f"http://alice:{SECRET}@")
+        out["bucket"] = _fr_en(str(corpus), f"{BUCKET}/nc-runs", uri)
     out["local"] = _fr_en(spec["data"], spec["local_runs"], spec["local_uri"])
     Path(spec["result"]).write_text(json.dumps(out))
 
@@ -76,21 +79,24 @@ def _fr_en_on_a_bucket_and_on_disk(ctx):
     """The fr-en run on the bucket and on local disk, one after the other in one process of
     their own (`fr_en_in_this_process`; its own local Ray, so it runs in the background,
     tests/conftest.py `Background`), beside the session's loopback S3 server and its team
-    tracking server. Returns bucket and local ([exit code, stdout] each), the process's stderr
-    (both runs'), its working folder and the local run's storage path."""
+    tracking server. The bucket run is left out when no selected test uses the bucket (the
+    server is started only for those: `s3_running`); tests/test_workflows.py takes the local
+    run. Returns bucket and local ([exit code, stdout] each; bucket None when left out), the
+    process's stderr (both runs'), its working folder, and the local run's storage path and
+    tracking URI."""
     from types import SimpleNamespace
 
-    from conftest import SHARED_DATA, team_server_of
+    from conftest import SHARED_DATA, s3_running, team_server_of
 
     data = SHARED_DATA / "news-commentary-5k"
     if not data.is_dir():
         pytest.skip(f"real corpora not found at {SHARED_DATA} (../shared/data beside the "
                     "checkout)")
-    team = team_server_of(ctx.tmp_path_factory, ctx.env)
+    team_url = team_server_of(ctx.tmp_path_factory, ctx.env).url if s3_running() else None
     root = ctx.tmp_path_factory.mktemp("fr_en")
     cwd = root / "cwd"  # nothing may appear here
     cwd.mkdir()
-    spec = {"data": str(data), "team_url": team.url, "local_runs": str(root / "runs"),
+    spec = {"data": str(data), "team_url": team_url, "local_runs": str(root / "runs"),
             "local_uri": mlflow_store(root), "result": str(root / "result.json")}
     (root / "spec.json").write_text(json.dumps(spec))
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
@@ -101,7 +107,8 @@ def _fr_en_on_a_bucket_and_on_disk(ctx):
         (proc.stdout + proc.stderr)[-4000:]
     runs = json.loads(Path(spec["result"]).read_text())
     return SimpleNamespace(bucket=runs["bucket"], local=runs["local"], stderr=proc.stderr,
-                           cwd=cwd, local_runs=Path(spec["local_runs"]))
+                           cwd=cwd, local_runs=Path(spec["local_runs"]),
+                           local_uri=spec["local_uri"])
 
 
 BACKGROUND_RUNS = {"fr_en_runs": _fr_en_on_a_bucket_and_on_disk}
@@ -118,6 +125,7 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(s3, fr_
     server of infra/mlflow (basic-auth; its artifacts in the same bucket), logged in with the
     user and password in the tracking URI; run as a command with its own Ray, in the background
     (`fr_en_runs`)."""
+    assert fr_en_runs.bucket is not None  # (this test uses `s3`: the server ran before it)
     rc, out = fr_en_runs.bucket
     console = out + fr_en_runs.stderr
     assert rc == 0, console[-3000:]

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import test_object_storage
 from conftest import (QUARTER_DEMO, SHORT_OUTPUTS, SMOKE_ROWS, calls_in_a_fresh_process,
                       mlflow_store)
 
@@ -26,6 +27,10 @@ from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_
 from workflows.catalog import paper_tasks, workflow_modules
 from workflows.run_spec import SpecError, resolve
 from workflows.workflow_config import RunOptions
+
+# The fr-en runs of tests/test_object_storage.py (one process, in the background): the language
+# pair test below takes their local run.
+FR_EN_RUNS = test_object_storage.BACKGROUND_RUNS["fr_en_runs"]
 
 REPO = Path(__file__).resolve().parents[1]
 # The paper's tasks, as found in workflows/ (a new task's file is tested without a list here).
@@ -763,13 +768,21 @@ def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_wait
     assert "accelerator_type:A100" in str(err.value)
 
 
+@pytest.fixture(scope="module")
+def fr_en_runs(background):
+    return background.result("fr_en_runs")
+
+
 @pytest.mark.slow
-def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_en_local):
+def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_en_runs):
     """workflows/translation.py, no Python written: French -> English from the one file pair
     of news-commentary-5k, cut into train / valid / test by line ranges (--split), a smaller
-    vocabulary with --set; trained, scored and registered under the pair's own name."""
-    tmp_path, uri, rc, out = fr_en_local
-    assert rc == 0, out
+    vocabulary with --set; trained, scored and registered under the pair's own name. (The
+    local run of tests/test_object_storage.py's background run, which compares it with the
+    same run on a bucket.)"""
+    rc, out = fr_en_runs.local
+    uri, runs = fr_en_runs.local_uri, fr_en_runs.local_runs
+    assert rc == 0, out + fr_en_runs.stderr[-3000:]
     parent, children = _family(uri, "translation_fr_en", "fr-en")
     assert parent.info.status == "FINISHED" and "bleu" in parent.data.metrics
     params = parent.data.params
@@ -777,18 +790,18 @@ def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_e
         ("fr", "en")
     assert params["workflow.preprocess.vocab_size"] == "2000"
     assert set(children) == {"preprocess", "train", "eval/best/test"}
-    manifests = json.loads((tmp_path / "runs" / "fr-en" / "preprocess_manifests.json")
-                           .read_text())
+    manifests = json.loads((runs / "fr-en" / "preprocess_manifests.json").read_text())
     rows = {s: manifests[f"clean/{s}"]["rows_in"] for s in ("train", "valid", "test")}
     assert rows == {"train": 4500, "valid": 250, "test": 250}
-    hyps = (tmp_path / "runs" / "fr-en" / "eval" / "best" / "test.en").read_text().splitlines()
+    hyps = (runs / "fr-en" / "eval" / "best" / "test.en").read_text().splitlines()
     assert len(hyps) == 250
     assert "models:/translation_fr_en-test@champion (version 1)" in out
 
 
 # The runs above that share nothing with the session's Ray start in the background when the
 # session starts (tests/conftest.py, `Background`).
-BACKGROUND_RUNS = {"other_smokes": _run_other_smokes, "ctrl_c": _interrupt_preprocessing}
+BACKGROUND_RUNS = {"other_smokes": _run_other_smokes, "ctrl_c": _interrupt_preprocessing,
+                   "fr_en_runs": FR_EN_RUNS}
 
 
 @pytest.mark.slow
