@@ -403,6 +403,13 @@ def background() -> Background:
     return _BACKGROUND[-1]
 
 
+@pytest.fixture(scope="session")
+def fr_en_runs(background):
+    """The fr-en runs on a bucket and on local disk (tests/test_object_storage.py declares the
+    run; tests/test_workflows.py's language-pair test takes its local half)."""
+    return background.result("fr_en_runs")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `timed` run last, when every background run (`Background`) has ended and
     their `quiet` sections wait for none; `gpu` tests are skipped without a GPU."""

@@ -114,11 +114,6 @@ def _fr_en_on_a_bucket_and_on_disk(ctx):
 BACKGROUND_RUNS = {"fr_en_runs": _fr_en_on_a_bucket_and_on_disk}
 
 
-@pytest.fixture(scope="module")
-def fr_en_runs(background):
-    return background.result("fr_en_runs")
-
-
 @pytest.mark.slow
 def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(s3, fr_en_runs):
     """The fr-en workflow with --data and --storage-path in the bucket, tracked by the team

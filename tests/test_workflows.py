@@ -768,11 +768,6 @@ def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_wait
     assert "accelerator_type:A100" in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def fr_en_runs(background):
-    return background.result("fr_en_runs")
-
-
 @pytest.mark.slow
 def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_en_runs):
     """workflows/translation.py, no Python written: French -> English from the one file pair
