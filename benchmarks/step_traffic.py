@@ -11,8 +11,9 @@ counts are of the CPU's dispatch under CPU autocast, whose casting rules are clo
 the same as CUDA's; views (reshape, transpose, slices) move nothing and are not counted. The
 matrix products are counted but not computed (zeros of their shape: which operators run does
 not depend on the values); the fused output layer and loss is one custom operator here
-(`convs2s::output_loss`), counted as one, its own products computed, so a 40k vocabulary on a
-CPU without native bf16 still takes minutes: use the smaller presets there.
+(`convs2s::output_loss`), counted as one; the products inside it are zeros as well. The
+paper's En-Fr model (40k vocabulary, bf16, a 3,000-token batch) is counted in 16 s on an AVX2
+CPU without native bf16 (6 minutes when the products were computed).
 
     python -m benchmarks.step_traffic --preset iwslt_de_en --max-tokens 2000 --dtype bf16
 """
@@ -40,6 +41,9 @@ from convs2s.train.optim import build_optimizer
 from convs2s.train.update import train_update
 
 MATMULS = {op.split("::")[1] for op in MATMUL_OPS} | {"_weight_int8pack_mm"}
+# A custom operator's CPU kernel, below the Python key of TorchDispatchMode (the count runs on
+# the CPU only)
+_CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 
 def _tensors(tree) -> list[torch.Tensor]:
@@ -65,6 +69,30 @@ def _where() -> str:
     return "?"
 
 
+def _zeros_of(func, args, kwargs):
+    """Zeros of the shape and dtype `func` would return (read off the meta device)."""
+    meta = func(*tree_map_only(torch.Tensor, lambda t: t.to("meta"), args),
+                **tree_map_only(torch.Tensor, lambda t: t.to("meta"), kwargs))
+    return torch.zeros(meta.shape, dtype=meta.dtype)
+
+
+class _ZeroProducts(TorchDispatchMode):
+    """Runs every operator but the matrix products: those give zeros (`out=`: zeroed; in
+    place: the output left as it was). Active inside a custom operator's kernel (the fused
+    output layer and loss), whose own operators `Traffic` neither sees nor counts."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name not in MATMULS:
+            return func(*args, **kwargs)
+        if name.endswith("_"):
+            return args[0]
+        if "out" in kwargs:
+            return kwargs["out"].zero_()
+        return _zeros_of(func, args, kwargs)
+
+
 class Traffic(TorchDispatchMode):
     """Counts calls and bytes per (operator, dtypes, where) while active."""
 
@@ -75,13 +103,17 @@ class Traffic(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if name in MATMULS and not name.endswith("_") and "out" not in (kwargs or {}):
-            # Zeros of the product's shape and dtype (read off the meta device), not the
-            # product: which operators run and their sizes do not depend on the values, and a
-            # CPU without native bf16 would take minutes per update of the paper's models.
-            meta = func(*tree_map_only(torch.Tensor, lambda t: t.to("meta"), args),
-                        **tree_map_only(torch.Tensor, lambda t: t.to("meta"),
-                                        kwargs or {}))
-            out = torch.zeros(meta.shape, dtype=meta.dtype)
+            # Zeros of the product's shape and dtype, not the product: which operators run and
+            # their sizes do not depend on the values, and a CPU without native bf16 would
+            # take minutes per update of the paper's models.
+            out = _zeros_of(func, args, kwargs or {})
+        elif func.namespace != "aten":
+            # A custom operator (counted as one, below): its kernel's products zeros too (the
+            # fused loss's with a 40k vocabulary: 6 minutes an update on a CPU without bf16).
+            # (redispatched past the Python key: called plainly, `_ZeroProducts` would take
+            # the custom operator itself and run its kernel with no mode active)
+            with _ZeroProducts():
+                out = func.redispatch(_CPU_KERNEL, *args, **(kwargs or {}))
         else:
             out = func(*args, **(kwargs or {}))
         ins, outs = _tensors((args, kwargs)), _tensors(out)
@@ -102,10 +134,12 @@ class Traffic(TorchDispatchMode):
 
 
 def count(model, optimizer, batch, train_cfg, device) -> dict:
-    """One update's operators under `Traffic` (after one untimed update that builds the
-    optimizer state)."""
+    """One update's operators under `Traffic`, after one uncounted update that builds the
+    optimizer state (also under `Traffic`, whose matrix products are zeros: computed, the
+    paper's models' bf16 products take tens of minutes on a CPU without native bf16)."""
     comm = Comm()
-    train_update(model, optimizer, [batch], train_cfg, comm, device)
+    with Traffic():
+        train_update(model, optimizer, [batch], train_cfg, comm, device)
     with Traffic() as t:
         train_update(model, optimizer, [batch], train_cfg, comm, device)
     rows = [{"op": op, "dtypes": dt, "where": where, **r, "matmul": op in MATMULS}
