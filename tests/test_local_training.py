@@ -220,6 +220,27 @@ def test_static_shapes_train_the_same_updates_and_graphs_off_a_gpu_say_so(demo_b
         TrainConfig(static_shapes=8, cuda_graphs=True, compile="inductor")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA GPU")
+def test_a_gpu_this_machine_lacks_is_one_line_before_anything_is_written(demo_batches,
+                                                                          tmp_path, capsys):
+    # It was a traceback from inside torch.cuda (AttributeError on a CPU build of torch).
+    from convs2s.train.local import main
+
+    cut = demo_batches.batches
+    common = ["--train-data", str(cut["train"]), "--valid-data", str(cut["valid"]),
+              "--spm-model", str(demo_batches.spm_model), "--storage-path", str(tmp_path),
+              "--run-name", "gpu", "--max-updates", "2"]
+    assert main([*common, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "--device cuda: this rank's GPU is cuda:0 but no CUDA GPU is visible here" in err
+    assert main([*common, "--device", "gpu0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(
+        "python -m convs2s train: error: --device gpu0: "), err
+    assert not (tmp_path / "gpu").exists()
+
+
 def test_a_bare_cuda_device_names_the_ranks_gpu():
     # `--device cuda` reached torch.cuda.set_device without an index and failed on an H200
     # (benchmarks/results/gpu_checks_h200_20261127/gpu.log); no GPU is needed to check the rule.

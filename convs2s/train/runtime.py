@@ -107,8 +107,19 @@ class LocalRuntime:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node_rank = int(os.environ.get("GROUP_RANK", "0"))
-        self.device = rank_device(device, self.local_rank)
+        try:
+            self.device = rank_device(device, self.local_rank)
+        except RuntimeError as err:  # torch's own message for a device string it cannot parse
+            raise ValueError(f"--device {device}: {err}") from None
         if self.device.type == "cuda":
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if self.device.index >= visible:  # (else a traceback from inside torch.cuda)
+                raise ValueError(
+                    f"--device {device}: this rank's GPU is {self.device} but " + (
+                        f"this process sees {visible} CUDA GPU(s); leave --device out for "
+                        "each rank's own GPU" if visible else
+                        f"no CUDA GPU is visible here (torch {torch.__version__}); leave "
+                        "--device out to train on the CPU"))
             torch.cuda.set_device(self.device)
         if self.world_size > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
