@@ -12,8 +12,8 @@ the same as CUDA's; views (reshape, transpose, slices) move nothing and are not 
 matrix products are counted but not computed (zeros of their shape: which operators run does
 not depend on the values); the fused output layer and loss is one custom operator here
 (`convs2s::output_loss`), counted as one; the products inside it are zeros as well. The
-paper's En-Fr model (40k vocabulary, bf16, a 3,000-token batch) is counted in 16 s on an AVX2
-CPU without native bf16 (6 minutes when the products were computed).
+paper's En-Fr model (40k vocabulary, bf16, a 3,000-token batch) is counted in about 10 s on an
+AVX2 CPU without native bf16 (over 6 minutes when the loss's products were computed).
 
     python -m benchmarks.step_traffic --preset iwslt_de_en --max-tokens 2000 --dtype bf16
 """
@@ -69,6 +69,11 @@ def _where() -> str:
     return "?"
 
 
+def _is_matmul(name: str) -> bool:
+    """A matrix product, in place (`addmm_`) or not."""
+    return name.rstrip("_") in MATMULS
+
+
 def _zeros_of(func, args, kwargs):
     """Zeros of the shape and dtype `func` would return (read off the meta device)."""
     meta = func(*tree_map_only(torch.Tensor, lambda t: t.to("meta"), args),
@@ -84,9 +89,9 @@ class _ZeroProducts(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if name not in MATMULS:
+        if not _is_matmul(name):
             return func(*args, **kwargs)
-        if name.endswith("_"):
+        if name.endswith("_"):  # addmm_ (the float32 loss's weight gradient): adds nothing
             return args[0]
         if "out" in kwargs:
             return kwargs["out"].zero_()
@@ -102,14 +107,15 @@ class Traffic(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if name in MATMULS and not name.endswith("_") and "out" not in (kwargs or {}):
+        if name in MATMULS and "out" not in (kwargs or {}):
             # Zeros of the product's shape and dtype, not the product: which operators run and
             # their sizes do not depend on the values, and a CPU without native bf16 would
             # take minutes per update of the paper's models.
             out = _zeros_of(func, args, kwargs or {})
         elif func.namespace != "aten":
             # A custom operator (counted as one, below): its kernel's products zeros too (the
-            # fused loss's with a 40k vocabulary: 6 minutes an update on a CPU without bf16).
+            # fused loss's with a 40k vocabulary took 6 minutes an update in bf16 on a CPU
+            # without native bf16).
             # (redispatched past the Python key: called plainly, `_ZeroProducts` would take
             # the custom operator itself and run its kernel with no mode active)
             with _ZeroProducts():
@@ -142,7 +148,7 @@ def count(model, optimizer, batch, train_cfg, device) -> dict:
         train_update(model, optimizer, [batch], train_cfg, comm, device)
     with Traffic() as t:
         train_update(model, optimizer, [batch], train_cfg, comm, device)
-    rows = [{"op": op, "dtypes": dt, "where": where, **r, "matmul": op in MATMULS}
+    rows = [{"op": op, "dtypes": dt, "where": where, **r, "matmul": _is_matmul(op)}
             for (op, dt, where), r in t.rows.items()]
     rows.sort(key=lambda r: -(r["read"] + r["written"]))
     other = [r for r in rows if not r["matmul"]]

@@ -33,6 +33,7 @@ data=${2:-../shared/data}
 deadline=${DEADLINE:-500}
 mkdir -p "$out"
 exec > >(tee -a "$out/gpu.log") 2>&1
+tee_pid=$!  # waited for at the end, so that the log is whole when this script returns
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 failed=()
@@ -66,6 +67,8 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
 
 fr=wmt14_en_fr
+# every compile (the loss's chunks in step 1, the whole model last) reads and fills the cache
+[[ -n "${INDUCTOR_CACHE:-}" ]] && export TORCHINDUCTOR_CACHE_DIR="$INDUCTOR_CACHE"
 work=$(mktemp -d)  # this script's own scratch (the timed batches, the reference's packages)
 trap 'rm -rf "$work"' EXIT
 train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
@@ -128,11 +131,11 @@ step "generation en-fr" 150 $PY -m benchmarks.generation --preset $fr \
 # TORCH_LOGS: the log says whether the graph recompiles or breaks; warmup_step_s in the JSON
 # holds the compile (first step) and any recompile, compile_phases_s its phases. A compile still
 # running 15 s before the step's limit prints its phases and where it is (--compile-deadline).
-# INDUCTOR_CACHE=DIR keeps inductor's caches there: bring DIR back and carry it to the next
-# lease, whose compile of the same code then skips what is cached. Triton kernels are kept as
+# INDUCTOR_CACHE=DIR (set for every step, above) keeps inductor's caches there: bring DIR back
+# and carry it to the next lease (scripts/gpu_lease.sh packs it), whose compile of the same code
+# then skips what is cached. Triton kernels are kept as
 # each is built, so even a compile that was cut off leaves them; the FX-graph and AOT caches
 # are written only by a compile that finished.
-[[ -n "${INDUCTOR_CACHE:-}" ]] && export TORCHINDUCTOR_CACHE_DIR="$INDUCTOR_CACHE"
 export TORCH_LOGS=recompiles,graph_breaks
 limit=$((deadline - SECONDS)); (( limit > 480 )) && limit=480
 train "en-fr bf16 3000 compiled" 480 $fr bf16 3000 --steps 20 --warmup 4 --compile inductor \
@@ -141,4 +144,7 @@ train "en-fr bf16 3000 compiled" 480 $fr bf16 3000 --steps 20 --warmup 4 --compi
 unset TORCH_LOGS
 
 echo "failed steps: ${failed[*]:-none}; skipped: ${skipped[*]:-none}"
-[[ ${#failed[@]} -eq 0 ]]
+rc=$(( ${#failed[@]} > 0 ))
+exec >&- 2>&-  # tee sees the end of its input, writes the rest of the log and exits
+wait "$tee_pid"
+exit "$rc"

@@ -6,28 +6,44 @@
 #
 #   bash scripts/gpu_lease.sh prepare [DATA_DIR]   # here (default ../shared/data): .devcarry/
 #   bash scripts/gpu_lease.sh run                  # there, carrying .devcarry: results in $OUT
+#   bash scripts/gpu_lease.sh keep-cache DIR       # here: DIR's inductor.tgz.part-* (brought
+#                                                  # back by `run`) for the next lease
 #
 # `prepare` fills .devcarry/ (ignored by git) with
 #   data/     the newstest files the benchmarks read (wmt14-en-de 2013+2014, wmt14-en-fr
 #             2012+2013),
 #   loop/     a preprocessing output for the Ray-free training loop (Multi30k En-De through
 #             `python -m preprocessing`: batches/train, batches/valid, spm/spm.model),
-#   wheels/   the reference implementation's wheels (scripts/fairseq_wheels.sh), unless
-#             NO_REF=1,
-# keeps an inductor cache brought back by an earlier lease (.devcarry/inductor/*.part-*, see
-# below), checks that what travels fits the device tool's 64 MiB, and prints the call.
+#   wheels/   the reference implementation's wheels (scripts/fairseq_wheels.sh; NO_REF=1
+#             leaves them out, and removes those an earlier `prepare` fetched),
+#   commit.txt  the commit (and whether the tree had changes) the results will belong to,
+# keeps inductor/ (`keep-cache`), checks that what travels fits the device tool's 64 MiB, and
+# prints the call. It removes only folders it made itself (listed in .devcarry/.made_by_gpu_lease).
 #
 # `run` runs `scripts/gpu_checks.sh` on all of it (DEADLINE, default 480 s, leaves a lease's
 # start-up and the transfers room in its 15 minutes), then, whatever it returned, packs the
 # results and the log into $OUT/gpu_checks.tgz and inductor's cache into $OUT/inductor.tgz.part-*
-# (15 MiB parts: the tool brings back 8 files of up to 16 MiB, 64 MiB in all). Copy those parts
-# into .devcarry/inductor/ here and the next lease's compile starts from that cache.
+# (15 MiB parts, at most 3: the tool brings back 8 files, 64 MiB in all, and the next call
+# carries 64 MiB with the checkout and the rest of .devcarry). OUT must be an empty folder (the
+# device tool gives one). Relative paths are taken from where the script is called.
 set -uo pipefail
+here=$PWD
+abspath() { [[ $1 = /* ]] && echo "$1" || echo "$here/$1"; }
 cd "$(dirname "$0")/.."
 kit=.devcarry
+mark=$kit/.made_by_gpu_lease
+made() { grep -qx "$1" "$mark" 2>/dev/null; }
+remove_made() {  # remove_made NAME: .devcarry/NAME if this script made it; else refuse
+  [[ -e $kit/$1 ]] || return 0
+  made "$1" || { echo "$kit/$1 was not made by this script: move it away first"; exit 2; }
+  rm -rf "${kit:?}/$1"
+  grep -vx "$1" "$mark" > "$mark.new"; mv "$mark.new" "$mark"
+}
+note_made() { made "$1" || echo "$1" >> "$mark"; }
 
 prepare() {
-  local data=${1:-../shared/data} py=${PYTHON:-.venv/bin/python}
+  local data py=${PYTHON:-.venv/bin/python}
+  data=$(abspath "${1:-../shared/data}")
   [[ -x $py ]] || py=python3
   for f in wmt14-en-de/newstest2013 wmt14-en-de/newstest2014 wmt14-en-fr/newstest2012 \
            wmt14-en-fr/newstest2013; do
@@ -36,25 +52,20 @@ prepare() {
   [[ -d $data/multi30k ]] || { echo "no $data/multi30k: give DATA_DIR (../shared/data)"; exit 2; }
   git check-ignore -q "$kit/x" || { echo "$kit/ is not ignored by git (.gitignore)"; exit 2; }
   mkdir -p "$kit"
-  # data/ and loop/ are made again each time, removed only where this script made them (its
-  # mark beside them); wheels/ and inductor/ stay
-  for d in data loop; do
-    if [[ -e $kit/$d ]]; then
-      grep -qx "$d" "$kit/.made_by_gpu_lease" 2>/dev/null \
-        || { echo "$kit/$d was not made by this script: move it away first"; exit 2; }
-      rm -rf "${kit:?}/$d"
-    fi
-  done
-  printf 'data\nloop\n' > "$kit/.made_by_gpu_lease"
-  { git log -1 --format='%H %s'; git status --porcelain --untracked-files=no | grep -q . \
-      && echo "with uncommitted changes"; } > "$kit/commit.txt"
+  touch "$mark"
+  remove_made data  # data/ and loop/ are made again each time
+  remove_made loop
+  { git log -1 --format='%H %s'
+    [[ -n $(git status --porcelain) ]] && echo "with changes not committed (they travel too)"
+  } > "$kit/commit.txt"
+  note_made data
   mkdir -p "$kit/data/wmt14-en-de" "$kit/data/wmt14-en-fr"
   cp "$data"/wmt14-en-de/newstest201[34].* "$kit/data/wmt14-en-de/"
   cp "$data"/wmt14-en-fr/newstest201[23].* "$kit/data/wmt14-en-fr/"
 
   prep=$(mktemp -d)  # the preprocessing's own tree, removed once its batches are copied
   trap 'rm -rf "$prep" "$prep.log"' EXIT
-  echo "== preprocessing Multi30k En-De for the training loop (about a minute)"
+  echo "== preprocessing Multi30k En-De for the training loop (about 15 s)"
   "$py" -m preprocessing --task multi30k_en_de --source "$data/multi30k" --split valid=val \
     --split test=test_2016_flickr --out "$prep" > "$prep.log" 2>&1 \
     || { tail -20 "$prep.log"; echo "preprocessing failed"; exit 1; }
@@ -62,22 +73,31 @@ prepare() {
   cut=$(dirname "$(find "$prep" -path '*/batches/*/train' -type d | head -1)")
   spm=$(find "$prep" -path '*/spm/spm.model' | head -1)
   [[ -d $cut/train && -d $cut/valid && -f $spm ]] || { echo "no batches in $prep"; exit 1; }
+  note_made loop
   mkdir -p "$kit/loop/batches" "$kit/loop/spm"
   cp -r "$cut/train" "$cut/valid" "$kit/loop/batches/"
   cp "$spm" "$kit/loop/spm/"
 
-  if [[ ${NO_REF:-0} != 1 ]] && ! ls "$kit"/wheels/fairseq_fixed-*.whl >/dev/null 2>&1; then
+  if [[ ${NO_REF:-0} == 1 ]]; then
+    remove_made wheels
+  elif ! ls "$kit"/wheels/fairseq_fixed-*.whl >/dev/null 2>&1; then
     echo "== the reference's wheels"
-    bash scripts/fairseq_wheels.sh "$kit/wheels" >/dev/null || { echo "no wheels (NO_REF=1 skips them)"; exit 1; }
+    remove_made wheels
+    note_made wheels
+    bash scripts/fairseq_wheels.sh "$kit/wheels" >/dev/null \
+      || { echo "no wheels (NO_REF=1 goes without them)"; exit 1; }
   fi
 
   local tree carried total
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
   carried=$(du -sb "$kit" | cut -f1)
   total=$((tree + carried))
-  printf '%s: %d MiB; the checkout: %d MiB; together %d MiB of the 64 MiB a call may take\n' \
-    "$kit" $((carried >> 20)) $((tree >> 20)) $((total >> 20))
-  (( total < 64 << 20 )) || { echo "too large: drop $kit/inductor or NO_REF=1"; exit 2; }
+  printf '%s: %d MiB (%s); the checkout: %d MiB; together %d MiB of the 64 MiB a call carries\n' \
+    "$kit" $((carried >> 20)) "$(cd "$kit" && du -sh -- */ 2>/dev/null | tr '\t\n' ' ')" \
+    $((tree >> 20)) $((total >> 20))
+  (( total < 64 << 20 )) || {
+    echo "too large: NO_REF=1 leaves the reference's wheels out; rm -r $kit/inductor the cache"
+    exit 2; }
   cat <<EOF
 The device call (checks under DEADLINE=480 s, then packing; give_back after it):
   run(command="bash scripts/gpu_lease.sh run", carry=["$kit"], timeout_s=560)
@@ -85,8 +105,11 @@ EOF
 }
 
 run() {
-  local out=${OUT:-$PWD/gpu_lease_out} res cache
-  mkdir -p "$out"
+  local out res cache
+  [[ -n ${OUT:-} ]] || { echo "set OUT, an empty folder for what comes back (the device tool does)"; exit 2; }
+  out=$(abspath "$OUT")
+  mkdir -p "$out" || exit 2
+  [[ -z $(ls -A "$out") ]] || { echo "OUT ($out) is not empty: give an empty folder"; exit 2; }
   res=$(mktemp -d)
   cache=$(mktemp -d)
   if ls "$kit"/inductor/inductor.tgz.part-* >/dev/null 2>&1; then
@@ -105,11 +128,11 @@ run() {
     tar -cz -C "$cache" . | split -b 15M -a 1 - "$out/inductor.tgz.part-"
     local parts
     parts=$(ls "$out"/inductor.tgz.part-* | wc -l)
-    if (( parts > 4 )); then  # with gpu_checks.tgz: over the 64 MiB that comes back
-      rm -f "$out"/inductor.tgz.part-*
-      echo "inductor cache: $parts parts of 15 MiB, more than comes back; not kept"
+    if (( parts > 3 )); then  # more than comes back beside the rest, or travels next time
+      rm -f "$out"/inductor.tgz.part-*  # (written by this run, just above)
+      echo "inductor cache: $parts parts of 15 MiB, more than can travel; not kept"
     else
-      echo "inductor cache: $parts part(s) in $out (copy them to $kit/inductor/ for the next lease)"
+      echo "inductor cache: $parts part(s) in $out (keep-cache puts them in $kit/inductor)"
     fi
   fi
   rm -rf "$res" "$cache"
@@ -117,8 +140,27 @@ run() {
   return $rc
 }
 
+keep_cache() {  # the parts a lease brought back, checked whole, in place of the kept ones
+  local from
+  [[ -n ${1:-} ]] || { echo "usage: gpu_lease.sh keep-cache DIR (with inductor.tgz.part-*)"; exit 2; }
+  from=$(abspath "$1")
+  ls "$from"/inductor.tgz.part-* >/dev/null 2>&1 || { echo "no inductor.tgz.part-* in $from"; exit 2; }
+  cat "$from"/inductor.tgz.part-* | tar -tz >/dev/null \
+    || { echo "the parts in $from do not join into a whole archive"; exit 2; }
+  mkdir -p "$kit"
+  touch "$mark"
+  remove_made inductor
+  note_made inductor
+  mkdir -p "$kit/inductor"
+  for f in "$from"/inductor.tgz.part-*; do
+    install -m 644 "$f" "$kit/inductor/"  # (writable: what the tool brings back is read-only)
+  done
+  echo "kept: $(ls "$kit/inductor" | wc -l) part(s), $(du -sh "$kit/inductor" | cut -f1)"
+}
+
 case ${1:-} in
   prepare) shift; prepare "$@" ;;
   run) run ;;
-  *) echo "usage: gpu_lease.sh prepare [DATA_DIR] | run"; exit 2 ;;
+  keep-cache) shift; keep_cache "$@" ;;
+  *) echo "usage: gpu_lease.sh prepare [DATA_DIR] | run | keep-cache DIR"; exit 2 ;;
 esac

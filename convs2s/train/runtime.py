@@ -114,6 +114,10 @@ class LocalRuntime:
         if self.device.type == "cuda":
             visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if self.device.index >= visible:  # (else a traceback from inside torch.cuda)
+                if device is None:  # each rank's own GPU: more ranks than GPUs here
+                    raise ValueError(
+                        f"LOCAL_RANK {self.local_rank}, but this process sees {visible} CUDA "
+                        f"GPU(s): start at most {visible} ranks on this machine")
                 raise ValueError(
                     f"--device {device}: this rank's GPU is {self.device} but " + (
                         f"this process sees {visible} CUDA GPU(s); leave --device out for "
