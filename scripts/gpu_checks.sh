@@ -146,5 +146,6 @@ unset TORCH_LOGS
 echo "failed steps: ${failed[*]:-none}; skipped: ${skipped[*]:-none}"
 rc=$(( ${#failed[@]} > 0 ))
 exec >&- 2>&-  # tee sees the end of its input, writes the rest of the log and exits
-wait "$tee_pid"
+# (at most 10 s: a process left behind by a step cut at its limit may still hold the pipe)
+for _ in {1..100}; do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
 exit "$rc"
