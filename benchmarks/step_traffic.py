@@ -74,28 +74,31 @@ def _is_matmul(name: str) -> bool:
     return name.rstrip("_") in MATMULS
 
 
-def _zeros_of(func, args, kwargs):
-    """Zeros of the shape and dtype `func` would return (read off the meta device)."""
+def _zero_product(func, name: str, args, kwargs):
+    """A matrix product not computed: zeros of its shape and dtype (read off the meta device);
+    `out=`: the output zeroed; in place (`addmm_`, the float32 loss's weight gradient): the
+    output left as it was. Which operators run and their sizes do not depend on the values, and
+    a CPU without native bf16 would take minutes per update of the paper's models."""
+    if name.endswith("_"):
+        return args[0]
+    if "out" in kwargs:
+        return kwargs["out"].zero_()
     meta = func(*tree_map_only(torch.Tensor, lambda t: t.to("meta"), args),
                 **tree_map_only(torch.Tensor, lambda t: t.to("meta"), kwargs))
     return torch.zeros(meta.shape, dtype=meta.dtype)
 
 
 class _ZeroProducts(TorchDispatchMode):
-    """Runs every operator but the matrix products: those give zeros (`out=`: zeroed; in
-    place: the output left as it was). Active inside a custom operator's kernel (the fused
-    output layer and loss), whose own operators `Traffic` neither sees nor counts."""
+    """Runs every operator but the matrix products (`_zero_product`). Active inside a custom
+    operator's kernel (the fused output layer and loss), whose own operators `Traffic` neither
+    sees nor counts."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if not _is_matmul(name):
-            return func(*args, **kwargs)
-        if name.endswith("_"):  # addmm_ (the float32 loss's weight gradient): adds nothing
-            return args[0]
-        if "out" in kwargs:
-            return kwargs["out"].zero_()
-        return _zeros_of(func, args, kwargs)
+        if _is_matmul(name):
+            return _zero_product(func, name, args, kwargs)
+        return func(*args, **kwargs)
 
 
 class Traffic(TorchDispatchMode):
@@ -107,11 +110,8 @@ class Traffic(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if name in MATMULS and "out" not in (kwargs or {}):
-            # Zeros of the product's shape and dtype, not the product: which operators run and
-            # their sizes do not depend on the values, and a CPU without native bf16 would
-            # take minutes per update of the paper's models.
-            out = _zeros_of(func, args, kwargs or {})
+        if _is_matmul(name):
+            out = _zero_product(func, name, args, kwargs or {})
         elif func.namespace != "aten":
             # A custom operator (counted as one, below): its kernel's products zeros too (the
             # fused loss's with a 40k vocabulary took 6 minutes an update in bf16 on a CPU
