@@ -25,9 +25,10 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only
 
 from benchmarks.corpus import DATA_DIR
@@ -35,12 +36,16 @@ from benchmarks.machine import load_average, machine_info
 from benchmarks.report import RESULTS_DIR, write_result
 from benchmarks.step_profile import MATMUL_OPS
 from convs2s.config import PRESETS, TrainConfig
+from convs2s.model import fused
+from convs2s.model.conv import use_native_conv
 from convs2s.model.network import ConvS2S
 from convs2s.train.comm import Comm
 from convs2s.train.optim import build_optimizer
 from convs2s.train.update import train_update
 
-MATMULS = {op.split("::")[1] for op in MATMUL_OPS} | {"_weight_int8pack_mm"}
+# the convolutions (`TrainConfig.conv = "native"`) are products too: implicit GEMMs on a GPU
+MATMULS = {op.split("::")[1] for op in MATMUL_OPS} | {"_weight_int8pack_mm", "convolution",
+                                                      "convolution_backward"}
 # A custom operator's CPU kernel, below the Python key of TorchDispatchMode (the count runs on
 # the CPU only)
 _CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -85,6 +90,14 @@ def _zero_product(func, name: str, args, kwargs):
         return kwargs["out"].zero_()
     meta = func(*tree_map_only(torch.Tensor, lambda t: t.to("meta"), args),
                 **tree_map_only(torch.Tensor, lambda t: t.to("meta"), kwargs))
+    if name == "convolution":  # the kernels' layout, not the meta kernel's: the input's
+        cl = args[0].is_contiguous(memory_format=torch.channels_last) and args[0].dim() == 4
+        return torch.zeros(meta.shape, dtype=meta.dtype).contiguous(
+            memory_format=torch.channels_last if cl else torch.contiguous_format)
+    if name == "convolution_backward":  # the input's and the weight's gradients like them
+        return tuple(None if m is None else torch.zeros_like(like) if like is not None
+                     else torch.zeros(m.shape, dtype=m.dtype)
+                     for m, like in zip(meta, (args[1], args[2], None)))
     return torch.zeros(meta.shape, dtype=meta.dtype)
 
 
@@ -136,18 +149,86 @@ class Traffic(TorchDispatchMode):
         row["read"] += sum(_nbytes(t) for t in ins if t.untyped_storage().data_ptr()
                            not in written or name.endswith("_"))
         row["written"] += sum(written.values())
+        if name == "convolution_backward" and out[2] is not None:
+            # its bias gradient is a column sum of the output's gradient, not a product
+            bias = self.rows[("sum", dtypes, "bias of " + _where())]
+            bias["calls"] += 1
+            bias["read"] += _nbytes(args[0])
+            bias["written"] += _nbytes(out[2])
         return out
 
 
-def count(model, optimizer, batch, train_cfg, device) -> dict:
+class _FusedRegion(torch.autograd.Function):
+    """One of `convs2s.model.fused`'s functions counted as the one kernel a compiler makes of
+    it, forward and backward: it reads its inputs and writes its outputs once (backward: reads
+    the outputs' gradients and the inputs, writes the inputs' gradients). What Inductor's
+    fused kernel moves at best; the eager work inside is run, not counted."""
+
+    @staticmethod
+    def forward(ctx, fn, traffic, args, *tensors):
+        with _disable_current_modes(), torch.enable_grad():
+            leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
+            it = iter(leaves)
+            out = fn(*(next(it) if isinstance(a, torch.Tensor) else a for a in args))
+        outs = out if isinstance(out, tuple) else (out,)
+        ctx.fn, ctx.traffic, ctx.leaves, ctx.outs = fn.__name__, traffic, leaves, outs
+        _count_region(traffic, fn.__name__, tensors, outs)
+        return tuple(o.detach() for o in outs) if isinstance(out, tuple) else out.detach()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        wanted = [t for t in ctx.leaves if t.requires_grad]
+        pairs = [(o, g) for o, g in zip(ctx.outs, grads) if g is not None and o.requires_grad]
+        with _disable_current_modes():
+            got = iter(torch.autograd.grad([o for o, _ in pairs], wanted,
+                                           [g for _, g in pairs], allow_unused=True))
+        grads_in = [next(got) if t.requires_grad else None for t in ctx.leaves]
+        _count_region(ctx.traffic, "backward of " + ctx.fn,
+                      [g for _, g in pairs] + ctx.leaves, [g for g in grads_in if g is not None])
+        return (None, None, None, *grads_in)
+
+
+def _count_region(traffic: "Traffic", where: str, ins, outs) -> None:
+    dtypes = "->".join(sorted({str(t.dtype).split(".")[1] for t in ins}))
+    row = traffic.rows[("fused", dtypes, where)]
+    row["calls"] += 1
+    row["read"] += sum(_nbytes(t) for t in ins)
+    row["written"] += sum(_nbytes(t) for t in outs)
+
+
+def counted_regions(traffic_of) -> SimpleNamespace:
+    """A `fused` table for the model (`convs2s.model.fused.fuse_regions`'s kind) whose calls
+    `_FusedRegion` counts into `traffic_of()` (the active `Traffic`)."""
+    def counted(fn):
+        def call(*args):
+            return _FusedRegion.apply(fn, traffic_of(), args,
+                                      *(a for a in args if isinstance(a, torch.Tensor)))
+        return call
+    return SimpleNamespace(backend="counted", **{
+        name: counted(getattr(fused.EAGER, name)) for name in fused.REGIONS})
+
+
+def count(model, optimizer, batch, train_cfg, device, fuse: bool = False) -> dict:
     """One update's operators under `Traffic`, after one uncounted update that builds the
     optimizer state (also under `Traffic`, whose matrix products are zeros: computed, the
-    paper's models' bf16 products take tens of minutes on a CPU without native bf16)."""
+    paper's models' bf16 products take tens of minutes on a CPU without native bf16). With
+    `fuse`, each of `convs2s.model.fused`'s functions counts as one fused kernel
+    (`_FusedRegion`): the traffic of the step `TrainConfig.fuse` compiles, at best."""
     comm = Comm()
-    with Traffic():
+    active: list[Traffic] = []
+    if fuse:
+        table = counted_regions(lambda: active[-1])
+        for m in model.modules():
+            if hasattr(m, "fused"):
+                m.fused = table
+    with Traffic() as t:
+        active.append(t)
         train_update(model, optimizer, [batch], train_cfg, comm, device)
     with Traffic() as t:
+        active.append(t)
         train_update(model, optimizer, [batch], train_cfg, comm, device)
+    if fuse:
+        fused.fuse_regions(model, None)
     rows = [{"op": op, "dtypes": dt, "where": where, **r, "matmul": _is_matmul(op)}
             for (op, dt, where), r in t.rows.items()]
     rows.sort(key=lambda r: -(r["read"] + r["written"]))
@@ -175,6 +256,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-tokens", type=int, default=2000)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
     p.add_argument("--data", type=Path, default=DATA_DIR, help="the small real corpora")
+    p.add_argument("--conv", choices=["windows", "native"], default="windows",
+                   help="the convolutions' full pass (TrainConfig.conv)")
+    p.add_argument("--fuse", action="store_true",
+                   help="count each of the blocks' element-wise functions (convs2s.model.fused, "
+                        "TrainConfig.fuse) as one kernel that reads its inputs and writes its "
+                        "outputs once, forward and backward: the fused step's traffic at best")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=None,
                    help="result JSON (default: benchmarks/results/step_traffic_<preset>_<dtype>"
@@ -189,13 +276,16 @@ def main(argv: list[str] | None = None) -> dict:
     batch = collate_lists(src, tgt)
     device = torch.device("cpu")
     model = ConvS2S(PRESETS[args.preset](), args.vocab, args.vocab).train()
-    train_cfg = TrainConfig(precision=args.dtype)
+    use_native_conv(model, args.conv == "native")
+    train_cfg = TrainConfig(precision=args.dtype, conv=args.conv)
     optimizer = build_optimizer(model.parameters(), train_cfg)
     load_before = load_average()
     t0 = time.perf_counter()
-    result = count(model, optimizer, batch, train_cfg, device)
+    result = count(model, optimizer, batch, train_cfg, device, fuse=args.fuse)
     tokens = batch.ntokens
-    result.update({"preset": args.preset, "dtype": args.dtype, "tgt_tokens": tokens,
+    result.update({"preset": args.preset, "dtype": args.dtype, "conv": args.conv,
+                   "fuse": args.fuse,
+                   "tgt_tokens": tokens,
                    "src_tokens": batch.src_ntokens, "seconds": time.perf_counter() - t0,
                    "data": info,
                    "non_matmul_bytes_per_tgt_token": result["non_matmul_bytes"] / tokens,

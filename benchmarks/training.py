@@ -65,6 +65,8 @@ from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
+from convs2s.model.conv import use_native_conv
+from convs2s.model.fused import fuse_regions
 from convs2s.model.loss import compile_loss_chunks, compiled_chunk_devices
 from convs2s.train.update import compile_for_training, train_update
 
@@ -113,6 +115,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-mode", default="", metavar="MODE",
                    help="with --compile: torch.compile's mode, e.g. reduce-overhead (CUDA "
                         "graphs, one per batch shape: give --static-shapes)")
+    p.add_argument("--fuse", default="", metavar="BACKEND",
+                   help="compile the blocks' element-wise work as four shared functions and, on "
+                        "CUDA, the loss's chunks (TrainConfig.fuse; convs2s.model.fused): a "
+                        "compile of seconds, the model's products eager")
+    p.add_argument("--conv", choices=["windows", "native"], default="windows",
+                   help="the convolutions' full pass: k-frame windows and one GEMM, or the "
+                        "library's convolution (TrainConfig.conv; cuDNN on a GPU)")
     p.add_argument("--static-shapes", type=int, default=0, metavar="M",
                    help="pad every batch to a static shape (convs2s.train.collate.pad_to: "
                         "lengths rounded up to a multiple of M, the budget's sentence count "
@@ -134,6 +143,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.compile_deadline and not (args.compile and args.warmup):
         p.error("--compile-deadline watches the compile in the first warm-up step: give "
                 "--compile and --warmup 1 or more")
+    if args.fuse and (args.compile or args.compile_loss):
+        p.error("--fuse compiles the blocks' element-wise work and, on CUDA, the loss's chunks; "
+                "--compile compiles the whole model: give one of them")
     if args.compile_mode and not args.compile:
         p.error("--compile-mode needs --compile BACKEND")
     if args.cuda_graphs and not (args.static_shapes and args.device.startswith("cuda")):
@@ -222,7 +234,12 @@ def run(args: argparse.Namespace) -> dict:
     stepped_batches = [pad_to(b, *static_shape(b, args.max_tokens, args.static_shapes))
                        for b in batches] if args.static_shapes else batches
     model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
-    train_cfg = TrainConfig(precision=args.dtype, compile=args.compile)
+    use_native_conv(model, args.conv == "native")  # as the Trainer does with TrainConfig.conv
+    train_cfg = TrainConfig(precision=args.dtype, compile=args.compile, conv=args.conv,
+                            fuse=args.fuse)
+    if args.fuse:  # as the Trainer does with TrainConfig.fuse
+        fuse_regions(model, args.fuse)
+        compile_loss_chunks(args.fuse)
     optimizer = build_optimizer(model.parameters(), train_cfg)
     comm = Comm()
     stepped = compile_for_training(model, args.compile, mode=args.compile_mode or None) \
@@ -302,7 +319,7 @@ def run(args: argparse.Namespace) -> dict:
     mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
     results = {
         "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
-        "compile_loss": args.compile_loss,
+        "compile_loss": args.compile_loss, "conv": args.conv, "fuse": args.fuse,
         "compiled_loss_on": compiled_chunk_devices(),  # devices whose chunks ran compiled
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,

@@ -259,6 +259,17 @@ class TrainConfig(Settings):
     # compile for every batch shape): "" off (eager), else the backend ("inductor"; "aot_eager"
     # captures without generating code, for checks).
     compile: str = ""
+    # The element-wise work between each block's products (GLU, residuals, scalings, the
+    # attention's softmax) compiled as four functions that every block shares
+    # (convs2s.model.fused), and on CUDA the fused loss's chunks: "" off (eager), else the
+    # backend ("inductor"). A compile of seconds where the whole model's (`compile`) takes
+    # minutes; not with `compile`, which fuses all of it itself.
+    fuse: str = ""
+    # How the convolutions' full pass is computed (convs2s.model.conv.use_native_conv):
+    # "windows", k-frame windows and one GEMM (faster on CPUs, docs/benchmarks.md), or
+    # "native", the library's convolution (cuDNN on a GPU: no windows written). The same
+    # parameters, checkpoints and, to float32 rounding, the same numbers.
+    conv: Literal["windows", "native"] = "windows"
     # Static shapes: every training batch padded to one of a few fixed shapes, its lengths
     # rounded up to a multiple of this and its sentences to a rung of a ladder
     # (convs2s.train.collate.static_shape; about 1.2x the token slots on newstest-like
@@ -333,12 +344,17 @@ class TrainConfig(Settings):
         if self.grad_compression not in ("none", "bf16"):
             raise ValueError("grad_compression must be 'none' or 'bf16', got "
                              f"{self.grad_compression!r}")
+        if self.conv not in ("windows", "native"):
+            raise ValueError(f"conv must be 'windows' or 'native', got {self.conv!r}")
         if self.static_shapes < 0:
             raise ValueError("static_shapes is the multiple lengths are rounded up to (0: off), "
                              f"got {self.static_shapes}")
         if self.cuda_graphs and not self.static_shapes:
             raise ValueError("cuda_graphs captures one graph per batch shape: give static_shapes "
                              "as well (8 is a good start)")
+        if self.fuse and self.compile:
+            raise ValueError(f"fuse={self.fuse!r} and compile={self.compile!r}: choose one (the "
+                             "whole-model compile fuses the same work itself)")
         if self.cuda_graphs and self.compile:
             raise ValueError(f"cuda_graphs and compile={self.compile!r}: choose one (a compiled "
                              "step is not captured in these graphs)")

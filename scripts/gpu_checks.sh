@@ -7,7 +7,9 @@
 #      time from kernel events, kernels, launches and host syncs per step, phases), and the
 #      24,000-token step again with only the fused loss's chunks compiled (--compile-loss),
 #      the 3,000-token step on batches padded to static shapes, eager and replayed from CUDA
-#      graphs (--static-shapes 8, --cuda-graphs),
+#      graphs (--static-shapes 8, --cuda-graphs), both budgets with the convolutions by cuDNN
+#      (--conv native) and the blocks' element-wise work compiled (--fuse inductor), and the
+#      3,000-token step with all three,
 #      then, with REF_WHEELS set (a folder from scripts/fairseq_wheels.sh), the reference
 #      implementation's step on the same 3,000-token batches, bf16 autocast and float32,
 #   2. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
@@ -83,6 +85,23 @@ train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 --
   --out "$out/training_${fr}_cuda_bf16_24k.json"
 train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
   --compile-loss inductor --out "$out/training_${fr}_cuda_bf16_24k_loss_compiled.json"
+# the convolutions by cuDNN instead of k-frame windows + GEMM (TrainConfig.conv = "native"):
+# 12 GiB a 24,000-token step less memory traffic, counted on the CPU (docs/benchmarks.md)
+train "en-fr bf16 24000 native conv" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
+  --conv native --out "$out/training_${fr}_cuda_bf16_24k_native_conv.json"
+# the blocks' element-wise work (GLU, residuals, scalings, softmax) and the loss's chunks
+# compiled as a few shared functions (TrainConfig.fuse): a compile of seconds, not minutes
+train "en-fr bf16 24000 fused" 120 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
+  --fuse inductor --out "$out/training_${fr}_cuda_bf16_24k_fused.json"
+train "en-fr bf16 24000 native conv fused" 100 $fr bf16 24000 --steps 20 --warmup 3 \
+  --profile 3 --conv native --fuse inductor \
+  --out "$out/training_${fr}_cuda_bf16_24k_native_conv_fused.json"
+train "en-fr bf16 3000 native conv" 80 $fr bf16 3000 --steps 30 --warmup 5 --conv native \
+  --out "$out/training_${fr}_cuda_bf16_native_conv.json"
+# all of it at 3,000 tokens: fewer, fuller kernels, launched from CUDA graphs
+train "en-fr bf16 3000 cuda graphs native conv fused" 120 $fr bf16 3000 --steps 30 --warmup 5 \
+  --static-shapes 8 --cuda-graphs --conv native --fuse inductor \
+  --out "$out/training_${fr}_cuda_bf16_graphs_native_conv_fused.json"
 
 # the reference on the same batches as this project's step of the same dtype (issue 37: >= 2x)
 if [[ -n "${REF_WHEELS:-}" && -f "$work/batches_3000.json" ]]; then
@@ -98,8 +117,9 @@ if [[ -n "${REF_WHEELS:-}" && -f "$work/batches_3000.json" ]]; then
   ref fp32 20 3
 fi
 
-step gpu-tests 120 $PY -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_model.py tests/test_loss.py tests/test_checkpoint.py tests/test_train_step.py \
+step gpu-tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
+  tests/test_train_step.py \
   tests/test_translate.py tests/test_memory_fit.py
 
 if [[ -n "${LOOP_DATA:-}" ]]; then

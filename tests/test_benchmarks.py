@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.flops import TRAIN_MULTIPLIER, batch_flops, decoder_flops
 from benchmarks.report import RESULTS_DIR as RESULTS
-from convs2s.config import PAD, ModelConfig
+from convs2s.config import EOS, PAD, PRESETS, ModelConfig
 from convs2s.model.network import ConvS2S, inference_copy
 
 # Widths change (residual projections), a k=1 and a k=5 layer, attention in one layer only.
@@ -181,6 +181,81 @@ def test_step_traffic_counts_the_fused_loss_as_one_operator_without_computing_it
     loss.backward()
     assert computed.item() != pytest.approx(n * math.log(V), rel=1e-3)
     assert weight.grad.abs().max() > 0 and hidden.grad.abs().max() > 0
+
+
+def test_step_traffic_counts_the_native_convolution_as_a_product_without_the_windows_copies():
+    # TrainConfig.conv = "native": the convolutions are products (not computed, zeros in the
+    # kernels' channels-last layout, so no copy is counted that the real step would not make),
+    # their bias gradient a column sum apart; the k-frame windows' pad, copy and shifted adds
+    # are gone and nothing is copied to another layout.
+    from benchmarks.step_traffic import count
+    from convs2s.config import TrainConfig
+    from convs2s.model.conv import use_native_conv
+    from convs2s.model.network import ConvS2S
+    from convs2s.train.collate import collate_lists
+    from convs2s.train.optim import build_optimizer
+
+    g = torch.Generator().manual_seed(0)
+    src, tgt = ([torch.randint(4, 60, (n,), generator=g).tolist() + [EOS] for n in lengths]
+                for lengths in ((9, 7, 8), (8, 9, 6)))
+    counts = {}
+    for conv in ("windows", "native"):
+        torch.manual_seed(0)
+        model = ConvS2S(PRESETS["tiny"](), 60, 60).train()
+        use_native_conv(model, conv == "native")
+        cfg = TrainConfig(precision="bf16", conv=conv)
+        r = count(model, build_optimizer(model.parameters(), cfg), collate_lists(src, tgt), cfg,
+                  torch.device("cpu"))
+        counts[conv] = {(x["op"], x["where"]): x for x in r["rows"]}
+    windows, native = counts["windows"], counts["native"]
+    layers = len(PRESETS["tiny"]().encoder_layers) + len(PRESETS["tiny"]().decoder_layers)
+    assert windows[("clone", "model/conv.py:forward")]["calls"] == layers
+    assert not any("conv.py:forward" in w or "_Windows" in w for _, w in native)
+    conv = native[("convolution", "model/conv.py:_native")]
+    assert conv["calls"] == layers and conv["matmul"]
+    assert native[("convolution_backward", "backward of ConvolutionBackward0")]["matmul"]
+    bias = native[("sum", "bias of backward of ConvolutionBackward0")]
+    assert bias["calls"] == layers and not bias["matmul"]
+    # no copy the windows' step does not make (e.g. of a conv output in another layout)
+    copies = lambda rows: {k for k in rows if k[0] in ("clone", "contiguous")}  # noqa: E731
+    assert copies(native) == copies(windows) - {("clone", "model/conv.py:forward"),
+                                                ("clone", "backward of _WindowsBackward")}
+
+
+def test_step_traffic_counts_each_fused_region_as_one_kernel_forward_and_backward():
+    # `--fuse`: the blocks' element-wise functions (convs2s.model.fused) each count as the one
+    # kernel Inductor makes of them, reading inputs and writing outputs once; the eager
+    # operators they replace are gone, and the step moves fewer bytes.
+    from benchmarks.step_traffic import count
+    from convs2s.config import TrainConfig
+    from convs2s.model.fused import EAGER, REGIONS
+    from convs2s.model.network import ConvS2S
+    from convs2s.train.collate import collate_lists
+    from convs2s.train.optim import build_optimizer
+
+    g = torch.Generator().manual_seed(0)
+    src, tgt = ([torch.randint(4, 60, (n,), generator=g).tolist() + [EOS] for n in lengths]
+                for lengths in ((9, 7, 8), (8, 9, 6)))
+    cfg = TrainConfig(precision="bf16")
+    results = {}
+    for fuse in (False, True):
+        torch.manual_seed(0)
+        model = ConvS2S(PRESETS["tiny"](), 60, 60).train()
+        results[fuse] = count(model, build_optimizer(model.parameters(), cfg),
+                              collate_lists(src, tgt), cfg, torch.device("cpu"), fuse=fuse)
+        assert all(m.fused is EAGER for m in model.modules() if hasattr(m, "fused"))
+    rows = {(x["op"], x["where"]): x for x in results[True]["rows"]}
+    tiny = PRESETS["tiny"]()
+    calls = {"glu_residual": len(tiny.encoder_layers) + tiny.attention_layers.count(False),
+             **{name: sum(tiny.attention_layers) for name in REGIONS[1:]}}
+    for name in REGIONS:
+        for where in (name, "backward of " + name):
+            assert rows[("fused", where)]["calls"] == calls[name], (where, calls)
+    # an attention layer's GLU stays one eager kernel: its output feeds a product
+    assert rows[("glu", "model/network.py:_conv_output")]["calls"] == sum(tiny.attention_layers)
+    assert not any(op in ("_softmax", "_softmax_backward_data") for op, _ in rows)
+    assert results[True]["non_matmul_bytes"] < results[False]["non_matmul_bytes"]
+    assert results[True]["ops_per_update"] < results[False]["ops_per_update"]
 
 
 def test_generation_benchmark_writes_result(shared_data, tmp_path):

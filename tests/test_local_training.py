@@ -182,12 +182,13 @@ def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone
     assert on_ray.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
 
 
-def test_static_shapes_train_the_same_updates_and_graphs_off_a_gpu_say_so(demo_batches,
-                                                                           tmp_path, capsys):
+def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off_a_gpu_say_so(
+        demo_batches, tmp_path, capsys):
     """`static_shapes=8` pads every batch to a few shapes (what CUDA graphs capture): the same
     losses as the unpadded run (float32, no dropout: the padded run draws no other numbers),
     with a lower padding efficiency. `cuda_graphs` on a CPU says in one line that it is off
-    and why, and the run steps eagerly on the same shapes."""
+    and why, and the run steps eagerly on the same shapes. `conv="native"` trains the same
+    losses as well."""
     from convs2s.train.local import fit_local
 
     d = demo_batches
@@ -214,6 +215,17 @@ def test_static_shapes_train_the_same_updates_and_graphs_off_a_gpu_say_so(demo_b
     for step in plain:
         assert padded[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-5)
         assert padded[step]["train/padding_efficiency"] < plain[step]["train/padding_efficiency"]
+    # TrainConfig.conv = "native": the library's convolution for the tiny model's 4, said
+    # once; the same losses to float32 rounding
+    native = run("native", conv="native")
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "conv=native" in line]
+    assert len(said) == 1 and "the 4 convolutions' full pass" in said[0], said
+    assert sorted(native) == [4, 8, 12]
+    for step in plain:
+        assert native[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="conv must be 'windows' or 'native'"):
+        TrainConfig(conv="cudnn")
     with pytest.raises(ValueError, match="give static_shapes"):
         TrainConfig(cuda_graphs=True)
     with pytest.raises(ValueError, match="choose one"):

@@ -434,6 +434,99 @@ def test_convolution_matches_conv1d_and_its_gradient(kernel, causal, T):
     assert torch.autograd.gradcheck(lambda x: _Windows.apply(x, kernel, left, right), (x,))
 
 
+def test_the_native_convolution_trains_the_same_model_as_the_windows():
+    """`use_native_conv` (TrainConfig.conv = "native") computes every convolution's full pass
+    by the library's convolution: the same loss and gradients as the k-frame windows, for
+    kernels 1, 2 (even: padded unevenly), 3 and 5, causal and not, with left-padded sources;
+    the same parameters (a checkpoint does not know which ran), and incremental decoding,
+    which never used the windows, still equals the full pass."""
+    from convs2s.model.conv import use_native_conv
+
+    model = model_for(MIXED).train()
+    src, lengths, prev = make_batch(B=4, S=9, T=7)
+    src[1, :3] = PAD
+    lengths = src.ne(PAD).sum(1)
+    target = torch.roll(prev, -1, 1)
+    target[2, 4:] = PAD
+
+    def loss_and_grads():
+        model.zero_grad()
+        torch.manual_seed(5)  # the same dropout masks in both runs
+        loss, nll = model(src, lengths, prev, target=target, label_smoothing=0.1)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    keys = set(model.state_dict())
+    want, want_grads = loss_and_grads()
+    assert use_native_conv(model) == len(MIXED.encoder_layers) + len(MIXED.decoder_layers)
+    got, grads = loss_and_grads()
+    assert set(model.state_dict()) == keys
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, want_grads[n], rtol=1e-4, atol=1e-6, msg=n)
+    model.eval()
+    with torch.no_grad():
+        logits, _ = model(src, lengths, prev)
+        net = inference_copy(model)
+        state = net.init_state(net.encode(src, lengths))
+        for t in range(prev.shape[1]):
+            step_logits, _ = net.decode_step(prev[:, t], state)
+            torch.testing.assert_close(step_logits, logits[:, t], rtol=1e-4, atol=1e-5)
+    use_native_conv(model, False)
+    assert not any(getattr(m, "native", False) for m in model.modules())
+
+
+def test_the_native_convolution_compiles_as_one_graph():
+    """The library's convolution in a captured graph (aot_eager: what our code can get wrong is
+    the capture): no graph break, the same outputs and gradients."""
+    from convs2s.model.conv import use_native_conv
+
+    model = model_for(MIXED)
+    use_native_conv(model)
+    src, lengths, prev = make_batch()
+    src[0, :2] = PAD
+    ref_logits, _ = model(src, lengths, prev)
+    logits, _ = torch.compile(model, backend="aot_eager", fullgraph=True)(src, lengths, prev)
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
+    logits.logsumexp(-1).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref_logits.logsumexp(-1).sum().backward()
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.gpu
+def test_the_native_convolution_on_a_gpu_in_bf16_matches_the_windows():
+    """On CUDA under bf16 autocast (cuDNN's convolution in channels-last layout), the native
+    convolution's outputs and gradients agree with the windows' within bf16 tolerance, and
+    its input and output are not copied to another layout (the output is B x T x C
+    contiguous, as the windows' GEMM gives it)."""
+    from convs2s.model.conv import conv, use_native_conv
+
+    dev = torch.device("cuda")
+    for causal in (True, False):
+        torch.manual_seed(0)
+        layer = conv(256, 512, 3, causal, dropout=0.0).to(dev)
+        x = torch.randn(16, 40, 256, device=dev, requires_grad=True)
+        out = []
+        for native in (False, True):
+            use_native_conv(layer, native)
+            layer.zero_grad()
+            x.grad = None
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = layer(x)
+            assert y.dtype == torch.bfloat16 and y.is_contiguous()
+            y.float().square().mean().backward()
+            out.append((y.float(), x.grad.clone(),
+                        [p.grad.clone() for p in layer.parameters()]))
+        (y0, gx0, gp0), (y1, gx1, gp1) = out
+        assert (y1 - y0).abs().max() < 0.02 * y0.abs().max()
+        assert F.cosine_similarity(gx1.flatten(), gx0.flatten(), dim=0) > 0.999
+        for a, b in zip(gp1, gp0):
+            assert F.cosine_similarity(a.flatten().float(), b.flatten().float(), dim=0) > 0.999
+
+
 def test_dropout_keeps_the_expected_share_and_scale():
     from convs2s.model.layers import dropout
 
@@ -480,11 +573,12 @@ def test_under_bf16_autocast_attention_casts_no_keys_or_values_in_its_layers():
         attention = model.decoder.blocks[0].attention
         # The operands as the encoder made them, first: autocast then keeps the biases' bf16
         # copies (leaf parameters) for the rest of the context, and the count below is per call.
-        before_out, before_attn = attention(h, g, enc)
+        r = torch.randn_like(h)  # the block's residual
+        before_out, before_attn = attention(h, g, enc, r)
         ready = enc.for_attention()
-        out, attn = attention(h, g, ready)
+        out, attn = attention(h, g, ready, r)
         with Traffic() as traffic:  # counts (its matrix products are zeros, not products)
-            attention(h, g, ready)
+            attention(h, g, ready, r)
     casts = sum(r["calls"] for (op, _, _), r in traffic.rows.items() if op == "_to_copy")
     assert casts == 3  # in_proj's and out_proj's weight-normed weights, the attention weights
     assert ready.keys.dtype == torch.float32 and ready.values.dtype == torch.bfloat16

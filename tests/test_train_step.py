@@ -397,13 +397,16 @@ def test_cuda_graphs_refuse_a_model_off_the_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_cuda_graphed_updates_equal_the_eager_updates(precision):
+@pytest.mark.parametrize("precision,fuse", [("fp32", ""), ("bf16", ""), ("bf16", "inductor")],
+                         ids=["fp32", "bf16", "bf16-fused"])
+def test_cuda_graphed_updates_equal_the_eager_updates(precision, fuse):
     """The forward and backward replayed from one CUDA graph per static shape train the same
     updates as the eager step on the same padded batches (no dropout: the masks would differ),
     capture once per shape (several shapes, one memory pool), add the gradients of two
     different micro-batches of one shape (not the second replay's alone), validate eagerly, and
-    with dropout draw fresh masks each replay."""
+    with dropout draw fresh masks each replay. With the blocks' element-wise work compiled
+    (TrainConfig.fuse), their Triton kernels are captured too: the same updates."""
+    from convs2s.model.fused import fuse_regions
     from convs2s.train.graphs import CudaGraphedLoss
     from convs2s.train.regularization import set_dropout
 
@@ -422,6 +425,8 @@ def test_cuda_graphed_updates_equal_the_eager_updates(precision):
     runs = []
     for graphed in (False, True):
         net = fresh_model().to(device)
+        if graphed:
+            fuse_regions(net, fuse)
         stepped = CudaGraphedLoss(net) if graphed else net
         opt = build_optimizer(net.parameters(), cfg)
         losses = [float(train_update(stepped, opt, mbs, cfg, Comm(), device).loss_sum)
@@ -439,6 +444,7 @@ def test_cuda_graphed_updates_equal_the_eager_updates(precision):
 
     net = fresh_model().to(device)
     set_dropout(net, 0.2)
+    fuse_regions(net, fuse)
     graphed = CudaGraphedLoss(net)
 
     def loss_of(b):

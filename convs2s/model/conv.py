@@ -3,6 +3,7 @@ and its incremental form for decoding (§5.3): the same (C_out, k * C_in) weight
 
     layer = conv(c_in, 2 * c_out, kernel=3, causal=True, dropout=0.1)  # weight-normed Conv
     y = layer(x)                                   # B x T x C_in -> B x T x 2C_out
+    use_native_conv(model)                         # the full pass by the library's convolution
     buf = layer.init_buffer(n, device, dtype)      # the causal left padding
     y_t, buf = layer.step(x_t, buf)                # one frame per row, O(1) in the prefix
 
@@ -67,6 +68,9 @@ class Conv(nn.Module):
         # An int8 inference copy (`convs2s.inference.quantize`) replaces the float matmul by this
         # module.
         self.int8: nn.Module | None = None
+        # The full pass by the library's convolution instead of windows + GEMM
+        # (`use_native_conv`); the incremental step is the same matmul either way.
+        self.native = False
         # Appendix A: a conv feeding a GLU, after dropout: N(0, sqrt(4p / (k * C_in))).
         nn.init.normal_(self.weight, 0.0, math.sqrt(4.0 * (1.0 - dropout) / (kernel * c_in)))
         # Causal (decoder): k-1 frames of left context only. Encoder: centred window.
@@ -80,11 +84,26 @@ class Conv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # B x T x C_in -> B x T x C_out
         B, T, _ = x.shape
+        if self.native and self.int8 is None:
+            return self._native(x)
         if self.kernel > 1:
             # The k-frame windows copied once into a (B*T) x (k*C_in) matrix: the whole
             # convolution is then a single large GEMM.
             x = _Windows.apply(x, self.kernel, *self.pad)
         return self.matmul(x).view(B, T, -1)
+
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` as one 2-D convolution over a 1 x T image in channels-last layout: the
+        B x T x C input and the (C_out, k, C_in) weight are already NHWC / OHWI views, so
+        nothing is copied and no k-frame windows are written (cuDNN's implicit GEMM on a GPU).
+        The same sums as the windows' GEMM, in another order: equal to float32 rounding."""
+        left, right = self.pad
+        if left != right:  # causal or an even kernel: the library pads both sides alike
+            x, left = F.pad(x, (0, 0, left, right)), 0
+        y = F.conv2d(x.transpose(1, 2).unsqueeze(2),  # B x C_in x 1 x T, channels-last
+                     self.weight.permute(0, 2, 1).unsqueeze(2),  # C_out x C_in x 1 x k, OHWI
+                     self.bias, padding=(0, left))
+        return y.squeeze(2).transpose(1, 2)  # B x T x C_out
 
     def init_buffer(self, n: int, device, dtype) -> torch.Tensor | None:
         """`step`'s history before the first frame: N x (k-1) x C_in zeros, exactly the causal
@@ -101,6 +120,22 @@ class Conv(nn.Module):
             buffer = window[:, 1:]  # keep the last k-1 frames for the next step
             x = window.reshape(window.shape[0], 1, -1)  # N x 1 x (k * C_in), time-major
         return self.matmul(x), buffer
+
+
+def use_native_conv(model: nn.Module, on: bool = True) -> int:
+    """Compute every `Conv`'s full pass of `model` by the library's convolution (`on`) or by
+    k-frame windows and one GEMM (the default); returns how many convolutions it set.
+
+    The windows cost memory traffic: the padded input, a copy k times its size and, backward,
+    k shifted adds (12 GiB of a 24,000-token En-Fr bf16 step, counted by
+    `benchmarks.step_traffic`), which a GPU's implicit-GEMM convolution does not write. On the
+    2-core CPU the windows were faster (docs/benchmarks.md), so they stay the default; parameters
+    and checkpoints are the same either way."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, Conv):
+            m.native, n = on, n + 1
+    return n
 
 
 def conv(c_in: int, c_out: int, kernel: int, causal: bool, dropout: float) -> nn.Module:

@@ -39,7 +39,6 @@ everywhere, `decode` included).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -49,10 +48,9 @@ from torch.nn.utils import parametrize
 
 from convs2s.config import PAD, ModelConfig
 from convs2s.model.conv import conv
+from convs2s.model.fused import EAGER, SQRT_HALF
 from convs2s.model.layers import GradMultiply, dropout, embedding, linear, make_positions
 from convs2s.model.loss import output_layer_loss
-
-SQRT_HALF = math.sqrt(0.5)  # §3.4: halves the variance of a sum of two equal-variance terms
 
 
 class Block(nn.Module):
@@ -71,6 +69,7 @@ class Block(nn.Module):
         self.conv = conv(c_in, 2 * c_out, kernel, causal, dropout)  # 2 * C_out for the GLU
         self.attention = attention
         self.kernel, self.dropout = kernel, dropout
+        self.fused = EAGER  # the element-wise work after the conv (convs2s.model.fused)
 
     def _conv_input(self, x: torch.Tensor, keep: torch.Tensor | None = None):
         """x N x T x C_in -> residual N x T x C_out, conv input N x T x C_in (dropped out)."""
@@ -78,11 +77,11 @@ class Block(nn.Module):
         return residual, dropout(x, self.dropout, self.training, keep=keep)
 
     def _conv_output(self, y: torch.Tensor, residual: torch.Tensor, g, enc):
-        """Conv output y N x T x 2C -> block output N x T x C, attention N x T x S or None."""
-        x, attn = F.glu(y, dim=-1), None  # A * sigmoid(B)
-        if self.attention is not None:
-            x, attn = self.attention(x, g, enc)
-        return x.add_(residual).mul_(SQRT_HALF), attn  # in place: the GLU output is not saved
+        """Conv output y N x T x 2C -> block output N x T x C, attention N x T x S or None:
+        (GLU(y) [+ attention] + residual) * sqrt(.5), GLU(y) = A * sigmoid(B)."""
+        if self.attention is None:
+            return self.fused.glu_residual(y, residual), None
+        return self.attention(F.glu(y, dim=-1), g, enc, residual)
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None,
                 g: torch.Tensor | None = None, enc: EncoderOut | None = None):
@@ -117,7 +116,7 @@ class EncoderOut:
     keys: torch.Tensor  # B x S x E: z_j, the encoder output (gradient scaled)
     values: torch.Tensor  # B x S x E: (z_j + e_j) * sqrt(.5), output plus input embedding
     mask_bias: torch.Tensor  # B x 1 x S float32: 0 for tokens, -inf for source padding
-    scale: torch.Tensor  # B x 1 x 1: s * sqrt(1/s) = sqrt(s), s = true source length (§3.4)
+    scale: torch.Tensor  # B x 1 x 1 float32: sqrt(s), s = true source length (§3.4)
 
     def for_attention(self) -> "EncoderOut":
         """The keys in float32 (the scores are float32 even under autocast, `Attention`) and,
@@ -128,7 +127,7 @@ class EncoderOut:
         values, device = self.values, self.values.device.type
         if torch.is_autocast_enabled(device):
             values = values.to(torch.get_autocast_dtype(device))
-        return EncoderOut(self.keys.float(), values, self.mask_bias, self.scale.to(values.dtype))
+        return EncoderOut(self.keys.float(), values, self.mask_bias, self.scale)
 
     def select(self, rows: torch.Tensor) -> "EncoderOut":
         """Rows `rows` (LongTensor) of every field, e.g. to drop finished sentences."""
@@ -206,24 +205,29 @@ class Attention(nn.Module):
         super().__init__()
         self.in_proj = linear(channels, embed_dim)
         self.out_proj = linear(embed_dim, channels)
+        self.fused = EAGER  # the element-wise work between the products (convs2s.model.fused)
 
-    def forward(self, h: torch.Tensor, g: torch.Tensor, enc: EncoderOut):
-        # h N x T x C (block output after the GLU), g N x T x E (target embedding); N = B * K
-        # target rows for B sentences, the K rows of a sentence consecutive (K = 1 in training).
+    def forward(self, h: torch.Tensor, g: torch.Tensor, enc: EncoderOut,
+                residual: torch.Tensor):
+        """h N x T x C (the GLU output), g N x T x E (target embedding), the block's residual
+        N x T x C -> the block's output ((W c + b + h) * sqrt(.5) + residual) * sqrt(.5)
+        N x T x C and the attention N x T x S. N = B * K target rows for B sentences, the K
+        rows of a sentence consecutive (K = 1 in training)."""
         N, T, _ = h.shape
         B, S, E = enc.keys.shape
-        # Out-of-place add, then in place: a linear layer's 3-D output is a view, and in-place
-        # ops on views cost autograd 4-5 extra copies each in the backward (CopySlices).
-        d = torch.add(self.in_proj(h), g).mul_(SQRT_HALF)  # N x T x E: (W h + b + g) * sqrt(.5)
-        d = d.reshape(B, N // B * T, E)  # B x KT x E: one matmul per sentence, keys read once
+        fused = self.fused
+        d = fused.attention_query(self.in_proj(h), g)  # N x T x E float32: (W h + b + g) * √.5
+        d = d.view(B, N // B * T, E)  # B x KT x E: one matmul per sentence, keys read once
         # Scores and softmax in float32 even under autocast (bf16 logits lose the ranking).
         with torch.autocast(device_type=d.device.type, enabled=False):
-            scores = torch.bmm(d.float(), enc.keys.float().transpose(1, 2))  # B x KT x S
-            attn = torch.softmax(scores + enc.mask_bias, dim=-1)  # padding gets weight 0
-        c = torch.bmm(attn.to(enc.values.dtype), enc.values)  # B x KT x E
-        c = c.mul_(enc.scale.to(c.dtype))  # §3.4: m * sqrt(1/m), m = true source length
-        h = torch.add(self.out_proj(c.view(N, T, E)), h).mul_(SQRT_HALF)  # N x T x C
-        return h, attn.view(N, T, S)
+            scores = torch.bmm(d, enc.keys.float().transpose(1, 2))  # B x KT x S
+            # padding gets weight 0; §3.4: the context is scaled by m * sqrt(1/m), m = the true
+            # source length, applied to the weights before the product
+            attn, weights = fused.attention_weights(scores, enc.mask_bias, enc.scale,
+                                                    enc.values.dtype)
+        c = torch.bmm(weights, enc.values)  # B x KT x E
+        out = fused.attention_residual(self.out_proj(c.view(N, T, E)), h, residual)
+        return out, attn.view(N, T, S)
 
 
 # --- decoder (§3.2, §3.3) and incremental decoding state (§5.3) ---------------------------------

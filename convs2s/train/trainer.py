@@ -61,6 +61,9 @@ from convs2s.io.checkpoint import (
 from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.config import ModelConfig
 from storage import location, publish_dir
+from convs2s.model.conv import use_native_conv
+from convs2s.model.fused import fuse_regions
+from convs2s.model.loss import compile_loss_chunks
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
@@ -178,6 +181,18 @@ class Trainer:
             torch.set_num_threads(runtime.cpu_threads(job))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
+        if self.cfg.fuse:  # TrainConfig.fuse: the blocks' element-wise work compiled
+            n = fuse_regions(self.net, self.cfg.fuse)
+            compile_loss_chunks(self.cfg.fuse)  # CUDA only (slower on CPUs, see its docstring)
+            if self.rank == 0:
+                _say(f"[convs2s.train] fuse={self.cfg.fuse}: the element-wise work of {n} "
+                     "blocks and attention layers compiled as 4 shared functions"
+                     + (", and the loss's chunks" if self.device.type == "cuda" else ""))
+        if self.cfg.conv == "native":  # TrainConfig.conv
+            n = use_native_conv(self.net)
+            if self.rank == 0:
+                _say(f"[convs2s.train] conv=native: the {n} convolutions' full pass by the "
+                     "library's convolution, not k-frame windows")
         # to the device; DDP when world > 1, with the run's buckets and gradient compression
         self.model = compress_gradients(runtime.prepare_model(self.net, ddp_kwargs(self.cfg)),
                                         self.cfg.grad_compression)
