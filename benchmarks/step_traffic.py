@@ -158,14 +158,24 @@ class Traffic(TorchDispatchMode):
         return out
 
 
+# What each fused function's backward reads besides the gradients it is given: the indices of
+# its tensor arguments (or a stand-in of the same size). The residual and query functions are
+# scalings and sums, whose gradients need only the incoming gradient; the GLU's needs its input;
+# the softmax's needs its output (as large as the scores) and the length scale.
+_BACKWARD_READS = {"glu_residual": (0,), "attention_query": (), "attention_weights": (0, 2),
+                   "attention_residual": ()}
+
+
 class _FusedRegion(torch.autograd.Function):
     """One of `convs2s.model.fused`'s functions counted as the one kernel a compiler makes of
-    it, forward and backward: it reads its inputs and writes its outputs once (backward: reads
-    the outputs' gradients and the inputs, writes the inputs' gradients). What Inductor's
-    fused kernel moves at best; the eager work inside is run, not counted."""
+    it, forward and backward: forward, it reads its inputs and writes its outputs once;
+    backward, it reads the gradients it is given (none for an unused output) and what
+    `_BACKWARD_READS` says, and writes its inputs' gradients. What Inductor's fused kernel
+    moves at best; the eager work inside is run, not counted."""
 
     @staticmethod
     def forward(ctx, fn, traffic, args, *tensors):
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None, unread
         with _disable_current_modes(), torch.enable_grad():
             leaves = [t.detach().requires_grad_(t.requires_grad) for t in tensors]
             it = iter(leaves)
@@ -183,8 +193,9 @@ class _FusedRegion(torch.autograd.Function):
             got = iter(torch.autograd.grad([o for o, _ in pairs], wanted,
                                            [g for _, g in pairs], allow_unused=True))
         grads_in = [next(got) if t.requires_grad else None for t in ctx.leaves]
-        _count_region(ctx.traffic, "backward of " + ctx.fn,
-                      [g for _, g in pairs] + ctx.leaves, [g for g in grads_in if g is not None])
+        saved = [ctx.leaves[i] for i in _BACKWARD_READS[ctx.fn]]
+        _count_region(ctx.traffic, "backward of " + ctx.fn, [g for _, g in pairs] + saved,
+                      [g for g in grads_in if g is not None])
         return (None, None, None, *grads_in)
 
 

@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fuse", default="", metavar="BACKEND",
                    help="compile the blocks' element-wise work as four shared functions and, on "
                         "CUDA, the loss's chunks (TrainConfig.fuse; convs2s.model.fused): a "
-                        "compile of seconds, the model's products eager")
+                        "compile of under a minute, the model's products eager")
     p.add_argument("--conv", choices=["windows", "native"], default="windows",
                    help="the convolutions' full pass: k-frame windows and one GEMM, or the "
                         "library's convolution (TrainConfig.conv; cuDNN on a GPU)")
@@ -320,7 +320,8 @@ def run(args: argparse.Namespace) -> dict:
     results = {
         "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
         "compile_loss": args.compile_loss, "conv": args.conv, "fuse": args.fuse,
-        "compiled_loss_on": compiled_chunk_devices(),  # devices whose chunks ran compiled
+        # whether this run's chunks ran compiled (on its device)
+        "compiled_loss_on": [d for d in compiled_chunk_devices() if d == device.type],
         "parameters": sum(p.numel() for p in model.parameters()),
         "data": data_info,
         "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),

@@ -262,8 +262,8 @@ class TrainConfig(Settings):
     # The element-wise work between each block's products (GLU, residuals, scalings, the
     # attention's softmax) compiled as four functions that every block shares
     # (convs2s.model.fused), and on CUDA the fused loss's chunks: "" off (eager), else the
-    # backend ("inductor"). A compile of seconds where the whole model's (`compile`) takes
-    # minutes; not with `compile`, which fuses all of it itself.
+    # backend ("inductor"). A compile of under a minute where the whole model's (`compile`)
+    # takes minutes; not with `compile`, which fuses all of it itself.
     fuse: str = ""
     # How the convolutions' full pass is computed (convs2s.model.conv.use_native_conv):
     # "windows", k-frame windows and one GEMM (faster on CPUs, docs/benchmarks.md), or

@@ -90,7 +90,7 @@ train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 --warmup 3 
 train "en-fr bf16 24000 native conv" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
   --conv native --out "$out/training_${fr}_cuda_bf16_24k_native_conv.json"
 # the blocks' element-wise work (GLU, residuals, scalings, softmax) and the loss's chunks
-# compiled as a few shared functions (TrainConfig.fuse): a compile of seconds, not minutes
+# compiled as a few shared functions (TrainConfig.fuse): a compile of under a minute
 train "en-fr bf16 24000 fused" 120 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
   --fuse inductor --out "$out/training_${fr}_cuda_bf16_24k_fused.json"
 train "en-fr bf16 24000 native conv fused" 100 $fr bf16 24000 --steps 20 --warmup 3 \

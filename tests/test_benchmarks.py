@@ -540,12 +540,14 @@ def test_the_process_profile_gives_each_kind_of_process_its_cpu(tmp_path):
         "ray daemon: raylet"
 
 
-def test_training_benchmark_refuses_cuda_graphs_without_static_shapes_or_a_gpu(capsys):
+def test_training_benchmark_refuses_cuda_graphs_without_static_shapes_or_a_gpu_and_two_compiles(
+        capsys):
     from benchmarks import training
 
     for argv, says in ((["--cuda-graphs", "--device", "cuda"], "--static-shapes"),
                        (["--cuda-graphs", "--static-shapes", "16"], "CUDA --device"),
-                       (["--compile-mode", "reduce-overhead"], "needs --compile")):
+                       (["--compile-mode", "reduce-overhead"], "needs --compile"),
+                       (["--fuse", "inductor", "--compile", "inductor"], "give one of them")):
         with pytest.raises(SystemExit):
             training.parse_args(argv)
         assert says in capsys.readouterr().err

@@ -53,6 +53,8 @@ def test_compiled_regions_train_the_same_model_once_compiled_for_every_block_and
     loss and gradients (float32), and a batch of other lengths and sentence counts, through
     blocks of four widths, compiles nothing more (a recompile is an error here). Validation
     (no autograd) runs the eager functions, compiling nothing either."""
+    from torch._dynamo.utils import counters
+
     torch.manual_seed(0)
     model = ConvS2S(MIXED, 50, 60).train()
     first, second = _batch(3, 7, 6, seed=1), _batch(5, 9, 8, seed=2)
@@ -61,7 +63,9 @@ def test_compiled_regions_train_the_same_model_once_compiled_for_every_block_and
     assert n == len(MIXED.encoder_layers) + len(MIXED.decoder_layers) + 3  # + attention layers
     assert all(m.fused.backend == backend for m in model.modules()
                if isinstance(m, (Block, Attention)))
-    got = [_train_step(model, first)]  # compiles here
+    graphs = counters["stats"]["unique_graphs"]
+    got = [_train_step(model, first)]  # compiles here: the four functions at least
+    assert counters["stats"]["unique_graphs"] >= graphs + 4
     with torch.compiler.set_stance("fail_on_recompile"):
         got.append(_train_step(model, second))
         with torch.no_grad():
@@ -76,6 +80,14 @@ def test_compiled_regions_train_the_same_model_once_compiled_for_every_block_and
     ref_logits, ref_attn = model(*second[:3])
     torch.testing.assert_close(logits, ref_logits)
     torch.testing.assert_close(attn, ref_attn)
+
+
+def test_a_backend_torch_compile_does_not_know_is_refused_before_any_step():
+    model = ConvS2S(MIXED, 50, 60)
+    with pytest.raises(ValueError, match="fuse='inducter' is not a torch.compile backend; give "
+                                         "one of .*inductor"):
+        fused.fuse_regions(model, "inducter")
+    assert all(m.fused is fused.EAGER for m in model.modules() if hasattr(m, "fused"))
 
 
 def test_scaling_the_attention_weights_is_scaling_the_context():

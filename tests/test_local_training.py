@@ -188,7 +188,7 @@ def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off
     losses as the unpadded run (float32, no dropout: the padded run draws no other numbers),
     with a lower padding efficiency. `cuda_graphs` on a CPU says in one line that it is off
     and why, and the run steps eagerly on the same shapes. `conv="native"` trains the same
-    losses as well."""
+    losses as well, and so does `fuse` (the blocks' element-wise work compiled)."""
     from convs2s.train.local import fit_local
 
     d = demo_batches
@@ -224,6 +224,16 @@ def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off
     assert sorted(native) == [4, 8, 12]
     for step in plain:
         assert native[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-5)
+    # TrainConfig.fuse: the blocks' element-wise work compiled (aot_eager: the capture without
+    # code generation), said once; the same losses
+    fused = run("fused", fuse="aot_eager")
+    out = capsys.readouterr()
+    said = [line for line in (out.out + out.err).splitlines() if "fuse=" in line]
+    assert len(said) == 1 and "of 6 blocks and attention layers compiled" in said[0], said
+    for step in plain:
+        assert fused[step]["train/loss"] == pytest.approx(plain[step]["train/loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="choose one"):
+        TrainConfig(fuse="inductor", compile="inductor")
     with pytest.raises(ValueError, match="conv must be 'windows' or 'native'"):
         TrainConfig(conv="cudnn")
     with pytest.raises(ValueError, match="give static_shapes"):

@@ -399,14 +399,16 @@ def test_cuda_graphs_refuse_a_model_off_the_gpu():
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision,fuse", [("fp32", ""), ("bf16", ""), ("bf16", "inductor")],
                          ids=["fp32", "bf16", "bf16-fused"])
-def test_cuda_graphed_updates_equal_the_eager_updates(precision, fuse):
+def test_cuda_graphed_updates_equal_the_eager_updates(precision, fuse, compile_state):
     """The forward and backward replayed from one CUDA graph per static shape train the same
     updates as the eager step on the same padded batches (no dropout: the masks would differ),
     capture once per shape (several shapes, one memory pool), add the gradients of two
     different micro-batches of one shape (not the second replay's alone), validate eagerly, and
-    with dropout draw fresh masks each replay. With the blocks' element-wise work compiled
-    (TrainConfig.fuse), their Triton kernels are captured too: the same updates."""
+    with dropout draw fresh masks each replay. With the blocks' element-wise work and the
+    loss's chunks compiled (TrainConfig.fuse, as the Trainer sets it), their Triton kernels are
+    captured too: the same updates."""
     from convs2s.model.fused import fuse_regions
+    from convs2s.model.loss import compile_loss_chunks
     from convs2s.train.graphs import CudaGraphedLoss
     from convs2s.train.regularization import set_dropout
 
@@ -427,6 +429,7 @@ def test_cuda_graphed_updates_equal_the_eager_updates(precision, fuse):
         net = fresh_model().to(device)
         if graphed:
             fuse_regions(net, fuse)
+        compile_loss_chunks(fuse if graphed else None)
         stepped = CudaGraphedLoss(net) if graphed else net
         opt = build_optimizer(net.parameters(), cfg)
         losses = [float(train_update(stepped, opt, mbs, cfg, Comm(), device).loss_sum)

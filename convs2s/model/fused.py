@@ -8,8 +8,9 @@ the blocks call through a table: eager by default, compiled together on request 
 
 Eager, each is two to five kernels, each a pass over B x T x C values in memory, forward and
 backward; compiled (`torch.compile`, dynamic shapes), each is one kernel forward and about one
-backward. The functions are shared by every block, so one compile serves all 30 blocks of the
-paper's models in seconds, where the whole model's compile took minutes (docs/benchmarks.md).
+backward. The functions are shared by every block, so a few graphs serve all 30 blocks of the
+paper's models: the En-Fr model's compile took 41 s on a 2-core CPU, where the whole model's
+took 219 s (docs/benchmarks.md).
 The table is per model (`Block.fused`, `Attention.fused`): `fuse_regions(model, backend)` sets
 the compiled one, `fuse_regions(model, None)` the eager one; parameters and checkpoints do not
 change. The compiled table runs only where autograd records (training): validation and the
@@ -81,10 +82,14 @@ def _when_recording(compiled, eager):
 
 
 def compiled_regions(backend: str) -> SimpleNamespace:
-    """The four functions compiled with `backend` (dynamic shapes: one capture for every batch
-    shape and block width), made once per process and backend."""
+    """The four functions compiled with `backend` (dynamic shapes: a capture serves every batch
+    shape and block width), made once per process and backend. A name torch.compile does not
+    know is a ValueError here, before the first step, rather than inside it."""
     if backend not in _compiled:
-        torch._dynamo.config.specialize_float = True  # the sqrt(.5) as constants
+        known = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in known:
+            raise ValueError(f"fuse={backend!r} is not a torch.compile backend; give one of "
+                             f"{', '.join(sorted(known))}")
         _compiled[backend] = SimpleNamespace(backend=backend, **{
             name: _when_recording(torch.compile(fn, backend=backend, dynamic=True), fn)
             for name, fn in vars(EAGER).items() if name != "backend"})

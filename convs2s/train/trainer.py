@@ -181,9 +181,12 @@ class Trainer:
             torch.set_num_threads(runtime.cpu_threads(job))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
-        if self.cfg.fuse:  # TrainConfig.fuse: the blocks' element-wise work compiled
+        # TrainConfig.fuse: the blocks' element-wise work compiled, and on CUDA the loss's chunks
+        # (slower on CPUs, see its docstring); without it eager chunks, whatever this process
+        # compiled before (`compile` compiles them again below)
+        compile_loss_chunks(self.cfg.fuse or None)
+        if self.cfg.fuse:
             n = fuse_regions(self.net, self.cfg.fuse)
-            compile_loss_chunks(self.cfg.fuse)  # CUDA only (slower on CPUs, see its docstring)
             if self.rank == 0:
                 _say(f"[convs2s.train] fuse={self.cfg.fuse}: the element-wise work of {n} "
                      "blocks and attention layers compiled as 4 shared functions"
