@@ -344,9 +344,10 @@ def _remove_placement_groups_left(before: set[str], quiet_s: float = 3.0,
     two-worker run waited for it; docs/benchmarks.md, "Stopping a run"). Ray's GCS removes a
     group once both its job and the actor that made it are dead, but marks the actor's death
     only on the groups registered before it: one registered as its maker died may outlive
-    even the job, on a cluster too. In a full test session a controller made one more than 3 s
-    after the others were removed (CPUs held, the session's next runs starved): so the watch
-    also lasts while a controller lives. Once the sweep is stopped nothing of it runs, so whatever
+    even the job, on a cluster too. In one full test session 1 CPU was still held by a group
+    after a stopped sweep (made late, or before the sweep began: not told apart), and the
+    session's next runs starved: so the watch also lasts while a controller of the job lives.
+    Once the sweep is stopped nothing of it runs, so whatever
     its job made since it began is left over; this assumes the job runs nothing else
     meanwhile (a command's job does not; a notebook running other Ray work beside a sweep
     would lose that work's placement groups)."""
