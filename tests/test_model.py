@@ -322,19 +322,24 @@ def test_encoder_gradient_scaling():
     torch.testing.assert_close(grad * 6, grad1)
 
 
-def test_torch_compile_matches_eager():
-    """torch.compile captures the whole model (custom autograd functions, in-place ops, weight
-    norm parametrizations) with the same outputs and gradients as eager.
+@pytest.mark.parametrize("conv", ["windows", "native"])
+def test_torch_compile_matches_eager(conv):
+    """torch.compile captures the whole model as one graph (custom autograd functions, in-place
+    ops, weight norm parametrizations; the windows' GEMM or the library's convolution,
+    `use_native_conv`) with the same outputs and gradients as eager.
 
     The `aot_eager` backend runs the graphs that Dynamo and AOTAutograd capture, without
     Inductor's code generation: what can go wrong in *our* code is the capture (a wrong guard,
     a mutation lost in functionalization, a custom backward dropped), and this checks it in
     seconds where Inductor's C++ compilation takes a minute on CPU."""
+    from convs2s.model.conv import use_native_conv
+
     model = model_for(MIXED)  # eval mode: dropout off, so both runs are deterministic
+    use_native_conv(model, conv == "native")
     src, lengths, prev = make_batch()
     src[0, :2] = PAD
     ref_logits, ref_attn = model(src, lengths, prev)
-    compiled = torch.compile(model, backend="aot_eager")
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     logits, attn = compiled(src, lengths, prev)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(attn, ref_attn, rtol=1e-5, atol=1e-5)
@@ -474,26 +479,6 @@ def test_the_native_convolution_trains_the_same_model_as_the_windows():
             torch.testing.assert_close(step_logits, logits[:, t], rtol=1e-4, atol=1e-5)
     use_native_conv(model, False)
     assert not any(getattr(m, "native", False) for m in model.modules())
-
-
-def test_the_native_convolution_compiles_as_one_graph():
-    """The library's convolution in a captured graph (aot_eager: what our code can get wrong is
-    the capture): no graph break, the same outputs and gradients."""
-    from convs2s.model.conv import use_native_conv
-
-    model = model_for(MIXED)
-    use_native_conv(model)
-    src, lengths, prev = make_batch()
-    src[0, :2] = PAD
-    ref_logits, _ = model(src, lengths, prev)
-    logits, _ = torch.compile(model, backend="aot_eager", fullgraph=True)(src, lengths, prev)
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-5, atol=1e-5)
-    logits.logsumexp(-1).sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    ref_logits.logsumexp(-1).sum().backward()
-    for n, p in model.named_parameters():
-        torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-5, msg=n)
 
 
 @pytest.mark.gpu
