@@ -65,10 +65,8 @@ from convs2s.config import PAD, PRESETS, TrainConfig
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import build_optimizer
 from convs2s.train.comm import Comm
-from convs2s.model.conv import use_native_conv
-from convs2s.model.fused import fuse_regions
 from convs2s.model.loss import compile_loss_chunks, compiled_chunk_devices
-from convs2s.train.update import compile_for_training, train_update
+from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 
 DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
 
@@ -234,12 +232,9 @@ def run(args: argparse.Namespace) -> dict:
     stepped_batches = [pad_to(b, *static_shape(b, args.max_tokens, args.static_shapes))
                        for b in batches] if args.static_shapes else batches
     model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
-    use_native_conv(model, args.conv == "native")  # as the Trainer does with TrainConfig.conv
     train_cfg = TrainConfig(precision=args.dtype, compile=args.compile, conv=args.conv,
                             fuse=args.fuse)
-    if args.fuse:  # as the Trainer does with TrainConfig.fuse
-        fuse_regions(model, args.fuse)
-        compile_loss_chunks(args.fuse)
+    apply_step_settings(model, train_cfg)  # as the Trainer does
     optimizer = build_optimizer(model.parameters(), train_cfg)
     comm = Comm()
     stepped = compile_for_training(model, args.compile, mode=args.compile_mode or None) \

@@ -61,9 +61,6 @@ from convs2s.io.checkpoint import (
 from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.config import ModelConfig
 from storage import location, publish_dir
-from convs2s.model.conv import use_native_conv
-from convs2s.model.fused import fuse_regions
-from convs2s.model.loss import compile_loss_chunks
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
@@ -78,7 +75,7 @@ from convs2s.train.ddp import compress_gradients, ddp_kwargs
 from convs2s.train.data import TrainFiles, read_file, read_manifest, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
-from convs2s.train.update import compile_for_training, train_update
+from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
@@ -181,21 +178,14 @@ class Trainer:
             torch.set_num_threads(runtime.cpu_threads(job))
         torch.manual_seed(self.cfg.seed)  # identical initial weights on every rank
         self.net = ConvS2S(job.model, job.vocab_size, job.tgt_vocab_size or job.vocab_size)
-        # TrainConfig.fuse: the blocks' element-wise work compiled, and on CUDA the loss's chunks
-        # (slower on CPUs, see its docstring); without it eager chunks, whatever this process
-        # compiled before (`compile` compiles them again below)
-        compile_loss_chunks(self.cfg.fuse or None)
-        if self.cfg.fuse:
-            n = fuse_regions(self.net, self.cfg.fuse)
-            if self.rank == 0:
-                _say(f"[convs2s.train] fuse={self.cfg.fuse}: the element-wise work of {n} "
-                     "blocks and attention layers compiled as 4 shared functions"
-                     + (", and the loss's chunks" if self.device.type == "cuda" else ""))
-        if self.cfg.conv == "native":  # TrainConfig.conv
-            n = use_native_conv(self.net)
-            if self.rank == 0:
-                _say(f"[convs2s.train] conv=native: the {n} convolutions' full pass by the "
-                     "library's convolution, not k-frame windows")
+        convs, fused = apply_step_settings(self.net, self.cfg)  # TrainConfig.conv, .fuse
+        if self.rank == 0 and self.cfg.fuse:
+            _say(f"[convs2s.train] fuse={self.cfg.fuse}: the element-wise work of {fused} "
+                 "blocks and attention layers compiled as 4 shared functions"
+                 + (", and the loss's chunks" if self.device.type == "cuda" else ""))
+        if self.rank == 0 and self.cfg.conv == "native":
+            _say(f"[convs2s.train] conv=native: the {convs} convolutions' full pass by the "
+                 "library's convolution, not k-frame windows")
         # to the device; DDP when world > 1, with the run's buckets and gradient compression
         self.model = compress_gradients(runtime.prepare_model(self.net, ddp_kwargs(self.cfg)),
                                         self.cfg.grad_compression)

@@ -26,6 +26,8 @@ import torch
 
 from convs2s.train.collate import Batch
 from convs2s.config import TrainConfig
+from convs2s.model.conv import use_native_conv
+from convs2s.model.fused import fuse_regions
 from convs2s.model.loss import compile_loss_chunks
 from convs2s.train.optim import clip_gradients
 from convs2s.precision import local_precision
@@ -47,6 +49,18 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
     Trainer passes the precision its ranks agreed on ("bf16" / "fp32"); "auto" is decided here
     for this process alone (benchmarks, single-process use)."""
     return local_precision(cfg.precision, device).autocast(device)
+
+
+def apply_step_settings(model: torch.nn.Module, cfg: TrainConfig) -> tuple[int, int]:
+    """`TrainConfig.conv` and `TrainConfig.fuse` on a fresh model, as the Trainer and
+    `benchmarks.training` both set them: the library's convolution where `conv` is "native";
+    with `fuse`, the blocks' element-wise work compiled (`convs2s.model.fused`) and, on CUDA,
+    the loss's chunks; without it eager chunks, whatever this process compiled before (a
+    `compile` run compiles them again in `compile_for_training`). Returns how many
+    convolutions and how many blocks and attention layers it set."""
+    compile_loss_chunks(cfg.fuse or None)
+    fused = fuse_regions(model, cfg.fuse) if cfg.fuse else 0
+    return use_native_conv(model, cfg.conv == "native"), fused
 
 
 def compile_for_training(model: torch.nn.Module, backend: str,
