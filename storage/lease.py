@@ -64,6 +64,7 @@ class RunLease:
         self._seen_etag: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._client = None  # one S3 client a lease: making one costs more than a PUT
 
     # -- the record --
     def _record(self) -> dict:
@@ -76,8 +77,10 @@ class RunLease:
                 and held["pid"] != os.getpid() and _pid_gone(held["pid"]):
             return f"its holder (pid {held['pid']} on this host) is gone"
         if float(held.get("expires", 0)) < time.time():
-            age = time.time() - float(held.get("renewed", 0))
-            return f"its heartbeat stopped {age:.0f} s ago (more than {self.ttl_s:.0f} s)"
+            renewed = float(held.get("renewed", 0))
+            ttl = float(held.get("expires", 0)) - renewed  # the holder's own bound, not ours
+            return (f"its heartbeat stopped {time.time() - renewed:.0f} s ago (its lease "
+                    f"lasted {ttl:.0f} s)")
         return None
 
     def _refusal(self, held: dict) -> LeaseHeld:
@@ -140,9 +143,14 @@ class RunLease:
 
     # -- per filesystem --
     def _s3(self):
-        import boto3
+        # boto3's clients are thread-safe; the heartbeat shares the acquiring thread's. A
+        # client per call spent most of a renewal making the client (a loaded host took longer
+        # than a short ttl, tests/test_lease.py).
+        if self._client is None:
+            import boto3
 
-        return boto3.client("s3")
+            self._client = boto3.client("s3")
+        return self._client
 
     def _key(self) -> tuple[str, str]:
         return self.path.bucket, self.path.key.split("/", 1)[1]

@@ -186,8 +186,20 @@ class ObjectPath:
 
     # -- reading and writing whole objects --
     def read_bytes(self) -> bytes:
-        with self.fs.open_input_stream(self.key) as f:
-            return f.read()
+        """One version of the object, whole. pyarrow reads an object as a HEAD (its size and
+        ETag) and then ranged GETs, so one replaced in between comes back cut short or padded
+        with zeros. A second HEAD after the read must show the same ETag; else it reads again."""
+        for _ in range(10):
+            with self.fs.open_input_stream(self.key) as f:
+                etag = f.metadata().get("ETag")
+                data = f.read()
+            if etag is None:  # a store without ETags: nothing to compare
+                return data
+            with self.fs.open_input_stream(self.key) as f:  # opening is the HEAD; no GET
+                if f.metadata().get("ETag") == etag:
+                    return data
+        raise StorageError(f"{self}: replaced while being read, ten times in a row; its "
+                           "writer rewrites it faster than it can be read: try again")
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)

@@ -8,6 +8,7 @@ complete only with its marker, written last; bad locations are one line before a
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,31 @@ def test_objects_read_write_list_and_delete(s3):
     assert not (run / "a.txt").exists()
     remove_tree(run)
     assert s3.keys("convs2s-test", "spec-objects/") == []
+
+
+def test_an_object_replaced_while_it_is_read_is_read_whole(s3):
+    # pyarrow reads an object as a HEAD (its size) and then ranged GETs: one replaced in
+    # between came back cut short or padded with zeros (a run's lease, renewed every few
+    # seconds, read by another command). A read returns one version whole, old or new.
+    obj = location(BUCKET) / "spec-replaced" / "state.json"
+    versions = [b'{"renewed": 1}', b'{"renewed": 1234567890.25, "host": "worker-7"}']
+    obj.write_bytes(versions[0])
+    stop, writes = threading.Event(), [0]
+
+    def rewrite():
+        while not stop.is_set():
+            obj.write_bytes(versions[writes[0] % 2])
+            writes[0] += 1
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        reads = [obj.read_bytes() for _ in range(150)]
+    finally:
+        stop.set()
+        writer.join()
+    assert writes[0] > 50  # the reads did overlap the rewrites
+    assert {r for r in reads if r not in versions} == set()
 
 
 def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):
