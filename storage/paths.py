@@ -29,6 +29,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 import pyarrow.fs as pafs
 
@@ -186,20 +187,10 @@ class ObjectPath:
 
     # -- reading and writing whole objects --
     def read_bytes(self) -> bytes:
-        """One version of the object, whole. pyarrow reads an object as a HEAD (its size and
-        ETag) and then ranged GETs, so one replaced in between comes back cut short or padded
-        with zeros. A second HEAD after the read must show the same ETag; else it reads again."""
-        for _ in range(10):
-            with self.fs.open_input_stream(self.key) as f:
-                etag = f.metadata().get("ETag")
-                data = f.read()
-            if etag is None:  # a store without ETags: nothing to compare
-                return data
-            with self.fs.open_input_stream(self.key) as f:  # opening is the HEAD; no GET
-                if f.metadata().get("ETag") == etag:
-                    return data
-        raise StorageError(f"{self}: replaced while being read, ten times in a row; its "
-                           "writer rewrites it faster than it can be read: try again")
+        """One version of the object, whole (`_copy_version`)."""
+        buf = io.BytesIO()
+        _copy_version(self, buf)
+        return buf.getvalue()
 
     def read_text(self, encoding: str = "utf-8") -> str:
         return self.read_bytes().decode(encoding)
@@ -265,42 +256,85 @@ def cache_root() -> Path:
     return Path(os.environ.get("CONVS2S_CACHE", "~/.cache/convs2s")).expanduser() / "objects"
 
 
+def _etag(p: ObjectPath) -> str | None:
+    """The object's ETag, None where the store gives none: opening a stream is pyarrow's HEAD,
+    with no GET until a read."""
+    with p.fs.open_input_stream(p.key) as f:
+        tag = f.metadata().get("ETag")
+    return tag.decode() if isinstance(tag, bytes) else tag
+
+
+def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
+    """Write one version of object `p` whole into `out` (emptied first); returns its ETag.
+    pyarrow reads an object as a HEAD (size, ETag) and then ranged GETs, so an object replaced
+    in between came back cut short or padded with zeros (a run's lease or metrics.jsonl read
+    while being rewritten). A second HEAD after the read must show the first one's ETag, else
+    the copy is made again."""
+    for _ in range(10):
+        out.seek(0)
+        out.truncate()
+        with p.fs.open_input_stream(p.key) as f:
+            tag = f.metadata().get("ETag")
+            tag = tag.decode() if isinstance(tag, bytes) else tag
+            while chunk := f.read(1 << 23):
+                out.write(chunk)
+        if tag is None or _etag(p) == tag:  # (a store without ETags: nothing to compare)
+            return tag
+    raise StorageError(f"{p}: replaced while being read, ten times in a row; its writer "
+                       "rewrites it faster than it can be read: try again")
+
+
 def local_copy(p) -> Path:
     """A local file or folder with the content of `p`: `p` itself when local; else a copy in
-    `cache_root()`, fetched once per version of the object (its size and modification time).
-    A folder is copied whole (every object under the prefix)."""
+    `cache_root()`, fetched once per version of the object (its ETag; size and modification
+    time where the store gives none). A folder is copied whole (every object under the prefix,
+    copied again if its listing changed meanwhile)."""
     p = location(p)
     if not isinstance(p, ObjectPath):
         return p
     info = p.info()
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"{p}: no such object")
-    digest = hashlib.sha256(p.uri.encode()).hexdigest()[:16]
+    root = cache_root() / hashlib.sha256(p.uri.encode()).hexdigest()[:16]
     if info.type == pafs.FileType.File:
-        version = f"{info.size}-{info.mtime_ns}"
-        dest = cache_root() / digest / version / p.name
+        def version(tag):  # the ETag names a version exactly; size + time where there is none
+            return hashlib.sha256((tag or f"{info.size}-{info.mtime_ns}").encode()).hexdigest()
+        dest = root / version(_etag(p))[:16] / p.name
         if not dest.is_file():
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = root / f".{p.name}.{uuid.uuid4().hex[:8]}"
+            with open(tmp, "w+b") as out:
+                tag = _copy_version(p, out)  # (replaced since the HEAD above: a newer version)
+            dest = root / version(tag)[:16] / p.name
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-            pafs.copy_files(p.key, str(tmp), source_filesystem=p.fs,
-                            destination_filesystem=pafs.LocalFileSystem())
             os.replace(tmp, dest)  # a concurrent reader on this node sees all or nothing
         return dest
-    files = p.files()
-    version = hashlib.sha256(repr([(n, i.size, i.mtime_ns) for n, i in files]).encode())
-    dest = cache_root() / digest / version.hexdigest()[:16] / p.name
-    if not dest.is_dir():
+
+    def listing():
+        return [(n, i.size, i.mtime_ns) for n, i in p.files()]
+
+    for _ in range(10):  # a folder changed while being copied is copied again
+        files = listing()
+        version = hashlib.sha256(repr(files).encode())
+        dest = root / version.hexdigest()[:16] / p.name
+        if dest.is_dir():
+            return dest
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-        for name, _ in files:
+        for name, _, _ in files:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            pafs.copy_files(f"{p.key}/{name}", str(tmp / name), source_filesystem=p.fs,
-                            destination_filesystem=pafs.LocalFileSystem())
+            with open(tmp / name, "wb") as out:
+                _copy_version(p / name, out)
+        if listing() != files:
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
         tmp.mkdir(parents=True, exist_ok=True)
         try:
             os.replace(tmp, dest)
         except OSError:  # another process on this node finished the same copy first
             shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+        return dest
+    raise StorageError(f"{p}: its objects changed while being copied, ten times in a row; "
+                       "try again once its writer is done")
 
 
 def publish_dir(src, dest, marker: str) -> None:
