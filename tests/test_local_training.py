@@ -62,6 +62,35 @@ def test_a_run_without_ray_trains_keeps_its_last_checkpoints_and_resumes(demo_ba
     assert sorted(_losses(run_dir)) == list(range(5, 41, 5))  # each step logged once
 
 
+def test_an_epoch_end_at_a_checkpointed_update_is_a_checkpoint_of_its_own(demo_batches,
+                                                                          tmp_path):
+    """An epoch's end at an update that already has a checkpoint (the interval's at the
+    epoch's last update; the one a rerun resumed from) is `checkpoint_<update>_epoch<N>`, after
+    it: one name for both made Ray Train delete the folder it still listed as the latest."""
+    from convs2s.io.checkpoint import list_checkpoints
+    from convs2s.train.data import TrainFiles
+    from convs2s.train.local import main
+
+    d = demo_batches
+    per_epoch = -(-TrainFiles.scan(d.batches["train"]).total // 25)  # updates of 25 batches
+    argv = ["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+            "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(tmp_path),
+            "--run-name", "ends", "--precision", "fp32", "--update-freq", "25",
+            "--set", f"checkpoint_interval={per_epoch}", "--set", "keep_last=5"]
+    assert main([*argv, "--max-updates", str(2 * per_epoch)]) == 0  # stops at epoch 2's end
+    run_dir = tmp_path / "ends"
+    u, uu = f"{per_epoch:08d}", f"{2 * per_epoch:08d}"
+    assert [(p.rsplit("/", 1)[-1], i.epoch, i.end_of_epoch)
+            for i in list_checkpoints(run_dir) for p in [i.path]] == [
+        (f"checkpoint_{u}", 0, False), (f"checkpoint_{u}_epoch1", 1, True),
+        (f"checkpoint_{uu}", 1, False)]
+    # The rerun ends epoch 2 at once (its rows are trained) and goes on into epoch 3.
+    assert main([*argv, "--max-updates", str(2 * per_epoch + 1)]) == 0
+    names = [i.path.rsplit("/", 1)[-1] for i in list_checkpoints(run_dir)]
+    assert names[-2:] == [f"checkpoint_{uu}_epoch2", f"checkpoint_{2 * per_epoch + 1:08d}"]
+    assert len(names) == len(set(names))
+
+
 def test_torchrun_trains_one_run_with_two_ranks_without_ray(demo_batches, tmp_path):
     """`torchrun --nproc-per-node 2 -m convs2s train`, as the README gives it (gloo on CPU):
     two ranks train one run, rank 0 writes its checkpoints and metrics and prints the one

@@ -55,6 +55,24 @@ def test_fixed_schedule_shrinks_every_epoch_from_anneal_epoch():
     assert s.best_loss == 5.0
     never = LRSchedule(TrainConfig(lr=0.5, lr_schedule="fixed"))
     assert trajectory(never, [1.0, 2.0, 3.0])[0] == [0.5] * 4
+    # From the first epoch: shrunk from the start (the first epoch's lr was once left whole).
+    first = LRSchedule(TrainConfig(lr=0.5, lr_schedule="fixed", anneal_from_epoch=1,
+                                   min_lr=1e-9))
+    assert trajectory(first, [3.0, 2.0])[0] == pytest.approx([0.05, 0.005, 5e-4])
+
+
+def test_a_validation_inside_an_epoch_moves_best_but_not_the_plateau():
+    # A limit stopped training at an epoch's last update (validated there, mid-epoch); the
+    # rerun ends that epoch at once and validates the same weights. The epoch's end compares
+    # with the epochs' ends: an improvement on epoch 1, no division by 10.
+    s = LRSchedule(TrainConfig(lr=0.25))
+    s.end_epoch(1, 3.0)
+    s.mid_epoch(2.5)
+    assert s.best_loss == 2.5 and s.epoch_lr == 0.25
+    restored = LRSchedule(TrainConfig(lr=0.25))
+    restored.load_state_dict(s.state_dict())  # (the rerun resumes from that checkpoint)
+    assert restored.end_epoch(2, 2.5) == 0.25
+    assert restored.end_epoch(3, 2.6) == pytest.approx(0.025)  # a real plateau still anneals
 
 
 def test_warmup_is_linear_then_the_epoch_lr():

@@ -38,9 +38,13 @@ META_FILE = "meta.json"
 BEST_DIR = "best"
 
 
-def checkpoint_dir_name(update: int) -> str:
-    """Directory name of the checkpoint taken after `update` updates (sorts by update)."""
-    return f"checkpoint_{update:08d}"
+def checkpoint_dir_name(update: int, epoch_end: int | None = None) -> str:
+    """Directory name of the checkpoint taken after `update` updates (sorts by update). An
+    epoch's end at an update that already has a checkpoint (an interval checkpoint at the
+    epoch's last update, or the one a rerun resumed from) is `..._epoch<N>`: two checkpoints
+    of one name made Ray Train delete the folder it still listed as the latest."""
+    name = f"checkpoint_{update:08d}"
+    return name if epoch_end is None else f"{name}_epoch{epoch_end}"
 
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | None = None,
@@ -229,14 +233,15 @@ def read_info(path: str | os.PathLike) -> CheckpointInfo:
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
-    """The kept `checkpoint_*` directories of a run, oldest (fewest updates) first; `best/`
+    """The kept `checkpoint_*` directories of a run, oldest (fewest updates, then fewest
+    epochs: an epoch's end after the checkpoint at its last update) first; `best/`
     is not listed (it is a copy of one of them, or of an older one Ray already removed)."""
     run_dir = location(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     infos = [read_info(d) for d in run_dir.glob("checkpoint_*")
              if (d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()]
-    return sorted(infos, key=lambda i: i.update)
+    return sorted(infos, key=lambda i: (i.update, i.epoch))  # an epoch's end after its update
 
 
 def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,

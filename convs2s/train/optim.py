@@ -72,8 +72,14 @@ class LRSchedule:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        self.epoch_lr = cfg.lr  # the lr of the current epoch, before warmup
-        self.best_loss: float | None = None  # best validation loss seen ("plateau")
+        # the lr of the current epoch, before warmup ("fixed" from anneal_from_epoch=1: shrunk
+        # from the first epoch on, as fixed_lr says)
+        self.epoch_lr = self.fixed_lr(1) if cfg.lr_schedule == "fixed" else cfg.lr
+        self.best_loss: float | None = None  # best validation loss seen (best/)
+        # best at an epoch's end: what "plateau" compares the next epoch's end with (a limit's
+        # mid-epoch validation is not an epoch: a rerun validating the same weights at that
+        # epoch's end found "no improvement" and divided the lr by 10)
+        self.epoch_best: float | None = None
         self.epochs_done = 0
 
     def lr_at(self, update: int, spent: float = 0.0) -> float:
@@ -100,7 +106,7 @@ class LRSchedule:
                 self.best_loss = float(val_loss)
         elif self.cfg.lr_schedule == "plateau":
             if val_loss is not None:
-                if self.best_loss is not None and not val_loss < self.best_loss:
+                if self.epoch_best is not None and not val_loss < self.epoch_best:
                     self.epoch_lr *= self.cfg.lr_shrink  # no improvement this epoch
                 if self.best_loss is None or val_loss < self.best_loss:
                     self.best_loss = float(val_loss)
@@ -108,7 +114,15 @@ class LRSchedule:
             if val_loss is not None and (self.best_loss is None or val_loss < self.best_loss):
                 self.best_loss = float(val_loss)
             self.epoch_lr = self.fixed_lr(epoch + 1)
+        if val_loss is not None and (self.epoch_best is None or val_loss < self.epoch_best):
+            self.epoch_best = float(val_loss)
         return self.epoch_lr
+
+    def mid_epoch(self, val_loss: float) -> None:
+        """A validation inside an epoch (a limit stopped training there): best/ may move; the
+        schedule does not (no annealing, and the epoch's end still compares with the epochs)."""
+        if self.best_loss is None or val_loss < self.best_loss:
+            self.best_loss = float(val_loss)
 
     def fixed_lr(self, epoch: int) -> float:
         """"fixed" schedule: lr of the (1-based) `epoch`."""
@@ -122,9 +136,12 @@ class LRSchedule:
 
     def state_dict(self) -> dict:
         return {"epoch_lr": self.epoch_lr, "best_loss": self.best_loss,
-                "epochs_done": self.epochs_done}
+                "epoch_best": self.epoch_best, "epochs_done": self.epochs_done}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch_lr = float(state["epoch_lr"])
         self.best_loss = None if state["best_loss"] is None else float(state["best_loss"])
         self.epochs_done = int(state["epochs_done"])
+        # (a checkpoint from before epoch_best: its best_loss, as the schedule compared then)
+        epoch_best = state.get("epoch_best", state["best_loss"])
+        self.epoch_best = None if epoch_best is None else float(epoch_best)

@@ -215,6 +215,7 @@ class Trainer:
         # order the loop always made them: after the checkpoint is loaded).
         self.progress = Progress()
         self.resumed_from = 0  # the update of the checkpoint resumed from (0: a fresh start)
+        self._checkpointed = 0
         self.logger: RunLogger | None = None  # rank 0 only
         # The training rows: every rank plans its rows of each epoch from the files alone
         # (convs2s.train.data), so a resumed run trains exactly what its epoch had left.
@@ -305,6 +306,7 @@ class Trainer:
         run may already have reached one)."""
         self.progress = self._load_latest()
         self.resumed_from = self.progress.update
+        self._checkpointed = self.progress.update  # the update of the last checkpoint made
         self.logger = RunLogger(*self._tracking, self.run_dir / METRICS_FILE) \
             if self.rank == 0 else None
         if self.logger is not None:  # from the logger's thread: no rank waits for MLflow
@@ -438,8 +440,8 @@ class Trainer:
         if epoch_end:
             progress.epoch, progress.batches_in_epoch = epoch, 0
             schedule.end_epoch(epoch, val_loss)
-        elif best_before is None or val_loss < best_before:
-            schedule.best_loss = val_loss  # stopped mid-epoch by max_updates: no annealing
+        else:
+            schedule.mid_epoch(val_loss)  # stopped mid-epoch by a limit: no annealing
         # The lr the next update will use: the epoch's lr after annealing, then warmup and the
         # budget's cosine / linear decay (schedule.epoch_lr alone is the undecayed peak).
         next_lr = schedule.lr_at(progress.update, self._spent(progress.seconds()))
@@ -466,6 +468,10 @@ class Trainer:
         the same update (the runtime's report is a barrier; the RNG states are gathered from all
         ranks); rank 0 writes, and copies it to best/ when `is_best` (validation improved)."""
         progress, comm = self.progress, self.comm
+        # An epoch's end at an update already checkpointed (an interval checkpoint at the
+        # epoch's last update, or the one a rerun resumed from) gets a name of its own.
+        again = end_of_epoch and progress.update == self._checkpointed
+        self._checkpointed = progress.update
         rngs = comm.gather_objects(capture_rng_state())
         if comm.rank != 0:
             self.runtime.report(metrics)
@@ -493,7 +499,8 @@ class Trainer:
             # the report, the checkpoint Ray keeps could be the best with no best/ copy of it.
             if is_best and val_loss is not None:  # meta.json last: best/ is whole or absent
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
-            self.runtime.report(metrics, tmp, checkpoint_dir_name(progress.update))
+            self.runtime.report(metrics, tmp, checkpoint_dir_name(
+                progress.update, progress.epoch if again else None))
             if self.logger is not None:
                 self.logger.sync()  # metrics.jsonl in a bucket: as of this checkpoint
         finally:
