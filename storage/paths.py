@@ -48,11 +48,21 @@ def is_uri(p) -> bool:
     return bool(m) and m.group(1).lower() != "file"
 
 
+# "s3:/bucket/x" (one slash: a typo, or a URI that went through pathlib.Path) is not a local
+# folder named "s3:"; refused with the fix
+_MANGLED = re.compile(r"^(s3|gs|gcs|hdfs|viewfs|abfss?|az):/(?!/)", re.IGNORECASE)
+
+
 def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     """`p` as a local absolute `Path`, or an `ObjectPath` for a bucket URI."""
     if isinstance(p, ObjectPath):
         return p
     text = str(p)
+    m = _MANGLED.match(text)
+    if m:
+        raise StorageError(f"{text!r} has one slash after {m[1]}:, so it would be a local "
+                           f"folder named {m[1]!r}; write {m[1]}://{text[m.end():]} (a bucket "
+                           "URI that went through pathlib.Path loses a slash: keep it a str)")
     if text.lower().startswith("file://"):
         return Path(text[len("file://"):]).expanduser().resolve()
     if is_uri(text):
@@ -93,6 +103,16 @@ class ObjectPath:
         if not rest:
             raise StorageError(f"{uri!r}: name a bucket ({scheme}://BUCKET/PREFIX)")
         bucket = rest.split("/", 1)[0]
+        if "@" in bucket:  # (the message never shows what came before the "@")
+            raise StorageError(
+                f"{scheme}://***@{rest.split('@', 1)[1]}: credentials do not go in a storage "
+                "URI (they would be printed and logged with it); set AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or use an instance role) instead")
+        if "?" in rest or "#" in rest:
+            raise StorageError(
+                f"{scheme}://{rest.split('?', 1)[0].split('#', 1)[0]}: a storage URI takes no "
+                "query or fragment (?endpoint_override=... would be read as part of a key); "
+                "set AWS_ENDPOINT_URL / AWS_REGION in the environment instead")
         self.scheme, self.bucket = scheme, bucket
         self.key = rest  # the path pyarrow's filesystem takes: bucket/key
         self.uri = f"{scheme}://{rest}"

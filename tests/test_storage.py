@@ -35,6 +35,18 @@ def test_local_paths_stay_pathlib_and_uris_become_object_paths(tmp_path):
     assert obj.name == "demo" and str(obj.parent) == "s3://bucket/runs"
 
 
+def test_a_uri_with_credentials_options_or_one_slash_is_refused_without_its_secret():
+    with pytest.raises(StorageError, match=r"credentials do not go in a storage URI") as err:
+        location("s3://AKIAEXAMPLE:SECRETKEY@bucket/runs")
+    assert "SECRETKEY" not in str(err.value) and "AKIAEXAMPLE" not in str(err.value)
+    with pytest.raises(StorageError, match=r"s3://bucket/runs: a storage URI takes no query"):
+        location("s3://bucket/runs?endpoint_override=127.0.0.1:9000&scheme=http")
+    for typo in ("s3:/bucket/runs", str(Path("s3://bucket/runs"))):  # pathlib drops a slash
+        with pytest.raises(StorageError, match=r"write s3://bucket/runs"):
+            location(typo)
+    assert location("runs/s3:/x") == Path("runs/s3:/x").resolve()  # only at the start
+
+
 def test_an_object_path_is_never_taken_for_a_local_file():
     # No __fspath__: open() of a URI fails instead of writing a local folder named "s3:".
     with pytest.raises(TypeError):

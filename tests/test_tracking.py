@@ -175,6 +175,29 @@ def test_dataset_inputs_and_model_linked_metrics(sqlite_uri):
         ("bleu", 40.5, "newstest2014", "abc123")
 
 
+def test_a_served_model_that_does_not_resolve_never_shows_the_servers_password(monkeypatch,
+                                                                               tmp_path):
+    """MLflow's own error quotes the server's URI, password and all; the serving command's
+    messages pass every `scheme://user:password@` through redaction, for a URI given on the
+    command line or taken from $MLFLOW_TRACKING_URI alike."""
+    from convs2s.serving.online import fetch_logged_model, resolve_model_uri
+    from convs2s.tracking.runs import redact_text
+
+    assert redact_text("GET http://al:pw@h:9/api and https://tok@h/x, sqlite:////m.db") == \
+        "GET http://al:***@h:9/api and https://***@h/x, sqlite:////m.db"
+    uri = "http://alice:S3CRET@127.0.0.1:9"  # nothing listens on port 9
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    monkeypatch.setenv("CONVS2S_CACHE", str(tmp_path))
+    with pytest.raises(ValueError) as given:
+        resolve_model_uri("models:/m@champion", uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(ValueError) as from_env:
+        fetch_logged_model("models:/m/1", None)
+    for err in (given.value, from_env.value):
+        assert "S3CRET" not in str(err) and "alice:***@127.0.0.1:9" in str(err), str(err)
+
+
 def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path):
     """A server URI with `user:password@` (or a bare token) keeps them out of every line the
     project prints or logs: warnings, the dry run, the summary's links and commands."""

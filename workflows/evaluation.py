@@ -47,6 +47,8 @@ from convs2s.tracking.runs import (
     find_or_create_run,
     log_artifacts,
     log_final_metrics,
+    redact_text,
+    redact_uri,
     resolve_tracking_uri,
     run_key,
     set_tags,
@@ -198,7 +200,8 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
         return experiment_of_run(uri, parent_run_id)
     except Exception as err:  # noqa: BLE001 - the scores still come back without tracking
         log.warning("cannot read parent run %s at %s (%s); child runs go to experiment %r",
-                    parent_run_id, uri, str(err).splitlines()[0][:200], default)
+                    parent_run_id, redact_uri(uri), redact_text(str(err).splitlines()[0][:200]),
+                    default)
         return default
 
 
@@ -306,7 +309,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         try:
             out = ray.get(ref)
         except Exception as err:  # noqa: BLE001 - log the failure, keep collecting the others
-            first = str(err).strip().splitlines()[-1][:500] if str(err) else type(err).__name__
+            first = redact_text(str(err).strip().splitlines()[-1][:500]) if str(err) \
+                else type(err).__name__
             failures.append(f"{job.name}/{job.test_set.name}: {first}")
             end_run(uri, run_ids[job], "FAILED")
             continue

@@ -109,7 +109,7 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from convs2s.tracking.runs import redact_uri
+    from convs2s.tracking.runs import redact_text, redact_uri
 
     tracking_uri = tracking_uri or mlflow.get_tracking_uri()
     if uri.startswith("models:/") and "@" in uri:
@@ -118,7 +118,7 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
             mv = MlflowClient(tracking_uri).get_model_version_by_alias(name, alias)
         except MlflowException as err:
             raise ValueError(f"model {uri} does not resolve at {redact_uri(tracking_uri)}: "
-                             f"{err.message.splitlines()[0]}") from None
+                             f"{redact_text(err.message.splitlines()[0])}") from None
         if getattr(mv, "model_id", None):
             return f"models:/{mv.model_id}"
         if str(mv.source).startswith("models:/m-"):  # the logged model it was registered from
@@ -131,7 +131,7 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
     """The logged model's folder on this node (downloaded once per node and URI)."""
     import mlflow.artifacts
 
-    from convs2s.tracking.runs import redact_uri
+    from convs2s.tracking.runs import redact_text
     from storage.paths import cache_root
 
     dest = cache_root() / "models" / hashlib.sha256(
@@ -145,9 +145,9 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
             mlflow.set_tracking_uri(tracking_uri)
         mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp))
     except Exception as err:  # MLflow raises several types for a URI that does not resolve
-        reason = str(err).splitlines()[0]
-        if tracking_uri:  # never the server's password, should MLflow name the server
-            reason = reason.replace(tracking_uri, redact_uri(tracking_uri))
+        # never the server's password, should MLflow name the server (given here, or from
+        # $MLFLOW_TRACKING_URI)
+        reason = redact_text(str(err).splitlines()[0])
         raise ValueError(f"model {uri} could not be fetched: {reason}") from None
     try:
         os.replace(tmp, dest)

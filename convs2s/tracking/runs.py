@@ -71,7 +71,7 @@ def tracking_uri_problem(flag_value: str | None, flag: str = "--tracking-uri") -
     try:
         resolve_tracking_uri(flag_value)
     except ValueError as err:
-        return f"{flag if flag_value else '$MLFLOW_TRACKING_URI'}: {err}"
+        return f"{flag if flag_value else '$MLFLOW_TRACKING_URI'}: {redact_text(str(err))}"
     return None
 
 
@@ -155,12 +155,24 @@ def redact_uri(uri: str | None) -> str | None:
     return f"{m[1]}{shown}@{uri[m.end():]}"
 
 
+_USERINFO_ANYWHERE = re.compile(r"([A-Za-z][\w+.-]*://)([^/@\s'\"]+)@")
+
+
+def redact_text(text: str) -> str:
+    """`text` (a library's error message, which may quote the URI it used) with the password
+    of every `scheme://user:password@` in it replaced by `***`, as `redact_uri`."""
+    def hide(m: re.Match) -> str:
+        user, colon, _ = m[2].partition(":")
+        return f"{m[1]}{user}:***@" if colon else f"{m[1]}***@"
+    return _USERINFO_ANYWHERE.sub(hide, text)
+
+
 def warn_unreachable(uri: str, what: str, err: Exception) -> None:
     """One warning per tracking URI and process; later failures only at debug level."""
-    detail = str(err).splitlines()[0][:300] if str(err) else ""
+    detail = redact_text(str(err).splitlines()[0][:300]) if str(err) else ""
     if uri in _WARNED:
         log.debug("MLflow tracking at %s failed again while %s (%s: %s)", redact_uri(uri),
-                  what, type(err).__name__, detail.replace(uri, redact_uri(uri)))
+                  what, type(err).__name__, detail)
         return
     _WARNED.add(uri)
     log.warning("MLflow tracking at %s is unavailable (%s while %s); the run goes on and its "

@@ -24,6 +24,8 @@ import socket
 import threading
 from collections.abc import Iterator
 
+from convs2s.tracking.runs import redact_text
+
 
 def node_name(node_rank: int) -> str:
     """The node's part of the metric names: `node<rank>-<host>` (metric keys allow letters,
@@ -66,7 +68,8 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
         except Exception as err:  # noqa: BLE001 - utilization is an extra, never a failure
             logging.getLogger(__name__).warning(
                 "system metrics of %s are off for this run (%s: %s)", node,
-                type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+                type(err).__name__,
+                redact_text(str(err).splitlines()[0][:200]) if str(err) else "")
 
     starter = threading.Thread(target=start, name="system-metrics-start", daemon=True)
     starter.start()
