@@ -4,7 +4,8 @@ The first command to use a run folder writes `<folder>/.lease.json` with an excl
 (O_CREAT | O_EXCL on a POSIX path; a conditional PUT, `If-None-Match: *`, on S3) naming its
 owner (host, pid, a random id, the command) and an expiry; a heartbeat thread renews it every
 `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag). A second command
-finds the lease and stops with one line naming the holder (`LeaseHeld`). A lease whose holder
+finds the lease and stops with one line naming the holder (`LeaseHeld`); a command whose lease
+was taken while it ran fails as its `with` block ends (`LeaseLost`). A lease whose holder
 is gone is taken over, and the taker says so: the same host and a pid that no longer runs, or
 an expiry in the past (its heartbeat stopped more than `ttl_s` ago; hosts' clocks are assumed
 to agree within a few seconds). Taking over is itself exclusive: the stale lease is renamed
@@ -37,6 +38,10 @@ class LeaseHeld(RuntimeError):
     """The folder is held by another live command; the message names it and the fix."""
 
 
+class LeaseLost(LeaseHeld):
+    """The command's lease was taken while it ran (raised as its `with` block ends)."""
+
+
 def _pid_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -65,6 +70,7 @@ class RunLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._client = None  # one S3 client a lease: making one costs more than a PUT
+        self._renewed = time.monotonic()  # the last renewal that reached the store
 
     # -- the record --
     def _record(self) -> dict:
@@ -126,8 +132,13 @@ class RunLease:
     def __enter__(self) -> RunLease:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self.release()
+        if self.lost and exc_type is None:  # (an error already on its way says more)
+            raise LeaseLost(
+                f"{self.folder}: this command lost its lease while it ran (another command took "
+                f"it over, or the storage could not be reached for {self.ttl_s:.0f} s); what "
+                "both wrote there may be mixed: check the folder, or rerun under another name")
 
     def _start_heartbeat(self) -> None:
         def beat():
@@ -227,8 +238,21 @@ class RunLease:
         """Extend the expiry; False when the lease is no longer ours."""
         if isinstance(self.path, ObjectPath):
             try:
-                return self._put_if(IfMatch=self._etag)
+                if self._put_if(IfMatch=self._etag):
+                    self._renewed = time.monotonic()
+                    return True
+                # 412: another command's lease, or our own PUT sent twice (botocore resends a
+                # request whose answer was lost; the second finds the first's new ETag)
+                held = self._read()
+                if held is None or held.get("id") != self.owner["id"]:
+                    return False
+                self._etag, self._renewed = self._seen_etag, time.monotonic()
+                return True
             except Exception as err:  # noqa: BLE001 - a network error: the next beat retries
+                if time.monotonic() - self._renewed > self.ttl_s:
+                    log.warning("the lease of %s could not be renewed for %.0f s (%s): another "
+                                "command may have taken it", self.folder, self.ttl_s, err)
+                    return False  # (expired by now: others may take it; so is it lost)
                 log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
                 return True
         body = json.dumps(self._record()).encode()

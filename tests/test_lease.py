@@ -17,7 +17,7 @@ import time
 import pytest
 
 from storage import location
-from storage.lease import LEASE_FILE, LeaseHeld, RunLease
+from storage.lease import LEASE_FILE, LeaseHeld, LeaseLost, RunLease
 
 
 @pytest.fixture(params=["local", "bucket"])
@@ -105,6 +105,41 @@ def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_heartbeat(run_dir)
     assert lease.lost
     lease.release()  # leaves the other command's lease alone
     assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == "someone"
+
+
+def test_a_command_whose_lease_was_taken_fails_as_its_block_ends(run_dir):
+    with pytest.raises(LeaseLost, match=r"lost its lease while it ran .* may be mixed"):
+        with RunLease(run_dir, heartbeat_s=0.2) as lease:
+            _plant(run_dir)  # taken over meanwhile
+            deadline = time.monotonic() + 10
+            while not lease.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+    assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == "someone"
+
+
+def test_a_renewal_sent_twice_keeps_the_lease(s3, tmp_path):
+    # botocore resends a PUT whose answer was lost: the second copy finds the first's ETag
+    # (412). The lease is still this command's: it goes on holding it.
+    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/twice"), ttl_s=3.0,
+                     heartbeat_s=0.2)
+    client = lease._s3()
+    put = client.put_object
+
+    def twice(**kwargs):
+        first = put(**kwargs)
+        try:
+            return put(**kwargs)
+        except Exception:  # noqa: BLE001 - the 412 of the resend, as botocore would see it
+            if "IfMatch" not in kwargs:
+                return first
+            raise
+
+    client.put_object = twice
+    with lease:
+        time.sleep(1.5)  # several renewals, each sent twice
+        assert not lease.lost
+        with pytest.raises(LeaseHeld):
+            RunLease(lease.folder).acquire()
 
 
 def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
