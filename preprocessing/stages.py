@@ -152,8 +152,9 @@ def _object_stage_output(stage_dir: ObjectPath) -> Iterator[ObjectPath]:
         yield tmp
         if not (tmp / MANIFEST).is_file():
             raise RuntimeError(f"stage {stage_dir} finished without writing its manifest")
-        (tmp / OWNER_FILE).unlink(missing_ok=True)
-        publish_dir(tmp, stage_dir, marker=MANIFEST)
+        # The owner object stays until the copy is done: a publish takes minutes in a bucket,
+        # and a partial prefix without one is another run's to remove.
+        publish_dir(tmp, stage_dir, marker=MANIFEST, leave=(OWNER_FILE,))
     finally:
         remove_tree(tmp)
 
@@ -190,8 +191,11 @@ def remove_stale_leftovers(stage_dir) -> list:
 def _writer_gone(partial: Path) -> bool:
     try:
         owner = json.loads((partial / OWNER_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
+    except (FileNotFoundError, json.JSONDecodeError):
         return True  # no owner: an older version's, or a failed run's emptied folder
+    except OSError as err:  # the store not answering is no proof: left alone
+        log.warning("%s: its owner could not be read (%s); left alone", partial, err)
+        return False
     if owner.get("host") != socket.gethostname():
         return False  # another machine's process: cannot be proven gone from here
     pid = int(owner.get("pid", -1))

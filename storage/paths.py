@@ -357,10 +357,11 @@ def local_copy(p) -> Path:
                        "try again once its writer is done")
 
 
-def publish_dir(src, dest, marker: str) -> None:
+def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
     """Make folder `dest` hold exactly the files of folder `src`, with `marker` (a file in
     `src`) the proof that it is complete. `src` is a local folder, or a folder in the same
-    bucket (its objects are copied by the server).
+    bucket (its objects are copied by the server). `leave`: names in `src` not published (a
+    writer's owner object, kept in `src` until the copy is done).
 
     Local: copied beside `dest` and renamed into place (two renames; the folder is always old-
     complete or new-complete). Bucket: the old marker is deleted first (from then on readers
@@ -369,9 +370,12 @@ def publish_dir(src, dest, marker: str) -> None:
     src, dest = location(src), location(dest)
     names = ([n for n, _ in src.files()] if isinstance(src, ObjectPath)
              else sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file()))
+    names = [n for n in names if n not in leave]
     if marker not in names:
         raise FileNotFoundError(f"{src}: no {marker} to publish it with")
     if not isinstance(dest, ObjectPath):
+        if leave:
+            raise ValueError("publish_dir(leave=...) is for a bucket's destination")
         if isinstance(src, ObjectPath):
             src = local_copy(src)
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -246,6 +246,33 @@ def test_other_data_or_settings_get_their_own_folder_beside_the_others(tmp_path)
     assert data_dir(base.replace(root=str(tmp_path / "b"))).name == here.name
 
 
+def test_a_bucket_stage_being_published_is_left_alone_by_another_run(s3, monkeypatch):
+    """In a bucket a stage's publish copies object by object (minutes for a large stage): its
+    partial prefix names its owner until the copy is done, so another run of the same stage
+    (another process) starting meanwhile leaves it alone, and the publish completes."""
+    import subprocess
+    import sys
+
+    from preprocessing import stages
+    from storage import location
+
+    stage = location("s3://convs2s-test/spec-stages/encoded/train")
+    publish = stages.publish_dir
+
+    def another_run_starts_meanwhile(src, dest, **kwargs):
+        subprocess.run([sys.executable, "-c", "import sys; from preprocessing.stages import "
+                        "remove_stale_leftovers as r; sys.exit(len(r(sys.argv[1])))",
+                        str(dest)], check=True, timeout=120)  # (exit 0: it removed nothing)
+        publish(src, dest, **kwargs)
+
+    monkeypatch.setattr(stages, "publish_dir", another_run_starts_meanwhile)
+    with stage_output(stage) as tmp:
+        (tmp / "part-0.parquet").write_bytes(b"rows")
+        write_manifest(tmp, {"stage": "encoded/train"})
+    assert sorted(n for n, _ in stage.files()) == ["manifest.json", "part-0.parquet"]
+    assert stage.parent.glob(".train.partial-*") == []  # its own partial prefix: removed
+
+
 def test_only_provably_stale_leftovers_are_removed(tmp_path):
     """A starting stage removes `.old-*` folders and partial folders whose writer is gone; a
     live run's partial folder, or another host's, is left alone."""
