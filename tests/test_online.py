@@ -68,6 +68,43 @@ def served(tiny_checkpoints, ray_session):
         serve.shutdown()
 
 
+def test_a_search_that_fails_fails_only_its_own_requests(tiny_checkpoints):
+    """Requests batched together but searched with other settings are answered when one
+    settings group's search raises (out of memory at a wide beam); a "params" that is not an
+    object is a bad request, not a server error. (The replica's class, without Serve.)"""
+    import asyncio
+
+    from convs2s.serving.online import TranslatorReplica
+    from convs2s.serving.requests import RequestError
+
+    replica = TranslatorReplica({
+        **config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+        "search": SEARCH, "min_replicas": None, "max_replicas": None, "replicas": 1,
+        "batch_wait_ms": 500})
+    real = replica.translator.translate_full
+
+    def fails_at_beam_5(sentences, search):
+        if search.beam == 5:
+            raise RuntimeError("CUDA out of memory (as a wide beam would)")
+        return real(sentences, search)
+
+    replica.translator.translate_full = fails_at_beam_5
+
+    async def together():
+        return await asyncio.gather(
+            replica.translate({"inputs": ["a small house", "the cat"]}),
+            replica.translate({"inputs": ["a dog"], "params": {"beam": 5}}),
+            return_exceptions=True)
+
+    ok, failed = asyncio.run(together())
+    assert replica.batches == 1  # searched in one batch
+    assert isinstance(failed, RuntimeError) and "out of memory" in str(failed)
+    assert ok == {"predictions": alone(tiny_checkpoints["a"], ["a small house", "the cat"])}
+    for params in ("ab", 5, [["beam", 2]]):
+        with pytest.raises(RequestError, match=r'"params" must be a JSON object'):
+            asyncio.run(replica.translate({"inputs": ["a"], "params": params}))
+
+
 def alone(checkpoint: str, sentences: list[str], **changes) -> list[str]:
     from convs2s.inference.translate import load_for_inference
 

@@ -198,6 +198,13 @@ class _Item:
     attention: bool
 
 
+@dataclass
+class _Failed:
+    """A request's search that raised: the error its caller gets."""
+
+    err: Exception
+
+
 def _answer(tr, search: SearchConfig, attention: bool):
     """One sentence's answer: its text, or with nbest > 1 / attention its hypotheses."""
     if search.nbest == 1 and not attention:
@@ -241,7 +248,11 @@ class TranslatorReplica:
                                '"params": {...}}')
         sentences = body["inputs"]
         check_sentences(sentences)
-        params = dict(body.get("params") or {})
+        params = body.get("params") or {}
+        if not isinstance(params, dict):
+            raise RequestError(f'"params" must be a JSON object of search settings, got '
+                               f"{type(params).__name__}")
+        params = dict(params)
         attention = params.pop("attention", False)
         if not isinstance(attention, bool):
             raise RequestError(f"attention must be true or false, got {attention!r}")
@@ -284,13 +295,14 @@ class TranslatorReplica:
             try:
                 answers = await loop.run_in_executor(self._torch, self._search_groups,
                                                      [item for item, _ in batch])
-            except Exception as err:  # every request of the batch gets the error
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(err)
-                continue
+            except Exception as err:  # (outside the searches) every request gets the error
+                answers = [_Failed(err)] * len(batch)
             for (_, f), answer in zip(batch, answers):
-                if not f.done():
+                if f.done():
+                    continue
+                if isinstance(answer, _Failed):
+                    f.set_exception(answer.err)
+                else:
                     f.set_result(answer)
 
     def _load(self):
@@ -325,9 +337,14 @@ class TranslatorReplica:
             groups.setdefault((item.search, item.attention), []).append(i)
         with torch.inference_mode():
             for (search, attention), idx in groups.items():
-                trs = self.translator.translate_full([items[i].sentence for i in idx], search)
-                for i, tr in zip(idx, trs):
-                    answers[i] = _answer(tr, search, attention)
+                try:  # a group that fails (out of memory at a wide beam) fails its own requests
+                    trs = self.translator.translate_full([items[i].sentence for i in idx],
+                                                         search)
+                    for i, tr in zip(idx, trs):
+                        answers[i] = _answer(tr, search, attention)
+                except Exception as err:  # noqa: BLE001 - given to those requests' callers
+                    for i in idx:
+                        answers[i] = _Failed(err)
         self.batches += 1
         self.search_s += time.perf_counter() - t0
         return answers
