@@ -163,6 +163,14 @@ def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp
     (tmp_path / "junk.model").write_bytes(b"not a sentencepiece model")
     with pytest.raises(CheckpointError, match="not a readable sentencepiece model"):
         load_for_inference([no_bpe], spm_model=tmp_path / "junk.model")
+    # A given model does not override a member's own, other one: its ids mean other pieces.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoint.pt").write_bytes(data)
+    (other / "sentencepiece.model").write_bytes(b"another sentencepiece model")
+    with pytest.raises(CheckpointError, match=r"other.* bundles another sentencepiece model "
+                                              r"than --spm-model"):
+        load_for_inference([no_bpe, other], spm_model=tiny_checkpoints["spm"])
     res = run_cli("--checkpoint", str(bad), stdin="a cat .\n")
     assert res.returncode == 2 and "truncated, corrupt" in res.stderr
     assert "Traceback" not in res.stderr

@@ -122,7 +122,16 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
         codec = codec_for_checkpoint(paths[0], spm_model)
     except CodecError as err:
         raise CheckpointError(str(err)) from None
-    if spm_model is None:
+    if spm_model is not None:  # given: every checkpoint that bundles one must bundle it
+        given = Path(spm_model).read_bytes()
+        for p in paths:
+            own = [f for f in codec_files(p) if f.suffix == ".model"]  # (sentencepiece's)
+            if own and own[0].read_bytes() != given:
+                raise CheckpointError(
+                    f"{p} bundles another sentencepiece model than --spm-model {spm_model}: "
+                    "its token ids mean other pieces; leave --spm-model out to use its own, or "
+                    "give the model it was trained with")
+    else:
         first = [f.read_bytes() for f in codec_files(paths[0])]
         for p in paths[1:]:
             if [f.read_bytes() for f in codec_files(p)] != first:
