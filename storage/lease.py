@@ -116,6 +116,10 @@ class RunLease:
                 log.warning("%s", self.taken_over)
                 self._start_heartbeat()
                 return self
+        if self.path.exists() and self._read() is None:
+            raise LeaseHeld(f"{self.path} cannot be read as a lease (written by a command that "
+                            "died while writing it?): delete it once no command uses "
+                            f"{self.folder}")
         raise LeaseHeld(f"{self.folder}: could not take its lease (other commands keep "
                         "taking it); try again")
 
@@ -130,7 +134,7 @@ class RunLease:
             self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> RunLease:
-        return self.acquire()
+        return self if self._thread is not None else self.acquire()  # (acquired already)
 
     def __exit__(self, exc_type, *exc) -> None:
         self.release()
@@ -203,12 +207,17 @@ class RunLease:
                                    "pyarrow")
             return self._put_if(IfNoneMatch="*")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a name of its own, then linked into place: a link fails when the
+        # lease exists (as O_EXCL), and a crash never leaves an empty lease that no one could
+        # judge stale (an O_EXCL create and then a write could).
+        tmp = self.path.with_name(f"{LEASE_FILE}.new-{self.owner['id']}")
+        tmp.write_bytes(body)
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(tmp, self.path)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
+        finally:
+            tmp.unlink(missing_ok=True)
         return True
 
     def _take_over(self, held: dict) -> bool:

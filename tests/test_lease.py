@@ -107,6 +107,16 @@ def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_heartbeat(run_dir)
     assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == "someone"
 
 
+def test_an_unreadable_lease_is_named_with_the_fix(run_dir):
+    # (the lease is written whole and then linked into place, so a crash cannot leave one;
+    # one written by an older version, or by hand, is named with what to do)
+    location(run_dir).mkdir(parents=True, exist_ok=True)
+    (location(run_dir) / LEASE_FILE).write_text("")
+    with pytest.raises(LeaseHeld, match=r"cannot be read as a lease .* delete it once no "
+                                        r"command uses"):
+        RunLease(run_dir).acquire()
+
+
 def test_a_command_whose_lease_was_taken_fails_as_its_block_ends(run_dir):
     with pytest.raises(LeaseLost, match=r"lost its lease while it ran .* may be mixed"):
         with RunLease(run_dir, heartbeat_s=0.2) as lease:

@@ -129,6 +129,32 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert "--set 'lr': give KEY=VALUE" in capsys.readouterr().err
 
 
+def test_a_second_command_on_a_run_being_trained_is_refused_in_one_line(demo_batches, tmp_path,
+                                                                       capsys):
+    """Two `convs2s train` on one --run-name would resume from one checkpoint and delete each
+    other's (keep_last): the run folder's lease lets one in; the other stops, naming it."""
+    import json
+    import time
+
+    from convs2s.train.local import main
+    from storage.lease import LEASE_FILE
+
+    d = demo_batches
+    run_dir = tmp_path / "shared"
+    run_dir.mkdir()
+    (run_dir / LEASE_FILE).write_text(json.dumps({  # another machine's command, live
+        "host": "gpu-node-3", "pid": 4242, "id": "other", "command": "convs2s train (shared)",
+        "renewed": time.time(), "expires": time.time() + 120}))
+    rc = main(["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+               "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(tmp_path),
+               "--run-name", "shared", "--max-updates", "5"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "is in use by another command (convs2s train (shared)): pid 4242 on gpu-node-3" \
+        in err
+    assert sorted(p.name for p in run_dir.iterdir()) == [LEASE_FILE]  # nothing written
+
+
 def test_an_update_the_data_cannot_fill_is_one_line_before_training(demo_batches, tmp_path,
                                                                      capsys):
     """An update of more micro-batches than the training split holds for a worker would train

@@ -68,10 +68,11 @@ def served(tiny_checkpoints, ray_session):
         serve.shutdown()
 
 
-def test_a_search_that_fails_fails_only_its_own_requests(tiny_checkpoints):
+def test_a_failing_search_fails_its_own_requests_and_cut_sentences_are_named(tiny_checkpoints):
     """Requests batched together but searched with other settings are answered when one
-    settings group's search raises (out of memory at a wide beam); a "params" that is not an
-    object is a bad request, not a server error. (The replica's class, without Serve.)"""
+    settings group's search raises (out of memory at a wide beam); an answer names the
+    sentences cut to the model's positions; a "params" that is not an object is a bad request,
+    not a server error. (The replica's class, without Serve.)"""
     import asyncio
 
     from convs2s.serving.online import TranslatorReplica
@@ -90,16 +91,22 @@ def test_a_search_that_fails_fails_only_its_own_requests(tiny_checkpoints):
 
     replica.translator.translate_full = fails_at_beam_5
 
-    async def together():
-        return await asyncio.gather(
+    long = " ".join(["a small house"] * 250)  # far past the tiny model's positions
+
+    async def requests():  # (one event loop, as the replica's: its queue belongs to it)
+        together = await asyncio.gather(
             replica.translate({"inputs": ["a small house", "the cat"]}),
             replica.translate({"inputs": ["a dog"], "params": {"beam": 5}}),
             return_exceptions=True)
+        return together, await replica.translate({"inputs": ["the cat", long]}), \
+            await replica.translate({"inputs": ["the cat"]})
 
-    ok, failed = asyncio.run(together())
-    assert replica.batches == 1  # searched in one batch
+    (ok, failed), cut, whole = asyncio.run(requests())
     assert isinstance(failed, RuntimeError) and "out of memory" in str(failed)
     assert ok == {"predictions": alone(tiny_checkpoints["a"], ["a small house", "the cat"])}
+    assert replica.batches == 3  # the first two requests searched in one batch
+    assert cut["truncated"] == [1] and len(cut["predictions"]) == 2
+    assert "truncated" not in whole
     for params in ("ab", 5, [["beam", 2]]):
         with pytest.raises(RequestError, match=r'"params" must be a JSON object'):
             asyncio.run(replica.translate({"inputs": ["a"], "params": params}))

@@ -12,6 +12,7 @@ HTTP (port 8000 unless --port):
         {"inputs": ["a sentence", ...], "params": {"beam": 5, "nbest": 2, "attention": true}}
         -> {"predictions": ["...", ...]}                      (nbest 1, no attention)
         -> {"predictions": [[{"text", "score", "alignment", "attention"}, ...], ...]}
+        (+ "truncated": [i, ...]: the sentences cut to the model's positions, partly translated)
     GET /health -> {"status": "ok", "model": ..., "precision": ..., "replica": ...}
 A request over the limits (convs2s.serving.requests) is an HTTP 400 naming the limit; a body
 that is not a JSON object with a list of strings, a 422.
@@ -260,7 +261,11 @@ class TranslatorReplica:
         answers = await asyncio.gather(*[self._enqueue(_Item(s or "", search, attention))
                                          for s in sentences])
         self.served += len(sentences)
-        return {"predictions": list(answers)}
+        out = {"predictions": [answer for answer, _ in answers]}
+        cut = [i for i, (_, truncated) in enumerate(answers) if truncated]
+        if cut:  # the sentences cut to the model's positions: their answers are partial
+            out["truncated"] = cut
+        return out
 
     # --- dynamic batching (the module docstring says why not @serve.batch) -------------------
 
@@ -341,7 +346,7 @@ class TranslatorReplica:
                     trs = self.translator.translate_full([items[i].sentence for i in idx],
                                                          search)
                     for i, tr in zip(idx, trs):
-                        answers[i] = _answer(tr, search, attention)
+                        answers[i] = (_answer(tr, search, attention), tr.truncated)
                 except Exception as err:  # noqa: BLE001 - given to those requests' callers
                     for i in idx:
                         answers[i] = _Failed(err)

@@ -21,6 +21,7 @@ settings are Ray's and unused here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from convs2s.io.checkpoint import BEST_DIR, META_FILE, list_checkpoints
@@ -29,6 +30,7 @@ from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
 from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
 from storage import location
+from storage.lease import LeaseHeld, RunLease
 
 
 def fit_local(job: TrainJob, device=None) -> TrainResult:
@@ -38,6 +40,33 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
     check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
+    # One command per run folder (storage.lease): a second one on the same --run-name resumed
+    # from the same checkpoint, and each one's keep_last deleted the other's checkpoints.
+    with _run_lease(run_dir, runtime, job):
+        return _fit(job, files, valid_files, run_dir, runtime)
+
+
+def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):
+    """Rank 0's lease of the run folder (a context), the refusal raised on every rank alike
+    (the others would wait at their first collective for a rank 0 that stopped)."""
+    lease, refusal = None, None
+    if runtime.rank == 0:
+        try:
+            lease = RunLease(run_dir, command=f"convs2s train ({job.run_name})").acquire()
+        except LeaseHeld as err:
+            refusal = str(err)
+    if runtime.world_size > 1:
+        import torch.distributed as dist
+
+        shared = [refusal]
+        dist.broadcast_object_list(shared, src=0)
+        refusal = shared[0]
+    if refusal is not None:
+        raise LeaseHeld(refusal)
+    return lease if lease is not None else contextlib.nullcontext()
+
+
+def _fit(job: TrainJob, files, valid_files, run_dir, runtime: LocalRuntime) -> TrainResult:
     # MLflow only when the job names a tracking URI or a run (rank 0 opens it, as on Ray)
     tracked = bool(job.tracking_uri or job.run_id) and runtime.rank == 0
     if tracked:
@@ -153,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         # stops between operations, its MLflow run KILLED, and the same command resumes
         with sigterm_as_ctrl_c():
             result = fit_local(job, args.device)
-    except (CheckpointError, OSError, ValueError, TypeError) as err:
+    except (CheckpointError, LeaseHeld, OSError, ValueError, TypeError) as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
