@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from preprocessing.errors import PreprocessError, user_errors
 from storage import (ObjectPath, filesystem_of, is_uri, location, publish_dir, remove_tree,
                      stamp)
+from storage.lease import pid_namespace, pids_comparable
 
 log = logging.getLogger("preprocessing")
 
@@ -121,8 +122,7 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
     old = stage_dir.parent / f".{stage_dir.name}.old-{uuid.uuid4().hex[:12]}"
     staging = stage_dir.parent / f".{tmp.name}.new"
     staging.mkdir()
-    (staging / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(),
-                                                  "pid": os.getpid()}))
+    (staging / OWNER_FILE).write_text(json.dumps(_owner()))
     staging.rename(tmp)  # appears with its owner named
     try:
         yield tmp
@@ -146,8 +146,7 @@ def _object_stage_output(stage_dir: ObjectPath) -> Iterator[ObjectPath]:
     deleted (`storage.publish_dir`), so a reader sees a complete stage or none."""
     remove_stale_leftovers(stage_dir)
     tmp = stage_dir.parent / f".{stage_dir.name}.partial-{uuid.uuid4().hex[:12]}"
-    (tmp / OWNER_FILE).write_text(json.dumps({"host": socket.gethostname(),
-                                              "pid": os.getpid()}))
+    (tmp / OWNER_FILE).write_text(json.dumps(_owner()))
     try:
         yield tmp
         if not (tmp / MANIFEST).is_file():
@@ -188,6 +187,11 @@ def remove_stale_leftovers(stage_dir) -> list:
     return removed
 
 
+def _owner() -> dict:
+    """What a partial folder's owner file names: this process, where it can be looked up."""
+    return {"host": socket.gethostname(), "pidns": pid_namespace(), "pid": os.getpid()}
+
+
 def _writer_gone(partial: Path) -> bool:
     try:
         owner = json.loads((partial / OWNER_FILE).read_text())
@@ -196,8 +200,8 @@ def _writer_gone(partial: Path) -> bool:
     except OSError as err:  # the store not answering is no proof: left alone
         log.warning("%s: its owner could not be read (%s); left alone", partial, err)
         return False
-    if owner.get("host") != socket.gethostname():
-        return False  # another machine's process: cannot be proven gone from here
+    if not pids_comparable(owner):
+        return False  # another machine's (or container's) process: not provably gone here
     pid = int(owner.get("pid", -1))
     if pid == os.getpid():
         return True  # this process runs one stage at a time: an earlier failed attempt

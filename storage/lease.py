@@ -42,6 +42,22 @@ class LeaseLost(LeaseHeld):
     """The command's lease was taken while it ran (raised as its `with` block ends)."""
 
 
+def pid_namespace() -> str | None:
+    """This process's pid namespace ("pid:[4026531836]"), None where there is no /proc:
+    containers that share a host name (host networking) number their processes apart."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def pids_comparable(owner: dict) -> bool:
+    """Whether `owner`'s pid (a lease's, a stage's writer's) can be looked up here: the same
+    host name and the same pid namespace (a record without one: the host name alone)."""
+    return owner.get("host") == socket.gethostname() and \
+        owner.get("pidns", pid_namespace()) == pid_namespace()
+
+
 def _pid_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -62,6 +78,7 @@ class RunLease:
         self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
         self.elsewhere = elsewhere  # the refusal's way to another folder
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
+                      "pidns": pid_namespace(),
                       "id": uuid.uuid4().hex[:12], "command": command}
         self.taken_over: str | None = None
         self.lost = False  # set when a renewal finds the lease no longer ours
@@ -79,7 +96,7 @@ class RunLease:
 
     def _stale(self, held: dict) -> str | None:
         """Why a held lease is stale (its holder gone), or None (live)."""
-        if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int) \
+        if pids_comparable(held) and isinstance(held.get("pid"), int) \
                 and held["pid"] != os.getpid() and _pid_gone(held["pid"]):
             return f"its holder (pid {held['pid']} on this host) is gone"
         if float(held.get("expires", 0)) < time.time():

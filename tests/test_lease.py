@@ -52,6 +52,11 @@ def test_a_live_holder_on_another_host_is_never_taken_over(run_dir):
     _plant(run_dir)
     with pytest.raises(LeaseHeld, match="pid 4242 on other-host"):
         RunLease(run_dir).acquire()
+    # nor one of another container on this host (host networking: the same host name, pids
+    # numbered apart): its pid is not looked up here
+    _plant(run_dir, host=socket.gethostname(), pid=2**22, pidns="pid:[1]")
+    with pytest.raises(LeaseHeld, match=r"pid 4194304 on "):
+        RunLease(run_dir).acquire()
 
 
 @pytest.mark.parametrize("held, why", [
