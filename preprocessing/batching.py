@@ -69,12 +69,14 @@ def add_window(batch: pa.Table, *, n_windows: int, seed: int) -> pa.Table:
 
 
 def batch_window(group: pa.Table, *, max_tokens: int, max_sentences: int | None,
-                 seed: int) -> pa.Table:
+                 seed: int, max_positions: int | None = None) -> pa.Table:
     """Ray Data group function: one window sorted by length, cut and shuffled into batch rows.
 
     Returns BATCH_SCHEMA's columns plus `window` (the part key), `padded_slots` (slots of the
     padded B x S and B x T tensors) and `reason` (null), then one row per sentence too long for
-    the budget (reason `over_max_tokens`, no tokens): the sink counts them and writes the rest.
+    the budget (reason `over_max_tokens`, no tokens) or for the model's positions (a side of
+    more than `max_positions` pieces, EOS included: `over_max_positions`, which training would
+    otherwise meet hours in): the sink counts them and writes the rest.
     """
     window = int(group["window"][0].as_py())
     ids = group["id"].to_numpy()
@@ -83,6 +85,10 @@ def batch_window(group: pa.Table, *, max_tokens: int, max_sentences: int | None,
     longest = np.maximum(src_len, tgt_len)
     tie = mix64(ids, seed + 1)  # ids are unique, so the order is total: same input, same bytes
     order = np.lexsort((tie, tgt_len, src_len, longest))
+    over_positions = np.zeros(0, dtype=np.int64)
+    if max_positions is not None:
+        beyond = longest[order] > max_positions
+        order, over_positions = order[~beyond], order[beyond]
     bounds, stop = cut_batches(longest[order], max_tokens, max_sentences)
     rng = np.random.default_rng([seed, window])
     bounds = [bounds[i] for i in rng.permutation(len(bounds))]  # no length order across rows
@@ -94,7 +100,8 @@ def batch_window(group: pa.Table, *, max_tokens: int, max_sentences: int | None,
     if bounds:
         s_tok, t_tok = (np.add.reduceat(x[rows], starts) for x in (src_len, tgt_len))
         s_max, t_max = (np.maximum.reduceat(x[rows], starts) for x in (src_len, tgt_len))
-    dropped = order[stop:]  # longer than max_tokens alone: one row each, counted by the sink
+    # one row each, counted by the sink: longer than max_tokens alone, then than the positions
+    dropped = np.concatenate([order[stop:], over_positions])
     n_drop = len(dropped)
     sizes_all = np.concatenate([sizes, np.ones(n_drop, dtype=np.int64)])
     offsets = np.concatenate([[0], np.cumsum(sizes_all)]).astype(np.int32)
@@ -112,7 +119,8 @@ def batch_window(group: pa.Table, *, max_tokens: int, max_sentences: int | None,
         pa.array(np.concatenate([sizes * np.maximum(s_max, t_max), empty]), pa.int64()),
         pa.array(np.full(len(bounds) + n_drop, window, dtype=np.int64)),
         pa.array(np.concatenate([sizes * (s_max + t_max), empty]), pa.int64()),
-        pa.array([None] * len(bounds) + ["over_max_tokens"] * n_drop, pa.string()),
+        pa.array([None] * len(bounds) + ["over_max_tokens"] * (n_drop - len(over_positions))
+                 + ["over_max_positions"] * len(over_positions), pa.string()),
     ], names=BATCH_SCHEMA.names + ["window", "padded_slots", "reason"])
     return table
 

@@ -58,6 +58,10 @@ class PreprocessConfig:
     # Token-budget batches: n_sentences * max(src_len, tgt_len) <= max_tokens.
     max_tokens: int = 4000
     max_sentences: int | None = 1024
+    # Sentences with a side of more pieces (EOS included) than the model's positions are
+    # dropped (counted, over_max_positions) when this is set: the workflows set it from the
+    # model (ModelConfig.max_positions). None: no limit (the trainer refuses such data).
+    max_positions: int | None = None
     shuffle_window: int = 200_000  # rows sorted by length inside windows of about this size
     seed: int = 1
     root: str = "data/preprocessed"
@@ -78,6 +82,9 @@ class PreprocessConfig:
             raise ValueError(f"max_len_ratio must be >= 1 or None, got {self.max_len_ratio}")
         if self.max_tokens < 1 or (self.max_sentences is not None and self.max_sentences < 1):
             raise ValueError("max_tokens and max_sentences must be positive")
+        if self.max_positions is not None and self.max_positions < 2:
+            raise ValueError(f"max_positions must be >= 2 (a piece and EOS) or None, got "
+                             f"{self.max_positions}")
         if self.exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
         if self.shortlist_per_source < 0 or self.shortlist_sample_pairs < 1:

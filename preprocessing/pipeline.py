@@ -181,7 +181,8 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
         add_window, batch_size=None, batch_format="pyarrow",
         fn_kwargs={"n_windows": n_windows, "seed": cfg.seed})
     out, scattered = group_by(rows, key="window", n_keys=n_windows, fn=batch_window, fn_kwargs={
-        "max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences, "seed": cfg.seed},
+        "max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences, "seed": cfg.seed,
+        "max_positions": cfg.max_positions},
         how=cfg.exchange, spill_dir=tmp / ".windows", label=label)
     _checked(label, scattered, enc_m["rows_kept"], "spilled")
     t = write_stage(out, PartSink(tmp, part_key="window", schema=BATCH_SCHEMA,
@@ -198,6 +199,7 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
             # how full the token budget is: sum of n * max(S, T) / (batches * max_tokens)
             "budget_fill": round(t["padded_tokens"] / max(1, t["batches"] * cfg.max_tokens), 4),
             "max_tokens": cfg.max_tokens, "max_sentences": cfg.max_sentences,
+            "max_positions": cfg.max_positions,
             # pieces, EOS included: the largest step of the data is the budget filled with them
             "longest": {"src": t.get("longest_src", 0), "tgt": t.get("longest_tgt", 0)},
             "vocab_path": enc_m["vocab_path"], "vocab_size": enc_m["vocab_size"]}
@@ -244,12 +246,14 @@ _NOT_OUTPUT = ("root", "encode_tasks", "exchange", "splits", "shortlist_per_sour
 # runs that differ only in them (another `--set data.max_tokens`, to keep the paper's update on
 # fewer GPUs) share the cleaned, BPE and encoded stages, and each cuts its own batches into a
 # folder of its own, batches/<cut key>/<split>, never replacing batches another run trains from.
-BATCH_CUT = ("max_tokens", "max_sentences", "shuffle_window")
+BATCH_CUT = ("max_tokens", "max_sentences", "shuffle_window", "max_positions")
 
 
 def cut_key(cfg: PreprocessConfig) -> str:
-    """The batch cut's folder name: a hash of its settings (BATCH_CUT)."""
-    return config_hash({k: getattr(cfg, k) for k in BATCH_CUT})[:12]
+    """The batch cut's folder name: a hash of its settings (BATCH_CUT; max_positions only when
+    set, so that cuts made before it existed keep their folders)."""
+    return config_hash({k: getattr(cfg, k) for k in BATCH_CUT
+                        if k != "max_positions" or cfg.max_positions is not None})[:12]
 
 
 def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None,

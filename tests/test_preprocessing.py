@@ -128,6 +128,24 @@ def test_sentence_over_the_budget_is_dropped_and_counted(tmp_path):
     assert stats["drop_over_max_tokens"] == 50 - kept
 
 
+def test_a_sentence_longer_than_the_models_positions_is_dropped_and_counted(tmp_path):
+    """A side of more pieces than the model's positions (a URL or base64 blob of one "word"
+    passes the word filters) would stop training at its batch: the cut drops it, counted."""
+    group = encoded_group(80)
+    lengths = np.maximum(group["src_len"].to_numpy(), group["tgt_len"].to_numpy())
+    limit = int(np.sort(lengths)[60])  # about a quarter of the sentences are longer
+    rows = batch_window(group, max_tokens=4000, max_sentences=None, seed=0,
+                        max_positions=limit)
+    stats = sink_writes([rows], tmp_path, **BATCH_SINK)
+    table = pq.read_table(tmp_path / "part-000005.parquet")
+    kept = [i for b in table["id"].to_pylist() for i in b]
+    longer = set(group["id"].to_numpy()[lengths > limit].tolist())
+    assert longer and not longer & set(kept)
+    assert stats["drop_over_max_positions"] == len(longer)
+    assert stats["rows_kept"] + len(longer) == stats["rows_in"] == 80
+    assert stats["longest_src"] <= limit and stats["longest_tgt"] <= limit
+
+
 def test_a_part_written_by_two_write_tasks_is_an_error(tmp_path):
     """Two tasks writing one part file would lose rows: the sink refuses instead."""
     rows = batch_window(encoded_group(60), max_tokens=500, max_sentences=20, seed=0)

@@ -96,3 +96,22 @@ def test_the_reader_returns_the_planned_rows_in_order(files):
         assert all(t.num_rows == 1 for t in rows)
         assert [t["id"][0].as_py()[0] for t in rows] == _ids(files, refs)
     assert list(read_rows(files, refs[:0])) == []
+
+
+def test_batches_with_a_sentence_over_the_models_positions_are_refused_before_training(
+        tmp_path):
+    # The manifest preprocessing writes beside the batches says its longest sentences: a run
+    # stops before a worker starts, not hours in at the batch that holds one.
+    import json
+
+    from convs2s.train.data import check_positions
+
+    for split, longest in (("train", {"src": 300, "tgt": 40}), ("valid", {"src": 9, "tgt": 9})):
+        (tmp_path / split).mkdir()
+        (tmp_path / split / "manifest.json").write_text(json.dumps({"longest": longest}))
+    with pytest.raises(ValueError, match=r"train split\) holds a 300-piece src sentence, over "
+                                         r"the model's max_positions=256: cut the batches with "
+                                         r"--set data.max_positions=256"):
+        check_positions(256, train=tmp_path / "train", valid=tmp_path / "valid")
+    check_positions(300, train=tmp_path / "train", valid=tmp_path / "valid")
+    check_positions(256, valid=tmp_path / "valid", other=tmp_path / "nothing-there")

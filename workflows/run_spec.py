@@ -234,6 +234,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     model, init_from = cfg.model, None
     if opts.init_from:
         init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
+    if pre.max_positions is None:  # sentences the model cannot take: dropped and counted
+        pre = pre.replace(max_positions=model.max_positions)
     pre, batch_note = float32_cpu_batches(cfg, pre, changes, use_gpu,
                                           opts.precision or cfg.train.precision)
     workers = opts.num_workers or cfg.num_workers

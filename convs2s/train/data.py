@@ -166,6 +166,22 @@ def check_updates_fill(batches: int, world: int, update_freq: int) -> None:
             "(a smaller max_tokens cuts more of them)")
 
 
+def check_positions(max_positions: int, **folders) -> None:
+    """Refuse, before a worker starts, batches with a sentence longer than the model's
+    positions (the manifest's `longest`, pieces with EOS): training would stop at the first
+    batch holding it, maybe hours in. `folders`: split name -> batches folder."""
+    for split, folder in folders.items():
+        longest = read_manifest(folder).get("longest") or {}
+        side, n = max(((k, int(v or 0)) for k, v in longest.items()), key=lambda kv: kv[1],
+                      default=("src", 0))
+        if n > max_positions:
+            raise ValueError(
+                f"{folder} ({split} split) holds a {n}-piece {side} sentence, over the model's "
+                f"max_positions={max_positions}: cut the batches with --set "
+                f"data.max_positions={max_positions} (drops and counts such sentences; the "
+                "workflows set it from the model), or train a model with more positions")
+
+
 STAGE_MANIFEST = "manifest.json"  # written last by every preprocessing stage (docs/design.md)
 
 

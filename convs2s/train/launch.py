@@ -51,7 +51,7 @@ from convs2s.io.checkpoint import (
     BEST_DIR,
     list_checkpoints,
 )
-from convs2s.train.data import check_updates_fill, split_files
+from convs2s.train.data import check_positions, check_updates_fill, split_files
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
 from convs2s.train.memory_fit import BudgetTooLarge
@@ -65,6 +65,7 @@ def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
     # bad or incomplete data: refused before any run starts
     files, valid_files = split_files(job.train_data, job.valid_data)
+    check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
     check_updates_fill(files.total, job.num_workers, job.train.update_freq)
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name

@@ -25,7 +25,7 @@ import contextlib
 import os
 
 from convs2s.io.checkpoint import BEST_DIR, META_FILE, list_checkpoints
-from convs2s.train.data import check_updates_fill, split_files
+from convs2s.train.data import check_positions, check_updates_fill, split_files
 from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
 from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
@@ -37,6 +37,7 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     """Train `job` in this process (one rank of a torchrun world when WORLD_SIZE is set);
     resumes from `<storage_path>/<run_name>`'s latest checkpoint when there is one."""
     files, valid_files = split_files(job.train_data, job.valid_data)
+    check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
     check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
