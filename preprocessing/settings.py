@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 
 import yaml
 
@@ -26,12 +27,20 @@ class Change:
     text: str  # as given: "train.lr=0.5"
 
 
+# YAML 1.1 (PyYAML) reads 1e-4 as text: its floats need a dot (1.0e-4); the paper's 10^-4
+_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
 def read_value(raw: str):
-    """A value as YAML reads it; text YAML cannot read stays text."""
+    """A value as YAML reads it, with 1e-4 a float as in YAML 1.2 (PyYAML's 1.1 reads it as
+    text); text YAML cannot read stays text."""
     try:
-        return yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         return raw
+    if isinstance(value, str) and _EXPONENT.match(raw.strip()):  # (quoted: text, as typed)
+        return float(value)
+    return value
 
 
 def closest(name: str, names) -> str:

@@ -108,6 +108,16 @@ def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys)
     asked = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=8,
                                                     update_freq=2, storage_path=str(tmp_path)))
     assert asked.train.update_freq == 2 and "not the preset's 24,000" in asked.update_note
+    # ... and so does --set train.update_freq (the plan once replaced it without a word)
+    set_ = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=8,
+                                                   set=["train.update_freq=2"],
+                                                   storage_path=str(tmp_path)))
+    assert set_.train.update_freq == 2 and "not the preset's 24,000" in set_.update_note
+    # --max-updates on top of a --set train.max_epochs keeps both limits
+    both = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", max_updates=1000,
+                                                   set=["train.max_epochs=5"],
+                                                   storage_path=str(tmp_path)))
+    assert (both.train.max_epochs, both.train.max_updates) == (5, 1000)
     assert update_plan(0, 4, 4000, None, 3) == (3, "")
     with pytest.raises(SystemExit) as exited:
         wmt14_en_fr.main(wmt14_en_fr.PRESETS, wmt14_en_fr.__doc__,
@@ -125,6 +135,8 @@ def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys)
     ("search.precision=fp16", "precision must be 'fp32', 'bf16' or 'int8'"),
     ("data.root=/elsewhere", "data.root is set by --storage-path"),
     ("dropout=0.3", "write section.field=value"),
+    ("workflow.task_kind=summarisation", "unknown task kind 'summarisation'"),
+    ("workflow.num_workers=0", "num_workers >= 1"),
 ])
 def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says, tmp_path):
     rc, out, err = _main(wmt14_en_fr, ["--set", setting, "--storage-path", str(tmp_path)])
@@ -196,6 +208,10 @@ def test_a_different_set_on_the_same_run_name_is_refused_like_any_changed_settin
     assert "train.lr: 0.5 -> 0.4" in reuse_problem(other)
     with pytest.raises(SpecError, match="--set train.lr=abc: train.lr takes float"):
         resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": ["train.lr=abc"]}))
+    # the paper's 10^-4 as one types it (PyYAML alone reads 1e-4 as text)
+    tiny = resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": ["train.min_lr=1e-4",
+                                                                            "train.lr=2.5E-1"]}))
+    assert (tiny.train.min_lr, tiny.train.lr) == (1e-4, 0.25)
 
 
 def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
@@ -246,7 +262,9 @@ def test_a_custom_sweep_takes_its_variants_as_set_lists(tmp_path, capsys):
                                        "train.dropout_by_passes": "()"}
     for variant, says in ((f"same:model.dropout={cpu.model.dropout}", "changes nothing"),
                           ("no-settings", "write NAME:SECTION.FIELD=VALUE"),
-                          ("bad:train.lrr=1", "TrainConfig has no field 'lrr'")):
+                          ("bad:train.lrr=1", "TrainConfig has no field 'lrr'"),
+                          # the sweep sets every trial's seed: a variant's was replaced unseen
+                          ("s5:train.seed=5", "train.seed is the sweep's own (--seeds N")):
         rc, out, err = _main(multi30k_en_de, [*base, "--variant", variant, "--dry-run"])
         assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
 

@@ -183,7 +183,7 @@ def test_a_served_model_that_does_not_resolve_never_shows_the_servers_password(m
     from convs2s.serving.online import fetch_logged_model, resolve_model_uri
     from convs2s.tracking.runs import redact_text
 
-    assert redact_text("GET http://al:pw@h:9/api and https://tok@h/x, sqlite:////m.db") == \
+    assert redact_text("GET http://al:p@w@h:9/api and https://tok@h/x, sqlite:////m.db") == \
         "GET http://al:***@h:9/api and https://***@h/x, sqlite:////m.db"
     uri = "http://alice:S3CRET@127.0.0.1:9"  # nothing listens on port 9
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -211,6 +211,7 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("http://bob:S3CRET@mlflow:5000") == "http://bob:***@mlflow:5000"
     assert redact_uri("https://S3CRET@host/path") == "https://***@host/path"
     assert redact_uri("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
+    assert redact_uri("http://bob:p@ss@mlflow:5000/x@y") == "http://bob:***@mlflow:5000/x@y"
     uri = "http://bob:S3CRET@127.0.0.1:9"
     with caplog.at_level(logging.DEBUG, logger="convs2s"):
         runs.warn_unreachable(uri, "creating the run", ConnectionError(f"refused {uri}"))

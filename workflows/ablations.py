@@ -169,6 +169,9 @@ SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
 
 
 CUSTOM = "custom"  # --sweep custom --variant NAME:SETTING;SETTING ...: variants as --set lists
+# Settings a sweep sets for every trial itself, refused in a variant
+SWEEP_OWNED = {"train.seed": "--seeds N trains seeds seed, seed+1, ...",
+               "ensemble.runs": "a trial is one run", "ensemble.average_last": "the sweep's"}
 
 
 def custom_variants(specs: list[str]) -> list[Variant]:
@@ -187,6 +190,11 @@ def custom_variants(specs: list[str]) -> list[Variant]:
                              "name of letters, digits, '-' and '.' (e.g. lr-half:train.lr=0.125)")
         if name in seen:
             raise SweepError(f"--variant {name}: two variants share this name")
+        owned = [x for x in sets if x.split("=", 1)[0].strip() in SWEEP_OWNED]
+        if owned:  # (set by the sweep for every trial: a variant's would be replaced unseen)
+            key = owned[0].split("=", 1)[0].strip()
+            raise SweepError(f"--variant {name}: {key} is the sweep's own ({SWEEP_OWNED[key]}), "
+                             "the same for every variant")
         seen.add(name)
         out.append(Variant(name, "; ".join(sets), sets=sets))
     return out

@@ -222,7 +222,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     limits = {k: v for k, v in (("max_epochs", opts.max_epochs),
                                 ("max_updates", opts.max_updates),
                                 ("max_time", opts.max_time)) if v is not None}
-    if "max_updates" in limits and "max_epochs" not in limits:
+    if "max_updates" in limits and "max_epochs" not in limits \
+            and not _set(changes, "train", "max_epochs"):
         limits["max_epochs"] = 0  # --max-updates alone: stop on the update count only
     if opts.precision is not None:
         limits["precision"] = opts.precision
@@ -239,8 +240,12 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     pre, batch_note = float32_cpu_batches(cfg, pre, changes, use_gpu,
                                           opts.precision or cfg.train.precision)
     workers = opts.num_workers or cfg.num_workers
+    # `--set train.update_freq=N` asks as --update-freq does (the plan replaced it silently)
+    asked = opts.update_freq
+    if asked is None and _set(changes, "train", "update_freq"):
+        asked = cfg.train.update_freq
     limits["update_freq"], update_note = update_plan(
-        cfg.update_tokens, workers, pre.max_tokens, opts.update_freq, cfg.train.update_freq)
+        cfg.update_tokens, workers, pre.max_tokens, asked, cfg.train.update_freq)
     update_note = "; ".join(n for n in (batch_note, update_note) if n)
     return RunSpec(
         workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
@@ -255,6 +260,11 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes),
         update_tokens=cfg.update_tokens, update_note=update_note)
+
+
+def _set(changes, section: str, field: str) -> bool:
+    """Whether `--set section.field=...` is among `changes`."""
+    return any(o.section == section and o.field == field for o in changes)
 
 
 def float32_cpu_batches(cfg: WorkflowConfig, pre: PreprocessConfig, changes, use_gpu: bool,

@@ -82,6 +82,19 @@ class WorkflowConfig:
         for splits in (self.preprocess.splits, self.local_splits, WMT_SPLITS):
             if "valid" not in splits:
                 raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
+        # Refused here, before anything runs: a typo in task_kind failed only in evaluation,
+        # after the whole training run; num_workers=0 divided by zero.
+        from convs2s.metrics.task_kinds import task_kind
+
+        task_kind(self.task_kind)  # (a ValueError naming the kinds)
+        if self.num_workers < 1 or self.cpus_per_worker <= 0 or self.eval_cpus <= 0:
+            raise ValueError(f"{self.name}: num_workers >= 1, cpus_per_worker > 0 and "
+                             f"eval_cpus > 0, got {self.num_workers}, {self.cpus_per_worker}, "
+                             f"{self.eval_cpus}")
+        if not 0 <= self.eval_gpus <= 1 or self.update_tokens < 0 \
+                or self.float32_cpu_max_tokens < 0 or self.system_metrics_s < 0:
+            raise ValueError(f"{self.name}: eval_gpus in [0, 1] (a GPU fraction), and "
+                             "update_tokens, float32_cpu_max_tokens, system_metrics_s >= 0")
 
     def replace(self, **changes) -> "WorkflowConfig":
         return dataclasses.replace(self, **changes)

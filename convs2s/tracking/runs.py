@@ -138,7 +138,8 @@ def mlflow_client(uri: str):
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
-_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)([^/@]+)@")
+# userinfo: up to the last "@" before the path (a password may hold an "@")
+_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)([^/]+)@")
 
 
 def redact_uri(uri: str | None) -> str | None:
@@ -155,7 +156,7 @@ def redact_uri(uri: str | None) -> str | None:
     return f"{m[1]}{shown}@{uri[m.end():]}"
 
 
-_USERINFO_ANYWHERE = re.compile(r"([A-Za-z][\w+.-]*://)([^/@\s'\"]+)@")
+_USERINFO_ANYWHERE = re.compile(r"([A-Za-z][\w+.-]*://)([^/\s'\"]+)@")
 
 
 def redact_text(text: str) -> str:
