@@ -21,6 +21,7 @@ Kinds (`resolve_split` picks one per split; driver-side checks raise `Preprocess
 from __future__ import annotations
 
 import gzip
+import logging
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -77,6 +78,12 @@ def select_split_files(names: list[str], config: str, name: str) -> list[str]:
     `default/train/*.parquet` (a `refs/convert/parquet` conversion)."""
     for pattern in _split_patterns(config, name):
         found = sorted(n for n in names if fnmatch(n, pattern))
+        if found and "/partial-" in pattern:  # read, but never silently taken for the split
+            logging.getLogger("preprocessing").warning(
+                "split %r is a partial parquet conversion (%s: the hub converts only the first "
+                "5 GB of a large split): the rest of the split is not read; point at the "
+                "dataset's own files (another revision or config) for all of it",
+                name, pattern.rsplit("/", 1)[0])
         if found:
             return found
     return []

@@ -215,6 +215,22 @@ def test_hub_listings_select_the_split_files():
     assert len(select_split_files(converted, "default", "train")) == 2
 
 
+def test_a_partial_hub_conversion_is_read_with_a_warning(caplog):
+    # The hub converts only the first 5 GB of a large split (partial-<split>/): the rows past
+    # it are not read, and the run says so instead of taking it for the whole split.
+    import logging
+
+    names = ["default/partial-train/0000.parquet", "default/partial-train/0001.parquet",
+             "default/validation/0000.parquet"]
+    with caplog.at_level(logging.WARNING, logger="preprocessing"):
+        assert len(select_split_files(names, "default", "train")) == 2
+        assert select_split_files(names, "default", "validation") == [
+            "default/validation/0000.parquet"]
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "'train' is a partial parquet conversion (default/partial-train" in warning
+    assert "the rest of the split is not read" in warning
+
+
 def test_a_split_can_name_one_file(tmp_path):
     (tmp_path / "pairs.tsv.gz").write_bytes(gzip.compress(b"a\tb\n"))
     (tmp_path / "notes.txt").write_text("x\n")

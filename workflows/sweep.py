@@ -482,7 +482,9 @@ def summary_table(sweep: SweepSpec, results: dict[str, dict], failed: dict[str, 
     out.append(f"{len(sweep.seeds)} seed(s) ({', '.join(map(str, sweep.seeds))}) per variant; "
                f"mean +- sample sd; budget {_budget(b)}; scores of each trial's best "
                f"checkpoint, beam {b.search.beam}."
-               + (" Paper: WMT'14 En-De, newstest2014, mean of three runs (Table 4)."
+               + (" Paper: WMT'14 En-De, newstest2014, mean of three runs (Table 4); its "
+                  "BLEU is Moses-tokenized, comparable to each trial's bleu_tokenized rather "
+                  "than to sacreBLEU's bleu."
                   if any(v.paper for v in sweep.variants) else ""))
     if base is None:
         out.append("(no baseline among the variants run: compare the rows with each other)")

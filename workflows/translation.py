@@ -13,7 +13,7 @@ or .tsv / .jsonl / parquet); --split SPLIT=STEM names the files of train, valid 
 the experiment `translation_<src>_<tgt>`, its best model registered as
 `models:/translation_<src>_<tgt>-test@champion`. Presets:
 
-- cpu: the `small` model (4 + 3 layers of 256) with the Multi30k CPU recipe (Adam 3e-3,
+- cpu: the `small` model (3 + 3 layers of 128, dropout 0.3) with the Multi30k CPU recipe (Adam 3e-3,
   warmup, a cosine decay over the time budget, 60 minutes by default), one worker;
 - gpu: the paper's WMT'14 En-De model and recipe (NAG, lr 0.5, 4,000 tokens per GPU), a 40k
   joint BPE, one GPU (--num-workers N --use-gpu for more);
