@@ -92,7 +92,16 @@ def check(spec: RunSpec) -> None:
     if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
         raise SpecError(problem)
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
+    _check_search_files(spec)  # evaluation's files: not found only after the whole training
     check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
+
+
+def _check_search_files(spec: RunSpec) -> None:
+    for name in ("dictionary", "shortlist"):
+        path = getattr(spec.search, name)
+        if path and not location(path).is_file():
+            raise SpecError(f"--set search.{name}={path}: no such file (evaluation would stop "
+                            "at it after the whole training run); give the file's path")
 
 
 def prepare(spec: RunSpec) -> None:
