@@ -439,12 +439,15 @@ def move_tree(src, dest) -> None:
     """Move folder `src` to `dest` (both local, or both in one bucket: each object copied by
     the server, then the source deleted)."""
     src, dest = location(src), location(dest)
+    if isinstance(src, ObjectPath) != isinstance(dest, ObjectPath):
+        raise StorageError(f"move_tree({src}, {dest}): both local, or both in one bucket")
     if not isinstance(src, ObjectPath):
         shutil.move(str(src), str(dest))
         return
-    for name, _ in src.files():
+    for name, _ in (moved := src.files()):
         _copy(src / name, dest / name)
-    remove_tree(src)
+    for name, _ in moved:  # only what was copied: an object written meanwhile stays
+        (src / name).unlink(missing_ok=True)
 
 
 def remove_tree(p) -> None:
