@@ -85,7 +85,9 @@ def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
         row = json.loads(texts[0])
         pair = row["translation"] if shape[0] == "translation" else row
         s, t = pair[shape[1]], pair[shape[2]]
-        return ("" if s is None else str(s)), ("" if t is None else str(t)), None
+        if not all(x is None or isinstance(x, str) for x in (s, t)):
+            return texts[0], "", "bad_row"  # a list or a number is no sentence: counted
+        return s or "", t or "", None
     except (ValueError, KeyError, TypeError):
         return texts[0], "", "bad_row"
 

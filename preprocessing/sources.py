@@ -151,6 +151,14 @@ def _check_columns(path: str, schema: pa.Schema, cfg: PreprocessConfig) -> None:
         raise PreprocessError(f"{path}: parquet file has columns ({has}) but the task needs {want} "
                               "(the hub's row shape); convert the file or set src_lang / "
                               "tgt_lang / row_shape to match it")
+    # ... of text: an int or binary column failed inside a Ray task without naming the file
+    sides = (schema.field("translation").type if cfg.row_shape == "translation" else schema)
+    for lang in (cfg.src_lang, cfg.tgt_lang):
+        kind = sides.field(lang).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_string_view(kind)):
+            raise PreprocessError(f"{path}: its {lang!r} side is {kind}, not text (string); "
+                                  "convert the file so that both sides hold strings")
 
 
 def _not_a_directory(path: Path) -> None:

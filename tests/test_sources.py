@@ -108,7 +108,8 @@ def test_truncated_gzip_past_the_driver_check_names_only_the_broken_file(tmp_pat
 def test_tsv_and_jsonl_rows(tmp_path):
     (tmp_path / "t.tsv").write_text("hello\tbonjour\nno tab here\na\tb\tc\n\t\n")
     lines = [json.dumps({"translation": {"en": "hi", "fr": None}}), "{not json",
-             json.dumps({"translation": {"en": "hi"}}), json.dumps({"other": 1})]
+             json.dumps({"translation": {"en": "hi"}}), json.dumps({"other": 1}),
+             json.dumps({"translation": {"en": ["a", "b"], "fr": "c"}})]  # a list: no sentence
     with gzip.open(tmp_path / "j.jsonl.gz", "wt") as f:
         f.write("\n".join(lines) + "\n")
     cfg = local_cfg(tmp_path, splits={"train": "t", "valid": "j"})
@@ -119,7 +120,7 @@ def test_tsv_and_jsonl_rows(tmp_path):
     assert src.kind == "jsonl"
     jl = read_all(src, cfg)
     assert jl[0]["translation"] == {"en": "hi", "fr": ""}  # null -> empty, dropped later
-    assert [r["error"] for r in jl] == [None, "bad_row", "bad_row", "bad_row"]
+    assert [r["error"] for r in jl] == [None, "bad_row", "bad_row", "bad_row", "bad_row"]
 
 
 def test_missing_inputs_are_clear_errors(tmp_path):
@@ -170,6 +171,13 @@ def test_parquet_without_expected_columns_names_the_file(tmp_path):
         resolve_split(local_cfg(tmp_path / "broken"), "test")
     with pytest.raises(PreprocessError, match="fields 'en' and 'fr'"):
         resolve_split(local_cfg(tmp_path / "de"), "train")
+    # the right names, but not text: named with the file, not a TypeError inside a Ray task
+    (tmp_path / "ints" / "fr-en").mkdir(parents=True)
+    pq.write_table(pa.table({"translation": [{"en": "a", "fr": 7}]}),
+                   tmp_path / "ints" / "fr-en" / "train-0.parquet")
+    with pytest.raises(PreprocessError, match=r"train-0\.parquet: its 'fr' side is int64, not "
+                                              r"text"):
+        resolve_split(local_cfg(tmp_path / "ints"), "train")
 
 
 def test_columns_row_shape_reads_document_summary_parquet(tmp_path):
