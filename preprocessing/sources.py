@@ -94,9 +94,22 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
     """hf:// paths of a split's parquet files and the resolved commit, or a clear error."""
     from huggingface_hub import HfApi
 
+    from huggingface_hub.errors import (GatedRepoError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
     try:
         info = HfApi(endpoint=endpoint).dataset_info(cfg.hub_repo, revision=cfg.hub_revision)
-    except Exception as e:  # noqa: BLE001 - offline, DNS, HTTP, auth: all mean "no hub here"
+    except GatedRepoError:  # (before RepositoryNotFoundError: it is one)
+        raise PreprocessError(
+            f"hub dataset {cfg.hub_repo} is gated: accept its terms on the hub and log in "
+            "(`huggingface-cli login`, or HF_TOKEN) on every node") from None
+    except RevisionNotFoundError:
+        raise PreprocessError(f"hub dataset {cfg.hub_repo} has no revision "
+                              f"{cfg.hub_revision!r}; check hub_revision") from None
+    except RepositoryNotFoundError:
+        raise PreprocessError(f"hub dataset {cfg.hub_repo} does not exist (or is private: log in "
+                              "with a token that can see it); check hub_repo") from None
+    except Exception as e:  # noqa: BLE001 - offline, DNS, HTTP: all mean "no hub here"
         raise PreprocessError(
             f"cannot reach the Hugging Face hub for dataset {cfg.hub_repo} (revision "
             f"{cfg.hub_revision}): {type(e).__name__}: {str(e)[:200]}. {NO_HUB_HINT}") from None

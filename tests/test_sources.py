@@ -197,6 +197,37 @@ def test_unreachable_hub_says_how_to_work_offline():
         resolve_split(cfg, "train", endpoint="http://127.0.0.1:9")
 
 
+@pytest.mark.parametrize("code, says", [
+    ("RepoNotFound", r"wmt/wmt14 does not exist \(or is private"),
+    ("GatedRepo", r"wmt/wmt14 is gated: accept its terms"),
+    ("RevisionNotFound", r"wmt/wmt14 has no revision"),
+])
+def test_a_hub_that_answers_no_says_why_not_go_offline(code, says):
+    """A hub that answers (a loopback server speaking its error headers) but refuses the
+    dataset is not "cannot reach the hub": the message says what to fix."""
+    import http.server
+    import threading
+
+    class Refuses(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(404 if code != "GatedRepo" else 401)
+            self.send_header("X-Error-Code", code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(PreprocessError, match=says):
+            resolve_split(wmt14_en_fr(), "train",
+                          endpoint=f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+
+
 def test_demo_splits_get_disjoint_index_ranges():
     cfg = PreprocessConfig(task="d", demo_rows={"train": 100, "valid": 10, "test": 7},
                            splits={"train": "train", "valid": "v", "test": "t"})
