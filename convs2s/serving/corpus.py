@@ -41,6 +41,7 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
@@ -208,6 +209,14 @@ class ShardTranslator:
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
                                              device, spm_model=spm_model)
         self.out, self.nbest = location(output), nbest
+        # What this actor translates with, decided on its node (a float32 fallback where the
+        # asked precision cannot run; int8's weight range by the CPU): each part records it,
+        # and the manifest says when parts differ (a mixed cluster, a resume elsewhere).
+        self.precision = self.translator.search.precision
+        if self.precision == "int8":
+            from convs2s.inference.quantize import weight_levels
+
+            self.precision = f"int8 (weights +-{weight_levels()})"
 
     def __call__(self, batch: dict) -> dict:
         import torch
@@ -227,6 +236,7 @@ class ShardTranslator:
             record = {"index": index, "lines": len(lines),
                       "empty": sum(1 for tr in translations if not tr.source),
                       "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
+                      "precision": self.precision,
                       "seconds": round(time.perf_counter() - t0, 3)}
             write_whole(self.out / part_name(index, "json"), json.dumps(record).encode())  # done
             for k in rows:
@@ -359,6 +369,8 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
             "non_utf8": non_utf8,
             "truncated": {"count": len(truncated), "lines": truncated[:MAX_NAMED]}},
         "model": identity["checkpoints"], "search": identity["search"],
+        # parts by the precision their actor translated in (more than one: the parts differ)
+        "precision": dict(Counter(p.get("precision", "unrecorded") for p in parts)),
         "actors": job.actors, "threads_per_actor": job.threads_per_actor,
         "gpus_per_actor": job.gpus_per_actor, "parts_translated_now": translated_parts,
         "seconds": round(seconds, 3),
