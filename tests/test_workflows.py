@@ -131,10 +131,13 @@ def test_data_flag_picks_the_source_and_paths_are_absolute(tmp_path, monkeypatch
     assert pre.source == "demo" and pre.task == "demo"
     # The demo source brings its own settings (small vocabulary, rows per split), whatever the
     # preset's data settings, and its test sets are named after it.
-    assert pre == pconfig.demo().replace(root=str(tmp_path / "runs" / "preprocessed"))
+    # (sentences longer than the model's positions dropped at the cut: the model's limit)
+    assert pre == pconfig.demo().replace(root=str(tmp_path / "runs" / "preprocessed"),
+                                         max_positions=spec.model.max_positions)
     assert spec.test_sets == {"test": "demo_test"}
-    pre = resolve(gigaword.paper(), RunOptions(preset="paper", data="demo")).data
-    assert pre == pconfig.demo_summarization().replace(root=str(tmp_path / "runs" / "preprocessed"))
+    giga = resolve(gigaword.paper(), RunOptions(preset="paper", data="demo"))
+    assert giga.data == pconfig.demo_summarization().replace(
+        root=str(tmp_path / "runs" / "preprocessed"), max_positions=giga.model.max_positions)
     pre = resolve(paper, RunOptions(preset="paper", data="corpora/wmt14")).data
     assert pre.source == str(tmp_path / "corpora" / "wmt14")
     assert pre.splits == {"train": "train", "valid": "newstest2013", "test": "newstest2014"}
