@@ -231,10 +231,19 @@ class RunLease:
         tmp.write_bytes(body)
         try:
             os.link(tmp, self.path)
+            return True
         except FileExistsError:
             return False
+        except OSError:  # a filesystem without hard links (some FUSE mounts): O_EXCL
+            pass
         finally:
             tmp.unlink(missing_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
         return True
 
     def _take_over(self, held: dict) -> bool:

@@ -112,6 +112,21 @@ def test_a_holder_whose_lease_was_taken_learns_it_at_its_next_heartbeat(run_dir)
     assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == "someone"
 
 
+def test_a_folder_without_hard_links_still_gets_one_holder(tmp_path, monkeypatch):
+    # (some FUSE mounts refuse link(): the lease is created with O_EXCL there)
+    import os
+
+    def no_links(*args):
+        raise PermissionError("link not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    with RunLease(tmp_path / "runs" / "fuse") as first:
+        assert first.taken_over is None
+        with pytest.raises(LeaseHeld):
+            RunLease(tmp_path / "runs" / "fuse").acquire()
+    assert sorted(p.name for p in (tmp_path / "runs" / "fuse").iterdir()) == []
+
+
 def test_an_unreadable_lease_is_named_with_the_fix(run_dir):
     # (the lease is written whole and then linked into place, so a crash cannot leave one;
     # one written by an older version, or by hand, is named with what to do)
