@@ -60,9 +60,12 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     text = str(p)
     m = _MANGLED.match(text)
     if m:
-        raise StorageError(f"{text!r} has one slash after {m[1]}:, so it would be a local "
-                           f"folder named {m[1]!r}; write {m[1]}://{text[m.end():]} (a bucket "
-                           "URI that went through pathlib.Path loses a slash: keep it a str)")
+        rest = text[m.end():]
+        if "@" in rest:  # (never echo what may be a key: the part before the last "@")
+            rest = "***@" + rest.rpartition("@")[2]
+        raise StorageError(f"{m[1]}:/{rest} has one slash after {m[1]}:, so it would be a local "
+                           f"folder named {m[1]!r}; write {m[1]}://{rest} (a bucket URI that "
+                           "went through pathlib.Path loses a slash: keep it a str)")
     if text.lower().startswith("file://"):
         return Path(text[len("file://"):]).expanduser().resolve()
     if is_uri(text):
@@ -103,9 +106,10 @@ class ObjectPath:
         if not rest:
             raise StorageError(f"{uri!r}: name a bucket ({scheme}://BUCKET/PREFIX)")
         bucket = rest.split("/", 1)[0]
-        if "@" in bucket:  # (the message never shows what came before the "@")
+        if "@" in bucket or ":" in bucket:  # (a secret key may hold "/": the bucket is then
+            # "KEY:SECRET_START"; the message shows nothing before the last "@")
             raise StorageError(
-                f"{scheme}://***@{rest.split('@', 1)[1]}: credentials do not go in a storage "
+                f"{scheme}://***@{rest.rpartition('@')[2]}: credentials do not go in a storage "
                 "URI (they would be printed and logged with it); set AWS_ACCESS_KEY_ID / "
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or use an instance role) instead")
         if "?" in rest or "#" in rest:
@@ -290,14 +294,21 @@ def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
     in between came back cut short or padded with zeros (a run's lease or metrics.jsonl read
     while being rewritten). A second HEAD after the read must show the first one's ETag, else
     the copy is made again."""
-    for _ in range(10):
+    for attempt in range(10):
         out.seek(0)
         out.truncate()
-        with p.fs.open_input_stream(p.key) as f:
-            tag = f.metadata().get("ETag")
-            tag = tag.decode() if isinstance(tag, bytes) else tag
-            while chunk := f.read(1 << 23):
-                out.write(chunk)
+        try:
+            with p.fs.open_input_stream(p.key) as f:
+                tag = f.metadata().get("ETag")
+                tag = tag.decode() if isinstance(tag, bytes) else tag
+                while chunk := f.read(1 << 23):
+                    out.write(chunk)
+        except FileNotFoundError:
+            raise
+        except OSError:  # a range past the end of a shorter new version (HTTP 416): again
+            if attempt == 9:
+                raise
+            continue
         if tag is None or _etag(p) == tag:  # (a store without ETags: nothing to compare)
             return tag
     raise StorageError(f"{p}: replaced while being read, ten times in a row; its writer "
@@ -340,10 +351,14 @@ def local_copy(p) -> Path:
         if dest.is_dir():
             return dest
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-        for name, _, _ in files:
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp / name, "wb") as out:
-                _copy_version(p / name, out)
+        try:
+            for name, _, _ in files:
+                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp / name, "wb") as out:
+                    _copy_version(p / name, out)
+        except FileNotFoundError:  # deleted since the listing: the folder changed
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
         if listing() != files:
             shutil.rmtree(tmp, ignore_errors=True)
             continue

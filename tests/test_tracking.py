@@ -216,8 +216,10 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     with caplog.at_level(logging.DEBUG, logger="convs2s"):
         runs.warn_unreachable(uri, "creating the run", ConnectionError(f"refused {uri}"))
         runs.warn_unreachable(uri, "logging", ConnectionError(f"refused {uri}"))
+        # a long message cut inside the URI: redacted before it is cut
+        runs.warn_unreachable(uri, "again", ConnectionError("x" * 287 + f" {uri}/api"))
     logged = " ".join(r.getMessage() for r in caplog.records)
-    assert "bob:***@127.0.0.1:9" in logged and "S3CRET" not in logged
+    assert "bob:***@127.0.0.1:9" in logged and "S3CRET" not in logged and "bob:S" not in logged
     links = MlflowLinks(uri, "1")
     assert "S3CRET" not in links.run("abc") + links.compare(["a"]) + links.page("runs")
     rc = wmt14_en_fr.main(wmt14_en_fr.PRESETS, None, ["--dry-run", "--tracking-uri", uri,

@@ -200,7 +200,7 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
         return experiment_of_run(uri, parent_run_id)
     except Exception as err:  # noqa: BLE001 - the scores still come back without tracking
         log.warning("cannot read parent run %s at %s (%s); child runs go to experiment %r",
-                    parent_run_id, redact_uri(uri), redact_text(str(err).splitlines()[0][:200]),
+                    parent_run_id, redact_uri(uri), redact_text(str(err).splitlines()[0])[:200],
                     default)
         return default
 
@@ -309,7 +309,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         try:
             out = ray.get(ref)
         except Exception as err:  # noqa: BLE001 - log the failure, keep collecting the others
-            first = redact_text(str(err).strip().splitlines()[-1][:500]) if str(err) \
+            first = redact_text(str(err).strip().splitlines()[-1])[:500] if str(err) \
                 else type(err).__name__
             failures.append(f"{job.name}/{job.test_set.name}: {first}")
             end_run(uri, run_ids[job], "FAILED")

@@ -105,7 +105,7 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
         except Exception as err:  # noqa: BLE001 - the scores are still logged on the runs
             log.warning("could not log %s as an MLflow model (%s: %s); its scores stay on "
                         "its evaluation runs", job.name, type(err).__name__,
-                        redact_text(str(err).splitlines()[0][:300]) if str(err) else "")
+                        redact_text(str(err).splitlines()[0])[:300] if str(err) else "")
             continue
         out[job.name] = served.model_id
         known[job.name] = {"stamp": stamp, "model_id": served.model_id}
@@ -248,7 +248,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
     except Exception as err:  # noqa: BLE001 - registration is a convenience, not the run
         log.warning("could not register %s in the MLflow model registry (%s: %s); the "
                     "champion alias was not moved", name, type(err).__name__,
-                    redact_text(str(err).splitlines()[0][:300]) if str(err) else "")
+                    redact_text(str(err).splitlines()[0])[:300] if str(err) else "")
         return None
 
 

@@ -170,7 +170,7 @@ def redact_text(text: str) -> str:
 
 def warn_unreachable(uri: str, what: str, err: Exception) -> None:
     """One warning per tracking URI and process; later failures only at debug level."""
-    detail = redact_text(str(err).splitlines()[0][:300]) if str(err) else ""
+    detail = redact_text(str(err).splitlines()[0])[:300] if str(err) else ""
     if uri in _WARNED:
         log.debug("MLflow tracking at %s failed again while %s (%s: %s)", redact_uri(uri),
                   what, type(err).__name__, detail)

@@ -69,7 +69,7 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
             logging.getLogger(__name__).warning(
                 "system metrics of %s are off for this run (%s: %s)", node,
                 type(err).__name__,
-                redact_text(str(err).splitlines()[0][:200]) if str(err) else "")
+                redact_text(str(err).splitlines()[0])[:200] if str(err) else "")
 
     starter = threading.Thread(target=start, name="system-metrics-start", daemon=True)
     starter.start()
