@@ -6,6 +6,8 @@ Run: .venv/bin/python -m pytest tests/test_checkpoint.py -q
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import random
 import subprocess
@@ -201,6 +203,11 @@ def test_list_pick_and_best(tmp_path):
     assert [i.update for i in infos] == [120, 150, 240, 300, 360]
     assert [i.update for i in pick_checkpoints(infos, last=2)] == [300, 360]
     assert [i.update for i in pick_checkpoints(infos, last=2, epoch_ends_only=True)] == [240, 360]
+    # an interval checkpoint and its epoch's end at one update (the same weights) count once,
+    # as the epoch's end: the last two are two states (Ray Train keeps both folders)
+    same = [i if i.update != 360 else dataclasses.replace(i, epoch=2, end_of_epoch=False)
+            for i in infos] + [infos[-1]]
+    assert [(i.update, i.epoch) for i in pick_checkpoints(same, last=2)] == [(300, 2), (360, 3)]
     assert best_checkpoint(run).update == 240  # no best/: lowest validation loss among kept
     publish_dir(run / checkpoint_dir_name(120), run / BEST_DIR, marker=META_FILE)
     assert best_checkpoint(run).update == 120  # best/ wins (it may be older than the kept ones)

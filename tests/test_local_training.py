@@ -66,7 +66,8 @@ def test_an_epoch_end_at_a_checkpointed_update_is_a_checkpoint_of_its_own(demo_b
                                                                           tmp_path):
     """An epoch's end at an update that already has a checkpoint (the interval's at the
     epoch's last update; the one a rerun resumed from) is `checkpoint_<update>_epoch<N>`, after
-    it: one name for both made Ray Train delete the folder it still listed as the latest."""
+    it: one name for both made Ray Train delete the folder it still listed as the latest. It
+    supersedes that checkpoint (removed here; an average counts the update once)."""
     from convs2s.io.checkpoint import list_checkpoints
     from convs2s.train.data import TrainFiles
     from convs2s.train.local import main
@@ -80,15 +81,15 @@ def test_an_epoch_end_at_a_checkpointed_update_is_a_checkpoint_of_its_own(demo_b
     assert main([*argv, "--max-updates", str(2 * per_epoch)]) == 0  # stops at epoch 2's end
     run_dir = tmp_path / "ends"
     u, uu = f"{per_epoch:08d}", f"{2 * per_epoch:08d}"
+    # (the epoch's end supersedes the interval checkpoint of its update: the same weights)
     assert [(p.rsplit("/", 1)[-1], i.epoch, i.end_of_epoch)
             for i in list_checkpoints(run_dir) for p in [i.path]] == [
-        (f"checkpoint_{u}", 0, False), (f"checkpoint_{u}_epoch1", 1, True),
-        (f"checkpoint_{uu}", 1, False)]
+        (f"checkpoint_{u}_epoch1", 1, True), (f"checkpoint_{uu}", 1, False)]
     # The rerun ends epoch 2 at once (its rows are trained) and goes on into epoch 3.
     assert main([*argv, "--max-updates", str(2 * per_epoch + 1)]) == 0
     names = [i.path.rsplit("/", 1)[-1] for i in list_checkpoints(run_dir)]
-    assert names[-2:] == [f"checkpoint_{uu}_epoch2", f"checkpoint_{2 * per_epoch + 1:08d}"]
-    assert len(names) == len(set(names))
+    assert names == [f"checkpoint_{u}_epoch1", f"checkpoint_{uu}_epoch2",
+                     f"checkpoint_{2 * per_epoch + 1:08d}"]
 
 
 def test_torchrun_trains_one_run_with_two_ranks_without_ray(demo_batches, tmp_path):

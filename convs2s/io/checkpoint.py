@@ -246,9 +246,11 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
 
 def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,
                      epoch_ends_only: bool = False) -> list[CheckpointInfo]:
-    """The `last` newest of `infos` (all if None), optionally only end-of-epoch ones."""
-    chosen = [i for i in sorted(infos, key=lambda i: i.update)
-              if i.end_of_epoch or not epoch_ends_only]
+    """The `last` newest of `infos` (all if None), optionally only end-of-epoch ones. Of two
+    checkpoints of one update (an interval's and its epoch end's, the same weights) the later
+    counts, once: an average of the last N is of N states."""
+    by_update = {i.update: i for i in sorted(infos, key=lambda i: (i.update, i.epoch))}
+    chosen = [i for i in by_update.values() if i.end_of_epoch or not epoch_ends_only]
     return chosen if last is None else chosen[-last:]
 
 

@@ -151,7 +151,13 @@ class LocalRuntime:
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None) -> None:
         if folder is not None and name:
             publish_dir(folder, self.run_dir / name, marker=META_FILE)
-            for old in list_checkpoints(self.run_dir)[:-self.keep_last]:
+            kept = list_checkpoints(self.run_dir)
+            # an epoch's end at an update already checkpointed supersedes that checkpoint (the
+            # same weights): removed, so keep_last keeps as many states
+            latest = kept[-1]
+            superseded = [c for c in kept[:-1] if c.update == latest.update]
+            kept = [c for c in kept if c not in superseded]
+            for old in superseded + kept[:-self.keep_last]:
                 remove_tree(old.path)
         if self.world_size > 1:
             dist.barrier()  # as Ray Train's report: no rank runs ahead of a checkpoint
