@@ -309,7 +309,8 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         vocab_m = m["spm"]
     else:
         vocab_m = m["vocabulary"] = _fixed(vocabulary)
-    batch_cfg = {**{k: getattr(cfg, k) for k in BATCH_CUT}, "seed": cfg.seed}
+    batch_cfg = {**{k: getattr(cfg, k) for k in BATCH_CUT  # (as cut_key: unset, not there)
+                    if k != "max_positions" or cfg.max_positions is not None}, "seed": cfg.seed}
     cut = cut_key(cfg)
     for split in cfg.splits:
         m[f"encoded/{split}"] = _stage(

@@ -164,7 +164,13 @@ class RunLease:
     def _start_heartbeat(self) -> None:
         def beat():
             while not self._stop.wait(self.heartbeat_s):
-                if not self._renew():
+                try:
+                    ours = self._renew()
+                except OSError as err:  # a local store's error: as a network one on S3
+                    ours = time.monotonic() - self._renewed <= self.ttl_s
+                    log.warning("renewing the lease of %s failed (%s)%s", self.folder, err,
+                                "; retrying" if ours else "")
+                if not ours and not self._stop.is_set():  # (released meanwhile: not lost)
                     self.lost = True
                     log.warning("the lease of %s was taken by another command; this command "
                                 "no longer holds it", self.folder)
@@ -297,6 +303,7 @@ class RunLease:
         tmp = Path(f"{self.path}.{self.owner['id']}")  # this writer's own temporary name
         tmp.write_bytes(body)
         os.replace(tmp, self.path)
+        self._renewed = time.monotonic()
         return True
 
 

@@ -250,7 +250,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     return RunSpec(
         workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
-        model=model, train=cfg.train.replace(**limits), search=_absolute_files(cfg.search),
+        model=model, train=cfg.train.replace(**limits), search=cfg.search,
         ensemble=cfg.ensemble, num_workers=workers,
         use_gpu=use_gpu, cpus_per_worker=cfg.cpus_per_worker, eval_cpus=cfg.eval_cpus,
         eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
@@ -260,14 +260,6 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes),
         update_tokens=cfg.update_tokens, update_note=update_note)
-
-
-def _absolute_files(search):
-    """The search's files (replace_unk's dictionary, a shortlist) as absolute paths, as the
-    data's: evaluation tasks run in other folders, on other nodes."""
-    files = {k: str(location(v)) for k in ("dictionary", "shortlist")
-             if (v := getattr(search, k))}
-    return search.replace(**files) if files else search
 
 
 def _set(changes, section: str, field: str) -> bool:

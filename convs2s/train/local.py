@@ -56,6 +56,10 @@ def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):
             lease = RunLease(run_dir, command=f"convs2s train ({job.run_name})").acquire()
         except LeaseHeld as err:
             refusal = str(err)
+        except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
+            if runtime.world_size == 1:
+                raise
+            refusal = f"{run_dir}: the run folder's lease could not be taken: {err}"
     if runtime.world_size > 1:
         import torch.distributed as dist
 
