@@ -280,12 +280,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("CONVS2S_CACHE", "~/.cache/convs2s")).expanduser() / "objects"
 
 
-def _etag(p: ObjectPath) -> str | None:
-    """The object's ETag, None where the store gives none: opening a stream is pyarrow's HEAD,
-    with no GET until a read."""
-    with p.fs.open_input_stream(p.key) as f:
-        tag = f.metadata().get("ETag")
+def _tag_of(stream) -> str | None:
+    """An open object stream's ETag (from its HEAD), None where the store gives none."""
+    tag = stream.metadata().get("ETag")
     return tag.decode() if isinstance(tag, bytes) else tag
+
+
+def _etag(p: ObjectPath) -> str | None:
+    """The object's ETag now: opening a stream is pyarrow's HEAD, with no GET until a read."""
+    with p.fs.open_input_stream(p.key) as f:
+        return _tag_of(f)
 
 
 def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
@@ -299,8 +303,7 @@ def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
         out.truncate()
         try:
             with p.fs.open_input_stream(p.key) as f:
-                tag = f.metadata().get("ETag")
-                tag = tag.decode() if isinstance(tag, bytes) else tag
+                tag = _tag_of(f)
                 while chunk := f.read(1 << 23):
                     out.write(chunk)
         except FileNotFoundError:

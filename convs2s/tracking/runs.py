@@ -138,34 +138,26 @@ def mlflow_client(uri: str):
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
-# userinfo: up to the last "@" before the path (a password may hold an "@")
-_USERINFO = re.compile(r"^([A-Za-z][\w+.-]*://)([^/]+)@")
+# scheme:// and userinfo up to the last "@" before the path (a password may hold an "@")
+_USERINFO = re.compile(r"([A-Za-z][\w+.-]*://)([^/\s'\"]+)@")
+
+
+def _hide(m: re.Match) -> str:
+    user, colon, _ = m[2].partition(":")
+    return f"{m[1]}{user}:***@" if colon else f"{m[1]}***@"
 
 
 def redact_uri(uri: str | None) -> str | None:
     """`uri` as it may be printed, logged or stored: the password of `user:password@host` (or
     a bare token `token@host`) replaced by `***`. Credentials are never shown (they reach
     MLflow through the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
-    if not uri:
-        return uri
-    m = _USERINFO.match(uri)
-    if not m:
-        return uri
-    user, colon, _ = m[2].partition(":")
-    shown = f"{user}:***" if colon else "***"
-    return f"{m[1]}{shown}@{uri[m.end():]}"
-
-
-_USERINFO_ANYWHERE = re.compile(r"([A-Za-z][\w+.-]*://)([^/\s'\"]+)@")
+    return _USERINFO.sub(_hide, uri, count=1) if uri and _USERINFO.match(uri) else uri
 
 
 def redact_text(text: str) -> str:
     """`text` (a library's error message, which may quote the URI it used) with the password
     of every `scheme://user:password@` in it replaced by `***`, as `redact_uri`."""
-    def hide(m: re.Match) -> str:
-        user, colon, _ = m[2].partition(":")
-        return f"{m[1]}{user}:***@" if colon else f"{m[1]}***@"
-    return _USERINFO_ANYWHERE.sub(hide, text)
+    return _USERINFO.sub(_hide, text)
 
 
 def warn_unreachable(uri: str, what: str, err: Exception) -> None:
