@@ -12,6 +12,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,10 +190,32 @@ def test_a_crash_between_the_two_renames_of_best_is_recovered(tmp_path, leftover
     assert not list(run.glob(f".{BEST_DIR}.*"))  # the leftovers are gone
 
 
-def test_meta_json_is_written_last_and_whole(tmp_path):
+def test_meta_json_is_written_last_and_whole(tmp_path, monkeypatch):
+    """A checkpoint is listed only once whole: meta.json comes last, after checkpoint.pt and
+    the files beside it; a write cut short leaves no checkpoint.pt (only its .tmp)."""
     run = _fake_run(tmp_path, [(1, 120, 3.0, True)])
     d = run / checkpoint_dir_name(120)
     assert sorted(p.name for p in d.iterdir()) == ["checkpoint.pt", "meta.json"]  # no .tmp
+    assert json.loads((d / "meta.json").read_text())["update"] == 120
+    model, opt, _ = _trained_model()
+    # dies after checkpoint.pt, copying the sentencepiece model beside it: no meta.json
+    late = run / checkpoint_dir_name(240)
+    with pytest.raises(FileNotFoundError):
+        save_checkpoint(late, _state(model, opt, 2, 240, 2.5), spm_model=str(tmp_path / "no"))
+    assert (late / "checkpoint.pt").is_file() and not (late / "meta.json").exists()
+    assert [i.update for i in list_checkpoints(run)] == [120]
+
+    # dies while writing checkpoint.pt: nothing under the final name
+    def cut_short(obj, f, *args, **kwargs):
+        Path(f).write_bytes(b"PK\x03\x04 half a zip")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", cut_short)
+    early = run / checkpoint_dir_name(360)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(early, _state(model, opt, 3, 360, 2.4))
+    assert sorted(p.name for p in early.iterdir()) == ["checkpoint.pt.tmp"]
+    assert [i.update for i in list_checkpoints(run)] == [120]
 
 
 def test_list_pick_and_best(tmp_path):

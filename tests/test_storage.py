@@ -128,7 +128,10 @@ def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):
     obj = location(BUCKET) / "spec-copy" / "model.bin"
     obj.write_bytes(b"v1")
     first = local_copy(obj)
-    assert first.read_bytes() == b"v1" and local_copy(obj) == first
+    assert first.read_bytes() == b"v1"
+    stamp = (first.stat().st_ino, first.stat().st_mtime_ns)
+    assert local_copy(obj) == first  # the same version: not fetched again (the file untouched)
+    assert (first.stat().st_ino, first.stat().st_mtime_ns) == stamp
     obj.write_bytes(b"v2")  # the same size, likely within the same second: a new version
     assert local_copy(obj).read_bytes() == b"v2"
     obj.write_bytes(b"version 2")

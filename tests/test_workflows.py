@@ -365,10 +365,16 @@ def test_other_workflows_smoke_end_to_end(name, other_smokes):
         assert set(evals) == {"eval/run1_best/demo_test", "eval/run2_best/demo_test",
                               "eval/ensemble_2/demo_test"}
         assert children["eval/ensemble_2/demo_test"].data.params["eval.kind"] == "ensemble"
-        assert "bleu" in parent.data.metrics
+        # the main score is the first run's best checkpoint's
+        assert parent.data.metrics["bleu"] == \
+            pytest.approx(evals["eval/run1_best/demo_test"]["bleu"])
     else:
         assert set(evals) == {"eval/best/demo_test"}
-        assert "bleu" in parent.data.metrics
+        assert parent.data.metrics["bleu"] == pytest.approx(evals["eval/best/demo_test"]["bleu"])
+    for child, metrics in evals.items():  # every score also on the parent, by its child's name
+        for key, value in metrics.items():
+            if key in parent.data.metrics or f"{child}/{key}" in parent.data.metrics:
+                assert parent.data.metrics[f"{child}/{key}"] == pytest.approx(value), (child, key)
 
 
 @pytest.mark.slow
