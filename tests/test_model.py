@@ -541,6 +541,24 @@ def test_dropout_keeps_the_expected_share_and_scale():
                                                                       abs=0.02)
 
 
+def test_dropout_in_bf16_keeps_the_expectation():
+    """In bf16 the scale 1/(1-p) is not representable (1/0.9 rounds to 1.109375, -0.16%): the
+    products are scaled instead, so that the mean of the output is the mean of the input."""
+    from convs2s.model.layers import dropout
+
+    torch.manual_seed(0)
+    x = (1 + torch.rand(16_000_000)).to(torch.bfloat16)  # varied values in [1, 2)
+    y = dropout(x, 0.1, training=True)
+    assert y.dtype == torch.bfloat16
+    # the mean's own spread here is ~1e-4 (sqrt(p / (1-p) / n), relative); the old bias 1.6e-3
+    ratio = y.double().mean().item() / x.double().mean().item()
+    assert abs(ratio - 1) < 5e-4, ratio
+    kept = y.ne(0)
+    scaled = (x[kept].double() * (65536 / (65536 - round(0.1 * 65536)))).to(torch.bfloat16)
+    assert torch.equal(y[kept], scaled)  # each product rounded to nearest
+    assert y.float().eq(0).float().mean().item() == pytest.approx(0.1, abs=0.001)
+
+
 def test_under_bf16_autocast_attention_casts_no_keys_or_values_in_its_layers():
     # Each attention layer cast the encoder keys to float32 and autocast cast the values and the
     # length scale to bf16 again (15 layers, and their gradients back): `EncoderOut.for_attention`

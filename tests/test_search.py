@@ -216,6 +216,20 @@ def test_lengths_eos_min_len_and_fixed_length(trained):
         assert all(len(h["tokens"]) - 1 <= int(0.5 * n + 1) for h in hyps)
 
 
+def test_a_source_row_without_tokens_is_refused_not_searched(trained):
+    """An all-padding row (or a 0-wide batch) has nothing to attend to (a NaN softmax):
+    an error that says so, not an empty or NaN hypothesis."""
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs[:2])
+    src[1] = PAD
+    lengths[1] = 0
+    for fn in (generate, greedy):
+        with pytest.raises(ValueError, match=r"source rows \[1\] hold no token"):
+            fn(model, src, lengths, max_len_b=5)
+        with pytest.raises(ValueError, match="hold no token"):
+            fn(model, src[:, :0], lengths, max_len_b=5)
+
+
 def test_scores_are_the_models_log_probs(trained):
     """Teacher-forcing each hypothesis reproduces its positional scores and attention."""
     model, pairs = trained

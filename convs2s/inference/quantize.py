@@ -10,7 +10,9 @@
 - **int8**: every matrix product of the encoder and the decoder (the convolutions, both in the
   full pass and in the incremental step, the attention projections, fc1 / fc2 and the output
   projection fc3) with int8 weights, one scale per output channel (symmetric), and activations
-  quantized per call (dynamic quantization), accumulating in int32 and returning float32:
+  quantized per call (dynamic quantization: one scale over all the rows of the call, every
+  sentence and beam of a batch, so that an int8 result depends a little on its batch; PyTorch's
+  kernels take one activation scale), accumulating in int32 and returning float32:
   PyTorch's quantized linear kernels (oneDNN where the CPU has int8 dot products, AVX-512 VNNI /
   AMX; x86 / fbgemm elsewhere, with 7-bit weights: `weight_levels`). Embeddings, the softmaxes
   and the beam bookkeeping stay float32; with vocabulary selection, a batch's rows of fc3 are

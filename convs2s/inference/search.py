@@ -106,6 +106,18 @@ def _ensemble_step(steppers, prefix):
     return lp, torch.stack(attns).mean(0)
 
 
+def _check_sources(src_tokens: torch.Tensor) -> None:
+    """A source row with no token (all padding, or none at all) has nothing to attend to: its
+    attention softmax is NaN. (`Translator` gives every sentence at least its EOS.)"""
+    empty = src_tokens.ne(PAD).sum(dim=1).eq(0) if src_tokens.shape[1] else \
+        torch.ones(src_tokens.shape[0], dtype=torch.bool)
+    if bool(empty.any()):
+        rows = empty.nonzero(as_tuple=True)[0].tolist()
+        raise ValueError(f"source rows {rows[:10]} hold no token (only padding): every source "
+                         "needs at least its EOS (give sentences through Translator, or end "
+                         "each row with EOS)")
+
+
 def _constrain(lprobs, step: int, min_len: int, max_lens, unk_penalty: float):
     """Forbid PAD/BOS, penalize UNK, forbid EOS before min_len, force EOS at a row's max length.
 
@@ -274,6 +286,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
     dev = src_tokens.device
     if B == 0:
         return []
+    _check_sources(src_tokens)
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
@@ -329,6 +342,7 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
     dev = src_tokens.device
     if B == 0:
         return []
+    _check_sources(src_tokens)
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
         T = int(max_lens.max()) + 1

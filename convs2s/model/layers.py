@@ -43,7 +43,9 @@ def dropout(x: torch.Tensor, p: float, training: bool,
     from random 64-bit integers, 16 bits per element: a quarter of the draws of
     `rand_like` (3.5x less generator time; dropout was ~6% of a CPU training step). The drop
     probability is p rounded to a multiple of 2**-16 (0.2 -> 0.199997), and the scale is exact
-    for that probability, so the expectation of the output is x."""
+    for that probability, so the expectation of the output is x. (In bf16 / float16 the scale
+    itself would round, 1/0.9 to 1.109375, and bias every output by the same -0.16%: there the
+    products are scaled, each rounded to nearest.)"""
     if not training or p == 0.0:
         return x if keep is None else x * keep.to(x.dtype)
     if x.device.type != "cpu" or torch.compiler.is_compiling():
@@ -54,10 +56,13 @@ def dropout(x: torch.Tensor, p: float, training: bool,
     n = x.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)  # full 64 bits
     bits = bits.view(torch.int16)[:n].view(x.shape)  # uniform over -32768 .. 32767
-    mask = bits.ge(dropped - 32768).to(x.dtype).mul_(65536 / (65536 - dropped))  # 0 or scale
+    scale = 65536 / (65536 - dropped)
+    mask = bits.ge(dropped - 32768).to(x.dtype)  # 0 or 1
     if keep is not None:
-        mask.mul_(keep.to(x.dtype))  # on the mask, outside autograd: one multiply of x in all
-    return x * mask
+        mask.mul_(keep.to(x.dtype))  # on the mask, outside autograd
+    if x.dtype in (torch.float32, torch.float64):
+        return x * mask.mul_(scale)  # 0 or scale: one multiply of x in all
+    return (x * mask).mul_(scale)  # (the product's backward needs only the mask)
 
 
 def linear(n_in: int, n_out: int, dropout: float = 0.0) -> nn.Module:

@@ -279,7 +279,8 @@ class Decoder(Embedded):
         if rows is None and out is None:
             return self.fc3(x)
         if callable(rows):  # an int8 copy's shortlist layer (convs2s.inference.quantize.Int8Linear)
-            return rows(x)
+            y = rows(x)
+            return y if out is None else out.copy_(y.view(out.shape))
         weight, bias = rows if rows is not None else (self.fc3.weight, self.fc3.bias)
         if out is None:
             return F.linear(x, weight, bias)
@@ -330,7 +331,8 @@ class Decoder(Embedded):
         # the activations' dtype (an int8 copy keeps float embeddings and activations)
         N, dtype = enc.keys.shape[0] * beam_size, self.embed_tokens.weight.dtype
         buffers = [b.conv.init_buffer(N, enc.keys.device, dtype) for b in self.blocks]
-        return DecoderState(enc=enc, buffers=buffers, step=0)
+        # keys in float32 once per search, not in each attention layer at each step (bf16)
+        return DecoderState(enc=enc.for_attention(), buffers=buffers, step=0)
 
     def decode_step(self, tokens: torch.Tensor, state: DecoderState,
                     out: torch.Tensor | None = None,
