@@ -67,6 +67,17 @@ def test_same_run_key_finds_the_same_run_and_parent_is_tagged(sqlite_uri):
     assert client.get_experiment(run.info.experiment_id).artifact_location.startswith("file:///")
 
 
+@pytest.mark.parametrize("key", ["/runs/o'brien/run", "/runs/back\\slash/run",
+                                 '/runs/q"uote/run', "/runs/b\\'o\"th/run"])
+def test_a_run_key_with_quotes_or_backslashes_finds_its_run_again(sqlite_uri, key):
+    """MLflow's filter strings have no escapes: a key is quoted with the quote it lacks, and a
+    key with both is found by its digest; a resumed job reopens its run, not a new one."""
+    first = find_or_create_run(sqlite_uri, "exp", run_key=key, run_name="r")
+    assert first is not None
+    assert find_or_create_run(sqlite_uri, "exp", run_key=key, run_name="r") == first
+    assert find_or_create_run(sqlite_uri, "exp", run_key=key + "2", run_name="r") != first
+
+
 def test_params_flatten_and_keep_their_first_value(sqlite_uri, caplog):
     run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
     params = flatten_params({"model": {"embed_dim": 32, "layers": [[32, 3]]}, "seed": 1})
@@ -212,6 +223,10 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("https://S3CRET@host/path") == "https://***@host/path"
     assert redact_uri("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
     assert redact_uri("http://bob:p@ss@mlflow:5000/x@y") == "http://bob:***@mlflow:5000/x@y"
+    assert redact_uri("http://bob:p'ss\"@mlflow:5000") == "http://bob:***@mlflow:5000"
+    # a bare token is a secret, never named as "the user" the server refused
+    assert runs._user_of("https://ghp_S3CRET@mlflow:5000") is None
+    assert runs._user_of("https://bob:S3CRET@mlflow:5000") == "bob"
     uri = "http://bob:S3CRET@127.0.0.1:9"
     with caplog.at_level(logging.DEBUG, logger="convs2s"):
         runs.warn_unreachable(uri, "creating the run", ConnectionError(f"refused {uri}"))
@@ -254,6 +269,29 @@ def test_a_sampler_still_starting_when_training_ends_never_starts(monkeypatch):
         assert not starter.is_alive()
     assert not [t for t in threading.enumerate()
                 if t.name == "SystemMetricsMonitor" and t not in before]
+
+
+def test_the_system_metrics_monitor_never_logs_the_servers_password(monkeypatch, capfd):
+    """MLflow's monitor warns "Failed to get mlflow run: API request to <URI> ..." when the
+    server is away, with the URI's password: MLflow's loggers write through redaction."""
+    from convs2s.tracking import system_metrics
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:  # bound then closed: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://alice:S3CRET@127.0.0.1:{s.getsockname()[1]}"
+    text = ""
+    with system_metrics.node_metrics(uri, "0" * 32, "node0-test", 0.3):
+        deadline = time.monotonic() + 30
+        while "Failed to get mlflow run" not in text and time.monotonic() < deadline:
+            time.sleep(0.5)
+            out = capfd.readouterr()
+            text += out.out + out.err
+    out = capfd.readouterr()
+    text += out.out + out.err
+    assert "Failed to get mlflow run" in text and "alice:***@127.0.0.1" in text, text
+    assert "S3CRET" not in text, text
 
 
 def test_a_logger_into_a_bucket_writes_the_object_and_leaves_no_scratch_copy(s3, sqlite_uri):

@@ -25,6 +25,8 @@ their runs by the same keys.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,9 +76,10 @@ class RunTree:
         ended: list[str] = []
         if self.parent is None:  # tracking unreachable: nothing was recorded
             return ended
-        # the keys that start with `root` (LIKE's `_` matches any character, and `root` is also
-        # the start of `root2`: the exact test is below)
-        like = root.replace("\\", "\\\\").replace("'", "\\'")
+        # the keys that start with `root`, up to its first quote or backslash (a filter string
+        # has no escapes; LIKE's `_` matches any character, and `root` is also the start of
+        # `root2`: the exact test is below)
+        like = re.split(r"['\"\\\\]", root)[0]
         try:
             with bounded_http():
                 client = mlflow_client(self.uri)

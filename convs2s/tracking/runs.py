@@ -37,6 +37,9 @@ from storage import is_uri, local_copy, location
 log = logging.getLogger(__name__)
 
 RUN_KEY_TAG = "convs2s.run_key"
+# sha256 of the run key: found by it where the key holds both quote characters (MLflow's filter
+# strings have no escapes, so such a key cannot be written as a literal)
+RUN_KEY_DIGEST_TAG = "convs2s.run_key_sha256"
 PARENT_TAG = "mlflow.parentRunId"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"  # the UI's "Model training" view
@@ -130,7 +133,34 @@ def quiet_mlflow():
 def mlflow_client(uri: str):
     from mlflow.tracking import MlflowClient
 
+    redact_mlflow_logs()
     return MlflowClient(tracking_uri=uri)
+
+
+class _RedactCredentials(logging.Filter):
+    """A log record's text with every `scheme://user:password@` redacted (`redact_text`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "@" in text:
+            record.msg, record.args = redact_text(text), ()
+        return True
+
+
+_REDACT = _RedactCredentials()
+
+
+def redact_mlflow_logs() -> None:
+    """Redact credentials in what MLflow's own loggers write: its messages quote the tracking
+    URI, password included ("Failed to get mlflow run: API request to http://u:pw@..." from the
+    system-metrics monitor when the server goes away). A filter on a logger does not reach its
+    children's records, so it goes on every `mlflow` logger made so far and on the handlers of
+    `mlflow` and the root (where the records of loggers made later end up); idempotent."""
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name == "mlflow" or name.startswith("mlflow.")]
+    for target in [*loggers, *logging.getLogger("mlflow").handlers, *logging.getLogger().handlers]:
+        if _REDACT not in target.filters:
+            target.addFilter(_REDACT)
 
 
 # MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends, the URI's user and
@@ -139,7 +169,8 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
 # scheme:// and userinfo up to the last "@" before the path (a password may hold an "@")
-_USERINFO = re.compile(r"([A-Za-z][\w+.-]*://)([^/\s'\"]+)@")
+# (a quote is allowed in it, RFC 3986 allows one unencoded in a password)
+_USERINFO = re.compile(r"([A-Za-z][\w+.-]*://)([^/\s]+)@")
 
 
 def _hide(m: re.Match) -> str:
@@ -233,6 +264,31 @@ def run_key(path: str | os.PathLike) -> str:
     return str(location(path))  # absolute; a bucket's URI as it is
 
 
+def filter_literal(value: str) -> str | None:
+    """`value` as a literal of an MLflow filter string, or None where none can say it. MLflow's
+    parser has no escapes: a backslash is kept as it is (escaping one made a key never match,
+    and a resumed run a new MLflow run), and a value is quoted with the quote it lacks."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' not in value:
+        return f'"{value}"'
+    return None
+
+
+def _digest(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def run_key_filter(key: str) -> str:
+    """The filter string of the run keyed `key` (by its digest where no literal says it)."""
+    literal = filter_literal(key)
+    if literal is None:
+        return f"tags.`{RUN_KEY_DIGEST_TAG}` = '{_digest(key)}'"
+    return f"tags.`{RUN_KEY_TAG}` = {literal}"
+
+
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
                        parent_run_id: str | None = None, tags: dict | None = None) -> str | None:
     """The id of the run tagged `run_key` in the experiment (reopened as RUNNING), or of a new
@@ -241,10 +297,10 @@ def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: s
         with bounded_http():
             client = mlflow_client(uri)
             exp_id = get_or_create_experiment(uri, experiment_name)
-            key = run_key.replace("\\", "\\\\").replace("'", "\\'")
-            found = client.search_runs([exp_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'",
+            found = client.search_runs([exp_id], filter_string=run_key_filter(run_key),
                                        max_results=1)
-            all_tags = {RUN_KEY_TAG: run_key, **(tags or {})}
+            all_tags = {RUN_KEY_TAG: run_key, RUN_KEY_DIGEST_TAG: _digest(run_key),
+                        **(tags or {})}
             if parent_run_id:
                 all_tags[PARENT_TAG] = parent_run_id
             if found:
@@ -482,7 +538,8 @@ def tracking_problem(uri: str, experiment: str) -> str | None:
 
 
 def _user_of(uri: str) -> str | None:
-    m = re.match(r"^[a-z]+://([^:@/]+)(:[^@/]*)?@", uri)
+    """The user of `scheme://user:password@host`; None for a bare `token@host` (a secret)."""
+    m = re.match(r"^[a-z]+://([^:@/]+):[^@/]*@", uri)
     return m.group(1) if m else None
 
 

@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from convs2s.tracking.runs import redact_text
+from convs2s.tracking.runs import redact_mlflow_logs, redact_text
 
 
 def node_name(node_rank: int) -> str:
@@ -57,6 +57,8 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
     def start() -> None:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            redact_mlflow_logs()  # its warnings quote the tracking URI, password included
 
             monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s,
                                            samples_before_logging=1, resume_logging=True,
