@@ -55,6 +55,10 @@ def test_average_state_dicts_checks_shapes_and_integer_buffers():
         average_state_dicts([x, {"w": torch.ones(2), "n": torch.tensor([4])}])
     with pytest.raises(ValueError, match="different parameters"):
         average_state_dicts([x, {"w": torch.ones(2)}])
+    # float64 inputs are read, not summed into
+    a, b = {"w": torch.tensor([2.0, 4.0], dtype=torch.float64)}, {"w": torch.zeros(2).double()}
+    assert torch.equal(average_state_dicts([a, b])["w"], torch.tensor([1.0, 2.0]).double())
+    assert torch.equal(a["w"], torch.tensor([2.0, 4.0], dtype=torch.float64))
 
 
 def test_incompatible_checkpoints_are_refused(tiny_checkpoints, tmp_path):
@@ -76,8 +80,18 @@ def test_incompatible_checkpoints_are_refused(tiny_checkpoints, tmp_path):
 def test_cli(tiny_checkpoints, tmp_path, capsys):
     assert main([tiny_checkpoints["a"], tiny_checkpoints["b"], "--out",
                  str(tmp_path / "cli")]) == 0
-    assert (tmp_path / "cli" / "checkpoint.pt").is_file()
+    assert sorted(p.name for p in (tmp_path / "cli").iterdir()) == \
+        ["checkpoint.pt", "meta.json", "sentencepiece.model"]
     assert str(tmp_path / "cli") in capsys.readouterr().out
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no scratch left
+    # an --out that holds something is never written over (one line, exit 2); empty is fine
+    before = {p.name: p.read_bytes() for p in (tmp_path / "cli").iterdir()}
+    assert main([tiny_checkpoints["a"], "--out", str(tmp_path / "cli")]) == 2
+    assert "exists and is not empty: give a new folder" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "cli").iterdir()} == before
+    (tmp_path / "empty").mkdir()
+    assert main([tiny_checkpoints["a"], "--out", str(tmp_path / "empty")]) == 0
+    assert (tmp_path / "empty" / "meta.json").is_file()
 
 
 class _Payload:

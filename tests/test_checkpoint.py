@@ -218,6 +218,29 @@ def test_meta_json_is_written_last_and_whole(tmp_path, monkeypatch):
     assert [i.update for i in list_checkpoints(run)] == [120]
 
 
+def test_a_copy_into_storage_cut_short_is_not_listed(tmp_path):
+    """Ray Train copies a checkpoint folder into storage file by file under the final names:
+    a copy cut short (checkpoint.pt shorter than meta.json records, or meta.json itself cut)
+    is not a checkpoint to resume, average or score."""
+    import shutil
+
+    run = _fake_run(tmp_path / "run", [(1, 120, 3.0, True), (2, 240, 2.5, True),
+                                       (3, 360, 2.4, True)])
+    d = run / checkpoint_dir_name(240)
+    whole = (d / CHECKPOINT_FILE).read_bytes()
+    assert json.loads((d / META_FILE).read_text())["checkpoint_bytes"] == len(whole)
+    (d / CHECKPOINT_FILE).write_bytes(whole[: len(whole) // 2])
+    (run / checkpoint_dir_name(360) / META_FILE).write_text('{"epoch": 3, "upd')
+    assert [i.update for i in list_checkpoints(run)] == [120]
+    # a checkpoint written before sizes were recorded is listed as before
+    old = run / checkpoint_dir_name(480)
+    shutil.copytree(run / checkpoint_dir_name(120), old)
+    meta = json.loads((old / META_FILE).read_text())
+    del meta["checkpoint_bytes"]
+    (old / META_FILE).write_text(json.dumps({**meta, "update": 480}))
+    assert [i.update for i in list_checkpoints(run)] == [120, 480]
+
+
 def test_list_pick_and_best(tmp_path):
     run = _fake_run(tmp_path, [(1, 120, 3.0, True), (1, 150, None, False), (2, 240, 2.5, True),
                                (2, 300, None, False), (3, 360, 2.7, True)])

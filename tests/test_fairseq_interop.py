@@ -300,6 +300,13 @@ def test_layer_strings_are_read_as_literals_never_evaluated(tmp_path):
     ({"encoder_embed_dim": 10**6, "decoder_embed_dim": 10**6}, "encoder_embed_dim = 1000000 "
                                                                "is outside"),
     ({"max_source_positions": 10**8, "max_target_positions": 10**8}, "max_source_positions"),
+    # a list times a list: refused before the message could build the repeat it names
+    ({"encoder_layers": "[(64, 3)] * 2 * ([1] * 999)"}, "a list repeated by a non-integer"),
+    ({"encoder_layers": "[(64, 3)]" + " + [(64, 3)]" * 2000}, "characters long, more than"),
+    ({"decoder_attention": "1"}, "decoder_attention = '1' is neither True / False"),
+    ({"decoder_attention": "[True, False]"}, "nor one of them for each of the 1 decoder"),
+    ({"dropout": 1.5}, "the saved arguments give no valid model"),
+    ({"dropout": "lots"}, "the saved arguments give no valid model"),
 ])
 def test_an_architecture_too_large_to_build_is_refused_before_any_tensor(tmp_path, change,
                                                                           says):

@@ -112,6 +112,22 @@ def test_restarted_logger_skips_steps_already_logged(sqlite_uri, tmp_path):
     assert len(seen) == len(set(seen)) == 7
 
 
+def test_a_line_torn_by_a_crash_costs_no_later_record(tmp_path):
+    """A worker killed mid-write leaves half a line; the restarted logger's first record is
+    not glued onto it (both would be skipped as one bad line)."""
+    local = tmp_path / "metrics.jsonl"
+    first = RunLogger(None, None, local)
+    first.log_metrics({"train/loss": 3.0}, 10)
+    first.close()
+    with local.open("a") as f:
+        f.write('{"step": 20, "time": 1.0, "metr')  # the crash
+    second = RunLogger(None, None, local)
+    for step in (20, 30):
+        second.log_metrics({"train/loss": 2.0}, step)
+    second.close()
+    assert [r["step"] for r in read_local_metrics(local)] == [10, 20, 30]
+
+
 def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri, tmp_path,
                                                                         caplog, monkeypatch):
     from convs2s.tracking import runs as tracking

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epo
 
 def _start(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A running sum: float tensors in float64, other tensors (integer buffers) as they are."""
-    return {k: v.to(torch.float64) if v.is_floating_point() else v.clone()
+    return {k: v.to(torch.float64, copy=True) if v.is_floating_point() else v.clone()
             for k, v in state.items()}
 
 
@@ -76,8 +77,14 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     """Write the average of the checkpoint directories `paths` to `out_dir`; returns it.
 
     Checkpoints are read one at a time into a running float64 sum (memory: about three models).
+    `out_dir` must be new or empty (an average never replaces what is there); it is written
+    beside it and renamed into place whole, the weights with their text pipeline.
     """
     shown = [str(p) for p in paths]  # as given (a bucket's URIs), for the record
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"{out_dir} exists and is not empty: give a new folder to --out "
+                              "(an average never writes over what is there)")
     paths = [local_copy(p) if is_uri(p) else Path(p) for p in paths]  # fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
@@ -108,8 +115,13 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
             raise ValueError(f"{p} and {paths[0]} were trained on different BPE vocabularies "
                              "(sentencepiece model, or dictionaries and codes) and cannot be "
                              "averaged")
-    saved = save_checkpoint(out_dir, out)
-    for f in texts[0]:
-        if f.resolve() != (saved / f.name).resolve():
-            shutil.copyfile(f, saved / f.name)
-    return saved
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.averaging-{uuid.uuid4().hex[:8]}"
+    try:
+        save_checkpoint(tmp, out, text_files=tuple(str(f) for f in texts[0]))
+        if out_dir.is_dir():
+            out_dir.rmdir()  # (empty: checked above)
+        tmp.rename(out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # what this call wrote, if it did not finish
+    return out_dir

@@ -71,7 +71,10 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
         if location(path).name != SPM_FILE or not spm_model:
             shutil.copyfile(local_copy(path), directory / location(path).name)
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
-            "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch)}
+            "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch),
+            # (Ray Train copies the folder into storage file by file, under the final names: a
+            # copy cut short is told by the size)
+            "checkpoint_bytes": (directory / CHECKPOINT_FILE).stat().st_size}
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
     tmp = directory / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta))
@@ -239,9 +242,26 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
     run_dir = location(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
-    infos = [read_info(d) for d in run_dir.glob("checkpoint_*")
-             if (d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()]
+    infos = [info for d in run_dir.glob("checkpoint_*") if (info := _whole(d)) is not None]
     return sorted(infos, key=lambda i: (i.update, i.epoch))  # an epoch's end after its update
+
+
+def _whole(d) -> CheckpointInfo | None:
+    """The checkpoint folder `d`'s info if it is whole: meta.json readable and checkpoint.pt
+    of the size it records (a copy into storage cut short has both names); else None."""
+    if not ((d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()):
+        return None
+    try:
+        meta = json.loads((d / META_FILE).read_text())
+    except ValueError:  # a meta.json cut short
+        return None
+    want, file = meta.get("checkpoint_bytes"), d / CHECKPOINT_FILE
+    if want is not None:  # (checkpoints written before the size was recorded: trusted)
+        size = file.info().size if is_uri(file) else Path(file).stat().st_size
+        if size != want:
+            return None
+    return CheckpointInfo(str(d), meta["epoch"], meta["update"], meta["val_loss"],
+                          meta["end_of_epoch"])
 
 
 def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,

@@ -154,16 +154,22 @@ def _literal(text: str, what: str, path: Path):
                     if max(abs(a), abs(b)) > 10**9:
                         raise ValueError("a number above 10**9")
                     return a * b
-                if not isinstance(n, int) or len(seq) * n > MAX_LAYER_ITEMS:
+                if not isinstance(n, int) or isinstance(n, bool):  # (a list times a list:
+                    raise ValueError("a list repeated by a non-integer")  # never computed)
+                if len(seq) * n > MAX_LAYER_ITEMS:
                     raise ValueError(f"a repeat of {len(seq) * n} exceeds {MAX_LAYER_ITEMS}")
                 return a * b
             if isinstance(a, (list, tuple)) and len(a) + len(b) > MAX_LAYER_ITEMS:
                 raise ValueError(f"more than {MAX_LAYER_ITEMS} items")
             return a + b
         raise ValueError(f"unsupported expression {ast.dump(node)[:80]}")
+    if len(str(text)) > MAX_EXPRESSION_CHARS:
+        raise FairseqImportError(f"{path}: {what} is {len(str(text))} characters long, more "
+                                 "than a layer expression of the reference "
+                                 f"({MAX_EXPRESSION_CHARS})")
     try:
         return ev(ast.parse(str(text).strip(), mode="eval"))
-    except (SyntaxError, ValueError, TypeError) as err:
+    except (SyntaxError, ValueError, TypeError, RecursionError) as err:
         raise FairseqImportError(f"{path}: {what} = {text!r} is not a layer expression of the "
                                  f"reference ({err})") from None
 
@@ -171,6 +177,7 @@ def _literal(text: str, what: str, path: Path):
 # Bounds on what a saved architecture may ask for, checked before any tensor is made: ten
 # times the paper's largest model in every dimension (docs/design.md, hostile inputs).
 MAX_LAYER_ITEMS = 1000  # entries a layer expression may build (the paper's deepest: 20)
+MAX_EXPRESSION_CHARS = 10_000  # the paper's longest is under 100
 MAX_LAYERS, MAX_CHANNELS, MAX_KERNEL = 200, 40_960, 31
 MAX_EMBED, MAX_POSITIONS = 40_960, 65_536
 
@@ -221,17 +228,26 @@ def model_config(args: dict, path: Path) -> tuple[ModelConfig, dict]:
             raise FairseqImportError(f"{path}: {key} = {a[key]!r} is outside 1...{bound}")
     decoder = _layers(a["decoder_layers"], "decoder_layers", path)
     attention = _literal(a["decoder_attention"], "decoder_attention", path)
-    attention = tuple([attention] * len(decoder)) if isinstance(attention, bool) \
-        else tuple(bool(x) for x in attention)
-    cfg = ModelConfig(embed_dim=int(a["encoder_embed_dim"]),
-                      encoder_layers=_layers(a["encoder_layers"], "encoder_layers", path),
-                      decoder_layers=decoder, out_embed_dim=int(a["decoder_out_embed_dim"]),
-                      dropout=float(a["dropout"]),
-                      # the reference's table has max_positions rows, padding row and the
-                      # unused row 0 included; ours has max_positions + 2
-                      max_positions=int(a["max_source_positions"]) - PAD - 1,
-                      decoder_attention=None if all(attention) else attention,
-                      share_decoder_embed=bool(a["share_input_output_embed"]))
+    if isinstance(attention, bool):
+        attention = (attention,) * len(decoder)
+    elif not (isinstance(attention, (list, tuple)) and len(attention) == len(decoder)
+              and all(isinstance(x, bool) for x in attention)):
+        raise FairseqImportError(f"{path}: decoder_attention = {a['decoder_attention']!r} is "
+                                 f"neither True / False nor one of them for each of the "
+                                 f"{len(decoder)} decoder layers")
+    encoder = _layers(a["encoder_layers"], "encoder_layers", path)
+    try:
+        cfg = ModelConfig(embed_dim=int(a["encoder_embed_dim"]), encoder_layers=encoder,
+                          decoder_layers=decoder, out_embed_dim=int(a["decoder_out_embed_dim"]),
+                          dropout=float(a["dropout"]),
+                          # the reference's table has max_positions rows, padding row and the
+                          # unused row 0 included; ours has max_positions + 2
+                          max_positions=int(a["max_source_positions"]) - PAD - 1,
+                          decoder_attention=None if all(attention) else tuple(attention),
+                          share_decoder_embed=bool(a["share_input_output_embed"]))
+    except (TypeError, ValueError) as err:  # dropout 1.5, a dropout that is no number, ...
+        raise FairseqImportError(f"{path}: the saved arguments give no valid model: {err}"
+                                 ) from None
     langs = {"source_lang": args.get("source_lang"), "target_lang": args.get("target_lang")}
     return cfg, langs
 

@@ -72,6 +72,13 @@ class RunLogger:
             except FileNotFoundError:
                 scratch.touch()
             self.local_path = scratch
+        if self.local_path and self.local_path.is_file() and self.local_path.stat().st_size:
+            # A line torn by a crash is ended (and skipped when read), so that the next record
+            # is not glued onto it and lost with it.
+            with self.local_path.open("rb+") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
         self.remote_ok = bool(tracking_uri and run_id)
         self._local_max: dict[str, int] = {}
         for rec in read_local_metrics(self.local_path) if self.local_path else []:
