@@ -1,6 +1,9 @@
 """The reference implementation's `fconv` checkpoints in and out: the paper's published models
 (`wmt14.v2.en-fr.fconv-py`, `wmt14.en-de.fconv-py`, `wmt17.v2.en-de.fconv-py`) load here,
-and our checkpoints export to its `fairseq-generate` / hub loader.
+and our checkpoints export to its `model.pt` and dictionaries, which `fairseq-generate` reads
+(an imported model's export, with its bpecodes, also loads in the hub loader; a sentencepiece
+model's export holds `sentencepiece.model`, which the hub does not find by itself: give it
+`bpe="sentencepiece", sentencepiece_model=<that file>`).
 
     ckpt = import_fairseq("wmt14.v2.en-fr.fconv-py", "runs/imported/en-fr")   # a checkpoint dir
     export_fairseq("runs/demo/best", "exported/")                             # model.pt + dicts
