@@ -380,6 +380,28 @@ def test_kuberay_rayjob_on_a_bucket_is_the_same_job_with_s3_storage_and_no_volum
     assert not [k for k in env if "SECRET" in k or k == "AWS_ACCESS_KEY_ID"]  # no keys in files
 
 
+# --- Serve --------------------------------------------------------------------------------------
+
+
+def test_serve_config_names_the_model_a_workflow_registers():
+    """infra/serve/translator.yaml serves Multi30k's champion: the registered model the
+    workflow's champion step writes, `<workflow>-<main test set>` (workflows/engine.py)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from workflows.lineage import registered_name
+    from workflows.multi30k_en_de import cpu
+
+    doc = yaml.safe_load((INFRA / "serve" / "translator.yaml").read_text())
+    ServeDeploySchema.model_validate(doc)  # a config `serve deploy` accepts
+    (app,) = doc["applications"]
+    uri = app["args"]["model"]
+    assert uri.startswith("models:/") and uri.endswith("@champion"), uri
+    name = uri.removeprefix("models:/").removesuffix("@champion")
+    assert name == registered_name("multi30k_en_de", "test_2016_flickr")
+    workflow = cpu()  # the workflow's own name and main test set
+    assert (workflow.name, workflow.test_sets["test"]) == ("multi30k_en_de", "test_2016_flickr")
+
+
 # --- MLflow tracking server ---------------------------------------------------------------------
 
 
