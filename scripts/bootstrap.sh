@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv with the project and its test dependencies installed.
-# Pins torch to 2.13.0 so a CPU machine never pulls the multi-GB CUDA wheels.
+# torch 2.13.0 is installed first, on its own. The pin chooses the version, not the build: pip
+# takes whichever 2.13.0 its configured indexes and find-links offer (PyPI's Linux x86_64 wheel
+# is the CUDA build, with the nvidia-* packages). For the CPU build, put it in .venv before
+# running this (a 2.13.0+cpu already there satisfies the pin and is kept):
+#   python3 -m venv .venv
+#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -380,6 +380,51 @@ def test_kuberay_rayjob_on_a_bucket_is_the_same_job_with_s3_storage_and_no_volum
     assert not [k for k in env if "SECRET" in k or k == "AWS_ACCESS_KEY_ID"]  # no keys in files
 
 
+@pytest.mark.parametrize("name", ["kuberay-rayjob.yaml", "kuberay-rayjob-s3.yaml"])
+def test_kuberay_pods_take_the_tracking_login_from_an_optional_secret(name):
+    """Head and worker containers get MLFLOW_TRACKING_USERNAME / _PASSWORD from one Secret,
+    optional (a server without logins needs none); the job's runtime_env holds no login."""
+    cluster = load(name)["spec"]["rayClusterSpec"]
+    secrets = set()
+    for group in [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            for var in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+                assert var in env, f"{name}: {container['name']} lacks {var}"
+                assert "value" not in env[var], f"{name}: {var} written in the file"
+                ref = env[var]["valueFrom"]["secretKeyRef"]
+                assert ref["optional"] is True and ref["key"]
+                secrets.add(ref["name"])
+    assert len(secrets) == 1, secrets
+    runtime_env = yaml.safe_load(load(name)["spec"]["runtimeEnvYAML"])
+    assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(
+        runtime_env.get("env_vars", {}))
+    (secret,) = secrets
+    assert f"kubectl create secret generic {secret}" in (INFRA / "README.md").read_text()
+
+
+# --- Serve --------------------------------------------------------------------------------------
+
+
+def test_serve_config_names_the_model_a_workflow_registers():
+    """infra/serve/translator.yaml serves Multi30k's champion: the registered model the
+    workflow's champion step writes, `<workflow>-<main test set>` (workflows/engine.py)."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from workflows.lineage import registered_name
+    from workflows.multi30k_en_de import cpu
+
+    doc = yaml.safe_load((INFRA / "serve" / "translator.yaml").read_text())
+    ServeDeploySchema.model_validate(doc)  # a config `serve deploy` accepts
+    (app,) = doc["applications"]
+    uri = app["args"]["model"]
+    assert uri.startswith("models:/") and uri.endswith("@champion"), uri
+    name = uri.removeprefix("models:/").removesuffix("@champion")
+    assert name == registered_name("multi30k_en_de", "test_2016_flickr")
+    workflow = cpu()  # the workflow's own name and main test set
+    assert (workflow.name, workflow.test_sets["test"]) == ("multi30k_en_de", "test_2016_flickr")
+
+
 # --- MLflow tracking server ---------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ logged MLflow model such as `models:/NAME@champion`) that batches the sentences 
 requests into one beam search, with per-request search settings.
 
     python -m convs2s serve --checkpoint RUN/train/best [--precision int8 --shortlist ...]
-    python -m convs2s serve --model models:/convs2s-multi30k_en_de@champion \\
+    python -m convs2s serve --model models:/multi30k_en_de-test_2016_flickr@champion \\
         --tracking-uri http://mlflow:5000 --replicas 2 --threads-per-replica 1
     serve run infra/serve/translator.yaml          # the same application from a config file
 
