@@ -141,7 +141,10 @@ class _RedactCredentials(logging.Filter):
     """A log record's text with every `scheme://user:password@` redacted (`redact_text`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format is the handler's to report, as always
+            return True
         if "@" in text:
             record.msg, record.args = redact_text(text), ()
         return True
