@@ -1,4 +1,4 @@
-"""The paper's §5.2 analysis at laptop scale: a sweep of the Multi30k `cpu` recipe (Table 4's
+"""The paper's §5.4-§5.5 analysis at laptop scale: a sweep of the Multi30k `cpu` recipe (Table 4's
 position embeddings and Table 5's attention placements by default) at an equal training budget
 per trial and several seeds, run by the workflow's own sweep runner (Ray Tune, MLflow), then
 each variant's mean and spread and whether the paper's direction holds beyond the seed spread.

@@ -32,18 +32,18 @@ from benchmarks.report import RESULTS_DIR, format_table, write_result
 from convs2s.config import ModelConfig
 
 TASKS = ("wmt14_en_fr", "wmt14_en_de", "wmt16_en_ro")  # workflows/<task>.py paper()
-PAPER = "../shared/seeds/convs2s-paper.txt"
-# Per task: training pairs after the paper's filters (§5.1), and GPUs x days it trained; quoted.
+PAPER = "Gehring et al. 2017"  # cited by section (§N.M), written into the results' sources
+# Per task: training pairs after the paper's filters (§4.1), and GPUs x days it trained; quoted.
 PAPER_TASK = {
-    "wmt14_en_fr": (35.5e6, f'{PAPER} l.50 "This results in 35.5M sentence-pairs"',
+    "wmt14_en_fr": (35.5e6, f'{PAPER} §4.1 "This results in 35.5M sentence-pairs"',
                     8, 37.0, "docs/reference.md, Recipes: about 37 days on 8 GPUs"),
-    "wmt14_en_de": (4.5e6, f'{PAPER} l.49 "comprises 4.5M sentence pairs for training"',
-                    1, 18.5, f'{PAPER} l.64 "a single GPU over a period of 18.5 days"'),
-    "wmt16_en_ro": (2.8e6, f'{PAPER} l.48 "This results in 2.8M sentence pairs"',
-                    1, 6.75, f'{PAPER} l.64 "between 6 and 7.5 days" (midpoint)'),
+    "wmt14_en_de": (4.5e6, f'{PAPER} §4.1 "comprises 4.5M sentence pairs for training"',
+                    1, 18.5, f'{PAPER} §5.1 "a single GPU over a period of 18.5 days"'),
+    "wmt16_en_ro": (2.8e6, f'{PAPER} §4.1 "This results in 2.8M sentence pairs"',
+                    1, 6.75, f'{PAPER} §5.1 "between 6 and 7.5 days" (midpoint)'),
 }
-# The one training speed the paper gives: 3624 target words/s on one GPU (l.84; an M40, l.58)
-# for its §5.4 ablation model (l.73: 13 encoder layers k=3, 5 decoder layers k=5, 512 units,
+# The one training speed the paper gives: 3624 target words/s on one GPU (§5.5; an M40, §4.2)
+# for its ablation model (§5.4: 13 encoder layers k=3, 5 decoder layers k=5, 512 units,
 # about 20K target words per batch after vocabulary selection).
 PAPER_WORDS_PER_S = 3624
 ABLATION = ModelConfig(embed_dim=512, encoder_layers=[(512, 3)] * 13,
@@ -286,7 +286,7 @@ def inputs_table(args, m: dict, paper_flops_s: float) -> list[dict]:
          "float32 weights + NAG momentum, every checkpoint_interval updates"),
         ("paper GPU speed", f"{paper_flops_s / 1e12:.2f} TFLOP/s = "
          f"{paper_flops_s / (args.paper_gpu_tflops * 1e12):.0%} of an M40", "paper + assumed",
-         f"{PAPER} l.84: {PAPER_WORDS_PER_S} words/s, ablation model of l.73"),
+         f"{PAPER} §5.5: {PAPER_WORDS_PER_S} words/s, ablation model of §5.4"),
     ]
     return [dict(zip(("input", "value", "kind", "source"), r)) for r in rows]
 

@@ -54,7 +54,7 @@ from convs2s.inference.search import generate, greedy
 
 TABLE3_SETS = ["newstest2012", "newstest2013"]  # 3,003 + 3,000 = the paper's 6,003 sentences
 TABLE3_SENTENCES = 6003
-DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
+DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §4.1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

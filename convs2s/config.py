@@ -137,8 +137,8 @@ def wmt14_en_de() -> ModelConfig:
 
 
 def wmt14_en_de_ablation() -> ModelConfig:
-    """The model of the paper's analysis (§5.2): 13 encoder layers at kernel 3 and 5 decoder
-    layers at kernel 5 (the widths are not given; 512 as in §5.1's En-Ro model)."""
+    """The model of the paper's analysis (§5.4): 13 encoder layers at kernel 3 and 5 decoder
+    layers at kernel 5 (no widths given there; 512, §4.2's default and §5.1's En-Ro model)."""
     return ModelConfig(
         embed_dim=512,
         encoder_layers=[(512, 3)] * 13,
@@ -161,7 +161,7 @@ def wmt14_en_fr() -> ModelConfig:
 
 
 def gigaword() -> ModelConfig:
-    """Paper §5.5 summarization: six layers each side, hidden size 256."""
+    """Paper §5.7 summarization: six layers each side, hidden size 256."""
     return ModelConfig(
         embed_dim=256,
         encoder_layers=[(256, 3)] * 6,
@@ -207,7 +207,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 }
 
 
-# --- optimization (paper §4, docs/reference.md, Recipes) ------------------------------------------
+# --- optimization (paper §4.2, docs/reference.md, Recipes) ----------------------------------------
 
 # TrainConfig fields that were removed, dropped when an old saved config is read: the test-only
 # fault injection (crash_rank dying at update crash_at_update), now environment variables of the
@@ -217,24 +217,24 @@ RETIRED_TRAIN_FIELDS = ("crash_at_update", "crash_rank")
 
 @dataclass(frozen=True)
 class TrainConfig(Settings):
-    """Optimization recipe. Defaults are the paper's (§4): NAG 0.99, lr 0.25, clip 0.1."""
+    """Optimization recipe. Defaults are the paper's (§4.2): NAG 0.99, lr 0.25, clip 0.1."""
 
-    # "nag": Nesterov accelerated gradient (paper §4); "adam": AdamW (decoupled weight decay).
+    # "nag": Nesterov accelerated gradient (paper §4.2); "adam": AdamW (decoupled weight decay).
     optimizer: Literal["nag", "adam"] = "nag"
     lr: float = 0.25
-    momentum: float = 0.99  # Nesterov accelerated gradient (paper §4)
+    momentum: float = 0.99  # Nesterov accelerated gradient (paper §4.2)
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
-    clip_norm: float = 0.1  # gradient renormalization threshold (paper §4); 0 disables
-    # "plateau": paper §4, lr /= 10 after each epoch whose valid perplexity did not improve.
+    clip_norm: float = 0.1  # gradient renormalization threshold (paper §4.2); 0 disables
+    # "plateau": paper §4.2, lr /= 10 after each epoch whose valid perplexity did not improve.
     # "fixed": reference recipe, lr fixed, then x lr_shrink per epoch from anneal_from_epoch.
     # "cosine" / "linear": from lr down to 0 over the run's budget (the fraction spent of
     # max_time, max_updates or max_epochs, whichever is furthest): a budgeted run ends annealed.
     lr_schedule: Literal["plateau", "fixed", "cosine", "linear"] = "plateau"
     lr_shrink: float = 0.1
     anneal_from_epoch: int | None = None  # "fixed" only: first (1-based) epoch with a shrunk lr
-    min_lr: float = 1e-4  # stop once the lr falls below this (paper §4)
+    min_lr: float = 1e-4  # stop once the lr falls below this (paper §4.2)
     warmup_updates: int = 0  # linear warmup from warmup_init_lr to lr over this many updates
     warmup_init_lr: float = 0.0
     label_smoothing: float = 0.0  # the paper uses none; the reference's WMT recipes use 0.1
@@ -369,7 +369,7 @@ def keep_explicit_dropout(train: TrainConfig, preset_dropout: float,
         return train.replace(dropout_by_passes=())
     return train
 
-# --- beam search (paper §5, docs/reference.md, Evaluation) ----------------------------------------
+# --- beam search (paper §4.3, docs/reference.md, Evaluation) --------------------------------------
 
 
 # The precisions a search can multiply with (convs2s.inference.quantize converts the weights);
@@ -382,14 +382,14 @@ class SearchConfig(Settings):
     """Beam search and output settings (docs/reference.md, Evaluation). Lengths count output
     pieces."""
 
-    beam: int = 5  # beam width K (paper §5: 5)
+    beam: int = 5  # beam width K (paper §4.3: 5)
     lenpen: float = 1.0  # score = sum log p / |y|^lenpen
     max_len_a: float = 0.0  # at most a * |x| + b output pieces (|x| counts source EOS)
     max_len_b: int = 200
-    min_len: int = 1  # at least this many pieces (summarization, paper §5.5: 14 words)
+    min_len: int = 1  # at least this many pieces (summarization, paper §4.1: 14 words)
     unk_penalty: float = 0.0  # subtracted from log p(<unk>); negative favours <unk>
     nbest: int = 1  # hypotheses kept per sentence (1 <= nbest <= beam)
-    replace_unk: bool = False  # replace <unk> by the most attended source word (paper §5.1)
+    replace_unk: bool = False  # replace <unk> by the most attended source word (paper §4.3)
     dictionary: str | None = None  # `source target` word table used by replace_unk
     max_sentences: int = 128  # sentences per search batch
     # Also cut a batch where its padded source tokens (sentences x longest) would pass this;
@@ -436,7 +436,8 @@ class SearchConfig(Settings):
 
 
 def summarization_search(**changes) -> SearchConfig:
-    """Paper §5.5: beam 5 and outputs of at least 14 words (here BPE pieces, a close proxy)."""
+    """Paper §4.3 / §4.1: beam 5 and outputs of at least 14 words (here BPE pieces, a close
+    proxy)."""
     return SearchConfig(beam=5, min_len=14).replace(**changes)
 
 

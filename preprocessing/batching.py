@@ -4,7 +4,7 @@ Rows go to pseudo-random windows of about `shuffle_window` rows (window = mix64(
 n_windows: a shuffle that depends only on ids and seed). Inside a window rows are sorted by
 length (max of the two sides, then source, then target, then a random tie-break) and cut
 greedily into batches with `n_sentences * max(max_src_len, max_tgt_len) <= max_tokens` and
-`n_sentences <= max_sentences` (the reference's --max-tokens batching, paper §4/§5). The
+`n_sentences <= max_sentences` (the reference's --max-tokens batching, paper §4.2). The
 window's batches are shuffled and written as `part-<window>.parquet`, one row per batch:
 `{"id": list<int64>, "src": list<list<int32>>, "tgt": list<list<int32>>, "src_tokens": int64,
 "tgt_tokens": int64, "padded_tokens": int64}` (padded_tokens = n * max(S, T)).

@@ -1,5 +1,5 @@
 """Cleaning and filtering of sentence pairs: Unicode NFC, control characters, whitespace, and
-the paper's length / ratio filters (§5.1), as Ray Data map functions that count every drop.
+the paper's length / ratio filters (§4.1), as Ray Data map functions that count every drop.
 
 Reasons a row is dropped, checked in this order (first match wins), see `REASONS`:
 invalid_utf8 / line_too_long / bad_row (from the reader), nul_byte, empty, too_long (a side over

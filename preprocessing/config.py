@@ -40,7 +40,7 @@ class PreprocessConfig:
     hub_revision: str = "main"
     demo_rows: dict[str, int] = field(
         default_factory=lambda: {"train": 20_000, "valid": 500, "test": 500})
-    # Filters (paper §5.1: drop sentences over 175 words, pairs with length ratio over 1.5).
+    # Filters (paper §4.1: drop sentences over 175 words, pairs with length ratio over 1.5).
     max_len: int | None = 175  # words per side; None = no limit
     max_len_ratio: float | None = 1.5  # None = off (summarization)
     dedupe: bool = False  # drop exact duplicate training pairs (keep the lowest row id)
@@ -109,7 +109,7 @@ class PreprocessConfig:
 
 
 def wmt14_en_fr() -> PreprocessConfig:
-    """WMT'14 En-Fr: 40.8M pairs; 175 words and ratio 1.5 (paper §5.1); joint BPE 40k."""
+    """WMT'14 En-Fr: 40.8M pairs; 175 words and ratio 1.5 (paper §4.1); joint BPE 40k."""
     return PreprocessConfig(task="wmt14_en_fr", source="hub", src_lang="en", tgt_lang="fr",
                             hub_repo="wmt/wmt14", hub_config="fr-en")
 
@@ -127,7 +127,7 @@ def wmt16_en_ro() -> PreprocessConfig:
 
 
 def gigaword() -> PreprocessConfig:
-    """Gigaword headlines (paper §5.5): 30k vocabulary, no ratio filter (documents >> titles).
+    """Gigaword headlines (paper §4.1): 30k vocabulary, no ratio filter (documents >> titles).
 
     Read from the hub's parquet conversion: the dataset itself is a loading script.
     """

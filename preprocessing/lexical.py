@@ -1,4 +1,4 @@
-"""The lexical table behind vocabulary selection (the paper's §5.2 setup, after L'Hostis et al.
+"""The lexical table behind vocabulary selection (the paper's §5.4 setup, after L'Hostis et al.
 2016): for each source token, the target tokens that co-occur with it most specifically in the
 training pairs, and the target tokens ranked by how many training sentences hold them.
 

@@ -1,6 +1,6 @@
 """Joint BPE vocabulary: the project-wide special ids and the sentencepiece model.
 
-The model is learned once (paper §5.1: joint BPE, 40k types) on a bounded, seeded, uniform
+The model is learned once (paper §4.1: joint BPE, 40k types) on a bounded, seeded, uniform
 random sample of training pairs, both sides in one model. The sample is the `spm_sample_pairs`
 rows with the smallest mix64(id, seed): a uniform sample without replacement that depends only
 on row ids, so the same input and seed always give the same model. Only the sample reaches

@@ -29,7 +29,7 @@ def trajectory(schedule: LRSchedule, val_losses: list[float]) -> tuple[list[floa
 
 
 def test_plateau_divides_by_ten_after_each_non_improving_epoch_and_stops_below_min_lr():
-    # Paper §4: lr 0.25; /10 whenever the validation perplexity did not improve on the best;
+    # Paper §4.2: lr 0.25; /10 whenever the validation perplexity did not improve on the best;
     # stop once the lr falls below 1e-4.
     vals = [5.0, 4.0, 4.2, 3.9, 3.9, 3.8, 3.85, 3.81, 3.7, 3.75]
     lrs, stop = trajectory(LRSchedule(TrainConfig(lr=0.25)), vals)

@@ -1,4 +1,4 @@
-"""Sweeps (workflows/sweep.py, workflows/ablations.py): the paper's §5.2 variants of a preset,
+"""Sweeps (workflows/sweep.py, workflows/ablations.py): the paper's §5.4-§5.6 variants of a preset,
 bad sweep requests refused in one line before Ray starts, the paper-shaped summary, and (slow)
 a 2-variant x 2-seed sweep of whole workflow runs on Ray Tune with one MLflow child run per
 trial, a killed trial reported while the others go on, and a rerun that skips the finished

@@ -72,7 +72,7 @@ def _main(module, argv: list[str]) -> tuple[int, str]:
 
 def test_paper_presets_follow_the_paper_and_reference_recipes():
     fr, de, ro, giga = (m.paper() for m in (wmt14_en_fr, wmt14_en_de, wmt16_en_ro, gigaword))
-    # Data (paper §5.1 / §5.5, docs/reference.md, Data): filters, vocabularies, hub sources.
+    # Data (paper §4.1, docs/reference.md, Data): filters, vocabularies, hub sources.
     for cfg in (fr, de):
         assert (cfg.preprocess.max_len, cfg.preprocess.max_len_ratio) == (175, 1.5)
     assert (ro.preprocess.max_len, ro.preprocess.max_len_ratio) == (175, None)
@@ -80,7 +80,7 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
     assert {c.preprocess.vocab_size for c in (fr, de, ro)} == {40_000}
     assert [c.preprocess.hub_config for c in (fr, de, ro)] == ["fr-en", "de-en", "ro-en"]
     assert all(c.data == "hub" and c.use_gpu for c in (fr, de, ro, giga))
-    # En-Fr: the reference recipe, dropout 0.1, max-tokens 3000, 8 GPUs (paper §4).
+    # En-Fr: the reference recipe, dropout 0.1, max-tokens 3000, 8 GPUs (paper §4.2).
     assert fr.model.dropout == 0.1 and fr.preprocess.max_tokens == 3000 and fr.num_workers == 8
     assert fr.model.encoder_layers[-1] == (4096, 1)
     for cfg in (fr, de):
@@ -90,7 +90,7 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
     # En-De: dropout 0.2, max-tokens 4000, the full newstest2014.
     assert de.model.dropout == 0.2 and de.preprocess.max_tokens == 4000
     assert de.model.encoder_layers[-1] == (2048, 1)
-    # En-Ro and Gigaword: the paper's own optimizer (§4), 64 / 128 sentences per batch.
+    # En-Ro and Gigaword: the paper's own optimizer (§4.2), 64 / 128 sentences per batch.
     for cfg, sentences in ((ro, 64), (giga, 128)):
         t = cfg.train
         assert (t.lr, t.momentum, t.clip_norm, t.lr_schedule, t.min_lr) == \

@@ -1,4 +1,4 @@
-"""The paper's analysis (§5.2) as named sets of model variants: what a sweep varies.
+"""The paper's analysis (§5.4-§5.6) as named sets of model variants: what a sweep varies.
 
 A *variant* is a name and the `ModelConfig` fields it changes from the workflow preset's model;
 a *sweep* is a plain function of that model returning its variants, the unchanged `baseline`
@@ -10,11 +10,11 @@ first (torchtitan-style presets: read them here, not in a registry of strings):
     kernel(model)    wider encoder and decoder kernels (Figure 3)
     recipe(model)    more dropout and a wider model: retuning a small-data recipe (not the paper's)
 
-`SWEEPS` names them for `--sweep` ("paper-5.2" is Tables 4 and 5 together). Each variant is
-derived from the preset's model, so the same sweep fits Multi30k's 4 + 3 layers and the paper's
-ablation model (13 encoder layers at kernel 3, 5 decoder layers at kernel 5; `wmt14_en_de`'s
-`ablation` preset). The paper's own numbers (WMT'14 En-De, newstest2014, averaged over three
-runs) are kept beside the rows that have one.
+`SWEEPS` names them for `--sweep` ("paper-5.2" is Tables 4 and 5 together, the paper's §5.4 and
+§5.5 whatever the name says). Each variant is derived from the preset's model, so the same sweep
+fits Multi30k's 4 + 3 layers and the paper's ablation model (13 encoder layers at kernel 3, 5
+decoder layers at kernel 5; `wmt14_en_de`'s `ablation` preset). The paper's own numbers (WMT'14
+En-De, newstest2014, averaged over three runs) are kept beside the rows that have one.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _baseline(paper: tuple[float, float] | None = None) -> Variant:
 
 
 def table4(model: ModelConfig) -> list[Variant]:
-    """Removing the source, the target or both position embeddings (§5.2, Table 4: 6.64 PPL /
+    """Removing the source, the target or both position embeddings (§5.4, Table 4: 6.64 PPL /
     21.7 BLEU with both; both removed cost 0.5 BLEU)."""
     return [_baseline((6.64, 21.7)),
             Variant("no-src-pos", "-source position", (("src_positions", False),), (6.69, 21.3)),
@@ -74,7 +74,7 @@ def table4(model: ModelConfig) -> list[Variant]:
 
 
 def table5(model: ModelConfig) -> list[Variant]:
-    """Attention in fewer decoder layers (§5.2, Table 5; the paper: attention in every layer
+    """Attention in fewer decoder layers (§5.5, Table 5; the paper: attention in every layer
     gives the best validation perplexity, and removing attention layers costs BLEU and PPL).
     For an n-layer decoder: layers 1..k for k = n-1 .. 1, then each single layer 2..n."""
     n = len(model.decoder_layers)
@@ -100,7 +100,7 @@ def _stack(layers, depth: int, kernel: int | None = None) -> list[tuple[int, int
 
 
 def depth(model: ModelConfig) -> list[Variant]:
-    """Encoder and decoder depth (§5.2, Figure 2: deeper encoders help up to about 9 layers;
+    """Encoder and decoder depth (§5.6, Figure 2: deeper encoders help up to about 9 layers;
     decoders of two layers already do well): half and twice the preset's encoder depth, and a
     1-layer and a twice-as-deep decoder, each keeping the first layer's width and kernel."""
     ne, nd = len(model.encoder_layers), len(model.decoder_layers)
@@ -116,7 +116,7 @@ def depth(model: ModelConfig) -> list[Variant]:
 
 
 def kernel(model: ModelConfig) -> list[Variant]:
-    """Kernel width (§5.2, Figure 3: narrow kernels with many layers beat wide ones): kernels of
+    """Kernel width (§5.6, Figure 3: narrow kernels with many layers beat wide ones): kernels of
     3, 5 and 7 in the encoder, then in the decoder, at the preset's depths and widths."""
     out = [_baseline()]
     for side in ("encoder", "decoder"):

@@ -17,11 +17,11 @@ Run (inside or next to a Ray cluster; checkpoint paths must be readable by every
     python -m workflows.evaluation --run-dir runs/a runs/b --last-n 5 \\
         --test test data/demo/text/test.en data/demo/text/test.fr fr --parent-run-id <id>
 
-Jobs (paper §5): a single checkpoint; an ensemble (several checkpoints, probabilities
+Jobs (paper §5.1-§5.2): a single checkpoint; an ensemble (several checkpoints, probabilities
 averaged: the paper's ensembles of the best checkpoint of several training runs); or
 `average=True`, the mean of the checkpoints' weights (the last N checkpoints of one run).
 Summarization test sets (`task_kind="summarization"`) are scored with ROUGE; give them a search
-with a minimum output length (`summarization_search()`, paper §5.5).
+with a minimum output length (`summarization_search()`, paper §4.1).
 """
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,
                       attention_pngs=pngs)
 
 
-# --- ensembling jobs (paper §5.2-5.3 and the reference's checkpoint averaging) -------------------
+# --- ensembling jobs (paper §5.2 and the reference's checkpoint averaging) -----------------------
 
 
 def best_checkpoints(run_dirs: list[str]) -> tuple[str, ...]:

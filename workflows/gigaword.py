@@ -1,8 +1,8 @@
-"""Gigaword headline generation with ConvS2S (paper §5.5, Table 5: ROUGE-1/2/L F1 35.88 / 17.48 /
+"""Gigaword headline generation with ConvS2S (paper §5.7, Table 5: ROUGE-1/2/L F1 35.88 / 17.48 /
 33.29 on the Gigaword test set).
 
 Preprocess (no ratio filter, 30k joint vocabulary) -> train (six 256-unit layers per side,
-paper §4 optimizer, batches of 128) -> generate with beam 5 and at least 14 output tokens ->
+paper §4.2 optimizer, batches of 128) -> generate with beam 5 and at least 14 output tokens ->
 ROUGE as parallel Ray tasks, tracked under one MLflow parent run.
 
     python workflows/gigaword.py --preset smoke                   # demo summaries, CPU, minutes
@@ -31,21 +31,21 @@ from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def paper() -> WorkflowConfig:
-    """Paper §5.5: 3.8M training pairs, one GPU "in one night"."""
+    """Paper §4.1: 3.8M training pairs; §5.7: one GPU "in one night"."""
     return WorkflowConfig(
         name="gigaword",
         # Harvard/gigaword (parquet conversion); no ratio filter (documents >> titles);
-        # 30k vocabulary; §5.5 "batch size 128".
+        # 30k vocabulary (§4.1); §5.7 "batch size 128".
         preprocess=data.gigaword().replace(max_sentences=128),
         data="hub",
         model=models.gigaword(),  # 6 + 6 layers, 256 units
-        # §4 optimizer: NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau until below 1e-4.
+        # §4.2 optimizer: NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau until below 1e-4.
         train=TrainConfig(lr=0.25, momentum=0.99, clip_norm=0.1, lr_schedule="plateau",
                           min_lr=1e-4, max_epochs=100, checkpoint_interval=2000, keep_last=5),
         test_sets={"test": "gigaword_test"},  # hub "test": 1,951 pairs
         local_splits={"train": "train", "valid": "valid", "test": "test"},
         task_kind="summarization",  # ROUGE-1/2/L (F1 and recall)
-        search=summarization_search(),  # beam 5, min_len 14 (§5.5)
+        search=summarization_search(),  # beam 5 (§4.3), min_len 14 (§4.1)
         ensemble=EnsembleConfig(runs=1, average_last=0),
         num_workers=1,
         use_gpu=True,

@@ -1,4 +1,4 @@
-"""Sweeps of whole workflow runs on Ray Tune: the paper's §5.2 analysis as one command.
+"""Sweeps of whole workflow runs on Ray Tune: the paper's §5.4-§5.6 analysis as one command.
 
     python workflows/multi30k_en_de.py --preset cpu --data ../shared/data/multi30k \\
         --sweep paper-5.2 --seeds 2 --max-time 6m

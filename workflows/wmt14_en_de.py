@@ -1,4 +1,5 @@
-"""WMT'14 English->German with ConvS2S (paper §5.1, Table 1: 25.16 BLEU single, 26.43 ensemble).
+"""WMT'14 English->German with ConvS2S (paper §5.1, Table 1: 25.16 BLEU single; §5.2: 26.43
+ensemble).
 
 Preprocess (175-word / 1.5-ratio filters, joint 40k BPE) -> train (reference fconv_wmt_en_de
 recipe) -> score the full 3,003-line newstest2014 with beam 5 as parallel Ray tasks, everything
@@ -14,7 +15,7 @@ tracked under one MLflow parent run.
 The smoke preset trains two tiny models and scores their ensemble too (the paper's ensembles
 are several independently seeded runs). The same --run-name resumes a stopped run.
 
-The paper's analysis (§5.2, Tables 4 and 5) on its ablation model, as a sweep on Ray Tune:
+The paper's analysis (§5.4-§5.5, Tables 4 and 5) on its ablation model, as a sweep on Ray Tune:
 
     ray job submit --working-dir . -- python workflows/wmt14_en_de.py --preset ablation \
         --sweep paper-5.2 --seeds 3 --use-gpu --max-time 12h --run-name paper-5.2
@@ -48,7 +49,7 @@ def paper() -> WorkflowConfig:
         # hub "test" = all 3,003 lines of newstest2014 (sacreBLEU's wmt14/full)
         test_sets={"test": "newstest2014"},
         local_splits={"train": "train", "valid": "newstest2013", "test": "newstest2014"},
-        # §5: beam 5; the paper tunes a length-normalization exponent alpha for En-De on
+        # §4.3: beam 5; the paper tunes a length-normalization exponent alpha for En-De on
         # newstest2015 without giving it: lenpen=1.0 (divide by |y|) until tuned.
         search=SearchConfig(beam=5, lenpen=1.0),
         # The paper's 8-model ensemble (26.43) is EnsembleConfig(runs=8): 8x the training.
@@ -62,7 +63,7 @@ def paper() -> WorkflowConfig:
 
 
 def ablation() -> WorkflowConfig:
-    """The paper's analysis model (§5.2: 13 encoder layers at kernel 3, 5 decoder layers at
+    """The paper's analysis model (§5.4: 13 encoder layers at kernel 3, 5 decoder layers at
     kernel 5) with the paper recipe; run its tables as a sweep on a GPU cluster, e.g.
     `--preset ablation --sweep paper-5.2 --seeds 3 --use-gpu --max-time 12h`."""
     return paper().replace(model=models.wmt14_en_de_ablation())

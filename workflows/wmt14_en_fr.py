@@ -27,25 +27,25 @@ from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def paper() -> WorkflowConfig:
-    """The reference recipe that produced the paper's En-Fr numbers, on 8 GPUs (paper §4)."""
+    """The reference recipe that produced the paper's En-Fr numbers, on 8 GPUs (paper §4.2)."""
     return WorkflowConfig(
         name="wmt14_en_fr",
-        # 40.8M pairs from the hub; drop > 175 words and ratio > 1.5 (§5.1); joint BPE 40k.
+        # 40.8M pairs from the hub; drop > 175 words and ratio > 1.5 (§4.1); joint BPE 40k.
         # max-tokens 3000: the reference En-Fr recipe (the 15-layer, 4096-wide model is big).
         preprocess=data.wmt14_en_fr().replace(max_tokens=3000),
         data="hub",
         model=models.wmt14_en_fr(),  # dropout 0.1 (reference recipe)
-        # NAG 0.99, clip 0.1 (§4); reference recipe: lr 0.5, label smoothing 0.1, lr fixed,
+        # NAG 0.99, clip 0.1 (§4.2); reference recipe: lr 0.5, label smoothing 0.1, lr fixed,
         # then x0.1 per epoch from epoch 50 until it falls below 1e-4.
         train=TrainConfig(lr=0.5, momentum=0.99, clip_norm=0.1, label_smoothing=0.1,
                           lr_schedule="fixed", anneal_from_epoch=50, max_epochs=100,
                           checkpoint_interval=2000, keep_last=5),
         test_sets={"test": "newstest2014"},  # hub split "test" = newstest2014 (3,003 lines)
         local_splits={"train": "train", "valid": "newstest2013", "test": "newstest2014"},
-        search=SearchConfig(beam=5, lenpen=1.0),  # §5: beam 5, score / |y|
+        search=SearchConfig(beam=5, lenpen=1.0),  # §4.3: beam 5, score / |y|
         # The paper's 8-model ensemble (41.44) is EnsembleConfig(runs=8): 8x the training.
         ensemble=EnsembleConfig(runs=1, average_last=5),
-        num_workers=8,  # §4: up to eight GPUs, synchronous, one machine
+        num_workers=8,  # §4.2: up to eight GPUs, synchronous, one machine
         # The paper's update: 8 GPUs x 3,000 tokens. Fewer GPUs keep it by accumulating
         # micro-batches (4 GPUs: 2 each), as the reference's --update-freq does.
         update_tokens=8 * 3000,
@@ -60,7 +60,7 @@ def smoke() -> WorkflowConfig:
         # `--data hub|DIR` with the smoke preset: the real corpus, a small vocabulary.
         preprocess=data.wmt14_en_fr().replace(vocab_size=8000, spm_sample_pairs=100_000),
         model=models.small(),
-        # Paper §4 optimizer (NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau).
+        # Paper §4.2 optimizer (NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau).
         train=TrainConfig(max_epochs=6, log_interval=50, checkpoint_interval=50, keep_last=2),
         search=SearchConfig(beam=5),
         ensemble=EnsembleConfig(runs=1, average_last=2),

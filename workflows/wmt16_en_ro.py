@@ -1,6 +1,6 @@
 """WMT'16 English->Romanian with ConvS2S (paper §5.1, Table 1: 30.02 BLEU, BPE 40k).
 
-Preprocess (175-word filter, no ratio filter, joint 40k BPE) -> train (paper §4 optimizer, 20+20
+Preprocess (175-word filter, no ratio filter, joint 40k BPE) -> train (paper §4.2 optimizer, 20+20
 layers) -> score newstest2016 with beam 5 (Romanian normalized and diacritics stripped before
 BLEU, docs/reference.md, Evaluation) as parallel Ray tasks, tracked under one MLflow parent run.
 
@@ -27,21 +27,21 @@ from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def paper() -> WorkflowConfig:
-    """Paper §4 / §5.1: one M40 GPU for 6-7.5 days in the paper."""
+    """Paper §4.2 / §5.1: one M40 GPU for 6-7.5 days in the paper."""
     return WorkflowConfig(
         name="wmt16_en_ro",
         # 610k hub pairs, drop > 175 words (no ratio filter for En-Ro); joint BPE 40k.
-        # §4: "mini-batches of 64 sentences", capped by a token budget.
+        # §4.2: "mini-batches of 64 sentences", capped by a token budget.
         preprocess=data.wmt16_en_ro().replace(max_sentences=64),
         data="hub",
         model=models.wmt16_en_ro(),  # 20 + 20 layers, 512 units, kernel 3; dropout 0.2
-        # §4: NAG momentum 0.99, lr 0.25, renormalize gradients to 0.1, lr / 10 per epoch once
+        # §4.2: NAG momentum 0.99, lr 0.25, renormalize gradients to 0.1, lr / 10 per epoch once
         # validation perplexity stops improving, until below 1e-4.
         train=TrainConfig(lr=0.25, momentum=0.99, clip_norm=0.1, lr_schedule="plateau",
                           min_lr=1e-4, max_epochs=100, checkpoint_interval=2000, keep_last=5),
         test_sets={"test": "newstest2016"},  # hub "test" = newstest2016 (1,999 lines)
         local_splits={"train": "train", "valid": "newsdev2016", "test": "newstest2016"},
-        search=SearchConfig(beam=5, lenpen=1.0),  # §5: beam 5, score / |y|
+        search=SearchConfig(beam=5, lenpen=1.0),  # §4.3: beam 5, score / |y|
         ensemble=EnsembleConfig(runs=1, average_last=5),
         num_workers=1,
         use_gpu=True,

@@ -26,7 +26,7 @@ from preprocessing.config import WMT_SPLITS, PreprocessConfig
 
 @dataclass(frozen=True)
 class EnsembleConfig:
-    """What is evaluated besides each run's best checkpoint (paper §5.2 Table 1 ensembles)."""
+    """What is evaluated besides each run's best checkpoint (paper §5.2, Table 2 ensembles)."""
 
     runs: int = 1  # independent training runs (seeds seed, seed+1, ...); >1 adds their ensemble
     average_last: int = 0  # also score the weight average of each run's last N checkpoints
@@ -251,11 +251,11 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
 
     p.add_argument("--sweep", choices=sorted([*SWEEPS, CUSTOM]), metavar="NAME",
                    help="instead of one run: a sweep of model variants of the preset (the "
-                        "paper's section 5.2: table4 = position embeddings, table5 = attention "
-                        "layers, paper-5.2 = both, depth, kernel), each variant x --seeds a "
-                        "whole workflow run with the same budget, on Ray Tune, compared in "
-                        "one MLflow sweep run; the same --run-name resumes it; custom: the "
-                        "variants given with --variant. Choices: "
+                        "paper's sections 5.4-5.6: table4 = position embeddings, table5 = "
+                        "attention layers, paper-5.2 = both, depth, kernel), each variant x "
+                        "--seeds a whole workflow run with the same budget, on Ray Tune, "
+                        "compared in one MLflow sweep run; the same --run-name resumes it; "
+                        "custom: the variants given with --variant. Choices: "
                         + ", ".join(sorted([*SWEEPS, CUSTOM])))
     p.add_argument("--variant", action="append", default=[], metavar="NAME:SETTING;...",
                    help="with --sweep custom: one variant as --set settings (repeatable), e.g. "

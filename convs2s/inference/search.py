@@ -1,4 +1,4 @@
-"""Greedy and beam search for ConvS2S models and ensembles (paper §5; docs/reference.md,
+"""Greedy and beam search for ConvS2S models and ensembles (paper §4.3; docs/reference.md,
 Evaluation).
 
     from convs2s.inference.search import generate

@@ -1,4 +1,4 @@
-"""Vocabulary selection (the paper's §5.2 setup, after L'Hostis et al. 2016): per search batch,
+"""Vocabulary selection (the paper's §5.4 setup, after L'Hostis et al. 2016): per search batch,
 the output layer fc3 is cut to a shortlist of target tokens, the `frequent` most frequent ones
 plus, for each source token of the batch, its best candidates in the lexical table that
 preprocessing learned from the training pairs (`preprocessing/lexical.py`). The special

@@ -1,4 +1,4 @@
-"""Translate text with one ConvS2S checkpoint or an ensemble of them (beam search, paper §5).
+"""Translate text with one ConvS2S checkpoint or an ensemble of them (beam search, paper §4.3).
 
 No Ray and no MLflow: this is the library that the evaluation jobs (`workflows.evaluation`),
 the served model (`convs2s.serving.pyfunc`) and the command line (`convs2s.cli`) call.
@@ -295,7 +295,7 @@ class Translator:
 
     def _replace_unk(self, ids: list[int], tr: Translation, attention: torch.Tensor) -> str:
         """Each <unk> becomes the source *word* holding its most attended source piece (layer
-        mean, as the paper's §5.1 does for its word-based models; Jean et al. 2015), looked up
+        mean, as the paper's §4.3 does for its word-based models; Jean et al. 2015), looked up
         in the dictionary, else copied."""
         word_of_piece = self.codec.source_words(tr.source, tr.src_pieces)
         hyp_pieces = [self.codec.target_piece(i) for i in ids]

@@ -10,7 +10,7 @@ references aligned. The numbers (docs/reference.md, Evaluation):
   `tokenize="none", force=True` (what multi-bleu.perl computed on tokenized text).
 - `chrf`: sacreBLEU's chrF2 defaults (character 6-grams, no word n-grams, beta 2).
 - ROUGE-1/2/L recall, precision and F1 (rouge-score, Porter stemming on, as in the standard
-  Gigaword evaluation of Rush et al. 2015 and the paper §5.5), averaged over sentences, in %.
+  Gigaword evaluation of Rush et al. 2015 and the paper §4.1), averaged over sentences, in %.
 - Romanian targets: both sides are normalized as in the WMT'16 En-Ro pipeline (s/t with cedilla
   to comma-below, typographic quotes to ASCII, then Romanian diacritics removed) before every
   metric; the paper's En-Ro BLEU (30.02) is on such text.

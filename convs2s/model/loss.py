@@ -1,6 +1,6 @@
 """Token-level cross-entropy for ConvS2S, summed over non-padding target tokens.
 
-The paper (§3.4, §4) normalizes gradients by the number of non-padding target tokens; the
+The paper (§4.2) normalizes gradients by the number of non-padding target tokens; the
 training loop divides the *sum* returned here by the token count of the whole update (all
 micro-batches on all ranks), so that a data-parallel update equals the single-process update on
 the union of the batches. Optional label smoothing follows the reference implementation:
