@@ -65,7 +65,7 @@ from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
 from convs2s.precision import world_precision
 from convs2s.train.memory_fit import (BudgetTooLarge, WorstStep, agree_on_fit, check_fits,
-                                      graph_shapes_that_fit, usable_bytes)
+                                      describe_steps, graph_shapes_that_fit, usable_bytes)
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
@@ -279,17 +279,17 @@ class Trainer:
             extra = param_bytes * (state + int(self.cfg.update_freq > 1))
             try:
                 peak = check_fits(self.net, worst, self.precision, self.device,
-                                  self.cfg.label_smoothing, extra)
+                                  self.cfg.label_smoothing, extra, self.cfg.static_shapes,
+                                  self.net.max_positions)  # padded as `_static` pads
             except BudgetTooLarge as err:
                 error = err
         # every rank, every path (a rank that skipped it would pair its next collective with
         # this one): all stop if one cannot hold the budget
         agree_on_fit(self.comm, error)
         if self.rank == 0 and peak is not None:
-            n, s, t = worst.shape()
-            _say(f"[convs2s.train] GPU memory: the data's largest step ({n} x {s} source / "
-                 f"{t} target pieces) peaks at {peak / 2**30:.1f} GiB "
-                 f"(+{extra / 2**30:.1f} GiB for the update)")
+            steps = describe_steps(worst, None, self.cfg.static_shapes, self.net.max_positions)
+            _say(f"[convs2s.train] GPU memory: the data's largest steps ({steps}) peak at "
+                 f"{peak / 2**30:.1f} GiB (+{extra / 2**30:.1f} GiB for the update)")
         if peak is not None and hasattr(self.model, "max_shapes"):  # CUDA graphs: one rank
             cap = self.model.max_shapes
             self.model.max_shapes = graph_shapes_that_fit(
