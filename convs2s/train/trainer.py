@@ -62,7 +62,7 @@ from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.config import ModelConfig
 from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
-from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.train.optim import LRSchedule, build_optimizer, load_optimizer_state, set_lr
 from convs2s.precision import world_precision
 from convs2s.train.memory_fit import (BudgetTooLarge, WorstStep, agree_on_fit, check_fits,
                                       describe_steps, graph_shapes_that_fit, usable_bytes)
@@ -329,7 +329,7 @@ class Trainer:
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
             set_dropout(self.net, self.dropout_choice["dropout"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])  # this device's fused step
         self.schedule.load_state_dict(state["scheduler"])
         # The interrupted epoch continues with exactly its untrained rows (train_data); on
         # another number of workers its progress counts the same share of the epoch.
