@@ -298,6 +298,29 @@ def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off
         TrainConfig(static_shapes=8, cuda_graphs=True, compile="inductor")
 
 
+@pytest.mark.gpu
+def test_cuda_graphs_on_a_gpu_log_their_shapes_and_eager_steps(demo_batches, tmp_path, capsys):
+    """With CUDA graphs the periodic metrics say how many shapes are captured and how many
+    steps ran eagerly past the cap; the memory probe ran the padded steps."""
+    from convs2s.train.local import fit_local
+
+    d = demo_batches
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(
+        max_epochs=0, max_updates=8, log_interval=4, precision="bf16", static_shapes=8,
+        cuda_graphs=True), train_data=d.batches["train"], valid_data=d.batches["valid"],
+        spm_model=d.spm_model, vocab_size=d.vocab_size, storage_path=str(tmp_path),
+        run_name="graphs", system_metrics_s=0)
+    fit_local(job, "cuda")
+    out = capsys.readouterr().out
+    assert "padded to static shapes of 8) peak at" in out, out[-2000:]
+    logged = {r["step"]: r["metrics"] for r in
+              read_local_metrics(tmp_path / "graphs" / "metrics.jsonl")
+              if "train/loss" in r["metrics"]}
+    assert sorted(logged) == [4, 8]
+    assert 1 <= logged[4]["train/graph_shapes"] <= logged[8]["train/graph_shapes"] <= 8
+    assert logged[8]["train/graph_eager_steps"] == 0  # 8 updates: within the cap of 16
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA GPU")
 def test_a_gpu_this_machine_lacks_is_one_line_before_anything_is_written(demo_batches,
                                                                           tmp_path, capsys):

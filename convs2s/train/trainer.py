@@ -411,13 +411,21 @@ class Trainer:
         if self.logger is None:
             return
         update = self.progress.update
-        self.logger.log_metrics({**metrics, "train/epoch": epoch,
+        graphs = {}
+        if hasattr(self.model, "eager_steps"):  # CUDA graphs on: shapes past the cap run eagerly
+            graphs = {"train/graph_shapes": self.model.captured_shapes,
+                      "train/graph_eager_steps": self.model.eager_steps}
+        self.logger.log_metrics({**metrics, **graphs, "train/epoch": epoch,
                                  "train/seconds": self.seconds}, update)
         eta = (self.updates_per_epoch - (update - updates_at_start)) \
             / max(metrics["train/updates_per_s"], 1e-9)
         if time.monotonic() - self._last_line >= CONSOLE_SECONDS:
             self._last_line = time.monotonic()
-            _say(f"[convs2s.train] {progress_line(epoch, update, metrics, eta)}")
+            line = progress_line(epoch, update, metrics, eta)
+            if graphs:
+                line += (f" | graphs {graphs['train/graph_shapes']} shapes, "
+                         f"{graphs['train/graph_eager_steps']} eager steps")
+            _say(f"[convs2s.train] {line}")
 
     def validate(self) -> tuple[float, float, int]:
         """(loss sum, nll sum, target tokens) of the validation set, summed over all ranks (a
