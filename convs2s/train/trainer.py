@@ -75,6 +75,7 @@ from convs2s.train.ddp import compress_gradients, ddp_kwargs
 from convs2s.train.data import TrainFiles, read_file, read_manifest, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
+from convs2s.train.runtime import load_agreed
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
 
@@ -318,8 +319,8 @@ class Trainer:
 
     def _load_latest(self) -> Progress:
         cfg, rank, world = self.cfg, self.rank, self.world
-        with self.runtime.latest_checkpoint() as d:
-            state = None if d is None else load_checkpoint(d)
+        with self.runtime.latest_checkpoint() as d:  # the same choice on every rank
+            state = load_agreed(d, self.comm)  # read by every rank, or all stop
         if state is None:
             if self.job.init_from:  # fine-tuning: a trained (or imported) model's weights
                 self.net.load_state_dict(initial_weights(self.job))
