@@ -127,7 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "before the timed steps; flops are counted on the unpadded batches")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay the forward and backward from CUDA graphs, one per batch shape "
-                        "(convs2s.train.graphs; needs --static-shapes and a CUDA device)")
+                        "the run steps, each captured (about a step's memory each; "
+                        "convs2s.train.graphs; needs --static-shapes and a CUDA device)")
     p.add_argument("--compile-deadline", type=float, default=0.0, metavar="SECONDS",
                    help="with --compile: if the first step is still compiling this long "
                         "after the start, print the compile's phases so far and every "
@@ -231,6 +232,11 @@ def run(args: argparse.Namespace) -> dict:
     # counts of the timed rows stay the unpadded batches')
     stepped_batches = [pad_to(b, *static_shape(b, args.max_tokens, args.static_shapes))
                        for b in batches] if args.static_shapes else batches
+    shape_of = lambda i: (tuple(stepped_batches[i % len(batches)].src_tokens.shape),  # noqa: E731
+                          tuple(stepped_batches[i % len(batches)].target.shape))
+    # the shapes the run steps: warm-up, timed and profiled steps (with --cuda-graphs, each
+    # gets its capture: a shape past the graphs' cap would step eagerly inside the timing)
+    stepped_shapes = len({shape_of(i) for i in range(args.warmup + args.steps + args.profile)})
     model = ConvS2S(cfg, args.vocab, args.vocab).to(device).train()
     train_cfg = TrainConfig(precision=args.dtype, compile=args.compile, conv=args.conv,
                             fuse=args.fuse)
@@ -242,7 +248,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.cuda_graphs:
         from convs2s.train.graphs import CudaGraphedLoss
 
-        stepped = CudaGraphedLoss(model)
+        stepped = CudaGraphedLoss(model, max_shapes=stepped_shapes)
     if args.compile_loss and not args.compile:  # on this device, the CPU included
         compile_loss_chunks(args.compile_loss, devices=(device.type,))
 
@@ -266,8 +272,6 @@ def run(args: argparse.Namespace) -> dict:
         if watchdog is not None:
             watchdog.done.set()  # the compile is in the first step (one dynamic graph)
     timed = range(args.warmup, args.warmup + args.steps)
-    shape_of = lambda i: (tuple(stepped_batches[i % len(batches)].src_tokens.shape),  # noqa: E731
-                          tuple(stepped_batches[i % len(batches)].target.shape))
     shape_warmup_s = []  # static shapes: each timed shape stepped once first (its graph)
     if args.static_shapes:
         seen = {shape_of(i) for i in range(args.warmup)}
@@ -278,6 +282,7 @@ def run(args: argparse.Namespace) -> dict:
                 step(i)
                 synchronize(device)
                 shape_warmup_s.append(time.perf_counter() - t0)
+    eager_before = stepped.eager_steps if args.cuda_graphs else 0
     rows, losses = [], []
     for i in timed:
         b = batches[i % len(batches)]
@@ -291,6 +296,7 @@ def run(args: argparse.Namespace) -> dict:
                      "sentences": b.nsentences, "useful_flops": TRAIN_MULTIPLIER * fl["useful"],
                      "padded_flops": TRAIN_MULTIPLIER * fl["padded"]})
         losses.append(float(stats.loss_sum) / stats.ntokens)
+    timed_eager = stepped.eager_steps - eager_before if args.cuda_graphs else 0
     peak_after = matmul_peak(device, dtype, peak_sizes)
     load_after = load_average()
     # The model's dominant product: (tokens) x (k * C_in) @ (k * C_in) x (2 C), its own shape.
@@ -324,6 +330,10 @@ def run(args: argparse.Namespace) -> dict:
         "compile_phases_s": compile_phases() if args.compile else {},
         "compile_mode": args.compile_mode, "static_shapes": args.static_shapes,
         "cuda_graphs": stepped.captured_shapes if args.cuda_graphs else 0,  # graphs captured
+        # timed steps of a shape past the graphs' cap, stepped eagerly (0: every one replayed)
+        "cuda_graphs_eager_timed_steps": timed_eager,
+        "cuda_graphs_eager_steps": stepped.eager_steps if args.cuda_graphs else 0,  # all steps
+        "stepped_shapes": stepped_shapes,
         "shape_warmup_step_s": [round(x, 3) for x in shape_warmup_s],
         "timed_shapes": len({shape_of(i) for i in timed}),
         # token slots computed on over those of the unpadded batches (1: no padding added)

@@ -1,26 +1,29 @@
 #!/usr/bin/env bash
 # The GPU checks in one pass, for a machine with one CUDA GPU and PyTorch installed (no Ray or
-# MLflow needed). In order of what they decide, each under its own time limit and all under
-# DEADLINE seconds (default 500: a step that would start with under 20 s left is skipped):
+# MLflow needed). In order of what they decide, the correctness checks before the figures, each
+# under its own time limit and all under DEADLINE seconds (default 500: a step that would start
+# with under 20 s left is skipped; the step limits sum past any deadline a lease allows, so what
+# comes last is what a slow lease loses):
 #   1. benchmarks.training, the paper's En-Fr model in bf16 at the paper's 3,000 tokens per GPU
-#      and at the paper's whole 24,000-token update in one step, each with --profile (GPU-busy
-#      time from kernel events, kernels, launches and host syncs per step, phases), and the
-#      24,000-token step again with only the fused loss's chunks compiled (--compile-loss),
-#      the 3,000-token step on batches padded to static shapes, eager and replayed from CUDA
-#      graphs (--static-shapes 8, --cuda-graphs), both budgets with the convolutions by cuDNN
-#      (--conv native) and the blocks' element-wise work compiled (--fuse inductor), and the
-#      3,000-token step with all three,
-#      then, with REF_WHEELS set (a folder from scripts/fairseq_wheels.sh), the reference
-#      implementation's step on the same 3,000-token batches, bf16 autocast and float32,
+#      with --profile (GPU-busy time from kernel events, kernels, launches and host syncs per
+#      step, phases): the baseline, and the timed batches the reference steps in 4,
 #   2. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
 #   3. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
 #      validation and checkpoints, then the same command to 300, which must resume, and 200
 #      updates on static shapes replayed from CUDA graphs (--set cuda_graphs=true),
-#   4. the float32 En-Fr step and the En-De bf16 step at the paper's budgets,
-#   5. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
+#   4. with REF_WHEELS set (a folder from scripts/fairseq_wheels.sh), the reference
+#      implementation's step on step 1's batches, bf16 autocast and float32,
+#   5. the benchmark variants: the 3,000-token step on batches padded to static shapes, eager
+#      and replayed from CUDA graphs (--static-shapes 8, --cuda-graphs), the paper's whole
+#      24,000-token update in one step (--profile), again with only the fused loss's chunks
+#      compiled (--compile-loss), both budgets with the convolutions by cuDNN (--conv native)
+#      and the blocks' element-wise work compiled (--fuse inductor), and the 3,000-token step
+#      with all three,
+#   6. the float32 En-Fr step and the En-De bf16 step at the paper's budgets,
+#   7. benchmarks.generation on the paper's En-Fr model (random weights, Table 3's 6,003
 #      sentences), float32 and bf16, beam 1 and 5,
-#   6. last (compiling takes minutes): the En-Fr bf16 step with the model compiled through the
+#   8. last (compiling takes minutes): the En-Fr bf16 step with the model compiled through the
 #      loss (--compile inductor, one dynamic graph), beside step 1's eager figure.
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
@@ -69,12 +72,51 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 torch.cuda.get_device_name(), torch.cuda.get_device_capability())"
 
 fr=wmt14_en_fr
-# every compile (the loss's chunks in step 1, the whole model last) reads and fills the cache
+# every compile (the loss's chunks and the fused blocks in step 5, the whole model last) reads
+# and fills the cache
 [[ -n "${INDUCTOR_CACHE:-}" ]] && export TORCHINDUCTOR_CACHE_DIR="$INDUCTOR_CACHE"
 work=$(mktemp -d)  # this script's own scratch (the timed batches, the reference's packages)
 trap 'rm -rf "$work"' EXIT
 train "en-fr bf16 3000" 100 $fr bf16 3000 --steps 30 --warmup 5 --profile 3 \
   --dump-batches "$work/batches_3000.json" --out "$out/training_${fr}_cuda_bf16.json"
+# the correctness checks first, while the deadline leaves them their time: the benchmarks
+# after them are figures, these decide whether the code is right on a GPU
+step gpu-tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider \
+  tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
+  tests/test_train_step.py \
+  tests/test_translate.py tests/test_memory_fit.py
+
+if [[ -n "${LOOP_DATA:-}" ]]; then
+  run_root=$(mktemp -d)  # the runs' checkpoints: a folder of this script's own, removed after
+  loop=(--train-data "$LOOP_DATA/batches/train" --valid-data "$LOOP_DATA/batches/valid"
+        --spm-model "$(ls "$LOOP_DATA"/spm/spm.model "$LOOP_DATA"/spm.model 2>/dev/null | head -1)"
+        --model small --storage-path "$run_root" --device cuda --precision bf16
+        --set checkpoint_interval=100)
+  step "loop 200 updates" 90 $PY -m convs2s train "${loop[@]}" --run-name gpu --max-updates 200
+  step "loop resumed to 300" 90 $PY -m convs2s train "${loop[@]}" --run-name gpu \
+    --max-updates 300
+  cp "$run_root/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
+  # the same loop on static shapes replayed from CUDA graphs (TrainConfig.cuda_graphs)
+  step "loop 200 updates, cuda graphs" 120 $PY -m convs2s train "${loop[@]}" \
+    --run-name gpu_graphs --max-updates 200 --set static_shapes=8 --set cuda_graphs=true
+  cp "$run_root/gpu_graphs/metrics.jsonl" "$out/loop_graphs_metrics.jsonl" 2>/dev/null
+  rm -rf "$run_root"
+fi
+
+# the reference on the same batches as this project's step of the same dtype (issue 37: >= 2x)
+if [[ -n "${REF_WHEELS:-}" && -f "$work/batches_3000.json" ]]; then
+  step "reference install" 60 $PY -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --target "$work/ref" "$REF_WHEELS"/*.whl
+  ref() {  # ref DTYPE STEPS WARMUP: the steps and warm-up of this project's run of that dtype
+    step "reference en-fr $1 3000" 90 env PYTHONPATH="$work/ref" \
+      $PY scripts/fairseq_training_speed.py --batches "$work/batches_3000.json" \
+      --arch fconv_wmt_en_fr --vocab 40000 --device cuda --dtype "$1" --steps "$2" \
+      --warmup "$3" --out "$out/training_${fr}_cuda_${1}_reference.json"
+  }
+  ref bf16 30 5
+  ref fp32 20 3
+fi
+
 # the same batches padded to static shapes (what the padding costs), then replayed from one CUDA
 # graph per shape (what the launches cost): each timed shape is stepped once before the timing
 train "en-fr bf16 3000 static shapes" 80 $fr bf16 3000 --steps 30 --warmup 5 --static-shapes 8 \
@@ -102,42 +144,6 @@ train "en-fr bf16 3000 native conv" 80 $fr bf16 3000 --steps 30 --warmup 5 --con
 train "en-fr bf16 3000 cuda graphs native conv fused" 120 $fr bf16 3000 --steps 30 --warmup 5 \
   --static-shapes 8 --cuda-graphs --conv native --fuse inductor \
   --out "$out/training_${fr}_cuda_bf16_graphs_native_conv_fused.json"
-
-# the reference on the same batches as this project's step of the same dtype (issue 37: >= 2x)
-if [[ -n "${REF_WHEELS:-}" && -f "$work/batches_3000.json" ]]; then
-  step "reference install" 60 $PY -m pip install -q --no-index --no-deps --no-compile \
-    --no-cache-dir --target "$work/ref" "$REF_WHEELS"/*.whl
-  ref() {  # ref DTYPE STEPS WARMUP: the steps and warm-up of this project's run of that dtype
-    step "reference en-fr $1 3000" 90 env PYTHONPATH="$work/ref" \
-      $PY scripts/fairseq_training_speed.py --batches "$work/batches_3000.json" \
-      --arch fconv_wmt_en_fr --vocab 40000 --device cuda --dtype "$1" --steps "$2" \
-      --warmup "$3" --out "$out/training_${fr}_cuda_${1}_reference.json"
-  }
-  ref bf16 30 5
-  ref fp32 20 3
-fi
-
-step gpu-tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider \
-  tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
-  tests/test_train_step.py \
-  tests/test_translate.py tests/test_memory_fit.py
-
-if [[ -n "${LOOP_DATA:-}" ]]; then
-  run_root=$(mktemp -d)  # the runs' checkpoints: a folder of this script's own, removed after
-  loop=(--train-data "$LOOP_DATA/batches/train" --valid-data "$LOOP_DATA/batches/valid"
-        --spm-model "$(ls "$LOOP_DATA"/spm/spm.model "$LOOP_DATA"/spm.model 2>/dev/null | head -1)"
-        --model small --storage-path "$run_root" --device cuda --precision bf16
-        --set checkpoint_interval=100)
-  step "loop 200 updates" 90 $PY -m convs2s train "${loop[@]}" --run-name gpu --max-updates 200
-  step "loop resumed to 300" 90 $PY -m convs2s train "${loop[@]}" --run-name gpu \
-    --max-updates 300
-  cp "$run_root/gpu/metrics.jsonl" "$out/loop_metrics.jsonl" 2>/dev/null
-  # the same loop on static shapes replayed from CUDA graphs (TrainConfig.cuda_graphs)
-  step "loop 200 updates, cuda graphs" 120 $PY -m convs2s train "${loop[@]}" \
-    --run-name gpu_graphs --max-updates 200 --set static_shapes=8 --set cuda_graphs=true
-  cp "$run_root/gpu_graphs/metrics.jsonl" "$out/loop_graphs_metrics.jsonl" 2>/dev/null
-  rm -rf "$run_root"
-fi
 
 train "en-fr fp32 3000" 80 $fr fp32 3000 --steps 20 --warmup 3 \
   --out "$out/training_${fr}_cuda_fp32.json"

@@ -114,8 +114,27 @@ def test_training_benchmark_pads_to_static_shapes_and_steps_each_shape_first(sha
     r = _check_result(out, "training")["results"]
     assert r["static_shapes"] == 16 and r["padding_factor"] > 1.0
     assert 1 <= r["timed_shapes"] <= 4 and len(r["shape_warmup_step_s"]) <= r["timed_shapes"]
+    assert r["timed_shapes"] <= r["stepped_shapes"] <= 5  # warm-up and timed steps' shapes
+    assert r["cuda_graphs"] == r["cuda_graphs_eager_timed_steps"] == 0  # (no --cuda-graphs)
     assert 0 < r["achieved_flops"] <= r["achieved_flops_padded"]
     assert all(x == x for x in r["loss_first_last"])
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_in_the_training_benchmark_capture_every_shape_it_steps(shared_data,
+                                                                             tmp_path):
+    """`--cuda-graphs` captures every shape the run steps, past the graphs' default cap of 16
+    (20 shapes here), so no timed step runs eagerly; the result says so."""
+    from benchmarks import training
+
+    out = tmp_path / "training.json"
+    training.main(["--preset", "tiny", "--steps", "20", "--warmup", "4", "--bpe-vocab", "500",
+                   "--max-tokens", "600", "--peak-sizes", "128", "--static-shapes", "8",
+                   "--cuda-graphs", "--device", "cuda", "--data", str(shared_data),
+                   "--out", str(out)])
+    r = _check_result(out, "training")["results"]
+    assert r["stepped_shapes"] > 16 and r["cuda_graphs"] == r["stepped_shapes"]
+    assert r["cuda_graphs_eager_timed_steps"] == r["cuda_graphs_eager_steps"] == 0
 
 
 def test_a_compile_past_its_deadline_says_where_it_was(shared_data, tmp_path):

@@ -7,6 +7,7 @@ kept, and resume; a run started there resumes under Ray Train as it would have g
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -296,6 +297,116 @@ def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off
         TrainConfig(cuda_graphs=True)
     with pytest.raises(ValueError, match="choose one"):
         TrainConfig(static_shapes=8, cuda_graphs=True, compile="inductor")
+
+
+def _rank_env(rank: int, port: int) -> None:
+    """This process as rank `rank` of a two-rank torchrun world on a loopback port."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def _resume_choice_worker(rank: int, port: int, result: dict, root: str):
+    import torch.distributed as dist
+
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.train.runtime import LocalRuntime, load_agreed
+
+    _rank_env(rank, port)
+    # each rank's run folder its node's own: rank 1's holds a later checkpoint of its own
+    runtime = LocalRuntime(Path(root) / f"node{rank}", keep_last=2, device="cpu")
+    with runtime.latest_checkpoint() as chosen:
+        state = load_agreed(chosen, runtime.comm)
+    # a rank that cannot read the chosen checkpoint stops every rank, with one message
+    try:
+        load_agreed(chosen if rank == 0 else Path(root) / "absent", runtime.comm)
+        unread = "went on"
+    except CheckpointError as err:
+        unread = str(err)
+    runtime.report({"update": 10})  # a barrier of every rank (gloo)
+    runtime.close()
+    result[rank] = (chosen, state["update"], unread, dist.is_initialized())
+
+
+def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
+    """Under torchrun every rank resumes from rank 0's latest checkpoint, not its own listing
+    of the run folder (another checkpoint, or none, where the folder is each node's own); if
+    a rank cannot read it every rank stops with one message; the runtime ends the process
+    group it started. Two real gloo ranks."""
+    from conftest import run_ranks
+
+    from convs2s.config import PRESETS
+    from convs2s.io.checkpoint import save_checkpoint
+
+    for rank, update in ((0, 10), (1, 20)):
+        save_checkpoint(tmp_path / f"node{rank}" / f"checkpoint_{update:08d}",
+                        {"model": {}, "model_config": PRESETS["tiny"]().to_dict(),
+                         "src_vocab_size": 8, "tgt_vocab_size": 8, "epoch": 0,
+                         "update": update})
+    result = run_ranks(functools.partial(_resume_choice_worker, root=str(tmp_path)), 2)
+    chosen = str(tmp_path / "node0" / "checkpoint_00000010")
+    assert [result[r][:2] for r in (0, 1)] == [(chosen, 10), (chosen, 10)], result
+    message = result[0][2]
+    assert result[1][2] == message and message.startswith(
+        f"rank(s) 1 of 2 could not read the checkpoint to resume from, {tmp_path / 'absent'} "
+        "(rank 1: FileNotFoundError: no checkpoint.pt in"), message
+    assert "give all of them the run folder (shared storage or a bucket)" in message
+    assert not result[0][3] and not result[1][3]  # the process group ended
+
+
+def _failed_fit_worker(rank: int, port: int, result: dict, train: str, valid: str, spm: str,
+                       vocab: int, root: str):
+    import torch.distributed as dist
+
+    from convs2s.train.local import fit_local
+
+    _rank_env(rank, port)
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(update_freq=10**6),
+                   train_data=train, valid_data=valid, spm_model=spm, vocab_size=vocab,
+                   storage_path=root, run_name="x")
+    try:
+        fit_local(job, "cpu")
+        result[rank] = "trained"
+    except ValueError as err:  # an update the data cannot fill: refused once the world is up
+        result[rank] = (str(err), dist.is_initialized())
+
+
+def test_a_torchrun_fit_that_fails_ends_its_process_group(demo_batches, tmp_path):
+    """fit_local ends the process group its runtime started, also when the run fails (here
+    before training: an update the data cannot fill). Two real gloo ranks."""
+    from conftest import run_ranks
+
+    d = demo_batches
+    result = run_ranks(functools.partial(
+        _failed_fit_worker, train=str(d.batches["train"]), valid=str(d.batches["valid"]),
+        spm=str(d.spm_model), vocab=d.vocab_size, root=str(tmp_path)), 2)
+    assert sorted(result) == [0, 1], result
+    for message, still_initialized in result.values():
+        assert message.startswith("the training split has") and not still_initialized
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_on_a_gpu_log_their_shapes_and_eager_steps(demo_batches, tmp_path, capsys):
+    """With CUDA graphs the periodic metrics say how many shapes are captured and how many
+    steps ran eagerly past the cap; the memory probe ran the padded steps."""
+    from convs2s.train.local import fit_local
+
+    d = demo_batches
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(
+        max_epochs=0, max_updates=8, log_interval=4, precision="bf16", static_shapes=8,
+        cuda_graphs=True), train_data=d.batches["train"], valid_data=d.batches["valid"],
+        spm_model=d.spm_model, vocab_size=d.vocab_size, storage_path=str(tmp_path),
+        run_name="graphs", system_metrics_s=0)
+    fit_local(job, "cuda")
+    out = capsys.readouterr().out
+    assert "padded to static shapes of 8) peak at" in out, out[-2000:]
+    logged = {r["step"]: r["metrics"] for r in
+              read_local_metrics(tmp_path / "graphs" / "metrics.jsonl")
+              if "train/loss" in r["metrics"]}
+    assert sorted(logged) == [4, 8]
+    assert 1 <= logged[4]["train/graph_shapes"] <= logged[8]["train/graph_shapes"] <= 8
+    assert logged[8]["train/graph_eager_steps"] == 0  # 8 updates: within the cap of 16
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a CUDA GPU")

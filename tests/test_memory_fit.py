@@ -13,8 +13,9 @@ from conftest import run_ranks
 from convs2s.config import EOS, PAD, PRESETS
 from convs2s.model.network import ConvS2S
 from convs2s.precision import Precision
-from convs2s.train.memory_fit import (HEADROOM, STEP, BudgetTooLarge, WorstStep, agree_on_fit,
-                                      check_fits, largest_fitting, worst_batch)
+from convs2s.train.collate import collate_lists, static_shape
+from convs2s.train.memory_fit import (HEADROOM, MIN_LENGTH, STEP, BudgetTooLarge, WorstStep,
+                                      agree_on_fit, check_fits, largest_fitting, probe_batches)
 
 
 def test_the_worst_batch_fills_the_budget_on_both_sides_with_the_longest_it_can():
@@ -22,13 +23,47 @@ def test_the_worst_batch_fills_the_budget_on_both_sides_with_the_longest_it_can(
     # 25 pairs of 120 x 120 fill the budget on both sides (3,000 tokens each) with attention
     # 25 x 120 x 120: no batch the budget allows has more tokens on a side or more attention
     assert worst.shape() == (25, 120, 120)
-    batch = worst_batch(worst, src_vocab=300, tgt_vocab=500)
+    [batch] = probe_batches(worst, src_vocab=300, tgt_vocab=500)
     assert batch.src_tokens.shape == (25, 120) and batch.target.shape == (25, 120)
     assert int(batch.src_tokens.max()) < 300 and int(batch.target.max()) < 500
     assert (batch.target[:, -1] == EOS).all() and not (batch.target == PAD).any()
     assert batch.ntokens == 25 * 120 and len(batch.target_rows) == 25 * 120
     # under a smaller budget, sentences longer than it would not be in any batch
     assert worst.shape(1000) == (8, 120, 120) and worst.shape(100) == (1, 100, 100)
+
+
+def test_with_static_shapes_the_probe_steps_the_largest_padded_batches():
+    """Training pads each batch to a static shape and its masked loss computes every row, so
+    the probe runs padded batches: the largest in token slots and in attention of every
+    shape the budget allows, found here by padding each allowed batch as training does."""
+    worst = WorstStep(max_tokens=120, longest_src=20, longest_tgt=26)
+    stepped = set()  # (sentences, S, T) of every batch of the budget, padded
+    for s in range(MIN_LENGTH, 21):
+        for t in range(MIN_LENGTH, 27):
+            for n in range(1, 120 // max(s, t) + 1):
+                batch = collate_lists([[5] * (s - 1) + [EOS]] * n, [[6] * (t - 1) + [EOS]] * n)
+                stepped.add(static_shape(batch, 120, multiple=8, max_len=24))
+
+    def slots(shape):
+        return shape[0] * (shape[1] + shape[2])
+
+    def attention(shape):
+        return shape[0] * shape[1] * shape[2]
+
+    probed = probe_batches(worst, 300, 500, static_shapes=8, max_len=24)
+    shapes = [(b.src_tokens.shape[0], b.src_tokens.shape[1], b.target.shape[1]) for b in probed]
+    assert set(shapes) <= stepped  # each a shape training steps
+    assert max(map(slots, shapes)) == max(map(slots, stepped))
+    assert max(map(attention, shapes)) == max(map(attention, stepped))
+    # the padded worst is larger than the unpadded one the probe ran before (n x 20 x 26)
+    assert max(map(slots, shapes)) > 2 * 120 and max(map(attention, shapes)) > 4 * 20 * 26
+    for b in probed:  # as training steps it: the target rows a mask over every row
+        assert b.target_rows.dtype == torch.bool and b.target_rows.numel() == b.target.numel()
+        assert b.pad_rows == b.src_tokens.shape[0] - b.nsentences
+        assert int(b.target_rows.sum()) == b.ntokens
+    # without static shapes: the one unpadded worst batch, as before
+    [plain] = probe_batches(worst, 300, 500)
+    assert plain.src_tokens.shape == (6, 20) and plain.target.shape == (6, 20)
 
 
 def test_the_worst_step_comes_from_the_manifest_preprocessing_wrote(tmp_path):
@@ -100,6 +135,21 @@ def test_a_budget_the_gpu_cannot_hold_fails_with_the_largest_that_does():
         assert check_fits(net, WorstStep(best, 200, 200), precision, device, 0.1)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, device)
+
+
+@pytest.mark.gpu
+def test_with_static_shapes_the_probe_peaks_at_the_padded_step():
+    """Short sentences padded to the multiple: the probe's peak is the padded step's, well
+    over the unpadded one's."""
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    net = ConvS2S(PRESETS["iwslt_de_en"](), 8000, 8000).to(device)
+    precision = Precision("bf16", "test")
+    worst = WorstStep(3000, 3, 3)  # 1,000 pairs of 3 pieces: padded to 1,101 x 8
+    plain = check_fits(net, worst, precision, device, 0.1)
+    padded = check_fits(net, worst, precision, device, 0.1, static_shapes=8)
+    base = torch.cuda.memory_allocated(device)
+    assert padded - base > 1.5 * (plain - base)
 
 
 def _agree_worker(rank: int, port: int, result: dict):

@@ -15,7 +15,8 @@ import torch
 
 from convs2s.config import PAD, TrainConfig
 from convs2s.model.loss import sequence_loss
-from convs2s.train.optim import LRSchedule, build_optimizer, clip_gradients
+from convs2s.train.optim import (LRSchedule, build_optimizer, clip_gradients,
+                                 load_optimizer_state)
 
 
 def trajectory(schedule: LRSchedule, val_losses: list[float]) -> tuple[list[float], int]:
@@ -192,3 +193,29 @@ def test_adam_is_an_alternative_optimizer_with_its_own_settings():
     assert isinstance(nag, torch.optim.SGD) and nag.defaults["nesterov"]
     with pytest.raises(ValueError, match="optimizer"):
         TrainConfig(optimizer="lamb")
+
+
+@pytest.mark.parametrize("optimizer", ["nag", "adam"])
+def test_a_resumed_optimizer_keeps_its_own_devices_step_with_the_saved_state(optimizer):
+    """A checkpoint written on a GPU (fused step) and resumed on the CPU: the momentum buffers
+    and lr come back, the fused / foreach choice stays the one made for this device
+    (`load_state_dict` alone would bring the GPU run's fused=True)."""
+    cfg = TrainConfig(optimizer=optimizer, lr=0.3)
+    torch.manual_seed(0)
+    gpu_params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    written = build_optimizer(gpu_params, cfg)
+    for p in gpu_params:
+        p.grad = torch.ones_like(p)
+    written.step()  # momentum buffers (NAG), moments and a step count (Adam)
+    for group in written.param_groups:  # what build_optimizer chooses for a GPU's parameters
+        group["fused"], group["foreach"], group["lr"] = True, False, 0.03
+    saved = written.state_dict()
+
+    resumed = build_optimizer([torch.nn.Parameter(torch.zeros_like(p)) for p in gpu_params],
+                              cfg)
+    chosen = [(g["fused"], g["foreach"]) for g in resumed.param_groups]
+    load_optimizer_state(resumed, saved)
+    assert [(g["fused"], g["foreach"]) for g in resumed.param_groups] == chosen == [(None, None)]
+    assert resumed.param_groups[0]["lr"] == 0.03
+    for key, buffer in saved["state"][0].items():  # momentum (NAG), moments and step (Adam)
+        torch.testing.assert_close(resumed.state_dict()["state"][0][key], buffer, msg=key)

@@ -166,17 +166,25 @@ def _check(src_len: np.ndarray, tgt_len: np.ndarray, tgt_flat: np.ndarray, ids) 
 
 def static_shape(batch: Batch, max_tokens: int, multiple: int = 8,
                  max_len: int | None = None) -> tuple[int, int, int]:
-    """(sentences, source length, target length) to pad `batch` to, so that the batches of one
-    token budget come in few shapes: both lengths rounded up to a multiple of `multiple`; the
-    sentence count up to a rung of a ladder growing by a quarter (8, 10, 12, 15, 19, 24, ...:
-    about a quarter more sentences at most), or to the most a budget-respecting batch can hold
-    at the shortest lengths that round to these where that is fewer (the batches stage cuts
-    n * max(S, T) <= max_tokens, preprocessing/batching.py): long batches share one count. A
-    batch over the budget (one sentence longer than it) keeps its own count. What the padding
-    costs on real batches: `python -m benchmarks.static_shapes`. `max_len` (the model's
-    max_positions) caps a rounded length, never below the batch's own."""
+    """(sentences, source length, target length) to pad `batch` to: `static_dims` of its
+    shape."""
     B, S = batch.src_tokens.shape
-    T = batch.target.shape[1]
+    return static_dims(B, S, batch.target.shape[1], max_tokens, multiple, max_len)
+
+
+def static_dims(B: int, S: int, T: int, max_tokens: int, multiple: int = 8,
+                max_len: int | None = None) -> tuple[int, int, int]:
+    """(sentences, source length, target length) to pad a batch of B sentences, S source and T
+    target positions to, so that the batches of one token budget come in few shapes: both
+    lengths rounded up to a multiple of `multiple`; the sentence count up to a rung of a ladder
+    growing by a quarter (8, 10, 12, 15, 19, 24, ...: about a quarter more sentences at most),
+    or to the most a budget-respecting batch can hold at the shortest lengths that round to
+    these where that is fewer (the batches stage cuts n * max(S, T) <= max_tokens,
+    preprocessing/batching.py): long batches share one count. A batch over the budget (one
+    sentence longer than it) keeps its own count. What the padding costs on real batches:
+    `python -m benchmarks.static_shapes`. `max_len` (the model's max_positions) caps a rounded
+    length, never below the batch's own. Without a batch: the shapes a budget can give
+    (convs2s.train.memory_fit probes the largest)."""
     cap = max_len or max(S, T) + multiple
     src_len, tgt_len = (max(n, min(-(-n // multiple) * multiple, cap)) for n in (S, T))
     shortest = max(src_len, tgt_len) - multiple + 1  # the least max(S, T) rounding to these

@@ -5,6 +5,7 @@ world, with a CPU (gloo) side group for host-side counts.
     n_total = comm.sum_ints([n_local])[0]  # host integers: no wait on the GPU
     comm.sum_tensor(t)                     # device tensors, over the training backend
     hosts = comm.gather_objects(host_info) # small Python objects from every rank
+    path = comm.broadcast_object(path)     # rank 0's object on every rank
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ class Comm:
         if self.world_size > 1:
             dist.all_reduce(t)
         return t
+
+    def broadcast_object(self, obj, src: int = 0):
+        """Rank `src`'s `obj` (a small Python object) on every rank, over the CPU group."""
+        if self.world_size == 1:
+            return obj
+        shared = [obj]
+        dist.broadcast_object_list(shared, src=src, group=self.cpu_group)
+        return shared[0]
+
+    def barrier(self) -> None:
+        """Every rank waits for the others, over the CPU group (no GPU work or NCCL watchdog:
+        a rank may wait there while rank 0 writes a checkpoint to a bucket)."""
+        if self.world_size > 1:
+            dist.barrier(group=self.cpu_group)
 
     def gather_objects(self, obj) -> list:
         if self.world_size == 1:

@@ -24,8 +24,9 @@ smoothing, precision) is captured on its first call, up to `max_shapes` captures
 them steps eagerly (`eager_steps`). A change of the dropout rates (`set_dropout`, the dropout
 chosen by `train.dropout_by_passes`) drops the captures made with the old ones. All captures
 share one memory pool: what a replay computes lives only until its backward has run, so a
-graphed forward must be followed by its backward before a forward of another shape (as in
-`train_update`; a second shape's forward before that is an error). What stays per shape is the
+graphed forward must be followed by its backward before the next graphed forward (as in
+`train_update`; another forward before that, of any shape, is an error: one of the same shape
+would overwrite that graph's own buffers). What stays per shape is the
 graph's own buffers: the activations its forward saves for the backward and a float32 gradient
 of every parameter (about 1 GiB for the paper's En-Fr model), so each capture costs about one
 eager step's memory: `static_shape` keeps the shapes few and `max_shapes` bounds them. Outside
@@ -122,10 +123,14 @@ class CudaGraphedLoss(nn.Module):
             self.eager_steps += 1  # (in the caller's autocast, as the eager step)
             return self.model(src_tokens, src_lengths, prev_output_tokens, target=target,
                               label_smoothing=label_smoothing, target_rows=target_rows)
-        if self._pending is not None and self._pending != key:
-            raise RuntimeError("a CUDA-graphed forward of another batch shape before the "
-                               "backward of the last one: their graphs share memory; call "
-                               "backward on each loss first (as train_update does)")
+        # Not even of the same shape: its replay would overwrite the outputs and saved
+        # activations the pending backward still reads (wrong gradients, no error).
+        if self._pending is not None:
+            same = "the same batch shape" if self._pending == key else "another batch shape"
+            raise RuntimeError(f"a CUDA-graphed forward of {same} before the backward of the "
+                               "last one: the replay would overwrite what that backward "
+                               "reads (graphs reuse their buffers and share one memory pool); "
+                               "call backward on each loss first (as train_update does)")
         graphed = self._graphed.get(key)
         if graphed is None:
             graphed = self._capture(args, float(label_smoothing), dtype)

@@ -40,11 +40,14 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
-    check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
-    # One command per run folder (storage.lease): a second one on the same --run-name resumed
-    # from the same checkpoint, and each one's keep_last deleted the other's checkpoints.
-    with _run_lease(run_dir, runtime, job):
-        return _fit(job, files, valid_files, run_dir, runtime)
+    try:
+        check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
+        # One command per run folder (storage.lease): a second one on the same --run-name
+        # resumed from the same checkpoint, and each one's keep_last deleted the other's.
+        with _run_lease(run_dir, runtime, job):
+            return _fit(job, files, valid_files, run_dir, runtime)
+    finally:  # the process group it started (torchrun): its resources, and no exit warning
+        runtime.close()
 
 
 def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):
@@ -60,12 +63,7 @@ def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):
             if runtime.world_size == 1:
                 raise
             refusal = f"{run_dir}: the run folder's lease could not be taken: {err}"
-    if runtime.world_size > 1:
-        import torch.distributed as dist
-
-        shared = [refusal]
-        dist.broadcast_object_list(shared, src=0)
-        refusal = shared[0]
+    refusal = runtime.comm.broadcast_object(refusal)
     if refusal is not None:
         raise LeaseHeld(refusal)
     return lease if lease is not None else contextlib.nullcontext()
@@ -84,12 +82,8 @@ def _fit(job: TrainJob, files, valid_files, run_dir, runtime: LocalRuntime) -> T
         uri, run_id = None, None
         if job.init_from:  # a checkpoint that does not fit fails here, before the loop
             initial_weights(job)
-    if runtime.world_size > 1:  # rank 0's logger needs the run; the others get it too
-        import torch.distributed as dist
-
-        shared = [(uri, run_id)]
-        dist.broadcast_object_list(shared, src=0)
-        uri, run_id = shared[0]
+    # rank 0's logger needs the run; the others get it too
+    uri, run_id = runtime.comm.broadcast_object((uri, run_id))
     config = {"job": job, "run_dir": str(run_dir), "tracking_uri": uri, "run_id": run_id,
               "train_files": files, "valid_files": valid_files,
               "crash": CrashInjection.from_env()}

@@ -11,8 +11,16 @@ training with the largest budget that fits"), instead of an out-of-memory error 
 epoch, when a long batch first comes.
 
     worst = WorstStep.of_data(files_folder, max_positions)   # from the batches' manifest
-    check_fits(net, worst, precision, device, label_smoothing, extra_bytes)  # BudgetTooLarge
+    check_fits(net, worst, precision, device, label_smoothing, extra_bytes,  # BudgetTooLarge
+               static_shapes, max_positions)  # the padded steps, with static shapes
     agree_on_fit(comm, error)   # every rank raises if any rank's check failed (a collective)
+
+With static shapes (`TrainConfig.static_shapes`, and CUDA graphs over them) a step runs on its
+batch padded (`convs2s.train.collate.static_dims`: lengths rounded up, sentence counts up a
+ladder), and the masked loss computes every row, pad rows included: short sentences padded
+to the multiple take up to about 4.6 times the budget's token slots on each side at 3,000
+tokens (1,720 x 8 for 1,500 pairs of one piece and EOS). The probe
+then runs the largest padded steps the budget can give (`WorstStep.stepped_shapes`).
 
 Every rank of a world ends the same way: if one rank's GPU cannot hold the budget, all raise
 the same `BudgetTooLarge` (the others would otherwise wait in the first all-reduce for ever).
@@ -33,13 +41,17 @@ import numpy as np
 import torch
 
 from convs2s.config import EOS
-from convs2s.train.collate import Batch, collate_lists
+from convs2s.train.collate import Batch, collate_lists, pad_to, static_dims
 from convs2s.train.data import read_manifest
 
 # The share of what this process may use that the probed step may reach: the allocator's
 # fragmentation, cuBLAS workspaces and the varying shapes of real batches need the rest.
 HEADROOM = 0.92
 STEP = 500  # the largest fitting budget is reported to this many tokens
+# The shortest side a batch can have, EOS included: cleaning drops empty sentences
+# (preprocessing/cleaning.py), so every side holds a piece and EOS. Static shapes pad the
+# shortest the most (a length of 2 rounds up to 8).
+MIN_LENGTH = 2
 
 
 class BudgetTooLarge(ValueError):
@@ -78,6 +90,32 @@ class WorstStep:
         m = min(self.longest_src, self.longest_tgt, budget)
         return max(1, budget // m), m, m
 
+    def stepped_shapes(self, budget: int | None = None, static_shapes: int = 0,
+                       max_len: int | None = None) -> list[tuple[tuple, tuple]]:
+        """[(batch shape, shape stepped)] of the largest steps under `budget`, each shape
+        (sentences, S, T). Without static shapes: the one worst batch, stepped as it is. With
+        them (`static_shapes`: the multiple; `max_len`: the model's max_positions, as the
+        Trainer pads): each length L the budget allows gives its largest batch (budget // L
+        sentences, both sides as long as the data's longest allow), padded as training pads
+        it; a step's memory grows about linearly in its token slots n x (S + T) and its
+        attention n x S x T, so over these the most it takes is at a corner of their upper
+        hull in that plane: those corners (two or three, from the many short sentences to the
+        few long ones) are the steps returned."""
+        budget = budget or self.max_tokens
+        if not static_shapes:
+            return [(self.shape(budget),) * 2]
+        steps = {}
+        for length in range(MIN_LENGTH, max(MIN_LENGTH, min(
+                max(self.longest_src, self.longest_tgt), budget)) + 1):
+            n, s, t = budget // length, min(length, self.longest_src), \
+                min(length, self.longest_tgt)
+            padded = static_dims(n, s, t, budget, static_shapes, max_len)
+            sentences, src_len, tgt_len = padded
+            cost = (sentences * (src_len + tgt_len), sentences * src_len * tgt_len)
+            if cost not in steps:  # the first (shortest) batch to pad to it
+                steps[cost] = ((n, s, t), padded)
+        return [steps[c] for c in _upper_hull(list(steps))]
+
     @classmethod
     def of_data(cls, batches_folder, max_positions: int) -> WorstStep | None:
         """From the manifest preprocessing wrote beside the batches (`max_tokens`, `longest`);
@@ -90,15 +128,48 @@ class WorstStep:
                    min(int(longest["tgt"]), max_positions))
 
 
-def worst_batch(worst: WorstStep, src_vocab: int, tgt_vocab: int, budget: int | None = None,
-                seed: int = 0) -> Batch:
-    """A batch of the worst shape under `budget`: random pieces, every sentence full length."""
-    n, s, t = worst.shape(budget)
+def _upper_hull(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The corners of the upper-right hull of `points` (x, y >= 0), by ascending x: where the
+    largest a x + b y (a, b >= 0) can be."""
+    best_y, front = -1, []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):  # the points no other exceeds
+        if y > best_y:
+            front.append((x, y))
+            best_y = y
+    hull: list[tuple[int, int]] = []
+    for p in reversed(front):  # ascending x, descending y: keep the right turns only
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) >= 0:
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def probe_batches(worst: WorstStep, src_vocab: int, tgt_vocab: int, budget: int | None = None,
+                  static_shapes: int = 0, max_len: int | None = None,
+                  seed: int = 0) -> list[Batch]:
+    """The batches of `worst.stepped_shapes`: random pieces, every sentence full length, padded
+    as training pads them with static shapes (`pad_to`: appended sentences, the target rows a
+    mask, so the loss computes every row as the training step's does)."""
     rng = np.random.default_rng(seed)
-    src = rng.integers(4, src_vocab, size=(n, s))
-    tgt = rng.integers(4, tgt_vocab, size=(n, t))
-    src[:, -1] = tgt[:, -1] = EOS
-    return collate_lists(src.tolist(), tgt.tolist())
+    out = []
+    for (n, s, t), padded in worst.stepped_shapes(budget, static_shapes, max_len):
+        src = rng.integers(4, src_vocab, size=(n, s))
+        tgt = rng.integers(4, tgt_vocab, size=(n, t))
+        src[:, -1] = tgt[:, -1] = EOS
+        batch = collate_lists(src.tolist(), tgt.tolist())
+        out.append(pad_to(batch, *padded) if static_shapes else batch)
+    return out
+
+
+def describe_steps(worst: WorstStep, budget: int | None = None, static_shapes: int = 0,
+                   max_len: int | None = None) -> str:
+    """The probed steps in words, for the messages."""
+    steps = [f"{n:,} x {s} / {t}" for _, (n, s, t) in
+             worst.stepped_shapes(budget, static_shapes, max_len)]
+    words = " and ".join([", ".join(steps[:-1]), steps[-1]] if len(steps) > 1 else steps)
+    return words + " sentences x source / target pieces" + (
+        f", padded to static shapes of {static_shapes}" if static_shapes else "")
 
 
 def probe_peak(net: torch.nn.Module, batch: Batch, autocast, device: torch.device,
@@ -150,18 +221,22 @@ def graph_shapes_that_fit(peak: int, param_bytes: int, extra_bytes: int, usable:
     """How many step shapes CUDA graphs may capture (convs2s.train.graphs, at most `cap`, at
     least 1): each capture keeps about what the worst step holds beyond the weights (its
     saved activations and a gradient of every parameter), beside the run's `peak` (weights
-    included) and the update's `extra_bytes`, within `usable`."""
+    included) and the update's `extra_bytes`, within `usable`. `peak`: `check_fits`'s with the
+    run's static shapes, i.e. of the largest padded step, the most a capture can keep."""
     per_capture = max(peak - param_bytes, 1)
     room = usable - peak - extra_bytes
     return max(1, min(cap, 1 + int(room // per_capture)))
 
 
 def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smoothing: float,
-               extra_bytes: int = 0) -> int | None:
-    """Run the data's worst step once on `device` (a GPU; the CPU is not checked: None) and
-    return its peak bytes; raise `BudgetTooLarge`, naming the largest budget that fits, when it
-    runs out of memory or its peak plus `extra_bytes` (what an update adds) is over
-    HEADROOM of what this process may use."""
+               extra_bytes: int = 0, static_shapes: int = 0,
+               max_len: int | None = None) -> int | None:
+    """Run the data's worst steps once on `device` (a GPU; the CPU is not checked: None) and
+    return their peak bytes; raise `BudgetTooLarge`, naming the largest budget that fits, when
+    one runs out of memory or its peak plus `extra_bytes` (what an update adds) is over
+    HEADROOM of what this process may use. `static_shapes`, `max_len`: the run's padding
+    (`TrainConfig.static_shapes`, the model's max_positions), whose padded steps are the
+    worst (`WorstStep.stepped_shapes`)."""
     if device.type != "cuda":
         return None
     usable, total = usable_bytes(device)
@@ -170,9 +245,11 @@ def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smo
     net.train()  # dropout masks are part of what backward keeps
 
     def peak_at(budget: int | None) -> int | None:
-        batch = worst_batch(worst, net.src_vocab_size, net.tgt_vocab_size, budget)
+        batches = probe_batches(worst, net.src_vocab_size, net.tgt_vocab_size, budget,
+                                static_shapes, max_len)
         try:
-            return probe_peak(net, batch, autocast, device, label_smoothing)
+            return max(probe_peak(net, batch, autocast, device, label_smoothing)
+                       for batch in batches)
         except torch.cuda.OutOfMemoryError:
             pass
         except RuntimeError as err:  # a library's own allocation failing (cuBLAS, cuDNN)
@@ -189,9 +266,8 @@ def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smo
                                p + extra_bytes <= usable, worst.max_tokens)
     finally:
         net.train(was_training)
-    n, s, t = worst.shape()
     need = "ran out of memory" if peak is None else \
-        f"needs {(peak + extra_bytes) / 2**30:.1f} GiB"
+        f"need {(peak + extra_bytes) / 2**30:.1f} GiB"
     name = torch.cuda.get_device_name(device)
     fix = (f"the largest budget that fits is {best:,} tokens: cut the batches again with "
            f"--set data.max_tokens={best} (a workflow) or --max-tokens {best} (python -m "
@@ -201,6 +277,6 @@ def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smo
     raise BudgetTooLarge(
         f"the data's token budget ({worst.max_tokens:,} tokens a batch) does not fit on "
         f"{name} ({total / 2**30:.0f} GiB, {usable / 2**30:.1f} GiB usable by this process): "
-        f"its largest batch, {n} sentences of {s} source and {t} target pieces, {need} "
+        f"its largest steps ({describe_steps(worst, None, static_shapes, max_len)}) {need} "
         f"(forward, loss and backward in {precision.name}, plus "
         f"{extra_bytes / 2**30:.1f} GiB an update adds); {fix}")

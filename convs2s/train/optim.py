@@ -53,6 +53,21 @@ def build_optimizer(params: Iterable[torch.nn.Parameter],
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
+# How a group's step runs, chosen for where its parameters live (`build_optimizer`), not a
+# training setting: `load_state_dict` would otherwise restore the saving run's choice (a GPU
+# run resumed from a CPU-written checkpoint lost its fused step; a CPU run got fused=True).
+IMPLEMENTATION_KEYS = ("fused", "foreach")
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """`optimizer.load_state_dict(state)` (lr, momentum buffers, ...), keeping the fused /
+    foreach choice `build_optimizer` made for this run's device."""
+    chosen = [{k: g[k] for k in IMPLEMENTATION_KEYS if k in g} for g in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keep in zip(optimizer.param_groups, chosen):
+        group.update(keep)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from convs2s.io.checkpoint import META_FILE, list_checkpoints
+from convs2s.io.checkpoint import META_FILE, CheckpointError, list_checkpoints, load_checkpoint
+from convs2s.train.comm import Comm
 from storage import location, publish_dir, remove_tree
 
 
@@ -81,6 +82,31 @@ class RayRuntime:
         self._train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name)
 
 
+def load_agreed(path, comm: Comm) -> dict | None:
+    """The checkpoint at `path` (the one every rank was handed; None: a fresh start) loaded on
+    every rank, or a CheckpointError on every rank when any could not read it (a collective:
+    the others would otherwise train on, to wait for it in their first all-reduce). A single
+    process raises `load_checkpoint`'s own error."""
+    if comm.world_size == 1:
+        return None if path is None else load_checkpoint(path)
+    state, error = None, None
+    if path is not None:
+        try:
+            state = load_checkpoint(path)
+        except Exception as err:  # noqa: BLE001 - said on every rank, below
+            error = (str(path), f"{type(err).__name__}: {err}")
+    failed = [(rank, e) for rank, e in enumerate(comm.gather_objects(error)) if e is not None]
+    if failed:  # (the first failing rank's words on every rank: one message)
+        rank, (where, first) = failed[0]
+        some = len(failed) < comm.world_size  # others could: the folder is not shared
+        raise CheckpointError(
+            f"rank(s) {', '.join(str(r) for r, _ in failed)} of {comm.world_size} could not "
+            f"read the checkpoint to resume from, {where} (rank {rank}: {first})" + (
+                "; every rank resumes from the one rank 0 chose: give all of them the run "
+                "folder (shared storage or a bucket)" if some else ""))
+    return state
+
+
 def rank_device(device: str | torch.device | None, local_rank: int) -> torch.device:
     """The device of the rank with `local_rank` on its machine: its GPU when `device` is None
     and one is visible (else the CPU); a bare "cuda" (`--device cuda`) gets the rank's index,
@@ -125,8 +151,18 @@ class LocalRuntime:
                         f"no CUDA GPU is visible here (torch {torch.__version__}); leave "
                         "--device out to train on the CPU"))
             torch.cuda.set_device(self.device)
-        if self.world_size > 1 and not dist.is_initialized():
+        self._owns_group = self.world_size > 1 and not dist.is_initialized()
+        if self._owns_group:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        # the world's host-side agreements (the checkpoint to resume from, the barrier of a
+        # report) over gloo: no NCCL collective waits on rank 0's storage
+        self.comm = Comm.create()
+
+    def close(self) -> None:
+        """End the process group this runtime started (torchrun's ranks), if it did."""
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
 
     def cpu_threads(self, job) -> int:
         """The CPUs this process may use, shared by the ranks on this machine."""
@@ -146,7 +182,19 @@ class LocalRuntime:
 
     @contextlib.contextmanager
     def latest_checkpoint(self) -> Iterator[str | None]:
-        yield latest_kept(self.run_dir)
+        """Rank 0's latest complete checkpoint, the same on every rank (as Ray Train hands
+        every worker its one choice): each rank listing `run_dir` itself could resume from
+        another one, or from none, where that folder is each node's own."""
+        chosen, error = None, None
+        if self.rank == 0:
+            try:
+                chosen = latest_kept(self.run_dir)
+            except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
+                error = f"{self.run_dir}: its checkpoints could not be listed: {err}"
+        chosen, error = self.comm.broadcast_object((chosen, error))
+        if error is not None:
+            raise CheckpointError(error)
+        yield chosen
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None) -> None:
         if folder is not None and name:
@@ -159,5 +207,4 @@ class LocalRuntime:
             kept = [c for c in kept if c not in superseded]
             for old in superseded + kept[:-self.keep_last]:
                 remove_tree(old.path)
-        if self.world_size > 1:
-            dist.barrier()  # as Ray Train's report: no rank runs ahead of a checkpoint
+        self.comm.barrier()  # as Ray Train's report: no rank runs ahead of a checkpoint

@@ -62,10 +62,10 @@ from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.config import ModelConfig
 from storage import location, publish_dir
 from convs2s.model.network import ConvS2S
-from convs2s.train.optim import LRSchedule, build_optimizer, set_lr
+from convs2s.train.optim import LRSchedule, build_optimizer, load_optimizer_state, set_lr
 from convs2s.precision import world_precision
 from convs2s.train.memory_fit import (BudgetTooLarge, WorstStep, agree_on_fit, check_fits,
-                                      graph_shapes_that_fit, usable_bytes)
+                                      describe_steps, graph_shapes_that_fit, usable_bytes)
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
@@ -75,6 +75,7 @@ from convs2s.train.ddp import compress_gradients, ddp_kwargs
 from convs2s.train.data import TrainFiles, read_file, read_manifest, read_rows, resumed_rows
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
+from convs2s.train.runtime import load_agreed
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
 
@@ -279,17 +280,17 @@ class Trainer:
             extra = param_bytes * (state + int(self.cfg.update_freq > 1))
             try:
                 peak = check_fits(self.net, worst, self.precision, self.device,
-                                  self.cfg.label_smoothing, extra)
+                                  self.cfg.label_smoothing, extra, self.cfg.static_shapes,
+                                  self.net.max_positions)  # padded as `_static` pads
             except BudgetTooLarge as err:
                 error = err
         # every rank, every path (a rank that skipped it would pair its next collective with
         # this one): all stop if one cannot hold the budget
         agree_on_fit(self.comm, error)
         if self.rank == 0 and peak is not None:
-            n, s, t = worst.shape()
-            _say(f"[convs2s.train] GPU memory: the data's largest step ({n} x {s} source / "
-                 f"{t} target pieces) peaks at {peak / 2**30:.1f} GiB "
-                 f"(+{extra / 2**30:.1f} GiB for the update)")
+            steps = describe_steps(worst, None, self.cfg.static_shapes, self.net.max_positions)
+            _say(f"[convs2s.train] GPU memory: the data's largest steps ({steps}) peak at "
+                 f"{peak / 2**30:.1f} GiB (+{extra / 2**30:.1f} GiB for the update)")
         if peak is not None and hasattr(self.model, "max_shapes"):  # CUDA graphs: one rank
             cap = self.model.max_shapes
             self.model.max_shapes = graph_shapes_that_fit(
@@ -318,8 +319,8 @@ class Trainer:
 
     def _load_latest(self) -> Progress:
         cfg, rank, world = self.cfg, self.rank, self.world
-        with self.runtime.latest_checkpoint() as d:
-            state = None if d is None else load_checkpoint(d)
+        with self.runtime.latest_checkpoint() as d:  # the same choice on every rank
+            state = load_agreed(d, self.comm)  # read by every rank, or all stop
         if state is None:
             if self.job.init_from:  # fine-tuning: a trained (or imported) model's weights
                 self.net.load_state_dict(initial_weights(self.job))
@@ -329,7 +330,7 @@ class Trainer:
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
             set_dropout(self.net, self.dropout_choice["dropout"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])  # this device's fused step
         self.schedule.load_state_dict(state["scheduler"])
         # The interrupted epoch continues with exactly its untrained rows (train_data); on
         # another number of workers its progress counts the same share of the epoch.
@@ -411,13 +412,21 @@ class Trainer:
         if self.logger is None:
             return
         update = self.progress.update
-        self.logger.log_metrics({**metrics, "train/epoch": epoch,
+        graphs = {}
+        if hasattr(self.model, "eager_steps"):  # CUDA graphs on: shapes past the cap run eagerly
+            graphs = {"train/graph_shapes": self.model.captured_shapes,
+                      "train/graph_eager_steps": self.model.eager_steps}
+        self.logger.log_metrics({**metrics, **graphs, "train/epoch": epoch,
                                  "train/seconds": self.seconds}, update)
         eta = (self.updates_per_epoch - (update - updates_at_start)) \
             / max(metrics["train/updates_per_s"], 1e-9)
         if time.monotonic() - self._last_line >= CONSOLE_SECONDS:
             self._last_line = time.monotonic()
-            _say(f"[convs2s.train] {progress_line(epoch, update, metrics, eta)}")
+            line = progress_line(epoch, update, metrics, eta)
+            if graphs:
+                line += (f" | graphs {graphs['train/graph_shapes']} shapes, "
+                         f"{graphs['train/graph_eager_steps']} eager steps")
+            _say(f"[convs2s.train] {line}")
 
     def validate(self) -> tuple[float, float, int]:
         """(loss sum, nll sum, target tokens) of the validation set, summed over all ranks (a
