@@ -68,7 +68,7 @@ from convs2s.train.comm import Comm
 from convs2s.model.loss import compile_loss_chunks, compiled_chunk_devices
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 
-DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §5.1)
+DEFAULT_VOCAB = {"iwslt_de_en": 8000, "tiny": 1000, "small": 1000}  # others: 40k (paper §4.1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -33,7 +33,7 @@ class Batch:
     prev_output_tokens: torch.Tensor  # B x T int64: [EOS] + target[:-1], then PAD
     target: torch.Tensor  # B x T int64, PAD where there is no token
     ids: np.ndarray  # B int64 sentence ids (for error messages and tests)
-    ntokens: int  # non-pad target tokens: the loss normalizer (paper §3.4 / reference)
+    ntokens: int  # non-pad target tokens: the loss normalizer (paper §4.2 / reference)
     src_ntokens: int  # non-pad source tokens
     # ntokens int64: flat (B*T) indices of the non-pad target tokens, found on the host so the
     # fused loss never waits for the device to find them (convs2s.model.loss); or, padded to a

@@ -1,4 +1,4 @@
-"""Optimizer, learning-rate schedules and gradient renormalization of the paper (§4).
+"""Optimizer, learning-rate schedules and gradient renormalization of the paper (§4.2).
 
     optimizer = build_optimizer(model.parameters(), cfg)     # Nesterov SGD, momentum 0.99
     schedule = LRSchedule(cfg)
@@ -10,7 +10,7 @@
         if schedule.should_stop(): break                     # lr fell below min_lr
 
 Schedules (TrainConfig.lr_schedule):
-- "plateau" (paper §4): divide the lr by 10 after every epoch whose validation perplexity did
+- "plateau" (paper §4.2): divide the lr by 10 after every epoch whose validation perplexity did
   not improve on the best so far (perplexity = exp(loss), so comparing losses is the same).
 - "fixed" (reference recipe): the lr stays fixed, then from epoch `anneal_from_epoch` on it is
   multiplied by `lr_shrink` once per epoch: lr_e = lr * shrink^(e + 1 - anneal_from_epoch).
@@ -74,7 +74,7 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 def clip_gradients(params: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Renormalize gradients to norm `max_norm` when larger (paper §4: 0.1); returns the norm
+    """Renormalize gradients to norm `max_norm` when larger (paper §4.2: 0.1); returns the norm
     before clipping as a 0-d tensor (no host sync; read it only when logging)."""
     params = [p for p in params if p.grad is not None]
     if max_norm > 0:

@@ -6,7 +6,7 @@ its summed loss by world_size / N_total; DDP then averages the gradients over th
 
     grad = sum over all ranks and micro-batches of d(loss_sum) / N_total,
 
-exactly the single-process update on the union of the batches (paper §3.4/§4: gradients
+exactly the single-process update on the union of the batches (paper §4.2: gradients
 normalized by the number of non-padding target tokens, multi-GPU gradients summed). Only the
 last micro-batch synchronizes gradients (DDP `no_sync` for the others).
 
