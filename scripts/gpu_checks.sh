@@ -100,6 +100,15 @@ if [[ -n "${LOOP_DATA:-}" ]]; then
   step "loop 200 updates, cuda graphs" 120 $PY -m convs2s train "${loop[@]}" \
     --run-name gpu_graphs --max-updates 200 --set static_shapes=8 --set cuda_graphs=true
   cp "$run_root/gpu_graphs/metrics.jsonl" "$out/loop_graphs_metrics.jsonl" 2>/dev/null
+  # the graphed loop said how many shapes it captured and how many steps ran eagerly
+  step "loop cuda graphs logged" 10 $PY -c '
+import json, sys
+rows = [json.loads(l)["metrics"] for l in open(sys.argv[1]) if l.strip()]
+graphs = [m for m in rows if "train/graph_shapes" in m]
+assert graphs, "no train/graph_shapes in the graphed loop'"'"'s metrics"
+last = graphs[-1]
+print("graph shapes", last["train/graph_shapes"], "eager steps", last["train/graph_eager_steps"])
+assert last["train/graph_shapes"] >= 1' "$out/loop_graphs_metrics.jsonl"
   rm -rf "$run_root"
 fi
 

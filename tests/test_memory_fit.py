@@ -32,15 +32,17 @@ def test_the_worst_batch_fills_the_budget_on_both_sides_with_the_longest_it_can(
     assert worst.shape(1000) == (8, 120, 120) and worst.shape(100) == (1, 100, 100)
 
 
-def test_with_static_shapes_the_probe_steps_the_largest_padded_batches():
+@pytest.mark.parametrize("max_sentences", [None, 9])
+def test_with_static_shapes_the_probe_steps_the_largest_padded_batches(max_sentences):
     """Training pads each batch to a static shape and its masked loss computes every row, so
     the probe runs padded batches: the largest in token slots and in attention of every
-    shape the budget allows, found here by padding each allowed batch as training does."""
-    worst = WorstStep(max_tokens=120, longest_src=20, longest_tgt=26)
+    shape the budget allows (with at most the batches' cap of pairs, preprocessing's
+    max_sentences), found here by padding each allowed batch as training does."""
+    worst = WorstStep(max_tokens=120, longest_src=20, longest_tgt=26, max_sentences=max_sentences)
     stepped = set()  # (sentences, S, T) of every batch of the budget, padded
     for s in range(MIN_LENGTH, 21):
         for t in range(MIN_LENGTH, 27):
-            for n in range(1, 120 // max(s, t) + 1):
+            for n in range(1, min(120 // max(s, t), max_sentences or 120) + 1):
                 batch = collate_lists([[5] * (s - 1) + [EOS]] * n, [[6] * (t - 1) + [EOS]] * n)
                 stepped.add(static_shape(batch, 120, multiple=8, max_len=24))
 
@@ -75,6 +77,12 @@ def test_the_worst_step_comes_from_the_manifest_preprocessing_wrote(tmp_path):
     (folder / "manifest.json").write_text(json.dumps(
         {"max_tokens": 4000, "longest": {"src": 300, "tgt": 90}}))
     assert WorstStep.of_data(folder, max_positions=256) == WorstStep(4000, 256, 90)
+    (folder / "manifest.json").write_text(json.dumps(
+        {"max_tokens": 4000, "max_sentences": 64, "longest": {"src": 300, "tgt": 90}}))
+    worst = WorstStep.of_data(folder, max_positions=256)
+    assert worst == WorstStep(4000, 256, 90, max_sentences=64)
+    assert worst.shape(4000) == (44, 90, 90) and WorstStep(4000, 50, 50, 64).shape() == \
+        (64, 50, 50)  # a batch never holds more pairs than the cap
 
 
 def test_the_largest_fitting_budget_is_found_by_bisection():

@@ -78,6 +78,21 @@ def test_a_run_key_with_quotes_or_backslashes_finds_its_run_again(sqlite_uri, ke
     assert find_or_create_run(sqlite_uri, "exp", run_key=key + "2", run_name="r") != first
 
 
+def test_a_run_re_keyed_by_its_tags_is_found_by_its_new_key_only(sqlite_uri):
+    """Re-keying a run (a replaced run moved aside, workflows.run_state) sets every tag that
+    keys it: by the old key a new run starts, by the new key the moved one is found, also
+    for a key found by its digest (both quotes)."""
+    from convs2s.tracking.runs import run_key_tags
+
+    old, new = "/runs/b'o\"th/train", "/runs/b'o\"th/replaced-1/train"
+    moved = find_or_create_run(sqlite_uri, "exp", run_key=old, run_name="r")
+    client = MlflowClient(sqlite_uri)
+    for tag, value in run_key_tags(new).items():
+        client.set_tag(moved, tag, value)
+    assert find_or_create_run(sqlite_uri, "exp", run_key=new, run_name="r") == moved
+    assert find_or_create_run(sqlite_uri, "exp", run_key=old, run_name="r") != moved
+
+
 def test_params_flatten_and_keep_their_first_value(sqlite_uri, caplog):
     run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
     params = flatten_params({"model": {"embed_dim": 32, "layers": [[32, 3]]}, "seed": 1})

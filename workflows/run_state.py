@@ -205,7 +205,7 @@ def set_aside(ctx: StageContext, why: str) -> Path:
 
 def _rekey_runs(tree: RunTree, aside: Path, why: str) -> None:
     from convs2s.tracking.runs import (RUN_KEY_TAG, bounded_http, mlflow_client, run_key,
-                                       warn_unreachable)
+                                       run_key_tags, warn_unreachable)
 
     try:
         with bounded_http():
@@ -218,7 +218,8 @@ def _rekey_runs(tree: RunTree, aside: Path, why: str) -> None:
                 key = r.data.tags.get(RUN_KEY_TAG, "")
                 rel = key[len(root) + 1:] if key.startswith(root + "/") else ""
                 if rel.split("/")[0] in ("eval",) or rel == "train" or rel.startswith("train_"):
-                    client.set_tag(r.info.run_id, RUN_KEY_TAG, run_key(aside / rel))
+                    for tag, value in run_key_tags(run_key(aside / rel)).items():
+                        client.set_tag(r.info.run_id, tag, value)  # (the digest too)
                     client.set_tag(r.info.run_id, "mlflow.runName",
                                    f"{r.info.run_name} (replaced)")
                     client.set_tag(r.info.run_id, "convs2s.replaced", why[:5000])

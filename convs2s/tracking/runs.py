@@ -138,15 +138,20 @@ def mlflow_client(uri: str):
 
 
 class _RedactCredentials(logging.Filter):
-    """A log record's text with every `scheme://user:password@` redacted (`redact_text`)."""
+    """A log record's text and traceback with every `scheme://user:password@` redacted
+    (`redact_text`); a record with none is left exactly as it is."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format is the handler's to report, as always
             return True
-        if "@" in text:
-            record.msg, record.args = redact_text(text), ()
+        if "@" in text and (hidden := redact_text(text)) != text:
+            record.msg, record.args = hidden, ()
+        if record.exc_info and not record.exc_text:  # (the text formatters cache and print)
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text and "@" in record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
         return True
 
 
@@ -284,6 +289,11 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def run_key_tags(key: str) -> dict[str, str]:
+    """The tags that key a run (`run_key_filter` finds it by them)."""
+    return {RUN_KEY_TAG: key, RUN_KEY_DIGEST_TAG: _digest(key)}
+
+
 def run_key_filter(key: str) -> str:
     """The filter string of the run keyed `key` (by its digest where no literal says it)."""
     literal = filter_literal(key)
@@ -302,8 +312,7 @@ def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: s
             exp_id = get_or_create_experiment(uri, experiment_name)
             found = client.search_runs([exp_id], filter_string=run_key_filter(run_key),
                                        max_results=1)
-            all_tags = {RUN_KEY_TAG: run_key, RUN_KEY_DIGEST_TAG: _digest(run_key),
-                        **(tags or {})}
+            all_tags = {**run_key_tags(run_key), **(tags or {})}
             if parent_run_id:
                 all_tags[PARENT_TAG] = parent_run_id
             if found:

@@ -40,14 +40,16 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
-    try:
-        check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
-        # One command per run folder (storage.lease): a second one on the same --run-name
-        # resumed from the same checkpoint, and each one's keep_last deleted the other's.
-        with _run_lease(run_dir, runtime, job):
-            return _fit(job, files, valid_files, run_dir, runtime)
-    finally:  # the process group it started (torchrun): its resources, and no exit warning
-        runtime.close()
+    check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
+    # One command per run folder (storage.lease): a second one on the same --run-name
+    # resumed from the same checkpoint, and each one's keep_last deleted the other's.
+    with _run_lease(run_dir, runtime, job):
+        result = _fit(job, files, valid_files, run_dir, runtime)
+    # The process group it started (torchrun): its resources, and no exit warning. Only after
+    # success: destroying it is a collective shutdown, and a rank that failed alone would wait
+    # there for peers that wait for it, instead of exiting so that torchrun stops them.
+    runtime.close()
+    return result
 
 
 def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):

@@ -82,13 +82,18 @@ class WorstStep:
     max_tokens: int
     longest_src: int  # pieces, EOS included
     longest_tgt: int
+    max_sentences: int | None = None  # the batches' cap on pairs (preprocessing's), if any
 
     def shape(self, budget: int | None = None) -> tuple[int, int, int]:
         """(sentences, S, T) of the worst batch under `budget` (default: the data's own;
         sentences longer than a smaller budget would not be in its batches at all)."""
         budget = budget or self.max_tokens
         m = min(self.longest_src, self.longest_tgt, budget)
-        return max(1, budget // m), m, m
+        return max(1, self._most(budget // m)), m, m
+
+    def _most(self, n: int) -> int:
+        """`n` pairs, or the batches' cap where that is fewer (a batch never holds more)."""
+        return min(n, self.max_sentences) if self.max_sentences else n
 
     def stepped_shapes(self, budget: int | None = None, static_shapes: int = 0,
                        max_len: int | None = None) -> list[tuple[tuple, tuple]]:
@@ -107,7 +112,7 @@ class WorstStep:
         steps = {}
         for length in range(MIN_LENGTH, max(MIN_LENGTH, min(
                 max(self.longest_src, self.longest_tgt), budget)) + 1):
-            n, s, t = budget // length, min(length, self.longest_src), \
+            n, s, t = max(1, self._most(budget // length)), min(length, self.longest_src), \
                 min(length, self.longest_tgt)
             padded = static_dims(n, s, t, budget, static_shapes, max_len)
             sentences, src_len, tgt_len = padded
@@ -118,14 +123,16 @@ class WorstStep:
 
     @classmethod
     def of_data(cls, batches_folder, max_positions: int) -> WorstStep | None:
-        """From the manifest preprocessing wrote beside the batches (`max_tokens`, `longest`);
+        """From the manifest preprocessing wrote beside the batches (`max_tokens`, `longest`,
+        `max_sentences`);
         None when it does not say (batches cut before the longest sentence was recorded)."""
         manifest = read_manifest(batches_folder)
         longest = manifest.get("longest") or {}
         if not manifest.get("max_tokens") or not longest.get("src") or not longest.get("tgt"):
             return None
+        cap = manifest.get("max_sentences")
         return cls(int(manifest["max_tokens"]), min(int(longest["src"]), max_positions),
-                   min(int(longest["tgt"]), max_positions))
+                   min(int(longest["tgt"]), max_positions), int(cap) if cap else None)
 
 
 def _upper_hull(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
