@@ -19,8 +19,9 @@ With static shapes (`TrainConfig.static_shapes`, and CUDA graphs over them) a st
 batch padded (`convs2s.train.collate.static_dims`: lengths rounded up, sentence counts up a
 ladder), and the masked loss computes every row, pad rows included: short sentences padded
 to the multiple take up to about 4.6 times the budget's token slots on each side at 3,000
-tokens (1,720 x 8 for 1,500 pairs of one piece and EOS). The probe
-then runs the largest padded steps the budget can give (`WorstStep.stepped_shapes`).
+tokens (1,720 x 8 for 1,500 pairs of one piece and EOS; 1,101 x 8, 2.9 times, under
+preprocessing's default cap of 1,024 pairs a batch). The probe then runs the largest padded
+steps the budget can give (`WorstStep.stepped_shapes`).
 
 Every rank of a world ends the same way: if one rank's GPU cannot hold the budget, all raise
 the same `BudgetTooLarge` (the others would otherwise wait in the first all-reduce for ever).
@@ -101,7 +102,8 @@ class WorstStep:
         (sentences, S, T). Without static shapes: the one worst batch, stepped as it is. With
         them (`static_shapes`: the multiple; `max_len`: the model's max_positions, as the
         Trainer pads): each length L the budget allows gives its largest batch (budget // L
-        sentences, both sides as long as the data's longest allow), padded as training pads
+        sentences, at most `max_sentences`; both sides as long as the data's longest allow),
+        padded as training pads
         it; a step's memory grows about linearly in its token slots n x (S + T) and its
         attention n x S x T, so over these the most it takes is at a corner of their upper
         hull in that plane: those corners (two or three, from the many short sentences to the
