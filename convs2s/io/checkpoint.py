@@ -230,7 +230,10 @@ class CheckpointInfo:
 
 
 def read_info(path: str | os.PathLike) -> CheckpointInfo:
-    meta = json.loads((location(path) / META_FILE).read_text())
+    return _info(path, json.loads((location(path) / META_FILE).read_text()))
+
+
+def _info(path, meta: dict) -> CheckpointInfo:
     return CheckpointInfo(str(path), meta["epoch"], meta["update"], meta["val_loss"],
                           meta["end_of_epoch"])
 
@@ -260,8 +263,7 @@ def _whole(d) -> CheckpointInfo | None:
         size = file.info().size if is_uri(file) else Path(file).stat().st_size
         if size != want:
             return None
-    return CheckpointInfo(str(d), meta["epoch"], meta["update"], meta["val_loss"],
-                          meta["end_of_epoch"])
+    return _info(d, meta)
 
 
 def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,

@@ -156,6 +156,7 @@ class _RedactCredentials(logging.Filter):
 
 
 _REDACT = _RedactCredentials()
+_REDACTED_AT: tuple = ()  # the counts of loggers and handlers when last filtered
 
 
 def redact_mlflow_logs() -> None:
@@ -164,11 +165,17 @@ def redact_mlflow_logs() -> None:
     system-metrics monitor when the server goes away). A filter on a logger does not reach its
     children's records, so it goes on every `mlflow` logger made so far and on the handlers of
     `mlflow` and the root (where the records of loggers made later end up); idempotent."""
+    global _REDACTED_AT
+    now = (len(logging.Logger.manager.loggerDict), len(logging.getLogger("mlflow").handlers),
+           len(logging.getLogger().handlers))
+    if now == _REDACTED_AT:  # no logger or handler made since the last call (one per client)
+        return
     loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
                if name == "mlflow" or name.startswith("mlflow.")]
     for target in [*loggers, *logging.getLogger("mlflow").handlers, *logging.getLogger().handlers]:
         if _REDACT not in target.filters:
             target.addFilter(_REDACT)
+    _REDACTED_AT = now
 
 
 # MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends, the URI's user and
