@@ -550,7 +550,7 @@ def test_a_compiled_update_with_dropout_is_still_one_graph(compile_state):
                            target=batch.target, label_smoothing=0.1,
                            target_rows=batch.target_rows)
         loss.backward()
-        losses.append(float(loss))
+        losses.append(loss.item())
         grads.append(torch.cat([p.grad.flatten() for p in net.parameters()
                                 if p.grad is not None]))
     assert losses[0] != losses[1]  # fresh masks each call
