@@ -2,14 +2,18 @@
 
 The first command to use a run folder writes `<folder>/.lease.json` with an exclusive create
 (O_CREAT | O_EXCL on a POSIX path; a conditional PUT, `If-None-Match: *`, on S3) naming its
-owner (host, pid, a random id, the command) and an expiry; a heartbeat thread renews it every
-`heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag). A second command
-finds the lease and stops with one line naming the holder (`LeaseHeld`); a command whose lease
-was taken while it ran fails as its `with` block ends (`LeaseLost`). A lease whose holder
-is gone is taken over, and the taker says so: the same host and a pid that no longer runs, or
-an expiry in the past (its heartbeat stopped more than `ttl_s` ago; hosts' clocks are assumed
-to agree within a few seconds). Taking over is itself exclusive: the stale lease is renamed
-away (POSIX) or overwritten with `If-Match` its ETag (S3), so of two takers one wins.
+owner (host, boot id, pid, a random id, the command) and an expiry; a heartbeat thread renews
+it every `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag). A second
+command finds the lease and stops with one line naming the holder (`LeaseHeld`); a command
+whose lease was taken while it ran fails as its `with` block ends (`LeaseLost`), and so does
+one that finds at its end that the lease is no longer its own. A lease whose holder is gone is
+taken over, and the taker says so: the same machine (boot id, host name, pid namespace) and a
+pid that no longer runs, or an expiry in the past (its heartbeat stopped more than `ttl_s` ago;
+hosts' clocks are assumed to agree within a few seconds). Taking over is itself exclusive: the
+stale lease is renamed away (POSIX) or overwritten with `If-Match` its ETag (S3), so of two
+takers one wins. A renewal and a release change the lease only if it is still this command's:
+on a POSIX path the lease is renamed aside and looked at there (put back when it is another's),
+on S3 the PUT or DELETE carries `If-Match` its ETag.
 
     with RunLease(run_dir, command="wmt14_en_fr smoke") as lease:
         ...                                   # lease.taken_over: the message, or None
@@ -51,9 +55,28 @@ def pid_namespace() -> str | None:
         return None
 
 
-def pids_comparable(owner: dict) -> bool:
+def machine_id() -> str | None:
+    """This machine's boot id (Linux: new at each boot, the same in all its containers), None
+    where there is none. Host names repeat across machines (EC2's default ip-10-0-1-23 in two
+    VPCs), and every bare host's pid namespace is the same fixed one, so neither tells whether
+    a pid can be looked up here."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def pids_comparable(owner: dict, legacy: bool = True) -> bool:
     """Whether `owner`'s pid (a lease's, a stage's writer's) can be looked up here: the same
-    host name and the same pid namespace (a record without one: the host name alone)."""
+    machine (boot id), host name and pid namespace. A record without a boot id (written before
+    one was recorded): where `legacy`, the host name and pid namespace alone (a record without
+    either: the host name alone); else not comparable. Where this machine has no boot id, none
+    is (such a holder is judged by its expiry)."""
+    if "boot" in owner:
+        if owner["boot"] is None or owner["boot"] != machine_id():
+            return False
+    elif not legacy:
+        return False
     return owner.get("host") == socket.gethostname() and \
         owner.get("pidns", pid_namespace()) == pid_namespace()
 
@@ -78,10 +101,14 @@ class RunLease:
         self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
         self.elsewhere = elsewhere  # the refusal's way to another folder
         self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
-                      "pidns": pid_namespace(),
+                      "boot": machine_id(), "pidns": pid_namespace(),
                       "id": uuid.uuid4().hex[:12], "command": command}
         self.taken_over: str | None = None
-        self.lost = False  # set when a renewal finds the lease no longer ours
+        self.lost = False  # set when a renewal or the release finds the lease no longer ours
+        self._released = False
+        # A renewal and the release, one at a time: a release never races its own heartbeat
+        # (each would take the other's rename for a takeover)
+        self._lock = threading.Lock()
         self._etag: str | None = None
         self._seen_etag: str | None = None
         self._stop = threading.Event()
@@ -96,7 +123,7 @@ class RunLease:
 
     def _stale(self, held: dict) -> str | None:
         """Why a held lease is stale (its holder gone), or None (live)."""
-        if pids_comparable(held) and isinstance(held.get("pid"), int) \
+        if pids_comparable(held, legacy=False) and isinstance(held.get("pid"), int) \
                 and held["pid"] != os.getpid() and _pid_gone(held["pid"]):
             return f"its holder (pid {held['pid']} on this host) is gone"
         if float(held.get("expires", 0)) < time.time():
@@ -141,20 +168,30 @@ class RunLease:
                         "taking it); try again")
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-        if self.lost:
+        """Stop the heartbeat and delete the lease if it is still this command's; `lost` is
+        set when it is not (another command took it over, and may have released it since)."""
+        if self._released or self._thread is None:  # (released already, or never held)
             return
-        held = self._read()
-        if held and held.get("id") == self.owner["id"]:
-            self.path.unlink(missing_ok=True)
+        self._released = True
+        self._stop.set()
+        with self._lock:  # (a renewal under way ends first; its verdict counts)
+            if not self.lost and not self._remove():
+                self.lost = True
+                log.warning("the lease of %s was no longer this command's as it ended (another "
+                            "command took it over)", self.folder)
+        self._thread.join(5)
 
     def __enter__(self) -> RunLease:
         return self if self._thread is not None else self.acquire()  # (acquired already)
 
     def __exit__(self, exc_type, *exc) -> None:
-        self.release()
+        if exc_type is None:
+            self.release()
+        else:
+            try:
+                self.release()
+            except Exception as err:  # noqa: BLE001 - never in place of the error under way
+                log.warning("releasing the lease of %s failed (%s)", self.folder, err)
         if self.lost and exc_type is None:  # (an error already on its way says more)
             raise LeaseLost(
                 f"{self.folder}: this command lost its lease while it ran (another command took "
@@ -164,17 +201,20 @@ class RunLease:
     def _start_heartbeat(self) -> None:
         def beat():
             while not self._stop.wait(self.heartbeat_s):
-                try:
-                    ours = self._renew()
-                except OSError as err:  # a local store's error: as a network one on S3
-                    ours = time.monotonic() - self._renewed <= self.ttl_s
-                    log.warning("renewing the lease of %s failed (%s)%s", self.folder, err,
-                                "; retrying" if ours else "")
-                if not ours and not self._stop.is_set():  # (released meanwhile: not lost)
-                    self.lost = True
-                    log.warning("the lease of %s was taken by another command; this command "
-                                "no longer holds it", self.folder)
-                    return
+                with self._lock:
+                    if self._stop.is_set():
+                        return  # released meanwhile: the release looked at the lease
+                    try:
+                        ours = self._renew()
+                    except OSError as err:  # a local store's error: as a network one on S3
+                        ours = time.monotonic() - self._renewed <= self.ttl_s
+                        log.warning("renewing the lease of %s failed (%s)%s", self.folder, err,
+                                    "; retrying" if ours else "")
+                    if not ours:
+                        self.lost = True
+                        log.warning("the lease of %s was taken by another command; this "
+                                    "command no longer holds it", self.folder)
+                        return
 
         self._thread = threading.Thread(target=beat, name="run-lease", daemon=True)
         self._thread.start()
@@ -210,19 +250,18 @@ class RunLease:
 
     def _put_if(self, **condition) -> bool:
         """A conditional PUT of a fresh record (If-None-Match / If-Match); False when the
-        condition does not hold (another command's lease is there)."""
+        condition does not hold (another command's lease is there, or with If-Match none)."""
         bucket, key = self._key()
         try:
             self._etag = self._s3().put_object(Bucket=bucket, Key=key, Body=json.dumps(
                 self._record()).encode(), **condition)["ETag"]
             return True
         except Exception as err:  # noqa: BLE001 - botocore's ClientError
-            if _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+            if _unmet(err, condition):
                 return False
             raise
 
     def _create(self) -> bool:
-        body = json.dumps(self._record()).encode()
         if isinstance(self.path, ObjectPath):
             if self.path.scheme != "s3":
                 raise StorageError(f"{self.folder}: a run lease needs a local / shared folder or "
@@ -230,6 +269,10 @@ class RunLease:
                                    "pyarrow")
             return self._put_if(IfNoneMatch="*")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self._place(json.dumps(self._record()).encode())
+
+    def _place(self, body: bytes) -> bool:
+        """Write `body` as the local lease unless one is there (False then)."""
         # Written whole under a name of its own, then linked into place: a link fails when the
         # lease exists (as O_EXCL), and a crash never leaves an empty lease that no one could
         # judge stale (an O_EXCL create and then a write could).
@@ -252,28 +295,67 @@ class RunLease:
             f.write(body)
         return True
 
-    def _take_over(self, held: dict) -> bool:
-        if isinstance(self.path, ObjectPath):
-            return self._put_if(IfMatch=self._seen_etag)
-        aside = self.path.with_name(f"{LEASE_FILE}.stale-{self.owner['id']}")
+    def _aside(self, expected, why: str) -> Path | None:
+        """Rename the local lease aside and return where it went, when what was moved is what
+        `expected(record)` accepts; None when there was none, or it was another's. Of two
+        commands renaming it, one gets it; the other finds none."""
+        aside = self.path.with_name(f"{LEASE_FILE}.{why}-{self.owner['id']}")
         try:
-            os.rename(self.path, aside)  # of two takers, one renames it; the other finds none
+            os.rename(self.path, aside)
         except FileNotFoundError:
-            return False
+            return None
         try:
             moved = json.loads(aside.read_text())
         except json.JSONDecodeError:
             moved = None
-        if moved != held:
-            # Not the stale record this taker judged: the other taker had already moved that
-            # one and created its own lease, which this rename took. Put it back (a link fails
-            # rather than replace a lease made meanwhile) and lose the race.
-            with contextlib.suppress(FileExistsError):
-                os.link(aside, self.path)
-            os.unlink(aside)
+        if expected(moved):
+            return aside
+        # Not the record this command looked at: another command's lease, made between the
+        # look and the rename. Put it back (an exclusive create: never over a lease made
+        # meanwhile) and leave it to that command.
+        try:
+            self._place(aside.read_bytes())
+        finally:
+            aside.unlink(missing_ok=True)
+        return None
+
+    def _ours(self, record: dict | None) -> bool:
+        return bool(record) and record.get("id") == self.owner["id"]
+
+    def _take_over(self, held: dict) -> bool:
+        if isinstance(self.path, ObjectPath):
+            return self._put_if(IfMatch=self._seen_etag)
+        # (a record other than the stale one judged: the other taker had already moved that
+        # one and created its own lease, which this rename took; this taker lost the race)
+        aside = self._aside(lambda moved: moved == held, "stale")
+        if aside is None:
             return False
-        os.unlink(aside)
+        aside.unlink()
         return self._create()
+
+    def _remove(self) -> bool:
+        """Delete the lease if it is this command's; False when it is not (or is gone)."""
+        if isinstance(self.path, ObjectPath):
+            bucket, key = self._key()
+            for _ in range(2):  # (a second time when our own renewal was sent twice)
+                try:
+                    self._s3().delete_object(Bucket=bucket, Key=key, IfMatch=self._etag)
+                    return True
+                except Exception as err:  # noqa: BLE001 - botocore's ClientError
+                    if not _unmet(err, {"IfMatch": self._etag}):
+                        raise
+                held = self._read()
+                if not self._ours(held):
+                    return False
+                self._etag = self._seen_etag
+            return False
+        if not self._ours(self._read()):  # (another's lease is not even moved)
+            return False
+        aside = self._aside(self._ours, "released")
+        if aside is None:
+            return False
+        aside.unlink()
+        return True
 
     def _renew(self) -> bool:
         """Extend the expiry; False when the lease is no longer ours."""
@@ -296,13 +378,22 @@ class RunLease:
                     return False  # (expired by now: others may take it; so is it lost)
                 log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
                 return True
-        body = json.dumps(self._record()).encode()
-        held = self._read()
-        if not held or held.get("id") != self.owner["id"]:
+        if not self._ours(self._read()):  # (another's lease is not even moved)
             return False
-        tmp = Path(f"{self.path}.{self.owner['id']}")  # this writer's own temporary name
-        tmp.write_bytes(body)
-        os.replace(tmp, self.path)
+        aside = self._aside(self._ours, "renewing")  # a takeover since the read: not ours
+        if aside is None:
+            return False
+        try:
+            # An exclusive create: a command that found no lease while ours was aside holds it
+            # now (it took the lease that this renewal left, and this command has lost it)
+            if not self._place(json.dumps(self._record()).encode()):
+                return False
+        except OSError:
+            with contextlib.suppress(OSError):  # not renewed: the lease as it was
+                self._place(aside.read_bytes())
+            raise
+        finally:
+            aside.unlink(missing_ok=True)
         self._renewed = time.monotonic()
         return True
 
@@ -310,3 +401,11 @@ class RunLease:
 def _code(err: Exception) -> str:
     response = getattr(err, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
+
+
+def _unmet(err: Exception, condition: dict) -> bool:
+    """Whether `err` says a conditional request's condition did not hold: 412 (another
+    object there), or with If-Match a 404 (no object there: the lease was deleted)."""
+    code = _code(err)
+    return code in ("PreconditionFailed", "412", "ConditionalRequestConflict") or \
+        ("IfMatch" in condition and code in ("NoSuchKey", "404"))

@@ -2,7 +2,8 @@
 the loopback S3 server alike: one holder per run folder; a second command is refused with the
 holder named; a holder that is gone (a dead pid on this host, or a heartbeat older than the
 bound) is taken over with a line saying so; of two takers one wins; a holder whose lease was
-taken learns it at its next heartbeat.
+taken learns it at its next heartbeat, or as it ends; a renewal or a release never overwrites
+or deletes the lease of a command that took it over meanwhile.
 
     .venv/bin/python -m pytest tests/test_lease.py -q
 """
@@ -17,7 +18,10 @@ import time
 import pytest
 
 from storage import location
-from storage.lease import LEASE_FILE, LeaseHeld, LeaseLost, RunLease
+from storage.lease import LEASE_FILE, LeaseHeld, LeaseLost, RunLease, machine_id, pid_namespace
+from storage.paths import ObjectPath
+
+DEAD_PID = 2**22  # above the kernel's largest pid_max: no process has it
 
 
 @pytest.fixture(params=["local", "bucket"])
@@ -54,13 +58,24 @@ def test_a_live_holder_on_another_host_is_never_taken_over(run_dir):
         RunLease(run_dir).acquire()
     # nor one of another container on this host (host networking: the same host name, pids
     # numbered apart): its pid is not looked up here
-    _plant(run_dir, host=socket.gethostname(), pid=2**22, pidns="pid:[1]")
+    _plant(run_dir, host=socket.gethostname(), pid=DEAD_PID, pidns="pid:[1]")
+    with pytest.raises(LeaseHeld, match=r"pid 4194304 on "):
+        RunLease(run_dir).acquire()
+    # nor one of another machine with this host name (EC2's default ip-10-0-1-23 in two VPCs):
+    # every bare host has the same initial pid namespace; the boot ids differ
+    _plant(run_dir, host=socket.gethostname(), pid=DEAD_PID, pidns=pid_namespace(),
+           boot="0c5e1a52-another-machine")
+    with pytest.raises(LeaseHeld, match=r"pid 4194304 on "):
+        RunLease(run_dir).acquire()
+    # a record that names no machine (an older version's) is judged by its expiry alone
+    _plant(run_dir, host=socket.gethostname(), pid=DEAD_PID, pidns=pid_namespace())
     with pytest.raises(LeaseHeld, match=r"pid 4194304 on "):
         RunLease(run_dir).acquire()
 
 
 @pytest.mark.parametrize("held, why", [
-    ({"host": socket.gethostname(), "pid": 2**22}, "holder .pid 4194304 on this host. is gone"),
+    ({"host": socket.gethostname(), "pid": DEAD_PID, "boot": machine_id(),
+      "pidns": pid_namespace()}, "holder .pid 4194304 on this host. is gone"),
     ({"renewed": -600, "expires": -480},
      "heartbeat stopped 6\\d\\d s ago \\(its lease lasted 120 s\\)"),
 ])
@@ -182,3 +197,118 @@ def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
             RunLease(run_dir).acquire()
         assert json.loads((location(run_dir) / LEASE_FILE).read_text())["expires"] > \
             first["expires"] + 3.0  # renewed, not merely unexpired
+
+
+@pytest.mark.parametrize("then", ["holds it", "has released it"])
+def test_a_command_whose_lease_was_taken_while_it_stalled_fails_as_it_ends(run_dir, then):
+    # Its heartbeat stalled past the ttl (a stopped process, a paused VM, a hung mount: here a
+    # heartbeat slower than the ttl), another command took the lease over, and the stalled one
+    # resumes and ends before its next renewal: it learns it as it ends.
+    with pytest.raises(LeaseLost, match=r"lost its lease while it ran"):
+        with RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=1000):
+            time.sleep(0.5)
+            other = RunLease(run_dir, command="B", heartbeat_s=1000).acquire()
+            assert other.taken_over is not None
+            if then == "has released it":
+                other.release()
+    lease = location(run_dir) / LEASE_FILE
+    if then == "holds it":  # left alone
+        assert json.loads(lease.read_text())["id"] == other.owner["id"]
+        other.release()
+        assert not other.lost
+    assert not lease.exists()
+
+
+def test_an_error_under_way_is_not_replaced_by_the_lost_lease(run_dir):
+    with pytest.raises(KeyError, match="the command's own error"):
+        with RunLease(run_dir, ttl_s=0.3, heartbeat_s=1000) as lease:
+            time.sleep(0.5)
+            other = RunLease(run_dir, heartbeat_s=1000).acquire()
+            raise KeyError("the command's own error")
+    assert lease.lost
+    other.release()
+
+
+def _after_next_look(lease: RunLease, act) -> threading.Event:
+    """Run `act` (another command taking the lease over) once, as `lease` next goes to the
+    store: after its next read of the lease, or before its next write or delete when it does
+    not read first. The store stays real; this only picks the moment. Returns an event set
+    once `act` has run."""
+    done = threading.Event()
+
+    def once():
+        if not done.is_set():
+            done.set()
+            act()
+
+    if not isinstance(lease.path, ObjectPath):  # a local folder: the lease's reads
+        read = lease._read
+
+        def read_then_act():
+            held = read()
+            once()
+            return held
+
+        lease._read = read_then_act
+        return done
+    client = lease._s3()  # a bucket: this command's own client (the other has its own)
+    for name in ("get_object", "put_object", "delete_object"):
+        call = getattr(client, name)
+
+        def hooked(*args, _call=call, _name=name, **kwargs):
+            if _name != "get_object":
+                once()
+            answer = _call(*args, **kwargs)
+            if _name == "get_object":
+                once()
+            return answer
+
+        setattr(client, name, hooked)
+    return done
+
+
+def test_a_takeover_during_a_renewal_is_kept_and_the_renewer_learns_it(run_dir):
+    # The holder stalled past its ttl; as its heartbeat looks at the lease, another command
+    # takes it over: the renewal must not write over that command's lease.
+    lease = RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=0.6).acquire()
+    taken = []
+    done = _after_next_look(lease, lambda: taken.append(
+        RunLease(run_dir, command="B", heartbeat_s=1000).acquire()))
+    assert done.wait(10)
+    deadline = time.monotonic() + 5
+    while not lease.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lease.lost
+    other = taken[0]
+    assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == other.owner["id"]
+    lease.release()  # leaves it alone
+    other.release()
+    assert not other.lost and not (location(run_dir) / LEASE_FILE).exists()
+
+
+def test_a_takeover_during_a_release_is_not_deleted(run_dir):
+    taken = []
+    with pytest.raises(LeaseLost):
+        with RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=1000) as lease:
+            time.sleep(0.5)
+            _after_next_look(lease, lambda: taken.append(
+                RunLease(run_dir, command="B", heartbeat_s=1000).acquire()))
+    other = taken[0]
+    assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == other.owner["id"]
+    with pytest.raises(LeaseHeld, match=r"in use by another command \(B\)"):
+        RunLease(run_dir).acquire()  # still held: a third command is refused
+    other.release()
+    assert not other.lost
+
+
+def test_a_holder_whose_lease_was_deleted_learns_it_at_its_next_heartbeat(run_dir):
+    # (as when another command took it over and has ended since): on a bucket the renewal's
+    # If-Match PUT finds no object (404), which is no network error to retry
+    with pytest.raises(LeaseLost):
+        with RunLease(run_dir, ttl_s=60, heartbeat_s=0.2) as lease:
+            (location(run_dir) / LEASE_FILE).unlink()
+            deadline = time.monotonic() + 10
+            while not lease.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert lease.lost
+    assert not (location(run_dir) / LEASE_FILE).exists()
