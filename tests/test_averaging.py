@@ -94,6 +94,19 @@ def test_cli(tiny_checkpoints, tmp_path, capsys):
     assert (tmp_path / "empty" / "meta.json").is_file()
 
 
+@pytest.mark.parametrize("out", ["s3://team-bucket/runs/avg", "s3:/team-bucket/runs/avg"])
+def test_cli_refuses_a_bucket_out_with_one_line(out, tiny_checkpoints, tmp_path, capsys,
+                                                monkeypatch):
+    # an average is local only (docs/storage.md): a bucket URI, or one that lost a slash on
+    # its way through pathlib, is not made a local folder named "s3:"
+    monkeypatch.chdir(tmp_path)
+    assert main([tiny_checkpoints["a"], "--out", out]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"--out {out}: an average is written to a local or shared " \
+        "folder only; give a local path" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 class _Payload:
     """Unpickling this runs code (print): a stand-in for a malicious checkpoint."""
 

@@ -21,6 +21,7 @@ state — so `average_checkpoints([path], out)` also makes a slim copy for servi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -29,7 +30,9 @@ import torch
 
 from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import codec_files
-from storage import is_uri, local_copy
+from storage import StorageError, is_uri, local_copy, location
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")  # "s3://" and "s3:/" alike
 
 KEEP = ("model_config", "src_vocab_size", "tgt_vocab_size", "train_config", "epoch", "update",
         "val_loss")
@@ -73,15 +76,30 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     return _finish(total, states[0], len(states))
 
 
+def _local_out(out_dir: str | os.PathLike) -> Path:
+    """`out_dir` as a local path; a bucket URI (also one that lost a slash going through
+    pathlib: "s3:/bucket/x") is refused, not made a local folder named "s3:". An average is
+    renamed into place whole, which a bucket cannot do."""
+    text = str(out_dir)
+    scheme = _SCHEME.match(text)
+    if scheme and scheme[1].lower() != "file":
+        shown = text if "@" not in text else f"{scheme[0]}***@{text.rpartition('@')[2]}"
+        raise StorageError(f"--out {shown}: an average is written to a local or shared folder "
+                           "only; give a local path (and copy the folder to the bucket "
+                           "afterwards if it belongs there)")
+    return location(text)  # (file:// too)
+
+
 def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLike) -> Path:
     """Write the average of the checkpoint directories `paths` to `out_dir`; returns it.
 
     Checkpoints are read one at a time into a running float64 sum (memory: about three models).
-    `out_dir` must be new or empty (an average never replaces what is there); it is written
-    beside it and renamed into place whole, the weights with their text pipeline.
+    `out_dir` must be a local (or shared) folder, new or empty (an average never replaces what
+    is there); it is written beside it and renamed into place whole, the weights with their
+    text pipeline.
     """
     shown = [str(p) for p in paths]  # as given (a bucket's URIs), for the record
-    out_dir = Path(out_dir)
+    out_dir = _local_out(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} exists and is not empty: give a new folder to --out "
                               "(an average never writes over what is there)")
