@@ -110,6 +110,7 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
     unique per run, so a task of a killed run that is still finishing cannot write into it.
     The folder is created with an owner file (host, pid) already inside, so other runs can tell
     a live partial folder from a crash leftover: only provably stale leftovers are removed.
+    The owner file stays until the folder is renamed into place (`_publish`).
     """
     if is_uri(stage_dir):
         with _object_stage_output(location(stage_dir)) as tmp:
@@ -118,9 +119,11 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
     stage_dir = Path(stage_dir)
     stage_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_leftovers(stage_dir)
-    tmp = stage_dir.parent / f".{stage_dir.name}.partial-{uuid.uuid4().hex[:12]}"
-    old = stage_dir.parent / f".{stage_dir.name}.old-{uuid.uuid4().hex[:12]}"
-    staging = stage_dir.parent / f".{tmp.name}.new"
+    run = uuid.uuid4().hex[:12]
+    tmp = stage_dir.parent / f".{stage_dir.name}.partial-{run}"
+    # Made under a name that itself names its owner, so that a crash before the owner file is
+    # written leaves a folder another run can still prove stale (remove_stale_leftovers).
+    staging = stage_dir.parent / f".{stage_dir.name}.new-{run}-{_owner_tag(_owner())}"
     staging.mkdir()
     (staging / OWNER_FILE).write_text(json.dumps(_owner()))
     staging.rename(tmp)  # appears with its owner named
@@ -131,11 +134,43 @@ def stage_output(stage_dir: Path) -> Iterator[Path]:
         raise
     if not (tmp / MANIFEST).is_file():
         raise RuntimeError(f"stage {stage_dir} finished without writing its manifest")
-    (tmp / OWNER_FILE).unlink(missing_ok=True)
-    if stage_dir.exists():
-        stage_dir.rename(old)  # two renames: the folder is either old-complete or new-complete
-    tmp.rename(stage_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    _publish(tmp, stage_dir)
+
+
+def _publish(tmp: Path, stage_dir: Path) -> None:
+    """Rename the finished partial folder `tmp` into `stage_dir`, then drop its owner file.
+
+    The owner file goes only after the rename: a partial folder without one is another run's
+    to remove, and a run of the same stage may start at any moment. A finished folder that
+    still holds it (a crash between the rename and the unlink) is finished all the same: the
+    manifest decides, and readers list `part-*.parquet` (or named files), never dot files.
+    The rename into place is atomic and fails while another folder is there: an earlier output
+    of other settings is moved aside (`.old-*`) and replaced; one that another run of this
+    same stage (same config and input) finished meanwhile is kept, and ours dropped.
+    """
+    ours = read_manifest(tmp)
+    for _ in range(5):
+        try:
+            tmp.rename(stage_dir)
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        else:
+            (stage_dir / OWNER_FILE).unlink(missing_ok=True)
+            for old in stage_dir.parent.glob(f".{stage_dir.name}.old-*"):
+                shutil.rmtree(old, ignore_errors=True)
+            return
+        theirs = read_manifest(stage_dir)
+        if theirs and ours and all(theirs.get(k) == ours.get(k)
+                                   for k in ("stage", "config_hash", "input_fingerprint")):
+            log.info("%s was finished by another run meanwhile: its output is kept", stage_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        with contextlib.suppress(FileNotFoundError):  # (another run moved it first)
+            stage_dir.rename(stage_dir.parent / f".{stage_dir.name}.old-{uuid.uuid4().hex[:12]}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise RuntimeError(f"{stage_dir} kept being replaced by other runs while this one renamed "
+                       "its output into place: rerun once they are done")
 
 
 @contextlib.contextmanager
@@ -160,10 +195,11 @@ def _object_stage_output(stage_dir: ObjectPath) -> Iterator[ObjectPath]:
 
 def remove_stale_leftovers(stage_dir) -> list:
     """Remove the crash leftovers of `stage_dir` that are provably stale: `.old-*` folders
-    (never read: a finished stage's previous output) and `.partial-*` folders whose writer is
+    (never read: a finished stage's previous output), `.partial-*` folders whose writer is
     gone (this host and a process that no longer runs, or this process itself: its stages run
     one at a time), or that name no writer (written by an older version, or emptied by a
-    failed run while a late write task recreated it). A partial folder of a live run, or of
+    failed run while a late write task recreated it), and `.new-*` folders (a partial folder
+    being made, its owner in its name) whose writer is gone. A folder of a live run, or of
     another host, is left alone. Returns what was removed."""
     removed = []
     stage_dir = location(stage_dir)
@@ -176,9 +212,15 @@ def remove_stale_leftovers(stage_dir) -> list:
     for p in stage_dir.parent.glob(f".{stage_dir.name}.old-*"):
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
+    for p in stage_dir.parent.glob(f".{stage_dir.name}.new-*"):
+        # .new-<run>-<owner tag>: gone when the tag is this host's and its pid no longer runs
+        tag = p.name[len(f".{stage_dir.name}.new-"):].partition("-")[2]
+        pid = tag.rpartition("-")[2]
+        if pid.isdigit() and tag == _owner_tag({**_owner(), "pid": int(pid)}) and \
+                _pid_gone(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
     for p in stage_dir.parent.glob(f".{stage_dir.name}.partial-*"):
-        if p.name.endswith(".new"):
-            continue  # being created right now
         if _writer_gone(p):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
@@ -192,6 +234,11 @@ def _owner() -> dict:
     return {"host": socket.gethostname(), "pidns": pid_namespace(), "pid": os.getpid()}
 
 
+def _owner_tag(owner: dict) -> str:
+    """An owner in a folder name: a digest of its host and pid namespace, and its pid."""
+    return f"{config_hash([owner['host'], owner['pidns']])[:8]}-{owner['pid']}"
+
+
 def _writer_gone(partial: Path) -> bool:
     try:
         owner = json.loads((partial / OWNER_FILE).read_text())
@@ -202,9 +249,14 @@ def _writer_gone(partial: Path) -> bool:
         return False
     if not pids_comparable(owner):
         return False  # another machine's (or container's) process: not provably gone here
-    pid = int(owner.get("pid", -1))
+    return _pid_gone(int(owner.get("pid", -1)))
+
+
+def _pid_gone(pid: int) -> bool:
+    """Whether this host's process `pid` provably no longer writes: it does not run, or it is
+    this process (which runs one stage at a time: an earlier failed attempt's)."""
     if pid == os.getpid():
-        return True  # this process runs one stage at a time: an earlier failed attempt
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -331,3 +331,147 @@ def test_only_provably_stale_leftovers_are_removed(tmp_path):
         write_manifest(tmp, {"stage": "encoded/train"})
     assert not (stage / OWNER_FILE).exists() and (stage / "manifest.json").is_file()
     assert (stage.parent / ".train.partial-live").is_dir()  # still left alone
+
+
+# A run of one stage in another process (python -c): it writes `part-0.parquet` holding TEXT and
+# a manifest (config "c", input "i"). With PAUSE `mkdir:NAME` it stops right after making a
+# folder whose name holds NAME, with `unlink:NAME` right before removing such a file, and says
+# "paused"; then a line "crash" on its stdin ends it at once (no cleanup runs), any other line
+# lets it go on.
+_STAGE_RUN = """
+import os, pathlib, sys
+from preprocessing.stages import stage_output, write_manifest
+
+stage, text, pause = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+
+def wait():
+    print("paused", flush=True)
+    if sys.stdin.readline().strip() == "crash":
+        os._exit(3)
+
+method, _, name = pause.partition(":")
+if method:
+    real = getattr(pathlib.Path, method)
+    def paused(self, *args, **kwargs):
+        if name in self.name and method == "unlink":
+            wait()
+        out = real(self, *args, **kwargs)
+        if name in self.name and method == "mkdir":
+            wait()
+        return out
+    setattr(pathlib.Path, method, paused)
+with stage_output(stage) as tmp:
+    (tmp / "part-0.parquet").write_text(text)
+    write_manifest(tmp, {"stage": "clean/train", "config_hash": "c", "input_fingerprint": "i"})
+"""
+
+
+def _stage_run(stage, text: str, pause: str = ""):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", _STAGE_RUN, str(stage), text, pause],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _paused(run) -> None:
+    assert run.stdout.readline().strip() == "paused", "the run ended before its pause"
+
+
+def _crash(run) -> None:
+    run.stdin.write("crash\n")
+    run.stdin.flush()
+    assert run.wait(timeout=120) == 3  # (waited for: a dead child's pid is free, no zombie)
+
+
+def test_a_stage_being_renamed_into_place_is_left_alone_by_another_run(tmp_path, monkeypatch):
+    """Another run of the same stage (another process: a sweep's variants, two workflows on
+    one data key) may start at any moment, also while this run renames its finished folder
+    into place or moves an earlier output aside: it removes nothing of this run's, which
+    finishes with its output in place."""
+    import pathlib
+    import subprocess
+    import sys
+
+    stage = tmp_path / "clean" / "train"
+    rename = pathlib.Path.rename
+
+    def another_run_starts_first(self, target):
+        if self.parent == stage.parent:
+            subprocess.run([sys.executable, "-c", "import sys; from preprocessing.stages import "
+                            "remove_stale_leftovers as r; r(sys.argv[1])", str(stage)],
+                           check=True, timeout=120)
+        return rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", another_run_starts_first)
+    for config in ("first", "other settings"):  # the second replaces the first's output
+        with stage_output(stage) as tmp:
+            (tmp / "part-0.parquet").write_text(config)
+            write_manifest(tmp, {"stage": "clean/train", "config_hash": config,
+                                 "input_fingerprint": "i"})
+        assert finished(stage, config, "i") and (stage / "part-0.parquet").read_text() == config
+        assert sorted(p.name for p in stage.iterdir()) == ["manifest.json", "part-0.parquet"]
+    assert sorted(p.name for p in stage.parent.iterdir()) == ["train"]
+
+
+def test_two_runs_finishing_one_stage_together_keep_the_first_ones_output(tmp_path,
+                                                                         monkeypatch):
+    """Two runs of one stage (same config and input) that finish together: the one whose
+    rename into place comes second finds the other's output there, keeps it and drops its
+    own (same settings, same rows); neither fails, and nothing is left beside the stage."""
+    import pathlib
+
+    stage = tmp_path / "clean" / "train"
+    rename, other = pathlib.Path.rename, []
+
+    def the_other_run_finishes_first(self, target):
+        if self.name.startswith(".train.partial-") and pathlib.Path(target) == stage \
+                and not other:
+            other.append(_stage_run(stage, "the other run's"))
+            assert other[0].wait(timeout=120) == 0
+        return rename(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", the_other_run_finishes_first)
+    with stage_output(stage) as tmp:
+        (tmp / "part-0.parquet").write_text("this run's")
+        write_manifest(tmp, {"stage": "clean/train", "config_hash": "c", "input_fingerprint": "i"})
+    assert other and (stage / "part-0.parquet").read_text() == "the other run's"
+    assert finished(stage, "c", "i")
+    assert sorted(p.name for p in stage.parent.iterdir()) == ["train"]
+    assert sorted(p.name for p in stage.iterdir()) == ["manifest.json", "part-0.parquet"]
+
+
+def test_a_partial_folder_being_made_is_left_alone_and_removed_once_its_run_is_killed(tmp_path):
+    """A run killed between making its partial folder and naming its owner in it leaves a
+    folder that the next run removes; while that run lives, its folder is left alone."""
+    from preprocessing.stages import remove_stale_leftovers
+
+    stage = tmp_path / "clean" / "train"
+    run = _stage_run(stage, "rows", pause="mkdir:.new")
+    try:
+        _paused(run)
+        (being_made,) = stage.parent.iterdir()
+        assert remove_stale_leftovers(stage) == [] and being_made.is_dir()
+    finally:
+        _crash(run)
+    assert remove_stale_leftovers(stage) == [being_made]
+    assert list(stage.parent.iterdir()) == []
+
+
+def test_a_run_killed_right_after_renaming_its_stage_into_place_leaves_it_finished(tmp_path):
+    """Killed after the rename into place, before it removed its owner file: the stage is
+    finished (its manifest says so), the leftover owner file is no data (parts are
+    `part-*.parquet`), and a rerun of other settings replaces the folder as a whole."""
+    from preprocessing.stages import OWNER_FILE, part_paths
+
+    stage = tmp_path / "clean" / "train"
+    run = _stage_run(stage, "rows", pause=f"unlink:{OWNER_FILE}")
+    _paused(run)
+    _crash(run)
+    assert finished(stage, "c", "i") and (stage / OWNER_FILE).is_file()
+    assert part_paths(stage) == [str(stage / "part-0.parquet")]
+    with stage_output(stage) as tmp:
+        write_manifest(tmp, {"stage": "clean/train", "config_hash": "c2",
+                             "input_fingerprint": "i"})
+    assert sorted(p.name for p in stage.iterdir()) == ["manifest.json"]
+    assert sorted(p.name for p in stage.parent.iterdir()) == ["train"]
