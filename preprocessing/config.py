@@ -92,6 +92,10 @@ class PreprocessConfig:
                              "shortlist_sample_pairs >= 1")
         if self.vocab_size < 300:  # 4 specials + 256 byte pieces + a few merges
             raise ValueError(f"vocab_size {self.vocab_size} too small; use at least 300")
+        for name in ("block_rows", "shuffle_window", "spm_sample_pairs", "max_line_bytes"):
+            value = getattr(self, name)  # (0 reached the batches stage as a ZeroDivisionError)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
     @property
     def eval_splits(self) -> list[str]:

@@ -475,3 +475,15 @@ def test_a_run_killed_right_after_renaming_its_stage_into_place_leaves_it_finish
                              "input_fingerprint": "i"})
     assert sorted(p.name for p in stage.iterdir()) == ["manifest.json"]
     assert sorted(p.name for p in stage.parent.iterdir()) == ["train"]
+
+
+@pytest.mark.parametrize("name", ["block_rows", "shuffle_window", "spm_sample_pairs",
+                                  "max_line_bytes"])
+@pytest.mark.parametrize("value", [0, -5, 2.5])
+def test_sizes_that_must_be_positive_integers_are_refused_when_set(name, value):
+    """A block, window, sample or line size of 0 or less is refused with the setting named,
+    before any stage runs (a shuffle_window of 0 was a ZeroDivisionError in the batches
+    stage, after clean, spm and encode; a block_rows of 0 read the whole split as one
+    block)."""
+    with pytest.raises(ValueError, match=f"{name} must be a positive integer, got {value}"):
+        pconfig.demo().replace(**{name: value})
