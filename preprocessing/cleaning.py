@@ -4,8 +4,9 @@ the paper's length / ratio filters (§4.1), as Ray Data map functions that count
 Reasons a row is dropped, checked in this order (first match wins), see `REASONS`:
 invalid_utf8 / line_too_long / bad_row (from the reader), nul_byte, empty, too_long (a side over
 `max_len` words), ratio (word-count ratio over `max_len_ratio`), duplicate (optional dedupe),
-over_max_tokens (batching: one sentence larger than the token budget), over_max_positions
-(batching: a side of more pieces than the model's positions, `max_positions`).
+over_max_positions (batching: a side of more pieces than the model's positions,
+`max_positions`; checked before the budget, since no budget lets the model take it),
+over_max_tokens (batching: one sentence larger than the token budget).
 
 Pure functions (`normalize`, `drop_reason`) are tested without Ray; `clean_block` (or, with
 dedupe, `clean_rows` grouped by bucket into `dedupe_group`, see exchange.py) is the stage's Ray
@@ -24,7 +25,7 @@ import pyarrow.compute as pc
 from preprocessing.stages import mix64
 
 REASONS = ("invalid_utf8", "line_too_long", "bad_row", "nul_byte", "empty", "too_long", "ratio",
-           "duplicate", "over_max_tokens", "over_max_positions")
+           "duplicate", "over_max_positions", "over_max_tokens")
 
 
 def normalize(text: str | None) -> str:

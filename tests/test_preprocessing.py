@@ -146,6 +146,19 @@ def test_a_sentence_longer_than_the_models_positions_is_dropped_and_counted(tmp_
     assert stats["longest_src"] <= limit and stats["longest_tgt"] <= limit
 
 
+def test_a_sentence_over_the_positions_and_the_budget_counts_as_over_the_positions(tmp_path):
+    """Drop reasons are checked in order (cleaning.py): the model's positions before the token
+    budget, since no budget lets the model take such a sentence."""
+    group = encoded_group(80)
+    lengths = np.maximum(group["src_len"].to_numpy(), group["tgt_len"].to_numpy())
+    limit = int(np.sort(lengths)[60])
+    rows = batch_window(group, max_tokens=limit, max_sentences=None, seed=0,
+                        max_positions=limit)
+    stats = sink_writes([rows], tmp_path, **BATCH_SINK)
+    assert stats["drop_over_max_positions"] == int((lengths > limit).sum())
+    assert "drop_over_max_tokens" not in stats
+
+
 def test_a_part_written_by_two_write_tasks_is_an_error(tmp_path):
     """Two tasks writing one part file would lose rows: the sink refuses instead."""
     rows = batch_window(encoded_group(60), max_tokens=500, max_sentences=20, seed=0)
