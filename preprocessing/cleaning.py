@@ -2,7 +2,7 @@
 the paper's length / ratio filters (§4.1), as Ray Data map functions that count every drop.
 
 Reasons a row is dropped, checked in this order (first match wins), see `REASONS`:
-invalid_utf8 / line_too_long / bad_row (from the reader), nul_byte, empty, too_long (a side over
+line_too_long / bad_row / invalid_utf8 (from the reader), nul_byte, empty, too_long (a side over
 `max_len` words), ratio (word-count ratio over `max_len_ratio`), duplicate (optional dedupe),
 over_max_positions (batching: a side of more pieces than the model's positions,
 `max_positions`; checked before the budget, since no budget lets the model take it),
@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from preprocessing.stages import mix64
 
-REASONS = ("invalid_utf8", "line_too_long", "bad_row", "nul_byte", "empty", "too_long", "ratio",
+REASONS = ("line_too_long", "bad_row", "invalid_utf8", "nul_byte", "empty", "too_long", "ratio",
            "duplicate", "over_max_positions", "over_max_tokens")
 
 
@@ -145,15 +145,23 @@ def dedupe_group(group: pa.Table) -> pa.Table:
                      "bucket": group["bucket"]})
 
 
+# Rows the reader could not take as a pair: no source and reference to score, so the
+# evaluation text leaves them out (counted by reason). A row that is not UTF-8 is a pair,
+# U+FFFD for its undecodable bytes: the evaluation text keeps it (counted).
+UNREADABLE = ("line_too_long", "bad_row")
+
+
 def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str) -> pa.Table:
     """Ray Data function for the text export: every row, Unicode-cleaned only, never filtered
-    (a line too long to read becomes an empty line so that line numbers stay aligned)."""
+    by length or content; `reason` names the rows the export leaves out (`UNREADABLE`, their
+    text blanked), `error` is the reader's."""
     if row_shape == "translation":
         pairs = table["translation"].combine_chunks()
         src, tgt = pairs.field(src_lang).to_pylist(), pairs.field(tgt_lang).to_pylist()
     else:
         src, tgt = table[src_lang].to_pylist(), table[tgt_lang].to_pylist()
-    unread = [e == "line_too_long" for e in table["error"].to_pylist()]
+    reasons = [e if e in UNREADABLE else None for e in table["error"].to_pylist()]
     return pa.table({"id": table["id"], "error": table["error"],
-                     "src": ["" if u else normalize(s) for s, u in zip(src, unread)],
-                     "tgt": ["" if u else normalize(t) for t, u in zip(tgt, unread)]})
+                     "reason": pa.array(reasons, pa.string()),
+                     "src": ["" if r else normalize(s) for s, r in zip(src, reasons)],
+                     "tgt": ["" if r else normalize(t) for t, r in zip(tgt, reasons)]})

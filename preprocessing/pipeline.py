@@ -207,7 +207,10 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
 
 def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, final) -> dict:
     """Evaluation splits as plain text, one line per input row, in input order; `final` is
-    where the stage's files end up (its keyed folder)."""
+    where the stage's files end up (its keyed folder). A row the reader could not take as a
+    pair (cleaning.UNREADABLE) has no source and reference to score: it is left out, counted
+    by reason, and its row number (a text file's line number) logged and kept in the manifest.
+    Rows that are not UTF-8 stay, U+FFFD for their undecodable bytes, counted."""
     out = {}
     for split in cfg.eval_splits:
         ds = read_split(sources[split], cfg).map_batches(
@@ -217,7 +220,7 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, fin
         ds = execution_settings(ds)
         ds.context.execution_options.preserve_order = True  # input order = line order
         paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]
-        n, unreadable = 0, 0
+        n, kept, not_utf8, dropped, left_out = 0, 0, 0, {}, []
         first = (sources[split].lines or (0, None))[0]  # a line range's ids start there
         with written_locally(paths[0]) as src_file, written_locally(paths[1]) as tgt_file, \
                 open(src_file, "w", encoding="utf-8") as fs, \
@@ -228,14 +231,43 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, fin
                     if ids != list(range(first + n, first + n + len(ids))):  # alignment is
                         # the whole point
                         raise RuntimeError(f"text/{split}: rows out of order at line {n}")
-                    fs.writelines(s + "\n" for s in b["src"].to_pylist())
-                    ft.writelines(t + "\n" for t in b["tgt"].to_pylist())
-                    unreadable += sum(e is not None for e in b["error"].to_pylist())
+                    for i, s, t, reason, err in zip(ids, b["src"].to_pylist(),
+                                                    b["tgt"].to_pylist(),
+                                                    b["reason"].to_pylist(),
+                                                    b["error"].to_pylist()):
+                        if reason is None:
+                            fs.write(s + "\n")
+                            ft.write(t + "\n")
+                            kept += 1
+                            not_utf8 += err == "invalid_utf8"
+                        else:
+                            dropped[reason] = dropped.get(reason, 0) + 1
+                            if len(left_out) < 20:
+                                left_out.append(i + 1)
                     n += len(ids)
-        out[split] = {"rows": n, "rows_with_read_errors": unreadable,
+        if dropped:
+            log.warning("text/%s (%s): %d of %d rows left out of the evaluation text, no "
+                        "pair to read in them (%s), at row%s %s%s (a text file's line numbers)",
+                        split, cfg.splits[split], n - kept, n,
+                        ", ".join(f"{k}={v}" for k, v in sorted(dropped.items())),
+                        "s" if n - kept > 1 else "", ", ".join(map(str, left_out)),
+                        ", ..." if n - kept > len(left_out) else "")
+        if not_utf8:
+            log.warning("text/%s (%s): %d rows are not UTF-8; scored with U+FFFD for their "
+                        "undecodable bytes", split, cfg.splits[split], not_utf8)
+        out[split] = {"rows_in": n, "rows_kept": kept, "dropped": dict(sorted(dropped.items())),
+                      "left_out_rows": left_out, "kept_not_utf8": not_utf8,
                       "files": [str(final / p.name) for p in paths]}
-    return {"splits": out}
+    return {"rows_in": sum(o["rows_in"] for o in out.values()),
+            "rows_kept": sum(o["rows_kept"] for o in out.values()),
+            "dropped": {r: sum(o["dropped"].get(r, 0) for o in out.values())
+                        for r in sorted({r for o in out.values() for r in o["dropped"]})},
+            "splits": out}
 
+
+# Bump when the text export of the same input changes (its folder key changes with it): 2, rows
+# without a readable pair are left out (they were a blank line, or the raw line as the source).
+TEXT_VERSION = 2
 
 # What does not change the output: where it goes, how many encoder tasks, how rows meet; and
 # the settings of the lexical table, a stage of its own beside the training data (its manifest
@@ -332,6 +364,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
                 m["encoded/train"]["rows_kept"], tmp)})
     if cfg.eval_splits:
         text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
+        text_cfg["text_version"] = TEXT_VERSION
         text_cfg["splits"] = {s: cfg.splits[s] for s in cfg.eval_splits}
         text_fp = config_hash([sources[s].fingerprint for s in cfg.eval_splits])
         # Keyed by its splits and their inputs: runs scoring other test sets (other --test-set

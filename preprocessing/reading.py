@@ -69,27 +69,28 @@ def _decode(raw: bytes) -> tuple[str, str | None]:
 
 
 def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
-    """(src, tgt, error) of one input row from its raw line(s)."""
+    """(src, tgt, error) of one input row from its raw line(s). A row whose pair cannot be
+    read (line_too_long, bad_row) has no text; one that is not UTF-8 is read as a pair all the
+    same, U+FFFD for the bytes that are not (invalid_utf8: cleaning drops it from training,
+    the evaluation text keeps it, pipeline._text)."""
     if any(isinstance(x, _TooLong) for x in lines):
         return "", "", "line_too_long"
     texts, errs = zip(*(_decode(x) for x in lines))
     err = next((e for e in errs if e), None)
     if kind == "text":
         return texts[0], texts[1], err
-    if err:
-        return texts[0], "", err
     if kind == "tsv":
         cols = texts[0].split("\t")
-        return (cols[0], cols[1], None) if len(cols) == 2 else (texts[0], "", "bad_row")
+        return (cols[0], cols[1], err) if len(cols) == 2 else ("", "", "bad_row")
     try:  # jsonl: one hub-shaped row per line
         row = json.loads(texts[0])
         pair = row["translation"] if shape[0] == "translation" else row
         s, t = pair[shape[1]], pair[shape[2]]
         if not all(x is None or isinstance(x, str) for x in (s, t)):
-            return texts[0], "", "bad_row"  # a list or a number is no sentence: counted
-        return s or "", t or "", None
+            return "", "", "bad_row"  # a list or a number is no sentence: counted
+        return s or "", t or "", err
     except (ValueError, KeyError, TypeError):
-        return texts[0], "", "bad_row"
+        return "", "", "bad_row"
 
 
 def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,

@@ -331,6 +331,50 @@ def test_bad_rows_are_dropped_and_counted(ray_session, shared_data, tmp_path):
     assert m["rows_kept"] == len(pairs) - sum(expected.values())
 
 
+def test_evaluation_text_leaves_out_rows_without_a_pair_and_says_so(ray_session, shared_data,
+                                                                     tmp_path, caplog):
+    """The evaluation text is what is translated and scored. A TSV row without exactly one tab,
+    a JSONL line that is no row, a line too long to read: none has a source and a reference to
+    tell apart, so each is left out (never scored as the raw line, reference included, against
+    an empty reference), counted by reason beside the other stages' drops and named by line in
+    the log. A row that is not UTF-8 is still a pair: both sides are kept, U+FFFD for the bytes
+    that are not, and counted."""
+    en = lines(shared_data / "news-commentary-5k" / "nc-5k.en")[:300]
+    fr = lines(shared_data / "news-commentary-5k" / "nc-5k.fr")[:300]
+    (tmp_path / "train.en").write_text("\n".join(en) + "\n")
+    (tmp_path / "train.fr").write_text("\n".join(fr) + "\n")
+    (tmp_path / "test.tsv").write_bytes(b"\n".join([
+        b"the house\tla maison", b"an extra tab\tthe reference\tnotes",
+        b"caf\xe9 noir\tcaf\xc3\xa9",
+        b"x" * 70_000 + b"\ttrop long", b"the last one\tle dernier"]) + b"\n")
+    (tmp_path / "valid.jsonl").write_bytes(b"\n".join([
+        json.dumps({"translation": {"en": "a small cat", "fr": "un petit chat"}}).encode(),
+        b'{"translation": {"en": "no end", "fr": "sans fin"',
+        b'{"translation": {"en": "caf\xe9 au lait", "fr": "caf\xc3\xa9 au lait"}}']) + b"\n")
+    cfg = PreprocessConfig(task="evaltext", source=str(tmp_path), vocab_size=400,
+                           splits={"train": "train", "valid": "valid", "test": "test"},
+                           root=str(tmp_path / "out"))
+    with caplog.at_level("INFO", logger="preprocessing"):
+        out = run_pipeline(cfg)
+    assert [lines(Path(p)) for p in out.text["test"]] == [
+        ["the house", "caf\ufffd noir", "the last one"], ["la maison", "caf\u00e9", "le dernier"]]
+    assert [lines(Path(p)) for p in out.text["valid"]] == [
+        ["a small cat", "caf\ufffd au lait"], ["un petit chat", "caf\u00e9 au lait"]]
+    m = out.manifests["text"]
+    assert {k: m["splits"]["test"][k] for k in ("rows_in", "rows_kept", "dropped",
+                                                  "left_out_rows", "kept_not_utf8")} == {
+        "rows_in": 5, "rows_kept": 3, "dropped": {"bad_row": 1, "line_too_long": 1},
+        "left_out_rows": [2, 4], "kept_not_utf8": 1}
+    assert m["splits"]["valid"]["dropped"] == {"bad_row": 1}
+    assert (m["rows_in"], m["rows_kept"], m["dropped"]) == (8, 5, {"bad_row": 2,
+                                                                    "line_too_long": 1})
+    said = [r.getMessage() for r in caplog.records]
+    assert any("text/test (test): 2 of 5 rows left out" in x and "rows 2, 4" in x
+               for x in said), said
+    assert any(x.startswith("[text/") and "8 in, 5 kept, dropped: bad_row=2, line_too_long=1"
+               in x for x in said), said
+
+
 def test_bad_inputs_fail_with_clear_errors(ray_session, tmp_path):
     (tmp_path / "m.en").write_text("one\ntwo\nthree\n")
     (tmp_path / "m.fr").write_text("un\ndeux\n")
