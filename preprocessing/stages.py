@@ -5,7 +5,8 @@ writes into a hidden sibling `.<name>.partial-<run>/` (created with its owner: h
 renames it into place only once the manifest is written, so a killed run never leaves a folder
 that a rerun takes as complete; a rerun removes the partial folder once its writer is provably
 gone (`remove_stale_leftovers`) and recomputes the stage. A stage whose manifest records the
-same config hash and input fingerprint is skipped.
+same config hash and input fingerprint is skipped; one that another run of the same stage
+finished while this one ran is kept (`_publish`).
 
 Also here: deterministic hashing (`config_hash`, `mix64`) so that output never depends on Ray's
 block scheduling, writing one parquet part, and `collect_stats`, which drains small statistics
