@@ -47,7 +47,10 @@ def summary(out: PipelineOutput) -> str:
                      f"{b['batches']:>9,}{b['padding_efficiency']:>9.3f}  "
                      + (", ".join(f"{k}={v:,}" for k, v in drops.items()) or "-"))
     for split, (s, t) in out.text.items():
-        lines.append(f"text    {split}: {s} {t}")
+        left_out = out.manifests["text"]["splits"][split].get("dropped")  # no pair to read
+        lines.append(f"text    {split}: {s} {t}" + (
+            f"  left out: {', '.join(f'{k}={v:,}' for k, v in left_out.items())}"
+            if left_out else ""))
     if out.shortlist:
         m = out.manifests["shortlist"]
         lines.append(f"shortlist {out.shortlist} ({m['k']} candidates per source token, "

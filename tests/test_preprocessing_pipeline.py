@@ -373,6 +373,9 @@ def test_evaluation_text_leaves_out_rows_without_a_pair_and_says_so(ray_session,
                for x in said), said
     assert any(x.startswith("[text/") and "8 in, 5 kept, dropped: bad_row=2, line_too_long=1"
                in x for x in said), said
+    from preprocessing.__main__ import summary
+
+    assert "left out: bad_row=1, line_too_long=1" in summary(out).splitlines()[-1]
 
 
 def test_bad_inputs_fail_with_clear_errors(ray_session, tmp_path):
