@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from preprocessing.errors import PreprocessError, user_errors
 from storage import (ObjectPath, filesystem_of, is_uri, location, publish_dir, remove_tree,
                      stamp)
-from storage.lease import pid_namespace, pids_comparable
+from storage.lease import machine_id, pid_namespace, pids_comparable
 
 log = logging.getLogger("preprocessing")
 
@@ -232,12 +232,14 @@ def remove_stale_leftovers(stage_dir) -> list:
 
 def _owner() -> dict:
     """What a partial folder's owner file names: this process, where it can be looked up."""
-    return {"host": socket.gethostname(), "pidns": pid_namespace(), "pid": os.getpid()}
+    # (the boot id: two machines may share a host name, and every bare host the pid namespace)
+    return {"host": socket.gethostname(), "boot": machine_id(), "pidns": pid_namespace(),
+            "pid": os.getpid()}
 
 
 def _owner_tag(owner: dict) -> str:
-    """An owner in a folder name: a digest of its host and pid namespace, and its pid."""
-    return f"{config_hash([owner['host'], owner['pidns']])[:8]}-{owner['pid']}"
+    """An owner in a folder name: a digest of its host, boot id and pid namespace, and its pid."""
+    return f"{config_hash([owner['host'], owner.get('boot'), owner['pidns']])[:8]}-{owner['pid']}"
 
 
 def _writer_gone(partial: Path) -> bool:

@@ -314,7 +314,7 @@ def test_only_provably_stale_leftovers_are_removed(tmp_path):
     import sys
 
     from preprocessing.stages import OWNER_FILE, remove_stale_leftovers
-    from storage.lease import pid_namespace
+    from storage.lease import machine_id, pid_namespace
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
@@ -325,7 +325,10 @@ def test_only_provably_stale_leftovers_are_removed(tmp_path):
               "remote": {"host": host + "-other", "pid": 1}, "mine": {"host": host,
                                                                     "pid": os.getpid()},
               # a container on this host (host networking): its pids are not ours to look up
-              "container": {"host": host, "pidns": "pid:[1]", "pid": dead_pid}}
+              "container": {"host": host, "pidns": "pid:[1]", "pid": dead_pid},
+              # another machine with this host name (EC2's default names repeat across VPCs)
+              "twin": {"host": host, "boot": "another-machine", "pidns": pid_namespace(),
+                       "pid": dead_pid}}
     stage = tmp_path / "encoded" / "train"
     stage.parent.mkdir(parents=True)
     for name, owner in owners.items():
@@ -337,10 +340,11 @@ def test_only_provably_stale_leftovers_are_removed(tmp_path):
     assert removed == {".train.old-1234", ".train.partial-dead", ".train.partial-mine",
                        ".train.partial-nameless"}
     assert sorted(p.name for p in stage.parent.iterdir()) == [
-        ".train.partial-container", ".train.partial-live", ".train.partial-remote"]
+        ".train.partial-container", ".train.partial-live", ".train.partial-remote",
+        ".train.partial-twin"]
     with stage_output(stage) as tmp:  # a new stage: its folder names its owner from the start
         assert json.loads((tmp / OWNER_FILE).read_text()) == {
-            "host": host, "pidns": pid_namespace(), "pid": os.getpid()}
+            "host": host, "boot": machine_id(), "pidns": pid_namespace(), "pid": os.getpid()}
         write_manifest(tmp, {"stage": "encoded/train"})
     assert not (stage / OWNER_FILE).exists() and (stage / "manifest.json").is_file()
     assert (stage.parent / ".train.partial-live").is_dir()  # still left alone
