@@ -249,6 +249,26 @@ def test_scores_are_the_models_log_probs(trained):
             torch.testing.assert_close(h["attention"], attn[0][:, real].t(), rtol=0, atol=1e-5)
 
 
+def test_a_search_without_attention_finds_the_same_hypotheses_and_keeps_none(trained):
+    """attention=False (what translation and serving ask unless the attention is wanted):
+    the same tokens, scores and positional scores, in beam search (an ensemble too) and
+    greedy, and no attention kept: the hypotheses carry None."""
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs, left_pad=True)
+    for fn, kw in ((generate, dict(beam_size=4, max_len_b=10, nbest=4)),
+                   (generate, dict(beam_size=3, max_len_b=12, min_len=5, nbest=2)),
+                   (greedy, dict(max_len_b=12))):
+        for models in (model, [model, inference_copy(model)]):
+            kept = fn(models, src, lengths, **kw)
+            none = fn(models, src, lengths, attention=False, **kw)
+            for a, b in zip(kept, none):
+                assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+                assert [h["score"] for h in a] == [h["score"] for h in b]
+                for x, y in zip(a, b):
+                    assert torch.equal(x["positional_scores"], y["positional_scores"])
+                    assert x["attention"] is not None and y["attention"] is None
+
+
 def test_unk_penalty(trained):
     model, pairs = trained
     src, lengths, _, _ = collate(pairs)

@@ -6,7 +6,8 @@ Evaluation).
     best = hyps[0][0]  # sentence 0, best hypothesis: dict with
     # tokens (LongTensor L, ends in EOS), score (float, sum log p / L^lenpen),
     # positional_scores (FloatTensor L), attention (FloatTensor S_i x L over the sentence's
-    # non-pad source positions, mean of the attention layers and of the ensemble's models)
+    # non-pad source positions, mean of the attention layers and of the ensemble's models;
+    # None with attention=False)
 
 All sentences of a batch are searched together: one decoder step per model covers every
 hypothesis of every unfinished sentence (rows = sentences x beams); sentences that finish leave
@@ -14,6 +15,9 @@ the batch. Lengths count output tokens before the final EOS: each sentence emits
 `min_len` and at most min(a * |x| + b, max_positions - 1) of them, so `max_len_a=0,
 max_len_b=N, min_len=N` gives exactly N tokens + EOS (fixed work, for benchmarks).
 An ensemble averages the models' probabilities: log p = log(mean_m p_m).
+`attention=False` keeps no attention (the hypotheses' `attention` is None): the search's
+decisions are the same, without the batch x beam x steps x source floats it otherwise holds
+(and copies at every step for the live hypotheses).
 `incremental=False` recomputes the whole prefix each step (the quadratic baseline).
 Imports only torch.
 """
@@ -186,13 +190,14 @@ def _as_list(models):
 
 
 class _Finished:
-    """K slots per sentence for ended hypotheses, filled with tensor ops (no sentence loop)."""
+    """K slots per sentence for ended hypotheses, filled with tensor ops (no sentence loop).
+    S=None: no attention kept."""
 
-    def __init__(self, B: int, K: int, T: int, S: int, dev):
+    def __init__(self, B: int, K: int, T: int, S: int | None, dev):
         self.K = K
         self.tokens = torch.full((B, K, T), PAD, dtype=torch.long, device=dev)
         self.pos = torch.zeros(B, K, T, device=dev)  # per-token log-probs
-        self.attn = torch.zeros(B, K, T, S, device=dev)
+        self.attn = None if S is None else torch.zeros(B, K, T, S, device=dev)
         self.len = torch.zeros(B, K, dtype=torch.long, device=dev)  # 0: an empty slot
         self.score = torch.full((B, K), -math.inf, device=dev)
         self.count = torch.zeros(B, dtype=torch.long, device=dev)
@@ -211,8 +216,9 @@ class _Finished:
         self.tokens[b, slot, step] = EOS
         self.pos[b, slot, :step] = beams.pos[rows]
         self.pos[b, slot, step] = total - beams.scores[rows]
-        self.attn[b, slot, :step] = beams.attn[rows]
-        self.attn[b, slot, step] = attn[rows]
+        if self.attn is not None:
+            self.attn[b, slot, :step] = beams.attn[rows]
+            self.attn[b, slot, step] = attn[rows]
         self.len[b, slot] = step + 1  # |y| counts the EOS
         self.score[b, slot] = total / (step + 1) ** lenpen
         self.count.index_add_(0, b, torch.ones_like(b))
@@ -220,7 +226,8 @@ class _Finished:
     def collect(self, src_tokens: torch.Tensor, nbest: int) -> list[list[dict]]:
         """Per sentence: its hypotheses sorted by score, `nbest` of them, on the CPU."""
         order = self.score.argsort(dim=1, descending=True, stable=True).cpu()
-        tokens, pos, attn = self.tokens.cpu(), self.pos.cpu(), self.attn.cpu()
+        tokens, pos = self.tokens.cpu(), self.pos.cpu()
+        attn = None if self.attn is None else self.attn.cpu()
         length, score = self.len.cpu(), self.score.cpu()
         src_real = src_tokens.ne(PAD).cpu()
         out = []
@@ -234,20 +241,22 @@ class _Finished:
                     "tokens": tokens[b, k, :n].clone(),
                     "score": float(score[b, k]),
                     "positional_scores": pos[b, k, :n].clone(),
-                    "attention": attn[b, k, :n][:, src_real[b]].t().contiguous(),  # S_i x L
+                    "attention": None if attn is None else
+                    attn[b, k, :n][:, src_real[b]].t().contiguous(),  # S_i x L
                 })
             out.append(hyps)
         return out
 
 
 class _Beams:
-    """The live hypotheses: rows = active sentences x K, the K rows of a sentence consecutive."""
+    """The live hypotheses: rows = active sentences x K, the K rows of a sentence consecutive.
+    S=None: no attention kept."""
 
-    def __init__(self, B: int, K: int, S: int, dev):
+    def __init__(self, B: int, K: int, S: int | None, dev):
         self.sent = torch.arange(B, device=dev)  # A active sentences -> original index
         self.tokens = torch.full((B * K, 1), EOS, dtype=torch.long, device=dev)  # EOS as BOS
         self.pos = torch.zeros(B * K, 0, device=dev)  # per-token log-probs so far
-        self.attn = torch.zeros(B * K, 0, S, device=dev)
+        self.attn = None if S is None else torch.zeros(B * K, 0, S, device=dev)
         # Only beam 0 is live at the start (all K beams are the same empty hypothesis).
         scores = torch.full((B, K), -math.inf, device=dev)
         scores[:, 0] = 0.0
@@ -259,19 +268,21 @@ class _Beams:
             self.sent = self.sent[keep]
         self.tokens = torch.cat([self.tokens[rows], tok[:, None]], 1)
         self.pos = torch.cat([self.pos[rows], (scores - self.scores[rows])[:, None]], 1)
-        self.attn = torch.cat([self.attn[rows], attn[rows, None]], 1)
+        if self.attn is not None:
+            self.attn = torch.cat([self.attn[rows], attn[rows, None]], 1)
         self.scores = scores
 
 
 def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_size: int = 5,
              max_len_a: float = 0.0, max_len_b: int = 200, min_len: int = 1,
              lenpen: float = 1.0, unk_penalty: float = 0.0, nbest: int = 1,
-             incremental: bool = True, vocab: torch.Tensor | None = None
-             ) -> list[list[dict]]:
+             incremental: bool = True, vocab: torch.Tensor | None = None,
+             attention: bool = True) -> list[list[dict]]:
     """Beam search over a batch: src_tokens B x S (PAD 1), src_lengths B -> per sentence the
     `nbest` best hypotheses, best first (see the module docstring for their fields).
     `vocab` (sorted target ids, the specials first): vocabulary selection, every step scores
-    only these tokens (`convs2s.inference.shortlist`).
+    only these tokens (`convs2s.inference.shortlist`). `attention=False`: none kept (each
+    hypothesis's `attention` is None; the same hypotheses otherwise).
 
     A hypothesis ends when EOS is among the K best of the 2K candidates of its sentence (the
     reference's rule); a sentence ends when K hypotheses have ended. Scores are normalized by
@@ -292,7 +303,8 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
         steppers = _encode(models, src_tokens, src_lengths, K, incremental, vocab)
         vocab = steppers[0].vocab
-        finished, beams = _Finished(B, K, T, S, dev), _Beams(B, K, S, dev)
+        kept = S if attention else None  # source positions of the attention kept, or none
+        finished, beams = _Finished(B, K, T, kept, dev), _Beams(B, K, kept, dev)
         beam_offsets = torch.arange(K, device=dev)
         for step in range(T):
             A = beams.sent.numel()
@@ -334,9 +346,9 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
 def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_a: float = 0.0,
            max_len_b: int = 200, min_len: int = 1, lenpen: float = 1.0,
            unk_penalty: float = 0.0, incremental: bool = True,
-           vocab: torch.Tensor | None = None) -> list[list[dict]]:
+           vocab: torch.Tensor | None = None, attention: bool = True) -> list[list[dict]]:
     """Greedy decoding (argmax each step), in the same output format as `generate` (1-best);
-    `vocab`: vocabulary selection, as in `generate`."""
+    `vocab` and `attention`: as in `generate`."""
     models = _as_list(models)
     B, S = src_tokens.shape
     dev = src_tokens.device
@@ -348,7 +360,7 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
         T = int(max_lens.max()) + 1
         steppers = _encode(models, src_tokens, src_lengths, 1, incremental, vocab)
         vocab = steppers[0].vocab
-        out = _Finished(B, 1, T, S, dev)
+        out = _Finished(B, 1, T, S if attention else None, dev)
         active = torch.arange(B, device=dev)  # sentences still decoding (rows of the steppers)
         prefix = torch.full((B, 1), EOS, dtype=torch.long, device=dev)  # EOS as BOS
         length = torch.full((B,), T, dtype=torch.long, device=dev)  # tokens incl. EOS
@@ -359,7 +371,8 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
                 tok = vocab[tok]
             out.tokens[active, 0, step] = tok
             out.pos[active, 0, step] = lp
-            out.attn[active, 0, step] = attn
+            if out.attn is not None:
+                out.attn[active, 0, step] = attn
             ended = tok.eq(EOS)  # (a row's max length forces EOS: every row ends by T - 1)
             if bool(ended.any()):
                 length[active[ended]] = step + 1

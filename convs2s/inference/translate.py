@@ -10,8 +10,9 @@ Command line (also installed as `convs2s-translate`):
         --min-len 1 --unk-penalty 0 --nbest 1 --replace-unk [--dictionary lex.txt] \\
         --batch-size 128 --device cpu --threads 4 --print-attention --spm-model spm.model]
 
-Reads one sentence per line (a file, or stdin when --input is absent or "-") and writes one
-detokenized translation per line in input order. With --nbest N, N lines per input; with
+Reads one sentence per line (a file, a .gz of one, a parquet file's --column, or stdin when
+--input is absent or "-"; --output may not be the --input file) and writes one detokenized
+translation per line in input order. With --nbest N, N lines per input; with
 --print-attention, a verbose format per input: `S-i source`, then per hypothesis `H-i score
 text`, `P-i positional log-probs` and `A-i` alignments (`src-tgt` sentencepiece-piece index
 pairs, each target piece aligned to its most attended source piece).
@@ -23,6 +24,7 @@ Python API:
     tr = load_for_inference(["runs/demo/best"], SearchConfig(beam=5, lenpen=1.0), "cpu")
     tr.translate(["the cat is small ."])        # -> ["le chat est petit ."]
     tr.translate_full(lines)                    # -> [Translation] with nbest Hypothesis each
+    tr.translate_full(lines, attention=False)   # the same, without their attention matrices
 
 Input handling: lines are normalized as preprocessing cleans text (NFC, control characters
 dropped, whitespace collapsed). An empty line gives an empty translation (the model never sees
@@ -61,10 +63,15 @@ class Hypothesis:
     score: float  # length-normalized log-probability
     tokens: list[int]  # target piece ids, final EOS included
     positional_scores: list[float]  # log p of each token (EOS included)
-    attention: torch.Tensor  # (source pieces + EOS) x (target pieces + EOS), model/layer mean
+    # (source pieces + EOS) x (target pieces + EOS), model/layer mean; None when searched
+    # without attention (translate_full(..., attention=False))
+    attention: torch.Tensor | None
 
     def alignment(self) -> list[tuple[int, int]]:
         """(source piece, target piece) pairs: each target piece's most attended source piece."""
+        if self.attention is None:
+            raise ValueError("this hypothesis was searched without attention: ask "
+                             "translate_full(..., attention=True) for alignments")
         if self.attention.numel() == 0:
             return []
         best = self.attention[:, : len(self.tokens) - 1].argmax(dim=0).tolist()
@@ -232,14 +239,27 @@ class Translator:
 
     def translate(self, lines: Iterable[str], search: SearchConfig | None = None) -> list[str]:
         """Best detokenized translation of each line, in input order."""
-        return [t.text for t in self.translate_full(lines, search)]
+        return [t.text for t in self.translate_full(lines, search, attention=False)]
 
-    def translate_full(self, lines: Iterable[str],
-                       search: SearchConfig | None = None) -> list[Translation]:
+    def source_lengths(self, lines: Iterable[str]) -> list[int]:
+        """Per line the source positions a search of it holds (its pieces, cut to the model's
+        positions, + EOS); 0 for an empty line: what a request's cost is measured by before
+        it is searched (convs2s.serving.requests.check_work)."""
+        out = []
+        for line in lines:
+            src = normalize(line)
+            out.append(min(len(self.codec.encode(src)), self.max_positions - 1) + 1 if src
+                       else 0)
+        return out
+
+    def translate_full(self, lines: Iterable[str], search: SearchConfig | None = None,
+                       attention: bool = True) -> list[Translation]:
         """Per line a Translation with `search.nbest` hypotheses (none for an empty line).
         `search` replaces the loaded settings for this call only (a served request's beam,
         nbest, lenpen): its precision and vocabulary selection must be the loaded ones, which
-        are properties of the weights and tables already in memory."""
+        are properties of the weights and tables already in memory. `attention=False`: the
+        hypotheses carry no attention (None; the same translations), and the search holds none
+        (batch x beam x steps x source floats), unless replace_unk needs it."""
         s = self.search if search is None else search
         if (s.precision, s.shortlist) != (self.search.precision, self.search.shortlist):
             raise ValueError("precision and shortlist are chosen when the model is loaded "
@@ -262,11 +282,13 @@ class Translator:
         # batch runs first so an out-of-memory error shows at once.
         todo.sort(key=lambda x: -len(x[1]))
         for chunk in batches_by_budget(todo, s.max_sentences, s.max_tokens):
-            for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk], s)):
-                out[i].hypotheses = [self._hypothesis(h, out[i], s) for h in hyps]
+            for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk], s,
+                                                         attention or s.replace_unk)):
+                out[i].hypotheses = [self._hypothesis(h, out[i], s, attention) for h in hyps]
         return out  # type: ignore[return-value]
 
-    def _search(self, batch: list[list[int]], s: SearchConfig) -> list[list[dict]]:
+    def _search(self, batch: list[list[int]], s: SearchConfig,
+                attention: bool = True) -> list[list[dict]]:
         S = max(len(ids) for ids in batch)
         src = torch.full((len(batch), S), PAD, dtype=torch.long)  # B x S, right-padded
         for b, ids in enumerate(batch):
@@ -277,9 +299,10 @@ class Translator:
         return generate(self.models, src.to(self.device), lengths.to(self.device),
                         beam_size=s.beam, max_len_a=s.max_len_a, max_len_b=s.max_len_b,
                         min_len=s.min_len, lenpen=s.lenpen, unk_penalty=s.unk_penalty,
-                        nbest=s.nbest, vocab=vocab)
+                        nbest=s.nbest, vocab=vocab, attention=attention)
 
-    def _hypothesis(self, h: dict, tr: Translation, s: SearchConfig) -> Hypothesis:
+    def _hypothesis(self, h: dict, tr: Translation, s: SearchConfig,
+                    attention: bool) -> Hypothesis:
         tokens = h["tokens"].tolist()
         ids = tokens[:-1] if tokens and tokens[-1] == EOS else tokens
         if s.replace_unk and UNK in ids:
@@ -291,7 +314,7 @@ class Translator:
         text = normalize(text)
         return Hypothesis(text=text, score=h["score"], tokens=tokens,
                           positional_scores=h["positional_scores"].tolist(),
-                          attention=h["attention"])
+                          attention=h["attention"] if attention else None)
 
     def _replace_unk(self, ids: list[int], tr: Translation, attention: torch.Tensor) -> str:
         """Each <unk> becomes the source *word* holding its most attended source piece (layer
