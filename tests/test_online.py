@@ -99,10 +99,10 @@ def test_a_failing_search_fails_its_own_requests_and_cut_sentences_are_named(tin
         "batch_wait_ms": 500})
     real = replica.translator.translate_full
 
-    def fails_at_beam_5(sentences, search):
+    def fails_at_beam_5(sentences, search, attention):
         if search.beam == 5:
             raise RuntimeError("CUDA out of memory (as a wide beam would)")
-        return real(sentences, search)
+        return real(sentences, search, attention)
 
     replica.translator.translate_full = fails_at_beam_5
 
@@ -125,6 +125,68 @@ def test_a_failing_search_fails_its_own_requests_and_cut_sentences_are_named(tin
     for params in ("ab", 5, [["beam", 2]]):
         with pytest.raises(RequestError, match=r'"params" must be a JSON object'):
             asyncio.run(replica.translate({"inputs": ["a"], "params": params}))
+
+
+def test_a_request_is_bounded_by_the_work_it_may_ask_before_any_search(tiny_checkpoints):
+    """Within every per-setting limit, a request's search may still run for minutes: it is
+    refused (400, naming the limit and its variable) when its sentences x beam x steps pass
+    CONVS2S_SERVE_MAX_WORK, its attention CONVS2S_SERVE_MAX_ATTENTION, or its min_len the most
+    pieces any sentence may get; no sentences and a "params" that is not an object are bad
+    requests too. The largest default request fits. (The replica's class, without Serve.)"""
+    import asyncio
+
+    from convs2s.serving.online import TranslatorReplica
+    from convs2s.serving.requests import (MAX_ATTENTION, MAX_SENTENCES, MAX_WORK, RequestError,
+                                          batch_bound, check_work)
+
+    replica = TranslatorReplica({
+        **config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+        "search": SEARCH, "min_replicas": None, "max_replicas": None, "replicas": 1})
+    tr = replica.translator
+    long = " ".join(["a small house"] * 250)  # cut to the tiny model's 256 positions
+    for body, says in [
+        ({"inputs": []}, "no sentences"),
+        *[({"inputs": ["a"], "params": p}, '"params" must be a JSON object')
+          for p in ([], 0, False, "")],
+        ({"inputs": ["a"], "params": {"beam": 16, "max_len_b": 1024, "min_len": 1024}},
+         "min_len=1024 is more output pieces than this search gives any sentence: at most 255"),
+        ({"inputs": [long] * 65, "params": {"beam": 16, "max_len_b": 1024, "min_len": 255}},
+         f"this request may take 266,240 hypothesis steps (65 sentences x beam 16 x up to 256 "
+         f"steps each: max_len_a=0 x source positions + max_len_b=1024 output pieces + EOS); "
+         f"at most {MAX_WORK:,} (CONVS2S_SERVE_MAX_WORK)"),
+        ({"inputs": [long] * 5, "params": {"beam": 16, "max_len_b": 255, "attention": True}},
+         f"at most {MAX_ATTENTION:,} (CONVS2S_SERVE_MAX_ATTENTION)"),
+    ]:
+        with pytest.raises(RequestError) as err:
+            asyncio.run(replica.translate(body))
+        assert says in str(err.value), (body, str(err.value))
+    assert replica.batches == 0  # refused before any search
+    # one sentence fewer is at the limit, as the attention of 4 is (beam x steps x source
+    # positions: 16 x 256 x 256 each)
+    check_work(tr.source_lengths([long] * 64), tr.search.replace(
+        beam=16, max_len_b=1024, min_len=255), tr.max_positions)
+    check_work(tr.source_lengths([long] * 4), tr.search.replace(beam=16, max_len_b=255),
+               tr.max_positions, attention=True)
+    # the largest request at the default search (beam 5, 200 pieces) and longest sources fits
+    assert MAX_WORK == MAX_SENTENCES * 1024
+    check_work([tr.max_positions] * MAX_SENTENCES, SearchConfig(), tr.max_positions)
+    # a search keeping attention is cut into batches of at most MAX_ATTENTION of it; one
+    # without is searched as it is
+    default = SearchConfig()
+    assert batch_bound(default, 1024, attention=False) is default
+    bounded = batch_bound(default, 1024, attention=True)
+    assert bounded.max_tokens * default.beam * (200 + 1) <= MAX_ATTENTION
+    assert batch_bound(default.replace(replace_unk=True), 1024, False).max_tokens == \
+        bounded.max_tokens
+    # the server's operator sets the limits (the environment, read at import)
+    code = ("from convs2s.config import SearchConfig\n"
+            "from convs2s.serving.requests import RequestError, check_work\n"
+            "try:\n    check_work([10] * 2, SearchConfig(), 256)\n"
+            "except RequestError as err:\n    print(err)")
+    env = {**__import__("os").environ, "CONVS2S_SERVE_MAX_WORK": "2000"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=60).stdout
+    assert "2,010 hypothesis steps" in out and "at most 2,000 (CONVS2S_SERVE_MAX_WORK)" in out
 
 
 def alone(checkpoint: str, sentences: list[str], **changes) -> list[str]:

@@ -79,6 +79,34 @@ def test_ensemble_with_dictionary_round_trips_through_a_fresh_process(tiny_check
     assert expected[1] == ""
 
 
+def test_the_pyfunc_model_bounds_a_request_before_any_search(tiny_checkpoints):
+    """The pyfunc model refuses (MLflow's 400) what the Ray Serve deployment refuses: no
+    sentences, a min_len no sentence can reach, more work than CONVS2S_SERVE_MAX_WORK (its
+    own logged settings' too); within the limits it translates as the Translator does."""
+    from mlflow.exceptions import MlflowException
+
+    from convs2s.serving.pyfunc import TranslatorModel
+    from convs2s.serving.requests import MAX_SENTENCES
+
+    model = TranslatorModel()
+    model.translator = load_for_inference([tiny_checkpoints["a"]], search=SearchConfig(
+        beam=2, max_len_a=0, max_len_b=6))
+    lines = ["The cat sleeps .", ""]
+    assert model.predict(None, lines) == model.translator.translate(lines)
+    long = " ".join(["a small house"] * 250)  # cut to the tiny model's 256 positions
+    for inputs, params, says in [
+        ([], None, "no sentences"),
+        (["a"], {"beam": 16, "max_len_b": 1024, "min_len": 1024}, "min_len=1024 is more"),
+        ([long] * 65, {"beam": 16, "max_len_b": 1024}, "(CONVS2S_SERVE_MAX_WORK)"),
+    ]:
+        with pytest.raises(MlflowException) as err:
+            model.predict(None, inputs, params)
+        assert err.value.get_http_status_code() == 400 and says in err.value.message
+    model.translator.search = SearchConfig(beam=16, max_len_b=1024)  # as logged
+    with pytest.raises(MlflowException, match=r"CONVS2S_SERVE_MAX_WORK"):
+        model.predict(None, [long] * MAX_SENTENCES)
+
+
 def _download_mlmodel(tracking_uri: str, model_uri: str, tmp_path: Path) -> Path:
     import mlflow
 

@@ -14,8 +14,10 @@ HTTP (port 8000 unless --port):
         -> {"predictions": [[{"text", "score", "alignment", "attention"}, ...], ...]}
         (+ "truncated": [i, ...]: the sentences cut to the model's positions, partly translated)
     GET /health -> {"status": "ok", "model": ..., "precision": ..., "replica": ...}
-A request over the limits (convs2s.serving.requests) is an HTTP 400 naming the limit; a body
-that is not a JSON object with a list of strings, a 422.
+A request over the limits (convs2s.serving.requests: sentences, characters, search settings,
+the work its settings may ask) is an HTTP 400 naming the limit, before any search; so are no
+sentences (`"inputs": []`) and a "params" that is not an object; a body that is not a JSON
+object, a 422. Attention is kept only for a request that asks it.
 
 Dynamic batching: every sentence of every request waiting at a replica joins one queue; when
 the replica's search thread is free, one consumer takes every sentence waiting (up to
@@ -46,7 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convs2s.config import SearchConfig
-from convs2s.serving.requests import RequestError, check_sentences, search_for
+from convs2s.serving.requests import (RequestError, batch_bound, check_sentences, check_work,
+                                      search_for)
 
 log = logging.getLogger("convs2s.serving.online")
 
@@ -84,6 +87,21 @@ class ServeSettings:
             raise ValueError("need 0 <= --min-replicas <= --max-replicas")
         if self.batch_wait_ms < 0:
             raise ValueError("batch_wait_ms must be >= 0")
+
+    def for_replicas(self) -> "ServeSettings":
+        """These settings with their local paths absolute (checkpoints, sentencepiece model,
+        shortlist, dictionary), as the replicas, which do not run in this process's folder,
+        must be given them; URIs as they are."""
+        from dataclasses import replace
+
+        from convs2s.serving.corpus import worker_path
+
+        search = dict(self.search)
+        for name in ("shortlist", "dictionary"):
+            if search.get(name):
+                search[name] = worker_path(search[name])
+        return replace(self, checkpoints=[worker_path(c) for c in self.checkpoints],
+                       spm_model=worker_path(self.spm_model), search=search)
 
     def deployment_options(self) -> dict:
         actor = {"num_cpus": self.threads_per_replica}
@@ -243,13 +261,18 @@ class TranslatorReplica:
         self.batches, self.search_s = 0, 0.0  # searches run, and their time
 
     async def translate(self, body: dict) -> dict:
-        """A request body -> {"predictions": [...]}; RequestError for a bad request."""
+        """A request body -> {"predictions": [...]}; RequestError for a bad request: one over
+        the limits (convs2s.serving.requests, its work included, measured on its sentences'
+        source pieces before any search), no sentences (`"inputs": []`: a 400, not an empty
+        answer), a "params" that is not a JSON object (`[]`, `0`, `""` too: not read as
+        "no params")."""
         if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
             raise RequestError('the body must be a JSON object {"inputs": ["a sentence", ...], '
                                '"params": {...}}')
         sentences = body["inputs"]
         check_sentences(sentences)
-        params = body.get("params") or {}
+        params = body.get("params")
+        params = {} if params is None else params
         if not isinstance(params, dict):
             raise RequestError(f'"params" must be a JSON object of search settings, got '
                                f"{type(params).__name__}")
@@ -258,7 +281,13 @@ class TranslatorReplica:
         if not isinstance(attention, bool):
             raise RequestError(f"attention must be true or false, got {attention!r}")
         search = search_for(self.translator.search, params)
-        answers = await asyncio.gather(*[self._enqueue(_Item(s or "", search, attention))
+        sentences = [s or "" for s in sentences]
+        # (the tokenizer, off the event loop: the replica keeps taking requests)
+        lengths = await asyncio.to_thread(self.translator.source_lengths, sentences)
+        max_positions = self.translator.max_positions
+        check_work(lengths, search, max_positions, attention)
+        search = batch_bound(search, max_positions, attention)
+        answers = await asyncio.gather(*[self._enqueue(_Item(s, search, attention))
                                          for s in sentences])
         self.served += len(sentences)
         out = {"predictions": [answer for answer, _ in answers]}
@@ -344,7 +373,7 @@ class TranslatorReplica:
             for (search, attention), idx in groups.items():
                 try:  # a group that fails (out of memory at a wide beam) fails its own requests
                     trs = self.translator.translate_full([items[i].sentence for i in idx],
-                                                         search)
+                                                         search, attention=attention)
                     for i, tr in zip(idx, trs):
                         answers[i] = (_answer(tr, search, attention), tr.truncated)
                 except Exception as err:  # noqa: BLE001 - given to those requests' callers
@@ -384,8 +413,9 @@ def deployment(settings: ServeSettings):
 
 def build_app(args: dict):
     """Serve's application builder (`import_path: convs2s.serving.online:build_app` in a
-    config file, infra/serve/translator.yaml): `args` are ServeSettings fields."""
-    settings = ServeSettings(**args)
+    config file, infra/serve/translator.yaml): `args` are ServeSettings fields, local paths
+    taken from the folder it runs in (`serve run`'s, `python -m convs2s serve`'s)."""
+    settings = ServeSettings(**args).for_replicas()
     if settings.model:
         settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
     return deployment(settings)

@@ -46,7 +46,8 @@ from pathlib import Path
 import mlflow
 import mlflow.pyfunc
 
-from convs2s.serving.requests import RequestError, check_sentences, search_for
+from convs2s.serving.requests import (RequestError, batch_bound, check_sentences, check_work,
+                                      search_for)
 
 SEARCH_FILE = "search.json"
 PRECISION_TAG = "convs2s.inference_precision"  # on the logged model
@@ -92,13 +93,17 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         # The list[str] type hints give the model its signature: MLflow checks and converts
         # inputs (a list, or a one-column DataFrame from the REST server) to a list of str.
         check_request(model_input)
-        search = self.translator.search
-        if params:
-            try:
-                search = search_for(search, params, PYFUNC_PARAMS)
-            except RequestError as err:
-                raise _bad_request(str(err)) from None
-        return self.translator.translate([s or "" for s in model_input], search)
+        sentences = [s or "" for s in model_input]
+        tr = self.translator
+        try:
+            search = search_for(tr.search, params, PYFUNC_PARAMS) if params else tr.search
+            # the work its settings may ask, measured on its source pieces (the logged
+            # settings' too): refused before any search
+            check_work(tr.source_lengths(sentences), search, tr.max_positions)
+        except RequestError as err:
+            raise _bad_request(str(err)) from None
+        # (no attention kept, but for replace_unk: then batches bounded by its size)
+        return tr.translate(sentences, batch_bound(search, tr.max_positions, False))
 
 
 def _bad_request(message: str):
