@@ -33,7 +33,7 @@ from pathlib import Path
 
 from convs2s.config import INFERENCE_PRECISIONS, SearchConfig
 from convs2s.metrics.task_kinds import KINDS, task_kind
-from storage import StorageError, check_storage, is_uri, location, open_input
+from storage import StorageError, check_storage, is_uri, location
 
 # Each command imports what it needs when it runs: `convs2s-translate` does not pay for
 # matplotlib (attention) or sacreBLEU / rouge (score) at start-up.
@@ -56,17 +56,30 @@ def _check_input(path: str | None) -> None:
         raise FileNotFoundError(f"input file {path} does not exist")
 
 
-def _read_lines(path: str | None) -> Iterator[str]:
+def _check_not_the_input(path: str | None, output: str | None) -> None:
+    """--output naming the --input file would replace the source by its translation."""
+    if path in (None, "-") or not output:
+        return
+    src, dst = location(path), location(output)
+    same = src.samefile(dst) if isinstance(src, Path) and isinstance(dst, Path) \
+        and dst.exists() else str(src) == str(dst)
+    if same:
+        raise ValueError(f"--output {output} is the --input file: its translation would "
+                         "replace the source; give another --output")
+
+
+def _read_lines(path: str | None, column: str | None = None) -> Iterator[str]:
     """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced.
-    `translate` has checked a named file with `_check_input`."""
+    A named input (checked with `_check_input`) is read as --actors reads it: text, .gz or a
+    parquet column (`convs2s.serving.corpus.input_lines`); it is opened here, so a .gz that is
+    not gzip or a missing column is a CorpusError before anything loads."""
     if path in (None, "-"):
         stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
                                   newline="\n")
-        yield from (line.rstrip("\n") for line in stream)
-        return
-    with io.TextIOWrapper(open_input(path), encoding="utf-8", errors="replace",
-                          newline="\n") as f:
-        yield from (line.rstrip("\n") for line in f)
+        return (line.rstrip("\n") for line in stream)
+    from convs2s.serving.corpus import input_lines
+
+    return input_lines(path, column, replace_invalid=True)
 
 
 def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -88,7 +101,10 @@ def _translate_parser() -> argparse.ArgumentParser:
                    help="checkpoint directories; several = an ensemble")
     p.add_argument("--spm-model", help="sentencepiece model (default: the one bundled with "
                    "the checkpoints)")
-    p.add_argument("--input", help="source text, one sentence per line (default: stdin)")
+    p.add_argument("--input", help="source text, one sentence per line (default: stdin); "
+                   "a .gz of it, or a .parquet file's text column")
+    p.add_argument("--column", help="parquet input: the text column (default: its only "
+                   "string column)")
     p.add_argument("--output", help="where translations go (default: stdout)")
     p.add_argument("--beam", type=int, default=d.beam)
     p.add_argument("--lenpen", type=float, default=d.lenpen)
@@ -133,8 +149,6 @@ def _translate_parser() -> argparse.ArgumentParser:
     big.add_argument("--shard-lines", type=int, default=10_000,
                      help="input lines per part: the unit of work, progress and resume; "
                           "equal to --buffer-size, parts are batched as one process batches")
-    big.add_argument("--column", help="parquet input: the text column (default: its only "
-                     "string column)")
     big.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -226,8 +240,10 @@ def translate(argv: list[str] | None = None) -> int:
             _check_input(args.input)  # before anything is loaded or written
             if args.output and location(args.output).is_dir():
                 raise ValueError(f"--output {args.output} is a directory: give a file name")
+            _check_not_the_input(args.input, args.output)
             if args.output and is_uri(args.output):
                 check_storage(location(args.output).parent, "--output", write=True)
+            lines = _read_lines(args.input, args.column)
     except (OSError, ValueError, StorageError) as err:  # (CorpusError is a ValueError)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
@@ -244,6 +260,7 @@ def translate(argv: list[str] | None = None) -> int:
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import format_translation, load_for_inference
+    from convs2s.serving.corpus import CorpusError
 
     # int8 weights run on PyTorch's quantized CPU kernels: the CPU unless --device says else
     device = args.device or ("cuda" if torch.cuda.is_available() and args.precision != "int8"
@@ -264,8 +281,9 @@ def translate(argv: list[str] | None = None) -> int:
     n, t0 = 0, time.perf_counter()
     try:
         with torch.inference_mode():
-            for chunk in _chunks(_read_lines(args.input), args.buffer_size):
-                for tr in translator.translate_full(chunk):
+            for chunk in _chunks(lines, args.buffer_size):
+                # (attention only for --print-attention's alignments: a search keeps none else)
+                for tr in translator.translate_full(chunk, attention=args.print_attention):
                     out.write(format_translation(tr, n, args.nbest, args.print_attention))
                     n += 1
                 out.flush()
@@ -275,7 +293,7 @@ def translate(argv: list[str] | None = None) -> int:
                 location(args.output).upload(tmp)
             else:
                 os.replace(tmp, args.output)
-    except OSError as err:
+    except (OSError, CorpusError) as err:  # (CorpusError: a .gz found cut short)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     finally:
@@ -321,9 +339,11 @@ def score(argv: list[str] | None = None) -> int:
                    help="the task kind, which decides the metrics (default: translation)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     args = p.parse_args(argv)
-    from convs2s.metrics.scoring import read_lines
-
-    hyps, refs = read_lines(args.hyp), read_lines(args.ref)
+    try:
+        hyps, refs = _text_file_lines("--hyp", args.hyp), _text_file_lines("--ref", args.ref)
+    except ValueError as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
     if len(hyps) != len(refs):
         p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
     if args.task == "translation" and not args.lang:
@@ -340,6 +360,22 @@ def score(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _text_file_lines(flag: str, path: str) -> list[str]:
+    """The lines `score` reads (convs2s.metrics.scoring.read_lines); a file that is missing,
+    unreadable or not UTF-8 is a ValueError naming it."""
+    from convs2s.metrics.scoring import read_lines
+
+    try:
+        return read_lines(path)
+    except FileNotFoundError:
+        raise ValueError(f"{flag} {path} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{flag} {path} is not UTF-8 text (byte {err.start}: "
+                         f"{err.object[err.start:err.start + 1]!r}): give it as UTF-8") from None
+    except OSError as err:
+        raise ValueError(f"{flag} {path} cannot be read: {err.strerror or err}") from None
+
+
 def attention(argv: list[str] | None = None) -> int:
     """python -m convs2s attention."""
     p = argparse.ArgumentParser(prog="python -m convs2s attention",
@@ -350,12 +386,22 @@ def attention(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len-b", type=int, default=200, help="most output pieces")
     p.add_argument("sentences", nargs="+", help="source sentences to translate and plot")
     args = p.parse_args(argv)
+    try:  # (a bad --beam or --max-len-b before torch loads)
+        search = SearchConfig(beam=args.beam, max_len_b=args.max_len_b)
+    except ValueError as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
     from convs2s.inference.attention_plot import plot_attention
-    from convs2s.inference.translate import load_for_inference
+    from convs2s.inference.quantize import PrecisionError
+    from convs2s.inference.translate import CheckpointError, load_for_inference
 
-    translator = load_for_inference(
-        args.checkpoint, search=SearchConfig(beam=args.beam, max_len_b=args.max_len_b))
-    for path in plot_attention(translator, args.sentences, args.out):
+    try:
+        translator = load_for_inference(args.checkpoint, search=search)
+        paths = plot_attention(translator, args.sentences, args.out)
+    except (CheckpointError, PrecisionError, OSError) as err:  # one line naming the file
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 
@@ -463,16 +509,22 @@ def serve(argv: list[str] | None = None) -> int:
             threads_per_replica=args.threads_per_replica,
             gpus_per_replica=args.gpus_per_replica, max_batch_size=args.max_batch_size,
             batch_wait_ms=args.batch_wait_ms)
+        logged = {}  # the logged model's search, which the flags change
         if settings.model:  # resolved (and an alias pinned) before Ray starts
             settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
             from convs2s.serving.online import fetch_logged_model, logged_model_artifacts
 
-            logged_model_artifacts(fetch_logged_model(settings.model, settings.tracking_uri))
+            arts = logged_model_artifacts(fetch_logged_model(settings.model,
+                                                             settings.tracking_uri))
+            logged = json.loads(Path(arts["search"]).read_text())
         else:
             for c in settings.checkpoints:
                 if not location(c).is_dir():
                     raise ValueError(f"checkpoint {c} does not exist: give a checkpoint "
                                      "directory of a training run (e.g. RUN/train/best)")
+        # the search the replicas would build (a --beam 0 or a --max-len-b -1 is refused here,
+        # not by every replica once Ray has started)
+        SearchConfig.from_dict({**logged, **search})
     except ValueError as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2

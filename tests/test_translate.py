@@ -284,3 +284,193 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
         assert rc == 2 and said in err and err.count("\n") == 1, err
     assert loaded == []
     assert not (tmp_path / "parts").exists()
+
+
+def test_a_translation_without_attention_is_the_same_and_keeps_none(tiny_checkpoints,
+                                                                     tmp_path):
+    """translate_full(attention=False) (the command without --print-attention, corpus parts,
+    served requests that do not ask it): the same hypotheses, none of the attention; replace_unk
+    still finds its source words (the search keeps attention for it)."""
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT.replace(nbest=2))
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:6]] + [""]
+    kept, none = tr.translate_full(lines), tr.translate_full(lines, attention=False)
+    assert [[(h.text, h.score) for h in t.hypotheses] for t in none] == \
+        [[(h.text, h.score) for h in t.hypotheses] for t in kept]
+    assert all(h.attention is None for t in none for h in t.hypotheses)
+    with pytest.raises(ValueError, match="searched without attention"):
+        none[0].hypotheses[0].alignment()
+    table = tmp_path / "lex.txt"
+    table.write_text("cat CHAT\n")
+    unk = load_for_inference([tiny_checkpoints["a"]], search=SHORT.replace(
+        unk_penalty=-1e4, replace_unk=True, dictionary=str(table)))
+    line = ["The cat sleeps near the old house ."]
+    assert unk.translate_full(line, attention=False)[0].text == unk.translate_full(line)[0].text
+    assert set(unk.translate(line)[0].split()) <= set(line[0].split()) | {"CHAT"}
+
+
+def test_the_command_reads_gz_and_parquet_inputs_as_actors_do(tiny_checkpoints, tmp_path,
+                                                              capsys):
+    """--input mono.en.gz or a parquet column in one process: the lines the plain file gives
+    (as --actors reads them); a .gz that is not gzip, cut short, or a parquet file without
+    the column: one error line, exit 2, the output untouched."""
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    lines = ["The cat sleeps .", "", "A dog runs near the river ."]
+    plain = tmp_path / "mono.en"
+    plain.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+    (tmp_path / "mono.en.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    pq.write_table(pa.table({"id": ["1", "2", "3"], "en": lines}), tmp_path / "mono.parquet")
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "1", "--max-len-b", "5",
+            "--device", "cpu", "--threads", "1"]
+    for name, extra in (("mono.en", []), ("mono.en.gz", []),
+                        ("mono.parquet", ["--column", "en"])):
+        assert main([*args, "--input", str(tmp_path / name), "--output",
+                     str(tmp_path / f"{name}.out"), *extra]) == 0
+    want = (tmp_path / "mono.en.out").read_text()
+    assert len(want.splitlines()) == 3
+    assert (tmp_path / "mono.en.gz.out").read_text() == want
+    assert (tmp_path / "mono.parquet.out").read_text() == want
+    capsys.readouterr()
+    (tmp_path / "text.gz").write_bytes(b"plain text, not gzip\n")
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(plain.read_bytes() * 50)[:40])
+    existing = tmp_path / "existing.txt"
+    existing.write_text("earlier translations\n")
+    for name, extra, says in (("text.gz", [], "is not a whole gzip file"),
+                              ("cut.gz", [], "is not a whole gzip file"),
+                              ("mono.parquet", [], "2 string columns (id, en)"),
+                              ("mono.parquet", ["--column", "de"], "no string column 'de'")):
+        assert main([*args, "--input", str(tmp_path / name), "--output", str(existing),
+                     *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0] and says in err[0], err
+        assert existing.read_text() == "earlier translations\n"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_an_output_that_is_the_input_is_refused(tiny_checkpoints, tmp_path, capsys):
+    """--output naming the --input file (however spelled, or through a link) would replace the
+    source by its translation: one error line, exit 2, the source untouched."""
+    src = tmp_path / "same.en"
+    src.write_text("The cat .\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.en").symlink_to(src)
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "1", "--max-len-b", "5"]
+    for output in (src, tmp_path / "sub" / ".." / "same.en", tmp_path / "link.en"):
+        assert main([*args, "--input", str(src), "--output", str(output)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is the --input file" in err[0], err
+        assert src.read_text() == "The cat .\n"
+
+
+def test_score_attention_serve_and_average_refuse_bad_input_in_one_line(tiny_checkpoints,
+                                                                        tmp_path):
+    """A missing or non-UTF-8 file to score, a missing checkpoint or a beam of 0 to plot, a
+    search the replicas could not build, an averaging --out that holds files: one error line,
+    exit 2, before anything is written or Ray starts."""
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("a\n")
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("caf\u00e9\n".encode("latin-1"))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    ck, pics = tiny_checkpoints["a"], str(tmp_path / "pics")
+    cases = {
+        ("score", "--hyp", str(tmp_path / "missing.txt"), "--ref", str(hyp), "--lang", "fr"):
+            "--hyp " + str(tmp_path / "missing.txt") + " does not exist",
+        ("score", "--hyp", str(hyp), "--ref", str(latin1), "--lang", "fr"):
+            "latin1.txt is not UTF-8 text",
+        ("attention", "--checkpoint", str(tmp_path / "nope"), "--out", pics, "a cat"):
+            "nope does not exist",
+        ("attention", "--checkpoint", ck, "--beam", "0", "--out", pics, "a cat"):
+            "beam must be >= 1",
+        ("serve", "--checkpoint", ck, "--beam", "0"): "beam must be >= 1",
+        ("serve", "--checkpoint", ck, "--max-len-b", "-1"): "max_len_b must be >= 0",
+        ("average", ck, "--out", str(taken)): "exists and is not empty",
+    }
+    results, loaded = calls_in_a_fresh_process(
+        "from convs2s.cli import main", "main(list(extra))", [list(c) for c in cases],
+        modules=("ray",))
+    for (rc, err), (case, says) in zip(results, cases.items()):
+        assert rc == 2 and says in err and err.count("\n") == 1, (case, err)
+    assert loaded == []  # Ray never started
+    assert not (tmp_path / "pics").exists()
+
+
+# --- the corpus job's output (convs2s.serving.corpus, the --actors path), without Ray -----------
+
+
+def test_corpus_part_names_sort_in_input_order_past_99999_parts():
+    """`cat <output>/part-*.txt` reads the parts in order: past 99,999 parts every part's number
+    is as wide as the last one's; up to there the names stay five digits (a folder written
+    before resumes)."""
+    from convs2s.serving.corpus import part_name, part_width
+
+    assert part_width(1) == part_width(100_000) == 5 and part_width(100_001) == 6
+    assert part_name(7, "txt", part_width(100_000)) == "part-00007.txt"
+    for parts in (100_000, 100_001, 12_345_678):
+        w = part_width(parts)
+        names = [part_name(i, "txt", w) for i in sorted({0, 9, 10_000, 99_999, parts - 1})]
+        assert sorted(names) == names, names
+
+
+def test_a_corpus_job_records_the_version_of_each_file_it_reads_by_path(tiny_checkpoints,
+                                                                        tmp_path):
+    """The sentencepiece model and the replace-unk dictionary regenerated at the same path make
+    another job: a rerun into the same output is refused (not a mix of old and new parts)."""
+    import json
+    import os
+    import shutil
+
+    from convs2s.serving.corpus import (JOB_FILE, CorpusError, CorpusJob, _identity,
+                                        translate_corpus)
+
+    src = tmp_path / "in.en"
+    src.write_text("a cat\n")
+    spm = tmp_path / "spm.model"
+    shutil.copyfile(tiny_checkpoints["spm"], spm)
+    lex = tmp_path / "lex.txt"
+    lex.write_text("cat CHAT\n")
+    search = SHORT.replace(replace_unk=True, dictionary=str(lex))
+    job = CorpusJob([tiny_checkpoints["a"]], str(src), str(tmp_path / "out"), search=search,
+                    spm_model=str(spm), progress=False)
+    first = _identity(job)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / JOB_FILE).write_text(json.dumps(first))
+    st = spm.stat()
+    spm.write_bytes(spm.read_bytes())  # regenerated: the same bytes, a new version
+    os.utime(spm, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    lex.write_text("cat KATZE\n")
+    now = _identity(job)
+    assert sorted(k for k in now if now[k] != first.get(k)) == ["dictionary_stamp",
+                                                                "spm_model_stamp"]
+    with pytest.raises(CorpusError, match=r"another job \(changed: dictionary_stamp, "
+                                          r"spm_model_stamp\)"):
+        translate_corpus(job)
+    plain = CorpusJob([tiny_checkpoints["a"]], str(src), str(tmp_path / "out2"), search=SHORT)
+    assert not [k for k in _identity(plain) if k.endswith("_stamp") and k != "input_stamp"]
+
+
+def test_ray_workers_get_absolute_local_paths(tiny_checkpoints, tmp_path, monkeypatch):
+    """Corpus actors and serving replicas do not run in the driver's folder: the local paths
+    they are given (checkpoints, sentencepiece model, output, shortlist, dictionary) are
+    absolute; URIs stay as they are."""
+    from convs2s.serving.corpus import _worker_search, worker_path
+    from convs2s.serving.online import ServeSettings
+
+    monkeypatch.chdir(tmp_path)
+    assert worker_path("runs/best") == str(tmp_path / "runs" / "best")
+    assert worker_path("s3://bucket/best") == "s3://bucket/best"
+    assert worker_path(None) is None
+    search = _worker_search(SHORT.replace(replace_unk=True, dictionary="lex.txt",
+                                          shortlist="sl/shortlist.npz"))
+    assert (search["dictionary"], search["shortlist"]) == \
+        (str(tmp_path / "lex.txt"), str(tmp_path / "sl" / "shortlist.npz"))
+    s = ServeSettings(checkpoints=["runs/best", "s3://b/ck"], spm_model="spm.model",
+                      search={"beam": 2, "shortlist": "sl.npz"}).for_replicas()
+    assert s.checkpoints == [str(tmp_path / "runs" / "best"), "s3://b/ck"]
+    assert (s.spm_model, s.search) == (str(tmp_path / "spm.model"),
+                                       {"beam": 2, "shortlist": str(tmp_path / "sl.npz")})

@@ -26,7 +26,8 @@ pool, docs/reference.md, Ray):
    and out, failures by reason (empty input lines, kept empty; lines that were not UTF-8, kept
    empty; lines cut to the model's positions), the model, the search, the time and the rate.
 
-`cat <output>/part-*.txt` is the translation in input order. A rerun with the same input,
+`cat <output>/part-*.txt` is the translation in input order (part numbers are as wide as the
+last one's, five digits at least, so that they sort in order). A rerun with the same input,
 model and settings skips the finished parts (no line lost or repeated); with another input,
 model or settings it is refused (a new --output, or delete the folder). One job at a time per
 output folder (`storage.lease.RunLease`). A folder this command did not write is never used.
@@ -41,12 +42,13 @@ import logging
 import os
 import sys
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
-from storage import location, open_input, stamp, write_whole
+from storage import is_uri, location, open_input, stamp, write_whole
 from storage.lease import RunLease
 
 log = logging.getLogger("convs2s.serving.corpus")
@@ -99,28 +101,69 @@ def _read_json(path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def part_name(index: int, suffix: str) -> str:
-    return f"part-{index:05d}.{suffix}"
+def part_name(index: int, suffix: str, width: int = 5) -> str:
+    return f"part-{index:0{width}d}.{suffix}"
+
+
+def part_width(parts: int) -> int:
+    """Digits of the output parts' numbers: five, or as many as the last part's number needs,
+    so that `part-*.txt` sorts in input order (a folder of up to 100,000 parts keeps the names
+    it always had)."""
+    return max(5, len(str(parts - 1)))
+
+
+def worker_path(path: str | None) -> str | None:
+    """A path as a Ray worker must be given it: a local one made absolute (a worker or replica
+    does not run in this process's folder), a URI as it is."""
+    if path is None or is_uri(path) or str(path).startswith("file:"):
+        return None if path is None else str(path)
+    return os.path.abspath(path)
 
 
 # --- 1. split ---------------------------------------------------------------------------------
 
 
-def _input_lines(path: str, column: str | None):
-    """(text or None when the line is not UTF-8) per input line: text, gzip, or parquet."""
-    p = location(path)
-    name = p.name.lower()
+def input_lines(path: str, column: str | None = None, replace_invalid: bool = False):
+    """The lines of an input (text, .gz, or a parquet column; a local file or an object), split
+    on \\n only: per line its text, or None where it is not UTF-8 (with `replace_invalid`: its
+    text with U+FFFD for the bad bytes). The one reader of `translate`, with or without
+    --actors. Opened here: a parquet file without the column, or a .gz that is not gzip, is a
+    CorpusError now, not at the first line (as is a .gz cut short, when it is read)."""
+    name = location(path).name.lower()
     if name.endswith(".parquet"):
-        yield from _parquet_lines(path, column)
-        return
-    with open_input(path) as raw:
-        stream = gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw
-        for line in stream:
-            line = line.rstrip(b"\n")  # lines split on \n only, as `translate` reads them
-            try:
-                yield line.decode("utf-8")
-            except UnicodeDecodeError:
-                yield None
+        return _parquet_lines(path, column)
+    raw = open_input(path)
+    if not name.endswith(".gz"):
+        return _text_lines(path, raw, replace_invalid)
+    stream = gzip.GzipFile(fileobj=raw)
+    try:
+        stream.peek(1)
+    except (OSError, EOFError, zlib.error) as err:
+        raw.close()
+        raise _not_gzip(path, err) from None
+    return _text_lines(path, stream, replace_invalid, raw)
+
+
+def _not_gzip(path: str, err: Exception) -> CorpusError:
+    return CorpusError(f"input {path} is not a whole gzip file ({err or type(err).__name__}): "
+                       "give it compressed whole, or without .gz when it is plain text")
+
+
+def _text_lines(path: str, stream, replace_invalid: bool, raw=None):
+    errors = "replace" if replace_invalid else "strict"
+    try:
+        with stream:
+            for line in stream:
+                line = line.rstrip(b"\n")  # lines split on \n only, as the scorer reads them
+                try:
+                    yield line.decode("utf-8", errors)
+                except UnicodeDecodeError:
+                    yield None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # a .gz cut short or corrupt
+        raise _not_gzip(path, err) from None
+    finally:
+        if raw is not None:
+            raw.close()
 
 
 def _parquet_lines(path: str, column: str | None):
@@ -141,10 +184,14 @@ def _parquet_lines(path: str, column: str | None):
     elif column not in strings:
         raise CorpusError(f"{path}: no string column {column!r} (string columns: "
                           f"{', '.join(strings) or 'none'})")
-    for batch in pf.iter_batches(columns=[column], batch_size=8192):
-        for value in batch.column(0).to_pylist():
-            # a null is an empty line; a line break inside a value would split it in two
-            yield "" if value is None else value.replace("\n", " ")
+
+    def lines():
+        for batch in pf.iter_batches(columns=[column], batch_size=8192):
+            for value in batch.column(0).to_pylist():
+                # a null is an empty line; a line break inside a value would split it in two
+                yield "" if value is None else value.replace("\n", " ")
+
+    return lines()
 
 
 def split_input(job: CorpusJob, out) -> dict:
@@ -165,7 +212,7 @@ def split_input(job: CorpusJob, out) -> dict:
                        "lines": len(lines)})
         lines.clear()
 
-    for text in _input_lines(job.input, job.column):
+    for text in input_lines(job.input, job.column):
         total += 1
         if text is None:
             n_non_utf8 += 1
@@ -198,7 +245,7 @@ class ShardTranslator:
     part and then its counts."""
 
     def __init__(self, checkpoints: list[str], search: dict, device: str, threads: int,
-                 spm_model: str | None, output: str, nbest: int):
+                 spm_model: str | None, output: str, nbest: int, width: int = 5):
         import torch
 
         from convs2s.inference.translate import load_for_inference
@@ -208,7 +255,7 @@ class ShardTranslator:
         logging.getLogger("convs2s.inference.translate").setLevel(logging.ERROR)
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
                                              device, spm_model=spm_model)
-        self.out, self.nbest = location(output), nbest
+        self.out, self.nbest, self.width = location(output), nbest, width  # (part_width)
         # What this actor translates with, decided on its node (a float32 fallback where the
         # asked precision cannot run; int8's weight range by the CPU): each part records it,
         # and the manifest says when parts differ (a mixed cluster, a resume elsewhere).
@@ -230,15 +277,17 @@ class ShardTranslator:
             text = (self.out / SOURCE / part_name(index, "txt")).read_bytes().decode("utf-8")
             lines = text.split("\n")[:-1]
             with torch.inference_mode():
-                translations = self.translator.translate_full(lines)
-            write_whole(self.out / part_name(index, "txt"), "".join(
+                # (no attention kept: the parts are text)
+                translations = self.translator.translate_full(lines, attention=False)
+            write_whole(self.out / part_name(index, "txt", self.width), "".join(
                 format_translation(tr, 0, self.nbest, False) for tr in translations).encode())
             record = {"index": index, "lines": len(lines),
                       "empty": sum(1 for tr in translations if not tr.source),
                       "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
                       "precision": self.precision,
                       "seconds": round(time.perf_counter() - t0, 3)}
-            write_whole(self.out / part_name(index, "json"), json.dumps(record).encode())  # done
+            write_whole(self.out / part_name(index, "json", self.width),
+                        json.dumps(record).encode())  # done
             for k in rows:
                 rows[k].append(record[k])
         return rows
@@ -248,13 +297,31 @@ class ShardTranslator:
 
 
 def _identity(job: CorpusJob) -> dict:
-    """What the output's translations depend on: a rerun must match it to reuse parts."""
+    """What the output's translations depend on: a rerun must match it to reuse parts. The
+    files it reads by path (the checkpoints, and the sentencepiece model, shortlist table and
+    dictionary when given) are recorded with their version (size, mtime): one regenerated at
+    the same path is another job. (Their `*_stamp` keys only when given: an output written
+    without them resumes as before.)"""
     search = job.search.to_dict()
-    return {"input": str(job.input), "input_stamp": list(stamp(job.input)),
-            "checkpoints": [{"path": str(c), "stamp": list(stamp(location(c) / "checkpoint.pt"))}
-                            for c in job.checkpoints],
-            "spm_model": job.spm_model, "search": search, "shard_lines": job.shard_lines,
-            "column": job.column}
+    identity = {"input": str(job.input), "input_stamp": list(stamp(job.input)),
+                "checkpoints": [{"path": str(c),
+                                 "stamp": list(stamp(location(c) / "checkpoint.pt"))}
+                                for c in job.checkpoints],
+                "spm_model": job.spm_model, "search": search, "shard_lines": job.shard_lines,
+                "column": job.column}
+    for name, path in (("spm_model", job.spm_model), ("shortlist", job.search.shortlist),
+                       ("dictionary", job.search.dictionary)):
+        if path:
+            identity[f"{name}_stamp"] = list(stamp(path))
+    return identity
+
+
+def _worker_search(search: SearchConfig) -> dict:
+    """The search's settings for an actor: its files' local paths absolute."""
+    d = search.to_dict()
+    for name in ("shortlist", "dictionary"):
+        d[name] = worker_path(d[name])
+    return d
 
 
 def check_job(job: CorpusJob) -> None:
@@ -304,20 +371,22 @@ def translate_corpus(job: CorpusJob) -> dict:
             return json.loads((out / MANIFEST).read_text())
         source = split_input(job, out)
         t0 = time.perf_counter()
-        todo = [s for s in source["shards"] if not (out / part_name(s["index"], "json")).is_file()]
+        width = part_width(len(source["shards"]))
+        todo = [s for s in source["shards"]
+                if not (out / part_name(s["index"], "json", width)).is_file()]
         done_lines = source["lines"] - sum(s["lines"] for s in todo)
         if done_lines:
             log.info("resuming: %d of %d parts done already", len(source["shards"]) - len(todo),
                      len(source["shards"]))
         if todo:
-            _run_pool(job, todo, source["lines"], done_lines)
+            _run_pool(job, todo, source["lines"], done_lines, width)
         seconds = time.perf_counter() - t0
         manifest = _manifest(job, out, source, identity, seconds, len(todo))
         write_whole(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
     return manifest
 
 
-def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int) -> None:
+def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int, width: int) -> None:
     import ray
     from tqdm import tqdm
 
@@ -331,10 +400,13 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int) -> None:
                                       max_tasks_in_flight_per_actor=1)
     ds = ds.map_batches(
         ShardTranslator, batch_size=1, compute=pool, num_cpus=job.threads_per_actor, **gpus,
-        fn_constructor_kwargs=dict(checkpoints=[str(c) for c in job.checkpoints],
-                                   search=job.search.to_dict(), device=job.device,
-                                   threads=job.threads_per_actor, spm_model=job.spm_model,
-                                   output=str(job.output), nbest=job.search.nbest))
+        # (local paths absolute: the actors do not run in this process's folder)
+        fn_constructor_kwargs=dict(checkpoints=[worker_path(c) for c in job.checkpoints],
+                                   search=_worker_search(job.search), device=job.device,
+                                   threads=job.threads_per_actor,
+                                   spm_model=worker_path(job.spm_model),
+                                   output=worker_path(job.output), nbest=job.search.nbest,
+                                   width=width))
     # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started)
     with sigterm_as_ctrl_c(), \
             tqdm(total=total, initial=done, unit=" sentences", unit_scale=True, file=sys.stderr,
@@ -346,14 +418,15 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int) -> None:
 
 def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
               translated_parts: int) -> dict:
-    parts = [_read_json(out / part_name(s["index"], "json")) for s in source["shards"]]
+    width = part_width(len(source["shards"]))
+    parts = [_read_json(out / part_name(s["index"], "json", width)) for s in source["shards"]]
     missing = [s["index"] for s, p in zip(source["shards"], parts) if p is None]
     if missing:
         raise CorpusError(f"{job.output}: parts {missing[:5]} were not written; rerun the "
                           "same command to finish them")
     for s, p in zip(source["shards"], parts):
         if p["lines"] != s["lines"]:
-            raise CorpusError(f"{out / part_name(s['index'], 'json')} counts {p['lines']} "
+            raise CorpusError(f"{out / part_name(s['index'], 'json', width)} counts {p['lines']} "
                               f"lines, its source shard {s['lines']}: delete the part and rerun")
     lines = sum(p["lines"] for p in parts)
     truncated = [s["first_line"] + i for s, p in zip(source["shards"], parts)
@@ -362,7 +435,7 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
     return {
         "input": str(job.input), "lines_in": source["lines"],
         "lines_out": lines * job.search.nbest, "nbest": job.search.nbest,
-        "parts": [part_name(s["index"], "txt") for s in source["shards"]],
+        "parts": [part_name(s["index"], "txt", width) for s in source["shards"]],
         "failures": {
             # empty input lines (the not-UTF-8 ones among them) give empty output lines
             "empty": sum(p["empty"] for p in parts) - non_utf8["count"],
