@@ -102,12 +102,16 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
 
     w = smoke_workflow
     client, _, _, children = _store(w)
-    scores = {job: children[f"eval/{job}/demo_test"].data.metrics["bleu"]
-              for job in ("best", "avg_last2")}
+    valid, test = ({job: children[f"eval/{job}/{name}"].data.metrics["bleu"]
+                    for job in ("best", "avg_last2")} for name in ("demo_valid", "demo_test"))
     # Registered per test set: the smoke run's demo_test model is not the paper's newstest2014.
     mv = client.get_model_version_by_alias("wmt14_en_fr-demo_test", "champion")
     job = mv.tags["convs2s.job"]
-    assert scores[job] == max(scores.values())
+    # Chosen on the validation set (a tie: the first job, best); its test score only reported.
+    assert valid[job] == max(valid.values())
+    assert f"best model: {job} (bleu {valid[job]:.2f} on demo_valid, the validation set it is " \
+        f"chosen on; {test[job]:.2f} on demo_test) is models:/wmt14_en_fr-demo_test@champion" \
+        in w.stdout
     model = client.get_logged_model(mv.source.removeprefix("models:/"))
     assert model.name == f"smoke-test-{job}"
     assert json.loads(model.tags["mlflow.modelVersions"])[-1] == \
@@ -118,8 +122,8 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
     assert "python -m convs2s serve --model models:/wmt14_en_fr-demo_test@champion" in w.stdout
     assert not client.search_registered_models("name = 'wmt14_en_fr'")  # no paper model touched
     registered = client.get_registered_model("wmt14_en_fr-demo_test")
-    assert registered.tags["convs2s.test_set"] == "demo_test"
-    assert registered.tags["convs2s.test_set_digest"]
+    assert registered.tags["convs2s.chosen_on"] == "demo_valid"
+    assert registered.tags["convs2s.chosen_on_digest"]
 
     run_dir = w.storage / w.run_name / "train"
     if job == "best":

@@ -149,7 +149,8 @@ def test_runs_page_and_models_view_show_the_runs_their_data_and_each_models_bleu
     assert len(models) == 2
     expected = ["Models", "demo_test", "bleu"]
     for m in models:
-        bleu = next(x.value for x in m.metrics if x.key == "bleu")
+        bleu = next(x.value for x in m.metrics if x.key == "bleu"
+                    and x.dataset_name == "demo_test")
         expected += [m.name, _js_number(bleu)]
     models_url = mlflow_server + links["models"][links["models"].index("/#/"):]
     _until_shown(chromium, models_url, tmp_path, expected, "models", width=2800,

@@ -106,6 +106,24 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
     assert ro.preprocess.tgt_lang == "ro"  # scoring normalizes Romanian for "ro"
 
 
+def test_every_preset_chooses_its_champion_on_validation_data_never_on_a_test_set():
+    """Every task's presets score their validation split as they score the test set; the
+    registered model's champion is the best there, and the test set only reports its score
+    (and names the registered model)."""
+    from workflows.engine import champion_sets
+
+    for module in workflow_modules().values():
+        for preset, make in module.PRESETS.items():
+            cfg = make()
+            assert "valid" in cfg.test_sets, (cfg.name, preset)
+            assert champion_sets(cfg.test_sets) == (cfg.test_sets["valid"],
+                                                    cfg.test_sets["test"]), (cfg.name, preset)
+    # An added --test-set reports only; a run that scores no validation split chooses nothing.
+    assert champion_sets({"test": "t", "valid": "v", "extra": "e"}) == ("v", "t")
+    assert champion_sets({"extra": "e", "valid": "v"}) == ("v", "e")
+    assert champion_sets({"test": "t"}) == (None, "t")
+
+
 @pytest.mark.parametrize("name", sorted(WORKFLOWS))
 def test_smoke_presets_run_on_the_embedded_corpus_on_cpu(name):
     cfg = WORKFLOWS[name].smoke()
@@ -124,7 +142,7 @@ def test_data_flag_picks_the_source_and_paths_are_absolute(tmp_path, monkeypatch
     spec = resolve(paper, RunOptions(preset="paper", storage_path="out"))
     pre = spec.data
     assert pre.source == "hub" and pre.root == str(tmp_path / "out" / "preprocessed")
-    assert spec.test_sets == {"test": "newstest2014"}
+    assert spec.test_sets == {"test": "newstest2014", "valid": "newstest2013"}
     assert spec.run_dir.parent == tmp_path / "out" and spec.run_name.startswith("paper-")
     spec = resolve(paper, RunOptions(preset="paper", data="demo"))
     pre = spec.data
@@ -134,7 +152,7 @@ def test_data_flag_picks_the_source_and_paths_are_absolute(tmp_path, monkeypatch
     # (sentences longer than the model's positions dropped at the cut: the model's limit)
     assert pre == pconfig.demo().replace(root=str(tmp_path / "runs" / "preprocessed"),
                                          max_positions=spec.model.max_positions)
-    assert spec.test_sets == {"test": "demo_test"}
+    assert spec.test_sets == {"test": "demo_test", "valid": "demo_valid"}
     giga = resolve(gigaword.paper(), RunOptions(preset="paper", data="demo"))
     assert giga.data == pconfig.demo_summarization().replace(
         root=str(tmp_path / "runs" / "preprocessed"), max_positions=giga.model.max_positions)
@@ -188,8 +206,11 @@ def test_en_fr_smoke_tracks_a_parent_run_with_stage_children(smoke_workflow):
     assert f"mlflow ui --backend-store-uri {w.tracking_uri}" in out and "compare:" in out
     parent, children = _family(w.tracking_uri, w.experiment, w.run_name)
     assert parent.info.status == "FINISHED"
+    # Each set of weights scored on the test set and on the validation set (which chooses the
+    # champion: lineage.register_champion).
     assert set(children) == {"preprocess", "train", "eval/best/demo_test",
-                             "eval/avg_last2/demo_test"}
+                             "eval/avg_last2/demo_test", "eval/best/demo_valid",
+                             "eval/avg_last2/demo_valid"}
     assert all(c.info.status == "FINISHED" for c in children.values())
     # The parent holds the whole configuration and the final scores.
     p = parent.data.params
@@ -223,9 +244,9 @@ def test_rerun_with_the_same_name_resumes_and_skips_finished_stages(smoke_workfl
     before = {r.info.run_id for r in _runs(w.tracking_uri, w.experiment)}
     rc, out = _main(wmt14_en_fr, w.argv)
     assert rc == 0
-    assert "skipped (finished earlier): train, eval/best/demo_test, eval/avg_last2/demo_test" \
-        in out
-    assert out.count("(scored earlier)") == 2
+    assert "skipped (finished earlier): train, eval/best/demo_test, eval/avg_last2/demo_test, " \
+        "eval/best/demo_valid, eval/avg_last2/demo_valid" in out
+    assert out.count("(scored earlier)") == 4
     after = _runs(w.tracking_uri, w.experiment)
     assert {r.info.run_id for r in after} == before  # the same runs, reopened, none added
     # The same logged models (none logged twice) and the same champion version.
@@ -355,21 +376,22 @@ def test_other_workflows_smoke_end_to_end(name, other_smokes):
     evals = {n: c.data.metrics for n, c in children.items() if n.startswith("eval/")}
     if name == "gigaword":
         # 20 updates leave one checkpoint: the average of the last two is not scored.
-        assert set(evals) == {"eval/best/demo_test"}
+        assert set(evals) == {"eval/best/demo_test", "eval/best/demo_valid"}
         for m in evals.values():
             assert {"rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r"} <= set(m)
         assert parent.data.metrics["rouge1_f"] == \
             pytest.approx(evals["eval/best/demo_test"]["rouge1_f"])
         assert children["eval/best/demo_test"].data.params["search.min_len"] == "3"
     elif name == "wmt14_en_de":  # two seeds and their ensemble (paper §5.2)
-        assert set(evals) == {"eval/run1_best/demo_test", "eval/run2_best/demo_test",
-                              "eval/ensemble_2/demo_test"}
+        assert set(evals) == {f"eval/{job}/{test}" for job in ("run1_best", "run2_best",
+                                                               "ensemble_2")
+                              for test in ("demo_test", "demo_valid")}
         assert children["eval/ensemble_2/demo_test"].data.params["eval.kind"] == "ensemble"
         # the main score is the first run's best checkpoint's
         assert parent.data.metrics["bleu"] == \
             pytest.approx(evals["eval/run1_best/demo_test"]["bleu"])
     else:
-        assert set(evals) == {"eval/best/demo_test"}
+        assert set(evals) == {"eval/best/demo_test", "eval/best/demo_valid"}
         assert parent.data.metrics["bleu"] == pytest.approx(evals["eval/best/demo_test"]["bleu"])
     for child, metrics in evals.items():  # every score also on the parent, by its child's name
         for key, value in metrics.items():
@@ -807,7 +829,7 @@ def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_e
     assert (params["workflow.preprocess.src_lang"], params["workflow.preprocess.tgt_lang"]) == \
         ("fr", "en")
     assert params["workflow.preprocess.vocab_size"] == "2000"
-    assert set(children) == {"preprocess", "train", "eval/best/test"}
+    assert set(children) == {"preprocess", "train", "eval/best/test", "eval/best/valid"}
     manifests = json.loads((runs / "fr-en" / "preprocess_manifests.json").read_text())
     rows = {s: manifests[f"clean/{s}"]["rows_in"] for s in ("train", "valid", "test")}
     assert rows == {"train": 4500, "valid": 250, "test": 250}

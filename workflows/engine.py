@@ -26,9 +26,10 @@ named `--run-name` with the resolved run spec as params and the final scores as 
 runs `preprocess`, `train` (`train_2`, ... for an ensemble) and `eval/<job>/<test set>`, all
 named and found by `workflows.run_tree`. Every eval child logs the same param keys and `bleu`
 (or `rouge*`), so MLflow's compare view lines them up. The runs carry their datasets as inputs,
-each evaluated set of weights is a logged model its scores link to, and the best is registered
-as `models:/<task>-<test set>@champion`, moved only by a better model on the same test data
-(workflows/lineage.py).
+each evaluated set of weights is a logged model its scores link to, and the best on the
+validation split (scored like the test sets; a model is never chosen on a test set) is
+registered as `models:/<task>-<test set>@champion`, moved only by a better model on the same
+validation data (workflows/lineage.py).
 
 Rerunning with the same `--run-name` (and storage path) resumes: preprocessing stages are
 skipped by their manifests, a finished training run is skipped (an interrupted one resumes from
@@ -151,11 +152,19 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
         log_final_metrics(uri, parent, parent_metrics(spec, trained, scores,
                                                       time.monotonic() - t0))
         champion = None
-        # The task's main metric on its main (first) test set; a sweep's trials never register.
+        # The task's main metric on its validation split chooses the model; its main test set
+        # names the registered model and reports the chosen one's score (never chooses it).
+        # A sweep's trials never register.
         if scores and models and spec.register_champion:
-            main_test = scores[0].test_set  # only scores on one test set compare
-            champion = register_champion(uri, registered_name(spec.workflow, main_test), scores,
-                                         models, main_test, task_kind(spec.task_kind).headline)
+            chosen_on, main_test = champion_sets(spec.test_sets)
+            if chosen_on is None or main_test is None:
+                log.warning("no champion registered: the run scores no %s split (test_sets "
+                            "%s); a model is chosen on validation data, never on a test set",
+                            "validation" if chosen_on is None else "test", spec.test_sets)
+            else:
+                champion = register_champion(
+                    uri, registered_name(spec.workflow, main_test), scores, models, chosen_on,
+                    task_kind(spec.task_kind).headline, report_on=main_test)
     except BaseException as err:
         # the parent and any stage's run the stop left open (an evaluation's, a training's)
         tree.end_open(stopped_status(err))
@@ -163,6 +172,16 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
     end_run(uri, parent, "FINISHED")
     return WorkflowResult(parent, spec.experiment, uri, str(run_dir), trained, scores,
                           ctx.skipped, champion)
+
+
+def champion_sets(test_sets: dict[str, str]) -> tuple[str | None, str | None]:
+    """(the set the champion is chosen on, the test set it is reported on and named after)
+    from a run's {evaluation split: set name}: the `valid` split's set, and the `test` split's
+    (else the first other one). None where the run scores no such split."""
+    chosen_on = test_sets.get("valid")
+    main_test = test_sets.get("test") or next(
+        (name for split, name in test_sets.items() if split != "valid"), None)
+    return chosen_on, main_test
 
 
 def source_tags(spec: RunSpec) -> dict:

@@ -6,14 +6,15 @@ task's registered model whose `champion` alias names the best of them.
     models = log_job_models(uri, jobs, source_runs, run_name, search.to_dict(),
                             state["models"])                 # {job name: model id}
     champion = register_champion(uri, registered_name("wmt14_en_fr", "demo_test"), scores,
-                                 models, "demo_test", "bleu")
+                                 models, "demo_valid", "bleu", report_on="demo_test")
     champion.uri     # models:/wmt14_en_fr-demo_test@champion
 
 In the MLflow UI (experiment marked as model training, so it opens on its runs): the runs
 table's Dataset column shows train/valid (and each evaluation run's test set), its Models
 column the models each training run produced; the experiment's Models tab lists every logged
-model with its BLEU per test set; the registry holds `<task>-<test set>` (only scores on one
-test set compare) with the alias `champion`, moved only by a better model on the same data.
+model with its BLEU per test set; the registry holds `<task>-<test set>` with the alias
+`champion`, moved only by a better model on the same validation data: the champion is chosen
+on the validation set (scored like a test set), never on the test set it is reported on.
 """
 
 from __future__ import annotations
@@ -135,10 +136,12 @@ class Champion:
     version: str  # the version the alias names after this run
     job: str  # this run's best job
     metric: str
-    value: float  # the champion's score (this run's when moved)
-    test_set: str
+    value: float  # the champion's score on `test_set` (this run's when moved)
+    test_set: str  # the validation set it is chosen on
     moved: bool  # the alias now names this run's model
     reason: str = ""  # why it moved or stayed, for the summary
+    reported_on: str | None = None  # the test set its score is reported on
+    reported: float | None = None  # this run's best job's score there
 
     @property
     def uri(self) -> str:
@@ -149,19 +152,23 @@ class Champion:
 DEFAULT_REGISTRY_SETTLE_S = 0.5
 REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", DEFAULT_REGISTRY_SETTLE_S))
 
-# Tags of a registered model: the test data its champion is compared on.
-DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.test_set_digest", "convs2s.test_set", \
+# Tags of a registered model: the validation data its champion is chosen on (a model
+# registered before the champion was chosen on validation data names its test set instead,
+# under convs2s.test_set / convs2s.test_set_digest: not read, so it compares by its scores).
+DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.chosen_on_digest", "convs2s.chosen_on", \
     "convs2s.metric"
 
 
 def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
-                      test_set: str, metric: str) -> Champion | None:
-    """Register the best model of this run (by `metric` on `test_set`) under `name` and point
-    the alias `champion` at it, but only where the scores compare: the registered model keeps
-    the digest of the test data it was first registered on, and a model scored on other data
-    (another digest) never moves its alias, nor does a model that scores lower than the current
-    champion on the same data. `Champion.reason` says why the alias moved or stayed. None when
-    no scored model exists or tracking fails."""
+                      test_set: str, metric: str, report_on: str | None = None
+                      ) -> Champion | None:
+    """Register the best model of this run (by `metric` on `test_set`, a validation set: models
+    are chosen on validation data, and the test set `report_on` only reports the chosen one's
+    score) under `name` and point the alias `champion` at it, but only where the scores
+    compare: the registered model keeps the digest of the data it was first chosen on, and a
+    model scored on other data (another digest) never moves its alias, nor does a model that
+    scores lower than the current champion on the same data. `Champion.reason` says why the
+    alias moved or stayed. None when no scored model exists or tracking fails."""
     from mlflow.tracking import MlflowClient
 
     ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
@@ -170,6 +177,9 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
         return None
     best = ranked[0]
     model_id, value = models[best.job], best.metrics[metric]
+    reported = next((s.metrics.get(metric) for s in scores
+                     if s.job == best.job and s.test_set == report_on), None)
+    report = {"reported_on": report_on if reported is not None else None, "reported": reported}
     try:
         with bounded_http(), global_tracking_uri(uri):  # models:/ sources resolve through it
             client = MlflowClient(uri)
@@ -187,7 +197,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     log.warning("%s@%s %s", name, CHAMPION, why)
                     cur = _current_champion(client, name)
                     return Champion(name, cur[0] if cur else "none", best.job, metric, value,
-                                    test_set, False, why)
+                                    test_set, False, why, **report)
             # MLflow's registry has no compare-and-set. So: compare, set, and re-read after a
             # pause (REGISTRY_SETTLE_S) until the alias names this run's model twice running;
             # a model another run set meanwhile is compared in turn (a better one is kept, a
@@ -204,11 +214,12 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     if cur_model.model_id == model_id:
                         if mv is None:
                             return Champion(name, version, best.job, metric, value, test_set,
-                                            True, "this run's model is the champion already")
+                                            True, "this run's model is the champion already",
+                                            **report)
                         confirmed += 1
                         if confirmed == 2:
                             return Champion(name, version, best.job, metric, value, test_set,
-                                            True, why)
+                                            True, why, **report)
                         time.sleep(REGISTRY_SETTLE_S)
                         continue
                     theirs = next((m.value for m in cur_model.metrics or []
@@ -220,13 +231,13 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                                "stays")
                         log.warning("%s@%s %s", name, CHAMPION, why)
                         return Champion(name, version, best.job, metric, value, test_set, False,
-                                        why)
+                                        why, **report)
                     if theirs >= value:
                         why = (f"the champion (version {version}) scored {metric} {theirs:.2f} "
                                f"on the same {test_set}, this run {value:.2f}")
                         log.info("%s@%s stays version %s: %s", name, CHAMPION, version, why)
                         return Champion(name, version, best.job, metric, theirs, test_set,
-                                        False, why)
+                                        False, why, **report)
                     why = (f"{metric} {value:.2f} above the former champion's {theirs:.2f} "
                            f"(version {version}) on the same {test_set}")
                 else:

@@ -269,8 +269,11 @@ def summary(spec: RunSpec, r: WorkflowResult, seconds: float) -> str:
     c = r.champion
     if c is not None:
         if c.moved:
-            lines.append(f"best model: {c.job} ({c.metric} {c.value:.2f} on {c.test_set}) is "
-                         f"{c.uri} (version {c.version}): {c.reason}; serve it with")
+            test = (f"; {c.reported:.2f} on {c.reported_on}" if c.reported is not None
+                    else "")
+            lines.append(f"best model: {c.job} ({c.metric} {c.value:.2f} on {c.test_set}, "
+                         f"the validation set it is chosen on{test}) is {c.uri} (version "
+                         f"{c.version}): {c.reason}; serve it with")
         else:
             lines.append(f"best model: {c.uri} stays version {c.version}: {c.reason}"
                          + ("; serve it with" if c.version != "none" else ""))

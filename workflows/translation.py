@@ -42,7 +42,7 @@ def gpu() -> WorkflowConfig:
     return wmt14_en_de.paper().replace(
         name="translation_{src}_{tgt}",  # the languages the run resolves to
         preprocess=data.translation().replace(vocab_size=40_000, spm_sample_pairs=1_000_000),
-        test_sets={"test": "test"},
+        test_sets={"test": "test", "valid": "valid"},
         local_splits={"train": "train", "valid": "valid", "test": "test"})
 
 

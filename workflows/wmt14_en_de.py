@@ -47,7 +47,7 @@ def paper() -> WorkflowConfig:
                           lr_schedule="fixed", anneal_from_epoch=50, max_epochs=100,
                           checkpoint_interval=2000, keep_last=5),
         # hub "test" = all 3,003 lines of newstest2014 (sacreBLEU's wmt14/full)
-        test_sets={"test": "newstest2014"},
+        test_sets={"test": "newstest2014", "valid": "newstest2013"},
         local_splits={"train": "train", "valid": "newstest2013", "test": "newstest2014"},
         # §4.3: beam 5; the paper tunes a length-normalization exponent alpha for En-De on
         # newstest2015 without giving it: lenpen=1.0 (divide by |y|) until tuned.
