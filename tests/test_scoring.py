@@ -68,14 +68,17 @@ def sacrebleu_cli(ref: Path, hyp: Path, *args: str) -> list[dict]:
 
 
 def sacremoses_cli(src: Path, dst: Path, lang: str) -> Path:
-    """Moses-tokenize a file with the sacremoses command-line tool.
+    """Tokenize a file as fairseq's prepare-wmt14en2de.sh tokenized the paper's references:
+    `sed -e "s/\\’/\\'/g" | tokenizer.perl -a -l LANG`, here with the sacremoses command-line
+    tool's `tokenize -a` (aggressive dash splits).
 
     The CLI always XML-escapes (its -x flag defaults to on). Escaping maps each token to one
     token injectively, so BLEU with tokenize=none is the same as on our unescaped tokens.
     """
-    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
-        subprocess.run([str(BIN / "sacremoses"), "-l", lang, "-j", "1", "-q", "tokenize"],
-                       stdin=fin, stdout=fout, check=True)
+    sed = Path(src).read_text(encoding="utf-8").replace("\u2019", "'")
+    with open(dst, "w", encoding="utf-8") as fout:
+        subprocess.run([str(BIN / "sacremoses"), "-l", lang, "-j", "1", "-q", "tokenize", "-a"],
+                       input=sed, encoding="utf-8", stdout=fout, check=True)
     return dst
 
 
@@ -149,6 +152,22 @@ def test_tokenized_bleu_equals_moses_cli_then_sacrebleu_none(en_fr, tmp_path):
     # Moses splits French elisions and punctuation differently from 13a: the numbers differ.
     assert ours.score != pytest.approx(scoring.bleu(hyps, refs).score, abs=1e-3)
     assert scoring.score_translation(hyps, refs, "fr")["bleu_tokenized"] == ours.score
+
+
+def test_tokenized_bleu_splits_hyphens_and_unifies_apostrophes_on_both_sides():
+    # tokenizer.perl -a, as the paper's references were tokenized (fairseq's prepare-wmt14 scripts)
+    assert scoring.moses_tokenize(["Die Hotel-Zimmer sind 3-4 m hoch ."], "de") == \
+        ["Die Hotel @-@ Zimmer sind 3 @-@ 4 m hoch ."]
+    # ’ becomes ' first (the scripts' sed), so French elisions split the same with either quote
+    assert scoring.moses_tokenize(["l\u2019h\u00f4tel", "l'h\u00f4tel"], "fr") == \
+        ["l' h\u00f4tel", "l' h\u00f4tel"]
+    # A near miss on a compound keeps its matching half and the hyphen: 2 of 3 unigrams match
+    # (tokenized whole, "Hotel-Bar" against "Hotel-Zimmer" would match none).
+    s = scoring.tokenized_bleu(["Hotel-Bar"], ["Hotel-Zimmer"], "de")
+    assert (s.counts[0], s.totals[0], s.ref_len) == (2, 3, 3)
+    same = scoring.tokenized_bleu(["Er sagte \u201edas ist\u2019s\u201c ."],
+                                  ["Er sagte \u201edas ist's\u201c ."], "de")
+    assert same.score == pytest.approx(100.0)
 
 
 # --- Romanian normalization -------------------------------------------------------------------

@@ -43,3 +43,12 @@ def test_the_score_command_prints_the_tables_metrics_and_signatures(name, tmp_pa
     kind = task_kind(name)
     assert out["metrics"] == kind.score(HYPS, REFS, "en")
     assert out["signatures"] == kind.signatures("en")
+
+
+def test_the_translation_note_names_the_papers_metric_for_each_pair():
+    # §4.3: "case-sensitive tokenized BLEU, except for WMT'16 English-Romanian where we use
+    # detokenized BLEU". The note is printed under every translation summary, whatever the pair.
+    detok, tok = TRANSLATION.note.split("; ")
+    assert detok.startswith("bleu: ") and "detokenized" in detok and "En-Ro" in detok
+    assert tok.startswith("bleu_tokenized: ") and "-a" in tok
+    assert "En-De" in tok and "En-Fr" in tok and "En-Ro" not in tok

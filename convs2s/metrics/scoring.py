@@ -4,16 +4,23 @@ All inputs are detokenized text, one sentence per list item (or file line), hypo
 references aligned. The numbers (docs/reference.md, Evaluation):
 
 - `bleu`: sacreBLEU with its defaults (tok 13a, smooth exp, case mixed) and its signature: the
-  project's main number, equal to what the `sacrebleu` command-line tool prints.
-- `bleu_tokenized`: the paper-comparable number. Hypotheses and references are Moses-tokenized
-  (sacremoses, target-language rules, no XML escaping) and scored by sacreBLEU with
-  `tokenize="none", force=True` (what multi-bleu.perl computed on tokenized text).
+  project's main number, equal to what the `sacrebleu` command-line tool prints. It is also the
+  paper-comparable number for WMT'16 En-Ro: the paper scores En-Ro with detokenized BLEU
+  (§4.3), here on the normalized Romanian text below.
+- `bleu_tokenized`: the paper-comparable number for WMT'14 En-De and En-Fr (§4.3: case-sensitive
+  tokenized BLEU). Hypotheses and references are both tokenized the way fairseq's
+  prepare-wmt14en2de.sh / prepare-wmt14en2fr.sh (the ConvS2S data) tokenized the test
+  references: `’` to `'`, then Moses `tokenizer.perl -a -l <lang>` (sacremoses, target-language
+  rules, aggressive hyphen splitting: `Hotel-Zimmer` -> `Hotel @-@ Zimmer`; no XML escaping,
+  which maps each token to one token and so leaves BLEU as it is). sacreBLEU then scores them
+  with `tokenize="none", force=True` (what multi-bleu.perl computed on tokenized text).
 - `chrf`: sacreBLEU's chrF2 defaults (character 6-grams, no word n-grams, beta 2).
 - ROUGE-1/2/L recall, precision and F1 (rouge-score, Porter stemming on, as in the standard
   Gigaword evaluation of Rush et al. 2015 and the paper §4.1), averaged over sentences, in %.
 - Romanian targets: both sides are normalized as in the WMT'16 En-Ro pipeline (s/t with cedilla
   to comma-below, typographic quotes to ASCII, then Romanian diacritics removed) before every
-  metric; the paper's En-Ro BLEU (30.02) is on such text.
+  metric: the pre-processing of Sennrich et al. (2016b), whose data and pre-processing the paper
+  uses for En-Ro (§4.1); the paper does not say whether its En-Ro references kept diacritics.
 
 Run:
     python -m convs2s score --hyp hyp.fr --ref ../shared/data/wmt14-en-fr/newstest2014.fr --lang fr
@@ -101,16 +108,19 @@ def bleu(hyps: list[str], refs: list[str]) -> BleuScore:
 
 
 def moses_tokenize(lines: list[str], lang: str) -> list[str]:
-    """Moses-tokenize each line with `lang`'s rules, no XML escaping (`tokenizer.perl
-    -no-escape`)."""
+    """Tokenize each line as fairseq's prepare-wmt14en2{de,fr}.sh tokenized the paper's test
+    references: `’` to `'` (its sed), then `tokenizer.perl -a -l lang` (aggressive hyphen
+    splitting), without XML escaping (`-no-escape`: BLEU is the same either way)."""
     from sacremoses import MosesTokenizer
 
     tok = MosesTokenizer(lang=lang)
-    return [tok.tokenize(line, escape=False, return_str=True) for line in lines]
+    return [tok.tokenize(line.replace("\u2019", "'"), aggressive_dash_splits=True, escape=False,
+                         return_str=True) for line in lines]
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> BleuScore:
-    """Paper-comparable BLEU: Moses-tokenize both sides, then sacreBLEU with tokenize='none'."""
+    """Tokenized BLEU (the paper's for WMT'14): both sides through `moses_tokenize`, then
+    sacreBLEU with tokenize='none'."""
     _check_pair(hyps, refs)
     metric = BLEU(tokenize="none", force=True)
     return _bleu_with(metric, moses_tokenize(hyps, lang), moses_tokenize(refs, lang))
@@ -179,7 +189,8 @@ def translation_signatures(tgt_lang: str) -> dict[str, str]:
     tok_sig = _bleu_with(BLEU(tokenize="none", force=True), ["x"], ["x"]).signature
     chrf_metric = CHRF()
     chrf_metric.corpus_score(["x"], [["x"]])
-    pre = f"bleu_tokenized: sacremoses {version('sacremoses')} tokenizer lang={tgt_lang}, no escape"
+    pre = (f"bleu_tokenized: U+2019 to ', sacremoses {version('sacremoses')} tokenizer "
+           f"lang={tgt_lang}, aggressive dash splits (-a), no escape")
     if tgt_lang == "ro":
         pre += "; all metrics: WMT16 Romanian normalise + remove-diacritics, quotes to ASCII"
     return {

@@ -75,8 +75,10 @@ TRANSLATION = TaskKind(
     shown=("bleu", "bleu_tokenized", "chrf"),
     _score=_translation_score,
     _signatures=_translation_signatures,
-    note="bleu: sacreBLEU (13a, detokenized); bleu_tokenized: Moses-tokenized, comparable to "
-         "the paper's tables",
+    # One note for every pair (the summary does not know it): the paper scores WMT'14 with
+    # tokenized BLEU and WMT'16 En-Ro with detokenized BLEU (§4.3).
+    note="bleu: sacreBLEU (13a, detokenized), the paper's metric for WMT'16 En-Ro; "
+         "bleu_tokenized: Moses tokenizer.perl -a, the paper's for WMT'14 En-De / En-Fr",
 )
 
 SUMMARIZATION = TaskKind(
