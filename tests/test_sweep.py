@@ -155,6 +155,37 @@ def test_each_trial_is_a_whole_run_of_the_preset_with_its_variant_and_seed(tmp_p
     assert len({x.key for x in sweep.trials}) == 4
 
 
+def test_a_finished_trial_runs_again_when_its_test_sets_changed_and_only_then(tmp_path):
+    """trial.json answers a rerun only for the test sets it scored: a rerun that adds a
+    --test-set or edits a test file runs the trial again (the workflow run's own resume keeps
+    its training and scores what is new), where it once reported the old scores, "-" under
+    the new test set and a full `n`."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem in ("train", "val", "test_2016_flickr", "extra"):
+        (data / f"{stem}.en").write_text("a man sleeps .\n" * 3, encoding="utf-8")
+        (data / f"{stem}.de").write_text("ein Mann schl\u00e4ft .\n" * 3, encoding="utf-8")
+
+    def trial(**more):
+        opts = RunOptions(preset="cpu", storage_path=str(tmp_path / "st"), run_name="s",
+                          sweep="table4", seeds=1, variants=["baseline"], max_updates=100,
+                          data=str(data), **more)
+        return resolve_sweep(multi30k_en_de.cpu(), opts).trials[0]
+
+    first = trial()
+    first.spec.run_dir.mkdir(parents=True)
+    first.write_record({"test_2016_flickr/bleu": 30.0, "val/bleu": 31.0})
+    assert trial().finished()["metrics"]["val/bleu"] == 31.0  # the same rerun: skipped
+
+    added = trial(test_set=["extra"])
+    assert added.key == first.key  # the same settings and budget: the training stands
+    assert added.recorded() is not None and added.finished() is None
+
+    (data / "test_2016_flickr.de").write_text("ein Mann schl\u00e4ft nicht .\n" * 3,
+                                              encoding="utf-8")
+    assert trial().finished() is None
+
+
 def test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers(tmp_path):
     opts = RunOptions(preset="cpu", storage_path=str(tmp_path), run_name="s", sweep="table4",
                       seeds=2, variants=["baseline", "no-pos"], max_updates=100)

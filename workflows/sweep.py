@@ -27,14 +27,17 @@ summary as an artifact and per-variant means and spreads as metrics (`summary_me
 Selecting the trials in MLflow's runs table and pressing Compare lines them up.
 
 Rerunning the same sweep (same --run-name and --storage-path) skips every trial whose
-trial.json matches its settings and budget, continues an interrupted one from its latest
-checkpoint (the workflow run's own resume), and runs the rest; a failed trial is reported and
-the others go on. A larger budget continues every trial.
+trial.json matches its settings, budget and test sets, continues an interrupted one from its
+latest checkpoint (the workflow run's own resume), and runs the rest; a failed trial is reported
+and the others go on. A larger budget continues every trial. A finished trial whose test sets
+changed (one added with --test-set, a test file edited) runs again: its training is kept and
+only the test sets not scored on that text yet are scored (the workflow run's own resume).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -77,16 +80,45 @@ class Trial:
         """What makes a finished trial the same: its run's settings and budget."""
         return digest({"settings": result_settings(self.spec), "budgets": budgets(self.spec)})
 
+    @functools.cached_property
+    def tests(self) -> dict[str, str]:
+        """{test set name: digest of its input's identity (a hub commit, or each file's path,
+        size and modification time, as preprocessing resolves them)}: what the trial scores.
+        Test sets are not in `key` (the run's settings leave them out: evaluation re-scores an
+        edited one). Read once, before the trial runs (the driver's copy travels to Ray Tune):
+        a file edited while the trial scores is scored again on the next rerun."""
+        from preprocessing.sources import resolve_split
+
+        return {name: digest(resolve_split(self.spec.data, split).fingerprint)
+                for split, name in self.spec.test_sets.items()}
+
     @property
     def record(self):
         return self.spec.run_dir / "trial.json"
 
-    def finished(self) -> dict | None:
-        """The trial's recorded result when it finished under the same settings, else None."""
+    def recorded(self) -> dict | None:
+        """trial.json when the trial finished under the same settings and budget, else None."""
         if not self.record.is_file():
             return None
         rec = json.loads(self.record.read_text())
         return rec if rec.get("key") == self.key else None
+
+    def finished(self) -> dict | None:
+        """The trial's recorded result when it finished under the same settings and budget and
+        scored the same test sets (names and inputs), else None. (A record from before test
+        sets were recorded does not say what it scored: the trial runs again, which only
+        scores what its run has not scored on that text.)"""
+        tests = self.tests  # read (and kept) with or without a record: what it will name
+        rec = self.recorded()
+        return rec if rec is not None and rec.get("tests") == tests else None
+
+    def write_record(self, metrics: dict) -> None:
+        """trial.json: the trial finished with `metrics` under its settings, budget and test
+        sets."""
+        tmp = self.record.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"key": self.key, "tests": self.tests, "trial": self.name,
+                                   "metrics": metrics}, indent=1))
+        tmp.replace(self.record)  # atomic: a trial is finished or not
 
 
 @dataclass(frozen=True)
@@ -225,13 +257,20 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
     try:
         log.info("== sweep %s (%s): %d variants x %d seeds = %d trials", sweep.run_name,
                  sweep.sweep, len(sweep.variants), len(sweep.seeds), len(sweep.trials))
+        rescore = []
         for t in sweep.trials:
             if (rec := t.finished()) is not None:
                 result.results[t.name] = rec["metrics"]
                 result.skipped.append(t.name)
+            elif t.recorded() is not None:
+                rescore.append(t.name)
         if result.skipped:
             log.info("== sweep: %d trial(s) finished earlier, skipped: %s",
                      len(result.skipped), ", ".join(result.skipped))
+        if rescore:
+            log.info("== sweep: %d trial(s) finished earlier on other test sets or test files "
+                     "(or before test sets were recorded), run again to score them (their "
+                     "training is kept): %s", len(rescore), ", ".join(rescore))
         todo = [t for t in sweep.trials if t.name not in result.results]
         if todo:
             # The data once, before the trials: they find it prepared (no two trials build it).
@@ -405,10 +444,7 @@ def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name
                                        "changes": "; ".join(f"{k}={v}" for k, v in
                                                             trial.changes.items()) or "none"}})
     metrics = trial_metrics(trial.spec, out)
-    tmp = trial.record.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"key": trial.key, "trial": trial.name, "metrics": metrics},
-                              indent=1))
-    tmp.replace(trial.record)  # atomic: a trial is finished or not
+    trial.write_record(metrics)
     return metrics
 
 
