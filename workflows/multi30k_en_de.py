@@ -73,7 +73,9 @@ def cpu() -> WorkflowConfig:
       against 1,870 updates in the hour; two hours of one host type and day); bf16 hosts
       keep 4,000 (2,000 there: val 40.13 / 40.00 against 40.13 / 40.14, no gain at 47-63
       passes);
-    - the average of the last 5 epoch checkpoints is scored beside the best one.
+    - the average of the last 5 checkpoints it keeps is scored beside the best one: the last
+      4 epoch ends and the checkpoint written where the time budget stops training, inside an
+      epoch (no checkpoint interval is set).
     """
     ref = reference()
     return ref.replace(
