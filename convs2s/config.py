@@ -2,8 +2,9 @@
 workflow is declared): the model's shape (`ModelConfig`, with the named presets of the paper and
 the reference implementation), the optimization recipe (`TrainConfig`) and beam search
 (`SearchConfig`, with the summarization preset). All are frozen dataclasses sharing `Settings`:
-`replace(**changes)`, `to_dict()` and `from_dict(d)` (which refuses unknown fields; a
-`TrainConfig` ignores the fields it no longer has, `RETIRED_TRAIN_FIELDS`).
+`replace(**changes)`, `to_dict()` and `from_dict(d)` (which refuses unknown fields and values
+of another type, by the rules of `--set`; a `TrainConfig` ignores the fields it no longer has,
+`RETIRED_TRAIN_FIELDS`).
 
 A layer stack is data: a list of (channels, kernel_width) per side, as in the paper's tables.
 Presets are plain functions returning a config; `PRESETS` maps their names for the CLI.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -37,10 +39,15 @@ class Settings:
 
     @classmethod
     def from_dict(cls, d: dict):
+        """`to_dict`'s dict back; a ValueError names an unknown field, or a value of another
+        type than its field's (checked as `--set` checks one: an lr of "1e-3x" or a
+        warmup_updates of "200" fails here, not in a training worker)."""
+        from preprocessing.settings import check_fields
+
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise ValueError(f"unknown {cls.__name__} fields {sorted(unknown)}")
-        return cls(**d)
+        return cls(**check_fields(cls, d))
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -65,6 +72,18 @@ class ModelConfig(Settings):
     tgt_positions: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("embed_dim", "out_embed_dim"):
+            if not _count(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for side in ("encoder_layers", "decoder_layers"):
+            layers = getattr(self, side)
+            if not layers or not all(isinstance(x, (list, tuple)) and len(x) == 2
+                                     and all(_count(n) for n in x) for x in layers):
+                raise ValueError(f"{side} is [[channels, kernel_width], ...], at least one "
+                                 f"layer of two positive integers; got {layers!r}")
+        if not _count(self.max_positions) or self.max_positions < 2:
+            raise ValueError(f"max_positions must be an integer >= 2 (a piece and EOS), got "
+                             f"{self.max_positions!r}")
         # Frozen dataclass: normalise lists of lists (e.g. from JSON) into tuples once.
         object.__setattr__(self, "encoder_layers", [tuple(x) for x in self.encoder_layers])
         object.__setattr__(self, "decoder_layers", [tuple(x) for x in self.decoder_layers])
@@ -97,6 +116,10 @@ class ModelConfig(Settings):
             d["decoder_attention"] = list(self.decoder_attention)
         return d
 
+
+def _count(n) -> bool:
+    """A positive integer (not a bool, not 3.5)."""
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1
 
 
 # --- presets (docs/reference.md, Presets) ---------------------------------------------------------
@@ -296,12 +319,16 @@ class TrainConfig(Settings):
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        # Configs saved before a field was removed (every checkpoint holds its train_config)
-        # still load: the removed fields are dropped.
+        return super().from_dict(cls.upgrade(d))
+
+    @staticmethod
+    def upgrade(d: dict) -> dict:
+        """`d` in today's fields. Configs saved before a field was removed (every checkpoint
+        holds its train_config) still load: the removed fields are dropped."""
         d = {k: v for k, v in d.items() if k not in RETIRED_TRAIN_FIELDS}
         if "bf16" in d:  # before `precision`: bf16 = True meant bf16 where it pays (GPUs)
             d.setdefault("precision", "auto" if d.pop("bf16") else "fp32")
-        return super().from_dict(d)
+        return d
 
     def __post_init__(self) -> None:
         if self.lr_schedule not in ("plateau", "fixed", "cosine", "linear"):
@@ -315,6 +342,18 @@ class TrainConfig(Settings):
         if self.optimizer not in ("nag", "adam"):
             raise ValueError(f"optimizer must be 'nag' or 'adam', got {self.optimizer!r}")
         object.__setattr__(self, "adam_betas", tuple(self.adam_betas))  # from JSON: a list
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ValueError(f"adam_betas is (beta1, beta2), each in [0, 1), got "
+                             f"{self.adam_betas}")
+        for name, ok, want in (("lr", self.lr > 0, "> 0"), ("adam_eps", self.adam_eps > 0, "> 0"),
+                               ("momentum", 0.0 <= self.momentum < 1.0, "in [0, 1)"),
+                               ("lr_shrink", 0.0 < self.lr_shrink <= 1.0, "in (0, 1]")):
+            if not ok:
+                raise ValueError(f"{name} must be {want}, got {getattr(self, name)}")
+        for name in ("weight_decay", "clip_norm", "min_lr", "warmup_init_lr", "warmup_updates",
+                     "max_epochs", "max_updates", "checkpoint_interval", "shuffle_buffer"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.update_freq < 1:
             raise ValueError(f"update_freq must be >= 1, got {self.update_freq}")
         if self.keep_last < 1:
@@ -352,6 +391,9 @@ class TrainConfig(Settings):
         if self.cuda_graphs and not self.static_shapes:
             raise ValueError("cuda_graphs captures one graph per batch shape: give static_shapes "
                              "as well (8 is a good start)")
+        for name in ("compile", "fuse"):  # a misspelt backend: here, not in the first step
+            if problem := backend_problem(getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)!r}: {problem}")
         if self.fuse and self.compile:
             raise ValueError(f"fuse={self.fuse!r} and compile={self.compile!r}: choose one (the "
                              "whole-model compile fuses the same work itself)")
@@ -360,11 +402,31 @@ class TrainConfig(Settings):
                              "step is not captured in these graphs)")
 
 
+# torch.compile's own backends (torch._dynamo.list_backends(exclude_tags=()) of torch 2.x, the
+# testing ones left out), named here so that a config is checked without importing torch;
+# a package may add more under the "torch_dynamo_backends" entry points (torch reads those too).
+COMPILE_BACKENDS = ("inductor", "aot_eager", "aot_eager_decomp_partition",
+                    "aot_eager_default_partitioner", "aot_ts", "cudagraphs", "eager", "openxla",
+                    "ts", "tvm")
+
+
+def backend_problem(name: str) -> str | None:
+    """Why `name` cannot be TrainConfig.compile / .fuse ("" is off); None when it can."""
+    if not name or name in COMPILE_BACKENDS:
+        return None
+    from importlib.metadata import entry_points
+
+    if name in {e.name for e in entry_points(group="torch_dynamo_backends")}:
+        return None
+    return (f"not a torch.compile backend; give one of {', '.join(COMPILE_BACKENDS)}, or "
+            "false (off)")
+
 
 def keep_explicit_dropout(train: TrainConfig, preset_dropout: float,
                           dropout: float) -> TrainConfig:
-    """A dropout set on purpose (a sweep variant, `--set model.dropout=...`) wins over
-    `dropout_by_passes`: `train` without the table when `dropout` is not the preset's."""
+    """A sweep variant's dropout (a model variant of workflows/ablations.py) wins over
+    `dropout_by_passes`: `train` without the table when `dropout` is not the preset's. (A
+    `--set model.dropout`, in workflows/overrides.py, wins whatever its value.)"""
     if train.dropout_by_passes and dropout != preset_dropout:
         return train.replace(dropout_by_passes=())
     return train

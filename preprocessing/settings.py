@@ -3,7 +3,9 @@ the value read as YAML (numbers, true / false, null, lists), checked against the
 the dataclass rebuilt (so its own checks run). Used by `python -m preprocessing --set` and the
 workflows' `--set section.field=value` (workflows/overrides.py); a settings module of any
 package may be changed this way. Errors are one line naming the closest valid names and the
-expected type (`SettingError`).
+expected type (`SettingError`). A settings file (a workflow's `--config`) and a saved config
+(`convs2s.config.Settings.from_dict`) go through the same checks (`check_fields`), read with the
+same YAML (`load_yaml`).
 """
 
 from __future__ import annotations
@@ -25,22 +27,50 @@ class Change:
     field: str
     value: object
     text: str  # as given: "train.lr=0.5"
+    origin: str = "--set"  # where it was given, the head of its error lines
 
 
-# YAML 1.1 (PyYAML) reads 1e-4 as text: its floats need a dot (1.0e-4); the paper's 10^-4
-_EXPONENT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's numbers: 1e-4 is a float (1.1 wants 1.0e-4 and
+    reads 1e-4 as text), 1:30 is text (1.1 reads base 60: 90), 010 is ten (1.1: octal 8).
+    true / false / yes / no / on / off stay booleans, as in every YAML file users write."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F]+|0o[0-7]+)$"),
+    list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*\.[0-9_]*)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def _int(loader, node):  # 0o17 is YAML 1.2's octal; PyYAML's constructor knows 0x and 017
+    text = loader.construct_scalar(node)
+    return int(text.replace("_", ""), 0) if text.startswith(("0o", "0x")) else \
+        int(text.replace("_", ""))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _int)
+
+
+def load_yaml(text: str):
+    """A YAML document, numbers as YAML 1.2 reads them (`_Loader`)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def read_value(raw: str):
-    """A value as YAML reads it, with 1e-4 a float as in YAML 1.2 (PyYAML's 1.1 reads it as
-    text); text YAML cannot read stays text."""
+    """A value as YAML reads it (1e-4 a float, 1:30 text: `_Loader`); text YAML cannot read
+    stays text."""
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        return load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         return raw
-    if isinstance(value, str) and _EXPONENT.match(raw.strip()):  # (quoted: text, as typed)
-        return float(value)
-    return value
 
 
 def closest(name: str, names) -> str:
@@ -64,17 +94,27 @@ def _kind(annotation: str, current) -> str:
     return "any"
 
 
-def _coerce(o: Change, field: dataclasses.Field, current):
-    """The value in the field's type; a SettingError naming the type otherwise."""
-    v, want = o.value, str(field.type)
+_PLAIN = {"str": str, "int": int}
+
+
+def typed(name: str, field: dataclasses.Field, value, current, raw: str | None = None):
+    """`value` in the type of `field` (annotation `field.type`; `current`, its value now,
+    where the annotation is not plain), or a SettingError "NAME takes TYPE, not VALUE". `raw`:
+    the text as typed on a command line, which a text field takes where YAML read another
+    type (a language `no`, YAML 1.1's false); None in a file, where such a value is refused.
+    A text field that can be off ("" or None: a torch.compile backend, a file) takes false /
+    off / no / null as off."""
+    v, want = value, str(field.type)
     kind = _kind(want, current)
 
-    def bad():
-        return SettingError(f"--set {o.text}: {o.section}.{o.field} takes {want}, not {v!r}")
+    def bad(why: str = ""):
+        return SettingError(f"{name} takes {want}, not {v!r}{why}")
 
     if v is None:
         if current is None or "None" in want:
             return None
+        if field.default == "":  # a text field that is off when empty
+            return ""
         raise bad()
     if kind == "bool" and not isinstance(v, bool):
         raise bad()
@@ -84,15 +124,60 @@ def _coerce(o: Change, field: dataclasses.Field, current):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise bad()
         return float(v)
-    if kind == "str":  # YAML's string (quotes removed), else the text as typed ("1e-4")
-        return v if isinstance(v, str) else o.text.partition("=")[2].strip()
-    if kind == "dict" and not isinstance(v, dict):
-        raise bad()
+    if kind == "str" and not isinstance(v, str):
+        off = None if "None" in want else "" if field.default == "" else False
+        if v is False and off is not False:  # false / off / no: the field's off value
+            return off
+        if off is not False and isinstance(v, bool):
+            raise bad(": give a name, or false for none")
+        if raw is None or isinstance(v, (dict, list)):
+            raise bad(" (quote a text that YAML reads otherwise)" if isinstance(v, bool)
+                      else "")
+        return raw  # YAML's number or boolean, as the text typed ("1e-4", "no")
+    if kind == "dict":
+        if not isinstance(v, dict):
+            raise bad()
+        # dict[str, int] and the like: the keys' and values' types too
+        m = re.fullmatch(r"dict\[(\w+),(\w+)\]", want.replace(" ", ""))
+        if m and m[1] in _PLAIN and m[2] in _PLAIN:
+            k, t = _PLAIN[m[1]], _PLAIN[m[2]]
+            if not all(type(x) is k and type(y) is t for x, y in v.items()):
+                raise bad()
     if kind == "seq":
-        if not isinstance(v, list):
+        if not isinstance(v, (list, tuple)):
             raise bad()
         return tuple(tuple(x) if isinstance(x, list) else x for x in v)
     return v
+
+
+def _default(field: dataclasses.Field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def check_fields(cls, d: dict, where: str = "") -> dict:
+    """`d` (a settings dict read from a file) with every value in its field's type, by the
+    rules of `--set` (`typed`, no command-line text to fall back on); a SettingError naming
+    `where` + the field (and the closest names of an unknown one) otherwise."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out = {}
+    for k, v in d.items():
+        if k not in fields:
+            raise SettingError(f"{where}{k}: no such setting{closest(str(k), fields)}")
+        out[k] = typed(f"{where}{k}", fields[k], v, _default(fields[k]))
+    return out
+
+
+def _coerce(o: Change, field: dataclasses.Field, current):
+    """The value in the field's type; a SettingError naming the type otherwise."""
+    try:
+        return typed(f"{o.section}.{o.field}", field, o.value, current,
+                     o.text.partition("=")[2].strip())
+    except SettingError as err:
+        raise SettingError(f"{o.origin} {o.text}: {err}") from None
 
 
 def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, str]):
@@ -104,14 +189,14 @@ def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, s
     changes = {}
     for o in overrides:
         if f"{section}.{o.field}" in owned:
-            raise SettingError(f"--set {o.text}: {section}.{o.field} is set by "
+            raise SettingError(f"{o.origin} {o.text}: {section}.{o.field} is set by "
                                f"{owned[f'{section}.{o.field}']}")
         if o.field not in fields:
-            raise SettingError(f"--set {o.text}: {type(obj).__name__} has no field {o.field!r}"
-                               f"{closest(o.field, fields)}")
+            raise SettingError(f"{o.origin} {o.text}: {type(obj).__name__} has no field "
+                               f"{o.field!r}{closest(o.field, fields)}")
         changes[o.field] = _coerce(o, fields[o.field], getattr(obj, o.field))
     try:
         return dataclasses.replace(obj, **changes)
     except (ValueError, TypeError) as err:
-        given = " ".join(f"--set {o.text}" for o in overrides)
+        given = " ".join(f"{o.origin} {o.text}" for o in overrides)
         raise SettingError(f"{given}: {err}") from None

@@ -112,16 +112,6 @@ def _fit(job: TrainJob, files, valid_files, run_dir, runtime: LocalRuntime) -> T
 # --- python -m convs2s train ---------------------------------------------------------------------
 
 
-def _value(text: str):
-    """A --set value: JSON (numbers, true/false, null, lists) or else the text itself."""
-    import json
-
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def main(argv: list[str] | None = None) -> int:
     """python -m convs2s train: one process (or torchrun rank), no Ray, MLflow only if asked."""
     import argparse
@@ -158,17 +148,23 @@ def main(argv: list[str] | None = None) -> int:
                    "--tracking-uri)")
     args = p.parse_args(argv)
     try:
-        train = TrainConfig().to_dict()
+        from preprocessing.settings import Change, apply_changes, read_value
+
+        sets = []
         for item in args.set:
             key, sep, value = item.partition("=")
             if not sep:
                 raise ValueError(f"--set {item!r}: give KEY=VALUE")
-            train[key.strip()] = _value(value)
+            sets.append(Change("train", key.strip(), read_value(value), item))
         flags = {"max_updates": args.max_updates, "max_epochs": args.max_epochs,
                  "max_time": args.max_time,
                  "precision": args.precision, "update_freq": args.update_freq}
-        train.update({k: v for k, v in flags.items() if v is not None})
-        recipe = TrainConfig.from_dict(train)
+        flags = {k: v for k, v in flags.items() if v is not None}
+        # Each --set typed and checked as the workflows' are (an lr of "abc" is one line
+        # here, not a failure in the loop); the flags before (a budget the --set may rely
+        # on) and after them (they decide)
+        recipe = apply_changes(TrainConfig().replace(**flags), sets, "train", {})
+        recipe = recipe.replace(**flags)
         import sentencepiece as spm
 
         spm_file = location(args.spm_model)
