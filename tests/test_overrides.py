@@ -146,36 +146,213 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says
     assert not any(tmp_path.iterdir())
 
 
-def test_a_preset_written_as_yaml_reads_back_as_the_same_resolved_run(tmp_path):
-    """`--dry-run --format yaml` writes the preset (with --set) as a --config file; the file
-    resolves to the same run as the preset and the flags did."""
-    for module, preset, sets in ((wmt14_en_fr, "paper", []),
-                                 (wmt14_en_de, "paper", ["train.lr=0.25"]),
-                                 (multi30k_en_de, "cpu", ["model.dropout=0.3"])):
-        path = tmp_path / f"{module.__name__.split('.')[-1]}.yaml"
-        argv = ["--preset", preset, "--dry-run", "--format", "yaml",
-                *[x for s in sets for x in ("--set", s)]]
-        rc, text, _ = _main(module, argv)
-        assert rc == 0
-        path.write_text(text)
-        opts = RunOptions(preset=preset, storage_path=str(tmp_path / "runs"), run_name="r",
-                          tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", data="hub")
-        from_flags = resolve(module.PRESETS[preset](), RunOptions(**{**vars(opts),
-                                                                     "set": sets}))
-        from_file = resolve(WorkflowConfig.from_dict(yaml.safe_load(text)), opts)
-        assert from_file.replace(overrides=()) == from_flags.replace(overrides=()), module
-        # and through the command line: --config FILE --dry-run prints the same run
-        rc, printed, err = _main(module, ["--config", str(path), "--dry-run", "--data", "hub",
-                                          "--storage-path", str(tmp_path / "runs"),
-                                          "--run-name", "r", "--tracking-uri",
-                                          f"sqlite:///{tmp_path / 'm.db'}"])
-        assert rc == 0, err
-        run = json.loads(printed)
-        assert run["workflow"]["preset"] == path.stem
-        assert run["workflow"]["model"] == from_flags.model.to_dict()
-        assert run["workflow"]["train"] == json.loads(json.dumps(from_flags.train.to_dict()))
-    assert config_yaml(wmt14_en_fr.paper(), RunOptions(preset="paper")).startswith(
-        "# wmt14_en_fr: preset paper\n")
+@pytest.mark.parametrize("setting, says", [
+    # values --dry-run passed, that failed after training (a split) or in the workers
+    ("data.splits={train: train, test: test}", "training validates on a 'valid' split"),
+    ("data.splits={train: train, valid: validation}", "test split 'test' is not an evaluation"),
+    ("model.embed_dim=-8", "embed_dim must be a positive integer, got -8"),
+    ("model.encoder_layers=[[512, 0]]", "encoder_layers is [[channels, kernel_width], ...]"),
+    ("model.encoder_layers=[[512, 3.5]]", "at least one layer of two positive integers"),
+    ("model.decoder_layers=[]", "decoder_layers is [[channels, kernel_width], ...]"),
+    ("model.max_positions=1", "max_positions must be an integer >= 2"),  # was a traceback
+    ("train.adam_betas=[0.9]", "adam_betas is (beta1, beta2), each in [0, 1)"),
+    ("train.lr=-1", "lr must be > 0, got -1.0"),
+    ("train.momentum=1.5", "momentum must be in [0, 1), got 1.5"),
+    ("train.warmup_updates=-5", "warmup_updates must be >= 0, got -5"),
+    ("train.max_time=1:30", "train.max_time takes float, not '1:30'"),  # YAML 1.1 read 90
+    ("train.compile=true", "train.compile takes str, not True: give a name, or false for none"),
+    ("train.compile=inducter", "compile='inducter': not a torch.compile backend; give one of "
+                               "inductor"),
+    ("train.fuse=indcutor", "fuse='indcutor': not a torch.compile backend"),
+])
+def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, tmp_path):
+    rc, out, err = _main(wmt14_en_fr, ["--set", setting, "--storage-path", str(tmp_path),
+                                       "--dry-run"])
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --set") and says in lines[0], err
+
+
+@pytest.mark.parametrize("setting, field, off", [
+    ("train.compile=false", "compile", ""), ("train.compile=off", "compile", ""),
+    ("train.fuse=no", "fuse", ""), ("train.fuse=null", "fuse", ""),
+    ("train.fuse=inductor", "fuse", "inductor"),
+])
+def test_false_off_and_no_turn_a_compile_backend_off(setting, field, off, tmp_path):
+    """`--set train.compile=false` was the backend "false": the feature on, failing in the
+    worker."""
+    run = _dry_run(wmt14_en_fr, ["--set", setting], tmp_path)
+    assert run["workflow"]["train"][field] == off
+
+
+def test_a_bad_storage_uri_at_dry_run_is_one_line_with_its_credentials_hidden(tmp_path):
+    rc, out, err = _main(wmt14_en_fr, ["--storage-path", "s3:/AKIAXX:SECRET@bucket/runs",
+                                       "--dry-run"])
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: s3:/***@bucket/runs has one slash after s3:") and \
+        "SECRET" not in err and "AKIAXX" not in err
+
+
+def test_set_model_dropout_wins_over_the_passes_table_even_at_the_presets_value(tmp_path):
+    """The cpu recipe's model dropout is 0.4 and its table picks 0.3 or 0.4 by the passes:
+    `--set model.dropout=0.4` asks for 0.4 throughout (the table was kept: the value was the
+    preset's)."""
+    assert multi30k_en_de.cpu().model.dropout == 0.4
+    assert multi30k_en_de.cpu().train.dropout_by_passes
+    for value in ("0.4", "0.3"):
+        run = _dry_run(multi30k_en_de, ["--preset", "cpu", "--set", f"model.dropout={value}"],
+                       tmp_path)
+        assert run["workflow"]["train"]["dropout_by_passes"] == []
+    both = _dry_run(multi30k_en_de, ["--preset", "cpu", "--set", "model.dropout=0.4", "--set",
+                                     "train.dropout_by_passes=[[0, 0.2], [30, 0.4]]"], tmp_path)
+    assert both["workflow"]["train"]["dropout_by_passes"] == [[0, 0.2], [30, 0.4]]
+
+
+def test_languages_set_as_data_name_the_experiment_and_may_swap_together(tmp_path):
+    """The generic workflow's experiment and registered model are named after the pair: a
+    `--set data.src_lang` pair trained under the preset's name (a de->fr model could move
+    translation_en_fr's champion); two --set that swap the sides were refused one by one."""
+    from workflows import translation
+
+    base = ["--preset", "cpu", "--data", str(tmp_path)]
+    run = _dry_run(translation, [*base, "--set", "data.src_lang=de"], tmp_path)
+    assert run["workflow"]["name"] == run["run"]["experiment"] == "translation_de_fr"
+    assert run["workflow"]["preprocess"]["src_lang"] == "de"
+    run = _dry_run(translation, [*base, "--set", "data.src_lang=fr", "--set",
+                                 "data.tgt_lang=en"], tmp_path)
+    assert run["workflow"]["name"] == "translation_fr_en"
+    assert _dry_run(translation, [*base, "--src", "ro"], tmp_path)["workflow"][
+        "name"] == "translation_ro_fr"
+    rc, _, err = _main(translation, [*base, "--set", "data.src_lang=fr", "--dry-run"])
+    assert rc == 2 and "src_lang and tgt_lang must differ" in err
+
+
+def _dry_run(module, argv: list[str], tmp_path) -> dict:
+    """`--dry-run`'s resolved run (the run name, storage and tracking fixed)."""
+    rc, out, err = _main(module, [*argv, "--dry-run", "--run-name", "r", "--storage-path",
+                                  str(tmp_path / "runs"), "--tracking-uri",
+                                  f"sqlite:///{tmp_path / 'm.db'}"])
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def _config_file(module, argv: list[str], path: Path) -> Path:
+    rc, text, err = _main(module, [*argv, "--dry-run", "--format", "yaml"])
+    assert rc == 0, err
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def float32_cpu(monkeypatch):
+    """This host trains in float32 on CPUs (the CPU detector's override): the multi30k cpu
+    recipe's float32 batch budget applies."""
+    from convs2s.precision import cpu_flags
+
+    monkeypatch.setenv("CONVS2S_CPU_BF16", "0")
+    cpu_flags.cache_clear()
+    yield
+    cpu_flags.cache_clear()
+
+
+@pytest.mark.parametrize("module, preset, sets, flags", [
+    (wmt14_en_fr, "smoke", ["data.vocab_size=500", "data.max_len=50"], []),  # on the demo
+    (wmt14_en_fr, "smoke", ["data.max_tokens=4000"], []),  # the preset's own value, on demo
+    (wmt14_en_fr, "paper", [], ["--num-workers", "2"]),  # the update plan: 4 micro-batches
+    (wmt14_en_fr, "paper", ["train.update_freq=1"], ["--num-workers", "2"]),  # asked: 1
+    (wmt14_en_fr, "paper", ["model.dropout=0.3"], ["--max-updates", "50"]),
+    (wmt14_en_de, "paper", ["train.lr=0.25"], ["--data", "demo"]),
+    (multi30k_en_de, "cpu", [], []),  # float32 CPU batches
+    (multi30k_en_de, "cpu", ["data.max_tokens=4000"], []),  # asked over them
+    (multi30k_en_de, "cpu", ["model.dropout=0.4"], []),  # over the passes table
+    (multi30k_en_de, "cpu", ["model.dropout=0.3", "train.dropout_by_passes=[[0, 0.2]]"], []),
+])
+def test_a_config_file_written_by_dry_run_resolves_to_the_run_it_was_written_from(
+        module, preset, sets, flags, tmp_path, float32_cpu):
+    """README: `--preset P --set ... --dry-run --format yaml > FILE`, then `--config FILE`
+    with the same run-level flags is the same run: a value in the file counts as set on
+    purpose exactly as its --set did (kept on the demo corpus, over the update plan, the
+    float32 CPU batches and the dropout-by-passes table)."""
+    set_flags = [x for s in sets for x in ("--set", s)]
+    path = _config_file(module, ["--preset", preset, *set_flags], tmp_path / "my.yaml")
+    from_flags = _dry_run(module, ["--preset", preset, *set_flags, *flags], tmp_path)
+    from_file = _dry_run(module, ["--config", str(path), *flags], tmp_path)
+    assert from_file["workflow"].pop("preset") == "my"  # labelled with the file's stem
+    assert from_flags["workflow"].pop("preset") == preset
+    from_flags["workflow"].pop("overrides", None)
+    assert from_file == from_flags
+    # and a file written from the file, with another --set on top, is that run with it
+    again = _config_file(module, ["--config", str(path), "--set", "search.beam=7"],
+                         tmp_path / "again.yaml")
+    plus = _dry_run(module, ["--preset", preset, *set_flags, "--set", "search.beam=7", *flags],
+                    tmp_path)
+    from_again = _dry_run(module, ["--config", str(again), *flags], tmp_path)
+    for run in (plus, from_again):
+        run["workflow"].pop("preset"), run["workflow"].pop("overrides", None)
+    assert from_again == plus
+
+
+def test_a_setting_edited_in_a_config_file_counts_as_set_on_purpose(tmp_path, float32_cpu):
+    """An edit of the file wins as a --set would: the demo corpus keeps it, the preset's
+    update plan and float32 CPU batches do not replace it (each was silently replaced)."""
+    def edited(module, preset, old, new, name):
+        path = _config_file(module, ["--preset", preset], tmp_path / name)
+        text = path.read_text()
+        assert text.count(old) == 1, old
+        path.write_text(text.replace(old, new))
+        return _dry_run(module, ["--config", str(path)], tmp_path)
+
+    run = edited(wmt14_en_fr, "smoke", "  max_len: 175\n", "  max_len: 50\n", "s.yaml")
+    assert run["run"]["data_source"] == "demo" and run["workflow"]["preprocess"]["max_len"] == 50
+    run = edited(wmt14_en_fr, "paper", "  update_freq: 1\n", "  update_freq: 4\n", "p.yaml")
+    assert run["update"]["micro_batches_per_update"] == 4
+    assert run["update"]["note"].endswith("not the preset's 24,000 (train.update_freq=4)")
+    run = edited(multi30k_en_de, "cpu", "  max_tokens: 4000\n", "  max_tokens: 3000\n",
+                 "c.yaml")
+    assert run["update"]["max_tokens_per_batch"] == 3000 and "note" not in run["update"]
+    run = edited(multi30k_en_de, "cpu", "  dropout: 0.4\n", "  dropout: 0.2\n", "d.yaml")
+    assert run["workflow"]["model"]["dropout"] == 0.2
+    assert run["workflow"]["train"]["dropout_by_passes"] == []
+    # ... and listed under `explicit:`, the preset's own value too
+    path = _config_file(multi30k_en_de, ["--preset", "cpu"], tmp_path / "e.yaml")
+    path.write_text(path.read_text().replace("explicit: []", "explicit: [preprocess.max_tokens]"))
+    assert _dry_run(multi30k_en_de, ["--config", str(path)],
+                    tmp_path)["update"]["max_tokens_per_batch"] == 4000
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("  warmup_updates: 0\n", '  warmup_updates: "200"\n',
+     "train.warmup_updates takes int, not '200'"),
+    ("  lr: 0.25\n", "  lr: abc\n", "train.lr takes float, not 'abc'"),
+    ("  max_time: 0.0\n", "  max_time: 1:30\n", "train.max_time takes float, not '1:30'"),
+    ("  src_lang: en\n", "  src_lang: no\n", "preprocess.src_lang takes str, not False "
+                                               "(quote a text that YAML reads otherwise)"),
+    ("  beam: 5\n", "  beam: [5]\n", "search.beam takes int, not [5]"),
+    ("\nuse_gpu: false\n", "\nuse_gpu: 0\n", "use_gpu takes bool, not 0"),
+    ("  embed_dim: 128\n", "  embed_dim: -8\n", "model: embed_dim must be a positive integer"),
+    ("  root: data/preprocessed\n", "  root: /elsewhere\n",
+     "preprocess.root: set by --storage-path"),
+    ("preset: smoke\n", "", "no preset: line; name the preset the file starts from "
+                            "(paper, smoke)"),
+    ("preset: smoke\n", "preset: cpu\n", "preset: 'cpu' names no preset of this workflow"),
+    ("explicit: []\n", "explicit: [train.lrr]\n",
+     "explicit: train.lrr: no such setting (did you mean train.lr"),
+])
+def test_a_config_file_value_its_setting_cannot_take_is_one_line_naming_file_and_key(
+        old, new, says, tmp_path):
+    """A file's values are checked as --set checks one, before anything starts: a string
+    warmup_updates or lr used to pass and fail only in the training workers."""
+    path = _config_file(wmt14_en_fr, ["--preset", "smoke"], tmp_path / "bad.yaml")
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+    rc, out, err = _main(wmt14_en_fr, ["--config", str(path), "--dry-run"])
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: --config {path}: ") and says in err, err
+    # 1e-3 is a number, as YAML 1.2 and --set read it (PyYAML's 1.1 made it text)
+    path.write_text(text.replace("  lr: 0.25\n", "  lr: 1e-3\n"))
+    assert _dry_run(wmt14_en_fr, ["--config", str(path)], tmp_path)["workflow"]["train"][
+        "lr"] == 0.001
 
 
 def test_a_config_file_with_an_unknown_setting_is_refused_with_the_closest_name(tmp_path):
@@ -188,9 +365,12 @@ def test_a_config_file_with_an_unknown_setting_is_refused_with_the_closest_name(
                                        "(did you mean lr or lr_shrink?)")
     rc, _, err = _main(wmt14_en_fr, ["--config", str(tmp_path / "missing.yaml"), "--dry-run"])
     assert rc == 2 and "cannot read it" in err
-    with pytest.raises(ValueError, match="no such setting"):
-        WorkflowConfig.from_dict({**yaml.safe_load(config_yaml(wmt14_en_fr.smoke(),
-                                                               RunOptions())), "colour": 1})
+    del doc["preset"], doc["explicit"], doc["train"]["lrr"]
+    with pytest.raises(ValueError, match="colour: no such setting"):
+        WorkflowConfig.from_dict({**doc, "colour": 1})
+    assert WorkflowConfig.from_dict(doc) == wmt14_en_fr.smoke()
+    assert config_yaml(wmt14_en_fr.paper(), RunOptions(preset="paper")).startswith(
+        "# wmt14_en_fr: preset paper\n")
 
 
 def test_a_different_set_on_the_same_run_name_is_refused_like_any_changed_setting(tmp_path):
@@ -229,6 +409,26 @@ def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
         assert exit_.value.code == 2 and says in err[-1], err
 
 
+def test_the_training_command_line_checks_its_settings_the_same_way(capsys):
+    """`python -m convs2s train --set lr=abc` trained with the string "abc" until the
+    optimizer met it; a value is typed and checked as the workflows' --set, one line, exit 2."""
+    from convs2s.train.local import main
+
+    common = ["--train-data", "t", "--valid-data", "v", "--spm-model", "missing.model",
+              "--storage-path", "runs", "--run-name", "r"]
+    for setting, says in (("lr=abc", "--set lr=abc: train.lr takes float, not 'abc'"),
+                          ('warmup_updates="200"', "train.warmup_updates takes int, not '200'"),
+                          ("lrr=1", "TrainConfig has no field 'lrr' (did you mean lr"),
+                          ("compile=inducter", "not a torch.compile backend"),
+                          ("momentum=1.5", "momentum must be in [0, 1)")):
+        assert main([*common, "--set", setting]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+    # typed values pass the settings and reach the next check (the missing spm model)
+    assert main([*common, "--set", "lr=1e-3", "--set", "compile=false"]) == 2
+    assert "--spm-model missing.model does not exist" in capsys.readouterr().err
+
+
 def test_a_custom_sweep_takes_its_variants_as_set_lists(tmp_path, capsys):
     """--sweep custom --variant NAME:SETTING;SETTING: each variant is the preset with those
     --set settings (any section), beside the baseline, each seed a whole run; --dry-run lists
@@ -260,7 +460,7 @@ def test_a_custom_sweep_takes_its_variants_as_set_lists(tmp_path, capsys):
     # a dropout set on purpose also turns off the recipe's dropout-by-passes table
     assert sweep.trials[1].changes == {"model.dropout": "0.3", "preprocess.vocab_size": "4000",
                                        "train.dropout_by_passes": "()"}
-    for variant, says in ((f"same:model.dropout={cpu.model.dropout}", "changes nothing"),
+    for variant, says in ((f"same:train.lr={cpu.train.lr}", "changes nothing"),
                           ("no-settings", "write NAME:SECTION.FIELD=VALUE"),
                           ("bad:train.lrr=1", "TrainConfig has no field 'lrr'"),
                           # the sweep sets every trial's seed: a variant's was replaced unseen

@@ -58,13 +58,13 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
-        cfg = presets[opts.preset]() if opts.config is None else _load_config(opts)
+        cfg = presets[opts.preset]() if opts.config is None else _load_config(opts, presets)
         if opts.dry_run and opts.format == "yaml":  # the preset, --set applied: a --config file
             print(config_yaml(cfg, opts), end="", flush=True)
             return 0
         # Named now: an interrupted run is told how to resume.
         spec = resolve_sweep(cfg, opts) if opts.sweep else resolve(cfg, opts)
-    except SpecError as e:
+    except (SpecError, StorageError) as e:  # a bad --storage-path URI (credentials redacted)
         print(f"error: {e}", file=sys.stderr)
         return 2
     if opts.dry_run:
@@ -174,27 +174,45 @@ def sweep_summary(r: SweepResult, seconds: float) -> str:
     return "\n".join(lines)
 
 
-def _load_config(opts: RunOptions) -> WorkflowConfig:
-    """--config FILE: the preset from a YAML / JSON file (`config_yaml` writes one); the run is
-    labelled with the file's stem as its preset."""
+def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfig]]
+                 ) -> WorkflowConfig:
+    """--config FILE: the preset from a YAML / JSON file (`config_yaml` writes one), its values
+    checked as --set checks one; the run is labelled with the file's stem as its preset. The
+    file names the preset it was written from (`preset:`): its settings that differ from it,
+    and those it lists under `explicit:`, count as set on purpose, as with --set (in
+    `opts.config_settings`, workflows.overrides.file_settings)."""
     import yaml
 
+    from preprocessing.settings import load_yaml
+    from workflows import overrides
+
     path = Path(opts.config).expanduser()
+    where = f"--config {opts.config}:"
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml(path.read_text(encoding="utf-8"))
         if not isinstance(doc, dict):
             raise ValueError("the file holds no mapping of settings")
+        doc = dict(doc)
+        base, explicit = doc.pop("preset", None), doc.pop("explicit", None) or []
         cfg = WorkflowConfig.from_dict(doc)
     except OSError as err:
         raise SpecError(f"--config {opts.config}: cannot read it ({err.strerror})") from None
     except (yaml.YAMLError, ValueError, TypeError, KeyError) as err:
-        raise SpecError(f"--config {opts.config}: {str(err).splitlines()[0]}") from None
-    opts.preset = path.stem
+        raise SpecError(f"{where} {str(err).splitlines()[0]}") from None
+    if base not in presets:  # (the file could not tell a setting changed on purpose)
+        raise SpecError(f"{where} " + (f"preset: {base!r} names no preset of this workflow"
+                                       if base is not None else "no preset: line")
+                        + f"; name the preset the file starts from ({', '.join(sorted(presets))})"
+                        ", as --dry-run --format yaml writes it")
+    opts.config_settings = tuple(overrides.file_settings(cfg, presets[base](), explicit, where))
+    opts.config_preset, opts.preset = base, path.stem
     return cfg
 
 
 def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
-    """The preset `cfg` with --set applied, as the YAML file `--config` reads back."""
+    """The preset `cfg` with --set applied, as the YAML file `--config` reads back: it names
+    the preset (a --config file's own) and lists the settings set on purpose (each --set,
+    and a --config file's own), so that it resolves to the same run."""
     import yaml
 
     from workflows import overrides
@@ -202,10 +220,19 @@ def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
     changes = overrides.parse(opts.set)
     cfg = overrides.apply(cfg, changes)
     cfg = cfg.replace(preprocess=overrides.apply_data(cfg.preprocess, changes))
+    sections = {v: k for k, v in overrides.FILE_SECTIONS.items()}
+    explicit = list(dict.fromkeys(
+        f"{sections[o.section]}.{o.field}" if o.section in sections else o.field
+        for o in [*opts.config_settings, *changes]))
     head = (f"# {cfg.name}: preset {opts.preset}"
             + (f", with --set {' --set '.join(opts.set)}" if opts.set else "")
-            + "\n# run it with: --config THIS_FILE (the run-level flags as usual)\n")
-    return head + yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+            + "\n# run it with: --config THIS_FILE (the run-level flags as usual). A setting "
+              "that differs\n# from the preset named here, or is listed under explicit, counts "
+              "as set on purpose,\n# as with --set: kept on the demo corpus (--data demo), over "
+              "the preset's update plan\n# (update_tokens) and float32 CPU batch size "
+              "(float32_cpu_max_tokens)\n")
+    doc = {"preset": opts.config_preset or opts.preset, "explicit": explicit, **cfg.to_dict()}
+    return head + yaml.safe_dump(doc, sort_keys=False)
 
 
 def _stems(cfg: WorkflowConfig) -> str:

@@ -14,11 +14,16 @@ the run's settings: MLflow params, `--dry-run`, and the comparison when a run na
 
 An unknown section or field, or a value of the wrong type, is one `SpecError` naming the
 field, the closest valid names and the expected type (exit 2, before Ray starts).
+
+A `--config` file's settings that differ from the preset it names, or that it lists under
+`explicit:`, apply as --set changes too (`file_settings`), so that a value in the file counts
+as set on purpose exactly as its --set did.
 """
 
 from __future__ import annotations
 
-from convs2s.config import keep_explicit_dropout
+import dataclasses
+
 from preprocessing.settings import Change as Override
 from preprocessing.settings import SettingError, apply_changes, closest, read_value
 from workflows.errors import SpecError
@@ -57,14 +62,23 @@ def _apply_to(obj, overrides: list[Override], section: str):
 def apply(cfg, overrides: list[Override]):
     """The preset `cfg` (a WorkflowConfig) with every section but `data` overridden."""
     by = {s: [o for o in overrides if o.section == s] for s in SECTIONS}
-    for o in by["data"]:  # checked now, applied once --data chose the source (`apply_data`)
-        _apply_to(cfg.preprocess, [o], "data")
+    # data.*: checked now, all together (data.src_lang=fr with data.tgt_lang=en swaps the
+    # sides, where one alone names one language twice) and with the workflow's own checks (a
+    # valid split, every test split); applied once --data chose the source (`apply_data`)
+    pre = _apply_to(cfg.preprocess, by["data"], "data")
+    try:
+        cfg.replace(preprocess=pre)
+    except ValueError as err:
+        given = " ".join(f"{o.origin} {o.text}" for o in by["data"])
+        raise SpecError(f"{given}: {err}") from None
     cfg = _apply_to(cfg, by["workflow"], "workflow")
     model = _apply_to(cfg.model, by["model"], "model")
     train = _apply_to(cfg.train, by["train"], "train")
-    if not any(o.field == "dropout_by_passes" for o in by["train"]):
-        # --set model.dropout=...: that dropout throughout, not the passes table's choice
-        train = keep_explicit_dropout(train, cfg.model.dropout, model.dropout)
+    if any(o.field == "dropout" for o in by["model"]) \
+            and not any(o.field == "dropout_by_passes" for o in by["train"]):
+        # --set model.dropout=...: that dropout throughout, even the preset's own value, not
+        # the passes table's choice (set both to keep a table)
+        train = train.replace(dropout_by_passes=())
     return cfg.replace(model=model, train=train,
                        search=_apply_to(cfg.search, by["search"], "search"),
                        ensemble=_apply_to(cfg.ensemble, by["ensemble"], "ensemble"))
@@ -73,3 +87,45 @@ def apply(cfg, overrides: list[Override]):
 def apply_data(pre, overrides: list[Override]):
     """The preprocessing settings the run's data source resolved to, with `data.*` applied."""
     return _apply_to(pre, [o for o in overrides if o.section == "data"], "data")
+
+
+# A --config file's sections (WorkflowConfig.to_dict) and the --set section of each.
+FILE_SECTIONS = {"preprocess": "data", "model": "model", "train": "train", "search": "search",
+                 "ensemble": "ensemble"}
+
+
+def file_settings(cfg, base, explicit, origin: str) -> list[Override]:
+    """The settings of a `--config` file (`cfg`, a WorkflowConfig) that count as set on
+    purpose, as --set changes of the preset the file was written from (`base`): every one
+    whose value differs from that preset's, and every one the file lists under `explicit`
+    (the paths of a --set of the preset's own value: `preprocess.max_tokens`, `num_workers`).
+    So a file written by `--dry-run --format yaml` resolves to the same run as the preset
+    with its --set did: its data settings are kept on the demo corpus, its update_freq and
+    max_tokens over the preset's update plan and float32 CPU batches, its dropout over the
+    passes table. `origin` heads the error lines ("--config FILE:")."""
+    if not isinstance(explicit, list) or not all(isinstance(p, str) for p in explicit):
+        raise SpecError(f"{origin} explicit: give a list of setting paths "
+                        "(e.g. [preprocess.max_tokens, train.lr])")
+    fields = {f"{name}.{f.name}" if name else f.name: (name, f.name)
+              for name in ("", *FILE_SECTIONS)
+              for f in dataclasses.fields(getattr(cfg, name) if name else cfg)
+              if name or f.name not in FILE_SECTIONS}
+    for path in explicit:
+        if path not in fields:
+            raise SpecError(f"{origin} explicit: {path}: no such setting"
+                            f"{closest(path, fields)}")
+    out = []
+    for path, (name, field) in fields.items():
+        value = getattr(getattr(cfg, name) if name else cfg, field)
+        if path not in explicit and value == getattr(getattr(base, name) if name else base,
+                                                     field):
+            continue
+        section = FILE_SECTIONS.get(name, "workflow")
+        key = f"{section}.{field}"
+        if key in ("workflow.name", "workflow.data"):  # the file's own, as a preset's
+            continue
+        if key in OWNED:
+            raise SpecError(f"{origin} {path}: set by {OWNED[key]}, not in the file (leave "
+                            "the preset's value)")
+        out.append(Override(section, field, value, f"{path}={value!r}", origin))
+    return out

@@ -162,11 +162,11 @@ def _tracking_uri(flag: str | None) -> str:
 
 
 def update_plan(update_tokens: int, workers: int, max_tokens: int, asked: int | None,
-                preset_freq: int) -> tuple[int, str]:
+                preset_freq: int, asked_by: str | None = None) -> tuple[int, str]:
     """(micro-batches per update, a note: "" when the update is the preset's). With
     `update_tokens` (the preset's GPUs x tokens per GPU) the run keeps it on any number of
     workers by accumulating micro-batches, as the reference's --update-freq does; `asked`
-    (--update-freq) decides when given."""
+    (--update-freq, or the setting `asked_by` names) decides when given."""
     per_pass = workers * max_tokens  # the tokens of one micro-batch on every worker
     if asked is not None:
         freq = asked
@@ -179,7 +179,8 @@ def update_plan(update_tokens: int, workers: int, max_tokens: int, asked: int | 
     got = f"{workers} worker(s) x {freq} micro-batch(es) x {max_tokens:,} tokens = " \
           f"{per_pass * freq:,} tokens an update"
     if asked is not None:
-        return freq, f"{got}, not the preset's {update_tokens:,} (--update-freq {asked})"
+        return freq, f"{got}, not the preset's {update_tokens:,} " \
+                     f"({asked_by or f'--update-freq {asked}'})"
     fix = (f"--set data.max_tokens={update_tokens // (workers * freq)}"
            if update_tokens % (workers * freq) == 0 else "--update-freq to choose")
     return freq, f"{got}: the preset's update is {update_tokens:,} tokens, which " \
@@ -190,7 +191,10 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     """The run `opts` asks of the preset `cfg`; a SpecError names a flag that cannot apply."""
     from workflows import overrides
 
-    changes = overrides.parse(opts.set)  # --set: the preset changed before anything else
+    # --set: the preset changed before anything else; a --config file's settings set on
+    # purpose first, as if given with --set (workflows.overrides.file_settings)
+    sets = overrides.parse(opts.set)
+    changes = [*opts.config_settings, *sets]
     cfg = overrides.apply(cfg, changes)
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     data_flag = opts.data or cfg.data
@@ -219,6 +223,10 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
         test_sets.update({stem: stem for stem in added})
     pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
+    # The languages are decided: a name with {src} / {tgt} (the generic translation workflow)
+    # takes them, --set data.src_lang / tgt_lang included, so each pair has its experiment
+    # and registered models
+    name = cfg.name.format(src=pre.src_lang, tgt=pre.tgt_lang)
     limits = {k: v for k, v in (("max_epochs", opts.max_epochs),
                                 ("max_updates", opts.max_updates),
                                 ("max_time", opts.max_time)) if v is not None}
@@ -240,15 +248,16 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     pre, batch_note = float32_cpu_batches(cfg, pre, changes, use_gpu,
                                           opts.precision or cfg.train.precision)
     workers = opts.num_workers or cfg.num_workers
-    # `--set train.update_freq=N` asks as --update-freq does (the plan replaced it silently)
-    asked = opts.update_freq
+    # `--set train.update_freq=N` (or a --config file's own) asks as --update-freq does (the
+    # plan replaced it silently)
+    asked, asked_by = opts.update_freq, None
     if asked is None and _set(changes, "train", "update_freq"):
-        asked = cfg.train.update_freq
+        asked, asked_by = cfg.train.update_freq, f"train.update_freq={cfg.train.update_freq}"
     limits["update_freq"], update_note = update_plan(
-        cfg.update_tokens, workers, pre.max_tokens, asked, cfg.train.update_freq)
+        cfg.update_tokens, workers, pre.max_tokens, asked, cfg.train.update_freq, asked_by)
     update_note = "; ".join(n for n in (batch_note, update_note) if n)
     return RunSpec(
-        workflow=cfg.name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
+        workflow=name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
         model=model, train=cfg.train.replace(**limits), search=cfg.search,
         ensemble=cfg.ensemble, num_workers=workers,
@@ -256,14 +265,15 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
         system_metrics_s=cfg.system_metrics_s if opts.system_metrics else 0.0,
         attention=opts.attention, run_name=run_name, storage=str(storage),
-        tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or cfg.name,
+        tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or name,
         added_test_sets=added, restart=opts.restart, init_from=init_from,
-        accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in changes),
+        accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in sets),
         update_tokens=cfg.update_tokens, update_note=update_note)
 
 
 def _set(changes, section: str, field: str) -> bool:
-    """Whether `--set section.field=...` is among `changes`."""
+    """Whether `--set section.field=...` (or a --config file's own setting) is among
+    `changes`."""
     return any(o.section == section and o.field == field for o in changes)
 
 
@@ -271,10 +281,10 @@ def float32_cpu_batches(cfg: WorkflowConfig, pre: PreprocessConfig, changes, use
                         precision: str) -> tuple[PreprocessConfig, str]:
     """`pre` with the preset's float32 CPU batch budget when the run will train in float32 on
     CPUs (the precision `precision` resolves to on this machine), and a line saying so; `pre`
-    unchanged where the preset has none, on GPUs, in bf16, or under `--set data.max_tokens`."""
+    unchanged where the preset has none, on GPUs, in bf16, or under `--set data.max_tokens`
+    (or a --config file's own max_tokens)."""
     n = cfg.float32_cpu_max_tokens
-    if not n or use_gpu or n == pre.max_tokens or \
-            any(o.section == "data" and o.field == "max_tokens" for o in changes):
+    if not n or use_gpu or n == pre.max_tokens or _set(changes, "data", "max_tokens"):
         return pre, ""
     from convs2s.precision import local_precision
 
@@ -288,8 +298,7 @@ def float32_cpu_batches(cfg: WorkflowConfig, pre: PreprocessConfig, changes, use
 
 def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,
                           data_flag: str) -> WorkflowConfig:
-    """--src / --tgt / --split on the preset; a workflow name with {src} / {tgt} (the generic
-    translation workflow) takes the languages, so each pair has its experiment and models."""
+    """--src / --tgt / --split on the preset."""
     pre, splits = cfg.preprocess, dict(cfg.local_splits)
     if (opts.src or opts.tgt) and data_flag == "demo":
         raise SpecError("--src / --tgt: the demo corpus is English -> French (or document -> "
@@ -308,8 +317,7 @@ def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,
                              if v})
     except ValueError as err:
         raise SpecError(f"--src / --tgt: {err}") from None
-    return cfg.replace(preprocess=pre, local_splits=splits,
-                       name=cfg.name.format(src=pre.src_lang, tgt=pre.tgt_lang))
+    return cfg.replace(preprocess=pre, local_splits=splits)
 
 
 def _fine_tuned(path: str, preset_model: ModelConfig,

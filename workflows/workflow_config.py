@@ -109,32 +109,33 @@ class WorkflowConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "WorkflowConfig":
-        """A `to_dict` document back; an unknown key anywhere is refused with the closest
-        names (ValueError)."""
-        import difflib
+        """A `to_dict` document back (a `--config` file); a ValueError names the first key
+        that no setting has (with the closest names), or a value of another type than its
+        setting's, checked as `--set` checks one (preprocessing.settings.check_fields: an lr
+        of "abc", or a warmup_updates of "200", is refused here, not in a training worker)."""
+        from preprocessing.settings import check_fields
 
-        def check(keys, cls_, where):
-            names = [f.name for f in dataclasses.fields(cls_)]
-            for k in keys:
-                if k not in names:
-                    near = difflib.get_close_matches(k, names, n=3, cutoff=0.5)
-                    raise ValueError(f"{where}{k}: no such setting"
-                                     + (f" (did you mean {' or '.join(near)}?)" if near else ""))
-
-        d = dict(d)
-        check(d, cls, "")
         sections = {"preprocess": PreprocessConfig, "model": ModelConfig, "train": TrainConfig,
                     "search": SearchConfig, "ensemble": EnsembleConfig}
+        d = check_fields(cls, d)
+        for name in ("preprocess", "model", "train"):
+            if name not in d:
+                raise ValueError(f"{name}: missing (a mapping of its settings)")
+        made = {}
         for name, cls_ in sections.items():
-            if name in d:
-                check(d[name] or {}, cls_, f"{name}.")
-        pre = d.pop("preprocess")
-        pre = PreprocessConfig(**{k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in pre.items()})
-        return cls(preprocess=pre, model=ModelConfig.from_dict(d.pop("model")),
-                   train=TrainConfig.from_dict(d.pop("train")),
-                   search=SearchConfig.from_dict(d.pop("search", None) or {}),
-                   ensemble=EnsembleConfig(**(d.pop("ensemble", None) or {})), **d)
+            part = d.pop(name, None) or {}
+            if not isinstance(part, dict):
+                raise ValueError(f"{name}: give a mapping of its settings, not {part!r}")
+            if cls_ is TrainConfig:  # a file written before a field was removed still loads
+                part = TrainConfig.upgrade(part)
+            try:
+                made[name] = cls_(**check_fields(cls_, part, f"{name}."))
+            except TypeError as err:  # a required setting left out
+                raise ValueError(f"{name}: {err}") from None
+            except ValueError as err:
+                raise ValueError(str(err) if str(err).startswith(f"{name}.")
+                                 else f"{name}: {err}") from None
+        return cls(**made, **d)
 
 
 def _plain(x):
@@ -179,6 +180,11 @@ class RunOptions:
     tgt: str | None = None  # --tgt LANG: the target language
     split: list[str] = field(default_factory=list)  # --split SPLIT=STEM: local file stems
     config: str | None = None  # --config FILE.yaml: the preset as a file (replaces --preset's)
+    # Set by --config's loader (workflows.orchestrate): the preset the file names (`preset:`),
+    # and the file's settings that count as set on purpose (those that differ from that preset
+    # and those it lists under `explicit:`), applied as --set changes (workflows.overrides).
+    config_preset: str | None = None
+    config_settings: tuple = ()
     dry_run: bool = False  # print the resolved run and exit, starting nothing
     format: str = "json"  # --dry-run's output: json (the resolved run) or yaml (a --config file)
 
