@@ -72,6 +72,10 @@ class WorkflowConfig:
     system_metrics_s: float = 10.0
 
     def __post_init__(self) -> None:
+        # (first: the valid split is also scored, to choose the champion on, engine.champion_sets)
+        for splits in (self.preprocess.splits, self.local_splits, WMT_SPLITS):
+            if "valid" not in splits:
+                raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
         # Every preset also runs on the demo corpus (`--data demo`), whose splits have the
         # WMT names (preprocessing.config.demo).
         for split in self.test_sets:
@@ -79,9 +83,6 @@ class WorkflowConfig:
                     or split not in self.local_splits:
                 raise ValueError(f"{self.name}: test split {split!r} is not an evaluation split "
                                  "of the preprocess config / the local splits / the demo source")
-        for splits in (self.preprocess.splits, self.local_splits, WMT_SPLITS):
-            if "valid" not in splits:
-                raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
         # Refused here, before anything runs: a typo in task_kind failed only in evaluation,
         # after the whole training run; num_workers=0 divided by zero.
         from convs2s.metrics.task_kinds import task_kind
