@@ -212,6 +212,30 @@ def matmul_peak(device, dtype, sizes: tuple[int, ...] | None = None, repeats: in
             "threads": torch.get_num_threads(), "repeats": repeats}
 
 
+# The GPUs' datasheet peaks, dense (without 2:4 structured sparsity), in FLOP/s: NVIDIA's H100
+# and H200 datasheets give bf16 tensor-core rates with sparsity, twice these (H100 SXM and H200
+# SXM 1,979 TFLOPS: 989 dense; H100 PCIe 1,513: 756), and float32 on the CUDA cores (67; PCIe 51).
+# Matched on torch's device name (the H100 SXM calls itself "H100 80GB HBM3"); the NVL boards run
+# at lower clocks and are not listed: a GPU not here gets no datasheet figure, not a guess.
+DATASHEET_PEAKS = (  # (names containing, bf16, float32)
+    (("H200",), 989e12, 67e12),
+    (("H100 80GB HBM3", "H100 SXM"), 989e12, 67e12),
+    (("H100 PCIe",), 756e12, 51e12),
+)
+
+
+def datasheet_peak(gpu: str | None, dtype: str) -> dict | None:
+    """The datasheet's dense peak for `dtype` ("bf16" or "fp32") of the GPU torch names `gpu`
+    (torch.cuda.get_device_name), to set beside the peak measured in the same process:
+    {"gpu", "dtype", "flops", "source"}; None for no GPU or one the table does not hold."""
+    for marks, bf16, fp32 in DATASHEET_PEAKS:
+        if gpu and "NVL" not in gpu and any(m in gpu for m in marks):
+            return {"gpu": gpu, "dtype": dtype, "flops": bf16 if dtype == "bf16" else fp32,
+                    "source": "NVIDIA H100 / H200 datasheet, dense (half the sparsity figure)"
+                    if dtype == "bf16" else "NVIDIA H100 / H200 datasheet, FP32 (no tensor cores)"}
+    return None
+
+
 def main() -> None:
     import argparse
 

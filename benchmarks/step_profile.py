@@ -5,8 +5,11 @@ step).
 The phases repeat the operations of `convs2s.train.update.train_update` for one micro-batch on one
 process (model forward with `target`, backward of loss / ntokens, `clip_gradients`,
 `optimizer.step`, `zero_grad`) with a timer between them; the matmul share says how much of
-the step the GEMMs take and at what rate they run (analytic FLOPs over their time), so the
-rest is overhead outside the matrix products.
+the step the products take (the GEMMs and, with the library's convolution, its forward and
+backward kernels) and at what rate they run (analytic FLOPs over their time), so the rest is
+overhead outside the products. On CUDA each profiled step is one `record_function` range
+(STEP_RANGE): host waits are counted inside those ranges only (the profiler's own synchronize
+at its exit is not a step's).
 
     prof = operator_profile(step, n_steps, train_flops)   # step(i) runs one training step
     phases = phase_breakdown(model, optimizer, batches, train_cfg, device)
@@ -14,6 +17,7 @@ rest is overhead outside the matrix products.
 
 from __future__ import annotations
 
+import re
 import time
 from statistics import median
 
@@ -25,35 +29,55 @@ from convs2s.train.update import autocast_for
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
 SHAPE_OPS, SHAPE_ROWS = 6, 10  # with shapes: this many operators, each's largest shape groups
+# The convolutions' operators, forward and backward, by whatever name the device runs them:
+# cuDNN's aten::cudnn_convolution and aten::convolution_backward (its kernels run under that op,
+# not under an op of their own), oneDNN's aten::mkldnn_convolution on a CPU, the slow paths'
+# aten::_slow_conv2d_*, aten::thnn_conv2d, aten::conv_tbc. With `--conv native` they are about
+# 62% of the En-Fr model's FLOPs; counted as products, the FLOPs are rated over their time too.
+# Their parents (aten::conv2d -> aten::convolution -> aten::_convolution) match as well: the
+# times summed are self times, each kernel under one operator only, so nothing counts twice.
+_CONV = re.compile(r"aten::(conv|_conv(olution|_depthwise)|.*(convolution|slow_conv|thnn_conv))")
+STEP_RANGE = "convs2s.profiled_step"  # the record_function range around each profiled step
+
+
+def is_product(op: str) -> bool:
+    """Whether an operator is a matrix product or a convolution (its FLOPs are products)."""
+    return op in MATMUL_OPS or bool(_CONV.match(op))
 
 
 def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> dict:
     """Top operators by self time over `n` calls of step(i); `train_flops`: the analytic
-    (padded) FLOPs of those n steps, to rate the matrix products. With `shapes`, also the
-    largest input-shape groups of the top operators that are not matrix products (`by_shape`:
-    which copies, adds and casts cost the time; recording shapes adds host time to the
-    profiled steps, not GPU time)."""
-    from torch.profiler import ProfilerActivity, profile
+    (padded) FLOPs of those n steps, to rate the products (matrix products and convolutions,
+    `is_product`; `product_ops` lists the time of each). With `shapes`, also the largest
+    input-shape groups of the top operators that are not products (`by_shape`: which copies,
+    adds and casts cost the time; recording shapes adds host time to the profiled steps, not
+    GPU time)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     cuda = torch.cuda.is_available()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts, record_shapes=shapes) as prof:
         for i in range(n):
-            step(i)
+            with record_function(STEP_RANGE):  # the step's bounds, for its host waits
+                step(i)
     events = prof.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"  # microseconds
     ops, total = _ops_and_busy_time(events, cuda, key)
-    mm = sum(getattr(e, key) for e in ops if e.key in MATMUL_OPS)
+    products = {e.key: getattr(e, key) for e in ops if is_product(e.key) and getattr(e, key)}
+    mm = sum(products.values())
     rows = sorted(ops, key=lambda e: -getattr(e, key))[:20]
-    counts = _launch_and_sync_counts(events, n) if cuda else {}
+    counts = _launch_and_sync_counts(prof.events(), n) if cuda else {}
     out = {**counts, "ops": [{"op": e.key, "calls": e.count / n,
                               "self_ms_per_step": getattr(e, key) / 1e3 / n,
                               "share": round(getattr(e, key) / total, 4)} for e in rows],
            "busy_ms_per_step": total / 1e3 / n,  # GPU-busy (CUDA) or operator CPU time
+           # the products: matrix products and convolutions (the field names are older)
            "matmul_share": mm / total,
-           "matmul_flops": train_flops / (mm / 1e6) if mm else None}
+           "matmul_flops": train_flops / (mm / 1e6) if mm else None,
+           "product_ops": {k: round(v / 1e3 / n, 3)
+                           for k, v in sorted(products.items(), key=lambda kv: -kv[1])}}
     if shapes:
-        top = [e.key for e in rows if e.key not in MATMUL_OPS][:SHAPE_OPS]
+        top = [e.key for e in rows if not is_product(e.key)][:SHAPE_OPS]
         grouped, _ = _ops_and_busy_time(prof.key_averages(group_by_input_shape=True), cuda,
                                         key)
         out["by_shape"] = {op: [{"shapes": [list(x) for x in e.input_shapes if x],
@@ -65,23 +89,42 @@ def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> 
     return out
 
 
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# Host waits for the GPU: the runtime's and the driver's synchronizes, and a blocking copy.
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+              "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize", "cudaMemcpy")
+_API_CALL = re.compile(r"cu(da)?[A-Z]")  # cudaX: the CUDA runtime's calls; cuX: the driver's
 
 
 def _launch_and_sync_counts(events, n: int) -> dict:
-    """Kernels run, kernel launches and host waits for the GPU per step, read off the CUDA
-    runtime calls the profile records (a blocking device-to-host copy is a wait too)."""
+    """Per step, from the profile's events (`prof.events()`, not averaged: each with its time):
+    GPU work (kernels, and the memcpys and memsets apart), kernel launches (the runtime's
+    cudaLaunchKernel* and the driver's cuLaunchKernel*, how Triton's kernels are launched), CUDA
+    graph launches, and host waits for the GPU inside the profiled steps' ranges (STEP_RANGE).
+    A wait outside them, such as the profiler's own synchronize as it exits, is no step's:
+    `host_syncs_outside_steps` counts those, in all."""
     from torch.autograd import DeviceType
 
+    # a record_function range shows on the GPU too, as an annotation spanning its kernels
+    device = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    memcpys = sum(e.name.startswith("Memcpy") for e in device)
+    memsets = sum(e.name.startswith("Memset") for e in device)
+    host = [e for e in events if e.device_type != DeviceType.CUDA]
     calls = {}
-    for e in events:
-        if e.device_type != DeviceType.CUDA and e.key.startswith("cuda"):
-            calls[e.key] = calls.get(e.key, 0) + e.count
-    kernels = sum(e.count for e in events if e.device_type == DeviceType.CUDA)
-    launches = sum(v for k, v in calls.items() if "LaunchKernel" in k)
-    syncs = sum(v for k, v in calls.items() if k in SYNC_CALLS) + calls.get("cudaMemcpy", 0)
-    return {"kernels_per_step": kernels / n, "launches_per_step": launches / n,
-            "host_syncs_per_step": syncs / n,
+    for e in host:
+        if _API_CALL.match(e.name):
+            calls[e.name] = calls.get(e.name, 0) + 1
+    steps = [e.time_range for e in host if e.name == STEP_RANGE]
+    # the backward runs on autograd's device thread: within the range's time, not its thread
+    waits = [e.time_range.start for e in host if e.name in SYNC_CALLS]
+    inside = sum(any(r.start <= t <= r.end for r in steps) for t in waits)
+    launches = sum(v for k, v in calls.items() if "Launch" in k and "Kernel" in k)
+    graphs = sum(v for k, v in calls.items() if k in ("cudaGraphLaunch", "cuGraphLaunch"))
+    return {"kernels_per_step": (len(device) - memcpys - memsets) / n,
+            "memcpys_per_step": memcpys / n, "memsets_per_step": memsets / n,
+            "launches_per_step": launches / n, "graph_launches_per_step": graphs / n,
+            "host_syncs_per_step": inside / n,
+            "host_syncs_outside_steps": len(waits) - inside,
+            "profiled_steps": len(steps),
             "runtime_calls_per_step": {k: v / n for k, v in sorted(calls.items())}}
 
 
@@ -89,10 +132,13 @@ def _ops_and_busy_time(events, cuda: bool, key: str) -> tuple[list, float]:
     """(operator events, their total time in microseconds). On CUDA the profile lists every
     kernel twice: as a kernel event of its own and in the self device time of the operator
     that launched it. Summing all events counted each kernel twice (a matmul share of 21% was
-    about 43% of GPU-busy time); the total is the kernels' time, each once, and the shares
-    are of the operators."""
+    about 43% of GPU-busy time); the total is the kernels' time (memcpys and memsets
+    included), each once, and the shares are of the operators. record_function ranges (the
+    steps' own, STEP_RANGE) are neither operators nor GPU work: on the GPU such a range is an
+    annotation spanning its kernels, which would count them again."""
+    events = [e for e in events if not e.is_user_annotation]
     if not cuda:
-        return list(events), sum(getattr(e, key) for e in events) or 1.0
+        return events, sum(getattr(e, key) for e in events) or 1.0
     from torch.autograd import DeviceType
 
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]

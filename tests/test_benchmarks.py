@@ -120,6 +120,153 @@ def test_training_benchmark_pads_to_static_shapes_and_steps_each_shape_first(sha
     assert all(x == x for x in r["loss_first_last"])
 
 
+def test_the_training_benchmark_records_host_time_the_update_and_no_datasheet_peak_on_a_cpu(
+        shared_data, tmp_path):
+    """Each timed step's host time (until its call returns, before the device wait) beside its
+    synchronized time; one step is one update, its real target tokens beside the paper's
+    8 x 3,000-token update; a datasheet peak only for a GPU the table knows."""
+    from benchmarks import training
+
+    out = tmp_path / "training.json"
+    training.main(["--preset", "wmt14_en_fr", "--vocab", "1000", "--steps", "2", "--warmup", "1",
+                   "--bpe-vocab", "500", "--max-tokens", "300", "--peak-sizes", "128",
+                   "--data", str(shared_data), "--out", str(out)])
+    r = _check_result(out, "training")["results"]
+    assert all(0 < row["host_seconds"] <= row["seconds"] for row in r["per_step"])
+    assert 0 < r["median_host_step_s"] <= max(row["seconds"] for row in r["per_step"])
+    assert r["update"] == {"tgt_tokens_per_update": r["tgt_tokens_per_step"],
+                           "max_tokens_per_update": 300,
+                           "paper_update": {"gpus": 8, "max_tokens_per_gpu": 3000,
+                                            "max_tokens": 24000}}
+    assert r["datasheet_peak"] is r["fraction_of_datasheet_peak"] is None  # a CPU
+
+
+def test_the_datasheet_peak_is_the_dense_one_of_the_gpu_torch_names():
+    from benchmarks.machine import datasheet_peak
+
+    for name in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):  # H200 SXM, H100 SXM5
+        assert datasheet_peak(name, "bf16")["flops"] == 989e12  # 1,979 with sparsity
+        assert datasheet_peak(name, "fp32")["flops"] == 67e12
+    assert datasheet_peak("NVIDIA H100 PCIe", "bf16")["flops"] == 756e12
+    assert "datasheet" in datasheet_peak("NVIDIA H200", "bf16")["source"]
+    for other in ("NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB", None):  # no guess
+        assert datasheet_peak(other, "bf16") is None
+
+
+def test_a_convolutions_time_counts_as_product_time():
+    """The library's convolution (TrainConfig.conv = "native") runs as convolution operators
+    (aten::mkldnn_convolution and aten::convolution_backward here; cuDNN's on a GPU), not as
+    matmuls: the products' time holds theirs, forward and backward, and the FLOPs are rated
+    over it (over the matmuls' time alone, the En-Fr model's native-conv step was rated at
+    about 2.6x its products' rate, above the GPU's peak)."""
+    from benchmarks.step_profile import operator_profile
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(64, 128, (1, 5), padding=(0, 2))  # most of the FLOPs
+    lin = torch.nn.Linear(128, 32)
+    x = torch.randn(4, 64, 1, 32, requires_grad=True)
+
+    def step(i):
+        y = conv(x).squeeze(2).transpose(1, 2)
+        lin(y).sum().backward()
+
+    step(0)
+    with FlopCounterMode(display=False) as counted:
+        step(0)
+    n, flops = 2, 2 * counted.get_total_flops()
+    prof = operator_profile(step, n, flops)
+    ms = {o["op"]: o["self_ms_per_step"] for o in prof["ops"]}
+    conv_ms = sum(t for op, t in ms.items() if "convolution" in op)
+    mm_ms = sum(t for op, t in ms.items() if op in ("aten::mm", "aten::addmm"))
+    product_ms = prof["matmul_share"] * prof["busy_ms_per_step"]
+    assert conv_ms > 0 and mm_ms > 0
+    assert product_ms >= 0.999 * (conv_ms + mm_ms), (product_ms, ms)
+    assert prof["matmul_flops"] == pytest.approx(flops / (n * product_ms / 1e3), rel=1e-3)
+    assert {"aten::convolution_backward", "aten::mkldnn_convolution"} <= set(prof["product_ops"])
+    assert "convs2s.profiled_step" not in ms  # the steps' own range is no operator
+
+
+def _gpu_profile(n_steps: int, sync_in_step: int) -> list:
+    """The events a CUDA profile of n steps records (torch's own FunctionEvent), as the
+    profiler's parse of a GPU run gives them: each step a range around two runtime launches and
+    a driver launch (a Triton kernel), their three kernels, a memcpy and a memset, the range's
+    annotation on the GPU, `sync_in_step` host waits inside the step; after the steps, the
+    profiler's own synchronize as it exits."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    from benchmarks.step_profile import STEP_RANGE
+
+    events, ids = [], iter(range(1, 10_000))
+
+    def ev(name, start, end, device=DeviceType.CPU, annotation=False):
+        events.append(FunctionEvent(id=next(ids), name=name, thread=1, start_us=start,
+                                    end_us=end, stack=[], use_device="cuda",
+                                    device_type=device, is_user_annotation=annotation))
+
+    for k in range(n_steps):
+        t = 1000 * k
+        ev(STEP_RANGE, t, t + 900, annotation=True)
+        ev(STEP_RANGE, t + 10, t + 890, DeviceType.CUDA, annotation=True)
+        ev("cudaLaunchKernel", t + 10, t + 20)
+        ev("cudaLaunchKernelExC", t + 30, t + 40)
+        ev("cuLaunchKernel", t + 50, t + 60)
+        ev("cudaMemcpyAsync", t + 70, t + 80)
+        ev("cudaMemsetAsync", t + 90, t + 95)
+        for j, name in enumerate(("ampere_sgemm", "elementwise_kernel", "triton_poi_fused_0",
+                                  "Memcpy HtoD (Pageable -> Device)", "Memset (Device)")):
+            ev(name, t + 100 + 100 * j, t + 180 + 100 * j, DeviceType.CUDA)
+        for j in range(sync_in_step):
+            ev("cudaStreamSynchronize", t + 700 + 10 * j, t + 705 + 10 * j)
+    ev("cudaDeviceSynchronize", 1000 * n_steps + 50, 1000 * n_steps + 60)  # profiler exit
+    return events
+
+
+def test_gpu_step_counts_read_each_kind_of_launch_and_only_the_steps_own_waits():
+    """Launches count the driver's cuLaunchKernel (how Triton launches) with the runtime's;
+    kernels leave out memcpys and memsets (counted apart) and the steps' GPU annotations; host
+    waits count inside the profiled steps only: a step without one reads 0, not the
+    profiler's own synchronize at its exit shared out (the 0.333 of earlier records)."""
+    from benchmarks.step_profile import _launch_and_sync_counts
+
+    quiet = _launch_and_sync_counts(_gpu_profile(3, 0), 3)
+    assert quiet["host_syncs_per_step"] == 0 and quiet["host_syncs_outside_steps"] == 1
+    assert quiet["profiled_steps"] == 3
+    assert quiet["kernels_per_step"] == 3
+    assert quiet["memcpys_per_step"] == quiet["memsets_per_step"] == 1
+    assert quiet["launches_per_step"] == 3 and quiet["graph_launches_per_step"] == 0
+    assert quiet["runtime_calls_per_step"]["cuLaunchKernel"] == 1
+    waits = _launch_and_sync_counts(_gpu_profile(3, 2), 3)
+    assert waits["host_syncs_per_step"] == 2 and waits["host_syncs_outside_steps"] == 1
+
+
+def test_gpu_busy_time_counts_each_kernel_once_and_no_range_annotation():
+    from torch.autograd.profiler_util import EventList
+
+    from benchmarks.step_profile import _ops_and_busy_time
+
+    events = EventList(_gpu_profile(2, 0), use_device="cuda")
+    events._build_tree()
+    ops, busy = _ops_and_busy_time(events.key_averages(), True, "self_device_time_total")
+    assert busy == 2 * 5 * 80  # 2 steps x (3 kernels, a memcpy, a memset) x 80 us
+    assert "convs2s.profiled_step" not in {e.key for e in ops}
+
+
+@pytest.mark.gpu
+def test_a_gpu_step_without_a_host_wait_counts_none():
+    """On a GPU: a step that never waits for the device reads 0 host syncs (the profiler's own
+    synchronize at its exit is outside the steps), one that reads a value back reads 1."""
+    from benchmarks.step_profile import operator_profile
+
+    a = torch.randn(512, 512, device="cuda")
+    flops = 2 * 512 ** 3
+    quiet = operator_profile(lambda i: (a @ a).relu_(), 3, 3 * flops)
+    assert quiet["host_syncs_per_step"] == 0
+    assert quiet["kernels_per_step"] >= 2 and quiet["launches_per_step"] >= 2
+    waits = operator_profile(lambda i: float((a @ a).sum()), 3, 3 * flops)
+    assert waits["host_syncs_per_step"] >= 1
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_in_the_training_benchmark_capture_every_shape_it_steps(shared_data,
                                                                              tmp_path):
