@@ -17,15 +17,19 @@
 #   wheels/   the reference implementation's wheels (scripts/fairseq_wheels.sh; NO_REF=1
 #             leaves them out, and removes those an earlier `prepare` fetched),
 #   commit.txt  the commit (and whether the tree had changes) the results will belong to,
-# keeps inductor/ (`keep-cache`), checks that what travels fits the device tool's 64 MiB, and
+# keeps inductor/ (`keep-cache`), checks that what travels fits the device tool's 64 MiB
+# (removing inductor/ first where it does not: the cache only saves compile time), and
 # prints the call. It removes only folders it made itself (listed in .devcarry/.made_by_gpu_lease).
 #
 # `run` runs `scripts/gpu_checks.sh` on all of it (DEADLINE, default 480 s, leaves a lease's
-# start-up and the transfers room in its 15 minutes), then, whatever it returned, packs the
-# results and the log into $OUT/gpu_checks.tgz and inductor's cache into $OUT/inductor.tgz.part-*
-# (15 MiB parts, at most 3: the tool brings back 8 files, 64 MiB in all, and the next call
-# carries 64 MiB with the checkout and the rest of .devcarry). OUT must be an empty folder (the
-# device tool gives one). Relative paths are taken from where the script is called.
+# start-up and the transfers room in its 15 minutes) with its log written straight to
+# $OUT/gpu.log and its results packed into $OUT/gpu_checks.tgz after every step (with
+# commit.txt), so that a call the device tool kills at its limit still brings back every step
+# that ended; then, whatever it returned, packs inductor's cache into $OUT/inductor.tgz.part-*
+# (15 MiB parts, at most 3: the tool brings back 8 files, 16 MiB each and 64 MiB in all; at
+# most 6 come: these, the log, the pack and a pack cut off as it was written,
+# gpu_checks.tgz.partial). OUT must be an empty folder (the device tool gives one). Relative
+# paths are taken from where the script is called.
 set -uo pipefail
 here=$PWD
 abspath() { [[ $1 = /* ]] && echo "$1" || echo "$here/$1"; }
@@ -92,11 +96,20 @@ prepare() {
   tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
   carried=$(du -sb "$kit" | cut -f1)
   total=$((tree + carried))
+  if (( total >= 64 << 20 )) && [[ -d $kit/inductor ]]; then
+    # the compile cache only saves the next compile time: it goes first, before what the checks
+    # need (the data, the loop's batches) or the reference's row (the wheels)
+    echo "$kit/inductor, the kept compile cache ($(du -sh "$kit/inductor" | cut -f1)), does not" \
+      "fit beside the rest in 64 MiB: removed (the next lease compiles without it)"
+    remove_made inductor
+    carried=$(du -sb "$kit" | cut -f1)
+    total=$((tree + carried))
+  fi
   printf '%s: %d MiB (%s); the checkout: %d MiB; together %d MiB of the 64 MiB a call carries\n' \
     "$kit" $((carried >> 20)) "$(cd "$kit" && du -sh -- */ 2>/dev/null | tr '\t\n' ' ')" \
     $((tree >> 20)) $((total >> 20))
   (( total < 64 << 20 )) || {
-    echo "too large: NO_REF=1 leaves the reference's wheels out; rm -r $kit/inductor the cache"
+    echo "too large: NO_REF=1 leaves the reference's wheels out"
     exit 2; }
   cat <<EOF
 The device call (checks under DEADLINE=480 s, then packing; give_back after it):
@@ -119,11 +132,13 @@ run() {
   local loop=() ref=()
   [[ -d $kit/loop ]] && loop=(LOOP_DATA="$kit/loop")
   ls "$kit"/wheels/*.whl >/dev/null 2>&1 && ref=(REF_WHEELS="$kit/wheels")
-  env "${loop[@]}" "${ref[@]}" INDUCTOR_CACHE="$cache" DEADLINE="${DEADLINE:-480}" \
-    bash scripts/gpu_checks.sh "$res" "$kit/data"
-  local rc=$?
   cp "$kit/commit.txt" "$res/" 2>/dev/null  # the commit `prepare` ran at (no git there)
-  tar -czf "$out/gpu_checks.tgz" -C "$res" .
+  env "${loop[@]}" "${ref[@]}" INDUCTOR_CACHE="$cache" DEADLINE="${DEADLINE:-480}" \
+    LOG="$out/gpu.log" PACK="$out/gpu_checks.tgz" bash scripts/gpu_checks.sh "$res" "$kit/data"
+  local rc=$?
+  # (gpu_checks.sh packed after its last step; again, in case it ended before any step did)
+  tar -czf "$out/gpu_checks.tgz.partial" -C "$res" . \
+    && mv -f "$out/gpu_checks.tgz.partial" "$out/gpu_checks.tgz"
   if [[ -n $(ls -A "$cache") ]]; then
     tar -cz -C "$cache" . | split -b 15M -a 1 - "$out/inductor.tgz.part-"
     local parts

@@ -267,6 +267,83 @@ def test_a_gpu_step_without_a_host_wait_counts_none():
     assert waits["host_syncs_per_step"] >= 1
 
 
+# Stands in for python3 in scripts/gpu_checks.sh on a machine without a GPU: each benchmark
+# writes its --out, and the `gpu` tests stick (pytest -m gpu, the third step), deaf to SIGTERM
+# as a process blocked in a CUDA call is. Its pid is kept, for the test to end it.
+_STUCK_PYTHON = """#!/usr/bin/env bash
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  [[ ${args[i]} == --out ]] && echo '{"stand-in": true}' > "${args[i+1]}"
+done
+if [[ ${2:-} == pytest ]]; then
+  echo $$ >> "$STUCK_PIDS"
+  trap '' TERM
+  exec sleep 120  # (the same pid; TERM stays ignored)
+fi
+exit 0
+"""
+
+
+def _gpu_checks_with_a_stuck_step(tmp_path, deadline: int, kill_after: int | None):
+    """scripts/gpu_checks.sh run with the stand-in, as scripts/gpu_lease.sh runs it (LOG and
+    PACK in the folder that comes back), killed from outside after `kill_after` seconds as the
+    device tool kills a call at its limit; the stand-ins left stuck are ended after."""
+    import os
+    import signal
+    import subprocess
+    import tarfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    py = tmp_path / "python"
+    py.write_text(_STUCK_PYTHON)
+    py.chmod(0o755)
+    back, pids = tmp_path / "out", tmp_path / "stuck.pids"
+    back.mkdir()
+    env = {**os.environ, "PYTHON": str(py), "STUCK_PIDS": str(pids), "TMPDIR": str(tmp_path),
+           "DEADLINE": str(deadline), "LOG": str(back / "gpu.log"),
+           "PACK": str(back / "gpu_checks.tgz")}
+    cmd = ["bash", "scripts/gpu_checks.sh", str(tmp_path / "results"), str(tmp_path / "data")]
+    if kill_after:
+        cmd = ["timeout", "-s", "KILL", str(kill_after), *cmd]
+    try:
+        done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        for pid in pids.read_text().split() if pids.exists() else []:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    with tarfile.open(back / "gpu_checks.tgz") as tar:
+        packed = {Path(n).name for n in tar.getnames()}
+    return done, packed, (back / "gpu.log").read_text()
+
+
+def test_gpu_checks_killed_from_outside_keep_the_steps_that_ended(tmp_path):
+    """A call the device tool kills while a step is stuck brings back what ended before it: the
+    results are packed into the folder that comes back after every step and the log is
+    written there as it goes (they sat in a scratch folder until the script returned). The
+    headline 24,000-token step runs second, before anything that can stick."""
+    done, packed, log = _gpu_checks_with_a_stuck_step(tmp_path, deadline=500, kill_after=6)
+    assert done.returncode == -9 or done.returncode == 137
+    assert {"training_wmt14_en_fr_cuda_bf16.json",
+            "training_wmt14_en_fr_cuda_bf16_24k.json"} <= packed
+    assert "==== en-fr bf16 24000: exit 0" in log and "==== gpu-tests (" in log
+    assert log.index("==== en-fr bf16 3000:") < log.index("==== en-fr bf16 24000:")
+
+
+@pytest.mark.slow
+def test_gpu_checks_kill_a_step_that_ignores_its_time_limit(tmp_path):
+    """A step deaf to SIGTERM is killed 10 s after its limit and the checks go on (here the
+    deadline leaves the later steps no time: each is skipped, and the script ends)."""
+    done, packed, log = _gpu_checks_with_a_stuck_step(tmp_path, deadline=21, kill_after=None)
+    assert done.returncode == 1, log[-2000:]
+    assert "==== gpu-tests: exit 137" in log
+    assert "failed steps: gpu-tests; skipped:" in log
+    assert "training_wmt14_en_fr_cuda_bf16_24k.json" in packed and "gpu.log" not in packed
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_in_the_training_benchmark_capture_every_shape_it_steps(shared_data,
                                                                              tmp_path):
