@@ -42,7 +42,7 @@ class Settings:
         """`to_dict`'s dict back; a ValueError names an unknown field, or a value of another
         type than its field's (checked as `--set` checks one: an lr of "1e-3x" or a
         warmup_updates of "200" fails here, not in a training worker)."""
-        from preprocessing.settings import check_fields
+        from storage.settings import check_fields
 
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from preprocessing.config import PRESETS
 from preprocessing.console import quiet_ray_data
 from preprocessing.errors import PreprocessError, message
-from preprocessing.settings import Change, apply_changes, read_value
+from storage.settings import Change, apply_changes, read_value
 from storage import StorageError, check_storage, location
 
 if TYPE_CHECKING:

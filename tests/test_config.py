@@ -128,7 +128,7 @@ def test_recipes_out_of_range_are_refused_when_made(change, says):
 def test_set_values_and_config_files_read_numbers_as_yaml_1_2():
     """PyYAML (YAML 1.1) reads 1e-3 as text and 1:30 as 90 (base 60): a setting read 1e-3
     from a file as the string "1e-3", and `--set train.max_time=1:30` as 90 seconds."""
-    from preprocessing.settings import load_yaml, read_value
+    from storage.settings import load_yaml, read_value
 
     assert [read_value(t) for t in ("1e-3", "2.5E-1", "1.0e-08", "3600", "010", "0x10")] == \
         [0.001, 0.25, 1e-8, 3600, 10, 16]

@@ -183,7 +183,7 @@ def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfi
     `opts.config_settings`, workflows.overrides.file_settings)."""
     import yaml
 
-    from preprocessing.settings import load_yaml
+    from storage.settings import load_yaml
     from workflows import overrides
 
     path = Path(opts.config).expanduser()

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from preprocessing.settings import Change as Override
-from preprocessing.settings import SettingError, apply_changes, closest, read_value
+from storage.settings import Change as Override
+from storage.settings import SettingError, apply_changes, closest, read_value
 from workflows.errors import SpecError
 
 SECTIONS = ("model", "train", "search", "data", "ensemble", "workflow")

@@ -112,9 +112,9 @@ class WorkflowConfig:
     def from_dict(cls, d: dict) -> "WorkflowConfig":
         """A `to_dict` document back (a `--config` file); a ValueError names the first key
         that no setting has (with the closest names), or a value of another type than its
-        setting's, checked as `--set` checks one (preprocessing.settings.check_fields: an lr
+        setting's, checked as `--set` checks one (storage.settings.check_fields: an lr
         of "abc", or a warmup_updates of "200", is refused here, not in a training worker)."""
-        from preprocessing.settings import check_fields
+        from storage.settings import check_fields
 
         sections = {"preprocess": PreprocessConfig, "model": ModelConfig, "train": TrainConfig,
                     "search": SearchConfig, "ensemble": EnsembleConfig}

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                    "--tracking-uri)")
     args = p.parse_args(argv)
     try:
-        from preprocessing.settings import Change, apply_changes, read_value
+        from storage.settings import Change, apply_changes, read_value
 
         sets = []
         for item in args.set:
