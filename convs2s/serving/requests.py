@@ -105,7 +105,7 @@ def check_work(source_positions: list[int], search: SearchConfig, max_positions:
     `source_positions` per sentence (0: an empty one, not searched;
     `Translator.source_lengths`), the request's `search`, the model's `max_positions`;
     `attention`: the answer carries the attention matrices."""
-    a, b = search.max_len_a, search.max_len_b
+    a, b = f"{search.max_len_a:g}", search.max_len_b  # 0, not 0.0 (a float setting)
     longest = output_steps(max_positions, search, max_positions) - 1
     if search.min_len > longest:
         raise RequestError(f"min_len={search.min_len} is more output pieces than this search "
