@@ -84,7 +84,10 @@ def test_each_evaluated_checkpoint_is_a_logged_model_ranked_by_its_scores(smoke_
         (digest, context), = _inputs(run).values()
         assert context == "evaluation" and "demo_test" in _inputs(run)
         assert [i.model_id for i in run.inputs.model_inputs] == [model.model_id]
-        linked = {m.key: m for m in model.metrics}
+        # The model's scores on each set it was evaluated on (the validation set's too), each
+        # linked to its dataset: the test set's are the evaluation run's.
+        assert {m.dataset_name for m in model.metrics} == {"demo_test", "demo_valid"}
+        linked = {m.key: m for m in model.metrics if m.dataset_name == "demo_test"}
         for key in ("bleu", "bleu_tokenized", "chrf"):
             assert linked[key].value == pytest.approx(run.data.metrics[key])
             assert (linked[key].dataset_name, linked[key].dataset_digest) == ("demo_test", digest)
@@ -180,6 +183,45 @@ def test_the_alias_moves_only_to_a_better_model_on_the_same_test_data(smoke_work
                               [score("avg_last2", real["best"] + 1.0)], ids, "demo_test", "bleu")
     assert again.moved and again.version == "2"
     assert len(client.search_model_versions("name = 'lineage-test'")) == 2
+
+
+def test_a_champion_chosen_on_a_test_set_gives_way_to_one_chosen_on_validation_data(
+        smoke_workflow):
+    """A registered model from before champions were chosen on validation data (tagged with
+    its test set; its champion has no validation score): the first model chosen on a validation
+    set takes the alias, saying why, and tags the registered model; later ones compare."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.engine import EvalScore
+    from workflows.lineage import global_tracking_uri, register_champion
+
+    w = smoke_workflow
+    client = MlflowClient(w.tracking_uri)
+    ids = _job_models(client, w)
+    valid = {job: next(m.value for m in client.get_logged_model(i).metrics
+                       if m.key == "bleu" and m.dataset_name == "demo_valid")
+             for job, i in ids.items()}
+    exp = client.get_experiment_by_name(w.experiment)
+    old = client.create_logged_model(exp.experiment_id, name="chosen-on-test")
+    client.create_registered_model("lineage-legacy", tags={  # (the tags it was made with)
+        "convs2s.test_set": "demo_test", "convs2s.test_set_digest": "0123",
+        "convs2s.metric": "bleu"})
+    with global_tracking_uri(w.tracking_uri):  # (MLflow resolves models:/ through it)
+        client.create_model_version("lineage-legacy", f"models:/{old.model_id}",
+                                    model_id=old.model_id)
+    client.set_registered_model_alias("lineage-legacy", "champion", "1")
+
+    def chosen(job, bleu):
+        return register_champion(w.tracking_uri, "lineage-legacy",
+                                 [EvalScore(job, "demo_valid", {"bleu": bleu}, None, "")], ids,
+                                 "demo_valid", "bleu")
+
+    moved = chosen("best", valid["best"])
+    assert moved.moved and moved.version == "2" and "was chosen on a test set" in moved.reason
+    tags = client.get_registered_model("lineage-legacy").tags
+    assert tags["convs2s.chosen_on"] == "demo_valid" and tags["convs2s.chosen_on_digest"]
+    stays = chosen("avg_last2", valid["best"] - 1.0)  # now compared on the validation set
+    assert not stays.moved and stays.version == "2" and "scored bleu" in stays.reason
 
 
 def test_two_runs_finishing_together_agree_on_the_better_model(smoke_workflow, monkeypatch):

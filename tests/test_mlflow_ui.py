@@ -118,7 +118,11 @@ def test_compare_view_shows_the_runs_and_their_bleu(smoke_workflow, mlflow_serve
     ids = re.findall(r'"([0-9a-f]{32})"', link)
     client = MlflowClient(smoke_workflow.tracking_uri)
     runs = [client.get_run(i) for i in ids]
-    assert len(runs) == 3  # the parent and the two evaluation runs
+    # The parent and the evaluation runs: two jobs, each on the validation and the test set.
+    assert len(runs) == 5
+    assert sorted(r.info.run_name for r in runs[1:]) == [
+        f"eval/{job}/{test}" for job in ("avg_last2", "best")
+        for test in ("demo_test", "demo_valid")]
 
     expected = [f"Comparing {len(runs)} Runs", "bleu_tokenized", "chrf"]
     expected += [r.info.run_name for r in runs]

@@ -310,8 +310,21 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     finally:
         ref.write_bytes(original)
     assert rc == 0, out[-3000:]
-    assert re.search(r"skipped \(finished earlier\): train$", out, flags=re.M), out[-2000:]
-    assert "(scored earlier)" not in out  # both jobs scored the edited test set again
+    # Both jobs scored the edited test set again; the untouched validation set stands.
+    assert re.search(r"skipped \(finished earlier\): train, eval/best/demo_valid, "
+                     r"eval/avg_last2/demo_valid$", out, flags=re.M), out[-2000:]
+    table = re.findall(r"^(demo_test|demo_valid|) +(?:best|avg_last2) .*?(\(scored earlier\))?$",
+                       out, flags=re.M)  # (test set, "(scored earlier)" or "") per row
+    sets = _filled([t for t, _ in table])
+    assert len(table) == 4 and [bool(e) for _, e in table] == [t == "demo_valid" for t in sets]
+
+
+def _filled(column: list[str]) -> list[str]:
+    """A table column whose repeated values are printed once: each blank as the row above."""
+    out = []
+    for v in column:
+        out.append(v or out[-1])
+    return out
 
 
 # The other tasks' smoke runs, one after another in one process of their own with its own local

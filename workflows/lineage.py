@@ -152,9 +152,10 @@ class Champion:
 DEFAULT_REGISTRY_SETTLE_S = 0.5
 REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", DEFAULT_REGISTRY_SETTLE_S))
 
-# Tags of a registered model: the validation data its champion is chosen on (a model
-# registered before the champion was chosen on validation data names its test set instead,
-# under convs2s.test_set / convs2s.test_set_digest: not read, so it compares by its scores).
+# Tags of a registered model: the validation data its champion is chosen on. A model
+# registered before champions were chosen on validation data names its test set instead (under
+# convs2s.test_set / convs2s.test_set_digest, not read): its champion, without a score on the
+# validation set, gives way to the first model chosen on one, which tags the model with it.
 DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.chosen_on_digest", "convs2s.chosen_on", \
     "convs2s.metric"
 
@@ -187,6 +188,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
             digest = next((m.dataset_digest for m in ours.metrics or []
                            if m.key == metric and m.dataset_name == test_set), None)
             registered = client.search_registered_models(f"name = '{name}'")
+            legacy = bool(registered) and TEST_SET_TAG not in registered[0].tags
             if registered:
                 keyed = registered[0].tags.get(DIGEST_TAG)
                 if keyed and keyed != digest:
@@ -225,27 +227,32 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     theirs = next((m.value for m in cur_model.metrics or []
                                    if m.key == metric and m.dataset_name == test_set
                                    and m.dataset_digest == digest and digest is not None), None)
-                    if theirs is None:
+                    if theirs is None and legacy:
+                        why = (f"the champion (version {version}) was chosen on a test set, "
+                               f"before champions were chosen on validation data: this run's, "
+                               f"chosen on {test_set}, replaces it")
+                    elif theirs is None:
                         why = (f"not comparable: the champion (version {version}) has no "
                                f"{metric} on this run's {test_set} (digest {digest}); the alias "
                                "stays")
                         log.warning("%s@%s %s", name, CHAMPION, why)
                         return Champion(name, version, best.job, metric, value, test_set, False,
                                         why, **report)
-                    if theirs >= value:
+                    elif theirs >= value:
                         why = (f"the champion (version {version}) scored {metric} {theirs:.2f} "
                                f"on the same {test_set}, this run {value:.2f}")
                         log.info("%s@%s stays version %s: %s", name, CHAMPION, version, why)
                         return Champion(name, version, best.job, metric, theirs, test_set,
                                         False, why, **report)
-                    why = (f"{metric} {value:.2f} above the former champion's {theirs:.2f} "
-                           f"(version {version}) on the same {test_set}")
+                    else:
+                        why = (f"{metric} {value:.2f} above the former champion's "
+                               f"{theirs:.2f} (version {version}) on the same {test_set}")
                 else:
                     why = f"no champion on {test_set} yet"
                 confirmed = 0
                 if mv is None:  # (slow: made first, then compared afresh before the set)
                     mv = _new_version(client, name, registered, model_id, ours, best, metric,
-                                      value, test_set, digest)
+                                      value, test_set, digest, legacy)
                     continue
                 try:
                     client.set_registered_model_alias(name, CHAMPION, mv.version)
@@ -264,15 +271,19 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
 
 
 def _new_version(client, name, registered, model_id, ours, best, metric, value, test_set,
-                 digest):
-    """This run's model as a new version of `name` (the registered model made first)."""
+                 digest, legacy=False):
+    """This run's model as a new version of `name` (the registered model made first; one
+    registered before champions were chosen on validation data tagged with this run's)."""
     from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
+    tags = {TEST_SET_TAG: test_set, METRIC_TAG: metric, **({DIGEST_TAG: digest} if digest
+                                                             else {})}
+    if legacy:
+        for key, value_ in tags.items():
+            client.set_registered_model_tag(name, key, value_)
     if not registered:
         try:
-            client.create_registered_model(name, tags={
-                TEST_SET_TAG: test_set, METRIC_TAG: metric, **({DIGEST_TAG: digest} if digest
-                                                               else {})})
+            client.create_registered_model(name, tags=tags)
         except Exception as err:  # noqa: BLE001 - another run made it a moment ago: use it
             if getattr(err, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
                 raise
