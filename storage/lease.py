@@ -3,7 +3,9 @@
 The first command to use a run folder writes `<folder>/.lease.json` with an exclusive create
 (O_CREAT | O_EXCL on a POSIX path; a conditional PUT, `If-None-Match: *`, on S3) naming its
 owner (host, boot id, pid, a random id, the command) and an expiry; a heartbeat thread renews
-it every `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag). A second
+it every `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag; on a POSIX
+path the file is touched, its mtime the renewal, so that there is never a moment without a
+lease that a newcomer could take). A second
 command finds the lease and stops with one line naming the holder (`LeaseHeld`); a command
 whose lease was taken while it ran fails as its `with` block ends (`LeaseLost`), and so does
 one that finds at its end that the lease is no longer its own. A lease whose holder is gone is
@@ -12,8 +14,9 @@ pid that no longer runs, or an expiry in the past (its heartbeat stopped more th
 hosts' clocks are assumed to agree within a few seconds). Taking over is itself exclusive: the
 stale lease is renamed away (POSIX) or overwritten with `If-Match` its ETag (S3), so of two
 takers one wins. A renewal and a release change the lease only if it is still this command's:
-on a POSIX path the lease is renamed aside and looked at there (put back when it is another's),
-on S3 the PUT or DELETE carries `If-Match` its ETag.
+on a POSIX path a release renames the lease aside and looks at it there (put back when it is
+another's) and a renewal reads it again after touching it (a touch of a taker's fresh lease
+changes nothing of it), on S3 the PUT or DELETE carries `If-Match` its ETag.
 
     with RunLease(run_dir, command="wmt14_en_fr smoke") as lease:
         ...                                   # lease.taken_over: the message, or None
@@ -21,7 +24,6 @@ on S3 the PUT or DELETE carries `If-Match` its ETag.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -240,7 +242,7 @@ class RunLease:
                 obj = self._s3().get_object(Bucket=bucket, Key=key)
                 self._seen_etag = obj["ETag"]
                 return json.loads(obj["Body"].read())
-            return json.loads(self.path.read_text())
+            return _local_record(self.path)
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         except Exception as err:  # noqa: BLE001 - botocore's NoSuchKey
@@ -305,8 +307,8 @@ class RunLease:
         except FileNotFoundError:
             return None
         try:
-            moved = json.loads(aside.read_text())
-        except json.JSONDecodeError:
+            moved = _local_record(aside)
+        except (FileNotFoundError, json.JSONDecodeError):
             moved = None
         if expected(moved):
             return aside
@@ -378,24 +380,35 @@ class RunLease:
                     return False  # (expired by now: others may take it; so is it lost)
                 log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
                 return True
-        if not self._ours(self._read()):  # (another's lease is not even moved)
-            return False
-        aside = self._aside(self._ours, "renewing")  # a takeover since the read: not ours
-        if aside is None:
+        # Touched in place, never moved nor rewritten: a newcomer always finds the lease (a
+        # renewal that renamed it aside for a moment let one take it). A takeover between the
+        # read and the touch: the touch freshens the taker's lease, and the read after it says
+        # the lease is no longer ours.
+        if not self._ours(self._read()):
             return False
         try:
-            # An exclusive create: a command that found no lease while ours was aside holds it
-            # now (it took the lease that this renewal left, and this command has lost it)
-            if not self._place(json.dumps(self._record()).encode()):
-                return False
-        except OSError:
-            with contextlib.suppress(OSError):  # not renewed: the lease as it was
-                self._place(aside.read_bytes())
-            raise
-        finally:
-            aside.unlink(missing_ok=True)
+            os.utime(self.path)
+        except FileNotFoundError:
+            return False  # (taken and released since, or deleted)
+        if not self._ours(self._read()):
+            return False
         self._renewed = time.monotonic()
         return True
+
+
+def _local_record(path: Path) -> dict:
+    """The local lease at `path`, renewed as late as the file's mtime: its heartbeat touches
+    it (`RunLease._renew`), so the record's `renewed` / `expires` are moved on by the time since
+    it was written. FileNotFoundError / JSONDecodeError as `json.loads(path.read_text())`."""
+    with open(path, "rb") as f:
+        mtime, record = os.fstat(f.fileno()).st_mtime, json.loads(f.read())
+    if not isinstance(record, dict):
+        raise json.JSONDecodeError("a lease is a JSON object", "", 0)
+    renewed = float(record.get("renewed", 0))
+    if mtime > renewed:
+        record["expires"] = float(record.get("expires", 0)) + mtime - renewed
+        record["renewed"] = mtime
+    return record
 
 
 def _code(err: Exception) -> str:

@@ -11,6 +11,7 @@ or deletes the lease of a command that took it over meanwhile.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -38,7 +39,10 @@ def _plant(run_dir, **held) -> None:
     record = {"host": "other-host", "pid": 4242, "id": "someone", "command": "wmt14_en_fr paper",
               "renewed": now, "expires": now + 120, **held}
     location(run_dir).mkdir(parents=True, exist_ok=True)
-    (location(run_dir) / LEASE_FILE).write_text(json.dumps(record))
+    path = location(run_dir) / LEASE_FILE
+    path.write_text(json.dumps(record))
+    if not isinstance(path, ObjectPath):  # a local lease's mtime is its last renewal: as written
+        os.utime(path, (record["renewed"], record["renewed"]))
 
 
 def test_one_holder_a_second_command_is_refused_with_the_holder_named(run_dir):
@@ -190,13 +194,26 @@ def test_a_renewal_sent_twice_keeps_the_lease(s3, tmp_path):
 def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
     # A ttl of 3 s, renewed every 0.2 s: a renewal may take over 2 s on a loaded host (CI
     # once missed a 1 s ttl) and the lease still lives.
-    with RunLease(run_dir, ttl_s=3.0, heartbeat_s=0.2):
-        first = json.loads((location(run_dir) / LEASE_FILE).read_text())
+    with RunLease(run_dir, ttl_s=3.0, heartbeat_s=0.2) as lease:
+        first = lease._read()
         time.sleep(3.5)  # longer than the ttl: only the renewals keep it live
         with pytest.raises(LeaseHeld):
             RunLease(run_dir).acquire()
-        assert json.loads((location(run_dir) / LEASE_FILE).read_text())["expires"] > \
-            first["expires"] + 3.0  # renewed, not merely unexpired
+        # renewed, not merely unexpired (a local lease by its mtime: its heartbeat touches it)
+        assert lease._read()["expires"] > first["expires"] + 3.0
+
+
+def test_a_newcomer_never_finds_a_renewing_lease_missing(run_dir):
+    # A renewal that took the lease away for a moment (renamed aside and written back) let a
+    # newcomer that looked then take it from a live holder: every look is refused.
+    with RunLease(run_dir, command="A", ttl_s=60, heartbeat_s=0.005) as lease:
+        deadline = time.monotonic() + 3
+        looks = 0
+        while time.monotonic() < deadline:
+            with pytest.raises(LeaseHeld, match=r"in use by another command \(A\)"):
+                RunLease(run_dir, command="B").acquire()
+            looks += 1
+        assert looks > 20 and not lease.lost
 
 
 @pytest.mark.parametrize("then", ["holds it", "has released it"])
