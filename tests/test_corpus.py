@@ -233,6 +233,27 @@ def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, t
         translate_corpus(job)
 
 
+def test_an_output_written_before_file_stamps_were_recorded_still_resumes(
+        tiny_checkpoints, ray_session, tmp_path):
+    # job.json records the version of the sentencepiece model (shortlist, dictionary) it read;
+    # an output from before those stamps resumes as it did then; a regenerated model is refused
+    (tmp_path / "a.en").write_text("one two\nthree\n")
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(Path(tiny_checkpoints["spm"]).read_bytes())
+    job = CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "a.en"), str(tmp_path / "out"),
+                    search=SEARCH, actors=1, spm_model=str(spm), progress=False)
+    manifest = translate_corpus(job)
+    record = json.loads((tmp_path / "out" / "job.json").read_text())
+    assert "spm_model_stamp" in record
+    del record["spm_model_stamp"]
+    (tmp_path / "out" / "job.json").write_text(json.dumps(record))
+    assert translate_corpus(job) == manifest  # complete already: nothing translated again
+    record["spm_model_stamp"] = [1, 1]  # as written by another version of the model
+    (tmp_path / "out" / "job.json").write_text(json.dumps(record))
+    with pytest.raises(CorpusError, match=r"changed: spm_model_stamp\)"):
+        translate_corpus(job)
+
+
 def test_a_corpus_job_reads_and_writes_a_bucket(s3, tiny_checkpoints, ray_session):
     from storage import location, publish_dir
 

@@ -296,6 +296,9 @@ class ShardTranslator:
 # --- the job ----------------------------------------------------------------------------------
 
 
+STAMPED = ("spm_model_stamp", "shortlist_stamp", "dictionary_stamp")  # (not in older outputs)
+
+
 def _identity(job: CorpusJob) -> dict:
     """What the output's translations depend on: a rerun must match it to reuse parts. The
     files it reads by path (the checkpoints, and the sentencepiece model, shortlist table and
@@ -309,10 +312,9 @@ def _identity(job: CorpusJob) -> dict:
                                 for c in job.checkpoints],
                 "spm_model": job.spm_model, "search": search, "shard_lines": job.shard_lines,
                 "column": job.column}
-    for name, path in (("spm_model", job.spm_model), ("shortlist", job.search.shortlist),
-                       ("dictionary", job.search.dictionary)):
+    for key, path in zip(STAMPED, (job.spm_model, job.search.shortlist, job.search.dictionary)):
         if path:
-            identity[f"{name}_stamp"] = list(stamp(path))
+            identity[key] = list(stamp(path))
     return identity
 
 
@@ -359,8 +361,11 @@ def translate_corpus(job: CorpusJob) -> dict:
                   elsewhere="give another --output"):
         identity = _identity(job)
         previous = _read_json(out / JOB_FILE)
-        if previous is not None and previous != identity:
-            changed = sorted(k for k in identity if previous.get(k) != identity[k])
+        # An output written before the files' stamps were recorded is compared without them
+        compared = identity if previous is None else {
+            k: v for k, v in identity.items() if k in previous or k not in STAMPED}
+        if previous is not None and previous != compared:
+            changed = sorted(k for k in compared if previous.get(k) != compared[k])
             raise CorpusError(f"--output {job.output} holds translations of another job "
                               f"(changed: {', '.join(changed)}): give a new --output, or delete "
                               "the folder to start over")
