@@ -338,7 +338,7 @@ def test_gpu_checks_killed_from_outside_keep_the_steps_that_ended(tmp_path):
 def test_gpu_checks_kill_a_step_that_ignores_its_time_limit(tmp_path):
     """A step deaf to SIGTERM is killed 10 s after its limit and the checks go on (here the
     deadline leaves the later steps no time: each is skipped, and the script ends)."""
-    done, packed, log = _gpu_checks_with_a_stuck_step(tmp_path, deadline=21, kill_after=None)
+    done, packed, log = _gpu_checks_with_a_stuck_step(tmp_path, deadline=30, kill_after=None)
     assert done.returncode == 1, log[-2000:]
     assert "==== gpu-tests: exit 137" in log
     assert "failed steps: gpu-tests; skipped:" in log
