@@ -290,13 +290,19 @@ def test_a_rerun_on_data_changed_under_the_same_path_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path):
-    """A score stands while its weights and its test text (by content) are the ones scored:
-    a copy of the smoke run whose reference file was edited scores again, training skipped."""
+    """A score stands while its weights, its test text (by content) and the scoring that
+    computed it are the ones scored: a copy of the smoke run whose reference file was edited
+    scores the test set again, and a validation score recorded by an older BLEU tokenization
+    (a record without `scoring`: version 1) is scored again; training and the rest skipped."""
     import shutil
 
     w = smoke_workflow
     shutil.copytree(w.storage, tmp_path / "runs")
     shutil.copy(Path(w.tracking_uri[len("sqlite:///"):]), tmp_path / "mlflow.db")
+    state_file = tmp_path / "runs" / w.run_name / "workflow.json"
+    state = json.loads(state_file.read_text())
+    assert state["eval"]["best/demo_valid"].pop("scoring") == 2  # translation's scoring now
+    state_file.write_text(json.dumps(state))
     # The copy's finished stages name the smoke run's text files: that is the file to edit
     # (and to put back for the other tests of the session).
     (ref,) = (w.storage / "preprocessed").glob("demo/*/text/*/test.fr")
@@ -310,13 +316,13 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     finally:
         ref.write_bytes(original)
     assert rc == 0, out[-3000:]
-    # Both jobs scored the edited test set again; the untouched validation set stands.
-    assert re.search(r"skipped \(finished earlier\): train, eval/best/demo_valid, "
-                     r"eval/avg_last2/demo_valid$", out, flags=re.M), out[-2000:]
-    table = re.findall(r"^(demo_test|demo_valid|) +(?:best|avg_last2) .*?(\(scored earlier\))?$",
-                       out, flags=re.M)  # (test set, "(scored earlier)" or "") per row
-    sets = _filled([t for t, _ in table])
-    assert len(table) == 4 and [bool(e) for _, e in table] == [t == "demo_valid" for t in sets]
+    assert re.search(r"skipped \(finished earlier\): train, eval/avg_last2/demo_valid$", out,
+                     flags=re.M), out[-2000:]
+    table = re.findall(r"^(demo_test|demo_valid|) +(best|avg_last2) .*?(\(scored earlier\))?$",
+                       out, flags=re.M)  # (test set, job, "(scored earlier)" or "") per row
+    sets = _filled([t for t, _, _ in table])
+    assert sorted((t, job) for t, (_, job, earlier) in zip(sets, table) if earlier) == \
+        [("demo_valid", "avg_last2")] and len(table) == 4, out[-2000:]
 
 
 def _filled(column: list[str]) -> list[str]:

@@ -150,7 +150,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     """Score every (checkpoint | average | ensemble) x test set as parallel Ray tasks, each set
     of weights an MLflow logged model that its scores link to. Returns the scores and
     {job name: logged model id}."""
-    from convs2s.metrics.scoring import SCORING_VERSION
+    from convs2s.metrics.task_kinds import task_kind
     from workflows.evaluation import (TestSet, dataset_of, evaluate_all, evaluation_jobs,
                                       stage_weights)
     from workflows.lineage import log_job_models
@@ -178,13 +178,15 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     done, todo = [], []
     # A score stands while its weights and its test text are the ones scored (the text by
     # content: an edited source or reference file is scored again), and the scoring that
-    # computed it is this one (SCORING_VERSION).
+    # computed it is this one (the task kind's scoring_version: ROUGE's records stand when
+    # BLEU's tokenization changes).
     texts = {t.name: dataset_of(t).digest for t in tests}
+    scoring = task_kind(spec.task_kind).scoring_version
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
         if rec and rec["stamp"] == weights_stamp(job.checkpoints) \
                 and rec.get("text") == texts[job.test_set.name] \
-                and rec.get("scoring", 1) == SCORING_VERSION \
+                and rec.get("scoring", 1) == scoring \
                 and run_has_metrics(ctx.tree.uri, rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
@@ -207,7 +209,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
         for r in results:
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
                 "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id,
-                "text": texts[r.job.test_set.name], "scoring": SCORING_VERSION,
+                "text": texts[r.job.test_set.name], "scoring": scoring,
                 "metrics": r.metrics, "hyp_path": r.hyp_path}
             done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
                                   r.hyp_path))

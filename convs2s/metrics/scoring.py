@@ -181,12 +181,6 @@ def score_translation(hyps: list[str], refs: list[str], tgt_lang: str) -> dict[s
     }
 
 
-# What a stored score was computed by: a workflow's rerun scores again a (job, test set) pair
-# whose record names another version (workflows/steps.py). 2: bleu_tokenized tokenizes as
-# tokenizer.perl -a after ’ -> ' (1: sacremoses without -a).
-SCORING_VERSION = 2
-
-
 def translation_signatures(tgt_lang: str) -> dict[str, str]:
     """Signatures of score_translation's metrics (for MLflow tags), plus the preprocessing used."""
     # sacreBLEU only fills `nrefs` into a signature after scoring; every score here is against

@@ -32,6 +32,9 @@ class TaskKind:
     _score: Callable[[list[str], list[str], str], dict[str, float]]
     _signatures: Callable[[str], dict[str, str]]
     note: str = ""  # a line under the summary table that says what the numbers are
+    # What a stored score was computed by: a workflow's rerun scores again a (job, test set)
+    # pair whose record names another version (workflows/steps.py; a record without one is 1)
+    scoring_version: int = 1
 
     def score(self, hyps: list[str], refs: list[str], tgt_lang: str) -> dict[str, float]:
         """Every metric of `metrics` for line-aligned detokenized hypotheses and references."""
@@ -79,6 +82,8 @@ TRANSLATION = TaskKind(
     # tokenized BLEU and WMT'16 En-Ro with detokenized BLEU (§4.3).
     note="bleu: sacreBLEU (13a, detokenized), the paper's metric for WMT'16 En-Ro; "
          "bleu_tokenized: Moses tokenizer.perl -a, the paper's for WMT'14 En-De / En-Fr",
+    # 2: bleu_tokenized tokenizes as tokenizer.perl -a after ’ -> ' (1: sacremoses without -a)
+    scoring_version=2,
 )
 
 SUMMARIZATION = TaskKind(
