@@ -431,6 +431,7 @@ def keep_explicit_dropout(train: TrainConfig, preset_dropout: float,
         return train.replace(dropout_by_passes=())
     return train
 
+
 # --- beam search (paper §4.3, docs/reference.md, Evaluation) --------------------------------------
 
 
