@@ -5,7 +5,8 @@ The first command to use a run folder writes `<folder>/.lease.json` with an excl
 owner (host, boot id, pid, a random id, the command) and an expiry; a heartbeat thread renews
 it every `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag; on a POSIX
 path the file is touched, its mtime the renewal, so that there is never a moment without a
-lease that a newcomer could take). A second
+lease that a newcomer could take; where a filesystem ignores the touch, the record is written
+again, as a warning says). A second
 command finds the lease and stops with one line naming the holder (`LeaseHeld`); a command
 whose lease was taken while it ran fails as its `with` block ends (`LeaseLost`), and so does
 one that finds at its end that the lease is no longer its own. A lease whose holder is gone is
@@ -24,6 +25,7 @@ changes nothing of it), on S3 the PUT or DELETE carries `If-Match` its ETag.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -117,6 +119,7 @@ class RunLease:
         self._thread: threading.Thread | None = None
         self._client = None  # one S3 client a lease: making one costs more than a PUT
         self._renewed = time.monotonic()  # the last renewal that reached the store
+        self._warned_rewrite = False  # (a filesystem that ignores a touch, said once)
 
     # -- the record --
     def _record(self) -> dict:
@@ -271,15 +274,18 @@ class RunLease:
                                    "pyarrow")
             return self._put_if(IfNoneMatch="*")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        return self._place(json.dumps(self._record()).encode())
+        record = self._record()
+        return self._place(json.dumps(record).encode(), record["renewed"])
 
-    def _place(self, body: bytes) -> bool:
-        """Write `body` as the local lease unless one is there (False then)."""
+    def _place(self, body: bytes, mtime: float) -> bool:
+        """Write `body` as the local lease, modified at `mtime` (its renewal, by this host's
+        clock, not a file server's), unless one is there (False then)."""
         # Written whole under a name of its own, then linked into place: a link fails when the
         # lease exists (as O_EXCL), and a crash never leaves an empty lease that no one could
         # judge stale (an O_EXCL create and then a write could).
         tmp = self.path.with_name(f"{LEASE_FILE}.new-{self.owner['id']}")
         tmp.write_bytes(body)
+        os.utime(tmp, (mtime, mtime))
         try:
             os.link(tmp, self.path)
             return True
@@ -295,6 +301,7 @@ class RunLease:
             return False
         with os.fdopen(fd, "wb") as f:
             f.write(body)
+        os.utime(self.path, (mtime, mtime))
         return True
 
     def _aside(self, expected, why: str) -> Path | None:
@@ -315,8 +322,8 @@ class RunLease:
         # Not the record this command looked at: another command's lease, made between the
         # look and the rename. Put it back (an exclusive create: never over a lease made
         # meanwhile) and leave it to that command.
-        try:
-            self._place(aside.read_bytes())
+        try:  # (as it was: its renewal time kept)
+            self._place(aside.read_bytes(), os.stat(aside).st_mtime)
         finally:
             aside.unlink(missing_ok=True)
         return None
@@ -383,15 +390,49 @@ class RunLease:
         # Touched in place, never moved nor rewritten: a newcomer always finds the lease (a
         # renewal that renamed it aside for a moment let one take it). A takeover between the
         # read and the touch: the touch freshens the taker's lease, and the read after it says
-        # the lease is no longer ours.
-        if not self._ours(self._read()):
+        # the lease is no longer ours. The time is this host's (the hosts' clocks agree; a
+        # file server's need not).
+        for _ in range(2):  # (once more when a taker had it aside to look at it, and put it back)
+            if not self._ours(self._read()):
+                return False
+            now = time.time()
+            try:
+                os.utime(self.path, (now, now))
+            except FileNotFoundError:
+                time.sleep(0.05)
+                continue
+            held = self._read()
+            if not self._ours(held):
+                return False
+            if held["renewed"] < now - 3:  # (a coarse mtime is at most 2 s off)
+                return self._rewrite()  # a filesystem that keeps no mtime (some FUSE mounts)
+            self._renewed = time.monotonic()
+            return True
+        return False
+
+    def _rewrite(self) -> bool:
+        """Renew a local lease by writing its record again, where the filesystem ignores a
+        touch: renamed aside and looked at (a takeover since the read: not ours), the fresh
+        record created in its place (a command that found no lease meanwhile took it, and this
+        one has lost it: the moment a touch avoids)."""
+        if not self._warned_rewrite:
+            self._warned_rewrite = True
+            log.warning("%s keeps no modification time: its lease is renewed by writing it "
+                        "again (another command starting at that moment could take it)",
+                        self.folder)
+        aside = self._aside(self._ours, "renewing")
+        if aside is None:
             return False
         try:
-            os.utime(self.path)
-        except FileNotFoundError:
-            return False  # (taken and released since, or deleted)
-        if not self._ours(self._read()):
-            return False
+            record = self._record()
+            if not self._place(json.dumps(record).encode(), record["renewed"]):
+                return False
+        except OSError:
+            with contextlib.suppress(OSError):  # not renewed: the lease as it was
+                self._place(aside.read_bytes(), os.stat(aside).st_mtime)
+            raise
+        finally:
+            aside.unlink(missing_ok=True)
         self._renewed = time.monotonic()
         return True
 

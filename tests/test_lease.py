@@ -203,6 +203,24 @@ def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
         assert lease._read()["expires"] > first["expires"] + 3.0
 
 
+def test_a_folder_that_ignores_a_touch_still_gets_its_lease_renewed(tmp_path, monkeypatch,
+                                                                   caplog):
+    # A local lease is renewed by touching it; a mount that accepts the touch and keeps no
+    # modification time (some FUSE filesystems) gets its record written again, saying so.
+    import storage.lease
+
+    monkeypatch.setattr(storage.lease.os, "utime", lambda *args, **kwargs: None)
+    run_dir = tmp_path / "runs" / "demo"
+    with RunLease(run_dir, command="A", ttl_s=4.0, heartbeat_s=0.2) as lease:
+        first = json.loads((run_dir / LEASE_FILE).read_text())
+        time.sleep(5)  # past the ttl: only renewals that reach the record keep it live
+        with pytest.raises(LeaseHeld, match=r"in use by another command \(A\)"):
+            RunLease(run_dir).acquire()
+        assert json.loads((run_dir / LEASE_FILE).read_text())["expires"] > first["expires"] + 1
+        assert not lease.lost
+    assert "keeps no modification time" in caplog.text and not (run_dir / LEASE_FILE).exists()
+
+
 def test_a_newcomer_never_finds_a_renewing_lease_missing(run_dir):
     # A renewal that took the lease away for a moment (renamed aside and written back) let a
     # newcomer that looked then take it from a live holder: every look is refused.
