@@ -158,6 +158,7 @@ REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", DEFAULT_RE
 # validation set, gives way to the first model chosen on one, which tags the model with it.
 DIGEST_TAG, TEST_SET_TAG, METRIC_TAG = "convs2s.chosen_on_digest", "convs2s.chosen_on", \
     "convs2s.metric"
+LEGACY_TEST_SET_TAG = "convs2s.test_set"
 
 
 def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
@@ -168,8 +169,11 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
     score) under `name` and point the alias `champion` at it, but only where the scores
     compare: the registered model keeps the digest of the data it was first chosen on, and a
     model scored on other data (another digest) never moves its alias, nor does a model that
-    scores lower than the current champion on the same data. `Champion.reason` says why the
-    alias moved or stayed. None when no scored model exists or tracking fails."""
+    scores lower than the current champion on the same data. (One exception: a champion of a
+    model registered before champions were chosen on validation data, which has no score on
+    one, gives way to the first model chosen on one, whose data the model is tagged with once
+    the alias names it.) `Champion.reason` says why the alias moved or stayed. None when no
+    scored model exists or tracking fails."""
     from mlflow.tracking import MlflowClient
 
     ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
@@ -188,7 +192,8 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
             digest = next((m.dataset_digest for m in ours.metrics or []
                            if m.key == metric and m.dataset_name == test_set), None)
             registered = client.search_registered_models(f"name = '{name}'")
-            legacy = bool(registered) and TEST_SET_TAG not in registered[0].tags
+            legacy = bool(registered) and TEST_SET_TAG not in registered[0].tags \
+                and LEGACY_TEST_SET_TAG in registered[0].tags
             if registered:
                 keyed = registered[0].tags.get(DIGEST_TAG)
                 if keyed and keyed != digest:
@@ -215,11 +220,15 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     version, cur_model = current
                     if cur_model.model_id == model_id:
                         if mv is None:
+                            if legacy:  # (set by an earlier run that stopped before the tags)
+                                _tag_chosen_on(client, name, test_set, metric, digest)
                             return Champion(name, version, best.job, metric, value, test_set,
                                             True, "this run's model is the champion already",
                                             **report)
                         confirmed += 1
                         if confirmed == 2:
+                            if legacy:  # (only now: a failure before leaves it to a later run)
+                                _tag_chosen_on(client, name, test_set, metric, digest)
                             return Champion(name, version, best.job, metric, value, test_set,
                                             True, why, **report)
                         time.sleep(REGISTRY_SETTLE_S)
@@ -227,7 +236,8 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     theirs = next((m.value for m in cur_model.metrics or []
                                    if m.key == metric and m.dataset_name == test_set
                                    and m.dataset_digest == digest and digest is not None), None)
-                    if theirs is None and legacy:
+                    if theirs is None and legacy and not any(
+                            m.dataset_name == test_set for m in cur_model.metrics or []):
                         why = (f"the champion (version {version}) was chosen on a test set, "
                                f"before champions were chosen on validation data: this run's, "
                                f"chosen on {test_set}, replaces it")
@@ -252,7 +262,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                 confirmed = 0
                 if mv is None:  # (slow: made first, then compared afresh before the set)
                     mv = _new_version(client, name, registered, model_id, ours, best, metric,
-                                      value, test_set, digest, legacy)
+                                      value, test_set, digest)
                     continue
                 try:
                     client.set_registered_model_alias(name, CHAMPION, mv.version)
@@ -270,20 +280,27 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
         return None
 
 
+def _chosen_on(test_set: str, metric: str, digest: str | None) -> dict[str, str]:
+    """A registered model's tags: the validation data and metric its champion is chosen by."""
+    return {TEST_SET_TAG: test_set, METRIC_TAG: metric, **({DIGEST_TAG: digest} if digest
+                                                           else {})}
+
+
+def _tag_chosen_on(client, name, test_set, metric, digest) -> None:
+    """Tag a model registered before champions were chosen on validation data with the data
+    its champion (this run's) now is chosen on: later runs compare on it."""
+    for key, value in _chosen_on(test_set, metric, digest).items():
+        client.set_registered_model_tag(name, key, value)
+
+
 def _new_version(client, name, registered, model_id, ours, best, metric, value, test_set,
-                 digest, legacy=False):
-    """This run's model as a new version of `name` (the registered model made first; one
-    registered before champions were chosen on validation data tagged with this run's)."""
+                 digest):
+    """This run's model as a new version of `name` (the registered model made first)."""
     from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
-    tags = {TEST_SET_TAG: test_set, METRIC_TAG: metric, **({DIGEST_TAG: digest} if digest
-                                                             else {})}
-    if legacy:
-        for key, value_ in tags.items():
-            client.set_registered_model_tag(name, key, value_)
     if not registered:
         try:
-            client.create_registered_model(name, tags=tags)
+            client.create_registered_model(name, tags=_chosen_on(test_set, metric, digest))
         except Exception as err:  # noqa: BLE001 - another run made it a moment ago: use it
             if getattr(err, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
                 raise
