@@ -156,10 +156,10 @@ def test_each_trial_is_a_whole_run_of_the_preset_with_its_variant_and_seed(tmp_p
 
 
 def test_a_finished_trial_runs_again_when_its_test_sets_changed_and_only_then(tmp_path):
-    """trial.json answers a rerun only for the test sets it scored: a rerun that adds a
-    --test-set or edits a test file runs the trial again (the workflow run's own resume keeps
-    its training and scores what is new), where it once reported the old scores, "-" under
-    the new test set and a full `n`."""
+    """trial.json answers a rerun only for the test sets it scored, as it scored them: a rerun
+    that adds a --test-set, edits a test file or scores another way runs the trial again (the
+    workflow run's own resume keeps its training and scores what is new), where it once
+    reported the old scores, "-" under the new test set and a full `n`."""
     data = tmp_path / "data"
     data.mkdir()
     for stem in ("train", "val", "test_2016_flickr", "extra"):
@@ -176,6 +176,11 @@ def test_a_finished_trial_runs_again_when_its_test_sets_changed_and_only_then(tm
     first.spec.run_dir.mkdir(parents=True)
     first.write_record({"test_2016_flickr/bleu": 30.0, "val/bleu": 31.0})
     assert trial().finished()["metrics"]["val/bleu"] == 31.0  # the same rerun: skipped
+    # A record of an older scoring (BLEU tokenized without -a: no "scoring" in it) runs again
+    rec = json.loads(first.record.read_text())
+    first.record.write_text(json.dumps({k: v for k, v in rec.items() if k != "scoring"}))
+    assert trial().recorded() is not None and trial().finished() is None
+    first.write_record({"test_2016_flickr/bleu": 30.0, "val/bleu": 31.0})
 
     added = trial(test_set=["extra"])
     assert added.key == first.key  # the same settings and budget: the training stands

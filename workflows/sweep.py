@@ -103,21 +103,30 @@ class Trial:
         rec = json.loads(self.record.read_text())
         return rec if rec.get("key") == self.key else None
 
+    @property
+    def scoring(self) -> int:
+        """The version of its task kind's scoring (convs2s/metrics/task_kinds.py)."""
+        from convs2s.metrics.task_kinds import task_kind
+
+        return task_kind(self.spec.task_kind).scoring_version
+
     def finished(self) -> dict | None:
         """The trial's recorded result when it finished under the same settings and budget and
-        scored the same test sets (names and inputs), else None. (A record from before test
-        sets were recorded does not say what it scored: the trial runs again, which only
-        scores what its run has not scored on that text.)"""
+        scored the same test sets (names and inputs) with this scoring, else None. (A record
+        from before test sets were recorded does not say what it scored, nor one of another
+        scoring how: the trial runs again, which only scores what its run has not scored on
+        that text with this scoring.)"""
         tests = self.tests  # read (and kept) with or without a record: what it will name
         rec = self.recorded()
-        return rec if rec is not None and rec.get("tests") == tests else None
+        return rec if rec is not None and rec.get("tests") == tests \
+            and rec.get("scoring", 1) == self.scoring else None
 
     def write_record(self, metrics: dict) -> None:
         """trial.json: the trial finished with `metrics` under its settings, budget and test
         sets."""
         tmp = self.record.with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"key": self.key, "tests": self.tests, "trial": self.name,
-                                   "metrics": metrics}, indent=1))
+                                   "scoring": self.scoring, "metrics": metrics}, indent=1))
         tmp.replace(self.record)  # atomic: a trial is finished or not
 
 
