@@ -412,6 +412,37 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     assert f"/runs/{top.info.run_id}?workflowType=machine_learning" in printed
 
 
+def test_a_stopped_trials_runs_end_killed_even_where_its_teardown_ended_them_failed(tmp_path):
+    """A trial Ray Tune stopped may live long enough to see its Ray Train run lost and end its
+    runs FAILED: the sweep ends them KILLED, with those still open; a run of the trial that
+    failed before this sweep's trials started keeps its FAILED."""
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.tracking.runs import end_run
+    from workflows.run_tree import RunTree
+
+    uri = mlflow_store(tmp_path)
+    sweep = RunTree.open(uri, "stops", tmp_path / "sweep", "sweep")
+    trial = RunTree.open(uri, "stops", tmp_path / "sweep" / "t1", "t1", within=sweep.parent)
+    earlier = trial.child("eval/best/old", "eval")
+    end_run(uri, earlier, "FAILED")
+    time.sleep(0.01)
+    since = time.time()
+    time.sleep(0.01)
+    torn_down = trial.child("train", "train")
+    end_run(uri, torn_down, "FAILED")  # (the error the stop caused)
+    still_open = trial.child("eval/best/test", "eval")
+    other = RunTree.open(uri, "stops", tmp_path / "sweep" / "t2", "t2", within=sweep.parent)
+    end_run(uri, other.parent, "FAILED")  # another trial's: not this one's to end
+    sweep.end_open("KILLED", under=trial.run_dir, also=("FAILED",), since=since)
+    client = MlflowClient(uri)
+    status = {name: client.get_run(run_id).info.status for name, run_id in [
+        ("trial", trial.parent), ("torn down", torn_down), ("open", still_open),
+        ("earlier", earlier), ("other trial", other.parent), ("sweep", sweep.parent)]}
+    assert status == {"trial": "KILLED", "torn down": "KILLED", "open": "KILLED",
+                      "earlier": "FAILED", "other trial": "FAILED", "sweep": "RUNNING"}
+
+
 def _open_runs(client, experiment_id: str, folder: Path) -> list[str]:
     """The names of the runs still RUNNING whose key (tag convs2s.run_key) is under `folder`."""
     root = str(folder)

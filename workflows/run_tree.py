@@ -64,11 +64,14 @@ class RunTree:
                  model_ids=()) -> None:
         describe_run(self.uri, run_id, params, datasets, model_ids)
 
-    def end_open(self, status: str, under: Path | None = None) -> list[str]:
+    def end_open(self, status: str, under: Path | None = None, also: tuple[str, ...] = (),
+                 since: float = 0.0) -> list[str]:
         """End as `status` (KILLED, FAILED) every run of the tree still RUNNING whose key is
-        `under` (default: the tree's folder) or below it; the ids ended. For runs whose
-        process was stopped before it could end them: a sweep's trials that Ray Tune stopped
-        or that crashed (their workflow's own `end_run` never ran)."""
+        `under` (default: the tree's folder) or below it, and those ended with a status in
+        `also` at `since` (a time.time()) or later; the ids ended. For runs whose process was
+        stopped before it could end them: a sweep's trials that Ray Tune stopped or that
+        crashed (their workflow's own `end_run` never ran, or ran on an error the stop itself
+        caused: `also=("FAILED",)` since the trials started)."""
         from convs2s.tracking.runs import (RUN_KEY_TAG, bounded_http, end_run, mlflow_client,
                                            warn_unreachable)
 
@@ -84,18 +87,21 @@ class RunTree:
             with bounded_http():
                 client = mlflow_client(self.uri)
                 exp = client.get_run(self.parent).info.experiment_id
-                found, token = [], None
-                while True:  # every page first: ending runs would shift the pages' offsets
-                    page = client.search_runs(
-                        [exp], filter_string=f"attributes.status = 'RUNNING' and "
-                                             f"tags.`{RUN_KEY_TAG}` LIKE '{like}%'",
-                        max_results=1000, page_token=token)
-                    found += [r.info.run_id for r in page
-                              if (key := r.data.tags.get(RUN_KEY_TAG, "")) == root
-                              or key.startswith(root + "/")]
-                    token = page.token
-                    if not token:
-                        break
+                found = []
+                for now in ("RUNNING", *also):
+                    token = None
+                    while True:  # every page first: ending runs would shift the pages' offsets
+                        page = client.search_runs(
+                            [exp], filter_string=f"attributes.status = '{now}' and "
+                                                 f"tags.`{RUN_KEY_TAG}` LIKE '{like}%'",
+                            max_results=1000, page_token=token)
+                        found += [r.info.run_id for r in page
+                                  if ((key := r.data.tags.get(RUN_KEY_TAG, "")) == root
+                                      or key.startswith(root + "/"))
+                                  and (now == "RUNNING" or (r.info.end_time or 0) >= since * 1e3)]
+                        token = page.token
+                        if not token:
+                            break
                 if under is None:  # the tree's own run, whatever its status now
                     found.append(self.parent)
                 for run_id in dict.fromkeys(found):

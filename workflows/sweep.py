@@ -324,6 +324,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
         run_config=tune.RunConfig(name="tune", storage_path=str(sweep.folder), verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)))
     placement_groups_before = _job_placement_groups()
+    fit_started = time.time()
     tune_log = logging.getLogger("ray.tune.tune")
     tune_log.addFilter(_no_tune_restore_hint)
     try:
@@ -344,10 +345,15 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     for name in failed:  # its workflow died with it: its runs are still open
         tree.end_open("FAILED", under=by_name[name].spec.run_dir)
     # A trial ends with trial.json written or with an error; neither: Ray Tune stopped it.
-    stopped = [t.name for t in todo if t.name not in failed and t.finished() is None]
+    stopped = [t for t in todo if t.name not in failed and t.finished() is None]
     if stopped:
+        # Stopped, whatever a trial's workflow made of its teardown: its actor may live long
+        # enough to see its Ray Train run lost and end its runs FAILED.
+        for t in stopped:
+            tree.end_open("KILLED", under=t.spec.run_dir, also=("FAILED",), since=fit_started)
         _remove_placement_groups_left(placement_groups_before)
-        raise KeyboardInterrupt(f"Ray Tune stopped the sweep before {', '.join(stopped)} "
+        raise KeyboardInterrupt(f"Ray Tune stopped the sweep before "
+                                f"{', '.join(t.name for t in stopped)} "
                                 "finished (Ctrl-C, SIGTERM or SIGUSR1)")
     return ran, failed
 
