@@ -88,17 +88,18 @@ class RunTree:
                 client = mlflow_client(self.uri)
                 exp = client.get_run(self.parent).info.experiment_id
                 found = []
-                for now in ("RUNNING", *also):
+                for current in ("RUNNING", *also):
                     token = None
                     while True:  # every page first: ending runs would shift the pages' offsets
                         page = client.search_runs(
-                            [exp], filter_string=f"attributes.status = '{now}' and "
+                            [exp], filter_string=f"attributes.status = '{current}' and "
                                                  f"tags.`{RUN_KEY_TAG}` LIKE '{like}%'",
                             max_results=1000, page_token=token)
                         found += [r.info.run_id for r in page
                                   if ((key := r.data.tags.get(RUN_KEY_TAG, "")) == root
                                       or key.startswith(root + "/"))
-                                  and (now == "RUNNING" or (r.info.end_time or 0) >= since * 1e3)]
+                                  and (current == "RUNNING"
+                                       or (r.info.end_time or 0) >= since * 1e3)]
                         token = page.token
                         if not token:
                             break
