@@ -211,9 +211,11 @@ def test_a_folder_that_ignores_a_touch_still_gets_its_lease_renewed(tmp_path, mo
 
     monkeypatch.setattr(storage.lease.os, "utime", lambda *args, **kwargs: None)
     run_dir = tmp_path / "runs" / "demo"
-    with RunLease(run_dir, command="A", ttl_s=4.0, heartbeat_s=0.2) as lease:
+    # (an ignored touch shows once the record is 3 s old: a ttl of 6 s leaves a renewal held
+    # up by a loaded host 3 s, as the heartbeat test's does)
+    with RunLease(run_dir, command="A", ttl_s=6.0, heartbeat_s=0.2) as lease:
         first = json.loads((run_dir / LEASE_FILE).read_text())
-        time.sleep(5)  # past the ttl: only renewals that reach the record keep it live
+        time.sleep(6.5)  # past the ttl: only renewals that reach the record keep it live
         with pytest.raises(LeaseHeld, match=r"in use by another command \(A\)"):
             RunLease(run_dir).acquire()
         assert json.loads((run_dir / LEASE_FILE).read_text())["expires"] > first["expires"] + 1
