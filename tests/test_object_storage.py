@@ -279,6 +279,36 @@ def test_translate_reads_its_model_and_input_from_a_bucket_and_writes_its_output
     assert [p.name for p in location(f"{BUCKET}/text").iterdir()] == ["in.en", "out.fr"]
 
 
+def test_a_shortlist_and_a_dictionary_in_a_bucket_serve_as_local_files(s3, tmp_path):
+    # `--set search.shortlist=s3://...` passes the workflow's check (the object exists): the
+    # evaluation's translator and the logged model read the same objects.
+    import numpy as np
+
+    from convs2s.config import SearchConfig
+    from convs2s.inference.shortlist import Shortlist, ShortlistError
+    from convs2s.inference.unk_replace import load_dictionary
+    from convs2s.serving.pyfunc import stage_artifacts
+
+    table = np.array([[4, 5, -1], [6, -1, -1]] + [[-1] * 3] * 6, dtype=np.int32)
+    np.savez(tmp_path / "shortlist.npz", table=table, target_order=np.arange(8),
+             meta=np.array(json.dumps({"k": 3})))
+    (tmp_path / "dict.txt").write_text("Haus house\nKatze cat\n")
+    for name in ("shortlist.npz", "dict.txt"):
+        location(f"{BUCKET}/search/{name}").upload(tmp_path / name)
+    shortlist = Shortlist.load(f"{BUCKET}/search/shortlist.npz", vocab_size=8)
+    assert shortlist.table.tolist() == table.tolist()
+    assert load_dictionary(f"{BUCKET}/search/dict.txt") == {"Haus": "house", "Katze": "cat"}
+    with pytest.raises(ShortlistError, match="does not exist"):
+        Shortlist.load(f"{BUCKET}/search/none.npz")
+    search = SearchConfig(shortlist=f"{BUCKET}/search/shortlist.npz",
+                          dictionary=f"{BUCKET}/search/dict.txt", replace_unk=True)
+    out = tmp_path / "artifacts"
+    out.mkdir()
+    artifacts = stage_artifacts([], search, out, as_is=True)
+    assert Path(artifacts["shortlist"]).read_bytes() == (tmp_path / "shortlist.npz").read_bytes()
+    assert Path(artifacts["dictionary"]).read_text() == "Haus house\nKatze cat\n"
+
+
 def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path):
     import torch
 

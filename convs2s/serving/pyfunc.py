@@ -154,6 +154,13 @@ def _pip_requirements() -> list[str]:
             f"pyarrow=={version('pyarrow')}"]  # storage/, the filesystem layer
 
 
+def _local(path: str) -> Path:
+    """A file named by a local path or an object's URI, as a local file (fetched once)."""
+    from storage import is_uri, local_copy
+
+    return local_copy(path) if is_uri(path) else Path(path)
+
+
 def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
                     average: bool = False, as_is: bool = False) -> dict:
     """Slim checkpoint copies (or, with `average`, their weight average as one model; with
@@ -171,11 +178,11 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
     artifacts = {"checkpoints": str(ck_dir), "search": str(out_dir / SEARCH_FILE)}
     cfg = search.to_dict()
     if search.dictionary:
-        shutil.copyfile(search.dictionary, out_dir / "dictionary.txt")
+        shutil.copyfile(_local(search.dictionary), out_dir / "dictionary.txt")
         artifacts["dictionary"] = str(out_dir / "dictionary.txt")
         cfg["dictionary"] = "dictionary.txt"  # replaced by the artifact path at load
     if search.shortlist:  # vocabulary selection's lexical table travels with the model
-        shutil.copyfile(search.shortlist, out_dir / "shortlist.npz")
+        shutil.copyfile(_local(search.shortlist), out_dir / "shortlist.npz")
         artifacts["shortlist"] = str(out_dir / "shortlist.npz")
         cfg["shortlist"] = "shortlist.npz"
     (out_dir / SEARCH_FILE).write_text(json.dumps(cfg, indent=1))
