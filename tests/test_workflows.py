@@ -324,6 +324,23 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
         and len(table) == 4, out[-2000:]
 
 
+def test_a_score_stands_only_for_its_weights_text_scoring_and_pictures():
+    # A rerun skips a (job, test set) pair only while its record is that very score; a rerun
+    # with a larger --attention scores the pair again, so that its pictures are drawn.
+    from workflows.steps import score_stands
+
+    rec = {"stamp": ["w", 1], "text": "t1", "scoring": 2, "attention": 1}
+    assert score_stands(rec, ["w", 1], "t1", 2, 1) and score_stands(rec, ["w", 1], "t1", 2, 0)
+    assert not score_stands(rec, ["w", 1], "t1", 2, 3)  # --attention 3 now: draw them
+    assert not score_stands(rec, ["w", 2], "t1", 2, 1)  # other weights
+    assert not score_stands(rec, ["w", 1], "t2", 2, 1)  # an edited test file
+    assert not score_stands(rec, ["w", 1], "t1", 3, 1)  # another scoring version
+    assert not score_stands(None, ["w", 1], "t1", 2, 0)
+    older = {"stamp": ["w", 1], "text": "t1"}  # before `scoring` and `attention` were kept
+    assert score_stands(older, ["w", 1], "t1", 1, 0)
+    assert not score_stands(older, ["w", 1], "t1", 1, 1)
+
+
 # The other tasks' smoke runs, one after another in one process of their own with its own local
 # Ray, as `python workflows/<task>.py --preset smoke` runs (what the driver prints, as JSON).
 OTHER_SMOKES = (

@@ -179,15 +179,14 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     # A score stands while its weights and its test text are the ones scored (the text by
     # content: an edited source or reference file is scored again), and the scoring that
     # computed it is this one (the task kind's scoring_version: ROUGE's records stand when
-    # BLEU's tokenization changes).
+    # BLEU's tokenization changes), and it drew the attention pictures asked for now (a rerun
+    # with a larger --attention scores the pair again, drawing them).
     texts = {t.name: dataset_of(t).digest for t in tests}
     scoring = task_kind(spec.task_kind).scoring_version
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
-        if rec and rec["stamp"] == weights_stamp(job.checkpoints) \
-                and rec.get("text") == texts[job.test_set.name] \
-                and rec.get("scoring", 1) == scoring \
-                and run_has_metrics(ctx.tree.uri, rec["run_id"]):
+        if score_stands(rec, weights_stamp(job.checkpoints), texts[job.test_set.name], scoring,
+                        job.attention_sentences) and run_has_metrics(ctx.tree.uri, rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
         else:
@@ -210,12 +209,22 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
                 "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id,
                 "text": texts[r.job.test_set.name], "scoring": scoring,
+                "attention": r.job.attention_sentences,
                 "metrics": r.metrics, "hyp_path": r.hyp_path}
             done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
                                   r.hyp_path))
         ctx.save_state(state)
     order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
     return sorted(done, key=lambda s: order[(s.job, s.test_set)]), models
+
+
+def score_stands(rec: dict | None, stamp, text: str, scoring: int, attention: int) -> bool:
+    """Whether an evaluation record (workflow.json's `eval` entry) is still the score of these
+    weights (`stamp`) on this test text (its digest), by this scoring version, with at least
+    `attention` sentences' pictures drawn. (Records from before a key existed: scoring 1, no
+    pictures.)"""
+    return bool(rec) and rec["stamp"] == stamp and rec.get("text") == text \
+        and rec.get("scoring", 1) == scoring and rec.get("attention", 0) >= attention
 
 
 def _source_run(checkpoints, trained: list, parent: str | None) -> str | None:
