@@ -29,18 +29,21 @@ REASONS = ("line_too_long", "bad_row", "invalid_utf8", "nul_byte", "empty", "too
 
 
 def normalize(text: str | None) -> str:
-    """NFC, delete control / non-printing characters, collapse all whitespace to single spaces.
+    """Delete control / non-printing characters, NFC, collapse all whitespace to single spaces.
 
     Deleted: Unicode categories Cc, Cf, Co, Cs, Cn (controls, zero-width / format characters,
     private use, surrogates, unassigned) except whitespace, which becomes a space. That is
     exactly what `str.isprintable()` rejects, minus the spaces, so clean text takes a fast path.
+    Deleting comes first: a deleted character between a letter and its combining mark would
+    otherwise leave them uncomposed, not NFC (output for such text changed on 2026-12-04;
+    folders made before keep theirs).
     """
     if not text:
         return ""
-    if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
     if not text.isprintable():
         text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
     return " ".join(text.split())  # str.split() splits on every Unicode space (NBSP, U+3000, ...)
 
 

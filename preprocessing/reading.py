@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Iterator
 
@@ -22,7 +23,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
-from preprocessing.sources import SplitSource, open_binary
+from preprocessing.sources import SplitSource, count_lines_from, line_count_mismatch, open_binary
 
 
 def _pairs_table(ids, src, tgt, errors, cfg_shape: tuple[str, str, str]) -> pa.Table:
@@ -61,11 +62,29 @@ def _readline(f, limit: int) -> bytes | None:
     return line
 
 
+BOM = b"\xef\xbb\xbf"
+
+
+def _first_line(f, limit: int) -> bytes | None:
+    """A file's first line (as `_readline`) less a leading UTF-8 byte order mark: editors
+    write one, json.loads refuses it, and it is no part of the first sentence (before
+    2026-12-04 a jsonl file's row 0 was then a bad_row; folders made before keep theirs)."""
+    line = _readline(f, limit + len(BOM))
+    if line is None or isinstance(line, _TooLong):
+        return line
+    line = line[len(BOM):] if line.startswith(BOM) else line
+    return TOO_LONG if len(line) > limit else line
+
+
 def _decode(raw: bytes) -> tuple[str, str | None]:
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError:
         return raw.decode("utf-8", "replace"), "invalid_utf8"  # kept for text export only
+
+
+# JSON may escape a lone surrogate ("\ud800"), which no UTF-8 text holds: Arrow cannot store it
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
@@ -88,15 +107,21 @@ def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
         s, t = pair[shape[1]], pair[shape[2]]
         if not all(x is None or isinstance(x, str) for x in (s, t)):
             return "", "", "bad_row"  # a list or a number is no sentence: counted
-        return s or "", t or "", err
+        s, t = s or "", t or ""
+        if _SURROGATE.search(s) or _SURROGATE.search(t):  # as undecodable bytes: U+FFFD
+            s, t = _SURROGATE.sub("\ufffd", s), _SURROGATE.sub("\ufffd", t)
+            err = err or "invalid_utf8"
+        return s, t, err
     except (ValueError, KeyError, TypeError):
         return "", "", "bad_row"
 
 
 def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
-                span: tuple[int, int | None] | None = None):
+                span: tuple[int, int | None] | None = None, pair_counted: bool = False):
     """One read task: the file(s) in lockstep, as blocks of `block_rows` rows (only lines
-    [first, end) with `span`; row ids stay line numbers)."""
+    [first, end) with `span`; row ids stay line numbers). A text pair whose range ends before
+    the files do is still counted to its ends unless the driver did (`pair_counted`): a pair
+    that is out of line past the range is out of line within it too."""
     first, end = span or (0, None)
     handles = [gzip.open(open_binary(p), "rb") if p.endswith(".gz") else open_binary(p)
                for p in files]
@@ -106,7 +131,7 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
             lines = []
             for h, path in zip(handles, files):
                 try:
-                    lines.append(_readline(h, limit))
+                    lines.append(_first_line(h, limit) if n == 0 else _readline(h, limit))
                 except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, I/O
                     raise PreprocessError(f"cannot read {path} after line {n}: "
                                           f"{type(e).__name__}: {e}; re-download or re-export "
@@ -129,6 +154,17 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
             if len(ids) == block_rows:
                 yield _pairs_table(ids, src, tgt, errors, shape)
                 ids, src, tgt, errors = [], [], [], []
+        if kind == "text" and end is not None and not pair_counted:
+            counts = []
+            for h, path, line in zip(handles, files, lines):
+                try:  # the line read last (at `end`, or None at the file's end) and the rest
+                    counts.append(n + (line is not None) + count_lines_from(h))
+                except (OSError, EOFError, zlib.error) as e:
+                    raise PreprocessError(f"cannot read {path} after line {n}: "
+                                          f"{type(e).__name__}: {e}; re-download or re-export "
+                                          "this file") from None
+            if counts[0] != counts[1]:
+                raise line_count_mismatch(files, counts)
         if ids:
             yield _pairs_table(ids, src, tgt, errors, shape)
     finally:
@@ -136,8 +172,59 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
             h.close()
 
 
+def _sides(table: pa.Table, shape) -> list[pa.Array]:
+    """The source and target arrays of a read parquet table (either row shape)."""
+    if shape[0] == "translation":
+        pairs = table["translation"].combine_chunks()
+        return [pairs.field(shape[1]), pairs.field(shape[2])]
+    return [table[shape[1]].combine_chunks(), table[shape[2]].combine_chunks()]
+
+
+def _valid(side: pa.Array) -> bool:
+    """Whether a string array holds UTF-8 only: parquet readers take any bytes as a string,
+    and `.to_pylist()` would fail on them later, in cleaning, naming no file or row."""
+    try:
+        side.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+_AS_BYTES = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(),
+             pa.string_view(): pa.binary_view()}
+
+
+def _decoded(table: pa.Table, shape) -> tuple[pa.Table, pa.Array]:
+    """`table` with both sides decoded row by row as text lines are (`_decode`: U+FFFD for
+    bytes that are not UTF-8, error invalid_utf8), and the rows' errors. Types, other struct
+    fields and nulls are kept, so that these blocks match the row group's others."""
+    sides, errors = [], [None] * table.num_rows
+    for side in _sides(table, shape):
+        texts = []
+        for i, raw in enumerate(side.view(_AS_BYTES[side.type]).to_pylist()):
+            text, err = _decode(raw) if raw is not None else (None, None)
+            texts.append(text)
+            errors[i] = errors[i] or err
+        sides.append(pa.array(texts, pa.string()).cast(side.type))
+    if shape[0] == "translation":
+        pairs = table["translation"].combine_chunks()
+        fields = list(pairs.type)
+        children = [sides[[shape[1], shape[2]].index(f.name)] if f.name in shape[1:]
+                    else pairs.field(j) for j, f in enumerate(fields)]
+        pairs = pa.StructArray.from_arrays(children, fields=fields,
+                                           mask=pairs.is_null() if pairs.null_count else None)
+        table = table.set_column(table.schema.get_field_index("translation"), "translation",
+                                 pairs)
+    else:
+        for name, side in zip(shape[1:], sides):
+            table = table.set_column(table.schema.get_field_index(name), name, side)
+    return table, pa.array(errors, pa.string())
+
+
 def _read_row_group(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
-    """One read task: one parquet row group, with row ids and an empty error column."""
+    """One read task: one parquet row group, with row ids and an error column (invalid_utf8
+    for a row with bytes that are not UTF-8, as in text files; such input stopped the run in
+    cleaning, naming no file, before 2026-12-04)."""
     columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
     try:
         with open_binary(item["file"]) as f:
@@ -146,9 +233,13 @@ def _read_row_group(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
         raise PreprocessError(f"{item['file']}: cannot read row group {item['group']} "
                               f"({type(e).__name__}: {e}); re-download or re-export this "
                               "file") from None
+    errors = pa.nulls(table.num_rows, pa.string())
+    # checked in C++; only a group with bytes that are not UTF-8 is decoded row by row
+    if not all(_valid(side) for side in _sides(table, shape)):
+        table, errors = _decoded(table, shape)
     ids = np.arange(item["first_id"], item["first_id"] + table.num_rows, dtype=np.int64)
     table = table.add_column(0, "id", pa.array(ids))
-    table = table.append_column("error", pa.nulls(table.num_rows, pa.string()))
+    table = table.append_column("error", errors)
     for start in range(0, table.num_rows, block_rows):
         yield table.slice(start, block_rows)
 
@@ -194,9 +285,10 @@ class SplitDatasource(Datasource):
             return [self._task(lambda a=a: _demo_rows(a, min(n, src.rows - a), seed, start,
                                                       shape), min(n, src.rows - a), [])
                     for a in range(0, src.rows, n)]
-        kind, files, limit, span = src.kind, src.files, self.limit, src.lines
-        return [self._task(lambda: _read_lines(kind, files, shape, limit, n, span), None,
-                           files)]
+        kind, files, limit, span, counted = (src.kind, src.files, self.limit, src.lines,
+                                             src.pair_counted)
+        return [self._task(lambda: _read_lines(kind, files, shape, limit, n, span, counted),
+                           None, files)]
 
 
 def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
-from storage import is_uri, location, open_input, stamp
+from storage import location, open_input, stamp
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
                "folder: `--source DIR` with line-aligned text files (DIR/<name>.<lang>[.gz]), "
@@ -55,6 +55,9 @@ class SplitSource:
     fingerprint: dict = field(default_factory=dict)
     # Line-based files: only lines [first, end) (a split cut from one corpus: `NAME[a:b]`).
     lines: tuple[int, int | None] | None = None
+    # Text: the two files' line counts were compared on the driver (`check_text_pair`); if not,
+    # the reader compares them, also past the end of a line range.
+    pair_counted: bool = False
 
     def estimated_rows(self) -> int:
         if self.rows is not None:
@@ -245,38 +248,51 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
 PAIRING_CHECK_BYTES = 64 << 20
 
 
-def _count_lines(path: str) -> int:
-    """Lines as the reader sees them (b"\\n"-terminated, a last unterminated one included)."""
+def count_lines_from(f) -> int:
+    """Lines of an open binary file from where it stands (at a line's start) to its end, as the
+    reader sees them (b"\\n"-terminated, a last unterminated one included), 1 MiB at a time."""
     n, last = 0, b"\n"
-    try:
-        with (gzip.open(open_binary(path), "rb") if path.endswith(".gz")
-              else open_binary(path)) as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                n += chunk.count(b"\n")
-                last = chunk[-1:]
-    except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, unreadable file
-        raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
-                              "re-export this file") from None
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        n += chunk.count(b"\n")
+        last = chunk[-1:]
     return n + (last != b"\n")
 
 
-def check_text_pair(files: list[str]) -> None:
+def _count_lines(path: str) -> int:
+    """A whole file's lines (`count_lines_from`), or a clear error naming it."""
+    try:
+        with (gzip.open(open_binary(path), "rb") if path.endswith(".gz")
+              else open_binary(path)) as f:
+            return count_lines_from(f)
+    except (OSError, EOFError, zlib.error) as e:  # truncated / corrupt gzip, unreadable file
+        raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
+                              "re-export this file") from None
+
+
+def line_count_mismatch(files: list[str], counts: list[int]) -> PreprocessError:
+    """The error for a text pair with unequal line counts (found on the driver or by the reader)."""
+    return PreprocessError(
+        f"line count mismatch: {files[0]} has {counts[0]:,} lines but {files[1]} has "
+        f"{counts[1]:,}; line-aligned files need the same number of lines (empty lines "
+        "included): fix or re-export the pair")
+
+
+def check_text_pair(files: list[str]) -> bool:
     """Fail fast on line-aligned text: an empty file, or (for files small enough to count on
-    the driver) two sides with different line counts or an unreadable .gz."""
+    the driver) two sides with different line counts or an unreadable .gz. True when it
+    compared the line counts (else the reader does)."""
     for f in files:
         if stamp(f)[0] == 0:
             raise PreprocessError(f"{f} is empty; a corpus file needs one sentence per line")
     if len(files) != 2 or sum(stamp(f)[0] for f in files) > PAIRING_CHECK_BYTES:
-        return
+        return False
     counts = [_count_lines(f) for f in files]
     if counts == [0, 0]:
         raise PreprocessError(f"{files[0]} and {files[1]} hold no lines; a corpus file needs "
                               "one sentence per line")
     if counts[0] != counts[1]:
-        raise PreprocessError(
-            f"line count mismatch: {files[0]} has {counts[0]:,} lines but {files[1]} has "
-            f"{counts[1]:,}; line-aligned files need the same number of lines (empty lines "
-            "included): fix or re-export the pair")
+        raise line_count_mismatch(files, counts)
+    return True
 
 
 def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None) -> SplitSource:
@@ -298,7 +314,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         src = SplitSource("parquet", files)
         src.fingerprint = {"hub": cfg.hub_repo, "commit": sha, "files": files}
     else:
-        base = location(cfg.source) if is_uri(cfg.source) else Path(cfg.source)
+        base = location(cfg.source)  # (a file:// URI too: Path() would make it "file:/...")
         if base.is_file():
             raise PreprocessError(f"{base} is a file",
                                   f"give its folder and name the file per split: --source "
@@ -306,7 +322,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         if not base.is_dir():
             raise PreprocessError(f"source folder {base} does not exist; give --source hub, demo "
                                   "or an existing folder")
-        src = _local_candidates(location(base), name, cfg)
+        src = _local_candidates(base, name, cfg)
         if src is None:
             raise PreprocessError(
                 f"no input for split {split!r} (source name {name!r}) in {base}: looked for "
@@ -317,7 +333,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
         if src.lines is not None:
             src.fingerprint["lines"] = list(src.lines)
         if src.kind == "text":
-            check_text_pair(src.files)
+            src.pair_counted = check_text_pair(src.files)
         if src.lines is not None and \
                 sum(stamp(f)[0] for f in src.files) <= PAIRING_CHECK_BYTES:
             total = _count_lines(src.files[0])

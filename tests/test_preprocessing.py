@@ -44,6 +44,15 @@ def test_normalize(raw, clean):
     assert normalize(raw) == clean
 
 
+def test_normalized_text_is_nfc_also_where_a_deleted_character_parted_a_letter_and_accent():
+    import unicodedata
+
+    for raw in ("e\u200b\u0301", "Cafe\x07\u0301 ok", "a\ufeff\u030a\u00ad"):
+        clean = normalize(raw)
+        assert unicodedata.is_normalized("NFC", clean) and normalize(clean) == clean
+    assert normalize("e\u200b\u0301") == "\u00e9"
+
+
 def test_length_and_ratio_filters_at_their_limits():
     w = lambda n: " ".join(["w"] * n)  # noqa: E731
     assert drop_reason(w(175), w(175), 175, 1.5) is None

@@ -307,3 +307,112 @@ def test_splits_cut_from_one_corpus_by_line_ranges(tmp_path):
         resolve_split(cfg.replace(splits={"train": "c[12:]"}), "train")
     with pytest.raises(PreprocessError, match="the range holds no line"):
         resolve_split(cfg.replace(splits={"train": "c[5:5]"}), "train")
+
+
+def unchecked_strings(values: list[bytes | None]) -> pa.Array:
+    """A string array holding these bytes as they are, UTF-8 or not (as a parquet file written
+    by another tool may: readers take them without a check)."""
+    offsets = [0]
+    for v in values:
+        offsets.append(offsets[-1] + len(v or b""))
+    validity = pa.array([v is not None for v in values]).buffers()[1]
+    return pa.Array.from_buffers(pa.string(), len(values), [
+        validity, pa.py_buffer(pa.array(offsets, pa.int32()).buffers()[1]),
+        pa.py_buffer(b"".join(v or b"" for v in values))])
+
+
+def test_parquet_text_that_is_not_utf8_is_read_as_invalid_utf8_rows_like_text_lines(tmp_path):
+    from preprocessing.cleaning import clean_block
+
+    en = unchecked_strings([b"caf\xc3\xa9", b"caf\xff", b"ok", None])
+    fr = unchecked_strings([b"un", b"deux", b"tr\xe8s", b"quatre"])
+    de = pa.array(["eins", "zwei", "drei", "vier"])  # a third language, kept as it is
+    (tmp_path / "fr-en").mkdir()
+    pq.write_table(pa.table({"translation": pa.StructArray.from_arrays(
+        [en, fr, de], names=["en", "fr", "de"])}), tmp_path / "fr-en" / "train-0.parquet")
+    cfg = local_cfg(tmp_path)
+    rows = read_all(resolve_split(cfg, "train"), cfg)
+    assert [r["error"] for r in rows] == [None, "invalid_utf8", "invalid_utf8", None]
+    assert [r["translation"] for r in rows] == [
+        {"en": "caf\u00e9", "fr": "un", "de": "eins"},
+        {"en": "caf\ufffd", "fr": "deux", "de": "zwei"},
+        {"en": "ok", "fr": "tr\ufffds", "de": "drei"},
+        {"en": None, "fr": "quatre", "de": "vier"}]
+    # cleaning takes the block (it failed there, naming no file) and drops those rows by reason
+    blocks = [t for task in SplitDatasource(resolve_split(cfg, "train"), cfg).get_read_tasks(1)
+              for t in task()]
+    cleaned = clean_block(blocks[0], src_lang="en", tgt_lang="fr", row_shape="translation",
+                          max_len=175, max_len_ratio=1.5, max_line_bytes=1000)
+    assert cleaned["reason"].to_pylist() == [None, "invalid_utf8", "invalid_utf8", "empty"]
+    # the columns row shape (Gigaword's) likewise
+    (tmp_path / "cols" / "default").mkdir(parents=True)
+    pq.write_table(pa.table({"document": unchecked_strings([b"a \xff b", b"fine"]),
+                             "summary": pa.array(["s", "t"], pa.large_string())}),
+                   tmp_path / "cols" / "default" / "test-0.parquet")
+    cfg = local_cfg(tmp_path / "cols", src_lang="document", tgt_lang="summary",
+                    row_shape="columns", hub_config="default")
+    rows = read_all(resolve_split(cfg, "test"), cfg)
+    assert rows == [{"id": 0, "document": "a \ufffd b", "summary": "s", "error": "invalid_utf8"},
+                    {"id": 1, "document": "fine", "summary": "t", "error": None}]
+
+
+def test_a_jsonl_escaped_lone_surrogate_is_an_invalid_utf8_row(tmp_path):
+    # JSON can escape a surrogate that no UTF-8 text holds; a pair ("\ud83d\ude00") is one
+    # character and fine. The row is read like undecodable bytes, not a stop naming nothing.
+    (tmp_path / "j.jsonl").write_text(
+        '{"translation": {"en": "a\\ud800b", "fr": "x"}}\n'
+        '{"translation": {"en": "smile \\ud83d\\ude00", "fr": "y\\udfff"}}\n'
+        '{"translation": {"en": "fine", "fr": "bien"}}\n')
+    cfg = local_cfg(tmp_path, splits={"train": "j"})
+    rows = read_all(resolve_split(cfg, "train"), cfg)
+    assert [r["error"] for r in rows] == ["invalid_utf8", "invalid_utf8", None]
+    assert [r["translation"] for r in rows] == [
+        {"en": "a\ufffdb", "fr": "x"}, {"en": "smile \U0001f600", "fr": "y\ufffd"},
+        {"en": "fine", "fr": "bien"}]
+
+
+def test_a_byte_order_mark_opening_a_file_is_not_part_of_its_first_row(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "j.jsonl").write_bytes(bom + b'{"translation": {"en": "a", "fr": "b"}}\n'
+                                       + bom + b'{"translation": {"en": "c", "fr": "d"}}\n')
+    (tmp_path / "t.tsv").write_bytes(bom + b"hello\tbonjour\n")
+    (tmp_path / "d.en").write_bytes(bom + b"x" * 10 + b"\n")  # at the limit without the mark
+    (tmp_path / "d.fr").write_bytes(bom + b"y\n")
+    cfg = local_cfg(tmp_path, splits={"train": "j", "valid": "t", "test": "j[1:]"})
+    jl = read_all(resolve_split(cfg, "train"), cfg)
+    assert [(r["translation"], r["error"]) for r in jl] == [
+        ({"en": "a", "fr": "b"}, None), ({"en": "", "fr": ""}, "bad_row")]  # mid-file: a char
+    assert read_all(resolve_split(cfg, "valid"), cfg)[0]["translation"] == {
+        "en": "hello", "fr": "bonjour"}
+    # a range's first line is not its file's: line 1 keeps what it holds
+    assert read_all(resolve_split(cfg, "test"), cfg)[0]["error"] == "bad_row"
+    cfg = local_cfg(tmp_path, max_line_bytes=10, splits={"train": "d"})
+    text = read_all(resolve_split(cfg, "train"), cfg)
+    assert text[0]["translation"] == {"en": "x" * 10, "fr": "y"} and text[0]["error"] is None
+
+
+def test_a_line_range_ending_early_still_finds_a_pair_out_of_line_past_it(tmp_path,
+                                                                          monkeypatch):
+    # Too large to count on the driver: the reading task counts on past the range's end.
+    (tmp_path / "c.en").write_text("".join(f"e{i}\n" for i in range(10)))
+    (tmp_path / "c.fr").write_text("".join(f"f{i}\n" for i in range(9)))
+    with gzip.open(tmp_path / "ok.en.gz", "wb") as f:
+        f.write(b"".join(b"e%d\n" % i for i in range(10)))
+    (tmp_path / "ok.fr").write_text("\n".join(f"f{i}" for i in range(10)))  # no final newline
+    monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)
+    cfg = local_cfg(tmp_path, splits={"train": "c[:5]", "valid": "c[2:9]",
+                                      "test": "ok.en.gz,ok.fr[:3]"})
+    for split in ("train", "valid"):
+        with pytest.raises(PreprocessError, match=r"line count mismatch: .*c\.en has 10 lines "
+                                                  r"but .*c\.fr has 9"):
+            read_all(resolve_split(cfg, split), cfg)
+    rows = read_all(resolve_split(cfg, "test"), cfg)
+    assert [r["translation"]["fr"] for r in rows] == ["f0", "f1", "f2"]
+
+
+def test_a_file_uri_source_is_its_local_folder(tmp_path):
+    (tmp_path / "d.en").write_text("a\n")
+    (tmp_path / "d.fr").write_text("b\n")
+    cfg = local_cfg(f"file://{tmp_path}", splits={"train": "d"})
+    rows = read_all(resolve_split(cfg, "train"), cfg)
+    assert rows == [{"id": 0, "translation": {"en": "a", "fr": "b"}, "error": None}]
