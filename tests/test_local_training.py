@@ -79,14 +79,16 @@ def test_an_epoch_end_at_a_checkpointed_update_is_a_checkpoint_of_its_own(demo_b
             "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(tmp_path),
             "--run-name", "ends", "--precision", "fp32", "--update-freq", "25",
             "--set", f"checkpoint_interval={per_epoch}", "--set", "keep_last=5"]
-    assert main([*argv, "--max-updates", str(2 * per_epoch)]) == 0  # stops at epoch 2's end
+    # The update limit falls on epoch 2's last update: the epoch ends there (an epoch's end,
+    # annealing and all, not a stop inside it).
+    assert main([*argv, "--max-updates", str(2 * per_epoch)]) == 0
     run_dir = tmp_path / "ends"
     u, uu = f"{per_epoch:08d}", f"{2 * per_epoch:08d}"
     # (the epoch's end supersedes the interval checkpoint of its update: the same weights)
     assert [(p.rsplit("/", 1)[-1], i.epoch, i.end_of_epoch)
             for i in list_checkpoints(run_dir) for p in [i.path]] == [
-        (f"checkpoint_{u}_epoch1", 1, True), (f"checkpoint_{uu}", 1, False)]
-    # The rerun ends epoch 2 at once (its rows are trained) and goes on into epoch 3.
+        (f"checkpoint_{u}_epoch1", 1, True), (f"checkpoint_{uu}_epoch2", 2, True)]
+    # The rerun goes on into epoch 3.
     assert main([*argv, "--max-updates", str(2 * per_epoch + 1)]) == 0
     names = [i.path.rsplit("/", 1)[-1] for i in list_checkpoints(run_dir)]
     assert names == [f"checkpoint_{u}_epoch1", f"checkpoint_{uu}_epoch2",

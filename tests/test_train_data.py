@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from convs2s.train.data import TrainFiles, epoch_rows, read_rows, resumed_rows
+from convs2s.train.data import TrainFiles, epoch_rows, read_rows, resume_point, resumed_rows
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_shuffling_stays_inside_windows_so_reads_stay_sequential(files):
 def test_a_resume_on_as_many_ranks_trains_exactly_the_rows_left(files, done):
     for rank in range(2):
         whole = epoch_rows(files, 7, 2, 2, rank, 10)
-        assert np.array_equal(resumed_rows(files, 7, 2, 2, rank, 10, done, 2), whole[done:])
+        assert np.array_equal(resumed_rows(files, 7, 2, 2, rank, 10, [(done, 2)]), whole[done:])
 
 
 @pytest.mark.parametrize("before, after", [(2, 3), (3, 2), (2, 1)])
@@ -79,14 +79,39 @@ def test_a_resume_on_another_number_of_ranks_trains_each_row_left_once(files, be
     trained = [i for r in range(before) for i in _ids(files, epoch_rows(files, 7, 2, before, r,
                                                                         10)[:done])]
     left = [i for r in range(after) for i in _ids(files, resumed_rows(files, 7, 2, after, r, 10,
-                                                                      done, before))]
-    per_rank = {len(resumed_rows(files, 7, 2, after, r, 10, done, before)) for r in range(after)}
+                                                                      [(done, before)]))]
+    per_rank = {len(resumed_rows(files, 7, 2, after, r, 10, [(done, before)]))
+                for r in range(after)}
     assert len(per_rank) == 1  # equal shares: every rank stops at the same update
     assert not set(trained) & set(left) and len(set(left)) == len(left)
     planned = {i for r in range(before) for i in _ids(files, epoch_rows(files, 7, 2, before, r,
                                                                         10))}
     assert set(trained) | set(left) <= planned
     assert len(planned) - len(trained) - len(left) < after  # at most a remainder waits
+
+
+@pytest.mark.parametrize("worlds", [(2, 4, 4), (2, 3, 2), (3, 2, 5, 1), (2, 2, 3), (4, 4, 4)])
+def test_an_epoch_resumed_again_and_again_trains_each_row_at_most_once(files, worlds):
+    # A run stopped after some rows on 2 ranks, resumed on 4, stopped again and resumed on 4
+    # (or on 2 again, ...), as the Trainer does it: each run resumes from the last checkpoint
+    # (resume_point), trains some rows of its plan (resumed_rows), and saves the epoch's cuts
+    # and its rows done. Each plan goes on from the rows the one before had left.
+    saved, trained = None, []
+    for i, world in enumerate(worlds):
+        cuts, done, begun = resume_point(*(saved or (None, 0, world)), world)
+        plans = [resumed_rows(files, 7, 2, world, r, 10, [*cuts, (done - begun, world)])
+                 for r in range(world)]
+        assert len({len(p) for p in plans}) == 1  # equal shares: every rank stops together
+        now = len(plans[0]) if i == len(worlds) - 1 else 5  # the last run ends the epoch
+        trained += [i for p in plans for i in _ids(files, p[:now])]
+        done += now
+        saved = ([*cuts, (done - begun, world)], done, world)  # the checkpoint
+    assert len(trained) == len(set(trained))  # no row twice
+    assert files.total - len(trained) < sum(worlds)  # only the cuts' remainders wait
+    # a checkpoint from before the cuts were saved resumes on its one plan
+    assert resume_point(None, 12, 2, 2) == ([], 12, 0)
+    assert resume_point(None, 12, 2, 4) == ([(12, 2)], 6, 6)
+    assert resume_point([(0, 2)], 0, 2, 3) == ([], 0, 0)  # an epoch's start: its own plan
 
 
 def test_the_reader_returns_the_planned_rows_in_order(files):

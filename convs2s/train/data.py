@@ -16,7 +16,9 @@ resume repeated some rows and skipped others. Here, for epoch e:
    a window spans one or two files, so reading stays sequential;
 4. a run resumed after `done` rows of the epoch on each rank (every rank takes the same number
    of rows per update) skips them; resumed on another number of ranks, the rows the old ranks
-   had not trained are cut again into equal ranges of the new number.
+   had not trained are cut again into equal ranges of the new number. A checkpoint keeps the
+   epoch's cuts, (rows done, ranks) for each plan the epoch went through, so a run resumed
+   twice in one epoch, the first time on another number of ranks, replays them in turn.
 
 `read_rows` reads a plan's rows with pyarrow from the shared parquet files (`TrainJob` paths
 are local or shared-filesystem paths), the next window's files in a background thread.
@@ -78,15 +80,41 @@ def epoch_rows(files: TrainFiles, seed: int, epoch: int, world: int, rank: int,
 
 
 def resumed_rows(files: TrainFiles, seed: int, epoch: int, world: int, rank: int,
-                 shuffle_buffer: int, done: int, done_world: int) -> np.ndarray:
-    """Rank `rank`'s rows still to train in epoch `epoch`, after `done` rows on each of
-    `done_world` ranks were trained (`done` 0: the whole epoch)."""
-    if done_world == world or done == 0:
-        return epoch_rows(files, seed, epoch, world, rank, shuffle_buffer)[done:]
-    rest = np.concatenate([epoch_rows(files, seed, epoch, done_world, r, shuffle_buffer)[done:]
-                           for r in range(done_world)])
-    per = len(rest) // world
-    return rest[rank * per:(rank + 1) * per]
+                 shuffle_buffer: int, cuts: list[tuple[int, int]] = ()) -> np.ndarray:
+    """Rank `rank`'s rows still to train in epoch `epoch`. `cuts`: the epoch's plans so far, in
+    order, each as (rows done on each rank, ranks): the first plan is `epoch_rows` on its ranks;
+    each next one cuts the rows the previous one had left into equal ranges of its ranks (a
+    remainder, fewer than its ranks, waits for another epoch), and so does this one for `world`
+    ranks. No cuts: the whole epoch."""
+    cuts = [(int(d), int(w)) for d, w in cuts] or [(0, world)]
+    if all(w == world for _, w in cuts):  # one plan all along: skip what was done
+        return epoch_rows(files, seed, epoch, world, rank, shuffle_buffer)[sum(d for d, _ in cuts):]
+    plans = [epoch_rows(files, seed, epoch, cuts[0][1], r, shuffle_buffer)
+             for r in range(cuts[0][1])]
+    for i, (done, _) in enumerate(cuts):
+        rest = np.concatenate([p[done:] for p in plans])
+        ranks = cuts[i + 1][1] if i + 1 < len(cuts) else world
+        per = len(rest) // ranks
+        plans = [rest[r * per:(r + 1) * per] for r in range(ranks)]
+    return plans[rank]
+
+
+def resume_point(saved_cuts: list | None, rows_done: int, saved_world: int,
+                 world: int) -> tuple[list[tuple[int, int]], int, int]:
+    """Where a run on `world` ranks resumes an epoch from a checkpoint that saved `rows_done`
+    rows a rank on `saved_world` ranks and the epoch's cuts (`saved_cuts`, its last the plan it
+    was on; None in checkpoints from before cuts were saved: one plan). Returns (the cuts
+    before this run's plan, the rows each rank counts as done in the epoch, the count at which
+    this run's plan began): the plan's rows are `resumed_rows(..., cuts + [(done - begun,
+    world)])`. On as many ranks as the last plan had, that plan goes on; on another number its
+    rows left are cut again, one cut more."""
+    cuts = [(int(d), int(w)) for d, w in saved_cuts or [(rows_done, saved_world)]]
+    done = rows_done * saved_world // world  # the same share of the epoch
+    if cuts[-1][1] == world:  # the same plan goes on
+        return cuts[:-1], done, done - cuts[-1][0]
+    if len(cuts) == 1 and cuts[0][0] == 0:  # at the epoch's start: its own plan
+        cuts = []
+    return cuts, done, done
 
 
 def read_file(path: str) -> pa.Table:

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +72,8 @@ from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
 from convs2s.train.ddp import compress_gradients, ddp_kwargs
-from convs2s.train.data import TrainFiles, read_file, read_manifest, read_rows, resumed_rows
+from convs2s.train.data import (TrainFiles, read_file, read_manifest, read_rows,
+                                 resume_point, resumed_rows)
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
 from convs2s.train.runtime import load_agreed
@@ -91,6 +92,11 @@ class Progress:
     batches_in_epoch: int = 0  # batch rows this rank consumed in the current epoch
     seconds_before: float = 0.0  # training seconds spent up to the checkpoint resumed from
     started: float = 0.0  # time.monotonic() when this process began training
+    # The current epoch's plans before this one (convs2s.train.data.resumed_rows): (rows done
+    # on each rank, ranks) for each, when a resume changed the number of ranks mid-epoch; and
+    # `batches_in_epoch` when this plan began (the rows each rank did on it: the difference).
+    cuts: list = field(default_factory=list)
+    plan_start: int = 0
 
     def seconds(self) -> float:
         """Training wall time of the run so far, resumes included (the max_time clock)."""
@@ -222,7 +228,6 @@ class Trainer:
         # (convs2s.train.data), so a resumed run trains exactly what its epoch had left.
         self.files: TrainFiles = config["train_files"]
         self.valid_files: TrainFiles = config["valid_files"]
-        self._resume = (0, self.world)  # (rows each rank had trained, on how many ranks)
         self.meter: TrainMeter | None = None
         self.rows_per_rank = self.files.rows_per_rank(self.world)  # batch rows of an epoch
         self.updates_per_epoch = math.ceil(self.rows_per_rank / self.cfg.update_freq)
@@ -332,13 +337,14 @@ class Trainer:
             set_dropout(self.net, self.dropout_choice["dropout"])
         load_optimizer_state(self.optimizer, state["optimizer"])  # this device's fused step
         self.schedule.load_state_dict(state["scheduler"])
-        # The interrupted epoch continues with exactly its untrained rows (train_data); on
-        # another number of workers its progress counts the same share of the epoch.
-        self._resume = (state["batches_in_epoch"], state["world_size"])
-        skip = state["batches_in_epoch"] * state["world_size"] // world
+        # The interrupted epoch continues with exactly its untrained rows (train_data): on as
+        # many workers as its last plan had, that plan goes on; on another number its rows left
+        # are cut again, one cut more. Its progress counts the same share of the epoch.
+        cuts, done, begun = resume_point(state.get("epoch_cuts"), state["batches_in_epoch"],
+                                         state["world_size"], world)
         # The time budget continues from the checkpoint (time after it was lost with the process).
-        progress = Progress(state["epoch"], state["update"], skip,
-                            float(state.get("train_seconds", 0.0)), time.monotonic())
+        progress = Progress(state["epoch"], state["update"], done,
+                            float(state.get("train_seconds", 0.0)), time.monotonic(), cuts, begun)
         if state["rng"]["world_size"] == world:
             restore_rng_state(state["rng"]["states"][rank])
         else:
@@ -366,15 +372,16 @@ class Trainer:
         validation's report (also kept as `final`)."""
         cfg, progress, meter = self.cfg, self.progress, self.meter
         epoch = progress.epoch + 1
-        done, done_world = self._resume
-        self._resume = (0, self.world)
         rows = resumed_rows(self.files, cfg.seed, epoch, self.world, self.rank,
-                            cfg.shuffle_buffer, done, done_world)
+                            cfg.shuffle_buffer, [*progress.cuts, (progress.batches_in_epoch
+                                                                  - progress.plan_start,
+                                                                  self.world)])
         batches = _train_batches(read_rows(self.files, rows, cfg.shuffle_buffer),
                                  self.net.max_positions)
         if cfg.static_shapes:
             batches = _static(batches, self.budget, cfg.static_shapes, self.net.max_positions)
         updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
+        left = len(rows)  # every rank has as many: all see the last update alike
         epoch_end = True
         meter.resume()
         while True:
@@ -386,6 +393,7 @@ class Trainer:
                 break  # some rank's shard is exhausted: the epoch ends on every rank
             progress.update += 1
             progress.batches_in_epoch += len(micro)
+            left -= len(micro)
             meter.add(stats, micro)
             self.crash.record(self.rank, progress.update, micro)
             self.crash.maybe_crash(self.rank, progress.update, self.run_dir)
@@ -395,11 +403,13 @@ class Trainer:
             if progress.update % cfg.log_interval == 0:
                 self._log_train(epoch, lr, updates_at_start)
             self.stop_reason = self._limit_reached(self.seconds)  # update or time limit
-            if self.stop_reason is not None:
+            if self.stop_reason is not None and left:
                 epoch_end = False  # stopped inside the epoch: validate and checkpoint here
                 break
             if cfg.checkpoint_interval and progress.update % cfg.checkpoint_interval == 0:
                 self.checkpoint({"update": progress.update, "epoch": progress.epoch})
+            if not left:  # the epoch's last update (a limit reached there ends it too)
+                break
         meter.pause()
         self.final = self._end_epoch(epoch, epoch_end)
         self.seconds = self._clock()
@@ -448,6 +458,7 @@ class Trainer:
             epoch - 1 + min(progress.batches_in_epoch / max(self.rows_per_rank, 1), 1.0)
         if epoch_end:
             progress.epoch, progress.batches_in_epoch = epoch, 0
+            progress.cuts, progress.plan_start = [], 0
             schedule.end_epoch(epoch, val_loss)
         else:
             schedule.mid_epoch(val_loss)  # stopped mid-epoch by a limit: no annealing
@@ -493,6 +504,8 @@ class Trainer:
             "train_config": job.train.to_dict(), "epoch": progress.epoch,
             "update": progress.update, "batches_in_epoch": progress.batches_in_epoch,
             "world_size": comm.world_size, "optimizer": self.optimizer.state_dict(),
+            "epoch_cuts": [[int(d), int(w)] for d, w in progress.cuts]
+            + [[progress.batches_in_epoch - progress.plan_start, comm.world_size]],
             "scheduler": self.schedule.state_dict(),
             "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
             "train_seconds": progress.seconds(), "precision": self.precision.name,
