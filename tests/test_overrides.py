@@ -489,3 +489,107 @@ def test_the_multi30k_recipe_cuts_smaller_batches_where_it_will_train_in_float32
     said = "batches of 2,000 tokens, not 4,000: training in float32 on CPUs"
     assert (said in spec.update_note) == (tokens == 2000)
     assert spec.describe()["update"]["max_tokens_per_batch"] == tokens
+
+
+# --- settings a run or a sweep decides itself: refused, never listed as applied and ignored ----
+
+
+def test_a_sweep_refuses_the_ensemble_settings_it_sets_for_every_trial(tmp_path):
+    """Each trial of a sweep is one run scoring its best checkpoint: `--set ensemble.*` (or a
+    --config file's) with --sweep was listed under `overrides` while every trial ran with
+    runs 1, average_last 0. Refused in one line naming the settings; `--set train.seed` is
+    the sweep's first seed, kept."""
+    sweep = ["--sweep", "table4", "--variants", "baseline,no-pos", "--storage-path",
+             str(tmp_path / "runs"), "--dry-run"]
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", *sweep, "--set",
+                                       "ensemble.average_last=5", "--set", "ensemble.runs=3"])
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("error: --sweep table4: --set ensemble.average_last=5, --set "
+                               "ensemble.runs=3: the sweep sets these for every trial"), err
+    config = _config_file(wmt14_en_fr, ["--preset", "smoke", "--set", "ensemble.runs=2"],
+                          tmp_path / "two-runs.yaml")
+    rc, out, err = _main(wmt14_en_fr, ["--config", str(config), *sweep])
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and f"--config {config}: ensemble.runs=2: the sweep " \
+        "sets this for every trial" in lines[0], err
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", *sweep, "--seeds", "2", "--set",
+                                       "train.seed=5"])
+    assert rc == 0, err
+    assert [t["workflow"]["train"]["seed"] for t in json.loads(out)] == [5, 6, 5, 6]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_init_from_refuses_the_settings_its_checkpoint_decides(tiny_checkpoints, tmp_path):
+    """--init-from takes the checkpoint's architecture (with the preset's dropout) and encodes
+    the data with its vocabulary (no BPE is learned): a --set of the model's shape or of the
+    BPE was listed under `overrides` and ignored. Refused in one line naming the setting; the
+    dropout and the other data settings still apply."""
+    ckpt = tiny_checkpoints["a"]
+    for setting, says in (("model.embed_dim=512", "the model's shape comes from the checkpoint"),
+                          ("model.src_positions=false", "the model's shape comes from the "
+                                                        "checkpoint"),
+                          ("data.vocab_size=16000", "the data is encoded with the checkpoint's "
+                                                    "vocabulary"),
+                          ("data.character_coverage=1.0", "the data is encoded with the "
+                                                          "checkpoint's vocabulary")):
+        rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", "--init-from", ckpt, "--set",
+                                           setting, "--storage-path", str(tmp_path), "--dry-run"])
+        lines = err.strip().splitlines()
+        assert rc == 2 and out == "" and len(lines) == 1, err
+        assert lines[0].startswith(f"error: --init-from {ckpt}: --set {setting}: {says}"), err
+    run = _dry_run(wmt14_en_fr, ["--preset", "smoke", "--init-from", ckpt, "--set",
+                                 "model.dropout=0.3", "--set", "data.max_len=50"], tmp_path)
+    from convs2s.config import PRESETS
+
+    assert run["workflow"]["model"] == PRESETS["tiny"]().replace(dropout=0.3).to_dict()
+    assert run["workflow"]["preprocess"]["max_len"] == 50
+
+
+@pytest.mark.parametrize("name, says", [
+    ("../../tmp/x", "give one folder name of letters, digits"),  # the run outside the storage
+    ("a/b", "give one folder name of letters, digits"),
+    (".hidden", "not starting with '.'"),
+    ("two words", "give one folder name of letters, digits"),
+    ("preprocessed", "preprocessed/ folder holds the preprocessed data every run shares"),
+    ("mlartifacts", "mlartifacts/ folder holds the MLflow artifacts"),
+])
+@pytest.mark.parametrize("sweep", [[], ["--sweep", "table4"]])
+def test_a_run_name_is_one_folder_name_the_storage_path_does_not_keep_for_itself(
+        name, says, sweep, tmp_path):
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", "--run-name", name, *sweep,
+                                       "--storage-path", str(tmp_path / "runs"), "--dry-run"])
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("error: --run-name ") and says in lines[0], err
+    fine = resolve(wmt14_en_fr.smoke(), RunOptions(preset="smoke", run_name="fr-en_2.b",
+                                                   storage_path=str(tmp_path / "runs")))
+    assert fine.run_dir == tmp_path / "runs" / "fr-en_2.b"
+
+
+def test_a_folder_no_workflow_run_wrote_is_refused_and_nothing_in_it_moves(tmp_path):
+    """A workflow run writes workflow.json before any stage: a run folder with train/ or eval/
+    but no workflow.json is not one (--restart moved those folders aside, a run would have
+    resumed or pruned the checkpoints in it). Refused, --restart or not, before anything
+    starts and again before a restart moves anything; a sweep's folder too."""
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", restart=True)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    theirs = spec.run_dir / "train" / "checkpoint_00000010" / "checkpoint.pt"
+    theirs.parent.mkdir(parents=True)
+    theirs.write_text("x")
+    (spec.run_dir / "eval").mkdir()
+    for s in (spec, spec.replace(restart=False)):
+        assert "holds eval/, train/ but no workflow run of this project" in reuse_problem(s)
+    ctx = StageContext(RunTree(spec.tracking_uri, "exp", spec.run_dir, None))
+    with pytest.raises(SpecError, match="no workflow run of this project .*choose another "
+                                        "--run-name"):
+        record_settings(ctx, spec)
+    assert theirs.is_file() and sorted(p.name for p in spec.run_dir.iterdir()) == ["eval",
+                                                                                   "train"]
+    sweep = spec.replace(run_name="s", restart=False)
+    (sweep.run_dir / "tune").mkdir(parents=True)  # Ray Tune's folder in a sweep's
+    assert "holds a sweep named 's', not a workflow run" in reuse_problem(sweep)

@@ -169,9 +169,28 @@ SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
 
 
 CUSTOM = "custom"  # --sweep custom --variant NAME:SETTING;SETTING ...: variants as --set lists
-# Settings a sweep sets for every trial itself, refused in a variant
-SWEEP_OWNED = {"train.seed": "--seeds N trains seeds seed, seed+1, ...",
-               "ensemble.runs": "a trial is one run", "ensemble.average_last": "the sweep's"}
+# Settings a sweep sets for every trial itself, whatever the preset or --set said (each trial
+# scores its best checkpoint alone: the sweep's seeds are its runs): refused in --set with
+# --sweep, where they would be listed as applied and replaced unseen
+TRIAL_OWNED = {"ensemble.runs": "a trial is one run; --seeds N gives each variant N runs",
+               "ensemble.average_last": "a trial scores its best checkpoint alone"}
+# ... and in a variant also the seed: the sweep's --set train.seed is its first seed (seeds
+# seed, seed+1, ...), a variant's would be replaced by the sweep's
+SWEEP_OWNED = {"train.seed": "--seeds N trains seeds seed, seed+1, ...", **TRIAL_OWNED}
+
+
+def trial_owned_problem(sweep: str, changes) -> str | None:
+    """Why settings given to a whole sweep (`changes`: its --set and --config file's
+    workflows.overrides changes) cannot apply, or None: the sweep sets those for every trial
+    itself."""
+    owned = [c for c in changes if f"{c.section}.{c.field}" in TRIAL_OWNED]
+    if not owned:
+        return None
+    given = ", ".join(f"{c.origin} {c.text}" for c in owned)
+    why = "; ".join(dict.fromkeys(f"{c.section}.{c.field}: "
+                                  f"{TRIAL_OWNED[f'{c.section}.{c.field}']}" for c in owned))
+    return (f"--sweep {sweep}: {given}: the sweep sets {'this' if len(owned) == 1 else 'these'} "
+            f"for every trial ({why}); leave {'it' if len(owned) == 1 else 'them'} out")
 
 
 def custom_variants(specs: list[str]) -> list[Variant]:

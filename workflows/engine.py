@@ -87,10 +87,11 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
             return run_stages(spec)
 
 
-def check(spec: RunSpec) -> None:
+def check(spec: RunSpec, sweep: bool = False) -> None:
     """The checks that need neither Ray nor a write: the run name's settings, the data
-    sources and this machine's GPUs (errors in seconds)."""
-    if problem := reuse_problem(spec):  # a run name reused with other settings: before anything
+    sources and this machine's GPUs (errors in seconds). `sweep`: `spec` is a sweep's base,
+    its run folder the sweep's."""
+    if problem := reuse_problem(spec, sweep):  # a run name reused with other settings: first
         raise SpecError(problem)
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
     _check_search_files(spec)  # evaluation's files: not found only after the whole training
@@ -105,11 +106,11 @@ def _check_search_files(spec: RunSpec) -> None:
                             "at it after the whole training run); give the file's path")
 
 
-def prepare(spec: RunSpec) -> None:
+def prepare(spec: RunSpec, sweep: bool = False) -> None:
     """What a driver checks and starts before any stage, the lease held: the run name's
     settings again (another command may have changed them since `check`), then Ray and the
     cluster's GPUs."""
-    if problem := reuse_problem(spec):
+    if problem := reuse_problem(spec, sweep):
         raise SpecError(problem)
     start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
     check_shared_storage(spec.storage)  # a node-local folder on a cluster of several nodes

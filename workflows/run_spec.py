@@ -237,11 +237,14 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         limits["precision"] = opts.precision
     use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
     run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    _check_run_name(opts.run_name)
     if opts.accelerator_type and not use_gpu:
         raise SpecError(f"--accelerator-type {opts.accelerator_type} places GPU workers; add "
                         "--use-gpu (or leave it out to train on CPUs)")
     model, init_from = cfg.model, None
     if opts.init_from:
+        if problem := _decided_by_checkpoint(changes):
+            raise SpecError(f"--init-from {opts.init_from}: {problem}")
         init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
     if pre.max_positions is None:  # sentences the model cannot take: dropped and counted
         pre = pre.replace(max_positions=model.max_positions)
@@ -269,6 +272,28 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in sets),
         update_tokens=cfg.update_tokens, update_note=update_note)
+
+
+# Folders of the storage path that are not runs: the data every run shares (RunSpec.data's
+# root) and, beside a run in a bucket, the MLflow artifacts (convs2s.tracking.runs)
+RESERVED_RUN_NAMES = {"preprocessed": "the preprocessed data every run shares",
+                      "mlartifacts": "the MLflow artifacts of runs in a bucket"}
+
+
+def _check_run_name(name: str | None) -> None:
+    """A --run-name is one folder directly under the storage path: a path (`../x`, `a/b`)
+    would put the run elsewhere, a hidden name hides it (and `.lease.json` is a lease), and a
+    folder the storage path keeps for other things would mix a run into them."""
+    if not name:  # (none given: the default, `<preset>-<date>-<time>`)
+        return
+    if name.startswith(".") \
+            or not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
+        raise SpecError(f"--run-name {name!r}: give one folder name of letters, digits, '.', "
+                        "'_' and '-', not starting with '.' (the run's folder under "
+                        "--storage-path)")
+    if name in RESERVED_RUN_NAMES:
+        raise SpecError(f"--run-name {name}: the storage path's {name}/ folder holds "
+                        f"{RESERVED_RUN_NAMES[name]}; choose another --run-name")
 
 
 def _set(changes, section: str, field: str) -> bool:
@@ -318,6 +343,27 @@ def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,
     except ValueError as err:
         raise SpecError(f"--src / --tgt: {err}") from None
     return cfg.replace(preprocess=pre, local_splits=splits)
+
+
+# The BPE settings a fine-tuning run's data never uses: it is encoded with the checkpoint's
+# vocabulary, and no BPE is learned (preprocessing.pipeline.run_pipeline)
+BPE_SETTINGS = ("vocab_size", "spm_sample_pairs", "spm_seed", "character_coverage")
+
+
+def _decided_by_checkpoint(changes) -> str | None:
+    """Why settings in `changes` (--set, a --config file's) cannot apply with --init-from, or
+    None: the checkpoint decides the model's shape (all but its dropout) and the vocabulary,
+    so they would be listed as applied and ignored."""
+    shape = [o for o in changes if o.section == "model" and o.field != "dropout"]
+    bpe = [o for o in changes if o.section == "data" and o.field in BPE_SETTINGS]
+    parts = [f"{', '.join(f'{o.origin} {o.text}' for o in shape)}: the model's shape comes "
+             "from the checkpoint (of the model only model.dropout may change)"] if shape else []
+    parts += [f"{', '.join(f'{o.origin} {o.text}' for o in bpe)}: the data is encoded with "
+              "the checkpoint's vocabulary (no BPE is learned)"] if bpe else []
+    if not parts:
+        return None
+    return "; ".join(parts) + f"; leave {'it' if len(shape) + len(bpe) == 1 else 'them'} " \
+                              "out, or train from random weights without --init-from"
 
 
 def _fine_tuned(path: str, preset_model: ModelConfig,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from storage import ObjectPath, move_tree
+from workflows.errors import SpecError
 from workflows.run_tree import RunTree
 
 
@@ -116,10 +117,14 @@ def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]
             if before[k] != after[k]]
 
 
-def reuse_problem(spec) -> str | None:
+def reuse_problem(spec, sweep: bool = False) -> str | None:
     """Why `spec` cannot run under its run name, or None: the run folder holds a run started
     with other settings (training would resume its weights under the new settings). Checked
-    before anything starts; `--restart` starts the run's training over instead."""
+    before anything starts; `--restart` starts the run's training over instead. A folder
+    that holds no workflow run of this project is refused too (`foreign_problem`; `sweep`:
+    `spec` is a sweep's base, whose folder is the sweep's)."""
+    if problem := foreign_problem(spec, sweep):
+        return problem
     path = spec.run_dir / "workflow.json"
     if spec.restart or not path.is_file():
         return None
@@ -151,6 +156,26 @@ def reuse_problem(spec) -> str | None:
             "--max-time alone continues a run, a smaller one is refused")
 
 
+def foreign_problem(spec, sweep: bool = False) -> str | None:
+    """Why the folder of `spec`'s run name is not a workflow run's to use, or None. A workflow
+    run writes workflow.json before any stage (`record_settings`), so a folder with training,
+    weights or evaluation folders but no workflow.json is someone else's: training there
+    would resume or prune its checkpoints, and --restart would move them aside. A sweep's
+    folder (Ray Tune's tune/, its summary) holds trials, not a run: refused unless `sweep`
+    (the sweep's own base spec, resuming it)."""
+    run_dir = spec.run_dir
+    if (run_dir / "workflow.json").is_file():
+        return None
+    if not sweep and ((run_dir / "tune").is_dir() or (run_dir / "summary.json").is_file()):
+        return (f"{run_dir} holds a sweep named {spec.run_name!r}, not a workflow run: give "
+                "the run another --run-name")
+    if found := _outputs(run_dir):
+        return (f"{run_dir} holds {', '.join(p.name + '/' for p in found)} but no workflow "
+                "run of this project (no workflow.json): nothing there is moved or written; "
+                "choose another --run-name")
+    return None
+
+
 def _shrunk(before: dict, after: dict) -> list[str]:
     """Budgets both runs set that the new one lowers: the run may have trained past them."""
     return [f"{k}: {before[k]} -> {after[k]} (smaller)" for k in BUDGETS
@@ -163,6 +188,9 @@ def record_settings(ctx: StageContext, spec) -> None:
     and on the parent MLflow run a continuation (larger budgets) or a restart as tags."""
     from convs2s.tracking.runs import set_tags
 
+    # (refused before the run started, `reuse_problem`; again here, before anything moves)
+    if problem := foreign_problem(spec):
+        raise SpecError(problem)
     state = ctx.state()
     settings, new_budgets = result_settings(spec), budgets(spec)
     tags = {}

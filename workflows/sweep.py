@@ -50,7 +50,7 @@ from storage import location
 from storage.lease import RunLease
 from convs2s.config import keep_explicit_dropout
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
-                                 variants_for)
+                                 trial_owned_problem, variants_for)
 from workflows.engine import check, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
@@ -169,6 +169,13 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
     if opts.restart:
         raise SweepError("--restart applies to one workflow run; give the sweep a new "
                          "--run-name to run it over")
+    from workflows import overrides
+
+    # The ensemble settings each trial runs with are the sweep's (below): shown as applied
+    # and replaced unseen otherwise
+    if problem := trial_owned_problem(opts.sweep, [*opts.config_settings,
+                                                   *overrides.parse(opts.set)]):
+        raise SweepError(problem)
     run_name = opts.run_name or f"{opts.sweep}-{time.strftime('%Y%m%d-%H%M%S')}"
     base = resolve(cfg, dataclasses.replace(opts, run_name=run_name))
     # Seeds are the sweep's; each trial scores its best checkpoint (single models, as the
@@ -242,9 +249,9 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
     """Prepare the data once, run every trial not finished yet on Ray Tune, then summarize
     (table, MLflow metrics and artifacts). The sweep folder's lease is held throughout."""
     base = sweep.base
-    check(base)  # writes nothing: a refused sweep leaves no folder behind
+    check(base, sweep=True)  # writes nothing: a refused sweep leaves no folder behind
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
-        prepare(base)  # sources, GPUs and Ray, as for one workflow run
+        prepare(base, sweep=True)  # sources, GPUs and Ray, as for one workflow run
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
             return _run_sweep(sweep)
 
