@@ -227,6 +227,21 @@ def test_languages_set_as_data_name_the_experiment_and_may_swap_together(tmp_pat
     assert rc == 2 and "src_lang and tgt_lang must differ" in err
 
 
+def test_a_paper_task_in_the_other_direction_is_a_task_of_its_own(tmp_path):
+    """wmt14_en_fr with --src fr --tgt en trains French -> English: its experiment and
+    registered models are wmt14_fr_en's, not the En-Fr runs' (whose champion it could never
+    be compared with: the validation text differs by direction). The demo's smoke runs keep
+    their task's name whatever languages the demo brings."""
+    from workflows import wmt14_en_de, wmt14_en_fr
+
+    base = ["--preset", "paper", "--data", str(tmp_path)]
+    run = _dry_run(wmt14_en_fr, [*base, "--src", "fr", "--tgt", "en"], tmp_path)
+    assert run["workflow"]["name"] == run["run"]["experiment"] == "wmt14_fr_en"
+    assert _dry_run(wmt14_en_fr, base, tmp_path)["workflow"]["name"] == "wmt14_en_fr"
+    assert _dry_run(wmt14_en_de, ["--preset", "smoke"], tmp_path)["workflow"][
+        "name"] == "wmt14_en_de"  # (the demo: English -> French)
+
+
 def _dry_run(module, argv: list[str], tmp_path) -> dict:
     """`--dry-run`'s resolved run (the run name, storage and tracking fixed)."""
     rc, out, err = _main(module, [*argv, "--dry-run", "--run-name", "r", "--storage-path",

@@ -195,6 +195,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     # purpose first, as if given with --set (workflows.overrides.file_settings)
     sets = overrides.parse(opts.set)
     changes = [*opts.config_settings, *sets]
+    preset_pair = (cfg.preprocess.src_lang, cfg.preprocess.tgt_lang)
     cfg = overrides.apply(cfg, changes)
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     data_flag = opts.data or cfg.data
@@ -227,6 +228,14 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     # takes them, --set data.src_lang / tgt_lang included, so each pair has its experiment
     # and registered models
     name = cfg.name.format(src=pre.src_lang, tgt=pre.tgt_lang)
+    if "{src}" not in cfg.name and data_flag != "demo" \
+            and (pre.src_lang, pre.tgt_lang) != preset_pair:
+        # A paper task run in the other direction (--src fr --tgt en on wmt14_en_fr) is
+        # another task: its own experiment and registered models (wmt14_fr_en), so that its
+        # validation data (the other side as the source) never meets the preset direction's
+        # champion. (The demo brings its own languages to every task's smoke run.)
+        ours, theirs = f"_{pre.src_lang}_{pre.tgt_lang}", "_{}_{}".format(*preset_pair)
+        name = name.replace(theirs, ours) if theirs in name else name + ours
     limits = {k: v for k, v in (("max_epochs", opts.max_epochs),
                                 ("max_updates", opts.max_updates),
                                 ("max_time", opts.max_time)) if v is not None}
