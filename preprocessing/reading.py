@@ -190,8 +190,9 @@ def _valid(side: pa.Array) -> bool:
     return True
 
 
-_AS_BYTES = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary(),
-             pa.string_view(): pa.binary_view()}
+_AS_BYTES = {pa.string(): pa.binary(), pa.large_string(): pa.large_binary()}
+if hasattr(pa, "string_view"):  # pyarrow >= 16
+    _AS_BYTES[pa.string_view()] = pa.binary_view()
 
 
 def _decoded(table: pa.Table, shape) -> tuple[pa.Table, pa.Array]:

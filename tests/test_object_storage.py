@@ -298,6 +298,9 @@ def test_a_shortlist_and_a_dictionary_in_a_bucket_serve_as_local_files(s3, tmp_p
     shortlist = Shortlist.load(f"{BUCKET}/search/shortlist.npz", vocab_size=8)
     assert shortlist.table.tolist() == table.tolist()
     assert load_dictionary(f"{BUCKET}/search/dict.txt") == {"Haus": "house", "Katze": "cat"}
+    # (a file:// URI is its local file)
+    assert load_dictionary(f"file://{tmp_path}/dict.txt") == {"Haus": "house", "Katze": "cat"}
+    assert Shortlist.load(f"file://{tmp_path}/shortlist.npz").table.tolist() == table.tolist()
     with pytest.raises(ShortlistError, match="does not exist"):
         Shortlist.load(f"{BUCKET}/search/none.npz")
     search = SearchConfig(shortlist=f"{BUCKET}/search/shortlist.npz",

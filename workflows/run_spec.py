@@ -228,12 +228,13 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     # takes them, --set data.src_lang / tgt_lang included, so each pair has its experiment
     # and registered models
     name = cfg.name.format(src=pre.src_lang, tgt=pre.tgt_lang)
-    if "{src}" not in cfg.name and data_flag != "demo" \
-            and (pre.src_lang, pre.tgt_lang) != preset_pair:
+    if "{src}" not in cfg.name and data_flag != "demo" and cfg.task_kind == "translation" \
+            and (pre.tgt_lang, pre.src_lang) == preset_pair:
         # A paper task run in the other direction (--src fr --tgt en on wmt14_en_fr) is
         # another task: its own experiment and registered models (wmt14_fr_en), so that its
         # validation data (the other side as the source) never meets the preset direction's
-        # champion. (The demo brings its own languages to every task's smoke run.)
+        # champion. (The demo brings its own languages to every task's smoke run; other
+        # names for the same sides, a folder's columns, keep the task's name.)
         ours, theirs = f"_{pre.src_lang}_{pre.tgt_lang}", "_{}_{}".format(*preset_pair)
         name = name.replace(theirs, ours) if theirs in name else name + ours
     limits = {k: v for k, v in (("max_epochs", opts.max_epochs),

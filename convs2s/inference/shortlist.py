@@ -43,13 +43,13 @@ class Shortlist:
         """Read `shortlist.npz` (numpy arrays, no pickle). With `spm_model`: refused unless the
         table was learned on data encoded by that very model (same sha256); with `vocab_size`:
         refused unless the table covers that vocabulary."""
-        from storage import is_uri, local_copy, location
+        from storage import local_copy, location
 
         if not location(path).is_file():
             raise ShortlistError(f"shortlist table {path} does not exist: make one with the "
                                  "preprocessing setting shortlist_per_source (the shortlist/ "
                                  "stage beside the data's spm/)")
-        path = local_copy(path) if is_uri(path) else Path(path)  # a bucket's: fetched once
+        path = local_copy(path)  # a bucket's: fetched once (a file:// URI: its local path)
         try:
             with np.load(path, allow_pickle=False) as z:
                 table, order = z["table"], z["target_order"]

@@ -16,10 +16,10 @@ import torch
 def load_dictionary(path: str) -> dict[str, str]:
     """A word-translation table: one `source target` pair per line (whitespace separated); a
     local path or an object's URI (fetched once per node)."""
-    from storage import is_uri, local_copy
+    from storage import local_copy
 
     table: dict[str, str] = {}
-    with open(local_copy(path) if is_uri(path) else path, encoding="utf-8") as f:
+    with open(local_copy(path), encoding="utf-8") as f:
         for i, line in enumerate(f, 1):
             parts = line.split()
             if not parts:

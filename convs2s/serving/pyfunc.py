@@ -155,10 +155,11 @@ def _pip_requirements() -> list[str]:
 
 
 def _local(path: str) -> Path:
-    """A file named by a local path or an object's URI, as a local file (fetched once)."""
-    from storage import is_uri, local_copy
+    """A file named by a local path or a URI (a bucket's object, fetched once; file://), as a
+    local file."""
+    from storage import local_copy
 
-    return local_copy(path) if is_uri(path) else Path(path)
+    return local_copy(path)
 
 
 def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
