@@ -564,6 +564,23 @@ def test_init_from_refuses_the_settings_its_checkpoint_decides(tiny_checkpoints,
     assert run["workflow"]["preprocess"]["max_len"] == 50
 
 
+def test_a_fine_tuning_run_that_set_the_bpe_before_it_was_refused_resumes_without_it(
+        tiny_checkpoints, tmp_path):
+    # A run started with --init-from and --set data.vocab_size=16000 recorded the setting (it
+    # was ignored); the run's BPE settings are not its settings, so it resumes without them.
+    from workflows.run_state import result_settings, reuse_problem
+
+    opts = RunOptions(preset="smoke", init_from=tiny_checkpoints["a"], run_name="ft",
+                      storage_path=str(tmp_path / "runs"))
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    settings = result_settings(spec)
+    assert not [k for k in settings if k.startswith("data.") and "vocab_size" in k]
+    spec.run_dir.mkdir(parents=True)
+    (spec.run_dir / "workflow.json").write_text(json.dumps(
+        {"settings": {**settings, "data.vocab_size": "16000"}, "budgets": {}, "inputs": {}}))
+    assert reuse_problem(spec) is None
+
+
 @pytest.mark.parametrize("name, says", [
     ("../../tmp/x", "give one folder name of letters, digits"),  # the run outside the storage
     ("a/b", "give one folder name of letters, digits"),

@@ -72,10 +72,14 @@ def result_settings(spec) -> dict[str, str]:
     evaluation-only test splits and the output root), the task kind, model, optimization
     (budgets aside), search and ensemble. A rerun under the same name must keep them."""
     from convs2s.tracking.runs import flatten_params
-    from workflows.run_spec import preprocess_params
+    from workflows.run_spec import BPE_SETTINGS, preprocess_params
 
     data = preprocess_params(spec.data)
     data["splits"] = {s: data["splits"][s] for s in ("train", "valid")}
+    if spec.init_from:  # the checkpoint's vocabulary encodes the data: no BPE is learned (a
+        # run that set these before they were refused with --init-from resumes without them)
+        for k in BPE_SETTINGS:
+            data.pop(k, None)
     train = {k: v for k, v in spec.train.to_dict().items() if k not in BUDGETS}
     # The update's size: workers (each a GPU with --use-gpu) x micro-batches x tokens.
     update = {"workers": spec.num_workers, "gpus": spec.use_gpu}
