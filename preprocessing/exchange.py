@@ -48,16 +48,22 @@ def write_spill(table: pa.Table, key: str, n_keys: int, path: str) -> None:
     bounds = np.searchsorted(keys[order], np.arange(n_keys + 1))
     empty = pa.record_batch([pa.array([], f.type) for f in table.schema], schema=table.schema)
     try:
-        if is_uri(path):  # a bucket (a cluster's shared place): one object, whole or absent
+        # A bucket (a cluster's shared place): the file is made in memory and sent in one
+        # write, so that an error while making it sends nothing (closing an object's stream,
+        # as leaving the `with` does, stores what was written, a writer's footer included).
+        bucket = is_uri(path)
+        target = pa.BufferOutputStream() if bucket else pa.OSFile(path + ".tmp", "wb")
+        with target as f:
+            with pa.ipc.new_file(f, table.schema, options=SPILL_OPTIONS) as writer:
+                for k in range(n_keys):
+                    a, b = int(bounds[k]), int(bounds[k + 1])
+                    writer.write_batch(table.slice(a, b - a).to_batches()[0] if b > a else empty)
+            whole = f.getvalue() if bucket else None  # (the writer's footer written)
+        if bucket:
             fs, key = filesystem_of(path)
-            target, final = fs.open_output_stream(key), None
+            with fs.open_output_stream(key) as out:
+                out.write(whole)
         else:
-            target, final = pa.OSFile(path + ".tmp", "wb"), path
-        with target as f, pa.ipc.new_file(f, table.schema, options=SPILL_OPTIONS) as writer:
-            for k in range(n_keys):
-                a, b = int(bounds[k]), int(bounds[k + 1])
-                writer.write_batch(table.slice(a, b - a).to_batches()[0] if b > a else empty)
-        if final:
             os.replace(path + ".tmp", path)
     except OSError as e:
         with contextlib.suppress(OSError):

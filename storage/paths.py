@@ -48,6 +48,21 @@ def is_uri(p) -> bool:
     return bool(m) and m.group(1).lower() != "file"
 
 
+def shown(text: str) -> str:
+    """A URI (or what was given as one) as a message may show it: no query or fragment (a
+    presigned URL's signature) and no user information (`user:secret@`)."""
+    text = text.split("?", 1)[0].split("#", 1)[0]
+    head, sep, rest = text.partition("://")
+    if not sep:
+        head, rest = "", text
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = "***@" + authority.rpartition("@")[2]
+    elif "@" in rest:  # (a secret may hold "/": never show what comes before the last "@")
+        authority, slash, path = "***@" + rest.rpartition("@")[2], "", ""
+    return f"{head}{sep}{authority}{slash}{path}"
+
+
 # "s3:/bucket/x" (one slash: a typo, or a URI that went through pathlib.Path) is not a local
 # folder named "s3:"; refused with the fix
 _MANGLED = re.compile(r"^(s3|gs|gcs|hdfs|viewfs|abfss?|az):/(?!/)", re.IGNORECASE)
@@ -60,17 +75,36 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     text = str(p)
     m = _MANGLED.match(text)
     if m:
-        rest = text[m.end():]
-        if "@" in rest:  # (never echo what may be a key: the part before the last "@")
-            rest = "***@" + rest.rpartition("@")[2]
+        rest = shown(text[m.end():])  # (never echo what may be a key or a signature)
         raise StorageError(f"{m[1]}:/{rest} has one slash after {m[1]}:, so it would be a local "
                            f"folder named {m[1]!r}; write {m[1]}://{rest} (a bucket URI that "
                            "went through pathlib.Path loses a slash: keep it a str)")
     if text.lower().startswith("file://"):
-        return Path(text[len("file://"):]).expanduser().resolve()
+        return _file_uri_path(text)
     if is_uri(text):
         return ObjectPath(text)
     return Path(text).expanduser().resolve()
+
+
+def _file_uri_path(text: str) -> Path:
+    """The local path of a file:// URI (RFC 8089: an empty host or localhost; %-escapes, as
+    Path.as_uri() writes them, decoded)."""
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(text)
+    if parts.netloc not in ("", "localhost"):
+        raise StorageError(f"{shown(text)}: a file:// URI names a file of this machine "
+                           f"(file:///PATH), not of host {parts.netloc.rpartition('@')[2]!r}; "
+                           "use a shared folder mounted here, or a bucket URI")
+    return Path(unquote(parts.path)).expanduser().resolve()
+
+
+def _check_parts(key: str, uri: str) -> None:
+    """A key with "." or ".." in it names no object plainly (a store keeps them as names, a
+    local copy would leave its folder): refused."""
+    if any(part in (".", "..") for part in key.split("/")):
+        raise StorageError(f"{shown(uri)}: '.' and '..' name no folder in a bucket; give the "
+                           "path without them")
 
 
 @functools.lru_cache(maxsize=32)
@@ -106,27 +140,47 @@ class ObjectPath:
         if not rest:
             raise StorageError(f"{uri!r}: name a bucket ({scheme}://BUCKET/PREFIX)")
         bucket = rest.split("/", 1)[0]
-        if "@" in bucket or ":" in bucket:  # (a secret key may hold "/": the bucket is then
-            # "KEY:SECRET_START"; the message shows nothing before the last "@")
+        if "@" in rest.split("?", 1)[0].split("#", 1)[0] and ("@" in bucket or ":" in bucket):
+            # (a secret key may hold "/": the bucket is then "KEY:SECRET_START"; the message
+            # shows nothing before the last "@")
             raise StorageError(
-                f"{scheme}://***@{rest.rpartition('@')[2]}: credentials do not go in a storage "
-                "URI (they would be printed and logged with it); set AWS_ACCESS_KEY_ID / "
-                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or use an instance role) instead")
+                f"{shown(uri)}: credentials do not go in a storage URI (they would be printed "
+                "and logged with it); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
+                "AWS_PROFILE, or use an instance role) instead")
+        if ":" in bucket:  # https://host:9000/bucket/key: an endpoint, not a bucket
+            raise StorageError(
+                f"{shown(uri)}: {bucket!r} is a host and port, not a bucket; name the bucket "
+                f"({scheme}://BUCKET/PREFIX, e.g. s3://) and set the endpoint in "
+                "AWS_ENDPOINT_URL")
         if "?" in rest or "#" in rest:
             raise StorageError(
-                f"{scheme}://{rest.split('?', 1)[0].split('#', 1)[0]}: a storage URI takes no "
-                "query or fragment (?endpoint_override=... would be read as part of a key); "
-                "set AWS_ENDPOINT_URL / AWS_REGION in the environment instead")
+                f"{shown(uri)}: a storage URI takes no query or fragment (?endpoint_override=... "
+                "would be read as part of a key); set AWS_ENDPOINT_URL / AWS_REGION in the "
+                "environment instead")
+        _check_parts(rest, uri)
         self.scheme, self.bucket = scheme, bucket
         self.key = rest  # the path pyarrow's filesystem takes: bucket/key
         self.uri = f"{scheme}://{rest}"
+
+    @classmethod
+    def _of(cls, scheme: str, key: str) -> ObjectPath:
+        """A path in a bucket from a checked scheme and a key (`bucket/...`): a listed object's
+        name may hold "?" or "#", which only a URI given by a user cannot."""
+        key = re.sub(r"/+", "/", key).strip("/")
+        _check_parts(key, f"{scheme}://{key}")
+        p = cls.__new__(cls)
+        p.scheme, p.bucket, p.key, p.uri = scheme, key.split("/", 1)[0], key, f"{scheme}://{key}"
+        return p
 
     # -- pickling: the URI only; each process makes its own filesystem --
     def __getstate__(self):
         return self.uri
 
-    def __setstate__(self, uri):
-        ObjectPath.__init__(self, uri)
+    def __setstate__(self, uri):  # (checked when it was made: a listed name may hold "#")
+        m = _SCHEME.match(uri)
+        other = ObjectPath._of(m.group(1).lower(), uri[m.end():])
+        self.scheme, self.bucket, self.key, self.uri = other.scheme, other.bucket, other.key, \
+            other.uri
 
     @property
     def fs(self) -> pafs.FileSystem:
@@ -146,7 +200,7 @@ class ObjectPath:
         return hash(self.uri)
 
     def __truediv__(self, other) -> ObjectPath:
-        return ObjectPath(f"{self.uri}/{str(other).strip('/')}")
+        return ObjectPath._of(self.scheme, f"{self.key}/{str(other).strip('/')}")
 
     @property
     def name(self) -> str:
@@ -160,7 +214,7 @@ class ObjectPath:
     def parent(self) -> ObjectPath:
         if "/" not in self.key:
             return self
-        return ObjectPath(f"{self.scheme}://{self.key.rsplit('/', 1)[0]}")
+        return ObjectPath._of(self.scheme, self.key.rsplit("/", 1)[0])
 
     def is_relative_to(self, other) -> bool:
         return isinstance(other, ObjectPath) and (self == other
@@ -469,9 +523,13 @@ def move_tree(src, dest) -> None:
 
 
 def remove_tree(p) -> None:
-    """Delete folder `p` and everything under it (nothing when it does not exist)."""
+    """Delete folder `p` and everything under it (nothing when it does not exist). Never a
+    whole bucket: pyarrow would delete the bucket itself with its objects."""
     p = location(p)
     if isinstance(p, ObjectPath):
+        if "/" not in p.key:
+            raise StorageError(f"{p.uri} is a whole bucket: refusing to delete it (a folder "
+                               "of the project is a prefix in it)")
         if p.exists():
             p.fs.delete_dir(p.key)
     else:

@@ -312,6 +312,43 @@ def test_a_shortlist_and_a_dictionary_in_a_bucket_serve_as_local_files(s3, tmp_p
     assert Path(artifacts["dictionary"]).read_text() == "Haus house\nKatze cat\n"
 
 
+def test_a_spill_file_that_fails_while_written_to_a_bucket_leaves_no_object(s3, monkeypatch):
+    # The batches stage's exchange files are whole or absent: closing an object's stream
+    # stores what was written (the writer's footer too), so a file that fails halfway must
+    # never reach the bucket, where a retried task's readers would take it as whole.
+    import pyarrow as pa
+
+    from preprocessing.exchange import read_spill, write_spill
+
+    table = pa.table({"id": [4, 1, 9, 6], "k": [2, 0, 2, 1]})
+    path = f"{BUCKET}/spill-spec/0.arrow"
+    real = pa.ipc.new_file
+
+    class FailsOnTheThirdBatch:
+        def __init__(self, *args, **kwargs):
+            self.writer, self.n = real(*args, **kwargs), 0
+
+        def write_batch(self, batch):
+            self.n += 1
+            if self.n == 3:
+                raise OSError("the task's node went away")
+            self.writer.write_batch(batch)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.writer.__exit__(*exc)
+
+    monkeypatch.setattr(pa.ipc, "new_file", FailsOnTheThirdBatch)
+    with pytest.raises(OSError, match="went away"):
+        write_spill(table, "k", 4, path)
+    assert not location(path).exists()
+    monkeypatch.undo()
+    write_spill(table, "k", 4, path)
+    assert read_spill([path], 2)["id"].to_pylist() == [4, 9]
+
+
 def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path):
     import torch
 

@@ -55,6 +55,55 @@ def test_a_uri_with_credentials_options_or_one_slash_is_refused_without_its_secr
     assert location("runs/s3:/x") == Path("runs/s3:/x").resolve()  # only at the start
 
 
+def test_a_signed_url_or_an_endpoint_in_a_uri_is_refused_without_its_signature():
+    # A presigned URL's query is a credential: no message shows it, and a host:port is no
+    # bucket (the endpoint goes in AWS_ENDPOINT_URL), not "credentials".
+    for uri, says in (("https://minio:9000/b/k?X-Amz-Signature=SECRETSIG",
+                       "https://minio:9000/b/k: 'minio:9000' is a host and port, not a bucket"),
+                      ("s3://b/k?X-Amz-Signature=SECRETSIG", "s3://b/k: a storage URI takes no "
+                       "query"),
+                      ("s3:/b/k?X-Amz-Signature=SECRETSIG", "write s3://b/k ")):
+        with pytest.raises(StorageError) as err:
+            location(uri)
+        assert says in str(err.value) and "SECRETSIG" not in str(err.value), str(err.value)
+
+
+def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):
+    (tmp_path / "a b").mkdir()
+    assert location((tmp_path / "a b").as_uri()) == tmp_path / "a b"  # %20 decoded
+    assert location(f"file://localhost{tmp_path}") == tmp_path
+    with pytest.raises(StorageError, match="not of host 'elsewhere'"):
+        location(f"file://elsewhere{tmp_path}")
+    assert local_copy(f"file://{tmp_path}") == tmp_path  # what the loaders call
+
+
+def test_a_model_named_by_a_file_uri_loads_and_translates(tiny_checkpoints):
+    from convs2s.config import SearchConfig
+    from convs2s.inference.translate import load_for_inference
+    from convs2s.io.checkpoint import load_checkpoint
+
+    uri = Path(tiny_checkpoints["a"]).as_uri()
+    assert load_checkpoint(uri)["update"] == 10
+    search = SearchConfig(beam=1, max_len_a=0, max_len_b=2)
+    assert len(load_for_inference([uri], search).translate(["The cat sleeps ."])) == 1
+
+
+def test_a_listed_object_may_hold_any_name_but_no_path_leaves_its_folder(s3):
+    run = location(BUCKET) / "spec-names"
+    (run / "notes#1?.txt").write_text("x")  # legal key characters, not a URI's query
+    assert [p.name for p in run.iterdir()] == ["notes#1?.txt"]
+    assert (run / "notes#1?.txt").read_text() == "x"
+    for bad in (f"{BUCKET}/spec-names/../x", f"{BUCKET}/./x"):
+        with pytest.raises(StorageError, match="'.' and '..' name no folder"):
+            location(bad)
+    with pytest.raises(StorageError, match="'.' and '..' name no folder"):
+        run / ".." / "other"
+    with pytest.raises(StorageError, match="is a whole bucket: refusing to delete it"):
+        remove_tree(BUCKET)
+    remove_tree(run)
+    assert s3.keys("convs2s-test", "spec-names/") == []
+
+
 def test_an_object_path_is_never_taken_for_a_local_file():
     # No __fspath__: open() of a URI fails instead of writing a local folder named "s3:".
     with pytest.raises(TypeError):

@@ -52,7 +52,7 @@ from convs2s.inference.search import generate
 from convs2s.inference.shortlist import Shortlist, ShortlistError
 from convs2s.io.text_codec import UNK_PIECE
 from convs2s.inference.unk_replace import load_dictionary, replace_unknowns
-from storage import is_uri, local_copy
+from storage import local_copy
 
 log = logging.getLogger("convs2s.inference.translate")
 
@@ -113,7 +113,7 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     names the file and the fix."""
     from convs2s.io.text_codec import CodecError, codec_files, codec_for_checkpoint
 
-    paths = [local_copy(p) if is_uri(p) else Path(p)  # a bucket's: fetched once per node
+    paths = [local_copy(p)  # a bucket's: fetched once per node (file://: its local path)
              for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     if not paths:
         raise CheckpointError("no checkpoint given")

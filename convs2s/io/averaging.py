@@ -30,7 +30,7 @@ import torch
 
 from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import codec_files
-from storage import StorageError, is_uri, local_copy, location
+from storage import StorageError, local_copy, location
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")  # "s3://" and "s3:/" alike
 
@@ -103,7 +103,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} exists and is not empty: give a new folder to --out "
                               "(an average never writes over what is there)")
-    paths = [local_copy(p) if is_uri(p) else Path(p) for p in paths]  # fetched once per node
+    paths = [local_copy(p) for p in paths]  # a bucket's: fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0])

@@ -95,7 +95,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     import pickle
     import zipfile
 
-    path = local_copy(path) if is_uri(path) else Path(path)  # a bucket's: fetched once per node
+    path = local_copy(path)  # a bucket's: fetched once per node (file://: its local path)
     file = path / CHECKPOINT_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
@@ -162,7 +162,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     # imported here: listing checkpoints needs no model code
     from convs2s.model.network import ConvS2S
 
-    shown, path = str(path), local_copy(path) if is_uri(path) else path
+    shown, path = str(path), local_copy(path)
     state = load_checkpoint(path, map_location="cpu")
     cfg = ModelConfig.from_dict(state["model_config"])
     model = ConvS2S(cfg, state["src_vocab_size"], state["tgt_vocab_size"])

@@ -403,7 +403,7 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
     from convs2s.io.text_codec import MOSES_BPE, codec_settings
 
     # A bucket's archive: its local copy; a bucket --out: published there (_whole_folder).
-    archive = local_copy(archive) if is_uri(archive) else Path(archive)
+    archive = local_copy(archive)  # (a local path, a file:// URI's, or a bucket's copy)
     out = location(out) if is_uri(out) else Path(out)
     if not archive.is_dir():
         raise FairseqImportError(f"{archive} is not a folder: give the unpacked archive "
@@ -463,7 +463,7 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     from convs2s.io.checkpoint import SPM_FILE, load_checkpoint
     from convs2s.io.text_codec import read_codec_settings
 
-    checkpoint = local_copy(checkpoint) if is_uri(checkpoint) else Path(checkpoint)
+    checkpoint = local_copy(checkpoint)
     out = location(out) if is_uri(out) else Path(out)
     state = load_checkpoint(checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])

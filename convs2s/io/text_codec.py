@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from convs2s.config import BOS, EOS, PAD, UNK
-from storage import is_uri, local_copy
+from storage import local_copy
 
 SENTENCEPIECE = "sentencepiece"
 MAX_DICTIONARY_BYTES = 64 << 20  # a reference dictionary: ~1 MB for 40k symbols
@@ -279,8 +279,7 @@ class CheckpointVocabulary:
 
     def __init__(self, checkpoint_dir: str | Path):
         # A bucket's checkpoint: its local copy (fetched once per node) is what travels.
-        folder = local_copy(checkpoint_dir) if is_uri(checkpoint_dir) \
-            else Path(checkpoint_dir).expanduser().resolve()
+        folder = local_copy(checkpoint_dir)  # (file://: its local path)
         codec = codec_for_checkpoint(folder)  # the files exist and fit together
         self.folder = str(folder)
         self.kind = codec.kind
