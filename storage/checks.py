@@ -8,8 +8,8 @@ a location the run writes to, an object can be written and deleted there.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
+import threading
 import uuid
 
 import pyarrow.fs as pafs
@@ -32,7 +32,8 @@ def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) ->
             "and AWS_ENDPOINT_URL for an S3-compatible server other than AWS")
     bucket = f"{where.scheme}://{where.bucket}"
     try:
-        info = _within(timeout_s, where, what, lambda: where.fs.get_file_info(where.bucket))
+        info = _within(timeout_s, where, what,
+                       lambda: _timed(where, timeout_s).get_file_info(where.bucket))
     except StorageError as err:
         if "no filesystem serves" in str(err) and not str(err).startswith(what):
             raise StorageError(f"{what} {err}") from None
@@ -46,10 +47,25 @@ def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) ->
         probe = where / f".convs2s-write-probe-{uuid.uuid4().hex[:12]}"
 
         def put_and_delete():
-            probe.write_bytes(b"")
-            probe.unlink(missing_ok=True)
+            fs = _timed(where, timeout_s)
+            with fs.open_output_stream(probe.key) as out:
+                out.write(b"")
+            fs.delete_file(probe.key)
 
         _within(timeout_s, where, what, put_and_delete)
+
+
+def _timed(where: ObjectPath, timeout_s: float) -> pafs.FileSystem:
+    """`where`'s filesystem, for S3 one whose requests give up after `timeout_s` without an
+    answer: a call left behind by `_within` then ends too, and with it the process (pyarrow's
+    S3 client waits for its requests at exit)."""
+    fs = where.fs
+    if not isinstance(fs, pafs.S3FileSystem):
+        return fs
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return pafs.S3FileSystem(region=fs.region, request_timeout=timeout_s,
+                             connect_timeout=timeout_s,
+                             **({"endpoint_override": endpoint} if endpoint else {}))
 
 
 def _aws_credentials() -> bool:
@@ -65,20 +81,33 @@ def _aws_credentials() -> bool:
 
 def _within(timeout_s: float, where: ObjectPath, what: str, fn):
     """`fn()` within `timeout_s`; a storage error as StorageError naming `what` and `where`;
-    None when the bucket was not found."""
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-    try:
-        return pool.submit(fn).result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
+    None when the bucket was not found. `fn` runs in a daemon thread: a call that never
+    answers is left behind, and the command still exits (a pool's worker threads are joined
+    at the interpreter's exit, which waited on the hung call)."""
+    out: dict = {}
+    done = threading.Event()
+
+    def call() -> None:
+        try:
+            out["value"] = fn()
+        except BaseException as err:  # raised again in the caller's thread
+            out["error"] = err
+        finally:
+            done.set()
+
+    threading.Thread(target=call, name="convs2s-storage-check", daemon=True).start()
+    if not done.wait(timeout_s):
         endpoint = "AWS_ENDPOINT_URL (or the region)" if where.scheme == "s3" else "credentials"
         raise StorageError(f"{what} {where}: no answer within {timeout_s:.0f} s; check the "
-                           f"network and {endpoint}") from None
-    except OSError as err:
+                           f"network and {endpoint}")
+    err = out.get("error")
+    if isinstance(err, OSError):
         if _not_found(err):
             return None
         raise StorageError(f"{what} {where}: {_reason(err)}") from None
-    finally:
-        pool.shutdown(wait=False)
+    if err is not None:
+        raise err
+    return out["value"]
 
 
 def _not_found(err: OSError) -> bool:

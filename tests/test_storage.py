@@ -8,6 +8,7 @@ complete only with its marker, written last; bad locations are one line before a
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -225,6 +226,33 @@ def test_a_writer_killed_mid_publish_leaves_no_marker(s3, tmp_path, monkeypatch)
         publish_dir(_folder(tmp_path, {"a.pt": "2", "b.pt": "2", "meta.json": "{}"}), dest,
                     marker="meta.json")
     assert not (dest / "meta.json").exists()  # readers take the folder as incomplete
+
+
+def test_a_storage_endpoint_that_never_answers_is_one_line_and_the_command_exits(tmp_path):
+    # A server that takes the connection and never answers: the check gives up after its
+    # timeout, says so, and the process ends then (the hung call is left behind), not when
+    # the storage client's own retries give up minutes later.
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{silent.getsockname()[1]}",
+           "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    code = ("from storage import check_storage, StorageError\n"
+            "try:\n    check_storage('s3://nobody-answers/x', '--storage-path', timeout_s=2)\n"
+            "except StorageError as err:\n    print(err)\n")
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])
+    finally:
+        silent.close()
+    assert "s3://nobody-answers/x: no answer within 2 s" in proc.stdout, proc.stderr[-2000:]
+    assert time.monotonic() - start < 20  # (the process itself starts in a few seconds)
 
 
 def test_bad_locations_are_one_line_before_anything_runs(s3, monkeypatch, tmp_path):

@@ -706,7 +706,8 @@ def test_a_rerun_that_adds_init_from_shrinks_a_budget_or_resizes_the_update_is_r
     assert says in err[0] and "--restart" in err[0]
 
 
-def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(tmp_path):
+def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(tmp_path,
+                                                                               monkeypatch):
     """--restart moves the run's training, weights and scores into replaced-<time>/, re-keys
     their MLflow runs to there (so the new training gets new runs) and says so on the parent;
     a larger budget alone is a continuation, recorded on the parent. Real sqlite store and
@@ -758,6 +759,18 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     parent = client.get_run(tree.parent).data.tags
     assert "train.lr" in parent["convs2s.restarted"] and str(aside) in parent["convs2s.restarted"]
     assert ctx.state()["train"] == {} and reuse_problem(changed) is None
+    # A second restart within the same second keeps the first one's folder whole (in a
+    # bucket, where a folder is no object, it would have been written over).
+    (run_dir / "train/checkpoint_00000020/checkpoint.pt").parent.mkdir(parents=True)
+    (run_dir / "train/checkpoint_00000020/checkpoint.pt").write_text("y")
+    import workflows.run_state as run_state
+
+    monkeypatch.setattr(run_state.time, "strftime", lambda fmt: aside.name[len("replaced-"):])
+    record_settings(ctx, restart)
+    second = [p for p in run_dir.glob("replaced-*") if p != aside]
+    assert len(second) == 1 and second[0].name.startswith(aside.name + "-")
+    assert (second[0] / "train/checkpoint_00000020/checkpoint.pt").read_text() == "y"
+    assert (aside / "train/checkpoint_00000010/checkpoint.pt").is_file()
     # The new training gets a new run under the old key.
     assert find_or_create_run(uri, "exp", run_key(run_dir / "train"), "train",
                               tree.parent) != train_id

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -227,6 +228,9 @@ def set_aside(ctx: StageContext, why: str) -> Path:
     re-key their MLflow runs to where their outputs went (named "... (replaced)"), so the new
     training starts from nothing and its runs are new ones. Returns the folder."""
     aside = ctx.run_dir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+    if aside.exists():  # two restarts in one second: in a bucket the second would overwrite
+        # the first's objects (a folder there is no object, so mkdir does not fail)
+        aside = ctx.run_dir / f"{aside.name}-{uuid.uuid4().hex[:6]}"
     aside.mkdir(parents=True)
     for p in _outputs(ctx.run_dir):
         move_tree(p, aside / p.name)  # in a bucket: copied by the server, then deleted
