@@ -25,6 +25,7 @@ import io
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -68,6 +69,44 @@ def _check_not_the_input(path: str | None, output: str | None) -> None:
                          "replace the source; give another --output")
 
 
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def _check_device(asked: str | None) -> None:
+    """--device names cpu or cuda[:N] (checked before torch loads)."""
+    if asked is not None and not _DEVICE.match(asked):
+        raise ValueError(f"--device {asked}: give cpu, cuda or cuda:N")
+
+
+def _inference_device(asked: str | None, precision: str) -> str:
+    """The device to translate on: --device (its GPU visible here), else cuda when a GPU is
+    visible (int8 weights run on PyTorch's quantized CPU kernels: the CPU)."""
+    import torch
+
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if asked is None:
+        return "cuda" if visible and precision != "int8" else "cpu"
+    index = int(asked.partition(":")[2] or 0)
+    if asked.startswith("cuda") and index >= visible:  # (else a traceback from inside torch)
+        raise ValueError(f"--device {asked}: " + (
+            f"this process sees {visible} CUDA GPU(s)" if visible else
+            f"no CUDA GPU is visible here (torch {torch.__version__}); give --device cpu or "
+            "leave it out"))
+    return asked
+
+
+def _check_flags(args) -> None:
+    """Flags that would be taken and then not used: refused."""
+    given = [f"--{f.replace('_', '-')}" for f in ("device", "buffer_size")
+             if getattr(args, f) is not None]
+    if args.actors and given:
+        raise ValueError(f"{' and '.join(given)}: the --actors job does not use "
+                         f"{'it' if len(given) == 1 else 'them'} (each actor's device is "
+                         "--gpus-per-actor's; its unit of work is --shard-lines)")
+    if args.column and not str(args.input or "").endswith(".parquet"):
+        raise ValueError(f"--column {args.column}: only a .parquet --input has columns")
+
+
 def _read_lines(path: str | None, column: str | None = None) -> Iterator[str]:
     """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced.
     A named input (checked with `_check_input`) is read as --actors reads it: text, .gz or a
@@ -105,7 +144,7 @@ def _translate_parser() -> argparse.ArgumentParser:
                    "a .gz of it, or a .parquet file's text column")
     p.add_argument("--column", help="parquet input: the text column (default: its only "
                    "string column)")
-    p.add_argument("--output", help="where translations go (default: stdout)")
+    p.add_argument("--output", help="where translations go (default, or -: stdout)")
     p.add_argument("--beam", type=int, default=d.beam)
     p.add_argument("--lenpen", type=float, default=d.lenpen)
     p.add_argument("--max-len-a", type=float, default=d.max_len_a)
@@ -131,12 +170,13 @@ def _translate_parser() -> argparse.ArgumentParser:
                         "(<data>/shortlist/shortlist.npz, preprocessing shortlist_per_source)")
     p.add_argument("--shortlist-frequent", type=int, default=d.shortlist_frequent,
                    help="most frequent target tokens always in the shortlist")
-    p.add_argument("--device", help="cpu or cuda (default: cuda when a GPU is visible)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is "
+                   "visible)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (default: the CPUs this process may use; with "
                         "--actors: per actor, default 1)")
-    p.add_argument("--buffer-size", type=int, default=10_000,
-                   help="lines read, translated and written at a time")
+    p.add_argument("--buffer-size", type=int,
+                   help="lines read, translated and written at a time (10,000)")
     p.add_argument("--print-attention", action="store_true",
                    help="verbose output with scores and attention alignments")
     big = p.add_argument_group(
@@ -221,10 +261,14 @@ def translate(argv: list[str] | None = None) -> int:
     refused before torch loads: in a fraction of a second, not the seconds torch's import
     takes."""
     args = _translate_parser().parse_args(argv)
+    if args.output == "-":  # as --input -: the standard stream
+        args.output = None
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
     job = None
     try:
+        _check_device(args.device)
+        _check_flags(args)
         search = SearchConfig(beam=args.beam, lenpen=args.lenpen, max_len_a=args.max_len_a,
                               max_len_b=args.max_len_b, min_len=args.min_len,
                               unk_penalty=args.unk_penalty, nbest=args.nbest,
@@ -243,6 +287,10 @@ def translate(argv: list[str] | None = None) -> int:
             _check_not_the_input(args.input, args.output)
             if args.output and is_uri(args.output):
                 check_storage(location(args.output).parent, "--output", write=True)
+            elif args.output and not location(args.output).parent.is_dir():
+                raise FileNotFoundError(f"--output {args.output}: its folder "
+                                        f"{location(args.output).parent} does not exist; "
+                                        "create it first")
             lines = _read_lines(args.input, args.column)
     except (OSError, ValueError, StorageError) as err:  # (CorpusError is a ValueError)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
@@ -262,10 +310,8 @@ def translate(argv: list[str] | None = None) -> int:
     from convs2s.inference.translate import format_translation, load_for_inference
     from convs2s.serving.corpus import CorpusError
 
-    # int8 weights run on PyTorch's quantized CPU kernels: the CPU unless --device says else
-    device = args.device or ("cuda" if torch.cuda.is_available() and args.precision != "int8"
-                             else "cpu")
     try:
+        device = _inference_device(args.device, args.precision)
         translator = load_for_inference(args.checkpoint, search, device,
                                         spm_model=args.spm_model)
         # Translations go to a temporary file beside --output, renamed over it only when all
@@ -281,7 +327,7 @@ def translate(argv: list[str] | None = None) -> int:
     n, t0 = 0, time.perf_counter()
     try:
         with torch.inference_mode():
-            for chunk in _chunks(lines, args.buffer_size):
+            for chunk in _chunks(lines, args.buffer_size or 10_000):
                 # (attention only for --print-attention's alignments: a search keeps none else)
                 for tr in translator.translate_full(chunk, attention=args.print_attention):
                     out.write(format_translation(tr, n, args.nbest, args.print_attention))
@@ -398,7 +444,8 @@ def attention(argv: list[str] | None = None) -> int:
     try:
         translator = load_for_inference(args.checkpoint, search=search)
         paths = plot_attention(translator, args.sentences, args.out)
-    except (CheckpointError, PrecisionError, OSError) as err:  # one line naming the file
+    except (CheckpointError, PrecisionError, OSError, ValueError) as err:  # one line naming
+        # the file (StorageError and a refused --out are ValueErrors)
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     for path in paths:
@@ -424,7 +471,7 @@ def import_fairseq(argv: list[str] | None = None) -> int:
 
     try:
         out = run(args.archive, args.out, args.source_lang, args.target_lang)
-    except (FairseqImportError, OSError) as err:  # one line, nothing written
+    except (FairseqImportError, OSError, ValueError) as err:  # one line, nothing written
         print(f"import-fairseq: error: {err}", file=sys.stderr)
         return 2
     print(out)
@@ -510,6 +557,9 @@ def serve(argv: list[str] | None = None) -> int:
             gpus_per_replica=args.gpus_per_replica, max_batch_size=args.max_batch_size,
             batch_wait_ms=args.batch_wait_ms)
         logged = {}  # the logged model's search, which the flags change
+        if settings.model and args.spm_model:
+            raise ValueError(f"--spm-model {args.spm_model}: a logged model (--model) carries "
+                             "its own text pipeline; leave it out")
         if settings.model:  # resolved (and an alias pinned) before Ray starts
             settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
             from convs2s.serving.online import fetch_logged_model, logged_model_artifacts
@@ -551,9 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     commands' console keeps Ray's harmless lines in its log files (convs2s.console)."""
     command_line = argv is None
     argv = sys.argv[1:] if argv is None else argv
+    usage = (f"usage: python -m convs2s {{{','.join(COMMANDS)}}} ...  (--help after a command "
+             "for its flags)")
+    if argv[:1] in (["--help"], ["-h"]):  # asked for: on stdout, exit 0
+        print(usage)
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m convs2s {{{','.join(COMMANDS)}}} ...  (--help after a command "
-              "for its flags)", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     if command_line and (argv[0] == "serve" or "--actors" in argv):
         from convs2s.console import harmless_ray_lines_dropped

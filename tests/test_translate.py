@@ -274,16 +274,41 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
              ["--input", a, "--output", str(tmp_path)],
              ["--input", str(tmp_path / "missing.en"), "--actors", "2", "--output",
               str(tmp_path / "parts")],
-             ["--input", a, "--actors", "2", "--output", str(tmp_path / "other")]]
+             ["--input", a, "--actors", "2", "--output", str(tmp_path / "other")],
+             ["--input", a, "--device", "gpu0"],
+             ["--input", a, "--output", str(tmp_path / "no-such-folder" / "out.txt")],
+             ["--input", a, "--actors", "2", "--device", "cpu", "--output",
+              str(tmp_path / "parts")],
+             ["--input", a, "--column", "text"]]
     results, loaded = calls_in_a_fresh_process(
         "from convs2s.cli import main", f"main(['translate', '--checkpoint', {ck!r}, *extra])",
         cases)
     says = ["missing.en does not exist", "is a directory", "missing.en does not exist",
-            "holds files this command did not write"]
+            "holds files this command did not write", "--device gpu0: give cpu, cuda or cuda:N",
+            "no-such-folder does not exist; create it first",
+            "--device: the --actors job does not use it",
+            "--column text: only a .parquet --input has columns"]
     for (rc, err), said in zip(results, says):
         assert rc == 2 and said in err and err.count("\n") == 1, err
     assert loaded == []
     assert not (tmp_path / "parts").exists()
+
+
+def test_a_gpu_this_machine_lacks_and_a_help_request_are_answered_plainly(tiny_checkpoints,
+                                                                          tmp_path, capsys):
+    import torch
+
+    from convs2s.cli import main as command
+
+    src = tmp_path / "a.en"
+    src.write_text("The cat .\n")
+    if not torch.cuda.is_available():  # (a traceback from inside torch, before)
+        assert main(["--checkpoint", tiny_checkpoints["a"], "--input", str(src),
+                     "--device", "cuda:0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--device cuda:0: no CUDA GPU is visible here" in err[0], err
+    assert command(["--help"]) == 0  # asked for: stdout, exit 0
+    assert "usage: python -m convs2s {translate," in capsys.readouterr().out
 
 
 def test_a_translation_without_attention_is_the_same_and_keeps_none(tiny_checkpoints,
@@ -390,6 +415,12 @@ def test_score_attention_serve_and_average_refuse_bad_input_in_one_line(tiny_che
         ("serve", "--checkpoint", ck, "--beam", "0"): "beam must be >= 1",
         ("serve", "--checkpoint", ck, "--max-len-b", "-1"): "max_len_b must be >= 0",
         ("average", ck, "--out", str(taken)): "exists and is not empty",
+        ("attention", "--checkpoint", "s3:/bucket/ck", "--out", pics, "a cat"):
+            "has one slash after s3:",
+        ("import-fairseq", "s3:/bucket/archive", "--out", str(tmp_path / "imported")):
+            "has one slash after s3:",
+        ("serve", "--model", "models:/wmt14_en_fr-newstest2014@champion", "--spm-model",
+         str(hyp)): "a logged model (--model) carries its own text pipeline",
     }
     results, loaded = calls_in_a_fresh_process(
         "from convs2s.cli import main", "main(list(extra))", [list(c) for c in cases],
