@@ -6,6 +6,8 @@ Run: .venv/bin/python -m pytest tests/test_attention_plot.py -q
 
 from __future__ import annotations
 
+import json
+
 import matplotlib.image
 import torch
 
@@ -15,6 +17,7 @@ from convs2s.config import EOS, SearchConfig
 from convs2s.inference.translate import load_for_inference
 
 SEARCH = SearchConfig(beam=2, max_len_a=0, max_len_b=6)
+MANIFEST = ".convs2s-attention.json"  # in --out: the files the command wrote there
 
 
 def test_layer_maps_average_to_the_search_attention(tiny_checkpoints):
@@ -49,3 +52,42 @@ def test_cli(tiny_checkpoints, tmp_path, capsys):
                  "--max-len-b", "5", "The cat sleeps ."]) == 0
     assert (tmp_path / "attention_000.png").is_file()
     assert "attention_000.png" in capsys.readouterr().out
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_out_holding_someone_elses_files_is_refused_unchanged(tiny_checkpoints, tmp_path,
+                                                              capsys):
+    """A folder with files this command did not write (even one named like its PNGs) is not
+    written to: one line, exit 2, every file as it was."""
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    (pics / "attention_000.png").write_bytes(b"a user's own picture")
+    (pics / "notes.txt").write_text("a user's notes")
+    before = _files(pics)
+    assert main(["--checkpoint", tiny_checkpoints["a"], "--out", str(pics), "--max-len-b", "5",
+                 "The cat sleeps ."]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"--out {pics} holds files this command did not write " \
+        "(attention_000.png, notes.txt): give a new or empty folder" in lines[0], lines
+    assert _files(pics) == before
+
+
+def test_a_rerun_replaces_exactly_the_files_it_wrote(tiny_checkpoints, tmp_path):
+    """The folder lists what the command wrote (its manifest); a rerun with fewer sentences
+    replaces those and removes the ones it no longer writes, so no stale PNG is left; a
+    temporary file an interrupted run left is its own and removed too."""
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SEARCH)
+    pics = tmp_path / "pics"
+    first = plot_attention(tr, ["The cat sleeps .", "A dog runs ."], pics)
+    assert sorted(p.name for p in pics.iterdir()) == \
+        [MANIFEST, "attention_000.png", "attention_001.png"]
+    assert json.loads((pics / MANIFEST).read_text())["files"] == [p.name for p in first]
+    (pics / ".convs2s-attention.0123abcd.tmp").write_bytes(b"\x89PNG half written")
+    again = plot_attention(tr, ["The dog sleeps ."], pics)
+    assert [p.name for p in again] == ["attention_000.png"]
+    assert sorted(p.name for p in pics.iterdir()) == [MANIFEST, "attention_000.png"]
+    assert json.loads((pics / MANIFEST).read_text())["files"] == ["attention_000.png"]
+    assert matplotlib.image.imread(again[0]).ndim == 3  # a whole PNG

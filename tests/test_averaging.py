@@ -136,3 +136,32 @@ def test_cli_refuses_a_bad_checkpoint_with_one_line(case, tiny_checkpoints, tmp_
               "not_ours": "not a checkpoint of this project"}[case]
     assert expect in lines[0]
     assert not (tmp_path / "avg" / "checkpoint.pt").exists()  # nothing written
+
+
+def test_a_checkpoint_file_is_averaged_as_its_folder(tiny_checkpoints, tmp_path):
+    """`average --out OUT CKPT/checkpoint.pt`: the file's folder holds the text pipeline the
+    average needs to translate, and it goes with the weights."""
+    files = [str(Path(tiny_checkpoints[k]) / "checkpoint.pt") for k in ("a", "b")]
+    out = average_checkpoints(files, tmp_path / "avg")
+    assert sorted(p.name for p in out.iterdir()) == \
+        ["checkpoint.pt", "meta.json", "sentencepiece.model"]
+    assert load_checkpoint(out)["averaged_from"] == files
+    tr = load_for_inference([out], search=SearchConfig(beam=2, max_len_b=3))
+    assert len(tr.translate(["The cat sleeps ."])) == 1
+
+
+@pytest.mark.parametrize("given", ["folder", "file"])
+def test_a_checkpoint_without_its_text_pipeline_is_refused(given, tiny_checkpoints, tmp_path,
+                                                           capsys):
+    """Weights alone (a checkpoint.pt copied out of its folder) would average to a model that
+    cannot translate: one line naming the checkpoint and the fix, nothing written."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copyfile(Path(tiny_checkpoints["a"]) / "checkpoint.pt", bare / "checkpoint.pt")
+    arg = str(bare if given == "folder" else bare / "checkpoint.pt")
+    assert main([arg, "--out", str(tmp_path / "avg")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"python -m convs2s average: error: {arg}: "
+                                                   "no sentencepiece.model or text.json in") \
+        and "give the checkpoint's own folder" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bare"]  # nothing written

@@ -434,3 +434,49 @@ def test_out_is_never_a_folder_the_command_did_not_write(tmp_path, capsys, tiny_
     assert main(["import-fairseq", str(FIXTURES / "iwslt"), "--out", str(ours)]) == 0
     assert (ours / "checkpoint.pt").stat().st_mtime_ns != first  # its own output, replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["imported", "runs"]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("command, out, says", [
+    ("export-fairseq", ".", "is the checkpoint"),  # an imported checkpoint: it has WRITTEN_BY
+    ("export-fairseq", "exported", "lies inside the checkpoint"),
+    ("export-fairseq", "..", "holds the checkpoint"),
+    ("import-fairseq", ".", "is the archive folder"),  # an export: it has WRITTEN_BY too
+])
+def test_out_is_never_the_commands_own_input(imported, tmp_path, capsys, command, out, says):
+    """`--out` the folder the command reads (or one around it, or inside it) would replace
+    its own input: refused in one line before anything is written."""
+    from convs2s.cli import main
+
+    source = tmp_path / "work" / "input"
+    if command == "export-fairseq":
+        shutil.copytree(imported["iwslt"], source)  # (a copy: the old code deleted it)
+    else:
+        export_fairseq(imported["iwslt"], source)
+    assert (source / WRITTEN_BY).is_file()  # the mark that lets --out replace a folder
+    before, around = _snapshot(source), sorted(p.name for p in source.parent.iterdir())
+    assert main([command, str(source), "--out", str(source / out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{command}: error: --out ") and says in err[0] \
+        and "that this command reads" in err[0] and "give another --out" in err[0], err
+    assert _snapshot(source) == before  # the input as it was
+    assert sorted(p.name for p in source.parent.iterdir()) == around  # nothing beside it
+
+
+@pytest.mark.parametrize("command", ["export-fairseq", "import-fairseq"])
+def test_a_bucket_out_that_lost_a_slash_is_refused_not_made_a_local_folder(
+        tiny_checkpoints, tmp_path, capsys, monkeypatch, command):
+    """`--out s3:/bucket/x` (one slash, as pathlib writes s3://) is not a local folder "s3:"."""
+    from convs2s.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    source = tiny_checkpoints["a"] if command == "export-fairseq" else str(FIXTURES / "iwslt")
+    assert main([command, source, "--out", "s3:/team-bucket/exported"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{command}: error: --out s3:/team-bucket") \
+        and "write s3://team-bucket/exported" in err[0], err
+    assert list(tmp_path.iterdir()) == []  # no folder named "s3:"

@@ -11,14 +11,22 @@ the mean of the recorded maps equals the search's attention).
     # out/attention/attention_000.png: one panel per attention layer, plus the layer mean
 
 Run: python -m convs2s attention --checkpoint runs/demo/best --out pics "the cat is small ."
+
+`--out` is new, empty, or a folder this command wrote before: its `.convs2s-attention.json`
+lists the PNGs it wrote, which a rerun replaces (and removes those it no longer writes); a
+folder holding anything else is refused, unchanged. Each PNG is written under a temporary
+name and renamed into place, so an interrupted run never leaves a truncated one.
 Figures are built on matplotlib's object API (no pyplot state), so threads and Ray tasks can
 draw at the same time.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
+import uuid
 from pathlib import Path
 
 import torch
@@ -75,14 +83,73 @@ def attention_figure(maps: torch.Tensor, src_labels: list[str], hyp_labels: list
     return fig
 
 
+MANIFEST = ".convs2s-attention.json"  # in --out: the PNGs this command wrote there
+_TEMPORARY = re.compile(r"^\.convs2s-attention\.[0-9a-f]{8}\.tmp$")  # ours, while writing
+
+
+def _own_files(out_dir: Path) -> list[str]:
+    """The PNGs an earlier run wrote to `out_dir` (its manifest), after checking that the
+    folder holds nothing else: refused (FileExistsError, nothing changed) otherwise."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"--out {out_dir} is a file: give a folder for the PNG files")
+    if not out_dir.is_dir():
+        return []
+    manifest = out_dir / MANIFEST
+    listed: list[str] = []
+    if manifest.is_file():
+        try:
+            listed = json.loads(manifest.read_text())["files"]
+            if not isinstance(listed, list) or not all(  # plain names of PNGs in the folder
+                    isinstance(n, str) and n == Path(n).name and n.endswith(".png")
+                    and not n.startswith(".") for n in listed):
+                raise ValueError("not a list of PNG file names")
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise FileExistsError(f"--out {out_dir}: {MANIFEST} is not the list this command "
+                                  f"writes ({err}); give a new or empty folder") from None
+    theirs = sorted(p.name for p in out_dir.iterdir()
+                    if p.name != MANIFEST and p.name not in listed
+                    and not _TEMPORARY.match(p.name))
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3
+                                         else "")
+        raise FileExistsError(f"--out {out_dir} holds files this command did not write "
+                              f"({shown}): give a new or empty folder, or one an earlier "
+                              f"`attention` run wrote (its {MANIFEST}); nothing was changed")
+    for p in out_dir.iterdir():  # what an interrupted run left under a temporary name
+        if _TEMPORARY.match(p.name):
+            p.unlink(missing_ok=True)
+    return listed
+
+
+def _replace(out_dir: Path, name: str, write) -> None:
+    """`write(path)` to a temporary name in `out_dir`, then renamed to `name`: whole or not
+    at all under that name."""
+    tmp = out_dir / f".convs2s-attention.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        write(tmp)
+        os.replace(tmp, out_dir / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _list(out_dir: Path, names) -> None:
+    _replace(out_dir, MANIFEST, lambda p: p.write_text(json.dumps({"files": sorted(names)},
+                                                                  indent=1)))
+
+
 def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
                    model_index: int = 0, prefix: str = "attention") -> list[Path]:
     """Translate `lines` and save one PNG per non-empty line with the per-layer attention of
-    model `model_index` of the translator (an ensemble's models attend differently)."""
+    model `model_index` of the translator (an ensemble's models attend differently).
+
+    `out_dir` is new, empty, or one this function wrote (its MANIFEST lists the PNGs): those
+    are replaced, and the ones this run does not write again removed; a folder holding any
+    other file is refused (FileExistsError) before anything is written."""
     out_dir = Path(out_dir)
+    before = _own_files(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model, codec = translator.models[model_index], translator.codec
-    paths = []
+    paths: list[Path] = []
     for i, tr in enumerate(translator.translate_full(lines)):
         if not tr.hypotheses:
             continue
@@ -93,6 +160,12 @@ def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
                                [codec.target_piece(t) for t in hyp.tokens[:-1]] + ["</s>"],
                                title=f"{tr.source}\n-> {hyp.text}")
         path = out_dir / f"{prefix}_{i:03d}.png"
-        fig.savefig(path, dpi=100)
+        # listed before it appears under its name: an interrupted run's files stay ours
+        _list(out_dir, {*before, *(p.name for p in paths), path.name})
+        _replace(out_dir, path.name, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
         paths.append(path)
+    written = {p.name for p in paths}
+    for name in set(before) - written:  # an earlier run's PNGs this run did not write again
+        (out_dir / name).unlink(missing_ok=True)
+    _list(out_dir, written)
     return paths

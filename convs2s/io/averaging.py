@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
-from convs2s.io.text_codec import codec_files
+from convs2s.io.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.io.text_codec import TEXT_FILE, codec_files
 from storage import StorageError, local_copy, location
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")  # "s3://" and "s3:/" alike
@@ -90,8 +90,27 @@ def _local_out(out_dir: str | os.PathLike) -> Path:
     return location(text)  # (file:// too)
 
 
+def _text_files(path: Path, given: str) -> list[Path]:
+    """The text pipeline of checkpoint `path` (a checkpoint directory, or a checkpoint.pt file:
+    its folder's): the files an average must carry to translate. Refused (ValueError) when
+    the folder holds none, or lacks one that its text.json names."""
+    folder = path if path.is_dir() else path.parent
+    files = codec_files(folder)
+    if not files:
+        raise ValueError(f"{given}: no {SPM_FILE} or {TEXT_FILE} in {folder}, so an average "
+                         "of it could not translate; give the checkpoint's own folder (a "
+                         "run's checkpoint_* or best/, or an imported model), which holds "
+                         "its text pipeline")
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise ValueError(f"{given}: {folder} lacks {', '.join(missing)} that its {TEXT_FILE} "
+                         "names: copy the whole checkpoint folder (or import the model again)")
+    return files
+
+
 def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLike) -> Path:
-    """Write the average of the checkpoint directories `paths` to `out_dir`; returns it.
+    """Write the average of the checkpoint directories `paths` (or their checkpoint.pt files)
+    to `out_dir`; returns it.
 
     Checkpoints are read one at a time into a running float64 sum (memory: about three models).
     `out_dir` must be a local (or shared) folder, new or empty (an average never replaces what
@@ -107,14 +126,24 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0])
+    # The text pipeline travels with the weights: the sentencepiece model, or an imported
+    # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec); a checkpoint.pt
+    # file's are those of its folder.
+    texts = [_text_files(paths[0], shown[0])]
     like = first["model"]
     total, newest = _start(like), {k: first[k] for k in KEEP if k in first}
     del first  # keep only the weights and the metadata (not the optimizer state)
-    for p in paths[1:]:
+    for p, given in zip(paths[1:], shown[1:]):
         state = load_checkpoint(p)
         if state["model_config"] != newest["model_config"]:
             raise ValueError(f"{p} and {paths[0]} have different model configurations: "
                              "only checkpoints of one model can be averaged")
+        texts.append(files := _text_files(p, given))
+        if [f.name for f in files] != [f.name for f in texts[0]] or \
+                any(a.read_bytes() != b.read_bytes() for a, b in zip(files, texts[0])):
+            raise ValueError(f"{p} and {paths[0]} were trained on different BPE vocabularies "
+                             "(sentencepiece model, or dictionaries and codes) and cannot be "
+                             "averaged")
         _add(total, state["model"], str(p), str(paths[0]))
         if state["update"] >= newest["update"]:
             newest = {k: state[k] for k in KEEP if k in state}
@@ -124,15 +153,6 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
         out["val_loss"] = None  # the inputs' validation losses do not describe the average
     out.update(model=_finish(total, like, len(paths)),
                averaged_from=shown)
-    # The text pipeline travels with the weights: the sentencepiece model, or an imported
-    # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec).
-    texts = [codec_files(p) for p in paths]
-    for p, files in zip(paths[1:], texts[1:]):
-        if [f.name for f in files] != [f.name for f in texts[0]] or \
-                any(a.read_bytes() != b.read_bytes() for a, b in zip(files, texts[0])):
-            raise ValueError(f"{p} and {paths[0]} were trained on different BPE vocabularies "
-                             "(sentencepiece model, or dictionaries and codes) and cannot be "
-                             "averaged")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.averaging-{uuid.uuid4().hex[:8]}"
     try:

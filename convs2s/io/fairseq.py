@@ -47,7 +47,7 @@ import torch
 
 from convs2s.config import PAD, ModelConfig
 from convs2s.io.text_codec import BPE_CODES, TEXT_FILE, CodecError, read_dictionary
-from storage import ObjectPath, is_uri, local_copy, location, publish_dir
+from storage import ObjectPath, StorageError, local_copy, location, publish_dir
 
 ARCHIVE_MODEL = "model.pt"
 
@@ -394,6 +394,40 @@ def _whole_folder(out: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _parts(p: Path | ObjectPath) -> tuple[str, ...]:
+    """A folder's location as its path components (a bucket's: scheme, bucket, keys)."""
+    if isinstance(p, ObjectPath):
+        return (p.scheme, *p.key.split("/"))
+    return p.parts
+
+
+def _input_and_out(source, out, what: str) -> tuple[Path | ObjectPath, Path | ObjectPath]:
+    """(`source`'s location, `--out`'s location) for a command that reads folder `source` and
+    writes folder `out`. `--out` goes through `storage.location` whatever it looks like: a
+    bucket URI that lost a slash ("s3:/bucket/x") is a StorageError, never a local folder
+    "s3:". An `--out` that is the input, holds it or lies inside it is refused
+    (FileExistsError) before anything is written: `--out` is replaced whole, which would
+    delete or change the input."""
+    source = location(source)  # (local ones absolute, links resolved)
+    try:
+        out = location(out)
+    except StorageError as err:
+        raise StorageError(f"--out {err}") from None
+    a, b = _parts(source), _parts(out)
+    n = min(len(a), len(b))
+    same = isinstance(source, ObjectPath) == isinstance(out, ObjectPath) and a[:n] == b[:n]
+    if not same and not isinstance(source, ObjectPath) and not isinstance(out, ObjectPath):
+        with contextlib.suppress(OSError):  # (another name for the same folder)
+            if os.path.samefile(source, out):
+                same, a = True, b
+    if same:
+        how = ("is" if len(a) == len(b) else "lies inside" if len(b) > len(a) else "holds")
+        raise FileExistsError(f"--out {out} {how} the {what} {source} that this command reads: "
+                              "writing there would replace or change its own input; give "
+                              "another --out (a new folder); nothing was changed")
+    return source, out
+
+
 def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None = None,
                    target_lang: str | None = None) -> Path:
     """Write a checkpoint directory of this project from a reference archive folder. Nothing
@@ -403,8 +437,11 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
     from convs2s.io.text_codec import MOSES_BPE, codec_settings
 
     # A bucket's archive: its local copy; a bucket --out: published there (_whole_folder).
-    archive = local_copy(archive)  # (a local path, a file:// URI's, or a bucket's copy)
-    out = location(out) if is_uri(out) else Path(out)
+    try:
+        archive, out = _input_and_out(archive, out, "archive folder")
+        archive = local_copy(archive)  # (a local path, a file:// URI's, or a bucket's copy)
+    except StorageError as err:  # (a URI that cannot be used: one line, like the others)
+        raise FairseqImportError(str(err)) from None
     if not archive.is_dir():
         raise FairseqImportError(f"{archive} is not a folder: give the unpacked archive "
                                  f"(model.pt, dict.<src>.txt, dict.<tgt>.txt, {BPE_CODES})")
@@ -463,8 +500,8 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     from convs2s.io.checkpoint import SPM_FILE, load_checkpoint
     from convs2s.io.text_codec import read_codec_settings
 
+    checkpoint, out = _input_and_out(checkpoint, out, "checkpoint")
     checkpoint = local_copy(checkpoint)
-    out = location(out) if is_uri(out) else Path(out)
     state = load_checkpoint(checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])
     if not (cfg.src_positions and cfg.tgt_positions):
