@@ -103,7 +103,7 @@ def _check_flags(args) -> None:
         raise ValueError(f"{' and '.join(given)}: the --actors job does not use "
                          f"{'it' if len(given) == 1 else 'them'} (each actor's device is "
                          "--gpus-per-actor's; its unit of work is --shard-lines)")
-    if args.column and not str(args.input or "").endswith(".parquet"):
+    if args.column and not str(args.input or "").lower().endswith(".parquet"):  # (as read)
         raise ValueError(f"--column {args.column}: only a .parquet --input has columns")
 
 

@@ -58,7 +58,8 @@ def shown(text: str) -> str:
     authority, slash, path = rest.partition("/")
     if "@" in authority:
         authority = "***@" + authority.rpartition("@")[2]
-    elif "@" in rest:  # (a secret may hold "/": never show what comes before the last "@")
+    elif "@" in rest and ":" in authority:  # KEY:SECRET/...@bucket (a secret may hold "/":
+        # never show what comes before the last "@"; a key's own "@" is shown)
         authority, slash, path = "***@" + rest.rpartition("@")[2], "", ""
     return f"{head}{sep}{authority}{slash}{path}"
 

@@ -349,6 +349,17 @@ def test_a_spill_file_that_fails_while_written_to_a_bucket_leaves_no_object(s3, 
     assert read_spill([path], 2)["id"].to_pylist() == [4, 9]
 
 
+def test_a_checkpoint_file_in_a_bucket_is_averaged_with_its_folders_text_pipeline(
+        s3, tiny_checkpoints, tmp_path):
+    from convs2s.io.averaging import average_checkpoints
+    from storage import publish_dir
+
+    folder = location(f"{BUCKET}/models/avg-a")
+    publish_dir(tiny_checkpoints["a"], folder, marker="meta.json")
+    out = average_checkpoints([f"{folder}/checkpoint.pt"], tmp_path / "avg")
+    assert (out / "checkpoint.pt").is_file() and (out / "sentencepiece.model").is_file()
+
+
 def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path):
     import torch
 

@@ -69,6 +69,14 @@ def test_a_signed_url_or_an_endpoint_in_a_uri_is_refused_without_its_signature()
         assert says in str(err.value) and "SECRETSIG" not in str(err.value), str(err.value)
 
 
+def test_a_message_shows_a_uri_without_its_secrets_and_with_the_rest_of_it():
+    from storage.paths import shown
+
+    assert shown("s3://bucket/run@2/x") == "s3://bucket/run@2/x"  # a key's own "@"
+    assert shown("s3://KEY:SEC/RET@bucket/x") == "s3://***@bucket/x"  # a secret with "/"
+    assert shown("s3://KEY:SECRET@bucket/x?X-Amz-Signature=S") == "s3://***@bucket/x"
+
+
 def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):
     (tmp_path / "a b").mkdir()
     assert location((tmp_path / "a b").as_uri()) == tmp_path / "a b"  # %20 decoded

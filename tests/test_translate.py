@@ -294,6 +294,17 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
     assert not (tmp_path / "parts").exists()
 
 
+def test_column_is_for_parquet_input_named_in_any_case():
+    from types import SimpleNamespace
+
+    from convs2s.cli import _check_flags
+
+    flags = dict(actors=0, device=None, buffer_size=None, column="text")
+    _check_flags(SimpleNamespace(input="corpus.PARQUET", **flags))  # read as parquet: kept
+    with pytest.raises(ValueError, match="only a .parquet --input has columns"):
+        _check_flags(SimpleNamespace(input="corpus.txt", **flags))
+
+
 def test_a_gpu_this_machine_lacks_and_a_help_request_are_answered_plainly(tiny_checkpoints,
                                                                           tmp_path, capsys):
     import torch
@@ -419,6 +430,8 @@ def test_score_attention_serve_and_average_refuse_bad_input_in_one_line(tiny_che
             "has one slash after s3:",
         ("import-fairseq", "s3:/bucket/archive", "--out", str(tmp_path / "imported")):
             "has one slash after s3:",
+        ("attention", "--checkpoint", ck, "--out", "s3://bucket/pics", "a cat"):
+            "the pictures go to a local folder",
         ("serve", "--model", "models:/wmt14_en_fr-newstest2014@champion", "--spm-model",
          str(hyp)): "a logged model (--model) carries its own text pipeline",
     }

@@ -145,7 +145,12 @@ def plot_attention(translator, lines: list[str], out_dir: str | os.PathLike,
     `out_dir` is new, empty, or one this function wrote (its MANIFEST lists the PNGs): those
     are replaced, and the ones this run does not write again removed; a folder holding any
     other file is refused (FileExistsError) before anything is written."""
-    out_dir = Path(out_dir)
+    from storage import location
+
+    out_dir = location(out_dir)  # (file:// too; "s3:/x" refused)
+    if not isinstance(out_dir, Path):
+        raise ValueError(f"--out {out_dir}: the pictures go to a local folder (log or copy "
+                         "them to a bucket afterwards)")
     before = _own_files(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model, codec = translator.models[model_index], translator.codec

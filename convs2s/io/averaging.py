@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from convs2s.io.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import TEXT_FILE, codec_files
 from storage import StorageError, local_copy, location
 
@@ -108,6 +108,15 @@ def _text_files(path: Path, given: str) -> list[Path]:
     return files
 
 
+def _fetched(p) -> Path:
+    """A checkpoint as a local path: a bucket's checkpoint.pt with its folder (its text
+    pipeline is there, not in the cache folder of the file alone)."""
+    where = location(p)
+    if not isinstance(where, Path) and where.name == CHECKPOINT_FILE:
+        return local_copy(where.parent) / CHECKPOINT_FILE
+    return local_copy(p)
+
+
 def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLike) -> Path:
     """Write the average of the checkpoint directories `paths` (or their checkpoint.pt files)
     to `out_dir`; returns it.
@@ -122,7 +131,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} exists and is not empty: give a new folder to --out "
                               "(an average never writes over what is there)")
-    paths = [local_copy(p) for p in paths]  # a bucket's: fetched once per node
+    paths = [_fetched(p) for p in paths]  # a bucket's: fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0])
