@@ -394,13 +394,6 @@ def _whole_folder(out: Path):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _parts(p: Path | ObjectPath) -> tuple[str, ...]:
-    """A folder's location as its path components (a bucket's: scheme, bucket, keys)."""
-    if isinstance(p, ObjectPath):
-        return (p.scheme, *p.key.split("/"))
-    return p.parts
-
-
 def _input_and_out(source, out, what: str) -> tuple[Path | ObjectPath, Path | ObjectPath]:
     """(`source`'s location, `--out`'s location) for a command that reads folder `source` and
     writes folder `out`. `--out` goes through `storage.location` whatever it looks like: a
@@ -413,15 +406,19 @@ def _input_and_out(source, out, what: str) -> tuple[Path | ObjectPath, Path | Ob
         out = location(out)
     except StorageError as err:
         raise StorageError(f"--out {err}") from None
-    a, b = _parts(source), _parts(out)
-    n = min(len(a), len(b))
-    same = isinstance(source, ObjectPath) == isinstance(out, ObjectPath) and a[:n] == b[:n]
-    if not same and not isinstance(source, ObjectPath) and not isinstance(out, ObjectPath):
-        with contextlib.suppress(OSError):  # (another name for the same folder)
-            if os.path.samefile(source, out):
-                same, a = True, b
-    if same:
-        how = ("is" if len(a) == len(b) else "lies inside" if len(b) > len(a) else "holds")
+    how, local = None, isinstance(source, Path)
+    if local == isinstance(out, Path):  # (a bucket's and a local folder: never the same)
+        if source == out:
+            how = "is"
+        elif out.is_relative_to(source):
+            how = "lies inside"
+        elif source.is_relative_to(out):
+            how = "holds"
+        elif local:
+            with contextlib.suppress(OSError):  # (another name for the same folder)
+                if os.path.samefile(source, out):
+                    how = "is"
+    if how:
         raise FileExistsError(f"--out {out} {how} the {what} {source} that this command reads: "
                               "writing there would replace or change its own input; give "
                               "another --out (a new folder); nothing was changed")

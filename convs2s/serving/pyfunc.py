@@ -154,20 +154,13 @@ def _pip_requirements() -> list[str]:
             f"pyarrow=={version('pyarrow')}"]  # storage/, the filesystem layer
 
 
-def _local(path: str) -> Path:
-    """A file named by a local path or a URI (a bucket's object, fetched once; file://), as a
-    local file."""
-    from storage import local_copy
-
-    return local_copy(path)
-
-
 def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
                     average: bool = False, as_is: bool = False) -> dict:
     """Slim checkpoint copies (or, with `average`, their weight average as one model; with
     `as_is`, the folders copied unchanged: inference copies staged already), search.json (and
     the dictionary) under out_dir -> the pyfunc artifacts map."""
     from convs2s.io.staging import STAGED_FILE, stage_models
+    from storage import local_copy  # (a search file in a bucket, or file://)
 
     ck_dir = out_dir / "checkpoints"
     if as_is:
@@ -179,11 +172,11 @@ def stage_artifacts(checkpoints: list[str | os.PathLike], search, out_dir: Path,
     artifacts = {"checkpoints": str(ck_dir), "search": str(out_dir / SEARCH_FILE)}
     cfg = search.to_dict()
     if search.dictionary:
-        shutil.copyfile(_local(search.dictionary), out_dir / "dictionary.txt")
+        shutil.copyfile(local_copy(search.dictionary), out_dir / "dictionary.txt")
         artifacts["dictionary"] = str(out_dir / "dictionary.txt")
         cfg["dictionary"] = "dictionary.txt"  # replaced by the artifact path at load
     if search.shortlist:  # vocabulary selection's lexical table travels with the model
-        shutil.copyfile(_local(search.shortlist), out_dir / "shortlist.npz")
+        shutil.copyfile(local_copy(search.shortlist), out_dir / "shortlist.npz")
         artifacts["shortlist"] = str(out_dir / "shortlist.npz")
         cfg["shortlist"] = "shortlist.npz"
     (out_dir / SEARCH_FILE).write_text(json.dumps(cfg, indent=1))
