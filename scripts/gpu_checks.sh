@@ -2,9 +2,9 @@
 # The GPU checks in one pass, for a machine with one CUDA GPU and PyTorch installed (no Ray or
 # MLflow needed). The headline figures first, then the correctness checks before the other
 # figures, each under its own time limit (a step that ignores its SIGTERM, e.g. one blocked in a
-# CUDA call, is killed 10 s later) and all under DEADLINE seconds (default 500: a step that
-# would start with under 20 s left is skipped; the step limits sum past any deadline a lease
-# allows, so what comes last is what a slow lease loses):
+# CUDA call, is killed KILL_AFTER s later, default 10) and all under DEADLINE seconds (default
+# 500: a step that would start with under MIN_STEP s left, default 20, is skipped; the step
+# limits sum past any deadline a lease allows, so what comes last is what a slow lease loses):
 #   1. benchmarks.training, the paper's En-Fr model in bf16 at the paper's 3,000 tokens per GPU
 #      with --profile (GPU-busy time from kernel events, kernels, launches and host syncs per
 #      step, phases): the baseline, and the timed batches the reference steps in 4; then the
@@ -28,7 +28,8 @@
 #      loss (--compile inductor, one dynamic graph), beside step 1's eager figure.
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
-#   (LOOP_DATA=, REF_WHEELS=, DEADLINE=, INDUCTOR_CACHE=, LOG=, PACK= optional)
+#   (LOOP_DATA=, REF_WHEELS=, DEADLINE=, KILL_AFTER=, MIN_STEP=, INDUCTOR_CACHE=, LOG=, PACK=
+#   optional)
 #
 # DATA_DIR holds wmt14-en-de/newstest2013+2014 and wmt14-en-fr/newstest2012+2013 (default
 # ../shared/data). The script goes on after a failure; the last line says which steps failed
@@ -40,6 +41,8 @@ set -uo pipefail
 out=${1:?usage: gpu_checks.sh OUT_DIR [DATA_DIR]}
 data=${2:-../shared/data}
 deadline=${DEADLINE:-500}
+kill_after=${KILL_AFTER:-10}
+min_step=${MIN_STEP:-20}
 mkdir -p "$out"
 exec > >(tee -a "${LOG:-$out/gpu.log}") 2>&1
 tee_pid=$!  # waited for at the end, so that the log is whole when this script returns
@@ -56,7 +59,7 @@ step() {  # step NAME SECONDS CMD...   (the limit is cut to what is left of the 
   local name=$1 limit=$2
   shift 2
   local left=$((deadline - SECONDS))
-  if (( left < 20 )); then
+  if (( left < min_step )); then
     echo "==== $name: skipped, ${left} s left of ${deadline}"
     skipped+=("$name")
     return
@@ -64,7 +67,7 @@ step() {  # step NAME SECONDS CMD...   (the limit is cut to what is left of the 
   (( limit > left )) && limit=$left
   echo "==== $name ($(date -u +%T), limit ${limit} s)"
   local t0=$SECONDS
-  timeout -k 10 "$limit" "$@"  # KILL 10 s after a TERM the step ignored
+  timeout -k "$kill_after" "$limit" "$@"  # KILL kill_after s after a TERM the step ignored
   local rc=$?
   echo "==== $name: exit $rc in $((SECONDS - t0)) s"
   [[ $rc -eq 0 ]] || failed+=("$name")

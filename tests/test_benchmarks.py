@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -285,10 +286,12 @@ exit 0
 """
 
 
-def _gpu_checks_with_a_stuck_step(tmp_path, deadline: int, kill_after: int | None):
+def _gpu_checks_with_a_stuck_step(tmp_path, deadline: int, kill_after: int | None,
+                                  step_env: dict | None = None):
     """scripts/gpu_checks.sh run with the stand-in, as scripts/gpu_lease.sh runs it (LOG and
     PACK in the folder that comes back), killed from outside after `kill_after` seconds as the
-    device tool kills a call at its limit; the stand-ins left stuck are ended after."""
+    device tool kills a call at its limit; the stand-ins left stuck are ended after.
+    `step_env`: the script's KILL_AFTER / MIN_STEP, scaled down from its 10 s and 20 s."""
     import os
     import signal
     import subprocess
@@ -303,7 +306,7 @@ def _gpu_checks_with_a_stuck_step(tmp_path, deadline: int, kill_after: int | Non
     back.mkdir()
     env = {**os.environ, "PYTHON": str(py), "STUCK_PIDS": str(pids), "TMPDIR": str(tmp_path),
            "DEADLINE": str(deadline), "LOG": str(back / "gpu.log"),
-           "PACK": str(back / "gpu_checks.tgz")}
+           "PACK": str(back / "gpu_checks.tgz"), **(step_env or {})}
     cmd = ["bash", "scripts/gpu_checks.sh", str(tmp_path / "results"), str(tmp_path / "data")]
     if kill_after:
         cmd = ["timeout", "-s", "KILL", str(kill_after), *cmd]
@@ -336,10 +339,15 @@ def test_gpu_checks_killed_from_outside_keep_the_steps_that_ended(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_checks_kill_a_step_that_ignores_its_time_limit(tmp_path):
-    """A step deaf to SIGTERM is killed 10 s after its limit and the checks go on (here the
-    deadline leaves the later steps no time: each is skipped, and the script ends)."""
-    done, packed, log = _gpu_checks_with_a_stuck_step(tmp_path, deadline=30, kill_after=None)
+    """A step deaf to SIGTERM is killed KILL_AFTER s after its limit and the checks go on (here
+    the deadline leaves the later steps no time: each is skipped, and the script ends). The
+    script's times scaled down (a 10 s deadline, steps need 4 s, KILL 1 s after the TERM): the
+    test's 40 s at the script's defaults were all waiting."""
+    done, packed, log = _gpu_checks_with_a_stuck_step(
+        tmp_path, deadline=10, kill_after=None, step_env={"KILL_AFTER": "1", "MIN_STEP": "4"})
     assert done.returncode == 1, log[-2000:]
+    took = re.search(r"==== gpu-tests: exit 137 in (\d+) s", log)
+    assert took and int(took[1]) < 10 + 1 + 2, log[-2000:]  # its limit, then KILL 1 s after
     assert "==== gpu-tests: exit 137" in log
     assert "failed steps: gpu-tests; skipped:" in log
     assert "training_wmt14_en_fr_cuda_bf16_24k.json" in packed and "gpu.log" not in packed
