@@ -322,6 +322,23 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
                        out, flags=re.M)  # (test set, job, "(scored earlier)" or "") per row
     assert [(t, job) for t, job, earlier in table if earlier] == [("demo_valid", "avg_last2")] \
         and len(table) == 4, out[-2000:]
+    # The pairs scored on the edited text got runs of their own; the runs that scored the old
+    # text keep their scores, set apart. The pair scored again by a newer scoring version (the
+    # same weights and text) kept its run.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(w.experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    for job in ("best", "avg_last2"):
+        name = f"eval/{job}/demo_test"
+        (new,) = [r for r in runs if r.info.run_name == name and w.run_name in
+                  r.data.tags.get("convs2s.run_key", "")]
+        (old,) = [r for r in runs if r.info.run_name == f"{name} (superseded)"]
+        assert old.data.tags["convs2s.superseded"].endswith(": another test text")
+        assert "bleu" in old.data.metrics and "bleu" in new.data.metrics
+        assert old.info.run_id != new.info.run_id and old.data.params == new.data.params
+    assert not [r for r in runs if r.info.run_name == "eval/best/demo_valid (superseded)"]
 
 
 def test_a_score_stands_only_for_its_weights_text_scoring_and_pictures():

@@ -185,12 +185,20 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     scoring = task_kind(spec.task_kind).scoring_version
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
-        if score_stands(rec, weights_stamp(job.checkpoints), texts[job.test_set.name], scoring,
-                        job.attention_sentences) and run_has_metrics(ctx.tree.uri, rec["run_id"]):
+        stamp, text = weights_stamp(job.checkpoints), texts[job.test_set.name]
+        if score_stands(rec, stamp, text, scoring, job.attention_sentences) \
+                and run_has_metrics(ctx.tree.uri, rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
-        else:
-            todo.append(job)
+            continue
+        if rec and rec.get("run_id") and (rec["stamp"] != stamp or rec.get("text") != text):
+            # Its run describes other weights (a continued run's new average under the same
+            # job name) or another test text: it keeps those params, scores and hypotheses,
+            # set apart, and the pair is scored in a run of its own (scored again in the same
+            # run, its params would still name the old checkpoints).
+            ctx.tree.supersede(rec["run_id"], f"eval/{job.name}/{job.test_set.name}",
+                               "other weights" if rec["stamp"] != stamp else "another test text")
+        todo.append(job)
     if done:
         log.info("== evaluate: %d (job, test set) pairs scored earlier, skipped", len(done))
         ctx.skipped += [f"eval/{s.job}/{s.test_set}" for s in done]
