@@ -353,3 +353,38 @@ def test_each_model_is_logged_from_the_files_its_scores_were_computed_on(smoke_w
         digest = [hashlib.sha256(open(f, "rb").read()).hexdigest() for f in (staged, local)]
         assert digest[0] == digest[1], job
         assert children[f"eval/{job}/demo_test"].data.params["eval.job"] == job
+
+
+def test_a_model_scored_again_is_compared_by_its_newest_score(smoke_workflow, tmp_path):
+    """A logged model holds every score it was given on a test set (scored again by a newer
+    scoring version, say): the alias compares the champion's newest one, not whichever MLflow
+    lists first. (On a copy of the smoke store: the champion's scores are changed here.)"""
+    import shutil
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from workflows.lineage import register_champion
+    from workflows.engine import EvalScore
+
+    w = smoke_workflow
+    shutil.copy(w.tracking_uri[len("sqlite:///"):], tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    ids = _job_models(client, w)
+    (old,) = [m for m in client.get_logged_model(ids["best"]).metrics
+              if m.key == "bleu" and m.dataset_name == "demo_test"]
+    first = register_champion(uri, "lineage-newest",
+                              [EvalScore("best", "demo_test", {"bleu": old.value}, None, "")],
+                              ids, "demo_test", "bleu")
+    assert first.moved and first.version == "1"
+    # The champion scored again on the same data, higher (a later timestamp).
+    client.log_metric(old.run_id, "bleu", old.value + 50.0, timestamp=old.timestamp + 1000,
+                      step=0, dataset_name="demo_test", dataset_digest=old.dataset_digest,
+                      model_id=ids["best"])
+    time.sleep(0.01)
+    below_newest = register_champion(
+        uri, "lineage-newest",
+        [EvalScore("avg_last2", "demo_test", {"bleu": old.value + 10.0}, None, "")], ids,
+        "demo_test", "bleu")
+    assert not below_newest.moved and below_newest.version == "1", below_newest.reason

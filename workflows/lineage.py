@@ -189,8 +189,8 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
         with bounded_http(), global_tracking_uri(uri):  # models:/ sources resolve through it
             client = MlflowClient(uri)
             ours = client.get_logged_model(model_id)
-            digest = next((m.dataset_digest for m in ours.metrics or []
-                           if m.key == metric and m.dataset_name == test_set), None)
+            ours_now = _newest(ours.metrics, metric, test_set)
+            digest = ours_now.dataset_digest if ours_now else None
             registered = client.search_registered_models(f"name = '{name}'")
             legacy = bool(registered) and TEST_SET_TAG not in registered[0].tags \
                 and LEGACY_TEST_SET_TAG in registered[0].tags
@@ -233,9 +233,9 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                                             True, why, **report)
                         time.sleep(REGISTRY_SETTLE_S)
                         continue
-                    theirs = next((m.value for m in cur_model.metrics or []
-                                   if m.key == metric and m.dataset_name == test_set
-                                   and m.dataset_digest == digest and digest is not None), None)
+                    theirs_now = _newest(cur_model.metrics, metric, test_set, digest) \
+                        if digest is not None else None
+                    theirs = theirs_now.value if theirs_now else None
                     if theirs is None and legacy and not any(
                             m.dataset_name == test_set for m in cur_model.metrics or []):
                         why = (f"the champion (version {version}) was chosen on a test set, "
@@ -321,6 +321,15 @@ def _not_found(err: Exception) -> bool:
     code = getattr(err, "error_code", "")
     return code == "RESOURCE_DOES_NOT_EXIST" or (
         code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
+
+
+def _newest(metrics, key: str, dataset: str, digest: str | None = None):
+    """A logged model's latest value of `key` on `dataset` (with `digest`, on that very data),
+    or None. A model scored again (an edited test file, a newer scoring version) holds every
+    value it was given: the newest is what it scores now."""
+    found = [m for m in metrics or [] if m.key == key and m.dataset_name == dataset
+             and (digest is None or m.dataset_digest == digest)]
+    return max(found, key=lambda m: m.timestamp or 0, default=None)
 
 
 def _current_champion(client, name: str):
