@@ -452,7 +452,8 @@ class SearchConfig(Settings):
     min_len: int = 1  # at least this many pieces (summarization, paper §4.1: 14 words)
     unk_penalty: float = 0.0  # subtracted from log p(<unk>); negative favours <unk>
     nbest: int = 1  # hypotheses kept per sentence (1 <= nbest <= beam)
-    replace_unk: bool = False  # replace <unk> by the most attended source word (paper §4.3)
+    replace_unk: bool = False  # replace <unk> by the most attended source piece (a whole word:
+    # that word, or its `dictionary` entry; paper §4.3)
     dictionary: str | None = None  # `source target` word table used by replace_unk
     max_sentences: int = 128  # sentences per search batch
     # Also cut a batch where its padded source tokens (sentences x longest) would pass this;
@@ -481,6 +482,15 @@ class SearchConfig(Settings):
             raise ValueError(f"nbest must be in [1, beam={self.beam}], got {self.nbest}")
         if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:
             raise ValueError("min_len, max_len_a and max_len_b must be >= 0")
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            raise ValueError("max_len_b=0 with max_len_a=0 allows no output piece: give "
+                             "max_len_b >= 1 (or max_len_a > 0)")
+        if self.max_len_a == 0 and self.max_len_b < self.min_len:
+            # EOS would be forced at max_len_b although min_len still bans it
+            # (convs2s.inference.search): every output cut there, scored about -1e4.
+            raise ValueError(f"min_len={self.min_len} is more output pieces than "
+                             f"max_len_b={self.max_len_b} allows (max_len_a=0): lower min_len "
+                             "or raise max_len_b")
         if self.max_sentences < 1:
             raise ValueError(f"max_sentences must be >= 1, got {self.max_sentences}")
         if self.max_tokens < 0:

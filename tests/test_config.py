@@ -125,6 +125,28 @@ def test_recipes_out_of_range_are_refused_when_made(change, says):
         TrainConfig(**change)
 
 
+@pytest.mark.parametrize("change, says", [
+    (dict(max_len_a=0, max_len_b=3, min_len=6),
+     "min_len=6 is more output pieces than max_len_b=3 allows (max_len_a=0): lower min_len "
+     "or raise max_len_b"),
+    (dict(max_len_a=0, max_len_b=0, min_len=0),
+     "max_len_b=0 with max_len_a=0 allows no output piece: give max_len_b >= 1 (or "
+     "max_len_a > 0)"),
+])
+def test_search_lengths_that_leave_no_translation_are_refused_when_made(change, says):
+    """EOS banned by min_len and forced at max_len_b (or nothing but EOS at all): every
+    output would be cut there, scored about -1e4. Per-sentence lengths (max_len_a > 0) are
+    checked by the search itself (tests/test_search.py)."""
+    from convs2s.config import SearchConfig
+
+    with pytest.raises(ValueError, match=f"^{re.escape(says)}$"):
+        SearchConfig(**change)
+    # the boundaries: exactly min_len pieces (the benchmarks' fixed-length search), and a
+    # length that grows with the source
+    assert SearchConfig(max_len_a=0, max_len_b=6, min_len=6).max_len_b == 6
+    assert SearchConfig(max_len_a=0.5, max_len_b=0, min_len=0).max_len_b == 0
+
+
 def test_set_values_and_config_files_read_numbers_as_yaml_1_2():
     """PyYAML (YAML 1.1) reads 1e-3 as text and 1:30 as 90 (base 60): a setting read 1e-3
     from a file as the string "1e-3", and `--set train.max_time=1:30` as 90 seconds."""

@@ -216,6 +216,32 @@ def test_lengths_eos_min_len_and_fixed_length(trained):
         assert all(len(h["tokens"]) - 1 <= int(0.5 * n + 1) for h in hyps)
 
 
+def test_a_min_len_over_a_sentences_max_length_is_refused_before_any_step(trained):
+    """EOS would be banned (min_len) and forced (the row's max length) at one step: every
+    output cut there and scored about -1e4 (max_len_b=3, min_len=6 gave 3 tokens + EOS at
+    -2502). The max length is per sentence, a * |x| + b within the model's positions."""
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs)  # sentence 0: 3 pieces + EOS, the shortest
+    limit = model.max_positions - 1
+    for fn in (generate, greedy):
+        with pytest.raises(ValueError, match=r"min_len=6 is more output pieces than sentence "
+                                             r"0 of the batch may get: 3 \(max_len_a=0 x 4 "
+                                             r"source positions \+ max_len_b=3"):
+            fn(model, src, lengths, max_len_a=0, max_len_b=3, min_len=6)
+        with pytest.raises(ValueError, match=r"min_len=1 .* may get: 0 .*lower min_len or "
+                                             r"raise max_len_a / max_len_b"):
+            fn(model, src, lengths, max_len_a=0, max_len_b=0)
+        with pytest.raises(ValueError, match=r"min_len=3 .* sentence 0 .* may get: 2 "
+                                             r"\(max_len_a=0.5 x 4 source positions"):
+            fn(model, src, lengths, max_len_a=0.5, max_len_b=0, min_len=3)
+        with pytest.raises(ValueError, match=f"may get: {limit} .*the model's {limit + 1} "):
+            fn(model, src, lengths, max_len_b=10 * limit, min_len=limit + 1)
+    # at the boundary, min_len = the max length: exactly that many pieces, a real score
+    for fn in (generate, greedy):
+        for hyps in fn(model, src, lengths, max_len_a=0.5, max_len_b=0, min_len=2):
+            assert len(hyps[0]["tokens"]) >= 3 and hyps[0]["score"] > -100
+
+
 def test_a_source_row_without_tokens_is_refused_not_searched(trained):
     """An all-padding row (or a 0-wide batch) has nothing to attend to (a NaN softmax):
     an error that says so, not an empty or NaN hypothesis."""
@@ -316,6 +342,15 @@ def test_replace_unknowns(tmp_path):
     assert replace_unknowns(hyp, src, attn) == ["the", "Haus", "is", "klein"]
     with pytest.raises(ValueError, match="does not cover"):
         replace_unknowns(hyp, src, attn[:2])
+    # Pieces: one that alone spells a source word is that word (or its entry, as the codec's
+    # word piece); a piece of a longer word is copied as it is, never looked up.
+    pieces, words = ["\u2581das", "\u2581Ha", "us"], ["das", None, None]
+    unks = ["<unk>"] * 3
+    assert replace_unknowns(unks, pieces, attn[:, :3], dictionary={"das": "the", "us": "X"},
+                            words=words, word_piece=lambda w: "\u2581" + w) == \
+        ["\u2581the", "\u2581Ha", "us"]
+    with pytest.raises(ValueError, match="2 source words given for 3 source pieces"):
+        replace_unknowns(unks, pieces, attn, words=words[:2])
     bad = tmp_path / "bad.txt"
     bad.write_text("one two three\n")
     with pytest.raises(ValueError, match="bad.txt:1"):

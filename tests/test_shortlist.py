@@ -3,8 +3,8 @@
 each source token's candidates (convs2s.inference.shortlist), a search over the whole vocabulary
 given as
 a shortlist is the plain search, a trained model searched over its data's shortlists (float32
-and int8) gives the whole vocabulary's hypotheses on most sentences, and a table of other data
-is refused.
+and int8) gives the whole vocabulary's hypotheses on most sentences, and a table of other data,
+or with ids outside the model's vocabularies, is refused.
 
 Run: .venv/bin/python -m pytest tests/test_shortlist.py -q
 """
@@ -12,6 +12,7 @@ Run: .venv/bin/python -m pytest tests/test_shortlist.py -q
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -133,10 +134,50 @@ def test_a_table_of_other_data_is_refused(tmp_path):
     other.write_bytes(b"another vocabulary")
     with pytest.raises(ShortlistError, match="another vocabulary.*use the shortlist/ table"):
         Shortlist.load(path, other)
-    with pytest.raises(ShortlistError, match="covers 30 tokens but the model has 40"):
+    with pytest.raises(ShortlistError, match="covers 30 source tokens but the model has 40"):
         Shortlist.load(path, vocab_size=40)
     with pytest.raises(ShortlistError, match="does not exist"):
         Shortlist.load(tmp_path / "missing.npz")
+
+
+def saved(tmp_path, table, order) -> Path:
+    path = tmp_path / TABLE_FILE
+    np.savez(path, table=np.array(table, dtype=np.int32),
+             target_order=np.array(order, dtype=np.int32), meta=np.array(json.dumps({"k": 2})))
+    return path
+
+
+def test_a_table_is_checked_against_both_vocabularies_when_loaded(tmp_path):
+    """Rows are source ids, candidates and target_order target ids: an id out of the model's
+    vocabulary is refused in one line naming the file, not met later as an IndexError inside
+    a search."""
+    table = [[-1, -1]] * 4 + [[7, 5], [6, -1]]  # 6 source ids, candidates of 8 target ids
+    order = [0, 1, 2, 3, 7, 6, 5, 4]
+    path = saved(tmp_path, table, order)
+    # one joint vocabulary (sentencepiece) of 6 pieces: candidates 6 and 7 are not in it
+    with pytest.raises(ShortlistError, match="candidate 7 of source token 4 is not -1"):
+        Shortlist.load(path, vocab_size=6)
+    sl = Shortlist.load(path, vocab_size=6, target_vocab_size=8)
+    assert sl.for_batch(torch.tensor([[4, 5]]), frequent=1).tolist() == [0, 1, 2, 3, 5, 6, 7]
+    with pytest.raises(ShortlistError, match=r"covers 6 source tokens but the model has 8"):
+        Shortlist.load(path, vocab_size=8, target_vocab_size=8)
+    with pytest.raises(ShortlistError, match=rf"^{re.escape(str(path))}: candidate 7 of source "
+                                             r"token 4 is not -1 \(none\) or a target id "
+                                             r"below 7: use the shortlist/ table"):
+        Shortlist.load(path, vocab_size=6, target_vocab_size=7)
+    for bad_table, bad_order, says in (
+            (table[:5] + [[6, -2]], order, "candidate -2 of source token 5 is not -1"),
+            (table, order[:-1] + [8], "target_order holds id 8; it must list distinct target "
+                                      "ids below 8"),
+            (table, order[:-1] + [-1], "target_order holds id -1"),
+            (table, order[:-1] + [5], "target_order holds an id twice"),
+            ([0, 1, 2], order, "table must be 2-D and target_order 1-D integer arrays")):
+        with pytest.raises(ShortlistError, match=re.escape(says)):
+            Shortlist.load(saved(tmp_path, bad_table, bad_order), vocab_size=6,
+                           target_vocab_size=8)
+    # without the model's sizes: the ids that can never be right are still refused
+    with pytest.raises(ShortlistError, match="candidate -2"):
+        Shortlist.load(saved(tmp_path, table[:5] + [[6, -2]], order))
 
 
 def test_the_whole_vocabulary_as_a_shortlist_is_the_plain_search():

@@ -11,6 +11,7 @@ Run: .venv/bin/python -m pytest tests/test_translate.py -q            (add -m "n
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 import sys
 from functools import partial
@@ -24,6 +25,8 @@ from convs2s.cli import translate as main
 from convs2s.config import EOS, UNK, SearchConfig
 from convs2s.metrics.scoring import read_lines, score_translation
 from convs2s.inference.translate import CheckpointError, batches_by_budget, load_for_inference
+from convs2s.inference.unk_replace import unk_replaced_text
+from convs2s.io.text_codec import codec_for_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = SearchConfig(beam=3, max_len_a=0, max_len_b=4)  # bounded work for random models
@@ -114,27 +117,93 @@ def test_nbest_and_alignment(tiny_checkpoints):
     scores = [h.score for h in t.hypotheses]
     assert scores == sorted(scores, reverse=True)
     h = t.hypotheses[0]
-    align = h.alignment()
+    # attention: (source pieces + EOS) x (target pieces + EOS), each column a distribution
+    assert h.attention.shape == (len(t.src_pieces) + 1, len(h.tokens))
+    torch.testing.assert_close(h.attention.sum(0), torch.ones(len(h.tokens)))
+    align = h.alignment()  # each target piece (EOS excluded) with its most attended source
     assert [tgt for _, tgt in align] == list(range(len(h.tokens) - 1))
-    assert all(0 <= s <= len(t.src_pieces) for s, _ in align)
+    assert all(h.attention[s, tgt] == h.attention[:, tgt].max() for s, tgt in align)
 
 
-def test_replace_unk_copies_attended_source_words(tiny_checkpoints, tmp_path):
+def test_replace_unk_copies_attended_source_pieces(tiny_checkpoints, tmp_path):
     """A huge negative unk penalty makes every output token <unk>; each is then replaced by
-    a source word (or its dictionary entry)."""
+    its most attended source piece (a whole source word: that word, or its dictionary
+    entry), so the output is the attended source pieces decoded."""
     line = "The cat sleeps near the old house ."
     search = SHORT.replace(unk_penalty=-1e4, replace_unk=True, min_len=3)
-    out = load_for_inference([tiny_checkpoints["a"]], search=search).translate_full(
-        [line])[0]
+    tr = load_for_inference([tiny_checkpoints["a"]], search=search)
+    out = tr.translate_full([line])[0]
     hyp = out.hypotheses[0]
-    assert UNK in hyp.tokens
-    words = out.text.split()
-    assert len(words) == sum(t == UNK for t in hyp.tokens) and set(words) <= set(line.split())
+    ids = hyp.tokens[:-1]
+    assert set(ids) == {UNK}
+    attended = hyp.attention[: len(out.src_pieces), : len(ids)].argmax(dim=0).tolist()
+    src_ids = tr.codec.source_ids(out.src_pieces)
+    assert out.text == tr.codec.decode([src_ids[s] for s in attended])
+    # A line of words that are one piece each: every output word is a dictionary entry.
+    line = "the son will not be in"
+    assert tr.codec.encode(line) == [f"\u2581{w}" for w in line.split()]
     table = tmp_path / "lex.txt"
     table.write_text("".join(f"{w} X{i}\n" for i, w in enumerate(line.split())))
     with_dict = load_for_inference(
         [tiny_checkpoints["a"]], search=search.replace(dictionary=str(table))).translate([line])
-    assert all(w.startswith("X") for w in with_dict[0].split())
+    assert with_dict[0] and all(w.startswith("X") for w in with_dict[0].split())
+
+
+def attending(rows: list[int], n_source: int) -> torch.Tensor:
+    """A hypothesis's attention, (source pieces + EOS) x (target pieces + EOS): target piece j
+    attends source piece rows[j] only, the EOS the source EOS."""
+    attn = torch.zeros(n_source + 1, len(rows) + 1)
+    attn[rows, list(range(len(rows)))] = 1.0
+    attn[n_source, len(rows)] = 1.0
+    return attn
+
+
+def test_replace_unk_copies_moses_bpe_pieces_with_their_continuation_marks(tmp_path):
+    """An imported model's pipeline: the attended source piece is copied with its `@@`, as
+    fairseq's --replace-unk does: unks that attend the pieces of a word spell it once, an unk
+    that continues a word adds its piece only, the dictionary translates whole words."""
+    from convs2s.io.text_codec import MOSES_BPE, MosesBpeCodec, codec_settings
+
+    shutil.copy(REPO / "tests" / "fixtures" / "fairseq" / "iwslt" / "bpecodes", tmp_path)
+    (tmp_path / "dict.de.txt").write_text("in 1\nist 1\n")
+    (tmp_path / "dict.en.txt").write_text("the 1\nis 1\nZ@@ 1\n")
+    codec = MosesBpeCodec(tmp_path, codec_settings(MOSES_BPE, "de", "en"))
+    the, is_, z = 4, 5, 6
+    source, pieces = "in Zürich ist", ["in", "Zü@@", "rich", "ist"]
+
+    def text(ids, rows, dictionary=None):
+        return unk_replaced_text(codec, ids, source, pieces, attending(rows, 4), dictionary)
+
+    assert text([the, UNK, UNK, is_], [0, 1, 2, 3]) == "the Zürich is"
+    assert text([the, z, UNK, is_], [0, 1, 2, 3]) == "the Zrich is"
+    assert text([UNK, UNK, UNK, UNK], [0, 1, 2, 3], {"in": "to", "Zürich": "Zurich"}) == \
+        "to Zürich ist"
+
+
+def test_replace_unk_copies_sentencepiece_pieces_with_their_word_marks(tiny_checkpoints):
+    """This project's pipeline: the attended source piece is copied (U+2581 opens a word;
+    byte pieces decode with their neighbours): unks that attend the pieces of a word spell it
+    once, an unk that continues a word adds its piece only, the dictionary translates whole
+    words, and a piece the vocabulary lacks is copied as text."""
+    codec = codec_for_checkpoint(tiny_checkpoints["a"])
+    source = "the Zürich"
+    pieces = codec.encode(source)
+    n = len(pieces) - 1  # Zürich's pieces
+    assert pieces[0] == "\u2581the" and n >= 2
+    the = codec.source_ids(pieces)[0]
+
+    def text(ids, rows, dictionary=None, src_pieces=pieces):
+        return unk_replaced_text(codec, ids, source, src_pieces,
+                                 attending(rows, len(src_pieces)), dictionary)
+
+    assert text([the] + [UNK] * n, list(range(n + 1))) == "the Zürich"
+    for k in range(1, n):  # Zürich's first k pieces emitted, the unks attend the others
+        ids = [the] + codec.source_ids(pieces[1: k + 1]) + [UNK] * (n - k)
+        assert text(ids, list(range(n + 1))) == "the Zürich"
+    assert text([UNK] + [UNK] * n, list(range(n + 1)), {"the": "le", "Zürich": "Zurich"}) == \
+        "le Zürich"
+    unknown = ["\u2581the", "\u2581Zü", "rich"]  # pieces of another vocabulary
+    assert text([the, UNK, UNK], [0, 1, 2], src_pieces=unknown) == "the Zürich"
 
 
 def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp_path):
@@ -174,6 +243,29 @@ def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp
     res = run_cli("--checkpoint", str(bad), stdin="a cat .\n")
     assert res.returncode == 2 and "truncated, corrupt" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_given_sentencepiece_model_is_refused_for_an_imported_checkpoint(tiny_checkpoints,
+                                                                          tmp_path):
+    """--spm-model replaces only a sentencepiece pipeline: an imported model's token ids are
+    those of its own dictionaries, whatever model is given. Members that differ in their
+    dictionaries (of the same size) are never one ensemble, with or without it."""
+    from convs2s.io.fairseq import import_fairseq
+
+    imported = import_fairseq(REPO / "tests" / "fixtures" / "fairseq" / "iwslt",
+                              tmp_path / "imported")
+    other = tmp_path / "other"
+    shutil.copytree(imported, other)
+    lines = (other / "dict.de.txt").read_text().splitlines(keepends=True)
+    (other / "dict.de.txt").write_text("".join([lines[1], lines[0], *lines[2:]]))  # ids swapped
+    says = (r"is an imported model whose text pipeline is Moses \+ subword-nmt BPE .*, not "
+            r"sentencepiece: leave out the sentencepiece model .* \(--spm-model\)$")
+    for members in ([imported], [imported, other], [other, imported]):
+        with pytest.raises(CheckpointError, match=says):
+            load_for_inference(members, SHORT, spm_model=tiny_checkpoints["spm"])
+    with pytest.raises(CheckpointError, match=r"other uses another text pipeline"):
+        load_for_inference([imported, other], SHORT)
+    assert load_for_inference([imported], SHORT).translate(["A man ."])[0]
 
 
 def test_cli_file_and_stdin(tiny_checkpoints, tmp_path):
@@ -336,12 +428,12 @@ def test_a_translation_without_attention_is_the_same_and_keeps_none(tiny_checkpo
     with pytest.raises(ValueError, match="searched without attention"):
         none[0].hypotheses[0].alignment()
     table = tmp_path / "lex.txt"
-    table.write_text("cat CHAT\n")
+    table.write_text("the LE\n")
     unk = load_for_inference([tiny_checkpoints["a"]], search=SHORT.replace(
         unk_penalty=-1e4, replace_unk=True, dictionary=str(table)))
-    line = ["The cat sleeps near the old house ."]
+    line = ["the son will not be in the"]  # one piece a word: each unk copies a whole word
     assert unk.translate_full(line, attention=False)[0].text == unk.translate_full(line)[0].text
-    assert set(unk.translate(line)[0].split()) <= set(line[0].split()) | {"CHAT"}
+    assert set(unk.translate(line)[0].split()) <= set(line[0].split()) - {"the"} | {"LE"}
 
 
 def test_the_command_reads_gz_and_parquet_inputs_as_actors_do(tiny_checkpoints, tmp_path,

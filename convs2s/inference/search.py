@@ -13,7 +13,8 @@ All sentences of a batch are searched together: one decoder step per model cover
 hypothesis of every unfinished sentence (rows = sentences x beams); sentences that finish leave
 the batch. Lengths count output tokens before the final EOS: each sentence emits at least
 `min_len` and at most min(a * |x| + b, max_positions - 1) of them, so `max_len_a=0,
-max_len_b=N, min_len=N` gives exactly N tokens + EOS (fixed work, for benchmarks).
+max_len_b=N, min_len=N` gives exactly N tokens + EOS (fixed work, for benchmarks); a batch in
+which a sentence may get fewer than `min_len` is refused (ValueError).
 An ensemble averages the models' probabilities: log p = log(mean_m p_m).
 `attention=False` keeps no attention (the hypotheses' `attention` is None): the search's
 decisions are the same, without the batch x beam x steps x source floats it otherwise holds
@@ -169,10 +170,21 @@ def _best_candidates(lprobs: torch.Tensor, scores: torch.Tensor, K: int, k: int,
     return values, (beams * V + cols).gather(1, j)
 
 
-def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int) -> torch.Tensor:
+def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int,
+              min_len: int) -> torch.Tensor:
+    """Per sentence the most output pieces: min(a * |x| + b, max_positions - 1). One below
+    `min_len` is refused: EOS would be both banned and forced at that step (fairseq's
+    SequenceGenerator refuses min_len > max_len too)."""
     limit = min(m.max_positions for m in models) - 1  # target positions the tables cover
-    lens = (src_lengths.double() * max_len_a + max_len_b).long()
-    return lens.clamp(min=0, max=limit)  # B
+    lens = (src_lengths.double() * max_len_a + max_len_b).long().clamp(min=0, max=limit)  # B
+    if lens.numel() and int(lens.min()) < min_len:
+        b = int(lens.argmin())
+        raise ValueError(f"min_len={min_len} is more output pieces than sentence {b} of the "
+                         f"batch may get: {int(lens[b])} (max_len_a={max_len_a:g} x "
+                         f"{int(src_lengths[b])} source positions + max_len_b={max_len_b}, "
+                         f"within the model's {limit + 1} positions); lower min_len or raise "
+                         "max_len_a / max_len_b")
+    return lens
 
 
 def _encode(models, src_tokens, src_lengths, beam_size, incremental, vocab=None):
@@ -299,7 +311,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
         return []
     _check_sources(src_tokens)
     with _inference(models):
-        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
+        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b, min_len).to(dev)  # B
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
         steppers = _encode(models, src_tokens, src_lengths, K, incremental, vocab)
         vocab = steppers[0].vocab
@@ -356,7 +368,7 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
         return []
     _check_sources(src_tokens)
     with _inference(models):
-        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
+        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b, min_len).to(dev)
         T = int(max_lens.max()) + 1
         steppers = _encode(models, src_tokens, src_lengths, 1, incremental, vocab)
         vocab = steppers[0].vocab

@@ -39,10 +39,15 @@ class Shortlist:
 
     @classmethod
     def load(cls, path: str | Path, spm_model: str | Path | None = None,
-             vocab_size: int | None = None) -> Shortlist:
+             vocab_size: int | None = None,
+             target_vocab_size: int | None = None) -> Shortlist:
         """Read `shortlist.npz` (numpy arrays, no pickle). With `spm_model`: refused unless the
-        table was learned on data encoded by that very model (same sha256); with `vocab_size`:
-        refused unless the table covers that vocabulary."""
+        table was learned on data encoded by that very model (same sha256); with `vocab_size`
+        (the source vocabulary: the table has a row per source id): refused unless the table
+        has those rows; with `target_vocab_size` (default `vocab_size`: one joint
+        sentencepiece model): refused unless its candidates (or -1) and `target_order`
+        (distinct ids) are ids of that vocabulary. Always refused: candidates below -1, or
+        `target_order` ids below 0, which would index the model's output from its end."""
         from storage import local_copy, location
 
         if not location(path).is_file():
@@ -64,9 +69,8 @@ class Shortlist:
                     f"{str(meta.get('vocab_digest'))[:12]}, the model's {spm_model} is "
                     f"{digest[:12]}): use the shortlist/ table of the data this model was "
                     "trained on")
-        if vocab_size is not None and table.shape[0] != vocab_size:
-            raise ShortlistError(f"{path} covers {table.shape[0]} tokens but the model has "
-                                 f"{vocab_size}: use the table of the model's own data")
+        _check_arrays(path, table, order, vocab_size,
+                      vocab_size if target_vocab_size is None else target_vocab_size)
         return cls(torch.from_numpy(table.astype(np.int64)),
                    torch.from_numpy(order.astype(np.int64)), meta, str(path))
 
@@ -84,3 +88,29 @@ class Shortlist:
         cand = self.table[src, :per_source] if per_source is not None else self.table[src]
         ids = torch.cat([torch.arange(N_SPECIAL), self._frequent[:frequent], cand.reshape(-1)])
         return torch.unique(ids[ids >= 0])  # sorted: ids 0-3 at positions 0-3
+
+
+def _check_arrays(path, table: np.ndarray, order: np.ndarray, src_vocab: int | None,
+                  tgt_vocab: int | None) -> None:
+    """The table's shape and ids fit the vocabularies (`Shortlist.load`): an id out of range
+    would fail only later, as an IndexError inside a search."""
+    fix = "use the shortlist/ table of the model's own data"
+    if table.ndim != 2 or order.ndim != 1 or not (np.issubdtype(table.dtype, np.integer)
+                                                  and np.issubdtype(order.dtype, np.integer)):
+        raise ShortlistError(f"{path}: table must be 2-D and target_order 1-D integer arrays, "
+                             f"got {table.dtype} {table.shape} and {order.dtype} {order.shape}; "
+                             f"{fix}")
+    if src_vocab is not None and table.shape[0] != src_vocab:
+        raise ShortlistError(f"{path} covers {table.shape[0]} source tokens but the model has "
+                             f"{src_vocab}: {fix}")
+    below = "" if tgt_vocab is None else f" below {tgt_vocab}"
+    bad = (table < -1) if tgt_vocab is None else (table < -1) | (table >= tgt_vocab)
+    if bad.any():
+        row, k = (int(i) for i in np.argwhere(bad)[0])
+        raise ShortlistError(f"{path}: candidate {int(table[row, k])} of source token {row} "
+                             f"is not -1 (none) or a target id{below}: {fix}")
+    bad = (order < 0) if tgt_vocab is None else (order < 0) | (order >= tgt_vocab)
+    if bad.any() or np.unique(order).size != order.size:
+        what = f"id {int(order[bad][0])}" if bad.any() else "an id twice"
+        raise ShortlistError(f"{path}: target_order holds {what}; it must list distinct target "
+                             f"ids{below}: {fix}")

@@ -50,8 +50,7 @@ from convs2s.config import EOS, PAD, UNK, SearchConfig
 from convs2s.inference.quantize import for_inference, resolve_precision
 from convs2s.inference.search import generate
 from convs2s.inference.shortlist import Shortlist, ShortlistError
-from convs2s.io.text_codec import UNK_PIECE
-from convs2s.inference.unk_replace import load_dictionary, replace_unknowns
+from convs2s.inference.unk_replace import load_dictionary, unk_replaced_text
 from storage import local_copy
 
 log = logging.getLogger("convs2s.inference.translate")
@@ -111,7 +110,8 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     all of them, or an imported model's dictionaries and BPE codes). All must share one text
     pipeline and the vocabulary sizes that go with it. Bad input raises a CheckpointError that
     names the file and the fix."""
-    from convs2s.io.text_codec import CodecError, codec_files, codec_for_checkpoint
+    from convs2s.io.text_codec import (CodecError, check_spm_model_fits, codec_files,
+                                       codec_for_checkpoint)
 
     paths = [local_copy(p)  # a bucket's: fetched once per node (file://: its local path)
              for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
@@ -126,26 +126,28 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     if spm_model is not None and not Path(spm_model).is_file():
         raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
     try:
+        if spm_model is not None:  # for sentencepiece checkpoints only (no member's text.json)
+            for p in paths:
+                check_spm_model_fits(p, spm_model)
         codec = codec_for_checkpoint(paths[0], spm_model)
-    except CodecError as err:
-        raise CheckpointError(str(err)) from None
-    if spm_model is not None:  # given: every checkpoint that bundles one must bundle it
-        given = Path(spm_model).read_bytes()
+        # Every member's text pipeline: the given sentencepiece model (a member that bundles
+        # one must bundle that very one), else its own files; an ensemble needs one for all.
+        given = None if spm_model is None else [Path(spm_model).read_bytes()]
+        first = given or [f.read_bytes() for f in codec_files(paths[0])]
         for p in paths:
-            own = [f for f in codec_files(p) if f.suffix == ".model"]  # (sentencepiece's)
-            if own and own[0].read_bytes() != given:
+            own = [f.read_bytes() for f in codec_files(p)]
+            if given and own and own != given:
                 raise CheckpointError(
                     f"{p} bundles another sentencepiece model than --spm-model {spm_model}: "
                     "its token ids mean other pieces; leave --spm-model out to use its own, or "
                     "give the model it was trained with")
-    else:
-        first = [f.read_bytes() for f in codec_files(paths[0])]
-        for p in paths[1:]:
-            if [f.read_bytes() for f in codec_files(p)] != first:
+            if (given or own) != first:
                 raise CheckpointError(f"{p} uses another text pipeline (sentencepiece "
                                       f"model, or dictionaries and BPE codes) than "
                                       f"{paths[0]}: an ensemble needs models trained on "
                                       "the same vocabulary")
+    except CodecError as err:
+        raise CheckpointError(str(err)) from None
     for p, m in zip(paths, models):
         if (m.src_vocab_size, m.tgt_vocab_size) != (codec.src_size, codec.tgt_size):
             what = "sentencepiece.model" if codec.kind == "sentencepiece" else "dictionaries"
@@ -160,7 +162,8 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
                                   f"{codec.kind}: search without a shortlist")
         spm_file = Path(spm_model) if spm_model is not None else codec_files(paths[0])[0]
         try:
-            shortlist = Shortlist.load(search.shortlist, spm_file, models[0].tgt_vocab_size)
+            shortlist = Shortlist.load(search.shortlist, spm_file, models[0].src_vocab_size,
+                                       target_vocab_size=models[0].tgt_vocab_size)
         except ShortlistError as err:
             raise CheckpointError(str(err)) from None
     return Translator(models, codec, search, device, shortlist)
@@ -317,14 +320,11 @@ class Translator:
                           attention=h["attention"] if attention else None)
 
     def _replace_unk(self, ids: list[int], tr: Translation, attention: torch.Tensor) -> str:
-        """Each <unk> becomes the source *word* holding its most attended source piece (layer
-        mean, as the paper's §4.3 does for its word-based models; Jean et al. 2015), looked up
-        in the dictionary, else copied."""
-        word_of_piece = self.codec.source_words(tr.source, tr.src_pieces)
-        hyp_pieces = [self.codec.target_piece(i) for i in ids]
-        replaced = replace_unknowns(hyp_pieces, word_of_piece, attention, unk=UNK_PIECE,
-                                    dictionary=self.dictionary)
-        return self.codec.join_with_words(ids, replaced)
+        """Each <unk> becomes its most attended source piece, with the codec's word marks (a
+        whole source word: that word, looked up in the dictionary, else copied; paper §4.3,
+        Jean et al. 2015; `convs2s.inference.unk_replace`)."""
+        return unk_replaced_text(self.codec, ids, tr.source, tr.src_pieces, attention,
+                                 self.dictionary)
 
 
 def format_translation(tr: Translation, index: int, nbest: int, verbose: bool) -> str:

@@ -1,16 +1,25 @@
 """Unknown-word replacement from attention (Jean et al. 2015; fairseq's --replace-unk).
 
-Each `<unk>` in a hypothesis is replaced by the source word it attends to most (the layer- and
-model-averaged attention that `convs2s.inference.search.generate` returns), translated through an
-optional dictionary, else copied as is.
+Each `<unk>` piece of a hypothesis is replaced by the source piece it attends to most (the
+layer- and model-averaged attention that `convs2s.inference.search.generate` returns), copied
+with the codec's word marks (Moses BPE's `@@` continues a word, sentencepiece's `▁` opens one),
+as fairseq's --replace-unk copies the attended source token: unks that attend the successive
+pieces of a source word spell that word once, and an unk that continues a word adds only its
+piece to it. Where the attended piece alone spells a whole source word, that word is copied,
+or its entry in an optional dictionary (a word table: it never translates a piece of a word).
 
-    from convs2s.inference.unk_replace import replace_unknowns
-    words = replace_unknowns(hyp_words, src_words, hyp["attention"], dictionary={"Haus": "house"})
+    from convs2s.inference.unk_replace import replace_unknowns, unk_replaced_text
+    pieces = replace_unknowns(hyp_pieces, src_pieces, hyp["attention"])
+    text = unk_replaced_text(codec, ids, source, src_pieces, hyp["attention"], {"Haus": "house"})
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+
+from convs2s.config import UNK
 
 
 def load_dictionary(path: str) -> dict[str, str]:
@@ -30,26 +39,47 @@ def load_dictionary(path: str) -> dict[str, str]:
     return table
 
 
-def replace_unknowns(hyp_words: list[str], src_words: list[str], attention: torch.Tensor,
-                     unk: str = "<unk>", dictionary: dict[str, str] | None = None) -> list[str]:
-    """Replace every `unk` of `hyp_words` by its most attended source word (or its entry in
-    `dictionary`).
+def replace_unknowns(hyp_pieces: list[str], src_pieces: list[str], attention: torch.Tensor,
+                     unk: str = "<unk>", dictionary: dict[str, str] | None = None,
+                     words: list[str | None] | None = None,
+                     word_piece: Callable[[str], str] = str) -> list[str]:
+    """Replace every `unk` of `hyp_pieces` by its most attended source piece.
 
-    attention: S x L with rows = the source positions of `src_words` (extra trailing rows, such
-    as the source EOS, are ignored) and columns = the hypothesis positions of `hyp_words`
+    attention: S x L with rows = the source positions of `src_pieces` (extra trailing rows, such
+    as the source EOS, are ignored) and columns = the hypothesis positions of `hyp_pieces`
     (extra trailing columns, such as the EOS, are ignored).
+    words: per source piece, the source word it spells alone, or None for a piece of a longer
+    word (default: every piece is a word). A whole word is copied as `word_piece(word)`, through
+    `dictionary` when that has it; any other piece is copied as it is.
     """
-    if attention.dim() != 2 or attention.shape[0] < len(src_words) or \
-            attention.shape[1] < len(hyp_words):
+    if attention.dim() != 2 or attention.shape[0] < len(src_pieces) or \
+            attention.shape[1] < len(hyp_pieces):
         raise ValueError(f"attention of shape {tuple(attention.shape)} does not cover "
-                         f"{len(src_words)} source x {len(hyp_words)} hypothesis words")
-    if not src_words:
-        return list(hyp_words)
-    best = attention[: len(src_words), : len(hyp_words)].argmax(dim=0).tolist()  # per hyp word
+                         f"{len(src_pieces)} source x {len(hyp_pieces)} hypothesis pieces")
+    if words is not None and len(words) != len(src_pieces):
+        raise ValueError(f"{len(words)} source words given for {len(src_pieces)} source pieces")
+    if not src_pieces:
+        return list(hyp_pieces)
+    words = list(src_pieces) if words is None else words
+    best = attention[: len(src_pieces), : len(hyp_pieces)].argmax(dim=0).tolist()  # per piece
     out = []
-    for j, word in enumerate(hyp_words):
-        if word == unk:
-            src = src_words[best[j]]
-            word = dictionary.get(src, src) if dictionary else src
-        out.append(word)
+    for j, piece in enumerate(hyp_pieces):
+        if piece == unk:
+            s, word = best[j], words[best[j]]
+            piece = src_pieces[s] if word is None else \
+                word_piece(dictionary.get(word, word) if dictionary else word)
+        out.append(piece)
     return out
+
+
+def unk_replaced_text(codec, ids: list[int], source: str, src_pieces: list[str],
+                      attention: torch.Tensor, dictionary: dict[str, str] | None = None) -> str:
+    """The text of target `ids` (no EOS) with each <unk> replaced (the module docstring):
+    `codec` is the checkpoint's (`convs2s.io.text_codec`), `source` the normalized line and
+    `src_pieces` its pieces as encoded, `attention` the hypothesis's (source pieces + EOS) x
+    (target pieces + EOS) matrix."""
+    replaced = replace_unknowns([codec.target_piece(i) for i in ids], src_pieces, attention,
+                                unk=codec.target_piece(UNK), dictionary=dictionary,
+                                words=codec.source_words(source, src_pieces),
+                                word_piece=codec.word_piece)
+    return codec.join_with_words(ids, replaced)

@@ -108,35 +108,44 @@ class SentencePieceCodec:
     def target_piece(self, i: int) -> str:
         return UNK_PIECE if i == UNK else self.sp.id_to_piece(i)
 
-    def source_words(self, source: str, pieces: list[str]) -> list[str]:
-        """The source word each piece belongs to (a piece starting with U+2581 opens a word)."""
+    def source_words(self, source: str, pieces: list[str]) -> list[str | None]:
+        """Per piece, the word of `source` it spells alone (it opens that word, U+2581, and the
+        next piece opens another), or None for a piece of a longer word (unk replacement)."""
         words = source.split(" ")
         out, w = [], -1
-        for piece in pieces:
+        for k, piece in enumerate(pieces):
             w += piece.startswith("\u2581")
-            out.append(words[min(max(w, 0), len(words) - 1)])
+            alone = piece.startswith("\u2581") and piece != "\u2581" and (
+                k + 1 == len(pieces) or pieces[k + 1].startswith("\u2581"))
+            out.append(words[min(max(w, 0), len(words) - 1)] if alone else None)
         return out
 
+    def word_piece(self, word: str) -> str:
+        """The piece that stands for `word` as a whole word: it opens a word."""
+        return "\u2581" + word
+
     def join_with_words(self, ids: list[int], replaced: list[str]) -> str:
-        """Decode `ids` with each <unk> replaced by its word from `replaced`: runs of normal
-        pieces decode with sentencepiece (bytes, spaces), each replacement is a word."""
+        """Decode `ids` with each <unk> replaced by its piece from `replaced` (unk replacement:
+        a source piece, U+2581 opening a word): a piece of the vocabulary (byte pieces too)
+        decodes with its neighbours; any other is spliced in as text."""
         parts, run = [], []
 
         def flush():
             if run:
-                text = self.sp.decode(run)
                 opens_word = self.sp.id_to_piece(run[0]).startswith("\u2581")
-                parts.append((" " if parts and opens_word else "") + text)
+                parts.append((" " if opens_word else "") + self.sp.decode(run))
                 run.clear()
 
-        for i, word in zip(ids, replaced):
+        for i, piece in zip(ids, replaced):
             if i == UNK:
-                flush()
-                parts.append((" " if parts else "") + word)
-            else:
-                run.append(i)
+                i = self.sp.piece_to_id(piece)  # (UNK for a piece it does not know)
+                if i == UNK:
+                    flush()
+                    parts.append(piece.replace("\u2581", " "))
+                    continue
+            run.append(i)
         flush()
-        return "".join(parts)
+        return "".join(parts).strip(" ")
 
 
 class MosesBpeCodec:
@@ -201,20 +210,21 @@ class MosesBpeCodec:
         text = (" ".join(pieces) + " ").replace("@@ ", "").rstrip()
         return self.detok.detokenize(text.split())
 
-    def source_words(self, source: str, pieces: list[str]) -> list[str]:
-        """The source word (its pieces joined) each piece belongs to."""
-        out, word, members = [], "", 0
-        for p in pieces:
-            word += p[:-2] if p.endswith("@@") else p
-            members += 1
-            if not p.endswith("@@"):
-                out += [word] * members
-                word, members = "", 0
-        return out + [word] * members
+    def source_words(self, source: str, pieces: list[str]) -> list[str | None]:
+        """Per piece, the source word it spells alone (neither it nor the piece before it
+        carries the `@@` continuation mark), or None for a piece of a longer word."""
+        return [None if p.endswith("@@") or (k and pieces[k - 1].endswith("@@")) else p
+                for k, p in enumerate(pieces)]
+
+    def word_piece(self, word: str) -> str:
+        """The piece that stands for `word` as a whole word: the word, no `@@`."""
+        return word
 
     def join_with_words(self, ids: list[int], replaced: list[str]) -> str:
-        return self._detokenize([word if i == UNK else self.target_piece(i)
-                                 for i, word in zip(ids, replaced)])
+        """Decode `ids` with each <unk> replaced by its piece from `replaced` (unk replacement:
+        a source piece, `@@` joining it to the next one)."""
+        return self._detokenize([piece if i == UNK else self.target_piece(i)
+                                 for i, piece in zip(ids, replaced)])
 
 
 def read_dictionary(path: Path) -> list[str]:
@@ -243,9 +253,22 @@ def read_dictionary(path: Path) -> list[str]:
     return symbols
 
 
+def check_spm_model_fits(checkpoint_dir: str | Path, spm_model: str | Path) -> None:
+    """A sentencepiece model given for a checkpoint (--spm-model) replaces only a
+    sentencepiece pipeline: an imported model's ids are those of its dictionaries."""
+    if read_codec_settings(checkpoint_dir) is not None:
+        raise CodecError(f"{checkpoint_dir} is an imported model whose text pipeline is Moses "
+                         f"+ subword-nmt BPE (its {TEXT_FILE}, dictionaries and bpecodes), not "
+                         f"sentencepiece: leave out the sentencepiece model {spm_model} "
+                         "(--spm-model)")
+
+
 def codec_for_checkpoint(checkpoint_dir: str | Path, spm_model: str | Path | None = None):
-    """The codec a checkpoint directory needs (see the module docstring)."""
+    """The codec a checkpoint directory needs (see the module docstring); `spm_model`: the
+    sentencepiece model of a checkpoint that bundles none (refused for an imported one)."""
     folder = Path(checkpoint_dir)
+    if spm_model is not None:
+        check_spm_model_fits(folder, spm_model)
     settings = read_codec_settings(folder)
     if settings is not None:
         return MosesBpeCodec(folder, settings)
