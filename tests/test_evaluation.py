@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import mlflow_store
 from mlflow.tracking import MlflowClient
 
 from convs2s.io.checkpoint import (
@@ -173,6 +174,26 @@ def test_failed_job_marks_its_run_and_summarization_is_scored(demo_trained, tmp_
     assert runs["summary"].data.params["search.min_len"] == "14"
     assert {"rouge1_f", "rouge2_f", "rougeL_f", "rouge1_r"} <= set(runs["summary"].data.metrics)
     assert (tmp_path / "eval" / "summary" / "short.fr").is_file()
+
+
+def test_an_evaluation_stopped_while_logging_its_results_leaves_no_run_running(
+        tiny_checkpoints, ray_session, tmp_path):
+    """The command line (`python -m workflows.evaluation`) has no workflow around it to end
+    its child runs: an error while logging a result (here the hypotheses cannot be written:
+    the output folder is a file), or Ctrl-C, ends every run still open as stopped runs are
+    ended (FAILED; KILLED for Ctrl-C), and the error comes through."""
+    uri = mlflow_store(tmp_path)
+    test = tiny_test_set(tiny_checkpoints, tmp_path)
+    jobs = [EvalJob("a", (tiny_checkpoints["a"],), t, SHORT)
+            for t in (test, dataclasses.replace(test, name="tiny2"))]
+    blocked = tmp_path / "eval"
+    blocked.write_text("a file where the hypotheses' folder should be")
+    with pytest.raises(OSError):
+        evaluate_all(jobs, uri, out_dir=str(blocked), experiment_name="stopped")
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("stopped").experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["eval/a/tiny", "eval/a/tiny2"]
+    assert [r.info.status for r in runs] == ["FAILED", "FAILED"]
 
 
 def test_idle_cpus_are_shared_out_to_the_cpu_jobs_there_are():

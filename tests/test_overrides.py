@@ -628,3 +628,70 @@ def test_a_folder_no_workflow_run_wrote_is_refused_and_nothing_in_it_moves(tmp_p
     sweep = spec.replace(run_name="s", restart=False)
     (sweep.run_dir / "tune").mkdir(parents=True)  # Ray Tune's folder in a sweep's
     assert "holds a sweep named 's', not a workflow run" in reuse_problem(sweep)
+
+
+@pytest.mark.parametrize("stem", ["wmt19+20", "news(2019)", "a;b", "..", "tést@x"])
+def test_a_test_set_stem_mlflow_cannot_name_is_refused_in_one_line_before_the_run(stem,
+                                                                                 tmp_path):
+    """An added test set's stem names MLflow metrics and params (eval/<job>/<stem>/bleu,
+    workflow.test_sets.<stem>): MLflow takes letters, digits, '_', '-', '.', ' ', ':' and '/'
+    in a name, and refuses the whole batch that holds another (the headline bleu with it).
+    Refused at --dry-run, one line naming the stem and a name it would take."""
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", "--data", str(tmp_path),
+                                       "--test-set", stem, "--dry-run",
+                                       "--storage-path", str(tmp_path / "runs")])
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith(f"error: --test-set {stem!r}: ") and "rename" in lines[0], err
+    fine = resolve(wmt14_en_fr.smoke(), RunOptions(
+        preset="smoke", data=str(tmp_path), test_set=["wmt19_20", "news-2019.v2", "set 3"],
+        storage_path=str(tmp_path / "runs")))
+    assert list(fine.added_test_sets) == ["wmt19_20", "news-2019.v2", "set 3"]
+
+
+def test_a_target_language_its_bleu_cannot_tokenize_here_is_refused_before_training(
+        tmp_path):
+    """Japanese and Korean BLEU need sacreBLEU's MeCab tokenizers (sacrebleu[ja] / [ko]):
+    without them a run would train, then fail to score. Refused when the run is resolved,
+    one line naming the package; Chinese needs nothing more and resolves."""
+    from sacrebleu.metrics import BLEU
+
+    try:
+        BLEU(trg_lang="ja")
+        pytest.skip("sacrebleu[ja] is installed here: Japanese scores")
+    except RuntimeError:
+        pass
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", "--data", str(tmp_path),
+                                       "--tgt", "ja", "--dry-run",
+                                       "--storage-path", str(tmp_path / "runs")])
+    lines = err.strip().splitlines()
+    assert rc == 2 and out == "" and len(lines) == 1, err
+    assert "target language 'ja'" in lines[0] and "pip install 'sacrebleu[ja]'" in lines[0]
+    zh = resolve(wmt14_en_fr.smoke(), RunOptions(preset="smoke", data=str(tmp_path), tgt="zh",
+                                                 storage_path=str(tmp_path / "runs")))
+    assert zh.data.tgt_lang == "zh"
+
+
+def test_a_restart_that_changed_many_settings_says_so_in_a_tag_mlflow_takes_whole(tmp_path):
+    """The convs2s.restarted tag lists the changed settings, cut at 5,000 characters with a
+    '...' (as convs2s.replaced is): MLflow keeps 8,000 characters of a tag and would cut the
+    end off, where the folder the earlier training and scores went to is named."""
+    from conftest import mlflow_store
+    from mlflow.tracking import MlflowClient
+
+    from workflows.run_state import StageContext, record_settings, result_settings
+    from workflows.run_tree import RunTree
+
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=mlflow_store(tmp_path), restart=True)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    tree = RunTree.open(spec.tracking_uri, "exp", spec.run_dir, "r")
+    before = {k: f"an earlier value of {k} " * 8 for k in result_settings(spec)}
+    StageContext(tree).save_state({"settings": before, "train": {"run": {}}})
+    (spec.run_dir / "train").mkdir()
+    record_settings(StageContext(tree), spec)
+    tag = MlflowClient(spec.tracking_uri).get_run(tree.parent).data.tags["convs2s.restarted"]
+    aside = next(spec.run_dir.glob("replaced-*"))
+    assert len(tag) < 8000 and tag.endswith(f"; the earlier training and scores are in {aside}")
+    first = sorted(before)[0]  # the changes in their order, the first ones kept
+    assert f"trained over ({first}: an earlier value" in tag and "...); the earlier" in tag

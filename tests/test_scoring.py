@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 from conftest import at_once
 from rouge_score import rouge_scorer
+from sacrebleu.metrics import BLEU
 
 from convs2s.metrics import scoring
 
@@ -168,6 +170,66 @@ def test_tokenized_bleu_splits_hyphens_and_unifies_apostrophes_on_both_sides():
     same = scoring.tokenized_bleu(["Er sagte \u201edas ist\u2019s\u201c ."],
                                   ["Er sagte \u201edas ist's\u201c ."], "de")
     assert same.score == pytest.approx(100.0)
+
+
+# --- targets written without spaces (zh, ja, ko) ------------------------------------------------
+
+ZH_REFS = ["我今天去公园散步了。", "这家餐厅的菜很好吃。", "他每天早上六点起床。",
+           "我们明天下午开会讨论这个问题。"]
+ZH_HYPS = ["今天我去公园散步。", "这个餐厅的菜很好吃。", "他每天六点起床。",
+           "我们明天开会讨论这个问题。"]
+
+
+def test_a_chinese_target_is_scored_on_sacrebleus_chinese_tokens_as_its_cli_does(tmp_path):
+    """13a finds no spaces in Chinese: each sentence is one token and near-misses score 0.
+    sacreBLEU's zh tokenizer (what `sacrebleu -l en-zh` picks) splits the characters; Moses
+    does not segment Chinese either, so there is no bleu_tokenized for it."""
+    ref = write_lines(tmp_path / "ref.zh", ZH_REFS)
+    hyp = write_lines(tmp_path / "hyp.zh", ZH_HYPS)
+    (cli,) = sacrebleu_cli(ref, hyp, "-m", "bleu", "-l", "en-zh")
+    assert "tok:zh" in cli["signature"]
+
+    metrics = scoring.score_translation(ZH_HYPS, ZH_REFS, "zh")
+    assert scoring.bleu(ZH_HYPS, ZH_REFS).score == 0.0  # 13a: whole sentences, none equal
+    assert 20 < metrics["bleu"] < 80
+    assert metrics["bleu"] == pytest.approx(cli["score"], abs=1e-6)
+    sigs = scoring.translation_signatures("zh")
+    assert sigs["bleu"] == f"{cli['name']}|{cli['signature']}"  # says tok:zh, not tok:13a
+    assert "bleu_tokenized" not in metrics and "bleu_tokenized" not in sigs
+    assert "not computed for zh" in sigs["preprocessing"]
+    with pytest.raises(ValueError, match="not defined for 'zh': Moses does not segment"):
+        scoring.tokenized_bleu(ZH_HYPS, ZH_REFS, "zh")
+
+
+@pytest.mark.parametrize("lang", ["fr", "de", "ro", "en"])
+def test_every_other_target_keeps_13a_and_its_scores(lang):
+    """Only zh / ja / ko changed tokenizer: every other language scores as it always did
+    (sacreBLEU's defaults), so stored scores stand (no new scoring version)."""
+    hyps, refs = ["the cat sat on the mat ."], ["the cat sat on a mat ."]
+    metrics = scoring.score_translation(hyps, refs, lang)
+    assert metrics["bleu"] == BLEU().corpus_score(hyps, [refs]).score
+    assert "bleu_tokenized" in metrics
+    assert "tok:13a" in scoring.translation_signatures(lang)["bleu"]
+
+
+@pytest.mark.parametrize("lang, package", [("ja", "sacrebleu[ja]"), ("ko", "sacrebleu[ko]")])
+def test_a_target_whose_tokenizer_cannot_load_is_named_with_the_package_to_install(lang,
+                                                                                    package):
+    """Japanese and Korean need MeCab's packages (sacrebleu[ja] / [ko]); where they are not
+    installed the refusal is one line naming them, asked before anything is scored."""
+    try:
+        BLEU(trg_lang=lang)
+    except Exception:  # noqa: BLE001 - sacreBLEU's own refusal: the packages are missing
+        pass
+    else:
+        pytest.skip(f"{package} is installed here: {lang} scores")
+    problem = scoring.bleu_problem(lang)
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith(f"target language {lang!r}") and f"pip install '{package}'" in \
+        problem
+    with pytest.raises(ValueError, match=re.escape(f"pip install '{package}'")):
+        scoring.score_translation(["x"], ["x"], lang)
+    assert scoring.bleu_problem("zh") is None and scoring.bleu_problem("fr") is None
 
 
 # --- Romanian normalization -------------------------------------------------------------------

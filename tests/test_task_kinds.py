@@ -52,3 +52,17 @@ def test_the_translation_note_names_the_papers_metric_for_each_pair():
     assert detok.startswith("bleu: ") and "detokenized" in detok and "En-Ro" in detok
     assert tok.startswith("bleu_tokenized: ") and "-a" in tok
     assert "En-De" in tok and "En-Fr" in tok and "En-Ro" not in tok
+
+
+def test_a_chinese_target_has_no_tokenized_bleu_and_each_kind_says_what_it_cannot_score():
+    """bleu_tokenized is the one metric a target language may lack (Moses does not segment
+    Chinese, Japanese or Korean); a kind names a target it cannot score on this machine
+    before a run trains (TaskKind.language_problem), and summarization scores any."""
+    zh = ["我今天去公园散步了。", "这家餐厅的菜很好吃。"]
+    assert TRANSLATION.optional == ("bleu_tokenized",)
+    metrics = TRANSLATION.score(zh[::-1], zh, "zh")
+    assert set(metrics) == set(TRANSLATION.metrics) - {"bleu_tokenized"}
+    assert "tok:zh" in TRANSLATION.signatures("zh")["bleu"]
+    assert TRANSLATION.language_problem("zh") is None
+    assert TRANSLATION.language_problem("fr") is None
+    assert SUMMARIZATION.language_problem("ja") is None

@@ -178,6 +178,35 @@ def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri
     assert records[-1]["metrics"]["train/loss"] == pytest.approx(1 / 200)
 
 
+def test_a_request_mlflow_refuses_is_said_as_such_and_a_later_outage_still_warns(sqlite_uri,
+                                                                                   caplog,
+                                                                                   monkeypatch):
+    """MLflow refuses a whole batch holding one name it does not take (INVALID_PARAMETER_VALUE):
+    the server answered, so the warning quotes its reason, naming the key, and does not call
+    the server unavailable; an outage later is still warned about, not only logged at debug."""
+    from convs2s.tracking import runs as tracking
+    from convs2s.tracking.runs import log_final_metrics, warn_unreachable
+
+    monkeypatch.setattr(tracking, "_WARNED", set())  # a fresh process
+    monkeypatch.setattr(tracking, "_REJECTED", set(), raising=False)
+    run_id = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
+    with caplog.at_level(logging.WARNING, logger="convs2s.tracking.runs"):
+        for _ in range(2):  # the same refusal: said once
+            log_final_metrics(sqlite_uri, run_id, {"bleu": 30.0, "eval/best/wmt19+20/bleu": 30.0})
+        said = [r.getMessage() for r in caplog.records if r.name == "convs2s.tracking.runs"]
+        assert len(said) == 1, said
+        assert "refused a request while logging final metrics" in said[0]
+        assert '"eval/best/wmt19+20/bleu"' in said[0] and "unavailable" not in said[0]
+        assert MlflowClient(sqlite_uri).get_run(run_id).data.metrics == {}  # the whole batch
+        log_final_metrics(sqlite_uri, run_id, {"bleu": 30.0})  # the server takes the next one
+        assert MlflowClient(sqlite_uri).get_run(run_id).data.metrics == {"bleu": 30.0}
+        caplog.clear()
+        warn_unreachable(sqlite_uri, "logging metrics", ConnectionError("connection refused"))
+    outage = [r for r in caplog.records if r.name == "convs2s.tracking.runs"]
+    assert len(outage) == 1 and outage[0].levelno == logging.WARNING
+    assert "is unavailable (ConnectionError while logging metrics)" in outage[0].getMessage()
+
+
 def test_experiments_are_marked_as_model_training(sqlite_uri):
     """MLflow 3's UI opens an unmarked experiment on its GenAI overview; ours open on runs. An
     experiment made without the mark gets it; a kind someone chose is kept."""

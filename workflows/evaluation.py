@@ -52,6 +52,7 @@ from convs2s.tracking.runs import (
     resolve_tracking_uri,
     run_key,
     set_tags,
+    stopped_status,
     tracking_uri_problem,
 )
 
@@ -283,39 +284,52 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     exp = None if len(given) == len(jobs) else \
         _experiment_name(uri, parent_run_id, experiment_name)
     run_ids, datasets = {}, {}
-    for job in jobs:
-        pair = (job.name, job.test_set.name)
-        if pair in given:
-            run_ids[job] = given[pair]
-            set_tags(uri, given[pair], {"convs2s.eval.kind": job.kind})
-        else:  # keyed by where its hypotheses go (<out_dir>/<job>/<test>, as the run tree)
-            run_ids[job] = find_or_create_run(
-                uri, exp, run_key=run_key(location(out_dir) / job.name / job.test_set.name),
-                run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
-                tags={"convs2s.eval.kind": job.kind})
-        if job.test_set not in datasets:
-            datasets[job.test_set] = dataset_of(job.test_set)
-        describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
-                     [job.model_id] if job.model_id else [])
-    # Scheduled on the cluster, never inside the caller's placement group: a sweep's trial
-    # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
-    task = ray.remote(evaluate_job)
-    pending = {task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus,
-                            scheduling_strategy="DEFAULT").remote(job): job for job in jobs}
-    results, failures = [], []
-    while pending:
-        [ref], _ = ray.wait(list(pending), num_returns=1)
-        job = pending.pop(ref)
-        try:
-            out = ray.get(ref)
-        except Exception as err:  # noqa: BLE001 - log the failure, keep collecting the others
-            first = redact_text(str(err).strip().splitlines()[-1])[:500] if str(err) \
-                else type(err).__name__
-            failures.append(f"{job.name}/{job.test_set.name}: {first}")
-            end_run(uri, run_ids[job], "FAILED")
-            continue
-        results.append(_finish(uri, run_ids[job], job, out, location(out_dir),
-                               datasets[job.test_set]))
+    ended: set[EvalJob] = set()  # jobs whose run is ended (FINISHED, FAILED) here
+    try:
+        for job in jobs:
+            pair = (job.name, job.test_set.name)
+            if pair in given:
+                run_ids[job] = given[pair]
+                set_tags(uri, given[pair], {"convs2s.eval.kind": job.kind})
+            else:  # keyed by where its hypotheses go (<out_dir>/<job>/<test>, as the run tree)
+                run_ids[job] = find_or_create_run(
+                    uri, exp, run_key=run_key(location(out_dir) / job.name / job.test_set.name),
+                    run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
+                    tags={"convs2s.eval.kind": job.kind})
+            if job.test_set not in datasets:
+                datasets[job.test_set] = dataset_of(job.test_set)
+            describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
+                         [job.model_id] if job.model_id else [])
+        # Scheduled on the cluster, never inside the caller's placement group: a sweep's trial
+        # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
+        task = ray.remote(evaluate_job)
+        pending = {task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus,
+                                scheduling_strategy="DEFAULT").remote(job): job for job in jobs}
+        results, failures = [], []
+        while pending:
+            [ref], _ = ray.wait(list(pending), num_returns=1)
+            job = pending.pop(ref)
+            try:
+                out = ray.get(ref)
+            except Exception as err:  # noqa: BLE001 - log the failure, keep collecting the others
+                first = redact_text(str(err).strip().splitlines()[-1])[:500] if str(err) \
+                    else type(err).__name__
+                failures.append(f"{job.name}/{job.test_set.name}: {first}")
+                end_run(uri, run_ids[job], "FAILED")
+                ended.add(job)
+                continue
+            results.append(_finish(uri, run_ids[job], job, out, location(out_dir),
+                                   datasets[job.test_set]))
+            ended.add(job)
+    except BaseException as err:
+        # Ctrl-C (`python -m workflows.evaluation` has no run_stages to end its runs), a stop,
+        # or an error while logging a result: every run opened here and not ended yet is ended
+        # as the rest of the code ends a stopped run (KILLED / FAILED), never left RUNNING
+        status = stopped_status(err)
+        for job, run_id in run_ids.items():
+            if job not in ended:
+                end_run(uri, run_id, status)
+        raise
     if failures and raise_on_error:
         raise RuntimeError("evaluation jobs failed:\n  " + "\n  ".join(failures))
     order = {job: i for i, job in enumerate(jobs)}
@@ -456,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--checkpoint {item!r}: give NAME=DIR, DIR a checkpoint directory "
                     "(checkpoint.pt inside)")
         named.append((name, str(Path(path).resolve())))
-    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     kind = "summarization" if args.summarization else "translation"
+    for name, _, _, lang in args.test:  # (before any model loads: a tokenizer's package)
+        if problem := task_kind(kind).language_problem(lang):
+            p.error(f"--test {name}: {problem}")
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     asked = {"beam": args.beam, "precision": args.precision,
              "precision_fallback": args.precision_fallback}
     search = summarization_search(**asked) if args.summarization else SearchConfig(**asked)

@@ -21,10 +21,12 @@ decides the metrics, convs2s.metrics.task_kinds) and the preprocessing output's 
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 
 from convs2s.config import ModelConfig, SearchConfig, TrainConfig
+from convs2s.metrics.task_kinds import task_kind
 from preprocessing.config import PreprocessConfig, with_demo_source
 from storage import location
 from workflows.errors import SpecError  # noqa: F401  (raised here; imported from here too)
@@ -86,8 +88,10 @@ class RunSpec:
         return dataclasses.replace(self, **changes)
 
     def params(self) -> dict:
-        """The parent run's params: the whole resolved run (paths left out but the source's:
-        absolute paths only tell machines apart in MLflow's compare view)."""
+        """The parent run's params: the whole resolved run, the storage root left out (it only
+        tells machines apart in MLflow's compare view). The inputs keep their paths, which say
+        what the run was made from: the data source (absolute with --data DIR), --init-from
+        (absolute), search files as given."""
         return {"workflow": {
             "name": self.workflow, "preset": self.preset, "task_kind": self.task_kind,
             "data": self.data_flag, "preprocess": preprocess_params(self.data),
@@ -150,6 +154,22 @@ def preprocess_params(pre: PreprocessConfig) -> dict:
     """Preprocessing settings as params: all but the storage root, an absolute path that only
     tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
     return {k: v for k, v in pre.to_dict().items() if k != "root"}
+
+
+# What MLflow takes in a metric or param name (mlflow.utils.validation,
+# validate_param_and_metric_name off Windows); it refuses the whole batch that holds another
+_MLFLOW_KEY_CHARS = re.compile(r"[\w.\- :]+")
+
+
+def mlflow_key_part(name: str) -> bool:
+    """Whether `name` may be one part of an MLflow metric or param name: MLflow's characters,
+    and not a part that a path would resolve away (its path_not_unique: '.', '..')."""
+    return bool(_MLFLOW_KEY_CHARS.fullmatch(name)) and name not in (".", "..")
+
+
+def _key_safe(name: str) -> str:
+    """`name` with each character MLflow refuses in a name made '_' (a suggestion)."""
+    return re.sub(r"[^\w.\- :]", "_", name).strip(".") or "test"
 
 
 def _tracking_uri(flag: str | None) -> str:
@@ -219,11 +239,21 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
             if not stem or any(c in stem for c in "/\\,") or stem in pre.splits:
                 raise SpecError(f"--test-set {stem!r}: give a file stem of the --data folder "
                                 "(STEM.<src> / STEM.<tgt>), not a path or a split name")
+            if not mlflow_key_part(stem):
+                raise SpecError(f"--test-set {stem!r}: the stem names MLflow metrics and "
+                                "params (eval/<job>/<stem>/bleu), whose names may only hold "
+                                "letters, digits, '_', '-', '.', ' ' and ':' (and not be '.' "
+                                f"or '..'): rename its files, e.g. to {_key_safe(stem)}.<src> "
+                                f"/ {_key_safe(stem)}.<tgt>")
         # A stem that already is one of the preset's splits is scored already: not twice.
         added = tuple(dict.fromkeys(s for s in opts.test_set if s not in pre.splits.values()))
         pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
         test_sets.update({stem: stem for stem in added})
     pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
+    # Scoring this target must work before the run trains, not fail after (a zh / ja / ko
+    # tokenizer's package, convs2s.metrics.scoring)
+    if problem := task_kind(cfg.task_kind).language_problem(pre.tgt_lang):
+        raise SpecError(f"{problem}, then run again (or choose another --tgt)")
     # The languages are decided: a name with {src} / {tgt} (the generic translation workflow)
     # takes them, --set data.src_lang / tgt_lang included, so each pair has its experiment
     # and registered models

@@ -202,9 +202,11 @@ def record_settings(ctx: StageContext, spec) -> None:
     if spec.restart and (state["train"] or state["eval"] or _outputs(ctx.run_dir)):
         changed = changed_settings(state.get("settings") or {}, settings)
         aside = set_aside(ctx, "; ".join(changed) or "--restart")
+        # The changes cut as convs2s.replaced's are: MLflow takes 8,000 characters a tag, and
+        # cuts (or refuses) a longer one at its end, where the earlier work's folder is named
         tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: trained over "
-                                     f"({'; '.join(changed) or 'same settings'}); the earlier "
-                                     f"training and scores are in {aside}")
+                                     f"({cut_tag('; '.join(changed)) or 'same settings'}); the "
+                                     f"earlier training and scores are in {aside}")
         state = {"train": {}, "eval": {}, "models": {}}
     elif state.get("budgets") and state["budgets"] != new_budgets:
         tags["convs2s.continued"] = ", ".join(
@@ -215,6 +217,14 @@ def record_settings(ctx: StageContext, spec) -> None:
     ctx.save_state(state)
     if tags:
         set_tags(ctx.tree.uri, ctx.tree.parent, tags)
+
+
+TAG_TEXT = 5000  # of MLflow's 8,000 characters a tag: the rest is the tag's own words
+
+
+def cut_tag(text: str, limit: int = TAG_TEXT) -> str:
+    """`text` as a tag's part: at most `limit` characters, a cut one ending in '...'."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _outputs(run_dir: Path) -> list[Path]:
@@ -258,6 +268,6 @@ def _rekey_runs(tree: RunTree, aside: Path, why: str) -> None:
                         client.set_tag(r.info.run_id, tag, value)  # (the digest too)
                     client.set_tag(r.info.run_id, "mlflow.runName",
                                    f"{r.info.run_name} (replaced)")
-                    client.set_tag(r.info.run_id, "convs2s.replaced", why[:5000])
+                    client.set_tag(r.info.run_id, "convs2s.replaced", cut_tag(why))
     except Exception as err:  # noqa: BLE001 - the folders moved; the runs keep their names
         warn_unreachable(tree.uri, "re-keying the replaced runs", err)

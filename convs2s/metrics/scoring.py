@@ -6,7 +6,10 @@ references aligned. The numbers (docs/reference.md, Evaluation):
 - `bleu`: sacreBLEU with its defaults (tok 13a, smooth exp, case mixed) and its signature: the
   project's main number, equal to what the `sacrebleu` command-line tool prints. It is also the
   paper-comparable number for WMT'16 En-Ro: the paper scores En-Ro with detokenized BLEU
-  (§4.3), here on the normalized Romanian text below.
+  (§4.3), here on the normalized Romanian text below. Chinese, Japanese and Korean targets,
+  written without spaces between words, are tokenized as sacreBLEU does for them
+  (`sacrebleu -l xx-zh`: tok zh, ja-mecab, ko-mecab; the last two need `sacrebleu[ja]` /
+  `sacrebleu[ko]`): 13a would make each sentence one token. Every other target: 13a.
 - `bleu_tokenized`: the paper-comparable number for WMT'14 En-De and En-Fr (§4.3: case-sensitive
   tokenized BLEU). Hypotheses and references are both tokenized the way fairseq's
   prepare-wmt14en2de.sh / prepare-wmt14en2fr.sh (the ConvS2S data) tokenized the test
@@ -14,6 +17,7 @@ references aligned. The numbers (docs/reference.md, Evaluation):
   rules, aggressive hyphen splitting: `Hotel-Zimmer` -> `Hotel @-@ Zimmer`; no XML escaping,
   which maps each token to one token and so leaves BLEU as it is). sacreBLEU then scores them
   with `tokenize="none", force=True` (what multi-bleu.perl computed on tokenized text).
+  Not computed for Chinese, Japanese or Korean targets: Moses does not segment them either.
 - `chrf`: sacreBLEU's chrF2 defaults (character 6-grams, no word n-grams, beta 2).
 - ROUGE-1/2/L recall, precision and F1 (rouge-score, Porter stemming on, as in the standard
   Gigaword evaluation of Rush et al. 2015 and the paper §4.1), averaged over sentences, in %.
@@ -102,9 +106,43 @@ def _bleu_with(metric: BLEU, hyps: list[str], refs: list[str]) -> BleuScore:
     )
 
 
-def bleu(hyps: list[str], refs: list[str]) -> BleuScore:
-    """sacreBLEU on detokenized text with the tool's defaults (tok 13a, smooth exp, mixed case)."""
-    return _bleu_with(BLEU(), hyps, refs)
+# Targets written without spaces between words: sacreBLEU's tokenizer for each (its BLEU's
+# choice for `trg_lang`, as `sacrebleu -l en-zh` makes it) and the package it needs. On them
+# 13a finds one token per sentence and Moses none either, so BLEU would mean nothing.
+UNSPACED_TARGETS = {"zh": ("zh", None), "ja": ("ja-mecab", "sacrebleu[ja]"),
+                    "ko": ("ko-mecab", "sacrebleu[ko]")}
+
+
+def bleu_metric(tgt_lang: str | None = None) -> BLEU:
+    """sacreBLEU's BLEU for a target language: 13a, or the tokenizer of an unspaced language
+    (UNSPACED_TARGETS); a ValueError (one line naming the package to install) where sacreBLEU
+    cannot build that tokenizer."""
+    if tgt_lang not in UNSPACED_TARGETS:
+        return BLEU()  # 13a: every other language, its scores as they always were
+    try:
+        return BLEU(trg_lang=tgt_lang)
+    except Exception as err:  # sacreBLEU's RuntimeError names the package in several lines
+        tok, package = UNSPACED_TARGETS[tgt_lang]
+        why = f"pip install '{package}'" if package else str(err).strip().splitlines()[0]
+        raise ValueError(f"target language {tgt_lang!r}: sacreBLEU scores it with its {tok} "
+                         f"tokenizer, which cannot load here ({type(err).__name__}); "
+                         f"{why}") from None
+
+
+def bleu_problem(tgt_lang: str | None) -> str | None:
+    """Why BLEU cannot score `tgt_lang` on this machine (`bleu_metric`'s refusal), or None:
+    asked before a run starts, not after it has trained."""
+    try:
+        bleu_metric(tgt_lang)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def bleu(hyps: list[str], refs: list[str], tgt_lang: str | None = None) -> BleuScore:
+    """sacreBLEU on detokenized text with the tool's defaults (smooth exp, mixed case) and its
+    tokenizer for the target language (`bleu_metric`: 13a but for zh / ja / ko)."""
+    return _bleu_with(bleu_metric(tgt_lang), hyps, refs)
 
 
 def moses_tokenize(lines: list[str], lang: str) -> list[str]:
@@ -120,7 +158,11 @@ def moses_tokenize(lines: list[str], lang: str) -> list[str]:
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> BleuScore:
     """Tokenized BLEU (the paper's for WMT'14): both sides through `moses_tokenize`, then
-    sacreBLEU with tokenize='none'."""
+    sacreBLEU with tokenize='none'. Not for Chinese, Japanese or Korean (UNSPACED_TARGETS):
+    Moses leaves their sentences unsegmented."""
+    if lang in UNSPACED_TARGETS:
+        raise ValueError(f"tokenized BLEU is not defined for {lang!r}: Moses does not segment "
+                         "it into words; use bleu (sacreBLEU's own tokenizer for it)")
     _check_pair(hyps, refs)
     metric = BLEU(tokenize="none", force=True)
     return _bleu_with(metric, moses_tokenize(hyps, lang), moses_tokenize(refs, lang))
@@ -163,42 +205,42 @@ def length_ratio(hyps: list[str], refs: list[str]) -> float:
 
 
 def score_translation(hyps: list[str], refs: list[str], tgt_lang: str) -> dict[str, float]:
-    """Metrics of a translation test set, for MLflow: bleu, bleu_tokenized, chrf, length_ratio.
+    """Metrics of a translation test set, for MLflow: bleu, bleu_tokenized, chrf, length_ratio
+    (no bleu_tokenized for Chinese, Japanese or Korean: UNSPACED_TARGETS).
 
-    length_ratio is sacreBLEU's hypothesis / reference length on its 13a tokens (the `ratio`
+    length_ratio is sacreBLEU's hypothesis / reference length on its BLEU tokens (the `ratio`
     it prints). Romanian targets are normalized first (module docstring).
     """
     _check_pair(hyps, refs)
     if tgt_lang == "ro":
         hyps = [normalize_romanian(h) for h in hyps]
         refs = [normalize_romanian(r) for r in refs]
-    detok = bleu(hyps, refs)
-    return {
-        "bleu": detok.score,
-        "bleu_tokenized": tokenized_bleu(hyps, refs, tgt_lang).score,
-        "chrf": chrf(hyps, refs),
-        "length_ratio": detok.ratio,
-    }
+    detok = bleu(hyps, refs, tgt_lang)
+    out = {"bleu": detok.score}
+    if tgt_lang not in UNSPACED_TARGETS:
+        out["bleu_tokenized"] = tokenized_bleu(hyps, refs, tgt_lang).score
+    return {**out, "chrf": chrf(hyps, refs), "length_ratio": detok.ratio}
 
 
 def translation_signatures(tgt_lang: str) -> dict[str, str]:
     """Signatures of score_translation's metrics (for MLflow tags), plus the preprocessing used."""
     # sacreBLEU only fills `nrefs` into a signature after scoring; every score here is against
     # one reference, so score a one-line pair once to read the signatures.
-    bleu_sig = bleu(["x"], ["x"]).signature
-    tok_sig = _bleu_with(BLEU(tokenize="none", force=True), ["x"], ["x"]).signature
+    bleu_sig = bleu(["x"], ["x"], tgt_lang).signature
     chrf_metric = CHRF()
     chrf_metric.corpus_score(["x"], [["x"]])
-    pre = (f"bleu_tokenized: U+2019 to ', sacremoses {version('sacremoses')} tokenizer "
-           f"lang={tgt_lang}, aggressive dash splits (-a), no escape")
+    sigs = {"bleu": bleu_sig}
+    if tgt_lang in UNSPACED_TARGETS:
+        pre = f"bleu_tokenized: not computed for {tgt_lang} (Moses does not segment it)"
+    else:
+        sigs["bleu_tokenized"] = _bleu_with(BLEU(tokenize="none", force=True), ["x"],
+                                            ["x"]).signature
+        pre = (f"bleu_tokenized: U+2019 to ', sacremoses {version('sacremoses')} tokenizer "
+               f"lang={tgt_lang}, aggressive dash splits (-a), no escape")
     if tgt_lang == "ro":
         pre += "; all metrics: WMT16 Romanian normalise + remove-diacritics, quotes to ASCII"
-    return {
-        "bleu": bleu_sig,
-        "bleu_tokenized": tok_sig,
-        "chrf": f"chrF2|{chrf_metric.get_signature().format()}",
-        "preprocessing": pre,
-    }
+    return {**sigs, "chrf": f"chrF2|{chrf_metric.get_signature().format()}",
+            "preprocessing": pre}
 
 
 def score_summarization(hyps: list[str], refs: list[str]) -> dict[str, float]:

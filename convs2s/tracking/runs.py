@@ -206,9 +206,25 @@ def redact_text(text: str) -> str:
     return _USERINFO.sub(_hide, text)
 
 
+# MLflow's error code for a request it answered by refusing it (a name it does not take, a
+# value too long): the server is there, only that request was lost
+REJECTED = "INVALID_PARAMETER_VALUE"
+_REJECTED: set[tuple[str, str]] = set()  # (tracking URI, refusal) already warned about
+
+
 def warn_unreachable(uri: str, what: str, err: Exception) -> None:
-    """One warning per tracking URI and process; later failures only at debug level."""
+    """One warning per tracking URI and process; later failures only at debug level. A
+    request the server refused (MLflow's INVALID_PARAMETER_VALUE) is no outage: a warning of
+    its own, quoting MLflow's reason (which names the refused key), once per reason, and a
+    later outage is still warned about."""
     detail = redact_text(str(err).splitlines()[0])[:300] if str(err) else ""
+    if getattr(err, "error_code", None) == REJECTED:
+        full = redact_text(" ".join(str(err).split()))[:1000]
+        if (uri, full) not in _REJECTED:
+            _REJECTED.add((uri, full))
+            log.warning("MLflow tracking at %s refused a request while %s (nothing in it was "
+                        "recorded): %s", redact_uri(uri), what, full)
+        return
     if uri in _WARNED:
         log.debug("MLflow tracking at %s failed again while %s (%s: %s)", redact_uri(uri),
                   what, type(err).__name__, detail)
