@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="training budget: seconds or 90s / 60m / 1h (default: 60m)")
     p.add_argument("--variant", metavar="SWEEP:NAME",
                    help="train a variant of the preset's model from workflows/ablations.py "
-                        "instead, e.g. recipe:dropout-0.4 (one trial of that sweep, scored the "
+                        "instead, e.g. recipe:dropout-0.5 (one trial of that sweep, scored the "
                         "same way)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="change the preset as the workflows' --set does (workflows/overrides.py), "
@@ -119,7 +119,7 @@ def with_variant(cfg, variant: str):
     sweep or variant and the choices)."""
     sweep, _, name = variant.partition(":")
     if not name:
-        raise SweepError(f"--variant {variant!r}: give SWEEP:NAME, e.g. recipe:dropout-0.4")
+        raise SweepError(f"--variant {variant!r}: give SWEEP:NAME, e.g. recipe:dropout-0.5")
     (v,) = variants_for(sweep, cfg.model, [name])
     model = v.apply(cfg.model)
     return cfg.replace(model=model, train=keep_explicit_dropout(cfg.train, cfg.model.dropout,

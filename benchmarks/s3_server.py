@@ -114,6 +114,13 @@ class LoopbackS3:
 
 
 if __name__ == "__main__":  # a server for trying things by hand: prints its environment
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m benchmarks.s3_server",
+        description="Start an S3-protocol server on loopback (moto) and print the environment "
+                    "that reaches it (export lines); Ctrl-C stops it. PORT=N picks the port."
+    ).parse_args()
     s = LoopbackS3.start(int(os.environ.get("PORT", 0)) or None)
     print("\n".join(f"export {k}={v}" for k, v in s.env().items()), flush=True)
     try:

@@ -15,7 +15,8 @@ or rouge*; and sentences_per_second), its hypotheses file and its attention pict
 
 Run (inside or next to a Ray cluster; checkpoint paths must be readable by every node):
     python -m workflows.evaluation --run-dir runs/a runs/b --last-n 5 \\
-        --test test data/demo/text/test.en data/demo/text/test.fr fr --parent-run-id <id>
+        --test test PREP/text/<hash>/test.en PREP/text/<hash>/test.fr fr --parent-run-id <id>
+    (PREP: a preprocessing output, <storage>/preprocessed/<task>/<key>)
 
 Jobs (paper §5.1-§5.2): a single checkpoint; an ensemble (several checkpoints, probabilities
 averaged: the paper's ensembles of the best checkpoint of several training runs); or

@@ -17,7 +17,7 @@ are several independently seeded runs). The same --run-name resumes a stopped ru
 
 The paper's analysis (§5.4-§5.5, Tables 4 and 5) on its ablation model, as a sweep on Ray Tune:
 
-    ray job submit --working-dir . -- python workflows/wmt14_en_de.py --preset ablation \
+    ray job submit --working-dir . -- python workflows/wmt14_en_de.py --preset ablation \\
         --sweep paper-5.2 --seeds 3 --use-gpu --max-time 12h --run-name paper-5.2
 """
 
