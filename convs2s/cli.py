@@ -4,8 +4,8 @@
     python -m convs2s translate --checkpoint ... --input src.txt --output hyp.txt [--beam 5 ...]
     python -m convs2s translate --checkpoint ... --input mono.en.gz --output parts/ --actors 4
     python -m convs2s serve --checkpoint runs/demo/best  (or --model models:/NAME@champion)
-    python -m convs2s train --train-data CUT/train --valid-data CUT/valid \
-        --spm-model PREP/spm.model --storage-path runs --run-name demo  (no Ray: train/local.py;
+    python -m convs2s train --train-data CUT/train --valid-data CUT/valid \\
+        --spm-model PREP/spm/spm.model --storage-path runs --run-name demo  (no Ray: train/local.py;
         CUT: a preprocessing output's batches for one token budget, PREP/batches/<hash>)
     python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
     python -m convs2s score --hyp hyp.fr --ref newstest2014.fr --lang fr [--json]
@@ -103,22 +103,50 @@ def _check_flags(args) -> None:
         raise ValueError(f"{' and '.join(given)}: the --actors job does not use "
                          f"{'it' if len(given) == 1 else 'them'} (each actor's device is "
                          "--gpus-per-actor's; its unit of work is --shard-lines)")
+    # (their defaults are None / False: given, not only set; a namespace without them, a
+    # caller's own, gives none)
+    for_actors = [f"--{f.replace('_', '-')}" for f in ("gpus_per_actor", "shard_lines",
+                                                       "no_progress")
+                  if getattr(args, f, None) not in (None, False)]
+    if not args.actors and for_actors:
+        raise ValueError(f"{' and '.join(for_actors)}: only the --actors job uses "
+                         f"{'it' if len(for_actors) == 1 else 'them'}; give --actors N, or "
+                         "leave it out (one process: --device, --buffer-size)")
     if args.column and not str(args.input or "").lower().endswith(".parquet"):  # (as read)
         raise ValueError(f"--column {args.column}: only a .parquet --input has columns")
 
 
-def _read_lines(path: str | None, column: str | None = None) -> Iterator[str]:
-    """Lines split on \\n only (as the scorer reads references); invalid UTF-8 is replaced.
-    A named input (checked with `_check_input`) is read as --actors reads it: text, .gz or a
+def _read_lines(path: str | None, column: str | None = None,
+                non_utf8: dict | None = None) -> Iterator[str]:
+    """Lines split on \\n only (as the scorer reads references). A line that is not UTF-8 is
+    an empty line (its translation an empty line, as `--actors` gives it: the same outputs
+    either way), counted in `non_utf8` ({"count", "first"}: the first one's line number). A
+    named input (checked with `_check_input`) is read as --actors reads it: text, .gz or a
     parquet column (`convs2s.serving.corpus.input_lines`); it is opened here, so a .gz that is
     not gzip or a missing column is a CorpusError before anything loads."""
     if path in (None, "-"):
-        stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace",
-                                  newline="\n")
-        return (line.rstrip("\n") for line in stream)
-    from convs2s.serving.corpus import input_lines
+        raw = (line.rstrip(b"\n") for line in sys.stdin.buffer)
 
-    return input_lines(path, column, replace_invalid=True)
+        def decoded(line: bytes) -> str | None:
+            try:
+                return line.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+
+        lines = (decoded(line) for line in raw)
+    else:
+        from convs2s.serving.corpus import input_lines
+
+        lines = input_lines(path, column)
+
+    def kept() -> Iterator[str]:
+        for number, line in enumerate(lines, 1):
+            if line is None and non_utf8 is not None:
+                non_utf8["count"] += 1
+                non_utf8["first"] = non_utf8["first"] or number
+            yield "" if line is None else line
+
+    return kept()
 
 
 def _chunks(lines: Iterator[str], size: int) -> Iterator[list[str]]:
@@ -184,11 +212,12 @@ def _translate_parser() -> argparse.ArgumentParser:
         "of parts with a manifest; a rerun resumes")
     big.add_argument("--actors", type=int, default=0,
                      help="translator actors of a Ray Data job (0: this process alone)")
-    big.add_argument("--gpus-per-actor", type=float, default=0.0,
-                     help="GPU share of each actor (0: CPU actors)")
-    big.add_argument("--shard-lines", type=int, default=10_000,
-                     help="input lines per part: the unit of work, progress and resume; "
-                          "equal to --buffer-size, parts are batched as one process batches")
+    big.add_argument("--gpus-per-actor", type=float,
+                     help="GPU share of each actor (default 0: CPU actors)")
+    big.add_argument("--shard-lines", type=int,
+                     help="input lines per part (10,000): the unit of work, progress and "
+                          "resume; equal to --buffer-size, parts are batched as one process "
+                          "batches")
     big.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -205,8 +234,10 @@ def _corpus_job(args, search):
         raise CorpusError("--print-attention is for one process; leave out --actors")
     job = CorpusJob(checkpoints=args.checkpoint, input=args.input, output=args.output,
                     search=search, actors=args.actors,
-                    threads_per_actor=args.threads or 1, gpus_per_actor=args.gpus_per_actor,
-                    shard_lines=args.shard_lines, column=args.column,
+                    threads_per_actor=args.threads or 1,
+                    gpus_per_actor=args.gpus_per_actor or 0.0,
+                    shard_lines=10_000 if args.shard_lines is None else args.shard_lines,
+                    column=args.column,
                     spm_model=args.spm_model, progress=not args.no_progress)
     check_job(job)
     if is_uri(args.output):
@@ -226,11 +257,41 @@ def _corpus_interrupted(output: str) -> int:
     return 130
 
 
+def _root_cause(err: BaseException) -> str:
+    """`Type: first line` of the error that started a chain of Ray's wrappers (Ray Data's
+    UserCodeException, RayTaskError, ActorDiedError), credentials hidden."""
+    from ray.exceptions import RayError
+
+    from convs2s.tracking.runs import redact_text
+
+    chain = [err]
+    while True:  # RayTaskError.cause: the worker's exception; else the one raised from
+        inner = getattr(chain[-1], "cause", None)
+        inner = inner if isinstance(inner, BaseException) else chain[-1].__cause__
+        # (Ray Data chains a bare SystemException as a marker, not a cause)
+        if not isinstance(inner, BaseException) or not str(inner).strip() or inner in chain:
+            break
+        chain.append(inner)
+    for e in chain:
+        if isinstance(e, RayError):  # its message carries the worker's traceback, whose
+            # first `Name: message` line is the error raised there first (the wrappers Ray
+            # raised from it follow; an actor's constructor's error is only there)
+            raised = [line.strip() for line in str(e).splitlines()
+                      if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b:?",
+                                  line.strip())]
+            if raised:
+                return redact_text(raised[0])
+    text = str(chain[-1]).strip().splitlines()
+    return redact_text(f"{type(chain[-1]).__name__}: {text[0] if text else ''}".rstrip(": "))
+
+
 def _translate_corpus(args, job, search) -> int:
     """--actors N: the Ray Data job (convs2s.serving.corpus) of a checked `job`."""
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import load_for_inference
+    from ray.exceptions import RayError
+
     from convs2s.serving.corpus import translate_corpus
     from storage.lease import LeaseHeld
 
@@ -241,6 +302,11 @@ def _translate_corpus(args, job, search) -> int:
     except (CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
             ValueError) as err:  # (CorpusError is a ValueError)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
+        return 2
+    except RayError as err:  # a translator actor failed (Ray Data gives its error wrapped)
+        print(f"convs2s-translate: error: a translator failed: {_root_cause(err)}; the "
+              f"finished parts are kept in {args.output}: the same command translates the "
+              "rest", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) while the parts translate
         manifest = None
@@ -291,7 +357,8 @@ def translate(argv: list[str] | None = None) -> int:
                 raise FileNotFoundError(f"--output {args.output}: its folder "
                                         f"{location(args.output).parent} does not exist; "
                                         "create it first")
-            lines = _read_lines(args.input, args.column)
+            non_utf8 = {"count": 0, "first": None}
+            lines = _read_lines(args.input, args.column, non_utf8)
     except (OSError, ValueError, StorageError) as err:  # (CorpusError is a ValueError)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
@@ -350,6 +417,10 @@ def translate(argv: list[str] | None = None) -> int:
                 tmp.parent.rmdir()
     secs = time.perf_counter() - t0
     log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
+    if non_utf8["count"]:  # as the --actors job counts them (its manifest: failures.non_utf8)
+        log.warning("%d line(s) of %s are not UTF-8 (first: line %d): each was translated as "
+                    "an empty line", non_utf8["count"], args.input or "stdin",
+                    non_utf8["first"])
     return 0
 
 
@@ -510,8 +581,9 @@ def serve(argv: list[str] | None = None) -> int:
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--checkpoint", nargs="+", help="checkpoint directories (several: an "
                       "ensemble)")
-    what.add_argument("--model", help="an MLflow model URI: models:/NAME@ALIAS (pinned to the "
-                      "version it names at start), models:/NAME/VERSION, models:/m-ID, runs:/...")
+    what.add_argument("--model", help="an MLflow model URI: models:/NAME@ALIAS or "
+                      "models:/NAME/latest (pinned to the version it names at start), "
+                      "models:/NAME/VERSION, models:/m-ID, runs:/RUN/NAME")
     p.add_argument("--tracking-uri", help="where --model resolves (default: "
                    "MLFLOW_TRACKING_URI)")
     p.add_argument("--spm-model")
@@ -520,6 +592,8 @@ def serve(argv: list[str] | None = None) -> int:
     p.add_argument("--max-len-a", type=float)
     p.add_argument("--max-len-b", type=int)
     p.add_argument("--precision", choices=INFERENCE_PRECISIONS)
+    p.add_argument("--precision-fallback", choices=["fp32"],
+                   help="serve float32 weights where --precision cannot run (one warning)")
     p.add_argument("--shortlist", metavar="NPZ")
     p.add_argument("--shortlist-frequent", type=int)
     p.add_argument("--replicas", type=int, default=1)
@@ -539,12 +613,16 @@ def serve(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.inference.quantize import PrecisionError
     from convs2s.serving.corpus import start_ray
-    from convs2s.serving.online import ServeSettings, resolve_model_uri, run
+    from convs2s.serving.online import DeployError, ServeSettings, resolve_model_uri, run
 
     search = {k: v for k, v in (("beam", args.beam), ("lenpen", args.lenpen),
                                 ("max_len_a", args.max_len_a), ("max_len_b", args.max_len_b),
-                                ("precision", args.precision), ("shortlist", args.shortlist),
+                                ("precision", args.precision),
+                                ("precision_fallback", args.precision_fallback),
+                                ("shortlist", args.shortlist),
                                 ("shortlist_frequent", args.shortlist_frequent))
               if v is not None}
     try:
@@ -556,31 +634,84 @@ def serve(argv: list[str] | None = None) -> int:
             threads_per_replica=args.threads_per_replica,
             gpus_per_replica=args.gpus_per_replica, max_batch_size=args.max_batch_size,
             batch_wait_ms=args.batch_wait_ms)
-        logged = {}  # the logged model's search, which the flags change
         if settings.model and args.spm_model:
             raise ValueError(f"--spm-model {args.spm_model}: a logged model (--model) carries "
                              "its own text pipeline; leave it out")
         if settings.model:  # resolved (and an alias pinned) before Ray starts
-            settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
-            from convs2s.serving.online import fetch_logged_model, logged_model_artifacts
+            import mlflow
 
-            arts = logged_model_artifacts(fetch_logged_model(settings.model,
-                                                             settings.tracking_uri))
-            logged = json.loads(Path(arts["search"]).read_text())
+            # read here, once, and given to the replicas (whose environment may not hold
+            # $MLFLOW_TRACKING_URI); shown only through redact_uri
+            settings.tracking_uri = settings.tracking_uri or mlflow.get_tracking_uri()
+            settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
         else:
             for c in settings.checkpoints:
                 if not location(c).is_dir():
                     raise ValueError(f"checkpoint {c} does not exist: give a checkpoint "
                                      "directory of a training run (e.g. RUN/train/best)")
-        # the search the replicas would build (a --beam 0 or a --max-len-b -1 is refused here,
-        # not by every replica once Ray has started)
-        SearchConfig.from_dict({**logged, **search})
-    except ValueError as err:
+            SearchConfig.from_dict(search)  # (a --beam 0: before torch loads)
+        _load_as_replicas_will(settings)
+        if not os.environ.get("RAY_ADDRESS"):  # a local Ray: its HTTP proxy binds here
+            _check_port_free(args.host, args.port)
+    except (CheckpointError, PrecisionError, StorageError, OSError, ValueError) as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
-    start_ray(log_to_driver=False)  # Serve's per-request lines stay in Ray's log files
-    run(settings, host=args.host, port=args.port, blocking=True)
+    from ray.exceptions import RayError  # (Ray once the checks have passed)
+
+    try:
+        start_ray(log_to_driver=False)  # Serve's per-request lines stay in Ray's log files
+        run(settings, host=args.host, port=args.port, blocking=True)
+    except (DeployError, RayError, OSError) as err:  # (an unreachable RAY_ADDRESS: a
+        # ConnectionError; Serve's deployment failing: DeployError, with the replica's error)
+        from convs2s.tracking.runs import redact_text
+
+        print(f"{p.prog}: error: {redact_text(str(err).splitlines()[0])}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """--host / --port free to bind (Serve's proxy, started later, only logs that it could not,
+    and retries)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as uvicorn binds)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            why = err.strerror or err
+            raise OSError(f"--port {port} on --host {host} cannot be bound ({why}): give "
+                          "another --port, or stop what holds it") from None
+
+
+def _load_as_replicas_will(settings) -> None:
+    """The model loaded once here, on the CPU, with the settings every replica will load it
+    with: a folder without checkpoint.pt, a corrupt checkpoint, a missing --shortlist or a
+    precision that cannot run is one line now, not an error in every replica while Serve
+    retries them (as `translate --actors` checks its model before the actors start)."""
+    import torch
+
+    from convs2s.inference.quantize import resolve_precision
+    from convs2s.inference.translate import load_for_inference
+
+    torch.set_num_threads(1)  # (a check: the replicas' threads are theirs)
+    if settings.model:
+        from convs2s.serving.online import fetch_logged_model, logged_model_artifacts
+        from convs2s.serving.pyfunc import translator_from_artifacts
+
+        arts = logged_model_artifacts(fetch_logged_model(settings.model, settings.tracking_uri))
+        translator = translator_from_artifacts(arts, "cpu", settings.search)
+    else:
+        translator = load_for_inference(settings.checkpoints,
+                                        SearchConfig.from_dict(settings.search), "cpu",
+                                        spm_model=settings.spm_model)
+    cfg = translator.search
+    if settings.gpus_per_replica and cfg.precision == "int8":  # a replica holding a GPU
+        # searches on it: int8 runs on CPUs (resolve_precision: the fallback, else an error)
+        resolve_precision(cfg.precision, "cuda", cfg.precision_fallback)
+    del translator
+    gc.collect()
 
 
 def train(argv: list[str] | None = None) -> int:

@@ -61,6 +61,14 @@ def test_a_corpus_job_translates_line_for_line_in_input_order(tiny_checkpoints, 
 
     expected = one_process(tiny_checkpoints["a"], lines[:11] + [""] + lines[12:])
     assert parts_text(out) == expected  # the same translations, in input order
+    # and those of `translate` without --actors, the line that is not UTF-8 included (an empty
+    # line either way)
+    from convs2s.cli import translate
+
+    assert translate(["--checkpoint", tiny_checkpoints["a"], "--beam", "2", "--max-len-a", "0",
+                      "--max-len-b", "12", "--input", str(src), "--output",
+                      str(tmp_path / "one.de")]) == 0
+    assert (tmp_path / "one.de").read_text().split("\n")[:-1] == expected
     assert manifest["lines_in"] == manifest["lines_out"] == 230
     assert manifest["parts"] == [f"part-{i:05d}.txt" for i in range(5)]
     assert manifest["failures"]["empty"] == 2
@@ -297,3 +305,101 @@ def test_a_folder_another_job_holds_is_refused_before_any_work(tiny_checkpoints,
             translate_corpus(CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "a.en"),
                                        str(out), search=SEARCH, progress=False))
     assert [p.name for p in out.iterdir()] == []  # nothing written; the lease is gone
+
+
+def test_a_failing_translator_is_one_error_line_and_the_finished_parts_are_kept(
+        tiny_checkpoints, ray_session, tmp_path, capsys):
+    """An error inside a translator actor (here a source shard damaged on disk after the split,
+    its bytes no longer UTF-8, and its part gone) reaches the driver wrapped by Ray
+    (UserCodeException, RayTaskError): one line with its root cause, exit 2, no traceback; the
+    finished parts are kept, and the same command resumes once the cause is mended."""
+    from convs2s.cli import main
+
+    lines = corpus_lines(tiny_checkpoints["pairs"], 60)
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    argv = KILLED[4:] + ["--checkpoint", tiny_checkpoints["a"], "--input",
+                         str(tmp_path / "mono.en"), "--output", str(out)]
+    assert main(["translate", *argv]) == 0
+    shard = out / "source" / "part-00001.txt"
+    good = shard.read_bytes()
+    for name in ("manifest.json", "part-00001.json", "part-00001.txt"):
+        (out / name).unlink()
+    shard.write_bytes(b"caf\xe9\n" * 20)  # a byte the split never writes: not UTF-8
+    capsys.readouterr()
+    rc = main(["translate", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2, err[-3000:]
+    (line,) = [x for x in err.splitlines() if "error:" in x]
+    assert "a translator failed: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9" in \
+        line and f"the finished parts are kept in {out}: the same command translates the " \
+        "rest" in line, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert (out / "part-00000.json").is_file() and not (out / "manifest.json").exists()
+    shard.write_bytes(good)
+    assert main(["translate", *argv]) == 0
+    assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)
+
+
+def test_a_part_whose_text_does_not_match_its_record_is_translated_again(
+        tiny_checkpoints, ray_session, tmp_path):
+    """A part's `.json` records its `.txt`'s size: a `.txt` left short (a crash before the
+    renamed file reached the disk) is not trusted on its record, even in a complete output;
+    the rerun translates that part again and no other."""
+    lines = corpus_lines(tiny_checkpoints["pairs"], 60)
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    job = CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "mono.en"), str(out),
+                    search=SEARCH, actors=1, shard_lines=40, progress=False)
+    translate_corpus(job)
+    record = json.loads((out / "part-00000.json").read_text())
+    assert record["bytes"] == (out / "part-00000.txt").stat().st_size
+    assert record["lines_out"] == 40
+    kept = (out / "part-00000.txt").stat().st_mtime_ns
+    (out / "part-00001.txt").write_bytes(b"")  # as a crash may leave it
+    manifest = translate_corpus(job)
+    assert manifest["parts_translated_now"] == 1
+    assert (out / "part-00000.txt").stat().st_mtime_ns == kept
+    assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)
+
+
+def test_a_parquet_text_column_may_be_a_category_a_large_string_or_a_string_view(tmp_path):
+    """Text columns as pandas and Arrow write them: a category (dictionary of strings, decoded),
+    large_string and string_view are read as text; the only text column is found without
+    --column."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from convs2s.serving.corpus import input_lines
+
+    pd.DataFrame({"id": [1, 2, 3], "text": pd.Categorical(["a cat", "a dog", None])}) \
+        .to_parquet(tmp_path / "category.parquet")
+    assert list(input_lines(str(tmp_path / "category.parquet"))) == ["a cat", "a dog", ""]
+    for kind in (pa.large_string(), pa.string_view()):
+        path = tmp_path / f"{kind}.parquet"
+        pq.write_table(pa.table({"id": [1, 2], "text": pa.array(["one", "two"], kind)}), path)
+        assert list(input_lines(str(path))) == ["one", "two"], kind
+
+
+def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints, tmp_path,
+                                                                capsys):
+    """--gpus-per-actor, --shard-lines and --no-progress are the --actors job's: given to one
+    process (which would ignore them) they are one line, exit 2, before anything is loaded or
+    written, as --device and --buffer-size are with --actors."""
+    from convs2s.cli import translate
+
+    (tmp_path / "a.en").write_text("one\n")
+    for extra, says in [
+        (["--gpus-per-actor", "0.5"], "--gpus-per-actor: only the --actors job uses it"),
+        (["--shard-lines", "10"], "--shard-lines: only the --actors job uses it"),
+        (["--no-progress"], "--no-progress: only the --actors job uses it"),
+        (["--shard-lines", "10", "--no-progress"],
+         "--shard-lines and --no-progress: only the --actors job uses them"),
+    ]:
+        rc = translate(["--checkpoint", tiny_checkpoints["a"], "--input",
+                        str(tmp_path / "a.en"), "--output", str(tmp_path / "a.de"), *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(f"convs2s-translate: error: {says}; give --actors "
+                                          "N") and err.count("\n") == 1, (extra, err)
+    assert not (tmp_path / "a.de").exists()

@@ -200,3 +200,18 @@ def test_trained_translator_is_served_over_http(demo_trained, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log_file.close()
+
+
+def test_a_search_a_request_could_not_ask_is_refused_when_logged(tiny_checkpoints, tmp_path):
+    """MLflow sends a logged model's search settings with every request that leaves them out:
+    a model logged with beam 20 (over the requests' 16) would refuse every request, naming a
+    setting its client never sent. It is refused at logging, naming the setting, and nothing
+    is logged or registered."""
+    uri = mlflow_store(tmp_path)
+    with pytest.raises(ValueError, match=r"search beam=20 is outside \[1, 16\], what a request "
+                                         r"may ask \(CONVS2S_SERVE_MAX_BEAM on the server\)"):
+        log_translator([tiny_checkpoints["a"]], SearchConfig(beam=20), tracking_uri=uri,
+                       registered_model_name="tiny")
+    client = MlflowClient(uri)
+    assert client.search_registered_models() == []
+    assert [e.name for e in client.search_experiments()] == ["Default"]

@@ -19,9 +19,11 @@ pool, docs/reference.md, Ray):
    `map_batches` on `actors` translator actors (each loads the model once, one torch thread
    per CPU it holds, or a GPU fraction). An actor writes `part-NNNNN.txt` (the translations of
    the shard, line for line; `nbest` lines per input with --nbest) and then `part-NNNNN.json`
-   (its counts): a part counts as done only once its `.json` exists, so a killed job leaves no
-   half-written part that a rerun would trust (a local part is renamed into place; an object is
-   one PUT).
+   (its counts, and the `.txt`'s size and lines): a part counts as done only once its `.json`
+   exists and its `.txt` holds the bytes it records, so a killed job (or a machine's crash
+   before the renamed file reached the disk) leaves no half-written part that a rerun would
+   trust (a local part is renamed into place; an object is one PUT); a rerun translates a part
+   that does not match again, even after the manifest was written.
 3. **Manifest.** When every part is done, `manifest.json` (written last) sums them: lines in
    and out, failures by reason (empty input lines, kept empty; lines that were not UTF-8, kept
    empty; lines cut to the model's positions), the model, the search, the time and the rate.
@@ -123,25 +125,26 @@ def worker_path(path: str | None) -> str | None:
 # --- 1. split ---------------------------------------------------------------------------------
 
 
-def input_lines(path: str, column: str | None = None, replace_invalid: bool = False):
+def input_lines(path: str, column: str | None = None):
     """The lines of an input (text, .gz, or a parquet column; a local file or an object), split
-    on \\n only: per line its text, or None where it is not UTF-8 (with `replace_invalid`: its
-    text with U+FFFD for the bad bytes). The one reader of `translate`, with or without
-    --actors. Opened here: a parquet file without the column, or a .gz that is not gzip, is a
-    CorpusError now, not at the first line (as is a .gz cut short, when it is read)."""
+    on \\n only: per line its text, or None where it is not UTF-8 (both modes of `translate`
+    translate it as an empty line and count it). The one reader of `translate`, with or without
+    --actors, so that both give the same outputs. Opened here: a parquet file without the
+    column, or a .gz that is not gzip, is a CorpusError now, not at the first line (as is a .gz
+    cut short, when it is read)."""
     name = location(path).name.lower()
     if name.endswith(".parquet"):
         return _parquet_lines(path, column)
     raw = open_input(path)
     if not name.endswith(".gz"):
-        return _text_lines(path, raw, replace_invalid)
+        return _text_lines(path, raw)
     stream = gzip.GzipFile(fileobj=raw)
     try:
         stream.peek(1)
     except (OSError, EOFError, zlib.error) as err:
         raw.close()
         raise _not_gzip(path, err) from None
-    return _text_lines(path, stream, replace_invalid, raw)
+    return _text_lines(path, stream, raw)
 
 
 def _not_gzip(path: str, err: Exception) -> CorpusError:
@@ -149,14 +152,13 @@ def _not_gzip(path: str, err: Exception) -> CorpusError:
                        "give it compressed whole, or without .gz when it is plain text")
 
 
-def _text_lines(path: str, stream, replace_invalid: bool, raw=None):
-    errors = "replace" if replace_invalid else "strict"
+def _text_lines(path: str, stream, raw=None):
     try:
         with stream:
             for line in stream:
                 line = line.rstrip(b"\n")  # lines split on \n only, as the scorer reads them
                 try:
-                    yield line.decode("utf-8", errors)
+                    yield line.decode("utf-8")
                 except UnicodeDecodeError:
                     yield None
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # a .gz cut short or corrupt
@@ -166,30 +168,49 @@ def _text_lines(path: str, stream, replace_invalid: bool, raw=None):
             raw.close()
 
 
-def _parquet_lines(path: str, column: str | None):
+def _is_text(kind) -> bool:
+    """An Arrow type that holds text: string, large_string, string_view, or a dictionary of one
+    of them (a pandas category column)."""
     import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+        pa.types.is_string_view(kind)
+
+
+def _parquet_lines(path: str, column: str | None):
     import pyarrow.parquet as pq
 
     from storage import filesystem_of
 
     fs, key = filesystem_of(path)
-    pf = pq.ParquetFile(fs.open_input_file(key))
-    strings = [f.name for f in pf.schema_arrow if pa.types.is_string(f.type)
-               or pa.types.is_large_string(f.type)]
-    if column is None:
-        if len(strings) != 1:
-            raise CorpusError(f"{path}: {len(strings)} string columns ({', '.join(strings)}): "
-                              "name the one to translate with --column")
-        column = strings[0]
-    elif column not in strings:
-        raise CorpusError(f"{path}: no string column {column!r} (string columns: "
-                          f"{', '.join(strings) or 'none'})")
+    handle = fs.open_input_file(key)
+    try:
+        pf = pq.ParquetFile(handle)
+        strings = [f.name for f in pf.schema_arrow if _is_text(f.type)]
+        if column is None:
+            if len(strings) != 1:
+                raise CorpusError(f"{path}: {len(strings)} string columns "
+                                  f"({', '.join(strings)}): name the one to translate with "
+                                  "--column")
+            column = strings[0]
+        elif column not in strings:
+            raise CorpusError(f"{path}: no string column {column!r} (string columns: "
+                              f"{', '.join(strings) or 'none'})")
+    except BaseException:
+        handle.close()
+        raise
 
     def lines():
-        for batch in pf.iter_batches(columns=[column], batch_size=8192):
-            for value in batch.column(0).to_pylist():
-                # a null is an empty line; a line break inside a value would split it in two
-                yield "" if value is None else value.replace("\n", " ")
+        try:
+            for batch in pf.iter_batches(columns=[column], batch_size=8192):
+                # (a dictionary column's values decoded: to_pylist gives the strings)
+                for value in batch.column(0).to_pylist():
+                    # a null is an empty line; a line break inside a value would split it
+                    yield "" if value is None else value.replace("\n", " ")
+        finally:
+            handle.close()
 
     return lines()
 
@@ -279,9 +300,13 @@ class ShardTranslator:
             with torch.inference_mode():
                 # (no attention kept: the parts are text)
                 translations = self.translator.translate_full(lines, attention=False)
-            write_whole(self.out / part_name(index, "txt", self.width), "".join(
-                format_translation(tr, 0, self.nbest, False) for tr in translations).encode())
-            record = {"index": index, "lines": len(lines),
+            data = "".join(format_translation(tr, 0, self.nbest, False)
+                           for tr in translations).encode()
+            write_whole(self.out / part_name(index, "txt", self.width), data)
+            # what the .txt holds, checked before the part is trusted (a rename is not flushed
+            # to disk: after a crash a part may be shorter than its record says)
+            record = {"index": index, "lines": len(lines), "bytes": len(data),
+                      "lines_out": data.count(b"\n"),
                       "empty": sum(1 for tr in translations if not tr.source),
                       "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
                       "precision": self.precision,
@@ -371,14 +396,14 @@ def translate_corpus(job: CorpusJob) -> dict:
                               "the folder to start over")
         if previous is None:
             write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
-        if (out / MANIFEST).is_file():
-            log.info("%s is complete already (%s)", job.output, MANIFEST)
-            return json.loads((out / MANIFEST).read_text())
+        complete = (out / MANIFEST).is_file()
         source = split_input(job, out)
         t0 = time.perf_counter()
         width = part_width(len(source["shards"]))
-        todo = [s for s in source["shards"]
-                if not (out / part_name(s["index"], "json", width)).is_file()]
+        todo = [s for s in source["shards"] if not part_done(out, s["index"], width)]
+        if complete and not todo:
+            log.info("%s is complete already (%s)", job.output, MANIFEST)
+            return json.loads((out / MANIFEST).read_text())
         done_lines = source["lines"] - sum(s["lines"] for s in todo)
         if done_lines:
             log.info("resuming: %d of %d parts done already", len(source["shards"]) - len(todo),
@@ -389,6 +414,28 @@ def translate_corpus(job: CorpusJob) -> dict:
         manifest = _manifest(job, out, source, identity, seconds, len(todo))
         write_whole(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
     return manifest
+
+
+def part_done(out, index: int, width: int) -> bool:
+    """Whether part `index` is finished: its `.json` is written and its `.txt` holds the bytes
+    that record counts (a part that does not match, one a crash left short, is translated
+    again; a part recorded before sizes were, on its `.json` alone)."""
+    try:
+        record = _read_json(out / part_name(index, "json", width))
+    except ValueError:  # a record a crash left empty or cut short
+        record = None
+    if record is None:
+        return False
+    txt = out / part_name(index, "txt", width)
+    try:
+        size = stamp(txt)[0]
+    except FileNotFoundError:
+        size = None
+    if size is None or size != record.get("bytes", size):
+        log.warning("%s does not match its record (%s bytes, %s recorded): translated again",
+                    txt, "no" if size is None else size, record.get("bytes", "none"))
+        return False
+    return True
 
 
 def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int, width: int) -> None:
@@ -430,9 +477,14 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         raise CorpusError(f"{job.output}: parts {missing[:5]} were not written; rerun the "
                           "same command to finish them")
     for s, p in zip(source["shards"], parts):
-        if p["lines"] != s["lines"]:
+        if p["lines"] != s["lines"] or p.get("lines_out", s["lines"] * job.search.nbest) != \
+                s["lines"] * job.search.nbest:
             raise CorpusError(f"{out / part_name(s['index'], 'json', width)} counts {p['lines']} "
                               f"lines, its source shard {s['lines']}: delete the part and rerun")
+    short = [s["index"] for s in source["shards"] if not part_done(out, s["index"], width)]
+    if short:
+        raise CorpusError(f"{job.output}: parts {short[:5]} do not hold what their records "
+                          "count; rerun the same command to translate them again")
     lines = sum(p["lines"] for p in parts)
     truncated = [s["first_line"] + i for s, p in zip(source["shards"], parts)
                  for i in p["truncated"]]

@@ -16,8 +16,9 @@ HTTP (port 8000 unless --port):
     GET /health -> {"status": "ok", "model": ..., "precision": ..., "replica": ...}
 A request over the limits (convs2s.serving.requests: sentences, characters, search settings,
 the work its settings may ask) is an HTTP 400 naming the limit, before any search; so are no
-sentences (`"inputs": []`) and a "params" that is not an object; a body that is not a JSON
-object, a 422. Attention is kept only for a request that asks it.
+sentences (`"inputs": []`), a "params" that is not an object and a key other than "inputs" and
+"params"; a body that is not a JSON object, a 422. A setting given as null is its default
+("attention": null, no attention). Attention is kept only for a request that asks it.
 
 Dynamic batching: every sentence of every request waiting at a replica joins one queue; when
 the replica's search thread is free, one consumer takes every sentence waiting (up to
@@ -29,7 +30,9 @@ runs, then queues it: its batches stayed at 2-5 sentences with 16 clients here,
 docs/benchmarks.md, Serving.) The search runs on one thread of its own, so the replica keeps
 accepting requests meanwhile. Sentences of a batch are sorted by length as `translate` sorts
 them; in float32 a sentence's translation does not depend on the others (bf16 and int8 may
-move slightly with the batch, docs/benchmarks.md).
+move slightly with the batch, docs/benchmarks.md), except with a shortlist (`--shortlist`):
+the target vocabulary searched is the union of the shortlists of the batch's sentences, so a
+sentence's translation may then depend on the sentences searched with it, in float32 too.
 
 Replicas: `--replicas N` fixed, or autoscaling between `--min-replicas` and `--max-replicas`
 on `--target-ongoing-requests` per replica; each holds `--threads-per-replica` CPUs (its torch
@@ -40,6 +43,7 @@ and replaces one that fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -54,6 +58,7 @@ from convs2s.serving.requests import (RequestError, batch_bound, check_sentences
 log = logging.getLogger("convs2s.serving.online")
 
 DEPLOYMENT = "Translator"
+BODY_KEYS = ("inputs", "params")  # what a request body may hold
 
 
 @dataclass
@@ -62,7 +67,9 @@ class ServeSettings:
 
     checkpoints: list[str] = field(default_factory=list)  # checkpoint folders, or:
     model: str | None = None  # an MLflow model URI (models:/NAME@alias, models:/m-..., runs:/)
-    tracking_uri: str | None = None  # where `model` resolves (default: MLFLOW_TRACKING_URI)
+    # where `model` resolves (default: MLFLOW_TRACKING_URI, read once where the application is
+    # built and passed on: a replica's environment may not have it; never printed unredacted)
+    tracking_uri: str | None = None
     search: dict = field(default_factory=dict)  # SearchConfig fields over the model's own
     spm_model: str | None = None
     threads_per_replica: int = 1
@@ -121,9 +128,10 @@ class ServeSettings:
 
 
 def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
-    """A registered model's alias pinned to the logged model it names now (models:/m-<id>), so
-    that every replica serves the same weights even if the alias moves; other URIs as given.
-    A URI that does not resolve raises ValueError with the reason."""
+    """A registered model's alias, or its `latest` version, pinned to the logged model it names
+    now (models:/m-<id>), so that every replica serves the same weights even if the alias
+    moves or a version is added; other URIs as given. A URI that does not resolve raises
+    ValueError with the reason."""
     import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
@@ -131,48 +139,79 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
     from convs2s.tracking.runs import redact_text, redact_uri
 
     tracking_uri = tracking_uri or mlflow.get_tracking_uri()
+    name, alias = None, None
     if uri.startswith("models:/") and "@" in uri:
         name, alias = uri[len("models:/"):].split("@", 1)
-        try:
-            mv = MlflowClient(tracking_uri).get_model_version_by_alias(name, alias)
-        except MlflowException as err:
-            raise ValueError(f"model {uri} does not resolve at {redact_uri(tracking_uri)}: "
-                             f"{redact_text(err.message.splitlines()[0])}") from None
-        if getattr(mv, "model_id", None):
-            return f"models:/{mv.model_id}"
-        if str(mv.source).startswith("models:/m-"):  # the logged model it was registered from
-            return mv.source
-        return f"models:/{name}/{mv.version}"
-    return uri
+    elif uri.startswith("models:/") and uri.endswith("/latest"):
+        name = uri[len("models:/"):-len("/latest")]
+    if name is None:
+        return uri
+    client = MlflowClient(tracking_uri)
+    try:
+        if alias is not None:
+            mv = client.get_model_version_by_alias(name, alias)
+        else:  # the highest version number, as MLflow reads `latest` when it loads
+            found = client.search_model_versions(f"name = '{name}'")
+            if not found:
+                raise MlflowException(f"Registered Model with name={name} has no version")
+            mv = max(found, key=lambda v: int(v.version))
+    except MlflowException as err:
+        raise ValueError(f"model {uri} does not resolve at {redact_uri(tracking_uri)}: "
+                         f"{redact_text(err.message.splitlines()[0])}") from None
+    if getattr(mv, "model_id", None):
+        return f"models:/{mv.model_id}"
+    if str(mv.source).startswith("models:/m-"):  # the logged model it was registered from
+        return mv.source
+    return f"models:/{name}/{mv.version}"
 
 
 def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
-    """The logged model's folder on this node (downloaded once per node and URI)."""
+    """The logged model's folder on this node (downloaded once per node, store and URI). A
+    URI that does not download, or names no model (no MLmodel file), raises ValueError naming
+    it; nothing half-downloaded is left or reused."""
+    import shutil
+
     import mlflow.artifacts
 
-    from convs2s.tracking.runs import redact_text
+    from convs2s.tracking.runs import global_tracking_uri, redact_text
     from storage.paths import cache_root
 
+    # the store in the key even when it comes from $MLFLOW_TRACKING_URI: models:/NAME/1 or
+    # runs:/ID/... of two stores are other models (the key is a hash: no password in a path)
+    tracking_uri = tracking_uri or mlflow.get_tracking_uri()
     dest = cache_root() / "models" / hashlib.sha256(
         f"{tracking_uri}|{uri}".encode()).hexdigest()[:16]
     if (dest / "MLmodel").is_file():
         return dest
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a download of an earlier process of this pid
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a line per file
     try:
-        if tracking_uri:
-            mlflow.set_tracking_uri(tracking_uri)
-        mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(tmp))
-    except Exception as err:  # MLflow raises several types for a URI that does not resolve
-        # never the server's password, should MLflow name the server (given here, or from
-        # $MLFLOW_TRACKING_URI)
-        reason = redact_text(str(err).splitlines()[0])
-        raise ValueError(f"model {uri} could not be fetched: {reason}") from None
-    try:
-        os.replace(tmp, dest)
-    except OSError:  # another replica on this node finished first
-        import shutil
-
+        try:
+            # (models:/ resolves through the process-wide URI; the caller's is put back after.
+            # Where MLflow put it: `runs:/RUN/translator` lands in tmp/translator/)
+            with global_tracking_uri(tracking_uri):
+                got = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri,
+                                                               dst_path=str(tmp)))
+        except Exception as err:  # MLflow raises several types for a URI that does not resolve
+            # never the server's password, should MLflow name the server (given here, or from
+            # $MLFLOW_TRACKING_URI)
+            reason = redact_text(str(err).splitlines()[0])
+            raise ValueError(f"model {uri} could not be fetched: {reason}") from None
+        if not (got / "MLmodel").is_file():
+            raise ValueError(f"model {uri} is not a logged model (no MLmodel file in what it "
+                             "names): give models:/NAME@ALIAS, models:/m-ID or runs:/RUN/NAME "
+                             "of a logged translator")
+        if dest.is_dir() and not (dest / "MLmodel").is_file():
+            # a folder left by an older version of this code (a download's parent): never
+            # complete, since only a folder holding MLmodel is renamed into place
+            shutil.rmtree(dest, ignore_errors=True)
+        try:
+            os.replace(got, dest)
+        except OSError:  # another replica on this node finished first (its folder is whole)
+            if not (dest / "MLmodel").is_file():
+                raise
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
@@ -265,10 +304,14 @@ class TranslatorReplica:
         the limits (convs2s.serving.requests, its work included, measured on its sentences'
         source pieces before any search), no sentences (`"inputs": []`: a 400, not an empty
         answer), a "params" that is not a JSON object (`[]`, `0`, `""` too: not read as
-        "no params")."""
+        "no params"), a key other than "inputs" and "params"."""
         if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
             raise RequestError('the body must be a JSON object {"inputs": ["a sentence", ...], '
                                '"params": {...}}')
+        unknown = sorted(set(body) - set(BODY_KEYS))
+        if unknown:  # (a misspelt "params" would otherwise be searched with the defaults)
+            raise RequestError(f"unknown key(s) {', '.join(map(repr, unknown))} in the body; it "
+                               f"may hold {', '.join(map(repr, BODY_KEYS))}")
         sentences = body["inputs"]
         check_sentences(sentences)
         params = body.get("params")
@@ -277,7 +320,8 @@ class TranslatorReplica:
             raise RequestError(f'"params" must be a JSON object of search settings, got '
                                f"{type(params).__name__}")
         params = dict(params)
-        attention = params.pop("attention", False)
+        attention = params.pop("attention", None)
+        attention = False if attention is None else attention  # null: the default, as others
         if not isinstance(attention, bool):
             raise RequestError(f"attention must be true or false, got {attention!r}")
         search = search_for(self.translator.search, params)
@@ -417,6 +461,9 @@ def build_app(args: dict):
     taken from the folder it runs in (`serve run`'s, `python -m convs2s serve`'s)."""
     settings = ServeSettings(**args).for_replicas()
     if settings.model:
+        import mlflow
+
+        settings.tracking_uri = settings.tracking_uri or mlflow.get_tracking_uri()
         settings.model = resolve_model_uri(settings.model, settings.tracking_uri)
     return deployment(settings)
 
@@ -424,16 +471,41 @@ def build_app(args: dict):
 def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
         name: str = "convs2s", blocking: bool = False):
     """Start (or update) the application on the Ray this process is connected to; returns
-    Serve's handle. With `blocking`, serves until interrupted (Ctrl-C: the application is
-    deleted, nothing else is left running by this process)."""
-    from ray import serve
+    Serve's handle. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as `ray job
+    stop` sends: the application is deleted, nothing else is left running by this process)."""
+    from convs2s.console import sigterm_as_ctrl_c
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines
+    # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started: Ray's handler
+    # exited wherever the process was, and the application was never deleted)
+    with sigterm_as_ctrl_c() if blocking else contextlib.nullcontext():
+        return _run(settings, host, port, name, blocking)
+
+
+class DeployError(RuntimeError):
+    """Serve could not deploy the application (a replica failed to start): its reason."""
+
+
+def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: bool):
+    from ray import serve
+
+    from convs2s.tracking.runs import redact_text
+
     try:
         serve.start(http_options={"host": host, "port": port})
         t0 = time.perf_counter()
-        handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
-                           blocking=False)
+        try:
+            handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
+                               blocking=False)
+        except RuntimeError as err:
+            if f"Deploying application {name} failed" not in str(err):
+                raise
+            serve.delete(name)  # (on a cluster it would stay, failed, beside the others)
+            # Serve's message is its reason and the replica's traceback: its last line names
+            # the error
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            raise DeployError(redact_text(f"the application {name!r} could not be deployed: "
+                                          f"{lines[-1]}")) from None
         log.info("serving %s on http://%s:%d/translate (ready in %.1f s; Ctrl-C stops)",
                  settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
         if not blocking:

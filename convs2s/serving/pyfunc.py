@@ -46,15 +46,16 @@ from pathlib import Path
 import mlflow
 import mlflow.pyfunc
 
-from convs2s.serving.requests import (RequestError, batch_bound, check_sentences, check_work,
-                                      search_for)
+from convs2s.serving.requests import (RequestError, batch_bound, check_default_search,
+                                      check_sentences, check_work, search_for)
 
 SEARCH_FILE = "search.json"
 PRECISION_TAG = "convs2s.inference_precision"  # on the logged model
 FALLBACK_TAG = "convs2s.inference_precision_fallback"
 EXAMPLE = ["the cat is small ."]
 # Search settings a request may change here (`params`, in the model's signature; MLflow fills
-# the logged values for those a request leaves out). n-best lists and attention need a richer
+# the logged values for those a request leaves out, and drops a parameter the signature does
+# not name with a warning: no 400 for it here). n-best lists and attention need a richer
 # answer than list[str]: the Ray Serve deployment (convs2s.serving.online) gives them.
 PYFUNC_PARAMS = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "unk_penalty")
 
@@ -197,7 +198,9 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     copies to serve, copied unchanged). With `run_id` the model's source run is that run and
     the run lists it among its outputs; without, it goes to `experiment_name`. Registers it and
     sets `alias` when `registered_model_name` is given. The input example is translated once at
-    logging time, which checks that the logged model loads and predicts."""
+    logging time, which checks that the logged model loads and predicts. A search a request
+    could not ask (beam 20 over CONVS2S_SERVE_MAX_BEAM's 16) is a ValueError, nothing logged:
+    MLflow sends the logged settings with every request."""
     from mlflow.entities import LoggedModelOutput
     from mlflow.tracking import MlflowClient
 
@@ -208,6 +211,7 @@ def log_translator(checkpoints: list[str | os.PathLike], search=None, *,
     from convs2s.inference.translate import load_for_inference
 
     search = search or SearchConfig()
+    check_default_search(search, PYFUNC_PARAMS)  # before anything is staged or logged
     if alias and not registered_model_name:
         raise ValueError("an alias needs registered_model_name")
     client = MlflowClient(tracking_uri)

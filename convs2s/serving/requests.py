@@ -47,6 +47,12 @@ SEARCH_PARAMS = {
 }
 
 
+# The limit's variable, for a setting whose upper bound the operator sets
+LIMIT_VARIABLE = {"beam": "CONVS2S_SERVE_MAX_BEAM", "nbest": "CONVS2S_SERVE_MAX_BEAM",
+                  "max_len_a": "CONVS2S_SERVE_MAX_LEN", "max_len_b": "CONVS2S_SERVE_MAX_LEN",
+                  "min_len": "CONVS2S_SERVE_MAX_LEN"}
+
+
 class RequestError(ValueError):
     """A request over the limits or with an unknown or bad parameter; the message says which."""
 
@@ -138,7 +144,8 @@ def batch_bound(search: SearchConfig, max_positions: int, attention: bool) -> Se
     x padded source positions per sentence (`max_tokens`; a sentence over that budget is a
     batch of its own, which `check_work` bounds for an attention request). Other searches keep
     no attention and are returned as they are; so are the translations (a float32 sentence's
-    translation does not depend on its batch)."""
+    translation does not depend on its batch, unless a shortlist makes the batch's vocabulary
+    the union of its sentences')."""
     if not (attention or search.replace_unk):
         return search
     budget = max(1, MAX_ATTENTION // (search.beam * output_steps(max_positions, search,
@@ -146,3 +153,19 @@ def batch_bound(search: SearchConfig, max_positions: int, attention: bool) -> Se
     if search.max_tokens and search.max_tokens <= budget:
         return search
     return search.replace(max_tokens=budget)
+
+
+def check_default_search(search: SearchConfig,
+                         names: tuple[str, ...] = tuple(SEARCH_PARAMS)) -> None:
+    """A model's default search (a logged model's: MLflow sends its logged value of every
+    setting a request leaves out) within the bounds a request may ask; ValueError naming the
+    setting otherwise (else every request would be refused, naming a setting its client never
+    sent)."""
+    for name in names:
+        _, low, high = SEARCH_PARAMS[name]
+        value = getattr(search, name)
+        if not low <= value <= high:
+            limit = f" ({LIMIT_VARIABLE[name]} on the server)" if name in LIMIT_VARIABLE else ""
+            raise ValueError(f"search {name}={value} is outside [{low}, {high}], what a request "
+                             f"may ask{limit}: every request to the model would be refused; "
+                             f"give a {name} within it")
