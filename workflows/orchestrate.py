@@ -6,8 +6,9 @@ A workflow file (workflows/wmt14_en_fr.py, ...) only declares its settings: `pap
     sys.exit(main(PRESETS, __doc__))    # PRESETS = {"paper": paper, "smoke": smoke, ...}
 
 which parses the run-level flags (`workflows.workflow_config.parse_args`: the README's flag
-table; `--help` lists them all), resolves them with the preset once (`workflows.run_spec.resolve` -> `RunSpec`,
-or `workflows.sweep.resolve_sweep` with `--sweep`), runs it (`workflows.engine`) and prints the
+table; `--help` lists them all), resolves them with the preset once
+(`workflows.run_spec.resolve` -> `RunSpec`, or `workflows.sweep.resolve_sweep` with `--sweep`),
+runs it (`workflows.engine`) and prints the
 scores and where to look in MLflow. Exit status: 0 done, 1 a sweep trial failed, 2 a bad
 setting or input (one `error:` line), 3 training workers not placed (resumable), 130
 interrupted (resumable).
