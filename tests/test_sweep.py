@@ -219,6 +219,103 @@ def test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers
     assert (metrics["trials_finished"], metrics["trials_failed"]) == (3, 1)
 
 
+def _test_data(folder: Path) -> Path:
+    """A --data folder of the cpu preset's splits (three sentence pairs each)."""
+    folder.mkdir()
+    for stem in ("train", "val", "test_2016_flickr"):
+        (folder / f"{stem}.en").write_text("a man sleeps .\n" * 3, encoding="utf-8")
+        (folder / f"{stem}.de").write_text("ein Mann schl\u00e4ft .\n" * 3, encoding="utf-8")
+    return folder
+
+
+def test_a_trial_in_a_bucket_records_that_it_finished_and_a_rerun_reads_it_back(s3, tmp_path):
+    """--storage-path s3://...: trial.json is one object, written whole by one PUT (a bucket
+    renames nothing: every trial once failed after its training, no record written, and a
+    rerun trained them all again)."""
+    opts = RunOptions(preset="cpu", storage_path="s3://convs2s-test/sweep-records", run_name="s",
+                      sweep="table4", seeds=1, variants=["baseline"], max_updates=100,
+                      data=str(_test_data(tmp_path / "data")))
+    trial = resolve_sweep(multi30k_en_de.cpu(), opts).trials[0]
+    assert str(trial.record) == "s3://convs2s-test/sweep-records/s/baseline-seed1/trial.json"
+    trial.write_record({"test_2016_flickr/bleu": 30.0, "valid_ppl": 7.5})
+    assert s3.keys("convs2s-test", "sweep-records/") == \
+        ["sweep-records/s/baseline-seed1/trial.json"]  # the record alone, nothing beside it
+    rerun = resolve_sweep(multi30k_en_de.cpu(), opts).trials[0]
+    assert rerun.finished()["metrics"] == {"test_2016_flickr/bleu": 30.0, "valid_ppl": 7.5}
+
+
+def _sweep_of(tmp_path, **opts):
+    """The cpu preset's table4 sweep, 2 variants x 2 seeds unless `opts` say otherwise."""
+    run = {"preset": "cpu", "storage_path": str(tmp_path), "run_name": "s", "sweep": "table4",
+           "seeds": 2, "variants": ["baseline", "no-pos"], "max_updates": 100, **opts}
+    return resolve_sweep(multi30k_en_de.cpu(), RunOptions(**run))
+
+
+def _node(cpus: float, gpus: float = 0, kind: str | None = None, alive: bool = True) -> dict:
+    """A node as ray.nodes() lists it."""
+    res = {"CPU": cpus, **({"GPU": gpus} if gpus else {}),
+           **({f"accelerator_type:{kind}": 1.0} if kind else {})}
+    return {"Alive": alive, "Resources": res}
+
+
+def test_a_sweep_runs_as_many_trials_at_once_as_the_nodes_hold_their_workers(tmp_path):
+    """Each training worker is placed whole on one node: trials at once = workers the alive
+    nodes hold side by side / workers a trial trains, at most the trials there are."""
+    cpu = _sweep_of(tmp_path, num_workers=2)  # 4 trials of 2 workers x 2 CPUs (the preset's)
+    assert concurrency(cpu, [_node(8), _node(4), _node(64, alive=False)]) == 3
+    assert concurrency(cpu, [_node(3), _node(3), _node(3)]) == 1  # a worker each, not 9 // 4
+    assert concurrency(cpu, [_node(64)]) == 4
+    assert concurrency(_sweep_of(tmp_path, num_workers=2, concurrent_trials=1),
+                       [_node(64)]) == 1
+
+
+def test_with_an_accelerator_type_only_that_models_gpus_count(tmp_path):
+    """--accelerator-type A100 places each worker on an A100 node: the cluster's other GPUs
+    hold none of its trials (they counted, and more trials were started than could run)."""
+    gpu = {"use_gpu": True, "num_workers": 2, "seeds": 4}  # 8 trials of 2 workers x 1 GPU
+    nodes = [_node(16, 4, "A100"), _node(32, 8, "A10G"), _node(8)]
+    assert concurrency(_sweep_of(tmp_path, accelerator_type="A100", **gpu), nodes) == 2
+    assert concurrency(_sweep_of(tmp_path, **gpu), nodes) == 6  # any GPU: 12 of them
+
+
+def test_a_sweep_whose_trial_no_local_node_holds_is_refused_in_one_line(tmp_path, ray_session,
+                                                                           monkeypatch):
+    """A local Ray (no RAY_ADDRESS) never grows: a trial needing more than it has would have
+    waited CONVS2S_PLACEMENT_WAIT_S (15 minutes) for its workers, then failed, trial after
+    trial. On a cluster the autoscaler may add nodes: the sweep waits, one trial at a time."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    nodes = ray_session.nodes()  # the session's local Ray: 2 CPUs
+    with pytest.raises(SweepError) as err:
+        concurrency(_sweep_of(tmp_path, num_workers=3), nodes)
+    assert str(err.value).startswith("--sweep table4: each trial trains 3 worker(s) of 2 CPU, "
+                                     "but this machine's Ray has 2 CPU(s): no trial could start")
+    assert "; run with --num-workers 1, or submit the sweep to a cluster" in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(SweepError, match="run with --set workflow.cpus_per_worker=2 "):
+        concurrency(_sweep_of(tmp_path, set=["workflow.cpus_per_worker=3"]), nodes)
+    with pytest.raises(SweepError, match="has 2 CPU.s. and 0 GPU.s.: .*run without --use-gpu"):
+        concurrency(_sweep_of(tmp_path, use_gpu=True), nodes)
+    with pytest.raises(SweepError, match="no trial could start"):  # whatever trials at once
+        concurrency(_sweep_of(tmp_path, num_workers=3, concurrent_trials=2), nodes)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert concurrency(_sweep_of(tmp_path, num_workers=3), nodes) == 1
+
+
+def test_a_variant_may_not_change_a_trials_resources(tmp_path):
+    """The sweep checks the GPUs and counts the trials that fit from its own resources: a
+    variant's --set workflow.num_workers (use_gpu, cpus_per_worker, accelerator_type) would
+    outgrow them unseen, so it is refused with the flags that apply to every trial."""
+    for setting in ("workflow.num_workers=2", "workflow.use_gpu=true",
+                    "workflow.cpus_per_worker=4", "workflow.accelerator_type=A100"):
+        with pytest.raises(SweepError) as err:
+            _sweep_of(tmp_path, sweep="custom", variants=[], variant=[f"big:{setting}"])
+        key = setting.split("=")[0]
+        assert str(err.value) == (
+            f"--variant big: {key} is the sweep's own (a trial's resources are the sweep's: "
+            "--num-workers, --use-gpu, --accelerator-type and --set workflow.cpus_per_worker "
+            "apply to every trial), the same for every variant")
+
+
 # --- end to end on the session's Ray (slow) ---------------------------------------------------
 
 
@@ -305,7 +402,7 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     # Two trials, both at once: the mean and spread over seeds are a function's
     # (test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers).
     sweep = resolve_sweep(cfg, opts)
-    assert concurrency(sweep, ray_session.cluster_resources()) == 2
+    assert concurrency(sweep, ray_session.nodes()) == 2
     victim = sweep.trials[0]  # baseline-seed1, killed beside no-pos-seed1
     stop, killed = threading.Event(), []
     watcher = threading.Thread(target=_kill_trial_when_checkpointed,

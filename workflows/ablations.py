@@ -177,6 +177,12 @@ TRIAL_OWNED = {"ensemble.runs": "a trial is one run; --seeds N gives each varian
 # ... and in a variant also the seed: the sweep's --set train.seed is its first seed (seeds
 # seed, seed+1, ...), a variant's would be replaced by the sweep's
 SWEEP_OWNED = {"train.seed": "--seeds N trains seeds seed, seed+1, ...", **TRIAL_OWNED}
+# ... and a trial's resources: the sweep checks the GPUs and counts how many trials fit at once
+# from its own (sweep.concurrency), which a variant's would outgrow unseen
+_RESOURCES = ("a trial's resources are the sweep's: --num-workers, --use-gpu, "
+              "--accelerator-type and --set workflow.cpus_per_worker apply to every trial")
+SWEEP_OWNED.update({f"workflow.{name}": _RESOURCES for name in
+                    ("num_workers", "use_gpu", "cpus_per_worker", "accelerator_type")})
 
 
 def trial_owned_problem(sweep: str, changes) -> str | None:

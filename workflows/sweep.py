@@ -9,7 +9,8 @@ data, the variant's model, seed `seed + k`, the same budget as every other trial
 score the best checkpoint on the preset's test sets). Trials run as Ray Tune trials (Ray Train
 V2's pattern: a Tune function trial that launches the run's own `TorchTrainer`), as many at
 once as the cluster has room for (`concurrency`; one at a time on a 2-CPU machine), each
-training run placed with its own resources by Ray Train.
+training run placed with its own resources by Ray Train. A trial that a local Ray (no
+RAY_ADDRESS) cannot hold at all is refused before the first; a cluster may still add nodes.
 
 Where it goes (`--storage-path`, `--run-name`, default `<sweep>-<date>-<time>`):
 
@@ -41,16 +42,18 @@ import functools
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
 from convs2s.console import callers_signal_handlers, sigterm_as_ctrl_c
 from convs2s.metrics.task_kinds import task_kind
-from storage import location
+from storage import location, write_whole
 from storage.lease import RunLease
 from convs2s.config import keep_explicit_dropout
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  trial_owned_problem, variants_for)
+from workflows.cluster import gpus_of
 from workflows.engine import check, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
@@ -124,10 +127,11 @@ class Trial:
     def write_record(self, metrics: dict) -> None:
         """trial.json: the trial finished with `metrics` under its settings, budget and test
         sets."""
-        tmp = self.record.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"key": self.key, "tests": self.tests, "trial": self.name,
-                                   "scoring": self.scoring, "metrics": metrics}, indent=1))
-        tmp.replace(self.record)  # atomic: a trial is finished or not
+        # Whole or not at all (a trial is finished or not): renamed over on a local disk, one
+        # PUT in a bucket, where no file can be renamed.
+        write_whole(self.record, json.dumps(
+            {"key": self.key, "tests": self.tests, "trial": self.name, "scoring": self.scoring,
+             "metrics": metrics}, indent=1).encode())
 
 
 @dataclass(frozen=True)
@@ -229,17 +233,59 @@ def _changed(base: RunSpec, other: RunSpec) -> dict[str, str]:
     return {k: b[k] for k in sorted(b) if b[k] != a.get(k) and k != "overrides"}
 
 
-def concurrency(sweep: SweepSpec, resources: dict[str, float]) -> int:
-    """Trials at once: the cluster's CPUs (GPUs with --use-gpu) over one trial's training
-    workers' (at least 1; `--concurrent-trials` decides when given)."""
+def workers_fit(spec: RunSpec, nodes: list[dict]) -> int:
+    """How many of `spec`'s training workers the alive nodes (`ray.nodes()`) hold side by side:
+    each worker is one bundle of `cpus_per_worker` CPUs (+ 1 GPU, on a node of
+    `accelerator_type` when given: convs2s/train/launch.py), and a bundle is placed on one
+    node, so the count is per node."""
+    total = 0
+    for n in nodes:
+        res = n.get("Resources", {})
+        if not n.get("Alive"):
+            continue
+        # (+ 1e-9: 2 CPUs over 0.1 CPU a worker is 19.999...)
+        fit = math.floor(res.get("CPU", 0) / spec.cpus_per_worker + 1e-9)
+        if spec.use_gpu:
+            fit = min(fit, math.floor(gpus_of([n], spec.accelerator_type)))
+        total += fit
+    return total
+
+
+def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
+    """Trials at once: how many trials' training workers the cluster's alive nodes
+    (`ray.nodes()`) hold side by side (`--concurrent-trials` decides when given), at least 1:
+    on a cluster (RAY_ADDRESS) its autoscaler may add the nodes a trial waits for. A local Ray
+    cannot grow: where not even one trial fits, a SweepError names the need and the fix (each
+    trial would wait CONVS2S_PLACEMENT_WAIT_S for its workers, then fail)."""
+    b = sweep.base
+    fit = workers_fit(b, nodes) // b.num_workers
+    if not fit and not os.environ.get("RAY_ADDRESS"):
+        raise SweepError(_no_trial_fits(sweep, nodes))
     if sweep.concurrency:
         return sweep.concurrency
-    b = sweep.base
-    if b.use_gpu:
-        fit = resources.get("GPU", 0) // b.num_workers
-    else:
-        fit = resources.get("CPU", 0) // (b.num_workers * b.cpus_per_worker)
     return int(max(1, min(fit, len(sweep.trials))))
+
+
+def _no_trial_fits(sweep: SweepSpec, nodes: list[dict]) -> str:
+    b = sweep.base
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    cpus = sum(r.get("CPU", 0) for r in alive)
+    kind_gpus, all_gpus = gpus_of(nodes, b.accelerator_type), gpus_of(nodes)
+    gpu = f"{b.accelerator_type} GPU" if b.accelerator_type else "GPU"
+    has = f"{cpus:g} CPU(s)" + (f" and {kind_gpus:g} {gpu}(s)" if b.use_gpu else "")
+    worker = f"{b.cpus_per_worker:g} CPU" + (f" + 1 {gpu}" if b.use_gpu else "")
+    if most := workers_fit(b, nodes):
+        fix = f"run with --num-workers {most}"
+    elif b.use_gpu and kind_gpus < 1:
+        fix = ("leave --accelerator-type out" if b.accelerator_type and all_gpus >= 1
+               else "run without --use-gpu")
+    else:  # a worker's CPUs alone outgrow every node
+        largest = max((r.get("CPU", 0) for r in alive), default=0)
+        fix = f"run with --set workflow.cpus_per_worker={largest:g} (or fewer)"
+    return (f"--sweep {sweep.sweep}: each trial trains {b.num_workers} worker(s) of {worker}, "
+            f"but this machine's Ray has {has}: no trial could start (a local Ray never grows; "
+            f"each would wait for room, then fail); {fix}, or submit the sweep to a cluster "
+            "(`ray job submit`)")
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -252,6 +298,12 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
     check(base, sweep=True)  # writes nothing: a refused sweep leaves no folder behind
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
         prepare(base, sweep=True)  # sources, GPUs and Ray, as for one workflow run
+        if any(t.finished() is None for t in sweep.trials):
+            import ray
+
+            # Before the sweep's MLflow run and the data: where no trial fits a local Ray,
+            # one line (each trial would otherwise wait for room, then fail)
+            concurrency(sweep, ray.nodes())
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
             return _run_sweep(sweep)
 
@@ -314,7 +366,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     import ray
     from ray import tune
 
-    n = concurrency(sweep, ray.cluster_resources())
+    n = concurrency(sweep, ray.nodes())
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
     by_name = {t.name: t for t in todo}
