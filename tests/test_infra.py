@@ -451,6 +451,21 @@ def test_mlflow_compose_services_and_server_flags():
     assert bucket.startswith("s3://")
     assert f"local/{bucket.removeprefix('s3://')}" in " ".join(services["create-bucket"]["command"])
     assert flags["--host"] == "0.0.0.0" and "--serve-artifacts" in flags
+    # Listening on every interface, so authentication is on: MLflow's basic-auth app (an app
+    # the installed MLflow registers), configured by the auth entrypoint the image runs (the
+    # service keeps the image's entrypoint) from the admin password and key compose requires.
+    from importlib.metadata import entry_points
+
+    assert flags["--app-name"] == "basic-auth"
+    assert "basic-auth" in {e.name for e in entry_points(group="mlflow.app")}
+    mlflow_service = services["mlflow"]
+    assert mlflow_service["build"]["dockerfile"] == "Dockerfile"
+    assert "entrypoint" not in mlflow_service
+    dockerfile = (INFRA / "mlflow" / "Dockerfile").read_text()
+    assert "COPY auth-entrypoint.sh /usr/local/bin/auth-entrypoint.sh" in dockerfile
+    assert 'ENTRYPOINT ["/usr/local/bin/auth-entrypoint.sh"]' in dockerfile
+    for name in ("MLFLOW_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+        assert mlflow_service["environment"][name].startswith(f"${{{name}:?")
     assert services["mlflow"]["environment"]["MLFLOW_S3_ENDPOINT_URL"] == "http://minio:9000"
     assert services["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     # No server-side job runner (its huey consumers cost CPU for MLflow features the project
@@ -466,3 +481,37 @@ def test_mlflow_compose_services_and_server_flags():
                    .read_text().splitlines() if line and not line.startswith("#"))
     assert required and required <= set(example), required - set(example)
     assert len(example["MINIO_ROOT_PASSWORD"]) >= 8
+
+
+@pytest.mark.parametrize("placeholder", ["MLFLOW_ADMIN_PASSWORD",
+                                         "MLFLOW_FLASK_SERVER_SECRET_KEY"])
+def test_the_auth_entrypoint_refuses_env_examples_placeholders_without_printing_them(
+        tmp_path, placeholder):
+    """A .env copied from env.example and not edited: the server would listen on every
+    interface with an admin password published in the repository. The entrypoint stops
+    before the server with one line naming the variable (exit 2), its value never printed and
+    no configuration written; with secrets of one's own it starts the command it is given."""
+    example = dict(line.split("=", 1) for line in (INFRA / "mlflow" / "env.example")
+                   .read_text().splitlines() if line and not line.startswith("#"))
+    conf = tmp_path / "basic_auth.ini"
+
+    def entrypoint(**secrets) -> subprocess.CompletedProcess:
+        env = {"PATH": "/usr/bin:/bin", "MLFLOW_AUTH_CONFIG_PATH": str(conf), **secrets}
+        return subprocess.run(["sh", str(INFRA / "mlflow" / "auth-entrypoint.sh"),
+                               "echo", "server started"], env=env, capture_output=True,
+                              text=True, timeout=30)
+
+    own = {"MLFLOW_ADMIN_PASSWORD": "a-password-of-our-own",
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-key-of-our-own"}
+    copied = {**own, placeholder: example[placeholder]}
+    assert copied[placeholder].startswith("change-me")
+    proc = entrypoint(**copied)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    (said,) = proc.stderr.strip().splitlines()
+    assert said.startswith(f"error: {placeholder} still holds env.example's change-me")
+    assert "infra/mlflow/.env" in said and copied[placeholder] not in said
+    assert not conf.exists()
+
+    proc = entrypoint(**own)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "server started\n", "")
+    assert f"admin_password = {own['MLFLOW_ADMIN_PASSWORD']}" in conf.read_text()

@@ -948,3 +948,32 @@ def test_sigterm_as_ray_job_stop_sends_it_stops_a_run_as_ctrl_c_does(ray_session
     runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
     assert runs == {"term": "KILLED", "preprocess": "KILLED"}
     assert not (storage / "term" / ".lease.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["dashboard", "dead head"])
+def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tmp_path, kind):
+    """RAY_ADDRESS as the infra guide exports it for `ray job submit` (the dashboard's
+    http:// address), or a head's address where nothing listens: a plain workflow command
+    stops with one `error:` line that names RAY_ADDRESS, hides its password and says what to
+    do (exit 2), not Ray's traceback nor minutes of Ray's connection retries."""
+    from workflows.cluster import free_port
+
+    port = free_port()  # nothing listens there
+    address = {"dashboard": f"http://admin:s3cret@127.0.0.1:{port}",
+               "dead head": f"127.0.0.1:{port}"}[kind]
+    env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "2"}
+    proc = subprocess.run([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
+                           "--preset", "smoke", "--storage-path", str(tmp_path / "runs"),
+                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    said = lines[0]
+    assert said.startswith("error: RAY_ADDRESS=") and "s3cret" not in said
+    assert "unset RAY_ADDRESS to run on this machine" in said
+    assert "HOST:6379" in said and "ray://HOST:10001" in said
+    if kind == "dashboard":
+        assert f"RAY_ADDRESS=http://***@127.0.0.1:{port} is a Ray dashboard" in said
+        assert "ray job submit" in said
+    else:
+        assert f"RAY_ADDRESS=127.0.0.1:{port}: nothing answers at" in said

@@ -17,8 +17,11 @@ are several independently seeded runs). The same --run-name resumes a stopped ru
 
 The paper's analysis (§5.4-§5.5, Tables 4 and 5) on its ablation model, as a sweep on Ray Tune:
 
-    ray job submit --working-dir . -- python workflows/wmt14_en_de.py --preset ablation \\
-        --sweep paper-5.2 --seeds 3 --use-gpu --max-time 12h --run-name paper-5.2
+    ray job submit --runtime-env infra/runtime_env.yaml -- \\
+        python workflows/wmt14_en_de.py --preset ablation --data hub --sweep paper-5.2 \\
+        --seeds 3 --num-workers 1 --use-gpu --max-time 12h --run-name paper-5.2 \\
+        --storage-path /mnt/efs/convs2s/ray_results --tracking-uri http://mlflow:5000
+    (storage every node shares, and a tracking server: a job's own folder is temporary)
 """
 
 import sys

@@ -19,10 +19,29 @@
 # once on the worker that handled it, and on the other workers within the TTL (MLflow's
 # basic_auth.ini says the same).
 #
-# tests/test_team_server.py starts a real server through this script.
+# The admin password makes the admin user on the server's first start only (MLflow creates the
+# user when its auth database has none, and later ignores the setting): change it afterwards
+# through the API (AuthServiceClient.update_user_password), not in .env.
+#
+# tests/test_team_server.py starts a real server through this script; tests/test_infra.py
+# checks its refusals.
 set -eu
 : "${MLFLOW_ADMIN_PASSWORD:?set MLFLOW_ADMIN_PASSWORD (infra/mlflow/.env)}"
 : "${MLFLOW_FLASK_SERVER_SECRET_KEY:?set MLFLOW_FLASK_SERVER_SECRET_KEY (infra/mlflow/.env)}"
+
+# env.example's placeholders all start with "change-me": a .env copied and not edited would
+# start a server on every interface whose admin password is in the repository. Refused, the
+# variable named, its value never printed (exit 2).
+refuse_placeholder() {
+  case "$2" in
+    change-me*)
+      echo "error: $1 still holds env.example's change-me placeholder: set a secret of your own" \
+        "in infra/mlflow/.env, then start the server again" >&2
+      exit 2 ;;
+  esac
+}
+refuse_placeholder MLFLOW_ADMIN_PASSWORD "$MLFLOW_ADMIN_PASSWORD"
+refuse_placeholder MLFLOW_FLASK_SERVER_SECRET_KEY "$MLFLOW_FLASK_SERVER_SECRET_KEY"
 conf="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow-basic-auth.ini}"
 umask 077
 cat > "$conf" <<CONF
