@@ -4,7 +4,9 @@ The search returns only the mean attention over the decoder's attention layers. 
 maps are read here without touching the model code: forward hooks on every decoder block's
 `Attention` module record the B x T x S map each one returns, during one teacher-forced
 decoder pass over the translation the search produced (the same prefix the search scored, so
-the mean of the recorded maps equals the search's attention).
+the mean of the recorded maps is the search's attention: equal in float32, close in bf16 and
+int8, whose one pass over the whole prefix rounds, and scales its int8 activations, otherwise
+than the search's step-by-step one).
 
     from convs2s.inference.attention_plot import plot_attention
     paths = plot_attention(translator, ["the cat is small ."], "out/attention")

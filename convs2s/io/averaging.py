@@ -121,7 +121,9 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     """Write the average of the checkpoint directories `paths` (or their checkpoint.pt files)
     to `out_dir`; returns it.
 
-    Checkpoints are read one at a time into a running float64 sum (memory: about three models).
+    Checkpoints are read one at a time into a running float64 sum (memory: about five or six
+    models in float32: the sum, twice a model; the first checkpoint's weights, kept as the
+    template; one checkpoint as saved, its optimizer state with it).
     `out_dir` must be a local (or shared) folder, new or empty (an average never replaces what
     is there); it is written beside it and renamed into place whole, the weights with their
     text pipeline.
