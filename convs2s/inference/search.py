@@ -13,8 +13,9 @@ All sentences of a batch are searched together: one decoder step per model cover
 hypothesis of every unfinished sentence (rows = sentences x beams); sentences that finish leave
 the batch. Lengths count output tokens before the final EOS: each sentence emits at least
 `min_len` and at most min(a * |x| + b, max_positions - 1) of them, so `max_len_a=0,
-max_len_b=N, min_len=N` gives exactly N tokens + EOS (fixed work, for benchmarks); a batch in
-which a sentence may get fewer than `min_len` is refused (ValueError).
+max_len_b=N, min_len=N` gives exactly N tokens + EOS (fixed work, for benchmarks); a sentence
+whose max length is below `min_len` ends at its max length (min_len clamped to it), scored as
+the model scores its EOS there.
 An ensemble averages the models' probabilities: log p = log(mean_m p_m).
 `attention=False` keeps no attention (the hypotheses' `attention` is None): the search's
 decisions are the same, without the batch x beam x steps x source floats it otherwise holds
@@ -131,11 +132,13 @@ def _constrain(lprobs, step: int, min_len: int, max_lens, unk_penalty: float):
     lprobs[:, PAD] = -math.inf
     lprobs[:, BOS] = -math.inf
     lprobs[:, UNK] -= unk_penalty
+    force = (max_lens <= step).nonzero(as_tuple=True)[0]  # rows that must end now
+    # (read before min_len's ban: a row whose max length is below min_len ends there with the
+    # model's own EOS score, not one cut at -1e4; finite even where the model gives -inf)
+    eos = lprobs[force, EOS].clamp(min=-1e4) if force.numel() else None
     if step < min_len:
         lprobs[:, EOS] = -math.inf
-    force = (max_lens <= step).nonzero(as_tuple=True)[0]  # rows that must end now
     if force.numel():
-        eos = lprobs[force, EOS].clamp(min=-1e4)  # finite even if min_len banned it
         lprobs[force] = -math.inf
         lprobs[force, EOS] = eos
     return lprobs
@@ -170,21 +173,12 @@ def _best_candidates(lprobs: torch.Tensor, scores: torch.Tensor, K: int, k: int,
     return values, (beams * V + cols).gather(1, j)
 
 
-def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int,
-              min_len: int) -> torch.Tensor:
-    """Per sentence the most output pieces: min(a * |x| + b, max_positions - 1). One below
-    `min_len` is refused: EOS would be both banned and forced at that step (fairseq's
-    SequenceGenerator refuses min_len > max_len too)."""
+def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int) -> torch.Tensor:
+    """Per sentence the most output pieces: min(a * |x| + b, max_positions - 1). (One below
+    `min_len` ends there: `_constrain`. A setting that leaves every sentence below it is
+    refused where it is made, `SearchConfig`.)"""
     limit = min(m.max_positions for m in models) - 1  # target positions the tables cover
-    lens = (src_lengths.double() * max_len_a + max_len_b).long().clamp(min=0, max=limit)  # B
-    if lens.numel() and int(lens.min()) < min_len:
-        b = int(lens.argmin())
-        raise ValueError(f"min_len={min_len} is more output pieces than sentence {b} of the "
-                         f"batch may get: {int(lens[b])} (max_len_a={max_len_a:g} x "
-                         f"{int(src_lengths[b])} source positions + max_len_b={max_len_b}, "
-                         f"within the model's {limit + 1} positions); lower min_len or raise "
-                         "max_len_a / max_len_b")
-    return lens
+    return (src_lengths.double() * max_len_a + max_len_b).long().clamp(min=0, max=limit)  # B
 
 
 def _encode(models, src_tokens, src_lengths, beam_size, incremental, vocab=None):
@@ -311,7 +305,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
         return []
     _check_sources(src_tokens)
     with _inference(models):
-        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b, min_len).to(dev)  # B
+        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
         T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
         steppers = _encode(models, src_tokens, src_lengths, K, incremental, vocab)
         vocab = steppers[0].vocab
@@ -368,7 +362,7 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
         return []
     _check_sources(src_tokens)
     with _inference(models):
-        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b, min_len).to(dev)
+        max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
         T = int(max_lens.max()) + 1
         steppers = _encode(models, src_tokens, src_lengths, 1, incremental, vocab)
         vocab = steppers[0].vocab
