@@ -294,6 +294,7 @@ def _translate_corpus(args, job, search) -> int:
     from convs2s.serving.corpus import translate_corpus
     from storage.lease import LeaseHeld
 
+    failed = None  # the line of a translator's failure
     try:
         if job.device == "cpu":  # the model and settings load here before any actor starts
             load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
@@ -303,12 +304,18 @@ def _translate_corpus(args, job, search) -> int:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     except RayError as err:  # a translator actor failed (Ray Data gives its error wrapped)
-        print(f"convs2s-translate: error: a translator failed: {_root_cause(err)}; the "
-              f"finished parts are kept in {args.output}: the same command translates the "
-              "rest", file=sys.stderr)
-        return 2
+        failed = (f"convs2s-translate: error: a translator failed: {_root_cause(err)}; the "
+                  f"finished parts are kept in {args.output}: the same command translates "
+                  "the rest")
+        manifest = None
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) while the parts translate
         manifest = None
+    if failed:  # (out of the except block, as below: the other
+        # translators are ended once the job's iterator, which the error's traceback held, is
+        # collected; they held their CPUs in a process that went on, e.g. a caller of `main`)
+        gc.collect()
+        print(failed, file=sys.stderr)
+        return 2
     if manifest is None:  # (out of the except block: the interrupt's traceback held the job)
         return _corpus_interrupted(args.output)
     f = manifest["failures"]
@@ -650,8 +657,8 @@ def serve(argv: list[str] | None = None) -> int:
                                      "directory of a training run (e.g. RUN/train/best)")
             SearchConfig.from_dict(search)  # (a --beam 0: before torch loads)
         _load_as_replicas_will(settings)
-        if not os.environ.get("RAY_ADDRESS"):  # a local Ray: its HTTP proxy binds here
-            _check_port_free(args.host, args.port)
+        if not os.environ.get("RAY_ADDRESS") and not _local_cluster_running():
+            _check_port_free(args.host, args.port)  # a new local Ray: its HTTP proxy binds here
     except (CheckpointError, PrecisionError, StorageError, OSError, ValueError) as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
@@ -659,6 +666,11 @@ def serve(argv: list[str] | None = None) -> int:
 
     try:
         start_ray(log_to_driver=False)  # Serve's per-request lines stay in Ray's log files
+    except (RayError, ValueError, OSError) as err:  # a RAY_ADDRESS it cannot join (said
+        # with its password hidden)
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    try:
         run(settings, host=args.host, port=args.port, blocking=True)
     except (DeployError, RayError, OSError) as err:  # (an unreachable RAY_ADDRESS: a
         # ConnectionError; Serve's deployment failing: DeployError, with the replica's error)
@@ -667,6 +679,18 @@ def serve(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {redact_text(str(err).splitlines()[0])}", file=sys.stderr)
         return 2
     return 0
+
+
+def _local_cluster_running() -> bool:
+    """Whether `ray.init()` without RAY_ADDRESS would join a Ray already running on this
+    machine (`ray start --head`): its Serve proxy may hold --port already, serving this very
+    application from an earlier `serve` (replaced, not refused)."""
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        return find_bootstrap_address(None) is not None
+    except Exception:  # noqa: BLE001 - Ray's internals moved: check the port as for a new Ray
+        return False
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -327,6 +327,14 @@ def test_a_failing_translator_is_one_error_line_and_the_finished_parts_are_kept(
         (out / name).unlink()
     shard.write_bytes(b"caf\xe9\n" * 20)  # a byte the split never writes: not UTF-8
     capsys.readouterr()
+    import time
+
+    total, free = ray_session.cluster_resources()["CPU"], 0.0
+    for _ in range(30):  # free after the first job (the cluster's view trails its end)
+        free = max(free, ray_session.available_resources().get("CPU", 0.0))
+        if free >= total:
+            break
+        time.sleep(0.1)
     rc = main(["translate", *argv])
     err = capsys.readouterr().err
     assert rc == 2, err[-3000:]
@@ -336,6 +344,12 @@ def test_a_failing_translator_is_one_error_line_and_the_finished_parts_are_kept(
         "rest" in line, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert (out / "part-00000.json").is_file() and not (out / "manifest.json").exists()
+    # the job's other translators ended with it: they held the session's CPUs (the next
+    # tests' evaluation shares out the CPUs it finds free)
+    deadline = time.monotonic() + 20
+    while ray_session.available_resources().get("CPU", 0.0) < free:
+        assert time.monotonic() < deadline, (free, ray_session.available_resources())
+        time.sleep(0.1)
     shard.write_bytes(good)
     assert main(["translate", *argv]) == 0
     assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)
@@ -361,6 +375,18 @@ def test_a_part_whose_text_does_not_match_its_record_is_translated_again(
     assert manifest["parts_translated_now"] == 1
     assert (out / "part-00000.txt").stat().st_mtime_ns == kept
     assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)
+    # While such a part is translated again the folder is not complete: a rerun that fails
+    # (here its source shard damaged too) leaves no manifest saying it is.
+    import gc
+
+    from ray.exceptions import RayError
+
+    (out / "part-00001.txt").write_bytes(b"")
+    (out / "source" / "part-00001.txt").write_bytes(b"caf\xe9\n" * 20)  # not UTF-8
+    with pytest.raises(RayError):
+        translate_corpus(job)
+    gc.collect()  # (the failed job's translators end once its iterator is collected)
+    assert not (out / "manifest.json").exists() and (out / "part-00000.json").is_file()
 
 
 def test_a_parquet_text_column_may_be_a_category_a_large_string_or_a_string_view(tmp_path):

@@ -236,7 +236,7 @@ def test_a_lone_job_on_an_idle_cluster_searches_with_its_cpus(demo_trained, tmp_
             break
         time.sleep(0.1)
     (result,) = evaluate_all([job], t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "e"))
-    assert result.job.num_cpus == 2.0
+    assert result.job.num_cpus == 2.0, (ray.available_resources(), ray.cluster_resources())
     params = MlflowClient(t.tracking_uri).get_run(result.run_id).data.params
     assert params["eval.num_cpus"] == "2.0"
     threads = torch.get_num_threads()

@@ -66,3 +66,8 @@ def test_a_chinese_target_has_no_tokenized_bleu_and_each_kind_says_what_it_canno
     assert TRANSLATION.language_problem("zh") is None
     assert TRANSLATION.language_problem("fr") is None
     assert SUMMARIZATION.language_problem("ja") is None
+    # their scores changed on their own: stored ones are computed again, no other language's
+    assert [TRANSLATION.scoring_for(x) for x in ("zh", "ja", "ko")] == \
+        [TRANSLATION.scoring_version + 1] * 3
+    assert TRANSLATION.scoring_for("fr") == TRANSLATION.scoring_for(None) == 2
+    assert SUMMARIZATION.scoring_for("zh") == SUMMARIZATION.scoring_version

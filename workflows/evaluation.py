@@ -286,6 +286,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         _experiment_name(uri, parent_run_id, experiment_name)
     run_ids, datasets = {}, {}
     ended: set[EvalJob] = set()  # jobs whose run is ended (FINISHED, FAILED) here
+    pending: dict = {}  # task -> job, for the tasks not read yet
     try:
         for job in jobs:
             pair = (job.name, job.test_set.name)
@@ -327,6 +328,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         # or an error while logging a result: every run opened here and not ended yet is ended
         # as the rest of the code ends a stopped run (KILLED / FAILED), never left RUNNING
         status = stopped_status(err)
+        for ref in pending:  # the tasks still going: nobody will read them
+            ray.cancel(ref)
         for job, run_id in run_ids.items():
             if job not in ended:
                 end_run(uri, run_id, status)

@@ -182,7 +182,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     # BLEU's tokenization changes), and it drew the attention pictures asked for now (a rerun
     # with a larger --attention scores the pair again, drawing them).
     texts = {t.name: dataset_of(t).digest for t in tests}
-    scoring = task_kind(spec.task_kind).scoring_version
+    scoring = task_kind(spec.task_kind).scoring_for(spec.data.tgt_lang)
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
         stamp, text = weights_stamp(job.checkpoints), texts[job.test_set.name]

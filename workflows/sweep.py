@@ -111,7 +111,7 @@ class Trial:
         """The version of its task kind's scoring (convs2s/metrics/task_kinds.py)."""
         from convs2s.metrics.task_kinds import task_kind
 
-        return task_kind(self.spec.task_kind).scoring_version
+        return task_kind(self.spec.task_kind).scoring_for(self.spec.data.tgt_lang)
 
     def finished(self) -> dict | None:
         """The trial's recorded result when it finished under the same settings and budget and

@@ -41,6 +41,14 @@ class TaskKind:
     # Why the kind cannot score a target language here (a tokenizer's missing package), or
     # None: asked when a run is resolved, before it trains
     _problem: Callable[[str], str | None] | None = None
+    # Target languages whose scoring changed on its own, and by how many versions: added to
+    # `scoring_version` for them (`scoring_for`), so only their stored scores are redone
+    language_versions: tuple[tuple[str, int], ...] = ()
+
+    def scoring_for(self, tgt_lang: str | None) -> int:
+        """The scoring version of a score on `tgt_lang`: the kind's, plus that language's own
+        changes (a stored score with another version is computed again, workflows/steps.py)."""
+        return self.scoring_version + dict(self.language_versions).get(tgt_lang or "", 0)
 
     def score(self, hyps: list[str], refs: list[str], tgt_lang: str) -> dict[str, float]:
         """Every metric of `metrics` (those of `optional` where the target language has them)
@@ -104,10 +112,10 @@ TRANSLATION = TaskKind(
          "metric for WMT'16 En-Ro; bleu_tokenized: Moses tokenizer.perl -a, the paper's for "
          "WMT'14 En-De / En-Fr",
     # 2: bleu_tokenized tokenizes as tokenizer.perl -a after ’ -> ' (1: sacremoses without -a).
-    # Not bumped when zh / ja / ko got their own tokenizer: the version is the kind's, and every
-    # other language's scores stayed the same (a zh run scored before keeps its 13a record
-    # until --restart).
     scoring_version=2,
+    # zh / ja / ko +1: BLEU with their own tokenizer, no bleu_tokenized (13a before); every
+    # other language's scores stayed the same
+    language_versions=(("zh", 1), ("ja", 1), ("ko", 1)),
     optional=("bleu_tokenized",),
     _problem=_translation_problem,
 )

@@ -409,6 +409,9 @@ def translate_corpus(job: CorpusJob) -> dict:
             log.info("resuming: %d of %d parts done already", len(source["shards"]) - len(todo),
                      len(source["shards"]))
         if todo:
+            if complete:  # a part no longer matches its record: the folder is not complete
+                # while it is translated again (the manifest is this job's own)
+                (out / MANIFEST).unlink(missing_ok=True)
             _run_pool(job, todo, source["lines"], done_lines, width)
         seconds = time.perf_counter() - t0
         manifest = _manifest(job, out, source, identity, seconds, len(todo))
@@ -527,8 +530,20 @@ def start_ray(log_to_driver: bool = True) -> None:
         if type(handler).__name__ != "SessionFileHandler":
             handler.setLevel(logging.WARNING)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(logging_level=logging.WARNING, log_to_driver=log_to_driver)
+    if address := os.environ.get("RAY_ADDRESS"):
+        from convs2s.tracking.runs import redact_text
+
+        fix = ("unset RAY_ADDRESS to run on this machine, or set it to a cluster's GCS address "
+               "HOST:6379 or ray://HOST:10001")
+        if address.startswith(("http://", "https://")):  # (what `ray job submit` reads)
+            raise ValueError(f"RAY_ADDRESS={redact_text(address)} is a Ray dashboard (jobs "
+                             f"API) address, not a cluster this command can join: {fix}")
+        try:
+            ray.init(logging_level=logging.WARNING, log_to_driver=log_to_driver)
+        except (ValueError, ConnectionError) as err:  # one line, its password hidden
+            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ValueError(f"RAY_ADDRESS={redact_text(address)}: Ray cannot join it "
+                             f"({redact_text(said)}); {fix}") from None
     else:
         choose_local_ray_auth()
         ray.init(logging_level=logging.WARNING, include_dashboard=False,

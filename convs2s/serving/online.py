@@ -150,10 +150,13 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
     try:
         if alias is not None:
             mv = client.get_model_version_by_alias(name, alias)
-        else:  # the highest version number, as MLflow reads `latest` when it loads
-            found = client.search_model_versions(f"name = '{name}'")
+        else:  # the highest version number, as MLflow reads `latest` when it loads, of
+            # those registered whole (not one still PENDING_ or FAILED_REGISTRATION)
+            found = [v for v in client.search_model_versions(f"name = '{name}'")
+                     if str(getattr(v, "status", "READY")) == "READY"]
             if not found:
-                raise MlflowException(f"Registered Model with name={name} has no version")
+                raise MlflowException(f"Registered Model with name={name} has no version "
+                                      "ready")
             mv = max(found, key=lambda v: int(v.version))
     except MlflowException as err:
         raise ValueError(f"model {uri} does not resolve at {redact_uri(tracking_uri)}: "
