@@ -665,7 +665,8 @@ def serve(argv: list[str] | None = None) -> int:
     from ray.exceptions import RayError  # (Ray once the checks have passed)
 
     try:
-        start_ray(log_to_driver=False)  # Serve's per-request lines stay in Ray's log files
+        # Serve's per-request lines stay in Ray's log files
+        start_ray(log_to_driver=False, command="python -m convs2s serve ...")
     except (RayError, ValueError, OSError) as err:  # a RAY_ADDRESS it cannot join (said
         # with its password hidden)
         print(f"{p.prog}: error: {err}", file=sys.stderr)

@@ -426,3 +426,35 @@ def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints
         assert rc == 2 and err.startswith(f"convs2s-translate: error: {says}; give --actors "
                                           "N") and err.count("\n") == 1, (extra, err)
     assert not (tmp_path / "a.de").exists()
+
+
+@pytest.mark.parametrize("command", ["translate", "serve"])
+def test_a_ray_address_these_commands_cannot_join_is_one_line_naming_it_and_the_fix(
+        tiny_checkpoints, tmp_path, command):
+    """The corpus job and `serve` join RAY_ADDRESS as the workflows do (`convs2s.ray_join`):
+    the dashboard's http:// address or a head where nothing answers is one `error:` line that
+    hides the password and names the command to submit, exit 2, not Ray's traceback (which
+    printed the password) nor minutes of Ray's retries; nothing is translated."""
+    from workflows.cluster import free_port
+
+    (tmp_path / "a.en").write_text("one\n")
+    args = {"translate": ["--actors", "2", "--input", str(tmp_path / "a.en"), "--output",
+                          str(tmp_path / "out")],
+            "serve": ["--port", str(free_port())]}[command]
+    port = free_port()  # nothing listens there
+    for address, said in [(f"http://admin:s3cret@127.0.0.1:{port}",
+                           f"RAY_ADDRESS=http://admin:***@127.0.0.1:{port} is a Ray dashboard"),
+                          (f"ray://admin:s3cret@127.0.0.1:{port}",
+                           f"RAY_ADDRESS=ray://admin:***@127.0.0.1:{port}: nothing answers at")]:
+        env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "1"}
+        proc = subprocess.run([sys.executable, "-m", "convs2s", command, "--checkpoint",
+                               tiny_checkpoints["a"], *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+        assert said in lines[0] and "s3cret" not in lines[0], lines[0]
+        assert "unset RAY_ADDRESS to run on this machine" in lines[0]
+        if "dashboard" in said:
+            assert f"ray job submit --working-dir . -- python -m convs2s {command} " in lines[0]
+    # (the corpus job has split its input, which a rerun reuses; nothing is translated)
+    assert not list(tmp_path.glob("out/part-*")) and not list(tmp_path.glob("out/manifest*"))

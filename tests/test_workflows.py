@@ -598,6 +598,7 @@ def _interrupt_preprocessing(ctx):
 
     folder = ctx.tmp_path_factory.mktemp("ctrl_c")
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT (below) prints every thread's stack
     proc = ctx.popen([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"), "--preset",
                       "smoke", "--run-name", "ctrlc"], cwd=folder, env=env,
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -609,7 +610,14 @@ def _interrupt_preprocessing(ctx):
                 time.sleep(1.0)
                 os.killpg(proc.pid, signal.SIGINT)
                 break
-        rest, _ = proc.communicate(timeout=120)
+        try:
+            rest, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # a hang: say where the driver waits
+            os.kill(proc.pid, signal.SIGABRT)
+            rest, _ = proc.communicate(timeout=30)
+            raise AssertionError("the workflow had not ended 120 s after Ctrl-C; its console "
+                                 "and its threads' stacks then:\n"
+                                 + ("".join(seen) + rest)[-12000:]) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -973,7 +981,18 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
     assert "unset RAY_ADDRESS to run on this machine" in said
     assert "HOST:6379" in said and "ray://HOST:10001" in said
     if kind == "dashboard":
-        assert f"RAY_ADDRESS=http://***@127.0.0.1:{port} is a Ray dashboard" in said
-        assert "ray job submit" in said
+        assert f"RAY_ADDRESS=http://admin:***@127.0.0.1:{port} is a Ray dashboard" in said
+        assert "ray job submit --working-dir . -- python workflows/<task>.py" in said
     else:
         assert f"RAY_ADDRESS=127.0.0.1:{port}: nothing answers at" in said
+
+
+def test_a_ray_address_is_printed_with_its_password_hidden():
+    """Every Ray command prints RAY_ADDRESS through `convs2s.ray_join.shown`: a password in it
+    is `***` (the user kept, as MLflow URIs are shown), in a GCS address without a scheme too."""
+    from convs2s.ray_join import shown
+
+    assert shown("admin:s3cret@10.0.0.1:6379") == "admin:***@10.0.0.1:6379"
+    assert shown("ray://admin:s3cret@head:10001") == "ray://admin:***@head:10001"
+    assert shown("ray://t0ken@head:10001") == "ray://***@head:10001"
+    assert shown("10.0.0.1:6379") == "10.0.0.1:6379" and shown("auto") == "auto"

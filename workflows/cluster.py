@@ -5,7 +5,7 @@ Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray
 that cluster; otherwise it starts a local Ray on this machine, its dashboard on a port from
 `free_port` (also what the tests and benchmarks give the servers they start). A RAY_ADDRESS it
 cannot join (the dashboard's http:// address, a head where nothing answers) stops the command
-with one line naming it and the fix (`join_cluster`).
+with one line naming it and the fix (`join_cluster`, `convs2s.ray_join`).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import os
 import random
-import re
 import socket
 import time
 from pathlib import Path
 
+from convs2s import ray_join
 from convs2s.console import choose_local_ray_auth
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
@@ -57,79 +57,18 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
     log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
-             f"cluster {shown_address(address)}" if address else "local instance", cpus, gpus,
+             f"cluster {ray_join.shown(address)}" if address else "local instance", cpus, gpus,
              ray_log_dir())
-
-
-# How long a workflow given RAY_ADDRESS waits for that address to take a connection (a head
-# still starting) before it stops with a message: Ray's own retries against an address where
-# nothing listens last many minutes, its connection warnings printed all the while.
-RAY_JOIN_WAIT_S = float(os.environ.get("CONVS2S_RAY_JOIN_WAIT_S", 30))
-
-# What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
-_RAY_ADDRESS_FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to "
-                    "its head's GCS address HOST:6379 (a driver on a cluster node) or to "
-                    "ray://HOST:10001 (Ray Client)")
-
-
-def shown_address(address: str) -> str:
-    """RAY_ADDRESS as it may be printed: any `user:password@` in it as `***@`."""
-    return re.sub(r"^((?:[A-Za-z][\w+.-]*://)?)[^/\s]*@", r"\1***@", address)
 
 
 def join_cluster(address: str) -> None:
     """ray.init for RAY_ADDRESS (`ray job submit` sets it on the driver, or a user joining a
-    cluster): no resource arguments (docs/reference.md, Ray). An address Ray cannot join is a
-    SpecError (one line, exit 2) naming RAY_ADDRESS and the fix, not Ray's traceback: the
-    dashboard's http:// address (which `ray job submit` takes), a host:port where nothing
-    answers within RAY_JOIN_WAIT_S, or one Ray refuses."""
-    import ray
-
-    shown = shown_address(address)
-    if address.startswith(("http://", "https://")):
-        raise SpecError(
-            f"RAY_ADDRESS={shown} is a Ray dashboard (jobs API) address, the one "
-            "`ray job submit` reads, not a cluster a workflow can join: to run there, submit "
-            "it (`ray job submit --working-dir . -- python workflows/<task>.py ...`); "
-            + _RAY_ADDRESS_FIX)
-    if problem := _unreachable(address):
-        raise SpecError(f"RAY_ADDRESS={shown}: {problem}: start that cluster (`ray start "
-                        f"--head`, `ray up`) or correct the address; " + _RAY_ADDRESS_FIX)
+    cluster), through `convs2s.ray_join`: an address Ray cannot join is a SpecError (one line,
+    exit 2) naming RAY_ADDRESS, its password hidden, and the fix."""
     try:
-        ray.init(logging_level=logging.WARNING)
-    except (ValueError, ConnectionError) as err:
-        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SpecError(f"RAY_ADDRESS={shown}: Ray cannot join it "
-                        f"({said.replace(address, shown)}); " + _RAY_ADDRESS_FIX) from None
-
-
-def _unreachable(address: str) -> str | None:
-    """Why nothing takes a connection at RAY_ADDRESS's host and port, tried until
-    RAY_JOIN_WAIT_S has passed; None once one does, or for a value that names no host:port
-    ("auto", another scheme: left to Ray). The host as Ray resolves it (its node IP for
-    localhost)."""
-    rest = address.removeprefix("ray://")
-    if "://" in rest:
-        return None
-    host, _, port = rest.rpartition("@")[2].split("/")[0].rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit():
-        return None
-    if rest == address:  # a GCS address: Ray turns localhost into this node's IP
-        from ray._private.services import resolve_ip_for_localhost
-
-        host = resolve_ip_for_localhost(host)
-    deadline = time.monotonic() + RAY_JOIN_WAIT_S
-    while True:
-        try:
-            with socket.create_connection((host, int(port)), timeout=5):
-                return None
-        except OSError as err:
-            if time.monotonic() >= deadline:
-                why = err.strerror or str(err) or type(err).__name__
-                return (f"nothing answers at {host}:{port} ({why}; tried for "
-                        f"{RAY_JOIN_WAIT_S:g} s)")
-        time.sleep(1)
+        ray_join.join(address, submit="python workflows/<task>.py ...")
+    except ray_join.RayAddressError as err:
+        raise SpecError(str(err)) from None
 
 
 # How long a workflow on a cluster waits for the GPUs it asks for (the autoscaler adding

@@ -48,6 +48,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
+from convs2s import ray_join
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
 from storage import is_uri, location, open_input, stamp, write_whole
@@ -512,10 +513,12 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         if translated_parts == len(parts) else None}
 
 
-def start_ray(log_to_driver: bool = True) -> None:
-    """Join the cluster of RAY_ADDRESS (a submitted job), else start a local Ray quietly. With
-    `log_to_driver=False` the Ray processes' own lines stay in Ray's log files (`serve`: its
-    proxy, controller and per-request access lines)."""
+def start_ray(log_to_driver: bool = True,
+              command: str = "python -m convs2s translate ... --actors N") -> None:
+    """Join the cluster of RAY_ADDRESS (a submitted job; `convs2s.ray_join`, whose one-line
+    RayAddressError names `command` to submit where RAY_ADDRESS is a dashboard's), else start a
+    local Ray quietly. With `log_to_driver=False` the Ray processes' own lines stay in Ray's
+    log files (`serve`: its proxy, controller and per-request access lines)."""
     import ray
 
     if ray.is_initialized():
@@ -530,20 +533,8 @@ def start_ray(log_to_driver: bool = True) -> None:
         if type(handler).__name__ != "SessionFileHandler":
             handler.setLevel(logging.WARNING)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-    if address := os.environ.get("RAY_ADDRESS"):
-        from convs2s.tracking.runs import redact_text
-
-        fix = ("unset RAY_ADDRESS to run on this machine, or set it to a cluster's GCS address "
-               "HOST:6379 or ray://HOST:10001")
-        if address.startswith(("http://", "https://")):  # (what `ray job submit` reads)
-            raise ValueError(f"RAY_ADDRESS={redact_text(address)} is a Ray dashboard (jobs "
-                             f"API) address, not a cluster this command can join: {fix}")
-        try:
-            ray.init(logging_level=logging.WARNING, log_to_driver=log_to_driver)
-        except (ValueError, ConnectionError) as err:  # one line, its password hidden
-            said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ValueError(f"RAY_ADDRESS={redact_text(address)}: Ray cannot join it "
-                             f"({redact_text(said)}); {fix}") from None
+    if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
+        ray_join.join(address, submit=command, log_to_driver=log_to_driver)
     else:
         choose_local_ray_auth()
         ray.init(logging_level=logging.WARNING, include_dashboard=False,

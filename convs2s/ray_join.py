@@ -1,0 +1,94 @@
+"""Joining the Ray cluster that RAY_ADDRESS names, for every Ray command of the project (the
+workflows, `translate --actors`, `serve`). An address no command can join stops the command with
+one line (`RayAddressError`) that names it, hides its password and says what to do, instead of
+Ray's traceback (which quotes the address whole) or minutes of Ray's own connection retries:
+
+- the dashboard's http:// address, the one `ray job submit` reads (the infra guide exports it);
+- a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
+  default: a head still starting gets that long);
+- an address Ray itself refuses.
+
+    join(os.environ["RAY_ADDRESS"], submit="python -m convs2s translate ...", log_to_driver=False)
+
+Joining passes no resource arguments to `ray.init` (docs/reference.md, Ray).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from convs2s.tracking.runs import redact_text
+
+# What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
+FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to its head's GCS "
+       "address HOST:6379 (a driver on a cluster node) or to ray://HOST:10001 (Ray Client)")
+
+
+class RayAddressError(ValueError):
+    """RAY_ADDRESS names nothing this command can join; the message is the one line to print."""
+
+
+def shown(address: str) -> str:
+    """RAY_ADDRESS as it may be printed: a password in it as `***` (`redact_text`), also in a
+    GCS address, which has no scheme."""
+    if "://" in address:
+        return redact_text(address)
+    return redact_text("gcs://" + address).removeprefix("gcs://")
+
+
+def join_wait_s() -> float:
+    """How long a command waits for RAY_ADDRESS to take a connection (read when it joins)."""
+    return float(os.environ.get("CONVS2S_RAY_JOIN_WAIT_S", 30))
+
+
+def join(address: str, *, submit: str, **init_kwargs) -> None:
+    """`ray.init` for `address` (RAY_ADDRESS), with `init_kwargs` (logging, log_to_driver: no
+    resources). `submit` is the command to run through `ray job submit` where only the
+    dashboard's address is known. Raises RayAddressError."""
+    import ray
+
+    name = f"RAY_ADDRESS={shown(address)}"
+    if address.startswith(("http://", "https://")):
+        raise RayAddressError(
+            f"{name} is a Ray dashboard (jobs API) address, the one `ray job submit` reads, "
+            f"not a cluster this command can join: to run there, submit it (`ray job submit "
+            f"--working-dir . -- {submit}`); " + FIX)
+    if problem := _unreachable(address, join_wait_s()):
+        raise RayAddressError(f"{name}: {problem}: start that cluster (`ray start --head`, "
+                              "`ray up`) or correct the address; " + FIX)
+    try:
+        ray.init(logging_level=logging.WARNING, **init_kwargs)
+    except (ValueError, ConnectionError) as err:
+        said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        said = redact_text(said).replace(address, shown(address))
+        raise RayAddressError(f"{name}: Ray cannot join it ({said}); " + FIX) from None
+
+
+def _unreachable(address: str, wait_s: float) -> str | None:
+    """Why nothing takes a connection at `address`'s host and port, tried until `wait_s` has
+    passed; None once one does, or for a value that names no host:port ("auto", another
+    scheme: left to Ray). The host as Ray resolves it (its node IP for localhost)."""
+    rest = address.removeprefix("ray://")
+    if "://" in rest:
+        return None
+    host, _, port = rest.rpartition("@")[2].split("/")[0].rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return None
+    if rest == address:  # a GCS address: Ray turns localhost into this node's IP
+        from ray._private.services import resolve_ip_for_localhost
+
+        host = resolve_ip_for_localhost(host)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=5):
+                return None
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                why = err.strerror or str(err) or type(err).__name__
+                return f"nothing answers at {host}:{port} ({why}; tried for {wait_s:g} s)"
+        time.sleep(1)
