@@ -988,9 +988,9 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
 
 
 def test_a_ray_address_is_printed_with_its_password_hidden():
-    """Every Ray command prints RAY_ADDRESS through `convs2s.ray_join.shown`: a password in it
+    """Every Ray command prints RAY_ADDRESS through `serving.ray_join.shown`: a password in it
     is `***` (the user kept, as MLflow URIs are shown), in a GCS address without a scheme too."""
-    from convs2s.ray_join import shown
+    from convs2s.serving.ray_join import shown
 
     assert shown("admin:s3cret@10.0.0.1:6379") == "admin:***@10.0.0.1:6379"
     assert shown("ray://admin:s3cret@head:10001") == "ray://admin:***@head:10001"

@@ -5,7 +5,7 @@ Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray
 that cluster; otherwise it starts a local Ray on this machine, its dashboard on a port from
 `free_port` (also what the tests and benchmarks give the servers they start). A RAY_ADDRESS it
 cannot join (the dashboard's http:// address, a head where nothing answers) stops the command
-with one line naming it and the fix (`join_cluster`, `convs2s.ray_join`).
+with one line naming it and the fix (`join_cluster`, `convs2s.serving.ray_join`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from convs2s import ray_join
+from convs2s.serving import ray_join
 from convs2s.console import choose_local_ray_auth
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
@@ -63,8 +63,8 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
 
 def join_cluster(address: str) -> None:
     """ray.init for RAY_ADDRESS (`ray job submit` sets it on the driver, or a user joining a
-    cluster), through `convs2s.ray_join`: an address Ray cannot join is a SpecError (one line,
-    exit 2) naming RAY_ADDRESS, its password hidden, and the fix."""
+    cluster), through `convs2s.serving.ray_join`: an address Ray cannot join is a SpecError
+    (one line, exit 2) naming RAY_ADDRESS, its password hidden, and the fix."""
     try:
         ray_join.join(address, submit="python workflows/<task>.py ...")
     except ray_join.RayAddressError as err:

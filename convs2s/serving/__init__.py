@@ -3,7 +3,9 @@
   file MLflow runs to build it ("models from code");
 - `corpus`: a large corpus translated by a Ray Data job (an actor pool, parts with a manifest,
   resumable);
-- `online`: a Ray Serve deployment with dynamic request batching.
+- `online`: a Ray Serve deployment with dynamic request batching;
+- `ray_join`: joining the cluster of RAY_ADDRESS (these commands and the workflows), an address
+  none can join refused in one line.
 
 May import: mlflow, ray, `convs2s.config`, `convs2s.console` (starting a quiet local Ray),
 `convs2s.io`, `convs2s.inference`, `convs2s.tracking`.

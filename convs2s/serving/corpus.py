@@ -48,7 +48,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from convs2s import ray_join
+from convs2s.serving import ray_join
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
 from storage import is_uri, location, open_input, stamp, write_whole
@@ -515,7 +515,7 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
 
 def start_ray(log_to_driver: bool = True,
               command: str = "python -m convs2s translate ... --actors N") -> None:
-    """Join the cluster of RAY_ADDRESS (a submitted job; `convs2s.ray_join`, whose one-line
+    """Join the cluster of RAY_ADDRESS (a submitted job; `ray_join`, whose one-line
     RayAddressError names `command` to submit where RAY_ADDRESS is a dashboard's), else start a
     local Ray quietly. With `log_to_driver=False` the Ray processes' own lines stay in Ray's
     log files (`serve`: its proxy, controller and per-request access lines)."""
