@@ -958,22 +958,36 @@ def test_sigterm_as_ray_job_stop_sends_it_stops_a_run_as_ctrl_c_does(ray_session
     assert not (storage / "term" / ".lease.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["dashboard", "dead head"])
+@pytest.mark.parametrize("kind", ["dashboard", "dead head", "web server's port"])
 def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tmp_path, kind):
     """RAY_ADDRESS as the infra guide exports it for `ray job submit` (the dashboard's
-    http:// address), or a head's address where nothing listens: a plain workflow command
-    stops with one `error:` line that names RAY_ADDRESS, hides its password and says what to
-    do (exit 2), not Ray's traceback nor minutes of Ray's connection retries."""
+    http:// address), a head's address where nothing listens, or a port where a web server
+    answers (the dashboard's port without http://, which Ray retried for over 5 minutes): a
+    plain workflow command stops with one `error:` line that names RAY_ADDRESS, hides its
+    password and says what to do (exit 2), not Ray's traceback nor minutes of Ray's
+    connection retries."""
+    import http.server
+    import threading
+
     from workflows.cluster import free_port
 
-    port = free_port()  # nothing listens there
+    port = free_port()  # nothing listens there ...
     address = {"dashboard": f"http://admin:s3cret@127.0.0.1:{port}",
-               "dead head": f"127.0.0.1:{port}"}[kind]
+               "dead head": f"127.0.0.1:{port}", "web server's port": f"127.0.0.1:{port}"}[kind]
+    if kind == "web server's port":  # ... but a web server, on every interface (Ray joins
+        # localhost as this node's IP)
+        web = http.server.ThreadingHTTPServer(("0.0.0.0", port),
+                                              http.server.BaseHTTPRequestHandler)  # (501s)
+        threading.Thread(target=web.serve_forever, daemon=True).start()
     env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "2"}
-    proc = subprocess.run([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
-                           "--preset", "smoke", "--storage-path", str(tmp_path / "runs"),
-                           "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
+                               "--preset", "smoke", "--storage-path", str(tmp_path / "runs"),
+                               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        if kind == "web server's port":
+            web.shutdown()
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     said = lines[0]
@@ -983,8 +997,11 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
     if kind == "dashboard":
         assert f"RAY_ADDRESS=http://admin:***@127.0.0.1:{port} is a Ray dashboard" in said
         assert "ray job submit --working-dir . -- python workflows/<task>.py" in said
-    else:
+    elif kind == "dead head":
         assert f"RAY_ADDRESS=127.0.0.1:{port}: nothing answers at" in said
+    else:
+        assert f"RAY_ADDRESS=127.0.0.1:{port}: " in said and \
+            f":{port} answers HTTP/1, as a web server does, not as Ray" in said
 
 
 def test_a_ray_address_is_printed_with_its_password_hidden():

@@ -6,6 +6,8 @@ Ray's traceback (which quotes the address whole) or minutes of Ray's own connect
 - the dashboard's http:// address, the one `ray job submit` reads (the infra guide exports it);
 - a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
   default: a head still starting gets that long);
+- a host:port that answers HTTP/1, a web server's (the dashboard's port without `http://`):
+  Ray's GCS and its client server speak gRPC, and Ray would retry that port for minutes;
 - an address Ray itself refuses.
 
     join(os.environ["RAY_ADDRESS"], submit="python -m convs2s translate ...", log_to_driver=False)
@@ -57,6 +59,9 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
             f"not a cluster this command can join: to run there, submit it (`ray job submit "
             f"--working-dir . -- {submit}`); " + FIX)
     if problem := _unreachable(address, join_wait_s()):
+        if "HTTP" in problem:
+            raise RayAddressError(f"{name}: {problem}: correct the address (with `http://` "
+                                  "a dashboard's address is for `ray job submit`); " + FIX)
         raise RayAddressError(f"{name}: {problem}: start that cluster (`ray start --head`, "
                               "`ray up`) or correct the address; " + FIX)
     try:
@@ -68,9 +73,11 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
 
 
 def _unreachable(address: str, wait_s: float) -> str | None:
-    """Why nothing takes a connection at `address`'s host and port, tried until `wait_s` has
-    passed; None once one does, or for a value that names no host:port ("auto", another
-    scheme: left to Ray). The host as Ray resolves it (its node IP for localhost)."""
+    """Why Ray cannot join `address`'s host and port: nothing takes a connection there, tried
+    until `wait_s` has passed, or what does answers a plain HTTP request as an HTTP/1 server
+    (Ray's GCS and client server are gRPC servers: they answer it with HTTP/2 frames). None
+    otherwise, or for a value that names no host:port ("auto", another scheme: left to Ray).
+    The host as Ray resolves it (its node IP for localhost)."""
     rest = address.removeprefix("ray://")
     if "://" in rest:
         return None
@@ -85,10 +92,27 @@ def _unreachable(address: str, wait_s: float) -> str | None:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            with socket.create_connection((host, int(port)), timeout=5):
+            with socket.create_connection((host, int(port)), timeout=5) as conn:
+                if _speaks_http1(conn):
+                    return f"{host}:{port} answers HTTP/1, as a web server does, not as Ray"
                 return None
         except OSError as err:
             if time.monotonic() >= deadline:
                 why = err.strerror or str(err) or type(err).__name__
                 return f"nothing answers at {host}:{port} ({why}; tried for {wait_s:g} s)"
         time.sleep(1)
+
+
+def _speaks_http1(conn: socket.socket) -> bool:
+    """Whether the server on `conn` answers an HTTP/1.0 request in HTTP/1 (a web server: the
+    Ray dashboard's port, given without `http://`). A gRPC server answers with HTTP/2 frames;
+    one that says nothing within 3 s is left to Ray."""
+    try:
+        conn.settimeout(3)
+        conn.sendall(b"GET / HTTP/1.0\r\nHost: ray-address-check\r\n\r\n")
+        said = b""
+        while len(said) < 5 and (more := conn.recv(5 - len(said))):
+            said += more
+        return said == b"HTTP/"
+    except OSError:
+        return False
