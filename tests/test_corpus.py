@@ -458,3 +458,20 @@ def test_a_ray_address_these_commands_cannot_join_is_one_line_naming_it_and_the_
             assert f"ray job submit --working-dir . -- python -m convs2s {command} " in lines[0]
     # (the corpus job has split its input, which a rerun reuses; nothing is translated)
     assert not list(tmp_path.glob("out/part-*")) and not list(tmp_path.glob("out/manifest*"))
+
+
+def test_a_part_whose_record_counts_other_output_lines_names_both_counts(tmp_path):
+    """The manifest is written only over parts whose records count the lines their source
+    shard gives: one that counts the right lines in but other n-best lines out is refused
+    with both counts (it used to say only the lines in, which matched)."""
+    from convs2s.serving.corpus import _manifest, part_name
+
+    job = CorpusJob(["unused"], "in.txt", str(tmp_path),
+                    search=SearchConfig(beam=2, nbest=2))
+    (tmp_path / part_name(0, "json")).write_text(json.dumps(
+        {"lines": 3, "lines_out": 3, "truncated": [], "bytes": 0}))
+    source = {"shards": [{"index": 0, "lines": 3, "first_line": 0}], "lines": 3,
+              "non_utf8": []}
+    with pytest.raises(CorpusError, match=r"part-00000\.json counts 3 lines in and 3 out, its "
+                                          r"source shard 3 in and 6 out: delete the part"):
+        _manifest(job, tmp_path, source, {}, 1.0, 1)

@@ -481,10 +481,12 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         raise CorpusError(f"{job.output}: parts {missing[:5]} were not written; rerun the "
                           "same command to finish them")
     for s, p in zip(source["shards"], parts):
-        if p["lines"] != s["lines"] or p.get("lines_out", s["lines"] * job.search.nbest) != \
-                s["lines"] * job.search.nbest:
-            raise CorpusError(f"{out / part_name(s['index'], 'json', width)} counts {p['lines']} "
-                              f"lines, its source shard {s['lines']}: delete the part and rerun")
+        expected = s["lines"] * job.search.nbest  # (n-best lines a source line)
+        if p["lines"] != s["lines"] or p.get("lines_out", expected) != expected:
+            raise CorpusError(
+                f"{out / part_name(s['index'], 'json', width)} counts {p['lines']} lines in and "
+                f"{p.get('lines_out', expected)} out, its source shard {s['lines']} in and "
+                f"{expected} out: delete the part and rerun")
     short = [s["index"] for s in source["shards"] if not part_done(out, s["index"], width)]
     if short:
         raise CorpusError(f"{job.output}: parts {short[:5]} do not hold what their records "
