@@ -4,8 +4,9 @@ before any stage (this machine's before Ray starts, a cluster's while its autosc
 Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray.init()` joins
 that cluster; otherwise it starts a local Ray on this machine, its dashboard on a port from
 `free_port` (also what the tests and benchmarks give the servers they start). A RAY_ADDRESS it
-cannot join (the dashboard's http:// address, a head where nothing answers) stops the command
-with one line naming it and the fix (`join_cluster`, `convs2s.serving.ray_join`).
+cannot join (the dashboard's http:// address, a head where nothing answers, a web server's
+port) stops the command with one line naming it and the fix (`join_cluster`,
+`convs2s.serving.ray_join`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import socket
 import time
 from pathlib import Path
 
-from convs2s.serving import ray_join
 from convs2s.console import choose_local_ray_auth
+from convs2s.serving import ray_join
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 

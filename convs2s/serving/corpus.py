@@ -48,9 +48,9 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from convs2s.serving import ray_join
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
+from convs2s.serving import ray_join
 from storage import is_uri, location, open_input, stamp, write_whole
 from storage.lease import RunLease
 

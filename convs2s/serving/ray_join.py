@@ -59,11 +59,7 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
             f"not a cluster this command can join: to run there, submit it (`ray job submit "
             f"--working-dir . -- {submit}`); " + FIX)
     if problem := _unreachable(address, join_wait_s()):
-        if "HTTP" in problem:
-            raise RayAddressError(f"{name}: {problem}: correct the address (with `http://` "
-                                  "a dashboard's address is for `ray job submit`); " + FIX)
-        raise RayAddressError(f"{name}: {problem}: start that cluster (`ray start --head`, "
-                              "`ray up`) or correct the address; " + FIX)
+        raise RayAddressError(f"{name}: {problem}; " + FIX)
     try:
         ray.init(logging_level=logging.WARNING, **init_kwargs)
     except (ValueError, ConnectionError) as err:
@@ -73,11 +69,11 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
 
 
 def _unreachable(address: str, wait_s: float) -> str | None:
-    """Why Ray cannot join `address`'s host and port: nothing takes a connection there, tried
-    until `wait_s` has passed, or what does answers a plain HTTP request as an HTTP/1 server
-    (Ray's GCS and client server are gRPC servers: they answer it with HTTP/2 frames). None
-    otherwise, or for a value that names no host:port ("auto", another scheme: left to Ray).
-    The host as Ray resolves it (its node IP for localhost)."""
+    """Why Ray cannot join `address`'s host and port, and what to do: nothing takes a
+    connection there, tried until `wait_s` has passed, or what does answers a plain HTTP
+    request as an HTTP/1 server (Ray's GCS and client server are gRPC servers: they answer it
+    with HTTP/2 frames). None otherwise, or for a value that names no host:port ("auto",
+    another scheme: left to Ray). The host as Ray resolves it (its node IP for localhost)."""
     rest = address.removeprefix("ray://")
     if "://" in rest:
         return None
@@ -94,12 +90,16 @@ def _unreachable(address: str, wait_s: float) -> str | None:
         try:
             with socket.create_connection((host, int(port)), timeout=5) as conn:
                 if _speaks_http1(conn):
-                    return f"{host}:{port} answers HTTP/1, as a web server does, not as Ray"
+                    return (f"{host}:{port} answers HTTP/1, as a web server does, not as Ray: "
+                            "correct the address (a dashboard's, with http://, is for `ray "
+                            "job submit`)")
                 return None
         except OSError as err:
             if time.monotonic() >= deadline:
                 why = err.strerror or str(err) or type(err).__name__
-                return f"nothing answers at {host}:{port} ({why}; tried for {wait_s:g} s)"
+                return (f"nothing answers at {host}:{port} ({why}; tried for {wait_s:g} s): "
+                        "start that cluster (`ray start --head`, `ray up`) or correct the "
+                        "address")
         time.sleep(1)
 
 
