@@ -610,3 +610,32 @@ def test_ray_workers_get_absolute_local_paths(tiny_checkpoints, tmp_path, monkey
     assert s.checkpoints == [str(tmp_path / "runs" / "best"), "s3://b/ck"]
     assert (s.spm_model, s.search) == (str(tmp_path / "spm.model"),
                                        {"beam": 2, "shortlist": str(tmp_path / "sl.npz")})
+
+
+def test_replace_unk_copies_a_byte_piece_with_the_rest_of_its_character(tiny_checkpoints):
+    """A character outside the vocabulary is byte pieces (sentencepiece's byte fallback): an
+    unk that attends one of its bytes copies the character, never a lone byte (which decoded
+    as U+FFFD); unks that attend each of its bytes spell it once; an unk after the hypothesis
+    emitted the character's first byte itself adds the rest."""
+    codec = codec_for_checkpoint(tiny_checkpoints["a"])
+    source = "the Жук"
+    pieces = codec.encode(source)
+    first = pieces.index("<0xD0>")  # Ж is D0 96 in UTF-8, outside this demo vocabulary
+    assert pieces[first + 1] == "<0x96>", pieces
+    before = codec.source_ids(pieces[:first])  # "▁the", and the piece that opens the word
+    after = codec.source_ids(pieces[first + 2:])  # the pieces of "ук"
+    lead = codec.source_ids(["<0xD0>"])[0]
+    head, tail = list(range(first)), list(range(first + 2, len(pieces)))
+
+    def text(middle, rows):
+        return unk_replaced_text(codec, before + middle + after, source, pieces,
+                                 attending(head + rows + tail, len(pieces)), None)
+
+    assert text([UNK], [first + 1]) == "the Жук"  # its second byte: the character
+    assert text([UNK], [first]) == "the Жук"  # its first byte
+    assert text([UNK, UNK], [first, first + 1]) == "the Жук"  # each byte: spelled once
+    assert text([UNK, UNK], [first + 1, first]) == "the Жук"
+    assert text([lead, UNK], [first, first + 1]) == "the Жук"  # the rest after its first
+    # The spans of the characters' bytes: a 3-byte €, then a stray continuation byte alone.
+    assert codec.byte_characters(["\u2581", "<0xE2>", "<0x82>", "<0xAC>", "<0x96>", "x"]) == \
+        [None, (1, 4), (1, 4), (1, 4), (4, 5), None]

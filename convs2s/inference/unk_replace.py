@@ -7,6 +7,8 @@ as fairseq's --replace-unk copies the attended source token: unks that attend th
 pieces of a source word spell that word once, and an unk that continues a word adds only its
 piece to it. Where the attended piece alone spells a whole source word, that word is copied,
 or its entry in an optional dictionary (a word table: it never translates a piece of a word).
+A byte piece (sentencepiece's byte fallback) is copied with the other bytes of its character,
+those the hypothesis has not just emitted, so that one unk never copies half a character.
 
     from convs2s.inference.unk_replace import replace_unknowns, unk_replaced_text
     pieces = replace_unknowns(hyp_pieces, src_pieces, hyp["attention"])
@@ -42,7 +44,8 @@ def load_dictionary(path: str) -> dict[str, str]:
 def replace_unknowns(hyp_pieces: list[str], src_pieces: list[str], attention: torch.Tensor,
                      unk: str = "<unk>", dictionary: dict[str, str] | None = None,
                      words: list[str | None] | None = None,
-                     word_piece: Callable[[str], str] = str) -> list[str]:
+                     word_piece: Callable[[str], str] = str,
+                     characters: list[tuple[int, int] | None] | None = None) -> list[str]:
     """Replace every `unk` of `hyp_pieces` by its most attended source piece.
 
     attention: S x L with rows = the source positions of `src_pieces` (extra trailing rows, such
@@ -51,6 +54,11 @@ def replace_unknowns(hyp_pieces: list[str], src_pieces: list[str], attention: to
     words: per source piece, the source word it spells alone, or None for a piece of a longer
     word (default: every piece is a word). A whole word is copied as `word_piece(word)`, through
     `dictionary` when that has it; any other piece is copied as it is.
+    characters: per source piece, for a byte piece the span [a, b) of the source pieces that
+    hold its character's bytes (the codec's `byte_characters`), else None. An unk attending
+    byte s copies the bytes s..b-1 when the hypothesis has just emitted a..s-1, nothing when
+    the position before it copied that character, else all of a..b-1: the copied bytes
+    joined into one string (`<0xC3><0xBC>`), which the codec decodes with its neighbours.
     """
     if attention.dim() != 2 or attention.shape[0] < len(src_pieces) or \
             attention.shape[1] < len(hyp_pieces):
@@ -62,14 +70,32 @@ def replace_unknowns(hyp_pieces: list[str], src_pieces: list[str], attention: to
         return list(hyp_pieces)
     words = list(src_pieces) if words is None else words
     best = attention[: len(src_pieces), : len(hyp_pieces)].argmax(dim=0).tolist()  # per piece
-    out = []
+    out, emitted, copied = [], [], None  # emitted: the pieces so far, byte runs split
     for j, piece in enumerate(hyp_pieces):
+        char = None
         if piece == unk:
             s, word = best[j], words[best[j]]
-            piece = src_pieces[s] if word is None else \
-                word_piece(dictionary.get(word, word) if dictionary else word)
+            char = characters[s] if characters and word is None else None
+            if char is not None:
+                a, b = char
+                if s > a and emitted[len(emitted) - (s - a):] == src_pieces[a:s]:
+                    piece = "".join(src_pieces[s:b])  # the rest of the character
+                elif copied == char:
+                    piece = ""  # the position before copied this character whole
+                else:
+                    piece = "".join(src_pieces[a:b])
+            else:
+                piece = src_pieces[s] if word is None else \
+                    word_piece(dictionary.get(word, word) if dictionary else word)
+        copied = char
         out.append(piece)
+        emitted += _split_bytes(piece) if char is not None else [piece]
     return out
+
+
+def _split_bytes(piece: str) -> list[str]:
+    """`<0xC3><0xBC>` as its byte pieces."""
+    return [piece[k: k + 6] for k in range(0, len(piece), 6)]
 
 
 def unk_replaced_text(codec, ids: list[int], source: str, src_pieces: list[str],
@@ -81,5 +107,6 @@ def unk_replaced_text(codec, ids: list[int], source: str, src_pieces: list[str],
     replaced = replace_unknowns([codec.target_piece(i) for i in ids], src_pieces, attention,
                                 unk=codec.target_piece(UNK), dictionary=dictionary,
                                 words=codec.source_words(source, src_pieces),
-                                word_piece=codec.word_piece)
+                                word_piece=codec.word_piece,
+                                characters=codec.byte_characters(src_pieces))
     return codec.join_with_words(ids, replaced)

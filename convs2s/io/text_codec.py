@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from convs2s.config import BOS, EOS, PAD, UNK
@@ -124,10 +125,34 @@ class SentencePieceCodec:
         """The piece that stands for `word` as a whole word: it opens a word."""
         return "\u2581" + word
 
+    def byte_characters(self, pieces: list[str]) -> list[tuple[int, int] | None]:
+        """Per piece, for a byte piece (`<0xC3>`, sentencepiece's byte fallback), the span
+        [a, b) of the pieces that hold the bytes of its UTF-8 character; None for any other
+        (unk replacement copies a whole character, not one of its bytes)."""
+        out: list[tuple[int, int] | None] = [None] * len(pieces)
+        values = [_byte_value(p) for p in pieces]
+        k = 0
+        while k < len(pieces):
+            if values[k] is None:
+                k += 1
+                continue
+            lead = values[k]  # the length its lead byte announces (1 for a stray byte)
+            n = 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else \
+                4 if 0xF0 <= lead < 0xF8 else 1
+            end = k + 1
+            while end < min(k + n, len(pieces)) and values[end] is not None and \
+                    0x80 <= values[end] < 0xC0:  # continuation bytes
+                end += 1
+            for i in range(k, end):
+                out[i] = (k, end)
+            k = end
+        return out
+
     def join_with_words(self, ids: list[int], replaced: list[str]) -> str:
         """Decode `ids` with each <unk> replaced by its piece from `replaced` (unk replacement:
         a source piece, U+2581 opening a word): a piece of the vocabulary (byte pieces too)
-        decodes with its neighbours; any other is spliced in as text."""
+        decodes with its neighbours, as does a run of byte pieces (`<0xC3><0xBC>`: a whole
+        character); an empty one adds nothing; any other is spliced in as text."""
         parts, run = [], []
 
         def flush():
@@ -138,6 +163,11 @@ class SentencePieceCodec:
 
         for i, piece in zip(ids, replaced):
             if i == UNK:
+                if not piece:
+                    continue
+                if _BYTES.fullmatch(piece):  # the bytes of a character, one piece each
+                    run.extend(self.sp.piece_to_id(b) for b in _BYTE.findall(piece))
+                    continue
                 i = self.sp.piece_to_id(piece)  # (UNK for a piece it does not know)
                 if i == UNK:
                     flush()
@@ -146,6 +176,14 @@ class SentencePieceCodec:
             run.append(i)
         flush()
         return "".join(parts).strip(" ")
+
+
+_BYTE = re.compile(r"<0x[0-9A-F]{2}>")  # a byte piece of sentencepiece's byte fallback
+_BYTES = re.compile(r"(?:<0x[0-9A-F]{2}>)+")
+
+
+def _byte_value(piece: str) -> int | None:
+    return int(piece[3:5], 16) if _BYTE.fullmatch(piece) else None
 
 
 class MosesBpeCodec:
@@ -219,6 +257,10 @@ class MosesBpeCodec:
     def word_piece(self, word: str) -> str:
         """The piece that stands for `word` as a whole word: the word, no `@@`."""
         return word
+
+    def byte_characters(self, pieces: list[str]) -> list[tuple[int, int] | None]:
+        """No byte pieces in subword-nmt's BPE: None for every piece."""
+        return [None] * len(pieces)
 
     def join_with_words(self, ids: list[int], replaced: list[str]) -> str:
         """Decode `ids` with each <unk> replaced by its piece from `replaced` (unk replacement:
