@@ -442,20 +442,22 @@ def test_a_ray_address_these_commands_cannot_join_is_one_line_naming_it_and_the_
                           str(tmp_path / "out")],
             "serve": ["--port", str(free_port())]}[command]
     port = free_port()  # nothing listens there
-    for address, said in [(f"http://admin:s3cret@127.0.0.1:{port}",
+    # (one address each: the refusal is one piece of code, `ray_join`, for both commands)
+    cases = {"translate": (f"http://admin:s3cret@127.0.0.1:{port}",
                            f"RAY_ADDRESS=http://admin:***@127.0.0.1:{port} is a Ray dashboard"),
-                          (f"ray://admin:s3cret@127.0.0.1:{port}",
-                           f"RAY_ADDRESS=ray://admin:***@127.0.0.1:{port}: nothing answers at")]:
-        env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "1"}
-        proc = subprocess.run([sys.executable, "-m", "convs2s", command, "--checkpoint",
-                               tiny_checkpoints["a"], *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
-        lines = proc.stderr.strip().splitlines()
-        assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-        assert said in lines[0] and "s3cret" not in lines[0], lines[0]
-        assert "unset RAY_ADDRESS to run on this machine" in lines[0]
-        if "dashboard" in said:
-            assert f"ray job submit --working-dir . -- python -m convs2s {command} " in lines[0]
+             "serve": (f"ray://admin:s3cret@127.0.0.1:{port}",
+                       f"RAY_ADDRESS=ray://admin:***@127.0.0.1:{port}: nothing answers at")}
+    address, said = cases[command]
+    env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "1"}
+    proc = subprocess.run([sys.executable, "-m", "convs2s", command, "--checkpoint",
+                           tiny_checkpoints["a"], *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert said in lines[0] and "s3cret" not in lines[0], lines[0]
+    assert "unset RAY_ADDRESS to run on this machine" in lines[0]
+    if "dashboard" in said:
+        assert f"ray job submit --working-dir . -- python -m convs2s {command} " in lines[0]
     # (the corpus job has split its input, which a rerun reuses; nothing is translated)
     assert not list(tmp_path.glob("out/part-*")) and not list(tmp_path.glob("out/manifest*"))
 
