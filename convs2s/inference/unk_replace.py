@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from convs2s.config import UNK
+from convs2s.io.text_codec import byte_pieces
 
 
 def load_dictionary(path: str) -> dict[str, str]:
@@ -89,13 +90,8 @@ def replace_unknowns(hyp_pieces: list[str], src_pieces: list[str], attention: to
                     word_piece(dictionary.get(word, word) if dictionary else word)
         copied = char
         out.append(piece)
-        emitted += _split_bytes(piece) if char is not None else [piece]
+        emitted += byte_pieces(piece) if char is not None else [piece]
     return out
-
-
-def _split_bytes(piece: str) -> list[str]:
-    """`<0xC3><0xBC>` as its byte pieces."""
-    return [piece[k: k + 6] for k in range(0, len(piece), 6)]
 
 
 def unk_replaced_text(codec, ids: list[int], source: str, src_pieces: list[str],

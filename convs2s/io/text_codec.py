@@ -166,7 +166,7 @@ class SentencePieceCodec:
                 if not piece:
                     continue
                 if _BYTES.fullmatch(piece):  # the bytes of a character, one piece each
-                    run.extend(self.sp.piece_to_id(b) for b in _BYTE.findall(piece))
+                    run.extend(self.sp.piece_to_id(b) for b in byte_pieces(piece))
                     continue
                 i = self.sp.piece_to_id(piece)  # (UNK for a piece it does not know)
                 if i == UNK:
@@ -184,6 +184,11 @@ _BYTES = re.compile(r"(?:<0x[0-9A-F]{2}>)+")
 
 def _byte_value(piece: str) -> int | None:
     return int(piece[3:5], 16) if _BYTE.fullmatch(piece) else None
+
+
+def byte_pieces(run: str) -> list[str]:
+    """`<0xC3><0xBC>` (a character's bytes, as unk replacement copies them) as its pieces."""
+    return _BYTE.findall(run)
 
 
 class MosesBpeCodec:
