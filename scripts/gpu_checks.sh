@@ -101,7 +101,7 @@ train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 --
 step gpu-tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider \
   tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
   tests/test_train_step.py \
-  tests/test_translate.py tests/test_memory_fit.py tests/test_benchmarks.py
+  tests/test_search.py tests/test_translate.py tests/test_memory_fit.py tests/test_benchmarks.py
 
 if [[ -n "${LOOP_DATA:-}" ]]; then
   run_root=$(mktemp -d)  # the runs' checkpoints: a folder of this script's own, removed after

@@ -15,6 +15,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from convs2s.config import BOS, EOS, PAD, PRESETS, UNK, ModelConfig
 from convs2s.model.network import ConvS2S, inference_copy
@@ -378,3 +380,144 @@ def test_beam_matches_reference_search_with_a_wide_vocabulary():
     for b in range(3):
         want = reference_beam([model], src[b:b + 1, src[b].ne(PAD)], K=4, max_len=5)
         assert_same_hyps(hyps[b], want)
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts, per decoder step of a search, the operations that make the host wait for the
+    device on a GPU: reading a value (`bool`, `int`, `.item()`), `nonzero` and what is built on
+    it (a boolean-mask index, `masked_select`, `unique`, a tensor of repeats) and copies to
+    the host. On the CPU nothing waits, but the operations are the same ones: counted here,
+    they are what a GPU search would wait for (the `gpu` test below checks it with CUDA's own
+    sync debug mode)."""
+
+    SYNCS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default",
+             "aten.nonzero.default", "aten.nonzero_numpy.default", "aten.argwhere.default",
+             "aten.masked_select.default", "aten.repeat_interleave.Tensor",
+             "aten._unique2.default", "aten.unique_dim.default",
+             "aten.unique_consecutive.default"}
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        from convs2s.inference import search
+
+        self.per_step: list[int] = []  # syncs from one step's start to the next's (or to
+        # the results' collection)
+        self._stepping = False
+        step, collect = search._ensemble_step, search._Finished.collect
+
+        def counted_step(*a, **k):
+            self._stepping = True
+            self.per_step.append(0)
+            return step(*a, **k)
+
+        def uncounted_collect(*a, **k):
+            self._stepping = False
+            return collect(*a, **k)
+
+        monkeypatch.setattr(search, "_ensemble_step", counted_step)
+        monkeypatch.setattr(search._Finished, "collect", uncounted_collect)
+        self._host = TorchFunctionMode.__new__(_HostCopies)
+        self._host.owner = self
+
+    def __enter__(self):
+        self._host.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self._host.__exit__(*exc)
+
+    def count(self) -> None:
+        if self._stepping:
+            self.per_step[-1] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        if name in self.SYNCS or (name.startswith(("aten.index.Tensor", "aten.index_put"))
+                                  and any(i is not None and i.dtype == torch.bool
+                                          for i in args[1])):
+            self.count()
+        return func(*args, **(kwargs or {}))
+
+
+class _HostCopies(TorchFunctionMode):
+    """Copies to the host, which on a CPU tensor never reach the dispatcher."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("tolist", "cpu", "numpy"):
+            self.owner.count()
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_a_search_step_waits_for_the_device_once_and_twice_when_a_hypothesis_ends(
+        trained, search, monkeypatch):
+    """On a GPU every host sync of a step stops the host from queueing the next step's kernels
+    while the device works. Beam search syncs once a step to find the hypotheses that ended
+    and, only when one did, once more to find the sentences that are done; greedy search once
+    (the sentences that ended). Steps at or past a sentence's max length add one (the rows
+    whose EOS is forced). Checked on sentences that end by themselves (the trained model,
+    max length 30) and on an untrained model whose every sentence is forced to end at its
+    max length, over a 1,000-token vocabulary (the blocked top-k)."""
+    model, pairs = trained
+    src, lengths, _, _ = collate(pairs)
+    torch.manual_seed(11)
+    wide = ConvS2S(PRESETS["tiny"](), VOCAB, 1000).eval()
+    for m, b, ends_by_itself in ((model, 30, True), (wide, 6, False)):
+        syncs = HostSyncs(monkeypatch)
+        with syncs:
+            if search == "beam":
+                hyps = generate(m, src, lengths, beam_size=4, max_len_b=b, nbest=2)
+            else:
+                hyps = greedy(m, src, lengths, max_len_b=b)
+        assert all(h for h in hyps)
+        steps = syncs.per_step
+        forced = [] if ends_by_itself else steps[b:]  # steps from the max length on
+        free = steps[:len(steps) - len(forced)]
+        assert len(steps) > 3
+        most = 1 if search == "greedy" else 2
+        assert max(free) <= most and 1 in free, steps
+        assert all(n <= most + 1 for n in forced), steps
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_on_a_gpu_a_search_step_syncs_as_often_as_counted_on_the_cpu(trained, search,
+                                                                     monkeypatch):
+    """CUDA's sync debug mode warns at every operation that makes the host wait for the GPU:
+    per step no more than the CPU count above (a sync the CPU count cannot see shows here)."""
+    import warnings
+
+    from convs2s.inference import search as search_module
+
+    model, pairs = trained
+    gpu = ConvS2S(PRESETS["tiny"](), VOCAB, VOCAB).cuda().eval()
+    gpu.load_state_dict(model.state_dict())
+    src, lengths, _, _ = collate(pairs)
+    src, lengths = src.cuda(), lengths.cuda()
+    marks: list[int] = []  # sync warnings so far, at each step's start and at the collection
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+
+        def mark(fn):
+            def marked(*a, **k):
+                marks.append(sum("synchroniz" in str(w.message) for w in seen))
+                return fn(*a, **k)
+            return marked
+
+        monkeypatch.setattr(search_module, "_ensemble_step",
+                            mark(search_module._ensemble_step))
+        monkeypatch.setattr(search_module._Finished, "collect",
+                            mark(search_module._Finished.collect))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            if search == "beam":
+                generate(gpu, src, lengths, beam_size=4, max_len_b=30, nbest=2)
+            else:
+                greedy(gpu, src, lengths, max_len_b=30)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    per_step = [b - a for a, b in zip(marks, marks[1:])]
+    assert len(per_step) > 3
+    assert max(per_step) <= (1 if search == "greedy" else 2), per_step

@@ -127,11 +127,17 @@ def _check_sources(src_tokens: torch.Tensor) -> None:
 def _constrain(lprobs, step: int, min_len: int, max_lens, unk_penalty: float):
     """Forbid PAD/BOS, penalize UNK, forbid EOS before min_len, force EOS at a row's max length.
 
-    lprobs N x V (modified in place); max_lens N: the step at which each row must emit EOS.
+    lprobs N x V (modified in place); max_lens N: the step at which each row must emit EOS, or
+    None when the caller knows no row has reached its max length (no host sync then: finding
+    the rows is a `nonzero`, which on a GPU waits for the device).
     """
     lprobs[:, PAD] = -math.inf
     lprobs[:, BOS] = -math.inf
     lprobs[:, UNK] -= unk_penalty
+    if max_lens is None:
+        if step < min_len:
+            lprobs[:, EOS] = -math.inf
+        return lprobs
     force = (max_lens <= step).nonzero(as_tuple=True)[0]  # rows that must end now
     # (read before min_len's ban: a row whose max length is below min_len ends there with the
     # model's own EOS score, not one cut at -1e4; finite even where the model gives -inf)
@@ -159,13 +165,14 @@ def _best_candidates(lprobs: torch.Tensor, scores: torch.Tensor, K: int, k: int,
         return (lprobs + scores[:, None]).view(A, K * V).topk(k, dim=1)
     block_max = lprobs[:, : nb * block].view(N, nb, block).amax(dim=2) + scores[:, None]
     best = block_max.view(A, K * nb).topk(k, dim=1).indices  # A x k (beam, block) pairs
-    beams = (best // nb).repeat_interleave(block, dim=1)  # A x k*block
+    # (repeats by expand: an int repeat_interleave may count its output on the host)
+    beams = (best // nb)[:, :, None].expand(A, k, block).reshape(A, k * block)  # A x k*block
     cols = ((best % nb)[:, :, None] * block + torch.arange(block, device=lprobs.device))
     cols = cols.view(A, -1)
     if nb * block < V:  # the tokens after the last full block are always candidates
         tail = torch.arange(nb * block, V, device=lprobs.device)
-        beams = torch.cat([beams, torch.arange(K, device=lprobs.device)
-                           .repeat_interleave(tail.numel()).expand(A, -1)], dim=1)
+        beams = torch.cat([beams, torch.arange(K, device=lprobs.device)[:, None]
+                           .expand(K, tail.numel()).reshape(1, -1).expand(A, -1)], dim=1)
         cols = torch.cat([cols, tail.repeat(K).expand(A, -1)], dim=1)
     rows = beams + (torch.arange(A, device=lprobs.device) * K)[:, None]  # A x C
     values = lprobs.view(-1)[rows * V + cols] + scores[rows]
@@ -179,6 +186,15 @@ def _max_lens(models, src_lengths, max_len_a: float, max_len_b: int) -> torch.Te
     refused where it is made, `SearchConfig`.)"""
     limit = min(m.max_positions for m in models) - 1  # target positions the tables cover
     return (src_lengths.double() * max_len_a + max_len_b).long().clamp(min=0, max=limit)  # B
+
+
+def _step_bounds(max_lens: torch.Tensor) -> tuple[int, int]:
+    """(the first step at which a sentence may have to end, the most steps any takes: its
+    tokens + EOS), read once per search: before the first, a step forces no EOS and needs no
+    host sync to find rows that must end."""
+    lo, hi = max_lens.aminmax()
+    lo, hi = torch.stack([lo, hi]).tolist()
+    return lo, hi + 1
 
 
 def _encode(models, src_tokens, src_lengths, beam_size, incremental, vocab=None):
@@ -209,13 +225,16 @@ class _Finished:
         self.count = torch.zeros(B, dtype=torch.long, device=dev)
 
     def add(self, ends, beams: "_Beams", cand_rows, cand_scores, attn, step: int,
-            lenpen: float) -> None:
+            lenpen: float) -> int:
         """ends A x K: EOS among the K best candidates (rank order) ends those hypotheses; a
-        sentence keeps its first K ended ones (the reference's rule), later ones are dropped."""
-        a_idx, c_idx = ends.nonzero(as_tuple=True)  # sentence-major, rank order
-        slot = self.count[beams.sent][a_idx] + ends.cumsum(1)[a_idx, c_idx] - 1
-        ok = slot < self.K
-        a_idx, c_idx, slot = a_idx[ok], c_idx[ok], slot[ok]
+        sentence keeps its first K ended ones (the reference's rule), later ones are dropped.
+        Returns how many were kept: the search's one host sync of a step (on a GPU the host
+        waits for the device to find them; every other decision of the step is a tensor op)."""
+        slot = self.count[beams.sent][:, None] + ends.cumsum(1) - 1  # A x K: each end's slot
+        a_idx, c_idx = (ends & (slot < self.K)).nonzero(as_tuple=True)  # sentence-major, rank
+        if a_idx.numel() == 0:
+            return 0
+        slot = slot[a_idx, c_idx]
         rows, b = cand_rows[a_idx, c_idx], beams.sent[a_idx]
         total = cand_scores[a_idx, c_idx]  # cumulative log-prob, EOS included
         self.tokens[b, slot, :step] = beams.tokens[rows, 1:]
@@ -228,6 +247,7 @@ class _Finished:
         self.len[b, slot] = step + 1  # |y| counts the EOS
         self.score[b, slot] = total / (step + 1) ** lenpen
         self.count.index_add_(0, b, torch.ones_like(b))
+        return a_idx.numel()
 
     def collect(self, src_tokens: torch.Tensor, nbest: int) -> list[list[dict]]:
         """Per sentence: its hypotheses sorted by score, `nbest` of them, on the CPU."""
@@ -306,7 +326,7 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
     _check_sources(src_tokens)
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)  # B
-        T = int(max_lens.max()) + 1  # most steps any sentence takes (tokens + EOS)
+        first_end, T = _step_bounds(max_lens)
         steppers = _encode(models, src_tokens, src_lengths, K, incremental, vocab)
         vocab = steppers[0].vocab
         kept = S if attention else None  # source positions of the attention kept, or none
@@ -316,8 +336,9 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
             A = beams.sent.numel()
             lprobs, attn = _ensemble_step(steppers, beams.tokens)  # A*K x V, A*K x S
             V = lprobs.shape[1]
-            lprobs = _constrain(lprobs, step, min_len,
-                                max_lens[beams.sent].repeat_interleave(K), unk_penalty)
+            lprobs = _constrain(lprobs, step, min_len, None if step < first_end else
+                                max_lens[beams.sent][:, None].expand(A, K).reshape(-1),
+                                unk_penalty)
             # A x 2K best continuations (cumulative scores, best first), indices into K * V
             cand_scores, cand_idx = _best_candidates(lprobs, beams.scores, K, min(2 * K, K * V))
             cand_tok = cand_idx % V  # a column: the token itself, or its shortlist position
@@ -327,22 +348,25 @@ def generate(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, beam_s
             is_eos = cand_tok.eq(EOS) & torch.isfinite(cand_scores)
 
             # 1) EOS among the K best candidates ends that hypothesis.
-            if bool(is_eos[:, :K].any()):
-                finished.add(is_eos[:, :K], beams, cand_rows, cand_scores, attn, step, lenpen)
+            ended = finished.add(is_eos[:, :K], beams, cand_rows, cand_scores, attn, step,
+                                 lenpen)
             # 2) The K best non-EOS candidates continue (a stable sort keeps the rank order).
             order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :K]
             rows = cand_rows.gather(1, order).view(-1)  # A*K
             tok = cand_tok.gather(1, order).view(-1)
             scores = cand_scores.gather(1, order).view(-1)
-            # 3) Sentences with K ended hypotheses leave the batch.
-            done = finished.count[beams.sent] >= K
-            if bool(done.all()):
-                break
+            # 3) Sentences with K ended hypotheses leave the batch (only a step that ended a
+            # hypothesis can end a sentence: every live sentence has fewer than K).
             keep = None  # active sentences that stay (None: all of them)
-            if bool(done.any()):
-                keep = (~done).nonzero(as_tuple=True)[0]
-                keep_rows = (keep[:, None] * K + beam_offsets).view(-1)
-                rows, tok, scores = rows[keep_rows], tok[keep_rows], scores[keep_rows]
+            if ended:
+                keep = (finished.count[beams.sent] < K).nonzero(as_tuple=True)[0]
+                if keep.numel() == 0:
+                    break
+                if keep.numel() == A:
+                    keep = None
+                else:
+                    keep_rows = (keep[:, None] * K + beam_offsets).view(-1)
+                    rows, tok, scores = rows[keep_rows], tok[keep_rows], scores[keep_rows]
             for s in steppers:
                 s.reorder(rows, keep)
             beams.advance(rows, tok, scores, attn, keep)
@@ -363,7 +387,7 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
     _check_sources(src_tokens)
     with _inference(models):
         max_lens = _max_lens(models, src_lengths, max_len_a, max_len_b).to(dev)
-        T = int(max_lens.max()) + 1
+        first_end, T = _step_bounds(max_lens)
         steppers = _encode(models, src_tokens, src_lengths, 1, incremental, vocab)
         vocab = steppers[0].vocab
         out = _Finished(B, 1, T, S if attention else None, dev)
@@ -372,7 +396,9 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
         length = torch.full((B,), T, dtype=torch.long, device=dev)  # tokens incl. EOS
         for step in range(T):
             lprobs, attn = _ensemble_step(steppers, prefix)
-            lp, tok = _constrain(lprobs, step, min_len, max_lens[active], unk_penalty).max(dim=1)
+            lp, tok = _constrain(lprobs, step, min_len,
+                                 None if step < first_end else max_lens[active],
+                                 unk_penalty).max(dim=1)
             if vocab is not None:
                 tok = vocab[tok]
             out.tokens[active, 0, step] = tok
@@ -380,12 +406,12 @@ def greedy(models, src_tokens: torch.Tensor, src_lengths: torch.Tensor, max_len_
             if out.attn is not None:
                 out.attn[active, 0, step] = attn
             ended = tok.eq(EOS)  # (a row's max length forces EOS: every row ends by T - 1)
-            if bool(ended.any()):
-                length[active[ended]] = step + 1
-                if bool(ended.all()):
+            keep = (~ended).nonzero(as_tuple=True)[0]  # the step's one host sync
+            if keep.numel() < active.numel():
+                length[active] = torch.where(ended, step + 1, length[active])
+                if keep.numel() == 0:
                     break
                 # Sentences that ended leave the batch: the next steps compute only the others.
-                keep = (~ended).nonzero(as_tuple=True)[0]
                 for s in steppers:
                     s.reorder(keep, keep)
                 active, prefix, tok = active[keep], prefix[keep], tok[keep]
