@@ -196,6 +196,33 @@ def alone(checkpoint: str, sentences: list[str], **changes) -> list[str]:
     return [tr.translate([s])[0] for s in sentences]
 
 
+def test_a_replica_that_cannot_load_its_model_fails_the_deploy_in_one_line_naming_why(
+        ray_session, tmp_path):
+    """`serve` loads the model as its replicas will before it deploys, but a replica on another
+    node reads that node's disk: a checkpoint folder only the driver's machine holds fails every
+    replica. Serve gives up after three starts; the error is one line with the replica's own
+    reason (Serve's error says only that it failed to update the deployments), and the failed
+    application is deleted, not left on the cluster beside the others. (Before `served`, which
+    holds the session's CPUs with its replicas.)"""
+    from ray import serve
+
+    from convs2s.serving.online import DeployError, ServeSettings, run
+
+    missing = tmp_path / "only-on-the-driver"
+    try:
+        with pytest.raises(DeployError) as err:
+            run(ServeSettings(checkpoints=[str(missing)], search=SEARCH), port=free_port(),
+                name="convs2s-deploy-fails")
+        said = str(err.value)
+        assert "\n" not in said and "\x1b" not in said, said
+        assert said.startswith("the application 'convs2s-deploy-fails' could not be deployed: "
+                               "Translator: "), said
+        assert f"checkpoint {missing} does not exist" in said, said
+        assert "convs2s-deploy-fails" not in serve.status().applications
+    finally:
+        serve.shutdown()  # (its HTTP options are `served`'s to set)
+
+
 def test_concurrent_requests_are_batched_and_each_gets_its_own_translation(
         served, tiny_checkpoints):
     sentences = [s for s, _ in tiny_checkpoints["pairs"][:48]] + [""]
@@ -285,6 +312,25 @@ def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "models:/other@champion does not resolve" in proc.stderr
     assert proc.stderr.strip().count("\n") == 0, proc.stderr
+
+
+def test_a_route_prefix_another_application_holds_is_one_line_naming_it(served,
+                                                                      tiny_checkpoints):
+    """A second application on the prefix the served one holds is refused in one line naming
+    that application (Serve's controller raises its task line and traceback), and the served
+    one goes on serving."""
+    from ray import serve
+
+    from convs2s.serving.online import DeployError, ServeSettings, run
+
+    with pytest.raises(DeployError) as err:
+        run(ServeSettings(checkpoints=[tiny_checkpoints["a"]], search=SEARCH),
+            port=int(served.rsplit(":", 1)[1]), name="convs2s-second")
+    assert str(err.value) == (
+        "the application 'convs2s-second' could not be deployed: Prefix / is being used by "
+        'application "convs2s-test". Failed to deploy application "convs2s-second".')
+    assert set(serve.status().applications) == {"convs2s-test"}
+    assert len(post(f"{served}/translate", {"inputs": ["a"]})["predictions"]) == 1
 
 
 @pytest.mark.gpu

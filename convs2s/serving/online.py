@@ -47,6 +47,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -473,9 +474,11 @@ def build_app(args: dict):
 
 def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
         name: str = "convs2s", blocking: bool = False):
-    """Start (or update) the application on the Ray this process is connected to; returns
-    Serve's handle. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as `ray job
-    stop` sends: the application is deleted, nothing else is left running by this process)."""
+    """Start (or update) the application `name` on the Ray this process is connected to, its
+    endpoints under / (a prefix another application holds is refused: DeployError); returns
+    Serve's handle. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as
+    `ray job stop` sends: the application is deleted, nothing else is left running by this
+    process)."""
     from convs2s.console import sigterm_as_ctrl_c
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines
@@ -486,11 +489,33 @@ def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
 
 
 class DeployError(RuntimeError):
-    """Serve could not deploy the application (a replica failed to start): its reason."""
+    """Serve could not deploy the application (its replicas failed to start, or its route
+    prefix is another application's): its reason."""
+
+
+def _last_line(text: str) -> str:
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in text.splitlines()]
+    return next((line for line in reversed(lines) if line), text)
+
+
+def _replica_failure(serve, name: str) -> str | None:
+    """Why the application's replicas failed to start: the last line of a failed deployment's
+    status message, which ends with the replica's traceback (the error `serve.run` raises says
+    only "Failed to update the deployments [...]"). None if Serve's status does not say."""
+    try:
+        app = serve.status().applications.get(name)
+    except Exception:  # noqa: BLE001 - the status is only for the message
+        return None
+    for deployment, status in (app.deployments.items() if app else ()):
+        if "FAILED" in str(status.status) and status.message:
+            return f"{deployment}: {_last_line(status.message)}"
+    return None
 
 
 def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: bool):
     from ray import serve
+    from ray.exceptions import RayTaskError
+    from ray.serve.exceptions import RayServeException
 
     from convs2s.tracking.runs import redact_text
 
@@ -500,15 +525,19 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
         try:
             handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
                                blocking=False)
+        except RayTaskError as err:  # Serve's controller refused it (the prefix is another
+            # application's): its reason, not the controller's task line and traceback
+            if not isinstance(err.cause, RayServeException):
+                raise
+            raise DeployError(redact_text(f"the application {name!r} could not be deployed: "
+                                          f"{_last_line(str(err.cause))}")) from None
         except RuntimeError as err:
             if f"Deploying application {name} failed" not in str(err):
                 raise
+            reason = _replica_failure(serve, name) or _last_line(str(err))
             serve.delete(name)  # (on a cluster it would stay, failed, beside the others)
-            # Serve's message is its reason and the replica's traceback: its last line names
-            # the error
-            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
             raise DeployError(redact_text(f"the application {name!r} could not be deployed: "
-                                          f"{lines[-1]}")) from None
+                                          f"{reason}")) from None
         log.info("serving %s on http://%s:%d/translate (ready in %.1f s; Ctrl-C stops)",
                  settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
         if not blocking:
