@@ -659,6 +659,7 @@ def serve(argv: list[str] | None = None) -> int:
         _load_as_replicas_will(settings)
         if not os.environ.get("RAY_ADDRESS") and not _local_cluster_running():
             _check_port_free(args.host, args.port)  # a new local Ray: its HTTP proxy binds here
+            _check_replicas_fit_here(settings)
     except (CheckpointError, PrecisionError, StorageError, OSError, ValueError) as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
@@ -707,6 +708,31 @@ def _check_port_free(host: str, port: int) -> None:
             why = err.strerror or err
             raise OSError(f"--port {port} on --host {host} cannot be bound ({why}): give "
                           "another --port, or stop what holds it") from None
+
+
+def _check_replicas_fit_here(settings) -> None:
+    """A new local Ray has this machine's CPUs and GPUs: replicas that need more at start
+    would wait for them without end (Serve waits for an autoscaler to add nodes)."""
+    import torch
+
+    try:
+        from ray._private.utils import get_num_cpus  # (what a new local Ray counts: cgroups)
+    except ImportError:  # (moved in another Ray)
+        get_num_cpus = os.cpu_count
+    n = settings.replicas if settings.min_replicas is None else settings.min_replicas
+    need_cpus, cpus = n * settings.threads_per_replica, get_num_cpus()
+    if need_cpus > cpus:
+        raise ValueError(f"{n} replica(s) x --threads-per-replica {settings.threads_per_replica}"
+                         f" need {need_cpus} CPUs, and this machine has {cpus}: Serve would wait "
+                         "for them without end; give fewer replicas or threads, or join a "
+                         "cluster (RAY_ADDRESS)")
+    need_gpus = n * settings.gpus_per_replica
+    gpus = torch.cuda.device_count() if need_gpus and torch.cuda.is_available() else 0
+    if need_gpus > gpus:
+        raise ValueError(f"{n} replica(s) x --gpus-per-replica {settings.gpus_per_replica:g} "
+                         f"need {need_gpus:g} GPUs, and this machine has {gpus}: Serve would "
+                         "wait for them without end; give fewer replicas, or join a cluster "
+                         "with GPUs (RAY_ADDRESS)")
 
 
 def _load_as_replicas_will(settings) -> None:

@@ -28,6 +28,12 @@ REPO = Path(__file__).resolve().parents[1]
 SEARCH = {"beam": 3, "max_len_a": 0, "max_len_b": 12}  # a random tiny model: short outputs
 
 
+def torch_sees_a_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
 def post(url: str, body, timeout: float = 60):
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -400,7 +406,9 @@ def test_serve_refuses_what_every_replica_would_fail_in_one_line_before_ray(
     """`serve --checkpoint` loads the model once on the driver, on the CPU, as each replica
     will: a folder without checkpoint.pt, a corrupt checkpoint, a missing --shortlist, int8
     weights on GPU replicas, and a --port already taken are each one line, exit 2, before Ray
-    starts (they failed in every replica while Serve retried them)."""
+    starts (they failed in every replica while Serve retried them); so are more CPUs or GPUs
+    than this machine has for the replicas it starts with, on a new local Ray (Serve waited for
+    them without end, saying nothing)."""
     import shutil
     import socket
 
@@ -422,6 +430,10 @@ def test_serve_refuses_what_every_replica_would_fail_in_one_line_before_ray(
             (ck + ["--precision", "int8", "--gpus-per-replica", "1"], "int8 inference runs on "
              "CPUs"),
             (ck + ["--port", str(port)], f"--port {port} on --host 127.0.0.1 cannot be bound"),
+            (ck + ["--replicas", "2", "--threads-per-replica", "4096"],
+             "2 replica(s) x --threads-per-replica 4096 need 8192 CPUs, and this machine has"),
+            (ck + ["--gpus-per-replica", "1"] if not torch_sees_a_gpu() else ck + [
+                "--gpus-per-replica", "64"], "GPUs, and this machine has"),
         ]
         results, _ = calls_in_a_fresh_process(
             "from convs2s.cli import main", "main(['serve', *extra])",

@@ -48,6 +48,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -512,6 +513,26 @@ def _replica_failure(serve, name: str) -> str | None:
     return None
 
 
+def _say_while_deploying(serve, name: str, stop: threading.Event, every_s: float = 5.0):
+    """Serve waits without end for replicas it cannot place (for an autoscaler to add nodes)
+    and says so only in its controller's log: each new status message of the application's
+    deployments (after 30 s, the resources a replica asks and those free) is logged here, once,
+    until `stop` is set."""
+    from convs2s.tracking.runs import redact_text
+
+    said: set[str] = set()
+    while not stop.wait(every_s):
+        try:
+            app = serve.status().applications.get(name)
+        except Exception:  # noqa: BLE001 - Serve gone: the deploy reports it
+            return
+        for status in (app.deployments.values() if app else ()):
+            message = _last_line(status.message or "")
+            if message and message not in said and "FAILED" not in str(status.status):
+                said.add(message)
+                log.warning("still deploying: %s (Ctrl-C stops)", redact_text(message))
+
+
 def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: bool):
     from ray import serve
     from ray.exceptions import RayTaskError
@@ -522,6 +543,9 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     try:
         serve.start(http_options={"host": host, "port": port})
         t0 = time.perf_counter()
+        stop = threading.Event()
+        threading.Thread(target=_say_while_deploying, args=(serve, name, stop),
+                         daemon=True).start()
         try:
             handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
                                blocking=False)
@@ -538,6 +562,8 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
             serve.delete(name)  # (on a cluster it would stay, failed, beside the others)
             raise DeployError(redact_text(f"the application {name!r} could not be deployed: "
                                           f"{reason}")) from None
+        finally:
+            stop.set()
         log.info("serving %s on http://%s:%d/translate (ready in %.1f s; Ctrl-C stops)",
                  settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
         if not blocking:
