@@ -861,6 +861,33 @@ def test_gpus_are_counted_per_gpu_model_on_alive_nodes():
     assert gpus_of(nodes, "H100") == 0
 
 
+def test_training_workers_a_local_ray_cannot_hold_are_one_line_before_any_stage(
+        ray_session, monkeypatch):
+    """A local Ray (no RAY_ADDRESS) never grows: more workers than it holds side by side were
+    retried by Ray Train for 15 minutes (a traceback a minute), then the run stopped. Refused
+    before any stage, with the number of workers that fit; on a cluster the run waits for
+    room (its autoscaler may add nodes). The session's real Ray: 2 CPUs."""
+    from workflows.cluster import check_local_room
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cpu = wmt14_en_fr.smoke()
+    check_local_room(resolve(cpu, RunOptions(num_workers=2)))  # 2 x 1 CPU: they fit
+    with pytest.raises(SpecError) as err:
+        check_local_room(resolve(cpu, RunOptions(num_workers=3)))
+    assert str(err.value) == (
+        "training asks for 3 worker(s) of 1 CPU, but this machine's Ray has 2 CPU(s): its "
+        "workers could not start (a local Ray never grows; Ray Train would retry for 15 "
+        "minutes, then stop); run with --num-workers 2, or submit the workflow to a cluster "
+        "(`ray job submit`)")
+    with pytest.raises(SpecError, match=r"run with --set workflow.cpus_per_worker=2 \(or"):
+        check_local_room(resolve(cpu, RunOptions(num_workers=1,
+                                                 set=["workflow.cpus_per_worker=3"])))
+    with pytest.raises(SpecError, match=r"2 CPU\(s\) and 0 GPU\(s\): .*run without --use-gpu"):
+        check_local_room(resolve(cpu, RunOptions(num_workers=1, use_gpu=True)))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    check_local_room(resolve(cpu, RunOptions(num_workers=3)))
+
+
 def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_waiting(
         ray_session, monkeypatch):
     """On a cluster (RAY_ADDRESS) the workflow waits for the GPUs at most CONVS2S_GPU_WAIT_S

@@ -1,5 +1,6 @@
 """The cluster a workflow runs on: Ray started or joined, and the GPUs a run asks for checked
-before any stage (this machine's before Ray starts, a cluster's while its autoscaler adds nodes).
+before any stage (this machine's before Ray starts, a cluster's while its autoscaler adds nodes),
+and the training workers a local Ray, which never grows, can hold side by side.
 
 Ray: with RAY_ADDRESS set (`ray job submit`, or a driver on a cluster node) `ray.init()` joins
 that cluster; otherwise it starts a local Ray on this machine, its dashboard on a port from
@@ -12,6 +13,7 @@ port) stops the command with one line naming it and the fix (`join_cluster`,
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import socket
@@ -188,6 +190,62 @@ def gpus_of(nodes: list[dict], accelerator_type: str | None = None) -> float:
     return sum(n.get("Resources", {}).get("GPU", 0) for n in nodes if n.get("Alive")
                and (accelerator_type is None
                     or f"accelerator_type:{accelerator_type}" in n.get("Resources", {})))
+
+
+def workers_fit(spec: RunSpec, nodes: list[dict]) -> int:
+    """How many of `spec`'s training workers the alive nodes (`ray.nodes()`) hold side by side:
+    each worker is one bundle of `cpus_per_worker` CPUs (+ 1 GPU, on a node of
+    `accelerator_type` when given: convs2s/train/launch.py), and a bundle is placed on one
+    node, so the count is per node."""
+    total = 0
+    for n in nodes:
+        res = n.get("Resources", {})
+        if not n.get("Alive"):
+            continue
+        # (+ 1e-9: 2 CPUs over 0.1 CPU a worker is 19.999...)
+        fit = math.floor(res.get("CPU", 0) / spec.cpus_per_worker + 1e-9)
+        if spec.use_gpu:
+            fit = min(fit, math.floor(gpus_of([n], spec.accelerator_type)))
+        total += fit
+    return total
+
+
+def no_room(spec: RunSpec, nodes: list[dict], subject: str, outcome: str, what: str) -> str:
+    """The one line for training workers the alive nodes (`ray.nodes()`) of a local Ray cannot
+    hold: `subject` N worker(s) of R, what this Ray has, `outcome`, and the fix for `what` (the
+    workflow, the sweep)."""
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    cpus = sum(r.get("CPU", 0) for r in alive)
+    kind_gpus, all_gpus = gpus_of(nodes, spec.accelerator_type), gpus_of(nodes)
+    gpu = f"{spec.accelerator_type} GPU" if spec.accelerator_type else "GPU"
+    has = f"{cpus:g} CPU(s)" + (f" and {kind_gpus:g} {gpu}(s)" if spec.use_gpu else "")
+    worker = f"{spec.cpus_per_worker:g} CPU" + (f" + 1 {gpu}" if spec.use_gpu else "")
+    if most := workers_fit(spec, nodes):
+        fix = f"run with --num-workers {most}"
+    elif spec.use_gpu and kind_gpus < 1:
+        fix = ("leave --accelerator-type out" if spec.accelerator_type and all_gpus >= 1
+               else "run without --use-gpu")
+    else:  # a worker's CPUs alone outgrow every node
+        largest = max((r.get("CPU", 0) for r in alive), default=0)
+        fix = f"run with --set workflow.cpus_per_worker={largest:g} (or fewer)"
+    return (f"{subject} {spec.num_workers} worker(s) of {worker}, but this machine's Ray has "
+            f"{has}: {outcome}; {fix}, or submit {what} to a cluster (`ray job submit`)")
+
+
+def check_local_room(spec: RunSpec) -> None:
+    """A local Ray (no RAY_ADDRESS) never grows: training workers it cannot place side by side
+    would be retried by Ray Train for CONVS2S_PLACEMENT_WAIT_S (15 minutes), a traceback a
+    minute, before the run stops. One `error:` line now, with the fix (a cluster's autoscaler
+    may add nodes: there the run waits, `await_cluster_gpus`)."""
+    import ray
+
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    nodes = ray.nodes()
+    if workers_fit(spec, nodes) < spec.num_workers:
+        raise SpecError(no_room(spec, nodes, "training asks for",
+                                "its workers could not start (a local Ray never grows; Ray "
+                                "Train would retry for 15 minutes, then stop)", "the workflow"))
 
 
 def ray_log_dir() -> str:

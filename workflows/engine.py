@@ -50,8 +50,8 @@ from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri, stopped_status
 from storage import is_uri, location
 from storage.lease import RunLease
-from workflows.cluster import (await_cluster_gpus, check_local_gpus, check_shared_storage,
-                               start_ray)
+from workflows.cluster import (await_cluster_gpus, check_local_gpus, check_local_room,
+                               check_shared_storage, start_ray)
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 from workflows.run_state import StageContext, record_settings, reuse_problem
@@ -113,6 +113,8 @@ def prepare(spec: RunSpec, sweep: bool = False) -> None:
     if problem := reuse_problem(spec, sweep):
         raise SpecError(problem)
     start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
+    if not sweep:  # (a sweep counts the trials that fit: `sweep.concurrency`)
+        check_local_room(spec)  # workers a local Ray cannot place
     check_shared_storage(spec.storage)  # a node-local folder on a cluster of several nodes
     await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
 

@@ -53,7 +53,7 @@ from storage.lease import RunLease
 from convs2s.config import keep_explicit_dropout
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  trial_owned_problem, variants_for)
-from workflows.cluster import gpus_of
+from workflows.cluster import no_room, workers_fit
 from workflows.engine import check, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
@@ -233,24 +233,6 @@ def _changed(base: RunSpec, other: RunSpec) -> dict[str, str]:
     return {k: b[k] for k in sorted(b) if b[k] != a.get(k) and k != "overrides"}
 
 
-def workers_fit(spec: RunSpec, nodes: list[dict]) -> int:
-    """How many of `spec`'s training workers the alive nodes (`ray.nodes()`) hold side by side:
-    each worker is one bundle of `cpus_per_worker` CPUs (+ 1 GPU, on a node of
-    `accelerator_type` when given: convs2s/train/launch.py), and a bundle is placed on one
-    node, so the count is per node."""
-    total = 0
-    for n in nodes:
-        res = n.get("Resources", {})
-        if not n.get("Alive"):
-            continue
-        # (+ 1e-9: 2 CPUs over 0.1 CPU a worker is 19.999...)
-        fit = math.floor(res.get("CPU", 0) / spec.cpus_per_worker + 1e-9)
-        if spec.use_gpu:
-            fit = min(fit, math.floor(gpus_of([n], spec.accelerator_type)))
-        total += fit
-    return total
-
-
 def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
     """Trials at once: how many trials' training workers the cluster's alive nodes
     (`ray.nodes()`) hold side by side (`--concurrent-trials` decides when given), at least 1:
@@ -267,25 +249,9 @@ def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
 
 
 def _no_trial_fits(sweep: SweepSpec, nodes: list[dict]) -> str:
-    b = sweep.base
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
-    cpus = sum(r.get("CPU", 0) for r in alive)
-    kind_gpus, all_gpus = gpus_of(nodes, b.accelerator_type), gpus_of(nodes)
-    gpu = f"{b.accelerator_type} GPU" if b.accelerator_type else "GPU"
-    has = f"{cpus:g} CPU(s)" + (f" and {kind_gpus:g} {gpu}(s)" if b.use_gpu else "")
-    worker = f"{b.cpus_per_worker:g} CPU" + (f" + 1 {gpu}" if b.use_gpu else "")
-    if most := workers_fit(b, nodes):
-        fix = f"run with --num-workers {most}"
-    elif b.use_gpu and kind_gpus < 1:
-        fix = ("leave --accelerator-type out" if b.accelerator_type and all_gpus >= 1
-               else "run without --use-gpu")
-    else:  # a worker's CPUs alone outgrow every node
-        largest = max((r.get("CPU", 0) for r in alive), default=0)
-        fix = f"run with --set workflow.cpus_per_worker={largest:g} (or fewer)"
-    return (f"--sweep {sweep.sweep}: each trial trains {b.num_workers} worker(s) of {worker}, "
-            f"but this machine's Ray has {has}: no trial could start (a local Ray never grows; "
-            f"each would wait for room, then fail); {fix}, or submit the sweep to a cluster "
-            "(`ray job submit`)")
+    return no_room(sweep.base, nodes, f"--sweep {sweep.sweep}: each trial trains",
+                   "no trial could start (a local Ray never grows; each would wait for room, "
+                   "then fail)", "the sweep")
 
 
 # --- running ------------------------------------------------------------------------------------
