@@ -864,9 +864,10 @@ def test_gpus_are_counted_per_gpu_model_on_alive_nodes():
 def test_training_workers_a_local_ray_cannot_hold_are_one_line_before_any_stage(
         ray_session, monkeypatch):
     """A local Ray (no RAY_ADDRESS) never grows: more workers than it holds side by side were
-    retried by Ray Train for 15 minutes (a traceback a minute), then the run stopped. Refused
-    before any stage, with the number of workers that fit; on a cluster the run waits for
-    room (its autoscaler may add nodes). The session's real Ray: 2 CPUs."""
+    retried by Ray Train for 15 minutes (a traceback a minute), then the run stopped, and an
+    evaluation task larger than its node waited without end. Refused before any stage, with
+    what fits; on a cluster the run waits for room (its autoscaler may add nodes). The
+    session's real Ray: 2 CPUs."""
     from workflows.cluster import check_local_room
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -884,8 +885,11 @@ def test_training_workers_a_local_ray_cannot_hold_are_one_line_before_any_stage(
                                                  set=["workflow.cpus_per_worker=3"])))
     with pytest.raises(SpecError, match=r"2 CPU\(s\) and 0 GPU\(s\): .*run without --use-gpu"):
         check_local_room(resolve(cpu, RunOptions(num_workers=1, use_gpu=True)))
+    with pytest.raises(SpecError, match=r"workflow.eval_cpus=3: each evaluation task asks "
+                       r"for 3 CPUs, but this machine's Ray has 2 .*eval_cpus=2 \(or fewer\)"):
+        check_local_room(resolve(cpu, RunOptions(set=["workflow.eval_cpus=3"])))
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    check_local_room(resolve(cpu, RunOptions(num_workers=3)))
+    check_local_room(resolve(cpu, RunOptions(num_workers=3, set=["workflow.eval_cpus=3"])))
 
 
 def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_waiting(

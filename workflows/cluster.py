@@ -235,8 +235,9 @@ def no_room(spec: RunSpec, nodes: list[dict], subject: str, outcome: str, what: 
 def check_local_room(spec: RunSpec) -> None:
     """A local Ray (no RAY_ADDRESS) never grows: training workers it cannot place side by side
     would be retried by Ray Train for CONVS2S_PLACEMENT_WAIT_S (15 minutes), a traceback a
-    minute, before the run stops. One `error:` line now, with the fix (a cluster's autoscaler
-    may add nodes: there the run waits, `await_cluster_gpus`)."""
+    minute, before the run stops, and an evaluation task larger than its node would wait
+    without end. One `error:` line now, with the fix (a cluster's autoscaler may add nodes:
+    there the run waits, `await_cluster_gpus`)."""
     import ray
 
     if os.environ.get("RAY_ADDRESS"):
@@ -246,6 +247,14 @@ def check_local_room(spec: RunSpec) -> None:
         raise SpecError(no_room(spec, nodes, "training asks for",
                                 "its workers could not start (a local Ray never grows; Ray "
                                 "Train would retry for 15 minutes, then stop)", "the workflow"))
+    largest = max((n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive")),
+                  default=0)
+    if spec.eval_cpus > largest:  # (Ray would hold each evaluation task without end)
+        raise SpecError(f"--set workflow.eval_cpus={spec.eval_cpus:g}: each evaluation task "
+                        f"asks for {spec.eval_cpus:g} CPUs, but this machine's Ray has "
+                        f"{largest:g} (a local Ray never grows: the tasks would wait without "
+                        f"end after the whole training run); run with --set "
+                        f"workflow.eval_cpus={largest:g} (or fewer)")
 
 
 def ray_log_dir() -> str:
