@@ -711,28 +711,34 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def _check_replicas_fit_here(settings) -> None:
-    """A new local Ray has this machine's CPUs and GPUs: replicas that need more at start
-    would wait for them without end (Serve waits for an autoscaler to add nodes)."""
+    """A new local Ray has this machine's CPUs and GPUs: replicas that need more at start (at
+    least one: autoscaling from 0 starts one at the first request) would wait for them without
+    end (Serve waits for an autoscaler to add nodes). A GPU fraction is placed on one GPU."""
+    import math
+
     import torch
 
     try:
         from ray._private.utils import get_num_cpus  # (what a new local Ray counts: cgroups)
     except ImportError:  # (moved in another Ray)
         get_num_cpus = os.cpu_count
-    n = settings.replicas if settings.min_replicas is None else settings.min_replicas
-    need_cpus, cpus = n * settings.threads_per_replica, get_num_cpus()
+    n = max(1, settings.replicas if settings.min_replicas is None else settings.min_replicas)
+    t, g = settings.threads_per_replica, settings.gpus_per_replica
+    need_cpus, cpus = n * t, get_num_cpus()
     if need_cpus > cpus:
-        raise ValueError(f"{n} replica(s) x --threads-per-replica {settings.threads_per_replica}"
-                         f" need {need_cpus} CPUs, and this machine has {cpus}: Serve would wait "
-                         "for them without end; give fewer replicas or threads, or join a "
-                         "cluster (RAY_ADDRESS)")
-    need_gpus = n * settings.gpus_per_replica
-    gpus = torch.cuda.device_count() if need_gpus and torch.cuda.is_available() else 0
-    if need_gpus > gpus:
-        raise ValueError(f"{n} replica(s) x --gpus-per-replica {settings.gpus_per_replica:g} "
-                         f"need {need_gpus:g} GPUs, and this machine has {gpus}: Serve would "
-                         "wait for them without end; give fewer replicas, or join a cluster "
-                         "with GPUs (RAY_ADDRESS)")
+        raise ValueError(f"{n} replica(s) x --threads-per-replica {t} need {need_cpus} CPUs, "
+                         f"and this machine has {cpus}: Serve would wait for them without "
+                         "end; give fewer replicas or threads, or join a cluster (RAY_ADDRESS)")
+    if not g:
+        return
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    fit = gpus // g if g >= 1 else gpus * math.floor(1 / g + 1e-9)  # (whole GPUs, or shares
+    # of one GPU each)
+    if n > fit:
+        raise ValueError(f"{n} replica(s) x --gpus-per-replica {g:g} need more GPUs than this "
+                         f"machine has ({gpus}: {fit:g} such replica(s) fit): Serve would wait "
+                         "for them without end; give fewer replicas, or join a cluster with "
+                         "GPUs (RAY_ADDRESS)")
 
 
 def _load_as_replicas_will(settings) -> None:

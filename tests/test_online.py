@@ -28,10 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 SEARCH = {"beam": 3, "max_len_a": 0, "max_len_b": 12}  # a random tiny model: short outputs
 
 
-def torch_sees_a_gpu() -> bool:
+def gpus_here() -> int:
     import torch
 
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def post(url: str, body, timeout: float = 60):
@@ -432,8 +432,10 @@ def test_serve_refuses_what_every_replica_would_fail_in_one_line_before_ray(
             (ck + ["--port", str(port)], f"--port {port} on --host 127.0.0.1 cannot be bound"),
             (ck + ["--replicas", "2", "--threads-per-replica", "4096"],
              "2 replica(s) x --threads-per-replica 4096 need 8192 CPUs, and this machine has"),
-            (ck + ["--gpus-per-replica", "1"] if not torch_sees_a_gpu() else ck + [
-                "--gpus-per-replica", "64"], "GPUs, and this machine has"),
+            (ck + ["--min-replicas", "0", "--max-replicas", "2", "--threads-per-replica",
+                   "4096"], "1 replica(s) x --threads-per-replica 4096 need 4096 CPUs"),
+            (ck + ["--replicas", str(3 * gpus_here() + 1), "--gpus-per-replica", "0.34"],
+             f"need more GPUs than this machine has ({gpus_here()}: {2 * gpus_here()} such "),
         ]
         results, _ = calls_in_a_fresh_process(
             "from convs2s.cli import main", "main(['serve', *extra])",

@@ -514,21 +514,23 @@ def _replica_failure(serve, name: str) -> str | None:
 
 
 def _say_while_deploying(serve, name: str, stop: threading.Event, every_s: float = 5.0):
-    """Serve waits without end for replicas it cannot place (for an autoscaler to add nodes)
-    and says so only in its controller's log: each new status message of the application's
-    deployments (after 30 s, the resources a replica asks and those free) is logged here, once,
-    until `stop` is set."""
+    """Serve waits without end for replicas it cannot place (for an autoscaler to add nodes),
+    and on a slow start, and says so only in its controller's log: each of its "taken more than
+    30s" status messages for the application's deployments (the resources a replica asks and
+    those free; a slow __init__) is logged here, once, until `stop` is set. (A replica that
+    failed and is retried is not: the deploy ends with its reason.)"""
     from convs2s.tracking.runs import redact_text
 
     said: set[str] = set()
     while not stop.wait(every_s):
         try:
             app = serve.status().applications.get(name)
-        except Exception:  # noqa: BLE001 - Serve gone: the deploy reports it
-            return
+        except Exception:  # noqa: BLE001 - a status not read now may be read at the next poll
+            continue
         for status in (app.deployments.values() if app else ()):
-            message = _last_line(status.message or "")
-            if message and message not in said and "FAILED" not in str(status.status):
+            message = " ".join(line.strip() for line in (status.message or "").splitlines()
+                               if line.strip())
+            if "taken more than" in message and message not in said and not stop.is_set():
                 said.add(message)
                 log.warning("still deploying: %s (Ctrl-C stops)", redact_text(message))
 
@@ -544,11 +546,16 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
         serve.start(http_options={"host": host, "port": port})
         t0 = time.perf_counter()
         stop = threading.Event()
-        threading.Thread(target=_say_while_deploying, args=(serve, name, stop),
-                         daemon=True).start()
+        saying = threading.Thread(target=_say_while_deploying, args=(serve, name, stop),
+                                  daemon=True)
+        saying.start()
         try:
-            handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
-                               blocking=False)
+            try:
+                handle = serve.run(build_app(settings.__dict__), name=name, route_prefix="/",
+                                   blocking=False)
+            finally:
+                stop.set()
+                saying.join(timeout=10)  # (no line of it after the outcome's)
         except RayTaskError as err:  # Serve's controller refused it (the prefix is another
             # application's): its reason, not the controller's task line and traceback
             if not isinstance(err.cause, RayServeException):
@@ -562,8 +569,6 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
             serve.delete(name)  # (on a cluster it would stay, failed, beside the others)
             raise DeployError(redact_text(f"the application {name!r} could not be deployed: "
                                           f"{reason}")) from None
-        finally:
-            stop.set()
         log.info("serving %s on http://%s:%d/translate (ready in %.1f s; Ctrl-C stops)",
                  settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
         if not blocking:
