@@ -477,3 +477,30 @@ def test_a_part_whose_record_counts_other_output_lines_names_both_counts(tmp_pat
     with pytest.raises(CorpusError, match=r"part-00000\.json counts 3 lines in and 3 out, its "
                                           r"source shard 3 in and 6 out: delete the part"):
         _manifest(job, tmp_path, source, {}, 1.0, 1)
+
+
+def test_an_actor_no_node_of_a_local_ray_holds_is_one_line_with_the_fix(ray_session,
+                                                                         monkeypatch):
+    """A local Ray (no RAY_ADDRESS) never grows: an actor asking for more CPUs or GPUs than any
+    of its nodes has left the job waiting without end (Ray Data: "may hang forever"; measured:
+    --gpus-per-actor 1 on this CPU machine, nothing for 2 minutes). One line, with the fix; on a
+    cluster its autoscaler may add the node, and the job waits. The session's Ray: 2 CPUs."""
+    from convs2s.serving.corpus import check_room
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    nodes = ray_session.nodes()
+
+    def job(**resources):
+        return CorpusJob(["ck"], "in.txt", "out", actors=4, **resources)
+
+    check_room(job(threads_per_actor=2), nodes)  # one actor fits: the pool starts
+    with pytest.raises(CorpusError) as err:
+        check_room(job(gpus_per_actor=1), nodes)
+    assert str(err.value) == (
+        "each translator actor asks for 1 CPU(s) and 1 GPU(s), but this machine's Ray has 2 "
+        "CPU(s) and 0 GPU(s): no actor could start (a local Ray never grows); leave "
+        "--gpus-per-actor out, or submit the job to a cluster (`ray job submit`)")
+    with pytest.raises(CorpusError, match=r"asks for 3 CPU\(s\), .*; give --threads 2 \(or"):
+        check_room(job(threads_per_actor=3), nodes)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    check_room(job(threads_per_actor=3, gpus_per_actor=1), nodes)

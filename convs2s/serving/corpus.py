@@ -447,6 +447,7 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int, width: in
     from tqdm import tqdm
 
     start_ray()
+    check_room(job, ray.nodes())
     ds = ray.data.from_items([{"index": s["index"]} for s in todo],
                              override_num_blocks=len(todo))
     gpus = {"num_gpus": job.gpus_per_actor} if job.gpus_per_actor else {}
@@ -513,6 +514,29 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         # the rate of a run that translated every part (a resumed run's would mislead)
         "sentences_per_s": round(lines / max(seconds, 1e-9), 2)
         if translated_parts == len(parts) else None}
+
+
+def check_room(job: CorpusJob, nodes: list[dict]) -> None:
+    """A local Ray (no RAY_ADDRESS) never grows: a translator actor that no alive node of it
+    (`ray.nodes()`) can hold (--threads CPUs, --gpus-per-actor GPUs) would leave the job waiting
+    without end (Ray Data: "the job may hang forever unless the cluster scales up"). A
+    cluster's autoscaler may add such a node: there the job waits."""
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    if any(r.get("CPU", 0) >= job.threads_per_actor and r.get("GPU", 0) >= job.gpus_per_actor
+           for r in alive):
+        return
+    cpus = max((r.get("CPU", 0) for r in alive), default=0)
+    gpus = max((r.get("GPU", 0) for r in alive), default=0)
+    fix = ("give --threads %g (or fewer)" % cpus if job.threads_per_actor > cpus else
+           "leave --gpus-per-actor out" if not gpus else
+           "give --gpus-per-actor %g (or less)" % gpus)
+    raise CorpusError(f"each translator actor asks for {job.threads_per_actor} CPU(s)"
+                      + (f" and {job.gpus_per_actor:g} GPU(s)" if job.gpus_per_actor else "")
+                      + f", but this machine's Ray has {cpus:g} CPU(s) and {gpus:g} GPU(s): "
+                      "no actor could start (a local Ray never grows); " + fix + ", or submit "
+                      "the job to a cluster (`ray job submit`)")
 
 
 def start_ray(log_to_driver: bool = True,
