@@ -197,6 +197,27 @@ def test_an_evaluation_stopped_while_logging_its_results_leaves_no_run_running(
     assert [r.info.status for r in runs] == ["FAILED", "FAILED"]
 
 
+def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(tiny_checkpoints,
+                                                                      tmp_path, ray_session,
+                                                                      monkeypatch):
+    """A local Ray (no RAY_ADDRESS) never grows: a task asking for a GPU on this CPU machine, or
+    more CPUs than it has, waited without end. Refused before any run is logged, naming the job
+    and the fix; on a cluster the task waits for the autoscaler. The session's Ray: 2 CPUs."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    test = tiny_test_set(tiny_checkpoints, tmp_path)
+    store = tmp_path / "mlflow.db"
+    for resources, says in (({"num_gpus": 1.0}, "asks for 1 CPU(s) and 1 GPU(s)"),
+                            ({"num_cpus": 3.0}, "asks for 3 CPU(s) and 0 GPU(s)")):
+        job = EvalJob("a", (tiny_checkpoints["a"],), test, SHORT, **resources)
+        with pytest.raises(ValueError) as err:
+            evaluate_all([job], f"sqlite:///{store}", out_dir=str(tmp_path / "eval"))
+        assert str(err.value) == (
+            f"a on {test.name} {says}, but this machine's Ray has 2 CPU(s) and 0 GPU(s): its "
+            "task could not start (a local Ray never grows); give --num-cpus and --num-gpus "
+            "that fit, or submit the job to a cluster (`ray job submit`)")
+    assert not store.exists() and not (tmp_path / "eval").exists()
+
+
 def test_idle_cpus_are_shared_out_to_the_cpu_jobs_there_are():
     """Equal whole shares that fit on the nodes at once (a task runs on one node), never less
     than a job asked for; GPU jobs keep their request."""

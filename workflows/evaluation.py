@@ -31,6 +31,7 @@ import argparse
 import dataclasses
 import hashlib
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -251,6 +252,26 @@ def _free_cpus_per_node(settle_s: float = 1.0) -> list[float]:
     return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
 
 
+def _check_room(jobs: list[EvalJob], nodes: list[dict]) -> None:
+    """A local Ray (no RAY_ADDRESS) never grows: a job asking for more CPUs or GPUs than any
+    alive node of it (`ray.nodes()`) has would wait without end; a ValueError names it and the
+    fix (on a cluster, its autoscaler may add the node: there the task waits)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    for job in jobs:
+        if not any(r.get("CPU", 0) >= job.num_cpus and r.get("GPU", 0) >= job.num_gpus
+                   for r in alive):
+            cpus = max((r.get("CPU", 0) for r in alive), default=0)
+            gpus = max((r.get("GPU", 0) for r in alive), default=0)
+            raise ValueError(
+                f"{job.name} on {job.test_set.name} asks for {job.num_cpus:g} CPU(s) and "
+                f"{job.num_gpus:g} GPU(s), but this machine's Ray has {cpus:g} CPU(s) and "
+                f"{gpus:g} GPU(s): its task could not start (a local Ray never grows); give "
+                "--num-cpus and --num-gpus that fit, or submit the job to a cluster (`ray job "
+                "submit`)")
+
+
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                  parent_run_id: str | None = None, out_dir: str = "eval",
                  experiment_name: str = "convs2s", raise_on_error: bool = True,
@@ -268,6 +289,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
 
     if not ray.is_initialized():
         ray.init()
+    _check_room(jobs, ray.nodes())
     names = [(j.name, j.test_set.name) for j in jobs]
     if len(set(names)) != len(names):
         raise ValueError("two jobs share a (job name, test set name); the child runs and "
@@ -495,7 +517,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs += [EvalJob(name, (path,), test, search, num_cpus=args.num_cpus,
                          num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
                          model_id=served.model_id) for test in tests]
-    for r in evaluate_all(jobs, uri, args.parent_run_id, args.out):
+    try:
+        results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
+    except ValueError as err:  # (a job no node of a local Ray can hold)
+        p.error(str(err))
+    for r in results:
         print(r.job.name, r.job.test_set.name,
               " ".join(f"{k}={v:.3f}" for k, v in sorted(r.metrics.items())), sep="\t")
     return 0
