@@ -197,9 +197,8 @@ def test_an_evaluation_stopped_while_logging_its_results_leaves_no_run_running(
     assert [r.info.status for r in runs] == ["FAILED", "FAILED"]
 
 
-def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(tiny_checkpoints,
-                                                                      tmp_path, ray_session,
-                                                                      monkeypatch):
+def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(
+        tiny_checkpoints, tmp_path, ray_session, monkeypatch, capsys):
     """A local Ray (no RAY_ADDRESS) never grows: a task asking for a GPU on this CPU machine, or
     more CPUs than it has, waited without end. Refused before any run is logged, naming the job
     and the fix; on a cluster the task waits for the autoscaler. The session's Ray: 2 CPUs."""
@@ -215,6 +214,16 @@ def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(tiny_check
             f"a on {test.name} {says}, but this machine's Ray has 2 CPU(s) and 0 GPU(s): its "
             "task could not start (a local Ray never grows); give --num-cpus and --num-gpus "
             "that fit, or submit the job to a cluster (`ray job submit`)")
+    assert not store.exists() and not (tmp_path / "eval").exists()
+    # the command: refused before it logs the --checkpoint's model
+    from workflows.evaluation import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--checkpoint", f"a={tiny_checkpoints['a']}", "--num-gpus", "1",
+              "--tracking-uri", f"sqlite:///{store}", "--out", str(tmp_path / "eval"),
+              "--test", test.name, test.src, test.ref, test.tgt_lang])
+    assert exit_.value.code == 2
+    assert f"error: a on {test.name} asks for 1 CPU(s) and 1 GPU(s)" in capsys.readouterr().err
     assert not store.exists() and not (tmp_path / "eval").exists()
 
 

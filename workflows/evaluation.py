@@ -252,24 +252,23 @@ def _free_cpus_per_node(settle_s: float = 1.0) -> list[float]:
     return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
 
 
-def _check_room(jobs: list[EvalJob], nodes: list[dict]) -> None:
-    """A local Ray (no RAY_ADDRESS) never grows: a job asking for more CPUs or GPUs than any
-    alive node of it (`ray.nodes()`) has would wait without end; a ValueError names it and the
-    fix (on a cluster, its autoscaler may add the node: there the task waits)."""
+def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> None:
+    """A local Ray (no RAY_ADDRESS) never grows: a task asking for more CPUs or GPUs than any
+    alive node of it (`ray.nodes()`) has would wait without end. `needs`: (what, CPUs, GPUs)
+    of each task; a ValueError names the first that no node holds and the fix (on a cluster,
+    its autoscaler may add the node: there the task waits)."""
     if os.environ.get("RAY_ADDRESS"):
         return
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
-    for job in jobs:
-        if not any(r.get("CPU", 0) >= job.num_cpus and r.get("GPU", 0) >= job.num_gpus
-                   for r in alive):
-            cpus = max((r.get("CPU", 0) for r in alive), default=0)
-            gpus = max((r.get("GPU", 0) for r in alive), default=0)
+    for what, cpus, gpus in needs:
+        if not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in alive):
+            has_cpus = max((r.get("CPU", 0) for r in alive), default=0)
+            has_gpus = max((r.get("GPU", 0) for r in alive), default=0)
             raise ValueError(
-                f"{job.name} on {job.test_set.name} asks for {job.num_cpus:g} CPU(s) and "
-                f"{job.num_gpus:g} GPU(s), but this machine's Ray has {cpus:g} CPU(s) and "
-                f"{gpus:g} GPU(s): its task could not start (a local Ray never grows); give "
-                "--num-cpus and --num-gpus that fit, or submit the job to a cluster (`ray job "
-                "submit`)")
+                f"{what} asks for {cpus:g} CPU(s) and {gpus:g} GPU(s), but this machine's Ray "
+                f"has {has_cpus:g} CPU(s) and {has_gpus:g} GPU(s): its task could not start (a "
+                "local Ray never grows); give --num-cpus and --num-gpus that fit, or submit the "
+                "job to a cluster (`ray job submit`)")
 
 
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
@@ -289,7 +288,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
 
     if not ray.is_initialized():
         ray.init()
-    _check_room(jobs, ray.nodes())
+    _check_room([(f"{j.name} on {j.test_set.name}", j.num_cpus, j.num_gpus) for j in jobs],
+                ray.nodes())
     names = [(j.name, j.test_set.name) for j in jobs]
     if len(set(names)) != len(names):
         raise ValueError("two jobs share a (job name, test set name); the child runs and "
@@ -509,6 +509,16 @@ def main(argv: list[str] | None = None) -> int:
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \
         else []
     uri = resolve_tracking_uri(args.tracking_uri)
+    if named:  # (before their models are logged)
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()
+        try:
+            _check_room([(f"{named[0][0]} on {tests[0].name}", args.num_cpus, args.num_gpus)],
+                        ray.nodes())
+        except ValueError as err:
+            p.error(str(err))
     for name, path in named:
         from convs2s.serving.pyfunc import log_translator
 
