@@ -894,19 +894,34 @@ def test_training_workers_a_local_ray_cannot_hold_are_one_line_before_any_stage(
 
 def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_waiting(
         ray_session, monkeypatch):
-    """On a cluster (RAY_ADDRESS) the workflow waits for the GPUs at most CONVS2S_GPU_WAIT_S
-    (the autoscaler may be adding nodes), then stops with one message; the session's real Ray
-    has no GPU."""
+    """On a cluster (RAY_ADDRESS) the workflow asks the autoscaler for the GPUs (one bundle per
+    worker, of the GPU model asked for: an autoscaler starts nodes only for demand it sees, and
+    a wait is none) and waits for them at most CONVS2S_GPU_WAIT_S, then stops with one message
+    and withdraws the request; the session's real Ray has no GPU (and no autoscaler: the
+    request is read where Ray keeps it for one)."""
+    import json
+    import threading
+
+    from ray.experimental.internal_kv import _internal_kv_get
+
     from workflows import cluster
 
     monkeypatch.setenv("RAY_ADDRESS", "auto")  # what a submitted job sees; Ray is connected
-    monkeypatch.setattr(cluster, "GPU_WAIT_S", 0.0)
+    monkeypatch.setattr(cluster, "GPU_WAIT_S", 1.5)
     spec = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=8,
                                                    accelerator_type="A100"))
+    requested = []
+    reader = threading.Timer(0.7, lambda: requested.append(
+        json.loads(_internal_kv_get(b"autoscaler_resource_request") or b"null")))
+    reader.start()
     with pytest.raises(SpecError) as err:
         cluster.await_cluster_gpus(spec)
-    assert "the cluster has no A100 GPU after 0 s but --use-gpu asks for 8" in str(err.value)
+    reader.join()
+    assert "the cluster has no A100 GPU after 2 s but --use-gpu asks for 8" in str(err.value)
     assert "accelerator_type:A100" in str(err.value)
+    assert requested == [[{"CPU": spec.cpus_per_worker, "GPU": 1.0,
+                           "accelerator_type:A100": 0.001}] * 8]
+    assert json.loads(_internal_kv_get(b"autoscaler_resource_request")) == []
 
 
 @pytest.mark.slow

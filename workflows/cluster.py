@@ -103,31 +103,46 @@ def check_local_gpus(spec: RunSpec) -> None:
 
 def await_cluster_gpus(spec: RunSpec) -> None:
     """On a cluster: wait (bounded, GPU_WAIT_S) until it has the GPUs the training asks for, as
-    an autoscaler adds nodes; then stop with a message instead of a silent hang."""
+    an autoscaler adds nodes; then stop with a message instead of a silent hang. The wait asks
+    the autoscaler for them (`request_resources`: one bundle per worker, as Ray Train places
+    them): an autoscaler adds nodes only for demand it sees, and waiting is none, so GPU node
+    types with `min_workers: 0` (infra/cluster-aws.yaml) were never started. The request is
+    withdrawn when the wait ends: the training's own placement group keeps the nodes."""
     import ray
+    from ray.autoscaler.sdk import request_resources
 
     need = _gpu_request(spec)
     if not need or not os.environ.get("RAY_ADDRESS"):
         return
     kind = spec.accelerator_type
     what = f"{kind} GPU" if kind else "GPU"
+    # (Ray Train asks for a sliver of the GPU model's node resource: nodes of that model only)
+    bundle = {"CPU": spec.cpus_per_worker, "GPU": 1.0,
+              **({f"accelerator_type:{kind}": 0.001} if kind else {})}
     deadline, said = time.monotonic() + GPU_WAIT_S, False
-    while (have := gpus_of(ray.nodes(), kind)) < need:
-        if time.monotonic() > deadline:
-            raise SpecError(
-                f"the cluster has {have:g} {what}(s) after {GPU_WAIT_S:.0f} s but training asks "
-                f"for {need} ({spec.num_workers} worker(s) x 1 GPU): lower --num-workers to "
-                f"{int(have)} or raise the GPU node count the autoscaler may start "
-                "(max_workers of its GPU node type, infra/cluster-aws.yaml)" if have else
-                f"the cluster has no {what} after {GPU_WAIT_S:.0f} s but --use-gpu asks for "
-                f"{need}: check that its config has "
-                + (f"a node type with the resource accelerator_type:{kind}" if kind
-                   else "GPU worker nodes") + " (infra/cluster-aws.yaml)")
-        if not said:
-            log.warning("the cluster has %g of the %d %ss training asks for: waiting up to %.0f "
-                        "s for the autoscaler to add GPU nodes", have, need, what, GPU_WAIT_S)
-            said = True
-        time.sleep(10)
+    try:
+        while (have := gpus_of(ray.nodes(), kind)) < need:
+            if not said:
+                request_resources(bundles=[bundle] * need)
+                log.warning("the cluster has %g of the %d %ss training asks for: asked its "
+                            "autoscaler for them, waiting up to %.0f s", have, need, what,
+                            GPU_WAIT_S)
+                said = True
+            if time.monotonic() > deadline:
+                raise SpecError(
+                    f"the cluster has {have:g} {what}(s) after {GPU_WAIT_S:.0f} s but training "
+                    f"asks for {need} ({spec.num_workers} worker(s) x 1 GPU): lower "
+                    f"--num-workers to {int(have)} or raise the GPU node count the autoscaler "
+                    "may start (max_workers of its GPU node type, infra/cluster-aws.yaml)"
+                    if have else
+                    f"the cluster has no {what} after {GPU_WAIT_S:.0f} s but --use-gpu asks for "
+                    f"{need}: check that its config has "
+                    + (f"a node type with the resource accelerator_type:{kind}" if kind
+                       else "GPU worker nodes") + " (infra/cluster-aws.yaml)")
+            time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
+    finally:
+        if said:
+            request_resources(bundles=[])
 
 
 def check_shared_storage(storage: str) -> None:
@@ -233,14 +248,15 @@ def no_room(spec: RunSpec, nodes: list[dict], subject: str, outcome: str, what: 
 
 
 def check_local_room(spec: RunSpec) -> None:
-    """A local Ray (no RAY_ADDRESS) never grows: training workers it cannot place side by side
+    """A local Ray (started by this process: `ray_join.started_here`) never grows: training
+    workers it cannot place side by side
     would be retried by Ray Train for CONVS2S_PLACEMENT_WAIT_S (15 minutes), a traceback a
     minute, before the run stops, and an evaluation task larger than its node would wait
     without end. One `error:` line now, with the fix (a cluster's autoscaler may add nodes:
     there the run waits, `await_cluster_gpus`)."""
     import ray
 
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS") or not ray_join.started_here():
         return
     nodes = ray.nodes()
     if workers_fit(spec, nodes) < spec.num_workers:

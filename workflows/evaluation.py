@@ -253,11 +253,14 @@ def _free_cpus_per_node(settle_s: float = 1.0) -> list[float]:
 
 
 def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> None:
-    """A local Ray (no RAY_ADDRESS) never grows: a task asking for more CPUs or GPUs than any
+    """A local Ray (started here: `ray_join.started_here`) never grows: a task asking for more
+    CPUs or GPUs than any
     alive node of it (`ray.nodes()`) has would wait without end. `needs`: (what, CPUs, GPUs)
     of each task; a ValueError names the first that no node holds and the fix (on a cluster,
     its autoscaler may add the node: there the task waits)."""
-    if os.environ.get("RAY_ADDRESS"):
+    from convs2s.serving.ray_join import started_here
+
+    if os.environ.get("RAY_ADDRESS") or not started_here():
         return
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
     for what, cpus, gpus in needs:

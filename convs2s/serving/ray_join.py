@@ -68,6 +68,17 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
         raise RayAddressError(f"{name}: Ray cannot join it ({said}); " + FIX) from None
 
 
+def started_here() -> bool:
+    """Whether this process started the Ray it is connected to (`ray.init()` found no cluster
+    to join): a local Ray, which never grows. A cluster it joined (RAY_ADDRESS, Ray Client, or
+    one `ray.init()` found running on this machine: a `ray up` head, `ray start`) may have an
+    autoscaler that adds nodes."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)  # (None: Ray Client)
+    return bool(node is not None and getattr(node, "head", False))
+
+
 def _unreachable(address: str, wait_s: float) -> str | None:
     """Why Ray cannot join `address`'s host and port, and what to do: nothing takes a
     connection there, tried until `wait_s` has passed, or what does answers a plain HTTP
