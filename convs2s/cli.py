@@ -687,12 +687,9 @@ def _local_cluster_running() -> bool:
     """Whether `ray.init()` without RAY_ADDRESS would join a Ray already running on this
     machine (`ray start --head`): its Serve proxy may hold --port already, serving this very
     application from an earlier `serve` (replaced, not refused)."""
-    try:
-        from ray._private.services import find_bootstrap_address
+    from convs2s.serving.ray_join import running_here
 
-        return find_bootstrap_address(None) is not None
-    except Exception:  # noqa: BLE001 - Ray's internals moved: check the port as for a new Ray
-        return False
+    return running_here()
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -299,6 +299,11 @@ def test_a_sweep_whose_trial_no_local_node_holds_is_refused_in_one_line(tmp_path
         concurrency(_sweep_of(tmp_path, num_workers=3, concurrent_trials=2), nodes)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     assert concurrency(_sweep_of(tmp_path, num_workers=3), nodes) == 1
+    from workflows import sweep  # a cluster joined without RAY_ADDRESS (a `ray up` head)
+
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(sweep, "started_here", lambda: False)
+    assert concurrency(_sweep_of(tmp_path, num_workers=3), nodes) == 1
 
 
 def test_a_variant_may_not_change_a_trials_resources(tmp_path):

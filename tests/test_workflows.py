@@ -890,6 +890,12 @@ def test_training_workers_a_local_ray_cannot_hold_are_one_line_before_any_stage(
         check_local_room(resolve(cpu, RunOptions(set=["workflow.eval_cpus=3"])))
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     check_local_room(resolve(cpu, RunOptions(num_workers=3, set=["workflow.eval_cpus=3"])))
+    # a cluster ray.init() joined without RAY_ADDRESS (a `ray up` head) may grow too
+    from convs2s.serving import ray_join
+
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setattr(ray_join, "started_here", lambda: False)
+    check_local_room(resolve(cpu, RunOptions(num_workers=3, set=["workflow.eval_cpus=3"])))
 
 
 def test_a_cluster_without_the_gpus_asked_for_stops_with_the_fix_instead_of_waiting(

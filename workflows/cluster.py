@@ -88,8 +88,8 @@ def check_local_gpus(spec: RunSpec) -> None:
     """A local run (no RAY_ADDRESS): the GPUs this machine has against the request, before Ray
     starts; too few is one `error:` line with the fix (exit 2)."""
     need = _gpu_request(spec)
-    if not need or os.environ.get("RAY_ADDRESS"):
-        return
+    if not need or os.environ.get("RAY_ADDRESS") or ray_join.running_here():
+        return  # (a cluster: `await_cluster_gpus`)
     import torch
 
     have = torch.cuda.device_count()
@@ -109,10 +109,9 @@ def await_cluster_gpus(spec: RunSpec) -> None:
     types with `min_workers: 0` (infra/cluster-aws.yaml) were never started. The request is
     withdrawn when the wait ends: the training's own placement group keeps the nodes."""
     import ray
-    from ray.autoscaler.sdk import request_resources
 
     need = _gpu_request(spec)
-    if not need or not os.environ.get("RAY_ADDRESS"):
+    if not need or not (os.environ.get("RAY_ADDRESS") or not ray_join.started_here()):
         return
     kind = spec.accelerator_type
     what = f"{kind} GPU" if kind else "GPU"
@@ -123,7 +122,7 @@ def await_cluster_gpus(spec: RunSpec) -> None:
     try:
         while (have := gpus_of(ray.nodes(), kind)) < need:
             if not said:
-                request_resources(bundles=[bundle] * need)
+                asked = _ask_autoscaler([bundle] * need)
                 log.warning("the cluster has %g of the %d %ss training asks for: asked its "
                             "autoscaler for them, waiting up to %.0f s", have, need, what,
                             GPU_WAIT_S)
@@ -142,7 +141,46 @@ def await_cluster_gpus(spec: RunSpec) -> None:
             time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
     finally:
         if said:
-            request_resources(bundles=[])
+            _withdraw(*asked)
+
+
+# Where Ray keeps the autoscaler's standing request (its v1 autoscaler reads it there).
+_REQUEST_KEY = b"autoscaler_resource_request"
+
+
+def _ask_autoscaler(bundles: list[dict]) -> tuple[list[dict], bytes | None] | tuple[()]:
+    """`request_resources(bundles=...)`: (ours, the request it replaced), or () where it
+    cannot be made (Ray Client has no GCS connection of its own): the wait goes on without."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        before = _internal_kv_get(_REQUEST_KEY)
+        request_resources(bundles=bundles)
+        return bundles, before
+    except Exception as err:  # noqa: BLE001 - a hint to the autoscaler, not the wait itself
+        log.warning("could not ask the autoscaler for the GPUs (%s): waiting for them anyway",
+                    type(err).__name__)
+        return ()
+
+
+def _withdraw(bundles: list[dict] | None = None, before: bytes | None = None) -> None:
+    """Put back the request ours replaced (none: an empty one), unless another command has
+    replaced ours since (its request stands)."""
+    if bundles is None:
+        return
+    try:
+        import json
+
+        from ray.autoscaler.sdk import request_resources
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        now = _internal_kv_get(_REQUEST_KEY)
+        if now is not None and json.loads(now) != bundles:
+            return
+        request_resources(bundles=json.loads(before) if before else [])
+    except Exception:  # noqa: BLE001 - a hint to the autoscaler
+        pass
 
 
 def check_shared_storage(storage: str) -> None:

@@ -252,6 +252,10 @@ def _free_cpus_per_node(settle_s: float = 1.0) -> list[float]:
     return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
 
 
+class NoRoomError(ValueError):
+    """A task no node of a local Ray can hold: the message names it and the fix."""
+
+
 def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> None:
     """A local Ray (started here: `ray_join.started_here`) never grows: a task asking for more
     CPUs or GPUs than any
@@ -267,7 +271,7 @@ def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> Non
         if not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in alive):
             has_cpus = max((r.get("CPU", 0) for r in alive), default=0)
             has_gpus = max((r.get("GPU", 0) for r in alive), default=0)
-            raise ValueError(
+            raise NoRoomError(
                 f"{what} asks for {cpus:g} CPU(s) and {gpus:g} GPU(s), but this machine's Ray "
                 f"has {has_cpus:g} CPU(s) and {has_gpus:g} GPU(s): its task could not start (a "
                 "local Ray never grows); give --num-cpus and --num-gpus that fit, or submit the "
@@ -520,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _check_room([(f"{named[0][0]} on {tests[0].name}", args.num_cpus, args.num_gpus)],
                         ray.nodes())
-        except ValueError as err:
+        except NoRoomError as err:
             p.error(str(err))
     for name, path in named:
         from convs2s.serving.pyfunc import log_translator
@@ -532,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                          model_id=served.model_id) for test in tests]
     try:
         results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
-    except ValueError as err:  # (a job no node of a local Ray can hold)
+    except NoRoomError as err:  # (a job no node of a local Ray can hold)
         p.error(str(err))
     for r in results:
         print(r.job.name, r.job.test_set.name,

@@ -79,6 +79,17 @@ def started_here() -> bool:
     return bool(node is not None and getattr(node, "head", False))
 
 
+def running_here() -> bool:
+    """Whether `ray.init()` without RAY_ADDRESS would join a Ray already running on this
+    machine (`ray start --head`, a `ray up` head) instead of starting one of its own."""
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        return find_bootstrap_address(None) is not None
+    except Exception:  # noqa: BLE001 - Ray's internals moved: as if none runs
+        return False
+
+
 def _unreachable(address: str, wait_s: float) -> str | None:
     """Why Ray cannot join `address`'s host and port, and what to do: nothing takes a
     connection there, tried until `wait_s` has passed, or what does answers a plain HTTP
