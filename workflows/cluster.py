@@ -123,9 +123,9 @@ def await_cluster_gpus(spec: RunSpec) -> None:
         while (have := gpus_of(ray.nodes(), kind)) < need:
             if not said:
                 asked = _ask_autoscaler([bundle] * need)
-                log.warning("the cluster has %g of the %d %ss training asks for: asked its "
-                            "autoscaler for them, waiting up to %.0f s", have, need, what,
-                            GPU_WAIT_S)
+                log.warning("the cluster has %g of the %d %ss training asks for: %swaiting up "
+                            "to %.0f s", have, need, what,
+                            "asked its autoscaler for them, " if asked else "", GPU_WAIT_S)
                 said = True
             if time.monotonic() > deadline:
                 raise SpecError(
@@ -301,14 +301,13 @@ def check_local_room(spec: RunSpec) -> None:
         raise SpecError(no_room(spec, nodes, "training asks for",
                                 "its workers could not start (a local Ray never grows; Ray "
                                 "Train would retry for 15 minutes, then stop)", "the workflow"))
-    largest = max((n.get("Resources", {}).get("CPU", 0) for n in nodes if n.get("Alive")),
-                  default=0)
-    if spec.eval_cpus > largest:  # (Ray would hold each evaluation task without end)
+    if (largest := ray_join.no_room_for(spec.eval_cpus, 0, nodes)) is not None:  # (Ray
+        # would hold each evaluation task without end)
         raise SpecError(f"--set workflow.eval_cpus={spec.eval_cpus:g}: each evaluation task "
                         f"asks for {spec.eval_cpus:g} CPUs, but this machine's Ray has "
-                        f"{largest:g} (a local Ray never grows: the tasks would wait without "
+                        f"{largest[0]:g} (a local Ray never grows: the tasks would wait without "
                         f"end after the whole training run); run with --set "
-                        f"workflow.eval_cpus={largest:g} (or fewer)")
+                        f"workflow.eval_cpus={largest[0]:g} (or fewer)")
 
 
 def ray_log_dir() -> str:

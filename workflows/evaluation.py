@@ -31,7 +31,6 @@ import argparse
 import dataclasses
 import hashlib
 import logging
-import os
 import sys
 import tempfile
 import time
@@ -257,25 +256,19 @@ class NoRoomError(ValueError):
 
 
 def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> None:
-    """A local Ray (started here: `ray_join.started_here`) never grows: a task asking for more
-    CPUs or GPUs than any
+    """A local Ray (started here) never grows: a task asking for more CPUs or GPUs than any
     alive node of it (`ray.nodes()`) has would wait without end. `needs`: (what, CPUs, GPUs)
-    of each task; a ValueError names the first that no node holds and the fix (on a cluster,
-    its autoscaler may add the node: there the task waits)."""
-    from convs2s.serving.ray_join import started_here
+    of each task; a NoRoomError names the first that no node holds and the fix (on a cluster,
+    its autoscaler may add the node: there the task waits, `ray_join.no_room_for`)."""
+    from convs2s.serving.ray_join import no_room_for
 
-    if os.environ.get("RAY_ADDRESS") or not started_here():
-        return
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
     for what, cpus, gpus in needs:
-        if not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in alive):
-            has_cpus = max((r.get("CPU", 0) for r in alive), default=0)
-            has_gpus = max((r.get("GPU", 0) for r in alive), default=0)
+        if (largest := no_room_for(cpus, gpus, nodes)) is not None:
             raise NoRoomError(
                 f"{what} asks for {cpus:g} CPU(s) and {gpus:g} GPU(s), but this machine's Ray "
-                f"has {has_cpus:g} CPU(s) and {has_gpus:g} GPU(s): its task could not start (a "
-                "local Ray never grows); give --num-cpus and --num-gpus that fit, or submit the "
-                "job to a cluster (`ray job submit`)")
+                f"has {largest[0]:g} CPU(s) and {largest[1]:g} GPU(s): its task could not start "
+                "(a local Ray never grows); give --num-cpus and --num-gpus that fit, or submit "
+                "the job to a cluster (`ray job submit`)")
 
 
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,

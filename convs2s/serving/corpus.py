@@ -517,19 +517,14 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
 
 
 def check_room(job: CorpusJob, nodes: list[dict]) -> None:
-    """A local Ray (started here: `ray_join.started_here`) never grows: a translator actor that
-    no alive node of it
+    """A local Ray (started here) never grows: a translator actor that no alive node of it
     (`ray.nodes()`) can hold (--threads CPUs, --gpus-per-actor GPUs) would leave the job waiting
     without end (Ray Data: "the job may hang forever unless the cluster scales up"). A
-    cluster's autoscaler may add such a node: there the job waits."""
-    if os.environ.get("RAY_ADDRESS") or not ray_join.started_here():
+    cluster's autoscaler may add such a node: there the job waits (`ray_join.no_room_for`)."""
+    if (largest := ray_join.no_room_for(job.threads_per_actor, job.gpus_per_actor,
+                                        nodes)) is None:
         return
-    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
-    if any(r.get("CPU", 0) >= job.threads_per_actor and r.get("GPU", 0) >= job.gpus_per_actor
-           for r in alive):
-        return
-    cpus = max((r.get("CPU", 0) for r in alive), default=0)
-    gpus = max((r.get("GPU", 0) for r in alive), default=0)
+    cpus, gpus = largest
     fix = ("give --threads %g (or fewer)" % cpus if job.threads_per_actor > cpus else
            "leave --gpus-per-actor out" if not gpus else
            "give --gpus-per-actor %g (or less)" % gpus)

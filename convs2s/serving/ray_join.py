@@ -79,6 +79,20 @@ def started_here() -> bool:
     return bool(node is not None and getattr(node, "head", False))
 
 
+def no_room_for(cpus: float, gpus: float, nodes: list[dict]) -> tuple[float, float] | None:
+    """On a Ray this process started (`started_here`, no RAY_ADDRESS), which never grows: None
+    if one of its alive nodes (`ray.nodes()`) holds `cpus` CPUs and `gpus` GPUs together, else
+    its largest CPU and GPU counts, for the message. None on a cluster (its autoscaler may add
+    the node: there the work waits)."""
+    if os.environ.get("RAY_ADDRESS") or not started_here():
+        return None
+    alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
+    if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in alive):
+        return None
+    return (max((r.get("CPU", 0) for r in alive), default=0),
+            max((r.get("GPU", 0) for r in alive), default=0))
+
+
 def running_here() -> bool:
     """Whether `ray.init()` without RAY_ADDRESS would join a Ray already running on this
     machine (`ray start --head`, a `ray up` head) instead of starting one of its own."""
