@@ -621,6 +621,7 @@ def serve(argv: list[str] | None = None) -> int:
                         stream=sys.stderr)
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
+    from convs2s.serving import ray_join
     from convs2s.serving.corpus import start_ray
     from convs2s.serving.online import DeployError, ServeSettings, resolve_model_uri, run
 
@@ -657,7 +658,10 @@ def serve(argv: list[str] | None = None) -> int:
                                      "directory of a training run (e.g. RUN/train/best)")
             SearchConfig.from_dict(search)  # (a --beam 0: before torch loads)
         _load_as_replicas_will(settings)
-        if not os.environ.get("RAY_ADDRESS") and not _local_cluster_running():
+        # (a new local Ray, not one `ray.init()` would join on this machine, `ray start
+        # --head`: its Serve proxy may hold --port already, serving this very application
+        # from an earlier `serve`, replaced, not refused)
+        if not os.environ.get("RAY_ADDRESS") and not ray_join.running_here():
             _check_port_free(args.host, args.port)  # a new local Ray: its HTTP proxy binds here
             _check_replicas_fit_here(settings)
     except (CheckpointError, PrecisionError, StorageError, OSError, ValueError) as err:
@@ -681,15 +685,6 @@ def serve(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {redact_text(str(err).splitlines()[0])}", file=sys.stderr)
         return 2
     return 0
-
-
-def _local_cluster_running() -> bool:
-    """Whether `ray.init()` without RAY_ADDRESS would join a Ray already running on this
-    machine (`ray start --head`): its Serve proxy may hold --port already, serving this very
-    application from an earlier `serve` (replaced, not refused)."""
-    from convs2s.serving.ray_join import running_here
-
-    return running_here()
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -302,7 +302,7 @@ def test_a_sweep_whose_trial_no_local_node_holds_is_refused_in_one_line(tmp_path
     from workflows import sweep  # a cluster joined without RAY_ADDRESS (a `ray up` head)
 
     monkeypatch.delenv("RAY_ADDRESS")
-    monkeypatch.setattr(sweep, "started_here", lambda: False)
+    monkeypatch.setattr(sweep, "never_grows", lambda: False)
     assert concurrency(_sweep_of(tmp_path, num_workers=3), nodes) == 1
 
 

@@ -111,7 +111,7 @@ def await_cluster_gpus(spec: RunSpec) -> None:
     import ray
 
     need = _gpu_request(spec)
-    if not need or not (os.environ.get("RAY_ADDRESS") or not ray_join.started_here()):
+    if not need or ray_join.never_grows():
         return
     kind = spec.accelerator_type
     what = f"{kind} GPU" if kind else "GPU"
@@ -294,7 +294,7 @@ def check_local_room(spec: RunSpec) -> None:
     there the run waits, `await_cluster_gpus`)."""
     import ray
 
-    if os.environ.get("RAY_ADDRESS") or not ray_join.started_here():
+    if not ray_join.never_grows():
         return
     nodes = ray.nodes()
     if workers_fit(spec, nodes) < spec.num_workers:

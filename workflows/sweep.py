@@ -42,12 +42,11 @@ import functools
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
 from convs2s.console import callers_signal_handlers, sigterm_as_ctrl_c
-from convs2s.serving.ray_join import started_here
+from convs2s.serving.ray_join import never_grows
 from convs2s.metrics.task_kinds import task_kind
 from storage import location, write_whole
 from storage.lease import RunLease
@@ -238,12 +237,12 @@ def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
     """Trials at once: how many trials' training workers the cluster's alive nodes
     (`ray.nodes()`) hold side by side (`--concurrent-trials` decides when given), at least 1:
     on a cluster (RAY_ADDRESS, or one this process joined) its autoscaler may add the nodes a
-    trial waits for. A local Ray (`ray_join.started_here`) cannot grow: where not even one
+    trial waits for. A local Ray (`ray_join.never_grows`) cannot grow: where not even one
     trial fits, a SweepError names the need and the fix (each
     trial would wait CONVS2S_PLACEMENT_WAIT_S for its workers, then fail)."""
     b = sweep.base
     fit = workers_fit(b, nodes) // b.num_workers
-    if not fit and not os.environ.get("RAY_ADDRESS") and started_here():
+    if not fit and never_grows():
         raise SweepError(_no_trial_fits(sweep, nodes))
     if sweep.concurrency:
         return sweep.concurrency

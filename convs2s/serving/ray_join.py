@@ -79,12 +79,19 @@ def started_here() -> bool:
     return bool(node is not None and getattr(node, "head", False))
 
 
+def never_grows() -> bool:
+    """Whether the Ray this process is connected to is a local one it started, which never
+    grows (no RAY_ADDRESS, `started_here`): work it cannot hold would wait without end. A
+    cluster's autoscaler may add nodes: there work waits for room."""
+    return not os.environ.get("RAY_ADDRESS") and started_here()
+
+
 def no_room_for(cpus: float, gpus: float, nodes: list[dict]) -> tuple[float, float] | None:
     """On a Ray this process started (`started_here`, no RAY_ADDRESS), which never grows: None
     if one of its alive nodes (`ray.nodes()`) holds `cpus` CPUs and `gpus` GPUs together, else
     its largest CPU and GPU counts, for the message. None on a cluster (its autoscaler may add
     the node: there the work waits)."""
-    if os.environ.get("RAY_ADDRESS") or not started_here():
+    if not never_grows():
         return None
     alive = [n.get("Resources", {}) for n in nodes if n.get("Alive")]
     if any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in alive):
