@@ -14,7 +14,7 @@ convs2s.serving.corpus, shard_lines).
 
     python -m benchmarks.batch_translate --checkpoint RUN/train/best \\
         --input ../shared/data/multi30k/train.en.gz --lines 20000 --precision bf16 \\
-        --shortlist DATA/shortlist/shortlist.npz --rounds 2
+        --shortlist DATA/shortlist/KEY/shortlist.npz --rounds 2
 
 Writes benchmarks/results/batch_translate_<precision>[_shortlist].json (or --out).
 """

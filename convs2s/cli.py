@@ -194,7 +194,7 @@ def _translate_parser() -> argparse.ArgumentParser:
                         "GPU): serve fp32 with a warning instead of failing")
     p.add_argument("--shortlist", metavar="NPZ",
                    help="vocabulary selection: the lexical table of the model's data "
-                        "(<data>/shortlist/shortlist.npz, preprocessing shortlist_per_source)")
+                        "(<data>/shortlist/<key>/shortlist.npz, preprocessing --shortlist)")
     p.add_argument("--shortlist-frequent", type=int, default=d.shortlist_frequent,
                    help="most frequent target tokens always in the shortlist")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is "

@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dedupe", action="store_true", help="drop exact duplicate training pairs")
     p.add_argument("--shortlist", type=int, metavar="K",
                    help="also learn vocabulary selection's lexical table: K target candidates "
-                        "per source token (<out>/<task>/<key>/shortlist/shortlist.npz)")
+                        "per source token (<out>/<task>/<data key>/shortlist/<key>/"
+                        "shortlist.npz; the command prints its path)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="change any setting of the preset (preprocessing.config."
                         "PreprocessConfig; repeatable), e.g. --set max_len=100 --set "

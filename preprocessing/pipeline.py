@@ -9,7 +9,8 @@
 Output layout `<root>/<task>/<data key>/<stage>/` (see docs/design.md; `data_dir`):
 clean/<split>, spm, encoded/<split>, batches/<cut key>/<split> (one folder per batch cut:
 `BATCH_CUT`), text/<split>.<lang>, and with
-`shortlist_per_source` the lexical table of vocabulary selection, shortlist/ (lexical.py).
+`shortlist_per_source` the lexical table of vocabulary selection, shortlist/<shortlist key>/
+(lexical.py; one folder per k and sample: `SHORTLIST`).
 Each stage is skipped when its manifest matches (same stage config and the same input
 fingerprint) and otherwise rebuilt atomically (stages.py).
 Each stage is a Ray Data pipeline: a datasource in (reading.py, parts.py), map_batches, a
@@ -288,6 +289,18 @@ def cut_key(cfg: PreprocessConfig) -> str:
                         if k != "max_positions" or cfg.max_positions is not None})[:12]
 
 
+# The lexical table's settings (lexical.py), the name of its folder as BATCH_CUT's are the
+# batches': runs asking for another k or another sample each build a table of their own,
+# shortlist/<key>/shortlist.npz, and a table a run or a logged model was given is never rebuilt
+# under its path.
+SHORTLIST = ("shortlist_per_source", "shortlist_sample_pairs")
+
+
+def shortlist_key(cfg: PreprocessConfig) -> str:
+    """The lexical table's folder name: a hash of its settings (SHORTLIST)."""
+    return config_hash({k: getattr(cfg, k) for k in SHORTLIST})[:12]
+
+
 def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None,
              vocabulary=None) -> Path:
     """`<root>/<task>/<data key>/`: the folder of this data. The key is the hash of the
@@ -356,12 +369,13 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
     if cfg.shortlist_per_source:  # vocabulary selection's lexical table (lexical.py)
         short_cfg = {"k": cfg.shortlist_per_source,
                      "sample_pairs": cfg.shortlist_sample_pairs}
+        short_dir = f"shortlist/{shortlist_key(cfg)}"
         m["shortlist"] = _stage(
             task_dir, "shortlist", short_cfg, _fp(m["encoded/train"]),
-            lambda tmp: {"table": str(task_dir / "shortlist" / TABLE_FILE), **build_table(
+            lambda tmp: {"table": str(task_dir / short_dir / TABLE_FILE), **build_table(
                 task_dir / "encoded" / "train", vocab_m["vocab_path"], vocab_m["vocab_size"],
                 cfg.shortlist_per_source, cfg.shortlist_sample_pairs,
-                m["encoded/train"]["rows_kept"], tmp)})
+                m["encoded/train"]["rows_kept"], tmp)}, folder=short_dir)
     if cfg.eval_splits:
         text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
         text_cfg["text_version"] = TEXT_VERSION

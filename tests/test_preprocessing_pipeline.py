@@ -24,7 +24,7 @@ from conftest import cpu_holders, kill_when
 from preprocessing.cleaning import normalize
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
-from preprocessing.pipeline import data_dir, run_pipeline
+from preprocessing.pipeline import data_dir, run_pipeline, shortlist_key
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load
 
 NEWSTEST = {"train": "newstest2012", "valid": "newstest2013", "test": "newstest2014"}
@@ -193,7 +193,8 @@ def test_the_lexical_table_is_a_stage_beside_the_same_data(newstest):
     for stage in ("clean/train", "spm", "encoded/train", "batches/train"):
         assert with_table.manifests[stage] == out.manifests[stage]
     m = with_table.manifests["shortlist"]
-    assert with_table.shortlist == str(Path(out.root) / "shortlist" / "shortlist.npz")
+    key = shortlist_key(cfg.replace(shortlist_per_source=8))
+    assert with_table.shortlist == str(Path(out.root) / "shortlist" / key / "shortlist.npz")
     assert m["k"] == 8 and m["pairs_counted"] == out.manifests["encoded/train"]["rows_kept"]
     with np.load(with_table.shortlist, allow_pickle=False) as z:
         table = z["table"]
@@ -215,6 +216,16 @@ def test_the_lexical_table_is_a_stage_beside_the_same_data(newstest):
         dice = {t: 2.0 * n / (c_src[s] + c_tgt[t]) for t, n in both[s].items()}
         expected = sorted(dice, key=lambda t: (-dice[t], t))[:8]
         assert table[s].tolist() == expected, s
+
+    # Another k is a table of its own beside it: the k=8 table, whose path a translation job
+    # or a logged model may hold, is not rebuilt under that path (it was, in place).
+    before = Path(with_table.shortlist).stat().st_mtime_ns
+    other = run_pipeline(cfg.replace(shortlist_per_source=4))
+    assert Path(other.shortlist).parent != Path(with_table.shortlist).parent
+    with np.load(other.shortlist, allow_pickle=False) as z:
+        assert z["table"].shape == (out.vocab_size, 4)
+    assert Path(with_table.shortlist).stat().st_mtime_ns == before
+    assert run_pipeline(cfg.replace(shortlist_per_source=8)).manifests["shortlist"] == m
 
 
 def write_hub_layout(shared_data: Path, folder: Path) -> None:
