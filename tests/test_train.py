@@ -214,6 +214,67 @@ def test_ctrl_c_during_a_run_is_a_keyboard_interrupt_and_the_run_is_killed(demo_
     assert read_local_metrics(tmp_path / "ctrl-c" / METRICS_FILE)  # it had trained
 
 
+def test_ctrl_c_while_the_workers_wait_for_room_stops_the_run_by_the_abort_deadline(
+        demo_batches, tmp_path, monkeypatch):
+    """Ctrl-C (or SIGTERM) while Ray Train waits to place the workers (a cluster without room
+    for them): Ray Train's handler waits on its controller's abort, which a controller placing
+    its worker group answers only between tries, if at all (a SIGTERM had not stopped the driver
+    10 minutes later). By the abort deadline (here 3 s) the controller is stopped, and what it
+    reserved with it: `fit` raises KeyboardInterrupt, the MLflow run is KILLED, and nothing of
+    the run holds a CPU of the session's Ray."""
+    from convs2s.train.launch import ABORT_WAIT_ENV, START_TIMEOUT_ENV
+
+    monkeypatch.setenv(ABORT_WAIT_ENV, "3")
+    monkeypatch.setenv(START_TIMEOUT_ENV, "40")  # Ray Train's try: the old wait, bounded
+    uri = mlflow_store(tmp_path)
+    # one worker of 3 CPUs, which the session's Ray (2 CPUs) cannot place; 2 tries at most
+    job = make_job(demo_batches, tmp_path, "no-room", TrainConfig(max_epochs=1),
+                   tracking_uri=uri).replace(num_workers=1, cpus_per_worker=3,
+                                              placement_wait_s=80)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    done, pressed = threading.Event(), []
+
+    def press_once_waiting():  # Ray Train's handler in place, its controller placing the group
+        while not done.wait(0.2):
+            if signal.getsignal(signal.SIGINT) is not signal.default_int_handler \
+                    and _left_of_the_run(3.0, groups_only=True):
+                time.sleep(1)  # (in the placement group's wait)
+                pressed.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    presser = threading.Thread(target=press_once_waiting, daemon=True)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fit(job)
+        stopped = time.monotonic()
+    finally:
+        done.set()
+        presser.join()
+    assert pressed and stopped - pressed[0] < 3 + 15, stopped - pressed[0]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("test_train").experiment_id],
+                                filter_string="attributes.run_name = 'no-room'")
+    assert run.info.status == "KILLED"
+    deadline = time.monotonic() + 30  # (Ray removes a dead owner's actors and groups)
+    while (left := _left_of_the_run(3.0)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
+
+
+def _left_of_the_run(cpus: float, groups_only: bool = False) -> list[str]:
+    """Ray Train controllers alive, and placement groups of `cpus`-CPU bundles not removed."""
+    from ray.util.state import list_actors, list_placement_groups
+
+    return [f"actor {a.class_name}" for a in list_actors(filters=[("state", "=", "ALIVE")])
+            if a.class_name == "TrainController" and not groups_only] + [
+        f"placement group {g.placement_group_id} {g.state} {g.bundles}"
+        for g in list_placement_groups(detail=True) if g.state != "REMOVED"
+        and any(b.get("unit_resources", b).get("CPU") == cpus for b in g.bundles)]
+
+
 def test_each_training_node_logs_its_utilization_to_the_run(trained):
     """MLflow system metrics, sampled by one worker per node (2 workers here, one node),
     named after the node."""

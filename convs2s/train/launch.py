@@ -32,8 +32,11 @@ with its meta.json last and metrics.jsonl is rewritten at each checkpoint (docs/
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import signal
+import threading
 
 import ray
 import ray.train
@@ -74,7 +77,7 @@ def fit(job: TrainJob) -> TrainResult:
     uri, run_id = open_train_run(job, run_dir, files, {"num_workers": job.num_workers,
                                                         "use_gpu": job.use_gpu})
     resources = {"CPU": job.cpus_per_worker, **({"GPU": 1} if job.use_gpu else {})}
-    trainer = ray.train.torch.TorchTrainer(
+    trainer = _TorchTrainer(
         train_loop_per_worker,
         # "crash": the tests' fault injection, read from this process's environment and handed
         # over here: the Ray workers may have started before the test set it.
@@ -135,6 +138,94 @@ def _fit_until_ctrl_c(trainer: ray.train.torch.TorchTrainer):
         return trainer.fit()
     except SystemExit:
         raise KeyboardInterrupt("Ctrl-C: Ray Train aborted the run") from None
+    finally:
+        if trainer.abort_deadline is not None:
+            trainer.abort_deadline.cancel()
+
+
+# Seconds Ray Train's own abort of a run gets after a Ctrl-C or SIGTERM before the run's
+# controller is stopped (_AbortDeadline).
+ABORT_WAIT_ENV, DEFAULT_ABORT_WAIT_S = "CONVS2S_ABORT_WAIT_S", 30.0
+
+
+class _TorchTrainer(ray.train.torch.TorchTrainer):
+    """Ray Train's TorchTrainer, its Ctrl-C abort given a deadline. Ray Train's SIGINT handler
+    asks the run's controller actor to abort and waits for its answer. A controller placing its
+    worker group waits for the placement group synchronously (up to
+    RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default, a try; and then it tries again) and
+    does not answer it: on a cluster without room for the workers, a Ctrl-C or SIGTERM did
+    nothing until Ray Train gave up placing them (`placement_wait_s`, 15 minutes by default;
+    2026-12-05, a `ray start --head --num-cpus 2` and 4 workers, and tests/test_train.py).
+    Ray Train's handler is wrapped here (its registration is Ray Train's own method,
+    overridden; tests/test_train.py shows the wrapper runs): the first Ctrl-C also starts
+    `_AbortDeadline`."""
+
+    abort_deadline: _AbortDeadline | None = None
+
+    def _register_sigint_handler(self, controller) -> None:
+        super()._register_sigint_handler(controller)
+        ray_trains = signal.getsignal(signal.SIGINT)
+        self.abort_deadline = deadline = _AbortDeadline(controller, float(
+            os.environ.get(ABORT_WAIT_ENV, DEFAULT_ABORT_WAIT_S)))
+
+        def sigint_handler(signum, frame):
+            deadline.start()
+            ray_trains(signum, frame)
+
+        signal.signal(signal.SIGINT, sigint_handler)
+
+
+class _AbortDeadline:
+    """After `wait_s` seconds, the run's controller actor is killed, unless the run ended
+    first (`cancel`). Its worker actors end with it (Ray's ownership); Ray Train's handler,
+    waiting on the abort call, gets the actor's death and exits as after an abort (SystemExit:
+    `_fit_until_ctrl_c` makes it the Ctrl-C it was). The placement group it was waiting for
+    is this job's until the driver exits (a group outlives its creator actor while its job
+    lives; Ray Train's cleaner takes only a placed group): removed here, with any other group
+    the job made since the run's start (a pending group is demand an autoscaler adds nodes
+    for). Started and cancelled in the main thread only (signal handlers run there): no lock."""
+
+    def __init__(self, controller, wait_s: float):
+        self.controller, self.wait_s = controller, wait_s
+        self._timer: threading.Timer | None = None
+        self._groups_before = _groups_of_this_job()
+
+    def start(self) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.wait_s, self._stop)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _stop(self) -> None:
+        logging.getLogger(__name__).warning(
+            "Ray Train did not abort the run within %.0f s of the Ctrl-C (its controller was "
+            "busy, e.g. waiting for room for the workers; %s): stopping the controller, its "
+            "workers and their reserved resources", self.wait_s, ABORT_WAIT_ENV)
+        ray.kill(self.controller, no_restart=True)
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        # (its death first: a group it asked for just before is then known to Ray)
+        ray.wait([self.controller.__ray_ready__.remote()], timeout=10)
+        now = _groups_of_this_job()
+        if now is None or self._groups_before is None:
+            return  # (the groups could not be listed here: they end with the driver)
+        for group in now - self._groups_before:
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
+
+
+def _groups_of_this_job() -> set[str] | None:
+    """The ids of the placement groups this job (the driver) made that are not removed (a
+    group's id ends with its job's); None where Ray cannot list them (Ray Client)."""
+    try:
+        job = ray.get_runtime_context().get_job_id()
+        return {gid for gid, g in ray.util.placement_group_table().items()
+                if gid.endswith(job) and g["state"] != "REMOVED"}
+    except Exception:  # noqa: BLE001 - a convenience; the groups go when the driver exits
+        return None
 
 
 # Ray Train gives up one attempt to place a worker group after this long (its default is 60 s);
