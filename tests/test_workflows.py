@@ -1010,27 +1010,35 @@ def test_sigterm_as_ray_job_stop_sends_it_stops_a_run_as_ctrl_c_does(ray_session
     assert not (storage / "term" / ".lease.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["dashboard", "dead head", "web server's port"])
+@pytest.mark.parametrize("kind", ["dashboard", "dead head", "web server's port", "silent port"])
 def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tmp_path, kind):
     """RAY_ADDRESS as the infra guide exports it for `ray job submit` (the dashboard's
-    http:// address), a head's address where nothing listens, or a port where a web server
-    answers (the dashboard's port without http://, which Ray retried for over 5 minutes): a
+    http:// address), a head's address where nothing listens, a port where a web server
+    answers (the dashboard's port without http://, which Ray retried for over 5 minutes), or
+    a port that takes connections and says nothing (Ray retried it for over 3 minutes): a
     plain workflow command stops with one `error:` line that names RAY_ADDRESS, hides its
     password and says what to do (exit 2), not Ray's traceback nor minutes of Ray's
     connection retries."""
     import http.server
+    import socket
     import threading
 
     from workflows.cluster import free_port
 
     port = free_port()  # nothing listens there ...
     address = {"dashboard": f"http://admin:s3cret@127.0.0.1:{port}",
-               "dead head": f"127.0.0.1:{port}", "web server's port": f"127.0.0.1:{port}"}[kind]
+               "dead head": f"127.0.0.1:{port}", "web server's port": f"127.0.0.1:{port}",
+               "silent port": f"127.0.0.1:{port}"}[kind]
     if kind == "web server's port":  # ... but a web server, on every interface (Ray joins
         # localhost as this node's IP)
         web = http.server.ThreadingHTTPServer(("0.0.0.0", port),
                                               http.server.BaseHTTPRequestHandler)  # (501s)
         threading.Thread(target=web.serve_forever, daemon=True).start()
+    if kind == "silent port":  # connections complete in the kernel's backlog, never answered
+        silent = socket.socket()
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        silent.bind(("0.0.0.0", port))
+        silent.listen(16)
     env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "2"}
     try:
         proc = subprocess.run([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
@@ -1040,6 +1048,8 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
     finally:
         if kind == "web server's port":
             web.shutdown()
+        if kind == "silent port":
+            silent.close()
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     said = lines[0]
@@ -1051,6 +1061,9 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
         assert "ray job submit --working-dir . -- python workflows/<task>.py" in said
     elif kind == "dead head":
         assert f"RAY_ADDRESS=127.0.0.1:{port}: nothing answers at" in said
+    elif kind == "silent port":
+        assert f"RAY_ADDRESS=127.0.0.1:{port}: " in said and \
+            f":{port} takes connections but says nothing" in said
     else:
         assert f"RAY_ADDRESS=127.0.0.1:{port}: " in said and \
             f":{port} answers HTTP/1, as a web server does, not as Ray" in said

@@ -6,8 +6,9 @@ Ray's traceback (which quotes the address whole) or minutes of Ray's own connect
 - the dashboard's http:// address, the one `ray job submit` reads (the infra guide exports it);
 - a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
   default: a head still starting gets that long);
-- a host:port that answers HTTP/1, a web server's (the dashboard's port without `http://`):
-  Ray's GCS and its client server speak gRPC, and Ray would retry that port for minutes;
+- a host:port that answers HTTP/1, a web server's (the dashboard's port without `http://`),
+  or says nothing for SILENT_S seconds: Ray's GCS and its client server speak gRPC and answer
+  at once, and Ray would retry such a port for minutes;
 - an address Ray itself refuses.
 
     join(os.environ["RAY_ADDRESS"], submit="python -m convs2s translate ...", log_to_driver=False)
@@ -132,10 +133,15 @@ def _unreachable(address: str, wait_s: float) -> str | None:
     while True:
         try:
             with socket.create_connection((host, int(port)), timeout=5) as conn:
-                if _speaks_http1(conn):
+                said = _first_answer(conn)
+                if said == b"HTTP/":
                     return (f"{host}:{port} answers HTTP/1, as a web server does, not as Ray: "
                             "correct the address (a dashboard's, with http://, is for `ray "
                             "job submit`)")
+                if said is None:
+                    return (f"{host}:{port} takes connections but says nothing (for "
+                            f"{SILENT_S:g} s; Ray's GCS and client server answer at once): "
+                            "correct the address")
                 return None
         except OSError as err:
             if time.monotonic() >= deadline:
@@ -146,16 +152,26 @@ def _unreachable(address: str, wait_s: float) -> str | None:
         time.sleep(1)
 
 
-def _speaks_http1(conn: socket.socket) -> bool:
-    """Whether the server on `conn` answers an HTTP/1.0 request in HTTP/1 (a web server: the
-    Ray dashboard's port, given without `http://`). A gRPC server answers with HTTP/2 frames;
-    one that says nothing within 3 s is left to Ray."""
+# How long the server at RAY_ADDRESS may say nothing to a request: Ray's GCS and its client
+# server are gRPC servers, which send their HTTP/2 settings as soon as a connection opens
+# (measured: well under 1 ms on a local head). A port that stays silent is something else, and
+# Ray would retry it for minutes (over 3 here, 2026-12-05, until stopped).
+SILENT_S = 10.0
+
+
+def _first_answer(conn: socket.socket) -> bytes | None:
+    """The first 5 bytes the server on `conn` sends after an HTTP/1.0 request (`b"HTTP/"`: a
+    web server, the Ray dashboard's port given without `http://`; a gRPC server answers with
+    HTTP/2 frames); b"" when it closes the connection or resets it, None when it says nothing
+    for SILENT_S seconds."""
     try:
-        conn.settimeout(3)
+        conn.settimeout(SILENT_S)
         conn.sendall(b"GET / HTTP/1.0\r\nHost: ray-address-check\r\n\r\n")
         said = b""
         while len(said) < 5 and (more := conn.recv(5 - len(said))):
             said += more
-        return said == b"HTTP/"
+        return said
+    except socket.timeout:
+        return None
     except OSError:
-        return False
+        return b""
