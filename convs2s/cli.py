@@ -26,7 +26,6 @@ import logging
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from pathlib import Path
 from convs2s.config import INFERENCE_PRECISIONS, SearchConfig
 from convs2s.metrics.task_kinds import KINDS, task_kind
 from storage import StorageError, check_storage, is_uri, location
+from storage.scratch import scratch_dir
 
 # Each command imports what it needs when it runs: `convs2s-translate` does not pay for
 # matplotlib (attention) or sacreBLEU / rouge (score) at start-up.
@@ -391,7 +391,7 @@ def translate(argv: list[str] | None = None) -> int:
         # are written: a failed run never leaves an emptied or half-written output. (In a
         # bucket: a local scratch file, uploaded as one object once complete.)
         tmp = None if not args.output else \
-            Path(tempfile.mkdtemp(prefix="convs2s-translate-")) / "out" if is_uri(args.output) \
+            scratch_dir("convs2s-translate-") / "out" if is_uri(args.output) \
             else Path(f"{args.output}.tmp-{os.getpid()}")
         out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
     except (CheckpointError, OSError, ValueError, PrecisionError, StorageError) as err:

@@ -131,3 +131,26 @@ def _reason(err: OSError) -> str:
     if "connect" in low or "resolve" in low or "curl" in low:
         return f"cannot reach the storage endpoint ({text}); check AWS_ENDPOINT_URL and network"
     return text
+
+
+# Folders of a storage path that are not runs: the data every run shares (a workflow's
+# preprocessing root) and, beside a run in a bucket, the MLflow artifacts
+# (convs2s.tracking.runs)
+RESERVED_RUN_NAMES = {"preprocessed": "the preprocessed data every run shares",
+                      "mlartifacts": "the MLflow artifacts of runs in a bucket"}
+
+
+def run_name_problem(name: str) -> str | None:
+    """What is wrong with `name` as a run's folder under a storage path (a `--run-name`), or
+    None. One folder directly under it: a path (`../x`, `a/b`) would put the run elsewhere
+    (and its keep_last delete checkpoint folders there), "" or "." is the storage path
+    itself, a hidden name hides it (and `.lease.json` is a lease), and a folder the storage
+    path keeps for other things would mix a run into them."""
+    if not name or name.startswith(".") \
+            or not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
+        return (f"--run-name {name!r}: give one folder name of letters, digits, '.', '_' and "
+                "'-', not starting with '.' (the run's folder under --storage-path)")
+    if name in RESERVED_RUN_NAMES:
+        return (f"--run-name {name}: the storage path's {name}/ folder holds "
+                f"{RESERVED_RUN_NAMES[name]}; choose another --run-name")
+    return None

@@ -25,7 +25,6 @@ import io
 import os
 import re
 import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -454,7 +453,11 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
         old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-        shutil.copytree(src, tmp)
+        try:
+            shutil.copytree(src, tmp)
+        except BaseException:  # (a Ctrl-C in a checkpoint's copy: gigabytes, never read)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if dest.exists():
             dest.rename(old)
         tmp.rename(dest)
@@ -500,7 +503,9 @@ def written_locally(dest) -> Iterator[Path]:
     if not isinstance(dest, ObjectPath):
         yield dest
         return
-    scratch = Path(tempfile.mkdtemp(prefix="convs2s-upload-"))
+    from storage.scratch import scratch_dir  # (it needs storage.lease, which needs this)
+
+    scratch = scratch_dir("convs2s-upload-")
     try:
         yield scratch / dest.name
         dest.upload(scratch / dest.name)

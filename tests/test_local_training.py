@@ -133,6 +133,120 @@ def test_bad_arguments_are_one_line(tmp_path, capsys):
     assert "--set 'lr': give KEY=VALUE" in capsys.readouterr().err
 
 
+def _argv(d, storage, name: str, *more: str) -> list[str]:
+    return ["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+            "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(storage),
+            "--run-name", name, "--precision", "fp32", *more]
+
+
+def test_a_run_name_that_is_no_folder_of_its_own_is_refused(demo_batches, tmp_path, capsys):
+    """A --run-name is one folder directly under --storage-path, as in the workflows: `..`
+    put the run's checkpoints (and keep_last's deletions) in the folder above, "" and `.` in
+    the storage path itself, `preprocessed` among the data every run shares."""
+    from convs2s.train.local import main
+
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    for name, said in (("..", "give one folder name"), ("", "give one folder name"),
+                       (".", "give one folder name"), ("a/b", "give one folder name"),
+                       ("preprocessed", "holds the preprocessed data every run shares")):
+        rc = main(_argv(demo_batches, storage, name, "--max-updates", "2"))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and said in err, (name, err)
+    assert list(tmp_path.iterdir()) == [storage] and not list(storage.iterdir())
+
+
+def test_batches_and_vocabularies_preprocessing_did_not_write_together_are_refused(
+        demo_batches, tmp_path, capsys):
+    """A batches folder copied in part (it trained on the rest without a word), a part cut
+    short (the error named no file), an spm model of another size than the batches' (an
+    IndexError at the first update, or a model with the wrong vocabulary) and a file that is
+    not one (a traceback): one line each, exit 2, nothing trained."""
+    import shutil
+
+    import sentencepiece as spm
+
+    from convs2s.train.local import main
+
+    d = demo_batches
+    copy = tmp_path / "copy"
+    shutil.copytree(d.batches["train"], copy)
+    parts = sorted(copy.glob("*.parquet"))
+    parts[-1].unlink()
+    argv = _argv(d, tmp_path / "runs", "r", "--max-updates", "2")
+    cases = []
+    cases.append((argv[:1] + [str(copy)] + argv[2:], "batches in", "but its manifest.json "
+                  "counts"))
+    shutil.rmtree(copy)
+    shutil.copytree(d.batches["train"], copy)
+    parts[0].write_bytes(parts[0].read_bytes()[:100])  # cut short
+    cases.append((argv[:1] + [str(copy)] + argv[2:], f"{parts[0]}: not a readable parquet",
+                  "copy it again"))
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(Path(d.text["test"][0]).read_text().splitlines()[:200]))
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "other"),
+                                   vocab_size=120, minloglevel=2)
+    at = argv.index("--spm-model") + 1
+    cases.append((argv[:at] + [str(tmp_path / "other.model")] + argv[at + 1:],
+                  "has 120 pieces but", f"was encoded with a vocabulary of {d.vocab_size:,}"))
+    (tmp_path / "not.model").write_text("no model here")
+    cases.append((argv[:at] + [str(tmp_path / "not.model")] + argv[at + 1:],
+                  "not.model: not a sentencepiece model", "give the spm.model"))
+    for case, *said in cases:
+        rc = main(case)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert all(s in err for s in said), (said, err)
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_a_run_folder_with_a_model_this_run_did_not_train_is_left_alone(demo_batches,
+                                                                        tmp_path, capsys):
+    """A folder holding a best/ model and no checkpoint to resume from (an exported model
+    put there): a new run there replaced it at its first validation; refused, untouched."""
+    import json
+
+    from convs2s.train.local import main
+
+    best = tmp_path / "exported" / "best"
+    best.mkdir(parents=True)
+    meta = {"epoch": 9, "update": 300, "val_loss": 3.07, "end_of_epoch": True}
+    (best / "meta.json").write_text(json.dumps(meta))
+    (best / "checkpoint.pt").write_bytes(b"weights")
+    rc = main(_argv(demo_batches, tmp_path, "exported", "--max-updates", "2"))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "holds a best/ model (update 300) but no checkpoint to resume from" in err
+    assert json.loads((best / "meta.json").read_text()) == meta
+    assert sorted(p.name for p in best.parent.iterdir()) == ["best"]
+
+
+def test_resuming_a_run_with_another_model_is_one_line(demo_batches, tmp_path, capsys):
+    """--model small on a tiny run's folder: one line naming what differs (it was a page of
+    load_state_dict's tensor shapes); the run's checkpoint is untouched. Another lr resumes
+    (the run's schedule goes on), saying so."""
+    from convs2s.io.checkpoint import list_checkpoints
+    from convs2s.train.local import main
+
+    assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "2")) == 0
+    (kept,) = list_checkpoints(tmp_path / "r")
+    capsys.readouterr()
+    argv = _argv(demo_batches, tmp_path, "r", "--max-updates", "4")
+    argv[argv.index("tiny")] = "small"
+    rc = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "the run's checkpoint is another model than the one asked (" in err
+    assert "in the checkpoint" in err and "its --model" in err
+    assert list_checkpoints(tmp_path / "r") == [kept]
+    # Another lr on resume: the schedule's state decides, and the line says so.
+    assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "3", "--set",
+                      "lr=0.5")) == 0
+    said = capsys.readouterr().out
+    assert "lr 0.5 asked, the checkpoint's run had lr 0.25: its schedule goes on from its own " \
+        "state, lr 0.25 now" in said, said[-2000:]
+
+
 def test_a_second_command_on_a_run_being_trained_is_refused_in_one_line(demo_batches, tmp_path,
                                                                        capsys):
     """Two `convs2s train` on one --run-name would resume from one checkpoint and delete each
@@ -200,8 +314,14 @@ def test_sigterm_stops_the_command_as_ctrl_c_with_its_run_killed(demo_batches, t
                    "log_interval=1", "--max-time", "60s", "--tracking-uri", uri])  # (far)
     err = capsys.readouterr().err
     assert sent and rc == 130, err[-2000:]
-    assert f"interrupted: the checkpoints kept are under {run_dir}; the same command resumes" \
-        in err and "Traceback" not in err
+    from convs2s.io.checkpoint import list_checkpoints
+
+    kept = list_checkpoints(run_dir)  # (an epoch's end may have come first)
+    assert (f"interrupted: the checkpoints kept are under {run_dir}; the same command resumes "
+            f"from the latest (update {kept[-1].update})" if kept else
+            f"interrupted: before the first checkpoint, nothing under {run_dir} to resume "
+            "from; the same command starts the run again") in err, err[-2000:]
+    assert "Traceback" not in err
     assert signal.getsignal(signal.SIGTERM) is before
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("convs2s").experiment_id])

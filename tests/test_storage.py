@@ -279,3 +279,56 @@ def test_bad_locations_are_one_line_before_anything_runs(s3, monkeypatch, tmp_pa
     with pytest.raises(StorageError, match=r"^--storage-path s3://convs2s-test/runs: no AWS "
                                            r"credentials found; set AWS_ACCESS_KEY_ID"):
         check_storage(f"{BUCKET}/runs", "--storage-path")
+
+
+def test_a_local_publish_interrupted_in_its_copy_leaves_no_partial_folder(tmp_path,
+                                                                          monkeypatch):
+    """Ctrl-C while a checkpoint is copied into the run folder: the partial copy (a whole
+    checkpoint at real sizes) goes with the interrupt; it was never read, and never removed."""
+    import shutil
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "checkpoint.pt").write_bytes(b"w" * 1000)
+    (src / "meta.json").write_text("{}")
+    copy = shutil.copytree
+
+    def interrupted(a, b, **kw):
+        copy(a, b, **kw)  # (the files copied, then the key pressed)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copytree", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        publish_dir(src, tmp_path / "run" / "checkpoint_00000036", marker="meta.json")
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_scratch_folders_that_ended_processes_left_behind_are_removed_and_no_others(
+        tmp_path, monkeypatch):
+    """A scratch folder (a checkpoint before it is published, a bucket's metrics.jsonl) of a
+    process killed meanwhile: the next one made with its prefix removes it, once its process
+    provably no longer runs here; a live process's, this process's own, another machine's (or
+    container's) and one named before these names are left alone."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from storage import scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    owner = scratch._owner()
+    names = {"left": f"convs2s-ckpt-{owner}-{ended.pid}-x1", "live": f"convs2s-ckpt-{owner}-1-x2",
+             "mine": f"convs2s-ckpt-{owner}-{os.getpid()}-x3",
+             "elsewhere": f"convs2s-ckpt-0badc0de-{ended.pid}-x4",
+             "older": "convs2s-ckpt-k2j3h4l5", "other prefix": f"convs2s-metrics-{owner}-"
+                                                              f"{ended.pid}-x5"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "checkpoint.pt").write_bytes(b"w")
+    made = scratch.scratch_dir("convs2s-ckpt-")
+    assert made.parent == tmp_path and made.name.startswith(f"convs2s-ckpt-{owner}-"
+                                                            f"{os.getpid()}-")
+    assert not (tmp_path / names["left"]).exists()
+    assert all((tmp_path / n).is_dir() for k, n in names.items() if k != "left")

@@ -29,6 +29,7 @@ from convs2s.config import ModelConfig, SearchConfig, TrainConfig
 from convs2s.metrics.task_kinds import task_kind
 from preprocessing.config import PreprocessConfig, with_demo_source
 from storage import location
+from storage.checks import run_name_problem
 from workflows.errors import SpecError  # noqa: F401  (raised here; imported from here too)
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
 
@@ -314,26 +315,11 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         update_tokens=cfg.update_tokens, update_note=update_note)
 
 
-# Folders of the storage path that are not runs: the data every run shares (RunSpec.data's
-# root) and, beside a run in a bucket, the MLflow artifacts (convs2s.tracking.runs)
-RESERVED_RUN_NAMES = {"preprocessed": "the preprocessed data every run shares",
-                      "mlartifacts": "the MLflow artifacts of runs in a bucket"}
-
-
 def _check_run_name(name: str | None) -> None:
-    """A --run-name is one folder directly under the storage path: a path (`../x`, `a/b`)
-    would put the run elsewhere, a hidden name hides it (and `.lease.json` is a lease), and a
-    folder the storage path keeps for other things would mix a run into them."""
-    if not name:  # (none given: the default, `<preset>-<date>-<time>`)
-        return
-    if name.startswith(".") \
-            or not all(c.isascii() and (c.isalnum() or c in "._-") for c in name):
-        raise SpecError(f"--run-name {name!r}: give one folder name of letters, digits, '.', "
-                        "'_' and '-', not starting with '.' (the run's folder under "
-                        "--storage-path)")
-    if name in RESERVED_RUN_NAMES:
-        raise SpecError(f"--run-name {name}: the storage path's {name}/ folder holds "
-                        f"{RESERVED_RUN_NAMES[name]}; choose another --run-name")
+    """A --run-name is one folder directly under the storage path
+    (`storage.checks.run_name_problem`); none given: the default, `<preset>-<date>-<time>`."""
+    if name and (problem := run_name_problem(name)):
+        raise SpecError(problem)
 
 
 def _set(changes, section: str, field: str) -> bool:

@@ -266,6 +266,23 @@ def _whole(d) -> CheckpointInfo | None:
     return _info(d, meta)
 
 
+def foreign_best(run_dir: str | os.PathLike) -> str | None:
+    """Why a run must not start afresh in `run_dir`, or None: a `best/` model there and no
+    checkpoint to resume from (a model exported or copied there, another tool's run). The
+    new run would replace it at its first validation, its metrics skipped as already
+    logged."""
+    run_dir = location(run_dir)
+    if not (run_dir / BEST_DIR / META_FILE).is_file() or list_checkpoints(run_dir):
+        return None
+    try:
+        at = f" (update {read_info(run_dir / BEST_DIR).update})"
+    except (OSError, ValueError, KeyError):
+        at = ""
+    return (f"{run_dir} holds a best/ model{at} but no checkpoint to resume from: a new run "
+            "there would replace it. Give another --run-name (or --storage-path); if best/ "
+            "is this run's own (killed at its first checkpoint), move it away and rerun")
+
+
 def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,
                      epoch_ends_only: bool = False) -> list[CheckpointInfo]:
     """The `last` newest of `infos` (all if None), optionally only end-of-epoch ones. Of two

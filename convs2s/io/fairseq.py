@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,6 +47,7 @@ import torch
 from convs2s.config import PAD, ModelConfig
 from convs2s.io.text_codec import BPE_CODES, TEXT_FILE, CodecError, read_dictionary
 from storage import ObjectPath, StorageError, local_copy, location, publish_dir
+from storage.scratch import scratch_dir
 
 ARCHIVE_MODEL = "model.pt"
 
@@ -369,7 +369,7 @@ def _whole_folder(out: Path):
                               "or move it away yourself; nothing was changed")
     if isinstance(out, ObjectPath):  # a bucket: filled locally, then published with the
         # WRITTEN_BY object last (storage.publish_dir): whole, or not complete
-        scratch = Path(tempfile.mkdtemp(prefix="convs2s-interop-"))
+        scratch = scratch_dir("convs2s-interop-")
         try:
             yield scratch
             (scratch / WRITTEN_BY).write_text(json.dumps({"pid": os.getpid(),

@@ -18,10 +18,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
-from pathlib import Path
 
 from storage import ObjectPath, location, publish_dir, stamp
+from storage.scratch import scratch_dir
 
 STAGED_FILE = "staged.json"  # in each staged folder: the weights it was made from, written last
 
@@ -57,7 +56,7 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
     if current != wanted:
         local = not isinstance(target, ObjectPath)
         partial = target.with_name(f".partial-{target.name}-{os.getpid()}") if local \
-            else Path(tempfile.mkdtemp(prefix="convs2s-staging-")) / target.name
+            else scratch_dir("convs2s-staging-") / target.name
         shutil.rmtree(partial, ignore_errors=True)
         groups = [list(checkpoints)] if average and len(checkpoints) > 1 else \
             [[c] for c in checkpoints]  # a mean of one is a slim copy

@@ -20,12 +20,12 @@ import logging
 import os
 import queue
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from storage import is_uri, location
+from storage.scratch import scratch_dir
 
 from convs2s.tracking.runs import HTTP_ENV, mlflow_client, warn_unreachable
 
@@ -66,7 +66,7 @@ class RunLogger:
         self.mirror = location(local_path) if is_uri(local_path or "") else None
         self.local_path = Path(local_path) if local_path and not self.mirror else None
         if self.mirror is not None:
-            scratch = Path(tempfile.mkdtemp(prefix="convs2s-metrics-")) / self.mirror.name
+            scratch = scratch_dir("convs2s-metrics-") / self.mirror.name
             try:
                 scratch.write_bytes(self.mirror.read_bytes())  # a resumed run continues it
             except FileNotFoundError:

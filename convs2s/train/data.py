@@ -50,9 +50,7 @@ class TrainFiles:
         """Row counts from the parquet footers (reading every file would take minutes at
         scale: 45 s for the 102k batches of 10M pairs on 2 CPUs)."""
         files = sorted(location(folder).glob("*.parquet"))  # local, or objects in a bucket
-        return cls(tuple(str(f) for f in files),
-                   tuple(pq.read_metadata(key, filesystem=fs).num_rows
-                         for fs, key in map(filesystem_of, files)))
+        return cls(tuple(str(f) for f in files), tuple(_rows(f) for f in files))
 
     @property
     def total(self) -> int:
@@ -60,6 +58,17 @@ class TrainFiles:
 
     def rows_per_rank(self, world: int) -> int:
         return self.total // world
+
+
+def _rows(path) -> int:
+    """A batch file's row count from its footer; a file that is not whole parquet is one line
+    naming it."""
+    fs, key = filesystem_of(path)
+    try:
+        return pq.read_metadata(key, filesystem=fs).num_rows
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ValueError(f"{path}: not a readable parquet batch file ({err}); the batches "
+                         "folder is damaged: copy it again, or rerun preprocessing") from None
 
 
 def epoch_rows(files: TrainFiles, seed: int, epoch: int, world: int, rank: int,
@@ -174,8 +183,44 @@ def split_files(train_data: str, valid_data: str) -> tuple[TrainFiles, TrainFile
                 f"no parquet batch shards in {d} ({split} split): run "
                 "preprocessing.pipeline.run_pipeline first and pass PipelineOutput.batches"
             )
+        # A folder copied in part (or parts removed) reads as a smaller split: trained on
+        # without a word. Its manifest counts the batches written; batches made by other
+        # tools, without one, are taken as they are.
+        counted = read_manifest(d).get("batches")
+        if counted is not None and int(counted) != files.total:
+            raise ValueError(
+                f"{d} ({split} split) holds {files.total:,} batches in {len(files.paths)} "
+                f"file(s), but its {STAGE_MANIFEST} counts {int(counted):,}: the folder is not "
+                "the one preprocessing wrote (copied in part, or files removed or added); copy "
+                "it whole again, or rerun preprocessing")
         found.append(files)
     return found[0], found[1]
+
+
+def check_vocabulary(job) -> None:
+    """Refuse a vocabulary the batches were not encoded with (`job.spm_model`, `job.vocab_size`
+    against the manifest's `vocab_size` and `vocab_path`): a smaller one stopped at the first
+    update with an IndexError, a larger one, or another of the same size, trained a model whose
+    checkpoints carry the wrong sentencepiece model, without a word."""
+    m = read_manifest(job.train_data)
+    if "vocab_size" not in m:
+        return  # batches made by other tools: nothing to compare
+    given = f"--spm-model {job.spm_model}" if job.spm_model else "the job's vocabulary"
+    if job.vocab_size != int(m["vocab_size"]):  # (the source side's, or the joint one's)
+        raise ValueError(
+            f"{given} has {job.vocab_size:,} pieces but {job.train_data} was encoded with a "
+            f"vocabulary of {int(m['vocab_size']):,} ({m.get('vocab_path') or 'its manifest'}):"
+            " give the spm model of that preprocessing output (its spm/spm.model)")
+    used = m.get("vocab_path")
+    if job.spm_model and used and str(location(used)) != str(location(job.spm_model)):
+        try:
+            same = location(used).read_bytes() == location(job.spm_model).read_bytes()
+        except OSError:
+            return  # the data's own model is not where it was (a copied folder): sizes only
+        if not same:
+            raise ValueError(
+                f"{given} is not the sentencepiece model {job.train_data} was encoded with "
+                f"({used}, the same size, other pieces): give that one")
 
 
 def check_updates_fill(batches: int, world: int, update_freq: int) -> None:

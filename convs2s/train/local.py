@@ -24,21 +24,38 @@ from __future__ import annotations
 import contextlib
 import os
 
-from convs2s.io.checkpoint import BEST_DIR, META_FILE, list_checkpoints
-from convs2s.train.data import check_positions, check_updates_fill, split_files
+from convs2s.io.checkpoint import (
+    BEST_DIR,
+    META_FILE,
+    CheckpointError,
+    foreign_best,
+    list_checkpoints,
+)
+from convs2s.train.data import (
+    check_positions,
+    check_updates_fill,
+    check_vocabulary,
+    split_files,
+)
 from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
 from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
 from storage import location
+from storage.checks import run_name_problem
 from storage.lease import LeaseHeld, RunLease
 
 
 def fit_local(job: TrainJob, device=None) -> TrainResult:
     """Train `job` in this process (one rank of a torchrun world when WORLD_SIZE is set);
     resumes from `<storage_path>/<run_name>`'s latest checkpoint when there is one."""
+    if problem := run_name_problem(job.run_name):
+        raise ValueError(problem)
     files, valid_files = split_files(job.train_data, job.valid_data)
     check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
+    check_vocabulary(job)
     run_dir = location(job.storage_path) / job.run_name
+    if problem := foreign_best(run_dir):
+        raise CheckpointError(problem)
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
     check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
     # One command per run folder (storage.lease): a second one on the same --run-name
@@ -170,7 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         spm_file = location(args.spm_model)
         if not spm_file.is_file():
             raise FileNotFoundError(f"--spm-model {args.spm_model} does not exist")
-        vocab = spm.SentencePieceProcessor(model_proto=spm_file.read_bytes()).get_piece_size()
+        try:
+            vocab = spm.SentencePieceProcessor(
+                model_proto=spm_file.read_bytes()).get_piece_size()
+        except RuntimeError as err:
+            raise ValueError(f"--spm-model {args.spm_model}: not a sentencepiece model "
+                             f"({str(err).splitlines()[0][:200]}); give the spm.model of the "
+                             "preprocessing output the batches come from") from None
         job = TrainJob(model=PRESETS[args.model](), train=recipe, train_data=args.train_data,
                        valid_data=args.valid_data, spm_model=args.spm_model, vocab_size=vocab,
                        storage_path=args.storage_path, run_name=args.run_name,
@@ -183,9 +206,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the checkpoints kept are under "
-              f"{location(args.storage_path) / args.run_name}; the same command resumes from "
-              "the latest", file=sys.stderr, flush=True)
+        run_dir = location(args.storage_path) / args.run_name
+        kept = list_checkpoints(run_dir) \
+            if not run_name_problem(args.run_name) and run_dir.is_dir() else []
+        print("\ninterrupted: " + (
+            f"the checkpoints kept are under {run_dir}; the same command resumes from the "
+            f"latest (update {kept[-1].update})" if kept else
+            f"before the first checkpoint, nothing under {run_dir} to resume from; the same "
+            "command starts the run again (--set checkpoint_interval=N checkpoints every N "
+            "updates)"), file=sys.stderr, flush=True)
         return 130
     m = result.metrics
     from convs2s.train.job import STOP_REASONS

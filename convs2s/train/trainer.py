@@ -38,7 +38,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -61,6 +60,7 @@ from convs2s.io.checkpoint import (
 from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.config import ModelConfig
 from storage import location, publish_dir
+from storage.scratch import scratch_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, load_optimizer_state, set_lr
 from convs2s.precision import world_precision
@@ -331,6 +331,7 @@ class Trainer:
                 self.net.load_state_dict(initial_weights(self.job))
             torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
             return Progress(started=time.monotonic())
+        _check_same_model(state, self.job, d)
         self.net.load_state_dict(state["model"])
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
@@ -353,6 +354,11 @@ class Trainer:
             _say(f"[convs2s.train] resumed from update {progress.update} (epoch "
                  f"{progress.epoch} done, {progress.batches_in_epoch} batches into the next, "
                  f"{progress.seconds_before:.0f} s of training spent)")
+            was = (state.get("train_config") or {}).get("lr")
+            if was is not None and float(was) != cfg.lr:  # (the schedule's state decides)
+                _say(f"[convs2s.train] lr {cfg.lr:g} asked, the checkpoint's run had lr "
+                     f"{float(was):g}: its schedule goes on from its own state, lr "
+                     f"{self.schedule.epoch_lr:g} now (a new lr is a new --run-name)")
             # A death between reporting a checkpoint and copying it to best/ left best/ stale:
             # best/ is what this checkpoint says is best.
             fixed = reconcile_best(self.run_dir, self.schedule.best_loss, progress.update)
@@ -511,7 +517,7 @@ class Trainer:
             "train_seconds": progress.seconds(), "precision": self.precision.name,
             "dropout_choice": self.dropout_choice,
         }
-        tmp = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
+        tmp = scratch_dir("convs2s-ckpt-")  # (one a killed worker left is removed later)
         tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
         try:
             save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch,
@@ -724,3 +730,33 @@ class CrashInjection:
                 poll_s = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0))
                 time.sleep(max(1.0, 2.5 * poll_s))
                 os._exit(1)
+
+
+# Model settings a resumed run may change: the dropout (the run's probe chooses it; a
+# fine-tuned model's differs from the checkpoint it came from).
+_RESUMABLE_MODEL_CHANGES = ("dropout",)
+
+
+def _check_same_model(state: dict, job: TrainJob, where) -> None:
+    """Refuse to resume a run's checkpoint with another model (another --model, other
+    layers, another vocabulary): `load_state_dict` would stop with a page of tensor shapes."""
+    saved = dict(state.get("model_config") or {})
+    ours = job.model.to_dict() if saved else {}
+    for key, value in (("src_vocab_size", job.vocab_size),
+                       ("tgt_vocab_size", job.tgt_vocab_size or job.vocab_size)):
+        if key in state:
+            saved[key], ours[key] = state[key], value
+    differ = sorted(k for k in set(saved) | set(ours) if k not in _RESUMABLE_MODEL_CHANGES
+                    and _plain(saved.get(k)) != _plain(ours.get(k)))
+    if differ:
+        raise CheckpointError(
+            f"{where}: the run's checkpoint is another model than the one asked ("
+            + "; ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {ours.get(k)!r} asked"
+                        for k in differ[:3]) + (", ..." if len(differ) > 3 else "")
+            + "): resume with the run's own model settings (its --model), or give another "
+            "--run-name for a new run")
+
+
+def _plain(value):
+    """A setting as JSON gives it back (tuples as lists)."""
+    return json.loads(json.dumps(value))

@@ -1,0 +1,79 @@
+"""Scratch folders in this machine's temporary directory that a killed process does not leave
+behind for good.
+
+A checkpoint is written into a scratch folder before it is published (`best/`, Ray Train's
+copy), a bucket's `metrics.jsonl` is kept in one, uploads and staged weights pass through them.
+Each is removed when its work ends, but a process killed meanwhile (Ray Train restarting a
+worker group after one worker's failure, a node's OOM killer) cannot remove it: a killed
+worker left a whole checkpoint in /tmp (9.7 MB for the demo model; the paper's En-Fr model
+with its optimizer state, gigabytes), and a run preempted again and again fills the disk.
+
+So each folder's name says whose it is, `<prefix><owner>-<pid>-<random>`, the owner a digest
+of this machine's host name, boot id and pid namespace (`storage.lease`: where a pid can be
+looked up). Making a folder first removes those of the same prefix whose process, on this
+machine and in this pid namespace, no longer runs. Folders of a live process, of another
+machine or container sharing the directory, and folders named otherwise (made before this
+module) are left alone: none is removed without proof that its writer is gone.
+
+    tmp = scratch_dir("convs2s-ckpt-")    # /tmp/convs2s-ckpt-1a2b3c4d-4242-k2j3h4
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+from storage.lease import machine_id, pid_namespace
+
+log = logging.getLogger(__name__)
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A new, private folder named `<prefix><owner>-<pid>-<random>` in the temporary directory,
+    made after removing the folders of `prefix` that ended processes of this machine left."""
+    owner = _owner()
+    removed = remove_left_behind(prefix, owner)
+    if removed:
+        log.info("removed %d scratch folder(s) %s* that ended processes left behind",
+                 len(removed), Path(tempfile.gettempdir()) / prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-{os.getpid()}-"))
+
+
+def remove_left_behind(prefix: str, owner: str | None = None) -> list[Path]:
+    """Remove the scratch folders of `prefix` whose process (same owner: this machine and pid
+    namespace) no longer runs; returns them. This process's own are never removed (another
+    thread may be writing one)."""
+    owner = owner or _owner()
+    name = re.compile(rf"{re.escape(prefix)}(?P<owner>[0-9a-f]{{8}})-(?P<pid>\d+)-[^/]+")
+    removed = []
+    for p in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*"):
+        m = name.fullmatch(p.name)
+        if not m or m["owner"] != owner or int(m["pid"]) == os.getpid():
+            continue
+        if _pid_gone(int(m["pid"])) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _owner() -> str:
+    """Where a pid can be looked up: a digest of the host name, boot id and pid namespace."""
+    where = f"{socket.gethostname()}|{machine_id()}|{pid_namespace()}"
+    return hashlib.sha256(where.encode()).hexdigest()[:8]
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
