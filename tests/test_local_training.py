@@ -164,24 +164,25 @@ def test_batches_and_vocabularies_preprocessing_did_not_write_together_are_refus
     not one (a traceback): one line each, exit 2, nothing trained."""
     import shutil
 
+    import pyarrow.parquet as pq
     import sentencepiece as spm
 
     from convs2s.train.local import main
 
     d = demo_batches
-    copy = tmp_path / "copy"
-    shutil.copytree(d.batches["train"], copy)
-    parts = sorted(copy.glob("*.parquet"))
-    parts[-1].unlink()
+    in_part, cut = tmp_path / "in_part", tmp_path / "cut"
+    for copy in (in_part, cut):
+        shutil.copytree(d.batches["train"], copy)
+    first = sorted(in_part.glob("*.parquet"))[0]  # copied in part: half its batches there
+    table = pq.read_table(first)
+    pq.write_table(table.slice(0, table.num_rows // 2), first)
+    short = sorted(cut.glob("*.parquet"))[0]
+    short.write_bytes(short.read_bytes()[:100])  # a part cut short
     argv = _argv(d, tmp_path / "runs", "r", "--max-updates", "2")
-    cases = []
-    cases.append((argv[:1] + [str(copy)] + argv[2:], "batches in", "but its manifest.json "
-                  "counts"))
-    shutil.rmtree(copy)
-    shutil.copytree(d.batches["train"], copy)
-    parts[0].write_bytes(parts[0].read_bytes()[:100])  # cut short
-    cases.append((argv[:1] + [str(copy)] + argv[2:], f"{parts[0]}: not a readable parquet",
-                  "copy it again"))
+    cases = [(argv[:1] + [str(in_part)] + argv[2:], "batches in", "but its manifest.json "
+              "counts"),
+             (argv[:1] + [str(cut)] + argv[2:], f"{short}: not a readable parquet",
+              "copy it again")]
     text = tmp_path / "text.txt"
     text.write_text("\n".join(Path(d.text["test"][0]).read_text().splitlines()[:200]))
     spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "other"),
