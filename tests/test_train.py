@@ -220,8 +220,8 @@ def test_ctrl_c_while_the_workers_wait_for_room_stops_the_run_by_the_abort_deadl
     for them): Ray Train's handler waits on its controller's abort, which a controller placing
     its worker group answers only between tries, if at all (a SIGTERM had not stopped the driver
     10 minutes later). By the abort deadline (here 3 s) the controller is stopped, and what it
-    reserved with it: `fit` raises KeyboardInterrupt, the MLflow run is KILLED, and nothing of
-    the run holds a CPU of the session's Ray."""
+    reserved and asked for with it: `fit` raises KeyboardInterrupt, the MLflow run is KILLED,
+    and nothing of the run holds a CPU of the session's Ray or asks the autoscaler for one."""
     from convs2s.train.launch import ABORT_WAIT_ENV, START_TIMEOUT_ENV
 
     monkeypatch.setenv(ABORT_WAIT_ENV, "3")
@@ -265,11 +265,18 @@ def test_ctrl_c_while_the_workers_wait_for_room_stops_the_run_by_the_abort_deadl
 
 
 def _left_of_the_run(cpus: float, groups_only: bool = False) -> list[str]:
-    """Ray Train controllers alive, and placement groups of `cpus`-CPU bundles not removed."""
+    """Ray Train controllers alive, placement groups of `cpus`-CPU bundles not removed, and
+    such bundles in the request the autoscaler reads (Ray Train's for its workers)."""
+    import json
+
+    from ray.experimental.internal_kv import _internal_kv_get
     from ray.util.state import list_actors, list_placement_groups
 
-    return [f"actor {a.class_name}" for a in list_actors(filters=[("state", "=", "ALIVE")])
-            if a.class_name == "TrainController" and not groups_only] + [
+    asked = [] if groups_only else [
+        f"autoscaler request {b}" for b in json.loads(
+            _internal_kv_get(b"autoscaler_resource_request") or b"[]") if b.get("CPU") == cpus]
+    return asked + [f"actor {a.class_name}" for a in list_actors(filters=[("state", "=", "ALIVE")])
+                    if a.class_name == "TrainController" and not groups_only] + [
         f"placement group {g.placement_group_id} {g.state} {g.bundles}"
         for g in list_placement_groups(detail=True) if g.state != "REMOVED"
         and any(b.get("unit_resources", b).get("CPU") == cpus for b in g.bundles)]

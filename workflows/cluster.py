@@ -104,10 +104,10 @@ def check_local_gpus(spec: RunSpec) -> None:
 def await_cluster_gpus(spec: RunSpec) -> None:
     """On a cluster: wait (bounded, GPU_WAIT_S) until it has the GPUs the training asks for, as
     an autoscaler adds nodes; then stop with a message instead of a silent hang. The wait asks
-    the autoscaler for them (`request_resources`: one bundle per worker, as Ray Train places
-    them): an autoscaler adds nodes only for demand it sees, and waiting is none, so GPU node
-    types with `min_workers: 0` (infra/cluster-aws.yaml) were never started. The request is
-    withdrawn when the wait ends: the training's own placement group keeps the nodes."""
+    the autoscaler for them (`_GpuRequest`): an autoscaler adds nodes only for demand it sees,
+    and waiting is none, so GPU node types with `min_workers: 0` (infra/cluster-aws.yaml) were
+    never started. The request is withdrawn when the wait ends: the training's own request
+    (Ray Train's, the same bundles) and placement group take over."""
     import ray
 
     need = _gpu_request(spec)
@@ -115,18 +115,16 @@ def await_cluster_gpus(spec: RunSpec) -> None:
         return
     kind = spec.accelerator_type
     what = f"{kind} GPU" if kind else "GPU"
-    # (Ray Train asks for a sliver of the GPU model's node resource: nodes of that model only)
-    bundle = {"CPU": spec.cpus_per_worker, "GPU": 1.0,
-              **({f"accelerator_type:{kind}": 0.001} if kind else {})}
-    deadline, said = time.monotonic() + GPU_WAIT_S, False
+    deadline, request = time.monotonic() + GPU_WAIT_S, None
     try:
         while (have := gpus_of(ray.nodes(), kind)) < need:
-            if not said:
-                asked = _ask_autoscaler([bundle] * need)
+            if request is None:
+                request = _GpuRequest(spec, need)
                 log.warning("the cluster has %g of the %d %ss training asks for: %swaiting up "
-                            "to %.0f s", have, need, what,
-                            "asked its autoscaler for them, " if asked else "", GPU_WAIT_S)
-                said = True
+                            "to %.0f s", have, need, what, "asked its autoscaler for them, "
+                            if request.send() else "", GPU_WAIT_S)
+            else:
+                request.send()  # (again every 20 s: the coordinator drops a request after 3 min)
             if time.monotonic() > deadline:
                 raise SpecError(
                     f"the cluster has {have:g} {what}(s) after {GPU_WAIT_S:.0f} s but training "
@@ -140,47 +138,48 @@ def await_cluster_gpus(spec: RunSpec) -> None:
                        else "GPU worker nodes") + " (infra/cluster-aws.yaml)")
             time.sleep(min(10.0, max(0.1, deadline - time.monotonic())))
     finally:
-        if said:
-            _withdraw(*asked)
+        if request is not None:
+            request.cancel()
 
 
-# Where Ray keeps the autoscaler's standing request (its v1 autoscaler reads it there).
-_REQUEST_KEY = b"autoscaler_resource_request"
+class _GpuRequest:
+    """The training's GPUs asked of the cluster's autoscaler while the workflow waits for them,
+    through Ray's autoscaling coordinator: the actor Ray Train and Ray Data send their own
+    requests through, which merges them into the one standing request the autoscaler reads
+    (`request_resources`) and sends it again every 20 s, so a request made beside it lasted
+    20 s at most. One bundle per worker, as Ray Train asks for and places them (its
+    `ScalingConfig`, the GPU model's sliver included: nodes of that model only). Ray's client
+    for it is internal to Ray Train (Ray is pinned, pyproject.toml); where it cannot be used
+    (another Ray), the wait goes on without a request, saying so."""
 
+    def __init__(self, spec: RunSpec, need: int):
+        import uuid
 
-def _ask_autoscaler(bundles: list[dict]) -> tuple[list[dict], bytes | None] | tuple[()]:
-    """`request_resources(bundles=...)`: (ours, the request it replaced), or () where it
-    cannot be made (Ray Client has no GCS connection of its own): the wait goes on without."""
-    try:
-        from ray.autoscaler.sdk import request_resources
-        from ray.experimental.internal_kv import _internal_kv_get
+        self.need, self.client, self.sent = need, None, False
+        try:
+            from ray.train import ScalingConfig
+            from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client \
+                import TrainAutoscalingCoordinatorClient
 
-        before = _internal_kv_get(_REQUEST_KEY)
-        request_resources(bundles=bundles)
-        return bundles, before
-    except Exception as err:  # noqa: BLE001 - a hint to the autoscaler, not the wait itself
-        log.warning("could not ask the autoscaler for the GPUs (%s): waiting for them anyway",
-                    type(err).__name__)
-        return ()
+            self.config = ScalingConfig(
+                num_workers=need, use_gpu=True, accelerator_type=spec.accelerator_type,
+                resources_per_worker={"CPU": spec.cpus_per_worker, "GPU": 1})
+            self.client = TrainAutoscalingCoordinatorClient(f"convs2s-gpus-{uuid.uuid4().hex}")
+        except Exception as err:  # noqa: BLE001 - a hint to the autoscaler, not the wait
+            log.warning("could not ask the autoscaler for the GPUs (%s): waiting for them "
+                        "anyway", type(err).__name__)
 
+    def send(self) -> bool:
+        """Ask (again, once 20 s have passed since the last time); whether a request stands."""
+        if self.client is None:
+            return False
+        self.client.maybe_send_resource_request(self.config, self.need)  # (logs its failure)
+        self.sent = True
+        return True
 
-def _withdraw(bundles: list[dict] | None = None, before: bytes | None = None) -> None:
-    """Put back the request ours replaced (none: an empty one), unless another command has
-    replaced ours since (its request stands)."""
-    if bundles is None:
-        return
-    try:
-        import json
-
-        from ray.autoscaler.sdk import request_resources
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        now = _internal_kv_get(_REQUEST_KEY)
-        if now is not None and json.loads(now) != bundles:
-            return
-        request_resources(bundles=json.loads(before) if before else [])
-    except Exception:  # noqa: BLE001 - a hint to the autoscaler
-        pass
+    def cancel(self) -> None:
+        if self.sent:
+            self.client.cancel_resource_request()
 
 
 def check_shared_storage(storage: str) -> None:

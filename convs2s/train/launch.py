@@ -179,7 +179,8 @@ class _TorchTrainer(ray.train.torch.TorchTrainer):
         super()._register_sigint_handler(controller)
         ray_trains = signal.getsignal(signal.SIGINT)
         self.abort_deadline = deadline = _AbortDeadline(controller, float(
-            os.environ.get(ABORT_WAIT_ENV, DEFAULT_ABORT_WAIT_S)))
+            os.environ.get(ABORT_WAIT_ENV, DEFAULT_ABORT_WAIT_S)),
+            f"train-{self.train_run_context.run_id}")
 
         def sigint_handler(signum, frame):
             deadline.start()
@@ -196,10 +197,12 @@ class _AbortDeadline:
     is this job's until the driver exits (a group outlives its creator actor while its job
     lives; Ray Train's cleaner takes only a placed group): removed here, with any other group
     the job made since the run's start (a pending group is demand an autoscaler adds nodes
-    for). Started and cancelled in the main thread only (signal handlers run there): no lock."""
+    for). So is the controller's request to the autoscaler for the workers (`requester`, Ray
+    Train's name for it in Ray's autoscaling coordinator; it would stand 3 minutes more).
+    Started and cancelled in the main thread only (signal handlers run there): no lock."""
 
-    def __init__(self, controller, wait_s: float):
-        self.controller, self.wait_s = controller, wait_s
+    def __init__(self, controller, wait_s: float, requester: str):
+        self.controller, self.wait_s, self.requester = controller, wait_s, requester
         self._timer: threading.Timer | None = None
         self._groups_before = _groups_of_this_job()
 
@@ -224,10 +227,16 @@ class _AbortDeadline:
         # (its death first: a group it asked for just before is then known to Ray)
         ray.wait([self.controller.__ray_ready__.remote()], timeout=10)
         now = _groups_of_this_job()
-        if now is None or self._groups_before is None:
-            return  # (the groups could not be listed here: they end with the driver)
-        for group in now - self._groups_before:
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
+        if now is not None and self._groups_before is not None:  # (else: with the driver)
+            for group in now - self._groups_before:
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
+        try:  # (Ray Train's own client of the coordinator; Ray is pinned, pyproject.toml)
+            from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client \
+                import TrainAutoscalingCoordinatorClient
+
+            TrainAutoscalingCoordinatorClient(self.requester).cancel_resource_request()
+        except ImportError:
+            pass  # (it expires 3 minutes after the controller last sent it)
 
 
 def _groups_of_this_job() -> set[str] | None:
