@@ -248,6 +248,24 @@ def test_resuming_a_run_with_another_model_is_one_line(demo_batches, tmp_path, c
         "state, lr 0.25 now" in said, said[-2000:]
 
 
+def test_a_checkpoint_from_before_a_model_field_existed_resumes_as_the_same_model():
+    """A checkpoint's model_config from before src_positions / tgt_positions (2026-11-24) is
+    the same model as a preset with their defaults: resumed, not refused; another layer count
+    is refused, naming it."""
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.train.trainer import _check_same_model
+
+    tiny = PRESETS["tiny"]()
+    job = TrainJob(model=tiny, train=TrainConfig(), train_data="d", valid_data="v",
+                   spm_model="", vocab_size=400, storage_path="runs", run_name="r")
+    old = {k: v for k, v in tiny.to_dict().items() if k not in ("src_positions", "tgt_positions")}
+    _check_same_model({"model_config": old, "src_vocab_size": 400, "tgt_vocab_size": 400}, job,
+                      "runs/r/checkpoint_00000010")
+    other = {**old, "decoder_layers": [[64, 3]]}
+    with pytest.raises(CheckpointError, match="decoder_layers: .* in the checkpoint"):
+        _check_same_model({"model_config": other}, job, "runs/r/checkpoint_00000010")
+
+
 def test_a_second_command_on_a_run_being_trained_is_refused_in_one_line(demo_batches, tmp_path,
                                                                        capsys):
     """Two `convs2s train` on one --run-name would resume from one checkpoint and delete each

@@ -148,38 +148,71 @@ class _GpuRequest:
     requests through, which merges them into the one standing request the autoscaler reads
     (`request_resources`) and sends it again every 20 s, so a request made beside it lasted
     20 s at most. One bundle per worker, as Ray Train asks for and places them (its
-    `ScalingConfig`, the GPU model's sliver included: nodes of that model only). Ray's client
-    for it is internal to Ray Train (Ray is pinned, pyproject.toml); where it cannot be used
-    (another Ray), the wait goes on without a request, saying so."""
+    `ScalingConfig`, the GPU model's sliver included: nodes of that model only); sent again
+    every 20 s (the coordinator drops a request 3 minutes after it was last sent), withdrawn
+    by `cancel`. The coordinator is internal to Ray (Ray is pinned, pyproject.toml); where it
+    cannot be reached, the wait goes on without a request, saying so once."""
+
+    EXPIRE_S, AGAIN_S, ANSWER_S = 180.0, 20.0, 10.0
 
     def __init__(self, spec: RunSpec, need: int):
         import uuid
 
-        self.need, self.client, self.sent = need, None, False
+        self.requester = f"convs2s-gpus-{uuid.uuid4().hex}"
+        self.coordinator, self.bundles, self.sent_at, self.failed = None, [], None, False
         try:
+            from ray.data._internal.cluster_autoscaler import (
+                get_or_create_autoscaling_coordinator,
+            )
             from ray.train import ScalingConfig
-            from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client \
-                import TrainAutoscalingCoordinatorClient
+            from ray.train._internal.autoscaling_coordinator_client import (
+                build_train_resource_request,
+            )
 
-            self.config = ScalingConfig(
+            self.bundles, self.selectors = build_train_resource_request(ScalingConfig(
                 num_workers=need, use_gpu=True, accelerator_type=spec.accelerator_type,
-                resources_per_worker={"CPU": spec.cpus_per_worker, "GPU": 1})
-            self.client = TrainAutoscalingCoordinatorClient(f"convs2s-gpus-{uuid.uuid4().hex}")
+                resources_per_worker={"CPU": spec.cpus_per_worker, "GPU": 1}), need)
+            self.coordinator = get_or_create_autoscaling_coordinator()
         except Exception as err:  # noqa: BLE001 - a hint to the autoscaler, not the wait
-            log.warning("could not ask the autoscaler for the GPUs (%s): waiting for them "
-                        "anyway", type(err).__name__)
+            self._failed(err)
 
     def send(self) -> bool:
-        """Ask (again, once 20 s have passed since the last time); whether a request stands."""
-        if self.client is None:
+        """Ask (again, once AGAIN_S have passed since the last time); whether a request
+        stands."""
+        import ray
+
+        if self.coordinator is None:
             return False
-        self.client.maybe_send_resource_request(self.config, self.need)  # (logs its failure)
-        self.sent = True
-        return True
+        if self.sent_at is not None and time.monotonic() - self.sent_at < self.AGAIN_S:
+            return True
+        try:
+            ray.get(self.coordinator.request_resources.remote(
+                requester_id=self.requester, resources=self.bundles,
+                label_selectors=self.selectors, expire_after_s=self.EXPIRE_S),
+                timeout=self.ANSWER_S)
+            self.sent_at = time.monotonic()
+            return True
+        except Exception as err:  # noqa: BLE001
+            self._failed(err)
+            return self.sent_at is not None  # (an earlier one stands until it expires)
 
     def cancel(self) -> None:
-        if self.sent:
-            self.client.cancel_resource_request()
+        import ray
+
+        if self.sent_at is None:
+            return
+        try:
+            ray.get(self.coordinator.cancel_request.remote(self.requester),
+                    timeout=self.ANSWER_S)
+        except Exception as err:  # noqa: BLE001 - it expires EXPIRE_S after the last send
+            self._failed(err)
+
+    def _failed(self, err: Exception) -> None:
+        if not self.failed:
+            self.failed = True
+            log.warning("could not ask the autoscaler for the GPUs (%s: %s): waiting for them "
+                        "anyway", type(err).__name__, str(err).splitlines()[0][:200]
+                        if str(err) else "")
 
 
 def check_shared_storage(storage: str) -> None:

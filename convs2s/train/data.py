@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from convs2s.train.job import RunRefused
 from storage import filesystem_of, is_uri, location
 
 
@@ -66,8 +67,8 @@ def _rows(path) -> int:
     fs, key = filesystem_of(path)
     try:
         return pq.read_metadata(key, filesystem=fs).num_rows
-    except (pa.ArrowInvalid, OSError) as err:
-        raise ValueError(f"{path}: not a readable parquet batch file ({err}); the batches "
+    except pa.ArrowInvalid as err:  # (not a storage error: those say what they are)
+        raise RunRefused(f"{path}: not a readable parquet batch file ({err}); the batches "
                          "folder is damaged: copy it again, or rerun preprocessing") from None
 
 
@@ -188,7 +189,7 @@ def split_files(train_data: str, valid_data: str) -> tuple[TrainFiles, TrainFile
         # tools, without one, are taken as they are.
         counted = read_manifest(d).get("batches")
         if counted is not None and int(counted) != files.total:
-            raise ValueError(
+            raise RunRefused(
                 f"{d} ({split} split) holds {files.total:,} batches in {len(files.paths)} "
                 f"file(s), but its {STAGE_MANIFEST} counts {int(counted):,}: the folder is not "
                 "the one preprocessing wrote (copied in part, or files removed or added); copy "
@@ -207,7 +208,7 @@ def check_vocabulary(job) -> None:
         return  # batches made by other tools: nothing to compare
     given = f"--spm-model {job.spm_model}" if job.spm_model else "the job's vocabulary"
     if job.vocab_size != int(m["vocab_size"]):  # (the source side's, or the joint one's)
-        raise ValueError(
+        raise RunRefused(
             f"{given} has {job.vocab_size:,} pieces but {job.train_data} was encoded with a "
             f"vocabulary of {int(m['vocab_size']):,} ({m.get('vocab_path') or 'its manifest'}):"
             " give the spm model of that preprocessing output (its spm/spm.model)")
@@ -218,7 +219,7 @@ def check_vocabulary(job) -> None:
         except OSError:
             return  # the data's own model is not where it was (a copied folder): sizes only
         if not same:
-            raise ValueError(
+            raise RunRefused(
                 f"{given} is not the sentencepiece model {job.train_data} was encoded with "
                 f"({used}, the same size, other pieces): give that one")
 

@@ -74,6 +74,12 @@ class TrainJob:
         return dataclasses.replace(self, **changes)
 
 
+class RunRefused(ValueError):
+    """A training run refused before it starts, for its name, its data or its folder: the
+    message is the one line to print, naming what and the fix (a workflow's `error:` line,
+    exit 2)."""
+
+
 class WorkersNotPlaced(RuntimeError):
     """Ray Train could not place the run's workers within `TrainJob.placement_wait_s` (a lost
     node not replaced, a cluster too small); the run stopped at its latest checkpoint and the

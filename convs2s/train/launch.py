@@ -52,7 +52,6 @@ from ray.train import (
 from convs2s.console import sigterm_as_ctrl_c
 from convs2s.io.checkpoint import (
     BEST_DIR,
-    CheckpointError,
     foreign_best,
     list_checkpoints,
 )
@@ -62,7 +61,7 @@ from convs2s.train.data import (
     check_vocabulary,
     split_files,
 )
-from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
+from convs2s.train.job import RunRefused, TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
 from convs2s.train.memory_fit import BudgetTooLarge
 from convs2s.train.trainer import UNFIT_KEY, CrashInjection, train_loop_per_worker
@@ -75,7 +74,7 @@ from storage.checks import run_name_problem
 def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
     if problem := run_name_problem(job.run_name):
-        raise ValueError(problem)
+        raise RunRefused(problem)
     # bad or incomplete data: refused before any run starts
     files, valid_files = split_files(job.train_data, job.valid_data)
     check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
@@ -84,7 +83,7 @@ def fit(job: TrainJob) -> TrainResult:
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
     if problem := foreign_best(run_dir):
-        raise CheckpointError(problem)
+        raise RunRefused(problem)
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
     ray_fs, ray_path = filesystem_of(storage)
     uri, run_id = open_train_run(job, run_dir, files, {"num_workers": job.num_workers,
@@ -213,30 +212,48 @@ class _AbortDeadline:
             self._timer.start()
 
     def cancel(self) -> None:
+        """The run ended: no stop; one under way is waited for (bounded), so that the driver
+        does not shut Ray down under it."""
         if self._timer is not None:
             self._timer.cancel()
+            self._timer.join(30)
 
     def _stop(self) -> None:
-        logging.getLogger(__name__).warning(
+        log = logging.getLogger(__name__)
+        log.warning(
             "Ray Train did not abort the run within %.0f s of the Ctrl-C (its controller was "
             "busy, e.g. waiting for room for the workers; %s): stopping the controller, its "
             "workers and their reserved resources", self.wait_s, ABORT_WAIT_ENV)
-        ray.kill(self.controller, no_restart=True)
-        from ray.util.placement_group import PlacementGroup, remove_placement_group
+        for step, what in ((self._kill, "its controller"), (self._remove_groups,
+                                                             "its placement group"),
+                           (self._cancel_request, "its autoscaler request")):
+            try:
+                step()
+            except Exception as err:  # noqa: BLE001 - each its own; the driver's exit ends them
+                log.warning("could not stop %s (%s: %s); it ends with this command",
+                            what, type(err).__name__, str(err).splitlines()[0][:200]
+                            if str(err) else "")
 
+    def _kill(self) -> None:
+        ray.kill(self.controller, no_restart=True)
         # (its death first: a group it asked for just before is then known to Ray)
         ray.wait([self.controller.__ray_ready__.remote()], timeout=10)
+
+    def _remove_groups(self) -> None:
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
         now = _groups_of_this_job()
         if now is not None and self._groups_before is not None:  # (else: with the driver)
             for group in now - self._groups_before:
                 remove_placement_group(PlacementGroup(ray.PlacementGroupID.from_hex(group)))
-        try:  # (Ray Train's own client of the coordinator; Ray is pinned, pyproject.toml)
-            from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client \
-                import TrainAutoscalingCoordinatorClient
 
-            TrainAutoscalingCoordinatorClient(self.requester).cancel_resource_request()
-        except ImportError:
-            pass  # (it expires 3 minutes after the controller last sent it)
+    def _cancel_request(self) -> None:
+        # (Ray Train's own client of the coordinator; Ray is pinned, pyproject.toml. Without
+        # it the request expires 3 minutes after the controller last sent it.)
+        from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client \
+            import TrainAutoscalingCoordinatorClient
+
+        TrainAutoscalingCoordinatorClient(self.requester).cancel_resource_request()
 
 
 def _groups_of_this_job() -> set[str] | None:

@@ -27,7 +27,6 @@ import os
 from convs2s.io.checkpoint import (
     BEST_DIR,
     META_FILE,
-    CheckpointError,
     foreign_best,
     list_checkpoints,
 )
@@ -37,7 +36,7 @@ from convs2s.train.data import (
     check_vocabulary,
     split_files,
 )
-from convs2s.train.job import TrainJob, TrainResult
+from convs2s.train.job import RunRefused, TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
 from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
 from storage import location
@@ -49,13 +48,13 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     """Train `job` in this process (one rank of a torchrun world when WORLD_SIZE is set);
     resumes from `<storage_path>/<run_name>`'s latest checkpoint when there is one."""
     if problem := run_name_problem(job.run_name):
-        raise ValueError(problem)
+        raise RunRefused(problem)
     files, valid_files = split_files(job.train_data, job.valid_data)
     check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
     check_vocabulary(job)
     run_dir = location(job.storage_path) / job.run_name
     if problem := foreign_best(run_dir):
-        raise CheckpointError(problem)
+        raise RunRefused(problem)
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
     check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
     # One command per run folder (storage.lease): a second one on the same --run-name
@@ -207,8 +206,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         run_dir = location(args.storage_path) / args.run_name
-        kept = list_checkpoints(run_dir) \
-            if not run_name_problem(args.run_name) and run_dir.is_dir() else []
+        try:
+            kept = list_checkpoints(run_dir) \
+                if not run_name_problem(args.run_name) and run_dir.is_dir() else []
+        except (OSError, KeyboardInterrupt):  # (a bucket that does not answer, a second key)
+            kept = None
+        if kept is None:
+            print(f"\ninterrupted: the same command resumes from the latest checkpoint under "
+                  f"{run_dir}, if one was made", file=sys.stderr, flush=True)
+            return 130
         print("\ninterrupted: " + (
             f"the checkpoints kept are under {run_dir}; the same command resumes from the "
             f"latest (update {kept[-1].update})" if kept else

@@ -497,6 +497,7 @@ class Trainer:
         # An epoch's end at an update already checkpointed (an interval checkpoint at the
         # epoch's last update, or the one a rerun resumed from) gets a name of its own.
         again = end_of_epoch and progress.update == self._checkpointed
+        first = self._checkpointed == 0  # the run's first checkpoint (none to resume from)
         self._checkpointed = progress.update
         rngs = comm.gather_objects(capture_rng_state())
         if comm.rank != 0:
@@ -525,10 +526,16 @@ class Trainer:
             # best/ before the report: a death in between leaves a best/ newer than the
             # checkpoint resumed from, which the resumed run repairs (reconcile_best); after
             # the report, the checkpoint Ray keeps could be the best with no best/ copy of it.
-            if is_best and val_loss is not None:  # meta.json last: best/ is whole or absent
+            # But the run's first checkpoint goes first: a best/ with no checkpoint beside it
+            # is taken for another run's model (checkpoint.foreign_best), and a death after it
+            # leaves the checkpoint with no best/, which reconcile_best makes from it.
+            best = is_best and val_loss is not None  # meta.json last: best/ whole or absent
+            if best and not first:
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
             self.runtime.report(metrics, tmp, checkpoint_dir_name(
                 progress.update, progress.epoch if again else None))
+            if best and first:
+                publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
             if self.logger is not None:
                 self.logger.sync()  # metrics.jsonl in a bucket: as of this checkpoint
         finally:
@@ -740,7 +747,11 @@ _RESUMABLE_MODEL_CHANGES = ("dropout",)
 def _check_same_model(state: dict, job: TrainJob, where) -> None:
     """Refuse to resume a run's checkpoint with another model (another --model, other
     layers, another vocabulary): `load_state_dict` would stop with a page of tensor shapes."""
-    saved = dict(state.get("model_config") or {})
+    saved = state.get("model_config")
+    try:  # (defaults filled: a checkpoint from before a field existed has the default's)
+        saved = ModelConfig.from_dict(saved).to_dict() if saved else {}
+    except (TypeError, ValueError):
+        saved = dict(saved)
     ours = job.model.to_dict() if saved else {}
     for key, value in (("src_vocab_size", job.vocab_size),
                        ("tgt_vocab_size", job.tgt_vocab_size or job.vocab_size)):
