@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from preprocessing.errors import PreprocessError, user_errors
 from storage import (ObjectPath, filesystem_of, is_uri, location, publish_dir, remove_tree,
                      stamp)
-from storage.lease import machine_id, pid_namespace, pids_comparable
+from storage.lease import machine_id, pid_gone, pid_namespace, pids_comparable
 
 log = logging.getLogger("preprocessing")
 
@@ -258,15 +258,7 @@ def _writer_gone(partial: Path) -> bool:
 def _pid_gone(pid: int) -> bool:
     """Whether this host's process `pid` provably no longer writes: it does not run, or it is
     this process (which runs one stage at a time: an earlier failed attempt's)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    return False
+    return pid == os.getpid() or pid_gone(pid)
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:

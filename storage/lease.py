@@ -85,7 +85,9 @@ def pids_comparable(owner: dict, legacy: bool = True) -> bool:
         owner.get("pidns", pid_namespace()) == pid_namespace()
 
 
-def _pid_gone(pid: int) -> bool:
+def pid_gone(pid: int) -> bool:
+    """Whether process `pid` of this machine and pid namespace no longer runs (one of another
+    user, which cannot be signalled, runs)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -129,7 +131,7 @@ class RunLease:
     def _stale(self, held: dict) -> str | None:
         """Why a held lease is stale (its holder gone), or None (live)."""
         if pids_comparable(held, legacy=False) and isinstance(held.get("pid"), int) \
-                and held["pid"] != os.getpid() and _pid_gone(held["pid"]):
+                and held["pid"] != os.getpid() and pid_gone(held["pid"]):
             return f"its holder (pid {held['pid']} on this host) is gone"
         if float(held.get("expires", 0)) < time.time():
             renewed = float(held.get("renewed", 0))

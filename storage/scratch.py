@@ -30,7 +30,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from storage.lease import machine_id, pid_namespace
+from storage.lease import machine_id, pid_gone, pid_namespace
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def remove_left_behind(prefix: str, owner: str | None = None) -> list[Path]:
         m = name.fullmatch(p.name)
         if not m or m["owner"] != owner or int(m["pid"]) == os.getpid():
             continue
-        if _pid_gone(int(m["pid"])) and p.is_dir() and not p.is_symlink():
+        if pid_gone(int(m["pid"])) and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -67,13 +67,3 @@ def _owner() -> str:
     """Where a pid can be looked up: a digest of the host name, boot id and pid namespace."""
     where = f"{socket.gethostname()}|{machine_id()}|{pid_namespace()}"
     return hashlib.sha256(where.encode()).hexdigest()[:8]
-
-
-def _pid_gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # alive, another user's
-    return False

@@ -198,6 +198,27 @@ def split_files(train_data: str, valid_data: str) -> tuple[TrainFiles, TrainFile
     return found[0], found[1]
 
 
+def preflight(job, world: int) -> tuple[TrainFiles, TrainFiles]:
+    """What both launchers (Ray Train's `fit`, `fit_local`) refuse before a run starts, each
+    one line (RunRefused, or the checks' ValueError): a --run-name that is not one folder
+    (storage.checks), data that is not what preprocessing wrote or that the run cannot use
+    (its files against their manifest, positions, vocabulary, an update the split cannot fill
+    on `world` ranks), and a run folder holding a model it did not train (foreign_best).
+    Returns the training and validation files."""
+    from convs2s.io.checkpoint import foreign_best  # (here: the checks need no torch)
+    from storage.checks import run_name_problem
+
+    if problem := run_name_problem(job.run_name):
+        raise RunRefused(problem)
+    files, valid_files = split_files(job.train_data, job.valid_data)
+    check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
+    check_vocabulary(job)
+    check_updates_fill(files.total, world, job.train.update_freq)
+    if problem := foreign_best(location(job.storage_path) / job.run_name):
+        raise RunRefused(problem)
+    return files, valid_files
+
+
 def check_vocabulary(job) -> None:
     """Refuse a vocabulary the batches were not encoded with (`job.spm_model`, `job.vocab_size`
     against the manifest's `vocab_size` and `vocab_path`): a smaller one stopped at the first

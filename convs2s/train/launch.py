@@ -52,38 +52,24 @@ from ray.train import (
 from convs2s.console import sigterm_as_ctrl_c
 from convs2s.io.checkpoint import (
     BEST_DIR,
-    foreign_best,
     list_checkpoints,
 )
-from convs2s.train.data import (
-    check_positions,
-    check_updates_fill,
-    check_vocabulary,
-    split_files,
-)
-from convs2s.train.job import RunRefused, TrainJob, TrainResult, WorkersNotPlaced
+from convs2s.train.data import preflight
+from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
 from convs2s.train.memory_fit import BudgetTooLarge
 from convs2s.train.trainer import UNFIT_KEY, CrashInjection, train_loop_per_worker
 from storage import filesystem_of, is_uri, location
-from storage.checks import run_name_problem
 
 # --- driver -------------------------------------------------------------------------------------
 
 
 def fit(job: TrainJob) -> TrainResult:
     """Train `job` on Ray Train; resumes when `<storage_path>/<run_name>` already holds a run."""
-    if problem := run_name_problem(job.run_name):
-        raise RunRefused(problem)
-    # bad or incomplete data: refused before any run starts
-    files, valid_files = split_files(job.train_data, job.valid_data)
-    check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
-    check_vocabulary(job)
-    check_updates_fill(files.total, job.num_workers, job.train.update_freq)
+    # a bad name, bad or incomplete data, another run's folder: refused before any run starts
+    files, valid_files = preflight(job, job.num_workers)
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
-    if problem := foreign_best(run_dir):
-        raise RunRefused(problem)
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
     ray_fs, ray_path = filesystem_of(storage)
     uri, run_id = open_train_run(job, run_dir, files, {"num_workers": job.num_workers,

@@ -27,16 +27,10 @@ import os
 from convs2s.io.checkpoint import (
     BEST_DIR,
     META_FILE,
-    foreign_best,
     list_checkpoints,
 )
-from convs2s.train.data import (
-    check_positions,
-    check_updates_fill,
-    check_vocabulary,
-    split_files,
-)
-from convs2s.train.job import RunRefused, TrainJob, TrainResult
+from convs2s.train.data import preflight
+from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
 from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
 from storage import location
@@ -47,16 +41,9 @@ from storage.lease import LeaseHeld, RunLease
 def fit_local(job: TrainJob, device=None) -> TrainResult:
     """Train `job` in this process (one rank of a torchrun world when WORLD_SIZE is set);
     resumes from `<storage_path>/<run_name>`'s latest checkpoint when there is one."""
-    if problem := run_name_problem(job.run_name):
-        raise RunRefused(problem)
-    files, valid_files = split_files(job.train_data, job.valid_data)
-    check_positions(job.model.max_positions, train=job.train_data, valid=job.valid_data)
-    check_vocabulary(job)
     run_dir = location(job.storage_path) / job.run_name
-    if problem := foreign_best(run_dir):
-        raise RunRefused(problem)
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
-    check_updates_fill(files.total, runtime.world_size, job.train.update_freq)
+    files, valid_files = preflight(job, runtime.world_size)  # (on every rank alike)
     # One command per run folder (storage.lease): a second one on the same --run-name
     # resumed from the same checkpoint, and each one's keep_last deleted the other's.
     with _run_lease(run_dir, runtime, job):
