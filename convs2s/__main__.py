@@ -3,6 +3,10 @@ export-fairseq} ...: see convs2s/cli.py."""
 
 import sys
 
-from convs2s.cli import main
+try:
+    from convs2s.cli import main
 
-sys.exit(main())
+    sys.exit(main())
+except KeyboardInterrupt:  # (a Ctrl-C before a command took it, e.g. while torch imports)
+    print("\ninterrupted", file=sys.stderr)
+    sys.exit(130)

@@ -266,6 +266,23 @@ def test_a_checkpoint_from_before_a_model_field_existed_resumes_as_the_same_mode
         _check_same_model({"model_config": other}, job, "runs/r/checkpoint_00000010")
 
 
+def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(demo_batches,
+                                                                          tmp_path):
+    """Ctrl-C in the first second (torch importing, before the command's own handler): it
+    printed a page of import traceback; now the `interrupted` line and 130, as later."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "convs2s", "train",
+                             *_argv(demo_batches, tmp_path, "early", "--max-updates", "2")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert "interrupted" in err
+
+
 def test_a_second_command_on_a_run_being_trained_is_refused_in_one_line(demo_batches, tmp_path,
                                                                        capsys):
     """Two `convs2s train` on one --run-name would resume from one checkpoint and delete each

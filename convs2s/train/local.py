@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if int(os.environ.get("RANK", "0")) != 0:  # (rank 0 says it, once for the world)
+            return 130
         run_dir = location(args.storage_path) / args.run_name
         try:
             kept = list_checkpoints(run_dir) \
