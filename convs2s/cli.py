@@ -48,6 +48,9 @@ def _check_input(path: str | None) -> None:
     """A named input must be a readable file (checked before any output is touched)."""
     if path in (None, "-"):
         return
+    if not path.strip():
+        raise FileNotFoundError("--input is empty: give a text file with one sentence per line "
+                                "(or - for the standard input)")
     p = location(path)  # a local file, or an object in a bucket
     if p.is_dir():
         raise FileNotFoundError(f"input {path} is a directory: give a text file with one "
@@ -113,6 +116,11 @@ def _check_flags(args) -> None:
                          "leave it out (one process: --device, --buffer-size)")
     if args.column and not str(args.input or "").lower().endswith(".parquet"):  # (as read)
         raise ValueError(f"--column {args.column}: only a .parquet --input has columns")
+    if args.buffer_size is not None and args.buffer_size < 1:  # (0 was 10,000; < 0 no cut)
+        raise ValueError(f"--buffer-size {args.buffer_size}: give a number of lines >= 1")
+    if args.threads < 0:
+        raise ValueError(f"--threads {args.threads}: give a number >= 1 (0: the CPUs this "
+                         "process may use)")
 
 
 def _read_lines(path: str | None, column: str | None = None,
@@ -354,7 +362,7 @@ def translate(argv: list[str] | None = None) -> int:
             job = _corpus_job(args, search)
         else:
             _check_input(args.input)  # before anything is loaded or written
-            if args.output and location(args.output).is_dir():
+            if args.output and (location(args.output).is_dir() or args.output.endswith("/")):
                 raise ValueError(f"--output {args.output} is a directory: give a file name")
             _check_not_the_input(args.input, args.output)
             if args.output and is_uri(args.output):
@@ -378,6 +386,7 @@ def translate(argv: list[str] | None = None) -> int:
     if job is not None:
         return _translate_corpus(args, job, search)
 
+    from convs2s.console import sigterm_as_ctrl_c
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import format_translation, load_for_inference
@@ -389,17 +398,21 @@ def translate(argv: list[str] | None = None) -> int:
                                         spm_model=args.spm_model)
         # Translations go to a temporary file beside --output, renamed over it only when all
         # are written: a failed run never leaves an emptied or half-written output. (In a
-        # bucket: a local scratch file, uploaded as one object once complete.)
-        tmp = None if not args.output else \
+        # bucket: a local scratch file, uploaded as one object once complete.) A symlink's
+        # target is written (the link stays); a FIFO or a device (/dev/stdout) is written as
+        # it is: renaming over them replaced them with a file.
+        target = Path(os.path.realpath(args.output)) \
+            if args.output and not is_uri(args.output) else None
+        tmp = None if not args.output or (target.exists() and not target.is_file()) else \
             scratch_dir("convs2s-translate-") / "out" if is_uri(args.output) \
-            else Path(f"{args.output}.tmp-{os.getpid()}")
-        out = open(tmp, "w", encoding="utf-8") if tmp else sys.stdout
+            else target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        out = open(tmp or target, "w", encoding="utf-8") if args.output else sys.stdout
     except (CheckpointError, OSError, ValueError, PrecisionError, StorageError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     n, t0 = 0, time.perf_counter()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), sigterm_as_ctrl_c():  # (SIGTERM left the temporary file)
             for chunk in _chunks(lines, args.buffer_size or 10_000):
                 # (attention only for --print-attention's alignments: a search keeps none else)
                 for tr in translator.translate_full(chunk, attention=args.print_attention):
@@ -411,13 +424,18 @@ def translate(argv: list[str] | None = None) -> int:
             if is_uri(args.output):
                 location(args.output).upload(tmp)
             else:
-                os.replace(tmp, args.output)
+                os.replace(tmp, target)
     except (OSError, CorpusError) as err:  # (CorpusError: a .gz found cut short)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM: --output as it was (written whole or not)
+        print(f"\ninterrupted after {n:,} lines" + (
+            f"; {args.output} not written" if tmp else ""), file=sys.stderr)
+        return 130
     finally:
-        if tmp:
+        if args.output:
             out.close()
+        if tmp:
             tmp.unlink(missing_ok=True)
             if is_uri(args.output):
                 tmp.parent.rmdir()
@@ -472,7 +490,11 @@ def score(argv: list[str] | None = None) -> int:
     if args.task == "translation" and not args.lang:
         p.error("--lang is required for translation (the target language, e.g. fr)")
     kind = task_kind(args.task)
-    metrics, signatures = kind.score(hyps, refs, args.lang), kind.signatures(args.lang)
+    try:
+        metrics, signatures = kind.score(hyps, refs, args.lang), kind.signatures(args.lang)
+    except ValueError as err:  # (nothing to score: empty files)
+        print(f"{p.prog}: error: {args.hyp}, {args.ref}: {err}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({"metrics": metrics, "signatures": signatures}, indent=1))
     else:

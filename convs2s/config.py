@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -478,6 +479,9 @@ class SearchConfig(Settings):
     def __post_init__(self) -> None:
         if self.beam < 1:
             raise ValueError(f"beam must be >= 1, got {self.beam}")
+        for name in ("lenpen", "unk_penalty", "max_len_a"):  # (nan changed the outputs)
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         if not 1 <= self.nbest <= self.beam:
             raise ValueError(f"nbest must be in [1, beam={self.beam}], got {self.nbest}")
         if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:

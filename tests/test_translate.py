@@ -493,6 +493,68 @@ def test_an_output_that_is_the_input_is_refused(tiny_checkpoints, tmp_path, caps
         assert src.read_text() == "The cat .\n"
 
 
+def test_an_output_that_is_a_link_or_a_fifo_stays_what_it_is(tiny_checkpoints, tmp_path,
+                                                              capsys):
+    """--output through a symlink writes the link's target (the link stays a link); a FIFO
+    gets the translations as they are written. The rename over them that keeps a failed run
+    from leaving half an output made each a plain file: the reader of the FIFO got nothing,
+    and --output /dev/stdout would have replaced /dev/stdout."""
+    import os
+    import threading
+
+    src = tmp_path / "src.en"
+    src.write_text("The cat .\nA dog .\n")
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "1", "--max-len-b", "5",
+            "--input", str(src)]
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("earlier\n")
+    link.symlink_to(target)
+    assert main([*args, "--output", str(link)]) == 0
+    assert link.is_symlink() and len(target.read_text().splitlines()) == 2
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    assert main([*args, "--output", str(fifo)]) == 0
+    reader.join(30)
+    assert fifo.is_fifo() and got and len(got[0].splitlines()) == 2
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_flags_that_were_taken_and_meant_something_else_are_refused(tiny_checkpoints,
+                                                                    tmp_path, capsys):
+    """--buffer-size 0 (read as 10,000) or below (never cut: the whole input held), --threads
+    below 0, a --lenpen of nan (it changed the outputs), an --output naming a folder
+    (`out/`: a raw errno about a temporary file after the model loaded), an empty --input, a
+    --dictionary that is not UTF-8 text (no file named): one line each, exit 2, before any
+    output; `score` of two empty files: one line, not a traceback."""
+    from convs2s.cli import score
+
+    src = tmp_path / "src.en"
+    src.write_text("The cat .\n")
+    (tmp_path / "dict.txt").write_bytes(b"chat \xff\n")
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "1", "--max-len-b", "5"]
+    cases = [(["--input", str(src), "--buffer-size", "0"], "--buffer-size 0"),
+             (["--input", str(src), "--buffer-size", "-3"], "--buffer-size -3"),
+             (["--input", str(src), "--threads", "-1"], "--threads -1"),
+             (["--input", str(src), "--lenpen", "nan"], "lenpen must be a finite number"),
+             (["--input", str(src), "--output", f"{tmp_path}/new/"], "is a directory"),
+             (["--input", ""], "--input is empty"),
+             (["--input", str(src), "--replace-unk", "--dictionary",
+               str(tmp_path / "dict.txt")], "dict.txt: cannot be read as UTF-8")]
+    for extra, says in cases:
+        assert main([*args, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (extra, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dict.txt", "src.en"]
+    (tmp_path / "empty.txt").write_text("")
+    empty = str(tmp_path / "empty.txt")
+    assert score(["--hyp", empty, "--ref", empty, "--lang", "fr"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no sentences to score" in err[0], err
+
+
 def test_score_attention_serve_and_average_refuse_bad_input_in_one_line(tiny_checkpoints,
                                                                         tmp_path):
     """A missing or non-UTF-8 file to score, a missing checkpoint or a beam of 0 to plot, a

@@ -31,14 +31,20 @@ def load_dictionary(path: str) -> dict[str, str]:
     from storage import local_copy
 
     table: dict[str, str] = {}
-    with open(local_copy(path), encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) != 2:
-                raise ValueError(f"{path}:{i}: expected 'source target', got {line.strip()!r}")
-            table.setdefault(parts[0], parts[1])  # the first entry of a word wins
+    try:
+        with open(local_copy(path), encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                parts = line.split()
+                if not parts:
+                    continue
+                if len(parts) != 2:
+                    raise ValueError(f"dictionary {path}:{i}: expected 'source target', got "
+                                     f"{line.strip()!r}")
+                table.setdefault(parts[0], parts[1])  # the first entry of a word wins
+    except (OSError, UnicodeDecodeError) as err:  # (the flag and file named, not errno alone)
+        why = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise ValueError(f"dictionary {path}: cannot be read as UTF-8 text of 'source target' "
+                         f"lines ({why})") from None
     return table
 
 
