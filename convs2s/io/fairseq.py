@@ -452,8 +452,14 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
         raise FairseqImportError(f"{model_file}: the saved arguments name no languages; give "
                                  "--source-lang and --target-lang")
     if not (archive / BPE_CODES).is_file():
+        spm_export = (archive / "sentencepiece.model").is_file()
         raise FairseqImportError(f"{archive / BPE_CODES} is missing: the subword-nmt codes the "
-                                 "model's vocabulary was made with")
+                                 "model's vocabulary was made with" + (
+                                     "; this folder holds a sentencepiece.model instead (an "
+                                     "export-fairseq of a model of this project, whose own "
+                                     "checkpoint folder is what translates: import takes "
+                                     "the reference's subword-nmt archives only)"
+                                     if spm_export else ""))
     try:
         dicts = {lang: read_dictionary(archive / f"dict.{lang}.txt") for lang in (src, tgt)}
     except CodecError as err:
