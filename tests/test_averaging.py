@@ -89,6 +89,10 @@ def test_cli(tiny_checkpoints, tmp_path, capsys):
     assert main([tiny_checkpoints["a"], "--out", str(tmp_path / "cli")]) == 2
     assert "exists and is not empty: give a new folder" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (tmp_path / "cli").iterdir()} == before
+    (tmp_path / "a_file").write_text("notes")  # a file is named as one
+    assert main([tiny_checkpoints["a"], "--out", str(tmp_path / "a_file")]) == 2
+    assert "a_file is a file: give a new folder" in capsys.readouterr().err
+    assert (tmp_path / "a_file").read_text() == "notes"
     (tmp_path / "empty").mkdir()
     assert main([tiny_checkpoints["a"], "--out", str(tmp_path / "empty")]) == 0
     assert (tmp_path / "empty" / "meta.json").is_file()

@@ -131,8 +131,9 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     shown = [str(p) for p in paths]  # as given (a bucket's URIs), for the record
     out_dir = _local_out(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(f"{out_dir} exists and is not empty: give a new folder to --out "
-                              "(an average never writes over what is there)")
+        raise FileExistsError(f"{out_dir} " + ("exists and is not empty" if out_dir.is_dir()
+                                               else "is a file") + ": give a new folder to "
+                              "--out (an average never writes over what is there)")
     paths = [_fetched(p) for p in paths]  # a bucket's: fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
