@@ -116,11 +116,12 @@ def _check_flags(args) -> None:
                          "leave it out (one process: --device, --buffer-size)")
     if args.column and not str(args.input or "").lower().endswith(".parquet"):  # (as read)
         raise ValueError(f"--column {args.column}: only a .parquet --input has columns")
-    if args.buffer_size is not None and args.buffer_size < 1:  # (0 was 10,000; < 0 no cut)
-        raise ValueError(f"--buffer-size {args.buffer_size}: give a number of lines >= 1")
-    if args.threads < 0:
-        raise ValueError(f"--threads {args.threads}: give a number >= 1 (0: the CPUs this "
-                         "process may use)")
+    buffer_size, threads = getattr(args, "buffer_size", None), getattr(args, "threads", 0)
+    if buffer_size is not None and buffer_size < 1:  # (0 was read as 10,000; < 0: no cut)
+        raise ValueError(f"--buffer-size {buffer_size}: give a number of lines >= 1")
+    if threads is not None and threads < 0:
+        raise ValueError(f"--threads {threads}: give a number >= 1 (0: the CPUs this process "
+                         "may use)")
 
 
 def _read_lines(path: str | None, column: str | None = None,
@@ -403,7 +404,8 @@ def translate(argv: list[str] | None = None) -> int:
         # it is: renaming over them replaced them with a file.
         target = Path(os.path.realpath(args.output)) \
             if args.output and not is_uri(args.output) else None
-        tmp = None if not args.output or (target.exists() and not target.is_file()) else \
+        tmp = None if not args.output or target is not None and target.exists() \
+            and not target.is_file() else \
             scratch_dir("convs2s-translate-") / "out" if is_uri(args.output) \
             else target.with_name(f"{target.name}.tmp-{os.getpid()}")
         out = open(tmp or target, "w", encoding="utf-8") if args.output else sys.stdout
