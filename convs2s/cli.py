@@ -124,6 +124,23 @@ def _check_flags(args) -> None:
                          "may use)")
 
 
+def _output_files(output: str | None) -> tuple[Path | None, Path | None]:
+    """Where translate writes --output: (the local file it ends up as, the temporary file
+    written first), either None where it does not apply. Translations go to a temporary file
+    beside the output, renamed over it only when all are written: a failed run never leaves an
+    emptied or half-written output. In a bucket: a local scratch file, uploaded as one object
+    once complete. A symlink's target is written (the link stays); a FIFO or a device
+    (/dev/stdout) is written as it is: renaming over them replaced them with a file."""
+    if not output:
+        return None, None
+    if is_uri(output):
+        return None, scratch_dir("convs2s-translate-") / "out"
+    target = Path(os.path.realpath(output))
+    if target.exists() and not target.is_file():
+        return target, None
+    return target, target.with_name(f"{target.name}.tmp-{os.getpid()}")
+
+
 def _read_lines(path: str | None, column: str | None = None,
                 non_utf8: dict | None = None) -> Iterator[str]:
     """Lines split on \\n only (as the scorer reads references). A line that is not UTF-8 is
@@ -397,17 +414,7 @@ def translate(argv: list[str] | None = None) -> int:
         device = _inference_device(args.device, args.precision)
         translator = load_for_inference(args.checkpoint, search, device,
                                         spm_model=args.spm_model)
-        # Translations go to a temporary file beside --output, renamed over it only when all
-        # are written: a failed run never leaves an emptied or half-written output. (In a
-        # bucket: a local scratch file, uploaded as one object once complete.) A symlink's
-        # target is written (the link stays); a FIFO or a device (/dev/stdout) is written as
-        # it is: renaming over them replaced them with a file.
-        target = Path(os.path.realpath(args.output)) \
-            if args.output and not is_uri(args.output) else None
-        tmp = None if not args.output or target is not None and target.exists() \
-            and not target.is_file() else \
-            scratch_dir("convs2s-translate-") / "out" if is_uri(args.output) \
-            else target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        target, tmp = _output_files(args.output)
         out = open(tmp or target, "w", encoding="utf-8") if args.output else sys.stdout
     except (CheckpointError, OSError, ValueError, PrecisionError, StorageError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)

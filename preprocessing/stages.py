@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from preprocessing.errors import PreprocessError, user_errors
 from storage import (ObjectPath, filesystem_of, is_uri, location, publish_dir, remove_tree,
                      stamp)
-from storage.lease import machine_id, pid_gone, pid_namespace, pids_comparable
+from storage.lease import machine_id, pid_gone, pid_namespace, pids_comparable, place_tag
 
 log = logging.getLogger("preprocessing")
 
@@ -239,7 +239,7 @@ def _owner() -> dict:
 
 def _owner_tag(owner: dict) -> str:
     """An owner in a folder name: a digest of its host, boot id and pid namespace, and its pid."""
-    return f"{config_hash([owner['host'], owner.get('boot'), owner['pidns']])[:8]}-{owner['pid']}"
+    return f"{place_tag(owner['host'], owner.get('boot'), owner['pidns'])}-{owner['pid']}"
 
 
 def _writer_gone(partial: Path) -> bool:

@@ -70,6 +70,15 @@ def machine_id() -> str | None:
         return None
 
 
+def place_tag(host: str, boot: str | None, pidns: str | None) -> str:
+    """Where a pid can be looked up, in 8 characters for a file name: a digest of a host name,
+    boot id and pid namespace (a stage's partial folder, a scratch folder)."""
+    import hashlib
+
+    blob = json.dumps([host, boot, pidns], sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:8]
+
+
 def pids_comparable(owner: dict, legacy: bool = True) -> bool:
     """Whether `owner`'s pid (a lease's, a stage's writer's) can be looked up here: the same
     machine (boot id), host name and pid namespace. A record without a boot id (written before

@@ -21,7 +21,6 @@ module) are left alone: none is removed without proof that its writer is gone.
 from __future__ import annotations
 
 import glob
-import hashlib
 import logging
 import os
 import re
@@ -30,7 +29,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from storage.lease import machine_id, pid_gone, pid_namespace
+from storage.lease import machine_id, pid_gone, pid_namespace, place_tag
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +63,5 @@ def remove_left_behind(prefix: str, owner: str | None = None) -> list[Path]:
 
 
 def _owner() -> str:
-    """Where a pid can be looked up: a digest of the host name, boot id and pid namespace."""
-    where = f"{socket.gethostname()}|{machine_id()}|{pid_namespace()}"
-    return hashlib.sha256(where.encode()).hexdigest()[:8]
+    """Where this process's pid can be looked up (`storage.lease.place_tag`)."""
+    return place_tag(socket.gethostname(), machine_id(), pid_namespace())

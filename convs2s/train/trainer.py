@@ -622,9 +622,8 @@ def initial_weights(job: TrainJob) -> dict:
     """The weights of `job.init_from` for the model `job` builds; a checkpoint of another
     architecture or vocabulary is a CheckpointError naming what differs."""
     state = load_checkpoint(job.init_from)
-    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
-    differ = [f"{k} {v!r} (the run: {getattr(job.model, k)!r})"
-              for k, v in theirs.to_dict().items() if v != job.model.to_dict()[k]]
+    differ = [f"{k} {theirs!r} (the run: {ours!r})" for k, theirs, ours
+              in _model_differences(state, job) if not k.endswith("vocab_size")]
     ours = (job.vocab_size, job.tgt_vocab_size or job.vocab_size)
     if (state["src_vocab_size"], state["tgt_vocab_size"]) != ours:
         differ.append(f"vocabulary sizes {state['src_vocab_size']} / {state['tgt_vocab_size']} "
@@ -739,35 +738,26 @@ class CrashInjection:
                 os._exit(1)
 
 
-# Model settings a resumed run may change: the dropout (the run's probe chooses it; a
-# fine-tuned model's differs from the checkpoint it came from).
-_RESUMABLE_MODEL_CHANGES = ("dropout",)
-
-
 def _check_same_model(state: dict, job: TrainJob, where) -> None:
     """Refuse to resume a run's checkpoint with another model (another --model, other
     layers, another vocabulary): `load_state_dict` would stop with a page of tensor shapes."""
-    saved = state.get("model_config")
-    try:  # (defaults filled: a checkpoint from before a field existed has the default's)
-        saved = ModelConfig.from_dict(saved).to_dict() if saved else {}
-    except (TypeError, ValueError):
-        saved = dict(saved)
-    ours = job.model.to_dict() if saved else {}
-    for key, value in (("src_vocab_size", job.vocab_size),
-                       ("tgt_vocab_size", job.tgt_vocab_size or job.vocab_size)):
-        if key in state:
-            saved[key], ours[key] = state[key], value
-    differ = sorted(k for k in set(saved) | set(ours) if k not in _RESUMABLE_MODEL_CHANGES
-                    and _plain(saved.get(k)) != _plain(ours.get(k)))
-    if differ:
+    if differ := _model_differences(state, job):
         raise CheckpointError(
             f"{where}: the run's checkpoint is another model than the one asked ("
-            + "; ".join(f"{k}: {saved.get(k)!r} in the checkpoint, {ours.get(k)!r} asked"
-                        for k in differ[:3]) + (", ..." if len(differ) > 3 else "")
+            + "; ".join(f"{k}: {theirs!r} in the checkpoint, {ours!r} asked"
+                        for k, theirs, ours in differ[:3]) + (", ..." if len(differ) > 3 else "")
             + "): resume with the run's own model settings (its --model), or give another "
             "--run-name for a new run")
 
 
-def _plain(value):
-    """A setting as JSON gives it back (tuples as lists)."""
-    return json.loads(json.dumps(value))
+def _model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, object]]:
+    """(setting, the checkpoint's, `job`'s) for each way checkpoint `state`'s model differs
+    from the one `job` builds: its ModelConfig (defaults filled: a checkpoint from before a
+    field existed has the default's) and vocabulary sizes. The dropout aside: the run's probe
+    chooses it, and a fine-tuned model's differs from the checkpoint it came from."""
+    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
+    ours = job.model.to_dict()
+    differ = [(k, v, ours[k]) for k, v in theirs.to_dict().items() if v != ours[k]]
+    sizes = {"src_vocab_size": job.vocab_size,
+             "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
+    return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]
