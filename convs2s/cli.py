@@ -496,8 +496,8 @@ def score(argv: list[str] | None = None) -> int:
         return 2
     if len(hyps) != len(refs):
         p.error(f"{args.hyp} has {len(hyps)} lines but {args.ref} has {len(refs)} lines")
-    if args.task == "translation" and not args.lang:
-        p.error("--lang is required for translation (the target language, e.g. fr)")
+    if args.task == "translation":
+        _check_score_lang(p, args.lang)
     kind = task_kind(args.task)
     try:
         metrics, signatures = kind.score(hyps, refs, args.lang), kind.signatures(args.lang)
@@ -512,6 +512,26 @@ def score(argv: list[str] | None = None) -> int:
         for name, sig in signatures.items():
             print(f"# {name}: {sig}")
     return 0
+
+
+def _check_score_lang(p: argparse.ArgumentParser, lang: str | None) -> None:
+    """--lang for a translation: a language code as sacreBLEU and Moses read it (two or three
+    lowercase letters; `FR`, `French` or `en-fr` would be scored as English without a word).
+    A code Moses has no abbreviations for is scored as tokenizer.perl scores it, with
+    English's, and a note says so (a typo, `--lang fe`, is seen)."""
+    import re
+
+    from convs2s.metrics.scoring import moses_has_prefixes
+
+    if not lang:
+        p.error("--lang is required for translation (the target language, e.g. fr)")
+    if not re.fullmatch(r"[a-z]{2,3}", lang):
+        p.error(f"--lang {lang!r}: give the target language's ISO 639 code, two or three "
+                "lowercase letters (fr, de, ro, ...)")
+    if not moses_has_prefixes(lang):
+        print(f"{p.prog}: note: Moses has no nonbreaking prefixes for {lang!r}: bleu_tokenized "
+              "splits its sentences with English's, as tokenizer.perl does (check --lang if "
+              "that is not the target language)", file=sys.stderr)
 
 
 def _text_file_lines(flag: str, path: str) -> list[str]:
@@ -544,6 +564,14 @@ def attention(argv: list[str] | None = None) -> int:
         search = SearchConfig(beam=args.beam, max_len_b=args.max_len_b)
     except ValueError as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    if blank := [i + 1 for i, s in enumerate(args.sentences) if not s.strip()]:
+        # (a blank one has no translation to plot: it was skipped without a word, and the
+        # pictures' numbers, attention_<i>.png, went on as if it were there)
+        print(f"{p.prog}: error: sentence{'s' if len(blank) > 1 else ''} "
+              f"{', '.join(map(str, blank))} of {len(args.sentences)} "
+              f"{'are' if len(blank) > 1 else 'is'} blank: give each sentence to plot as one "
+              "non-empty argument", file=sys.stderr)
         return 2
     from convs2s.inference.attention_plot import plot_attention
     from convs2s.inference.quantize import PrecisionError

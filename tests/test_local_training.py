@@ -222,9 +222,11 @@ def test_a_run_folder_with_a_model_this_run_did_not_train_is_left_alone(demo_bat
     assert sorted(p.name for p in best.parent.iterdir()) == ["best"]
 
 
-def test_resuming_a_run_with_another_model_is_one_line(demo_batches, tmp_path, capsys):
+def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches, tmp_path,
+                                                                    capsys):
     """--model small on a tiny run's folder: one line naming what differs (it was a page of
-    load_state_dict's tensor shapes); the run's checkpoint is untouched. Another lr resumes
+    load_state_dict's tensor shapes); another seed or --train-data too (they trained on
+    without a word); the run's checkpoint is untouched. Another lr resumes
     (the run's schedule goes on), saying so."""
     from convs2s.io.checkpoint import list_checkpoints
     from convs2s.train.local import main
@@ -240,6 +242,16 @@ def test_resuming_a_run_with_another_model_is_one_line(demo_batches, tmp_path, c
     assert "the run's checkpoint is another model than the one asked (" in err
     assert "in the checkpoint" in err and "its --model" in err
     assert list_checkpoints(tmp_path / "r") == [kept]
+    # Another seed, or other batches (another --train-data: here the valid split's), would
+    # plan the interrupted epoch's rows afresh over other rows: one line each, nothing written.
+    for more, said in ((["--set", "seed=7"], "was trained with seed 1, seed 7 asked"),
+                       (["--train-data", demo_batches.batches["valid"]],
+                        "the run's checkpoint trained on other batches than ")):
+        rc = main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", *more))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and said in err, err
+        assert "another --run-name" in err
+        assert list_checkpoints(tmp_path / "r") == [kept]
     # Another lr on resume: the schedule's state decides, and the line says so.
     assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "3", "--set",
                       "lr=0.5")) == 0

@@ -347,3 +347,28 @@ def test_cli_prints_the_api_numbers(en_fr, tmp_path):
          "--lang", "fr"], capture_output=True, text=True)
     assert bad.returncode != 0
     assert "has 2 lines" in bad.stderr and "has 300 lines" in bad.stderr
+
+
+def test_score_lang_is_a_language_code_and_one_moses_lacks_is_said(tmp_path, capsys):
+    """`--lang FR`, `French`, `en-fr` were scored as English without a word: refused, one
+    line. A code Moses has no abbreviations for (`xx`, a typo of one) is scored as
+    tokenizer.perl scores it, with English's: a note says so, and the signature too."""
+    from convs2s import cli
+
+    hyp = write_lines(tmp_path / "h", ["M. Dupont est là .", "le chat"])
+    ref = write_lines(tmp_path / "r", ["M. Dupont est ici .", "le chat"])
+    for lang in ("FR", "French", "en-fr"):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["score", "--hyp", str(hyp), "--ref", str(ref), "--lang", lang])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"--lang {lang!r}: give the target language's ISO " \
+            "639 code" in err, err
+    assert cli.main(["score", "--hyp", str(hyp), "--ref", str(ref), "--lang", "fr"]) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main(["score", "--hyp", str(hyp), "--ref", str(ref), "--lang", "xx",
+                     "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "Moses has no nonbreaking prefixes for 'xx'" in err and len(err.splitlines()) == 1
+    assert "(Moses has no nonbreaking prefixes for xx: English's)" in \
+        json.loads(out)["signatures"]["preprocessing"]
+    assert "nonbreaking" not in scoring.translation_signatures("fr")["preprocessing"]

@@ -557,7 +557,8 @@ def test_flags_that_were_taken_and_meant_something_else_are_refused(tiny_checkpo
 
 def test_score_attention_serve_and_average_refuse_bad_input_in_one_line(tiny_checkpoints,
                                                                         tmp_path):
-    """A missing or non-UTF-8 file to score, a missing checkpoint or a beam of 0 to plot, a
+    """A missing or non-UTF-8 file to score, a missing checkpoint, a beam of 0 or a blank
+    sentence to plot (it was skipped without a word), a
     search the replicas could not build, an averaging --out that holds files: one error line,
     exit 2, before anything is written or Ray starts."""
     hyp = tmp_path / "hyp.txt"
@@ -577,6 +578,8 @@ def test_score_attention_serve_and_average_refuse_bad_input_in_one_line(tiny_che
             "nope does not exist",
         ("attention", "--checkpoint", ck, "--beam", "0", "--out", pics, "a cat"):
             "beam must be >= 1",
+        ("attention", "--checkpoint", ck, "--out", pics, "a cat", " "):
+            "sentence 2 of 2 is blank: give each sentence to plot",
         ("serve", "--checkpoint", ck, "--beam", "0"): "beam must be >= 1",
         ("serve", "--checkpoint", ck, "--max-len-b", "-1"): "max_len_b must be >= 0",
         ("average", ck, "--out", str(taken)): "exists and is not empty",

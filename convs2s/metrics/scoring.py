@@ -156,6 +156,15 @@ def moses_tokenize(lines: list[str], lang: str) -> list[str]:
                          return_str=True) for line in lines]
 
 
+def moses_has_prefixes(lang: str) -> bool:
+    """Whether Moses has nonbreaking prefixes (the abbreviations a period does not end, `Mr.`)
+    for `lang`. For a language without them sacremoses, as tokenizer.perl, splits with
+    English's (the perl script warns; sacremoses says nothing): the signature says so."""
+    from sacremoses.corpus import NonbreakingPrefixes
+
+    return lang in NonbreakingPrefixes().available_langs.values()
+
+
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> BleuScore:
     """Tokenized BLEU (the paper's for WMT'14): both sides through `moses_tokenize`, then
     sacreBLEU with tokenize='none'. Not for Chinese, Japanese or Korean (UNSPACED_TARGETS):
@@ -237,6 +246,8 @@ def translation_signatures(tgt_lang: str) -> dict[str, str]:
                                             ["x"]).signature
         pre = (f"bleu_tokenized: U+2019 to ', sacremoses {version('sacremoses')} tokenizer "
                f"lang={tgt_lang}, aggressive dash splits (-a), no escape")
+        if not moses_has_prefixes(tgt_lang):
+            pre += f" (Moses has no nonbreaking prefixes for {tgt_lang}: English's)"
     if tgt_lang == "ro":
         pre += "; all metrics: WMT16 Romanian normalise + remove-diacritics, quotes to ASCII"
     return {**sigs, "chrf": f"chrF2|{chrf_metric.get_signature().format()}",

@@ -219,6 +219,16 @@ def preflight(job, world: int) -> tuple[TrainFiles, TrainFiles]:
     return files, valid_files
 
 
+def data_identity(folder, files: TrainFiles) -> dict:
+    """What makes a training split the same data, wherever it was copied: its batch stage's
+    settings and input digests (the manifest's `config_hash`, `input_fingerprint`; None for
+    batches made by other tools) and its batch count. A checkpoint records it; a resume on
+    other batches is refused (convs2s.train.trainer)."""
+    m = read_manifest(folder)
+    return {"config_hash": m.get("config_hash"), "input_fingerprint": m.get("input_fingerprint"),
+            "batches": files.total}
+
+
 def check_vocabulary(job) -> None:
     """Refuse a vocabulary the batches were not encoded with (`job.spm_model`, `job.vocab_size`
     against the manifest's `vocab_size` and `vocab_path`): a smaller one stopped at the first
