@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows import multi30k_en_de, wmt14_en_de, wmt14_en_fr
+from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr
 from workflows.errors import SpecError
 from workflows.orchestrate import config_yaml
 from workflows.run_spec import resolve
@@ -83,6 +83,31 @@ def test_fewer_gpus_keep_the_papers_update_by_accumulating_micro_batches(workers
     spec = resolve(wmt14_en_fr.paper(), RunOptions(preset="paper", num_workers=workers,
                                                    storage_path=str(tmp_path)))
     assert spec.train.update_freq == freq and not spec.update_note
+
+
+def test_gigawords_update_is_128_sentences_on_any_number_of_gpus(tmp_path):
+    """§5.7 "batch size 128" on one GPU: batches of 128 sentences (the token budget does not
+    close them first: the default 4,000 did, at 77 on average), and on 4 GPUs the run says
+    that it trains 4 x 128 unless each GPU takes 32; `--dry-run` shows sentences."""
+    rc, out, err = _main(gigaword, ["--preset", "paper", "--dry-run", "--storage-path",
+                                    str(tmp_path)])
+    assert rc == 0, err
+    update = json.loads(out)["update"]
+    assert (update["max_sentences_per_batch"], update["max_sentences_per_update"],
+            update["preset_sentences_per_update"], update["workers"]) == (128, 128, 128, 1)
+    assert update["max_tokens_per_batch"] >= 128 * 256 and "note" not in update
+    four = resolve(gigaword.paper(), RunOptions(preset="paper", num_workers=4,
+                                                storage_path=str(tmp_path)))
+    assert four.train.update_freq == 1 and four.update_note == (
+        "4 worker(s) x 1 micro-batch(es) x 128 sentences = 512 sentences an update: the "
+        "preset's update is 128 sentences, which 4 worker(s) cannot keep exactly "
+        "(--set data.max_sentences=32)")
+    kept = resolve(gigaword.paper(), RunOptions(preset="paper", num_workers=4,
+                                                storage_path=str(tmp_path),
+                                                set=["data.max_sentences=32"]))
+    assert kept.update_note == "" and kept.params()["workflow"]["update_sentences"] == 128
+    with pytest.raises(ValueError, match="in tokens .* or in sentences"):
+        gigaword.paper().replace(update_tokens=4000)
 
 
 def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys):

@@ -79,6 +79,7 @@ class RunSpec:
     # --set section.field=value as given (workflows.overrides): applied above; kept to show.
     overrides: tuple[str, ...] = ()
     update_tokens: int = 0  # the preset's tokens per update (0: none stated)
+    update_sentences: int = 0  # the preset's sentences per update (0: none stated)
     update_note: str = ""  # one line when the run's update is not the preset's
 
     @property
@@ -102,6 +103,7 @@ class RunSpec:
             "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker,
             **({"init_from": self.init_from} if self.init_from else {}),
             **({"update_tokens": self.update_tokens} if self.update_tokens else {}),
+            **({"update_sentences": self.update_sentences} if self.update_sentences else {}),
             **({"overrides": "; ".join(self.overrides)} if self.overrides else {})}}
 
     def describe(self) -> dict:
@@ -118,6 +120,11 @@ class RunSpec:
                            "max_tokens_per_update": workers * self.train.update_freq
                            * d.max_tokens,
                            "preset_tokens_per_update": self.update_tokens,
+                           **({"max_sentences_per_batch": d.max_sentences,
+                               "max_sentences_per_update": workers * self.train.update_freq
+                               * d.max_sentences,
+                               "preset_sentences_per_update": self.update_sentences}
+                              if self.update_sentences else {}),
                            **({"note": self.update_note} if self.update_note else {})},
                 "run": {"run_name": self.run_name, "storage": self.storage,
                         "run_dir": str(self.run_dir),
@@ -183,11 +190,14 @@ def _tracking_uri(flag: str | None) -> str:
 
 
 def update_plan(update_tokens: int, workers: int, max_tokens: int, asked: int | None,
-                preset_freq: int, asked_by: str | None = None) -> tuple[int, str]:
+                preset_freq: int, asked_by: str | None = None, *, unit: str = "tokens",
+                setting: str = "data.max_tokens") -> tuple[int, str]:
     """(micro-batches per update, a note: "" when the update is the preset's). With
     `update_tokens` (the preset's GPUs x tokens per GPU) the run keeps it on any number of
     workers by accumulating micro-batches, as the reference's --update-freq does; `asked`
-    (--update-freq, or the setting `asked_by` names) decides when given."""
+    (--update-freq, or the setting `asked_by` names) decides when given. A preset whose
+    update is a number of sentences (Gigaword's 128) plans the same way in `unit` "sentences":
+    `update_tokens` and `max_tokens` are then sentences, and `setting` data.max_sentences."""
     per_pass = workers * max_tokens  # the tokens of one micro-batch on every worker
     if asked is not None:
         freq = asked
@@ -197,14 +207,14 @@ def update_plan(update_tokens: int, workers: int, max_tokens: int, asked: int | 
         return preset_freq, ""
     if not update_tokens or per_pass * freq == update_tokens:
         return freq, ""
-    got = f"{workers} worker(s) x {freq} micro-batch(es) x {max_tokens:,} tokens = " \
-          f"{per_pass * freq:,} tokens an update"
+    got = f"{workers} worker(s) x {freq} micro-batch(es) x {max_tokens:,} {unit} = " \
+          f"{per_pass * freq:,} {unit} an update"
     if asked is not None:
         return freq, f"{got}, not the preset's {update_tokens:,} " \
                      f"({asked_by or f'--update-freq {asked}'})"
-    fix = (f"--set data.max_tokens={update_tokens // (workers * freq)}"
+    fix = (f"--set {setting}={update_tokens // (workers * freq)}"
            if update_tokens % (workers * freq) == 0 else "--update-freq to choose")
-    return freq, f"{got}: the preset's update is {update_tokens:,} tokens, which " \
+    return freq, f"{got}: the preset's update is {update_tokens:,} {unit}, which " \
                  f"{workers} worker(s) cannot keep exactly ({fix})"
 
 
@@ -297,8 +307,13 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     asked, asked_by = opts.update_freq, None
     if asked is None and _set(changes, "train", "update_freq"):
         asked, asked_by = cfg.train.update_freq, f"train.update_freq={cfg.train.update_freq}"
-    limits["update_freq"], update_note = update_plan(
-        cfg.update_tokens, workers, pre.max_tokens, asked, cfg.train.update_freq, asked_by)
+    if cfg.update_sentences:  # batches cut by sentences (the token budget never binds)
+        limits["update_freq"], update_note = update_plan(
+            cfg.update_sentences, workers, pre.max_sentences, asked, cfg.train.update_freq,
+            asked_by, unit="sentences", setting="data.max_sentences")
+    else:
+        limits["update_freq"], update_note = update_plan(
+            cfg.update_tokens, workers, pre.max_tokens, asked, cfg.train.update_freq, asked_by)
     update_note = "; ".join(n for n in (batch_note, update_note) if n)
     return RunSpec(
         workflow=name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
@@ -312,7 +327,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         tracking_uri=_tracking_uri(opts.tracking_uri), experiment=opts.experiment or name,
         added_test_sets=added, restart=opts.restart, init_from=init_from,
         accelerator_type=opts.accelerator_type, overrides=tuple(o.text for o in sets),
-        update_tokens=cfg.update_tokens, update_note=update_note)
+        update_tokens=cfg.update_tokens, update_sentences=cfg.update_sentences,
+        update_note=update_note)
 
 
 def _check_run_name(name: str | None) -> None:

@@ -245,7 +245,13 @@ def _source_run(checkpoints, trained: list, parent: str | None) -> str | None:
 
 
 def _update(spec: RunSpec, train: TrainConfig) -> str:
-    """What one update trains: workers x micro-batches x tokens per batch (a padded budget)."""
+    """What one update trains: workers x micro-batches x tokens per batch (a padded budget),
+    or sentences per batch for a preset whose update is a number of sentences."""
+    if spec.update_sentences:  # batches cut by sentences (Gigaword)
+        n = spec.num_workers * train.update_freq * spec.data.max_sentences
+        return (f"update {spec.num_workers} x {train.update_freq} x "
+                f"{spec.data.max_sentences:,} = {n:,} sentences"
+                + (" (the preset's)" if n == spec.update_sentences else ""))
     tokens = spec.num_workers * train.update_freq * spec.data.max_tokens
     return (f"update {spec.num_workers} x {train.update_freq} x {spec.data.max_tokens:,} = "
             f"{tokens:,} tokens" + (" (the preset's)" if tokens == spec.update_tokens else ""))

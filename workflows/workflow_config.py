@@ -57,6 +57,10 @@ class WorkflowConfig:
     # keeps it whatever --num-workers, with micro-batches per update = update_tokens / (workers
     # x preprocess.max_tokens) (workflows.run_spec.update_plan); 0: one micro-batch a worker.
     update_tokens: int = 0
+    # For a recipe whose batches are a number of sentences (Gigaword, §5.7: "batch size 128" on
+    # one GPU; its token budget set so high that it never binds): the sentences of one update,
+    # kept as update_tokens is, over preprocess.max_sentences. At most one of the two is set.
+    update_sentences: int = 0
     # The batch budget (preprocess.max_tokens) for a run that trains in float32 on CPUs, what
     # `--precision auto` picks on a CPU without native bf16: an hour passes the data a third as
     # often there, and smaller batches (twice the updates) scored higher on val
@@ -92,10 +96,17 @@ class WorkflowConfig:
             raise ValueError(f"{self.name}: num_workers >= 1, cpus_per_worker > 0 and "
                              f"eval_cpus > 0, got {self.num_workers}, {self.cpus_per_worker}, "
                              f"{self.eval_cpus}")
-        if not 0 <= self.eval_gpus <= 1 or self.update_tokens < 0 \
+        if self.update_tokens and self.update_sentences:
+            raise ValueError(f"{self.name}: an update is stated in tokens (update_tokens) or "
+                             "in sentences (update_sentences), not both")
+        if self.update_sentences and not self.preprocess.max_sentences:
+            raise ValueError(f"{self.name}: update_sentences needs batches cut by sentences "
+                             "(preprocess.max_sentences)")
+        if not 0 <= self.eval_gpus <= 1 or self.update_tokens < 0 or self.update_sentences < 0 \
                 or self.float32_cpu_max_tokens < 0 or self.system_metrics_s < 0:
             raise ValueError(f"{self.name}: eval_gpus in [0, 1] (a GPU fraction), and "
-                             "update_tokens, float32_cpu_max_tokens, system_metrics_s >= 0")
+                             "update_tokens, update_sentences, float32_cpu_max_tokens, "
+                             "system_metrics_s >= 0")
 
     def replace(self, **changes) -> "WorkflowConfig":
         return dataclasses.replace(self, **changes)

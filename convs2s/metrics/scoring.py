@@ -19,8 +19,9 @@ references aligned. The numbers (docs/reference.md, Evaluation):
   with `tokenize="none", force=True` (what multi-bleu.perl computed on tokenized text).
   Not computed for Chinese, Japanese or Korean targets: Moses does not segment them either.
 - `chrf`: sacreBLEU's chrF2 defaults (character 6-grams, no word n-grams, beta 2).
-- ROUGE-1/2/L recall, precision and F1 (rouge-score, Porter stemming on, as in the standard
-  Gigaword evaluation of Rush et al. 2015 and the paper §4.1), averaged over sentences, in %.
+- ROUGE-1/2/L recall, precision and F1 (rouge-score, Porter stemming on, as ROUGE-1.5.5's `-m`
+  in the standard Gigaword evaluation of Rush et al. 2015, whose setup the paper follows,
+  §4.1; the paper itself does not say), averaged over sentences, in %.
 - Romanian targets: both sides are normalized as in the WMT'16 En-Ro pipeline (s/t with cedilla
   to comma-below, typographic quotes to ASCII, then Romanian diacritics removed) before every
   metric: the pre-processing of Sennrich et al. (2016b), whose data and pre-processing the paper
@@ -45,7 +46,9 @@ from sacrebleu.metrics import BLEU, CHRF
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 # Stemming on: the Gigaword / DUC ROUGE numbers the paper compares against were computed with
-# ROUGE-1.5.5 and its `-m` (Porter stemmer) flag; rouge-score's use_stemmer=True mirrors it.
+# ROUGE-1.5.5 and its `-m` (Porter stemmer) flag; rouge-score's use_stemmer=True is close to it
+# (it stems only tokens longer than 3 characters: on a lead baseline of the Gigaword sample,
+# ROUGE-1/2/L F1 32.76 / 12.13 / 30.87 against 32.82 / 12.13 / 30.89 with every token stemmed).
 ROUGE_USE_STEMMER = True
 
 # WMT'16 Romanian normalization (Sennrich et al. 2016's wmt16-scripts): normalise-romanian.py
