@@ -27,7 +27,7 @@ INFRA = REPO / "infra"
 # The workflow command-line contract (every workflow takes these flags).
 WORKFLOW_FLAGS = {"--preset", "--data", "--num-workers", "--use-gpu", "--max-epochs",
                   "--storage-path", "--tracking-uri", "--experiment", "--run-name",
-                  "--accelerator-type"}
+                  "--accelerator-type", "--set"}
 # The paper tasks' workflow files, as found in workflows/.
 ALL_WORKFLOWS = {f"workflows/{name}.py" for name in paper_tasks()}
 
@@ -246,6 +246,22 @@ def test_cluster_config_passes_ray_validation():
             assert "RAY_AUTH_MODE=token" in cmd, cmd
     for heavy in ("/.venv", "/.git", "/data", "/runs", "/mlruns", "mlflow.db", "*.pt"):
         assert heavy in raw["rsync_exclude"], heavy
+    assert ".gitignore" in raw["rsync_filter"]  # (MLflow's artifacts, test outputs, stores)
+    # No node on Ray's `latest_dlami`: in Ray 2.60 the Ubuntu 18.04 DLAMI (glibc 2.27), where
+    # the torch wheel (manylinux_2_28) does not install; the README says which AMI replaces
+    # the placeholder, as it does the EFS id's.
+    from ray.autoscaler._private.aws.config import DEFAULT_AMI_NAME
+
+    assert "18.04" in DEFAULT_AMI_NAME  # (if Ray moves on, this check may be relaxed)
+    images = {t["node_config"]["ImageId"] for t in types.values()}
+    assert images == {"ami-REPLACE-ME"}, images
+    readme = (INFRA / "README.md").read_text()
+    assert "ami-REPLACE-ME" in readme and "base-oss-nvidia-driver-gpu-ubuntu-22.04" in readme
+    # `ray get-auth-token` prints the cluster's token: every command given keeps it off screen
+    for doc in (INFRA / "README.md", INFRA / "cluster-aws.yaml", INFRA.parent / "README.md"):
+        for line in doc.read_text().splitlines():
+            if "ray get-auth-token" in line and "--generate" in line:
+                assert ">/dev/null" in line, (doc.name, line)
 
 
 def test_aws_storage_is_shared_and_jobs_fit_the_cluster():
