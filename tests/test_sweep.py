@@ -321,6 +321,118 @@ def test_a_variant_may_not_change_a_trials_resources(tmp_path):
             "apply to every trial), the same for every variant")
 
 
+def test_a_rerun_names_a_changed_trial_and_a_lost_data_folder_in_one_line(tmp_path):
+    """A trial folder run under other settings: the line's fix is a new sweep --run-name (it
+    offered --restart, which a sweep refuses). A rerun whose --data folder is gone: one
+    `error:` line and the --data hint, exit 2, as a run says it (it was a traceback, exit 1,
+    the status of a failed trial)."""
+    from workflows.run_state import budgets, result_settings
+
+    data = _test_data(tmp_path / "data")
+    argv = ["--preset", "cpu", "--storage-path", str(tmp_path / "st"), "--run-name", "s",
+            "--sweep", "table4", "--variants", "baseline", "--max-updates", "100", "--data",
+            str(data)]
+    trial = resolve_sweep(multi30k_en_de.cpu(), orchestrate.parse_args(
+        argv, {"cpu": multi30k_en_de.cpu}, None)).trials[0]
+    trial.spec.run_dir.mkdir(parents=True)
+    (trial.spec.run_dir / "workflow.json").write_text(json.dumps(
+        {"settings": result_settings(trial.spec), "budgets": budgets(trial.spec),
+         "inputs": {"data.train": "recorded"}}))
+    rc, out, err = _main(argv + ["--set", "train.lr=0.5"])
+    assert rc == 2 and "trial baseline-seed1: its run was started with other settings (" in err
+    assert "give the sweep a new --run-name" in err and "--restart" not in err, err
+    import shutil
+
+    shutil.rmtree(data)
+    rc, out, err = _main(argv)
+    lines = err.strip().splitlines()
+    assert rc == 2 and "Traceback" not in err, err
+    assert lines[0].startswith("error: ") and str(data) in lines[0], err
+    assert lines[1].startswith("hint: this workflow reads its data with --data"), err
+
+
+def test_a_finished_trial_runs_again_for_more_attention_pictures(tmp_path):
+    """--attention N on a rerun draws the pictures (as a run's rerun does): a trial recorded
+    with fewer runs again (its training and scores kept), one with as many or more does not."""
+    def trial(attention):
+        opts = RunOptions(preset="cpu", storage_path=str(tmp_path / "st"), run_name="s",
+                          sweep="table4", seeds=1, variants=["baseline"], max_updates=100,
+                          data=str(data), attention=attention)
+        return resolve_sweep(multi30k_en_de.cpu(), opts).trials[0]
+
+    data = _test_data(tmp_path / "data")
+    first = trial(0)
+    first.spec.run_dir.mkdir(parents=True)
+    first.write_record({"val/bleu": 31.0})
+    assert trial(0).finished() is not None and trial(2).finished() is None
+    trial(2).write_record({"val/bleu": 31.0})
+    assert trial(2).finished() is not None and trial(1).finished() is not None
+
+
+def test_a_sweeps_metrics_are_its_latest_summarys(tmp_path):
+    """A rerun of fewer seeds or variants summarizes its own trials: the figures an earlier
+    invocation logged that it has none for (another variant's, an sd over seeds now one) read
+    NaN, not the old numbers beside the new ones."""
+    from convs2s.tracking.runs import (describe_run, find_or_create_run, log_artifacts,
+                                       log_final_metrics, mlflow_client)
+    from workflows.sweep import SweepResult, _log_summary, sweep_params
+
+    uri = mlflow_store(tmp_path)
+    m = {"valid_ppl": 10.0}
+
+    def summarize(results, **opts):
+        sweep = _sweep_of(tmp_path / "st", **opts)
+        rid = find_or_create_run(uri, "x", run_key=str(sweep.folder), run_name="s")
+        describe_run(uri, rid, sweep_params(sweep))
+        result = SweepResult(sweep, rid, uri, results=results)
+        result.table = summary_table(sweep, results, {})
+        _log_summary(sweep, result, uri, rid, log_final_metrics, log_artifacts)
+        return mlflow_client(uri).get_run(rid).data.metrics
+
+    both = summarize({"baseline-seed1": m, "baseline-seed2": {"valid_ppl": 20.0},
+                      "no-pos-seed1": m, "no-pos-seed2": m})
+    assert both["baseline/valid_ppl_sd"] > 0 and both["no-pos/n"] == 2
+    again = summarize({"baseline-seed1": {"valid_ppl": 12.0}}, seeds=1, variants=["baseline"],
+                      max_updates=200)
+    assert again["baseline/valid_ppl_mean"] == 12.0 and again["baseline/n"] == 1
+    assert math.isnan(again["baseline/valid_ppl_sd"])
+    assert math.isnan(again["no-pos/n"]) and math.isnan(again["no-pos/valid_ppl_mean"])
+    assert again["trials_finished"] == 1
+
+
+def test_a_sweep_is_refused_in_one_line_where_a_local_ray_could_not_run_it(tmp_path, ray_session,
+                                                                        monkeypatch):
+    """On a local Ray (it never grows): --concurrent-trials over the trials its CPUs hold (the
+    others waited 15 minutes for room, then failed), an evaluation task larger than the
+    machine (it waited without end after the training: a single run refused it, a sweep did
+    not), and a custom variant's file that does not exist (found after its training) are one
+    line before any trial starts."""
+    from workflows.errors import SpecError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    data = str(_test_data(tmp_path / "data"))
+    with pytest.raises(SweepError) as err:  # the cpu preset: a 2-CPU worker a trial
+        concurrency(_sweep_of(tmp_path, num_workers=1, concurrent_trials=2),
+                    ray_session.nodes())
+    assert str(err.value) == (
+        "--concurrent-trials 2: this machine's Ray holds the training workers of 1 trial(s) "
+        "at a time (1 worker(s) each; a local Ray never grows: the others would wait 900 s "
+        "for room, then fail); give --concurrent-trials 1, or leave it out")
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # a cluster may grow: as asked
+    assert concurrency(_sweep_of(tmp_path, num_workers=1, concurrent_trials=2),
+                       ray_session.nodes()) == 2
+    monkeypatch.delenv("RAY_ADDRESS")
+    with pytest.raises(SpecError, match="workflow.eval_cpus=64: each evaluation task asks "
+                                        "for 64 CPUs, but this machine's Ray has 2"):
+        run_sweep(_sweep_of(tmp_path / "e", num_workers=1, data=data,
+                            set=["workflow.eval_cpus=64"]))
+    custom = _sweep_of(tmp_path / "c", num_workers=1, data=data, sweep="custom", variants=[],
+                       variant=["dict:search.replace_unk=true;search.dictionary=/nope.txt"])
+    with pytest.raises(SpecError, match="search.dictionary=/nope.txt: no such file"):
+        run_sweep(custom)
+    assert not (tmp_path / "c").exists()  # refused before the lease: nothing written
+
+
 # --- end to end on the session's Ray (slow) ---------------------------------------------------
 
 
@@ -443,6 +555,8 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     runs = client.search_runs([exp.experiment_id], max_results=500)
     (top,) = [r for r in runs if r.info.run_name == "t4"]
     assert top.data.tags["convs2s.sweep"] == "table4" and top.info.status == "FAILED"
+    said = top.data.tags["convs2s.sweep.invocation"]  # what its summary and metrics are of
+    assert f"variants baseline,no-pos; seeds 1; {UPDATES} updates per trial" in said, said
     trials = {r.info.run_name: r for r in runs
               if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
     assert set(trials) == {t.name for t in sweep.trials}

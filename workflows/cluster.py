@@ -333,6 +333,18 @@ def check_local_room(spec: RunSpec) -> None:
         raise SpecError(no_room(spec, nodes, "training asks for",
                                 "its workers could not start (a local Ray never grows; Ray "
                                 "Train would retry for 15 minutes, then stop)", "the workflow"))
+    check_local_eval_room(spec, nodes)
+
+
+def check_local_eval_room(spec: RunSpec, nodes: list[dict] | None = None) -> None:
+    """On a local Ray (`check_local_room`), an evaluation task larger than its node: one
+    `error:` line with the fix (a sweep asks it of its base before any trial: inside a trial,
+    a Ray Tune actor, a local Ray is not told from a cluster)."""
+    import ray
+
+    if not ray_join.never_grows():
+        return
+    nodes = ray.nodes() if nodes is None else nodes
     if (largest := ray_join.no_room_for(spec.eval_cpus, 0, nodes)) is not None:  # (Ray
         # would hold each evaluation task without end)
         raise SpecError(f"--set workflow.eval_cpus={spec.eval_cpus:g}: each evaluation task "

@@ -50,8 +50,8 @@ from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri, stopped_status
 from storage import is_uri, location
 from storage.lease import RunLease
-from workflows.cluster import (await_cluster_gpus, check_local_gpus, check_local_room,
-                               check_shared_storage, start_ray)
+from workflows.cluster import (await_cluster_gpus, check_local_eval_room, check_local_gpus,
+                               check_local_room, check_shared_storage, start_ray)
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 from workflows.run_state import StageContext, record_settings, reuse_problem
@@ -93,6 +93,12 @@ def check(spec: RunSpec, sweep: bool = False) -> None:
     its run folder the sweep's."""
     if problem := reuse_problem(spec, sweep):  # a run name reused with other settings: first
         raise SpecError(problem)
+    check_inputs(spec)
+
+
+def check_inputs(spec: RunSpec) -> None:
+    """What `check` asks of a run's inputs and this machine (a sweep asks it of each variant:
+    a custom variant's --set may name other files)."""
     _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
     _check_search_files(spec)  # evaluation's files: not found only after the whole training
     check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
@@ -115,6 +121,8 @@ def prepare(spec: RunSpec, sweep: bool = False) -> None:
     start_ray(spec.use_gpu, small_data=spec.data.source == "demo")
     if not sweep:  # (a sweep counts the trials that fit: `sweep.concurrency`)
         check_local_room(spec)  # workers a local Ray cannot place
+    else:  # its trials' evaluation tasks (a trial's driver cannot tell a local Ray's size)
+        check_local_eval_room(spec)
     check_shared_storage(spec.storage)  # a node-local folder on a cluster of several nodes
     await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
 

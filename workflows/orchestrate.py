@@ -68,6 +68,8 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     except (SpecError, StorageError) as e:  # a bad --storage-path URI (credentials redacted)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except PreprocessError as e:  # a sweep's rerun reads its trials' data sources
+        return _data_error(e, cfg)
     if opts.dry_run:
         what = [t.spec.describe() for t in spec.trials] if opts.sweep else spec.describe()
         print(json.dumps(what, indent=1, default=str), flush=True)
@@ -99,21 +101,26 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
               file=sys.stderr, flush=True)
         return 130
     except PreprocessError as e:
-        from preprocessing.errors import unwrap_ray_error
-        from preprocessing.sources import NO_HUB_HINT
-
-        # The preprocessing CLI's fixes name its own flags (--source, --split); this command's
-        # are in the hint below.
-        found = unwrap_ray_error(e) or e
-        text = getattr(found, "fact", None) or str(found)
-        print(f"error: {text.replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
-        print("hint: this workflow reads its data with --data: `--data demo` runs on the "
-              "embedded demo corpus (no network); `--data DIR` reads a local folder with "
-              f"{_stems(cfg)} (text files <stem>.<lang>, .tsv, .jsonl or hub-like parquet).",
-              file=sys.stderr)
-        return 2
+        return _data_error(e, cfg)
     print(summary(spec, result, time.monotonic() - t0), flush=True)
     return 0
+
+
+def _data_error(e: Exception, cfg: WorkflowConfig) -> int:
+    """A data source that cannot be read: one error line and the workflow's --data hint, exit
+    2. (The preprocessing CLI's fixes name its own flags, --source, --split: this command's
+    are in the hint.)"""
+    from preprocessing.errors import unwrap_ray_error
+    from preprocessing.sources import NO_HUB_HINT
+
+    found = unwrap_ray_error(e) or e
+    text = getattr(found, "fact", None) or str(found)
+    print(f"error: {text.replace(NO_HUB_HINT, '').strip()}", file=sys.stderr)
+    print("hint: this workflow reads its data with --data: `--data demo` runs on the "
+          "embedded demo corpus (no network); `--data DIR` reads a local folder with "
+          f"{_stems(cfg)} (text files <stem>.<lang>, .tsv, .jsonl or hub-like parquet).",
+          file=sys.stderr)
+    return 2
 
 
 @dataclass(frozen=True)

@@ -122,12 +122,13 @@ def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]
             if before[k] != after[k]]
 
 
-def reuse_problem(spec, sweep: bool = False) -> str | None:
+def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     """Why `spec` cannot run under its run name, or None: the run folder holds a run started
     with other settings (training would resume its weights under the new settings). Checked
-    before anything starts; `--restart` starts the run's training over instead. A folder
-    that holds no workflow run of this project is refused too (`foreign_problem`; `sweep`:
-    `spec` is a sweep's base, whose folder is the sweep's)."""
+    before anything starts; `--restart` starts the run's training over instead (not for a
+    sweep's `trial`: the sweep refuses --restart, and a new sweep --run-name is the fix). A
+    folder that holds no workflow run of this project is refused too (`foreign_problem`;
+    `sweep`: `spec` is a sweep's base, whose folder is the sweep's)."""
     if problem := foreign_problem(spec, sweep):
         return problem
     path = spec.run_dir / "workflow.json"
@@ -154,6 +155,10 @@ def reuse_problem(spec, sweep: bool = False) -> str | None:
         return None
     shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
                                       else "")
+    if trial:
+        return (f"its run was started with other settings ({shown}): give the sweep a new "
+                "--run-name for these settings; a larger --max-epochs / --max-updates / "
+                "--max-time alone continues its trials, a smaller one is refused")
     return (f"run {spec.run_name!r} in {spec.storage} was started with other settings "
             f"({shown}): give a new --run-name for these settings, or add --restart to "
             "train this run over (its earlier training and scores are kept aside in its "

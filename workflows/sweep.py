@@ -54,7 +54,7 @@ from convs2s.config import keep_explicit_dropout
 from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
                                  trial_owned_problem, variants_for)
 from workflows.cluster import no_room, workers_fit
-from workflows.engine import check, prepare, run_stages, source_tags, training_figures
+from workflows.engine import check, check_inputs, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
 from workflows.run_tree import RunTree
@@ -115,14 +115,16 @@ class Trial:
 
     def finished(self) -> dict | None:
         """The trial's recorded result when it finished under the same settings and budget and
-        scored the same test sets (names and inputs) with this scoring, else None. (A record
+        scored the same test sets (names and inputs) with this scoring, drawing as many
+        attention pictures as asked (--attention; a larger one re-scores), else None. (A record
         from before test sets were recorded does not say what it scored, nor one of another
         scoring how: the trial runs again, which only scores what its run has not scored on
         that text with this scoring.)"""
         tests = self.tests  # read (and kept) with or without a record: what it will name
         rec = self.recorded()
         return rec if rec is not None and rec.get("tests") == tests \
-            and rec.get("scoring", 1) == self.scoring else None
+            and rec.get("scoring", 1) == self.scoring \
+            and rec.get("attention", 0) >= self.spec.attention else None
 
     def write_record(self, metrics: dict) -> None:
         """trial.json: the trial finished with `metrics` under its settings, budget and test
@@ -131,7 +133,7 @@ class Trial:
         # PUT in a bucket, where no file can be renamed.
         write_whole(self.record, json.dumps(
             {"key": self.key, "tests": self.tests, "trial": self.name, "scoring": self.scoring,
-             "metrics": metrics}, indent=1).encode())
+             "attention": self.spec.attention, "metrics": metrics}, indent=1).encode())
 
 
 @dataclass(frozen=True)
@@ -215,7 +217,7 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                                  storage=str(folder))
             trials.append(Trial(name, v, seed, spec, changes))
     for t in trials:  # a trial folder holding a run under other settings: before anything
-        if problem := reuse_problem(t.spec):
+        if problem := reuse_problem(t.spec, trial=True):
             raise SweepError(f"sweep {run_name!r}, trial {t.name}: {problem}")
     if opts.concurrent_trials is not None and opts.concurrent_trials < 1:
         raise SweepError(f"--concurrent-trials {opts.concurrent_trials}: give a positive number")
@@ -244,9 +246,23 @@ def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
     fit = workers_fit(b, nodes) // b.num_workers
     if not fit and never_grows():
         raise SweepError(_no_trial_fits(sweep, nodes))
+    if sweep.concurrency and never_grows() \
+            and min(sweep.concurrency, len(sweep.trials)) > fit:
+        raise SweepError(
+            f"--concurrent-trials {sweep.concurrency}: this machine's Ray holds the training "
+            f"workers of {fit} trial(s) at a time ({b.num_workers} worker(s) each; a local "
+            f"Ray never grows: the others would wait {_placement_wait_s():.0f} s for room, "
+            f"then fail); give --concurrent-trials {fit}, or leave it out")
     if sweep.concurrency:
         return sweep.concurrency
     return int(max(1, min(fit, len(sweep.trials))))
+
+
+def _placement_wait_s() -> float:
+    """How long Ray Train waits for room for a run's workers (CONVS2S_PLACEMENT_WAIT_S)."""
+    from workflows.steps import PLACEMENT_WAIT_S
+
+    return PLACEMENT_WAIT_S
 
 
 def _no_trial_fits(sweep: SweepSpec, nodes: list[dict]) -> str:
@@ -263,6 +279,13 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
     (table, MLflow metrics and artifacts). The sweep folder's lease is held throughout."""
     base = sweep.base
     check(base, sweep=True)  # writes nothing: a refused sweep leaves no folder behind
+    seen = {digest(base.describe())}  # each variant's inputs too: a custom variant's --set
+    for t in sweep.trials:  # may name other files, found missing only after its training
+        if (d := digest(t.spec.replace(run_name=base.run_name, storage=base.storage,
+                                       train=base.train, model=base.model).describe())) \
+                not in seen:
+            seen.add(d)
+            check_inputs(t.spec)
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
         prepare(base, sweep=True)  # sources, GPUs and Ray, as for one workflow run
         if any(t.finished() is None for t in sweep.trials):
@@ -276,7 +299,8 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
 
 
 def _run_sweep(sweep: SweepSpec) -> SweepResult:
-    from convs2s.tracking.runs import end_run, log_artifacts, log_final_metrics, stopped_status
+    from convs2s.tracking.runs import (end_run, log_artifacts, log_final_metrics, set_tags,
+                                       stopped_status)
     from preprocessing.pipeline import run_pipeline
 
     base = sweep.base
@@ -287,7 +311,11 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
                               "convs2s.workflow": base.workflow, "convs2s.preset": base.preset,
                               **source_tags(base)})
     run_id = tree.parent
-    tree.describe(run_id, sweep_params(sweep))
+    tree.describe(run_id, sweep_params(sweep))  # (a param keeps its first invocation's value)
+    set_tags(uri, run_id, {"convs2s.sweep.invocation": (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}: variants "
+        f"{','.join(v.name for v in sweep.variants)}; seeds {','.join(map(str, sweep.seeds))}; "
+        f"{_budget(base)}; the metrics and summary are this invocation's trials")})
     result = SweepResult(sweep, run_id, uri)
     try:
         log.info("== sweep %s (%s): %d variants x %d seeds = %d trials", sweep.run_name,
@@ -333,6 +361,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     import ray
     from ray import tune
 
+    from convs2s.tracking.runs import redact_text
+
     n = concurrency(sweep, ray.nodes())
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
@@ -361,8 +391,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     ran, failed = {}, {}
     for r in grid:
         name = (r.config or {}).get("trial")
-        if r.error is not None:
-            lines = str(r.error).strip().splitlines()
+        if r.error is not None:  # (to the log, the summary and MLflow: no password in it)
+            lines = redact_text(str(r.error)).strip().splitlines()
             failed[name] = (lines[-1] if lines else type(r.error).__name__)[:500]
             log.warning("== sweep: trial %s failed: %s", name, failed[name])
         else:
@@ -619,7 +649,9 @@ def summary_metrics(sweep: SweepSpec, results: dict[str, dict],
 def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | None,
                  log_final_metrics, log_artifacts) -> None:
     """summary.md / summary.json in the sweep folder and as the sweep run's artifacts; the
-    per-variant means and spreads as its metrics."""
+    per-variant means and spreads as its metrics (those of this invocation's trials only)."""
+    from convs2s.tracking.runs import metric_keys
+
     headline = task_kind(sweep.base.task_kind).headline
     stats = variant_stats(sweep, result.results)
     sweep.folder.mkdir(parents=True, exist_ok=True)
@@ -636,6 +668,12 @@ def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | 
                                            for v in sweep.variants},
                               "trials": result.results, "failed": result.failed,
                               "headline": headline}, indent=1, default=str))
-    log_final_metrics(uri, run_id, summary_metrics(sweep, result.results, result.failed))
+    metrics = summary_metrics(sweep, result.results, result.failed)
+    # The run's metrics are the latest summary's: a figure an earlier invocation logged that
+    # this one has none for (a variant or a seed not rerun, an sd over one seed now) is logged
+    # as NaN, not left beside the new figures as if it were one of them.
+    metrics.update({k: math.nan for k in metric_keys(uri, run_id) - set(metrics)
+                    if k.endswith(("/n", "_mean", "_sd"))})
+    log_final_metrics(uri, run_id, metrics)
     log_artifacts(uri, run_id, str(md), "summary")
     log_artifacts(uri, run_id, str(js), "summary")

@@ -523,6 +523,17 @@ def log_final_metrics(uri: str, run_id: str | None, metrics: dict[str, float | N
         warn_unreachable(uri, "logging final metrics", err)
 
 
+def metric_keys(uri: str, run_id: str | None) -> set[str]:
+    """The keys of the metrics a run holds; empty when there is no run or it is unreachable."""
+    if run_id is None:
+        return set()
+    try:
+        with bounded_http():
+            return set(mlflow_client(uri).get_run(run_id).data.metrics)
+    except Exception:  # noqa: BLE001 - deleted run or unreachable server
+        return set()
+
+
 def run_has_metrics(uri: str, run_id: str | None) -> bool:
     """Whether the run still exists (not deleted) and holds metrics; False when unreachable."""
     if run_id is None:
