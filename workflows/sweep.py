@@ -336,7 +336,9 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
                      "training is kept): %s", len(rescore), ", ".join(rescore))
         todo = [t for t in sweep.trials if t.name not in result.results]
         if todo:
-            # The data once, before the trials: they find it prepared (no two trials build it).
+            # The data once, before the trials: they find it prepared (a custom variant that
+            # changes data.* prepares its own in its trials, its seeds maybe at once: each
+            # stage is published whole, so that only repeats work).
             run_pipeline(base.data)
             ran, failed = _run_on_tune(sweep, todo, tree)
             result.results.update(ran)
