@@ -459,7 +459,12 @@ def test_mlflow_compose_services_and_server_flags():
     known = {o for p in cli.commands["server"].params for o in p.opts}
     assert set(flags) <= known, f"unknown mlflow server flags {set(flags) - known}"
 
-    backend = flags["--backend-store-uri"]
+    # The store (its password in it) from the environment, not on the command line (`ps`)
+    from mlflow.cli import server
+
+    (store,) = [p for p in server.params if p.name == "backend_store_uri"]
+    assert "--backend-store-uri" not in flags and store.envvar == "MLFLOW_BACKEND_STORE_URI"
+    backend = services["mlflow"]["environment"][store.envvar]
     pg = services["postgres"]["environment"]
     assert backend.startswith(f"postgresql://{pg['POSTGRES_USER']}:")
     assert backend.endswith(f"@postgres:5432/{pg['POSTGRES_DB']}")
