@@ -48,7 +48,8 @@ def normalize(text: str | None) -> str:
 
 
 def drop_reason(src: str, tgt: str, max_len: int | None, max_len_ratio: float | None) -> str | None:
-    """Why a cleaned pair is dropped (None: kept). Lengths are whitespace words, as in the paper."""
+    """Why a cleaned pair is dropped (None: kept). Lengths are whitespace words (the paper's
+    "words", §4.1, which it does not define further)."""
     if not src or not tgt:
         return "empty"
     ls, lt = src.count(" ") + 1, tgt.count(" ") + 1  # text is normalized: one space per gap

@@ -17,8 +17,8 @@ the experiment `translation_<src>_<tgt>`, its best model registered as
   3e-3, warmup, a cosine decay over the time budget, 60 minutes by default; dropout 0.3, or 0.4
   where the budget would pass over the data 30 times or more: `train.dropout_by_passes`, which
   `--set model.dropout=...` turns off), one worker, batches of 4,000 tokens on every host;
-- gpu: the paper's WMT'14 En-De model and recipe (NAG, lr 0.5, 4,000 tokens per GPU), a 40k
-  joint BPE, one GPU (--num-workers N --use-gpu for more);
+- gpu: the WMT'14 En-De paper preset's model and recipe (the reference's: NAG, lr 0.5, 4,000
+  tokens per GPU), a 40k joint BPE, one GPU (--num-workers N --use-gpu for more);
 - smoke: the embedded demo corpus (English -> French), minutes.
 
 Any other setting with --set (model.*, train.*, data.*, search.*), e.g. --set
@@ -39,8 +39,9 @@ from workflows.workflow_config import EnsembleConfig, WorkflowConfig
 
 
 def gpu() -> WorkflowConfig:
-    """The paper's WMT'14 En-De model and recipe (`workflows/wmt14_en_de.py`, `paper`) on any
-    pair: a 40k joint BPE, the paper's filters, one GPU."""
+    """The WMT'14 En-De paper preset's model and recipe (the reference's;
+    `workflows/wmt14_en_de.py`, `paper`) on any pair: a 40k joint BPE, the paper's filters, one
+    GPU."""
     return wmt14_en_de.paper().replace(
         name="translation_{src}_{tgt}",  # the languages the run resolves to
         preprocess=data.translation().replace(vocab_size=40_000, spm_sample_pairs=1_000_000),

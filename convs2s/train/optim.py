@@ -10,8 +10,11 @@
         if schedule.should_stop(): break                     # lr fell below min_lr
 
 Schedules (TrainConfig.lr_schedule):
-- "plateau" (paper §4.2): divide the lr by 10 after every epoch whose validation perplexity did
-  not improve on the best so far (perplexity = exp(loss), so comparing losses is the same).
+- "plateau" (paper §4.2, as the reference implements it): divide the lr by 10 after every epoch
+  whose validation perplexity did not improve on the best so far (perplexity = exp(loss), so
+  comparing losses is the same). §4.2's words ("once the validation perplexity stops improving,
+  we reduce the learning rate by an order of magnitude after each epoch") also read as every
+  epoch after the first that did not improve: docs/reference.md, Recipes.
 - "fixed" (reference recipe): the lr stays fixed, then from epoch `anneal_from_epoch` on it is
   multiplied by `lr_shrink` once per epoch: lr_e = lr * shrink^(e + 1 - anneal_from_epoch).
 Both stop training once the lr falls below `min_lr` (1e-4).
