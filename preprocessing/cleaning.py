@@ -28,7 +28,7 @@ REASONS = ("line_too_long", "bad_row", "invalid_utf8", "nul_byte", "empty", "too
            "duplicate", "over_max_positions", "over_max_tokens")
 
 
-def normalize(text: str | None) -> str:
+def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
     """Delete control / non-printing characters, NFC, collapse all whitespace to single spaces.
 
     Deleted: Unicode categories Cc, Cf, Co, Cs, Cn (controls, zero-width / format characters,
@@ -36,7 +36,8 @@ def normalize(text: str | None) -> str:
     exactly what `str.isprintable()` rejects, minus the spaces, so clean text takes a fast path.
     Deleting comes first: a deleted character between a letter and its combining mark would
     otherwise leave them uncomposed, not NFC (output for such text changed on 2026-12-04;
-    folders made before keep theirs).
+    folders made before keep theirs). `token_map` (PreprocessConfig.token_map) replaces whole
+    words last.
     """
     if not text:
         return ""
@@ -44,7 +45,10 @@ def normalize(text: str | None) -> str:
         text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
-    return " ".join(text.split())  # str.split() splits on every Unicode space (NBSP, U+3000, ...)
+    words = text.split()  # str.split() splits on every Unicode space (NBSP, U+3000, ...)
+    if token_map:  # whole words spelled another way in some split (Gigaword's test `UNK`)
+        words = [token_map.get(w, w) for w in words]
+    return " ".join(words)
 
 
 def drop_reason(src: str, tgt: str, max_len: int | None, max_len_ratio: float | None) -> str | None:
@@ -61,7 +65,8 @@ def drop_reason(src: str, tgt: str, max_len: int | None, max_len_ratio: float | 
 
 
 def _clean_batch(table: pa.Table, src_lang: str, tgt_lang: str, row_shape: str,
-                 max_len, max_len_ratio, max_line_bytes: int, filters: bool = True):
+                 max_len, max_len_ratio, max_line_bytes: int, filters: bool = True,
+                 token_map: dict[str, str] | None = None):
     """(ids, src, tgt, reasons) of a source batch; text of dropped rows is blanked."""
     ids = table["id"].to_numpy()
     if row_shape == "translation":
@@ -79,7 +84,7 @@ def _clean_batch(table: pa.Table, src_lang: str, tgt_lang: str, row_shape: str,
             if max(len(s.encode()), len(t.encode())) > max_line_bytes:
                 err = "line_too_long"  # parquet / jsonl cells get the same bound as text lines
         if err is None:
-            s, t = normalize(s), normalize(t)
+            s, t = normalize(s, token_map), normalize(t, token_map)
             err = drop_reason(s, t, max_len if filters else None,
                               max_len_ratio if filters else None)
         if err is not None:
@@ -155,7 +160,8 @@ def dedupe_group(group: pa.Table) -> pa.Table:
 UNREADABLE = ("line_too_long", "bad_row")
 
 
-def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str) -> pa.Table:
+def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str,
+                    token_map: dict[str, str] | None = None) -> pa.Table:
     """Ray Data function for the text export: every row, Unicode-cleaned only, never filtered
     by length or content; `reason` names the rows the export leaves out (`UNREADABLE`, their
     text blanked), `error` is the reader's."""
@@ -167,5 +173,5 @@ def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape:
     reasons = [e if e in UNREADABLE else None for e in table["error"].to_pylist()]
     return pa.table({"id": table["id"], "error": table["error"],
                      "reason": pa.array(reasons, pa.string()),
-                     "src": ["" if r else normalize(s) for s, r in zip(src, reasons)],
-                     "tgt": ["" if r else normalize(t) for t, r in zip(tgt, reasons)]})
+                     "src": ["" if r else normalize(s, token_map) for s, r in zip(src, reasons)],
+                     "tgt": ["" if r else normalize(t, token_map) for t, r in zip(tgt, reasons)]})

@@ -45,6 +45,10 @@ class PreprocessConfig:
     max_len_ratio: float | None = 1.5  # None = off (summarization)
     dedupe: bool = False  # drop exact duplicate training pairs (keep the lowest row id)
     max_line_bytes: int = 1 << 16  # longer input lines are dropped as garbage, never held whole
+    # Whole words replaced in every split, both sides, after cleaning: a corpus that spells
+    # one thing two ways (Gigaword's test split writes an unknown word `UNK`, its training
+    # data `<unk>`: {"UNK": "<unk>"}). Empty: no replacement.
+    token_map: dict[str, str] = field(default_factory=dict)
     # Joint BPE (sentencepiece), learned once on a seeded uniform sample of training pairs.
     vocab_size: int = 40_000
     spm_sample_pairs: int = 1_000_000  # both sides of each sampled pair go into training
@@ -85,6 +89,11 @@ class PreprocessConfig:
         if self.max_positions is not None and self.max_positions < 2:
             raise ValueError(f"max_positions must be >= 2 (a piece and EOS) or None, got "
                              f"{self.max_positions}")
+        if not isinstance(self.token_map, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and k.split() == [k]
+                and v.split() == [v] for k, v in self.token_map.items()):
+            raise ValueError(f"token_map maps whole words to whole words (no spaces), e.g. "
+                             f"{{'UNK': '<unk>'}}; got {self.token_map!r}")
         if self.exchange not in EXCHANGES:
             raise ValueError(f"exchange must be one of {EXCHANGES}, got {self.exchange!r}")
         if self.shortlist_per_source < 0 or self.shortlist_sample_pairs < 1:
@@ -135,6 +144,9 @@ def wmt16_en_ro() -> PreprocessConfig:
 
 def gigaword() -> PreprocessConfig:
     """Gigaword headlines (paper §4.1): 30k vocabulary, no ratio filter (documents >> titles).
+    Its test split (Rush et al.'s 1,951 pairs) writes an unknown word `UNK` where the training
+    data writes `<unk>` (its first pair: "japan 's nec corp. and UNK computer corp. ..."): one
+    spelling for all splits, the training data's.
 
     Read from the hub's parquet conversion: the dataset itself is a loading script.
     """
@@ -142,7 +154,7 @@ def gigaword() -> PreprocessConfig:
                             tgt_lang="summary", row_shape="columns",
                             hub_repo="Harvard/gigaword", hub_config="default",
                             hub_revision="refs/convert/parquet", max_len_ratio=None,
-                            vocab_size=30_000)
+                            vocab_size=30_000, token_map={"UNK": "<unk>"})
 
 
 def multi30k_en_de() -> PreprocessConfig:

@@ -112,7 +112,7 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
     ds = read_split(src, cfg)
     opts = {"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang, "row_shape": cfg.row_shape,
             "max_len": cfg.max_len, "max_len_ratio": cfg.max_len_ratio,
-            "max_line_bytes": cfg.max_line_bytes}
+            "max_line_bytes": cfg.max_line_bytes, "token_map": dict(cfg.token_map) or None}
     label = f"clean/{split}"
     # batch_size=None: each block the reader yields (<= block_rows rows) is one part.
     if cfg.dedupe and split == "train":
@@ -217,7 +217,7 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, fin
         ds = read_split(sources[split], cfg).map_batches(
             normalize_block, batch_size=None, batch_format="pyarrow",
             fn_kwargs={"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
-                       "row_shape": cfg.row_shape})
+                       "row_shape": cfg.row_shape, "token_map": dict(cfg.token_map) or None})
         ds = execution_settings(ds)
         ds.context.execution_options.preserve_order = True  # input order = line order
         paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]
@@ -312,7 +312,8 @@ def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = Non
     if sources is None:
         sources = {s: resolve_split(cfg, s) for s in ("train", "valid") if s in cfg.splits}
     settings = {k: v for k, v in cfg.to_dict().items()
-                if k not in _NOT_OUTPUT and k not in BATCH_CUT}
+                if k not in _NOT_OUTPUT and k not in BATCH_CUT
+                and not (k == "token_map" and not v)}  # (unset: the keys folders had before)
     inputs = {s: [cfg.splits[s], sources[s].fingerprint] for s in ("train", "valid")
               if s in sources}
     keyed = {"pipeline_version": PIPELINE_VERSION, "settings": settings, "inputs": inputs}
@@ -341,6 +342,8 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
     clean_cfg = {k: v for k, v in cfg.to_dict().items() if k in (
         "source", "src_lang", "tgt_lang", "row_shape", "max_len", "max_len_ratio",
         "max_line_bytes", "hub_repo", "hub_config", "hub_revision", "seed")}
+    if cfg.token_map:  # (only where set: the stages of other data keep their keys)
+        clean_cfg["token_map"] = dict(cfg.token_map)
     for split, src in sources.items():
         scfg = {**clean_cfg, "split": cfg.splits[split], "dedupe": cfg.dedupe and split == "train"}
         m[f"clean/{split}"] = _stage(task_dir, f"clean/{split}", scfg, config_hash(src.fingerprint),

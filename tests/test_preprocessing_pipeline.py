@@ -486,3 +486,44 @@ def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shar
     assert not [line for line in err if "Starting execution of Dataset" in line
                 or "Execution plan" in line or "\r" in line], proc.stderr[-3000:]
     assert len(err) < 60, "\n".join(err)
+
+
+def test_gigawords_test_split_spells_unknown_words_as_its_training_data(ray_session, shared_data,
+                                                                       tmp_path):
+    """Gigaword's training data writes an unknown word `<unk>`, its test split (Rush et al.'s
+    pairs) `UNK` ("japan 's nec corp. and UNK computer corp. ..."): the model would meet `UNK`
+    in a test document as pieces of text it never saw there. The preset maps it to the
+    training data's spelling in every split, in the cleaned rows and in the text it scores;
+    only whole words (`UNKNOWN` stays)."""
+    from preprocessing import config as pconfig
+
+    sample = shared_data / "gigaword-sample"
+    docs, titles = lines(sample / "article.txt")[:400], lines(sample / "title.txt")[:400]
+    assert any("<unk>" in d for d in docs)  # the training data's spelling
+    (tmp_path / "train.document").write_text("\n".join(docs) + "\n")
+    (tmp_path / "train.summary").write_text("\n".join(titles) + "\n")
+    (tmp_path / "test.document").write_text(
+        "japan 's nec corp. and UNK computer corp. of the united states said wednesday they "
+        "had agreed to join forces in supercomputer sales .\nthe UNKNOWN soldier UNK .\n")
+    (tmp_path / "test.summary").write_text("nec UNK in computer sales tie-up\nan UNK\n")
+    cfg = pconfig.gigaword().replace(source=str(tmp_path), splits={"train": "train",
+                                                                   "test": "test"},
+                                     vocab_size=400, spm_sample_pairs=400,
+                                     root=str(tmp_path / "out"))
+    assert cfg.token_map == {"UNK": "<unk>"}
+    out = run_pipeline(cfg)
+    src, tgt = (Path(p).read_text().splitlines() for p in out.text["test"])
+    assert src == ["japan 's nec corp. and <unk> computer corp. of the united states said "
+                   "wednesday they had agreed to join forces in supercomputer sales .",
+                   "the UNKNOWN soldier <unk> ."]
+    assert tgt == ["nec <unk> in computer sales tie-up", "an <unk>"]
+    rows = pa.concat_tables([pq.read_table(p) for p in
+                             sorted((Path(out.root) / "clean" / "test").glob("*.parquet"))])
+    assert "UNK " not in " ".join(rows["src"].to_pylist()) + " "
+    assert normalize("a UNK b", {"UNK": "<unk>"}) == "a <unk> b" == \
+        normalize("a\u00a0<unk>  b", {"UNK": "<unk>"})
+    # The map is part of the data's key (data without one keeps the key it had before the
+    # setting existed: an unset map is left out of it).
+    assert data_dir(cfg.replace(token_map={})) != data_dir(cfg)
+    with pytest.raises(ValueError, match="token_map maps whole words to whole words"):
+        cfg.replace(token_map={"two words": "x"})

@@ -17,7 +17,9 @@ ROUGE as parallel Ray tasks, tracked under one MLflow parent run.
 Two approximations, both stated here: the paper asks for outputs "at least 14 words long"
 while search counts BPE pieces (`min_len=14` pieces, about 10-14 words); and the paper's
 vocabulary is 30k words while this project uses a 30k joint BPE. The paper's DUC-2004 recall
-numbers need the DUC data (not on the hub); the hub's test split has 1,951 pairs (paper: 2,000).
+numbers need the DUC data (not on the hub); the hub's test split has 1,951 pairs (paper: 2,000)
+and spells an unknown word `UNK` where the training data writes `<unk>`: mapped to `<unk>` in
+every split (preprocessing.config.gigaword, `token_map`).
 """
 
 import sys
