@@ -145,7 +145,7 @@ def wmt16_en_ro() -> PreprocessConfig:
 def gigaword() -> PreprocessConfig:
     """Gigaword headlines (paper §4.1): 30k vocabulary, no ratio filter (documents >> titles).
     Its test split (Rush et al.'s 1,951 pairs) writes an unknown word `UNK` where the training
-    data writes `<unk>` (its first pair: "japan 's nec corp. and UNK computer corp. ..."): one
+    data writes `<unk>` (one of its documents: "japan 's nec corp. and UNK computer corp. ..."): one
     spelling for all splits, the training data's.
 
     Read from the hub's parquet conversion: the dataset itself is a loading script.
