@@ -241,6 +241,25 @@ def test_a_copy_into_storage_cut_short_is_not_listed(tmp_path):
     assert [i.update for i in list_checkpoints(run)] == [120, 480]
 
 
+def test_a_copy_whose_sentencepiece_model_is_cut_short_or_missing_is_not_listed(tmp_path):
+    """The files beside checkpoint.pt come in the same copy, in no set order: a sentencepiece
+    model cut short (or not there yet) under a whole meta.json made a checkpoint that was
+    listed, then failed to average, stage or translate."""
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"pieces" * 100)
+    model, opt, _ = _trained_model()
+    run = tmp_path / "run"
+    for update in (120, 240, 360):
+        save_checkpoint(run / checkpoint_dir_name(update), _state(model, opt, 1, update, 3.0),
+                        spm_model=str(spm))
+    meta = json.loads((run / checkpoint_dir_name(120) / META_FILE).read_text())
+    assert meta["file_bytes"] == {CHECKPOINT_FILE: meta["checkpoint_bytes"],
+                                  "sentencepiece.model": 600}
+    (run / checkpoint_dir_name(240) / "sentencepiece.model").write_bytes(b"pieces")
+    (run / checkpoint_dir_name(360) / "sentencepiece.model").unlink()
+    assert [i.update for i in list_checkpoints(run)] == [120]
+
+
 def test_list_pick_and_best(tmp_path):
     run = _fake_run(tmp_path, [(1, 120, 3.0, True), (1, 150, None, False), (2, 240, 2.5, True),
                                (2, 300, None, False), (3, 360, 2.7, True)])

@@ -72,9 +72,12 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
             shutil.copyfile(local_copy(path), directory / location(path).name)
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
             "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch),
-            # (Ray Train copies the folder into storage file by file, under the final names: a
-            # copy cut short is told by the size)
-            "checkpoint_bytes": (directory / CHECKPOINT_FILE).stat().st_size}
+            # (Ray Train copies the folder into storage file by file, under the final names, in
+            # no set order: a copy cut short is told by the sizes, of every file beside it too)
+            "checkpoint_bytes": (directory / CHECKPOINT_FILE).stat().st_size,
+            "file_bytes": {f.name: f.stat().st_size for f in sorted(directory.iterdir())
+                           if f.is_file() and f.name != META_FILE
+                           and not f.name.endswith(".tmp")}}
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
     tmp = directory / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta))
@@ -250,17 +253,26 @@ def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
 
 
 def _whole(d) -> CheckpointInfo | None:
-    """The checkpoint folder `d`'s info if it is whole: meta.json readable and checkpoint.pt
-    of the size it records (a copy into storage cut short has both names); else None."""
+    """The checkpoint folder `d`'s info if it is whole: meta.json readable and every file it
+    records (checkpoint.pt, the sentencepiece model, a text pipeline's files) there with its
+    size (a copy into storage cut short has the names, not the bytes); else None."""
     if not ((d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()):
         return None
     try:
         meta = json.loads((d / META_FILE).read_text())
     except ValueError:  # a meta.json cut short
         return None
-    want, file = meta.get("checkpoint_bytes"), d / CHECKPOINT_FILE
-    if want is not None:  # (checkpoints written before the size was recorded: trusted)
-        size = file.info().size if is_uri(file) else Path(file).stat().st_size
+    # (checkpoints written before sizes were recorded: trusted; before the other files' were,
+    # checkpoint.pt's alone)
+    sizes = meta.get("file_bytes") or {}
+    if meta.get("checkpoint_bytes") is not None:
+        sizes = {CHECKPOINT_FILE: meta["checkpoint_bytes"], **sizes}
+    for name, want in sizes.items():
+        file = d / name
+        try:
+            size = file.info().size if is_uri(file) else Path(file).stat().st_size
+        except OSError:  # (not copied yet)
+            return None
         if size != want:
             return None
     return _info(d, meta)
