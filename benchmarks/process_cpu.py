@@ -109,15 +109,25 @@ class Sampler:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.process_cpu",
+        usage="%(prog)s [-h] [--interval S] [--top N] [--out FILE] [--replace] -- COMMAND ...",
+        description=__doc__.split("\n\n")[0],
+        epilog="Everything after -- is the command to run and measure; the tool exits with its "
+               "exit status.")
+    p.add_argument("--interval", type=float, default=0.2, metavar="S",
+                   help="seconds between two reads of every process (default 0.2)")
+    p.add_argument("--top", type=int, default=25, metavar="N",
+                   help="kinds of process in the printed table (default 25; the file has all)")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "process_cpu.json", metavar="FILE",
+                   help="result JSON (default benchmarks/results/process_cpu.json)")
+    p.add_argument("--replace", action="store_true",
+                   help="overwrite --out if it exists (otherwise the result goes beside it, "
+                        "named with the UTC time)")
     if "--" not in argv:
-        sys.exit("usage: python -m benchmarks.process_cpu [--out F] [--interval S] -- COMMAND")
+        p.parse_args(argv)  # --help prints the options and exits; other options are checked
+        p.exit(1, p.format_usage() + "error: no COMMAND: give it after --\n")
     split = argv.index("--")
-    p = argparse.ArgumentParser(prog="python -m benchmarks.process_cpu",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--interval", type=float, default=0.2)
-    p.add_argument("--top", type=int, default=25)
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "process_cpu.json")
-    p.add_argument("--replace", action="store_true")
     args, command = p.parse_args(argv[:split]), argv[split + 1:]
     load_before = load_average()
     with Sampler(args.interval) as sampler:

@@ -18,7 +18,9 @@ own per-parameter NAG loop: if anything, faster than the reference as it ships.
 
 `--dtype bf16` runs the forward passes under bf16 autocast, the project's own bf16 mode (the
 reference's `--bf16` instead trains a bf16 copy of the model behind float32 master weights).
-The result holds each timed step's seconds and target tokens, and the median tokens/s.
+The result holds each timed step's seconds and target tokens, the median tokens/s, a UTC
+`created` stamp and the host under `machine` (CPU model and matmul flags, GPU name, named as
+`benchmarks.machine.machine_info` names them, so a reference file says where it ran).
 """
 
 from __future__ import annotations
@@ -26,9 +28,48 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import platform
 import statistics
 import time
+from pathlib import Path
 from types import SimpleNamespace
+
+# Copied from benchmarks/machine.py (this script runs in the reference's environment, without
+# the project): the CPU features that decide the matmul rates, and the settings that cap them.
+MATMUL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+                "amx_int8", "amx_tile", "bf16", "i8mm", "asimddp")
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+              "CONVS2S_CPU_BF16")
+
+
+def host(torch, device) -> dict:
+    """The machine, with the keys `benchmarks.machine.machine_info` gives them: the CPU model
+    and matmul flags from /proc/cpuinfo (None where unreadable), cores, and the GPU's name."""
+    cpu, flags = None, None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and cpu is None:
+                cpu = value.strip()
+            elif key in ("flags", "Features") and flags is None:
+                have = set(value.split())
+                flags = [f for f in MATMUL_FLAGS if f in have]
+            if cpu is not None and flags is not None:
+                break
+    except OSError:
+        pass
+    info = {"hostname": platform.node(), "platform": platform.platform(),
+            "cpu": cpu or platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "cpu_flags": flags, "device": str(device),
+            "torch_threads": torch.get_num_threads()}
+    limits = {k: os.environ[k] for k in ISA_LIMITS if os.environ.get(k)}
+    if limits:
+        info["isa_limits"] = limits
+    if device.type == "cuda":
+        info["gpu"] = {"name": torch.cuda.get_device_name(device), "cuda": torch.version.cuda}
+    return info
 
 
 def main() -> None:
@@ -113,7 +154,9 @@ def main() -> None:
                    "dtype": args.dtype, "per_step": rows,
                    "tgt_tokens_per_s": statistics.median(r["tgt_tokens"] / r["seconds"]
                                                          for r in rows),
-                   "torch": torch.__version__}, f)
+                   "torch": torch.__version__,
+                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "machine": host(torch, device)}, f)
 
 
 if __name__ == "__main__":
