@@ -521,14 +521,15 @@ def _check_score_lang(p: argparse.ArgumentParser, lang: str | None) -> None:
     English's, and a note says so (a typo, `--lang fe`, is seen)."""
     import re
 
-    from convs2s.metrics.scoring import moses_has_prefixes
+    from convs2s.metrics.scoring import UNSPACED_TARGETS, moses_has_prefixes
 
     if not lang:
         p.error("--lang is required for translation (the target language, e.g. fr)")
     if not re.fullmatch(r"[a-z]{2,3}", lang):
         p.error(f"--lang {lang!r}: give the target language's ISO 639 code, two or three "
                 "lowercase letters (fr, de, ro, ...)")
-    if not moses_has_prefixes(lang):
+    if lang not in UNSPACED_TARGETS and not moses_has_prefixes(lang):  # (no bleu_tokenized
+        # for those: Moses does not segment them)
         print(f"{p.prog}: note: Moses has no nonbreaking prefixes for {lang!r}: bleu_tokenized "
               "splits its sentences with English's, as tokenizer.perl does (check --lang if "
               "that is not the target language)", file=sys.stderr)

@@ -244,14 +244,28 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     assert list_checkpoints(tmp_path / "r") == [kept]
     # Another seed, or other batches (another --train-data: here the valid split's), would
     # plan the interrupted epoch's rows afresh over other rows: one line each, nothing written.
-    for more, said in ((["--set", "seed=7"], "was trained with seed 1, seed 7 asked"),
+    for more, said in ((["--set", "seed=7"], "was trained with seed 1 there, 7 asked: "),
                        (["--train-data", demo_batches.batches["valid"]],
-                        "the run's checkpoint trained on other batches than ")):
+                        "was trained with other training batches than ")):
         rc = main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", *more))
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and said in err, err
-        assert "another --run-name" in err
+        assert "its checkpoint at update 2" in err and "another --run-name" in err
         assert list_checkpoints(tmp_path / "r") == [kept]
+    # The worker checks the checkpoint it loads too (Ray Train may hand it another than the
+    # newest the driver saw): the same words.
+    from convs2s.io.checkpoint import CheckpointError, load_checkpoint
+    from convs2s.train.data import TrainFiles, data_identity
+    from convs2s.train.trainer import _check_same_training
+
+    state = load_checkpoint(kept.path)
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(seed=7),
+                   train_data=demo_batches.batches["train"], valid_data="v", spm_model="",
+                   vocab_size=400, storage_path=str(tmp_path), run_name="r")
+    ours = data_identity(job.train_data, TrainFiles.scan(job.train_data))
+    with pytest.raises(CheckpointError, match="was trained with seed 1 there, 7 asked"):
+        _check_same_training(state, job, ours, kept.path)
+    _check_same_training(state, job.replace(train=TrainConfig(seed=1)), ours, kept.path)
     # Another lr on resume: the schedule's state decides, and the line says so.
     assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "3", "--set",
                       "lr=0.5")) == 0

@@ -106,6 +106,15 @@ def test_gigawords_update_is_128_sentences_on_any_number_of_gpus(tmp_path):
                                                 storage_path=str(tmp_path),
                                                 set=["data.max_sentences=32"]))
     assert kept.update_note == "" and kept.params()["workflow"]["update_sentences"] == 128
+    # Its UNK -> <unk> map is one param value: `<unk>` as a param name lost the whole batch
+    from convs2s.tracking.runs import flatten_params
+    from workflows.run_spec import mlflow_key_part
+
+    params = flatten_params(kept.params())
+    assert params["workflow.preprocess.token_map"] == '{"UNK": "<unk>"}'
+    assert all(mlflow_key_part(part) for key in params for part in key.split(".")), params
+    assert "workflow.preprocess.token_map" not in flatten_params(
+        resolve(wmt14_en_fr.paper(), RunOptions(storage_path=str(tmp_path))).params())
     with pytest.raises(ValueError, match="in tokens .* or in sentences"):
         gigaword.paper().replace(update_tokens=4000)
 

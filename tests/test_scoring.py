@@ -372,3 +372,6 @@ def test_score_lang_is_a_language_code_and_one_moses_lacks_is_said(tmp_path, cap
     assert "(Moses has no nonbreaking prefixes for xx: English's)" in \
         json.loads(out)["signatures"]["preprocessing"]
     assert "nonbreaking" not in scoring.translation_signatures("fr")["preprocessing"]
+    # Chinese: no tokenized BLEU to say anything about (it once said English's were used)
+    assert cli.main(["score", "--hyp", str(hyp), "--ref", str(ref), "--lang", "zh"]) == 0
+    assert capsys.readouterr().err == ""

@@ -418,6 +418,9 @@ def test_a_sweep_is_refused_in_one_line_where_a_local_ray_could_not_run_it(tmp_p
         "--concurrent-trials 2: this machine's Ray holds the training workers of 1 trial(s) "
         "at a time (1 worker(s) each; a local Ray never grows: the others would wait 900 s "
         "for room, then fail); give --concurrent-trials 1, or leave it out")
+    # ... counting the trials still to run: a rerun with one left runs it
+    assert concurrency(_sweep_of(tmp_path, num_workers=1, concurrent_trials=2),
+                       ray_session.nodes(), todo=1) == 2
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # a cluster may grow: as asked
     assert concurrency(_sweep_of(tmp_path, num_workers=1, concurrent_trials=2),
                        ray_session.nodes()) == 2

@@ -21,6 +21,7 @@ decides the metrics, convs2s.metrics.task_kinds) and the preprocessing output's 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -160,8 +161,16 @@ def check_locations(spec) -> None:
 
 def preprocess_params(pre: PreprocessConfig) -> dict:
     """Preprocessing settings as params: all but the storage root, an absolute path that only
-    tells machines apart in MLflow's compare view (the run's tags keep its folder)."""
-    return {k: v for k, v in pre.to_dict().items() if k != "root"}
+    tells machines apart in MLflow's compare view (the run's tags keep its folder). A
+    `token_map` is one JSON value (its words as param names: `<unk>` is not a name MLflow
+    takes, and it refuses the whole batch that holds one), none where unset (as before it
+    existed)."""
+    out = {k: v for k, v in pre.to_dict().items() if k != "root"}
+    if out.get("token_map"):
+        out["token_map"] = json.dumps(out["token_map"], sort_keys=True)
+    else:
+        out.pop("token_map", None)
+    return out
 
 
 # What MLflow takes in a metric or param name (mlflow.utils.validation,

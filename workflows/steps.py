@@ -250,7 +250,7 @@ def _update(spec: RunSpec, train: TrainConfig) -> str:
     if spec.update_sentences:  # batches cut by sentences (Gigaword)
         n = spec.num_workers * train.update_freq * spec.data.max_sentences
         return (f"update {spec.num_workers} x {train.update_freq} x "
-                f"{spec.data.max_sentences:,} = {n:,} sentences"
+                f"{spec.data.max_sentences:,} = at most {n:,} sentences"
                 + (" (the preset's)" if n == spec.update_sentences else ""))
     tokens = spec.num_workers * train.update_freq * spec.data.max_tokens
     return (f"update {spec.num_workers} x {train.update_freq} x {spec.data.max_tokens:,} = "

@@ -235,7 +235,7 @@ def _changed(base: RunSpec, other: RunSpec) -> dict[str, str]:
     return {k: b[k] for k in sorted(b) if b[k] != a.get(k) and k != "overrides"}
 
 
-def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
+def concurrency(sweep: SweepSpec, nodes: list[dict], todo: int | None = None) -> int:
     """Trials at once: how many trials' training workers the cluster's alive nodes
     (`ray.nodes()`) hold side by side (`--concurrent-trials` decides when given), at least 1:
     on a cluster (RAY_ADDRESS, or one this process joined) its autoscaler may add the nodes a
@@ -243,11 +243,11 @@ def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
     trial fits, a SweepError names the need and the fix (each
     trial would wait CONVS2S_PLACEMENT_WAIT_S for its workers, then fail)."""
     b = sweep.base
+    todo = len(sweep.trials) if todo is None else todo  # the trials still to run
     fit = workers_fit(b, nodes) // b.num_workers
     if not fit and never_grows():
         raise SweepError(_no_trial_fits(sweep, nodes))
-    if sweep.concurrency and never_grows() \
-            and min(sweep.concurrency, len(sweep.trials)) > fit:
+    if sweep.concurrency and never_grows() and min(sweep.concurrency, todo) > fit:
         raise SweepError(
             f"--concurrent-trials {sweep.concurrency}: this machine's Ray holds the training "
             f"workers of {fit} trial(s) at a time ({b.num_workers} worker(s) each; a local "
@@ -255,7 +255,7 @@ def concurrency(sweep: SweepSpec, nodes: list[dict]) -> int:
             f"then fail); give --concurrent-trials {fit}, or leave it out")
     if sweep.concurrency:
         return sweep.concurrency
-    return int(max(1, min(fit, len(sweep.trials))))
+    return int(max(1, min(fit, todo)))
 
 
 def _placement_wait_s() -> float:
@@ -288,12 +288,12 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
             check_inputs(t.spec)
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
         prepare(base, sweep=True)  # sources, GPUs and Ray, as for one workflow run
-        if any(t.finished() is None for t in sweep.trials):
+        if todo := sum(t.finished() is None for t in sweep.trials):
             import ray
 
             # Before the sweep's MLflow run and the data: where no trial fits a local Ray,
             # one line (each trial would otherwise wait for room, then fail)
-            concurrency(sweep, ray.nodes())
+            concurrency(sweep, ray.nodes(), todo)
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
             return _run_sweep(sweep)
 
@@ -331,9 +331,10 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
             log.info("== sweep: %d trial(s) finished earlier, skipped: %s",
                      len(result.skipped), ", ".join(result.skipped))
         if rescore:
-            log.info("== sweep: %d trial(s) finished earlier on other test sets or test files "
-                     "(or before test sets were recorded), run again to score them (their "
-                     "training is kept): %s", len(rescore), ", ".join(rescore))
+            log.info("== sweep: %d trial(s) finished earlier on other test sets or test files, "
+                     "with fewer attention pictures (--attention) or before test sets were "
+                     "recorded, run again to score them (their training is kept): %s",
+                     len(rescore), ", ".join(rescore))
         todo = [t for t in sweep.trials if t.name not in result.results]
         if todo:
             # The data once, before the trials: they find it prepared (a custom variant that
@@ -365,7 +366,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
 
     from convs2s.tracking.runs import redact_text
 
-    n = concurrency(sweep, ray.nodes())
+    n = concurrency(sweep, ray.nodes(), len(todo))
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
     by_name = {t.name: t for t in todo}

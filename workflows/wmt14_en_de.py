@@ -86,7 +86,7 @@ def smoke() -> WorkflowConfig:
         train=TrainConfig(max_epochs=2, log_interval=50, keep_last=2),
         ensemble=EnsembleConfig(runs=2, average_last=0),
         num_workers=1,
-        update_tokens=0,  # a pipeline check, not the paper's update
+        update_tokens=0,  # a pipeline check, not the paper preset's update
         use_gpu=False,
     )
 

@@ -71,7 +71,7 @@ def smoke() -> WorkflowConfig:
         search=SearchConfig(beam=5),
         ensemble=EnsembleConfig(runs=1, average_last=2),
         num_workers=2,
-        update_tokens=0,  # a pipeline check, not the paper's update
+        update_tokens=0,  # a pipeline check, not the paper preset's update
         use_gpu=False,
     )
 

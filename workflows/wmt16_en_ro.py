@@ -67,7 +67,7 @@ def smoke() -> WorkflowConfig:
         ensemble=EnsembleConfig(runs=1, average_last=2),
         num_workers=2,
         use_gpu=False,
-        update_sentences=0,  # a pipeline check, not the paper's update
+        update_sentences=0,  # a pipeline check, not the paper preset's update
     )
 
 

@@ -53,13 +53,15 @@ class WorkflowConfig:
     num_workers: int = 1  # Ray Train workers (one GPU each with use_gpu)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0  # CPUs (torch threads) per training worker
-    # The tokens of one update the recipe states (the paper's GPUs x tokens per GPU): every run
+    # The tokens of one update the recipe states (GPUs x tokens per GPU): every run
     # keeps it whatever --num-workers, with micro-batches per update = update_tokens / (workers
     # x preprocess.max_tokens) (workflows.run_spec.update_plan); 0: one micro-batch a worker.
     update_tokens: int = 0
     # For a recipe whose batches are a number of sentences (Gigaword, §5.7: "batch size 128" on
-    # one GPU; its token budget set so high that it never binds): the sentences of one update,
-    # kept as update_tokens is, over preprocess.max_sentences. At most one of the two is set.
+    # one GPU, its token budget set so high that it does not bind; En-Ro, §4.2's 64, where the
+    # token budget still cuts batches of long sentences smaller, so 64 is an upper bound): the
+    # sentences of one update, kept as update_tokens is, over preprocess.max_sentences. At most
+    # one of the two is set.
     update_sentences: int = 0
     # The batch budget (preprocess.max_tokens) for a run that trains in float32 on CPUs, what
     # `--precision auto` picks on a CPU without native bf16: an hour passes the data a third as

@@ -78,6 +78,11 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
             "file_bytes": {f.name: f.stat().st_size for f in sorted(directory.iterdir())
                            if f.is_file() and f.name != META_FILE
                            and not f.name.endswith(".tmp")}}
+    # what a resume must keep, read without loading the weights (convs2s.train.data.preflight)
+    if (seed := (state.get("train_config") or {}).get("seed")) is not None:
+        meta["seed"] = int(seed)
+    if state.get("train_data"):
+        meta["train_data"] = state["train_data"]
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
     tmp = directory / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta))

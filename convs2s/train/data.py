@@ -203,7 +203,8 @@ def preflight(job, world: int) -> tuple[TrainFiles, TrainFiles]:
     one line (RunRefused, or the checks' ValueError): a --run-name that is not one folder
     (storage.checks), data that is not what preprocessing wrote or that the run cannot use
     (its files against their manifest, positions, vocabulary, an update the split cannot fill
-    on `world` ranks), and a run folder holding a model it did not train (foreign_best).
+    on `world` ranks), a run folder holding a model it did not train (foreign_best), and a
+    checkpoint to resume trained with another seed or on other batches (resume_problem).
     Returns the training and validation files."""
     from convs2s.io.checkpoint import foreign_best  # (here: the checks need no torch)
     from storage.checks import run_name_problem
@@ -216,7 +217,51 @@ def preflight(job, world: int) -> tuple[TrainFiles, TrainFiles]:
     check_updates_fill(files.total, world, job.train.update_freq)
     if problem := foreign_best(location(job.storage_path) / job.run_name):
         raise RunRefused(problem)
+    if problem := resume_problem(job, files):  # (the worker checks the checkpoint it loads)
+        raise RunRefused(problem)
     return files, valid_files
+
+
+def resume_differences(seed, data: dict | None, job, ours: dict) -> list[str]:
+    """How a checkpoint trained with `seed` on batches `data` (`data_identity`; None for a
+    checkpoint from before it was recorded) differs from the run `job` asks on batches `ours`:
+    the interrupted epoch goes on with the rows its plan had left, a plan made from the seed
+    and the batch files, so another seed or another cut of the data (another --train-data,
+    --max-tokens, corpus) would train some rows twice and others never."""
+    out = []
+    if seed is not None and int(seed) != job.train.seed:
+        out.append(f"seed {int(seed)} there, {job.train.seed} asked")
+    differ = [k for k, v in (data or {}).items()
+              if v is not None and ours.get(k) is not None and ours[k] != v]
+    if differ:
+        out.append(f"other training batches than {job.train_data} ("
+                   + ", ".join(f"{k} {data[k]} there, {ours[k]} here" for k in differ) + ")")
+    return out
+
+
+RESUME_FIX = ("resume with the run's own seed and training batches, or give another "
+              "--run-name for a new run")
+
+
+def resume_problem(job, files: TrainFiles) -> str | None:
+    """Why the run folder's latest checkpoint cannot be resumed by `job` (another seed, other
+    batches: `resume_differences`, read from its meta.json), or None; checked before a
+    worker starts, so that the refusal is one line under every launcher."""
+    import json
+
+    from convs2s.io.checkpoint import META_FILE, list_checkpoints
+
+    run_dir = location(job.storage_path) / job.run_name
+    kept = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    if not kept:
+        return None
+    meta = json.loads((location(kept[-1].path) / META_FILE).read_text())
+    differ = resume_differences(meta.get("seed"), meta.get("train_data"), job,
+                                data_identity(job.train_data, files))
+    if not differ:
+        return None
+    return (f"{run_dir}: its checkpoint at update {kept[-1].update} was trained with "
+            + "; ".join(differ) + f": {RESUME_FIX}")
 
 
 def data_identity(folder, files: TrainFiles) -> dict:

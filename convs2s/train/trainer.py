@@ -72,8 +72,8 @@ from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
 from convs2s.train.ddp import compress_gradients, ddp_kwargs
-from convs2s.train.data import (TrainFiles, data_identity, read_file, read_manifest, read_rows,
-                                 resume_point, resumed_rows)
+from convs2s.train.data import (RESUME_FIX, TrainFiles, data_identity, read_file, read_manifest,
+                                 read_rows, resume_differences, resume_point, resumed_rows)
 from convs2s.train.job import STOP_REASONS, TrainJob
 from convs2s.train.comm import Comm
 from convs2s.train.runtime import load_agreed
@@ -755,25 +755,13 @@ def _check_same_model(state: dict, job: TrainJob, where) -> None:
 def _check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
     """Refuse to resume a run's checkpoint with another seed or other training batches: the
     interrupted epoch goes on with the rows its plan had left (convs2s.train.data), a plan made
-    from the seed and the batch files. Another seed, or another cut of the data (another
-    --train-data, --max-tokens, corpus), would train some rows twice and others never, and the
-    run's epochs would count batches of two datasets. A checkpoint from before the data was
-    recorded: the seed is compared only."""
-    seed = (state.get("train_config") or {}).get("seed")
-    if seed is not None and int(seed) != job.train.seed:
-        raise CheckpointError(
-            f"{where}: the run's checkpoint was trained with seed {int(seed)}, seed "
-            f"{job.train.seed} asked: its epochs' batch order follows its own seed. Resume "
-            f"with --set seed={int(seed)}, or give another --run-name for a new run")
-    theirs = state.get("train_data") or {}
-    differ = [k for k, v in theirs.items() if v is not None and data.get(k) is not None
-              and data[k] != v]
-    if differ:
-        raise CheckpointError(
-            f"{where}: the run's checkpoint trained on other batches than {job.train_data} ("
-            + ", ".join(f"{k} {theirs[k]} there, {data[k]} here" for k in differ)
-            + "): resume with the run's own --train-data, or give another --run-name for a "
-            "new run")
+    from the seed and the batch files (`resume_differences`; `preflight` refuses the same from
+    the latest checkpoint's meta.json before any worker starts). A checkpoint from before the
+    data was recorded: the seed is compared only."""
+    if differ := resume_differences((state.get("train_config") or {}).get("seed"),
+                                    state.get("train_data"), job, data):
+        raise CheckpointError(f"{where}: the run's checkpoint was trained with "
+                              + "; ".join(differ) + f": {RESUME_FIX}")
 
 
 def _model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, object]]:
