@@ -287,7 +287,7 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
             seen.add(d)
             check_inputs(t.spec)
     with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
-        prepare(base, sweep=True)  # sources, GPUs and Ray, as for one workflow run
+        prepare(base, sweep=True)  # Ray, storage and GPUs, as for one workflow run
         if todo := sum(t.finished() is None for t in sweep.trials):
             import ray
 

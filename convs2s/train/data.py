@@ -268,7 +268,8 @@ def data_identity(folder, files: TrainFiles) -> dict:
     """What makes a training split the same data, wherever it was copied: its batch stage's
     settings and input digests (the manifest's `config_hash`, `input_fingerprint`; None for
     batches made by other tools) and its batch count. A checkpoint records it; a resume on
-    other batches is refused (convs2s.train.trainer)."""
+    other batches is refused (`resume_problem`, and the worker's own check in
+    convs2s.train.trainer)."""
     m = read_manifest(folder)
     return {"config_hash": m.get("config_hash"), "input_fingerprint": m.get("input_fingerprint"),
             "batches": files.total}
