@@ -117,6 +117,19 @@ def test_gigawords_update_is_128_sentences_on_any_number_of_gpus(tmp_path):
         resolve(wmt14_en_fr.paper(), RunOptions(storage_path=str(tmp_path))).params())
     with pytest.raises(ValueError, match="in tokens .* or in sentences"):
         gigaword.paper().replace(update_tokens=4000)
+    # A token budget that closes the batches first is said when the batches are cut (their
+    # manifest: 1,000 Gigaword sample pairs in 13 batches under 4,000 tokens, 8 under 128 x 256)
+    from workflows.steps import sentences_fill_note
+
+    small = resolve(gigaword.paper(), RunOptions(preset="paper", storage_path=str(tmp_path),
+                                                 set=["data.max_tokens=4000"]))
+    assert sentences_fill_note(small, {"batches": 13, "rows_kept": 1000}) == (
+        "the training batches hold 77 sentences on average, not the 128 of the preset's "
+        "update: data.max_tokens=4,000 closes them first (a larger budget keeps the update)")
+    one = resolve(gigaword.paper(), RunOptions(preset="paper", storage_path=str(tmp_path)))
+    assert sentences_fill_note(one, {"batches": 8, "rows_kept": 1000}) is None
+    assert sentences_fill_note(resolve(wmt14_en_fr.paper(), RunOptions(
+        storage_path=str(tmp_path))), {"batches": 13, "rows_kept": 1000}) is None
 
 
 def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys):
