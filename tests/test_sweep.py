@@ -65,7 +65,15 @@ def test_every_sweep_builds_distinct_models_on_the_cpu_and_paper_ablation_preset
     assert [v.name for v in variants_for("paper-5.2", CPU_MODEL)][:4] == \
         [BASELINE, "no-src-pos", "no-tgt-pos", "no-pos"]
     depth = variants_for("depth", CPU_MODEL)
+    assert [v.name for v in depth] == [BASELINE, "enc-2", "enc-8", "enc-9", "dec-1", "dec-2",
+                                       "dec-6"]  # the paper's 9 and 2 among them (§5.6)
     assert [len(v.apply(CPU_MODEL).encoder_layers) for v in depth[1:3]] == [2, 8]
+    # The kernel sweep keeps a paper model's 1 x 1 output layers (§5.1: "linear mappings")
+    en_de = PRESETS["wmt14_en_de"]()
+    kernels = {v.name: v.apply(en_de) for v in variants_for("kernel", en_de)}
+    assert "enc-k3" not in kernels  # its kernel-3 layers are the baseline's
+    assert kernels["enc-k5"].encoder_layers == [(512, 5)] * 9 + [(1024, 5)] * 4 \
+        + [(2048, 1)] * 2
 
 
 def test_the_recipe_sweep_adds_dropout_width_and_tying_and_the_quality_benchmark_takes_one():

@@ -6,8 +6,8 @@ first (torchtitan-style presets: read them here, not in a registry of strings):
 
     table4(model)    position embeddings on / off (Table 4)
     table5(model)    multi-step attention in fewer decoder layers (Table 5)
-    depth(model)     shallower and deeper encoders and decoders (Figure 2)
-    kernel(model)    wider encoder and decoder kernels (Figure 3)
+    depth(model)     shallower and deeper encoders and decoders (§5.6, Figure 2)
+    kernel(model)    other encoder and decoder kernel widths (§5.6, its kernel-width results)
     recipe(model)    more dropout and a wider model: retuning a small-data recipe (not the paper's)
 
 `SWEEPS` names them for `--sweep` ("paper-5.2" is Tables 4 and 5 together, the paper's §5.4 and
@@ -100,15 +100,17 @@ def _stack(layers, depth: int, kernel: int | None = None) -> list[tuple[int, int
 
 
 def depth(model: ModelConfig) -> list[Variant]:
-    """Encoder and decoder depth (§5.6, Figure 2: deeper encoders help up to about 9 layers;
-    decoders of two layers already do well): half and twice the preset's encoder depth, and a
-    1-layer and a twice-as-deep decoder, each keeping the first layer's width and kernel."""
+    """Encoder and decoder depth (§5.6, Figure 2: deeper encoders help "until up to 9 layers
+    when accuracy starts to plateau"; "decoder setups with two layers already perform well"):
+    half, twice and the paper's 9 for the encoder, 1, 2 and twice the preset's depth for the
+    decoder (the paper's two anchors among them), each keeping the first layer's width and
+    kernel."""
     ne, nd = len(model.encoder_layers), len(model.decoder_layers)
     out = [_baseline()]
-    for n in sorted({max(1, ne // 2), 2 * ne} - {ne}):
+    for n in sorted({max(1, ne // 2), 9, 2 * ne} - {ne}):
         out.append(Variant(f"enc-{n}", f"{n} encoder layers",
                            (("encoder_layers", _stack(model.encoder_layers, n)),)))
-    for n in sorted({1, 2 * nd} - {nd}):
+    for n in sorted({1, 2, 2 * nd} - {nd}):
         out.append(Variant(f"dec-{n}", f"{n} decoder layers",
                            (("decoder_layers", _stack(model.decoder_layers, n)),
                             ("decoder_attention", None))))
@@ -116,16 +118,19 @@ def depth(model: ModelConfig) -> list[Variant]:
 
 
 def kernel(model: ModelConfig) -> list[Variant]:
-    """Kernel width (§5.6, Figure 3: narrow kernels with many layers beat wide ones): kernels of
-    3, 5 and 7 in the encoder, then in the decoder, at the preset's depths and widths."""
+    """Kernel width (§5.6: "encoders with narrow kernels and many layers perform better than
+    wider kernels", a similar picture for decoders): kernels of 3, 5 and 7 in the encoder,
+    then in the decoder, at the preset's depths and widths. Layers of kernel 1 (the paper's
+    En-De and En-Fr models end in "linear mappings with a single input", §5.1) stay so."""
     out = [_baseline()]
     for side in ("encoder", "decoder"):
         layers = getattr(model, f"{side}_layers")
         for k in (3, 5, 7):
-            if all(kw == k for _, kw in layers):
+            if all(kw == k for _, kw in layers if kw > 1):
                 continue  # the preset's own kernel: the baseline
             out.append(Variant(f"{side[:3]}-k{k}", f"{side} kernel {k}",
-                               ((f"{side}_layers", [(w, k) for w, _ in layers]),)))
+                               ((f"{side}_layers", [(w, k if kw > 1 else kw)
+                                                    for w, kw in layers]),)))
     return out
 
 
