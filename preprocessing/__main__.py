@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="output root, a folder or a bucket prefix; stages go to "
                                  "<out>/<task>/<key>/<stage>/")
     p.add_argument("--split", action="append", default=[], metavar="SPLIT=NAME",
-                   help="source name of a split, e.g. valid=newstest2013 or train=a.txt,b.txt "
+                   help="source name of a split: a file stem, e.g. valid=newstest2013 (its "
+                        "<stem>.<lang> files), or one file per side, train=SRC_FILE,TGT_FILE "
                         "(repeatable; a new split name adds a test set)")
     p.add_argument("--vocab-size", type=int, help="BPE types (default: the preset's)")
     p.add_argument("--max-tokens", type=int, help="token budget per batch")

@@ -204,10 +204,17 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
                                   "NAME[first:end] with first < end")
         src.lines = (first, end)
         return src
-    if "," in name:  # two explicit line-aligned files
+    if "," in name:  # two explicit line-aligned files: the source side's, the target side's
         files = [base / p.strip() for p in name.split(",")]
         if len(files) != 2:
             raise PreprocessError(f"split source {name!r}: give exactly two files 'src,tgt'")
+        if any(f.name.endswith(tuple(f".{k}{gz}" for k in ("tsv", "jsonl", "parquet")
+                                     for gz in ("", ".gz"))) for f in files):
+            raise PreprocessError(
+                f"split source {name!r}: SRC_FILE,TGT_FILE names one file of each side's plain "
+                "text, not two corpora (a .tsv, .jsonl or .parquet file holds both sides: name "
+                "it alone); to train on several corpora, concatenate them into one file per "
+                "side (cat a.en b.en > train.en; .gz files concatenate the same way)")
         for f in files:
             _not_a_directory(f)
         missing = [str(f) for f in files if not f.is_file()]
@@ -229,9 +236,13 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
         if pair[0].is_file() or pair[1].is_file():
             missing = [str(f) for f in pair if not f.is_file()]
             if missing:
+                lang = cfg.tgt_lang if pair[0].is_file() else cfg.src_lang
+                zipped = base / f"{name}.{lang}.gz"  # the other side compressed, this one not
+                hint = (f" ({zipped.name} is there: give both sides plain or both .gz)"
+                        if not gz and zipped.is_file() else "")
                 raise PreprocessError(f"found {pair[0] if pair[0].is_file() else pair[1]} but "
-                                      f"not its other side {missing[0]}: line-aligned text needs "
-                                      "both files")
+                                      f"not its other side {missing[0]}{hint}: line-aligned "
+                                      "text needs both files")
             return SplitSource("text", [str(p) for p in pair])
     for kind in ("tsv", "jsonl"):
         for gz in ("", ".gz"):

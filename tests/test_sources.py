@@ -134,6 +134,19 @@ def test_missing_inputs_are_clear_errors(tmp_path):
         resolve_split(cfg, "test")
     with pytest.raises(PreprocessError, match="does not exist"):
         resolve_split(local_cfg(tmp_path / "nope"), "train")
+    # One side plain, the other .gz: named (it said the .gz side was not there)
+    (tmp_path / "mixed.en").write_text("a\n")
+    (tmp_path / "mixed.fr.gz").write_bytes(gzip.compress(b"a\n"))
+    with pytest.raises(PreprocessError, match=r"mixed\.fr\.gz is there: give both sides plain "
+                                              "or both .gz"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "mixed"}), "train")
+    # SRC_FILE,TGT_FILE is one file per side, not a list of corpora: two .tsv files (each with
+    # both sides) were read as a source and a target file
+    for name in ("a.tsv", "b.tsv"):
+        (tmp_path / name).write_text("x\ty\n")
+    with pytest.raises(PreprocessError, match="names one file of each side's plain text, not "
+                                              "two corpora.*concatenate them"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "a.tsv,b.tsv"}), "train")
 
 
 def write_hub_parquet(folder, config: str, split: str, pairs: list[tuple[str, str]],
