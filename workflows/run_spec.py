@@ -198,32 +198,32 @@ def _tracking_uri(flag: str | None) -> str:
         raise SpecError(f"--tracking-uri: {err}") from None
 
 
-def update_plan(update_tokens: int, workers: int, max_tokens: int, asked: int | None,
+def update_plan(update_size: int, workers: int, per_batch: int, asked: int | None,
                 preset_freq: int, asked_by: str | None = None, *, unit: str = "tokens",
                 setting: str = "data.max_tokens") -> tuple[int, str]:
     """(micro-batches per update, a note: "" when the update is the preset's). With
-    `update_tokens` (the preset's GPUs x tokens per GPU) the run keeps it on any number of
-    workers by accumulating micro-batches, as the reference's --update-freq does; `asked`
-    (--update-freq, or the setting `asked_by` names) decides when given. A preset whose
-    update is a number of sentences (Gigaword's 128) plans the same way in `unit` "sentences":
-    `update_tokens` and `max_tokens` are then sentences, and `setting` data.max_sentences."""
-    per_pass = workers * max_tokens  # the tokens of one micro-batch on every worker
+    `update_size` (the preset's update: GPUs x `per_batch` tokens, or sentences for a preset
+    whose update is a number of sentences, `unit` "sentences", `setting` data.max_sentences)
+    the run keeps it on any number of workers by accumulating micro-batches, as the
+    reference's --update-freq does; `asked` (--update-freq, or the setting `asked_by` names)
+    decides when given."""
+    per_pass = workers * per_batch  # one micro-batch on every worker
     if asked is not None:
         freq = asked
-    elif update_tokens:
-        freq = max(1, round(update_tokens / per_pass))
+    elif update_size:
+        freq = max(1, round(update_size / per_pass))
     else:
         return preset_freq, ""
-    if not update_tokens or per_pass * freq == update_tokens:
+    if not update_size or per_pass * freq == update_size:
         return freq, ""
-    got = f"{workers} worker(s) x {freq} micro-batch(es) x {max_tokens:,} {unit} = " \
+    got = f"{workers} worker(s) x {freq} micro-batch(es) x {per_batch:,} {unit} = " \
           f"{per_pass * freq:,} {unit} an update"
     if asked is not None:
-        return freq, f"{got}, not the preset's {update_tokens:,} " \
+        return freq, f"{got}, not the preset's {update_size:,} " \
                      f"({asked_by or f'--update-freq {asked}'})"
-    fix = (f"--set {setting}={update_tokens // (workers * freq)}"
-           if update_tokens % (workers * freq) == 0 else "--update-freq to choose")
-    return freq, f"{got}: the preset's update is {update_tokens:,} {unit}, which " \
+    fix = (f"--set {setting}={update_size // (workers * freq)}"
+           if update_size % (workers * freq) == 0 else "--update-freq to choose")
+    return freq, f"{got}: the preset's update is {update_size:,} {unit}, which " \
                  f"{workers} worker(s) cannot keep exactly ({fix})"
 
 
