@@ -733,8 +733,10 @@ def serve(argv: list[str] | None = None) -> int:
         # Serve's per-request lines stay in Ray's log files
         start_ray(log_to_driver=False, command="python -m convs2s serve ...")
     except (RayError, ValueError, OSError) as err:  # a RAY_ADDRESS it cannot join (said
-        # with its password hidden)
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        # with its password hidden; Ray's own errors too)
+        from convs2s.tracking.runs import redact_text
+
+        print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
     try:
         run(settings, host=args.host, port=args.port, blocking=True)

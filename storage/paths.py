@@ -50,17 +50,21 @@ def is_uri(p) -> bool:
 def shown(text: str) -> str:
     """A URI (or what was given as one) as a message may show it: no query or fragment (a
     presigned URL's signature) and no user information (`user:secret@`)."""
-    text = text.split("?", 1)[0].split("#", 1)[0]
     head, sep, rest = text.partition("://")
     if not sep:
         head, rest = "", text
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    elif "@" in rest and ":" in authority:  # KEY:SECRET/...@bucket (a secret may hold "/":
-        # never show what comes before the last "@"; a key's own "@" is shown)
-        authority, slash, path = "***@" + rest.rpartition("@")[2], "", ""
-    return f"{head}{sep}{authority}{slash}{path}"
+    if "@" in rest and _has_userinfo(rest):  # (never show what comes before the last "@")
+        rest = "***@" + rest.rpartition("@")[2]
+    rest = rest.split("?", 1)[0].split("#", 1)[0]
+    return f"{head}{sep}{rest}"
+
+
+def _has_userinfo(rest: str) -> bool:
+    """Whether `rest` (a URI after `scheme://`, holding an "@") starts with `KEY:SECRET@` or
+    `TOKEN@`: its first part, up to "/", "?" or "#", holds the "@" or a ":" (a secret may hold
+    "/", "?" or "#", which then end that part early: "KEY:SEC/RET@bucket")."""
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    return "@" in authority or ":" in authority
 
 
 # "s3:/bucket/x" (one slash: a typo, or a URI that went through pathlib.Path) is not a local
@@ -140,9 +144,9 @@ class ObjectPath:
         if not rest:
             raise StorageError(f"{uri!r}: name a bucket ({scheme}://BUCKET/PREFIX)")
         bucket = rest.split("/", 1)[0]
-        if "@" in rest.split("?", 1)[0].split("#", 1)[0] and ("@" in bucket or ":" in bucket):
-            # (a secret key may hold "/": the bucket is then "KEY:SECRET_START"; the message
-            # shows nothing before the last "@")
+        if "@" in rest and _has_userinfo(rest):
+            # (a secret key may hold "/", "?" or "#": the message shows nothing before the
+            # last "@")
             raise StorageError(
                 f"{shown(uri)}: credentials do not go in a storage URI (they would be printed "
                 "and logged with it); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "

@@ -234,6 +234,27 @@ def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(
     _check_room([("a on t", 1.0, 1.0)], nodes)
 
 
+def test_a_checkpoints_model_that_cannot_be_logged_is_one_line_without_the_password(
+        tiny_checkpoints, tmp_path, ray_session, monkeypatch, capsys):
+    """`--checkpoint NAME=DIR` logs its model first; a tracking server that does not answer
+    was an uncaught MLflow error whose traceback quoted the URI, password and all. One line
+    naming the checkpoint and the server (password hidden), exit 2."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    from workflows.evaluation import main
+
+    test = tiny_test_set(tiny_checkpoints, tmp_path)
+    with pytest.raises(SystemExit) as exit_:  # nothing listens on port 9
+        main(["--checkpoint", f"a={tiny_checkpoints['a']}", "--tracking-uri",
+              "http://alice:S3CRET@127.0.0.1:9", "--out", str(tmp_path / "eval"),
+              "--test", test.name, test.src, test.ref, test.tgt_lang])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "S3CRET" not in err, err
+    assert "--checkpoint a: its model could not be logged at http://alice:***@127.0.0.1:9" \
+        in err, err
+
+
 def test_idle_cpus_are_shared_out_to_the_cpu_jobs_there_are():
     """Equal whole shares that fit on the nodes at once (a task runs on one node), never less
     than a job asked for; GPU jobs keep their request."""

@@ -75,6 +75,13 @@ def test_a_message_shows_a_uri_without_its_secrets_and_with_the_rest_of_it():
     assert shown("s3://bucket/run@2/x") == "s3://bucket/run@2/x"  # a key's own "@"
     assert shown("s3://KEY:SEC/RET@bucket/x") == "s3://***@bucket/x"  # a secret with "/"
     assert shown("s3://KEY:SECRET@bucket/x?X-Amz-Signature=S") == "s3://***@bucket/x"
+    # a secret holding "#" or "?" (cut there, the "@" was missed: the key and the secret's
+    # start were shown), as a message and as the refusal
+    for uri in ("s3://AKIAKEY:wJalr#XUtn@bucket/runs", "s3://AKIAKEY:wJalr?XUtn@bucket/runs"):
+        assert shown(uri) == "s3://***@bucket/runs"
+        with pytest.raises(StorageError, match="credentials do not go in a storage URI") as err:
+            location(uri)
+        assert "AKIAKEY" not in str(err.value) and "wJalr" not in str(err.value), str(err.value)
 
 
 def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):

@@ -275,7 +275,7 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     import logging
 
     from convs2s.tracking import runs
-    from convs2s.tracking.runs import redact_uri
+    from convs2s.tracking.runs import redact_text, redact_uri
     from workflows import wmt14_en_fr
     from workflows.orchestrate import MlflowLinks
 
@@ -284,6 +284,27 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
     assert redact_uri("http://bob:p@ss@mlflow:5000/x@y") == "http://bob:***@mlflow:5000/x@y"
     assert redact_uri("http://bob:p'ss\"@mlflow:5000") == "http://bob:***@mlflow:5000"
+    # a password holding "/", "?" or "#" unencoded (MLflow quotes such a URI in its "Invalid
+    # url" error): all of it hidden, whatever the "/" leaves before it (a host:port look-alike)
+    for secret in ("pa/ss", "12/ss", "pa?ss", "pa#ss"):
+        text = redact_text(f"Invalid url: http://alice:{secret}@127.0.0.1:1/api/2.0/x")
+        assert text == "Invalid url: http://alice:***@127.0.0.1:1/api/2.0/x", text
+    # a presigned URL's signature and a token in a query, in a library's message
+    assert redact_text("GET https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA%2F1&"
+                       "X-Amz-Signature=abc&part=2 failed") == \
+        "GET https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&part=2 failed"
+    assert redact_uri("https://mlflow:5000/api?access_token=ghp_S3CRET") == \
+        "https://mlflow:5000/api?access_token=***"
+    # a training job's repr (Ray Train can record a run's config by it) leaves the URI out
+    from convs2s.config import PRESETS, TrainConfig
+    from convs2s.train.job import TrainJob
+
+    job = TrainJob(PRESETS["tiny"](), TrainConfig(), "b/train", "b/valid", "", 100, "runs", "r",
+                   tracking_uri="http://bob:S3CRET@mlflow:5000")
+    assert "S3CRET" not in repr(job) and job.tracking_uri.endswith("@mlflow:5000")
+    # an "@" of a path or a model alias is no credential
+    assert redact_text("s3://bucket/run@2 models:/m@champion http://host/x@y") == \
+        "s3://bucket/run@2 models:/m@champion http://host/x@y"
     # a bare token is a secret, never named as "the user" the server refused
     assert runs._user_of("https://ghp_S3CRET@mlflow:5000") is None
     assert runs._user_of("https://bob:S3CRET@mlflow:5000") == "bob"

@@ -520,10 +520,16 @@ def main(argv: list[str] | None = None) -> int:
         except NoRoomError as err:
             p.error(str(err))
     for name, path in named:
+        from mlflow.exceptions import MlflowException
+
         from convs2s.serving.pyfunc import log_translator
 
-        served = log_translator([path], search, tracking_uri=uri, run_id=args.parent_run_id,
-                                experiment_name="convs2s", name=name)
+        try:
+            served = log_translator([path], search, tracking_uri=uri, run_id=args.parent_run_id,
+                                    experiment_name="convs2s", name=name)
+        except MlflowException as err:  # MLflow's message quotes the URI, password and all
+            p.error(f"--checkpoint {name}: its model could not be logged at {redact_uri(uri)}: "
+                    f"{redact_text(str(err).splitlines()[0])[:300]}")
         jobs += [EvalJob(name, (path,), test, search, num_cpus=args.num_cpus,
                          num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
                          model_id=served.model_id) for test in tests]

@@ -138,19 +138,19 @@ def mlflow_client(uri: str):
 
 
 class _RedactCredentials(logging.Filter):
-    """A log record's text and traceback with every `scheme://user:password@` redacted
-    (`redact_text`); a record with none is left exactly as it is."""
+    """A log record's text and traceback with every URI's credentials redacted (`redact_text`);
+    a record with none is left exactly as it is."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             text = record.getMessage()
         except Exception:  # noqa: BLE001 - a bad format is the handler's to report, as always
             return True
-        if "@" in text and (hidden := redact_text(text)) != text:
+        if "://" in text and (hidden := redact_text(text)) != text:
             record.msg, record.args = hidden, ()
         if record.exc_info and not record.exc_text:  # (the text formatters cache and print)
             record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text and "@" in record.exc_text:
+        if record.exc_text and "://" in record.exc_text:
             record.exc_text = redact_text(record.exc_text)
         return True
 
@@ -183,27 +183,51 @@ def redact_mlflow_logs() -> None:
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
-# scheme:// and userinfo up to the last "@" before the path (a password may hold an "@")
-# (a quote is allowed in it, RFC 3986 allows one unencoded in a password)
-_USERINFO = re.compile(r"([A-Za-z][\w+.-]*://)([^/\s]+)@")
+# A URI in a message: scheme:// and what follows up to whitespace (a quote is allowed in it,
+# RFC 3986 allows one unencoded in a password)
+_URI = re.compile(r"([A-Za-z][\w+.-]*://)(\S+)")
+_HOST_PORT = re.compile(r"(?:[\w.-]*|\[[0-9A-Fa-f:.]*\])(?::\d*)?")
+# a query parameter that carries a secret (a presigned URL's signature, a token)
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:x-amz-(?:credential|signature|security-token)|"
+                           r"signature|sig|awsaccesskeyid|access_token|token|password|secret|"
+                           r"key)=)[^&\s'\"#]+")
 
 
 def _hide(m: re.Match) -> str:
-    user, colon, _ = m[2].partition(":")
-    return f"{m[1]}{user}:***@" if colon else f"{m[1]}***@"
+    """One URI with its user information hidden. The authority is what comes before the first
+    "/", "?" or "#"; a password may hold "@" (the last "@" of the authority ends it) and, written
+    unencoded, "/", "?" or "#" too: where the authority is then no host[:port] ("alice:pa" of
+    "alice:pa/ss@host"), or a host:port with an "@" after it, everything up to the URI's last
+    "@" is hidden (a message may lose a path's "@", never a password)."""
+    scheme, rest = m[1], m[2]
+    if "@" not in rest:
+        return m[0]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    at = authority.rfind("@")
+    if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]):
+        userinfo, tail = authority[:at], rest[at:]
+    elif at < 0 and ":" not in authority:  # a plain host: an "@" in the path (s3://b/k@x)
+        return m[0]
+    else:
+        at = rest.rfind("@")
+        userinfo, tail = rest[:at], rest[at:]
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:***" if colon and not re.search(r"[/?#@]", user) else "***"
+    return f"{scheme}{shown}{tail}"
 
 
 def redact_uri(uri: str | None) -> str | None:
     """`uri` as it may be printed, logged or stored: the password of `user:password@host` (or
-    a bare token `token@host`) replaced by `***`. Credentials are never shown (they reach
-    MLflow through the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
-    return _USERINFO.sub(_hide, uri, count=1) if uri and _USERINFO.match(uri) else uri
+    a bare token `token@host`) replaced by `***`, and so is a secret query parameter's value
+    (`?X-Amz-Signature=`, `?token=`). Credentials are never shown (they reach MLflow through
+    the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
+    return redact_text(uri) if uri else uri
 
 
 def redact_text(text: str) -> str:
-    """`text` (a library's error message, which may quote the URI it used) with the password
-    of every `scheme://user:password@` in it replaced by `***`, as `redact_uri`."""
-    return _USERINFO.sub(_hide, text)
+    """`text` (a library's error message, which may quote the URI it used) with every URI's
+    credentials replaced by `***`, as `redact_uri`."""
+    return _SECRET_PARAM.sub(r"\1***", _URI.sub(_hide, text))
 
 
 # MLflow's error code for a request it answered by refusing it (a name it does not take, a

@@ -41,7 +41,9 @@ class TrainJob:
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     max_failures: int = 3  # worker-group restarts from the latest checkpoint
-    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db
+    # None: $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db. Not in the job's repr (a
+    # server's password may be in it; Ray Train can record a run's config by its repr).
+    tracking_uri: str | None = field(default=None, repr=False)
     experiment_name: str = "convs2s"
     parent_run_id: str | None = None  # make the training run a child of a workflow's run
     # The MLflow run to train into, made by the caller (a workflow's run tree); None: `fit`
