@@ -628,3 +628,40 @@ def test_a_bare_cuda_device_names_the_ranks_gpu():
     assert rank_device("cuda", 3) == torch.device("cuda", 3)
     assert rank_device("cuda:1", 3) == torch.device("cuda", 1)
     assert rank_device("cpu", 3) == torch.device("cpu")
+
+
+def test_a_run_that_diverges_stops_in_one_line_and_saves_no_nan_checkpoint(demo_batches,
+                                                                           tmp_path, capsys):
+    """A NaN or infinite gradient norm went into the weights and the momentum, and training
+    went on: NaN checkpoints, the lr annealed by "no improvement" until min_lr, a run that
+    "finished". It now stops at the next read of the host (a log line, a checkpoint, the
+    validation) with one line naming the update and what to change, exit 2 (the reference
+    stops too), and no checkpoint of the NaN weights. Here an lr of 1e30, unclipped, sends
+    the weights to infinity in the first update."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.train.local import main
+
+    uri = mlflow_store(tmp_path)
+    rc = main(_argv(demo_batches, tmp_path, "nan", "--max-updates", "12", "--set", "lr=1e30",
+                    "--set", "clip_norm=0", "--set", "checkpoint_interval=4", "--set",
+                    "log_interval=100", "--tracking-uri", uri))
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (
+        "python -m convs2s train: error: training diverged: the gradient norm of update 2 was "
+        "NaN or infinite; no checkpoint was made before it. Lower the learning rate (train.lr, "
+        "1e+30 now) or the clip norm (train.clip_norm, 0: off), or train in fp32 "
+        "(train.precision), and start a new run (another --run-name)")
+    assert not list((tmp_path / "nan").glob("checkpoint_*"))
+    assert not (tmp_path / "nan" / "best").exists()
+    client = MlflowClient(uri)
+    [run] = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FAILED"
+    # a finite run's checks pass: the same run with the recipe's lr trains and checkpoints
+    rc = main(_argv(demo_batches, tmp_path, "fine", "--max-updates", "4", "--set",
+                    "checkpoint_interval=4"))
+    assert rc == 0 and json.loads(
+        (tmp_path / "fine" / "checkpoint_00000004" / "meta.json").read_text())["update"] == 4

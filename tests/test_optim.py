@@ -146,6 +146,31 @@ def test_nesterov_step_matches_the_formula():
     assert w.detach() == pytest.approx((w1 - lr * (g2 + m * buf2)).tolist())
 
 
+def test_weight_decay_with_nesterov_is_the_references_decoupled_decay():
+    """The reference's NAG shrinks the weights by (1 - lr * wd) before its step; torch's SGD
+    added wd * w to the gradient, which momentum 0.99 carries on (200 steps without a gradient
+    from w = 1: 0.951 the reference's way, -0.34 the other). Written here as the reference
+    writes it (buf = -lr * velocity, rescaled by lr / lr_old), through an lr annealed twice."""
+    m, wd = 0.99, 1e-3
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = build_optimizer([w], TrainConfig(lr=0.25, momentum=m, weight_decay=wd))
+    ref, buf, lr_old = w.detach().clone(), torch.zeros(2, dtype=torch.float64), 0.25
+    torch.manual_seed(0)
+    for step in range(60):
+        lr = 0.25 if step < 20 else 0.025 if step < 40 else 0.0025
+        for group in opt.param_groups:
+            group["lr"] = lr
+        g = torch.randn(2, dtype=torch.float64) if step % 3 else torch.zeros(2, dtype=torch.float64)
+        w.grad = g.clone()
+        opt.step()
+        correct = lr / lr_old
+        ref = ref * (1 - lr * wd) + buf * (m * m * correct) - (1 + m) * lr * g
+        buf = buf * (m * correct) - lr * g
+        lr_old = lr
+    torch.testing.assert_close(w.detach(), ref, rtol=1e-12, atol=1e-12)
+    assert opt.state_dict()["param_groups"][0]["decoupled_weight_decay"] == wd
+
+
 def _logits_and_target():
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 7)  # B x T x V

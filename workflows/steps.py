@@ -86,7 +86,7 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
     `datasets` (convs2s.tracking.runs.DatasetRecord) are logged as each run's MLflow inputs, `tags`
     set on each run."""
     from convs2s.train.data import check_updates_fill
-    from convs2s.train.job import RunRefused, TrainJob, TrainResult
+    from convs2s.train.job import Diverged, RunRefused, TrainJob, TrainResult
     from convs2s.train.launch import fit
     from convs2s.train.memory_fit import BudgetTooLarge
 
@@ -134,8 +134,9 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        placement_wait_s=PLACEMENT_WAIT_S)
         try:
             result = fit(job)
-        except (BudgetTooLarge, RunRefused) as err:  # a GPU cannot hold the batches, or the
-            # data or run folder is not what the run can train from: one line, exit 2
+        except (BudgetTooLarge, RunRefused, Diverged) as err:  # a GPU cannot hold the
+            # batches, the data or run folder is not what the run can train from, or training
+            # diverged: one line, exit 2
             raise SpecError(f"{name}: {err}") from None
         if result.best_checkpoint is None:
             raise RuntimeError(f"{name}: training finished without a checkpoint in "

@@ -82,6 +82,12 @@ class RunRefused(ValueError):
     exit 2)."""
 
 
+class Diverged(ValueError):
+    """Training stopped because its numbers are no longer numbers: a gradient norm or the
+    validation loss was NaN or infinite (the reference stops on the same). Nothing after the
+    last checkpoint was saved; the message says where and what to change."""
+
+
 class WorkersNotPlaced(RuntimeError):
     """Ray Train could not place the run's workers within `TrainJob.placement_wait_s` (a lost
     node not replaced, a cluster too small); the run stopped at its latest checkpoint and the

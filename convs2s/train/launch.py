@@ -57,8 +57,8 @@ from convs2s.io.checkpoint import (
 from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
-from convs2s.train.memory_fit import BudgetTooLarge
-from convs2s.train.trainer import UNFIT_KEY, CrashInjection, train_loop_per_worker
+from convs2s.train.trainer import (STOPPED_KEY, STOPPING_ERRORS, CrashInjection,
+                                   train_loop_per_worker)
 from storage import filesystem_of, is_uri, location
 
 # --- driver -------------------------------------------------------------------------------------
@@ -111,8 +111,10 @@ def fit(job: TrainJob) -> TrainResult:
                 "--storage-path) once the cluster has room, and it resumes there") from None
         raise
     final = dict(result.return_value or result.metrics or {})
-    if UNFIT_KEY in final:  # the workers' memory check failed: no training, no retries
-        err = BudgetTooLarge(final[UNFIT_KEY])
+    if STOPPED_KEY in final:  # the workers' memory check failed (no training), or the run
+        # diverged: no retries
+        kind, message = final[STOPPED_KEY]
+        err = STOPPING_ERRORS[kind](message)
         fail_train_run(uri, run_id, err)
         raise err
     has_best = close_train_run(uri, run_id, final, run_dir)

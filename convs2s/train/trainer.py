@@ -74,7 +74,7 @@ from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropou
 from convs2s.train.ddp import compress_gradients, ddp_kwargs
 from convs2s.train.data import (RESUME_FIX, TrainFiles, data_identity, read_file, read_manifest,
                                  read_rows, resume_differences, resume_point, resumed_rows)
-from convs2s.train.job import STOP_REASONS, TrainJob
+from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
 from convs2s.train.comm import Comm
 from convs2s.train.runtime import load_agreed
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
@@ -128,21 +128,24 @@ def _quiet_reports() -> None:
         pass
 
 
-# The key of a worker's return value that carries a `BudgetTooLarge` to the Ray driver.
-UNFIT_KEY = "budget_too_large"
+# The key of a worker's return value that carries a run-ending error to the Ray driver, as
+# [its class name, its message]; the errors that travel so, by name.
+STOPPED_KEY = "stopped_by"
+STOPPING_ERRORS = {cls.__name__: cls for cls in (BudgetTooLarge, Diverged)}
 
 
 def train_loop_per_worker(config: dict) -> dict:
     """Ray Train worker entry; `config` is the train_loop_config built by `fit`. A token budget
-    the GPUs cannot hold (the same on every rank, `agree_on_fit`) is returned, not raised: a
-    raised error would make Ray Train restart the group to probe and fail again."""
+    the GPUs cannot hold (the same on every rank, `agree_on_fit`) or a diverged run (the same
+    on every rank, `Trainer._check_finite`) is returned, not raised: a raised error would make
+    Ray Train restart the group from its last checkpoint, to fail the same way again."""
     from convs2s.train.runtime import RayRuntime
 
     _quiet_reports()
     try:
         return run_loop(config, RayRuntime(config["run_dir"]))
-    except BudgetTooLarge as err:
-        return {UNFIT_KEY: str(err)}
+    except tuple(STOPPING_ERRORS.values()) as err:
+        return {STOPPED_KEY: [type(err).__name__, str(err)]}
 
 
 def run_loop(config: dict, runtime) -> dict:
@@ -223,6 +226,10 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from = 0  # the update of the checkpoint resumed from (0: a fresh start)
         self._checkpointed = 0
+        # The first update whose gradient norm was NaN or infinite (-1: none), kept on the
+        # device (no host sync in a step); read where the loop reads the host anyway
+        # (`_check_finite`: log lines, validation, checkpoints)
+        self._nonfinite_at = torch.full((), -1, dtype=torch.int64, device=self.device)
         self.logger: RunLogger | None = None  # rank 0 only
         # The training rows: every rank plans its rows of each epoch from the files alone
         # (convs2s.train.data), so a resumed run trains exactly what its epoch had left.
@@ -402,6 +409,9 @@ class Trainer:
             progress.batches_in_epoch += len(micro)
             left -= len(micro)
             meter.add(stats, micro)
+            self._nonfinite_at = torch.where(
+                (self._nonfinite_at < 0) & ~torch.isfinite(stats.grad_norm), progress.update,
+                self._nonfinite_at)
             self.crash.record(self.rank, progress.update, micro)
             self.crash.maybe_crash(self.rank, progress.update, self.run_dir)
             self.seconds = self._clock()
@@ -426,6 +436,7 @@ class Trainer:
     def _log_train(self, epoch: int, lr: float, updates_at_start: int) -> None:
         """The interval's train metrics (a collective: every rank), logged and said by rank 0."""
         metrics = self.meter.read(lr)  # collective
+        self._check_finite()
         if self.logger is None:
             return
         update = self.progress.update
@@ -445,6 +456,27 @@ class Trainer:
                          f"{graphs['train/graph_eager_steps']} eager steps")
             _say(f"[convs2s.train] {line}")
 
+    def _check_finite(self, val_loss: float | None = None) -> None:
+        """Raise `Diverged` when an update's gradient norm (or `val_loss`) was NaN or
+        infinite: the step has written it into the weights and the momentum, and every later
+        update would train on from there, saving NaN checkpoints (the reference stops too).
+        The same on every rank: the norm is of the all-reduced gradients, the loss summed over
+        the ranks."""
+        at = int(self._nonfinite_at.item())
+        if at < 0 and (val_loss is None or math.isfinite(val_loss)):
+            return
+        what = (f"the gradient norm of update {at:,} was NaN or infinite" if at >= 0 else
+                f"the validation loss after update {self.progress.update:,} was {val_loss}")
+        kept = (f"the last checkpoint, at update {self._checkpointed:,}, is from before it "
+                "(nothing after it is saved)" if self._checkpointed else
+                "no checkpoint was made before it")
+        clip = self.cfg.clip_norm
+        raise Diverged(
+            f"training diverged: {what}; {kept}. Lower the learning rate (train.lr, "
+            f"{self.schedule.epoch_lr:g} now) or the clip norm (train.clip_norm, "
+            f"{clip:g}{': off' if clip <= 0 else ''}), or train in fp32 (train.precision), "
+            "and start a new run (another --run-name)")
+
     def validate(self) -> tuple[float, float, int]:
         """(loss sum, nll sum, target tokens) of the validation set, summed over all ranks (a
         collective). The batches are read on the first call and kept: validation sets are
@@ -458,6 +490,7 @@ class Trainer:
         progress, schedule = self.progress, self.schedule
         loss, nll, ntok = self.validate()
         val_loss = nll / max(ntok, 1)  # per-token nll: perplexity = exp(val_loss)
+        self._check_finite(val_loss)  # before the schedule or a checkpoint takes it
         best_before = schedule.best_loss
         # Epochs of training behind this validation: whole at an epoch end, a fraction when a
         # limit stopped training inside the epoch (the same number in every log and metric).
@@ -495,6 +528,7 @@ class Trainer:
         the same update (the runtime's report is a barrier; the RNG states are gathered from all
         ranks); rank 0 writes, and copies it to best/ when `is_best` (validation improved)."""
         progress, comm = self.progress, self.comm
+        self._check_finite()  # never a checkpoint of weights a NaN gradient reached
         # An epoch's end at an update already checkpointed (an interval checkpoint at the
         # epoch's last update, or the one a rerun resumed from) gets a name of its own.
         again = end_of_epoch and progress.update == self._checkpointed
