@@ -100,6 +100,17 @@ def test_evaluate_job_without_ray(tiny_checkpoints, tmp_path):
         set(out["metrics"])
     assert out["metrics"]["sentences"] == 6 and len(out["hypotheses"]) == 6
     assert sorted(out["pngs"]) == ["attention_000.png", "attention_001.png"]
+    assert out["served"] == {"precision": SHORT.precision, "device": "cpu"}
+    # what a node served is what it could run, not what was asked (logged as tags beside the
+    # asked `search.precision` param): int8 without the quantized kernels, fallback allowed
+    from convs2s.inference import quantize
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantize, "_supported_engines", lambda: [])  # a build without them
+        int8 = dataclasses.replace(job, search=dataclasses.replace(
+            SHORT, precision="int8", precision_fallback="fp32"), attention_sentences=0)
+        assert evaluate_job(stage_weights([int8], tmp_path / "weights")[0])["served"] == \
+            {"precision": "fp32", "device": "cpu"}
     from convs2s.io.averaging import average_checkpoints
 
     avg = average_checkpoints([tiny_checkpoints["a"], tiny_checkpoints["b"]], tmp_path / "avg")
@@ -139,6 +150,8 @@ def test_parallel_evaluation_logs_one_child_run_per_pair(demo_trained, tmp_path)
     for child in children:
         r = next(r for r in results if r.run_id == child.info.run_id)
         assert child.info.status == "FINISHED"
+        assert (child.data.tags["convs2s.served.precision"],
+                child.data.tags["convs2s.served.device"]) == (search.precision, "cpu")
         for key in ("bleu", "bleu_tokenized", "chrf", "length_ratio", "sentences_per_second"):
             assert child.data.metrics[key] == pytest.approx(r.metrics[key])
         logged = client.download_artifacts(child.info.run_id, "hypotheses/test.fr",

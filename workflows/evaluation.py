@@ -108,7 +108,10 @@ class EvalResult:
 
 
 def evaluate_job(job: EvalJob) -> dict:
-    """Translate and score one job: {"hypotheses", "metrics", "signatures", "pngs"}."""
+    """Translate and score one job: {"hypotheses", "metrics", "signatures", "pngs", "served"};
+    "served": the precision and device it translated with, decided on its node (float32
+    where the asked precision cannot run there and `precision_fallback` allows it; int8 on a
+    GPU job's CPU)."""
     import torch
 
     from convs2s.inference.attention_plot import plot_attention
@@ -136,6 +139,8 @@ def evaluate_job(job: EvalJob) -> dict:
         if use_cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        served = {"precision": translator.search.precision,
+                  "device": "cuda" if use_cuda else "cpu"}
         pngs = {}
         if job.attention_sentences:
             for p in plot_attention(translator, src[: job.attention_sentences], tmp):
@@ -144,7 +149,8 @@ def evaluate_job(job: EvalJob) -> dict:
     metrics, signatures = kind.score(hyps, refs, test.tgt_lang), kind.signatures(test.tgt_lang)
     metrics.update(seconds=seconds, sentences_per_second=len(src) / max(seconds, 1e-9),
                    sentences=float(len(src)))
-    return {"hypotheses": hyps, "metrics": metrics, "signatures": signatures, "pngs": pngs}
+    return {"hypotheses": hyps, "metrics": metrics, "signatures": signatures, "pngs": pngs,
+            "served": served}
 
 
 def stage_weights(jobs: list[EvalJob], folder: str | Path) -> list[EvalJob]:
@@ -210,12 +216,15 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
 def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
                 dataset: DatasetRecord) -> None:
     """The scores on the child run, each also a metric of the job's logged model on the test
-    set's dataset (MLflow's Models view ranks by them); the speed only on the run."""
+    set's dataset (MLflow's Models view ranks by them); the speed only on the run; what it was
+    served with as tags (the `search.precision` param is what was asked: a node without int8
+    or bf16 kernels serves float32 under `precision_fallback`)."""
     m = out["metrics"]
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_METRICS},
                       model_id=job.model_id, dataset=dataset)
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_METRICS})
-    set_tags(uri, run_id, {f"signature.{k}": v for k, v in out["signatures"].items()})
+    set_tags(uri, run_id, {**{f"signature.{k}": v for k, v in out["signatures"].items()},
+                           **{f"convs2s.served.{k}": v for k, v in out["served"].items()}})
 
 
 def share_cpus(jobs: list[EvalJob], node_cpus: list[float]) -> list[EvalJob]:

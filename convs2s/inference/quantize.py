@@ -27,6 +27,7 @@ weights (`resolve_precision`). Imports only torch.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 
 import torch
@@ -87,6 +88,9 @@ def weight_levels() -> int:
     return 127 if has_int8_dot_products() else 63
 
 
+_PACKING = threading.Lock()
+
+
 class Int8Linear(nn.Module):
     """y = x W^T + b with W stored in int8 (per-output-channel scales) and x quantized per call;
     float32 in and out. Built from a float weight (out x in) and bias."""
@@ -100,18 +104,21 @@ class Int8Linear(nn.Module):
         scale = (w.abs().amax(dim=1) / self.levels).clamp(min=1e-8).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         b = None if bias is None else bias.detach().float().contiguous()
-        saved = torch.backends.quantized.engine
-        try:
-            torch.backends.quantized.engine = engine  # the packing picks the kernel
-            with warnings.catch_warnings():  # torch >= 2.10 marks quantized tensors deprecated
-                warnings.simplefilter("ignore", UserWarning)
-                qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
-                self._packed = torch.ops.quantized.linear_prepack(qw, b)
-        except (RuntimeError, AttributeError) as err:
-            raise PrecisionError(f"int8 weights could not be packed with the {engine} engine "
-                                 f"({err}): use precision fp32 or bf16") from None
-        finally:
-            torch.backends.quantized.engine = saved
+        # The engine is process-wide: one packing at a time (a server's threads each select a
+        # batch's rows), or one thread's restore could leave another's engine in place.
+        with _PACKING:
+            saved = torch.backends.quantized.engine
+            try:
+                torch.backends.quantized.engine = engine  # the packing picks the kernel
+                with warnings.catch_warnings():  # torch >= 2.10: quantized tensors deprecated
+                    warnings.simplefilter("ignore", UserWarning)
+                    qw = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+                    self._packed = torch.ops.quantized.linear_prepack(qw, b)
+            except (RuntimeError, AttributeError) as err:
+                raise PrecisionError(f"int8 weights could not be packed with the {engine} "
+                                     f"engine ({err}): use precision fp32 or bf16") from None
+            finally:
+                torch.backends.quantized.engine = saved
         self.engine = engine
         # The float weights stay readable (not parameters): vocabulary selection multiplies a
         # batch's few rows of fc3 in float (`ConvS2S.output_rows`).
