@@ -118,10 +118,13 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
             f"{cfg.hub_revision}): {type(e).__name__}: {str(e)[:200]}. {NO_HUB_HINT}") from None
     found = select_split_files([s.rfilename for s in info.siblings or []], cfg.hub_config, name)
     if not found:
+        # (one fix for both commands: the workflows read only the fact, and take --split
+        # only with --data DIR; both take --set data.splits)
         raise PreprocessError(f"hub dataset {cfg.hub_repo}@{cfg.hub_revision} has no parquet "
-                              f"files for config {cfg.hub_config!r} split {name!r}",
-                              "check hub_config and the split names (e.g. --split "
-                              "valid=validation)")
+                              f"files for config {cfg.hub_config!r} split {name!r}: check "
+                              "hub_config, and map each split to a split of the hub's, e.g. "
+                              "--set 'data.splits={train: train, valid: validation, test: "
+                              "test}'")
     rev = quote(info.sha or cfg.hub_revision, safe="")
     return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
 

@@ -195,8 +195,10 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says
 
 @pytest.mark.parametrize("setting, says", [
     # values --dry-run passed, that failed after training (a split) or in the workers
-    ("data.splits={train: train, test: test}", "training validates on a 'valid' split"),
-    ("data.splits={train: train, valid: validation}", "test split 'test' is not an evaluation"),
+    ("data.splits={train: train, test: test}", "data.splits has no 'valid' split, which "
+                                               "training validates on"),
+    ("data.splits={train: train, valid: validation}", "data.splits has no 'test' split, which "
+                                                      "the run scores"),
     ("model.embed_dim=-8", "embed_dim must be a positive integer, got -8"),
     ("model.encoder_layers=[[512, 0]]", "encoder_layers is [[channels, kernel_width], ...]"),
     ("model.encoder_layers=[[512, 3.5]]", "at least one layer of two positive integers"),
@@ -742,3 +744,173 @@ def test_a_restart_that_changed_many_settings_says_so_in_a_tag_mlflow_takes_whol
     assert len(tag) < 8000 and tag.endswith(f"; the earlier training and scores are in {aside}")
     first = sorted(before)[0]  # the changes in their order, the first ones kept
     assert f"trained over ({first}: an earlier value" in tag and "...); the earlier" in tag
+
+
+@pytest.mark.parametrize("module, argv", [
+    # the review's command: a pair, a folder, its splits, workers and an update limit
+    ("translation", ["--preset", "cpu", "--src", "fr", "--tgt", "de", "--data", "{data}",
+                     "--split", "train=train", "--split", "valid=val", "--split",
+                     "test=test_2016_flickr", "--num-workers", "2", "--max-updates", "5"]),
+    # a paper task in the other direction, with every limit and the update flags
+    ("wmt14_en_fr", ["--preset", "paper", "--src", "fr", "--tgt", "en", "--data", "{data}",
+                     "--num-workers", "2", "--update-freq", "1", "--no-use-gpu",
+                     "--max-epochs", "3", "--max-time", "90m", "--precision", "fp32",
+                     "--set", "model.dropout=0.3"]),
+    # --split over --set data.splits, and the languages over --set data.*_lang
+    ("translation", ["--preset", "gpu", "--data", "{data}", "--set",
+                     "data.splits={train: a, valid: b, test: c}", "--split", "test=d",
+                     "--set", "data.tgt_lang=en", "--src", "fr", "--tgt", "de"]),
+    ("multi30k_en_de", ["--preset", "cpu", "--data", "demo", "--max-updates", "5"]),
+])
+def test_a_config_file_written_with_run_level_flags_is_the_run_the_command_would_make(
+        module, argv, tmp_path, capsys):
+    """`--dry-run --format yaml` writes the run the command would make: the flags that are
+    settings (--data, --src, --tgt, --split, --num-workers, --use-gpu, the limits,
+    --precision, --update-freq) are in the file, so `--config FILE` with no other flag
+    resolves to the same run (it used to write the preset with --set only: another pair, on
+    the hub, one worker). A run-level flag a file does not hold is named in one line."""
+    import importlib
+
+    module = importlib.import_module(f"workflows.{module}")
+    argv = [a.replace("{data}", str(tmp_path / "data")) for a in argv]
+    path = _config_file(module, argv, tmp_path / "mine.yaml")
+    from_flags = _dry_run(module, argv, tmp_path)
+    from_file = _dry_run(module, ["--config", str(path)], tmp_path)
+    assert from_file["workflow"].pop("preset") == "mine"
+    from_flags["workflow"].pop("preset"), from_flags["workflow"].pop("overrides", None)
+    # (an update note names where the update was asked: --update-freq, the file's setting)
+    notes = [run["update"].pop("note", "").split(" (")[0] for run in (from_file, from_flags)]
+    assert from_file == from_flags and notes[0] == notes[1]
+    rc, _, err = _main(module, [*argv, "--attention", "2", "--run-name", "r", "--dry-run",
+                                "--format", "yaml"])
+    assert rc == 0 and err.strip() == ("note: --attention, --run-name are not in the file "
+                                       "(run-level): give them with --config as usual")
+
+
+def test_flags_apply_on_top_of_set_and_the_result_is_checked_once(tmp_path):
+    """README: --set changes the preset first, the run-level flags apply on top: --src /
+    --tgt / --split too (the --set value used to win over them, and a --set language was
+    checked against the preset's other side before the flag applied)."""
+    from workflows import translation
+
+    base = ["--preset", "cpu", "--data", str(tmp_path)]
+    run = _dry_run(translation, [*base, "--set", "data.src_lang=de", "--src", "ro"], tmp_path)
+    assert run["workflow"]["name"] == "translation_ro_fr"
+    run = _dry_run(translation, [*base, "--src", "fr", "--tgt", "de", "--set",
+                                 "data.tgt_lang=en"], tmp_path)
+    assert run["workflow"]["name"] == "translation_fr_de"
+    run = _dry_run(translation, [*base, "--src", "de", "--set", "data.tgt_lang=en"], tmp_path)
+    assert run["workflow"]["name"] == "translation_de_en"  # checked together: a valid pair
+    run = _dry_run(translation, [*base, "--set", "data.splits={train: a, valid: b, test: c}",
+                                 "--split", "test=d"], tmp_path)
+    assert run["workflow"]["preprocess"]["splits"] == {"train": "a", "valid": "b", "test": "d"}
+    rc, _, err = _main(translation, [*base, "--set", "data.src_lang=de", "--tgt", "de",
+                                     "--dry-run"])
+    assert rc == 2 and err.strip() == ("error: --set data.src_lang=de --tgt de: src_lang and "
+                                       "tgt_lang must differ (they name the two sides)")
+
+
+def test_a_renamed_hub_split_is_refused_naming_the_task_and_the_mapping_to_give(tmp_path):
+    """--set data.splits without the run's `test` split: one line naming the task with its
+    languages (it printed translation_{src}_{tgt}) and the mapping that keeps the split's
+    name, which then resolves."""
+    from workflows import translation
+
+    base = ["--preset", "cpu", "--data", "hub", "--storage-path", str(tmp_path / "runs")]
+    rc, out, err = _main(translation, [*base, "--set", "data.splits={train: train, valid: dev, "
+                                                       "newstest: newstest}", "--dry-run"])
+    assert rc == 2 and out == "" and err.strip() == (
+        "error: --set data.splits={train: train, valid: dev, newstest: newstest}: "
+        "translation_en_fr: data.splits has no 'test' split, which the run scores: keep the "
+        "name and map it to the data's, e.g. data.splits={train: train, valid: dev, "
+        "test: newstest}")
+    fix = err.strip().rsplit("e.g. ", 1)[1]
+    run = _dry_run(translation, [*base, "--set", fix], tmp_path)
+    assert run["workflow"]["preprocess"]["splits"] == {"train": "train", "valid": "dev",
+                                                       "test": "newstest"}
+
+
+@pytest.mark.parametrize("module, says, not_says", [
+    ("translation", ["cpu, gpu, smoke (default: smoke)", "cpu=hub wmt/wmt14 fr-en en->fr",
+                     "gpu=hub wmt/wmt14 fr-en en->fr", "smoke=demo",
+                     "Without --data, cpu and gpu read the hub's wmt/wmt14 fr-en"],
+     ["paper:", "paper=", "smoke: the embedded demo corpus, a small model",
+      "data key inputs"]),
+    ("wmt16_en_ro", ["paper, smoke (default: smoke)", "paper=hub wmt/wmt16 ro-en en->ro",
+                     "smoke=demo"], ["data key inputs"]),
+])
+def test_help_describes_the_presets_the_workflow_has_and_what_dry_run_prints(
+        module, says, not_says, tmp_path, capsys, monkeypatch):
+    """--help lists the file's own presets and each one's default data (the hub dataset and
+    pair, or the demo), not a generic paper / smoke text, and --dry-run's contents as its
+    JSON holds them."""
+    import importlib
+
+    module = importlib.import_module(f"workflows.{module}")
+    monkeypatch.setenv("COLUMNS", "1000")  # (argparse wraps at a hyphen: "ro-\nen")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(module.PRESETS, module.__doc__, ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    for part in says:
+        assert part in text, part
+    for part in not_says:
+        assert part not in text, part
+    for part in ("every setting", "tokens per update", "the data source, test sets, run "
+                 "folder, tracking URI and experiment"):
+        assert part in text, part
+    run = _dry_run(module, ["--preset", "smoke"], tmp_path)
+    assert "max_tokens_per_update" in run["update"] and {
+        "data_source", "test_sets", "run_dir", "tracking_uri", "experiment"} <= set(run["run"])
+
+
+def test_a_split_the_hub_dataset_lacks_names_a_fix_both_commands_take(tmp_path, capsys):
+    """A hub dataset without the split asked for (a loopback hub listing wmt14's fr-en
+    files): one line whose fix, --set 'data.splits={...}', both the preprocessing command and
+    the workflows take (it said --split valid=validation, which a workflow refuses on the
+    hub); the preprocessing command then finds the split."""
+    import http.server
+    import threading
+
+    from preprocessing.__main__ import main as preprocess
+    from preprocessing.config import translation as hub_preset
+    from preprocessing.sources import hub_parquet_files
+    from workflows import translation
+
+    listing = json.dumps({"id": "wmt/wmt14", "sha": "0" * 40, "siblings": [
+        {"rfilename": f"fr-en/{s}-00000-of-00001.parquet"}
+        for s in ("train", "validation", "test")]}).encode()
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(listing)))
+            self.end_headers()
+            self.wfile.write(listing)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hub = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        rc = preprocess(["--task", "translation", "--source", "hub", "--hub-endpoint", hub,
+                         "--out", str(tmp_path / "prep"), "--set",
+                         "data.splits={train: training, valid: validation, test: test}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1] == (
+            "error: hub dataset wmt/wmt14@main has no parquet files for config 'fr-en' split "
+            "'training': check hub_config, and map each split to a split of the hub's, e.g. --set "
+            "'data.splits={train: train, valid: validation, test: test}'")
+        value = err[-1].rsplit("--set ", 1)[1].strip("'")
+        fixed = hub_preset().replace(splits=yaml.safe_load(value.partition("=")[2]))
+        assert [hub_parquet_files(fixed, fixed.splits[s], hub)[0][0].rsplit("/", 1)[1]
+                for s in fixed.splits] == [f"{s}-00000-of-00001.parquet"
+                                           for s in ("train", "validation", "test")]
+    finally:
+        server.shutdown()
+    # a workflow on the hub takes it (its --split is for --data DIR)
+    run = _dry_run(translation, ["--preset", "cpu", "--data", "hub", "--set", value], tmp_path)
+    assert run["workflow"]["preprocess"]["splits"]["valid"] == "validation"

@@ -16,6 +16,7 @@ interrupted (resumable).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -60,8 +61,14 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         cfg = presets[opts.preset]() if opts.config is None else _load_config(opts, presets)
-        if opts.dry_run and opts.format == "yaml":  # the preset, --set applied: a --config file
-            print(config_yaml(cfg, opts), end="", flush=True)
+        if opts.dry_run and opts.format == "yaml":  # the run's settings: a --config file
+            text = config_yaml(cfg, opts)
+            if left := [f"--{f.replace('_', '-')}" for f in _given(opts) if f not in IN_FILE]:
+                one = len(left) == 1
+                print(f"note: {', '.join(left)} {'is' if one else 'are'} not in the file "
+                      f"(run-level): give {'it' if one else 'them'} with --config as usual",
+                      file=sys.stderr)
+            print(text, end="", flush=True)
             return 0
         # Named now: an interrupted run is told how to resume.
         spec = resolve_sweep(cfg, opts) if opts.sweep else resolve(cfg, opts)
@@ -217,28 +224,67 @@ def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfi
     return cfg
 
 
+# The run-level flags that are settings of the preset, and the setting each is in a --config
+# file (--data is the file's `data:`)
+FLAG_SETTINGS = {"src": "preprocess.src_lang", "tgt": "preprocess.tgt_lang",
+                 "split": "local_splits", "num_workers": "num_workers", "use_gpu": "use_gpu",
+                 "max_epochs": "train.max_epochs", "max_updates": "train.max_updates",
+                 "max_time": "train.max_time", "precision": "train.precision",
+                 "update_freq": "train.update_freq"}
+IN_FILE = {*FLAG_SETTINGS, "data", "preset", "config", "set"}
+
+
+def _given(opts: RunOptions) -> list[str]:
+    """The RunOptions fields the command line gave (other than their defaults)."""
+    default = RunOptions()
+    return [f.name for f in dataclasses.fields(opts)
+            if f.name not in ("dry_run", "format", "config_preset", "config_settings")
+            and getattr(opts, f.name) != getattr(default, f.name)]
+
+
 def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
-    """The preset `cfg` with --set applied, as the YAML file `--config` reads back: it names
-    the preset (a --config file's own) and lists the settings set on purpose (each --set,
-    and a --config file's own), so that it resolves to the same run."""
+    """The run `opts` asks of the preset `cfg` (checked as the run is: `resolve`) as the YAML
+    file `--config` reads back: --set applied, and the flags that are settings (`--data`,
+    FLAG_SETTINGS: languages, splits, workers, limits); the other run-level flags (--run-name,
+    --storage-path, --test-set, ...) are given as usual. It names the preset (a --config file's
+    own) and lists the settings set on purpose (each --set and flag, and a --config file's
+    own), so that it resolves to the same run."""
     import yaml
 
     from workflows import overrides
+    from workflows.run_spec import language_and_split_flags
 
-    changes = overrides.parse(opts.set)
-    cfg = overrides.apply(cfg, changes)
-    cfg = cfg.replace(preprocess=overrides.apply_data(cfg.preprocess, changes))
+    spec = resolve(cfg, opts)
+    sets = overrides.parse(opts.set)
+    changes = [*opts.config_settings, *sets]
+    flags = language_and_split_flags(cfg, opts, spec.data_flag, changes)
+    if not any((o.section, o.field) == ("data", "splits") for o in changes):
+        flags = [o for o in flags if o.field != "splits"]  # the folder's stems: local_splits
+    cfg = overrides.apply(cfg, [*sets, *flags])
+    limits = {k: getattr(spec.train, k) for k in ("max_epochs", "max_updates", "max_time",
+                                                  "precision")}
+    cfg = cfg.replace(
+        # a paper task in the other direction is named as its run is (wmt14_fr_en)
+        name=cfg.name if "{src}" in cfg.name else spec.workflow, data=spec.data.source,
+        preprocess=overrides.apply_data(cfg.preprocess, [*sets, *flags]),
+        local_splits={**cfg.local_splits, **dict(s.partition("=")[::2] for s in opts.split)},
+        train=cfg.train.replace(update_freq=opts.update_freq or cfg.train.update_freq, **limits),
+        num_workers=spec.num_workers, use_gpu=spec.use_gpu)
     sections = {v: k for k, v in overrides.FILE_SECTIONS.items()}
+    given = [f for f in _given(opts) if f in FLAG_SETTINGS or f == "data"]
     explicit = list(dict.fromkeys(
-        f"{sections[o.section]}.{o.field}" if o.section in sections else o.field
-        for o in [*opts.config_settings, *changes]))
+        [f"{sections[o.section]}.{o.field}" if o.section in sections else o.field
+         for o in [*opts.config_settings, *sets]]
+        + [FLAG_SETTINGS[f] for f in given if f in FLAG_SETTINGS]))
     head = (f"# {cfg.name}: preset {opts.preset}"
             + (f", with --set {' --set '.join(opts.set)}" if opts.set else "")
-            + "\n# run it with: --config THIS_FILE (the run-level flags as usual). A setting "
-              "that differs\n# from the preset named here, or is listed under explicit, counts "
-              "as set on purpose,\n# as with --set: kept on the demo corpus (--data demo), over "
-              "the preset's update plan\n# (update_tokens) and float32 CPU batch size "
-              "(float32_cpu_max_tokens)\n")
+            + (f", with {', '.join('--' + f.replace('_', '-') for f in given)}" if given else "")
+            + "\n# run it with: --config THIS_FILE; the run-level flags that are not settings "
+              "(--run-name,\n# --storage-path, --tracking-uri, --test-set, ...) as usual. A "
+              "setting that differs\n# from the preset named here, or is listed under explicit, "
+              "counts as set on purpose,\n# as with --set: kept on the demo corpus (--data "
+              "demo), over the preset's update plan\n# (update_tokens) and float32 CPU batch "
+              "size (float32_cpu_max_tokens)\n")
     doc = {"preset": opts.config_preset or opts.preset, "explicit": explicit, **cfg.to_dict()}
     return head + yaml.safe_dump(doc, sort_keys=False)
 

@@ -9,8 +9,10 @@ Sections are the parts of a `WorkflowConfig`: `model` (`convs2s.config.ModelConf
 `use_gpu`, `cpus_per_worker`, ...). A value is read as YAML (numbers, true / false, null,
 lists) and must fit the field's current type; strings need no quotes. Overrides change the
 preset before anything else (`workflows.run_spec.resolve`), `data.*` after `--data` chose the
-source; the run-level flags (`--max-updates`, `--num-workers`, ...) apply on top. The result is
-the run's settings: MLflow params, `--dry-run`, and the comparison when a run name is reused.
+source; the run-level flags (`--max-updates`, `--num-workers`, ...) apply on top (`--src`,
+`--tgt`, `--split`: as data.* changes after the --set ones, checked with them once). The result
+is the run's settings: MLflow params, `--dry-run`, and the comparison when a run name is
+reused.
 
 An unknown section or field, or a value of the wrong type, is one `SpecError` naming the
 field, the closest valid names and the expected type (exit 2, before Ray starts).

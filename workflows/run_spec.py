@@ -232,14 +232,15 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     from workflows import overrides
 
     # --set: the preset changed before anything else; a --config file's settings set on
-    # purpose first, as if given with --set (workflows.overrides.file_settings)
+    # purpose first, as if given with --set (workflows.overrides.file_settings); --src / --tgt
+    # / --split on top of them, all checked together once
     sets = overrides.parse(opts.set)
+    data_flag = opts.data or cfg.data
     changes = [*opts.config_settings, *sets]
+    changes += language_and_split_flags(cfg, opts, data_flag, changes)
     preset_pair = (cfg.preprocess.src_lang, cfg.preprocess.tgt_lang)
     cfg = overrides.apply(cfg, changes)
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
-    data_flag = opts.data or cfg.data
-    cfg = _languages_and_splits(cfg, opts, data_flag)
     test_sets = dict(cfg.test_sets)
     if data_flag == "demo":  # the demo's own languages and settings; test sets named after it
         pre = with_demo_source(cfg.preprocess, cfg.task_kind)
@@ -372,28 +373,32 @@ def float32_cpu_batches(cfg: WorkflowConfig, pre: PreprocessConfig, changes, use
         f"({chosen.reason}); --set data.max_tokens=N to choose")
 
 
-def _languages_and_splits(cfg: WorkflowConfig, opts: RunOptions,
-                          data_flag: str) -> WorkflowConfig:
-    """--src / --tgt / --split on the preset."""
-    pre, splits = cfg.preprocess, dict(cfg.local_splits)
+def language_and_split_flags(cfg: WorkflowConfig, opts: RunOptions, data_flag: str,
+                             changes) -> list:
+    """--src / --tgt / --split as data.* changes that follow `changes` (--set's, a --config
+    file's): the flags apply on top. --split SPLIT=STEM changes one file stem of the --data
+    DIR folder's splits (the preset's local_splits, or those --set data.splits gave)."""
+    from workflows.overrides import Override
+
     if (opts.src or opts.tgt) and data_flag == "demo":
         raise SpecError("--src / --tgt: the demo corpus is English -> French (or document -> "
                         "summary); give your data with --data DIR (or hub)")
     if opts.split and data_flag in ("hub", "demo"):
         raise SpecError(f"--split names file stems of a --data DIR folder, but the data is "
                         f"{data_flag!r}: add --data DIR")
-    for item in opts.split:
-        name, _, stem = item.partition("=")
-        if name not in splits and name not in ("train", "valid", "test"):
-            raise SpecError(f"--split {item}: no split {name!r}; the preset's splits are "
-                            f"{', '.join(splits)} (add test sets with --test-set STEM)")
-        splits[name] = stem
-    try:
-        pre = pre.replace(**{k: v for k, v in (("src_lang", opts.src), ("tgt_lang", opts.tgt))
-                             if v})
-    except ValueError as err:
-        raise SpecError(f"--src / --tgt: {err}") from None
-    return cfg.replace(preprocess=pre, local_splits=splits)
+    out = [Override("data", f"{side}_lang", lang, lang, f"--{side}")
+           for side, lang in (("src", opts.src), ("tgt", opts.tgt)) if lang]
+    if opts.split:
+        given = [o.value for o in changes if (o.section, o.field) == ("data", "splits")]
+        splits = dict(given[-1] if given and isinstance(given[-1], dict) else cfg.local_splits)
+        for item in opts.split:
+            name, _, stem = item.partition("=")
+            if name not in splits and name not in ("train", "valid", "test"):
+                raise SpecError(f"--split {item}: no split {name!r}; the preset's splits are "
+                                f"{', '.join(splits)} (add test sets with --test-set STEM)")
+            splits[name] = stem
+        out.append(Override("data", "splits", splits, " --split ".join(opts.split), "--split"))
+    return out
 
 
 # The BPE settings a fine-tuning run's data never uses: it is encoded with the checkpoint's

@@ -21,6 +21,9 @@ the experiment `translation_<src>_<tgt>`, its best model registered as
   tokens per GPU), a 40k joint BPE, one GPU (--num-workers N --use-gpu for more);
 - smoke: the embedded demo corpus (English -> French), minutes.
 
+Without --data, cpu and gpu read the hub's wmt/wmt14 fr-en (English -> French; --src fr --tgt
+en for the other direction); --data DIR reads your files.
+
 Any other setting with --set (model.*, train.*, data.*, search.*), e.g. --set
 data.vocab_size=16000 --set model.dropout=0.3; --dry-run shows the resolved run.
 """

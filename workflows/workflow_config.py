@@ -78,35 +78,43 @@ class WorkflowConfig:
     system_metrics_s: float = 10.0
 
     def __post_init__(self) -> None:
-        # (first: the valid split is also scored, to choose the champion on, engine.champion_sets)
-        for splits in (self.preprocess.splits, self.local_splits, WMT_SPLITS):
-            if "valid" not in splits:
-                raise ValueError(f"{self.name}: training validates on a 'valid' split; add one")
+        # The task as a run names it (a generic workflow's name takes the languages)
+        task = self.name.replace("{src}", self.preprocess.src_lang).replace(
+            "{tgt}", self.preprocess.tgt_lang)
         # Every preset also runs on the demo corpus (`--data demo`), whose splits have the
         # WMT names (preprocessing.config.demo).
         for split in self.test_sets:
-            if split not in self.preprocess.eval_splits or split not in WMT_SPLITS \
-                    or split not in self.local_splits:
-                raise ValueError(f"{self.name}: test split {split!r} is not an evaluation split "
-                                 "of the preprocess config / the local splits / the demo source")
+            if split == "train" or split not in WMT_SPLITS:
+                raise ValueError(f"{task}: test split {split!r} is not an evaluation split of "
+                                 "the demo corpus, which every preset runs on: name the test "
+                                 "sets by valid and test (test_sets)")
+        # (first: the valid split is also scored, to choose the champion on, engine.champion_sets)
+        for split in ("valid", *self.test_sets):
+            for key, splits in (("data.splits", self.preprocess.splits),
+                                ("workflow.local_splits", self.local_splits)):
+                if split not in splits:
+                    why = "training validates on" if split == "valid" else "the run scores"
+                    raise ValueError(f"{task}: {key} has no {split!r} split, which {why}: keep "
+                                     "the name and map it to the data's, e.g. "
+                                     f"{key}={_renamed(splits, split, self.test_sets)}")
         # Refused here, before anything runs: a typo in task_kind failed only in evaluation,
         # after the whole training run; num_workers=0 divided by zero.
         from convs2s.metrics.task_kinds import task_kind
 
         task_kind(self.task_kind)  # (a ValueError naming the kinds)
         if self.num_workers < 1 or self.cpus_per_worker <= 0 or self.eval_cpus <= 0:
-            raise ValueError(f"{self.name}: num_workers >= 1, cpus_per_worker > 0 and "
+            raise ValueError(f"{task}: num_workers >= 1, cpus_per_worker > 0 and "
                              f"eval_cpus > 0, got {self.num_workers}, {self.cpus_per_worker}, "
                              f"{self.eval_cpus}")
         if self.update_tokens and self.update_sentences:
-            raise ValueError(f"{self.name}: an update is stated in tokens (update_tokens) or "
+            raise ValueError(f"{task}: an update is stated in tokens (update_tokens) or "
                              "in sentences (update_sentences), not both")
         if self.update_sentences and not self.preprocess.max_sentences:
-            raise ValueError(f"{self.name}: update_sentences needs batches cut by sentences "
+            raise ValueError(f"{task}: update_sentences needs batches cut by sentences "
                              "(preprocess.max_sentences)")
         if not 0 <= self.eval_gpus <= 1 or self.update_tokens < 0 or self.update_sentences < 0 \
                 or self.float32_cpu_max_tokens < 0 or self.system_metrics_s < 0:
-            raise ValueError(f"{self.name}: eval_gpus in [0, 1] (a GPU fraction), and "
+            raise ValueError(f"{task}: eval_gpus in [0, 1] (a GPU fraction), and "
                              "update_tokens, update_sentences, float32_cpu_max_tokens, "
                              "system_metrics_s >= 0")
 
@@ -150,6 +158,15 @@ class WorkflowConfig:
                 raise ValueError(str(err) if str(err).startswith(f"{name}.")
                                  else f"{name}: {err}") from None
         return cls(**made, **d)
+
+
+def _renamed(splits: dict[str, str], split: str, test_sets) -> str:
+    """`splits` with the missing `split` in it, written as a --set value: the data's split
+    that the run does not use (the one it was renamed to, likely) mapped to it, else NAME."""
+    spare = [k for k in splits if k not in ("train", "valid", *test_sets)]
+    fixed = {(split if spare and k == spare[0] else k): v for k, v in splits.items()}
+    fixed.setdefault(split, "NAME")
+    return "{" + ", ".join(f"{k}: {v}" for k, v in fixed.items()) + "}"
 
 
 def _plain(x):
@@ -204,6 +221,13 @@ class RunOptions:
 
 
 
+def _default_data(cfg: WorkflowConfig) -> str:
+    """A preset's default --data, as --help says it: the hub dataset and pair, or demo."""
+    p = cfg.preprocess
+    return (f"hub {p.hub_repo} {p.hub_config} {p.src_lang}->{p.tgt_lang}" if cfg.data == "hub"
+            else cfg.data)
+
+
 # --- command line --------------------------------------------------------------------------------
 
 
@@ -215,10 +239,12 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                                 else None, epilog="\n".join(lines[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(presets), default="smoke",
-                   help="paper: the reproduction settings (GPU cluster); smoke: the embedded demo "
-                        "corpus, a small model, CPU, minutes (default)")
+                   help=f"{', '.join(sorted(presets))} (default: smoke); the description "
+                        "below says what each is")
     p.add_argument("--data", help="hub (Hugging Face), demo (embedded corpus) or a local folder "
-                                  "(default: the preset's: paper=hub, smoke=demo)")
+                                  "(default: the preset's: " + "; ".join(
+                                      f"{name}={_default_data(preset())}"
+                                      for name, preset in sorted(presets.items())) + ")")
     p.add_argument("--num-workers", type=int, help="Ray Train workers (default: the preset's)")
     p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
                    help="one GPU per training worker (default: the preset's)")
@@ -306,11 +332,14 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="the whole preset from a YAML (or JSON) file, as `--dry-run --format "
                         "yaml` writes one; --set applies on top, the run-level flags as usual")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the resolved run (every setting, workers, tokens per update, "
-                        "data key inputs, test sets) and exit, starting nothing")
+                   help="print the resolved run (every setting, the workers and tokens per "
+                        "update, the data source, test sets, run folder, tracking URI and "
+                        "experiment) and exit, starting nothing")
     p.add_argument("--format", choices=["json", "yaml"], default="json",
-                   help="with --dry-run: json, the resolved run (default); yaml, the preset "
-                        "with --set applied as a --config file")
+                   help="with --dry-run: json, the resolved run (default); yaml, its settings "
+                        "as a --config file (the preset with --set, --data, --src, --tgt, "
+                        "--split, --num-workers, --use-gpu, the limits, --precision and "
+                        "--update-freq applied; the other flags are given with it as usual)")
     p.add_argument("--system-metrics", action=argparse.BooleanOptionalAction, default=True,
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
