@@ -121,6 +121,7 @@ class RunLease:
         self.taken_over: str | None = None
         self.lost = False  # set when a renewal or the release finds the lease no longer ours
         self._released = False
+        self._made_folder = False  # (a local folder this lease made: removed on release if empty)
         # A renewal and the release, one at a time: a release never races its own heartbeat
         # (each would take the other's rename for a takeover)
         self._lock = threading.Lock()
@@ -196,6 +197,10 @@ class RunLease:
                 log.warning("the lease of %s was no longer this command's as it ended (another "
                             "command took it over)", self.folder)
         self._thread.join(5)
+        if self._made_folder and not self.lost:  # a command refused before it wrote anything
+            # leaves no empty run folder; rmdir removes only an empty one
+            with contextlib.suppress(OSError):
+                self.path.parent.rmdir()
 
     def __enter__(self) -> RunLease:
         return self if self._thread is not None else self.acquire()  # (acquired already)
@@ -284,7 +289,9 @@ class RunLease:
                                    "s3:// (conditional writes); this scheme has none through "
                                    "pyarrow")
             return self._put_if(IfNoneMatch="*")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.parent.is_dir():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._made_folder = True
         record = self._record()
         return self._place(json.dumps(record).encode(), record["renewed"])
 

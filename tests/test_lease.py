@@ -56,6 +56,24 @@ def test_one_holder_a_second_command_is_refused_with_the_holder_named(run_dir):
         pass
 
 
+def test_a_run_folder_the_lease_made_is_removed_with_it_when_nothing_was_written(tmp_path):
+    """A command refused after it took its lease (no room on a local Ray, say) left an empty
+    run folder under its name. The lease removes a folder it made when it is still empty; one
+    that was there before, or that holds anything, stays."""
+    made = tmp_path / "runs" / "refused"
+    with RunLease(made):
+        assert made.is_dir()
+    assert not made.exists() and (tmp_path / "runs").is_dir()
+    with RunLease(made):
+        (made / "metrics.jsonl").write_text("{}\n")  # the run wrote something: kept
+    assert sorted(p.name for p in made.iterdir()) == ["metrics.jsonl"]
+    there = tmp_path / "runs" / "there"
+    there.mkdir()
+    with RunLease(there):
+        pass
+    assert there.is_dir()  # not made by the lease: never removed
+
+
 def test_a_live_holder_on_another_host_is_never_taken_over(run_dir):
     _plant(run_dir)
     with pytest.raises(LeaseHeld, match="pid 4242 on other-host"):
@@ -143,7 +161,7 @@ def test_a_folder_without_hard_links_still_gets_one_holder(tmp_path, monkeypatch
         assert first.taken_over is None
         with pytest.raises(LeaseHeld):
             RunLease(tmp_path / "runs" / "fuse").acquire()
-    assert sorted(p.name for p in (tmp_path / "runs" / "fuse").iterdir()) == []
+    assert not (tmp_path / "runs" / "fuse").exists()  # no lease (nor the folder it made) left
 
 
 def test_an_unreadable_lease_is_named_with_the_fix(run_dir):
