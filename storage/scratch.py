@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 def scratch_dir(prefix: str) -> Path:
     """A new, private folder named `<prefix><owner>-<pid>-<random>` in the temporary directory,
     made after removing the folders of `prefix` that ended processes of this machine left."""
-    owner = _owner()
+    owner = place()
     removed = remove_left_behind(prefix, owner)
     if removed:
         log.info("removed %d scratch folder(s) %s* that ended processes left behind",
@@ -49,7 +49,7 @@ def remove_left_behind(prefix: str, owner: str | None = None) -> list[Path]:
     """Remove the scratch folders of `prefix` whose process (same owner: this machine and pid
     namespace) no longer runs; returns them. This process's own are never removed (another
     thread may be writing one)."""
-    owner = owner or _owner()
+    owner = owner or place()
     name = re.compile(rf"{re.escape(prefix)}(?P<owner>[0-9a-f]{{8}})-(?P<pid>\d+)-[^/]+")
     removed = []
     for p in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*"):
@@ -62,6 +62,6 @@ def remove_left_behind(prefix: str, owner: str | None = None) -> list[Path]:
     return removed
 
 
-def _owner() -> str:
+def place() -> str:
     """Where this process's pid can be looked up (`storage.lease.place_tag`)."""
     return place_tag(socket.gethostname(), machine_id(), pid_namespace())

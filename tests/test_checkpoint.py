@@ -23,6 +23,7 @@ from convs2s.io.checkpoint import (
     CHECKPOINT_FILE,
     META_FILE,
     SPM_FILE,
+    CheckpointError,
     best_checkpoint,
     capture_rng_state,
     checkpoint_dir_name,
@@ -190,6 +191,25 @@ def test_a_crash_between_the_two_renames_of_best_is_recovered(tmp_path, leftover
     assert not list(run.glob(f".{BEST_DIR}.*"))  # the leftovers are gone
 
 
+def test_a_best_replacement_cut_short_is_never_put_in_place(tmp_path):
+    """Killed while publish_dir copied best/'s replacement (.best.tmp-*), the copy can hold
+    meta.json beside a checkpoint.pt cut short: not put in place; the old best/ goes back and
+    is repaired from the kept checkpoint as usual."""
+    import shutil
+
+    from convs2s.io.checkpoint import BEST_DIR, read_info, reconcile_best
+
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True)])
+    shutil.copytree(run / checkpoint_dir_name(120), run / f".{BEST_DIR}.old-aaaa")
+    cut = run / f".{BEST_DIR}.tmp-bbbb"
+    shutil.copytree(run / checkpoint_dir_name(240), cut)
+    whole = (cut / CHECKPOINT_FILE).read_bytes()
+    (cut / CHECKPOINT_FILE).write_bytes(whole[: len(whole) // 3])
+    assert reconcile_best(run, 2.5, 240) == f"repaired from {checkpoint_dir_name(240)}"
+    assert read_info(run / BEST_DIR).update == 240
+    assert load_checkpoint(run / BEST_DIR)["update"] == 240  # whole
+
+
 def test_meta_json_is_written_last_and_whole(tmp_path, monkeypatch):
     """A checkpoint is listed only once whole: meta.json comes last, after checkpoint.pt and
     the files beside it; a write cut short leaves no checkpoint.pt (only its .tmp)."""
@@ -258,6 +278,13 @@ def test_a_copy_whose_sentencepiece_model_is_cut_short_or_missing_is_not_listed(
     (run / checkpoint_dir_name(240) / "sentencepiece.model").write_bytes(b"pieces")
     (run / checkpoint_dir_name(360) / "sentencepiece.model").unlink()
     assert [i.update for i in list_checkpoints(run)] == [120]
+    # nor is such a folder loaded when named (translate, average, serve --checkpoint DIR):
+    # weights beside files that are not the ones meta.json records, e.g. a folder a second
+    # writer left half replaced
+    with pytest.raises(CheckpointError, match=r"is not a whole checkpoint: its files are not "
+                                              r"the sizes its meta.json records"):
+        load_checkpoint(run / checkpoint_dir_name(240))
+    assert load_checkpoint(run / checkpoint_dir_name(120))["update"] == 120
 
 
 def test_list_pick_and_best(tmp_path):

@@ -325,7 +325,7 @@ def test_scratch_folders_that_ended_processes_left_behind_are_removed_and_no_oth
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
-    owner = scratch._owner()
+    owner = scratch.place()
     names = {"left": f"convs2s-ckpt-{owner}-{ended.pid}-x1", "live": f"convs2s-ckpt-{owner}-1-x2",
              "mine": f"convs2s-ckpt-{owner}-{os.getpid()}-x3",
              "elsewhere": f"convs2s-ckpt-0badc0de-{ended.pid}-x4",

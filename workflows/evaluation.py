@@ -57,7 +57,7 @@ from convs2s.tracking.runs import (
     tracking_uri_problem,
 )
 
-from storage import local_copy, location
+from storage import local_copy, location, write_whole
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -378,12 +378,14 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,
     job_dir = out_dir / job.name
     job_dir.mkdir(parents=True, exist_ok=True)
     hyp_path = job_dir / f"{job.test_set.name}.{job.test_set.tgt_lang}"
-    hyp_path.write_text("".join(h + "\n" for h in out["hypotheses"]), encoding="utf-8")
+    # whole or not at all: a rescore (a larger --attention) rewrites the file a standing record
+    # names, and a kill mid-write must not leave it cut short under that record
+    write_whole(hyp_path, "".join(h + "\n" for h in out["hypotheses"]).encode("utf-8"))
     pngs = []
     for name, data in out["pngs"].items():
         png = job_dir / "attention" / f"{job.test_set.name}_{name}"
         png.parent.mkdir(exist_ok=True)
-        png.write_bytes(data)
+        write_whole(png, data)
         pngs.append(str(png))
     _log_result(uri, run_id, job, out, dataset)
     log_artifacts(uri, run_id, str(hyp_path), "hypotheses")

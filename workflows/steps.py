@@ -17,7 +17,7 @@ from convs2s.config import TrainConfig
 from convs2s.io.staging import weights_stamp
 from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
-from storage import location
+from storage import location, write_whole
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec, preprocess_params
 from workflows.run_state import StageContext, digest
@@ -74,7 +74,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
     log_final_metrics(ctx.tree.uri, run_id, metrics)
     manifests = ctx.run_dir / "preprocess_manifests.json"  # a file, or an object in a bucket
     manifests.parent.mkdir(parents=True, exist_ok=True)
-    manifests.write_text(json.dumps(out.manifests, indent=1, default=str))
+    write_whole(manifests, json.dumps(out.manifests, indent=1, default=str).encode())
     log_artifacts(ctx.tree.uri, run_id, str(manifests), "manifests")
     end_run(ctx.tree.uri, run_id, "FINISHED")
     return out

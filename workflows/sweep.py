@@ -659,18 +659,18 @@ def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | 
     stats = variant_stats(sweep, result.results)
     sweep.folder.mkdir(parents=True, exist_ok=True)
     md = sweep.folder / "summary.md"
-    md.write_text(f"# Sweep {sweep.run_name} ({sweep.sweep}, {sweep.base.workflow} "
-                  f"{sweep.base.preset})\n\n{result.table}\n")
+    write_whole(md, (f"# Sweep {sweep.run_name} ({sweep.sweep}, {sweep.base.workflow} "
+                     f"{sweep.base.preset})\n\n{result.table}\n").encode())
     js = sweep.folder / "summary.json"
-    js.write_text(json.dumps({"sweep": sweep.sweep, "run_name": sweep.run_name,
-                              "workflow": sweep.base.workflow, "preset": sweep.base.preset,
-                              "seeds": sweep.seeds, "budget": _budget(sweep.base),
-                              "variants": {v.name: {"label": v.label, "paper": v.paper,
-                                                    "changes": v.changed(sweep.base.model),
-                                                    "stats": stats[v.name]}
-                                           for v in sweep.variants},
-                              "trials": result.results, "failed": result.failed,
-                              "headline": headline}, indent=1, default=str))
+    summary = {"sweep": sweep.sweep, "run_name": sweep.run_name,
+               "workflow": sweep.base.workflow, "preset": sweep.base.preset,
+               "seeds": sweep.seeds, "budget": _budget(sweep.base),
+               "variants": {v.name: {"label": v.label, "paper": v.paper,
+                                     "changes": v.changed(sweep.base.model),
+                                     "stats": stats[v.name]}
+                            for v in sweep.variants},
+               "trials": result.results, "failed": result.failed, "headline": headline}
+    write_whole(js, json.dumps(summary, indent=1, default=str).encode())
     metrics = summary_metrics(sweep, result.results, result.failed)
     # The run's metrics are the latest summary's: a figure an earlier invocation logged that
     # this one has none for (a variant or a seed not rerun, an sd over one seed now) is logged

@@ -110,6 +110,13 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"no {CHECKPOINT_FILE} in {path}: give a checkpoint directory of a training run "
             "(e.g. <storage_path>/<run_name>/best)"
         )
+    if path.is_dir() and (path / META_FILE).is_file() and _whole(path) is None:
+        # the sizes meta.json records do not match: a copy cut short, or a folder a second
+        # writer left half replaced (new weights beside the old vocabulary)
+        raise CheckpointError(
+            f"{path} is not a whole checkpoint: its files are not the sizes its {META_FILE} "
+            "records (a copy cut short, or a folder half replaced); copy it again or pick "
+            "another checkpoint of the run")
     try:
         with warnings.catch_warnings():
             # A pickle of another protocol is refused below with its own message; torch's
@@ -336,7 +343,7 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
         olds = sorted(best.parent.glob(f".{BEST_DIR}.old-*"), key=lambda p: p.stat().st_mtime)
         done = sorted(best.parent.glob(f".{BEST_DIR}.tmp-*"), key=lambda p: p.stat().st_mtime)
         usable = [d for d in (done[-1:] if olds else []) + olds[-1:]
-                  if (d / META_FILE).is_file() and (d / CHECKPOINT_FILE).is_file()]
+                  if _whole(d) is not None]  # (every file at the size meta.json records)
         if usable:
             os.replace(usable[0], best)
             for p in olds + done:

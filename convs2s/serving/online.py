@@ -180,6 +180,7 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
 
     from convs2s.tracking.runs import global_tracking_uri, redact_text
     from storage.paths import cache_root
+    from storage.scratch import place
 
     # the store in the key even when it comes from $MLFLOW_TRACKING_URI: models:/NAME/1 or
     # runs:/ID/... of two stores are other models (the key is a hash: no password in a path)
@@ -188,8 +189,10 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
         f"{tracking_uri}|{uri}".encode()).hexdigest()[:16]
     if (dest / "MLmodel").is_file():
         return dest
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)  # a download of an earlier process of this pid
+    # named by this machine and pid (a cache on a shared home is seen by every node: a pid
+    # alone named another node's download, which this one then removed)
+    tmp = dest.with_name(f".{dest.name}.{place()}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # a download of an earlier process of this pid here
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a line per file
     try:
         try:
