@@ -293,7 +293,13 @@ class RunLease:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._made_folder = True
         record = self._record()
-        return self._place(json.dumps(record).encode(), record["renewed"])
+        try:
+            return self._place(json.dumps(record).encode(), record["renewed"])
+        except FileNotFoundError:  # the folder went in between: another command's release
+            # removed the empty folder it had made; made again, by this lease
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._made_folder = True
+            return self._place(json.dumps(record).encode(), record["renewed"])
 
     def _place(self, body: bytes, mtime: float) -> bool:
         """Write `body` as the local lease, modified at `mtime` (its renewal, by this host's

@@ -169,6 +169,13 @@ def test_weight_decay_with_nesterov_is_the_references_decoupled_decay():
         lr_old = lr
     torch.testing.assert_close(w.detach(), ref, rtol=1e-12, atol=1e-12)
     assert opt.state_dict()["param_groups"][0]["decoupled_weight_decay"] == wd
+    # a state saved before (torch's coupled weight_decay in its groups) resumes decoupled
+    old = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.25, momentum=m,
+                          nesterov=True, weight_decay=wd)
+    resumed = build_optimizer([torch.nn.Parameter(torch.ones(2))], TrainConfig(lr=0.25))
+    load_optimizer_state(resumed, old.state_dict())
+    group = resumed.param_groups[0]
+    assert (group["weight_decay"], group["decoupled_weight_decay"]) == (0.0, wd)
 
 
 def _logits_and_target():

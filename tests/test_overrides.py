@@ -804,6 +804,12 @@ def test_flags_apply_on_top_of_set_and_the_result_is_checked_once(tmp_path):
     run = _dry_run(translation, [*base, "--set", "data.splits={train: a, valid: b, test: c}",
                                  "--split", "test=d"], tmp_path)
     assert run["workflow"]["preprocess"]["splits"] == {"train": "a", "valid": "b", "test": "d"}
+    # a --test-set is preprocessed beside them (data.* set the splits whole after it was added:
+    # scored after training, never preprocessed)
+    for more in (["--split", "valid=dev"], ["--set", "data.splits={train: a, valid: b, test: c}"]):
+        run = _dry_run(translation, [*base, *more, "--test-set", "extra"], tmp_path)
+        assert run["workflow"]["preprocess"]["splits"]["extra"] == "extra", more
+        assert run["workflow"]["test_sets"]["extra"] == "extra"
     rc, _, err = _main(translation, [*base, "--set", "data.src_lang=de", "--tgt", "de",
                                      "--dry-run"])
     assert rc == 2 and err.strip() == ("error: --set data.src_lang=de --tgt de: src_lang and "

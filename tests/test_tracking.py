@@ -295,6 +295,10 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
         "GET https://b.s3.amazonaws.com/k?X-Amz-Credential=***&X-Amz-Signature=***&part=2 failed"
     assert redact_uri("https://mlflow:5000/api?access_token=ghp_S3CRET") == \
         "https://mlflow:5000/api?access_token=***"
+    assert redact_text("https://storage.googleapis.com/b/k?X-Goog-Signature=S&X-Goog-Credential"
+                       "=C&client_secret=S&api_key=K&page=2&monkey=1") == \
+        ("https://storage.googleapis.com/b/k?X-Goog-Signature=***&X-Goog-Credential=***&"
+         "client_secret=***&api_key=***&page=2&monkey=1")
     # a training job's repr (Ray Train can record a run's config by it) leaves the URI out
     from convs2s.config import PRESETS, TrainConfig
     from convs2s.train.job import TrainJob

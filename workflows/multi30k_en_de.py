@@ -34,7 +34,7 @@ def reference() -> WorkflowConfig:
     max-tokens 4000,
     lr / 10 on a plateau, beam 5; two data-parallel workers of one CPU each, so an update is
     2 x 4,000 tokens, twice the reference's one-process update, and an epoch half the
-    updates (the dry run's note says so; --set data.max_tokens=2000 keeps the reference's)."""
+    updates (--set data.max_tokens=2000 keeps the reference's)."""
     return WorkflowConfig(
         name="multi30k_en_de",
         preprocess=data.multi30k_en_de(),  # joint BPE 8k, character coverage 1.0

@@ -266,11 +266,12 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
                                 "letters, digits, '_', '-', '.', ' ' and ':' (and not be '.' "
                                 f"or '..'): rename its files, e.g. to {_key_safe(stem)}.<src> "
                                 f"/ {_key_safe(stem)}.<tgt>")
-        # A stem that already is one of the preset's splits is scored already: not twice.
+    pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
+    if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
+        # A stem that already is one of the splits is scored already: not twice.
         added = tuple(dict.fromkeys(s for s in opts.test_set if s not in pre.splits.values()))
         pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
         test_sets.update({stem: stem for stem in added})
-    pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
     # Scoring this target must work before the run trains, not fail after (a zh / ja / ko
     # tokenizer's package, convs2s.metrics.scoring)
     if problem := task_kind(cfg.task_kind).language_problem(pre.tgt_lang):

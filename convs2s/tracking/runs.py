@@ -188,9 +188,10 @@ _WARNED: set[str] = set()  # tracking URIs this process has already warned about
 _URI = re.compile(r"([A-Za-z][\w+.-]*://)(\S+)")
 _HOST_PORT = re.compile(r"(?:[\w.-]*|\[[0-9A-Fa-f:.]*\])(?::\d*)?")
 # a query parameter that carries a secret (a presigned URL's signature, a token)
-_SECRET_PARAM = re.compile(r"(?i)([?&](?:x-amz-(?:credential|signature|security-token)|"
-                           r"signature|sig|awsaccesskeyid|access_token|token|password|secret|"
-                           r"key)=)[^&\s'\"#]+")
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:x-(?:amz|goog)-(?:credential|signature|security-token)|"
+                           r"signature|sig|awsaccesskeyid|password|(?:[\w.-]*[_.-])?"
+                           r"(?:access|api|auth|refresh|session|id)?(?:token|secret|key))"
+                           r"=)[^&\s'\"#]+")
 
 
 def _hide(m: re.Match) -> str:

@@ -95,6 +95,9 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
     for group, keep in zip(optimizer.param_groups, chosen):
         group.update(keep)
+        if isinstance(optimizer, NAG) and "decoupled_weight_decay" not in group:
+            # a state saved before NAG decayed as the reference does: its decay, decoupled
+            group["decoupled_weight_decay"], group["weight_decay"] = group["weight_decay"], 0.0
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
