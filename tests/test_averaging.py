@@ -68,9 +68,10 @@ def test_incompatible_checkpoints_are_refused(tiny_checkpoints, tmp_path):
     odd = save_checkpoint(tmp_path / "odd", state, spm_model=tiny_checkpoints["spm"])
     with pytest.raises(ValueError, match="different model configurations"):
         average_checkpoints([tiny_checkpoints["a"], odd], tmp_path / "avg")
-    copy = tmp_path / "other_bpe"
-    shutil.copytree(tiny_checkpoints["b"], copy)
-    (copy / "sentencepiece.model").write_bytes(b"another model")
+    other_spm = tmp_path / "other.model"  # a checkpoint written with another BPE model
+    other_spm.write_bytes(b"another model")
+    copy = save_checkpoint(tmp_path / "other_bpe", load_checkpoint(tiny_checkpoints["b"]),
+                           spm_model=str(other_spm))
     with pytest.raises(ValueError, match="different BPE"):
         average_checkpoints([tiny_checkpoints["a"], copy], tmp_path / "avg2")
     with pytest.raises(FileNotFoundError, match="no checkpoint.pt"):
