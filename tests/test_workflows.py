@@ -807,6 +807,52 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     assert f"max_epochs {spec.train.max_epochs} -> 9" in continued
 
 
+def test_a_restart_interrupted_while_moving_is_finished_by_the_next_command(tmp_path,
+                                                                          monkeypatch):
+    """In a bucket a move is a copy of every object, then their deletion: a --restart killed
+    while it set the earlier work aside left part of it in place, under records a rerun
+    trusted (a rerun with the old settings scored what was left). The folder it began is in
+    workflow.json before anything moves; the next command finishes the move into it, and the
+    run starts from nothing."""
+    import workflows.run_state as run_state
+    from workflows.run_state import StageContext, record_settings
+    from workflows.run_tree import RunTree
+
+    uri = mlflow_store(tmp_path)
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    ctx = StageContext(RunTree.open(uri, "exp", spec.run_dir, "r"))
+    record_settings(ctx, spec)
+    run_dir = spec.run_dir
+    for f in ("train/checkpoint_00000010/checkpoint.pt", "eval/best/demo_test.fr",
+              "weights/best/model_00/checkpoint.pt"):
+        (run_dir / f).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / f).write_text("x")
+    state = ctx.state()
+    state["train"]["train"] = {"key": "k", "result": {}}
+    ctx.save_state(state)
+    moved, real = [], run_state.move_tree
+
+    def killed_after_one(src, dest):  # the command dies after its first folder
+        if moved:
+            raise KeyboardInterrupt
+        moved.append(src)
+        real(src, dest)
+
+    monkeypatch.setattr(run_state, "move_tree", killed_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        record_settings(ctx, spec.replace(restart=True))
+    (aside,) = run_dir.glob("replaced-*")
+    assert ctx.state()["restarting"] == aside.name and ctx.state()["train"]  # half done
+    monkeypatch.setattr(run_state, "move_tree", real)
+    record_settings(ctx, spec)  # the next command, the old settings, no --restart
+    assert sorted(p.name for p in aside.iterdir()) == ["eval", "train", "weights"]
+    assert not [p for p in ("train", "eval", "weights") if (run_dir / p).exists()]
+    assert ctx.state()["train"] == {} and "restarting" not in ctx.state()
+    assert list(run_dir.glob("replaced-*")) == [aside]
+
+
 def test_a_gpu_request_this_machine_cannot_meet_is_refused_before_ray_starts(tmp_path, capsys):
     """One GPU per training worker, checked against this machine's GPUs before Ray starts: too
     few is one line with the fix, exit 2, nothing written."""

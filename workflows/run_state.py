@@ -204,9 +204,13 @@ def record_settings(ctx: StageContext, spec) -> None:
     state = ctx.state()
     settings, new_budgets = result_settings(spec), budgets(spec)
     tags = {}
-    if spec.restart and (state["train"] or state["eval"] or _outputs(ctx.run_dir)):
+    # a --restart interrupted while it set the earlier work aside: finished first, into the
+    # folder it began (the rest of the earlier work must not be taken for this run's)
+    restarting = state.get("restarting")
+    if restarting or spec.restart and (state["train"] or state["eval"]
+                                       or _outputs(ctx.run_dir)):
         changed = changed_settings(state.get("settings") or {}, settings)
-        aside = set_aside(ctx, "; ".join(changed) or "--restart")
+        aside = set_aside(ctx, "; ".join(changed) or "--restart", restarting)
         # The changes cut as convs2s.replaced's are: MLflow takes 8,000 characters a tag, and
         # cuts (or refuses) a longer one at its end, where the earlier work's folder is named
         tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: trained over "
@@ -238,15 +242,22 @@ def _outputs(run_dir: Path) -> list[Path]:
         p.name in ("eval", "weights") or p.name == "train" or p.name.startswith("train_")))
 
 
-def set_aside(ctx: StageContext, why: str) -> Path:
+def set_aside(ctx: StageContext, why: str, into: str | None = None) -> Path:
     """Move the run's training, weights and evaluation folders to `<run>/replaced-<time>/` and
     re-key their MLflow runs to where their outputs went (named "... (replaced)"), so the new
-    training starts from nothing and its runs are new ones. Returns the folder."""
-    aside = ctx.run_dir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-    if aside.exists():  # two restarts in one second: in a bucket the second would overwrite
-        # the first's objects (a folder there is no object, so mkdir does not fail)
-        aside = ctx.run_dir / f"{aside.name}-{uuid.uuid4().hex[:6]}"
-    aside.mkdir(parents=True)
+    training starts from nothing and its runs are new ones. Returns the folder. The folder is
+    recorded in workflow.json (`restarting`) before anything moves: in a bucket a move is a
+    copy of every object, then their deletion, and an interrupted one is finished by the next
+    command (`into`: the folder it began)."""
+    if into:
+        aside = ctx.run_dir / into
+    else:
+        aside = ctx.run_dir / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        if aside.exists():  # two restarts in one second: in a bucket the second would
+            # overwrite the first's objects (a folder there is no object, so mkdir does not fail)
+            aside = ctx.run_dir / f"{aside.name}-{uuid.uuid4().hex[:6]}"
+        ctx.save_state({**ctx.state(), "restarting": aside.name})
+    aside.mkdir(parents=True, exist_ok=True)
     for p in _outputs(ctx.run_dir):
         move_tree(p, aside / p.name)  # in a bucket: copied by the server, then deleted
     if ctx.tree.parent is not None:
