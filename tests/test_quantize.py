@@ -90,6 +90,18 @@ def test_int8_on_a_cpu_without_int8_dot_products_never_saturates():
     assert out["ours"] < 0.03, out
 
 
+def test_the_weight_range_follows_the_engine_that_runs_the_products(monkeypatch):
+    """8-bit weights need kernels that use the CPU's int8 dot products (oneDNN's); on a build
+    without oneDNN the x86 engine's fbgemm may take its saturating AVX2 path (a CPU with
+    AVX-VNNI but no AVX-512 VNNI), so weights keep 7 bits there whatever the CPU has."""
+    from convs2s.inference import quantize
+
+    if quantize.has_int8_dot_products() and "onednn" in quantize._supported_engines():
+        assert quantize.weight_levels() == 127
+    monkeypatch.setattr(quantize, "_supported_engines", lambda: ["x86", "fbgemm"])
+    assert quantize.int8_engine() == "x86" and quantize.weight_levels() == 63
+
+
 _TRANSLATE = _NO_VNNI + """
 import json, sys
 from convs2s.config import SearchConfig

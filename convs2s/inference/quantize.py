@@ -76,7 +76,9 @@ def _supported_engines() -> list[str]:
 
 
 def weight_levels() -> int:
-    """The largest int8 weight magnitude: 127 where the CPU has int8 dot products, else 63.
+    """The largest int8 weight magnitude: 127 where the CPU has int8 dot products and the
+    engine is oneDNN, which uses them; else 63 (fbgemm, the x86 engine's kernels, may take the
+    AVX2 path on a CPU whose VNNI it has no kernels for, e.g. AVX-VNNI without AVX-512).
 
     Without VNNI / AMX the kernels multiply u8 activations by s8 weights in pairs summed into
     16 bits (AVX2 / AVX-512 `vpmaddubsw`), which saturates past 32,767: 255 x 127 x 2 does,
@@ -85,7 +87,7 @@ def weight_levels() -> int:
     translations (an AVX2 kernel run, docs/benchmarks.md "int8 without VNNI"), while 7-bit
     weights, one scale per output channel, keep the 8-bit activations' per-call scale over the
     whole batch and translate like the VNNI path."""
-    return 127 if has_int8_dot_products() else 63
+    return 127 if has_int8_dot_products() and int8_engine() == "onednn" else 63
 
 
 _PACKING = threading.Lock()
