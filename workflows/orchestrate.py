@@ -276,7 +276,7 @@ def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
         [f"{sections[o.section]}.{o.field}" if o.section in sections else o.field
          for o in [*opts.config_settings, *sets]]
         + [FLAG_SETTINGS[f] for f in given if f in FLAG_SETTINGS]))
-    head = (f"# {cfg.name}: preset {opts.preset}"
+    head = (f"# {spec.workflow}: preset {opts.preset}"
             + (f", with --set {' --set '.join(opts.set)}" if opts.set else "")
             + (f", with {', '.join('--' + f.replace('_', '-') for f in given)}" if given else "")
             + "\n# run it with: --config THIS_FILE; the run-level flags that are not settings "
