@@ -34,25 +34,27 @@ from storage.lease import machine_id, pid_gone, pid_namespace, place_tag
 log = logging.getLogger(__name__)
 
 
-def scratch_dir(prefix: str) -> Path:
-    """A new, private folder named `<prefix><owner>-<pid>-<random>` in the temporary directory,
-    made after removing the folders of `prefix` that ended processes of this machine left."""
+def scratch_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path:
+    """A new, private folder named `<prefix><owner>-<pid>-<random>` in the temporary directory
+    (or in `parent`: a folder beside the one it will be renamed to, on its filesystem), made
+    after removing the folders of `prefix` there that ended processes of this machine left."""
     owner = place()
-    removed = remove_left_behind(prefix, owner)
+    removed = remove_left_behind(prefix, owner, parent)
     if removed:
         log.info("removed %d scratch folder(s) %s* that ended processes left behind",
-                 len(removed), Path(tempfile.gettempdir()) / prefix)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-{os.getpid()}-"))
+                 len(removed), Path(parent or tempfile.gettempdir()) / prefix)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{owner}-{os.getpid()}-", dir=parent))
 
 
-def remove_left_behind(prefix: str, owner: str | None = None) -> list[Path]:
-    """Remove the scratch folders of `prefix` whose process (same owner: this machine and pid
-    namespace) no longer runs; returns them. This process's own are never removed (another
-    thread may be writing one)."""
+def remove_left_behind(prefix: str, owner: str | None = None,
+                       parent: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the scratch folders of `prefix` (in the temporary directory, or `parent`) whose
+    process (same owner: this machine and pid namespace) no longer runs; returns them. This
+    process's own are never removed (another thread may be writing one)."""
     owner = owner or place()
     name = re.compile(rf"{re.escape(prefix)}(?P<owner>[0-9a-f]{{8}})-(?P<pid>\d+)-[^/]+")
     removed = []
-    for p in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*"):
+    for p in Path(parent or tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*"):
         m = name.fullmatch(p.name)
         if not m or m["owner"] != owner or int(m["pid"]) == os.getpid():
             continue

@@ -10,7 +10,9 @@ Run: .venv/bin/python -m pytest tests/test_evaluation.py -q            (add -m "
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -266,6 +268,34 @@ def test_a_checkpoints_model_that_cannot_be_logged_is_one_line_without_the_passw
     assert exit_.value.code == 2 and "S3CRET" not in err, err
     assert "--checkpoint a: its model could not be logged at http://alice:***@127.0.0.1:9" \
         in err, err
+
+
+def test_staging_removes_what_a_killed_stager_left_and_never_a_live_ones(tiny_checkpoints,
+                                                                         tmp_path):
+    """Weights are staged beside their target and renamed into place. A stager killed midway
+    left its `.partial-*` folder (an ensemble's or an average's weights: gigabytes at WMT
+    scale) for good, since only a process of its pid removed it; and two stagers of one
+    target shared one `.old-*` name. Each folder is named by its writer now: the next staging
+    on this machine removes those whose process is gone, and no other."""
+    import subprocess
+
+    from convs2s.io.staging import stage_models
+    from storage.scratch import place
+
+    target = tmp_path / "weights" / "best"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid no process has any more
+    dead = target.parent / f".partial-best-{place()}-{gone.pid}-x1"
+    live = target.parent / f".partial-best-{place()}-{os.getppid()}-x2"  # (this test's parent)
+    for left in (dead, live):
+        (left / "model_00").mkdir(parents=True)
+    models = stage_models([tiny_checkpoints["a"]], False, target)
+    assert [Path(m).name for m in models] == ["model_00"] and (target / "staged.json").is_file()
+    assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted(["best", live.name])
+    restaged = stage_models([tiny_checkpoints["b"]], False, target)  # other weights: swapped
+    assert restaged == models and sorted(p.name for p in target.parent.iterdir()) == \
+        sorted(["best", live.name])
 
 
 def test_idle_cpus_are_shared_out_to_the_cpu_jobs_there_are():

@@ -55,9 +55,13 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
         current = None
     if current != wanted:
         local = not isinstance(target, ObjectPath)
-        partial = target.with_name(f".partial-{target.name}-{os.getpid()}") if local \
-            else scratch_dir("convs2s-staging-") / target.name
-        shutil.rmtree(partial, ignore_errors=True)
+        if local:  # beside the target (one rename away), named by its writer: one a killed
+            # stager left is removed by the next staging on this machine (scratch_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = scratch_dir(f".partial-{target.name}-", target.parent)
+            partial.chmod(0o755)  # (mkdtemp's folder is private; the target is read by others)
+        else:
+            partial = scratch_dir("convs2s-staging-") / target.name
         groups = [list(checkpoints)] if average and len(checkpoints) > 1 else \
             [[c] for c in checkpoints]  # a mean of one is a slim copy
         for i, group in enumerate(groups):
@@ -67,10 +71,10 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
             publish_dir(partial, target, marker=STAGED_FILE)
             shutil.rmtree(partial.parent, ignore_errors=True)
         else:
-            old = target.with_name(f".old-{target.name}")
-            shutil.rmtree(old, ignore_errors=True)
+            # this stager's own name (two stagers of one target set aside each their own)
+            old = scratch_dir(f".old-{target.name}-", target.parent)
             if target.exists():
-                os.replace(target, old)
+                os.replace(target, old)  # (onto the empty folder just made: a rename)
             os.replace(partial, target)
             shutil.rmtree(old, ignore_errors=True)
     return tuple(str(p) for p in sorted(target.glob("model_*")))
