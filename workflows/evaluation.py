@@ -375,8 +375,7 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,
             dataset: DatasetRecord) -> EvalResult:
     """Write the hypotheses and pictures (a folder, or a bucket), log them and the metrics,
     close the child run."""
-    job_dir = out_dir / job.name
-    job_dir.mkdir(parents=True, exist_ok=True)
+    job_dir = out_dir / job.name  # (write_whole makes the folders)
     hyp_path = job_dir / f"{job.test_set.name}.{job.test_set.tgt_lang}"
     # whole or not at all: a rescore (a larger --attention) rewrites the file a standing record
     # names, and a kill mid-write must not leave it cut short under that record
@@ -384,7 +383,6 @@ def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,
     pngs = []
     for name, data in out["pngs"].items():
         png = job_dir / "attention" / f"{job.test_set.name}_{name}"
-        png.parent.mkdir(exist_ok=True)
         write_whole(png, data)
         pngs.append(str(png))
     _log_result(uri, run_id, job, out, dataset)

@@ -73,7 +73,6 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
                         f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
     log_final_metrics(ctx.tree.uri, run_id, metrics)
     manifests = ctx.run_dir / "preprocess_manifests.json"  # a file, or an object in a bucket
-    manifests.parent.mkdir(parents=True, exist_ok=True)
     write_whole(manifests, json.dumps(out.manifests, indent=1, default=str).encode())
     log_artifacts(ctx.tree.uri, run_id, str(manifests), "manifests")
     end_run(ctx.tree.uri, run_id, "FINISHED")

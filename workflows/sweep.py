@@ -657,8 +657,7 @@ def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | 
 
     headline = task_kind(sweep.base.task_kind).headline
     stats = variant_stats(sweep, result.results)
-    sweep.folder.mkdir(parents=True, exist_ok=True)
-    md = sweep.folder / "summary.md"
+    md = sweep.folder / "summary.md"  # (write_whole makes the folder)
     write_whole(md, (f"# Sweep {sweep.run_name} ({sweep.sweep}, {sweep.base.workflow} "
                      f"{sweep.base.preset})\n\n{result.table}\n").encode())
     js = sweep.folder / "summary.json"
