@@ -262,16 +262,30 @@ def test_an_output_written_before_file_stamps_were_recorded_still_resumes(
         translate_corpus(job)
 
 
-def test_a_corpus_job_reads_and_writes_a_bucket(s3, tiny_checkpoints, ray_session):
-    from storage import location, publish_dir
+def test_a_corpus_job_reads_and_writes_a_bucket(s3, tiny_checkpoints, ray_session,
+                                                monkeypatch):
+    """In a bucket, and without a request of the driver's per part: its parts are checked in
+    one listing (a corpus of 5,000 parts asked 70,000 requests one after another, 5 a part
+    before any actor started and 9 for the manifest); a rerun reads each record once."""
+    from storage import ObjectPath, location, publish_dir
 
     bucket = "s3://convs2s-test/corpus"
     publish_dir(tiny_checkpoints["a"], location(f"{bucket}/model"), marker="meta.json")
     lines = [s for s, _ in tiny_checkpoints["pairs"][:60]]
     location(f"{bucket}/mono.en").write_text("\n".join(lines) + "\n")
-    manifest = translate_corpus(CorpusJob([f"{bucket}/model"], f"{bucket}/mono.en",
-                                          f"{bucket}/out", search=SEARCH, actors=2,
-                                          shard_lines=25, progress=False))
+    asked = []  # (request, object) of the driver's requests on the parts
+    for name in ("info", "read_bytes"):
+        def counted(self, *a, _name=name, _real=getattr(ObjectPath, name), **kw):
+            if self.name.startswith("part-") and self.parent.name == "out":
+                asked.append((_name, self.name))
+            return _real(self, *a, **kw)
+        monkeypatch.setattr(ObjectPath, name, counted)
+    job = CorpusJob([f"{bucket}/model"], f"{bucket}/mono.en", f"{bucket}/out", search=SEARCH,
+                    actors=2, shard_lines=25, progress=False)
+    manifest = translate_corpus(job)
+    assert asked == []  # the actors' records came back with their rows
+    assert translate_corpus(job) == manifest  # complete: each record read once, nothing more
+    assert sorted(asked) == [("read_bytes", f"part-0000{i}.json") for i in range(3)]
     out = location(f"{bucket}/out")
     text = "".join((out / name).read_text() for name in manifest["parts"])
     assert text.split("\n")[:-1] == one_process(tiny_checkpoints["a"], lines)
@@ -307,15 +321,46 @@ def test_a_folder_another_job_holds_is_refused_before_any_work(tiny_checkpoints,
     assert not out.exists()  # nothing written; the lease is gone, and the folder it made
 
 
+def test_a_part_that_fails_is_returned_as_failed_and_the_actors_other_parts_are_written(
+        tiny_checkpoints, tmp_path):
+    """A translator actor (here built in this process, without Ray) given three parts, the
+    middle one's source shard damaged: the other two are translated and recorded, the damaged
+    one comes back failed with its error in one line and nothing of it written (Ray Data
+    would end the whole job at the first part that raised)."""
+    from convs2s.serving.corpus import ShardTranslator
+
+    out = tmp_path / "out"
+    lines = corpus_lines(tiny_checkpoints["pairs"], 30)
+    for i in range(3):
+        (out / "source").mkdir(parents=True, exist_ok=True)
+        (out / "source" / f"part-{i:05d}.txt").write_text(
+            "".join(f"{x}\n" for x in lines[10 * i:10 * i + 10]))
+    (out / "source" / "part-00001.txt").write_bytes(b"caf\xe9\n" * 10)  # not UTF-8
+    actor = ShardTranslator([tiny_checkpoints["a"]], SEARCH.to_dict(), "cpu", 1, None,
+                            str(out), nbest=1)
+    rows = actor({"index": [0, 1, 2]})
+    assert rows["index"] == [0, 1, 2] and rows["lines"] == [10, 0, 10]
+    assert rows["error"][0] == rows["error"][2] == ""
+    assert rows["error"][1].startswith("UnicodeDecodeError: 'utf-8' codec can't decode byte "
+                                       "0xe9") and "\n" not in rows["error"][1]
+    assert rows["record"][1] == ""
+    for i in (0, 2):
+        assert json.loads(rows["record"][i]) == json.loads(
+            (out / f"part-{i:05d}.json").read_text())
+    assert not (out / "part-00001.txt").exists() and not (out / "part-00001.json").exists()
+    expected = one_process(tiny_checkpoints["a"], lines)
+    assert (out / "part-00002.txt").read_text().split("\n")[:-1] == expected[20:]
+
+
 def test_a_failing_translator_is_one_error_line_and_the_finished_parts_are_kept(
         tiny_checkpoints, ray_session, tmp_path):
     """An error inside a translator actor (here a source shard damaged on disk after the split,
-    its bytes no longer UTF-8, and its part gone) reaches the driver wrapped by Ray
-    (UserCodeException, RayTaskError): one line with its root cause, exit 2, no traceback; the
-    finished parts are kept, and the same command resumes once the cause is mended."""
+    its bytes no longer UTF-8, and its part gone) fails that part only: the job translates
+    every other part, then says in one line which part failed and why, exit 2, no traceback;
+    the finished parts are kept, and the same command resumes once the cause is mended."""
     from convs2s.cli import main
 
-    lines = corpus_lines(tiny_checkpoints["pairs"], 60)
+    lines = corpus_lines(tiny_checkpoints["pairs"], 120)
     (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     argv = KILLED[4:] + ["--checkpoint", tiny_checkpoints["a"], "--input",
@@ -323,9 +368,10 @@ def test_a_failing_translator_is_one_error_line_and_the_finished_parts_are_kept(
     assert main(["translate", *argv]) == 0
     shard = out / "source" / "part-00001.txt"
     good = shard.read_bytes()
-    for name in ("manifest.json", "part-00001.json", "part-00001.txt"):
+    for name in ("manifest.json", "part-00001.json", "part-00001.txt", "part-00002.json",
+                 "part-00002.txt"):
         (out / name).unlink()
-    shard.write_bytes(b"caf\xe9\n" * 20)  # a byte the split never writes: not UTF-8
+    shard.write_bytes(b"caf\xe9\n" * 40)  # a byte the split never writes: not UTF-8
     # The failing run as a command of its own on the session's Ray (a process that goes on,
     # as this one, would hold the failed job until a garbage collection; pytest keeps Ray
     # Data's log records of the error, which hold it, for the whole test)
@@ -336,11 +382,14 @@ def test_a_failing_translator_is_one_error_line_and_the_finished_parts_are_kept(
     _wait_until_the_jobs_translators_end(proc.pid)
     assert proc.returncode == 2, err[-3000:]
     (line,) = [x for x in err.splitlines() if "convs2s-translate: error:" in x]
-    assert "a translator failed: UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9" in \
-        line and f"the finished parts are kept in {out}: the same command translates the " \
-        "rest" in line, err[-3000:]
+    assert "a translator failed on 1 of 2 part(s) (part-00001.txt: UnicodeDecodeError: " \
+        "'utf-8' codec can't decode byte 0xe9" in line and \
+        f"the finished parts are kept in {out}: the same command translates the rest" in line, \
+        err[-3000:]
     assert "Traceback" not in err, err[-3000:]
-    assert (out / "part-00000.json").is_file() and not (out / "manifest.json").exists()
+    # the part after the failed one was translated all the same
+    assert (out / "part-00000.json").is_file() and (out / "part-00002.json").is_file()
+    assert not (out / "part-00001.json").exists() and not (out / "manifest.json").exists()
     shard.write_bytes(good)
     assert main(["translate", *argv]) == 0
     assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)
@@ -466,17 +515,18 @@ def test_a_part_whose_record_counts_other_output_lines_names_both_counts(tmp_pat
     """The manifest is written only over parts whose records count the lines their source
     shard gives: one that counts the right lines in but other n-best lines out is refused
     with both counts (it used to say only the lines in, which matched)."""
-    from convs2s.serving.corpus import _manifest, part_name
+    from convs2s.serving.corpus import _manifest, part_name, part_records
 
     job = CorpusJob(["unused"], "in.txt", str(tmp_path),
                     search=SearchConfig(beam=2, nbest=2))
     (tmp_path / part_name(0, "json")).write_text(json.dumps(
         {"lines": 3, "lines_out": 3, "truncated": [], "bytes": 0}))
+    (tmp_path / part_name(0, "txt")).write_bytes(b"")
     source = {"shards": [{"index": 0, "lines": 3, "first_line": 0}], "lines": 3,
               "non_utf8": []}
     with pytest.raises(CorpusError, match=r"part-00000\.json counts 3 lines in and 3 out, its "
                                           r"source shard 3 in and 6 out: delete the part"):
-        _manifest(job, tmp_path, source, {}, 1.0, 1)
+        _manifest(job, tmp_path, source, {}, 1.0, 1, part_records(tmp_path, [0], 5))
 
 
 def test_an_actor_no_node_of_a_local_ray_holds_is_one_line_with_the_fix(ray_session,

@@ -23,7 +23,10 @@ pool, docs/reference.md, Ray):
    exists and its `.txt` holds the bytes it records, so a killed job (or a machine's crash
    before the renamed file reached the disk) leaves no half-written part that a rerun would
    trust (a local part is renamed into place; an object is one PUT); a rerun translates a part
-   that does not match again, even after the manifest was written.
+   that does not match again, even after the manifest was written. A part whose translation
+   raises fails alone: the other parts go on, and the job then names the failed parts
+   (`PartsFailed`); the rerun translates them. The driver reads the parts' state in one
+   listing of the folder, and the records of the parts translated now from the actors' rows.
 3. **Manifest.** When every part is done, `manifest.json` (written last) sums them: lines in
    and out, failures by reason (empty input lines, kept empty; lines that were not UTF-8, kept
    empty; lines cut to the model's positions), the model, the search, the time and the rate.
@@ -51,7 +54,7 @@ from dataclasses import dataclass, field
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
 from convs2s.serving import ray_join
-from storage import is_uri, location, open_input, stamp, write_whole
+from storage import ObjectPath, is_uri, location, open_input, stamp, write_whole
 from storage.lease import RunLease
 
 log = logging.getLogger("convs2s.serving.corpus")
@@ -288,35 +291,55 @@ class ShardTranslator:
             self.precision = f"int8 (weights +-{weight_levels()})"
 
     def __call__(self, batch: dict) -> dict:
+        """Translate the parts `batch["index"]` names. A part that fails (an error of its own:
+        a damaged shard, a write refused, memory) is returned as failed, its error in one line,
+        with nothing of it written: the other parts of the job go on, and a rerun translates
+        it again (Ray Data would otherwise end the whole job at the first part that raised,
+        the parts other actors were translating thrown away)."""
+        from convs2s.tracking.runs import redact_text
+
+        rows = {"index": [], "lines": [], "record": [], "error": []}
+        for index in batch["index"]:
+            index = int(index)
+            try:
+                record, error = self._part(index), ""
+            except Exception as err:  # noqa: BLE001 - the part's error, for the driver's line
+                text = str(err).strip().splitlines()
+                record = {"lines": 0}
+                error = redact_text(f"{type(err).__name__}: {text[0] if text else ''}"
+                                    .rstrip(": "))
+            rows["index"].append(index)
+            rows["lines"].append(record["lines"])
+            rows["record"].append(json.dumps(record) if not error else "")
+            rows["error"].append(error)
+        return rows
+
+    def _part(self, index: int) -> dict:
+        """Translate part `index`: its `.txt`, then its record (`.json`), which it returns."""
         import torch
 
         from convs2s.inference.translate import format_translation
 
-        rows = {"index": [], "lines": [], "seconds": []}
-        for index in batch["index"]:
-            index = int(index)
-            t0 = time.perf_counter()
-            text = (self.out / SOURCE / part_name(index, "txt")).read_bytes().decode("utf-8")
-            lines = text.split("\n")[:-1]
-            with torch.inference_mode():
-                # (no attention kept: the parts are text)
-                translations = self.translator.translate_full(lines, attention=False)
-            data = "".join(format_translation(tr, 0, self.nbest, False)
-                           for tr in translations).encode()
-            write_whole(self.out / part_name(index, "txt", self.width), data)
-            # what the .txt holds, checked before the part is trusted (a rename is not flushed
-            # to disk: after a crash a part may be shorter than its record says)
-            record = {"index": index, "lines": len(lines), "bytes": len(data),
-                      "lines_out": data.count(b"\n"),
-                      "empty": sum(1 for tr in translations if not tr.source),
-                      "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
-                      "precision": self.precision,
-                      "seconds": round(time.perf_counter() - t0, 3)}
-            write_whole(self.out / part_name(index, "json", self.width),
-                        json.dumps(record).encode())  # done
-            for k in rows:
-                rows[k].append(record[k])
-        return rows
+        t0 = time.perf_counter()
+        text = (self.out / SOURCE / part_name(index, "txt")).read_bytes().decode("utf-8")
+        lines = text.split("\n")[:-1]
+        with torch.inference_mode():
+            # (no attention kept: the parts are text)
+            translations = self.translator.translate_full(lines, attention=False)
+        data = "".join(format_translation(tr, 0, self.nbest, False)
+                       for tr in translations).encode()
+        write_whole(self.out / part_name(index, "txt", self.width), data)
+        # what the .txt holds, checked before the part is trusted (a rename is not flushed
+        # to disk: after a crash a part may be shorter than its record says)
+        record = {"index": index, "lines": len(lines), "bytes": len(data),
+                  "lines_out": data.count(b"\n"),
+                  "empty": sum(1 for tr in translations if not tr.source),
+                  "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
+                  "precision": self.precision,
+                  "seconds": round(time.perf_counter() - t0, 3)}
+        write_whole(self.out / part_name(index, "json", self.width),
+                    json.dumps(record).encode())  # done
+        return record
 
 
 # --- the job ----------------------------------------------------------------------------------
@@ -401,7 +424,8 @@ def translate_corpus(job: CorpusJob) -> dict:
         source = split_input(job, out)
         t0 = time.perf_counter()
         width = part_width(len(source["shards"]))
-        todo = [s for s in source["shards"] if not part_done(out, s["index"], width)]
+        records = part_records(out, [s["index"] for s in source["shards"]], width)
+        todo = [s for s in source["shards"] if records[s["index"]] is None]
         if complete and not todo:
             log.info("%s is complete already (%s)", job.output, MANIFEST)
             return json.loads((out / MANIFEST).read_text())
@@ -413,36 +437,75 @@ def translate_corpus(job: CorpusJob) -> dict:
             if complete:  # a part no longer matches its record: the folder is not complete
                 # while it is translated again (the manifest is this job's own)
                 (out / MANIFEST).unlink(missing_ok=True)
-            _run_pool(job, todo, source["lines"], done_lines, width)
+            records.update(_run_pool(job, todo, source["lines"], done_lines, width))
         seconds = time.perf_counter() - t0
-        manifest = _manifest(job, out, source, identity, seconds, len(todo))
+        manifest = _manifest(job, out, source, identity, seconds, len(todo), records)
         write_whole(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
     return manifest
 
 
-def part_done(out, index: int, width: int) -> bool:
-    """Whether part `index` is finished: its `.json` is written and its `.txt` holds the bytes
-    that record counts (a part that does not match, one a crash left short, is translated
-    again; a part recorded before sizes were, on its `.json` alone)."""
+def _sizes(out) -> dict[str, int]:
+    """name -> size of the files directly in the output folder, in one listing (a bucket
+    answers a thousand names a request; checking each part by itself asked it five requests
+    a part: 25,000 for a corpus of 5,000 parts, minutes before any actor started)."""
+    import pyarrow.fs as pafs
+
+    out = location(out)
+    if isinstance(out, ObjectPath):
+        infos = out.fs.get_file_info(pafs.FileSelector(out.key, allow_not_found=True))
+        return {i.base_name: i.size for i in infos if i.type == pafs.FileType.File}
     try:
-        record = _read_json(out / part_name(index, "json", width))
-    except ValueError:  # a record a crash left empty or cut short
-        record = None
-    if record is None:
-        return False
-    txt = out / part_name(index, "txt", width)
-    try:
-        size = stamp(txt)[0]
+        with os.scandir(out) as entries:
+            return {e.name: e.stat().st_size for e in entries if e.is_file()}
     except FileNotFoundError:
-        size = None
-    if size is None or size != record.get("bytes", size):
-        log.warning("%s does not match its record (%s bytes, %s recorded): translated again",
-                    txt, "no" if size is None else size, record.get("bytes", "none"))
-        return False
-    return True
+        return {}
 
 
-def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int, width: int) -> None:
+def _holds(record: dict, size: int | None) -> bool:
+    """Whether a part's `.txt` of `size` bytes (None: there is none) is what its record counts
+    (a record written before sizes were: any `.txt`)."""
+    return size is not None and size == record.get("bytes", size)
+
+
+def part_records(out, indices: list[int], width: int) -> dict[int, dict | None]:
+    """index -> the record of part `index` where the part is finished: its `.json` is written
+    and its `.txt` holds the bytes that record counts; None where it is not (a part that does
+    not match, one a crash left short, is translated again; a part recorded before sizes
+    were, on its `.json` alone). One listing of the folder, then the records read side by
+    side (in a bucket each read is a request)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out, sizes = location(out), _sizes(out)
+
+    def record_of(index: int) -> dict | None:
+        name, txt = part_name(index, "json", width), part_name(index, "txt", width)
+        if name not in sizes:
+            return None
+        try:
+            record = json.loads((out / name).read_bytes())
+        except (ValueError, FileNotFoundError):  # a record a crash left empty or cut short
+            return None
+        size = sizes.get(txt)
+        if not _holds(record, size):
+            log.warning("%s does not match its record (%s bytes, %s recorded): translated again",
+                        out / txt, "no" if size is None else size, record.get("bytes", "none"))
+            return None
+        return record
+
+    if isinstance(out, ObjectPath):
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            return dict(zip(indices, pool.map(record_of, indices)))
+    return {index: record_of(index) for index in indices}
+
+
+class PartsFailed(CorpusError):
+    """Parts whose translation raised; every other part of the job was translated."""
+
+
+def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
+              width: int) -> dict[int, dict]:
+    """Translate the parts `todo` on the actor pool; returns the records of those translated.
+    Raises PartsFailed naming the parts that failed, once every other part is translated."""
     import ray
     from tqdm import tqdm
 
@@ -469,14 +532,32 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int, width: in
             tqdm(total=total, initial=done, unit=" sentences", unit_scale=True, file=sys.stderr,
                  disable=not job.progress, dynamic_ncols=True, smoothing=0.1,
                  desc="translate") as bar:
+        records, failed = {}, {}
         for row in ds.iter_rows():
+            if row["error"]:
+                failed[int(row["index"])] = row["error"]
+                continue
+            records[int(row["index"])] = json.loads(row["record"])
             bar.update(int(row["lines"]))
+    if failed:
+        first = min(failed)
+        raise PartsFailed(
+            f"a translator failed on {len(failed)} of {len(todo)} part(s) "
+            f"({part_name(first, 'txt', width)}: {failed[first]}"
+            + (f"; also {', '.join(part_name(i, 'txt', width) for i in sorted(failed)[1:4])}"
+               + (", ..." if len(failed) > 4 else "") if len(failed) > 1 else "")
+            + f"); the finished parts are kept in {job.output}: the same command translates "
+            "the rest")
+    return records
 
 
 def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
-              translated_parts: int) -> dict:
+              translated_parts: int, records: dict[int, dict | None]) -> dict:
+    """The manifest of a job whose parts are all finished: `records` (index -> record, from
+    `part_records` and the actors) checked against the source shards and, in one more listing,
+    against the parts' sizes."""
     width = part_width(len(source["shards"]))
-    parts = [_read_json(out / part_name(s["index"], "json", width)) for s in source["shards"]]
+    parts = [records.get(s["index"]) for s in source["shards"]]
     missing = [s["index"] for s, p in zip(source["shards"], parts) if p is None]
     if missing:
         raise CorpusError(f"{job.output}: parts {missing[:5]} were not written; rerun the "
@@ -488,7 +569,9 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
                 f"{out / part_name(s['index'], 'json', width)} counts {p['lines']} lines in and "
                 f"{p.get('lines_out', expected)} out, its source shard {s['lines']} in and "
                 f"{expected} out: delete the part and rerun")
-    short = [s["index"] for s in source["shards"] if not part_done(out, s["index"], width)]
+    sizes = _sizes(out)
+    short = [s["index"] for s, p in zip(source["shards"], parts)
+             if not _holds(p, sizes.get(part_name(s["index"], "txt", width)))]
     if short:
         raise CorpusError(f"{job.output}: parts {short[:5]} do not hold what their records "
                           "count; rerun the same command to translate them again")
