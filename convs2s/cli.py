@@ -674,6 +674,11 @@ def serve(argv: list[str] | None = None) -> int:
                    help="most sentences searched together")
     p.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="at rest, how long a sentence waits for others to share its search")
+    p.add_argument("--max-queued-requests", type=int, default=256,
+                   help="requests each HTTP proxy holds waiting for a replica; past them, 503 "
+                        "at once (-1: no limit)")
+    p.add_argument("--request-timeout", type=float, metavar="SECONDS",
+                   help="a request that takes longer is answered 408 (default: no limit)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     args = p.parse_args(argv)
@@ -700,7 +705,8 @@ def serve(argv: list[str] | None = None) -> int:
             target_ongoing_requests=args.target_ongoing_requests,
             threads_per_replica=args.threads_per_replica,
             gpus_per_replica=args.gpus_per_replica, max_batch_size=args.max_batch_size,
-            batch_wait_ms=args.batch_wait_ms)
+            batch_wait_ms=args.batch_wait_ms, max_queued_requests=args.max_queued_requests,
+            request_timeout_s=args.request_timeout)
         if settings.model and args.spm_model:
             raise ValueError(f"--spm-model {args.spm_model}: a logged model (--model) carries "
                              "its own text pipeline; leave it out")

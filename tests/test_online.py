@@ -280,6 +280,67 @@ def test_a_request_sets_its_own_search_within_limits(served, tiny_checkpoints):
         assert code == 400 and says in text, (body, code, text)
 
 
+def _post_raw(url: str, chunks, length: int | None = None) -> tuple[int, str]:
+    """POST `chunks` (bytes) as one body: with a Content-Length of `length`, or chunked."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    if length is not None:
+        headers["Content-Length"] = str(length)
+    try:
+        conn.request("POST", parts.path, body=iter(chunks), headers=headers,
+                     encode_chunked=length is None)
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(served, tiny_checkpoints):
+    """A body over CONVS2S_SERVE_MAX_BODY (6.1 MiB by default: the most sentences of the most
+    characters, each a 6-byte escape) is refused by its Content-Length, or as it arrives when
+    it is sent in chunks, with the limit named; a body within it is answered as ever (it was
+    parsed whole first, a multi-GB one into several times its size in Python objects)."""
+    from convs2s.serving.requests import MAX_BODY
+
+    over = MAX_BODY + 1
+    body = b'{"inputs": ["' + b"a" * (over - len(b'{"inputs": [""]}')) + b'"]}'
+    assert len(body) == over
+    # By its Content-Length: answered before the body is read (here only its start is sent:
+    # the server closes the connection after its answer, and a client still sending would
+    # meet a reset); in chunks, the whole body sent and refused once it passes the limit
+    for chunks, length in (([body[:1024]], over),
+                           ([body[i:i + (1 << 20)] for i in range(0, over, 1 << 20)], None)):
+        code, text = _post_raw(f"{served}/translate", chunks, length)
+        assert code == 413, (length, code, text[:300])
+        assert f"at most {MAX_BODY:,} (CONVS2S_SERVE_MAX_BODY): split the request" in text
+    s = [x for x, _ in tiny_checkpoints["pairs"][:2]]
+    chunks = [b'{"inputs": [', json.dumps(s[0]).encode(), b", ", json.dumps(s[1]).encode(),
+              b"]}"]
+    code, text = _post_raw(f"{served}/translate", chunks, None)  # chunked, within the limit
+    assert code == 200 and json.loads(text)["predictions"] == alone(tiny_checkpoints["a"], s)
+
+
+def test_requests_past_the_proxys_queue_are_refused_not_queued_without_end():
+    """Each proxy holds at most --max-queued-requests requests waiting for a replica (Serve
+    answers the next 503 at once); the flag reaches the deployment."""
+    from convs2s.serving.online import ServeSettings
+
+    options = ServeSettings(checkpoints=["x"]).deployment_options()
+    assert options["max_queued_requests"] == 256
+    assert ServeSettings(checkpoints=["x"], max_queued_requests=-1).deployment_options()[
+        "max_queued_requests"] == -1
+    for bad, says in ((0, "--max-queued-requests must be >= 1, or -1"),
+                      (-2, "--max-queued-requests must be >= 1, or -1")):
+        with pytest.raises(ValueError, match=says):
+            ServeSettings(checkpoints=["x"], max_queued_requests=bad)
+    with pytest.raises(ValueError, match="--request-timeout must be > 0 seconds"):
+        ServeSettings(checkpoints=["x"], request_timeout_s=0)
+
+
 @pytest.mark.slow
 def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
         tiny_checkpoints, tmp_path):

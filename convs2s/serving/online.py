@@ -14,7 +14,8 @@ HTTP (port 8000 unless --port):
         -> {"predictions": [[{"text", "score", "alignment", "attention"}, ...], ...]}
         (+ "truncated": [i, ...]: the sentences cut to the model's positions, partly translated)
     GET /health -> {"status": "ok", "model": ..., "precision": ..., "replica": ...}
-A request over the limits (convs2s.serving.requests: sentences, characters, search settings,
+A body over CONVS2S_SERVE_MAX_BODY bytes is an HTTP 413, before it is parsed (`BodyLimit`). A
+request over the limits (convs2s.serving.requests: sentences, characters, search settings,
 the work its settings may ask) is an HTTP 400 naming the limit, before any search; so are no
 sentences (`"inputs": []`), a "params" that is not an object and a key other than "inputs" and
 "params"; a body that is not a JSON object, a 422. A setting given as null is its default
@@ -34,6 +35,12 @@ move slightly with the batch, docs/benchmarks.md), except with a shortlist (`--s
 the target vocabulary searched is the union of the shortlists of the batch's sentences, so a
 sentence's translation may then depend on the sentences searched with it, in float32 too.
 
+Overload: each replica takes `max_ongoing_requests` requests at once (at least two batches'
+worth); past them, requests wait in each proxy's queue, at most `--max-queued-requests` (256)
+there, and the next is answered 503 at once (Serve's back-pressure) rather than queued
+without end, its body held by the proxy. `--request-timeout` ends a request that waited and
+searched longer with a 408 (none by default, as Serve's).
+
 Replicas: `--replicas N` fixed, or autoscaling between `--min-replicas` and `--max-replicas`
 on `--target-ongoing-requests` per replica; each holds `--threads-per-replica` CPUs (its torch
 threads) or `--gpus-per-replica` of a GPU. Serve checks each replica's health (`check_health`)
@@ -45,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -54,8 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from convs2s.config import SearchConfig
-from convs2s.serving.requests import (RequestError, batch_bound, check_sentences, check_work,
-                                      search_for)
+from convs2s.serving.requests import (MAX_BODY, RequestError, batch_bound, check_sentences,
+                                      check_work, search_for)
 
 log = logging.getLogger("convs2s.serving.online")
 
@@ -83,6 +91,13 @@ class ServeSettings:
     max_batch_size: int = 32
     batch_wait_ms: float = 2.0
     max_ongoing_requests: int = 128
+    # requests each caller (an HTTP proxy, a handle) holds waiting for a replica; past them,
+    # 503 at once; -1: no limit (Serve's default)
+    max_queued_requests: int = 256
+    # seconds a request may take from the proxy on (a 408 after); None: no limit. Serve's
+    # HTTP option: `python -m convs2s serve` starts Serve with it; a config file sets it in
+    # its `http_options` (it is not the application's)
+    request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if bool(self.checkpoints) == bool(self.model):
@@ -96,6 +111,10 @@ class ServeSettings:
             raise ValueError("need 0 <= --min-replicas <= --max-replicas")
         if self.batch_wait_ms < 0:
             raise ValueError("batch_wait_ms must be >= 0")
+        if self.max_queued_requests < 1 and self.max_queued_requests != -1:
+            raise ValueError("--max-queued-requests must be >= 1, or -1 for no limit")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ValueError("--request-timeout must be > 0 seconds")
 
     def for_replicas(self) -> "ServeSettings":
         """These settings with their local paths absolute (checkpoints, sentencepiece model,
@@ -123,6 +142,7 @@ class ServeSettings:
         # A replica holds a whole batch of requests at once, and the next one filling
         return {"ray_actor_options": actor, **scale,
                 "max_ongoing_requests": max(self.max_ongoing_requests, 2 * self.max_batch_size),
+                "max_queued_requests": self.max_queued_requests,
                 "health_check_period_s": 10, "health_check_timeout_s": 30}
 
 
@@ -273,6 +293,8 @@ class _Failed:
 
 def _answer(tr, search: SearchConfig, attention: bool):
     """One sentence's answer: its text, or with nbest > 1 / attention its hypotheses."""
+    import torch
+
     if search.nbest == 1 and not attention:
         return tr.text
     out = []
@@ -280,10 +302,53 @@ def _answer(tr, search: SearchConfig, attention: bool):
         hyp = {"text": h.text, "score": round(h.score, 4)}
         if attention:
             hyp["alignment"] = [list(p) for p in h.alignment()]
-            hyp["attention"] = [[round(float(x), 4) for x in row]
-                                for row in h.attention.tolist()]
+            # rounded by torch, not value by value in Python (4M values, the most a request
+            # gets: over a second of the search thread)
+            hyp["attention"] = torch.round(h.attention.double(), decimals=4).tolist()
         out.append(hyp)
     return out
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes is answered 413 before the
+    application reads it, by its Content-Length or, without one (chunked), as it arrives;
+    a body within it is passed on whole."""
+
+    def __init__(self, app, limit: int = MAX_BODY):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._refuse(send, int(length))
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return None
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                return await self._refuse(send, None)
+        whole = [{"type": "http.request", "body": bytes(body), "more_body": False}]
+
+        async def replay():
+            return whole.pop() if whole else await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, send, length: int | None) -> None:
+        size = f"{length:,} bytes" if length is not None else "more bytes"
+        detail = (f"the request body has {size}; at most {self.limit:,} "
+                  "(CONVS2S_SERVE_MAX_BODY): split the request")
+        data = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": data})
 
 
 class TranslatorReplica:
@@ -444,6 +509,7 @@ def deployment(settings: ServeSettings):
     from ray import serve
 
     app = FastAPI(title="convs2s translation", docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit)
 
     @serve.deployment(name=DEPLOYMENT)
     @serve.ingress(app)
@@ -546,7 +612,10 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     from convs2s.tracking.runs import redact_text
 
     try:
-        serve.start(http_options={"host": host, "port": port})
+        http = {"host": host, "port": port}
+        if settings.request_timeout_s is not None:
+            http["request_timeout_s"] = settings.request_timeout_s
+        serve.start(http_options=http)
         t0 = time.perf_counter()
         stop = threading.Event()
         saying = threading.Thread(target=_say_while_deploying, args=(serve, name, stop),

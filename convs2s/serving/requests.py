@@ -19,7 +19,11 @@ Limits (environment variables of the server's operator, read at import):
   request with `"attention": true` may get back (beam x steps x source positions, summed over
   its sentences), and those one search batch keeps while it runs (asked for, or for
   replace_unk): its batches are cut at that many (`batch_bound`). Without attention the search
-  keeps none (`convs2s.inference.search.generate(attention=False)`).
+  keeps none (`convs2s.inference.search.generate(attention=False)`);
+- CONVS2S_SERVE_MAX_BODY (the most sentences x the most characters x 6 bytes, a `\\uXXXX` escape
+  each, + 64 KiB: 6.1 MiB by default) bytes of a request body on Ray Serve: a larger one is
+  an HTTP 413 before it is parsed (parsed, a body is several times its size in Python
+  objects: a multi-GB one would take its replica down before the limits above were read).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ MAX_BEAM = int(os.environ.get("CONVS2S_SERVE_MAX_BEAM", 16))
 MAX_LEN = int(os.environ.get("CONVS2S_SERVE_MAX_LEN", 1024))
 MAX_WORK = int(os.environ.get("CONVS2S_SERVE_MAX_WORK", MAX_SENTENCES * 1024))
 MAX_ATTENTION = int(os.environ.get("CONVS2S_SERVE_MAX_ATTENTION", 1 << 22))
+MAX_BODY = int(os.environ.get("CONVS2S_SERVE_MAX_BODY", MAX_SENTENCES * MAX_CHARS * 6 + (1 << 16)))
 
 # Search settings a request may set: (type, lowest, highest)
 SEARCH_PARAMS = {
