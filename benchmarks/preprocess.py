@@ -266,7 +266,9 @@ def _plain_clean(corpus: Path, out_dir: Path, cfg) -> None:
     first = 0
     for f in sorted((corpus / "fr-en").glob("train-*.parquet")):
         pf = pq.ParquetFile(f)
-        for g in range(pf.num_row_groups):  # one block per row group, as the Ray reader
+        # one block per row group (the Ray reader joins consecutive groups of a file into
+        # blocks of at least block_rows rows: the same rows, in as many or fewer parts)
+        for g in range(pf.num_row_groups):
             t = pf.read_row_group(g, columns=["translation"])
             t = t.add_column(0, "id", pa.array(np.arange(first, first + t.num_rows)))
             t = t.append_column("error", pa.nulls(t.num_rows, pa.string()))

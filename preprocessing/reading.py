@@ -1,7 +1,8 @@
 """Reading a resolved split (`sources.SplitSource`) as a Ray Dataset: `SplitDatasource`.
 
 Rows `{"id": int64, <hub row shape>, "error": str|None}` (see sources.py). One read task per
-parquet row group (row ids from the footers' row counts), per `block_rows` demo pairs, or one
+run of consecutive parquet row groups of one file of at least `block_rows` rows (row ids from
+the footers' row counts; `sources._parquet_row_groups`), per `block_rows` demo pairs, or one
 task that streams line-aligned text files in lockstep (their lines cannot be split between
 tasks without reading them first). Each task yields blocks of at most `block_rows` rows.
 """
@@ -222,16 +223,19 @@ def _decoded(table: pa.Table, shape) -> tuple[pa.Table, pa.Array]:
     return table, pa.array(errors, pa.string())
 
 
-def _read_row_group(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
-    """One read task: one parquet row group, with row ids and an error column (invalid_utf8
-    for a row with bytes that are not UTF-8, as in text files; such input stopped the run in
-    cleaning, naming no file, before 2026-12-04)."""
+def _read_row_groups(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
+    """One read task: consecutive row groups of one parquet file (its footer parsed once), with
+    row ids and an error column (invalid_utf8 for a row with bytes that are not UTF-8, as in
+    text files; such input stopped the run in cleaning, naming no file, before 2026-12-04)."""
     columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
+    groups = item["groups"]
     try:
         with open_binary(item["file"]) as f:
-            table = pq.ParquetFile(f).read_row_group(item["group"], columns=columns)
+            table = pq.ParquetFile(f).read_row_groups(groups, columns=columns)
     except (OSError, pa.ArrowException) as e:  # a damaged page: its footer read fine
-        raise PreprocessError(f"{item['file']}: cannot read row group {item['group']} "
+        which = (f"row group {groups[0]}" if len(groups) == 1 else
+                 f"row groups {groups[0]}-{groups[-1]}")
+        raise PreprocessError(f"{item['file']}: cannot read {which} "
                               f"({type(e).__name__}: {e}); re-download or re-export this "
                               "file") from None
     errors = pa.nulls(table.num_rows, pa.string())
@@ -279,8 +283,8 @@ class SplitDatasource(Datasource):
                        data_context=None) -> list[ReadTask]:
         src, shape, n = self.src, self.shape, self.block_rows
         if src.kind == "parquet":
-            return [self._task(lambda g=g: _read_row_group(g, shape, n), None, [g["file"]])
-                    for g in src.row_groups]
+            return [self._task(lambda g=g: _read_row_groups(g, shape, n), g["rows"],
+                               [g["file"]]) for g in src.row_groups]
         if src.kind == "demo":
             seed, start = self.seed, src.demo_start
             return [self._task(lambda a=a: _demo_rows(a, min(n, src.rows - a), seed, start,

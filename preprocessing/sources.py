@@ -49,7 +49,9 @@ class SplitSource:
 
     kind: str  # "demo" | "text" | "tsv" | "jsonl" | "parquet"
     files: list[str] = field(default_factory=list)
-    row_groups: list[dict] = field(default_factory=list)  # parquet: file, group, first id
+    # parquet: one read task each: a file, consecutive row groups of it, their first row id
+    # and rows (`_parquet_row_groups`)
+    row_groups: list[dict] = field(default_factory=list)
     demo_start: int = 0
     rows: int | None = None  # known row count (parquet, demo), else None
     fingerprint: dict = field(default_factory=dict)
@@ -138,7 +140,12 @@ def open_binary(path: str):
 
 
 def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[dict], int]:
-    """Row groups of all files with their first row id; checks every file's columns."""
+    """The read tasks of all files (`{"file", "groups", "first_id", "rows"}`) and the rows in
+    all; checks every file's columns. A task reads consecutive row groups of one file, at
+    least `block_rows` rows together (or the file's rest): the hub's files hold row groups of
+    about a thousand rows (what the `datasets` library writes), and a task per group made
+    40,000 tasks of WMT'14 En-Fr, each opening its file and parsing its ~1 MB footer, and
+    40,000 parts in every stage after."""
     groups, offset = [], 0
     for path in files:
         try:
@@ -150,8 +157,13 @@ def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[d
             hint = NO_HUB_HINT if path.startswith("hf://") else "re-download or re-export it"
             raise PreprocessError(f"{path}: cannot read its parquet footer ({e}); {hint}") from None
         _check_columns(path, schema, cfg)
+        task = None
         for g, n in enumerate(counts):
-            groups.append({"file": path, "group": g, "first_id": offset})
+            if task is None or task["rows"] >= cfg.block_rows:
+                task = {"file": path, "groups": [], "first_id": offset, "rows": 0}
+                groups.append(task)
+            task["groups"].append(g)
+            task["rows"] += n
             offset += n
     return groups, offset
 
