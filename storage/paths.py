@@ -27,6 +27,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -468,13 +469,29 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
         shutil.rmtree(old, ignore_errors=True)
         return
     (dest / marker).unlink(missing_ok=True)
-    for name in names:
-        if name != marker:
-            _copy(src / name, dest / name)
-    for name, _ in dest.files():
-        if name not in names:
-            (dest / name).unlink(missing_ok=True)
+    _each(lambda name: _copy(src / name, dest / name), [n for n in names if n != marker])
+    _each(lambda name: (dest / name).unlink(missing_ok=True),
+          [name for name, _ in dest.files() if name not in names])
     _copy(src / marker, dest / marker)
+
+
+def _each(fn, items: list) -> None:
+    """`fn` over `items` on a few threads: in a bucket each call is a request of tens of ms, and
+    a stage of hundreds of parts took minutes one after another. The first error is raised
+    once the calls that started have ended; none starts after it."""
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def _copy(src, dest: ObjectPath) -> None:

@@ -225,6 +225,35 @@ def test_publish_replaces_a_folder_whole_with_its_marker_last(s3, tmp_path, wher
     assert not (dest / "old.txt").exists()  # the old version's extra file is gone
 
 
+def test_a_folder_is_published_to_a_bucket_several_objects_at_once_and_its_marker_last(
+        s3, tmp_path, monkeypatch):
+    """In a bucket each object is a request of tens of ms: a folder's objects are copied side by
+    side (a stage of hundreds of parts took minutes one after another), the marker once every
+    other object is there."""
+    import threading
+    import time
+
+    events, lock, in_flight, most = [], threading.Lock(), [0], [0]
+    real = ObjectPath.upload
+
+    def upload(self, local):
+        with lock:
+            in_flight[0] += 1
+            most[0] = max(most[0], in_flight[0])
+        time.sleep(0.05)  # a request's round trip
+        real(self, local)
+        with lock:
+            in_flight[0] -= 1
+            events.append(self.name)
+
+    monkeypatch.setattr(ObjectPath, "upload", upload)
+    files = {f"part-{i}.parquet": str(i) for i in range(8)} | {"meta.json": "{}"}
+    dest = location(BUCKET) / "spec-side-by-side"
+    publish_dir(_folder(tmp_path, files), dest, marker="meta.json")
+    assert most[0] > 1 and events[-1] == "meta.json" and sorted(events) == sorted(files)
+    assert {name: (dest / name).read_text() for name in files} == files
+
+
 def test_a_writer_killed_mid_publish_leaves_no_marker(s3, tmp_path, monkeypatch):
     dest = location(BUCKET) / "spec-killed"
     publish_dir(_folder(tmp_path, {"w.pt": "1", "meta.json": "{}"}), dest, marker="meta.json")
