@@ -139,6 +139,39 @@ def _argv(d, storage, name: str, *more: str) -> list[str]:
             "--run-name", name, "--precision", "fp32", *more]
 
 
+def test_a_run_stopped_inside_a_log_interval_resumes_to_the_same_losses_and_log_lines(
+        demo_batches, tmp_path, monkeypatch):
+    """With dropout on, a run stopped at update 23 (inside a log interval of 5) and resumed to
+    30 trains to the uninterrupted run's weights bit for bit, and logs the same lines: the
+    line at update 25 averages updates 21-25 in both (the meter's interval is checkpointed;
+    a fresh meter averaged only 24-25)."""
+    from convs2s.io.checkpoint import load_checkpoint
+    from convs2s.train.local import main
+
+    tiny = PRESETS["tiny"]
+    monkeypatch.setitem(PRESETS, "tiny", lambda: tiny().replace(dropout=0.2))
+
+    def run(name: str, updates: int) -> None:
+        assert main(_argv(demo_batches, tmp_path, name, "--max-updates", str(updates),
+                          "--set", "log_interval=5", "--set", "checkpoint_interval=0")) == 0
+
+    run("alone", 30)
+    run("stopped", 23)
+    run("stopped", 30)
+
+    def logged(name: str) -> dict:
+        return {(r["step"], k): v for r in read_local_metrics(tmp_path / name / "metrics.jsonl")
+                for k, v in r["metrics"].items() if k in ("train/loss", "train/gnorm",
+                                                            "train/nll", "train/lr")}
+
+    alone, resumed = logged("alone"), logged("stopped")
+    assert sorted(alone) == sorted(resumed) and {s for s, _ in alone} >= {5, 25, 30}
+    assert resumed == alone
+    weights = [load_checkpoint(max((tmp_path / name).glob("checkpoint_*")))["model"]
+               for name in ("alone", "stopped")]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
 def test_a_run_name_that_is_no_folder_of_its_own_is_refused(demo_batches, tmp_path, capsys):
     """A --run-name is one folder directly under --storage-path, as in the workflows: `..`
     put the run's checkpoints (and keep_last's deletions) in the folder above, "" and `.` in

@@ -326,6 +326,8 @@ class Trainer:
             self.logger.set_tags({PRECISION_TAG: self.precision.name,
                                   PRECISION_TAG + "_reason": self.precision.reason})
         self.meter = TrainMeter(self.comm, self.device)  # its clock starts now
+        if self._meter_state is not None:  # the log interval the checkpoint was inside
+            self.meter.load_state_dict(self._meter_state, self.rank)
         self.seconds = self._clock()
         self.stop_reason = self._limit_reached(self.seconds)
 
@@ -333,6 +335,7 @@ class Trainer:
         cfg, rank, world = self.cfg, self.rank, self.world
         with self.runtime.latest_checkpoint() as d:  # the same choice on every rank
             state = load_agreed(d, self.comm)  # read by every rank, or all stop
+        self._meter_state = None
         if state is None:
             if self.job.init_from:  # fine-tuning: a trained (or imported) model's weights
                 self.net.load_state_dict(initial_weights(self.job))
@@ -356,6 +359,7 @@ class Trainer:
                             float(state.get("train_seconds", 0.0)), time.monotonic(), cuts, begun)
         if state["rng"]["world_size"] == world:
             restore_rng_state(state["rng"]["states"][rank])
+            self._meter_state = state.get("meter")  # (none in older checkpoints)
         else:
             torch.manual_seed(cfg.seed + 1 + rank + progress.update)
         if rank == 0:
@@ -535,6 +539,7 @@ class Trainer:
         first = self._checkpointed == 0  # the run's first checkpoint (none to resume from)
         self._checkpointed = progress.update
         rngs = comm.gather_objects(capture_rng_state())
+        meter = self.meter.state_dict() if self.meter is not None else None  # (collective)
         if comm.rank != 0:
             self.runtime.report(metrics)
             return
@@ -549,7 +554,8 @@ class Trainer:
             "epoch_cuts": [[int(d), int(w)] for d, w in progress.cuts]
             + [[progress.batches_in_epoch - progress.plan_start, comm.world_size]],
             "scheduler": self.schedule.state_dict(),
-            "rng": {"world_size": comm.world_size, "states": rngs}, "val_loss": val_loss,
+            "rng": {"world_size": comm.world_size, "states": rngs}, "meter": meter,
+            "val_loss": val_loss,
             "train_seconds": progress.seconds(), "precision": self.precision.name,
             "dropout_choice": self.dropout_choice,
             "train_data": data_identity(job.train_data, self.files),
