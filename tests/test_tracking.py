@@ -404,3 +404,112 @@ def test_a_logger_into_a_bucket_writes_the_object_and_leaves_no_scratch_copy(s3,
     second.close()
     assert [json.loads(line)["step"] for line in target.read_bytes().splitlines()] == [1, 2, 3]
     assert not second.local_path.parent.exists()
+
+
+class _Outage:
+    """A TCP forwarder on loopback in front of a real server: `down()` closes its port and the
+    connections open through it (a client's connection is cut, then refused, as when the
+    server is gone), `up()` opens the port again."""
+
+    def __init__(self, target_port: int):
+        import threading
+
+        self.target, self.threading = target_port, threading
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.listener, self.open = None, []
+        self.up()
+
+    def up(self) -> None:
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", self.port))
+        self.listener.listen(16)
+        self.threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def down(self) -> None:
+        try:  # (wakes the thread in accept(): a close alone left the port listening)
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+        for s in self.open:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self.open.clear()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:  # closed: down
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                self.threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.mark.slow
+def test_metrics_logged_while_the_server_was_down_are_sent_when_it_answers_again(
+        tmp_path, caplog, monkeypatch):
+    """A tracking server that goes away for a while (a restart, a network cut) costs one
+    warning: the server is asked again later, and when it answers, the metrics recorded
+    meanwhile are sent from the local file, each step once, and logging goes on (the first
+    failure ended a run's MLflow metrics for good: days of a long run)."""
+    from benchmarks.mlflow_ui import mlflow_server
+    from convs2s.tracking import runs as tracking
+
+    monkeypatch.setattr(tracking, "_WARNED", set())
+    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'm.db'}"],
+                       tmp_path / "server.log") as url:
+        outage = _Outage(int(url.rsplit(":", 1)[1]))
+        uri = f"http://127.0.0.1:{outage.port}"
+        client = MlflowClient(url)
+        run = client.create_run(client.create_experiment("outage")).info.run_id
+        logger = RunLogger(uri, run, tmp_path / "metrics.jsonl", retry_s=0.5)
+        with caplog.at_level(logging.WARNING):
+            for step in range(1, 11):
+                logger.log_metrics({"train/loss": 1.0 / step}, step)
+            deadline = time.monotonic() + 30
+            while len(client.get_metric_history(run, "train/loss")) < 10:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+            outage.down()
+            for step in range(11, 21):
+                logger.log_metrics({"train/loss": 1.0 / step}, step)
+            while logger.remote_ok:  # the thread found the server gone
+                assert time.monotonic() < deadline + 30
+                time.sleep(0.2)
+            outage.up()
+            time.sleep(0.6)  # past the first retry's time
+            for step in range(21, 31):
+                logger.log_metrics({"train/loss": 1.0 / step}, step)
+                time.sleep(0.05)
+            logger.close(timeout=30)
+        steps = sorted(m.step for m in client.get_metric_history(run, "train/loss"))
+        outage.down()
+    assert steps == list(range(1, 31))  # each once, those of the outage included
+    said = [r.getMessage() for r in caplog.records if uri in r.getMessage()]
+    assert len(said) == 2, said
+    assert "is unavailable" in said[0] and "answers again" in said[1], said
+    assert logger.remote_ok

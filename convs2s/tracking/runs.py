@@ -237,6 +237,11 @@ REJECTED = "INVALID_PARAMETER_VALUE"
 _REJECTED: set[tuple[str, str]] = set()  # (tracking URI, refusal) already warned about
 
 
+def forget_unreachable(uri: str) -> None:
+    """The server of `uri` answers again: its next outage is warned about (warn_unreachable)."""
+    _WARNED.discard(uri)
+
+
 def warn_unreachable(uri: str, what: str, err: Exception) -> None:
     """One warning per tracking URI and process; later failures only at debug level. A
     request the server refused (MLflow's INVALID_PARAMETER_VALUE) is no outage: a warning of
