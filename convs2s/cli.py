@@ -678,7 +678,8 @@ def serve(argv: list[str] | None = None) -> int:
                    help="requests each HTTP proxy holds waiting for a replica; past them, 503 "
                         "at once (-1: no limit)")
     p.add_argument("--request-timeout", type=float, metavar="SECONDS",
-                   help="a request that takes longer is answered 408 (default: no limit)")
+                   help="a request that takes longer is answered 408 (default: no limit; on "
+                        "a Serve already running, its own setting stays)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=8000)
     args = p.parse_args(argv)

@@ -27,7 +27,7 @@ import re
 import shutil
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -486,12 +486,13 @@ def _each(fn, items: list) -> None:
     with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
         futures = [pool.submit(fn, item) for item in items]
         try:
-            for future in futures:
-                future.result()
-        except BaseException:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        finally:  # (an error, or Ctrl-C here: what has not started never starts)
             for future in futures:
                 future.cancel()
-            raise
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()
 
 
 def _copy(src, dest: ObjectPath) -> None:

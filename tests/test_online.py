@@ -300,12 +300,18 @@ def _post_raw(url: str, chunks, length: int | None = None) -> tuple[int, str]:
 
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(served, tiny_checkpoints):
-    """A body over CONVS2S_SERVE_MAX_BODY (6.1 MiB by default: the most sentences of the most
-    characters, each a 6-byte escape) is refused by its Content-Length, or as it arrives when
+    """A body over CONVS2S_SERVE_MAX_BODY (12.1 MiB by default: the most sentences of the most
+    characters, each escaped as JSON may: 12 bytes outside the BMP) is refused by its Content-Length, or as it arrives when
     it is sent in chunks, with the limit named; a body within it is answered as ever (it was
     parsed whole first, a multi-GB one into several times its size in Python objects)."""
     from convs2s.serving.requests import MAX_BODY
 
+    from convs2s.serving.requests import MAX_CHARS, MAX_SENTENCES
+
+    # every request within the other limits fits, in the longest form JSON may take (a
+    # character outside the BMP escaped as two \uXXXX)
+    assert len(json.dumps({"inputs": ["\U0001F600" * MAX_CHARS] * MAX_SENTENCES,
+                           "params": {"beam": 5, "lenpen": 1.0}})) <= MAX_BODY
     over = MAX_BODY + 1
     body = b'{"inputs": ["' + b"a" * (over - len(b'{"inputs": [""]}')) + b'"]}'
     assert len(body) == over
@@ -339,6 +345,12 @@ def test_requests_past_the_proxys_queue_are_refused_not_queued_without_end():
             ServeSettings(checkpoints=["x"], max_queued_requests=bad)
     with pytest.raises(ValueError, match="--request-timeout must be > 0 seconds"):
         ServeSettings(checkpoints=["x"], request_timeout_s=0)
+    from convs2s.serving.online import build_app
+
+    with pytest.raises(ValueError, match="request_timeout_s is an HTTP option of Serve, not of "
+                                         "the application: set it under the config file's "
+                                         "http_options"):
+        build_app({"checkpoints": ["x"], "request_timeout_s": 30})
 
 
 @pytest.mark.slow

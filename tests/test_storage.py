@@ -252,6 +252,20 @@ def test_a_folder_is_published_to_a_bucket_several_objects_at_once_and_its_marke
     publish_dir(_folder(tmp_path, files), dest, marker="meta.json")
     assert most[0] > 1 and events[-1] == "meta.json" and sorted(events) == sorted(files)
     assert {name: (dest / name).read_text() for name in files} == files
+    # An object that fails: no copy starts after it, the error is raised, no marker
+    started = []
+
+    def fails_on_the_first(self, local):
+        started.append(self.name)
+        if self.name == "part-000.parquet":
+            raise OSError("refused")
+        time.sleep(0.05)
+
+    monkeypatch.setattr(ObjectPath, "upload", fails_on_the_first)
+    many = {f"part-{i:03d}.parquet": str(i) for i in range(100)} | {"meta.json": "{}"}
+    with pytest.raises(OSError, match="refused"):
+        publish_dir(_folder(tmp_path, many), location(BUCKET) / "spec-fails", marker="meta.json")
+    assert len(started) < 40 and "meta.json" not in started, len(started)
 
 
 def test_a_writer_killed_mid_publish_leaves_no_marker(s3, tmp_path, monkeypatch):

@@ -39,7 +39,8 @@ Overload: each replica takes `max_ongoing_requests` requests at once (at least t
 worth); past them, requests wait in each proxy's queue, at most `--max-queued-requests` (256)
 there, and the next is answered 503 at once (Serve's back-pressure) rather than queued
 without end, its body held by the proxy. `--request-timeout` ends a request that waited and
-searched longer with a 408 (none by default, as Serve's).
+searched longer with a 408 (none by default, as Serve's; a client's `x-request-timeout-seconds`
+header replaces it, Serve's proxy reads it).
 
 Replicas: `--replicas N` fixed, or autoscaling between `--min-replicas` and `--max-replicas`
 on `--target-ongoing-requests` per replica; each holds `--threads-per-replica` CPUs (its torch
@@ -533,6 +534,9 @@ def build_app(args: dict):
     """Serve's application builder (`import_path: convs2s.serving.online:build_app` in a
     config file, infra/serve/translator.yaml): `args` are ServeSettings fields, local paths
     taken from the folder it runs in (`serve run`'s, `python -m convs2s serve`'s)."""
+    if args.get("request_timeout_s") is not None:  # (it would be ignored here)
+        raise ValueError("request_timeout_s is an HTTP option of Serve, not of the application: "
+                         "set it under the config file's http_options")
     settings = ServeSettings(**args).for_replicas()
     if settings.model:
         import mlflow

@@ -20,8 +20,9 @@ Limits (environment variables of the server's operator, read at import):
   its sentences), and those one search batch keeps while it runs (asked for, or for
   replace_unk): its batches are cut at that many (`batch_bound`). Without attention the search
   keeps none (`convs2s.inference.search.generate(attention=False)`);
-- CONVS2S_SERVE_MAX_BODY (the most sentences x the most characters x 6 bytes, a `\\uXXXX` escape
-  each, + 64 KiB: 6.1 MiB by default) bytes of a request body on Ray Serve: a larger one is
+- CONVS2S_SERVE_MAX_BODY (the most sentences x the most characters x 12 bytes, a character
+  outside the BMP escaped as two `\\uXXXX`, + 64 KiB: 12.1 MiB by default, so that every
+  request within the limits above fits) bytes of a request body on Ray Serve: a larger one is
   an HTTP 413 before it is parsed (parsed, a body is several times its size in Python
   objects: a multi-GB one would take its replica down before the limits above were read).
 """
@@ -38,7 +39,7 @@ MAX_BEAM = int(os.environ.get("CONVS2S_SERVE_MAX_BEAM", 16))
 MAX_LEN = int(os.environ.get("CONVS2S_SERVE_MAX_LEN", 1024))
 MAX_WORK = int(os.environ.get("CONVS2S_SERVE_MAX_WORK", MAX_SENTENCES * 1024))
 MAX_ATTENTION = int(os.environ.get("CONVS2S_SERVE_MAX_ATTENTION", 1 << 22))
-MAX_BODY = int(os.environ.get("CONVS2S_SERVE_MAX_BODY", MAX_SENTENCES * MAX_CHARS * 6 + (1 << 16)))
+MAX_BODY = int(os.environ.get("CONVS2S_SERVE_MAX_BODY", MAX_SENTENCES * MAX_CHARS * 12 + (1 << 16)))
 
 # Search settings a request may set: (type, lowest, highest)
 SEARCH_PARAMS = {

@@ -84,28 +84,24 @@ class TrainMeter:
         return metrics
 
     def state_dict(self) -> dict:
-        """The interval so far, summed over the ranks (a collective: call on all ranks), for a
-        checkpoint: a run resumed from it logs its next line over the whole interval, as the
-        uninterrupted run does (a fresh meter averaged only the updates since the resume)."""
-        sums = torch.stack([self.loss_sum, self.nll_sum]).double()
-        self.comm.sum_tensor(sums)
-        real, slots = self.comm.sum_ints([self.real, self.slots])
-        loss, nll = sums.tolist()
+        """This rank's interval so far, for a checkpoint (gathered from every rank, as the RNG
+        states are): a run resumed from it on as many ranks logs its next line over the whole
+        interval, bit for bit as the uninterrupted run does (a fresh meter averaged only the
+        updates since the resume)."""
         elapsed = self.elapsed + (time.perf_counter() - self.start if self.start else 0.0)
-        return {"loss_sum": loss, "nll_sum": nll, "grad_norm": float(self.grad_norm),
-                "updates": self.updates, "tokens": self.tokens, "real": real, "slots": slots,
+        return {"loss_sum": float(self.loss_sum), "nll_sum": float(self.nll_sum),
+                "grad_norm": float(self.grad_norm), "updates": self.updates,
+                "tokens": self.tokens, "real": self.real, "slots": self.slots,
                 "elapsed": elapsed}
 
-    def load_state_dict(self, state: dict, rank: int) -> None:
-        """An interval saved by `state_dict` on as many ranks: the sums over the ranks go to
-        rank 0 (the others add theirs from zero, and `read` sums them), what every rank holds
-        alike (updates, target tokens, the gradient norm, the clock) to each."""
-        if rank == 0:
-            self.loss_sum.fill_(state["loss_sum"])
-            self.nll_sum.fill_(state["nll_sum"])
-            self.real, self.slots = int(state["real"]), int(state["slots"])
+    def load_state_dict(self, state: dict) -> None:
+        """This rank's interval as `state_dict` saved it (the float32 sums exactly: a float32
+        value is a Python float without rounding)."""
+        self.loss_sum.fill_(state["loss_sum"])
+        self.nll_sum.fill_(state["nll_sum"])
         self.grad_norm.fill_(state["grad_norm"])
         self.updates, self.tokens = int(state["updates"]), int(state["tokens"])
+        self.real, self.slots = int(state["real"]), int(state["slots"])
         self.elapsed = float(state["elapsed"])
 
 

@@ -327,7 +327,7 @@ class Trainer:
                                   PRECISION_TAG + "_reason": self.precision.reason})
         self.meter = TrainMeter(self.comm, self.device)  # its clock starts now
         if self._meter_state is not None:  # the log interval the checkpoint was inside
-            self.meter.load_state_dict(self._meter_state, self.rank)
+            self.meter.load_state_dict(self._meter_state)
         self.seconds = self._clock()
         self.stop_reason = self._limit_reached(self.seconds)
 
@@ -359,7 +359,8 @@ class Trainer:
                             float(state.get("train_seconds", 0.0)), time.monotonic(), cuts, begun)
         if state["rng"]["world_size"] == world:
             restore_rng_state(state["rng"]["states"][rank])
-            self._meter_state = state.get("meter")  # (none in older checkpoints)
+            meters = state.get("meters")  # (none in older checkpoints)
+            self._meter_state = meters[rank] if meters else None
         else:
             torch.manual_seed(cfg.seed + 1 + rank + progress.update)
         if rank == 0:
@@ -539,7 +540,8 @@ class Trainer:
         first = self._checkpointed == 0  # the run's first checkpoint (none to resume from)
         self._checkpointed = progress.update
         rngs = comm.gather_objects(capture_rng_state())
-        meter = self.meter.state_dict() if self.meter is not None else None  # (collective)
+        meters = comm.gather_objects(self.meter.state_dict() if self.meter is not None
+                                     else None)
         if comm.rank != 0:
             self.runtime.report(metrics)
             return
@@ -554,7 +556,8 @@ class Trainer:
             "epoch_cuts": [[int(d), int(w)] for d, w in progress.cuts]
             + [[progress.batches_in_epoch - progress.plan_start, comm.world_size]],
             "scheduler": self.schedule.state_dict(),
-            "rng": {"world_size": comm.world_size, "states": rngs}, "meter": meter,
+            "rng": {"world_size": comm.world_size, "states": rngs},
+            "meters": meters if all(m is not None for m in meters) else None,
             "val_loss": val_loss,
             "train_seconds": progress.seconds(), "precision": self.precision.name,
             "dropout_choice": self.dropout_choice,
