@@ -301,9 +301,10 @@ def _post_raw(url: str, chunks, length: int | None = None) -> tuple[int, str]:
 
 def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(served, tiny_checkpoints):
     """A body over CONVS2S_SERVE_MAX_BODY (12.1 MiB by default: the most sentences of the most
-    characters, each escaped as JSON may: 12 bytes outside the BMP) is refused by its Content-Length, or as it arrives when
-    it is sent in chunks, with the limit named; a body within it is answered as ever (it was
-    parsed whole first, a multi-GB one into several times its size in Python objects)."""
+    characters, each escaped as JSON may: 12 bytes outside the BMP) is refused by its
+    Content-Length, or as it arrives when it is sent in chunks, with the limit named; a body
+    within it is answered as ever (it was parsed whole first, a multi-GB one into several
+    times its size in Python objects)."""
     from convs2s.serving.requests import MAX_BODY
 
     from convs2s.serving.requests import MAX_CHARS, MAX_SENTENCES

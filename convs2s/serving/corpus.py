@@ -294,8 +294,9 @@ class ShardTranslator:
         """Translate the parts `batch["index"]` names. A part that fails (an error of its own:
         a damaged shard, a write refused, memory) is returned as failed, its error in one line,
         with no record written (a `.txt` without its `.json` is not done): the other parts of
-        the job go on, and a rerun translates it again (Ray Data would otherwise end the whole job at the first part that raised,
-        the parts other actors were translating thrown away)."""
+        the job go on, and a rerun translates it again (Ray Data would otherwise end the whole
+        job at the first part that raised, the parts other actors were translating thrown
+        away)."""
         from convs2s.tracking.runs import redact_text
 
         rows = {"index": [], "lines": [], "record": [], "error": []}
