@@ -565,6 +565,7 @@ class Trainer:
         }
         tmp = scratch_dir("convs2s-ckpt-")  # (one a killed worker left is removed later)
         tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
+        handed = False  # tmp given to the runtime's background upload (which deletes it)
         try:
             save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch,
                             text_files=job.text_files)
@@ -577,14 +578,17 @@ class Trainer:
             best = is_best and val_loss is not None  # meta.json last: best/ whole or absent
             if best and not first:
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
-            self.runtime.report(metrics, tmp, checkpoint_dir_name(
-                progress.update, progress.epoch if again else None))
+            # Uploaded in the background while training goes on, except the first (best/ is
+            # copied from tmp after it, which the background upload deletes when done)
+            handed = self.runtime.report(metrics, tmp, checkpoint_dir_name(
+                progress.update, progress.epoch if again else None), background=not first)
             if best and first:
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
             if self.logger is not None:
                 self.logger.sync()  # metrics.jsonl in a bucket: as of this checkpoint
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not handed:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def finish(self) -> dict:
         """Say why training stopped (rank 0), flush the logger; the run's final metrics (rank
