@@ -499,3 +499,22 @@ def test_bf16_updates_with_nccl_on_one_gpu(demo_batches, tmp_path):
     mem = [r["metrics"]["train/peak_mem_mb"] for r in records if "train/loss" in r["metrics"]]
     assert all(m > 0 for m in mem)
     assert load_checkpoint(result.last_checkpoint)["update"] == 8
+
+
+def test_a_checkpoint_waits_for_the_last_ones_background_upload(tmp_path):
+    """Rank 0 hands one checkpoint at a time to Ray Train's background upload (which deletes
+    the folder when done): the next waits until the last folder is gone, so storage slower
+    than the checkpoints come never piles them up on the local disk."""
+    import threading
+
+    from convs2s.train.trainer import wait_until_gone
+
+    folder = tmp_path / "convs2s-ckpt-uploading"
+    folder.mkdir()
+    threading.Timer(0.6, folder.rmdir).start()  # the upload ends
+    waited = wait_until_gone(folder)
+    assert not folder.exists() and waited >= 0.5
+    assert wait_until_gone(None) < 0.1 and wait_until_gone(folder) < 0.1
+    stuck = tmp_path / "failed-upload"
+    stuck.mkdir()  # a failed upload leaves its folder: the wait ends at its limit
+    assert 0.3 <= wait_until_gone(stuck, limit_s=0.3) < 1.0

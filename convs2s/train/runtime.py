@@ -81,8 +81,10 @@ class RayRuntime:
         which deletes it after, while training goes on (a 2 GB checkpoint of the paper's En-Fr
         model at 200 MB/s held every GPU for ~10 s, the others waiting in their next
         all-reduce); returns whether the folder was handed over so (the caller must then
-        neither change nor delete it). Ray Train reports checkpoints in order, and its worker
-        waits for the uploads before its training function's end counts as finished."""
+        neither change nor delete it). Ray Train uploads and registers checkpoints one at a
+        time, in order (a resume takes the last registered), and its worker waits for the
+        uploads when its training function returns; the Trainer hands over one at a time
+        (`trainer.wait_until_gone`)."""
         checkpoint, mode = None, {}
         if folder is not None:
             checkpoint = self._train.Checkpoint.from_directory(str(folder))

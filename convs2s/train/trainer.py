@@ -109,6 +109,16 @@ class Progress:
 CONSOLE_SECONDS = 30.0
 
 
+def wait_until_gone(folder: Path | None, limit_s: float = 1800.0) -> float:
+    """Wait until `folder` (a checkpoint handed to a background upload, which deletes it when
+    done) no longer exists, at most `limit_s` seconds (an upload that failed leaves it: the
+    failure reaches the run through Ray Train meanwhile); returns the seconds waited."""
+    t0 = time.monotonic()
+    while folder is not None and folder.exists() and time.monotonic() - t0 < limit_s:
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
 def _say(line: str) -> None:
     """One line on the worker's stdout, which Ray forwards to the driver's console once.
     Not print(): Ray Train patches it in workers to log *and* echo, so each line came twice."""
@@ -226,6 +236,7 @@ class Trainer:
         self.progress = Progress()
         self.resumed_from = 0  # the update of the checkpoint resumed from (0: a fresh start)
         self._checkpointed = 0
+        self._uploading: Path | None = None  # the checkpoint folder Ray Train is uploading
         # The first update whose gradient norm was NaN or infinite (-1: none), kept on the
         # device (no host sync in a step); read where the loop reads the host anyway
         # (`_check_finite`: log lines, validation, checkpoints)
@@ -563,6 +574,13 @@ class Trainer:
             "dropout_choice": self.dropout_choice,
             "train_data": data_identity(job.train_data, self.files),
         }
+        # One checkpoint uploading at a time: storage slower than the checkpoints come would
+        # otherwise pile them up on the local disk (2 GB each for the paper's En-Fr model)
+        # and leave the checkpoint a resume takes further and further behind
+        waited = wait_until_gone(self._uploading)
+        if waited > 5:
+            _say(f"[convs2s.train] waited {waited:.0f} s for the last checkpoint's upload "
+                 "(storage slower than the checkpoints come: a longer checkpoint_interval)")
         tmp = scratch_dir("convs2s-ckpt-")  # (one a killed worker left is removed later)
         tmp.chmod(0o755)  # mkdtemp makes it private; best/ is copied from it onto shared storage
         handed = False  # tmp given to the runtime's background upload (which deletes it)
@@ -582,6 +600,7 @@ class Trainer:
             # copied from tmp after it, which the background upload deletes when done)
             handed = self.runtime.report(metrics, tmp, checkpoint_dir_name(
                 progress.update, progress.epoch if again else None), background=not first)
+            self._uploading = tmp if handed else None
             if best and first:
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
             if self.logger is not None:
