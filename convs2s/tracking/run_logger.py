@@ -167,6 +167,7 @@ class RunLogger:
 
     def _fail(self, err: Exception) -> None:
         with self._lock:
+            self._probing = False  # (a PROBE in the drain that failed is not taken)
             if self.remote_ok:
                 self.remote_ok = False
                 warn_unreachable(self.uri, "logging metrics", err)
