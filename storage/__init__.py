@@ -30,6 +30,7 @@ from storage.paths import (
     open_input,
     publish_dir,
     remove_tree,
+    side_by_side,
     stamp,
     write_whole,
     written_locally,
@@ -38,4 +39,4 @@ from storage.checks import check_storage
 
 __all__ = ["ObjectPath", "StorageError", "check_storage", "filesystem_of", "is_uri",
            "local_copy", "location", "move_tree", "open_input", "publish_dir", "remove_tree",
-           "stamp", "write_whole", "written_locally"]
+           "side_by_side", "stamp", "write_whole", "written_locally"]

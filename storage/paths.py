@@ -469,20 +469,18 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
         shutil.rmtree(old, ignore_errors=True)
         return
     (dest / marker).unlink(missing_ok=True)
-    _each(lambda name: _copy(src / name, dest / name), [n for n in names if n != marker])
-    _each(lambda name: (dest / name).unlink(missing_ok=True),
-          [name for name, _ in dest.files() if name not in names])
+    side_by_side(lambda name: _copy(src / name, dest / name), [n for n in names if n != marker])
+    side_by_side(lambda name: (dest / name).unlink(missing_ok=True),
+                 [name for name, _ in dest.files() if name not in names])
     _copy(src / marker, dest / marker)
 
 
-def _each(fn, items: list) -> None:
-    """`fn` over `items` on a few threads: in a bucket each call is a request of tens of ms, and
-    a stage of hundreds of parts took minutes one after another. The first error is raised
-    once the calls that started have ended; none starts after it."""
+def side_by_side(fn, items: list) -> list:
+    """[fn(item) for item in items], 16 calls at a time: in a bucket each call is a request of
+    tens of ms, and hundreds of them took minutes one after another. The first error is
+    raised once the calls that started have ended; none starts after it."""
     if len(items) <= 1:
-        for item in items:
-            fn(item)
-        return
+        return [fn(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
         futures = [pool.submit(fn, item) for item in items]
         try:
@@ -493,6 +491,7 @@ def _each(fn, items: list) -> None:
         for future in done:
             if future.exception() is not None:
                 raise future.exception()
+    return [future.result() for future in futures]
 
 
 def _copy(src, dest: ObjectPath) -> None:

@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
 from convs2s.serving import ray_join
-from storage import ObjectPath, is_uri, location, open_input, stamp, write_whole
+from storage import (ObjectPath, is_uri, location, open_input, side_by_side, stamp,
+                     write_whole)
 from storage.lease import RunLease
 
 log = logging.getLogger("convs2s.serving.corpus")
@@ -474,8 +475,6 @@ def part_records(out, indices: list[int], width: int) -> dict[int, dict | None]:
     not match, one a crash left short, is translated again; a part recorded before sizes
     were, on its `.json` alone). One listing of the folder, then the records read side by
     side (in a bucket each read is a request)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     out, sizes = location(out), _sizes(out)
 
     def record_of(index: int) -> dict | None:
@@ -494,8 +493,7 @@ def part_records(out, indices: list[int], width: int) -> dict[int, dict | None]:
         return record
 
     if isinstance(out, ObjectPath):
-        with ThreadPoolExecutor(max_workers=16) as pool:
-            return dict(zip(indices, pool.map(record_of, indices)))
+        return dict(zip(indices, side_by_side(record_of, indices)))
     return {index: record_of(index) for index in indices}
 
 
