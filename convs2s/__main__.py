@@ -1,5 +1,5 @@
 """python -m convs2s {translate,serve,train,average,score,attention,import-fairseq,
-export-fairseq} ...: see convs2s/cli.py."""
+export-fairseq} ...: see convs2s/cli/."""
 
 import sys
 

@@ -389,7 +389,7 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
 def test_column_is_for_parquet_input_named_in_any_case():
     from types import SimpleNamespace
 
-    from convs2s.cli import _check_flags
+    from convs2s.cli.translate_command import _check_flags
 
     flags = dict(actors=0, device=None, buffer_size=None, column="text")
     _check_flags(SimpleNamespace(input="corpus.PARQUET", **flags))  # read as parquet: kept
