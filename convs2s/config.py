@@ -241,7 +241,7 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 
 # TrainConfig fields that were removed, dropped when an old saved config is read: the test-only
 # fault injection (crash_rank dying at update crash_at_update), now environment variables of the
-# driver (convs2s.train.trainer.CrashInjection) so that a test hook changes no recipe or hash.
+# driver (convs2s.train.faults.CrashInjection) so that a test hook changes no recipe or hash.
 RETIRED_TRAIN_FIELDS = ("crash_at_update", "crash_rank")
 
 

@@ -31,6 +31,13 @@ import sys
 import threading
 from collections.abc import Iterator
 
+def worker_line(line: str) -> None:
+    """One line on a Ray worker's stdout, which Ray forwards to the driver's console once.
+    Not print(): Ray Train patches it in workers to log *and* echo, so each line came twice."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 # (pattern, why it is harmless). The patterns match one line each, as Ray prints them.
 HARMLESS_RAY_LINES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"core_worker\.cc:\d+: Actor with class name: '[^']+' and ID: '[0-9a-f]+' "

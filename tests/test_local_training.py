@@ -289,7 +289,7 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     # newest the driver saw): the same words.
     from convs2s.io.checkpoint import CheckpointError, load_checkpoint
     from convs2s.train.data import TrainFiles, data_identity
-    from convs2s.train.trainer import _check_same_training
+    from convs2s.train.resume import check_same_training
 
     state = load_checkpoint(kept.path)
     job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(seed=7),
@@ -297,8 +297,8 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
                    vocab_size=400, storage_path=str(tmp_path), run_name="r")
     ours = data_identity(job.train_data, TrainFiles.scan(job.train_data))
     with pytest.raises(CheckpointError, match="was trained with seed 1 there, 7 asked"):
-        _check_same_training(state, job, ours, kept.path)
-    _check_same_training(state, job.replace(train=TrainConfig(seed=1)), ours, kept.path)
+        check_same_training(state, job, ours, kept.path)
+    check_same_training(state, job.replace(train=TrainConfig(seed=1)), ours, kept.path)
     # Another lr on resume: the schedule's state decides, and the line says so.
     assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "3", "--set",
                       "lr=0.5")) == 0
@@ -312,17 +312,17 @@ def test_a_checkpoint_from_before_a_model_field_existed_resumes_as_the_same_mode
     the same model as a preset with their defaults: resumed, not refused; another layer count
     is refused, naming it."""
     from convs2s.io.checkpoint import CheckpointError
-    from convs2s.train.trainer import _check_same_model
+    from convs2s.train.resume import check_same_model
 
     tiny = PRESETS["tiny"]()
     job = TrainJob(model=tiny, train=TrainConfig(), train_data="d", valid_data="v",
                    spm_model="", vocab_size=400, storage_path="runs", run_name="r")
     old = {k: v for k, v in tiny.to_dict().items() if k not in ("src_positions", "tgt_positions")}
-    _check_same_model({"model_config": old, "src_vocab_size": 400, "tgt_vocab_size": 400}, job,
+    check_same_model({"model_config": old, "src_vocab_size": 400, "tgt_vocab_size": 400}, job,
                       "runs/r/checkpoint_00000010")
     other = {**old, "decoder_layers": [[64, 3]]}
     with pytest.raises(CheckpointError, match="decoder_layers: .* in the checkpoint"):
-        _check_same_model({"model_config": other}, job, "runs/r/checkpoint_00000010")
+        check_same_model({"model_config": other}, job, "runs/r/checkpoint_00000010")
 
 
 def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(demo_batches,

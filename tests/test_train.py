@@ -36,16 +36,15 @@ from convs2s.tracking.runs import RUN_KEY_TAG
 from convs2s.train.launch import fit
 from convs2s.train.memory_fit import BudgetTooLarge
 from convs2s.train.job import TrainJob
-from convs2s.train.trainer import (
+from convs2s.train.faults import (
     CRASH_AT_UPDATE_ENV,
     CRASH_MARKER,
     CRASH_RANK_ENV,
-    METRICS_FILE,
-    PRECISION_TAG,
     RECORD_BATCHES_ENV,
     UNFIT_RANK_ENV,
     CrashInjection,
 )
+from convs2s.train.trainer import METRICS_FILE, PRECISION_TAG
 from convs2s.train.comm import Comm
 from convs2s.train.update import train_update
 

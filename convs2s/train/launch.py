@@ -57,8 +57,8 @@ from convs2s.io.checkpoint import (
 from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
-from convs2s.train.trainer import (STOPPED_KEY, STOPPING_ERRORS, CrashInjection,
-                                   train_loop_per_worker)
+from convs2s.train.faults import CrashInjection
+from convs2s.train.trainer import STOPPED_KEY, STOPPING_ERRORS, train_loop_per_worker
 from storage import filesystem_of, is_uri, location
 
 # --- driver -------------------------------------------------------------------------------------

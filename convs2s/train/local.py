@@ -32,7 +32,9 @@ from convs2s.io.checkpoint import (
 from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
-from convs2s.train.trainer import CrashInjection, initial_weights, run_loop
+from convs2s.train.faults import CrashInjection
+from convs2s.train.resume import initial_weights
+from convs2s.train.trainer import run_loop
 from storage import location
 from storage.checks import run_name_problem
 from storage.lease import LeaseHeld, RunLease

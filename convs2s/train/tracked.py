@@ -34,7 +34,7 @@ from convs2s.tracking.runs import (
 )
 from convs2s.train.data import TrainFiles
 from convs2s.train.job import TrainJob
-from convs2s.train.trainer import initial_weights
+from convs2s.train.resume import initial_weights
 
 
 def open_train_run(job: TrainJob, run_dir, files: TrainFiles, launcher: dict,

@@ -26,39 +26,31 @@ rows the interrupted epoch had not trained. Rank 0 logs to MLflow through
 `convs2s.tracking.run_logger.RunLogger` and prints a progress line at most every `CONSOLE_SECONDS`.
 
 Tests kill a worker mid-run, and record which rows each update trained, through
-`CrashInjection` (environment variables of the driver, not a training setting).
+`convs2s.train.faults.CrashInjection` (environment variables of the driver, not a training
+setting).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
-import os
 import shutil
-import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from convs2s.io.checkpoint import (
     BEST_DIR,
     META_FILE,
-    CheckpointError,
     capture_rng_state,
     checkpoint_dir_name,
-    load_checkpoint,
     reconcile_best,
     restore_rng_state,
     save_checkpoint,
 )
-from convs2s.train.collate import collate_arrow, pad_to, static_shape
-from convs2s.config import ModelConfig
 from storage import location, publish_dir
 from storage.scratch import scratch_dir
 from convs2s.model.network import ConvS2S
@@ -72,8 +64,12 @@ from convs2s.tracking.system_metrics import node_metrics, node_name
 from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
                                           projected_passes, set_dropout)
 from convs2s.train.ddp import compress_gradients, ddp_kwargs
-from convs2s.train.data import (RESUME_FIX, TrainFiles, data_identity, read_file, read_manifest,
-                                 read_rows, resume_differences, resume_point, resumed_rows)
+from convs2s.train.batches import static_batches, train_batches, valid_batches
+from convs2s.train.data import (TrainFiles, data_identity, read_manifest, read_rows, resume_point,
+                                 resumed_rows)
+from convs2s.train.faults import UNFIT_RANK_ENV, CrashInjection
+from convs2s.train.resume import check_same_model, check_same_training, initial_weights
+from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
 from convs2s.train.comm import Comm
 from convs2s.train.runtime import load_agreed
@@ -81,7 +77,6 @@ from convs2s.train.update import apply_step_settings, compile_for_training, trai
 from convs2s.train.update import validate as validate_all_ranks
 
 METRICS_FILE = "metrics.jsonl"  # rank 0's local copy of every metric, in the run directory
-CRASH_MARKER = ".crash_injected"
 PRECISION_TAG = "convs2s.precision"  # the train run's decided precision; _reason: why
 
 
@@ -117,13 +112,6 @@ def wait_until_gone(folder: Path | None, limit_s: float = 1800.0) -> float:
     while folder is not None and folder.exists() and time.monotonic() - t0 < limit_s:
         time.sleep(0.2)
     return time.monotonic() - t0
-
-
-def _say(line: str) -> None:
-    """One line on the worker's stdout, which Ray forwards to the driver's console once.
-    Not print(): Ray Train patches it in workers to log *and* echo, so each line came twice."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def _quiet_reports() -> None:
@@ -352,8 +340,8 @@ class Trainer:
                 self.net.load_state_dict(initial_weights(self.job))
             torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
             return Progress(started=time.monotonic())
-        _check_same_model(state, self.job, d)
-        _check_same_training(state, self.job, data_identity(self.job.train_data, self.files), d)
+        check_same_model(state, self.job, d)
+        check_same_training(state, self.job, data_identity(self.job.train_data, self.files), d)
         self.net.load_state_dict(state["model"])
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
@@ -406,10 +394,11 @@ class Trainer:
                             cfg.shuffle_buffer, [*progress.cuts, (progress.batches_in_epoch
                                                                   - progress.plan_start,
                                                                   self.world)])
-        batches = _train_batches(read_rows(self.files, rows, cfg.shuffle_buffer),
+        batches = train_batches(read_rows(self.files, rows, cfg.shuffle_buffer),
                                  self.net.max_positions)
         if cfg.static_shapes:
-            batches = _static(batches, self.budget, cfg.static_shapes, self.net.max_positions)
+            batches = static_batches(batches, self.budget, cfg.static_shapes,
+                                     self.net.max_positions)
         updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
         left = len(rows)  # every rank has as many: all see the last update alike
         epoch_end = True
@@ -498,7 +487,7 @@ class Trainer:
         collective). The batches are read on the first call and kept: validation sets are
         small (thousands of sentences)."""
         if self.valid is None:
-            self.valid = list(_valid_batches(self.valid_files, self.comm))
+            self.valid = list(valid_batches(self.valid_files, self.comm))
         return validate_all_ranks(self.net, self.valid, self.comm, self.device, self.cfg)
 
     def _end_epoch(self, epoch: int, epoch_end: bool) -> dict:
@@ -684,160 +673,3 @@ class Trainer:
         if self.schedule.should_stop():
             return "min_lr"
         return None
-
-
-def initial_weights(job: TrainJob) -> dict:
-    """The weights of `job.init_from` for the model `job` builds; a checkpoint of another
-    architecture or vocabulary is a CheckpointError naming what differs."""
-    state = load_checkpoint(job.init_from)
-    differ = [f"{k} {theirs!r} (the run: {ours!r})" for k, theirs, ours
-              in _model_differences(state, job) if not k.endswith("vocab_size")]
-    ours = (job.vocab_size, job.tgt_vocab_size or job.vocab_size)
-    if (state["src_vocab_size"], state["tgt_vocab_size"]) != ours:
-        differ.append(f"vocabulary sizes {state['src_vocab_size']} / {state['tgt_vocab_size']} "
-                      f"(the run's data: {ours[0]} / {ours[1]})")
-    if differ:
-        raise CheckpointError(f"init_from={job.init_from}: its model differs from the one to "
-                              f"train: {'; '.join(differ)}; fine-tuning keeps the checkpoint's "
-                              "architecture and encodes the data with its vocabulary")
-    return state["model"]
-
-
-# --- data -----------------------------------------------------------------------------------------
-
-
-def _train_batches(rows, max_positions: int):
-    """Collated batches of this rank's rows (`train_data.read_rows`)."""
-    for table in rows:
-        batch = collate_arrow(table)
-        longest = max(batch.src_tokens.shape[1], batch.target.shape[1])
-        if longest > max_positions:
-            raise ValueError(
-                f"batch with sentence ids {batch.ids[:5].tolist()} has a {longest}-token "
-                f"sentence, over the model's max_positions={max_positions}: filter longer "
-                "sentences in preprocessing or raise ModelConfig.max_positions")
-        yield batch
-
-
-def _static(batches, max_tokens: int, multiple: int, max_positions: int):
-    """`batches` padded to static shapes (`TrainConfig.static_shapes`): the same loss and
-    gradients, a few shapes. Without the batches' budget (no manifest) the ladder alone sets
-    the sentence counts."""
-    budget = max_tokens or 1 << 62
-    for batch in batches:
-        yield pad_to(batch, *static_shape(batch, budget, multiple, max_positions))
-
-
-def _valid_batches(files: TrainFiles, comm: Comm):
-    """Every rank reads all validation rows, file by file in name order, and keeps (collates)
-    those whose first sentence id falls to it: each row is validated once, on one rank, and no
-    row is dropped to equalize the ranks' shares."""
-    import pyarrow.compute as pc
-
-    for path in files.paths:
-        table = read_file(path)
-        if "id" not in table.column_names:
-            raise ValueError(f"{path}: validation batches without sentence ids (the `id` "
-                             "column of docs/design.md's batches format); re-run preprocessing")
-        first = pc.list_element(table.column("id"), 0).to_numpy(zero_copy_only=False)
-        for i in np.flatnonzero(first % comm.world_size == comm.rank):
-            yield collate_arrow(table.slice(int(i), 1))  # zero-copy row
-
-
-# --- fault injection (tests only) -------------------------------------------------------------
-
-# Test-only: rank CONVS2S_TEST_CRASH_RANK (default 1) dies right after update
-# CONVS2S_TEST_CRASH_AT_UPDATE (unset or 0: never). Read from the environment of the process that
-# calls `fit` (the driver), which hands them to the workers in train_loop_config: variables set
-# after Ray started never reach its worker processes. Not a TrainConfig field, so that a test
-# hook is no part of a recipe, its hash (workflow stage keys) or its checkpoints.
-CRASH_AT_UPDATE_ENV = "CONVS2S_TEST_CRASH_AT_UPDATE"
-CRASH_RANK_ENV = "CONVS2S_TEST_CRASH_RANK"
-# A folder: each rank appends the sentence ids of every batch it trains, with the update, to
-# rank<r>.jsonl there (the exact-resume tests compare which rows trained, not how many).
-RECORD_BATCHES_ENV = "CONVS2S_TEST_RECORD_BATCHES"
-# A rank (default: none) whose memory check fails as if its GPU could not hold the budget: the
-# ranks' agreement and the Ray path to the driver, tested where there is no GPU.
-UNFIT_RANK_ENV = "CONVS2S_TEST_UNFIT_RANK"
-
-
-@dataclass(frozen=True)
-class CrashInjection:
-    """Fault injection for tests: a real process death (os._exit), once per run directory (a
-    marker file there stops the restarted worker group from dying again); and the record of
-    which batches each update trained."""
-
-    at_update: int = 0  # 0: never
-    rank: int = 1
-    record_dir: str = ""  # "": no record
-    unfit_rank: int = -1  # -1: none
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> CrashInjection:
-        def number(name: str, default: int) -> int:
-            value = env.get(name, "").strip()
-            try:
-                return int(value) if value else default
-            except ValueError:
-                raise ValueError(f"{name}={value!r}: give an integer (a test-only "
-                                 "fault injection setting)") from None
-
-        return cls(number(CRASH_AT_UPDATE_ENV, 0), number(CRASH_RANK_ENV, 1),
-                   env.get(RECORD_BATCHES_ENV, ""), number(UNFIT_RANK_ENV, -1))
-
-    def record(self, rank: int, update: int, batches: list) -> None:
-        if self.record_dir:
-            line = json.dumps({"update": update, "ids": [b.ids.tolist() for b in batches]})
-            with open(Path(self.record_dir) / f"rank{rank}.jsonl", "a") as f:
-                f.write(line + "\n")
-
-    def maybe_crash(self, rank: int, update: int, run_dir: Path) -> None:
-        if self.at_update and update == self.at_update and rank == self.rank:
-            marker = run_dir / CRASH_MARKER
-            if not marker.exists():
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.write_text("")
-                _say(f"[convs2s.train] fault injection: rank {rank} exits at update {update}")
-                # Let Ray's controller collect the last report first (it polls the workers
-                # every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default), as when a machine
-                # dies some time after its last checkpoint.
-                poll_s = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 2.0))
-                time.sleep(max(1.0, 2.5 * poll_s))
-                os._exit(1)
-
-
-def _check_same_model(state: dict, job: TrainJob, where) -> None:
-    """Refuse to resume a run's checkpoint with another model (another --model, other
-    layers, another vocabulary): `load_state_dict` would stop with a page of tensor shapes."""
-    if differ := _model_differences(state, job):
-        raise CheckpointError(
-            f"{where}: the run's checkpoint is another model than the one asked ("
-            + "; ".join(f"{k}: {theirs!r} in the checkpoint, {ours!r} asked"
-                        for k, theirs, ours in differ[:3]) + (", ..." if len(differ) > 3 else "")
-            + "): resume with the run's own model settings (its --model), or give another "
-            "--run-name for a new run")
-
-
-def _check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
-    """Refuse to resume a run's checkpoint with another seed or other training batches: the
-    interrupted epoch goes on with the rows its plan had left (convs2s.train.data), a plan made
-    from the seed and the batch files (`resume_differences`; `preflight` refuses the same from
-    the latest checkpoint's meta.json before any worker starts). A checkpoint from before the
-    data was recorded: the seed is compared only."""
-    if differ := resume_differences((state.get("train_config") or {}).get("seed"),
-                                    state.get("train_data"), job, data):
-        raise CheckpointError(f"{where}: the run's checkpoint was trained with "
-                              + "; ".join(differ) + f": {RESUME_FIX}")
-
-
-def _model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, object]]:
-    """(setting, the checkpoint's, `job`'s) for each way checkpoint `state`'s model differs
-    from the one `job` builds: its ModelConfig (defaults filled: a checkpoint from before a
-    field existed has the default's) and vocabulary sizes. The dropout aside: the run's probe
-    chooses it, and a fine-tuned model's differs from the checkpoint it came from."""
-    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
-    ours = job.model.to_dict()
-    differ = [(k, v, ours[k]) for k, v in theirs.to_dict().items() if v != ours[k]]
-    sizes = {"src_vocab_size": job.vocab_size,
-             "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
-    return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]

@@ -1,0 +1,64 @@
+"""What a run may start from: the checkpoint it resumes (the same model, seed and training
+batches, or a refusal naming what differs and the fix) and the trained model it fine-tunes
+(`init_from`: the same architecture and vocabulary sizes)."""
+
+from __future__ import annotations
+
+from convs2s.config import ModelConfig
+from convs2s.io.checkpoint import CheckpointError, load_checkpoint
+from convs2s.train.data import RESUME_FIX, resume_differences
+from convs2s.train.job import TrainJob
+
+
+def initial_weights(job: TrainJob) -> dict:
+    """The weights of `job.init_from` for the model `job` builds; a checkpoint of another
+    architecture or vocabulary is a CheckpointError naming what differs."""
+    state = load_checkpoint(job.init_from)
+    differ = [f"{k} {theirs!r} (the run: {ours!r})" for k, theirs, ours
+              in model_differences(state, job) if not k.endswith("vocab_size")]
+    ours = (job.vocab_size, job.tgt_vocab_size or job.vocab_size)
+    if (state["src_vocab_size"], state["tgt_vocab_size"]) != ours:
+        differ.append(f"vocabulary sizes {state['src_vocab_size']} / {state['tgt_vocab_size']} "
+                      f"(the run's data: {ours[0]} / {ours[1]})")
+    if differ:
+        raise CheckpointError(f"init_from={job.init_from}: its model differs from the one to "
+                              f"train: {'; '.join(differ)}; fine-tuning keeps the checkpoint's "
+                              "architecture and encodes the data with its vocabulary")
+    return state["model"]
+
+
+def check_same_model(state: dict, job: TrainJob, where) -> None:
+    """Refuse to resume a run's checkpoint with another model (another --model, other
+    layers, another vocabulary): `load_state_dict` would stop with a page of tensor shapes."""
+    if differ := model_differences(state, job):
+        raise CheckpointError(
+            f"{where}: the run's checkpoint is another model than the one asked ("
+            + "; ".join(f"{k}: {theirs!r} in the checkpoint, {ours!r} asked"
+                        for k, theirs, ours in differ[:3]) + (", ..." if len(differ) > 3 else "")
+            + "): resume with the run's own model settings (its --model), or give another "
+            "--run-name for a new run")
+
+
+def check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
+    """Refuse to resume a run's checkpoint with another seed or other training batches: the
+    interrupted epoch goes on with the rows its plan had left (convs2s.train.data), a plan made
+    from the seed and the batch files (`resume_differences`; `preflight` refuses the same from
+    the latest checkpoint's meta.json before any worker starts). A checkpoint from before the
+    data was recorded: the seed is compared only."""
+    if differ := resume_differences((state.get("train_config") or {}).get("seed"),
+                                    state.get("train_data"), job, data):
+        raise CheckpointError(f"{where}: the run's checkpoint was trained with "
+                              + "; ".join(differ) + f": {RESUME_FIX}")
+
+
+def model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, object]]:
+    """(setting, the checkpoint's, `job`'s) for each way checkpoint `state`'s model differs
+    from the one `job` builds: its ModelConfig (defaults filled: a checkpoint from before a
+    field existed has the default's) and vocabulary sizes. The dropout aside: the run's probe
+    chooses it, and a fine-tuned model's differs from the checkpoint it came from."""
+    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
+    ours = job.model.to_dict()
+    differ = [(k, v, ours[k]) for k, v in theirs.to_dict().items() if v != ours[k]]
+    sizes = {"src_vocab_size": job.vocab_size,
+             "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
+    return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]
