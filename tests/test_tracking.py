@@ -252,7 +252,7 @@ def test_a_served_model_that_does_not_resolve_never_shows_the_servers_password(m
     messages pass every `scheme://user:password@` through redaction, for a URI given on the
     command line or taken from $MLFLOW_TRACKING_URI alike."""
     from convs2s.serving.online import fetch_logged_model, resolve_model_uri
-    from convs2s.tracking.runs import redact_text
+    from convs2s.tracking.redact import redact_text
 
     assert redact_text("GET http://al:p@w@h:9/api and https://tok@h/x, sqlite:////m.db") == \
         "GET http://al:***@h:9/api and https://***@h/x, sqlite:////m.db"
@@ -275,7 +275,7 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     import logging
 
     from convs2s.tracking import runs
-    from convs2s.tracking.runs import redact_text, redact_uri
+    from convs2s.tracking.redact import redact_text, redact_uri
     from workflows import wmt14_en_fr
     from workflows.orchestrate import MlflowLinks
 

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 
 from convs2s.console import sigterm_as_ctrl_c
 from convs2s.metrics.task_kinds import task_kind
-from convs2s.tracking.runs import code_version, log_final_metrics, redact_uri, stopped_status
+from convs2s.tracking.runs import code_version, log_final_metrics, stopped_status
+from convs2s.tracking.redact import redact_uri
 from storage import is_uri, location
 from storage.lease import RunLease
 from workflows.cluster import (await_cluster_gpus, check_local_eval_room, check_local_gpus,

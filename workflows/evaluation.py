@@ -48,14 +48,13 @@ from convs2s.tracking.runs import (
     find_or_create_run,
     log_artifacts,
     log_final_metrics,
-    redact_text,
-    redact_uri,
     resolve_tracking_uri,
     run_key,
     set_tags,
     stopped_status,
     tracking_uri_problem,
 )
+from convs2s.tracking.redact import redact_text, redact_uri
 
 from storage import local_copy, location, write_whole
 

@@ -31,8 +31,8 @@ from convs2s.tracking.runs import (
     bounded_http,
     flatten_params,
     global_tracking_uri,
-    redact_text,
 )
+from convs2s.tracking.redact import redact_text
 from storage import local_copy
 log = logging.getLogger("workflows")
 

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from convs2s.metrics.task_kinds import task_kind
-from convs2s.tracking.runs import experiment_id, redact_uri
+from convs2s.tracking.runs import experiment_id
+from convs2s.tracking.redact import redact_uri
 from convs2s.train.job import STOP_REASONS, WorkersNotPlaced
 from storage import StorageError, is_uri
 from storage.lease import LeaseHeld

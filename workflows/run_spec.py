@@ -110,7 +110,7 @@ class RunSpec:
     def describe(self) -> dict:
         """The resolved run as `--dry-run` prints it: the parent run's params, the update each
         step trains, where the run goes and what it scores (credentials in the URI hidden)."""
-        from convs2s.tracking.runs import redact_uri
+        from convs2s.tracking.redact import redact_uri
 
         d = self.data
         workers = self.num_workers

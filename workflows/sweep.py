@@ -364,7 +364,7 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     import ray
     from ray import tune
 
-    from convs2s.tracking.runs import redact_text
+    from convs2s.tracking.redact import redact_text
 
     n = concurrency(sweep, ray.nodes(), len(todo))
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,

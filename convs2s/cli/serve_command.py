@@ -117,7 +117,7 @@ def serve(argv: list[str] | None = None) -> int:
         start_ray(log_to_driver=False, command="python -m convs2s serve ...")
     except (RayError, ValueError, OSError) as err:  # a RAY_ADDRESS it cannot join (said
         # with its password hidden; Ray's own errors too)
-        from convs2s.tracking.runs import redact_text
+        from convs2s.tracking.redact import redact_text
 
         print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
@@ -125,7 +125,7 @@ def serve(argv: list[str] | None = None) -> int:
         run(settings, host=args.host, port=args.port, blocking=True)
     except (DeployError, RayError, OSError) as err:  # (an unreachable RAY_ADDRESS: a
         # ConnectionError; Serve's deployment failing: DeployError, with the replica's error)
-        from convs2s.tracking.runs import redact_text
+        from convs2s.tracking.redact import redact_text
 
         print(f"{p.prog}: error: {redact_text(str(err).splitlines()[0])}", file=sys.stderr)
         return 2

@@ -265,7 +265,7 @@ def _root_cause(err: BaseException) -> str:
     UserCodeException, RayTaskError, ActorDiedError), credentials hidden."""
     from ray.exceptions import RayError
 
-    from convs2s.tracking.runs import redact_text
+    from convs2s.tracking.redact import redact_text
 
     chain = [err]
     while True:  # RayTaskError.cause: the worker's exception; else the one raised from

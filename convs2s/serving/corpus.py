@@ -298,7 +298,7 @@ class ShardTranslator:
         the job go on, and a rerun translates it again (Ray Data would otherwise end the whole
         job at the first part that raised, the parts other actors were translating thrown
         away)."""
-        from convs2s.tracking.runs import redact_text
+        from convs2s.tracking.redact import redact_text
 
         rows = {"index": [], "lines": [], "record": [], "error": []}
         for index in batch["index"]:

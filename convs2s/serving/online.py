@@ -159,7 +159,7 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from convs2s.tracking.runs import redact_text, redact_uri
+    from convs2s.tracking.redact import redact_text, redact_uri
 
     tracking_uri = tracking_uri or mlflow.get_tracking_uri()
     name, alias = None, None
@@ -199,7 +199,8 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
 
     import mlflow.artifacts
 
-    from convs2s.tracking.runs import global_tracking_uri, redact_text
+    from convs2s.tracking.runs import global_tracking_uri
+    from convs2s.tracking.redact import redact_text
     from storage.paths import cache_root
     from storage.scratch import place
 
@@ -592,7 +593,7 @@ def _say_while_deploying(serve, name: str, stop: threading.Event, every_s: float
     30s" status messages for the application's deployments (the resources a replica asks and
     those free; a slow __init__) is logged here, once, until `stop` is set. (A replica that
     failed and is retried is not: the deploy ends with its reason.)"""
-    from convs2s.tracking.runs import redact_text
+    from convs2s.tracking.redact import redact_text
 
     said: set[str] = set()
     while not stop.wait(every_s):
@@ -613,7 +614,7 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     from ray.exceptions import RayTaskError
     from ray.serve.exceptions import RayServeException
 
-    from convs2s.tracking.runs import redact_text
+    from convs2s.tracking.redact import redact_text
 
     try:
         http = {"host": host, "port": port}

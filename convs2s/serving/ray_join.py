@@ -23,7 +23,7 @@ import os
 import socket
 import time
 
-from convs2s.tracking.runs import redact_text
+from convs2s.tracking.redact import redact_text
 
 # What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
 FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to its head's GCS "

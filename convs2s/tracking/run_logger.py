@@ -30,8 +30,8 @@ from pathlib import Path
 from storage import is_uri, location
 from storage.scratch import scratch_dir
 
-from convs2s.tracking.runs import (HTTP_ENV, forget_unreachable, mlflow_client, redact_uri,
-                                   warn_unreachable)
+from convs2s.tracking.runs import HTTP_ENV, forget_unreachable, mlflow_client, warn_unreachable
+from convs2s.tracking.redact import redact_uri
 
 log = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from convs2s.tracking.redact import redact_mlflow_logs, redact_text, redact_uri
 from storage import is_uri, local_copy, location
 
 log = logging.getLogger(__name__)
@@ -137,98 +138,11 @@ def mlflow_client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-class _RedactCredentials(logging.Filter):
-    """A log record's text and traceback with every URI's credentials redacted (`redact_text`);
-    a record with none is left exactly as it is."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a bad format is the handler's to report, as always
-            return True
-        if "://" in text and (hidden := redact_text(text)) != text:
-            record.msg, record.args = hidden, ()
-        if record.exc_info and not record.exc_text:  # (the text formatters cache and print)
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text and "://" in record.exc_text:
-            record.exc_text = redact_text(record.exc_text)
-        return True
-
-
-_REDACT = _RedactCredentials()
-_REDACTED_AT: tuple = ()  # the counts of loggers and handlers when last filtered
-
-
-def redact_mlflow_logs() -> None:
-    """Redact credentials in what MLflow's own loggers write: its messages quote the tracking
-    URI, password included ("Failed to get mlflow run: API request to http://u:pw@..." from the
-    system-metrics monitor when the server goes away). A filter on a logger does not reach its
-    children's records, so it goes on every `mlflow` logger made so far and on the handlers of
-    `mlflow` and the root (where the records of loggers made later end up); idempotent."""
-    global _REDACTED_AT
-    now = (len(logging.Logger.manager.loggerDict), len(logging.getLogger("mlflow").handlers),
-           len(logging.getLogger().handlers))
-    if now == _REDACTED_AT:  # no logger or handler made since the last call (one per client)
-        return
-    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
-               if name == "mlflow" or name.startswith("mlflow.")]
-    for target in [*loggers, *logging.getLogger("mlflow").handlers, *logging.getLogger().handlers]:
-        if _REDACT not in target.filters:
-            target.addFilter(_REDACT)
-    _REDACTED_AT = now
-
-
 # MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends, the URI's user and
 # password included; the workflows print their own links, redacted (redact_uri).
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
-# A URI in a message: scheme:// and what follows up to whitespace (a quote is allowed in it,
-# RFC 3986 allows one unencoded in a password)
-_URI = re.compile(r"([A-Za-z][\w+.-]*://)(\S+)")
-_HOST_PORT = re.compile(r"(?:[\w.-]*|\[[0-9A-Fa-f:.]*\])(?::\d*)?")
-# a query parameter that carries a secret (a presigned URL's signature, a token)
-_SECRET_PARAM = re.compile(r"(?i)([?&](?:x-(?:amz|goog)-(?:credential|signature|security-token)|"
-                           r"signature|sig|awsaccesskeyid|password|(?:[\w.-]*[_.-])?"
-                           r"(?:access|api|auth|refresh|session|id)?(?:token|secret|key))"
-                           r"=)[^&\s'\"#]+")
-
-
-def _hide(m: re.Match) -> str:
-    """One URI with its user information hidden. The authority is what comes before the first
-    "/", "?" or "#"; a password may hold "@" (the last "@" of the authority ends it) and, written
-    unencoded, "/", "?" or "#" too: where the authority is then no host[:port] ("alice:pa" of
-    "alice:pa/ss@host"), or a host:port with an "@" after it, everything up to the URI's last
-    "@" is hidden (a message may lose a path's "@", never a password)."""
-    scheme, rest = m[1], m[2]
-    if "@" not in rest:
-        return m[0]
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    at = authority.rfind("@")
-    if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]):
-        userinfo, tail = authority[:at], rest[at:]
-    elif at < 0 and ":" not in authority:  # a plain host: an "@" in the path (s3://b/k@x)
-        return m[0]
-    else:
-        at = rest.rfind("@")
-        userinfo, tail = rest[:at], rest[at:]
-    user, colon, _ = userinfo.partition(":")
-    shown = f"{user}:***" if colon and not re.search(r"[/?#@]", user) else "***"
-    return f"{scheme}{shown}{tail}"
-
-
-def redact_uri(uri: str | None) -> str | None:
-    """`uri` as it may be printed, logged or stored: the password of `user:password@host` (or
-    a bare token `token@host`) replaced by `***`, and so is a secret query parameter's value
-    (`?X-Amz-Signature=`, `?token=`). Credentials are never shown (they reach MLflow through
-    the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
-    return redact_text(uri) if uri else uri
-
-
-def redact_text(text: str) -> str:
-    """`text` (a library's error message, which may quote the URI it used) with every URI's
-    credentials replaced by `***`, as `redact_uri`."""
-    return _SECRET_PARAM.sub(r"\1***", _URI.sub(_hide, text))
 
 
 # MLflow's error code for a request it answered by refusing it (a name it does not take, a

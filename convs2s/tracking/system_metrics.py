@@ -24,7 +24,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from convs2s.tracking.runs import redact_mlflow_logs, redact_text
+from convs2s.tracking.redact import redact_mlflow_logs, redact_text
 
 
 def node_name(node_rank: int) -> str:

@@ -26,12 +26,12 @@ from convs2s.tracking.runs import (
     end_run,
     find_or_create_run,
     log_artifacts,
-    redact_uri,
     resolve_tracking_uri,
     run_key,
     set_tags,
     stopped_status,
 )
+from convs2s.tracking.redact import redact_uri
 from convs2s.train.data import TrainFiles
 from convs2s.train.job import TrainJob
 from convs2s.train.resume import initial_weights
