@@ -19,6 +19,8 @@ Python's `sys.stderr`. It is installed only by a command (a workflow's or `pytho
 How a run stops (`sigterm_as_ctrl_c`, `callers_signal_handlers`): Ctrl-C and SIGTERM (`ray job
 stop`) alike, through the handler Ray Train or Ray Tune has in place, and the caller's handlers
 back after Ray's calls that leave theirs installed.
+
+A Ray worker's own console lines (`worker_line`): written once, not through Ray Train's print.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+
 
 def worker_line(line: str) -> None:
     """One line on a Ray worker's stdout, which Ray forwards to the driver's console once.

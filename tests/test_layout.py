@@ -180,7 +180,7 @@ def test_settings_modules_are_light(path):
 
 def test_library_modules_carry_no_command_line():
     entries = CLI | {"convs2s/__main__.py", "preprocessing/__main__.py",
-               "preprocessing/demo/__main__.py", "workflows/evaluation.py"}
+                     "preprocessing/demo/__main__.py", "workflows/evaluation.py"}
     for package in ("convs2s", "preprocessing"):
         for path in _modules(package):
             rel = str(path.relative_to(REPO))

@@ -13,7 +13,12 @@ _TOKEN; they are never shown. Paths in storage/ messages: `storage.paths.shown`.
 from __future__ import annotations
 
 import logging
+import os
 import re
+
+# MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends, the URI's user and
+# password included; the workflows print their own links, redacted (redact_uri).
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 # A URI in a message: scheme:// and what follows up to whitespace (a quote is allowed in it,
 # RFC 3986 allows one unencoded in a password)

@@ -138,10 +138,6 @@ def mlflow_client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-# MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends, the URI's user and
-# password included; the workflows print their own links, redacted (redact_uri).
-os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-
 _WARNED: set[str] = set()  # tracking URIs this process has already warned about
 
 

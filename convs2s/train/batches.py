@@ -11,7 +11,6 @@ validation rows.
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.compute as pc
 
 from convs2s.train.collate import collate_arrow, pad_to, static_shape
 from convs2s.train.comm import Comm
@@ -44,6 +43,8 @@ def valid_batches(files: TrainFiles, comm: Comm):
     """Every rank reads all validation rows, file by file in name order, and keeps (collates)
     those whose first sentence id falls to it: each row is validated once, on one rank, and no
     row is dropped to equalize the ranks' shares."""
+    import pyarrow.compute as pc
+
     for path in files.paths:
         table = read_file(path)
         if "id" not in table.column_names:

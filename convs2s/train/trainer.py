@@ -292,7 +292,7 @@ class Trainer:
             try:
                 peak = check_fits(self.net, worst, self.precision, self.device,
                                   self.cfg.label_smoothing, extra, self.cfg.static_shapes,
-                                  self.net.max_positions)  # padded as `_static` pads
+                                  self.net.max_positions)  # padded as `static_batches` pads
             except BudgetTooLarge as err:
                 error = err
         # every rank, every path (a rank that skipped it would pair its next collective with
