@@ -106,7 +106,8 @@ def screenshot(uri: str, page: str, out: Path, budget_s: int = 60) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     from workflows.orchestrate import sweep_summary
-    from workflows.sweep import resolve_sweep, run_sweep, variant_stats
+    from workflows.sweep import resolve_sweep, run_sweep
+    from workflows.sweep_summary import variant_stats
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

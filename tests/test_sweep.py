@@ -27,8 +27,8 @@ from convs2s.config import PRESETS
 from convs2s.model.network import ConvS2S
 from workflows import engine, multi30k_en_de, orchestrate
 from workflows.ablations import BASELINE, SWEEPS, SweepError, table4, table5, variants_for
-from workflows.sweep import (concurrency, mean_sd, resolve_sweep, run_sweep, summary_metrics,
-                             summary_table)
+from workflows.sweep import concurrency, resolve_sweep, run_sweep
+from workflows.sweep_summary import mean_sd, summary_metrics, summary_table
 from workflows.workflow_config import RunOptions
 
 CPU_MODEL = multi30k_en_de.cpu().model  # 4 + 3 layers of 256 units, kernel 3
@@ -383,7 +383,8 @@ def test_a_sweeps_metrics_are_its_latest_summarys(tmp_path):
     NaN, not the old numbers beside the new ones."""
     from convs2s.tracking.runs import (describe_run, find_or_create_run, log_artifacts,
                                        log_final_metrics, mlflow_client)
-    from workflows.sweep import SweepResult, _log_summary, sweep_params
+    from workflows.sweep import SweepResult
+    from workflows.sweep_summary import log_summary, sweep_params
 
     uri = mlflow_store(tmp_path)
     m = {"valid_ppl": 10.0}
@@ -394,7 +395,7 @@ def test_a_sweeps_metrics_are_its_latest_summarys(tmp_path):
         describe_run(uri, rid, sweep_params(sweep))
         result = SweepResult(sweep, rid, uri, results=results)
         result.table = summary_table(sweep, results, {})
-        _log_summary(sweep, result, uri, rid, log_final_metrics, log_artifacts)
+        log_summary(sweep, result, uri, rid, log_final_metrics, log_artifacts)
         return mlflow_client(uri).get_run(rid).data.metrics
 
     both = summarize({"baseline-seed1": m, "baseline-seed2": {"valid_ppl": 20.0},

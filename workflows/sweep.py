@@ -23,7 +23,7 @@ Where it goes (`--storage-path`, `--run-name`, default `<sweep>-<date>-<time>`):
 MLflow: one run for the sweep (named `--run-name`, tag `convs2s.sweep`), and under it each
 trial's workflow run with `sweep.variant`, `sweep.seed` and `sweep.changes` (the settings the
 variant changed) as params beside the whole run spec, and its scores; the sweep run holds the
-summary as an artifact and per-variant means and spreads as metrics (`summary_metrics`:
+summary as an artifact and per-variant means and spreads as metrics (workflows/sweep_summary.py:
 `<variant>/valid_ppl_mean`, `<variant>/<test set>_bleu_sd`, `<variant>/n`).
 Selecting the trials in MLflow's runs table and pressing Compare lines them up.
 
@@ -41,7 +41,6 @@ import dataclasses
 import functools
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -51,13 +50,14 @@ from convs2s.metrics.task_kinds import task_kind
 from storage import location, write_whole
 from storage.lease import RunLease
 from convs2s.config import keep_explicit_dropout
-from workflows.ablations import (BASELINE, CUSTOM, SweepError, Variant, custom_variants,
+from workflows.ablations import (CUSTOM, SweepError, Variant, custom_variants,
                                  trial_owned_problem, variants_for)
 from workflows.cluster import no_room, workers_fit
 from workflows.engine import check, check_inputs, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
 from workflows.run_state import budgets, digest, result_settings, reuse_problem
 from workflows.run_tree import RunTree
+from workflows.sweep_summary import budget_text, log_summary, summary_table, sweep_params
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
 
 log = logging.getLogger("workflows")
@@ -315,7 +315,7 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
     set_tags(uri, run_id, {"convs2s.sweep.invocation": (
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}: variants "
         f"{','.join(v.name for v in sweep.variants)}; seeds {','.join(map(str, sweep.seeds))}; "
-        f"{_budget(base)}; the metrics and summary are this invocation's trials")})
+        f"{budget_text(base)}; the metrics and summary are this invocation's trials")})
     result = SweepResult(sweep, run_id, uri)
     try:
         log.info("== sweep %s (%s): %d variants x %d seeds = %d trials", sweep.run_name,
@@ -345,7 +345,7 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
             result.results.update(ran)
             result.failed.update(failed)
         result.table = summary_table(sweep, result.results, result.failed)
-        _log_summary(sweep, result, uri, run_id, log_final_metrics, log_artifacts)
+        log_summary(sweep, result, uri, run_id, log_final_metrics, log_artifacts)
     except BaseException as err:
         # the sweep's run, and the runs of any trial stopped before its workflow ended them
         tree.end_open(stopped_status(err))
@@ -535,147 +535,3 @@ def trial_metrics(spec: RunSpec, out) -> dict:
                     "resumed_from_update": m.get("resumed_from_update", 0),
                     "run_id": out.parent_run_id})
     return metrics
-
-
-# --- the summary ---------------------------------------------------------------------------------
-
-
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (nan for one value)."""
-    if not values:
-        return math.nan, math.nan
-    mean = sum(values) / len(values)
-    if len(values) < 2:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
-
-
-def variant_stats(sweep: SweepSpec, results: dict[str, dict]) -> dict[str, dict]:
-    """Per variant: n, and mean / sd of the validation perplexity and of each test set's
-    headline metric over its finished seeds."""
-    b = sweep.base
-    headline = task_kind(b.task_kind).headline
-    out = {}
-    for v in sweep.variants:
-        rows = [results[t.name] for t in sweep.trials
-                if t.variant.name == v.name and t.name in results]
-        stats = {"n": len(rows)}
-        keys = ["valid_ppl"] + [f"{name}/{headline}" for name in b.test_sets.values()]
-        for key in keys:
-            vals = [float(r[key]) for r in rows if r.get(key) is not None]
-            stats[key] = mean_sd(vals)
-        out[v.name] = stats
-    return out
-
-
-def summary_table(sweep: SweepSpec, results: dict[str, dict], failed: dict[str, str]) -> str:
-    """The paper-shaped table: variant, valid PPL and each test set's headline metric as mean
-    +- sd over seeds, with the paper's (valid PPL, BLEU) where it has the row."""
-    b = sweep.base
-    headline = task_kind(b.task_kind).headline
-    stats = variant_stats(sweep, results)
-    tests = list(b.test_sets.values())
-    cols = ["variant", "n", "valid PPL"] + [f"{headline} {t}" for t in tests] \
-        + ["paper PPL", f"paper {headline}"]
-    rows = []
-    for v in sweep.variants:
-        s = stats[v.name]
-        rows.append([v.name, f"{s['n']}/{len(sweep.seeds)}", _pm(s["valid_ppl"])]
-                    + [_pm(s[f"{t}/{headline}"]) for t in tests]
-                    + ([f"{v.paper[0]:.2f}", f"{v.paper[1]:.1f}"] if v.paper else ["", ""]))
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
-    out = [line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += [line(r) for r in rows]
-    base = next((v for v in sweep.variants if v.name == BASELINE), None)
-    out.append("")
-    out.append(f"{len(sweep.seeds)} seed(s) ({', '.join(map(str, sweep.seeds))}) per variant; "
-               f"mean +- sample sd; budget {_budget(b)}; scores of each trial's best "
-               f"checkpoint, beam {b.search.beam}."
-               + (" Paper: WMT'14 En-De, newstest2014, mean of three runs (Table 4); its "
-                  "BLEU is Moses-tokenized, comparable to each trial's bleu_tokenized rather "
-                  "than to sacreBLEU's bleu."
-                  if any(v.paper for v in sweep.variants) else ""))
-    if base is None:
-        out.append("(no baseline among the variants run: compare the rows with each other)")
-    for name, err in failed.items():
-        out.append(f"FAILED {name}: {err}")
-    return "\n".join(out)
-
-
-def _pm(ms: tuple[float, float]) -> str:
-    mean, sd = ms
-    if math.isnan(mean):
-        return "-"
-    return f"{mean:.2f}" + ("" if math.isnan(sd) else f" +- {sd:.2f}")
-
-
-def _budget(spec: RunSpec) -> str:
-    t = spec.train
-    parts = ([f"{t.max_time / 60:g} min of training"] if t.max_time else []) \
-        + ([f"{t.max_updates} updates"] if t.max_updates else []) \
-        + ([f"{t.max_epochs} epochs"] if t.max_epochs else [])
-    return " / ".join(parts) + " per trial (whichever comes first)" if parts else "unbounded"
-
-
-def sweep_params(sweep: SweepSpec) -> dict:
-    """The sweep run's params: the sweep, its variants and seeds, and the base run spec."""
-    return {"sweep": {"name": sweep.sweep, "variants": ",".join(v.name for v in sweep.variants),
-                      "seeds": ",".join(map(str, sweep.seeds)), "trials": len(sweep.trials),
-                      "budget": _budget(sweep.base)},
-            **sweep.base.params()}
-
-
-def summary_metrics(sweep: SweepSpec, results: dict[str, dict],
-                    failed: dict[str, str]) -> dict[str, float]:
-    """The sweep run's metrics: per variant `<variant>/n` (its finished seeds) and the mean and
-    sample sd of each `variant_stats` figure (`<variant>/valid_ppl_mean`, `.../<test>_bleu_sd`;
-    a figure with no value, or an sd of one seed, is left out), and the trials finished and
-    failed."""
-    metrics = {}
-    for name, s in variant_stats(sweep, results).items():
-        metrics[f"{name}/n"] = s["n"]
-        for key, value in s.items():
-            if key == "n":
-                continue
-            mean, sd = value
-            label = key.replace("/", "_")
-            if not math.isnan(mean):
-                metrics[f"{name}/{label}_mean"] = mean
-            if not math.isnan(sd):
-                metrics[f"{name}/{label}_sd"] = sd
-    metrics["trials_finished"] = len(results)
-    metrics["trials_failed"] = len(failed)
-    return metrics
-
-
-def _log_summary(sweep: SweepSpec, result: SweepResult, uri: str, run_id: str | None,
-                 log_final_metrics, log_artifacts) -> None:
-    """summary.md / summary.json in the sweep folder and as the sweep run's artifacts; the
-    per-variant means and spreads as its metrics (those of this invocation's trials only)."""
-    from convs2s.tracking.runs import metric_keys
-
-    headline = task_kind(sweep.base.task_kind).headline
-    stats = variant_stats(sweep, result.results)
-    md = sweep.folder / "summary.md"  # (write_whole makes the folder)
-    write_whole(md, (f"# Sweep {sweep.run_name} ({sweep.sweep}, {sweep.base.workflow} "
-                     f"{sweep.base.preset})\n\n{result.table}\n").encode())
-    js = sweep.folder / "summary.json"
-    summary = {"sweep": sweep.sweep, "run_name": sweep.run_name,
-               "workflow": sweep.base.workflow, "preset": sweep.base.preset,
-               "seeds": sweep.seeds, "budget": _budget(sweep.base),
-               "variants": {v.name: {"label": v.label, "paper": v.paper,
-                                     "changes": v.changed(sweep.base.model),
-                                     "stats": stats[v.name]}
-                            for v in sweep.variants},
-               "trials": result.results, "failed": result.failed, "headline": headline}
-    write_whole(js, json.dumps(summary, indent=1, default=str).encode())
-    metrics = summary_metrics(sweep, result.results, result.failed)
-    # The run's metrics are the latest summary's: a figure an earlier invocation logged that
-    # this one has none for (a variant or a seed not rerun, an sd over one seed now) is logged
-    # as NaN, not left beside the new figures as if it were one of them.
-    metrics.update({k: math.nan for k in metric_keys(uri, run_id) - set(metrics)
-                    if k.endswith(("/n", "_mean", "_sd"))})
-    log_final_metrics(uri, run_id, metrics)
-    log_artifacts(uri, run_id, str(md), "summary")
-    log_artifacts(uri, run_id, str(js), "summary")
