@@ -443,7 +443,7 @@ def test_a_parquet_text_column_may_be_a_category_a_large_string_or_a_string_view
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from convs2s.serving.corpus import input_lines
+    from convs2s.serving.inputs import input_lines
 
     pd.DataFrame({"id": [1, 2, 3], "text": pd.Categorical(["a cat", "a dog", None])}) \
         .to_parquet(tmp_path / "category.parquet")

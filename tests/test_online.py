@@ -359,8 +359,8 @@ def test_a_registered_model_is_served_pinned_to_the_version_its_alias_names(
         tiny_checkpoints, tmp_path):
     import torch
 
-    from convs2s.serving.online import (ServeSettings, fetch_logged_model, load_translator,
-                                        resolve_model_uri)
+    from convs2s.serving.logged_model import fetch_logged_model, resolve_model_uri
+    from convs2s.serving.online import ServeSettings, load_translator
     from convs2s.serving.pyfunc import log_translator
 
     uri = mlflow_store(tmp_path)
@@ -437,7 +437,7 @@ def test_a_logged_model_is_fetched_whole_from_its_own_store_and_latest_is_pinned
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from convs2s.serving.online import fetch_logged_model, resolve_model_uri
+    from convs2s.serving.logged_model import fetch_logged_model, resolve_model_uri
     from convs2s.serving.pyfunc import log_translator
     from storage.paths import cache_root
 

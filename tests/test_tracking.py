@@ -251,7 +251,7 @@ def test_a_served_model_that_does_not_resolve_never_shows_the_servers_password(m
     """MLflow's own error quotes the server's URI, password and all; the serving command's
     messages pass every `scheme://user:password@` through redaction, for a URI given on the
     command line or taken from $MLFLOW_TRACKING_URI alike."""
-    from convs2s.serving.online import fetch_logged_model, resolve_model_uri
+    from convs2s.serving.logged_model import fetch_logged_model, resolve_model_uri
     from convs2s.tracking.redact import redact_text
 
     assert redact_text("GET http://al:p@w@h:9/api and https://tok@h/x, sqlite:////m.db") == \

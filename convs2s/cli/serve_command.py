@@ -65,7 +65,8 @@ def serve(argv: list[str] | None = None) -> int:
     from convs2s.inference.quantize import PrecisionError
     from convs2s.serving import ray_join
     from convs2s.serving.corpus import start_ray
-    from convs2s.serving.online import DeployError, ServeSettings, resolve_model_uri, run
+    from convs2s.serving.logged_model import resolve_model_uri
+    from convs2s.serving.online import DeployError, ServeSettings, run
 
     search = {k: v for k, v in (("beam", args.beam), ("lenpen", args.lenpen),
                                 ("max_len_a", args.max_len_a), ("max_len_b", args.max_len_b),
@@ -190,7 +191,7 @@ def _load_as_replicas_will(settings) -> None:
 
     torch.set_num_threads(1)  # (a check: the replicas' threads are theirs)
     if settings.model:
-        from convs2s.serving.online import fetch_logged_model, logged_model_artifacts
+        from convs2s.serving.logged_model import fetch_logged_model, logged_model_artifacts
         from convs2s.serving.pyfunc import translator_from_artifacts
 
         arts = logged_model_artifacts(fetch_logged_model(settings.model, settings.tracking_uri))

@@ -125,8 +125,8 @@ def _read_lines(path: str | None, column: str | None = None,
     an empty line (its translation an empty line, as `--actors` gives it: the same outputs
     either way), counted in `non_utf8` ({"count", "first"}: the first one's line number). A
     named input (checked with `_check_input`) is read as --actors reads it: text, .gz or a
-    parquet column (`convs2s.serving.corpus.input_lines`); it is opened here, so a .gz that is
-    not gzip or a missing column is a CorpusError before anything loads."""
+    parquet column (`convs2s.serving.inputs.input_lines`); it is opened here, so a .gz that is
+    not gzip or a missing column is an InputError before anything loads."""
     if path in (None, "-"):
         raw = (line.rstrip(b"\n") for line in sys.stdin.buffer)
 
@@ -138,7 +138,7 @@ def _read_lines(path: str | None, column: str | None = None,
 
         lines = (decoded(line) for line in raw)
     else:
-        from convs2s.serving.corpus import input_lines
+        from convs2s.serving.inputs import input_lines
 
         lines = input_lines(path, column)
 
@@ -369,7 +369,7 @@ def translate(argv: list[str] | None = None) -> int:
                                         "create it first")
             non_utf8 = {"count": 0, "first": None}
             lines = _read_lines(args.input, args.column, non_utf8)
-    except (OSError, ValueError, StorageError) as err:  # (CorpusError is a ValueError)
+    except (OSError, ValueError, StorageError) as err:  # (CorpusError, InputError: ValueErrors)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -386,7 +386,7 @@ def translate(argv: list[str] | None = None) -> int:
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import format_translation, load_for_inference
-    from convs2s.serving.corpus import CorpusError
+    from convs2s.serving.inputs import InputError
 
     try:
         device = _inference_device(args.device, args.precision)
@@ -412,7 +412,7 @@ def translate(argv: list[str] | None = None) -> int:
                 location(args.output).upload(tmp)
             else:
                 os.replace(tmp, target)
-    except (OSError, CorpusError) as err:  # (CorpusError: a .gz found cut short)
+    except (OSError, InputError) as err:  # (a .gz found cut short)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM: --output as it was (written whole or not)

@@ -2,8 +2,9 @@
 - `pyfunc`: the MLflow pyfunc model (`log_translator`, `TranslatorModel`) and `model_code`, the
   file MLflow runs to build it ("models from code");
 - `corpus`: a large corpus translated by a Ray Data job (an actor pool, parts with a manifest,
-  resumable);
-- `online`: a Ray Serve deployment with dynamic request batching;
+  resumable); `inputs`: the text both translate modes read (text, .gz, a parquet column);
+- `online`: a Ray Serve deployment with dynamic request batching; `logged_model`: a translator
+  logged to MLflow as it serves (its URI pinned, fetched once per node);
 - `ray_join`: joining the cluster of RAY_ADDRESS (these commands and the workflows), an address
   none can join refused in one line.
 

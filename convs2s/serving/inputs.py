@@ -1,0 +1,110 @@
+"""The text a translate command reads: a text file, a .gz, or one string column of a parquet
+file, local or in a bucket, split into lines on \n only (as the scorer reads references), a line
+that is not UTF-8 given as None. One reader for `translate` in one process and for the
+`--actors` job's split (convs2s.serving.corpus), so that both give the same outputs.
+
+    for text in input_lines("mono.en.gz"):            # str, or None where not UTF-8
+        ...
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+from storage import location, open_input
+
+
+class InputError(ValueError):
+    """An input that cannot be read as lines: a .gz that is not gzip (or cut short), a parquet
+    file without the string column asked (or with several and none named)."""
+
+
+def input_lines(path: str, column: str | None = None):
+    """The lines of an input (text, .gz, or a parquet column; a local file or an object), split
+    on \\n only: per line its text, or None where it is not UTF-8 (both modes of `translate`
+    translate it as an empty line and count it). The one reader of `translate`, with or without
+    --actors, so that both give the same outputs. Opened here: a parquet file without the
+    column, or a .gz that is not gzip, is a CorpusError now, not at the first line (as is a .gz
+    cut short, when it is read)."""
+    name = location(path).name.lower()
+    if name.endswith(".parquet"):
+        return _parquet_lines(path, column)
+    raw = open_input(path)
+    if not name.endswith(".gz"):
+        return _text_lines(path, raw)
+    stream = gzip.GzipFile(fileobj=raw)
+    try:
+        stream.peek(1)
+    except (OSError, EOFError, zlib.error) as err:
+        raw.close()
+        raise _not_gzip(path, err) from None
+    return _text_lines(path, stream, raw)
+
+
+def _not_gzip(path: str, err: Exception) -> InputError:
+    return InputError(f"input {path} is not a whole gzip file ({err or type(err).__name__}): "
+                       "give it compressed whole, or without .gz when it is plain text")
+
+
+def _text_lines(path: str, stream, raw=None):
+    try:
+        with stream:
+            for line in stream:
+                line = line.rstrip(b"\n")  # lines split on \n only, as the scorer reads them
+                try:
+                    yield line.decode("utf-8")
+                except UnicodeDecodeError:
+                    yield None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # a .gz cut short or corrupt
+        raise _not_gzip(path, err) from None
+    finally:
+        if raw is not None:
+            raw.close()
+
+
+def _is_text(kind) -> bool:
+    """An Arrow type that holds text: string, large_string, string_view, or a dictionary of one
+    of them (a pandas category column)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or \
+        pa.types.is_string_view(kind)
+
+
+def _parquet_lines(path: str, column: str | None):
+    import pyarrow.parquet as pq
+
+    from storage import filesystem_of
+
+    fs, key = filesystem_of(path)
+    handle = fs.open_input_file(key)
+    try:
+        pf = pq.ParquetFile(handle)
+        strings = [f.name for f in pf.schema_arrow if _is_text(f.type)]
+        if column is None:
+            if len(strings) != 1:
+                raise InputError(f"{path}: {len(strings)} string columns "
+                                  f"({', '.join(strings)}): name the one to translate with "
+                                  "--column")
+            column = strings[0]
+        elif column not in strings:
+            raise InputError(f"{path}: no string column {column!r} (string columns: "
+                              f"{', '.join(strings) or 'none'})")
+    except BaseException:
+        handle.close()
+        raise
+
+    def lines():
+        try:
+            for batch in pf.iter_batches(columns=[column], batch_size=8192):
+                # (a dictionary column's values decoded: to_pylist gives the strings)
+                for value in batch.column(0).to_pylist():
+                    # a null is an empty line; a line break inside a value would split it
+                    yield "" if value is None else value.replace("\n", " ")
+        finally:
+            handle.close()
+
+    return lines()
