@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+
 from convs2s.metrics.task_kinds import task_kind
 from storage import write_whole
 from workflows.ablations import BASELINE
@@ -125,7 +126,7 @@ def summary_metrics(sweep, results: dict[str, dict],
 
 
 def log_summary(sweep, result, uri: str, run_id: str | None,
-                 log_final_metrics, log_artifacts) -> None:
+                log_final_metrics, log_artifacts) -> None:
     """summary.md / summary.json in the sweep folder and as the sweep run's artifacts; the
     per-variant means and spreads as its metrics (those of this invocation's trials only)."""
     from convs2s.tracking.runs import metric_keys

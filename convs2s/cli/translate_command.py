@@ -304,7 +304,7 @@ def _translate_corpus(args, job, search) -> int:
             load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
         manifest = translate_corpus(job)
     except (CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
-            ValueError) as err:  # (CorpusError is a ValueError)
+            ValueError) as err:  # (CorpusError, InputError: ValueErrors)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
     except RayError as err:  # a translator actor failed (Ray Data gives its error wrapped)

@@ -313,7 +313,8 @@ def check_job(job: CorpusJob) -> None:
 
 def translate_corpus(job: CorpusJob) -> dict:
     """Run `job` on the Ray this process is connected to (or a local one it starts) and return
-    the manifest. Raises CorpusError for bad input, LeaseHeld when another job writes there."""
+    the manifest. Raises CorpusError for bad input (InputError for an input that does not
+    read), LeaseHeld when another job writes there."""
     check_job(job)
     out = location(job.output)
     with RunLease(out, command=f"translate --input {job.input}",

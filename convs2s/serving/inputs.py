@@ -25,7 +25,7 @@ def input_lines(path: str, column: str | None = None):
     on \\n only: per line its text, or None where it is not UTF-8 (both modes of `translate`
     translate it as an empty line and count it). The one reader of `translate`, with or without
     --actors, so that both give the same outputs. Opened here: a parquet file without the
-    column, or a .gz that is not gzip, is a CorpusError now, not at the first line (as is a .gz
+    column, or a .gz that is not gzip, is an InputError now, not at the first line (as is a .gz
     cut short, when it is read)."""
     name = location(path).name.lower()
     if name.endswith(".parquet"):
@@ -44,7 +44,7 @@ def input_lines(path: str, column: str | None = None):
 
 def _not_gzip(path: str, err: Exception) -> InputError:
     return InputError(f"input {path} is not a whole gzip file ({err or type(err).__name__}): "
-                       "give it compressed whole, or without .gz when it is plain text")
+                      "give it compressed whole, or without .gz when it is plain text")
 
 
 def _text_lines(path: str, stream, raw=None):
@@ -87,12 +87,12 @@ def _parquet_lines(path: str, column: str | None):
         if column is None:
             if len(strings) != 1:
                 raise InputError(f"{path}: {len(strings)} string columns "
-                                  f"({', '.join(strings)}): name the one to translate with "
-                                  "--column")
+                                 f"({', '.join(strings)}): name the one to translate with "
+                                 "--column")
             column = strings[0]
         elif column not in strings:
             raise InputError(f"{path}: no string column {column!r} (string columns: "
-                              f"{', '.join(strings) or 'none'})")
+                             f"{', '.join(strings) or 'none'})")
     except BaseException:
         handle.close()
         raise
