@@ -3,7 +3,7 @@
 convs2s/ is in parts (model, io, inference, train, tracking, serving, metrics) that import
 downwards only; no import cycle anywhere; the model, its convolution and the search import only
 torch and torch-free project modules; settings modules import neither torch nor Ray; library
-modules carry no command line.
+modules carry no command line; no module is over a few hundred lines.
 
     .venv/bin/python -m pytest tests/test_layout.py -q
 """
@@ -187,6 +187,21 @@ def test_library_modules_carry_no_command_line():
             if rel in entries:
                 continue
             assert 'if __name__ == "__main__"' not in path.read_text(), rel
+
+
+# A module holds one concept and reads in one sitting (docs/design.md): one past this is split
+# by concept, not by layer. The model, in the paper's order, stays within the model file's own.
+MAX_MODULE_LINES = 700
+MAX_MODEL_LINES = 500
+
+
+def test_every_module_is_a_few_hundred_lines():
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines())
+             for package in ("convs2s", "preprocessing", "workflows", "storage")
+             for p in _modules(package)}
+    over = {p: n for p, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines (split by concept): {over}"
+    assert sizes["convs2s/model/network.py"] <= MAX_MODEL_LINES
 
 
 def test_the_command_line_dispatches_and_loads_each_command_lazily():
