@@ -2,10 +2,11 @@
 on the demo corpus from the real preprocessing pipeline (the session `demo_batches` fixture):
 a worker killed mid-epoch (the `CrashInjection` test hook) + a rerun of the same job, on local
 disk and on a bucket, and what the local run leaves (learning, MLflow, checkpoints); 2-worker ==
-1-process parity of an update with an unreachable tracking server; bf16/nccl on a GPU.
+1-process parity of an update with an unreachable tracking server; bf16/nccl on a GPU; a
+checkpoint uploaded in Ray Train's background thread while the worker goes on.
 
-Three TorchTrainer jobs on CPU (the crashed ones run twice, about 45 s each here); all are
-marked slow.
+Three TorchTrainer jobs on CPU (the crashed ones run twice, about 45 s each here) and one bare
+one-worker run (about 20 s); all are marked slow.
 Run: .venv/bin/python -m pytest tests/test_train.py -q
 """
 
@@ -517,3 +518,54 @@ def test_a_checkpoint_waits_for_the_last_ones_background_upload(tmp_path):
     stuck = tmp_path / "failed-upload"
     stuck.mkdir()  # a failed upload leaves its folder: the wait ends at its limit
     assert 0.3 <= wait_until_gone(stuck, limit_s=0.3) < 5.0
+
+
+def _report_in_the_background(config: dict) -> dict:
+    """A Ray Train worker that hands a checkpoint folder to `RayRuntime.report(background=True)`
+    (what `Trainer.checkpoint` does for every checkpoint of a run but its first), looks at the
+    folder the moment the call returns, then waits for the upload as the Trainer's next
+    checkpoint would."""
+    import tempfile
+
+    from convs2s.train.runtime import RayRuntime
+    from convs2s.train.trainer import wait_until_gone
+
+    runtime = RayRuntime(config["run_dir"])
+    folder = Path(tempfile.mkdtemp(prefix="convs2s-ckpt-"))
+    (folder / "weights.bin").write_bytes(bytes(config["size"]))
+    handed = runtime.report({"update": 1}, folder, "checkpoint_00000001", background=True)
+    # copying `size` bytes takes the upload thread tens of ms at least: a report that had
+    # uploaded before returning would leave no folder here (it deletes it once uploaded)
+    there_on_return = (folder / "weights.bin").is_file()
+    waited = wait_until_gone(folder, limit_s=120)
+    return {"handed": handed, "there_on_return": there_on_return,
+            "gone_after": not folder.exists(), "waited_s": waited}
+
+
+@pytest.mark.slow
+def test_a_background_checkpoint_upload_runs_while_the_worker_goes_on(ray_session, tmp_path):
+    """Under Ray Train a checkpoint handed with background=True is uploaded by Ray Train's own
+    thread: `report` returns with the folder still there (a synchronous upload returns after
+    it), the thread deletes the folder once the copy is in the run's storage, and that copy is
+    the run's checkpoint, whole."""
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    import test_train
+
+    ray.cloudpickle.register_pickle_by_value(test_train)  # (workers import no test module)
+    size = 256 * 2**20
+    try:
+        result = TorchTrainer(
+            _report_in_the_background,
+            train_loop_config={"run_dir": str(tmp_path / "runs" / "bg"), "size": size},
+            scaling_config=ScalingConfig(num_workers=1),
+            run_config=RunConfig(name="bg", storage_path=str(tmp_path / "runs"))).fit()
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(test_train)
+    got = result.return_value
+    assert got["handed"] and got["there_on_return"] and got["gone_after"], got
+    kept = Path(result.checkpoint.path)
+    assert kept.name == "checkpoint_00000001" and kept.parent == tmp_path / "runs" / "bg"
+    assert (kept / "weights.bin").stat().st_size == size
