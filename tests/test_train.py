@@ -555,7 +555,7 @@ def test_a_background_checkpoint_upload_runs_while_the_worker_goes_on(ray_sessio
     import test_train
 
     ray.cloudpickle.register_pickle_by_value(test_train)  # (workers import no test module)
-    size = 256 * 2**20
+    size = 64 * 2**20
     try:
         result = TorchTrainer(
             _report_in_the_background,
