@@ -1092,7 +1092,8 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         silent.bind(("0.0.0.0", port))
         silent.listen(16)
-    env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "2"}
+    env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "2",
+           "CONVS2S_RAY_SILENT_S": "2"}
     try:
         proc = subprocess.run([sys.executable, str(REPO / "workflows" / "wmt14_en_fr.py"),
                                "--preset", "smoke", "--storage-path", str(tmp_path / "runs"),
@@ -1116,7 +1117,7 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
         assert f"RAY_ADDRESS=127.0.0.1:{port}: nothing answers at" in said
     elif kind == "silent port":
         assert f"RAY_ADDRESS=127.0.0.1:{port}: " in said and \
-            f":{port} takes connections but says nothing" in said
+            f":{port} takes connections but says nothing (for 2 s;" in said  # (its setting)
     else:
         assert f"RAY_ADDRESS=127.0.0.1:{port}: " in said and \
             f":{port} answers HTTP/1, as a web server does, not as Ray" in said

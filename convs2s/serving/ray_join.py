@@ -7,8 +7,8 @@ Ray's traceback (which quotes the address whole) or minutes of Ray's own connect
 - a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
   default: a head still starting gets that long);
 - a host:port that answers HTTP/1, a web server's (the dashboard's port without `http://`),
-  or says nothing for SILENT_S seconds: Ray's GCS and its client server speak gRPC and answer
-  at once, and Ray would retry such a port for minutes;
+  or says nothing for CONVS2S_RAY_SILENT_S seconds (10 by default): Ray's GCS and its client
+  server speak gRPC and answer at once, and Ray would retry such a port for minutes;
 - an address Ray itself refuses.
 
     join(os.environ["RAY_ADDRESS"], submit="python -m convs2s translate ...", log_to_driver=False)
@@ -140,7 +140,7 @@ def _unreachable(address: str, wait_s: float) -> str | None:
                             "job submit`)")
                 if said is None:
                     return (f"{host}:{port} takes connections but says nothing (for "
-                            f"{SILENT_S:g} s; Ray's GCS and client server answer at once): "
+                            f"{silent_s():g} s; Ray's GCS and client server answer at once): "
                             "correct the address")
                 return None
         except OSError as err:
@@ -159,13 +159,19 @@ def _unreachable(address: str, wait_s: float) -> str | None:
 SILENT_S = 10.0
 
 
+def silent_s() -> float:
+    """How long the server at RAY_ADDRESS may say nothing (CONVS2S_RAY_SILENT_S, default
+    SILENT_S; read when a command joins)."""
+    return float(os.environ.get("CONVS2S_RAY_SILENT_S", SILENT_S))
+
+
 def _first_answer(conn: socket.socket) -> bytes | None:
     """The first 5 bytes the server on `conn` sends after an HTTP/1.0 request (`b"HTTP/"`: a
     web server, the Ray dashboard's port given without `http://`; a gRPC server answers with
     HTTP/2 frames); b"" when it closes the connection or resets it, None when it says nothing
-    for SILENT_S seconds."""
+    for `silent_s()` seconds."""
     try:
-        conn.settimeout(SILENT_S)
+        conn.settimeout(silent_s())
         conn.sendall(b"GET / HTTP/1.0\r\nHost: ray-address-check\r\n\r\n")
         said = b""
         while len(said) < 5 and (more := conn.recv(5 - len(said))):
