@@ -553,17 +553,22 @@ def test_a_background_checkpoint_upload_runs_while_the_worker_goes_on(ray_sessio
     from ray.train.torch import TorchTrainer
 
     import test_train
+    from convs2s.console import callers_signal_handlers
 
     ray.cloudpickle.register_pickle_by_value(test_train)  # (workers import no test module)
-    size = 64 * 2**20
+    size, ctrl_c = 64 * 2**20, signal.getsignal(signal.SIGINT)
+    # (Ray Train's fit leaves its own Ctrl-C handler installed: the suite's next tests, which
+    # press Ctrl-C or send SIGTERM, get theirs back, as `launch.fit` gives its caller)
     try:
-        result = TorchTrainer(
-            _report_in_the_background,
-            train_loop_config={"run_dir": str(tmp_path / "runs" / "bg"), "size": size},
-            scaling_config=ScalingConfig(num_workers=1),
-            run_config=RunConfig(name="bg", storage_path=str(tmp_path / "runs"))).fit()
+        with callers_signal_handlers():
+            result = TorchTrainer(
+                _report_in_the_background,
+                train_loop_config={"run_dir": str(tmp_path / "runs" / "bg"), "size": size},
+                scaling_config=ScalingConfig(num_workers=1),
+                run_config=RunConfig(name="bg", storage_path=str(tmp_path / "runs"))).fit()
     finally:
         ray.cloudpickle.unregister_pickle_by_value(test_train)
+    assert signal.getsignal(signal.SIGINT) is ctrl_c
     got = result.return_value
     assert got["handed"] and got["there_on_return"] and got["gone_after"], got
     kept = Path(result.checkpoint.path)
