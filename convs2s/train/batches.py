@@ -18,7 +18,7 @@ from convs2s.train.data import TrainFiles, read_file
 
 
 def train_batches(rows, max_positions: int):
-    """Collated batches of this rank's rows (`train_data.read_rows`)."""
+    """Collated batches of this rank's rows (`convs2s.train.data.read_rows`)."""
     for table in rows:
         batch = collate_arrow(table)
         longest = max(batch.src_tokens.shape[1], batch.target.shape[1])
