@@ -67,7 +67,8 @@ def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> 
     mm = sum(products.values())
     rows = sorted(ops, key=lambda e: -getattr(e, key))[:20]
     counts = _launch_and_sync_counts(prof.events(), n) if cuda else {}
-    out = {**counts, "ops": [{"op": e.key, "calls": e.count / n,
+    copies = copies_by_caller(prof.events(), n, cuda)
+    out = {**counts, **copies, "ops": [{"op": e.key, "calls": e.count / n,
                               "self_ms_per_step": getattr(e, key) / 1e3 / n,
                               "share": round(getattr(e, key) / total, 4)} for e in rows],
            "busy_ms_per_step": total / 1e3 / n,  # GPU-busy (CUDA) or operator CPU time
@@ -87,6 +88,52 @@ def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> 
                                                 key=lambda g: -getattr(g, key))[:SHAPE_ROWS]]
                            for op in top}
     return out
+
+
+# A copy or cast is one operator, aten::copy_, whatever asked for it: autocast's cast of a weight,
+# the backward's cast of its gradient back to float32, the copy a reshape of a strided tensor
+# makes. These operators only pass the copy on; the first ancestor that is not one of them asked.
+# So does the autograd Function torch.library wraps a custom operator's forward in
+# ("GeneratedBackwardFor_<op>", under the operator itself; its backward's name ends in
+# "Backward").
+_COPY_WRAPPERS = ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone",
+                  "aten::contiguous")
+
+
+def _passes_copy_on(name: str) -> bool:
+    return name in _COPY_WRAPPERS or (name.startswith("GeneratedBackwardFor_")
+                                      and not name.endswith("Backward"))
+
+
+FROM_PYTHON = "(the step's Python code)"  # a copy whose first caller is no operator
+COPY_ROWS = 12
+
+
+def copies_by_caller(events, n: int, cuda: bool) -> dict:
+    """Per step, from the profile's events (`prof.events()`): how many copies the step makes
+    (`aten::copy_` calls) and, for the COPY_ROWS callers that cost the most, the calls and the
+    copies' own time (GPU time of their kernels on CUDA, operator CPU time otherwise). A
+    caller is the nearest enclosing operator or autograd function that is not just passing the
+    copy on (`_passes_copy_on`): aten::linear for autocast's weight casts, ToCopyBackward0 for a
+    gradient cast back, aten::reshape for a reshape's copy, convs2s::output_loss for the fused
+    loss's own casts; a copy that the model's Python code asks for itself (`x.float()`) has
+    FROM_PYTHON, as the profile records no Python frames."""
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    calls, time_us = {}, {}
+    for e in events:
+        if e.name != "aten::copy_" or getattr(e, "is_user_annotation", False):
+            continue
+        p = e.cpu_parent
+        while p is not None and _passes_copy_on(p.name):
+            p = p.cpu_parent
+        caller = FROM_PYTHON if p is None or p.name == STEP_RANGE else p.name
+        calls[caller] = calls.get(caller, 0) + 1
+        time_us[caller] = time_us.get(caller, 0.0) + getattr(e, key)
+    rows = sorted(calls, key=lambda c: (-time_us[c], -calls[c], c))[:COPY_ROWS]
+    return {"copies_per_step": sum(calls.values()) / n,
+            "copies_by_caller": [{"caller": c, "calls": calls[c] / n,
+                                  "ms_per_step": round(time_us[c] / 1e3 / n, 3)}
+                                 for c in rows]}
 
 
 # Host waits for the GPU: the runtime's and the driver's synchronizes, and a blocking copy.

@@ -436,6 +436,11 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{p['host_syncs_per_step']:g} host syncs a step")
         for row in p["ops"][:12]:
             print(f"  {row['share']:6.1%}  {row['self_ms_per_step']:9.1f} ms/step  {row['op']}")
+        print(f"{p['copies_per_step']:,.0f} copies and casts a step (aten::copy_); the most "
+              "costly by caller:")
+        for row in p["copies_by_caller"][:6]:
+            print(f"  {row['calls']:7,.0f} calls  {row['ms_per_step']:9.1f} ms/step  "
+                  f"{row['caller']}")
     print(f"result: {path}")
     return out
 

@@ -187,6 +187,41 @@ def test_a_convolutions_time_counts_as_product_time():
     assert "convs2s.profiled_step" not in ms  # the steps' own range is no operator
 
 
+def test_copies_are_counted_by_the_operator_or_code_that_asked_for_them():
+    """Every copy or cast is one operator, aten::copy_; the profile says who asked: autocast's
+    casts of the input, weight and bias under aten::linear, their gradients cast back to
+    float32 under ToCopyBackward0 (and y.float()'s), the copy of a reshaped transpose under
+    aten::reshape, a cast the step's own Python code makes (no operator above it), and the
+    fused loss's own casts under its custom operator (not the autograd Function torch.library
+    wraps its forward in)."""
+    from benchmarks.step_profile import FROM_PYTHON, operator_profile
+    from convs2s.model.loss import output_layer_loss
+
+    lin = torch.nn.Linear(64, 64)
+    out = torch.nn.Linear(64, 100)
+    x = torch.randn(32, 64)
+    target = torch.randint(4, 100, (32,))
+
+    def step(i):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+            loss, _ = output_layer_loss(y, out.weight, out.bias, target, 0.1,
+                                        target_rows=torch.arange(32))
+        z = y.float()
+        (z.t().reshape(-1).sum() + loss).backward()
+
+    step(0)
+    prof = operator_profile(step, 2, 1.0)
+    calls = {row["caller"]: row["calls"] for row in prof["copies_by_caller"]}
+    assert calls["aten::linear"] == 3 and calls["ToCopyBackward0"] == 3
+    assert calls["aten::reshape"] == 1 and calls[FROM_PYTHON] == 1
+    assert calls["convs2s::output_loss"] >= 3  # h, W and b to bf16, the logits to float32
+    assert not any(c.startswith("GeneratedBackwardFor_") and not c.endswith("Backward")
+                   for c in calls)
+    assert prof["copies_per_step"] == sum(calls.values())
+    assert all(row["ms_per_step"] >= 0 for row in prof["copies_by_caller"])
+
+
 def _gpu_profile(n_steps: int, sync_in_step: int) -> list:
     """The events a CUDA profile of n steps records (torch's own FunctionEvent), as the
     profiler's parse of a GPU run gives them: each step a range around two runtime launches and
