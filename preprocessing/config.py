@@ -71,8 +71,9 @@ class PreprocessConfig:
     root: str = "data/preprocessed"
     block_rows: int = 50_000  # rows per block read from a source = rows per clean part
     encode_tasks: int = 0  # encoder tasks at a time; 0 = as many as Ray's CPUs
-    # How dedupe buckets / batching windows gather rows from the whole split (exchange.py):
-    # "files" (spill files, bounded memory) or "ray" (Ray Data's groupby shuffle). Same output.
+    # How dedupe buckets, batching windows and the lexical table's pair counts gather rows from
+    # the whole split (exchange.py): "files" (spill files, bounded memory) or "ray" (Ray Data's
+    # groupby shuffle). Same output.
     exchange: str = "files"
 
     def __post_init__(self) -> None:

@@ -37,14 +37,16 @@ from storage import filesystem_of, is_uri, location
 SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression=None)
 
 
-def write_spill(table: pa.Table, key: str, n_keys: int, path: str) -> None:
+def write_spill(table: pa.Table, key: str, n_keys: int, path: str,
+                columns: list[str] | None = None) -> None:
     """Write `table` to `path` as n_keys record batches: batch k = its rows whose int column
-    `key` is k (in table order), possibly empty. Atomic (a retried task rewrites it whole)."""
+    `key` is k (in table order), possibly empty; with `columns`, only those columns. Atomic (a
+    retried task rewrites it whole)."""
     keys = table[key].to_numpy()
     if len(keys) and (keys.min() < 0 or keys.max() >= n_keys):
         raise ValueError(f"{key} outside 0..{n_keys - 1}")
     order = np.argsort(keys, kind="stable")
-    table = table.take(order).combine_chunks()
+    table = (table.select(columns) if columns else table).take(order).combine_chunks()
     bounds = np.searchsorted(keys[order], np.arange(n_keys + 1))
     empty = pa.record_batch([pa.array([], f.type) for f in table.schema], schema=table.schema)
     try:
@@ -87,11 +89,12 @@ def spill_files(spill_dir: str | Path) -> list[str]:
     return sorted(str(p) for p in location(spill_dir).glob("*.arrow"))
 
 
-def _scatter(table: pa.Table, *, key: str, n_keys: int, spill_dir: str) -> pa.Table:
+def _scatter(table: pa.Table, *, key: str, n_keys: int, spill_dir: str,
+             columns: list[str] | None = None) -> pa.Table:
     """Ray Data function: one block -> `<spill_dir>/<its first id>.arrow`; one row {rows_in}."""
     if table.num_rows:
         first = int(table["id"].to_numpy().min())
-        write_spill(table, key, n_keys, f"{spill_dir.rstrip('/')}/{first:012d}.arrow")
+        write_spill(table, key, n_keys, f"{spill_dir.rstrip('/')}/{first:012d}.arrow", columns)
     return pa.table({"rows_in": pa.array([table.num_rows], pa.int64())})
 
 
@@ -105,9 +108,11 @@ def _gather(keys: pa.Table, *, spill_paths: list[str], fn: Callable,
 
 
 def group_by(ds, *, key: str, n_keys: int, fn: Callable, fn_kwargs: dict, how: str,
-             spill_dir: Path, label: str):
+             spill_dir: Path, label: str, columns: list[str] | None = None):
     """(outputs, rows scattered): `fn(rows of key k, **fn_kwargs)` for every key k in
     0..n_keys-1 that has rows, as a lazy Ray dataset. `ds` holds an int `id` and int `key`.
+    `columns`: the columns `fn` needs, when it needs fewer than `ds` has ("files" spills only
+    those; `id` and `key` may be left out).
 
     "files" runs the scatter half here (the gather half needs every file) and returns how many
     rows the spill files hold (None for "ray"); the returned dataset reads them.
@@ -122,7 +127,8 @@ def group_by(ds, *, key: str, n_keys: int, fn: Callable, fn_kwargs: dict, how: s
     spill_dir.mkdir(parents=True, exist_ok=True)
     scattered = collect_stats(ds.map_batches(
         _scatter, batch_size=None, batch_format="pyarrow",
-        fn_kwargs={"key": key, "n_keys": n_keys, "spill_dir": str(spill_dir)}),
+        fn_kwargs={"key": key, "n_keys": n_keys, "spill_dir": str(spill_dir),
+                   "columns": columns}),
         f"{label} (scatter)")
     keys = ray.data.from_items([{key: k} for k in range(n_keys)], override_num_blocks=n_keys)
     gathered = keys.map_batches(_gather, batch_size=1, batch_format="pyarrow", fn_kwargs={

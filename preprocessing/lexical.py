@@ -7,11 +7,19 @@ frequent target tokens plus, for each source token of the batch, its candidates 
 rows of fc3 instead of the whole vocabulary.
 
 Counted on Ray Data from the encoded training split (one sentence pair counts each token and
-each (source, target) token pair once):
+each (source, target) token pair once), in two passes:
 
-    rows = read_stage(encoded/train).map_batches(cooccurrence_block)   # per-block counts
-    counts = rows.groupby(["src", "tgt"]).sum("n")                    # exact totals
-    table = counts.groupby("src").map_groups(best_targets)            # top k per source token
+    encoded = read_stage(encoded/train)
+    c_s, c_t = sum of encoded.map_batches(token_counts)         # V-sized, summed by the driver
+    pairs = encoded.map_batches(pair_counts)                    # per-block (s, t, n), bucket s % K
+    table = group_by(pairs, "bucket", best_targets_of, ...)     # per bucket: exact totals, top k
+
+The pair rows are the bulk: about 400-700 a sentence pair (distinct within a block of a few
+thousand sentences; measured on newstest En-Fr, docs/benchmarks.md), so about 10^9 at the WMT
+tasks' 2,000,000 pairs counted. They go through the pipeline's exchange (`preprocessing.exchange`,
+`PreprocessConfig.exchange`): by default spill files on disk, a task per bucket of source tokens
+summing its rows and ranking its tokens' targets, so no task holds more than one block or one
+bucket. (Until 2026-12-06 they went through two Ray Data hash shuffles, the object store's.)
 
 A candidate's score is the Dice coefficient 2 c(s, t) / (c(s) + c(t)) over sentence counts,
 which ranks a token's translations above tokens that are merely frequent everywhere (those the
@@ -28,11 +36,21 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from storage import location, written_locally
+from storage import location, remove_tree, written_locally
 
 TABLE_FILE = "shortlist.npz"
 N_SPECIAL = 4  # BOS, PAD, EOS, UNK: always in a shortlist, never a candidate
 COUNT_SCHEMA = pa.schema([("src", pa.int32()), ("tgt", pa.int32()), ("n", pa.int64())])
+# A block's pair counts as they go through the exchange: 12 bytes a row (a block's count fits
+# 32 bits), `id` and `bucket` left behind. `id` names the spill file of the rows a scatter task
+# gets, by the smallest it holds, so it must differ from row to row: Ray Data cuts a map's
+# output into blocks of at most `target_max_block_size` (a block's pairs are hundreds of MB),
+# and pieces of one block named alike overwrote one another (rows lost). Row i of the block
+# whose first id is f: f * 2**32 + i.
+PAIR_SCHEMA = pa.schema([("id", pa.int64()), ("bucket", pa.int32()), ("src", pa.int32()),
+                         ("tgt", pa.int32()), ("n", pa.int32())])
+PAIR_ROWS_PER_SENTENCE = 600  # a sentence pair's rows, about (docs/benchmarks.md)
+ROWS_PER_BUCKET = 10_000_000  # what a bucket's task sums and ranks: ~120 MB in, ~0.5 GB at work
 
 
 def vocab_digest(spm_model: str | Path) -> str:
@@ -40,54 +58,109 @@ def vocab_digest(spm_model: str | Path) -> str:
     return hashlib.sha256(location(spm_model).read_bytes()).hexdigest()
 
 
+def _sentence_tokens(batch: pa.Table, stride: int) -> tuple[list, list]:
+    """The distinct non-special source and target ids of each counted pair of a block of
+    encoded rows (id, src, tgt): only rows with id % stride == 0 (a deterministic sample)."""
+    ids = batch.column("id").to_numpy()
+    keep = np.flatnonzero(ids % stride == 0) if stride > 1 else np.arange(len(ids))
+    srcs, tgts = batch.column("src").to_pylist(), batch.column("tgt").to_pylist()
+    src_ids, tgt_ids = [], []
+    for i in keep.tolist():
+        s = np.unique(np.asarray(srcs[i], dtype=np.int64))
+        t = np.unique(np.asarray(tgts[i], dtype=np.int64))
+        src_ids.append(s[s >= N_SPECIAL])
+        tgt_ids.append(t[t >= N_SPECIAL])
+    return src_ids, tgt_ids
+
+
+def _counted(keys: list) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, how many of the per-sentence arrays hold each)."""
+    if not keys:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.unique(np.concatenate(keys), return_counts=True)
+
+
+def _pair_keys(src_ids: list, tgt_ids: list) -> list:
+    return [(s[:, None] << 32 | t[None, :]).ravel() for s, t in zip(src_ids, tgt_ids)]
+
+
+def _singles(src_ids: list, tgt_ids: list) -> tuple:
+    """(s, t, n) columns of the token rows: (s, -1, n), (-1, t, n) and (-1, -1, pairs)."""
+    s, ns = _counted(src_ids)
+    t, nt = _counted(tgt_ids)
+    return (np.concatenate([s, np.full_like(t, -1), [-1]]),
+            np.concatenate([np.full_like(s, -1), t, [-1]]),
+            np.concatenate([ns, nt, [len(src_ids)]]))
+
+
+def _count_table(s, t, n) -> pa.Table:
+    return pa.table({"src": np.asarray(s).astype(np.int32), "tgt": np.asarray(t).astype(np.int32),
+                     "n": np.asarray(n).astype(np.int64)}, schema=COUNT_SCHEMA)
+
+
 def cooccurrence_block(batch: pa.Table, stride: int = 1) -> pa.Table:
     """Sentence counts of one block of encoded rows (id, src, tgt), as (src, tgt, n) rows:
     (s, t, n) for token pairs, (s, -1, n) for source tokens, (-1, t, n) for target tokens and
     (-1, -1, n) for the pairs counted. Only rows with id % stride == 0 are counted (a
-    deterministic sample)."""
-    ids = batch.column("id").to_numpy()
-    keep = np.flatnonzero(ids % stride == 0) if stride > 1 else np.arange(len(ids))
-    srcs, tgts = batch.column("src").to_pylist(), batch.column("tgt").to_pylist()
-    pairs, src_ids, tgt_ids = [], [], []
-    for i in keep.tolist():
-        s = np.unique(np.asarray(srcs[i], dtype=np.int64))
-        t = np.unique(np.asarray(tgts[i], dtype=np.int64))
-        s, t = s[s >= N_SPECIAL], t[t >= N_SPECIAL]
-        src_ids.append(s)
-        tgt_ids.append(t)
-        pairs.append((s[:, None] << 32 | t[None, :]).ravel())
-    cols = []
-    for keys, make in ((pairs, lambda k: (k >> 32, k & 0xFFFFFFFF)),
-                       (src_ids, lambda k: (k, np.full_like(k, -1))),
-                       (tgt_ids, lambda k: (np.full_like(k, -1), k))):
-        if not keys:
-            continue
-        uniq, n = np.unique(np.concatenate(keys), return_counts=True)
-        s, t = make(uniq)
-        cols.append((s, t, n))
-    cols.append((np.array([-1]), np.array([-1]), np.array([len(keep)])))
-    s, t, n = (np.concatenate(c) for c in zip(*cols))
-    return pa.table({"src": s.astype(np.int32), "tgt": t.astype(np.int32),
-                     "n": n.astype(np.int64)}, schema=COUNT_SCHEMA)
+    deterministic sample). The stage counts the same in two parts, `token_counts` and
+    `pair_counts`; this is both at once (`table_in_memory`)."""
+    src_ids, tgt_ids = _sentence_tokens(batch, stride)
+    keys, n = _counted(_pair_keys(src_ids, tgt_ids))
+    s1, t1, n1 = _singles(src_ids, tgt_ids)
+    return _count_table(np.concatenate([keys >> 32, s1]),
+                        np.concatenate([keys & 0xFFFFFFFF, t1]), np.concatenate([n, n1]))
 
 
-def best_targets(group: pa.Table, k: int, target_counts: np.ndarray,
-                 source_counts: np.ndarray) -> pa.Table:
-    """One source token's (s, t, c(s, t)) rows -> its k best targets by Dice, best first."""
-    s = int(group.column("src")[0].as_py())
-    t = group.column("tgt").to_numpy()
-    c = group.column("sum(n)").to_numpy().astype(np.float64)
+def token_counts(batch: pa.Table, stride: int = 1) -> pa.Table:
+    """The token rows of `cooccurrence_block` only: at most 2 V + 1 rows a block."""
+    return _count_table(*_singles(*_sentence_tokens(batch, stride)))
+
+
+def pair_counts(batch: pa.Table, stride: int, n_buckets: int) -> pa.Table:
+    """The pair rows of `cooccurrence_block`, with an id of their own (from the block's first
+    id) and each row's bucket (its source id modulo n_buckets) for the exchange
+    (PAIR_SCHEMA)."""
+    keys, n = _counted(_pair_keys(*_sentence_tokens(batch, stride)))
+    s = keys >> 32
+    first = int(batch.column("id").to_numpy().min()) if batch.num_rows else 0
+    if first >= 2**31:
+        raise ValueError(f"row id {first} past 2**31: the pair rows' ids would overflow")
+    return pa.table({"id": (first << 32) + np.arange(len(keys), dtype=np.int64),
+                     "bucket": (s % n_buckets).astype(np.int32), "src": s.astype(np.int32),
+                     "tgt": (keys & 0xFFFFFFFF).astype(np.int32), "n": n.astype(np.int32)},
+                    schema=PAIR_SCHEMA)
+
+
+def best_targets_of(group: pa.Table, k: int, target_counts: np.ndarray,
+                    source_counts: np.ndarray) -> pa.Table:
+    """A bucket's pair rows (src, tgt, n: per-block counts, any order, a pair in several
+    rows) -> each of its source tokens' k best targets by Dice over the summed counts, best
+    first, ties by the smaller id: rows (src, targets)."""
+    if not group.num_rows:
+        return pa.table({"src": pa.array([], pa.int32()),
+                         "targets": pa.array([], pa.list_(pa.int32()))})
+    s = group.column("src").to_numpy().astype(np.int64)
+    key = s << 32 | group.column("tgt").to_numpy().astype(np.int64)
+    uniq, where = np.unique(key, return_inverse=True)
+    c = np.bincount(where, weights=group.column("n").to_numpy().astype(np.float64))  # exact
+    s, t = uniq >> 32, uniq & 0xFFFFFFFF
     dice = 2.0 * c / (source_counts[s] + target_counts[t])
-    best = np.lexsort((t, -dice))[:k]  # ties: the smaller id first (deterministic)
-    return pa.table({"src": pa.array([s], pa.int32()),
-                     "targets": pa.array([t[best].astype(np.int32).tolist()],
-                                         pa.list_(pa.int32()))})
+    order = np.lexsort((t, -dice, s))  # by source token, then Dice down, then the target id
+    s, t = s[order], t[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    rank = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
+    best = rank < k
+    offsets = np.r_[0, np.cumsum(np.minimum(np.diff(np.r_[starts, len(s)]), k))]
+    return pa.table({"src": pa.array(s[starts].astype(np.int32), pa.int32()),  # one row each
+                     "targets": pa.ListArray.from_arrays(
+                         pa.array(offsets.astype(np.int32), pa.int32()),
+                         pa.array(t[best].astype(np.int32), pa.int32()))})
 
 
 def table_in_memory(src: list[list[int]], tgt: list[list[int]], vocab_size: int, k: int
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(table, target_order) of a small corpus counted in this process: the stage's own
-    functions without Ray (benchmarks, tests)."""
+    functions without Ray (benchmarks, tests), all source tokens in one bucket."""
     counts = cooccurrence_block(pa.table({"id": list(range(len(src))), "src": src,
                                           "tgt": tgt}))
     s, t, n = (counts.column(c).to_numpy() for c in ("src", "tgt", "n"))
@@ -96,12 +169,10 @@ def table_in_memory(src: list[list[int]], tgt: list[list[int]], vocab_size: int,
     src_counts[s[(t == -1) & (s >= 0)]] = n[(t == -1) & (s >= 0)]
     table = np.full((vocab_size, k), -1, dtype=np.int32)
     pairs = (s >= 0) & (t >= 0)
-    by_src = np.argsort(s[pairs], kind="stable")
-    g = pa.table({"src": s[pairs][by_src], "tgt": t[pairs][by_src], "sum(n)": n[pairs][by_src]})
-    ids, starts = np.unique(g.column("src").to_numpy(), return_index=True)
-    for src_id, a, b in zip(ids.tolist(), starts.tolist(), [*starts[1:].tolist(), len(g)]):
-        row = best_targets(g.slice(a, b - a), k, tgt_counts, src_counts)
-        targets = row.column("targets")[0].as_py()
+    best = best_targets_of(pa.table({"src": s[pairs], "tgt": t[pairs], "n": n[pairs]}), k,
+                           tgt_counts, src_counts)
+    for src_id, targets in zip(best.column("src").to_pylist(),
+                               best.column("targets").to_pylist()):
         table[src_id, :len(targets)] = targets
     order = np.lexsort((np.arange(vocab_size), -tgt_counts))
     order = np.concatenate([np.arange(N_SPECIAL), order[order >= N_SPECIAL]]).astype(np.int32)
@@ -109,35 +180,43 @@ def table_in_memory(src: list[list[int]], tgt: list[list[int]], vocab_size: int,
 
 
 def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: int, k: int,
-                sample_pairs: int, rows: int, out_dir: Path) -> dict:
+                sample_pairs: int, rows: int, out_dir: Path, exchange: str = "files") -> dict:
     """Count the encoded training split (`rows` pairs, at most `sample_pairs` of them counted)
-    on Ray Data and write `out_dir/shortlist.npz`; returns the manifest fields."""
-    from ray.data.expressions import col
-
+    on Ray Data and write `out_dir/shortlist.npz`; returns the manifest fields. The pair rows
+    go through `exchange` ("files": spill files in `out_dir/.pairs`, removed after; "ray":
+    Ray Data's groupby)."""
+    from preprocessing.exchange import group_by
     from preprocessing.parts import read_stage
     from preprocessing.stages import execution_settings
 
     stride = max(1, -(-rows // sample_pairs))  # every stride-th pair: at most sample_pairs
-    ds = read_stage(encoded_train, ["id", "src", "tgt"]).map_batches(
-        cooccurrence_block, batch_size=None, batch_format="pyarrow",
-        fn_kwargs={"stride": stride})
-    counts = execution_settings(ds.groupby(["src", "tgt"]).sum("n")).materialize()
+    counted_rows = -(-rows // stride)
+    encoded = read_stage(encoded_train, ["id", "src", "tgt"])
+    # 1. each token's sentence count and the pairs counted (V-sized: summed here)
     src_counts, tgt_counts, counted = np.zeros(vocab_size), np.zeros(vocab_size), 0
-    singles = counts.filter(expr=(col("src") == -1) | (col("tgt") == -1))
-    for b in singles.iter_batches(batch_size=None, batch_format="pyarrow"):
+    singles = encoded.map_batches(token_counts, batch_size=None, batch_format="pyarrow",
+                                  fn_kwargs={"stride": stride})
+    for b in execution_settings(singles).iter_batches(batch_size=None, batch_format="pyarrow"):
         s, t = b.column("src").to_numpy(), b.column("tgt").to_numpy()
-        n = b.column("sum(n)").to_numpy()
-        tgt_counts[t[(s == -1) & (t >= 0)]] = n[(s == -1) & (t >= 0)]
-        src_counts[s[(t == -1) & (s >= 0)]] = n[(t == -1) & (s >= 0)]
+        n = b.column("n").to_numpy()
+        np.add.at(tgt_counts, t[(s == -1) & (t >= 0)], n[(s == -1) & (t >= 0)])
+        np.add.at(src_counts, s[(t == -1) & (s >= 0)], n[(t == -1) & (s >= 0)])
         counted += int(n[(s == -1) & (t == -1)].sum())
-    pairs = counts.filter(expr=(col("src") >= 0) & (col("tgt") >= 0))
-    best = pairs.groupby("src").map_groups(
-        best_targets, batch_format="pyarrow",
-        fn_kwargs={"k": k, "target_counts": tgt_counts, "source_counts": src_counts})
+    # 2. the pairs, by bucket of source tokens: each bucket's totals and its tokens' k best
+    n_buckets = min(1024, max(1, -(-counted_rows * PAIR_ROWS_PER_SENTENCE // ROWS_PER_BUCKET)))
+    pairs = encoded.map_batches(pair_counts, batch_size=None, batch_format="pyarrow",
+                                fn_kwargs={"stride": stride, "n_buckets": n_buckets})
+    spill = location(out_dir) / ".pairs"
+    best, pair_rows = group_by(pairs, key="bucket", n_keys=n_buckets, fn=best_targets_of,
+                               fn_kwargs={"k": k, "target_counts": tgt_counts,
+                                          "source_counts": src_counts},
+                               how=exchange, spill_dir=spill, label="shortlist (pairs)",
+                               columns=["src", "tgt", "n"])
     table = np.full((vocab_size, k), -1, dtype=np.int32)  # -1: no more candidates
     for b in execution_settings(best).iter_batches(batch_size=None, batch_format="pyarrow"):
         for s, targets in zip(b.column("src").to_pylist(), b.column("targets").to_pylist()):
             table[s, :len(targets)] = targets
+    remove_tree(spill)
     # Targets by sentence count, most frequent first (ties by id); specials first of all.
     order = np.lexsort((np.arange(vocab_size), -tgt_counts))
     order = np.concatenate([np.arange(N_SPECIAL), order[order >= N_SPECIAL]]).astype(np.int32)
@@ -145,4 +224,6 @@ def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: in
             "pairs_counted": counted, "stride": stride}
     with written_locally(out_dir / TABLE_FILE) as path:
         np.savez(path, table=table, target_order=order, meta=np.array(json.dumps(meta)))
-    return {**meta, "sources_with_candidates": int((table[:, 0] >= 0).sum())}
+    return {**meta, "sources_with_candidates": int((table[:, 0] >= 0).sum()),
+            "pair_buckets": n_buckets,
+            **({"pair_rows": pair_rows} if pair_rows is not None else {})}

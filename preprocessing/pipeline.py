@@ -378,7 +378,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
             lambda tmp: {"table": str(task_dir / short_dir / TABLE_FILE), **build_table(
                 task_dir / "encoded" / "train", vocab_m["vocab_path"], vocab_m["vocab_size"],
                 cfg.shortlist_per_source, cfg.shortlist_sample_pairs,
-                m["encoded/train"]["rows_kept"], tmp)}, folder=short_dir)
+                m["encoded/train"]["rows_kept"], tmp, cfg.exchange)}, folder=short_dir)
     if cfg.eval_splits:
         text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
         text_cfg["text_version"] = TEXT_VERSION

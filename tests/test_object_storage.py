@@ -349,6 +349,42 @@ def test_a_spill_file_that_fails_while_written_to_a_bucket_leaves_no_object(s3, 
     assert read_spill([path], 2)["id"].to_pylist() == [4, 9]
 
 
+@pytest.mark.slow
+def test_the_lexical_table_counted_in_a_bucket_is_the_local_table_and_leaves_no_spill(
+        s3, ray_session, tmp_path):
+    # The shortlist stage's pair rows go through spill files in the stage's folder: in a
+    # bucket when the data root is one. They are gone after, and the table is the local one.
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from preprocessing.lexical import TABLE_FILE, build_table
+    from storage import filesystem_of
+
+    parts = [([4, 5, 2], [10, 11, 2]), ([4, 6, 2], [10, 12, 2]), ([5, 5, 2], [11, 13, 2]),
+             ([7, 2], [14, 2])]
+    local, remote = tmp_path / "encoded", f"{BUCKET}/lexical-spec/encoded"
+    local.mkdir()
+    for i in (0, 1):
+        rows = parts[2 * i:2 * i + 2]
+        table = pa.table({"id": [2 * i, 2 * i + 1], "src": [s for s, _ in rows],
+                          "tgt": [t for _, t in rows]})
+        pq.write_table(table, local / f"part-{i:06d}.parquet")
+        fs, key = filesystem_of(f"{remote}/part-{i:06d}.parquet")
+        pq.write_table(table, key, filesystem=fs)
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"pretend sentencepiece bytes")
+    (tmp_path / "out").mkdir()
+    out = location(f"{BUCKET}/lexical-spec/shortlist")
+    here = build_table(local, spm, 20, 2, 100, 4, tmp_path / "out")
+    there = build_table(remote, spm, 20, 2, 100, 4, out)
+    assert there == here and there["pair_rows"] == 10
+    assert [p.name for p in out.iterdir()] == [TABLE_FILE]  # .pairs/ removed
+    with np.load(tmp_path / "out" / TABLE_FILE) as a, np.load(io.BytesIO(
+            (out / TABLE_FILE).read_bytes())) as b:
+        assert (a["table"] == b["table"]).all() and a["table"][4].tolist() == [10, 12]
+
+
 def test_a_checkpoint_file_in_a_bucket_is_averaged_with_its_folders_text_pipeline(
         s3, tiny_checkpoints, tmp_path):
     from convs2s.io.averaging import average_checkpoints

@@ -26,7 +26,8 @@ from convs2s.metrics.scoring import read_lines
 from convs2s.inference.search import generate, greedy
 from convs2s.inference.shortlist import Shortlist, ShortlistError
 from convs2s.inference.translate import load_for_inference
-from preprocessing.lexical import TABLE_FILE, best_targets, cooccurrence_block, vocab_digest
+from preprocessing.lexical import (TABLE_FILE, best_targets_of, cooccurrence_block, pair_counts,
+                                   token_counts, vocab_digest)
 
 # Four encoded pairs (ids >= 4 are pieces; EOS ends each side).
 PAIRS = [([4, 5, EOS], [10, 11, EOS]),
@@ -57,16 +58,41 @@ def test_cooccurrence_counts_each_sentence_once_and_skips_specials():
     assert half[(-1, -1)] == 2 and half[(4, 10)] == 1 and (6, 12) not in half
 
 
-def test_best_targets_rank_by_dice():
-    # source 4: with 10 twice (c(10)=2), with 11 once (c(11)=2), with 12 once (c(12)=1)
-    group = pa.table({"src": pa.array([4, 4, 4], pa.int32()),
-                      "tgt": pa.array([11, 12, 10], pa.int32()), "sum(n)": [1, 1, 2]})
+def test_the_stage_counts_tokens_and_pairs_apart_as_the_block_counts_them_together():
+    """The stage's two passes (token rows summed by the driver, pair rows through the
+    exchange) hold exactly the rows of `cooccurrence_block`; each pair row carries an id of
+    its own, from its block's first id (the spill files are named by their rows' smallest),
+    and its source token's bucket."""
+    block = encoded(PAIRS, first_id=40)
+    together = counts_of(cooccurrence_block(block))
+    singles = counts_of(token_counts(block))
+    pairs = pair_counts(block, stride=1, n_buckets=3)
+    assert {**singles, **counts_of(pairs)} == together
+    assert all(s == -1 or t == -1 for s, t in singles)
+    assert pairs.column("id").to_pylist() == [(40 << 32) + i for i in range(pairs.num_rows)]
+    assert pairs.column("bucket").to_pylist() == [s % 3 for s in pairs.column("src").to_pylist()]
+    half = pair_counts(block, stride=2, n_buckets=1)  # ids 40 and 42: pairs 0 and 2
+    assert counts_of(half) == {k: v for k, v in counts_of(cooccurrence_block(block, stride=2))
+                               .items() if -1 not in k}
+
+
+def test_best_targets_rank_by_dice_over_the_summed_rows_of_each_source_token():
+    # source 4: with 10 twice (c(10)=2; in two rows, as two blocks count it), with 11 once
+    # (c(11)=2), with 12 once (c(12)=1); source 6, in the same bucket: 13 and 12 tie
+    group = pa.table({"src": pa.array([4, 6, 4, 4, 6, 4], pa.int32()),
+                      "tgt": pa.array([11, 13, 12, 10, 12, 10], pa.int32()),
+                      "n": pa.array([1, 1, 1, 1, 1, 1], pa.int32())})
     src_counts, tgt_counts = np.zeros(20), np.zeros(20)
-    src_counts[4] = 2
-    tgt_counts[[10, 11, 12]] = [2, 2, 1]
-    out = best_targets(group, 2, tgt_counts, src_counts)
-    # Dice: 10 -> 2*2/4 = 1.0, 12 -> 2/3, 11 -> 2/4
-    assert out.column("targets").to_pylist() == [[10, 12]]
+    src_counts[[4, 6]] = [2, 1]
+    tgt_counts[[10, 11, 12, 13]] = [2, 2, 1, 1]
+    out = best_targets_of(group, 2, tgt_counts, src_counts)
+    # Dice for 4: 10 -> 2*2/4 = 1.0, 12 -> 2/3, 11 -> 2/4 (cut at k = 2); for 6: 12 and 13
+    # both 2/2, the smaller id first
+    assert out.column("src").to_pylist() == [4, 6]
+    assert out.column("targets").to_pylist() == [[10, 12], [12, 13]]
+    assert out.column("targets").to_pylist() == best_targets_of(
+        group.take([5, 4, 3, 2, 1, 0]), 2, tgt_counts, src_counts).column("targets").to_pylist()
+    assert best_targets_of(group.slice(0, 0), 2, tgt_counts, src_counts).num_rows == 0
 
 
 def test_the_in_memory_table_is_the_stages_table():
@@ -78,7 +104,14 @@ def test_the_in_memory_table_is_the_stages_table():
 
 
 @pytest.mark.slow
-def test_the_table_stage_counts_exactly_on_ray_data(ray_session, tmp_path):
+@pytest.mark.parametrize("exchange,block_bytes", [("files", None), ("ray", None), ("files", 64)])
+def test_the_table_stage_counts_exactly_on_ray_data(ray_session, tmp_path, exchange,
+                                                    block_bytes):
+    """Exact counts either way; with `block_bytes`, Ray Data cuts each map's output into
+    blocks of a few rows (as it cuts a real block's hundreds of MB of pair rows), and no
+    piece's rows are lost (each used to overwrite the other pieces' spill file)."""
+    import ray.data
+
     from preprocessing.lexical import build_table
     from preprocessing.parts import PartSink  # noqa: F401 - the stage's own part format
     import pyarrow.parquet as pq
@@ -92,8 +125,20 @@ def test_the_table_stage_counts_exactly_on_ray_data(ray_session, tmp_path):
     spm.write_bytes(b"pretend sentencepiece bytes")
     out = tmp_path / "out"
     out.mkdir()
-    meta = build_table(folder, spm, vocab_size=20, k=2, sample_pairs=100, rows=4, out_dir=out)
+    context = ray.data.DataContext.get_current()
+    before = context.target_max_block_size
+    try:
+        if block_bytes:
+            context.target_max_block_size = block_bytes
+        meta = build_table(folder, spm, vocab_size=20, k=2, sample_pairs=100, rows=4,
+                           out_dir=out, exchange=exchange)
+    finally:
+        context.target_max_block_size = before
     assert meta["pairs_counted"] == 4 and meta["stride"] == 1 and meta["k"] == 2
+    if exchange == "files" and not block_bytes:  # every pair row of the two parts went
+        # through the spill files: (4|5|6, 10|11|12) seen in part 0; 5-11, 5-13, 7-14 in part 1
+        assert meta["pair_rows"] == 7 + 3
+    assert sorted(p.name for p in out.iterdir()) == [TABLE_FILE]  # the spill files removed
     assert meta["vocab_digest"] == vocab_digest(spm)
     with np.load(out / TABLE_FILE, allow_pickle=False) as z:
         table, order = z["table"], z["target_order"]
