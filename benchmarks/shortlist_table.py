@@ -74,7 +74,7 @@ def real_rows_per_sentence(args, workdir: Path) -> tuple[dict, list, list]:
         for a in range(0, len(src) - size + 1, size):
             block = pa.table({"id": list(range(a, a + size)), "src": src[a:a + size],
                               "tgt": tgt[a:a + size]})
-            rows += pair_counts(block, 1, 1).num_rows
+            rows += sum(t.num_rows for t in pair_counts(block, 1, 1))
             sentences += size
         out[size] = round(rows / sentences, 1)
     return out, src, tgt
@@ -111,7 +111,8 @@ def synthetic_split(args, src: list, tgt: list, folder: Path) -> float:
                          schema=ENCODED_SCHEMA)
         pq.write_table(table, folder / f"part-{part:06d}.parquet")
         if part == 0:
-            first = pair_counts(table.select(["id", "src", "tgt"]), 1, 1).num_rows / n
+            first = sum(t.num_rows for t in pair_counts(table.select(["id", "src", "tgt"]), 1,
+                                                        1)) / n
     return round(first, 1)
 
 

@@ -11,15 +11,17 @@ each (source, target) token pair once), in two passes:
 
     encoded = read_stage(encoded/train)
     c_s, c_t = sum of encoded.map_batches(token_counts)         # V-sized, summed by the driver
-    pairs = encoded.map_batches(pair_counts)                    # per-block (s, t, n), bucket s % K
+    pairs = encoded.map_batches(pair_counts)                    # (s, t, n) per run, bucket s % K
     table = group_by(pairs, "bucket", best_targets_of, ...)     # per bucket: exact totals, top k
 
-The pair rows are the bulk: about 400-700 a sentence pair (distinct within a block of a few
-thousand sentences; measured on newstest En-Fr, docs/benchmarks.md), so about 10^9 at the WMT
-tasks' 2,000,000 pairs counted. They go through the pipeline's exchange (`preprocessing.exchange`,
+The pair rows are the bulk: about 600 a sentence pair (distinct within a run of COUNT_CHUNK
+counted pairs of a block; docs/benchmarks.md), so about 1.2 x 10^9 at the WMT tasks' 2,000,000
+pairs counted. They go through the pipeline's exchange (`preprocessing.exchange`,
 `PreprocessConfig.exchange`): by default spill files on disk, a task per bucket of source tokens
-summing its rows and ranking its tokens' targets, so no task holds more than one block or one
-bucket. (Until 2026-12-06 they went through two Ray Data hash shuffles, the object store's.)
+summing its rows and ranking its tokens' targets, so no task holds more than one run or one
+bucket; the rows ranked are checked against the rows spilled. (Until 2026-12-06 they went
+through two Ray Data hash shuffles, the object store's: twice the time, three times the
+memory.)
 
 A candidate's score is the Dice coefficient 2 c(s, t) / (c(s) + c(t)) over sentence counts,
 which ranks a token's translations above tokens that are merely frequent everywhere (those the
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +52,9 @@ COUNT_SCHEMA = pa.schema([("src", pa.int32()), ("tgt", pa.int32()), ("n", pa.int
 # whose first id is f: f * 2**32 + i.
 PAIR_SCHEMA = pa.schema([("id", pa.int64()), ("bucket", pa.int32()), ("src", pa.int32()),
                          ("tgt", pa.int32()), ("n", pa.int32())])
+# Counted pairs whose pair keys are sorted together: distinct within them, a pair's rows are
+# about 610 (newstest-like text; 460 in runs of 50,000, at 2.9x the memory: ~1.7 GB a task).
+COUNT_CHUNK = 10_000
 PAIR_ROWS_PER_SENTENCE = 600  # a sentence pair's rows, about (docs/benchmarks.md)
 ROWS_PER_BUCKET = 10_000_000  # what a bucket's task sums and ranks: ~120 MB in, ~0.5 GB at work
 
@@ -116,29 +122,35 @@ def token_counts(batch: pa.Table, stride: int = 1) -> pa.Table:
     return _count_table(*_singles(*_sentence_tokens(batch, stride)))
 
 
-def pair_counts(batch: pa.Table, stride: int, n_buckets: int) -> pa.Table:
-    """The pair rows of `cooccurrence_block`, with an id of their own (from the block's first
-    id) and each row's bucket (its source id modulo n_buckets) for the exchange
-    (PAIR_SCHEMA)."""
-    keys, n = _counted(_pair_keys(*_sentence_tokens(batch, stride)))
-    s = keys >> 32
+def pair_counts(batch: pa.Table, stride: int, n_buckets: int) -> Iterator[pa.Table]:
+    """The pair rows of `cooccurrence_block`, distinct within each run of COUNT_CHUNK counted
+    pairs (a table each), with an id of their own (from the block's first id) and each row's
+    bucket (its source id modulo n_buckets) for the exchange (PAIR_SCHEMA)."""
+    src_ids, tgt_ids = _sentence_tokens(batch, stride)
     first = int(batch.column("id").to_numpy().min()) if batch.num_rows else 0
     if first >= 2**31:
         raise ValueError(f"row id {first} past 2**31: the pair rows' ids would overflow")
-    return pa.table({"id": (first << 32) + np.arange(len(keys), dtype=np.int64),
-                     "bucket": (s % n_buckets).astype(np.int32), "src": s.astype(np.int32),
-                     "tgt": (keys & 0xFFFFFFFF).astype(np.int32), "n": n.astype(np.int32)},
-                    schema=PAIR_SCHEMA)
+    done = 0
+    for a in range(0, len(src_ids), COUNT_CHUNK):
+        keys, n = _counted(_pair_keys(src_ids[a:a + COUNT_CHUNK], tgt_ids[a:a + COUNT_CHUNK]))
+        s = keys >> 32
+        yield pa.table({"id": (first << 32) + done + np.arange(len(keys), dtype=np.int64),
+                        "bucket": (s % n_buckets).astype(np.int32), "src": s.astype(np.int32),
+                        "tgt": (keys & 0xFFFFFFFF).astype(np.int32), "n": n.astype(np.int32)},
+                       schema=PAIR_SCHEMA)
+        done += len(keys)
 
 
 def best_targets_of(group: pa.Table, k: int, target_counts: np.ndarray,
                     source_counts: np.ndarray) -> pa.Table:
     """A bucket's pair rows (src, tgt, n: per-block counts, any order, a pair in several
     rows) -> each of its source tokens' k best targets by Dice over the summed counts, best
-    first, ties by the smaller id: rows (src, targets)."""
+    first, ties by the smaller id: rows (src, targets, rows_in), rows_in the group's row count
+    on the first row and 0 on the others."""
     if not group.num_rows:
         return pa.table({"src": pa.array([], pa.int32()),
-                         "targets": pa.array([], pa.list_(pa.int32()))})
+                         "targets": pa.array([], pa.list_(pa.int32())),
+                         "rows_in": pa.array([], pa.int64())})
     s = group.column("src").to_numpy().astype(np.int64)
     key = s << 32 | group.column("tgt").to_numpy().astype(np.int64)
     uniq, where = np.unique(key, return_inverse=True)
@@ -151,10 +163,13 @@ def best_targets_of(group: pa.Table, k: int, target_counts: np.ndarray,
     rank = np.arange(len(s)) - np.repeat(starts, np.diff(np.r_[starts, len(s)]))
     best = rank < k
     offsets = np.r_[0, np.cumsum(np.minimum(np.diff(np.r_[starts, len(s)]), k))]
+    rows_in = np.zeros(len(starts), np.int64)
+    rows_in[0] = group.num_rows  # the rows this call was given, once: checked against the spill
     return pa.table({"src": pa.array(s[starts].astype(np.int32), pa.int32()),  # one row each
                      "targets": pa.ListArray.from_arrays(
                          pa.array(offsets.astype(np.int32), pa.int32()),
-                         pa.array(t[best].astype(np.int32), pa.int32()))})
+                         pa.array(t[best].astype(np.int32), pa.int32())),
+                     "rows_in": rows_in})
 
 
 def table_in_memory(src: list[list[int]], tgt: list[list[int]], vocab_size: int, k: int
@@ -183,8 +198,8 @@ def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: in
                 sample_pairs: int, rows: int, out_dir: Path, exchange: str = "files") -> dict:
     """Count the encoded training split (`rows` pairs, at most `sample_pairs` of them counted)
     on Ray Data and write `out_dir/shortlist.npz`; returns the manifest fields. The pair rows
-    go through `exchange` ("files": spill files in `out_dir/.pairs`, removed after; "ray":
-    Ray Data's groupby)."""
+    go through `exchange` ("files": spill files in `out_dir/.pairs`, which must not exist
+    before, removed after, failed or not; "ray": Ray Data's groupby)."""
     from preprocessing.exchange import group_by
     from preprocessing.parts import read_stage
     from preprocessing.stages import execution_settings
@@ -207,16 +222,27 @@ def build_table(encoded_train: str | Path, spm_model: str | Path, vocab_size: in
     pairs = encoded.map_batches(pair_counts, batch_size=None, batch_format="pyarrow",
                                 fn_kwargs={"stride": stride, "n_buckets": n_buckets})
     spill = location(out_dir) / ".pairs"
-    best, pair_rows = group_by(pairs, key="bucket", n_keys=n_buckets, fn=best_targets_of,
-                               fn_kwargs={"k": k, "target_counts": tgt_counts,
-                                          "source_counts": src_counts},
-                               how=exchange, spill_dir=spill, label="shortlist (pairs)",
-                               columns=["src", "tgt", "n"])
+    if spill.exists():  # (the pipeline's stage folders are fresh: a caller's own folder)
+        raise RuntimeError(f"{spill} exists: the spill files of another count? Remove it, or "
+                           "give another out_dir")
     table = np.full((vocab_size, k), -1, dtype=np.int32)  # -1: no more candidates
-    for b in execution_settings(best).iter_batches(batch_size=None, batch_format="pyarrow"):
-        for s, targets in zip(b.column("src").to_pylist(), b.column("targets").to_pylist()):
-            table[s, :len(targets)] = targets
-    remove_tree(spill)
+    gathered = 0
+    try:
+        best, pair_rows = group_by(pairs, key="bucket", n_keys=n_buckets, fn=best_targets_of,
+                                   fn_kwargs={"k": k, "target_counts": tgt_counts,
+                                              "source_counts": src_counts},
+                                   how=exchange, spill_dir=spill, label="shortlist (pairs)",
+                                   columns=["src", "tgt", "n"])
+        for b in execution_settings(best).iter_batches(batch_size=None,
+                                                       batch_format="pyarrow"):
+            for s, targets in zip(b.column("src").to_pylist(), b.column("targets").to_pylist()):
+                table[s, :len(targets)] = targets
+            gathered += int(b.column("rows_in").to_numpy().sum())
+    finally:
+        remove_tree(spill)
+    if pair_rows is not None and gathered != pair_rows:  # (a spill file lost or read twice)
+        raise RuntimeError(f"shortlist: {gathered:,} pair rows ranked but {pair_rows:,} "
+                           "spilled")
     # Targets by sentence count, most frequent first (ties by id); specials first of all.
     order = np.lexsort((np.arange(vocab_size), -tgt_counts))
     order = np.concatenate([np.arange(N_SPECIAL), order[order >= N_SPECIAL]]).astype(np.int32)

@@ -66,14 +66,34 @@ def test_the_stage_counts_tokens_and_pairs_apart_as_the_block_counts_them_togeth
     block = encoded(PAIRS, first_id=40)
     together = counts_of(cooccurrence_block(block))
     singles = counts_of(token_counts(block))
-    pairs = pair_counts(block, stride=1, n_buckets=3)
+    pairs = pa.concat_tables(pair_counts(block, stride=1, n_buckets=3))
     assert {**singles, **counts_of(pairs)} == together
     assert all(s == -1 or t == -1 for s, t in singles)
     assert pairs.column("id").to_pylist() == [(40 << 32) + i for i in range(pairs.num_rows)]
     assert pairs.column("bucket").to_pylist() == [s % 3 for s in pairs.column("src").to_pylist()]
-    half = pair_counts(block, stride=2, n_buckets=1)  # ids 40 and 42: pairs 0 and 2
+    half = pa.concat_tables(pair_counts(block, stride=2, n_buckets=1))  # ids 40, 42: 0 and 2
     assert counts_of(half) == {k: v for k, v in counts_of(cooccurrence_block(block, stride=2))
                                .items() if -1 not in k}
+
+
+def test_a_blocks_pairs_are_counted_a_run_of_sentences_at_a_time(monkeypatch):
+    """Runs of COUNT_CHUNK counted pairs are sorted apart (bounded memory): a pair in two runs
+    is two rows whose counts add up, and the ids go on from run to run."""
+    import preprocessing.lexical as lexical
+
+    monkeypatch.setattr(lexical, "COUNT_CHUNK", 2)
+    block = encoded(PAIRS, first_id=40)
+    runs = list(pair_counts(block, stride=1, n_buckets=1))
+    assert len(runs) == 2
+    ids = pa.concat_tables(runs).column("id").to_pylist()
+    assert ids == [(40 << 32) + i for i in range(len(ids))]
+    summed = {}
+    for t in runs:
+        for key, n in counts_of(t).items():
+            summed[key] = summed.get(key, 0) + n
+    assert summed == {k: v for k, v in counts_of(cooccurrence_block(block)).items()
+                      if -1 not in k}
+    assert len(ids) == len(summed) + 1  # (5, 11) in both runs: sentences 0 and 2
 
 
 def test_best_targets_rank_by_dice_over_the_summed_rows_of_each_source_token():
@@ -90,6 +110,7 @@ def test_best_targets_rank_by_dice_over_the_summed_rows_of_each_source_token():
     # both 2/2, the smaller id first
     assert out.column("src").to_pylist() == [4, 6]
     assert out.column("targets").to_pylist() == [[10, 12], [12, 13]]
+    assert out.column("rows_in").to_pylist() == [6, 0]  # what it ranked, counted once
     assert out.column("targets").to_pylist() == best_targets_of(
         group.take([5, 4, 3, 2, 1, 0]), 2, tgt_counts, src_counts).column("targets").to_pylist()
     assert best_targets_of(group.slice(0, 0), 2, tgt_counts, src_counts).num_rows == 0
@@ -139,6 +160,11 @@ def test_the_table_stage_counts_exactly_on_ray_data(ray_session, tmp_path, excha
         # through the spill files: (4|5|6, 10|11|12) seen in part 0; 5-11, 5-13, 7-14 in part 1
         assert meta["pair_rows"] == 7 + 3
     assert sorted(p.name for p in out.iterdir()) == [TABLE_FILE]  # the spill files removed
+    (out / ".pairs").mkdir()  # another count's spill files, or a stale one's: never read
+    with pytest.raises(RuntimeError, match=r"\.pairs exists"):
+        build_table(folder, spm, vocab_size=20, k=2, sample_pairs=100, rows=4, out_dir=out,
+                    exchange=exchange)
+    assert (out / ".pairs").is_dir()  # not this call's to remove
     assert meta["vocab_digest"] == vocab_digest(spm)
     with np.load(out / TABLE_FILE, allow_pickle=False) as z:
         table, order = z["table"], z["target_order"]
