@@ -4,8 +4,9 @@ Ray Data's groupby, on the same encoded split: time, peak memory, the rows that 
 exchange, and whether the two tables are the same.
 
 1. Real text: the pair rows a sentence pair gives (distinct within its block) on newstest
-   2012-2014 En-Fr, BPE-encoded with a joint BPE learned on it, for blocks of several sizes:
-   what sizes the exchange (`preprocessing.lexical.PAIR_ROWS_PER_SENTENCE`).
+   2012-2014 En-Fr, BPE-encoded with a joint BPE learned on it, for blocks of several sizes
+   (what the exchange is sized by, `preprocessing.lexical.PAIR_ROWS_PER_SENTENCE`, is between
+   these and the synthetic split's).
 2. Scale: a synthetic encoded split of --pairs pairs, in parts of --part-rows rows as the encoded
    stage writes them: the lengths drawn from part 1's encoded sentences, the ids from a Zipf law
    over the vocabulary, the target ids shifted from the source ids with noise, so that some pairs
@@ -69,7 +70,7 @@ def real_rows_per_sentence(args, workdir: Path) -> tuple[dict, list, list]:
     sp = train_joint_bpe(pairs, args.bpe_vocab, workdir)
     src, tgt = encode(sp, [s for s, _ in pairs]), encode(sp, [t for _, t in pairs])
     out = {}
-    for size in (100, 1000, 3000, 9000):
+    for size in (s for s in (100, 1000, 3000, 9000) if s <= len(src)):
         rows = sentences = 0
         for a in range(0, len(src) - size + 1, size):
             block = pa.table({"id": list(range(a, a + size)), "src": src[a:a + size],
@@ -140,6 +141,9 @@ def run_way(args, way: str, encoded: Path, spm: Path, out_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.pairs < 1 or args.part_rows < 1:
+        raise SystemExit("--pairs and --part-rows must be at least 1")
+    args.ways = list(dict.fromkeys(args.ways))  # each way once
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         real, src, tgt = real_rows_per_sentence(args, work)

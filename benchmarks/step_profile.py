@@ -117,7 +117,11 @@ def copies_by_caller(events, n: int, cuda: bool) -> dict:
     copy on (`_passes_copy_on`): aten::linear for autocast's weight casts, ToCopyBackward0 for a
     gradient cast back, aten::reshape for a reshape's copy, convs2s::output_loss for the fused
     loss's own casts; a copy that the model's Python code asks for itself (`x.float()`) has
-    FROM_PYTHON, as the profile records no Python frames."""
+    FROM_PYTHON, as the profile records no Python frames. A `record_function` range (other
+    than the step's own) or an autograd engine frame can be a caller too. Eager copies only:
+    a step replayed from CUDA graphs or compiled copies inside the graph or the generated
+    kernels, which this leaves out; a copy through a temporary (host-device and another dtype)
+    counts once for each aten::copy_ it makes."""
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     calls, time_us = {}, {}
     for e in events:

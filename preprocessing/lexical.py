@@ -14,9 +14,9 @@ each (source, target) token pair once), in two passes:
     pairs = encoded.map_batches(pair_counts)                    # (s, t, n) per run, bucket s % K
     table = group_by(pairs, "bucket", best_targets_of, ...)     # per bucket: exact totals, top k
 
-The pair rows are the bulk: about 600 a sentence pair (distinct within a run of COUNT_CHUNK
-counted pairs of a block; docs/benchmarks.md), so about 1.2 x 10^9 at the WMT tasks' 2,000,000
-pairs counted. They go through the pipeline's exchange (`preprocessing.exchange`,
+The pair rows are the bulk: 400-600 a sentence pair (distinct within a run of COUNT_CHUNK
+counted pairs of a block; docs/benchmarks.md), so about 10^9 at the WMT tasks' 2,000,000 pairs
+counted. They go through the pipeline's exchange (`preprocessing.exchange`,
 `PreprocessConfig.exchange`): by default spill files on disk, a task per bucket of source tokens
 summing its rows and ranking its tokens' targets, so no task holds more than one run or one
 bucket; the rows ranked are checked against the rows spilled. (Until 2026-12-06 they went
@@ -52,10 +52,11 @@ COUNT_SCHEMA = pa.schema([("src", pa.int32()), ("tgt", pa.int32()), ("n", pa.int
 # whose first id is f: f * 2**32 + i.
 PAIR_SCHEMA = pa.schema([("id", pa.int64()), ("bucket", pa.int32()), ("src", pa.int32()),
                          ("tgt", pa.int32()), ("n", pa.int32())])
-# Counted pairs whose pair keys are sorted together: distinct within them, a pair's rows are
-# about 610 (newstest-like text; 460 in runs of 50,000, at 2.9x the memory: ~1.7 GB a task).
+# Counted pairs whose pair keys are sorted together. A pair's rows, distinct within a run: 486
+# on newstest En-Fr in runs of 3,000, 395 in runs of 9,000; 611 on the benchmark's synthetic
+# split in runs of 10,000, 462 in runs of 50,000 at 2.9x the memory (~1.7 GB a task).
 COUNT_CHUNK = 10_000
-PAIR_ROWS_PER_SENTENCE = 600  # a sentence pair's rows, about (docs/benchmarks.md)
+PAIR_ROWS_PER_SENTENCE = 600  # a sentence pair's rows, at most about (docs/benchmarks.md)
 ROWS_PER_BUCKET = 10_000_000  # what a bucket's task sums and ranks: ~120 MB in, ~0.5 GB at work
 
 
