@@ -539,6 +539,12 @@ def start_ray(log_to_driver: bool = True,
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")  # ours is the one bar
     import ray.data  # noqa: F401  (configures Ray Data's loggers on import; adjusted below)
 
+    # A Ctrl-C inside a Dataset's constructor left an instance whose __del__ printed a
+    # traceback (its executor attribute not yet set): a class-level default, as
+    # preprocessing.console.quiet_interrupted_datasets sets for the pipeline.
+    if not hasattr(ray.data.Dataset, "_current_executor"):
+        ray.data.Dataset._current_executor = None
+
     # Ray Data's per-dataset INFO lines stay in ray-data.log, as in the workflows
     # (preprocessing/ray_data_logging.yaml); its "Progress bars disabled" notice too: the
     # job's own bar is the one on the console
