@@ -1,8 +1,12 @@
 """python -m convs2s {translate,serve,train,average,score,attention,import-fairseq,
 export-fairseq} ...: see convs2s/cli/."""
 
+import signal
 import sys
 
+from convs2s.console import ctrl_c_after_imports  # (no dependencies: imports nothing heavy)
+
+signal.signal(signal.SIGINT, ctrl_c_after_imports)  # a Ctrl-C inside torch's import: no abort
 try:
     from convs2s.cli import main
 

@@ -198,3 +198,28 @@ def sigterm_handed_to_ctrl_c(signum, frame) -> None:
     if not callable(handler):
         raise KeyboardInterrupt("SIGTERM")
     handler(signal.SIGINT, frame)
+
+
+def _inside_an_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def ctrl_c_after_imports(signum, frame) -> None:
+    """A SIGINT handler for a command's main thread (`python -m convs2s`): Ctrl-C is a
+    KeyboardInterrupt, as with Python's own handler, except inside an import, where it is sent
+    again 50 ms later until it lands outside one. Imports run C++ code that calls back into
+    Python (torch's pybind11 modules as they load), and a KeyboardInterrupt raised there
+    escaped as a C++ exception: "terminate called after throwing an instance of
+    'pybind11::error_already_set'", and the process aborted (status -6, a page of C++ text
+    instead of the `interrupted` line; a suite run, 2026-12-06, Ctrl-C 0.5 s into
+    `python -m convs2s train`)."""
+    if _inside_an_import(frame):
+        again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        again.daemon = True
+        again.start()
+        return
+    raise KeyboardInterrupt

@@ -170,3 +170,31 @@ def test_rays_no_free_cpu_alarm_after_a_write_stays_in_its_log_file():
     logger.warning("Some other warning")
     assert console == [("WARNING", "Some other warning")]
     assert [level for level, _ in file] == ["INFO", "WARNING"]
+
+
+_CTRL_C_IN_AN_IMPORT = """
+import signal, sys, time
+sys.path.insert(0, sys.argv[1])
+if sys.argv[2] == "ours":
+    from convs2s.console import ctrl_c_after_imports
+    signal.signal(signal.SIGINT, ctrl_c_after_imports)
+try:
+    import pressed_while_imported  # Ctrl-C in its body, where C++ may be calling Python
+    time.sleep(5)
+    print("no interrupt")
+except KeyboardInterrupt:
+    print("interrupted; the import finished:", "pressed_while_imported" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("handler,finished", [("ours", True), ("python's", False)])
+def test_ctrl_c_inside_an_import_is_raised_after_it(tmp_path, handler, finished):
+    """`python -m convs2s`'s SIGINT handler: a Ctrl-C that lands inside an import (torch's
+    pybind11 modules call back into Python as they load, and a KeyboardInterrupt raised there
+    aborted the process in C++) comes after the import, as a KeyboardInterrupt; Python's own
+    handler raises it inside the import."""
+    (tmp_path / "pressed_while_imported.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\n")
+    out = subprocess.run([sys.executable, "-c", _CTRL_C_IN_AN_IMPORT, str(tmp_path), handler],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.stdout.strip() == f"interrupted; the import finished: {finished}", out
