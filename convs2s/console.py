@@ -223,3 +223,29 @@ def ctrl_c_after_imports(signum, frame) -> None:
         again.start()
         return
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_never_lost() -> Iterator[None]:
+    """Within the block, a Ctrl-C is never dropped. Python raises its KeyboardInterrupt in the
+    code running when the signal comes, and when that is a finalizer or a weakref callback
+    (the garbage collector running SQLAlchemy's, say), it prints "Exception ignored in ...
+    KeyboardInterrupt" and goes on: the workflow ran to its end, Ctrl-C lost (a suite run,
+    2026-12-06). Such a Ctrl-C is sent again, to the code that runs next, and nothing is
+    printed for it; other errors Python cannot raise go to the hook in place."""
+    before = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is KeyboardInterrupt:  # (signal handlers run in the main thread)
+            # from another thread, a moment later: sent from here it would be raised in here
+            again = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        before(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = before

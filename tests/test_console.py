@@ -198,3 +198,40 @@ def test_ctrl_c_inside_an_import_is_raised_after_it(tmp_path, handler, finished)
     out = subprocess.run([sys.executable, "-c", _CTRL_C_IN_AN_IMPORT, str(tmp_path), handler],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip() == f"interrupted; the import finished: {finished}", out
+
+
+_CTRL_C_IN_A_FINALIZER = """
+import gc, os, signal, sys, time
+from convs2s.console import ctrl_c_never_lost
+
+class PressedWhileCollected:
+    def __del__(self):  # as a finalizer (SQLAlchemy's weakref callback) the GC runs
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)
+
+def work():
+    PressedWhileCollected()
+    gc.collect()
+    time.sleep(2)
+    return "no interrupt"
+
+try:
+    if sys.argv[1] == "ours":
+        with ctrl_c_never_lost():
+            print(work())
+    else:
+        print(work())
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+@pytest.mark.parametrize("hook,says", [("ours", "interrupted"), ("python's", "no interrupt")])
+def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost(hook, says):
+    """A KeyboardInterrupt raised inside a finalizer is dropped by Python ("Exception ignored
+    in ...") and the work goes on; within `ctrl_c_never_lost` it is raised again where the
+    work runs, and nothing is printed for it."""
+    out = subprocess.run([sys.executable, "-c", _CTRL_C_IN_A_FINALIZER, hook],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.stdout.strip() == says, out
+    assert ("Exception ignored" in out.stderr) == (hook != "ours"), out.stderr

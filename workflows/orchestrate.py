@@ -49,10 +49,12 @@ def main(presets: dict[str, Callable[[], WorkflowConfig]], doc: str | None = Non
     opts = parse_args(argv, presets, doc)
     if not (argv is None if filter_console is None else filter_console):
         return _run_main(presets, opts)  # in-process (tests, notebooks): stderr as it is
+    from convs2s.console import ctrl_c_never_lost
     from workflows.console import harmless_ray_lines_dropped
 
-    # Both streams: Ray prints the raylet's pushed errors on stdout, its logs on stderr.
-    with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1):
+    # Both streams: Ray prints the raylet's pushed errors on stdout, its logs on stderr. A
+    # Ctrl-C that lands in a finalizer is sent again, not dropped.
+    with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1), ctrl_c_never_lost():
         return _run_main(presets, opts)
 
 
