@@ -16,9 +16,7 @@ The filter sits on file descriptor 2 (a pipe read by a thread), since the C++ li
 Python's `sys.stderr`. It is installed only by a command (a workflow's or `python -m convs2s`'s
 `main()` without argv): in-process callers (tests, notebooks) keep their own stderr.
 
-How a run stops (`sigterm_as_ctrl_c`, `callers_signal_handlers`): Ctrl-C and SIGTERM (`ray job
-stop`) alike, through the handler Ray Train or Ray Tune has in place, and the caller's handlers
-back after Ray's calls that leave theirs installed.
+How a command stops on Ctrl-C or SIGTERM: `storage.signals`, shared with the preprocessing.
 
 A Ray worker's own console lines (`worker_line`): written once, not through Ray Train's print.
 """
@@ -28,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -149,103 +146,3 @@ def _pump(read_end: int, out_fd: int) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
-
-
-# --- stopping a command: Ctrl-C and SIGTERM ------------------------------------------------------
-
-
-@contextlib.contextmanager
-def callers_signal_handlers() -> Iterator[None]:
-    """The caller's Ctrl-C (SIGINT), SIGTERM and SIGUSR1 handlers put back when the block ends.
-    Ray Train's `fit` and Ray Tune's `Tuner.fit`, called in the main thread, install handlers of
-    their own (Ray Train's aborts its run; Ray Tune's stops its experiment, and it takes SIGUSR1
-    too) and leave them installed after the run. The caller's next Ctrl-C (a workflow's
-    evaluation, the stage after training) then went to a finished run: Ray Train's swallowed
-    it (the third press exits with status 0) and kept the run's controller actor alive, held by
-    the handler; Ray Tune's swallowed the first."""
-    signals = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None))
-               if s is not None]
-    main = threading.current_thread() is threading.main_thread()
-    before = {s: signal.getsignal(s) for s in signals} if main else {}
-    try:
-        yield
-    finally:
-        for sig, handler in before.items():
-            if handler is not None:  # (None: a handler not set from Python, left as it is)
-                signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
-    """Within the block, SIGTERM (what `ray job stop` sends a job's driver, and a machine's
-    shutdown every process) stops the work as Ctrl-C does: through the SIGINT handler in place
-    (Ray Train's during `fit`, which aborts the worker group; Ray Tune's during a sweep, which
-    stops the trials; else Python's KeyboardInterrupt). The caller's handlers are put back after
-    (`callers_signal_handlers`). Without it, SIGTERM went to Ray's handlers, which `ray.init`
-    installs: its C++ handler printed a stack and its Python one exited (SystemExit) wherever
-    the driver was, in `fit` leaving the run's controller and workers to the process's exit;
-    the process then ended in an abort (status 134), in every stage."""
-    with callers_signal_handlers():
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, sigterm_handed_to_ctrl_c)
-        yield
-
-
-def sigterm_handed_to_ctrl_c(signum, frame) -> None:
-    """`sigterm_as_ctrl_c`'s SIGTERM handler: the SIGINT handler in place, called as for
-    Ctrl-C."""
-    handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler):
-        raise KeyboardInterrupt("SIGTERM")
-    handler(signal.SIGINT, frame)
-
-
-def _inside_an_import(frame) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def ctrl_c_after_imports(signum, frame) -> None:
-    """A SIGINT handler for a command's main thread (`python -m convs2s`): Ctrl-C is a
-    KeyboardInterrupt, as with Python's own handler, except inside an import, where it is sent
-    again 50 ms later until it lands outside one. Imports run C++ code that calls back into
-    Python (torch's pybind11 modules as they load), and a KeyboardInterrupt raised there
-    escaped as a C++ exception: "terminate called after throwing an instance of
-    'pybind11::error_already_set'", and the process aborted (status -6, a page of C++ text
-    instead of the `interrupted` line; a suite run, 2026-12-06, Ctrl-C 0.5 s into
-    `python -m convs2s train`)."""
-    if _inside_an_import(frame):
-        again = threading.Timer(0.05, os.kill, (os.getpid(), signum))
-        again.daemon = True
-        again.start()
-        return
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def ctrl_c_never_lost() -> Iterator[None]:
-    """Within the block, a Ctrl-C is never dropped. Python raises its KeyboardInterrupt in the
-    code running when the signal comes, and when that is a finalizer or a weakref callback
-    (the garbage collector running SQLAlchemy's, say), it prints "Exception ignored in ...
-    KeyboardInterrupt" and goes on: the workflow ran to its end, Ctrl-C lost (a suite run,
-    2026-12-06). Such a Ctrl-C is sent again, to the code that runs next, and nothing is
-    printed for it; other errors Python cannot raise go to the hook in place."""
-    before = sys.unraisablehook
-
-    def hook(unraisable) -> None:
-        if unraisable.exc_type is KeyboardInterrupt:  # (signal handlers run in the main thread)
-            # from another thread, a moment later: sent from here it would be raised in here
-            again = threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT))
-            again.daemon = True
-            again.start()
-            return
-        before(unraisable)
-
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        sys.unraisablehook = before

@@ -13,13 +13,15 @@
 
 `--task` picks a preset (preprocessing.config.PRESETS); any of its settings changes with
 `--set FIELD=VALUE`. With RAY_ADDRESS set (e.g. under `ray job submit`) it joins that cluster,
-otherwise it starts a local Ray. Exit status 2 with a one-line reason on bad input.
+otherwise it starts a local Ray. Exit status 2 with a one-line reason on bad input; Ctrl-C or
+SIGTERM stops it with exit status 130, and the same command goes on from the last finished stage.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from typing import TYPE_CHECKING
@@ -29,6 +31,7 @@ from preprocessing.console import quiet_ray_data
 from preprocessing.errors import PreprocessError, message
 from storage.settings import Change, apply_changes, read_value
 from storage import StorageError, check_storage, location
+from storage.paths import shown
 
 if TYPE_CHECKING:
     from preprocessing.pipeline import PipelineOutput
@@ -90,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     quiet_ray_data()  # stage lines and results; Ray Data's own INFO lines in its log folder
+    if not os.environ.get("RAY_ADDRESS"):  # a local Ray: token authentication, chosen
+        # explicitly (Ray's default for a new local instance; left unset, Ray picks the same
+        # and prints a WARNING on every run). Read when Ray is imported, below.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     cfg = PRESETS[args.task]()
     if args.source not in (None, "hub", "demo"):  # a folder: absolute, as the workflows give
         # it, so both find the same data folder (its key hashes it); a bucket URI as it is
@@ -127,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             if where not in ("hub", "demo"):
                 check_storage(where, flag, write=write)  # a bucket that cannot work: one line
         out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) taken as one
+        # Each stage writes whole files or none, its manifest last: the same command goes on
+        # from the last finished stage.
+        print(f"\ninterrupted: finished stages are kept under {shown(cfg.root)}; the same "
+              "command goes on from there", file=sys.stderr, flush=True)
+        return 130
     except StorageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -138,4 +151,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from storage.signals import command_signals
+
+    try:
+        with command_signals():  # Ctrl-C inside an import waits for it; none is dropped
+            sys.exit(main())
+    except KeyboardInterrupt:  # before the stages began (Ray's import, the settings)
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)

@@ -47,6 +47,7 @@ from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts,
                                   finished, no_space, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 from storage import local_copy, location, remove_tree, written_locally
+from storage.signals import sigterm_as_ctrl_c
 
 log = logging.getLogger("preprocessing")
 quiet_interrupted_datasets()  # a Ctrl-C inside a Dataset's constructor: no traceback after
@@ -340,6 +341,13 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
     task_dir = data_dir(cfg, sources, vocabulary)
     if not ray.is_initialized():
         ray.init()
+    with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
+        return _run_stages(cfg, sources, task_dir, vocabulary)
+
+
+def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir: Path,
+                vocabulary) -> PipelineOutput:
+    """Every stage of `run_pipeline`, in order; each is skipped when its output is up to date."""
     m: dict[str, dict] = {}
     clean_cfg = {k: v for k, v in cfg.to_dict().items() if k in (
         "source", "src_lang", "tgt_lang", "row_shape", "max_len", "max_len_ratio",

@@ -13,8 +13,9 @@ read by pyarrow itself; nothing here takes or prints a credential.
     publish_dir(tmp_dir, run / "best", marker="meta.json")   # the marker object last
     check_storage("s3://bucket/runs", "--storage-path")       # StorageError: one line
 
-`storage.settings` is the other thing both packages share: settings values typed and checked
-the same way from `--set`, a settings file or a saved config.
+Two other things both packages share: `storage.settings`, settings values typed and checked
+the same way from `--set`, a settings file or a saved config; `storage.signals`, how a command
+and its Ray stages stop on Ctrl-C or SIGTERM.
 
 Imports flow `workflows -> {preprocessing, convs2s} -> storage`: this package imports neither.
 """

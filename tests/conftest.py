@@ -190,7 +190,7 @@ def sigterm_once(ready, timeout_s: float = 120):
     the list that gets the moment it was sent."""
     import time
 
-    from convs2s.console import sigterm_handed_to_ctrl_c
+    from storage.signals import sigterm_handed_to_ctrl_c
 
     sent, done = [], threading.Event()
 

@@ -7,6 +7,7 @@ harmless; every other line, Python's and C++'s alike, passes through unchanged a
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -176,12 +177,14 @@ _CTRL_C_IN_AN_IMPORT = """
 import signal, sys, time
 sys.path.insert(0, sys.argv[1])
 if sys.argv[2] == "ours":
-    from convs2s.console import ctrl_c_after_imports
-    signal.signal(signal.SIGINT, ctrl_c_after_imports)
+    from storage.signals import command_signals as guard
+else:
+    from contextlib import nullcontext as guard
 try:
-    import pressed_while_imported  # Ctrl-C in its body, where C++ may be calling Python
-    time.sleep(5)
-    print("no interrupt")
+    with guard():
+        import pressed_while_imported  # Ctrl-C in its body, where C++ may be calling Python
+        time.sleep(5)
+        print("no interrupt")
 except KeyboardInterrupt:
     print("interrupted; the import finished:", "pressed_while_imported" in sys.modules)
 """
@@ -189,10 +192,10 @@ except KeyboardInterrupt:
 
 @pytest.mark.parametrize("handler,finished", [("ours", True), ("python's", False)])
 def test_ctrl_c_inside_an_import_is_raised_after_it(tmp_path, handler, finished):
-    """`python -m convs2s`'s SIGINT handler: a Ctrl-C that lands inside an import (torch's
-    pybind11 modules call back into Python as they load, and a KeyboardInterrupt raised there
-    aborted the process in C++) comes after the import, as a KeyboardInterrupt; Python's own
-    handler raises it inside the import."""
+    """A command's SIGINT handler (`python -m convs2s`, `python -m preprocessing`, a workflow):
+    a Ctrl-C that lands inside an import (torch's pybind11 modules call back into Python as
+    they load, and a KeyboardInterrupt raised there aborted the process in C++) comes after
+    the import, as a KeyboardInterrupt; Python's own handler raises it inside the import."""
     (tmp_path / "pressed_while_imported.py").write_text(
         "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.3)\n")
     out = subprocess.run([sys.executable, "-c", _CTRL_C_IN_AN_IMPORT, str(tmp_path), handler],
@@ -200,9 +203,33 @@ def test_ctrl_c_inside_an_import_is_raised_after_it(tmp_path, handler, finished)
     assert out.stdout.strip() == f"interrupted; the import finished: {finished}", out
 
 
+
+_COMMAND_ENDS_IN_AN_IMPORT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from storage.signals import command_signals
+with command_signals():
+    import pressed_while_imported  # the command's last step: Ctrl-C held until it ends
+print("finished")
+time.sleep(0.5)
+print("and nothing came after")
+"""
+
+
+def test_a_ctrl_c_still_held_when_the_command_ends_is_not_sent_after_it(tmp_path):
+    """A command that ends inside the import a Ctrl-C came in (`--help` is all imports) has
+    ended: the Ctrl-C it held is not sent after it, where it came as a KeyboardInterrupt in
+    the caller's code or in Python's exit ("Exception ignored in atexit callback")."""
+    (tmp_path / "pressed_while_imported.py").write_text(
+        "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(0.01)\n")
+    out = subprocess.run([sys.executable, "-c", _COMMAND_ENDS_IN_AN_IMPORT, str(tmp_path)],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert (out.returncode, out.stdout.split(), out.stderr) == (
+        0, ["finished", "and", "nothing", "came", "after"], ""), out
+
 _CTRL_C_IN_A_FINALIZER = """
 import gc, os, signal, sys, time
-from convs2s.console import ctrl_c_never_lost
+from storage.signals import ctrl_c_never_lost
 
 class PressedWhileCollected:
     def __del__(self):  # as a finalizer (SQLAlchemy's weakref callback) the GC runs
@@ -235,3 +262,23 @@ def test_a_ctrl_c_that_lands_in_a_finalizer_is_not_lost(hook, says):
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip() == says, out
     assert ("Exception ignored" in out.stderr) == (hook != "ours"), out.stderr
+
+
+def test_a_commands_signal_handling_leaves_the_callers_as_it_found_them():
+    """`command_signals` (a command's whole run) puts the caller's Ctrl-C handler and
+    unraisable hook back when it ends, and a command started with Ctrl-C ignored (`nohup`, a
+    script's `cmd &`) keeps ignoring it, as Python itself would."""
+    from storage.signals import command_signals, ctrl_c_after_imports
+
+    before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    with command_signals():
+        assert signal.getsignal(signal.SIGINT) is ctrl_c_after_imports
+        assert sys.unraisablehook is not hook
+    assert signal.getsignal(signal.SIGINT) is before and sys.unraisablehook is hook
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with command_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert sys.unraisablehook is hook

@@ -11,6 +11,8 @@ the same files must give the same encoded rows and byte-identical batch shards; 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import cpu_holders, kill_when
+from convs2s.console import alarming_lines
 from preprocessing.cleaning import normalize
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
@@ -446,21 +449,40 @@ def test_demo_source_runs_end_to_end(ray_session, tmp_path):
 
 def _preprocess_from_the_command_line(ctx):
     """`python -m preprocessing` as a user runs it (its own local Ray, console to a pipe):
-    French -> English cut from one file pair by line ranges. Shares nothing with the session's
-    Ray: it runs in the background (tests/conftest.py, `Background`). None without
-    ../shared/data (the test skips)."""
+    French -> English cut from one file pair by line ranges. First Ctrl-C (SIGINT to its
+    process group, as a terminal sends it) as the BPE stage starts, then the same command
+    again. Shares nothing with the session's Ray: it runs in the background
+    (tests/conftest.py, `Background`). Returns (the interrupted run, its output folder, the
+    rerun); None without ../shared/data (the tests skip)."""
+    import signal
+    from types import SimpleNamespace
+
     from conftest import SHARED_DATA
 
     if not SHARED_DATA.is_dir():
         return None
     out = ctx.tmp_path_factory.mktemp("preprocessing_cli")
     env = {k: v for k, v in ctx.env.items() if k != "RAY_ADDRESS"}
-    return ctx.run(
-        [sys.executable, "-m", "preprocessing", "--task", "translation", "--src", "fr",
-         "--tgt", "en", "--source", str(SHARED_DATA / "news-commentary-5k"),
-         "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
-         "--split", "test=nc-5k[4750:]", "--vocab-size", "1000", "--out", str(out)],
-        cwd=Path(__file__).resolve().parents[1], env=env, timeout=600)
+    cmd = [sys.executable, "-m", "preprocessing", "--task", "translation", "--src", "fr",
+           "--tgt", "en", "--source", str(SHARED_DATA / "news-commentary-5k"),
+           "--split", "train=nc-5k[:4500]", "--split", "valid=nc-5k[4500:4750]",
+           "--split", "test=nc-5k[4750:]", "--vocab-size", "1000", "--out", str(out)]
+    repo = Path(__file__).resolve().parents[1]
+    proc = ctx.popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                     text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "[spm] running" in line:  # the cleaning stages are done
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    try:
+        rest, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rest, _ = proc.communicate()
+    stopped = SimpleNamespace(returncode=proc.returncode, console="".join(seen) + rest)
+    return stopped, out, ctx.run(cmd, cwd=repo, env=env, timeout=600)
 
 
 BACKGROUND_RUNS = {"preprocessing_cli": _preprocess_from_the_command_line}
@@ -477,7 +499,7 @@ def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shar
     """`python -m preprocessing` as a user runs it (`_preprocess_from_the_command_line`); the
     console holds the stage lines and the summary, Ray Data's per-dataset INFO lines stay in
     Ray's log folder."""
-    proc = preprocessing_cli
+    _, _, proc = preprocessing_cli
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
             if line.split() and line.split()[0] in ("train", "valid", "test")}
@@ -486,6 +508,33 @@ def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shar
     assert not [line for line in err if "Starting execution of Dataset" in line
                 or "Execution plan" in line or "\r" in line], proc.stderr[-3000:]
     assert len(err) < 60, "\n".join(err)
+    assert not alarming_lines(proc.stdout + proc.stderr), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_command_line_in_one_line_and_the_same_command_goes_on(
+        shared_data, preprocessing_cli):
+    """Ctrl-C as the BPE stage starts (`_preprocess_from_the_command_line`): exit 130 and one
+    line naming where the finished stages are, no KeyboardInterrupt traceback; the same
+    command then skips exactly the stages that had finished (the cleaning ones at least) and
+    runs the rest."""
+    stopped, out, rerun = preprocessing_cli
+    assert stopped.returncode == 130, stopped.console[-3000:]
+    assert "Traceback" not in stopped.console and "KeyboardInterrupt" not in stopped.console, \
+        stopped.console[-3000:]
+    (said,) = [line for line in stopped.console.splitlines() if line.startswith("interrupted")]
+    assert said == (f"interrupted: finished stages are kept under {out}; the same command goes "
+                    "on from there")
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+
+    def stages(console: str, what: str) -> set[str]:
+        return set(re.findall(r"\[(\S+)\] " + what, console))
+
+    finished = stages(stopped.console, "done in")
+    assert {"clean/train", "clean/valid", "clean/test"} <= finished, stopped.console[-3000:]
+    assert stages(rerun.stderr, "up to date, skipped") == finished, rerun.stderr[-3000:]
+    assert stages(rerun.stderr, "running") == stages(rerun.stderr, "done in") - finished
+    assert "spm" in stages(rerun.stderr, "done in") | finished
 
 
 def test_gigawords_test_split_spells_unknown_words_as_its_training_data(ray_session, shared_data,

@@ -690,7 +690,7 @@ def test_ctrl_c_stops_a_sweep_as_it_stops_a_run_its_runs_killed_and_nothing_summ
 
     from mlflow.tracking import MlflowClient
 
-    from convs2s.console import sigterm_handed_to_ctrl_c
+    from storage.signals import sigterm_handed_to_ctrl_c
 
     uri = mlflow_store(tmp_path)
     opts = RunOptions(preset="smoke", storage_path=str(sweep_storage), run_name="ctrl-c",

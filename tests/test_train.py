@@ -25,7 +25,7 @@ from conftest import mlflow_store
 import torch
 from mlflow.tracking import MlflowClient
 
-from convs2s.console import sigterm_handed_to_ctrl_c
+from storage.signals import sigterm_handed_to_ctrl_c
 from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
 from convs2s.train.collate import collate_arrow
 from convs2s.config import PRESETS, TrainConfig
@@ -553,7 +553,7 @@ def test_a_background_checkpoint_upload_runs_while_the_worker_goes_on(ray_sessio
     from ray.train.torch import TorchTrainer
 
     import test_train
-    from convs2s.console import callers_signal_handlers
+    from storage.signals import callers_signal_handlers
 
     ray.cloudpickle.register_pickle_by_value(test_train)  # (workers import no test module)
     size, ctrl_c = 64 * 2**20, signal.getsignal(signal.SIGINT)

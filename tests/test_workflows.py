@@ -1026,7 +1026,7 @@ def test_sigterm_as_ray_job_stop_sends_it_stops_a_run_as_ctrl_c_does(ray_session
 
     from mlflow.tracking import MlflowClient
 
-    from convs2s.console import sigterm_handed_to_ctrl_c
+    from storage.signals import sigterm_handed_to_ctrl_c
 
     before = signal.getsignal(signal.SIGTERM)
     sent = []

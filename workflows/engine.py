@@ -45,7 +45,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from convs2s.console import sigterm_as_ctrl_c
+from storage.signals import sigterm_as_ctrl_c
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import code_version, log_final_metrics, stopped_status
 from convs2s.tracking.redact import redact_uri

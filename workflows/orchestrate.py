@@ -49,13 +49,18 @@ def main(presets: dict[str, Callable[[], WorkflowConfig]], doc: str | None = Non
     opts = parse_args(argv, presets, doc)
     if not (argv is None if filter_console is None else filter_console):
         return _run_main(presets, opts)  # in-process (tests, notebooks): stderr as it is
-    from convs2s.console import ctrl_c_never_lost
+    from storage.signals import command_signals
     from workflows.console import harmless_ray_lines_dropped
 
     # Both streams: Ray prints the raylet's pushed errors on stdout, its logs on stderr. A
-    # Ctrl-C that lands in a finalizer is sent again, not dropped.
-    with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1), ctrl_c_never_lost():
-        return _run_main(presets, opts)
+    # Ctrl-C inside an import (torch's, Ray's) waits for it to end; one that lands in a
+    # finalizer is sent again, not dropped.
+    try:
+        with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1), command_signals():
+            return _run_main(presets, opts)
+    except KeyboardInterrupt:  # before the run began (its settings resolving): nothing to keep
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions) -> int:

@@ -382,7 +382,7 @@ def translate(argv: list[str] | None = None) -> int:
     if job is not None:
         return _translate_corpus(args, job, search)
 
-    from convs2s.console import sigterm_as_ctrl_c
+    from storage.signals import sigterm_as_ctrl_c
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from convs2s.inference.translate import format_translation, load_for_inference

@@ -50,11 +50,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
-from convs2s.console import choose_local_ray_auth, sigterm_as_ctrl_c
+from convs2s.console import choose_local_ray_auth
 from convs2s.serving import ray_join
 from convs2s.serving.inputs import input_lines
 from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
 from storage.lease import RunLease
+from storage.signals import sigterm_as_ctrl_c
 
 log = logging.getLogger("convs2s.serving.corpus")
 

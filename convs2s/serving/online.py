@@ -446,7 +446,7 @@ def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     Serve's handle. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as
     `ray job stop` sends: the application is deleted, nothing else is left running by this
     process)."""
-    from convs2s.console import sigterm_as_ctrl_c
+    from storage.signals import sigterm_as_ctrl_c
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines
     # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started: Ray's handler

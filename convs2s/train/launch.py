@@ -49,7 +49,7 @@ from ray.train import (
     ScalingConfig,
 )
 
-from convs2s.console import sigterm_as_ctrl_c
+from storage.signals import sigterm_as_ctrl_c
 from convs2s.io.checkpoint import (
     BEST_DIR,
     list_checkpoints,

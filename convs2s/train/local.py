@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from convs2s.config import PRESETS, TrainConfig, duration
-    from convs2s.console import sigterm_as_ctrl_c
+    from storage.signals import sigterm_as_ctrl_c
     from convs2s.io.checkpoint import CheckpointError
 
     p = argparse.ArgumentParser(
