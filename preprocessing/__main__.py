@@ -32,6 +32,7 @@ from preprocessing.errors import PreprocessError, message
 from storage.settings import Change, apply_changes, read_value
 from storage import StorageError, check_storage, location
 from storage.paths import shown
+from storage.ray_join import RayAddressError
 
 if TYPE_CHECKING:
     from preprocessing.pipeline import PipelineOutput
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted: finished stages are kept under {shown(cfg.root)}; the same "
               "command goes on from there", file=sys.stderr, flush=True)
         return 130
-    except StorageError as e:
+    except (StorageError, RayAddressError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except PreprocessError as e:

@@ -23,6 +23,7 @@ says why). The driver only sees counts and the bounded BPE sample.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts,
                                   finished, no_space, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 from storage import local_copy, location, remove_tree, written_locally
+from storage import ray_join
 from storage.signals import sigterm_as_ctrl_c
 
 log = logging.getLogger("preprocessing")
@@ -327,7 +329,8 @@ def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = Non
 
 def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
                  vocabulary=None) -> PipelineOutput:
-    """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running.
+    """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running, or
+    joined where RAY_ADDRESS names a cluster (`storage.ray_join.RayAddressError`: one it cannot).
 
     `vocabulary` (encoding.py says what it is) fixes the token ids instead of learning a joint
     BPE: fine-tuning encodes new data with the model's own text pipeline. The BPE settings of
@@ -340,7 +343,10 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
                               f"vocabulary {vocabulary!r} has one per language; set it to 0")
     task_dir = data_dir(cfg, sources, vocabulary)
     if not ray.is_initialized():
-        ray.init()
+        if address := os.environ.get("RAY_ADDRESS"):  # one that cannot be joined: one line
+            ray_join.join(address, submit="python -m preprocessing ...")
+        else:
+            ray.init()
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
         return _run_stages(cfg, sources, task_dir, vocabulary)
 

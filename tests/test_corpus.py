@@ -554,7 +554,7 @@ def test_an_actor_no_node_of_a_local_ray_holds_is_one_line_with_the_fix(ray_sess
         check_room(job(threads_per_actor=3), nodes)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     check_room(job(threads_per_actor=3, gpus_per_actor=1), nodes)
-    from convs2s.serving import ray_join  # a cluster joined without RAY_ADDRESS: may grow
+    from storage import ray_join  # a cluster joined without RAY_ADDRESS: may grow
 
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(ray_join, "started_here", lambda: False)

@@ -241,7 +241,7 @@ def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(
     assert f"error: a on {test.name} asks for 1 CPU(s) and 1 GPU(s)" in capsys.readouterr().err
     assert not store.exists() and not (tmp_path / "eval").exists()
     # on a cluster (RAY_ADDRESS, or one joined without it) the task waits for room instead
-    from convs2s.serving import ray_join
+    from storage import ray_join
     from workflows.evaluation import _check_room
 
     nodes = ray_session.nodes()

@@ -576,3 +576,29 @@ def test_gigawords_test_split_spells_unknown_words_as_its_training_data(ray_sess
     assert data_dir(cfg.replace(token_map={})) != data_dir(cfg)
     with pytest.raises(ValueError, match="token_map maps whole words to whole words"):
         cfg.replace(token_map={"two words": "x"})
+
+
+@pytest.mark.parametrize("kind", ["dashboard", "dead head"])
+def test_a_ray_address_the_command_line_cannot_join_is_one_line(tmp_path, kind):
+    """`python -m preprocessing` joins RAY_ADDRESS as every Ray command of the project does
+    (`storage.ray_join`): an address it cannot join stops it at once with one `error:` line,
+    the password hidden, exit 2 (it was Ray's traceback, or minutes of Ray's connection
+    retries and C++ warnings)."""
+    from workflows.cluster import free_port
+
+    port = free_port()
+    address = (f"http://admin:s3cret@127.0.0.1:{port}" if kind == "dashboard"
+               else f"127.0.0.1:{port}")
+    env = {**os.environ, "RAY_ADDRESS": address, "CONVS2S_RAY_JOIN_WAIT_S": "1"}
+    proc = subprocess.run([sys.executable, "-m", "preprocessing", "--task", "demo", "--out",
+                           str(tmp_path / "out")], cwd=Path(__file__).resolve().parents[1],
+                          env=env, capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: RAY_ADDRESS=") and "s3cret" not in lines[0]
+    assert "unset RAY_ADDRESS to run on this machine" in lines[0]
+    if kind == "dashboard":
+        assert "ray job submit --working-dir . -- python -m preprocessing" in lines[0]
+    else:
+        assert "nothing answers at" in lines[0]
+    assert not (tmp_path / "out").exists()  # nothing started

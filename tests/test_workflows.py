@@ -937,7 +937,7 @@ def test_training_workers_a_local_ray_cannot_hold_are_one_line_before_any_stage(
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     check_local_room(resolve(cpu, RunOptions(num_workers=3, set=["workflow.eval_cpus=3"])))
     # a cluster ray.init() joined without RAY_ADDRESS (a `ray up` head) may grow too
-    from convs2s.serving import ray_join
+    from storage import ray_join
 
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setattr(ray_join, "started_here", lambda: False)
@@ -1124,9 +1124,9 @@ def test_a_ray_address_no_workflow_can_join_is_one_line_naming_it_and_the_fix(tm
 
 
 def test_a_ray_address_is_printed_with_its_password_hidden():
-    """Every Ray command prints RAY_ADDRESS through `serving.ray_join.shown`: a password in it
+    """Every Ray command prints RAY_ADDRESS through `storage.ray_join.shown`: a password in it
     is `***` (the user kept, as MLflow URIs are shown), in a GCS address without a scheme too."""
-    from convs2s.serving.ray_join import shown
+    from storage.ray_join import shown
 
     assert shown("admin:s3cret@10.0.0.1:6379") == "admin:***@10.0.0.1:6379"
     assert shown("ray://admin:s3cret@head:10001") == "ray://admin:***@head:10001"

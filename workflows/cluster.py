@@ -7,7 +7,7 @@ that cluster; otherwise it starts a local Ray on this machine, its dashboard on 
 `free_port` (also what the tests and benchmarks give the servers they start). A RAY_ADDRESS it
 cannot join (the dashboard's http:// address, a head where nothing answers, a web server's
 port) stops the command with one line naming it and the fix (`join_cluster`,
-`convs2s.serving.ray_join`).
+`storage.ray_join`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from convs2s.console import choose_local_ray_auth
-from convs2s.serving import ray_join
+from storage import ray_join
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 
@@ -66,7 +66,7 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
 
 def join_cluster(address: str) -> None:
     """ray.init for RAY_ADDRESS (`ray job submit` sets it on the driver, or a user joining a
-    cluster), through `convs2s.serving.ray_join`: an address Ray cannot join is a SpecError
+    cluster), through `storage.ray_join`: an address Ray cannot join is a SpecError
     (one line, exit 2) naming RAY_ADDRESS, its password hidden, and the fix."""
     try:
         ray_join.join(address, submit="python workflows/<task>.py ...")

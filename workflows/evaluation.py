@@ -268,7 +268,7 @@ def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> Non
     alive node of it (`ray.nodes()`) has would wait without end. `needs`: (what, CPUs, GPUs)
     of each task; a NoRoomError names the first that no node holds and the fix (on a cluster,
     its autoscaler may add the node: there the task waits, `ray_join.no_room_for`)."""
-    from convs2s.serving.ray_join import no_room_for
+    from storage.ray_join import no_room_for
 
     for what, cpus, gpus in needs:
         if (largest := no_room_for(cpus, gpus, nodes)) is not None:

@@ -45,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 
 from storage.signals import callers_signal_handlers, sigterm_as_ctrl_c
-from convs2s.serving.ray_join import never_grows
+from storage.ray_join import never_grows
 from convs2s.metrics.task_kinds import task_kind
 from storage import location, write_whole
 from storage.lease import RunLease

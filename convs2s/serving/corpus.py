@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
 from convs2s.console import choose_local_ray_auth
-from convs2s.serving import ray_join
+from storage import ray_join
 from convs2s.serving.inputs import input_lines
 from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
 from storage.lease import RunLease

@@ -1,7 +1,8 @@
 """Joining the Ray cluster that RAY_ADDRESS names, for every Ray command of the project (the
-workflows, `translate --actors`, `serve`). An address no command can join stops the command with
-one line (`RayAddressError`) that names it, hides its password and says what to do, instead of
-Ray's traceback (which quotes the address whole) or minutes of Ray's own connection retries:
+workflows, `python -m preprocessing`, `translate --actors`, `serve`). An address no command can
+join stops the command with one line (`RayAddressError`) that names it, hides its password and
+says what to do, instead of Ray's traceback (which quotes the address whole) or minutes of Ray's
+own connection retries:
 
 - the dashboard's http:// address, the one `ray job submit` reads (the infra guide exports it);
 - a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
@@ -23,7 +24,7 @@ import os
 import socket
 import time
 
-from convs2s.tracking.redact import redact_text
+from storage.redact import redact_text
 
 # What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
 FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to its head's GCS "

@@ -1,0 +1,61 @@
+"""Credentials never printed, logged or stored: a URI's `user:password@` (or `token@`) and a
+secret query parameter (`?X-Amz-Signature=`, `?token=`) shown as `***`, in a URI and in any text
+quoting one (a library's error message). Shared by both packages' commands (RAY_ADDRESS is shown
+through it by `storage.ray_join`); what MLflow's own loggers write: `convs2s.tracking.redact`.
+
+    redact_uri("http://alice:pw@mlflow:5000")      # 'http://alice:***@mlflow:5000'
+    redact_text(str(err))                          # every URI in a message
+
+Paths in storage/ messages: `storage.paths.shown`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A URI in a message: scheme:// and what follows up to whitespace (a quote is allowed in it,
+# RFC 3986 allows one unencoded in a password)
+_URI = re.compile(r"([A-Za-z][\w+.-]*://)(\S+)")
+_HOST_PORT = re.compile(r"(?:[\w.-]*|\[[0-9A-Fa-f:.]*\])(?::\d*)?")
+# a query parameter that carries a secret (a presigned URL's signature, a token)
+_SECRET_PARAM = re.compile(r"(?i)([?&](?:x-(?:amz|goog)-(?:credential|signature|security-token)|"
+                           r"signature|sig|awsaccesskeyid|password|(?:[\w.-]*[_.-])?"
+                           r"(?:access|api|auth|refresh|session|id)?(?:token|secret|key))"
+                           r"=)[^&\s'\"#]+")
+
+
+def _hide(m: re.Match) -> str:
+    """One URI with its user information hidden. The authority is what comes before the first
+    "/", "?" or "#"; a password may hold "@" (the last "@" of the authority ends it) and, written
+    unencoded, "/", "?" or "#" too: where the authority is then no host[:port] ("alice:pa" of
+    "alice:pa/ss@host"), or a host:port with an "@" after it, everything up to the URI's last
+    "@" is hidden (a message may lose a path's "@", never a password)."""
+    scheme, rest = m[1], m[2]
+    if "@" not in rest:
+        return m[0]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    at = authority.rfind("@")
+    if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]):
+        userinfo, tail = authority[:at], rest[at:]
+    elif at < 0 and ":" not in authority:  # a plain host: an "@" in the path (s3://b/k@x)
+        return m[0]
+    else:
+        at = rest.rfind("@")
+        userinfo, tail = rest[:at], rest[at:]
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:***" if colon and not re.search(r"[/?#@]", user) else "***"
+    return f"{scheme}{shown}{tail}"
+
+
+def redact_uri(uri: str | None) -> str | None:
+    """`uri` as it may be printed, logged or stored: the password of `user:password@host` (or
+    a bare token `token@host`) replaced by `***`, and so is a secret query parameter's value
+    (`?X-Amz-Signature=`, `?token=`). Credentials are never shown (they reach MLflow through
+    the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
+    return redact_text(uri) if uri else uri
+
+
+def redact_text(text: str) -> str:
+    """`text` (a library's error message, which may quote the URI it used) with every URI's
+    credentials replaced by `***`, as `redact_uri`."""
+    return _SECRET_PARAM.sub(r"\1***", _URI.sub(_hide, text))
