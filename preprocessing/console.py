@@ -19,16 +19,3 @@ def quiet_ray_data() -> None:
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
-
-def quiet_interrupted_datasets() -> None:
-    """Ray Data's `Dataset.__del__` reads `self._current_executor`, which `Dataset.__init__`
-    sets only after a few other steps. A Ctrl-C that lands inside `__init__` leaves an
-    instance without it, and collecting that instance printed "Exception ignored in ...
-    Traceback ... AttributeError" under the run's one "interrupted" line (a suite run,
-    2026-12-06). A class-level default makes its `__del__` return, as for a dataset never
-    executed. Call once ray.data is imported."""
-    import ray.data
-
-    if not hasattr(ray.data.Dataset, "_current_executor"):
-        ray.data.Dataset._current_executor = None
-

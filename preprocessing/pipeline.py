@@ -36,7 +36,6 @@ from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_stats, batch
 from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean_stats,
                                     dedupe_group, normalize_block)
 from preprocessing.config import PreprocessConfig
-from preprocessing.console import quiet_interrupted_datasets
 from preprocessing.encoding import SentencePieceVocabulary, encode_parts
 from preprocessing.errors import PreprocessError, user_errors
 from preprocessing.lexical import TABLE_FILE, build_table
@@ -49,7 +48,7 @@ from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts,
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
 from storage import local_copy, location, remove_tree, written_locally
 from storage import ray_join
-from storage.signals import sigterm_as_ctrl_c
+from storage.signals import quiet_interrupted_datasets, sigterm_as_ctrl_c
 
 log = logging.getLogger("preprocessing")
 quiet_interrupted_datasets()  # a Ctrl-C inside a Dataset's constructor: no traceback after

@@ -10,7 +10,8 @@ Ctrl-C and SIGTERM go through the handler Ray Train or Ray Tune has in place whi
 (`sigterm_as_ctrl_c`), and the caller's handlers come back after Ray's calls that leave theirs
 installed (`callers_signal_handlers`). A command's own SIGINT handler
 (`ctrl_c_after_imports`) holds a Ctrl-C that lands inside an import until the import ends,
-and `ctrl_c_never_lost` raises again a Ctrl-C that Python dropped in a finalizer.
+and `ctrl_c_never_lost` raises again a Ctrl-C that Python dropped in a finalizer. A Ray Data
+dataset a Ctrl-C cut short is collected quietly (`quiet_interrupted_datasets`).
 """
 
 from __future__ import annotations
@@ -161,3 +162,18 @@ def command_signals() -> Iterator[None]:
         _drop_held()
         if before is not None:
             signal.signal(signal.SIGINT, before)
+
+
+def quiet_interrupted_datasets() -> None:
+    """Ray Data's `Dataset.__del__` reads `self._current_executor`, which `Dataset.__init__`
+    sets only after a few other steps. A Ctrl-C that lands inside `__init__` leaves an
+    instance without it, and collecting that instance printed "Exception ignored in ...
+    Traceback ... AttributeError" under the run's one "interrupted" line (a suite run,
+    2026-12-06). A class-level default makes its `__del__` return, as for a dataset never
+    executed. Called by the preprocessing pipeline and the corpus job once they import Ray
+    Data."""
+    import ray.data
+
+    if not hasattr(ray.data.Dataset, "_current_executor"):
+        ray.data.Dataset._current_executor = None
+

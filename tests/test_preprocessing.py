@@ -526,7 +526,7 @@ def test_a_dataset_whose_constructor_a_ctrl_c_cut_short_is_collected_without_a_t
 
     import ray.data
 
-    from preprocessing.console import quiet_interrupted_datasets
+    from storage.signals import quiet_interrupted_datasets
 
     # as Ray Data has it: no class-level default (the pipeline's import set one already)
     monkeypatch.delattr(ray.data.Dataset, "_current_executor", raising=False)

@@ -55,7 +55,7 @@ from storage import ray_join
 from convs2s.serving.inputs import input_lines
 from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
 from storage.lease import RunLease
-from storage.signals import sigterm_as_ctrl_c
+from storage.signals import quiet_interrupted_datasets, sigterm_as_ctrl_c
 
 log = logging.getLogger("convs2s.serving.corpus")
 
@@ -540,11 +540,7 @@ def start_ray(log_to_driver: bool = True,
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")  # ours is the one bar
     import ray.data  # noqa: F401  (configures Ray Data's loggers on import; adjusted below)
 
-    # A Ctrl-C inside a Dataset's constructor left an instance whose __del__ printed a
-    # traceback (its executor attribute not yet set): a class-level default, as
-    # preprocessing.console.quiet_interrupted_datasets sets for the pipeline.
-    if not hasattr(ray.data.Dataset, "_current_executor"):
-        ray.data.Dataset._current_executor = None
+    quiet_interrupted_datasets()  # a Ctrl-C inside a Dataset's constructor: no traceback after
 
     # Ray Data's per-dataset INFO lines stay in ray-data.log, as in the workflows
     # (preprocessing/ray_data_logging.yaml); its "Progress bars disabled" notice too: the
