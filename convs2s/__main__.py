@@ -3,9 +3,9 @@ export-fairseq} ...: see convs2s/cli/."""
 
 import sys
 
-from storage.signals import command_signals  # (imports nothing heavy)
-
 try:
+    from storage.signals import command_signals  # (the standard library only)
+
     with command_signals():  # a Ctrl-C inside torch's import: no abort; none dropped
         from convs2s.cli import main
 

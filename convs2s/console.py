@@ -61,18 +61,6 @@ HARMLESS_RAY_LINES: tuple[tuple[re.Pattern, str], ...] = (
 )
 
 
-
-def choose_local_ray_auth() -> None:
-    """Before a local Ray starts: token authentication (Ray's default for a new local
-    instance), chosen explicitly, since left unset Ray picks the same and prints a notice on
-    every run. A user's own RAY_AUTH_MODE is kept."""
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    os.environ["RAY_AUTH_MODE"] = "token"
-    import ray._raylet
-
-    ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
-
 # A clean run's console has none of these: a Ray C++ ERROR line ("[<time> E <pid> <tid>]"), a
 # Ray Python WARNING / ERROR line ("<time>\tWARNING file.py:12 -- ..."), a raylet warning or
 # error forwarded to the driver ("(raylet) WARNING: ..."), a Python warning ("...Warning: ...")

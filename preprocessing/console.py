@@ -18,4 +18,3 @@ def quiet_ray_data() -> None:
     if not sys.stdout.isatty():  # a file or a pipe: no redraws, no colour codes
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-

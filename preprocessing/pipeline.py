@@ -345,6 +345,7 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         if address := os.environ.get("RAY_ADDRESS"):  # one that cannot be joined: one line
             ray_join.join(address, submit="python -m preprocessing ...")
         else:
+            ray_join.choose_local_ray_auth()  # (Ray's default, without its WARNING line)
             ray.init()
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
         return _run_stages(cfg, sources, task_dir, vocabulary)

@@ -20,24 +20,27 @@ and its Ray stages stop on Ctrl-C or SIGTERM.
 Imports flow `workflows -> {preprocessing, convs2s} -> storage`: this package imports neither.
 """
 
-from storage.paths import (
-    ObjectPath,
-    StorageError,
-    filesystem_of,
-    is_uri,
-    local_copy,
-    location,
-    move_tree,
-    open_input,
-    publish_dir,
-    remove_tree,
-    side_by_side,
-    stamp,
-    write_whole,
-    written_locally,
-)
-from storage.checks import check_storage
+import importlib
 
-__all__ = ["ObjectPath", "StorageError", "check_storage", "filesystem_of", "is_uri",
-           "local_copy", "location", "move_tree", "open_input", "publish_dir", "remove_tree",
-           "side_by_side", "stamp", "write_whole", "written_locally"]
+# What the package offers, by the module that holds it: imported when first asked for, so that
+# `storage.signals` (a command's first import, before its Ctrl-C handling is in place) and
+# `storage.settings` load no pyarrow.
+_FROM = {**dict.fromkeys(["ObjectPath", "StorageError", "filesystem_of", "is_uri", "local_copy",
+                          "location", "move_tree", "open_input", "publish_dir", "remove_tree",
+                          "side_by_side", "stamp", "write_whole", "written_locally"],
+                         "storage.paths"),
+         "check_storage": "storage.checks"}
+
+__all__ = sorted(_FROM)
+
+
+def __getattr__(name: str):
+    if name not in _FROM:
+        raise AttributeError(f"module 'storage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_FROM[name]), name)
+    globals()[name] = value  # (asked once)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_FROM])

@@ -70,6 +70,18 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
         raise RayAddressError(f"{name}: Ray cannot join it ({said}); " + FIX) from None
 
 
+def choose_local_ray_auth() -> None:
+    """Before a local Ray starts: token authentication (Ray's default for a new local
+    instance), chosen explicitly, since left unset Ray picks the same and prints a notice on
+    every run. A user's own RAY_AUTH_MODE is kept."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    import ray._raylet
+
+    ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
+
+
 def started_here() -> bool:
     """Whether this process started the Ray it is connected to (`ray.init()` found no cluster
     to join): a local Ray, which never grows. A cluster it joined (RAY_ADDRESS, Ray Client, or

@@ -71,17 +71,24 @@ def sigterm_handed_to_ctrl_c(signum, frame) -> None:
 
 
 _HELD: set[threading.Timer] = set()  # Ctrl-Cs to be sent again (`_send_again`)
+# Re-entrant: a signal handler may run in the main thread while that thread holds it.
+_HELD_LOCK = threading.RLock()
 
 
 def _send_again(signum: int, delay: float) -> None:
-    """Send `signum` to this process again `delay` seconds from now, from another thread."""
+    """Send `signum` to this process again `delay` seconds from now, from another thread,
+    unless `_drop_held` drops it first."""
     def send() -> None:
-        _HELD.discard(timer)
-        os.kill(os.getpid(), signum)
+        with _HELD_LOCK:
+            if timer not in _HELD:  # dropped: the command has ended
+                return
+            _HELD.discard(timer)
+            os.kill(os.getpid(), signum)
 
     timer = threading.Timer(delay, send)
     timer.daemon = True
-    _HELD.add(timer)
+    with _HELD_LOCK:
+        _HELD.add(timer)
     timer.start()
 
 
@@ -89,9 +96,10 @@ def _drop_held() -> None:
     """A Ctrl-C still held when a command's block ends is not sent: the command has ended
     (`--help` is all imports, say), and sent then it came as a KeyboardInterrupt in Python's
     exit ("Exception ignored in atexit callback ... KeyboardInterrupt")."""
-    for timer in list(_HELD):
-        timer.cancel()
-        _HELD.discard(timer)
+    with _HELD_LOCK:
+        for timer in list(_HELD):
+            timer.cancel()
+        _HELD.clear()
 
 
 def _inside_an_import(frame) -> bool:
@@ -176,4 +184,3 @@ def quiet_interrupted_datasets() -> None:
 
     if not hasattr(ray.data.Dataset, "_current_executor"):
         ray.data.Dataset._current_executor = None
-

@@ -185,7 +185,7 @@ def calls_in_a_fresh_process(imports: str, call: str, cases: list,
 @contextlib.contextmanager
 def sigterm_once(ready, timeout_s: float = 120):
     """SIGTERM to this process, once, as soon as `ready()` holds and the project's handler
-    (`convs2s.console.sigterm_handed_to_ctrl_c`) is in place (never to another: the default
+    (`storage.signals.sigterm_handed_to_ctrl_c`) is in place (never to another: the default
     action would end the test session), from a thread polling while the block runs; yields
     the list that gets the moment it was sent."""
     import time

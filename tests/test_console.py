@@ -203,7 +203,6 @@ def test_ctrl_c_inside_an_import_is_raised_after_it(tmp_path, handler, finished)
     assert out.stdout.strip() == f"interrupted; the import finished: {finished}", out
 
 
-
 _COMMAND_ENDS_IN_AN_IMPORT = """
 import sys, time
 sys.path.insert(0, sys.argv[1])
@@ -226,6 +225,7 @@ def test_a_ctrl_c_still_held_when_the_command_ends_is_not_sent_after_it(tmp_path
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert (out.returncode, out.stdout.split(), out.stderr) == (
         0, ["finished", "and", "nothing", "came", "after"], ""), out
+
 
 _CTRL_C_IN_A_FINALIZER = """
 import gc, os, signal, sys, time
@@ -282,3 +282,15 @@ def test_a_commands_signal_handling_leaves_the_callers_as_it_found_them():
     finally:
         signal.signal(signal.SIGINT, before)
     assert sys.unraisablehook is hook
+
+
+def test_a_commands_first_import_is_the_standard_library_only():
+    """`python -m convs2s` and `python -m preprocessing` import `storage.signals` before their
+    Ctrl-C handling is in place: a Ctrl-C during that import is Python's own traceback, so it
+    loads nothing heavy (the `storage` package loads its filesystem layer, pyarrow, only when
+    one of its names is first used)."""
+    check = ("import sys; import storage.signals; print(sorted(m for m in ('pyarrow', 'yaml', "
+             "'ray', 'torch', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    assert out.stdout.strip() == "[]", out

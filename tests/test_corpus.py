@@ -480,7 +480,7 @@ def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints
 @pytest.mark.parametrize("command", ["translate", "serve"])
 def test_a_ray_address_these_commands_cannot_join_is_one_line_naming_it_and_the_fix(
         tiny_checkpoints, tmp_path, command):
-    """The corpus job and `serve` join RAY_ADDRESS as the workflows do (`serving.ray_join`):
+    """The corpus job and `serve` join RAY_ADDRESS as the workflows do (`storage.ray_join`):
     the dashboard's http:// address or a head where nothing answers is one `error:` line that
     hides the password and names the command to submit, exit 2, not Ray's traceback (which
     printed the password) nor minutes of Ray's retries; nothing is translated."""

@@ -464,7 +464,7 @@ def test_a_different_set_on_the_same_run_name_is_refused_like_any_changed_settin
 def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
     """`python -m preprocessing --set FIELD=VALUE` (or data.FIELD): the same typed changes
     and one-line refusals, before Ray starts."""
-    from preprocessing.__main__ import main
+    from preprocessing.cli import main
 
     for setting, says in (("max_lenn=10", "no field 'max_lenn' (did you mean max_len"),
                           ("data.max_len=abc", "data.max_len takes int | None, not 'abc'"),
@@ -878,7 +878,7 @@ def test_a_split_the_hub_dataset_lacks_names_a_fix_both_commands_take(tmp_path, 
     import http.server
     import threading
 
-    from preprocessing.__main__ import main as preprocess
+    from preprocessing.cli import main as preprocess
     from preprocessing.config import translation as hub_preset
     from preprocessing.sources import hub_parquet_files
     from workflows import translation

@@ -390,7 +390,7 @@ def test_evaluation_text_leaves_out_rows_without_a_pair_and_says_so(ray_session,
                for x in said), said
     assert any(x.startswith("[text/") and "8 in, 5 kept, dropped: bad_row=2, line_too_long=1"
                in x for x in said), said
-    from preprocessing.__main__ import summary
+    from preprocessing.cli import summary
 
     assert "left out: bad_row=1, line_too_long=1" in summary(out).splitlines()[-1]
 
@@ -416,7 +416,7 @@ def test_an_error_raised_in_a_ray_task_reaches_the_cli_as_one_line(ray_session, 
     # Too large to count on the driver (threshold lowered here): the reading task finds the
     # mismatch, Ray wraps the error, and the command line still prints our one line.
     from preprocessing import sources
-    from preprocessing.__main__ import main
+    from preprocessing.cli import main
 
     monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)
     (tmp_path / "m.en").write_text("one\ntwo\nthree\n")
@@ -455,6 +455,7 @@ def _preprocess_from_the_command_line(ctx):
     (tests/conftest.py, `Background`). Returns (the interrupted run, its output folder, the
     rerun); None without ../shared/data (the tests skip)."""
     import signal
+    import threading
     from types import SimpleNamespace
 
     from conftest import SHARED_DATA
@@ -470,17 +471,19 @@ def _preprocess_from_the_command_line(ctx):
     repo = Path(__file__).resolve().parents[1]
     proc = ctx.popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                      text=True)
+    # (a run that hangs before its BPE stage, or after Ctrl-C, is killed: the tests then fail)
+    deadline = threading.Timer(600, os.killpg, (proc.pid, signal.SIGKILL))
+    deadline.start()
     seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "[spm] running" in line:  # the cleaning stages are done
-            os.killpg(proc.pid, signal.SIGINT)
-            break
     try:
-        rest, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        for line in proc.stdout:
+            seen.append(line)
+            if "[spm] running" in line:  # the cleaning stages are done
+                os.killpg(proc.pid, signal.SIGINT)
+                break
         rest, _ = proc.communicate()
+    finally:
+        deadline.cancel()
     stopped = SimpleNamespace(returncode=proc.returncode, console="".join(seen) + rest)
     return stopped, out, ctx.run(cmd, cwd=repo, env=env, timeout=600)
 
@@ -523,6 +526,8 @@ def test_ctrl_c_stops_the_command_line_in_one_line_and_the_same_command_goes_on(
     assert "Traceback" not in stopped.console and "KeyboardInterrupt" not in stopped.console, \
         stopped.console[-3000:]
     (said,) = [line for line in stopped.console.splitlines() if line.startswith("interrupted")]
+    before = stopped.console.split(said)[0]  # the stages it ran: their lines, nothing alarming
+    assert "[clean/train] done in" in before and not alarming_lines(before), before[-3000:]
     assert said == (f"interrupted: finished stages are kept under {out}; the same command goes "
                     "on from there")
     assert rerun.returncode == 0, rerun.stderr[-3000:]

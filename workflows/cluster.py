@@ -20,7 +20,6 @@ import socket
 import time
 from pathlib import Path
 
-from convs2s.console import choose_local_ray_auth
 from storage import ray_join
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
@@ -55,7 +54,7 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
         if os.environ.get("RAY_ADDRESS"):
             join_cluster(os.environ["RAY_ADDRESS"])
         else:
-            choose_local_ray_auth()
+            ray_join.choose_local_ray_auth()
             ray.init(logging_level=logging.WARNING, **own_dashboard())
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")

@@ -4,11 +4,10 @@
 - `corpus`: a large corpus translated by a Ray Data job (an actor pool, parts with a manifest,
   resumable); `inputs`: the text both translate modes read (text, .gz, a parquet column);
 - `online`: a Ray Serve deployment with dynamic request batching; `logged_model`: a translator
-  logged to MLflow as it serves (its URI pinned, fetched once per node);
-- `ray_join`: joining the cluster of RAY_ADDRESS (these commands and the workflows), an address
-  none can join refused in one line.
+  logged to MLflow as it serves (its URI pinned, fetched once per node). Joining RAY_ADDRESS,
+  as every Ray command does: `storage.ray_join`.
 
-May import: mlflow, ray, `convs2s.config`, `convs2s.console` (starting a quiet local Ray),
+May import: mlflow, ray, `convs2s.config`, `convs2s.console` (Ray's harmless console lines),
 `convs2s.io`, `convs2s.inference`, `convs2s.tracking`.
 
 Logged models store `model_code.py` (older ones `served_translator.py`), which imports

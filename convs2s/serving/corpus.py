@@ -50,10 +50,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
-from convs2s.console import choose_local_ray_auth
-from storage import ray_join
 from convs2s.serving.inputs import input_lines
 from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
+from storage import ray_join
 from storage.lease import RunLease
 from storage.signals import quiet_interrupted_datasets, sigterm_as_ctrl_c
 
@@ -552,7 +551,7 @@ def start_ray(log_to_driver: bool = True,
     if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
         ray_join.join(address, submit=command, log_to_driver=log_to_driver)
     else:
-        choose_local_ray_auth()
+        ray_join.choose_local_ray_auth()
         ray.init(logging_level=logging.WARNING, include_dashboard=False,
                  log_to_driver=log_to_driver)
     from ray.data import DataContext
