@@ -49,7 +49,7 @@ def child(workers: int, idle: float) -> None:
     prints one JSON line (the number of files in its logs folder)."""
     import ray
 
-    from workflows.cluster import ray_log_dir
+    from storage.ray_join import log_dir as ray_log_dir
 
     ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
              log_to_driver=False, configure_logging=False)

@@ -346,7 +346,10 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
             ray_join.join(address, submit="python -m preprocessing ...")
         else:
             ray_join.choose_local_ray_auth()  # (Ray's default, without its WARNING line)
-            ray.init()
+            ray.init(logging_level=logging.WARNING)  # (its banner: the line below instead)
+        log.info("Ray: %s, %g CPUs; Ray's own logs: %s (Ray Data's in ray-data/)",
+                 f"cluster {ray_join.shown(address)}" if address else "local instance",
+                 ray.cluster_resources().get("CPU", 0), ray_join.log_dir())
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
         return _run_stages(cfg, sources, task_dir, vocabulary)
 

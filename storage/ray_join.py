@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+from pathlib import Path
 
 from storage.redact import redact_text
 
@@ -80,6 +81,17 @@ def choose_local_ray_auth() -> None:
     import ray._raylet
 
     ray._raylet.Config.initialize("")  # as Ray does after setting it: re-read the setting
+
+
+def log_dir() -> str:
+    """Where the Ray this process is connected to keeps its logs (Ray Data's in ray-data/), as
+    a command's console names it."""
+    import ray
+
+    try:
+        return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
+    except AttributeError:  # not a node of this process (a client connection)
+        return "the Ray dashboard (Logs), or `ray job logs`"
 
 
 def started_here() -> bool:

@@ -512,6 +512,12 @@ def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shar
                 or "Execution plan" in line or "\r" in line], proc.stderr[-3000:]
     assert len(err) < 60, "\n".join(err)
     assert not alarming_lines(proc.stdout + proc.stderr), proc.stderr[-3000:]
+    # Ray's own banner is not there (its ANSI colours in a pipe): one line names its log folder
+    (ray,) = [line for line in err if " Ray: " in line]
+    assert " Ray: local instance, " in ray and ray.endswith(" (Ray Data's in ray-data/)"), ray
+    logs = ray.removesuffix(" (Ray Data's in ray-data/)").rsplit(": ", 1)[1]
+    assert Path(logs, "ray-data", "ray-data.log").is_file(), ray
+    assert not [line for line in err if "Started a local Ray instance" in line]
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ import os
 import random
 import socket
 import time
-from pathlib import Path
 
 from storage import ray_join
 from workflows.errors import SpecError
@@ -60,7 +59,7 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
     address = os.environ.get("RAY_ADDRESS")
     log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
              f"cluster {ray_join.shown(address)}" if address else "local instance", cpus, gpus,
-             ray_log_dir())
+             ray_join.log_dir())
 
 
 def join_cluster(address: str) -> None:
@@ -351,15 +350,6 @@ def check_local_eval_room(spec: RunSpec, nodes: list[dict] | None = None) -> Non
                         f"{largest[0]:g} (a local Ray never grows: the tasks would wait without "
                         f"end after the whole training run); run with --set "
                         f"workflow.eval_cpus={largest[0]:g} (or fewer)")
-
-
-def ray_log_dir() -> str:
-    import ray
-
-    try:
-        return str(Path(ray._private.worker._global_node.get_session_dir_path()) / "logs")
-    except AttributeError:  # not a node of this process (a client connection)
-        return "the Ray dashboard (Logs), or `ray job logs`"
 
 
 # --- ports for servers started on this machine -------------------------------------------------
