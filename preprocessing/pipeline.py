@@ -23,7 +23,6 @@ says why). The driver only sees counts and the bounded BPE sample.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -341,15 +340,9 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
                               "selection needs one joint vocabulary, and the fixed "
                               f"vocabulary {vocabulary!r} has one per language; set it to 0")
     task_dir = data_dir(cfg, sources, vocabulary)
-    if not ray.is_initialized():
-        if address := os.environ.get("RAY_ADDRESS"):  # one that cannot be joined: one line
-            ray_join.join(address, submit="python -m preprocessing ...")
-        else:
-            ray_join.choose_local_ray_auth()  # (Ray's default, without its WARNING line)
-            ray.init(logging_level=logging.WARNING)  # (its banner: the line below instead)
-        log.info("Ray: %s, %g CPUs; Ray's own logs: %s (Ray Data's in ray-data/)",
-                 f"cluster {ray_join.shown(address)}" if address else "local instance",
-                 ray.cluster_resources().get("CPU", 0), ray_join.log_dir())
+    if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
+        log.info("%s (Ray Data's in ray-data/)",
+                 ray_join.start_or_join(submit="python -m preprocessing ..."))
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
         return _run_stages(cfg, sources, task_dir, vocabulary)
 

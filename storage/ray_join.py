@@ -1,5 +1,6 @@
 """Joining the Ray cluster that RAY_ADDRESS names, for every Ray command of the project (the
-workflows, `python -m preprocessing`, `translate --actors`, `serve`). An address no command can
+workflows, `python -m preprocessing`, `python -m workflows.evaluation`, `translate --actors`,
+`serve`). An address no command can
 join stops the command with one line (`RayAddressError`) that names it, hides its password and
 says what to do, instead of Ray's traceback (which quotes the address whole) or minutes of Ray's
 own connection retries:
@@ -69,6 +70,24 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
         said = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         said = redact_text(said).replace(address, shown(address))
         raise RayAddressError(f"{name}: Ray cannot join it ({said}); " + FIX) from None
+
+
+def start_or_join(submit: str, **init_kwargs) -> str:
+    """Ray for a command that finds none started in its process: the cluster RAY_ADDRESS names
+    (`join`; RayAddressError where it cannot), else a local Ray started quietly (token
+    authentication chosen, `choose_local_ray_auth`; Ray's banner left out). `submit`: the
+    command to name for `ray job submit`. Returns the line its console shows instead of the
+    banner: where Ray is, its CPUs and its log folder."""
+    import ray
+
+    if address := os.environ.get("RAY_ADDRESS"):
+        join(address, submit=submit, **init_kwargs)
+    else:
+        choose_local_ray_auth()
+        ray.init(logging_level=logging.WARNING, **init_kwargs)
+    where = f"cluster {shown(address)}" if address else "local instance"
+    return (f"Ray: {where}, {ray.cluster_resources().get('CPU', 0):g} CPUs; Ray's own logs: "
+            f"{log_dir()}")
 
 
 def choose_local_ray_auth() -> None:

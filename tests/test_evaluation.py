@@ -12,12 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import mlflow_store
+from conftest import REPO, mlflow_store
 from mlflow.tracking import MlflowClient
 
 from convs2s.io.checkpoint import (
@@ -383,3 +384,28 @@ def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, 
     out = evaluate_job(dataclasses.replace(staged[0], test_set=tiny_test_set(
         tiny_checkpoints, tmp_path), search=SHORT))
     assert len(out["hypotheses"]) == 6
+
+
+def test_the_command_joins_ray_address_as_every_command_does(tmp_path):
+    """`python -m workflows.evaluation` joins RAY_ADDRESS through `storage.ray_join`, as the
+    workflows and `python -m preprocessing` do: the dashboard's address is one `error:` line,
+    its password hidden, exit 2 (it was Ray's traceback); nothing is logged or scored."""
+    from workflows.cluster import free_port
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"")  # (not read before Ray starts)
+    for name in ("src.en", "ref.de"):
+        (tmp_path / name).write_text("a b\n")
+    env = {**os.environ, "RAY_ADDRESS": f"http://admin:s3cret@127.0.0.1:{free_port()}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "workflows.evaluation", "--checkpoint",
+         f"a={tmp_path / 'ckpt'}", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+         "--out", str(tmp_path / "eval"), "--test", "t", str(tmp_path / "src.en"),
+         str(tmp_path / "ref.de"), "de"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: RAY_ADDRESS=http://admin:***@127.0.0.1:"), lines
+    assert "ray job submit --working-dir . -- python -m workflows.evaluation" in lines[0]
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "eval").exists()

@@ -56,7 +56,8 @@ from convs2s.tracking.runs import (
 )
 from convs2s.tracking.redact import redact_text, redact_uri
 
-from storage import local_copy, location, write_whole
+from storage import local_copy, location, ray_join, write_whole
+from storage.signals import sigterm_as_ctrl_c
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -295,7 +296,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     import ray  # here: the job and test-set types above load without Ray
 
     if not ray.is_initialized():
-        ray.init()
+        log.info(ray_join.start_or_join(submit="python -m workflows.evaluation ..."))
     _check_room([(f"{j.name} on {j.test_set.name}", j.num_cpus, j.num_gpus) for j in jobs],
                 ray.nodes())
     names = [(j.name, j.test_set.name) for j in jobs]
@@ -517,11 +518,15 @@ def main(argv: list[str] | None = None) -> int:
                            num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \
         else []
     uri = resolve_tracking_uri(args.tracking_uri)
-    if named:  # (before their models are logged)
-        import ray
+    import ray
 
-        if not ray.is_initialized():
-            ray.init()
+    if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
+        try:
+            log.info(ray_join.start_or_join(submit="python -m workflows.evaluation ..."))
+        except ray_join.RayAddressError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    if named:  # (before their models are logged)
         try:
             _check_room([(f"{named[0][0]} on {tests[0].name}", args.num_cpus, args.num_gpus)],
                         ray.nodes())
@@ -542,9 +547,13 @@ def main(argv: list[str] | None = None) -> int:
                          num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
                          model_id=served.model_id) for test in tests]
     try:
-        results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
+        with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
+            results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
     except NoRoomError as err:  # (a job no node of a local Ray can hold)
         p.error(str(err))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM taken as one: one line, no traceback
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     for r in results:
         print(r.job.name, r.job.test_set.name,
               " ".join(f"{k}={v:.3f}" for k, v in sorted(r.metrics.items())), sep="\t")
@@ -552,4 +561,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from storage.signals import command_signals
+
+    try:
+        with command_signals():  # a Ctrl-C inside an import waits for it; none is dropped
+            sys.exit(main())
+    except KeyboardInterrupt:  # before the jobs began
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
