@@ -1,9 +1,8 @@
 """Joining the Ray cluster that RAY_ADDRESS names, for every Ray command of the project (the
 workflows, `python -m preprocessing`, `python -m workflows.evaluation`, `translate --actors`,
-`serve`). An address no command can
-join stops the command with one line (`RayAddressError`) that names it, hides its password and
-says what to do, instead of Ray's traceback (which quotes the address whole) or minutes of Ray's
-own connection retries:
+`serve`). An address no command can join stops the command with one line (`RayAddressError`)
+that names it, hides its password and says what to do, instead of Ray's traceback (which quotes
+the address whole) or minutes of Ray's own connection retries:
 
 - the dashboard's http:// address, the one `ray job submit` reads (the infra guide exports it);
 - a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
