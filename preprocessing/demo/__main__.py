@@ -12,7 +12,8 @@ from preprocessing.demo import VOCABULARY_SIZE, corpus, summarization_pairs, tra
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Print pairs of the synthetic demo corpus.")
+    parser = argparse.ArgumentParser(prog="python -m preprocessing.demo",
+                                     description="Print pairs of the synthetic demo corpus.")
     parser.add_argument("--task", choices=["translation", "summarization"], default="translation")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--start", type=int, default=0)
