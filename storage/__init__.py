@@ -13,9 +13,13 @@ read by pyarrow itself; nothing here takes or prints a credential.
     publish_dir(tmp_dir, run / "best", marker="meta.json")   # the marker object last
     check_storage("s3://bucket/runs", "--storage-path")       # StorageError: one line
 
-Two other things both packages share: `storage.settings`, settings values typed and checked
-the same way from `--set`, a settings file or a saved config; `storage.signals`, how a command
-and its Ray stages stop on Ctrl-C or SIGTERM.
+The filesystem layer is `storage.paths` (locations, `ObjectPath`) and `storage.transfer`
+(copies, published folders), with `storage.checks`, `storage.lease` (one writer per run) and
+`storage.scratch`. What else both packages' commands share: `storage.settings`, settings values
+typed and checked the same way from `--set`, a settings file or a saved config;
+`storage.signals`, how a command and its Ray stages stop on Ctrl-C or SIGTERM;
+`storage.ray_join`, starting or joining Ray (RAY_ADDRESS); `storage.redact`, credentials hidden
+in a URI or a message.
 
 Imports flow `workflows -> {preprocessing, convs2s} -> storage`: this package imports neither.
 """
@@ -25,10 +29,10 @@ import importlib
 # What the package offers, by the module that holds it: imported when first asked for, so that
 # `storage.signals` (a command's first import, before its Ctrl-C handling is in place) and
 # `storage.settings` load no pyarrow.
-_FROM = {**dict.fromkeys(["ObjectPath", "StorageError", "filesystem_of", "is_uri", "local_copy",
-                          "location", "move_tree", "open_input", "publish_dir", "remove_tree",
-                          "side_by_side", "stamp", "write_whole", "written_locally"],
-                         "storage.paths"),
+_FROM = {**dict.fromkeys(["ObjectPath", "StorageError", "filesystem_of", "is_uri", "location",
+                          "open_input", "stamp", "write_whole"], "storage.paths"),
+         **dict.fromkeys(["local_copy", "move_tree", "publish_dir", "remove_tree",
+                          "side_by_side", "written_locally"], "storage.transfer"),
          "check_storage": "storage.checks"}
 
 __all__ = sorted(_FROM)

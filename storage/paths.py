@@ -6,28 +6,23 @@ URI included) and an `ObjectPath` for any other URI. `ObjectPath` offers the sub
 `read_*` / `write_*`, `iterdir`, `glob` of one level, `unlink`, `mkdir`), so code written for
 local folders reads and writes a bucket unchanged. It deliberately has no `__fspath__`: handing
 one to `open()` or `torch.load` is an error, not a local file named `s3:`. Code that needs a
-real file (torch, sentencepiece) asks `local_copy(p)`.
+real file (torch, sentencepiece) asks `local_copy(p)` (`storage.transfer`).
 
 Object stores have no rename and no folders. What holds there instead (docs/storage.md):
 - one object is written whole or not at all (a single PUT), so `write_text` / `write_bytes`
   never leave half a file for a reader;
 - a folder of several objects counts as complete only once its marker object exists, and the
-  marker is written last (`publish_dir`); readers trust nothing without it.
+  marker is written last (`storage.transfer.publish_dir`); readers trust nothing without it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import functools
-import hashlib
 import io
 import os
 import re
-import shutil
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -270,9 +265,9 @@ class ObjectPath:
 
     # -- reading and writing whole objects --
     def read_bytes(self) -> bytes:
-        """One version of the object, whole (`_copy_version`)."""
+        """One version of the object, whole (`copy_version`)."""
         buf = io.BytesIO()
-        _copy_version(self, buf)
+        copy_version(self, buf)
         return buf.getvalue()
 
     def read_text(self, encoding: str = "utf-8") -> str:
@@ -333,25 +328,19 @@ def filesystem_of(p) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), str(p)
 
 
-def cache_root() -> Path:
-    """Where objects are copied to be read as local files (CONVS2S_CACHE, else
-    ~/.cache/convs2s): one copy per node, shared by its processes."""
-    return Path(os.environ.get("CONVS2S_CACHE", "~/.cache/convs2s")).expanduser() / "objects"
-
-
-def _tag_of(stream) -> str | None:
+def tag_of(stream) -> str | None:
     """An open object stream's ETag (from its HEAD), None where the store gives none."""
     tag = stream.metadata().get("ETag")
     return tag.decode() if isinstance(tag, bytes) else tag
 
 
-def _etag(p: ObjectPath) -> str | None:
+def etag(p: ObjectPath) -> str | None:
     """The object's ETag now: opening a stream is pyarrow's HEAD, with no GET until a read."""
     with p.fs.open_input_stream(p.key) as f:
-        return _tag_of(f)
+        return tag_of(f)
 
 
-def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
+def copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
     """Write one version of object `p` whole into `out` (emptied first); returns its ETag.
     pyarrow reads an object as a HEAD (size, ETag) and then ranged GETs, so an object replaced
     in between came back cut short or padded with zeros (a run's lease or metrics.jsonl read
@@ -362,7 +351,7 @@ def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
         out.truncate()
         try:
             with p.fs.open_input_stream(p.key) as f:
-                tag = _tag_of(f)
+                tag = tag_of(f)
                 while chunk := f.read(1 << 23):
                     out.write(chunk)
         except FileNotFoundError:
@@ -371,136 +360,10 @@ def _copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
             if attempt == 9:
                 raise
             continue
-        if tag is None or _etag(p) == tag:  # (a store without ETags: nothing to compare)
+        if tag is None or etag(p) == tag:  # (a store without ETags: nothing to compare)
             return tag
     raise StorageError(f"{p}: replaced while being read, ten times in a row; its writer "
                        "rewrites it faster than it can be read: try again")
-
-
-def local_copy(p) -> Path:
-    """A local file or folder with the content of `p`: `p` itself when local; else a copy in
-    `cache_root()`, fetched once per version of the object (its ETag; size and modification
-    time where the store gives none). A folder is copied whole (every object under the prefix,
-    copied again if its listing changed meanwhile)."""
-    p = location(p)
-    if not isinstance(p, ObjectPath):
-        return p
-    info = p.info()
-    if info.type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"{p}: no such object")
-    root = cache_root() / hashlib.sha256(p.uri.encode()).hexdigest()[:16]
-    if info.type == pafs.FileType.File:
-        def version(tag):  # the ETag names a version exactly; size + time where there is none
-            return hashlib.sha256((tag or f"{info.size}-{info.mtime_ns}").encode()).hexdigest()
-        dest = root / version(_etag(p))[:16] / p.name
-        if not dest.is_file():
-            root.mkdir(parents=True, exist_ok=True)
-            tmp = root / f".{p.name}.{uuid.uuid4().hex[:8]}"
-            with open(tmp, "w+b") as out:
-                tag = _copy_version(p, out)  # (replaced since the HEAD above: a newer version)
-            dest = root / version(tag)[:16] / p.name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)  # a concurrent reader on this node sees all or nothing
-        return dest
-
-    def listing():
-        return [(n, i.size, i.mtime_ns) for n, i in p.files()]
-
-    for _ in range(10):  # a folder changed while being copied is copied again
-        files = listing()
-        version = hashlib.sha256(repr(files).encode())
-        dest = root / version.hexdigest()[:16] / p.name
-        if dest.is_dir():
-            return dest
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
-        try:
-            for name, _, _ in files:
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp / name, "wb") as out:
-                    _copy_version(p / name, out)
-        except FileNotFoundError:  # deleted since the listing: the folder changed
-            shutil.rmtree(tmp, ignore_errors=True)
-            continue
-        if listing() != files:
-            shutil.rmtree(tmp, ignore_errors=True)
-            continue
-        tmp.mkdir(parents=True, exist_ok=True)
-        try:
-            os.replace(tmp, dest)
-        except OSError:  # another process on this node finished the same copy first
-            shutil.rmtree(tmp, ignore_errors=True)
-        return dest
-    raise StorageError(f"{p}: its objects changed while being copied, ten times in a row; "
-                       "try again once its writer is done")
-
-
-def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
-    """Make folder `dest` hold exactly the files of folder `src`, with `marker` (a file in
-    `src`) the proof that it is complete. `src` is a local folder, or a folder in the same
-    bucket (its objects are copied by the server). `leave`: names in `src` not published (a
-    writer's owner object, kept in `src` until the copy is done).
-
-    Local: copied beside `dest` and renamed into place (two renames; the folder is always old-
-    complete or new-complete). Bucket: the old marker is deleted first (from then on readers
-    take `dest` as incomplete), every other file copied, objects of the old version that the
-    new one lacks deleted, and the marker copied last."""
-    src, dest = location(src), location(dest)
-    names = ([n for n, _ in src.files()] if isinstance(src, ObjectPath)
-             else sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file()))
-    names = [n for n in names if n not in leave]
-    if marker not in names:
-        raise FileNotFoundError(f"{src}: no {marker} to publish it with")
-    if not isinstance(dest, ObjectPath):
-        if leave:
-            raise ValueError("publish_dir(leave=...) is for a bucket's destination")
-        if isinstance(src, ObjectPath):
-            src = local_copy(src)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
-        old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
-        try:
-            shutil.copytree(src, tmp)
-        except BaseException:  # (a Ctrl-C in a checkpoint's copy: gigabytes, never read)
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        if dest.exists():
-            dest.rename(old)
-        tmp.rename(dest)
-        shutil.rmtree(old, ignore_errors=True)
-        return
-    (dest / marker).unlink(missing_ok=True)
-    side_by_side(lambda name: _copy(src / name, dest / name), [n for n in names if n != marker])
-    side_by_side(lambda name: (dest / name).unlink(missing_ok=True),
-                 [name for name, _ in dest.files() if name not in names])
-    _copy(src / marker, dest / marker)
-
-
-def side_by_side(fn, items: list) -> list:
-    """[fn(item) for item in items], 16 calls at a time: in a bucket each call is a request of
-    tens of ms, and hundreds of them took minutes one after another. The first error is
-    raised once the calls that started have ended; none starts after it."""
-    if len(items) <= 1:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        try:
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        finally:  # (an error, or Ctrl-C here: what has not started never starts)
-            for future in futures:
-                future.cancel()
-        for future in done:
-            if future.exception() is not None:
-                raise future.exception()
-    return [future.result() for future in futures]
-
-
-def _copy(src, dest: ObjectPath) -> None:
-    if isinstance(src, ObjectPath) and (src.scheme, src.bucket) == (dest.scheme, dest.bucket):
-        dest.fs.copy_file(src.key, dest.key)  # server-side: the bytes do not travel here
-    elif isinstance(src, ObjectPath):
-        dest.write_bytes(src.read_bytes())
-    else:
-        dest.upload(src)
 
 
 def stamp(p) -> tuple[int, int]:
@@ -514,53 +377,6 @@ def stamp(p) -> tuple[int, int]:
         return info.size, info.mtime_ns or 0
     st = p.stat()
     return st.st_size, st.st_mtime_ns
-
-
-@contextlib.contextmanager
-def written_locally(dest) -> Iterator[Path]:
-    """A local path to write the file `dest` at: `dest` itself when local; else a scratch file,
-    uploaded to `dest` (one PUT) when the block ends without an error."""
-    dest = location(dest)
-    if not isinstance(dest, ObjectPath):
-        yield dest
-        return
-    from storage.scratch import scratch_dir  # (it needs storage.lease, which needs this)
-
-    scratch = scratch_dir("convs2s-upload-")
-    try:
-        yield scratch / dest.name
-        dest.upload(scratch / dest.name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def move_tree(src, dest) -> None:
-    """Move folder `src` to `dest` (both local, or both in one bucket: each object copied by
-    the server, then the source deleted)."""
-    src, dest = location(src), location(dest)
-    if isinstance(src, ObjectPath) != isinstance(dest, ObjectPath):
-        raise StorageError(f"move_tree({src}, {dest}): both local, or both in one bucket")
-    if not isinstance(src, ObjectPath):
-        shutil.move(str(src), str(dest))
-        return
-    for name, _ in (moved := src.files()):
-        _copy(src / name, dest / name)
-    for name, _ in moved:  # only what was copied: an object written meanwhile stays
-        (src / name).unlink(missing_ok=True)
-
-
-def remove_tree(p) -> None:
-    """Delete folder `p` and everything under it (nothing when it does not exist). Never a
-    whole bucket: pyarrow would delete the bucket itself with its objects."""
-    p = location(p)
-    if isinstance(p, ObjectPath):
-        if "/" not in p.key:
-            raise StorageError(f"{p.uri} is a whole bucket: refusing to delete it (a folder "
-                               "of the project is a prefix in it)")
-        if p.exists():
-            p.fs.delete_dir(p.key)
-    else:
-        shutil.rmtree(p, ignore_errors=True)
 
 
 def _first_line(err: BaseException) -> str:

@@ -439,7 +439,7 @@ def test_a_logged_model_is_fetched_whole_from_its_own_store_and_latest_is_pinned
 
     from convs2s.serving.logged_model import fetch_logged_model, resolve_model_uri
     from convs2s.serving.pyfunc import log_translator
-    from storage.paths import cache_root
+    from storage.transfer import cache_root
 
     monkeypatch.setenv("CONVS2S_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -169,23 +169,23 @@ def test_an_object_replaced_while_it_is_read_is_read_whole(s3, tmp_path, monkeyp
 
 
 def test_a_move_deletes_only_what_it_copied(s3, monkeypatch, tmp_path):
-    from storage import paths
+    from storage import transfer
 
     src, dest = location(BUCKET) / "spec-move" / "a", location(BUCKET) / "spec-move" / "b"
     (src / "x.txt").write_text("x")
     (src / "sub" / "y.txt").write_text("y")
-    copy = paths._copy
+    copy = transfer._copy
 
     def a_writer_adds_one_meanwhile(a, b):
         (src / "late.txt").write_text("written after the listing")
         copy(a, b)
 
-    monkeypatch.setattr(paths, "_copy", a_writer_adds_one_meanwhile)
-    paths.move_tree(src, dest)
+    monkeypatch.setattr(transfer, "_copy", a_writer_adds_one_meanwhile)
+    transfer.move_tree(src, dest)
     assert [n for n, _ in dest.files()] == ["sub/y.txt", "x.txt"]
     assert [n for n, _ in src.files()] == ["late.txt"]  # not this move's to delete
     with pytest.raises(StorageError, match="both local, or both in one bucket"):
-        paths.move_tree(tmp_path, dest)
+        transfer.move_tree(tmp_path, dest)
 
 
 def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):

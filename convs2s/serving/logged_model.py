@@ -64,7 +64,7 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
 
     from convs2s.tracking.runs import global_tracking_uri
     from convs2s.tracking.redact import redact_text
-    from storage.paths import cache_root
+    from storage.transfer import cache_root
     from storage.scratch import place
 
     # the store in the key even when it comes from $MLFLOW_TRACKING_URI: models:/NAME/1 or
