@@ -3,9 +3,10 @@
 import sys
 
 try:
-    from storage.signals import command_signals  # (the standard library only)
+    from storage.signals import command_signals, sigterm_as_ctrl_c  # (the standard library)
 
-    with command_signals():  # a Ctrl-C inside an import waits for it; none is dropped
+    # A Ctrl-C inside an import waits for it, none is dropped; SIGTERM is a Ctrl-C from here.
+    with command_signals(), sigterm_as_ctrl_c():
         from preprocessing.cli import main
 
         sys.exit(main())

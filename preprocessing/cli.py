@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     from preprocessing.pipeline import run_pipeline
 
     try:
-        with sigterm_as_ctrl_c():  # from here on (run_pipeline sets it again once Ray starts)
+        with sigterm_as_ctrl_c():  # (run as a command, already from its start: __main__.py)
             for flag, where, write in (("--out", cfg.root, True),
                                        ("--source", cfg.source, False)):
                 if where not in ("hub", "demo"):

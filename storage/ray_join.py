@@ -1,8 +1,9 @@
-"""Joining the Ray cluster that RAY_ADDRESS names, for every Ray command of the project (the
-workflows, `python -m preprocessing`, `python -m workflows.evaluation`, `translate --actors`,
-`serve`). An address no command can join stops the command with one line (`RayAddressError`)
-that names it, hides its password and says what to do, instead of Ray's traceback (which quotes
-the address whole) or minutes of Ray's own connection retries:
+"""Starting or joining Ray for every Ray command of the project (the workflows, `python -m
+preprocessing`, `python -m workflows.evaluation`, `translate --actors`, `serve`): the cluster
+RAY_ADDRESS names, or a local Ray started quietly (`start_or_join`). An address no command can
+join stops the command with one line (`RayAddressError`) that names it, hides its password and
+says what to do, instead of Ray's traceback (which quotes the address whole) or minutes of Ray's
+own connection retries:
 
 - the dashboard's http:// address, the one `ray job submit` reads (the infra guide exports it);
 - a host:port where nothing takes a connection within CONVS2S_RAY_JOIN_WAIT_S seconds (30 by
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import time
 from pathlib import Path
 
 from storage.redact import redact_text
+from storage.signals import callers_signal_handlers
 
 # What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
 FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to its head's GCS "
@@ -74,17 +77,28 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
 def start_or_join(submit: str, **init_kwargs) -> str:
     """Ray for a command that finds none started in its process: the cluster RAY_ADDRESS names
     (`join`; RayAddressError where it cannot), else a local Ray started quietly (token
-    authentication chosen, `choose_local_ray_auth`; Ray's banner left out). `submit`: the
-    command to name for `ray job submit`. Returns the line its console shows instead of the
-    banner: where Ray is, its CPUs and its log folder."""
+    authentication chosen for the process, `choose_local_ray_auth`; Ray's banner left out), or
+    one already running on this machine (`ray start --head`), which `ray.init` joins. The
+    caller's Ctrl-C and SIGTERM handlers stay in place (Ray's start installs its own).
+    `submit`: the command to name for `ray job submit`; `init_kwargs`: what both a join and a
+    start take (`log_to_driver`, not resources). Returns the line its console shows instead of
+    the banner: where Ray is, its CPUs and its log folder."""
     import ray
 
-    if address := os.environ.get("RAY_ADDRESS"):
-        join(address, submit=submit, **init_kwargs)
-    else:
-        choose_local_ray_auth()
-        ray.init(logging_level=logging.WARNING, **init_kwargs)
-    where = f"cluster {shown(address)}" if address else "local instance"
+    with callers_signal_handlers():
+        try:
+            if address := os.environ.get("RAY_ADDRESS"):
+                join(address, submit=submit, **init_kwargs)
+            else:
+                choose_local_ray_auth()
+                ray.init(logging_level=logging.WARNING, **init_kwargs)
+        except SystemExit as stop:  # SIGTERM while Ray starts (seconds): Ray's own handler,
+            # in place from the middle of `ray.init`, exits; a Ctrl-C, as the caller's would be
+            if stop.code != signal.SIGTERM:
+                raise
+            raise KeyboardInterrupt("SIGTERM") from None
+    where = (f"cluster {shown(address)}" if address else "local instance" if started_here()
+             else "the Ray already running on this machine")
     return (f"Ray: {where}, {ray.cluster_resources().get('CPU', 0):g} CPUs; Ray's own logs: "
             f"{log_dir()}")
 

@@ -167,9 +167,11 @@ def command_signals() -> Iterator[None]:
         with ctrl_c_never_lost():
             yield
     finally:
-        _drop_held()
-        if before is not None:
-            signal.signal(signal.SIGINT, before)
+        try:
+            _drop_held()
+        finally:  # (even where the held Ctrl-C came in there)
+            if before is not None:
+                signal.signal(signal.SIGINT, before)
 
 
 def quiet_interrupted_datasets() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from storage.paths import ObjectPath, StorageError, copy_version, etag, location
+from storage.scratch import scratch_dir
 
 
 def cache_root() -> Path:
@@ -161,8 +162,6 @@ def written_locally(dest) -> Iterator[Path]:
     if not isinstance(dest, ObjectPath):
         yield dest
         return
-    from storage.scratch import scratch_dir  # (it needs storage.lease, which needs this)
-
     scratch = scratch_dir("convs2s-upload-")
     try:
         yield scratch / dest.name

@@ -452,8 +452,9 @@ def _preprocess_from_the_command_line(ctx):
     French -> English cut from one file pair by line ranges. First Ctrl-C (SIGINT to its
     process group, as a terminal sends it) as the BPE stage starts, then the same command
     again. Shares nothing with the session's Ray: it runs in the background
-    (tests/conftest.py, `Background`). Returns (the interrupted run, its output folder, the
-    rerun); None without ../shared/data (the tests skip)."""
+    (tests/conftest.py, `Background`). Then SIGTERM to another run 2 s in. Returns (the
+    interrupted run, its output folder, the rerun, the run sent SIGTERM); None without
+    ../shared/data (the tests skip)."""
     import signal
     import threading
     from types import SimpleNamespace
@@ -485,7 +486,20 @@ def _preprocess_from_the_command_line(ctx):
     finally:
         deadline.cancel()
     stopped = SimpleNamespace(returncode=proc.returncode, console="".join(seen) + rest)
-    return stopped, out, ctx.run(cmd, cwd=repo, env=env, timeout=600)
+    rerun = ctx.run(cmd, cwd=repo, env=env, timeout=600)
+    # SIGTERM (`ray job stop`, a machine's shutdown) 2 s in, while Ray starts, in a folder of
+    # its own: Ray's own handler, in place from the middle of `ray.init`, exited with status 15
+    termed = ctx.popen([*cmd[:-1], str(out) + "-sigterm"], cwd=repo, env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(2.0)
+    termed.send_signal(signal.SIGTERM)
+    try:
+        console, _ = termed.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(termed.pid, signal.SIGKILL)
+        console, _ = termed.communicate()
+    sigterm = SimpleNamespace(returncode=termed.returncode, console=console)
+    return stopped, out, rerun, sigterm
 
 
 BACKGROUND_RUNS = {"preprocessing_cli": _preprocess_from_the_command_line}
@@ -502,7 +516,7 @@ def test_the_command_line_takes_any_pair_and_its_console_is_the_stage_lines(shar
     """`python -m preprocessing` as a user runs it (`_preprocess_from_the_command_line`); the
     console holds the stage lines and the summary, Ray Data's per-dataset INFO lines stay in
     Ray's log folder."""
-    _, _, proc = preprocessing_cli
+    _, _, proc, _ = preprocessing_cli
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()
             if line.split() and line.split()[0] in ("train", "valid", "test")}
@@ -527,7 +541,7 @@ def test_ctrl_c_stops_the_command_line_in_one_line_and_the_same_command_goes_on(
     line naming where the finished stages are, no KeyboardInterrupt traceback; the same
     command then skips exactly the stages that had finished (the cleaning ones at least) and
     runs the rest."""
-    stopped, out, rerun = preprocessing_cli
+    stopped, out, rerun, _ = preprocessing_cli
     assert stopped.returncode == 130, stopped.console[-3000:]
     assert "Traceback" not in stopped.console and "KeyboardInterrupt" not in stopped.console, \
         stopped.console[-3000:]
@@ -587,6 +601,19 @@ def test_gigawords_test_split_spells_unknown_words_as_its_training_data(ray_sess
     assert data_dir(cfg.replace(token_map={})) != data_dir(cfg)
     with pytest.raises(ValueError, match="token_map maps whole words to whole words"):
         cfg.replace(token_map={"two words": "x"})
+
+
+@pytest.mark.slow
+def test_sigterm_while_ray_starts_stops_the_command_line_as_ctrl_c(shared_data,
+                                                                  preprocessing_cli):
+    """SIGTERM 2 s into `python -m preprocessing` (`_preprocess_from_the_command_line`), while
+    Ray starts (seconds on 2 CPUs): the same one line as Ctrl-C, exit 130, no traceback (Ray's
+    own SIGTERM handler, in place from the middle of `ray.init`, exited with status 15)."""
+    *_, sigterm = preprocessing_cli
+    assert sigterm.returncode == 130, sigterm.console[-3000:]
+    assert "Traceback" not in sigterm.console and "SystemExit" not in sigterm.console
+    (said,) = [line for line in sigterm.console.splitlines() if line.startswith("interrupted")]
+    assert said.startswith("interrupted: finished stages are kept under "), said
 
 
 @pytest.mark.parametrize("kind", ["dashboard", "dead head"])

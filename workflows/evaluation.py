@@ -27,11 +27,26 @@ with a minimum output length (`summarization_search()`, paper §4.1).
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # `python -m workflows.evaluation`: Ctrl-C and SIGTERM are handled
+    # before the heavy imports below (torch's among them), and main() runs from the module as
+    # it is imported elsewhere (what its Ray tasks unpickle)
+    from storage.signals import command_signals, sigterm_as_ctrl_c
+
+    try:
+        with command_signals(), sigterm_as_ctrl_c():
+            from workflows.evaluation import main
+
+            sys.exit(main())
+    except KeyboardInterrupt:  # before the jobs began
+        print("\ninterrupted", file=sys.stderr)
+        sys.exit(130)
+
 import argparse
 import dataclasses
 import hashlib
 import logging
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -558,14 +573,3 @@ def main(argv: list[str] | None = None) -> int:
         print(r.job.name, r.job.test_set.name,
               " ".join(f"{k}={v:.3f}" for k, v in sorted(r.metrics.items())), sep="\t")
     return 0
-
-
-if __name__ == "__main__":
-    from storage.signals import command_signals
-
-    try:
-        with command_signals():  # a Ctrl-C inside an import waits for it; none is dropped
-            sys.exit(main())
-    except KeyboardInterrupt:  # before the jobs began
-        print("\ninterrupted", file=sys.stderr)
-        sys.exit(130)
