@@ -20,11 +20,13 @@ Joining passes no resource arguments to `ray.init` (docs/reference.md, Ray).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from storage.redact import redact_text
@@ -74,6 +76,20 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
         raise RayAddressError(f"{name}: Ray cannot join it ({said}); " + FIX) from None
 
 
+@contextlib.contextmanager
+def sigterm_while_starting_as_ctrl_c() -> Iterator[None]:
+    """Around `ray.init`: a SIGTERM while Ray starts (seconds on a small machine) stops the
+    command as Ctrl-C does. Ray installs its own SIGTERM handler in the middle of `ray.init`,
+    and it exits (SystemExit 15, sometimes with a traceback from inside Ray's start): taken
+    here as a KeyboardInterrupt, which the commands answer with their `interrupted` line."""
+    try:
+        yield
+    except SystemExit as stop:
+        if stop.code != signal.SIGTERM:
+            raise
+        raise KeyboardInterrupt("SIGTERM") from None
+
+
 def start_or_join(submit: str, **init_kwargs) -> str:
     """Ray for a command that finds none started in its process: the cluster RAY_ADDRESS names
     (`join`; RayAddressError where it cannot), else a local Ray started quietly (token
@@ -85,18 +101,12 @@ def start_or_join(submit: str, **init_kwargs) -> str:
     the banner: where Ray is, its CPUs and its log folder."""
     import ray
 
-    with callers_signal_handlers():
-        try:
-            if address := os.environ.get("RAY_ADDRESS"):
-                join(address, submit=submit, **init_kwargs)
-            else:
-                choose_local_ray_auth()
-                ray.init(logging_level=logging.WARNING, **init_kwargs)
-        except SystemExit as stop:  # SIGTERM while Ray starts (seconds): Ray's own handler,
-            # in place from the middle of `ray.init`, exits; a Ctrl-C, as the caller's would be
-            if stop.code != signal.SIGTERM:
-                raise
-            raise KeyboardInterrupt("SIGTERM") from None
+    with callers_signal_handlers(), sigterm_while_starting_as_ctrl_c():
+        if address := os.environ.get("RAY_ADDRESS"):
+            join(address, submit=submit, **init_kwargs)
+        else:
+            choose_local_ray_auth()
+            ray.init(logging_level=logging.WARNING, **init_kwargs)
     where = (f"cluster {shown(address)}" if address else "local instance" if started_here()
              else "the Ray already running on this machine")
     return (f"Ray: {where}, {ray.cluster_resources().get('CPU', 0):g} CPUs; Ray's own logs: "

@@ -548,12 +548,13 @@ def start_ray(log_to_driver: bool = True,
         if type(handler).__name__ != "SessionFileHandler":
             handler.setLevel(logging.WARNING)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-    if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
-        ray_join.join(address, submit=command, log_to_driver=log_to_driver)
-    else:
-        ray_join.choose_local_ray_auth()
-        ray.init(logging_level=logging.WARNING, include_dashboard=False,
-                 log_to_driver=log_to_driver)
+    with ray_join.sigterm_while_starting_as_ctrl_c():
+        if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
+            ray_join.join(address, submit=command, log_to_driver=log_to_driver)
+        else:
+            ray_join.choose_local_ray_auth()
+            ray.init(logging_level=logging.WARNING, include_dashboard=False,
+                     log_to_driver=log_to_driver)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
