@@ -32,7 +32,6 @@ from storage.settings import Change, apply_changes, read_value
 from storage import StorageError, check_storage, location
 from storage.paths import shown
 from storage.ray_join import RayAddressError
-from storage.signals import sigterm_as_ctrl_c
 
 if TYPE_CHECKING:
     from preprocessing.pipeline import PipelineOutput
@@ -127,13 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     from preprocessing.pipeline import run_pipeline
 
     try:
-        with sigterm_as_ctrl_c():  # (run as a command, already from its start: __main__.py)
-            for flag, where, write in (("--out", cfg.root, True),
-                                       ("--source", cfg.source, False)):
-                if where not in ("hub", "demo"):
-                    check_storage(where, flag, write=write)  # a bucket that cannot work
-            out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`) taken as one
+        for flag, where, write in (("--out", cfg.root, True), ("--source", cfg.source, False)):
+            if where not in ("hub", "demo"):
+                check_storage(where, flag, write=write)  # a bucket that cannot work: one line
+        out = run_pipeline(cfg, hub_endpoint=args.hub_endpoint)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (`ray job stop`): __main__.py hands it over
         # Each stage writes whole files or none, its manifest last: the same command goes on
         # from the last finished stage.
         print(f"\ninterrupted: finished stages are kept under {shown(cfg.root)}; the same "

@@ -72,7 +72,6 @@ from convs2s.tracking.runs import (
 from convs2s.tracking.redact import redact_text, redact_uri
 
 from storage import local_copy, location, ray_join, write_whole
-from storage.signals import sigterm_as_ctrl_c
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -562,8 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                          num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
                          model_id=served.model_id) for test in tests]
     try:
-        with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
-            results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
+        results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
     except NoRoomError as err:  # (a job no node of a local Ray can hold)
         p.error(str(err))
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM taken as one: one line, no traceback
