@@ -359,7 +359,8 @@ class TrainConfig(Settings):
             if not ok:
                 raise ValueError(f"{name} must be {want}, got {getattr(self, name)}")
         for name in ("weight_decay", "clip_norm", "min_lr", "warmup_init_lr", "warmup_updates",
-                     "max_epochs", "max_updates", "checkpoint_interval", "shuffle_buffer"):
+                     "max_epochs", "max_updates", "checkpoint_interval", "shuffle_buffer",
+                     "seed"):  # (the epoch's plan seeds numpy with it: non-negative only)
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.update_freq < 1:

@@ -115,6 +115,7 @@ def test_saved_and_file_settings_are_typed_as_set_values_are():
     (dict(clip_norm=-1.0), "clip_norm must be >= 0"),
     (dict(warmup_updates=-5), "warmup_updates must be >= 0"),
     (dict(max_updates=-1), "max_updates must be >= 0"),
+    (dict(seed=-1), "seed must be >= 0"),  # (numpy's generators, the epoch's plan, refuse it)
     (dict(compile="inducter"), "compile='inducter': not a torch.compile backend"),
     (dict(fuse="false"), "fuse='false': not a torch.compile backend"),
 ])

@@ -258,8 +258,8 @@ def test_a_run_folder_with_a_model_this_run_did_not_train_is_left_alone(demo_bat
 def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches, tmp_path,
                                                                     capsys):
     """--model small on a tiny run's folder: one line naming what differs (it was a page of
-    load_state_dict's tensor shapes); another seed or --train-data too (they trained on
-    without a word); the run's checkpoint is untouched. Another lr resumes
+    load_state_dict's tensor shapes); another seed, shuffle buffer or --train-data too (they
+    trained on without a word); the run's checkpoint is untouched. Another lr resumes
     (the run's schedule goes on), saying so."""
     from convs2s.io.checkpoint import list_checkpoints
     from convs2s.train.local import main
@@ -275,9 +275,12 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     assert "the run's checkpoint is another model than the one asked (" in err
     assert "in the checkpoint" in err and "its --model" in err
     assert list_checkpoints(tmp_path / "r") == [kept]
-    # Another seed, or other batches (another --train-data: here the valid split's), would
-    # plan the interrupted epoch's rows afresh over other rows: one line each, nothing written.
+    # Another seed, another shuffle buffer or other batches (another --train-data: here the
+    # valid split's) would plan the interrupted epoch's rows afresh over other rows: one line
+    # each, nothing written.
     for more, said in ((["--set", "seed=7"], "was trained with seed 1 there, 7 asked: "),
+                       (["--set", "shuffle_buffer=64"],
+                        "was trained with shuffle_buffer 256 there, 64 asked: "),
                        (["--train-data", demo_batches.batches["valid"]],
                         "was trained with other training batches than ")):
         rc = main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", *more))
@@ -298,6 +301,9 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     ours = data_identity(job.train_data, TrainFiles.scan(job.train_data))
     with pytest.raises(CheckpointError, match="was trained with seed 1 there, 7 asked"):
         check_same_training(state, job, ours, kept.path)
+    with pytest.raises(CheckpointError, match="with shuffle_buffer 256 there, 8 asked"):
+        check_same_training(state, job.replace(train=TrainConfig(shuffle_buffer=8)), ours,
+                            kept.path)
     check_same_training(state, job.replace(train=TrainConfig(seed=1)), ours, kept.path)
     # Another lr on resume: the schedule's state decides, and the line says so.
     assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "3", "--set",

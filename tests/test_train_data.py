@@ -123,6 +123,22 @@ def test_the_reader_returns_the_planned_rows_in_order(files):
     assert list(read_rows(files, refs[:0])) == []
 
 
+def test_a_file_rewritten_under_the_run_is_refused_naming_it(files):
+    # The plan was made from the footers' row counts: a file that now holds fewer rows would
+    # give empty slices (a confusing collate error), more rows another cut of the data.
+    from convs2s.train.data import BatchesChanged
+
+    refs = epoch_rows(files, 7, 1, 1, 0, 10)
+    shrunk = files.paths[3]
+    pq.write_table(pa.table({"id": [[3000 + i] for i in range(5)]}), shrunk)
+    with pytest.raises(BatchesChanged, match=rf"{shrunk} holds 5 batch rows now, 33 when the "
+                                             "run planned its epochs: the training batches "
+                                             "changed under the run"):
+        list(read_rows(files, refs, 10))
+    unchanged = [i for i, (f, _) in enumerate(refs) if f != 3]
+    assert len(list(read_rows(files, refs[unchanged], 10))) == len(unchanged)
+
+
 def test_batches_with_a_sentence_over_the_models_positions_are_refused_before_training(
         tmp_path):
     # The manifest preprocessing writes beside the batches says its longest sentences: a run

@@ -79,8 +79,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
                            if f.is_file() and f.name != META_FILE
                            and not f.name.endswith(".tmp")}}
     # what a resume must keep, read without loading the weights (convs2s.train.data.preflight)
-    if (seed := (state.get("train_config") or {}).get("seed")) is not None:
-        meta["seed"] = int(seed)
+    for key in ("seed", "shuffle_buffer"):  # the epoch's plan (convs2s.train.data)
+        if (value := (state.get("train_config") or {}).get(key)) is not None:
+            meta[key] = int(value)
     if state.get("train_data"):
         meta["train_data"] = state["train_data"]
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.

@@ -133,10 +133,30 @@ def read_file(path: str) -> pa.Table:
     return pq.read_table(key, filesystem=fs)
 
 
+class BatchesChanged(RuntimeError):
+    """A training file no longer holds the rows the run's plan was made from."""
+
+
+def read_counted(files: TrainFiles, f: int) -> pa.Table:
+    """File `f` of `files`, whole, refused (BatchesChanged) when its row count is not the one
+    its footer had when the run planned its epochs: a file rewritten under a running run would
+    otherwise give slices past its end (an empty batch) or rows of another cut. (Preprocessing
+    never rewrites a finished folder; a file of the same row count rewritten by another tool
+    is not told apart.)"""
+    table = read_file(files.paths[f])
+    if table.num_rows != files.rows[f]:
+        raise BatchesChanged(
+            f"{files.paths[f]} holds {table.num_rows:,} batch rows now, {files.rows[f]:,} when "
+            "the run planned its epochs: the training batches changed under the run. Train on "
+            "a folder nothing rewrites (preprocessing writes new data to a new one), under "
+            "another --run-name")
+    return table
+
+
 def read_rows(files: TrainFiles, refs: np.ndarray, window: int = 256) -> Iterator[pa.Table]:
     """The rows `refs` names, in order, as one-row tables (zero-copy slices of the files they
-    come from). Files are read whole, the next window's in a background thread while this one
-    trains; at most the files of two windows are held."""
+    come from). Files are read whole (`read_counted`), the next window's in a background thread
+    while this one trains; at most the files of two windows are held."""
     window = max(1, window)
     starts = range(0, len(refs), window)
 
@@ -148,7 +168,7 @@ def read_rows(files: TrainFiles, refs: np.ndarray, window: int = 256) -> Iterato
         def fetch(start: int) -> None:
             for f in needed(start):
                 if f not in tables:
-                    tables[f] = pool.submit(read_file, files.paths[f])
+                    tables[f] = pool.submit(read_counted, files, f)
 
         if len(refs):
             fetch(0)
@@ -222,15 +242,20 @@ def preflight(job, world: int) -> tuple[TrainFiles, TrainFiles]:
     return files, valid_files
 
 
-def resume_differences(seed, data: dict | None, job, ours: dict) -> list[str]:
-    """How a checkpoint trained with `seed` on batches `data` (`data_identity`; None for a
-    checkpoint from before it was recorded) differs from the run `job` asks on batches `ours`:
-    the interrupted epoch goes on with the rows its plan had left, a plan made from the seed
-    and the batch files, so another seed or another cut of the data (another --train-data,
-    --max-tokens, corpus) would train some rows twice and others never."""
+def resume_differences(saved: dict, data: dict | None, job, ours: dict) -> list[str]:
+    """How a checkpoint trained with the settings `saved` (its `seed` and `shuffle_buffer`; a
+    key a checkpoint from before it was recorded lacks is not compared) on batches `data`
+    (`data_identity`; None for a checkpoint from before it was recorded) differs from the run
+    `job` asks on batches `ours`: the interrupted epoch goes on with the rows its plan had left,
+    a plan made from the seed, the shuffle windows and the batch files, so another seed, another
+    shuffle buffer or another cut of the data (another --train-data, --max-tokens, corpus)
+    would train some rows twice and others never."""
     out = []
-    if seed is not None and int(seed) != job.train.seed:
+    if (seed := saved.get("seed")) is not None and int(seed) != job.train.seed:
         out.append(f"seed {int(seed)} there, {job.train.seed} asked")
+    if (buffer := saved.get("shuffle_buffer")) is not None \
+            and max(int(buffer), 1) != max(job.train.shuffle_buffer, 1):  # (0 and 1: in order)
+        out.append(f"shuffle_buffer {int(buffer)} there, {job.train.shuffle_buffer} asked")
     differ = [k for k, v in (data or {}).items()
               if v is not None and ours.get(k) is not None and ours[k] != v]
     if differ:
@@ -239,8 +264,8 @@ def resume_differences(seed, data: dict | None, job, ours: dict) -> list[str]:
     return out
 
 
-RESUME_FIX = ("resume with the run's own seed and training batches, or give another "
-              "--run-name for a new run")
+RESUME_FIX = ("resume with the run's own seed, shuffle_buffer and training batches, or give "
+              "another --run-name for a new run")
 
 
 def resume_problem(job, files: TrainFiles) -> str | None:
@@ -256,7 +281,7 @@ def resume_problem(job, files: TrainFiles) -> str | None:
     if not kept:
         return None
     meta = json.loads((location(kept[-1].path) / META_FILE).read_text())
-    differ = resume_differences(meta.get("seed"), meta.get("train_data"), job,
+    differ = resume_differences(meta, meta.get("train_data"), job,
                                 data_identity(job.train_data, files))
     if not differ:
         return None

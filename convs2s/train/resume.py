@@ -1,6 +1,6 @@
-"""What a run may start from: the checkpoint it resumes (the same model, seed and training
-batches, or a refusal naming what differs and the fix) and the trained model it fine-tunes
-(`init_from`: the same architecture and vocabulary sizes)."""
+"""What a run may start from: the checkpoint it resumes (the same model, seed, shuffle buffer
+and training batches, or a refusal naming what differs and the fix) and the trained model it
+fine-tunes (`init_from`: the same architecture and vocabulary sizes)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,12 @@ def check_same_model(state: dict, job: TrainJob, where) -> None:
 
 
 def check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
-    """Refuse to resume a run's checkpoint with another seed or other training batches: the
-    interrupted epoch goes on with the rows its plan had left (convs2s.train.data), a plan made
-    from the seed and the batch files (`resume_differences`; `preflight` refuses the same from
-    the latest checkpoint's meta.json before any worker starts). A checkpoint from before the
-    data was recorded: the seed is compared only."""
-    if differ := resume_differences((state.get("train_config") or {}).get("seed"),
+    """Refuse to resume a run's checkpoint with another seed, another shuffle buffer or other
+    training batches: the interrupted epoch goes on with the rows its plan had left
+    (convs2s.train.data), a plan made from them (`resume_differences`; `preflight` refuses the
+    same from the latest checkpoint's meta.json before any worker starts). A checkpoint from
+    before the data was recorded: the settings are compared only."""
+    if differ := resume_differences(state.get("train_config") or {},
                                     state.get("train_data"), job, data):
         raise CheckpointError(f"{where}: the run's checkpoint was trained with "
                               + "; ".join(differ) + f": {RESUME_FIX}")
@@ -62,3 +62,4 @@ def model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, obj
     sizes = {"src_vocab_size": job.vocab_size,
              "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
     return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]
+
