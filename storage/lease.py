@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from storage.paths import ObjectPath, StorageError, location
@@ -110,8 +111,12 @@ class RunLease:
     """An exclusive, renewed hold on `folder` (see the module's docstring)."""
 
     def __init__(self, folder, command: str = "", ttl_s: float = 120.0,
-                 heartbeat_s: float = 20.0, elsewhere: str = "give another --run-name"):
+                 heartbeat_s: float = 20.0, elsewhere: str = "give another --run-name",
+                 outer=None):
         self.folder = location(folder)
+        # A folder `folder` lies in that another command may hold as its run (a workflow's run
+        # folder, whose training runs in <run>/<name>): refused while that lease is live
+        self.outer = location(outer) / LEASE_FILE if outer is not None else None
         self.path = self.folder / LEASE_FILE
         self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
         self.elsewhere = elsewhere  # the refusal's way to another folder
@@ -150,17 +155,28 @@ class RunLease:
                     f"lasted {ttl:.0f} s)")
         return None
 
-    def _refusal(self, held: dict) -> LeaseHeld:
+    def _refusal(self, held: dict, where: str = "") -> LeaseHeld:
+        """`where`: the folder in use, when not this lease's own (`outer`)."""
         since = time.strftime("%H:%M:%S", time.localtime(float(held.get("renewed", 0))))
         what = f" ({held['command']})" if held.get("command") else ""
+        inside = f" is inside {where}, which" if where else ""
         return LeaseHeld(
-            f"{self.folder} is in use by another command{what}: pid {held.get('pid')} on "
+            f"{self.folder}{inside} is in use by another command{what}: pid {held.get('pid')} on "
             f"{held.get('host')}, lease renewed at {since}; wait for it to finish, stop it, or "
             f"{self.elsewhere} (a holder that died is taken over after "
             f"{self.ttl_s:.0f} s, at once on its own host)")
 
+    def ref(self) -> LeaseRef:
+        """What the processes this command starts carry to check the lease before they write
+        (`LeaseRef.check`)."""
+        return LeaseRef(str(self.path), self.owner["id"])
+
     # -- acquire / renew / release --
     def acquire(self) -> RunLease:
+        if self.outer is not None and (held := read_lease(self.outer)[0]) is not None \
+                and self._stale(held) is None and not (  # (this very process's: its own run)
+                    pids_comparable(held, legacy=False) and held.get("pid") == os.getpid()):
+            raise self._refusal(held, where=str(self.outer.parent))
         for _ in range(5):  # a lost race with another taker: look again
             if self._create():
                 self._start_heartbeat()
@@ -168,6 +184,10 @@ class RunLease:
             held = self._read()
             if held is None:
                 continue  # released between our create and our read
+            if self._ours(held):  # our own create, sent twice (botocore resends a PUT whose
+                self._etag = self._seen_etag  # answer was lost; the second finds the first's)
+                self._start_heartbeat()
+                return self
             why = self._stale(held)
             if why is None:
                 raise self._refusal(held)
@@ -255,19 +275,11 @@ class RunLease:
         return self.path.bucket, self.path.key.split("/", 1)[1]
 
     def _read(self) -> dict | None:
-        try:
-            if isinstance(self.path, ObjectPath) and self.path.scheme == "s3":
-                bucket, key = self._key()
-                obj = self._s3().get_object(Bucket=bucket, Key=key)
-                self._seen_etag = obj["ETag"]
-                return json.loads(obj["Body"].read())
-            return _local_record(self.path)
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        except Exception as err:  # noqa: BLE001 - botocore's NoSuchKey
-            if _code(err) in ("NoSuchKey", "404"):
-                return None
-            raise
+        s3 = isinstance(self.path, ObjectPath) and self.path.scheme == "s3"
+        record, etag = read_lease(self.path, self._s3() if s3 else None)
+        if etag is not None:
+            self._seen_etag = etag
+        return record
 
     def _put_if(self, **condition) -> bool:
         """A conditional PUT of a fresh record (If-None-Match / If-Match); False when the
@@ -459,6 +471,60 @@ class RunLease:
             aside.unlink(missing_ok=True)
         self._renewed = time.monotonic()
         return True
+
+
+def read_lease(path, client=None) -> tuple[dict | None, str | None]:
+    """The lease record at `path` (a lease file: local, or an s3:// object read with boto3's
+    `client`, one made when None) and its ETag (None locally); (None, None) where there is
+    none, or it is not a whole record."""
+    path = location(path)
+    try:
+        if isinstance(path, ObjectPath) and path.scheme == "s3":
+            if client is None:
+                import boto3
+
+                client = boto3.client("s3")
+            obj = client.get_object(Bucket=path.bucket, Key=path.key.split("/", 1)[1])
+            return json.loads(obj["Body"].read()), obj["ETag"]
+        return _local_record(path), None
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None, None
+    except Exception as err:  # noqa: BLE001 - botocore's NoSuchKey
+        if _code(err) in ("NoSuchKey", "404"):
+            return None, None
+        raise
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """A run folder's lease as the processes its holder starts carry it (training workers, a
+    sweep's trials): before they write, they check that it is still that command's (`check`).
+    The holder itself learns that it lost the lease only at its next renewal, and a suspended
+    or stalled driver not even then, while its workers go on; without the check they would go
+    on writing checkpoints beside the taker's, and each one's keep_last would delete the
+    other's."""
+
+    path: str  # the lease file
+    id: str  # its holder's random id (RunLease.owner["id"])
+
+    def check(self, before: str = "writing") -> None:
+        """Return when the lease is still its holder's; else raise LeaseLost, naming who holds
+        it now."""
+        held = None
+        for attempt in range(3):  # (a local taker has it aside for a moment to look at it)
+            if (held := read_lease(self.path)[0]) is not None:
+                break
+            time.sleep(0.2 * (attempt + 1))
+        if held is not None and held.get("id") == self.id:
+            return
+        now = "no command holds it now" if held is None else (
+            f"pid {held.get('pid')} on {held.get('host')} holds it now"
+            + (f" ({held['command']})" if held.get("command") else ""))
+        raise LeaseLost(
+            f"{location(self.path).parent}: the command that started this one no longer holds "
+            f"the run folder's lease ({now}), so this stops before {before}: two commands "
+            "never write one run. Check what the other command wrote; resume the run with one "
+            "command at a time")
 
 
 def _local_record(path: Path) -> dict:

@@ -209,6 +209,74 @@ def test_a_renewal_sent_twice_keeps_the_lease(s3, tmp_path):
             RunLease(lease.folder).acquire()
 
 
+def test_a_create_sent_twice_is_taken_as_this_commands_own(s3, tmp_path):
+    # The first PUT of a new lease landed but its answer was lost; botocore's resend finds the
+    # lease there (412). It is this command's own: held, with its heartbeat, not a refusal
+    # naming itself (which left a lease no one renewed, blocking the run for its ttl).
+    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/created"), ttl_s=3.0,
+                     heartbeat_s=0.2)
+    client = lease._s3()
+    put = client.put_object
+
+    def answer_lost(**kwargs):
+        put(**kwargs)
+        return put(**kwargs)  # the resend: 412 while the lease is there
+
+    client.put_object = answer_lost
+    lease.acquire()
+    client.put_object = put
+    try:
+        time.sleep(0.6)  # renewals go on
+        assert not lease.lost and lease.taken_over is None
+        with pytest.raises(LeaseHeld):
+            RunLease(lease.folder).acquire()
+    finally:
+        lease.release()
+    assert not lease.lost and not (lease.folder / LEASE_FILE).exists()
+
+
+def test_what_a_holder_started_checks_the_lease_is_still_the_holders(run_dir):
+    # Training workers carry the lease (LeaseRef) and check it before each checkpoint: the
+    # holder itself learns of a takeover only at its next renewal (never, while suspended).
+    from storage.lease import LeaseRef
+
+    lease = RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=1000).acquire()
+    ref = lease.ref()
+    ref.check()  # still A's
+    with pytest.raises(LeaseLost, match="no longer holds the run folder's lease"):
+        LeaseRef(ref.path, "someone-else").check()
+    time.sleep(0.5)
+    other = RunLease(run_dir, command="B", heartbeat_s=1000).acquire()  # A's is stale
+    with pytest.raises(LeaseLost, match=rf"\(pid {os.getpid()} on {socket.gethostname()} "
+                                        r"holds it now \(B\)\), so this stops before "
+                                        "writing its checkpoint at update 7"):
+        ref.check("writing its checkpoint at update 7")
+    other.release()
+    with pytest.raises(LeaseLost, match="no command holds it now"):
+        ref.check()
+    lease.release()
+    assert lease.lost
+
+
+def test_a_run_inside_a_folder_another_command_holds_is_refused(run_dir):
+    # `python -m convs2s train --storage-path <a workflow's run> --run-name train` while the
+    # workflow trains there: refused, naming the workflow (the two leases are on two folders).
+    _plant(run_dir, host=socket.gethostname(), pid=os.getppid(), boot=machine_id(),
+           pidns=pid_namespace())
+    inner = location(run_dir) / "train"
+    with pytest.raises(LeaseHeld, match=rf"{inner} is inside {location(run_dir)}, which is in "
+                                        r"use by another command \(wmt14_en_fr paper\)"):
+        RunLease(inner, outer=run_dir).acquire()
+    assert not (inner / LEASE_FILE).exists()
+    _plant(run_dir, expires=time.time() - 1)  # its holder gone: the inner run may start
+    with RunLease(inner, outer=run_dir):
+        pass
+    (location(run_dir) / LEASE_FILE).unlink()
+    with RunLease(run_dir) as outer:  # this very process's own run: its training goes on
+        with RunLease(inner, outer=run_dir):
+            assert not outer.lost
+
+
 def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
     # A ttl of 3 s, renewed every 0.2 s: a renewal may take over 2 s on a loaded host (CI
     # once missed a 1 s ttl) and the lease still lives.

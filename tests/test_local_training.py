@@ -376,6 +376,51 @@ def test_a_second_command_on_a_run_being_trained_is_refused_in_one_line(demo_bat
     assert sorted(p.name for p in run_dir.iterdir()) == [LEASE_FILE]  # nothing written
 
 
+def test_a_run_whose_lease_another_command_took_stops_before_its_next_checkpoint(
+        demo_batches, tmp_path, capsys):
+    """A holder learns of a takeover only at its next renewal (never, while its process is
+    suspended), and its workers train on meanwhile: the trainer checks the lease before each
+    checkpoint, so the run stops there, one line naming the taker, and writes nothing beside
+    the taker's checkpoints (nor deletes them by its keep_last)."""
+    import json
+    import os
+    import threading
+    import time
+
+    from convs2s.io.checkpoint import list_checkpoints
+    from convs2s.train.local import main
+    from storage.lease import LEASE_FILE
+
+    run_dir = tmp_path / "taken"
+    taker = {"host": "gpu-node-3", "pid": 4242, "id": "other", "command": "convs2s train (taken)"}
+
+    def take_over_after_the_second_checkpoint():
+        deadline = time.monotonic() + 120
+        while not (run_dir / "checkpoint_00000002" / "meta.json").is_file():
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        tmp = run_dir / "lease.tmp"  # (whole: as the taker's own exclusive create)
+        tmp.write_text(json.dumps({**taker, "renewed": time.time(),
+                                   "expires": time.time() + 120}))
+        os.replace(tmp, run_dir / LEASE_FILE)
+
+    thread = threading.Thread(target=take_over_after_the_second_checkpoint, daemon=True)
+    thread.start()
+    rc = main(_argv(demo_batches, tmp_path, "taken", "--max-updates", "300", "--set",
+                    "checkpoint_interval=1", "--set", "keep_last=300"))
+    thread.join(5)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    said = err[-1]  # (after the lease's own warning that it was no longer this command's)
+    assert "the command that started this one no longer holds the run folder's lease (pid " \
+        "4242 on gpu-node-3 holds it now (convs2s train (taken))), so this stops before " \
+        "writing its checkpoint at update " in said, err
+    stopped_at = int(said.split("its checkpoint at update ")[1].split(":")[0])
+    kept = [c.update for c in list_checkpoints(run_dir)]
+    assert kept == list(range(1, stopped_at)) and stopped_at < 300  # none after the taking
+    assert json.loads((run_dir / LEASE_FILE).read_text())["id"] == "other"  # left to the taker
+
+
 def test_an_update_the_data_cannot_fill_is_one_line_before_training(demo_batches, tmp_path,
                                                                      capsys):
     """An update of more micro-batches than the training split holds for a worker would train

@@ -25,6 +25,7 @@ from conftest import mlflow_store
 import torch
 from mlflow.tracking import MlflowClient
 
+from storage.lease import RunLease
 from storage.signals import sigterm_handed_to_ctrl_c
 from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
 from convs2s.train.collate import collate_arrow
@@ -90,17 +91,24 @@ def _crash_and_rerun(demo, storage, tracking: str, record: Path) -> dict:
     assert per_epoch < ckpt_before_crash < 2 * per_epoch - 10  # mid-way through epoch 2
     cfg = TrainConfig(max_epochs=2, log_interval=5, checkpoint_interval=CHECKPOINT_INTERVAL,
                       keep_last=KEEP_LAST)
+    # The run folder's lease held here, as a workflow holds it: rank 0 checks it before each
+    # checkpoint, every rank learning the verdict (it stays this test's: the run goes on)
+    lease = RunLease(Path(storage) / "crashes", command="test_train crashes").acquire()
     job = make_job(demo, storage, "crashes", cfg, max_failures=1, system_metrics_s=1.0,
-                   tracking_uri=tracking)
+                   tracking_uri=tracking, lease=lease.ref())
     # Python's own Ctrl-C handler, as a program starts with (and as the session may not have
     # it: an earlier test's library may have left another)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(CRASH_AT_UPDATE_ENV, str(ckpt_before_crash + 7))
-        mp.setenv(CRASH_RANK_ENV, "1")
-        mp.setenv(RECORD_BATCHES_ENV, str(record))
-        first = fit(job)
-    second = fit(job.replace(train=cfg.replace(max_epochs=EPOCHS)))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(CRASH_AT_UPDATE_ENV, str(ckpt_before_crash + 7))
+            mp.setenv(CRASH_RANK_ENV, "1")
+            mp.setenv(RECORD_BATCHES_ENV, str(record))
+            first = fit(job)
+        second = fit(job.replace(train=cfg.replace(max_epochs=EPOCHS)))
+    finally:
+        lease.release()
+    assert not lease.lost
     return {"job": job, "first": first, "second": second, "per_epoch": per_epoch,
             "ckpt_before_crash": ckpt_before_crash, "record": record,
             "sigint": signal.getsignal(signal.SIGINT)}

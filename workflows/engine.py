@@ -82,10 +82,10 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
     The run folder's lease is held from the first write to the end: a second command on the
     same run name and storage stops at once (storage.lease.LeaseHeld)."""
     check(spec)  # writes nothing: a refused run leaves no folder behind
-    with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}"):
+    with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}") as lease:
         prepare(spec)
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
-            return run_stages(spec)
+            return run_stages(spec, lease=lease.ref())
 
 
 def check(spec: RunSpec, sweep: bool = False) -> None:
@@ -129,9 +129,10 @@ def prepare(spec: RunSpec, sweep: bool = False) -> None:
 
 
 def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = None,
-               params: dict | None = None) -> WorkflowResult:
+               params: dict | None = None, lease=None) -> WorkflowResult:
     """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
-    `within` when given (a sweep's trial, with the sweep's `tags` and `params`)."""
+    `within` when given (a sweep's trial, with the sweep's `tags` and `params`). `lease`: the
+    run folder's lease the command holds (storage.lease.LeaseRef), which training checks."""
     from convs2s.tracking.runs import artifacts_beside, end_run
     from workflows.lineage import data_inputs, register_champion, registered_name
 
@@ -152,7 +153,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
     parent = tree.parent
     log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
              spec.experiment, redact_uri(uri))
-    ctx = StageContext(tree)
+    ctx = StageContext(tree, lease=lease)
     try:
         tree.describe(parent, {**spec.params(), **(params or {})})
         record_settings(ctx, spec)  # --restart sets earlier work aside; a continuation is noted

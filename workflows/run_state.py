@@ -36,6 +36,9 @@ class StageContext:
 
     tree: RunTree
     skipped: list[str] = field(default_factory=list)
+    # The run folder's lease held by the command (storage.lease.LeaseRef): its training
+    # workers check it before each checkpoint (TrainJob.lease); None: none held
+    lease: object = None
 
     @property
     def run_dir(self) -> Path:  # <storage>/<run name>

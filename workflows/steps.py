@@ -130,7 +130,7 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                        system_metrics_s=spec.system_metrics_s, init_from=spec.init_from,
                        tgt_vocab_size=out.tgt_vocab_size, text_files=out.text_files,
                        accelerator_type=spec.accelerator_type,
-                       placement_wait_s=PLACEMENT_WAIT_S)
+                       placement_wait_s=PLACEMENT_WAIT_S, lease=ctx.lease)
         try:
             result = fit(job)
         except (BudgetTooLarge, RunRefused, Diverged) as err:  # a GPU cannot hold the

@@ -286,7 +286,8 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
                 not in seen:
             seen.add(d)
             check_inputs(t.spec)
-    with RunLease(sweep.folder, command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}"):
+    with RunLease(sweep.folder,
+                  command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}") as lease:
         prepare(base, sweep=True)  # Ray, storage and GPUs, as for one workflow run
         if todo := sum(t.finished() is None for t in sweep.trials):
             import ray
@@ -295,10 +296,11 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
             # one line (each trial would otherwise wait for room, then fail)
             concurrency(sweep, ray.nodes(), todo)
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
-            return _run_sweep(sweep)
+            return _run_sweep(sweep, lease.ref())
 
 
-def _run_sweep(sweep: SweepSpec) -> SweepResult:
+def _run_sweep(sweep: SweepSpec, lease=None) -> SweepResult:
+    """The sweep's trials (`lease`: the sweep folder's, which their training checks)."""
     from convs2s.tracking.runs import (end_run, log_artifacts, log_final_metrics, set_tags,
                                        stopped_status)
     from preprocessing.pipeline import run_pipeline
@@ -341,7 +343,7 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
             # changes data.* prepares its own in its trials, its seeds maybe at once: each
             # stage is published whole, so that only repeats work).
             run_pipeline(base.data)
-            ran, failed = _run_on_tune(sweep, todo, tree)
+            ran, failed = _run_on_tune(sweep, todo, tree, lease)
             result.results.update(ran)
             result.failed.update(failed)
         result.table = summary_table(sweep, result.results, result.failed)
@@ -354,7 +356,8 @@ def _run_sweep(sweep: SweepSpec) -> SweepResult:
     return result
 
 
-def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[dict, dict]:
+def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree,
+                 lease=None) -> tuple[dict, dict]:
     """Run `todo` as Ray Tune trials; ({trial: metrics}, {trial: error}). A crashed trial's
     runs are marked FAILED. A sweep that Ray Tune stopped (its handler takes the first Ctrl-C
     and SIGUSR1: it stops the trials, then returns) is raised as KeyboardInterrupt, as a
@@ -370,8 +373,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree) -> tuple[di
     log.info("== sweep: %d trial(s) on Ray Tune, %d at a time: %s", len(todo), n,
              ", ".join(t.name for t in todo))
     by_name = {t.name: t for t in todo}
-    trainable = tune.with_parameters(_trial_main, trials=by_name,
-                                     sweep_run_id=tree.parent, sweep_name=sweep.run_name)
+    trainable = tune.with_parameters(_trial_main, trials=by_name, sweep_run_id=tree.parent,
+                                     sweep_name=sweep.run_name, lease=lease)
     trainable = tune.with_resources(
         trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}]))
     tuner = tune.Tuner(
@@ -501,7 +504,8 @@ _METRIC_KEYS = ("valid_ppl", "updates", "epochs", "train_minutes", "resumed_from
                 "run_id")
 
 
-def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name: str) -> dict:
+def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name: str,
+                lease=None) -> dict:
     """A Ray Tune trial (runs in a Tune actor): the trial's whole workflow run under the sweep's
     MLflow run; writes trial.json when it finished and returns its metrics to Tune."""
 
@@ -516,7 +520,8 @@ def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name
                      params={"sweep": {"run": sweep_name, "variant": trial.variant.name,
                                        "seed": trial.seed,
                                        "changes": "; ".join(f"{k}={v}" for k, v in
-                                                            trial.changes.items()) or "none"}})
+                                                            trial.changes.items()) or "none"}},
+                     lease=lease)
     metrics = trial_metrics(trial.spec, out)
     trial.write_record(metrics)
     return metrics

@@ -71,6 +71,11 @@ class TrainJob:
     # replacement the autoscaler has not brought yet) before the run stops, resumable; None
     # tries without end. In tries of RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s).
     placement_wait_s: float | None = 900.0
+    # The run folder's lease (storage.lease.LeaseRef) held by the command that started the
+    # run (a workflow, `python -m convs2s train`): rank 0 checks it is still that command's as
+    # it starts and before each checkpoint it writes, and stops (LeaseLost) where another
+    # command took the run over. None: no check (a caller that holds no lease).
+    lease: object = None
 
     def replace(self, **changes) -> TrainJob:
         return dataclasses.replace(self, **changes)

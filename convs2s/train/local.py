@@ -48,7 +48,9 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     files, valid_files = preflight(job, runtime.world_size)  # (on every rank alike)
     # One command per run folder (storage.lease): a second one on the same --run-name
     # resumed from the same checkpoint, and each one's keep_last deleted the other's.
-    with _run_lease(run_dir, runtime, job):
+    with _run_lease(run_dir, runtime, job) as lease:
+        if lease is not None:  # (rank 0's): checked before each checkpoint it writes
+            job = job.replace(lease=lease.ref())
         result = _fit(job, files, valid_files, run_dir, runtime)
     # The process group it started (torchrun): its resources, and no exit warning. Only after
     # success: destroying it is a collective shutdown, and a rank that failed alone would wait
@@ -63,7 +65,9 @@ def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):
     lease, refusal = None, None
     if runtime.rank == 0:
         try:
-            lease = RunLease(run_dir, command=f"convs2s train ({job.run_name})").acquire()
+            # (outer: --storage-path may be a workflow's run folder, training in <it>/train)
+            lease = RunLease(run_dir, command=f"convs2s train ({job.run_name})",
+                             outer=job.storage_path).acquire()
         except LeaseHeld as err:
             refusal = str(err)
         except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it

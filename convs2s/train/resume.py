@@ -1,6 +1,7 @@
 """What a run may start from: the checkpoint it resumes (the same model, seed, shuffle buffer
 and training batches, or a refusal naming what differs and the fix) and the trained model it
-fine-tunes (`init_from`: the same architecture and vocabulary sizes)."""
+fine-tunes (`init_from`: the same architecture and vocabulary sizes), and whether the command
+that started the run still holds its folder (`check_lease`)."""
 
 from __future__ import annotations
 
@@ -63,3 +64,21 @@ def model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, obj
              "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
     return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]
 
+
+def check_lease(job: TrainJob, comm, before: str) -> None:
+    """Every rank at once: stop (LeaseLost, on every rank, so that none waits for the others at
+    a collective) when the run folder's lease `job.lease` is no longer the starting command's
+    (storage.lease.LeaseRef.check, read by rank 0). A no-op without a lease, but collective
+    still: a torchrun world passes the lease to rank 0 alone."""
+    from storage.lease import LeaseLost
+
+    problem = None
+    if comm.rank == 0 and job.lease is not None:
+        try:
+            job.lease.check(before)
+        except LeaseLost as err:
+            problem = str(err)
+    if comm.world_size > 1:
+        problem = comm.broadcast_object(problem)
+    if problem is not None:
+        raise LeaseLost(problem)

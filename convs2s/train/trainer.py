@@ -52,6 +52,7 @@ from convs2s.io.checkpoint import (
     save_checkpoint,
 )
 from storage import location, publish_dir
+from storage.lease import LeaseLost
 from storage.scratch import scratch_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, load_optimizer_state, set_lr
@@ -68,7 +69,8 @@ from convs2s.train.batches import static_batches, train_batches, valid_batches
 from convs2s.train.data import (TrainFiles, data_identity, read_manifest, read_rows, resume_point,
                                  resumed_rows)
 from convs2s.train.faults import UNFIT_RANK_ENV, CrashInjection
-from convs2s.train.resume import check_same_model, check_same_training, initial_weights
+from convs2s.train.resume import (check_lease, check_same_model, check_same_training,
+                                   initial_weights)
 from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
 from convs2s.train.comm import Comm
@@ -129,7 +131,7 @@ def _quiet_reports() -> None:
 # The key of a worker's return value that carries a run-ending error to the Ray driver, as
 # [its class name, its message]; the errors that travel so, by name.
 STOPPED_KEY = "stopped_by"
-STOPPING_ERRORS = {cls.__name__: cls for cls in (BudgetTooLarge, Diverged)}
+STOPPING_ERRORS = {cls.__name__: cls for cls in (BudgetTooLarge, Diverged, LeaseLost)}
 
 
 def train_loop_per_worker(config: dict) -> dict:
@@ -332,6 +334,7 @@ class Trainer:
 
     def _load_latest(self) -> Progress:
         cfg, rank, world = self.cfg, self.rank, self.world
+        check_lease(self.job, self.comm, "resuming the run")  # (a worker group Ray restarted)
         with self.runtime.latest_checkpoint() as d:  # the same choice on every rank
             state = load_agreed(d, self.comm)  # read by every rank, or all stop
         self._meter_state = None
@@ -534,6 +537,7 @@ class Trainer:
         ranks); rank 0 writes, and copies it to best/ when `is_best` (validation improved)."""
         progress, comm = self.progress, self.comm
         self._check_finite()  # never a checkpoint of weights a NaN gradient reached
+        check_lease(self.job, comm, f"writing its checkpoint at update {progress.update}")
         # An epoch's end at an update already checkpointed (an interval checkpoint at the
         # epoch's last update, or the one a rerun resumed from) gets a name of its own.
         again = end_of_epoch and progress.update == self._checkpointed
