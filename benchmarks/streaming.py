@@ -8,13 +8,17 @@ each: two raylets, as on a real cluster) and, on the batches of a large preproce
    rows of epoch 1 the way the training loop does (`convs2s.train.data`: the epoch's plan of
    rows, read with pyarrow from the shared files a window ahead) and collate them, for
    --stream-seconds: the input rate per worker, in batches/s and target tokens/s.
-2. train: `convs2s.train.launch.fit` with 2 workers (one per node) for --updates updates, twice: on
-   the whole --data folder and on a slice of its first parts holding about --slice-pairs pairs.
+2. train: `convs2s.train.launch.fit` with 2 workers (one per node) for --updates updates, on
+   the whole --data folder and on a slice of its first parts, in --rounds alternated rounds
+   (full, slice, full, slice, ...: the host's speed drifts). The slice holds enough batches
+   (--slice-batches; by default 1.1 x updates x workers) for both runs to train within their
+   first epoch: a second epoch repeats batch shapes whose kernels the CPU has cached by then,
+   and ran 1.2x faster, which a slice that wrapped around counted as the input path's.
    Step rate = updates/s of the logged intervals after the first (start-up excluded), and the
    PSS of each training worker sampled every second (first quarter, last quarter, peak).
 
-Reports the step-rate ratio (full / slice), the input rate over what the step consumes, and
-the training workers' memory over each run.
+Reports the step-rate ratio (full / slice; each round's and their mean), the input rate over
+what the step consumes, and the training workers' memory over each run.
 
     python -m benchmarks.streaming --data /tmp/prep/bench_10000000/batches/train \\
         --spm /tmp/prep/bench_10000000/spm/spm.model --vocab 1000
@@ -52,7 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preset", default="tiny", help="model preset (convs2s.config.PRESETS)")
     p.add_argument("--updates", type=int, default=1500, help="updates per training run")
     p.add_argument("--log-interval", type=int, default=100)
-    p.add_argument("--slice-pairs", type=int, default=100_000)
+    p.add_argument("--slice-batches", type=int, default=0,
+                   help="batch rows in the slice (default: 1.1 x updates x 2 workers)")
+    p.add_argument("--rounds", type=int, default=2, help="alternated full / slice rounds")
     p.add_argument("--stream-seconds", type=float, default=60.0)
     p.add_argument("--cpus-per-node", type=int, default=1)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/convs2s-bench-streaming"))
@@ -72,17 +78,18 @@ def pairs_in(part: Path) -> int:
     return int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
 
 
-def make_slice(data: Path, pairs: int, out: Path) -> dict:
-    """`out` = hard links to the first parts of `data` holding at least `pairs` pairs."""
+def make_slice(data: Path, batches: int, out: Path) -> dict:
+    """`out` = hard links to the first parts of `data` holding at least `batches` batch rows."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    total = 0
+    rows = pairs = 0
     for part in sorted(data.glob("part-*.parquet")):
         os.link(part, out / part.name)
-        total += pairs_in(part)
-        if total >= pairs:
+        rows += pq.read_metadata(part).num_rows
+        pairs += pairs_in(part)
+        if rows >= batches:
             break
-    return {"parts": len(list(out.glob("part-*.parquet"))), "pairs": total}
+    return {"parts": len(list(out.glob("part-*.parquet"))), "batches": rows, "pairs": pairs}
 
 
 def make_valid(data: Path, rows: int, out: Path) -> None:
@@ -216,7 +223,7 @@ def train_run(args, name: str, data: Path, valid: Path, storage: Path) -> dict:
     tok = [m["train/tokens_per_s"] for m in train]
     steady, steady_tok = rates[1:] or rates, tok[1:] or tok
     return {"run": name, "data": str(data), "wall_s": round(wall, 1),
-            "updates": result.metrics.get("update"),
+            "updates": result.metrics.get("update"), "epoch": result.metrics.get("epoch"),
             "updates_per_s": sum(steady) / len(steady),
             "target_tokens_per_s": sum(steady_tok) / len(steady_tok),
             "updates_per_s_by_interval": [round(r, 3) for r in rates],
@@ -232,11 +239,14 @@ def measure(args) -> dict:
         nodes = sum(n["Alive"] for n in ray.nodes())
         stream = stream_rates(args.data, args.stream_seconds, args.cpus_per_node)
         storage = Path(tempfile.mkdtemp(prefix="runs-", dir=args.workdir))
-        full = train_run(args, "full", args.data, args.workdir / "valid", storage)
-        part = train_run(args, "slice", args.workdir / "slice", args.workdir / "valid", storage)
+        runs = []
+        for k in range(1, args.rounds + 1):  # alternated: full, slice, full, slice, ...
+            runs.append(train_run(args, f"full{k}", args.data, args.workdir / "valid", storage))
+            runs.append(train_run(args, f"slice{k}", args.workdir / "slice",
+                                  args.workdir / "valid", storage))
     finally:
         ray.shutdown()
-    return {"nodes": nodes, "stream": stream, "train": [full, part]}
+    return {"nodes": nodes, "stream": stream, "train": runs}
 
 
 WORKDIR_MARK = ".convs2s-bench-streaming"  # in a --workdir this benchmark made
@@ -260,7 +270,8 @@ def run(args, argv: list[str]) -> dict:
     real cluster (RAY_ADDRESS set, like `ray job submit`), stop the cluster."""
     os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
     _fresh_workdir(args.workdir)
-    sliced = make_slice(args.data, args.slice_pairs, args.workdir / "slice")
+    sliced = make_slice(args.data, args.slice_batches or int(1.1 * args.updates * 2),
+                        args.workdir / "slice")
     make_valid(args.data, 8, args.workdir / "valid")
     cluster = RayCliCluster(cli_env())
     inner = args.workdir / "measured.json"
@@ -275,12 +286,15 @@ def run(args, argv: list[str]) -> dict:
     finally:
         cluster.stop()
     r = json.loads(inner.read_text())
-    full, part = r["train"]
+    runs = r["train"]
+    ratios = [f["updates_per_s"] / p["updates_per_s"] for f, p in zip(runs[::2], runs[1::2])]
+    full_rate = max(f["updates_per_s"] for f in runs[::2])
     per_worker_in = min(s["batches_per_s"] for s in r["stream"])
     return {"machine": machine_info(), **r, "data": data_profile(args.data), "slice": sliced,
-            "step_rate_full_over_slice": full["updates_per_s"] / part["updates_per_s"],
+            "step_rate_full_over_slice_by_round": ratios,
+            "step_rate_full_over_slice": sum(ratios) / len(ratios),
             # each update takes one batch per worker: input batches/s per worker over updates/s
-            "input_over_need": per_worker_in / max(full["updates_per_s"], 1e-9)}
+            "input_over_need": per_worker_in / max(full_rate, 1e-9)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -299,13 +313,15 @@ def main(argv: list[str] | None = None) -> dict:
     print(format_table([{**s, "what": "stream"} for s in r["stream"]],
                        [("what", "what"), ("node", "node"), ("batches", "batches"),
                         ("batches_per_s", "batches/s"), ("target_tokens_per_s", "tgt tok/s")]))
-    print(format_table(r["train"], [("run", "run"), ("updates", "updates"),
+    print(format_table(r["train"], [("run", "run"), ("updates", "updates"), ("epoch", "epoch"),
                                     ("updates_per_s", "updates/s"),
                                     ("target_tokens_per_s", "tgt tok/s"), ("wall_s", "wall s")]))
     for t in r["train"]:
         for pid, m in t["worker_memory_mib"].items():
             print(f"  {t['run']:>5} worker {pid}: PSS {m['first_quarter']:,.0f} -> "
                   f"{m['last_quarter']:,.0f} MiB (peak {m['peak']:,.0f})")
+    print("step rate full / slice by round: "
+          + ", ".join(f"{x:.3f}" for x in r["step_rate_full_over_slice_by_round"]))
     print(f"step rate full / slice: {r['step_rate_full_over_slice']:.3f}; input per worker / "
           f"need: {r['input_over_need']:.1f}x   result: {path}")
     return r
