@@ -91,8 +91,8 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
     bucket (its objects are copied by the server). `leave`: names in `src` not published (a
     writer's owner object, kept in `src` until the copy is done).
 
-    Local: copied beside `dest` and renamed into place (two renames; the folder is always old-
-    complete or new-complete). Bucket: the old marker is deleted first (from then on readers
+    Local: copied beside `dest` and renamed into place (two renames: the folder is old-
+    complete or new-complete, and absent for the instant between the renames). Bucket: the old marker is deleted first (from then on readers
     take `dest` as incomplete), every other file copied, objects of the old version that the
     new one lacks deleted, and the marker copied last."""
     src, dest = location(src), location(dest)
