@@ -428,8 +428,12 @@ class RunLease:
         # read and the touch: the touch freshens the taker's lease, and the read after it says
         # the lease is no longer ours. The time is this host's (the hosts' clocks agree; a
         # file server's need not).
-        for _ in range(2):  # (once more when a taker had it aside to look at it, and put it back)
-            if not self._ours(self._read()):
+        for _ in range(3):  # (again when a taker had it aside to look at it, and put it back)
+            held = self._read()
+            if held is None:  # (aside for that moment: a lost lease only if it stays away)
+                time.sleep(0.05)
+                continue
+            if not self._ours(held):
                 return False
             now = time.time()
             try:

@@ -277,6 +277,19 @@ def test_a_run_inside_a_folder_another_command_holds_is_refused(run_dir):
             assert not outer.lost
 
 
+def test_a_renewal_that_finds_the_lease_aside_for_a_moment_keeps_it(tmp_path):
+    # A taker that judged a late holder stale renames the lease aside to look at it and puts
+    # it back when it is not the record it judged: the holder's renewal in that moment finds
+    # no lease, and took it for lost (it stopped renewing; the lease expired under it).
+    lease = RunLease(tmp_path / "runs" / "late", heartbeat_s=1000).acquire()
+    aside = lease.path.with_name("looked-at")
+    os.rename(lease.path, aside)
+    threading.Timer(0.03, os.rename, (aside, lease.path)).start()
+    assert lease._renew()
+    lease.release()
+    assert not lease.lost
+
+
 def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
     # A ttl of 3 s, renewed every 0.2 s: a renewal may take over 2 s on a loaded host (CI
     # once missed a 1 s ttl) and the lease still lives.

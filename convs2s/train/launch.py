@@ -21,7 +21,9 @@ that dies mid-epoch makes Ray restart the group from the latest checkpoint
 (`TrainJob.max_failures`), and the resumed epoch trains exactly the rows it had left
 (`convs2s.train.data`). A group that cannot be placed again (a lost node not replaced) is
 waited for `TrainJob.placement_wait_s`, then `WorkersNotPlaced` is raised; the run resumes
-when rerun.
+when rerun. `fit` takes no lease of the run folder: its caller holds one (a workflow holds its
+run's, storage.lease.RunLease) and passes it as `TrainJob.lease`, which rank 0 checks before
+each checkpoint (`LeaseLost` where another command took the run over).
 
 Run directory `<storage_path>/<run_name>/`: Ray Train state, the last `keep_last`
 `checkpoint_<update>/` directories, `best/` (lowest validation loss), `metrics.jsonl`. The
