@@ -41,6 +41,7 @@ from storage.paths import ObjectPath, StorageError, location
 log = logging.getLogger("storage")
 
 LEASE_FILE = ".lease.json"
+_CONDITIONS_HONOURED: set[str] = set()  # buckets whose store refused the probes' conditions
 
 
 class LeaseHeld(RuntimeError):
@@ -281,6 +282,43 @@ class RunLease:
             self._seen_etag = etag
         return record
 
+    def _check_conditions(self) -> None:
+        """Refuse (StorageError) a store that ignores the conditions a lease rests on (some
+        S3-compatible servers, older versions of others): there two commands would both create
+        the lease, and a release could delete a taker's. Probed once per bucket and process
+        with an object of its own beside the lease: a second create (If-None-Match: *), a PUT
+        and a DELETE with a wrong If-Match must each be refused (412)."""
+        if self.path.bucket in _CONDITIONS_HONOURED:
+            return
+        bucket, key = self._key()
+        probe = f"{key}.probe-{self.owner['id']}"
+        client, ignored = self._s3(), []
+        try:
+            client.put_object(Bucket=bucket, Key=probe, Body=b"", IfNoneMatch="*")
+            for what, call in (
+                    ("If-None-Match on PUT", lambda: client.put_object(
+                        Bucket=bucket, Key=probe, Body=b"", IfNoneMatch="*")),
+                    ("If-Match on PUT", lambda: client.put_object(
+                        Bucket=bucket, Key=probe, Body=b"", IfMatch='"0"')),
+                    ("If-Match on DELETE", lambda: client.delete_object(
+                        Bucket=bucket, Key=probe, IfMatch='"0"'))):
+                try:
+                    call()
+                    ignored.append(what)
+                except Exception as err:  # noqa: BLE001 - botocore's ClientError
+                    if not _unmet(err, {"IfMatch": True} if "If-Match" in what else {}):
+                        raise
+        finally:
+            with contextlib.suppress(Exception):
+                client.delete_object(Bucket=bucket, Key=probe)
+        if ignored:
+            raise StorageError(
+                f"{self.folder}: this S3 store ignores {', '.join(ignored)} (a conditional "
+                "write was carried out, not refused), so a run lease cannot keep a second "
+                "command out; use a store that honours conditional writes (AWS S3, MinIO, "
+                "moto) or a shared folder for --storage-path")
+        _CONDITIONS_HONOURED.add(self.path.bucket)
+
     def _put_if(self, **condition) -> bool:
         """A conditional PUT of a fresh record (If-None-Match / If-Match); False when the
         condition does not hold (another command's lease is there, or with If-Match none)."""
@@ -300,6 +338,7 @@ class RunLease:
                 raise StorageError(f"{self.folder}: a run lease needs a local / shared folder or "
                                    "s3:// (conditional writes); this scheme has none through "
                                    "pyarrow")
+            self._check_conditions()
             return self._put_if(IfNoneMatch="*")
         if not self.path.parent.is_dir():
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -235,6 +235,36 @@ def test_a_create_sent_twice_is_taken_as_this_commands_own(s3, tmp_path):
     assert not lease.lost and not (lease.folder / LEASE_FILE).exists()
 
 
+def test_a_store_that_ignores_conditional_writes_is_refused_naming_them(s3, tmp_path,
+                                                                        monkeypatch):
+    # A store that carries out a conditional PUT it should refuse would let two commands
+    # create one lease: refused before the lease, naming what it ignores (the real loopback
+    # server, reached through a client that drops the condition headers, as such a store
+    # would ignore them).
+    import storage.lease as lease_module
+    from storage.paths import StorageError
+
+    monkeypatch.setattr(lease_module, "_CONDITIONS_HONOURED", set())
+    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/ignored"))
+    client = lease._s3()
+    put = client.put_object
+
+    def unconditional(**kwargs):
+        kwargs.pop("IfNoneMatch", None)
+        kwargs.pop("IfMatch", None)
+        return put(**kwargs)
+
+    client.put_object = unconditional
+    with pytest.raises(StorageError, match=r"ignored: this S3 store ignores If-None-Match on "
+                                           r"PUT, If-Match on PUT \(a conditional write was "
+                                           r"carried out, not refused\)"):
+        lease.acquire()
+    assert not lease.folder.exists() or not list(lease.folder.iterdir())  # probe removed too
+    client.put_object = put
+    with lease:  # the store as it is (it honours them): the lease is taken
+        assert "convs2s-test" in lease_module._CONDITIONS_HONOURED
+
+
 def test_what_a_holder_started_checks_the_lease_is_still_the_holders(run_dir):
     # Training workers carry the lease (LeaseRef) and check it before each checkpoint: the
     # holder itself learns of a takeover only at its next renewal (never, while suspended).
