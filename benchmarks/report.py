@@ -15,11 +15,27 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def fresh_workdir(folder: Path, benchmark: str) -> Path:
+    """`folder` made empty for `benchmark`: made here, or emptied only when an earlier run of
+    the same benchmark made it (its mark file says so); a folder it did not make is refused
+    (SystemExit), never deleted."""
+    mark = folder / f".convs2s-bench-{benchmark}"
+    if folder.exists() and any(folder.iterdir()):
+        if not mark.is_file():
+            raise SystemExit(f"error: --workdir {folder} holds files this benchmark did not "
+                             "write; give a new or empty folder")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f"made by python -m benchmarks.{benchmark}\n")
+    return folder
 
 
 def write_result(path: str | Path, benchmark: str, settings: dict, machine: dict,

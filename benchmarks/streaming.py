@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from benchmarks.local_cluster import RayCliCluster, cli_env
 from benchmarks.machine import load_average, machine_info
-from benchmarks.report import RESULTS_DIR, format_table, write_result
+from benchmarks.report import RESULTS_DIR, format_table, fresh_workdir, write_result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -253,16 +253,9 @@ WORKDIR_MARK = ".convs2s-bench-streaming"  # in a --workdir this benchmark made
 
 
 def _fresh_workdir(workdir: Path) -> None:
-    """An empty --workdir: made here, or emptied only if an earlier run of this benchmark made
-    it (its mark file says so). A folder it did not create is never deleted."""
-    if workdir.exists() and any(workdir.iterdir()):
-        if not (workdir / WORKDIR_MARK).is_file():
-            raise SystemExit(f"error: --workdir {workdir} holds files this benchmark did not "
-                             "write; give a new or empty folder")
-        for p in workdir.iterdir():
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / WORKDIR_MARK).write_text("made by python -m benchmarks.streaming\n")
+    """An empty --workdir (benchmarks.report.fresh_workdir): a folder it did not create is
+    never deleted."""
+    fresh_workdir(workdir, "streaming")
 
 
 def run(args, argv: list[str]) -> dict:

@@ -17,7 +17,6 @@ Writes benchmarks/results/train_memory.json (or --out) and prints a table.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.machine import load_average, machine_info
-from benchmarks.report import RESULTS_DIR, format_table, write_result
+from benchmarks.report import RESULTS_DIR, format_table, fresh_workdir, write_result
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,17 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-MARK = ".convs2s-bench-train-memory"  # in a --workdir this benchmark made
-
-
 def run(args) -> dict:
-    if args.workdir.exists():
-        if not (args.workdir / MARK).is_file():
-            raise SystemExit(f"error: --workdir {args.workdir} was not made by this benchmark; "
-                             "give a new or empty folder")
-        shutil.rmtree(args.workdir)
-    args.workdir.mkdir(parents=True)
-    (args.workdir / MARK).write_text("made by python -m benchmarks.train_memory\n")
+    fresh_workdir(args.workdir, "train_memory")
     cmd = [sys.executable, "-m", "convs2s", "train", "--train-data", str(args.data),
            "--valid-data", str(args.valid), "--spm-model", str(args.spm), "--model", args.model,
            "--storage-path", str(args.workdir), "--run-name", "run", "--max-updates",

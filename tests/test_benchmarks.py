@@ -664,6 +664,21 @@ def test_a_recorded_result_is_kept_unless_told_to_replace_it(tmp_path, capsys):
     assert json.loads(first.read_text())["results"] == {"tok_s": 4.0}
 
 
+def test_a_benchmarks_workdir_is_emptied_only_when_that_benchmark_made_it(tmp_path):
+    from benchmarks.report import fresh_workdir
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("a user's")
+    with pytest.raises(SystemExit, match="holds files this benchmark did not write"):
+        fresh_workdir(theirs, "train_memory")
+    assert (theirs / "notes.txt").read_text() == "a user's"
+    ours = fresh_workdir(tmp_path / "ours", "train_memory")
+    (ours / "run.log").write_text("an earlier run's")
+    assert [p.name for p in fresh_workdir(ours, "train_memory").iterdir()] == \
+        [".convs2s-bench-train_memory"]
+
+
 def test_the_streaming_benchmark_never_deletes_a_folder_it_did_not_create(tmp_path):
     from benchmarks.streaming import WORKDIR_MARK, _fresh_workdir
 
