@@ -93,7 +93,7 @@ def _crash_and_rerun(demo, storage, tracking: str, record: Path) -> dict:
                       keep_last=KEEP_LAST)
     # The run folder's lease held here, as a workflow holds it: rank 0 checks it before each
     # checkpoint, every rank learning the verdict (it stays this test's: the run goes on)
-    lease = RunLease(Path(storage) / "crashes", command="test_train crashes").acquire()
+    lease = RunLease(f"{storage}/crashes", command="test_train crashes").acquire()
     job = make_job(demo, storage, "crashes", cfg, max_failures=1, system_metrics_s=1.0,
                    tracking_uri=tracking, lease=lease.ref())
     # Python's own Ctrl-C handler, as a program starts with (and as the session may not have
