@@ -180,6 +180,25 @@ def test_replace_unk_copies_moses_bpe_pieces_with_their_continuation_marks(tmp_p
         "to Zürich ist"
 
 
+def test_an_imported_pipelines_word_cache_stays_bounded(tmp_path, monkeypatch):
+    """subword-nmt keeps every word it has split: a replica or a corpus actor meeting ever new
+    words grew without end. The cache is emptied past BPE_CACHE_WORDS, and the words split
+    the same after it."""
+    import convs2s.io.text_codec as text_codec
+    from convs2s.io.text_codec import MOSES_BPE, MosesBpeCodec, codec_settings
+
+    shutil.copy(REPO / "tests" / "fixtures" / "fairseq" / "iwslt" / "bpecodes", tmp_path)
+    (tmp_path / "dict.de.txt").write_text("in 1\n")
+    (tmp_path / "dict.en.txt").write_text("the 1\n")
+    codec = MosesBpeCodec(tmp_path, codec_settings(MOSES_BPE, "de", "en"))
+    first = codec.encode("in Zürich ist")
+    monkeypatch.setattr(text_codec, "BPE_CACHE_WORDS", 50)
+    for i in range(400):
+        codec.encode(f"wort{i}x{i * 7} neu{i}")
+        assert len(codec.bpe.cache) <= 50 + 3
+    assert codec.encode("in Zürich ist") == first
+
+
 def test_replace_unk_copies_sentencepiece_pieces_with_their_word_marks(tiny_checkpoints):
     """This project's pipeline: the attended source piece is copied (U+2581 opens a word;
     byte pieces decode with their neighbours): unks that attend the pieces of a word spell it

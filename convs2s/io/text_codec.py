@@ -30,6 +30,7 @@ MOSES_BPE = "moses+subword_nmt"
 TEXT_FILE = "text.json"
 SPM_FILE = "sentencepiece.model"
 BPE_CODES = "bpecodes"
+BPE_CACHE_WORDS = 200_000  # words subword-nmt's split cache holds before it is emptied
 UNK_PIECE = "<unk>"
 
 
@@ -224,6 +225,10 @@ class MosesBpeCodec:
 
     def _pieces(self, tok, line: str) -> list[str]:
         tokens = tok.tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
+        if len(self.bpe.cache) > BPE_CACHE_WORDS:
+            # subword-nmt keeps every word it has split, for good: a server's replica or a
+            # corpus actor meeting ever new words (random tokens, a web crawl) grew without end
+            self.bpe.cache.clear()
         return self.bpe.process_line(tokens).split()
 
     def ids(self, lines: list[str], side: str) -> list[list[int]]:
