@@ -347,6 +347,22 @@ def test_a_lone_job_on_an_idle_cluster_searches_with_its_cpus(demo_trained, tmp_
     finally:
         torch.set_num_threads(threads)
     assert read_lines(result.hyp_path) == one_thread["hypotheses"]
+    # The same --out again, another search under the same job and test names: the run of the
+    # first is set apart with its own params (logged into it, its params still named beam 5);
+    # the same evaluation once more logs into its run again.
+    client = MlflowClient(t.tracking_uri)
+    other = dataclasses.replace(job, search=SearchConfig(beam=2, max_len_a=1.5, max_len_b=10))
+    (second,) = evaluate_all([other], t.tracking_uri, t.train.run_id,
+                             out_dir=str(tmp_path / "e"))
+    assert second.run_id != result.run_id
+    first = client.get_run(result.run_id)
+    assert first.data.params["search.beam"] == "5"
+    assert first.data.tags["mlflow.runName"] == "eval/lone/lone (superseded)"
+    assert "other search.beam" in first.data.tags["convs2s.superseded"]
+    assert client.get_run(second.run_id).data.params["search.beam"] == "2"
+    (third,) = evaluate_all([other], t.tracking_uri, t.train.run_id,
+                            out_dir=str(tmp_path / "e"))
+    assert third.run_id == second.run_id
 
 
 def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, tmp_path):

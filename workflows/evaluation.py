@@ -301,8 +301,10 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                  ) -> list[EvalResult]:
     """Run every job as a Ray task and log each as a child run of `parent_run_id`.
 
-    Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning with the
-    same parent, job and test names reuses the same child runs. A failed job marks its run
+    Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning the same
+    evaluation (job, test set, checkpoints, search) into the same `out_dir` reuses its child
+    runs; another one under the same names gets runs of its own, the old ones set apart
+    (`_run_of`). A failed job marks its run
     FAILED; with `raise_on_error` a RuntimeError naming every failed job follows once the
     others are logged (else failed jobs are left out of the results). `run_ids` ({(job name,
     test set name): run id}, a workflow's run tree made them) are the child runs to log into.
@@ -339,10 +341,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                 run_ids[job] = given[pair]
                 set_tags(uri, given[pair], {"convs2s.eval.kind": job.kind})
             else:  # keyed by where its hypotheses go (<out_dir>/<job>/<test>, as the run tree)
-                run_ids[job] = find_or_create_run(
-                    uri, exp, run_key=run_key(location(out_dir) / job.name / job.test_set.name),
-                    run_name=f"eval/{job.name}/{job.test_set.name}", parent_run_id=parent_run_id,
-                    tags={"convs2s.eval.kind": job.kind})
+                run_ids[job] = _run_of(uri, exp, job, out_dir, parent_run_id)
             if job.test_set not in datasets:
                 datasets[job.test_set] = dataset_of(job.test_set)
             describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
@@ -383,6 +382,32 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         raise RuntimeError("evaluation jobs failed:\n  " + "\n  ".join(failures))
     order = {job: i for i, job in enumerate(jobs)}
     return sorted(results, key=lambda r: order[r.job])
+
+
+def _run_of(uri: str, exp: str, job: EvalJob, out_dir, parent_run_id: str | None) -> str | None:
+    """The run of `job` keyed by where its hypotheses go (<out_dir>/<job>/<test>, as the run
+    tree keys its runs): the same evaluation again logs into its run; a run there that
+    describes another one (other checkpoints, search or test files under the same job and test
+    names and --out) is set apart first, keeping its params, scores and hypotheses, and this
+    one gets a run of its own (logged into the old run, its params would still name the old
+    evaluation). The resources a job was given are not what it is."""
+    from convs2s.tracking.runs import flatten_params, params_differ, supersede_run
+
+    key = run_key(location(out_dir) / job.name / job.test_set.name)
+    name = f"eval/{job.name}/{job.test_set.name}"
+
+    def find() -> str | None:
+        return find_or_create_run(uri, exp, run_key=key, run_name=name,
+                                  parent_run_id=parent_run_id,
+                                  tags={"convs2s.eval.kind": job.kind})
+
+    run_id = find()
+    what = {k: v for k, v in flatten_params(_job_params(job)).items()
+            if k not in ("eval.num_cpus", "eval.num_gpus")}
+    if differ := params_differ(uri, run_id, what):
+        supersede_run(uri, run_id, key, name, "other " + ", ".join(differ[:5]))
+        run_id = find()
+    return run_id
 
 
 def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,

@@ -61,15 +61,9 @@ class RunTree:
         inputs (`why`): it keeps its params, scores and artifacts, is named "<name>
         (superseded)" and keyed apart, so the next `child(name)` is a new run, described
         afresh. (A restart's `set_aside` does this for every run of a tree.)"""
-        import time
+        from convs2s.tracking.runs import supersede_run
 
-        from convs2s.tracking.runs import run_key_tags, set_tags
-
-        when = time.strftime("%Y-%m-%d %H:%M:%S")
-        set_tags(self.uri, run_id, {
-            **run_key_tags(f"{run_key(self.path(name))} (superseded {when})"),
-            "mlflow.runName": f"{name} (superseded)",
-            "convs2s.superseded": f"{when}: {why}"})
+        supersede_run(self.uri, run_id, run_key(self.path(name)), name, why)
 
     def path(self, name: str) -> Path:
         """Where the outputs of child `name` live (and what keys its run)."""

@@ -302,6 +302,34 @@ def flatten_params(d: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def params_differ(uri: str, run_id: str | None, params: dict[str, str]) -> list[str]:
+    """The keys of `params` (flattened) that run `run_id` logged with another value: it
+    describes something else than what would be logged into it now. [] where it cannot be
+    read (tracking unreachable: nothing is logged either)."""
+    if run_id is None:
+        return []
+    try:
+        with bounded_http():
+            old = mlflow_client(uri).get_run(run_id).data.params
+    except Exception as err:  # noqa: BLE001
+        warn_unreachable(uri, "reading the run's params", err)
+        return []
+    return sorted(k for k, v in params.items() if k in old and old[k] != v)
+
+
+def supersede_run(uri: str, run_id: str | None, key: str, name: str, why: str) -> None:
+    """Set run `run_id` (keyed `key`, named `name`) apart before its outputs are made again for
+    other inputs (`why`): it keeps its params, scores and artifacts, is named "<name>
+    (superseded)" and keyed apart, so the next run found or created by `key` is a new one,
+    described afresh."""
+    if run_id is None:
+        return
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    set_tags(uri, run_id, {**run_key_tags(f"{key} (superseded {when})"),
+                           "mlflow.runName": f"{name} (superseded)",
+                           "convs2s.superseded": f"{when}: {why}"})
+
+
 def log_params(uri: str, run_id: str | None, params: dict[str, str]) -> None:
     """Log params once: keys already logged keep their value (MLflow refuses changes); a changed
     value is reported in one warning (the new configs are in the run's artifacts)."""
