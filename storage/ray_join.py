@@ -168,6 +168,45 @@ def no_room_for(cpus: float, gpus: float, nodes: list[dict]) -> tuple[float, flo
             max((r.get("GPU", 0) for r in alive), default=0))
 
 
+def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """On a cluster of several nodes: (the address of the first other alive node that does not
+    see the local `folder`, or one of the local files `also`, and what it does not see), or
+    None (every node sees them, this node is the only one, or `folder` is a bucket URI: shared
+    by nature). The driver writes a probe file in `folder` (made if missing) and a task on each
+    other node looks for it and for `also`."""
+    import uuid
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from storage.paths import is_uri, location
+
+    here = ray.get_runtime_context().get_node_id()
+    others = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+    if is_uri(str(folder)) or not others:
+        return None
+    folder = location(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    probe = folder / f".convs2s-shared-probe-{uuid.uuid4().hex[:12]}"
+    probe.write_text("")
+
+    def unseen(paths: list[str]) -> str | None:
+        return next((p for p in paths if not os.path.exists(p)), None)
+
+    task = ray.remote(num_cpus=0)(unseen)
+    wanted = [str(probe), *(str(Path(p).resolve()) for p in also if not is_uri(str(p)))]
+    try:
+        refs = {n["NodeManagerAddress"]: task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(wanted) for n in others}
+        for address, ref in refs.items():
+            if (missing := ray.get(ref, timeout=60)) is not None:
+                return address, str(folder) if missing == str(probe) else missing
+        return None
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def running_here() -> bool:
     """Whether `ray.init()` without RAY_ADDRESS would join a Ray already running on this
     machine (`ray start --head`, a `ray up` head) instead of starting one of its own."""

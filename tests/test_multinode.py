@@ -290,6 +290,28 @@ def test_two_local_ray_instances_each_ask_their_own_state_api(ray_session, nodes
 
 
 @pytest.mark.slow
+def test_a_folder_or_file_another_node_does_not_see_is_named(lost_node_run, nodes, tmp_path):
+    """What a workflow's --storage-path and a corpus job's --output and model files are checked
+    with on a cluster (storage.ray_join.node_not_seeing): a task on each other node looks for
+    them. Here every node is on this host, so the folder is seen; a file no node has stands for
+    one another node does not mount, and is named with that node's address."""
+    code = ("import json, sys, ray; ray.init(log_to_driver=False); "
+            "from storage.ray_join import node_not_seeing; "
+            "print(json.dumps([node_not_seeing(sys.argv[1]), "
+            "node_not_seeing(sys.argv[1], also=(sys.argv[2],))]))")
+    missing = str(tmp_path / "on-the-driver-only.pt")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out"), missing], cwd=REPO,
+                          env={**nodes.env, "RAY_ADDRESS": nodes.gcs_address},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen, unseen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen is None
+    address, what = unseen
+    assert what == missing and re.fullmatch(r"[\d.]+", address), unseen
+    assert not list((tmp_path / "out").iterdir())  # its probe removed
+
+
+@pytest.mark.slow
 def test_the_stopped_cluster_leaves_no_process_behind(lost_node_run, nodes):
     """After a lost node, a replacement and a job, stopping the cluster ends every process it
     started: no Ray agent outlives its raylet (an orphaned dashboard agent spins a whole core

@@ -215,42 +215,16 @@ class _GpuRequest:
 
 def check_shared_storage(storage: str) -> None:
     """On a cluster of several nodes, a local --storage-path must be one every node sees
-    (NFS / EFS / a shared volume): the driver writes a probe file there and a task on each
-    other alive node looks for it. A SpecError names the first node that does not see it. A
-    bucket URI is shared by nature (and was checked before Ray started)."""
-    import uuid
+    (NFS / EFS / a shared volume; `storage.ray_join.node_not_seeing`). A SpecError names the
+    first node that does not see it. A bucket URI is shared by nature (and was checked before
+    Ray started)."""
+    from storage.ray_join import node_not_seeing
 
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from storage import is_uri, location
-
-    here = ray.get_runtime_context().get_node_id()
-    others = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
-    if is_uri(storage) or not others:
-        return
-    folder = location(storage)
-    folder.mkdir(parents=True, exist_ok=True)
-    probe = folder / f".convs2s-shared-probe-{uuid.uuid4().hex[:12]}"
-    probe.write_text("")
-
-    def sees(path: str) -> bool:
-        return os.path.exists(path)
-
-    task = ray.remote(num_cpus=0)(sees)
-    try:
-        refs = {n["NodeManagerAddress"]: task.options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ).remote(str(probe)) for n in others}
-        for address, ref in refs.items():
-            if not ray.get(ref, timeout=60):
-                raise SpecError(f"--storage-path {storage} is not shared: the node at {address} "
-                                "does not see it, so its workers could not read the data nor "
-                                "resume from checkpoints; give a folder every node mounts "
-                                "(NFS / EFS / a shared volume) or a bucket URI (s3://BUCKET/"
-                                "PREFIX)")
-    finally:
-        probe.unlink(missing_ok=True)
+    if (unseen := node_not_seeing(storage)) is not None:
+        raise SpecError(f"--storage-path {storage} is not shared: the node at {unseen[0]} "
+                        "does not see it, so its workers could not read the data nor "
+                        "resume from checkpoints; give a folder every node mounts "
+                        "(NFS / EFS / a shared volume) or a bucket URI (s3://BUCKET/PREFIX)")
 
 
 def own_dashboard() -> dict:

@@ -25,7 +25,9 @@ pool, docs/reference.md, Ray):
    trust (a local part is renamed into place; an object is one PUT); a rerun translates a part
    that does not match again, even after the manifest was written. A part whose translation
    raises fails alone: the other parts go on, and the job then names the failed parts
-   (`PartsFailed`); the rerun translates them. The driver reads the parts' state in one
+   (`PartsFailed`); the rerun translates them. So does a part whose actor's process died on
+   it `PART_TRIES` times (the actor is started again each time; Ray Data's default retried it
+   without end, and the job hung). The driver reads the parts' state in one
    listing of the folder, and the records of the parts translated now from the actors' rows.
 3. **Manifest.** When every part is done, `manifest.json` (written last) sums them: lines in
    and out, failures by reason (empty input lines, kept empty; lines that were not UTF-8, kept
@@ -46,6 +48,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -179,7 +182,8 @@ class ShardTranslator:
     part and then its counts."""
 
     def __init__(self, checkpoints: list[str], search: dict, device: str, threads: int,
-                 spm_model: str | None, output: str, nbest: int, width: int = 5):
+                 spm_model: str | None, output: str, nbest: int, width: int = 5,
+                 die_on_part: int = -1):
         import torch
 
         from convs2s.inference.translate import load_for_inference
@@ -190,6 +194,7 @@ class ShardTranslator:
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
                                              device, spm_model=spm_model)
         self.out, self.nbest, self.width = location(output), nbest, width  # (part_width)
+        self.die_on_part = die_on_part  # (DIE_ON_PART_ENV: a test's process death)
         # What this actor translates with, decided on its node (a float32 fallback where the
         # asked precision cannot run; int8's weight range by the CPU): each part records it,
         # and the manifest says when parts differ (a mixed cluster, a resume elsewhere).
@@ -231,6 +236,8 @@ class ShardTranslator:
         from convs2s.inference.translate import format_translation
 
         t0 = time.perf_counter()
+        if index == self.die_on_part:
+            os._exit(1)  # as the out-of-memory killer or a crash in native code ends an actor
         text = (self.out / SOURCE / part_name(index, "txt")).read_bytes().decode("utf-8")
         lines = text.split("\n")[:-1]
         with torch.inference_mode():
@@ -410,15 +417,39 @@ class PartsFailed(CorpusError):
     """Parts whose translation raised; every other part of the job was translated."""
 
 
+# A part's tries on an actor whose process died translating it (the out-of-memory killer, a
+# crash in native code): Ray Data's actor pool retries such a part without end by default, and
+# the job hung on it. The actor itself is started again.
+PART_TRIES = 3
+# Test-only: the translator actors end their own process (os._exit) at the part of this index,
+# every time: a process death, not an error. Read by the driver and handed to the actors.
+DIE_ON_PART_ENV = "CONVS2S_TEST_CORPUS_DIE_ON_PART"
+
+
 def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
               width: int) -> dict[int, dict]:
     """Translate the parts `todo` on the actor pool; returns the records of those translated.
     Raises PartsFailed naming the parts that failed, once every other part is translated."""
     import ray
-    from tqdm import tqdm
 
     start_ray()
     check_room(job, ray.nodes())
+    check_shared(job)
+    context = ray.data.DataContext.get_current()
+    allowed = context.max_errored_blocks
+    # a part whose actor died PART_TRIES times is a failed part (below), not the job's end
+    context.max_errored_blocks = len(todo)
+    try:
+        return _translate_parts(job, todo, total, done, width)
+    finally:
+        context.max_errored_blocks = allowed
+
+
+def _translate_parts(job: CorpusJob, todo: list[dict], total: int, done: int,
+                     width: int) -> dict[int, dict]:
+    import ray
+    from tqdm import tqdm
+
     ds = ray.data.from_items([{"index": s["index"]} for s in todo],
                              override_num_blocks=len(todo))
     gpus = {"num_gpus": job.gpus_per_actor} if job.gpus_per_actor else {}
@@ -426,15 +457,20 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
     # the first actor to start (Ray Data's default sends up to 4 to one actor)
     pool = ray.data.ActorPoolStrategy(size=min(job.actors, len(todo)),
                                       max_tasks_in_flight_per_actor=1)
-    ds = ds.map_batches(
-        ShardTranslator, batch_size=1, compute=pool, num_cpus=job.threads_per_actor, **gpus,
-        # (local paths absolute: the actors do not run in this process's folder)
-        fn_constructor_kwargs=dict(checkpoints=[worker_path(c) for c in job.checkpoints],
-                                   search=_worker_search(job.search), device=job.device,
-                                   threads=job.threads_per_actor,
-                                   spm_model=worker_path(job.spm_model),
-                                   output=worker_path(job.output), nbest=job.search.nbest,
-                                   width=width))
+    with warnings.catch_warnings():  # (Ray 2.60 takes max_task_retries only as a remote
+        # argument, which it says it will stop taking in 2.64; this job's tests would see it go)
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        ds = ds.map_batches(
+            ShardTranslator, batch_size=1, compute=pool, num_cpus=job.threads_per_actor,
+            **gpus,
+            # (local paths absolute: the actors do not run in this process's folder)
+            fn_constructor_kwargs=dict(
+                checkpoints=[worker_path(c) for c in job.checkpoints],
+                search=_worker_search(job.search), device=job.device,
+                threads=job.threads_per_actor, spm_model=worker_path(job.spm_model),
+                output=worker_path(job.output), nbest=job.search.nbest, width=width,
+                die_on_part=int(os.environ.get(DIE_ON_PART_ENV) or -1)),
+            max_task_retries=PART_TRIES - 1)
     # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started)
     with sigterm_as_ctrl_c(), \
             tqdm(total=total, initial=done, unit=" sentences", unit_scale=True, file=sys.stderr,
@@ -447,6 +483,9 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
                 continue
             records[int(row["index"])] = json.loads(row["record"])
             bar.update(int(row["lines"]))
+    for index in {s["index"] for s in todo} - set(records) - set(failed):
+        failed[index] = (f"its translator's process died on it {PART_TRIES} times (killed by "
+                         "the out-of-memory killer, or a crash in native code: see Ray's logs)")
     if failed:
         first = min(failed)
         raise PartsFailed(
@@ -507,6 +546,21 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         if translated_parts == len(parts) else None}
 
 
+def check_shared(job: CorpusJob) -> None:
+    """On a cluster of several nodes, a local --output (the source shards the actors read, the
+    parts they write) and the local checkpoints, vocabulary and dictionaries must be ones every
+    node sees: an actor elsewhere failed its parts, or wrote them to its own disk, at every
+    rerun (`ray_join.node_not_seeing`)."""
+    files = [*job.checkpoints, *(p for p in (job.spm_model, job.search.dictionary,
+                                             job.search.shortlist) if p)]
+    if (unseen := ray_join.node_not_seeing(job.output, also=tuple(files))) is not None:
+        address, what = unseen
+        raise CorpusError(f"{what} is not shared: the node at {address} does not see it, and "
+                          "translator actors run there; give a folder every node mounts (NFS / "
+                          "EFS / a shared volume) or a bucket URI (s3://BUCKET/PREFIX) for "
+                          "--output, and the model's files on such a folder")
+
+
 def check_room(job: CorpusJob, nodes: list[dict]) -> None:
     """A local Ray (started here) never grows: a translator actor that no alive node of it
     (`ray.nodes()`) can hold (--threads CPUs, --gpus-per-actor GPUs) would leave the job waiting
@@ -547,6 +601,10 @@ def start_ray(log_to_driver: bool = True,
     for handler in logging.getLogger("ray.data").handlers:
         if type(handler).__name__ != "SessionFileHandler":
             handler.setLevel(logging.WARNING)
+            # a part whose actor died PART_TRIES times: the job's own line names it (Ray
+            # Data's record, a traceback, stays in ray-data.log)
+            handler.addFilter(lambda record: "remaining max_errored_blocks"
+                              not in record.getMessage())
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     with ray_join.sigterm_while_starting_as_ctrl_c():
         if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
