@@ -184,13 +184,18 @@ def test_a_command_whose_lease_was_taken_fails_as_its_block_ends(run_dir):
     assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == "someone"
 
 
+def _bucket_lease(tmp_path, name: str, **kwargs):
+    """A lease on the loopback server's bucket, its boto3 client and the client's own
+    put_object (a test wraps the client's, as a store or botocore would change what it does)."""
+    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/{name}"), **kwargs)
+    client = lease._s3()
+    return lease, client, client.put_object
+
+
 def test_a_renewal_sent_twice_keeps_the_lease(s3, tmp_path):
     # botocore resends a PUT whose answer was lost: the second copy finds the first's ETag
     # (412). The lease is still this command's: it goes on holding it.
-    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/twice"), ttl_s=3.0,
-                     heartbeat_s=0.2)
-    client = lease._s3()
-    put = client.put_object
+    lease, client, put = _bucket_lease(tmp_path, "twice", ttl_s=3.0, heartbeat_s=0.2)
 
     def twice(**kwargs):
         first = put(**kwargs)
@@ -213,10 +218,7 @@ def test_a_create_sent_twice_is_taken_as_this_commands_own(s3, tmp_path):
     # The first PUT of a new lease landed but its answer was lost; botocore's resend finds the
     # lease there (412). It is this command's own: held, with its heartbeat, not a refusal
     # naming itself (which left a lease no one renewed, blocking the run for its ttl).
-    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/created"), ttl_s=3.0,
-                     heartbeat_s=0.2)
-    client = lease._s3()
-    put = client.put_object
+    lease, client, put = _bucket_lease(tmp_path, "created", ttl_s=3.0, heartbeat_s=0.2)
 
     def answer_lost(**kwargs):
         put(**kwargs)
@@ -245,9 +247,7 @@ def test_a_store_that_ignores_conditional_writes_is_refused_naming_them(s3, tmp_
     from storage.paths import StorageError
 
     monkeypatch.setattr(lease_module, "_CONDITIONS_HONOURED", set())
-    lease = RunLease(location(f"s3://convs2s-test/leases/{tmp_path.name}/ignored"))
-    client = lease._s3()
-    put = client.put_object
+    lease, client, put = _bucket_lease(tmp_path, "ignored")
 
     def unconditional(**kwargs):
         kwargs.pop("IfNoneMatch", None)
