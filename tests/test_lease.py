@@ -307,15 +307,27 @@ def test_a_run_inside_a_folder_another_command_holds_is_refused(run_dir):
             assert not outer.lost
 
 
-def test_a_renewal_that_finds_the_lease_aside_for_a_moment_keeps_it(tmp_path):
+def test_a_renewal_that_finds_the_lease_aside_for_a_moment_keeps_it(tmp_path, monkeypatch):
     # A taker that judged a late holder stale renames the lease aside to look at it and puts
     # it back when it is not the record it judged: the holder's renewal in that moment finds
-    # no lease, and took it for lost (it stopped renewing; the lease expired under it).
+    # no lease, and took it for lost (it stopped renewing; the lease expired under it). Here
+    # the lease is put back while the renewal waits to look again.
+    import storage.lease as lease_module
+
     lease = RunLease(tmp_path / "runs" / "late", heartbeat_s=1000).acquire()
     aside = lease.path.with_name("looked-at")
     os.rename(lease.path, aside)
-    threading.Timer(0.03, os.rename, (aside, lease.path)).start()
+    waits = []
+
+    def put_back_while_waiting(seconds: float) -> None:
+        waits.append(seconds)
+        if aside.exists():
+            os.rename(aside, lease.path)
+
+    monkeypatch.setattr(lease_module.time, "sleep", put_back_while_waiting)
     assert lease._renew()
+    assert waits  # it waited, and looked again
+    monkeypatch.undo()
     lease.release()
     assert not lease.lost
 
