@@ -32,7 +32,8 @@ def fresh_workdir(folder: Path, benchmark: str) -> Path:
         if not mark.is_file():
             raise SystemExit(f"error: --workdir {folder} holds files this benchmark did not "
                              "write; give a new or empty folder")
-        shutil.rmtree(folder)
+        for p in folder.iterdir():  # (its contents: the folder may be a link, a mount)
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     mark.write_text(f"made by python -m benchmarks.{benchmark}\n")
     return folder

@@ -194,7 +194,7 @@ def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | Non
         return next((p for p in paths if not os.path.exists(p)), None)
 
     task = ray.remote(num_cpus=0)(unseen)
-    wanted = [str(probe), *(str(Path(p).resolve()) for p in also if not is_uri(str(p)))]
+    wanted = [str(probe), *(str(location(p)) for p in also if not is_uri(str(p)))]
     try:
         refs = {n["NodeManagerAddress"]: task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)

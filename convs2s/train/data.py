@@ -133,7 +133,7 @@ def read_file(path: str) -> pa.Table:
     return pq.read_table(key, filesystem=fs)
 
 
-class BatchesChanged(RuntimeError):
+class BatchesChanged(ValueError):
     """A training file no longer holds the rows the run's plan was made from."""
 
 

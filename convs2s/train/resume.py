@@ -70,6 +70,8 @@ def check_lease(job: TrainJob, comm, before: str) -> None:
     a collective) when the run folder's lease `job.lease` is no longer the starting command's
     (storage.lease.LeaseRef.check, read by rank 0). A no-op without a lease, but collective
     still: a torchrun world passes the lease to rank 0 alone."""
+    import logging
+
     from storage.lease import LeaseLost
 
     problem = None
@@ -78,6 +80,12 @@ def check_lease(job: TrainJob, comm, before: str) -> None:
             job.lease.check(before)
         except LeaseLost as err:
             problem = str(err)
+        except Exception as err:  # noqa: BLE001 - the storage did not answer: the run goes on
+            # (the command's own heartbeat says when its lease is lost; a days-long run does
+            # not stop at one unanswered read)
+            logging.getLogger("convs2s.train").warning(
+                "the run folder's lease could not be read before %s (%s); going on", before,
+                type(err).__name__)
     if comm.world_size > 1:
         problem = comm.broadcast_object(problem)
     if problem is not None:
