@@ -341,7 +341,7 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     assert not [r for r in runs if r.info.run_name == "eval/best/demo_valid (superseded)"]
 
 
-def test_a_score_stands_only_for_its_weights_text_scoring_and_pictures():
+def test_a_score_stands_only_for_its_weights_text_scoring_pictures_and_model():
     # A rerun skips a (job, test set) pair only while its record is that very score; a rerun
     # with a larger --attention scores the pair again, so that its pictures are drawn.
     from workflows.steps import score_stands
@@ -353,6 +353,11 @@ def test_a_score_stands_only_for_its_weights_text_scoring_and_pictures():
     assert not score_stands(rec, ["w", 1], "t2", 2, 1)  # an edited test file
     assert not score_stands(rec, ["w", 1], "t1", 3, 1)  # another scoring version
     assert not score_stands(None, ["w", 1], "t1", 2, 0)
+    # its logged model logged again (the first deleted): the new one has no score yet
+    logged = {**rec, "model_id": "m-1"}
+    assert score_stands(logged, ["w", 1], "t1", 2, 1, "m-1")
+    assert not score_stands(logged, ["w", 1], "t1", 2, 1, "m-2")
+    assert score_stands(logged, ["w", 1], "t1", 2, 1, None)  # tracking unreachable: no model
     older = {"stamp": ["w", 1], "text": "t1"}  # before `scoring` and `attention` were kept
     assert score_stands(older, ["w", 1], "t1", 1, 0)
     assert not score_stands(older, ["w", 1], "t1", 1, 1)

@@ -189,7 +189,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
         stamp, text = weights_stamp(job.checkpoints), texts[job.test_set.name]
-        if score_stands(rec, stamp, text, scoring, job.attention_sentences) \
+        if score_stands(rec, stamp, text, scoring, job.attention_sentences, job.model_id) \
                 and run_has_metrics(ctx.tree.uri, rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
@@ -220,7 +220,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
                 "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id,
                 "text": texts[r.job.test_set.name], "scoring": scoring,
-                "attention": r.job.attention_sentences,
+                "attention": r.job.attention_sentences, "model_id": r.job.model_id,
                 "metrics": r.metrics, "hyp_path": r.hyp_path}
             done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
                                   r.hyp_path))
@@ -229,13 +229,17 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     return sorted(done, key=lambda s: order[(s.job, s.test_set)]), models
 
 
-def score_stands(rec: dict | None, stamp, text: str, scoring: int, attention: int) -> bool:
+def score_stands(rec: dict | None, stamp, text: str, scoring: int, attention: int,
+                 model_id: str | None = None) -> bool:
     """Whether an evaluation record (workflow.json's `eval` entry) is still the score of these
     weights (`stamp`) on this test text (its digest), by this scoring version, with at least
-    `attention` sentences' pictures drawn. (Records from before a key existed: scoring 1, no
-    pictures.)"""
+    `attention` sentences' pictures drawn, logged on the logged model `model_id` (a model
+    logged again, its first one deleted, has none of its scores: the champion would have
+    nothing to compare). (Records from before a key existed: scoring 1, no pictures, any
+    model.)"""
     return bool(rec) and rec["stamp"] == stamp and rec.get("text") == text \
-        and rec.get("scoring", 1) == scoring and rec.get("attention", 0) >= attention
+        and rec.get("scoring", 1) == scoring and rec.get("attention", 0) >= attention \
+        and (model_id is None or rec.get("model_id", model_id) == model_id)
 
 
 def _source_run(checkpoints, trained: list, parent: str | None) -> str | None:
