@@ -226,6 +226,12 @@ def test_bad_corpus_inputs_are_one_error_line_and_write_nothing(tiny_checkpoints
     assert proc.returncode == 2 and "nope does not exist" in proc.stderr
     assert not (tmp_path / "out").exists()
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+    # a folder holding only a job.json a kill cut before its rename is this command's
+    from convs2s.serving.corpus import check_job
+
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / ".job.json.tmp-0f3a9b2c").write_text('{"inp')
+    check_job(CorpusJob([ck], str(tmp_path / "a.en"), str(tmp_path / "cut")))
 
 
 def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, tmp_path):

@@ -311,7 +311,9 @@ def check_job(job: CorpusJob) -> None:
         raise CorpusError(f"--output {job.output} is a file: with --actors the output is a "
                           "folder of parts (give a new folder name)")
     if out.is_dir() and not (out / JOB_FILE).is_file():
-        foreign = [p.name for p in out.iterdir() if p.name != ".lease.json"]
+        # (this command's own: its lease, and a job.json a kill cut before its rename)
+        foreign = [p.name for p in out.iterdir() if p.name != ".lease.json"
+                   and not p.name.startswith(f".{JOB_FILE}.tmp-")]
         if foreign:
             raise CorpusError(f"--output {job.output} holds files this command did not write "
                               f"({', '.join(sorted(foreign)[:3])}...): give a new or empty "
