@@ -92,9 +92,10 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
     writer's owner object, kept in `src` until the copy is done).
 
     Local: copied beside `dest` and renamed into place (two renames: the folder is old-
-    complete or new-complete, and absent for the instant between the renames). Bucket: the old marker is deleted first (from then on readers
-    take `dest` as incomplete), every other file copied, objects of the old version that the
-    new one lacks deleted, and the marker copied last."""
+    complete or new-complete, and absent for the instant between the renames). Bucket: the
+    old marker is deleted first (from then on readers take `dest` as incomplete), every other
+    file copied, objects of the old version that the new one lacks deleted, and the marker
+    copied last."""
     src, dest = location(src), location(dest)
     names = ([n for n, _ in src.files()] if isinstance(src, ObjectPath)
              else sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file()))
