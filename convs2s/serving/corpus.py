@@ -582,6 +582,12 @@ def check_room(job: CorpusJob, nodes: list[dict]) -> None:
                       "the job to a cluster (`ray job submit`)")
 
 
+def _not_a_skipped_part(record: logging.LogRecord) -> bool:
+    """A console filter: Ray Data's record of a part whose actor died PART_TRIES times (a
+    traceback) stays in ray-data.log; the job's own line names the part."""
+    return "remaining max_errored_blocks" not in record.getMessage()
+
+
 def start_ray(log_to_driver: bool = True,
               command: str = "python -m convs2s translate ... --actors N") -> None:
     """Join the cluster of RAY_ADDRESS (a submitted job; `ray_join`, whose one-line
@@ -603,10 +609,8 @@ def start_ray(log_to_driver: bool = True,
     for handler in logging.getLogger("ray.data").handlers:
         if type(handler).__name__ != "SessionFileHandler":
             handler.setLevel(logging.WARNING)
-            # a part whose actor died PART_TRIES times: the job's own line names it (Ray
-            # Data's record, a traceback, stays in ray-data.log)
-            handler.addFilter(lambda record: "remaining max_errored_blocks"
-                              not in record.getMessage())
+            if _not_a_skipped_part not in handler.filters:  # (once: Ray may start again)
+                handler.addFilter(_not_a_skipped_part)
     logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
     with ray_join.sigterm_while_starting_as_ctrl_c():
         if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
