@@ -133,6 +133,50 @@ def test_a_failing_search_fails_its_own_requests_and_cut_sentences_are_named(tin
             asyncio.run(replica.translate({"inputs": ["a"], "params": params}))
 
 
+def test_a_request_being_searched_when_the_batching_stops_gets_an_error_not_a_wait(
+        tiny_checkpoints):
+    """The replica's batching loop cancelled while it searches (the replica stopping) fails
+    the requests of that batch at once, and a request after it is answered by a new loop.
+    (The replica's class, without Serve.)"""
+    import asyncio
+    import threading
+
+    from convs2s.serving.online import TranslatorReplica
+
+    replica = TranslatorReplica({
+        **config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+        "search": SEARCH, "min_replicas": None, "max_replicas": None, "replicas": 1,
+        "batch_wait_ms": 1})
+    real, searching, release = replica.translator.translate_full, threading.Event(), \
+        threading.Event()
+
+    def held(sentences, search, attention):  # the first search waits until released
+        searching.set()
+        release.wait(30)
+        return real(sentences, search, attention)
+
+    replica.translator.translate_full = held
+
+    async def requests():
+        first = asyncio.ensure_future(replica.translate({"inputs": ["the cat"]}))
+        while not searching.is_set():
+            await asyncio.sleep(0.01)
+        replica._batcher.cancel()
+        try:
+            got = await asyncio.wait_for(first, 10)
+        except asyncio.TimeoutError:
+            got = "still waiting"
+        except RuntimeError as err:
+            got = err
+        release.set()
+        replica.translator.translate_full = real
+        return got, await asyncio.wait_for(replica.translate({"inputs": ["the cat"]}), 30)
+
+    stopped, after = asyncio.run(requests())
+    assert isinstance(stopped, RuntimeError) and "batching stopped" in str(stopped)
+    assert after == {"predictions": alone(tiny_checkpoints["a"], ["the cat"])}
+
+
 def test_a_request_is_bounded_by_the_work_it_may_ask_before_any_search(tiny_checkpoints):
     """Within every per-setting limit, a request's search may still run for minutes: it is
     refused (400, naming the limit and its variable) when its sentences x beam x steps pass

@@ -342,6 +342,15 @@ class TranslatorReplica:
                                                      [item for item, _ in batch])
             except Exception as err:  # (outside the searches) every request gets the error
                 answers = [_Failed(err)] * len(batch)
+            except BaseException:  # this loop cancelled (the replica stopping): the batch's
+                # callers get an error now, not an answer that never comes (requests still
+                # queued are taken by the next loop `_enqueue` starts)
+                for _, f in batch:
+                    if not f.done():
+                        f.set_exception(RuntimeError("the replica's batching stopped while "
+                                                     "this request was searched; send it "
+                                                     "again"))
+                raise
             for (_, f), answer in zip(batch, answers):
                 if f.done():
                     continue
