@@ -388,3 +388,53 @@ def test_a_model_scored_again_is_compared_by_its_newest_score(smoke_workflow, tm
         [EvalScore("avg_last2", "demo_test", {"bleu": old.value + 10.0}, None, "")], ids,
         "demo_test", "bleu")
     assert not below_newest.moved and below_newest.version == "1", below_newest.reason
+
+
+def test_a_champion_scored_by_another_scoring_version_is_not_compared(smoke_workflow,
+                                                                      tmp_path):
+    """Each evaluation run is tagged with the scoring version that computed its scores. A
+    champion scored by another version (BLEU with another tokenizer, say) keeps the alias
+    against any score, with the reason, until it is scored again by this one. (On a copy of
+    the smoke store.)"""
+    import shutil
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.metrics.task_kinds import task_kind
+    from workflows.engine import EvalScore
+    from workflows.evaluation import SCORING_TAG
+    from workflows.lineage import register_champion
+
+    w = smoke_workflow
+    shutil.copy(w.tracking_uri[len("sqlite:///"):], tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    ids = _job_models(client, w)
+    (old,) = [m for m in client.get_logged_model(ids["best"]).metrics
+              if m.key == "bleu" and m.dataset_name == "demo_test"]
+    version = task_kind("translation").scoring_for("fr")
+    assert client.get_run(old.run_id).data.tags[SCORING_TAG] == str(version)
+
+    def claim(bleu, scoring):
+        return register_champion(uri, "lineage-scoring",
+                                 [EvalScore("avg_last2", "demo_test", {"bleu": bleu}, None, "")],
+                                 ids, "demo_test", "bleu", scoring=scoring)
+
+    first = register_champion(uri, "lineage-scoring",
+                              [EvalScore("best", "demo_test", {"bleu": old.value}, None, "")],
+                              ids, "demo_test", "bleu", scoring=version)
+    assert first.moved and first.version == "1"
+    # A run scored by a newer version, far higher: the champion's score is not comparable.
+    newer = claim(old.value + 30.0, version + 1)
+    assert not newer.moved and newer.version == "1"
+    assert f"scoring version {version}, this run's by {version + 1}" in newer.reason
+    # The champion scored again by the newer version (a rerun of its workflow): compared now.
+    rescored = client.create_run(client.get_run(old.run_id).info.experiment_id,
+                                 tags={SCORING_TAG: str(version + 1)}).info.run_id
+    client.log_metric(rescored, "bleu", old.value, timestamp=old.timestamp + 1000, step=0,
+                      dataset_name="demo_test", dataset_digest=old.dataset_digest,
+                      model_id=ids["best"])
+    time.sleep(0.01)
+    moved = claim(old.value + 30.0, version + 1)
+    assert moved.moved and moved.version == "2", moved.reason

@@ -177,7 +177,8 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
             else:
                 champion = register_champion(
                     uri, registered_name(spec.workflow, main_test), scores, models, chosen_on,
-                    task_kind(spec.task_kind).headline, report_on=main_test)
+                    task_kind(spec.task_kind).headline, report_on=main_test,
+                    scoring=task_kind(spec.task_kind).scoring_for(spec.data.tgt_lang))
     except BaseException as err:
         # the parent and any stage's run the stop left open (an evaluation's, a training's)
         tree.end_open(stopped_status(err))

@@ -227,6 +227,11 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
         return default
 
 
+# Tag of an evaluation run: the scoring version its scores were computed by
+# (TaskKind.scoring_for; the champion compares only scores of one version, workflows/lineage.py)
+SCORING_TAG = "convs2s.scoring_version"
+
+
 def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
                 dataset: DatasetRecord) -> None:
     """The scores on the child run, each also a metric of the job's logged model on the test
@@ -237,8 +242,10 @@ def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_METRICS},
                       model_id=job.model_id, dataset=dataset)
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_METRICS})
+    scoring = task_kind(job.test_set.task_kind).scoring_for(job.test_set.tgt_lang)
     set_tags(uri, run_id, {**{f"signature.{k}": v for k, v in out["signatures"].items()},
-                           **{f"convs2s.served.{k}": v for k, v in out["served"].items()}})
+                           **{f"convs2s.served.{k}": v for k, v in out["served"].items()},
+                           SCORING_TAG: str(scoring)})
 
 
 def share_cpus(jobs: list[EvalJob], node_cpus: list[float]) -> list[EvalJob]:

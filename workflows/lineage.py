@@ -162,8 +162,8 @@ LEGACY_TEST_SET_TAG = "convs2s.test_set"
 
 
 def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
-                      test_set: str, metric: str, report_on: str | None = None
-                      ) -> Champion | None:
+                      test_set: str, metric: str, report_on: str | None = None,
+                      scoring: int | None = None) -> Champion | None:
     """Register the best model of this run (by `metric` on `test_set`, a validation set: models
     are chosen on validation data, and the test set `report_on` only reports the chosen one's
     score) under `name` and point the alias `champion` at it, but only where the scores
@@ -172,8 +172,11 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
     scores lower than the current champion on the same data. (One exception: a champion of a
     model registered before champions were chosen on validation data, which has no score on
     one, gives way to the first model chosen on one, whose data the model is tagged with once
-    the alias names it.) `Champion.reason` says why the alias moved or stayed. None when no
-    scored model exists or tracking fails."""
+    the alias names it.) With `scoring`, this run's scoring version (TaskKind.scoring_for),
+    the champion's score compares only when the evaluation run that computed it was scored by
+    the same version (its tag workflows.evaluation.SCORING_TAG; none: version 1): BLEU by another tokenizer is another
+    number. `Champion.reason` says why the alias moved or stayed. None when no scored model
+    exists or tracking fails."""
     from mlflow.tracking import MlflowClient
 
     ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
@@ -236,6 +239,17 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     theirs_now = _newest(cur_model.metrics, metric, test_set, digest) \
                         if digest is not None else None
                     theirs = theirs_now.value if theirs_now else None
+                    their_scoring = _scoring_of(client, theirs_now.run_id) \
+                        if theirs_now is not None and scoring is not None else scoring
+                    if their_scoring != scoring:
+                        why = (f"not comparable: the champion's (version {version}) {metric} "
+                               f"on {test_set} was computed by scoring version "
+                               f"{their_scoring}, this run's by {scoring} (the scoring "
+                               "changed); the alias stays (rerun the champion's workflow: it "
+                               "scores the champion again)")
+                        log.warning("%s@%s %s", name, CHAMPION, why)
+                        return Champion(name, version, best.job, metric, value, test_set, False,
+                                        why, **report)
                     if theirs is None and legacy and not any(
                             m.dataset_name == test_set for m in cur_model.metrics or []):
                         why = (f"the champion (version {version}) was chosen on a test set, "
@@ -321,6 +335,16 @@ def _not_found(err: Exception) -> bool:
     code = getattr(err, "error_code", "")
     return code == "RESOURCE_DOES_NOT_EXIST" or (
         code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
+
+
+def _scoring_of(client, run_id: str | None) -> int:
+    """The scoring version an evaluation run's scores were computed by (its SCORING_TAG; runs
+    from before the tag: 1, as workflows/steps.py reads records without one)."""
+    from workflows.evaluation import SCORING_TAG
+
+    if not run_id:
+        return 1
+    return int(client.get_run(run_id).data.tags.get(SCORING_TAG, "1"))
 
 
 def _newest(metrics, key: str, dataset: str, digest: str | None = None):
