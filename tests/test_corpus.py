@@ -76,6 +76,7 @@ def test_a_corpus_job_translates_line_for_line_in_input_order(tiny_checkpoints, 
     assert manifest["failures"]["truncated"] == {"count": 1, "lines": [21]}
     assert manifest["parts_translated_now"] == 5 and manifest["sentences_per_s"] > 0
     assert manifest["precision"] == {SEARCH.precision: 5}  # each part says what made it
+    assert manifest["device"] == {"cpu": 5}  # and where
     # Complete: the same command again translates nothing and returns the same manifest
     assert translate_corpus(job) == manifest
 

@@ -199,6 +199,8 @@ class ShardTranslator:
         # asked precision cannot run; int8's weight range by the CPU): each part records it,
         # and the manifest says when parts differ (a mixed cluster, a resume elsewhere).
         self.precision = self.translator.search.precision
+        # (and the device: float32 on a GPU may use other kernels than on a CPU)
+        self.device = next(self.translator.models[0].parameters()).device.type
         if self.precision == "int8":
             from convs2s.inference.quantize import weight_levels
 
@@ -252,7 +254,7 @@ class ShardTranslator:
                   "lines_out": data.count(b"\n"),
                   "empty": sum(1 for tr in translations if not tr.source),
                   "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
-                  "precision": self.precision,
+                  "precision": self.precision, "device": self.device,
                   "seconds": round(time.perf_counter() - t0, 3)}
         write_whole(self.out / part_name(index, "json", self.width),
                     json.dumps(record).encode())  # done
@@ -540,6 +542,7 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         "model": identity["checkpoints"], "search": identity["search"],
         # parts by the precision their actor translated in (more than one: the parts differ)
         "precision": dict(Counter(p.get("precision", "unrecorded") for p in parts)),
+        "device": dict(Counter(p.get("device", "unrecorded") for p in parts)),  # (as precision)
         "actors": job.actors, "threads_per_actor": job.threads_per_actor,
         "gpus_per_actor": job.gpus_per_actor, "parts_translated_now": translated_parts,
         "seconds": round(seconds, 3),
