@@ -375,3 +375,15 @@ def test_score_lang_is_a_language_code_and_one_moses_lacks_is_said(tmp_path, cap
     # Chinese: no tokenized BLEU to say anything about (it once said English's were used)
     assert cli.main(["score", "--hyp", str(hyp), "--ref", str(ref), "--lang", "zh"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_byte_order_mark_at_a_files_start_is_not_part_of_its_first_line(tmp_path):
+    """An editor's byte-order mark at the start of a hypothesis or reference file is not
+    scored as text: the same lines score the same with it, CRLF line ends too."""
+    lines = ["the cat sat on the mat .", "a dog ran in the park ."]
+    ref = write_lines(tmp_path / "ref.en", lines)
+    marked = tmp_path / "hyp.en"
+    marked.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode() + b"\r\n")
+    assert scoring.read_lines(marked) == lines
+    assert scoring.score_translation(scoring.read_lines(marked), scoring.read_lines(ref),
+                                     "en")["bleu"] == pytest.approx(100.0)
