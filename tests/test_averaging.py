@@ -45,6 +45,24 @@ def test_average_of_two_is_their_mean_and_keeps_only_inference_state(tiny_checkp
     assert len(tr.translate(["The cat sleeps ."])) == 1
 
 
+def test_the_same_weights_given_twice_are_counted_once(tiny_checkpoints, tmp_path, caplog):
+    """`average runs/x/checkpoint_*` also matches an epoch's end saved beside the checkpoint of
+    the same update (checkpoint_<u>_epoch<N>: the same weights); best/ is a copy of one. Weights
+    given twice count once in the mean, and the command says which it set aside."""
+    a, b = tiny_checkpoints["a"], tiny_checkpoints["b"]
+    run = tmp_path / "run"
+    shutil.copytree(b, run / "checkpoint_00000050")
+    shutil.copytree(a, run / "checkpoint_00000100")
+    shutil.copytree(a, run / "checkpoint_00000100_epoch1")
+    given = sorted(str(p) for p in run.glob("checkpoint_*"))
+    assert main(["--out", str(tmp_path / "avg"), *given]) == 0
+    assert f"{given[2]} holds the same weights as {given[1]}: counted once" in caplog.text
+    sa, sb, avg = load_checkpoint(a), load_checkpoint(b), load_checkpoint(tmp_path / "avg")
+    for k, v in avg["model"].items():  # the mean of two, not a weighed twice
+        torch.testing.assert_close(v, (sa["model"][k] + sb["model"][k]) / 2)
+    assert avg["averaged_from"] == given[:2]
+
+
 def test_average_state_dicts_checks_shapes_and_integer_buffers():
     x = {"w": torch.ones(2), "n": torch.tensor([3])}
     y = {"w": torch.zeros(2), "n": torch.tensor([3])}

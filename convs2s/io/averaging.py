@@ -12,6 +12,9 @@ does with its state dicts.
 
 Run: python -m convs2s average --out runs/demo/avg runs/demo/checkpoint_*
 
+Weights given twice count once (the glob also matches an epoch's end saved beside the
+checkpoint of the same update, `checkpoint_<u>_epoch<N>`), with a line naming the one set aside.
+
 The sum is accumulated in float64 and cast back to each tensor's dtype, so the average of N
 identical checkpoints is bit-identical to them. The result keeps only what inference needs
 (weights, model config, vocabulary sizes, epoch/update of the newest input) — no optimizer
@@ -20,6 +23,8 @@ state — so `average_checkpoints([path], out)` also makes a slim copy for servi
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import shutil
@@ -31,6 +36,8 @@ import torch
 from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import TEXT_FILE, codec_files
 from storage import StorageError, local_copy, location
+
+log = logging.getLogger(__name__)
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/+")  # "s3://" and "s3:/" alike
 
@@ -74,6 +81,16 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
     for i, state in enumerate(states[1:], 1):
         _add(total, state, f"state dict {i}", "state dict 0")
     return _finish(total, states[0], len(states))
+
+
+def _fingerprint(state: dict[str, torch.Tensor]) -> str:
+    """A digest of a state dict's names, dtypes and bytes: equal only for the same weights."""
+    h = hashlib.blake2b(digest_size=16)
+    for k in sorted(state):
+        t = state[k].detach().cpu().contiguous().reshape(-1)
+        h.update(f"{k}|{t.dtype}|".encode())
+        h.update(memoryview(t.view(torch.uint8).numpy()))
+    return h.hexdigest()
 
 
 def _local_out(out_dir: str | os.PathLike) -> Path:
@@ -145,6 +162,10 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     like = first["model"]
     total, newest = _start(like), {k: first[k] for k in KEEP if k in first}
     del first  # keep only the weights and the metadata (not the optimizer state)
+    # Weights given twice are counted once: `checkpoint_*` matches an epoch's end saved beside
+    # the checkpoint of the same update (the trainer's checkpoint_<u>_epoch<N>), and best/ is a
+    # copy of one of them; counted twice, they would weigh double in the mean.
+    seen, counted = {_fingerprint(like): shown[0]}, [shown[0]]
     for p, given in zip(paths[1:], shown[1:]):
         state = load_checkpoint(p)
         if state["model_config"] != newest["model_config"]:
@@ -156,15 +177,21 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
             raise ValueError(f"{p} and {paths[0]} were trained on different BPE vocabularies "
                              "(sentencepiece model, or dictionaries and codes) and cannot be "
                              "averaged")
+        if (same := seen.get(digest := _fingerprint(state["model"]))) is not None:
+            log.warning("%s holds the same weights as %s: counted once", given, same)
+            del state
+            continue
+        seen[digest] = given
+        counted.append(given)
         _add(total, state["model"], str(p), str(paths[0]))
         if state["update"] >= newest["update"]:
             newest = {k: state[k] for k in KEEP if k in state}
         del state
     out = dict(newest)
-    if len(paths) > 1:
+    if len(counted) > 1:
         out["val_loss"] = None  # the inputs' validation losses do not describe the average
-    out.update(model=_finish(total, like, len(paths)),
-               averaged_from=shown)
+    out.update(model=_finish(total, like, len(counted)),
+               averaged_from=counted)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.averaging-{uuid.uuid4().hex[:8]}"
     try:
