@@ -3,7 +3,8 @@ the paper's length / ratio filters (§4.1), as Ray Data map functions that count
 
 Reasons a row is dropped, checked in this order (first match wins), see `REASONS`:
 line_too_long / bad_row / invalid_utf8 (from the reader), nul_byte, empty, too_long (a side over
-`max_len` words), ratio (word-count ratio over `max_len_ratio`), duplicate (optional dedupe),
+`max_len` words; in a language written without spaces, its characters), ratio (word-count
+ratio over `max_len_ratio`; not for a pair with such a side), duplicate (optional dedupe),
 over_max_positions (batching: a side of more pieces than the model's positions,
 `max_positions`; checked before the budget, since no budget lets the model take it),
 over_max_tokens (batching: one sentence larger than the token budget).
@@ -16,6 +17,7 @@ Data function, and `PartSink` (parts.py) writes the kept rows and counts the dro
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 
 import numpy as np
@@ -51,15 +53,44 @@ def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
     return " ".join(words)
 
 
-def drop_reason(src: str, tgt: str, max_len: int | None, max_len_ratio: float | None) -> str | None:
+# Languages written without spaces between words: a sentence is one whitespace "word", so
+# the word filters cannot judge it. Their side's length counts each character of those scripts
+# as a word (`length`), and a pair with such a side skips the ratio filter: characters against
+# words would drop most good pairs (en-zh news: about 1.5 characters a word).
+UNSPACED_LANGS = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo"})
+_UNSPACED_CHARS = ("\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff\u2e80-\u2fdf"
+                   "\u3005-\u3007\u3040-\u30ff\u3100-\u312f\u31f0-\u31ff\u3400-\u4dbf"
+                   "\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
+_UNITS = re.compile(f"[{_UNSPACED_CHARS}]|[^\\s{_UNSPACED_CHARS}]+")
+
+
+def unspaced(lang: str | None) -> bool:
+    """Whether `lang` (a code: zh, zh-Hant, ja, ...) is written without spaces between words."""
+    return (lang or "").replace("_", "-").split("-")[0].lower() in UNSPACED_LANGS
+
+
+def length(text: str, unspaced_side: bool = False) -> int:
+    """A normalized side's length in words: its whitespace words; on a side in an unspaced
+    language, each character of an unspaced script one word, and each run of other letters
+    (Latin names, numbers) one."""
+    if unspaced_side:
+        return len(_UNITS.findall(text))
+    return text.count(" ") + 1  # text is normalized: one space per gap
+
+
+def drop_reason(src: str, tgt: str, max_len: int | None, max_len_ratio: float | None,
+                unspaced_sides: tuple[bool, bool] = (False, False)) -> str | None:
     """Why a cleaned pair is dropped (None: kept). Lengths are whitespace words (the paper's
-    "words", §4.1, which it does not define further)."""
+    "words", §4.1, which it does not define further); a side in a language written without
+    spaces (`unspaced_sides`: source, target) counts its characters (`length`), and such a pair
+    has no ratio filter."""
     if not src or not tgt:
         return "empty"
-    ls, lt = src.count(" ") + 1, tgt.count(" ") + 1  # text is normalized: one space per gap
+    ls, lt = length(src, unspaced_sides[0]), length(tgt, unspaced_sides[1])
     if max_len is not None and (ls > max_len or lt > max_len):
         return "too_long"
-    if max_len_ratio is not None and max(ls, lt) > max_len_ratio * min(ls, lt):
+    if max_len_ratio is not None and not any(unspaced_sides) \
+            and max(ls, lt) > max_len_ratio * min(ls, lt):
         return "ratio"
     return None
 
@@ -75,6 +106,7 @@ def _clean_batch(table: pa.Table, src_lang: str, tgt_lang: str, row_shape: str,
     else:
         raw_src, raw_tgt = table[src_lang].to_pylist(), table[tgt_lang].to_pylist()
     errors = table["error"].to_pylist()
+    sides = (unspaced(src_lang), unspaced(tgt_lang))
     out_src, out_tgt, reasons = [], [], []
     for s, t, err in zip(raw_src, raw_tgt, errors):
         s, t = s or "", t or ""
@@ -86,7 +118,7 @@ def _clean_batch(table: pa.Table, src_lang: str, tgt_lang: str, row_shape: str,
         if err is None:
             s, t = normalize(s, token_map), normalize(t, token_map)
             err = drop_reason(s, t, max_len if filters else None,
-                              max_len_ratio if filters else None)
+                              max_len_ratio if filters else None, sides)
         if err is not None:
             s = t = ""
         out_src.append(s)

@@ -32,7 +32,7 @@ import ray.data  # noqa: F401 - imported with the pipeline, not inside the first
 
 from preprocessing.batching import (BATCH_SCHEMA, add_window, batch_stats, batch_window,
                                     n_windows_for)
-from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean_stats,
+from preprocessing.cleaning import (CLEAN_SCHEMA, clean_block, clean_rows, clean_stats, unspaced,
                                     dedupe_group, normalize_block)
 from preprocessing.config import PreprocessConfig
 from preprocessing.encoding import SentencePieceVocabulary, encode_parts
@@ -356,6 +356,8 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         "max_line_bytes", "hub_repo", "hub_config", "hub_revision", "seed")}
     if cfg.token_map:  # (only where set: the stages of other data keep their keys)
         clean_cfg["token_map"] = dict(cfg.token_map)
+    if unspaced(cfg.src_lang) or unspaced(cfg.tgt_lang):  # (lengths in characters since
+        clean_cfg["unspaced_lengths"] = 1  # 2026-12-06: folders made before are not reused)
     for split, src in sources.items():
         scfg = {**clean_cfg, "split": cfg.splits[split], "dedupe": cfg.dedupe and split == "train"}
         m[f"clean/{split}"] = _stage(task_dir, f"clean/{split}", scfg, config_hash(src.fingerprint),
@@ -392,7 +394,8 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
                 cfg.shortlist_per_source, cfg.shortlist_sample_pairs,
                 m["encoded/train"]["rows_kept"], tmp, cfg.exchange)}, folder=short_dir)
     if cfg.eval_splits:
-        text_cfg = {k: v for k, v in clean_cfg.items() if k not in ("max_len", "max_len_ratio")}
+        text_cfg = {k: v for k, v in clean_cfg.items()
+                    if k not in ("max_len", "max_len_ratio", "unspaced_lengths")}
         text_cfg["text_version"] = TEXT_VERSION
         text_cfg["splits"] = {s: cfg.splits[s] for s in cfg.eval_splits}
         text_fp = config_hash([sources[s].fingerprint for s in cfg.eval_splits])

@@ -64,6 +64,41 @@ def test_length_and_ratio_filters_at_their_limits():
     assert drop_reason("", w(1), 175, 1.5) == "empty"
 
 
+def test_a_side_written_without_spaces_is_measured_in_characters_without_a_ratio_filter():
+    """Chinese, Japanese, Thai ... put no spaces between words: counted in whitespace words, a
+    sentence is one word, so the ratio filter dropped nearly every en-zh pair and max_len never
+    cut a side. Such a side counts each character of its script as a word (a run of Latin
+    letters or digits as one), and a pair with such a side is not ratio-filtered; other pairs
+    are filtered as before."""
+    import pyarrow as pa
+
+    from preprocessing.cleaning import clean_block, length, unspaced
+
+    assert unspaced("zh") and unspaced("zh-Hant") and unspaced("ja") and unspaced("th")
+    assert not unspaced("ko") and not unspaced("en") and not unspaced(None)  # (Korean: spaces)
+    assert length("猫今天坐在垫子上。", True) == 9
+    assert length("東京 は 2020 年 Tokyo です", True) == 8
+    en = ["The cat sat on the mat today .", "I like green tea .", "a",
+          "Officials said on Tuesday that the new bridge would open to traffic next year "
+          "after a delay of several months ."]
+    zh = ["猫今天坐在垫子上。", "我喜欢绿茶。", "字" * 5000,
+          "官员周二表示，新大桥将在推迟数月后于明年通车。"]
+
+    def reasons(tgt_lang, tgt):
+        table = pa.table({"id": pa.array(range(len(en)), pa.int64()),
+                          "translation": pa.StructArray.from_arrays(
+                              [pa.array(en), pa.array(tgt)], names=["en", tgt_lang]),
+                          "error": pa.array([None] * len(en), pa.string())})
+        return clean_block(table, src_lang="en", tgt_lang=tgt_lang, row_shape="translation",
+                           max_len=175, max_len_ratio=1.5,
+                           max_line_bytes=1 << 20)["reason"].to_pylist()
+
+    assert reasons("zh", zh) == [None, None, "too_long", None]
+    # the same text under a spaced language's code: one "word" a side, as before (the
+    # 5,000-character line passes as one word)
+    assert reasons("fr", zh) == ["ratio", "ratio", None, "ratio"]
+
+
 def test_cut_batches_covers_every_row_within_budget():
     rng = np.random.default_rng(0)
     for max_tokens, max_sentences in [(4000, None), (300, 16), (64, 1000)]:
