@@ -174,9 +174,9 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
     one, gives way to the first model chosen on one, whose data the model is tagged with once
     the alias names it.) With `scoring`, this run's scoring version (TaskKind.scoring_for),
     the champion's score compares only when the evaluation run that computed it was scored by
-    the same version (its tag workflows.evaluation.SCORING_TAG; none: version 1): BLEU by another tokenizer is another
-    number. `Champion.reason` says why the alias moved or stayed. None when no scored model
-    exists or tracking fails."""
+    the same version (its tag workflows.evaluation.SCORING_TAG; none: version 1): BLEU by
+    another tokenizer is another number. `Champion.reason` says why the alias moved or stayed.
+    None when no scored model exists or tracking fails."""
     from mlflow.tracking import MlflowClient
 
     ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
