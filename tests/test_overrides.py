@@ -816,6 +816,27 @@ def test_flags_apply_on_top_of_set_and_the_result_is_checked_once(tmp_path):
                                        "tgt_lang must differ (they name the two sides)")
 
 
+def test_a_split_given_another_file_is_named_after_it_and_no_two_sets_share_a_name(tmp_path):
+    """A split given another file (--split, --set data.splits) is scored under that file's
+    stem, not the preset's set name (its scores, dataset and registered model named
+    newstest2013 for text that was not); two evaluation sets of one name are refused before
+    the run (the evaluation raised a bare ValueError after training)."""
+    from workflows import wmt14_en_fr
+
+    base = ["--preset", "paper", "--data", str(tmp_path / "d")]
+    run = _dry_run(wmt14_en_fr, [*base, "--split", "valid=dev", "--test-set", "newstest2013"],
+                   tmp_path)
+    assert run["workflow"]["test_sets"] == {"test": "newstest2014", "valid": "dev",
+                                            "newstest2013": "newstest2013"}
+    run = _dry_run(wmt14_en_fr, base, tmp_path)  # the preset's files keep its names
+    assert run["workflow"]["test_sets"] == {"test": "newstest2014", "valid": "newstest2013"}
+    for more in (["--split", "test=newstest2013"],
+                 ["--set", "workflow.test_sets={test: newstest2014, valid: newstest2014}"]):
+        rc, out, err = _main(wmt14_en_fr, [*base, *more, "--dry-run"])
+        assert rc == 2 and out == "" and err.strip().startswith(
+            "error: evaluation sets of splits test and valid are both named 'newstest"), more
+
+
 def test_a_renamed_hub_split_is_refused_naming_the_task_and_the_mapping_to_give(tmp_path):
     """--set data.splits without the run's `test` split: one line naming the task with its
     languages (it printed translation_{src}_{tgt}) and the mapping that keeps the split's

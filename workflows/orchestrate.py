@@ -276,6 +276,9 @@ def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
         name=cfg.name if "{src}" in cfg.name else spec.workflow, data=spec.data.source,
         preprocess=overrides.apply_data(cfg.preprocess, [*sets, *flags]),
         local_splits={**cfg.local_splits, **dict(s.partition("=")[::2] for s in opts.split)},
+        # (a split given another file is named after it: the file's local_splits are its)
+        test_sets={split: spec.test_sets[split] for split in cfg.test_sets}
+        if spec.data_flag not in ("hub", "demo") else cfg.test_sets,
         train=cfg.train.replace(update_freq=opts.update_freq or cfg.train.update_freq, **limits),
         num_workers=spec.num_workers, use_gpu=spec.use_gpu)
     sections = {v: k for k, v in overrides.FILE_SECTIONS.items()}

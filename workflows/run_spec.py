@@ -189,6 +189,15 @@ def _key_safe(name: str) -> str:
     return re.sub(r"[^\w.\- :]", "_", name).strip(".") or "test"
 
 
+def set_name(stem: str) -> str:
+    """The evaluation set's name for a split's file stem (a name of MLflow metrics and params:
+    `nc-5k[4750:]`, lines 4750 to the end, is nc-5k_4750-end; `dir/a.en,dir/b.fr`, a file per
+    side, a.en_b.fr)."""
+    named = ",".join(part.replace("\\", "/").rsplit("/", 1)[-1] for part in stem.split(","))
+    ranged = re.sub(r"\[(\d*):(\d*)\]$", lambda m: f"_{m[1] or 0}-{m[2] or 'end'}", named)
+    return _key_safe(ranged)
+
+
 def _tracking_uri(flag: str | None) -> str:
     from convs2s.tracking.runs import resolve_tracking_uri
 
@@ -267,11 +276,28 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
                                 f"or '..'): rename its files, e.g. to {_key_safe(stem)}.<src> "
                                 f"/ {_key_safe(stem)}.<tgt>")
     pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
+    if data_flag not in ("hub", "demo"):
+        # A split given another file (--split valid=dev, --set data.splits) is named after
+        # that file where the preset names the set it scores (newstest2014): its scores,
+        # dataset and registered model must not carry that name for other text. (A preset
+        # whose sets are named after their splits, `test`, names no text: kept.)
+        for split, named_as in test_sets.items():
+            stem = pre.splits.get(split)
+            if stem and stem != cfg.local_splits.get(split) and named_as != split:
+                test_sets[split] = set_name(stem)
     if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
         # A stem that already is one of the splits is scored already: not twice.
         added = tuple(dict.fromkeys(s for s in opts.test_set if s not in pre.splits.values()))
         pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
         test_sets.update({stem: stem for stem in added})
+    named: dict[str, list[str]] = {}
+    for split, name_ in test_sets.items():
+        named.setdefault(name_, []).append(split)
+    if clash := next(((n, s) for n, s in named.items() if len(s) > 1), None):
+        raise SpecError(f"evaluation sets of splits {' and '.join(clash[1])} are both named "
+                        f"{clash[0]!r}: each set's scores, dataset and model are logged under "
+                        "its name; give each split its own file (--split, --test-set) and name "
+                        "(workflow.test_sets)")
     # Scoring this target must work before the run trains, not fail after (a zh / ja / ko
     # tokenizer's package, convs2s.metrics.scoring)
     if problem := task_kind(cfg.task_kind).language_problem(pre.tgt_lang):
