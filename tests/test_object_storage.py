@@ -417,6 +417,16 @@ def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path)
     with pytest.raises(FileExistsError, match="was not written by import-fairseq"):
         export_fairseq(imported, someone_elses)
     assert [p.name for p in someone_elses.iterdir()] == ["notes.txt"]
+    # the export's own prefix: replaced by the export alone, and only while it holds
+    # nothing but the objects it wrote
+    with pytest.raises(FileExistsError, match="was written by export-fairseq, not import-"):
+        import_fairseq(fixture, archive)
+    (archive / "eval" / "bleu.json").write_text("{}")
+    with pytest.raises(FileExistsError, match=r"holds files export-fairseq did not write "
+                                              r"\(eval/bleu.json\)"):
+        export_fairseq(imported, archive)
+    assert (archive / "eval" / "bleu.json").read_text() == "{}"
+    assert (archive / WRITTEN_BY).is_file() and (archive / "model.pt").is_file()
 
 
 def test_fine_tuning_starts_from_a_checkpoint_in_a_bucket(s3, tmp_path):
