@@ -172,6 +172,16 @@ def test_a_sentencepiece_checkpoint_exports_with_its_own_dictionary(tiny_checkpo
         assert torch.equal(back[k], ours[k].float()), k
 
 
+def test_a_checkpoint_given_by_its_file_exports_as_its_folder(tiny_checkpoints, tmp_path):
+    """`export-fairseq DIR/checkpoint.pt` exports the checkpoint of folder DIR, with DIR's
+    sentencepiece model: the same archive as `export-fairseq DIR`."""
+    by_folder = export_fairseq(tiny_checkpoints["a"], tmp_path / "folder")
+    by_file = export_fairseq(f"{tiny_checkpoints['a']}/checkpoint.pt", tmp_path / "file")
+    for name in ("sentencepiece.model", "dict.src.txt", "dict.tgt.txt"):
+        assert (by_file / name).read_bytes() == (by_folder / name).read_bytes(), name
+    a, b = (read_reference_checkpoint(d / ARCHIVE_MODEL)["model"] for d in (by_folder, by_file))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
 def _reference_python() -> str | None:
     path = os.environ.get("FAIRSEQ_PYTHON") or "/tmp/fairseq-ref-venv/bin/python"
     return path if Path(path).is_file() else None

@@ -560,10 +560,10 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     """A reference archive folder (model.pt with its arguments, dict.<src>.txt,
     dict.<tgt>.txt, and bpecodes or sentencepiece.model) from a checkpoint directory."""
     from convs2s.io.checkpoint import SPM_FILE, load_checkpoint
-    from convs2s.io.text_codec import read_codec_settings
+    from convs2s.io.text_codec import checkpoint_folder, local_checkpoint, read_codec_settings
 
     checkpoint, out = _input_and_out(checkpoint, out, "checkpoint")
-    checkpoint = local_copy(checkpoint)
+    checkpoint = checkpoint_folder(local_checkpoint(checkpoint))  # (its checkpoint.pt: the folder)
     state = load_checkpoint(checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])
     if not (cfg.src_positions and cfg.tgt_positions):
