@@ -174,6 +174,27 @@ def test_a_checkpoint_file_is_averaged_as_its_folder(tiny_checkpoints, tmp_path)
 
 
 @pytest.mark.parametrize("given", ["folder", "file"])
+def test_a_checkpoint_whose_sentencepiece_model_was_cut_is_refused_by_folder_or_file(
+        given, tiny_checkpoints, tmp_path, capsys):
+    """A checkpoint folder whose sentencepiece.model is shorter than its meta.json records (a
+    copy cut short) is not averaged, whether given by its folder or by its checkpoint.pt:
+    one line naming the folder, nothing written (the average would record the cut file as
+    whole in its own meta.json)."""
+    half = tmp_path / "half"
+    shutil.copytree(tiny_checkpoints["a"], half)
+    spm = (half / "sentencepiece.model").read_bytes()
+    (half / "sentencepiece.model").write_bytes(spm[:1000])
+    arg = str(half if given == "folder" else half / "checkpoint.pt")
+    assert main(["--out", str(tmp_path / "avg"), arg]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"python -m convs2s average: error: {half} is not a whole checkpoint: its "
+                     "files are not the sizes its meta.json records (a copy cut short, or a "
+                     "folder half replaced); copy it again or pick another checkpoint of the "
+                     "run"], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["half"]  # nothing written
+
+
+@pytest.mark.parametrize("given", ["folder", "file"])
 def test_a_checkpoint_without_its_text_pipeline_is_refused(given, tiny_checkpoints, tmp_path,
                                                            capsys):
     """Weights alone (a checkpoint.pt copied out of its folder) would average to a model that

@@ -287,6 +287,28 @@ def test_a_copy_whose_sentencepiece_model_is_cut_short_or_missing_is_not_listed(
     assert load_checkpoint(run / checkpoint_dir_name(120))["update"] == 120
 
 
+def test_a_checkpoint_given_by_its_file_is_checked_as_its_folder(tmp_path):
+    """`DIR/checkpoint.pt` names the checkpoint of folder DIR: DIR's meta.json decides whether
+    it is whole, so a sentencepiece model cut short beside the file is refused as it is when
+    DIR is given (the file alone looked whole), and the model's sentencepiece model is DIR's."""
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"pieces" * 100)
+    model, opt, _ = _trained_model()
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for d in (whole, cut):
+        save_checkpoint(d, _state(model, opt), spm_model=str(spm))
+    (cut / SPM_FILE).write_bytes(b"pieces")
+    for given in (cut, cut / CHECKPOINT_FILE):
+        with pytest.raises(CheckpointError, match=rf"^{cut} is not a whole checkpoint: its "
+                                                  r"files are not the sizes its meta.json"):
+            load_checkpoint(given)
+        with pytest.raises(CheckpointError, match="is not a whole checkpoint"):
+            load_model(given)
+    assert load_checkpoint(whole / CHECKPOINT_FILE)["update"] == 10
+    _, meta = load_model(whole / CHECKPOINT_FILE)
+    assert (meta["path"], meta["spm_model"]) == (str(whole), str(whole / SPM_FILE))
+
+
 def test_list_pick_and_best(tmp_path):
     run = _fake_run(tmp_path, [(1, 120, 3.0, True), (1, 150, None, False), (2, 240, 2.5, True),
                                (2, 300, None, False), (3, 360, 2.7, True)])

@@ -172,6 +172,16 @@ def test_a_sentencepiece_checkpoint_exports_with_its_own_dictionary(tiny_checkpo
         assert torch.equal(back[k], ours[k].float()), k
 
 
+def test_a_checkpoint_given_by_its_file_exports_as_its_folder(tiny_checkpoints, tmp_path):
+    """`export-fairseq DIR/checkpoint.pt` exports the checkpoint of folder DIR, with DIR's
+    sentencepiece model: the same archive as `export-fairseq DIR`."""
+    by_folder = export_fairseq(tiny_checkpoints["a"], tmp_path / "folder")
+    by_file = export_fairseq(f"{tiny_checkpoints['a']}/checkpoint.pt", tmp_path / "file")
+    for name in ("sentencepiece.model", "dict.src.txt", "dict.tgt.txt"):
+        assert (by_file / name).read_bytes() == (by_folder / name).read_bytes(), name
+    a, b = (read_reference_checkpoint(d / ARCHIVE_MODEL)["model"] for d in (by_folder, by_file))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
 def _reference_python() -> str | None:
     path = os.environ.get("FAIRSEQ_PYTHON") or "/tmp/fairseq-ref-venv/bin/python"
     return path if Path(path).is_file() else None
@@ -439,6 +449,81 @@ def test_out_is_never_a_folder_the_command_did_not_write(tmp_path, capsys, tiny_
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
             if p.is_file()}
+
+
+def _source(command: str, imported: dict) -> str:
+    """What `command` reads: the reference's archive (import), or a checkpoint (export)."""
+    return str(FIXTURES / "iwslt") if command == "import-fairseq" else str(imported["iwslt"])
+
+
+@pytest.mark.parametrize("command", ["import-fairseq", "export-fairseq"])
+def test_a_rerun_replaces_its_own_out_only_while_it_holds_nothing_else(imported, tmp_path,
+                                                                       capsys, command):
+    """The command's record in --out (.convs2s-interop) lists the files it wrote. A rerun into
+    that folder replaces it only while it holds those files alone: a file or folder added
+    since (a translation, scores) is kept, and the rerun exits 2 with one line naming the
+    folder, what it did not write and the fix. Moved away, the rerun replaces the folder."""
+    from convs2s.cli import main
+
+    out = tmp_path / "out"
+    assert main([command, _source(command, imported), "--out", str(out)]) == 0
+    (out / "hyp.de").write_text("notes\n")
+    (out / "eval").mkdir()
+    (out / "eval" / "bleu.json").write_text("{}")
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert main([command, _source(command, imported), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{command}: error: --out {out} holds files {command} did not write "
+                   "(eval/, hyp.de): give another --out, or move those files away; nothing "
+                   "was changed"], err
+    assert _snapshot(out) == before  # the foreign files, and the command's own, as they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing beside it
+    (out / "hyp.de").rename(tmp_path / "hyp.de")
+    (out / "eval").rename(tmp_path / "eval")
+    assert main([command, _source(command, imported), "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eval", "hyp.de", "out"]
+    record = json.loads((out / WRITTEN_BY).read_text())
+    assert record["command"] == command
+    assert record["files"] == sorted(p.name for p in out.iterdir() if p.name != WRITTEN_BY)
+
+
+@pytest.mark.parametrize("first, then", [("import-fairseq", "export-fairseq"),
+                                         ("export-fairseq", "import-fairseq")])
+def test_one_commands_out_is_never_replaced_by_the_other(imported, tmp_path, capsys, first,
+                                                         then):
+    """Import and export write the same record file, which says which of them wrote the
+    folder: an export into an imported checkpoint's folder (or an import into an export's
+    archive) is refused in one line naming the folder and what is there, the folder kept."""
+    from convs2s.cli import main
+
+    out = tmp_path / "out"
+    assert main([first, _source(first, imported), "--out", str(out)]) == 0
+    before = _snapshot(out)
+    capsys.readouterr()
+    assert main([then, _source(then, imported), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"{then}: error: --out {out} was written by {first}, not {then} (") \
+        and "give another --out, or move it away yourself; nothing was changed" in err[0], err
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_record_that_lists_no_files_is_refused(tmp_path, capsys):
+    """A .convs2s-interop that does not say which command wrote the folder and which files (an
+    older version's, or a damaged one) proves nothing about the files beside it: refused."""
+    from convs2s.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / WRITTEN_BY).write_text(json.dumps({"pid": 1, "time": 0.0}))
+    (out / "notes.txt").write_text("a user's file")
+    assert main(["import-fairseq", str(FIXTURES / "iwslt"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--out {out}: its {WRITTEN_BY} does not say which command" \
+        in err[0] and "give another --out, or move the folder away" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == [WRITTEN_BY, "notes.txt"]
 
 
 @pytest.mark.parametrize("command, out, says", [

@@ -396,6 +396,29 @@ def test_a_checkpoint_file_in_a_bucket_is_averaged_with_its_folders_text_pipelin
     assert (out / "checkpoint.pt").is_file() and (out / "sentencepiece.model").is_file()
 
 
+def test_a_checkpoint_file_in_a_bucket_is_checked_and_translates_as_its_folder(
+        s3, tiny_checkpoints):
+    """`s3://…/CKPT/checkpoint.pt` is fetched with its folder: it translates with the folder's
+    sentencepiece model, as the local folder does, and a folder whose sentencepiece model was
+    cut short is refused as the folder itself is."""
+    from convs2s.config import SearchConfig
+    from convs2s.inference.translate import load_for_inference
+    from convs2s.io.checkpoint import CheckpointError
+    from storage import publish_dir
+
+    search, lines = SearchConfig(beam=2, max_len_a=0, max_len_b=3), ["The cat sleeps ."]
+    folder = location(f"{BUCKET}/models/file-a")
+    publish_dir(tiny_checkpoints["a"], folder, marker="meta.json")
+    assert load_for_inference([f"{folder}/checkpoint.pt"], search).translate(lines) == \
+        load_for_inference([tiny_checkpoints["a"]], search).translate(lines)
+    half = location(f"{BUCKET}/models/file-half")
+    publish_dir(tiny_checkpoints["a"], half, marker="meta.json")
+    (half / "sentencepiece.model").write_bytes((half / "sentencepiece.model").read_bytes()[:1000])
+    for given in (str(half), f"{half}/checkpoint.pt"):
+        with pytest.raises(CheckpointError, match="is not a whole checkpoint"):
+            load_for_inference([given], search)
+
+
 def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path):
     import torch
 
@@ -417,6 +440,16 @@ def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path)
     with pytest.raises(FileExistsError, match="was not written by import-fairseq"):
         export_fairseq(imported, someone_elses)
     assert [p.name for p in someone_elses.iterdir()] == ["notes.txt"]
+    # the export's own prefix: replaced by the export alone, and only while it holds
+    # nothing but the objects it wrote
+    with pytest.raises(FileExistsError, match="was written by export-fairseq, not import-"):
+        import_fairseq(fixture, archive)
+    (archive / "eval" / "bleu.json").write_text("{}")
+    with pytest.raises(FileExistsError, match=r"holds files export-fairseq did not write "
+                                              r"\(eval/bleu.json\)"):
+        export_fairseq(imported, archive)
+    assert (archive / "eval" / "bleu.json").read_text() == "{}"
+    assert (archive / WRITTEN_BY).is_file() and (archive / "model.pt").is_file()
 
 
 def test_fine_tuning_starts_from_a_checkpoint_in_a_bucket(s3, tmp_path):

@@ -264,6 +264,36 @@ def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp
     assert "Traceback" not in res.stderr
 
 
+def test_a_checkpoint_given_by_its_file_translates_as_its_folder(tiny_checkpoints, tmp_path,
+                                                                  capsys):
+    """`--checkpoint DIR/checkpoint.pt` names the checkpoint of folder DIR: the text pipeline
+    is DIR's, alone or as an ensemble member beside one given by its folder (the same
+    sentencepiece model: one vocabulary), and DIR with its sentencepiece model cut short is
+    refused as DIR itself is: one line naming it, no output."""
+    src = tmp_path / "in.en"
+    src.write_text("The cat sleeps .\nA dog runs .\n", encoding="utf-8")
+    args = ["--beam", "3", "--max-len-a", "0", "--max-len-b", "4", "--threads", "1",
+            "--input", str(src)]
+    a, b = tiny_checkpoints["a"], tiny_checkpoints["b"]
+    for i, (given, same) in enumerate((([f"{a}/checkpoint.pt"], [a]),
+                                       ([a, f"{b}/checkpoint.pt"], [a, b]))):
+        out = tmp_path / f"out{i}"
+        assert main(["--checkpoint", *given, *args, "--output", str(out)]) == 0, \
+            capsys.readouterr().err
+        assert read_lines(out) == load_for_inference(same, search=SHORT).translate(
+            read_lines(src))
+    half = tmp_path / "half"
+    shutil.copytree(a, half)
+    spm = (half / "sentencepiece.model").read_bytes()
+    (half / "sentencepiece.model").write_bytes(spm[:1000])
+    capsys.readouterr()
+    assert main(["--checkpoint", str(half / "checkpoint.pt"), *args,
+                 "--output", str(tmp_path / "cut")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{half} is not a whole checkpoint" in err[0], err
+    assert not (tmp_path / "cut").exists()
+
+
 def test_a_given_sentencepiece_model_is_refused_for_an_imported_checkpoint(tiny_checkpoints,
                                                                           tmp_path):
     """--spm-model replaces only a sentencepiece pipeline: an imported model's token ids are

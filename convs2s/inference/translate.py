@@ -51,7 +51,6 @@ from convs2s.inference.quantize import for_inference, resolve_precision
 from convs2s.inference.search import generate
 from convs2s.inference.shortlist import Shortlist, ShortlistError
 from convs2s.inference.unk_replace import load_dictionary, unk_replaced_text
-from storage import local_copy
 
 log = logging.getLogger("convs2s.inference.translate")
 
@@ -111,9 +110,11 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     pipeline and the vocabulary sizes that go with it. Bad input raises a CheckpointError that
     names the file and the fix."""
     from convs2s.io.text_codec import (CodecError, check_spm_model_fits, codec_files,
-                                       codec_for_checkpoint)
+                                       codec_for_checkpoint, local_checkpoint)
 
-    paths = [local_copy(p)  # a bucket's: fetched once per node (file://: its local path)
+    # a bucket's: fetched once per node, a checkpoint.pt with its folder (file://: its local
+    # path); a checkpoint.pt's text pipeline is its folder's
+    paths = [local_checkpoint(p)
              for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     if not paths:
         raise CheckpointError("no checkpoint given")

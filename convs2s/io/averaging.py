@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
-from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, save_checkpoint
-from convs2s.io.text_codec import TEXT_FILE, codec_files
-from storage import StorageError, local_copy, location
+from convs2s.io.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.io.text_codec import TEXT_FILE, checkpoint_folder, codec_files, local_checkpoint
+from storage import StorageError, location
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _text_files(path: Path, given: str) -> list[Path]:
     """The text pipeline of checkpoint `path` (a checkpoint directory, or a checkpoint.pt file:
     its folder's): the files an average must carry to translate. Refused (ValueError) when
     the folder holds none, or lacks one that its text.json names."""
-    folder = path if path.is_dir() else path.parent
+    folder = checkpoint_folder(path)
     files = codec_files(folder)
     if not files:
         raise ValueError(f"{given}: no {SPM_FILE} or {TEXT_FILE} in {folder}, so an average "
@@ -123,15 +123,6 @@ def _text_files(path: Path, given: str) -> list[Path]:
         raise ValueError(f"{given}: {folder} lacks {', '.join(missing)} that its {TEXT_FILE} "
                          "names: copy the whole checkpoint folder (or import the model again)")
     return files
-
-
-def _fetched(p) -> Path:
-    """A checkpoint as a local path: a bucket's checkpoint.pt with its folder (its text
-    pipeline is there, not in the cache folder of the file alone)."""
-    where = location(p)
-    if not isinstance(where, Path) and where.name == CHECKPOINT_FILE:
-        return local_copy(where.parent) / CHECKPOINT_FILE
-    return local_copy(p)
 
 
 def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLike) -> Path:
@@ -151,7 +142,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
         raise FileExistsError(f"{out_dir} " + ("exists and is not empty" if out_dir.is_dir()
                                                else "is a file") + ": give a new folder to "
                               "--out (an average never writes over what is there)")
-    paths = [_fetched(p) for p in paths]  # a bucket's: fetched once per node
+    paths = [local_checkpoint(p) for p in paths]  # a bucket's: fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
     first = load_checkpoint(paths[0])

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from convs2s.config import ModelConfig
+from convs2s.io.text_codec import checkpoint_folder, local_checkpoint
 from storage import is_uri, local_copy, location, publish_dir
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -104,18 +105,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     import pickle
     import zipfile
 
-    path = local_copy(path)  # a bucket's: fetched once per node (file://: its local path)
+    # a bucket's: fetched once per node, a checkpoint.pt with its folder (file://: its local
+    # path); given as the folder or its checkpoint.pt, the folder is checked the same way
+    path = local_checkpoint(path)
+    folder = checkpoint_folder(path)
     file = path / CHECKPOINT_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
             f"no {CHECKPOINT_FILE} in {path}: give a checkpoint directory of a training run "
             "(e.g. <storage_path>/<run_name>/best)"
         )
-    if path.is_dir() and (path / META_FILE).is_file() and _whole(path) is None:
+    if file == folder / CHECKPOINT_FILE and (folder / META_FILE).is_file() \
+            and _whole(folder) is None:
         # the sizes meta.json records do not match: a copy cut short, or a folder a second
         # writer left half replaced (new weights beside the old vocabulary)
         raise CheckpointError(
-            f"{path} is not a whole checkpoint: its files are not the sizes its {META_FILE} "
+            f"{folder} is not a whole checkpoint: its files are not the sizes its {META_FILE} "
             "records (a copy cut short, or a folder half replaced); copy it again or pick "
             "another checkpoint of the run")
     try:
@@ -178,13 +183,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu"):
     # imported here: listing checkpoints needs no model code
     from convs2s.model.network import ConvS2S
 
-    shown, path = str(path), local_copy(path)
+    shown, path = str(path), local_checkpoint(path)
     state = load_checkpoint(path, map_location="cpu")
     cfg = ModelConfig.from_dict(state["model_config"])
     model = ConvS2S(cfg, state["src_vocab_size"], state["tgt_vocab_size"])
     model.load_state_dict(state["model"])
     model.to(device).eval()
-    directory = Path(path) if Path(path).is_dir() else Path(path).parent
+    directory = checkpoint_folder(path)
     spm = directory / SPM_FILE
     meta = {k: v for k, v in state.items() if k not in ("model", "optimizer")}
     meta["path"] = shown if is_uri(shown) else str(directory)

@@ -352,28 +352,86 @@ def convert_weights(fs: dict, cfg: ModelConfig, path: Path) -> dict[str, torch.T
 # --- import / export -----------------------------------------------------------------------------
 
 
-WRITTEN_BY = ".convs2s-interop"  # in every folder import / export wrote: it may replace it
+WRITTEN_BY = ".convs2s-interop"  # in every folder import / export wrote: who, and which files
+COMMANDS = ("import-fairseq", "export-fairseq")
 
 
-@contextlib.contextmanager
-def _whole_folder(out: Path):
-    """A temporary folder beside `out` for the block to fill; it replaces `out` only when the
-    block succeeds (nothing half written is ever `out`), else it is removed. An existing `out`
-    is replaced only when import / export wrote it (its `WRITTEN_BY` file) or it is an empty
-    folder, and then by renames (set aside, then removed): a folder of someone else's files is
-    refused before anything is written (FileExistsError)."""
-    if out.exists() and not (out / WRITTEN_BY).is_file() \
-            and not (out.is_dir() and not any(out.iterdir())):
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _entries(out) -> list[str]:
+    """What folder `out` holds: its files and folders by name (a folder with "/"), or a
+    bucket prefix's objects by their names under it."""
+    if isinstance(out, ObjectPath):
+        return [name for name, _ in out.files()]
+    return sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
+
+
+def _check_out(out, command: str) -> None:
+    """Refuse (FileExistsError, nothing changed) an `out` that `command` may not replace: one
+    that holds anything but the files an earlier run of this very command wrote there (its
+    WRITTEN_BY record lists them). New, or an empty folder: nothing to lose."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file: give a folder; nothing was changed")
+    there = _entries(out)
+    if not there:
+        return
+    if WRITTEN_BY not in there:
         raise FileExistsError(f"--out {out} exists and was not written by import-fairseq / "
                               f"export-fairseq (no {WRITTEN_BY} file in it): give a new --out, "
                               "or move it away yourself; nothing was changed")
+    try:
+        record = json.loads((out / WRITTEN_BY).read_text())
+        by, listed = record["command"], record["files"]
+        if by not in COMMANDS or not isinstance(listed, list) or not all(
+                isinstance(n, str) and n == Path(n).name and n not in ("", ".", "..")
+                for n in listed):  # plain names of files in the folder
+            raise ValueError("not a command and a list of file names")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        # (an older version's record held no file list: what it wrote is not known either)
+        why = f"no {err} in it" if isinstance(err, KeyError) else err
+        raise FileExistsError(f"--out {out}: its {WRITTEN_BY} does not say which command wrote "
+                              f"the folder and which files ({why}), so its files may be "
+                              "someone else's: give another --out, or move the folder away "
+                              "yourself; nothing was changed") from None
+    if by != command:  # the other command's output (a checkpoint, or an archive) is kept
+        theirs = [n for n in there if n != WRITTEN_BY]
+        raise FileExistsError(f"--out {out} was written by {by}, not {command} ({_shown(theirs)}"
+                              f"): give another --out, or move it away yourself; nothing was "
+                              "changed")
+    theirs = [n for n in there if n != WRITTEN_BY and n not in listed]
+    if theirs:
+        raise FileExistsError(f"--out {out} holds files {command} did not write "
+                              f"({_shown(theirs)}): give another --out, or move those files "
+                              "away; nothing was changed")
+
+
+def _record(folder: Path, command: str) -> None:
+    """WRITTEN_BY in `folder` (filled): the command and every file it wrote there."""
+    files = sorted(p.name for p in folder.iterdir() if p.name != WRITTEN_BY)
+    (folder / WRITTEN_BY).write_text(json.dumps({"command": command, "files": files,
+                                                 "pid": os.getpid(), "time": time.time()}))
+
+
+@contextlib.contextmanager
+def _whole_folder(out: Path, command: str):
+    """A temporary folder beside `out` for the block to fill; it replaces `out` only when the
+    block succeeds (nothing half written is ever `out`), else it is removed. An existing `out`
+    is replaced only when it is empty or holds nothing but the files an earlier run of this
+    `command` wrote (its `WRITTEN_BY` record), and then by renames (set aside, then removed):
+    a folder with any other file, or the other command's, is refused before anything is
+    written and again just before the swap (FileExistsError)."""
+    _check_out(out, command)
     if isinstance(out, ObjectPath):  # a bucket: filled locally, then published with the
         # WRITTEN_BY object last (storage.publish_dir): whole, or not complete
         scratch = scratch_dir("convs2s-interop-")
         try:
             yield scratch
-            (scratch / WRITTEN_BY).write_text(json.dumps({"pid": os.getpid(),
-                                                          "time": time.time()}))
+            _record(scratch, command)
+            _check_out(out, command)  # (what was written there meanwhile is kept)
             publish_dir(scratch, out, marker=WRITTEN_BY)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -385,7 +443,8 @@ def _whole_folder(out: Path):
     tmp.mkdir(parents=True)
     try:
         yield tmp
-        (tmp / WRITTEN_BY).write_text(json.dumps({"pid": os.getpid(), "time": time.time()}))
+        _record(tmp, command)
+        _check_out(out, command)  # (what was written there meanwhile is kept)
         if out.exists():
             out.rename(old)  # ours (or empty): set aside whole, removed once the new is in
         tmp.rename(out)
@@ -484,7 +543,7 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
     for entry in state.get("optimizer_history") or []:
         if isinstance(entry, dict) and isinstance(entry.get("num_updates"), int):
             updates = entry["num_updates"]
-    with _whole_folder(out) as tmp:
+    with _whole_folder(out, "import-fairseq") as tmp:
         save_checkpoint(tmp, {"model": model.state_dict(), "model_config": cfg.to_dict(),
                               "src_vocab_size": len(dicts[src]),
                               "tgt_vocab_size": len(dicts[tgt]), "epoch": 0, "update": updates,
@@ -501,10 +560,10 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
     """A reference archive folder (model.pt with its arguments, dict.<src>.txt,
     dict.<tgt>.txt, and bpecodes or sentencepiece.model) from a checkpoint directory."""
     from convs2s.io.checkpoint import SPM_FILE, load_checkpoint
-    from convs2s.io.text_codec import read_codec_settings
+    from convs2s.io.text_codec import checkpoint_folder, local_checkpoint, read_codec_settings
 
     checkpoint, out = _input_and_out(checkpoint, out, "checkpoint")
-    checkpoint = local_copy(checkpoint)
+    checkpoint = checkpoint_folder(local_checkpoint(checkpoint))  # (its checkpoint.pt: the folder)
     state = load_checkpoint(checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])
     if not (cfg.src_positions and cfg.tgt_positions):
@@ -543,7 +602,7 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
         left_pad_source=True, left_pad_target=False, criterion="cross_entropy",
         optimizer="nag", lr=[0.25], momentum=0.99, weight_decay=0.0, clip_norm=0.1,
         lr_scheduler="fixed", seed=1, data=str(out))
-    with _whole_folder(out) as tmp:
+    with _whole_folder(out, "export-fairseq") as tmp:
         torch.save({"args": args, "model": {k: v.clone() for k, v in fs.items()},
                     "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
                                            "optimizer_name": "FairseqNAG",

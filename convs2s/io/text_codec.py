@@ -22,13 +22,14 @@ import re
 from pathlib import Path
 
 from convs2s.config import BOS, EOS, PAD, UNK
-from storage import local_copy
+from storage import local_copy, location
 
 SENTENCEPIECE = "sentencepiece"
 MAX_DICTIONARY_BYTES = 64 << 20  # a reference dictionary: ~1 MB for 40k symbols
 MOSES_BPE = "moses+subword_nmt"
 TEXT_FILE = "text.json"
 SPM_FILE = "sentencepiece.model"
+CHECKPOINT_FILE = "checkpoint.pt"  # (convs2s.io.checkpoint's: a checkpoint given as its file)
 BPE_CODES = "bpecodes"
 BPE_CACHE_WORDS = 200_000  # words subword-nmt's split cache holds before it is emptied
 UNK_PIECE = "<unk>"
@@ -36,6 +37,23 @@ UNK_PIECE = "<unk>"
 
 class CodecError(ValueError):
     """A checkpoint's text files are missing or do not fit its model."""
+
+
+def checkpoint_folder(path: str | Path) -> Path:
+    """The folder of a local checkpoint given as its folder or as a file in it (its
+    checkpoint.pt): the folder whose meta.json and text pipeline go with the weights."""
+    path = Path(path)
+    return path if path.is_dir() else path.parent
+
+
+def local_checkpoint(p) -> Path:
+    """A checkpoint given as its folder or its checkpoint.pt, as a local path of the same kind
+    (`storage.local_copy`: itself when local). A bucket's checkpoint.pt is fetched with its
+    folder: alone, it would lie in a cache folder without its meta.json and text pipeline."""
+    where = location(p)
+    if not isinstance(where, Path) and where.name == CHECKPOINT_FILE:
+        return local_copy(where.parent) / CHECKPOINT_FILE
+    return local_copy(where)
 
 
 def codec_settings(kind: str, source_lang: str, target_lang: str) -> dict:
@@ -48,8 +66,9 @@ def codec_settings(kind: str, source_lang: str, target_lang: str) -> dict:
 
 
 def read_codec_settings(checkpoint_dir: str | Path) -> dict | None:
-    """The checkpoint's text.json, or None (a sentencepiece checkpoint)."""
-    path = Path(checkpoint_dir) / TEXT_FILE
+    """The checkpoint's text.json, or None (a sentencepiece checkpoint); a checkpoint.pt's
+    is its folder's."""
+    path = checkpoint_folder(checkpoint_dir) / TEXT_FILE
     if not path.is_file():
         return None
     try:
@@ -316,9 +335,10 @@ def check_spm_model_fits(checkpoint_dir: str | Path, spm_model: str | Path) -> N
 
 
 def codec_for_checkpoint(checkpoint_dir: str | Path, spm_model: str | Path | None = None):
-    """The codec a checkpoint directory needs (see the module docstring); `spm_model`: the
-    sentencepiece model of a checkpoint that bundles none (refused for an imported one)."""
-    folder = Path(checkpoint_dir)
+    """The codec a checkpoint directory (or its checkpoint.pt: its folder's) needs (see the
+    module docstring); `spm_model`: the sentencepiece model of a checkpoint that bundles none
+    (refused for an imported one)."""
+    folder = checkpoint_folder(checkpoint_dir)
     if spm_model is not None:
         check_spm_model_fits(folder, spm_model)
     settings = read_codec_settings(folder)
@@ -333,8 +353,9 @@ def codec_for_checkpoint(checkpoint_dir: str | Path, spm_model: str | Path | Non
 
 
 def codec_files(checkpoint_dir: str | Path) -> list[Path]:
-    """The files of a checkpoint's text pipeline (to copy with its weights)."""
-    folder = Path(checkpoint_dir)
+    """The files of a checkpoint's text pipeline (to copy with its weights); a checkpoint.pt's
+    are its folder's."""
+    folder = checkpoint_folder(checkpoint_dir)
     settings = read_codec_settings(folder)
     if settings is None:
         return [folder / SPM_FILE] if (folder / SPM_FILE).is_file() else []
@@ -354,7 +375,7 @@ class CheckpointVocabulary:
 
     def __init__(self, checkpoint_dir: str | Path):
         # A bucket's checkpoint: its local copy (fetched once per node) is what travels.
-        folder = local_copy(checkpoint_dir)  # (file://: its local path)
+        folder = checkpoint_folder(local_checkpoint(checkpoint_dir))  # (file://: its local path)
         codec = codec_for_checkpoint(folder)  # the files exist and fit together
         self.folder = str(folder)
         self.kind = codec.kind
