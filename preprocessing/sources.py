@@ -36,6 +36,7 @@ from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
 from storage import location, open_input, stamp
+from storage.redact import redact_text, redact_uri
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
                "folder: `--source DIR` with line-aligned text files (DIR/<name>.<lang>[.gz]), "
@@ -116,8 +117,9 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
                               "with a token that can see it); check hub_repo") from None
     except Exception as e:  # noqa: BLE001 - offline, DNS, HTTP: all mean "no hub here"
         raise PreprocessError(
-            f"cannot reach the Hugging Face hub for dataset {cfg.hub_repo} (revision "
-            f"{cfg.hub_revision}): {type(e).__name__}: {str(e)[:200]}. {NO_HUB_HINT}") from None
+            f"cannot reach the Hugging Face hub at {hub_shown(endpoint)} for dataset "
+            f"{cfg.hub_repo} (revision {cfg.hub_revision}): {_brief(e)}; check the endpoint "
+            f"(--hub-endpoint, HF_ENDPOINT) and the network. {NO_HUB_HINT}") from None
     found = select_split_files([s.rfilename for s in info.siblings or []], cfg.hub_config, name)
     if not found:
         # (one fix for both commands: the workflows read only the fact, and take --split
@@ -129,6 +131,21 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
                               "test}'")
     rev = quote(info.sha or cfg.hub_revision, safe="")
     return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
+
+
+def hub_shown(endpoint: str | None) -> str:
+    """The hub endpoint (None: HF_ENDPOINT or the hub) as a message may show it: without the
+    credentials its URL may hold."""
+    from huggingface_hub import constants
+
+    return redact_uri(endpoint or constants.ENDPOINT)
+
+
+def _brief(e: BaseException) -> str:
+    """An error's type and the first line of its text, credentials redacted (an HTTP error
+    quotes its URL, `user:password@` included, and a page of advice after it)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {redact_text(lines[0]) if lines else ''}"[:240]
 
 
 def open_binary(path: str):

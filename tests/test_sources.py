@@ -17,7 +17,7 @@ from preprocessing import sources
 from preprocessing.config import PreprocessConfig, wmt14_en_fr
 from preprocessing.errors import PreprocessError
 from preprocessing.reading import SplitDatasource
-from preprocessing.sources import resolve_split, select_split_files
+from preprocessing.sources import NO_HUB_HINT, resolve_split, select_split_files
 
 SHAPE = ("translation", "en", "fr")
 
@@ -262,6 +262,91 @@ def test_a_hub_that_answers_no_says_why_not_go_offline(code, says):
                           endpoint=f"http://127.0.0.1:{server.server_address[1]}")
     finally:
         server.shutdown()
+
+
+HUB_SHA = "5" * 40  # the commit a loopback mirror serves
+
+
+@pytest.fixture
+def hub_mirror():
+    """`start(files, status=200)`: a Hugging Face mirror on loopback serving `files`
+    ({name in the repository: bytes}) of dataset wmt/wmt14 at HUB_SHA, by the hub's routes that
+    listing a dataset and reading its files take: `/api/datasets/<repo>/revision/<rev>`,
+    `/api/datasets/<repo>/tree/<sha>/<folder>`, `/datasets/<repo>/resolve/<sha>/<file>` (a
+    Range of bytes). Returns (its endpoint, the paths asked for, `state`): `state["refuse"]`
+    "files" answers file reads 403, "open" closes the connection unanswered when a file's
+    commit is looked up; `status` other than 200 answers everything with it."""
+    import http.server
+    import re
+    import threading
+    from urllib.parse import unquote, urlsplit
+
+    servers = []
+
+    def start(files: dict[str, bytes], status: int = 200):
+        seen, state = [], {}
+        api = "/api/datasets/wmt/wmt14/"
+
+        class Mirror(http.server.BaseHTTPRequestHandler):
+            def _send(self, code: int, body: bytes, headers=()):
+                self.send_response(code)
+                for key, value in headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                path = unquote(urlsplit(self.path).path)
+                seen.append(path)
+                if status != 200:
+                    return self._send(status, b"down")
+                if path == f"{api}revision/{HUB_SHA}" and state.get("refuse") == "open":
+                    self.close_connection = True  # no answer at all
+                    return None
+                if path.startswith(f"{api}revision/"):
+                    return self._send(200, json.dumps({"id": "wmt/wmt14", "sha": HUB_SHA,
+                                                       "siblings": [{"rfilename": n}
+                                                                    for n in files]}).encode())
+                if path.startswith(f"{api}tree/{HUB_SHA}/"):
+                    folder = path.removeprefix(f"{api}tree/{HUB_SHA}/")
+                    return self._send(200, json.dumps([
+                        {"type": "file", "path": n, "size": len(b), "oid": "0" * 40}
+                        for n, b in files.items() if n.rpartition("/")[0] == folder]).encode())
+                name = path.removeprefix(f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/")
+                if name not in files or state.get("refuse") == "files":
+                    return self._send(403 if name in files else 404, b"{}")
+                first, last = map(int, re.fullmatch(r"bytes=(\d+)-(\d+)",
+                                                    self.headers["Range"]).groups())
+                body = files[name][first:last + 1]
+                return self._send(206, body, [("Content-Range", f"bytes {first}-"
+                                                f"{first + len(body) - 1}/{len(files[name])}")])
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Mirror)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", seen, state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_hub_error_names_the_endpoint_without_its_password(hub_mirror):
+    endpoint, seen, _ = hub_mirror({}, status=500)
+    with pytest.raises(PreprocessError) as found:
+        resolve_split(wmt14_en_fr(), "train",
+                      endpoint=endpoint.replace("http://", "http://alice:S3CRET@"))
+    text = str(found.value)
+    assert seen and "S3CRET" not in text and "\n" not in text, text
+    assert text.startswith(f"cannot reach the Hugging Face hub at "
+                           f"{endpoint.replace('http://', 'http://alice:***@')} for dataset "
+                           "wmt/wmt14 (revision main): HfHubHTTPError: "), text
+    assert text.endswith(NO_HUB_HINT)
 
 
 def test_demo_splits_get_disjoint_index_ranges():
