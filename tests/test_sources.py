@@ -336,6 +336,60 @@ def hub_mirror():
         server.server_close()
 
 
+def hub_parquet(rows: int) -> bytes:
+    """A hub-shaped parquet file of `rows` En-Fr pairs, row groups of 3 rows."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"translation": [{"en": f"hello {i}", "fr": f"bonjour {i}"}
+                                             for i in range(rows)]}), sink, row_group_size=3)
+    return sink.getvalue().to_pybytes()
+
+
+TRAIN_FILE = "fr-en/train-00000-of-00001.parquet"
+
+
+def test_a_hub_mirror_serves_the_files_too_not_only_their_listing(hub_mirror):
+    """--hub-endpoint: the footers (driver) and the row groups (read tasks, which travel
+    pickled to Ray's workers) are read from the mirror, as the listing is."""
+    from ray import cloudpickle
+
+    endpoint, seen, _ = hub_mirror({TRAIN_FILE: hub_parquet(7)})
+    cfg = wmt14_en_fr().replace(block_rows=3)  # a read task per row group
+    src = resolve_split(cfg, "train", endpoint=endpoint)
+    assert src.rows == 7 and len(src.row_groups) == 3
+    assert f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/{TRAIN_FILE}" in seen  # the footer
+    del seen[:]
+    tasks = [cloudpickle.loads(cloudpickle.dumps(t))
+             for t in SplitDatasource(src, cfg).get_read_tasks(1)]
+    rows = [row for task in tasks for table in task() for row in table.to_pylist()]
+    assert [(r["id"], r["translation"]["fr"]) for r in rows] == [(i, f"bonjour {i}")
+                                                                 for i in range(7)]
+    assert f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/{TRAIN_FILE}" in seen  # the row groups
+
+
+def test_a_hub_mirror_that_does_not_serve_a_file_is_one_line_naming_it(hub_mirror):
+    """A mirror that lists the files but does not serve them: one line naming the file and the
+    endpoint, its password hidden, and the fix; on the driver (the footer: a connection closed
+    unanswered, an HTTP library's error) and in a read task (the rows: 403)."""
+    endpoint, _, state = hub_mirror({TRAIN_FILE: hub_parquet(7)})
+    with_password = endpoint.replace("http://", "http://alice:S3CRET@")
+    shown = endpoint.replace("http://", "http://alice:***@")
+    state["refuse"] = "open"
+    with pytest.raises(PreprocessError) as footer:
+        resolve_split(wmt14_en_fr(), "train", endpoint=with_password)
+    state["refuse"] = None
+    src = resolve_split(wmt14_en_fr(), "train", endpoint=with_password)
+    state["refuse"] = "files"
+    with pytest.raises(PreprocessError) as rows:
+        read_all(src, wmt14_en_fr())
+    for error, what in ((footer, "its parquet footer"), (rows, "row groups 0-2")):
+        text = str(error.value)
+        assert text.startswith(f"hf://datasets/wmt/wmt14@{HUB_SHA}/{TRAIN_FILE}: cannot read "
+                               f"{what} from the Hugging Face hub at {shown} ("), text
+        assert "check the endpoint (--hub-endpoint, HF_ENDPOINT" in text
+        assert "--source demo" in text and "S3CRET" not in text and "\n" not in text
+    assert "RemoteProtocolError" in str(footer.value) and "403" in str(rows.value)
+
+
 def test_a_hub_error_names_the_endpoint_without_its_password(hub_mirror):
     endpoint, seen, _ = hub_mirror({}, status=500)
     with pytest.raises(PreprocessError) as found:
