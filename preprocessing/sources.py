@@ -37,7 +37,7 @@ from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
 from storage import location, open_input, stamp
-from storage.redact import redact_text, redact_uri
+from storage.redact import redact_logs, redact_text, redact_uri
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
                "folder: `--source DIR` with line-aligned text files (DIR/<name>.<lang>[.gz]), "
@@ -108,6 +108,7 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
     from huggingface_hub.errors import (GatedRepoError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
 
+    redact_logs("huggingface_hub")  # (its retry warnings quote the URL, password included)
     try:
         info = HfApi(endpoint=endpoint).dataset_info(cfg.hub_repo, revision=cfg.hub_revision)
     except GatedRepoError:  # (before RepositoryNotFoundError: it is one)
@@ -187,6 +188,7 @@ def open_binary(path: str, endpoint: str | None = None):
     if path.startswith("hf://"):
         from huggingface_hub import HfFileSystem
 
+        redact_logs("huggingface_hub")  # (also in a read task: a process of its own)
         return HfFileSystem(endpoint=endpoint).open(path, "rb")
     return open_input(path)
 

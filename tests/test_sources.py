@@ -275,7 +275,8 @@ def hub_mirror():
     `/api/datasets/<repo>/tree/<sha>/<folder>`, `/datasets/<repo>/resolve/<sha>/<file>` (a
     Range of bytes). Returns (its endpoint, the paths asked for, `state`): `state["refuse"]`
     "files" answers file reads 403, "open" closes the connection unanswered when a file's
-    commit is looked up; `status` other than 200 answers everything with it."""
+    commit is looked up; `state["busy"]` = n answers the next n file reads 503 (retried);
+    `status` other than 200 answers everything with it."""
     import http.server
     import re
     import threading
@@ -316,6 +317,9 @@ def hub_mirror():
                 name = path.removeprefix(f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/")
                 if name not in files or state.get("refuse") == "files":
                     return self._send(403 if name in files else 404, b"{}")
+                if state.get("busy"):
+                    state["busy"] -= 1
+                    return self._send(503, b"busy")
                 first, last = map(int, re.fullmatch(r"bytes=(\d+)-(\d+)",
                                                     self.headers["Range"]).groups())
                 body = files[name][first:last + 1]
@@ -401,6 +405,23 @@ def test_a_hub_error_names_the_endpoint_without_its_password(hub_mirror):
                            f"{endpoint.replace('http://', 'http://alice:***@')} for dataset "
                            "wmt/wmt14 (revision main): HfHubHTTPError: "), text
     assert text.endswith(NO_HUB_HINT)
+
+
+def test_the_hubs_retry_warnings_never_log_the_endpoints_password(hub_mirror, caplog):
+    """huggingface_hub warns of each retried read with the URL it asked, user:password@ of a
+    mirror included: its loggers' records are redacted (storage.redact.redact_logs)."""
+    import logging
+
+    endpoint, seen, state = hub_mirror({TRAIN_FILE: hub_parquet(7)})
+    state["busy"] = 1  # the footer read is answered 503 once, then served (after a second)
+    with caplog.at_level(logging.WARNING):
+        src = resolve_split(wmt14_en_fr(), "train",
+                            endpoint=endpoint.replace("http://", "http://alice:S3CRET@"))
+    assert src.rows == 7 and state["busy"] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")]
+    assert any(f"http://alice:***@{endpoint.removeprefix('http://')}/datasets/" in w
+               for w in warnings), warnings
+    assert not any("S3CRET" in w for w in warnings), warnings
 
 
 def test_demo_splits_get_disjoint_index_ranges():
