@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="change any setting of the preset (preprocessing.config."
                         "PreprocessConfig; repeatable), e.g. --set max_len=100 --set "
                         "character_coverage=1.0 (data.FIELD as the workflows write it works too)")
-    p.add_argument("--hub-endpoint", help="Hugging Face endpoint (a mirror); default: the hub")
+    p.add_argument("--hub-endpoint", help="Hugging Face endpoint (a mirror) that lists and "
+                   "serves the dataset's files; default: HF_ENDPOINT or the hub")
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")

@@ -193,6 +193,8 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
                                   stats_fn=batch_stats, key_digits=6, label=label))
     remove_tree(tmp / ".windows")
     _checked(label, t.get("rows_in", 0), enc_m["rows_kept"], "batched")
+    if not t["rows_kept"]:  # (raised inside the stage: its parts are removed, not published)
+        raise _no_batches(cfg, split, t["rows_in"], dropped_counts(t))
     real = t["src_tokens"] + t["tgt_tokens"]
     return {"rows_in": t["rows_in"], "rows_kept": t["rows_kept"], "dropped": dropped_counts(t),
             "batches": t["batches"],
@@ -207,6 +209,20 @@ def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp
             # pieces, EOS included: the largest step of the data is the budget filled with them
             "longest": {"src": t.get("longest_src", 0), "tgt": t.get("longest_tgt", 0)},
             "vocab_path": enc_m["vocab_path"], "vocab_size": enc_m["vocab_size"]}
+
+
+def _no_batches(cfg: PreprocessConfig, split: str, rows: int,
+                dropped: dict[str, int]) -> PreprocessError:
+    """The error for a split none of whose sentences fits a batch: training would only find
+    an empty folder later ("no parquet batch shards")."""
+    drops = ", ".join(f"{k}={v:,}" for k, v in dropped.items())
+    limits = f"max_tokens={cfg.max_tokens}" + (f", max_positions={cfg.max_positions}"
+                                               if cfg.max_positions is not None else "")
+    return PreprocessError(
+        f"batches/{split} ({cfg.source}: {cfg.splits[split]}): all {rows:,} sentences were "
+        f"dropped ({drops}): not one fits a batch ({limits}, in pieces with EOS); raise "
+        "max_tokens (--set data.max_tokens=N) or max_positions (the model's) above the "
+        "sentences' length in pieces, or check the split's input")
 
 
 def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, final) -> dict:

@@ -24,7 +24,8 @@ from ray.data.datasource import Datasource, ReadTask
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
-from preprocessing.sources import SplitSource, count_lines_from, line_count_mismatch, open_binary
+from preprocessing.sources import (SplitSource, count_lines_from, hub_errors, hub_read_error,
+                                   line_count_mismatch, open_binary)
 
 
 def _pairs_table(ids, src, tgt, errors, cfg_shape: tuple[str, str, str]) -> pa.Table:
@@ -223,18 +224,22 @@ def _decoded(table: pa.Table, shape) -> tuple[pa.Table, pa.Array]:
     return table, pa.array(errors, pa.string())
 
 
-def _read_row_groups(item: dict, shape, block_rows: int) -> Iterator[pa.Table]:
+def _read_row_groups(item: dict, shape, block_rows: int,
+                     endpoint: str | None = None) -> Iterator[pa.Table]:
     """One read task: consecutive row groups of one parquet file (its footer parsed once), with
     row ids and an error column (invalid_utf8 for a row with bytes that are not UTF-8, as in
-    text files; such input stopped the run in cleaning, naming no file, before 2026-12-04)."""
+    text files; such input stopped the run in cleaning, naming no file, before 2026-12-04).
+    A hub file is read from `endpoint` (the split's: where the driver listed it)."""
     columns = ["translation"] if shape[0] == "translation" else [shape[1], shape[2]]
     groups = item["groups"]
     try:
-        with open_binary(item["file"]) as f:
+        with open_binary(item["file"], endpoint) as f:
             table = pq.ParquetFile(f).read_row_groups(groups, columns=columns)
-    except (OSError, pa.ArrowException) as e:  # a damaged page: its footer read fine
+    except (OSError, pa.ArrowException, *hub_errors()) as e:  # a damaged page, or a hub gone
         which = (f"row group {groups[0]}" if len(groups) == 1 else
                  f"row groups {groups[0]}-{groups[-1]}")
+        if unserved := hub_read_error(item["file"], endpoint, which, e):
+            raise unserved from None
         raise PreprocessError(f"{item['file']}: cannot read {which} "
                               f"({type(e).__name__}: {e}); re-download or re-export this "
                               "file") from None
@@ -283,7 +288,8 @@ class SplitDatasource(Datasource):
                        data_context=None) -> list[ReadTask]:
         src, shape, n = self.src, self.shape, self.block_rows
         if src.kind == "parquet":
-            return [self._task(lambda g=g: _read_row_groups(g, shape, n), g["rows"],
+            where = src.endpoint
+            return [self._task(lambda g=g: _read_row_groups(g, shape, n, where), g["rows"],
                                [g["file"]]) for g in src.row_groups]
         if src.kind == "demo":
             seed, start = self.seed, src.demo_start

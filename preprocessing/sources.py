@@ -8,7 +8,8 @@ a row the reader could not take (invalid_utf8, line_too_long, bad_row); cleaning
 
 Kinds (`resolve_split` picks one per split; driver-side checks raise `PreprocessError`):
 - hub: parquet files of a Hugging Face dataset (`wmt/wmt14` `fr-en/train-*.parquet`, Gigaword's
-  `refs/convert/parquet`), listed with huggingface_hub and read over `hf://` by Ray tasks.
+  `refs/convert/parquet`), listed with huggingface_hub and read over `hf://` by Ray tasks, both
+  from one endpoint (`SplitSource.endpoint`: a mirror, HF_ENDPOINT or the hub).
 - parquet: a local folder laid out like the hub (`<config>/<split>-*.parquet`, ...).
   Parquet is read one row group per Ray task; row ids come from the footers' row counts.
 - text: two line-aligned files `<name>.<src>` / `<name>.<tgt>` (optionally .gz), read in
@@ -36,6 +37,7 @@ from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
 from storage import location, open_input, stamp
+from storage.redact import redact_logs, redact_text, redact_uri
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
                "folder: `--source DIR` with line-aligned text files (DIR/<name>.<lang>[.gz]), "
@@ -60,6 +62,10 @@ class SplitSource:
     # Text: the two files' line counts were compared on the driver (`check_text_pair`); if not,
     # the reader compares them, also past the end of a line range.
     pair_counted: bool = False
+    # Hub: the endpoint the files were listed from, which the driver and the read tasks read
+    # them from too (`open_binary`). It may hold credentials (user:password@): never shown
+    # (`hub_shown`), never in the fingerprint (a mirror serves the same commit).
+    endpoint: str | None = field(default=None, repr=False)
 
     def estimated_rows(self) -> int:
         if self.rows is not None:
@@ -102,6 +108,7 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
     from huggingface_hub.errors import (GatedRepoError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
 
+    redact_logs("huggingface_hub")  # (its retry warnings quote the URL, password included)
     try:
         info = HfApi(endpoint=endpoint).dataset_info(cfg.hub_repo, revision=cfg.hub_revision)
     except GatedRepoError:  # (before RepositoryNotFoundError: it is one)
@@ -116,8 +123,9 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
                               "with a token that can see it); check hub_repo") from None
     except Exception as e:  # noqa: BLE001 - offline, DNS, HTTP: all mean "no hub here"
         raise PreprocessError(
-            f"cannot reach the Hugging Face hub for dataset {cfg.hub_repo} (revision "
-            f"{cfg.hub_revision}): {type(e).__name__}: {str(e)[:200]}. {NO_HUB_HINT}") from None
+            f"cannot reach the Hugging Face hub at {hub_shown(endpoint)} for dataset "
+            f"{cfg.hub_repo} (revision {cfg.hub_revision}): {_brief(e)}; check the endpoint "
+            f"(--hub-endpoint, HF_ENDPOINT) and the network. {NO_HUB_HINT}") from None
     found = select_split_files([s.rfilename for s in info.siblings or []], cfg.hub_config, name)
     if not found:
         # (one fix for both commands: the workflows read only the fact, and take --split
@@ -131,31 +139,80 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
     return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
 
 
-def open_binary(path: str):
+def hub_shown(endpoint: str | None) -> str:
+    """The hub endpoint (None: HF_ENDPOINT or the hub) as a message may show it: without the
+    credentials its URL may hold."""
+    from huggingface_hub import constants
+
+    return redact_uri(endpoint or constants.ENDPOINT)
+
+
+def _brief(e: BaseException) -> str:
+    """An error's type and the first line of its text, credentials redacted (an HTTP error
+    quotes its URL, `user:password@` included, and a page of advice after it)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {redact_text(lines[0]) if lines else ''}"[:240]
+
+
+def hub_errors() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub raises when the hub (or a mirror) does not serve a read: an
+    OSError (HfHubHTTPError for an error status, FileNotFoundError for a file it does not
+    list) or an error of its HTTP library (refused, DNS, timeout: not OSErrors)."""
+    try:  # (httpx2 where it is one, exported under this name)
+        from huggingface_hub.utils import httpx
+    except ImportError:
+        try:
+            import httpx
+        except ImportError:  # huggingface_hub before 1.0: requests, whose errors are OSErrors
+            return (OSError,)
+    return (OSError, httpx.HTTPError)
+
+
+def hub_read_error(path: str, endpoint: str | None, what: str,
+                   e: BaseException) -> PreprocessError | None:
+    """The error for `what` of a hub file (`hf://`) that the endpoint did not serve: one
+    line naming the file and the endpoint (no credentials) and the fix. None for another
+    path or error (a damaged file: pyarrow's errors)."""
+    if not path.startswith("hf://") or isinstance(e, pa.ArrowException) \
+            or not isinstance(e, hub_errors()):
+        return None
+    return PreprocessError(
+        f"{path}: cannot read {what} from the Hugging Face hub at {hub_shown(endpoint)} "
+        f"({_brief(e)}); check the endpoint (--hub-endpoint, HF_ENDPOINT: a mirror must serve "
+        f"the hub's files, not only its listings) and the network. {NO_HUB_HINT}")
+
+
+def open_binary(path: str, endpoint: str | None = None):
+    """A binary file object: an `hf://` path read from `endpoint` (a mirror; None: HF_ENDPOINT
+    or the hub), else a local file or an object in a bucket (storage/)."""
     if path.startswith("hf://"):
-        import fsspec
+        from huggingface_hub import HfFileSystem
 
-        return fsspec.open(path, "rb").open()
-    return open_input(path)  # a local file, or an object in a bucket (storage/)
+        redact_logs("huggingface_hub")  # (also in a read task: a process of its own)
+        return HfFileSystem(endpoint=endpoint).open(path, "rb")
+    return open_input(path)
 
 
-def _parquet_row_groups(files: list[str], cfg: PreprocessConfig) -> tuple[list[dict], int]:
+def _parquet_row_groups(files: list[str], cfg: PreprocessConfig,
+                        endpoint: str | None = None) -> tuple[list[dict], int]:
     """The read tasks of all files (`{"file", "groups", "first_id", "rows"}`) and the rows in
     all; checks every file's columns. A task reads consecutive row groups of one file, at
     least `block_rows` rows together (or the file's rest): the hub's files hold row groups of
     about a thousand rows (what the `datasets` library writes), and a task per group made
     40,000 tasks of WMT'14 En-Fr, each opening its file and parsing its ~1 MB footer, and
-    40,000 parts in every stage after."""
+    40,000 parts in every stage after. Hub files are read from `endpoint`."""
     groups, offset = [], 0
     for path in files:
         try:
-            with open_binary(path) as f:
+            with open_binary(path, endpoint) as f:
                 meta = pq.ParquetFile(f)
                 schema, counts = meta.schema_arrow, [meta.metadata.row_group(g).num_rows
                                                      for g in range(meta.metadata.num_row_groups)]
-        except (OSError, pa.ArrowException) as e:  # damaged, not parquet, or unreachable
-            hint = NO_HUB_HINT if path.startswith("hf://") else "re-download or re-export it"
-            raise PreprocessError(f"{path}: cannot read its parquet footer ({e}); {hint}") from None
+        except (OSError, pa.ArrowException, *hub_errors()) as e:  # unreachable, damaged
+            if unserved := hub_read_error(path, endpoint, "its parquet footer", e):
+                raise unserved from None
+            raise PreprocessError(f"{path}: cannot read its parquet footer ({_brief(e)}); "
+                                  "re-download or re-export it") from None
         _check_columns(path, schema, cfg)
         task = None
         for g, n in enumerate(counts):
@@ -336,8 +393,12 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
             "demo": DEMO_VERSION, "seed": cfg.seed, "start": start, "rows": n,
             "shape": cfg.row_shape})
     if cfg.source == "hub":
+        from huggingface_hub import constants
+
         files, sha = hub_parquet_files(cfg, name, endpoint)
-        src = SplitSource("parquet", files)
+        # (HF_ENDPOINT's value where no endpoint is given: the read tasks, on other nodes,
+        # read from where the driver listed)
+        src = SplitSource("parquet", files, endpoint=endpoint or constants.ENDPOINT)
         src.fingerprint = {"hub": cfg.hub_repo, "commit": sha, "files": files}
     else:
         base = location(cfg.source)  # (a file:// URI too: Path() would make it "file:/...")
@@ -371,7 +432,7 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
                 if stamp(f)[0] == 0:
                     raise PreprocessError(f"{f} is empty; a corpus file needs one pair per line")
     if src.kind == "parquet":
-        src.row_groups, src.rows = _parquet_row_groups(src.files, cfg)
+        src.row_groups, src.rows = _parquet_row_groups(src.files, cfg, src.endpoint)
         if not src.rows:  # known from the footers: fail before any reading
             raise PreprocessError(f"split {split!r}: its parquet files ({', '.join(src.files[:3])}"
                                   f"{', ...' if len(src.files) > 3 else ''}) hold no rows; "

@@ -5,12 +5,14 @@ through it by `storage.ray_join`); what MLflow's own loggers write: `convs2s.tra
 
     redact_uri("http://alice:pw@mlflow:5000")      # 'http://alice:***@mlflow:5000'
     redact_text(str(err))                          # every URI in a message
+    redact_logs("huggingface_hub")                 # what a library's own loggers write
 
 Paths in storage/ messages: `storage.paths.shown`.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 # A URI in a message: scheme:// and what follows up to whitespace (a quote is allowed in it,
@@ -59,3 +61,45 @@ def redact_text(text: str) -> str:
     """`text` (a library's error message, which may quote the URI it used) with every URI's
     credentials replaced by `***`, as `redact_uri`."""
     return _SECRET_PARAM.sub(r"\1***", _URI.sub(_hide, text))
+
+
+class RedactCredentials(logging.Filter):
+    """A log record's text and traceback with every URI's credentials redacted (`redact_text`);
+    a record with none is left exactly as it is."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format is the handler's to report, as always
+            return True
+        if "://" in text and (hidden := redact_text(text)) != text:
+            record.msg, record.args = hidden, ()
+        if record.exc_info and not record.exc_text:  # (the text formatters cache and print)
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text and "://" in record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+_REDACT = RedactCredentials()
+_REDACTED_AT: dict[str, tuple] = {}  # library -> the counts of loggers and handlers then
+
+
+def redact_logs(library: str) -> None:
+    """Redact credentials in what a library's own loggers write (MLflow's messages quote the
+    tracking URI, huggingface_hub's retry warnings the URL of a mirror, password included). A
+    filter on a logger does not reach its children's records, so it goes on every logger of
+    `library` made so far and on the handlers of `library` and the root (where the records of
+    loggers made later end up); idempotent, and cheap when no logger or handler was made
+    since the last call."""
+    now = (len(logging.Logger.manager.loggerDict), len(logging.getLogger(library).handlers),
+           len(logging.getLogger().handlers))
+    if _REDACTED_AT.get(library) == now:
+        return
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name == library or name.startswith(f"{library}.")]
+    for target in [*loggers, *logging.getLogger(library).handlers,
+                   *logging.getLogger().handlers]:
+        if _REDACT not in target.filters:
+            target.addFilter(_REDACT)
+    _REDACTED_AT[library] = now

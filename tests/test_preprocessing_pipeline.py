@@ -447,6 +447,29 @@ def test_demo_source_runs_end_to_end(ray_session, tmp_path):
         out.manifests["batches/train"]["rows_kept"]
 
 
+def test_a_split_whose_every_sentence_is_dropped_from_the_batches_stops_the_run(ray_session,
+                                                                               tmp_path):
+    """A token budget no sentence fits: the run stops, naming the split, its drops and the fix,
+    where it published a batches folder with no batch (training then failed, "no parquet batch
+    shards ... run preprocessing first"); the stages before it stay, its own output does not."""
+    cfg = PreprocessConfig(task="demo", source="demo", vocab_size=500, spm_sample_pairs=400,
+                           splits={"train": "train", "valid": "valid"},
+                           demo_rows={"train": 400, "valid": 40}, block_rows=400, max_tokens=1,
+                           root=str(tmp_path))
+    with pytest.raises(PreprocessError, match=r"^batches/train ") as found:
+        run_pipeline(cfg)
+    encoded = json.loads((data_dir(cfg) / "encoded" / "train" / "manifest.json").read_text())
+    n = encoded["rows_kept"]
+    assert n > 300 and str(found.value) == (
+        f"batches/train (demo: train): all {n:,} sentences were dropped (over_max_tokens={n:,}): "
+        "not one fits a batch (max_tokens=1, in pieces with EOS); raise max_tokens (--set "
+        "data.max_tokens=N) or max_positions (the model's) above the sentences' length in "
+        "pieces, or check the split's input")
+    assert not list((data_dir(cfg) / "batches").rglob("manifest.json"))
+    assert not list((data_dir(cfg) / "batches").rglob("part-*.parquet"))
+    assert not list(tmp_path.rglob(".*.partial-*"))
+
+
 def _preprocess_from_the_command_line(ctx):
     """`python -m preprocessing` as a user runs it (its own local Ray, console to a pipe):
     French -> English cut from one file pair by line ranges. First Ctrl-C (SIGINT to its

@@ -17,7 +17,7 @@ from preprocessing import sources
 from preprocessing.config import PreprocessConfig, wmt14_en_fr
 from preprocessing.errors import PreprocessError
 from preprocessing.reading import SplitDatasource
-from preprocessing.sources import resolve_split, select_split_files
+from preprocessing.sources import NO_HUB_HINT, resolve_split, select_split_files
 
 SHAPE = ("translation", "en", "fr")
 
@@ -262,6 +262,166 @@ def test_a_hub_that_answers_no_says_why_not_go_offline(code, says):
                           endpoint=f"http://127.0.0.1:{server.server_address[1]}")
     finally:
         server.shutdown()
+
+
+HUB_SHA = "5" * 40  # the commit a loopback mirror serves
+
+
+@pytest.fixture
+def hub_mirror():
+    """`start(files, status=200)`: a Hugging Face mirror on loopback serving `files`
+    ({name in the repository: bytes}) of dataset wmt/wmt14 at HUB_SHA, by the hub's routes that
+    listing a dataset and reading its files take: `/api/datasets/<repo>/revision/<rev>`,
+    `/api/datasets/<repo>/tree/<sha>/<folder>`, `/datasets/<repo>/resolve/<sha>/<file>` (a
+    Range of bytes). Returns (its endpoint, the paths asked for, `state`): `state["refuse"]`
+    "files" answers file reads 403, "open" closes the connection unanswered when a file's
+    commit is looked up; `state["busy"]` = n answers the next n file reads 503 (retried);
+    `status` other than 200 answers everything with it."""
+    import http.server
+    import re
+    import threading
+    from urllib.parse import unquote, urlsplit
+
+    servers = []
+
+    def start(files: dict[str, bytes], status: int = 200):
+        seen, state = [], {}
+        api = "/api/datasets/wmt/wmt14/"
+
+        class Mirror(http.server.BaseHTTPRequestHandler):
+            def _send(self, code: int, body: bytes, headers=()):
+                self.send_response(code)
+                for key, value in headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                path = unquote(urlsplit(self.path).path)
+                seen.append(path)
+                if status != 200:
+                    return self._send(status, b"down")
+                if path == f"{api}revision/{HUB_SHA}" and state.get("refuse") == "open":
+                    self.close_connection = True  # no answer at all
+                    return None
+                if path.startswith(f"{api}revision/"):
+                    return self._send(200, json.dumps({"id": "wmt/wmt14", "sha": HUB_SHA,
+                                                       "siblings": [{"rfilename": n}
+                                                                    for n in files]}).encode())
+                if path.startswith(f"{api}tree/{HUB_SHA}/"):
+                    folder = path.removeprefix(f"{api}tree/{HUB_SHA}/")
+                    return self._send(200, json.dumps([
+                        {"type": "file", "path": n, "size": len(b), "oid": "0" * 40}
+                        for n, b in files.items() if n.rpartition("/")[0] == folder]).encode())
+                name = path.removeprefix(f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/")
+                if name not in files or state.get("refuse") == "files":
+                    return self._send(403 if name in files else 404, b"{}")
+                if state.get("busy"):
+                    state["busy"] -= 1
+                    return self._send(503, b"busy")
+                first, last = map(int, re.fullmatch(r"bytes=(\d+)-(\d+)",
+                                                    self.headers["Range"]).groups())
+                body = files[name][first:last + 1]
+                return self._send(206, body, [("Content-Range", f"bytes {first}-"
+                                                f"{first + len(body) - 1}/{len(files[name])}")])
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Mirror)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", seen, state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def hub_parquet(rows: int) -> bytes:
+    """A hub-shaped parquet file of `rows` En-Fr pairs, row groups of 3 rows."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"translation": [{"en": f"hello {i}", "fr": f"bonjour {i}"}
+                                             for i in range(rows)]}), sink, row_group_size=3)
+    return sink.getvalue().to_pybytes()
+
+
+TRAIN_FILE = "fr-en/train-00000-of-00001.parquet"
+
+
+def test_a_hub_mirror_serves_the_files_too_not_only_their_listing(hub_mirror):
+    """--hub-endpoint: the footers (driver) and the row groups (read tasks, which travel
+    pickled to Ray's workers) are read from the mirror, as the listing is."""
+    from ray import cloudpickle
+
+    endpoint, seen, _ = hub_mirror({TRAIN_FILE: hub_parquet(7)})
+    cfg = wmt14_en_fr().replace(block_rows=3)  # a read task per row group
+    src = resolve_split(cfg, "train", endpoint=endpoint)
+    assert src.rows == 7 and len(src.row_groups) == 3
+    assert f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/{TRAIN_FILE}" in seen  # the footer
+    del seen[:]
+    tasks = [cloudpickle.loads(cloudpickle.dumps(t))
+             for t in SplitDatasource(src, cfg).get_read_tasks(1)]
+    rows = [row for task in tasks for table in task() for row in table.to_pylist()]
+    assert [(r["id"], r["translation"]["fr"]) for r in rows] == [(i, f"bonjour {i}")
+                                                                 for i in range(7)]
+    assert f"/datasets/wmt/wmt14/resolve/{HUB_SHA}/{TRAIN_FILE}" in seen  # the row groups
+
+
+def test_a_hub_mirror_that_does_not_serve_a_file_is_one_line_naming_it(hub_mirror):
+    """A mirror that lists the files but does not serve them: one line naming the file and the
+    endpoint, its password hidden, and the fix; on the driver (the footer: a connection closed
+    unanswered, an HTTP library's error) and in a read task (the rows: 403)."""
+    endpoint, _, state = hub_mirror({TRAIN_FILE: hub_parquet(7)})
+    with_password = endpoint.replace("http://", "http://alice:S3CRET@")
+    shown = endpoint.replace("http://", "http://alice:***@")
+    state["refuse"] = "open"
+    with pytest.raises(PreprocessError) as footer:
+        resolve_split(wmt14_en_fr(), "train", endpoint=with_password)
+    state["refuse"] = None
+    src = resolve_split(wmt14_en_fr(), "train", endpoint=with_password)
+    state["refuse"] = "files"
+    with pytest.raises(PreprocessError) as rows:
+        read_all(src, wmt14_en_fr())
+    for error, what in ((footer, "its parquet footer"), (rows, "row groups 0-2")):
+        text = str(error.value)
+        assert text.startswith(f"hf://datasets/wmt/wmt14@{HUB_SHA}/{TRAIN_FILE}: cannot read "
+                               f"{what} from the Hugging Face hub at {shown} ("), text
+        assert "check the endpoint (--hub-endpoint, HF_ENDPOINT" in text
+        assert "--source demo" in text and "S3CRET" not in text and "\n" not in text
+    assert "RemoteProtocolError" in str(footer.value) and "403" in str(rows.value)
+
+
+def test_a_hub_error_names_the_endpoint_without_its_password(hub_mirror):
+    endpoint, seen, _ = hub_mirror({}, status=500)
+    with pytest.raises(PreprocessError) as found:
+        resolve_split(wmt14_en_fr(), "train",
+                      endpoint=endpoint.replace("http://", "http://alice:S3CRET@"))
+    text = str(found.value)
+    assert seen and "S3CRET" not in text and "\n" not in text, text
+    assert text.startswith(f"cannot reach the Hugging Face hub at "
+                           f"{endpoint.replace('http://', 'http://alice:***@')} for dataset "
+                           "wmt/wmt14 (revision main): HfHubHTTPError: "), text
+    assert text.endswith(NO_HUB_HINT)
+
+
+def test_the_hubs_retry_warnings_never_log_the_endpoints_password(hub_mirror, caplog):
+    """huggingface_hub warns of each retried read with the URL it asked, user:password@ of a
+    mirror included: its loggers' records are redacted (storage.redact.redact_logs)."""
+    import logging
+
+    endpoint, seen, state = hub_mirror({TRAIN_FILE: hub_parquet(7)})
+    state["busy"] = 1  # the footer read is answered 503 once, then served (after a second)
+    with caplog.at_level(logging.WARNING):
+        src = resolve_split(wmt14_en_fr(), "train",
+                            endpoint=endpoint.replace("http://", "http://alice:S3CRET@"))
+    assert src.rows == 7 and state["busy"] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("huggingface_hub")]
+    assert any(f"http://alice:***@{endpoint.removeprefix('http://')}/datasets/" in w
+               for w in warnings), warnings
+    assert not any("S3CRET" in w for w in warnings), warnings
 
 
 def test_demo_splits_get_disjoint_index_ranges():
