@@ -613,6 +613,25 @@ def test_init_from_refuses_the_settings_its_checkpoint_decides(tiny_checkpoints,
     assert run["workflow"]["preprocess"]["max_len"] == 50
 
 
+def test_a_token_map_given_or_taken_away_on_a_rerun_is_a_changed_setting(tmp_path):
+    """A token_map is recorded only where set; a rerun that gives one to a run that had none
+    (or takes it away) changes the data, and is refused like any changed setting (it was
+    accepted, the corpus preprocessed again, and training refused later naming no cause)."""
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    record_settings(StageContext(RunTree.open(uri, "exp", spec.run_dir, "r")), spec)
+    mapped = resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts),
+                                                        "set": ["data.token_map={UNK: <unk>}"]}))
+    assert 'data.token_map: {} -> {"UNK": "<unk>"}' in (reuse_problem(mapped) or "")
+    assert reuse_problem(resolve(wmt14_en_fr.smoke(), RunOptions(
+        **{**vars(opts), "set": ["data.token_map={}"]}))) is None  # none, said twice
+
+
 def test_a_fine_tuning_run_that_set_the_bpe_before_it_was_refused_resumes_without_it(
         tiny_checkpoints, tmp_path):
     # A run started with --init-from and --set data.vocab_size=16000 recorded the setting (it

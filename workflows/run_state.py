@@ -117,10 +117,17 @@ def budgets(spec) -> dict[str, float]:
     return {k: getattr(spec.train, k) for k in BUDGETS}
 
 
+# Settings recorded only where set (run_spec.preprocess_params): absent, they are this value
+# (none, which is also how the code before them behaved)
+ABSENT_MEANS = {"data.token_map": "{}"}
+
+
 def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]:
     """'key: old -> new' for every setting both sides name and that differs. A key only one
     side names is a field added (with the earlier behaviour as its default) or retired by a
-    newer version of the code, not a change of the run."""
+    newer version of the code, not a change of the run; except one recorded only where set
+    (ABSENT_MEANS: a token_map given to a run that had none is a change)."""
+    before, after = {**ABSENT_MEANS, **before}, {**ABSENT_MEANS, **after}
     return [f"{k}: {before[k]} -> {after[k]}" for k in sorted(set(before) & set(after))
             if before[k] != after[k]]
 
