@@ -54,6 +54,11 @@ def test_set_changes_any_section_and_dry_run_shows_the_run_without_starting_anyt
     assert w["search"]["beam"] == 10 and w["preprocess"]["vocab_size"] == 32000
     assert w["ensemble"]["average_last"] == 3
     assert w["model"]["encoder_layers"] == [[512, 3], [512, 3]]
+    # the evaluation's resources are the run's settings too (they were shown nowhere but in
+    # the overrides line, and nowhere at all from a --config file)
+    assert w["eval_cpus"] == 2 and w["eval_gpus"] == wmt14_en_fr.paper().eval_gpus > 0
+    assert w["system_metrics_s"] > 0
+    assert run["run"]["attention"] == 0
     assert w["overrides"] == ("model.dropout=0.3; train.lr=0.5; search.beam=10; "
                               "data.vocab_size=32000; ensemble.average_last=3; "
                               "workflow.eval_cpus=2; model.encoder_layers=[[512, 3], [512, 3]]")

@@ -316,17 +316,20 @@ def test_a_sweep_whose_trial_no_local_node_holds_is_refused_in_one_line(tmp_path
 
 def test_a_variant_may_not_change_a_trials_resources(tmp_path):
     """The sweep checks the GPUs and counts the trials that fit from its own resources: a
-    variant's --set workflow.num_workers (use_gpu, cpus_per_worker, accelerator_type) would
-    outgrow them unseen, so it is refused with the flags that apply to every trial."""
+    variant's --set workflow.num_workers (use_gpu, cpus_per_worker, accelerator_type, and the
+    evaluation's eval_cpus / eval_gpus: more than a node holds, the trial's evaluation would
+    wait without end) would outgrow them unseen, so it is refused with the flags that apply
+    to every trial."""
     for setting in ("workflow.num_workers=2", "workflow.use_gpu=true",
-                    "workflow.cpus_per_worker=4", "workflow.accelerator_type=A100"):
+                    "workflow.cpus_per_worker=4", "workflow.accelerator_type=A100",
+                    "workflow.eval_cpus=64", "workflow.eval_gpus=1"):
         with pytest.raises(SweepError) as err:
             _sweep_of(tmp_path, sweep="custom", variants=[], variant=[f"big:{setting}"])
         key = setting.split("=")[0]
         assert str(err.value) == (
             f"--variant big: {key} is the sweep's own (a trial's resources are the sweep's: "
             "--num-workers, --use-gpu, --accelerator-type and --set workflow.cpus_per_worker "
-            "apply to every trial), the same for every variant")
+            "/ eval_cpus / eval_gpus apply to every trial), the same for every variant")
 
 
 def test_a_rerun_names_a_changed_trial_and_a_lost_data_folder_in_one_line(tmp_path):

@@ -185,9 +185,11 @@ SWEEP_OWNED = {"train.seed": "--seeds N trains seeds seed, seed+1, ...", **TRIAL
 # ... and a trial's resources: the sweep checks the GPUs and counts how many trials fit at once
 # from its own (sweep.concurrency), which a variant's would outgrow unseen
 _RESOURCES = ("a trial's resources are the sweep's: --num-workers, --use-gpu, "
-              "--accelerator-type and --set workflow.cpus_per_worker apply to every trial")
+              "--accelerator-type and --set workflow.cpus_per_worker / eval_cpus / eval_gpus "
+              "apply to every trial")
 SWEEP_OWNED.update({f"workflow.{name}": _RESOURCES for name in
-                    ("num_workers", "use_gpu", "cpus_per_worker", "accelerator_type")})
+                    ("num_workers", "use_gpu", "cpus_per_worker", "accelerator_type",
+                     "eval_cpus", "eval_gpus")})
 
 
 def trial_owned_problem(sweep: str, changes) -> str | None:

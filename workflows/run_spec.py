@@ -102,6 +102,8 @@ class RunSpec:
             "search": self.search.to_dict(), "ensemble": dataclasses.asdict(self.ensemble),
             "test_sets": dict(self.test_sets), "num_workers": self.num_workers,
             "use_gpu": self.use_gpu, "cpus_per_worker": self.cpus_per_worker,
+            "eval_cpus": self.eval_cpus, "eval_gpus": self.eval_gpus,
+            "system_metrics_s": self.system_metrics_s,
             **({"init_from": self.init_from} if self.init_from else {}),
             **({"update_tokens": self.update_tokens} if self.update_tokens else {}),
             **({"update_sentences": self.update_sentences} if self.update_sentences else {}),
@@ -134,6 +136,7 @@ class RunSpec:
                         "test_sets": dict(self.test_sets),
                         "added_test_sets": list(self.added_test_sets),
                         "accelerator_type": self.accelerator_type,
+                        "attention": self.attention,
                         "init_from": self.init_from, "restart": self.restart}}
 
 
