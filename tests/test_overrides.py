@@ -292,6 +292,10 @@ def test_a_paper_task_in_the_other_direction_is_a_task_of_its_own(tmp_path):
     run = _dry_run(wmt14_en_fr, [*base, "--src", "fr", "--tgt", "en"], tmp_path)
     assert run["workflow"]["name"] == run["run"]["experiment"] == "wmt14_fr_en"
     assert _dry_run(wmt14_en_fr, base, tmp_path)["workflow"]["name"] == "wmt14_en_fr"
+    # another pair is another task too (a German -> English model registered as
+    # wmt14_en_fr-newstest2014 would hold the alias the En-Fr runs compare with)
+    run = _dry_run(wmt14_en_fr, [*base, "--src", "de", "--tgt", "en"], tmp_path)
+    assert run["workflow"]["name"] == run["run"]["experiment"] == "wmt14_de_en"
     # other names for the sides (a folder's columns, say) are no other direction
     assert _dry_run(wmt14_en_fr, [*base, "--src", "english", "--tgt", "french"], tmp_path)[
         "workflow"]["name"] == "wmt14_en_fr"

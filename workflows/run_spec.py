@@ -192,6 +192,10 @@ def _key_safe(name: str) -> str:
     return re.sub(r"[^\w.\- :]", "_", name).strip(".") or "test"
 
 
+# A language code (ISO 639: en, fra, zh-Hant), not another name for a side (a column's)
+_LANG_CODE = re.compile(r"[a-z]{2,3}([-_][A-Za-z0-9]+)*")
+
+
 def set_name(stem: str) -> str:
     """The evaluation set's name for a split's file stem (a name of MLflow metrics and params:
     `nc-5k[4750:]`, lines 4750 to the end, is nc-5k_4750-end; `dir/a.en,dir/b.fr`, a file per
@@ -310,12 +314,13 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     # and registered models
     name = cfg.name.format(src=pre.src_lang, tgt=pre.tgt_lang)
     if "{src}" not in cfg.name and data_flag != "demo" and cfg.task_kind == "translation" \
-            and (pre.tgt_lang, pre.src_lang) == preset_pair:
-        # A paper task run in the other direction (--src fr --tgt en on wmt14_en_fr) is
-        # another task: its own experiment and registered models (wmt14_fr_en), so that its
-        # validation data (the other side as the source) never meets the preset direction's
-        # champion. (The demo brings its own languages to every task's smoke run; other
-        # names for the same sides, a folder's columns, keep the task's name.)
+            and (pre.src_lang, pre.tgt_lang) != preset_pair \
+            and all(_LANG_CODE.fullmatch(lang) for lang in (pre.src_lang, pre.tgt_lang)):
+        # A paper task run in the other direction (--src fr --tgt en on wmt14_en_fr), or on
+        # another pair of language codes, is another task: its own experiment and registered
+        # models (wmt14_fr_en, wmt14_de_en), so that its validation data never meets the
+        # preset pair's champion. (The demo brings its own languages to every task's smoke
+        # run; other names for the sides, a folder's columns `english`, are no codes.)
         ours, theirs = f"_{pre.src_lang}_{pre.tgt_lang}", "_{}_{}".format(*preset_pair)
         name = name.replace(theirs, ours) if theirs in name else name + ours
     limits = {k: v for k, v in (("max_epochs", opts.max_epochs),
