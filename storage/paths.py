@@ -147,9 +147,13 @@ class ObjectPath:
                 f"{shown(uri)}: credentials do not go in a storage URI (they would be printed "
                 "and logged with it); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
                 "AWS_PROFILE, or use an instance role) instead")
-        if ":" in bucket:  # https://host:9000/bucket/key: an endpoint, not a bucket
+        # https://host:9000/bucket/key: an endpoint, not a bucket. Only the part before a "?" or
+        # "#" is looked at and shown: up to the first "/", the bucket held the whole query (a
+        # presigned URL's signature), which is refused below without being shown.
+        host = re.split(r"[?#]", bucket, maxsplit=1)[0]
+        if ":" in host:
             raise StorageError(
-                f"{shown(uri)}: {bucket!r} is a host and port, not a bucket; name the bucket "
+                f"{shown(uri)}: {host!r} is a host and port, not a bucket; name the bucket "
                 f"({scheme}://BUCKET/PREFIX, e.g. s3://) and set the endpoint in "
                 "AWS_ENDPOINT_URL")
         if "?" in rest or "#" in rest:

@@ -242,6 +242,18 @@ def test_a_bad_storage_uri_at_dry_run_is_one_line_with_its_credentials_hidden(tm
         "SECRET" not in err and "AKIAXX" not in err
 
 
+def test_a_presigned_storage_uri_at_dry_run_is_one_line_without_its_signature():
+    """A --storage-path with a query holding ":" (X-Amz-Credential=KEY:...) is refused for its
+    query in one line, exit 2; neither the signature nor the key is printed (it was, as the
+    "host and port" the bucket seemed to be)."""
+    rc, out, err = _main(multi30k_en_de, [
+        "--storage-path", "s3://team-runs?X-Amz-Date=20250101T000000Z&X-Amz-Signature="
+        "SECRETSIGVALUE&X-Amz-Credential=AKIAEXAMPLE:x", "--dry-run"])
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: s3://team-runs: a storage URI takes no query"), err
+    assert "SECRETSIGVALUE" not in err and "AKIAEXAMPLE" not in err, err
+
+
 def test_set_model_dropout_wins_over_the_passes_table_even_at_the_presets_value(tmp_path):
     """The cpu recipe's model dropout is 0.4 and its table picks 0.3 or 0.4 by the passes:
     `--set model.dropout=0.4` asks for 0.4 throughout (the table was kept: the value was the

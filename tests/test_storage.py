@@ -69,6 +69,24 @@ def test_a_signed_url_or_an_endpoint_in_a_uri_is_refused_without_its_signature()
         assert says in str(err.value) and "SECRETSIG" not in str(err.value), str(err.value)
 
 
+def test_a_signed_uri_whose_credential_holds_a_colon_is_refused_for_its_query_unseen():
+    """A query or fragment is refused before the host:port check: with a ":" after the "?" (an
+    X-Amz-Credential, an Azure SAS time) the bucket taken up to the first "/" held the whole
+    query, and the "is a host and port" message printed it, signature included."""
+    for uri, bare in (("s3://team-runs?X-Amz-Date=20250101T000000Z&X-Amz-Signature="
+                       "SECRETSIGVALUE&X-Amz-Credential=AKIAEXAMPLE:x", "s3://team-runs"),
+                      ("az://corpus?se=2025-01-01T00:00:00Z&sig=SECRETSIGVALUE", "az://corpus"),
+                      ("s3://bkt#SECRETSIGVALUE:1", "s3://bkt")):
+        with pytest.raises(StorageError) as err:
+            location(uri)
+        message = str(err.value)
+        assert message.startswith(f"{bare}: a storage URI takes no query or fragment"), message
+        assert "SECRETSIGVALUE" not in message and "AKIAEXAMPLE" not in message, message
+        assert "host and port" not in message
+    with pytest.raises(StorageError, match="'minio:9000' is a host and port"):
+        location("s3://minio:9000/bucket/runs")  # (a real endpoint is still told so)
+
+
 def test_a_message_shows_a_uri_without_its_secrets_and_with_the_rest_of_it():
     from storage.paths import shown
 
