@@ -254,6 +254,17 @@ def test_a_presigned_storage_uri_at_dry_run_is_one_line_without_its_signature():
     assert "SECRETSIGVALUE" not in err and "AKIAEXAMPLE" not in err, err
 
 
+def test_a_file_uri_with_one_slash_as_storage_path_is_that_local_folder(tmp_path):
+    """`--storage-path file:/PATH` (what pathlib makes of file:///PATH) is the folder /PATH;
+    the dry run showed `<cwd>/file:/PATH`."""
+    rc, out, err = _main(multi30k_en_de, ["--preset", "cpu", "--storage-path",
+                                          f"file:{tmp_path}", "--run-name", "r",
+                                          "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                                          "--dry-run"])
+    assert rc == 0, err
+    assert json.loads(out)["run"]["storage"] == str(tmp_path)
+
+
 def test_set_model_dropout_wins_over_the_passes_table_even_at_the_presets_value(tmp_path):
     """The cpu recipe's model dropout is 0.4 and its table picks 0.3 or 0.4 by the passes:
     `--set model.dropout=0.4` asks for 0.4 throughout (the table was kept: the value was the

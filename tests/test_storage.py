@@ -111,6 +111,20 @@ def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):
     assert local_copy(f"file://{tmp_path}") == tmp_path  # what the loaders call
 
 
+def test_a_file_uri_with_one_slash_is_its_local_path_not_a_folder_named_file(tmp_path,
+                                                                            monkeypatch):
+    """`file:/PATH` (RFC 8089 without a host, and what pathlib makes of file:///PATH) is the
+    local path /PATH, as file:///PATH is: it was `<cwd>/file:/PATH`, a folder named "file:"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a b").mkdir()
+    mangled = str(Path((tmp_path / "a b").as_uri()))  # pathlib drops a slash
+    assert mangled.startswith("file:/") and not mangled.startswith("file://")
+    assert location(mangled) == tmp_path / "a b"  # (%20 decoded)
+    assert location(f"FILE:{tmp_path}") == tmp_path
+    assert local_copy(f"file:{tmp_path}") == tmp_path
+    assert not (tmp_path / "file:").exists()
+
+
 def test_a_model_named_by_a_file_uri_loads_and_translates(tiny_checkpoints):
     from convs2s.config import SearchConfig
     from convs2s.inference.translate import load_for_inference
