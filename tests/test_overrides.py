@@ -499,6 +499,22 @@ def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
         assert exit_.value.code == 2 and says in err[-1], err
 
 
+def test_a_source_storage_refuses_is_one_line_at_the_preprocessing_command(capsys, tmp_path):
+    """`python -m preprocessing --source` that storage refuses ("s3:/bkt/x", one slash; a
+    presigned URL's query) is one `error:` line naming --source, exit 2, its signature unseen:
+    it was a traceback, exit 1, before the command's own error handling."""
+    from preprocessing.cli import main
+
+    for source, says in (("s3:/bkt/corpus", "error: --source s3:/bkt/corpus has one slash"),
+                         ("s3://bkt?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIAEX:1",
+                          "error: --source s3://bkt: a storage URI takes no query")):
+        rc = main(["--task", "demo", "--source", source, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(says) and len(err.strip().splitlines()) == 1, err
+        assert "SECRETSIG" not in err and "AKIAEX" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_training_command_line_checks_its_settings_the_same_way(capsys):
     """`python -m convs2s train --set lr=abc` trained with the string "abc" until the
     optimizer met it; a value is typed and checked as the workflows' --set, one line, exit 2."""
