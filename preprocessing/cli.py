@@ -97,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PRESETS[args.task]()
     if args.source not in (None, "hub", "demo"):  # a folder: absolute, as the workflows give
         # it, so both find the same data folder (its key hashes it); a bucket URI as it is
-        args.source = str(location(args.source))
+        try:
+            args.source = str(location(args.source))
+        except StorageError as e:  # "s3:/bkt/x", a query: one line, as argparse's (exit 2)
+            print(f"error: --source {e}", file=sys.stderr)
+            return 2
     changes = {k: v for k, v in {"source": args.source, "root": args.out,
                                  "vocab_size": args.vocab_size,
                                  "max_tokens": args.max_tokens,

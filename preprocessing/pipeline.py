@@ -22,6 +22,7 @@ says why). The driver only sees counts and the bounded BPE sample.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -67,6 +68,9 @@ class PipelineOutput:
     tgt_vocab_size: int = 0  # the target vocabulary when it is not the joint one (else 0)
     # A fixed vocabulary's files (run_pipeline(vocabulary=)): they travel with the weights.
     text_files: tuple[str, ...] = ()
+    # The stages this call ran ("clean/train", "spm", ...); the others were up to date and
+    # skipped. Empty: nothing was made again (a resumed run's output, as it was).
+    ran: tuple[str, ...] = ()
 
 
 def _fp(*manifests: dict) -> str:
@@ -75,9 +79,9 @@ def _fp(*manifests: dict) -> str:
 
 
 def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body,
-           folder: str | None = None) -> dict:
+           folder: str | None = None, ran: list[str] | None = None) -> dict:
     """Run `body(tmp_dir) -> manifest fields` unless a matching manifest exists; the output
-    is <task_dir>/<folder> (default: the stage's name)."""
+    is <task_dir>/<folder> (default: the stage's name). A stage run is added to `ran`."""
     cfg_hash = config_hash({"pipeline_version": PIPELINE_VERSION, **stage_cfg})
     where = task_dir / (folder or stage)
     done = finished(where, cfg_hash, input_fp)
@@ -96,6 +100,8 @@ def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body,
     except OSError as e:  # on the driver: the BPE model, the text export, a manifest
         raise (no_space(getattr(e, "filename", None) or where, e) or e) from None
     log.info("[%s] done in %.1f s%s", stage, manifest["seconds"], _brief(manifest))
+    if ran is not None:
+        ran.append(stage)
     return manifest
 
 
@@ -367,6 +373,8 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
                 vocabulary) -> PipelineOutput:
     """Every stage of `run_pipeline`, in order; each is skipped when its output is up to date."""
     m: dict[str, dict] = {}
+    ran: list[str] = []
+    stage = functools.partial(_stage, ran=ran)  # (each stage that runs is listed)
     clean_cfg = {k: v for k, v in cfg.to_dict().items() if k in (
         "source", "src_lang", "tgt_lang", "row_shape", "max_len", "max_len_ratio",
         "max_line_bytes", "hub_repo", "hub_config", "hub_revision", "seed")}
@@ -376,13 +384,13 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         clean_cfg["unspaced_lengths"] = 1  # 2026-12-06: folders made before are not reused)
     for split, src in sources.items():
         scfg = {**clean_cfg, "split": cfg.splits[split], "dedupe": cfg.dedupe and split == "train"}
-        m[f"clean/{split}"] = _stage(task_dir, f"clean/{split}", scfg, config_hash(src.fingerprint),
-                                     lambda tmp, s=split, src=src: _clean(cfg, s, src, tmp))
+        m[f"clean/{split}"] = stage(task_dir, f"clean/{split}", scfg, config_hash(src.fingerprint),
+                                    lambda tmp, s=split, src=src: _clean(cfg, s, src, tmp))
     spm_cfg = {"vocab_size": cfg.vocab_size, "spm_sample_pairs": cfg.spm_sample_pairs,
                "spm_seed": cfg.spm_seed, "character_coverage": cfg.character_coverage}
     if vocabulary is None:  # learn the joint BPE
-        m["spm"] = _stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
-                          lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp))
+        m["spm"] = stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
+                         lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp))
         vocabulary = SentencePieceVocabulary(m["spm"]["vocab_path"], m["spm"]["vocab_size"])
         vocab_m = m["spm"]
     else:
@@ -391,11 +399,11 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
                     if k != "max_positions" or cfg.max_positions is not None}, "seed": cfg.seed}
     cut = cut_key(cfg)
     for split in cfg.splits:
-        m[f"encoded/{split}"] = _stage(
+        m[f"encoded/{split}"] = stage(
             task_dir, f"encoded/{split}", {}, _fp(vocab_m, m[f"clean/{split}"]),
             lambda tmp, s=split: _encode(cfg, task_dir, s, vocab_m, vocabulary,
                                          m[f"clean/{s}"], tmp))
-        m[f"batches/{split}"] = _stage(
+        m[f"batches/{split}"] = stage(
             task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
             lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp),
             folder=f"batches/{cut}/{split}")
@@ -403,7 +411,7 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         short_cfg = {"k": cfg.shortlist_per_source,
                      "sample_pairs": cfg.shortlist_sample_pairs}
         short_dir = f"shortlist/{shortlist_key(cfg)}"
-        m["shortlist"] = _stage(
+        m["shortlist"] = stage(
             task_dir, "shortlist", short_cfg, _fp(m["encoded/train"]),
             lambda tmp: {"table": str(task_dir / short_dir / TABLE_FILE), **build_table(
                 task_dir / "encoded" / "train", vocab_m["vocab_path"], vocab_m["vocab_size"],
@@ -418,12 +426,12 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         # Keyed by its splits and their inputs: runs scoring other test sets (other --test-set
         # values) on the same data each have their own folder, never rewrite another's.
         text_dir = f"text/{config_hash([text_cfg, text_fp])[:12]}"
-        m["text"] = _stage(task_dir, text_dir, text_cfg, text_fp,
-                           lambda tmp: _text(cfg, sources, tmp, task_dir / text_dir))
+        m["text"] = stage(task_dir, text_dir, text_cfg, text_fp,
+                          lambda tmp: _text(cfg, sources, tmp, task_dir / text_dir))
     return PipelineOutput(
         root=str(task_dir), spm_model=vocab_m["vocab_path"], vocab_size=vocab_m["vocab_size"],
         batches={s: str(task_dir / "batches" / cut / s) for s in cfg.splits},
         text={s: tuple(m["text"]["splits"][s]["files"]) for s in cfg.eval_splits},
         manifests=m, shortlist=m["shortlist"]["table"] if "shortlist" in m else None,
         tgt_vocab_size=vocab_m.get("tgt_vocab_size", 0) if "vocabulary" in m else 0,
-        text_files=tuple(vocab_m["files"]) if "vocabulary" in m else ())
+        text_files=tuple(vocab_m["files"]) if "vocabulary" in m else (), ran=tuple(ran))

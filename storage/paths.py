@@ -1,8 +1,8 @@
 """Paths that are local folders or objects in a bucket, behind one small interface.
 
 `location(p)` gives a `pathlib.Path` for a local path (absolute, `~` expanded; a `file://`
-URI included) and an `ObjectPath` for any other URI. `ObjectPath` offers the subset of
-`pathlib.Path` the project uses (`/`, `name`, `parent`, `is_file`, `is_dir`, `exists`,
+URI, or `file:/PATH`, included) and an `ObjectPath` for any other URI. `ObjectPath` offers
+the subset of `pathlib.Path` the project uses (`/`, `name`, `parent`, `is_file`, `is_dir`, `exists`,
 `read_*` / `write_*`, `iterdir`, `glob` of one level, `unlink`, `mkdir`), so code written for
 local folders reads and writes a bucket unchanged. It deliberately has no `__fspath__`: handing
 one to `open()` or `torch.load` is an error, not a local file named `s3:`. Code that needs a
@@ -67,6 +67,10 @@ def _has_userinfo(rest: str) -> bool:
 # folder named "s3:"; refused with the fix
 _MANGLED = re.compile(r"^(s3|gs|gcs|hdfs|viewfs|abfss?|az):/(?!/)", re.IGNORECASE)
 
+# "file:/PATH" (RFC 8089's form without an authority, and what pathlib makes of file:///PATH)
+# is the local path /PATH, not a folder named "file:" in the working directory
+_FILE_ONE_SLASH = re.compile(r"^file:/(?!/)", re.IGNORECASE)
+
 
 def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     """`p` as a local absolute `Path`, or an `ObjectPath` for a bucket URI."""
@@ -79,7 +83,7 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
         raise StorageError(f"{m[1]}:/{rest} has one slash after {m[1]}:, so it would be a local "
                            f"folder named {m[1]!r}; write {m[1]}://{rest} (a bucket URI that "
                            "went through pathlib.Path loses a slash: keep it a str)")
-    if text.lower().startswith("file://"):
+    if text.lower().startswith("file://") or _FILE_ONE_SLASH.match(text):
         return _file_uri_path(text)
     if is_uri(text):
         return ObjectPath(text)
@@ -87,8 +91,8 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
 
 
 def _file_uri_path(text: str) -> Path:
-    """The local path of a file:// URI (RFC 8089: an empty host or localhost; %-escapes, as
-    Path.as_uri() writes them, decoded)."""
+    """The local path of a file:// URI (RFC 8089: an empty host or localhost, or file:/PATH
+    with no authority; %-escapes, as Path.as_uri() writes them, decoded)."""
     from urllib.parse import unquote, urlsplit
 
     parts = urlsplit(text)
@@ -147,9 +151,13 @@ class ObjectPath:
                 f"{shown(uri)}: credentials do not go in a storage URI (they would be printed "
                 "and logged with it); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or "
                 "AWS_PROFILE, or use an instance role) instead")
-        if ":" in bucket:  # https://host:9000/bucket/key: an endpoint, not a bucket
+        # https://host:9000/bucket/key: an endpoint, not a bucket. Only the part before a "?" or
+        # "#" is looked at and shown: up to the first "/", the bucket held the whole query (a
+        # presigned URL's signature), which is refused below without being shown.
+        host = re.split(r"[?#]", bucket, maxsplit=1)[0]
+        if ":" in host:
             raise StorageError(
-                f"{shown(uri)}: {bucket!r} is a host and port, not a bucket; name the bucket "
+                f"{shown(uri)}: {host!r} is a host and port, not a bucket; name the bucket "
                 f"({scheme}://BUCKET/PREFIX, e.g. s3://) and set the endpoint in "
                 "AWS_ENDPOINT_URL")
         if "?" in rest or "#" in rest:

@@ -705,13 +705,19 @@ def demo_batches(ray_session, tmp_path_factory):
     training pairs, 200 valid / test, a 400-piece joint BPE, batches of <= 800 tokens (about 137
     training batches). Returns the `PipelineOutput` (`.batches[split]`, `.spm_model`,
     `.vocab_size`, `.text`, `.manifests`); written once per test session."""
-    from preprocessing.config import demo
     from preprocessing.pipeline import run_pipeline
 
-    cfg = demo().replace(root=str(tmp_path_factory.mktemp("demo_preprocessed")), vocab_size=400,
-                         spm_sample_pairs=2000, max_tokens=800, block_rows=1000,
-                         demo_rows={"train": 3000, "valid": 200, "test": 200})
-    return run_pipeline(cfg)
+    return run_pipeline(demo_batches_config(tmp_path_factory.mktemp("demo_preprocessed")))
+
+
+def demo_batches_config(root: Path):
+    """The PreprocessConfig `demo_batches` runs, its output under `root` (the same `root`:
+    every stage up to date once the fixture made it)."""
+    from preprocessing.config import demo
+
+    return demo().replace(root=str(root), vocab_size=400, spm_sample_pairs=2000,
+                          max_tokens=800, block_rows=1000,
+                          demo_rows={"train": 3000, "valid": 200, "test": 200})
 
 
 @pytest.fixture(scope="session")

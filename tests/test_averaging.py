@@ -130,6 +130,20 @@ def test_cli_refuses_a_bucket_out_with_one_line(out, tiny_checkpoints, tmp_path,
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+def test_a_bucket_out_is_refused_without_its_signature_or_key(tiny_checkpoints, tmp_path,
+                                                             capsys, monkeypatch):
+    """The refusal of a bucket --out shows the URI as storage messages do (`shown`): no query
+    (a presigned URL's signature) and no `KEY:SECRET@`; it printed the query whole."""
+    monkeypatch.chdir(tmp_path)
+    for out in ("s3://team-bucket/avg?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIAEX:1",
+                "s3://AKIAEX:SECRETSIG@team-bucket/avg"):
+        assert main([tiny_checkpoints["a"], "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "an average is written to a local" in err
+        assert "SECRETSIG" not in err and "AKIAEX" not in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 class _Payload:
     """Unpickling this runs code (print): a stand-in for a malicious checkpoint."""
 

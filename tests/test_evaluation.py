@@ -250,6 +250,37 @@ def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(
     _check_room([("a on t", 1.0, 1.0)], nodes)
 
 
+def test_a_path_the_evaluation_command_cannot_use_is_one_line_before_ray_starts(tmp_path,
+                                                                               capsys):
+    """`python -m workflows.evaluation` with a --run-dir, --test file or --out that storage
+    refuses ("s3:/bkt/x", one slash; a query) or a run directory without checkpoints: one line
+    naming the flag, exit 2, a signature unseen; they were tracebacks, exit 1."""
+    from workflows.evaluation import main
+
+    (tmp_path / "run").mkdir()
+    src, ref = tmp_path / "t.en", tmp_path / "t.de"
+    src.write_text("a\n")
+    ref.write_text("b\n")
+    test = ["--test", "t", str(src), str(ref), "de"]
+    out = ["--out", str(tmp_path / "eval")]
+    for argv, says in (
+            (["--run-dir", "s3:/bkt/x", *test, *out], "--run-dir s3:/bkt/x has one slash"),
+            (["--run-dir", "s3://bkt?sig=SECRETSIG&X-Amz-Credential=AKIAEX:1", *test, *out],
+             "--run-dir s3://bkt: a storage URI takes no query"),
+            (["--run-dir", str(tmp_path / "run"), "--test", "t", "s3:/bkt/t.en", str(ref),
+              "de", *out], "--test t s3:/bkt/t.en has one slash"),
+            (["--run-dir", str(tmp_path / "run"), *test, "--out", "s3:/bkt/eval"],
+             "--out s3:/bkt/eval has one slash"),
+            (["--run-dir", str(tmp_path / "run"), *test, *out],
+             f"{tmp_path / 'run'} has no best/ checkpoint")):
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"python -m workflows.evaluation: error: {says}"), err
+        assert "SECRETSIG" not in err and "AKIAEX" not in err
+    assert not (tmp_path / "eval").exists()
+
+
 def test_a_checkpoints_model_that_cannot_be_logged_is_one_line_without_the_password(
         tiny_checkpoints, tmp_path, ray_session, monkeypatch, capsys):
     """`--checkpoint NAME=DIR` logs its model first; a tracking server that does not answer

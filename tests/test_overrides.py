@@ -247,6 +247,29 @@ def test_a_bad_storage_uri_at_dry_run_is_one_line_with_its_credentials_hidden(tm
         "SECRET" not in err and "AKIAXX" not in err
 
 
+def test_a_presigned_storage_uri_at_dry_run_is_one_line_without_its_signature():
+    """A --storage-path with a query holding ":" (X-Amz-Credential=KEY:...) is refused for its
+    query in one line, exit 2; neither the signature nor the key is printed (it was, as the
+    "host and port" the bucket seemed to be)."""
+    rc, out, err = _main(multi30k_en_de, [
+        "--storage-path", "s3://team-runs?X-Amz-Date=20250101T000000Z&X-Amz-Signature="
+        "SECRETSIGVALUE&X-Amz-Credential=AKIAEXAMPLE:x", "--dry-run"])
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: s3://team-runs: a storage URI takes no query"), err
+    assert "SECRETSIGVALUE" not in err and "AKIAEXAMPLE" not in err, err
+
+
+def test_a_file_uri_with_one_slash_as_storage_path_is_that_local_folder(tmp_path):
+    """`--storage-path file:/PATH` (what pathlib makes of file:///PATH) is the folder /PATH;
+    the dry run showed `<cwd>/file:/PATH`."""
+    rc, out, err = _main(multi30k_en_de, ["--preset", "cpu", "--storage-path",
+                                          f"file:{tmp_path}", "--run-name", "r",
+                                          "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                                          "--dry-run"])
+    assert rc == 0, err
+    assert json.loads(out)["run"]["storage"] == str(tmp_path)
+
+
 def test_set_model_dropout_wins_over_the_passes_table_even_at_the_presets_value(tmp_path):
     """The cpu recipe's model dropout is 0.4 and its table picks 0.3 or 0.4 by the passes:
     `--set model.dropout=0.4` asks for 0.4 throughout (the table was kept: the value was the
@@ -483,6 +506,22 @@ def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
             main(["--task", "demo", "--set", setting])
         err = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and says in err[-1], err
+
+
+def test_a_source_storage_refuses_is_one_line_at_the_preprocessing_command(capsys, tmp_path):
+    """`python -m preprocessing --source` that storage refuses ("s3:/bkt/x", one slash; a
+    presigned URL's query) is one `error:` line naming --source, exit 2, its signature unseen:
+    it was a traceback, exit 1, before the command's own error handling."""
+    from preprocessing.cli import main
+
+    for source, says in (("s3:/bkt/corpus", "error: --source s3:/bkt/corpus has one slash"),
+                         ("s3://bkt?X-Amz-Signature=SECRETSIG&X-Amz-Credential=AKIAEX:1",
+                          "error: --source s3://bkt: a storage URI takes no query")):
+        rc = main(["--task", "demo", "--source", source, "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(says) and len(err.strip().splitlines()) == 1, err
+        assert "SECRETSIG" not in err and "AKIAEX" not in err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_training_command_line_checks_its_settings_the_same_way(capsys):

@@ -69,6 +69,24 @@ def test_a_signed_url_or_an_endpoint_in_a_uri_is_refused_without_its_signature()
         assert says in str(err.value) and "SECRETSIG" not in str(err.value), str(err.value)
 
 
+def test_a_signed_uri_whose_credential_holds_a_colon_is_refused_for_its_query_unseen():
+    """A query or fragment is refused before the host:port check: with a ":" after the "?" (an
+    X-Amz-Credential, an Azure SAS time) the bucket taken up to the first "/" held the whole
+    query, and the "is a host and port" message printed it, signature included."""
+    for uri, bare in (("s3://team-runs?X-Amz-Date=20250101T000000Z&X-Amz-Signature="
+                       "SECRETSIGVALUE&X-Amz-Credential=AKIAEXAMPLE:x", "s3://team-runs"),
+                      ("az://corpus?se=2025-01-01T00:00:00Z&sig=SECRETSIGVALUE", "az://corpus"),
+                      ("s3://bkt#SECRETSIGVALUE:1", "s3://bkt")):
+        with pytest.raises(StorageError) as err:
+            location(uri)
+        message = str(err.value)
+        assert message.startswith(f"{bare}: a storage URI takes no query or fragment"), message
+        assert "SECRETSIGVALUE" not in message and "AKIAEXAMPLE" not in message, message
+        assert "host and port" not in message
+    with pytest.raises(StorageError, match="'minio:9000' is a host and port"):
+        location("s3://minio:9000/bucket/runs")  # (a real endpoint is still told so)
+
+
 def test_a_message_shows_a_uri_without_its_secrets_and_with_the_rest_of_it():
     from storage.paths import shown
 
@@ -91,6 +109,20 @@ def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):
     with pytest.raises(StorageError, match="not of host 'elsewhere'"):
         location(f"file://elsewhere{tmp_path}")
     assert local_copy(f"file://{tmp_path}") == tmp_path  # what the loaders call
+
+
+def test_a_file_uri_with_one_slash_is_its_local_path_not_a_folder_named_file(tmp_path,
+                                                                            monkeypatch):
+    """`file:/PATH` (RFC 8089 without a host, and what pathlib makes of file:///PATH) is the
+    local path /PATH, as file:///PATH is: it was `<cwd>/file:/PATH`, a folder named "file:"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a b").mkdir()
+    mangled = str(Path((tmp_path / "a b").as_uri()))  # pathlib drops a slash
+    assert mangled.startswith("file:/") and not mangled.startswith("file://")
+    assert location(mangled) == tmp_path / "a b"  # (%20 decoded)
+    assert location(f"FILE:{tmp_path}") == tmp_path
+    assert local_copy(f"file:{tmp_path}") == tmp_path
+    assert not (tmp_path / "file:").exists()
 
 
 def test_a_model_named_by_a_file_uri_loads_and_translates(tiny_checkpoints):

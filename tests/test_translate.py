@@ -571,6 +571,26 @@ def test_an_output_that_is_a_link_or_a_fifo_stays_what_it_is(tiny_checkpoints, t
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
 
 
+def test_an_output_named_by_a_file_uri_is_written_at_its_path(tiny_checkpoints, tmp_path,
+                                                              monkeypatch):
+    """--output file:///PATH (or file:/PATH, what pathlib makes of it) writes the file PATH,
+    as --input and --checkpoint read theirs: it was written as `<cwd>/file:/PATH`, a folder
+    named "file:" (or failed after the model loaded where that folder did not exist)."""
+    src = tmp_path / "src.en"
+    src.write_text("The cat .\nA dog .\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    args = ["--checkpoint", tiny_checkpoints["a"], "--beam", "1", "--max-len-b", "5",
+            "--input", src.as_uri()]
+    for output, name in ((f"file://{tmp_path}/out.txt", "out.txt"),
+                         (f"file:{tmp_path}/one.txt", "one.txt")):
+        assert main([*args, "--output", output]) == 0, output
+        assert len((tmp_path / name).read_text().splitlines()) == 2
+    assert list(work.iterdir()) == []  # no folder named "file:"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
 def test_flags_that_were_taken_and_meant_something_else_are_refused(tiny_checkpoints,
                                                                     tmp_path, capsys):
     """--buffer-size 0 (read as 10,000) or below (never cut: the whole input held), --threads

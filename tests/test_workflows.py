@@ -341,6 +341,40 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     assert not [r for r in runs if r.info.run_name == "eval/best/demo_valid (superseded)"]
 
 
+@pytest.mark.slow
+def test_a_resumed_preprocess_stage_logs_its_metrics_again_only_when_a_stage_ran(
+        demo_batches, tmp_path):
+    """A resumed workflow whose preprocessing stages were all up to date keeps the metrics of
+    the call that made the data: they were logged again at step 0, `seconds` becoming the
+    time of the skipping. A run without them yet gets them; a call that ran a stage (another
+    batch cut) logs them again, as training and evaluation log what they did."""
+    from mlflow.tracking import MlflowClient
+
+    from conftest import demo_batches_config
+    from workflows.run_state import StageContext
+    from workflows.run_tree import RunTree
+    from workflows.steps import preprocess_stage
+
+    assert {"clean/train", "spm", "encoded/train", "batches/train"} <= set(demo_batches.ran)
+    cfg = demo_batches_config(Path(demo_batches.root).parents[1])
+    uri = mlflow_store(tmp_path)
+    ctx = StageContext(RunTree.open(uri, "exp", tmp_path / "runs" / "r", "r"))
+    client = MlflowClient(uri)
+
+    def seconds() -> list[float]:
+        (run,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id],
+                                    "tags.`convs2s.stage` = 'preprocess'")
+        return [m.value for m in client.get_metric_history(run.info.run_id, "seconds")]
+
+    assert preprocess_stage(ctx, cfg).ran == ()  # the fixture's data: nothing made again
+    first = seconds()
+    assert len(first) == 1  # a run without metrics yet: logged
+    assert preprocess_stage(ctx, cfg).ran == () and seconds() == first  # resumed: kept
+    other_cut = preprocess_stage(ctx, cfg.replace(max_tokens=700))
+    assert set(other_cut.ran) == {"batches/train", "batches/valid", "batches/test"}
+    assert len(seconds()) == 2  # a stage ran: its figures logged
+
+
 def test_a_score_stands_only_for_its_weights_text_scoring_pictures_and_model():
     # A rerun skips a (job, test set) pair only while its record is that very score; a rerun
     # with a larger --attention scores the pair again, so that its pictures are drawn.

@@ -71,7 +71,7 @@ from convs2s.tracking.runs import (
 )
 from convs2s.tracking.redact import redact_text, redact_uri
 
-from storage import local_copy, location, ray_join, write_whole
+from storage import StorageError, local_copy, location, ray_join, write_whole
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -560,9 +560,21 @@ def main(argv: list[str] | None = None) -> int:
              "precision_fallback": args.precision_fallback}
     search = summarization_search(**asked) if args.summarization else SearchConfig(**asked)
     tests = [TestSet(n, s, r, lang, kind) for n, s, r, lang in args.test]
-    jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search, args.attention_sentences,
-                           num_cpus=args.num_cpus, num_gpus=args.num_gpus) if args.run_dir \
-        else []
+    try:  # a path storage refuses ("s3:/bkt/x", a query) or a run without checkpoints: one
+        # line before Ray starts, not a traceback (nor a failure in the scoring tasks)
+        for flag, where in (*[("--run-dir", d) for d in args.run_dir],
+                            *[(f"--test {t.name}", f) for t in tests for f in (t.src, t.ref)],
+                            ("--out", args.out)):
+            try:
+                location(where)
+            except StorageError as err:
+                raise StorageError(f"{flag} {err}") from None
+        jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search,
+                               args.attention_sentences, num_cpus=args.num_cpus,
+                               num_gpus=args.num_gpus) if args.run_dir else []
+    except (StorageError, FileNotFoundError) as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
     uri = resolve_tracking_uri(args.tracking_uri)
     import ray
 

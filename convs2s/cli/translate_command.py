@@ -113,7 +113,7 @@ def _output_files(output: str | None) -> tuple[Path | None, Path | None]:
         return None, None
     if is_uri(output):
         return None, scratch_dir("convs2s-translate-") / "out"
-    target = Path(os.path.realpath(output))
+    target = Path(os.path.realpath(location(output)))  # (file:///PATH: PATH, not ./file:)
     if target.exists() and not target.is_file():
         return target, None
     return target, target.with_name(f"{target.name}.tmp-{os.getpid()}")

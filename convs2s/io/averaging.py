@@ -36,6 +36,7 @@ import torch
 from convs2s.io.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import TEXT_FILE, checkpoint_folder, codec_files, local_checkpoint
 from storage import StorageError, location
+from storage.paths import shown
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,8 @@ def _local_out(out_dir: str | os.PathLike) -> Path:
     text = str(out_dir)
     scheme = _SCHEME.match(text)
     if scheme and scheme[1].lower() != "file":
-        shown = text if "@" not in text else f"{scheme[0]}***@{text.rpartition('@')[2]}"
-        raise StorageError(f"--out {shown}: an average is written to a local or shared folder "
-                           "only; give a local path (and copy the folder to the bucket "
+        raise StorageError(f"--out {shown(text)}: an average is written to a local or shared "
+                           "folder only; give a local path (and copy the folder to the bucket "
                            "afterwards if it belongs there)")
     return location(text)  # (file:// too)
 
