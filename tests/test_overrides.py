@@ -326,6 +326,18 @@ def test_a_paper_task_in_the_other_direction_is_a_task_of_its_own(tmp_path):
         "name"] == "wmt14_en_de"  # (the demo: English -> French)
 
 
+@pytest.mark.parametrize("argv", [["--src", "de"], ["--set", "data.src_lang=de"],
+                                  ["--set", "data.tgt_lang=ro"]])
+def test_the_demo_corpus_keeps_its_languages(argv, tmp_path):
+    """The demo corpus is English -> French: another language given to it (--src / --tgt, or
+    --set data.src_lang / tgt_lang, which resolved) would label, clean, score and name its
+    text as that language; one line, exit 2."""
+    from workflows import wmt14_en_fr
+
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", *argv, "--dry-run"])
+    assert rc == 2 and out == "" and "the demo corpus is English -> French" in err, err
+
+
 def _dry_run(module, argv: list[str], tmp_path) -> dict:
     """`--dry-run`'s resolved run (the run name, storage and tracking fixed)."""
     rc, out, err = _main(module, [*argv, "--dry-run", "--run-name", "r", "--storage-path",

@@ -418,6 +418,11 @@ def language_and_split_flags(cfg: WorkflowConfig, opts: RunOptions, data_flag: s
     if (opts.src or opts.tgt) and data_flag == "demo":
         raise SpecError("--src / --tgt: the demo corpus is English -> French (or document -> "
                         "summary); give your data with --data DIR (or hub)")
+    if data_flag == "demo" and (o := next((o for o in changes if o.section == "data" and o.field
+                                           in ("src_lang", "tgt_lang")), None)):
+        # (its text would be labelled, cleaned, scored and named as another language)
+        raise SpecError(f"{o.origin} {o.text}: the demo corpus is English -> French (or "
+                        "document -> summary); give your data with --data DIR (or hub)")
     if opts.split and data_flag in ("hub", "demo"):
         raise SpecError(f"--split names file stems of a --data DIR folder, but the data is "
                         f"{data_flag!r}: add --data DIR")
