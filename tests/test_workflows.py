@@ -808,6 +808,8 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     assert changed_settings({"a": "1"}, {"a": "2"}) == ["a: 1 -> 2"]
     restart = changed.replace(restart=True)
     assert reuse_problem(restart) is None
+    first_parent = tree.parent
+    tree.describe(first_parent, spec.params())
     record_settings(ctx, restart)
     (aside,) = run_dir.glob("replaced-*")
     assert sorted(p.name for p in aside.iterdir()) == ["eval", "train", "weights"]
@@ -819,7 +821,20 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
         assert run.data.tags[RUN_KEY_TAG] == run_key(aside / rel)
         assert run.info.run_name.endswith("(replaced)") and "train.lr" in \
             run.data.tags["convs2s.replaced"]
-    assert client.get_run(prep_id).data.tags[RUN_KEY_TAG] == run_key(run_dir / "preprocess")
+    # The parent and its preprocess run are set apart as well: their params name the earlier
+    # settings (MLflow keeps a param's first value, so the new scores would sit beside
+    # train.lr=0.25); the restarted run is a new parent, described with the new settings.
+    for run_id, name in ((first_parent, "r"), (prep_id, "preprocess")):
+        run = client.get_run(run_id)
+        assert run.info.run_name == f"{name} (superseded)" and "train.lr" in \
+            run.data.tags["convs2s.superseded"], name
+        assert run.data.tags[RUN_KEY_TAG].startswith(f"{run_key(run_dir)}") and \
+            run.data.tags[RUN_KEY_TAG] != run_key(run_dir / "preprocess")
+    assert client.get_run(first_parent).info.status == "KILLED"  # (left RUNNING: reopened)
+    assert client.get_run(first_parent).data.params["workflow.train.lr"] == str(spec.train.lr)
+    assert tree.parent != first_parent and tree.child("preprocess", "preprocess") != prep_id
+    tree.describe(tree.parent, restart.params())
+    assert client.get_run(tree.parent).data.params["workflow.train.lr"] == "0.5"
     parent = client.get_run(tree.parent).data.tags
     assert "train.lr" in parent["convs2s.restarted"] and str(aside) in parent["convs2s.restarted"]
     assert ctx.state()["train"] == {} and reuse_problem(changed) is None

@@ -150,13 +150,16 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                         tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
                               "convs2s.data": pre.source, **source, **(tags or {})},
                         within=within)
-    parent = tree.parent
-    log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
-             spec.experiment, redact_uri(uri))
     ctx = StageContext(tree, lease=lease)
+    parent = tree.parent
     try:
+        # --restart sets earlier work aside, and the parent run with it (a new one is made);
+        # a continuation is noted
+        record_settings(ctx, spec)
+        parent = tree.parent
+        log.info("MLflow run %r (id %s) in experiment %r at %s", spec.run_name, parent,
+                 spec.experiment, redact_uri(uri))
         tree.describe(parent, {**spec.params(), **(params or {})})
-        record_settings(ctx, spec)  # --restart sets earlier work aside; a continuation is noted
         out = preprocess_stage(ctx, pre, spec.init_from)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
         tree.describe(parent, datasets=datasets)

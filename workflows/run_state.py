@@ -203,9 +203,11 @@ def _shrunk(before: dict, after: dict) -> list[str]:
 
 
 def record_settings(ctx: StageContext, spec) -> None:
-    """Before any stage: with `--restart`, set the run's earlier training and scores aside;
-    then record the settings (what a later rerun must keep) and the budgets in workflow.json,
-    and on the parent MLflow run a continuation (larger budgets) or a restart as tags."""
+    """Before any stage: with `--restart`, set the run's earlier training and scores aside,
+    and its parent MLflow run with them (`RunTree.start_over`: the run's parent is a new run
+    from then); then record the settings (what a later rerun must keep) and the budgets in
+    workflow.json, and on the parent MLflow run a continuation (larger budgets) or a restart
+    as tags."""
     from convs2s.tracking.runs import set_tags
 
     # (refused before the run started, `reuse_problem`; again here, before anything moves)
@@ -221,6 +223,10 @@ def record_settings(ctx: StageContext, spec) -> None:
                                        or _outputs(ctx.run_dir)):
         changed = changed_settings(state.get("settings") or {}, settings)
         aside = set_aside(ctx, "; ".join(changed) or "--restart", restarting)
+        # the parent run too: its params keep the earlier settings (MLflow keeps a param's
+        # first value); the restarted run is a new parent with the new ones
+        ctx.tree.start_over(cut_tag(f"restarted: {'; '.join(changed) or '--restart'}; the "
+                                    f"earlier training and scores are in {aside}"))
         # The changes cut as convs2s.replaced's are: MLflow takes 8,000 characters a tag, and
         # cuts (or refuses) a longer one at its end, where the earlier work's folder is named
         tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: trained over "

@@ -40,15 +40,47 @@ class RunTree:
     experiment: str
     run_dir: Path  # <storage>/<run name>
     parent: str | None  # the parent run's id; None when tracking is unreachable
+    # How `open` found the parent (its name, tags, the run it is a child of: `start_over`
+    # makes the next one alike) and its status then (None: made by `open`)
+    run_name: str = ""
+    tags: dict | None = None
+    within: str | None = None
+    earlier_status: str | None = None
 
     @classmethod
     def open(cls, uri: str, experiment: str, run_dir: Path, run_name: str,
              tags: dict | None = None, within: str | None = None) -> "RunTree":
         """The tree of the workflow run at `run_dir`, its parent run found or created (itself
         a child of run `within`: a sweep's trial under the sweep's run)."""
+        from convs2s.tracking.runs import find_run
+
+        earlier = find_run(uri, experiment, run_key(run_dir))
         parent = find_or_create_run(uri, experiment, run_key=run_key(run_dir),
                                     run_name=run_name, parent_run_id=within, tags=tags)
-        return cls(uri, experiment, location(run_dir), parent)
+        return cls(uri, experiment, location(run_dir), parent, run_name, tags, within,
+                   earlier[1] if earlier else None)
+
+    def start_over(self, why: str) -> None:
+        """A restart (`workflows.run_state.record_settings`): the parent run and its
+        preprocess child are set apart as they are (named "... (superseded)", keyed apart,
+        the parent's earlier status back): their params describe the earlier settings, and
+        MLflow keeps a param's first value, so the new training's scores beside them would
+        read as the old settings'. A new parent is made, the run's from now. (The train and
+        eval children were re-keyed to the folder their outputs were moved to, `set_aside`.)"""
+        from convs2s.tracking.runs import end_run, find_run, supersede_run
+
+        if self.parent is None:
+            return
+        key = run_key(self.path("preprocess"))
+        if found := find_run(self.uri, self.experiment, key):
+            supersede_run(self.uri, found[0], key, "preprocess", why)
+        supersede_run(self.uri, self.parent, run_key(self.run_dir), self.run_name, why)
+        ended = self.earlier_status  # (a run its crash left RUNNING: killed)
+        end_run(self.uri, self.parent, ended if ended in ("FINISHED", "FAILED") else "KILLED")
+        self.parent = find_or_create_run(self.uri, self.experiment,
+                                         run_key=run_key(self.run_dir), run_name=self.run_name,
+                                         parent_run_id=self.within, tags=self.tags)
+        self.earlier_status = None
 
     def child(self, name: str, stage: str, tags: dict | None = None) -> str | None:
         """The child run `name` (a path under the run folder, e.g. "preprocess")."""

@@ -265,6 +265,21 @@ def run_key_filter(key: str) -> str:
     return f"tags.`{RUN_KEY_TAG}` = {literal}"
 
 
+def find_run(uri: str, experiment_name: str, key: str) -> tuple[str, str] | None:
+    """(id, status) of the run keyed `key` in the experiment, or None: none there, or the
+    tracking server unreachable (said once, as every call here says it)."""
+    try:
+        with bounded_http():
+            client = mlflow_client(uri)
+            exp_id = experiment_id(uri, experiment_name)
+            found = client.search_runs([exp_id], filter_string=run_key_filter(key),
+                                       max_results=1) if exp_id is not None else []
+            return (found[0].info.run_id, found[0].info.status) if found else None
+    except Exception as err:  # noqa: BLE001
+        warn_unreachable(uri, "finding the run", err)
+        return None
+
+
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
                        parent_run_id: str | None = None, tags: dict | None = None) -> str | None:
     """The id of the run tagged `run_key` in the experiment (reopened as RUNNING), or of a new
