@@ -43,7 +43,8 @@ def paper() -> WorkflowConfig:
         # budget that does not close one first (128 documents of up to 256 pieces; on
         # ../shared/data/gigaword-sample with a 2,000-piece BPE the default 4,000 closed
         # batches at 77 sentences on average, none at 128; this budget, all but the last at
-        # 128), and an update of 128 sentences on any number of GPUs (update_sentences).
+        # 128), and an update of 128 sentences (update_sentences: fewer sentences a batch on
+        # several GPUs keep it, --set data.max_sentences=128/N, as the run's note says).
         preprocess=data.gigaword().replace(max_sentences=128, max_tokens=128 * 256),
         update_sentences=128,
         data="hub",
