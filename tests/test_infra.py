@@ -495,6 +495,21 @@ def test_mlflow_compose_services_and_server_flags():
 
     assert services["mlflow"]["environment"][MLFLOW_SERVER_ENABLE_JOB_EXECUTION.name] == "false"
 
+    # The allowed Host headers admit what clients send, NAME:PORT, by MLflow's own matcher (a
+    # bare name matched only port 80: every request through a name was a 403, /health not)
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    default = flags["--allowed-hosts"].split(":-", 1)[1].rstrip("}").split(",")
+    example = dict(line.split("=", 1) for line in (INFRA / "mlflow" / "env.example")
+                   .read_text().splitlines() if line and not line.startswith("#"))
+    given = example["MLFLOW_ALLOWED_HOSTS"].split(",")
+    for hosts, names in ((default, ["mlflow", "localhost", "127.0.0.1"]),
+                         (given, ["mlflow", "localhost", "mlflow.example.internal"])):
+        for name in names:
+            assert is_allowed_host_header(hosts, f"{name}:5000"), (name, hosts)
+        assert is_allowed_host_header(hosts, "10.0.3.7:5000")
+        assert not is_allowed_host_header(hosts, "attacker.example.com:5000")
+
     # Every variable the compose file requires is set in env.example.
     required = set(re.findall(r"\$\{(\w+):\?", (INFRA / "mlflow" / "docker-compose.yaml")
                               .read_text()))
@@ -536,3 +551,16 @@ def test_the_auth_entrypoint_refuses_env_examples_placeholders_without_printing_
     proc = entrypoint(**own)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "server started\n", "")
     assert f"admin_password = {own['MLFLOW_ADMIN_PASSWORD']}" in conf.read_text()
+    # A % in a secret (or a URL-encoded database password) is read back whole by MLflow's
+    # reader, whose configparser refused a lone % (the server did not start)
+    from mlflow.server.auth.config import read_auth_config
+
+    odd = {**own, "MLFLOW_ADMIN_PASSWORD": "50%-of-a-secret%",
+           "MLFLOW_AUTH_DATABASE_URI": "postgresql://u:p%40ss@db/auth"}
+    assert entrypoint(**odd).returncode == 0
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_AUTH_CONFIG_PATH", str(conf))
+        env.delenv("MLFLOW_AUTH_ADMIN_PASSWORD", raising=False)
+        read = read_auth_config()
+    assert (read.admin_password, read.database_uri) == (odd["MLFLOW_ADMIN_PASSWORD"],
+                                                        odd["MLFLOW_AUTH_DATABASE_URI"])

@@ -43,13 +43,17 @@ refuse_placeholder() {
 refuse_placeholder MLFLOW_ADMIN_PASSWORD "$MLFLOW_ADMIN_PASSWORD"
 refuse_placeholder MLFLOW_FLASK_SERVER_SECRET_KEY "$MLFLOW_FLASK_SERVER_SECRET_KEY"
 conf="${MLFLOW_AUTH_CONFIG_PATH:-/tmp/mlflow-basic-auth.ini}"
+# MLflow reads the file with configparser, whose interpolation refuses a lone % (the server
+# would not start with a password holding one, or a URL-encoded database password): each value
+# is written with % doubled, which configparser reads back as one.
+ini() { printf '%s' "$1" | sed 's/%/%%/g'; }
 umask 077
 cat > "$conf" <<CONF
 [mlflow]
-default_permission = ${MLFLOW_DEFAULT_PERMISSION:-READ}
-database_uri = ${MLFLOW_AUTH_DATABASE_URI:-sqlite:////auth/basic_auth.db}
-admin_username = ${MLFLOW_ADMIN_USERNAME:-admin}
-admin_password = ${MLFLOW_ADMIN_PASSWORD}
+default_permission = $(ini "${MLFLOW_DEFAULT_PERMISSION:-READ}")
+database_uri = $(ini "${MLFLOW_AUTH_DATABASE_URI:-sqlite:////auth/basic_auth.db}")
+admin_username = $(ini "${MLFLOW_ADMIN_USERNAME:-admin}")
+admin_password = $(ini "${MLFLOW_ADMIN_PASSWORD}")
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 auth_cache_ttl_seconds = ${MLFLOW_AUTH_CACHE_TTL_SECONDS:-60}
 CONF
