@@ -124,8 +124,10 @@ def prepare(spec: RunSpec, sweep: bool = False) -> None:
         check_local_room(spec)  # workers a local Ray cannot place
     else:  # its trials' evaluation tasks (a trial's driver cannot tell a local Ray's size)
         check_local_eval_room(spec)
-    check_shared_storage(spec.storage)  # a node-local folder on a cluster of several nodes
     await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
+    # a node-local folder on a cluster of several nodes: after the GPU nodes came (on a
+    # cluster whose worker types start at 0 nodes, only the head was there to look before)
+    check_shared_storage(spec.storage)
 
 
 def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = None,
@@ -163,6 +165,12 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
         out = preprocess_stage(ctx, pre, spec.init_from)
         datasets = data_inputs(out, pre.source, pre.task)  # the runs' Dataset column
         tree.describe(parent, datasets=datasets)
+        # The GPU nodes again: preprocessing (hours on the hub's corpora) leaves them idle,
+        # and an autoscaler ends idle nodes; asked for again, not waited for by Ray Train's
+        # placement alone (which gives up after CONVS2S_PLACEMENT_WAIT_S)
+        if not within:  # (a sweep's trials: the sweep counts what fits)
+            await_cluster_gpus(spec)
+            check_shared_storage(spec.storage)
         trained = train_stage(ctx, spec, out, datasets, source)
         scores, models = evaluate_stage(ctx, spec, out, trained)
         log_final_metrics(uri, parent, parent_metrics(spec, trained, scores,
