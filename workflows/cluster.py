@@ -52,14 +52,19 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
         # banner stays out of the console (its logs are in the session folder, named below).
         if os.environ.get("RAY_ADDRESS"):
             join_cluster(os.environ["RAY_ADDRESS"])
+        elif ray_join.running_here():  # a `ray start` head here (a `ray up` cluster's):
+            # ray.init joins it, and its own dashboard serves the state API (a port of ours,
+            # `own_dashboard`, would name nothing there)
+            ray.init(logging_level=logging.WARNING)
         else:
             ray_join.choose_local_ray_auth()
             ray.init(logging_level=logging.WARNING, **own_dashboard())
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
     log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",
-             f"cluster {ray_join.shown(address)}" if address else "local instance", cpus, gpus,
-             ray_join.log_dir())
+             f"cluster {ray_join.shown(address)}" if address else "local instance"
+             if ray_join.started_here() else "the Ray already running on this machine", cpus,
+             gpus, ray_join.log_dir())
 
 
 def join_cluster(address: str) -> None:
