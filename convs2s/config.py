@@ -257,12 +257,14 @@ class TrainConfig(Settings):
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
     clip_norm: float = 0.1  # gradient renormalization threshold (paper §4.2); 0 disables
-    # "plateau": paper §4.2 as the reference reads it, lr /= 10 after each epoch whose valid
-    # perplexity did not improve (docs/reference.md, Recipes).
+    # "anneal": paper §4.2 as its authors' code does it: once an epoch's valid perplexity does
+    # not improve on the epoch before, lr /= 10 after that epoch and every later one.
+    # "plateau": fairseq-py's reading, lr /= 10 after each epoch whose valid perplexity did not
+    # improve on the best (docs/reference.md, Recipes).
     # "fixed": reference recipe, lr fixed, then x lr_shrink per epoch from anneal_from_epoch.
     # "cosine" / "linear": from lr down to 0 over the run's budget (the fraction spent of
     # max_time, max_updates or max_epochs, whichever is furthest): a budgeted run ends annealed.
-    lr_schedule: Literal["plateau", "fixed", "cosine", "linear"] = "plateau"
+    lr_schedule: Literal["anneal", "plateau", "fixed", "cosine", "linear"] = "plateau"
     lr_shrink: float = 0.1
     anneal_from_epoch: int | None = None  # "fixed" only: first (1-based) epoch with a shrunk lr
     min_lr: float = 1e-4  # stop once the lr falls below this (paper §4.2)
@@ -339,8 +341,9 @@ class TrainConfig(Settings):
         return d
 
     def __post_init__(self) -> None:
-        if self.lr_schedule not in ("plateau", "fixed", "cosine", "linear"):
-            raise ValueError("lr_schedule must be 'plateau', 'fixed', 'cosine' or 'linear', "
+        if self.lr_schedule not in ("anneal", "plateau", "fixed", "cosine", "linear"):
+            raise ValueError("lr_schedule must be 'anneal', 'plateau', 'fixed', 'cosine' or "
+                             "'linear', "
                              f"got {self.lr_schedule!r}")
         if self.lr_schedule == "fixed" and self.anneal_from_epoch is not None \
                 and self.anneal_from_epoch < 1:

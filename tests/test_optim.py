@@ -47,6 +47,32 @@ def test_plateau_compares_with_the_best_not_the_previous_epoch():
     assert s.best_loss == 2.9
 
 
+def test_anneal_divides_every_epoch_once_validation_stops_improving_as_the_paper_says():
+    """Paper §4.2 as written (and as its authors' code, fairseq-lua's "fast" annealing, does
+    it): "once the validation perplexity stops improving, we reduce the learning rate by an
+    order of magnitude after each epoch until it falls below 10^-4". The first epoch not
+    better than the epoch before starts it; every later epoch divides again, better or not;
+    training stops four epochs later. The state survives a resume mid-annealing."""
+    vals = [5.0, 4.0, 4.1, 3.9, 3.8, 3.7, 3.6]
+    s = LRSchedule(TrainConfig(lr=0.25, lr_schedule="anneal"))
+    lrs, stop = trajectory(s, vals)
+    assert lrs == pytest.approx([0.25, 0.25, 0.25, 0.025, 0.0025, 2.5e-4, 2.5e-5], rel=1e-12)
+    assert stop == 6 and s.best_loss == 3.7  # 2.5e-5 < 1e-4 after the 6th epoch
+    # "plateau" on the same losses keeps 0.025 while each epoch beats the best
+    assert trajectory(LRSchedule(TrainConfig(lr=0.25)), vals)[0][3:] == \
+        pytest.approx([0.025] * 5)
+    # a worse epoch starts it at once; then every epoch divides, a better one too
+    s = LRSchedule(TrainConfig(lr=1.0, lr_schedule="anneal", min_lr=1e-9))
+    assert trajectory(s, [3.0, 2.0, 3.5])[0] == pytest.approx([1.0, 1.0, 1.0, 0.1])
+    restored = LRSchedule(TrainConfig(lr=1.0, lr_schedule="anneal", min_lr=1e-9))
+    restored.load_state_dict(s.state_dict())
+    assert restored.end_epoch(4, 1.0) == pytest.approx(0.01)  # annealing goes on
+    fresh = LRSchedule(TrainConfig(lr=1.0, lr_schedule="anneal", min_lr=1e-9))
+    fresh.load_state_dict({k: v for k, v in s.state_dict().items()
+                           if k not in ("prev_loss", "annealing")})  # (an older checkpoint)
+    assert fresh.annealing is False and fresh.prev_loss is None
+
+
 def test_fixed_schedule_shrinks_every_epoch_from_anneal_epoch():
     # Reference recipe: lr fixed, then x0.1 per epoch from epoch 3: lr_e = lr * 0.1^(e - 2).
     s = LRSchedule(TrainConfig(lr=0.5, lr_schedule="fixed", anneal_from_epoch=3, min_lr=1e-4))
@@ -251,3 +277,30 @@ def test_a_resumed_optimizer_keeps_its_own_devices_step_with_the_saved_state(opt
     assert resumed.param_groups[0]["lr"] == 0.03
     for key, buffer in saved["state"][0].items():  # momentum (NAG), moments and step (Adam)
         torch.testing.assert_close(resumed.state_dict()["state"][0][key], buffer, msg=key)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible)")
+@pytest.mark.parametrize("optimizer", ["nag", "adam"])
+def test_a_cpu_written_optimizer_state_resumes_on_a_gpu_with_its_fused_step(optimizer):
+    """The other direction: a checkpoint written on the CPU resumed on a GPU keeps the fused
+    step chosen there, and steps (torch placed Adam's `step` counts by the saving run's groups,
+    on the CPU, where the fused GPU kernel refuses them: pytorch/pytorch#124133)."""
+    cfg = TrainConfig(optimizer=optimizer, lr=0.3)
+    torch.manual_seed(0)
+    cpu_params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    written = build_optimizer(cpu_params, cfg)
+    for p in cpu_params:
+        p.grad = torch.ones_like(p)
+    written.step()
+    saved = written.state_dict()
+    gpu_params = [torch.nn.Parameter(p.detach().cuda()) for p in cpu_params]
+    resumed = build_optimizer(gpu_params, cfg)
+    load_optimizer_state(resumed, saved)
+    assert all(g["fused"] for g in resumed.param_groups)
+    for p in gpu_params:
+        p.grad = torch.ones_like(p)
+    resumed.step()  # (raised "Expected all tensors to be on the same device" for Adam)
+    written.step()
+    for a, b in zip(cpu_params, gpu_params):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-5, atol=1e-6)

@@ -94,7 +94,7 @@ def test_paper_presets_follow_the_paper_and_reference_recipes():
     for cfg, sentences in ((ro, 64), (giga, 128)):
         t = cfg.train
         assert (t.lr, t.momentum, t.clip_norm, t.lr_schedule, t.min_lr) == \
-            (0.25, 0.99, 0.1, "plateau", 1e-4)
+            (0.25, 0.99, 0.1, "anneal", 1e-4)
         assert t.label_smoothing == 0.0 and cfg.preprocess.max_sentences == sentences
     assert len(ro.model.encoder_layers) == 20 and ro.model.embed_dim == 512
     assert len(giga.model.encoder_layers) == 6 and giga.model.embed_dim == 256

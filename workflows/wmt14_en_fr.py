@@ -66,7 +66,7 @@ def smoke() -> WorkflowConfig:
         # `--data hub|DIR` with the smoke preset: the real corpus, a small vocabulary.
         preprocess=data.wmt14_en_fr().replace(vocab_size=8000, spm_sample_pairs=100_000),
         model=models.small(),
-        # Paper §4.2 optimizer (NAG 0.99, lr 0.25, clip 0.1, lr / 10 on a plateau).
+        # Paper §4.2 optimizer (NAG 0.99, lr 0.25, clip 0.1; TrainConfig's default `plateau`).
         train=TrainConfig(max_epochs=6, log_interval=50, checkpoint_interval=50, keep_last=2),
         search=SearchConfig(beam=5),
         ensemble=EnsembleConfig(runs=1, average_last=2),

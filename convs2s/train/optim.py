@@ -10,14 +10,16 @@
         if schedule.should_stop(): break                     # lr fell below min_lr
 
 Schedules (TrainConfig.lr_schedule):
-- "plateau" (paper §4.2, as the reference implements it): divide the lr by 10 after every epoch
-  whose validation perplexity did not improve on the best so far (perplexity = exp(loss), so
-  comparing losses is the same). §4.2's words ("once the validation perplexity stops improving,
-  we reduce the learning rate by an order of magnitude after each epoch") also read as every
-  epoch after the first that did not improve: docs/reference.md, Recipes.
+- "anneal" (paper §4.2 read as written, and as its authors' code anneals, fairseq-lua's
+  default "fast" annealing): "once the validation perplexity stops improving, we reduce the
+  learning rate by an order of magnitude after each epoch": the first epoch whose validation
+  loss is not below the epoch before's divides the lr by 10, and so does every later epoch
+  (perplexity = exp(loss), so comparing losses is the same): training ends a few epochs later.
+- "plateau" (fairseq-py's reduce-on-plateau reading): divide the lr by 10 after every epoch
+  whose validation perplexity did not improve on the best so far (docs/reference.md, Recipes).
 - "fixed" (reference recipe): the lr stays fixed, then from epoch `anneal_from_epoch` on it is
   multiplied by `lr_shrink` once per epoch: lr_e = lr * shrink^(e + 1 - anneal_from_epoch).
-Both stop training once the lr falls below `min_lr` (1e-4).
+All three stop training once the lr falls below `min_lr` (1e-4).
 - "cosine" / "linear" (budgeted training): the lr falls from `lr` to 0 as the run spends its
   budget; `lr_at(update, spent)` takes the fraction spent (0..1), which the training loop
   measures against max_time, max_updates or max_epochs. A run stopped by its budget thus ends
@@ -95,6 +97,12 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
     for group, keep in zip(optimizer.param_groups, chosen):
         group.update(keep)
+        if group.get("fused"):  # torch placed each `step` by the saving run's groups: a CPU
+            # run's stay on the CPU, where a fused GPU step refuses them (Adam's state_steps)
+            for p in group["params"]:
+                st = optimizer.state.get(p, {})
+                if torch.is_tensor(st.get("step")) and st["step"].device != p.device:
+                    st["step"] = st["step"].to(device=p.device, dtype=torch.float32)
         if isinstance(optimizer, NAG) and "decoupled_weight_decay" not in group:
             # a state saved before NAG decayed as the reference does: its decay, decoupled
             group["decoupled_weight_decay"], group["weight_decay"] = group["weight_decay"], 0.0
@@ -128,6 +136,9 @@ class LRSchedule:
         # epoch's end found "no improvement" and divided the lr by 10)
         self.epoch_best: float | None = None
         self.epochs_done = 0
+        # "anneal": the last epoch's validation loss before annealing began, and whether it has
+        self.prev_loss: float | None = None
+        self.annealing = False
 
     def lr_at(self, update: int, spent: float = 0.0) -> float:
         """lr for the update numbered `update` (0-based count of updates done before it);
@@ -151,6 +162,16 @@ class LRSchedule:
         if self.cfg.lr_schedule in ("cosine", "linear"):  # annealed by the budget, per update
             if val_loss is not None and (self.best_loss is None or val_loss < self.best_loss):
                 self.best_loss = float(val_loss)
+        elif self.cfg.lr_schedule == "anneal":
+            if val_loss is not None:
+                if self.annealing or (self.prev_loss is not None
+                                      and not val_loss < self.prev_loss):
+                    self.epoch_lr *= self.cfg.lr_shrink  # stopped improving: every epoch now
+                    self.annealing = True
+                else:
+                    self.prev_loss = float(val_loss)
+                if self.best_loss is None or val_loss < self.best_loss:
+                    self.best_loss = float(val_loss)
         elif self.cfg.lr_schedule == "plateau":
             if val_loss is not None:
                 if self.epoch_best is not None and not val_loss < self.epoch_best:
@@ -183,7 +204,8 @@ class LRSchedule:
 
     def state_dict(self) -> dict:
         return {"epoch_lr": self.epoch_lr, "best_loss": self.best_loss,
-                "epoch_best": self.epoch_best, "epochs_done": self.epochs_done}
+                "epoch_best": self.epoch_best, "epochs_done": self.epochs_done,
+                "prev_loss": self.prev_loss, "annealing": self.annealing}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch_lr = float(state["epoch_lr"])
@@ -192,3 +214,6 @@ class LRSchedule:
         # (a checkpoint from before epoch_best: its best_loss, as the schedule compared then)
         epoch_best = state.get("epoch_best", state["best_loss"])
         self.epoch_best = None if epoch_best is None else float(epoch_best)
+        prev = state.get("prev_loss")  # (a checkpoint from before "anneal": none, not begun)
+        self.prev_loss = None if prev is None else float(prev)
+        self.annealing = bool(state.get("annealing", False))
