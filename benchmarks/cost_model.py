@@ -106,8 +106,8 @@ def parameters(cfg: ModelConfig, vocab: int) -> int:
 
 
 def recipe_epochs(train) -> int | None:
-    """Epochs a "fixed" lr recipe runs (convs2s.train.optim); None for "plateau" (depends on
-    data)."""
+    """Epochs a "fixed" lr recipe runs (convs2s.train.optim); None for the schedules that
+    follow the validation curve ("anneal", "plateau": they depend on the data)."""
     if train.lr_schedule != "fixed":
         return None
     from convs2s.train.optim import LRSchedule
