@@ -36,6 +36,22 @@ def _job_models(client, w) -> dict[str, str]:
             if m.name.startswith("smoke-test-")}
 
 
+def _store_copy(w, tmp_path):
+    """(uri, client, {job: model id}, the best model's bleu on demo_test) of a copy of the
+    smoke store, for a test that changes scores."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    shutil.copy(w.tracking_uri[len("sqlite:///"):], tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    ids = _job_models(client, w)
+    (old,) = [m for m in client.get_logged_model(ids["best"]).metrics
+              if m.key == "bleu" and m.dataset_name == "demo_test"]
+    return uri, client, ids, old
+
+
 def _inputs(run) -> dict[str, tuple[str, str]]:
     """{dataset name: (digest, context)} of a run's dataset inputs."""
     return {d.dataset.name: (d.dataset.digest, {t.key: t.value for t in d.tags}
@@ -359,21 +375,12 @@ def test_a_model_scored_again_is_compared_by_its_newest_score(smoke_workflow, tm
     """A logged model holds every score it was given on a test set (scored again by a newer
     scoring version, say): the alias compares the champion's newest one, not whichever MLflow
     lists first. (On a copy of the smoke store: the champion's scores are changed here.)"""
-    import shutil
     import time
-
-    from mlflow.tracking import MlflowClient
 
     from workflows.lineage import register_champion
     from workflows.engine import EvalScore
 
-    w = smoke_workflow
-    shutil.copy(w.tracking_uri[len("sqlite:///"):], tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    ids = _job_models(client, w)
-    (old,) = [m for m in client.get_logged_model(ids["best"]).metrics
-              if m.key == "bleu" and m.dataset_name == "demo_test"]
+    uri, client, ids, old = _store_copy(smoke_workflow, tmp_path)
     first = register_champion(uri, "lineage-newest",
                               [EvalScore("best", "demo_test", {"bleu": old.value}, None, "")],
                               ids, "demo_test", "bleu")
@@ -396,23 +403,14 @@ def test_a_champion_scored_by_another_scoring_version_is_not_compared(smoke_work
     champion scored by another version (BLEU with another tokenizer, say) keeps the alias
     against any score, with the reason, until it is scored again by this one. (On a copy of
     the smoke store.)"""
-    import shutil
     import time
-
-    from mlflow.tracking import MlflowClient
 
     from convs2s.metrics.task_kinds import task_kind
     from workflows.engine import EvalScore
     from workflows.evaluation import SCORING_TAG
     from workflows.lineage import register_champion
 
-    w = smoke_workflow
-    shutil.copy(w.tracking_uri[len("sqlite:///"):], tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    ids = _job_models(client, w)
-    (old,) = [m for m in client.get_logged_model(ids["best"]).metrics
-              if m.key == "bleu" and m.dataset_name == "demo_test"]
+    uri, client, ids, old = _store_copy(smoke_workflow, tmp_path)
     version = task_kind("translation").scoring_for("fr")
     assert client.get_run(old.run_id).data.tags[SCORING_TAG] == str(version)
 

@@ -253,18 +253,25 @@ def test_adam_is_an_alternative_optimizer_with_its_own_settings():
         TrainConfig(optimizer="lamb")
 
 
+def _stepped(cfg: TrainConfig):
+    """Two CPU parameters and their optimizer after one step: momentum buffers (NAG), moments
+    and a step count (Adam)."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    optimizer = build_optimizer(params, cfg)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    return params, optimizer
+
+
 @pytest.mark.parametrize("optimizer", ["nag", "adam"])
 def test_a_resumed_optimizer_keeps_its_own_devices_step_with_the_saved_state(optimizer):
     """A checkpoint written on a GPU (fused step) and resumed on the CPU: the momentum buffers
     and lr come back, the fused / foreach choice stays the one made for this device
     (`load_state_dict` alone would bring the GPU run's fused=True)."""
     cfg = TrainConfig(optimizer=optimizer, lr=0.3)
-    torch.manual_seed(0)
-    gpu_params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
-    written = build_optimizer(gpu_params, cfg)
-    for p in gpu_params:
-        p.grad = torch.ones_like(p)
-    written.step()  # momentum buffers (NAG), moments and a step count (Adam)
+    gpu_params, written = _stepped(cfg)
     for group in written.param_groups:  # what build_optimizer chooses for a GPU's parameters
         group["fused"], group["foreach"], group["lr"] = True, False, 0.03
     saved = written.state_dict()
@@ -287,12 +294,7 @@ def test_a_cpu_written_optimizer_state_resumes_on_a_gpu_with_its_fused_step(opti
     step chosen there, and steps (torch placed Adam's `step` counts by the saving run's groups,
     on the CPU, where the fused GPU kernel refuses them: pytorch/pytorch#124133)."""
     cfg = TrainConfig(optimizer=optimizer, lr=0.3)
-    torch.manual_seed(0)
-    cpu_params = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
-    written = build_optimizer(cpu_params, cfg)
-    for p in cpu_params:
-        p.grad = torch.ones_like(p)
-    written.step()
+    cpu_params, written = _stepped(cfg)
     saved = written.state_dict()
     gpu_params = [torch.nn.Parameter(p.detach().cuda()) for p in cpu_params]
     resumed = build_optimizer(gpu_params, cfg)
