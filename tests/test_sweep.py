@@ -287,7 +287,7 @@ def test_with_an_accelerator_type_only_that_models_gpus_count(tmp_path):
 
 
 def test_a_sweep_whose_trial_no_local_node_holds_is_refused_in_one_line(tmp_path, ray_session,
-                                                                           monkeypatch):
+                                                                           monkeypatch, caplog):
     """A local Ray (no RAY_ADDRESS) never grows: a trial needing more than it has would have
     waited CONVS2S_PLACEMENT_WAIT_S (15 minutes) for its workers, then failed, trial after
     trial. On a cluster the autoscaler may add nodes: the sweep waits, one trial at a time."""
@@ -307,6 +307,10 @@ def test_a_sweep_whose_trial_no_local_node_holds_is_refused_in_one_line(tmp_path
         concurrency(_sweep_of(tmp_path, num_workers=3, concurrent_trials=2), nodes)
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
     assert concurrency(_sweep_of(tmp_path, num_workers=3), nodes) == 1
+    # ... and says how to run more at once: Ray Tune's waiting trials ask its autoscaler for
+    # nothing, so one at a time it stays however far the cluster could grow
+    assert "so the 4 trials run 1 at a time; --concurrent-trials N runs N at once" in \
+        caplog.text
     from workflows import sweep  # a cluster joined without RAY_ADDRESS (a `ray up` head)
 
     monkeypatch.delenv("RAY_ADDRESS")

@@ -255,7 +255,13 @@ def concurrency(sweep: SweepSpec, nodes: list[dict], todo: int | None = None) ->
             f"then fail); give --concurrent-trials {fit}, or leave it out")
     if sweep.concurrency:
         return sweep.concurrency
-    return int(max(1, min(fit, todo)))
+    n = int(max(1, min(fit, todo)))
+    if n < todo and not never_grows():  # (Ray Tune's waiting trials ask its autoscaler
+        # for nothing: the trials run n at a time however far the cluster could grow)
+        log.warning("the cluster holds the training workers of %d trial(s) now, so the %d "
+                    "trials run %d at a time; --concurrent-trials N runs N at once (the "
+                    "autoscaler then adds the nodes they wait for)", fit, todo, n)
+    return n
 
 
 def _placement_wait_s() -> float:
