@@ -98,9 +98,11 @@ train "en-fr bf16 24000" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 --
   --out "$out/training_${fr}_cuda_bf16_24k.json"
 # the correctness checks first, while the deadline leaves them their time: the benchmarks
 # after them are figures, these decide whether the code is right on a GPU
-step gpu-tests 180 $PY -m pytest -q -m gpu -p no:cacheprovider \
+# (the corpora the tests read: DATA_DIR, which holds the newstest files, not ../shared)
+step gpu-tests 180 env CONVS2S_SHARED_DATA="$(cd "$data" && pwd)" $PY -m pytest -q -m gpu \
+  -p no:cacheprovider \
   tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
-  tests/test_train_step.py \
+  tests/test_train_step.py tests/test_optim.py \
   tests/test_search.py tests/test_translate.py tests/test_memory_fit.py tests/test_benchmarks.py
 
 if [[ -n "${LOOP_DATA:-}" ]]; then

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# (CONVS2S_SHARED_DATA: another folder of those corpora, e.g. the part of them a lent GPU
+# machine gets, scripts/gpu_checks.sh)
+SHARED_DATA = Path(os.environ.get("CONVS2S_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 # Ray Train's controller checks its workers every 2 s (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S), and a
 # run's start and its end each wait for a check: 4-5 s of a short run's 12 (a bare two-worker
@@ -443,7 +445,8 @@ def compile_state():
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """../shared/data (small real corpora); the test is skipped when it is absent."""
+    """../shared/data (small real corpora; CONVS2S_SHARED_DATA names another folder of them);
+    the test is skipped when it is absent."""
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real corpora not found at {SHARED_DATA} (../shared/data beside the checkout)")
     return SHARED_DATA
