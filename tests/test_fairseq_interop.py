@@ -182,6 +182,7 @@ def test_a_checkpoint_given_by_its_file_exports_as_its_folder(tiny_checkpoints, 
     a, b = (read_reference_checkpoint(d / ARCHIVE_MODEL)["model"] for d in (by_folder, by_file))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
+
 def _reference_python() -> str | None:
     path = os.environ.get("FAIRSEQ_PYTHON") or "/tmp/fairseq-ref-venv/bin/python"
     return path if Path(path).is_file() else None

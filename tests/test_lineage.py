@@ -436,3 +436,15 @@ def test_a_champion_scored_by_another_scoring_version_is_not_compared(smoke_work
     time.sleep(0.01)
     moved = claim(old.value + 30.0, version + 1)
     assert moved.moved and moved.version == "2", moved.reason
+    # A champion scored before evaluation runs were tagged: its version is not known, so it is
+    # compared as before (read as version 1, every translation champion stayed for good)
+    client.delete_tag(rescored, SCORING_TAG)  # (the best model's newest score's run)
+
+    def register(job, bleu):
+        return register_champion(uri, "lineage-untagged",
+                                 [EvalScore(job, "demo_test", {"bleu": bleu}, None, "")], ids,
+                                 "demo_test", "bleu", scoring=version + 1)
+
+    assert register("best", old.value).version == "1"
+    after = register("avg_last2", old.value + 30.0)
+    assert after.moved and after.version == "2", after.reason

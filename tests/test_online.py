@@ -177,6 +177,36 @@ def test_a_request_being_searched_when_the_batching_stops_gets_an_error_not_a_wa
     assert after == {"predictions": alone(tiny_checkpoints["a"], ["the cat"])}
 
 
+def test_a_request_taken_into_a_gathering_batch_when_the_batching_stops_gets_an_error(
+        tiny_checkpoints):
+    """The batching loop cancelled while it waits for company (`batch_wait_ms`) for the
+    sentence it took off the queue: that request fails at once, not a wait without end."""
+    import asyncio
+
+    from convs2s.serving.online import TranslatorReplica
+
+    replica = TranslatorReplica({
+        **config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+        "search": SEARCH, "min_replicas": None, "max_replicas": None, "replicas": 1,
+        "batch_wait_ms": 60_000})
+
+    async def requests():
+        first = asyncio.ensure_future(replica.translate({"inputs": ["the cat"]}))
+        while replica._queue is None or not replica._queue.empty() or replica.batches:
+            await asyncio.sleep(0.01)  # (until the loop has taken the sentence)
+        await asyncio.sleep(0.1)
+        replica._batcher.cancel()
+        try:
+            return await asyncio.wait_for(first, 10)
+        except asyncio.TimeoutError:
+            return "still waiting"
+        except RuntimeError as err:
+            return err
+
+    stopped = asyncio.run(requests())
+    assert isinstance(stopped, RuntimeError) and "batching stopped" in str(stopped)
+
+
 def test_a_request_is_bounded_by_the_work_it_may_ask_before_any_search(tiny_checkpoints):
     """Within every per-setting limit, a request's search may still run for minutes: it is
     refused (400, naming the limit and its variable) when its sentences x beam x steps pass

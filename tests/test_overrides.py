@@ -907,6 +907,9 @@ def test_a_split_given_another_file_is_named_after_it_and_no_two_sets_share_a_na
                    tmp_path)
     assert run["workflow"]["test_sets"] == {"test": "newstest2014", "valid": "dev",
                                             "newstest2013": "newstest2013"}
+    run = _dry_run(wmt14_en_fr, [*base, "--set", "workflow.local_splits={train: train, valid: "
+                                 "dev, test: newstest2014}"], tmp_path)  # (the same, set so)
+    assert run["workflow"]["test_sets"]["valid"] == "dev"
     run = _dry_run(wmt14_en_fr, base, tmp_path)  # the preset's files keep its names
     assert run["workflow"]["test_sets"] == {"test": "newstest2014", "valid": "newstest2013"}
     for more in (["--split", "test=newstest2013"],

@@ -174,9 +174,9 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
     one, gives way to the first model chosen on one, whose data the model is tagged with once
     the alias names it.) With `scoring`, this run's scoring version (TaskKind.scoring_for),
     the champion's score compares only when the evaluation run that computed it was scored by
-    the same version (its tag workflows.evaluation.SCORING_TAG; none: version 1): BLEU by
-    another tokenizer is another number. `Champion.reason` says why the alias moved or stayed.
-    None when no scored model exists or tracking fails."""
+    the same version (its tag workflows.evaluation.SCORING_TAG; a run from before the tag is
+    compared as before): BLEU by another tokenizer is another number. `Champion.reason` says
+    why the alias moved or stayed. None when no scored model exists or tracking fails."""
     from mlflow.tracking import MlflowClient
 
     ranked = sorted((s for s in scores if s.test_set == test_set and s.job in models
@@ -240,8 +240,8 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                         if digest is not None else None
                     theirs = theirs_now.value if theirs_now else None
                     their_scoring = _scoring_of(client, theirs_now.run_id) \
-                        if theirs_now is not None and scoring is not None else scoring
-                    if their_scoring != scoring:
+                        if theirs_now is not None and scoring is not None else None
+                    if their_scoring is not None and their_scoring != scoring:
                         why = (f"not comparable: the champion's (version {version}) {metric} "
                                f"on {test_set} was computed by scoring version "
                                f"{their_scoring}, this run's by {scoring} (the scoring "
@@ -337,14 +337,16 @@ def _not_found(err: Exception) -> bool:
         code == "INVALID_PARAMETER_VALUE" and "not found" in str(err))
 
 
-def _scoring_of(client, run_id: str | None) -> int:
-    """The scoring version an evaluation run's scores were computed by (its SCORING_TAG; runs
-    from before the tag: 1, as workflows/steps.py reads records without one)."""
+def _scoring_of(client, run_id: str | None) -> int | None:
+    """The scoring version an evaluation run's scores were computed by (its SCORING_TAG), or
+    None: a run from before the tag, whose version is not known (translation's was 2 already,
+    and its workflow's rerun keeps its standing scores): compared as before."""
     from workflows.evaluation import SCORING_TAG
 
     if not run_id:
-        return 1
-    return int(client.get_run(run_id).data.tags.get(SCORING_TAG, "1"))
+        return None
+    tag = client.get_run(run_id).data.tags.get(SCORING_TAG)
+    return int(tag) if tag is not None else None
 
 
 def _newest(metrics, key: str, dataset: str, digest: str | None = None):

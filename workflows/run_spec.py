@@ -255,6 +255,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     changes = [*opts.config_settings, *sets]
     changes += language_and_split_flags(cfg, opts, data_flag, changes)
     preset_pair = (cfg.preprocess.src_lang, cfg.preprocess.tgt_lang)
+    preset_files = dict(cfg.local_splits)  # (the files the preset's set names name)
     cfg = overrides.apply(cfg, changes)
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     test_sets = dict(cfg.test_sets)
@@ -290,7 +291,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         # whose sets are named after their splits, `test`, names no text: kept.)
         for split, named_as in test_sets.items():
             stem = pre.splits.get(split)
-            if stem and stem != cfg.local_splits.get(split) and named_as != split:
+            if stem and stem != preset_files.get(split) and named_as != split:
                 test_sets[split] = set_name(stem)
     if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
         # A stem that already is one of the splits is scored already: not twice.

@@ -235,7 +235,8 @@ def _changed(base: RunSpec, other: RunSpec) -> dict[str, str]:
     return {k: b[k] for k in sorted(b) if b[k] != a.get(k) and k != "overrides"}
 
 
-def concurrency(sweep: SweepSpec, nodes: list[dict], todo: int | None = None) -> int:
+def concurrency(sweep: SweepSpec, nodes: list[dict], todo: int | None = None,
+                warn: bool = True) -> int:
     """Trials at once: how many trials' training workers the cluster's alive nodes
     (`ray.nodes()`) hold side by side (`--concurrent-trials` decides when given), at least 1:
     on a cluster (RAY_ADDRESS, or one this process joined) its autoscaler may add the nodes a
@@ -256,7 +257,7 @@ def concurrency(sweep: SweepSpec, nodes: list[dict], todo: int | None = None) ->
     if sweep.concurrency:
         return sweep.concurrency
     n = int(max(1, min(fit, todo)))
-    if n < todo and not never_grows():  # (Ray Tune's waiting trials ask its autoscaler
+    if warn and n < todo and not never_grows():  # (Ray Tune's waiting trials ask its autoscaler
         # for nothing: the trials run n at a time however far the cluster could grow)
         log.warning("the cluster holds the training workers of %d trial(s) now, so the %d "
                     "trials run %d at a time; --concurrent-trials N runs N at once (the "
@@ -300,7 +301,7 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
 
             # Before the sweep's MLflow run and the data: where no trial fits a local Ray,
             # one line (each trial would otherwise wait for room, then fail)
-            concurrency(sweep, ray.nodes(), todo)
+            concurrency(sweep, ray.nodes(), todo, warn=False)  # (said as it starts them)
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
             return _run_sweep(sweep, lease.ref())
 

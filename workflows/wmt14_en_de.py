@@ -72,8 +72,8 @@ def ablation() -> WorkflowConfig:
     then x0.1 per epoch, label smoothing 0.1; docs/reference.md, Recipes), not the paper's
     §4.2 (lr 0.25, annealing once validation stops improving, no label smoothing), and the
     40k joint BPE, not §5.4's 160K-word target vocabulary with vocabulary selection (its BLEU
-    "before unknown word replacement"); run its tables as a sweep on a GPU cluster, e.g. `--preset ablation --sweep
-    paper-5.2 --seeds 3 --use-gpu --max-time 12h`."""
+    "before unknown word replacement"); run its tables as a sweep on a GPU cluster, e.g.
+    `--preset ablation --sweep paper-5.2 --seeds 3 --use-gpu --max-time 12h`."""
     return paper().replace(model=models.wmt14_en_de_ablation())
 
 

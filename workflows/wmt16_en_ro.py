@@ -38,7 +38,7 @@ def paper() -> WorkflowConfig:
         # §4.2: "mini-batches of 64 sentences", capped by a token budget: a batch of long
         # sentences is cut smaller (the paper splits it and steps the parts as one update).
         preprocess=data.wmt16_en_ro().replace(max_sentences=64),
-        update_sentences=64,  # kept on any number of GPUs (run_spec.update_plan)
+        update_sentences=64,  # on N GPUs, --set data.max_sentences=64/N keeps it (the note)
         data="hub",
         model=models.wmt16_en_ro(),  # 20 + 20 layers, 512 units, kernel 3; dropout 0.2 (ours)
         # §4.2: NAG momentum 0.99, lr 0.25, renormalize gradients to 0.1; "once the validation

@@ -136,7 +136,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     is there); it is written beside it and renamed into place whole, the weights with their
     text pipeline.
     """
-    shown = [str(p) for p in paths]  # as given (a bucket's URIs), for the record
+    as_given = [str(p) for p in paths]  # (a bucket's URIs), for the record
     out_dir = _local_out(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"{out_dir} " + ("exists and is not empty" if out_dir.is_dir()
@@ -149,15 +149,15 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     # The text pipeline travels with the weights: the sentencepiece model, or an imported
     # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec); a checkpoint.pt
     # file's are those of its folder.
-    texts = [_text_files(paths[0], shown[0])]
+    texts = [_text_files(paths[0], as_given[0])]
     like = first["model"]
     total, newest = _start(like), {k: first[k] for k in KEEP if k in first}
     del first  # keep only the weights and the metadata (not the optimizer state)
     # Weights given twice are counted once: `checkpoint_*` matches an epoch's end saved beside
     # the checkpoint of the same update (the trainer's checkpoint_<u>_epoch<N>), and best/ is a
     # copy of one of them; counted twice, they would weigh double in the mean.
-    seen, counted = {_fingerprint(like): shown[0]}, [shown[0]]
-    for p, given in zip(paths[1:], shown[1:]):
+    seen, counted = {_fingerprint(like): as_given[0]}, [as_given[0]]
+    for p, given in zip(paths[1:], as_given[1:]):
         state = load_checkpoint(p)
         if state["model_config"] != newest["model_config"]:
             raise ValueError(f"{p} and {paths[0]} have different model configurations: "

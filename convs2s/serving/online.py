@@ -321,30 +321,33 @@ class TranslatorReplica:
         loop = asyncio.get_running_loop()
         wait_s, most = self.settings.batch_wait_ms / 1000, self.settings.max_batch_size
         while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + wait_s
-            while len(batch) < most:
-                if not self._queue.empty():
-                    batch.append(self._queue.get_nowait())
-                    continue
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    break
-                try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-                except asyncio.TimeoutError:
-                    break
-            batch = [(item, f) for item, f in batch if not f.cancelled()]  # clients gone
-            if not batch:
-                continue
+            batch: list = []  # (item, future) taken off the queue, answered below
             try:
-                answers = await loop.run_in_executor(self._torch, self._search_groups,
-                                                     [item for item, _ in batch])
-            except Exception as err:  # (outside the searches) every request gets the error
-                answers = [_Failed(err)] * len(batch)
-            except BaseException:  # this loop cancelled (the replica stopping): the batch's
-                # callers get an error now, not an answer that never comes (requests still
-                # queued are taken by the next loop `_enqueue` starts)
+                batch.append(await self._queue.get())
+                deadline = loop.time() + wait_s
+                while len(batch) < most:
+                    if not self._queue.empty():
+                        batch.append(self._queue.get_nowait())
+                        continue
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    except asyncio.TimeoutError:
+                        break
+                batch = [(item, f) for item, f in batch if not f.cancelled()]  # clients gone
+                if not batch:
+                    continue
+                try:
+                    answers = await loop.run_in_executor(self._torch, self._search_groups,
+                                                         [item for item, _ in batch])
+                except Exception as err:  # (outside the searches) every request gets the error
+                    answers = [_Failed(err)] * len(batch)
+            except BaseException:  # this loop cancelled (the replica stopping) while it
+                # gathered or searched a batch: its callers get an error now, not an answer
+                # that never comes (requests still queued are taken by the next loop
+                # `_enqueue` starts)
                 for _, f in batch:
                     if not f.done():
                         f.set_exception(RuntimeError("the replica's batching stopped while "

@@ -136,7 +136,8 @@ class LRSchedule:
         # epoch's end found "no improvement" and divided the lr by 10)
         self.epoch_best: float | None = None
         self.epochs_done = 0
-        # "anneal": the last epoch's validation loss before annealing began, and whether it has
+        # "anneal": the last epoch's validation loss before annealing began, and whether it
+        # has begun (from then on every epoch divides the lr)
         self.prev_loss: float | None = None
         self.annealing = False
 
