@@ -692,6 +692,30 @@ def test_a_token_map_given_or_taken_away_on_a_rerun_is_a_changed_setting(tmp_pat
         **{**vars(opts), "set": ["data.token_map={}"]}))) is None  # none, said twice
 
 
+def test_a_paper_run_started_on_plateau_resumes_with_the_set_the_readme_gives(tmp_path):
+    """README (Resuming a run): an En-Ro run started before the paper presets annealed as
+    §4.2 says (`plateau`) is refused as another setting, and `--set
+    train.lr_schedule=plateau` resumes it as it was started."""
+    from workflows import wmt16_en_ro
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "data").mkdir()
+    for stem in ("train", "newsdev2016", "newstest2016"):
+        for lang in ("en", "ro"):
+            (tmp_path / "data" / f"{stem}.{lang}").write_text("a line\n")
+    opts = RunOptions(preset="paper", data=str(tmp_path / "data"), run_name="ro",
+                      storage_path=str(tmp_path / "runs"), tracking_uri=uri)
+    before = resolve(wmt16_en_ro.paper(), RunOptions(**{**vars(opts),
+                                                        "set": ["train.lr_schedule=plateau"]}))
+    record_settings(StageContext(RunTree.open(uri, "exp", before.run_dir, "ro")), before)
+    now = resolve(wmt16_en_ro.paper(), opts)
+    assert now.train.lr_schedule == "anneal"
+    assert "train.lr_schedule: plateau -> anneal" in (reuse_problem(now) or "")
+    assert reuse_problem(before) is None
+
+
 def test_a_fine_tuning_run_that_set_the_bpe_before_it_was_refused_resumes_without_it(
         tiny_checkpoints, tmp_path):
     # A run started with --init-from and --set data.vocab_size=16000 recorded the setting (it

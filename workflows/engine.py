@@ -151,7 +151,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
     tree = RunTree.open(uri, spec.experiment, run_dir, spec.run_name,
                         tags={"convs2s.workflow": spec.workflow, "convs2s.preset": spec.preset,
                               "convs2s.data": pre.source, **source, **(tags or {})},
-                        within=within)
+                        within=within, restarting=spec.restart)
     ctx = StageContext(tree, lease=lease)
     parent = tree.parent
     try:

@@ -49,12 +49,15 @@ class RunTree:
 
     @classmethod
     def open(cls, uri: str, experiment: str, run_dir: Path, run_name: str,
-             tags: dict | None = None, within: str | None = None) -> "RunTree":
+             tags: dict | None = None, within: str | None = None,
+             restarting: bool = False) -> "RunTree":
         """The tree of the workflow run at `run_dir`, its parent run found or created (itself
-        a child of run `within`: a sweep's trial under the sweep's run)."""
+        a child of run `within`: a sweep's trial under the sweep's run). `restarting` (a
+        --restart): the parent's status before it is reopened is kept for `start_over` (one
+        lookup more, made only then)."""
         from convs2s.tracking.runs import find_run
 
-        earlier = find_run(uri, experiment, run_key(run_dir))
+        earlier = find_run(uri, experiment, run_key(run_dir)) if restarting else None
         parent = find_or_create_run(uri, experiment, run_key=run_key(run_dir),
                                     run_name=run_name, parent_run_id=within, tags=tags)
         return cls(uri, experiment, location(run_dir), parent, run_name, tags, within,
