@@ -105,6 +105,14 @@ def _stage(task_dir: Path, stage: str, stage_cfg: dict, input_fp: str, body,
     return manifest
 
 
+def _here(manifest: dict, **paths) -> dict:
+    """A stage's manifest with the paths it holds into the data folder (`paths`) where that
+    folder is now. A stage's key holds no path, so a data folder moved, or copied to another
+    bucket, keeps its stages; the paths its manifests were written with may name the old place
+    (gone, or another copy that may change or go later): the output reads the folder it is in."""
+    return {**manifest, **paths}
+
+
 def _brief(m: dict) -> str:
     if "rows_in" not in m:
         return ""
@@ -389,8 +397,9 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
     spm_cfg = {"vocab_size": cfg.vocab_size, "spm_sample_pairs": cfg.spm_sample_pairs,
                "spm_seed": cfg.spm_seed, "character_coverage": cfg.character_coverage}
     if vocabulary is None:  # learn the joint BPE
-        m["spm"] = stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
-                         lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp))
+        m["spm"] = _here(stage(task_dir, "spm", spm_cfg, _fp(m["clean/train"]),
+                               lambda tmp: _spm(cfg, task_dir, m["clean/train"], tmp)),
+                         vocab_path=str(task_dir / "spm" / "spm.model"))
         vocabulary = SentencePieceVocabulary(m["spm"]["vocab_path"], m["spm"]["vocab_size"])
         vocab_m = m["spm"]
     else:
@@ -399,24 +408,26 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
                     if k != "max_positions" or cfg.max_positions is not None}, "seed": cfg.seed}
     cut = cut_key(cfg)
     for split in cfg.splits:
-        m[f"encoded/{split}"] = stage(
+        m[f"encoded/{split}"] = _here(stage(
             task_dir, f"encoded/{split}", {}, _fp(vocab_m, m[f"clean/{split}"]),
             lambda tmp, s=split: _encode(cfg, task_dir, s, vocab_m, vocabulary,
-                                         m[f"clean/{s}"], tmp))
-        m[f"batches/{split}"] = stage(
+                                         m[f"clean/{s}"], tmp)), vocab_path=vocab_m["vocab_path"])
+        m[f"batches/{split}"] = _here(stage(
             task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
             lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp),
-            folder=f"batches/{cut}/{split}")
+            folder=f"batches/{cut}/{split}"), vocab_path=vocab_m["vocab_path"])
     if cfg.shortlist_per_source:  # vocabulary selection's lexical table (lexical.py)
         short_cfg = {"k": cfg.shortlist_per_source,
                      "sample_pairs": cfg.shortlist_sample_pairs}
         short_dir = f"shortlist/{shortlist_key(cfg)}"
-        m["shortlist"] = stage(
+        table = str(task_dir / short_dir / TABLE_FILE)
+        m["shortlist"] = _here(stage(
             task_dir, "shortlist", short_cfg, _fp(m["encoded/train"]),
-            lambda tmp: {"table": str(task_dir / short_dir / TABLE_FILE), **build_table(
+            lambda tmp: {"table": table, **build_table(
                 task_dir / "encoded" / "train", vocab_m["vocab_path"], vocab_m["vocab_size"],
                 cfg.shortlist_per_source, cfg.shortlist_sample_pairs,
-                m["encoded/train"]["rows_kept"], tmp, cfg.exchange)}, folder=short_dir)
+                m["encoded/train"]["rows_kept"], tmp, cfg.exchange)}, folder=short_dir),
+            table=table)
     if cfg.eval_splits:
         text_cfg = {k: v for k, v in clean_cfg.items()
                     if k not in ("max_len", "max_len_ratio", "unspaced_lengths")}
@@ -426,8 +437,11 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         # Keyed by its splits and their inputs: runs scoring other test sets (other --test-set
         # values) on the same data each have their own folder, never rewrite another's.
         text_dir = f"text/{config_hash([text_cfg, text_fp])[:12]}"
-        m["text"] = stage(task_dir, text_dir, text_cfg, text_fp,
-                          lambda tmp: _text(cfg, sources, tmp, task_dir / text_dir))
+        text = stage(task_dir, text_dir, text_cfg, text_fp,
+                     lambda tmp: _text(cfg, sources, tmp, task_dir / text_dir))
+        m["text"] = _here(text, splits={s: _here(o, files=[
+            str(task_dir / text_dir / location(f).name) for f in o["files"]])
+            for s, o in text["splits"].items()})
     return PipelineOutput(
         root=str(task_dir), spm_model=vocab_m["vocab_path"], vocab_size=vocab_m["vocab_size"],
         batches={s: str(task_dir / "batches" / cut / s) for s in cfg.splits},

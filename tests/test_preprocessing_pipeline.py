@@ -231,6 +231,39 @@ def test_the_lexical_table_is_a_stage_beside_the_same_data(newstest):
     assert run_pipeline(cfg.replace(shortlist_per_source=8)).manifests["shortlist"] == m
 
 
+def test_a_data_folder_moved_elsewhere_is_read_where_it_is_now(newstest, tmp_path):
+    """Prepared data moved (or copied to another bucket) keeps its stages, and the output
+    names the files where the folder is now: the BPE model, the evaluation text, the lexical
+    table and the vocabulary the encoded and batches stages name. They named the old place,
+    which a move had removed."""
+    import shutil
+
+    cfg, _ = newstest
+    cfg = cfg.replace(shortlist_per_source=8)
+    before = run_pipeline(cfg)  # (builds the table when no earlier test did)
+    first = tmp_path / "first"
+    shutil.copytree(cfg.root, first)
+    copied = run_pipeline(cfg.replace(root=str(first)))
+    moved_to = tmp_path / "moved"
+    first.rename(moved_to)  # the folder the copy's manifests were read from is gone
+    out = run_pipeline(cfg.replace(root=str(moved_to)))
+    assert copied.ran == () and out.ran == ()  # every stage kept: their keys hold no path
+    root = str(moved_to / Path(before.root).relative_to(cfg.root))
+    assert out.root == root
+    named = [out.spm_model, out.shortlist, *(f for pair in out.text.values() for f in pair),
+             *(out.manifests[k]["vocab_path"] for k in out.manifests
+               if k.startswith(("encoded/", "batches/")))]
+    for path in named:
+        assert path.startswith(root + "/") and Path(path).is_file(), path
+    assert out.manifests["spm"]["vocab_path"] == out.spm_model
+    assert out.manifests["shortlist"]["table"] == out.shortlist
+    assert [lines(Path(f)) for pair in out.text.values() for f in pair] == \
+        [lines(Path(f)) for pair in before.text.values() for f in pair]
+    load(out.spm_model)  # (the model itself, read back)
+    # the same place again: the paths are the ones it wrote
+    assert run_pipeline(cfg).manifests == before.manifests
+
+
 def write_hub_layout(shared_data: Path, folder: Path) -> None:
     """newstest files as parquet laid out like hub wmt/wmt14 (fr-en/<split>-*.parquet)."""
     hub_names = {"train": "train", "valid": "validation", "test": "test"}
