@@ -167,13 +167,19 @@ def _launch_and_sync_counts(events, n: int) -> dict:
     steps = [e.time_range for e in host if e.name == STEP_RANGE]
     # the backward runs on autograd's device thread: within the range's time, not its thread
     waits = [e.time_range.start for e in host if e.name in SYNC_CALLS]
+    by_step = [sum(r.start <= t <= r.end for t in waits) for r in steps]
     inside = sum(any(r.start <= t <= r.end for r in steps) for t in waits)
+    # (the launch calls the profiler records; a library that launches inside its own call,
+    # cuBLASLt for one, adds kernels without a call here: kernels_per_step is the GPU's count)
     launches = sum(v for k, v in calls.items() if "Launch" in k and "Kernel" in k)
     graphs = sum(v for k, v in calls.items() if k in ("cudaGraphLaunch", "cuGraphLaunch"))
     return {"kernels_per_step": (len(device) - memcpys - memsets) / n,
             "memcpys_per_step": memcpys / n, "memsets_per_step": memsets / n,
             "launches_per_step": launches / n, "graph_launches_per_step": graphs / n,
             "host_syncs_per_step": inside / n,
+            # each profiled step's own: one wait in one step of three (a first step's
+            # allocation, say) reads 0.333 a step, as one wait in each would read 1
+            "host_syncs_by_step": by_step,
             "host_syncs_outside_steps": len(waits) - inside,
             "profiled_steps": len(steps),
             "runtime_calls_per_step": {k: v / n for k, v in sorted(calls.items())}}

@@ -37,6 +37,7 @@ import threading
 import resource
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from statistics import median
 
@@ -319,12 +320,17 @@ def run(args: argparse.Namespace) -> dict:
         flops = sum(TRAIN_MULTIPLIER * batch_flops(
             cfg, args.vocab, b.src_lengths.tolist(), b.target.ne(PAD).sum(1).tolist())["padded"]
             for b in (batches[(first + i) % len(batches)] for i in range(args.profile)))
-        profile = operator_profile(lambda i: step(first + i), args.profile, flops,
-                                   shapes=args.profile_shapes)
-        # the phases of the step as it runs: with --cuda-graphs, the replayed forward and
-        # backward (the eager model otherwise; a compiled model would compile again)
-        profile["phases_ms"] = phase_breakdown(stepped if args.cuda_graphs else model, optimizer,
-                                               stepped_batches, train_cfg, device, args.profile)
+        try:  # (after the timing: a profile that fails keeps the timed figures, and says why)
+            profile = operator_profile(lambda i: step(first + i), args.profile, flops,
+                                       shapes=args.profile_shapes)
+            # the phases of the step as it runs: with --cuda-graphs, the replayed forward and
+            # backward (the eager model otherwise; a compiled model would compile again)
+            profile["phases_ms"] = phase_breakdown(stepped if args.cuda_graphs else model,
+                                                   optimizer, stepped_batches, train_cfg, device,
+                                                   args.profile)
+        except Exception as err:  # noqa: BLE001 - any failure of the profiler's own code
+            traceback.print_exc()
+            profile = {**profile, "error": f"{type(err).__name__}: {err}"}
 
     rate = lambda key: median(r[key] / r["seconds"] for r in rows)  # noqa: E731
     total_s = sum(r["seconds"] for r in rows)
@@ -344,7 +350,9 @@ def run(args: argparse.Namespace) -> dict:
         # the step time says the host's launches set the pace
         "median_host_step_s": median(r["host_seconds"] for r in rows),
         "warmup_step_s": [round(x, 3) for x in warmup_s],
-        "compile_phases_s": compile_phases() if args.compile else {},
+        # (every compile: the model's, the loss's chunks', the blocks' fused work)
+        "compile_phases_s": compile_phases() if args.compile or args.compile_loss or args.fuse
+        else {},
         "compile_mode": args.compile_mode, "static_shapes": args.static_shapes,
         "cuda_graphs": stepped.captured_shapes if args.cuda_graphs else 0,  # graphs captured
         # timed steps of a shape past the graphs' cap, stepped eagerly (0: every one replayed)
@@ -425,7 +433,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{100 * r['fraction_of_datasheet_peak']:.1f}% of the {d['gpu']}'s datasheet "
               f"{d['dtype']} peak, {d['flops'] / 1e12:,.0f} TFLOP/s (measured here: "
               f"{r['peak_flops'] / 1e12:,.0f})")
-    if r["profile"]:
+    if r["profile"].get("error"):
+        print(f"the profile failed: {r['profile']['error']} (the timed figures above stand)")
+    elif r["profile"]:
         p = r["profile"]
         print(f"products (matmuls, convolutions): {p['matmul_share']:.1%} of the step at "
               f"{p['matmul_flops'] / 1e9:,.0f} GFLOP/s; phases (ms): {p['phases_ms']}")
