@@ -16,8 +16,8 @@
 #   4. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
 #   5. the other variants: the 24,000-token step with the blocks' element-wise work compiled
 #      (--fuse inductor), the convolutions by cuDNN (--conv native), both, and only the fused
-#      loss's chunks compiled (--compile-loss); at 3,000 tokens all three with CUDA graphs, and
-#      static shapes without graphs (what the padding costs),
+#      loss's chunks compiled (--compile-loss); at 3,000 tokens all three with CUDA graphs,
+#      static shapes without graphs (what the padding costs) and the convolutions by cuDNN,
 #   6. the float32 pair: the reference's float32 step and this project's on the same batches,
 #   7. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
@@ -150,6 +150,8 @@ train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 --warmup 3 
 # static shapes without graphs: what the padding alone costs
 train "en-fr bf16 3000 static shapes" 80 $fr bf16 3000 --steps 30 --warmup 5 --static-shapes 8 \
   --out "$out/training_${fr}_cuda_bf16_static.json"
+train "en-fr bf16 3000 native conv" 80 $fr bf16 3000 --steps 30 --warmup 5 --conv native \
+  --out "$out/training_${fr}_cuda_bf16_native_conv.json"
 
 # 6. the float32 pair, on the same batches
 [[ -n $reference ]] && ref fp32 20 3
