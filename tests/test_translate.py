@@ -122,7 +122,25 @@ def test_nbest_and_alignment(tiny_checkpoints):
     torch.testing.assert_close(h.attention.sum(0), torch.ones(len(h.tokens)))
     align = h.alignment()  # each target piece (EOS excluded) with its most attended source
     assert [tgt for _, tgt in align] == list(range(len(h.tokens) - 1))
-    assert all(h.attention[s, tgt] == h.attention[:, tgt].max() for s, tgt in align)
+    assert all(h.attention[s, tgt] == h.attention[:-1, tgt].max() for s, tgt in align)
+
+
+def test_an_alignment_names_source_pieces_only_even_where_the_source_eos_is_most_attended():
+    """Alignments are src-tgt piece index pairs (the A- lines, a served answer's "alignment"):
+    the source EOS, the attention's last row, is no piece, so a target piece that attends it
+    most is aligned to its most attended source piece instead."""
+    from convs2s.inference.translate import Hypothesis, Translation, format_translation
+
+    # 2 source pieces + EOS (rows) x 3 target pieces + EOS (columns); pieces 0 and 2 attend
+    # the source EOS most
+    attention = torch.tensor([[0.1, 0.7, 0.3, 0.0],
+                              [0.2, 0.2, 0.1, 0.0],
+                              [0.7, 0.1, 0.6, 1.0]])
+    h = Hypothesis(text="a b c", score=-1.0, tokens=[7, 8, 9, EOS],
+                   positional_scores=[-1.0] * 4, attention=attention)
+    assert h.alignment() == [(1, 0), (0, 1), (0, 2)]
+    tr = Translation(source="x y", src_pieces=["\u2581x", "\u2581y"], hypotheses=[h])
+    assert format_translation(tr, 0, 1, verbose=True).splitlines()[-1] == "A-0\t1-0 0-1 0-2"
 
 
 def test_replace_unk_copies_attended_source_pieces(tiny_checkpoints, tmp_path):

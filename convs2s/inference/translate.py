@@ -66,13 +66,19 @@ class Hypothesis:
     attention: torch.Tensor | None
 
     def alignment(self) -> list[tuple[int, int]]:
-        """(source piece, target piece) pairs: each target piece's most attended source piece."""
+        """(source piece, target piece) pairs: each target piece's most attended source piece.
+
+        Indices are into the sentencepiece pieces on both sides (Translation.src_pieces and
+        the hypothesis's tokens), so the source EOS row is left out of the choice (as in
+        `unk_replace.replace_unknowns`): a piece that attends EOS most gets the most attended
+        real source piece, not the index len(src_pieces), which names no piece."""
         if self.attention is None:
             raise ValueError("this hypothesis was searched without attention: ask "
                              "translate_full(..., attention=True) for alignments")
-        if self.attention.numel() == 0:
+        pieces = self.attention[:-1, : len(self.tokens) - 1]  # rows: source pieces, EOS off
+        if pieces.numel() == 0:
             return []
-        best = self.attention[:, : len(self.tokens) - 1].argmax(dim=0).tolist()
+        best = pieces.argmax(dim=0).tolist()
         return [(s, t) for t, s in enumerate(best)]
 
 
