@@ -530,6 +530,22 @@ def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints
     assert not (tmp_path / "a.de").exists()
 
 
+def test_int8_for_actors_on_gpus_is_refused_in_one_line_before_ray_starts(tiny_checkpoints,
+                                                                           tmp_path):
+    """int8 runs on CPUs and an actor holding a GPU searches on it: without
+    --precision-fallback fp32 the job is one line, exit 2, before Ray starts or the output is
+    made (it failed in every actor's constructor after Ray had reserved their GPUs), as
+    `serve --gpus-per-replica 1 --precision int8` is. The check needs no GPU."""
+    (tmp_path / "a.en").write_text("one\n")
+    proc = run_cli("--checkpoint", tiny_checkpoints["a"], "--input", str(tmp_path / "a.en"),
+                   "--output", str(tmp_path / "out"), "--actors", "1", "--gpus-per-actor", "1",
+                   "--precision", "int8")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("convs2s-translate: error: int8 inference runs on CPUs")
+    assert "--precision-fallback fp32" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("command", ["translate", "serve"])
 def test_a_ray_address_these_commands_cannot_join_is_one_line_naming_it_and_the_fix(
         tiny_checkpoints, tmp_path, command):
