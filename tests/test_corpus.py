@@ -248,6 +248,45 @@ def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, t
         translate_corpus(job)
 
 
+def test_a_checkpoint_given_by_its_file_is_checked_stamped_and_translated_as_its_folder(
+        tiny_checkpoints, ray_session, tmp_path):
+    """`--checkpoint RUN/best/checkpoint.pt` loads as RUN/best does (load_for_inference), so
+    the corpus job's checks and job.json name that very file, not .../checkpoint.pt/checkpoint.pt
+    (which refused the job as a checkpoint that does not exist)."""
+    from convs2s.serving.corpus import check_job
+
+    lines = [s for s, _ in tiny_checkpoints["pairs"][:4]]
+    (tmp_path / "a.en").write_text("\n".join(lines) + "\n")
+    weights = Path(tiny_checkpoints["a"]) / "checkpoint.pt"
+    job = CorpusJob([str(weights)], str(tmp_path / "a.en"), str(tmp_path / "out"),
+                    search=SEARCH, actors=1, progress=False)
+    check_job(job)
+    translate_corpus(job)
+    assert parts_text(tmp_path / "out") == one_process(tiny_checkpoints["a"], lines)
+    recorded = json.loads((tmp_path / "out" / "job.json").read_text())["checkpoints"]
+    assert recorded == [{"path": str(weights),
+                         "stamp": [weights.stat().st_size, weights.stat().st_mtime_ns]}]
+    # a file that is not there is still refused before Ray, in one line
+    with pytest.raises(CorpusError, match="checkpoint.pt does not exist"):
+        check_job(CorpusJob([str(tmp_path / "gone" / "checkpoint.pt")], job.input,
+                            str(tmp_path / "out2")))
+
+
+def test_a_bucket_checkpoint_given_by_its_file_passes_the_corpus_checks(s3, tiny_checkpoints,
+                                                                       tmp_path):
+    from convs2s.serving.corpus import check_job
+    from storage import location, publish_dir
+
+    bucket = "s3://convs2s-test/corpus-ckfile"
+    publish_dir(tiny_checkpoints["a"], location(f"{bucket}/model"), marker="meta.json")
+    (tmp_path / "a.en").write_text("one\n")
+    for given in (f"{bucket}/model", f"{bucket}/model/checkpoint.pt"):
+        check_job(CorpusJob([given], str(tmp_path / "a.en"), str(tmp_path / "out")))
+    with pytest.raises(CorpusError, match="does not exist"):
+        check_job(CorpusJob([f"{bucket}/nope/checkpoint.pt"], str(tmp_path / "a.en"),
+                            str(tmp_path / "out")))
+
+
 def test_an_output_written_before_file_stamps_were_recorded_still_resumes(
         tiny_checkpoints, ray_session, tmp_path):
     # job.json records the version of the sentencepiece model (shortlist, dictionary) it read;
@@ -489,6 +528,22 @@ def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints
         assert rc == 2 and err.startswith(f"convs2s-translate: error: {says}; give --actors "
                                           "N") and err.count("\n") == 1, (extra, err)
     assert not (tmp_path / "a.de").exists()
+
+
+def test_int8_for_actors_on_gpus_is_refused_in_one_line_before_ray_starts(tiny_checkpoints,
+                                                                           tmp_path):
+    """int8 runs on CPUs and an actor holding a GPU searches on it: without
+    --precision-fallback fp32 the job is one line, exit 2, before Ray starts or the output is
+    made (it failed in every actor's constructor after Ray had reserved their GPUs), as
+    `serve --gpus-per-replica 1 --precision int8` is. The check needs no GPU."""
+    (tmp_path / "a.en").write_text("one\n")
+    proc = run_cli("--checkpoint", tiny_checkpoints["a"], "--input", str(tmp_path / "a.en"),
+                   "--output", str(tmp_path / "out"), "--actors", "1", "--gpus-per-actor", "1",
+                   "--precision", "int8")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("convs2s-translate: error: int8 inference runs on CPUs")
+    assert "--precision-fallback fp32" in proc.stderr and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", ["translate", "serve"])

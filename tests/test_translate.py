@@ -122,7 +122,57 @@ def test_nbest_and_alignment(tiny_checkpoints):
     torch.testing.assert_close(h.attention.sum(0), torch.ones(len(h.tokens)))
     align = h.alignment()  # each target piece (EOS excluded) with its most attended source
     assert [tgt for _, tgt in align] == list(range(len(h.tokens) - 1))
-    assert all(h.attention[s, tgt] == h.attention[:, tgt].max() for s, tgt in align)
+    assert all(h.attention[s, tgt] == h.attention[:-1, tgt].max() for s, tgt in align)
+
+
+def test_an_alignment_names_source_pieces_only_even_where_the_source_eos_is_most_attended():
+    """Alignments are src-tgt piece index pairs (the A- lines, a served answer's "alignment"):
+    the source EOS, the attention's last row, is no piece, so a target piece that attends it
+    most is aligned to its most attended source piece instead."""
+    from convs2s.inference.translate import Hypothesis, Translation, format_translation
+
+    # 2 source pieces + EOS (rows) x 3 target pieces + EOS (columns); pieces 0 and 2 attend
+    # the source EOS most
+    attention = torch.tensor([[0.1, 0.7, 0.3, 0.0],
+                              [0.2, 0.2, 0.1, 0.0],
+                              [0.7, 0.1, 0.6, 1.0]])
+    h = Hypothesis(text="a b c", score=-1.0, tokens=[7, 8, 9, EOS],
+                   positional_scores=[-1.0] * 4, attention=attention)
+    assert h.alignment() == [(1, 0), (0, 1), (0, 2)]
+    tr = Translation(source="x y", src_pieces=["\u2581x", "\u2581y"], hypotheses=[h])
+    assert format_translation(tr, 0, 1, verbose=True).splitlines()[-1] == "A-0\t1-0 0-1 0-2"
+
+
+# Text that cleaning changes: controls, format characters (soft hyphen, zero width, BOM)
+# between a letter and its combining accent, line breaks, odd spaces, private use.
+UNCLEAN = ["Son e\u00ad\u0301l\u00e9phant", "e\u200b\u0301", "Cafe\x07\u0301 ok",
+           "a\ufeff\u030a\u00ad", "Cafe\u0301", "  a \t b\u00a0c\u3000d  ",
+           "zero\u200bwidth\u00adsoft\ufeffbom", "bell\x07 esc\x1b[0m",
+           "line\u2028sep\x85nel", "priv\ue000ate", "o\u0308\u200d\u0301 A\u030a\u2060", ""]
+
+
+@pytest.mark.parametrize("raw", UNCLEAN)
+def test_translation_input_is_cleaned_exactly_as_training_text_was(raw):
+    """convs2s keeps its own copy of preprocessing's cleaning (it may not import
+    preprocessing): the copy must give the same text, or a model meets input it never saw."""
+    from convs2s.inference.translate import normalize
+    from preprocessing.cleaning import normalize as training_normalize
+
+    assert normalize(raw) == training_normalize(raw)
+
+
+def test_a_letter_and_accent_parted_by_a_deleted_character_reach_the_model_composed(
+        tiny_checkpoints):
+    """The sentencepiece model does not normalize (rule "identity"): an accent left apart from
+    its letter would be split into byte pieces that the training text never had."""
+    from preprocessing.cleaning import normalize as training_normalize
+
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT)
+    line = "Son e\u00ad\u0301l\u00e9phant"
+    out = tr.translate_full([line], attention=False)[0]
+    assert out.source == "Son \u00e9l\u00e9phant"
+    assert out.src_pieces == tr.codec.encode(training_normalize(line))
+    assert not any(p.startswith("<0x") for p in out.src_pieces)
 
 
 def test_replace_unk_copies_attended_source_pieces(tiny_checkpoints, tmp_path):

@@ -291,7 +291,7 @@ def _root_cause(err: BaseException) -> str:
 def _translate_corpus(args, job, search) -> int:
     """--actors N: the Ray Data job (convs2s.serving.corpus) of a checked `job`."""
     from convs2s.io.checkpoint import CheckpointError
-    from convs2s.inference.quantize import PrecisionError
+    from convs2s.inference.quantize import PrecisionError, resolve_precision
     from convs2s.inference.translate import load_for_inference
     from ray.exceptions import RayError
 
@@ -302,6 +302,11 @@ def _translate_corpus(args, job, search) -> int:
     try:
         if job.device == "cpu":  # the model and settings load here before any actor starts
             load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
+        elif search.precision == "int8":
+            # An actor holding a GPU searches on it, and int8 runs on CPUs: the fallback (one
+            # warning), else one line now, not an error in every actor after Ray reserved the
+            # GPUs (as `serve --gpus-per-replica` checks). (bf16's check needs the actors' GPU.)
+            resolve_precision(search.precision, "cuda", search.precision_fallback)
         manifest = translate_corpus(job)
     except (CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
             ValueError) as err:  # (CorpusError, InputError: ValueErrors)

@@ -26,11 +26,11 @@ Python API:
     tr.translate_full(lines)                    # -> [Translation] with nbest Hypothesis each
     tr.translate_full(lines, attention=False)   # the same, without their attention matrices
 
-Input handling: lines are normalized as preprocessing cleans text (NFC, control characters
-dropped, whitespace collapsed). An empty line gives an empty translation (the model never sees
-it). A line longer than the model's position table is cut to `max_positions - 1` pieces + EOS
-with a logged warning. Sentences are sorted by length and searched in batches of up to
-`SearchConfig.max_sentences` (128, the paper's speed setting) so padding stays small; weight
+Input handling: lines are normalized as preprocessing cleans text (control characters
+dropped, then NFC, whitespace collapsed). An empty line gives an empty translation (the model
+never sees it). A line longer than the model's position table is cut to `max_positions - 1`
+pieces + EOS with a logged warning. Sentences are sorted by length and searched in batches of
+up to `SearchConfig.max_sentences` (128, the paper's speed setting) so padding stays small; weight
 norm is folded once per model at load time (`convs2s.model.network.inference_copy`).
 """
 
@@ -66,13 +66,19 @@ class Hypothesis:
     attention: torch.Tensor | None
 
     def alignment(self) -> list[tuple[int, int]]:
-        """(source piece, target piece) pairs: each target piece's most attended source piece."""
+        """(source piece, target piece) pairs: each target piece's most attended source piece.
+
+        Indices are into the sentencepiece pieces on both sides (Translation.src_pieces and
+        the hypothesis's tokens), so the source EOS row is left out of the choice (as in
+        `unk_replace.replace_unknowns`): a piece that attends EOS most gets the most attended
+        real source piece, not the index len(src_pieces), which names no piece."""
         if self.attention is None:
             raise ValueError("this hypothesis was searched without attention: ask "
                              "translate_full(..., attention=True) for alignments")
-        if self.attention.numel() == 0:
+        pieces = self.attention[:-1, : len(self.tokens) - 1]  # rows: source pieces, EOS off
+        if pieces.numel() == 0:
             return []
-        best = self.attention[:, : len(self.tokens) - 1].argmax(dim=0).tolist()
+        best = pieces.argmax(dim=0).tolist()
         return [(s, t) for t, s in enumerate(best)]
 
 
@@ -89,12 +95,16 @@ class Translation:
 
 
 def normalize(text: str) -> str:
-    """NFC, control / format characters dropped, whitespace collapsed (as preprocessing cleans
-    training text, `preprocessing.cleaning.normalize`; duplicated to keep packages apart)."""
-    if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
+    """Control / format characters dropped, NFC, whitespace collapsed: as preprocessing cleans
+    training text (`preprocessing.cleaning.normalize`, copied because convs2s may not import
+    preprocessing; tests/test_translate.py checks that the two agree). Deleting comes first: a
+    deleted character between a letter and its combining mark would otherwise leave them
+    uncomposed, and the sentencepiece model (normalization rule "identity") would split them
+    into byte pieces the training text never had."""
     if not text.isprintable():
         text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
     return " ".join(text.split())
 
 

@@ -56,6 +56,18 @@ def local_checkpoint(p) -> Path:
     return local_copy(where)
 
 
+def checkpoint_weights(p):
+    """The weights file that `local_checkpoint` (and so `load_for_inference`) reads of a
+    checkpoint given as its folder or its checkpoint.pt, named where it is, not fetched: for
+    checks and version stamps before anything loads. A local path is a folder when it is one
+    (its checkpoint.pt), else the file itself; a bucket's is its checkpoint.pt when named so,
+    else a folder."""
+    where = location(p)
+    if isinstance(where, Path):
+        return where / CHECKPOINT_FILE if where.is_dir() else where
+    return where if where.name == CHECKPOINT_FILE else where / CHECKPOINT_FILE
+
+
 def codec_settings(kind: str, source_lang: str, target_lang: str) -> dict:
     """The contents of a checkpoint's text.json."""
     return {"tokenizer": "moses" if kind == MOSES_BPE else kind,

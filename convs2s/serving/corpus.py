@@ -53,6 +53,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from convs2s.config import SearchConfig
+from convs2s.io.text_codec import checkpoint_weights
 from convs2s.serving.inputs import input_lines
 from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
 from storage import ray_join
@@ -275,8 +276,7 @@ def _identity(job: CorpusJob) -> dict:
     without them resumes as before.)"""
     search = job.search.to_dict()
     identity = {"input": str(job.input), "input_stamp": list(stamp(job.input)),
-                "checkpoints": [{"path": str(c),
-                                 "stamp": list(stamp(location(c) / "checkpoint.pt"))}
+                "checkpoints": [{"path": str(c), "stamp": list(stamp(checkpoint_weights(c)))}
                                 for c in job.checkpoints],
                 "spm_model": job.spm_model, "search": search, "shard_lines": job.shard_lines,
                 "column": job.column}
@@ -304,10 +304,11 @@ def check_job(job: CorpusJob) -> None:
         raise CorpusError(f"input file {job.input} does not exist")
     if stamp(job.input)[0] == 0:
         raise CorpusError(f"input {job.input} is empty: nothing to translate")
-    for c in job.checkpoints:
-        if not (location(c) / "checkpoint.pt").is_file():
+    for c in job.checkpoints:  # a folder or its checkpoint.pt, as the actors will load it
+        if not checkpoint_weights(c).is_file():
             raise CorpusError(f"checkpoint {c} does not exist (no checkpoint.pt): give a "
-                              "checkpoint directory of a training run, e.g. RUN/train/best")
+                              "checkpoint directory of a training run, e.g. RUN/train/best, "
+                              "or its checkpoint.pt")
     out = location(job.output)
     if out.is_file():
         raise CorpusError(f"--output {job.output} is a file: with --actors the output is a "
