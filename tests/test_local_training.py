@@ -625,6 +625,46 @@ def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
     assert not result[0][3] and not result[1][3]  # the process group ended
 
 
+def _disagreeing_worker(rank: int, port: int, result: dict, handed: list):
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.train.runtime import LocalRuntime, load_agreed
+
+    _rank_env(rank, port)
+    runtime = LocalRuntime(Path(handed[0]).parent, keep_last=2, device="cpu")
+    try:
+        load_agreed(handed[rank], runtime.comm)
+        result[rank] = "went on"
+    except CheckpointError as err:
+        result[rank] = str(err)
+    runtime.close()
+
+
+@pytest.mark.parametrize("second", ["checkpoint_00000020", None])
+def test_ranks_that_load_different_checkpoints_stop_together_saying_which(tmp_path, second):
+    """A rank handed another checkpoint than rank 0's, or none (a fresh start beside a resume:
+    a node's own listing of the run folder), reads it without error, but its weights and
+    counters are not the others': every rank stops, with one message naming each rank's.
+    Two real gloo ranks."""
+    from conftest import run_ranks
+
+    from convs2s.config import PRESETS
+    from convs2s.io.checkpoint import save_checkpoint
+
+    for update in (10, 20):
+        save_checkpoint(tmp_path / f"checkpoint_{update:08d}",
+                        {"model": {}, "model_config": PRESETS["tiny"]().to_dict(),
+                         "src_vocab_size": 8, "tgt_vocab_size": 8, "epoch": 0,
+                         "update": update})
+    handed = [str(tmp_path / "checkpoint_00000010"),
+              str(tmp_path / second) if second else None]
+    result = run_ranks(functools.partial(_disagreeing_worker, handed=handed), 2)
+    theirs = f"{handed[1]}, update 20" if second else "none, a fresh start"
+    assert result[0] == result[1] == (
+        f"the 2 ranks did not load the same checkpoint to resume from (rank 0: {handed[0]}, "
+        f"update 10; rank 1: {theirs}): every rank must resume from the one rank 0 chose"), \
+        result
+
+
 def _failed_fit_worker(rank: int, port: int, result: dict, train: str, valid: str, spm: str,
                        vocab: int, root: str):
     import torch.distributed as dist

@@ -12,7 +12,8 @@ same loop runs under Ray Train (`RayRuntime`, built in each Ray Train worker by
 
 Both keep the checkpoints as `<run_dir>/checkpoint_<update>/` (the last `keep_last`; `best/` is the
 Trainer's own copy) and resume from the latest, so a run started by one launcher is resumed by the
-other (Ray Train prefers its own record of the run where it has one).
+other (Ray Train prefers its own record of the run where it has one). In both runtimes rank 0
+chooses and every rank loads its choice (`load_agreed` checks that they did).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,8 @@ class RayRuntime:
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.local_rank, self.node_rank = ctx.get_local_rank(), ctx.get_node_rank()
         self.device = ray.train.torch.get_device()
+        # (the process group Ray Train started) rank 0's choice of checkpoint, for every rank
+        self.comm = Comm.create()
 
     def cpu_threads(self, job) -> int:
         """The CPUs Ray reserved for this worker (`TrainJob.cpus_per_worker`)."""
@@ -64,15 +67,23 @@ class RayRuntime:
         return ray.train.torch.prepare_model(net, parallel_strategy_kwargs=ddp or None)
 
     @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[Path | str | None]:
-        """Ray Train's latest checkpoint of the run; where Ray has none (a run started by
-        `LocalRuntime`), the latest complete `checkpoint_*` folder of `run_dir`."""
-        ckpt = self._train.get_checkpoint()
-        if ckpt is None:
-            yield latest_kept(self.run_dir)
-            return
-        with ckpt.as_directory() as d:
-            yield Path(d)
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        """Ray Train's latest checkpoint of the run (its folder in `run_dir`: the same path on
+        every rank, where its own local copy would be each rank's); where Ray has none (a run
+        started by `LocalRuntime`), the latest complete `checkpoint_*` folder of `run_dir`.
+        Chosen by rank 0 and the same on every rank, as `LocalRuntime.latest_checkpoint`."""
+        ckpt = self._train.get_checkpoint()  # (the same on every rank)
+        chosen, error = None, None
+        if self.rank == 0:
+            try:
+                chosen = latest_kept(self.run_dir) if ckpt is None else \
+                    str(self.run_dir / PurePosixPath(ckpt.path).name)
+            except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
+                error = f"{self.run_dir}: its checkpoints could not be listed: {err}"
+        chosen, error = self.comm.broadcast_object((chosen, error))
+        if error is not None:
+            raise CheckpointError(error)
+        yield chosen
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None,
                background: bool = False) -> bool:
@@ -99,9 +110,11 @@ class RayRuntime:
 
 def load_agreed(path, comm: Comm) -> dict | None:
     """The checkpoint at `path` (the one every rank was handed; None: a fresh start) loaded on
-    every rank, or a CheckpointError on every rank when any could not read it (a collective:
-    the others would otherwise train on, to wait for it in their first all-reduce). A single
-    process raises `load_checkpoint`'s own error."""
+    every rank, or a CheckpointError on every rank when any could not read it, or when the
+    ranks did not load the same one (a path or update of its own, or a fresh start beside a
+    resume: weights and counters apart, and later a wait without end). A collective: the others
+    would otherwise train on, to wait for it in their first all-reduce. A single process raises
+    `load_checkpoint`'s own error."""
     if comm.world_size == 1:
         return None if path is None else load_checkpoint(path)
     state, error = None, None
@@ -110,7 +123,10 @@ def load_agreed(path, comm: Comm) -> dict | None:
             state = load_checkpoint(path)
         except Exception as err:  # noqa: BLE001 - said on every rank, below
             error = (str(path), f"{type(err).__name__}: {err}")
-    failed = [(rank, e) for rank, e in enumerate(comm.gather_objects(error)) if e is not None]
+    where = None if path is None else str(path)
+    update = None if state is None else int(state["update"])
+    seen = comm.gather_objects((error, where, update))
+    failed = [(rank, e) for rank, (e, _, _) in enumerate(seen) if e is not None]
     if failed:  # (the first failing rank's words on every rank: one message)
         rank, (where, first) = failed[0]
         some = len(failed) < comm.world_size  # others could: the folder is not shared
@@ -119,6 +135,13 @@ def load_agreed(path, comm: Comm) -> dict | None:
             f"read the checkpoint to resume from, {where} (rank {rank}: {first})" + (
                 "; every rank resumes from the one rank 0 chose: give all of them the run "
                 "folder (shared storage or a bucket)" if some else ""))
+    if len({(w, u) for _, w, u in seen}) > 1:
+        raise CheckpointError(
+            f"the {comm.world_size} ranks did not load the same checkpoint to resume from ("
+            + "; ".join(f"rank {rank}: " + (f"{w}, update {u}" if w is not None else "none, "
+                                             "a fresh start")
+                        for rank, (_, w, u) in enumerate(seen))
+            + "): every rank must resume from the one rank 0 chose")
     return state
 
 
