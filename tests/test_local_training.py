@@ -509,6 +509,47 @@ def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone
     assert on_ray.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
 
 
+@pytest.mark.slow
+def test_a_run_moved_between_ray_train_and_this_process_resumes_from_its_newest_checkpoint(
+        demo_batches, tmp_path, ray_session):
+    """Ray Train to 20 updates, this process on to 30, Ray Train again to 40, this process to
+    50, Ray Train to 60 (keep_last 2): each resumes from the newest checkpoint in the run
+    folder, and the losses are those of 60 updates in this process. Ray Train keeps its own
+    record of the run's checkpoints (checkpoint_manager_snapshot.json), reloaded by every fit:
+    at 40 it names update 10's checkpoint, which this process's keep_last removed (Ray Train
+    refused to start), and at 60 update 40's, still there but older than 50 (the run went on
+    from 40, and rewrote checkpoint names holding newer states)."""
+    from convs2s.train.launch import fit
+    from convs2s.train.local import fit_local
+
+    d = demo_batches
+    cfg = TrainConfig(max_epochs=0, max_updates=20, checkpoint_interval=10, log_interval=5,
+                      keep_last=2, precision="fp32")
+
+    def job(name: str, updates: int) -> TrainJob:
+        return TrainJob(model=PRESETS["tiny"](), train=cfg.replace(max_updates=updates),
+                        train_data=d.batches["train"], valid_data=d.batches["valid"],
+                        spm_model=d.spm_model, vocab_size=d.vocab_size,
+                        storage_path=str(tmp_path), run_name=name, num_workers=1,
+                        experiment_name="test_local", system_metrics_s=0,
+                        tracking_uri=mlflow_store(tmp_path))
+
+    run_dir = tmp_path / "moved"
+    assert fit(job("moved", 20)).metrics["update"] == 20
+    for updates, launch in ((30, fit_local), (40, fit), (50, fit_local), (60, fit)):
+        result = launch(job("moved", updates))
+        assert (result.metrics["resumed_from_update"], result.metrics["update"]) == \
+            (updates - 10, updates), launch
+    assert sorted(p.name for p in run_dir.glob("checkpoint_0*"))[-2:] == \
+        ["checkpoint_00000050", "checkpoint_00000060"]
+    # (Ray Train's stale record, kept to be read beside the new one)
+    assert (run_dir / "checkpoint_manager_snapshot.json.stale").is_file()
+    alone = fit_local(job("alone", 60))
+    moved, reference = _losses(run_dir), _losses(Path(alone.run_dir))
+    assert sorted(moved) == sorted(reference) == list(range(5, 61, 5))
+    assert moved == pytest.approx(reference, rel=1e-3)
+
+
 def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off_a_gpu_say_so(
         demo_batches, tmp_path, capsys):
     """`static_shapes=8` pads every batch to a few shapes (what CUDA graphs capture): the same
@@ -623,6 +664,77 @@ def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
         "(rank 1: FileNotFoundError: no checkpoint.pt in"), message
     assert "give all of them the run folder (shared storage or a bucket)" in message
     assert not result[0][3] and not result[1][3]  # the process group ended
+
+
+def _disagreeing_worker(rank: int, port: int, result: dict, handed: list):
+    from convs2s.io.checkpoint import CheckpointError
+    from convs2s.train.runtime import LocalRuntime, load_agreed
+
+    _rank_env(rank, port)
+    runtime = LocalRuntime(Path(handed[0]).parent, keep_last=2, device="cpu")
+    try:
+        load_agreed(handed[rank], runtime.comm)
+        result[rank] = "went on"
+    except CheckpointError as err:
+        result[rank] = str(err)
+    runtime.close()
+
+
+@pytest.mark.parametrize("second", ["checkpoint_00000020", None])
+def test_ranks_that_load_different_checkpoints_stop_together_saying_which(tmp_path, second):
+    """A rank handed another checkpoint than rank 0's, or none (a fresh start beside a resume:
+    a node's own listing of the run folder), reads it without error, but its weights and
+    counters are not the others': every rank stops, with one message naming each rank's.
+    Two real gloo ranks."""
+    from conftest import run_ranks
+
+    from convs2s.config import PRESETS
+    from convs2s.io.checkpoint import save_checkpoint
+
+    for update in (10, 20):
+        save_checkpoint(tmp_path / f"checkpoint_{update:08d}",
+                        {"model": {}, "model_config": PRESETS["tiny"]().to_dict(),
+                         "src_vocab_size": 8, "tgt_vocab_size": 8, "epoch": 0,
+                         "update": update})
+    handed = [str(tmp_path / "checkpoint_00000010"),
+              str(tmp_path / second) if second else None]
+    result = run_ranks(functools.partial(_disagreeing_worker, handed=handed), 2)
+    theirs = f"{handed[1]}, update 20" if second else "none, a fresh start"
+    assert result[0] == result[1] == (
+        f"the 2 ranks did not load the same checkpoint to resume from (rank 0: {handed[0]}, "
+        f"update 10; rank 1: {theirs}): every rank must resume from the one rank 0 chose"), \
+        result
+
+
+def test_under_ray_train_the_newer_of_its_record_and_the_run_folder_is_resumed(tmp_path,
+                                                                                capsys):
+    """Ray Train hands the workers the latest checkpoint of its own record of the run; the run
+    may have gone on without Ray since (`python -m convs2s train`), with newer checkpoints
+    beside it, or with it removed: the folder's newest is resumed from, and a line says why."""
+    from convs2s.config import PRESETS
+    from convs2s.io.checkpoint import save_checkpoint
+    from convs2s.train.runtime import newest_checkpoint
+
+    def write(update: int) -> str:
+        return str(save_checkpoint(
+            tmp_path / f"checkpoint_{update:08d}",
+            {"model": {}, "model_config": PRESETS["tiny"]().to_dict(), "src_vocab_size": 8,
+             "tgt_vocab_size": 8, "epoch": 0, "update": update}))
+
+    assert newest_checkpoint(tmp_path, None) is None  # a fresh start
+    ten = write(10)
+    assert newest_checkpoint(tmp_path, None) == ten  # no record: a run started without Ray
+    assert newest_checkpoint(tmp_path, "checkpoint_00000010") == ten
+    assert capsys.readouterr().out == ""  # they agree: nothing said
+    thirty = write(30)
+    assert newest_checkpoint(tmp_path, "checkpoint_00000010") == thirty
+    assert capsys.readouterr().out == (
+        "[convs2s.train] Ray Train's record of the run names checkpoint_00000010 (update 10; "
+        "the folder's newest was written since, without Ray): resuming from "
+        "checkpoint_00000030 (update 30)\n")
+    assert newest_checkpoint(tmp_path, "checkpoint_00000020") == thirty  # gone
+    assert "checkpoint_00000020 (which is gone or unreadable): resuming from " \
+        "checkpoint_00000030" in capsys.readouterr().out
 
 
 def _failed_fit_worker(rank: int, port: int, result: dict, train: str, valid: str, spm: str,

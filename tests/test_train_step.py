@@ -502,6 +502,37 @@ def test_cuda_graphs_past_their_cap_step_eagerly_and_a_new_dropout_recaptures():
         torch.testing.assert_close(state[k], a, rtol=1e-4, atol=1e-6, msg=k)
 
 
+@pytest.mark.gpu
+def test_a_capture_draws_no_dropout_masks_so_a_resumed_run_draws_the_same_ones():
+    """A shape's first graphed step captures it, with warm-up passes in training mode whose
+    dropout would move the CUDA generator; a run resumed from a checkpoint captures its shapes
+    at other updates than the run that went on, so its masks would differ from there. A
+    capturing step draws the masks a replay from the same generator state draws, and leaves
+    the generator where that replay leaves it."""
+    from convs2s.train.graphs import CudaGraphedLoss
+    from convs2s.train.regularization import set_dropout
+
+    device = torch.device("cuda")
+    net = fresh_model().to(device)
+    set_dropout(net, 0.2)
+    graphed = CudaGraphedLoss(net)
+    raw = make_batches(5, 1)[0]
+    b = pad_to(raw, *static_shape(raw, max_tokens=48, multiple=8)).to(device)
+
+    def step() -> float:  # forward and backward; no optimizer step: the weights stay
+        loss = graphed(b.src_tokens, b.src_lengths, b.prev_output_tokens, target=b.target,
+                       label_smoothing=0.1, target_rows=b.target_rows)[0]
+        loss.backward()
+        return float(loss)
+
+    before = torch.cuda.get_rng_state(device)
+    captured = step()  # the capture, then its first replay
+    after = torch.cuda.get_rng_state(device)
+    torch.cuda.set_rng_state(before, device)
+    assert step() == pytest.approx(captured, rel=1e-6)  # a replay alone: the same masks
+    assert torch.equal(torch.cuda.get_rng_state(device), after)
+
+
 def test_a_compiled_update_equals_the_eager_update(compile_state):
     """`TrainConfig.compile`: the model through the fused loss captured as one graph with
     dynamic shapes (fullgraph: no break, one capture for batches of every shape) trains the

@@ -176,9 +176,16 @@ class CudaGraphedLoss(nn.Module):
         the batch's tensors into them."""
         samples = tuple(a.clone() for a in args)
         module = _LossOf(self.model, label_smoothing, dtype)
+        # The warm-up passes run in training mode, and their dropout draws move the CUDA
+        # generator: a run resumed from a checkpoint captures its shapes at other updates than
+        # the run that went on, and would draw other masks from there. The generator is put
+        # back where the step found it: a capture draws nothing, each replay its masks.
+        rng = torch.cuda.get_rng_state(samples[0].device)
         # Out of the step's autocast (whose weight-cast cache a capture refuses): `_LossOf`
         # enters its own around the forward, and the backward is captured outside it.
         with torch.autocast("cuda", enabled=False):
-            return torch.cuda.make_graphed_callables(
+            graphed = torch.cuda.make_graphed_callables(
                 module, samples, num_warmup_iters=self.warmup_iters, allow_unused_input=True,
                 pool=self._pool)
+        torch.cuda.set_rng_state(rng, samples[0].device)
+        return graphed

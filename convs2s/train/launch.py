@@ -60,6 +60,7 @@ from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
 from convs2s.train.faults import CrashInjection
+from convs2s.train.runtime import RAY_RECORD, set_aside_stale_ray_record
 from convs2s.train.trainer import STOPPED_KEY, STOPPING_ERRORS, train_loop_per_worker
 from storage import filesystem_of, is_uri, location
 
@@ -72,6 +73,13 @@ def fit(job: TrainJob) -> TrainResult:
     files, valid_files = preflight(job, job.num_workers)
     storage = location(job.storage_path)  # a local / shared folder, or a bucket (storage/)
     run_dir = storage / job.run_name
+    # Ray Train's record of the run, where the run went on without Ray since (keep_last removed
+    # folders it names, or it knows only older checkpoints): set aside, so the workers resume
+    # from the folder's newest checkpoint, as for a run started without Ray
+    if why := set_aside_stale_ray_record(run_dir):
+        logging.getLogger(__name__).warning(
+            "%s: Ray Train's record of the run is set aside as %s.stale: %s; resuming from the "
+            "run folder's newest checkpoint", run_dir, RAY_RECORD, why)
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
     ray_fs, ray_path = filesystem_of(storage)
     uri, run_id = open_train_run(job, run_dir, files, {"num_workers": job.num_workers,

@@ -12,20 +12,27 @@ same loop runs under Ray Train (`RayRuntime`, built in each Ray Train worker by
 
 Both keep the checkpoints as `<run_dir>/checkpoint_<update>/` (the last `keep_last`; `best/` is the
 Trainer's own copy) and resume from the latest, so a run started by one launcher is resumed by the
-other (Ray Train prefers its own record of the run where it has one).
+other and back. Ray Train keeps a record of its own (`RAY_RECORD`), reloaded by every `fit`, that
+knows nothing of the checkpoints `LocalRuntime` wrote since: `fit` sets it aside where it no longer
+describes the folder (`set_aside_stale_ray_record`), and `RayRuntime` resumes from the newer of
+Ray's latest and the folder's newest (`newest_checkpoint`). In both runtimes rank 0 chooses and
+every rank loads its choice (`load_agreed` checks that they did).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 import torch.distributed as dist
 
-from convs2s.io.checkpoint import META_FILE, CheckpointError, list_checkpoints, load_checkpoint
+from convs2s.console import worker_line
+from convs2s.io.checkpoint import (META_FILE, CheckpointError, list_checkpoints, load_checkpoint,
+                                   read_info)
 from convs2s.train.comm import Comm
 from storage import location, publish_dir, remove_tree
 
@@ -35,6 +42,87 @@ def latest_kept(run_dir) -> str | None:
     `load_checkpoint` fetches); None for a run that has none yet."""
     kept = list_checkpoints(run_dir) if run_dir.is_dir() else []
     return kept[-1].path if kept else None
+
+
+# Ray Train's record of a run's reported checkpoints and its latest, in the run folder: every fit
+# of the run reloads it, and hands the workers its latest (ray.train.get_checkpoint)
+RAY_RECORD = "checkpoint_manager_snapshot.json"
+
+
+def stale_ray_record(run_dir) -> str | None:
+    """Why Ray Train's record of the run (`RAY_RECORD`) no longer describes the run folder, or
+    None (no record, or one in a form this does not know: Ray Train judges that one). Stale
+    where the run went on without Ray since (`LocalRuntime`, `python -m convs2s train`): a
+    checkpoint it names is gone or not whole (its keep_last removed Ray's folders: Ray Train
+    refuses to start on such a record), or its latest is older than the folder's newest (Ray
+    Train would hand the workers that older one: the updates since lost, and their checkpoint
+    names written again over newer states)."""
+    run_dir = location(run_dir)
+    record = run_dir / RAY_RECORD
+    if not record.is_file():
+        return None
+    try:
+        state = json.loads(record.read_text())
+        named = [r["checkpoint_dir_name"] for r in state["checkpoint_results"]]
+        latest = (state.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    kept = list_checkpoints(run_dir)
+    by_name = {location(c.path).name: c for c in kept}
+    gone = [n for n in dict.fromkeys(named + [latest] if latest else named) if n not in by_name]
+    if gone:
+        return (f"it names {', '.join(gone)}, no longer a whole checkpoint of the run (removed "
+                "by a run of it without Ray since)")
+    if latest and (by_name[latest].update, by_name[latest].epoch) < \
+            (kept[-1].update, kept[-1].epoch):
+        return (f"its latest checkpoint is {latest} (update {by_name[latest].update}), the "
+                f"run folder's newest {location(kept[-1].path).name} (update "
+                f"{kept[-1].update}, written by a run of it without Ray since)")
+    return None
+
+
+def set_aside_stale_ray_record(run_dir) -> str | None:
+    """Ray Train's record of the run renamed `<RAY_RECORD>.stale` where it is stale
+    (`stale_ray_record`), so that Ray Train starts without one and the workers resume from the
+    folder's newest checkpoint, as for a run started without Ray; returns why, or None where
+    the record was kept. (Ray Train then never removes the folders the old record named: older
+    than every new checkpoint, they are never resumed from.)"""
+    why = stale_ray_record(run_dir)
+    if why is not None:
+        record = location(run_dir) / RAY_RECORD
+        aside = location(run_dir) / (RAY_RECORD + ".stale")
+        aside.write_bytes(record.read_bytes())  # (a bucket has no rename; kept to be read)
+        record.unlink()
+    return why
+
+
+def newest_checkpoint(run_dir, ray_latest: str | None) -> str | None:
+    """The checkpoint to resume from: the newer of Ray Train's latest (`ray_latest`, a folder
+    name in `run_dir`; None where Ray has no record) and the run folder's newest complete one
+    (`latest_kept`); None for a fresh start. Where they differ a line says which and why."""
+    run_dir = location(run_dir)
+    kept = list_checkpoints(run_dir) if run_dir.is_dir() else []
+    newest = kept[-1] if kept else None
+    if ray_latest is None:
+        return newest.path if newest else None
+    try:
+        ray = read_info(run_dir / ray_latest)
+    except (OSError, ValueError, KeyError):  # gone, or its meta.json unreadable
+        ray = None
+    if ray is None:
+        chosen = newest
+        why = "which is gone or unreadable"
+    elif newest is None or (ray.update, ray.epoch) > (newest.update, newest.epoch):
+        return ray.path  # (a listing of the folder behind: the record is newer)
+    elif location(newest.path).name == ray_latest:
+        return newest.path
+    else:
+        chosen = newest
+        why = f"update {ray.update}; the folder's newest was written since, without Ray"
+    worker_line(f"[convs2s.train] Ray Train's record of the run names {ray_latest} ({why}): "
+                "resuming from " + (f"{location(chosen.path).name} (update {chosen.update})"
+                                    if chosen else "the start (no checkpoint in the folder)"))
+    return chosen.path if chosen else None
 
 
 class RayRuntime:
@@ -52,6 +140,8 @@ class RayRuntime:
         self.rank, self.world_size = ctx.get_world_rank(), ctx.get_world_size()
         self.local_rank, self.node_rank = ctx.get_local_rank(), ctx.get_node_rank()
         self.device = ray.train.torch.get_device()
+        # (the process group Ray Train started) rank 0's choice of checkpoint, for every rank
+        self.comm = Comm.create()
 
     def cpu_threads(self, job) -> int:
         """The CPUs Ray reserved for this worker (`TrainJob.cpus_per_worker`)."""
@@ -64,15 +154,22 @@ class RayRuntime:
         return ray.train.torch.prepare_model(net, parallel_strategy_kwargs=ddp or None)
 
     @contextlib.contextmanager
-    def latest_checkpoint(self) -> Iterator[Path | str | None]:
-        """Ray Train's latest checkpoint of the run; where Ray has none (a run started by
-        `LocalRuntime`), the latest complete `checkpoint_*` folder of `run_dir`."""
-        ckpt = self._train.get_checkpoint()
-        if ckpt is None:
-            yield latest_kept(self.run_dir)
-            return
-        with ckpt.as_directory() as d:
-            yield Path(d)
+    def latest_checkpoint(self) -> Iterator[str | None]:
+        """The newer of Ray Train's latest checkpoint of the run and `run_dir`'s newest complete
+        `checkpoint_*` folder (`newest_checkpoint`: a run started, or gone on, without Ray),
+        chosen by rank 0 and the same on every rank, as `LocalRuntime.latest_checkpoint`."""
+        ckpt = self._train.get_checkpoint()  # (the same on every rank)
+        chosen, error = None, None
+        if self.rank == 0:
+            try:
+                chosen = newest_checkpoint(
+                    self.run_dir, PurePosixPath(ckpt.path).name if ckpt is not None else None)
+            except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
+                error = f"{self.run_dir}: its checkpoints could not be listed: {err}"
+        chosen, error = self.comm.broadcast_object((chosen, error))
+        if error is not None:
+            raise CheckpointError(error)
+        yield chosen
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None,
                background: bool = False) -> bool:
@@ -99,9 +196,11 @@ class RayRuntime:
 
 def load_agreed(path, comm: Comm) -> dict | None:
     """The checkpoint at `path` (the one every rank was handed; None: a fresh start) loaded on
-    every rank, or a CheckpointError on every rank when any could not read it (a collective:
-    the others would otherwise train on, to wait for it in their first all-reduce). A single
-    process raises `load_checkpoint`'s own error."""
+    every rank, or a CheckpointError on every rank when any could not read it, or when the
+    ranks did not load the same one (a path or update of its own, or a fresh start beside a
+    resume: weights and counters apart, and later a wait without end). A collective: the others
+    would otherwise train on, to wait for it in their first all-reduce. A single process raises
+    `load_checkpoint`'s own error."""
     if comm.world_size == 1:
         return None if path is None else load_checkpoint(path)
     state, error = None, None
@@ -110,7 +209,10 @@ def load_agreed(path, comm: Comm) -> dict | None:
             state = load_checkpoint(path)
         except Exception as err:  # noqa: BLE001 - said on every rank, below
             error = (str(path), f"{type(err).__name__}: {err}")
-    failed = [(rank, e) for rank, e in enumerate(comm.gather_objects(error)) if e is not None]
+    where = None if path is None else str(path)
+    update = None if state is None else int(state["update"])
+    seen = comm.gather_objects((error, where, update))
+    failed = [(rank, e) for rank, (e, _, _) in enumerate(seen) if e is not None]
     if failed:  # (the first failing rank's words on every rank: one message)
         rank, (where, first) = failed[0]
         some = len(failed) < comm.world_size  # others could: the folder is not shared
@@ -119,6 +221,13 @@ def load_agreed(path, comm: Comm) -> dict | None:
             f"read the checkpoint to resume from, {where} (rank {rank}: {first})" + (
                 "; every rank resumes from the one rank 0 chose: give all of them the run "
                 "folder (shared storage or a bucket)" if some else ""))
+    if len({(w, u) for _, w, u in seen}) > 1:
+        raise CheckpointError(
+            f"the {comm.world_size} ranks did not load the same checkpoint to resume from ("
+            + "; ".join(f"rank {rank}: " + (f"{w}, update {u}" if w is not None else "none, "
+                                             "a fresh start")
+                        for rank, (_, w, u) in enumerate(seen))
+            + "): every rank must resume from the one rank 0 chose")
     return state
 
 
