@@ -104,7 +104,7 @@ def average(paths: list[Path], out: Path) -> None:
 
 def translate(work: Path, ckpt: Path, subset: str, detok, log: Path, threads: int) -> list[str]:
     out = work / f"gen_{ckpt.stem}_{subset}.txt"
-    with open(out, "w") as f:
+    with open(out, "w") as f, open(log, "a") as err:
         code = subprocess.run(
             [tool("fairseq-generate"), str(work / "bin"), "--path", str(ckpt), "--source-lang",
              SRC, "--target-lang", TGT, "--gen-subset", subset, "--beam", "5", "--lenpen", "1",
@@ -112,9 +112,9 @@ def translate(work: Path, ckpt: Path, subset: str, detok, log: Path, threads: in
              # (with its default multiple of 8 it left out the last len % 8 lines of a set:
              # 1,008 of val's 1,014 translated, the six missing with no word)
              "--required-batch-size-multiple", "1"],
-            stdout=f, stderr=subprocess.PIPE, text=True, env=_env(threads)).returncode
+            stdout=f, stderr=err, text=True, env=_env(threads)).returncode
     if code:
-        sys.exit(f"fairseq-generate failed on {ckpt} ({subset}); see {out}")
+        sys.exit(f"fairseq-generate failed on {ckpt} ({subset}); its messages: {log}")
     hyps = {}
     for line in out.read_text(encoding="utf-8").splitlines():
         if m := re.match(r"H-(\d+)\t\S+\t(.*)", line):
@@ -188,9 +188,12 @@ def main() -> None:
     epochs = sorted(save.glob("checkpoint[0-9]*.pt"),
                     key=lambda q: int(re.sub(r"\D", "", q.stem)))[-args.average:]
     averaged = save / "averaged.pt"
-    average(epochs, averaged)
+    models = [("best", save / "checkpoint_best.pt")]
+    if epochs:  # (none where the budget ended inside the first epoch)
+        average(epochs, averaged)
+        models.append(("average", averaged))
     scores = {}
-    for name, ckpt in (("best", save / "checkpoint_best.pt"), ("average", averaged)):
+    for name, ckpt in models:
         for subset, split in (("test", "test"), ("valid", "valid")):
             hyps = translate(work, ckpt, subset, detok, log, args.threads)
             refs = raw[(split, TGT)]

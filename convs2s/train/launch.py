@@ -76,10 +76,10 @@ def fit(job: TrainJob) -> TrainResult:
     # Ray Train's record of the run, where the run went on without Ray since (keep_last removed
     # folders it names, or it knows only older checkpoints): set aside, so the workers resume
     # from the folder's newest checkpoint, as for a run started without Ray
-    if why := set_aside_stale_ray_record(run_dir):
+    if why := set_aside_stale_ray_record(run_dir, job.train.keep_last):
         logging.getLogger(__name__).warning(
-            "%s: Ray Train's record of the run is set aside as %s.stale: %s; resuming from the "
-            "run folder's newest checkpoint", run_dir, RAY_RECORD, why)
+            "%s: Ray Train's record of the run is set aside as %s.stale-<time>: %s; resuming "
+            "from the run folder's newest checkpoint", run_dir, RAY_RECORD, why)
     # Ray Train writes its checkpoints through the same pyarrow filesystem the project uses.
     ray_fs, ray_path = filesystem_of(storage)
     uri, run_id = open_train_run(job, run_dir, files, {"num_workers": job.num_workers,

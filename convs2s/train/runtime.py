@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -72,27 +73,33 @@ def stale_ray_record(run_dir) -> str | None:
     gone = [n for n in dict.fromkeys(named + [latest] if latest else named) if n not in by_name]
     if gone:
         return (f"it names {', '.join(gone)}, no longer a whole checkpoint of the run (removed "
-                "by a run of it without Ray since)")
+                "since, as a run of it without Ray removes the oldest)")
     if latest and (by_name[latest].update, by_name[latest].epoch) < \
             (kept[-1].update, kept[-1].epoch):
         return (f"its latest checkpoint is {latest} (update {by_name[latest].update}), the "
                 f"run folder's newest {location(kept[-1].path).name} (update "
-                f"{kept[-1].update}, written by a run of it without Ray since)")
+                f"{kept[-1].update}, written after the record: by a run of it without Ray, or "
+                "as a run under Ray stopped before it recorded its last upload)")
     return None
 
 
-def set_aside_stale_ray_record(run_dir) -> str | None:
-    """Ray Train's record of the run renamed `<RAY_RECORD>.stale` where it is stale
+def set_aside_stale_ray_record(run_dir, keep_last: int) -> str | None:
+    """Ray Train's record of the run renamed `<RAY_RECORD>.stale-<UTC time>` where it is stale
     (`stale_ray_record`), so that Ray Train starts without one and the workers resume from the
     folder's newest checkpoint, as for a run started without Ray; returns why, or None where
-    the record was kept. (Ray Train then never removes the folders the old record named: older
-    than every new checkpoint, they are never resumed from.)"""
+    the record was kept. Ray Train removes the checkpoints beyond keep_last that its record
+    names; without the record it never would: the oldest beyond `keep_last` are removed here,
+    as `LocalRuntime.report` removes them."""
     why = stale_ray_record(run_dir)
-    if why is not None:
-        record = location(run_dir) / RAY_RECORD
-        aside = location(run_dir) / (RAY_RECORD + ".stale")
-        aside.write_bytes(record.read_bytes())  # (a bucket has no rename; kept to be read)
-        record.unlink()
+    if why is None:
+        return None
+    run_dir = location(run_dir)
+    record = run_dir / RAY_RECORD
+    aside = run_dir / f"{RAY_RECORD}.stale-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    aside.write_bytes(record.read_bytes())  # (a bucket has no rename; kept to be read)
+    record.unlink()
+    for old in list_checkpoints(run_dir)[:-max(1, keep_last)]:
+        remove_tree(old.path)
     return why
 
 
