@@ -8,8 +8,10 @@ kept, and resume; a run started there resumes under Ray Train as it would have g
 from __future__ import annotations
 
 import functools
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -735,6 +737,45 @@ def test_under_ray_train_the_newer_of_its_record_and_the_run_folder_is_resumed(t
     assert newest_checkpoint(tmp_path, "checkpoint_00000020") == thirty  # gone
     assert "checkpoint_00000020 (which is gone or unreadable): resuming from " \
         "checkpoint_00000030" in capsys.readouterr().out
+
+
+def test_a_stale_ray_record_is_set_aside_with_the_checkpoints_only_it_would_have_removed(
+        tmp_path):
+    """Ray Train removes the checkpoints beyond keep_last that its record names; a record set
+    aside (the run folder holds newer checkpoints than it knows) would leave them for good:
+    the oldest beyond keep_last go with it, and each record set aside keeps a name of its own.
+    A record that describes the folder stays, and nothing is removed."""
+    from convs2s.config import PRESETS
+    from convs2s.io.checkpoint import save_checkpoint
+    from convs2s.train.runtime import RAY_RECORD, set_aside_stale_ray_record
+
+    def write(update: int) -> None:
+        save_checkpoint(tmp_path / f"checkpoint_{update:08d}",
+                        {"model": {}, "model_config": PRESETS["tiny"]().to_dict(),
+                         "src_vocab_size": 8, "tgt_vocab_size": 8, "epoch": 0,
+                         "update": update})
+
+    def record(*names: str) -> None:  # (the fields of Ray Train's record this reads)
+        (tmp_path / RAY_RECORD).write_text(json.dumps({
+            "checkpoint_results": [{"checkpoint_dir_name": n} for n in names],
+            "latest_checkpoint_result": {"checkpoint_dir_name": names[-1]}}))
+
+    for update in (10, 20):
+        write(update)
+    record("checkpoint_00000010", "checkpoint_00000020")
+    assert set_aside_stale_ray_record(tmp_path, keep_last=2) is None  # it describes the folder
+    assert (tmp_path / RAY_RECORD).is_file()
+    for update in (30, 40):  # the run went on without Ray
+        write(update)
+    why = set_aside_stale_ray_record(tmp_path, keep_last=2)
+    assert "its latest checkpoint is checkpoint_00000020 (update 20)" in why
+    assert not (tmp_path / RAY_RECORD).exists()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint_0*")) == \
+        ["checkpoint_00000030", "checkpoint_00000040"]
+    record("checkpoint_00000020")  # (a record naming a removed checkpoint)
+    time.sleep(1.1)  # (the names are stamped to the second)
+    assert "it names checkpoint_00000020" in set_aside_stale_ray_record(tmp_path, keep_last=2)
+    assert len(list(tmp_path.glob(RAY_RECORD + ".stale-*"))) == 2
 
 
 def _failed_fit_worker(rank: int, port: int, result: dict, train: str, valid: str, spm: str,
