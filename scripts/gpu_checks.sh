@@ -123,7 +123,8 @@ train "en-fr bf16 3000 cuda graphs" 120 $fr bf16 3000 --steps 30 --warmup 5 --st
 
 # 4. the correctness checks, before the other figures: they decide whether the code is right
 # on a GPU (the corpora the tests read: DATA_DIR, which holds the newstest files, not ../shared)
-step gpu-tests 180 env CONVS2S_SHARED_DATA="$(cd "$data" && pwd)" $PY -m pytest -q -m gpu \
+step gpu-tests 180 env -u TORCH_LOGS CONVS2S_SHARED_DATA="$(cd "$data" && pwd)" \
+  $PY -m pytest -q -m gpu \
   -p no:cacheprovider \
   tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
   tests/test_train_step.py tests/test_optim.py \
