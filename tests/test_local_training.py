@@ -479,48 +479,16 @@ def test_sigterm_stops_the_command_as_ctrl_c_with_its_run_killed(demo_batches, t
 
 
 @pytest.mark.slow
-def test_a_run_started_without_ray_resumes_under_ray_train_as_it_would_have_gone_on_alone(
+def test_a_run_moved_between_this_process_and_ray_train_resumes_from_its_newest_checkpoint(
         demo_batches, tmp_path, ray_session):
-    """20 updates in this process, then the same job under Ray Train (one worker) to 40: it
-    resumes from the local checkpoint into the same MLflow run, and its losses are those of
-    40 updates in this process (float32; the thread counts differ, so not bit for bit)."""
-    from convs2s.train.launch import fit
-    from convs2s.train.local import fit_local
-
-    d = demo_batches
-    cfg = TrainConfig(max_epochs=0, max_updates=20, checkpoint_interval=10, log_interval=5,
-                      precision="fp32")
-
-    def job(name: str, updates: int) -> TrainJob:
-        return TrainJob(model=PRESETS["tiny"](), train=cfg.replace(max_updates=updates),
-                        train_data=d.batches["train"], valid_data=d.batches["valid"],
-                        spm_model=d.spm_model, vocab_size=d.vocab_size,
-                        storage_path=str(tmp_path), run_name=name, num_workers=1,
-                        experiment_name="test_local", system_metrics_s=0,
-                        tracking_uri=mlflow_store(tmp_path))
-
-    local = fit_local(job("mixed", 20))
-    assert local.metrics["update"] == 20 and local.run_id
-    on_ray = fit(job("mixed", 40))
-    assert on_ray.metrics["resumed_from_update"] == 20 and on_ray.metrics["update"] == 40
-    assert on_ray.run_id == local.run_id  # one MLflow run, keyed by the run folder
-    alone = fit_local(job("alone", 40))
-    mixed, reference = _losses(Path(on_ray.run_dir)), _losses(Path(alone.run_dir))
-    assert sorted(mixed) == sorted(reference) == list(range(5, 41, 5))
-    assert mixed == pytest.approx(reference, rel=1e-3)
-    assert on_ray.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
-
-
-@pytest.mark.slow
-def test_a_run_moved_between_ray_train_and_this_process_resumes_from_its_newest_checkpoint(
-        demo_batches, tmp_path, ray_session):
-    """Ray Train to 20 updates, this process on to 30, Ray Train again to 40, this process to
-    50, Ray Train to 60 (keep_last 2): each resumes from the newest checkpoint in the run
-    folder, and the losses are those of 60 updates in this process. Ray Train keeps its own
-    record of the run's checkpoints (checkpoint_manager_snapshot.json), reloaded by every fit:
-    at 40 it names update 10's checkpoint, which this process's keep_last removed (Ray Train
-    refused to start), and at 60 update 40's, still there but older than 50 (the run went on
-    from 40, and rewrote checkpoint names holding newer states)."""
+    """20 updates in this process, Ray Train (one worker) on to 30, this process to 50, Ray
+    Train to 60 (keep_last 2): each resumes from the newest checkpoint in the run folder, into
+    the same MLflow run, and the losses are those of 60 updates in this process (float32; the
+    thread counts differ, so not bit for bit). Ray Train keeps its own record of the run's
+    checkpoints (checkpoint_manager_snapshot.json), reloaded by every fit: at 60 it names update
+    30's checkpoint, which this process's keep_last removed, and Ray Train refused to start on
+    it (every rerun); where such a record's checkpoints are all still there but older than the
+    folder's newest, the run went on from the older one (the unit tests below)."""
     from convs2s.train.launch import fit
     from convs2s.train.local import fit_local
 
@@ -537,19 +505,22 @@ def test_a_run_moved_between_ray_train_and_this_process_resumes_from_its_newest_
                         tracking_uri=mlflow_store(tmp_path))
 
     run_dir = tmp_path / "moved"
-    assert fit(job("moved", 20)).metrics["update"] == 20
-    for updates, launch in ((30, fit_local), (40, fit), (50, fit_local), (60, fit)):
+    local = fit_local(job("moved", 20))
+    assert local.metrics["update"] == 20 and local.run_id
+    for start, updates, launch in ((20, 30, fit), (30, 50, fit_local), (50, 60, fit)):
         result = launch(job("moved", updates))
         assert (result.metrics["resumed_from_update"], result.metrics["update"]) == \
-            (updates - 10, updates), launch
+            (start, updates), launch
+        assert result.run_id == local.run_id  # one MLflow run, keyed by the run folder
     assert sorted(p.name for p in run_dir.glob("checkpoint_0*"))[-2:] == \
         ["checkpoint_00000050", "checkpoint_00000060"]
     # (Ray Train's stale record, kept to be read beside the new one)
-    assert len(list(run_dir.glob("checkpoint_manager_snapshot.json.stale-*"))) == 2
+    assert len(list(run_dir.glob("checkpoint_manager_snapshot.json.stale-*"))) == 1
     alone = fit_local(job("alone", 60))
     moved, reference = _losses(run_dir), _losses(Path(alone.run_dir))
     assert sorted(moved) == sorted(reference) == list(range(5, 61, 5))
     assert moved == pytest.approx(reference, rel=1e-3)
+    assert result.metrics["val_loss"] == pytest.approx(alone.metrics["val_loss"], rel=1e-3)
 
 
 def test_static_shapes_and_the_native_conv_train_the_same_updates_and_graphs_off_a_gpu_say_so(
