@@ -78,8 +78,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--data", required=True, help="../shared/data/multi30k")
     args = p.parse_args()
-    from fairseq.data.encoders.moses_tokenizer import MosesTokenizer, MosesTokenizerConfig
-    from subword_nmt import apply_bpe, learn_bpe
+    from fairseq_quality import moses_bpe  # (this folder's: the same text pipeline)
 
     out, data = Path(args.out), Path(args.data)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,19 +87,8 @@ def main() -> None:
            for split, stem, n in (("train", "train", TRAIN), ("valid", "val", VALID),
                                   ("test", "test_2016_flickr", TEST))
            for lang in (SRC, TGT)}
-    tok = {lang: MosesTokenizer(MosesTokenizerConfig(source_lang=lang, target_lang=lang))
-           for lang in (SRC, TGT)}
-    tokenized = {k: [tok[k[1]].encode(line) for line in v] for k, v in raw.items()}
-    joint = work / "joint.tok"
-    joint.write_text("\n".join(tokenized[("train", SRC)] + tokenized[("train", TGT)]) + "\n")
+    moses_bpe(raw, work, MERGES)
     codes = work / "bpecodes"
-    with open(joint) as fin, open(codes, "w") as fout:
-        learn_bpe.learn_bpe(fin, fout, MERGES)
-    with open(codes) as f:
-        bpe = apply_bpe.BPE(f, separator="@@")
-    for (split, lang), lines in tokenized.items():
-        (work / f"{split}.bpe.{lang}").write_text(
-            "\n".join(bpe.process_line(line) for line in lines) + "\n")
     run("fairseq-preprocess", "--source-lang", SRC, "--target-lang", TGT,
         "--trainpref", str(work / "train.bpe"), "--validpref", str(work / "valid.bpe"),
         "--testpref", str(work / "test.bpe"), "--destdir", str(work / "bin"),

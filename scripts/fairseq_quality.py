@@ -62,14 +62,14 @@ def run(cmd: list[str], log: Path) -> None:
         sys.exit(f"{Path(cmd[0]).name} failed (exit {code}); its output: {log}")
 
 
-def prepare(data: Path, work: Path, merges: int, log: Path,
-            lines: int | None) -> tuple[dict, object]:
-    """Moses + joint BPE text, binarized; returns the raw lines and the tokenizer."""
+def moses_bpe(raw: dict, work: Path, merges: int) -> dict:
+    """The reference's text pipeline as its hub interface runs it: Moses tokenization, a joint
+    subword-nmt BPE of `merges` merges learned on the training split (both languages), applied
+    to every split; writes `work`/bpecodes and `work`/{split}.bpe.{lang} from `raw` ({(split,
+    lang): lines}); returns the tokenizer of each language (its `decode` detokenizes)."""
     from fairseq.data.encoders.moses_tokenizer import MosesTokenizer, MosesTokenizerConfig
     from subword_nmt import apply_bpe, learn_bpe
 
-    raw = {(split, lang): read(data / f"{stem}.{lang}.gz")[:lines]
-           for split, stem in SPLITS.items() for lang in (SRC, TGT)}
     tok = {lang: MosesTokenizer(MosesTokenizerConfig(source_lang=lang, target_lang=lang))
            for lang in (SRC, TGT)}
     tokenized = {k: [tok[k[1]].encode(line) for line in v] for k, v in raw.items()}
@@ -80,9 +80,18 @@ def prepare(data: Path, work: Path, merges: int, log: Path,
         learn_bpe.learn_bpe(fin, fout, merges)
     with open(codes) as f:
         bpe = apply_bpe.BPE(f, separator="@@")
-    for (split, lang), lines in tokenized.items():
+    for (split, lang), text in tokenized.items():
         (work / f"{split}.bpe.{lang}").write_text(
-            "\n".join(bpe.process_line(line) for line in lines) + "\n")
+            "\n".join(bpe.process_line(line) for line in text) + "\n")
+    return tok
+
+
+def prepare(data: Path, work: Path, merges: int, log: Path,
+            lines: int | None) -> tuple[dict, object]:
+    """Moses + joint BPE text, binarized; returns the raw lines and the target's tokenizer."""
+    raw = {(split, lang): read(data / f"{stem}.{lang}.gz")[:lines]
+           for split, stem in SPLITS.items() for lang in (SRC, TGT)}
+    tok = moses_bpe(raw, work, merges)
     run([tool("fairseq-preprocess"), "--source-lang", SRC, "--target-lang", TGT,
          "--trainpref", str(work / "train.bpe"), "--validpref", str(work / "valid.bpe"),
          "--testpref", str(work / "test.bpe"), "--destdir", str(work / "bin"), "--workers", "2"],

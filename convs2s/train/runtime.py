@@ -132,6 +132,21 @@ def newest_checkpoint(run_dir, ray_latest: str | None) -> str | None:
     return chosen.path if chosen else None
 
 
+def chosen_by_rank_0(comm: Comm, run_dir, choose) -> str | None:
+    """The checkpoint rank 0's `choose()` names (None: a fresh start), the same on every rank;
+    a storage error listing `run_dir` is a CheckpointError on every rank (a collective)."""
+    chosen, error = None, None
+    if comm.rank == 0:
+        try:
+            chosen = choose()
+        except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
+            error = f"{run_dir}: its checkpoints could not be listed: {err}"
+    chosen, error = comm.broadcast_object((chosen, error))
+    if error is not None:
+        raise CheckpointError(error)
+    return chosen
+
+
 class RayRuntime:
     """A Ray Train worker's runtime: rank and device from Ray Train's context, checkpoints
     reported to it (it keeps the last `CheckpointConfig.num_to_keep` and resumes from its
@@ -166,17 +181,8 @@ class RayRuntime:
         `checkpoint_*` folder (`newest_checkpoint`: a run started, or gone on, without Ray),
         chosen by rank 0 and the same on every rank, as `LocalRuntime.latest_checkpoint`."""
         ckpt = self._train.get_checkpoint()  # (the same on every rank)
-        chosen, error = None, None
-        if self.rank == 0:
-            try:
-                chosen = newest_checkpoint(
-                    self.run_dir, PurePosixPath(ckpt.path).name if ckpt is not None else None)
-            except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
-                error = f"{self.run_dir}: its checkpoints could not be listed: {err}"
-        chosen, error = self.comm.broadcast_object((chosen, error))
-        if error is not None:
-            raise CheckpointError(error)
-        yield chosen
+        yield chosen_by_rank_0(self.comm, self.run_dir, lambda: newest_checkpoint(
+            self.run_dir, PurePosixPath(ckpt.path).name if ckpt is not None else None))
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None,
                background: bool = False) -> bool:
@@ -316,16 +322,7 @@ class LocalRuntime:
         """Rank 0's latest complete checkpoint, the same on every rank (as Ray Train hands
         every worker its one choice): each rank listing `run_dir` itself could resume from
         another one, or from none, where that folder is each node's own."""
-        chosen, error = None, None
-        if self.rank == 0:
-            try:
-                chosen = latest_kept(self.run_dir)
-            except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
-                error = f"{self.run_dir}: its checkpoints could not be listed: {err}"
-        chosen, error = self.comm.broadcast_object((chosen, error))
-        if error is not None:
-            raise CheckpointError(error)
-        yield chosen
+        yield chosen_by_rank_0(self.comm, self.run_dir, lambda: latest_kept(self.run_dir))
 
     def report(self, metrics: dict, folder: Path | None = None, name: str | None = None,
                background: bool = False) -> bool:
