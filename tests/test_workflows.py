@@ -303,18 +303,14 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     state = json.loads(state_file.read_text())
     assert state["eval"]["best/demo_valid"].pop("scoring") == 2  # translation's scoring now
     state_file.write_text(json.dumps(state))
-    # The copy's finished stages name the smoke run's text files: that is the file to edit
-    # (and to put back for the other tests of the session).
-    (ref,) = (w.storage / "preprocessed").glob("demo/*/text/*/test.fr")
-    original = ref.read_bytes()
+    # The copy's finished stages are read where the copy is (its own text files, not the smoke
+    # run's): the copy's reference is the file to edit.
+    (ref,) = (tmp_path / "runs" / "preprocessed").glob("demo/*/text/*/test.fr")
     lines = ref.read_text().splitlines()
     argv = [*w.argv, "--storage-path", str(tmp_path / "runs"),
             "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
-    try:
-        ref.write_text("\n".join(["une autre référence ."] + lines[1:]) + "\n")
-        rc, out = _main(wmt14_en_fr, argv)
-    finally:
-        ref.write_bytes(original)
+    ref.write_text("\n".join(["une autre référence ."] + lines[1:]) + "\n")
+    rc, out = _main(wmt14_en_fr, argv)
     assert rc == 0, out[-3000:]
     assert re.search(r"skipped \(finished earlier\): train, eval/avg_last2/demo_valid$", out,
                      flags=re.M), out[-2000:]
