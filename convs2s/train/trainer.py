@@ -73,7 +73,6 @@ from convs2s.train.resume import (check_lease, check_same_model, check_same_trai
                                    initial_weights)
 from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
-from convs2s.train.comm import Comm
 from convs2s.train.runtime import load_agreed
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
@@ -212,7 +211,7 @@ class Trainer:
             self.model = self._graphed(self.model)
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
-        self.comm = Comm.create()
+        self.comm = runtime.comm  # (the runtime's gloo group: one a process, not two)
         self._tracking = (config["tracking_uri"], config["run_id"])
         # bf16 autocast or float32, decided once from every rank's hardware (a collective):
         # the same on every rank; the steps below see the decided value, never "auto".
