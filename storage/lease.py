@@ -2,22 +2,24 @@
 
 The first command to use a run folder writes `<folder>/.lease.json` with an exclusive create
 (O_CREAT | O_EXCL on a POSIX path; a conditional PUT, `If-None-Match: *`, on S3) naming its
-owner (host, boot id, pid, a random id, the command) and an expiry; a heartbeat thread renews
-it every `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag; on a POSIX
-path the file is touched, its mtime the renewal, so that there is never a moment without a
-lease that a newcomer could take; where a filesystem ignores the touch, the record is written
-again, as a warning says). A second
-command finds the lease and stops with one line naming the holder (`LeaseHeld`); a command
-whose lease was taken while it ran fails as its `with` block ends (`LeaseLost`), and so does
-one that finds at its end that the lease is no longer its own. A lease whose holder is gone is
-taken over, and the taker says so: the same machine (boot id, host name, pid namespace) and a
-pid that no longer runs, or an expiry in the past (its heartbeat stopped more than `ttl_s` ago;
-hosts' clocks are assumed to agree within a few seconds). Taking over is itself exclusive: the
-stale lease is renamed away (POSIX) or overwritten with `If-Match` its ETag (S3), so of two
-takers one wins. A renewal and a release change the lease only if it is still this command's:
-on a POSIX path a release renames the lease aside and looks at it there (put back when it is
-another's) and a renewal reads it again after touching it (a touch of a taker's fresh lease
-changes nothing of it), on S3 the PUT or DELETE carries `If-Match` its ETag.
+owner (host, boot id, pid, a random id, the command) and an expiry; a heartbeat thread renews it
+every `heartbeat_s` (a compare-and-set on S3: `If-Match` the lease's own ETag; on a POSIX path
+the file is touched, its mtime the renewal, so that there is never a moment without a lease that
+a newcomer could take; where a filesystem ignores the touch, the record is written again, as a
+warning says). A second command finds the lease and stops with one line naming the holder
+(`LeaseHeld`); a command whose lease was taken while it ran fails as its `with` block ends
+(`LeaseLost`), and so does one that finds at its end that the lease is no longer its own. A
+lease whose holder is gone is taken over, and the taker says so: the same machine (boot id, host
+name, pid namespace) and a pid that no longer runs, or an expiry in the past (its heartbeat
+stopped more than `ttl_s` ago: on S3 by the store's clock, the object's last PUT against the
+answer's Date, whatever the hosts' clocks say; on a shared POSIX folder by the file's mtime
+against this host's clock, so there the hosts' clocks are assumed to agree within a few
+seconds). Taking over is itself exclusive: the stale lease is renamed away (POSIX) or
+overwritten with `If-Match` its ETag (S3), so of two takers one wins. A renewal and a release
+change the lease only if it is still this command's: on a POSIX path a release renames the lease
+aside and looks at it there (put back when it is another's) and a renewal reads it again after
+touching it (a touch of a taker's fresh lease changes nothing of it), on S3 the PUT or DELETE
+carries `If-Match` its ETag.
 
     with RunLease(run_dir, command="wmt14_en_fr smoke") as lease:
         ...                                   # lease.taken_over: the message, or None
@@ -26,6 +28,7 @@ changes nothing of it), on S3 the PUT or DELETE carries `If-Match` its ETag.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import logging
 import os
@@ -531,7 +534,7 @@ def read_lease(path, client=None) -> tuple[dict | None, str | None]:
 
                 client = boto3.session.Session().client("s3")
             obj = client.get_object(Bucket=path.bucket, Key=path.key.split("/", 1)[1])
-            return json.loads(obj["Body"].read()), obj["ETag"]
+            return _bucket_record(json.loads(obj["Body"].read()), obj), obj["ETag"]
         return _local_record(path), None
     except (FileNotFoundError, json.JSONDecodeError):
         return None, None
@@ -585,6 +588,32 @@ def _local_record(path: Path) -> dict:
     if mtime > renewed:
         record["expires"] = float(record.get("expires", 0)) + mtime - renewed
         record["renewed"] = mtime
+    return record
+
+
+def _bucket_record(record, obj: dict) -> dict:
+    """The bucket lease `record` (read with the GET answer `obj`), timed by the store's clock:
+    its age is the answer's `Date` less its `Last-Modified` (each renewal is a PUT, so the
+    object's time is the last renewal's, by the store's clock), and `renewed` / `expires` are
+    moved to this host's clock by that age, the holder's ttl (`expires - renewed`, a length of
+    time, whichever clock wrote it) kept. A holder whose clock runs minutes behind is then not
+    taken for gone while it renews, nor one whose clock runs ahead kept after its heartbeat
+    stopped. Both headers count whole seconds: the age is right within one. Where the store
+    sends no `Date`, the record is read as written (the holder's clock)."""
+    if not isinstance(record, dict):
+        raise json.JSONDecodeError("a lease is a JSON object", "", 0)
+    date = (obj.get("ResponseMetadata") or {}).get("HTTPHeaders", {}).get("date")
+    modified = obj.get("LastModified")
+    try:
+        store_now = email.utils.parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError):
+        return record
+    if modified is None:
+        return record
+    age = max(0.0, store_now - modified.timestamp())
+    ttl = float(record.get("expires", 0)) - float(record.get("renewed", 0))
+    record["renewed"] = time.time() - age
+    record["expires"] = record["renewed"] + ttl
     return record
 
 

@@ -45,6 +45,26 @@ def _plant(run_dir, **held) -> None:
         os.utime(path, (record["renewed"], record["renewed"]))
 
 
+def _plant_gone(run_dir, **held) -> str:
+    """A lease whose holder's heartbeat stopped (another host's: its pid is not looked up);
+    returns what the takeover says of it. In a folder, renewed 600 s ago by its mtime; in a
+    bucket the store's clock times it (the object's last PUT), so it is planted with a ttl of
+    0 and is stale once the store's clock has moved on a second."""
+    now = time.time()
+    if not isinstance(location(run_dir), ObjectPath):
+        _plant(run_dir, renewed=now - 600, expires=now - 480, **held)
+        return r"heartbeat stopped 6\d\d s ago \(its lease lasted 120 s\)"
+    _plant(run_dir, renewed=now - 600, expires=now - 600, **held)
+    time.sleep(1.1)  # (Date and Last-Modified count whole seconds)
+    return r"heartbeat stopped [1-3] s ago \(its lease lasted 0 s\)"
+
+
+def _past_a_short_ttl(run_dir) -> float:
+    """Seconds after which a lease of ttl 0.3 s that was not renewed is stale: 0.5 in a folder;
+    1.1 in a bucket, whose store's clock counts whole seconds (`Date`, `Last-Modified`)."""
+    return 1.1 if isinstance(location(run_dir), ObjectPath) else 0.5
+
+
 def test_one_holder_a_second_command_is_refused_with_the_holder_named(run_dir):
     with RunLease(run_dir, command="wmt14_en_fr smoke") as first:
         assert first.taken_over is None and (location(run_dir) / LEASE_FILE).exists()
@@ -95,16 +115,14 @@ def test_a_live_holder_on_another_host_is_never_taken_over(run_dir):
         RunLease(run_dir).acquire()
 
 
-@pytest.mark.parametrize("held, why", [
-    ({"host": socket.gethostname(), "pid": DEAD_PID, "boot": machine_id(),
-      "pidns": pid_namespace()}, "holder .pid 4194304 on this host. is gone"),
-    ({"renewed": -600, "expires": -480},
-     "heartbeat stopped 6\\d\\d s ago \\(its lease lasted 120 s\\)"),
-])
-def test_a_gone_holder_is_taken_over_with_a_line_saying_so(run_dir, held, why, caplog):
-    # (times relative to now: the parameters are made when the tests are collected)
-    _plant(run_dir, **{k: time.time() + v if k in ("renewed", "expires") else v
-                       for k, v in held.items()})
+@pytest.mark.parametrize("gone", ["pid", "heartbeat"])
+def test_a_gone_holder_is_taken_over_with_a_line_saying_so(run_dir, gone, caplog):
+    if gone == "pid":
+        _plant(run_dir, host=socket.gethostname(), pid=DEAD_PID, boot=machine_id(),
+               pidns=pid_namespace())
+        why = "holder .pid 4194304 on this host. is gone"
+    else:
+        why = _plant_gone(run_dir)
     with RunLease(run_dir) as lease:
         assert lease.taken_over is not None
         assert json.loads((location(run_dir) / LEASE_FILE).read_text())["id"] == \
@@ -115,8 +133,29 @@ def test_a_gone_holder_is_taken_over_with_a_line_saying_so(run_dir, held, why, c
     assert "took over the lease" in caplog.text
 
 
+@pytest.mark.parametrize("skew", [-600, 3600])
+def test_a_bucket_lease_is_timed_by_the_stores_clock_not_the_hosts(s3, tmp_path, skew):
+    """Hosts of a cluster whose clocks disagree: a live holder whose clock runs 10 minutes
+    behind writes an expiry already past by the taker's clock, and must not be taken over; a
+    holder whose clock runs an hour ahead writes an expiry far off, and once its heartbeat
+    stops it must be taken over all the same. The store's clock (the object's last PUT, the
+    answer's Date) times both."""
+    run_dir = location(f"s3://convs2s-test/leases/{tmp_path.name}/skew")
+    now = time.time() + skew  # the holder's clock
+    if skew < 0:  # live: renewed just now by its clock, a ttl of 120 s
+        _plant(run_dir, renewed=now, expires=now + 120)
+        with pytest.raises(LeaseHeld, match="pid 4242 on other-host"):
+            RunLease(run_dir).acquire()
+        return
+    _plant(run_dir, renewed=now, expires=now + 1)  # its last renewal; a ttl of 1 s
+    time.sleep(2.2)  # the heartbeat stopped over a second ago by the store's clock
+    with RunLease(run_dir) as lease:
+        assert lease.taken_over is not None
+        assert "heartbeat stopped" in lease.taken_over and "lasted 1 s" in lease.taken_over
+
+
 def test_of_two_takers_of_a_stale_lease_one_wins(run_dir):
-    _plant(run_dir, renewed=time.time() - 600, expires=time.time() - 480)
+    _plant_gone(run_dir)
     outcomes, barrier, held = [], threading.Barrier(2), []
 
     def take():
@@ -275,7 +314,7 @@ def test_what_a_holder_started_checks_the_lease_is_still_the_holders(run_dir):
     ref.check()  # still A's
     with pytest.raises(LeaseLost, match="no longer holds the run folder's lease"):
         LeaseRef(ref.path, "someone-else").check()
-    time.sleep(0.5)
+    time.sleep(_past_a_short_ttl(run_dir))
     other = RunLease(run_dir, command="B", heartbeat_s=1000).acquire()  # A's is stale
     with pytest.raises(LeaseLost, match=rf"\(pid {os.getpid()} on {socket.gethostname()} "
                                         r"holds it now \(B\)\), so this stops before "
@@ -298,7 +337,7 @@ def test_a_run_inside_a_folder_another_command_holds_is_refused(run_dir):
                                         r"use by another command \(wmt14_en_fr paper\)"):
         RunLease(inner, outer=run_dir).acquire()
     assert not (inner / LEASE_FILE).exists()
-    _plant(run_dir, expires=time.time() - 1)  # its holder gone: the inner run may start
+    _plant_gone(run_dir)  # its holder gone: the inner run may start
     with RunLease(inner, outer=run_dir):
         pass
     (location(run_dir) / LEASE_FILE).unlink()
@@ -340,8 +379,10 @@ def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
         time.sleep(3.5)  # longer than the ttl: only the renewals keep it live
         with pytest.raises(LeaseHeld):
             RunLease(run_dir).acquire()
-        # renewed, not merely unexpired (a local lease by its mtime: its heartbeat touches it)
-        assert lease._read()["expires"] > first["expires"] + 3.0
+        # renewed, not merely unexpired (a local lease by its mtime: its heartbeat touches it;
+        # a bucket's by the store's clock, in whole seconds: 3.5 +- 1 s later, against 0 +- 1.5
+        # without renewals)
+        assert lease._read()["expires"] > first["expires"] + 2.0
 
 
 def test_a_folder_that_ignores_a_touch_still_gets_its_lease_renewed(tmp_path, monkeypatch,
@@ -384,7 +425,7 @@ def test_a_command_whose_lease_was_taken_while_it_stalled_fails_as_it_ends(run_d
     # resumes and ends before its next renewal: it learns it as it ends.
     with pytest.raises(LeaseLost, match=r"lost its lease while it ran"):
         with RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=1000):
-            time.sleep(0.5)
+            time.sleep(_past_a_short_ttl(run_dir))
             other = RunLease(run_dir, command="B", heartbeat_s=1000).acquire()
             assert other.taken_over is not None
             if then == "has released it":
@@ -400,7 +441,7 @@ def test_a_command_whose_lease_was_taken_while_it_stalled_fails_as_it_ends(run_d
 def test_an_error_under_way_is_not_replaced_by_the_lost_lease(run_dir):
     with pytest.raises(KeyError, match="the command's own error"):
         with RunLease(run_dir, ttl_s=0.3, heartbeat_s=1000) as lease:
-            time.sleep(0.5)
+            time.sleep(_past_a_short_ttl(run_dir))
             other = RunLease(run_dir, heartbeat_s=1000).acquire()
             raise KeyError("the command's own error")
     assert lease.lost
@@ -448,7 +489,8 @@ def _after_next_look(lease: RunLease, act) -> threading.Event:
 def test_a_takeover_during_a_renewal_is_kept_and_the_renewer_learns_it(run_dir):
     # The holder stalled past its ttl; as its heartbeat looks at the lease, another command
     # takes it over: the renewal must not write over that command's lease.
-    lease = RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=0.6).acquire()
+    lease = RunLease(run_dir, command="A", ttl_s=0.3,
+                     heartbeat_s=_past_a_short_ttl(run_dir) + 0.1).acquire()
     taken = []
     done = _after_next_look(lease, lambda: taken.append(
         RunLease(run_dir, command="B", heartbeat_s=1000).acquire()))
@@ -468,7 +510,7 @@ def test_a_takeover_during_a_release_is_not_deleted(run_dir):
     taken = []
     with pytest.raises(LeaseLost):
         with RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=1000) as lease:
-            time.sleep(0.5)
+            time.sleep(_past_a_short_ttl(run_dir))
             _after_next_look(lease, lambda: taken.append(
                 RunLease(run_dir, command="B", heartbeat_s=1000).acquire()))
     other = taken[0]
