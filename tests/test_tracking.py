@@ -49,6 +49,12 @@ def test_resolve_tracking_uri_is_absolute(monkeypatch, tmp_path):
     assert resolve_tracking_uri(None) == "http://tracking:5000"
     with pytest.raises(ValueError, match="plain path"):
         resolve_tracking_uri("mlruns")
+    # not a URI, so no user information to find, yet a password all the same: never shown
+    for typo in ("alice:s3cret@mlflow.example:5000", "http:/alice:s3cret@mlflow.example:5000"):
+        with pytest.raises(ValueError) as refused:
+            resolve_tracking_uri(typo)
+        assert "s3cret" not in str(refused.value) and "***@mlflow.example:5000" in \
+            str(refused.value), refused.value
 
 
 def test_same_run_key_finds_the_same_run_and_parent_is_tagged(sqlite_uri):
