@@ -177,6 +177,11 @@ def test_missing_test_set_file_is_one_clear_error_before_ray(multi30k_slice, tmp
     _assert_refused(proc, tmp_path, "--test-set test_2017_flickr",
                     str(multi30k_slice / "test_2017_flickr.en"), "found: ")
     assert "extra" in proc.stderr and "test_2016_flickr" in proc.stderr  # what there is
+    # a --data folder that is not there: the folder named, not a traceback from listing it
+    gone = tmp_path / "no-such-folder"
+    proc = _run_script(["--preset", "cpu", "--data", str(gone), "--test-set", "extra"],
+                       tmp_path)
+    _assert_refused(proc, tmp_path, f"source folder {gone} does not exist")
 
 
 def test_test_set_needs_a_local_folder(tmp_path):

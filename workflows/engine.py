@@ -223,6 +223,8 @@ def _check_sources(spec: RunSpec) -> None:
     pre = spec.data
     for stem in spec.added_test_sets:  # named on the command line: say which flag is wrong
         folder = location(pre.source)  # a folder, or a bucket prefix
+        if not folder.is_dir():  # (the --data folder itself: the splits' own check says so)
+            break
         sides = [f"{stem}.{lang}" for lang in (pre.src_lang, pre.tgt_lang)]
         if not any((folder / f"{n}{gz}").is_file() for n in sides for gz in ("", ".gz")):
             langs = {pre.src_lang, pre.tgt_lang}
