@@ -852,6 +852,11 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
 
     longer = resolve(_with_lr(wmt14_en_fr, 0.5)(), RunOptions(**{**vars(opts), "max_epochs": 9}))
     assert reuse_problem(longer) is None  # a larger budget continues the run
+    # A limit where there was none (max_time 0: no limit) is a smaller budget: the run may
+    # have trained past it, and its record would name a budget its weights did not keep.
+    capped = resolve(_with_lr(wmt14_en_fr, 0.5)(),
+                     RunOptions(**{**vars(opts), "max_epochs": 9, "max_time": 60.0}))
+    assert "max_time: no limit -> 60.0 (smaller)" in (reuse_problem(capped) or "")
     record_settings(ctx, longer)
     continued = client.get_run(tree.parent).data.tags["convs2s.continued"]
     assert f"max_epochs {spec.train.max_epochs} -> 9" in continued

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 import uuid
@@ -197,9 +198,15 @@ def foreign_problem(spec, sweep: bool = False) -> str | None:
 
 
 def _shrunk(before: dict, after: dict) -> list[str]:
-    """Budgets both runs set that the new one lowers: the run may have trained past them."""
-    return [f"{k}: {before[k]} -> {after[k]} (smaller)" for k in BUDGETS
-            if before.get(k) and after.get(k) and after[k] < before[k]]
+    """Budgets the new run lowers: the run may have trained past them. 0 is no limit (a run
+    of --max-updates alone has max_epochs 0), so a limit where there was none is smaller too;
+    a budget only one side records (an older workflow.json) is not compared."""
+    def limit(value) -> float:
+        return float(value) if value else math.inf
+
+    return [f"{k}: {before[k] or 'no limit'} -> {after[k] or 'no limit'} (smaller)"
+            for k in BUDGETS if k in before and k in after
+            and limit(after[k]) < limit(before[k])]
 
 
 def record_settings(ctx: StageContext, spec) -> None:
