@@ -90,9 +90,10 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     return Path(text).expanduser().resolve()
 
 
-def _file_uri_path(text: str) -> Path:
+def _file_uri_path(text: str, follow: bool = True) -> Path:
     """The local path of a file:// URI (RFC 8089: an empty host or localhost, or file:/PATH
-    with no authority; %-escapes, as Path.as_uri() writes them, decoded)."""
+    with no authority; %-escapes, as Path.as_uri() writes them, decoded). `follow`: as
+    `location`'s, `local_entry`'s when False."""
     from urllib.parse import unquote, urlsplit
 
     parts = urlsplit(text)
@@ -100,7 +101,27 @@ def _file_uri_path(text: str) -> Path:
         raise StorageError(f"{shown(text)}: a file:// URI names a file of this machine "
                            f"(file:///PATH), not of host {parts.netloc.rpartition('@')[2]!r}; "
                            "use a shared folder mounted here, or a bucket URI")
-    return Path(unquote(parts.path)).expanduser().resolve()
+    return _absolute(Path(unquote(parts.path)).expanduser(), follow)
+
+
+def _absolute(path: Path, follow: bool) -> Path:
+    if follow or path.name in ("", ".", ".."):
+        return path.resolve()
+    return path.parent.resolve() / path.name
+
+
+def local_entry(p: str | os.PathLike) -> Path:
+    """The local path `p` as `location` gives it, except that its last part is not followed:
+    where it is a symbolic link, the link itself (`location` gives the folder it points to).
+    What deletes or moves a folder of a run acts on this: a checkpoint or a weights/ folder
+    linked into a run from elsewhere is the run's link, not its target (which stays)."""
+    text = str(p)
+    if text.lower().startswith("file://") or _FILE_ONE_SLASH.match(text):
+        return _file_uri_path(text, follow=False)
+    if is_uri(text) or _MANGLED.match(text):
+        location(text)  # (its refusal, or an object path: not a local entry)
+        raise StorageError(f"{shown(text)} is not a local path")
+    return _absolute(Path(text).expanduser(), follow=False)
 
 
 def _check_parts(key: str, uri: str) -> None:

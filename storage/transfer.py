@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from storage.paths import ObjectPath, StorageError, copy_version, etag, location
+from storage.paths import (ObjectPath, StorageError, copy_version, etag, local_entry,
+                           location)
 from storage.scratch import scratch_dir
 
 
@@ -174,11 +175,12 @@ def written_locally(dest) -> Iterator[Path]:
 def move_tree(src, dest) -> None:
     """Move folder `src` to `dest` (both local, or both in one bucket: each object copied by
     the server, then the source deleted)."""
-    src, dest = location(src), location(dest)
+    given, src, dest = src, location(src), location(dest)
     if isinstance(src, ObjectPath) != isinstance(dest, ObjectPath):
         raise StorageError(f"move_tree({src}, {dest}): both local, or both in one bucket")
     if not isinstance(src, ObjectPath):
-        shutil.move(str(src), str(dest))
+        # (a link moves as the link: what it points to is not the run's to move)
+        shutil.move(str(local_entry(given)), str(dest))
         return
     for name, _ in (moved := src.files()):
         _copy(src / name, dest / name)
@@ -188,13 +190,16 @@ def move_tree(src, dest) -> None:
 
 def remove_tree(p) -> None:
     """Delete folder `p` and everything under it (nothing when it does not exist). Never a
-    whole bucket: pyarrow would delete the bucket itself with its objects."""
-    p = location(p)
+    whole bucket: pyarrow would delete the bucket itself with its objects. A local `p` that is
+    a symbolic link is removed as the link: the folder it points to was not written there."""
+    given, p = p, location(p)
     if isinstance(p, ObjectPath):
         if "/" not in p.key:
             raise StorageError(f"{p.uri} is a whole bucket: refusing to delete it (a folder "
                                "of the project is a prefix in it)")
         if p.exists():
             p.fs.delete_dir(p.key)
+    elif (entry := local_entry(given)).is_symlink():
+        entry.unlink()
     else:
-        shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(entry, ignore_errors=True)

@@ -220,6 +220,33 @@ def test_a_move_deletes_only_what_it_copied(s3, monkeypatch, tmp_path):
         transfer.move_tree(tmp_path, dest)
 
 
+@pytest.mark.parametrize("given", ["path", "file_uri"])
+def test_a_folder_linked_into_a_run_is_removed_or_moved_as_the_link_never_its_target(
+        tmp_path, given):
+    """A checkpoint or a weights/ folder linked into a run from elsewhere (an archive, another
+    disk): keep_last's removal and --restart's move act on the run's link; the folder it points
+    to was not written by the run and stays where it is, whole."""
+    from storage import move_tree
+
+    archive = tmp_path / "archive" / "ckpt"
+    archive.mkdir(parents=True)
+    (archive / "checkpoint.pt").write_text("weights kept elsewhere")
+    run = tmp_path / "runs" / "demo"
+    run.mkdir(parents=True)
+    (run / "checkpoint_00000001").symlink_to(archive, target_is_directory=True)
+    (run / "weights").symlink_to(archive, target_is_directory=True)
+    name = (lambda p: p.as_uri()) if given == "file_uri" else str
+    remove_tree(name(run / "checkpoint_00000001"))
+    assert not os.path.lexists(run / "checkpoint_00000001")
+    assert (archive / "checkpoint.pt").read_text() == "weights kept elsewhere"
+    (run / "replaced").mkdir()
+    move_tree(name(run / "weights"), name(run / "replaced" / "weights"))
+    assert (run / "replaced" / "weights").is_symlink() and not os.path.lexists(run / "weights")
+    assert (archive / "checkpoint.pt").is_file() and archive.is_dir()
+    remove_tree(run)  # a run folder itself (no link): deleted; the links in it, not followed
+    assert not run.exists() and (archive / "checkpoint.pt").is_file()
+
+
 def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):
     monkeypatch.setenv("CONVS2S_CACHE", str(tmp_path / "cache"))
     obj = location(BUCKET) / "spec-copy" / "model.bin"
