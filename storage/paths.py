@@ -101,6 +101,12 @@ def _file_uri_path(text: str, follow: bool = True) -> Path:
         raise StorageError(f"{shown(text)}: a file:// URI names a file of this machine "
                            f"(file:///PATH), not of host {parts.netloc.rpartition('@')[2]!r}; "
                            "use a shared folder mounted here, or a bucket URI")
+    if "?" in text or "#" in text:  # (a URI's query and fragment: no part of the path)
+        raise StorageError(f"{shown(text)}: a file:// URI's path ends at its first ? or #, so "
+                           "this names another folder; write ? as %3F and # as %23 (as "
+                           "Path.as_uri() does), or give the plain path")
+    if not parts.path:
+        raise StorageError(f"{shown(text)} names no path (file:///PATH)")
     return _absolute(Path(unquote(parts.path)).expanduser(), follow)
 
 

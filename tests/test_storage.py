@@ -109,6 +109,16 @@ def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):
     with pytest.raises(StorageError, match="not of host 'elsewhere'"):
         location(f"file://elsewhere{tmp_path}")
     assert local_copy(f"file://{tmp_path}") == tmp_path  # what the loaders call
+    # ? and # begin a URI's query and fragment: written raw they cut the path short, which
+    # would name (and write, and prune) another folder; %3F / %23, as as_uri() writes them
+    (tmp_path / "run#1?").mkdir()
+    assert location((tmp_path / "run#1?").as_uri()) == tmp_path / "run#1?"
+    for raw in (f"file://{tmp_path}/run#1", f"file://{tmp_path}/what?.txt"):
+        with pytest.raises(StorageError, match="write \\? as %3F and # as %23"):
+            location(raw)
+    for empty in ("file://", "file://localhost"):  # (it was the working directory)
+        with pytest.raises(StorageError, match="names no path"):
+            location(empty)
 
 
 def test_a_file_uri_with_one_slash_is_its_local_path_not_a_folder_named_file(tmp_path,
