@@ -262,6 +262,19 @@ def _broken(archive: Path, how: str) -> None:
             else state["cfg"]["model"]  # fairseq 0.12: a Namespace inside the cfg dict
         saved.arch = "transformer"
         torch.save(state, model)
+    elif how == "architecture not a name":
+        state = read_reference_checkpoint(model)
+        saved = state["args"] if isinstance(state.get("args"), argparse.Namespace) \
+            else state["cfg"]["model"]
+        saved.arch = ["fconv"]
+        torch.save(state, model)
+    elif how in ("weights not a dict", "embedding not a tensor"):
+        state = read_reference_checkpoint(model)
+        if how == "weights not a dict":
+            state["model"] = [1, 2]
+        else:
+            state["model"]["encoder.embed_tokens.weight"] = [[0.0]]
+        torch.save(state, model)
     elif how == "pickled object":
         state = read_reference_checkpoint(model)
         state["extra_state"] = {"hook": Hostile()}
@@ -276,6 +289,9 @@ def _broken(archive: Path, how: str) -> None:
     ("no bpecodes", "bpecodes is missing"),
     ("dictionary of another size", "the dictionary is not the model's"),
     ("unknown architecture", "architecture 'transformer' is not a convolutional"),
+    ("architecture not a name", "architecture ['fconv'] is not a convolutional"),
+    ("weights not a dict", "holds no 'model' weights"),
+    ("embedding not a tensor", "encoder.embed_tokens.weight"),
     ("pickled object", "was refused: it holds a pickled object outside the allowlist"),
     ("truncated", "is not a readable checkpoint"),
 ])
@@ -341,6 +357,32 @@ def test_a_text_json_naming_files_outside_its_folder_is_refused(imported, tmp_pa
     (folder / "text.json").write_text(json.dumps({**settings, "bpe_codes": name}))
     with pytest.raises(CodecError, match="must name a file in the checkpoint's own folder"):
         read_codec_settings(folder)
+
+
+@pytest.mark.parametrize("how, says", [
+    ("a list", "holds a JSON list, not the text pipeline's settings"),
+    ("no source language", "source_lang = None must be a language code"),
+    ("codes with a bad line", "is not a subword-nmt codes file"),
+])
+def test_a_bad_text_pipeline_is_one_error_naming_its_file(imported, tmp_path, how, says):
+    """text.json and the BPE codes are read from a checkpoint folder like any input: a bad one
+    is a CodecError naming the file (translate, serve and the corpus job say it in one line),
+    never a traceback, nor subword-nmt's exit, which would end a Serve replica's process."""
+    from convs2s.io.text_codec import CodecError, codec_for_checkpoint
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(imported["iwslt"], folder)
+    settings = json.loads((folder / "text.json").read_text())
+    if how == "a list":
+        (folder / "text.json").write_text("[]")
+    elif how == "no source language":
+        (folder / "text.json").write_text(json.dumps(
+            {k: v for k, v in settings.items() if k != "source_lang"}))
+    else:
+        codes = folder / settings["bpe_codes"]
+        codes.write_text(codes.read_text() + "abc\n")
+    with pytest.raises(CodecError, match=re.escape(says)):
+        codec_for_checkpoint(folder)
 
 
 def test_a_dictionary_far_larger_than_any_is_refused_unread(tmp_path):
@@ -421,6 +463,20 @@ def test_a_model_without_position_embeddings_is_not_exported(tiny_checkpoints, t
     with pytest.raises(ValueError, match="no fconv counterpart"):
         export_fairseq(ckpt, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_import_leaves_the_folder_another_writer_is_filling_beside_its_out(tmp_path):
+    """Two commands writing one shared --out (containers whose pids repeat: pid 1 in each):
+    each fills a temporary folder beside it. One named by the pid alone was removed by the
+    other as it began, both then wrote into one folder; now each writer's is its own."""
+    import os
+
+    theirs = tmp_path / f"out.writing-{os.getpid()}"  # the other container's, by the old name
+    theirs.mkdir()
+    (theirs / "model.pt").write_text("being written")
+    import_fairseq(FIXTURES / "iwslt", tmp_path / "out")
+    assert (theirs / "model.pt").read_text() == "being written"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", theirs.name]
 
 
 def test_out_is_never_a_folder_the_command_did_not_write(tmp_path, capsys, tiny_checkpoints):

@@ -108,7 +108,7 @@ def read_reference_checkpoint(path: str | Path) -> dict:
         raise FairseqImportError(f"{path} is not a readable checkpoint (truncated or of "
                                  f"another format: {type(err).__name__}); download or copy "
                                  "it again") from None
-    if not isinstance(state, dict) or "model" not in state:
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise FairseqImportError(f"{path} holds no 'model' weights: not a checkpoint of the "
                                  "reference implementation")
     return state
@@ -212,7 +212,7 @@ def model_config(args: dict, path: Path) -> tuple[ModelConfig, dict]:
     """(ModelConfig, languages) from the saved arguments: the architecture's defaults, then
     every saved value."""
     arch = args.get("arch") or args.get("_name")
-    if arch not in ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in ARCHITECTURES:
         known = ", ".join(sorted(ARCHITECTURES))
         raise FairseqImportError(f"{path}: architecture {arch!r} is not a convolutional "
                                  f"sequence-to-sequence model this project imports ({known})")
@@ -436,11 +436,12 @@ def _whole_folder(out: Path, command: str):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return
-    tag = f"{os.getpid()}"  # the writer's own temporary names: never another command's
-    tmp = out.with_name(f"{out.name}.writing-{tag}")
-    old = out.with_name(f"{out.name}.old-{tag}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # The writer's own temporary names, never another command's: its machine, pid and a
+    # random part (a pid alone repeats across containers sharing the folder, and each writer
+    # removed the other's folder as it began); those of a writer that died are removed
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = scratch_dir(f"{out.name}.writing-", out.parent)
+    old = out.with_name(f"{out.name}.old-{tmp.name.rpartition('.writing-')[2]}")
     try:
         yield tmp
         _record(tmp, command)
@@ -526,6 +527,10 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
     fs = state["model"]
     for side, lang in (("encoder", src), ("decoder", tgt)):
         rows = fs.get(f"{side}.embed_tokens.weight")
+        if rows is not None and not torch.is_tensor(rows):
+            raise FairseqImportError(f"{model_file}: its {side}.embed_tokens.weight is a "
+                                     f"{type(rows).__name__}, not a tensor: not a checkpoint "
+                                     "of the reference implementation")
         if rows is not None and rows.shape[0] != len(dicts[lang]):
             raise FairseqImportError(
                 f"{archive / f'dict.{lang}.txt'} has {len(dicts[lang])} symbols (the 4 "

@@ -87,6 +87,9 @@ def read_codec_settings(checkpoint_dir: str | Path) -> dict | None:
         settings = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise CodecError(f"{path} is not readable JSON ({err}); import the model again") from None
+    if not isinstance(settings, dict):
+        raise CodecError(f"{path} holds a JSON {type(settings).__name__}, not the text "
+                         "pipeline's settings (an object); import the model again")
     if settings.get("kind") != MOSES_BPE:
         raise CodecError(f"{path}: unknown text pipeline {settings.get('kind')!r} "
                          f"(this project knows {SENTENCEPIECE!r} and {MOSES_BPE!r})")
@@ -98,6 +101,10 @@ def read_codec_settings(checkpoint_dir: str | Path) -> dict | None:
                 or any(c in name for c in "/\\") or name.startswith("~"):
             raise CodecError(f"{path}: {key} = {name!r} must name a file in the checkpoint's "
                              "own folder (no path); import the model again")
+    for key in ("source_lang", "target_lang"):  # (Moses' tokenizer and detokenizer languages)
+        if not isinstance(settings.get(key), str) or not settings[key]:
+            raise CodecError(f"{path}: {key} = {settings.get(key)!r} must be a language code "
+                             "(en, de, ...); import the model again")
     return settings
 
 
@@ -241,8 +248,15 @@ class MosesBpeCodec:
         if not codes.is_file():
             raise CodecError(f"{codes} is missing: the subword-nmt codes of the model "
                              "(import the archive again)")
-        with open(codes, encoding="utf-8") as f:
-            self.bpe = BPE(f, separator="@@")
+        try:
+            with open(codes, encoding="utf-8") as f:
+                self.bpe = BPE(f, separator="@@")
+        except (SystemExit, ValueError, UnicodeDecodeError) as err:  # subword-nmt exits on a
+            # line it cannot read (after printing it): in a Serve replica or a corpus actor
+            # that would end the process, naming neither the file nor the fix
+            raise CodecError(f"{codes} is not a subword-nmt codes file ({type(err).__name__}"
+                             f"{': ' + str(err)[:200] if str(err) else ''}); import the "
+                             "archive again") from None
         self.src_symbols = read_dictionary(folder / settings["source_dict"])
         self.tgt_symbols = read_dictionary(folder / settings["target_dict"])
         self.src_index = {s: i for i, s in reversed(list(enumerate(self.src_symbols)))}
