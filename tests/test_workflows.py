@@ -862,6 +862,40 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     assert f"max_epochs {spec.train.max_epochs} -> 9" in continued
 
 
+def test_a_restart_before_anything_was_trained_starts_a_new_parent_run(tmp_path):
+    """A run whose preprocessing failed, rerun with other settings and --restart: nothing to
+    set aside, but its parent and preprocess runs hold the earlier settings as params (MLflow
+    keeps a param's first value): they are set apart and the restarted run is a new parent,
+    described with the new settings. Real sqlite store, no training."""
+    from workflows.run_state import StageContext, record_settings
+    from workflows.run_tree import RunTree
+
+    uri = mlflow_store(tmp_path)
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    tree = RunTree.open(uri, "exp", spec.run_dir, "r")
+    ctx = StageContext(tree)
+    record_settings(ctx, spec)
+    tree.describe(tree.parent, spec.params())
+    prep_id = tree.child("preprocess", "preprocess")
+    first_parent = tree.parent  # (its preprocessing failed here: nothing trained)
+
+    restart = resolve(_with_lr(wmt14_en_fr, 0.5)(), opts).replace(restart=True)
+    record_settings(ctx, restart)
+    assert tree.parent != first_parent
+    tree.describe(tree.parent, restart.params())
+    client = _client(uri)
+    assert client.get_run(tree.parent).data.params["workflow.train.lr"] == "0.5"
+    assert "train.lr" in client.get_run(tree.parent).data.tags["convs2s.restarted"]
+    for run_id, name in ((first_parent, "r"), (prep_id, "preprocess")):
+        run = client.get_run(run_id)
+        assert run.info.run_name == f"{name} (superseded)" and "train.lr" in \
+            run.data.tags["convs2s.superseded"], name
+    assert tree.child("preprocess", "preprocess") != prep_id
+    assert not list(spec.run_dir.glob("replaced-*"))  # nothing was there to move
+
+
 def test_a_restart_interrupted_while_moving_is_finished_by_the_next_command(tmp_path,
                                                                           monkeypatch):
     """In a bucket a move is a copy of every object, then their deletion: a --restart killed

@@ -226,9 +226,9 @@ def record_settings(ctx: StageContext, spec) -> None:
     # a --restart interrupted while it set the earlier work aside: finished first, into the
     # folder it began (the rest of the earlier work must not be taken for this run's)
     restarting = state.get("restarting")
+    changed = changed_settings(state.get("settings") or {}, settings)
     if restarting or spec.restart and (state["train"] or state["eval"]
                                        or _outputs(ctx.run_dir)):
-        changed = changed_settings(state.get("settings") or {}, settings)
         aside = set_aside(ctx, "; ".join(changed) or "--restart", restarting)
         # the parent run too: its params keep the earlier settings (MLflow keeps a param's
         # first value); the restarted run is a new parent with the new ones
@@ -240,6 +240,15 @@ def record_settings(ctx: StageContext, spec) -> None:
                                      f"({cut_tag('; '.join(changed)) or 'same settings'}); the "
                                      f"earlier training and scores are in {aside}")
         state = {"train": {}, "eval": {}, "models": {}}
+    elif spec.restart and changed:
+        # Nothing trained yet (its preprocessing failed or was stopped): nothing to move, but
+        # the parent run and its preprocess run hold the earlier settings as params (MLflow
+        # keeps a param's first value): set apart, and a new parent described afresh
+        why = f"restarted: {'; '.join(changed)}; nothing had been trained"
+        ctx.tree.start_over(cut_tag(why))
+        tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: started over "
+                                     f"({cut_tag('; '.join(changed))}); nothing had been "
+                                     "trained")
     elif state.get("budgets") and state["budgets"] != new_budgets:
         tags["convs2s.continued"] = ", ".join(
             f"{k} {state['budgets'].get(k)} -> {v}" for k, v in new_budgets.items()
