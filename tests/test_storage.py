@@ -146,6 +146,30 @@ def test_a_model_named_by_a_file_uri_loads_and_translates(tiny_checkpoints):
     assert len(load_for_inference([uri], search).translate(["The cat sleeps ."])) == 1
 
 
+def test_a_sentencepiece_model_given_by_a_bucket_or_file_uri_is_read_there(s3, tiny_checkpoints,
+                                                                           tmp_path):
+    """--spm-model names a file as --checkpoint does: a bucket's object (its local copy) or a
+    file:// URI; a bucket URI was taken for a local path that "does not exist"."""
+    import shutil
+
+    from convs2s.config import SearchConfig
+    from convs2s.inference.translate import load_for_inference
+    from convs2s.io.checkpoint import CheckpointError
+
+    no_bpe = tmp_path / "no_bpe"  # a checkpoint without its own sentencepiece model
+    no_bpe.mkdir()
+    shutil.copy(Path(tiny_checkpoints["a"]) / "checkpoint.pt", no_bpe)
+    spm = Path(tiny_checkpoints["spm"])
+    obj = location(BUCKET) / "spec-spm" / "spm.model"
+    obj.write_bytes(spm.read_bytes())
+    search = SearchConfig(beam=1, max_len_a=0, max_len_b=2)
+    for given in (obj.uri, spm.as_uri()):
+        assert len(load_for_inference([no_bpe], search, spm_model=given)
+                   .translate(["The cat sleeps ."])) == 1
+    with pytest.raises(CheckpointError, match="no such object"):
+        load_for_inference([no_bpe], search, spm_model=f"{BUCKET}/spec-spm/none.model")
+
+
 def test_a_listed_object_may_hold_any_name_but_no_path_leaves_its_folder(s3):
     run = location(BUCKET) / "spec-names"
     (run / "notes#1?.txt").write_text("x")  # legal key characters, not a URI's query

@@ -51,6 +51,8 @@ from convs2s.inference.quantize import for_inference, resolve_precision
 from convs2s.inference.search import generate
 from convs2s.inference.shortlist import Shortlist, ShortlistError
 from convs2s.inference.unk_replace import load_dictionary, unk_replaced_text
+from storage import StorageError, local_copy
+from storage.paths import shown
 
 log = logging.getLogger("convs2s.inference.translate")
 
@@ -134,8 +136,15 @@ def load_for_inference(paths: str | os.PathLike | Iterable[str | os.PathLike],
     served = resolve_precision(search.precision, device, search.precision_fallback)
     search = search.replace(precision=served)
     models = [for_inference(_inference_model(p, device), served) for p in paths]
-    if spm_model is not None and not Path(spm_model).is_file():
-        raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
+    if spm_model is not None:  # a bucket's (or a file:// URI's): its local copy, as the
+        # checkpoints' (a URI taken as a local path "did not exist")
+        try:
+            spm_model = local_copy(spm_model)
+        except (FileNotFoundError, StorageError) as err:
+            raise CheckpointError(f"sentencepiece model {shown(str(spm_model))}: {err}") \
+                from None
+        if not spm_model.is_file():
+            raise CheckpointError(f"sentencepiece model {spm_model} does not exist")
     try:
         if spm_model is not None:  # for sentencepiece checkpoints only (no member's text.json)
             for p in paths:
