@@ -179,8 +179,11 @@ def test_failed_job_marks_its_run_and_summarization_is_scored(demo_trained, tmp_
     jobs = [EvalJob("summary", (t.train.best_checkpoint,), summ,
                     summarization_search(max_len_a=1.5, max_len_b=10)),
             EvalJob("missing", (str(tmp_path / "nope"),), summ)]
+    logged = []  # (a workflow records each score as it comes: the failure keeps them)
     with pytest.raises(RuntimeError, match="missing/short: .*does not exist"):
-        evaluate_all(jobs, t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "eval"))
+        evaluate_all(jobs, t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "eval"),
+                     on_result=logged.append)
+    assert [r.job.name for r in logged] == ["summary"] and "rouge1_f" in logged[0].metrics
     client = MlflowClient(t.tracking_uri)
     runs = {r.data.params["eval.job"]: r for r in client.search_runs(
         [client.get_run(t.train.run_id).info.experiment_id],

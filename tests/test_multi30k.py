@@ -520,6 +520,34 @@ def test_local_multi30k_learns_and_scores_the_extra_test_set(budget_run, multi30
 
 @pytest.mark.slow
 @pytest.mark.timed
+def test_a_continued_run_scores_its_new_weights_in_new_runs_each_metric_once(budget_run):
+    """The second call continued the run (a larger budget), so its best checkpoint may be new
+    weights: a pair whose weights changed is scored in a run of its own, the first one set
+    apart with its scores (it was scored again into the first one: two values of each metric
+    beside params naming the old weights); one whose weights did not is skipped. The parent's
+    scores are this call's. Every run holds one value of each metric."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(budget_run["uri"])
+    exp = client.get_experiment_by_name("multi30k_en_de")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    evals = [r for r in runs if r.info.run_name.startswith("eval/")]
+    assert {r.info.run_name for r in evals if "superseded" not in r.info.run_name} == \
+        {"eval/best/test_2016_flickr", "eval/best/val", "eval/best/extra"}
+    for run in evals:
+        history = client.get_metric_history(run.info.run_id, "bleu")
+        assert len(history) == 1, (run.info.run_name, [m.value for m in history])
+    for run in evals:
+        if "superseded" in run.info.run_name:  # the first call's scores of the weights it had
+            assert "other weights" in run.data.tags["convs2s.superseded"], run.data.tags
+    (parent,) = [r for r in runs if r.info.run_name == "m30k"]
+    current = {r.info.run_name: r for r in evals if "superseded" not in r.info.run_name}
+    assert parent.data.metrics["bleu"] == \
+        current["eval/best/test_2016_flickr"].data.metrics["bleu"]
+
+
+@pytest.mark.slow
+@pytest.mark.timed
 def test_quality_benchmark_collects_scores_and_the_validation_curve(budget_run):
     from benchmarks.quality import collect
 

@@ -259,6 +259,35 @@ def test_rerun_with_the_same_name_resumes_and_skips_finished_stages(smoke_workfl
     assert "models:/wmt14_en_fr-demo_test@champion (version 1)" in out
     parent, _ = _family(w.tracking_uri, w.experiment, w.run_name)
     assert parent.info.status == "FINISHED"
+    # Nothing scored anew: the parent keeps its figures (logged again, each score had a
+    # second value and workflow_minutes became the seconds this call took to skip)
+    for key in ("bleu", "workflow_minutes"):
+        assert len(client.get_metric_history(parent.info.run_id, key)) == 1, key
+
+
+def test_a_run_inside_a_folder_another_command_holds_is_refused_before_it_writes(tmp_path,
+                                                                                 capsys):
+    """--storage-path naming a running sweep's folder and --run-name one of its trials: the
+    trial's folder holds a workflow.json, so the run would have written into a live trial (and
+    --restart moved its outputs aside). The sweep's lease covers its trials: refused in one
+    line, naming the sweep's command, with nothing written."""
+    import json
+    import time
+
+    sweep = tmp_path / "runs" / "abl"
+    (sweep / "t0").mkdir(parents=True)
+    (sweep / "t0" / "workflow.json").write_text("{}")
+    now = time.time()
+    (sweep / ".lease.json").write_text(json.dumps({
+        "host": "other-host", "pid": 4242, "id": "sweep", "renewed": now, "expires": now + 120,
+        "command": "wmt14_en_fr smoke --sweep paper-5.2"}))
+    before = sorted(p.name for p in (sweep / "t0").iterdir())
+    rc, _ = _main(wmt14_en_fr, ["--preset", "smoke", "--storage-path", str(sweep),
+                                "--run-name", "t0", "--tracking-uri", mlflow_store(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"error: {sweep / 't0'} is inside {sweep}"), err
+    assert "--sweep paper-5.2" in err[-1]
+    assert sorted(p.name for p in (sweep / "t0").iterdir()) == before
 
 
 def test_a_rerun_on_data_changed_under_the_same_path_is_refused(tmp_path):

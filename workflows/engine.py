@@ -82,7 +82,10 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
     The run folder's lease is held from the first write to the end: a second command on the
     same run name and storage stops at once (storage.lease.LeaseHeld)."""
     check(spec)  # writes nothing: a refused run leaves no folder behind
-    with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}") as lease:
+    # (outer: a --storage-path that another command holds as its run folder, a sweep's, whose
+    # trials are folders in it that only the sweep's lease covers)
+    with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}",
+                  outer=spec.storage) as lease:
         prepare(spec)
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
             return run_stages(spec, lease=lease.ref())
@@ -135,7 +138,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
     """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
     `within` when given (a sweep's trial, with the sweep's `tags` and `params`). `lease`: the
     run folder's lease the command holds (storage.lease.LeaseRef), which training checks."""
-    from convs2s.tracking.runs import artifacts_beside, end_run
+    from convs2s.tracking.runs import artifacts_beside, end_run, run_has_metrics
     from workflows.lineage import data_inputs, register_champion, registered_name
 
     t0 = time.monotonic()
@@ -173,8 +176,12 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
             check_shared_storage(spec.storage)
         trained = train_stage(ctx, spec, out, datasets, source)
         scores, models = evaluate_stage(ctx, spec, out, trained)
-        log_final_metrics(uri, parent, parent_metrics(spec, trained, scores,
-                                                      time.monotonic() - t0))
+        # A rerun that trained and scored nothing anew keeps the parent's figures (logged
+        # again, each score would have a second value and workflow_minutes would become the
+        # minutes of this call's skipping), as the preprocess run keeps its own
+        if not (scores and all(s.skipped for s in scores) and run_has_metrics(uri, parent)):
+            log_final_metrics(uri, parent, parent_metrics(spec, trained, scores,
+                                                          time.monotonic() - t0))
         champion = None
         # The task's main metric on its validation split chooses the model; its main test set
         # names the registered model and reports the chosen one's score (never chooses it).

@@ -304,8 +304,8 @@ def _check_room(needs: list[tuple[str, float, float]], nodes: list[dict]) -> Non
 def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                  parent_run_id: str | None = None, out_dir: str = "eval",
                  experiment_name: str = "convs2s", raise_on_error: bool = True,
-                 run_ids: dict[tuple[str, str], str | None] | None = None
-                 ) -> list[EvalResult]:
+                 run_ids: dict[tuple[str, str], str | None] | None = None,
+                 on_result=None) -> list[EvalResult]:
     """Run every job as a Ray task and log each as a child run of `parent_run_id`.
 
     Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning the same
@@ -315,6 +315,9 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     FAILED; with `raise_on_error` a RuntimeError naming every failed job follows once the
     others are logged (else failed jobs are left out of the results). `run_ids` ({(job name,
     test set name): run id}, a workflow's run tree made them) are the child runs to log into.
+    `on_result(result)` is called as each job's result is logged, before the others end: a
+    workflow records each score then, so that one failed or stopped pair does not take the
+    finished ones' records with it (they would be scored again, into the same runs).
     """
     import ray  # here: the job and test-set types above load without Ray
 
@@ -374,6 +377,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
             results.append(_finish(uri, run_ids[job], job, out, location(out_dir),
                                    datasets[job.test_set]))
             ended.add(job)
+            if on_result is not None:
+                on_result(results[-1])
     except BaseException as err:
         # Ctrl-C (`python -m workflows.evaluation` has no run_stages to end its runs), a stop,
         # or an error while logging a result: every run opened here and not ended yet is ended

@@ -145,7 +145,11 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                                f"{result.run_dir}; see its metrics.jsonl and the Ray logs")
         state = ctx.state()
         state["train"][name] = {"key": key, "result": dataclasses.asdict(result)}
-        state["eval"], state["models"] = {}, {}  # new weights: every score and model is stale
+        # The scores and logged models of the weights before (a continued run's) are kept:
+        # `evaluate_stage` compares each pair's weights stamp, sets apart the run of a pair
+        # whose weights changed and scores it in a new one (dropped here, the pair was scored
+        # again into its old run: a second value of each metric beside params naming the old
+        # weights), and skips a pair whose weights did not (a best/ the new updates kept).
         ctx.save_state(state)
         results.append(result)
     return results
@@ -215,19 +219,25 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
         run_ids = {(j.name, j.test_set.name): ctx.tree.child(f"eval/{j.name}/{j.test_set.name}",
                                                              "eval")
                    for j in todo}
-        results = evaluate_all(todo, ctx.tree.uri, parent_run_id=ctx.tree.parent,
-                               out_dir=str(ctx.run_dir / "eval"),
-                               experiment_name=ctx.tree.experiment, run_ids=run_ids)
-        state = ctx.state()
-        for r in results:
+
+        def record(r) -> None:
+            """Each score in workflow.json as it is logged: a pair that fails, or a stop,
+            leaves the finished pairs recorded (recorded at the end, a rerun scored them all
+            again, each metric a second time in the same run)."""
+            state = ctx.state()
             state["eval"][f"{r.job.name}/{r.job.test_set.name}"] = {
                 "stamp": weights_stamp(r.job.checkpoints), "run_id": r.run_id,
                 "text": texts[r.job.test_set.name], "scoring": scoring,
                 "attention": r.job.attention_sentences, "model_id": r.job.model_id,
                 "metrics": r.metrics, "hyp_path": r.hyp_path}
-            done.append(EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id,
-                                  r.hyp_path))
-        ctx.save_state(state)
+            ctx.save_state(state)
+
+        results = evaluate_all(todo, ctx.tree.uri, parent_run_id=ctx.tree.parent,
+                               out_dir=str(ctx.run_dir / "eval"),
+                               experiment_name=ctx.tree.experiment, run_ids=run_ids,
+                               on_result=record)
+        done += [EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id, r.hyp_path)
+                 for r in results]
     order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
     return sorted(done, key=lambda s: order[(s.job, s.test_set)]), models
 
