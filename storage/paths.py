@@ -292,8 +292,15 @@ class ObjectPath:
         """Every object under this prefix as (relative name, info), sorted."""
         infos = self.fs.get_file_info(pafs.FileSelector(self.key, recursive=True,
                                                         allow_not_found=True))
-        return sorted((i.path[len(self.key) + 1:], i) for i in infos
-                      if i.type == pafs.FileType.File)
+        out = sorted((i.path[len(self.key) + 1:], i) for i in infos
+                     if i.type == pafs.FileType.File)
+        for name, _ in out:  # (a key "run//x": no path names it, "run/x" is another object)
+            if name.startswith("/") or "//" in name:
+                raise StorageError(f"{self.uri}: the object {shown(name)!r} under it has an "
+                                   "empty part in its key (//), which no path can name, so "
+                                   "the folder cannot be copied whole; rename that object or "
+                                   "move it out of the folder")
+        return out
 
     def __lt__(self, other) -> bool:  # sorted() of paths, as pathlib
         return self.uri < other.uri

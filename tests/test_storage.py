@@ -186,6 +186,18 @@ def test_a_listed_object_may_hold_any_name_but_no_path_leaves_its_folder(s3):
     assert s3.keys("convs2s-test", "spec-names/") == []
 
 
+def test_a_folder_holding_a_key_with_an_empty_part_is_refused_naming_it(s3):
+    """A key "run//x" (another tool wrote it) names no path: "run/x" is another object, so a
+    copy of the folder read a missing object and said the folder "changed while being copied,
+    try again", ten times over. Now the object is named, and why."""
+    import boto3
+
+    boto3.client("s3").put_object(Bucket="convs2s-test", Key="spec-slashes/run//x", Body=b"x")
+    (location(BUCKET) / "spec-slashes" / "run" / "y").write_text("y")
+    with pytest.raises(StorageError, match=r"the object '/x' under it has an empty part"):
+        local_copy(f"{BUCKET}/spec-slashes/run")
+
+
 def test_an_object_path_is_never_taken_for_a_local_file():
     # No __fspath__: open() of a URI fails instead of writing a local folder named "s3:".
     with pytest.raises(TypeError):
