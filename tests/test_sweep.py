@@ -37,6 +37,22 @@ CPU_MODEL = multi30k_en_de.cpu().model  # 4 + 3 layers of 256 units, kernel 3
 # --- the variants: plain functions of the preset's model -----------------------------------------
 
 
+
+def test_a_trials_error_reaches_ray_tune_without_a_password():
+    """Ray Tune prints a failed trial's error and writes it to error.txt: an error quoting the
+    tracking URI with its password (MLflow's, when the server is down) goes there redacted;
+    one without a credential is raised as it was."""
+    from workflows.sweep import without_credentials
+
+    down = ConnectionError("API request to http://bob:S3CRET@mlflow:5000/api/2.0/mlflow/runs/"
+                           "create failed with exception Max retries exceeded")
+    clean = without_credentials(down)
+    assert isinstance(clean, RuntimeError) and "S3CRET" not in str(clean)
+    assert str(clean).startswith("ConnectionError: API request to http://bob:***@mlflow:5000/")
+    plain = ValueError("the training split has 3 batch(es)")
+    assert without_credentials(plain) is plain
+
+
 def test_table4_has_the_papers_four_rows_with_its_numbers():
     rows = table4(CPU_MODEL)
     assert [v.name for v in rows] == [BASELINE, "no-src-pos", "no-tgt-pos", "no-pos"]

@@ -521,17 +521,36 @@ def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name
     trial: Trial = trials[config["trial"]]
     log.info("== trial %s: %s", trial.name,
              "; ".join(f"{k}={v}" for k, v in trial.changes.items()) or "the preset's model")
-    out = run_stages(trial.spec, within=sweep_run_id,
-                     tags={"convs2s.sweep": sweep_name, "convs2s.variant": trial.variant.name,
-                           "convs2s.seed": str(trial.seed)},
-                     params={"sweep": {"run": sweep_name, "variant": trial.variant.name,
-                                       "seed": trial.seed,
-                                       "changes": "; ".join(f"{k}={v}" for k, v in
-                                                            trial.changes.items()) or "none"}},
-                     lease=lease)
+    try:
+        out = run_stages(trial.spec, within=sweep_run_id,
+                         tags={"convs2s.sweep": sweep_name,
+                               "convs2s.variant": trial.variant.name,
+                               "convs2s.seed": str(trial.seed)},
+                         params={"sweep": {"run": sweep_name, "variant": trial.variant.name,
+                                           "seed": trial.seed,
+                                           "changes": "; ".join(f"{k}={v}" for k, v in
+                                                                trial.changes.items())
+                                           or "none"}},
+                         lease=lease)
+    except Exception as err:
+        if (clean := without_credentials(err)) is err:
+            raise
+        raise clean from None  # (the original's traceback would print its message)
     metrics = trial_metrics(trial.spec, out)
     trial.write_record(metrics)
     return metrics
+
+
+def without_credentials(err: Exception) -> Exception:
+    """`err` as a trial may raise it to Ray Tune, which prints a failed trial's error on the
+    console and writes it to the trial's error.txt: where its text quotes a URI with a password
+    (MLflow's "API request to http://user:password@host/... failed" when the tracking server is
+    down), a RuntimeError of the redacted text instead; else `err` itself."""
+    from storage.redact import redact_text
+
+    text = f"{type(err).__name__}: {err}"
+    hidden = redact_text(text)
+    return err if hidden == text else RuntimeError(hidden)
 
 
 def trial_metrics(spec: RunSpec, out) -> dict:
