@@ -48,11 +48,15 @@ def local_copy(p) -> Path:
         if not dest.is_file():
             root.mkdir(parents=True, exist_ok=True)
             tmp = root / f".{p.name}.{uuid.uuid4().hex[:8]}"
-            with open(tmp, "w+b") as out:
-                tag = copy_version(p, out)  # (replaced since the HEAD above: a newer version)
-            dest = root / version(tag)[:16] / p.name
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)  # a concurrent reader on this node sees all or nothing
+            try:
+                with open(tmp, "w+b") as out:
+                    tag = copy_version(p, out)  # (replaced since the HEAD: a newer version)
+                dest = root / version(tag)[:16] / p.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, dest)  # a concurrent reader on this node sees all or nothing
+            except BaseException:  # a network error, a Ctrl-C: no partial copy left in the
+                tmp.unlink(missing_ok=True)  # cache (a checkpoint's: gigabytes, each time)
+                raise
         return dest
 
     def listing():
@@ -73,6 +77,9 @@ def local_copy(p) -> Path:
         except FileNotFoundError:  # deleted since the listing: the folder changed
             shutil.rmtree(tmp, ignore_errors=True)
             continue
+        except BaseException:  # a network error, a Ctrl-C: no partial copy left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if listing() != files:
             shutil.rmtree(tmp, ignore_errors=True)
             continue

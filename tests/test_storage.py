@@ -310,6 +310,28 @@ def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):
     assert (folder / "model.bin").read_bytes() == b"version 2"
 
 
+def test_a_copy_cut_short_by_an_error_leaves_nothing_in_the_cache(s3, tmp_path, monkeypatch):
+    """A download that fails midway (the network, a Ctrl-C) removes its partial file: the
+    cache kept each one for good, a checkpoint's gigabytes at every failed try."""
+    from storage import transfer
+
+    monkeypatch.setenv("CONVS2S_CACHE", str(tmp_path / "cache"))
+    obj = location(BUCKET) / "spec-cut" / "model.bin"
+    obj.write_bytes(b"weights" * 1000)
+    (obj.parent / "meta.json").write_text("{}")
+
+    def cut(p, out):
+        out.write(b"part of it")
+        raise ConnectionError("the connection was reset")
+
+    monkeypatch.setattr(transfer, "copy_version", cut)
+    for what in (obj, obj.parent):  # a file, and a folder
+        with pytest.raises(ConnectionError):
+            local_copy(what)
+    left = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert left == [], left
+
+
 def _folder(tmp_path, files: dict) -> Path:
     d = tmp_path / f"src{len(list(tmp_path.iterdir()))}"
     for name, text in files.items():
