@@ -210,6 +210,14 @@ def test_dockerfile_copies_the_project():
     assert "wget" in text  # KubeRay's health probes call wget
     ignored = (INFRA / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", ".git", "data", "runs", "mlruns", "mlflow.db"} <= set(ignored)
+    # The team server's secrets (infra/mlflow/.env, which infra/README.md has the user write
+    # beside the COPY'd infra/) stay out of the image, as Docker's matcher reads the file
+    from fnmatch import fnmatch
+
+    patterns = [p for p in ignored if not p.startswith("#")]
+    for secret in ("infra/mlflow/.env", ".env", "infra/mlflow/.env.local"):
+        assert any(fnmatch(secret, p) or fnmatch(secret, p.removeprefix("**/"))
+                   for p in patterns), f"{secret} would be copied into the image"
 
 
 # --- Ray cluster launcher -----------------------------------------------------------------------
