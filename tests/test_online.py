@@ -420,6 +420,20 @@ def test_requests_past_the_proxys_queue_are_refused_not_queued_without_end():
             ServeSettings(checkpoints=["x"], max_queued_requests=bad)
     with pytest.raises(ValueError, match="--request-timeout must be > 0 seconds"):
         ServeSettings(checkpoints=["x"], request_timeout_s=0)
+    # what Serve itself refuses only after Ray started and the model loaded (a traceback)
+    with pytest.raises(ValueError, match="--target-ongoing-requests must be > 0"):
+        ServeSettings(checkpoints=["x"], min_replicas=1, max_replicas=2,
+                      target_ongoing_requests=0)
+    with pytest.raises(ValueError, match="--gpus-per-replica must be >= 0"):
+        ServeSettings(checkpoints=["x"], gpus_per_replica=-1)
+    import argparse
+
+    from convs2s.cli.serve_command import _port
+
+    assert _port("8000") == 8000
+    for bad in ("70000", "0", "-1"):  # (binding 70000 was an OverflowError's traceback)
+        with pytest.raises(argparse.ArgumentTypeError, match="is not a TCP port"):
+            _port(bad)
     from convs2s.serving.online import build_app
 
     with pytest.raises(ValueError, match="request_timeout_s is an HTTP option of Serve, not of "

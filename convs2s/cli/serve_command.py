@@ -57,7 +57,7 @@ def serve(argv: list[str] | None = None) -> int:
                    help="a request that takes longer is answered 408 (default: no limit; on "
                         "a Serve already running, its own setting stays)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -131,6 +131,20 @@ def serve(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {redact_text(str(err).splitlines()[0])}", file=sys.stderr)
         return 2
     return 0
+
+
+def _port(text: str) -> int:
+    """--port: a TCP port (binding 70000 raised OverflowError, a traceback after the model
+    loaded; with Ray already up, the port went to Serve as it was)."""
+    import argparse
+
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535)")
+    return port
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -116,6 +116,11 @@ class ServeSettings:
             raise ValueError("--max-queued-requests must be >= 1, or -1 for no limit")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError("--request-timeout must be > 0 seconds")
+        # (Serve refuses these itself, with a traceback, after Ray started and the model loaded)
+        if self.min_replicas is not None and not self.target_ongoing_requests > 0:
+            raise ValueError("--target-ongoing-requests must be > 0")
+        if not self.gpus_per_replica >= 0:
+            raise ValueError("--gpus-per-replica must be >= 0")
 
     def for_replicas(self) -> "ServeSettings":
         """These settings with their local paths absolute (checkpoints, sentencepiece model,
