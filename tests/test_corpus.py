@@ -210,8 +210,10 @@ def test_bad_corpus_inputs_are_one_error_line_and_write_nothing(tiny_checkpoints
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     (tmp_path / "a.en").write_text("one\n")
+    (tmp_path / "text.parquet").write_text("one\n")  # (no parquet: refused before job.json)
     cases = [
         (["--input", str(tmp_path / "missing.en")], "missing.en does not exist"),
+        (["--input", str(tmp_path / "text.parquet")], "is not a readable parquet file"),
         (["--input", str(tmp_path / "empty.en")], "empty.en is empty"),
         (["--input", str(tmp_path / "a.en"), "--output", str(tmp_path / "other")],
          "holds files this command did not write"),

@@ -563,10 +563,12 @@ def test_the_command_reads_gz_and_parquet_inputs_as_actors_do(tiny_checkpoints, 
     capsys.readouterr()
     (tmp_path / "text.gz").write_bytes(b"plain text, not gzip\n")
     (tmp_path / "cut.gz").write_bytes(gzip.compress(plain.read_bytes() * 50)[:40])
+    (tmp_path / "text.parquet").write_text("plain text under a parquet name\n")
     existing = tmp_path / "existing.txt"
     existing.write_text("earlier translations\n")
     for name, extra, says in (("text.gz", [], "is not a whole gzip file"),
                               ("cut.gz", [], "is not a whole gzip file"),
+                              ("text.parquet", [], "is not a readable parquet file"),
                               ("mono.parquet", [], "2 string columns (id, en)"),
                               ("mono.parquet", ["--column", "de"], "no string column 'de'")):
         assert main([*args, "--input", str(tmp_path / name), "--output", str(existing),

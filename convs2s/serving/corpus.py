@@ -342,6 +342,14 @@ def translate_corpus(job: CorpusJob) -> dict:
                               f"(changed: {', '.join(changed)}): give a new --output, or delete "
                               "the folder to start over")
         if previous is None:
+            # An input that does not open as its kind (a .parquet that is not parquet, a .gz
+            # that is not gzip, a missing column) is refused before the folder is this job's:
+            # with job.json there, the rerun on the mended input was another job's folder
+            lines = input_lines(job.input, job.column)
+            try:
+                next(iter(lines), None)
+            finally:
+                getattr(lines, "close", lambda: None)()
             write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
         complete = (out / MANIFEST).is_file()
         source = split_input(job, out)

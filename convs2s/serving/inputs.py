@@ -75,6 +75,7 @@ def _is_text(kind) -> bool:
 
 
 def _parquet_lines(path: str, column: str | None):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from storage import filesystem_of
@@ -82,7 +83,12 @@ def _parquet_lines(path: str, column: str | None):
     fs, key = filesystem_of(path)
     handle = fs.open_input_file(key)
     try:
-        pf = pq.ParquetFile(handle)
+        try:
+            pf = pq.ParquetFile(handle)
+        except (pa.ArrowException, OSError) as err:  # (pyarrow's words name no file)
+            raise InputError(f"{path} is not a readable parquet file ({str(err)[:200]}): give "
+                             "a whole parquet file, or plain text (one sentence a line) under "
+                             "a name that does not end in .parquet") from None
         strings = [f.name for f in pf.schema_arrow if _is_text(f.type)]
         if column is None:
             if len(strings) != 1:
