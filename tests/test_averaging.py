@@ -45,6 +45,23 @@ def test_average_of_two_is_their_mean_and_keeps_only_inference_state(tiny_checkp
     assert len(tr.translate(["The cat sleeps ."])) == 1
 
 
+def test_a_checkpoint_that_records_no_update_is_refused_naming_it(tiny_checkpoints, tmp_path):
+    """A checkpoint another tool wrote may hold only the weights and the model config (what
+    loading needs): an average, itself a checkpoint, needs its update, epoch and vocabulary
+    sizes. One error naming the file (it was a KeyError's traceback)."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_checkpoints["b"], bare)
+    state = load_checkpoint(bare)
+    state.pop("update")
+    torch.save(state, bare / "checkpoint.pt")
+    (bare / "meta.json").unlink()
+    with pytest.raises(ValueError, match=f"{bare}: the checkpoint records no update"):
+        average_checkpoints([tiny_checkpoints["a"], str(bare)], tmp_path / "avg")
+    assert not (tmp_path / "avg").exists()
+
+
 def test_the_same_weights_given_twice_are_counted_once(tiny_checkpoints, tmp_path, caplog):
     """`average runs/x/checkpoint_*` also matches an epoch's end saved beside the checkpoint of
     the same update (checkpoint_<u>_epoch<N>: the same weights); best/ is a copy of one. Weights

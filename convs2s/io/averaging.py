@@ -125,6 +125,18 @@ def _text_files(path: Path, given: str) -> list[Path]:
     return files
 
 
+def _averageable(state: dict, given: str) -> dict:
+    """`state` when it records what an average keeps and a checkpoint must hold (its update,
+    epoch and vocabulary sizes: every checkpoint this project writes or imports does); else a
+    ValueError naming the file (a file another tool wrote was a KeyError's traceback)."""
+    missing = sorted({"src_vocab_size", "tgt_vocab_size", "epoch", "update"} - set(state))
+    if missing:
+        raise ValueError(f"{given}: the checkpoint records no {', '.join(missing)}: only "
+                         "checkpoints of this project's training (or import-fairseq) can be "
+                         "averaged")
+    return state
+
+
 def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLike) -> Path:
     """Write the average of the checkpoint directories `paths` (or their checkpoint.pt files)
     to `out_dir`; returns it.
@@ -145,7 +157,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     paths = [local_checkpoint(p) for p in paths]  # a bucket's: fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
-    first = load_checkpoint(paths[0])
+    first = _averageable(load_checkpoint(paths[0]), as_given[0])
     # The text pipeline travels with the weights: the sentencepiece model, or an imported
     # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec); a checkpoint.pt
     # file's are those of its folder.
@@ -158,7 +170,7 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     # copy of one of them; counted twice, they would weigh double in the mean.
     seen, counted = {_fingerprint(like): as_given[0]}, [as_given[0]]
     for p, given in zip(paths[1:], as_given[1:]):
-        state = load_checkpoint(p)
+        state = _averageable(load_checkpoint(p), given)
         if state["model_config"] != newest["model_config"]:
             raise ValueError(f"{p} and {paths[0]} have different model configurations: "
                              "only checkpoints of one model can be averaged")
