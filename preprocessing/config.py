@@ -16,12 +16,15 @@ two comma-separated files ("article.txt,title.txt").
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 WMT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 
 EXCHANGES = ("files", "ray")  # how rows meet by window / bucket (preprocessing/exchange.py)
+
+_SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]*")
 
 @dataclass(frozen=True)
 class PreprocessConfig:
@@ -79,6 +82,14 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         if "train" not in self.splits:
             raise ValueError(f"splits must include 'train', got {sorted(self.splits)}")
+        # A split's name is a folder's (clean/<split>, encoded/<split>) and a file's (the
+        # evaluation text): "../x" or "." named a folder outside its stage, which publishing
+        # the stage replaced, deleting what was there
+        bad = [name for name in self.splits if not isinstance(name, str)
+               or not _SPLIT_NAME.fullmatch(name) or name in (".", "..")]
+        if bad:
+            raise ValueError(f"split names are letters, digits, '_', '-', '.' and spaces (no "
+                             f"path), beginning with a letter or digit; got {bad!r}")
         if self.row_shape not in ("translation", "columns"):
             raise ValueError(f"row_shape must be 'translation' or 'columns', got {self.row_shape}")
         if self.src_lang == self.tgt_lang:

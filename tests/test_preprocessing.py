@@ -295,6 +295,13 @@ def test_presets_follow_the_paper():
         assert make().splits["train"] == "train"
     with pytest.raises(ValueError, match="train"):
         pconfig.PreprocessConfig(task="x", splits={"valid": "v"})
+    # A split's name is a folder's and a file's: no path (../x named a folder outside the
+    # stage, which publishing it replaced, deleting what was there)
+    for bad in ("../../victim", ".", "..", "a/b", "", "-x"):
+        with pytest.raises(ValueError, match="split names are letters, digits"):
+            pconfig.PreprocessConfig(task="x", splits={"train": "t", bad: "t"})
+    for good in ("test_2016_flickr", "newstest2014", "valid.2", "dev-1"):
+        assert good in pconfig.PreprocessConfig(task="x", splits={"train": "t", good: "t"}).splits
 
 
 # --- runs sharing one storage volume -------------------------------------------------------------

@@ -109,7 +109,8 @@ def test_tsv_and_jsonl_rows(tmp_path):
     (tmp_path / "t.tsv").write_text("hello\tbonjour\nno tab here\na\tb\tc\n\t\n")
     lines = [json.dumps({"translation": {"en": "hi", "fr": None}}), "{not json",
              json.dumps({"translation": {"en": "hi"}}), json.dumps({"other": 1}),
-             json.dumps({"translation": {"en": ["a", "b"], "fr": "c"}})]  # a list: no sentence
+             json.dumps({"translation": {"en": ["a", "b"], "fr": "c"}}),  # a list: no sentence
+             "[" * 5000]  # nested past json's recursion (well under max_line_bytes)
     with gzip.open(tmp_path / "j.jsonl.gz", "wt") as f:
         f.write("\n".join(lines) + "\n")
     cfg = local_cfg(tmp_path, splits={"train": "t", "valid": "j"})
@@ -120,7 +121,8 @@ def test_tsv_and_jsonl_rows(tmp_path):
     assert src.kind == "jsonl"
     jl = read_all(src, cfg)
     assert jl[0]["translation"] == {"en": "hi", "fr": ""}  # null -> empty, dropped later
-    assert [r["error"] for r in jl] == [None, "bad_row", "bad_row", "bad_row", "bad_row"]
+    assert [r["error"] for r in jl] == [None, "bad_row", "bad_row", "bad_row", "bad_row",
+                                        "bad_row"]
 
 
 def test_missing_inputs_are_clear_errors(tmp_path):

@@ -825,3 +825,28 @@ def test_replace_unk_copies_a_byte_piece_with_the_rest_of_its_character(tiny_che
     # The spans of the characters' bytes: a 3-byte €, then a stray continuation byte alone.
     assert codec.byte_characters(["\u2581", "<0xE2>", "<0x82>", "<0xAC>", "<0x96>", "x"]) == \
         [None, (1, 4), (1, 4), (1, 4), (4, 5), None]
+
+
+def test_the_console_script_takes_a_ctrl_c_as_python_m_convs2s_does(tiny_checkpoints, tmp_path):
+    """`convs2s-translate` (the installed script) runs the command as `python -m convs2s
+    translate` does, under its signal handling: a Ctrl-C while torch imports or the model loads
+    is "interrupted", exit 130 (the script called the command bare: a KeyboardInterrupt's
+    traceback, exit by the signal)."""
+    import signal
+    import time
+
+    script = Path(sys.executable).parent / "convs2s-translate"
+    if not script.is_file():
+        pytest.skip(f"{script} is not installed (pip install -e .)")
+    src = tmp_path / "src.en"
+    src.write_text("The cat sleeps on the small red mat near the door .\n" * 3000)
+    proc = subprocess.Popen([str(script), "--checkpoint", tiny_checkpoints["a"], "--input",
+                             str(src), "--output", str(tmp_path / "out.txt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(1.0)  # (torch imports, or the model loads)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("interrupted"), err[-500:]
+    assert not (tmp_path / "out.txt").exists()

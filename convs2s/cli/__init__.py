@@ -29,8 +29,8 @@ from convs2s.cli.serve_command import serve
 from convs2s.cli.tools import attention, average, export_fairseq, import_fairseq, score, train
 from convs2s.cli.translate_command import translate
 
-__all__ = ["COMMANDS", "main", "translate", "serve", "train", "average", "score", "attention",
-           "import_fairseq", "export_fairseq"]
+__all__ = ["COMMANDS", "main", "translate_script", "translate", "serve", "train", "average",
+           "score", "attention", "import_fairseq", "export_fairseq"]
 
 COMMANDS = {"translate": translate, "serve": serve, "train": train, "average": average,
             "score": score,
@@ -38,10 +38,11 @@ COMMANDS = {"translate": translate, "serve": serve, "train": train, "average": a
             "export-fairseq": export_fairseq}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """python -m convs2s <command> ...: one of COMMANDS. As a command (no argv), the Ray
-    commands' console keeps Ray's harmless lines in its log files (convs2s.console)."""
-    command_line = argv is None
+def main(argv: list[str] | None = None, command_line: bool | None = None) -> int:
+    """python -m convs2s <command> ...: one of COMMANDS. As a command (no argv, or
+    `command_line`), the Ray commands' console keeps Ray's harmless lines in its log files
+    (convs2s.console)."""
+    command_line = argv is None if command_line is None else command_line
     argv = sys.argv[1:] if argv is None else argv
     usage = (f"usage: python -m convs2s {{{','.join(COMMANDS)}}} ...  (--help after a command "
              "for its flags)")
@@ -57,3 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         with harmless_ray_lines_dropped(2), harmless_ray_lines_dropped(1):
             return COMMANDS[argv[0]](argv[1:])
     return COMMANDS[argv[0]](argv[1:])
+
+
+def translate_script() -> int:
+    """The `convs2s-translate` console script: `python -m convs2s translate` as a command, with
+    its signal handling (a Ctrl-C while the model loads is "interrupted", 130, not a traceback)
+    and, with --actors, Ray's harmless lines kept in its log files."""
+    from storage.signals import command_signals  # (the standard library only)
+
+    try:
+        with command_signals():
+            return main(["translate", *sys.argv[1:]], command_line=True)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
