@@ -362,6 +362,11 @@ def test_kuberay_rayjob_runs_a_workflow_on_gpus_with_shared_storage():
 
     (_, script, argv), = [c for c in workflow_commands() if c[0] == "infra/kuberay-rayjob.yaml"]
     assert script == "workflows/wmt14_en_fr.py"
+    # KubeRay's submitter pod runs `ray job submit ... -- <entrypoint>` through its own shell,
+    # which expands a $VARIABLE before the job's runtime env (env_vars) exists: the driver
+    # reads MLFLOW_TRACKING_URI from that env itself
+    for name in ("kuberay-rayjob.yaml", "kuberay-rayjob-s3.yaml"):
+        assert "$" not in load(name)["spec"]["entrypoint"], name
     flags = flag_values(argv)
     assert flags["--preset"] == "paper" and "--use-gpu" in flags
 
