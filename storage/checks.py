@@ -19,6 +19,11 @@ from storage.paths import ObjectPath, StorageError, location
 # Values that must never reach a message (pyarrow's errors do not carry them; this makes sure).
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 
+# The name of the empty object a write check puts in a folder and deletes: one whose delete
+# failed (a timeout) is no file of anyone's, and a command that refuses folders holding
+# others' files passes it over
+WRITE_PROBE = ".convs2s-write-probe-"
+
 
 def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) -> None:
     """Raise `StorageError` (one line: `what`, the path, the fix) when `p` cannot be used."""
@@ -44,7 +49,7 @@ def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) ->
                            f"{bucket}`) or fix the name")
     if write:  # (pyarrow keeps `where` as a folder marker once the probe is deleted: give a
         # folder, never the name of a file to write)
-        probe = where / f".convs2s-write-probe-{uuid.uuid4().hex[:12]}"
+        probe = where / f"{WRITE_PROBE}{uuid.uuid4().hex[:12]}"
 
         def put_and_delete():
             fs = _timed(where, timeout_s)

@@ -235,6 +235,10 @@ def test_bad_corpus_inputs_are_one_error_line_and_write_nothing(tiny_checkpoints
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / ".job.json.tmp-0f3a9b2c").write_text('{"inp')
     check_job(CorpusJob([ck], str(tmp_path / "a.en"), str(tmp_path / "cut")))
+    # and so is one holding the empty probe of a write check whose delete failed (a timeout)
+    (tmp_path / "probed").mkdir()
+    (tmp_path / "probed" / ".convs2s-write-probe-0123456789ab").write_bytes(b"")
+    check_job(CorpusJob([ck], str(tmp_path / "a.en"), str(tmp_path / "probed")))
 
 
 def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, tmp_path):

@@ -57,6 +57,7 @@ from convs2s.io.text_codec import checkpoint_weights
 from convs2s.serving.inputs import input_lines
 from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
 from storage import ray_join
+from storage.checks import WRITE_PROBE
 from storage.lease import RunLease
 from storage.signals import quiet_interrupted_datasets, sigterm_as_ctrl_c
 
@@ -316,7 +317,7 @@ def check_job(job: CorpusJob) -> None:
     if out.is_dir() and not (out / JOB_FILE).is_file():
         # (this command's own: its lease, and a job.json a kill cut before its rename)
         foreign = [p.name for p in out.iterdir() if p.name != ".lease.json"
-                   and not p.name.startswith(f".{JOB_FILE}.tmp-")]
+                   and not p.name.startswith((f".{JOB_FILE}.tmp-", WRITE_PROBE))]
         if foreign:
             raise CorpusError(f"--output {job.output} holds files this command did not write "
                               f"({', '.join(sorted(foreign)[:3])}...): give a new or empty "
