@@ -795,14 +795,11 @@ def test_a_rerun_that_adds_init_from_shrinks_a_budget_or_resizes_the_update_is_r
     assert says in err[0] and "--restart" in err[0]
 
 
-def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(tmp_path,
-                                                                               monkeypatch):
-    """--restart moves the run's training, weights and scores into replaced-<time>/, re-keys
-    their MLflow runs to there (so the new training gets new runs) and says so on the parent;
-    a larger budget alone is a continuation, recorded on the parent. Real sqlite store and
-    files, no training."""
-    from convs2s.tracking.runs import RUN_KEY_TAG, find_or_create_run, run_key
-    from workflows.run_state import StageContext, record_settings, reuse_problem
+def _a_recorded_smoke_run(tmp_path):
+    """(tracking URI, options, spec, run tree, stage context) of the smoke preset's run "r" in
+    a new sqlite store, its settings recorded (`record_settings`) as a run's first command
+    records them, nothing trained."""
+    from workflows.run_state import StageContext, record_settings
     from workflows.run_tree import RunTree
 
     uri = mlflow_store(tmp_path)
@@ -812,6 +809,19 @@ def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(t
     tree = RunTree.open(uri, "exp", spec.run_dir, "r")
     ctx = StageContext(tree)
     record_settings(ctx, spec)
+    return uri, opts, spec, tree, ctx
+
+
+def test_restart_sets_the_earlier_training_aside_and_a_larger_budget_continues(tmp_path,
+                                                                               monkeypatch):
+    """--restart moves the run's training, weights and scores into replaced-<time>/, re-keys
+    their MLflow runs to there (so the new training gets new runs) and says so on the parent;
+    a larger budget alone is a continuation, recorded on the parent. Real sqlite store and
+    files, no training."""
+    from convs2s.tracking.runs import RUN_KEY_TAG, find_or_create_run, run_key
+    from workflows.run_state import record_settings, reuse_problem
+
+    uri, opts, spec, tree, ctx = _a_recorded_smoke_run(tmp_path)
     run_dir = spec.run_dir
     for f in ("train/checkpoint_00000010/checkpoint.pt", "eval/best/demo_test.fr",
               "weights/best/model_00/checkpoint.pt", "preprocess_manifests.json"):
@@ -896,16 +906,9 @@ def test_a_restart_before_anything_was_trained_starts_a_new_parent_run(tmp_path)
     set aside, but its parent and preprocess runs hold the earlier settings as params (MLflow
     keeps a param's first value): they are set apart and the restarted run is a new parent,
     described with the new settings. Real sqlite store, no training."""
-    from workflows.run_state import StageContext, record_settings
-    from workflows.run_tree import RunTree
+    from workflows.run_state import record_settings
 
-    uri = mlflow_store(tmp_path)
-    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
-                      tracking_uri=uri)
-    spec = resolve(wmt14_en_fr.smoke(), opts)
-    tree = RunTree.open(uri, "exp", spec.run_dir, "r")
-    ctx = StageContext(tree)
-    record_settings(ctx, spec)
+    uri, opts, spec, tree, ctx = _a_recorded_smoke_run(tmp_path)
     tree.describe(tree.parent, spec.params())
     prep_id = tree.child("preprocess", "preprocess")
     first_parent = tree.parent  # (its preprocessing failed here: nothing trained)
