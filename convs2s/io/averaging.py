@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from convs2s.io.checkpoint import SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.io.checkpoint import REQUIRED_KEYS, SPM_FILE, load_checkpoint, save_checkpoint
 from convs2s.io.text_codec import TEXT_FILE, checkpoint_folder, codec_files, local_checkpoint
 from storage import StorageError, location
 from storage.paths import shown
@@ -129,7 +129,7 @@ def _averageable(state: dict, given: str) -> dict:
     """`state` when it records what an average keeps and a checkpoint must hold (its update,
     epoch and vocabulary sizes: every checkpoint this project writes or imports does); else a
     ValueError naming the file (a file another tool wrote was a KeyError's traceback)."""
-    missing = sorted({"src_vocab_size", "tgt_vocab_size", "epoch", "update"} - set(state))
+    missing = sorted(set(REQUIRED_KEYS) - set(state))
     if missing:
         raise ValueError(f"{given}: the checkpoint records no {', '.join(missing)}: only "
                          "checkpoints of this project's training (or import-fairseq) can be "

@@ -36,6 +36,9 @@ from storage import is_uri, local_copy, location, publish_dir
 CHECKPOINT_FILE = "checkpoint.pt"
 SPM_FILE = "sentencepiece.model"
 META_FILE = "meta.json"
+# What a checkpoint this project writes always holds (`save_checkpoint` refuses less; loading
+# needs only the first two: a file another tool wrote may hold no more)
+REQUIRED_KEYS = ("model", "model_config", "src_vocab_size", "tgt_vocab_size", "epoch", "update")
 BEST_DIR = "best"
 
 
@@ -57,8 +60,7 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     Files are written under temporary names and renamed, so a crash never leaves a truncated
     checkpoint.pt behind.
     """
-    missing = {"model", "model_config", "src_vocab_size", "tgt_vocab_size", "epoch",
-               "update"} - set(state)
+    missing = set(REQUIRED_KEYS) - set(state)
     if missing:
         raise ValueError(f"checkpoint state lacks {sorted(missing)}")
     directory = Path(directory)
