@@ -53,8 +53,20 @@ def redact_uri(uri: str | None) -> str | None:
     """`uri` as it may be printed, logged or stored: the password of `user:password@host` (or
     a bare token `token@host`) replaced by `***`, and so is a secret query parameter's value
     (`?X-Amz-Signature=`, `?token=`). Credentials are never shown (they reach MLflow through
-    the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN)."""
-    return redact_text(uri) if uri else uri
+    the URI itself, or $MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN). A string that is no
+    URI but begins as an authority does (`user:password@host:port`, or a scheme that lost a
+    slash, `http:/user:password@host`) has its user information hidden too; a path is not
+    touched."""
+    if not uri:
+        return uri
+    if "://" not in uri:
+        uri = _BARE_USERINFO.sub(r"\1***@", uri, count=1)
+    return redact_text(uri)
+
+
+# `[scheme:/]userinfo@` at the start of a string without "://" (a path begins with "/" or has
+# one before any "@": no match)
+_BARE_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:/)?)[^/@\s]+@")
 
 
 def redact_text(text: str) -> str:

@@ -288,6 +288,10 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("http://bob:S3CRET@mlflow:5000") == "http://bob:***@mlflow:5000"
     assert redact_uri("https://S3CRET@host/path") == "https://***@host/path"
     assert redact_uri("sqlite:////tmp/m.db") == "sqlite:////tmp/m.db"
+    # no URI, yet a password all the same (a typo); a path with an @ in it is left as it is
+    assert redact_uri("bob:S3CRET@mlflow:5000") == "***@mlflow:5000"
+    assert redact_uri("http:/bob:S3CRET@mlflow:5000") == "http:/***@mlflow:5000"
+    assert redact_uri("/data/bob@lab/mlflow.db") == "/data/bob@lab/mlflow.db"
     assert redact_uri("http://bob:p@ss@mlflow:5000/x@y") == "http://bob:***@mlflow:5000/x@y"
     assert redact_uri("http://bob:p'ss\"@mlflow:5000") == "http://bob:***@mlflow:5000"
     # a password holding "/", "?" or "#" unencoded (MLflow quotes such a URI in its "Invalid

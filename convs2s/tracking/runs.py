@@ -62,12 +62,8 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
         # A file store would fail at every call, each failure a warning the run outlives:
         # minutes of training with nothing tracked. Refuse it before anything starts.
         kind = "a plain path" if "://" not in uri else "a file:// store"
-        # (not a URI: `redact_uri` finds no user information to hide in `user:pw@host`, nor in
-        # a scheme that lost a slash, `http:/user:pw@host`: all before the last @ is hidden)
-        shown = redact_uri(uri) if "://" in uri or "@" not in uri else \
-            "***@" + uri.rpartition("@")[2]
         raise ValueError(
-            f"tracking URI {shown!r} is {kind}: MLflow 3 refuses file stores; give "
+            f"tracking URI {redact_uri(uri)!r} is {kind}: MLflow 3 refuses file stores; give "
             "sqlite:///<path>/mlflow.db or an http(s):// server"
         )
     return uri
