@@ -8,7 +8,8 @@
 
 Output layout `<root>/<task>/<data key>/<stage>/` (see docs/design.md; `data_dir`):
 clean/<split>, spm, encoded/<split>, batches/<cut key>/<split> (one folder per batch cut:
-`BATCH_CUT`), text/<split>.<lang>, and with
+`BATCH_CUT`; an evaluation split's folders are `<split>.<input key>`: `split_folder`),
+text/<text key>/<split>.<lang>, and with
 `shortlist_per_source` the lexical table of vocabulary selection, shortlist/<shortlist key>/
 (lexical.py; one folder per k and sample: `SHORTLIST`).
 Each stage is skipped when its manifest matches (same stage config and the same input
@@ -182,20 +183,21 @@ def _fixed(vocabulary) -> dict:
 
 
 def _encode(cfg: PreprocessConfig, task_dir: Path, split: str, spm_m: dict, vocabulary,
-            clean_m: dict, tmp: Path) -> dict:
+            clean_m: dict, tmp: Path, folder: str) -> dict:
     label = f"encoded/{split}"
     actors = cfg.encode_tasks or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    totals = encode_parts(str(task_dir / "clean" / split), str(tmp), vocabulary, actors, label)
+    totals = encode_parts(str(task_dir / "clean" / folder), str(tmp), vocabulary, actors, label)
     _checked(label, totals.get("rows_in", 0), clean_m["rows_kept"], "encoded")
     return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": {},
             "tokens": {k: totals[k] for k in ("src_tokens", "tgt_tokens", "src_unk", "tgt_unk")},
             "vocab_path": spm_m["vocab_path"], "vocab_size": spm_m["vocab_size"]}
 
 
-def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp: Path) -> dict:
+def _batches(cfg: PreprocessConfig, task_dir: Path, split: str, enc_m: dict, tmp: Path,
+             folder: str) -> dict:
     label = f"batches/{split}"
     n_windows = n_windows_for(enc_m["rows_kept"], cfg.shuffle_window)
-    rows = read_stage(task_dir / "encoded" / split).map_batches(
+    rows = read_stage(task_dir / "encoded" / folder).map_batches(
         add_window, batch_size=None, batch_format="pyarrow",
         fn_kwargs={"n_windows": n_windows, "seed": cfg.seed})
     out, scattered = group_by(rows, key="window", n_keys=n_windows, fn=batch_window, fn_kwargs={
@@ -334,6 +336,19 @@ def shortlist_key(cfg: PreprocessConfig) -> str:
     return config_hash({k: getattr(cfg, k) for k in SHORTLIST})[:12]
 
 
+def split_folder(cfg: PreprocessConfig, split: str, source: SplitSource) -> str:
+    """A split's folder in the clean, encoded and batches stages (clean/<folder>, ...). The
+    training and validation inputs are in the data key, so their folders are their names. An
+    evaluation split's input is not (runs scoring other test files share the data folder), so
+    its folders carry a key of their input, `<split>.<key>`, as the evaluation text's folder
+    does: two runs with other files under one split name each have their own, and neither
+    replaces, or encodes, the other's rows. (A key has no '.', and a split name with one and
+    12 hex digits after it would have to hash to them.)"""
+    if split in ("train", "valid"):
+        return split
+    return f"{split}.{config_hash([cfg.splits[split], source.fingerprint])[:12]}"
+
+
 def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None,
              vocabulary=None) -> Path:
     """`<root>/<task>/<data key>/`: the folder of this data. The key is the hash of the
@@ -390,10 +405,12 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         clean_cfg["token_map"] = dict(cfg.token_map)
     if unspaced(cfg.src_lang) or unspaced(cfg.tgt_lang):  # (lengths in characters since
         clean_cfg["unspaced_lengths"] = 1  # 2026-12-06: folders made before are not reused)
+    folders = {split: split_folder(cfg, split, src) for split, src in sources.items()}
     for split, src in sources.items():
         scfg = {**clean_cfg, "split": cfg.splits[split], "dedupe": cfg.dedupe and split == "train"}
         m[f"clean/{split}"] = stage(task_dir, f"clean/{split}", scfg, config_hash(src.fingerprint),
-                                    lambda tmp, s=split, src=src: _clean(cfg, s, src, tmp))
+                                    lambda tmp, s=split, src=src: _clean(cfg, s, src, tmp),
+                                    folder=f"clean/{folders[split]}")
     spm_cfg = {"vocab_size": cfg.vocab_size, "spm_sample_pairs": cfg.spm_sample_pairs,
                "spm_seed": cfg.spm_seed, "character_coverage": cfg.character_coverage}
     if vocabulary is None:  # learn the joint BPE
@@ -408,14 +425,16 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
                     if k != "max_positions" or cfg.max_positions is not None}, "seed": cfg.seed}
     cut = cut_key(cfg)
     for split in cfg.splits:
+        name = folders[split]
         m[f"encoded/{split}"] = _here(stage(
             task_dir, f"encoded/{split}", {}, _fp(vocab_m, m[f"clean/{split}"]),
-            lambda tmp, s=split: _encode(cfg, task_dir, s, vocab_m, vocabulary,
-                                         m[f"clean/{s}"], tmp)), vocab_path=vocab_m["vocab_path"])
+            lambda tmp, s=split, f=name: _encode(cfg, task_dir, s, vocab_m, vocabulary,
+                                                 m[f"clean/{s}"], tmp, f),
+            folder=f"encoded/{name}"), vocab_path=vocab_m["vocab_path"])
         m[f"batches/{split}"] = _here(stage(
             task_dir, f"batches/{split}", batch_cfg, _fp(m[f"encoded/{split}"]),
-            lambda tmp, s=split: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp),
-            folder=f"batches/{cut}/{split}"), vocab_path=vocab_m["vocab_path"])
+            lambda tmp, s=split, f=name: _batches(cfg, task_dir, s, m[f"encoded/{s}"], tmp, f),
+            folder=f"batches/{cut}/{name}"), vocab_path=vocab_m["vocab_path"])
     if cfg.shortlist_per_source:  # vocabulary selection's lexical table (lexical.py)
         short_cfg = {"k": cfg.shortlist_per_source,
                      "sample_pairs": cfg.shortlist_sample_pairs}
@@ -444,7 +463,7 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
             for s, o in text["splits"].items()})
     return PipelineOutput(
         root=str(task_dir), spm_model=vocab_m["vocab_path"], vocab_size=vocab_m["vocab_size"],
-        batches={s: str(task_dir / "batches" / cut / s) for s in cfg.splits},
+        batches={s: str(task_dir / "batches" / cut / folders[s]) for s in cfg.splits},
         text={s: tuple(m["text"]["splits"][s]["files"]) for s in cfg.eval_splits},
         manifests=m, shortlist=m["shortlist"]["table"] if "shortlist" in m else None,
         tgt_vocab_size=vocab_m.get("tgt_vocab_size", 0) if "vocabulary" in m else 0,

@@ -49,6 +49,12 @@ def read_rows(folder: str) -> list[dict]:
     return sorted(pa.concat_tables(tables).to_pylist(), key=lambda r: r["id"])
 
 
+def stage_folder(out, stage: str, split: str) -> str:
+    """A split's folder in `stage` (clean, encoded): an evaluation split's name carries a key
+    of its input (`split_folder`), as its batches folder's does."""
+    return f"{out.root}/{stage}/{Path(out.batches[split]).name}"
+
+
 def part_bytes(folder: str) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(Path(folder).glob("part-*.parquet"))}
 
@@ -78,7 +84,7 @@ def test_filters_drop_exactly_the_violating_pairs(newstest, shared_data):
         m = out.manifests[f"clean/{split}"]
         assert m["rows_in"] == len(en) == m["rows_kept"] + sum(m["dropped"].values())
         assert m["dropped"] == independent_drops(en, fr)
-        kept = [r["id"] for r in read_rows(f"{out.root}/clean/{split}")]
+        kept = [r["id"] for r in read_rows(stage_folder(out, "clean", split))]
         assert m["rows_kept"] == len(kept) == len(set(kept))
         # each stage takes every row the one before it kept (none lost between stages)
         kept_before = m["rows_kept"]
@@ -91,8 +97,8 @@ def test_filters_drop_exactly_the_violating_pairs(newstest, shared_data):
 def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
     cfg, out = newstest
     for split in NEWSTEST:
-        encoded = {r["id"]: r for r in read_rows(f"{out.root}/encoded/{split}")}
-        clean_ids = [r["id"] for r in read_rows(f"{out.root}/clean/{split}")]
+        encoded = {r["id"]: r for r in read_rows(stage_folder(out, "encoded", split))}
+        clean_ids = [r["id"] for r in read_rows(stage_folder(out, "clean", split))]
         assert sorted(encoded) == clean_ids
         batched, longest_src, longest_tgt = [], 0, 0
         for b in read_rows(out.batches[split]):
@@ -154,8 +160,8 @@ def test_bpe_round_trips_newstest_and_uses_project_ids(newstest, shared_data):
             texts = [normalize(x) for x in lines(shared_data / "wmt14-en-fr" / f"{name}.{lang}")]
             decoded = sp.decode(sp.encode(texts))
             assert decoded == texts
-    clean = read_rows(f"{out.root}/clean/test")[:200]
-    encoded = {r["id"]: r for r in read_rows(f"{out.root}/encoded/test")}
+    clean = read_rows(stage_folder(out, "clean", "test"))[:200]
+    encoded = {r["id"]: r for r in read_rows(stage_folder(out, "encoded", "test"))}
     for r in clean:
         src = encoded[r["id"]]["src"]
         assert src[-1] == EOS and BOS not in src and encoded[r["id"]]["src_len"] == len(src)
@@ -291,8 +297,8 @@ def test_hub_parquet_and_ray_groupby_give_the_same_rows_and_shards(newstest, sha
                                    root=str(tmp_path / "out"), exchange="ray"))
     assert Path(hub.spm_model).read_bytes() == Path(out.spm_model).read_bytes()
     for split in NEWSTEST:
-        assert (read_rows(f"{hub.root}/encoded/{split}")
-                == read_rows(f"{out.root}/encoded/{split}"))
+        assert (read_rows(stage_folder(hub, "encoded", split))
+                == read_rows(stage_folder(out, "encoded", split)))
         assert part_bytes(hub.batches[split]) == part_bytes(out.batches[split])
     for split in ("valid", "test"):
         for a, b in zip(hub.text[split], out.text[split]):
@@ -327,6 +333,30 @@ def test_another_batch_cut_reuses_the_encoded_data_and_keeps_the_first_cut(newst
     assert same(back.manifests, out.manifests)
 
 
+def test_other_test_files_under_one_split_name_have_folders_of_their_own(newstest):
+    """Two runs on the same training and validation data (one data folder) scoring other
+    files named `test`: each split's cleaned, encoded and batched rows are in folders keyed by
+    its input, so the second neither replaces the first's nor has the first's rows encoded
+    under its manifest (folders named by the split alone were replaced by each run in turn), and
+    the first run's rerun finds its own stages, nothing to redo."""
+    cfg, out = newstest
+    first = {kind: part_bytes(stage_folder(out, kind, "test")) for kind in ("clean", "encoded")}
+    first["batches"] = part_bytes(out.batches["test"])
+    other = run_pipeline(cfg.replace(splits={**NEWSTEST, "test": NEWSTEST["valid"]}))
+    assert other.root == out.root  # the same data: only the test split's input differs
+    assert Path(other.batches["test"]).name != Path(out.batches["test"]).name
+    assert set(other.ran) == {"clean/test", "encoded/test", "batches/test"} | {
+        s for s in other.ran if s.startswith("text/")}
+    assert other.manifests["clean/test"]["rows_in"] == out.manifests["clean/valid"]["rows_in"]
+    assert read_rows(stage_folder(other, "encoded", "test")) == \
+        read_rows(stage_folder(out, "encoded", "valid"))
+    for kind in ("clean", "encoded"):
+        assert part_bytes(stage_folder(out, kind, "test")) == first[kind], kind
+    assert part_bytes(out.batches["test"]) == first["batches"]
+    again = run_pipeline(cfg)
+    assert again.ran == () and again.batches == out.batches
+
+
 KILLED_RUN = """
 import json, sys, ray
 from preprocessing.config import PreprocessConfig
@@ -353,8 +383,8 @@ def test_killed_stage_reruns_to_identical_shards(newstest, ray_session, tmp_path
     assert not list(task.rglob(".*.partial-*"))
     for split in NEWSTEST:  # same input and seed -> byte-identical shards, rows once each
         assert part_bytes(again.batches[split]) == part_bytes(out.batches[split])
-        assert (read_rows(f"{again.root}/encoded/{split}")
-                == read_rows(f"{out.root}/encoded/{split}"))
+        assert (read_rows(stage_folder(again, "encoded", split))
+                == read_rows(stage_folder(out, "encoded", split)))
     # stages finished before the kill were skipped, not redone
     assert (task / "clean" / "train" / "manifest.json").stat().st_mtime_ns < killed_at
 
@@ -648,7 +678,7 @@ def test_gigawords_test_split_spells_unknown_words_as_its_training_data(ray_sess
                    "the UNKNOWN soldier <unk> ."]
     assert tgt == ["nec <unk> in computer sales tie-up", "an <unk>"]
     rows = pa.concat_tables([pq.read_table(p) for p in
-                             sorted((Path(out.root) / "clean" / "test").glob("*.parquet"))])
+                             sorted(Path(stage_folder(out, "clean", "test")).glob("*.parquet"))])
     assert "UNK " not in " ".join(rows["src"].to_pylist()) + " "
     assert normalize("a UNK b", {"UNK": "<unk>"}) == "a <unk> b" == \
         normalize("a\u00a0<unk>  b", {"UNK": "<unk>"})
