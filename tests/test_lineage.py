@@ -346,6 +346,42 @@ def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
     assert client.get_model_version_by_alias("lineage-data", "champion").version in (1, "1")
 
 
+def test_a_run_registering_at_once_with_a_run_on_other_data_leaves_the_model_to_it(
+        smoke_workflow, monkeypatch):
+    """Two runs register a task's first model at once, on other validation data: the second
+    looked before the first made the registered model (its read said there was none), and finds
+    it made when it makes it itself. The model is keyed by the first run's data, so the second
+    adds no version and moves no alias: it used to add its version and set the alias to it,
+    leaving a champion neither run's data could compare with."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.engine import EvalScore
+    from workflows.lineage import DIGEST_TAG, register_champion
+
+    w = smoke_workflow
+    client = MlflowClient(w.tracking_uri)
+    ids = _job_models(client, w)
+    first = register_champion(w.tracking_uri, "lineage-first",
+                              [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
+                              "demo_test", "bleu")
+    assert first.moved and first.version == "1"
+    client.set_registered_model_tag("lineage-first", DIGEST_TAG, "0123456789abcdef")  # its data
+    looked = MlflowClient.search_registered_models
+
+    def before_it_was_made(self, *args, **kwargs):  # the second run's read, made earlier
+        monkeypatch.setattr(MlflowClient, "search_registered_models", looked)
+        return []
+
+    monkeypatch.setattr(MlflowClient, "search_registered_models", before_it_was_made)
+    second = register_champion(w.tracking_uri, "lineage-first",
+                               [EvalScore("avg_last2", "demo_test", {"bleu": 99.0}, None, "")],
+                               ids, "demo_test", "bleu")
+    assert not second.moved and "not comparable" in second.reason
+    assert "0123456789abcdef" in second.reason and second.version == "1"
+    assert len(client.search_model_versions("name = 'lineage-first'")) == 1
+    assert client.get_model_version_by_alias("lineage-first", "champion").version in (1, "1")
+
+
 def test_each_model_is_logged_from_the_files_its_scores_were_computed_on(smoke_workflow,
                                                                          tmp_path):
     """The weights of each job are staged once under the run folder (an average computed once);

@@ -197,23 +197,26 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
             registered = client.search_registered_models(f"name = '{name}'")
             legacy = bool(registered) and TEST_SET_TAG not in registered[0].tags \
                 and LEGACY_TEST_SET_TAG in registered[0].tags
+            def other_data(keyed: str) -> Champion:
+                said = (f"not comparable: {name} holds models scored on {test_set} with "
+                        f"digest {keyed}, this run's {test_set} has digest {digest}; the "
+                        "alias stays (run on the same test data, or use another "
+                        "experiment / tracking server)")
+                log.warning("%s@%s %s", name, CHAMPION, said)
+                cur = _current_champion(client, name)
+                return Champion(name, cur[0] if cur else "none", best.job, metric, value,
+                                test_set, False, said, **report)
+
             if registered:
                 keyed = registered[0].tags.get(DIGEST_TAG)
                 if keyed and keyed != digest:
-                    why = (f"not comparable: {name} holds models scored on {test_set} with "
-                           f"digest {keyed}, this run's {test_set} has digest {digest}; the "
-                           "alias stays (run on the same test data, or use another "
-                           "experiment / tracking server)")
-                    log.warning("%s@%s %s", name, CHAMPION, why)
-                    cur = _current_champion(client, name)
-                    return Champion(name, cur[0] if cur else "none", best.job, metric, value,
-                                    test_set, False, why, **report)
+                    return other_data(keyed)
             # MLflow's registry has no compare-and-set. So: compare, set, and re-read after a
             # pause (REGISTRY_SETTLE_S) until the alias names this run's model twice running;
             # a model another run set meanwhile is compared in turn (a better one is kept, a
             # worse one replaced). Two runs finishing together thus agree on the better model
             # as long as each run's read-then-set takes less than the pause.
-            mv, confirmed = None, 0  # this run's version (created once); reads that saw it
+            mv, confirmed, why = None, 0, ""  # this run's version (made once); reads that saw it
             for _ in range(12):
                 read_at = time.monotonic()
                 # (No registered model yet: no alias to read; a server with authentication
@@ -275,8 +278,11 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                     why = f"no champion on {test_set} yet"
                 confirmed = 0
                 if mv is None:  # (slow: made first, then compared afresh before the set)
-                    mv = _new_version(client, name, registered, model_id, ours, best, metric,
-                                      value, test_set, digest)
+                    try:
+                        mv = _new_version(client, name, registered, model_id, ours, best,
+                                          metric, value, test_set, digest)
+                    except _OtherData as err:
+                        return other_data(err.keyed)
                     continue
                 try:
                     client.set_registered_model_alias(name, CHAMPION, mv.version)
@@ -307,9 +313,21 @@ def _tag_chosen_on(client, name, test_set, metric, digest) -> None:
         client.set_registered_model_tag(name, key, value)
 
 
+class _OtherData(Exception):
+    """The registered model another run made a moment ago is keyed by other validation data."""
+
+    def __init__(self, keyed: str):
+        super().__init__(keyed)
+        self.keyed = keyed
+
+
 def _new_version(client, name, registered, model_id, ours, best, metric, value, test_set,
                  digest):
-    """This run's model as a new version of `name` (the registered model made first)."""
+    """This run's model as a new version of `name` (the registered model made first). Where
+    another run made it since this one looked (two runs registering a task's first model at
+    once), its data is checked as a registered model's is (`_OtherData`): a run on other
+    validation data made the model's first version and tagged it with its data, and this run's
+    version beside it would name a champion no later run can compare with."""
     from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
     if not registered:
@@ -318,6 +336,9 @@ def _new_version(client, name, registered, model_id, ours, best, metric, value, 
         except Exception as err:  # noqa: BLE001 - another run made it a moment ago: use it
             if getattr(err, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
                 raise
+            keyed = client.get_registered_model(name).tags.get(DIGEST_TAG)
+            if keyed and keyed != digest:
+                raise _OtherData(keyed) from None
     mv = client.create_model_version(name, f"models:/{model_id}", run_id=ours.source_run_id,
                                      model_id=model_id,
                                      tags={"convs2s.job": best.job, metric: f"{value:.2f}",
