@@ -244,6 +244,16 @@ PRESETS: dict[str, Callable[[], ModelConfig]] = {
 # driver (convs2s.train.faults.CrashInjection) so that a test hook changes no recipe or hash.
 RETIRED_TRAIN_FIELDS = ("crash_at_update", "crash_rank")
 
+# The lr schedules that end with the run's budget (their lr falls to 0 as it is spent); the
+# others shrink the lr by epochs and stop training once it falls below min_lr.
+BUDGET_SCHEDULES = ("cosine", "linear")
+
+# The TrainConfig fields a checkpoint's optimizer state was made with (recorded in its
+# meta.json): a resume with others is refused (convs2s.train.data.resume_differences). Loading
+# the state brings back the saved values, so another momentum or weight decay was not used while
+# the run's params said it was, and another optimizer's state did not load.
+OPTIMIZER_KEYS = ("optimizer", "momentum", "weight_decay", "adam_betas", "adam_eps")
+
 
 @dataclass(frozen=True)
 class TrainConfig(Settings):
@@ -361,6 +371,10 @@ class TrainConfig(Settings):
                                ("lr_shrink", 0.0 < self.lr_shrink <= 1.0, "in (0, 1]")):
             if not ok:
                 raise ValueError(f"{name} must be {want}, got {getattr(self, name)}")
+        if self.lr_schedule not in BUDGET_SCHEDULES and self.lr < self.min_lr:
+            raise ValueError(f"lr {self.lr:g} is below min_lr {self.min_lr:g}, where the "
+                             f"{self.lr_schedule!r} schedule stops training: it would stop "
+                             "before its first update; lower min_lr (train.min_lr) or raise lr")
         for name in ("weight_decay", "clip_norm", "min_lr", "warmup_init_lr", "warmup_updates",
                      "max_epochs", "max_updates", "checkpoint_interval", "shuffle_buffer",
                      "seed"):  # (the epoch's plan seeds numpy with it: non-negative only)

@@ -260,9 +260,10 @@ def test_a_run_folder_with_a_model_this_run_did_not_train_is_left_alone(demo_bat
 def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches, tmp_path,
                                                                     capsys):
     """--model small on a tiny run's folder: one line naming what differs (it was a page of
-    load_state_dict's tensor shapes); another seed, shuffle buffer or --train-data too (they
-    trained on without a word); the run's checkpoint is untouched. Another lr resumes
-    (the run's schedule goes on), saying so."""
+    load_state_dict's tensor shapes); another seed, shuffle buffer, optimizer setting or
+    --train-data too (they trained on without a word, or Adam's state failed to load); the
+    run's checkpoint is untouched. Another lr resumes (the run's schedule goes on), saying
+    so."""
     from convs2s.io.checkpoint import list_checkpoints
     from convs2s.train.local import main
 
@@ -274,7 +275,7 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
-    assert "the run's checkpoint is another model than the one asked (" in err
+    assert "its checkpoint at update 2 is another model than the one asked (" in err
     assert "in the checkpoint" in err and "its --model" in err
     assert list_checkpoints(tmp_path / "r") == [kept]
     # Another seed, another shuffle buffer or other batches (another --train-data: here the
@@ -283,6 +284,14 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     for more, said in ((["--set", "seed=7"], "was trained with seed 1 there, 7 asked: "),
                        (["--set", "shuffle_buffer=64"],
                         "was trained with shuffle_buffer 256 there, 64 asked: "),
+                       # the optimizer's saved state brings back its own settings (another
+                       # momentum was not used while the params said so; Adam's state did not
+                       # load: a traceback)
+                       (["--set", "momentum=0.5", "--set", "weight_decay=0.01"],
+                        "was trained with momentum 0.99 there, 0.5 asked; weight_decay 0.0 "
+                        "there, 0.01 asked: "),
+                       (["--set", "optimizer=adam", "--set", "lr=0.001"],
+                        "was trained with optimizer nag there, adam asked: "),
                        (["--train-data", demo_batches.batches["valid"]],
                         "was trained with other training batches than ")):
         rc = main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", *more))

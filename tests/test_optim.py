@@ -29,6 +29,22 @@ def trajectory(schedule: LRSchedule, val_losses: list[float]) -> tuple[list[floa
     return lrs, 0
 
 
+def test_an_lr_below_min_lr_is_refused_where_its_schedule_would_stop_at_once():
+    """An lr under min_lr (Adam's 5e-5 beside the paper's 1e-4) stopped the epoch schedules
+    before their first update, with no word but "lr fell below min_lr" (a workflow then said
+    "training finished without a checkpoint"): refused, naming both; the budget schedules,
+    whose lr falls to 0 with the budget, never stop for it."""
+    for schedule in ("plateau", "anneal", "fixed"):
+        with pytest.raises(ValueError, match=r"lr 5e-05 is below min_lr 0.0001, where the "
+                                             f"'{schedule}' schedule stops training"):
+            TrainConfig(optimizer="adam", lr=5e-5, lr_schedule=schedule)
+    for schedule in ("cosine", "linear"):
+        s = LRSchedule(TrainConfig(optimizer="adam", lr=5e-5, lr_schedule=schedule))
+        assert not s.should_stop() and s.lr_at(0, 0.5) > 0
+        s.end_epoch(1, 3.0)
+        assert not s.should_stop()
+
+
 def test_plateau_divides_by_ten_after_each_non_improving_epoch_and_stops_below_min_lr():
     # Paper §4.2: lr 0.25; /10 whenever the validation perplexity did not improve on the best;
     # stop once the lr falls below 1e-4.

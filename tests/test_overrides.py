@@ -692,6 +692,54 @@ def test_a_token_map_given_or_taken_away_on_a_rerun_is_a_changed_setting(tmp_pat
         **{**vars(opts), "set": ["data.token_map={}"]}))) is None  # none, said twice
 
 
+def test_a_rerun_may_change_how_it_trains_and_its_gpus_but_not_its_update(tmp_path):
+    """A days-long run continued with more frequent checkpoints, fewer of them kept, a fused
+    step, or on 4 GPUs instead of 8 (the paper preset accumulates two micro-batches each to keep
+    its update) is the same run: resumed, not refused, the parent run tagged with what changed.
+    The same 4 GPUs asked to step one micro-batch each (half the update) is refused, naming the
+    update's size; so is a record of the settings before the update had one (its workers and
+    micro-batches as two settings)."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.run_state import StageContext, record_settings, result_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "data").mkdir()
+    for stem in ("train", "newstest2013", "newstest2014"):
+        for lang in ("en", "fr"):
+            (tmp_path / "data" / f"{stem}.{lang}").write_text("a line\n")
+    opts = RunOptions(preset="paper", data=str(tmp_path / "data"), num_workers=8,
+                      run_name="r", storage_path=str(tmp_path / "runs"), tracking_uri=uri)
+    spec = resolve(wmt14_en_fr.paper(), opts)
+    f = spec.train.update_freq  # 1: 8 x 3,000 tokens, the paper's update
+    micro = 8 * f
+    tree = RunTree.open(uri, "exp", spec.run_dir, "r")
+    record_settings(StageContext(tree), spec)
+    how = ["train.checkpoint_interval=500", "train.keep_last=10", "train.log_interval=10",
+           "train.fuse=inductor", "train.ddp_bucket_mb=50"]
+    later = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(opts), "num_workers": 4,
+                                                         "set": how}))
+    assert later.num_workers == 4 and later.train.update_freq == 2 * f
+    assert reuse_problem(later) is None
+    halved = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(opts), "num_workers": 4,
+                                                          "update_freq": f}))
+    assert f"update.micro_batches: {micro} -> {micro // 2}" in (reuse_problem(halved) or "")
+    assert "train.lr: 0.5 -> 0.25" in (reuse_problem(resolve(wmt14_en_fr.paper(), RunOptions(
+        **{**vars(opts), "num_workers": 4, "set": [*how, "train.lr=0.25"]}))) or "")
+    record_settings(StageContext(tree), later)
+    changed = MlflowClient(uri).get_run(tree.parent).data.tags["convs2s.changed"]
+    for said in ("train.keep_last: 5 -> 10", "train.fuse:  -> inductor",
+                 "update.workers: 8 -> 4", f"train.update_freq: {f} -> {2 * f}"):
+        assert said in changed, changed
+    # a record from before the update's size: its two factors compared as their product
+    old = {k: v for k, v in result_settings(spec).items()}
+    (spec.run_dir / "workflow.json").write_text(json.dumps(
+        {"settings": old, "budgets": {}, "inputs": {}}))
+    assert reuse_problem(later) is None
+    assert f"update.micro_batches: {micro} -> {micro // 2}" in (reuse_problem(halved) or "")
+
+
 def test_a_paper_run_started_on_plateau_resumes_with_the_set_the_readme_gives(tmp_path):
     """README (Resuming a run): an En-Ro run started before the paper presets annealed as
     §4.2 says (`plateau`) is refused as another setting, and `--set

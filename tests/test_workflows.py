@@ -779,7 +779,7 @@ def test_a_run_name_reused_with_other_settings_is_refused_before_anything_starts
 
 @pytest.mark.parametrize("extra, says", [
     (["--max-updates", "30"], "max_updates: 60 -> 30 (smaller)"),
-    (["--num-workers", "1"], "update.workers: 2 -> 1"),
+    (["--num-workers", "1"], "update.micro_batches: 2 -> 1"),  # (half the update)
     (["--init-from", "{best}"], "init_from (--init-from): (none) -> "),
 ])
 def test_a_rerun_that_adds_init_from_shrinks_a_budget_or_resizes_the_update_is_refused(

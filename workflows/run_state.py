@@ -123,12 +123,39 @@ def budgets(spec) -> dict[str, float]:
 ABSENT_MEANS = {"data.token_map": "{}"}
 
 
+# Settings of how a run trains, not of what it trains: logging, checkpoints, and how the same
+# step is computed (compiled or eager, the convolution's kernels, padded shapes, CUDA graphs,
+# DDP's buckets: the same numbers to float32 rounding). A rerun may change them: more frequent
+# checkpoints, fewer kept as storage fills, a faster step on the same run.
+HOW_NOT_WHAT = tuple(f"train.{k}" for k in (
+    "log_interval", "checkpoint_interval", "keep_last", "compile", "fuse", "conv",
+    "static_shapes", "cuda_graphs", "ddp_bucket_mb"))
+
+
+def _update_size(settings: dict[str, str]) -> dict[str, str]:
+    """`settings` with the update's size as micro-batches per update over all workers
+    (update.workers x train.update_freq; each micro-batch one batch of data.max_tokens), not its
+    two factors, and without HOW_NOT_WHAT: a run continued on fewer GPUs that accumulates more
+    micro-batches (the trainer resumes its epoch on another number of ranks) trains the same
+    updates."""
+    out = {k: v for k, v in settings.items() if k not in HOW_NOT_WHAT}
+    try:  # (a record edited by hand to no numbers: its two settings compared as they are)
+        micro = int(out["update.workers"]) * int(out.get("train.update_freq", "1"))
+    except (KeyError, ValueError):
+        return out
+    del out["update.workers"]
+    out.pop("train.update_freq", None)
+    return {**out, "update.micro_batches": str(micro)}
+
+
 def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """'key: old -> new' for every setting both sides name and that differs. A key only one
-    side names is a field added (with the earlier behaviour as its default) or retired by a
-    newer version of the code, not a change of the run; except one recorded only where set
+    """'key: old -> new' for every setting both sides name and that differs (the update's size
+    as its micro-batches, how-not-what settings aside: `_update_size`). A key only one side
+    names is a field added (with the earlier behaviour as its default) or retired by a newer
+    version of the code, not a change of the run; except one recorded only where set
     (ABSENT_MEANS: a token_map given to a run that had none is a change)."""
-    before, after = {**ABSENT_MEANS, **before}, {**ABSENT_MEANS, **after}
+    before = {**ABSENT_MEANS, **_update_size(before)}
+    after = {**ABSENT_MEANS, **_update_size(after)}
     return [f"{k}: {before[k]} -> {after[k]}" for k in sorted(set(before) & set(after))
             if before[k] != after[k]]
 
@@ -249,10 +276,19 @@ def record_settings(ctx: StageContext, spec) -> None:
         tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: started over "
                                      f"({cut_tag('; '.join(changed))}); nothing had been "
                                      "trained")
-    elif state.get("budgets") and state["budgets"] != new_budgets:
-        tags["convs2s.continued"] = ", ".join(
-            f"{k} {state['budgets'].get(k)} -> {v}" for k, v in new_budgets.items()
-            if state["budgets"].get(k) != v)
+    else:
+        if state.get("budgets") and state["budgets"] != new_budgets:
+            tags["convs2s.continued"] = ", ".join(
+                f"{k} {state['budgets'].get(k)} -> {v}" for k, v in new_budgets.items()
+                if state["budgets"].get(k) != v)
+        # How it trains, changed on a rerun (the parent's params keep the first values)
+        was = state.get("settings") or {}
+        how = [f"{k}: {was[k]} -> {settings[k]}" for k in
+               (*HOW_NOT_WHAT, "update.workers", "train.update_freq")
+               if k in was and k in settings and was[k] != settings[k]]
+        if how:
+            tags["convs2s.changed"] = cut_tag(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                                              + "; ".join(how))
     state["settings"], state["budgets"] = settings, new_budgets
     state["inputs"] = input_identity(spec)
     ctx.save_state(state)

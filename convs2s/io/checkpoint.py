@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from convs2s.config import ModelConfig
+from convs2s.config import OPTIMIZER_KEYS, ModelConfig
 from convs2s.io.text_codec import checkpoint_folder, local_checkpoint
 from storage import is_uri, local_copy, location, publish_dir
 
@@ -85,6 +85,12 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     for key in ("seed", "shuffle_buffer"):  # the epoch's plan (convs2s.train.data)
         if (value := (state.get("train_config") or {}).get(key)) is not None:
             meta[key] = int(value)
+    for key in OPTIMIZER_KEYS:  # what the optimizer's saved state was made with
+        if (value := (state.get("train_config") or {}).get(key)) is not None:
+            meta[key] = value
+    for key in ("model_config", "src_vocab_size", "tgt_vocab_size"):  # the model it holds
+        if state.get(key) is not None:
+            meta[key] = state[key]
     if state.get("train_data"):
         meta["train_data"] = state["train_data"]
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.

@@ -250,7 +250,7 @@ def resume_differences(saved: dict, data: dict | None, job, ours: dict) -> list[
     a plan made from the seed, the shuffle windows and the batch files, so another seed, another
     shuffle buffer or another cut of the data (another --train-data, --max-tokens, corpus)
     would train some rows twice and others never."""
-    out = []
+    out = _optimizer_differences(saved, job.train)
     if (seed := saved.get("seed")) is not None and int(seed) != job.train.seed:
         out.append(f"seed {int(seed)} there, {job.train.seed} asked")
     if (buffer := saved.get("shuffle_buffer")) is not None \
@@ -264,8 +264,30 @@ def resume_differences(saved: dict, data: dict | None, job, ours: dict) -> list[
     return out
 
 
-RESUME_FIX = ("resume with the run's own seed, shuffle_buffer and training batches, or give "
-              "another --run-name for a new run")
+def _optimizer_differences(saved: dict, train) -> list[str]:
+    """How the optimizer settings `saved` (OPTIMIZER_KEYS; a key an older checkpoint lacks is
+    not compared) differ from TrainConfig `train`'s: those the saved optimizer uses (NAG's
+    momentum, Adam's betas and eps, both's weight decay), or the optimizer itself."""
+    from convs2s.config import OPTIMIZER_KEYS
+
+    kind = saved.get("optimizer")
+    if kind is not None and kind != train.optimizer:
+        return [f"optimizer {kind} there, {train.optimizer} asked"]
+    used = {"nag": ("momentum", "weight_decay"), "adam": ("adam_betas", "adam_eps",
+                                                          "weight_decay")}.get(kind or "nag")
+    out = []
+    for key in OPTIMIZER_KEYS:
+        there, ours = saved.get(key), getattr(train, key)
+        if key in used and there is not None:
+            same = (tuple(float(x) for x in there) == tuple(float(x) for x in ours)
+                    if key == "adam_betas" else float(there) == float(ours))
+            if not same:
+                out.append(f"{key} {there} there, {ours} asked")
+    return out
+
+
+RESUME_FIX = ("resume with the run's own seed, shuffle_buffer, optimizer settings and training "
+              "batches, or give another --run-name for a new run")
 
 
 def resume_problem(job, files: TrainFiles) -> str | None:
@@ -281,12 +303,39 @@ def resume_problem(job, files: TrainFiles) -> str | None:
     if not kept:
         return None
     meta = json.loads((location(kept[-1].path) / META_FILE).read_text())
+    if "model_config" in meta and (differ := model_differences(meta, job)):
+        return (f"{run_dir}: its checkpoint at update {kept[-1].update} " + model_refusal(differ))
     differ = resume_differences(meta, meta.get("train_data"), job,
                                 data_identity(job.train_data, files))
     if not differ:
         return None
     return (f"{run_dir}: its checkpoint at update {kept[-1].update} was trained with "
             + "; ".join(differ) + f": {RESUME_FIX}")
+
+
+def model_differences(state: dict, job) -> list[tuple[str, object, object]]:
+    """(setting, the checkpoint's, `job`'s) for each way checkpoint `state`'s model (its
+    model_config and vocabulary sizes: the checkpoint, or its meta.json) differs from the one
+    `job` builds: its ModelConfig (defaults filled: a checkpoint from before a field existed
+    has the default's) and vocabulary sizes. The dropout aside: the run's probe chooses it, and
+    a fine-tuned model's differs from the checkpoint it came from."""
+    from convs2s.config import ModelConfig
+
+    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
+    ours = job.model.to_dict()
+    differ = [(k, v, ours[k]) for k, v in theirs.to_dict().items() if v != ours[k]]
+    sizes = {"src_vocab_size": job.vocab_size,
+             "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
+    return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]
+
+
+def model_refusal(differ: list[tuple[str, object, object]]) -> str:
+    """The words refusing to resume another model (`model_differences`)."""
+    return ("is another model than the one asked ("
+            + "; ".join(f"{k}: {theirs!r} in the checkpoint, {ours!r} asked"
+                        for k, theirs, ours in differ[:3]) + (", ..." if len(differ) > 3 else "")
+            + "): resume with the run's own model settings (its --model), or give another "
+            "--run-name for a new run")
 
 
 def data_identity(folder, files: TrainFiles) -> dict:

@@ -42,8 +42,12 @@ class TrainMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def pause(self) -> None:
-        """Stop the clock (validation and checkpoints do not count as training time)."""
+        """Stop the clock (validation and checkpoints do not count as training time), once the
+        work queued on a GPU is done (it is training time; rare: at validations and
+        checkpoints)."""
         if self.start is not None:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             self.elapsed += time.perf_counter() - self.start
             self.start = None
 

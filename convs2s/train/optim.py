@@ -39,7 +39,7 @@ from collections.abc import Iterable
 
 import torch
 
-from convs2s.config import TrainConfig
+from convs2s.config import BUDGET_SCHEDULES, TrainConfig
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter],
@@ -160,7 +160,7 @@ class LRSchedule:
         """Anneal after the (1-based) `epoch` finished with validation loss `val_loss`; returns
         the lr of the next epoch."""
         self.epochs_done = epoch
-        if self.cfg.lr_schedule in ("cosine", "linear"):  # annealed by the budget, per update
+        if self.cfg.lr_schedule in BUDGET_SCHEDULES:  # annealed by the budget, per update
             if val_loss is not None and (self.best_loss is None or val_loss < self.best_loss):
                 self.best_loss = float(val_loss)
         elif self.cfg.lr_schedule == "anneal":
@@ -201,7 +201,9 @@ class LRSchedule:
         return self.cfg.lr * self.cfg.lr_shrink ** (epoch + 1 - start)
 
     def should_stop(self) -> bool:
-        return self.epoch_lr < self.cfg.min_lr
+        """The lr fell below min_lr (the epoch schedules; "cosine" / "linear" end with their
+        budget, their lr reaching 0 there)."""
+        return self.cfg.lr_schedule not in BUDGET_SCHEDULES and self.epoch_lr < self.cfg.min_lr
 
     def state_dict(self) -> dict:
         return {"epoch_lr": self.epoch_lr, "best_loss": self.best_loss,

@@ -5,10 +5,18 @@ that started the run still holds its folder (`check_lease`)."""
 
 from __future__ import annotations
 
-from convs2s.config import ModelConfig
 from convs2s.io.checkpoint import CheckpointError, load_checkpoint
-from convs2s.train.data import RESUME_FIX, resume_differences
-from convs2s.train.job import TrainJob
+from convs2s.train.data import (RESUME_FIX, model_differences, model_refusal,
+                                resume_differences)
+from convs2s.train.job import RunRefused, TrainJob
+
+
+class ResumeRefused(CheckpointError, RunRefused):
+    """The checkpoint a rank was handed is not one this run may resume (another model, seed,
+    optimizer or batches): the same on every rank, and the same on a retry, so it ends the run
+    as one line under every launcher (returned, not raised, by a Ray Train worker:
+    convs2s.train.trainer.STOPPING_ERRORS) instead of Ray Train restarting the group to fail
+    the same way. `preflight` refuses the same from the newest checkpoint's meta.json."""
 
 
 def initial_weights(job: TrainJob) -> dict:
@@ -32,12 +40,7 @@ def check_same_model(state: dict, job: TrainJob, where) -> None:
     """Refuse to resume a run's checkpoint with another model (another --model, other
     layers, another vocabulary): `load_state_dict` would stop with a page of tensor shapes."""
     if differ := model_differences(state, job):
-        raise CheckpointError(
-            f"{where}: the run's checkpoint is another model than the one asked ("
-            + "; ".join(f"{k}: {theirs!r} in the checkpoint, {ours!r} asked"
-                        for k, theirs, ours in differ[:3]) + (", ..." if len(differ) > 3 else "")
-            + "): resume with the run's own model settings (its --model), or give another "
-            "--run-name for a new run")
+        raise ResumeRefused(f"{where}: the run's checkpoint {model_refusal(differ)}")
 
 
 def check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
@@ -48,21 +51,8 @@ def check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
     before the data was recorded: the settings are compared only."""
     if differ := resume_differences(state.get("train_config") or {},
                                     state.get("train_data"), job, data):
-        raise CheckpointError(f"{where}: the run's checkpoint was trained with "
-                              + "; ".join(differ) + f": {RESUME_FIX}")
-
-
-def model_differences(state: dict, job: TrainJob) -> list[tuple[str, object, object]]:
-    """(setting, the checkpoint's, `job`'s) for each way checkpoint `state`'s model differs
-    from the one `job` builds: its ModelConfig (defaults filled: a checkpoint from before a
-    field existed has the default's) and vocabulary sizes. The dropout aside: the run's probe
-    chooses it, and a fine-tuned model's differs from the checkpoint it came from."""
-    theirs = ModelConfig.from_dict(state["model_config"]).replace(dropout=job.model.dropout)
-    ours = job.model.to_dict()
-    differ = [(k, v, ours[k]) for k, v in theirs.to_dict().items() if v != ours[k]]
-    sizes = {"src_vocab_size": job.vocab_size,
-             "tgt_vocab_size": job.tgt_vocab_size or job.vocab_size}
-    return differ + [(k, state[k], v) for k, v in sizes.items() if k in state and state[k] != v]
+        raise ResumeRefused(f"{where}: the run's checkpoint was trained with "
+                            + "; ".join(differ) + f": {RESUME_FIX}")
 
 
 def check_lease(job: TrainJob, comm, before: str) -> None:

@@ -69,8 +69,8 @@ from convs2s.train.batches import static_batches, train_batches, valid_batches
 from convs2s.train.data import (TrainFiles, data_identity, read_manifest, read_rows, resume_point,
                                  resumed_rows)
 from convs2s.train.faults import UNFIT_RANK_ENV, CrashInjection
-from convs2s.train.resume import (check_lease, check_same_model, check_same_training,
-                                   initial_weights)
+from convs2s.train.resume import (ResumeRefused, check_lease, check_same_model,
+                                   check_same_training, initial_weights)
 from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
 from convs2s.train.runtime import load_agreed
@@ -130,14 +130,16 @@ def _quiet_reports() -> None:
 # The key of a worker's return value that carries a run-ending error to the Ray driver, as
 # [its class name, its message]; the errors that travel so, by name.
 STOPPED_KEY = "stopped_by"
-STOPPING_ERRORS = {cls.__name__: cls for cls in (BudgetTooLarge, Diverged, LeaseLost)}
+STOPPING_ERRORS = {cls.__name__: cls for cls in (BudgetTooLarge, Diverged, LeaseLost,
+                                                  ResumeRefused)}
 
 
 def train_loop_per_worker(config: dict) -> dict:
     """Ray Train worker entry; `config` is the train_loop_config built by `fit`. A token budget
-    the GPUs cannot hold (the same on every rank, `agree_on_fit`) or a diverged run (the same
-    on every rank, `Trainer._check_finite`) is returned, not raised: a raised error would make
-    Ray Train restart the group from its last checkpoint, to fail the same way again."""
+    the GPUs cannot hold (the same on every rank, `agree_on_fit`), a diverged run (the same
+    on every rank, `Trainer._check_finite`) or a checkpoint this run may not resume (the same
+    on every rank, `ResumeRefused`) is returned, not raised: a raised error would make Ray
+    Train restart the group from its last checkpoint, to fail the same way again."""
     from convs2s.train.runtime import RayRuntime
 
     _quiet_reports()
@@ -431,7 +433,9 @@ class Trainer:
                 epoch_end = False  # stopped inside the epoch: validate and checkpoint here
                 break
             if cfg.checkpoint_interval and progress.update % cfg.checkpoint_interval == 0:
+                meter.pause()  # (a checkpoint is not training time: TrainMeter)
                 self.checkpoint({"update": progress.update, "epoch": progress.epoch})
+                meter.resume()
             if not left:  # the epoch's last update (a limit reached there ends it too)
                 break
         meter.pause()
