@@ -429,17 +429,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def compile_state():
-    """`compile_for_training` sets process-wide state: dynamo's float setting and the fused
-    loss's compiled chunks (`convs2s.model.loss.compile_loss_chunks`). Put both back after the
-    test (pytest's monkeypatch would delete the config entry on undo, which hides a torch
-    config entry)."""
+    """`compile_for_training` sets process-wide state: dynamo's float setting, duck sizing
+    (`convs2s.model.fused.dynamic_shape_settings`) and the fused loss's compiled chunks
+    (`convs2s.model.loss.compile_loss_chunks`). Put them back after the test (pytest's
+    monkeypatch would delete the config entry on undo, which hides a torch config entry)."""
     import torch
+    import torch.fx.experimental._config as fx_config
 
     from convs2s.model import loss
 
-    before = torch._dynamo.config.specialize_float
+    before = torch._dynamo.config.specialize_float, fx_config.use_duck_shape
     yield
-    torch._dynamo.config.specialize_float = before
+    torch._dynamo.config.specialize_float, fx_config.use_duck_shape = before
     loss.compile_loss_chunks(None)
 
 

@@ -40,10 +40,10 @@ def _train_step(model, batch, dtype=None):
 
 
 @pytest.fixture
-def restore_dynamo():
-    before = torch._dynamo.config.specialize_float
+def restore_dynamo(compile_state):
+    """torch's process-wide settings the compiled regions set, put back after the test
+    (tests/conftest.py `compile_state`)."""
     yield
-    torch._dynamo.config.specialize_float = before
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

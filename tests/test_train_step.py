@@ -561,6 +561,45 @@ def test_a_compiled_update_equals_the_eager_update(compile_state):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
 
 
+def test_a_first_batch_whose_source_and_target_are_as_long_does_not_fix_them_equal(
+        compile_state):
+    """torch's duck sizing gave sizes equal at the first call one symbol: after a first batch
+    whose source and target were as long (the rule with static shapes, and the memory probe's
+    first steps), the next whose were not compiled the whole model again (minutes on a GPU).
+    The compiled model's graph and the fused regions' serve both; a batch of one sentence is
+    the one shape that compiles once more (torch specializes sizes 0 and 1)."""
+    from convs2s.model.fused import compiled_regions
+
+    def batch(b: int, s: int, t: int):
+        g = torch.Generator().manual_seed(b * 100 + s * 10 + t)
+        return collate_lists(
+            [torch.randint(4, V, (s - 1,), generator=g).tolist() + [EOS] for _ in range(b)],
+            [torch.randint(4, V, (t - 1,), generator=g).tolist() + [EOS] for _ in range(b)])
+
+    cfg = CFG.replace(compile="aot_eager")
+    net = fresh_model()
+    model = compile_for_training(net, cfg.compile, fullgraph=True)
+    opt = build_optimizer(net.parameters(), cfg)
+    for i, shape in enumerate([(4, 8, 8), (4, 8, 12), (3, 10, 6), (5, 6, 6)]):
+        with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+            train_update(model, opt, [batch(*shape)], cfg, Comm(), torch.device("cpu"))
+    from convs2s.model import fused as fused_module
+
+    regions = compiled_regions("aot_eager")
+    fused = fresh_model()
+    for m in fused.modules():
+        if hasattr(m, "fused"):
+            m.fused = regions
+    try:
+        for i, shape in enumerate([(4, 8, 8), (4, 8, 12), (3, 10, 6)]):
+            b = batch(*shape)
+            with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+                fused(b.src_tokens, b.src_lengths, b.prev_output_tokens)
+    finally:  # (the regions' compiled code is process-wide: tests/test_fused.py counts it)
+        fused_module._compiled.pop("aot_eager", None)
+        torch._dynamo.reset()
+
+
 def test_a_compiled_update_with_dropout_is_still_one_graph(compile_state):
     """Dropout on the CPU draws its masks with an eager-only trick (`random_` on a buffer);
     under torch.compile it takes `F.dropout`, so the graph does not break at each of the

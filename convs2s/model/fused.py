@@ -81,10 +81,26 @@ def _when_recording(compiled, eager):
     return call
 
 
+def dynamic_shape_settings() -> None:
+    """The process-wide settings (torch's, as its own are) under which this project's graphs
+    are compiled with dynamic shapes: the rates (dropout, label smoothing) as constants
+    (`specialize_float`), and no duck sizing. torch gives input sizes that are equal at the
+    first call one symbol and guards on their equality: a first batch whose source and target
+    are as long (common, and the rule with static shapes' rounded lengths; the memory probe
+    steps such shapes first) made the next batch whose are not compile everything again (the
+    whole model's compile takes minutes on a GPU). A one-sentence batch still compiles once
+    more (torch specializes sizes 0 and 1; its size-oblivious setting is for export only)."""
+    import torch.fx.experimental._config as fx_config
+
+    torch._dynamo.config.specialize_float = True
+    fx_config.use_duck_shape = False
+
+
 def compiled_regions(backend: str) -> SimpleNamespace:
     """The four functions compiled with `backend` (dynamic shapes: a capture serves every batch
     shape and block width), made once per process and backend. A name torch.compile does not
     know is a ValueError here, before the first step, rather than inside it."""
+    dynamic_shape_settings()  # (each time: the functions compile at their first calls)
     if backend not in _compiled:
         known = torch._dynamo.list_backends(exclude_tags=())
         if backend not in known:

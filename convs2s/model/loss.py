@@ -122,7 +122,9 @@ def compile_loss_chunks(backend: str | None, devices: tuple[str, ...] = ("cuda",
     _compiled.clear()
     if not backend:
         return
-    torch._dynamo.config.specialize_float = True  # the rates as constants, as the model's
+    from convs2s.model.fused import dynamic_shape_settings
+
+    dynamic_shape_settings()  # (the rates as constants, no duck sizing: as the model's)
     fn = torch.compile(chunk_loss, backend=backend, dynamic=True)
     _compiled.update({d: fn for d in devices})
 

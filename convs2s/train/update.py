@@ -27,7 +27,7 @@ import torch
 from convs2s.train.collate import Batch
 from convs2s.config import TrainConfig
 from convs2s.model.conv import use_native_conv
-from convs2s.model.fused import fuse_regions
+from convs2s.model.fused import dynamic_shape_settings, fuse_regions
 from convs2s.model.loss import compile_loss_chunks
 from convs2s.train.optim import clip_gradients
 from convs2s.precision import local_precision
@@ -81,7 +81,7 @@ def compile_for_training(model: torch.nn.Module, backend: str,
     batch shape: with batches padded to a few static shapes (`convs2s.train.collate.pad_to`),
     whose loss is masked rather than gathered, so no shape depends on the token count.
     """
-    torch._dynamo.config.specialize_float = True
+    dynamic_shape_settings()
     compile_loss_chunks(backend)
     return torch.compile(model, backend=backend, dynamic=True, fullgraph=fullgraph,
                          **({"mode": mode} if mode else {}))
