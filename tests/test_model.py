@@ -322,6 +322,22 @@ def test_encoder_gradient_scaling():
     torch.testing.assert_close(grad * 6, grad1)
 
 
+def test_the_native_convolution_is_exact_float32_on_cudnn_as_the_windows_gemm_is():
+    """cuDNN's float32 convolutions default to TF32 (about 1e-3 relative error) where the
+    windows' GEMM and every matrix product are exact float32: `conv="native"` turns TF32 off
+    for them, so a float32 run's numbers do not depend on `conv` (the flag is read on a GPU;
+    set here all the same)."""
+    from convs2s.model.conv import use_native_conv
+
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
+        assert use_native_conv(ConvS2S(PRESETS["tiny"](), 20, 20), True) > 0
+        assert torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.backends.cudnn.allow_tf32 = before
+
+
 @pytest.mark.parametrize("conv", ["windows", "native"])
 def test_torch_compile_matches_eager(conv):
     """torch.compile captures the whole model as one graph (custom autograd functions, in-place

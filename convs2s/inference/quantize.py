@@ -156,8 +156,14 @@ def unavailable(precision: str, device: str | torch.device = "cpu") -> str | Non
             Int8Linear(torch.eye(2), None)
         except PrecisionError as err:
             return str(err)
-    elif precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return f"this GPU ({torch.cuda.get_device_name(device)}) has no bf16: use precision fp32"
+    elif precision == "bf16" and device.type == "cuda":
+        # (the device's compute capability, as training decides: torch.cuda.is_bf16_supported
+        # says yes to emulated bf16 on GPUs before Ampere, and asks the current device)
+        from convs2s.precision import native_bf16
+
+        native, evidence = native_bf16(device)
+        if not native:
+            return f"this GPU ({evidence}) has no native bf16: use precision fp32"
     return None
 
 

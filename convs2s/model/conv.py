@@ -130,7 +130,14 @@ def use_native_conv(model: nn.Module, on: bool = True) -> int:
     k shifted adds (12 GiB of a 24,000-token En-Fr bf16 step, counted by
     `benchmarks.step_traffic`), which a GPU's implicit-GEMM convolution does not write. On the
     2-core CPU the windows were faster (docs/benchmarks.md), so they stay the default; parameters
-    and checkpoints are the same either way."""
+    and checkpoints are the same either way.
+
+    On: cuDNN's float32 convolutions exact (process-wide), as the windows' GEMM and every
+    matrix product are by PyTorch's default: its convolutions default to TF32 (about 1e-3
+    relative error), which would make a float32 run's numbers depend on `conv`. (bf16 runs
+    are not affected.)"""
+    if on:
+        torch.backends.cudnn.allow_tf32 = False
     n = 0
     for m in model.modules():
         if isinstance(m, Conv):
