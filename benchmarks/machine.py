@@ -89,10 +89,18 @@ def _git_commit() -> dict:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                               timeout=10).stdout.strip()
     try:
-        return {"commit": git("rev-parse", "HEAD"),
-                "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        commit = git("rev-parse", "HEAD")
+        if commit:
+            return {"commit": commit,
+                    "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        pass
+    # A copy of the tree without its .git (the lent GPU machine): the commit its copier
+    # recorded (scripts/gpu_lease.sh: `git log -1` and whether the tree had changes), or none
+    # known; not "" and clean, which a result would have claimed.
+    recorded = os.environ.get("CONVS2S_COMMIT", "").strip()
+    return {"commit": recorded.split()[0] if recorded else None, "dirty": None,
+            **({"recorded": recorded} if recorded else {})}
 
 
 def machine_info(device=None) -> dict:

@@ -77,6 +77,10 @@ def operator_profile(step, n: int, train_flops: float, shapes: bool = False) -> 
            "matmul_flops": train_flops / (mm / 1e6) if mm else None,
            "product_ops": {k: round(v / 1e3 / n, 3)
                            for k, v in sorted(products.items(), key=lambda kv: -kv[1])}}
+    if not mm and counts.get("graph_launches_per_step"):
+        out["products_note"] = ("the step replays CUDA graphs: its products ran inside them, "
+                                "under no operator the host saw, so matmul_share / matmul_flops "
+                                "say nothing here (busy_ms_per_step and the kernels do)")
     if shapes:
         top = [e.key for e in rows if not is_product(e.key)][:SHAPE_OPS]
         grouped, _ = _ops_and_busy_time(prof.key_averages(group_by_input_shape=True), cuda,

@@ -223,7 +223,7 @@ class CompileWatchdog:
         os._exit(3)
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, on_timed=None) -> dict:
     watchdog = CompileWatchdog(args.compile_deadline) \
         if args.compile and args.compile_deadline else None  # counts from the start
     torch.set_num_threads(args.threads)
@@ -280,8 +280,12 @@ def run(args: argparse.Namespace) -> dict:
         if watchdog is not None:
             watchdog.done.set()  # the compile is in the first step (one dynamic graph)
     timed = range(args.warmup, args.warmup + args.steps)
-    shape_warmup_s = []  # static shapes: each timed shape stepped once first (its graph), and
-    if args.static_shapes:  # each profiled one: no graph is captured under the profiler
+    # Static shapes: each timed shape stepped once first (its graph), and each profiled one
+    # (no graph is captured under the profiler). The convolutions by cuDNN too: it plans each
+    # new input shape (about 0.1 s a shape for this model's ~30 convolutions, forward and
+    # backward), which all but every 3,000-token batch is, and the windows' GEMMs do not.
+    shape_warmup_s = []
+    if args.static_shapes or args.conv == "native":
         seen = {shape_of(i) for i in range(args.warmup)}
         for i in range(args.warmup, args.warmup + args.steps + args.profile):
             if shape_of(i) not in seen:
@@ -314,6 +318,86 @@ def run(args: argparse.Namespace) -> dict:
     gemm = matmul_rate(int(median(r["tgt_tokens"] for r in rows)), k * c, 2 * c, device, dtype)
     peak = max(peak_before["flops"], peak_after["flops"])
     peak_best = max(peak_before["flops_best"], peak_after["flops_best"])
+    def output(profile: dict) -> dict:
+        """The result, with `profile` (written before the profile runs, and again after)."""
+        rate = lambda key: median(r[key] / r["seconds"] for r in rows)  # noqa: E731
+        total_s = sum(r["seconds"] for r in rows)
+        mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
+        datasheet = datasheet_peak(torch.cuda.get_device_name(device)
+                                   if device.type == "cuda" else None, args.dtype)
+        paper = PAPER_UPDATE.get(args.preset)
+        results = {
+            "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype,
+            "compile": args.compile,
+            "compile_loss": args.compile_loss, "conv": args.conv, "fuse": args.fuse,
+            # whether this run's chunks ran compiled (on its device)
+            "compiled_loss_on": [d for d in compiled_chunk_devices() if d == device.type],
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "data": data_info,
+            "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),
+            # until the step's call returned, before the device wait: on a GPU, a host time near
+            # the step time says the host's launches set the pace
+            "median_host_step_s": median(r["host_seconds"] for r in rows),
+            "warmup_step_s": [round(x, 3) for x in warmup_s],
+            # (every compile: the model's, the loss's chunks', the blocks' fused work)
+            "compile_phases_s": compile_phases() if args.compile or args.compile_loss or args.fuse
+            else {},
+            "compile_mode": args.compile_mode, "static_shapes": args.static_shapes,
+            "cuda_graphs": stepped.captured_shapes if args.cuda_graphs else 0,  # graphs captured
+            # timed steps of a shape past the graphs' cap, stepped eagerly (0: every one replayed)
+            "cuda_graphs_eager_timed_steps": timed_eager,
+            "cuda_graphs_eager_steps": stepped.eager_steps if args.cuda_graphs else 0,  # all steps
+            "stepped_shapes": stepped_shapes,
+            "shape_warmup_step_s": [round(x, 3) for x in shape_warmup_s],
+            "timed_shapes": len({shape_of(i) for i in timed}),
+            # token slots computed on over those of the unpadded batches (1: no padding added)
+            "padding_factor": sum(stepped_batches[i % len(batches)].padded_tokens for i in timed)
+            / sum(batches[i % len(batches)].padded_tokens for i in timed),
+            "tgt_tokens_per_step": float(np.mean([r["tgt_tokens"] for r in rows])),
+            # one step is one update here: its real target tokens beside the paper's update, a
+            # budget of padded tokens (8 GPUs x 3,000 for En-Fr)
+            "update": {"tgt_tokens_per_update": float(np.mean([r["tgt_tokens"] for r in rows])),
+                       "max_tokens_per_update": args.max_tokens,
+                       "paper_update": {"gpus": paper[0], "max_tokens_per_gpu": paper[1],
+                                        "max_tokens": paper[0] * paper[1]} if paper else None},
+            "tgt_tokens_per_s": rate("tgt_tokens"),
+            "tgt_tokens_per_s_overall": sum(r["tgt_tokens"] for r in rows) / total_s,
+            "flops_per_tgt_token": {  # forward, at the timed batches' mean source length
+                "encoder_per_src_token": encoder_flops(cfg),
+                "decoder": decoder_flops(cfg, args.vocab, mean_src),
+                "train_per_tgt_token": float(np.sum([r["useful_flops"] for r in rows])
+                                             / np.sum([r["tgt_tokens"] for r in rows]))},
+            "achieved_flops": rate("useful_flops"),
+            "achieved_flops_padded": rate("padded_flops"),
+            "peak_flops": peak, "peak_flops_best": peak_best,
+            "peak": {"before": peak_before, "after": peak_after},
+            "model_gemm_flops": gemm["median"],
+            "fraction_of_peak": rate("useful_flops") / peak,
+            # the same rate against the GPU's datasheet peak (dense) beside the measured one
+            "datasheet_peak": datasheet,
+            "fraction_of_datasheet_peak": rate("useful_flops") / datasheet["flops"]
+            if datasheet else None,
+            "measured_peak_of_datasheet": peak / datasheet["flops"] if datasheet else None,
+            # Fastest step over fastest matmul: the less load-sensitive pair on a busy machine.
+            "tgt_tokens_per_s_best": max(r["tgt_tokens"] / r["seconds"] for r in rows),
+            "fraction_of_peak_best": max(r["useful_flops"] / r["seconds"] for r in rows)
+            / peak_best,
+            "fraction_of_peak_padded": rate("padded_flops") / peak,
+            "loss_first_last": [losses[0], losses[-1]],
+            "max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+            "profile": profile,
+            "per_step": rows,
+        }
+        if device.type == "cuda":
+            results["max_gpu_memory_gib"] = round(
+                torch.cuda.max_memory_allocated(device) / 2**30, 2)
+        return {"machine": machine_info(device), "load_before": load_before,
+                "load_after": load_after, "quiet": quiet, "results": results}
+
+    if on_timed is not None:  # the timed figures on disk before the profile: a step cut
+        # off inside it (its limit, the lease's) keeps them
+        on_timed(output({"pending": "the profile runs after the timing"} if args.profile
+                        else {}))
     profile = {}
     if args.profile:  # where the time goes: operators, then the step's phases
         first = args.warmup + args.steps
@@ -332,91 +416,32 @@ def run(args: argparse.Namespace) -> dict:
             traceback.print_exc()
             profile = {**profile, "error": f"{type(err).__name__}: {err}"}
 
-    rate = lambda key: median(r[key] / r["seconds"] for r in rows)  # noqa: E731
-    total_s = sum(r["seconds"] for r in rows)
-    mean_src = float(np.mean([r["src_tokens"] / r["sentences"] for r in rows]))
-    datasheet = datasheet_peak(torch.cuda.get_device_name(device)
-                               if device.type == "cuda" else None, args.dtype)
-    paper = PAPER_UPDATE.get(args.preset)
-    results = {
-        "preset": args.preset, "vocab": args.vocab, "dtype": args.dtype, "compile": args.compile,
-        "compile_loss": args.compile_loss, "conv": args.conv, "fuse": args.fuse,
-        # whether this run's chunks ran compiled (on its device)
-        "compiled_loss_on": [d for d in compiled_chunk_devices() if d == device.type],
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "data": data_info,
-        "steps": len(rows), "median_step_s": median(r["seconds"] for r in rows),
-        # until the step's call returned, before the device wait: on a GPU, a host time near
-        # the step time says the host's launches set the pace
-        "median_host_step_s": median(r["host_seconds"] for r in rows),
-        "warmup_step_s": [round(x, 3) for x in warmup_s],
-        # (every compile: the model's, the loss's chunks', the blocks' fused work)
-        "compile_phases_s": compile_phases() if args.compile or args.compile_loss or args.fuse
-        else {},
-        "compile_mode": args.compile_mode, "static_shapes": args.static_shapes,
-        "cuda_graphs": stepped.captured_shapes if args.cuda_graphs else 0,  # graphs captured
-        # timed steps of a shape past the graphs' cap, stepped eagerly (0: every one replayed)
-        "cuda_graphs_eager_timed_steps": timed_eager,
-        "cuda_graphs_eager_steps": stepped.eager_steps if args.cuda_graphs else 0,  # all steps
-        "stepped_shapes": stepped_shapes,
-        "shape_warmup_step_s": [round(x, 3) for x in shape_warmup_s],
-        "timed_shapes": len({shape_of(i) for i in timed}),
-        # token slots computed on over those of the unpadded batches (1: no padding added)
-        "padding_factor": sum(stepped_batches[i % len(batches)].padded_tokens for i in timed)
-        / sum(batches[i % len(batches)].padded_tokens for i in timed),
-        "tgt_tokens_per_step": float(np.mean([r["tgt_tokens"] for r in rows])),
-        # one step is one update here: its real target tokens beside the paper's update, a
-        # budget of padded tokens (8 GPUs x 3,000 for En-Fr)
-        "update": {"tgt_tokens_per_update": float(np.mean([r["tgt_tokens"] for r in rows])),
-                   "max_tokens_per_update": args.max_tokens,
-                   "paper_update": {"gpus": paper[0], "max_tokens_per_gpu": paper[1],
-                                    "max_tokens": paper[0] * paper[1]} if paper else None},
-        "tgt_tokens_per_s": rate("tgt_tokens"),
-        "tgt_tokens_per_s_overall": sum(r["tgt_tokens"] for r in rows) / total_s,
-        "flops_per_tgt_token": {  # forward, at the timed batches' mean source length
-            "encoder_per_src_token": encoder_flops(cfg),
-            "decoder": decoder_flops(cfg, args.vocab, mean_src),
-            "train_per_tgt_token": float(np.sum([r["useful_flops"] for r in rows])
-                                         / np.sum([r["tgt_tokens"] for r in rows]))},
-        "achieved_flops": rate("useful_flops"),
-        "achieved_flops_padded": rate("padded_flops"),
-        "peak_flops": peak, "peak_flops_best": peak_best,
-        "peak": {"before": peak_before, "after": peak_after},
-        "model_gemm_flops": gemm["median"],
-        "fraction_of_peak": rate("useful_flops") / peak,
-        # the same rate against the GPU's datasheet peak (dense) beside the measured one
-        "datasheet_peak": datasheet,
-        "fraction_of_datasheet_peak": rate("useful_flops") / datasheet["flops"]
-        if datasheet else None,
-        "measured_peak_of_datasheet": peak / datasheet["flops"] if datasheet else None,
-        # Fastest step over fastest matmul: the less load-sensitive pair on a busy machine.
-        "tgt_tokens_per_s_best": max(r["tgt_tokens"] / r["seconds"] for r in rows),
-        "fraction_of_peak_best": max(r["useful_flops"] / r["seconds"] for r in rows) / peak_best,
-        "fraction_of_peak_padded": rate("padded_flops") / peak,
-        "loss_first_last": [losses[0], losses[-1]],
-        "max_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "profile": profile,
-        "per_step": rows,
-    }
-    if device.type == "cuda":
-        results["max_gpu_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-    return {"machine": machine_info(device), "load_before": load_before, "load_after": load_after,
-            "quiet": quiet, "results": results}
+    return output(profile)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    out = run(args)
-    r = out["results"]
     path = args.out or RESULTS_DIR / f"training_{args.preset}_{torch.device(args.device).type}.json"
-    notes = []
+    written = {}
+
+    def save(out: dict) -> Path:
+        """The result file: written once the steps are timed, again with the profile (the same
+        file: a new name only where a recorded result was there before this run)."""
+        notes = []
+        load = out["load_before"][:1] + out["load_after"][:1]
+        if load and max(load) > args.max_load:
+            notes.append(f"measured under load (1-minute load average {load}): figures are low")
+        written["path"] = write_result(
+            written.get("path", path), "training",
+            {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            out["machine"], out["load_before"], out["load_after"], out["quiet"],
+            out["results"], notes, replace=args.replace or "path" in written)
+        return written["path"]
+
+    out = run(args, on_timed=save)
+    path = save(out)
+    r = out["results"]
     load = out["load_before"][:1] + out["load_after"][:1]
-    if load and max(load) > args.max_load:
-        notes.append(f"measured under load (1-minute load average {load}): figures are low")
-    path = write_result(path, "training", {k: str(v) if isinstance(v, Path) else v
-                                    for k, v in vars(args).items()},
-                 out["machine"], out["load_before"], out["load_after"], out["quiet"], r, notes,
-                 replace=args.replace)
     print(format_table([{
         "preset": r["preset"], "device": f"{args.device} {args.dtype}",
         "tok/step": r["tgt_tokens_per_step"], "step s": r["median_step_s"],
@@ -437,8 +462,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"the profile failed: {r['profile']['error']} (the timed figures above stand)")
     elif r["profile"]:
         p = r["profile"]
+        rate = (f"{p['matmul_flops'] / 1e9:,.0f} GFLOP/s" if p.get("matmul_flops") is not None
+                else "no product run by an operator the host saw (graph replay)")
         print(f"products (matmuls, convolutions): {p['matmul_share']:.1%} of the step at "
-              f"{p['matmul_flops'] / 1e9:,.0f} GFLOP/s; phases (ms): {p['phases_ms']}")
+              f"{rate}; phases (ms): {p['phases_ms']}")
         if "kernels_per_step" in p:
             print(f"GPU busy {p['busy_ms_per_step']:.1f} ms of a {1e3 * r['median_step_s']:.1f} ms "
                   f"step; {p['kernels_per_step']:,.0f} kernels, {p['launches_per_step']:,.0f} "

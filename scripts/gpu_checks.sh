@@ -14,15 +14,16 @@
 #   3. the 3,000-token step on static shapes replayed from CUDA graphs (--static-shapes 8
 #      --cuda-graphs --profile), the way to 25% at that budget,
 #   4. every test marked `gpu` that needs no Ray / MLflow (tests/test_train.py needs both),
-#   5. the other variants: the 24,000-token step with the blocks' element-wise work compiled
-#      (--fuse inductor), the convolutions by cuDNN (--conv native), both, and only the fused
-#      loss's chunks compiled (--compile-loss); at 3,000 tokens all three with CUDA graphs,
-#      static shapes without graphs (what the padding costs) and the convolutions by cuDNN,
-#   6. the float32 pair: the reference's float32 step and this project's on the same batches,
-#   7. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
+#   5. with LOOP_DATA set (a preprocessing output: batches/train, batches/valid, spm model),
 #      the whole training loop without Ray (`python -m convs2s train`, bf16): 200 updates with
 #      validation and checkpoints, then the same command to 300, which must resume, and 200
 #      updates on static shapes replayed from CUDA graphs (--set cuda_graphs=true),
+#   6. the other variants: the 24,000-token step with the blocks' element-wise work compiled
+#      (--fuse inductor), the convolutions by cuDNN (--conv native), both, and only the fused
+#      loss's chunks compiled (--compile-loss); at 3,000 tokens all three with CUDA graphs,
+#      static shapes without graphs (what the padding costs) and the convolutions by cuDNN;
+#      a compiling variant is skipped with under MIN_COMPILE_STEP s left (default 60),
+#   7. the float32 pair: the reference's float32 step and this project's on the same batches,
 #   8. last (it did not finish in 293 s on the H200): the En-Fr bf16 step with the model
 #      compiled through the loss (--compile inductor, one dynamic graph).
 # The float32 En-De step and benchmarks.generation, measured on the H200 of 2026-11-27, are no
@@ -30,8 +31,8 @@
 # whether a guard failed inside the timed steps (a recompile) or the graph broke.
 #
 #   bash scripts/gpu_checks.sh OUT_DIR [DATA_DIR]
-#   (LOOP_DATA=, REF_WHEELS=, DEADLINE=, KILL_AFTER=, MIN_STEP=, INDUCTOR_CACHE=, LOG=, PACK=
-#   optional)
+#   (LOOP_DATA=, REF_WHEELS=, DEADLINE=, KILL_AFTER=, MIN_STEP=, MIN_COMPILE_STEP=,
+#   INDUCTOR_CACHE=, LOG=, PACK= optional)
 #
 # DATA_DIR holds wmt14-en-de/newstest2013+2014 and wmt14-en-fr/newstest2012+2013 (default
 # ../shared/data). The script goes on after a failure; the last line says which steps failed
@@ -45,6 +46,7 @@ data=${2:-../shared/data}
 deadline=${DEADLINE:-500}
 kill_after=${KILL_AFTER:-10}
 min_step=${MIN_STEP:-20}
+min_compile=${MIN_COMPILE_STEP:-60}
 mkdir -p "$out"
 exec > >(tee -a "${LOG:-$out/gpu.log}") 2>&1
 tee_pid=$!  # waited for at the end, so that the log is whole when this script returns
@@ -57,11 +59,13 @@ pack() {  # with PACK set: OUT_DIR as it is now, whole, in PACK (a cut pack stay
   tar -czf "$PACK.partial" --warning=no-file-changed -C "$out" .
   (( $? <= 1 )) && mv -f "$PACK.partial" "$PACK"  # (1: a file grew as it was read, the log)
 }
-step() {  # step NAME SECONDS CMD...   (the limit is cut to what is left of the deadline)
+step() {  # step NAME SECONDS CMD...   (the limit is cut to what is left of the deadline;
+  # `need=S step ...`: skipped with under S s left, not MIN_STEP: a compile that cannot end in
+  # what is left only costs the steps after it)
   local name=$1 limit=$2
   shift 2
   local left=$((deadline - SECONDS))
-  if (( left < min_step )); then
+  if (( left < ${need:-$min_step} )); then
     echo "==== $name: skipped, ${left} s left of ${deadline}"
     skipped+=("$name")
     return 1
@@ -123,43 +127,19 @@ train "en-fr bf16 3000 cuda graphs" 120 $fr bf16 3000 --steps 30 --warmup 5 --st
 
 # 4. the correctness checks, before the other figures: they decide whether the code is right
 # on a GPU (the corpora the tests read: DATA_DIR, which holds the newstest files, not ../shared)
+# (each test named as it ends, the slowest ten, and with pytest-timeout, in the device's image,
+# a test hung past 90 s named and stopped, not the whole step cut at its limit)
+per_test=()
+$PY -c "import pytest_timeout" 2>/dev/null && per_test=(--timeout=90 --timeout-method=thread)
 step gpu-tests 180 env -u TORCH_LOGS CONVS2S_SHARED_DATA="$(cd "$data" && pwd)" \
-  $PY -m pytest -q -m gpu \
+  $PY -m pytest -v --durations=10 "${per_test[@]}" -m gpu \
   -p no:cacheprovider \
   tests/test_model.py tests/test_loss.py tests/test_fused.py tests/test_checkpoint.py \
   tests/test_train_step.py tests/test_optim.py \
   tests/test_search.py tests/test_translate.py tests/test_memory_fit.py tests/test_benchmarks.py
 
-# 5. the variants. The blocks' element-wise work (GLU, residuals, scalings, softmax) and the
-# loss's chunks compiled as a few shared functions (TrainConfig.fuse): a compile of under a
-# minute; the convolutions by cuDNN instead of k-frame windows + GEMM (TrainConfig.conv =
-# "native"): 12 GiB a 24,000-token step less memory traffic, counted on the CPU
-# (docs/benchmarks.md)
-train "en-fr bf16 24000 fused" 120 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
-  --fuse inductor --out "$out/training_${fr}_cuda_bf16_24k_fused.json"
-train "en-fr bf16 24000 native conv" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
-  --conv native --out "$out/training_${fr}_cuda_bf16_24k_native_conv.json"
-train "en-fr bf16 24000 native conv fused" 100 $fr bf16 24000 --steps 20 --warmup 3 \
-  --profile 3 --conv native --fuse inductor \
-  --out "$out/training_${fr}_cuda_bf16_24k_native_conv_fused.json"
-# all of it at 3,000 tokens: fewer, fuller kernels, launched from CUDA graphs
-train "en-fr bf16 3000 cuda graphs native conv fused" 120 $fr bf16 3000 --steps 30 --warmup 5 \
-  --static-shapes 8 --cuda-graphs --conv native --fuse inductor \
-  --out "$out/training_${fr}_cuda_bf16_graphs_native_conv_fused.json"
-train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
-  --compile-loss inductor --out "$out/training_${fr}_cuda_bf16_24k_loss_compiled.json"
-# static shapes without graphs: what the padding alone costs
-train "en-fr bf16 3000 static shapes" 80 $fr bf16 3000 --steps 30 --warmup 5 --static-shapes 8 \
-  --out "$out/training_${fr}_cuda_bf16_static.json"
-train "en-fr bf16 3000 native conv" 80 $fr bf16 3000 --steps 30 --warmup 5 --conv native \
-  --out "$out/training_${fr}_cuda_bf16_native_conv.json"
-
-# 6. the float32 pair, on the same batches
-[[ -n $reference ]] && ref fp32 20 3
-train "en-fr fp32 3000" 80 $fr fp32 3000 --steps 20 --warmup 3 \
-  --out "$out/training_${fr}_cuda_fp32.json"
-
-# 7. the whole loop without Ray
+# 5. the whole loop without Ray (before the variants: the only GPU run of the Trainer, its
+# resume, its CUDA graphs and its memory fit)
 if [[ -n "${LOOP_DATA:-}" ]]; then
   run_root=$(mktemp -d)  # the runs' checkpoints: a folder of this script's own, removed after
   loop=(--train-data "$LOOP_DATA/batches/train" --valid-data "$LOOP_DATA/batches/valid"
@@ -186,6 +166,40 @@ assert last["train/graph_shapes"] >= 1' "$out/loop_graphs_metrics.jsonl"
   rm -rf "$run_root"
 fi
 
+# 6. the variants (each that compiles needs a minute left, MIN_COMPILE_STEP). The blocks'
+# element-wise work (GLU, residuals, scalings, softmax) and the
+# loss's chunks compiled as a few shared functions (TrainConfig.fuse): a compile of under a
+# minute; the convolutions by cuDNN instead of k-frame windows + GEMM (TrainConfig.conv =
+# "native"): 12 GiB a 24,000-token step less memory traffic, counted on the CPU
+# (docs/benchmarks.md)
+need=$min_compile train "en-fr bf16 24000 fused" 120 $fr bf16 24000 --steps 20 --warmup 3 \
+  --profile 3 \
+  --fuse inductor --out "$out/training_${fr}_cuda_bf16_24k_fused.json"
+train "en-fr bf16 24000 native conv" 100 $fr bf16 24000 --steps 20 --warmup 3 --profile 3 \
+  --conv native --out "$out/training_${fr}_cuda_bf16_24k_native_conv.json"
+need=$min_compile train "en-fr bf16 24000 native conv fused" 100 $fr bf16 24000 --steps 20 \
+  --warmup 3 \
+  --profile 3 --conv native --fuse inductor \
+  --out "$out/training_${fr}_cuda_bf16_24k_native_conv_fused.json"
+# all of it at 3,000 tokens: fewer, fuller kernels, launched from CUDA graphs
+need=$min_compile train "en-fr bf16 3000 cuda graphs native conv fused" 120 $fr bf16 3000 \
+  --steps 30 --warmup 5 \
+  --static-shapes 8 --cuda-graphs --conv native --fuse inductor \
+  --out "$out/training_${fr}_cuda_bf16_graphs_native_conv_fused.json"
+need=$min_compile train "en-fr bf16 24000 loss compiled" 100 $fr bf16 24000 --steps 20 \
+  --warmup 3 --profile 3 \
+  --compile-loss inductor --out "$out/training_${fr}_cuda_bf16_24k_loss_compiled.json"
+# static shapes without graphs: what the padding alone costs
+train "en-fr bf16 3000 static shapes" 80 $fr bf16 3000 --steps 30 --warmup 5 --static-shapes 8 \
+  --out "$out/training_${fr}_cuda_bf16_static.json"
+train "en-fr bf16 3000 native conv" 80 $fr bf16 3000 --steps 30 --warmup 5 --conv native \
+  --out "$out/training_${fr}_cuda_bf16_native_conv.json"
+
+# 7. the float32 pair, on the same batches
+[[ -n $reference ]] && ref fp32 20 3
+train "en-fr fp32 3000" 80 $fr fp32 3000 --steps 20 --warmup 3 \
+  --out "$out/training_${fr}_cuda_fp32.json"
+
 # 8. the whole model compiled through the loss, with what is left. warmup_step_s in the JSON
 # holds the compile (first step) and any recompile, compile_phases_s its phases. A compile still
 # running 15 s before the step's limit prints its phases and where it is (--compile-deadline).
@@ -195,7 +209,8 @@ fi
 # was cut off leaves them; the FX-graph and AOT caches are written only by a compile that
 # finished.
 limit=$((deadline - SECONDS)); (( limit > 480 )) && limit=480
-train "en-fr bf16 3000 compiled" 480 $fr bf16 3000 --steps 20 --warmup 4 --compile inductor \
+need=$min_compile train "en-fr bf16 3000 compiled" 480 $fr bf16 3000 --steps 20 --warmup 4 \
+  --compile inductor \
   --compile-deadline $((limit > 35 ? limit - 15 : 20)) \
   --out "$out/training_${fr}_cuda_bf16_compiled.json"
 unset TORCH_LOGS

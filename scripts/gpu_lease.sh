@@ -112,8 +112,10 @@ prepare() {
     echo "too large: NO_REF=1 leaves the reference's wheels out"
     exit 2; }
   cat <<EOF
-The device call (checks under DEADLINE=480 s, then packing; give_back after it):
-  run(command="bash scripts/gpu_lease.sh run", carry=["$kit"], timeout_s=560)
+The device call, sized from the device tool's status first (budget_left_s, B): a start takes a
+minute or two, the packing and the transfers another, so DEADLINE = min(480, B - 330) seconds of
+checks and timeout_s = DEADLINE + 80 (with the full 900 s: 480 and 560). give_back after it:
+  run(command="DEADLINE=480 bash scripts/gpu_lease.sh run", carry=["$kit"], timeout_s=560)
 EOF
 }
 
@@ -133,6 +135,8 @@ run() {
   [[ -d $kit/loop ]] && loop=(LOOP_DATA="$kit/loop")
   ls "$kit"/wheels/*.whl >/dev/null 2>&1 && ref=(REF_WHEELS="$kit/wheels")
   cp "$kit/commit.txt" "$res/" 2>/dev/null  # the commit `prepare` ran at (no git there)
+  # (every result's machine.git names it too: benchmarks/machine.py)
+  export CONVS2S_COMMIT="$(tr '\n' ' ' < "$kit/commit.txt" 2>/dev/null)"
   env "${loop[@]}" "${ref[@]}" INDUCTOR_CACHE="$cache" DEADLINE="${DEADLINE:-480}" \
     LOG="$out/gpu.log" PACK="$out/gpu_checks.tgz" bash scripts/gpu_checks.sh "$res" "$kit/data"
   local rc=$?

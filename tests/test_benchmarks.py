@@ -104,21 +104,46 @@ def test_training_benchmark_writes_result(shared_data, tmp_path):
 def test_a_profile_that_fails_keeps_the_timed_figures_and_says_why(shared_data, tmp_path,
                                                                     monkeypatch):
     """The profile runs after the timing (a lent GPU runs it once): a failure in the profiler's
-    own code is recorded beside the step times, not in place of the whole result."""
+    own code is recorded beside the step times, not in place of the whole result; and the
+    timed figures are on disk before the profile starts, so that a step cut off inside it (its
+    limit, the lease's) keeps them."""
     from benchmarks import training
 
+    out = tmp_path / "training.json"
+    seen = []
+
     def broken(*args, **kwargs):
+        seen.append(json.loads(out.read_text())["results"])
         raise RuntimeError("profiler event without a device time")
 
     monkeypatch.setattr(training, "phase_breakdown", broken)
-    out = tmp_path / "training.json"
     training.main(["--preset", "tiny", "--steps", "2", "--warmup", "1", "--bpe-vocab", "500",
                    "--max-tokens", "600", "--peak-sizes", "128", "--profile", "1",
                    "--data", str(shared_data), "--out", str(out)])
+    (before,) = seen
+    assert before["steps"] == 2 and before["tgt_tokens_per_s"] > 0
+    assert before["profile"] == {"pending": "the profile runs after the timing"}
+    assert [p.name for p in tmp_path.iterdir()] == ["training.json"]  # one file, rewritten
     r = _check_result(out, "training")["results"]
     assert r["steps"] == 2 and r["tgt_tokens_per_s"] > 0 and r["fraction_of_peak"] > 0
     assert r["profile"]["error"] == "RuntimeError: profiler event without a device time"
     assert r["profile"]["ops"]  # what the profile had measured before it failed
+
+
+def test_the_training_benchmark_steps_each_shape_once_before_timing_cudnn_convolutions(
+        shared_data, tmp_path):
+    """`--conv native`: cuDNN plans each new input shape (about 0.1 s a shape on a GPU, which
+    nearly every 3,000-token batch is), the windows' GEMMs do not: each timed shape is stepped
+    once before the timing, as static shapes' are, so the step is timed, not the planning."""
+    from benchmarks import training
+
+    out = tmp_path / "training.json"
+    training.main(["--preset", "tiny", "--steps", "3", "--warmup", "1", "--bpe-vocab", "500",
+                   "--max-tokens", "600", "--peak-sizes", "128", "--conv", "native",
+                   "--data", str(shared_data), "--out", str(out)])
+    r = _check_result(out, "training")["results"]
+    assert r["conv"] == "native" and r["static_shapes"] == 0
+    assert 1 <= len(r["shape_warmup_step_s"]) <= r["timed_shapes"] <= 3
 
 
 def test_training_benchmark_pads_to_static_shapes_and_steps_each_shape_first(shared_data,
