@@ -285,3 +285,21 @@ def test_static_shapes_loss_and_backward_replay_in_a_cuda_graph():
     for got, want in zip(out[2:], ref[2:]):
         assert F.cosine_similarity(got.float().flatten(), want.float().flatten(), dim=0) > 0.9999
     assert out[2][:, 20:].abs().max() == 0  # the pad rows get no gradient
+
+
+def test_the_fused_operator_called_without_gradients_refuses_to_go_backward():
+    """`convs2s::output_loss` computes its gradients in the forward, only with `with_grad`
+    (output_layer_loss passes it as autograd needs). Called directly with with_grad=False on
+    inputs that require gradients, its backward had none: an index_copy_ shape error, or
+    gradients of the wrong shape. Now one error naming the fix."""
+    torch.manual_seed(0)
+    h = torch.randn(6, 8, requires_grad=True)
+    w = torch.randn(11, 8, requires_grad=True)
+    b = torch.zeros(11, requires_grad=True)
+    target = torch.tensor([5, 6, 7, 1, 1, 2])
+    for rows in (target.ne(1).nonzero().squeeze(1), target.ne(1)):
+        loss, *_ = torch.ops.convs2s.output_loss(h, w, b, target, rows, 0.1, False,
+                                                 torch.float32)
+        with pytest.raises(RuntimeError, match="with_grad=False on inputs that require "
+                                               "gradients.*call output_layer_loss"):
+            loss.backward()

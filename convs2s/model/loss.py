@@ -214,12 +214,18 @@ def _output_loss_setup(ctx, inputs, output):
     h, weight, _, _, rows, *_ = inputs
     _, nll, grad_h, grad_w, grad_b = output
     ctx.save_for_backward(rows, grad_h, grad_w, grad_b)
-    ctx.h_shape, ctx.h_dtype, ctx.w_dtype = h.shape, h.dtype, weight.dtype
+    ctx.h_shape, ctx.h_dtype, ctx.w_dtype, ctx.w_shape = h.shape, h.dtype, weight.dtype, \
+        weight.shape
     ctx.mark_non_differentiable(nll, grad_h, grad_w, grad_b)
 
 
 def _output_loss_backward(ctx, grad_loss, *_):
     rows, grad_h, grad_w, grad_b = ctx.saved_tensors
+    if grad_w.numel() == 0 and ctx.w_shape.numel():  # (called with with_grad=False: no
+        # gradients were computed, and index_copy_ would fail on shapes, or return wrong ones)
+        raise RuntimeError("convs2s::output_loss was called with with_grad=False on inputs "
+                           "that require gradients: it computed none to go backward with; "
+                           "call output_layer_loss, which passes with_grad as autograd needs")
     # Scaled in float32 (a bf16-rounded scale would differ from the weights' by up to 0.4%),
     # out of place (a second backward must not scale the saved gradients twice).
     gh = (grad_h.float() * grad_loss).to(ctx.h_dtype)
