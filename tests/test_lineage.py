@@ -319,31 +319,50 @@ def test_a_registry_error_leaves_the_alias_where_it_is(smoke_workflow, monkeypat
     assert len(client.search_model_versions("name = 'lineage-error'")) == 1
 
 
+OTHER_DIGEST = "0123456789abcdef"
+
+
+def _registered_on_other_data(w, name: str):
+    """(client, {job: model id}): `name` registered with the smoke run's best model as its
+    champion (version 1), then tagged as chosen on other data than the smoke run's."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.engine import EvalScore
+    from workflows.lineage import DIGEST_TAG, register_champion
+
+    client = MlflowClient(w.tracking_uri)
+    ids = _job_models(client, w)
+    first = register_champion(w.tracking_uri, name,
+                              [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
+                              "demo_test", "bleu")
+    assert first.moved and first.version == "1"
+    client.set_registered_model_tag(name, DIGEST_TAG, OTHER_DIGEST)
+    return client, ids
+
+
+def _refused_as_other_data(client, name: str, result) -> None:
+    """`result` (a Champion) refused as scored on other data: no version added, the alias
+    where it was."""
+    assert not result.moved and result.version == "1" and "not comparable" in result.reason
+    assert OTHER_DIGEST in result.reason
+    assert len(client.search_model_versions(f"name = '{name}'")) == 1
+    assert client.get_model_version_by_alias(name, "champion").version in (1, "1")
+
+
 def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
     """A registered model keeps the digest of the test data it compares on: a model scored on
     another test set, or on other data under the same name, leaves the alias where it is, and
     the result says why, however high its score."""
-    from mlflow.tracking import MlflowClient
-
-    from workflows.lineage import DIGEST_TAG, register_champion
+    from workflows.lineage import register_champion
     from workflows.engine import EvalScore
 
     w = smoke_workflow
-    client = MlflowClient(w.tracking_uri)
-    ids = _job_models(client, w)
-    first = register_champion(w.tracking_uri, "lineage-data",
-                              [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
-                              "demo_test", "bleu")
-    assert first.moved and first.version == "1"
     # Other data under the same test set name (another digest): refused before any version.
-    client.set_registered_model_tag("lineage-data", DIGEST_TAG, "0123456789abcdef")
+    client, ids = _registered_on_other_data(w, "lineage-data")
     other = register_champion(w.tracking_uri, "lineage-data",
                               [EvalScore("avg_last2", "demo_test", {"bleu": 99.0}, None, "")],
                               ids, "demo_test", "bleu")
-    assert not other.moved and other.version == "1" and "not comparable" in other.reason
-    assert "0123456789abcdef" in other.reason
-    assert len(client.search_model_versions("name = 'lineage-data'")) == 1
-    assert client.get_model_version_by_alias("lineage-data", "champion").version in (1, "1")
+    _refused_as_other_data(client, "lineage-data", other)
 
 
 def test_a_run_registering_at_once_with_a_run_on_other_data_leaves_the_model_to_it(
@@ -356,16 +375,10 @@ def test_a_run_registering_at_once_with_a_run_on_other_data_leaves_the_model_to_
     from mlflow.tracking import MlflowClient
 
     from workflows.engine import EvalScore
-    from workflows.lineage import DIGEST_TAG, register_champion
+    from workflows.lineage import register_champion
 
     w = smoke_workflow
-    client = MlflowClient(w.tracking_uri)
-    ids = _job_models(client, w)
-    first = register_champion(w.tracking_uri, "lineage-first",
-                              [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
-                              "demo_test", "bleu")
-    assert first.moved and first.version == "1"
-    client.set_registered_model_tag("lineage-first", DIGEST_TAG, "0123456789abcdef")  # its data
+    client, ids = _registered_on_other_data(w, "lineage-first")  # the first run's, its data
     looked = MlflowClient.search_registered_models
 
     def before_it_was_made(self, *args, **kwargs):  # the second run's read, made earlier
@@ -376,10 +389,7 @@ def test_a_run_registering_at_once_with_a_run_on_other_data_leaves_the_model_to_
     second = register_champion(w.tracking_uri, "lineage-first",
                                [EvalScore("avg_last2", "demo_test", {"bleu": 99.0}, None, "")],
                                ids, "demo_test", "bleu")
-    assert not second.moved and "not comparable" in second.reason
-    assert "0123456789abcdef" in second.reason and second.version == "1"
-    assert len(client.search_model_versions("name = 'lineage-first'")) == 1
-    assert client.get_model_version_by_alias("lineage-first", "champion").version in (1, "1")
+    _refused_as_other_data(client, "lineage-first", second)
 
 
 def test_each_model_is_logged_from_the_files_its_scores_were_computed_on(smoke_workflow,
