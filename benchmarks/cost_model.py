@@ -176,8 +176,12 @@ def task_inputs(name: str, args, m: dict, paper_flops_s: float) -> dict:
     flops, params = train_flops(cfg, vocab, src, tgt), parameters(cfg, vocab)
     pairs, _, gpus, days, _ = PAPER_TASK[name]
     epoch_tokens = pairs * tgt
-    # Target tokens per batch: the measured batches' count, pro rata for another max_tokens.
-    per_batch = m["cpu"]["tgt_per_batch"] * max_tokens / m["cpu"]["max_tokens"]
+    # Target tokens per batch: the measured batches' count, pro rata for another max_tokens;
+    # at most max_sentences pairs of `tgt` tokens where the preset caps sentences (En-Ro's 64:
+    # its batches are far below the token budget)
+    by_tokens = m["cpu"]["tgt_per_batch"] * max_tokens / m["cpu"]["max_tokens"]
+    max_sentences = wf.preprocess.max_sentences
+    per_batch = min(by_tokens, max_sentences * tgt) if max_sentences else by_tokens
     implied = gpus * days * 86400 * paper_flops_s / (flops * epoch_tokens)
     recipe, override = recipe_epochs(wf.train), dict(e.split("=") for e in args.epochs)
     epochs = float(override.get(name) or recipe or math.ceil(implied))
@@ -186,7 +190,8 @@ def task_inputs(name: str, args, m: dict, paper_flops_s: float) -> dict:
     if args.bytes_per_batch:
         bpb, bpb_kind = args.bytes_per_batch, "--bytes-per-batch"
     elif "bytes_per_budget_token" in m["prep"]:
-        bpb, bpb_kind = m["prep"]["bytes_per_budget_token"] * max_tokens, "measured output_mib"
+        bpb = m["prep"]["bytes_per_budget_token"] * max_tokens * per_batch / by_tokens
+        bpb_kind = "measured output_mib"
     else:  # BATCH_SCHEMA in Arrow: int32 tokens; per sentence an int64 id, two int32 offsets
         bpb = 4 * per_batch * (1 + src / tgt) + 16 * per_batch / tgt
         bpb_kind = "assumed (Arrow int32 layout, uncompressed)"
@@ -195,7 +200,7 @@ def task_inputs(name: str, args, m: dict, paper_flops_s: float) -> dict:
     cpu_tok_s = m["cpu"]["tok_s"] if same else m["cpu"]["fraction"] * m["cpu"]["peak_flops"] / flops
     ckpt_bytes = params * CKPT_BYTES_PER_PARAM
     return {"task": name, "preset": _preset_name(cfg), "vocab": vocab, "max_tokens": max_tokens,
-            "params": params,
+            "max_sentences": max_sentences, "params": params,
             "params_m": params / 1e6, "flops": flops, "gflop_per_tok": flops / 1e9,
             "pairs": pairs, "epoch_tokens": epoch_tokens, "tgt_per_batch": per_batch,
             "recipe_epochs": recipe, "implied_epochs": implied, "epochs": epochs,

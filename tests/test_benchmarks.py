@@ -687,6 +687,13 @@ def test_cost_model_marks_every_gpu_row_projected_or_measured_and_reads_the_meas
         assert [x["n"] for x in rows] == [8, 64, 128]
         assert rows[0]["epoch_hours_linear"] > rows[1]["epoch_hours_linear"] \
             > rows[2]["epoch_hours_linear"]
+    # A preset that caps its batches' sentences (En-Ro: 64) trains batches of at most that
+    # many pairs, far below its token budget: the model sizes them so (it took the budget's)
+    tasks = {t["task"]: t for t in r["tasks"]}
+    ro = tasks["wmt16_en_ro"]
+    assert ro["max_sentences"] == 64 and ro["tgt_per_batch"] == 64 * 30  # (30 tokens a pair)
+    de = tasks["wmt14_en_de"]  # (its default 1,024 sentences: the 4,000 tokens decide)
+    assert de["max_sentences"] * 30 > de["tgt_per_batch"] > 3000 > ro["tgt_per_batch"]
     kinds = {row["input"]: row["kind"] for row in r["inputs"]}
     assert kinds["GPU throughput"] == "projected" and kinds["preprocessing"] == "measured"
     assert kinds["GPU training, wmt14_en_fr"] == "measured"
