@@ -269,7 +269,9 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
 
     assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "2")) == 0
     (kept,) = list_checkpoints(tmp_path / "r")
-    capsys.readouterr()
+    # the update it trains, said before training (the batches' budget: 800 tokens)
+    assert "[convs2s.train] update: 1 rank(s) x 1 micro-batch(es) x 800 tokens = 800 tokens " \
+        "an update (at most)" in capsys.readouterr().out
     argv = _argv(demo_batches, tmp_path, "r", "--max-updates", "4")
     argv[argv.index("tiny")] = "small"
     rc = main(argv)
@@ -292,6 +294,10 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
                         "there, 0.01 asked: "),
                        (["--set", "optimizer=adam", "--set", "lr=0.001"],
                         "was trained with optimizer nag there, adam asked: "),
+                       # another update size (a workflow refuses it too)
+                       (["--update-freq", "2"],
+                        "was trained with 1 micro-batches an update there (ranks x "
+                        "update_freq), 2 asked (1 x 2): another update size"),
                        (["--train-data", demo_batches.batches["valid"]],
                         "was trained with other training batches than ")):
         rc = main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", *more))
@@ -315,6 +321,12 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     with pytest.raises(CheckpointError, match="with shuffle_buffer 256 there, 8 asked"):
         check_same_training(state, job.replace(train=TrainConfig(shuffle_buffer=8)), ours,
                             kept.path)
+    with pytest.raises(CheckpointError, match="1 micro-batches an update there .*, 4 asked "
+                                              r"\(2 x 2\)"):
+        check_same_training(state, job.replace(train=TrainConfig(seed=1, update_freq=2)), ours,
+                            kept.path, 2)
+    # the same update resumes (ranks x update_freq: 1 x 1 here)
+    check_same_training(state, job.replace(train=TrainConfig(seed=1)), ours, kept.path, 1)
     check_same_training(state, job.replace(train=TrainConfig(seed=1)), ours, kept.path)
     # Another lr on resume: the schedule's state decides, and the line says so.
     assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "3", "--set",

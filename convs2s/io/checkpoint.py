@@ -88,6 +88,8 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     for key in OPTIMIZER_KEYS:  # what the optimizer's saved state was made with
         if (value := (state.get("train_config") or {}).get(key)) is not None:
             meta[key] = value
+    if (micro := micro_batches_per_update(state)) is not None:  # the update's size
+        meta["micro_batches_per_update"] = micro
     for key in ("model_config", "src_vocab_size", "tgt_vocab_size"):  # the model it holds
         if state.get(key) is not None:
             meta[key] = state[key]
@@ -98,6 +100,14 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, directory / META_FILE)
     return directory
+
+
+def micro_batches_per_update(state: dict) -> int | None:
+    """The update's size a checkpoint was trained with, in micro-batches over all ranks (its
+    ranks x its update_freq; each one batch of the data's cut), or None for a state that does
+    not say."""
+    world, freq = state.get("world_size"), (state.get("train_config") or {}).get("update_freq")
+    return None if world is None or freq is None else int(world) * int(freq)
 
 
 class CheckpointError(RuntimeError):

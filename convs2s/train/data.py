@@ -237,12 +237,13 @@ def preflight(job, world: int) -> tuple[TrainFiles, TrainFiles]:
     check_updates_fill(files.total, world, job.train.update_freq)
     if problem := foreign_best(location(job.storage_path) / job.run_name):
         raise RunRefused(problem)
-    if problem := resume_problem(job, files):  # (the worker checks the checkpoint it loads)
+    if problem := resume_problem(job, files, world):  # (the worker checks what it loads)
         raise RunRefused(problem)
     return files, valid_files
 
 
-def resume_differences(saved: dict, data: dict | None, job, ours: dict) -> list[str]:
+def resume_differences(saved: dict, data: dict | None, job, ours: dict,
+                       world: int | None = None) -> list[str]:
     """How a checkpoint trained with the settings `saved` (its `seed` and `shuffle_buffer`; a
     key a checkpoint from before it was recorded lacks is not compared) on batches `data`
     (`data_identity`; None for a checkpoint from before it was recorded) differs from the run
@@ -251,6 +252,11 @@ def resume_differences(saved: dict, data: dict | None, job, ours: dict) -> list[
     shuffle buffer or another cut of the data (another --train-data, --max-tokens, corpus)
     would train some rows twice and others never."""
     out = _optimizer_differences(saved, job.train)
+    micro = saved.get("micro_batches_per_update")
+    if world is not None and micro is not None and int(micro) != world * job.train.update_freq:
+        out.append(f"{int(micro)} micro-batches an update there (ranks x update_freq), "
+                   f"{world * job.train.update_freq} asked ({world} x {job.train.update_freq}): "
+                   "another update size (the same product on another number of ranks resumes)")
     if (seed := saved.get("seed")) is not None and int(seed) != job.train.seed:
         out.append(f"seed {int(seed)} there, {job.train.seed} asked")
     if (buffer := saved.get("shuffle_buffer")) is not None \
@@ -286,11 +292,11 @@ def _optimizer_differences(saved: dict, train) -> list[str]:
     return out
 
 
-RESUME_FIX = ("resume with the run's own seed, shuffle_buffer, optimizer settings and training "
-              "batches, or give another --run-name for a new run")
+RESUME_FIX = ("resume with the run's own seed, shuffle_buffer, optimizer settings, update size "
+              "and training batches, or give another --run-name for a new run")
 
 
-def resume_problem(job, files: TrainFiles) -> str | None:
+def resume_problem(job, files: TrainFiles, world: int | None = None) -> str | None:
     """Why the run folder's latest checkpoint cannot be resumed by `job` (another seed, other
     batches: `resume_differences`, read from its meta.json), or None; checked before a
     worker starts, so that the refusal is one line under every launcher."""
@@ -306,7 +312,7 @@ def resume_problem(job, files: TrainFiles) -> str | None:
     if "model_config" in meta and (differ := model_differences(meta, job)):
         return (f"{run_dir}: its checkpoint at update {kept[-1].update} " + model_refusal(differ))
     differ = resume_differences(meta, meta.get("train_data"), job,
-                                data_identity(job.train_data, files))
+                                data_identity(job.train_data, files), world)
     if not differ:
         return None
     return (f"{run_dir}: its checkpoint at update {kept[-1].update} was trained with "

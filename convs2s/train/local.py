@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from convs2s.console import worker_line as _say
 from convs2s.io.checkpoint import (
     BEST_DIR,
     META_FILE,
@@ -46,6 +47,8 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     run_dir = location(job.storage_path) / job.run_name
     runtime = LocalRuntime(run_dir, job.train.keep_last, device)
     files, valid_files = preflight(job, runtime.world_size)  # (on every rank alike)
+    if runtime.rank == 0:
+        _say(update_line(job, runtime.world_size))
     # One command per run folder (storage.lease): a second one on the same --run-name
     # resumed from the same checkpoint, and each one's keep_last deleted the other's.
     with _run_lease(run_dir, runtime, job) as lease:
@@ -57,6 +60,20 @@ def fit_local(job: TrainJob, device=None) -> TrainResult:
     # there for peers that wait for it, instead of exiting so that torchrun stops them.
     runtime.close()
     return result
+
+
+def update_line(job: TrainJob, world: int) -> str:
+    """The console's line of the update this run trains: ranks x micro-batches x the batches'
+    token budget (their manifest's max_tokens) = tokens an update, so that a run on fewer GPUs
+    than its recipe's says what it trains (the paper's En-Fr update is 8 x 3,000 tokens:
+    `--update-freq 8` on one GPU keeps it; a workflow plans it from its preset)."""
+    from convs2s.train.data import read_manifest
+
+    freq, budget = job.train.update_freq, read_manifest(job.train_data).get("max_tokens")
+    size = f"{world} rank(s) x {freq} micro-batch(es)"
+    if budget:
+        size += f" x {budget:,} tokens = {world * freq * budget:,} tokens an update (at most)"
+    return f"[convs2s.train] update: {size}"
 
 
 def _run_lease(run_dir, runtime: LocalRuntime, job: TrainJob):

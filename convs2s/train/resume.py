@@ -5,7 +5,7 @@ that started the run still holds its folder (`check_lease`)."""
 
 from __future__ import annotations
 
-from convs2s.io.checkpoint import CheckpointError, load_checkpoint
+from convs2s.io.checkpoint import CheckpointError, load_checkpoint, micro_batches_per_update
 from convs2s.train.data import (RESUME_FIX, model_differences, model_refusal,
                                 resume_differences)
 from convs2s.train.job import RunRefused, TrainJob
@@ -43,14 +43,16 @@ def check_same_model(state: dict, job: TrainJob, where) -> None:
         raise ResumeRefused(f"{where}: the run's checkpoint {model_refusal(differ)}")
 
 
-def check_same_training(state: dict, job: TrainJob, data: dict, where) -> None:
+def check_same_training(state: dict, job: TrainJob, data: dict, where,
+                        world: int | None = None) -> None:
     """Refuse to resume a run's checkpoint with another seed, another shuffle buffer or other
     training batches: the interrupted epoch goes on with the rows its plan had left
     (convs2s.train.data), a plan made from them (`resume_differences`; `preflight` refuses the
     same from the latest checkpoint's meta.json before any worker starts). A checkpoint from
     before the data was recorded: the settings are compared only."""
-    if differ := resume_differences(state.get("train_config") or {},
-                                    state.get("train_data"), job, data):
+    saved = {**(state.get("train_config") or {}),
+             "micro_batches_per_update": micro_batches_per_update(state)}
+    if differ := resume_differences(saved, state.get("train_data"), job, data, world):
         raise ResumeRefused(f"{where}: the run's checkpoint was trained with "
                             + "; ".join(differ) + f": {RESUME_FIX}")
 

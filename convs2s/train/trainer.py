@@ -345,7 +345,8 @@ class Trainer:
             torch.manual_seed(cfg.seed + 1 + rank)  # per-rank dropout streams
             return Progress(started=time.monotonic())
         check_same_model(state, self.job, d)
-        check_same_training(state, self.job, data_identity(self.job.train_data, self.files), d)
+        check_same_training(state, self.job, data_identity(self.job.train_data, self.files), d,
+                            world)
         self.net.load_state_dict(state["model"])
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
