@@ -1095,3 +1095,17 @@ def test_a_split_the_hub_dataset_lacks_names_a_fix_both_commands_take(tmp_path, 
     # a workflow on the hub takes it (its --split is for --data DIR)
     run = _dry_run(translation, ["--preset", "cpu", "--data", "hub", "--set", value], tmp_path)
     assert run["workflow"]["preprocess"]["splits"]["valid"] == "validation"
+
+
+def test_max_tokens_is_the_batch_budget_setting_and_the_update_plan_follows_it(tmp_path):
+    """`--max-tokens N` (issue 37's name for a new batch budget) is `--set data.max_tokens=N`:
+    the same resolved run, the same dry-run; the paper's En-Fr update on one GPU is then kept
+    with 6 micro-batches of 4,000 tokens instead of 8 of 3,000."""
+    flag = _dry_run(wmt14_en_fr, ["--preset", "paper", "--num-workers", "1", "--max-tokens",
+                                  "4000"], tmp_path)
+    set_ = _dry_run(wmt14_en_fr, ["--preset", "paper", "--num-workers", "1", "--set",
+                                  "data.max_tokens=4000"], tmp_path)
+    assert flag == set_
+    assert flag["update"]["max_tokens_per_batch"] == 4000
+    assert flag["update"]["micro_batches_per_update"] == 6
+    assert flag["update"]["max_tokens_per_update"] == 24000

@@ -615,6 +615,9 @@ def test_a_refused_run_answers_before_torch_or_mlflow_loads(tmp_path):
     (["--max-epochs", "0"], "--max-epochs 0: give a positive integer"),
     (["--num-workers", "0"], "--num-workers 0: give a positive integer"),
     (["--attention", "-1"], "--attention -1: give a number of sentences"),
+    (["--update-freq", "0"], "--update-freq 0: give a positive integer"),
+    (["--max-tokens", "0"], "--max-tokens 0: give a positive integer"),
+    (["--max-tokens", "4000", "--bogus"], "unrecognized arguments: --bogus"),
     (["--tracking-uri", "/tmp/mlruns"],
      "--tracking-uri: tracking URI '/tmp/mlruns' is a plain path"),
     (["--tracking-uri", "file:///tmp/mlruns"],
@@ -627,7 +630,8 @@ def test_bad_flag_values_are_refused_up_front_with_one_line(flags, says, capsys)
         parse_args(flags, {"smoke": wmt14_en_fr.smoke}, None)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2
-    assert f": error: {says}" in err[-1], err  # argparse style: usage, then one error line
+    assert len(err) == 1 and f": error: {says}" in err[0], err  # (not argparse's usage first)
+    assert err[0].endswith("(--help lists the flags)")
 
 
 def test_summary_aligns_long_names_and_says_where_metrics_went_without_tracking():

@@ -231,11 +231,20 @@ def _default_data(cfg: WorkflowConfig) -> str:
 # --- command line --------------------------------------------------------------------------------
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose refusals are one line, as every other refusal of a workflow
+    (argparse's own print the whole usage first: 24 lines of the workflows' flags before the
+    one that says what is wrong)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowConfig]],
                doc: str | None) -> RunOptions:
     name = Path(sys.argv[0]).name if argv is None else "workflow"
     lines = (doc or "").strip().splitlines()
-    p = argparse.ArgumentParser(prog=f"python workflows/{name}", description=lines[0] if lines
+    p = OneLineParser(prog=f"python workflows/{name}", description=lines[0] if lines
                                 else None, epilog="\n".join(lines[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(presets), default="smoke",
@@ -263,6 +272,10 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="micro-batches each worker accumulates per update (default: as many as "
                         "keep the preset's tokens per update with this many workers; 1 where "
                         "the preset states none)")
+    p.add_argument("--max-tokens", type=int, metavar="N",
+                   help="tokens per batch, each worker's micro-batch (as --set "
+                        "data.max_tokens=N: a new budget reuses the cleaned, BPE and encoded "
+                        "data and cuts only the batches again)")
     p.add_argument("--test-set", action="append", default=[], metavar="STEM",
                    help="also score STEM.<src> / STEM.<tgt> (optionally .gz) of the --data "
                         "folder like the preset's test sets (repeatable)")
@@ -344,7 +357,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                    help="log each training node's CPU, memory and GPU utilization to the "
                         "train run in MLflow (system/<node>/...; default: on)")
     a = p.parse_args(argv)
-    for flag in ("num_workers", "max_epochs", "max_updates", "update_freq"):
+    for flag in ("num_workers", "max_epochs", "max_updates", "update_freq", "max_tokens"):
         if getattr(a, flag) is not None and getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: give a positive integer")
     if a.attention < 0:
@@ -375,4 +388,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
 
     if problem := tracking_uri_problem(a.tracking_uri):
         p.error(problem)
-    return RunOptions(**vars(a))
+    opts = vars(a)
+    if (tokens := opts.pop("max_tokens")) is not None:  # a --set of its own, given first
+        opts["set"] = [f"data.max_tokens={tokens}", *opts["set"]]
+    return RunOptions(**opts)
