@@ -117,6 +117,8 @@ def _ddp_worker(rank: int, port: int, result: dict):
     if rank == 0:
         result["params"] = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
         result["ntokens"] = stats.ntokens
+        result["grad_norm"] = float(stats.grad_norm)  # before clipping: a gradient off by a
+        # factor, which clipping to 0.1 hides in the weights, shows here
         result["valid"] = (loss, nll, ntok)
         result["stop"] = stop
     dist.destroy_process_group()
@@ -127,6 +129,7 @@ def test_two_process_ddp_update_equals_single_process_update_on_the_union():
     batches = make_batches(0, 3)
     ref, stats = single_process_update(batches)
     assert result["ntokens"] == stats.ntokens == sum(b.ntokens for b in batches)
+    assert result["grad_norm"] == pytest.approx(float(stats.grad_norm), rel=1e-5)
     assert result["stop"] is None  # a rank without data ends the epoch on every rank
     ref_params = ref.state_dict()
     init = fresh_model().state_dict()
@@ -361,6 +364,74 @@ def test_nccl_ddp_update_on_one_gpu_equals_the_plain_update_and_bf16_trains():
     assert result["bf16_dtypes"] == ["torch.float32"]
 
 
+class _HostWaits:
+    """Counts the operations that make the host wait for the device on a GPU: reading a value
+    (`.item()`, `float()`, `bool()`, `.tolist()`), `nonzero` and what is built on it (a
+    boolean-mask index, `masked_select`, `unique`, a tensor of repeats) and copies to the host.
+    On the CPU nothing waits, but the operations are the same: counted here, they are what a
+    GPU step would wait for (the `gpu` test below checks with CUDA's own sync debug mode)."""
+
+    SYNCS = {"aten._local_scalar_dense.default", "aten.item.default", "aten.is_nonzero.default",
+             "aten.nonzero.default", "aten.argwhere.default", "aten.masked_select.default",
+             "aten.repeat_interleave.Tensor", "aten._unique2.default",
+             "aten.unique_dim.default", "aten.unique_consecutive.default"}
+    HOST = ("tolist", "cpu", "numpy", "item", "__bool__", "__int__", "__float__")
+
+    def __init__(self):
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.seen: list[str] = []
+        owner = self
+
+        class Dispatch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = str(func)
+                if name in owner.SYNCS or (name.startswith(("aten.index.Tensor", "aten.index_put"))
+                                           and any(getattr(i, "dtype", None) == torch.bool
+                                                   for i in args[1] if i is not None)):
+                    owner.seen.append(name)
+                return func(*args, **(kwargs or {}))
+
+        class Function(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") in owner.HOST:
+                    owner.seen.append(func.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self._modes = (Function(), Dispatch())
+
+    def __enter__(self):
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_an_update_of_two_micro_batches_makes_the_host_wait_for_nothing(precision):
+    """Issue 37: no host sync inside a step, counted (on the CPU, the operations that would
+    wait on a GPU: `_HostWaits`). An update of two accumulated micro-batches (forward through
+    the fused loss, backward, the gradients' norm and clipping, the optimizer step, the
+    update's statistics) makes none; the counter itself sees each kind it counts."""
+    cfg = CFG.replace(precision=precision, update_freq=2)
+    model = fresh_model()
+    opt = build_optimizer(model.parameters(), cfg)
+    first, second = make_batches(11, 2), make_batches(12, 2)
+    train_update(model, opt, first, cfg, Comm(), torch.device("cpu"))  # (the optimizer's state)
+    with _HostWaits() as waits:
+        stats = train_update(model, opt, second, cfg, Comm(), torch.device("cpu"))
+    assert waits.seen == [], waits.seen
+    assert stats.ntokens == sum(b.ntokens for b in second)  # (known on the host, from the data)
+    with _HostWaits() as control:
+        x = torch.randn(5)
+        float(x.sum()), x[x > 0], x.nonzero(), x.tolist()
+    assert len(control.seen) >= 4, control.seen
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("static", [False, True], ids=["rows", "static-shape"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -554,8 +625,10 @@ def test_a_compiled_update_equals_the_eager_update(compile_state):
             # after the first capture, a batch of another shape that would need a second one
             # (a size fixed in the graph) is an error, not a silent recompile
             with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
-                runs[name].append(float(train_update(model, opt, [b], cfg, Comm(),
-                                                     torch.device("cpu")).loss_sum))
+                stats = train_update(model, opt, [b], cfg, Comm(), torch.device("cpu"))
+            # the loss, and the gradients' norm before clipping (clipped to 0.1, a gradient
+            # off by a constant factor would leave the same weights)
+            runs[name] += [float(stats.loss_sum), float(stats.grad_norm)]
     assert runs["compiled"] == pytest.approx(runs["eager"], rel=1e-5)
     for (k, a), b in zip(eager.state_dict().items(), compiled_net.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=k)
