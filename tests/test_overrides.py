@@ -106,7 +106,7 @@ def test_gigawords_update_is_128_sentences_on_any_number_of_gpus(tmp_path):
     assert four.train.update_freq == 1 and four.update_note == (
         "4 worker(s) x 1 micro-batch(es) x 128 sentences = 512 sentences an update: the "
         "preset's update is 128 sentences, which 4 worker(s) cannot keep exactly "
-        "(--set data.max_sentences=32)")
+        "(--set data.max_sentences=32 keeps it with 1 micro-batch(es))")
     kept = resolve(gigaword.paper(), RunOptions(preset="paper", num_workers=4,
                                                 storage_path=str(tmp_path),
                                                 set=["data.max_sentences=32"]))
@@ -140,18 +140,27 @@ def test_gigawords_update_is_128_sentences_on_any_number_of_gpus(tmp_path):
 def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys):
     from workflows.run_spec import update_plan
 
-    # 3 GPUs: 3 x 3 x 3,000 = 27,000, the nearest; the note says so and what to do.
+    # 3 GPUs: 3 x 3 x 3,000 = 27,000, the nearest; the note says so and which budgets keep
+    # it (no --update-freq can at 3,000 tokens: it said "--update-freq to choose")
     freq, note = update_plan(24000, 3, 3000, None, 1)
     assert freq == 3 and note == ("3 worker(s) x 3 micro-batch(es) x 3,000 tokens = 27,000 "
                                   "tokens an update: the preset's update is 24,000 tokens, "
-                                  "which 3 worker(s) cannot keep exactly (--update-freq to "
-                                  "choose)")
+                                  "which 3 worker(s) cannot keep exactly (--set "
+                                  "data.max_tokens=2000 keeps it with 4 micro-batch(es) or "
+                                  "--set data.max_tokens=4000 keeps it with 2 micro-batch(es))")
+    for budget, micro in ((2000, 4), (4000, 2)):  # and each does
+        assert update_plan(24000, 3, budget, None, 1) == (micro, "")
+    # En-De's one GPU x 4,000 on 3 GPUs: no budget keeps it; the nearest is named
+    assert update_plan(4000, 3, 4000, None, 1)[1].endswith(
+        "(no budget keeps it exactly on 3 worker(s); --set data.max_tokens=1333 comes nearest, "
+        "3,999 tokens an update)")
     # The paper's En-De update (one GPU x 4,000 tokens) on 8 GPUs: smaller batches keep it.
     spec = resolve(wmt14_en_de.paper(), RunOptions(preset="paper", num_workers=8,
                                                    storage_path=str(tmp_path)))
     assert spec.train.update_freq == 1
     assert spec.update_note.endswith("which 8 worker(s) cannot keep exactly "
-                                     "(--set data.max_tokens=500)")
+                                     "(--set data.max_tokens=500 keeps it with 1 "
+                                     "micro-batch(es))")
     kept = resolve(wmt14_en_de.paper(), RunOptions(preset="paper", num_workers=8,
                                                    storage_path=str(tmp_path),
                                                    set=["data.max_tokens=500"]))

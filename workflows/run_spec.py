@@ -237,10 +237,28 @@ def update_plan(update_size: int, workers: int, per_batch: int, asked: int | Non
     if asked is not None:
         return freq, f"{got}, not the preset's {update_size:,} " \
                      f"({asked_by or f'--update-freq {asked}'})"
-    fix = (f"--set {setting}={update_size // (workers * freq)}"
-           if update_size % (workers * freq) == 0 else "--update-freq to choose")
     return freq, f"{got}: the preset's update is {update_size:,} {unit}, which " \
-                 f"{workers} worker(s) cannot keep exactly ({fix})"
+                 f"{workers} worker(s) cannot keep exactly " \
+                 f"({_budgets_that_keep(update_size, workers, per_batch, unit, setting)})"
+
+
+def _budgets_that_keep(update_size: int, workers: int, per_batch: int, unit: str,
+                       setting: str, most_micro: int = 16) -> str:
+    """The fix `update_plan` names: the batch budgets (`setting`) with which `workers` keep
+    `update_size` exactly (the plan then accumulates update / (workers x budget) micro-batches):
+    the largest at most `per_batch` (what fits now) and the smallest above it; where none does
+    (4,000 tokens on 3 workers), the one that comes nearest."""
+    exact = sorted({update_size // (workers * f) for f in range(1, most_micro + 1)
+                    if update_size % (workers * f) == 0})
+    below = [b for b in exact if b <= per_batch]
+    above = [b for b in exact if b > per_batch]
+    picks = ([below[-1]] if below else []) + ([above[0]] if above else [])
+    if picks:
+        return " or ".join(f"--set {setting}={b} keeps it with "
+                           f"{update_size // (workers * b)} micro-batch(es)" for b in picks)
+    near = max(1, round(update_size / workers))
+    return (f"no budget keeps it exactly on {workers} worker(s); --set {setting}={near} comes "
+            f"nearest, {workers * near:,} {unit} an update")
 
 
 def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:

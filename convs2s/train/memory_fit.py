@@ -279,9 +279,10 @@ def check_fits(net, worst: WorstStep, precision, device: torch.device, label_smo
         f"need {(peak + extra_bytes) / 2**30:.1f} GiB"
     name = torch.cuda.get_device_name(device)
     fix = (f"the largest budget that fits is {best:,} tokens: cut the batches again with "
-           f"--set data.max_tokens={best} (a workflow) or --max-tokens {best} (python -m "
-           "preprocessing); the cleaned, BPE and encoded stages are reused, and --update-freq "
-           "keeps the update's tokens") if best else \
+           f"--max-tokens {best} (a workflow, or python -m preprocessing); the cleaned, BPE "
+           "and encoded stages are reused, and a workflow accumulates the micro-batches that "
+           "keep its update (saying so where no number does exactly; python -m convs2s train: "
+           "--update-freq)") if best else \
         f"not even {STEP} tokens fit: use a smaller model or a GPU with more memory"
     raise BudgetTooLarge(
         f"the data's token budget ({worst.max_tokens:,} tokens a batch) does not fit on "
