@@ -30,7 +30,7 @@ from convs2s.model.conv import use_native_conv
 from convs2s.model.fused import dynamic_shape_settings, fuse_regions
 from convs2s.model.loss import compile_loss_chunks
 from convs2s.train.optim import clip_gradients
-from convs2s.precision import local_precision
+from convs2s.precision import Precision, local_precision
 from convs2s.train.comm import Comm
 
 
@@ -46,8 +46,11 @@ class UpdateStats:
 
 def autocast_for(device: torch.device, cfg: TrainConfig):
     """The forward passes' context for `cfg.precision`: bf16 autocast or float32. A run's
-    Trainer passes the precision its ranks agreed on ("bf16" / "fp32"); "auto" is decided here
-    for this process alone (benchmarks, single-process use)."""
+    Trainer passes the precision its ranks agreed on ("bf16" / "fp32"), taken as it is (not
+    probed again each micro-batch: the host and device queries of `local_precision`); "auto"
+    is decided here for this process alone (benchmarks, single-process use)."""
+    if cfg.precision in ("bf16", "fp32"):
+        return Precision(cfg.precision, "decided").autocast(device)
     return local_precision(cfg.precision, device).autocast(device)
 
 
