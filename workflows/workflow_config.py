@@ -237,7 +237,7 @@ class OneLineParser(argparse.ArgumentParser):
     one that says what is wrong)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowConfig]],
