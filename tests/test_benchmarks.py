@@ -1006,3 +1006,20 @@ def test_the_train_startup_benchmark_reads_the_controllers_phases_and_leaves_col
     assert a["total_s"] == 9.0 and a["start_to_entry_s"] == 8.0  # the cold 30 s left out
     assert a["busy_core_s"] == 18.0
     assert a["actors_created_s"] is None and a["context_init_s"] == 1.0
+
+
+def test_a_result_written_without_git_names_the_commit_its_copier_recorded(tmp_path,
+                                                                          monkeypatch):
+    """On the lent GPU machine the tree has no .git: a result named commit "" and a clean tree.
+    It names the commit `scripts/gpu_lease.sh prepare` recorded (CONVS2S_COMMIT), or none."""
+    from benchmarks import machine
+
+    monkeypatch.setattr(machine, "REPO", tmp_path)  # a folder outside any git repository
+    monkeypatch.delenv("CONVS2S_COMMIT", raising=False)
+    assert machine._git_commit() == {"commit": None, "dirty": None}
+    monkeypatch.setenv("CONVS2S_COMMIT", "0123abc The subject with changes not committed ")
+    assert machine._git_commit() == {
+        "commit": "0123abc", "dirty": None,
+        "recorded": "0123abc The subject with changes not committed"}
+    monkeypatch.setattr(machine, "REPO", machine.Path(__file__).resolve().parents[1])
+    assert len(machine._git_commit()["commit"]) == 40  # this checkout: git's own answer
