@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks.corpus import DATA_DIR
 from benchmarks.machine import load_average, machine_info, wait_for_quiet
 from benchmarks.report import RESULTS_DIR, format_table, write_result
-from convs2s.config import keep_explicit_dropout
+from convs2s.config import TRAINING_PRECISIONS, keep_explicit_dropout
 from convs2s.metrics.task_kinds import TRANSLATION
 from workflows import multi30k_en_de
 from workflows.ablations import SweepError, variants_for
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "e.g. --set 'train.dropout_by_passes=[[0, 0.2], [30, 0.4]]'")
     p.add_argument("--max-updates", type=int, default=None,
                    help="also stop after this many updates (equal-update comparisons)")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=None,
+    p.add_argument("--precision", choices=TRAINING_PRECISIONS, default=None,
                    help="training precision (default: the preset's, auto)")
     p.add_argument("--data", type=Path, default=DATA_DIR / "multi30k",
                    help="folder with train / val / test_2016_flickr .en/.de(.gz)")

@@ -26,6 +26,7 @@ import psutil
 
 from benchmarks.machine import load_average, machine_info
 from benchmarks.report import RESULTS_DIR, format_table, fresh_workdir, write_result
+from convs2s.precision import CHOICES as TRAINING_PRECISIONS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spm", type=Path, required=True, help="its sentencepiece model")
     p.add_argument("--model", default="tiny", help="model preset (convs2s.config.PRESETS)")
     p.add_argument("--updates", type=int, default=6000)
-    p.add_argument("--precision", default="auto", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--precision", default="auto", choices=TRAINING_PRECISIONS)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/convs2s-bench-train-memory"))
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--replace", action="store_true",

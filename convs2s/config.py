@@ -24,6 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+# The precisions a search can multiply with, and training's choices: the precision table
+# (convs2s.precision.MODES, the standard library only); every --precision offers these.
+from convs2s.precision import CHOICES as TRAINING_PRECISIONS
+from convs2s.precision import INFERENCE_PRECISIONS
+
 # Special token ids, fixed project-wide (the reference convention; sentencepiece is trained to
 # these ids). Targets start with EOS used as BOS, as in the reference implementation.
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
@@ -116,6 +121,12 @@ class ModelConfig(Settings):
         if self.decoder_attention is not None:
             d["decoder_attention"] = list(self.decoder_attention)
         return d
+
+
+def _either(names) -> str:
+    """("a", "b", "c") -> "'a', 'b' or 'c'"."""
+    quoted = [repr(n) for n in names]
+    return ", ".join(quoted[:-1]) + f" or {quoted[-1]}" if len(quoted) > 1 else quoted[0]
 
 
 def _count(n) -> bool:
@@ -358,8 +369,9 @@ class TrainConfig(Settings):
         if self.lr_schedule == "fixed" and self.anneal_from_epoch is not None \
                 and self.anneal_from_epoch < 1:
             raise ValueError("anneal_from_epoch is 1-based: give an epoch >= 1 or None")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+        if self.precision not in TRAINING_PRECISIONS:
+            raise ValueError(f"precision must be {_either(TRAINING_PRECISIONS)}, got "
+                             f"{self.precision!r}")
         if self.optimizer not in ("nag", "adam"):
             raise ValueError(f"optimizer must be 'nag' or 'adam', got {self.optimizer!r}")
         object.__setattr__(self, "adam_betas", tuple(self.adam_betas))  # from JSON: a list
@@ -461,9 +473,6 @@ def keep_explicit_dropout(train: TrainConfig, preset_dropout: float,
 # --- beam search (paper §4.3, docs/reference.md, Evaluation) --------------------------------------
 
 
-# The precisions a search can multiply with (convs2s.inference.quantize converts the weights);
-# every command line's --precision offers these.
-INFERENCE_PRECISIONS = ("fp32", "bf16", "int8")
 
 
 @dataclass(frozen=True)
@@ -526,7 +535,7 @@ class SearchConfig(Settings):
             raise ValueError(f"max_tokens must be >= 0 (0: no token budget), got "
                              f"{self.max_tokens}")
         if self.precision not in INFERENCE_PRECISIONS:
-            raise ValueError(f"precision must be 'fp32', 'bf16' or 'int8', got "
+            raise ValueError(f"precision must be {_either(INFERENCE_PRECISIONS)}, got "
                              f"{self.precision!r}")
         if self.precision_fallback not in (None, "fp32"):
             raise ValueError(f"precision_fallback must be None or 'fp32', got "

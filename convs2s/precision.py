@@ -1,5 +1,19 @@
-"""Which floating-point precision training computes in: bf16 autocast or float32, chosen once
-per run and the same on every rank.
+"""The precision modes, in one table (`MODES`), and which one training computes in: bf16
+autocast or float32, chosen once per run and the same on every rank.
+
+    mode  training (TrainConfig.precision)  inference (SearchConfig.precision)  devices
+    fp32  float32, no autocast              float32 weights, as trained         CPU, GPU
+    bf16  bf16 autocast; float32 master     bf16 weights and activations        CPU, GPU
+          weights and optimizer state                                           (inference: a
+                                                                                GPU with native
+                                                                                bf16 only)
+    int8  (not a training mode)             int8 weights per output channel,    CPU only
+                                            8-bit dynamic activations
+
+`auto` (training only) is bf16 where every rank multiplies bf16 natively, else fp32. The
+training side reads the table here (`Precision.autocast`, `CHOICES`); the inference side in
+`convs2s.inference.quantize` (`unavailable`, `for_inference`) and `convs2s.config`
+(`INFERENCE_PRECISIONS`); every command line's `--precision` offers the table's names.
 
 bf16 autocast runs the matrix products (convolutions as GEMMs, attention projections, the output
 layer) in bf16 and keeps float32 where numerics need it: the master weights and the optimizer state
@@ -34,7 +48,33 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-CHOICES = ("auto", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One row of the precision table: what a mode means to training and to inference, and the
+    devices it runs on (the device rule; whether it runs there at full speed is `native_bf16`)."""
+
+    name: str
+    autocast: str | None  # training: the dtype the forward passes autocast to; None: float32
+    trains: bool  # a training precision (TrainConfig.precision), not only an inference one
+    weights: str  # inference: what the inference copy's weights become
+    devices: tuple[str, ...]  # device types an inference copy in this mode runs on
+    gpu_needs_native: bool  # inference on a GPU needs native bf16 (compute capability >= 8.0)
+
+
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("fp32", autocast=None, trains=True, weights="float32", devices=("cpu", "cuda"),
+         gpu_needs_native=False),
+    Mode("bf16", autocast="bfloat16", trains=True, weights="bfloat16", devices=("cpu", "cuda"),
+         gpu_needs_native=True),
+    Mode("int8", autocast=None, trains=False, weights="int8", devices=("cpu",),
+         gpu_needs_native=False),
+)}
+# TrainConfig.precision: a training mode, or `auto` (decided per run: `common_precision`).
+CHOICES = ("auto",) + tuple(name for name, mode in MODES.items() if mode.trains)
+# SearchConfig.precision: every mode converts an inference copy (convs2s.inference.quantize).
+INFERENCE_PRECISIONS = tuple(MODES)
 OVERRIDE_ENV = "CONVS2S_CPU_BF16"
 # CPU flags of native bf16 matrix products: x86 AVX-512 BF16 / AMX (/proc/cpuinfo "flags"),
 # Arm BF16 (aarch64 "Features").
@@ -49,19 +89,26 @@ class Precision:
     name: str
     reason: str
 
+    def __post_init__(self) -> None:
+        if self.name not in MODES or not MODES[self.name].trains:
+            raise ValueError(f"training precision {self.name!r}: choose one of "
+                             f"{', '.join(CHOICES[1:])} (or auto, decided per run)")
+
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype the forward passes compute the matrix products in."""
         import torch
 
-        return torch.bfloat16 if self.name == "bf16" else torch.float32
+        return getattr(torch, MODES[self.name].autocast or "float32")
 
     def autocast(self, device: torch.device):
-        """The context the forward passes run in: bf16 autocast, or nothing (float32)."""
-        if self.name == "bf16":
-            import torch
+        """The context the forward passes run in: the mode's autocast, or nothing (float32)."""
+        to = MODES[self.name].autocast
+        if to is None:
+            return contextlib.nullcontext()
+        import torch
 
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=getattr(torch, to))
 
 
 @functools.lru_cache(maxsize=4)
@@ -106,6 +153,34 @@ def native_bf16(device: torch.device | str) -> tuple[bool, str]:
     if kind == "cpu":
         return cpu_native_bf16()
     return False, f"device {kind}: bf16 support unknown"
+
+
+def runs_on_gpus(name: str) -> bool:
+    """Whether an inference copy in mode `name` searches on a GPU (int8: on the CPU, PyTorch's
+    quantized kernels, even where a GPU is visible or reserved). A name outside the table: True,
+    for `SearchConfig` to refuse with the choices."""
+    mode = MODES.get(name)
+    return mode is None or "cuda" in mode.devices
+
+
+def inference_unavailable(name: str, device: torch.device | str) -> str | None:
+    """Why an inference copy in mode `name` cannot run on `device` (a torch.device or its type),
+    by the table's device rule; None where it can. (Whether this build has the mode's kernels,
+    int8's quantized engine, is `convs2s.inference.quantize.unavailable`'s probe.) bf16 on a CPU
+    without it runs, emulated and slow; a GPU before Ampere is refused (torch's
+    `is_bf16_supported` says yes to its emulation)."""
+    mode = MODES[name]
+    kind = getattr(device, "type", device)
+    if kind not in mode.devices:
+        where = " and ".join({"cpu": "CPUs", "cuda": "GPUs"}.get(d, d) for d in mode.devices)
+        other = [n for n, m in MODES.items() if n != name and kind in m.devices and m.autocast]
+        return (f"{name} inference runs on {where}, not on {device}"
+                + (f": use precision {other[0]} there" if other else ""))
+    if kind == "cuda" and mode.gpu_needs_native:
+        native, evidence = native_bf16(device)
+        if not native:
+            return f"this GPU ({evidence}) has no native {name}: use precision fp32"
+    return None
 
 
 def local_precision(requested: str, device: torch.device | str) -> Precision:

@@ -102,7 +102,7 @@ def test_a_world_agrees_on_one_precision():
     p = common_precision("auto", [("gpu-node", True, "A100 (compute 8.0)"),
                         ("gpu-node", False, "V100 (compute 7.0, bf16 native from 8.0)")])
     assert p.name == "fp32" and "A100" in p.reason and "V100" in p.reason
-    with pytest.raises(ValueError, match="choose one of auto, bf16, fp32"):
+    with pytest.raises(ValueError, match="choose one of auto, fp32, bf16"):
         common_precision("fp16", native)
 
 
@@ -114,6 +114,48 @@ def test_the_setting_is_a_choice_and_old_configs_load():
     old = {k: v for k, v in TrainConfig().to_dict().items() if k != "precision"}
     assert TrainConfig.from_dict({**old, "bf16": True}).precision == "auto"
     assert TrainConfig.from_dict({**old, "bf16": False}).precision == "fp32"
+
+
+def test_one_table_says_what_each_precision_means_to_training_and_inference_and_where(
+        monkeypatch):
+    from convs2s.config import INFERENCE_PRECISIONS, TRAINING_PRECISIONS
+    from convs2s.inference.quantize import Int8Linear, for_inference, unavailable
+    from convs2s.model.network import inference_copy
+    from convs2s.precision import MODES, inference_unavailable, runs_on_gpus
+
+    # every --precision a command offers is a row of the table (training's: `auto` besides)
+    assert INFERENCE_PRECISIONS == tuple(MODES) == ("fp32", "bf16", "int8")
+    assert TRAINING_PRECISIONS == ("auto", "fp32", "bf16")
+    with pytest.raises(ValueError, match="'int8': choose one of fp32, bf16"):
+        Precision("int8", "no int8 training")
+    # training: the row's autocast is the context the forward passes run in, and its dtype
+    for name in TRAINING_PRECISIONS[1:]:
+        with Precision(name, "asked").autocast(CPU):
+            on = torch.is_autocast_enabled("cpu")
+            dtype = torch.get_autocast_dtype("cpu")
+        assert on == (MODES[name].autocast is not None), name
+        assert not on or dtype == Precision(name, "asked").dtype == torch.bfloat16
+    # inference: the row's weights are what an inference copy becomes
+    for name in INFERENCE_PRECISIONS:
+        net = for_inference(inference_copy(tiny_model()), name)
+        fc = net.decoder.fc3
+        kind = "int8" if isinstance(fc, Int8Linear) else str(fc.weight.dtype).split(".")[1]
+        assert (net.precision, kind) == (name, MODES[name].weights)
+    # the device rule: int8 on CPUs only, the others anywhere; bf16 inference on a GPU only
+    # where it multiplies bf16 natively (compute 8.0 on)
+    assert [runs_on_gpus(n) for n in INFERENCE_PRECISIONS] == [True, True, False]
+    assert inference_unavailable("int8", "cuda") == \
+        "int8 inference runs on CPUs, not on cuda: use precision bf16 there"
+    assert unavailable("int8", "cuda") == inference_unavailable("int8", "cuda")
+    assert all(inference_unavailable(n, "cpu") is None for n in INFERENCE_PRECISIONS)
+    from convs2s import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda d: (False, "V100 (compute 7.0)"))
+    assert inference_unavailable("bf16", "cuda") == \
+        "this GPU (V100 (compute 7.0)) has no native bf16: use precision fp32"
+    assert inference_unavailable("fp32", "cuda") is None
+    monkeypatch.setattr(precision, "native_bf16", lambda d: (True, "H100 (compute 9.0)"))
+    assert inference_unavailable("bf16", "cuda") is None
 
 
 # --- bf16 on a CPU -----------------------------------------------------------------------------

@@ -131,10 +131,12 @@ def evaluate_job(job: EvalJob) -> dict:
     from convs2s.inference.attention_plot import plot_attention
     from convs2s.metrics.scoring import read_lines
     from convs2s.inference.translate import load_for_inference
+    from convs2s.precision import runs_on_gpus
 
     torch.set_num_threads(max(1, int(job.num_cpus)))
     # (int8 weights run on PyTorch's quantized CPU kernels: a GPU job searches on its CPU)
-    use_cuda = job.num_gpus > 0 and torch.cuda.is_available() and job.search.precision != "int8"
+    use_cuda = job.num_gpus > 0 and torch.cuda.is_available() \
+        and runs_on_gpus(job.search.precision)
     test = job.test_set
     # A bucket's files and model folders: their local copies, fetched once per node.
     src, refs = read_lines(local_copy(test.src)), read_lines(local_copy(test.ref))

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from convs2s.config import ModelConfig, SearchConfig, TrainConfig, duration
+from convs2s.config import (
+    TRAINING_PRECISIONS,
+    ModelConfig,
+    SearchConfig,
+    TrainConfig,
+    duration,
+)
 from preprocessing.config import WMT_SPLITS, PreprocessConfig
 
 
@@ -264,7 +270,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                         "training stops after the update that spends it, validates, "
                         "checkpoints, and the workflow evaluates; a resumed run counts the "
                         "time already spent")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"],
+    p.add_argument("--precision", choices=TRAINING_PRECISIONS,
                    help="training precision: bf16 autocast or float32; auto (the presets' "
                         "default) picks bf16 where every node multiplies bf16 natively (GPUs, "
                         "CPUs with AVX-512 BF16 or AMX) and says which in the log and MLflow")

@@ -201,6 +201,7 @@ def _load_as_replicas_will(settings) -> None:
     import torch
 
     from convs2s.inference.quantize import resolve_precision
+    from convs2s.precision import runs_on_gpus
     from convs2s.inference.translate import load_for_inference
 
     torch.set_num_threads(1)  # (a check: the replicas' threads are theirs)
@@ -215,7 +216,7 @@ def _load_as_replicas_will(settings) -> None:
                                         SearchConfig.from_dict(settings.search), "cpu",
                                         spm_model=settings.spm_model)
     cfg = translator.search
-    if settings.gpus_per_replica and cfg.precision == "int8":  # a replica holding a GPU
+    if settings.gpus_per_replica and not runs_on_gpus(cfg.precision):  # a replica with a GPU
         # searches on it: int8 runs on CPUs (resolve_precision: the fallback, else an error)
         resolve_precision(cfg.precision, "cuda", cfg.precision_fallback)
     del translator

@@ -63,9 +63,11 @@ def _inference_device(asked: str | None, precision: str) -> str:
     visible (int8 weights run on PyTorch's quantized CPU kernels: the CPU)."""
     import torch
 
+    from convs2s.precision import runs_on_gpus
+
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if asked is None:
-        return "cuda" if visible and precision != "int8" else "cpu"
+        return "cuda" if visible and runs_on_gpus(precision) else "cpu"
     index = int(asked.partition(":")[2] or 0)
     if asked.startswith("cuda") and index >= visible:  # (else a traceback from inside torch)
         raise ValueError(f"--device {asked}: " + (
@@ -295,6 +297,7 @@ def _translate_corpus(args, job, search) -> int:
     from convs2s.inference.translate import load_for_inference
     from ray.exceptions import RayError
 
+    from convs2s.precision import runs_on_gpus
     from convs2s.serving.corpus import translate_corpus
     from storage.lease import LeaseHeld
 
@@ -302,7 +305,7 @@ def _translate_corpus(args, job, search) -> int:
     try:
         if job.device == "cpu":  # the model and settings load here before any actor starts
             load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
-        elif search.precision == "int8":
+        elif not runs_on_gpus(search.precision):
             # An actor holding a GPU searches on it, and int8 runs on CPUs: the fallback (one
             # warning), else one line now, not an error in every actor after Ray reserved the
             # GPUs (as `serve --gpus-per-replica` checks). (bf16's check needs the actors' GPU.)

@@ -33,7 +33,7 @@ import warnings
 import torch
 import torch.nn as nn
 
-from convs2s.config import INFERENCE_PRECISIONS  # the names; converted here
+from convs2s.precision import INFERENCE_PRECISIONS, MODES, inference_unavailable
 
 log = logging.getLogger("convs2s.inference.quantize")
 
@@ -148,23 +148,13 @@ def unavailable(precision: str, device: str | torch.device = "cpu") -> str | Non
     GPU needs one that multiplies bf16. (bf16 on any CPU runs, emulated and slow without
     AVX-512 BF16 / AMX.)"""
     device = torch.device(device)
-    if precision == "int8":
-        if device.type != "cpu":
-            return (f"int8 inference runs on CPUs (PyTorch's quantized kernels), not on "
-                    f"{device}: use precision bf16 there")
+    why = inference_unavailable(precision, device)  # the precision table's device rule
+    if why is None and MODES[precision].weights == "int8":
         try:
-            Int8Linear(torch.eye(2), None)
+            Int8Linear(torch.eye(2), None)  # this build's quantized engine
         except PrecisionError as err:
             return str(err)
-    elif precision == "bf16" and device.type == "cuda":
-        # (the device's compute capability, as training decides: torch.cuda.is_bf16_supported
-        # says yes to emulated bf16 on GPUs before Ampere, and asks the current device)
-        from convs2s.precision import native_bf16
-
-        native, evidence = native_bf16(device)
-        if not native:
-            return f"this GPU ({evidence}) has no native bf16: use precision fp32"
-    return None
+    return why
 
 
 def resolve_precision(precision: str, device: str | torch.device = "cpu",
@@ -191,14 +181,14 @@ def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:
     if precision not in INFERENCE_PRECISIONS:
         raise ValueError(f"inference precision {precision!r}: choose one of "
                          f"{', '.join(INFERENCE_PRECISIONS)}")
-    if precision == "bf16":
-        net.to(torch.bfloat16)
-    elif precision == "int8":
-        device = next(net.parameters()).device
-        if device.type != "cpu":
-            raise PrecisionError(f"int8 inference runs on CPUs (PyTorch's quantized kernels); "
-                                 f"the model is on {device}: use precision bf16 there")
+    weights = MODES[precision].weights  # the precision table's inference conversion
+    device = next(net.parameters()).device
+    if device.type not in MODES[precision].devices:
+        raise PrecisionError(f"{inference_unavailable(precision, device)} (the model is there)")
+    if weights == "int8":
         _quantize(net)
+    elif weights != "float32":
+        net.to(getattr(torch, weights))
     net.precision = precision
     return net
 

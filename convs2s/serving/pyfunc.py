@@ -69,6 +69,7 @@ def translator_from_artifacts(artifacts: dict[str, str], device: str | None = No
 
     from convs2s.config import SearchConfig
     from convs2s.inference.translate import load_for_inference
+    from convs2s.precision import runs_on_gpus
 
     cfg = json.loads(Path(artifacts["search"]).read_text())
     if cfg.get("dictionary"):
@@ -79,8 +80,8 @@ def translator_from_artifacts(artifacts: dict[str, str], device: str | None = No
     root = Path(artifacts["checkpoints"])
     paths = sorted(p for p in root.iterdir() if (p / "checkpoint.pt").is_file())
     if device is None:  # int8 weights run on PyTorch's quantized CPU kernels
-        device = "cuda" if torch.cuda.is_available() and cfg.get("precision") != "int8" \
-            else "cpu"
+        device = "cuda" if torch.cuda.is_available() \
+            and runs_on_gpus(cfg.get("precision", "fp32")) else "cpu"
     return load_for_inference(paths, SearchConfig.from_dict(cfg), device)
 
 

@@ -30,6 +30,7 @@ from convs2s.io.checkpoint import (
     META_FILE,
     list_checkpoints,
 )
+from convs2s.config import TRAINING_PRECISIONS
 from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-epochs", type=int)
     p.add_argument("--max-time", type=duration, metavar="DURATION",
                    help="training budget: seconds, or 90s / 10m / 1.5h")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"])
+    p.add_argument("--precision", choices=TRAINING_PRECISIONS)
     p.add_argument("--update-freq", type=int, help="micro-batches accumulated per update")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any TrainConfig field, e.g. --set lr=0.5 --set keep_last=3")
