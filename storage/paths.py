@@ -300,6 +300,12 @@ class ObjectPath:
                                    "empty part in its key (//), which no path can name, so "
                                    "the folder cannot be copied whole; rename that object or "
                                    "move it out of the folder")
+            if any(part in (".", "..") for part in name.split("/")):
+                # (a key "m/../../x" is a name to a store; copied, it would leave the folder)
+                raise StorageError(f"{self.uri}: the object {shown(name)!r} under it has a "
+                                   "'.' or '..' part in its key, which a local copy would "
+                                   "follow out of its folder, so the folder is not copied; "
+                                   "rename that object or move it out of the folder")
         return out
 
     def __lt__(self, other) -> bool:  # sorted() of paths, as pathlib

@@ -71,6 +71,9 @@ def local_copy(p) -> Path:
         tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
         try:
             for name, _, _ in files:
+                if not (tmp / name).resolve().is_relative_to(tmp.resolve()):  # (files() refuses
+                    raise StorageError(f"{p}: the object {name!r} would be copied out of its "
+                                       "folder; rename it")  # such names; a second guard)
                 (tmp / name).parent.mkdir(parents=True, exist_ok=True)
                 with open(tmp / name, "wb") as out:
                     copy_version(p / name, out)
@@ -103,8 +106,12 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
     complete or new-complete, and absent for the instant between the renames). Bucket: the
     old marker is deleted first (from then on readers take `dest` as incomplete), every other
     file copied, objects of the old version that the new one lacks deleted, and the marker
-    copied last."""
+    copied last. A local `dest` that is a symbolic link is replaced as the link (a folder
+    linked into a run from elsewhere): the folder it points to stays whole."""
+    given = dest
     src, dest = location(src), location(dest)
+    if not isinstance(dest, ObjectPath):
+        dest = local_entry(given)  # (location follows a link in its last part)
     names = ([n for n, _ in src.files()] if isinstance(src, ObjectPath)
              else sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file()))
     names = [n for n in names if n not in leave]
@@ -123,7 +130,9 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
         except BaseException:  # (a Ctrl-C in a checkpoint's copy: gigabytes, never read)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if dest.exists():
+        if dest.is_symlink():
+            dest.unlink()  # the link, never the folder it points to
+        elif dest.exists():
             dest.rename(old)
         tmp.rename(dest)
         shutil.rmtree(old, ignore_errors=True)

@@ -198,6 +198,26 @@ def test_a_folder_holding_a_key_with_an_empty_part_is_refused_naming_it(s3):
         local_copy(f"{BUCKET}/spec-slashes/run")
 
 
+def test_a_folder_holding_a_key_that_climbs_out_is_refused_and_nothing_outside_is_touched(
+        s3, tmp_path, monkeypatch):
+    """A key "m/../../x" is a plain name to a store (another tool wrote it); a local copy of
+    the folder opened it as a path, creating and emptying a file outside the cache before it
+    refused."""
+    import boto3
+
+    monkeypatch.setenv("CONVS2S_CACHE", str(tmp_path / "cache"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    client = boto3.client("s3")
+    client.put_object(Bucket="convs2s-test", Key="spec-climb/m1/checkpoint.pt", Body=b"w")
+    # the copy's folder is cache/objects/<version>/.m1.<tmp>/: four levels under tmp_path
+    client.put_object(Bucket="convs2s-test", Key="spec-climb/m1/../../../../victim.txt",
+                      Body=b"")
+    with pytest.raises(StorageError, match=r"a '\.' or '\.\.' part in its key"):
+        local_copy(f"{BUCKET}/spec-climb/m1")
+    assert victim.read_text() == "precious"
+
+
 def test_an_object_path_is_never_taken_for_a_local_file():
     # No __fspath__: open() of a URI fails instead of writing a local folder named "s3:".
     with pytest.raises(TypeError):
@@ -291,6 +311,33 @@ def test_a_folder_linked_into_a_run_is_removed_or_moved_as_the_link_never_its_ta
     assert (archive / "checkpoint.pt").is_file() and archive.is_dir()
     remove_tree(run)  # a run folder itself (no link): deleted; the links in it, not followed
     assert not run.exists() and (archive / "checkpoint.pt").is_file()
+
+
+def test_a_folder_linked_into_a_run_is_replaced_as_the_link_when_published_or_staged(
+        tmp_path, tiny_checkpoints):
+    """Publishing a checkpoint onto a run's best/, or staging weights onto its weights folder,
+    where that folder is a link to another run's: the run's link is replaced by a folder of its
+    own; the folder it pointed to, which this run did not write, keeps its files."""
+    from convs2s.io.staging import STAGED_FILE, stage_models
+
+    other = tmp_path / "other"
+    (other / "best").mkdir(parents=True)
+    (other / "best" / "meta.json").write_text("theirs")
+    (other / "best" / "checkpoint.pt").write_text("their weights")
+    (other / "avg").mkdir()
+    (other / "avg" / STAGED_FILE).write_text("{}")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "best").symlink_to(other / "best", target_is_directory=True)
+    (run / "avg").symlink_to(other / "avg", target_is_directory=True)
+    new = _folder(tmp_path, {"meta.json": "ours"})
+    publish_dir(new, run / "best", marker="meta.json")
+    assert not (run / "best").is_symlink() and (run / "best" / "meta.json").read_text() == "ours"
+    assert sorted(p.name for p in (other / "best").iterdir()) == ["checkpoint.pt", "meta.json"]
+    assert (other / "best" / "meta.json").read_text() == "theirs"
+    staged = stage_models([str(tiny_checkpoints["a"])], False, run / "avg")
+    assert staged == (str(run / "avg" / "model_00"),) and not (run / "avg").is_symlink()
+    assert sorted(p.name for p in (other / "avg").iterdir()) == [STAGED_FILE]
 
 
 def test_local_copy_fetches_each_version_once(s3, tmp_path, monkeypatch):

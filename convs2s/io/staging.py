@@ -20,6 +20,7 @@ import os
 import shutil
 
 from storage import ObjectPath, location, publish_dir, stamp
+from storage.paths import local_entry
 from storage.scratch import scratch_dir
 
 STAGED_FILE = "staged.json"  # in each staged folder: the weights it was made from, written last
@@ -47,7 +48,9 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
     whole otherwise (in a bucket: published with staged.json last, storage.publish_dir)."""
     from convs2s.io.averaging import average_checkpoints
 
-    target = location(target)
+    given, target = target, location(target)
+    if not isinstance(target, ObjectPath):  # a linked target is replaced as the link: the
+        target = local_entry(given)  # folder it points to (another run's) stays whole
     wanted = {"checkpoints": weights_stamp(checkpoints), "average": average}
     try:
         current = json.loads((target / STAGED_FILE).read_text())
@@ -73,7 +76,9 @@ def stage_models(checkpoints, average: bool, target: str | os.PathLike) -> tuple
         else:
             # this stager's own name (two stagers of one target set aside each their own)
             old = scratch_dir(f".old-{target.name}-", target.parent)
-            if target.exists():
+            if target.is_symlink():
+                target.unlink()
+            elif target.exists():
                 os.replace(target, old)  # (onto the empty folder just made: a rename)
             os.replace(partial, target)
             shutil.rmtree(old, ignore_errors=True)
