@@ -63,9 +63,10 @@ def _has_userinfo(rest: str) -> bool:
     return "@" in authority or ":" in authority
 
 
-# "s3:/bucket/x" (one slash: a typo, or a URI that went through pathlib.Path) is not a local
-# folder named "s3:"; refused with the fix
-_MANGLED = re.compile(r"^(s3|gs|gcs|hdfs|viewfs|abfss?|az):/(?!/)", re.IGNORECASE)
+# "s3:/bucket/x" (one slash: a typo, or a URI that went through pathlib.Path) or "s3:bucket/x"
+# (none) is not a local folder named "s3:" / "s3:bucket"; refused with the fix
+_MANGLED = re.compile(r"^(s3a?|gs|gcs|hdfs|viewfs|abfss?|az|wasbs?|oss):(/?)(?!/)",
+                      re.IGNORECASE)
 
 # "file:/PATH" (RFC 8089's form without an authority, and what pathlib makes of file:///PATH)
 # is the local path /PATH, not a folder named "file:" in the working directory
@@ -80,9 +81,11 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     m = _MANGLED.match(text)
     if m:
         rest = shown(text[m.end():])  # (never echo what may be a key or a signature)
-        raise StorageError(f"{m[1]}:/{rest} has one slash after {m[1]}:, so it would be a local "
-                           f"folder named {m[1]!r}; write {m[1]}://{rest} (a bucket URI that "
-                           "went through pathlib.Path loses a slash: keep it a str)")
+        slashes = "one slash" if m[2] else "no slash"
+        folder = f"{m[1]}:" if m[2] else f"{m[1]}:{rest.split('/')[0]}"
+        raise StorageError(f"{m[1]}:{m[2]}{rest} has {slashes} after {m[1]}:, so it would be a "
+                           f"local folder named {folder!r}; write {m[1]}://{rest} (a bucket URI "
+                           "that went through pathlib.Path loses a slash: keep it a str)")
     if text.lower().startswith("file://") or _FILE_ONE_SLASH.match(text):
         return _file_uri_path(text)
     if is_uri(text):

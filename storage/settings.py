@@ -110,8 +110,8 @@ def typed(name: str, field: dataclasses.Field, value, current, raw: str | None =
     def bad(why: str = ""):
         return SettingError(f"{name} takes {want}, not {v!r}{why}")
 
-    if v is None:
-        if current is None or "None" in want:
+    if v is None:  # (a required field, no default: never None, whatever its value now)
+        if "None" in want:
             return None
         if field.default == "":  # a text field that is off when empty
             return ""
@@ -123,7 +123,10 @@ def typed(name: str, field: dataclasses.Field, value, current, raw: str | None =
     if kind == "float":
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise bad()
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # (an int of more than 308 digits)
+            raise bad(": too large for a float") from None
     if kind == "str" and not isinstance(v, str):
         off = None if "None" in want else "" if field.default == "" else False
         if v is False and off is not False:  # false / off / no: the field's off value

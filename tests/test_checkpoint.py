@@ -328,6 +328,21 @@ def test_list_pick_and_best(tmp_path):
     assert [i.update for i in list_checkpoints(run)] == [120, 150, 240, 300, 360]
 
 
+def test_a_checkpoint_whose_meta_json_is_not_this_projects_is_skipped_or_named(tmp_path):
+    """A meta.json another tool wrote, or one edited by hand (not an object, a field missing):
+    the run's listing skips that folder (it raised KeyError / AttributeError, so every listing
+    of the run, its best model and --init-from failed), and reading it names the file."""
+    from convs2s.io.checkpoint import CheckpointError, read_info
+
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True)])
+    (run / checkpoint_dir_name(120) / META_FILE).write_text('{"epoch": 1}')
+    (run / checkpoint_dir_name(240) / META_FILE).write_text("[1]")
+    assert list_checkpoints(run) == [] and best_checkpoint(run) is None
+    for folder in (checkpoint_dir_name(120), checkpoint_dir_name(240)):
+        with pytest.raises(CheckpointError, match=f"{folder}/meta.json is not a checkpoint"):
+            read_info(run / folder)
+
+
 def test_best_is_swapped_whole_by_publish_dir(tmp_path):
     a, b, dst = tmp_path / "a", tmp_path / "b", tmp_path / "best"
     a.mkdir(), b.mkdir()
@@ -349,6 +364,11 @@ class _Hostile:
     (lambda: bytes(random.Random(0).getrandbits(8) for _ in range(4096)),
      "is not a readable checkpoint of this project"),
     (lambda: b"not a checkpoint at all\n" * 10, "is not a readable checkpoint of this project"),
+    # damaged pickles the weights-only unpickler meets as an empty stack or an unknown memo
+    (lambda: b".", "is not a readable checkpoint"),
+    (lambda: b"s.", "is not a readable checkpoint"),
+    (lambda: b"h\xff.", "is not a readable checkpoint"),
+    (lambda: b"(e.", "is not a readable checkpoint"),
 ])
 def test_random_bytes_are_unreadable_not_called_code(tmp_path, content, says):
     (tmp_path / CHECKPOINT_FILE).write_bytes(content())

@@ -457,6 +457,11 @@ def test_a_setting_edited_in_a_config_file_counts_as_set_on_purpose(tmp_path, fl
     ("preset: smoke\n", "preset: cpu\n", "preset: 'cpu' names no preset of this workflow"),
     ("explicit: []\n", "explicit: [train.lrr]\n",
      "explicit: train.lrr: no such setting (did you mean train.lr"),
+    # a setting with no default is never null (it passed: a traceback, or "None" as a path)
+    ("name: wmt14_en_fr\n", "name: null\n", "name takes str, not None"),
+    ("data: demo\n", "data: null\n", "data takes str, not None"),
+    ("  task: wmt14_en_fr\n", "  task: null\n", "preprocess.task takes str, not None"),
+    ("  lr: 0.25\n", "  lr: 1" + "0" * 400 + "\n", "train.lr takes float, not 1000"),
 ])
 def test_a_config_file_value_its_setting_cannot_take_is_one_line_naming_file_and_key(
         old, new, says, tmp_path):

@@ -53,6 +53,16 @@ def test_a_uri_with_credentials_options_or_one_slash_is_refused_without_its_secr
     for typo in ("s3:/bucket/runs", str(Path("s3://bucket/runs"))):  # pathlib drops a slash
         with pytest.raises(StorageError, match=r"write s3://bucket/runs"):
             location(typo)
+    # no slash at all (a folder "s3:bucket" in the working directory), and the other schemes
+    with pytest.raises(StorageError, match=r"no slash after s3:, so it would be a local folder "
+                                           r"named 's3:bucket'; write s3://bucket/runs"):
+        location("s3:bucket/runs")
+    with pytest.raises(StorageError, match=r"write s3://\*\*\*@bucket/x") as err:
+        location("s3:AKIAEXAMPLE:wJalrXUtn@bucket/x")
+    assert "wJalrXUtn" not in str(err.value)
+    for typo in ("wasbs:/c/x", "oss:/b/x", "s3a:/b/x"):
+        with pytest.raises(StorageError, match="one slash after"):
+            location(typo)
     assert location("runs/s3:/x") == Path("runs/s3:/x").resolve()  # only at the start
 
 

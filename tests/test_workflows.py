@@ -290,6 +290,23 @@ def test_a_run_inside_a_folder_another_command_holds_is_refused_before_it_writes
     assert sorted(p.name for p in (sweep / "t0").iterdir()) == before
 
 
+@pytest.mark.parametrize("damage", ['{"settings": {"a": 1},', "[]"])
+def test_a_damaged_workflow_json_is_one_line_naming_it_and_nothing_starts(tmp_path, capsys,
+                                                                         damage):
+    """A run's workflow.json cut short (a disk that filled) or edited into no object: the
+    rerun says which file and what to do, in one line (it was a JSONDecodeError naming no
+    file)."""
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "workflow.json").write_text(damage)
+    rc, _ = _main(wmt14_en_fr, ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"),
+                                "--run-name", "r", "--tracking-uri", mlflow_store(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"error: {run / 'workflow.json'}: not "), err
+    assert "restore it from a copy, or give another --run-name" in err[-1]
+    assert sorted(p.name for p in run.iterdir()) == ["workflow.json"]
+
+
 def test_a_rerun_on_data_changed_under_the_same_path_is_refused(tmp_path):
     """The run records the identity of its training and validation inputs (each file's size
     and modification time; a hub commit): new content under the same path is refused, not

@@ -30,6 +30,22 @@ def digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def read_workflow_json(path) -> dict:
+    """A run's workflow.json, or a SpecError naming it where it is not a JSON object (damaged:
+    cut short by a disk that filled, edited by hand)."""
+    text = path.read_text()
+    try:
+        state = json.loads(text)
+    except ValueError as err:
+        state = err
+    if not isinstance(state, dict):
+        why = f"not readable JSON ({state})" if isinstance(state, ValueError) else \
+            "not a JSON object"
+        raise SpecError(f"{path}: {why}; restore it from a copy, or give another --run-name "
+                        "(the run's checkpoints and data stay where they are)")
+    return state
+
+
 @dataclass
 class StageContext:
     """What every stage needs: the run tree (where to track, the parent run, the run folder)
@@ -49,7 +65,7 @@ class StageContext:
         """{"train": {name: {key, result}}, "models": {job: {stamp, model_id}},
         "eval": {"<job>/<test set>": {stamp, run_id, metrics, hyp_path}}}"""
         try:
-            state = json.loads((self.run_dir / "workflow.json").read_text())
+            state = read_workflow_json(self.run_dir / "workflow.json")
         except FileNotFoundError:
             state = {}
         for part in ("train", "models", "eval"):
@@ -172,7 +188,7 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     path = spec.run_dir / "workflow.json"
     if spec.restart or not path.is_file():
         return None
-    state = json.loads(path.read_text())
+    state = read_workflow_json(path)
     recorded = state.get("settings")
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None

@@ -157,7 +157,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{file} was refused: it holds pickled Python objects besides tensors, which could "
             "run code when loaded; only checkpoints written by this project's training load "
             "(re-export it from the run that made it)") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile):
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile,
+            IndexError, KeyError):  # (damaged opcodes: an empty stack, an unknown memo key)
         raise CheckpointError(_not_a_checkpoint(file)) from None
     if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
         raise CheckpointError(f"{file} is a torch file but not a checkpoint of this project "
@@ -269,12 +270,27 @@ class CheckpointInfo:
 
 
 def read_info(path: str | os.PathLike) -> CheckpointInfo:
-    return _info(path, json.loads((location(path) / META_FILE).read_text()))
+    file = location(path) / META_FILE
+    try:
+        info = _info(path, json.loads(file.read_text()))
+    except ValueError:
+        info = None
+    if info is None:
+        raise CheckpointError(f"{file} is not a checkpoint's meta.json (no epoch, update, "
+                              "val_loss and end_of_epoch): copy the checkpoint again or pick "
+                              "another of the run")
+    return info
 
 
-def _info(path, meta: dict) -> CheckpointInfo:
-    return CheckpointInfo(str(path), meta["epoch"], meta["update"], meta["val_loss"],
-                          meta["end_of_epoch"])
+INFO_KEYS = ("epoch", "update", "val_loss", "end_of_epoch")
+
+
+def _info(path, meta) -> CheckpointInfo | None:
+    """The info a meta.json records, or None where it is not this project's (another tool's,
+    or edited: not an object, or a field missing)."""
+    if not isinstance(meta, dict) or any(k not in meta for k in INFO_KEYS):
+        return None
+    return CheckpointInfo(str(path), *(meta[k] for k in INFO_KEYS))
 
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
@@ -297,6 +313,8 @@ def _whole(d) -> CheckpointInfo | None:
     try:
         meta = json.loads((d / META_FILE).read_text())
     except ValueError:  # a meta.json cut short
+        return None
+    if _info(d, meta) is None:  # another tool's meta.json, or one edited by hand
         return None
     # (checkpoints written before sizes were recorded: trusted; before the other files' were,
     # checkpoint.pt's alone)
