@@ -94,7 +94,12 @@ class ModelConfig(Settings):
         object.__setattr__(self, "encoder_layers", [tuple(x) for x in self.encoder_layers])
         object.__setattr__(self, "decoder_layers", [tuple(x) for x in self.decoder_layers])
         if self.decoder_attention is not None:
-            att = tuple(bool(a) for a in self.decoder_attention)
+            flags = self.decoder_attention  # true / false per layer (1 / 0: fairseq's form);
+            if isinstance(flags, (str, bytes)) or not all(  # "false" or 0.5 is no flag
+                    a in (0, 1) and isinstance(a, (bool, int)) for a in flags):
+                raise ValueError(f"decoder_attention is one flag per decoder layer, true or "
+                                 f"false; got {flags!r}")
+            att = tuple(bool(a) for a in flags)
             if len(att) != len(self.decoder_layers):
                 raise ValueError(
                     f"decoder_attention has {len(att)} flags for {len(self.decoder_layers)} "

@@ -24,6 +24,8 @@ WMT_SPLITS = {"train": "train", "valid": "validation", "test": "test"}
 
 EXCHANGES = ("files", "ray")  # how rows meet by window / bucket (preprocessing/exchange.py)
 
+# The columns the reader adds to each row beside the two sides (preprocessing/reading.py)
+ROW_COLUMNS = ("id", "error")
 _SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_. -]*")
 
 @dataclass(frozen=True)
@@ -90,8 +92,22 @@ class PreprocessConfig:
         if bad:
             raise ValueError(f"split names are letters, digits, '_', '-', '.' and spaces (no "
                              f"path), beginning with a letter or digit; got {bad!r}")
+        # The task names its output folder <root>/<task>/: a path ("/tmp/x", "../x") would put
+        # the data outside --storage-path (data.root is refused for that reason)
+        if not isinstance(self.task, str) or not _SPLIT_NAME.fullmatch(self.task) \
+                or self.task in (".", ".."):
+            raise ValueError(f"task names a folder under the storage path: letters, digits, "
+                             f"'_', '-', '.' and spaces (no path); got {self.task!r}")
         if self.row_shape not in ("translation", "columns"):
             raise ValueError(f"row_shape must be 'translation' or 'columns', got {self.row_shape}")
+        # Rows of the columns shape hold each side in a column named after its language, beside
+        # the reader's own columns: a side named like one would overwrite it
+        clash = [lang for lang in (self.src_lang, self.tgt_lang) if lang in ROW_COLUMNS]
+        if self.row_shape == "columns" and clash:
+            raise ValueError(f"a side named {clash[0]!r} is a column of the rows themselves "
+                             f"({', '.join(ROW_COLUMNS)}) in the columns row shape: read it "
+                             "with row_shape 'translation' (local files: --set "
+                             "data.row_shape=translation)")
         if self.src_lang == self.tgt_lang:
             raise ValueError("src_lang and tgt_lang must differ (they name the two sides)")
         if self.max_len_ratio is not None and self.max_len_ratio < 1.0:
@@ -113,6 +129,10 @@ class PreprocessConfig:
                              "shortlist_sample_pairs >= 1")
         if self.vocab_size < 300:  # 4 specials + 256 byte pieces + a few merges
             raise ValueError(f"vocab_size {self.vocab_size} too small; use at least 300")
+        for name in ("seed", "spm_seed"):  # (numpy's generators take no negative seed: it
+            value = getattr(self, name)  # failed in the batches stage, hours in, naming none)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         for name in ("block_rows", "shuffle_window", "spm_sample_pairs", "max_line_bytes"):
             value = getattr(self, name)  # (0 reached the batches stage as a ZeroDivisionError)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -183,10 +183,13 @@ def _coerce(o: Change, field: dataclasses.Field, current):
         raise SettingError(f"{o.origin} {o.text}: {err}") from None
 
 
-def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, str]):
+def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, str],
+                  also: dict | None = None, also_given: list[Change] = ()):
     """`obj` (a frozen settings dataclass) with `overrides` of its fields; `owned` maps
-    "section.field" to the flag that sets it instead (refused here)."""
-    if not overrides:
+    "section.field" to the flag that sets it instead (refused here). `also`: fields replaced
+    in the same step (a nested section already changed by `also_given`), so that the object
+    is checked once with every change (not with each side's old values)."""
+    if not overrides and not also:
         return obj
     fields = {f.name: f for f in dataclasses.fields(obj)}
     changes = {}
@@ -199,7 +202,7 @@ def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, s
                                f"{o.field!r}{closest(o.field, fields)}")
         changes[o.field] = _coerce(o, fields[o.field], getattr(obj, o.field))
     try:
-        return dataclasses.replace(obj, **changes)
+        return dataclasses.replace(obj, **{**(also or {}), **changes})
     except (ValueError, TypeError) as err:
-        given = " ".join(f"{o.origin} {o.text}" for o in overrides)
+        given = " ".join(f"{o.origin} {o.text}" for o in [*also_given, *overrides])
         raise SettingError(f"{given}: {err}") from None

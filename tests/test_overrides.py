@@ -198,6 +198,13 @@ def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys)
     ("dropout=0.3", "write section.field=value"),
     ("workflow.task_kind=summarisation", "unknown task kind 'summarisation'"),
     ("workflow.num_workers=0", "num_workers >= 1"),
+    # accepted before: data outside the storage path, a seed numpy refused in the batches
+    # stage hours later, text flags all true (attention everywhere: the opposite asked)
+    ("data.task=/tmp/elsewhere", "task names a folder under the storage path"),
+    ("data.task=../../outside", "task names a folder under the storage path"),
+    ("data.seed=-3", "seed must be an integer >= 0"),
+    ('model.decoder_attention=["false", "no", "0"]',
+     "decoder_attention is one flag per decoder layer, true or false; got ('false', 'no', "),
 ])
 def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says, tmp_path):
     rc, out, err = _main(wmt14_en_fr, ["--set", setting, "--storage-path", str(tmp_path)])
@@ -1123,3 +1130,31 @@ def test_max_tokens_is_the_batch_budget_setting_and_the_update_plan_follows_it(t
     assert flag["update"]["max_tokens_per_batch"] == 4000
     assert flag["update"]["micro_batches_per_update"] == 6
     assert flag["update"]["max_tokens_per_update"] == 24000
+
+
+def test_data_and_workflow_changes_are_checked_together_not_each_with_the_others_preset(
+        tmp_path):
+    """--set data.* and --set workflow.* are one change of the run: a pair that is right only
+    together resolves (each was checked against the other's preset value and refused), and a
+    pair that is wrong only together is refused in one line (it passed both checks and
+    crashed computing the update)."""
+    from workflows import translation
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem in ("train", "valid", "test", "v"):
+        for lang in ("fr", "en"):
+            (data / f"{stem}.{lang}").write_text("a b\n")
+    # sentence-capped batches off: the update by sentences goes with them
+    giga = resolve(gigaword.paper(), RunOptions(preset="paper", set=[
+        "workflow.update_sentences=0", "data.max_sentences=null"]))
+    assert giga.data.max_sentences is None
+    # a hub dataset without a test split: the run scores its validation split only
+    hub = resolve(translation.cpu(), RunOptions(preset="cpu", set=[
+        "workflow.test_sets={valid: v}", "data.splits={train: train, valid: validation}"]))
+    assert hub.test_sets == {"valid": "v"}
+    with pytest.raises(SpecError, match=r"^--set data.max_sentences=null --set "
+                                        r"workflow.update_sentences=64: .*update_sentences "
+                                        r"needs batches cut by sentences"):
+        resolve(translation.cpu(), RunOptions(preset="cpu", data=str(data), set=[
+            "workflow.update_sentences=64", "data.max_sentences=null"]))

@@ -67,13 +67,16 @@ def apply(cfg, overrides: list[Override]):
     # data.*: checked now, all together (data.src_lang=fr with data.tgt_lang=en swaps the
     # sides, where one alone names one language twice) and with the workflow's own checks (a
     # valid split, every test split); applied once --data chose the source (`apply_data`)
+    # The workflow.* changes are checked with them: one check of both
+    # (update_sentences with data.max_sentences; test_sets with data.splits), not each with
+    # the other's preset values
     pre = _apply_to(cfg.preprocess, by["data"], "data")
     try:
-        cfg.replace(preprocess=pre)
-    except ValueError as err:
-        given = " ".join(f"{o.origin} {o.text}" for o in by["data"])
-        raise SpecError(f"{given}: {err}") from None
-    cfg = _apply_to(cfg, by["workflow"], "workflow")
+        cfg = apply_changes(cfg, by["workflow"], "workflow", OWNED,
+                            also={"preprocess": pre} if by["data"] else None,
+                            also_given=by["data"])
+    except SettingError as err:
+        raise SpecError(str(err)) from None
     model = _apply_to(cfg.model, by["model"], "model")
     train = _apply_to(cfg.train, by["train"], "train")
     if any(o.field == "dropout" for o in by["model"]) \
