@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -1158,3 +1159,29 @@ def test_data_and_workflow_changes_are_checked_together_not_each_with_the_others
                                         r"needs batches cut by sentences"):
         resolve(translation.cpu(), RunOptions(preset="cpu", data=str(data), set=[
             "workflow.update_sentences=64", "data.max_sentences=null"]))
+
+
+@pytest.mark.parametrize("split, test_set, says", [
+    (["train=c", "valid=o", "test=o"], ["c"], "--test-set c shares lines with the training "
+                                              "split (c)"),
+    (["train=c[:900]", "valid=o", "test=o"], ["c"], "--test-set c shares lines with the "
+                                                    "training split (c[:900])"),
+    (["train=c[:4750]", "valid=c[4500:4750]", "test=c[4750:]"], [],
+     "split valid (c[4500:4750]) shares lines with the training split (c[:4750])"),
+])
+def test_an_evaluation_split_on_training_lines_is_refused(tmp_path, split, test_set, says):
+    """Scores on lines the model and its BPE learned: a --test-set naming the training file
+    was dropped without a word (as if scored already), and ranges of one file that meet were
+    taken as they came."""
+    from workflows import translation
+
+    for lang in ("fr", "en"):
+        (tmp_path / f"c.{lang}").write_text("".join(f"w{i}\n" for i in range(5000)))
+        (tmp_path / f"o.{lang}").write_text("x\n")
+    opts = dict(preset="cpu", src="fr", tgt="en", data=str(tmp_path))
+    with pytest.raises(SpecError, match=re.escape(says)):
+        resolve(translation.cpu(), RunOptions(**opts, split=split, test_set=test_set))
+    apart = resolve(translation.cpu(), RunOptions(**opts, split=[
+        "train=c[:4500]", "valid=c[4500:4750]", "test=c[4750:]"], test_set=["o"]))
+    assert apart.data.splits == {"train": "c[:4500]", "valid": "c[4500:4750]",
+                                 "test": "c[4750:]", "o": "o"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -261,6 +262,29 @@ def _budgets_that_keep(update_size: int, workers: int, per_batch: int, unit: str
             f"nearest, {workers * near:,} {unit} an update")
 
 
+def _shares_training_lines(splits: dict[str, str], added=()) -> str | None:
+    """Why an evaluation split of a local folder holds lines the training split holds (the
+    same file, ranges that meet: `c[:900]` and `c`, `c[:4750]` and `c[4500:4750]`), or None:
+    its scores would be on text the model (and the BPE) learned."""
+    from preprocessing.sources import LINE_RANGE
+
+    def lines(spec: str) -> tuple[str, int, float]:
+        m = LINE_RANGE.fullmatch(spec)
+        return (m[1], int(m[2] or 0), int(m[3]) if m[3] else math.inf) if m else \
+            (spec, 0, math.inf)
+
+    name, first, end = lines(splits["train"])
+    for split, spec in splits.items():
+        other, a, b = lines(spec)
+        if split != "train" and other == name and max(first, a) < min(end, b):
+            what = f"--test-set {spec}" if split in added else f"split {split} ({spec})"
+            return (f"{what} shares lines with the training split "
+                    f"({splits['train']}): its scores would be on text the model and its BPE "
+                    "learned; give it other lines (NAME[first:end] ranges that do not meet) "
+                    "or another file")
+    return None
+
+
 def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     """The run `opts` asks of the preset `cfg`; a SpecError names a flag that cannot apply."""
     from workflows import overrides
@@ -312,10 +336,15 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
             if stem and stem != preset_files.get(split) and named_as != split:
                 test_sets[split] = set_name(stem)
     if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
-        # A stem that already is one of the splits is scored already: not twice.
-        added = tuple(dict.fromkeys(s for s in opts.test_set if s not in pre.splits.values()))
+        # A stem that already is one of the evaluation splits is scored already: not twice.
+        # (The training split's is added, and refused below: scores on training lines.)
+        scored = {spec for split, spec in pre.splits.items() if split != "train"}
+        added = tuple(dict.fromkeys(s for s in opts.test_set if s not in scored))
         pre = pre.replace(splits={**pre.splits, **{stem: stem for stem in added}})
         test_sets.update({stem: stem for stem in added})
+    shared = data_flag not in ("hub", "demo") and _shares_training_lines(pre.splits, added)
+    if shared:
+        raise SpecError(shared)
     named: dict[str, list[str]] = {}
     for split, name_ in test_sets.items():
         named.setdefault(name_, []).append(split)
