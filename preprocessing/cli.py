@@ -118,13 +118,22 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--split {item!r}: expected SPLIT=NAME")
             splits[name] = value
         changes["splits"] = splits
+    flags = {"source": "--source", "root": "--out", "vocab_size": "--vocab-size",
+             "max_tokens": "--max-tokens", "shortlist_per_source": "--shortlist",
+             "src_lang": "--src", "tgt_lang": "--tgt", "dedupe": "--dedupe", "splits": "--split"}
     try:
-        cfg = cfg.replace(**changes)
         sets = [Change("data", key.strip().removeprefix("data."), read_value(raw), item)
                 for item in args.set for key, _, raw in [item.partition("=")]]
         if any("=" not in item or not c.field for item, c in zip(args.set, sets)):
             p.error("--set: write FIELD=VALUE (e.g. --set max_len=100)")
-        cfg = apply_changes(cfg, sets, "data", {"data.root": "--out", "data.source": "--source"})
+        both = next((c for c in sets if c.field in changes), None)
+        if both is not None:  # (one would win without a word: which, a reader cannot tell)
+            p.error(f"--set {both.text} and {flags[both.field]} both set {both.field}: give "
+                    "one of them")
+        # the flags and --set in one change, checked once (--src fr --set tgt_lang=en swaps
+        # the sides, where the flag alone named one language twice)
+        cfg = apply_changes(cfg, sets, "data", {"data.root": "--out", "data.source": "--source"},
+                            also=changes)
     except ValueError as e:  # e.g. --src equal to --tgt; a --set naming no field
         p.error(str(e))
     # Imported after quiet_ray_data: Ray Data reads its logging configuration when imported.

@@ -542,6 +542,33 @@ def test_the_preprocessing_command_line_takes_the_same_settings(capsys):
         assert exit_.value.code == 2 and says in err[-1], err
 
 
+def test_the_preprocessing_command_line_takes_its_flags_and_set_as_one_change(capsys,
+                                                                             monkeypatch):
+    """A flag and a --set of the same field: refused, naming both (the --set won without a
+    word: --split valid=dev was lost); a flag and a --set of fields that are right together
+    are checked together (the README's --src fr --set tgt_lang=en was refused: the flag was
+    checked alone, naming fr twice)."""
+    from preprocessing import cli, pipeline
+
+    ran = []
+    monkeypatch.setattr(pipeline, "run_pipeline", lambda cfg, *a, **k: ran.append(cfg) or {})
+    monkeypatch.setattr(cli, "summary", lambda *a, **k: "", raising=False)
+    for argv, says in ((["--split", "valid=dev", "--set", "splits={train: a, valid: b}"],
+                        "--set splits={train: a, valid: b} and --split both set splits"),
+                       (["--src", "fr", "--set", "src_lang=de"],
+                        "--set src_lang=de and --src both set src_lang"),
+                       (["--max-tokens", "500", "--set", "max_tokens=9000"],
+                        "--set max_tokens=9000 and --max-tokens both set max_tokens")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["--task", "wmt14_en_fr", *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and says in err[-1], err
+    assert not ran
+    with contextlib.suppress(Exception):  # (what runs after the pipeline is not this test's)
+        cli.main(["--task", "wmt14_en_fr", "--src", "fr", "--set", "tgt_lang=en"])
+    assert [(c.src_lang, c.tgt_lang) for c in ran] == [("fr", "en")]
+
+
 def test_a_source_storage_refuses_is_one_line_at_the_preprocessing_command(capsys, tmp_path):
     """`python -m preprocessing --source` that storage refuses ("s3:/bkt/x", one slash; a
     presigned URL's query) is one `error:` line naming --source, exit 2, its signature unseen:
