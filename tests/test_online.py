@@ -501,6 +501,23 @@ def test_a_route_prefix_another_application_holds_is_one_line_naming_it(served,
     assert len(post(f"{served}/translate", {"inputs": ["a"]})["predictions"]) == 1
 
 
+def test_an_application_of_the_same_name_is_refused_and_left_serving(served,
+                                                                     tiny_checkpoints):
+    """`serve` under a name another application runs as (another user's, a config file's):
+    refused in one line, that application untouched (Serve redeployed it in place with this
+    model, and this command's Ctrl-C then deleted it)."""
+    from ray import serve
+
+    from convs2s.serving.online import DeployError, ServeSettings, run
+
+    with pytest.raises(DeployError, match="an application named 'convs2s-test' is running on "
+                                          "this Ray already .*another --name, or --replace"):
+        run(ServeSettings(checkpoints=[tiny_checkpoints["b"]], search=SEARCH),
+            port=int(served.rsplit(":", 1)[1]), name="convs2s-test", replace=False)
+    assert set(serve.status().applications) == {"convs2s-test"}
+    assert len(post(f"{served}/translate", {"inputs": ["a"]})["predictions"]) == 1
+
+
 @pytest.mark.gpu
 def test_a_gpu_replica_serves_its_model_on_the_gpu(tiny_checkpoints, ray_session):
     """--gpus-per-replica: the replica's model sits on CUDA and answers like the CPU (near-ties

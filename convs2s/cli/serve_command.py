@@ -58,6 +58,10 @@ def serve(argv: list[str] | None = None) -> int:
                         "a Serve already running, its own setting stays)")
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
     p.add_argument("--port", type=_port, default=8000)
+    p.add_argument("--name", default="convs2s", help="the Serve application's name (default: "
+                   "convs2s); one of that name running already is refused, left as it is")
+    p.add_argument("--replace", action="store_true", help="redeploy a running application of "
+                   "--name with this model (its Ctrl-C then deletes it)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -123,7 +127,8 @@ def serve(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
     try:
-        run(settings, host=args.host, port=args.port, blocking=True)
+        run(settings, host=args.host, port=args.port, name=args.name, blocking=True,
+            replace=args.replace)
     except (DeployError, RayError, OSError) as err:  # (an unreachable RAY_ADDRESS: a
         # ConnectionError; Serve's deployment failing: DeployError, with the replica's error)
         from convs2s.tracking.redact import redact_text

@@ -457,10 +457,12 @@ def build_app(args: dict):
 
 
 def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
-        name: str = "convs2s", blocking: bool = False):
-    """Start (or update) the application `name` on the Ray this process is connected to, its
-    endpoints under / (a prefix another application holds is refused: DeployError); returns
-    Serve's handle. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as
+        name: str = "convs2s", blocking: bool = False, replace: bool = True):
+    """Start (or, with `replace`, update) the application `name` on the Ray this process is
+    connected to, its endpoints under / (a prefix another application holds is refused:
+    DeployError); returns Serve's handle. Without `replace` an application of that name that
+    is running already (another user's `serve`, a config file's) is refused, untouched: Serve
+    would redeploy it in place, and this process's Ctrl-C would then delete it. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as
     `ray job stop` sends: the application is deleted, nothing else is left running by this
     process)."""
     from storage.signals import sigterm_as_ctrl_c
@@ -469,7 +471,7 @@ def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started: Ray's handler
     # exited wherever the process was, and the application was never deleted)
     with sigterm_as_ctrl_c() if blocking else contextlib.nullcontext():
-        return _run(settings, host, port, name, blocking)
+        return _run(settings, host, port, name, blocking, replace)
 
 
 class DeployError(RuntimeError):
@@ -518,7 +520,8 @@ def _say_while_deploying(serve, name: str, stop: threading.Event, every_s: float
                 log.warning("still deploying: %s (Ctrl-C stops)", redact_text(message))
 
 
-def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: bool):
+def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: bool,
+         replace: bool = True):
     from ray import serve
     from ray.exceptions import RayTaskError
     from ray.serve.exceptions import RayServeException
@@ -530,6 +533,11 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
         if settings.request_timeout_s is not None:
             http["request_timeout_s"] = settings.request_timeout_s
         serve.start(http_options=http)
+        if not replace and name in serve.status().applications:
+            raise DeployError(f"an application named {name!r} is running on this Ray already "
+                              "(another serve, or a config file's): give this one another "
+                              "--name, or --replace to redeploy that one with this model; it "
+                              "is left as it is")
         t0 = time.perf_counter()
         stop = threading.Event()
         saying = threading.Thread(target=_say_while_deploying, args=(serve, name, stop),
