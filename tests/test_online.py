@@ -10,6 +10,7 @@ registered MLflow model.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import urllib.error
@@ -426,6 +427,18 @@ def test_requests_past_the_proxys_queue_are_refused_not_queued_without_end():
                       target_ongoing_requests=0)
     with pytest.raises(ValueError, match="--gpus-per-replica must be >= 0"):
         ServeSettings(checkpoints=["x"], gpus_per_replica=-1)
+    # inf / nan passed the "< 0" checks: a lone request then waited for a full batch forever
+    for field in ("batch_wait_ms", "request_timeout_s", "gpus_per_replica"):
+        for bad in (math.inf, math.nan):
+            with pytest.raises(ValueError, match="and finite"):
+                ServeSettings(checkpoints=["x"], **{field: bad})
+    with pytest.raises(ValueError, match="and finite"):
+        ServeSettings(checkpoints=["x"], min_replicas=1, max_replicas=2,
+                      target_ongoing_requests=math.inf)
+    from convs2s.serving.corpus import CorpusError, CorpusJob
+
+    with pytest.raises(CorpusError, match="--gpus-per-actor must be >= 0 and finite"):
+        CorpusJob(checkpoints=["x"], input="i", output="o", gpus_per_actor=math.nan)
     import argparse
 
     from convs2s.cli.serve_command import _port

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -95,8 +96,8 @@ class CorpusJob:
     def __post_init__(self) -> None:
         if self.actors < 1 or self.threads_per_actor < 1 or self.shard_lines < 1:
             raise CorpusError("--actors, threads per actor and --shard-lines must be >= 1")
-        if self.gpus_per_actor < 0:
-            raise CorpusError("--gpus-per-actor must be >= 0")
+        if not 0 <= self.gpus_per_actor < math.inf:  # (nan: a CPU device, nan GPUs to Ray)
+            raise CorpusError("--gpus-per-actor must be >= 0 and finite")
 
     @property
     def device(self) -> str:

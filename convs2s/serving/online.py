@@ -54,6 +54,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -110,17 +111,17 @@ class ServeSettings:
             raise ValueError("autoscaling needs both --min-replicas and --max-replicas")
         if self.min_replicas is not None and not 0 <= self.min_replicas <= self.max_replicas:
             raise ValueError("need 0 <= --min-replicas <= --max-replicas")
-        if self.batch_wait_ms < 0:
-            raise ValueError("batch_wait_ms must be >= 0")
+        if not 0 <= self.batch_wait_ms < math.inf:  # (inf / nan: a lone request waited for
+            raise ValueError("batch_wait_ms must be >= 0 and finite")  # a full batch, forever)
         if self.max_queued_requests < 1 and self.max_queued_requests != -1:
             raise ValueError("--max-queued-requests must be >= 1, or -1 for no limit")
-        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
-            raise ValueError("--request-timeout must be > 0 seconds")
+        if self.request_timeout_s is not None and not 0 < self.request_timeout_s < math.inf:
+            raise ValueError("--request-timeout must be > 0 seconds and finite")
         # (Serve refuses these itself, with a traceback, after Ray started and the model loaded)
-        if self.min_replicas is not None and not self.target_ongoing_requests > 0:
-            raise ValueError("--target-ongoing-requests must be > 0")
-        if not self.gpus_per_replica >= 0:
-            raise ValueError("--gpus-per-replica must be >= 0")
+        if self.min_replicas is not None and not 0 < self.target_ongoing_requests < math.inf:
+            raise ValueError("--target-ongoing-requests must be > 0 and finite")
+        if not 0 <= self.gpus_per_replica < math.inf:
+            raise ValueError("--gpus-per-replica must be >= 0 and finite")
 
     def for_replicas(self) -> "ServeSettings":
         """These settings with their local paths absolute (checkpoints, sentencepiece model,
