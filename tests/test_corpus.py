@@ -254,6 +254,29 @@ def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, t
         translate_corpus(job)
 
 
+def test_a_damaged_record_is_made_again_or_named(tiny_checkpoints, ray_session, tmp_path):
+    """A record cut short (a disk that filled, a node that lost power before the rename
+    reached the disk): the source's and the job's manifests are made again from what the job
+    checks, the job's identity (job.json) is named with the way out; each was a
+    JSONDecodeError naming no file, on every rerun."""
+    out = tmp_path / "out"
+    (tmp_path / "a.en").write_text("one two\nthree\n")
+    job = CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "a.en"), str(out),
+                    search=SEARCH, actors=1, progress=False)
+    first = translate_corpus(job)
+    parts = {name: (out / name).read_text() for name in first["parts"]}
+    (out / "manifest.json").write_text("")
+    (out / "source" / "manifest.json").write_text('{"shards": [')
+    again = translate_corpus(job)  # the parts stand: nothing translated again
+    assert again["lines_in"] == first["lines_in"] == 2 and again["parts_translated_now"] == 0
+    assert json.loads((out / "manifest.json").read_text())["lines_in"] == 2
+    assert {name: (out / name).read_text() for name in again["parts"]} == parts
+    (out / "job.json").write_text("[]")
+    with pytest.raises(CorpusError, match=rf"{out / 'job.json'} is damaged \(no JSON object\): "
+                                          rf"delete the folder {out} to start over"):
+        translate_corpus(job)
+
+
 def test_a_checkpoint_given_by_its_file_is_checked_stamped_and_translated_as_its_folder(
         tiny_checkpoints, ray_session, tmp_path):
     """`--checkpoint RUN/best/checkpoint.pt` loads as RUN/best does (load_for_inference), so

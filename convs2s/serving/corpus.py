@@ -107,9 +107,25 @@ class CorpusJob:
 # --- small helpers -----------------------------------------------------------------------------
 
 
-def _read_json(path) -> dict | None:
+def _read_json(path, remade: bool = False) -> dict | None:
+    """The JSON object in `path`, None where there is none. A damaged one (cut short where a
+    disk filled or a node lost power, edited into no object): None, with a warning, where the
+    job makes it again from what it checks (`remade`: the source's manifest, the job's);
+    else a CorpusError naming it."""
     path = location(path)
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text())
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    if remade:
+        log.warning("%s is damaged (no JSON object): made again", path)
+        return None
+    raise CorpusError(f"{path} is damaged (no JSON object): delete the folder {path.parent} "
+                      "to start over, or give another --output")
 
 
 def part_name(index: int, suffix: str, width: int = 5) -> str:
@@ -138,7 +154,7 @@ def split_input(job: CorpusJob, out) -> dict:
     """Cut the input into source shards under `out/source/` (manifest last); reused when a
     previous run of this job finished it."""
     out = location(out)
-    done = _read_json(out / SOURCE / MANIFEST)
+    done = _read_json(out / SOURCE / MANIFEST, remade=True)
     if done is not None:
         return done
     t0 = time.perf_counter()
@@ -353,7 +369,7 @@ def translate_corpus(job: CorpusJob) -> dict:
             finally:
                 getattr(lines, "close", lambda: None)()
             write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
-        complete = (out / MANIFEST).is_file()
+        complete = _read_json(out / MANIFEST, remade=True)
         source = split_input(job, out)
         t0 = time.perf_counter()
         width = part_width(len(source["shards"]))
@@ -361,7 +377,7 @@ def translate_corpus(job: CorpusJob) -> dict:
         todo = [s for s in source["shards"] if records[s["index"]] is None]
         if complete and not todo:
             log.info("%s is complete already (%s)", job.output, MANIFEST)
-            return json.loads((out / MANIFEST).read_text())
+            return complete
         done_lines = source["lines"] - sum(s["lines"] for s in todo)
         if done_lines:
             log.info("resuming: %d of %d parts done already", len(source["shards"]) - len(todo),
