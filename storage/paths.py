@@ -352,15 +352,25 @@ class ObjectPath:
 
 def write_whole(p, data: bytes) -> None:
     """Write a whole file so that a reader sees the old content or the new, never a part: an
-    object is one PUT; a local file is written beside and renamed over."""
+    object is one PUT; a local file is written beside, flushed to the disk (a rename that
+    reached the disk before its file's bytes, at a power loss, is an empty file under the
+    new name) and renamed over."""
     p = location(p)
     if isinstance(p, ObjectPath):
         p.write_bytes(data)
         return
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_bytes(data)
-    os.replace(tmp, p)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:  # (a full disk, a Ctrl-C: no partial copy left beside it)
+        tmp.unlink(missing_ok=True)
+        raise
+
 
 def open_input(p):
     """A seekable binary file object reading `p` (local or an object)."""

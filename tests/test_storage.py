@@ -566,3 +566,21 @@ def test_scratch_folders_that_ended_processes_left_behind_are_removed_and_no_oth
                                                             f"{os.getpid()}-")
     assert not (tmp_path / names["left"]).exists()
     assert all((tmp_path / n).is_dir() for k, n in names.items() if k != "left")
+
+
+def test_a_whole_file_write_that_fails_leaves_no_partial_file_beside_it(tmp_path, monkeypatch):
+    """A write cut by a full disk (or a Ctrl-C) removes its file beside the target: each was
+    left, a part's size, in the output folder for good; the target keeps its old content."""
+    from storage import paths
+    from storage.paths import write_whole
+
+    write_whole(tmp_path / "manifest.json", b"old")
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(paths.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_whole(tmp_path / "manifest.json", b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
+    assert (tmp_path / "manifest.json").read_bytes() == b"old"
