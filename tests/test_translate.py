@@ -110,6 +110,23 @@ def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):
     assert out[1].hypotheses[0].tokens[-1] == EOS
 
 
+def test_the_command_names_a_cut_line_by_its_number_in_the_input_and_counts_them(
+        tiny_checkpoints, tmp_path, caplog):
+    """The command translates its input a buffer at a time: the warning named a cut line by
+    its place in its buffer (line 2 of the input's 4th line), and no closing line counted
+    them, as the --actors job's manifest does."""
+    long_line = " ".join(s for s, _ in tiny_checkpoints["pairs"][:60])  # > 256 pieces
+    src = tmp_path / "in.txt"
+    src.write_text(f"a cat .\nthe dog .\nhello .\n{long_line}\n")
+    with caplog.at_level(logging.WARNING):
+        assert main(["--checkpoint", str(tiny_checkpoints["a"]), "--input", str(src),
+                     "--output", str(tmp_path / "out.txt"), "--buffer-size", "2",
+                     "--beam", "1", "--max-len-b", "5"]) == 0
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(m.startswith("line 4 has ") for m in said), said
+    assert "1 line(s) longer than the model's positions were cut (first: line 4)" in said
+
+
 def test_nbest_and_alignment(tiny_checkpoints):
     tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT.replace(nbest=3))
     t = tr.translate_full(["The cat sleeps ."])[0]

@@ -405,14 +405,17 @@ def translate(argv: list[str] | None = None) -> int:
     except (CheckpointError, OSError, ValueError, PrecisionError, StorageError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
-    n, t0 = 0, time.perf_counter()
+    n, cut, t0 = 0, [], time.perf_counter()
     try:
         with torch.inference_mode(), sigterm_as_ctrl_c():  # (SIGTERM left the temporary file)
             for chunk in _chunks(lines, args.buffer_size or 10_000):
                 # (attention only for --print-attention's alignments: a search keeps none else)
-                for tr in translator.translate_full(chunk, attention=args.print_attention):
+                for tr in translator.translate_full(chunk, attention=args.print_attention,
+                                                    first_line=n):
                     out.write(format_translation(tr, n, args.nbest, args.print_attention))
                     n += 1
+                    if tr.truncated:
+                        cut.append(n)
                 out.flush()
         if tmp:
             out.close()
@@ -436,6 +439,9 @@ def translate(argv: list[str] | None = None) -> int:
                 tmp.parent.rmdir()
     secs = time.perf_counter() - t0
     log.info("translated %d lines in %.1f s (%.1f sentences/s)", n, secs, n / max(secs, 1e-9))
+    if cut:  # as the --actors job counts them (its manifest: failures.truncated)
+        log.warning("%d line(s) longer than the model's positions were cut (first: line %d)",
+                    len(cut), cut[0])
     if non_utf8["count"]:  # as the --actors job counts them (its manifest: failures.non_utf8)
         log.warning("%d line(s) of %s are not UTF-8 (first: line %d): each was translated as "
                     "an empty line", non_utf8["count"], args.input or "stdin",

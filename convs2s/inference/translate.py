@@ -276,13 +276,15 @@ class Translator:
         return out
 
     def translate_full(self, lines: Iterable[str], search: SearchConfig | None = None,
-                       attention: bool = True) -> list[Translation]:
+                       attention: bool = True, first_line: int = 0) -> list[Translation]:
         """Per line a Translation with `search.nbest` hypotheses (none for an empty line).
         `search` replaces the loaded settings for this call only (a served request's beam,
         nbest, lenpen): its precision and vocabulary selection must be the loaded ones, which
         are properties of the weights and tables already in memory. `attention=False`: the
         hypotheses carry no attention (None; the same translations), and the search holds none
-        (batch x beam x steps x source floats), unless replace_unk needs it."""
+        (batch x beam x steps x source floats), unless replace_unk needs it. `first_line`:
+        how many lines of the input came before `lines` (a warning names a cut line by its
+        number in the input)."""
         s = self.search if search is None else search
         if (s.precision, s.shortlist) != (self.search.precision, self.search.shortlist):
             raise ValueError("precision and shortlist are chosen when the model is loaded "
@@ -297,7 +299,7 @@ class Translator:
             if not src:
                 out[i] = Translation(source="", src_pieces=[], hypotheses=[])
                 continue
-            ids, pieces, truncated = self.encode(src, i)
+            ids, pieces, truncated = self.encode(src, first_line + i)
             out[i] = Translation(source=src, src_pieces=pieces, hypotheses=[],
                                  truncated=truncated)
             todo.append((i, ids))
