@@ -521,6 +521,9 @@ class SearchConfig(Settings):
         for name in ("lenpen", "unk_penalty", "max_len_a"):  # (nan changed the outputs)
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+            # a float whatever was given (lenpen=1): a served model's params schema is typed
+            # by these values, and a long there refuses a request's lenpen 0.6
+            object.__setattr__(self, name, float(getattr(self, name)))
         if not 1 <= self.nbest <= self.beam:
             raise ValueError(f"nbest must be in [1, beam={self.beam}], got {self.nbest}")
         if self.min_len < 0 or self.max_len_b < 0 or self.max_len_a < 0:

@@ -215,3 +215,18 @@ def test_a_search_a_request_could_not_ask_is_refused_when_logged(tiny_checkpoint
     client = MlflowClient(uri)
     assert client.search_registered_models() == []
     assert [e.name for e in client.search_experiments()] == ["Default"]
+
+
+def test_a_logged_models_float_params_are_floats_whatever_the_search_was_given():
+    """A search built in Python with lenpen=1 (an int) typed the logged model's params schema
+    `long`, and MLflow then refused a request's lenpen 0.6 (a float is no long)."""
+    from mlflow.models import infer_signature
+
+    from convs2s.config import SearchConfig
+    from convs2s.serving.pyfunc import EXAMPLE, request_params
+
+    params = request_params(SearchConfig(lenpen=1, max_len_a=2, unk_penalty=0))
+    schema = {p.name: p.dtype.name
+              for p in infer_signature(EXAMPLE, EXAMPLE, params).params.params}
+    assert schema["lenpen"] == schema["max_len_a"] == schema["unk_penalty"] == "double"
+    assert schema["beam"] == "long"
