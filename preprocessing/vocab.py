@@ -75,6 +75,11 @@ def train_bpe(sample: pa.Table, model_prefix: Path, vocab_size: int,
             yield s
             yield t
 
+    # sentencepiece skips a sentence longer than max_sentence_length without a word (at
+    # minloglevel 2): every sampled sentence is learned from, however long max_line_bytes lets
+    # it be
+    longest = max((len(x.encode()) for side in ("src", "tgt")
+                   for x in sample[side].to_pylist()), default=0)
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
@@ -83,7 +88,7 @@ def train_bpe(sample: pa.Table, model_prefix: Path, vocab_size: int,
             bos_id=BOS, pad_id=PAD, eos_id=EOS, unk_id=UNK,
             normalization_rule_name="identity",  # text is already NFC-cleaned; keep it exact
             input_sentence_size=0, shuffle_input_sentence=False,  # we sampled ourselves
-            max_sentence_length=1 << 16,
+            max_sentence_length=max(1 << 16, longest + 1),
             num_threads=1,  # the learned merges depend on the thread count: keep it fixed
             minloglevel=2)
     except RuntimeError as e:  # e.g. fewer types than the sample's required characters

@@ -31,6 +31,21 @@ def test_special_ids_match_the_model_package():
                                     model_config.UNK)
 
 
+def test_the_bpe_learns_from_every_sampled_sentence_however_long(tmp_path):
+    """sentencepiece skips a sentence past max_sentence_length without a word: one of 80,000
+    bytes (max_line_bytes lets it through) was left out of the BPE, its characters unknown."""
+    import sentencepiece as spm
+
+    from preprocessing.vocab import train_bpe
+
+    short = [f"word{i} and more words here" for i in range(300)]
+    rare = "\u03a9" * 40_000  # 80,000 bytes, the only place Omega appears
+    train_bpe(pa.table({"src": short + [rare], "tgt": short + ["x"]}), tmp_path / "spm", 300,
+              character_coverage=1.0)
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    assert sp.piece_to_id("\u03a9") != sp.unk_id()
+
+
 @pytest.mark.parametrize("raw, clean", [
     ("Cafe\u0301", "Caf\u00e9"),  # combining accent -> NFC precomposed
     ("  a \t b\u00a0c\u3000d  ", "a b c d"),  # tabs, NBSP, ideographic space, edges
