@@ -236,9 +236,13 @@ def _check_columns(path: str, schema: pa.Schema, cfg: PreprocessConfig) -> None:
         want = f"columns {cfg.src_lang!r} and {cfg.tgt_lang!r}"
     if not ok:
         has = ", ".join(f"{f.name}: {f.type}" for f in schema)
+        # a hub file of another configuration (fr-en's rows for --src de --tgt en): its name
+        fix = (f"choose the dataset's configuration of this pair (--set data.hub_config=, "
+               f"now {cfg.hub_config!r}) or the languages its rows hold (--src / --tgt)"
+               if str(path).startswith("hf://") else
+               "convert the file or set src_lang / tgt_lang / row_shape to match it")
         raise PreprocessError(f"{path}: parquet file has columns ({has}) but the task needs {want} "
-                              "(the hub's row shape); convert the file or set src_lang / "
-                              "tgt_lang / row_shape to match it")
+                              f"(the hub's row shape); {fix}")
     # ... of text: an int or binary column failed inside a Ray task without naming the file
     sides = (schema.field("translation").type if cfg.row_shape == "translation" else schema)
     for lang in (cfg.src_lang, cfg.tgt_lang):

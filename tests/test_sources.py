@@ -614,3 +614,17 @@ def test_a_file_uri_source_is_its_local_folder(tmp_path):
     cfg = local_cfg(f"file://{tmp_path}", splits={"train": "d"})
     rows = read_all(resolve_split(cfg, "train"), cfg)
     assert rows == [{"id": 0, "translation": {"en": "a", "fr": "b"}, "error": None}]
+
+
+def test_a_hub_file_of_another_pair_names_the_configuration_to_choose():
+    """--src de --tgt en on the hub's fr-en files: the fix is the dataset's configuration
+    (data.hub_config), not converting a file or setting the row shape."""
+    from preprocessing.sources import _check_columns
+
+    cfg = PreprocessConfig(task="t", src_lang="de", tgt_lang="en", hub_config="fr-en")
+    schema = pa.schema([("translation", pa.struct([("en", pa.string()), ("fr", pa.string())]))])
+    with pytest.raises(PreprocessError, match=r"choose the dataset's configuration of this pair "
+                                              r"\(--set data.hub_config=, now 'fr-en'\)"):
+        _check_columns("hf://datasets/wmt/wmt14@abc/fr-en/train/0000.parquet", schema, cfg)
+    with pytest.raises(PreprocessError, match="convert the file or set src_lang"):
+        _check_columns("/data/fr-en/train/0000.parquet", schema, cfg)
