@@ -531,6 +531,21 @@ def test_an_application_of_the_same_name_is_refused_and_left_serving(served,
     assert len(post(f"{served}/translate", {"inputs": ["a"]})["predictions"]) == 1
 
 
+def test_a_replica_holding_a_gpu_torch_cannot_see_is_refused_not_served_on_its_cpu(
+        tiny_checkpoints, monkeypatch):
+    """A GPU node whose torch is a CPU build (or whose driver is missing): the replica served
+    on its CPU without a word, every request at a CPU's speed."""
+    import torch
+
+    from convs2s.serving.online import ServeSettings, load_translator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match=r"this replica holds 1 GPU\(s\) but PyTorch sees no "
+                                           "CUDA device here"):
+        load_translator(ServeSettings(checkpoints=[tiny_checkpoints["a"]], search=SEARCH,
+                                      gpus_per_replica=1))
+
+
 @pytest.mark.gpu
 def test_a_gpu_replica_serves_its_model_on_the_gpu(tiny_checkpoints, ray_session):
     """--gpus-per-replica: the replica's model sits on CUDA and answers like the CPU (near-ties

@@ -221,8 +221,11 @@ def _load_as_replicas_will(settings) -> None:
                                         SearchConfig.from_dict(settings.search), "cpu",
                                         spm_model=settings.spm_model)
     cfg = translator.search
-    if settings.gpus_per_replica and not runs_on_gpus(cfg.precision):  # a replica with a GPU
-        # searches on it: int8 runs on CPUs (resolve_precision: the fallback, else an error)
+    if settings.gpus_per_replica and (not runs_on_gpus(cfg.precision)
+                                      or torch.cuda.is_available()):
+        # a replica with a GPU searches on it: int8 runs on CPUs, bf16 on GPUs with native
+        # bf16, which a GPU here stands for (resolve_precision: the fallback, else an error;
+        # with no GPU here, the replicas find it)
         resolve_precision(cfg.precision, "cuda", cfg.precision_fallback)
     del translator
     gc.collect()

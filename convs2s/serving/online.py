@@ -157,10 +157,16 @@ class ServeSettings:
 
 
 def load_translator(s: ServeSettings):
-    """The Translator a replica serves (on a GPU when it holds one)."""
+    """The Translator a replica serves (on a GPU when it holds one: one that holds GPUs torch
+    cannot see is refused, not served on its CPU)."""
     import torch
 
-    device = "cuda" if s.gpus_per_replica and torch.cuda.is_available() else "cpu"
+    if s.gpus_per_replica and not torch.cuda.is_available():
+        raise RuntimeError(f"this replica holds {s.gpus_per_replica:g} GPU(s) but PyTorch sees "
+                           f"no CUDA device here (CUDA_VISIBLE_DEVICES="
+                           f"{os.environ.get('CUDA_VISIBLE_DEVICES', '')!r}): a CUDA build of "
+                           "torch on the GPU nodes, or serve without --gpus-per-replica")
+    device = "cuda" if s.gpus_per_replica else "cpu"
     if s.model:
         from convs2s.serving.pyfunc import translator_from_artifacts
 
