@@ -110,6 +110,29 @@ def test_overlong_line_is_truncated_with_a_warning(tiny_checkpoints, caplog):
     assert out[1].hypotheses[0].tokens[-1] == EOS
 
 
+def test_a_long_line_is_encoded_as_far_as_the_model_reads_it_with_the_same_pieces(
+        tiny_checkpoints, monkeypatch):
+    """Only the words that reach the model's positions are encoded (a line of megabytes was
+    encoded whole: seconds and hundreds of MB a corpus actor): the pieces kept are the whole
+    line's first pieces; a junk "word" of thousands of characters is cut and the line marked."""
+    from convs2s.inference import translate as module
+
+    tr = load_for_inference([tiny_checkpoints["a"]], search=SHORT)
+    limit = tr.max_positions - 1
+    long_line = " ".join(s for s, _ in tiny_checkpoints["pairs"][:400])  # ~4,000 words
+    whole = tr.codec.encode(long_line)
+    seen = []
+    encode = tr.codec.encode
+    monkeypatch.setattr(tr.codec, "encode", lambda line: seen.append(len(line)) or encode(line))
+    ids, pieces, truncated = tr.encode(long_line)
+    assert truncated and pieces == whole[:limit] and len(ids) == limit + 1
+    assert seen[0] < len(long_line) // 4  # (the words past limit + 1 were never encoded)
+    ids, pieces, truncated = tr.encode("a " + "x" * (module.MAX_WORD_CHARS * 3))
+    assert truncated and seen[-1] == 2 + module.MAX_WORD_CHARS
+    short = "the cat sleeps ."
+    assert tr.encode(short)[1] == encode(short) and not tr.encode(short)[2]
+
+
 def test_the_command_names_a_cut_line_by_its_number_in_the_input_and_counts_them(
         tiny_checkpoints, tmp_path, caplog):
     """The command translates its input a buffer at a time: the warning named a cut line by

@@ -55,6 +55,7 @@ from storage import StorageError, local_copy
 from storage.paths import shown
 
 log = logging.getLogger("convs2s.inference.translate")
+MAX_WORD_CHARS = 4096  # a "word" longer than this in a source line is junk: cut there
 
 
 @dataclass
@@ -249,12 +250,23 @@ class Translator:
 
     def encode(self, line: str, index: int = 0) -> tuple[list[int], list[str], bool]:
         """(ids ending in EOS, pieces, truncated) of a normalized line; cut to max_positions."""
-        pieces = self.codec.encode(line)
         limit = self.max_positions - 1  # + EOS = max_positions source positions
-        truncated = len(pieces) > limit
+        # Only the words that can reach the first `limit` pieces are encoded: no piece spans a
+        # space and each word is one piece at least, so the first limit + 1 words give the same
+        # first pieces as the whole line (a line of megabytes, binary junk in a corpus, was
+        # encoded whole: seconds and hundreds of MB an actor). A word of more than
+        # MAX_WORD_CHARS characters is junk, cut there.
+        words = line.split(None, limit + 1)
+        junk = any(len(w) > MAX_WORD_CHARS for w in words[:limit + 1])
+        more = len(words) > limit + 1 or junk
+        if more:
+            line = " ".join(w[:MAX_WORD_CHARS] for w in words[:limit + 1])
+        pieces = self.codec.encode(line)
+        truncated = len(pieces) > limit or junk
         if truncated:
-            log.warning("line %d has %d pieces, more than the model's %d positions: cut to "
-                        "the first %d", index + 1, len(pieces) + 1, self.max_positions, limit)
+            log.warning("line %d has %s%d pieces, more than the model's %d positions: cut to "
+                        "the first %d", index + 1, "more than " if more else "",
+                        len(pieces) + (0 if more else 1), self.max_positions, limit)
             pieces = pieces[:limit]
         return self.codec.source_ids(pieces) + [EOS], pieces, truncated
 
