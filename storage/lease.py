@@ -32,6 +32,7 @@ import email.utils
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -44,6 +45,9 @@ from storage.paths import ObjectPath, StorageError, location
 log = logging.getLogger("storage")
 
 LEASE_FILE = ".lease.json"
+# The first botocore whose S3 model takes IfNoneMatch / IfMatch on PutObject and IfMatch on
+# DeleteObject (read in its S3 service model: 1.35.68 lacks IfMatch on PutObject; 1.35.69 has all)
+BOTOCORE_CONDITIONS = (1, 35, 69)
 _CONDITIONS_HONOURED: set[str] = set()  # buckets whose store refused the probes' conditions
 
 
@@ -295,6 +299,14 @@ class RunLease:
         can let a release delete a lease taken over at that moment.)"""
         if self.path.bucket in _CONDITIONS_HONOURED:
             return
+        import botocore
+
+        have = tuple(int(x) for x in re.findall(r"\d+", botocore.__version__)[:3])
+        if have < BOTOCORE_CONDITIONS:  # (its S3 model lacks the parameters: a traceback)
+            wanted = ".".join(map(str, BOTOCORE_CONDITIONS))
+            raise StorageError(f"this botocore ({botocore.__version__}) cannot send the "
+                               f"conditional writes a lease in {self.path.bucket!r} rests on "
+                               f"(If-Match on PUT and DELETE): pip install 'boto3>={wanted}'")
         bucket, key = self._key()
         probe = f"{key}.probe-{self.owner['id']}"
         client, ignored = self._s3(), []

@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -302,6 +303,29 @@ def test_a_store_that_ignores_conditional_writes_is_refused_naming_them(s3, tmp_
     client.put_object = put
     with lease:  # the store as it is (it honours them): the lease is taken
         assert "convs2s-test" in lease_module._CONDITIONS_HONOURED
+
+
+def test_a_botocore_too_old_for_the_conditions_is_one_line_and_the_floor_is_required(
+        s3, tmp_path, monkeypatch):
+    """boto3 1.34 (the floor the project had) has no IfNoneMatch / IfMatch on PutObject: the
+    first bucket lease was botocore's ParamValidationError, a traceback. The floor now is the
+    first release whose S3 model has them, and an older one is named with the fix."""
+    import tomllib
+
+    import botocore
+
+    import storage.lease as lease_module
+    from storage.paths import StorageError
+
+    monkeypatch.setattr(lease_module, "_CONDITIONS_HONOURED", set())
+    monkeypatch.setattr(botocore, "__version__", "1.34.162")
+    lease, _, _ = _bucket_lease(tmp_path, "old-botocore")
+    with pytest.raises(StorageError, match=r"this botocore \(1.34.162\) cannot send the "
+                                           r"conditional writes .*pip install 'boto3>=1.35.69'"):
+        lease.acquire()
+    deps = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    floor = next(d for d in deps["project"]["dependencies"] if d.startswith("boto3"))
+    assert tuple(map(int, floor.split(">=")[1].split("."))) == lease_module.BOTOCORE_CONDITIONS
 
 
 def test_what_a_holder_started_checks_the_lease_is_still_the_holders(run_dir):
