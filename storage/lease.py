@@ -120,11 +120,14 @@ class RunLease:
 
     def __init__(self, folder, command: str = "", ttl_s: float = 120.0,
                  heartbeat_s: float = 20.0, elsewhere: str = "give another --run-name",
-                 outer=None):
+                 outer=None, inner: bool = False):
         self.folder = location(folder)
         # A folder `folder` lies in that another command may hold as its run (a workflow's run
         # folder, whose training runs in <run>/<name>): refused while that lease is live
         self.outer = location(outer) / LEASE_FILE if outer is not None else None
+        # `inner`: the folders directly in `folder` that other commands may hold as theirs (a
+        # `convs2s train` in a workflow run's train/): refused while one of those is live
+        self.inner = inner
         self.path = self.folder / LEASE_FILE
         self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
         self.elsewhere = elsewhere  # the refusal's way to another folder
@@ -163,11 +166,13 @@ class RunLease:
                     f"lasted {ttl:.0f} s)")
         return None
 
-    def _refusal(self, held: dict, where: str = "") -> LeaseHeld:
-        """`where`: the folder in use, when not this lease's own (`outer`)."""
+    def _refusal(self, held: dict, where: str = "", holds: str = "") -> LeaseHeld:
+        """`where`: the folder in use, when it is the one this lease's lies in (`outer`);
+        `holds`: a folder in this one, in use (`inner`)."""
         since = time.strftime("%H:%M:%S", time.localtime(float(held.get("renewed", 0))))
         what = f" ({held['command']})" if held.get("command") else ""
         inside = f" is inside {where}, which" if where else ""
+        inside = f" holds {holds}, which" if holds else inside
         return LeaseHeld(
             f"{self.folder}{inside} is in use by another command{what}: pid {held.get('pid')} on "
             f"{held.get('host')}, lease renewed at {since}; wait for it to finish, stop it, or "
@@ -180,22 +185,48 @@ class RunLease:
         return LeaseRef(str(self.path), self.owner["id"])
 
     # -- acquire / renew / release --
+    def _nested_refusal(self) -> LeaseHeld | None:
+        """The refusal of a live lease on the folder this one lies in (`outer`) or on one in
+        it (`inner`), other than this very process's (its own run), or None."""
+        def live(held) -> bool:
+            return held is not None and self._stale(held) is None and not (
+                pids_comparable(held, legacy=False) and held.get("pid") == os.getpid())
+
+        if self.outer is not None and live(held := read_lease(self.outer)[0]):
+            return self._refusal(held, where=str(self.outer.parent))
+        if self.inner:
+            subs = [p for p in self.folder.iterdir() if p.is_dir()] \
+                if self.folder.is_dir() else []
+            for sub in subs:
+                if live(held := read_lease(sub / LEASE_FILE)[0]):
+                    return self._refusal(held, holds=str(sub))
+        return None
+
     def acquire(self) -> RunLease:
-        if self.outer is not None and (held := read_lease(self.outer)[0]) is not None \
-                and self._stale(held) is None and not (  # (this very process's: its own run)
-                    pids_comparable(held, legacy=False) and held.get("pid") == os.getpid()):
-            raise self._refusal(held, where=str(self.outer.parent))
+        """Take the lease (LeaseHeld where another command holds it, or the folder this one
+        lies in, or one in it). The nested leases are looked at again once this one is held:
+        of two commands starting at once on a folder and one in it, each then sees the
+        other's, and neither goes on writing beside the other."""
+        if refusal := self._nested_refusal():
+            raise refusal
+        self._take()
+        if refusal := self._nested_refusal():
+            self.release()
+            raise refusal
+        return self
+
+    def _take(self) -> None:
         for _ in range(5):  # a lost race with another taker: look again
             if self._create():
                 self._start_heartbeat()
-                return self
+                return
             held = self._read()
             if held is None:
                 continue  # released between our create and our read
             if self._ours(held):  # our own create, sent twice (botocore resends a PUT whose
                 self._etag = self._seen_etag  # answer was lost; the second finds the first's)
                 self._start_heartbeat()
-                return self
+                return
             why = self._stale(held)
             if why is None:
                 raise self._refusal(held)
@@ -204,7 +235,7 @@ class RunLease:
                                    f"{held.get('pid')} on {held.get('host')}: {why}")
                 log.warning("%s", self.taken_over)
                 self._start_heartbeat()
-                return self
+                return
         if self.path.exists() and self._read() is None:
             raise LeaseHeld(f"{self.path} cannot be read as a lease (written by a command that "
                             "died while writing it?): delete it once no command uses "

@@ -370,6 +370,35 @@ def test_a_run_inside_a_folder_another_command_holds_is_refused(run_dir):
             assert not outer.lost
 
 
+def test_a_run_holding_a_folder_another_command_holds_is_refused(run_dir):
+    """The other way round: a workflow rerun on its run name while `convs2s train` trains in
+    that run's train/ (by hand): refused, naming the folder in use (it took the run and
+    trained into train/ beside the other command). Two such commands starting at once each
+    look again once they hold their own lease, so they never both go on."""
+    inner = location(run_dir) / "train"
+    _plant(inner, command="convs2s train (train)")
+    with pytest.raises(LeaseHeld, match=rf"{location(run_dir)} holds {inner}, which is in use "
+                                        r"by another command \(convs2s train \(train\)\)"):
+        RunLease(run_dir, inner=True).acquire()
+    assert not (location(run_dir) / LEASE_FILE).exists()
+    # the inner command took its lease while this one was taking the outer: seen after
+    outer = RunLease(run_dir, inner=True)
+    take = outer._take
+
+    def inner_meanwhile():
+        take()
+        _plant(inner, command="convs2s train (train)")
+
+    (inner / LEASE_FILE).unlink()
+    outer._take = inner_meanwhile
+    with pytest.raises(LeaseHeld, match=rf"holds {inner}"):
+        outer.acquire()
+    assert not (location(run_dir) / LEASE_FILE).exists()  # released: not held beside it
+    _plant_gone(inner)  # its holder gone: the run may go on
+    with RunLease(run_dir, inner=True):
+        pass
+
+
 def test_a_renewal_that_finds_the_lease_aside_for_a_moment_keeps_it(tmp_path, monkeypatch):
     # A taker that judged a late holder stale renames the lease aside to look at it and puts
     # it back when it is not the record it judged: the holder's renewal in that moment finds

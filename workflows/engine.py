@@ -83,9 +83,10 @@ def run_workflow(spec: RunSpec) -> WorkflowResult:
     same run name and storage stops at once (storage.lease.LeaseHeld)."""
     check(spec)  # writes nothing: a refused run leaves no folder behind
     # (outer: a --storage-path that another command holds as its run folder, a sweep's, whose
-    # trials are folders in it that only the sweep's lease covers)
+    # trials are folders in it that only the sweep's lease covers; inner: a `convs2s train`
+    # by hand in this run's train/)
     with RunLease(spec.run_dir, command=f"{spec.workflow} {spec.preset}",
-                  outer=spec.storage) as lease:
+                  outer=spec.storage, inner=True) as lease:
         prepare(spec)
         with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
             return run_stages(spec, lease=lease.ref())

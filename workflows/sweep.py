@@ -293,7 +293,7 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
                 not in seen:
             seen.add(d)
             check_inputs(t.spec)
-    with RunLease(sweep.folder,
+    with RunLease(sweep.folder, inner=True,  # (a workflow run by hand in a trial's folder)
                   command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}") as lease:
         prepare(base, sweep=True)  # Ray, storage and GPUs, as for one workflow run
         if todo := sum(t.finished() is None for t in sweep.trials):
