@@ -191,6 +191,22 @@ def test_a_crash_between_the_two_renames_of_best_is_recovered(tmp_path, leftover
     assert not list(run.glob(f".{BEST_DIR}.*"))  # the leftovers are gone
 
 
+def test_what_a_killed_publish_left_beside_a_whole_best_is_removed_at_resume(tmp_path):
+    """A publish of best/ killed outright (SIGKILL) in its copy, or after its renames, leaves
+    .best.tmp-* / .best.old-* beside a whole best/: kept for good before (a checkpoint's size
+    each time), removed now when the resumed run finds best/ as it should be."""
+    import shutil
+
+    from convs2s.io.checkpoint import BEST_DIR, reconcile_best
+
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True)])
+    publish_dir(run / checkpoint_dir_name(240), run / BEST_DIR, marker=META_FILE)
+    shutil.copytree(run / checkpoint_dir_name(120), run / f".{BEST_DIR}.old-aaaa")
+    shutil.copytree(run / checkpoint_dir_name(240), run / f".{BEST_DIR}.tmp-bbbb")
+    assert reconcile_best(run, 2.5, 240) == "ok"
+    assert not list(run.glob(f".{BEST_DIR}.*"))
+
+
 def test_a_best_replacement_cut_short_is_never_put_in_place(tmp_path):
     """Killed while publish_dir copied best/'s replacement (.best.tmp-*), the copy can hold
     meta.json beside a checkpoint.pt cut short: not put in place; the old best/ goes back and

@@ -393,6 +393,11 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
             info = read_info(best)
             if info.val_loss == best_loss and info.update <= update:
                 return f"recovered from the interrupted swap ({usable[0].name})"
+    if (best / META_FILE).is_file() and not is_uri(best):
+        # best/ is whole: what a publish killed outright (SIGKILL, a node lost) left beside it,
+        # a checkpoint's size each, is removed (only this run's lease holder publishes best/)
+        for p in [*best.parent.glob(f".{BEST_DIR}.old-*"), *best.parent.glob(f".{BEST_DIR}.tmp-*")]:
+            shutil.rmtree(p, ignore_errors=True)
     if (best / META_FILE).is_file():
         info = read_info(best)
         if info.val_loss == best_loss and info.update <= update:
