@@ -51,7 +51,9 @@ def shown(address: str) -> str:
 
 def join_wait_s() -> float:
     """How long a command waits for RAY_ADDRESS to take a connection (read when it joins)."""
-    return float(os.environ.get("CONVS2S_RAY_JOIN_WAIT_S", 30))
+    from storage.settings import env_seconds
+
+    return env_seconds("CONVS2S_RAY_JOIN_WAIT_S", 30)
 
 
 def join(address: str, *, submit: str, **init_kwargs) -> None:
@@ -66,7 +68,13 @@ def join(address: str, *, submit: str, **init_kwargs) -> None:
             f"{name} is a Ray dashboard (jobs API) address, the one `ray job submit` reads, "
             f"not a cluster this command can join: to run there, submit it (`ray job submit "
             f"--working-dir . -- {submit}`); " + FIX)
-    if problem := _unreachable(address, join_wait_s()):
+    from storage.settings import SettingError
+
+    try:
+        wait_s, _ = join_wait_s(), silent_s()  # (both read now: a bad value, before any wait)
+    except SettingError as err:
+        raise RayAddressError(str(err)) from None
+    if problem := _unreachable(address, wait_s):
         raise RayAddressError(f"{name}: {problem}; " + FIX)
     try:
         ray.init(logging_level=logging.WARNING, **init_kwargs)
@@ -268,7 +276,9 @@ SILENT_S = 10.0
 def silent_s() -> float:
     """How long the server at RAY_ADDRESS may say nothing (CONVS2S_RAY_SILENT_S, default
     SILENT_S; read when a command joins)."""
-    return float(os.environ.get("CONVS2S_RAY_SILENT_S", SILENT_S))
+    from storage.settings import env_seconds
+
+    return env_seconds("CONVS2S_RAY_SILENT_S", SILENT_S)
 
 
 def _first_answer(conn: socket.socket) -> bytes | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import os
 import re
 
 import yaml
@@ -48,6 +50,23 @@ _Loader.add_implicit_resolver(
     re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*\.[0-9_]*)(?:[eE][-+]?[0-9]+)?"
                r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
     list("-+0123456789."))
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable `name` (`default` where unset or empty); a
+    SettingError naming the variable where it is no number >= 0 ("1m" was a ValueError's
+    traceback from deep inside a command)."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return float(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise SettingError(f"{name}={raw!r}: give a number of seconds >= 0 (default "
+                           f"{default:g}), or unset it")
+    return value
 
 
 def _int(loader, node):  # 0o17 is YAML 1.2's octal; PyYAML's constructor knows 0x and 017

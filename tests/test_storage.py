@@ -584,3 +584,17 @@ def test_a_whole_file_write_that_fails_leaves_no_partial_file_beside_it(tmp_path
         write_whole(tmp_path / "manifest.json", b"new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
     assert (tmp_path / "manifest.json").read_bytes() == b"old"
+
+
+@pytest.mark.parametrize("variable", ["CONVS2S_RAY_JOIN_WAIT_S", "CONVS2S_RAY_SILENT_S"])
+def test_a_wait_in_the_environment_that_is_no_number_is_named_before_joining(variable,
+                                                                             monkeypatch):
+    """CONVS2S_RAY_JOIN_WAIT_S=1m: a ValueError's traceback from deep inside the command,
+    naming no variable; now the join's one-line refusal names it and the fix."""
+    from storage import ray_join
+
+    monkeypatch.setenv(variable, "1m")
+    with pytest.raises(ray_join.RayAddressError, match=rf"{variable}='1m': give a number of "
+                                                       r"seconds >= 0 \(default \d+\), or "
+                                                       "unset it"):
+        ray_join.join("127.0.0.1:1", submit="python -m workflows.translation")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from convs2s.tracking.runs import (
 )
 from convs2s.tracking.redact import redact_text
 from storage import local_copy
+from storage.settings import env_seconds
 log = logging.getLogger("workflows")
 
 CHAMPION = "champion"
@@ -150,7 +150,14 @@ class Champion:
 
 # Seconds between setting the champion alias and reading it back (register_champion).
 DEFAULT_REGISTRY_SETTLE_S = 0.5
-REGISTRY_SETTLE_S = float(os.environ.get("CONVS2S_REGISTRY_SETTLE_S", DEFAULT_REGISTRY_SETTLE_S))
+REGISTRY_SETTLE_S: float | None = None  # None: CONVS2S_REGISTRY_SETTLE_S, else the default
+
+
+def settle_s() -> float:
+    """REGISTRY_SETTLE_S, or the environment's (read when a champion is set)."""
+    if REGISTRY_SETTLE_S is not None:
+        return REGISTRY_SETTLE_S
+    return env_seconds("CONVS2S_REGISTRY_SETTLE_S", DEFAULT_REGISTRY_SETTLE_S)
 
 # Tags of a registered model: the validation data its champion is chosen on. A model
 # registered before champions were chosen on validation data names its test set instead (under
@@ -237,7 +244,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                                 _tag_chosen_on(client, name, test_set, metric, digest)
                             return Champion(name, version, best.job, metric, value, test_set,
                                             True, why, **report)
-                        time.sleep(REGISTRY_SETTLE_S)
+                        time.sleep(settle_s())
                         continue
                     theirs_now = _newest(cur_model.metrics, metric, test_set, digest) \
                         if digest is not None else None
@@ -291,7 +298,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                         raise
                     continue  # another run set the alias at this moment: read and compare again
                 # The pause outlasts another run's read-then-set even on a busy machine.
-                time.sleep(max(REGISTRY_SETTLE_S, 3 * (time.monotonic() - read_at)))
+                time.sleep(max(settle_s(), 3 * (time.monotonic() - read_at)))
             raise RuntimeError(f"{name}@{CHAMPION} kept changing while this run compared it")
     except Exception as err:  # noqa: BLE001 - registration is a convenience, not the run
         log.warning("could not register %s in the MLflow model registry (%s: %s); the "
