@@ -193,16 +193,25 @@ UNREADABLE = ("line_too_long", "bad_row")
 
 
 def normalize_block(table: pa.Table, *, src_lang: str, tgt_lang: str, row_shape: str,
-                    token_map: dict[str, str] | None = None) -> pa.Table:
+                    token_map: dict[str, str] | None = None,
+                    max_line_bytes: int | None = None) -> pa.Table:
     """Ray Data function for the text export: every row, Unicode-cleaned only, never filtered
     by length or content; `reason` names the rows the export leaves out (`UNREADABLE`, their
-    text blanked), `error` is the reader's."""
+    text blanked), `error` is the reader's. A parquet / jsonl cell past `max_line_bytes` is
+    left out as a text file's line past it is (`line_too_long`, as cleaning drops it): the
+    same test set gives the same references in any format."""
     if row_shape == "translation":
         pairs = table["translation"].combine_chunks()
         src, tgt = pairs.field(src_lang).to_pylist(), pairs.field(tgt_lang).to_pylist()
     else:
         src, tgt = table[src_lang].to_pylist(), table[tgt_lang].to_pylist()
     reasons = [e if e in UNREADABLE else None for e in table["error"].to_pylist()]
+    if max_line_bytes is not None:
+        reasons = [r or ("line_too_long" if (len(s or "") > max_line_bytes // 4
+                                             or len(t or "") > max_line_bytes // 4)
+                         and max(len((s or "").encode()), len((t or "").encode()))
+                         > max_line_bytes else None)
+                   for s, t, r in zip(src, tgt, reasons)]
     return pa.table({"id": table["id"], "error": table["error"],
                      "reason": pa.array(reasons, pa.string()),
                      "src": ["" if r else normalize(s, token_map) for s, r in zip(src, reasons)],

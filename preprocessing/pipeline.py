@@ -252,7 +252,8 @@ def _text(cfg: PreprocessConfig, sources: dict[str, SplitSource], tmp: Path, fin
         ds = read_split(sources[split], cfg).map_batches(
             normalize_block, batch_size=None, batch_format="pyarrow",
             fn_kwargs={"src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang,
-                       "row_shape": cfg.row_shape, "token_map": dict(cfg.token_map) or None})
+                       "row_shape": cfg.row_shape, "token_map": dict(cfg.token_map) or None,
+                       "max_line_bytes": cfg.max_line_bytes})
         ds = execution_settings(ds)
         ds.context.execution_options.preserve_order = True  # input order = line order
         paths = [tmp / f"{split}.{cfg.src_lang}", tmp / f"{split}.{cfg.tgt_lang}"]

@@ -598,3 +598,21 @@ def test_a_dataset_whose_constructor_a_ctrl_c_cut_short_is_collected_without_a_t
     finally:
         sys.unraisablehook = before
     assert raised == []
+
+
+def test_the_evaluation_text_leaves_out_a_cell_past_the_line_limit_as_a_text_line():
+    """A parquet or jsonl cell past max_line_bytes: cleaning drops it as line_too_long, as the
+    reader marks a text file's line past it, but the evaluation text kept the cell (80,000
+    characters) where it left the text line out: the same test set scored on other references
+    by its file format."""
+    from preprocessing.cleaning import _clean_batch, normalize_block
+
+    table = pa.table({"id": pa.array([0, 1], pa.int64()), "en": ["a cat .", "x" * 80_000],
+                      "de": ["eine katze .", "y"], "error": pa.array([None, None], pa.string())})
+    out = normalize_block(table, src_lang="en", tgt_lang="de", row_shape="columns",
+                          max_line_bytes=65_536)
+    assert out["reason"].to_pylist() == [None, "line_too_long"]
+    assert out["src"].to_pylist() == ["a cat .", ""]
+    # the cleaning stage's own verdict on the same cells
+    assert _clean_batch(table, "en", "de", "columns", 250, None, 65_536)[3] == \
+        [None, "line_too_long"]
