@@ -459,3 +459,35 @@ def test_the_command_joins_ray_address_as_every_command_does(tmp_path):
     assert lines[0].startswith("error: RAY_ADDRESS=http://admin:***@127.0.0.1:"), lines
     assert "ray job submit --working-dir . -- python -m workflows.evaluation" in lines[0]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "eval").exists()
+
+
+def test_evaluating_another_runs_checkpoints_gets_a_run_of_its_own(tmp_path):
+    """Two runs' best models (runs/A/train/best, runs/B/train/best) scored with the same --out:
+    the params show the paths' last two parts, the same for both, so B's scores went into A's
+    run (two values of each metric, A's hypotheses overwritten). The run's tag names what it
+    scored in full: B gets a run of its own, A's is set apart; the same evaluation again, or
+    new weights under the same path, are told apart the same way."""
+    from workflows.evaluation import EvalJob, IDENTITY_TAG, TestSet, _run_of
+
+    uri = mlflow_store(tmp_path)
+    (tmp_path / "t.src").write_text("a\n")
+    (tmp_path / "t.ref").write_text("b\n")
+    test = TestSet("t", str(tmp_path / "t.src"), str(tmp_path / "t.ref"), tgt_lang="de")
+    bests = []
+    for run in ("A", "B"):
+        best = tmp_path / "runs" / run / "train" / "best"
+        best.mkdir(parents=True)
+        (best / "checkpoint.pt").write_bytes(run.encode())
+        bests.append(str(best))
+    job = lambda best: EvalJob("best", (best,), test)  # noqa: E731
+    a = _run_of(uri, "exp", job(bests[0]), tmp_path / "eval", None)
+    assert _run_of(uri, "exp", job(bests[0]), tmp_path / "eval", None) == a  # the same again
+    b = _run_of(uri, "exp", job(bests[1]), tmp_path / "eval", None)
+    assert b != a
+    client = MlflowClient(uri)
+    assert client.get_run(a).data.tags["mlflow.runName"] == "eval/best/t (superseded)"
+    assert "checkpoints or test files" in client.get_run(a).data.tags["convs2s.superseded"]
+    assert client.get_run(b).data.tags[IDENTITY_TAG] != client.get_run(a).data.tags[
+        IDENTITY_TAG]
+    os.utime(Path(bests[1]) / "checkpoint.pt", ns=(1, 1))  # new weights under the same path
+    assert _run_of(uri, "exp", job(bests[1]), tmp_path / "eval", None) != b

@@ -46,6 +46,7 @@ if __name__ == "__main__":  # `python -m workflows.evaluation`: Ctrl-C and SIGTE
 import argparse
 import dataclasses
 import hashlib
+import json
 import logging
 import tempfile
 import time
@@ -418,10 +419,51 @@ def _run_of(uri: str, exp: str, job: EvalJob, out_dir, parent_run_id: str | None
     run_id = find()
     what = {k: v for k, v in flatten_params(_job_params(job)).items()
             if k not in ("eval.num_cpus", "eval.num_gpus")}
-    if differ := params_differ(uri, run_id, what):
+    differ = params_differ(uri, run_id, what)
+    # The params show paths' last two parts (train/best: every run's best model); what the run
+    # scored is named in full, with the files' versions, by a tag: another run's checkpoints,
+    # or new weights under the same path, are another evaluation
+    identity = _identity(job)
+    if (old := _tag_of(uri, run_id, IDENTITY_TAG)) is not None and old != identity:
+        differ.append("checkpoints or test files (their paths or versions)")
+    if differ:
         supersede_run(uri, run_id, key, name, "other " + ", ".join(differ[:5]))
         run_id = find()
+    set_tags(uri, run_id, {IDENTITY_TAG: identity})
     return run_id
+
+
+IDENTITY_TAG = "convs2s.eval.identity"
+
+
+def _identity(job: EvalJob) -> str:
+    """A digest of what a job scores: its checkpoints' full paths and versions (size, mtime),
+    its test files' full paths and versions."""
+    from convs2s.io.staging import weights_stamp
+    from storage.paths import stamp
+
+    def version(path):
+        try:
+            return [str(location(path)), *stamp(path)]
+        except (FileNotFoundError, StorageError):
+            return [str(path), None, None]
+
+    what = {"weights": weights_stamp([str(location(c)) for c in job.checkpoints]),
+            "test": [version(job.test_set.src), version(job.test_set.ref)]}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _tag_of(uri: str, run_id: str | None, key: str) -> str | None:
+    """Run `run_id`'s tag `key`, None where it has none or cannot be read."""
+    if run_id is None:
+        return None
+    from convs2s.tracking.runs import bounded_http, mlflow_client
+
+    try:
+        with bounded_http():
+            return mlflow_client(uri).get_run(run_id).data.tags.get(key)
+    except Exception:  # noqa: BLE001 - tracking unreachable: nothing is logged either
+        return None
 
 
 def _finish(uri: str, run_id: str | None, job: EvalJob, out: dict, out_dir,
