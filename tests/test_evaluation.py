@@ -467,7 +467,7 @@ def test_evaluating_another_runs_checkpoints_gets_a_run_of_its_own(tmp_path):
     run (two values of each metric, A's hypotheses overwritten). The run's tag names what it
     scored in full: B gets a run of its own, A's is set apart; the same evaluation again, or
     new weights under the same path, are told apart the same way."""
-    from workflows.evaluation import EvalJob, IDENTITY_TAG, TestSet, _run_of
+    from workflows.evaluation import EvalJob, TestSet, _run_of
 
     uri = mlflow_store(tmp_path)
     (tmp_path / "t.src").write_text("a\n")
@@ -487,7 +487,7 @@ def test_evaluating_another_runs_checkpoints_gets_a_run_of_its_own(tmp_path):
     client = MlflowClient(uri)
     assert client.get_run(a).data.tags["mlflow.runName"] == "eval/best/t (superseded)"
     assert "checkpoints or test files" in client.get_run(a).data.tags["convs2s.superseded"]
-    assert client.get_run(b).data.tags[IDENTITY_TAG] != client.get_run(a).data.tags[
-        IDENTITY_TAG]
+    tag = "convs2s.eval.identity"
+    assert client.get_run(b).data.tags[tag] != client.get_run(a).data.tags[tag]
     os.utime(Path(bests[1]) / "checkpoint.pt", ns=(1, 1))  # new weights under the same path
     assert _run_of(uri, "exp", job(bests[1]), tmp_path / "eval", None) != b
