@@ -201,6 +201,20 @@ def test_a_chinese_target_is_scored_on_sacrebleus_chinese_tokens_as_its_cli_does
         scoring.tokenized_bleu(ZH_HYPS, ZH_REFS, "zh")
 
 
+@pytest.mark.parametrize("lang", ["zh-Hant", "zh_CN", "ZH"])
+def test_a_language_code_with_a_region_script_or_capitals_is_scored_by_its_base(lang):
+    """zh-Hant / zh_CN / ZH found no rule: 13a scored each Chinese sentence as one token
+    (0 BLEU) and a bleu_tokenized undefined for Chinese was logged; ro-RO skipped the
+    Romanian normalization."""
+    assert scoring.score_translation(ZH_HYPS, ZH_REFS, lang) == \
+        scoring.score_translation(ZH_HYPS, ZH_REFS, "zh")
+    assert "tok:zh" in scoring.translation_signatures(lang)["bleu"]
+    hyps, refs = ["\u015fi \u021bar\u0103 ."], ["si tara ."]
+    assert scoring.score_translation(hyps, refs, "ro-RO") == \
+        scoring.score_translation(hyps, refs, "ro")
+    assert "Romanian normalise" in scoring.translation_signatures("ro-RO")["preprocessing"]
+
+
 @pytest.mark.parametrize("lang", ["fr", "de", "ro", "en"])
 def test_every_other_target_keeps_13a_and_its_scores(lang):
     """Only zh / ja / ko changed tokenizer: every other language scores as it always did

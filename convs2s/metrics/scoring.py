@@ -35,6 +35,7 @@ Run:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -116,10 +117,20 @@ UNSPACED_TARGETS = {"zh": ("zh", None), "ja": ("ja-mecab", "sacrebleu[ja]"),
                     "ko": ("ko-mecab", "sacrebleu[ko]")}
 
 
+def base_language(lang: str | None) -> str | None:
+    """The language a scorer's rules are looked up by: the code's base, lowercase ("zh-Hant",
+    "zh_CN", "ZH" -> "zh"; "ro-RO" -> "ro"). A region or script, or capitals, found no rule:
+    Chinese was scored with 13a (one token a sentence), Romanian without its normalization."""
+    if lang is None:
+        return None
+    return re.split(r"[-_]", lang.strip(), maxsplit=1)[0].lower()
+
+
 def bleu_metric(tgt_lang: str | None = None) -> BLEU:
     """sacreBLEU's BLEU for a target language: 13a, or the tokenizer of an unspaced language
     (UNSPACED_TARGETS); a ValueError (one line naming the package to install) where sacreBLEU
     cannot build that tokenizer."""
+    tgt_lang = base_language(tgt_lang)
     if tgt_lang not in UNSPACED_TARGETS:
         return BLEU()  # 13a: every other language, its scores as they always were
     try:
@@ -154,7 +165,7 @@ def moses_tokenize(lines: list[str], lang: str) -> list[str]:
     splitting), without XML escaping (`-no-escape`: BLEU is the same either way)."""
     from sacremoses import MosesTokenizer
 
-    tok = MosesTokenizer(lang=lang)
+    tok = MosesTokenizer(lang=base_language(lang))
     return [tok.tokenize(line.replace("\u2019", "'"), aggressive_dash_splits=True, escape=False,
                          return_str=True) for line in lines]
 
@@ -165,14 +176,14 @@ def moses_has_prefixes(lang: str) -> bool:
     English's (the perl script warns; sacremoses says nothing): the signature says so."""
     from sacremoses.corpus import NonbreakingPrefixes
 
-    return lang in NonbreakingPrefixes().available_langs.values()
+    return base_language(lang) in NonbreakingPrefixes().available_langs.values()
 
 
 def tokenized_bleu(hyps: list[str], refs: list[str], lang: str) -> BleuScore:
     """Tokenized BLEU (the paper's for WMT'14): both sides through `moses_tokenize`, then
     sacreBLEU with tokenize='none'. Not for Chinese, Japanese or Korean (UNSPACED_TARGETS):
     Moses leaves their sentences unsegmented."""
-    if lang in UNSPACED_TARGETS:
+    if base_language(lang) in UNSPACED_TARGETS:
         raise ValueError(f"tokenized BLEU is not defined for {lang!r}: Moses does not segment "
                          "it into words; use bleu (sacreBLEU's own tokenizer for it)")
     _check_pair(hyps, refs)
@@ -224,12 +235,13 @@ def score_translation(hyps: list[str], refs: list[str], tgt_lang: str) -> dict[s
     it prints). Romanian targets are normalized first (module docstring).
     """
     _check_pair(hyps, refs)
-    if tgt_lang == "ro":
+    base = base_language(tgt_lang)
+    if base == "ro":
         hyps = [normalize_romanian(h) for h in hyps]
         refs = [normalize_romanian(r) for r in refs]
     detok = bleu(hyps, refs, tgt_lang)
     out = {"bleu": detok.score}
-    if tgt_lang not in UNSPACED_TARGETS:
+    if base not in UNSPACED_TARGETS:
         out["bleu_tokenized"] = tokenized_bleu(hyps, refs, tgt_lang).score
     return {**out, "chrf": chrf(hyps, refs), "length_ratio": detok.ratio}
 
@@ -242,7 +254,8 @@ def translation_signatures(tgt_lang: str) -> dict[str, str]:
     chrf_metric = CHRF()
     chrf_metric.corpus_score(["x"], [["x"]])
     sigs = {"bleu": bleu_sig}
-    if tgt_lang in UNSPACED_TARGETS:
+    base = base_language(tgt_lang)
+    if base in UNSPACED_TARGETS:
         pre = f"bleu_tokenized: not computed for {tgt_lang} (Moses does not segment it)"
     else:
         sigs["bleu_tokenized"] = _bleu_with(BLEU(tokenize="none", force=True), ["x"],
@@ -251,7 +264,7 @@ def translation_signatures(tgt_lang: str) -> dict[str, str]:
                f"lang={tgt_lang}, aggressive dash splits (-a), no escape")
         if not moses_has_prefixes(tgt_lang):
             pre += f" (Moses has no nonbreaking prefixes for {tgt_lang}: English's)"
-    if tgt_lang == "ro":
+    if base == "ro":
         pre += "; all metrics: WMT16 Romanian normalise + remove-diacritics, quotes to ASCII"
     return {**sigs, "chrf": f"chrF2|{chrf_metric.get_signature().format()}",
             "preprocessing": pre}
