@@ -284,6 +284,45 @@ def test_a_path_the_evaluation_command_cannot_use_is_one_line_before_ray_starts(
     assert not (tmp_path / "eval").exists()
 
 
+def test_what_the_evaluation_command_can_know_before_ray_starts_is_one_line(
+        tiny_checkpoints, tmp_path, capsys):
+    """Each was found after Ray started and runs were made (a traceback, or a failure in every
+    scoring task), or not at all: a negative --last-n (-1 averaged every checkpoint but the
+    oldest), two test sets of one name, a test file that is not there or whose references do
+    not line up, a best/ whose meta.json is damaged, a --checkpoint named as a --run-dir job."""
+    from workflows.evaluation import main
+
+    run = fake_run(tiny_checkpoints, tmp_path / "run", [100, 200, 300], "a")
+    src, ref, short = tmp_path / "t.en", tmp_path / "t.de", tmp_path / "short.de"
+    src.write_text("a\nb\n")
+    ref.write_text("c\nd\n")
+    short.write_text("c\n")
+    test = ["--test", "t", str(src), str(ref), "de"]
+    out = ["--out", str(tmp_path / "eval")]
+    for argv, says in (
+            (["--run-dir", str(run), *test, "--last-n", "-1", *out], "--last-n -1: give a count"),
+            (["--run-dir", str(run), *test, *test, *out], "--test: each test set needs a name"),
+            (["--run-dir", str(run), "--test", "t", str(tmp_path / "nope.en"), str(ref), "de",
+              *out], f"--test t: {tmp_path / 'nope.en'} does not exist"),
+            (["--run-dir", str(run), "--test", "t", str(src), str(short), "de", *out],
+             f"--test t: {src} has 2 lines, {short} 1"),
+            (["--run-dir", str(run), "--checkpoint", f"best={tiny_checkpoints['b']}", *test,
+              *out], "--checkpoint best=...: a job of --run-dir has that name")):
+        try:
+            rc = main(argv)
+        except SystemExit as exit_:  # (argparse's refusals)
+            rc = exit_.code
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith(f"python -m workflows.evaluation: error: {says}"), err
+    (run / "best" / "meta.json").write_text("[]")
+    assert main(["--run-dir", str(run), *test, *out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("meta.json is not a checkpoint's meta.json (no epoch, update, "
+                            "val_loss and end_of_epoch): copy the checkpoint again or pick "
+                            "another of the run"), err
+    assert not (tmp_path / "eval").exists()
+
+
 def test_a_checkpoints_model_that_cannot_be_logged_is_one_line_without_the_password(
         tiny_checkpoints, tmp_path, ray_session, monkeypatch, capsys):
     """`--checkpoint NAME=DIR` logs its model first; a tracking server that does not answer

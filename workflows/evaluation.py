@@ -53,7 +53,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convs2s.io.checkpoint import best_checkpoint, list_checkpoints, pick_checkpoints
+from convs2s.io.checkpoint import (CheckpointError, best_checkpoint, list_checkpoints,
+                                  pick_checkpoints)
 from convs2s.config import INFERENCE_PRECISIONS, SearchConfig, summarization_search
 from convs2s.metrics.task_kinds import RUN_METRICS, task_kind
 from convs2s.tracking.runs import (
@@ -187,6 +188,10 @@ def stage_weights(jobs: list[EvalJob], folder: str | Path) -> list[EvalJob]:
 
 
 # --- the driver: child runs, Ray tasks, logging as results arrive --------------------------------
+
+
+class EvaluationFailed(RuntimeError):
+    """Jobs of an evaluation failed: one line each (their runs are marked FAILED)."""
 
 
 def short_path(path: str) -> str:
@@ -394,7 +399,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                 end_run(uri, run_id, status)
         raise
     if failures and raise_on_error:
-        raise RuntimeError("evaluation jobs failed:\n  " + "\n  ".join(failures))
+        raise EvaluationFailed("evaluation jobs failed:\n  " + "\n  ".join(failures))
     order = {job: i for i, job in enumerate(jobs)}
     return sorted(results, key=lambda r: order[r.job])
 
@@ -544,12 +549,14 @@ def evaluation_jobs(run_dirs: list[str], test_sets: list[TestSet], average_last:
     for k, run_dir in enumerate(run_dirs):
         prefix = run_prefix(k, len(run_dirs))
         per_run.append((f"{prefix}best", best_checkpoints([run_dir]), False))
-        if average_last and len(list_checkpoints(run_dir)) > 1:
+        # (states, not folders: an interval's checkpoint and its epoch end's at one update
+        # are one set of weights, whose "average" would be the best model scored again)
+        if average_last and len(pick_checkpoints(list_checkpoints(run_dir))) > 1:
             per_run.append((f"{prefix}avg_last{average_last}",
                             last_checkpoints(run_dir, average_last), True))
         elif average_last:
-            log.info("%savg_last%d not scored: %s keeps one checkpoint", prefix, average_last,
-                     run_dir)
+            log.info("%savg_last%d not scored: %s keeps the weights of one update", prefix,
+                     average_last, run_dir)
     if len(run_dirs) > 1:
         per_run.append((f"ensemble_{len(run_dirs)}", best_checkpoints(run_dirs), False))
     search = search or SearchConfig()
@@ -600,6 +607,10 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--checkpoint {item!r}: give NAME=DIR, DIR a checkpoint directory "
                     "(checkpoint.pt inside)")
         named.append((name, str(Path(path).resolve())))
+    if args.last_n < 0:  # (0: no average; -1 averaged every checkpoint but the oldest)
+        p.error(f"--last-n {args.last_n}: give a count of checkpoints >= 1, or 0 for none")
+    if len({name for name, *_ in args.test}) < len(args.test):
+        p.error("--test: each test set needs a name of its own (its scores are logged by it)")
     kind = "summarization" if args.summarization else "translation"
     for name, _, _, lang in args.test:  # (before any model loads: a tokenizer's package)
         if problem := task_kind(kind).language_problem(lang):
@@ -618,10 +629,25 @@ def main(argv: list[str] | None = None) -> int:
                 location(where)
             except StorageError as err:
                 raise StorageError(f"{flag} {err}") from None
+        from convs2s.metrics.scoring import read_lines
+
+        for t in tests:  # (found by each scoring task, after Ray started and runs were made)
+            counts = []
+            for f in (t.src, t.ref):
+                if not location(f).is_file():
+                    raise FileNotFoundError(f"--test {t.name}: {f} does not exist")
+                counts.append(len(read_lines(local_copy(f))))
+            if counts[0] != counts[1]:
+                raise ValueError(f"--test {t.name}: {t.src} has {counts[0]:,} lines, {t.ref} "
+                                 f"{counts[1]:,}: give a source and its references line by "
+                                 "line")
         jobs = evaluation_jobs(args.run_dir, tests, args.last_n, search,
                                args.attention_sentences, num_cpus=args.num_cpus,
                                num_gpus=args.num_gpus) if args.run_dir else []
-    except (StorageError, FileNotFoundError) as err:
+        if clash := {name for name, _ in named} & {j.name for j in jobs}:
+            raise ValueError(f"--checkpoint {sorted(clash)[0]}=...: a job of --run-dir has that "
+                             "name; name it otherwise")
+    except (StorageError, FileNotFoundError, CheckpointError, ValueError) as err:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     uri = resolve_tracking_uri(args.tracking_uri)
@@ -657,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
         results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
     except NoRoomError as err:  # (a job no node of a local Ray can hold)
         p.error(str(err))
+    except EvaluationFailed as err:  # each failed job's one line (its run marked FAILED)
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM taken as one: one line, no traceback
         print("\ninterrupted", file=sys.stderr)
         return 130

@@ -354,6 +354,8 @@ def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,
     """The `last` newest of `infos` (all if None), optionally only end-of-epoch ones. Of two
     checkpoints of one update (an interval's and its epoch end's, the same weights) the later
     counts, once: an average of the last N is of N states."""
+    if last is not None and last < 1:  # (chosen[-0:] is all of them, chosen[--1:] all but one)
+        raise ValueError(f"the last {last} checkpoints: give a count >= 1")
     by_update = {i.update: i for i in sorted(infos, key=lambda i: (i.update, i.epoch))}
     chosen = [i for i in by_update.values() if i.end_of_epoch or not epoch_ends_only]
     return chosen if last is None else chosen[-last:]
