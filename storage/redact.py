@@ -37,7 +37,12 @@ def _hide(m: re.Match) -> str:
         return m[0]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     at = authority.rfind("@")
-    if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]):
+    # the part after the authority up to its next "/", "?" or "#": an "@" there, after a
+    # "host" without a port, ends a password that held "/", "?" or "#" ("alice:p@ss/word@host":
+    # "ss" is no host)
+    after = re.split(r"[/?#]", rest[len(authority) + 1:], maxsplit=1)[0]
+    unsure = "@" in after and ":" not in authority[at + 1:]
+    if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]) and not unsure:
         userinfo, tail = authority[:at], rest[at:]
     elif at < 0 and ":" not in authority:  # a plain host: an "@" in the path (s3://b/k@x)
         return m[0]

@@ -293,6 +293,11 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("http:/bob:S3CRET@mlflow:5000") == "http:/***@mlflow:5000"
     assert redact_uri("/data/bob@lab/mlflow.db") == "/data/bob@lab/mlflow.db"
     assert redact_uri("http://bob:p@ss@mlflow:5000/x@y") == "http://bob:***@mlflow:5000/x@y"
+    # an "@" and a "/", "?" or "#" in one password: what came after the first "@" was taken
+    # for a host and shown ("ss/word")
+    for cut in "/?#":
+        assert redact_uri(f"http://alice:p@ss{cut}word@mlflow:5000") == \
+            "http://alice:***@mlflow:5000"
     assert redact_uri("http://bob:p'ss\"@mlflow:5000") == "http://bob:***@mlflow:5000"
     # a password holding "/", "?" or "#" unencoded (MLflow quotes such a URI in its "Invalid
     # url" error): all of it hidden, whatever the "/" leaves before it (a host:port look-alike)
