@@ -430,6 +430,11 @@ def test_a_sweeps_metrics_are_its_latest_summarys(tmp_path):
     assert math.isnan(again["baseline/valid_ppl_sd"])
     assert math.isnan(again["no-pos/n"]) and math.isnan(again["no-pos/valid_ppl_mean"])
     assert again["trials_finished"] == 1
+    # summary.json is JSON any parser reads: the sd of one seed is null (json.dumps wrote NaN)
+    text = (tmp_path / "st" / "s" / "summary.json").read_text()
+    stats = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))[
+        "variants"]["baseline"]["stats"]
+    assert stats["valid_ppl"] == [12.0, None]
 
 
 def test_a_sweep_is_refused_in_one_line_where_a_local_ray_could_not_run_it(tmp_path, ray_session,

@@ -125,6 +125,18 @@ def summary_metrics(sweep, results: dict[str, dict],
     return metrics
 
 
+def json_safe(value):
+    """`value` with every float that JSON has no number for (NaN: the sd of one seed; inf) as
+    null: json.dumps writes them as NaN, which JSON parsers refuse."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def log_summary(sweep, result, uri: str, run_id: str | None,
                 log_final_metrics, log_artifacts) -> None:
     """summary.md / summary.json in the sweep folder and as the sweep run's artifacts; the
@@ -145,7 +157,8 @@ def log_summary(sweep, result, uri: str, run_id: str | None,
                                      "stats": stats[v.name]}
                             for v in sweep.variants},
                "trials": result.results, "failed": result.failed, "headline": headline}
-    write_whole(js, json.dumps(summary, indent=1, default=str).encode())
+    write_whole(js, json.dumps(json_safe(summary), indent=1, default=str,
+                               allow_nan=False).encode())
     metrics = summary_metrics(sweep, result.results, result.failed)
     # The run's metrics are the latest summary's: a figure an earlier invocation logged that
     # this one has none for (a variant or a seed not rerun, an sd over one seed now) is logged
