@@ -371,6 +371,31 @@ def test_a_sampler_still_starting_when_training_ends_never_starts(monkeypatch):
                 if t.name == "SystemMetricsMonitor" and t not in before]
 
 
+def test_every_nodes_sampler_asks_the_server_with_short_timeouts(monkeypatch):
+    """Only rank 0's node had MLflow's short HTTP timeouts (its RunLogger sets them): another
+    node's sampler asked a server that had gone with MLflow's defaults (7 retries, 120 s
+    each), and the end of its training waited for them."""
+    import socket
+    import threading
+
+    from convs2s.tracking import system_metrics
+    from convs2s.tracking.runs import HTTP_ENV
+
+    for k in HTTP_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(system_metrics, "STOP_WAIT_S", 0.3)
+    with socket.socket() as silent:  # a listening socket that never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        before = set(threading.enumerate())
+        with system_metrics.node_metrics(f"http://127.0.0.1:{silent.getsockname()[1]}",
+                                         "0" * 32, "node1-test", 1.0):
+            assert {k: os.environ.get(k) for k in HTTP_ENV} == HTTP_ENV
+        for t in set(threading.enumerate()) - before:
+            if t.name.startswith("system-metrics"):
+                t.join(30)  # (its request times out after HTTP_ENV's few seconds)
+
+
 def test_the_system_metrics_monitor_never_logs_the_servers_password(monkeypatch, capfd):
     """MLflow's monitor warns "Failed to get mlflow run: API request to <URI> ..." when the
     server is away, with the URI's password: MLflow's loggers write through redaction."""

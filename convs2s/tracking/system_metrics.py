@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -48,6 +49,13 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
     if not interval_s or interval_s <= 0 or not run_id or not tracking_uri:
         yield None
         return
+    # MLflow's short HTTP timeouts, as RunLogger sets them on rank 0's node (the processes are
+    # ours): on the other nodes MLflow's defaults (7 retries, 120 s each) held the end of
+    # training for minutes where the server had gone
+    from convs2s.tracking.runs import HTTP_ENV
+
+    for k, v in HTTP_ENV.items():
+        os.environ.setdefault(k, v)
     # MLflow's monitor says "Started monitoring ..." / "Skip logging GPU metrics ..." at INFO:
     # on a Ray worker that is a console line per node.
     logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
@@ -84,8 +92,16 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
         starter.join(STOP_WAIT_S)
         with lock:
             closed.set()
-            for monitor in started:
-                monitor.finish()  # stops the sampling thread and flushes what it sampled
+            stopping = list(started)
+
+        def finish() -> None:
+            for monitor in stopping:
+                with contextlib.suppress(Exception):  # (utilization: never a failure)
+                    monitor.finish()  # stops the sampling thread, flushes what it sampled
+        # (its flush to a server gone is given up after STOP_WAIT_S, not waited for)
+        stopper = threading.Thread(target=finish, name="system-metrics-stop", daemon=True)
+        stopper.start()
+        stopper.join(STOP_WAIT_S)
 
 
 # How long the end of a training block waits for a sampler still starting.
