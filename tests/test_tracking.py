@@ -184,6 +184,33 @@ def test_dead_server_costs_seconds_warns_once_and_keeps_metrics_locally(dead_uri
     assert records[-1]["metrics"]["train/loss"] == pytest.approx(1 / 200)
 
 
+def test_a_server_that_answers_but_refuses_the_runs_metrics_is_asked_less_and_less_often(
+        sqlite_uri, tmp_path, caplog, monkeypatch):
+    """The run deleted in the UI (or the permission to write it lost): the server answers the
+    probe and refuses the metrics. Each probe was taken for a recovery, so the logger sent
+    everything again every retry_s for the rest of training, warning each time; now a send
+    refused after a probe backs off further, and the outage is said once."""
+    from convs2s.tracking import runs as tracking
+
+    monkeypatch.setattr(tracking, "_WARNED", set())
+    run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
+    logger = RunLogger(sqlite_uri, run, tmp_path / "metrics.jsonl", retry_s=0.1)
+    MlflowClient(sqlite_uri).delete_run(run)
+    delays = set()
+    with caplog.at_level(logging.WARNING, logger="convs2s.tracking.runs"):
+        deadline = time.monotonic() + 20
+        step = 0
+        while logger._retry_delay < 0.8:  # (0.1, 0.2, 0.4, 0.8: three probes answered)
+            step += 1
+            logger.log_metrics({"train/loss": 1.0}, step)
+            delays.add(logger._retry_delay)
+            assert time.monotonic() < deadline, sorted(delays)
+            time.sleep(0.02)
+        logger.close(timeout=5)
+    said = [r.getMessage() for r in caplog.records if r.name == "convs2s.tracking.runs"]
+    assert len(said) == 1, said
+
+
 def test_a_request_mlflow_refuses_is_said_as_such_and_a_later_outage_still_warns(sqlite_uri,
                                                                                    caplog,
                                                                                    monkeypatch):
@@ -537,6 +564,8 @@ def test_metrics_logged_while_the_server_was_down_are_sent_when_it_answers_again
             outage.down()
             for step in range(11, 21):
                 logger.log_metrics({"train/loss": 1.0 / step}, step)
+                if step == 15:  # a tag set meanwhile (the dropout a budget chose): kept for then
+                    logger.set_tags({"convs2s.dropout": "0.3"})
             while logger.remote_ok:  # the thread found the server gone
                 assert time.monotonic() < deadline + 30
                 time.sleep(0.2)
@@ -547,8 +576,10 @@ def test_metrics_logged_while_the_server_was_down_are_sent_when_it_answers_again
                 time.sleep(0.05)
             logger.close(timeout=30)
         steps = sorted(m.step for m in client.get_metric_history(run, "train/loss"))
+        tags = client.get_run(run).data.tags
         outage.down()
     assert steps == list(range(1, 31))  # each once, those of the outage included
+    assert tags.get("convs2s.dropout") == "0.3"  # (set during the outage: it was lost)
     said = [r.getMessage() for r in caplog.records if uri in r.getMessage()]
     assert len(said) == 2, said
     assert "is unavailable" in said[0] and "answers again" in said[1], said

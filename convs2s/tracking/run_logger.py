@@ -30,7 +30,8 @@ from pathlib import Path
 from storage import is_uri, location
 from storage.scratch import scratch_dir
 
-from convs2s.tracking.runs import HTTP_ENV, forget_unreachable, mlflow_client, warn_unreachable
+from convs2s.tracking.runs import (HTTP_ENV, REJECTED, forget_unreachable, mlflow_client,
+                                   warn_unreachable)
 from convs2s.tracking.redact import redact_uri
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,11 @@ class RunLogger:
         self.retry_s, self._retry_delay = retry_s, retry_s
         self._retry_at: float | None = None  # when to ask a server that failed again
         self._probing = False  # a PROBE is queued
+        # Sending again after a probe was answered: a failure then (a server that answers reads
+        # and refuses writes: the run deleted, the permission lost) backs off further instead
+        # of asking again every retry_s, and is not warned about again
+        self._resending = False
+        self._tags: dict[str, str] = {}  # tags set while the server did not answer: sent after
         self._queue: queue.Queue = queue.Queue(maxsize=100_000)
         self._thread = threading.Thread(target=self._work, name="mlflow-logger", daemon=True)
         if self.remote_ok:
@@ -138,11 +144,17 @@ class RunLogger:
         """Set tags on the run from the same thread, in order with the metrics (returns at
         once: the training loop never waits for the tracking server, not even for its
         first connection)."""
-        if self.remote_ok:
-            try:
-                self._queue.put_nowait({k: str(v) for k, v in tags.items()})
-            except queue.Full:
-                self._fail(RuntimeError("metric queue full (server too slow)"))
+        tags = {k: str(v) for k, v in tags.items()}
+        with self._lock:
+            if not self.remote_ok:  # (kept: sent once the server answers again)
+                self._tags.update(tags)
+                return
+        try:
+            self._queue.put_nowait(tags)
+        except queue.Full:
+            self._fail(RuntimeError("metric queue full (server too slow)"))
+            with self._lock:
+                self._tags.update(tags)
 
     def sync(self) -> None:
         """In a bucket: write the local lines over the object (one PUT, never half a file)."""
@@ -170,9 +182,11 @@ class RunLogger:
             self._probing = False  # (a PROBE in the drain that failed is not taken)
             if self.remote_ok:
                 self.remote_ok = False
-                warn_unreachable(self.uri, "logging metrics", err)
-                self._retry_delay = self.retry_s
+                warn_unreachable(self.uri, "logging metrics", err)  # (once an outage)
+                self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_S) \
+                    if self._resending else self.retry_s
                 self._retry_at = time.monotonic() + self._retry_delay
+            self._resending = False
 
     def _work(self) -> None:
         from mlflow.entities import RunTag
@@ -183,15 +197,20 @@ class RunLogger:
             while not self._queue.empty() and len(items) < 200:  # batch what is waiting
                 items.append(self._queue.get_nowait())
             stop = items[-1] is None or None in items
-            batch = []
+            batch, todo = [], list(filter(None, items))
             try:
-                for item in filter(None, items):
+                while todo:
+                    item = todo[0]
                     if item == PROBE:
                         self._send(client, batch)
                         batch = []
                         self._recover(client)
-                    elif not self.remote_ok:
-                        continue  # (in the local file: sent from there if the server answers)
+                    elif not self.remote_ok:  # (metrics: in the local file, sent from there if
+                        if isinstance(item, dict):  # the server answers; tags: kept for then)
+                            with self._lock:
+                                self._tags = {**item, **self._tags}
+                        todo.pop(0)
+                        continue
                     elif isinstance(item, dict):  # tags (set_tags): sent with what is before
                         self._send(client, batch)
                         batch = []
@@ -199,11 +218,18 @@ class RunLogger:
                             client.log_batch(self.run_id, tags=[RunTag(k, v)
                                                                 for k, v in item.items()])
                         except Exception as err:  # noqa: BLE001
+                            if getattr(err, "error_code", None) != REJECTED:
+                                raise  # the server gone (its tags kept, below)
                             warn_unreachable(self.uri, "setting tags", err)
                     else:
                         batch += self._unsent(client, *item)
+                    todo.pop(0)
                 self._send(client, batch)
             except Exception as err:  # noqa: BLE001 - never let tracking kill training
+                with self._lock:  # the tags not sent: kept, sent when the server answers again
+                    for item in reversed(todo):
+                        if isinstance(item, dict):
+                            self._tags = {**item, **self._tags}
                 self._fail(err)
             if stop:
                 return
@@ -241,7 +267,8 @@ class RunLogger:
             return
         with self._lock:  # from here records are queued; those before are whole in the file
             self.remote_ok, self._probing, self._retry_at = True, False, None
-        forget_unreachable(self.uri)  # a later outage is warned about again
+            self._resending = True
+            tags, self._tags = self._tags, {}
         # what the run holds, read again from the server (a batch that failed may have been
         # counted as sent, or sent in part)
         self._remote_max.clear()
@@ -250,7 +277,19 @@ class RunLogger:
         for rec in read_local_metrics(self.local_path):
             batch += self._unsent(client, rec["metrics"], int(rec["step"]),
                                   int(rec["time"] * 1000))
-        self._send(client, batch)
+        try:
+            self._send(client, batch)
+            if tags:
+                from mlflow.entities import RunTag
+
+                client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+        except Exception:
+            with self._lock:
+                self._tags = {**tags, **self._tags}
+            raise
+        with self._lock:
+            self._resending = False
+        forget_unreachable(self.uri)  # a later outage is warned about again
         log.warning("MLflow tracking at %s answers again: %d metric value(s) recorded while it "
                     "did not were sent from %s", redact_uri(self.uri), len(batch),
                     self.mirror or self.local_path)
