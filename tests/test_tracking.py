@@ -584,3 +584,19 @@ def test_metrics_logged_while_the_server_was_down_are_sent_when_it_answers_again
     assert len(said) == 2, said
     assert "is unavailable" in said[0] and "answers again" in said[1], said
     assert logger.remote_ok
+
+
+def test_an_experiment_in_mlflows_trash_is_refused_before_a_run_starts(sqlite_uri):
+    """A deleted experiment (in MLflow's trash) takes no run: every stage's run was refused,
+    the whole workflow untracked after one warning. Refused before it starts, with the fix."""
+    from convs2s.tracking.runs import tracking_problem
+
+    client = MlflowClient(sqlite_uri)
+    exp = client.create_experiment("binned")
+    assert tracking_problem(sqlite_uri, "binned") is None
+    client.delete_experiment(exp)
+    assert tracking_problem(sqlite_uri, "binned") == (
+        f"experiment 'binned' at {sqlite_uri} is deleted (in MLflow's trash, where it takes no "
+        f"run): restore it (mlflow experiments restore --experiment-id {exp}) or give another "
+        "--experiment")
+    assert tracking_problem(sqlite_uri, "never made") is None
