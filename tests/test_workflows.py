@@ -1273,3 +1273,17 @@ def test_a_ray_address_is_printed_with_its_password_hidden():
     assert shown("ray://admin:s3cret@head:10001") == "ray://admin:***@head:10001"
     assert shown("ray://t0ken@head:10001") == "ray://***@head:10001"
     assert shown("10.0.0.1:6379") == "10.0.0.1:6379" and shown("auto") == "auto"
+
+
+def test_a_rerun_that_scores_one_set_again_logs_only_what_changed_on_the_parent():
+    """A rerun that did some work (one test set scored again) logged every parent figure
+    again, each unchanged score getting a second value at step 0, and workflow_minutes became
+    the minutes of that call alone."""
+    from workflows.engine import figures_to_log
+
+    had = {"bleu": 30.0, "eval/best/t/bleu": 30.0, "eval/best/u/bleu": 20.0,
+           "workflow_minutes": 50.0}
+    figures = {"bleu": 30.0, "eval/best/t/bleu": 30.0, "eval/best/u/bleu": 21.0,
+               "workflow_minutes": 2.0}
+    assert figures_to_log(figures, had) == {"eval/best/u/bleu": 21.0, "workflow_minutes": 52.0}
+    assert figures_to_log(figures, {}) == figures

@@ -139,7 +139,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
     """The stages of a prepared run (`prepare`), its MLflow parent run a child of run
     `within` when given (a sweep's trial, with the sweep's `tags` and `params`). `lease`: the
     run folder's lease the command holds (storage.lease.LeaseRef), which training checks."""
-    from convs2s.tracking.runs import artifacts_beside, end_run, run_has_metrics
+    from convs2s.tracking.runs import artifacts_beside, end_run, run_has_metrics, run_metrics
     from workflows.lineage import data_inputs, register_champion, registered_name
 
     t0 = time.monotonic()
@@ -181,8 +181,11 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
         # again, each score would have a second value and workflow_minutes would become the
         # minutes of this call's skipping), as the preprocess run keeps its own
         if not (scores and all(s.skipped for s in scores) and run_has_metrics(uri, parent)):
-            log_final_metrics(uri, parent, parent_metrics(spec, trained, scores,
-                                                          time.monotonic() - t0))
+            # (a rerun that did some work: only the figures that changed are logged again,
+            # each score else had a second value at step 0; the minutes are every call's)
+            log_final_metrics(uri, parent, figures_to_log(
+                parent_metrics(spec, trained, scores, time.monotonic() - t0),
+                run_metrics(uri, parent)))
         champion = None
         # The task's main metric on its validation split chooses the model; its main test set
         # names the registered model and reports the chosen one's score (never chooses it).
@@ -244,6 +247,15 @@ def _check_sources(spec: RunSpec) -> None:
                 f"(found: {', '.join(stems) or 'none'})")
     for split in pre.splits:
         resolve_split(pre, split)
+
+
+def figures_to_log(figures: dict, had: dict) -> dict:
+    """Of a call's parent figures, what to log on a parent run that `had` these: the figures
+    that changed (logged again, an unchanged score had a second value at step 0) and the
+    workflow's minutes, summed over its calls (they became the minutes of the last one)."""
+    out = {k: v for k, v in figures.items() if had.get(k) != v}
+    out["workflow_minutes"] = figures["workflow_minutes"] + had.get("workflow_minutes", 0.0)
+    return out
 
 
 def parent_metrics(spec: RunSpec, trained: list, scores: list[EvalScore],

@@ -517,6 +517,17 @@ def metric_keys(uri: str, run_id: str | None) -> set[str]:
         return set()
 
 
+def run_metrics(uri: str, run_id: str | None) -> dict[str, float]:
+    """The run's latest metric values ({} where there is no run or it cannot be read)."""
+    if run_id is None:
+        return {}
+    try:
+        with bounded_http():
+            return dict(mlflow_client(uri).get_run(run_id).data.metrics)
+    except Exception:  # noqa: BLE001 - deleted run or unreachable server
+        return {}
+
+
 def run_has_metrics(uri: str, run_id: str | None) -> bool:
     """Whether the run still exists (not deleted) and holds metrics; False when unreachable."""
     if run_id is None:
