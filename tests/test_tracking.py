@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 
@@ -586,17 +587,20 @@ def test_metrics_logged_while_the_server_was_down_are_sent_when_it_answers_again
     assert logger.remote_ok
 
 
-def test_an_experiment_in_mlflows_trash_is_refused_before_a_run_starts(sqlite_uri):
+def test_an_experiment_in_mlflows_trash_is_refused_before_a_run_is_made(sqlite_uri, tmp_path):
     """A deleted experiment (in MLflow's trash) takes no run: every stage's run was refused,
-    the whole workflow untracked after one warning. Refused before it starts, with the fix."""
-    from convs2s.tracking.runs import tracking_problem
+    the whole workflow untracked after one warning. Refused before its first run is made (the
+    parent's: RunTree.open), with the fix."""
+    from workflows.errors import SpecError
+    from workflows.run_tree import RunTree
 
     client = MlflowClient(sqlite_uri)
     exp = client.create_experiment("binned")
-    assert tracking_problem(sqlite_uri, "binned") is None
     client.delete_experiment(exp)
-    assert tracking_problem(sqlite_uri, "binned") == (
-        f"experiment 'binned' at {sqlite_uri} is deleted (in MLflow's trash, where it takes no "
-        f"run): restore it (mlflow experiments restore --experiment-id {exp}) or give another "
-        "--experiment")
-    assert tracking_problem(sqlite_uri, "never made") is None
+    with pytest.raises(SpecError, match=re.escape(
+            f"experiment 'binned' at {sqlite_uri} is deleted (in MLflow's trash, where it takes "
+            f"no run): restore it (mlflow experiments restore --experiment-id {exp}) or give "
+            "another --experiment")):
+        RunTree.open(sqlite_uri, "binned", tmp_path / "r", "r")
+    assert client.search_runs([exp], run_view_type=3) == []  # (ViewType.ALL: none made)
+    assert RunTree.open(sqlite_uri, "never made", tmp_path / "r", "r").parent is not None

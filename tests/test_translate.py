@@ -141,7 +141,8 @@ def test_the_command_names_a_cut_line_by_its_number_in_the_input_and_counts_them
     long_line = " ".join(s for s, _ in tiny_checkpoints["pairs"][:60])  # > 256 pieces
     src = tmp_path / "in.txt"
     src.write_text(f"a cat .\nthe dog .\nhello .\n{long_line}\n")
-    with caplog.at_level(logging.WARNING):
+    # (the command's logger: a corpus actor or Serve replica run in this process quiets it)
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
         assert main(["--checkpoint", str(tiny_checkpoints["a"]), "--input", str(src),
                      "--output", str(tmp_path / "out.txt"), "--buffer-size", "2",
                      "--beam", "1", "--max-len-b", "5"]) == 0

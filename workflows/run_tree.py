@@ -32,6 +32,7 @@ from pathlib import Path
 
 from convs2s.tracking.runs import describe_run, find_or_create_run, run_key
 from storage import location
+from workflows.errors import SpecError
 
 
 @dataclass
@@ -55,8 +56,10 @@ class RunTree:
         a child of run `within`: a sweep's trial under the sweep's run). `restarting` (a
         --restart): the parent's status before it is reopened is kept for `start_over` (one
         lookup more, made only then)."""
-        from convs2s.tracking.runs import find_run
+        from convs2s.tracking.runs import deleted_experiment, find_run
 
+        if problem := deleted_experiment(uri, experiment):
+            raise SpecError(problem)
         earlier = find_run(uri, experiment, run_key(run_dir)) if restarting else None
         parent = find_or_create_run(uri, experiment, run_key=run_key(run_dir),
                                     run_name=run_name, parent_run_id=within, tags=tags)

@@ -540,8 +540,10 @@ def run_has_metrics(uri: str, run_id: str | None) -> bool:
         return False
 
 
-def _deleted_experiment(uri: str, experiment: str) -> str | None:
-    """Why experiment `experiment` takes no run (deleted: in MLflow's trash), or None."""
+def deleted_experiment(uri: str, experiment: str) -> str | None:
+    """Why experiment `experiment` takes no run (deleted: in MLflow's trash, not yet purged),
+    or None: asked before a workflow's first run is made (every stage's run would be refused,
+    the whole workflow untracked after one warning)."""
     try:
         with bounded_http(timeout_s=20):
             exp = mlflow_client(uri).get_experiment_by_name(experiment)
@@ -560,13 +562,9 @@ def tracking_problem(uri: str, experiment: str) -> str | None:
     one, or one that may only read the experiment would refuse every run, param and metric
     later; the answer names the fix. The check writes the experiment's kind tag with the value
     it has (creating the experiment if it is new, as the run would): it needs the right to
-    edit. A server that does not answer is not a problem here: runs then go on untracked.
-    An experiment of that name in MLflow's trash (deleted, not yet purged) takes no run: every
-    stage's run would be refused, the whole workflow untracked after one warning."""
-    if problem := _deleted_experiment(uri, experiment):
-        return problem
+    edit. A server that does not answer is not a problem here: runs then go on untracked."""
     if not uri.startswith(("http://", "https://")):
-        return None  # (a local store has no login to check)
+        return None  # (before MLflow's import: a local store has no login to check)
     from mlflow.exceptions import MlflowException
 
     user = os.environ.get("MLFLOW_TRACKING_USERNAME") or _user_of(uri)
