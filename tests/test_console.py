@@ -294,3 +294,19 @@ def test_a_commands_first_import_is_the_standard_library_only():
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                          timeout=60, cwd=REPO)
     assert out.stdout.strip() == "[]", out
+
+
+def test_the_console_check_names_its_usage_and_a_log_it_cannot_read(tmp_path):
+    """`python -m workflows.console --help` read a file named --help (a traceback), as did a
+    log that is not there."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "workflows.console", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    helped = run("--help")
+    assert helped.returncode == 0 and helped.stderr.startswith("usage: python -m workflows.")
+    gone = run(str(tmp_path / "nope.log"))
+    assert gone.returncode == 2 and gone.stderr.startswith("python -m workflows.console: error:")
+    assert "Traceback" not in helped.stderr + gone.stderr
+    (tmp_path / "ok.log").write_text("training finished\n")
+    assert run(str(tmp_path / "ok.log")).returncode == 0

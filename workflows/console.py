@@ -16,7 +16,16 @@ __all__ = ["ALARMING", "HARMLESS_RAY_LINES", "alarming_lines", "harmless_ray_lin
            "is_harmless"]
 
 if __name__ == "__main__":
-    found = alarming_lines(Path(sys.argv[1]).read_text(encoding="utf-8", errors="replace"))
+    if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+        print("usage: python -m workflows.console LOG  (exit 1 if LOG has alarming lines)",
+              file=sys.stderr)
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
+    try:
+        text = Path(sys.argv[1]).read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        print(f"python -m workflows.console: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    found = alarming_lines(text)
     for line in found:
         print(f"alarming console line: {line}", file=sys.stderr)
     sys.exit(1 if found else 0)
