@@ -414,3 +414,20 @@ def test_a_pickled_object_is_refused_as_code_without_torch_warnings(tmp_path, pr
         warnings.simplefilter("error")  # any warning fails the test
         with pytest.raises(CheckpointError, match="refused: it holds pickled Python objects"):
             load_checkpoint(tmp_path)
+
+
+def test_a_resume_falls_back_from_a_damaged_meta_json_as_it_did(tmp_path):
+    """Ray Train's latest checkpoint with a meta.json cut short (a worker killed while writing
+    it): the resume takes the newest whole checkpoint, and a damaged best/ is repaired from the
+    kept one; the CheckpointError that names such a file (for the commands) broke both."""
+    from convs2s.io.checkpoint import BEST_DIR, foreign_best, read_info, reconcile_best
+    from convs2s.train.runtime import newest_checkpoint
+
+    run = _fake_run(tmp_path, [(1, 120, 3.0, True), (2, 240, 2.5, True)])
+    (run / checkpoint_dir_name(240) / META_FILE).write_text('{"epoch": 2, "upd')
+    assert newest_checkpoint(run, checkpoint_dir_name(240)) == str(run / checkpoint_dir_name(120))
+    publish_dir(run / checkpoint_dir_name(120), run / BEST_DIR, marker=META_FILE)
+    (run / BEST_DIR / META_FILE).write_text("[]")
+    assert reconcile_best(run, 3.0, 120) == f"repaired from {checkpoint_dir_name(120)}"
+    assert read_info(run / BEST_DIR).update == 120
+    assert foreign_best(run) is None

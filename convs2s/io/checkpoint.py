@@ -269,6 +269,12 @@ class CheckpointInfo:
     end_of_epoch: bool
 
 
+class MetaError(CheckpointError, ValueError):
+    """A meta.json that is no checkpoint's (damaged, cut short, another tool's): a
+    CheckpointError to the commands, a ValueError to the code that falls back from an
+    unreadable one (the resume's newest whole checkpoint, `foreign_best`)."""
+
+
 def read_info(path: str | os.PathLike) -> CheckpointInfo:
     file = location(path) / META_FILE
     try:
@@ -276,7 +282,7 @@ def read_info(path: str | os.PathLike) -> CheckpointInfo:
     except ValueError:
         info = None
     if info is None:
-        raise CheckpointError(f"{file} is not a checkpoint's meta.json (no epoch, update, "
+        raise MetaError(f"{file} is not a checkpoint's meta.json (no epoch, update, "
                               "val_loss and end_of_epoch): copy the checkpoint again or pick "
                               "another of the run")
     return info
@@ -401,8 +407,11 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
         for p in [*best.parent.glob(f".{BEST_DIR}.old-*"), *best.parent.glob(f".{BEST_DIR}.tmp-*")]:
             shutil.rmtree(p, ignore_errors=True)
     if (best / META_FILE).is_file():
-        info = read_info(best)
-        if info.val_loss == best_loss and info.update <= update:
+        try:
+            info = read_info(best)
+        except MetaError:  # damaged: repaired from the kept checkpoint below
+            info = None
+        if info is not None and info.val_loss == best_loss and info.update <= update:
             return "ok"
     kept = [i for i in list_checkpoints(run_dir)
             if i.val_loss == best_loss and i.update <= update]
