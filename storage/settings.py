@@ -224,4 +224,4 @@ def apply_changes(obj, overrides: list[Change], section: str, owned: dict[str, s
         return dataclasses.replace(obj, **{**(also or {}), **changes})
     except (ValueError, TypeError) as err:
         given = " ".join(f"{o.origin} {o.text}" for o in [*also_given, *overrides])
-        raise SettingError(f"{given}: {err}") from None
+        raise SettingError(f"{given}: {err}" if given else str(err)) from None

@@ -567,6 +567,11 @@ def test_the_preprocessing_command_line_takes_its_flags_and_set_as_one_change(ca
     with contextlib.suppress(Exception):  # (what runs after the pipeline is not this test's)
         cli.main(["--task", "wmt14_en_fr", "--src", "fr", "--set", "tgt_lang=en"])
     assert [(c.src_lang, c.tgt_lang) for c in ran] == [("fr", "en")]
+    with pytest.raises(SystemExit):  # a flag's own refusal: the message alone, no ": " first
+        cli.main(["--task", "wmt14_en_fr", "--src", "en", "--tgt", "en"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m preprocessing: error: src_lang and tgt_lang must differ (they name the two "
+        "sides)")
 
 
 def test_a_source_storage_refuses_is_one_line_at_the_preprocessing_command(capsys, tmp_path):
