@@ -524,7 +524,7 @@ def test_an_application_of_the_same_name_is_refused_and_left_serving(served,
     from convs2s.serving.online import DeployError, ServeSettings, run
 
     with pytest.raises(DeployError, match="an application named 'convs2s-test' is running on "
-                                          "this Ray already .*another --name, or --replace"):
+                                          "this Ray already .*stop it first, or --replace"):
         run(ServeSettings(checkpoints=[tiny_checkpoints["b"]], search=SEARCH),
             port=int(served.rsplit(":", 1)[1]), name="convs2s-test", replace=False)
     assert set(serve.status().applications) == {"convs2s-test"}

@@ -71,3 +71,8 @@ def test_a_chinese_target_has_no_tokenized_bleu_and_each_kind_says_what_it_canno
         [TRANSLATION.scoring_version + 1] * 3
     assert TRANSLATION.scoring_for("fr") == TRANSLATION.scoring_for(None) == 2
     assert SUMMARIZATION.scoring_for("zh") == SUMMARIZATION.scoring_version
+    # a code with a region, script or capitals is scored by its base's rules since its own
+    # next version (zh-Hant was 13a's, ro-RO without the normalization): its scores are redone
+    assert [TRANSLATION.scoring_for(x) for x in ("zh-Hant", "ZH", "ro-RO", "de-DE")] == \
+        [TRANSLATION.scoring_version + 2, TRANSLATION.scoring_version + 2,
+         TRANSLATION.scoring_version + 1, TRANSLATION.scoring_version + 1]

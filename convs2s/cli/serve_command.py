@@ -59,7 +59,8 @@ def serve(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="HTTP address (0.0.0.0: every interface)")
     p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--name", default="convs2s", help="the Serve application's name (default: "
-                   "convs2s); one of that name running already is refused, left as it is")
+                   "convs2s); one of that name running already is refused, left as it is "
+                   "(each serves /: one application a cluster)")
     p.add_argument("--replace", action="store_true", help="redeploy a running application of "
                    "--name with this model (its Ctrl-C then deletes it)")
     args = p.parse_args(argv)
@@ -221,11 +222,12 @@ def _load_as_replicas_will(settings) -> None:
                                         SearchConfig.from_dict(settings.search), "cpu",
                                         spm_model=settings.spm_model)
     cfg = translator.search
+    here = not os.environ.get("RAY_ADDRESS")  # (a cluster's replicas run on its GPU nodes)
     if settings.gpus_per_replica and (not runs_on_gpus(cfg.precision)
-                                      or torch.cuda.is_available()):
+                                      or (here and torch.cuda.is_available())):
         # a replica with a GPU searches on it: int8 runs on CPUs, bf16 on GPUs with native
-        # bf16, which a GPU here stands for (resolve_precision: the fallback, else an error;
-        # with no GPU here, the replicas find it)
+        # bf16, checked on this machine's GPU where the replicas run here (resolve_precision:
+        # the fallback, else an error; elsewhere, the replicas find it)
         resolve_precision(cfg.precision, "cuda", cfg.precision_fallback)
     del translator
     gc.collect()

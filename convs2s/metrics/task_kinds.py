@@ -47,8 +47,17 @@ class TaskKind:
 
     def scoring_for(self, tgt_lang: str | None) -> int:
         """The scoring version of a score on `tgt_lang`: the kind's, plus that language's own
-        changes (a stored score with another version is computed again, workflows/steps.py)."""
-        return self.scoring_version + dict(self.language_versions).get(tgt_lang or "", 0)
+        changes (a stored score with another version is computed again, workflows/steps.py).
+        A code with a region, a script or capitals (zh-Hant, ro-RO, DE) is scored by its base
+        language's rules since version 2 of its own (they were looked up by the whole code:
+        13a for Chinese, no Romanian normalization, English's Moses prefixes)."""
+        from convs2s.metrics.scoring import base_language
+
+        lang = tgt_lang or ""
+        base = base_language(lang)
+        return self.scoring_version + dict(self.language_versions).get(base, 0) \
+            + (1 if lang != base and self.language_versions else 0)  # (a kind whose scoring
+        # reads the language: translation's)
 
     def score(self, hyps: list[str], refs: list[str], tgt_lang: str) -> dict[str, float]:
         """Every metric of `metrics` (those of `optional` where the target language has them)

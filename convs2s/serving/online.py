@@ -542,9 +542,9 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
         serve.start(http_options=http)
         if not replace and name in serve.status().applications:
             raise DeployError(f"an application named {name!r} is running on this Ray already "
-                              "(another serve, or a config file's): give this one another "
-                              "--name, or --replace to redeploy that one with this model; it "
-                              "is left as it is")
+                              "(another serve, or a config file's), on the route this one "
+                              "takes (/): stop it first, or --replace to redeploy it with this "
+                              "model; it is left as it is")
         t0 = time.perf_counter()
         stop = threading.Event()
         saying = threading.Thread(target=_say_while_deploying, args=(serve, name, stop),
