@@ -78,8 +78,8 @@ def train_bpe(sample: pa.Table, model_prefix: Path, vocab_size: int,
     # sentencepiece skips a sentence longer than max_sentence_length without a word (at
     # minloglevel 2): every sampled sentence is learned from, however long max_line_bytes lets
     # it be
-    longest = max((len(x.encode()) for side in ("src", "tgt")
-                   for x in sample[side].to_pylist()), default=0)
+    longest = max((pc.max(pc.binary_length(sample[side])).as_py() or 0
+                   for side in ("src", "tgt")), default=0)
     buf = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(

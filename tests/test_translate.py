@@ -131,6 +131,9 @@ def test_a_long_line_is_encoded_as_far_as_the_model_reads_it_with_the_same_piece
     assert truncated and seen[-1] == 2 + module.MAX_WORD_CHARS
     short = "the cat sleeps ."
     assert tr.encode(short)[1] == encode(short) and not tr.encode(short)[2]
+    # a no-break space or a tab is a character to the model, not a space between words
+    odd = long_line.replace(" .", "\u00a0.").replace(" the ", "\tthe ")
+    assert tr.encode(odd)[1] == encode(odd)[:limit]
 
 
 def test_the_command_names_a_cut_line_by_its_number_in_the_input_and_counts_them(

@@ -256,7 +256,8 @@ class Translator:
         # first pieces as the whole line (a line of megabytes, binary junk in a corpus, was
         # encoded whole: seconds and hundreds of MB an actor). A word of more than
         # MAX_WORD_CHARS characters is junk, cut there.
-        words = line.split(None, limit + 1)
+        words = line.split(" ", limit + 1)  # (spaces only: the model keeps a no-break space
+        words = [w for w in words[:-1] if w] + words[-1:]  # or a tab as a character)
         junk = any(len(w) > MAX_WORD_CHARS for w in words[:limit + 1])
         more = len(words) > limit + 1 or junk
         if more:

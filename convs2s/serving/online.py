@@ -469,9 +469,9 @@ def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     connected to, its endpoints under / (a prefix another application holds is refused:
     DeployError); returns Serve's handle. Without `replace` an application of that name that
     is running already (another user's `serve`, a config file's) is refused, untouched: Serve
-    would redeploy it in place, and this process's Ctrl-C would then delete it. With `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as
-    `ray job stop` sends: the application is deleted, nothing else is left running by this
-    process)."""
+    would redeploy it in place, and this process's Ctrl-C would then delete it. With
+    `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as `ray job stop` sends: the
+    application is deleted, nothing else is left running by this process)."""
     from storage.signals import sigterm_as_ctrl_c
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines

@@ -107,6 +107,8 @@ class RunLogger:
         # of asking again every retry_s, and is not warned about again
         self._resending = False
         self._tags: dict[str, str] = {}  # tags set while the server did not answer: sent after
+        # tags queued before it stopped answering, not sent (older than `_tags`: under them)
+        self._queued_tags: dict[str, str] = {}
         self._queue: queue.Queue = queue.Queue(maxsize=100_000)
         self._thread = threading.Thread(target=self._work, name="mlflow-logger", daemon=True)
         if self.remote_ok:
@@ -206,9 +208,9 @@ class RunLogger:
                         batch = []
                         self._recover(client)
                     elif not self.remote_ok:  # (metrics: in the local file, sent from there if
-                        if isinstance(item, dict):  # the server answers; tags: kept for then)
-                            with self._lock:
-                                self._tags = {**item, **self._tags}
+                        if isinstance(item, dict):  # the server answers; tags: kept for then,
+                            with self._lock:  # a later one over an earlier one of its key
+                                self._queued_tags.update(item)
                         todo.pop(0)
                         continue
                     elif isinstance(item, dict):  # tags (set_tags): sent with what is before
@@ -227,9 +229,9 @@ class RunLogger:
                 self._send(client, batch)
             except Exception as err:  # noqa: BLE001 - never let tracking kill training
                 with self._lock:  # the tags not sent: kept, sent when the server answers again
-                    for item in reversed(todo):
+                    for item in todo:
                         if isinstance(item, dict):
-                            self._tags = {**item, **self._tags}
+                            self._queued_tags.update(item)
                 self._fail(err)
             if stop:
                 return
@@ -268,7 +270,8 @@ class RunLogger:
         with self._lock:  # from here records are queued; those before are whole in the file
             self.remote_ok, self._probing, self._retry_at = True, False, None
             self._resending = True
-            tags, self._tags = self._tags, {}
+            tags = {**self._queued_tags, **self._tags}
+            self._queued_tags, self._tags = {}, {}
         # what the run holds, read again from the server (a batch that failed may have been
         # counted as sent, or sent in part)
         self._remote_max.clear()
@@ -282,10 +285,16 @@ class RunLogger:
             if tags:
                 from mlflow.entities import RunTag
 
-                client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+                try:
+                    client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+                except Exception as err:  # noqa: BLE001
+                    if getattr(err, "error_code", None) != REJECTED:
+                        raise
+                    warn_unreachable(self.uri, "setting tags", err)  # (refused: not kept)
+                    tags = {}
         except Exception:
             with self._lock:
-                self._tags = {**tags, **self._tags}
+                self._queued_tags = {**tags, **self._queued_tags}
             raise
         with self._lock:
             self._resending = False
