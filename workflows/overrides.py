@@ -62,7 +62,8 @@ def _apply_to(obj, overrides: list[Override], section: str):
 
 
 def apply(cfg, overrides: list[Override]):
-    """The preset `cfg` (a WorkflowConfig) with every section but `data` overridden."""
+    """The preset `cfg` (a WorkflowConfig) with every section overridden; `data.*` is applied
+    again once --data chose the source (`apply_data`)."""
     by = {s: [o for o in overrides if o.section == s] for s in SECTIONS}
     # data.*: checked now, all together (data.src_lang=fr with data.tgt_lang=en swaps the
     # sides, where one alone names one language twice) and with the workflow's own checks (a
