@@ -59,14 +59,15 @@ class Mode:
     autocast: str | None  # training: the dtype the forward passes autocast to; None: float32
     trains: bool  # a training precision (TrainConfig.precision), not only an inference one
     weights: str  # inference: what the inference copy's weights become
-    devices: tuple[str, ...]  # device types an inference copy in this mode runs on
+    # device types an inference copy in this mode is limited to; None: any torch runs on
+    devices: tuple[str, ...] | None
     gpu_needs_native: bool  # inference on a GPU needs native bf16 (compute capability >= 8.0)
 
 
 MODES: dict[str, Mode] = {m.name: m for m in (
-    Mode("fp32", autocast=None, trains=True, weights="float32", devices=("cpu", "cuda"),
+    Mode("fp32", autocast=None, trains=True, weights="float32", devices=None,
          gpu_needs_native=False),
-    Mode("bf16", autocast="bfloat16", trains=True, weights="bfloat16", devices=("cpu", "cuda"),
+    Mode("bf16", autocast="bfloat16", trains=True, weights="bfloat16", devices=None,
          gpu_needs_native=True),
     Mode("int8", autocast=None, trains=False, weights="int8", devices=("cpu",),
          gpu_needs_native=False),
@@ -160,7 +161,7 @@ def runs_on_gpus(name: str) -> bool:
     quantized kernels, even where a GPU is visible or reserved). A name outside the table: True,
     for `SearchConfig` to refuse with the choices."""
     mode = MODES.get(name)
-    return mode is None or "cuda" in mode.devices
+    return mode is None or mode.devices is None or "cuda" in mode.devices
 
 
 def inference_unavailable(name: str, device: torch.device | str) -> str | None:
@@ -171,9 +172,10 @@ def inference_unavailable(name: str, device: torch.device | str) -> str | None:
     `is_bf16_supported` says yes to its emulation)."""
     mode = MODES[name]
     kind = getattr(device, "type", device)
-    if kind not in mode.devices:
+    if mode.devices is not None and kind not in mode.devices:
         where = " and ".join({"cpu": "CPUs", "cuda": "GPUs"}.get(d, d) for d in mode.devices)
-        other = [n for n, m in MODES.items() if n != name and kind in m.devices and m.autocast]
+        other = [n for n, m in MODES.items() if n != name and m.autocast
+                 and (m.devices is None or kind in m.devices)]
         return (f"{name} inference runs on {where}, not on {device}"
                 + (f": use precision {other[0]} there" if other else ""))
     if kind == "cuda" and mode.gpu_needs_native:

@@ -148,6 +148,9 @@ def test_one_table_says_what_each_precision_means_to_training_and_inference_and_
         "int8 inference runs on CPUs, not on cuda: use precision bf16 there"
     assert unavailable("int8", "cuda") == inference_unavailable("int8", "cuda")
     assert all(inference_unavailable(n, "cpu") is None for n in INFERENCE_PRECISIONS)
+    # fp32 / bf16 are limited to no device (a device type besides CPUs and GPUs: as before)
+    assert inference_unavailable("fp32", "meta") is None
+    assert for_inference(inference_copy(tiny_model()).to("meta"), "fp32").precision == "fp32"
     from convs2s import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda d: (False, "V100 (compute 7.0)"))

@@ -183,7 +183,8 @@ def for_inference(net: nn.Module, precision: str = "fp32") -> nn.Module:
                          f"{', '.join(INFERENCE_PRECISIONS)}")
     weights = MODES[precision].weights  # the precision table's inference conversion
     device = next(net.parameters()).device
-    if device.type not in MODES[precision].devices:
+    limited = MODES[precision].devices  # (None: any device torch runs on)
+    if limited is not None and device.type not in limited:
         raise PrecisionError(f"{inference_unavailable(precision, device)} (the model is there)")
     if weights == "int8":
         _quantize(net)
