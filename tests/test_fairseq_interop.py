@@ -282,6 +282,31 @@ def _broken(archive: Path, how: str) -> None:
     elif how == "truncated":
         data = model.read_bytes()
         model.write_bytes(data[: len(data) // 2])
+    elif how == "damaged pickle":  # a memo the opcodes never stored: the unpickler's KeyError
+        import io
+        import zipfile
+
+        with zipfile.ZipFile(model) as z:
+            files = {n: z.read(n) for n in z.namelist()}
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for n, data in files.items():
+                z.writestr(n, b"\x80\x02h\x05." if n.endswith("data.pkl") else data)
+        model.write_bytes(buf.getvalue())
+    elif how == "language not a code":  # dict.<lang>.txt would be a path outside the folder
+        state = read_reference_checkpoint(model)
+        saved = state["args"] if isinstance(state.get("args"), argparse.Namespace) \
+            else state["cfg"]["model"]
+        (archive / "dict.x").mkdir()
+        saved.source_lang = "x/../../secret"
+        torch.save(state, model)
+    elif how == "bpecodes linked outside":
+        secret = archive.parent / "secret.txt"
+        secret.write_text("#version: 0.2\na b\n")  # (codes, but not the archive's)
+        (archive / "bpecodes").unlink()
+        (archive / "bpecodes").symlink_to(secret)
+    elif how == "bpecodes not codes":
+        (archive / "bpecodes").write_text("#version: 0.2\ni n\nnot-a-merge\n")
 
 
 @pytest.mark.parametrize("how, says", [
@@ -294,6 +319,10 @@ def _broken(archive: Path, how: str) -> None:
     ("embedding not a tensor", "encoder.embed_tokens.weight"),
     ("pickled object", "was refused: it holds a pickled object outside the allowlist"),
     ("truncated", "is not a readable checkpoint"),
+    ("damaged pickle", "is not a readable checkpoint"),
+    ("language not a code", "source_lang 'x/../../secret' is not a language code"),
+    ("bpecodes linked outside", "outside the archive folder"),
+    ("bpecodes not codes", "bpecodes:3: expected a merge of two symbols"),
 ])
 def test_a_bad_archive_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, how, says):
     from convs2s.cli import main

@@ -38,6 +38,7 @@ import ast
 import contextlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -50,6 +51,12 @@ from storage import ObjectPath, StorageError, local_copy, location, publish_dir
 from storage.scratch import scratch_dir
 
 ARCHIVE_MODEL = "model.pt"
+# A language code as the reference's archives name their dictionaries (en, fr, en_XX, zh-Hant):
+# it becomes part of a file name (dict.<lang>.txt), so nothing else is taken from a model.pt
+_LANG = re.compile(r"[A-Za-z]{2,3}([-_][A-Za-z0-9]{1,8}){0,3}")
+# subword-nmt codes: an optional "#version: ..." line, then one merge ("a b") a line; the
+# reference's are about 40k lines, under 1 MB
+BPE_CODES_MAX_BYTES = 64 << 20
 
 # The reference's fconv architectures: name -> the defaults its registry fills in (the saved
 # arguments override them). Layer strings are as the reference writes them.
@@ -104,7 +111,8 @@ def read_reference_checkpoint(path: str | Path) -> dict:
             f"{path} was refused: it holds a pickled object outside the allowlist of a "
             f"reference checkpoint (tensors, containers, argparse.Namespace): {what[:200]}; "
             "loading it could run code, so it is not loaded") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+    except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError,
+            zipfile.BadZipFile) as err:  # (IndexError, KeyError: the unpickler's, on bad data)
         raise FairseqImportError(f"{path} is not a readable checkpoint (truncated or of "
                                  f"another format: {type(err).__name__}); download or copy "
                                  "it again") from None
@@ -485,6 +493,34 @@ def _input_and_out(source, out, what: str) -> tuple[Path | ObjectPath, Path | Ob
     return source, out
 
 
+def _inside(archive: Path, name: str) -> None:
+    """Refuse an archive file that is a link to a file outside the archive folder: an
+    unpacked download's `bpecodes -> ~/.ssh/id_rsa` would be read, copied into the checkpoint
+    and published with it."""
+    path = archive / name
+    if path.is_symlink() and not path.resolve().is_relative_to(archive.resolve()):
+        raise FairseqImportError(f"{path} links to {path.resolve()}, outside the archive "
+                                 "folder: copy the file into the folder to import it")
+
+
+def _check_bpe_codes(path: Path) -> None:
+    """The archive's bpecodes are subword-nmt merges (copied into the checkpoint as they are,
+    and read at translation time): a file of another kind is refused here, naming its line."""
+    size = path.stat().st_size
+    if size > BPE_CODES_MAX_BYTES:
+        raise FairseqImportError(f"{path}: {size:,} bytes, more than subword-nmt codes hold "
+                                 f"(the reference's are under 1 MB; at most "
+                                 f"{BPE_CODES_MAX_BYTES >> 20} MiB here): not BPE codes")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if n == 1 and line.startswith("#version"):
+                continue
+            if len(line.split()) != 2:
+                raise FairseqImportError(f"{path}:{n}: expected a merge of two symbols "
+                                         f"('a b'), got {line.strip()[:60]!r}: "
+                                         "not subword-nmt codes")
+
+
 def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None = None,
                    target_lang: str | None = None) -> Path:
     """Write a checkpoint directory of this project from a reference archive folder. Nothing
@@ -511,6 +547,13 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
     if not src or not tgt:
         raise FairseqImportError(f"{model_file}: the saved arguments name no languages; give "
                                  "--source-lang and --target-lang")
+    for flag, lang, given in (("--source-lang", src, source_lang),
+                              ("--target-lang", tgt, target_lang)):
+        if not isinstance(lang, str) or not _LANG.fullmatch(lang):
+            said = f"{flag} {lang!r}" if given else \
+                f"{model_file}: its saved {flag[2:].replace('-', '_')} {str(lang)[:80]!r}"
+            raise FairseqImportError(f"{said} is not a language code (en, fr, en_XX): the "
+                                     f"dictionaries are dict.<lang>.txt; give {flag}")
     if not (archive / BPE_CODES).is_file():
         spm_export = (archive / "sentencepiece.model").is_file()
         raise FairseqImportError(f"{archive / BPE_CODES} is missing: the subword-nmt codes the "
@@ -520,6 +563,9 @@ def import_fairseq(archive: str | Path, out: str | Path, source_lang: str | None
                                      "checkpoint folder is what translates: import takes "
                                      "the reference's subword-nmt archives only)"
                                      if spm_export else ""))
+    for name in (f"dict.{src}.txt", f"dict.{tgt}.txt", BPE_CODES):
+        _inside(archive, name)
+    _check_bpe_codes(archive / BPE_CODES)
     try:
         dicts = {lang: read_dictionary(archive / f"dict.{lang}.txt") for lang in (src, tgt)}
     except CodecError as err:
