@@ -65,7 +65,7 @@ def tiny_test_set(tiny_checkpoints, tmp_path: Path, n: int = 6,
 def test_evaluation_jobs_pick_best_and_last_checkpoints(tiny_checkpoints, tmp_path):
     run_a = fake_run(tiny_checkpoints, tmp_path / "a", [100, 200, 300], "a")
     run_b = fake_run(tiny_checkpoints, tmp_path / "b", [50, 150], "b")
-    tests = [TestSet("t", "src", "ref"), TestSet("u", "src2", "ref2")]
+    tests = [TestSet("t", "src", "ref", "fr"), TestSet("u", "src2", "ref2", "fr")]
     jobs = evaluation_jobs([str(run_a), str(run_b)], tests, average_last=2,
                            attention_sentences=3, num_cpus=2)
     by_name = {j.name: j for j in jobs if j.test_set.name == "t"}
@@ -375,7 +375,7 @@ def test_staging_removes_what_a_killed_stager_left_and_never_a_live_ones(tiny_ch
 def test_idle_cpus_are_shared_out_to_the_cpu_jobs_there_are():
     """Equal whole shares that fit on the nodes at once (a task runs on one node), never less
     than a job asked for; GPU jobs keep their request."""
-    test = TestSet("t", "src", "ref")
+    test = TestSet("t", "src", "ref", "fr")
     one = [EvalJob("best", ("a",), test)]
     assert [j.num_cpus for j in share_cpus(one, [2.0])] == [2.0]  # alone on 2 CPUs: both
     assert [j.num_cpus for j in share_cpus(one, [16.0, 4.0])] == [16.0]  # one node's, at most
@@ -447,7 +447,7 @@ def test_weights_are_staged_once_as_the_files_that_are_scored(tiny_checkpoints, 
 
     a = shutil.copytree(tiny_checkpoints["a"], tmp_path / "ck" / "a")
     b = shutil.copytree(tiny_checkpoints["b"], tmp_path / "ck" / "b")
-    tests = [TestSet("t", "src", "ref"), TestSet("u", "src2", "ref2")]
+    tests = [TestSet("t", "src", "ref", "fr"), TestSet("u", "src2", "ref2", "fr")]
     jobs = [EvalJob(n, (str(a), str(b)), t, average=avg) for t in tests
             for n, avg in (("avg", True), ("ens", False))]
     staged = stage_weights(jobs, tmp_path / "weights")

@@ -85,7 +85,9 @@ class TestSet:
     name: str  # e.g. "newstest2014"; names the child run and the hypotheses file
     src: str  # source text, one sentence per line
     ref: str  # references, line-aligned with src
-    tgt_lang: str = "fr"  # for tokenized BLEU (Moses rules) and Romanian normalization
+    # The references' language: tokenized BLEU's Moses rules, Romanian normalization, the
+    # scoring by base language (no default: a default scored every other pair as French)
+    tgt_lang: str
     task_kind: str = "translation"  # how it is scored (convs2s.metrics.task_kinds)
 
 
