@@ -273,7 +273,9 @@ OPTIMIZER_KEYS = ("optimizer", "momentum", "weight_decay", "adam_betas", "adam_e
 
 @dataclass(frozen=True)
 class TrainConfig(Settings):
-    """Optimization recipe. Defaults are the paper's (§4.2): NAG 0.99, lr 0.25, clip 0.1."""
+    """Optimization recipe. Defaults are the paper's (§4.2: NAG 0.99, lr 0.25, clip 0.1), but
+    for the lr schedule, `plateau`, fairseq-py's reading of its rule (docs/reference.md,
+    Recipes); the paper presets each set theirs."""
 
     # "nag": Nesterov accelerated gradient (paper §4.2); "adam": AdamW (decoupled weight decay).
     optimizer: Literal["nag", "adam"] = "nag"

@@ -11,6 +11,7 @@ stops it as it stops a workflow run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -63,13 +64,57 @@ def test_table4_has_the_papers_four_rows_with_its_numbers():
 
 
 def test_table5_moves_attention_into_fewer_decoder_layers():
-    """The paper's placements for an n-layer decoder: layers 1..k, then each single layer."""
+    """The paper's placements for an n-layer decoder, in its order: layers 1..k, every other
+    layer, then each single layer; its numbers only beside a decoder of its 5 layers."""
     rows = table5(CPU_MODEL)  # a 3-layer decoder
-    assert [v.name for v in rows] == [BASELINE, "attn-1-2", "attn-1", "attn-2", "attn-3"]
+    assert [v.name for v in rows] == [BASELINE, "attn-1-2", "attn-1-3", "attn-1", "attn-2",
+                                      "attn-3"]
     assert rows[1].apply(CPU_MODEL).decoder_attention == (True, True, False)
-    assert rows[4].apply(CPU_MODEL).decoder_attention == (False, False, True)
-    ablation = PRESETS["wmt14_en_de_ablation"]()  # the paper's 5-layer decoder: Table 5's 9 rows
-    assert len(table5(ablation)) == 9
+    assert rows[2].apply(CPU_MODEL).decoder_attention == (True, False, True)
+    assert rows[5].apply(CPU_MODEL).decoder_attention == (False, False, True)
+    assert not any(v.paper for v in rows)
+    ablation = PRESETS["wmt14_en_de_ablation"]()  # the paper's 5-layer decoder: Table 5's rows
+    rows = table5(ablation)
+    assert [(v.label.split()[-1], v.paper) for v in rows[1:]] == [
+        ("1,2,3,4", (6.70, 21.54)), ("1,2,3", (6.95, 21.36)), ("1,2", (6.92, 21.47)),
+        ("1,3,5", (6.97, 21.10)), ("1", (7.15, 21.26)), ("2", (7.09, 21.30)),
+        ("3", (7.11, 21.19)), ("4", (7.19, 21.31)), ("5", (7.66, 20.24))]
+    assert rows[0].paper == (6.65, 21.63)
+    assert rows[4].apply(ablation).decoder_attention == (True, False, True, False, True)
+
+
+def test_the_ablation_presets_trials_end_annealed_wherever_their_budget_ends():
+    """A sweep's trial is budgeted (`--max-time 12h`): the paper-recipe lr, fixed until epoch
+    50, would end every trial at 0.5; the ablation preset's falls over the budget."""
+    from convs2s.train.optim import LRSchedule
+    from workflows import wmt14_en_de
+
+    train = wmt14_en_de.ablation().train
+    lr = LRSchedule(train)
+    assert lr.lr_at(0, spent=0.0) == train.lr == 0.5
+    assert lr.lr_at(10**6, spent=0.5) == pytest.approx(0.25)
+    assert lr.lr_at(10**6, spent=0.999) < train.lr / 1000
+    assert wmt14_en_de.ablation().model == PRESETS["wmt14_en_de_ablation"]()
+
+
+def test_tables_7_and_8_are_the_papers_depth_by_kernel_grids():
+    """Encoder 5 / 9 / 13 layers and decoder 3 / 5 / 7 layers, each at kernel 3, 5 and 7, the
+    preset's own combination its baseline; the paper's BLEU (it gives no PPL) beside each
+    where the preset is its analysis model, the grid's other side."""
+    ablation = PRESETS["wmt14_en_de_ablation"]()  # 13 x k3 encoder, 5 x k5 decoder
+    enc = {v.name: v for v in variants_for("table7", ablation)}
+    assert len(enc) == 9 and "enc-13-k3" not in enc  # the baseline
+    assert enc[BASELINE].paper == (None, 21.63)
+    assert enc["enc-5-k7"].paper == (None, 20.81)
+    assert enc["enc-5-k7"].apply(ablation).encoder_layers == [(512, 7)] * 5
+    assert enc["enc-5-k7"].apply(ablation).decoder_layers == ablation.decoder_layers
+    dec = {v.name: v for v in variants_for("table8", ablation)}
+    assert len(dec) == 9 and "dec-5-k5" not in dec
+    assert (dec[BASELINE].paper, dec["dec-5-k3"].paper) == ((None, 21.63), (None, 21.71))
+    assert dec["dec-7-k3"].apply(ablation).decoder_layers == [(512, 3)] * 7
+    cpu = variants_for("table8", CPU_MODEL)  # 3 x k3 decoder: another model, no numbers
+    assert len(cpu) == 9 and not any(v.paper for v in cpu)
+    assert "dec-3-k3" not in {v.name for v in cpu}
 
 
 def test_every_sweep_builds_distinct_models_on_the_cpu_and_paper_ablation_presets():
@@ -230,6 +275,13 @@ def test_the_summary_gives_mean_and_spread_per_variant_beside_the_papers_numbers
     assert cells[2] == ["baseline", "2/2", "8.00 +- 1.41", "31.00 +- 1.41", "-", "6.64", "21.7"]
     assert cells[3] == ["no-pos", "1/2", "8.00", "29.00", "-", "6.68", "21.2"]
     assert "FAILED no-pos-seed2: RayActorError: killed" in table
+    assert "not per BPE piece" in table  # the paper's PPL is per word of another vocabulary
+    # A table without the paper's PPL (Table 7) leaves its cell empty, its BLEU as printed
+    grid = dataclasses.replace(sweep, variants=variants_for(
+        "table7", PRESETS["wmt14_en_de_ablation"]())[:2])
+    rows = [[c.strip() for c in line.strip("|").split("|")]
+            for line in summary_table(grid, {}, {}).splitlines()[2:4]]
+    assert [r[-2:] for r in rows] == [["", "21.63"], ["", "20.61"]]
     assert mean_sd([1.0])[0] == 1.0 and math.isnan(mean_sd([1.0])[1])
     # The same figures are the sweep run's metrics: mean and spread over the finished seeds
     # (one seed: no spread; a test set no trial scored: no metric).
@@ -600,6 +652,12 @@ def test_a_sweep_runs_each_trial_as_a_child_run_and_a_rerun_continues_a_killed_o
     trials = {r.info.run_name: r for r in runs
               if r.data.tags.get("mlflow.parentRunId") == top.info.run_id}
     assert set(trials) == {t.name for t in sweep.trials}
+    # One filter finds a sweep's run and its trials' runs: the tags mean the same on each.
+    found = client.search_runs([exp.experiment_id], max_results=500, filter_string=(
+        "tags.`convs2s.sweep` = 'table4' and tags.`convs2s.sweep.run` = 't4'"))
+    assert {r.info.run_id for r in found} == {top.info.run_id} | \
+        {r.info.run_id for r in trials.values()}
+    assert trials["no-pos-seed1"].data.tags["convs2s.variant"] == "no-pos"
     # The killed trial's workflow died with it: the sweep ended its runs as FAILED.
     assert trials["baseline-seed1"].info.status == "FAILED"
     assert not _open_runs(client, exp.experiment_id, sweep.folder)

@@ -7,14 +7,18 @@ first (torchtitan-style presets: read them here, not in a registry of strings):
     table4(model)    position embeddings on / off (Table 4)
     table5(model)    multi-step attention in fewer decoder layers (Table 5)
     depth(model)     shallower and deeper encoders and decoders (§5.6, Figure 2)
-    kernel(model)    other encoder and decoder kernel widths (§5.6, its kernel-width results)
+    kernel(model)    other encoder and decoder kernel widths at the preset's depths (§5.6)
+    table7(model)    the encoder's depth x kernel width grid: 5, 9, 13 layers x 3, 5, 7 (Table 7)
+    table8(model)    the decoder's: 3, 5, 7 layers x kernel 3, 5, 7 (Table 8)
     recipe(model)    more dropout and a wider model: retuning a small-data recipe (not the paper's)
 
 `SWEEPS` names them for `--sweep` ("paper-5.2" is Tables 4 and 5 together, the paper's §5.4 and
 §5.5 whatever the name says). Each variant is derived from the preset's model, so the same sweep
 fits Multi30k's 4 + 3 layers and the paper's ablation model (13 encoder layers at kernel 3, 5
 decoder layers at kernel 5; `wmt14_en_de`'s `ablation` preset). The paper's own numbers (WMT'14
-En-De, newstest2014, averaged over three runs) are kept beside the rows that have one.
+En-De, newstest2014, averaged over three runs) are kept beside the rows that have one: Table 4's
+beside any preset's rows (the same four models), Tables 5, 7 and 8's where the preset's model has
+the depths they are of (a 5-layer decoder; the ablation model for the grids).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ class Variant:
     name: str  # a trial folder / run name part: letters, digits, dashes
     label: str  # as the paper's table says it
     changes: tuple[tuple[str, object], ...] = ()  # ModelConfig field -> value
-    paper: tuple[float, float] | None = None  # the paper's (valid PPL, BLEU), where it has it
+    # the paper's (valid PPL, BLEU), where it has the row (Tables 7 and 8 give no PPL: None)
+    paper: tuple[float | None, float] | None = None
     # A `custom` sweep's variant: --set settings of any section (workflows/overrides.py),
     # applied to the preset when the trial's run is resolved.
     sets: tuple[str, ...] = ()
@@ -73,24 +78,34 @@ def table4(model: ModelConfig) -> list[Variant]:
 # --- Table 5: multi-step attention ---------------------------------------------------------------
 
 
+# Table 5's rows for the paper's 5-layer decoder: attention layers -> (valid PPL, BLEU)
+TABLE5 = {(1, 2, 3, 4, 5): (6.65, 21.63), (1, 2, 3, 4): (6.70, 21.54), (1, 2, 3): (6.95, 21.36),
+          (1, 2): (6.92, 21.47), (1, 3, 5): (6.97, 21.10), (1,): (7.15, 21.26),
+          (2,): (7.09, 21.30), (3,): (7.11, 21.19), (4,): (7.19, 21.31), (5,): (7.66, 20.24)}
+
+
 def table5(model: ModelConfig) -> list[Variant]:
     """Attention in fewer decoder layers (§5.5, Table 5; the paper: attention in every layer
     gives the best validation perplexity, and removing attention layers costs BLEU and PPL).
-    For an n-layer decoder: layers 1..k for k = n-1 .. 1, then each single layer 2..n."""
+    For an n-layer decoder, in the table's order: layers 1..k for k = n-1 .. 1 with every
+    other layer (1,3,5) before the single layer 1, then each single layer 2..n; the paper's
+    numbers beside them where the decoder has its 5 layers."""
     n = len(model.decoder_layers)
-    placements = [tuple(range(1, k + 1)) for k in range(n - 1, 0, -1)]
+    placements = [tuple(range(1, k + 1)) for k in range(n - 1, 1, -1)]
+    placements += [p for p in [tuple(range(1, n + 1, 2)), (1,)] if len(p) < n]
     placements += [(i,) for i in range(2, n + 1)]
-    out = [_baseline()]
-    for layers in placements:
+    paper = TABLE5 if n == 5 else {}
+    out = [_baseline(paper.get(tuple(range(1, n + 1))))]
+    for layers in dict.fromkeys(placements):
         flags = tuple(i + 1 in layers for i in range(n))
         out.append(Variant("attn-" + "-".join(map(str, layers)),
                            "attention in layer" + ("s " if len(layers) > 1 else " ")
                            + ",".join(map(str, layers)),
-                           (("decoder_attention", flags),)))
+                           (("decoder_attention", flags),), paper.get(layers)))
     return out
 
 
-# --- Figures 2 and 3: depth and kernel width -----------------------------------------------------
+# --- Figure 2 and Tables 7 and 8: depth and kernel width -----------------------------------------
 
 
 def _stack(layers, depth: int, kernel: int | None = None) -> list[tuple[int, int]]:
@@ -134,6 +149,47 @@ def kernel(model: ModelConfig) -> list[Variant]:
     return out
 
 
+# Tables 7 and 8 (BLEU; the other side is the ablation model's: 13 encoder layers at kernel 3,
+# 5 decoder layers at kernel 5): (layers, kernel width) -> BLEU
+TABLE7 = {(5, 3): 20.61, (9, 3): 21.17, (13, 3): 21.63, (5, 5): 20.80, (9, 5): 21.02,
+          (13, 5): 21.42, (5, 7): 20.81, (9, 7): 21.30, (13, 7): 21.09}
+TABLE8 = {(3, 3): 21.10, (5, 3): 21.71, (7, 3): 21.62, (3, 5): 21.09, (5, 5): 21.63,
+          (7, 5): 21.24, (3, 7): 21.40, (5, 7): 21.31, (7, 7): 21.33}
+_ABLATION = ([(512, 3)] * 13, [(512, 5)] * 5)  # the analysis model's stacks (§5.4)
+
+
+def _grid(model: ModelConfig, side: str, depths: tuple[int, ...], table: dict) -> list[Variant]:
+    """Every depth x kernel width (3, 5, 7) of one side, each layer of the stack's first width;
+    the combination the preset already is stays the baseline. The paper's BLEU beside each
+    where the preset is the paper's analysis model (the grid's other side)."""
+    layers = getattr(model, f"{side}_layers")
+    ours = (model.encoder_layers, model.decoder_layers) == _ABLATION
+    base_key = (len(layers), layers[0][1])
+    out = [_baseline((None, table[base_key]) if ours and base_key in table else None)]
+    for k in (3, 5, 7):
+        for n in depths:
+            stack = _stack(layers, n, k)
+            if stack == list(layers):
+                continue  # the preset's own: the baseline
+            changes = ((f"{side}_layers", stack),) + \
+                ((("decoder_attention", None),) if side == "decoder" else ())
+            out.append(Variant(f"{side[:3]}-{n}-k{k}", f"{n} {side} layers, kernel {k}",
+                               changes, (None, table[(n, k)]) if ours else None))
+    return out
+
+
+def table7(model: ModelConfig) -> list[Variant]:
+    """The encoder: 5, 9 and 13 layers at kernel widths 3, 5 and 7 (§5.6, Table 7: "encoders
+    with narrow kernels and many layers perform better than wider kernels")."""
+    return _grid(model, "encoder", (5, 9, 13), TABLE7)
+
+
+def table8(model: ModelConfig) -> list[Variant]:
+    """The decoder: 3, 5 and 7 layers at kernel widths 3, 5 and 7 (§5.6, Table 8: "a similar
+    picture for decoder networks with large kernel sizes"); attention in every layer."""
+    return _grid(model, "decoder", (3, 5, 7), TABLE8)
+
+
 def paper_5_2(model: ModelConfig) -> list[Variant]:
     """Tables 4 and 5 together, one shared baseline."""
     return table4(model) + table5(model)[1:]
@@ -169,7 +225,7 @@ def recipe(model: ModelConfig) -> list[Variant]:
 
 SWEEPS: dict[str, Callable[[ModelConfig], list[Variant]]] = {
     "paper-5.2": paper_5_2, "table4": table4, "table5": table5, "depth": depth,
-    "kernel": kernel, "recipe": recipe,
+    "kernel": kernel, "table7": table7, "table8": table8, "recipe": recipe,
 }
 
 

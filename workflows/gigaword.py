@@ -1,4 +1,4 @@
-"""Gigaword headline generation with ConvS2S (paper §5.7, Table 5: ROUGE-1/2/L F1 35.88 / 17.48 /
+"""Gigaword headline generation with ConvS2S (paper §5.7, Table 6: ROUGE-1/2/L F1 35.88 / 17.48 /
 33.29 on the Gigaword test set).
 
 Preprocess (no ratio filter, 30k joint vocabulary) -> train (six 256-unit layers per side,

@@ -316,7 +316,8 @@ def _run_sweep(sweep: SweepSpec, lease=None) -> SweepResult:
     uri = base.tracking_uri
     # The sweep's run, the root of its trials' run trees (each trial's parent is its child).
     tree = RunTree.open(uri, base.experiment, sweep.folder, sweep.run_name,
-                        tags={"convs2s.sweep": sweep.sweep, "convs2s.stage": "sweep",
+                        tags={"convs2s.sweep": sweep.sweep, "convs2s.sweep.run": sweep.run_name,
+                              "convs2s.stage": "sweep",
                               "convs2s.workflow": base.workflow, "convs2s.preset": base.preset,
                               **source_tags(base)})
     run_id = tree.parent
@@ -381,7 +382,8 @@ def _run_on_tune(sweep: SweepSpec, todo: list[Trial], tree: RunTree,
              ", ".join(t.name for t in todo))
     by_name = {t.name: t for t in todo}
     trainable = tune.with_parameters(_trial_main, trials=by_name, sweep_run_id=tree.parent,
-                                     sweep_name=sweep.run_name, lease=lease)
+                                     sweep_kind=sweep.sweep, sweep_name=sweep.run_name,
+                                     lease=lease)
     trainable = tune.with_resources(
         trainable, tune.PlacementGroupFactory([{"CPU": 0, "memory": TRIAL_DRIVER_MEMORY}]))
     tuner = tune.Tuner(
@@ -511,10 +513,12 @@ _METRIC_KEYS = ("valid_ppl", "updates", "epochs", "train_minutes", "resumed_from
                 "run_id")
 
 
-def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name: str,
-                lease=None) -> dict:
+def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_kind: str,
+                sweep_name: str, lease=None) -> dict:
     """A Ray Tune trial (runs in a Tune actor): the trial's whole workflow run under the sweep's
-    MLflow run; writes trial.json when it finished and returns its metrics to Tune."""
+    MLflow run; writes trial.json when it finished and returns its metrics to Tune. Its tags
+    mean what the sweep run's mean: `convs2s.sweep` the sweep (`table4`), `convs2s.sweep.run`
+    its run name, so one filter finds a sweep's run and its trials' runs."""
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s",
                         datefmt="%H:%M:%S")
@@ -523,7 +527,7 @@ def _trial_main(config: dict, trials: dict, sweep_run_id: str | None, sweep_name
              "; ".join(f"{k}={v}" for k, v in trial.changes.items()) or "the preset's model")
     try:
         out = run_stages(trial.spec, within=sweep_run_id,
-                         tags={"convs2s.sweep": sweep_name,
+                         tags={"convs2s.sweep": sweep_kind, "convs2s.sweep.run": sweep_name,
                                "convs2s.variant": trial.variant.name,
                                "convs2s.seed": str(trial.seed)},
                          params={"sweep": {"run": sweep_name, "variant": trial.variant.name,

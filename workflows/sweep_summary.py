@@ -44,6 +44,11 @@ def variant_stats(sweep, results: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def _paper(x: float | None) -> str:
+    """A paper figure as the paper prints it (21.7, 21.63); none for a table without it."""
+    return "" if x is None else f"{x:g}"
+
+
 def summary_table(sweep, results: dict[str, dict], failed: dict[str, str]) -> str:
     """The paper-shaped table: variant, valid PPL and each test set's headline metric as mean
     +- sd over seeds, with the paper's (valid PPL, BLEU) where it has the row."""
@@ -58,7 +63,7 @@ def summary_table(sweep, results: dict[str, dict], failed: dict[str, str]) -> st
         s = stats[v.name]
         rows.append([v.name, f"{s['n']}/{len(sweep.seeds)}", _pm(s["valid_ppl"])]
                     + [_pm(s[f"{t}/{headline}"]) for t in tests]
-                    + ([f"{v.paper[0]:.2f}", f"{v.paper[1]:.1f}"] if v.paper else ["", ""]))
+                    + ([_paper(x) for x in v.paper] if v.paper else ["", ""]))
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     out = [line(cols), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -68,9 +73,11 @@ def summary_table(sweep, results: dict[str, dict], failed: dict[str, str]) -> st
     out.append(f"{len(sweep.seeds)} seed(s) ({', '.join(map(str, sweep.seeds))}) per variant; "
                f"mean +- sample sd; budget {budget_text(b)}; scores of each trial's best "
                f"checkpoint, beam {b.search.beam}."
-               + (" Paper: WMT'14 En-De, newstest2014, mean of three runs (Table 4); its "
-                  "BLEU is Moses-tokenized, comparable to each trial's bleu_tokenized rather "
-                  "than to sacreBLEU's bleu."
+               + (" Paper: WMT'14 En-De, newstest2014, mean of three runs (its Tables 4, 5, 7 "
+                  "and 8); its BLEU is Moses-tokenized, comparable to each trial's "
+                  "bleu_tokenized rather than to sacreBLEU's bleu; its PPL is per word of a "
+                  "160K-word target vocabulary, not per BPE piece as here: compare the order "
+                  "of the rows, not the values."
                   if any(v.paper for v in sweep.variants) else ""))
     if base is None:
         out.append("(no baseline among the variants run: compare the rows with each other)")

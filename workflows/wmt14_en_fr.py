@@ -51,8 +51,8 @@ def paper() -> WorkflowConfig:
         # The paper's 8-model ensemble (41.44) is EnsembleConfig(runs=8): 8x the training.
         ensemble=EnsembleConfig(runs=1, average_last=5),
         num_workers=8,  # §4.2: up to eight GPUs, synchronous, one machine
-        # The reference recipe's update: 8 GPUs x 3,000 tokens (the paper gives sentences, not
-        # tokens). Fewer GPUs keep it by accumulating micro-batches (4 GPUs: 2 each), as the
+        # The update: the reference recipe's 3,000 tokens on each of the paper's 8 GPUs (the
+        # paper gives sentences: "batch size 32 on each worker", §5.1). Fewer GPUs keep it by accumulating micro-batches (4 GPUs: 2 each), as the
         # reference's --update-freq does.
         update_tokens=8 * 3000,
         use_gpu=True,
