@@ -9,8 +9,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [[ ! -x .venv/bin/python ]]; then
-  "$PY" -m venv .venv
+# A .venv whose python cannot run pip (a venv made without ensurepip, Debian's python3-venv
+# missing; an interrupted creation; an interpreter that is gone) is made again, not reused:
+# it would fail every later run with "No module named pip".
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+  if [[ -e .venv || -L .venv ]]; then
+    echo "bootstrap: .venv cannot run pip; making it again" >&2
+  fi
+  "$PY" -m venv --clear .venv || {
+    echo "bootstrap: error: '$PY -m venv' failed; on Debian / Ubuntu install python3-venv" \
+         "(apt-get install python3-venv), or set PYTHON to another python3" >&2
+    exit 1
+  }
 fi
 stamp=.venv/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)
 if [[ ! -f $stamp ]]; then
