@@ -218,6 +218,11 @@ def test_dockerfile_copies_the_project():
     for secret in ("infra/mlflow/.env", ".env", "infra/mlflow/.env.local"):
         assert any(fnmatch(secret, p) or fnmatch(secret, p.removeprefix("**/"))
                    for p in patterns), f"{secret} would be copied into the image"
+    # ... and with a builder that reads no Dockerfile.dockerignore (legacy, kaniko): no COPY
+    # takes in the folder that holds it
+    copied = [part for src in re.findall(r"^COPY (?!--)(.+) \S+$", text, flags=re.M)
+              for part in src.split()]
+    assert not [p for p in copied if "infra/mlflow".startswith(p.rstrip("/"))], copied
 
 
 # --- Ray cluster launcher -----------------------------------------------------------------------
