@@ -230,3 +230,22 @@ def test_a_logged_models_float_params_are_floats_whatever_the_search_was_given()
               for p in infer_signature(EXAMPLE, EXAMPLE, params).params.params}
     assert schema["lenpen"] == schema["max_len_a"] == schema["unk_penalty"] == "double"
     assert schema["beam"] == "long"
+
+
+@pytest.mark.parametrize("path", ["../../secret", "/etc", "", None])
+def test_a_logged_models_artifact_path_outside_its_folder_is_refused(tmp_path, path):
+    """MLmodel comes from the artifact store (anyone with write access there wrote it): its
+    artifact paths name files inside the model's folder, or the model is refused."""
+    import yaml
+
+    from convs2s.serving.logged_model import logged_model_artifacts
+
+    arts = {"checkpoints": {"path": "artifacts/checkpoints"}, "search": {"path": path}}
+    (tmp_path / "MLmodel").write_text(yaml.safe_dump(
+        {"flavors": {"python_function": {"artifacts": arts}}}))
+    with pytest.raises(ValueError, match="artifact 'search' has path .*not a path inside"):
+        logged_model_artifacts(tmp_path)
+    arts["search"] = {"path": "artifacts/search.json"}
+    (tmp_path / "MLmodel").write_text(yaml.safe_dump(
+        {"flavors": {"python_function": {"artifacts": arts}}}))
+    assert logged_model_artifacts(tmp_path)["search"] == str(tmp_path / "artifacts/search.json")

@@ -118,4 +118,14 @@ def logged_model_artifacts(folder: Path) -> dict[str, str]:
     if "checkpoints" not in arts or "search" not in arts:
         raise ValueError(f"{folder}: not a translator logged by this project (no checkpoints "
                          "and search artifacts)")
-    return {name: str(folder / a["path"]) for name, a in arts.items()}
+    out = {}
+    for name, a in arts.items():  # (MLmodel is the artifact store's: anyone who can write
+        # there wrote it) paths inside the model's folder only, as MLflow writes them
+        path = a.get("path") if isinstance(a, dict) else None
+        if not isinstance(path, str) or not path or Path(path).is_absolute() \
+                or ".." in Path(path).parts:
+            raise ValueError(f"{folder / 'MLmodel'}: artifact {name!r} has path {path!r}, not "
+                             "a path inside the model's folder: not a model this project "
+                             "logged; log the model again")
+        out[name] = str(folder / path)
+    return out
