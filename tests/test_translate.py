@@ -894,3 +894,19 @@ def test_the_console_script_takes_a_ctrl_c_as_python_m_convs2s_does(tiny_checkpo
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("interrupted"), err[-500:]
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_line_without_a_finite_translation_is_named_in_a_warning(tiny_checkpoints, caplog):
+    """NaN or infinite log-probabilities (damaged weights, an overflow) leave a line without a
+    finite translation: the warning names it, where translate wrote an empty line silently."""
+    tr = load_for_inference([tiny_checkpoints["a"]],
+                            search=SearchConfig(beam=2, max_len_a=0, max_len_b=3))
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
+        tr.translate_full(["a man sleeps .", "a dog runs ."])
+    assert "no finite translation" not in caplog.text
+    with torch.no_grad():
+        tr.models[0].decoder.fc3.bias[10] = float("inf")
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
+        out = tr.translate_full(["", "a man sleeps .", "a dog runs ."], first_line=40)
+    assert "lines 42, 43: no finite translation" in caplog.text
+    assert out[0].hypotheses == []  # an empty line is no failure

@@ -37,6 +37,7 @@ norm is folded once per model at load time (`convs2s.model.network.inference_cop
 from __future__ import annotations
 
 import logging
+import math
 import os
 import unicodedata
 from dataclasses import dataclass
@@ -323,6 +324,15 @@ class Translator:
             for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk], s,
                                                          attention or s.replace_unk)):
                 out[i].hypotheses = [self._hypothesis(h, out[i], s, attention) for h in hyps]
+        unscored = [first_line + i + 1 for i, _ in todo if not out[i].hypotheses
+                    or not all(map(math.isfinite, out[i].hypotheses[0].positional_scores))]
+        if unscored:  # (its line is empty, or its text has words the model gave no chance)
+            log.warning("line%s %s%s: no finite translation: the model's log-probabilities "
+                        "are not finite (NaN or infinite: damaged weights, or an overflow%s)",
+                        "s" if len(unscored) > 1 else "", ", ".join(map(str, unscored[:10])),
+                        ", ..." if len(unscored) > 10 else "",
+                        f" in {self.search.precision}" if self.search.precision != "fp32"
+                        else "")
         return out  # type: ignore[return-value]
 
     def _search(self, batch: list[list[int]], s: SearchConfig,
