@@ -514,7 +514,8 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
              ["--input", a, "--output", str(tmp_path / "no-such-folder" / "out.txt")],
              ["--input", a, "--actors", "2", "--device", "cpu", "--output",
               str(tmp_path / "parts")],
-             ["--input", a, "--column", "text"]]
+             ["--input", a, "--column", "text"],
+             ["--input", a, "--shortlist-per-source", "-1"]]
     results, loaded = calls_in_a_fresh_process(
         "from convs2s.cli import main", f"main(['translate', '--checkpoint', {ck!r}, *extra])",
         cases)
@@ -522,7 +523,8 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
             "holds files this command did not write", "--device gpu0: give cpu, cuda or cuda:N",
             "no-such-folder does not exist; create it first",
             "--device: the --actors job does not use it",
-            "--column text: only a .parquet --input has columns"]
+            "--column text: only a .parquet --input has columns",
+            "shortlist_per_source must be >= 0"]
     for (rc, err), said in zip(results, says):
         assert rc == 2 and said in err and err.count("\n") == 1, err
     assert loaded == []

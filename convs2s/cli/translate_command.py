@@ -203,6 +203,9 @@ def _translate_parser() -> argparse.ArgumentParser:
                         "(<data>/shortlist/<key>/shortlist.npz, preprocessing --shortlist)")
     p.add_argument("--shortlist-frequent", type=int, default=d.shortlist_frequent,
                    help="most frequent target tokens always in the shortlist")
+    p.add_argument("--shortlist-per-source", type=int, default=d.shortlist_per_source,
+                   metavar="K", help="candidates of each source token taken from the table "
+                   "(its first K, the likeliest; 0: all it has)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is "
                    "visible)")
     p.add_argument("--threads", type=int, default=0,
@@ -361,7 +364,8 @@ def translate(argv: list[str] | None = None) -> int:
                               precision=args.precision,
                               precision_fallback=args.precision_fallback,
                               shortlist=args.shortlist,
-                              shortlist_frequent=args.shortlist_frequent)
+                              shortlist_frequent=args.shortlist_frequent,
+                              shortlist_per_source=args.shortlist_per_source)
         if args.actors:
             job = _corpus_job(args, search)
         else:
