@@ -317,6 +317,13 @@ def test_replace_unk_copies_sentencepiece_pieces_with_their_word_marks(tiny_chec
         "le Zürich"
     unknown = ["\u2581the", "\u2581Zü", "rich"]  # pieces of another vocabulary
     assert text([the, UNK, UNK], [0, 1, 2], src_pieces=unknown) == "the Zürich"
+    # A rare word split as a bare word mark and its characters: one unk attending the mark
+    # copies the word (through the dictionary), where it copied a space and lost the word;
+    # unks attending the mark and then each character spell it once
+    rare = ["\u2581the", "\u2581", "Z", "ü", "rich"]
+    assert text([the, UNK], [0, 1], src_pieces=rare) == "the Zürich"
+    assert text([the, UNK], [0, 1], {"Zürich": "Zurich"}, src_pieces=rare) == "the Zurich"
+    assert text([the, UNK, UNK, UNK, UNK], [0, 1, 2, 3, 4], src_pieces=rare) == "the Zürich"
 
 
 def test_missing_and_corrupt_checkpoints_give_clear_errors(tiny_checkpoints, tmp_path):

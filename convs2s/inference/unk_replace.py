@@ -82,6 +82,11 @@ def replace_unknowns(hyp_pieces: list[str], src_pieces: list[str], attention: to
         char = None
         if piece == unk:
             s, word = best[j], words[best[j]]
+            if word is not None and src_pieces[s] != word_piece(word) and j + 1 < len(best) \
+                    and hyp_pieces[j + 1] == unk and best[j + 1] == s + 1 \
+                    and s + 1 < len(words) and words[s + 1] is None:
+                word = None  # (a bare word mark: the next unk goes on spelling its word
+                # piece by piece, so this one copies the mark only)
             char = characters[s] if characters and word is None else None
             if char is not None:
                 a, b = char

@@ -150,12 +150,14 @@ class SentencePieceCodec:
 
     def source_words(self, source: str, pieces: list[str]) -> list[str | None]:
         """Per piece, the word of `source` it spells alone (it opens that word, U+2581, and the
-        next piece opens another), or None for a piece of a longer word (unk replacement)."""
+        next piece opens another), or None for a piece of a longer word (unk replacement). A
+        bare U+2581 (sentencepiece's split of a rare word: the mark, then its characters)
+        stands for the word it opens: an unk attending it copies that word, not a space."""
         words = source.split(" ")
         out, w = [], -1
         for k, piece in enumerate(pieces):
             w += piece.startswith("\u2581")
-            alone = piece.startswith("\u2581") and piece != "\u2581" and (
+            alone = piece == "\u2581" or piece.startswith("\u2581") and (
                 k + 1 == len(pieces) or pieces[k + 1].startswith("\u2581"))
             out.append(words[min(max(w, 0), len(words) - 1)] if alone else None)
         return out
