@@ -214,7 +214,9 @@ def _translate_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer-size", type=int,
                    help="lines read, translated and written at a time (10,000)")
     p.add_argument("--print-attention", action="store_true",
-                   help="verbose output with scores and attention alignments")
+                   help="verbose output with scores and attention alignments (S-, H-, P-, "
+                        "A- lines as fairseq-generate prints them; the scores are natural "
+                        "logs, where fairseq-generate's are base 2)")
     big = p.add_argument_group(
         "a large corpus on Ray (convs2s.serving.corpus): --actors turns --output into a folder "
         "of parts with a manifest; a rerun resumes")
