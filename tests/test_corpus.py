@@ -142,6 +142,10 @@ def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
     done_before = {p.name for p in out.glob("part-*.json")}
     assert not (out / "manifest.json").exists() and len(done_before) < 20
     mtimes = {n: (out / n).stat().st_mtime_ns for n in done_before}
+    # what a kill in the middle of a write leaves (a write is flushed to the disk before its
+    # rename: the kill can land there), beside the parts and the source's parts
+    (out / ".part-00019.json.tmp-0123abcd").write_text('{"lines": 4')
+    (out / "source" / ".part-00002.txt.tmp-0123abcd").write_text("half a")
 
     manifest = translate_corpus(CorpusJob(  # the same job again, in this process
         [tiny_checkpoints["a"]], str(tmp_path / "mono.en"), str(out), search=SEARCH, actors=2,
@@ -150,7 +154,7 @@ def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
     assert manifest["lines_in"] == manifest["lines_out"] == 800
     assert manifest["parts_translated_now"] == 20 - len(done_before)
     assert all((out / n).stat().st_mtime_ns == t for n, t in mtimes.items())  # not redone
-    assert not list(out.glob(".*.tmp-*"))  # no half-written file left
+    assert not list(out.glob(".*.tmp-*")) and not list(out.glob("source/.*.tmp-*"))  # removed
 
 
 def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(

@@ -47,6 +47,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -67,6 +68,9 @@ log = logging.getLogger("convs2s.serving.corpus")
 JOB_FILE = "job.json"  # written first: what this folder translates (input, model, settings)
 SOURCE = "source"
 MANIFEST = "manifest.json"
+# A file storage.write_whole was writing (`.<name>.tmp-<8 hex>`) when its process was killed:
+# in this job's folders only this job's own (its lease), never read, removed by a rerun
+_HALF_WRITTEN = re.compile(r"\.(part-\d+\.(txt|json)|job\.json|manifest\.json)\.tmp-[0-9a-f]{8}")
 MAX_NAMED = 1000  # line numbers kept per failure reason in a manifest
 
 
@@ -369,6 +373,7 @@ def translate_corpus(job: CorpusJob) -> dict:
             finally:
                 getattr(lines, "close", lambda: None)()
             write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
+        _remove_half_written(out)
         complete = _read_json(out / MANIFEST, remade=True)
         source = split_input(job, out)
         t0 = time.perf_counter()
@@ -391,6 +396,19 @@ def translate_corpus(job: CorpusJob) -> dict:
         manifest = _manifest(job, out, source, identity, seconds, len(todo), records)
         write_whole(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
     return manifest
+
+
+def _remove_half_written(out) -> None:
+    """What a killed job's writes left beside their files (SIGKILL, a lost node: a local
+    write_whole flushes to the disk before its rename, which takes a while): the rerun, which
+    holds the folder's lease, removes them. (A bucket's objects are one PUT: nothing left.)"""
+    if isinstance(out, ObjectPath):
+        return
+    for folder in (out, out / SOURCE):
+        if folder.is_dir():
+            for p in folder.iterdir():
+                if _HALF_WRITTEN.fullmatch(p.name) and p.is_file():
+                    p.unlink(missing_ok=True)
 
 
 def _sizes(out) -> dict[str, int]:
