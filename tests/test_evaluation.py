@@ -208,12 +208,24 @@ def test_an_evaluation_stopped_while_logging_its_results_leaves_no_run_running(
             for t in (test, dataclasses.replace(test, name="tiny2"))]
     blocked = tmp_path / "eval"
     blocked.write_text("a file where the hypotheses' folder should be")
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Not a directory|File exists|Is a directory"):
         evaluate_all(jobs, uri, out_dir=str(blocked), experiment_name="stopped")
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("stopped").experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["eval/a/tiny", "eval/a/tiny2"]
     assert [r.info.status for r in runs] == ["FAILED", "FAILED"]
+    # Ctrl-C once the first result is logged: that run finished, the others are KILLED
+    jobs.append(EvalJob("a", (tiny_checkpoints["a"],), dataclasses.replace(test, name="tiny3"),
+                        SHORT))
+
+    def interrupt(result):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_all(jobs, uri, out_dir=str(tmp_path / "eval2"), experiment_name="interrupted",
+                     on_result=interrupt)
+    runs = client.search_runs([client.get_experiment_by_name("interrupted").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED", "KILLED"]
 
 
 def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(

@@ -141,6 +141,7 @@ def test_one_table_says_what_each_precision_means_to_training_and_inference_and_
         fc = net.decoder.fc3
         kind = "int8" if isinstance(fc, Int8Linear) else str(fc.weight.dtype).split(".")[1]
         assert (net.precision, kind) == (name, MODES[name].weights)
+        assert kind == {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[name]
     # the device rule: int8 on CPUs only, the others anywhere; bf16 inference on a GPU only
     # where it multiplies bf16 natively (compute 8.0 on)
     assert [runs_on_gpus(n) for n in INFERENCE_PRECISIONS] == [True, True, False]

@@ -166,9 +166,9 @@ def test_incremental_equals_full_recomputation(trained, random_mixed):
     kw = dict(beam_size=4, max_len_a=1.5, max_len_b=3, nbest=4)
     fast = generate(model, src, lengths, incremental=True, **kw)
     slow = generate(model, src, lengths, incremental=False, **kw)
-    for f, s in zip(fast, slow):
+    for f, s in zip(fast, slow, strict=True):
         assert [h["tokens"].tolist() for h in f] == [h["tokens"].tolist() for h in s]
-        for a, b in zip(f, s):
+        for a, b in zip(f, s, strict=True):
             assert abs(a["score"] - b["score"]) < 1e-5
             torch.testing.assert_close(a["attention"], b["attention"], rtol=0, atol=1e-5)
 
@@ -178,7 +178,7 @@ def test_beam_one_equals_greedy(trained):
     src, lengths, _, _ = collate(pairs)
     beam = generate(model, src, lengths, beam_size=1, max_len_b=12)
     grd = greedy(model, src, lengths, max_len_b=12)
-    for b, g in zip(beam, grd):
+    for b, g in zip(beam, grd, strict=True):
         assert b[0]["tokens"].tolist() == g[0]["tokens"].tolist()
         assert abs(b[0]["score"] - g[0]["score"]) < 1e-5
         torch.testing.assert_close(b[0]["attention"], g[0]["attention"])
@@ -191,10 +191,10 @@ def test_ensemble_of_copies_equals_single_model(trained):
     one = generate(model, src, lengths, **kw)
     alone = generate([model], src, lengths, **kw)
     two = generate([model, inference_copy(model)], src, lengths, **kw)
-    for a, b, c in zip(one, alone, two):
+    for a, b, c in zip(one, alone, two, strict=True):
         assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b] \
             == [h["tokens"].tolist() for h in c]
-        for x, y, z in zip(a, b, c):
+        for x, y, z in zip(a, b, c, strict=True):
             assert x["score"] == y["score"]
             assert abs(x["score"] - z["score"]) < 1e-5
 
@@ -214,7 +214,7 @@ def test_lengths_eos_min_len_and_fixed_length(trained):
             assert len(hyps[0]["tokens"]) == 7
     # max length a * |x| + b, per sentence (|x| counts the source EOS)
     for hyps, n in zip(generate(model, src, lengths, max_len_a=0.5, max_len_b=1, nbest=3),
-                       lengths.tolist()):
+                       lengths.tolist(), strict=True):
         assert all(len(h["tokens"]) - 1 <= int(0.5 * n + 1) for h in hyps)
 
 
@@ -283,10 +283,10 @@ def test_a_search_without_attention_finds_the_same_hypotheses_and_keeps_none(tra
         for models in (model, [model, inference_copy(model)]):
             kept = fn(models, src, lengths, **kw)
             none = fn(models, src, lengths, attention=False, **kw)
-            for a, b in zip(kept, none):
+            for a, b in zip(kept, none, strict=True):
                 assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
                 assert [h["score"] for h in a] == [h["score"] for h in b]
-                for x, y in zip(a, b):
+                for x, y in zip(a, b, strict=True):
                     assert torch.equal(x["positional_scores"], y["positional_scores"])
                     assert x["attention"] is not None and y["attention"] is None
 
@@ -319,9 +319,11 @@ def test_tiny_model_overfits_and_greedy_reproduces():
     loss = train(model, pairs, steps=150)
     assert loss < 0.1
     src, lengths, _, _ = collate(pairs, left_pad=True)
-    for (_, tgt), hyp in zip(pairs, greedy(model, src, lengths, max_len_a=1.5, max_len_b=5)):
+    for (_, tgt), hyp in zip(pairs, greedy(model, src, lengths, max_len_a=1.5, max_len_b=5),
+                             strict=True):
         assert hyp[0]["tokens"].tolist() == tgt
-    for (_, tgt), hyp in zip(pairs, generate(model, src, lengths, max_len_a=1.5, max_len_b=5)):
+    for (_, tgt), hyp in zip(pairs, generate(model, src, lengths, max_len_a=1.5, max_len_b=5),
+                             strict=True):
         assert hyp[0]["tokens"].tolist() == tgt
 
 
