@@ -8,6 +8,7 @@ complete, and (disk full) a rerun with space resumes from the finished stages.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -84,22 +85,28 @@ def test_a_file_with_the_wrong_schema_among_hundreds_is_named_before_any_work(tm
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 400 KiB tmpfs (needs mount rights: root in a container); grown with `grow(size)`."""
+    """A 400 KiB tmpfs (needs mount rights: root in a container, or a password-less sudo, as
+    CI runners have it); grown with `grow(size)`."""
+    import shutil
+
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    as_root = [] if os.geteuid() == 0 or not shutil.which("sudo") else ["sudo", "-n"]
+    proc = subprocess.run([*as_root, "mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs",
+                           str(mnt)], capture_output=True, text=True)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({proc.stderr.strip()}): the disk-full "
-                    "test needs mount rights")
+                    "test needs mount rights (root, or sudo without a password)")
+    if as_root:  # (a tmpfs mounted by root is root's: the test's process writes into it)
+        subprocess.run(["sudo", "-n", "chmod", "777", str(mnt)], check=True)
 
     def grow(size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+        subprocess.run([*as_root, "mount", "-o", f"remount,size={size}", str(mnt)], check=True)
 
     try:
         yield mnt, grow
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        subprocess.run([*as_root, "umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_full_disk_stops_with_a_clear_error_and_the_rerun_resumes(ray_session, tmp_path,
