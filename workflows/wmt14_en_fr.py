@@ -52,8 +52,8 @@ def paper() -> WorkflowConfig:
         ensemble=EnsembleConfig(runs=1, average_last=5),
         num_workers=8,  # §4.2: up to eight GPUs, synchronous, one machine
         # The update: the reference recipe's 3,000 tokens on each of the paper's 8 GPUs (the
-        # paper gives sentences: "batch size 32 on each worker", §5.1). Fewer GPUs keep it by accumulating micro-batches (4 GPUs: 2 each), as the
-        # reference's --update-freq does.
+        # paper gives sentences: "batch size 32 on each worker", §5.1). Fewer GPUs keep it by
+        # accumulating micro-batches (4 GPUs: 2 each), as the reference's --update-freq does.
         update_tokens=8 * 3000,
         use_gpu=True,
     )
