@@ -1287,3 +1287,13 @@ def test_a_rerun_that_scores_one_set_again_logs_only_what_changed_on_the_parent(
                "workflow_minutes": 2.0}
     assert figures_to_log(figures, had) == {"eval/best/u/bleu": 21.0, "workflow_minutes": 52.0}
     assert figures_to_log(figures, {}) == figures
+
+
+def test_a_stopped_restart_says_to_resume_without_restart():
+    """--restart sets a run's training aside whatever its settings: the same command again
+    after a Ctrl-C or a lost node would throw away what the restarted run trained. Its resume
+    line says to leave the flag out; a plain run's says nothing of it."""
+    from workflows.orchestrate import restart_hint
+
+    assert "leave out --restart" in restart_hint(RunOptions(restart=True))
+    assert restart_hint(RunOptions()) == ""

@@ -105,20 +105,28 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
         print(f"error: {e}", file=sys.stderr)
         return 2
     except WorkersNotPlaced as e:  # a lost node not replaced: stopped, resumable
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}{restart_hint(opts)}", file=sys.stderr)
         return 3
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C; SIGTERM (Ray's driver handler exits)
         # Every stage writes whole files or none (manifests last), so what is on disk is
         # complete: the same run name picks up from there.
         where = spec.base.storage if opts.sweep else spec.storage
         print(f"\ninterrupted: finished stages are kept under {where}; resume with "
-              f"the same --run-name {spec.run_name} and --storage-path {opts.storage_path}",
-              file=sys.stderr, flush=True)
+              f"the same --run-name {spec.run_name} and --storage-path {opts.storage_path}"
+              f"{restart_hint(opts)}", file=sys.stderr, flush=True)
         return 130
     except PreprocessError as e:
         return _data_error(e, cfg)
     print(summary(spec, result, time.monotonic() - t0), flush=True)
     return 0
+
+
+def restart_hint(opts) -> str:
+    """What a resume line adds after a --restart run stopped: the same command again would
+    set the training this run made aside and train from update 0 (--restart always starts
+    over, whatever the settings)."""
+    return ("; leave out --restart, which would set this run's training aside again and "
+            "start over" if opts.restart else "")
 
 
 def _data_error(e: Exception, cfg: WorkflowConfig) -> int:
