@@ -1297,3 +1297,29 @@ def test_a_stopped_restart_says_to_resume_without_restart():
 
     assert "leave out --restart" in restart_hint(RunOptions(restart=True))
     assert restart_hint(RunOptions()) == ""
+
+
+def test_a_finished_training_is_found_finished_by_a_rerun_that_changes_only_how_it_trains():
+    """The training stage's key is what was trained: a rerun that checkpoints more often, keeps
+    more checkpoints, or shares the same micro-batches out over other GPUs (4 x 2 for 8 x 1)
+    skips the finished run (it was opened again, its workers placed, and ended at once, its
+    final validation figures lost from the record); another lr, budget or update is trained.
+    A key recorded before (every setting, update_freq alone) still matches its run."""
+    from workflows.run_state import digest
+    from workflows.steps import train_key
+
+    batches = {"config_hash": "c", "input_fingerprint": "f"}
+    opts = RunOptions(preset="paper", storage_path="/nowhere")
+    eight = resolve(wmt14_en_fr.paper(), opts)
+    four = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(opts), "num_workers": 4}))
+    assert (eight.num_workers, eight.train.update_freq, four.train.update_freq) == (8, 1, 2)
+    key = train_key(eight, eight.train, batches)
+    assert train_key(four, four.train, batches) == key
+    assert train_key(eight, eight.train.replace(log_interval=7, keep_last=9,
+                                                checkpoint_interval=50), batches) == key
+    for other in (eight.train.replace(lr=0.1), eight.train.replace(max_epochs=3),
+                  eight.train.replace(update_freq=2)):
+        assert train_key(eight, other, batches) != key
+    assert train_key(eight, eight.train, batches, recorded_before=True) == digest(
+        {"model": eight.model.to_dict(), "train": eight.train.to_dict(),
+         "data": ["c", "f"]})

@@ -20,7 +20,7 @@ from preprocessing.config import PreprocessConfig
 from storage import location, write_whole
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec, preprocess_params
-from workflows.run_state import StageContext, digest
+from workflows.run_state import HOW_NOT_WHAT, StageContext, digest
 
 log = logging.getLogger("workflows")
 
@@ -97,12 +97,11 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
         name = "train" if spec.ensemble.runs == 1 else f"train_{k + 1}"
         train = spec.train.replace(seed=spec.train.seed + k)  # members differ only in the seed
         b = out.manifests["batches/train"]
-        key = digest({"model": spec.model.to_dict(), "train": train.to_dict(),
-                       "data": [b["config_hash"], b["input_fingerprint"]],
-                       **({"init_from": spec.init_from} if spec.init_from else {})})
+        key = train_key(spec, train, b)
         state = ctx.state()
         done = state["train"].get(name)
-        if done and done["key"] == key and location(done["result"]["run_dir"]).is_dir():
+        if done and done["key"] in (key, train_key(spec, train, b, recorded_before=True)) \
+                and location(done["result"]["run_dir"]).is_dir():
             log.info("== %s: finished earlier with the same settings, skipped", name)
             ctx.skipped.append(name)
             results.append(TrainResult(**done["result"]))
@@ -153,6 +152,26 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
         ctx.save_state(state)
         results.append(result)
     return results
+
+
+def train_key(spec: RunSpec, train: TrainConfig, batches: dict,
+              recorded_before: bool = False) -> str:
+    """What a finished training run was trained as: the model, the optimization with its
+    budgets, the update's size as micro-batches over all workers, the data and the weights it
+    started from. Not how it trained (HOW_NOT_WHAT), nor how the update's micro-batches were
+    shared out: a rerun that only checkpoints more often, or runs on 4 GPUs accumulating 2
+    micro-batches each where 8 did one, finds the run finished (which fit would have opened,
+    placed its workers for and ended at once, its final validation figures lost).
+    `recorded_before`: the key as runs recorded it before (every training setting, the
+    update_freq alone), which a finished run of then still matches."""
+    t = train.to_dict()
+    if not recorded_before:
+        for k in HOW_NOT_WHAT:
+            t.pop(k.removeprefix("train."))
+        t["micro_batches"] = spec.num_workers * t.pop("update_freq")
+    return digest({"model": spec.model.to_dict(), "train": t,
+                   "data": [batches["config_hash"], batches["input_fingerprint"]],
+                   **({"init_from": spec.init_from} if spec.init_from else {})})
 
 
 def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
