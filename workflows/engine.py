@@ -57,7 +57,8 @@ from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
 from workflows.run_state import StageContext, record_settings, reuse_problem
 from workflows.run_tree import RunTree
-from workflows.steps import EvalScore, evaluate_stage, preprocess_stage, train_stage
+from workflows.steps import (EvalScore, evaluate_stage, preprocess_stage, train_names,
+                             train_stage)
 
 log = logging.getLogger("workflows")
 
@@ -179,8 +180,12 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
         scores, models = evaluate_stage(ctx, spec, out, trained)
         # A rerun that trained and scored nothing anew keeps the parent's figures (logged
         # again, each score would have a second value and workflow_minutes would become the
-        # minutes of this call's skipping), as the preprocess run keeps its own
-        if not (scores and all(s.skipped for s in scores) and run_has_metrics(uri, parent)):
+        # minutes of this call's skipping), as the preprocess run keeps its own. One that
+        # trained on and scored nothing anew (a continued run whose best/ did not move, the
+        # only weights scored) logs its training figures: its updates, epochs and minutes grew
+        trained_now = any(n not in ctx.skipped for n in train_names(spec.ensemble.runs))
+        if trained_now or not (scores and all(s.skipped for s in scores)
+                               and run_has_metrics(uri, parent)):
             # (a rerun that did some work: only the figures that changed are logged again,
             # each score else had a second value at step 0; the minutes are every call's)
             log_final_metrics(uri, parent, figures_to_log(

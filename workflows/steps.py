@@ -93,8 +93,7 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
     from convs2s.train.memory_fit import BudgetTooLarge
 
     results = []
-    for k in range(spec.ensemble.runs):
-        name = "train" if spec.ensemble.runs == 1 else f"train_{k + 1}"
+    for k, name in enumerate(train_names(spec.ensemble.runs)):
         train = spec.train.replace(seed=spec.train.seed + k)  # members differ only in the seed
         b = out.manifests["batches/train"]
         key = train_key(spec, train, b)
@@ -152,6 +151,12 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
         ctx.save_state(state)
         results.append(result)
     return results
+
+
+def train_names(runs: int) -> list[str]:
+    """The training runs' names (folders, MLflow child runs): `train`, or `train_1` ... for an
+    ensemble's members."""
+    return ["train"] if runs == 1 else [f"train_{k + 1}" for k in range(runs)]
 
 
 def train_key(spec: RunSpec, train: TrainConfig, batches: dict,
