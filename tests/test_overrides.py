@@ -786,6 +786,18 @@ def test_a_rerun_may_change_how_it_trains_and_its_gpus_but_not_its_update(tmp_pa
     for said in ("train.keep_last: 5 -> 10", "train.fuse:  -> inductor",
                  "update.workers: 8 -> 4", f"train.update_freq: {f} -> {2 * f}"):
         assert said in changed, changed
+    assert "test_sets" not in changed
+    # Another test set under the same split: scored, the parent's headline score now of it,
+    # and the tag says so (its params keep the first call's set names)
+    for lang in ("en", "fr"):
+        (tmp_path / "data" / f"other.{lang}").write_text("a line\n")
+    other = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(later_opts := RunOptions(
+        **{**vars(opts), "num_workers": 4, "set": how})), "split": ["test=other"]}))
+    assert reuse_problem(other) is None and later_opts.num_workers == 4
+    record_settings(StageContext(tree), other)
+    changed = MlflowClient(uri).get_run(tree.parent).data.tags["convs2s.changed"]
+    assert "test_sets: test=newstest2014, valid=newstest2013 -> test=other, " \
+        "valid=newstest2013" in changed, changed
     # a record from before the update's size: its two factors compared as their product
     old = {k: v for k, v in result_settings(spec).items()}
     (spec.run_dir / "workflow.json").write_text(json.dumps(

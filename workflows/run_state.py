@@ -302,14 +302,25 @@ def record_settings(ctx: StageContext, spec) -> None:
         how = [f"{k}: {was[k]} -> {settings[k]}" for k in
                (*HOW_NOT_WHAT, "update.workers", "train.update_freq")
                if k in was and k in settings and was[k] != settings[k]]
+        # What it is scored on (evaluation splits are not results' settings: a rerun may
+        # score other or more test sets), but the parent's headline score and params name
+        # the sets of its first call: a change is said
+        tests = {k: str(v) for k, v in spec.test_sets.items()}
+        if state.get("test_sets") not in (None, tests):
+            how.append(f"test_sets: {_sets(state['test_sets'])} -> {_sets(tests)}")
         if how:
             tags["convs2s.changed"] = cut_tag(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: "
                                               + "; ".join(how))
     state["settings"], state["budgets"] = settings, new_budgets
+    state["test_sets"] = {k: str(v) for k, v in spec.test_sets.items()}
     state["inputs"] = input_identity(spec)
     ctx.save_state(state)
     if tags:
         set_tags(ctx.tree.uri, ctx.tree.parent, tags)
+
+
+def _sets(test_sets: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(test_sets.items())) or "none"
 
 
 TAG_TEXT = 5000  # of MLflow's 8,000 characters a tag: the rest is the tag's own words
