@@ -27,7 +27,10 @@ from benchmarks.machine import synchronize
 from convs2s.train.optim import clip_gradients
 from convs2s.train.update import autocast_for
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul")
+# (the in-place forms too: the fused loss's output-layer weight gradient is an addmm_, 8-9% of
+# a CPU step, which the profile counted as other work until 2026-12-07)
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm",
+              "aten::baddbmm_", "aten::addbmm", "aten::addbmm_", "aten::matmul")
 SHAPE_OPS, SHAPE_ROWS = 6, 10  # with shapes: this many operators, each's largest shape groups
 # The convolutions' operators, forward and backward, by whatever name the device runs them:
 # cuDNN's aten::cudnn_convolution and aten::convolution_backward (its kernels run under that op,

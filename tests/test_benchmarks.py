@@ -232,6 +232,21 @@ def test_a_convolutions_time_counts_as_product_time():
     assert "convs2s.profiled_step" not in ms  # the steps' own range is no operator
 
 
+def test_an_in_place_matrix_product_counts_as_product_time():
+    """The fused loss forms the output layer's weight gradient with `addmm_` (8-9% of a CPU
+    step): the profile counts it with the products, as its FLOPs are (it was other work)."""
+    from benchmarks.step_profile import operator_profile
+
+    w, a, b = torch.zeros(256, 256), torch.randn(256, 512), torch.randn(512, 256)
+
+    def step(i):
+        w.addmm_(a, b)
+
+    prof = operator_profile(step, 2, 2 * 2 * 256 * 512 * 256)
+    assert "aten::addmm_" in prof["product_ops"]
+    assert prof["matmul_share"] > 0.9, prof["ops"]
+
+
 def test_copies_are_counted_by_the_operator_or_code_that_asked_for_them():
     """Every copy or cast is one operator, aten::copy_; the profile says who asked: autocast's
     casts of the input, weight and bias under aten::linear, their gradients cast back to
