@@ -464,8 +464,11 @@ def main(argv: list[str] | None = None) -> dict:
         p = r["profile"]
         rate = (f"{p['matmul_flops'] / 1e9:,.0f} GFLOP/s" if p.get("matmul_flops") is not None
                 else "no product run by an operator the host saw (graph replay)")
-        print(f"products (matmuls, convolutions): {p['matmul_share']:.1%} of the step at "
-              f"{rate}; phases (ms): {p['phases_ms']}")
+        # (the share of the operators' time: on a GPU of its busy time, not of the step)
+        of = "GPU-busy time" if "kernels_per_step" in p else "the operators' time"
+        print(f"products (matmuls, convolutions): {p['matmul_share']:.1%} of {of} "
+              f"({p['busy_ms_per_step']:.1f} ms a step) at {rate}; phases (ms, each timed "
+              f"alone, synchronized: an upper bound): {p['phases_ms']}")
         if "kernels_per_step" in p:
             print(f"GPU busy {p['busy_ms_per_step']:.1f} ms of a {1e3 * r['median_step_s']:.1f} ms "
                   f"step; {p['kernels_per_step']:,.0f} kernels, {p['launches_per_step']:,.0f} "
