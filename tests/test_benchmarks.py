@@ -690,8 +690,10 @@ def test_cost_model_marks_every_gpu_row_projected_or_measured_and_reads_the_meas
     for row in measured:  # each from the file it names (the latest lease's, by default)
         path = r["measured"]["gpu"][row["task"]]["file"]
         assert path in row["basis"]
-        gpu = json.loads((RESULTS.parents[1] / path).read_text())
-        step_ms = 1e3 * gpu["results"]["median_step_s"]
+        gpu = json.loads((RESULTS.parents[1] / path).read_text())["results"]
+        # the mean step (a time to train is a sum of steps; the median leaves out slow ones)
+        step_ms = 1e3 * gpu["tgt_tokens_per_step"] / gpu["tgt_tokens_per_s_overall"]
+        assert step_ms > 1e3 * gpu["median_step_s"]
         assert row["basis"].startswith("measured step") and \
             row["compute_ms"] == pytest.approx(step_ms, rel=0.05)
     without = cost_model.main(["--out", str(tmp_path / "projected.json"), "--gpu-json"])
@@ -716,6 +718,12 @@ def test_cost_model_marks_every_gpu_row_projected_or_measured_and_reads_the_meas
     bf16 = cost_model.main(["--out", str(tmp_path / "bf16.json"), "--grad-compression", "bf16"])
     for plain, half in zip(r["scales"], bf16["scales"]):
         assert half["allreduce_ms"] == pytest.approx(plain["allreduce_ms"] / 2)
+    # DDP hides the all-reduce behind the backward pass only: an update is at least the
+    # forward (a third of the compute) and the all-reduce after it
+    for row in r["scales"]:
+        assert row["update_ms"] == pytest.approx(max(row["compute_ms"], row["compute_ms"] / 3
+                                                     + row["allreduce_ms"]), rel=1e-9) \
+            or row["bottleneck"].startswith("input")
 
 
 def test_a_recorded_result_is_kept_unless_told_to_replace_it(tmp_path, capsys):
