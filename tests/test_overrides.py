@@ -1229,3 +1229,32 @@ def test_an_evaluation_split_on_training_lines_is_refused(tmp_path, split, test_
         "train=c[:4500]", "valid=c[4500:4750]", "test=c[4750:]"], test_set=["o"]))
     assert apart.data.splits == {"train": "c[:4500]", "valid": "c[4500:4750]",
                                  "test": "c[4750:]", "o": "o"}
+
+
+def test_a_run_refused_only_for_its_batch_budget_is_told_how_to_keep_its_own(tmp_path):
+    """A preset may choose its batches by the machine (float32 CPUs cut smaller ones): a rerun
+    of the same command from another host differs only there. The refusal says which
+    `--set data.max_tokens` resumes the run with its own batches."""
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem in ("train", "val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            (data / f"{stem}.{lang}").write_text("a line\n")
+    opts = RunOptions(preset="cpu", data=str(data), run_name="r",
+                      storage_path=str(tmp_path / "runs"),
+                      tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    first = resolve(multi30k_en_de.cpu(), RunOptions(**{**vars(opts),
+                                                        "set": ["data.max_tokens=3000"]}))
+    tree = RunTree.open(opts.tracking_uri, "exp", first.run_dir, "r")
+    record_settings(StageContext(tree), first)
+    said = reuse_problem(resolve(multi30k_en_de.cpu(), opts))
+    assert "data.max_tokens: 3000 -> " in said
+    assert "--set data.max_tokens=3000 resumes it with its own batches" in said
+    assert reuse_problem(resolve(multi30k_en_de.cpu(), RunOptions(
+        **{**vars(opts), "set": ["data.max_tokens=3000"]}))) is None
+    other = reuse_problem(resolve(multi30k_en_de.cpu(), RunOptions(
+        **{**vars(opts), "set": ["train.lr=0.1"]})))
+    assert "resumes it with its own batches" not in other  # more than the budget changed

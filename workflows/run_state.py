@@ -209,6 +209,12 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
         return None
     shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
                                       else "")
+    # The batches' budget alone: the run goes on with its own (a preset may choose the budget
+    # by the machine, float32 CPUs taking smaller batches: a rerun from another host differs)
+    budget = [c for c in changed if c.startswith("data.max_tokens: ")]
+    if len(changed) == 1 and budget and not trial:
+        was = budget[0].removeprefix("data.max_tokens: ").split(" -> ")[0]
+        shown += f"; --set data.max_tokens={was} resumes it with its own batches"
     if trial:
         return (f"its run was started with other settings ({shown}): give the sweep a new "
                 "--run-name for these settings; a larger --max-epochs / --max-updates / "
