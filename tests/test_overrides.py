@@ -1258,3 +1258,29 @@ def test_a_run_refused_only_for_its_batch_budget_is_told_how_to_keep_its_own(tmp
     other = reuse_problem(resolve(multi30k_en_de.cpu(), RunOptions(
         **{**vars(opts), "set": ["train.lr=0.1"]})))
     assert "resumes it with its own batches" not in other  # more than the budget changed
+
+
+def test_dry_run_says_what_it_would_do_with_a_run_name_that_exists(tmp_path):
+    """--dry-run on an existing --run-name says whether the run would go on with it, set it
+    aside (--restart) or be refused and why: it printed a plan the run then refused."""
+    from workflows.run_state import StageContext, record_settings
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["--preset", "smoke", "--storage-path", str(tmp_path / "runs"), "--run-name", "r",
+            "--tracking-uri", uri, "--dry-run"]
+    rc, out, err = _main(wmt14_en_fr, argv)
+    assert rc == 0 and json.loads(out) and "note:" not in err  # a new run name
+    spec = resolve(wmt14_en_fr.smoke(), RunOptions(preset="smoke", run_name="r",
+                                                    storage_path=str(tmp_path / "runs"),
+                                                    tracking_uri=uri))
+    record_settings(StageContext(RunTree.open(uri, "exp", spec.run_dir, "r")), spec)
+    for extra, says in (([], "exists with these settings: this command goes on with it"),
+                        (["--set", "train.lr=0.1"],
+                         "would be refused: run 'r' in"),
+                        (["--set", "train.lr=0.1", "--restart"],
+                         "--restart sets its training and scores aside")):
+        rc, out, err = _main(wmt14_en_fr, argv + extra)
+        assert rc == 0 and json.loads(out), err
+        assert says in err, (extra, err)
+    assert "train.lr: 0.25 -> 0.1" in _main(wmt14_en_fr, argv + ["--set", "train.lr=0.1"])[2]

@@ -88,6 +88,8 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
     if opts.dry_run:
         what = [t.spec.describe() for t in spec.trials] if opts.sweep else spec.describe()
         print(json.dumps(what, indent=1, default=str), flush=True)
+        if not opts.sweep and (note := reuse_note(spec)):
+            print(note, file=sys.stderr, flush=True)
         return 0
     _warn_if_job_tmp(opts)
     t0 = time.monotonic()
@@ -119,6 +121,28 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
         return _data_error(e, cfg)
     print(summary(spec, result, time.monotonic() - t0), flush=True)
     return 0
+
+
+def reuse_note(spec) -> str | None:
+    """What the dry run says of a run name that exists already: the real run would resume or
+    continue it, set it aside (--restart), or be refused (and why). None for a new run name.
+    (Its record is read; a hub's inputs are resolved, as the run would: a failure is said, not
+    raised.)"""
+    from workflows.run_state import reuse_problem
+
+    try:
+        if not (spec.run_dir / "workflow.json").is_file():
+            return None
+        if spec.restart:
+            return (f"note: run {spec.run_name!r} exists: --restart sets its training and "
+                    "scores aside and trains it over")
+        problem = reuse_problem(spec)
+    except Exception as err:  # noqa: BLE001 - a dry run starts nothing, fails on nothing
+        return f"note: run {spec.run_name!r} exists; its record could not be compared: {err}"
+    if problem:
+        return f"note: this command would be refused: {problem}"
+    return (f"note: run {spec.run_name!r} exists with these settings: this command goes on "
+            "with it (finished stages skipped, training resumed or continued)")
 
 
 def restart_hint(opts) -> str:
