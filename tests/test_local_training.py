@@ -298,6 +298,10 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
                        (["--update-freq", "2"],
                         "was trained with 1 micro-batches an update there (ranks x "
                         "update_freq), 2 asked (1 x 2): another update size"),
+                       # the checkpoint holds its schedule's state: another schedule read it
+                       # as its own (an annealed plateau lr went back up under fixed)
+                       (["--set", "lr_schedule=fixed"],
+                        "was trained with lr_schedule plateau there, fixed asked"),
                        (["--train-data", demo_batches.batches["valid"]],
                         "was trained with other training batches than ")):
         rc = main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", *more))
@@ -334,6 +338,12 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     said = capsys.readouterr().out
     assert "lr 0.5 asked, the checkpoint's run had lr 0.25: its schedule goes on from its own " \
         "state, lr 0.25 now" in said, said[-2000:]
+    # How its updates are made otherwise (label smoothing, clipping): resumed, and said
+    assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "4", "--set", "lr=0.5",
+                      "--set", "label_smoothing=0.2", "--set", "clip_norm=1.0")) == 0
+    said = capsys.readouterr().out
+    assert "resumed with other training settings than the checkpoint's run: label_smoothing " \
+        "0.0 -> 0.2; clip_norm 0.1 -> 1.0" in said, said[-2000:]
 
 
 def test_a_checkpoint_from_before_a_model_field_existed_resumes_as_the_same_model():

@@ -85,6 +85,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     for key in ("seed", "shuffle_buffer"):  # the epoch's plan (convs2s.train.data)
         if (value := (state.get("train_config") or {}).get(key)) is not None:
             meta[key] = int(value)
+    # the schedule whose state the checkpoint holds (another's would read it as its own)
+    if (value := (state.get("train_config") or {}).get("lr_schedule")) is not None:
+        meta["lr_schedule"] = str(value)
     for key in OPTIMIZER_KEYS:  # what the optimizer's saved state was made with
         if (value := (state.get("train_config") or {}).get(key)) is not None:
             meta[key] = value

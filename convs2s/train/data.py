@@ -257,6 +257,10 @@ def resume_differences(saved: dict, data: dict | None, job, ours: dict,
         out.append(f"{int(micro)} micro-batches an update there (ranks x update_freq), "
                    f"{world * job.train.update_freq} asked ({world} x {job.train.update_freq}): "
                    "another update size (the same product on another number of ranks resumes)")
+    if (kind := saved.get("lr_schedule")) is not None and kind != job.train.lr_schedule:
+        out.append(f"lr_schedule {kind} there, {job.train.lr_schedule} asked (the checkpoint "
+                   "holds its schedule's state: another would take it for its own, and the lr "
+                   "jump)")
     if (seed := saved.get("seed")) is not None and int(seed) != job.train.seed:
         out.append(f"seed {int(seed)} there, {job.train.seed} asked")
     if (buffer := saved.get("shuffle_buffer")) is not None \
@@ -292,8 +296,8 @@ def _optimizer_differences(saved: dict, train) -> list[str]:
     return out
 
 
-RESUME_FIX = ("resume with the run's own seed, shuffle_buffer, optimizer settings, update size "
-              "and training batches, or give another --run-name for a new run")
+RESUME_FIX = ("resume with the run's own seed, shuffle_buffer, optimizer settings, lr schedule, "
+              "update size and training batches, or give another --run-name for a new run")
 
 
 def resume_problem(job, files: TrainFiles, world: int | None = None) -> str | None:

@@ -165,6 +165,19 @@ def run_loop(config: dict, runtime) -> dict:
         return trainer.finish()
 
 
+# How the updates are made, besides the optimizer's (refused, convs2s.train.data) and the lr
+# (said above): a resume may change them, and says so
+RECIPE_KEYS = ("label_smoothing", "clip_norm", "lr_shrink", "anneal_from_epoch",
+               "warmup_updates", "warmup_init_lr", "min_lr")
+
+
+def recipe_changes(saved: dict, cfg) -> str:
+    """'key there -> asked' for each RECIPE_KEYS setting the checkpoint's run had otherwise
+    (a key an older checkpoint lacks is not compared)."""
+    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RECIPE_KEYS
+                     if k in saved and saved[k] != getattr(cfg, k))
+
+
 class Trainer:
     """One rank's training: the model (DDP-wrapped), optimizer, lr schedule, collectives
     (`Comm`), where training stands (`Progress`), the meter and rank 0's logger, the run folder.
@@ -376,6 +389,10 @@ class Trainer:
                 _say(f"[convs2s.train] lr {cfg.lr:g} asked, the checkpoint's run had lr "
                      f"{float(was):g}: its schedule goes on from its own state, lr "
                      f"{self.schedule.epoch_lr:g} now (a new lr is a new --run-name)")
+            if other := recipe_changes(state.get("train_config") or {}, cfg):
+                _say(f"[convs2s.train] resumed with other training settings than the "
+                     f"checkpoint's run: {other}; the rest of the run trains with them (give "
+                     "its own to train on as it began)")
             # A death between reporting a checkpoint and copying it to best/ left best/ stale:
             # best/ is what this checkpoint says is best.
             fixed = reconcile_best(self.run_dir, self.schedule.best_loss, progress.update)
