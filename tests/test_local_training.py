@@ -174,6 +174,20 @@ def test_a_run_stopped_inside_a_log_interval_resumes_to_the_same_losses_and_log_
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 
 
+def test_an_epochs_last_updates_are_logged_whatever_the_log_interval(demo_batches, tmp_path):
+    """The interval that an epoch's end cuts short is logged at that end (a finished run's
+    curve lost up to log_interval - 1 updates, and the next interval averaged two epochs)."""
+    from convs2s.train.local import main
+
+    assert main(_argv(demo_batches, tmp_path, "e", "--max-epochs", "1",
+                      "--set", "log_interval=100000", "--set", "checkpoint_interval=0")) == 0
+    records = read_local_metrics(tmp_path / "e" / "metrics.jsonl")
+    (valid,) = [r["step"] for r in records if "valid/loss" in r["metrics"]]
+    train = [r for r in records if "train/loss" in r["metrics"]]
+    assert [r["step"] for r in train] == [valid]  # the epoch's updates, at its last one
+    assert train[0]["metrics"]["train/epoch"] == 1
+
+
 def test_a_run_name_that_is_no_folder_of_its_own_is_refused(demo_batches, tmp_path, capsys):
     """A --run-name is one folder directly under --storage-path, as in the workflows: `..`
     put the run's checkpoints (and keep_last's deletions) in the folder above, "" and `.` in

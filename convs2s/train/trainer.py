@@ -456,6 +456,11 @@ class Trainer:
                 meter.resume()
             if not left:  # the epoch's last update (a limit reached there ends it too)
                 break
+        if epoch_end and meter.updates:  # (the same count on every rank: a collective)
+            # the epoch's last interval: its updates are in the curve, and the next interval
+            # is the next epoch's alone (a run stopped inside an epoch keeps its interval in
+            # its checkpoint, for the continued run to log whole, as an uninterrupted one does)
+            self._log_train(epoch, lr, updates_at_start)
         meter.pause()
         self.final = self._end_epoch(epoch, epoch_end)
         self.seconds = self._clock()
