@@ -188,6 +188,20 @@ def test_an_epochs_last_updates_are_logged_whatever_the_log_interval(demo_batche
     assert train[0]["metrics"]["train/epoch"] == 1
 
 
+def test_a_budgeted_schedules_run_continued_on_a_larger_budget_says_its_lr_restarts(
+        demo_batches, tmp_path, capsys):
+    """A cosine run stopped by its budget ends near lr 0; continued on a larger budget, the lr
+    follows the new one from where the run stands, back up: said on resuming (it was not)."""
+    from convs2s.train.local import main
+
+    for n in ("3", "6"):
+        assert main(_argv(demo_batches, tmp_path, "c", "--max-updates", n, "--set",
+                          "lr_schedule=cosine", "--set", "checkpoint_interval=0")) == 0
+    said = capsys.readouterr().out
+    assert "another budget than the checkpoint's run (max_updates 3 -> 6): the cosine lr " \
+        "follows the new budget" in said, said[-2000:]
+
+
 def test_a_run_name_that_is_no_folder_of_its_own_is_refused(demo_batches, tmp_path, capsys):
     """A --run-name is one folder directly under --storage-path, as in the workflows: `..`
     put the run's checkpoints (and keep_last's deletions) in the folder above, "" and `.` in

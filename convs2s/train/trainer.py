@@ -178,6 +178,14 @@ def recipe_changes(saved: dict, cfg) -> str:
                      if k in saved and saved[k] != getattr(cfg, k))
 
 
+def budget_changes(saved: dict, cfg) -> str:
+    """'key there -> asked' for each budget (max_epochs / max_updates / max_time) the
+    checkpoint's run had otherwise."""
+    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}"
+                     for k in ("max_epochs", "max_updates", "max_time")
+                     if k in saved and saved[k] != getattr(cfg, k))
+
+
 class Trainer:
     """One rank's training: the model (DDP-wrapped), optimizer, lr schedule, collectives
     (`Comm`), where training stands (`Progress`), the meter and rank 0's logger, the run folder.
@@ -389,6 +397,12 @@ class Trainer:
                 _say(f"[convs2s.train] lr {cfg.lr:g} asked, the checkpoint's run had lr "
                      f"{float(was):g}: its schedule goes on from its own state, lr "
                      f"{self.schedule.epoch_lr:g} now (a new lr is a new --run-name)")
+            budget = budget_changes(state.get("train_config") or {}, cfg)
+            if budget and cfg.lr_schedule in ("cosine", "linear"):
+                _say(f"[convs2s.train] another budget than the checkpoint's run ({budget}): the "
+                     f"{cfg.lr_schedule} lr follows the new budget from where the run stands "
+                     "(where it grew, the lr goes back up from near 0: a warm restart, not the "
+                     "run a budget this size from the start trains)")
             if other := recipe_changes(state.get("train_config") or {}, cfg):
                 _say(f"[convs2s.train] resumed with other training settings than the "
                      f"checkpoint's run: {other}; the rest of the run trains with them (give "
