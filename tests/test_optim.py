@@ -105,9 +105,10 @@ def test_fixed_schedule_shrinks_every_epoch_from_anneal_epoch():
 
 
 def test_a_validation_inside_an_epoch_moves_best_but_not_the_plateau():
-    # A limit stopped training at an epoch's last update (validated there, mid-epoch); the
-    # rerun ends that epoch at once and validates the same weights. The epoch's end compares
-    # with the epochs' ends: an improvement on epoch 1, no division by 10.
+    # A limit stopped training inside an epoch (validated there, mid-epoch: best/ may move);
+    # the rerun trains the epoch's rest and validates at its end, which compares with the
+    # epochs' ends, not with that mid-epoch validation: an improvement on epoch 1, no
+    # division by 10 (a stop at an epoch's last update is that epoch's end, not this).
     s = LRSchedule(TrainConfig(lr=0.25))
     s.end_epoch(1, 3.0)
     s.mid_epoch(2.5)
