@@ -82,3 +82,24 @@ def check_lease(job: TrainJob, comm, before: str) -> None:
         problem = comm.broadcast_object(problem)
     if problem is not None:
         raise LeaseLost(problem)
+
+
+# How the updates are made, besides the optimizer's (refused, convs2s.train.data) and the lr
+# (said by the trainer on resuming): a resume may change them, and says so
+RECIPE_KEYS = ("label_smoothing", "clip_norm", "lr_shrink", "anneal_from_epoch",
+               "warmup_updates", "warmup_init_lr", "min_lr")
+
+
+def recipe_changes(saved: dict, cfg) -> str:
+    """'key there -> asked' for each RECIPE_KEYS setting the checkpoint's run had otherwise
+    (a key an older checkpoint lacks is not compared)."""
+    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RECIPE_KEYS
+                     if k in saved and saved[k] != getattr(cfg, k))
+
+
+def budget_changes(saved: dict, cfg) -> str:
+    """'key there -> asked' for each budget (max_epochs / max_updates / max_time) the
+    checkpoint's run had otherwise."""
+    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}"
+                     for k in ("max_epochs", "max_updates", "max_time")
+                     if k in saved and saved[k] != getattr(cfg, k))

@@ -69,8 +69,9 @@ from convs2s.train.batches import static_batches, train_batches, valid_batches
 from convs2s.train.data import (TrainFiles, data_identity, read_manifest, read_rows, resume_point,
                                  resumed_rows)
 from convs2s.train.faults import UNFIT_RANK_ENV, CrashInjection
-from convs2s.train.resume import (ResumeRefused, check_lease, check_same_model,
-                                   check_same_training, initial_weights)
+from convs2s.train.resume import (ResumeRefused, budget_changes, check_lease,
+                                   check_same_model, check_same_training, initial_weights,
+                                   recipe_changes)
 from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
 from convs2s.train.runtime import load_agreed
@@ -163,27 +164,6 @@ def run_loop(config: dict, runtime) -> dict:
         while not trainer.should_stop():
             trainer.train_epoch()
         return trainer.finish()
-
-
-# How the updates are made, besides the optimizer's (refused, convs2s.train.data) and the lr
-# (said above): a resume may change them, and says so
-RECIPE_KEYS = ("label_smoothing", "clip_norm", "lr_shrink", "anneal_from_epoch",
-               "warmup_updates", "warmup_init_lr", "min_lr")
-
-
-def recipe_changes(saved: dict, cfg) -> str:
-    """'key there -> asked' for each RECIPE_KEYS setting the checkpoint's run had otherwise
-    (a key an older checkpoint lacks is not compared)."""
-    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RECIPE_KEYS
-                     if k in saved and saved[k] != getattr(cfg, k))
-
-
-def budget_changes(saved: dict, cfg) -> str:
-    """'key there -> asked' for each budget (max_epochs / max_updates / max_time) the
-    checkpoint's run had otherwise."""
-    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}"
-                     for k in ("max_epochs", "max_updates", "max_time")
-                     if k in saved and saved[k] != getattr(cfg, k))
 
 
 class Trainer:
