@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,13 +90,58 @@ def sigterm_while_starting_as_ctrl_c() -> Iterator[None]:
     """Around `ray.init`: a SIGTERM while Ray starts (seconds on a small machine) stops the
     command as Ctrl-C does. Ray installs its own SIGTERM handler in the middle of `ray.init`,
     and it exits (SystemExit 15, sometimes with a traceback from inside Ray's start): taken
-    here as a KeyboardInterrupt, which the commands answer with their `interrupted` line."""
+    here as a KeyboardInterrupt, which the commands answer with their `interrupted` line.
+    A SIGTERM whose handler ran inside a fork callback (Ray's start forks its processes) had
+    its exit swallowed ("Exception ignored in ... _releaseLock": the command ran on): the
+    signal module's wakeup fd, written by the C handler whatever the Python one does, tells
+    that a SIGTERM (or a Ctrl-C) came, and it is raised here once Ray's start returns."""
+    wake = _wakeup_pipe()
     try:
         yield
     except SystemExit as stop:
         if stop.code != signal.SIGTERM:
             raise
         raise KeyboardInterrupt("SIGTERM") from None
+    finally:
+        came = _close_wakeup_pipe(wake)
+    if came:
+        raise KeyboardInterrupt("SIGTERM")
+
+
+def _wakeup_pipe():
+    """(read end, write end, the wakeup fd before) with this pipe as the signal module's wakeup
+    fd, or None where there is none to set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    try:
+        before = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        os.close(r)
+        os.close(w)
+        return None
+    return r, w, before
+
+
+def _close_wakeup_pipe(wake) -> bool:
+    """Put the wakeup fd back (unless Ray's start set its own meanwhile: kept) and say whether
+    a SIGTERM came while the pipe was the wakeup fd."""
+    if wake is None:
+        return False
+    r, w, before = wake
+    now = signal.set_wakeup_fd(before)
+    if now != w:  # (someone else's since: theirs stays)
+        signal.set_wakeup_fd(now)
+    try:
+        got = os.read(r, 4096)
+    except BlockingIOError:
+        got = b""
+    finally:
+        os.close(r)
+        os.close(w)
+    return signal.SIGTERM in got or signal.SIGINT in got
 
 
 def start_or_join(submit: str, **init_kwargs) -> str:

@@ -601,3 +601,27 @@ def test_a_wait_in_the_environment_that_is_no_number_is_named_before_joining(var
                                                        r"seconds >= 0 \(default \d+\), or "
                                                        "unset it"):
         ray_join.join("127.0.0.1:1", submit="python -m workflows.translation")
+
+
+def test_a_sigterm_whose_exit_was_swallowed_while_ray_started_still_stops_the_command():
+    """Ray's SIGTERM handler exits (SystemExit 15); run inside a fork callback while Ray starts
+    its processes, that exit was swallowed ("Exception ignored in ... _releaseLock") and the
+    command ran on (the suite's SIGTERM-while-Ray-starts test caught it). The signal module's
+    wakeup fd still says a SIGTERM came: Ctrl-C's KeyboardInterrupt once the start returns."""
+    import os
+    import signal
+    import time
+
+    from storage.ray_join import sigterm_while_starting_as_ctrl_c
+
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: None)  # its effect lost
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            with sigterm_while_starting_as_ctrl_c():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+        with sigterm_while_starting_as_ctrl_c():  # no signal: nothing raised
+            pass
+        assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd put back as it was
+    finally:
+        signal.signal(signal.SIGTERM, before)
