@@ -351,18 +351,26 @@ def split_folder(cfg: PreprocessConfig, split: str, source: SplitSource) -> str:
 
 
 def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = None,
-             vocabulary=None) -> Path:
+             vocabulary=None, by_revision: bool = False) -> Path:
     """`<root>/<task>/<data key>/`: the folder of this data. The key is the hash of the
     settings that decide the output, of the training and validation inputs (their source
     names and fingerprints) and of a fixed vocabulary's files, so runs on other data or
     settings write beside each other and never replace a folder another run trains from;
     evaluation-only splits are stages inside it. `sources` (resolved splits) is computed when
-    not given."""
+    not given.
+
+    A hub dataset's data is the commit each input resolved to (in its fingerprint), not the
+    revision's name: a branch and the commit it stood at are one folder, so a run whose branch
+    moved goes on pinned to its commit (`--set data.hub_revision=<commit>`) with the stages and
+    batches it trained on. `by_revision`: the key of folders made before 2026-12-07, which
+    named the revision as given (`run_pipeline` still finds them)."""
     if sources is None:
         sources = {s: resolve_split(cfg, s) for s in ("train", "valid") if s in cfg.splits}
     settings = {k: v for k, v in cfg.to_dict().items()
                 if k not in _NOT_OUTPUT and k not in BATCH_CUT
                 and not (k == "token_map" and not v)}  # (unset: the keys folders had before)
+    if _by_commit(cfg) and not by_revision:
+        del settings["hub_revision"]
     inputs = {s: [cfg.splits[s], sources[s].fingerprint] for s in ("train", "valid")
               if s in sources}
     keyed = {"pipeline_version": PIPELINE_VERSION, "settings": settings, "inputs": inputs}
@@ -385,17 +393,29 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         raise PreprocessError(f"shortlist_per_source={cfg.shortlist_per_source}: vocabulary "
                               "selection needs one joint vocabulary, and the fixed "
                               f"vocabulary {vocabulary!r} has one per language; set it to 0")
-    task_dir = data_dir(cfg, sources, vocabulary)
+    task_dir, by_revision = data_dir(cfg, sources, vocabulary), False
+    if _by_commit(cfg) and not task_dir.exists():  # a hub folder made before: its own keys
+        older = data_dir(cfg, sources, vocabulary, by_revision=True)
+        if older.exists():
+            task_dir, by_revision = older, True
     if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
         log.info("%s (Ray Data's in ray-data/)",
                  ray_join.start_or_join(submit="python -m preprocessing ..."))
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
-        return _run_stages(cfg, sources, task_dir, vocabulary)
+        return _run_stages(cfg, sources, task_dir, vocabulary, by_revision)
+
+
+def _by_commit(cfg: PreprocessConfig) -> bool:
+    """Whether `cfg`'s data is keyed by the commits its inputs resolved to (a hub dataset),
+    not by its revision's name (`data_dir`)."""
+    return cfg.source == "hub"
 
 
 def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir: Path,
-                vocabulary) -> PipelineOutput:
-    """Every stage of `run_pipeline`, in order; each is skipped when its output is up to date."""
+                vocabulary, by_revision: bool = False) -> PipelineOutput:
+    """Every stage of `run_pipeline`, in order; each is skipped when its output is up to date.
+    `by_revision`: `task_dir` is a hub folder made before 2026-12-07, whose cleaning stages
+    were keyed by the revision's name as given (`data_dir`)."""
     m: dict[str, dict] = {}
     ran: list[str] = []
     stage = functools.partial(_stage, ran=ran)  # (each stage that runs is listed)
@@ -404,6 +424,8 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         "max_line_bytes", "hub_repo", "hub_config", "hub_revision", "seed")}
     if cfg.token_map:  # (only where set: the stages of other data keep their keys)
         clean_cfg["token_map"] = dict(cfg.token_map)
+    if _by_commit(cfg) and not by_revision:  # (the commit is in the input's fingerprint)
+        del clean_cfg["hub_revision"]
     if unspaced(cfg.src_lang) or unspaced(cfg.tgt_lang):  # (lengths in characters since
         clean_cfg["unspaced_lengths"] = 1  # 2026-12-06: folders made before are not reused)
     folders = {split: split_folder(cfg, split, src) for split, src in sources.items()}

@@ -303,6 +303,44 @@ def test_hub_parquet_and_ray_groupby_give_the_same_rows_and_shards(newstest, sha
             assert Path(a).read_bytes() == Path(b).read_bytes()
 
 
+def test_the_hub_path_reads_a_mirror_and_a_run_pinned_to_its_commit_is_the_same_data(
+        newstest, shared_data, tmp_path, monkeypatch):
+    """The hub source end to end (the hub is not reachable here: a mirror on loopback serves
+    the same layout through the hub's API, as `--hub-endpoint` names one): the rows and shards
+    are the local files'. The data is the commit the revision resolved to: when the branch
+    moves, the run pinned to its commit (`--set data.hub_revision=<sha>`) is the same folder,
+    every stage up to date; a folder keyed by the revision's name (made before 2026-12-07) is
+    found and kept."""
+    from hub_mirror import HubMirror
+
+    from preprocessing import pipeline
+
+    cfg, out = newstest
+    write_hub_layout(shared_data, tmp_path / "hub")
+    old, new = "1" * 40, "2" * 40
+    with HubMirror(tmp_path / "hub", {"main": old}) as hub:
+        hub_cfg = cfg.replace(source="hub", hub_repo="wmt/wmt14", hub_config="fr-en",
+                              hub_revision="main", root=str(tmp_path / "out"),
+                              splits={"train": "train", "valid": "validation", "test": "test"})
+        first = run_pipeline(hub_cfg, hub_endpoint=hub.url)
+        assert any(r.startswith(f"GET /datasets/wmt/wmt14/resolve/{old}/") for r in hub.requests)
+        for split in NEWSTEST:
+            assert part_bytes(first.batches[split]) == part_bytes(out.batches[split])
+        hub.commits["main"] = new  # the branch moves
+        pinned = run_pipeline(hub_cfg.replace(hub_revision=old), hub_endpoint=hub.url)
+        assert (pinned.root, pinned.ran, pinned.batches) == (first.root, (), first.batches)
+        # as the code before made it: keyed by "main", cleaned under that name
+        monkeypatch.setattr(pipeline, "_by_commit", lambda cfg: False)
+        hub.commits["main"] = old
+        before = run_pipeline(hub_cfg.replace(root=str(tmp_path / "before")),
+                              hub_endpoint=hub.url)
+        monkeypatch.undo()
+        again = run_pipeline(hub_cfg.replace(root=str(tmp_path / "before")),
+                             hub_endpoint=hub.url)
+        assert (again.root, again.ran) == (before.root, ())
+        assert Path(before.root).name != Path(first.root).name
+
+
 def test_another_batch_cut_reuses_the_encoded_data_and_keeps_the_first_cut(newstest):
     """Another token budget on prepared data (`--set data.max_tokens=N`, to keep the paper's
     update on fewer GPUs): the cleaned, BPE and encoded stages are reused, only the batches

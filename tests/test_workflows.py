@@ -334,6 +334,51 @@ def test_a_rerun_on_data_changed_under_the_same_path_is_refused(tmp_path):
     assert "new --run-name" in problem and "--restart" in problem
 
 
+def test_a_run_on_a_hub_branch_that_moved_goes_on_pinned_to_the_commit_it_trained_on(
+        tmp_path, monkeypatch):
+    """A hub dataset's data is the commit its revision resolved to. When the branch moves
+    (a dataset updated, a parquet conversion redone), a rerun is refused naming the commit the
+    run trained on, and that commit given as the revision (`--set data.hub_revision=<sha>`)
+    is the same run, on the same data folder: its stages and batches are the ones it trained
+    on (the checkpoint's data identity, convs2s.train.data), not a preprocessing over again."""
+    from hub_mirror import HubMirror, hub_layout, served_as_the_hub
+
+    from preprocessing.pipeline import data_dir
+    from workflows.run_state import budgets, input_identity, result_settings, reuse_problem
+
+    old, new = "a" * 40, "b" * 40
+    commits = {"main": old}
+    with HubMirror(hub_layout(tmp_path / "hub", "fr-en", ("fr", "en")), commits) as hub:
+        served_as_the_hub(hub.url, monkeypatch)
+        opts = RunOptions(preset="paper", storage_path=str(tmp_path / "runs"), run_name="r")
+        spec = resolve(wmt14_en_fr.paper(), opts)
+        assert (spec.data.source, spec.data.hub_revision) == ("hub", "main")
+        spec.run_dir.mkdir(parents=True)
+        (spec.run_dir / "workflow.json").write_text(json.dumps(
+            {"settings": result_settings(spec), "budgets": budgets(spec),
+             "inputs": input_identity(spec)}))
+        assert reuse_problem(spec) is None
+        folder = data_dir(spec.data)
+        hub.commits["main"] = new  # the branch moves
+        problem = reuse_problem(spec)
+        assert (f"data.train: hub dataset wmt/wmt14 at revision 'main' is commit {new[:12]} "
+                f"now, the run trained on commit {old[:12]} (--set data.hub_revision={old} "
+                "goes on with it)") in problem, problem
+        assert "its files changed" not in problem
+        pinned = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(opts), "set": [
+            f"data.hub_revision={old}"]}))
+        assert reuse_problem(pinned) is None
+        assert data_dir(pinned.data) == folder  # the folder (and stages) it trained from
+        assert data_dir(spec.data) != folder  # the new commit is other data
+        # another revision at another commit: refused as the branch that moved is
+        hub.commits["v2"] = new
+        other = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(opts), "set": [
+            "data.hub_revision=v2"]}))
+        assert f"--set data.hub_revision={old} goes on with it" in reuse_problem(other)
+        # a folder keyed by the revision's name, as made before, is still this data's
+        assert data_dir(pinned.data, by_revision=True) != folder
+
+
 @pytest.mark.slow
 def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path):
     """A score stands while its weights, its test text (by content) and the scoring that

@@ -101,6 +101,11 @@ def result_settings(spec) -> dict[str, str]:
         # run that set these before they were refused with --init-from resumes without them)
         for k in BPE_SETTINGS:
             data.pop(k, None)
+    if spec.data.source == "hub":  # the commit it resolves to is the run's input identity
+        # (`input_identity`): a branch name and the commit it stood at are the same data, and
+        # another commit is refused there, saying which (a run whose branch moved goes on
+        # pinned to the commit it trained on)
+        data.pop("hub_revision", None)
     train = {k: v for k, v in spec.train.to_dict().items() if k not in BUDGETS}
     # The update's size: workers (each a GPU with --use-gpu) x micro-batches x tokens.
     update = {"workers": spec.num_workers, "gpus": spec.use_gpu}
@@ -124,9 +129,33 @@ def input_identity(spec) -> dict[str, str]:
     out = {}
     for split in ("train", "valid"):
         if split in spec.data.splits:
-            out[f"data.{split}"] = digest(resolve_split(spec.data, split).fingerprint)
+            fingerprint = resolve_split(spec.data, split).fingerprint
+            out[f"data.{split}"] = digest(fingerprint)
+            if fingerprint.get("commit"):  # a hub dataset's commit, as it is: named when it moves
+                out[f"data.{split}{HUB_COMMIT}"] = fingerprint["commit"]
     if spec.init_from:
         out["init_from"] = digest(weights_stamp([spec.init_from]))
+    return out
+
+
+HUB_COMMIT = ".hub_commit"  # input_identity's key of a hub split's commit: data.<split>.hub_commit
+
+
+def _inputs_changed(spec, recorded: dict[str, str], now: dict[str, str]) -> list[str]:
+    """The inputs whose identity differs from the recorded one's; a hub dataset whose revision
+    now resolves to another commit names the commit the run trained on, which it can go on
+    from (`--set data.hub_revision=<commit>`)."""
+    out = []
+    for k in sorted(set(recorded) & set(now)):
+        if k.endswith(HUB_COMMIT) or recorded[k] == now[k]:
+            continue
+        was, commit = recorded.get(k + HUB_COMMIT), now.get(k + HUB_COMMIT)
+        if was and commit and was != commit:
+            out.append(f"{k}: hub dataset {spec.data.hub_repo} at revision "
+                       f"{spec.data.hub_revision!r} is commit {commit[:12]} now, the run trained "
+                       f"on commit {was[:12]} (--set data.hub_revision={was} goes on with it)")
+        else:
+            out.append(f"{k}: its files changed since the run trained on them")
     return out
 
 
@@ -201,10 +230,7 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     changed += _shrunk(state.get("budgets") or {}, budgets(spec))
     recorded_inputs = state.get("inputs") or {}
     if recorded_inputs:
-        now = input_identity(spec)
-        changed += [f"{k}: its files changed since the run trained on them"
-                    for k in sorted(set(recorded_inputs) & set(now))
-                    if recorded_inputs[k] != now[k]]
+        changed += _inputs_changed(spec, recorded_inputs, input_identity(spec))
     if not changed:
         return None
     shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6
