@@ -118,6 +118,41 @@ def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
         return "", "", "bad_row"  # recursion, well under max_line_bytes, stopped the split)
 
 
+# A field as a CSV writer quotes one holding a quote (Python's csv module, pandas' to_csv with
+# sep="\t"): wrapped in quotes, each quote inside doubled. This reader splits a line at its tab
+# (csv.QUOTE_NONE), so such a file's text would keep the escapes, and a field holding a line
+# break, which such a writer quotes across two lines, would pair half a sentence with the
+# other side's next one.
+_CSV_QUOTED = re.compile(r'^"(?:[^"]|"")*""(?:[^"]|"")*"$')
+# A TSV's first line naming its columns: its two languages (or source / target)
+_HEADERS = ({"source", "target"}, {"src", "tgt"})
+
+
+def _tsv_problem(raw: bytes, row: int, shape) -> str | None:
+    """Why a TSV line (row `row`, 0-based) stops the read, or None: a field quoted as a CSV
+    writer quotes it, a line break quoted across lines, or a header naming the run's
+    languages in the other order (its columns would be read swapped)."""
+    text = raw.decode("utf-8", "replace")
+    cols = text.split("\t")
+    if any(_CSV_QUOTED.match(c) for c in cols) or (
+            len(cols) == 1 and text.startswith('"') and text.count('"') % 2):
+        return ("is written by a CSV writer (a field in quotes, its own quotes doubled, or a "
+                "quoted line break): this reader takes one pair a line, split at its tab, "
+                "as quoting=csv.QUOTE_NONE writes it; re-export it so, or as .jsonl")
+    if row == 0 and len(cols) == 2 and [c.strip().lower() for c in cols] == [shape[2], shape[1]]:
+        return (f"names its columns {cols[0].strip()!r}, {cols[1].strip()!r}: a .tsv is read as "
+                f"<src><TAB><tgt> of the run ({shape[1]} -> {shape[2]}); swap its columns, or "
+                "run the other direction")
+    return None
+
+
+def _tsv_header(raw: bytes, shape) -> bool:
+    """Whether a TSV's first line names its columns (the run's two languages, in order, or
+    source / target): counted as a bad_row, not trained on or scored as a pair."""
+    cols = [c.strip().lower() for c in raw.decode("utf-8", "replace").split("\t")]
+    return len(cols) == 2 and (cols == [shape[1], shape[2]] or set(cols) in _HEADERS)
+
+
 def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
                 span: tuple[int, int | None] | None = None, pair_counted: bool = False):
     """One read task: the file(s) in lockstep, as blocks of `block_rows` rows (only lines
@@ -151,6 +186,11 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
                 n += 1
                 continue
             s, t, e = _parse(kind, lines, shape)
+            if kind == "tsv" and not isinstance(lines[0], _TooLong):
+                if problem := _tsv_problem(lines[0], n, shape):
+                    raise PreprocessError(f"{files[0]}, line {n + 1}: {problem}")
+                if n == 0 and _tsv_header(lines[0], shape):
+                    s, t, e = "", "", "bad_row"
             ids.append(n), src.append(s), tgt.append(t), errors.append(e)
             n += 1
             if len(ids) == block_rows:

@@ -125,6 +125,39 @@ def test_tsv_and_jsonl_rows(tmp_path):
                                         "bad_row"]
 
 
+def test_a_tsv_header_is_counted_and_a_csv_written_or_swapped_tsv_is_refused(tmp_path):
+    """A .tsv is one pair a line split at its tab (csv.QUOTE_NONE). A first line naming the
+    run's languages is no pair (counted as bad_row). A file a CSV writer wrote (Python's csv
+    module, pandas' to_csv with sep="\\t": fields with quotes quoted, their quotes doubled, a
+    line break quoted across two lines, which paired half a sentence with the other side's
+    next one) and a header naming the languages the other way round are refused, naming the
+    file and line."""
+    import csv
+
+    def rows_of(text: str) -> list[dict]:
+        (tmp_path / "t.tsv").write_text(text)
+        cfg = local_cfg(tmp_path, splits={"train": "t"})
+        return read_all(resolve_split(cfg, "train"), cfg)
+
+    got = rows_of("en\tfr\nhello\tbonjour\n\"Stop!\" he said\t\"Stop !\" dit-il\n")
+    assert [r["error"] for r in got] == ["bad_row", None, None]
+    assert got[2]["translation"] == {"en": '"Stop!" he said', "fr": '"Stop !" dit-il'}
+    assert [r["error"] for r in rows_of("Source\tTarget\na\tb\n")] == ["bad_row", None]
+    with open(tmp_path / "c.tsv", "w", newline="") as f:
+        csv.writer(f, delimiter="\t").writerows([("plain", "simple"), ("two\nlines", "deux"),
+                                                 ("x", "y")])
+    cfg = local_cfg(tmp_path, splits={"train": "c"})
+    with pytest.raises(PreprocessError, match=rf"{tmp_path / 'c.tsv'}, line 2: is written by a "
+                                              "CSV writer .*QUOTE_NONE"):
+        read_all(resolve_split(cfg, "train"), cfg)
+    (tmp_path / "c.tsv").write_text('a\tb\n"He said ""hi"""\t"Il a dit ""salut"""\n')
+    with pytest.raises(PreprocessError, match=r"c\.tsv, line 2: is written by a CSV writer"):
+        read_all(resolve_split(cfg, "train"), cfg)
+    with pytest.raises(PreprocessError, match=r"t\.tsv, line 1: names its columns 'fr', 'en'"
+                                              r".*<src><TAB><tgt> of the run \(en -> fr\)"):
+        rows_of("fr\ten\nbonjour\thello\n")
+
+
 def test_missing_inputs_are_clear_errors(tmp_path):
     (tmp_path / "only.en").write_text("a\n")
     cfg = local_cfg(tmp_path, splits={"train": "only", "valid": "nothing", "test": "a.txt,b.txt"})
