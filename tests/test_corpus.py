@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -538,6 +539,21 @@ def test_a_parquet_text_column_may_be_a_category_a_large_string_or_a_string_view
         path = tmp_path / f"{kind}.parquet"
         pq.write_table(pa.table({"id": [1, 2], "text": pa.array(["one", "two"], kind)}), path)
         assert list(input_lines(str(path))) == ["one", "two"], kind
+
+
+def test_a_file_of_pairs_is_refused_as_an_input_to_translate(tmp_path):
+    """A .tsv / .jsonl / .csv (also .gz) holds pairs or rows, as preprocessing reads them: read
+    as text, each line's other fields (a reference, its keys) would be translated with the
+    sentence. Refused when opened, before a model loads (both modes of translate read here)."""
+    from convs2s.serving.inputs import InputError, input_lines
+
+    for name in ("pairs.tsv", "rows.JSONL", "sheet.csv", "pairs.tsv.gz"):
+        (tmp_path / name).write_bytes(b"hello\tbonjour\n")
+        with pytest.raises(InputError, match=rf"input .*{re.escape(name)} is a file of pairs "
+                                             r"or rows .*cut -f1 FILE.*--column"):
+            input_lines(str(tmp_path / name))
+    (tmp_path / "notes.txt").write_text("hello\tbonjour\n")  # text: its tab is text
+    assert list(input_lines(str(tmp_path / "notes.txt"))) == ["hello\tbonjour"]
 
 
 def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints, tmp_path,

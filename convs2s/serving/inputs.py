@@ -20,6 +20,10 @@ class InputError(ValueError):
     file without the string column asked (or with several and none named)."""
 
 
+# Files of pairs or rows, as preprocessing reads them (and spreadsheets): not text to translate
+PAIR_FORMATS = (".tsv", ".jsonl", ".csv")
+
+
 def input_lines(path: str, column: str | None = None):
     """The lines of an input (text, .gz, or a parquet column; a local file or an object), split
     on \\n only: per line its text, or None where it is not UTF-8 (both modes of `translate`
@@ -28,6 +32,11 @@ def input_lines(path: str, column: str | None = None):
     column, or a .gz that is not gzip, is an InputError now, not at the first line (as is a .gz
     cut short, when it is read)."""
     name = location(path).name.lower()
+    if name.removesuffix(".gz").endswith(PAIR_FORMATS):
+        raise InputError(f"input {path} is a file of pairs or rows ({', '.join(PAIR_FORMATS)}), "
+                         "which translate would read as text, its other fields with each "
+                         "sentence: give the source side's text (e.g. `cut -f1 FILE`), or a "
+                         ".parquet file and its --column")
     if name.endswith(".parquet"):
         return _parquet_lines(path, column)
     raw = open_input(path)
