@@ -78,6 +78,39 @@ def _int(loader, node):  # 0o17 is YAML 1.2's octal; PyYAML's constructor knows 
 _Loader.add_constructor("tag:yaml.org,2002:int", _int)
 
 
+def _mapping(loader, node, deep=False):
+    """A mapping whose keys are each given once: PyYAML keeps the last of a repeated key, so a
+    config file's second `max_len:` replaced the first without a word."""
+    seen = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys are overridden
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: PyYAML's own error says so
+            break
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{key!r} is given twice (lines {first.line + 1} and "
+                f"{key_node.start_mark.line + 1}): keep one", key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _mapping)
+
+
+def yaml_error(err: yaml.YAMLError) -> str:
+    """A YAML error in one line, with its place: `line L, column C: problem` (PyYAML's first
+    line, "while scanning ...", names neither)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if mark is None or not problem:
+        return str(err).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
 def load_yaml(text: str):
     """A YAML document, numbers as YAML 1.2 reads them (`_Loader`)."""
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass

@@ -470,6 +470,10 @@ def test_a_setting_edited_in_a_config_file_counts_as_set_on_purpose(tmp_path, fl
     ("data: demo\n", "data: null\n", "data takes str, not None"),
     ("  task: wmt14_en_fr\n", "  task: null\n", "preprocess.task takes str, not None"),
     ("  lr: 0.25\n", "  lr: 1" + "0" * 400 + "\n", "train.lr takes float, not 1000"),
+    # a key given twice: PyYAML kept the last without a word (the edit to the first was lost)
+    ("  lr: 0.25\n", "  lr: 0.5\n  lr: 0.25\n", "'lr' is given twice (lines "),
+    # YAML's own errors say where ("while scanning for the next token" said nothing)
+    ("  lr: 0.25\n", "\tlr: 0.25\n", ", column 1: found character '\\t' that cannot start"),
 ])
 def test_a_config_file_value_its_setting_cannot_take_is_one_line_naming_file_and_key(
         old, new, says, tmp_path):

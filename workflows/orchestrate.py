@@ -238,7 +238,7 @@ def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfi
     `opts.config_settings`, workflows.overrides.file_settings)."""
     import yaml
 
-    from storage.settings import load_yaml
+    from storage.settings import load_yaml, yaml_error
     from workflows import overrides
 
     path = Path(opts.config).expanduser()
@@ -252,7 +252,9 @@ def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfi
         cfg = WorkflowConfig.from_dict(doc)
     except OSError as err:
         raise SpecError(f"--config {opts.config}: cannot read it ({err.strerror})") from None
-    except (yaml.YAMLError, ValueError, TypeError, KeyError) as err:
+    except yaml.YAMLError as err:
+        raise SpecError(f"{where} {yaml_error(err)}") from None
+    except (ValueError, TypeError, KeyError) as err:
         raise SpecError(f"{where} {str(err).splitlines()[0]}") from None
     if base not in presets:  # (the file could not tell a setting changed on purpose)
         raise SpecError(f"{where} " + (f"preset: {base!r} names no preset of this workflow"
