@@ -125,7 +125,8 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
         raise PreprocessError(
             f"cannot reach the Hugging Face hub at {hub_shown(endpoint)} for dataset "
             f"{cfg.hub_repo} (revision {cfg.hub_revision}): {_brief(e)}; check the endpoint "
-            f"(--hub-endpoint, HF_ENDPOINT) and the network. {NO_HUB_HINT}") from None
+            f"(HF_ENDPOINT; python -m preprocessing's --hub-endpoint) and the network. "
+            f"{NO_HUB_HINT}") from None
     found = select_split_files([s.rfilename for s in info.siblings or []], cfg.hub_config, name)
     if not found:
         # (one fix for both commands: the workflows read only the fact, and take --split
@@ -178,8 +179,9 @@ def hub_read_error(path: str, endpoint: str | None, what: str,
         return None
     return PreprocessError(
         f"{path}: cannot read {what} from the Hugging Face hub at {hub_shown(endpoint)} "
-        f"({_brief(e)}); check the endpoint (--hub-endpoint, HF_ENDPOINT: a mirror must serve "
-        f"the hub's files, not only its listings) and the network. {NO_HUB_HINT}")
+        f"({_brief(e)}); check the endpoint (HF_ENDPOINT; python -m preprocessing's "
+        "--hub-endpoint: a mirror must serve the hub's files, not only its listings) and the "
+        f"network. {NO_HUB_HINT}")
 
 
 def open_binary(path: str, endpoint: str | None = None):
@@ -411,8 +413,9 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
                                   f"give its folder and name the file per split: --source "
                                   f"{base.parent} --split train={base.name}")
         if not base.is_dir():
-            raise PreprocessError(f"source folder {base} does not exist; give --source hub, demo "
-                                  "or an existing folder")
+            raise PreprocessError(f"source folder {base} does not exist; give an existing "
+                                  "folder (the workflows' --data, preprocessing's --source), "
+                                  "or hub / demo")
         src = _local_candidates(base, name, cfg)
         if src is None:
             raise PreprocessError(

@@ -60,7 +60,7 @@ LAYERS = {
     "convs2s.train": {"convs2s.config", "convs2s.console", "convs2s.precision", "convs2s.model",
                       "convs2s.io", "convs2s.tracking"},
     "convs2s.serving": {"convs2s.config", "convs2s.console", "convs2s.precision",
-                        "convs2s.model", "convs2s.io", "convs2s.inference", "convs2s.tracking"},
+                        "convs2s.io", "convs2s.inference", "convs2s.tracking"},
 }
 CLI = {str(p.relative_to(REPO)) for p in (REPO / "convs2s" / "cli").glob("*.py")}  # (the commands)
 TOP = CLI | {"convs2s/__main__.py", "convs2s/__init__.py"}

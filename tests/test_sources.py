@@ -424,7 +424,8 @@ def test_a_hub_mirror_that_does_not_serve_a_file_is_one_line_naming_it(hub_mirro
         text = str(error.value)
         assert text.startswith(f"hf://datasets/wmt/wmt14@{HUB_SHA}/{TRAIN_FILE}: cannot read "
                                f"{what} from the Hugging Face hub at {shown} ("), text
-        assert "check the endpoint (--hub-endpoint, HF_ENDPOINT" in text
+        assert ("check the endpoint (HF_ENDPOINT; python -m preprocessing's --hub-endpoint"
+                in text)
         assert "--source demo" in text and "S3CRET" not in text and "\n" not in text
     assert "RemoteProtocolError" in str(footer.value) and "403" in str(rows.value)
 

@@ -7,9 +7,9 @@
   logged to MLflow as it serves (its URI pinned, fetched once per node). Joining RAY_ADDRESS,
   as every Ray command does: `storage.ray_join`.
 
-May import: mlflow, ray, `convs2s.config`, `convs2s.console` (Ray's harmless console lines;
-none imports it now),
-`convs2s.io`, `convs2s.inference`, `convs2s.tracking`.
+May import: mlflow, ray, `convs2s.config`, `convs2s.precision`, `convs2s.console` (Ray's
+harmless console lines; none imports it now), `convs2s.io`, `convs2s.inference`,
+`convs2s.tracking`.
 
 Logged models store `model_code.py` (older ones `served_translator.py`), which imports
 `TranslatorModel` from `convs2s.serving`: it stays importable here (loaded on first use, so a
