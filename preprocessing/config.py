@@ -110,8 +110,14 @@ class PreprocessConfig:
                              "data.row_shape=translation)")
         if self.src_lang == self.tgt_lang:
             raise ValueError("src_lang and tgt_lang must differ (they name the two sides)")
-        if self.max_len_ratio is not None and self.max_len_ratio < 1.0:
+        if self.max_len_ratio is not None and not self.max_len_ratio >= 1.0:  # (NaN too: it
+            # compared false with every ratio, and the filter was off without a word)
             raise ValueError(f"max_len_ratio must be >= 1 or None, got {self.max_len_ratio}")
+        if self.max_len is not None and not self.max_len >= 1:  # (every row was too_long,
+            raise ValueError(f"max_len must be >= 1 word or None, got {self.max_len}")  # late)
+        if not 0.0 < self.character_coverage <= 1.0:  # (NaN too)
+            raise ValueError(f"character_coverage must be in (0, 1], got "
+                             f"{self.character_coverage}")
         if self.max_tokens < 1 or (self.max_sentences is not None and self.max_sentences < 1):
             raise ValueError("max_tokens and max_sentences must be positive")
         if self.max_positions is not None and self.max_positions < 2:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -265,6 +266,28 @@ def _not_a_directory(path: Path) -> None:
 LINE_RANGE = re.compile(r"(.+)\[(\d*):(\d*)\]")  # NAME[a:b]: lines a to b-1 of NAME
 
 
+def _text_pair(name: str, files: list) -> SplitSource:
+    """Two line-aligned text files, one a side; the same file for both (named twice, or two
+    links to one) is refused: it trained a copy model without a word."""
+    a, b = files
+    same = str(a) == str(b)
+    if not same and isinstance(a, Path) and isinstance(b, Path):
+        try:
+            same = os.path.samefile(a, b)
+        except OSError:
+            same = False
+    if same:
+        raise PreprocessError(f"split source {name!r}: {a} and {b} are the same file; give one "
+                              "file of each side's text")
+    return SplitSource("text", [str(f) for f in files])
+
+
+def _dangling(files: list) -> str:
+    """Where an input that looks missing is a link to nothing: said (its name is there)."""
+    links = [f for f in files if isinstance(f, Path) and f.is_symlink() and not f.exists()]
+    return "".join(f" ({f} is a link to {os.readlink(f)}, which does not exist)" for f in links)
+
+
 def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSource | None:
     """The first local layout that exists for split name `name` under folder `base`;
     `NAME[a:b]` is lines a (from 0) to b - 1 of NAME's line-based files (either end may be
@@ -297,8 +320,9 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
             _not_a_directory(f)
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
-            raise PreprocessError(f"missing input file(s) {missing}", "check --source / --split")
-        return SplitSource("text", [str(f) for f in files])
+            raise PreprocessError(f"missing input file(s) {missing}{_dangling(files)}",
+                                  "check --source / --split")
+        return _text_pair(name, files)
     if (base / name).is_file():  # a file named outright: kind from its suffix
         kind = next((k for k in ("tsv", "jsonl", "parquet")
                      if name.endswith((f".{k}", f".{k}.gz"))), None)
@@ -319,9 +343,9 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
                 hint = (f" ({zipped.name} is there: give both sides plain or both .gz)"
                         if not gz and zipped.is_file() else "")
                 raise PreprocessError(f"found {pair[0] if pair[0].is_file() else pair[1]} but "
-                                      f"not its other side {missing[0]}{hint}: line-aligned "
-                                      "text needs both files")
-            return SplitSource("text", [str(p) for p in pair])
+                                      f"not its other side {missing[0]}{hint}{_dangling(pair)}: "
+                                      "line-aligned text needs both files")
+            return _text_pair(name, pair)
     for kind in ("tsv", "jsonl"):
         for gz in ("", ".gz"):
             p = base / f"{name}.{kind}{gz}"
@@ -366,6 +390,22 @@ def line_count_mismatch(files: list[str], counts: list[int]) -> PreprocessError:
         "included): fix or re-export the pair")
 
 
+def _check_line_ends(path: str, head: int = 1 << 13) -> None:
+    """Refuse a text file whose lines end in CR alone (classic Mac OS): it reads as one line,
+    and a corpus of a few sentences became one pair without a word. Looked at in its first
+    `head` bytes: CRs and no LF there."""
+    try:
+        with (gzip.open(open_binary(path), "rb") if path.endswith(".gz")
+              else open_binary(path)) as f:
+            start = f.read(head)
+    except (OSError, EOFError, zlib.error) as e:
+        raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
+                              "re-export this file") from None
+    if b"\r" in start and b"\n" not in start:
+        raise PreprocessError(f"{path}: its lines end in CR alone (no LF in its first "
+                              f"{len(start):,} bytes): convert them, e.g. tr '\\r' '\\n'")
+
+
 def check_text_pair(files: list[str]) -> bool:
     """Fail fast on line-aligned text: an empty file, or (for files small enough to count on
     the driver) two sides with different line counts or an unreadable .gz. True when it
@@ -373,6 +413,7 @@ def check_text_pair(files: list[str]) -> bool:
     for f in files:
         if stamp(f)[0] == 0:
             raise PreprocessError(f"{f} is empty; a corpus file needs one sentence per line")
+        _check_line_ends(f)
     if len(files) != 2 or sum(stamp(f)[0] for f in files) > PAIRING_CHECK_BYTES:
         return False
     counts = [_count_lines(f) for f in files]
@@ -421,7 +462,9 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
             raise PreprocessError(
                 f"no input for split {split!r} (source name {name!r}) in {base}: looked for "
                 f"{name}.{cfg.src_lang} + {name}.{cfg.tgt_lang} (or .gz), {name}.tsv, "
-                f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))})",
+                f"{name}.jsonl and parquet ({', '.join(_split_patterns(cfg.hub_config, name))})"
+                + _dangling([base / f"{name}.{lang}{gz}" for lang in (cfg.src_lang, cfg.tgt_lang)
+                             for gz in ("", ".gz")] if isinstance(base, Path) else []),
                 f"set the name with --split {split}=NAME or --split {split}=SRC_FILE,TGT_FILE")
         src.fingerprint = {"files": file_fingerprint(src.files)}
         if src.lines is not None:

@@ -191,13 +191,16 @@ def typed(name: str, field: dataclasses.Field, value, current, raw: str | None =
         return raw  # YAML's number or boolean, as the text typed ("1e-4", "no")
     if kind == "dict":
         if not isinstance(v, dict):
-            raise bad()
+            raise bad(" (a mapping: {key: value, ...})" if isinstance(v, str) else "")
         # dict[str, int] and the like: the keys' and values' types too
         m = re.fullmatch(r"dict\[(\w+),(\w+)\]", want.replace(" ", ""))
         if m and m[1] in _PLAIN and m[2] in _PLAIN:
             k, t = _PLAIN[m[1]], _PLAIN[m[2]]
             if not all(type(x) is k and type(y) is t for x, y in v.items()):
-                raise bad()
+                # (a value YAML reads as another type, or one with a comma that YAML cut
+                # into two keys: `{train: a.en,b.fr}`)
+                raise bad(f" (quote a {m[2]} that YAML reads otherwise, or that holds a "
+                          "comma: {key: \"a.en,b.fr\"})" if m[2] == "str" else "")
     if kind == "seq":
         if not isinstance(v, (list, tuple)):
             raise bad()

@@ -235,6 +235,18 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says
     ("train.compile=inducter", "compile='inducter': not a torch.compile backend; give one of "
                                "inductor"),
     ("train.fuse=indcutor", "fuse='indcutor': not a torch.compile backend"),
+    # a NaN ratio compared false with every pair's: the filter was off without a word
+    ("data.max_len_ratio=.nan", "max_len_ratio must be >= 1 or None, got nan"),
+    ("data.max_len=0", "max_len must be >= 1 word or None, got 0"),  # every row too_long, late
+    ("data.character_coverage=.nan", "character_coverage must be in (0, 1], got nan"),
+    ("data.character_coverage=1.5", "character_coverage must be in (0, 1], got 1.5"),
+    # a comma in a split's files: YAML cut the mapping into another key
+    ("data.splits={train: a.en,b.fr, valid: v, test: t}",
+     'takes dict[str, str], not {\'train\': \'a.en\', \'b.fr\': None, \'valid\': \'v\', '
+     '\'test\': \'t\'} (quote a str that YAML reads otherwise, or that holds a comma: '
+     '{key: "a.en,b.fr"})'),
+    ("data.splits=train", "data.splits takes dict[str, str], not 'train' (a mapping: "
+                          "{key: value, ...})"),
 ])
 def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, tmp_path):
     rc, out, err = _main(wmt14_en_fr, ["--set", setting, "--storage-path", str(tmp_path),

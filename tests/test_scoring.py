@@ -401,3 +401,22 @@ def test_a_byte_order_mark_at_a_files_start_is_not_part_of_its_first_line(tmp_pa
     assert scoring.read_lines(marked) == lines
     assert scoring.score_translation(scoring.read_lines(marked), scoring.read_lines(ref),
                                      "en")["bleu"] == pytest.approx(100.0)
+
+
+def test_a_gzip_file_is_read_as_sacrebleus_cli_reads_it_and_a_bad_one_is_named(tmp_path):
+    """A .gz reference or hypothesis (the Multi30k test sets come so) is decompressed, as
+    sacrebleu's CLI reads one; a damaged one or one not UTF-8 is a ValueError naming the flag
+    and the file (`score`, and `python -m workflows.evaluation --test`, read it so)."""
+    import gzip
+
+    lines = ["\ufeffno: first line", "a second line"]
+    (tmp_path / "ref.de.gz").write_bytes(gzip.compress("\n".join(lines).encode() + b"\n"))
+    assert scoring.read_lines(tmp_path / "ref.de.gz") == ["no: first line", "a second line"]
+    whole = gzip.compress(b"".join(b"line %d\n" % i for i in range(5000)))
+    (tmp_path / "cut.de.gz").write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(ValueError, match=rf"--ref {tmp_path / 'cut.de.gz'} is a damaged gzip "
+                                         "file .*give it compressed whole"):
+        scoring.text_lines("--ref", tmp_path / "cut.de.gz")
+    (tmp_path / "latin.de").write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"--test t: .*latin\.de is not UTF-8 text \(byte 3"):
+        scoring.text_lines("--test t:", tmp_path / "latin.de")

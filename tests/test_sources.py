@@ -125,6 +125,35 @@ def test_tsv_and_jsonl_rows(tmp_path):
                                         "bad_row"]
 
 
+def test_one_file_for_both_sides_a_dangling_link_and_cr_line_ends_are_named(tmp_path):
+    """The same file as source and target (named twice, or two links to one) trained a copy
+    model; a side that is a link to nothing was said to be missing; lines ending in CR alone
+    (classic Mac OS) read as one line: a corpus of sentences became one pair."""
+    (tmp_path / "c.en").write_text("a\nb\n")
+    (tmp_path / "c.fr").symlink_to(tmp_path / "c.en")
+    with pytest.raises(PreprocessError, match=r"'c': .*c\.en and .*c\.fr are the same file"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "c"}), "train")
+    with pytest.raises(PreprocessError, match="are the same file"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "c.en,c.en"}), "train")
+    for lang in ("en", "fr"):
+        (tmp_path / f"gone.{lang}").symlink_to(tmp_path / f"nowhere.{lang}")
+    with pytest.raises(PreprocessError, match=r"no input for split 'train'.*gone\.en is a link to "
+                                              r".*nowhere\.en, which does not exist"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "gone"}), "train")
+    with pytest.raises(PreprocessError, match=r"missing input file.*gone\.fr is a link to"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "c.en,gone.fr"}), "train")
+    (tmp_path / "mac.en").write_bytes(b"a\rb\rc\r")
+    (tmp_path / "mac.fr").write_bytes(b"1\r2\r3\r")
+    with pytest.raises(PreprocessError, match=r"mac\.en: its lines end in CR alone .*tr '\\r' "
+                                              r"'\\n'"):
+        resolve_split(local_cfg(tmp_path, splits={"train": "mac"}), "train")
+    (tmp_path / "dos.en").write_bytes(b"a\r\nb\r\n")  # CRLF: lines as they are
+    (tmp_path / "dos.fr").write_bytes(b"1\r\n2\r\n")
+    cfg = local_cfg(tmp_path, splits={"train": "dos"})
+    assert [r["translation"] for r in read_all(resolve_split(cfg, "train"), cfg)] == [
+        {"en": "a", "fr": "1"}, {"en": "b", "fr": "2"}]
+
+
 def test_a_tsv_header_is_counted_and_a_csv_written_or_swapped_tsv_is_refused(tmp_path):
     """A .tsv is one pair a line split at its tab (csv.QUOTE_NONE). A first line naming the
     run's languages is no pair (counted as bad_row). A file a CSV writer wrote (Python's csv

@@ -631,14 +631,14 @@ def main(argv: list[str] | None = None) -> int:
                 location(where)
             except StorageError as err:
                 raise StorageError(f"{flag} {err}") from None
-        from convs2s.metrics.scoring import read_lines
+        from convs2s.metrics.scoring import text_lines
 
         for t in tests:  # (found by each scoring task, after Ray started and runs were made)
             counts = []
             for f in (t.src, t.ref):
                 if not location(f).is_file():
                     raise FileNotFoundError(f"--test {t.name}: {f} does not exist")
-                counts.append(len(read_lines(local_copy(f))))
+                counts.append(len(text_lines(f"--test {t.name}:", local_copy(f))))
             if counts[0] != counts[1]:
                 raise ValueError(f"--test {t.name}: {t.src} has {counts[0]:,} lines, {t.ref} "
                                  f"{counts[1]:,}: give a source and its references line by "

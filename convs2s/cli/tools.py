@@ -88,19 +88,11 @@ def _check_score_lang(p: argparse.ArgumentParser, lang: str | None) -> None:
 
 
 def _text_file_lines(flag: str, path: str) -> list[str]:
-    """The lines `score` reads (convs2s.metrics.scoring.read_lines); a file that is missing,
-    unreadable or not UTF-8 is a ValueError naming it."""
-    from convs2s.metrics.scoring import read_lines
+    """The lines `score` reads (convs2s.metrics.scoring.text_lines: a file that is missing,
+    unreadable, not UTF-8 or a damaged .gz is a ValueError naming it)."""
+    from convs2s.metrics.scoring import text_lines
 
-    try:
-        return read_lines(path)
-    except FileNotFoundError:
-        raise ValueError(f"{flag} {path} does not exist") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{flag} {path} is not UTF-8 text (byte {err.start}: "
-                         f"{err.object[err.start:err.start + 1]!r}): give it as UTF-8") from None
-    except OSError as err:
-        raise ValueError(f"{flag} {path} cannot be read: {err.strerror or err}") from None
+    return text_lines(flag, path)
 
 
 def attention(argv: list[str] | None = None) -> int:

@@ -35,7 +35,9 @@ Run:
 
 from __future__ import annotations
 
+import gzip
 import re
+import zlib
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -285,8 +287,30 @@ def rouge_signature() -> str:
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """Lines of a UTF-8 text file as sacrebleu's CLI reads them (split on \\n, rstripped),
-    without a byte-order mark at its start (an editor's; kept, it is part of the first line's
-    first word, and that line's n-grams no longer match: 100 BLEU became 79.8 on two lines)."""
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
+    """Lines of a UTF-8 text file as sacrebleu's CLI reads them (split on \\n, rstripped; a
+    gzip file, known by its first bytes, decompressed, as sacrebleu's CLI reads a .gz), without
+    a byte-order mark at its start (an editor's; kept, it is part of the first line's first
+    word, and that line's n-grams no longer match: 100 BLEU became 79.8 on two lines)."""
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    opened = (gzip.open(path, "rt", encoding="utf-8-sig", newline="\n") if gz
+              else open(path, encoding="utf-8-sig", newline="\n"))
+    with opened as f:
         return [line.rstrip() for line in f]
+
+
+def text_lines(flag: str, path: str | Path) -> list[str]:
+    """`read_lines` of a file a user named with `flag`: one that is missing, unreadable, not
+    UTF-8 or a damaged gzip file is a ValueError naming it (and the fix)."""
+    try:
+        return read_lines(path)
+    except FileNotFoundError:
+        raise ValueError(f"{flag} {path} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{flag} {path} is not UTF-8 text (byte {err.start}: "
+                         f"{err.object[err.start:err.start + 1]!r}): give it as UTF-8") from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+        raise ValueError(f"{flag} {path} is a damaged gzip file ({err or type(err).__name__}): "
+                         "give it compressed whole, or uncompressed") from None
+    except OSError as err:
+        raise ValueError(f"{flag} {path} cannot be read: {err.strerror or err}") from None
