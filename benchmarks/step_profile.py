@@ -215,6 +215,7 @@ def phase_breakdown(model, optimizer, batches, train_cfg, device, n: int = 5) ->
     phases = {k: [] for k in ("forward_and_loss", "backward", "clip_and_step")}
     for i in range(n + 1):
         b = batches[i % len(batches)].to(device)
+        synchronize(device)  # (the batch's copy, queued without a wait, is no phase of it)
         marks = [time.perf_counter()]
         with autocast_for(device, train_cfg):
             loss, _ = model(b.src_tokens, b.src_lengths, b.prev_output_tokens,

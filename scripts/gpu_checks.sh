@@ -56,12 +56,14 @@ PY=${PYTHON:-python3}
 failed=()
 skipped=()
 # What every step imports (numpy: the batches and checkpoints; neither torch nor pyarrow
-# requires it): missing, one line now, not a traceback in each step
+# requires it; yaml: the settings `python -m convs2s train` reads): missing, one line now, not
+# a traceback in each step
 lacks='import importlib.util as u
-print(" ".join(m for m in ("numpy", "torch", "pyarrow", "sentencepiece") if not u.find_spec(m)))'
+print(" ".join(m for m in ("numpy", "torch", "pyarrow", "sentencepiece", "yaml")
+               if not u.find_spec(m)))'
 if ! missing=$($PY -c "$lacks") || [[ -n $missing ]]; then
   echo "gpu_checks: error: $PY lacks ${missing:-a working interpreter}: every step imports" \
-       "numpy, torch, pyarrow and sentencepiece"
+       "numpy, torch, pyarrow, sentencepiece and yaml (PyYAML)"
   exit 2
 fi
 pack() {  # with PACK set: OUT_DIR as it is now, whole, in PACK (a cut pack stays PACK.partial)

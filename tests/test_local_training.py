@@ -895,6 +895,12 @@ def test_a_bare_cuda_device_names_the_ranks_gpu():
     assert rank_device("cuda", 3) == torch.device("cuda", 3)
     assert rank_device("cuda:1", 3) == torch.device("cuda", 1)
     assert rank_device("cpu", 3) == torch.device("cpu")
+    # one GPU named for every rank of a torchrun machine: NCCL would fail on the duplicate
+    with pytest.raises(ValueError, match=r"--device cuda:0 names one GPU for each of the 8 "
+                                         "ranks on this machine: give --device cuda"):
+        rank_device("cuda:0", 3, local_world=8)
+    assert rank_device("cuda:1", 0, local_world=1) == torch.device("cuda", 1)
+    assert rank_device("cpu", 3, local_world=8) == torch.device("cpu")
 
 
 def test_a_run_that_diverges_stops_in_one_line_and_saves_no_nan_checkpoint(demo_batches,

@@ -244,15 +244,22 @@ def load_agreed(path, comm: Comm) -> dict | None:
     return state
 
 
-def rank_device(device: str | torch.device | None, local_rank: int) -> torch.device:
-    """The device of the rank with `local_rank` on its machine: its GPU when `device` is None
-    and one is visible (else the CPU); a bare "cuda" (`--device cuda`) gets the rank's index,
-    which `torch.cuda.set_device` needs (seen failing on an H200 without it)."""
+def rank_device(device: str | torch.device | None, local_rank: int,
+                local_world: int = 1) -> torch.device:
+    """The device of the rank with `local_rank` of `local_world` ranks on its machine: its GPU
+    when `device` is None and one is visible (else the CPU); a bare "cuda" (`--device cuda`)
+    gets the rank's index, which `torch.cuda.set_device` needs (seen failing on an H200
+    without it). One GPU named for several ranks of a machine (`--device cuda:0` under
+    torchrun) is refused: every rank would take it, and NCCL fails on the duplicate GPU."""
     if device is None:
         return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", local_rank)
+    if device.type == "cuda" and local_world > 1:
+        raise ValueError(f"--device {device} names one GPU for each of the {local_world} ranks "
+                         "on this machine: give --device cuda, or leave it out, for each rank's "
+                         "own GPU (its LOCAL_RANK)")
     return device
 
 
@@ -271,7 +278,8 @@ class LocalRuntime:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.node_rank = int(os.environ.get("GROUP_RANK", "0"))
         try:
-            self.device = rank_device(device, self.local_rank)
+            self.device = rank_device(device, self.local_rank,
+                                      int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         except RuntimeError as err:  # torch's own message for a device string it cannot parse
             raise ValueError(f"--device {device}: {err}") from None
         if self.device.type == "cuda":
