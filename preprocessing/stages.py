@@ -352,8 +352,10 @@ def _wait_for_a_free_cpu(timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
-def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 10.0) -> dict:
-    """Run a stage's Ray Data pipeline, whose output is one stats row per part; sum the rows.
+def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 10.0,
+                  rows: list | None = None) -> dict:
+    """Run a stage's Ray Data pipeline, whose output is one stats row per part; sum the rows
+    (and, with `rows`, append each row to it).
 
     Only these small rows reach the driver. Prints progress every `every_s` seconds.
     """
@@ -362,6 +364,8 @@ def collect_stats(ds, label: str, count_key: str = "rows_in", every_s: float = 1
     t0 = last = time.monotonic()
     with user_errors():
         for row in ds.iter_rows():
+            if rows is not None:
+                rows.append(dict(row))
             for k, v in row.items():  # stats columns are integer counts; others are labels
                 if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
                     totals[k] = totals.get(k, 0) + int(v)

@@ -322,15 +322,16 @@ def test_a_spill_file_that_fails_while_written_to_a_bucket_leaves_no_object(s3, 
 
     table = pa.table({"id": [4, 1, 9, 6], "k": [2, 0, 2, 1]})
     path = f"{BUCKET}/spill-spec/0.arrow"
-    real = pa.ipc.new_file
+    real = pa.ipc.new_stream
+    made = []
 
-    class FailsOnTheThirdBatch:
+    class FailsOnTheThirdKey:  # (one stream a key: keys 0, 1 and 2 hold rows)
         def __init__(self, *args, **kwargs):
-            self.writer, self.n = real(*args, **kwargs), 0
+            self.writer = real(*args, **kwargs)
+            made.append(self)
 
         def write_batch(self, batch):
-            self.n += 1
-            if self.n == 3:
+            if len(made) == 3:
                 raise OSError("the task's node went away")
             self.writer.write_batch(batch)
 
@@ -340,13 +341,13 @@ def test_a_spill_file_that_fails_while_written_to_a_bucket_leaves_no_object(s3, 
         def __exit__(self, *exc):
             return self.writer.__exit__(*exc)
 
-    monkeypatch.setattr(pa.ipc, "new_file", FailsOnTheThirdBatch)
+    monkeypatch.setattr(pa.ipc, "new_stream", FailsOnTheThirdKey)
     with pytest.raises(OSError, match="went away"):
         write_spill(table, "k", 4, path)
     assert not location(path).exists()
     monkeypatch.undo()
-    write_spill(table, "k", 4, path)
-    assert read_spill([path], 2)["id"].to_pylist() == [4, 9]
+    offsets = write_spill(table, "k", 4, path)
+    assert read_spill([(path, offsets)], 2)["id"].to_pylist() == [4, 9]
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from preprocessing import config as pconfig
 from preprocessing.batching import BATCH_SCHEMA, add_window, batch_stats, batch_window, cut_batches
 from preprocessing.cleaning import CLEAN_SCHEMA, clean_stats, dedupe_group, drop_reason, normalize
 from preprocessing.encoding import ids_array
-from preprocessing.exchange import _gather, _scatter, read_spill, spill_files, write_spill
+from preprocessing.exchange import _gather, _scatter, read_spill, write_spill
 from preprocessing.parts import PartSink
 from preprocessing.stages import finished, stage_output, write_manifest
 from preprocessing.vocab import BOS, EOS, PAD, UNK
@@ -225,39 +225,59 @@ def test_a_part_written_by_two_write_tasks_is_an_error(tmp_path):
         sink_writes([rows.slice(0, 2), rows.slice(2)], tmp_path, **BATCH_SINK)
 
 
-def test_spill_exchange_gives_each_key_exactly_its_rows(tmp_path):
+def test_spill_exchange_gives_each_key_exactly_its_rows(tmp_path, monkeypatch):
+    """Each key's rows, file order then row order; a group of keys is one ranged read of each
+    file that holds a row of them, and a file holding none of them is not read (in a bucket,
+    each read is a request: each key's task read every file's footer and record batch)."""
+    from preprocessing import exchange
+
     tables = [pa.table({"id": [4, 1, 9, 6], "k": [2, 0, 2, 1]}),
               pa.table({"id": [3, 8], "k": [0, 2]})]
     paths = [str(tmp_path / f"{i}.arrow") for i in range(2)]
-    for t, p in zip(tables, paths):
-        write_spill(t, "k", 4, p)
-    assert read_spill(paths, 0)["id"].to_pylist() == [1, 3]  # file order, then row order
-    assert read_spill(paths, 1)["id"].to_pylist() == [6]
-    assert read_spill(paths, 2)["id"].to_pylist() == [4, 9, 8]
-    assert read_spill(paths, 3) is None  # no row has key 3: an empty batch in every file
+    spills = [(p, write_spill(t, "k", 4, p)) for t, p in zip(tables, paths)]
+    assert read_spill(spills, 0)["id"].to_pylist() == [1, 3]  # file order, then row order
+    assert read_spill(spills, 1)["id"].to_pylist() == [6]
+    assert read_spill(spills, 2)["id"].to_pylist() == [4, 9, 8]
+    assert read_spill(spills, 3) is None  # no row has key 3: nothing of it in any file
+    assert spills[1][1][1] == spills[1][1][2]  # (file 1 holds no row of key 1: no bytes)
+    opened = []
+    real = exchange.filesystem_of
+    monkeypatch.setattr(exchange, "filesystem_of", lambda p: opened.append(p) or real(p))
+    keys = exchange.read_keys(spills, 0, 4)
+    assert sorted(keys) == [0, 1, 2] and opened == paths  # one read a file for all four keys
+    opened.clear()
+    assert exchange.read_keys(spills, 1, 2)[1]["id"].to_pylist() == [6]
+    assert opened == paths[:1]  # file 1 holds no row of key 1: not read
     with pytest.raises(ValueError, match="outside"):
         write_spill(pa.table({"k": [4]}), "k", 4, str(tmp_path / "bad.arrow"))
 
 
 def test_scatter_gather_windows_equal_batching_each_whole_window(tmp_path):
     """The file exchange gives every window the same shard as batching that window from all
-    rows at once (what Ray's groupby and the plain-process benchmark do)."""
+    rows at once (what Ray's groupby and the plain-process benchmark do), whichever keys a
+    gather task reads together."""
+    from preprocessing import exchange
+
     rows = add_window(encoded_group(900).drop_columns(["window"]), n_windows=3, seed=3)
     (tmp_path / "spill").mkdir()
     kw = {"max_tokens": 500, "max_sentences": 30, "seed": 3}
-    for a, n in [(0, 400), (400, 500)]:  # two encoded parts
-        _scatter(rows.slice(a, n), key="window", n_keys=3, spill_dir=str(tmp_path / "spill"))
-    spills = spill_files(tmp_path / "spill")
-    gathered = [t for w in range(3) for t in _gather(pa.table({"window": [w]}), spill_paths=spills,
-                                                     fn=batch_window, fn_kwargs=kw)]
-    a = sink_writes(gathered, tmp_path / "a", **BATCH_SINK)
+    scattered = []
+    for a, n in [(500, 400), (0, 500)]:  # two encoded parts (in any order)
+        scattered += _scatter(rows.slice(a, n), key="window", n_keys=3,
+                              spill_dir=str(tmp_path / "spill")).to_pylist()
     b = sink_writes([batch_window(rows.filter(pc.equal(rows["window"], w)), **kw)
                      for w in range(3)], tmp_path / "b", **BATCH_SINK)
-    assert a == b and a["rows_in"] == 900
-    names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == sorted(p.name for p in (tmp_path / "b").iterdir()) and len(names) == 3
-    assert all((tmp_path / "a" / n).read_bytes() == (tmp_path / "b" / n).read_bytes()
-               for n in names)
+    for per_read in (1, 2, 4):
+        groups = exchange.gather_groups(scattered, 3, per_read)
+        assert len(groups) == -(-3 // per_read)
+        gathered = [t for g in groups
+                    for t in _gather(pa.Table.from_pylist([g]), fn=batch_window, fn_kwargs=kw)]
+        a = sink_writes(gathered, tmp_path / f"a{per_read}", **BATCH_SINK)
+        assert a == b and a["rows_in"] == 900
+        names = sorted(p.name for p in (tmp_path / f"a{per_read}").iterdir())
+        assert names == sorted(p.name for p in (tmp_path / "b").iterdir()) and len(names) == 3
+        assert all((tmp_path / f"a{per_read}" / n).read_bytes()
+                   == (tmp_path / "b" / n).read_bytes() for n in names)
 
 
 def test_ids_array_appends_eos():
