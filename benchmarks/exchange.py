@@ -15,12 +15,8 @@ what sets the stage's time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import tempfile
 import time
-import urllib.request
 from collections import Counter
 
 import numpy as np
@@ -51,46 +47,34 @@ def blocks(rows: int, n_blocks: int, n_keys: int, seed: int) -> list[pa.Table]:
     return out
 
 
-def _recorder(endpoint: str, action: str) -> bytes:
-    method = "GET" if action == "download-recording" else "POST"
-    req = urllib.request.Request(f"{endpoint}/moto-api/recorder/{action}", method=method)
-    with urllib.request.urlopen(req) as r:
-        return r.read()
-
-
-def one_round(endpoint: str, bucket: str, tables: list[pa.Table], n_keys: int,
-              tag: str) -> dict:
+def one_round(server, bucket: str, tables: list[pa.Table], n_keys: int, tag: str) -> dict:
+    """The exchange of `tables` by their `window` column through s3://`bucket`/exchange-`tag`
+    on `server` (a LoopbackS3): the requests made on that folder, by method, and the times."""
     import ray
 
     from preprocessing.exchange import group_by
     from storage import location
 
     ds = ray.data.from_arrow(tables)
-    spill = location(f"s3://{bucket}/exchange-{tag}")
-    _recorder(endpoint, "reset-recording")
-    _recorder(endpoint, "start-recording")
-    t0 = time.perf_counter()
-    out, scattered = group_by(ds, key="window", n_keys=n_keys, fn=rows_of, fn_kwargs={},
-                              how="files", spill_dir=spill, label=tag)
-    t1 = time.perf_counter()
-    got = out.to_arrow_refs()
-    total = pa.concat_tables(ray.get(got))
-    t2 = time.perf_counter()
-    _recorder(endpoint, "stop-recording")
-    log = [json.loads(line) for line in _recorder(endpoint, "download-recording").decode()
-           .splitlines() if line.strip()]
+    folder = f"{bucket}/exchange-{tag}"
+    with server.recorded() as requests:
+        t0 = time.perf_counter()
+        out, scattered = group_by(ds, key="window", n_keys=n_keys, fn=rows_of, fn_kwargs={},
+                                  how="files", spill_dir=location(f"s3://{folder}"), label=tag)
+        t1 = time.perf_counter()
+        total = pa.concat_tables(ray.get(out.to_arrow_refs()))
+        t2 = time.perf_counter()
+    log = [r for r in requests if f"/{folder}/" in r["url"]]
     if int(pa.compute.sum(total["rows"]).as_py()) != scattered:
         raise RuntimeError(f"{tag}: gathered {total['rows']} rows, scattered {scattered}")
     ids = sum(int(t["id"].to_numpy().sum()) for t in tables)
     if int(pa.compute.sum(total["ids"]).as_py()) != ids:
         raise RuntimeError(f"{tag}: the gathered rows are not the scattered ones")
-    by = Counter(f"{r['method']} {'/moto-api' if '/moto-api' in r['url'] else 'object'}"
-                 for r in log)
-    reads = sum(v for k, v in by.items() if k.split()[0] in ("GET", "HEAD")
-                and k.endswith("object"))
+    by = Counter(f"{r['method']} object" for r in log)
+    reads = sum(v for k, v in by.items() if k.split()[0] in ("GET", "HEAD"))
     return {"scatter_s": round(t1 - t0, 3), "gather_s": round(t2 - t1, 3),
-            "requests": sum(v for k, v in by.items() if k.endswith("object")),
-            "read_requests": reads, "by_method": dict(sorted(by.items()))}
+            "requests": sum(by.values()), "read_requests": reads,
+            "by_method": dict(sorted(by.items()))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -110,8 +94,6 @@ def main(argv: list[str] | None = None) -> None:
     from benchmarks.s3_server import LoopbackS3
 
     load_before = load_average()
-    scratch = tempfile.mkdtemp(prefix="convs2s-bench-exchange-")
-    os.environ["MOTO_RECORDER_FILEPATH"] = f"{scratch}/recording"  # (the server's, not here)
     server = LoopbackS3.start()
     try:
         os.environ.update(server.env())
@@ -122,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         tables = blocks(args.rows, args.blocks, args.keys, seed=1)
         runs = []
         for r in range(args.rounds):
-            run = one_round(server.endpoint, bucket, tables, args.keys, f"r{r}")
+            run = one_round(server, bucket, tables, args.keys, f"r{r}")
             runs.append(run)
             print(f"round {r + 1}: {run['requests']:,} requests ({run['read_requests']:,} "
                   f"reads), scatter {run['scatter_s']:.2f} s, gather {run['gather_s']:.2f} s "
@@ -130,7 +112,6 @@ def main(argv: list[str] | None = None) -> None:
         ray.shutdown()
     finally:
         server.stop()
-        shutil.rmtree(scratch, ignore_errors=True)
     path = write_result(
         args.out, "exchange",
         {"rows": args.rows, "blocks": args.blocks, "keys": args.keys, "label": args.label},

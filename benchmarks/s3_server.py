@@ -18,9 +18,13 @@ the project uses (PUT / GET / HEAD / list / DELETE, multipart uploads).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -45,8 +49,8 @@ class LoopbackS3:
 
     REGION = "us-east-1"
 
-    def __init__(self, port: int, proc: subprocess.Popen):
-        self.port, self.proc = port, proc
+    def __init__(self, port: int, proc: subprocess.Popen, scratch: str | None = None):
+        self.port, self.proc, self.scratch = port, proc, scratch
 
     @property
     def endpoint(self) -> str:
@@ -59,10 +63,14 @@ class LoopbackS3:
             raise RuntimeError(f"{exe} not found: install the test extras (pip install -e "
                                "'.[test]', which brings moto[server])")
         port = port or free_port()
+        # moto's request recorder (`recorded`) writes its file here, not into the cwd
+        scratch = tempfile.mkdtemp(prefix="convs2s-s3-server-")
         proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent)
-        server = cls(port, proc)
+                                preexec_fn=_die_with_parent,
+                                env={**os.environ,
+                                     "MOTO_RECORDER_FILEPATH": f"{scratch}/recording"})
+        server = cls(port, proc, scratch)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -104,6 +112,27 @@ class LoopbackS3:
                 return out
             token = page["NextContinuationToken"]
 
+    def _recorder(self, action: str) -> bytes:
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/recorder/{action}",
+                                     method="GET" if action.startswith("download") else "POST")
+        with urllib.request.urlopen(req) as r:
+            return r.read()
+
+    @contextlib.contextmanager
+    def recorded(self):
+        """The requests the server answers inside the block, as moto's recorder keeps them
+        ({method, url, headers, ...} each; the list is filled when the block ends). Every
+        client's requests are recorded: filter by URL."""
+        out: list[dict] = []
+        self._recorder("reset-recording")
+        self._recorder("start-recording")
+        try:
+            yield out
+        finally:
+            self._recorder("stop-recording")
+            out += [json.loads(line) for line in
+                    self._recorder("download-recording").decode().splitlines() if line.strip()]
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -111,6 +140,8 @@ class LoopbackS3:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":  # a server for trying things by hand: prints its environment

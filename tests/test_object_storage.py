@@ -217,6 +217,17 @@ def test_a_bucket_without_credentials_is_one_line_naming_the_variables(s3, capsy
     assert "no AWS credentials found; set AWS_ACCESS_KEY_ID" in err
 
 
+def test_the_exchange_reads_a_bucket_once_a_spill_file_for_each_group_of_keys(s3, ray_session):
+    """The batches stage's exchange with its spill folder in a bucket, its requests counted by
+    the server (benchmarks.exchange): 4 blocks x 10 windows are 3 gather tasks of up to four
+    windows, each reading every spill file once (the object's size, then one ranged GET):
+    24 reads. Each window's task read every file's footer and record batch before (160)."""
+    from benchmarks.exchange import blocks, one_round
+
+    run = one_round(s3, "convs2s-test", blocks(4000, 4, 10, seed=1), 10, "spec")
+    assert run["read_requests"] == 24 and run["by_method"]["GET object"] == 12, run
+
+
 def test_a_stage_killed_mid_write_in_a_bucket_is_never_read_and_a_rerun_completes_it(s3):
     import pyarrow as pa
 
