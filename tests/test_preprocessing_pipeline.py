@@ -341,6 +341,26 @@ def test_the_hub_path_reads_a_mirror_and_a_run_pinned_to_its_commit_is_the_same_
         assert Path(before.root).name != Path(first.root).name
 
 
+def test_text_read_by_a_task_per_block_gives_the_same_stages_byte_for_byte(newstest, tmp_path,
+                                                                           monkeypatch):
+    """Large uncompressed text is read by a task per block of lines from byte offsets
+    (`reading.line_index`; these files are small, so the threshold is set to 0): the same
+    rows in every stage and the same batches byte for byte. (The cleaned and encoded parts
+    are a block each, as a parquet source's are; one task's blocks were merged by Ray Data's
+    output buffer into parts of up to 128 MiB.)"""
+    from preprocessing import reading
+
+    cfg, out = newstest
+    monkeypatch.setattr(reading, "INDEX_BYTES", 0)
+    indexed = run_pipeline(cfg.replace(root=str(tmp_path / "indexed")))
+    for split in NEWSTEST:
+        for stage in ("clean", "encoded"):
+            assert read_rows(stage_folder(indexed, stage, split)) == \
+                read_rows(stage_folder(out, stage, split)), (stage, split)
+        assert len(part_bytes(stage_folder(indexed, "clean", "train"))) == 4  # 3,003 lines
+        assert part_bytes(indexed.batches[split]) == part_bytes(out.batches[split])
+
+
 def test_another_batch_cut_reuses_the_encoded_data_and_keeps_the_first_cut(newstest):
     """Another token budget on prepared data (`--set data.max_tokens=N`, to keep the paper's
     update on fewer GPUs): the cleaned, BPE and encoded stages are reused, only the batches

@@ -187,6 +187,50 @@ def test_a_tsv_header_is_counted_and_a_csv_written_or_swapped_tsv_is_refused(tmp
         rows_of("fr\ten\nbonjour\thello\n")
 
 
+@pytest.mark.parametrize("kind", ["text", "tsv", "jsonl"])
+def test_a_large_line_based_input_is_read_by_a_task_per_block_with_the_same_rows(tmp_path, kind,
+                                                                                monkeypatch):
+    """Uncompressed line-based input past INDEX_BYTES is read by a task per block of lines,
+    from byte offsets one pass on the driver finds (one task parsed 36M pairs in about 8
+    minutes on one core): the same rows, ids and blocks as one task reads, whole or a line
+    range, BOM, CRLF, a last line without its end and bad rows included; a text pair out of
+    line is named on the driver."""
+    from preprocessing import reading
+
+    rng = __import__("random").Random(kind)
+    en = [f"line {i} " + "w " * rng.randint(0, 9) for i in range(50)]
+    fr = [f"ligne {i} " + "m " * rng.randint(0, 9) for i in range(50)]
+    en[7], fr[9] = "", "\t\t"  # an empty side; a tsv row with too many tabs
+    if kind == "text":
+        (tmp_path / "c.en").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(en).encode())
+        (tmp_path / "c.fr").write_text("\n".join(fr) + "\n")
+    elif kind == "tsv":
+        (tmp_path / "c.tsv").write_text("en\tfr\n" + "".join(f"{a}\t{b}\n"
+                                                             for a, b in zip(en, fr)))
+    else:
+        (tmp_path / "c.jsonl").write_text("".join(json.dumps({"translation": {"en": a, "fr": b}})
+                                                  + "\n" for a, b in zip(en, fr)) + "{bad\n")
+    for name in ("c", "c[5:38]", "c[44:]"):
+        cfg = local_cfg(tmp_path, splits={"train": name})
+        src = resolve_split(cfg, "train")
+        one = SplitDatasource(src, cfg.replace(block_rows=3)).get_read_tasks(1)
+        monkeypatch.setattr(reading, "INDEX_BYTES", 0)
+        tasks = SplitDatasource(src, cfg.replace(block_rows=3)).get_read_tasks(1)
+        monkeypatch.undo()
+        assert len(one) == 1 and len(tasks) > 1, name
+        blocks = [t.to_pylist() for task in one for t in task()]
+        assert blocks == [t.to_pylist() for task in tasks for t in task()], (kind, name)
+    if kind == "text":  # out of line: named before any read task runs
+        (tmp_path / "c.fr").write_text("\n".join(fr[:-1]) + "\n")
+        monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)  # (files this small: counted
+        cfg = local_cfg(tmp_path, splits={"train": "c"})        # by resolve_split)
+        src = resolve_split(cfg, "train")
+        monkeypatch.setattr(reading, "INDEX_BYTES", 0)
+        with pytest.raises(PreprocessError, match=r"line count mismatch: .*c\.en has 50 lines "
+                                                  r"but .*c\.fr has 49"):
+            SplitDatasource(src, cfg)
+
+
 def test_missing_inputs_are_clear_errors(tmp_path):
     (tmp_path / "only.en").write_text("a\n")
     cfg = local_cfg(tmp_path, splits={"train": "only", "valid": "nothing", "test": "a.txt,b.txt"})
