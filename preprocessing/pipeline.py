@@ -380,29 +380,37 @@ def data_dir(cfg: PreprocessConfig, sources: dict[str, SplitSource] | None = Non
 
 
 def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
-                 vocabulary=None) -> PipelineOutput:
+                 vocabulary=None, revision_names: tuple[str, ...] = ()) -> PipelineOutput:
     """Run (or resume) every stage of `cfg`'s task; Ray is started if it is not running, or
     joined where RAY_ADDRESS names a cluster (`storage.ray_join.RayAddressError`: one it cannot).
 
     `vocabulary` (encoding.py says what it is) fixes the token ids instead of learning a joint
     BPE: fine-tuning encodes new data with the model's own text pipeline. The BPE settings of
-    `cfg` then do not apply."""
+    `cfg` then do not apply.
+
+    `revision_names`: hub revisions a folder of this data may have been keyed by before
+    2026-12-07 (`data_dir`), besides `cfg.hub_revision`: a run that recorded `main` and is
+    pinned to its commit now finds the folder it trained from."""
     cfg = cfg.replace(root=str(location(cfg.root)))
     sources = {s: resolve_split(cfg, s, hub_endpoint) for s in cfg.splits}  # fail fast, no Ray
     if vocabulary is not None and cfg.shortlist_per_source and not vocabulary.spm_model:
         raise PreprocessError(f"shortlist_per_source={cfg.shortlist_per_source}: vocabulary "
                               "selection needs one joint vocabulary, and the fixed "
                               f"vocabulary {vocabulary!r} has one per language; set it to 0")
-    task_dir, by_revision = data_dir(cfg, sources, vocabulary), False
-    if _by_commit(cfg) and not task_dir.exists():  # a hub folder made before: its own keys
-        older = data_dir(cfg, sources, vocabulary, by_revision=True)
-        if older.exists():
-            task_dir, by_revision = older, True
+    task_dir, keyed_by = data_dir(cfg, sources, vocabulary), None
+    if _by_commit(cfg):  # a hub folder made before, keyed by a revision's name: its own keys
+        # (first: a run that trained from it refuses batches of another folder)
+        for name in dict.fromkeys([cfg.hub_revision, *filter(None, revision_names)]):
+            older = data_dir(cfg.replace(hub_revision=name), sources, vocabulary,
+                             by_revision=True)
+            if older.exists():
+                task_dir, keyed_by = older, name
+                break
     if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
         log.info("%s (Ray Data's in ray-data/)",
                  ray_join.start_or_join(submit="python -m preprocessing ..."))
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
-        return _run_stages(cfg, sources, task_dir, vocabulary, by_revision)
+        return _run_stages(cfg, sources, task_dir, vocabulary, keyed_by)
 
 
 def _by_commit(cfg: PreprocessConfig) -> bool:
@@ -412,10 +420,10 @@ def _by_commit(cfg: PreprocessConfig) -> bool:
 
 
 def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir: Path,
-                vocabulary, by_revision: bool = False) -> PipelineOutput:
+                vocabulary, keyed_by: str | None = None) -> PipelineOutput:
     """Every stage of `run_pipeline`, in order; each is skipped when its output is up to date.
-    `by_revision`: `task_dir` is a hub folder made before 2026-12-07, whose cleaning stages
-    were keyed by the revision's name as given (`data_dir`)."""
+    `keyed_by`: `task_dir` is a hub folder made before 2026-12-07, whose cleaning stages were
+    keyed by this revision's name (`data_dir`)."""
     m: dict[str, dict] = {}
     ran: list[str] = []
     stage = functools.partial(_stage, ran=ran)  # (each stage that runs is listed)
@@ -424,8 +432,11 @@ def _run_stages(cfg: PreprocessConfig, sources: dict[str, SplitSource], task_dir
         "max_line_bytes", "hub_repo", "hub_config", "hub_revision", "seed")}
     if cfg.token_map:  # (only where set: the stages of other data keep their keys)
         clean_cfg["token_map"] = dict(cfg.token_map)
-    if _by_commit(cfg) and not by_revision:  # (the commit is in the input's fingerprint)
-        del clean_cfg["hub_revision"]
+    if _by_commit(cfg):  # (the commit is in the input's fingerprint)
+        if keyed_by is None:
+            del clean_cfg["hub_revision"]
+        else:
+            clean_cfg["hub_revision"] = keyed_by
     if unspaced(cfg.src_lang) or unspaced(cfg.tgt_lang):  # (lengths in characters since
         clean_cfg["unspaced_lengths"] = 1  # 2026-12-06: folders made before are not reused)
     folders = {split: split_folder(cfg, split, src) for split, src in sources.items()}

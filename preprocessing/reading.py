@@ -126,33 +126,60 @@ def _parse(kind: str, lines: list[bytes], shape: tuple[str, str, str]):
 # break, which such a writer quotes across two lines, would pair half a sentence with the
 # other side's next one.
 _CSV_QUOTED = re.compile(r'^"(?:[^"]|"")*""(?:[^"]|"")*"$')
-# A TSV's first line naming its columns: its two languages (or source / target)
-_HEADERS = ({"source", "target"}, {"src", "tgt"})
+_CSV_WRITTEN = ("is written by a CSV writer (a field in quotes, its own quotes doubled, or a "
+                "quoted line break): this reader takes one pair a line, split at its tab, as "
+                "quoting=csv.QUOTE_NONE writes it; re-export it so, or as .jsonl")
+# A TSV's first line naming its columns, in the run's order: source / target (or its two
+# languages, `_tsv_header`)
+_HEADERS = (["source", "target"], ["src", "tgt"])
 
 
-def _tsv_problem(raw: bytes, row: int, shape) -> str | None:
-    """Why a TSV line (row `row`, 0-based) stops the read, or None: a field quoted as a CSV
-    writer quotes it, a line break quoted across lines, or a header naming the run's
-    languages in the other order (its columns would be read swapped)."""
-    text = raw.decode("utf-8", "replace")
-    cols = text.split("\t")
-    if any(_CSV_QUOTED.match(c) for c in cols) or (
-            len(cols) == 1 and text.startswith('"') and text.count('"') % 2):
-        return ("is written by a CSV writer (a field in quotes, its own quotes doubled, or a "
-                "quoted line break): this reader takes one pair a line, split at its tab, "
-                "as quoting=csv.QUOTE_NONE writes it; re-export it so, or as .jsonl")
-    if row == 0 and len(cols) == 2 and [c.strip().lower() for c in cols] == [shape[2], shape[1]]:
+def _tsv_problem(cols: list[str], row: int, shape) -> str | None:
+    """Why a TSV line's fields (row `row`, 0-based) stop the read, or None: a field quoted as
+    a CSV writer quotes one holding a quote, or a header naming the columns the other way
+    round (the file's columns would be read swapped)."""
+    if any(_CSV_QUOTED.match(c) for c in cols):
+        return _CSV_WRITTEN
+    names = [c.strip().lower() for c in cols]
+    if row == 0 and len(cols) == 2 and (names == [shape[2], shape[1]]
+                                        or names[::-1] in _HEADERS):
         return (f"names its columns {cols[0].strip()!r}, {cols[1].strip()!r}: a .tsv is read as "
                 f"<src><TAB><tgt> of the run ({shape[1]} -> {shape[2]}); swap its columns, or "
                 "run the other direction")
     return None
 
 
-def _tsv_header(raw: bytes, shape) -> bool:
-    """Whether a TSV's first line names its columns (the run's two languages, in order, or
-    source / target): counted as a bad_row, not trained on or scored as a pair."""
-    cols = [c.strip().lower() for c in raw.decode("utf-8", "replace").split("\t")]
-    return len(cols) == 2 and (cols == [shape[1], shape[2]] or set(cols) in _HEADERS)
+def _tsv_header(cols: list[str], shape) -> bool:
+    """Whether a TSV's first line's fields name its columns in the run's order (its two
+    languages, or source / target): counted as a bad_row, not trained on or scored."""
+    names = [c.strip().lower() for c in cols]
+    return len(cols) == 2 and (names == [shape[1], shape[2]] or names in _HEADERS)
+
+
+def _odd(field: str) -> bool:
+    return field.count('"') % 2 == 1
+
+
+def _tsv_opens(cols: list[str]) -> str | None:
+    """Which field of a TSV line opens a quote it does not close ("first": the line's only
+    field, "last": its last one), or None. A CSV writer's quoted line break starts so, and
+    ends on the next line (`_tsv_closes`); a sentence may open a quote another one closes,
+    so the two lines together are the sign, not one."""
+    if len(cols) == 1 and cols[0].startswith('"') and _odd(cols[0]):
+        return "first"
+    if len(cols) >= 2 and cols[-1].startswith('"') and _odd(cols[-1]):
+        return "last"
+    return None
+
+
+def _tsv_closes(cols: list[str], opened: str) -> bool:
+    """Whether a TSV line ends the quoted field its previous line opened (`_tsv_opens`): its
+    first field closes a quote it did not open, and the line holds the rest of that row (the
+    other fields after a first field's break; nothing after a last field's)."""
+    head = cols[0]
+    if not (head.endswith('"') and not head.startswith('"') and _odd(head)):
+        return False
+    return len(cols) >= 2 if opened == "first" else len(cols) == 1
 
 
 # Uncompressed line-based input larger than this (all its files together) is read by a task per
@@ -231,6 +258,7 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
                 h.seek(offset)
             n = first
         ids, src, tgt, errors = [], [], [], []
+        opened = None  # (a TSV line's field that opened a quote: `_tsv_opens`)
         while True:
             lines = []
             for h, path in zip(handles, files):
@@ -254,15 +282,20 @@ def _read_lines(kind: str, files: list[str], shape, limit: int, block_rows: int,
                 continue
             s, t, e = _parse(kind, lines, shape)
             if kind == "tsv" and not isinstance(lines[0], _TooLong):
-                if problem := _tsv_problem(lines[0], n, shape):
+                cols = lines[0].decode("utf-8", "replace").split("\t")
+                if opened and _tsv_closes(cols, opened):
+                    raise PreprocessError(f"{files[0]}, lines {n}-{n + 1}: {_CSV_WRITTEN}")
+                if problem := _tsv_problem(cols, n, shape):
                     raise PreprocessError(f"{files[0]}, line {n + 1}: {problem}")
-                if n == 0 and _tsv_header(lines[0], shape):
+                if n == 0 and _tsv_header(cols, shape):
                     s, t, e = "", "", "bad_row"
+                opened = _tsv_opens(cols)
             ids.append(n), src.append(s), tgt.append(t), errors.append(e)
             n += 1
             if len(ids) == block_rows:
                 yield _pairs_table(ids, src, tgt, errors, shape)
                 ids, src, tgt, errors = [], [], [], []
+        opened = None  # (a TSV line's field that opened a quote: `_tsv_opens`)
         if kind == "text" and end is not None and not pair_counted:
             counts = []
             for h, path, line in zip(handles, files, lines):

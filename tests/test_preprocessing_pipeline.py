@@ -332,13 +332,19 @@ def test_the_hub_path_reads_a_mirror_and_a_run_pinned_to_its_commit_is_the_same_
         # as the code before made it: keyed by "main", cleaned under that name
         monkeypatch.setattr(pipeline, "_by_commit", lambda cfg: False)
         hub.commits["main"] = old
-        before = run_pipeline(hub_cfg.replace(root=str(tmp_path / "before")),
-                              hub_endpoint=hub.url)
+        before = run_pipeline(hub_cfg, hub_endpoint=hub.url)
         monkeypatch.undo()
-        again = run_pipeline(hub_cfg.replace(root=str(tmp_path / "before")),
-                             hub_endpoint=hub.url)
-        assert (again.root, again.ran) == (before.root, ())
+        again = run_pipeline(hub_cfg, hub_endpoint=hub.url)
+        # (the folder of this data keyed by name, made before, is taken over the one keyed by
+        # commit: a run that trained from it refuses another folder's batches)
         assert Path(before.root).name != Path(first.root).name
+        assert (again.root, again.ran) == (before.root, ())
+        # that run's branch moves; pinned to its commit, it finds its folder by the name its
+        # workflow recorded (workflow.json's data_keyed_by), every stage up to date
+        hub.commits["main"] = new
+        pinned_before = run_pipeline(hub_cfg.replace(hub_revision=old),
+                                     hub_endpoint=hub.url, revision_names=("main",))
+        assert (pinned_before.root, pinned_before.ran) == (before.root, ())
 
 
 def test_text_read_by_a_task_per_block_gives_the_same_stages_byte_for_byte(newstest, tmp_path,

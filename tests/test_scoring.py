@@ -417,6 +417,7 @@ def test_a_gzip_file_is_read_as_sacrebleus_cli_reads_it_and_a_bad_one_is_named(t
     with pytest.raises(ValueError, match=rf"--ref {tmp_path / 'cut.de.gz'} is a damaged gzip "
                                          "file .*give it compressed whole"):
         scoring.text_lines("--ref", tmp_path / "cut.de.gz")
-    (tmp_path / "latin.de").write_bytes("caf\xe9\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"--test t: .*latin\.de is not UTF-8 text \(byte 3"):
-        scoring.text_lines("--test t:", tmp_path / "latin.de")
+    (tmp_path / "latin.de").write_bytes(b"x\n" * 60_000 + "caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"--test t: .*latin\.de is not UTF-8 text \(line "
+                                         r"60001, byte 4 of it: b'\\xe9'\)"):
+        scoring.text_lines("--test t:", tmp_path / "latin.de")  # (past a decoder's chunk)

@@ -176,8 +176,8 @@ def test_a_tsv_header_is_counted_and_a_csv_written_or_swapped_tsv_is_refused(tmp
         csv.writer(f, delimiter="\t").writerows([("plain", "simple"), ("two\nlines", "deux"),
                                                  ("x", "y")])
     cfg = local_cfg(tmp_path, splits={"train": "c"})
-    with pytest.raises(PreprocessError, match=rf"{tmp_path / 'c.tsv'}, line 2: is written by a "
-                                              "CSV writer .*QUOTE_NONE"):
+    with pytest.raises(PreprocessError, match=rf"{tmp_path / 'c.tsv'}, lines 2-3: is written by "
+                                              "a CSV writer .*QUOTE_NONE"):
         read_all(resolve_split(cfg, "train"), cfg)
     (tmp_path / "c.tsv").write_text('a\tb\n"He said ""hi"""\t"Il a dit ""salut"""\n')
     with pytest.raises(PreprocessError, match=r"c\.tsv, line 2: is written by a CSV writer"):
@@ -185,6 +185,18 @@ def test_a_tsv_header_is_counted_and_a_csv_written_or_swapped_tsv_is_refused(tmp
     with pytest.raises(PreprocessError, match=r"t\.tsv, line 1: names its columns 'fr', 'en'"
                                               r".*<src><TAB><tgt> of the run \(en -> fr\)"):
         rows_of("fr\ten\nbonjour\thello\n")
+    with pytest.raises(PreprocessError, match=r"line 1: names its columns 'target', 'source'"):
+        rows_of("target\tsource\nbonjour\thello\n")
+    # a line break quoted in the last field: the target's half sentence was kept
+    with open(tmp_path / "c.tsv", "w", newline="") as f:
+        csv.writer(f, delimiter="\t").writerows([("plain", "simple"), ("Line", "Zeile eins\nzwei"),
+                                                 ("x", "y")])
+    with pytest.raises(PreprocessError, match=r"c\.tsv, lines 2-3: is written by a CSV writer"):
+        read_all(resolve_split(cfg, "train"), cfg)
+    # a quote a sentence opens and a later line closes, or one opened on a line without its
+    # tab: a counted bad_row, not a refused file (only both lines together are a CSV writer's)
+    got = rows_of('"Open quote\tthe rest\nmore "text\tmore\n"no tab here\nnext\tline\n')
+    assert [r["error"] for r in got] == [None, None, "bad_row", None]
 
 
 @pytest.mark.parametrize("kind", ["text", "tsv", "jsonl"])

@@ -879,3 +879,20 @@ def test_a_stopped_sweep_removes_the_placement_groups_its_trials_left_and_no_oth
         maker.cancel()
         for group in made + late:
             remove_placement_group(group)
+
+
+def test_a_hub_trial_finished_before_hub_data_was_keyed_by_commit_stays_finished(tmp_path):
+    """Since 2026-12-07 a hub dataset's revision name is no setting of a run (its commit is
+    the run's input identity): a trial.json written before, whose key named it, still answers
+    a rerun of the same trial (its training was not launched again)."""
+    from workflows import wmt14_en_de
+
+    opts = RunOptions(preset="ablation", storage_path=str(tmp_path / "st"), run_name="s",
+                      sweep="table4", seeds=1, variants=["baseline"], max_updates=100)
+    trial = resolve_sweep(wmt14_en_de.ablation(), opts).trials[0]
+    assert trial.spec.data.source == "hub" and len(trial.keys_before) == 1
+    trial.spec.run_dir.mkdir(parents=True)
+    trial.record.write_text(json.dumps({"key": trial.keys_before[0], "metrics": {}}))
+    assert trial.recorded() is not None
+    trial.record.write_text(json.dumps({"key": "another", "metrics": {}}))
+    assert trial.recorded() is None

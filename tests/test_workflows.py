@@ -377,6 +377,18 @@ def test_a_run_on_a_hub_branch_that_moved_goes_on_pinned_to_the_commit_it_traine
         assert f"--set data.hub_revision={old} goes on with it" in reuse_problem(other)
         # a folder keyed by the revision's name, as made before, is still this data's
         assert data_dir(pinned.data, by_revision=True) != folder
+        # A run recorded before named its revision (its data folder keyed by it): the name is
+        # kept when the run goes on pinned, for preprocessing to find that folder
+        from workflows.run_state import StageContext, record_settings
+        from workflows.run_tree import RunTree
+
+        state = json.loads((spec.run_dir / "workflow.json").read_text())
+        state["settings"]["data.hub_revision"] = "main"
+        (spec.run_dir / "workflow.json").write_text(json.dumps(state))
+        uri = mlflow_store(tmp_path)
+        record_settings(StageContext(RunTree.open(uri, "exp", pinned.run_dir, "r")), pinned)
+        state = json.loads((spec.run_dir / "workflow.json").read_text())
+        assert state["data_keyed_by"] == "main" and "data.hub_revision" not in state["settings"]
 
 
 @pytest.mark.slow

@@ -88,10 +88,12 @@ class StageContext:
 BUDGETS = ("max_epochs", "max_updates", "max_time")  # may grow on a rerun: training continues
 
 
-def result_settings(spec) -> dict[str, str]:
+def result_settings(spec, named_revision: bool = False) -> dict[str, str]:
     """What decides a workflow run's results (flattened, as strings): its data (all but the
     evaluation-only test splits and the output root), the task kind, model, optimization
-    (budgets aside), search and ensemble. A rerun under the same name must keep them."""
+    (budgets aside), search and ensemble. A rerun under the same name must keep them.
+    `named_revision`: a hub dataset's revision name too, as recorded before 2026-12-07 (a
+    sweep trial's key of then)."""
     from convs2s.tracking.runs import flatten_params
     from workflows.run_spec import BPE_SETTINGS, preprocess_params
 
@@ -101,10 +103,10 @@ def result_settings(spec) -> dict[str, str]:
         # run that set these before they were refused with --init-from resumes without them)
         for k in BPE_SETTINGS:
             data.pop(k, None)
-    if spec.data.source == "hub":  # the commit it resolves to is the run's input identity
-        # (`input_identity`): a branch name and the commit it stood at are the same data, and
-        # another commit is refused there, saying which (a run whose branch moved goes on
-        # pinned to the commit it trained on)
+    if spec.data.source == "hub" and not named_revision:
+        # The commit it resolves to is the run's input identity (`input_identity`): a branch
+        # name and the commit it stood at are the same data, and another commit is refused
+        # there, saying which (a run whose branch moved goes on pinned to the commit)
         data.pop("hub_revision", None)
     train = {k: v for k, v in spec.train.to_dict().items() if k not in BUDGETS}
     # The update's size: workers (each a GPU with --use-gpu) x micro-batches x tokens.
@@ -343,6 +345,12 @@ def record_settings(ctx: StageContext, spec) -> None:
         if how:
             tags["convs2s.changed"] = cut_tag(f"{time.strftime('%Y-%m-%d %H:%M:%S')}: "
                                               + "; ".join(how))
+    # A hub run recorded before 2026-12-07 named its revision (main, refs/convert/parquet),
+    # and its data folder is keyed by that name: kept for preprocessing to find the folder
+    # when the run goes on pinned to the commit (`run_pipeline(revision_names=)`)
+    before = state.get("settings") or {}
+    if "data.hub_revision" in before and "data.hub_revision" not in settings:
+        state.setdefault("data_keyed_by", before["data.hub_revision"])
     state["settings"], state["budgets"] = settings, new_budgets
     state["test_sets"] = {k: str(v) for k, v in spec.test_sets.items()}
     state["inputs"] = input_identity(spec)

@@ -58,7 +58,8 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
              f" with the vocabulary of {init_from}" if init_from else "")
     t0 = time.monotonic()
     try:
-        out = run_pipeline(pre, vocabulary=vocabulary)
+        out = run_pipeline(pre, vocabulary=vocabulary,
+                           revision_names=(ctx.state().get("data_keyed_by"),))
     except BaseException as err:
         end_run(ctx.tree.uri, run_id, stopped_status(err))
         raise

@@ -83,6 +83,15 @@ class Trial:
         """What makes a finished trial the same: its run's settings and budget."""
         return digest({"settings": result_settings(self.spec), "budgets": budgets(self.spec)})
 
+    @property
+    def keys_before(self) -> tuple[str, ...]:
+        """The key as trials recorded it before 2026-12-07, where it differs: with a hub
+        dataset's revision name among the settings (a finished trial of then stays finished)."""
+        if self.spec.data.source != "hub":
+            return ()
+        return (digest({"settings": result_settings(self.spec, named_revision=True),
+                        "budgets": budgets(self.spec)}),)
+
     @functools.cached_property
     def tests(self) -> dict[str, str]:
         """{test set name: digest of its input's identity (a hub commit, or each file's path,
@@ -104,7 +113,7 @@ class Trial:
         if not self.record.is_file():
             return None
         rec = json.loads(self.record.read_text())
-        return rec if rec.get("key") == self.key else None
+        return rec if rec.get("key") in (self.key, *self.keys_before) else None
 
     @property
     def scoring(self) -> int:

@@ -291,12 +291,27 @@ def read_lines(path: str | Path) -> list[str]:
     gzip file, known by its first bytes, decompressed, as sacrebleu's CLI reads a .gz), without
     a byte-order mark at its start (an editor's; kept, it is part of the first line's first
     word, and that line's n-grams no longer match: 100 BLEU became 79.8 on two lines)."""
-    with open(path, "rb") as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-    opened = (gzip.open(path, "rt", encoding="utf-8-sig", newline="\n") if gz
+    opened = (gzip.open(path, "rt", encoding="utf-8-sig", newline="\n") if _gzipped(path)
               else open(path, encoding="utf-8-sig", newline="\n"))
     with opened as f:
         return [line.rstrip() for line in f]
+
+
+def _gzipped(path: str | Path) -> bool:
+    with open(path, "rb") as raw:
+        return raw.read(2) == b"\x1f\x8b"
+
+
+def _first_not_utf8(path: str | Path) -> str:
+    """Where a file's first byte that is not UTF-8 is: "line L, byte B of it: b'..'" (a text
+    decoder's error gives an offset into its own chunk, not into the file)."""
+    with (gzip.open(path, "rb") if _gzipped(path) else open(path, "rb")) as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"line {number}, byte {err.start + 1} of it: {line[err.start:err.end]!r}"
+    return "a byte of it"
 
 
 def text_lines(flag: str, path: str | Path) -> list[str]:
@@ -306,9 +321,9 @@ def text_lines(flag: str, path: str | Path) -> list[str]:
         return read_lines(path)
     except FileNotFoundError:
         raise ValueError(f"{flag} {path} does not exist") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{flag} {path} is not UTF-8 text (byte {err.start}: "
-                         f"{err.object[err.start:err.start + 1]!r}): give it as UTF-8") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{flag} {path} is not UTF-8 text ({_first_not_utf8(path)}): give it "
+                         "as UTF-8") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as err:
         raise ValueError(f"{flag} {path} is a damaged gzip file ({err or type(err).__name__}): "
                          "give it compressed whole, or uncompressed") from None
