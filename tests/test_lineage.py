@@ -128,6 +128,10 @@ def test_best_model_is_registered_and_its_alias_translates(smoke_workflow, tmp_p
     job = mv.tags["convs2s.job"]
     # Chosen on the validation set (a tie: the first job, best); its test score only reported.
     assert valid[job] == max(valid.values())
+    # the version's tags say both, by set (they said `bleu` and a test_set of the valid one)
+    assert mv.tags["convs2s.chosen_on"] == "demo_valid"
+    assert mv.tags["bleu.demo_valid"] == f"{valid[job]:.2f}"
+    assert mv.tags["bleu.demo_test"] == f"{test[job]:.2f}"
     assert f"best model: {job} (bleu {valid[job]:.2f} on demo_valid, the validation set it is " \
         f"chosen on; {test[job]:.2f} on demo_test) is models:/wmt14_en_fr-demo_test@champion" \
         in w.stdout
@@ -494,3 +498,31 @@ def test_a_champion_scored_by_another_scoring_version_is_not_compared(smoke_work
     assert register("best", old.value).version == "1"
     after = register("avg_last2", old.value + 30.0)
     assert after.moved and after.version == "2", after.reason
+
+
+def test_a_logged_model_replaced_by_new_weights_of_its_job_says_so(tiny_checkpoints, tmp_path):
+    """A continued run's job (avg_last5 of new checkpoints, a restart's best) logs a new model
+    under the same name: the one it replaces is tagged convs2s.superseded, naming the new one
+    (two models of one name were told apart by nothing in the Models view)."""
+    from mlflow.tracking import MlflowClient
+
+    from conftest import mlflow_store
+    from workflows.evaluation import EvalJob, TestSet
+    from workflows.lineage import SUPERSEDED_TAG, log_job_models
+
+    uri = mlflow_store(tmp_path)
+    (tmp_path / "t.en").write_text("a\n")
+    test = TestSet("t", str(tmp_path / "t.en"), str(tmp_path / "t.en"), tgt_lang="fr")
+    known: dict = {}
+    first = log_job_models(uri, [EvalJob("best", (tiny_checkpoints["a"],), test)], {}, "r",
+                           {}, known)
+    again = log_job_models(uri, [EvalJob("best", (tiny_checkpoints["a"],), test)], {}, "r",
+                           {}, known)
+    assert again == first  # the same weights: the same model
+    new = log_job_models(uri, [EvalJob("best", (tiny_checkpoints["b"],), test)], {}, "r", {},
+                         known)
+    client = MlflowClient(uri)
+    assert new["best"] != first["best"]
+    assert f"replaced by {new['best']}" in client.get_logged_model(first["best"]).tags[
+        SUPERSEDED_TAG]
+    assert SUPERSEDED_TAG not in client.get_logged_model(new["best"]).tags

@@ -604,3 +604,21 @@ def test_an_experiment_in_mlflows_trash_is_refused_before_a_run_is_made(sqlite_u
         RunTree.open(sqlite_uri, "binned", tmp_path / "r", "r")
     assert client.search_runs([exp], run_view_type=3) == []  # (ViewType.ALL: none made)
     assert RunTree.open(sqlite_uri, "never made", tmp_path / "r", "r").parent is not None
+
+
+def test_a_server_refusing_the_uris_host_name_says_to_allow_it_not_to_ask_for_rights(tmp_path):
+    """A tracking server (`mlflow server --allowed-hosts`, infra/mlflow's MLFLOW_ALLOWED_HOSTS)
+    answers a host name it does not list with 403 "Invalid Host header": the run's one line
+    names the allowed hosts as the fix (it said the user could not write to the experiment
+    and to ask for EDIT rights, which nothing would mend). Measured on a real server."""
+    from benchmarks.mlflow_ui import mlflow_server
+    from convs2s.tracking.runs import tracking_problem
+
+    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                        "--allowed-hosts", "127.0.0.1:*"], tmp_path / "server.log") as url:
+        assert tracking_problem(url, "exp") is None  # a listed host: runs go on
+        named = url.replace("127.0.0.1", "localhost")
+        problem = tracking_problem(named, "exp")
+    assert problem is not None and "refuses the host name 'localhost:" in problem, problem
+    assert "--allowed-hosts" in problem and "MLFLOW_ALLOWED_HOSTS" in problem
+    assert "may not write" not in problem

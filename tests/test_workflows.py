@@ -1380,3 +1380,45 @@ def test_a_finished_training_is_found_finished_by_a_rerun_that_changes_only_how_
     assert train_key(eight, eight.train, batches, recorded_before=True) == digest(
         {"model": eight.model.to_dict(), "train": eight.train.to_dict(),
          "data": ["c", "f"]})
+
+
+def test_the_parents_headline_figures_are_the_reported_test_set_and_the_best_checkpoints():
+    """The parent's unprefixed `bleu` is the test set the run reports on, whatever the order of
+    its test_sets (listing `valid` first made it the validation score), and its `valid_ppl` is
+    the best checkpoint's, the one scored (it was the last validation's)."""
+    import math
+    from types import SimpleNamespace
+
+    from workflows.engine import parent_metrics
+    from workflows.steps import EvalScore
+
+    spec = resolve(multi30k_en_de.cpu(), RunOptions(preset="cpu", set=[
+        "workflow.test_sets={valid: val, test: test_2016_flickr}"]))
+    assert list(spec.test_sets) == ["valid", "test"]
+    scores = [EvalScore("best", "val", {"bleu": 40.0}, None, ""),
+              EvalScore("best", "test_2016_flickr", {"bleu": 35.0}, None, "")]
+    trained = [SimpleNamespace(metrics={"val_ppl": 9.0, "best_val_loss": math.log(7.0),
+                                        "update": 10, "epoch": 1})]
+    out = parent_metrics(spec, trained, scores, 60.0)
+    assert out["bleu"] == 35.0 and out["valid_ppl"] == pytest.approx(7.0)
+    assert out["eval/best/val/bleu"] == 40.0
+
+
+def test_runs_name_the_commit_a_cluster_copy_was_made_from_and_no_version_as_a_commit(
+        monkeypatch):
+    """A cluster's copy of the code has no .git: CONVS2S_CODE_VERSION (the image's GIT_COMMIT,
+    or set on the job's command line) names the commit; a version that is no commit (the
+    package's "0.1.0", when none is known) is no mlflow.source.git.commit (MLflow's Source
+    column showed it as one)."""
+    from convs2s.tracking.runs import code_version
+    from workflows.engine import source_tags
+
+    spec = resolve(wmt14_en_fr.smoke(), RunOptions(preset="smoke"))
+    sha = "0123456789abcdef0123456789abcdef01234567"
+    for given, commit in ((sha, sha), ("0.1.0 (no git commit)", None)):
+        monkeypatch.setenv("CONVS2S_CODE_VERSION", given)
+        code_version.cache_clear()
+        tags = source_tags(spec)
+        assert tags["convs2s.code_version"] == given
+        assert tags.get("mlflow.source.git.commit") == commit
+    code_version.cache_clear()

@@ -42,6 +42,8 @@ metrics. A rerun whose settings, update size or input data changed is refused
 from __future__ import annotations
 
 import logging
+import math
+import re
 import time
 from dataclasses import dataclass
 
@@ -226,8 +228,16 @@ def champion_sets(test_sets: dict[str, str]) -> tuple[str | None, str | None]:
 
 
 def source_tags(spec: RunSpec) -> dict:
-    return {"mlflow.source.name": f"workflows/{spec.workflow}.py", "mlflow.source.type": "LOCAL",
-            "mlflow.source.git.commit": code_version()}
+    """The run's source: the workflow file, and its git commit where one is known (a cluster's
+    copy of the code has no .git: CONVS2S_CODE_VERSION says it, `code_version`), else the
+    version said as convs2s.code_version only (MLflow's Source column showed 0.1.0 as a
+    commit)."""
+    version = code_version()
+    tags = {"mlflow.source.name": f"workflows/{spec.workflow}.py", "mlflow.source.type": "LOCAL",
+            "convs2s.code_version": version}
+    if re.fullmatch(r"[0-9a-f]{7,40}", version):
+        tags["mlflow.source.git.commit"] = version
+    return tags
 
 
 def _check_sources(spec: RunSpec) -> None:
@@ -265,13 +275,16 @@ def figures_to_log(figures: dict, had: dict) -> dict:
 
 def parent_metrics(spec: RunSpec, trained: list, scores: list[EvalScore],
                    seconds: float) -> dict:
-    """The main scores unprefixed (first test set, first run's best checkpoint) so parent runs
-    of different workflow runs compare by the same keys; every score as
-    eval/<job>/<test>/<metric>, named like the child run that holds it."""
+    """The main scores unprefixed (the test set the run reports on, `champion_sets`, of the
+    first job: the first run's best checkpoint) so parent runs of different workflow runs
+    compare by the same keys (a run whose test_sets listed `valid` first gave its validation
+    scores as `bleu`); every score as eval/<job>/<test>/<metric>, named like the child run
+    that holds it."""
     keys = task_kind(spec.task_kind).metrics
     out = {"workflow_minutes": seconds / 60}
     if scores:
-        main_score = scores[0]
+        main = champion_sets(spec.test_sets)[1]
+        main_score = next((s for s in scores if s.test_set == main), scores[0])
         out.update({k: main_score.metrics[k] for k in keys if k in main_score.metrics})
     for s in scores:
         out.update({f"eval/{s.job}/{s.test_set}/{k}": s.metrics[k] for k in keys
@@ -283,9 +296,14 @@ def parent_metrics(spec: RunSpec, trained: list, scores: list[EvalScore],
 
 def training_figures(trained: list) -> dict:
     """The first training run's figures, as a workflow's parent run and a sweep's trial table
-    show them: validation perplexity, updates, epochs (as the validation metrics count them: a
-    fraction after a mid-epoch stop) and minutes of training (None where it did not say)."""
+    show them: validation perplexity of the best checkpoint (`best/`, the one scored: the last
+    validation's was beside its BLEU before), updates, epochs (as the validation metrics count
+    them: a fraction after a mid-epoch stop) and minutes of training (None where it did not
+    say)."""
     m = trained[0].metrics if trained else {}
     seconds = m.get("train_seconds")
-    return {"valid_ppl": m.get("val_ppl"), "epochs": m.get("epochs", m.get("epoch")),
+    best = m.get("best_val_loss")
+    ppl = math.exp(min(best, 50.0)) if isinstance(best, (int, float)) and math.isfinite(best) \
+        else m.get("val_ppl")
+    return {"valid_ppl": ppl, "epochs": m.get("epochs", m.get("epoch")),
             "updates": m.get("update"), "train_minutes": None if seconds is None else seconds / 60}

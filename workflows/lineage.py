@@ -109,8 +109,27 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
                         redact_text(str(err).splitlines()[0])[:300] if str(err) else "")
             continue
         out[job.name] = served.model_id
+        if rec and rec.get("model_id") and rec["model_id"] != served.model_id:
+            # The model it replaces (new weights under the job's name: a continued run's new
+            # average, a restart) keeps its name: said on it, for the Models view to tell
+            _mark_superseded(client, rec["model_id"], served.model_id)
         known[job.name] = {"stamp": stamp, "model_id": served.model_id}
     return out
+
+
+SUPERSEDED_TAG = "convs2s.superseded"
+
+
+def _mark_superseded(client, model_id: str, by: str) -> None:
+    """Tag a logged model replaced by another of the same name; a failure only warns (the
+    new model and its scores stand)."""
+    try:
+        with bounded_http():
+            client.set_logged_model_tags(model_id, {SUPERSEDED_TAG: (
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')}: replaced by {by} (the job's weights "
+                "changed)")})
+    except Exception as err:  # noqa: BLE001 - deleted since, or the server is gone
+        log.warning("could not mark the replaced model %s (%s)", model_id, type(err).__name__)
 
 
 def _exists(client, model_id: str) -> bool:
@@ -287,7 +306,7 @@ def register_champion(uri: str, name: str, scores: list, models: dict[str, str],
                 if mv is None:  # (slow: made first, then compared afresh before the set)
                     try:
                         mv = _new_version(client, name, registered, model_id, ours, best,
-                                          metric, value, test_set, digest)
+                                          metric, value, test_set, digest, report)
                     except _OtherData as err:
                         return other_data(err.keyed)
                     continue
@@ -329,7 +348,7 @@ class _OtherData(Exception):
 
 
 def _new_version(client, name, registered, model_id, ours, best, metric, value, test_set,
-                 digest):
+                 digest, report: dict | None = None):
     """This run's model as a new version of `name` (the registered model made first). Where
     another run made it since this one looked (two runs registering a task's first model at
     once), its data is checked as a registered model's is (`_OtherData`): a run on other
@@ -346,10 +365,15 @@ def _new_version(client, name, registered, model_id, ours, best, metric, value, 
             keyed = client.get_registered_model(name).tags.get(DIGEST_TAG)
             if keyed and keyed != digest:
                 raise _OtherData(keyed) from None
+    # Its scores by the set they are on: the validation set it was chosen on, and the test set
+    # it is reported on and named after (a version's tags said `bleu` and `convs2s.test_set`
+    # of the validation set alone: its test score appeared nowhere on it)
+    tags = {"convs2s.job": best.job, "convs2s.chosen_on": test_set,
+            f"{metric}.{test_set}": f"{value:.2f}"}
+    if report and report.get("reported") is not None:
+        tags[f"{metric}.{report['reported_on']}"] = f"{report['reported']:.2f}"
     mv = client.create_model_version(name, f"models:/{model_id}", run_id=ours.source_run_id,
-                                     model_id=model_id,
-                                     tags={"convs2s.job": best.job, metric: f"{value:.2f}",
-                                           "convs2s.test_set": test_set})
+                                     model_id=model_id, tags=tags)
     # The Models view's "Registered models" column reads this tag of the logged model.
     versions = json.loads(ours.tags.get(MLFLOW_MODEL_VERSIONS, "[]"))
     client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(

@@ -210,8 +210,12 @@ def get_or_create_experiment(uri: str, name: str, artifact_root: str | None = No
 
 @functools.cache
 def code_version() -> str:
-    """The git commit of the checkout, else the installed package version (asked once per
-    process: the parent run and every training run are tagged with it)."""
+    """CONVS2S_CODE_VERSION where set (a cluster's copy of the code has no .git: the image or
+    the runtime env sets the commit it was made from), else the git commit of the checkout,
+    else "<package version> (no git commit)" (asked once per process: the parent run and
+    every training run are tagged with it)."""
+    if given := os.environ.get("CONVS2S_CODE_VERSION", "").strip():
+        return given
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                              capture_output=True, text=True, timeout=5, check=False)
@@ -222,9 +226,9 @@ def code_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("convs2s-ray")
+        return f"{version('convs2s-ray')} (no git commit)"
     except PackageNotFoundError:
-        return "unknown"
+        return "unknown (no git commit)"
 
 
 def run_key(path: str | os.PathLike) -> str:
@@ -583,6 +587,12 @@ def tracking_problem(uri: str, experiment: str) -> str | None:
                     + (f" and refused user {user!r}" if user else "")
                     + ": set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (an account "
                     "the server's admin made)")
+        if code == "PERMISSION_DENIED" and "Invalid Host header" in str(err):
+            # (MLflow's guard against DNS rebinding: a name the server's --allowed-hosts lacks)
+            host = re.sub(r"^[a-z]+://(?:[^@/]*@)?([^/]+).*$", r"\1", uri)
+            return (f"--tracking-uri {where}: the server refuses the host name {host!r} (MLflow's "
+                    "allowed hosts): add it to the server's --allowed-hosts (infra/mlflow: "
+                    f"MLFLOW_ALLOWED_HOSTS in .env, e.g. {host.split(':')[0]}:*) and restart it")
         if code == "PERMISSION_DENIED":
             return (f"--tracking-uri {where}: user {user!r} may not write to experiment "
                     f"{experiment!r} (read-only); ask its owner or the admin for EDIT on it, "
