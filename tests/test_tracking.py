@@ -69,6 +69,17 @@ def test_same_run_key_finds_the_same_run_and_parent_is_tagged(sqlite_uri):
     assert a == again != other
     run = client.get_run(a)
     assert run.info.status == "RUNNING"  # reopened for the resumed job
+    # ... and says so: from which end, with which code (a KILLED run resumed looked as if it
+    # had run through)
+    assert re.fullmatch(r"\S+ \S+: FAILED -> RUNNING \(code .+\)",
+                        run.data.tags["convs2s.reopened"])
+    end_run(sqlite_uri, a, "KILLED")
+    find_or_create_run(sqlite_uri, "exp", run_key="/runs/a", run_name="a")
+    history = client.get_run(a).data.tags["convs2s.reopened"].split("; ")
+    assert [h.split(": ")[1].split(" (")[0] for h in history] == ["FAILED -> RUNNING",
+                                                                   "KILLED -> RUNNING"]
+    find_or_create_run(sqlite_uri, "exp", run_key="/runs/a", run_name="a")  # running: no line
+    assert len(client.get_run(a).data.tags["convs2s.reopened"].split("; ")) == 2
     assert run.data.tags[RUN_KEY_TAG] == "/runs/a"
     assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["extra"] == "1"
     assert client.get_experiment(run.info.experiment_id).artifact_location.startswith("file:///")

@@ -284,6 +284,10 @@ def find_run(uri: str, experiment_name: str, key: str) -> tuple[str, str] | None
         return None
 
 
+REOPENED_TAG = "convs2s.reopened"  # a run taken up again: when, from which end, which code
+REOPENED_KEPT = 2000  # characters of it kept: the latest times (MLflow takes 8,000 a tag)
+
+
 def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: str,
                        parent_run_id: str | None = None, tags: dict | None = None) -> str | None:
     """The id of the run tagged `run_key` in the experiment (reopened as RUNNING), or of a new
@@ -298,8 +302,14 @@ def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: s
             if parent_run_id:
                 all_tags[PARENT_TAG] = parent_run_id
             if found:
-                run_id = found[0].info.run_id
+                run_id, status = found[0].info.run_id, found[0].info.status
                 client.update_run(run_id, status="RUNNING")
+                if status != "RUNNING":  # its history: each time it was taken up again, from
+                    # which end, with which code (the run's tags otherwise show only the last)
+                    was = found[0].data.tags.get(REOPENED_TAG, "")
+                    line = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {status} -> RUNNING "
+                            f"(code {code_version()})")
+                    all_tags[REOPENED_TAG] = (f"{was}; {line}" if was else line)[-REOPENED_KEPT:]
                 _log_tags(client, run_id, all_tags)
                 return run_id
             return client.create_run(exp_id, run_name=run_name,
