@@ -424,8 +424,9 @@ def test_a_lone_job_on_an_idle_cluster_searches_with_its_cpus(demo_trained, tmp_
         time.sleep(0.1)
     (result,) = evaluate_all([job], t.tracking_uri, t.train.run_id, out_dir=str(tmp_path / "e"))
     assert result.job.num_cpus == 2.0, (ray.available_resources(), ray.cluster_resources())
-    params = MlflowClient(t.tracking_uri).get_run(result.run_id).data.params
-    assert params["eval.num_cpus"] == "2.0"
+    run = MlflowClient(t.tracking_uri).get_run(result.run_id).data
+    # (a tag, which a rescore on other resources updates; as a param it kept the first value)
+    assert run.tags["convs2s.eval.num_cpus"] == "2.0" and "eval.num_cpus" not in run.params
     threads = torch.get_num_threads()
     try:
         one_thread = evaluate_job(job)  # num_cpus=1: one torch thread, in this process

@@ -203,15 +203,23 @@ def short_path(path: str) -> str:
 
 
 def _job_params(job: EvalJob) -> dict:
-    """The same keys for every job, so MLflow's compare view lines the runs up."""
+    """The same keys for every job, so MLflow's compare view lines the runs up. Not the
+    resources it was given (`_resource_tags`): a rescore in the same run may get others."""
     return {
         "eval": {"job": job.name, "kind": job.kind, "n_checkpoints": len(job.checkpoints),
-                 "checkpoints": ",".join(map(short_path, job.checkpoints)),
-                 "num_cpus": job.num_cpus, "num_gpus": job.num_gpus},
+                 "checkpoints": ",".join(map(short_path, job.checkpoints))},
         "test": {"name": job.test_set.name, "src": short_path(job.test_set.src),
                  "ref": short_path(job.test_set.ref), "tgt_lang": job.test_set.tgt_lang,
                  "task_kind": job.test_set.task_kind},
         "search": job.search.to_dict()}
+
+
+def _resource_tags(job: EvalJob) -> dict[str, str]:
+    """The CPUs and GPUs the job's task was given, beside its speed: tags, which a rescore
+    updates (as params they kept the first scoring's, and each rescore on other resources
+    warned that the params differed)."""
+    return {"convs2s.eval.num_cpus": str(job.num_cpus),
+            "convs2s.eval.num_gpus": str(job.num_gpus)}
 
 
 def dataset_of(test: TestSet) -> DatasetRecord:
@@ -366,6 +374,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                 datasets[job.test_set] = dataset_of(job.test_set)
             describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
                          [job.model_id] if job.model_id else [])
+            set_tags(uri, run_ids[job], _resource_tags(job))
         # Scheduled on the cluster, never inside the caller's placement group: a sweep's trial
         # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
         task = ray.remote(evaluate_job)
@@ -424,8 +433,7 @@ def _run_of(uri: str, exp: str, job: EvalJob, out_dir, parent_run_id: str | None
                                   tags={"convs2s.eval.kind": job.kind})
 
     run_id = find()
-    what = {k: v for k, v in flatten_params(_job_params(job)).items()
-            if k not in ("eval.num_cpus", "eval.num_gpus")}
+    what = flatten_params(_job_params(job))
     differ = params_differ(uri, run_id, what)
     # The params show paths' last two parts (train/best: every run's best model); what the run
     # scored is named in full, with the files' versions, by a tag: another run's checkpoints,
