@@ -292,14 +292,20 @@ def _left_of_the_run(cpus: float, groups_only: bool = False) -> list[str]:
 
 def test_each_training_node_logs_its_utilization_to_the_run(trained):
     """MLflow system metrics, sampled by one worker per node (2 workers here, one node),
-    named after the node."""
+    named after the node's rank, its host a tag (keys of the host's name never lined up across
+    runs on a cluster, whose nodes are named anew each time)."""
+    import socket
+
     from convs2s.tracking.system_metrics import node_name
 
     job, result = trained
     client = MlflowClient(job.tracking_uri)
     node = node_name(0)
-    keys = [k for k in client.get_run(result.run_id).data.metrics if k.startswith("system/")]
-    assert keys and all(k.startswith(f"system/{node}/") for k in keys), keys
+    assert node == "node0"
+    run = client.get_run(result.run_id).data
+    keys = [k for k in run.metrics if k.startswith("system/")]
+    assert keys and all(k.startswith("system/node0/") for k in keys), keys
+    assert run.tags["convs2s.node0.host"] == socket.gethostname()
     for name in ("cpu_utilization_percentage", "system_memory_usage_megabytes",
                  "system_memory_usage_percentage"):
         samples = history(client, result.run_id, f"system/{node}/{name}")

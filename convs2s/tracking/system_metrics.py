@@ -7,8 +7,12 @@ in a background thread against the training run. Metric names carry the node:
     system/<node>/cpu_utilization_percentage      system/<node>/system_memory_usage_megabytes
     system/<node>/gpu_0_utilization_percentage    system/<node>/gpu_0_memory_usage_megabytes
 
-where <node> is `node<node rank>-<host name>` (Ray Train's node rank: two Ray nodes on one host
-stay apart). GPU metrics appear where NVIDIA's management library sees a GPU (nvidia-ml-py).
+where <node> is `node<node rank>` (Ray Train's node rank, or torchrun's: two Ray nodes on one host
+stay apart), and the run's tag `convs2s.<node>.host` names its host (a key of the host's name
+made every run's series its own: a cluster's pods and instances are named anew each time, and
+runs on them never lined up in MLflow's compare view, nor a run resumed on new nodes with
+itself; runs before 2026-12-07 have `system/node<rank>-<host>/...`). GPU metrics appear where
+NVIDIA's management library sees a GPU (nvidia-ml-py).
 A resumed run continues the steps after the last logged sample. `TrainJob.system_metrics_s`
 sets the sampling interval; 0 turns sampling off (`--no-system-metrics` in the workflows).
 
@@ -29,10 +33,13 @@ from convs2s.tracking.redact import redact_mlflow_logs, redact_text
 
 
 def node_name(node_rank: int) -> str:
-    """The node's part of the metric names: `node<rank>-<host>` (metric keys allow letters,
-    digits, '_', '-', '.', ' ', '/')."""
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
-    return f"node{node_rank}-{host or 'unknown'}"
+    """The node's part of the metric names: `node<rank>`."""
+    return f"node{node_rank}"
+
+
+def host_tag(node: str) -> dict[str, str]:
+    """The run's tag naming the host of `node` (`node_name`) this process runs on now."""
+    return {f"convs2s.{node}.host": socket.gethostname() or "unknown"}
 
 
 @contextlib.contextmanager
@@ -75,6 +82,10 @@ def node_metrics(tracking_uri: str | None, run_id: str | None, node: str,
                 if not closed.is_set():
                     monitor.start()
                     started.append(monitor)
+            if started:  # which host this node is now (it may change when a run resumes)
+                from convs2s.tracking.runs import set_tags
+
+                set_tags(tracking_uri, run_id, host_tag(node))
         except Exception as err:  # noqa: BLE001 - utilization is an extra, never a failure
             logging.getLogger(__name__).warning(
                 "system metrics of %s are off for this run (%s: %s)", node,
