@@ -762,6 +762,39 @@ def test_a_token_map_given_or_taken_away_on_a_rerun_is_a_changed_setting(tmp_pat
         **{**vars(opts), "set": ["data.token_map={}"]}))) is None  # none, said twice
 
 
+def test_a_long_setting_changed_past_mlflows_param_length_is_a_changed_setting(tmp_path):
+    """A setting longer than an MLflow param (6,000 characters: a large token_map) is recorded
+    cut with a digest of the whole: a rerun that changes it past the cut is refused as any
+    changed setting (the cut values were equal, and the change went unseen); a record cut
+    the old way (no digest) still matches the same value."""
+    from convs2s.tracking.runs import PARAM_CHARS
+    from workflows.run_state import StageContext, record_settings, result_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    words = {f"w{i:04d}": f"v{i:04d}" for i in range(800)}  # ~12,000 characters as JSON
+    last = dict(words, w0799="changed")
+
+    def mapped(m):
+        return "data.token_map={" + ", ".join(f"{k}: {v}" for k, v in m.items()) + "}"
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri, set=[mapped(words)])
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    value = result_settings(spec)["data.token_map"]
+    assert len(value) == PARAM_CHARS and "characters, sha256 " in value
+    record_settings(StageContext(RunTree.open(uri, "exp", spec.run_dir, "r")), spec)
+    assert reuse_problem(spec) is None
+    other = resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": [mapped(last)]}))
+    assert "data.token_map: " in (reuse_problem(other) or "")
+    # a record of before: the value cut at 6,000 characters, no digest
+    state = json.loads((spec.run_dir / "workflow.json").read_text())
+    whole = json.dumps(words)
+    state["settings"]["data.token_map"] = whole[:PARAM_CHARS]
+    (spec.run_dir / "workflow.json").write_text(json.dumps(state))
+    assert reuse_problem(spec) is None
+
+
 def test_a_rerun_may_change_how_it_trains_and_its_gpus_but_not_its_update(tmp_path):
     """A days-long run continued with more frequent checkpoints, fewer of them kept, a fused
     step, or on 4 GPUs instead of 8 (the paper preset accumulates two micro-batches each to keep

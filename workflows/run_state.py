@@ -203,8 +203,25 @@ def changed_settings(before: dict[str, str], after: dict[str, str]) -> list[str]
     (ABSENT_MEANS: a token_map given to a run that had none is a change)."""
     before = {**ABSENT_MEANS, **_update_size(before)}
     after = {**ABSENT_MEANS, **_update_size(after)}
-    return [f"{k}: {before[k]} -> {after[k]}" for k in sorted(set(before) & set(after))
-            if before[k] != after[k]]
+    return [f"{k}: {_shown(before[k])} -> {_shown(after[k])}"
+            for k in sorted(set(before) & set(after)) if not _same(before[k], after[k])]
+
+
+def _same(before: str, after: str) -> bool:
+    """Whether two recorded values of a setting are the same value. A long value recorded
+    before 2026-12-07 was cut at MLflow's length with no digest: it matches a value cut now
+    (`param_value`) whose start it shares (what followed the cut is not known)."""
+    if before == after:
+        return True
+    from convs2s.tracking.runs import CUT_MARK, PARAM_CHARS
+
+    cut = after.rfind(CUT_MARK)
+    return len(before) == PARAM_CHARS and cut > 0 and CUT_MARK not in before \
+        and before[:cut] == after[:cut]
+
+
+def _shown(value: str, chars: int = 200) -> str:
+    return value if len(value) <= chars else value[:chars] + "..."
 
 
 def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:

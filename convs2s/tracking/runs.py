@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -319,15 +320,34 @@ def find_or_create_run(uri: str, experiment_name: str, run_key: str, run_name: s
         return None
 
 
+PARAM_CHARS = 6000  # MLflow's longest param value
+
+
+def param_value(v) -> str:
+    """`v` as a param: its text, or where longer than MLflow takes, its start and a digest of
+    the whole (two long values that differ past the cut stay two values: a run's settings
+    compared by them, `workflows.run_state`, saw no change there)."""
+    text = str(v)
+    if len(text) <= PARAM_CHARS:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    tail = f"{CUT_MARK}{len(text):,} characters, sha256 {digest}]"
+    return text[:PARAM_CHARS - len(tail)] + tail
+
+
+CUT_MARK = " ...["  # where `param_value` cut a value, its length and digest after it
+
+
 def flatten_params(d: dict, prefix: str = "") -> dict[str, str]:
-    """{"model": {"embed_dim": 32}} -> {"model.embed_dim": "32"} (MLflow params are strings)."""
+    """{"model": {"embed_dim": 32}} -> {"model.embed_dim": "32"} (MLflow params are strings;
+    a value past their length cut with a digest, `param_value`)."""
     out: dict[str, str] = {}
     for k, v in d.items():
         name = f"{prefix}{k}"
         if isinstance(v, dict):
             out.update(flatten_params(v, name + "."))
         else:
-            out[name] = str(v)[:6000]
+            out[name] = param_value(v)
     return out
 
 
