@@ -526,3 +526,30 @@ def test_a_logged_model_replaced_by_new_weights_of_its_job_says_so(tiny_checkpoi
     assert f"replaced by {new['best']}" in client.get_logged_model(first["best"]).tags[
         SUPERSEDED_TAG]
     assert SUPERSEDED_TAG not in client.get_logged_model(new["best"]).tags
+
+
+def test_each_logged_model_is_kept_in_the_runs_state_as_it_is_logged(tiny_checkpoints,
+                                                                      tmp_path):
+    """The workflow's state gets each job's model as it is logged (`on_logged`): a run
+    stopped between two jobs' models takes the first up again, not logging it twice (a
+    duplicate without scores)."""
+    from conftest import mlflow_store
+    from workflows.evaluation import EvalJob, TestSet
+    from workflows.lineage import log_job_models
+
+    uri = mlflow_store(tmp_path)
+    (tmp_path / "t.en").write_text("a\n")
+    test = TestSet("t", str(tmp_path / "t.en"), str(tmp_path / "t.en"), tgt_lang="fr")
+    jobs = [EvalJob("best", (tiny_checkpoints["a"],), test),
+            EvalJob("last", (tiny_checkpoints["b"],), test)]
+    known, saved = {}, []
+
+    def stop_after_the_first():
+        saved.append(json.loads(json.dumps(known)))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        log_job_models(uri, jobs, {}, "r", {}, known, on_logged=stop_after_the_first)
+    assert list(saved[0]) == ["best"]
+    again = log_job_models(uri, jobs, {}, "r", {}, saved[0])
+    assert again["best"] == saved[0]["best"]["model_id"] and set(again) == {"best", "last"}

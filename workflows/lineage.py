@@ -63,13 +63,15 @@ def model_name(run_name: str, job: str) -> str:
 
 
 def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run_name: str,
-                   search_params: dict, known: dict) -> dict[str, str]:
+                   search_params: dict, known: dict, on_logged=None) -> dict[str, str]:
     """One logged model per job name (the same weights serve every test set): the pyfunc
     translator of its checkpoints (averaged when the job averages). `source_runs` maps a job
     name to the run that produced the weights; `known` ({job: {"stamp", "model_id"}}, the
     workflow's resume state) holds models logged earlier, reused while their stamp matches and
     they still exist. Returns {job name: model id}; a job whose model cannot be logged is left
-    out after a warning (its scores are still logged on its run)."""
+    out after a warning (its scores are still logged on its run). `on_logged()` is called after
+    each new model is in `known` (the workflow saves its state there: a run stopped between
+    two jobs' models logged the first again, as a duplicate without scores)."""
     from mlflow.tracking import MlflowClient
 
     from convs2s.io.staging import weights_stamp
@@ -114,6 +116,8 @@ def log_job_models(uri: str, jobs: list, source_runs: dict[str, str | None], run
             # average, a restart) keeps its name: said on it, for the Models view to tell
             _mark_superseded(client, rec["model_id"], served.model_id)
         known[job.name] = {"stamp": stamp, "model_id": served.model_id}
+        if on_logged is not None:
+            on_logged()
     return out
 
 

@@ -207,8 +207,8 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     models = {}
     if ctx.tree.parent is not None:  # tracking answers: one logged model per set of weights
         models = log_job_models(ctx.tree.uri, jobs, source_runs, ctx.run_dir.name,
-                                spec.search.to_dict(), state["models"])
-        ctx.save_state(state)
+                                spec.search.to_dict(), state["models"],
+                                on_logged=lambda: ctx.save_state(state))
         jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
     done, todo = [], []
     # A score stands while its weights and its test text are the ones scored (the text by
