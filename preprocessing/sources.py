@@ -401,7 +401,7 @@ def _check_line_ends(path: str, head: int = 1 << 13) -> None:
     except (OSError, EOFError, zlib.error) as e:
         raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
                               "re-export this file") from None
-    if b"\r" in start and b"\n" not in start:
+    if start.count(b"\r") > 1 and b"\n" not in start:  # (one CR: one line either way)
         raise PreprocessError(f"{path}: its lines end in CR alone (no LF in its first "
                               f"{len(start):,} bytes): convert them, e.g. tr '\\r' '\\n'")
 

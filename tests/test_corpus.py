@@ -556,6 +556,22 @@ def test_a_file_of_pairs_is_refused_as_an_input_to_translate(tmp_path):
     assert list(input_lines(str(tmp_path / "notes.txt"))) == ["hello\tbonjour"]
 
 
+def test_text_whose_lines_end_in_cr_alone_is_refused_as_an_input_to_translate(tmp_path):
+    """Lines ending in CR alone (classic Mac OS) read as one line: translated as one sentence,
+    one output line for the input's many. Refused when opened (also as .gz); CRLF is read."""
+    import gzip
+
+    from convs2s.serving.inputs import InputError, input_lines
+
+    (tmp_path / "mac.en").write_bytes(b"one\rtwo\rthree\r")
+    (tmp_path / "mac.en.gz").write_bytes(gzip.compress(b"one\rtwo\rthree\r"))
+    for name in ("mac.en", "mac.en.gz"):
+        with pytest.raises(InputError, match=r"its lines end in CR alone .*tr '\\r' '\\n'"):
+            input_lines(str(tmp_path / name))
+    (tmp_path / "dos.en").write_bytes(b"one\r\ntwo\r\n")
+    assert [x.rstrip("\r") for x in input_lines(str(tmp_path / "dos.en"))] == ["one", "two"]
+
+
 def test_the_actor_flags_without_actors_are_refused_in_one_line(tiny_checkpoints, tmp_path,
                                                                 capsys):
     """--gpus-per-actor, --shard-lines and --no-progress are the --actors job's: given to one

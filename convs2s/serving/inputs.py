@@ -41,6 +41,7 @@ def input_lines(path: str, column: str | None = None):
         return _parquet_lines(path, column)
     raw = open_input(path)
     if not name.endswith(".gz"):
+        _check_line_ends(path, raw)
         return _text_lines(path, raw)
     stream = gzip.GzipFile(fileobj=raw)
     try:
@@ -48,7 +49,19 @@ def input_lines(path: str, column: str | None = None):
     except (OSError, EOFError, zlib.error) as err:
         raw.close()
         raise _not_gzip(path, err) from None
+    _check_line_ends(path, stream, raw)
     return _text_lines(path, stream, raw)
+
+
+def _check_line_ends(path: str, stream, raw=None, head: int = 1 << 13) -> None:
+    """Refuse text whose lines end in CR alone (classic Mac OS), seen in its first `head`
+    bytes (CRs there and no LF): read on LF, the whole file was one line, translated as one
+    sentence, and the output had one line for the input's many."""
+    start = stream.peek(head)[:head] if hasattr(stream, "peek") else b""
+    if start.count(b"\r") > 1 and b"\n" not in start:  # (one CR: one line either way)
+        (raw or stream).close()
+        raise InputError(f"input {path}: its lines end in CR alone (no LF in its first "
+                         f"{len(start):,} bytes): convert them, e.g. tr '\\r' '\\n'")
 
 
 def _not_gzip(path: str, err: Exception) -> InputError:
