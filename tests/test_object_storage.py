@@ -228,6 +228,33 @@ def test_the_exchange_reads_a_bucket_once_a_spill_file_for_each_group_of_keys(s3
     assert run["read_requests"] == 24 and run["by_method"]["GET object"] == 12, run
 
 
+def test_a_text_pair_in_a_bucket_is_read_by_a_task_per_block_as_on_local_disk(s3, tmp_path,
+                                                                              monkeypatch):
+    """Uncompressed text in a bucket is indexed (one pass over each object on the driver) and
+    read by a task per block of lines, each seeking to its byte offsets in the objects: the
+    same rows as one task reading the local files."""
+    from preprocessing import reading
+    from preprocessing.config import PreprocessConfig
+    from preprocessing.reading import SplitDatasource
+    from preprocessing.sources import resolve_split
+
+    for lang, word in (("en", "cat"), ("fr", "chat")):
+        (tmp_path / f"c.{lang}").write_bytes("".join(f"{word} {i} " + "x " * (i % 7) + "\r\n"
+                                                     for i in range(40)).encode())
+        location(f"{BUCKET}/text-pair/c.{lang}").upload(tmp_path / f"c.{lang}")
+
+    def rows(source: str, index_bytes: int) -> tuple[int, list[dict]]:
+        cfg = PreprocessConfig(task="t", source=source, splits={"train": "c[3:]"},
+                               block_rows=6)
+        monkeypatch.setattr(reading, "INDEX_BYTES", index_bytes)
+        tasks = SplitDatasource(resolve_split(cfg, "train"), cfg).get_read_tasks(1)
+        return len(tasks), [r for task in tasks for t in task() for r in t.to_pylist()]
+
+    one, local = rows(str(tmp_path), 1 << 40)
+    many, bucket = rows(f"{BUCKET}/text-pair", 0)
+    assert (one, many) == (1, 7) and bucket == local and len(local) == 37
+
+
 def test_a_stage_killed_mid_write_in_a_bucket_is_never_read_and_a_rerun_completes_it(s3):
     import pyarrow as pa
 
