@@ -18,6 +18,8 @@ import argparse
 import os
 import time
 from collections import Counter
+from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -64,13 +66,15 @@ def one_round(server, bucket: str, tables: list[pa.Table], n_keys: int, tag: str
         t1 = time.perf_counter()
         total = pa.concat_tables(ray.get(out.to_arrow_refs()))
         t2 = time.perf_counter()
-    log = [r for r in requests if f"/{folder}/" in r["url"]]
+    # (by the URL decoded: a listing names the folder as its prefix= parameter, %2F-quoted)
+    log = [r for r in requests if folder in unquote(r["url"])]
     if int(pa.compute.sum(total["rows"]).as_py()) != scattered:
         raise RuntimeError(f"{tag}: gathered {total['rows']} rows, scattered {scattered}")
     ids = sum(int(t["id"].to_numpy().sum()) for t in tables)
     if int(pa.compute.sum(total["ids"]).as_py()) != ids:
         raise RuntimeError(f"{tag}: the gathered rows are not the scattered ones")
-    by = Counter(f"{r['method']} object" for r in log)
+    by = Counter(f"{r['method']} " + ("list" if "list-type=" in r["url"] else "object")
+                 for r in log)
     reads = sum(v for k, v in by.items() if k.split()[0] in ("GET", "HEAD"))
     return {"scatter_s": round(t1 - t0, 3), "gather_s": round(t2 - t1, 3),
             "requests": sum(by.values()), "read_requests": reads,
@@ -109,12 +113,19 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r + 1}: {run['requests']:,} requests ({run['read_requests']:,} "
                   f"reads), scatter {run['scatter_s']:.2f} s, gather {run['gather_s']:.2f} s "
                   f"{run['by_method']}")
-        ray.shutdown()
     finally:
+        ray.shutdown()
         server.stop()
+    import hashlib
+
+    from preprocessing import exchange
+
+    code = Path(exchange.__file__)  # (the code measured, whichever checkout it came from)
     path = write_result(
         args.out, "exchange",
-        {"rows": args.rows, "blocks": args.blocks, "keys": args.keys, "label": args.label},
+        {"rows": args.rows, "blocks": args.blocks, "keys": args.keys, "label": args.label,
+         "exchange_py": str(code),
+         "exchange_py_sha256": hashlib.sha256(code.read_bytes()).hexdigest()},
         machine_info(), load_before, load_average(), {}, {"runs": runs},
         notes=["requests counted by moto's recorder (its /moto-api calls left out); every "
                "block holds rows of every key"], replace=args.replace)

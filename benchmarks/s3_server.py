@@ -44,6 +44,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def _json_stream(text: str) -> list[dict]:
+    """The JSON objects of moto's recording, one after another: moto writes an entry and its
+    line end in two writes from the server's request threads, so a large entry (a part
+    upload's body) can have another's between them, lines do not delimit entries."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return out
+        entry, i = decoder.raw_decode(text, i)
+        out.append(entry)
+
+
 class LoopbackS3:
     """A `moto_server` process on 127.0.0.1:`port`, its data in memory (gone when stopped)."""
 
@@ -130,8 +144,7 @@ class LoopbackS3:
             yield out
         finally:
             self._recorder("stop-recording")
-            out += [json.loads(line) for line in
-                    self._recorder("download-recording").decode().splitlines() if line.strip()]
+            out += _json_stream(self._recorder("download-recording").decode())
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -6,6 +6,10 @@ themselves with HTTP ranges.
 
     with HubMirror(folder, {"main": "a" * 40}) as hub:   # hub.url: the endpoint
         hub.commits["main"] = "b" * 40                   # the branch moves
+
+Every commit serves the same files (a test tells the commits apart by the requests, which name
+the revision read: `hub.requests`). Not served as the hub serves them: LFS redirects to its
+CDN, `Link` paging of long listings, real object ids (an oid / ETag here is the file's size).
 """
 
 from __future__ import annotations
@@ -81,7 +85,10 @@ class HubMirror:
         if path.startswith("/api/datasets/") and parts[5:6] == ["tree"]:
             sha, under = self._commit(parts[6]), unquote("/".join(parts[7:]))
             top = self.folder / under
-            if sha is None or not top.is_dir():
+            if sha is None:
+                return self._send(h, 404, {"error": "Revision not found"}, body,
+                                  {"X-Error-Code": "RevisionNotFound"})
+            if not top.is_dir():
                 return self._send(h, 404, {"error": "Entry not found"}, body,
                                   {"X-Error-Code": "EntryNotFound"})
             deep = parse_qs(query).get("recursive", ["false"])[0].lower() == "true"
@@ -89,6 +96,9 @@ class HubMirror:
             return self._send(h, 200, [self._entry(f) for f in found], body)
         # /api/datasets/<owner>/<name>/paths-info/<rev>  (form or JSON: paths=...)
         if path.startswith("/api/datasets/") and parts[5:6] == ["paths-info"]:
+            if self._commit(parts[6]) is None:
+                return self._send(h, 404, {"error": "Revision not found"}, body,
+                                  {"X-Error-Code": "RevisionNotFound"})
             try:
                 asked = json.loads(data).get("paths", [])
             except ValueError:

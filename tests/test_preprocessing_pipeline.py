@@ -323,7 +323,9 @@ def test_the_hub_path_reads_a_mirror_and_a_run_pinned_to_its_commit_is_the_same_
                               hub_revision="main", root=str(tmp_path / "out"),
                               splits={"train": "train", "valid": "validation", "test": "test"})
         first = run_pipeline(hub_cfg, hub_endpoint=hub.url)
-        assert any(r.startswith(f"GET /datasets/wmt/wmt14/resolve/{old}/") for r in hub.requests)
+        reads = [r for r in hub.requests if "/resolve/" in r]
+        assert reads and all(r.startswith(f"GET /datasets/wmt/wmt14/resolve/{old}/")
+                             for r in reads)  # every read at the commit, not the branch
         for split in NEWSTEST:
             assert part_bytes(first.batches[split]) == part_bytes(out.batches[split])
         hub.commits["main"] = new  # the branch moves
