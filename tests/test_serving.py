@@ -105,6 +105,12 @@ def test_the_pyfunc_model_bounds_a_request_before_any_search(tiny_checkpoints):
     model.translator.search = SearchConfig(beam=16, max_len_b=1024)  # as logged
     with pytest.raises(MlflowException, match=r"CONVS2S_SERVE_MAX_WORK"):
         model.predict(None, [long] * MAX_SENTENCES)
+    # logged with nbest 3: a request's smaller beam is taken (one translation is returned;
+    # it was refused, naming an nbest no request can send)
+    model.translator.search = SearchConfig(beam=5, nbest=3, max_len_a=0, max_len_b=6)
+    one = model.translator.translate(lines, SearchConfig(beam=2, nbest=1, max_len_a=0,
+                                                         max_len_b=6))
+    assert model.predict(None, lines, {"beam": 2}) == one
 
 
 def _download_mlmodel(tracking_uri: str, model_uri: str, tmp_path: Path) -> Path:

@@ -204,7 +204,8 @@ def short_path(path: str) -> str:
 
 def _job_params(job: EvalJob) -> dict:
     """The same keys for every job, so MLflow's compare view lines the runs up. Not the
-    resources it was given (`_resource_tags`): a rescore in the same run may get others."""
+    resources it was given: tags (convs2s.eval.num_cpus / num_gpus, beside its speed), which a
+    rescore on others updates (params kept the first scoring's, and warned they differed)."""
     return {
         "eval": {"job": job.name, "kind": job.kind, "n_checkpoints": len(job.checkpoints),
                  "checkpoints": ",".join(map(short_path, job.checkpoints))},
@@ -212,14 +213,6 @@ def _job_params(job: EvalJob) -> dict:
                  "ref": short_path(job.test_set.ref), "tgt_lang": job.test_set.tgt_lang,
                  "task_kind": job.test_set.task_kind},
         "search": job.search.to_dict()}
-
-
-def _resource_tags(job: EvalJob) -> dict[str, str]:
-    """The CPUs and GPUs the job's task was given, beside its speed: tags, which a rescore
-    updates (as params they kept the first scoring's, and each rescore on other resources
-    warned that the params differed)."""
-    return {"convs2s.eval.num_cpus": str(job.num_cpus),
-            "convs2s.eval.num_gpus": str(job.num_gpus)}
 
 
 def dataset_of(test: TestSet) -> DatasetRecord:
@@ -374,7 +367,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                 datasets[job.test_set] = dataset_of(job.test_set)
             describe_run(uri, run_ids[job], _job_params(job), [datasets[job.test_set]],
                          [job.model_id] if job.model_id else [])
-            set_tags(uri, run_ids[job], _resource_tags(job))
+            set_tags(uri, run_ids[job], {"convs2s.eval.num_cpus": str(job.num_cpus),
+                                         "convs2s.eval.num_gpus": str(job.num_gpus)})
         # Scheduled on the cluster, never inside the caller's placement group: a sweep's trial
         # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
         task = ray.remote(evaluate_job)

@@ -14,7 +14,9 @@ search settings in one logged (and optionally registered) model.
 Serve over HTTP (the project's venv, its bin/ on PATH: the server execs `uvicorn`). POST
 {"inputs": ["a sentence", ...]} to /invocations, answer {"predictions": ["...", ...]}; the
 model's signature comes from its list[str] type hints, so MLflow accepts only the "inputs"
-payload (not dataframe_split / instances):
+payload (not dataframe_split / instances), refuses a null sentence (Ray Serve's deployment
+translates it as an empty line) and an integer setting written as a float ("beam": 5.0); it
+returns one translation a sentence (a request's "nbest" is not a parameter here):
 
     MLFLOW_TRACKING_URI=sqlite:////abs/mlflow.db mlflow models serve \\
         -m models:/convs2s-demo@champion --env-manager local -p 5001
@@ -97,8 +99,12 @@ class TranslatorModel(mlflow.pyfunc.PythonModel):
         check_request(model_input)
         sentences = [s or "" for s in model_input]
         tr = self.translator
+        # One translation a sentence is returned: the search keeps one (a model logged with
+        # nbest 3 refused every request for a beam under 3, naming an nbest its client could
+        # not send, and searched three for each sentence)
+        base = tr.search.replace(nbest=1)
         try:
-            search = search_for(tr.search, params, PYFUNC_PARAMS) if params else tr.search
+            search = search_for(base, params, PYFUNC_PARAMS) if params else base
             # the work its settings may ask, measured on its source pieces (the logged
             # settings' too): refused before any search
             check_work(tr.source_lengths(sentences), search, tr.max_positions)
