@@ -619,7 +619,9 @@ def tracking_problem(uri: str, experiment: str) -> str | None:
                     "the server's admin made)")
         if code == "PERMISSION_DENIED" and "Invalid Host header" in str(err):
             # (MLflow's guard against DNS rebinding: a name the server's --allowed-hosts lacks)
-            host = re.sub(r"^[a-z]+://(?:[^@/]*@)?([^/]+).*$", r"\1", uri)
+            # (from the redacted URI: a password holding a "/" cut the raw one's user part
+            # wrong, and its start was shown as the host)
+            host = re.sub(r"^[a-z]+://(?:[^@/]*@)?([^/]+).*$", r"\1", where)
             return (f"--tracking-uri {where}: the server refuses the host name {host!r} (MLflow's "
                     "allowed hosts): add it to the server's --allowed-hosts (infra/mlflow: "
                     f"MLFLOW_ALLOWED_HOSTS in .env, e.g. {host.split(':')[0]}:*) and restart it")
