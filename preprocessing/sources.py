@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
-from storage import location, open_input, stamp
+from storage import cr_line_ends, location, open_input, stamp
 from storage.redact import redact_logs, redact_text, redact_uri
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
@@ -391,9 +391,8 @@ def line_count_mismatch(files: list[str], counts: list[int]) -> PreprocessError:
 
 
 def _check_line_ends(path: str, head: int = 1 << 13) -> None:
-    """Refuse a text file whose lines end in CR alone (classic Mac OS): it reads as one line,
-    and a corpus of a few sentences became one pair without a word. Looked at in its first
-    `head` bytes: CRs and no LF there."""
+    """Refuse a text file whose lines end in CR alone (`storage.cr_line_ends`), looked at in
+    its first `head` bytes."""
     try:
         with (gzip.open(open_binary(path), "rb") if path.endswith(".gz")
               else open_binary(path)) as f:
@@ -401,9 +400,8 @@ def _check_line_ends(path: str, head: int = 1 << 13) -> None:
     except (OSError, EOFError, zlib.error) as e:
         raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
                               "re-export this file") from None
-    if start.count(b"\r") > 1 and b"\n" not in start:  # (one CR: one line either way)
-        raise PreprocessError(f"{path}: its lines end in CR alone (no LF in its first "
-                              f"{len(start):,} bytes): convert them, e.g. tr '\\r' '\\n'")
+    if problem := cr_line_ends(start):
+        raise PreprocessError(f"{path}: {problem}")
 
 
 def check_text_pair(files: list[str]) -> bool:

@@ -380,6 +380,16 @@ def open_input(p):
     return open(p, "rb")
 
 
+def cr_line_ends(start: bytes) -> str | None:
+    """The fix for text whose lines end in CR alone (classic Mac OS), judged on its first bytes
+    `start` (CRs there and no LF), else None. Read on LF such a file is one line: a corpus of
+    a few sentences became one pair without a word, an input to translate one sentence."""
+    if start.count(b"\r") > 1 and b"\n" not in start:  # (one CR: one line either way)
+        return (f"its lines end in CR alone (no LF in its first {len(start):,} bytes): "
+                "convert them, e.g. tr '\\r' '\\n'")
+    return None
+
+
 def filesystem_of(p) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, path in it) for `p`: for pq.read_table / write_table and Ray Data's
     `filesystem=` arguments."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from storage import location, open_input
+from storage import cr_line_ends, location, open_input
 
 
 class InputError(ValueError):
@@ -58,10 +58,9 @@ def _check_line_ends(path: str, stream, raw=None, head: int = 1 << 13) -> None:
     bytes (CRs there and no LF): read on LF, the whole file was one line, translated as one
     sentence, and the output had one line for the input's many."""
     start = stream.peek(head)[:head] if hasattr(stream, "peek") else b""
-    if start.count(b"\r") > 1 and b"\n" not in start:  # (one CR: one line either way)
+    if problem := cr_line_ends(start):
         (raw or stream).close()
-        raise InputError(f"input {path}: its lines end in CR alone (no LF in its first "
-                         f"{len(start):,} bytes): convert them, e.g. tr '\\r' '\\n'")
+        raise InputError(f"input {path}: {problem}")
 
 
 def _not_gzip(path: str, err: Exception) -> InputError:
