@@ -270,6 +270,29 @@ BUDGET_SCHEDULES = ("cosine", "linear")
 # the run's params said it was, and another optimizer's state did not load.
 OPTIMIZER_KEYS = ("optimizer", "momentum", "weight_decay", "adam_betas", "adam_eps")
 
+# Settings that only some choice of another setting reads: (the choosing field, the choices
+# that read it). One given on purpose for a run whose choice ignores it is refused
+# (`unused_setting`): momentum set for Adam trained as if unset, while the run's params said 0.9.
+USED_ONLY_BY = {"momentum": ("optimizer", ("nag",)),
+                "adam_betas": ("optimizer", ("adam",)), "adam_eps": ("optimizer", ("adam",)),
+                "anneal_from_epoch": ("lr_schedule", ("fixed",)),
+                "lr_shrink": ("lr_schedule", ("anneal", "plateau", "fixed")),
+                "min_lr": ("lr_schedule", ("anneal", "plateau", "fixed"))}
+
+
+def unused_setting(train: TrainConfig, name: str) -> str | None:
+    """Why TrainConfig `train` does not read its setting `name`, and the fix; None where it
+    does."""
+    if name in USED_ONLY_BY:
+        chooser, readers = USED_ONLY_BY[name]
+        if getattr(train, chooser) not in readers:
+            return (f"{name} is read only with {chooser} {' / '.join(readers)}, and this run's "
+                    f"is {getattr(train, chooser)}: leave it out, or set train.{chooser}")
+    if name == "warmup_init_lr" and not train.warmup_updates:
+        return ("warmup_init_lr is the lr a warmup starts from, and warmup_updates is 0: set "
+                "train.warmup_updates > 0 with it, or leave it out")
+    return None
+
 
 @dataclass(frozen=True)
 class TrainConfig(Settings):

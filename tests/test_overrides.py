@@ -256,6 +256,34 @@ def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, t
     assert len(lines) == 1 and lines[0].startswith("error: --set") and says in lines[0], err
 
 
+@pytest.mark.parametrize("module, settings, says", [
+    # each was accepted, recorded as the run's param, and never read by the training
+    (wmt14_en_fr, ["train.optimizer=adam", "train.lr=1e-3", "train.momentum=0.9"],
+     "--set train.momentum=0.9: momentum is read only with optimizer nag, and this run's is "
+     "adam: leave it out, or set train.optimizer"),
+    (wmt14_en_fr, ["train.adam_betas=[0.9, 0.99]"], "adam_betas is read only with optimizer "
+                                                    "adam, and this run's is nag"),
+    (multi30k_en_de, ["--preset", "cpu", "train.momentum=0.9"], "momentum is read only with "
+                                                               "optimizer nag"),
+    (wmt14_en_fr, ["train.lr_schedule=cosine", "train.min_lr=1e-5"],
+     "min_lr is read only with lr_schedule anneal / plateau / fixed, and this run's is cosine"),
+    (wmt14_en_fr, ["train.warmup_init_lr=0.1"], "warmup_init_lr is the lr a warmup starts "
+                                                "from, and warmup_updates is 0"),
+])
+def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module, settings, says,
+                                                                         tmp_path):
+    argv = [a for s in settings for a in ((s,) if s.startswith("-") or "=" not in s
+                                          else ("--set", s))]
+    rc, out, err = _main(module, [*argv, "--storage-path", str(tmp_path), "--dry-run"])
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, err
+    # the same settings with the choice that reads them: a run
+    ok = {"train.momentum=0.9": ["train.momentum=0.9"],
+          "train.min_lr=1e-5": ["train.min_lr=1e-5"]}.get(settings[-1])
+    if ok:
+        assert _main(module, [*[a for s in ok for a in ("--set", s)], "--storage-path",
+                              str(tmp_path), "--dry-run"])[0] == 0
+
+
 @pytest.mark.parametrize("setting, field, off", [
     ("train.compile=false", "compile", ""), ("train.compile=off", "compile", ""),
     ("train.fuse=no", "fuse", ""), ("train.fuse=null", "fuse", ""),

@@ -80,6 +80,11 @@ def apply(cfg, overrides: list[Override]):
         raise SpecError(str(err)) from None
     model = _apply_to(cfg.model, by["model"], "model")
     train = _apply_to(cfg.train, by["train"], "train")
+    from convs2s.config import unused_setting
+
+    for o in by["train"]:  # (a setting the run's optimizer or lr schedule never reads)
+        if why := unused_setting(train, o.field):
+            raise SpecError(f"{o.origin} {o.text}: {why}")
     if any(o.field == "dropout" for o in by["model"]) \
             and not any(o.field == "dropout_by_passes" for o in by["train"]):
         # --set model.dropout=...: that dropout throughout, even the preset's own value, not
