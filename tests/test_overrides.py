@@ -532,6 +532,27 @@ def test_a_config_file_value_its_setting_cannot_take_is_one_line_naming_file_and
         "lr"] == 0.001
 
 
+def test_a_short_config_file_keeps_its_presets_other_settings(tmp_path):
+    """A file naming a few settings is its preset with those changed: the settings it leaves
+    out were the dataclasses' defaults (a Gigaword file without min_len searched with 1, not
+    the paper's 14, on CPUs) and counted as set on purpose."""
+    short = tmp_path / "short.yaml"
+    short.write_text("preset: paper\ntrain:\n  lr: 0.3\nsearch:\n  beam: 4\n")
+    run = _dry_run(gigaword, ["--config", str(short)], tmp_path)["workflow"]
+    paper = _dry_run(gigaword, ["--preset", "paper"], tmp_path)["workflow"]
+    assert run["search"]["min_len"] == paper["search"]["min_len"] == 14
+    assert run["use_gpu"] is paper["use_gpu"] is True
+    assert (run["train"]["lr"], run["search"]["beam"]) == (0.3, 4)
+    assert {k: v for k, v in run["train"].items() if k != "lr"} == \
+        {k: v for k, v in paper["train"].items() if k != "lr"}
+    assert run["preprocess"] == paper["preprocess"] and run["model"] == paper["model"]
+    from workflows.orchestrate import _load_config
+
+    opts = RunOptions(config=str(short))  # what counts as set on purpose: the file's two
+    _load_config(opts, gigaword.PRESETS)
+    assert sorted(o.text for o in opts.config_settings) == ["search.beam=4", "train.lr=0.3"]
+
+
 def test_a_config_file_with_an_unknown_setting_is_refused_with_the_closest_name(tmp_path):
     doc = yaml.safe_load(config_yaml(wmt14_en_fr.smoke(), RunOptions()))
     doc["train"]["lrr"] = 0.5
