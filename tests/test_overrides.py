@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr
+from workflows import gigaword, multi30k_en_de, wmt14_en_de, wmt14_en_fr, wmt16_en_ro
 from workflows.errors import SpecError
 from workflows.orchestrate import config_yaml
 from workflows.run_spec import resolve
@@ -282,6 +282,19 @@ def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module,
     if ok:
         assert _main(module, [*[a for s in ok for a in ("--set", s)], "--storage-path",
                               str(tmp_path), "--dry-run"])[0] == 0
+
+
+def test_an_average_of_more_checkpoints_than_the_run_keeps_is_refused(tmp_path):
+    """It averaged the kept ones and logged them as avg_last<N> (avg_last10 of 5)."""
+    for sets in (["ensemble.average_last=10"], ["train.keep_last=1"]):
+        rc, out, err = _main(wmt16_en_ro, [*[a for s in sets for a in ("--set", s)],
+                                           "--preset", "paper", "--dry-run"])
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert "averages more checkpoints than the run keeps" in err and "raise " \
+            "train.keep_last to" in err, err
+    assert _main(wmt16_en_ro, ["--preset", "paper", "--set", "ensemble.average_last=10",
+                               "--set", "train.keep_last=10", "--storage-path", str(tmp_path),
+                               "--dry-run"])[0] == 0
 
 
 @pytest.mark.parametrize("setting, field, off", [

@@ -90,9 +90,12 @@ def apply(cfg, overrides: list[Override]):
         # --set model.dropout=...: that dropout throughout, even the preset's own value, not
         # the passes table's choice (set both to keep a table)
         train = train.replace(dropout_by_passes=())
-    return cfg.replace(model=model, train=train,
-                       search=_apply_to(cfg.search, by["search"], "search"),
-                       ensemble=_apply_to(cfg.ensemble, by["ensemble"], "ensemble"))
+    search = _apply_to(cfg.search, by["search"], "search")
+    ensemble = _apply_to(cfg.ensemble, by["ensemble"], "ensemble")
+    try:  # (the workflow's checks across sections: average_last within keep_last)
+        return cfg.replace(model=model, train=train, search=search, ensemble=ensemble)
+    except ValueError as err:
+        raise SpecError(str(err)) from None
 
 
 def apply_data(pre, overrides: list[Override]):

@@ -112,6 +112,12 @@ class WorkflowConfig:
             raise ValueError(f"{task}: num_workers >= 1, cpus_per_worker > 0 and "
                              f"eval_cpus > 0, got {self.num_workers}, {self.cpus_per_worker}, "
                              f"{self.eval_cpus}")
+        if self.ensemble.average_last > self.train.keep_last:  # (it averaged the kept ones
+            # and was logged as avg_last<average_last>)
+            raise ValueError(f"{task}: ensemble.average_last {self.ensemble.average_last} "
+                             "averages more checkpoints than the run keeps (train.keep_last "
+                             f"{self.train.keep_last}): raise train.keep_last to "
+                             f"{self.ensemble.average_last}, or lower ensemble.average_last")
         if self.update_tokens and self.update_sentences:
             raise ValueError(f"{task}: an update is stated in tokens (update_tokens) or "
                              "in sentences (update_sentences), not both")
