@@ -1284,6 +1284,11 @@ def test_max_tokens_is_the_batch_budget_setting_and_the_update_plan_follows_it(t
                                   "data.max_tokens=4000"], tmp_path)
     assert flag == set_
     assert flag["update"]["max_tokens_per_batch"] == 4000
+    # a run-level flag, applied on top of --set as the others are (the --set won)
+    both = _dry_run(wmt14_en_fr, ["--preset", "paper", "--num-workers", "1", "--max-tokens",
+                                  "4000", "--set", "data.max_tokens=2000"], tmp_path)
+    assert both["update"] == flag["update"]
+    assert both["workflow"]["preprocess"] == flag["workflow"]["preprocess"]
     assert flag["update"]["micro_batches_per_update"] == 6
     assert flag["update"]["max_tokens_per_update"] == 24000
 

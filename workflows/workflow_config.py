@@ -401,6 +401,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     if problem := tracking_uri_problem(a.tracking_uri):
         p.error(problem)
     opts = vars(a)
-    if (tokens := opts.pop("max_tokens")) is not None:  # a --set of its own, given first
-        opts["set"] = [f"data.max_tokens={tokens}", *opts["set"]]
+    if (tokens := opts.pop("max_tokens")) is not None:  # a --set of its own, given last: a
+        # run-level flag applies on top of --set (it lost to a --set data.max_tokens)
+        opts["set"] = [*opts["set"], f"data.max_tokens={tokens}"]
     return RunOptions(**opts)
