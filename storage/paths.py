@@ -49,6 +49,8 @@ def shown(text: str) -> str:
     head, sep, rest = text.partition("://")
     if not sep:
         head, rest = "", text
+    lead = rest[:len(rest) - len(rest.lstrip("/"))]  # (s3:///KEY:SECRET@bucket: after them)
+    sep, rest = sep + lead, rest[len(lead):]
     if "@" in rest and _has_userinfo(rest):  # (never show what comes before the last "@")
         rest = "***@" + rest.rpartition("@")[2]
     rest = rest.split("?", 1)[0].split("#", 1)[0]

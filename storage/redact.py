@@ -35,6 +35,10 @@ def _hide(m: re.Match) -> str:
     scheme, rest = m[1], m[2]
     if "@" not in rest:
         return m[0]
+    # slashes after "scheme://" (http:///alice:pw@host, postgresql:///db:pw@host): the
+    # authority begins after them (it was empty, and the password shown)
+    lead = rest[:len(rest) - len(rest.lstrip("/"))]
+    scheme, rest = scheme + lead, rest[len(lead):]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     at = authority.rfind("@")
     # the part after the authority up to its next "/", "?" or "#": an "@" there, after a

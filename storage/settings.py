@@ -20,7 +20,13 @@ import yaml
 
 
 class SettingError(ValueError):
-    """A `--set` that names no field or gives a value its field cannot take."""
+    """A `--set` that names no field or gives a value its field cannot take. Its message
+    quotes the value as given, a URI's credentials hidden (`storage.redact`)."""
+
+    def __init__(self, message: str):
+        from storage.redact import redact_text
+
+        super().__init__(redact_text(message))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -317,6 +317,22 @@ def test_a_bad_storage_uri_at_dry_run_is_one_line_with_its_credentials_hidden(tm
         "SECRET" not in err and "AKIAXX" not in err
 
 
+def test_a_set_value_holding_credentials_is_shown_without_them(tmp_path):
+    """--dry-run printed a --set URI's secret in the settings and in `overrides`, and a --set
+    error line quoted it (a run refuses such a URI, redacted)."""
+    secret = "search.dictionary=s3://AKIAEXAMPLE:wJalrSECRET@bucket/dict.txt"
+    rc, out, err = _main(wmt14_en_fr, ["--set", secret, "--set", "search.replace_unk=true",
+                                       "--storage-path", str(tmp_path), "--dry-run"])
+    assert rc == 0 and "AKIAEXAMPLE:***@bucket/dict.txt" in out, err
+    assert "wJalrSECRET" not in out + err
+    rc, out, err = _main(wmt14_en_fr, ["--set", secret, "--storage-path", str(tmp_path),
+                                       "--dry-run"])  # (a dictionary without replace_unk)
+    assert rc == 2 and "AKIAEXAMPLE:***@bucket" in err and "wJalrSECRET" not in out + err
+    rc, out, err = _main(wmt14_en_fr, ["--set", "data.vocab_size=s3://K:wJalrSECRET@b/x",
+                                       "--dry-run"])  # (a type error quoting the value)
+    assert rc == 2 and "s3://K:***@b/x" in err and "wJalrSECRET" not in out + err
+
+
 def test_a_presigned_storage_uri_at_dry_run_is_one_line_without_its_signature():
     """A --storage-path with a query holding ":" (X-Amz-Credential=KEY:...) is refused for its
     query in one line, exit 2; neither the signature nor the key is printed (it was, as the

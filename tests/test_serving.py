@@ -255,3 +255,15 @@ def test_a_logged_models_artifact_path_outside_its_folder_is_refused(tmp_path, p
     (tmp_path / "MLmodel").write_text(yaml.safe_dump(
         {"flavors": {"python_function": {"artifacts": arts}}}))
     assert logged_model_artifacts(tmp_path)["search"] == str(tmp_path / "artifacts/search.json")
+
+
+def test_a_model_uri_that_does_not_fetch_is_named_without_its_secret(tmp_path):
+    """`serve --model` quoted the URI it could not fetch whole: a token in its query, a
+    password in an http URI."""
+    from convs2s.serving.logged_model import fetch_logged_model
+
+    with pytest.raises(ValueError, match=r"model runs:/abc/translator\?token=\*\*\* could not "
+                                         "be fetched") as err:
+        fetch_logged_model("runs:/abc/translator?token=TOKSECRET",
+                           f"sqlite:///{tmp_path / 'm.db'}")
+    assert "TOKSECRET" not in str(err.value)

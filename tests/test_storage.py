@@ -45,6 +45,10 @@ def test_a_uri_with_credentials_options_or_one_slash_is_refused_without_its_secr
             location(uri)
         assert "wJalrXUtn" not in str(err.value) and "FEMI" not in str(err.value)
         assert "AKIAEXAMPLE" not in str(err.value)
+    # slashes after s3:// (the key was found, the message quoted the URI whole)
+    with pytest.raises(StorageError, match=r"s3:///\*\*\*@bucket/runs: credentials") as err:
+        location("s3:///AKIAEXAMPLE:wJalrXUtn@bucket/runs")
+    assert "wJalrXUtn" not in str(err.value) and "AKIAEXAMPLE" not in str(err.value)
     with pytest.raises(StorageError, match=r"write s3://\*\*\*@bucket/x") as err:
         location("s3:/AKIAEXAMPLE:wJalrXUtn@bucket/x")
     assert "wJalrXUtn" not in str(err.value)

@@ -332,6 +332,10 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("http:/bob:S3CRET@mlflow:5000") == "http:/***@mlflow:5000"
     assert redact_uri("/data/bob@lab/mlflow.db") == "/data/bob@lab/mlflow.db"
     assert redact_uri("http://bob:p@ss@mlflow:5000/x@y") == "http://bob:***@mlflow:5000/x@y"
+    # slashes after the scheme's "//": the authority was empty, the password shown whole
+    assert redact_uri("http:///bob:S3CRET@mlflow:5000") == "http:///bob:***@mlflow:5000"
+    assert redact_uri("postgresql:///db:S3CRET@host/mlflow") == "postgresql:///db:***@host/mlflow"
+    assert redact_uri("file:///data/bob@lab/mlflow.db") == "file:///data/bob@lab/mlflow.db"
     # an "@" and a "/", "?" or "#" in one password: what came after the first "@" was taken
     # for a host and shown ("ss/word")
     for cut in "/?#":
@@ -360,6 +364,16 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     job = TrainJob(PRESETS["tiny"](), TrainConfig(), "b/train", "b/valid", "", 100, "runs", "r",
                    tracking_uri="http://bob:S3CRET@mlflow:5000")
     assert "S3CRET" not in repr(job) and job.tracking_uri.endswith("@mlflow:5000")
+    # nor does the run's config as Ray Train's run state records it (its dashboard's Train view)
+    import pickle
+
+    from ray.train.v2._internal.state.schema import _to_json_serializable_value
+
+    from convs2s.tracking.redact import Hidden
+
+    recorded = _to_json_serializable_value({"job": job, "tracking_uri": Hidden(job.tracking_uri)})
+    assert "S3CRET" not in str(recorded) and "bob:***@mlflow:5000" in str(recorded)
+    assert pickle.loads(pickle.dumps(Hidden(job.tracking_uri))).value == job.tracking_uri
     # an "@" of a path or a model alias is no credential
     assert redact_text("s3://bucket/run@2 models:/m@champion http://host/x@y") == \
         "s3://bucket/run@2 models:/m@champion http://host/x@y"

@@ -29,6 +29,7 @@ from pathlib import Path
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.runs import experiment_id
 from convs2s.tracking.redact import redact_uri
+from storage.redact import redact_text
 from convs2s.train.job import STOP_REASONS, WorkersNotPlaced
 from storage import StorageError, is_uri
 from storage.lease import LeaseHeld
@@ -76,18 +77,21 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
                 print(f"note: {', '.join(left)} {'is' if one else 'are'} not in the file "
                       f"(run-level): give {'it' if one else 'them'} with --config as usual",
                       file=sys.stderr)
-            print(text, end="", flush=True)
+            print(redact_text(text), end="", flush=True)  # (a --set URI's credentials)
             return 0
         # Named now: an interrupted run is told how to resume.
         spec = resolve_sweep(cfg, opts) if opts.sweep else resolve(cfg, opts)
-    except (SpecError, StorageError) as e:  # a bad --storage-path URI (credentials redacted)
-        print(f"error: {e}", file=sys.stderr)
+    except (SpecError, StorageError) as e:  # a bad --storage-path URI (credentials redacted;
+        # a --set value quoted as given is redacted here)
+        print(f"error: {redact_text(str(e))}", file=sys.stderr)
         return 2
     except PreprocessError as e:  # a sweep's rerun reads its trials' data sources
         return _data_error(e, cfg)
     if opts.dry_run:
         what = [t.spec.describe() for t in spec.trials] if opts.sweep else spec.describe()
-        print(json.dumps(what, indent=1, default=str), flush=True)
+        # (settings are shown as given: a URI with credentials in a --set, which a run refuses,
+        # is shown without them)
+        print(redact_text(json.dumps(what, indent=1, default=str)), flush=True)
         if not opts.sweep and (note := reuse_note(spec)):
             print(note, file=sys.stderr, flush=True)
         return 0

@@ -45,7 +45,8 @@ def resolve_model_uri(uri: str, tracking_uri: str | None) -> str:
                                       "ready")
             mv = max(found, key=lambda v: int(v.version))
     except MlflowException as err:
-        raise ValueError(f"model {uri} does not resolve at {redact_uri(tracking_uri)}: "
+        raise ValueError(f"model {redact_text(uri)} does not resolve at "
+                         f"{redact_uri(tracking_uri)}: "
                          f"{redact_text(err.message.splitlines()[0])}") from None
     if getattr(mv, "model_id", None):
         return f"models:/{mv.model_id}"
@@ -90,11 +91,12 @@ def fetch_logged_model(uri: str, tracking_uri: str | None) -> Path:
             # never the server's password, should MLflow name the server (given here, or from
             # $MLFLOW_TRACKING_URI)
             reason = redact_text(str(err).splitlines()[0])
-            raise ValueError(f"model {uri} could not be fetched: {reason}") from None
+            raise ValueError(f"model {redact_text(uri)} could not be fetched: {reason}") \
+                from None
         if not (got / "MLmodel").is_file():
-            raise ValueError(f"model {uri} is not a logged model (no MLmodel file in what it "
-                             "names): give models:/NAME@ALIAS, models:/m-ID or runs:/RUN/NAME "
-                             "of a logged translator")
+            raise ValueError(f"model {redact_text(uri)} is not a logged model (no MLmodel file "
+                             "in what it names): give models:/NAME@ALIAS, models:/m-ID or "
+                             "runs:/RUN/NAME of a logged translator")
         if dest.is_dir() and not (dest / "MLmodel").is_file():
             # a folder left by an older version of this code (a download's parent): never
             # complete, since only a folder holding MLmodel is renamed into place

@@ -13,11 +13,33 @@ import os
 
 from storage.redact import redact_logs, redact_text, redact_uri  # (also for its callers)
 
-__all__ = ["redact_mlflow_logs", "redact_text", "redact_uri"]
+__all__ = ["Hidden", "redact_mlflow_logs", "redact_text", "redact_uri"]
 
 # MLflow prints "View run ... at: <tracking URI>/#/..." when a run ends, the URI's user and
 # password included; the workflows print their own links, redacted (redact_uri).
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+
+
+class Hidden:
+    """A URI handed to code that may record or show what it is given (Ray Train's run state
+    stringifies `train_loop_config` for its dashboard and export events): `str` and `repr`
+    redact it, `.value` is the URI itself for the code that uses it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str | None):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(redact_uri(self.value))
+
+    __str__ = __repr__
+
+    def __getstate__(self):  # (slots: pickled to the workers as its value)
+        return self.value
+
+    def __setstate__(self, value) -> None:
+        self.value = value
 
 
 def redact_mlflow_logs() -> None:

@@ -58,6 +58,7 @@ from convs2s.io.checkpoint import (
 )
 from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult, WorkersNotPlaced
+from convs2s.tracking.redact import Hidden
 from convs2s.train.tracked import close_train_run, fail_train_run, open_train_run
 from convs2s.train.faults import CrashInjection
 from convs2s.train.runtime import RAY_RECORD, set_aside_stale_ray_record
@@ -89,7 +90,8 @@ def fit(job: TrainJob) -> TrainResult:
         train_loop_per_worker,
         # "crash": the tests' fault injection, read from this process's environment and handed
         # over here: the Ray workers may have started before the test set it.
-        train_loop_config={"job": job, "run_dir": str(run_dir), "tracking_uri": uri,
+        # (Ray Train's run state records this config as text: the URI's password hidden)
+        train_loop_config={"job": job, "run_dir": str(run_dir), "tracking_uri": Hidden(uri),
                            "run_id": run_id, "train_files": files,
                            "valid_files": valid_files,
                            "crash": CrashInjection.from_env()},

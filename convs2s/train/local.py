@@ -31,6 +31,7 @@ from convs2s.io.checkpoint import (
     list_checkpoints,
 )
 from convs2s.config import TRAINING_PRECISIONS
+from convs2s.tracking.redact import Hidden
 from convs2s.train.data import preflight
 from convs2s.train.job import TrainJob, TrainResult
 from convs2s.train.runtime import LocalRuntime
@@ -113,7 +114,8 @@ def _fit(job: TrainJob, files, valid_files, run_dir, runtime: LocalRuntime) -> T
             initial_weights(job)
     # rank 0's logger needs the run; the others get it too
     uri, run_id = runtime.comm.broadcast_object((uri, run_id))
-    config = {"job": job, "run_dir": str(run_dir), "tracking_uri": uri, "run_id": run_id,
+    config = {"job": job, "run_dir": str(run_dir), "tracking_uri": Hidden(uri),
+              "run_id": run_id,
               "train_files": files, "valid_files": valid_files,
               "crash": CrashInjection.from_env()}
     try:

@@ -152,12 +152,12 @@ def train_loop_per_worker(config: dict) -> dict:
 
 def run_loop(config: dict, runtime) -> dict:
     """The training loop of one rank under any launcher (`convs2s.train.runtime`): restore,
-    epochs until a limit, the final metrics. `config`: job, run_dir, tracking_uri, run_id,
-    train_files, valid_files, crash."""
+    epochs until a limit, the final metrics. `config`: job, run_dir, tracking_uri (Hidden),
+    run_id, train_files, valid_files, crash."""
     job: TrainJob = config["job"]
     # One utilization sampler per node (its first worker), into the training run.
     interval = job.system_metrics_s if runtime.local_rank == 0 and config["run_id"] else 0.0
-    with node_metrics(config["tracking_uri"], config["run_id"], node_name(runtime.node_rank),
+    with node_metrics(config["tracking_uri"].value, config["run_id"], node_name(runtime.node_rank),
                       interval):
         trainer = Trainer(config, runtime)
         trainer.restore()
@@ -215,7 +215,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), self.cfg)
         self.schedule = LRSchedule(self.cfg)
         self.comm = runtime.comm  # (the runtime's gloo group: one a process, not two)
-        self._tracking = (config["tracking_uri"], config["run_id"])
+        self._tracking = (config["tracking_uri"].value, config["run_id"])
         # bf16 autocast or float32, decided once from every rank's hardware (a collective):
         # the same on every rank; the steps below see the decided value, never "auto".
         self.precision = world_precision(job.train.precision, self.device, self.comm)
