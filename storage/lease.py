@@ -446,7 +446,13 @@ class RunLease:
         # Not the record this command looked at: another command's lease, made between the
         # look and the rename. Put it back (an exclusive create: never over a lease made
         # meanwhile) and leave it to that command.
-        try:  # (as it was: its renewal time kept)
+        try:  # (as it was: the same file linked back, its owner and renewal time kept; made
+            # again by this command, it was this user's, and its holder, another user on a
+            # shared folder, could no longer touch it to renew)
+            os.link(aside, self.path)
+        except FileExistsError:
+            pass
+        except OSError:  # a filesystem without hard links: written again, as it was
             self._place(aside.read_bytes(), os.stat(aside).st_mtime)
         finally:
             aside.unlink(missing_ok=True)
@@ -529,25 +535,28 @@ class RunLease:
             except FileNotFoundError:
                 time.sleep(0.05)
                 continue
+            except PermissionError:  # a file another user made (setting a time needs its
+                # owner): written again, this command's own
+                return self._rewrite("is another user's file")
             held = self._read()
             if not self._ours(held):
                 return False
             if held["renewed"] < now - 3:  # (a coarse mtime is at most 2 s off)
-                return self._rewrite()  # a filesystem that keeps no mtime (some FUSE mounts)
+                # a filesystem that keeps no mtime (some FUSE mounts)
+                return self._rewrite("is on a filesystem that keeps no modification time")
             self._renewed = time.monotonic()
             return True
         return False
 
-    def _rewrite(self) -> bool:
-        """Renew a local lease by writing its record again, where the filesystem ignores a
-        touch: renamed aside and looked at (a takeover since the read: not ours), the fresh
+    def _rewrite(self, why: str) -> bool:
+        """Renew a local lease by writing its record again, where a touch cannot (the lease
+        `why`): renamed aside and looked at (a takeover since the read: not ours), the fresh
         record created in its place (a command that found no lease meanwhile took it, and this
         one has lost it: the moment a touch avoids)."""
         if not self._warned_rewrite:
             self._warned_rewrite = True
-            log.warning("%s keeps no modification time: its lease is renewed by writing it "
-                        "again (another command starting at that moment could take it)",
-                        self.folder)
+            log.warning("the lease of %s %s: it is renewed by writing it again (another "
+                        "command starting at that moment could take it)", self.folder, why)
         aside = self._aside(self._ours, "renewing")
         if aside is None:
             return False

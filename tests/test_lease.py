@@ -458,6 +458,37 @@ def test_a_folder_that_ignores_a_touch_still_gets_its_lease_renewed(tmp_path, mo
     assert "keeps no modification time" in caplog.text and not (run_dir / LEASE_FILE).exists()
 
 
+def test_a_taker_that_lost_its_race_puts_the_holders_own_file_back(tmp_path, monkeypatch,
+                                                                  caplog):
+    """On a folder a team shares, a taker that lost the race for a stale lease put the winner's
+    lease back as a file of its own making: the winner, another user, could no longer set its
+    time (only a file's owner may), failed to renew every beat and lost a live run. The same
+    file goes back (linked: owner and renewal time kept); a lease that is still another
+    user's file is renewed by writing it again."""
+    import storage.lease
+
+    run_dir = tmp_path / "runs" / "demo"
+    with RunLease(run_dir, command="A", ttl_s=60, heartbeat_s=60) as holder:
+        lease = run_dir / LEASE_FILE
+        before = os.stat(lease)
+        late = RunLease(run_dir, command="B", heartbeat_s=60)
+        assert not late._take_over({"id": "the stale record it looked at"})  # (lost the race)
+        after = os.stat(lease)
+        assert (after.st_ino, after.st_mtime) == (before.st_ino, before.st_mtime)
+        assert holder._renew() and not holder.lost
+        real_utime = os.utime
+
+        def owned_by_another_user(path, *args, **kwargs):
+            if Path(path) == lease:
+                raise PermissionError(1, "Operation not permitted", str(path))
+            return real_utime(path, *args, **kwargs)
+
+        monkeypatch.setattr(storage.lease.os, "utime", owned_by_another_user)
+        assert holder._renew() and not holder.lost
+        assert "is another user's file" in caplog.text
+        assert json.loads(lease.read_text())["id"] == holder.owner["id"]
+
+
 def test_a_newcomer_never_finds_a_renewing_lease_missing(run_dir):
     # A renewal that took the lease away for a moment (renamed aside and written back) let a
     # newcomer that looked then take it from a live holder: every look is refused.
