@@ -104,3 +104,45 @@ def test_a_dropout_set_on_purpose_wins_over_the_table():
                          timeout=120, check=True)
     spec = json.loads(out.stdout)["workflow"]
     assert spec["model"]["dropout"] == 0.2 and spec["train"]["dropout_by_passes"] == []
+
+
+def test_a_run_resumed_inside_the_timed_updates_decides_at_the_same_update(demo_batches,
+                                                                           tmp_path,
+                                                                           monkeypatch):
+    """The probe timed its updates from the resume (the clock at their start was not kept):
+    a run resumed before its choice decided up to 100 updates later than the run would have,
+    training those with the model's dropout. Now the same update, and the same weights."""
+    import torch
+
+    from convs2s.io.checkpoint import load_checkpoint
+    from convs2s.train import regularization
+    from convs2s.train.job import TrainJob
+    from convs2s.train.local import fit_local
+
+    monkeypatch.setattr(regularization, "WARMUP_UPDATES", 3)  # (50: seconds, not minutes)
+
+    def run(name: str, updates: int):
+        train = TrainConfig(max_epochs=0, max_updates=updates, max_time=3600,
+                            log_interval=1000, precision="fp32", seed=3, shuffle_buffer=8,
+                            passes_probe_updates=3, dropout_by_passes=((0.0, 0.05), (1e9, 0.5)))
+        return fit_local(TrainJob(model=PRESETS["tiny"]().replace(dropout=0.2), train=train,
+                                  train_data=demo_batches.batches["train"],
+                                  valid_data=demo_batches.batches["valid"],
+                                  spm_model=demo_batches.spm_model,
+                                  vocab_size=demo_batches.vocab_size,
+                                  storage_path=str(tmp_path / "runs"), run_name=name,
+                                  system_metrics_s=0.0))
+
+    straight = run("straight", 10)
+    run("resumed", 5)  # stops at update 5, inside the timed updates 3-6: checkpointed
+    resumed = run("resumed", 10)
+    assert straight.metrics["dropout_choice"]["update"] == 6
+    assert resumed.metrics["dropout_choice"]["update"] == 6
+    a, b = (load_checkpoint(r.last_checkpoint)["model"] for r in (straight, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a checkpoint past the start that does not hold it (written before it was kept): timed
+    # from the resume, as then
+    probe = regularization.PassesProbe(((0.0, 0.05),), 3)
+    probe.resumed(4, None)
+    assert probe.observe(7, 10.0, 3600, 100) is None and probe.start_at == 7
+    assert probe.observe(10, 13.0, 3600, 100)["seconds_per_update"] == 1.0

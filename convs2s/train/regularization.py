@@ -12,7 +12,10 @@ projection reaches and sets every dropout of the model to it, once. The first up
 with the model's own dropout. The projection leaves out the validations and checkpoints still
 to come (the clock counts them): it errs towards more passes by their share of the time. Every
 rank gets the same choice (the clock is shared:
-`Trainer._clock`), and a resumed run takes the choice from its checkpoint.
+`Trainer._clock`), and a resumed run takes the choice from its checkpoint; one resumed inside
+the timed updates takes the clock at their start from it and decides at the same update as
+the run would have (`PassesProbe`: it timed anew from the resume and decided up to 100 updates
+later, training them with the model's dropout).
 """
 
 from __future__ import annotations
@@ -65,3 +68,33 @@ def choice_message(choice: dict) -> str:
             f"{choice['projected_passes']:.1f} passes over the data in the time budget "
             f"(dropout_by_passes {choice['table']})")
 
+
+
+class PassesProbe:
+    """The timing of `dropout_by_passes`: updates WARMUP_UPDATES to WARMUP_UPDATES + `updates`
+    of the run, counted from its start, not from a resume. `start_seconds` (the training clock
+    at the first of them) goes into each checkpoint."""
+
+    def __init__(self, table: tuple[tuple[float, float], ...], updates: int):
+        self.table, self.updates = table, updates
+        self.start_at, self.start_seconds = WARMUP_UPDATES, None
+
+    def resumed(self, update: int, start_seconds: float | None) -> None:
+        """Resumed at `update` with the checkpoint's `start_seconds`. A checkpoint past the
+        start without it (written before it was kept) times from the resume, as then."""
+        self.start_seconds = start_seconds
+        if start_seconds is None and update >= WARMUP_UPDATES:
+            self.start_at = update + WARMUP_UPDATES
+
+    def observe(self, update: int, seconds: float, max_time: float,
+                updates_per_epoch: int) -> dict | None:
+        """After each update (`seconds` of training): the choice, once its updates are timed."""
+        if update == self.start_at:
+            self.start_seconds = seconds
+        if self.start_seconds is None or update < self.start_at + self.updates:
+            return None
+        per_update = (seconds - self.start_seconds) / (update - self.start_at)
+        passes = projected_passes(update, seconds, per_update, max_time, updates_per_epoch)
+        return {"dropout": dropout_for(self.table, passes), "update": update,
+                "seconds_per_update": round(per_update, 4),
+                "projected_passes": round(passes, 2), "table": [list(r) for r in self.table]}

@@ -62,8 +62,7 @@ from convs2s.train.memory_fit import (BudgetTooLarge, WorstStep, agree_on_fit, c
 from convs2s.train.meter import TrainMeter, progress_line
 from convs2s.tracking.run_logger import RunLogger
 from convs2s.tracking.system_metrics import node_metrics, node_name
-from convs2s.train.regularization import (WARMUP_UPDATES, choice_message, dropout_for,
-                                          projected_passes, set_dropout)
+from convs2s.train.regularization import PassesProbe, choice_message, set_dropout
 from convs2s.train.ddp import compress_gradients, ddp_kwargs
 from convs2s.train.batches import static_batches, train_batches, valid_batches
 from convs2s.train.data import (TrainFiles, data_identity, read_manifest, read_rows, resume_point,
@@ -247,9 +246,9 @@ class Trainer:
         self.stop_reason: str | None = None  # a key of STOP_REASONS once a limit is reached
         self._last_line = -math.inf  # when the last progress line was printed
         # dropout_by_passes (convs2s.train.regularization): the choice once made, and the
-        # clock at the start of the timed probe
+        # timing that makes it
         self.dropout_choice: dict | None = None
-        self._probe_start: float | None = None
+        self.probe = PassesProbe(self.cfg.dropout_by_passes, self.cfg.passes_probe_updates)
 
     def _graphed(self, model: torch.nn.Module) -> torch.nn.Module:
         """The training step captured once per batch shape (convs2s.train.graphs) where it can
@@ -352,6 +351,7 @@ class Trainer:
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
             set_dropout(self.net, self.dropout_choice["dropout"])
+        self.probe.resumed(state["update"], state.get("probe_start"))
         load_optimizer_state(self.optimizer, state["optimizer"])  # this device's fused step
         self.schedule.load_state_dict(state["scheduler"])
         # The interrupted epoch continues with exactly its untrained rows (train_data): on as
@@ -584,7 +584,7 @@ class Trainer:
             "meters": meters if all(m is not None for m in meters) else None,
             "val_loss": val_loss,
             "train_seconds": progress.seconds(), "precision": self.precision.name,
-            "dropout_choice": self.dropout_choice,
+            "dropout_choice": self.dropout_choice, "probe_start": self.probe.start_seconds,
             "train_data": data_identity(job.train_data, self.files),
         }
         # One checkpoint uploading at a time: storage slower than the checkpoints come would
@@ -641,22 +641,14 @@ class Trainer:
     def _probe_passes(self) -> None:
         """dropout_by_passes: time `passes_probe_updates` updates after the first few, project
         the budget's passes, set the dropout once (the same on every rank: the clock is)."""
-        cfg, update = self.cfg, self.progress.update
-        start = self.resumed_from + WARMUP_UPDATES
-        if update == start:
-            self._probe_start = self.seconds
-        if self._probe_start is None or update < start + cfg.passes_probe_updates:
+        choice = self.probe.observe(self.progress.update, self.seconds, self.cfg.max_time,
+                                    self.updates_per_epoch)
+        if choice is None:
             return
-        per_update = (self.seconds - self._probe_start) / (update - start)
-        passes = projected_passes(update, self.seconds, per_update, cfg.max_time,
-                                  self.updates_per_epoch)
-        p = dropout_for(cfg.dropout_by_passes, passes)
-        set_dropout(self.net, p)
-        self.dropout_choice = {"dropout": p, "update": update,
-                               "seconds_per_update": round(per_update, 4),
-                               "projected_passes": round(passes, 2),
-                               "table": [list(r) for r in cfg.dropout_by_passes]}
+        set_dropout(self.net, choice["dropout"])
+        self.dropout_choice = choice
         if self.rank == 0:
+            p = choice["dropout"]
             _say(f"[convs2s.train] {choice_message(self.dropout_choice)}")
             if self.logger is not None:
                 self.logger.set_tags({"convs2s.dropout": p, "convs2s.dropout_reason":
