@@ -209,3 +209,32 @@ def test_bf16_training_on_a_cpu_learns_and_its_checkpoint_loads_in_float32(tmp_p
         assert torch.equal(loaded.state_dict()[k], v), k
     total = validate(loaded, data, Comm(), CPU, TrainConfig(precision="fp32"))
     assert total[2] == sum(b.ntokens for b in data) and total[1] / total[2] < losses["fp32"][0]
+
+
+def test_an_auto_run_resumed_on_other_hardware_keeps_its_precision_and_says_so(
+        demo_batches, tmp_path, monkeypatch, capsys):
+    """`precision=auto` was decided again at each start: a run Ray restarted on nodes without
+    native bf16 went on in float32 without a word (its checkpoints said bf16, then fp32)."""
+    from convs2s.io.checkpoint import load_checkpoint
+    from convs2s.train.job import TrainJob
+    from convs2s.train.local import fit_local
+
+    def run(updates: int):
+        train = TrainConfig(max_epochs=0, max_updates=updates, log_interval=1000, seed=3,
+                            shuffle_buffer=8, precision="auto")
+        return fit_local(TrainJob(model=PRESETS["tiny"](), train=train,
+                                  train_data=demo_batches.batches["train"],
+                                  valid_data=demo_batches.batches["valid"],
+                                  spm_model=demo_batches.spm_model,
+                                  vocab_size=demo_batches.vocab_size,
+                                  storage_path=str(tmp_path / "runs"), run_name="r",
+                                  system_metrics_s=0.0))
+
+    monkeypatch.setenv("CONVS2S_CPU_BF16", "1")
+    assert load_checkpoint(run(3).last_checkpoint)["precision"] == "bf16"
+    monkeypatch.setenv("CONVS2S_CPU_BF16", "0")  # the same run, resumed on another host type
+    capsys.readouterr()
+    assert load_checkpoint(run(6).last_checkpoint)["precision"] == "bf16"
+    said = capsys.readouterr()
+    assert "precision bf16: auto, kept from the checkpoint resumed; fp32 here" in \
+        said.out + said.err

@@ -56,7 +56,7 @@ from storage.lease import LeaseLost
 from storage.scratch import scratch_dir
 from convs2s.model.network import ConvS2S
 from convs2s.train.optim import LRSchedule, build_optimizer, load_optimizer_state, set_lr
-from convs2s.precision import world_precision
+from convs2s.precision import Precision, world_precision
 from convs2s.train.memory_fit import (BudgetTooLarge, WorstStep, agree_on_fit, check_fits,
                                       describe_steps, graph_shapes_that_fit, usable_bytes)
 from convs2s.train.meter import TrainMeter, progress_line
@@ -348,6 +348,14 @@ class Trainer:
         check_same_training(state, self.job, data_identity(self.job.train_data, self.files), d,
                             world)
         self.net.load_state_dict(state["model"])
+        if self.job.train.precision == "auto" and state.get("precision", self.precision.name) \
+                != self.precision.name:  # (a restart on other nodes: the run's own, said)
+            here = self.precision
+            self.precision = Precision(state["precision"], "auto, kept from the checkpoint "
+                                       f"resumed; {here.name} here ({here.reason})")
+            self.cfg = self.cfg.replace(precision=self.precision.name)
+            if rank == 0:
+                _say(f"[convs2s.train] precision {self.precision.name}: {self.precision.reason}")
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
             set_dropout(self.net, self.dropout_choice["dropout"])
