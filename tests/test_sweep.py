@@ -896,3 +896,21 @@ def test_a_hub_trial_finished_before_hub_data_was_keyed_by_commit_stays_finished
     assert trial.recorded() is not None
     trial.record.write_text(json.dumps({"key": "another", "metrics": {}}))
     assert trial.recorded() is None
+
+
+def test_a_sweep_inside_a_workflows_live_run_folder_is_refused(tmp_path):
+    """A sweep whose --storage-path is a workflow's run folder while that workflow runs: its
+    trials would be written inside a run another command holds (a workflow and `convs2s
+    train` were refused there; the sweep's lease named no folder above it)."""
+    from storage.lease import LEASE_FILE, LeaseHeld
+
+    held = tmp_path / "wf"
+    held.mkdir()
+    now = time.time()
+    (held / LEASE_FILE).write_text(json.dumps({
+        "host": "other-host", "pid": 4242, "id": "someone", "command": "wmt14_en_fr paper",
+        "renewed": now, "expires": now + 120}))
+    with pytest.raises(LeaseHeld, match=r"inside .*wf, which is in use by another command "
+                                        r"\(wmt14_en_fr paper\)"):
+        run_sweep(_sweep_of(held, seeds=1, variants=["baseline"], data="demo"))
+    assert not (held / "s").exists()

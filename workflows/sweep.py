@@ -302,7 +302,9 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
                 not in seen:
             seen.add(d)
             check_inputs(t.spec)
-    with RunLease(sweep.folder, inner=True,  # (a workflow run by hand in a trial's folder)
+    # (inner: a workflow run by hand in a trial's folder; outer: a --storage-path that is
+    # another command's run folder, a workflow's, whose lease covers what is in it)
+    with RunLease(sweep.folder, inner=True, outer=base.storage,
                   command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}") as lease:
         prepare(base, sweep=True)  # Ray, storage and GPUs, as for one workflow run
         if todo := sum(t.finished() is None for t in sweep.trials):
