@@ -508,6 +508,44 @@ def test_an_import_leaves_the_folder_another_writer_is_filling_beside_its_out(tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", theirs.name]
 
 
+def test_an_import_into_a_bucket_cut_short_is_replaced_by_the_same_command(s3, tmp_path,
+                                                                          monkeypatch):
+    """A bucket's --out is published with its record deleted first: an import cut short
+    there (Ctrl-C, the network) left a folder the same command then refused as not its own,
+    for the user to clear by hand. Its publishing record says whose it is; a file of anyone
+    else's there is still refused."""
+    from convs2s.io import fairseq
+    from storage import location
+    from storage.transfer import publish_dir
+
+    out = f"s3://convs2s-test/interop/{tmp_path.name}/ckpt"
+
+    def cut_short(src, dest, marker, leave=()):
+        (location(dest) / marker).unlink(missing_ok=True)  # as publish_dir begins
+        name = sorted(p.name for p in Path(src).iterdir() if p.name != marker)[0]
+        (location(dest) / name).write_bytes((Path(src) / name).read_bytes())
+        raise KeyboardInterrupt
+
+    import_fairseq(FIXTURES / "iwslt", out)
+    whole = sorted(name for name, _ in location(out).files())
+    monkeypatch.setattr(fairseq, "publish_dir", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        import_fairseq(FIXTURES / "iwslt", out)
+    assert fairseq.WRITTEN_BY not in [name for name, _ in location(out).files()]
+    monkeypatch.setattr(fairseq, "publish_dir", publish_dir)
+    import_fairseq(FIXTURES / "iwslt", out)  # (refused before: "not written by import-fairseq")
+    assert sorted(name for name, _ in location(out).files()) == whole
+    load_model(out)
+    monkeypatch.setattr(fairseq, "publish_dir", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        import_fairseq(FIXTURES / "iwslt", out)
+    (location(out) / "notes.txt").write_text("a user's file")
+    monkeypatch.setattr(fairseq, "publish_dir", publish_dir)
+    with pytest.raises(FileExistsError, match=r"holds files import-fairseq did not write "
+                                              r"\(notes.txt\)"):
+        import_fairseq(FIXTURES / "iwslt", out)
+
+
 def test_out_is_never_a_folder_the_command_did_not_write(tmp_path, capsys, tiny_checkpoints):
     """import / export --out onto a folder of someone else's files is refused with nothing
     changed; onto its own earlier output (or an empty folder) it replaces it whole."""

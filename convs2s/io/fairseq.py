@@ -361,6 +361,10 @@ def convert_weights(fs: dict, cfg: ModelConfig, path: Path) -> dict[str, torch.T
 
 
 WRITTEN_BY = ".convs2s-interop"  # in every folder import / export wrote: who, and which files
+# In a bucket's --out while a run publishes there (its old WRITTEN_BY deleted first): who, and
+# every file of the old and the new version; the publish removes it. A publish cut short
+# leaves it, and the same command may then replace the folder (it was refused as another's).
+PUBLISHING = ".convs2s-interop.publishing"
 COMMANDS = ("import-fairseq", "export-fairseq")
 
 
@@ -387,12 +391,14 @@ def _check_out(out, command: str) -> None:
     there = _entries(out)
     if not there:
         return
-    if WRITTEN_BY not in there:
+    # (a publish to a bucket cut short: its record of the old and the new files)
+    record_name = PUBLISHING if WRITTEN_BY not in there and PUBLISHING in there else WRITTEN_BY
+    if record_name not in there:
         raise FileExistsError(f"--out {out} exists and was not written by import-fairseq / "
                               f"export-fairseq (no {WRITTEN_BY} file in it): give a new --out, "
                               "or move it away yourself; nothing was changed")
     try:
-        record = json.loads((out / WRITTEN_BY).read_text())
+        record = json.loads((out / record_name).read_text())
         by, listed = record["command"], record["files"]
         if by not in COMMANDS or not isinstance(listed, list) or not all(
                 isinstance(n, str) and n == Path(n).name and n not in ("", ".", "..")
@@ -410,7 +416,7 @@ def _check_out(out, command: str) -> None:
         raise FileExistsError(f"--out {out} was written by {by}, not {command} ({_shown(theirs)}"
                               f"): give another --out, or move it away yourself; nothing was "
                               "changed")
-    theirs = [n for n in there if n != WRITTEN_BY and n not in listed]
+    theirs = [n for n in there if n not in (WRITTEN_BY, PUBLISHING) and n not in listed]
     if theirs:
         raise FileExistsError(f"--out {out} holds files {command} did not write "
                               f"({_shown(theirs)}): give another --out, or move those files "
@@ -440,7 +446,12 @@ def _whole_folder(out: Path, command: str):
             yield scratch
             _record(scratch, command)
             _check_out(out, command)  # (what was written there meanwhile is kept)
-            publish_dir(scratch, out, marker=WRITTEN_BY)
+            old = [n for n in _entries(out) if n not in (WRITTEN_BY, PUBLISHING)] \
+                if out.exists() else []
+            new = json.loads((scratch / WRITTEN_BY).read_text())
+            (out / PUBLISHING).write_text(json.dumps(
+                {**new, "files": sorted(set(new["files"]) | set(old))}))
+            publish_dir(scratch, out, marker=WRITTEN_BY)  # (PUBLISHING removed: not in it)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return
