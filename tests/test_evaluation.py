@@ -319,7 +319,14 @@ def test_what_the_evaluation_command_can_know_before_ray_starts_is_one_line(
             (["--run-dir", str(run), "--test", "t", str(src), str(short), "de", *out],
              f"--test t: {src} has 2 lines, {short} 1"),
             (["--run-dir", str(run), "--checkpoint", f"best={tiny_checkpoints['b']}", *test,
-              *out], "--checkpoint best=...: a job of --run-dir has that name")):
+              *out], "--checkpoint best=...: a job of --run-dir has that name"),
+            # any search setting is --set (the length penalty: a trained run's, tuned)
+            (["--run-dir", str(run), *test, *out, "--set", "lenpn=0.6"],
+             "--set lenpn=0.6: SearchConfig has no field 'lenpn' (did you mean lenpen"),
+            (["--run-dir", str(run), *test, *out, "--set", "search.beam=3"],
+             "--set search.beam=3: search.beam is set by --beam"),
+            (["--run-dir", str(run), *test, *out, "--set", "lenpen=x"],
+             "--set lenpen=x: search.lenpen takes float")):
         try:
             rc = main(argv)
         except SystemExit as exit_:  # (argparse's refusals)

@@ -469,12 +469,14 @@ def test_an_evaluation_job_scores_an_imported_model_as_the_reference_would(impor
     ref.write_text("\n".join(recorded["reference"]) + "\n")
     uri = mlflow_store(tmp_path)
     assert main(["--checkpoint", f"paper={imported['iwslt']}", "--test", "flickr", str(src),
-                 str(ref), "de", "--tracking-uri", uri, "--out", str(tmp_path / "eval")]) == 0
+                 str(ref), "de", "--tracking-uri", uri, "--out", str(tmp_path / "eval"),
+                 "--set", "search.max_sentences=3"]) == 0  # (any search setting: batches)
     expected = sacrebleu.corpus_bleu(recorded["translation"], [recorded["reference"]]).score
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("convs2s")
     (run,) = [r for r in client.search_runs([exp.experiment_id]) if "bleu" in r.data.metrics]
     assert run.data.metrics["bleu"] == pytest.approx(expected, abs=0.01)
+    assert run.data.params["search.max_sentences"] == "3"
     (model,) = client.search_logged_models([exp.experiment_id])
     assert any(m.key == "bleu" for m in model.metrics)
 

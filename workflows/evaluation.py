@@ -540,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
                    "default fp32)")
     p.add_argument("--precision-fallback", choices=["fp32"],
                    help="where --precision cannot run on a job's machine: fp32, with a warning")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="any other search setting (convs2s.config.SearchConfig), e.g. --set "
+                        "lenpen=0.6 --set min_len=3 (repeatable; search.FIELD also read): a "
+                        "trained run's length penalty tuned without training it again")
     p.add_argument("--num-cpus", type=float, default=1.0)
     p.add_argument("--num-gpus", type=float, default=0.0)
     p.add_argument("--attention-sentences", type=int, default=0, metavar="N",
@@ -571,6 +575,21 @@ def main(argv: list[str] | None = None) -> int:
     asked = {"beam": args.beam, "precision": args.precision,
              "precision_fallback": args.precision_fallback}
     search = summarization_search(**asked) if args.summarization else SearchConfig(**asked)
+    from storage.settings import Change, SettingError, apply_changes, read_value
+
+    try:
+        changes = []
+        for item in args.set:
+            key, eq, raw = item.partition("=")
+            if not eq or not key.strip():
+                raise SettingError(f"--set {item}: write FIELD=VALUE (e.g. --set lenpen=0.6)")
+            changes.append(Change("search", key.strip().removeprefix("search."),
+                                  read_value(raw), item))
+        search = apply_changes(search, changes, "search",
+                               {f"search.{k}": f"--{k.replace('_', '-')}"
+                                for k in ("beam", "precision", "precision_fallback")})
+    except SettingError as err:
+        p.error(str(err))
     tests = [TestSet(n, s, r, lang, kind) for n, s, r, lang in args.test]
     try:  # a path storage refuses ("s3:/bkt/x", a query) or a run without checkpoints: one
         # line before Ray starts, not a traceback (nor a failure in the scoring tasks)
