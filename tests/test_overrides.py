@@ -284,6 +284,19 @@ def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module,
                               str(tmp_path), "--dry-run"])[0] == 0
 
 
+def test_a_fixed_schedule_that_would_anneal_after_the_run_ends_is_said(tmp_path):
+    """The paper En-De preset shrinks its lr from epoch 50: with --max-epochs 30 it trained at
+    lr 0.5 to the end, annealing never, without a word."""
+    short = _dry_run(wmt14_en_de, ["--preset", "paper", "--max-epochs", "30"], tmp_path)
+    assert short["schedule_note"] == (
+        "lr_schedule fixed shrinks the lr from epoch 50, after the run's last (max_epochs 30): "
+        "the lr stays 0.5 to the end; --set train.anneal_from_epoch=N anneals within the run")
+    assert "schedule_note" not in _dry_run(wmt14_en_de, ["--preset", "paper"], tmp_path)
+    assert "schedule_note" not in _dry_run(wmt14_en_de, [
+        "--preset", "paper", "--max-epochs", "30", "--set", "train.anneal_from_epoch=20"],
+        tmp_path)
+
+
 def test_an_average_of_more_checkpoints_than_the_run_keeps_is_refused(tmp_path):
     """It averaged the kept ones and logged them as avg_last<N> (avg_last10 of 5)."""
     for sets in (["ensemble.average_last=10"], ["train.keep_last=1"]):

@@ -130,6 +130,7 @@ class RunSpec:
                                "preset_sentences_per_update": self.update_sentences}
                               if self.update_sentences else {}),
                            **({"note": self.update_note} if self.update_note else {})},
+                **({"schedule_note": note} if (note := schedule_note(self.train)) else {}),
                 "run": {"run_name": self.run_name, "storage": self.storage,
                         "run_dir": str(self.run_dir),
                         "tracking_uri": redact_uri(self.tracking_uri),
@@ -139,6 +140,18 @@ class RunSpec:
                         "accelerator_type": self.accelerator_type,
                         "attention": self.attention,
                         "init_from": self.init_from, "restart": self.restart}}
+
+
+def schedule_note(train) -> str:
+    """One line when the lr schedule cannot do what its settings say within the run: a
+    `fixed` schedule that shrinks from an epoch past the run's last (the paper En-De preset
+    with --max-epochs 30 trained at lr 0.5 to its end, never annealed); "" otherwise."""
+    start = train.anneal_from_epoch
+    if train.lr_schedule == "fixed" and start and train.max_epochs and start > train.max_epochs:
+        return (f"lr_schedule fixed shrinks the lr from epoch {start}, after the run's last "
+                f"(max_epochs {train.max_epochs}): the lr stays {train.lr:g} to the end; "
+                f"--set train.anneal_from_epoch=N anneals within the run")
+    return ""
 
 
 def check_locations(spec) -> None:

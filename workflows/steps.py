@@ -19,7 +19,7 @@ from convs2s.tracking.runs import log_final_metrics, run_has_metrics
 from preprocessing.config import PreprocessConfig
 from storage import location, write_whole
 from workflows.errors import SpecError
-from workflows.run_spec import RunSpec, preprocess_params
+from workflows.run_spec import RunSpec, preprocess_params, schedule_note
 from workflows.run_state import HOW_NOT_WHAT, StageContext, digest
 
 log = logging.getLogger("workflows")
@@ -112,6 +112,8 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
                  _update(spec, train), _limits(train))
         if spec.update_note:
             log.warning("%s: %s", name, spec.update_note)
+        if note := schedule_note(train):
+            log.warning("%s: %s", name, note)
         if note := sentences_fill_note(spec, b):
             log.warning("%s: %s", name, note)
         try:  # the same check fit makes, as the command line's one line (exit 2)
