@@ -190,6 +190,13 @@ def test_an_update_the_workers_cannot_keep_is_said_in_one_line(tmp_path, capsys)
 
 @pytest.mark.parametrize("setting, says", [
     ("train.lrr=0.5", "TrainConfig has no field 'lrr' (did you mean lr"),
+    # a setting of another section: named (the section's own names were the suggestions)
+    ("train.dropout=0.3", "no field 'dropout' (did you mean dropout_by_passes?); dropout is a "
+                          "setting of model.dropout"),
+    ("train.lenpen=0.6", "TrainConfig has no field 'lenpen'; lenpen is a setting of "
+                         "search.lenpen"),
+    ("workflow.lr=0.1", "WorkflowConfig has no field 'lr'; lr is a setting of train.lr"),
+    ("train.batch_size=64", "batches are cut by padded tokens, data.max_tokens"),
     ("modle.dropout=0.3", "no section 'modle' (did you mean model?)"),
     ("model.dropout=high", "model.dropout takes float, not 'high'"),
     ("model.dropout=1.5", "dropout must be in [0, 1)"),

@@ -58,7 +58,33 @@ def _apply_to(obj, overrides: list[Override], section: str):
     try:
         return apply_changes(obj, overrides, section, OWNED)
     except SettingError as err:
-        raise SpecError(str(err)) from None
+        raise SpecError(str(err) + _elsewhere(overrides, obj)) from None
+
+
+def _elsewhere(overrides: list[Override], obj) -> str:
+    """Where a field `obj`'s section lacks is a setting of another section (train.dropout is
+    model.dropout, train.max_tokens data.max_tokens, train.lenpen search.lenpen): said after
+    the refusal, whose suggestions are the section's own names."""
+    from convs2s.config import ModelConfig, SearchConfig, TrainConfig
+    from preprocessing.config import PreprocessConfig
+    from workflows.workflow_config import EnsembleConfig, WorkflowConfig
+
+    mine = {f.name for f in dataclasses.fields(obj)}
+    where = {"model": ModelConfig, "train": TrainConfig, "search": SearchConfig,
+             "data": PreprocessConfig, "ensemble": EnsembleConfig, "workflow": WorkflowConfig}
+    for o in overrides:
+        if o.field in mine:
+            continue
+        found = [f"{name}.{o.field}" for name, cls in where.items()
+                 if o.field in {f.name for f in dataclasses.fields(cls)}
+                 and f"{name}.{o.field}" not in OWNED]
+        if found:
+            return f"; {o.field} is a setting of {' / '.join(found)}"
+        if o.field in ("batch_size", "batch_tokens", "max_batch_tokens"):  # (other tools')
+            return ("; batches are cut by padded tokens, data.max_tokens, each worker's (and "
+                    "at most data.max_sentences sentences)")
+        return ""
+    return ""
 
 
 def apply(cfg, overrides: list[Override]):
@@ -77,7 +103,7 @@ def apply(cfg, overrides: list[Override]):
                             also={"preprocess": pre} if by["data"] else None,
                             also_given=by["data"])
     except SettingError as err:
-        raise SpecError(str(err)) from None
+        raise SpecError(str(err) + _elsewhere(by["workflow"], cfg)) from None
     model = _apply_to(cfg.model, by["model"], "model")
     train = _apply_to(cfg.train, by["train"], "train")
     from convs2s.config import unused_setting
