@@ -602,6 +602,21 @@ def test_a_short_config_file_keeps_its_presets_other_settings(tmp_path):
     assert sorted(o.text for o in opts.config_settings) == ["search.beam=4", "train.lr=0.3"]
 
 
+@pytest.mark.parametrize("text, says", [
+    ("data:\n  vocab_size: 16000\n", "data: is the data source (--data: hub, demo or a "
+                                      "folder); the data settings (--set data.*) go under "
+                                      "preprocess:"),
+    ("workflow:\n  num_workers: 2\n", "workflow: the workflow settings (--set workflow.*) sit "
+                                       "at the top level of the file"),
+])
+def test_a_config_file_with_sets_section_names_says_where_they_go(text, says, tmp_path):
+    """`data: {vocab_size: ...}` said "data takes str", `workflow:` "no such setting"."""
+    short = tmp_path / "short.yaml"
+    short.write_text("preset: paper\n" + text)
+    rc, out, err = _main(wmt14_en_fr, ["--config", str(short), "--dry-run"])
+    assert rc == 2 and err.strip() == f"error: --config {short}: {says}", err
+
+
 def test_a_config_file_with_an_unknown_setting_is_refused_with_the_closest_name(tmp_path):
     doc = yaml.safe_load(config_yaml(wmt14_en_fr.smoke(), RunOptions()))
     doc["train"]["lrr"] = 0.5

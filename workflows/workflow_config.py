@@ -151,6 +151,14 @@ class WorkflowConfig:
 
         sections = {"preprocess": PreprocessConfig, "model": ModelConfig, "train": TrainConfig,
                     "search": SearchConfig, "ensemble": EnsembleConfig}
+        # (--set's section names are not the file's: data.* settings are under preprocess:,
+        # the workflow.* ones at the top level)
+        if isinstance(d.get("data"), dict):
+            raise ValueError("data: is the data source (--data: hub, demo or a folder); the "
+                             "data settings (--set data.*) go under preprocess:")
+        if isinstance(d.get("workflow"), dict):
+            raise ValueError("workflow: the workflow settings (--set workflow.*) sit at the "
+                             "top level of the file, not under workflow:")
         d = check_fields(cls, d)
         for name in ("preprocess", "model", "train"):
             if name not in d:
