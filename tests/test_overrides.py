@@ -607,7 +607,7 @@ def test_a_short_config_file_keeps_its_presets_other_settings(tmp_path):
                                       "folder); the data settings (--set data.*) go under "
                                       "preprocess:"),
     ("workflow:\n  num_workers: 2\n", "workflow: the workflow settings (--set workflow.*) sit "
-                                       "at the top level of the file"),
+                                       "at the top level of the file, not under workflow:"),
 ])
 def test_a_config_file_with_sets_section_names_says_where_they_go(text, says, tmp_path):
     """`data: {vocab_size: ...}` said "data takes str", `workflow:` "no such setting"."""
