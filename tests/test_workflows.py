@@ -506,10 +506,15 @@ OTHER_SMOKES = (
     "    module, buf = paper_tasks()[name], io.StringIO()\n"
     "    with contextlib.redirect_stdout(buf):\n"
     "        rc = module.main(module.PRESETS, module.__doc__, ['--preset', 'smoke',\n"
-    "            '--max-updates', '20', *{short!r}, '--storage-path', {storage!r},\n"
+    "            '--max-updates', '20', *{short!r}, *{extra!r}.get(name, ()),\n"
+    "            '--storage-path', {storage!r},\n"
     "            '--tracking-uri', {uri!r}, '--run-name', name + '-smoke'])\n"
     "    out[name] = [rc, buf.getvalue()]\n"
     "open({result!r}, 'w').write(json.dumps(out))\n")
+
+
+# A setting one of them also checks: the lexical table the run asks for is searched with
+EXTRA_SETTINGS = {"wmt16_en_ro": ("--set", "data.shortlist_per_source=8")}
 
 
 def _run_other_smokes(ctx):
@@ -526,7 +531,7 @@ def _run_other_smokes(ctx):
     # a quarter of the demo corpus (each task's 20 updates stay inside its first epoch), 200
     # pairs to validate and score on
     short = (*SHORT_OUTPUTS, *QUARTER_DEMO)
-    code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=short,
+    code = OTHER_SMOKES.format(repo=str(REPO), names=names, short=short, extra=EXTRA_SETTINGS,
                                storage=str(root / "runs"), uri=uri, result=str(result))
     env = {k: v for k, v in ctx.env.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
     proc = ctx.run([sys.executable, "-c", code], cwd=root, env=env, timeout=900)
@@ -575,6 +580,10 @@ def test_other_workflows_smoke_end_to_end(name, other_smokes):
     else:
         assert set(evals) == {"eval/best/demo_test", "eval/best/demo_valid"}
         assert parent.data.metrics["bleu"] == pytest.approx(evals["eval/best/demo_test"]["bleu"])
+    if name in EXTRA_SETTINGS:  # data.shortlist_per_source: the table built is searched with
+        # (it was built, and scoring searched the whole vocabulary)
+        shortlist = children["eval/best/demo_test"].data.params["search.shortlist"]
+        assert shortlist.endswith("/shortlist.npz"), shortlist
     for child, metrics in evals.items():  # every score also on the parent, by its child's name
         for key, value in metrics.items():
             if key in parent.data.metrics or f"{child}/{key}" in parent.data.metrics:

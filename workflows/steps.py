@@ -197,8 +197,15 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
         src, ref = out.text[split]
         tests.append(TestSet(test_name, src, ref, tgt_lang=spec.data.tgt_lang,
                              task_kind=spec.task_kind))
+    search = spec.search
+    if search.shortlist is None and spec.data.shortlist_per_source and out.shortlist:
+        # the lexical table the run's data.shortlist_per_source asked for: searched with
+        # (it was built, and scoring searched the whole vocabulary)
+        search = search.replace(shortlist=out.shortlist)
+        log.info("== evaluate: vocabulary selection with the run's lexical table (%s)",
+                 out.shortlist)
     jobs = evaluation_jobs([r.run_dir for r in trained], tests, spec.ensemble.average_last,
-                           spec.search, spec.attention, num_cpus=spec.eval_cpus,
+                           search, spec.attention, num_cpus=spec.eval_cpus,
                            num_gpus=spec.eval_gpus)
     # Each job's weights (a checkpoint's inference copy, an average, ensemble members) are
     # written once under the run folder: the evaluation tasks score those files and the
@@ -209,7 +216,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     models = {}
     if ctx.tree.parent is not None:  # tracking answers: one logged model per set of weights
         models = log_job_models(ctx.tree.uri, jobs, source_runs, ctx.run_dir.name,
-                                spec.search.to_dict(), state["models"],
+                                search.to_dict(), state["models"],
                                 on_logged=lambda: ctx.save_state(state))
         jobs = [dataclasses.replace(j, model_id=models.get(j.name)) for j in jobs]
     done, todo = [], []
