@@ -1239,6 +1239,27 @@ def test_a_renamed_hub_split_is_refused_naming_the_task_and_the_mapping_to_give(
                                                        "test": "newstest"}
 
 
+def test_a_second_test_set_of_a_hub_dataset_is_a_split_of_its_own(tmp_path):
+    """Every test split had to be named valid or test (the demo corpus's), whatever the data:
+    a hub dataset's second test set could not be scored. The demo refuses another name,
+    --data DIR a split its files do not map."""
+    from workflows import translation
+
+    sets = ["--set", "data.hub_repo=wmt/wmt17", "--set", "data.hub_config=zh-en", "--set",
+            "data.splits={train: train, valid: validation, test: test, test18: test}", "--set",
+            "workflow.test_sets={test: newstest2017, test18: newstest2018, valid: valid}"]
+    run = _dry_run(translation, ["--preset", "gpu", "--src", "en", "--tgt", "zh", *sets],
+                   tmp_path)
+    assert run["workflow"]["test_sets"]["test18"] == "newstest2018"
+    assert run["workflow"]["preprocess"]["splits"]["test18"] == "test"
+    rc, _, err = _main(translation, ["--preset", "gpu", "--data", "demo", *sets, "--dry-run"])
+    assert rc == 2 and "test split 'test18' is not a split of the demo corpus" in err, err
+    rc, _, err = _main(translation, ["--preset", "gpu", "--data", str(tmp_path), *sets,
+                                     "--dry-run"])
+    assert rc == 2 and "workflow.local_splits has no 'test18' split, which the run scores" \
+        in err, err
+
+
 @pytest.mark.parametrize("module, says, not_says", [
     ("translation", ["cpu, gpu, smoke (default: smoke)", "cpu=hub wmt/wmt14 fr-en en->fr",
                      "gpu=hub wmt/wmt14 fr-en en->fr", "smoke=demo",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from convs2s.config import ModelConfig, SearchConfig, TrainConfig
 from convs2s.metrics.task_kinds import task_kind
-from preprocessing.config import PreprocessConfig, with_demo_source
+from preprocessing.config import WMT_SPLITS, PreprocessConfig, with_demo_source
 from storage import location
 from storage.checks import run_name_problem
 from workflows.errors import SpecError  # noqa: F401  (raised here; imported from here too)
@@ -315,12 +315,18 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     test_sets = dict(cfg.test_sets)
     if data_flag == "demo":  # the demo's own languages and settings; test sets named after it
+        if extra := [s for s in test_sets if s not in WMT_SPLITS]:  # (a hub's newstest2018)
+            raise SpecError(f"test split {extra[0]!r} is not a split of the demo corpus "
+                            "(--data demo), which has valid and test: score the demo on those "
+                            "(workflow.test_sets)")
         pre = with_demo_source(cfg.preprocess, cfg.task_kind)
         test_sets = {split: f"demo_{split}" for split in test_sets}
     elif data_flag == "hub":
         pre = cfg.preprocess.replace(source="hub")
     else:  # a folder or a bucket prefix: the preset's file stems, absolute (Ray tasks read it
         # elsewhere)
+        if problem := cfg.split_problem("workflow.local_splits", cfg.local_splits):
+            raise SpecError(problem)
         pre = cfg.preprocess.replace(source=str(location(data_flag)),
                                      splits=dict(cfg.local_splits))
     added: tuple[str, ...] = ()

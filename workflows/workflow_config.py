@@ -27,7 +27,7 @@ from convs2s.config import (
     TrainConfig,
     duration,
 )
-from preprocessing.config import WMT_SPLITS, PreprocessConfig
+from preprocessing.config import PreprocessConfig
 
 
 @dataclass(frozen=True)
@@ -87,22 +87,13 @@ class WorkflowConfig:
         # The task as a run names it (a generic workflow's name takes the languages)
         task = self.name.replace("{src}", self.preprocess.src_lang).replace(
             "{tgt}", self.preprocess.tgt_lang)
-        # Every preset also runs on the demo corpus (`--data demo`), whose splits have the
-        # WMT names (preprocessing.config.demo).
         for split in self.test_sets:
-            if split == "train" or split not in WMT_SPLITS:
-                raise ValueError(f"{task}: test split {split!r} is not an evaluation split of "
-                                 "the demo corpus, which every preset runs on: name the test "
-                                 "sets by valid and test (test_sets)")
+            if split == "train":
+                raise ValueError(f"{task}: the train split is no test set (test_sets)")
         # (first: the valid split is also scored, to choose the champion on, engine.champion_sets)
-        for split in ("valid", *self.test_sets):
-            for key, splits in (("data.splits", self.preprocess.splits),
-                                ("workflow.local_splits", self.local_splits)):
-                if split not in splits:
-                    why = "training validates on" if split == "valid" else "the run scores"
-                    raise ValueError(f"{task}: {key} has no {split!r} split, which {why}: keep "
-                                     "the name and map it to the data's, e.g. "
-                                     f"{key}={_renamed(splits, split, self.test_sets)}")
+        # (workflow.local_splits: checked where --data names a folder, run_spec.resolve)
+        if problem := self.split_problem("data.splits", self.preprocess.splits):
+            raise ValueError(problem)
         # Refused here, before anything runs: a typo in task_kind failed only in evaluation,
         # after the whole training run; num_workers=0 divided by zero.
         from convs2s.metrics.task_kinds import task_kind
@@ -129,6 +120,19 @@ class WorkflowConfig:
             raise ValueError(f"{task}: eval_gpus in [0, 1] (a GPU fraction), and "
                              "update_tokens, update_sentences, float32_cpu_max_tokens, "
                              "system_metrics_s >= 0")
+
+    def split_problem(self, key: str, splits: dict[str, str]) -> str | None:
+        """Why `splits` (setting `key`) cannot serve the run, or None: it lacks a split the
+        run validates on or scores."""
+        task = self.name.replace("{src}", self.preprocess.src_lang).replace(
+            "{tgt}", self.preprocess.tgt_lang)
+        for split in ("valid", *self.test_sets):
+            if split not in splits:
+                why = "training validates on" if split == "valid" else "the run scores"
+                return (f"{task}: {key} has no {split!r} split, which {why}: keep the name and "
+                        f"map it to the data's, e.g. {key}="
+                        f"{_renamed(splits, split, self.test_sets)}")
+        return None
 
     def replace(self, **changes) -> "WorkflowConfig":
         return dataclasses.replace(self, **changes)
