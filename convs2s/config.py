@@ -103,7 +103,7 @@ class ModelConfig(Settings):
             if len(att) != len(self.decoder_layers):
                 raise ValueError(
                     f"decoder_attention has {len(att)} flags for {len(self.decoder_layers)} "
-                    "decoder layers; give one flag per layer or None for all layers"
+                    "decoder layers; give one flag per layer, or null (None) for all layers"
                 )
             object.__setattr__(self, "decoder_attention", att)
         if self.share_decoder_embed and self.out_embed_dim != self.embed_dim:

@@ -291,6 +291,25 @@ def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module,
                               str(tmp_path), "--dry-run"])[0] == 0
 
 
+@pytest.mark.parametrize("module, setting, says", [
+    # accepted, and the workflow scored one translation a sentence all the same
+    (wmt14_en_fr, "search.nbest=3", "search.nbest 3: a workflow scores one translation a "
+                                    "sentence; n-best lists are `python -m convs2s translate"),
+    # refused only by the training, after the preprocessing
+    (wmt14_en_fr, "data.max_positions=4096", "data.max_positions 4096 keeps sentences longer "
+                                             "than the model takes (model.max_positions 1024)"),
+    (wmt16_en_ro, "data.max_sentences=null", "an update of 64 sentences (workflow."
+                                             "update_sentences) needs batches cut by sentences "
+                                             "(data.max_sentences), or --set workflow."
+                                             "update_sentences=0"),
+])
+def test_a_setting_a_workflow_cannot_honour_is_refused_at_dry_run(module, setting, says,
+                                                                  tmp_path):
+    rc, out, err = _main(module, ["--preset", "paper", "--set", setting, "--storage-path",
+                                  str(tmp_path), "--dry-run"])
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, err
+
+
 def test_a_fixed_schedule_that_would_anneal_after_the_run_ends_is_said(tmp_path):
     """The paper En-De preset shrinks its lr from epoch 50: with --max-epochs 30 it trained at
     lr 0.5 to the end, annealing never, without a word."""
@@ -1387,7 +1406,7 @@ def test_data_and_workflow_changes_are_checked_together_not_each_with_the_others
         "workflow.test_sets={valid: v}", "data.splits={train: train, valid: validation}"]))
     assert hub.test_sets == {"valid": "v"}
     with pytest.raises(SpecError, match=r"^--set data.max_sentences=null --set "
-                                        r"workflow.update_sentences=64: .*update_sentences "
+                                        r"workflow.update_sentences=64: .*update_sentences\) "
                                         r"needs batches cut by sentences"):
         resolve(translation.cpu(), RunOptions(preset="cpu", data=str(data), set=[
             "workflow.update_sentences=64", "data.max_sentences=null"]))

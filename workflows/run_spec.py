@@ -411,6 +411,10 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         init_from, model = _fine_tuned(opts.init_from, cfg.model, pre)
     if pre.max_positions is None:  # sentences the model cannot take: dropped and counted
         pre = pre.replace(max_positions=model.max_positions)
+    elif pre.max_positions > model.max_positions:  # (refused by the training, preprocessed)
+        raise SpecError(f"data.max_positions {pre.max_positions} keeps sentences longer than "
+                        f"the model takes (model.max_positions {model.max_positions}): lower "
+                        "it, or raise model.max_positions")
     pre, batch_note = float32_cpu_batches(cfg, pre, changes, use_gpu,
                                           opts.precision or cfg.train.precision)
     workers = opts.num_workers or cfg.num_workers

@@ -103,6 +103,10 @@ class WorkflowConfig:
             raise ValueError(f"{task}: num_workers >= 1, cpus_per_worker > 0 and "
                              f"eval_cpus > 0, got {self.num_workers}, {self.cpus_per_worker}, "
                              f"{self.eval_cpus}")
+        if self.search.nbest != 1:  # (evaluation scores, and a logged model serves, one)
+            raise ValueError(f"{task}: search.nbest {self.search.nbest}: a workflow scores one "
+                             "translation a sentence; n-best lists are `python -m convs2s "
+                             "translate --nbest N`'s")
         if self.ensemble.average_last > self.train.keep_last:  # (it averaged the kept ones
             # and was logged as avg_last<average_last>)
             raise ValueError(f"{task}: ensemble.average_last {self.ensemble.average_last} "
@@ -113,8 +117,10 @@ class WorkflowConfig:
             raise ValueError(f"{task}: an update is stated in tokens (update_tokens) or "
                              "in sentences (update_sentences), not both")
         if self.update_sentences and not self.preprocess.max_sentences:
-            raise ValueError(f"{task}: update_sentences needs batches cut by sentences "
-                             "(preprocess.max_sentences)")
+            raise ValueError(f"{task}: an update of {self.update_sentences} sentences "
+                             "(workflow.update_sentences) needs batches cut by sentences "
+                             "(data.max_sentences), or --set workflow.update_sentences=0 for "
+                             "an update of tokens")
         if not 0 <= self.eval_gpus <= 1 or self.update_tokens < 0 or self.update_sentences < 0 \
                 or self.float32_cpu_max_tokens < 0 or self.system_metrics_s < 0:
             raise ValueError(f"{task}: eval_gpus in [0, 1] (a GPU fraction), and "
@@ -294,8 +300,8 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                         "CPUs with AVX-512 BF16 or AMX) and says which in the log and MLflow")
     p.add_argument("--update-freq", type=int, metavar="N",
                    help="micro-batches each worker accumulates per update (default: as many as "
-                        "keep the preset's tokens per update with this many workers; 1 where "
-                        "the preset states none)")
+                        "keep the preset's update, its tokens or sentences, with this many "
+                        "workers; 1 where the preset states none)")
     p.add_argument("--max-tokens", type=int, metavar="N",
                    help="tokens per batch, each worker's micro-batch (as --set "
                         "data.max_tokens=N: a new budget reuses the cleaned, BPE and encoded "
