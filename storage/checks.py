@@ -62,14 +62,16 @@ def check_storage(p, what: str, write: bool = False, timeout_s: float = 30.0) ->
 
 def _timed(where: ObjectPath, timeout_s: float) -> pafs.FileSystem:
     """`where`'s filesystem, for S3 one whose requests give up after `timeout_s` without an
-    answer: a call left behind by `_within` then ends too, and with it the process (pyarrow's
-    S3 client waits for its requests at exit)."""
+    answer, and are not retried: a call left behind by `_within` then ends too, and with it
+    the process (pyarrow's S3 client waits for its requests at exit; with its 3 attempts, a
+    silent endpoint held a command's exit for about 3 x `timeout_s`)."""
     fs = where.fs
     if not isinstance(fs, pafs.S3FileSystem):
         return fs
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return pafs.S3FileSystem(region=fs.region, request_timeout=timeout_s,
                              connect_timeout=timeout_s,
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
                              **({"endpoint_override": endpoint} if endpoint else {}))
 
 
