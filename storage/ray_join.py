@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import socket
 import threading
 import time
@@ -94,8 +95,19 @@ def sigterm_while_starting_as_ctrl_c() -> Iterator[None]:
     A SIGTERM whose handler ran inside a fork callback (Ray's start forks its processes) had
     its exit swallowed ("Exception ignored in ... _releaseLock": the command ran on): the
     signal module's wakeup fd, written by the C handler whatever the Python one does, tells
-    that a SIGTERM (or a Ctrl-C) came, and it is raised here once Ray's start returns."""
+    that a SIGTERM (or a Ctrl-C) came, and it is raised here once Ray's start returns. That
+    swallowed exit is not printed either (its traceback was the command's last words but one,
+    a suite run, 2026-12-07)."""
     wake = _wakeup_pipe()
+    before = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if wake is not None and unraisable.exc_type is SystemExit \
+                and getattr(unraisable.exc_value, "code", None) == signal.SIGTERM:
+            return  # (the wakeup fd has it: raised as Ctrl-C once the start returns)
+        before(unraisable)
+
+    sys.unraisablehook = hook
     try:
         yield
     except SystemExit as stop:
@@ -103,6 +115,8 @@ def sigterm_while_starting_as_ctrl_c() -> Iterator[None]:
             raise
         raise KeyboardInterrupt("SIGTERM") from None
     finally:
+        if sys.unraisablehook is hook:  # (one set meanwhile stays)
+            sys.unraisablehook = before
         came = _close_wakeup_pipe(wake)
     if came:
         raise KeyboardInterrupt("SIGTERM")

@@ -631,3 +631,36 @@ def test_a_sigterm_whose_exit_was_swallowed_while_ray_started_still_stops_the_co
         assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd put back as it was
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_the_exit_swallowed_in_a_fork_callback_while_ray_starts_is_not_printed():
+    """The same swallowed exit, as it happens (Ray's handler run inside a fork callback, in a
+    process of its own: a fork callback stays registered): Python printed "Exception ignored
+    in ... SystemExit: 15" with its traceback before the command's `interrupted` line (a
+    suite run, 2026-12-07). The command stops as Ctrl-C, and prints nothing of it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys\n"
+        "from storage.ray_join import sigterm_while_starting_as_ctrl_c\n"
+        "signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # Ray's\n"
+        "fired = []\n"
+        "def callback():\n"
+        "    if not fired:\n"
+        "        fired.append(1)\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        fired.append(2)  # the handler runs here, inside the callback\n"
+        "os.register_at_fork(after_in_parent=callback)\n"
+        "try:\n"
+        "    with sigterm_while_starting_as_ctrl_c():\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n"
+        "            os._exit(0)\n"
+        "        os.waitpid(pid, 0)\n"
+        "    print('ran on')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout.strip() == "interrupted" and proc.stderr == "", proc.stderr
