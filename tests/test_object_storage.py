@@ -6,7 +6,7 @@ disk; a stage commits with its manifest last, so a killed writer's objects are n
 a location that cannot work is one line before Ray starts.
 
 (The training run on a bucket, killed mid-epoch and resumed from the bucket with the planned
-rows trained once: tests/test_train.py, the worker-death test's "bucket" case.)
+rows trained once: tests/test_train.py, its `crashed_run` and the worker-death test.)
 
     .venv/bin/python -m pytest tests/test_object_storage.py -q
 """

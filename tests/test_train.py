@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import mlflow_store
+from conftest import mlflow_store, s3_server
 import torch
 from mlflow.tracking import MlflowClient
 
+from storage import location
 from storage.lease import RunLease
 from storage.signals import sigterm_handed_to_ctrl_c
 from convs2s.io.checkpoint import CHECKPOINT_FILE, SPM_FILE, load_checkpoint, load_model, read_info
@@ -116,12 +117,23 @@ def _crash_and_rerun(demo, storage, tracking: str, record: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def crashed_run(demo_batches, tmp_path_factory) -> dict:
-    """`_crash_and_rerun` on local disk, once for this module: the worker-death test checks its
-    recovery, the others what any finished run leaves (it trained 3 epochs in all)."""
+    """`_crash_and_rerun` once for this module, its data, checkpoints and records in a bucket
+    (the loopback S3 server: a cluster's storage), or on local disk where the tests may not
+    start that server: the worker-death test checks its recovery, the others what any
+    finished run leaves (it trained 3 epochs in all). (It ran on local disk and again in a
+    bucket, 50 s each; a worker group Ray restarts from local disk is the local-training and
+    sweep tests' too.)"""
     root = tmp_path_factory.mktemp("crashed_run")
     record = root / "record"
     record.mkdir()
-    return _crash_and_rerun(demo_batches, root, mlflow_store(root), record)
+    try:
+        s3 = s3_server()
+    except pytest.skip.Exception:  # (AWS_ENDPOINT_URL set outside the tests)
+        s3, demo, storage = None, demo_batches, root
+    else:
+        demo, storage = _in_a_bucket(demo_batches, root, s3)
+    return {**_crash_and_rerun(demo, storage, mlflow_store(root), record), "s3": s3,
+            "root": root, "demo": demo}
 
 
 @pytest.fixture(scope="module")
@@ -332,13 +344,13 @@ def test_checkpoints_keep_best_and_last_k_and_load_without_ray(trained, demo_bat
     client = MlflowClient(job.tracking_uri)
     nll = history(client, result.run_id, "valid/nll")
     assert best.end_of_epoch and best.val_loss == pytest.approx(min(v for _, v in nll))
-    state = torch.load(Path(result.best_checkpoint) / CHECKPOINT_FILE, weights_only=True)
+    state = load_checkpoint(result.best_checkpoint)  # (in a bucket: fetched)
     assert {"model", "optimizer", "scheduler", "rng", "model_config", "train_config"} <= set(state)
     assert len(state["rng"]["states"]) == 2  # one RNG state per rank
     model, meta = load_model(result.best_checkpoint)
     assert meta["spm_model"] and Path(meta["spm_model"]).name == SPM_FILE
     assert sum(p.numel() for p in model.parameters()) > 0
-    records = read_local_metrics(Path(result.run_dir) / METRICS_FILE)
+    records = read_local_metrics(location(result.run_dir) / METRICS_FILE)
     assert [r["step"] for r in records if "train/loss" in r["metrics"]] == \
         [s for s, _ in history(client, result.run_id, "train/loss")]
 
@@ -403,24 +415,16 @@ def _in_a_bucket(demo, tmp_path: Path, s3):
     return dataclasses.replace(demo, batches=batches, spm_model=str(spm)), str(root / "runs")
 
 
-@pytest.mark.parametrize("where", ["local", "bucket"])
 def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
-        demo_batches, tmp_path, rows_follow_the_plan, where, request):
+        crashed_run, rows_follow_the_plan):
     """A rank dies mid-epoch; Ray restarts the group from the latest checkpoint, which trains
-    exactly the rows it had left. On a bucket (the loopback S3 server) the same: the data is
-    read from it, the checkpoints, best/ and metrics.jsonl are objects there. (On local disk,
-    the module's `crashed_run`, whose outputs the tests above read too.)"""
+    exactly the rows it had left. In a bucket (the loopback S3 server): the data is read from
+    it, the checkpoints, best/ and metrics.jsonl are objects there (the module's
+    `crashed_run`, whose outputs the tests above read too)."""
     from storage import location
 
-    if where == "local":
-        run = request.getfixturevalue("crashed_run")
-        storage = run["job"].storage_path
-    else:
-        demo_batches, storage = _in_a_bucket(demo_batches, tmp_path,
-                                              request.getfixturevalue("s3"))
-        record = tmp_path / "record"
-        record.mkdir()
-        run = _crash_and_rerun(demo_batches, storage, mlflow_store(tmp_path), record)
+    run, demo_batches = crashed_run, crashed_run["demo"]
+    storage = run["job"].storage_path
     job, first, second = run["job"], run["first"], run["second"]
     per_epoch, ckpt_before_crash = run["per_epoch"], run["ckpt_before_crash"]
     run_dir = location(first.run_dir)
@@ -458,12 +462,12 @@ def test_worker_death_resumes_from_the_last_checkpoint_and_a_rerun_resumes(
     local = [(k, r["step"]) for r in read_local_metrics(run_dir / METRICS_FILE)
              for k in r["metrics"]]
     assert len(local) == len(set(local))
-    if where == "bucket":  # every output an object in the bucket; nothing local named after it
-        keys = request.getfixturevalue("s3").keys("convs2s-test", f"{tmp_path.name}/runs/")
+    if run["s3"] is not None:  # every output an object in the bucket; nothing local after it
+        keys = run["s3"].keys("convs2s-test", f"{run['root'].name}/runs/")
         names = {k.split("/crashes/", 1)[1] for k in keys if "/crashes/" in k}
         assert {"best/meta.json", "best/checkpoint.pt", METRICS_FILE, CRASH_MARKER} <= names
         assert any(n.startswith("checkpoint_") and n.endswith("/meta.json") for n in names)
-        assert not Path("s3:").exists() and not (tmp_path / "s3:").exists()
+        assert not Path("s3:").exists() and not (run["root"] / "s3:").exists()
 
 
 def test_a_budget_one_rank_cannot_hold_ends_the_run_at_once_in_one_message(demo_batches,
