@@ -409,7 +409,7 @@ def test_a_sampler_still_starting_when_training_ends_never_starts(monkeypatch):
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")  # (whole seconds: MLflow's int)
         monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         monkeypatch.setattr(system_metrics, "STOP_WAIT_S", 0.3)
         before = set(threading.enumerate())
@@ -436,6 +436,10 @@ def test_every_nodes_sampler_asks_the_server_with_short_timeouts(monkeypatch):
 
     for k in HTTP_ENV:
         monkeypatch.delenv(k, raising=False)
+    # (the settings given are what is checked; shorter than the real ones, not to wait for
+    # their retry of a silent server: 3 s, again after 1 s, 3 s)
+    monkeypatch.setitem(HTTP_ENV, "MLFLOW_HTTP_REQUEST_TIMEOUT", "1")
+    monkeypatch.setitem(HTTP_ENV, "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setattr(system_metrics, "STOP_WAIT_S", 0.3)
     with socket.socket() as silent:  # a listening socket that never answers
         silent.bind(("127.0.0.1", 0))

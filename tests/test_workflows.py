@@ -603,9 +603,11 @@ def test_a_dead_tracking_server_costs_one_warning_and_the_summary_says_where_met
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
     w = smoke_workflow
     with caplog.at_level(logging.WARNING):
+        # (outputs cut short, as every other test run's: a 5-update model decodes to the
+        # presets' 200 pieces, most of a short run's evaluation)
         rc, out = _main(wmt14_en_fr, ["--preset", "smoke", "--max-updates", "5", *SMOKE_ROWS,
-                                      "--storage-path", str(w.storage), "--tracking-uri", dead,
-                                      "--run-name", "dead-tracker"])
+                                      *SHORT_OUTPUTS, "--storage-path", str(w.storage),
+                                      "--tracking-uri", dead, "--run-name", "dead-tracker"])
     assert rc == 0, out[-2000:]
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
             and (dead in r.getMessage() or "MLflow" in r.getMessage())]
