@@ -67,7 +67,7 @@ def mlflow_server(args: list[str], log: Path, timeout_s: float = 180.0,
                 why = "exited" if proc.poll() is not None else f"did not answer in {timeout_s} s"
                 raise RuntimeError(f"mlflow server {why}; the end of its log ({log}):\n"
                                    f"{log.read_text()[-3000:]}")
-            time.sleep(1)
+            time.sleep(0.2)  # (a refused connection is cheap: ready sooner, not a second late)
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
