@@ -566,48 +566,58 @@ class _Outage:
                     pass
 
 
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """A real `mlflow server` on loopback that lists the host it is asked by (`--allowed-hosts
+    127.0.0.1:*`, as infra/mlflow's MLFLOW_ALLOWED_HOSTS), for this module's tests: its URL."""
+    from benchmarks.mlflow_ui import mlflow_server
+
+    root = tmp_path_factory.mktemp("tracking_server")
+    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{root / 'm.db'}",
+                        "--allowed-hosts", "127.0.0.1:*"], root / "server.log") as url:
+        yield url
+
+
 @pytest.mark.slow
 def test_metrics_logged_while_the_server_was_down_are_sent_when_it_answers_again(
-        tmp_path, caplog, monkeypatch):
+        tracking_server, tmp_path, caplog, monkeypatch):
     """A tracking server that goes away for a while (a restart, a network cut) costs one
     warning: the server is asked again later, and when it answers, the metrics recorded
     meanwhile are sent from the local file, each step once, and logging goes on (the first
     failure ended a run's MLflow metrics for good: days of a long run)."""
-    from benchmarks.mlflow_ui import mlflow_server
     from convs2s.tracking import runs as tracking
 
     monkeypatch.setattr(tracking, "_WARNED", set())
-    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'm.db'}"],
-                       tmp_path / "server.log") as url:
-        outage = _Outage(int(url.rsplit(":", 1)[1]))
-        uri = f"http://127.0.0.1:{outage.port}"
-        client = MlflowClient(url)
-        run = client.create_run(client.create_experiment("outage")).info.run_id
-        logger = RunLogger(uri, run, tmp_path / "metrics.jsonl", retry_s=0.5)
-        with caplog.at_level(logging.WARNING):
-            for step in range(1, 11):
-                logger.log_metrics({"train/loss": 1.0 / step}, step)
-            deadline = time.monotonic() + 30
-            while len(client.get_metric_history(run, "train/loss")) < 10:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-            outage.down()
-            for step in range(11, 21):
-                logger.log_metrics({"train/loss": 1.0 / step}, step)
-                if step == 15:  # a tag set meanwhile (the dropout a budget chose): kept for then
-                    logger.set_tags({"convs2s.dropout": "0.3"})
-            while logger.remote_ok:  # the thread found the server gone
-                assert time.monotonic() < deadline + 30
-                time.sleep(0.2)
-            outage.up()
-            time.sleep(0.6)  # past the first retry's time
-            for step in range(21, 31):
-                logger.log_metrics({"train/loss": 1.0 / step}, step)
-                time.sleep(0.05)
-            logger.close(timeout=30)
-        steps = sorted(m.step for m in client.get_metric_history(run, "train/loss"))
-        tags = client.get_run(run).data.tags
+    url = tracking_server  # (the proxy in front of it goes down and up)
+    outage = _Outage(int(url.rsplit(":", 1)[1]))
+    uri = f"http://127.0.0.1:{outage.port}"
+    client = MlflowClient(url)
+    run = client.create_run(client.create_experiment("outage")).info.run_id
+    logger = RunLogger(uri, run, tmp_path / "metrics.jsonl", retry_s=0.5)
+    with caplog.at_level(logging.WARNING):
+        for step in range(1, 11):
+            logger.log_metrics({"train/loss": 1.0 / step}, step)
+        deadline = time.monotonic() + 30
+        while len(client.get_metric_history(run, "train/loss")) < 10:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
         outage.down()
+        for step in range(11, 21):
+            logger.log_metrics({"train/loss": 1.0 / step}, step)
+            if step == 15:  # a tag set meanwhile (the dropout a budget chose): kept for then
+                logger.set_tags({"convs2s.dropout": "0.3"})
+        while logger.remote_ok:  # the thread found the server gone
+            assert time.monotonic() < deadline + 30
+            time.sleep(0.2)
+        outage.up()
+        time.sleep(0.6)  # past the first retry's time
+        for step in range(21, 31):
+            logger.log_metrics({"train/loss": 1.0 / step}, step)
+            time.sleep(0.05)
+        logger.close(timeout=30)
+    steps = sorted(m.step for m in client.get_metric_history(run, "train/loss"))
+    tags = client.get_run(run).data.tags
+    outage.down()
     assert steps == list(range(1, 31))  # each once, those of the outage included
     assert tags.get("convs2s.dropout") == "0.3"  # (set during the outage: it was lost)
     said = [r.getMessage() for r in caplog.records if uri in r.getMessage()]
@@ -635,19 +645,18 @@ def test_an_experiment_in_mlflows_trash_is_refused_before_a_run_is_made(sqlite_u
     assert RunTree.open(sqlite_uri, "never made", tmp_path / "r", "r").parent is not None
 
 
-def test_a_server_refusing_the_uris_host_name_says_to_allow_it_not_to_ask_for_rights(tmp_path):
+def test_a_server_refusing_the_uris_host_name_says_to_allow_it_not_to_ask_for_rights(
+        tracking_server):
     """A tracking server (`mlflow server --allowed-hosts`, infra/mlflow's MLFLOW_ALLOWED_HOSTS)
     answers a host name it does not list with 403 "Invalid Host header": the run's one line
     names the allowed hosts as the fix (it said the user could not write to the experiment
     and to ask for EDIT rights, which nothing would mend). Measured on a real server."""
-    from benchmarks.mlflow_ui import mlflow_server
     from convs2s.tracking.runs import tracking_problem
 
-    with mlflow_server(["server", "--backend-store-uri", f"sqlite:///{tmp_path / 'm.db'}",
-                        "--allowed-hosts", "127.0.0.1:*"], tmp_path / "server.log") as url:
-        assert tracking_problem(url, "exp") is None  # a listed host: runs go on
-        named = url.replace("127.0.0.1", "localhost")
-        problem = tracking_problem(named, "exp")
+    url = tracking_server  # (--allowed-hosts 127.0.0.1:*)
+    assert tracking_problem(url, "exp") is None  # a listed host: runs go on
+    named = url.replace("127.0.0.1", "localhost")
+    problem = tracking_problem(named, "exp")
     assert problem is not None and "refuses the host name 'localhost:" in problem, problem
     assert "--allowed-hosts" in problem and "MLFLOW_ALLOWED_HOSTS" in problem
     assert "may not write" not in problem
