@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -194,7 +195,7 @@ class RayRuntime:
         neither change nor delete it). Ray Train uploads and registers checkpoints one at a
         time, in order (a resume takes the last registered), and its worker waits for the
         uploads when its training function returns; the Trainer hands over one at a time
-        (`trainer.wait_until_gone`)."""
+        (`wait_until_gone`)."""
         checkpoint, mode = None, {}
         if folder is not None:
             checkpoint = self._train.Checkpoint.from_directory(str(folder))
@@ -348,3 +349,25 @@ class LocalRuntime:
                 remove_tree(old.path)
         self.comm.barrier()  # as Ray Train's report: no rank runs ahead of a checkpoint
         return False
+
+
+def wait_until_gone(folder: Path | None, limit_s: float = 1800.0) -> float:
+    """Wait until `folder` (a checkpoint handed to a background upload, which deletes it when
+    done) no longer exists, at most `limit_s` seconds (an upload that failed leaves it: the
+    failure reaches the run through Ray Train meanwhile); returns the seconds waited."""
+    t0 = time.monotonic()
+    while folder is not None and folder.exists() and time.monotonic() - t0 < limit_s:
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def quiet_reports() -> None:
+    """Ray Train (2.60) logs every `ray.train.report` of every rank at INFO on a logger named
+    after its source file, which `LoggingConfig` does not reach: two console lines per
+    checkpoint. The workers' own progress lines say the same; keep those only."""
+    try:
+        from ray.train.v2._internal.execution import context as train_context
+
+        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+    except ImportError:  # another Ray version: nothing to quiet
+        pass

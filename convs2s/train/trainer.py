@@ -33,7 +33,6 @@ setting).
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import shutil
 import time
@@ -73,7 +72,7 @@ from convs2s.train.resume import (ResumeRefused, budget_changes, check_lease,
                                    recipe_changes)
 from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
-from convs2s.train.runtime import load_agreed
+from convs2s.train.runtime import load_agreed, quiet_reports, wait_until_gone
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
 
@@ -105,28 +104,6 @@ class Progress:
 CONSOLE_SECONDS = 30.0
 
 
-def wait_until_gone(folder: Path | None, limit_s: float = 1800.0) -> float:
-    """Wait until `folder` (a checkpoint handed to a background upload, which deletes it when
-    done) no longer exists, at most `limit_s` seconds (an upload that failed leaves it: the
-    failure reaches the run through Ray Train meanwhile); returns the seconds waited."""
-    t0 = time.monotonic()
-    while folder is not None and folder.exists() and time.monotonic() - t0 < limit_s:
-        time.sleep(0.2)
-    return time.monotonic() - t0
-
-
-def _quiet_reports() -> None:
-    """Ray Train (2.60) logs every `ray.train.report` of every rank at INFO on a logger named
-    after its source file, which `LoggingConfig` does not reach: two console lines per
-    checkpoint. The workers' own progress lines say the same; keep those only."""
-    try:
-        from ray.train.v2._internal.execution import context as train_context
-
-        logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
-    except ImportError:  # another Ray version: nothing to quiet
-        pass
-
-
 # The key of a worker's return value that carries a run-ending error to the Ray driver, as
 # [its class name, its message]; the errors that travel so, by name.
 STOPPED_KEY = "stopped_by"
@@ -142,7 +119,7 @@ def train_loop_per_worker(config: dict) -> dict:
     Train restart the group from its last checkpoint, to fail the same way again."""
     from convs2s.train.runtime import RayRuntime
 
-    _quiet_reports()
+    quiet_reports()
     try:
         return run_loop(config, RayRuntime(config["run_dir"]))
     except tuple(STOPPING_ERRORS.values()) as err:
@@ -426,6 +403,8 @@ class Trainer:
         updates_at_start = progress.update - progress.batches_in_epoch // cfg.update_freq
         left = len(rows)  # every rank has as many: all see the last update alike
         epoch_end = True
+        # (resumed at the epoch's last update, none is made here: the lr it was made with)
+        trained_lr = self.schedule.lr_at(max(progress.update - 1, 0), self._spent(self.seconds))
         meter.resume()
         while True:
             micro = list(itertools.islice(batches, cfg.update_freq))
@@ -434,6 +413,7 @@ class Trainer:
             stats = train_update(self.model, self.optimizer, micro, cfg, self.comm, self.device)
             if stats is None:
                 break  # some rank's shard is exhausted: the epoch ends on every rank
+            trained_lr = lr  # (the lr of the last update made, for the epoch's last interval)
             progress.update += 1
             progress.batches_in_epoch += len(micro)
             left -= len(micro)
@@ -462,7 +442,7 @@ class Trainer:
             # the epoch's last interval: its updates are in the curve, and the next interval
             # is the next epoch's alone (a run stopped inside an epoch keeps its interval in
             # its checkpoint, for the continued run to log whole, as an uninterrupted one does)
-            self._log_train(epoch, lr, updates_at_start)
+            self._log_train(epoch, trained_lr, updates_at_start)
         meter.pause()
         self.final = self._end_epoch(epoch, epoch_end)
         self.seconds = self._clock()
