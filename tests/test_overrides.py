@@ -310,6 +310,21 @@ def test_a_setting_a_workflow_cannot_honour_is_refused_at_dry_run(module, settin
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--data", "demo", "--set", "data.hub_repo=x/y"],
+     "data.hub_repo names the hub dataset of --data hub, and the data is 'demo'"),
+    (["--data", "hub", "--set", "workflow.local_splits={train: a, valid: b, test: c}"],
+     "workflow.local_splits names the files of --data DIR, and the data is 'hub'"),
+    (["--no-use-gpu", "--set", "workflow.eval_gpus=0.5"],
+     "workflow.eval_gpus is an evaluation task's GPU share with --use-gpu; this run uses CPUs"),
+])
+def test_a_setting_of_data_or_devices_the_run_does_not_use_is_refused(argv, says, tmp_path):
+    """Each was accepted, recorded as the run's param, and never read."""
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "paper", *argv, "--storage-path",
+                                       str(tmp_path), "--dry-run"])
+    assert rc == 2 and out == "" and err.strip().endswith(f"{says}: leave it out"), err
+
+
 def test_a_fixed_schedule_that_would_anneal_after_the_run_ends_is_said(tmp_path):
     """The paper En-De preset shrinks its lr from epoch 50: with --max-epochs 30 it trained at
     lr 0.5 to the end, annealing never, without a word."""

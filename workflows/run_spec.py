@@ -399,6 +399,9 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     if opts.precision is not None:
         limits["precision"] = opts.precision
     use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
+    for o in [*opts.config_settings, *sets]:  # set on purpose, for data or devices not used
+        if problem := _unused_here(o, data_flag, use_gpu):
+            raise SpecError(f"{o.origin} {o.text}: {problem}: leave it out")
     run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     _check_run_name(opts.run_name)
     if opts.accelerator_type and not use_gpu:
@@ -452,6 +455,19 @@ def _check_run_name(name: str | None) -> None:
     (`storage.checks.run_name_problem`); none given: the default, `<preset>-<date>-<time>`."""
     if name and (problem := run_name_problem(name)):
         raise SpecError(problem)
+
+
+def _unused_here(o, data_flag: str, use_gpu: bool) -> str | None:
+    """Why a setting given on purpose does nothing in this run, or None: each was accepted,
+    recorded as the run's param, and never read."""
+    key = f"{o.section}.{o.field}"
+    if key == "workflow.local_splits" and data_flag in ("hub", "demo"):
+        return f"{key} names the files of --data DIR, and the data is {data_flag!r}"
+    if key in ("data.hub_repo", "data.hub_config", "data.hub_revision") and data_flag != "hub":
+        return f"{key} names the hub dataset of --data hub, and the data is {data_flag!r}"
+    if key == "workflow.eval_gpus" and not use_gpu:
+        return f"{key} is an evaluation task's GPU share with --use-gpu; this run uses CPUs"
+    return None
 
 
 def _set(changes, section: str, field: str) -> bool:
