@@ -222,6 +222,11 @@ def test_each_trial_is_a_whole_run_of_the_preset_with_its_variant_and_seed(tmp_p
     assert t.spec.ensemble.runs == 1 and t.spec.ensemble.average_last == 0
     assert not t.spec.register_champion
     assert len({x.key for x in sweep.trials}) == 4
+    # fewer checkpoints kept than the preset's average of 5: none is averaged in a trial (it
+    # was refused, with a fix the sweep refuses too)
+    fewer = resolve_sweep(multi30k_en_de.cpu(), dataclasses.replace(opts, set=[
+        "train.keep_last=2"], variant=["lr:train.lr=0.0015"], sweep="custom", variants=[]))
+    assert {x.spec.train.keep_last for x in fewer.trials} == {2}
 
 
 def test_a_finished_trial_runs_again_when_its_test_sets_changed_and_only_then(tmp_path):

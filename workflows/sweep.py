@@ -192,6 +192,9 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                                                    *overrides.parse(opts.set)]):
         raise SweepError(problem)
     run_name = opts.run_name or f"{opts.sweep}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # (the trials' ensemble from the start: the preset's average of 5 refused a --set
+    # train.keep_last=2, which no trial averages)
+    cfg = cfg.replace(ensemble=EnsembleConfig(runs=1, average_last=0))
     base = resolve(cfg, dataclasses.replace(opts, run_name=run_name))
     # Seeds are the sweep's; each trial scores its best checkpoint (single models, as the
     # paper's tables): no ensemble members or averages inside a trial.
