@@ -28,6 +28,8 @@ from typing import BinaryIO
 
 import pyarrow.fs as pafs
 
+from storage.redact import PATH_SCHEMES
+
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -49,8 +51,10 @@ def shown(text: str) -> str:
     head, sep, rest = text.partition("://")
     if not sep:
         head, rest = "", text
-    lead = rest[:len(rest) - len(rest.lstrip("/"))]  # (s3:///KEY:SECRET@bucket: after them)
-    sep, rest = sep + lead, rest[len(lead):]
+    if sep and f"{head.lower()}://" not in PATH_SCHEMES:  # (s3:///KEY:SECRET@bucket: the
+        # authority after the slashes; a file:/// URI or a path names a path there)
+        lead = rest[:len(rest) - len(rest.lstrip("/"))]
+        sep, rest = sep + lead, rest[len(lead):]
     if "@" in rest and _has_userinfo(rest):  # (never show what comes before the last "@")
         rest = "***@" + rest.rpartition("@")[2]
     rest = rest.split("?", 1)[0].split("#", 1)[0]

@@ -26,6 +26,10 @@ _SECRET_PARAM = re.compile(r"(?i)([?&](?:x-(?:amz|goog)-(?:credential|signature|
                            r"=)[^&\s'\"#]+")
 
 
+# Schemes whose URIs name a local path after an empty authority ("file:///", "sqlite:////")
+PATH_SCHEMES = ("file://", "sqlite://")
+
+
 def _hide(m: re.Match) -> str:
     """One URI with its user information hidden. The authority is what comes before the first
     "/", "?" or "#"; a password may hold "@" (the last "@" of the authority ends it) and, written
@@ -36,9 +40,11 @@ def _hide(m: re.Match) -> str:
     if "@" not in rest:
         return m[0]
     # slashes after "scheme://" (http:///alice:pw@host, postgresql:///db:pw@host): the
-    # authority begins after them (it was empty, and the password shown)
-    lead = rest[:len(rest) - len(rest.lstrip("/"))]
-    scheme, rest = scheme + lead, rest[len(lead):]
+    # authority begins after them (it was empty, and the password shown); a scheme whose
+    # authority is empty by design names a path there (file:///a@b/c, sqlite:////x@v2/db)
+    if scheme.lower() not in PATH_SCHEMES:
+        lead = rest[:len(rest) - len(rest.lstrip("/"))]
+        scheme, rest = scheme + lead, rest[len(lead):]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     at = authority.rfind("@")
     # the part after the authority up to its next "/", "?" or "#": an "@" there, after a

@@ -49,6 +49,10 @@ def test_a_uri_with_credentials_options_or_one_slash_is_refused_without_its_secr
     with pytest.raises(StorageError, match=r"s3:///\*\*\*@bucket/runs: credentials") as err:
         location("s3:///AKIAEXAMPLE:wJalrXUtn@bucket/runs")
     assert "wJalrXUtn" not in str(err.value) and "AKIAEXAMPLE" not in str(err.value)
+    from storage.paths import shown
+
+    assert shown("/alice@corp/data") == "/alice@corp/data"  # a path's "@" is no credential
+    assert shown("file:///a@b/c") == "file:///a@b/c"
     with pytest.raises(StorageError, match=r"write s3://\*\*\*@bucket/x") as err:
         location("s3:/AKIAEXAMPLE:wJalrXUtn@bucket/x")
     assert "wJalrXUtn" not in str(err.value)

@@ -336,6 +336,8 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     assert redact_uri("http:///bob:S3CRET@mlflow:5000") == "http:///bob:***@mlflow:5000"
     assert redact_uri("postgresql:///db:S3CRET@host/mlflow") == "postgresql:///db:***@host/mlflow"
     assert redact_uri("file:///data/bob@lab/mlflow.db") == "file:///data/bob@lab/mlflow.db"
+    assert redact_uri("sqlite:////runs@v2/mlflow.db") == "sqlite:////runs@v2/mlflow.db"
+    assert redact_uri("file:///a@b/c") == "file:///a@b/c"  # (a path after the empty authority)
     # an "@" and a "/", "?" or "#" in one password: what came after the first "@" was taken
     # for a host and shown ("ss/word")
     for cut in "/?#":
