@@ -96,7 +96,8 @@ def local_copy(p) -> Path:
                        "try again once its writer is done")
 
 
-def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
+def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = (),
+                keep: tuple[str, ...] = ()) -> None:
     """Make folder `dest` hold exactly the files of folder `src`, with `marker` (a file in
     `src`) the proof that it is complete. `src` is a local folder, or a folder in the same
     bucket (its objects are copied by the server). `leave`: names in `src` not published (a
@@ -107,7 +108,9 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
     old marker is deleted first (from then on readers take `dest` as incomplete), every other
     file copied, objects of the old version that the new one lacks deleted, and the marker
     copied last. A local `dest` that is a symbolic link is replaced as the link (a folder
-    linked into a run from elsewhere): the folder it points to stays whole."""
+    linked into a run from elsewhere): the folder it points to stays whole. `keep`: names in a
+    bucket's `dest` that the publish leaves (a writer's record of the publish, which it
+    removes once the marker is in)."""
     given = dest
     src, dest = location(src), location(dest)
     if not isinstance(dest, ObjectPath):
@@ -140,7 +143,7 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = ()) -> None:
     (dest / marker).unlink(missing_ok=True)
     side_by_side(lambda name: _copy(src / name, dest / name), [n for n in names if n != marker])
     side_by_side(lambda name: (dest / name).unlink(missing_ok=True),
-                 [name for name, _ in dest.files() if name not in names])
+                 [name for name, _ in dest.files() if name not in names and name not in keep])
     _copy(src / marker, dest / marker)
 
 

@@ -522,7 +522,7 @@ def test_an_import_into_a_bucket_cut_short_is_replaced_by_the_same_command(s3, t
 
     out = f"s3://convs2s-test/interop/{tmp_path.name}/ckpt"
 
-    def cut_short(src, dest, marker, leave=()):
+    def cut_short(src, dest, marker, leave=(), keep=()):
         (location(dest) / marker).unlink(missing_ok=True)  # as publish_dir begins
         name = sorted(p.name for p in Path(src).iterdir() if p.name != marker)[0]
         (location(dest) / name).write_bytes((Path(src) / name).read_bytes())
@@ -538,6 +538,22 @@ def test_an_import_into_a_bucket_cut_short_is_replaced_by_the_same_command(s3, t
     import_fairseq(FIXTURES / "iwslt", out)  # (refused before: "not written by import-fairseq")
     assert sorted(name for name, _ in location(out).files()) == whole
     load_model(out)
+    # cut as the marker is copied, the last step (the old files removed: no record was left)
+    from storage import transfer
+
+    real_copy = transfer._copy
+
+    def marker_fails(src, dest):
+        if str(dest).endswith(fairseq.WRITTEN_BY):
+            raise KeyboardInterrupt
+        return real_copy(src, dest)
+
+    monkeypatch.setattr(transfer, "_copy", marker_fails)
+    with pytest.raises(KeyboardInterrupt):
+        import_fairseq(FIXTURES / "iwslt", out)
+    monkeypatch.setattr(transfer, "_copy", real_copy)
+    import_fairseq(FIXTURES / "iwslt", out)
+    assert sorted(name for name, _ in location(out).files()) == whole
     monkeypatch.setattr(fairseq, "publish_dir", cut_short)
     with pytest.raises(KeyboardInterrupt):
         import_fairseq(FIXTURES / "iwslt", out)

@@ -451,7 +451,10 @@ def _whole_folder(out: Path, command: str):
             new = json.loads((scratch / WRITTEN_BY).read_text())
             (out / PUBLISHING).write_text(json.dumps(
                 {**new, "files": sorted(set(new["files"]) | set(old))}))
-            publish_dir(scratch, out, marker=WRITTEN_BY)  # (PUBLISHING removed: not in it)
+            # (PUBLISHING kept until the marker is in: a cut between the old files' removal
+            # and the marker left neither record)
+            publish_dir(scratch, out, marker=WRITTEN_BY, keep=(PUBLISHING,))
+            (out / PUBLISHING).unlink(missing_ok=True)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return
