@@ -629,11 +629,17 @@ def test_a_short_config_file_keeps_its_presets_other_settings(tmp_path):
     assert {k: v for k, v in run["train"].items() if k != "lr"} == \
         {k: v for k, v in paper["train"].items() if k != "lr"}
     assert run["preprocess"] == paper["preprocess"] and run["model"] == paper["model"]
+    # a mapping setting (test_sets) is the file's whole, as a --set gives it
+    short.write_text("preset: paper\ntrain:\n  lr: 0.3\nsearch:\n  beam: 4\n"
+                     "test_sets:\n  test: gigaword_test\n")
+    assert _dry_run(gigaword, ["--config", str(short)], tmp_path)["workflow"]["test_sets"] == \
+        {"test": "gigaword_test"}
     from workflows.orchestrate import _load_config
 
-    opts = RunOptions(config=str(short))  # what counts as set on purpose: the file's two
+    opts = RunOptions(config=str(short))  # what counts as set on purpose: the file's own
     _load_config(opts, gigaword.PRESETS)
-    assert sorted(o.text for o in opts.config_settings) == ["search.beam=4", "train.lr=0.3"]
+    assert sorted(o.text for o in opts.config_settings) == [
+        "search.beam=4", "test_sets={'test': 'gigaword_test'}", "train.lr=0.3"]
 
 
 @pytest.mark.parametrize("text, says", [

@@ -277,9 +277,12 @@ def _over(preset: dict, doc: dict) -> dict:
     section by section: a short file changes what it names and keeps the rest of its preset
     (its left-out settings were the dataclasses' defaults: a Gigaword file without min_len
     searched with 1, not the preset's 14, counted as set on purpose)."""
+    from workflows.overrides import FILE_SECTIONS
+
     out = dict(preset)
-    for key, value in doc.items():
-        out[key] = ({**preset[key], **value} if isinstance(value, dict)
+    for key, value in doc.items():  # (a mapping setting, test_sets or local_splits: whole, as
+        # a --set gives it)
+        out[key] = ({**preset[key], **value} if key in FILE_SECTIONS and isinstance(value, dict)
                     and isinstance(preset.get(key), dict) else value)
     return out
 
