@@ -282,7 +282,15 @@ USED_ONLY_BY = {"momentum": ("optimizer", ("nag",)),
 
 def unused_setting(train: TrainConfig, name: str) -> str | None:
     """Why TrainConfig `train` does not read its setting `name`, and the fix; None where it
-    does."""
+    does, or where the setting is its default (`null` turns one off, as a preset does)."""
+    field = next(f for f in dataclasses.fields(TrainConfig) if f.name == name) \
+        if name in {f.name for f in dataclasses.fields(TrainConfig)} else None
+    if field is not None and getattr(train, name) == field.default:
+        return None
+    if name in ("lr_shrink", "min_lr") and train.lr_schedule == "fixed" \
+            and train.anneal_from_epoch is None:  # (a fixed lr that never shrinks)
+        return (f"{name} is read by the fixed schedule once it shrinks the lr, and this run's "
+                "never does: set train.anneal_from_epoch with it, or leave it out")
     if name in USED_ONLY_BY:
         chooser, readers = USED_ONLY_BY[name]
         if getattr(train, chooser) not in readers:

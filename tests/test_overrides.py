@@ -276,6 +276,9 @@ def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, t
      "min_lr is read only with lr_schedule anneal / plateau / fixed, and this run's is cosine"),
     (wmt14_en_fr, ["train.warmup_init_lr=0.1"], "warmup_init_lr is the lr a warmup starts "
                                                 "from, and warmup_updates is 0"),
+    (wmt14_en_fr, ["train.anneal_from_epoch=null", "train.lr_shrink=0.5"],
+     "lr_shrink is read by the fixed schedule once it shrinks the lr, and this run's never "
+     "does"),
 ])
 def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module, settings, says,
                                                                          tmp_path):
@@ -289,6 +292,12 @@ def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module,
     if ok:
         assert _main(module, [*[a for s in ok for a in ("--set", s)], "--storage-path",
                               str(tmp_path), "--dry-run"])[0] == 0
+    # a setting turned off, or given its default, is no setting the run ignores (a cosine
+    # schedule's --set train.anneal_from_epoch=null was refused)
+    for off in (["train.lr_schedule=cosine", "train.anneal_from_epoch=null"],
+                ["train.optimizer=adam", "train.lr=1e-3", "train.momentum=0.99"]):
+        assert _main(wmt14_en_fr, [*[a for s in off for a in ("--set", s)], "--storage-path",
+                                   str(tmp_path), "--dry-run"])[0] == 0, off
 
 
 @pytest.mark.parametrize("module, setting, says", [
