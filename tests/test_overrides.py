@@ -276,7 +276,7 @@ def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, t
      "min_lr is read only with lr_schedule anneal / plateau / fixed, and this run's is cosine"),
     (wmt14_en_fr, ["train.warmup_init_lr=0.1"], "warmup_init_lr is the lr a warmup starts "
                                                 "from, and warmup_updates is 0"),
-    (wmt14_en_fr, ["train.anneal_from_epoch=null", "train.lr_shrink=0.5"],
+    (wmt14_en_fr, ["--preset", "paper", "train.anneal_from_epoch=null", "train.lr_shrink=0.5"],
      "lr_shrink is read by the fixed schedule once it shrinks the lr, and this run's never "
      "does"),
 ])
