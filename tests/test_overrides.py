@@ -222,6 +222,13 @@ def test_a_bad_setting_is_one_line_and_exit_2_before_anything_runs(setting, says
     assert not any(tmp_path.iterdir())
 
 
+def test_the_other_sections_hint_goes_with_the_field_it_names(tmp_path):
+    """It followed the first wrong-section field of the section, whatever the refusal was."""
+    rc, _, err = _main(wmt14_en_fr, ["--set", "train.lr=abc", "--set", "train.dropout=0.1",
+                                     "--storage-path", str(tmp_path), "--dry-run"])
+    assert rc == 2 and err.strip() == "error: --set train.lr=abc: train.lr takes float, not 'abc'"
+
+
 @pytest.mark.parametrize("setting, says", [
     # values --dry-run passed, that failed after training (a split) or in the workers
     ("data.splits={train: train, test: test}", "data.splits has no 'valid' split, which "

@@ -58,13 +58,13 @@ def _apply_to(obj, overrides: list[Override], section: str):
     try:
         return apply_changes(obj, overrides, section, OWNED)
     except SettingError as err:
-        raise SpecError(str(err) + _elsewhere(overrides, obj)) from None
+        raise SpecError(str(err) + _elsewhere(overrides, obj, err)) from None
 
 
-def _elsewhere(overrides: list[Override], obj) -> str:
+def _elsewhere(overrides: list[Override], obj, err: SettingError) -> str:
     """Where a field `obj`'s section lacks is a setting of another section (train.dropout is
     model.dropout, train.max_tokens data.max_tokens, train.lenpen search.lenpen): said after
-    the refusal, whose suggestions are the section's own names."""
+    `err`, the refusal of that very field, whose suggestions are the section's own names."""
     from convs2s.config import ModelConfig, SearchConfig, TrainConfig
     from preprocessing.config import PreprocessConfig
     from workflows.workflow_config import EnsembleConfig, WorkflowConfig
@@ -73,7 +73,8 @@ def _elsewhere(overrides: list[Override], obj) -> str:
     where = {"model": ModelConfig, "train": TrainConfig, "search": SearchConfig,
              "data": PreprocessConfig, "ensemble": EnsembleConfig, "workflow": WorkflowConfig}
     for o in overrides:
-        if o.field in mine:
+        if o.field in mine or not str(err).startswith(f"{o.origin} {o.text}: ") \
+                or "has no field" not in str(err):
             continue
         found = [f"{name}.{o.field}" for name, cls in where.items()
                  if o.field in {f.name for f in dataclasses.fields(cls)}
@@ -103,7 +104,7 @@ def apply(cfg, overrides: list[Override]):
                             also={"preprocess": pre} if by["data"] else None,
                             also_given=by["data"])
     except SettingError as err:
-        raise SpecError(str(err) + _elsewhere(by["workflow"], cfg)) from None
+        raise SpecError(str(err) + _elsewhere(by["workflow"], cfg, err)) from None
     model = _apply_to(cfg.model, by["model"], "model")
     train = _apply_to(cfg.train, by["train"], "train")
     from convs2s.config import unused_setting
