@@ -333,6 +333,7 @@ class Trainer:
             self.cfg = self.cfg.replace(precision=self.precision.name)
             if rank == 0:
                 _say(f"[convs2s.train] precision {self.precision.name}: {self.precision.reason}")
+            self._check_memory_fit()  # (checked with this machine's: float32 needs more)
         if state.get("dropout_choice"):  # the dropout chosen by the run's probe, kept
             self.dropout_choice = state["dropout_choice"]
             set_dropout(self.net, self.dropout_choice["dropout"])
