@@ -446,13 +446,14 @@ class RunLease:
         # Not the record this command looked at: another command's lease, made between the
         # look and the rename. Put it back (an exclusive create: never over a lease made
         # meanwhile) and leave it to that command.
-        try:  # (as it was: the same file linked back, its owner and renewal time kept; made
-            # again by this command, it was this user's, and its holder, another user on a
-            # shared folder, could no longer touch it to renew)
+        try:  # (as it was: the same file linked back, its owner and renewal time kept, where
+            # this user may link it; made again by this command, it is this user's, and its
+            # holder, another user on a shared folder, renews it by writing it again)
             os.link(aside, self.path)
         except FileExistsError:
             pass
-        except OSError:  # a filesystem without hard links: written again, as it was
+        except OSError:  # no hard links, or none to another user's file this user cannot
+            # write (the kernel's protected_hardlinks): written again, as it was
             self._place(aside.read_bytes(), os.stat(aside).st_mtime)
         finally:
             aside.unlink(missing_ok=True)

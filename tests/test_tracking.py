@@ -376,6 +376,7 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     recorded = _to_json_serializable_value({"job": job, "tracking_uri": Hidden(job.tracking_uri)})
     assert "S3CRET" not in str(recorded) and "bob:***@mlflow:5000" in str(recorded)
     assert pickle.loads(pickle.dumps(Hidden(job.tracking_uri))).value == job.tracking_uri
+    assert pickle.loads(pickle.dumps(Hidden(None))).value is None  # (a run without tracking)
     # an "@" of a path or a model alias is no credential
     assert redact_text("s3://bucket/run@2 models:/m@champion http://host/x@y") == \
         "s3://bucket/run@2 models:/m@champion http://host/x@y"

@@ -35,11 +35,8 @@ class Hidden:
 
     __str__ = __repr__
 
-    def __getstate__(self):  # (slots: pickled to the workers as its value)
-        return self.value
-
-    def __setstate__(self, value) -> None:
-        self.value = value
+    def __reduce__(self):  # (pickled to the workers as its value; None too)
+        return (Hidden, (self.value,))
 
 
 def redact_mlflow_logs() -> None:

@@ -15,7 +15,8 @@ rank gets the same choice (the clock is shared:
 `Trainer._clock`), and a resumed run takes the choice from its checkpoint; one resumed inside
 the timed updates takes the clock at their start from it and decides at the same update as
 the run would have (`PassesProbe`: it timed anew from the resume and decided up to 100 updates
-later, training them with the model's dropout).
+later, training them with the model's dropout). Its timing then counts the restart's first,
+slower updates among the timed ones: a slower rate, fewer passes projected.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ def choice_message(choice: dict) -> str:
             f"{choice['seconds_per_update']:.3f} s an update projects "
             f"{choice['projected_passes']:.1f} passes over the data in the time budget "
             f"(dropout_by_passes {choice['table']})")
-
 
 
 class PassesProbe:
