@@ -326,7 +326,9 @@ def test_what_the_evaluation_command_can_know_before_ray_starts_is_one_line(
             (["--run-dir", str(run), *test, *out, "--set", "search.beam=3"],
              "--set search.beam=3: search.beam is set by --beam"),
             (["--run-dir", str(run), *test, *out, "--set", "lenpen=x"],
-             "--set lenpen=x: search.lenpen takes float")):
+             "--set lenpen=x: search.lenpen takes float"),
+            (["--run-dir", str(run), *test, *out, "--set", "nbest=3"],
+             "--set nbest=3: an evaluation scores one translation a sentence")):
         try:
             rc = main(argv)
         except SystemExit as exit_:  # (argparse's refusals)

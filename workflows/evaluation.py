@@ -590,6 +590,9 @@ def main(argv: list[str] | None = None) -> int:
                                 for k in ("beam", "precision", "precision_fallback")})
     except SettingError as err:
         p.error(str(err))
+    if search.nbest != 1:  # (a score is of one translation a sentence)
+        p.error(f"--set nbest={search.nbest}: an evaluation scores one translation a sentence; "
+                "n-best lists are `python -m convs2s translate --nbest N`'s")
     tests = [TestSet(n, s, r, lang, kind) for n, s, r, lang in args.test]
     try:  # a path storage refuses ("s3:/bkt/x", a query) or a run without checkpoints: one
         # line before Ray starts, not a traceback (nor a failure in the scoring tasks)
