@@ -174,7 +174,7 @@ def start_or_join(submit: str, **init_kwargs) -> str:
             join(address, submit=submit, **init_kwargs)
         else:
             choose_local_ray_auth()
-            ray.init(logging_level=logging.WARNING, **init_kwargs)
+            ray.init(logging_level=logging.WARNING, **init_kwargs, **local_cpus())
     where = (f"cluster {shown(address)}" if address else "local instance" if started_here()
              else "the Ray already running on this machine")
     return (f"Ray: {where}, {ray.cluster_resources().get('CPU', 0):g} CPUs; Ray's own logs: "
@@ -273,6 +273,17 @@ def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | Non
         return None
     finally:
         probe.unlink(missing_ok=True)
+
+
+def local_cpus() -> dict:
+    """What a local Ray this process starts is told of its CPUs: those this process may run
+    on (its affinity: a Slurm or `taskset` cpuset, which Ray's own count of the machine's
+    ignores, 2 CPUs under `taskset -c 0` on a 2-CPU machine, and its actors oversubscribed the
+    one allowed). Nothing where one already runs on this machine (`ray.init` joins it, and
+    refuses resources then)."""
+    if not hasattr(os, "sched_getaffinity") or running_here():
+        return {}
+    return {"num_cpus": len(os.sched_getaffinity(0))}
 
 
 def running_here() -> bool:

@@ -668,3 +668,26 @@ def test_the_exit_swallowed_in_a_fork_callback_while_ray_starts_is_not_printed()
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=Path(__file__).resolve().parents[1])
     assert proc.stdout.strip() == "interrupted" and proc.stderr == "", proc.stderr
+
+
+def test_a_local_ray_gets_the_cpus_this_process_may_run_on():
+    """Ray counts the machine's CPUs, not the process's cpuset (Slurm, `taskset`): a local Ray
+    started under one CPU of two placed actors for two, and its room checks approved them."""
+    import subprocess
+    import sys
+
+    code = ("import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+            "from storage.ray_join import local_cpus\nprint(local_cpus())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).resolve().parents[1], check=True)
+    assert out.stdout.strip() in ("{'num_cpus': 1}", "{}"), out.stdout  # ({}: a Ray runs here)
+
+
+def test_a_path_a_ray_worker_is_given_is_the_one_the_driver_checked(tmp_path, monkeypatch):
+    """`~` was expanded by the driver's checks and not for the actors, which read and wrote
+    <cwd>/~/... and failed every part."""
+    from convs2s.serving.corpus import worker_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert worker_path("~/out") == str(tmp_path / "out") == str(location("~/out"))
+    assert worker_path("s3://b/k") == "s3://b/k" and worker_path(None) is None

@@ -58,7 +58,7 @@ def start_ray(use_gpu: bool, small_data: bool) -> None:
             ray.init(logging_level=logging.WARNING)
         else:
             ray_join.choose_local_ray_auth()
-            ray.init(logging_level=logging.WARNING, **own_dashboard())
+            ray.init(logging_level=logging.WARNING, **own_dashboard(), **ray_join.local_cpus())
     cpus, gpus = ray.cluster_resources().get("CPU", 0), ray.cluster_resources().get("GPU", 0)
     address = os.environ.get("RAY_ADDRESS")
     log.info("Ray: %s, %g CPUs, %g GPUs; Ray's own logs: %s",

@@ -148,7 +148,7 @@ def worker_path(path: str | None) -> str | None:
     does not run in this process's folder), a URI as it is."""
     if path is None or is_uri(path) or str(path).startswith("file:"):
         return None if path is None else str(path)
-    return os.path.abspath(path)
+    return str(location(path))  # (~ expanded, as the driver's checks read it)
 
 
 # --- 1. split ---------------------------------------------------------------------------------
@@ -666,7 +666,7 @@ def start_ray(log_to_driver: bool = True,
         else:
             ray_join.choose_local_ray_auth()
             ray.init(logging_level=logging.WARNING, include_dashboard=False,
-                     log_to_driver=log_to_driver)
+                     log_to_driver=log_to_driver, **ray_join.local_cpus())
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False
