@@ -191,6 +191,27 @@ def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
     assert parts_text(out) == one_process(tiny_checkpoints["a"], lines)  # none lost or repeated
 
 
+def test_sigterm_while_the_input_is_cut_into_parts_is_ctrl_c_too(tiny_checkpoints, ray_session,
+                                                                  tmp_path, capsys):
+    """Before the translators start (the model's load, the input cut into parts: minutes for
+    a large corpus) a SIGTERM killed the command with its default action: no line, exit 143,
+    its temporary files left. Now the same one line and exit 130 as later."""
+    from convs2s.cli import main
+
+    lines = corpus_lines(tiny_checkpoints["pairs"], 800) * 250  # 200,000 lines to cut
+    (tmp_path / "mono.en").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    argv = [*KILLED[4:6], "--actors", "1", "--shard-lines", "100", "--no-progress",
+            "--checkpoint", tiny_checkpoints["a"], "--input", str(tmp_path / "mono.en"),
+            "--output", str(out)]
+    with sigterm_once(lambda: len(list((out / "source").glob("part-*.txt"))) > 5) as sent:
+        rc = main(["translate", *argv])
+    err = capsys.readouterr().err
+    assert sent and rc == 130, err[-2000:]
+    assert f"interrupted: the finished parts are kept in {out}" in err and "Traceback" not in err
+    assert not (out / "source" / "manifest.json").exists() and not list(out.glob("part-*"))
+
+
 def _translators() -> list[int]:
     """The pids of this machine's corpus-job translators (Ray Data's map actors)."""
     pids = []

@@ -305,17 +305,22 @@ def _translate_corpus(args, job, search) -> int:
     from convs2s.precision import runs_on_gpus
     from convs2s.serving.corpus import translate_corpus
     from storage.lease import LeaseHeld
+    from storage.signals import sigterm_as_ctrl_c
 
     failed = None  # the line of a translator's failure
+    # (SIGTERM as Ctrl-C from the start: one while the model loaded or the input was cut into
+    # parts, minutes for a large corpus, killed the command without a word)
     try:
-        if job.device == "cpu":  # the model and settings load here before any actor starts
-            load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
-        elif not runs_on_gpus(search.precision):
-            # An actor holding a GPU searches on it, and int8 runs on CPUs: the fallback (one
-            # warning), else one line now, not an error in every actor after Ray reserved the
-            # GPUs (as `serve --gpus-per-replica` checks). (bf16's check needs the actors' GPU.)
-            resolve_precision(search.precision, "cuda", search.precision_fallback)
-        manifest = translate_corpus(job)
+        with sigterm_as_ctrl_c():
+            if job.device == "cpu":  # the model and settings load here before any actor starts
+                load_for_inference(args.checkpoint, search, "cpu", spm_model=args.spm_model)
+            elif not runs_on_gpus(search.precision):
+                # An actor holding a GPU searches on it, and int8 runs on CPUs: the fallback
+                # (one warning), else one line now, not an error in every actor after Ray
+                # reserved the GPUs (as `serve --gpus-per-replica` checks). (bf16's check needs
+                # the actors' GPU.)
+                resolve_precision(search.precision, "cuda", search.precision_fallback)
+            manifest = translate_corpus(job)
     except (CheckpointError, PrecisionError, StorageError, LeaseHeld, OSError,
             ValueError) as err:  # (CorpusError, InputError: ValueErrors)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
