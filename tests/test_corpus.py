@@ -158,6 +158,32 @@ def test_a_killed_corpus_job_resumes_without_losing_or_repeating_a_line(
     assert not list(out.glob(".*.tmp-*")) and not list(out.glob("source/.*.tmp-*"))  # removed
 
 
+def test_an_input_cut_short_leaves_no_job_and_its_mended_file_is_translated(
+        tiny_checkpoints, ray_session, tmp_path):
+    """A .gz cut short fails as its parts are cut, after the folder was made the job's: the
+    rerun on the whole file was refused as another job's folder, with nothing translated. A
+    finished folder whose source parts were deleted is complete without reading the input."""
+    from convs2s.serving.inputs import InputError
+
+    lines = corpus_lines(tiny_checkpoints["pairs"], 120)
+    whole = gzip.compress(("\n".join(lines) + "\n").encode() * 40)  # 4,800 lines
+    src, out = tmp_path / "mono.en.gz", tmp_path / "out"
+    src.write_bytes(whole[:len(whole) // 2])
+    job = CorpusJob([tiny_checkpoints["a"]], str(src), str(out), search=SEARCH, actors=1,
+                    shard_lines=2400, progress=False)
+    with pytest.raises(InputError, match="not a whole gzip file"):
+        translate_corpus(job)
+    assert not (out / "job.json").exists() and not (out / "source").exists()
+    src.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))  # mended
+    job = CorpusJob([tiny_checkpoints["a"]], str(src), str(out), search=SEARCH, actors=1,
+                    shard_lines=60, progress=False)
+    assert translate_corpus(job)["lines_out"] == 120
+    import shutil
+
+    shutil.rmtree(out / "source")  # the input's copy, cut into parts: not needed once complete
+    assert translate_corpus(job)["lines_out"] == 120 and not (out / "source").exists()
+
+
 def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
         tiny_checkpoints, ray_session, tmp_path, capsys):
     """SIGTERM (`ray job stop`, a machine's shutdown) once a part is done: exit 130 and the line

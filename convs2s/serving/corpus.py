@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from convs2s.config import SearchConfig
 from convs2s.io.text_codec import checkpoint_weights
 from convs2s.serving.inputs import input_lines
-from storage import ObjectPath, is_uri, location, side_by_side, stamp, write_whole
+from storage import ObjectPath, is_uri, location, remove_tree, side_by_side, stamp, write_whole
 from storage import ray_join
 from storage.checks import WRITE_PROBE
 from storage.lease import RunLease
@@ -363,19 +363,29 @@ def translate_corpus(job: CorpusJob) -> dict:
             raise CorpusError(f"--output {job.output} holds translations of another job "
                               f"(changed: {', '.join(changed)}): give a new --output, or delete "
                               "the folder to start over")
-        if previous is None:
-            # An input that does not open as its kind (a .parquet that is not parquet, a .gz
-            # that is not gzip, a missing column) is refused before the folder is this job's:
-            # with job.json there, the rerun on the mended input was another job's folder
-            lines = input_lines(job.input, job.column)
-            try:
-                next(iter(lines), None)
-            finally:
-                getattr(lines, "close", lambda: None)()
-            write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
         _remove_half_written(out)
         complete = _read_json(out / MANIFEST, remade=True)
-        source = split_input(job, out)
+        if previous is not None and complete and (n := len(complete.get("parts", []))) and \
+                all(r is not None for r in part_records(out, list(range(n)),
+                                                        part_width(n)).values()):
+            # (before the input is read: its parts, source/, may be deleted once complete)
+            log.info("%s is complete already (%s)", job.output, MANIFEST)
+            return complete
+        if previous is None:
+            write_whole(out / JOB_FILE, json.dumps(identity, indent=1).encode())
+        try:
+            source = split_input(job, out)
+        except (ValueError, OSError):  # (CorpusError, InputError)
+            # An input that does not read whole as its kind (a .parquet that is not parquet, a
+            # .gz that is not gzip or is cut short, a missing column, nothing in it) leaves the
+            # folder no job's: with job.json there, the rerun on the mended input was another
+            # job's folder. What this job wrote is removed (a kill keeps it: same input, same
+            # job, its split done again).
+            if previous is None:
+                if (out / SOURCE).exists():
+                    remove_tree(out / SOURCE)
+                (out / JOB_FILE).unlink(missing_ok=True)
+            raise
         t0 = time.perf_counter()
         width = part_width(len(source["shards"]))
         records = part_records(out, [s["index"] for s in source["shards"]], width)
