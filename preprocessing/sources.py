@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
-from storage import cr_line_ends, location, open_input, stamp
+from storage import binary_kind, cr_line_ends, location, open_input, stamp
 from storage.redact import redact_logs, redact_text, redact_uri
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
@@ -400,6 +400,10 @@ def _check_line_ends(path: str, head: int = 1 << 13) -> None:
     except (OSError, EOFError, zlib.error) as e:
         raise PreprocessError(f"cannot read {path}: {type(e).__name__}: {e}; re-download or "
                               "re-export this file") from None
+    if not path.endswith(".gz") and (kind := binary_kind(start)):  # (read as text: bytes)
+        raise PreprocessError(f"{path} is {kind} data (by its first bytes), not text: "
+                              "decompress it (a .gz is read as it is), or give a parquet file "
+                              "its .parquet name")
     if problem := cr_line_ends(start):
         raise PreprocessError(f"{path}: {problem}")
 

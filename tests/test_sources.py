@@ -747,3 +747,27 @@ def test_a_hub_file_of_another_pair_names_the_configuration_to_choose():
         _check_columns("hf://datasets/wmt/wmt14@abc/fr-en/train/0000.parquet", schema, cfg)
     with pytest.raises(PreprocessError, match="convert the file or set src_lang"):
         _check_columns("/data/fr-en/train/0000.parquet", schema, cfg)
+
+
+def test_a_compressed_file_given_as_text_is_refused_by_its_first_bytes(tmp_path):
+    """An .xz, .bz2 or .zst corpus (or one renamed) was read as text: a few lines of bytes,
+    trained on or translated (an .xz of 2,000 lines gave 7 lines, 6 not UTF-8, exit 0)."""
+    import bz2
+    import lzma
+
+    from convs2s.serving.inputs import InputError, input_lines
+    from preprocessing.sources import check_text_pair
+
+    text = ("a sentence .\n" * 2000).encode()
+    (tmp_path / "train.fr").write_bytes(text)
+    for name, data, kind in (("train.en", lzma.compress(text), "xz"),
+                             ("mono.en.bz2", bz2.compress(text), "bzip2")):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(PreprocessError, match=rf"{name} is {kind} data \(by its first "
+                                                  r"bytes\), not text: decompress it"):
+            check_text_pair([str(tmp_path / name), str(tmp_path / "train.fr")])
+        with pytest.raises(InputError, match=rf"{name} is {kind} data \(by its first bytes\), "
+                                             "not text: decompress it"):
+            input_lines(str(tmp_path / name))
+    (tmp_path / "mono.en.gzip").write_bytes(gzip.compress(text))  # gzip by its bytes: read
+    assert sum(1 for _ in input_lines(str(tmp_path / "mono.en.gzip"))) == 2000

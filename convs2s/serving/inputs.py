@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from storage import cr_line_ends, location, open_input
+from storage import binary_kind, cr_line_ends, location, open_input
 
 
 class InputError(ValueError):
@@ -40,7 +40,14 @@ def input_lines(path: str, column: str | None = None):
     if name.endswith(".parquet"):
         return _parquet_lines(path, column)
     raw = open_input(path)
-    if not name.endswith(".gz"):
+    kind = binary_kind(raw.peek(8)[:8]) if hasattr(raw, "peek") else None
+    if not name.endswith(".gz") and kind != "gzip":  # (gzip by its bytes, whatever its name)
+        if kind is not None:
+            raw.close()
+            raise InputError(f"input {path} is {kind} data (by its first bytes), not text: "
+                             + ("give it as a .parquet file and its --column"
+                                if kind == "parquet" else
+                                "decompress it (or give it as .gz), then translate the text"))
         _check_line_ends(path, raw)
         return _text_lines(path, raw)
     stream = gzip.GzipFile(fileobj=raw)
