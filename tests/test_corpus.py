@@ -184,6 +184,29 @@ def test_an_input_cut_short_leaves_no_job_and_its_mended_file_is_translated(
     assert translate_corpus(job)["lines_out"] == 120 and not (out / "source").exists()
 
 
+def test_an_actor_refuses_a_checkpoint_replaced_since_the_job_began(tiny_checkpoints,
+                                                                     tmp_path):
+    """An actor that starts late (a node the autoscaler adds) or again (a process death)
+    loaded whatever the checkpoint's path held then: a best/ republished by a training run
+    during the job translated its parts with another model than the job records."""
+    import shutil
+
+    from convs2s.serving.corpus import ShardTranslator, _file_stamps
+
+    ckpt = tmp_path / "best"
+    shutil.copytree(tiny_checkpoints["a"], ckpt)
+    job = CorpusJob([str(ckpt)], str(tmp_path / "mono.en"), str(tmp_path / "out"),
+                    search=SEARCH, actors=1)
+    kw = dict(checkpoints=[str(ckpt)], search=SEARCH.to_dict(), device="cpu", threads=1,
+              spm_model=None, output=str(tmp_path / "out"), nbest=1, stamps=_file_stamps(job))
+    ShardTranslator(**kw)  # the job's version: loads
+    weights = ckpt / "checkpoint.pt"
+    os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 60))  # republished
+    with pytest.raises(CorpusError, match=r"checkpoint.pt changed since the job began \(another "
+                                          r"version at its path\): its parts would mix models"):
+        ShardTranslator(**kw)
+
+
 def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
         tiny_checkpoints, ray_session, tmp_path, capsys):
     """SIGTERM (`ray job stop`, a machine's shutdown) once a part is done: exit 130 and the line

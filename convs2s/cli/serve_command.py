@@ -69,7 +69,7 @@ def serve(argv: list[str] | None = None) -> int:
     from convs2s.io.checkpoint import CheckpointError
     from convs2s.inference.quantize import PrecisionError
     from storage import ray_join
-    from convs2s.serving.corpus import start_ray
+    from convs2s.serving.ray_start import start_ray
     from convs2s.serving.logged_model import resolve_model_uri
     from convs2s.serving.online import DeployError, ServeSettings, run
 

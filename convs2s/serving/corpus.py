@@ -61,7 +61,8 @@ from storage import ObjectPath, is_uri, location, remove_tree, side_by_side, sta
 from storage import ray_join
 from storage.checks import WRITE_PROBE
 from storage.lease import RunLease
-from storage.signals import quiet_interrupted_datasets, sigterm_as_ctrl_c
+from convs2s.serving.ray_start import start_ray
+from storage.signals import sigterm_as_ctrl_c
 
 log = logging.getLogger("convs2s.serving.corpus")
 
@@ -206,7 +207,7 @@ class ShardTranslator:
 
     def __init__(self, checkpoints: list[str], search: dict, device: str, threads: int,
                  spm_model: str | None, output: str, nbest: int, width: int = 5,
-                 die_on_part: int = -1):
+                 die_on_part: int = -1, stamps: dict | None = None):
         import torch
 
         from convs2s.inference.translate import load_for_inference
@@ -214,8 +215,14 @@ class ShardTranslator:
         torch.set_num_threads(threads)
         # A cut line is counted in the part's record, not logged line by line
         logging.getLogger("convs2s.inference.translate").setLevel(logging.ERROR)
+        _same_files(stamps or {})
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
                                              device, spm_model=spm_model)
+        # (again: a file replaced while it loaded) An actor started late (the autoscaler's
+        # node) or again (a process death) read whatever the path held then: a checkpoint
+        # republished during the job (a training run's best/) translated its parts with
+        # another model than the job records
+        _same_files(stamps or {})
         self.out, self.nbest, self.width = location(output), nbest, width  # (part_width)
         self.die_on_part = die_on_part  # (DIE_ON_PART_ENV: a test's process death)
         # What this actor translates with, decided on its node (a float32 fallback where the
@@ -306,6 +313,24 @@ def _identity(job: CorpusJob) -> dict:
         if path:
             identity[key] = list(stamp(path))
     return identity
+
+
+def _file_stamps(job: CorpusJob) -> dict[str, list]:
+    """The files the actors load, by the path they load them from, with the version the job
+    records (`_identity`)."""
+    paths = [checkpoint_weights(c) for c in job.checkpoints]
+    paths += [p for p in (job.spm_model, job.search.shortlist, job.search.dictionary) if p]
+    return {worker_path(str(p)): list(stamp(p)) for p in paths}
+
+
+def _same_files(stamps: dict[str, list]) -> None:
+    """Refuse (CorpusError) to translate with a file another version of which the job
+    records."""
+    for path, recorded in stamps.items():
+        if list(stamp(path)) != recorded:
+            raise CorpusError(f"{path} changed since the job began (another version at its "
+                              "path): its parts would mix models; translate with the new one "
+                              "into a new --output, or put the job's version back")
 
 
 def _worker_search(search: SearchConfig) -> dict:
@@ -528,7 +553,8 @@ def _translate_parts(job: CorpusJob, todo: list[dict], total: int, done: int,
                 search=_worker_search(job.search), device=job.device,
                 threads=job.threads_per_actor, spm_model=worker_path(job.spm_model),
                 output=worker_path(job.output), nbest=job.search.nbest, width=width,
-                die_on_part=int(os.environ.get(DIE_ON_PART_ENV) or -1)),
+                die_on_part=int(os.environ.get(DIE_ON_PART_ENV) or -1),
+                stamps=_file_stamps(job)),
             max_task_retries=PART_TRIES - 1)
     # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started)
     with sigterm_as_ctrl_c(), \
@@ -638,46 +664,3 @@ def check_room(job: CorpusJob, nodes: list[dict]) -> None:
                       + f", but this machine's Ray has {cpus:g} CPU(s) and {gpus:g} GPU(s): "
                       "no actor could start (a local Ray never grows); " + fix + ", or submit "
                       "the job to a cluster (`ray job submit`)")
-
-
-def _not_a_skipped_part(record: logging.LogRecord) -> bool:
-    """A console filter: Ray Data's record of a part whose actor died PART_TRIES times (a
-    traceback) stays in ray-data.log; the job's own line names the part."""
-    return "remaining max_errored_blocks" not in record.getMessage()
-
-
-def start_ray(log_to_driver: bool = True,
-              command: str = "python -m convs2s translate ... --actors N") -> None:
-    """Join the cluster of RAY_ADDRESS (a submitted job; `ray_join`, whose one-line
-    RayAddressError names `command` to submit where RAY_ADDRESS is a dashboard's), else start a
-    local Ray quietly. With `log_to_driver=False` the Ray processes' own lines stay in Ray's
-    log files (`serve`: its proxy, controller and per-request access lines)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")  # ours is the one bar
-    import ray.data  # noqa: F401  (configures Ray Data's loggers on import; adjusted below)
-
-    quiet_interrupted_datasets()  # a Ctrl-C inside a Dataset's constructor: no traceback after
-
-    # Ray Data's per-dataset INFO lines stay in ray-data.log, as in the workflows
-    # (preprocessing/ray_data_logging.yaml); its "Progress bars disabled" notice too: the
-    # job's own bar is the one on the console
-    for handler in logging.getLogger("ray.data").handlers:
-        if type(handler).__name__ != "SessionFileHandler":
-            handler.setLevel(logging.WARNING)
-            if _not_a_skipped_part not in handler.filters:  # (once: Ray may start again)
-                handler.addFilter(_not_a_skipped_part)
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
-    with ray_join.sigterm_while_starting_as_ctrl_c():
-        if address := os.environ.get("RAY_ADDRESS"):  # a bad one: one line (RayAddressError)
-            ray_join.join(address, submit=command, log_to_driver=log_to_driver)
-        else:
-            ray_join.choose_local_ray_auth()
-            ray.init(logging_level=logging.WARNING, include_dashboard=False,
-                     log_to_driver=log_to_driver, **ray_join.local_cpus())
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = False
-
