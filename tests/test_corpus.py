@@ -324,6 +324,15 @@ def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, t
     with pytest.raises(CorpusError, match=r"another job \(changed: search\)"):
         translate_corpus(CorpusJob(job.checkpoints, job.input, job.output,
                                    search=SEARCH.replace(beam=3), progress=False))
+    # smaller batches (the fix for a part that ran out of memory) are the same job: each part
+    # records its own, and the manifest says when parts differ (it was refused as another
+    # job, the whole corpus to translate again)
+    smaller = SEARCH.replace(max_sentences=1, max_tokens=64)
+    for part in (tmp_path / "out").glob("part-*"):
+        part.unlink()  # (as if they had failed)
+    manifest = translate_corpus(CorpusJob(job.checkpoints, job.input, job.output,
+                                          search=smaller, actors=1, progress=False))
+    assert manifest["batches"] == {'{"max_sentences": 1, "max_tokens": 64}': 1}
     (tmp_path / "a.en").write_text("one two\nthree\nfour\n")
     with pytest.raises(CorpusError, match=r"changed: input_stamp"):
         translate_corpus(job)

@@ -229,6 +229,7 @@ class ShardTranslator:
         # asked precision cannot run; int8's weight range by the CPU): each part records it,
         # and the manifest says when parts differ (a mixed cluster, a resume elsewhere).
         self.precision = self.translator.search.precision
+        self.batches = {k: search[k] for k in BATCHING}  # (a rerun may change them: recorded)
         # (and the device: float32 on a GPU may use other kernels than on a CPU)
         self.device = next(self.translator.models[0].parameters()).device.type
         if self.precision == "int8":
@@ -284,7 +285,7 @@ class ShardTranslator:
                   "lines_out": data.count(b"\n"),
                   "empty": sum(1 for tr in translations if not tr.source),
                   "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
-                  "precision": self.precision, "device": self.device,
+                  "precision": self.precision, "device": self.device, "batches": self.batches,
                   "seconds": round(time.perf_counter() - t0, 3)}
         write_whole(self.out / part_name(index, "json", self.width),
                     json.dumps(record).encode())  # done
@@ -295,6 +296,10 @@ class ShardTranslator:
 
 
 STAMPED = ("spm_model_stamp", "shortlist_stamp", "dictionary_stamp")  # (not in older outputs)
+# How sentences are batched, which a rerun may change (smaller batches for a part that ran out
+# of memory): each part records its own, and the manifest says when parts differ (with a
+# shortlist or int8 weights a sentence's translation may depend on its batch)
+BATCHING = ("max_sentences", "max_tokens")
 
 
 def _identity(job: CorpusJob) -> dict:
@@ -303,7 +308,7 @@ def _identity(job: CorpusJob) -> dict:
     dictionary when given) are recorded with their version (size, mtime): one regenerated at
     the same path is another job. (Their `*_stamp` keys only when given: an output written
     without them resumes as before.)"""
-    search = job.search.to_dict()
+    search = {k: v for k, v in job.search.to_dict().items() if k not in BATCHING}
     identity = {"input": str(job.input), "input_stamp": list(stamp(job.input)),
                 "checkpoints": [{"path": str(c), "stamp": list(stamp(checkpoint_weights(c)))}
                                 for c in job.checkpoints],
@@ -380,7 +385,11 @@ def translate_corpus(job: CorpusJob) -> dict:
                   elsewhere="give another --output"):
         identity = _identity(job)
         previous = _read_json(out / JOB_FILE)
-        # An output written before the files' stamps were recorded is compared without them
+        # An output written before the files' stamps were recorded is compared without them,
+        # and without the batching its search recorded (BATCHING)
+        if previous is not None and isinstance(previous.get("search"), dict):
+            previous["search"] = {k: v for k, v in previous["search"].items()
+                                  if k not in BATCHING}
         compared = identity if previous is None else {
             k: v for k, v in identity.items() if k in previous or k not in STAMPED}
         if previous is not None and previous != compared:
@@ -624,6 +633,7 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
         # parts by the precision their actor translated in (more than one: the parts differ)
         "precision": dict(Counter(p.get("precision", "unrecorded") for p in parts)),
         "device": dict(Counter(p.get("device", "unrecorded") for p in parts)),  # (as precision)
+        "batches": dict(Counter(json.dumps(p.get("batches", "unrecorded")) for p in parts)),
         "actors": job.actors, "threads_per_actor": job.threads_per_actor,
         "gpus_per_actor": job.gpus_per_actor, "parts_translated_now": translated_parts,
         "seconds": round(seconds, 3),
