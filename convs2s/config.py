@@ -280,6 +280,18 @@ USED_ONLY_BY = {"momentum": ("optimizer", ("nag",)),
                 "min_lr": ("lr_schedule", ("anneal", "plateau", "fixed"))}
 
 
+def reads(train: TrainConfig, name: str) -> bool:
+    """Whether TrainConfig `train` reads its setting `name` at all (whatever its value): a
+    rerun that changes only settings its run never reads is the same run."""
+    if name in ("lr_shrink", "min_lr") and train.lr_schedule == "fixed" \
+            and train.anneal_from_epoch is None:
+        return False
+    if name in USED_ONLY_BY:
+        chooser, readers = USED_ONLY_BY[name]
+        return getattr(train, chooser) in readers
+    return name != "warmup_init_lr" or bool(train.warmup_updates)
+
+
 def unused_setting(train: TrainConfig, name: str) -> str | None:
     """Why TrainConfig `train` does not read its setting `name`, and the fix; None where it
     does, or where the setting is its default (`null` turns one off, as a preset does)."""

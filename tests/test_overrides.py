@@ -912,6 +912,31 @@ def test_init_from_refuses_the_settings_its_checkpoint_decides(tiny_checkpoints,
     assert run["workflow"]["preprocess"]["max_len"] == 50
 
 
+def test_a_run_recorded_with_a_setting_it_never_read_goes_on_without_it(tmp_path):
+    """A run started before such settings were refused (momentum given to an Adam run) is
+    told to leave the setting out; without it, the run is the same run (it was refused as
+    started with other settings, only --restart left)."""
+    import json
+
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opts = RunOptions(preset="cpu", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri, data="demo")
+    spec = resolve(multi30k_en_de.cpu(), opts)
+    assert spec.train.optimizer == "adam"
+    record_settings(StageContext(RunTree.open(uri, "exp", spec.run_dir, "r")), spec)
+    state_file = spec.run_dir / "workflow.json"
+    state = json.loads(state_file.read_text())
+    state["settings"]["train.momentum"] = "0.9"  # as recorded by such a run
+    state_file.write_text(json.dumps(state))
+    assert reuse_problem(spec) is None
+    state["settings"]["train.lr"] = "0.5"  # a setting it reads: still a change
+    state_file.write_text(json.dumps(state))
+    assert "train.lr: 0.5 -> " in reuse_problem(spec)
+
+
 def test_a_token_map_given_or_taken_away_on_a_rerun_is_a_changed_setting(tmp_path):
     """A token_map is recorded only where set; a rerun that gives one to a run that had none
     (or takes it away) changes the data, and is refused like any changed setting (it was

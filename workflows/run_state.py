@@ -241,7 +241,13 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None
     current = result_settings(spec)
-    changed = changed_settings(recorded, current)
+    # a setting the run never reads (momentum under Adam) is no change of it: a run recorded
+    # with one, refused now, goes on once the setting is left out
+    from convs2s.config import reads
+
+    unread = {f"train.{k}" for k in spec.train.to_dict() if not reads(spec.train, k)}
+    changed = changed_settings({k: v for k, v in recorded.items() if k not in unread},
+                               {k: v for k, v in current.items() if k not in unread})
     # --init-from on one side only is a change of the run (not a field a version added).
     if ("init_from" in recorded) != ("init_from" in current):
         changed.append(f"init_from (--init-from): {recorded.get('init_from', '(none)')} -> "
