@@ -316,7 +316,8 @@ def test_bad_corpus_inputs_are_one_error_line_and_write_nothing(tiny_checkpoints
     check_job(CorpusJob([ck], str(tmp_path / "a.en"), str(tmp_path / "probed")))
 
 
-def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, tmp_path):
+def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, tmp_path,
+                                                monkeypatch):
     (tmp_path / "a.en").write_text("one two\nthree\n")
     job = CorpusJob([tiny_checkpoints["a"]], str(tmp_path / "a.en"), str(tmp_path / "out"),
                     search=SEARCH, actors=1, progress=False)
@@ -333,6 +334,12 @@ def test_a_rerun_with_other_settings_is_refused(tiny_checkpoints, ray_session, t
     manifest = translate_corpus(CorpusJob(job.checkpoints, job.input, job.output,
                                           search=smaller, actors=1, progress=False))
     assert manifest["batches"] == {'{"max_sentences": 1, "max_tokens": 64}': 1}
+    # the same files named another way (relative, the checkpoint's checkpoint.pt): the same
+    # job, complete (it was refused as another)
+    monkeypatch.chdir(tmp_path)
+    same = translate_corpus(CorpusJob([str(Path(job.checkpoints[0]) / "checkpoint.pt")], "a.en",
+                                      "out", search=smaller, actors=1, progress=False))
+    assert same == manifest
     (tmp_path / "a.en").write_text("one two\nthree\nfour\n")
     with pytest.raises(CorpusError, match=r"changed: input_stamp"):
         translate_corpus(job)

@@ -320,6 +320,20 @@ def _identity(job: CorpusJob) -> dict:
     return identity
 
 
+def _same_paths(identity: dict) -> dict:
+    """`identity` (job.json) with its input and checkpoints as the files they name: a path
+    typed another way (absolute, from the folder it was relative to; a checkpoint's folder or
+    its checkpoint.pt) is the same job (it was refused as another)."""
+    out = dict(identity)
+    if isinstance(out.get("input"), str):
+        out["input"] = str(location(out["input"]))
+    if isinstance(out.get("checkpoints"), list):
+        out["checkpoints"] = [{**c, "path": str(checkpoint_weights(c["path"]))}
+                              if isinstance(c, dict) and isinstance(c.get("path"), str) else c
+                              for c in out["checkpoints"]]
+    return out
+
+
 def _file_stamps(job: CorpusJob) -> dict[str, list]:
     """The files the actors load, by the path they load them from, with the version the job
     records (`_identity`)."""
@@ -392,8 +406,9 @@ def translate_corpus(job: CorpusJob) -> dict:
                                   if k not in BATCHING}
         compared = identity if previous is None else {
             k: v for k, v in identity.items() if k in previous or k not in STAMPED}
-        if previous is not None and previous != compared:
-            changed = sorted(k for k in compared if previous.get(k) != compared[k])
+        if previous is not None and _same_paths(previous) != _same_paths(compared):
+            changed = sorted(k for k in compared
+                             if _same_paths(previous).get(k) != _same_paths(compared)[k])
             raise CorpusError(f"--output {job.output} holds translations of another job "
                               f"(changed: {', '.join(changed)}): give a new --output, or delete "
                               "the folder to start over")
