@@ -30,12 +30,20 @@ REASONS = ("line_too_long", "bad_row", "invalid_utf8", "nul_byte", "empty", "too
            "duplicate", "over_max_positions", "over_max_tokens")
 
 
+# Format characters that are part of a word's spelling, kept: the zero-width non-joiner and
+# joiner (Persian, the Indic scripts; emoji sequences), which text of any pair may hold (the
+# `translation` workflow takes any; deleted, its words and its references were misspelled)
+_SPELLING = frozenset("\u200c\u200d")
+
+
 def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
     """Delete control / non-printing characters, NFC, collapse all whitespace to single spaces.
 
     Deleted: Unicode categories Cc, Cf, Co, Cs, Cn (controls, zero-width / format characters,
-    private use, surrogates, unassigned) except whitespace, which becomes a space. That is
-    exactly what `str.isprintable()` rejects, minus the spaces, so clean text takes a fast path.
+    private use, surrogates, unassigned) except whitespace, which becomes a space, and the
+    zero-width (non-)joiner, which spell words (`_SPELLING`, kept since 2026-12-07; folders made
+    before keep theirs). That is what `str.isprintable()` rejects, minus the spaces, so clean
+    text takes a fast path.
     Deleting comes first: a deleted character between a letter and its combining mark would
     otherwise leave them uncomposed, not NFC (output for such text changed on 2026-12-04;
     folders made before keep theirs). `token_map` (PreprocessConfig.token_map) replaces whole
@@ -44,7 +52,8 @@ def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
     if not text:
         return ""
     if not text.isprintable():
-        text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
+        text = "".join(c if c.isprintable() or c in _SPELLING else (" " if c.isspace() else "")
+                       for c in text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     words = text.split()  # str.split() splits on every Unicode space (NBSP, U+3000, ...)

@@ -53,6 +53,10 @@ def test_the_bpe_learns_from_every_sampled_sentence_however_long(tmp_path):
     ("bell\x07 esc\x1b[0m", "bell esc[0m"),  # C0 controls removed
     ("line\u2028sep\x85nel", "line sep nel"),  # Unicode line breaks become spaces
     ("priv\ue000ate", "private"),
+    # the zero-width non-joiner and joiner spell words (Persian, Indic scripts, emoji): kept
+    ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"),
+    ("\u0915\u094d\u200d\u0937", "\u0915\u094d\u200d\u0937"),
     ("", ""), (None, ""),
 ])
 def test_normalize(raw, clean):
