@@ -372,8 +372,9 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
                         "search, data, ensemble, workflow; e.g. --set model.dropout=0.3 --set "
                         "train.lr=0.5 (a value is read as YAML: numbers, true/false, lists)")
     p.add_argument("--config", metavar="FILE.yaml",
-                   help="the whole preset from a YAML (or JSON) file, as `--dry-run --format "
-                        "yaml` writes one; --set applies on top, the run-level flags as usual")
+                   help="a preset from a YAML (or JSON) file, as `--dry-run --format yaml` "
+                        "writes one (a setting it leaves out is that of the preset it names); "
+                        "--set applies on top, the run-level flags as usual")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved run (every setting, the workers and tokens per "
                         "update, the data source, test sets, run folder, tracking URI and "
