@@ -105,8 +105,9 @@ def normalize(text: str) -> str:
     deleted character between a letter and its combining mark would otherwise leave them
     uncomposed, and the sentencepiece model (normalization rule "identity") would split them
     into byte pieces the training text never had."""
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else (" " if c.isspace() else "") for c in text)
+    if not text.isprintable():  # (the zero-width non-joiner and joiner spell words: kept)
+        text = "".join(c if c.isprintable() or c in "\u200c\u200d"
+                       else (" " if c.isspace() else "") for c in text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     return " ".join(text.split())
