@@ -293,25 +293,22 @@ def reads(train: TrainConfig, name: str) -> bool:
 
 
 def unused_setting(train: TrainConfig, name: str) -> str | None:
-    """Why TrainConfig `train` does not read its setting `name`, and the fix; None where it
-    does, or where the setting is its default (`null` turns one off, as a preset does)."""
-    field = next(f for f in dataclasses.fields(TrainConfig) if f.name == name) \
-        if name in {f.name for f in dataclasses.fields(TrainConfig)} else None
-    if field is not None and getattr(train, name) == field.default:
+    """Why TrainConfig `train` does not read its setting `name` (`reads`), and the fix; None
+    where it does, or where the setting is its default (`null` turns one off, as a preset
+    does)."""
+    field = next((f for f in dataclasses.fields(TrainConfig) if f.name == name), None)
+    if field is None or getattr(train, name) == field.default or reads(train, name):
         return None
-    if name in ("lr_shrink", "min_lr") and train.lr_schedule == "fixed" \
-            and train.anneal_from_epoch is None:  # (a fixed lr that never shrinks)
-        return (f"{name} is read by the fixed schedule once it shrinks the lr, and this run's "
-                "never does: set train.anneal_from_epoch with it, or leave it out")
-    if name in USED_ONLY_BY:
+    if name in USED_ONLY_BY and getattr(train, USED_ONLY_BY[name][0]) \
+            not in USED_ONLY_BY[name][1]:
         chooser, readers = USED_ONLY_BY[name]
-        if getattr(train, chooser) not in readers:
-            return (f"{name} is read only with {chooser} {' / '.join(readers)}, and this run's "
-                    f"is {getattr(train, chooser)}: leave it out, or set train.{chooser}")
-    if name == "warmup_init_lr" and not train.warmup_updates:
+        return (f"{name} is read only with {chooser} {' / '.join(readers)}, and this run's "
+                f"is {getattr(train, chooser)}: leave it out, or set train.{chooser}")
+    if name == "warmup_init_lr":
         return ("warmup_init_lr is the lr a warmup starts from, and warmup_updates is 0: set "
                 "train.warmup_updates > 0 with it, or leave it out")
-    return None
+    return (f"{name} is read by the fixed schedule once it shrinks the lr, and this run's "
+            "never does: set train.anneal_from_epoch with it, or leave it out")
 
 
 @dataclass(frozen=True)

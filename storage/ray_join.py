@@ -24,8 +24,8 @@ import contextlib
 import logging
 import os
 import signal
-import sys
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator

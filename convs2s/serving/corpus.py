@@ -406,9 +406,10 @@ def translate_corpus(job: CorpusJob) -> dict:
                                   if k not in BATCHING}
         compared = identity if previous is None else {
             k: v for k, v in identity.items() if k in previous or k not in STAMPED}
-        if previous is not None and _same_paths(previous) != _same_paths(compared):
-            changed = sorted(k for k in compared
-                             if _same_paths(previous).get(k) != _same_paths(compared)[k])
+        was, now = (_same_paths(previous), _same_paths(compared)) if previous is not None \
+            else (None, None)
+        if previous is not None and was != now:
+            changed = sorted(k for k in now if was.get(k) != now[k])
             raise CorpusError(f"--output {job.output} holds translations of another job "
                               f"(changed: {', '.join(changed)}): give a new --output, or delete "
                               "the folder to start over")
