@@ -567,6 +567,8 @@ def test_a_logged_model_is_fetched_whole_from_its_own_store_and_latest_is_pinned
     behind; the cache tells stores apart when $MLFLOW_TRACKING_URI names the store (the same
     `models:/tiny/1` in two stores is two models); `models:/NAME/latest` is pinned to the logged
     model it names at start, as an alias is."""
+    import shutil
+
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -604,6 +606,32 @@ def test_a_logged_model_is_fetched_whole_from_its_own_store_and_latest_is_pinned
         second = log_translator([tiny_checkpoints["b"]], search, tracking_uri=one,
                                 registered_model_name="tiny")
         assert resolve_model_uri("models:/tiny/latest", one) == f"models:/{second.model_id}"
+        # `Latest` in any case, and a stage, are pinned too (each was served as the first
+        # download of its URI on the node, whatever version it named later)
+        assert resolve_model_uri("models:/tiny/Latest", one) == f"models:/{second.model_id}"
+        with pytest.warns(FutureWarning):  # (stages are deprecated in MLflow 3, still read)
+            client.transition_model_version_stage("tiny", "1", "Production")
+        assert resolve_model_uri("models:/tiny/production", one) == f"models:/{first.model_id}"
+        with pytest.warns(FutureWarning):
+            client.transition_model_version_stage("tiny", "2", "Production")
+        assert resolve_model_uri("models:/tiny/Production", one) == f"models:/{second.model_id}"
+        with pytest.raises(ValueError, match="has no version in stage 'Staging'"):
+            resolve_model_uri("models:/tiny/Staging", one)
+        # a store whose driver this machine lacks is one line, its password hidden (it was
+        # a ModuleNotFoundError's traceback)
+        with pytest.raises(ValueError, match=r"postgresql://alice:\*\*\*@db/x cannot be "
+                           "opened here") as err:
+            resolve_model_uri("models:/tiny@champion", "postgresql://alice:s3cret@db/x")
+        assert "s3cret" not in str(err.value)
+        # an artifact location, which may be written again, is downloaded by each fetch: a
+        # model logged again there is served as it is now, not as the node's first download
+        where = tmp_path / "exported"
+        shutil.copytree(folder, where)
+        before = fetch_logged_model(str(where), one)
+        (where / "MLmodel").write_text((where / "MLmodel").read_text() + "# again\n")
+        after = fetch_logged_model(str(where), one)
+        assert after != before and (after / "MLmodel").read_text().endswith("# again\n")
+        assert before.parent.name.startswith("unpinned-")  # this process's, not the cache's
     finally:
         mlflow.set_tracking_uri(None)
 
