@@ -427,6 +427,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def translate_log_as_it_was():
+    """A served replica or a corpus translator made in the test's process (their classes,
+    without Ray) filters the translation logger's cut-line warnings for its process, which
+    is theirs alone when Ray runs them; here it is the session's: the filter is taken off
+    after the test, as pytest's caplog puts the logger's level back."""
+    yield
+    import sys
+
+    translate = sys.modules.get("convs2s.inference.translate")
+    if translate is not None:
+        import logging
+
+        logging.getLogger(translate.__name__).removeFilter(translate.without_cut_line_warnings)
+
+
 @pytest.fixture
 def compile_state():
     """`compile_for_training` sets process-wide state: dynamo's float setting, duck sizing

@@ -608,6 +608,36 @@ def test_a_part_whose_text_does_not_match_its_record_is_translated_again(
     assert not (out / "manifest.json").exists() and (out / "part-00000.json").is_file()
 
 
+def test_a_line_without_a_finite_translation_is_counted_in_its_part_and_logged(
+        tiny_checkpoints, tmp_path, caplog):
+    """Weights that give NaN or infinite log-probabilities leave a line with text but no
+    translation: its part's record lists it ("untranslated", which the manifest sums) and the
+    translator logs it, where the actors wrote an empty line silently (their log was set to
+    errors only, to keep cut lines out of it: those are still counted, not logged). The
+    translator's class in this process, without Ray."""
+    import logging
+
+    import torch
+
+    from convs2s.serving.corpus import SOURCE, ShardTranslator
+
+    out = tmp_path / "out"
+    (out / SOURCE).mkdir(parents=True)
+    long = " ".join(["a small house"] * 250)  # past the tiny model's positions: cut
+    (out / SOURCE / "part-00000.txt").write_text("a man sleeps .\n\n" + long + "\n")
+    tr = ShardTranslator([tiny_checkpoints["a"]], SEARCH.to_dict(), "cpu", 1, None, str(out), 1)
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
+        record = tr._part(0)
+    assert (record["untranslated"], record["truncated"], record["empty"]) == ([], [2], 1)
+    assert caplog.text == ""  # the cut line is the record's, not a warning
+    with torch.no_grad():
+        tr.translator.models[0].decoder.fc3.bias[10] = float("inf")
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
+        record = tr._part(0)
+    assert record["untranslated"] == [0, 2] and record["empty"] == 1
+    assert "lines 1, 3: no finite translation" in caplog.text
+
+
 def test_a_parquet_text_column_may_be_a_category_a_large_string_or_a_string_view(tmp_path):
     """Text columns as pandas and Arrow write them: a category (dictionary of strings, decoded),
     large_string and string_view are read as text; the only text column is found without

@@ -134,6 +134,35 @@ def test_a_failing_search_fails_its_own_requests_and_cut_sentences_are_named(tin
             asyncio.run(replica.translate({"inputs": ["a"], "params": params}))
 
 
+def test_a_sentence_without_a_finite_translation_is_named_in_the_answer_and_the_log(
+        tiny_checkpoints, caplog):
+    """Weights that give NaN or infinite log-probabilities (damaged, or an overflow in low
+    precision) leave a sentence without a translation: the answer lists it under
+    "untranslated" and the replica logs it (it was a 200 with "" and no line anywhere: the
+    replica silenced the search's warnings); an empty sentence is no failure."""
+    import asyncio
+    import logging
+
+    import torch
+
+    from convs2s.serving.online import TranslatorReplica
+
+    replica = TranslatorReplica({
+        **config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+        "search": SEARCH, "min_replicas": None, "max_replicas": None, "replicas": 1})
+    async def before_and_after():  # (one event loop, as the replica's: its queue's)
+        fine = await replica.translate({"inputs": ["a small house"]})
+        with torch.no_grad():
+            replica.translator.models[0].decoder.fc3.bias[10] = float("inf")
+        return fine, await replica.translate({"inputs": ["", "a small house"]})
+
+    with caplog.at_level(logging.WARNING, logger="convs2s.inference.translate"):
+        fine, got = asyncio.run(before_and_after())
+    assert "untranslated" not in fine
+    assert got == {"predictions": ["", ""], "untranslated": [1]}
+    assert "no finite translation" in caplog.text
+
+
 def test_a_request_being_searched_when_the_batching_stops_gets_an_error_not_a_wait(
         tiny_checkpoints):
     """The replica's batching loop cancelled while it searches (the replica stopping) fails

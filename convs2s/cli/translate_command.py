@@ -341,9 +341,12 @@ def _translate_corpus(args, job, search) -> int:
     if manifest is None:  # (out of the except block: the interrupt's traceback held the job)
         return _corpus_interrupted(args.output)
     f = manifest["failures"]
+    untranslated = f.get("untranslated", {}).get("count", 0)  # (not in jobs made before)
     log.info("%s: %d lines in, %d out (%d empty, %d not UTF-8, %d cut to the model's "
-             "positions); %s", args.output, manifest["lines_in"], manifest["lines_out"],
+             "positions%s); %s", args.output, manifest["lines_in"], manifest["lines_out"],
              f["empty"], f["non_utf8"]["count"], f["truncated"]["count"],
+             f", {untranslated} with no finite translation: empty lines, listed in the "
+             "manifest" if untranslated else "",
              f"{manifest['sentences_per_s']:.1f} sentences/s" if manifest["sentences_per_s"]
              else "resumed")
     return 0

@@ -97,6 +97,20 @@ class Translation:
     def text(self) -> str:
         return self.hypotheses[0].text if self.hypotheses else ""
 
+    @property
+    def untranslated(self) -> bool:
+        """A line with text whose search found no translation with a finite score (damaged
+        weights, or an overflow in low precision): its `text` is empty, not a translation."""
+        return bool(self.source) and (not self.hypotheses or not all(
+            map(math.isfinite, self.hypotheses[0].positional_scores)))
+
+
+def without_cut_line_warnings(record: logging.LogRecord) -> bool:
+    """A logging filter for this module's logger where cut lines are counted otherwise (a served
+    answer's "truncated", a corpus part's record): their warnings, one a line, are left out;
+    those about lines with no finite translation are kept."""
+    return not (record.levelno == logging.WARNING and "cut to" in record.getMessage())
+
 
 def normalize(text: str) -> str:
     """Control / format characters dropped, NFC, whitespace collapsed: as preprocessing cleans
@@ -325,8 +339,7 @@ class Translator:
             for (i, _), hyps in zip(chunk, self._search([ids for _, ids in chunk], s,
                                                          attention or s.replace_unk)):
                 out[i].hypotheses = [self._hypothesis(h, out[i], s, attention) for h in hyps]
-        unscored = [first_line + i + 1 for i, _ in todo if not out[i].hypotheses
-                    or not all(map(math.isfinite, out[i].hypotheses[0].positional_scores))]
+        unscored = sorted(first_line + i + 1 for i, _ in todo if out[i].untranslated)
         if unscored:  # (its line is empty, or its text has words the model gave no chance)
             log.warning("line%s %s%s: no finite translation: the model's log-probabilities "
                         "are not finite (NaN or infinite: damaged weights, or an overflow%s)",

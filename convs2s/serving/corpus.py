@@ -213,8 +213,11 @@ class ShardTranslator:
         from convs2s.inference.translate import load_for_inference
 
         torch.set_num_threads(threads)
-        # A cut line is counted in the part's record, not logged line by line
-        logging.getLogger("convs2s.inference.translate").setLevel(logging.ERROR)
+        from convs2s.inference.translate import without_cut_line_warnings
+
+        # A cut line is counted in the part's record, not logged line by line (a line with no
+        # finite translation is both)
+        logging.getLogger("convs2s.inference.translate").addFilter(without_cut_line_warnings)
         _same_files(stamps or {})
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
                                              device, spm_model=spm_model)
@@ -285,6 +288,7 @@ class ShardTranslator:
                   "lines_out": data.count(b"\n"),
                   "empty": sum(1 for tr in translations if not tr.source),
                   "truncated": [i for i, tr in enumerate(translations) if tr.truncated],
+                  "untranslated": [i for i, tr in enumerate(translations) if tr.untranslated],
                   "precision": self.precision, "device": self.device, "batches": self.batches,
                   "seconds": round(time.perf_counter() - t0, 3)}
         write_whole(self.out / part_name(index, "json", self.width),
@@ -635,6 +639,8 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
     lines = sum(p["lines"] for p in parts)
     truncated = [s["first_line"] + i for s, p in zip(source["shards"], parts)
                  for i in p["truncated"]]
+    untranslated = [s["first_line"] + i for s, p in zip(source["shards"], parts)
+                    for i in p.get("untranslated", ())]  # (parts before 2026-12-07: none)
     non_utf8 = source["non_utf8"]
     return {
         "input": str(job.input), "lines_in": source["lines"],
@@ -644,7 +650,10 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
             # empty input lines (the not-UTF-8 ones among them) give empty output lines
             "empty": sum(p["empty"] for p in parts) - non_utf8["count"],
             "non_utf8": non_utf8,
-            "truncated": {"count": len(truncated), "lines": truncated[:MAX_NAMED]}},
+            "truncated": {"count": len(truncated), "lines": truncated[:MAX_NAMED]},
+            # lines with text but no finite translation (damaged weights, an overflow in low
+            # precision): an empty output line each
+            "untranslated": {"count": len(untranslated), "lines": untranslated[:MAX_NAMED]}},
         "model": identity["checkpoints"], "search": identity["search"],
         # parts by the precision their actor translated in (more than one: the parts differ)
         "precision": dict(Counter(p.get("precision", "unrecorded") for p in parts)),

@@ -12,7 +12,8 @@ HTTP (port 8000 unless --port):
         {"inputs": ["a sentence", ...], "params": {"beam": 5, "nbest": 2, "attention": true}}
         -> {"predictions": ["...", ...]}                      (nbest 1, no attention)
         -> {"predictions": [[{"text", "score", "alignment", "attention"}, ...], ...]}
-        (+ "truncated": [i, ...]: the sentences cut to the model's positions, partly translated)
+        (+ "truncated": [i, ...]: the sentences cut to the model's positions, partly translated;
+         + "untranslated": [i, ...]: sentences with no finite translation, answered "" or [])
     GET /health -> {"status": "ok", "model": ..., "precision": ..., "replica": ...}
 A body over CONVS2S_SERVE_MAX_BODY bytes is an HTTP 413, before it is parsed (`BodyLimit`). A
 request over the limits (convs2s.serving.requests: sentences, characters, search settings,
@@ -265,7 +266,12 @@ class TranslatorReplica:
         from concurrent.futures import ThreadPoolExecutor
 
         self.settings = ServeSettings(**settings)
-        logging.getLogger("convs2s.inference.translate").setLevel(logging.ERROR)
+        # (the search's warnings about cut lines, one per request, are the answer's
+        # "truncated"; those about lines with no finite translation are kept: "untranslated"
+        # tells the client, the log the operator)
+        from convs2s.inference.translate import without_cut_line_warnings
+
+        logging.getLogger("convs2s.inference.translate").addFilter(without_cut_line_warnings)
         # Every torch call of the replica (loading, then each search) runs on this one thread:
         # the event loop stays free to take requests while a batch is searched, and torch's
         # CPU threads (an OpenMP team per calling thread) serve one caller. Searches issued
@@ -313,10 +319,13 @@ class TranslatorReplica:
         answers = await asyncio.gather(*[self._enqueue(_Item(s, search, attention))
                                          for s in sentences])
         self.served += len(sentences)
-        out = {"predictions": [answer for answer, _ in answers]}
-        cut = [i for i, (_, truncated) in enumerate(answers) if truncated]
+        out = {"predictions": [answer for answer, _, _ in answers]}
+        cut = [i for i, (_, truncated, _) in enumerate(answers) if truncated]
         if cut:  # the sentences cut to the model's positions: their answers are partial
             out["truncated"] = cut
+        failed = [i for i, (_, _, untranslated) in enumerate(answers) if untranslated]
+        if failed:  # sentences with no finite translation: "" (or []) is not their answer
+            out["untranslated"] = failed
         return out
 
     # --- dynamic batching (the module docstring says why not @serve.batch) -------------------
@@ -410,7 +419,8 @@ class TranslatorReplica:
                     trs = self.translator.translate_full([items[i].sentence for i in idx],
                                                          search, attention=attention)
                     for i, tr in zip(idx, trs):
-                        answers[i] = (_answer(tr, search, attention), tr.truncated)
+                        answers[i] = (_answer(tr, search, attention), tr.truncated,
+                                      tr.untranslated)
                 except Exception as err:  # noqa: BLE001 - given to those requests' callers
                     for i in idx:
                         answers[i] = _Failed(err)
