@@ -395,6 +395,44 @@ def test_random_bytes_are_unreadable_not_called_code(tmp_path, content, says):
     assert "could run code" not in str(err.value)
 
 
+def damaged_tensor_file(good: Path, out: Path, state: dict) -> None:
+    """`out`: the torch file `good` with its pickle replaced by one of `state` whose "w" weight
+    is rebuilt from a dict where its storage belongs, as damaged bytes may read (only names
+    the weights-only unpickler allows: torch's rebuild function and OrderedDict)."""
+    import collections
+    import pickle
+    import zipfile
+
+    class Misbuilt:
+        def __reduce__(self):
+            return (torch._utils._rebuild_tensor_v2,
+                    (collections.OrderedDict(), 0, (1,), (1,), False, collections.OrderedDict()))
+
+    state = {**state, "model": {"w": Misbuilt()}}
+    with zipfile.ZipFile(good) as z, zipfile.ZipFile(out, "w") as w:
+        for name in z.namelist():
+            w.writestr(name, pickle.dumps(state, protocol=2) if name.endswith("data.pkl")
+                       else z.read(name))
+
+
+def test_a_file_damaged_into_objects_torch_cannot_build_is_unreadable_not_a_traceback(tmp_path):
+    """Damaged bytes that still unpickle build whatever they name: torch's rebuild functions
+    given other objects raise AttributeError or TypeError (a raw traceback through every command
+    that loads a checkpoint); weights damaged into other containers pass the load and failed
+    later. Each is the one CheckpointError naming the file."""
+    from convs2s.io.checkpoint import CheckpointError
+
+    torch.save({"model": {"w": torch.zeros(1)}, "model_config": {}}, tmp_path / "good.pt")
+    damaged_tensor_file(tmp_path / "good.pt", tmp_path / CHECKPOINT_FILE,
+                        {"model_config": TINY.to_dict()})
+    with pytest.raises(CheckpointError, match="is not a readable checkpoint"):
+        load_checkpoint(tmp_path)
+    torch.save({"model": {"w": [1.0]}, "model_config": TINY.to_dict()},
+               tmp_path / CHECKPOINT_FILE)
+    with pytest.raises(CheckpointError, match="is not a readable checkpoint"):
+        load_checkpoint(tmp_path)
+
+
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_a_pickled_object_is_refused_as_code_without_torch_warnings(tmp_path, protocol):
     """torch.save's protocol 2 and plain pickles of newer protocols (torch warns about those

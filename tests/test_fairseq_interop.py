@@ -275,6 +275,18 @@ def _broken(archive: Path, how: str) -> None:
         else:
             state["model"]["encoder.embed_tokens.weight"] = [[0.0]]
         torch.save(state, model)
+    elif how in ("old version, new gains", "empty version"):
+        state = read_reference_checkpoint(model)
+        state["model"]["decoder.version"] = torch.tensor([1.0] if how.startswith("old")
+                                                         else [])
+        torch.save(state, model)
+    elif how == "damaged into other objects":  # (torch's rebuild given a dict: AttributeError)
+        from test_checkpoint import damaged_tensor_file
+
+        good = archive / "good.pt"
+        model.rename(good)
+        damaged_tensor_file(good, model, {})
+        good.unlink()
     elif how == "pickled object":
         state = read_reference_checkpoint(model)
         state["extra_state"] = {"hook": Hostile()}
@@ -320,6 +332,10 @@ def _broken(archive: Path, how: str) -> None:
     ("pickled object", "was refused: it holds a pickled object outside the allowlist"),
     ("truncated", "is not a readable checkpoint"),
     ("damaged pickle", "is not a readable checkpoint"),
+    ("damaged into other objects", "is not a readable checkpoint"),
+    # (imported, it computed another function: lprobs 23.7 apart from the reference's)
+    ("old version, new gains", "decoder.convolutions.0.weight_g has shape (1, 1, "),
+    ("empty version", "decoder.version is empty"),
     ("language not a code", "source_lang 'x/../../secret' is not a language code"),
     ("bpecodes linked outside", "outside the archive folder"),
     ("bpecodes not codes", "bpecodes:3: expected a merge of two symbols"),
@@ -422,6 +438,49 @@ def test_a_dictionary_far_larger_than_any_is_refused_unread(tmp_path):
         f.truncate(MAX_DICTIONARY_BYTES + 1)  # sparse: no memory, no disk
     with pytest.raises(CodecError, match="more than a dictionary's"):
         read_dictionary(big)
+
+
+def test_a_dictionary_reads_as_the_reference_reads_it(tmp_path):
+    """As the reference's Dictionary.add_from_file: the symbol is all before the count (a
+    symbol with a space in it), a symbol given again is refused unless flagged
+    #fairseq:overwrite, and then has its later id (the first id was kept, the space cut)."""
+    from convs2s.io.text_codec import CodecError, read_dictionary
+
+    path = tmp_path / "dict.en.txt"
+    path.write_text("foo 5\nnew york 3\nbar 2\nfoo 1 #fairseq:overwrite\n", encoding="utf-8")
+    symbols = read_dictionary(path)
+    assert symbols[4:] == ["foo", "new york", "bar", "foo"]
+    assert {s: i for i, s in enumerate(symbols)}["foo"] == 7  # as the codec's index reads it
+    path.write_text("foo 5\nbar 2\nfoo 1\n", encoding="utf-8")
+    with pytest.raises(CodecError, match=r"dict.en.txt:3: 'foo' is given twice"):
+        read_dictionary(path)
+    path.write_text("<unk> 5\n", encoding="utf-8")  # (ids 0-3 are the reference's own)
+    with pytest.raises(CodecError, match="'<unk>' is given twice"):
+        read_dictionary(path)
+
+
+def test_an_export_whose_vocabulary_is_not_the_models_is_refused(tiny_checkpoints, tmp_path):
+    """The reference builds the model from its dictionaries' lengths: a checkpoint folder whose
+    sentencepiece model is not its weights' (another run's, copied in) was exported, and the
+    reference's load then failed on a size mismatch. Refused, nothing written."""
+    import pyarrow as pa
+    import sentencepiece as spm
+
+    from convs2s.io.checkpoint import load_checkpoint, save_checkpoint
+    from preprocessing.demo import translation_pairs
+    from preprocessing.vocab import train_bpe
+
+    pairs = translation_pairs(3, 0, 2000)
+    train_bpe(pa.table({"src": [a for a, _ in pairs], "tgt": [b for _, b in pairs]}),
+              tmp_path / "spm", 500, 1.0)
+    assert spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model")).get_piece_size() \
+        != load_checkpoint(tiny_checkpoints["a"])["src_vocab_size"]
+    ckpt = save_checkpoint(tmp_path / "other", load_checkpoint(tiny_checkpoints["a"]),
+                           spm_model=str(tmp_path / "spm.model"))
+    with pytest.raises(ValueError, match=r"its source vocabulary has 500 entries but the "
+                       r"model's source embedding 400 rows"):
+        export_fairseq(ckpt, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_imported_model_averages_and_serves_like_a_trained_one(imported, tmp_path):

@@ -124,7 +124,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     (truncated, another format) or that holds anything but tensors and plain containers (a
     pickled object: possibly code, never loaded) raises CheckpointError. Both say which file."""
     import pickle
-    import zipfile
 
     # a bucket's: fetched once per node, a checkpoint.pt with its folder (file://: its local
     # path); given as the folder or its checkpoint.pt, the folder is checked the same way
@@ -160,13 +159,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{file} was refused: it holds pickled Python objects besides tensors, which could "
             "run code when loaded; only checkpoints written by this project's training load "
             "(re-export it from the run that made it)") from None
-    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile,
-            IndexError, KeyError):  # (damaged opcodes: an empty stack, an unknown memo key)
+    except Exception:  # noqa: BLE001 - damaged bytes raise whatever the objects they build
+        # do (an empty stack, an unknown memo key, a dict where a storage belongs: TypeError,
+        # AttributeError, AssertionError ... from torch's rebuild functions)
         raise CheckpointError(_not_a_checkpoint(file)) from None
     if not isinstance(state, dict) or "model" not in state or "model_config" not in state:
         raise CheckpointError(f"{file} is a torch file but not a checkpoint of this project "
                               "(no model weights and model_config); pick a checkpoint_* or "
                               "best/ directory of a training run")
+    if not isinstance(state["model"], dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+        raise CheckpointError(_not_a_checkpoint(file))  # (damaged into other containers)
     return state
 
 

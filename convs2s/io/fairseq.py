@@ -94,7 +94,6 @@ def read_reference_checkpoint(path: str | Path) -> dict:
     """The reference's checkpoint dict, read with torch's weights-only unpickler: tensors,
     containers, numbers, strings and `argparse.Namespace` (its saved arguments) only."""
     import pickle
-    import zipfile
 
     path = Path(path)
     if not path.is_file():
@@ -111,14 +110,19 @@ def read_reference_checkpoint(path: str | Path) -> dict:
             f"{path} was refused: it holds a pickled object outside the allowlist of a "
             f"reference checkpoint (tensors, containers, argparse.Namespace): {what[:200]}; "
             "loading it could run code, so it is not loaded") from None
-    except (RuntimeError, EOFError, OSError, ValueError, IndexError, KeyError,
-            zipfile.BadZipFile) as err:  # (IndexError, KeyError: the unpickler's, on bad data)
-        raise FairseqImportError(f"{path} is not a readable checkpoint (truncated or of "
-                                 f"another format: {type(err).__name__}); download or copy "
+    except Exception as err:  # noqa: BLE001 - damaged bytes raise whatever the objects they
+        # build do (IndexError, KeyError: the unpickler's; TypeError, AttributeError: torch's
+        # rebuild functions given other objects)
+        raise FairseqImportError(f"{path} is not a readable checkpoint (truncated, damaged or "
+                                 f"of another format: {type(err).__name__}); download or copy "
                                  "it again") from None
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise FairseqImportError(f"{path} holds no 'model' weights: not a checkpoint of the "
                                  "reference implementation")
+    bad = next((k for k, v in state["model"].items() if not isinstance(v, torch.Tensor)), None)
+    if bad is not None:
+        raise FairseqImportError(f"{path}: weight {bad!r} is not a tensor: a damaged "
+                                 "checkpoint; download or copy it again")
     return state
 
 
@@ -322,6 +326,19 @@ def convert_weights(fs: dict, cfg: ModelConfig, path: Path) -> dict[str, torch.T
 
     def conv(src: str, dst: str, old_norm: bool) -> None:
         g, v = take(f"{src}.weight_g"), take(f"{src}.weight_v")  # v: kernel x in x out
+        if v.dim() != 3:
+            raise FairseqImportError(f"{path}: {src}.weight_v has shape {tuple(v.shape)}, not "
+                                     "(kernel, in, out): not a convolution of fconv")
+        # the gains' shape for the weight norm the decoder's version says (the reference
+        # refuses a file whose gains are of the other kind; folded as the other kind they
+        # made a model that loads and computes another function)
+        want = (v.shape[0], 1, 1) if old_norm else (1, 1, v.shape[2])
+        if tuple(g.shape) != want:
+            raise FairseqImportError(
+                f"{path}: {src}.weight_g has shape {tuple(g.shape)}, but the weight norm "
+                f"{'before' if old_norm else 'after'} the reference's fix (decoder.version "
+                f"{'< 2' if old_norm else '>= 2'}, or the gains' shape where there is no "
+                f"version) has {want}: a checkpoint whose version and weights disagree")
         if old_norm:  # gains per kernel position: fold, then one gain per output channel
             w = _effective(g, v, 0).permute(2, 0, 1)
             g, v = _norm_except(w, 0), w
@@ -333,6 +350,8 @@ def convert_weights(fs: dict, cfg: ModelConfig, path: Path) -> dict[str, torch.T
 
     version = fs.get("decoder.version")
     if version is not None:
+        if not version.numel():
+            raise FairseqImportError(f"{path}: decoder.version is empty: a damaged checkpoint")
         old_decoder = float(version.flatten()[0]) < 2
     else:  # no version buffer: tell by the gains' shape ((kernel, 1, 1) before the fix)
         g0 = fs.get("decoder.convolutions.0.weight_g")
@@ -667,6 +686,27 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
         left_pad_source=True, left_pad_target=False, criterion="cross_entropy",
         optimizer="nag", lr=[0.25], momentum=0.99, weight_decay=0.0, clip_norm=0.1,
         lr_scheduler="fixed", seed=1, data=str(out))
+    # The reference builds the model from its dictionaries' lengths (the 4 special symbols and
+    # a line each): dictionaries of other sizes than the weights' tables were exported
+    # and then failed in the reference's load, a size mismatch
+    rows = {"source": ours["encoder.embed_tokens.weight"].shape[0],
+            "target": ours["decoder.embed_tokens.weight"].shape[0]}
+    if text:  # imported: the archive's own dictionaries
+        sizes = {side: len(read_dictionary(checkpoint / f"dict.{lang}.txt"))
+                 for side, lang in (("source", src), ("target", tgt))}
+        sp = None
+    else:
+        from convs2s.io.text_codec import SentencePieceCodec
+
+        sp = SentencePieceCodec.from_bytes((checkpoint / SPM_FILE).read_bytes(),
+                                           str(checkpoint / SPM_FILE)).sp
+        sizes = dict.fromkeys(rows, sp.get_piece_size())
+    for side in rows:
+        if sizes[side] != rows[side]:
+            raise ValueError(f"{checkpoint}: its {side} vocabulary has {sizes[side]:,} entries "
+                             f"but the model's {side} embedding {rows[side]:,} rows: the text "
+                             "files are not this model's; export a checkpoint folder as "
+                             "training or import-fairseq wrote it")
     with _whole_folder(out, "export-fairseq") as tmp:
         torch.save({"args": args, "model": {k: v.clone() for k, v in fs.items()},
                     "optimizer_history": [{"criterion_name": "CrossEntropyCriterion",
@@ -679,9 +719,6 @@ def export_fairseq(checkpoint: str | Path, out: str | Path) -> Path:
                 shutil.copyfile(checkpoint / f"dict.{lang}.txt", tmp / f"dict.{lang}.txt")
             shutil.copyfile(checkpoint / BPE_CODES, tmp / BPE_CODES)
         else:  # sentencepiece: one joint vocabulary, written as both dictionaries
-            import sentencepiece as spm
-
-            sp = spm.SentencePieceProcessor(model_file=str(checkpoint / SPM_FILE))
             lines = "".join(f"{sp.id_to_piece(i)} 1\n" for i in range(4, sp.get_piece_size()))
             for lang in (src, tgt):
                 (tmp / f"dict.{lang}.txt").write_text(lines, encoding="utf-8")

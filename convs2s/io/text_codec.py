@@ -261,7 +261,8 @@ class MosesBpeCodec:
                              "archive again") from None
         self.src_symbols = read_dictionary(folder / settings["source_dict"])
         self.tgt_symbols = read_dictionary(folder / settings["target_dict"])
-        self.src_index = {s: i for i, s in reversed(list(enumerate(self.src_symbols)))}
+        # (a symbol given again, with the reference's overwrite flag, is its later id)
+        self.src_index = {s: i for i, s in enumerate(self.src_symbols)}
         self.src_size, self.tgt_size = len(self.src_symbols), len(self.tgt_symbols)
         self.tok = MosesTokenizer(settings["source_lang"])
         self.detok = MosesDetokenizer(settings["target_lang"])
@@ -287,7 +288,7 @@ class MosesBpeCodec:
         if self._tgt is None:
             from sacremoses import MosesTokenizer
 
-            index = {s: i for i, s in reversed(list(enumerate(self.tgt_symbols)))}
+            index = {s: i for i, s in enumerate(self.tgt_symbols)}
             self._tgt = (MosesTokenizer(self.settings["target_lang"]), index)
         tok, index = self._tgt
         return [[index.get(p, UNK) for p in self._pieces(tok, line)] for line in lines]
@@ -341,14 +342,24 @@ def read_dictionary(path: Path) -> list[str]:
     assert (BOS, PAD, EOS, UNK) == (0, 1, 2, 3)
     with path.open(encoding="utf-8") as f:  # streamed, a line at a time
         lines = [line.rstrip("\n") for line in f]
+    seen = set(symbols)
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        parts = line.rstrip().split(" ")
-        if len(parts) < 2 or not (parts[-1].lstrip("-").isdigit()
-                                  or parts[-1] == "#fairseq:overwrite"):
+        # as the reference reads it (Dictionary.add_from_file): the symbol is all before the
+        # last field, which is the count, or the overwrite flag after the count; a symbol
+        # given again needs that flag, and then has the later id (a new one)
+        symbol, _, field = line.rstrip().rpartition(" ")
+        overwrite = field == "#fairseq:overwrite"
+        if overwrite:
+            symbol, _, field = symbol.rpartition(" ")
+        if not symbol or not field.lstrip("-").isdigit():
             raise CodecError(f"{path}:{n}: expected 'symbol count', got {line!r}")
-        symbols.append(parts[0])
+        if symbol in seen and not overwrite:
+            raise CodecError(f"{path}:{n}: {symbol!r} is given twice (the reference refuses "
+                             "such a dictionary unless the line ends in #fairseq:overwrite)")
+        seen.add(symbol)
+        symbols.append(symbol)
     return symbols
 
 
