@@ -192,6 +192,13 @@ class ObjectPath:
         # presigned URL's signature), which is refused below without being shown.
         host = re.split(r"[?#]", bucket, maxsplit=1)[0]
         if ":" in host:
+            if not host.rpartition(":")[2].isdigit():  # not a port: a key and its secret
+                # (s3://KEY:SECRET/bucket), shown as neither
+                raise StorageError(
+                    f"{scheme}://***/...: a bucket name has no ':' (is it an access key and its "
+                    "secret?); credentials do not go in a storage URI: set "
+                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or use an "
+                    f"instance role) and give {scheme}://BUCKET/PREFIX")
             raise StorageError(
                 f"{shown(uri)}: {host!r} is a host and port, not a bucket; name the bucket "
                 f"({scheme}://BUCKET/PREFIX, e.g. s3://) and set the endpoint in "

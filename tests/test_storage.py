@@ -118,6 +118,30 @@ def test_a_message_shows_a_uri_without_its_secrets_and_with_the_rest_of_it():
         with pytest.raises(StorageError, match="credentials do not go in a storage URI") as err:
             location(uri)
         assert "AKIAKEY" not in str(err.value) and "wJalr" not in str(err.value), str(err.value)
+    # a key and its secret where the bucket goes, no "@" (a typo): both were shown twice, as
+    # a "host and port"
+    with pytest.raises(StorageError, match="credentials do not go in a storage URI") as err:
+        location("s3://AKIAKEY:wJalrXUtn/bucket/runs")
+    assert "AKIAKEY" not in str(err.value) and "wJalr" not in str(err.value), str(err.value)
+
+
+def test_the_workflow_record_is_flushed_to_the_disk_before_its_rename(tmp_path, monkeypatch):
+    """workflow.json, which every rerun of a run name reads (a damaged one refuses the run),
+    is written as every record that must survive a power loss: beside, flushed, renamed over
+    (an unflushed rename can leave an empty file under the new name)."""
+    import json
+    from types import SimpleNamespace
+
+    from workflows.run_state import StageContext
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    ctx = StageContext(tree=SimpleNamespace(run_dir=tmp_path / "run"))
+    ctx.save_state({"train": {}})
+    assert synced and json.loads((tmp_path / "run" / "workflow.json").read_text()) == \
+        {"train": {}}
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["workflow.json"]
 
 
 def test_file_uris_are_local_paths_as_rfc_8089_writes_them(tmp_path):

@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import ObjectPath, move_tree
+from storage import move_tree, write_whole
 from workflows.errors import SpecError
 from workflows.run_tree import RunTree
 
@@ -73,14 +72,11 @@ class StageContext:
         return state
 
     def save_state(self, state: dict) -> None:
-        if isinstance(self.run_dir, ObjectPath):  # one PUT: the old object or the new one
-            (self.run_dir / "workflow.json").write_text(json.dumps(state, indent=1,
-                                                                   default=str))
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.run_dir / f"workflow.json.tmp-{os.getpid()}"  # this writer's own name
-        tmp.write_text(json.dumps(state, indent=1, default=str))
-        tmp.replace(self.run_dir / "workflow.json")  # atomic: a crash never leaves half a file
+        # the old file or the new, never a part, and flushed to the disk before its rename (an
+        # unflushed rename read as an empty workflow.json after a power loss, and the run was
+        # refused until the file was mended by hand); an object: one PUT
+        write_whole(self.run_dir / "workflow.json",
+                    json.dumps(state, indent=1, default=str).encode())
 
 
 # --- reusing a run name -----------------------------------------------------------------------
