@@ -97,6 +97,48 @@ def test_an_epoch_end_at_a_checkpointed_update_is_a_checkpoint_of_its_own(demo_b
                      f"checkpoint_{2 * per_epoch + 1:08d}"]
 
 
+def test_a_run_resumed_at_its_limit_from_an_unvalidated_checkpoint_validates_as_it_would_have(
+        demo_batches, tmp_path, monkeypatch):
+    """The update limit on an epoch's last update, an interval checkpoint there: a death
+    between that checkpoint and the epoch's validation left a run whose rerun found its limit
+    reached and ended at once, with no validation, no best/ and an epoch short, as a finished
+    run. The rerun validates, anneals and checkpoints the epoch's end as the uninterrupted run
+    does."""
+    from convs2s.io.checkpoint import list_checkpoints
+    from convs2s.train import trainer
+    from convs2s.train.data import TrainFiles
+    from convs2s.train.local import main
+
+    d = demo_batches
+    per_epoch = -(-TrainFiles.scan(d.batches["train"]).total // 25)  # updates of 25 batches
+    argv = ["--train-data", d.batches["train"], "--valid-data", d.batches["valid"],
+            "--spm-model", d.spm_model, "--model", "tiny", "--storage-path", str(tmp_path),
+            "--run-name", "died", "--precision", "fp32", "--update-freq", "25",
+            "--set", f"checkpoint_interval={per_epoch}", "--max-updates", str(per_epoch)]
+
+    class Died(BaseException):  # (as a killed worker: nothing after it runs)
+        pass
+
+    def dies(self, *args, **kwargs):
+        raise Died
+
+    with monkeypatch.context() as m:
+        m.setattr(trainer.Trainer, "_end_epoch", dies)
+        with pytest.raises(Died):
+            main(argv)
+    run_dir = tmp_path / "died"
+    assert [(i.path.rsplit("/", 1)[-1], i.val_loss) for i in list_checkpoints(run_dir)] == \
+        [(f"checkpoint_{per_epoch:08d}", None)]
+    assert main(argv) == 0
+    got = [(i.path.rsplit("/", 1)[-1], i.epoch, i.end_of_epoch, i.val_loss is not None)
+           for i in list_checkpoints(run_dir)]
+    assert got == [(f"checkpoint_{per_epoch:08d}_epoch1", 1, True, True)], got
+    assert (run_dir / "best" / "meta.json").is_file()
+    valid = [r for r in read_local_metrics(run_dir / "metrics.jsonl")
+             if "valid/loss" in r["metrics"]]
+    assert [(r["step"], r["metrics"]["epoch"]) for r in valid] == [(per_epoch, 1.0)]
+
+
 def test_torchrun_trains_one_run_with_two_ranks_without_ray(demo_batches, tmp_path):
     """`torchrun --nproc-per-node 2 -m convs2s train`, as the README gives it (gloo on CPU):
     two ranks train one run, rank 0 writes its checkpoints and metrics and prints the one

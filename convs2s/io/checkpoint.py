@@ -42,13 +42,17 @@ REQUIRED_KEYS = ("model", "model_config", "src_vocab_size", "tgt_vocab_size", "e
 BEST_DIR = "best"
 
 
-def checkpoint_dir_name(update: int, epoch_end: int | None = None) -> str:
+def checkpoint_dir_name(update: int, epoch_end: int | None = None,
+                        validated: bool = False) -> str:
     """Directory name of the checkpoint taken after `update` updates (sorts by update). An
     epoch's end at an update that already has a checkpoint (an interval checkpoint at the
-    epoch's last update, or the one a rerun resumed from) is `..._epoch<N>`: two checkpoints
-    of one name made Ray Train delete the folder it still listed as the latest."""
+    epoch's last update, or the one a rerun resumed from) is `..._epoch<N>`, a validation
+    inside an epoch at such an update `..._validated`: two checkpoints of one name made Ray
+    Train delete the folder it still listed as the latest."""
     name = f"checkpoint_{update:08d}"
-    return name if epoch_end is None else f"{name}_epoch{epoch_end}"
+    if epoch_end is not None:
+        return f"{name}_epoch{epoch_end}"
+    return f"{name}_validated" if validated else name
 
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | None = None,

@@ -131,7 +131,10 @@ def _fit(job: TrainJob, files, valid_files, run_dir, runtime: LocalRuntime) -> T
 
         close_train_run(uri, run_id, final, run_dir)
     has_best = (run_dir / BEST_DIR / META_FILE).is_file()
-    kept = [i.path for i in list_checkpoints(run_dir)]
+    # (rank 0 wrote them; another node's rank may have no such folder: the run's own result
+    # is rank 0's, and a listing there failed a multi-node torchrun after training succeeded)
+    kept = [i.path for i in list_checkpoints(run_dir)] \
+        if runtime.rank == 0 or run_dir.is_dir() else []
     return TrainResult(run_id=run_id, run_dir=str(run_dir),
                        best_checkpoint=str(run_dir / BEST_DIR) if has_best else None,
                        last_checkpoint=kept[-1] if kept else None, checkpoints=kept,

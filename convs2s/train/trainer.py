@@ -309,6 +309,23 @@ class Trainer:
             self.meter.load_state_dict(self._meter_state)
         self.seconds = self._clock()
         self.stop_reason = self._limit_reached(self.seconds)
+        if self.stop_reason is not None and self._unvalidated:
+            # Resumed at a limit from an interval checkpoint that no validation followed (the
+            # epoch's last update reached the limit and the worker died between its interval
+            # checkpoint and the epoch's end; or the checkpoint's clock already past max_time):
+            # the validation, best/ and epoch end the uninterrupted run made at this update.
+            # It ended with none: no best/, no valid loss, an epoch short.
+            self.final = self._end_epoch(self.progress.epoch + 1,
+                                         epoch_end=len(self._rows_left()) == 0)
+
+    def _rows_left(self):
+        """This rank's rows of the current epoch not yet trained (the same count on every
+        rank: the epoch's plan cuts them evenly)."""
+        cfg, progress = self.cfg, self.progress
+        return resumed_rows(self.files, cfg.seed, progress.epoch + 1, self.world, self.rank,
+                            cfg.shuffle_buffer, [*progress.cuts, (progress.batches_in_epoch
+                                                                  - progress.plan_start,
+                                                                  self.world)])
 
     def _load_latest(self) -> Progress:
         cfg, rank, world = self.cfg, self.rank, self.world
@@ -316,6 +333,8 @@ class Trainer:
         with self.runtime.latest_checkpoint() as d:  # the same choice on every rank
             state = load_agreed(d, self.comm)  # read by every rank, or all stop
         self._meter_state = None
+        # resumed from a checkpoint made between validations (an interval's)
+        self._unvalidated = state is not None and state.get("val_loss") is None
         if state is None:
             if self.job.init_from:  # fine-tuning: a trained (or imported) model's weights
                 self.net.load_state_dict(initial_weights(self.job))
@@ -392,10 +411,7 @@ class Trainer:
         validation's report (also kept as `final`)."""
         cfg, progress, meter = self.cfg, self.progress, self.meter
         epoch = progress.epoch + 1
-        rows = resumed_rows(self.files, cfg.seed, epoch, self.world, self.rank,
-                            cfg.shuffle_buffer, [*progress.cuts, (progress.batches_in_epoch
-                                                                  - progress.plan_start,
-                                                                  self.world)])
+        rows = self._rows_left()
         batches = train_batches(read_rows(self.files, rows, cfg.shuffle_buffer),
                                  self.net.max_positions)
         if cfg.static_shapes:
@@ -548,8 +564,9 @@ class Trainer:
         self._check_finite()  # never a checkpoint of weights a NaN gradient reached
         check_lease(self.job, comm, f"writing its checkpoint at update {progress.update}")
         # An epoch's end at an update already checkpointed (an interval checkpoint at the
-        # epoch's last update, or the one a rerun resumed from) gets a name of its own.
-        again = end_of_epoch and progress.update == self._checkpointed
+        # epoch's last update, or the one a rerun resumed from) gets a name of its own, as
+        # does a validation inside an epoch at such an update (`restore` at a limit).
+        again = progress.update == self._checkpointed and (end_of_epoch or val_loss is not None)
         first = self._checkpointed == 0  # the run's first checkpoint (none to resume from)
         self._checkpointed = progress.update
         rngs = comm.gather_objects(capture_rng_state())
@@ -600,8 +617,9 @@ class Trainer:
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
             # Uploaded in the background while training goes on, except the first (best/ is
             # copied from tmp after it, which the background upload deletes when done)
-            handed = self.runtime.report(metrics, tmp, checkpoint_dir_name(
-                progress.update, progress.epoch if again else None), background=not first)
+            name = checkpoint_dir_name(progress.update, progress.epoch if again and end_of_epoch
+                                       else None, validated=again and not end_of_epoch)
+            handed = self.runtime.report(metrics, tmp, name, background=not first)
             self._uploading = tmp if handed else None
             if best and first:
                 publish_dir(tmp, self.run_dir / BEST_DIR, marker=META_FILE)
