@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import urllib.error
@@ -433,6 +434,54 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_parsed(served, tiny_checkpo
               b"]}"]
     code, text = _post_raw(f"{served}/translate", chunks, None)  # chunked, within the limit
     assert code == 200 and json.loads(text)["predictions"] == alone(tiny_checkpoints["a"], s)
+
+
+def test_the_request_limits_set_where_serve_starts_reach_every_replica(monkeypatch):
+    """CONVS2S_SERVE_* (the request limits, read where each replica imports them) travel in the
+    deployment's runtime environment: a replica on a cluster's node, or on a Ray `serve`
+    joined, had that node's environment, and a beam the operator allowed was refused with a
+    message naming the variable already set."""
+    from convs2s.serving.online import ServeSettings
+
+    monkeypatch.delenv("CONVS2S_SERVE_MAX_BEAM", raising=False)
+    for name in [k for k in os.environ if k.startswith("CONVS2S_SERVE_")]:
+        monkeypatch.delenv(name)
+    assert "runtime_env" not in ServeSettings(checkpoints=["x"]).deployment_options()[
+        "ray_actor_options"]
+    monkeypatch.setenv("CONVS2S_SERVE_MAX_BEAM", "32")
+    assert ServeSettings(checkpoints=["x"]).deployment_options()["ray_actor_options"][
+        "runtime_env"] == {"env_vars": {"CONVS2S_SERVE_MAX_BEAM": "32"}}
+
+
+def test_a_replica_answers_one_translation_unless_asked_and_shows_no_uri_password(
+        tiny_checkpoints):
+    """A search whose nbest is 3 (a config file's) answers plain requests with one translation
+    each and takes a beam under 3 (it answered lists, and refused beam 2 naming an nbest the
+    client never sent); /health and the settings' repr show a model URI without its
+    password."""
+    import asyncio
+
+    from convs2s.serving.online import ServeSettings, TranslatorReplica
+
+    replica = TranslatorReplica({
+        **config_args(), "model": None, "checkpoints": [tiny_checkpoints["a"]],
+        "search": {**SEARCH, "beam": 4, "nbest": 3}, "min_replicas": None,
+        "max_replicas": None, "replicas": 1})
+
+    async def ask():
+        return (await replica.translate({"inputs": ["a small house"]}),
+                await replica.translate({"inputs": ["a small house"], "params": {"beam": 2}}),
+                await replica.translate({"inputs": ["a small house"], "params": {"nbest": 2}}))
+
+    plain, narrow, two = asyncio.run(ask())
+    assert isinstance(plain["predictions"][0], str) and isinstance(narrow["predictions"][0], str)
+    assert len(two["predictions"][0]) == 2
+    assert replica.health()["search"]["nbest"] == 1
+    replica.settings.model = "https://alice:s3cret@models.example.com/artifacts/translator"
+    assert "s3cret" not in json.dumps(replica.health())
+    settings = ServeSettings(model="runs:/x/translator",
+                             tracking_uri="http://alice:s3cret@tracking:5000")
+    assert "s3cret" not in repr(settings)
 
 
 def test_requests_past_the_proxys_queue_are_refused_not_queued_without_end():

@@ -79,10 +79,12 @@ class ServeSettings:
     """What the application serves and how: resolved once, passed to every replica."""
 
     checkpoints: list[str] = field(default_factory=list)  # checkpoint folders, or:
-    model: str | None = None  # an MLflow model URI (models:/NAME@alias, models:/m-..., runs:/)
+    # an MLflow model URI (models:/NAME@alias, models:/m-..., runs:/); not in the repr, nor
+    # the next (a URI may hold a password)
+    model: str | None = field(default=None, repr=False)
     # where `model` resolves (default: MLFLOW_TRACKING_URI, read once where the application is
     # built and passed on: a replica's environment may not have it; never printed unredacted)
-    tracking_uri: str | None = None
+    tracking_uri: str | None = field(default=None, repr=False)
     search: dict = field(default_factory=dict)  # SearchConfig fields over the model's own
     spm_model: str | None = None
     threads_per_replica: int = 1
@@ -141,6 +143,12 @@ class ServeSettings:
 
     def deployment_options(self) -> dict:
         actor = {"num_cpus": self.threads_per_replica}
+        # The request limits (convs2s.serving.requests, read where each replica imports it)
+        # as this process has them: a replica on a cluster's node, or on a Ray this process
+        # joined, has that node's environment, not the one `serve` was started in
+        limits = {k: v for k, v in os.environ.items() if k.startswith("CONVS2S_SERVE_")}
+        if limits:
+            actor["runtime_env"] = {"env_vars": limits}
         if self.gpus_per_replica:
             actor["num_gpus"] = self.gpus_per_replica
         scale = {"num_replicas": self.replicas} if self.min_replicas is None else {
@@ -309,7 +317,10 @@ class TranslatorReplica:
         attention = False if attention is None else attention  # null: the default, as others
         if not isinstance(attention, bool):
             raise RequestError(f"attention must be true or false, got {attention!r}")
-        search = search_for(self.translator.search, params)
+        # one translation a sentence unless the request asks more (a config file's search
+        # with nbest 3 answered lists to plain requests and refused a beam under 3, naming a
+        # setting the client never sent; the MLflow model does the same)
+        search = search_for(self.translator.search.replace(nbest=1), params)
         sentences = [s or "" for s in sentences]
         # (the tokenizer, off the event loop: the replica keeps taking requests)
         lengths = await asyncio.to_thread(self.translator.source_lengths, sentences)
@@ -391,9 +402,13 @@ class TranslatorReplica:
 
     def health(self) -> dict:
         s = self.translator.search
-        return {"status": "ok", "model": self.settings.model or self.settings.checkpoints,
+        from convs2s.tracking.redact import redact_uri
+
+        model = redact_uri(self.settings.model) if self.settings.model else \
+            self.settings.checkpoints  # (a URI's password is no client's to read)
+        return {"status": "ok", "model": model,
                 "precision": s.precision, "shortlist": bool(s.shortlist),
-                "search": {k: getattr(s, k) for k in ("beam", "lenpen", "nbest")},
+                "search": {"beam": s.beam, "lenpen": s.lenpen, "nbest": 1},
                 "replica": os.getpid(), "sentences_served": self.served,
                 "batches": self.batches,
                 "mean_batch": round(self.served / self.batches, 2) if self.batches else None,
@@ -581,7 +596,8 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
             raise DeployError(redact_text(f"the application {name!r} could not be deployed: "
                                           f"{reason}")) from None
         log.info("serving %s on http://%s:%d/translate (ready in %.1f s; Ctrl-C stops)",
-                 settings.model or settings.checkpoints, host, port, time.perf_counter() - t0)
+                 redact_text(settings.model) if settings.model else settings.checkpoints, host,
+                 port, time.perf_counter() - t0)
         if not blocking:
             return handle
         while True:
