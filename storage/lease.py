@@ -120,14 +120,18 @@ class RunLease:
 
     def __init__(self, folder, command: str = "", ttl_s: float = 120.0,
                  heartbeat_s: float = 20.0, elsewhere: str = "give another --run-name",
-                 outer=None, inner: bool = False):
+                 outer=None, inner: bool | int = False):
         self.folder = location(folder)
         # A folder `folder` lies in that another command may hold as its run (a workflow's run
-        # folder, whose training runs in <run>/<name>): refused while that lease is live
-        self.outer = location(outer) / LEASE_FILE if outer is not None else None
-        # `inner`: the folders directly in `folder` that other commands may hold as theirs (a
+        # folder, whose training runs in <run>/<name>), and the folder that one lies in (a
+        # sweep's, whose trials are <sweep>/<trial>/, each training in <trial>/train):
+        # refused while one of those leases is live
+        self.outer = [] if outer is None else list(dict.fromkeys(
+            p / LEASE_FILE for p in (location(outer), location(outer).parent)))
+        # `inner`: the folders in `folder`, to that depth (True: those directly in it; 2: and
+        # those in them, a sweep's trials' train/), that other commands may hold as theirs (a
         # `convs2s train` in a workflow run's train/): refused while one of those is live
-        self.inner = inner
+        self.inner = int(inner)
         self.path = self.folder / LEASE_FILE
         self.command, self.ttl_s, self.heartbeat_s = command, ttl_s, heartbeat_s
         self.elsewhere = elsewhere  # the refusal's way to another folder
@@ -192,12 +196,13 @@ class RunLease:
             return held is not None and self._stale(held) is None and not (
                 pids_comparable(held, legacy=False) and held.get("pid") == os.getpid())
 
-        if self.outer is not None and live(held := read_lease(self.outer)[0]):
-            return self._refusal(held, where=str(self.outer.parent))
-        if self.inner:
-            subs = [p for p in self.folder.iterdir() if p.is_dir()] \
-                if self.folder.is_dir() else []
-            for sub in subs:
+        for outer in self.outer:
+            if live(held := read_lease(outer)[0]):
+                return self._refusal(held, where=str(outer.parent))
+        level = [self.folder]
+        for _ in range(self.inner):
+            level = [p for d in level if d.is_dir() for p in d.iterdir() if p.is_dir()]
+            for sub in level:
                 if live(held := read_lease(sub / LEASE_FILE)[0]):
                     return self._refusal(held, holds=str(sub))
         return None

@@ -399,6 +399,27 @@ def test_a_run_holding_a_folder_another_command_holds_is_refused(run_dir):
         pass
 
 
+def test_a_sweeps_lease_covers_its_trials_training_folders_both_ways(run_dir):
+    """A sweep holds <sweep>/ for its trials, each training in <sweep>/<trial>/train: a
+    `convs2s train --storage-path <sweep>/<trial> --run-name train` by hand (outer: its
+    storage path, whose own lease is none) is refused while the sweep's is live, and a sweep
+    started while such a training runs (inner=2) too. Each went on, two writers in one
+    checkpoint folder, each one's keep_last deleting the other's checkpoints."""
+    sweep = location(run_dir)
+    trial = sweep / "base-seed1"
+    _plant(run_dir, command="multi30k cpu --sweep paper-5.2")
+    with pytest.raises(LeaseHeld, match=rf"{trial / 'train'} is inside {sweep}, which is in "
+                                        r"use by another command \(multi30k cpu --sweep"):
+        RunLease(trial / "train", outer=trial).acquire()
+    (sweep / LEASE_FILE).unlink()
+    (trial / "train").mkdir(parents=True)
+    _plant(trial / "train", command="convs2s train (train)")
+    with pytest.raises(LeaseHeld, match=rf"{sweep} holds {trial / 'train'}, which is in use"):
+        RunLease(sweep, inner=2).acquire()
+    with RunLease(sweep, inner=True):  # (one level: what the sweep's was)
+        pass
+
+
 def test_a_renewal_that_finds_the_lease_aside_for_a_moment_keeps_it(tmp_path, monkeypatch):
     # A taker that judged a late holder stale renames the lease aside to look at it and puts
     # it back when it is not the record it judged: the holder's renewal in that moment finds

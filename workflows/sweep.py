@@ -305,9 +305,10 @@ def run_sweep(sweep: SweepSpec) -> SweepResult:
                 not in seen:
             seen.add(d)
             check_inputs(t.spec)
-    # (inner: a workflow run by hand in a trial's folder; outer: a --storage-path that is
-    # another command's run folder, a workflow's, whose lease covers what is in it)
-    with RunLease(sweep.folder, inner=True, outer=base.storage,
+    # (inner: a workflow run by hand in a trial's folder, or a `convs2s train` in a trial's
+    # train/; outer: a --storage-path that is another command's run folder, a workflow's, whose
+    # lease covers what is in it)
+    with RunLease(sweep.folder, inner=2, outer=base.storage,
                   command=f"{base.workflow} {base.preset} --sweep {sweep.sweep}") as lease:
         prepare(base, sweep=True)  # Ray, storage and GPUs, as for one workflow run
         if todo := sum(t.finished() is None for t in sweep.trials):
