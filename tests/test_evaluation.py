@@ -522,6 +522,37 @@ def test_the_command_joins_ray_address_as_every_command_does(tmp_path):
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "eval").exists()
 
 
+def test_an_out_another_command_holds_is_refused_before_ray_starts(tmp_path, capsys):
+    """--out is held as a workflow holds its run folder: an evaluation into a running
+    workflow's eval/ (or onto another evaluation's --out) replaced the weights the other's
+    scoring tasks were reading and wrote over its hypotheses. One line, exit 2, nothing
+    written."""
+    import json
+    import time
+
+    from storage.lease import LEASE_FILE
+    from workflows.evaluation import main
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"")  # (not read before Ray starts)
+    for name in ("src.en", "ref.de"):
+        (tmp_path / name).write_text("a b\n")
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    now = time.time()
+    (run / LEASE_FILE).write_text(json.dumps({
+        "host": "other-host", "pid": 4242, "id": "someone", "command": "wmt14_en_de paper",
+        "renewed": now, "expires": now + 120}))
+    argv = ["--checkpoint", f"a={tmp_path / 'ckpt'}", "--tracking-uri",
+            f"sqlite:///{tmp_path / 'mlflow.db'}", "--test", "t", str(tmp_path / "src.en"),
+            str(tmp_path / "ref.de"), "de"]
+    assert main([*argv, "--out", str(run / "eval")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run / 'eval'} is inside {run}, which is in use by another " \
+        "command (wmt14_en_de paper)" in err[0] and "give another --out" in err[0], err
+    assert not (run / "eval").exists() and not (tmp_path / "mlflow.db").exists()
+
+
 def test_evaluating_another_runs_checkpoints_gets_a_run_of_its_own(tmp_path):
     """Two runs' best models (runs/A/train/best, runs/B/train/best) scored with the same --out:
     the params show the paths' last two parts, the same for both, so B's scores went into A's

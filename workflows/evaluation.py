@@ -625,6 +625,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     uri = resolve_tracking_uri(args.tracking_uri)
+    from storage.lease import LeaseHeld, RunLease
+
+    # --out held from here to the end, as a workflow holds its run folder: the weights staged
+    # in <out>/weights are replaced whole and the hypotheses written over, so a second
+    # evaluation on the same --out, or one into a running workflow's eval/ (outer), would
+    # replace what the other's scoring tasks are reading
+    lease = RunLease(args.out, command=f"{p.prog} --out {args.out}",
+                     outer=location(args.out).parent, elsewhere="give another --out")
+    try:
+        lease.acquire()
+    except LeaseHeld as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    with lease:
+        return _evaluate(p, args, jobs, named, tests, search, uri)
+
+
+def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str) -> int:
+    """`main` once its checks passed and --out is held: Ray, the named checkpoints' models, the
+    scoring."""
     import ray
 
     if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
