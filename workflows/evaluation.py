@@ -9,7 +9,7 @@ or rouge*; and sentences_per_second), its hypotheses file and its attention pict
     from workflows.evaluation import EvalJob, TestSet, evaluate_all, evaluation_jobs
     test = TestSet("test", src=".../text/test.en", ref=".../text/test.fr", tgt_lang="fr")
     jobs = [EvalJob("best", (result.best_checkpoint,), test)]
-    jobs = evaluation_jobs([run_a, run_b, run_c], [test], average_last=5)  # paper §5.2
+    jobs = evaluation_jobs([run_a, run_b, run_c], [test], average_last=5)  # + an ensemble
     results = evaluate_all(jobs, tracking_uri, parent_run_id=result.run_id, out_dir="eval")
     results[0].metrics["bleu"], results[0].run_id, results[0].hyp_path
 
@@ -18,9 +18,10 @@ Run (inside or next to a Ray cluster; checkpoint paths must be readable by every
         --test test PREP/text/<hash>/test.en PREP/text/<hash>/test.fr fr --parent-run-id <id>
     (PREP: a preprocessing output, <storage>/preprocessed/<task>/<key>)
 
-Jobs (paper §5.1-§5.2): a single checkpoint; an ensemble (several checkpoints, probabilities
-averaged: the paper's ensembles of the best checkpoint of several training runs); or
-`average=True`, the mean of the checkpoints' weights (the last N checkpoints of one run).
+Jobs: a single checkpoint; an ensemble (several checkpoints, probabilities averaged: the
+paper's ensembles of several training runs, §5.2); or `average=True`, the mean of the
+checkpoints' weights (the last N checkpoints of one run: not the paper's, which averages no
+weights; the reference implementation's `average_checkpoints.py`).
 Summarization test sets (`task_kind="summarization"`) are scored with ROUGE; give them a search
 with a minimum output length (`summarization_search()`, paper §4.1).
 """
