@@ -125,14 +125,15 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(s3, fr_
     console = out + fr_en_runs.stderr
     assert rc == 0, console[-3000:]
     assert "outputs: s3://convs2s-test/nc-runs/fr-en" in out
-    assert "models:/translation_fr_en-test@champion (version 1)" in out  # registered by alice
+    # (registered by alice)
+    assert "models:/translation_fr_en-nc-5k_4750-end@champion (version 1)" in out
 
     keys = set(s3.keys("convs2s-test"))
     run = "nc-runs/fr-en/"
     for name in ("workflow.json", "preprocess_manifests.json", "train/best/meta.json",
                  "train/best/checkpoint.pt", "train/metrics.jsonl",
                  "weights/best/staged.json", "weights/best/model_00/checkpoint.pt",
-                 "eval/best/test.en"):
+                 "eval/best/nc-5k_4750-end.en"):
         assert run + name in keys, name
     stages = {json.loads(location(f"{BUCKET}/{k}").read_text())["stage"] for k in keys
               if k.startswith("nc-runs/preprocessed/") and k.endswith("/manifest.json")}
@@ -141,7 +142,7 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(s3, fr_
     # The MLflow artifacts went through the server to the bucket: the hypotheses, the best
     # checkpoint and the logged model.
     artifacts = [k for k in keys if k.startswith("mlflow/")]
-    assert any(k.endswith("hypotheses/test.en") for k in artifacts)
+    assert any(k.endswith("hypotheses/nc-5k_4750-end.en") for k in artifacts)
     assert any(k.endswith("best_checkpoint/checkpoint.pt") for k in artifacts)
     assert any(k.endswith("/MLmodel") for k in artifacts)
     # nothing in the working folder: not even a folder named "s3:"
@@ -156,12 +157,12 @@ def test_a_workflow_on_a_bucket_translates_as_the_same_run_on_local_disk(s3, fr_
     local_rc, local_out = fr_en_runs.local
     assert local_rc == 0, local_out
     local = fr_en_runs.local_runs / "fr-en"
-    assert location(f"{BUCKET}/{run}eval/best/test.en").read_text() == \
-        (local / "eval" / "best" / "test.en").read_text()
+    assert location(f"{BUCKET}/{run}eval/best/nc-5k_4750-end.en").read_text() == \
+        (local / "eval" / "best" / "nc-5k_4750-end.en").read_text()
     bucket_state = json.loads(location(f"{BUCKET}/{run}workflow.json").read_text())
     local_state = json.loads((local / "workflow.json").read_text())
-    assert bucket_state["eval"]["best/test"]["metrics"]["bleu"] == \
-        local_state["eval"]["best/test"]["metrics"]["bleu"]
+    assert bucket_state["eval"]["best/nc-5k_4750-end"]["metrics"]["bleu"] == \
+        local_state["eval"]["best/nc-5k_4750-end"]["metrics"]["bleu"]
 
 
 def test_a_local_tracking_store_keeps_a_bucket_runs_artifacts_in_the_bucket(s3, tmp_path):

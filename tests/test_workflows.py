@@ -1208,13 +1208,16 @@ def test_a_language_pair_cut_from_one_file_pair_trains_scores_and_registers(fr_e
     assert (params["workflow.preprocess.src_lang"], params["workflow.preprocess.tgt_lang"]) == \
         ("fr", "en")
     assert params["workflow.preprocess.vocab_size"] == "2000"
-    assert set(children) == {"preprocess", "train", "eval/best/test", "eval/best/valid"}
+    # (each evaluation set named after its lines: a run on another corpus of the pair has a
+    # registered model of its own)
+    assert set(children) == {"preprocess", "train", "eval/best/nc-5k_4750-end",
+                             "eval/best/nc-5k_4500-4750"}
     manifests = json.loads((runs / "fr-en" / "preprocess_manifests.json").read_text())
     rows = {s: manifests[f"clean/{s}"]["rows_in"] for s in ("train", "valid", "test")}
     assert rows == {"train": 4500, "valid": 250, "test": 250}
-    hyps = (runs / "fr-en" / "eval" / "best" / "test.en").read_text().splitlines()
+    hyps = (runs / "fr-en" / "eval" / "best" / "nc-5k_4750-end.en").read_text().splitlines()
     assert len(hyps) == 250
-    assert "models:/translation_fr_en-test@champion (version 1)" in out
+    assert "models:/translation_fr_en-nc-5k_4750-end@champion (version 1)" in out
 
 
 # The runs above that share nothing with the session's Ray start in the background when the

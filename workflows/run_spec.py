@@ -347,12 +347,14 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
     if data_flag not in ("hub", "demo"):
         # A split given another file (--split valid=dev, --set data.splits) is named after
-        # that file where the preset names the set it scores (newstest2014): its scores,
-        # dataset and registered model must not carry that name for other text. (A preset
-        # whose sets are named after their splits, `test`, names no text: kept.)
-        for split, named_as in test_sets.items():
+        # that file: its scores, dataset and registered model must not carry the preset's name
+        # for other text (newstest2014), nor a split's own (`test`, as the generic
+        # translation workflow names its sets: every corpus of a language pair then shared
+        # one registered model, models:/translation_de_en-test, whose champion a run on
+        # another corpus could never become, its validation data not the model's)
+        for split in test_sets:
             stem = pre.splits.get(split)
-            if stem and stem != preset_files.get(split) and named_as != split:
+            if stem and stem != preset_files.get(split):
                 test_sets[split] = set_name(stem)
     if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
         # A stem that already is one of the evaluation splits is scored already: not twice.

@@ -11,7 +11,8 @@ trained, scored and registered translation model out, no Python to write.
 or .tsv / .jsonl / parquet); --split SPLIT=STEM names the files of train, valid and test
 (default: train, valid, test), and STEM[a:b] cuts one corpus into splits by lines. The run is
 the experiment `translation_<src>_<tgt>`, its best model registered as
-`models:/translation_<src>_<tgt>-test@champion`. Presets:
+`models:/translation_<src>_<tgt>-<test set>@champion`, each evaluation set named after its file
+(`test`, `newstest2014`, `nc-5k_4750-end` for nc-5k[4750:]). Presets:
 
 - cpu: the `small` model (3 + 3 layers of 128) with the Multi30k CPU recipe's training (Adam
   3e-3, warmup, a cosine decay over the time budget, 60 minutes by default; dropout 0.3, or 0.4
