@@ -222,6 +222,19 @@ def test_each_trial_is_a_whole_run_of_the_preset_with_its_variant_and_seed(tmp_p
     assert t.spec.ensemble.runs == 1 and t.spec.ensemble.average_last == 0
     assert not t.spec.register_champion
     assert len({x.key for x in sweep.trials}) == 4
+    # each trial's changes are every setting it runs with otherwise (the seed aside): the
+    # no-pos variant's two fields; the baseline's none
+    assert t.changes == {"model.src_positions": "False", "model.tgt_positions": "False"}
+    assert sweep.trials[0].changes == sweep.trials[1].changes == {}
+    # a named variant's dropout also turns the preset's dropout-by-passes table off: said
+    # (only the model's field was, unlike the same change asked as a custom variant)
+    recipe = resolve_sweep(multi30k_en_de.cpu(), dataclasses.replace(
+        opts, sweep="recipe", variants=["dropout-0.5"], seeds=1))
+    named = next(x.changes for x in recipe.trials if x.variant.name == "dropout-0.5")
+    custom = next(x.changes for x in resolve_sweep(multi30k_en_de.cpu(), dataclasses.replace(
+        opts, sweep="custom", variants=[], seeds=1, variant=["d5:model.dropout=0.5"])).trials
+        if x.variant.name == "d5")
+    assert named == custom and set(named) == {"model.dropout", "train.dropout_by_passes"}
     # fewer checkpoints kept than the preset's average of 5: none is averaged in a trial (it
     # was refused, with a fix the sweep refuses too)
     fewer = resolve_sweep(multi30k_en_de.cpu(), dataclasses.replace(opts, set=[

@@ -76,7 +76,9 @@ class Trial:
     variant: Variant
     seed: int
     spec: RunSpec  # the trial's whole workflow run
-    changes: dict[str, str]  # the model settings the variant changed ("model.<field>": value)
+    # the settings the trial runs with otherwise than the preset, its seed aside
+    # ("<section>.<field>": value)
+    changes: dict[str, str]
 
     @property
     def key(self) -> str:
@@ -211,7 +213,7 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                          "the sweep another --run-name")
     trials = []
     for v in variants:
-        vbase, changes = base, v.changed(base.model)
+        vbase = base
         if v.sets:  # --set lists: the preset with the sweep's own --set and the variant's
             vbase = resolve(cfg, dataclasses.replace(
                 opts, run_name=run_name, set=[*opts.set, *v.sets])).replace(
@@ -227,6 +229,12 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                                           vbase.model.dropout, model.dropout)
             spec = vbase.replace(model=model, train=train, run_name=name,
                                  storage=str(folder))
+            # every setting the trial runs with otherwise than the preset, the seed aside (a
+            # named variant's dropout also drops the preset's dropout_by_passes, which the
+            # trial's params, log line and summary left out: recorded only by a custom one)
+            changes = _changed(base, spec.replace(train=train.replace(seed=base.train.seed),
+                                                  run_name=base.run_name,
+                                                  storage=base.storage))
             trials.append(Trial(name, v, seed, spec, changes))
     for t in trials:  # a trial folder holding a run under other settings: before anything
         if problem := reuse_problem(t.spec, trial=True):

@@ -160,7 +160,10 @@ def log_summary(sweep, result, uri: str, run_id: str | None,
                "workflow": sweep.base.workflow, "preset": sweep.base.preset,
                "seeds": sweep.seeds, "budget": budget_text(sweep.base),
                "variants": {v.name: {"label": v.label, "paper": v.paper,
-                                     "changes": v.changed(sweep.base.model),
+                                     # (the trials' own: a custom variant's --set, and
+                                     # what a named one's model change implies)
+                                     "changes": next((t.changes for t in sweep.trials
+                                                      if t.variant is v), {}),
                                      "stats": stats[v.name]}
                             for v in sweep.variants},
                "trials": result.results, "failed": result.failed, "headline": headline}
