@@ -422,6 +422,15 @@ def test_a_variant_may_not_change_a_trials_resources(tmp_path):
             "/ eval_cpus / eval_gpus apply to every trial), the same for every variant")
 
 
+def test_a_variant_may_not_change_the_budget_every_trial_trains_for(tmp_path):
+    """Trials are compared at one budget (the summary states it for all): a variant's
+    train.max_updates (max_time, max_epochs) trained it longer than the others unseen."""
+    for setting in ("train.max_updates=5000", "train.max_time=2h", "train.max_epochs=9"):
+        with pytest.raises(SweepError, match=rf"--variant long: {setting.split('=')[0]} is the "
+                           r"sweep's own \(every trial trains for the sweep's budget"):
+            _sweep_of(tmp_path, sweep="custom", variants=[], variant=[f"long:{setting}"])
+
+
 def test_a_rerun_names_a_changed_trial_and_a_lost_data_folder_in_one_line(tmp_path):
     """A trial folder run under other settings: the line's fix is a new sweep --run-name (it
     offered --restart, which a sweep refuses). A rerun whose --data folder is gone: one

@@ -246,6 +246,11 @@ _RESOURCES = ("a trial's resources are the sweep's: --num-workers, --use-gpu, "
 SWEEP_OWNED.update({f"workflow.{name}": _RESOURCES for name in
                     ("num_workers", "use_gpu", "cpus_per_worker", "accelerator_type",
                      "eval_cpus", "eval_gpus")})
+# ... and the budget: every trial trains as long as every other (the summary states one budget
+# for all, and a variant given more training is compared with less)
+SWEEP_OWNED.update({f"train.{name}": "every trial trains for the sweep's budget (--max-time, "
+                    "--max-updates, --max-epochs, or --set for the whole sweep)"
+                    for name in ("max_time", "max_updates", "max_epochs")})
 
 
 def trial_owned_problem(sweep: str, changes) -> str | None:
