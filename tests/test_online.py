@@ -593,18 +593,26 @@ def test_a_route_prefix_another_application_holds_is_one_line_naming_it(served,
 
 
 def test_an_application_of_the_same_name_is_refused_and_left_serving(served,
-                                                                     tiny_checkpoints):
+                                                                     tiny_checkpoints,
+                                                                     caplog):
     """`serve` under a name another application runs as (another user's, a config file's):
     refused in one line, that application untouched (Serve redeployed it in place with this
-    model, and this command's Ctrl-C then deleted it)."""
+    model, and this command's Ctrl-C then deleted it). Its --port is not the running Serve's,
+    which Serve ignores: said, naming the port that serves (the start line named the port
+    asked)."""
+    import logging
+
     from ray import serve
 
     from convs2s.serving.online import DeployError, ServeSettings, run
 
-    with pytest.raises(DeployError, match="an application named 'convs2s-test' is running on "
-                                          "this Ray already .*stop it first, or --replace"):
+    with caplog.at_level(logging.WARNING, logger="convs2s.serving.online"), \
+            pytest.raises(DeployError, match="an application named 'convs2s-test' is running "
+                          "on this Ray already .*stop it first, or --replace"):
         run(ServeSettings(checkpoints=[tiny_checkpoints["b"]], search=SEARCH),
-            port=int(served.rsplit(":", 1)[1]), name="convs2s-test", replace=False)
+            port=free_port(), name="convs2s-test", replace=False)
+    assert f"its HTTP on 127.0.0.1:{served.rsplit(':', 1)[1]}: --host 127.0.0.1 --port " \
+        in caplog.text
     assert set(serve.status().applications) == {"convs2s-test"}
     assert len(post(f"{served}/translate", {"inputs": ["a"]})["predictions"]) == 1
 

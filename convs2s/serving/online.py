@@ -496,7 +496,9 @@ def run(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000,
     is running already (another user's `serve`, a config file's) is refused, untouched: Serve
     would redeploy it in place, and this process's Ctrl-C would then delete it. With
     `blocking`, serves until interrupted (Ctrl-C, or SIGTERM as `ray job stop` sends: the
-    application is deleted, nothing else is left running by this process)."""
+    application is deleted, and a Serve this process started on a Ray it joined is shut down:
+    nothing it started is left running). Serve takes its HTTP host and port once, as it
+    starts: on a Serve running already they are its, said in a warning."""
     from storage.signals import sigterm_as_ctrl_c
 
     logging.getLogger("ray.serve").setLevel(logging.WARNING)  # Serve's start-up INFO lines
@@ -560,11 +562,18 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
 
     from convs2s.tracking.redact import redact_text
 
+    ours = _serve_http(serve) is None  # no Serve on this Ray yet: this process starts it
     try:
         http = {"host": host, "port": port}
         if settings.request_timeout_s is not None:
             http["request_timeout_s"] = settings.request_timeout_s
         serve.start(http_options=http)
+        running = _serve_http(serve)
+        if running is not None and running != (host, port):  # Serve takes them as it starts
+            log.warning("Serve runs on this Ray already, its HTTP on %s:%d: --host %s --port "
+                        "%d are not taken (stop that Serve, `serve shutdown`, to choose)",
+                        *running, host, port)
+            host, port = running
         if not replace and name in serve.status().applications:
             raise DeployError(f"an application named {name!r} is running on this Ray already "
                               "(another serve, or a config file's), on the route this one "
@@ -605,4 +614,27 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     except KeyboardInterrupt:
         log.info("stopping: the application %r is deleted", name)
         serve.delete(name)
+        if ours and not _ray_started_here():  # (a local Ray ends with this process: Serve too)
+            # the Serve this process started on a Ray it joined: its controller and proxies,
+            # detached, held the port after the command ended
+            log.info("stopping: the Serve this command started on the cluster is shut down")
+            serve.shutdown()
         return None
+
+
+def _serve_http(serve) -> tuple[str, int] | None:
+    """(host, port) of the Serve running on the connected Ray, or None where none runs (or
+    its client cannot say: Serve's internals)."""
+    try:
+        from ray.serve import context
+
+        client = context._get_global_client(raise_if_no_controller_running=False)
+        return None if client is None else (client.http_config.host, client.http_config.port)
+    except Exception:  # noqa: BLE001 - another Ray's internals: as if none ran
+        return None
+
+
+def _ray_started_here() -> bool:
+    from storage.ray_join import started_here
+
+    return started_here()
