@@ -440,6 +440,18 @@ def test_a_dictionary_far_larger_than_any_is_refused_unread(tmp_path):
         read_dictionary(big)
 
 
+def test_a_reference_checkpoint_given_as_ours_points_to_the_import(tmp_path):
+    """The reference's model.pt given where a checkpoint of this project goes (translate,
+    average, init_from) is refused, never loaded, saying to import it (it was told to
+    "re-export it from the run that made it")."""
+    from convs2s.io.checkpoint import CheckpointError, load_checkpoint
+
+    shutil.copyfile(FIXTURES / "iwslt" / ARCHIVE_MODEL, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match=r"is a checkpoint of the reference implementation "
+                       r".*python -m convs2s import-fairseq ARCHIVE --out DIR"):
+        load_checkpoint(tmp_path)
+
+
 def test_a_dictionary_reads_as_the_reference_reads_it(tmp_path):
     """As the reference's Dictionary.add_from_file: the symbol is all before the count (a
     symbol with a space in it), a symbol given again is refused unless flagged

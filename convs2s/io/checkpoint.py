@@ -153,12 +153,18 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             # warning about the protocol would only precede it.
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             state = torch.load(file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as err:
         # The weights-only unpickler refuses two things: a pickle that names Python classes or
         # functions to import (possibly code), and bytes that are no pickle at all (random or
         # damaged data: not a checkpoint, and no threat either).
         if not _names_python_objects(file):
             raise CheckpointError(_not_a_checkpoint(file)) from None
+        if "argparse.Namespace" in str(err):  # the reference's saved arguments: its model.pt
+            raise CheckpointError(
+                f"{file} is a checkpoint of the reference implementation (fairseq: its saved "
+                "arguments are an argparse.Namespace), not of this project: convert its "
+                "archive folder with `python -m convs2s import-fairseq ARCHIVE --out DIR` "
+                "and give DIR") from None
         raise CheckpointError(
             f"{file} was refused: it holds pickled Python objects besides tensors, which could "
             "run code when loaded; only checkpoints written by this project's training load "
