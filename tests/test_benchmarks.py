@@ -57,9 +57,13 @@ def test_forward_and_training_flops_match_torch_counter():
 
 
 def test_useful_flops_count_real_tokens_only():
+    """`useful` counts real tokens; `padded` the padded tensors the step computes on, but the
+    output projection on padded target rows, which the fused loss never computes."""
     V = 50
     padded = batch_flops(ODD, V, [7, 3], [5, 2])
-    assert padded["useful"] < padded["padded"] == batch_flops(ODD, V, [7, 7], [5, 5])["useful"]
+    projection = 2 * ODD.out_embed_dim * V
+    assert padded["useful"] < padded["padded"] == \
+        batch_flops(ODD, V, [7, 7], [5, 5])["useful"] - 3 * projection  # (5 - 2 pad rows)
 
 
 def test_incremental_step_flops_match_decoder_count():
@@ -71,6 +75,27 @@ def test_incremental_step_flops_match_decoder_count():
     with FlopCounterMode(display=False) as step:
         net.decode_step(torch.randint(4, V, (B,)), state)
     assert step.get_total_flops() == B * decoder_flops(ODD, V, S)
+
+
+def test_large_budgets_are_cut_from_a_resampled_corpus_as_full_as_a_large_corpus_cuts_them(
+        shared_data, tmp_path):
+    """The 6,003 newstest sentences cut into 24,000-token batches hold lengths far apart in
+    each (the paper's corpus fills them as full as 3,000-token ones); --resample N draws N pairs
+    with replacement first: fuller batches, and only those the run steps kept."""
+    import argparse
+
+    from benchmarks.training import make_batches
+
+    args = argparse.Namespace(data=shared_data, bpe_vocab=1000, vocab=1000, max_tokens=24000,
+                              seed=1, resample=0, warmup=2, steps=3, profile=1)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    whole, info = make_batches(args, tmp_path / "a")
+    drawn, resampled = make_batches(argparse.Namespace(**{**vars(args), "resample": 100_000}),
+                                    tmp_path / "b")
+    assert len(drawn) == 6 and resampled["resampled_to"] == 100_000
+    assert resampled["fill"] > info["fill"] + 0.03, (resampled["fill"], info["fill"])
+    assert all(sum(map(len, s)) > 0 for s, _ in drawn)
 
 
 def test_training_benchmark_writes_result(shared_data, tmp_path):
