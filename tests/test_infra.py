@@ -328,7 +328,9 @@ def test_runtime_env_excludes_heavy_paths(tmp_path):
             "convs2s/data/readme.txt", "infra/runtime_env.yaml"]
     drop = [".venv/lib/torch.so", ".git/objects/ab", "data/wmt14/train.parquet",
             "runs/exp1/checkpoint_000/checkpoint.pt", "mlruns/0/meta.yaml", "mlflow.db",
-            "model.pt", "convs2s/__pycache__/model.cpython-311.pyc"]
+            "model.pt", "convs2s/__pycache__/model.cpython-311.pyc",
+            # secrets, packaged where .gitignore is not honoured (the team server's passwords)
+            "infra/mlflow/.env", ".env.local", "deploy/key.pem"]
     for rel in keep + drop:
         (tree / rel).parent.mkdir(parents=True, exist_ok=True)
         (tree / rel).write_text("x")
@@ -527,6 +529,15 @@ def test_mlflow_compose_services_and_server_flags():
             assert is_allowed_host_header(hosts, f"{name}:5000"), (name, hosts)
         assert is_allowed_host_header(hosts, "10.0.3.7:5000")
         assert not is_allowed_host_header(hosts, "attacker.example.com:5000")
+
+    # ... and the UI's POSTs from a browser on the server's name pass MLflow's CORS check
+    # (the runs table loads by POST: every page through the name was a 403)
+    from mlflow.server.security_utils import should_block_cors_request
+
+    origins = example["MLFLOW_CORS_ALLOWED_ORIGINS"].split(",")
+    assert not should_block_cors_request("http://mlflow.example.internal:5000", "POST", origins)
+    assert should_block_cors_request("https://attacker.example.com", "POST", origins)
+    assert flags["--cors-allowed-origins"].startswith("${MLFLOW_CORS_ALLOWED_ORIGINS:-")
 
     # Every variable the compose file requires is set in env.example.
     required = set(re.findall(r"\$\{(\w+):\?", (INFRA / "mlflow" / "docker-compose.yaml")
