@@ -182,12 +182,13 @@ def make_batches(args, workdir: Path):
     src, tgt = encode(sp, [s for s, _ in pairs]), encode(sp, [t for _, t in pairs])
     info = {"corpus": "wmt14-en-de newstest2013+2014, De->En", "bpe_vocab": sp.get_piece_size(),
             "src_len": length_stats(src), "tgt_len": length_stats(tgt)}
-    if args.resample:
-        drawn = np.random.default_rng(args.seed).integers(0, len(src), size=args.resample)
+    resample = getattr(args, "resample", 0)  # (other benchmarks' arguments have none)
+    if resample:
+        drawn = np.random.default_rng(args.seed).integers(0, len(src), size=resample)
         src, tgt = [src[i] for i in drawn], [tgt[i] for i in drawn]
-        info["resampled_to"] = args.resample
+        info["resampled_to"] = resample
     batches = token_budget_batches(src, tgt, args.max_tokens, args.seed)
-    if args.resample:
+    if resample:
         batches = batches[:args.warmup + args.steps + args.profile]
     # real tokens over the slots their padded batches hold (source and target together)
     slots = sum(len(s) * (max(map(len, s)) + max(map(len, t))) for s, t in batches)

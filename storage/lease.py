@@ -115,6 +115,18 @@ def pid_gone(pid: int) -> bool:
     return False
 
 
+def _subfolders(folder) -> list:
+    """The folders directly in `folder` (none where it is no folder): in a bucket one listing,
+    each entry's type in it (a request per entry to ask each whether it is a folder made a
+    sweep's start, two levels of 20 trials' folders, hundreds of requests)."""
+    if isinstance(folder, ObjectPath):
+        import pyarrow.fs as pafs
+
+        infos = folder.fs.get_file_info(pafs.FileSelector(folder.key, allow_not_found=True))
+        return [folder / i.base_name for i in infos if i.type == pafs.FileType.Directory]
+    return [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+
+
 class RunLease:
     """An exclusive, renewed hold on `folder` (see the module's docstring)."""
 
@@ -201,7 +213,7 @@ class RunLease:
                 return self._refusal(held, where=str(outer.parent))
         level = [self.folder]
         for _ in range(self.inner):
-            level = [p for d in level if d.is_dir() for p in d.iterdir() if p.is_dir()]
+            level = [p for d in level for p in _subfolders(d)]
             for sub in level:
                 if live(held := read_lease(sub / LEASE_FILE)[0]):
                     return self._refusal(held, holds=str(sub))

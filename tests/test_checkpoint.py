@@ -254,6 +254,25 @@ def test_meta_json_is_written_last_and_whole(tmp_path, monkeypatch):
     assert [i.update for i in list_checkpoints(run)] == [120]
 
 
+def test_a_validation_after_an_interval_checkpoint_of_its_update_is_listed_after_it(tmp_path,
+                                                                                     monkeypatch):
+    """A run resumed at its limit from an interval checkpoint validates at that update:
+    `checkpoint_<U>_validated`, of the same update and epoch, is the newer of the two whatever
+    order the folder lists them in (a resume took the unvalidated one, and validated again)."""
+    from pathlib import Path as P
+
+    model, opt, _ = _trained_model()
+    run = tmp_path / "run"
+    save_checkpoint(run / checkpoint_dir_name(100), _state(model, opt, 0, 100, None))
+    save_checkpoint(run / checkpoint_dir_name(100, validated=True), _state(model, opt, 0, 100, 2.0))
+    names = [checkpoint_dir_name(100, validated=True), checkpoint_dir_name(100)]
+    for listed in (names, names[::-1]):  # (as the folder may list them)
+        monkeypatch.setattr(P, "glob", lambda self, pattern, listed=listed: [
+            self / n for n in listed])
+        assert [i.path.rsplit("/", 1)[-1] for i in list_checkpoints(run)] == \
+            [checkpoint_dir_name(100), checkpoint_dir_name(100, validated=True)]
+
+
 def test_a_copy_into_storage_cut_short_is_not_listed(tmp_path):
     """Ray Train copies a checkpoint folder into storage file by file under the final names:
     a copy cut short (checkpoint.pt shorter than meta.json records, or meta.json itself cut)

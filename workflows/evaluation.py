@@ -636,8 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                      outer=location(args.out).parent, elsewhere="give another --out")
     try:
         lease.acquire()
-    except LeaseHeld as err:
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
+    except (LeaseHeld, StorageError, OSError) as err:  # (a folder or bucket not writable too)
+        print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
     with lease:
         return _evaluate(p, args, jobs, named, tests, search, uri)

@@ -169,6 +169,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"{file} was refused: it holds pickled Python objects besides tensors, which could "
             "run code when loaded; only checkpoints written by this project's training load "
             "(re-export it from the run that made it)") from None
+    except MemoryError:  # (not the file's fault: said as itself)
+        raise
     except Exception:  # noqa: BLE001 - damaged bytes raise whatever the objects they build
         # do (an empty stack, an unknown memo key, a dict where a storage belongs: TypeError,
         # AttributeError, AssertionError ... from torch's rebuild functions)
@@ -317,13 +319,22 @@ def _info(path, meta) -> CheckpointInfo | None:
 
 def list_checkpoints(run_dir: str | os.PathLike) -> list[CheckpointInfo]:
     """The kept `checkpoint_*` directories of a run, oldest (fewest updates, then fewest
-    epochs: an epoch's end after the checkpoint at its last update) first; `best/`
-    is not listed (it is a copy of one of them, or of an older one Ray already removed)."""
+    epochs: an epoch's end after the checkpoint at its last update; then a validated one after
+    an interval's of its update) first; `best/` is not listed (it is a copy of one of them, or
+    of an older one Ray already removed)."""
     run_dir = location(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     infos = [info for d in run_dir.glob("checkpoint_*") if (info := _whole(d)) is not None]
-    return sorted(infos, key=lambda i: (i.update, i.epoch))  # an epoch's end after its update
+    return sorted(infos, key=_age)
+
+
+def _age(i: CheckpointInfo) -> tuple:
+    """A checkpoint's place among its run's, oldest first: update, epoch, and of two at one
+    update and epoch (an interval's, then the validation made after it at a limit:
+    `checkpoint_<U>_validated`) the validated one last, whatever order the folder lists them
+    in."""
+    return i.update, i.epoch, i.end_of_epoch, i.val_loss is not None
 
 
 def _whole(d) -> CheckpointInfo | None:
@@ -378,7 +389,7 @@ def pick_checkpoints(infos: list[CheckpointInfo], last: int | None = None,
     counts, once: an average of the last N is of N states."""
     if last is not None and last < 1:  # (chosen[-0:] is all of them, chosen[--1:] all but one)
         raise ValueError(f"the last {last} checkpoints: give a count >= 1")
-    by_update = {i.update: i for i in sorted(infos, key=lambda i: (i.update, i.epoch))}
+    by_update = {i.update: i for i in sorted(infos, key=_age)}
     chosen = [i for i in by_update.values() if i.end_of_epoch or not epoch_ends_only]
     return chosen if last is None else chosen[-last:]
 

@@ -110,6 +110,8 @@ def read_reference_checkpoint(path: str | Path) -> dict:
             f"{path} was refused: it holds a pickled object outside the allowlist of a "
             f"reference checkpoint (tensors, containers, argparse.Namespace): {what[:200]}; "
             "loading it could run code, so it is not loaded") from None
+    except MemoryError:  # (not the file's fault: said as itself)
+        raise
     except Exception as err:  # noqa: BLE001 - damaged bytes raise whatever the objects they
         # build do (IndexError, KeyError: the unpickler's; TypeError, AttributeError: torch's
         # rebuild functions given other objects)

@@ -563,13 +563,14 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     from convs2s.tracking.redact import redact_text
 
     ours = _serve_http(serve) is None  # no Serve on this Ray yet: this process starts it
+    # (where Serve's internals cannot say, `_serve_http` answers "unknown": not ours)
     try:
         http = {"host": host, "port": port}
         if settings.request_timeout_s is not None:
             http["request_timeout_s"] = settings.request_timeout_s
         serve.start(http_options=http)
         running = _serve_http(serve)
-        if running is not None and running != (host, port):  # Serve takes them as it starts
+        if running not in (None, _UNKNOWN, (host, port)):  # Serve takes them as it starts
             log.warning("Serve runs on this Ray already, its HTTP on %s:%d: --host %s --port "
                         "%d are not taken (stop that Serve, `serve shutdown`, to choose)",
                         *running, host, port)
@@ -614,24 +615,29 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     except KeyboardInterrupt:
         log.info("stopping: the application %r is deleted", name)
         serve.delete(name)
-        if ours and not _ray_started_here():  # (a local Ray ends with this process: Serve too)
-            # the Serve this process started on a Ray it joined: its controller and proxies,
-            # detached, held the port after the command ended
+        if ours and not _ray_started_here() and not serve.status().applications:
+            # (a local Ray ends with this process, Serve too) The Serve this process started
+            # on a Ray it joined, serving nothing now: its controller and proxies, detached,
+            # held the port after the command ended. One that others deployed applications
+            # to meanwhile (another user's `serve --name`) is theirs too: kept.
             log.info("stopping: the Serve this command started on the cluster is shut down")
             serve.shutdown()
         return None
 
 
+_UNKNOWN = ("", -1)  # `_serve_http` where Serve's internals cannot say
+
+
 def _serve_http(serve) -> tuple[str, int] | None:
-    """(host, port) of the Serve running on the connected Ray, or None where none runs (or
-    its client cannot say: Serve's internals)."""
+    """(host, port) of the Serve running on the connected Ray, None where none runs, or
+    `_UNKNOWN` where its client cannot say (Serve's internals): never taken for "none"."""
     try:
         from ray.serve import context
 
         client = context._get_global_client(raise_if_no_controller_running=False)
         return None if client is None else (client.http_config.host, client.http_config.port)
-    except Exception:  # noqa: BLE001 - another Ray's internals: as if none ran
-        return None
+    except Exception:  # noqa: BLE001 - another Ray's internals
+        return _UNKNOWN
 
 
 def _ray_started_here() -> bool:
