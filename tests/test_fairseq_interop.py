@@ -587,7 +587,7 @@ def test_an_import_into_a_bucket_cut_short_is_replaced_by_the_same_command(s3, t
     there (Ctrl-C, the network) left a folder the same command then refused as not its own,
     for the user to clear by hand. Its publishing record says whose it is; a file of anyone
     else's there is still refused."""
-    from convs2s.io import fairseq
+    from convs2s.io import fairseq, interop_folders
     from storage import location
     from storage.transfer import publish_dir
 
@@ -601,11 +601,11 @@ def test_an_import_into_a_bucket_cut_short_is_replaced_by_the_same_command(s3, t
 
     import_fairseq(FIXTURES / "iwslt", out)
     whole = sorted(name for name, _ in location(out).files())
-    monkeypatch.setattr(fairseq, "publish_dir", cut_short)
+    monkeypatch.setattr(interop_folders, "publish_dir", cut_short)
     with pytest.raises(KeyboardInterrupt):
         import_fairseq(FIXTURES / "iwslt", out)
     assert fairseq.WRITTEN_BY not in [name for name, _ in location(out).files()]
-    monkeypatch.setattr(fairseq, "publish_dir", publish_dir)
+    monkeypatch.setattr(interop_folders, "publish_dir", publish_dir)
     import_fairseq(FIXTURES / "iwslt", out)  # (refused before: "not written by import-fairseq")
     assert sorted(name for name, _ in location(out).files()) == whole
     load_model(out)
@@ -625,11 +625,11 @@ def test_an_import_into_a_bucket_cut_short_is_replaced_by_the_same_command(s3, t
     monkeypatch.setattr(transfer, "_copy", real_copy)
     import_fairseq(FIXTURES / "iwslt", out)
     assert sorted(name for name, _ in location(out).files()) == whole
-    monkeypatch.setattr(fairseq, "publish_dir", cut_short)
+    monkeypatch.setattr(interop_folders, "publish_dir", cut_short)
     with pytest.raises(KeyboardInterrupt):
         import_fairseq(FIXTURES / "iwslt", out)
     (location(out) / "notes.txt").write_text("a user's file")
-    monkeypatch.setattr(fairseq, "publish_dir", publish_dir)
+    monkeypatch.setattr(interop_folders, "publish_dir", publish_dir)
     with pytest.raises(FileExistsError, match=r"holds files import-fairseq did not write "
                                               r"\(notes.txt\)"):
         import_fairseq(FIXTURES / "iwslt", out)

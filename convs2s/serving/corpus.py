@@ -215,8 +215,8 @@ class ShardTranslator:
         torch.set_num_threads(threads)
         from convs2s.inference.translate import without_cut_line_warnings
 
-        # A cut line is counted in the part's record, not logged line by line (a line with no
-        # finite translation is both)
+        # A cut line is counted in the part's record, not logged (one with no finite
+        # translation is both)
         logging.getLogger("convs2s.inference.translate").addFilter(without_cut_line_warnings)
         _same_files(stamps or {})
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
@@ -651,8 +651,7 @@ def _manifest(job: CorpusJob, out, source: dict, identity: dict, seconds: float,
             "empty": sum(p["empty"] for p in parts) - non_utf8["count"],
             "non_utf8": non_utf8,
             "truncated": {"count": len(truncated), "lines": truncated[:MAX_NAMED]},
-            # lines with text but no finite translation (damaged weights, an overflow in low
-            # precision): an empty output line each
+            # (lines with text but no finite translation: an empty output line each)
             "untranslated": {"count": len(untranslated), "lines": untranslated[:MAX_NAMED]}},
         "model": identity["checkpoints"], "search": identity["search"],
         # parts by the precision their actor translated in (more than one: the parts differ)
