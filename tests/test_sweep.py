@@ -422,6 +422,15 @@ def test_a_variant_may_not_change_a_trials_resources(tmp_path):
             "/ eval_cpus / eval_gpus apply to every trial), the same for every variant")
 
 
+def test_two_variants_that_run_the_same_settings_are_refused(tmp_path):
+    """Two custom variants with the same settings (written alike or not: 0.5 and 0.50) ran the
+    same trials twice over, the summary listing them as two variants."""
+    with pytest.raises(SweepError, match=r"--variant b runs the same settings as a "
+                       r"\(model.dropout=0.5; train.dropout_by_passes=\(\)\): drop one"):
+        _sweep_of(tmp_path, sweep="custom", variants=[],
+                  variant=["a:model.dropout=0.5", "b:model.dropout=0.50"])
+
+
 def test_a_variant_may_not_change_the_budget_every_trial_trains_for(tmp_path):
     """Trials are compared at one budget (the summary states it for all): a variant's
     train.max_updates (max_time, max_epochs) trained it longer than the others unseen."""

@@ -236,6 +236,13 @@ def resolve_sweep(cfg: WorkflowConfig, opts: RunOptions) -> SweepSpec:
                                                   run_name=base.run_name,
                                                   storage=base.storage))
             trials.append(Trial(name, v, seed, spec, changes))
+    same: dict = {}  # two variants that run the same settings: the second's trials wasted
+    for t in trials:
+        other = same.setdefault(tuple(sorted(t.changes.items())), t.variant.name)
+        if other != t.variant.name:
+            raise SweepError(f"--variant {t.variant.name} runs the same settings as "
+                             f"{other} ({'; '.join(f'{k}={v}' for k, v in t.changes.items())}"
+                             "): drop one of them")
     for t in trials:  # a trial folder holding a run under other settings: before anything
         if problem := reuse_problem(t.spec, trial=True):
             raise SweepError(f"sweep {run_name!r}, trial {t.name}: {problem}")
