@@ -71,7 +71,7 @@ def _has_userinfo(rest: str) -> bool:
 
 # "s3:/bucket/x" (one slash: a typo, or a URI that went through pathlib.Path) or "s3:bucket/x"
 # (none) is not a local folder named "s3:" / "s3:bucket"; refused with the fix
-_MANGLED = re.compile(r"^(s3a?|gs|gcs|hdfs|viewfs|abfss?|az|wasbs?|oss):(/?)(?!/)",
+_MANGLED = re.compile(r"^(s3[an]?|gs|gcs|hdfs|viewfs|abfss?|az|wasbs?|oss):(/?)(?!/)",
                       re.IGNORECASE)
 
 # "file:/PATH" (RFC 8089's form without an authority, and what pathlib makes of file:///PATH)

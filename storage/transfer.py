@@ -115,8 +115,9 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = (),
     src, dest = location(src), location(dest)
     if not isinstance(dest, ObjectPath):
         dest = local_entry(given)  # (location follows a link in its last part)
-    names = ([n for n, _ in src.files()] if isinstance(src, ObjectPath)
-             else sorted(str(f.relative_to(src)) for f in src.rglob("*") if f.is_file()))
+    sizes = ({n: i.size for n, i in src.files()} if isinstance(src, ObjectPath)
+             else {str(f.relative_to(src)): None for f in sorted(src.rglob("*")) if f.is_file()})
+    names = sorted(sizes)
     names = [n for n in names if n not in leave]
     if marker not in names:
         raise FileNotFoundError(f"{src}: no {marker} to publish it with")
@@ -141,10 +142,11 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = (),
         shutil.rmtree(old, ignore_errors=True)
         return
     (dest / marker).unlink(missing_ok=True)
-    side_by_side(lambda name: _copy(src / name, dest / name), [n for n in names if n != marker])
+    side_by_side(lambda name: _copy(src / name, dest / name, sizes[name]),
+                 [n for n in names if n != marker])
     side_by_side(lambda name: (dest / name).unlink(missing_ok=True),
                  [name for name, _ in dest.files() if name not in names and name not in keep])
-    _copy(src / marker, dest / marker)
+    _copy(src / marker, dest / marker, sizes[marker])
 
 
 def side_by_side(fn, items: list) -> list:
@@ -166,13 +168,49 @@ def side_by_side(fn, items: list) -> list:
     return [future.result() for future in futures]
 
 
-def _copy(src, dest: ObjectPath) -> None:
+# One CopyObject copies at most 5 GiB on S3 (AWS's limit; pyarrow's copy_file is one
+# CopyObject, refused above it): a larger object is copied by the server in parts of 1 GiB
+COPY_OBJECT_MAX = 5 * 1024 ** 3
+COPY_PART_BYTES = 1024 ** 3
+
+
+def _copy(src, dest: ObjectPath, size: int | None = None) -> None:
+    """Copy file `src` (local, or an object of size `size` when known) to object `dest`."""
     if isinstance(src, ObjectPath) and (src.scheme, src.bucket) == (dest.scheme, dest.bucket):
+        if src.scheme == "s3" and (src.info().size if size is None else size) > COPY_OBJECT_MAX:
+            _copy_in_parts(src, dest)
+            return
         dest.fs.copy_file(src.key, dest.key)  # server-side: the bytes do not travel here
     elif isinstance(src, ObjectPath):
         dest.write_bytes(src.read_bytes())
     else:
         dest.upload(src)
+
+
+def _copy_in_parts(src: ObjectPath, dest: ObjectPath) -> None:
+    """A server-side copy of an object larger than one CopyObject takes: boto3's managed copy
+    (a multipart upload of UploadPartCopy ranges), each part from the version the copy began
+    with (its ETag). The object appears whole at the upload's completion; an error before it
+    aborts the upload, and nothing is written."""
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+    from botocore.exceptions import ClientError
+
+    tag = etag(src)
+    # (the endpoint and credentials from the environment, as pyarrow reads them)
+    client = boto3.client("s3", region_name=getattr(dest.fs, "region", None) or None)
+    config = TransferConfig(multipart_threshold=COPY_OBJECT_MAX,
+                            multipart_chunksize=COPY_PART_BYTES, max_concurrency=8)
+    extra = {"CopySourceIfMatch": tag} if tag else None
+    try:
+        client.copy({"Bucket": src.bucket, "Key": src.key.split("/", 1)[1]}, dest.bucket,
+                    dest.key.split("/", 1)[1], ExtraArgs=extra, Config=config)
+    except ClientError as err:
+        code = err.response.get("Error", {}).get("Code", "")
+        if code in ("PreconditionFailed", "412"):
+            raise StorageError(f"{src}: replaced while being copied to {dest}; try again once "
+                               "its writer is done") from None
+        raise StorageError(f"copying {src} to {dest} in parts failed: {code or err}") from None
 
 
 @contextlib.contextmanager
@@ -201,8 +239,8 @@ def move_tree(src, dest) -> None:
         # (a link moves as the link: what it points to is not the run's to move)
         shutil.move(str(local_entry(given)), str(dest))
         return
-    for name, _ in (moved := src.files()):
-        _copy(src / name, dest / name)
+    for name, info in (moved := src.files()):
+        _copy(src / name, dest / name, info.size)
     for name, _ in moved:  # only what was copied: an object written meanwhile stays
         (src / name).unlink(missing_ok=True)
 
