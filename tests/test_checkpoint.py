@@ -488,3 +488,31 @@ def test_a_resume_falls_back_from_a_damaged_meta_json_as_it_did(tmp_path):
     assert reconcile_best(run, 3.0, 120) == f"repaired from {checkpoint_dir_name(120)}"
     assert read_info(run / BEST_DIR).update == 120
     assert foreign_best(run) is None
+
+
+def test_a_checkpoint_whose_bytes_changed_is_refused_before_its_weights_load(tmp_path):
+    """torch.load checks no checksum: a bit flipped in a tensor's bytes (a disk, a copy)
+    loaded as other weights without a word. meta.json records checkpoint.pt's SHA-256 and
+    every load checks it, naming the file and the fix; a checkpoint written before digests
+    were recorded loads as before."""
+    model, opt, _ = _trained_model()
+    d = save_checkpoint(tmp_path / "run" / checkpoint_dir_name(120),
+                        _state(model, opt, 1, 120, 3.0))
+    meta = json.loads((d / META_FILE).read_text())
+    whole = (d / CHECKPOINT_FILE).read_bytes()
+    assert meta["checkpoint_sha256"] == __import__("hashlib").sha256(whole).hexdigest()
+    # one bit of the last tensor's data, far from the archive's records: same size, listed
+    flipped = bytearray(whole)
+    flipped[len(whole) - 4096] ^= 0x10
+    (d / CHECKPOINT_FILE).write_bytes(bytes(flipped))
+    assert [i.update for i in list_checkpoints(tmp_path / "run")] == [120]
+    for given in (d, d / CHECKPOINT_FILE):
+        with pytest.raises(CheckpointError, match=r"checkpoint.pt is damaged: its bytes are "
+                                                  r"not the ones its meta.json records"):
+            load_checkpoint(given)
+    # (without the digest the flipped bit loads: what the check is for)
+    del meta["checkpoint_sha256"]
+    (d / META_FILE).write_text(json.dumps(meta))
+    assert load_checkpoint(d)["update"] == 120
+    (d / CHECKPOINT_FILE).write_bytes(whole)
+    assert load_checkpoint(d)["update"] == 120
