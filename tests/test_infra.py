@@ -208,6 +208,17 @@ def test_dockerfile_copies_the_project():
     for pkg in packages:  # every package pyproject installs is in the build context
         assert f"COPY {pkg.rstrip('*')} " in text, f"infra/Dockerfile does not copy {pkg}"
     assert "wget" in text  # KubeRay's health probes call wget
+    # The dependencies are installed before the code is copied, the project after it without
+    # them, and the commit's build argument comes last: a code change or a new commit rebuilds
+    # neither the dependency layer nor anything above it
+    lines = text.splitlines()
+    first_code = min(i for i, line in enumerate(lines) if line.startswith("COPY convs2s"))
+    deps = next(i for i, line in enumerate(lines) if "uv pip install -r pyproject.toml" in line)
+    project = next(i for i, line in enumerate(lines) if "uv pip install --no-deps ." in line)
+    commit = next(i for i, line in enumerate(lines) if line.startswith("ARG GIT_COMMIT"))
+    assert deps < first_code < project < commit, (deps, first_code, project, commit)
+    assert not [line for line in lines[first_code:] if "pip install" in line
+                and "--no-deps" not in line]
     ignored = (INFRA / "Dockerfile.dockerignore").read_text().split()
     assert {".venv", ".git", "data", "runs", "mlruns", "mlflow.db"} <= set(ignored)
     # The team server's secrets (infra/mlflow/.env, which infra/README.md has the user write
