@@ -427,11 +427,14 @@ def test_kuberay_rayjob_on_a_bucket_is_the_same_job_with_s3_storage_and_no_volum
     assert not [k for k in env if "SECRET" in k or k == "AWS_ACCESS_KEY_ID"]  # no keys in files
 
 
-@pytest.mark.parametrize("name", ["kuberay-rayjob.yaml", "kuberay-rayjob-s3.yaml"])
+@pytest.mark.parametrize("name", ["kuberay-rayjob.yaml", "kuberay-rayjob-s3.yaml",
+                                  "kuberay-rayservice.yaml"])
 def test_kuberay_pods_take_the_tracking_login_from_an_optional_secret(name):
     """Head and worker containers get MLFLOW_TRACKING_USERNAME / _PASSWORD from one Secret,
-    optional (a server without logins needs none); the job's runtime_env holds no login."""
-    cluster = load(name)["spec"]["rayClusterSpec"]
+    optional (a server without logins needs none); the job's runtime_env (the service's
+    applications') holds no login."""
+    spec = load(name)["spec"]
+    cluster = spec.get("rayClusterSpec") or spec["rayClusterConfig"]
     secrets = set()
     for group in [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]:
         for container in group["template"]["spec"]["containers"]:
@@ -443,9 +446,12 @@ def test_kuberay_pods_take_the_tracking_login_from_an_optional_secret(name):
                 assert ref["optional"] is True and ref["key"]
                 secrets.add(ref["name"])
     assert len(secrets) == 1, secrets
-    runtime_env = yaml.safe_load(load(name)["spec"]["runtimeEnvYAML"])
-    assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(
-        runtime_env.get("env_vars", {}))
+    runtime_envs = ([yaml.safe_load(spec["runtimeEnvYAML"])] if "runtimeEnvYAML" in spec else
+                    [app.get("runtime_env", {}) for app in
+                     yaml.safe_load(spec["serveConfigV2"])["applications"]])
+    for runtime_env in runtime_envs:
+        assert not {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} & set(
+            runtime_env.get("env_vars", {}))
     (secret,) = secrets
     assert f"kubectl create secret generic {secret}" in (INFRA / "README.md").read_text()
 
@@ -470,6 +476,57 @@ def test_serve_config_names_the_model_a_workflow_registers():
     assert name == registered_name("multi30k_en_de", "test_2016_flickr")
     workflow = cpu()  # the workflow's own name and main test set
     assert (workflow.name, workflow.test_sets["test"]) == ("multi30k_en_de", "test_2016_flickr")
+
+
+def test_kuberay_rayservice_serves_the_rayjobs_champion_on_gpu_replicas_that_scale():
+    """infra/kuberay-rayservice.yaml: the application of infra/serve/translator.yaml (the
+    same builder and settings) serving the champion of the En-Fr run infra/kuberay-rayjob.yaml
+    trains, a GPU a replica; Serve's autoscaling up to its most replicas fits the GPU worker
+    group's most pods (KubeRay's autoscaler adds them); Serve's port is the head's `serve`
+    port, which KubeRay's Serve service routes to; every pod knows the tracking server."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from convs2s.serving.online import ServeSettings
+    from workflows.engine import champion_sets
+    from workflows.lineage import registered_name
+    from workflows.wmt14_en_fr import paper
+
+    doc = load("kuberay-rayservice.yaml")
+    assert (doc["apiVersion"], doc["kind"]) == ("ray.io/v1", "RayService")
+    serve_config = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve_config)  # a config Serve accepts
+    (app,) = serve_config["applications"]
+    (local,) = yaml.safe_load((INFRA / "serve" / "translator.yaml").read_text())["applications"]
+    assert app["import_path"] == local["import_path"]
+    assert "working_dir" not in app.get("runtime_env", {})  # (the image has the project)
+    differ = {k for k in set(app["args"]) | set(local["args"])
+              if app["args"].get(k) != local["args"].get(k)}
+    assert differ == {"model", "gpus_per_replica"}, differ
+    assert "wmt14_en_fr.py --preset paper" in load("kuberay-rayjob.yaml")["spec"]["entrypoint"]
+    _, main_test = champion_sets(paper().test_sets)
+    assert app["args"]["model"] == f"models:/{registered_name('wmt14_en_fr', main_test)}@champion"
+
+    settings = ServeSettings(**app["args"]).for_replicas()
+    actor = settings.deployment_options()["ray_actor_options"]
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == pinned("ray")
+    assert cluster["enableInTreeAutoscaling"] is True
+    (gpu,) = cluster["workerGroupSpecs"]
+    (worker,) = gpu["template"]["spec"]["containers"]
+    per_pod = int(worker["resources"]["limits"]["nvidia.com/gpu"])
+    assert 0 < actor["num_gpus"] <= per_pod
+    assert settings.max_replicas * actor["num_gpus"] <= gpu["maxReplicas"] * per_pod
+    assert settings.min_replicas * actor["num_gpus"] <= gpu["minReplicas"] * per_pod
+    assert actor["num_cpus"] <= int(worker["resources"]["limits"]["cpu"])
+    (head,) = cluster["headGroupSpec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert ports["serve"] == serve_config["http_options"]["port"]
+    version = pyproject()["project"]["version"]
+    for container in (head, worker):
+        assert container["image"].endswith(f"/convs2s-ray:{version}"), container["image"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["MLFLOW_TRACKING_URI"]["value"].startswith("http://")
+    assert "kuberay-rayservice.yaml" in (INFRA / "README.md").read_text()
 
 
 # --- MLflow tracking server ---------------------------------------------------------------------
