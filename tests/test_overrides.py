@@ -1291,6 +1291,11 @@ def test_a_split_given_another_file_is_named_after_it_and_no_two_sets_share_a_na
     run = _dry_run(wmt14_en_fr, [*base, "--set", "workflow.local_splits={train: train, valid: "
                                  "dev, test: newstest2014}"], tmp_path)  # (the same, set so)
     assert run["workflow"]["test_sets"]["valid"] == "dev"
+    # --split on the files workflow.local_splits set (they were dropped for the preset's)
+    run = _dry_run(wmt14_en_fr, [*base, "--set", "workflow.local_splits={train: nc-a, valid: "
+                                 "nc-b, test: nc-c}", "--split", "valid=nc-x"], tmp_path)
+    assert run["workflow"]["preprocess"]["splits"] == {"train": "nc-a", "valid": "nc-x",
+                                                       "test": "nc-c"}
     run = _dry_run(wmt14_en_fr, base, tmp_path)  # the preset's files keep its names
     assert run["workflow"]["test_sets"] == {"test": "newstest2014", "valid": "newstest2013"}
     for more in (["--split", "test=newstest2013"],
@@ -1298,6 +1303,32 @@ def test_a_split_given_another_file_is_named_after_it_and_no_two_sets_share_a_na
         rc, out, err = _main(wmt14_en_fr, [*base, *more, "--dry-run"])
         assert rc == 2 and out == "" and err.strip().startswith(
             "error: evaluation sets of splits test and valid are both named 'newstest"), more
+
+
+def test_a_hub_split_read_from_other_data_than_the_presets_is_named_after_it(tmp_path):
+    """On the hub as in a folder: an evaluation split read from another hub split, dataset or
+    configuration than the preset's is scored under a name of what it reads (wmt15's test was
+    logged as newstest2014 and competed for wmt14_en_fr-newstest2014's champion; valid and
+    test swapped chose the champion on the test set, named newstest2013); names set on
+    purpose (workflow.test_sets) are kept."""
+    from workflows import translation
+
+    base = ["--preset", "paper"]
+    run = _dry_run(wmt14_en_fr, base, tmp_path)
+    assert run["workflow"]["test_sets"] == {"test": "newstest2014", "valid": "newstest2013"}
+    run = _dry_run(wmt14_en_fr, [*base, "--set", "data.hub_repo=wmt/wmt15"], tmp_path)
+    assert run["workflow"]["test_sets"] == {"test": "wmt15_test", "valid": "wmt15_validation"}
+    run = _dry_run(wmt14_en_fr, [*base, "--set", "data.splits={train: train, valid: test, "
+                                 "test: validation}"], tmp_path)
+    assert run["workflow"]["test_sets"] == {"test": "wmt14_validation", "valid": "wmt14_test"}
+    run = _dry_run(translation, ["--preset", "cpu", "--src", "de", "--tgt", "en", "--set",
+                                 "data.hub_config=de-en"], tmp_path)
+    assert run["workflow"]["test_sets"] == {"test": "wmt14_de-en_test",
+                                            "valid": "wmt14_de-en_validation"}
+    run = _dry_run(wmt14_en_fr, [*base, "--set", "data.hub_repo=wmt/wmt15", "--set",
+                                 "workflow.test_sets={test: newstest2015, valid: newsdev}"],
+                   tmp_path)
+    assert run["workflow"]["test_sets"] == {"test": "newstest2015", "valid": "newsdev"}
 
 
 def test_a_renamed_hub_split_is_refused_naming_the_task_and_the_mapping_to_give(tmp_path):

@@ -311,6 +311,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     changes += language_and_split_flags(cfg, opts, data_flag, changes)
     preset_pair = (cfg.preprocess.src_lang, cfg.preprocess.tgt_lang)
     preset_files = dict(cfg.local_splits)  # (the files the preset's set names name)
+    preset_hub = (cfg.preprocess.hub_repo, cfg.preprocess.hub_config,
+                  dict(cfg.preprocess.splits))  # (and the hub splits they name)
     cfg = overrides.apply(cfg, changes)
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     test_sets = dict(cfg.test_sets)
@@ -356,6 +358,20 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
             stem = pre.splits.get(split)
             if stem and stem != preset_files.get(split):
                 test_sets[split] = set_name(stem)
+    elif data_flag == "hub" and not _set(changes, "workflow", "test_sets"):
+        # The same on the hub: a split read from another hub split, dataset or configuration
+        # than the preset's (--set data.splits / data.hub_repo / data.hub_config) is named
+        # after what it reads (wmt15_test), never the preset's name (wmt15's test scored as
+        # newstest2014, competing for its registered model), unless workflow.test_sets names
+        # the sets on purpose
+        repo, config, hub_splits = preset_hub
+        for split in test_sets:
+            read = pre.splits.get(split)
+            if read and (pre.hub_repo, pre.hub_config, read) != \
+                    (repo, config, hub_splits.get(split)):
+                parts = [pre.hub_repo.rstrip("/").rsplit("/", 1)[-1]]
+                parts += [pre.hub_config] if pre.hub_config != config else []
+                test_sets[split] = set_name("_".join([*parts, read]))
     if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
         # A stem that already is one of the evaluation splits is scored already: not twice.
         # (The training split's is added, and refused below: scores on training lines.)
@@ -518,7 +534,10 @@ def language_and_split_flags(cfg: WorkflowConfig, opts: RunOptions, data_flag: s
     out = [Override("data", f"{side}_lang", lang, lang, f"--{side}")
            for side, lang in (("src", opts.src), ("tgt", opts.tgt)) if lang]
     if opts.split:
-        given = [o.value for o in changes if (o.section, o.field) == ("data", "splits")]
+        # on the folder's splits as the changes before the flags left them: the last of
+        # --set data.splits and --set workflow.local_splits (the preset's files when neither)
+        given = [o.value for o in changes if (o.section, o.field) in
+                 (("data", "splits"), ("workflow", "local_splits"))]
         splits = dict(given[-1] if given and isinstance(given[-1], dict) else cfg.local_splits)
         for item in opts.split:
             name, _, stem = item.partition("=")
