@@ -286,6 +286,13 @@ def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, t
     (wmt14_en_fr, ["--preset", "paper", "train.anneal_from_epoch=null", "train.lr_shrink=0.5"],
      "lr_shrink is read by the fixed schedule once it shrinks the lr, and this run's never "
      "does"),
+    # the dropout table without a time budget: the model's dropout throughout
+    (wmt14_en_fr, ["train.dropout_by_passes=[[0, 0.2], [10, 0.3]]"],
+     "the dropout table chooses by the passes a time budget will reach, and this run has "
+     "none: add --max-time"),
+    (multi30k_en_de, ["--preset", "cpu", "train.max_updates=500", "train.max_time=0",
+                      "train.passes_probe_updates=20"],
+     "--set train.passes_probe_updates=20: the dropout table chooses by the passes"),
 ])
 def test_a_setting_the_runs_optimizer_or_schedule_never_reads_is_refused(module, settings, says,
                                                                          tmp_path):

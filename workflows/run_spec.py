@@ -452,10 +452,17 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         limits["update_freq"], update_note = update_plan(
             cfg.update_tokens, workers, pre.max_tokens, asked, cfg.train.update_freq, asked_by)
     update_note = "; ".join(n for n in (batch_note, update_note) if n)
+    train = cfg.train.replace(**limits)
+    for o in changes:  # (the table is read only against a time budget: trainer._probe_passes)
+        if o.section == "train" and o.field in ("dropout_by_passes", "passes_probe_updates") \
+                and train.dropout_by_passes and not train.max_time:
+            raise SpecError(f"{o.origin} {o.text}: the dropout table chooses by the passes a "
+                            "time budget will reach, and this run has none: add --max-time "
+                            "(e.g. 60m), or set model.dropout instead")
     return RunSpec(
         workflow=name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,
-        model=model, train=cfg.train.replace(**limits), search=cfg.search,
+        model=model, train=train, search=cfg.search,
         ensemble=cfg.ensemble, num_workers=workers,
         use_gpu=use_gpu, cpus_per_worker=cfg.cpus_per_worker, eval_cpus=cfg.eval_cpus,
         eval_gpus=cfg.eval_gpus if use_gpu else 0.0,
