@@ -680,6 +680,22 @@ def test_a_config_file_with_sets_section_names_says_where_they_go(text, says, tm
     assert rc == 2 and err.strip() == f"error: --config {short}: {says}", err
 
 
+def test_a_preset_flag_beside_a_config_file_of_another_preset_is_refused(tmp_path):
+    """`--preset smoke --config F` where F starts from the paper preset ran F (the paper
+    preset's run, hub data and GPUs) without a word about --preset; the same preset, or
+    none, runs the file."""
+    short = tmp_path / "short.yaml"
+    short.write_text("preset: paper\ntrain:\n  lr: 0.25\n")
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", "--config", str(short),
+                                       "--dry-run"])
+    assert rc == 2 and out == "" and err.strip() == (
+        f"error: --preset smoke with --config {short}, whose settings start from preset "
+        "'paper': leave --preset out (the file names its preset), or run --preset alone")
+    for flag in ([], ["--preset", "paper"]):
+        run = _dry_run(wmt14_en_fr, [*flag, "--config", str(short)], tmp_path)
+        assert run["workflow"]["train"]["lr"] == 0.25 and run["workflow"]["use_gpu"] is True
+
+
 def test_a_config_file_with_an_unknown_setting_is_refused_with_the_closest_name(tmp_path):
     doc = yaml.safe_load(config_yaml(wmt14_en_fr.smoke(), RunOptions()))
     doc["train"]["lrr"] = 0.5

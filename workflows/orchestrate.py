@@ -267,6 +267,10 @@ def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfi
                                        if base is not None else "no preset: line")
                         + f"; name the preset the file starts from ({', '.join(sorted(presets))})"
                         ", as --dry-run --format yaml writes it")
+    if opts.preset_flag not in (None, base):  # (the file's preset was run, the flag's ignored)
+        raise SpecError(f"--preset {opts.preset_flag} with --config {opts.config}, whose "
+                        f"settings start from preset {base!r}: leave --preset out (the file "
+                        "names its preset), or run --preset alone")
     opts.config_settings = tuple(overrides.file_settings(cfg, presets[base](), explicit, where))
     opts.config_preset, opts.preset = base, path.stem
     return cfg
@@ -301,7 +305,8 @@ def _given(opts: RunOptions) -> list[str]:
     """The RunOptions fields the command line gave (other than their defaults)."""
     default = RunOptions()
     return [f.name for f in dataclasses.fields(opts)
-            if f.name not in ("dry_run", "format", "config_preset", "config_settings")
+            if f.name not in ("dry_run", "format", "config_preset", "config_settings",
+                              "preset_flag")
             and getattr(opts, f.name) != getattr(default, f.name)]
 
 

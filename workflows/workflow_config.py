@@ -246,6 +246,7 @@ class RunOptions:
     # and those it lists under `explicit:`), applied as --set changes (workflows.overrides).
     config_preset: str | None = None
     config_settings: tuple = ()
+    preset_flag: str | None = None  # --preset as given (None: left out), checked with --config's
     dry_run: bool = False  # print the resolved run and exit, starting nothing
     format: str = "json"  # --dry-run's output: json (the resolved run) or yaml (a --config file)
 
@@ -277,7 +278,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p = OneLineParser(prog=f"python workflows/{name}", description=lines[0] if lines
                                 else None, epilog="\n".join(lines[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=sorted(presets), default="smoke",
+    p.add_argument("--preset", choices=sorted(presets), default=None,
                    help=f"{', '.join(sorted(presets))} (default: smoke); the description "
                         "below says what each is")
     p.add_argument("--data", help="hub (Hugging Face), demo (embedded corpus) or a local folder "
@@ -420,6 +421,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     if problem := tracking_uri_problem(a.tracking_uri):
         p.error(problem)
     opts = vars(a)
+    opts["preset_flag"], opts["preset"] = a.preset, a.preset or "smoke"
     if (tokens := opts.pop("max_tokens")) is not None:  # a --set of its own, given last: a
         # run-level flag applies on top of --set (it lost to a --set data.max_tokens)
         opts["set"] = [*opts["set"], f"data.max_tokens={tokens}"]
