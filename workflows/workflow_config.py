@@ -289,7 +289,9 @@ def parse_args(argv: list[str] | None, presets: dict[str, Callable[[], WorkflowC
     p.add_argument("--use-gpu", action=argparse.BooleanOptionalAction, default=None,
                    help="one GPU per training worker (default: the preset's)")
     p.add_argument("--max-epochs", type=int, help="stop after this many epochs")
-    p.add_argument("--max-updates", type=int, help="stop after this many updates (quick checks)")
+    p.add_argument("--max-updates", type=int,
+                   help="stop after this many updates; alone, without the preset's epoch limit "
+                        "(--set train.max_updates=N keeps it: whichever comes first)")
     p.add_argument("--max-time", type=duration, metavar="DURATION",
                    help="training wall-clock budget: seconds, or with a unit (90s, 60m, 1.5h); "
                         "training stops after the update that spends it, validates, "
