@@ -1607,3 +1607,21 @@ def test_dry_run_says_what_it_would_do_with_a_run_name_that_exists(tmp_path):
         assert rc == 0 and json.loads(out), err
         assert says in err, (extra, err)
     assert "train.lr: 0.25 -> 0.1" in _main(wmt14_en_fr, argv + ["--set", "train.lr=0.1"])[2]
+
+
+def test_dry_run_on_storage_that_does_not_answer_says_so_not_that_the_run_exists(
+        tmp_path, monkeypatch):
+    """A bucket --storage-path whose endpoint does not answer (a typo, no network) made the
+    dry run say "run 'r' exists; its record could not be compared": it cannot tell, and says
+    that. (A bucket of its own: pyarrow reads the endpoint once per bucket and process.)"""
+    from workflows.cluster import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # (nothing there)
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "smoke", "--storage-path",
+                                       "s3://no-such-endpoint-bucket/runs", "--run-name", "r",
+                                       "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+                                       "--dry-run"])
+    assert rc == 0 and json.loads(out)
+    assert err.startswith("note: could not tell whether run 'r' exists (its storage did not "
+                          "answer: "), err
+    assert err.rstrip().endswith("the run checks it before Ray starts") and "exists;" not in err

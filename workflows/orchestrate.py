@@ -135,8 +135,13 @@ def reuse_note(spec) -> str | None:
     from workflows.run_state import reuse_problem
 
     try:
-        if not (spec.run_dir / "workflow.json").is_file():
-            return None
+        exists = (spec.run_dir / "workflow.json").is_file()
+    except Exception as err:  # noqa: BLE001 - (an unreachable bucket: said, not raised)
+        return (f"note: could not tell whether run {spec.run_name!r} exists (its storage did "
+                f"not answer: {err}); the run checks it before Ray starts")
+    if not exists:
+        return None
+    try:
         if spec.restart:
             return (f"note: run {spec.run_name!r} exists: --restart sets its training and "
                     "scores aside and trains it over")
