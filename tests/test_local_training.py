@@ -261,6 +261,35 @@ def test_a_run_name_that_is_no_folder_of_its_own_is_refused(demo_batches, tmp_pa
     assert list(tmp_path.iterdir()) == [storage] and not list(storage.iterdir())
 
 
+def test_set_takes_train_and_model_fields_as_the_workflows_write_them(demo_batches, tmp_path,
+                                                                    capsys):
+    """`--set train.lr=0.5` (the workflows' spelling) was "no field 'train.lr' (did you mean
+    min_lr?)", a model's dropout could not be changed at all, and momentum under Adam was
+    accepted and never read. Each refusal is one line before anything runs; model.dropout
+    reaches the model the run trains."""
+    from convs2s.io.checkpoint import load_checkpoint
+    from convs2s.train.local import main
+
+    storage = tmp_path / "runs"
+    for sets, said in ((["dropout=0.3"], "dropout is a model setting: --set model.dropout=0.3"),
+                       (["data.max_tokens=500"], "the data is the preprocessed batches'"),
+                       (["model.dropoutt=0.3"], "ModelConfig has no field 'dropoutt' (did you "
+                                                "mean dropout?)"),
+                       (["train.lrr=1"], "TrainConfig has no field 'lrr' (did you mean lr or "
+                                         "lr_shrink?)"),
+                       (["optimizer=adam", "train.momentum=0.9"],
+                        "--set train.momentum=0.9: momentum is read only with optimizer nag")):
+        rc = main(_argv(demo_batches, storage, "r", *[a for x in sets for a in ("--set", x)]))
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and said in err, (sets, err)
+    assert not storage.exists()
+    assert main(_argv(demo_batches, storage, "r", "--max-updates", "1", "--set",
+                      "train.lr=0.5", "--set", "model.dropout=0.05")) == 0
+    (ckpt,) = storage.glob("r/checkpoint_*")
+    state = load_checkpoint(ckpt)
+    assert state["model_config"]["dropout"] == 0.05 and state["train_config"]["lr"] == 0.5
+
+
 def test_batches_and_vocabularies_preprocessing_did_not_write_together_are_refused(
         demo_batches, tmp_path, capsys):
     """A batches folder copied in part (it trained on the rest without a word), a part cut

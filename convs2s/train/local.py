@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from convs2s.config import PRESETS, TrainConfig, duration
+    import dataclasses
+
+    from convs2s.config import PRESETS, ModelConfig, TrainConfig, duration, unused_setting
     from storage.signals import sigterm_as_ctrl_c
     from convs2s.io.checkpoint import CheckpointError
 
@@ -173,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", choices=TRAINING_PRECISIONS)
     p.add_argument("--update-freq", type=int, help="micro-batches accumulated per update")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any TrainConfig field, e.g. --set lr=0.5 --set keep_last=3")
+                   help="any TrainConfig field, e.g. --set lr=0.5 --set keep_last=3 (or "
+                        "train.lr=0.5), or a field of --model's preset: --set model.dropout=0.3")
     p.add_argument("--device", help="cpu, cuda, cuda:1 (default: this rank's GPU, else CPU)")
     p.add_argument("--tracking-uri", help="log to this MLflow store too (default: no MLflow)")
     p.add_argument("--experiment", default="convs2s", help="MLflow experiment (with "
@@ -182,12 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from storage.settings import Change, apply_changes, read_value
 
-        sets = []
+        sets, model_sets = [], []
+        train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
         for item in args.set:
             key, sep, value = item.partition("=")
             if not sep:
                 raise ValueError(f"--set {item!r}: give KEY=VALUE")
-            sets.append(Change("train", key.strip(), read_value(value), item))
+            section, dot, field = key.strip().rpartition(".")
+            if not dot and field not in train_fields and field in {
+                    f.name for f in dataclasses.fields(ModelConfig)}:
+                raise ValueError(f"--set {item}: {field} is a model setting: --set "
+                                 f"model.{field}={value}")
+            if dot and section not in ("train", "model"):  # (as the workflows write them)
+                raise ValueError(f"--set {item}: this command's --set changes the training "
+                                 "(train.FIELD, or FIELD) and --model's preset (model.FIELD); "
+                                 "the data is the preprocessed batches'")
+            (model_sets if section == "model" else sets).append(
+                Change(section or "train", field, read_value(value), item))
         flags = {"max_updates": args.max_updates, "max_epochs": args.max_epochs,
                  "max_time": args.max_time,
                  "precision": args.precision, "update_freq": args.update_freq}
@@ -197,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         # on) and after them (they decide)
         recipe = apply_changes(TrainConfig().replace(**flags), sets, "train", {})
         recipe = recipe.replace(**flags)
+        for change in sets:  # (a setting the run's optimizer or schedule never reads)
+            if why := unused_setting(recipe, change.field):
+                raise ValueError(f"--set {change.text}: {why}")
+        model = apply_changes(PRESETS[args.model](), model_sets, "model", {})
         import sentencepiece as spm
 
         spm_file = location(args.spm_model)
@@ -209,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--spm-model {args.spm_model}: not a sentencepiece model "
                              f"({str(err).splitlines()[0][:200]}); give the spm.model of the "
                              "preprocessing output the batches come from") from None
-        job = TrainJob(model=PRESETS[args.model](), train=recipe, train_data=args.train_data,
+        job = TrainJob(model=model, train=recipe, train_data=args.train_data,
                        valid_data=args.valid_data, spm_model=args.spm_model, vocab_size=vocab,
                        storage_path=args.storage_path, run_name=args.run_name,
                        tracking_uri=args.tracking_uri, experiment_name=args.experiment)
