@@ -43,7 +43,7 @@ from preprocessing.lexical import TABLE_FILE, build_table
 from preprocessing.exchange import group_by
 from preprocessing.parts import PartSink, read_stage, write_stage
 from preprocessing.reading import read_split
-from preprocessing.sources import SplitSource, resolve_split
+from preprocessing.sources import SplitSource, resolve_split, shared_training_lines
 from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts, execution_settings,
                                   finished, no_space, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
@@ -393,6 +393,14 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
     pinned to its commit now finds the folder it trained from."""
     cfg = cfg.replace(root=str(location(cfg.root)))
     sources = {s: resolve_split(cfg, s, hub_endpoint) for s in cfg.splits}  # fail fast, no Ray
+    if shared := shared_training_lines(sources):
+        split, first, end = shared
+        upto = f"{end - 1:,}" if end is not None else "the end"
+        raise PreprocessError(
+            f"split {split!r} ({cfg.splits[split]}) reads lines {first:,} to {upto} of the "
+            f"training split's files ({cfg.splits['train']}): its loss and scores would be on "
+            "text the model and its BPE learned; give it other lines (NAME[first:end] ranges "
+            "that do not meet) or other files")
     if vocabulary is not None and cfg.shortlist_per_source and not vocabulary.spm_model:
         raise PreprocessError(f"shortlist_per_source={cfg.shortlist_per_source}: vocabulary "
                               "selection needs one joint vocabulary, and the fixed "

@@ -264,6 +264,27 @@ def _not_a_directory(path: Path) -> None:
 
 
 LINE_RANGE = re.compile(r"(.+)\[(\d*):(\d*)\]")  # NAME[a:b]: lines a to b-1 of NAME
+_SIGNED_RANGE = re.compile(r"(.+)\[(-?\d*):(-?\d*)\]")  # (Python's negative ends: refused)
+
+
+def shared_training_lines(sources: dict[str, SplitSource]) -> tuple[str, int, int | None] | None:
+    """(split, first, end) where an evaluation split reads lines [first, end) that the
+    training split reads too (the same files, ranges that meet: `c[:4500]` and `c[4400:4750]`,
+    or a split mapped to the training split's files), else None: its loss and scores would be
+    on text the model and its BPE learned."""
+    train = sources.get("train")
+    if train is None or train.kind == "demo":
+        return None
+    a0, a1 = train.lines or (0, None)
+    for split, src in sources.items():
+        if split == "train" or src.kind != train.kind or sorted(map(str, src.files)) != \
+                sorted(map(str, train.files)):
+            continue
+        b0, b1 = src.lines or (0, None)
+        first, end = max(a0, b0), min((e for e in (a1, b1) if e is not None), default=None)
+        if end is None or first < end:
+            return split, first, end
+    return None
 
 
 def _text_pair(name: str, files: list) -> SplitSource:
@@ -292,6 +313,10 @@ def _local_candidates(base: Path, name: str, cfg: PreprocessConfig) -> SplitSour
     """The first local layout that exists for split name `name` under folder `base`;
     `NAME[a:b]` is lines a (from 0) to b - 1 of NAME's line-based files (either end may be
     left out, as in Python): splits cut from one corpus, such as train / valid / test."""
+    if not LINE_RANGE.fullmatch(name) and (m := _SIGNED_RANGE.fullmatch(name)):
+        raise PreprocessError(f"split source {name!r}: a line range counts lines from 0 "
+                              "(NAME[first:end], no negative ends); give the line numbers "
+                              f"(`wc -l` counts the file's lines), e.g. {m[1]}[4750:]")
     if m := LINE_RANGE.fullmatch(name):
         src = _local_candidates(base, m[1], cfg)
         if src is None:

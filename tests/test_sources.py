@@ -626,6 +626,39 @@ def test_splits_cut_from_one_corpus_by_line_ranges(tmp_path):
         resolve_split(cfg.replace(splits={"train": "c[5:5]"}), "train")
 
 
+def test_an_evaluation_split_reading_training_lines_is_refused_before_anything_runs(tmp_path):
+    """`train=c[:6]` beside `valid=c[4:8]` (or a split mapped to the training files) put
+    training lines into the validation loss, the checkpoint choice and the scores without a
+    word, in `python -m preprocessing` (the workflows refused it); a negative range end (as
+    Python's) was "no input for split". Both are refused before Ray starts, naming the fix."""
+    from preprocessing.pipeline import run_pipeline
+
+    (tmp_path / "c.en").write_text("".join(f"e{i}\n" for i in range(10)))
+    (tmp_path / "c.fr").write_text("".join(f"f{i}\n" for i in range(10)))
+    (tmp_path / "d.en").write_text("e\n")
+    (tmp_path / "d.fr").write_text("f\n")
+    cfg = local_cfg(tmp_path, root=str(tmp_path / "out"))
+    for splits, says in (
+            ({"train": "c[:6]", "valid": "c[4:8]"}, r"split 'valid' \(c\[4:8\]\) reads lines 4 "
+                                                    r"to 5 of the training split's files"),
+            ({"train": "c[:6]", "valid": "d", "test": "c[2:]"}, r"split 'test' \(c\[2:\]\) "
+                                                                r"reads lines 2 to 5"),
+            ({"train": "c", "valid": "c[8:]"}, r"reads lines 8 to the end"),
+            ({"train": "c[6:]", "valid": "c"}, r"reads lines 6 to the end")):
+        with pytest.raises(PreprocessError, match=says + r".*give it other lines"):
+            run_pipeline(cfg.replace(splits=splits))
+    assert not (tmp_path / "out").exists()
+    from preprocessing.sources import shared_training_lines
+
+    apart = {s: resolve_split(cfg.replace(splits={"train": "c[:6]", "valid": "c[6:8]",
+                                                  "test": "d"}), s)
+             for s in ("train", "valid", "test")}
+    assert shared_training_lines(apart) is None
+    with pytest.raises(PreprocessError, match=r"split source 'c\[-2:\]': a line range counts "
+                                              r"lines from 0 .*e\.g\. c\[4750:\]"):
+        resolve_split(cfg.replace(splits={"train": "c[-2:]"}), "train")
+
+
 def unchecked_strings(values: list[bytes | None]) -> pa.Array:
     """A string array holding these bytes as they are, UTF-8 or not (as a parquet file written
     by another tool may: readers take them without a check)."""
