@@ -572,14 +572,23 @@ def test_evaluating_another_runs_checkpoints_gets_a_run_of_its_own(tmp_path):
         (best / "checkpoint.pt").write_bytes(run.encode())
         bests.append(str(best))
     job = lambda best: EvalJob("best", (best,), test)  # noqa: E731
+    from convs2s.tracking.runs import end_run
+
     a = _run_of(uri, "exp", job(bests[0]), tmp_path / "eval", None)
     assert _run_of(uri, "exp", job(bests[0]), tmp_path / "eval", None) == a  # the same again
+    end_run(uri, a, "FINISHED")  # (scored)
     b = _run_of(uri, "exp", job(bests[1]), tmp_path / "eval", None)
     assert b != a
     client = MlflowClient(uri)
     assert client.get_run(a).data.tags["mlflow.runName"] == "eval/best/t (superseded)"
     assert "checkpoints or test files" in client.get_run(a).data.tags["convs2s.superseded"]
+    # set apart as it was: finished, not reopened (it stayed RUNNING forever, tagged as taken
+    # up again)
+    assert client.get_run(a).info.status == "FINISHED"
+    assert "convs2s.reopened" not in client.get_run(a).data.tags
     tag = "convs2s.eval.identity"
     assert client.get_run(b).data.tags[tag] != client.get_run(a).data.tags[tag]
     os.utime(Path(bests[1]) / "checkpoint.pt", ns=(1, 1))  # new weights under the same path
+    # b never ended (its evaluation killed): set apart KILLED, not left RUNNING
     assert _run_of(uri, "exp", job(bests[1]), tmp_path / "eval", None) != b
+    assert client.get_run(b).info.status == "KILLED"

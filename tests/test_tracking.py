@@ -663,3 +663,28 @@ def test_a_server_refusing_the_uris_host_name_says_to_allow_it_not_to_ask_for_ri
     assert problem is not None and "refuses the host name 'localhost:" in problem, problem
     assert "--allowed-hosts" in problem and "MLFLOW_ALLOWED_HOSTS" in problem
     assert "may not write" not in problem
+
+
+def test_a_restart_after_a_crash_ends_the_runs_it_sets_apart(sqlite_uri, tmp_path):
+    """A run killed (OOM, a lost node) leaves its child runs RUNNING; `--restart` then sets
+    them apart ("(replaced)", "(superseded)") and makes new ones. Those still RUNNING are ended
+    KILLED (they stayed RUNNING forever, and a later failed command's clean-up, which ends the
+    runs under its folder, would have blamed them for its failure); one that had finished
+    stays FINISHED."""
+    from workflows.run_state import StageContext, set_aside
+    from workflows.run_tree import RunTree
+
+    run_dir = tmp_path / "runs" / "r"
+    (run_dir / "train").mkdir(parents=True)  # (outputs a restart moves aside)
+    tree = RunTree.open(sqlite_uri, "exp", run_dir, "r", restarting=True)
+    pre, train = tree.child("preprocess", "preprocess"), tree.child("train", "train")
+    scored = tree.child("eval/best/t", "eval")
+    end_run(sqlite_uri, scored, "FINISHED")
+    set_aside(StageContext(tree), "--restart")
+    tree.start_over("restarted: --restart")
+    client = MlflowClient(sqlite_uri)
+    runs = {run_id: client.get_run(run_id) for run_id in (pre, train, scored)}
+    assert runs[train].info.run_name == "train (replaced)"
+    assert runs[pre].info.run_name == "preprocess (superseded)"
+    assert [runs[i].info.status for i in (pre, train, scored)] == \
+        ["KILLED", "KILLED", "FINISHED"]

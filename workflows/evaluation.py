@@ -365,28 +365,25 @@ def _run_of(uri: str, exp: str, job: EvalJob, out_dir, parent_run_id: str | None
     names and --out) is set apart first, keeping its params, scores and hypotheses, and this
     one gets a run of its own (logged into the old run, its params would still name the old
     evaluation). The resources a job was given are not what it is."""
-    from convs2s.tracking.runs import flatten_params, params_differ, supersede_run
+    from convs2s.tracking.runs import find_run, flatten_params, params_differ, supersede_run
 
     key = run_key(location(out_dir) / job.name / job.test_set.name)
     name = f"eval/{job.name}/{job.test_set.name}"
-
-    def find() -> str | None:
-        return find_or_create_run(uri, exp, run_key=key, run_name=name,
-                                  parent_run_id=parent_run_id,
-                                  tags={"convs2s.eval.kind": job.kind})
-
-    run_id = find()
-    what = flatten_params(_job_params(job))
-    differ = params_differ(uri, run_id, what)
-    # The params show paths' last two parts (train/best: every run's best model); what the run
-    # scored is named in full, with the files' versions, by a tag: another run's checkpoints,
-    # or new weights under the same path, are another evaluation
     identity = _identity(job)
-    if (old := _tag_of(uri, run_id, IDENTITY_TAG)) is not None and old != identity:
-        differ.append("checkpoints or test files (their paths or versions)")
-    if differ:
-        supersede_run(uri, run_id, key, name, "other " + ", ".join(differ[:5]))
-        run_id = find()
+    # (looked at as it is before it is reopened: one set apart keeps its status)
+    if found := find_run(uri, exp, key):
+        differ = params_differ(uri, found[0], flatten_params(_job_params(job)))
+        # The params show paths' last two parts (train/best: every run's best model); what
+        # the run scored is named in full, with the files' versions, by a tag: another run's
+        # checkpoints, or new weights under the same path, are another evaluation
+        if (old := _tag_of(uri, found[0], IDENTITY_TAG)) is not None and old != identity:
+            differ.append("checkpoints or test files (their paths or versions)")
+        if differ:
+            supersede_run(uri, found[0], key, name, "other " + ", ".join(differ[:5]),
+                          status=found[1])
+    run_id = find_or_create_run(uri, exp, run_key=key, run_name=name,
+                                parent_run_id=parent_run_id,
+                                tags={"convs2s.eval.kind": job.kind})
     set_tags(uri, run_id, {IDENTITY_TAG: identity})
     return run_id
 

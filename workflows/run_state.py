@@ -439,5 +439,7 @@ def _rekey_runs(tree: RunTree, aside: Path, why: str) -> None:
                     client.set_tag(r.info.run_id, "mlflow.runName",
                                    f"{r.info.run_name} (replaced)")
                     client.set_tag(r.info.run_id, "convs2s.replaced", cut_tag(why))
+                    if r.info.status == "RUNNING":  # (left so by a crash: nothing ends it now)
+                        client.set_terminated(r.info.run_id, "KILLED")
     except Exception as err:  # noqa: BLE001 - the folders moved; the runs keep their names
         warn_unreachable(tree.uri, "re-keying the replaced runs", err)

@@ -79,7 +79,7 @@ class RunTree:
             return
         key = run_key(self.path("preprocess"))
         if found := find_run(self.uri, self.experiment, key):
-            supersede_run(self.uri, found[0], key, "preprocess", why)
+            supersede_run(self.uri, found[0], key, "preprocess", why, status=found[1])
         supersede_run(self.uri, self.parent, run_key(self.run_dir), self.run_name, why)
         ended = self.earlier_status  # (a run its crash left RUNNING: killed)
         end_run(self.uri, self.parent, ended if ended in ("FINISHED", "FAILED") else "KILLED")

@@ -366,17 +366,22 @@ def params_differ(uri: str, run_id: str | None, params: dict[str, str]) -> list[
     return sorted(k for k, v in params.items() if k in old and old[k] != v)
 
 
-def supersede_run(uri: str, run_id: str | None, key: str, name: str, why: str) -> None:
+def supersede_run(uri: str, run_id: str | None, key: str, name: str, why: str,
+                  status: str | None = None) -> None:
     """Set run `run_id` (keyed `key`, named `name`) apart before its outputs are made again for
     other inputs (`why`): it keeps its params, scores and artifacts, is named "<name>
     (superseded)" and keyed apart, so the next run found or created by `key` is a new one,
-    described afresh."""
+    described afresh. `status`, the run's status as found: one still RUNNING is ended KILLED
+    (what ran it is gone: the command setting it apart holds the run's folder), else no run
+    would ever end it."""
     if run_id is None:
         return
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     set_tags(uri, run_id, {**run_key_tags(f"{key} (superseded {when})"),
                            "mlflow.runName": f"{name} (superseded)",
                            "convs2s.superseded": f"{when}: {why}"})
+    if status == "RUNNING":
+        end_run(uri, run_id, "KILLED")
 
 
 def log_params(uri: str, run_id: str | None, params: dict[str, str]) -> None:
