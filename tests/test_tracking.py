@@ -145,6 +145,34 @@ def test_restarted_logger_skips_steps_already_logged(sqlite_uri, tmp_path):
     assert len(seen) == len(set(seen)) == 7
 
 
+def test_metrics_a_process_recorded_while_the_server_was_away_are_sent_by_the_next(
+        sqlite_uri, tmp_path):
+    """A worker that logged during an outage and ended before the server answered again (its
+    run killed, the node lost) left those steps in metrics.jsonl only: the resumed run's
+    logger sent its own steps and never the file's, a gap in the curve for good. Its first
+    act is to send what the file has and the run lacks, each step once, the file's values."""
+    run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
+    local = tmp_path / "metrics.jsonl"
+    first = RunLogger(sqlite_uri, run, local)
+    first.log_metrics({"train/loss": 9.0}, 1)
+    first.close()
+    away = RunLogger(None, None, local)  # (the server away for this whole process)
+    for step in range(2, 11):
+        away.log_metrics({"train/loss": 10.0 - step, "valid/ppl": 50.0 - step}, step)
+    away.close()
+    resumed = RunLogger(sqlite_uri, run, local)  # resumed from a checkpoint at step 8
+    for step in (9, 10, 11, 12):
+        resumed.log_metrics({"train/loss": 0.5}, step)
+    resumed.close()
+    client = MlflowClient(sqlite_uri)
+    hist = {m.step: m.value for m in client.get_metric_history(run, "train/loss")}
+    assert sorted(hist) == list(range(1, 13)) and len(
+        client.get_metric_history(run, "train/loss")) == 12
+    assert hist[9] == 1.0 and hist[11] == 0.5  # the file's values, then the new steps
+    assert sorted(m.step for m in client.get_metric_history(run, "valid/ppl")) == \
+        list(range(2, 11))
+
+
 def test_a_line_torn_by_a_crash_costs_no_later_record(tmp_path):
     """A worker killed mid-write leaves half a line; the restarted logger's first record is
     not glued onto it (both would be skipped as one bad line)."""

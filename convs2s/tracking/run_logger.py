@@ -194,6 +194,12 @@ class RunLogger:
         from mlflow.entities import RunTag
 
         client = mlflow_client(self.uri)
+        try:  # what an earlier process recorded while the server did not answer, and ended
+            # before it answered again: sent first (the run's history is the file's)
+            if self.local_path is not None and self._local_max:
+                self._send(client, self._local_unsent(client))
+        except Exception as err:  # noqa: BLE001 - (sent from the file when it answers again)
+            self._fail(err)
         while True:
             items = [self._queue.get()]
             while not self._queue.empty() and len(items) < 200:  # batch what is waiting
@@ -276,10 +282,7 @@ class RunLogger:
         # counted as sent, or sent in part)
         self._remote_max.clear()
         self._logged = None
-        batch = []
-        for rec in read_local_metrics(self.local_path):
-            batch += self._unsent(client, rec["metrics"], int(rec["step"]),
-                                  int(rec["time"] * 1000))
+        batch = self._local_unsent(client)
         try:
             self._send(client, batch)
             if tags:
@@ -302,6 +305,14 @@ class RunLogger:
         log.warning("MLflow tracking at %s answers again: %d metric value(s) recorded while it "
                     "did not were sent from %s", redact_uri(self.uri), len(batch),
                     self.mirror or self.local_path)
+
+    def _local_unsent(self, client) -> list:
+        """The local file's records the run does not have yet, as MLflow Metric entities."""
+        batch = []
+        for rec in read_local_metrics(self.local_path):
+            batch += self._unsent(client, rec["metrics"], int(rec["step"]),
+                                  int(rec["time"] * 1000))
+        return batch
 
     def _send(self, client, batch: list) -> None:
         for i in range(0, len(batch), 1000):
