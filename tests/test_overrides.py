@@ -1609,6 +1609,29 @@ def test_dry_run_says_what_it_would_do_with_a_run_name_that_exists(tmp_path):
     assert "train.lr: 0.25 -> 0.1" in _main(wmt14_en_fr, argv + ["--set", "train.lr=0.1"])[2]
 
 
+def test_a_run_name_goes_on_only_in_the_experiment_it_is_tracked_in(tmp_path):
+    """A rerun of a run name with another --experiment went on silently: its finished training
+    and scores were skipped, their runs left in the first experiment, and the new one showed
+    a run without them. It is refused, naming the experiment; --restart starts it over."""
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def spec_of(experiment, restart=False):
+        return resolve(wmt14_en_fr.smoke(), RunOptions(
+            preset="smoke", run_name="r", storage_path=str(tmp_path / "runs"),
+            tracking_uri=uri, experiment=experiment, restart=restart))
+
+    spec = spec_of("first")
+    record_settings(StageContext(RunTree.open(uri, "first", spec.run_dir, "r")), spec)
+    assert reuse_problem(spec_of("first")) is None
+    assert reuse_problem(spec_of("second")) == (
+        f"run 'r' in {spec.run_dir} is tracked in MLflow experiment 'first', where its runs "
+        "are: give --experiment first to go on with it, or another --run-name")
+    assert reuse_problem(spec_of("second", restart=True)) is None
+
+
 def test_dry_run_on_storage_that_does_not_answer_says_so_not_that_the_run_exists(
         tmp_path, monkeypatch):
     """A bucket --storage-path whose endpoint does not answer (a typo, no network) made the

@@ -716,3 +716,21 @@ def test_a_restart_after_a_crash_ends_the_runs_it_sets_apart(sqlite_uri, tmp_pat
     assert runs[pre].info.run_name == "preprocess (superseded)"
     assert [runs[i].info.status for i in (pre, train, scored)] == \
         ["KILLED", "KILLED", "FINISHED"]
+
+
+def test_a_parent_made_anew_adopts_the_runs_of_the_stages_it_skips(sqlite_uri, tmp_path):
+    """The parent run deleted in the UI, a rerun makes a new one; the stages finished earlier
+    are skipped (`workflows.steps`), and their runs stayed children of the deleted parent:
+    the new one showed a run without its training and scores. A skipped stage's run is made
+    the new parent's child (`RunTree.adopt`)."""
+    from workflows.run_tree import RunTree
+
+    run_dir = tmp_path / "runs" / "r"
+    first = RunTree.open(sqlite_uri, "exp", run_dir, "r")
+    train = first.child("train", "train")
+    client = MlflowClient(sqlite_uri)
+    client.delete_run(first.parent)
+    again = RunTree.open(sqlite_uri, "exp", run_dir, "r")
+    assert again.parent != first.parent
+    again.adopt(train)
+    assert client.get_run(train).data.tags["mlflow.parentRunId"] == again.parent

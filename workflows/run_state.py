@@ -233,6 +233,12 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     if spec.restart or not path.is_file():
         return None
     state = read_workflow_json(path)
+    if (tracked := state.get("experiment")) not in (None, spec.experiment) and not trial:
+        # (its stages finished under the other experiment would be skipped, their runs left
+        # there: the new experiment would show a run without its training and scores)
+        return (f"run {spec.run_name!r} in {spec.run_dir} is tracked in MLflow experiment "
+                f"{tracked!r}, where its runs are: give --experiment {tracked} to go on with "
+                "it, or another --run-name")
     recorded = state.get("settings")
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None
@@ -371,6 +377,7 @@ def record_settings(ctx: StageContext, spec) -> None:
     if "data.hub_revision" in before and "data.hub_revision" not in settings:
         state.setdefault("data_keyed_by", before["data.hub_revision"])
     state["settings"], state["budgets"] = settings, new_budgets
+    state["experiment"] = spec.experiment
     state["test_sets"] = {k: str(v) for k, v in spec.test_sets.items()}
     state["inputs"] = input_identity(spec)
     ctx.save_state(state)

@@ -94,6 +94,15 @@ class RunTree:
                                   run_name=name, parent_run_id=self.parent,
                                   tags={"convs2s.stage": stage, **(tags or {})})
 
+    def adopt(self, run_id: str | None) -> None:
+        """Make the recorded run of a stage that is skipped (finished earlier) a child of
+        this tree's parent: a parent made anew (the earlier one deleted in the UI) had only
+        the stages that ran again under it, the skipped ones left under the deleted one."""
+        from convs2s.tracking.runs import PARENT_TAG, set_tags
+
+        if run_id and self.parent:
+            set_tags(self.uri, run_id, {PARENT_TAG: self.parent})
+
     def supersede(self, run_id: str, name: str, why: str) -> None:
         """Set child `name`'s run `run_id` apart before its outputs are made again for other
         inputs (`why`): it keeps its params, scores and artifacts, is named "<name>

@@ -105,6 +105,7 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
             log.info("== %s: finished earlier with the same settings, skipped", name)
             ctx.skipped.append(name)
             results.append(TrainResult(**done["result"]))
+            ctx.tree.adopt(done["result"].get("run_id"))
             continue
         log.info("== %s: %d worker(s)%s, %s, %s", name, spec.num_workers,
                  " with a GPU each" if spec.use_gpu
@@ -234,6 +235,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
                 and run_has_metrics(ctx.tree.uri, rec["run_id"]):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
+            ctx.tree.adopt(rec["run_id"])
             continue
         if rec and rec.get("run_id") and (rec["stamp"] != stamp or rec.get("text") != text):
             # Its run describes other weights (a continued run's new average under the same
