@@ -292,6 +292,10 @@ def reads(train: TrainConfig, name: str) -> bool:
     return name != "warmup_init_lr" or bool(train.warmup_updates)
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def unused_setting(train: TrainConfig, name: str) -> str | None:
     """Why TrainConfig `train` does not read its setting `name` (`reads`), and the fix; None
     where it does, or where the setting is its default (`null` turns one off, as a preset
@@ -422,7 +426,8 @@ class TrainConfig(Settings):
         if self.optimizer not in ("nag", "adam"):
             raise ValueError(f"optimizer must be 'nag' or 'adam', got {self.optimizer!r}")
         object.__setattr__(self, "adam_betas", tuple(self.adam_betas))  # from JSON: a list
-        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+        if len(self.adam_betas) != 2 or not all(
+                _is_number(b) and 0.0 <= b < 1.0 for b in self.adam_betas):
             raise ValueError(f"adam_betas is (beta1, beta2), each in [0, 1), got "
                              f"{self.adam_betas}")
         for name, ok, want in (("lr", self.lr > 0, "> 0"), ("adam_eps", self.adam_eps > 0, "> 0"),
@@ -452,6 +457,11 @@ class TrainConfig(Settings):
                              "forever)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        if not all(isinstance(pair, (list, tuple)) and all(map(_is_number, pair))
+                   for pair in self.dropout_by_passes):  # ([1, 2]: "'int' is not iterable")
+            raise ValueError("dropout_by_passes is ((from_passes, dropout), ...), a list of "
+                             "number pairs, e.g. [[0, 0.3], [30, 0.4]]; got "
+                             f"{self.dropout_by_passes}")
         table = tuple(tuple(float(x) for x in pair) for pair in self.dropout_by_passes)
         object.__setattr__(self, "dropout_by_passes", table)  # from JSON / --set: lists
         if table:

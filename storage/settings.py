@@ -166,6 +166,8 @@ def typed(name: str, field: dataclasses.Field, value, current, raw: str | None =
     kind = _kind(want, current)
 
     def bad(why: str = ""):
+        if field.name == "max_time" and isinstance(v, str) and not why:  # (20m, 1.5h)
+            why = ": seconds (a duration with its unit is the --max-time flag's: --max-time 20m)"
         return SettingError(f"{name} takes {want}, not {v!r}{why}")
 
     if v is None:  # (a required field, no default: never None, whatever its value now)

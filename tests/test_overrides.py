@@ -245,6 +245,12 @@ def test_the_other_sections_hint_goes_with_the_field_it_names(tmp_path):
     ("train.momentum=1.5", "momentum must be in [0, 1), got 1.5"),
     ("train.warmup_updates=-5", "warmup_updates must be >= 0, got -5"),
     ("train.max_time=1:30", "train.max_time takes float, not '1:30'"),  # YAML 1.1 read 90
+    ("train.max_time=20m", "train.max_time takes float, not '20m': seconds (a duration with "
+                           "its unit is the --max-time flag's: --max-time 20m)"),
+    # (said as a comparison of a float and a str, and "'int' object is not iterable")
+    ("train.adam_betas=[a, b]", "adam_betas is (beta1, beta2), each in [0, 1), got ('a', 'b')"),
+    ("train.dropout_by_passes=[1, 2]", "dropout_by_passes is ((from_passes, dropout), ...), a "
+                                       "list of number pairs, e.g. [[0, 0.3], [30, 0.4]]"),
     ("train.compile=true", "train.compile takes str, not True: give a name, or false for none"),
     ("train.compile=inducter", "compile='inducter': not a torch.compile backend; give one of "
                                "inductor"),
@@ -268,6 +274,20 @@ def test_a_value_out_of_range_is_refused_by_dry_run_in_one_line(setting, says, t
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --set") and says in lines[0], err
+
+
+def test_an_update_stated_twice_names_the_setting_that_turns_one_off(tmp_path):
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "paper", "--set", "workflow.update_"
+                                       "sentences=64", "--storage-path", str(tmp_path),
+                                       "--dry-run"])
+    assert rc == 2 and err.strip().endswith("in tokens (update_tokens) or in sentences "
+                                            "(update_sentences), not both: set the other to 0 "
+                                            "(--set workflow.update_tokens=0)"), err
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "paper", "--set", "workflow.update_"
+                                       "sentences=64", "--set", "workflow.update_tokens=0",
+                                       "--set", "data.max_sentences=8", "--storage-path",
+                                       str(tmp_path), "--dry-run"])
+    assert rc == 0, err
 
 
 @pytest.mark.parametrize("module, settings, says", [

@@ -115,7 +115,8 @@ class WorkflowConfig:
                              f"{self.ensemble.average_last}, or lower ensemble.average_last")
         if self.update_tokens and self.update_sentences:
             raise ValueError(f"{task}: an update is stated in tokens (update_tokens) or "
-                             "in sentences (update_sentences), not both")
+                             "in sentences (update_sentences), not both: set the other to 0 "
+                             "(--set workflow.update_tokens=0)")
         if self.update_sentences and not self.preprocess.max_sentences:
             raise ValueError(f"{task}: an update of {self.update_sentences} sentences "
                              "(workflow.update_sentences) needs batches cut by sentences "
