@@ -1374,6 +1374,24 @@ def test_a_hub_split_read_from_other_data_than_the_presets_is_named_after_it(tmp
     assert run["workflow"]["test_sets"] == {"test": "newstest2015", "valid": "newsdev"}
 
 
+def test_languages_the_hub_configuration_does_not_hold_are_refused_naming_the_one_that_does(
+        tmp_path):
+    """--src de --tgt en on the hub's wmt14 fr-en passed the dry run (named wmt14_de_en) and
+    was refused only once Ray had started, reading the files' columns."""
+    from workflows import translation
+
+    rc, out, err = _main(wmt14_en_fr, ["--preset", "paper", "--src", "de", "--tgt", "en",
+                                       "--dry-run"])
+    assert rc == 2 and out == "" and err.strip() == (
+        "error: the hub's wmt/wmt14 fr-en holds fr and en, not de -> en: name the hub's "
+        "configuration of the pair (--set data.hub_config=de-en), or give the data with "
+        "--data DIR")
+    run = _dry_run(wmt14_en_fr, ["--preset", "paper", "--src", "de", "--tgt", "en", "--set",
+                                 "data.hub_config=de-en"], tmp_path)
+    assert run["workflow"]["name"] == "wmt14_de_en"
+    _dry_run(translation, ["--preset", "cpu", "--src", "fr", "--tgt", "en"], tmp_path)
+
+
 def test_a_renamed_hub_split_is_refused_naming_the_task_and_the_mapping_to_give(tmp_path):
     """--set data.splits without the run's `test` split: one line naming the task with its
     languages (it printed translation_{src}_{tgt}) and the mapping that keeps the split's

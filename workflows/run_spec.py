@@ -372,6 +372,14 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
                 parts = [pre.hub_repo.rstrip("/").rsplit("/", 1)[-1]]
                 parts += [pre.hub_config] if pre.hub_config != config else []
                 test_sets[split] = set_name("_".join([*parts, read]))
+    if data_flag == "hub" and (m := re.fullmatch(r"([a-z]{2,3})-([a-z]{2,3})", pre.hub_config)) \
+            and {m[1], m[2]} != {pre.src_lang, pre.tgt_lang}:
+        # (the run refused it only once Ray had started, reading the files' columns)
+        pair = sorted((pre.src_lang, pre.tgt_lang), key=lambda lang: lang == "en")
+        raise SpecError(f"the hub's {pre.hub_repo} {pre.hub_config} holds {m[1]} and {m[2]}, "
+                        f"not {pre.src_lang} -> {pre.tgt_lang}: name the hub's configuration "
+                        f"of the pair (--set data.hub_config={'-'.join(pair)}), or give the "
+                        "data with --data DIR")
     if opts.test_set:  # after data.* (--split's, --set data.splits'), which set the splits whole
         # A stem that already is one of the evaluation splits is scored already: not twice.
         # (The training split's is added, and refused below: scores on training lines.)
