@@ -43,7 +43,8 @@ from preprocessing.lexical import TABLE_FILE, build_table
 from preprocessing.exchange import group_by
 from preprocessing.parts import PartSink, read_stage, write_stage
 from preprocessing.reading import read_split
-from preprocessing.sources import SplitSource, resolve_split, shared_training_lines
+from preprocessing.sources import (SplitSource, bad_rows_hint, resolve_split,
+                                   shared_training_lines)
 from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts, execution_settings,
                                   finished, no_space, stage_output, write_manifest)
 from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
@@ -155,8 +156,12 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
     if not totals.get("rows_in"):
         raise PreprocessError(f"{where} is empty: no rows to read; check the input files")
     if not totals["rows_kept"]:
+        counts = ", ".join(f"{k}={v:,}" for k, v in dropped.items())
+        why = bad_rows_hint(src, cfg) if max(dropped, key=dropped.get, default="") == \
+            "bad_row" else ""
         raise PreprocessError(f"{where}: all {totals['rows_in']:,} rows were dropped "
-                              f"({dropped}); check the languages / row shape and the filters")
+                              f"({counts}); " + (why or "check the languages / row shape and "
+                                                 "the filters"))
     return {"rows_in": totals["rows_in"], "rows_kept": totals["rows_kept"], "dropped": dropped,
             "tokens": {"src_words": totals["src_words"], "tgt_words": totals["tgt_words"]},
             "source": src.fingerprint}

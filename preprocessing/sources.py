@@ -22,6 +22,7 @@ Kinds (`resolve_split` picks one per split; driver-side checks raise `Preprocess
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import os
 import re
@@ -431,6 +432,53 @@ def _check_line_ends(path: str, head: int = 1 << 13) -> None:
                               "its .parquet name")
     if problem := cr_line_ends(start):
         raise PreprocessError(f"{path}: {problem}")
+    if wide := _wide_encoding(start):  # (every row was dropped as invalid_utf8 / nul_byte)
+        raise PreprocessError(f"{path} is {wide} text (by its first bytes), not UTF-8: convert "
+                              f"it, e.g. `iconv -f {wide} -t UTF-8 FILE > FILE.utf8`")
+
+
+def _wide_encoding(start: bytes) -> str | None:
+    """UTF-16 / UTF-32 by a byte-order mark, or by NUL bytes in every second (fourth) place of
+    text in Latin letters (no UTF-8 text holds many NULs: a few are counted, `nul_byte`)."""
+    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if start.startswith(bom):
+            return name
+    if len(start) >= 16 and start.count(0) >= len(start) // 4:
+        return "UTF-32" if start.count(0) >= len(start) * 5 // 8 else "UTF-16"
+    return None
+
+
+def bad_rows_hint(src: SplitSource, cfg: PreprocessConfig) -> str:
+    """Why a split's rows could not be read as pairs (every one a bad_row), from its first
+    file's first line: the fields a .tsv line has, the keys a .jsonl object has, and the
+    shape this configuration reads; "" where it cannot tell."""
+    if src.kind not in ("tsv", "jsonl") or not src.files:
+        return ""
+    path = src.files[0]
+    try:
+        with (gzip.open(open_binary(path), "rb") if path.endswith(".gz")
+              else open_binary(path)) as f:
+            first = f.readline(1 << 16).decode("utf-8", "replace").rstrip("\r\n")
+    except (OSError, EOFError, zlib.error):
+        return ""
+    a, b = cfg.src_lang, cfg.tgt_lang
+    if src.kind == "tsv":
+        n = len(first.split("\t"))
+        return (f"{path}'s first line has {n} tab-separated field{'s' * (n != 1)}; a .tsv "
+                f"pair is {a}<TAB>{b}, two fields (keep those two columns, e.g. "
+                "`cut -f2,3`)") if n != 2 else ""
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return f"{path}'s first line is not a JSON object (a .jsonl file holds one a line)"
+    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+    wants = {"translation": f'{{"translation": {{"{a}": ..., "{b}": ...}}}}',
+             "columns": f'{{"{a}": ..., "{b}": ...}}'}
+    other = "columns" if cfg.row_shape == "translation" else "translation"
+    return (f"{path}'s first line has keys {keys}; row_shape {cfg.row_shape} reads "
+            f"{wants[cfg.row_shape]}, row_shape {other} (--set data.row_shape={other}) "
+            f"{wants[other]}")
 
 
 def check_text_pair(files: list[str]) -> bool:
@@ -508,6 +556,9 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
             for f in src.files:
                 if stamp(f)[0] == 0:
                     raise PreprocessError(f"{f} is empty; a corpus file needs one pair per line")
+        if src.kind in ("tsv", "jsonl"):  # (a text pair's are checked with its line counts)
+            for f in src.files:
+                _check_line_ends(f)
     if src.kind == "parquet":
         src.row_groups, src.rows = _parquet_row_groups(src.files, cfg, src.endpoint)
         if not src.rows:  # known from the footers: fail before any reading

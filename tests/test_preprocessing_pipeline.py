@@ -538,6 +538,31 @@ def test_bad_inputs_fail_with_clear_errors(ray_session, tmp_path):
     assert not list((tmp_path / "out").rglob(".*.partial-*"))
 
 
+def test_rows_no_pair_can_be_read_from_say_what_the_first_line_holds(ray_session, tmp_path):
+    """A .tsv of three columns (WikiMatrix's score, source, target) or a .jsonl of another
+    shape had every row dropped as bad_row, and the error said "check the languages / row
+    shape and the filters" with the counts as a Python dict: it names the first line's
+    fields or keys and the shape this run reads."""
+    (tmp_path / "w.tsv").write_text("".join(f"1.0{chr(9)}hello {i}{chr(9)}bonjour {i}\n"
+                                            for i in range(20)))
+    (tmp_path / "j.jsonl").write_text("".join(f'{{"en": "a {i}", "fr": "b {i}"}}\n'
+                                              for i in range(20)))
+    base = PreprocessConfig(task="err", source=str(tmp_path), root=str(tmp_path / "out"),
+                            vocab_size=300, splits={"train": "w", "valid": "j"})
+    with pytest.raises(PreprocessError) as err:
+        run_pipeline(base)
+    assert str(err.value).endswith(
+        "all 20 rows were dropped (bad_row=20); " + f"{tmp_path / 'w.tsv'}'s first line has 3 "
+        "tab-separated fields; a .tsv pair is en<TAB>fr, two fields (keep those two columns, "
+        "e.g. `cut -f2,3`)"), err.value
+    with pytest.raises(PreprocessError) as err:
+        run_pipeline(base.replace(splits={"train": "j", "valid": "w"}))
+    assert str(err.value).endswith(
+        f"{tmp_path / 'j.jsonl'}'s first line has keys ['en', 'fr']; row_shape translation "
+        'reads {"translation": {"en": ..., "fr": ...}}, row_shape columns (--set '
+        'data.row_shape=columns) {"en": ..., "fr": ...}'), err.value
+
+
 def test_an_error_raised_in_a_ray_task_reaches_the_cli_as_one_line(ray_session, tmp_path,
                                                                    monkeypatch, capsys):
     # Too large to count on the driver (threshold lowered here): the reading task finds the
@@ -548,9 +573,11 @@ def test_an_error_raised_in_a_ray_task_reaches_the_cli_as_one_line(ray_session, 
     monkeypatch.setattr(sources, "PAIRING_CHECK_BYTES", 0)
     (tmp_path / "m.en").write_text("one\ntwo\nthree\n")
     (tmp_path / "m.fr").write_text("un\ndeux\n")
+    (tmp_path / "v.en").write_text("four\n")
+    (tmp_path / "v.fr").write_text("quatre\n")
     out = tmp_path / "out"
     rc = main(["--task", "demo", "--source", str(tmp_path), "--out", str(out),
-               "--split", "train=m", "--split", "valid=m", "--split", "test=m"])
+               "--split", "train=m", "--split", "valid=v", "--split", "test=v"])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert rc == 2 and "Traceback" not in err and "\x1b[" not in err, err

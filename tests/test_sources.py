@@ -659,6 +659,27 @@ def test_an_evaluation_split_reading_training_lines_is_refused_before_anything_r
         resolve_split(cfg.replace(splits={"train": "c[-2:]"}), "train")
 
 
+@pytest.mark.parametrize("name", ["u.tsv", "u.jsonl", "u.en"])
+def test_text_in_utf16_or_with_cr_line_ends_is_refused_naming_the_conversion(tmp_path, name):
+    """Text saved as UTF-16 (Windows' "Unicode") had every row dropped as invalid_utf8 /
+    nul_byte, one side of a pair a line count mismatch; a .tsv or .jsonl whose lines end in CR
+    alone was one bad_row (the text pair's check ran for pairs only)."""
+    stem, ext = name.split(".")
+    line = {"tsv": "hello\tbonjour", "jsonl": '{"translation": {"en": "a", "fr": "b"}}',
+            "en": "hello"}[ext]
+    files = [tmp_path / name] + ([tmp_path / "u.fr"] if ext == "en" else [])
+    for f in files:
+        f.write_bytes(("\n".join([line] * 5) + "\n").encode("utf-16"))
+    cfg = local_cfg(tmp_path, splits={"train": stem})
+    with pytest.raises(PreprocessError, match=r"u\.\w+ is UTF-16 text \(by its first bytes\), "
+                                              r"not UTF-8: convert it, e\.g\. `iconv -f UTF-16"):
+        resolve_split(cfg, "train")
+    for f in files:
+        f.write_bytes(("\r".join([line] * 5) + "\r").encode())
+    with pytest.raises(PreprocessError, match=r"its lines end in CR alone"):
+        resolve_split(cfg, "train")
+
+
 def unchecked_strings(values: list[bytes | None]) -> pa.Array:
     """A string array holding these bytes as they are, UTF-8 or not (as a parquet file written
     by another tool may: readers take them without a check)."""
