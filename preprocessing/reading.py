@@ -456,6 +456,8 @@ def read_split(src: SplitSource, cfg: PreprocessConfig) -> ray.data.Dataset:
     """The split as a Ray Dataset in the hub row shape (+ id, error); nothing read yet."""
     if src.kind == "demo" and not src.rows:
         raise PreprocessError(f"demo split has no rows: set demo_rows (got {cfg.demo_rows})")
+    if src.unreadable:  # (known from its recorded stages only: reading it needs the hub)
+        raise PreprocessError(src.unreadable)
     # One task streams text files (.gz, or small ones): it asks for half a CPU, so that Ray
     # does not fuse the (parallel) cleaning into that single task.
     source = SplitDatasource(src, cfg)

@@ -68,6 +68,9 @@ class SplitSource:
     # them from too (`open_binary`). It may hold credentials (user:password@): never shown
     # (`hub_shown`), never in the fingerprint (a mirror serves the same commit).
     endpoint: str | None = field(default=None, repr=False)
+    # A hub split known from its recorded stages while the hub does not answer
+    # (`recorded_hub_source`): why it cannot be read again, said if a stage must read it.
+    unreadable: str | None = None
 
     def estimated_rows(self) -> int:
         if self.rows is not None:
@@ -102,6 +105,11 @@ def select_split_files(names: list[str], config: str, name: str) -> list[str]:
     return []
 
 
+class HubUnreachable(PreprocessError):
+    """The hub (or a mirror) did not answer a dataset's listing: offline, DNS, HTTP errors,
+    a rate limit."""
+
+
 def hub_parquet_files(cfg: PreprocessConfig, name: str,
                       endpoint: str | None = None) -> tuple[list[str], str]:
     """hf:// paths of a split's parquet files and the resolved commit, or a clear error."""
@@ -124,7 +132,7 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
         raise PreprocessError(f"hub dataset {cfg.hub_repo} does not exist (or is private: log in "
                               "with a token that can see it); check hub_repo") from None
     except Exception as e:  # noqa: BLE001 - offline, DNS, HTTP: all mean "no hub here"
-        raise PreprocessError(
+        raise HubUnreachable(
             f"cannot reach the Hugging Face hub at {hub_shown(endpoint)} for dataset "
             f"{cfg.hub_repo} (revision {cfg.hub_revision}): {_brief(e)}; check the endpoint "
             f"(HF_ENDPOINT; python -m preprocessing's --hub-endpoint) and the network. "
@@ -140,6 +148,50 @@ def hub_parquet_files(cfg: PreprocessConfig, name: str,
                               "test}'")
     rev = quote(info.sha or cfg.hub_revision, safe="")
     return [f"hf://datasets/{cfg.hub_repo}@{rev}/{n}" for n in found], info.sha or ""
+
+
+def recorded_hub_source(cfg: PreprocessConfig, split: str) -> dict | None:
+    """What the clean stage of this hub split recorded (its manifest's source: the commit and
+    files it read, rows_in, and its folder), found under `<root>/<task>/*/clean/`: the same
+    dataset, configuration and hub split, and the revision asked for (a full commit: that
+    commit; a branch or tag: the commit its stages read, when only one did). None when no
+    folder holds one; a PreprocessError when several commits do and none is named."""
+    import re
+
+    name = cfg.splits[split]
+    found: dict[str, dict] = {}
+    task = location(cfg.root) / cfg.task
+
+    def manifests():  # (a level at a time: a bucket's glob takes one)
+        for data in sorted(task.iterdir()) if task.is_dir() else []:
+            clean = data / "clean"
+            for stage in sorted(clean.iterdir()) if clean.is_dir() else []:
+                if stage.name == split or stage.name.startswith(f"{split}."):
+                    yield stage / "manifest.json"
+
+    for manifest in manifests():
+        try:
+            m = json.loads(manifest.read_text())
+            conf, source = m["config"], m["source"]
+            if (conf["hub_repo"], conf["hub_config"], conf["split"], source.get("hub")) != \
+                    (cfg.hub_repo, cfg.hub_config, name, cfg.hub_repo):
+                continue
+            commit = source["commit"]
+        except (OSError, ValueError, KeyError, TypeError):  # (another stage's, damaged)
+            continue
+        pinned = re.fullmatch(r"[0-9a-f]{40}", cfg.hub_revision or "")
+        # (a folder keyed by its commit records no revision name: its commit is the data)
+        if (commit == cfg.hub_revision) if pinned else \
+                conf.get("hub_revision") in (None, cfg.hub_revision):
+            found.setdefault(commit, {"source": source, "rows_in": m["rows_in"],
+                                      "folder": str(manifest.parent.parent.parent)})
+    if len(found) > 1:
+        raise PreprocessError(
+            f"the hub does not answer, and split {split!r} of {cfg.hub_repo} "
+            f"{cfg.hub_config}@{cfg.hub_revision} was cleaned at several commits "
+            f"({', '.join(c[:12] for c in sorted(found))}): name the run's "
+            "(--set data.hub_revision=COMMIT, the full commit its workflow.json records)")
+    return next(iter(found.values()), None)
 
 
 def hub_shown(endpoint: str | None) -> str:
@@ -517,7 +569,25 @@ def resolve_split(cfg: PreprocessConfig, split: str, endpoint: str | None = None
     if cfg.source == "hub":
         from huggingface_hub import constants
 
-        files, sha = hub_parquet_files(cfg, name, endpoint)
+        try:
+            files, sha = hub_parquet_files(cfg, name, endpoint)
+        except HubUnreachable as unreachable:
+            # A split whose data this project cleaned already is what its stages recorded:
+            # a run goes on (resumed, continued, scored again) while the hub does not answer
+            # (offline, a rate limit); reading it again would need the hub
+            recorded = recorded_hub_source(cfg, split)
+            if recorded is None:
+                raise
+            src = SplitSource("parquet", list(recorded["source"]["files"]),
+                              rows=recorded["rows_in"],
+                              endpoint=endpoint or constants.ENDPOINT)
+            src.fingerprint = {k: v for k, v in recorded["source"].items() if k != "kind"}
+            src.unreadable = unreachable.fact
+            logging.getLogger("preprocessing").warning(
+                "%s; split %r is the one cleaned at %s (commit %s)", unreachable.fact.split(
+                    "; check")[0], split, recorded["folder"], src.fingerprint["commit"][:12])
+            src.fingerprint["kind"] = src.kind
+            return src
         # (HF_ENDPOINT's value where no endpoint is given: the read tasks, on other nodes,
         # read from where the driver listed)
         src = SplitSource("parquet", files, endpoint=endpoint or constants.ENDPOINT)

@@ -347,6 +347,18 @@ def test_the_hub_path_reads_a_mirror_and_a_run_pinned_to_its_commit_is_the_same_
         pinned_before = run_pipeline(hub_cfg.replace(hub_revision=old),
                                      hub_endpoint=hub.url, revision_names=("main",))
         assert (pinned_before.root, pinned_before.ran) == (before.root, ())
+    # The hub gone (offline, a rate limit): data cleaned already is what its stages recorded,
+    # every stage up to date (a run could not resume, go on or be scored without the hub);
+    # data never cleaned is the hub's error, as before
+    from workflows.cluster import free_port
+
+    gone = f"http://127.0.0.1:{free_port()}"  # (nothing there)
+    offline = run_pipeline(hub_cfg.replace(hub_revision=old), hub_endpoint=gone)
+    assert (offline.root, offline.ran) == (first.root, ())
+    # (main: the one commit its stages read; the folder keyed by its name, as above)
+    assert run_pipeline(hub_cfg, hub_endpoint=gone).ran == ()
+    with pytest.raises(PreprocessError, match="cannot reach the Hugging Face hub"):
+        run_pipeline(hub_cfg.replace(hub_config="de-en"), hub_endpoint=gone)
 
 
 def test_text_read_by_a_task_per_block_gives_the_same_stages_byte_for_byte(newstest, tmp_path,
