@@ -1670,6 +1670,41 @@ def test_a_run_name_goes_on_only_in_the_experiment_it_is_tracked_in(tmp_path):
     assert reuse_problem(spec_of("second", restart=True)) is None
 
 
+def test_a_restart_marks_the_logged_models_of_the_weights_it_sets_aside(tmp_path):
+    """After --restart the earlier weights' logged models (`r-best` with its scores) stood
+    beside the new ones of the same names, nothing telling them apart; they are tagged
+    convs2s.replaced, saying what changed and where the weights went."""
+    from mlflow.tracking import MlflowClient
+
+    from workflows.run_state import StageContext, record_settings
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def spec_of(restart=False, lr="0.25"):
+        return resolve(wmt14_en_fr.smoke(), RunOptions(
+            preset="smoke", run_name="r", storage_path=str(tmp_path / "runs"),
+            tracking_uri=uri, restart=restart, set=[f"train.lr={lr}"]))
+
+    spec = spec_of()
+    ctx = StageContext(_tree_of(uri, spec))
+    record_settings(ctx, spec)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("exp").experiment_id
+    model = client.create_logged_model(exp, name="r-best").model_id
+    (spec.run_dir / "train").mkdir(parents=True)
+    ctx.save_state({**ctx.state(), "models": {"best": {"stamp": "s", "model_id": model}}})
+    again = spec_of(restart=True, lr="0.1")
+    record_settings(StageContext(_tree_of(uri, again)), again)
+    tag = client.get_logged_model(model).tags["convs2s.replaced"]
+    assert "trained over (train.lr: 0.25 -> 0.1)" in tag and "replaced-" in tag, tag
+
+
+def _tree_of(uri, spec):
+    from workflows.run_tree import RunTree
+
+    return RunTree.open(uri, "exp", spec.run_dir, "r", restarting=spec.restart)
+
+
 def test_dry_run_on_storage_that_does_not_answer_says_so_not_that_the_run_exists(
         tmp_path, monkeypatch):
     """A bucket --storage-path whose endpoint does not answer (a typo, no network) made the

@@ -30,6 +30,7 @@ from convs2s.tracking.runs import (
     bounded_http,
     flatten_params,
     global_tracking_uri,
+    mlflow_client,
 )
 from convs2s.tracking.redact import redact_text
 from storage import local_copy
@@ -134,6 +135,25 @@ def _mark_superseded(client, model_id: str, by: str) -> None:
                 "changed)")})
     except Exception as err:  # noqa: BLE001 - deleted since, or the server is gone
         log.warning("could not mark the replaced model %s (%s)", model_id, type(err).__name__)
+
+
+REPLACED_TAG = "convs2s.replaced"
+
+
+def mark_replaced(uri: str, model_ids: list[str], why: str) -> None:
+    """Tag the logged models of weights a --restart set aside (`why`: what changed, where they
+    went): the new run's models of the same names are logged beside them, and nothing told
+    the two apart. A failure only warns."""
+    if not model_ids:
+        return
+    try:
+        with bounded_http():
+            client = mlflow_client(uri)
+            for model_id in model_ids:
+                client.set_logged_model_tags(model_id, {REPLACED_TAG: why})
+    except Exception as err:  # noqa: BLE001 - deleted since, or the server is gone
+        log.warning("could not mark the replaced models %s (%s)", model_ids,
+                    type(err).__name__)
 
 
 def _exists(client, model_id: str) -> bool:

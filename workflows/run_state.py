@@ -341,6 +341,10 @@ def record_settings(ctx: StageContext, spec) -> None:
         tags["convs2s.restarted"] = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: trained over "
                                      f"({cut_tag('; '.join(changed)) or 'same settings'}); the "
                                      f"earlier training and scores are in {aside}")
+        from workflows.lineage import mark_replaced
+
+        mark_replaced(ctx.tree.uri, [m["model_id"] for m in state.get("models", {}).values()
+                                     if m.get("model_id")], tags["convs2s.restarted"])
         state = {"train": {}, "eval": {}, "models": {}}
     elif spec.restart and changed:
         # Nothing trained yet (its preprocessing failed or was stopped): nothing to move, but
