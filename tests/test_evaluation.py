@@ -592,3 +592,39 @@ def test_evaluating_another_runs_checkpoints_gets_a_run_of_its_own(tmp_path):
     # b never ended (its evaluation killed): set apart KILLED, not left RUNNING
     assert _run_of(uri, "exp", job(bests[1]), tmp_path / "eval", None) != b
     assert client.get_run(b).info.status == "KILLED"
+
+
+def test_a_pair_scored_again_into_its_run_logs_only_scores_that_changed(tmp_path):
+    """A pair scored again into its own run (more attention pictures asked, a new scoring
+    version) logged every unchanged score a second time at step 0, on the run and on its
+    logged model: two values of one BLEU. A changed score and the speed are logged again;
+    a new logged model of the same weights gets its scores."""
+    from convs2s.tracking.runs import DatasetRecord, find_or_create_run
+    from workflows.evaluation import EvalJob, TestSet, _log_result
+
+    uri = mlflow_store(tmp_path)
+    (tmp_path / "t.src").write_text("a\n")
+    (tmp_path / "t.ref").write_text("b\n")
+    test = TestSet("t", str(tmp_path / "t.src"), str(tmp_path / "t.ref"), tgt_lang="de")
+    run = find_or_create_run(uri, "exp", run_key="k", run_name="eval/best/t")
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("exp").experiment_id
+    model = client.create_logged_model(exp, name="r-best").model_id
+    job = EvalJob("best", (str(tmp_path),), test, model_id=model)
+    data = DatasetRecord("t", "d1", str(tmp_path / "t.ref"))
+
+    def scored(bleu: float, speed: float) -> dict:
+        return {"metrics": {"bleu": bleu, "chrf": 50.0, "sentences_per_second": speed},
+                "signatures": {}, "served": {}}
+
+    _log_result(uri, run, job, scored(30.0, 5.0), data)
+    _log_result(uri, run, job, scored(30.0, 6.0), data)  # the same scores again
+    history = {k: [m.value for m in client.get_metric_history(run, k)]
+               for k in ("bleu", "chrf", "sentences_per_second")}
+    assert history == {"bleu": [30.0], "chrf": [50.0], "sentences_per_second": [5.0, 6.0]}
+    _log_result(uri, run, job, scored(31.0, 6.0), data)  # a new scoring version's
+    assert [m.value for m in client.get_metric_history(run, "bleu")] == [30.0, 31.0]
+    other = client.create_logged_model(exp, name="r-best").model_id  # logged again
+    _log_result(uri, run, dataclasses.replace(job, model_id=other), scored(31.0, 6.0), data)
+    assert {m.key: m.value for m in client.get_logged_model(other).metrics} == \
+        {"bleu": 31.0, "chrf": 50.0}

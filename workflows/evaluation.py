@@ -251,8 +251,14 @@ def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
     set's dataset (MLflow's Models view ranks by them); the speed only on the run; what it was
     served with as tags (the `search.precision` param is what was asked: a node without int8
     or bf16 kernels serves float32 under `precision_fallback`)."""
+    from convs2s.tracking.runs import model_metrics, run_metrics
+
     m = out["metrics"]
-    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_METRICS},
+    # (a pair scored again into its run, for the pictures or a new scoring version: an
+    # unchanged score had a second value at step 0, on its model too)
+    had, on_model = run_metrics(uri, run_id), model_metrics(uri, job.model_id)
+    log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_METRICS and (
+        had.get(k) != v or (job.model_id and on_model.get(k) != v))},
                       model_id=job.model_id, dataset=dataset)
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k in RUN_METRICS})
     scoring = task_kind(job.test_set.task_kind).scoring_for(job.test_set.tgt_lang)

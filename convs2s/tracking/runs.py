@@ -567,6 +567,18 @@ def run_metrics(uri: str, run_id: str | None) -> dict[str, float]:
         return {}
 
 
+def model_metrics(uri: str, model_id: str | None) -> dict[str, float]:
+    """A logged model's metric values ({} where there is none or it cannot be read)."""
+    if model_id is None:
+        return {}
+    try:
+        with bounded_http():
+            return {m.key: m.value for m in mlflow_client(uri).get_logged_model(
+                model_id).metrics or []}
+    except Exception:  # noqa: BLE001 - deleted model or unreachable server
+        return {}
+
+
 def run_has_metrics(uri: str, run_id: str | None) -> bool:
     """Whether the run still exists (not deleted) and holds metrics; False when unreachable."""
     if run_id is None:
