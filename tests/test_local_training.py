@@ -290,6 +290,28 @@ def test_set_takes_train_and_model_fields_as_the_workflows_write_them(demo_batch
     assert state["model_config"]["dropout"] == 0.05 and state["train_config"]["lr"] == 0.5
 
 
+def test_an_init_from_that_does_not_load_leaves_no_run_open(demo_batches, tmp_path):
+    """A training job (`fit_local`, as `fit` on Ray) whose --init-from checkpoint does not
+    load made (or reopened) its MLflow run, then failed: the run stayed RUNNING for good. The
+    checkpoint is checked first; no run is made."""
+    from mlflow.tracking import MlflowClient
+
+    from convs2s.train.local import fit_local
+
+    uri = mlflow_store(tmp_path)
+    job = TrainJob(model=PRESETS["tiny"](), train=TrainConfig(max_updates=1),
+                   train_data=demo_batches.batches["train"],
+                   valid_data=demo_batches.batches["valid"], spm_model=demo_batches.spm_model,
+                   vocab_size=400, storage_path=str(tmp_path / "runs"), run_name="r",
+                   tracking_uri=uri, experiment_name="exp",
+                   init_from=str(tmp_path / "no-checkpoint"))
+    with pytest.raises(FileNotFoundError, match="no checkpoint.pt in"):
+        fit_local(job, "cpu")
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("exp")
+    assert exp is None or not client.search_runs([exp.experiment_id])
+
+
 def test_batches_and_vocabularies_preprocessing_did_not_write_together_are_refused(
         demo_batches, tmp_path, capsys):
     """A batches folder copied in part (it trained on the rest without a word), a part cut

@@ -42,6 +42,8 @@ def open_train_run(job: TrainJob, run_dir, files: TrainFiles, launcher: dict,
     """(tracking URI, run id) of the job's run, described: `launcher` adds the launcher's own
     params (`job.<key>`), `tags` its own tags. The run id is None where tracking is down."""
     uri = resolve_tracking_uri(job.tracking_uri)
+    if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart,
+        initial_weights(job)  # and before a run is made or reopened (it was left RUNNING)
     version = code_version()
     run_tags = {"convs2s.code_version": version, **(tags or {}), **job.tags}
     if job.run_id is not None:  # made by the caller (a workflow's run tree)
@@ -51,8 +53,7 @@ def open_train_run(job: TrainJob, run_dir, files: TrainFiles, launcher: dict,
         run_id = find_or_create_run(uri, job.experiment_name, run_key=run_key(run_dir),
                                     run_name=job.run_name, parent_run_id=job.parent_run_id,
                                     tags=run_tags)
-    if job.init_from:  # a checkpoint that does not fit fails here, not on every worker restart
-        initial_weights(job)
+    if job.init_from:
         set_tags(uri, run_id, {"convs2s.init_from": job.init_from})
     job_params = {**launcher, "vocab_size": job.vocab_size, "code_version": version,
                   "train_batches": files.total,
