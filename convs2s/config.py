@@ -585,7 +585,8 @@ class SearchConfig(Settings):
                              "max_len_b >= 1 (or max_len_a > 0)")
         if self.max_len_a == 0 and self.max_len_b < self.min_len:
             # EOS would be forced at max_len_b although min_len still bans it
-            # (convs2s.inference.search): every output cut there, scored about -1e4.
+            # (convs2s.inference.search): every output cut there, with the model's own EOS
+            # score. (Past the model's position table: `Translator` refuses it.)
             raise ValueError(f"min_len={self.min_len} is more output pieces than "
                              f"max_len_b={self.max_len_b} allows (max_len_a=0): lower min_len "
                              "or raise max_len_b")

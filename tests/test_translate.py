@@ -920,3 +920,21 @@ def test_a_line_without_a_finite_translation_is_named_in_a_warning(tiny_checkpoi
         out = tr.translate_full(["", "a man sleeps .", "a dog runs ."], first_line=40)
     assert "lines 42, 43: no finite translation" in caplog.text
     assert out[0].hypotheses == []  # an empty line is no failure
+
+
+def test_a_min_len_past_the_models_position_table_is_refused_in_one_line(tiny_checkpoints):
+    """`--min-len` beyond what the model can write (its position table, less EOS) was taken:
+    EOS is forced at the table's end, so every output was cut there whatever min_len asked
+    (`max_len_b` below min_len is refused alike)."""
+    from convs2s.config import SearchConfig
+    from convs2s.inference.translate import load_for_inference
+
+    translator = load_for_inference([tiny_checkpoints["a"]], SearchConfig(beam=1), "cpu")
+    most = translator.max_positions - 1
+    with pytest.raises(ValueError, match=rf"min_len={most + 1} is more output pieces than the "
+                                         rf"model writes \(max_positions {most + 1}: at most "
+                                         rf"{most} and EOS\): lower min_len"):
+        load_for_inference([tiny_checkpoints["a"]], SearchConfig(beam=1, min_len=most + 1,
+                                                                 max_len_b=most + 10), "cpu")
+    load_for_inference([tiny_checkpoints["a"]], SearchConfig(beam=1, min_len=most,
+                                                             max_len_b=most + 10), "cpu")

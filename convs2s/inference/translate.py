@@ -260,6 +260,11 @@ class Translator:
         self.shortlist = shortlist  # vocabulary selection's table, or None
         self.device = torch.device(device)
         self.max_positions = min(m.max_positions for m in self.models)
+        if search.min_len > self.max_positions - 1:  # (EOS is forced at the position table's
+            # end: every output would be cut there, whatever min_len asks)
+            raise ValueError(f"min_len={search.min_len} is more output pieces than the model "
+                             f"writes (max_positions {self.max_positions}: at most "
+                             f"{self.max_positions - 1} and EOS): lower min_len")
         self.dictionary = load_dictionary(search.dictionary) if search.dictionary else None
 
     # --- encoding ------------------------------------------------------------------------------
