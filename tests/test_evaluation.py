@@ -628,3 +628,14 @@ def test_a_pair_scored_again_into_its_run_logs_only_scores_that_changed(tmp_path
     _log_result(uri, run, dataclasses.replace(job, model_id=other), scored(31.0, 6.0), data)
     assert {m.key: m.value for m in client.get_logged_model(other).metrics} == \
         {"bleu": 31.0, "chrf": 50.0}
+    # The same model on a second test set, whose scores equal the first's: its own values (the
+    # model's metrics are per dataset; compared across them, they were taken as logged)
+    run_v = find_or_create_run(uri, "exp", run_key="k2", run_name="eval/best/v")
+    valid = DatasetRecord("v", "d2", str(tmp_path / "t.ref"))
+    _log_result(uri, run_v, job, scored(31.0, 6.0), valid)  # the first model's
+    for _ in range(2):  # its weights logged again: the new model gets its scores on v once
+        _log_result(uri, run_v, dataclasses.replace(job, model_id=other), scored(31.0, 6.0),
+                    valid)
+    assert [m.value for m in client.get_metric_history(run_v, "bleu")] == [31.0, 31.0]
+    assert sorted((m.dataset_name, m.key) for m in client.get_logged_model(other).metrics) == \
+        [("t", "bleu"), ("t", "chrf"), ("v", "bleu"), ("v", "chrf")]

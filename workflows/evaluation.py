@@ -256,7 +256,7 @@ def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
     m = out["metrics"]
     # (a pair scored again into its run, for the pictures or a new scoring version: an
     # unchanged score had a second value at step 0, on its model too)
-    had, on_model = run_metrics(uri, run_id), model_metrics(uri, job.model_id)
+    had, on_model = run_metrics(uri, run_id), model_metrics(uri, job.model_id, dataset)
     log_final_metrics(uri, run_id, {k: v for k, v in m.items() if k not in RUN_METRICS and (
         had.get(k) != v or (job.model_id and on_model.get(k) != v))},
                       model_id=job.model_id, dataset=dataset)

@@ -567,14 +567,18 @@ def run_metrics(uri: str, run_id: str | None) -> dict[str, float]:
         return {}
 
 
-def model_metrics(uri: str, model_id: str | None) -> dict[str, float]:
-    """A logged model's metric values ({} where there is none or it cannot be read)."""
+def model_metrics(uri: str, model_id: str | None,
+                  dataset: DatasetRecord | None = None) -> dict[str, float]:
+    """A logged model's metric values on `dataset` (its name and digest: a model is scored on
+    several test sets), or on none; {} where there is none or it cannot be read."""
     if model_id is None:
         return {}
+    name, digest = (dataset.name, dataset.digest) if dataset else (None, None)
     try:
         with bounded_http():
             return {m.key: m.value for m in mlflow_client(uri).get_logged_model(
-                model_id).metrics or []}
+                model_id).metrics or []
+                if (m.dataset_name or None, m.dataset_digest or None) == (name, digest)}
     except Exception:  # noqa: BLE001 - deleted model or unreachable server
         return {}
 
