@@ -1372,6 +1372,17 @@ def test_a_hub_split_read_from_other_data_than_the_presets_is_named_after_it(tmp
                                  "workflow.test_sets={test: newstest2015, valid: newsdev}"],
                    tmp_path)
     assert run["workflow"]["test_sets"] == {"test": "newstest2015", "valid": "newsdev"}
+    # the same through a --config file: written by --format yaml, or by hand (the file's own
+    # data was compared with itself: wmt15's test was newstest2014 again)
+    rc, text, err = _main(wmt14_en_fr, [*base, "--set", "data.hub_repo=wmt/wmt15",
+                                        "--dry-run", "--format", "yaml"])
+    written, hand = tmp_path / "w15.yaml", tmp_path / "hand.yaml"
+    written.write_text(text)
+    hand.write_text("preset: paper\npreprocess:\n  hub_repo: wmt/wmt15\n")
+    for file in (written, hand):
+        run = _dry_run(wmt14_en_fr, ["--config", str(file)], tmp_path)
+        assert run["workflow"]["test_sets"] == {"test": "wmt15_test",
+                                                "valid": "wmt15_validation"}, file
 
 
 def test_languages_the_hub_configuration_does_not_hold_are_refused_naming_the_one_that_does(

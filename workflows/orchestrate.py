@@ -277,7 +277,7 @@ def _load_config(opts: RunOptions, presets: dict[str, Callable[[], WorkflowConfi
                         f"settings start from preset {base!r}: leave --preset out (the file "
                         "names its preset), or run --preset alone")
     opts.config_settings = tuple(overrides.file_settings(cfg, presets[base](), explicit, where))
-    opts.config_preset, opts.preset = base, path.stem
+    opts.config_preset, opts.preset, opts.config_base = base, path.stem, presets[base]()
     return cfg
 
 
@@ -311,7 +311,7 @@ def _given(opts: RunOptions) -> list[str]:
     default = RunOptions()
     return [f.name for f in dataclasses.fields(opts)
             if f.name not in ("dry_run", "format", "config_preset", "config_settings",
-                              "preset_flag")
+                              "preset_flag", "config_base")
             and getattr(opts, f.name) != getattr(default, f.name)]
 
 
@@ -343,7 +343,7 @@ def config_yaml(cfg: WorkflowConfig, opts: RunOptions) -> str:
         local_splits={**cfg.local_splits, **dict(s.partition("=")[::2] for s in opts.split)},
         # (a split given another file is named after it: the file's local_splits are its)
         test_sets={split: spec.test_sets[split] for split in cfg.test_sets}
-        if spec.data_flag not in ("hub", "demo") else cfg.test_sets,
+        if spec.data_flag != "demo" else cfg.test_sets,
         train=cfg.train.replace(update_freq=opts.update_freq or cfg.train.update_freq, **limits),
         num_workers=spec.num_workers, use_gpu=spec.use_gpu)
     sections = {v: k for k, v in overrides.FILE_SECTIONS.items()}

@@ -310,9 +310,10 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
     changes = [*opts.config_settings, *sets]
     changes += language_and_split_flags(cfg, opts, data_flag, changes)
     preset_pair = (cfg.preprocess.src_lang, cfg.preprocess.tgt_lang)
-    preset_files = dict(cfg.local_splits)  # (the files the preset's set names name)
-    preset_hub = (cfg.preprocess.hub_repo, cfg.preprocess.hub_config,
-                  dict(cfg.preprocess.splits))  # (and the hub splits they name)
+    base = opts.config_base or cfg  # (a --config file's preset: the file may change them)
+    preset_files = dict(base.local_splits)  # (the files the preset's set names name)
+    preset_hub = (base.preprocess.hub_repo, base.preprocess.hub_config,
+                  dict(base.preprocess.splits))  # (and the hub splits they name)
     cfg = overrides.apply(cfg, changes)
     storage = location(opts.storage_path)  # a bucket URI stays one: never a folder "s3:"
     test_sets = dict(cfg.test_sets)

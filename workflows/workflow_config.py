@@ -248,6 +248,9 @@ class RunOptions:
     config_preset: str | None = None
     config_settings: tuple = ()
     preset_flag: str | None = None  # --preset as given (None: left out), checked with --config's
+    # the preset the --config file starts from, as built: what names the run's evaluation sets
+    # (a set read from other files or hub data than the preset's is named after them)
+    config_base: object | None = field(default=None, repr=False)
     dry_run: bool = False  # print the resolved run and exit, starting nothing
     format: str = "json"  # --dry-run's output: json (the resolved run) or yaml (a --config file)
 
