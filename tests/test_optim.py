@@ -323,3 +323,28 @@ def test_a_cpu_written_optimizer_state_resumes_on_a_gpu_with_its_fused_step(opti
     written.step()
     for a, b in zip(cpu_params, gpu_params):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_fixed_schedule_resumed_with_another_lr_goes_on_from_the_runs_own():
+    """Resumed with --set train.lr=1.0, a run trained at lr 0.5 is told its schedule goes on
+    from its own state: the "fixed" schedule did so for the epoch under way only, then every
+    later epoch was computed from the new lr (0.5 -> 1.0 at the next epoch's start), as no
+    other schedule does. A checkpoint from before the base lr was kept: derived from its
+    epoch's lr."""
+    def run(cfg, epochs, state=None):
+        s = LRSchedule(cfg)
+        if state is not None:
+            s.load_state_dict(state)
+        return s, [s.end_epoch(e, 1.0) for e in epochs]
+
+    def fixed(lr, start):
+        return TrainConfig(lr=lr, lr_schedule="fixed", anneal_from_epoch=start, lr_shrink=0.1)
+
+    for start in (None, 3):  # the lr fixed; then shrunk from epoch 3 on
+        first, _ = run(fixed(0.5, start), [1, 2])
+        _, straight = run(fixed(0.5, start), [1, 2, 3, 4])
+        _, resumed = run(fixed(1.0, start), [3, 4], first.state_dict())
+        assert resumed == pytest.approx(straight[2:]), (start, resumed, straight)
+        old = {k: v for k, v in first.state_dict().items() if k != "base_lr"}
+        _, from_old = run(fixed(1.0, start), [3, 4], old)
+        assert from_old == pytest.approx(straight[2:]), (start, from_old, straight)

@@ -127,6 +127,9 @@ class LRSchedule:
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
+        # the lr the "fixed" schedule shrinks from: the run's own, kept in its state (a resume
+        # asking another lr goes on with the run's schedule, as every schedule does)
+        self.base_lr = cfg.lr
         # the lr of the current epoch, before warmup ("fixed" from anneal_from_epoch=1: shrunk
         # from the first epoch on, as fixed_lr says)
         self.epoch_lr = self.fixed_lr(1) if cfg.lr_schedule == "fixed" else cfg.lr
@@ -197,8 +200,8 @@ class LRSchedule:
         """"fixed" schedule: lr of the (1-based) `epoch`."""
         start = self.cfg.anneal_from_epoch
         if start is None or epoch < start:
-            return self.cfg.lr
-        return self.cfg.lr * self.cfg.lr_shrink ** (epoch + 1 - start)
+            return self.base_lr
+        return self.base_lr * self.cfg.lr_shrink ** (epoch + 1 - start)
 
     def should_stop(self) -> bool:
         """The lr fell below min_lr (the epoch schedules; "cosine" / "linear" end with their
@@ -206,7 +209,7 @@ class LRSchedule:
         return self.cfg.lr_schedule not in BUDGET_SCHEDULES and self.epoch_lr < self.cfg.min_lr
 
     def state_dict(self) -> dict:
-        return {"epoch_lr": self.epoch_lr, "best_loss": self.best_loss,
+        return {"epoch_lr": self.epoch_lr, "base_lr": self.base_lr, "best_loss": self.best_loss,
                 "epoch_best": self.epoch_best, "epochs_done": self.epochs_done,
                 "prev_loss": self.prev_loss, "annealing": self.annealing}
 
@@ -220,3 +223,10 @@ class LRSchedule:
         prev = state.get("prev_loss")  # (a checkpoint from before "anneal": none, not begun)
         self.prev_loss = None if prev is None else float(prev)
         self.annealing = bool(state.get("annealing", False))
+        if "base_lr" in state:
+            self.base_lr = float(state["base_lr"])
+        elif self.cfg.lr_schedule == "fixed":  # (a checkpoint from before base_lr: the lr its
+            # current epoch had, unshrunk by the epochs the schedule shrank it)
+            start, epoch = self.cfg.anneal_from_epoch, self.epochs_done + 1
+            shrunk = 0 if start is None or epoch < start else epoch + 1 - start
+            self.base_lr = self.epoch_lr / self.cfg.lr_shrink ** shrunk
