@@ -328,7 +328,19 @@ def test_what_the_evaluation_command_can_know_before_ray_starts_is_one_line(
             (["--run-dir", str(run), *test, *out, "--set", "lenpen=x"],
              "--set lenpen=x: search.lenpen takes float"),
             (["--run-dir", str(run), *test, *out, "--set", "nbest=3"],
-             "--set nbest=3: an evaluation scores one translation a sentence")):
+             "--set nbest=3: an evaluation scores one translation a sentence"),
+            # (a traceback, or both logged as models before one, or taken by Ray)
+            (["--run-dir", str(run), *test, *out, "--beam", "0"], "beam must be >= 1, got 0"),
+            (["--checkpoint", f"a={tiny_checkpoints['a']}", "--checkpoint",
+              f"a={tiny_checkpoints['b']}", *test, *out], "--checkpoint a=...: two checkpoints "
+                                                          "named a; name each its own"),
+            (["--run-dir", str(run), *test, *out, "--attention-sentences", "-3"],
+             "--attention-sentences -3: give a number >= 0"),
+            (["--run-dir", str(run), *test, *out, "--num-cpus", "-1"],
+             "--num-cpus -1.0: give a number >= 0"),
+            # (the password was printed)
+            (["--checkpoint", "a=s3://AK:SECRET@b/ck", *test, *out],
+             "--checkpoint 'a=s3://***@b/ck': give NAME=DIR")):
         try:
             rc = main(argv)
         except SystemExit as exit_:  # (argparse's refusals)
@@ -639,3 +651,30 @@ def test_a_pair_scored_again_into_its_run_logs_only_scores_that_changed(tmp_path
     assert [m.value for m in client.get_metric_history(run_v, "bleu")] == [31.0, 31.0]
     assert sorted((m.dataset_name, m.key) for m in client.get_logged_model(other).metrics) == \
         [("t", "bleu"), ("t", "chrf"), ("v", "bleu"), ("v", "chrf")]
+
+
+def test_a_named_checkpoint_that_does_not_load_is_one_line(tiny_checkpoints, ray_session,
+                                                           tmp_path, capsys):
+    """`--checkpoint NAME=DIR` whose checkpoint is cut short, or a `--set shortlist=` that is
+    not there, was a traceback (exit 1) as its model was logged: one line, exit 2."""
+    import shutil
+
+    from workflows.evaluation import main
+
+    cut = tmp_path / "cut"
+    shutil.copytree(tiny_checkpoints["a"], cut)
+    whole = (cut / "checkpoint.pt").read_bytes()
+    (cut / "checkpoint.pt").write_bytes(whole[:1000])
+    (tmp_path / "t.en").write_text("a\n")
+    (tmp_path / "t.de").write_text("b\n")
+    test = ["--test", "t", str(tmp_path / "t.en"), str(tmp_path / "t.de"), "de"]
+    uri = ["--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--out", str(tmp_path / "e")]
+    for argv, says in (([f"a={cut}"], f"--checkpoint a: {cut} is not a whole checkpoint"),
+                       ([f"a={tiny_checkpoints['a']}", "--set", "shortlist=/no/such.npz"],
+                        "--checkpoint a: ")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--checkpoint", *argv, *test, *uri])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and err[-1].startswith(
+            f"python -m workflows.evaluation: error: {says}"), err
+        assert "Traceback" not in "\n".join(err)

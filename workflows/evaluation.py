@@ -74,8 +74,7 @@ from convs2s.tracking.runs import (
 )
 from convs2s.tracking.redact import redact_text, redact_uri
 from workflows.placement import NoRoomError, _check_room, _free_cpus_per_node, share_cpus
-
-from storage import StorageError, local_copy, location, ray_join, write_whole
+from storage import StorageError, local_copy, location, ray_join, shown, write_whole
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -564,9 +563,15 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.checkpoint:
         name, _, path = item.partition("=")
         if not name or not path or not Path(path, "checkpoint.pt").is_file():
-            p.error(f"--checkpoint {item!r}: give NAME=DIR, DIR a checkpoint directory "
+            p.error(f"--checkpoint {shown(item)!r}: give NAME=DIR, DIR a checkpoint directory "
                     "(checkpoint.pt inside)")
+        if name in dict(named):  # (both logged as models, then a traceback)
+            p.error(f"--checkpoint {name}=...: two checkpoints named {name}; name each its own")
         named.append((name, str(Path(path).resolve())))
+    for flag, value in (("--attention-sentences", args.attention_sentences),
+                        ("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus)):
+        if value < 0:
+            p.error(f"{flag} {value}: give a number >= 0")
     if args.last_n < 0:  # (0: no average; -1 averaged every checkpoint but the oldest)
         p.error(f"--last-n {args.last_n}: give a count of checkpoints >= 1, or 0 for none")
     if len({name for name, *_ in args.test}) < len(args.test):
@@ -578,10 +583,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     asked = {"beam": args.beam, "precision": args.precision,
              "precision_fallback": args.precision_fallback}
-    search = summarization_search(**asked) if args.summarization else SearchConfig(**asked)
     from storage.settings import Change, SettingError, apply_changes, read_value
 
     try:
+        search = summarization_search(**asked) if args.summarization else SearchConfig(**asked)
         changes = []
         for item in args.set:
             key, eq, raw = item.partition("=")
@@ -592,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         search = apply_changes(search, changes, "search",
                                {f"search.{k}": f"--{k.replace('_', '-')}"
                                 for k in ("beam", "precision", "precision_fallback")})
-    except SettingError as err:
+    except (SettingError, ValueError) as err:  # (--beam 0: the search's own check)
         p.error(str(err))
     if search.nbest != 1:  # (a score is of one translation a sentence)
         p.error(f"--set nbest={search.nbest}: an evaluation scores one translation a sentence; "
@@ -674,6 +679,8 @@ def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str) -
         except MlflowException as err:  # MLflow's message quotes the URI, password and all
             p.error(f"--checkpoint {name}: its model could not be logged at {redact_uri(uri)}: "
                     f"{redact_text(str(err).splitlines()[0])[:300]}")
+        except (CheckpointError, OSError, ValueError) as err:  # (cut short, a --set shortlist
+            p.error(f"--checkpoint {name}: {redact_text(str(err))}")  # that is not there)
         jobs += [EvalJob(name, (path,), test, search, num_cpus=args.num_cpus,
                          num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
                          model_id=served.model_id) for test in tests]
