@@ -404,8 +404,10 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
         raise PreprocessError(
             f"split {split!r} ({cfg.splits[split]}) reads lines {first:,} to {upto} of the "
             f"training split's files ({cfg.splits['train']}): its loss and scores would be on "
-            "text the model and its BPE learned; give it other lines (NAME[first:end] ranges "
-            "that do not meet) or other files")
+            "text the model and its BPE learned; " + (
+                "give it other lines (NAME[first:end] ranges that do not meet) or other files"
+                if sources["train"].kind in ("text", "tsv", "jsonl") else
+                "map it to another split or other files"))
     if vocabulary is not None and cfg.shortlist_per_source and not vocabulary.spm_model:
         raise PreprocessError(f"shortlist_per_source={cfg.shortlist_per_source}: vocabulary "
                               "selection needs one joint vocabulary, and the fixed "
