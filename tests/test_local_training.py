@@ -278,7 +278,9 @@ def test_set_takes_train_and_model_fields_as_the_workflows_write_them(demo_batch
                        (["train.lrr=1"], "TrainConfig has no field 'lrr' (did you mean lr or "
                                          "lr_shrink?)"),
                        (["optimizer=adam", "train.momentum=0.9"],
-                        "--set train.momentum=0.9: momentum is read only with optimizer nag")):
+                        "--set train.momentum=0.9: momentum is read only with optimizer nag"),
+                       (["dropout_by_passes=[[0, 0.2], [10, 0.3]]"],
+                        "the dropout table chooses by the passes a time budget will reach")):
         rc = main(_argv(demo_batches, storage, "r", *[a for x in sets for a in ("--set", x)]))
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and said in err, (sets, err)

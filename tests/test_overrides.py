@@ -290,6 +290,17 @@ def test_an_update_stated_twice_names_the_setting_that_turns_one_off(tmp_path):
     assert rc == 0, err
 
 
+def test_a_presets_dropout_table_without_the_time_budget_is_off_and_recorded_so(tmp_path):
+    """The Multi30k cpu preset's dropout table with its time budget taken off (a fixed count
+    of updates instead) was kept in the run's settings and params, and never read: the run
+    records no table, the model's dropout throughout."""
+    run = _dry_run(multi30k_en_de, ["--preset", "cpu", "--set", "train.max_updates=300",
+                                    "--set", "train.max_time=0"], tmp_path)
+    assert run["workflow"]["train"]["dropout_by_passes"] == []
+    run = _dry_run(multi30k_en_de, ["--preset", "cpu"], tmp_path)
+    assert run["workflow"]["train"]["dropout_by_passes"]
+
+
 @pytest.mark.parametrize("module, settings, says", [
     # each was accepted, recorded as the run's param, and never read by the training
     (wmt14_en_fr, ["train.optimizer=adam", "train.lr=1e-3", "train.momentum=0.9"],

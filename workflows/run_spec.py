@@ -468,6 +468,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
             raise SpecError(f"{o.origin} {o.text}: the dropout table chooses by the passes a "
                             "time budget will reach, and this run has none: add --max-time "
                             "(e.g. 60m), or set model.dropout instead")
+    if train.dropout_by_passes and not train.max_time:  # the preset's own, its budget taken
+        train = train.replace(dropout_by_passes=())  # off: the model's dropout, as recorded
     return RunSpec(
         workflow=name, preset=opts.preset, task_kind=cfg.task_kind, data_flag=data_flag,
         data=pre.replace(root=str(storage / "preprocessed")), test_sets=test_sets,

@@ -214,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         for change in sets:  # (a setting the run's optimizer or schedule never reads)
             if why := unused_setting(recipe, change.field):
                 raise ValueError(f"--set {change.text}: {why}")
+            if change.field == "dropout_by_passes" and recipe.dropout_by_passes \
+                    and not recipe.max_time:
+                raise ValueError(f"--set {change.text}: the dropout table chooses by the passes "
+                                 "a time budget will reach: add --max-time (e.g. 60m)")
         model = apply_changes(PRESETS[args.model](), model_sets, "model", {})
         import sentencepiece as spm
 
