@@ -11,6 +11,7 @@ Run: .venv/bin/python -m pytest tests/test_translate.py -q            (add -m "n
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -512,6 +513,8 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
     (tmp_path / "a.en").write_text("one\n")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
     ck, a = tiny_checkpoints["a"], str(tmp_path / "a.en")
     cases = [["--input", str(tmp_path / "missing.en")],
              ["--input", a, "--output", str(tmp_path)],
@@ -523,7 +526,8 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
              ["--input", a, "--actors", "2", "--device", "cpu", "--output",
               str(tmp_path / "parts")],
              ["--input", a, "--column", "text"],
-             ["--input", a, "--shortlist-per-source", "-1"]]
+             ["--input", a, "--shortlist-per-source", "-1"],
+             ["--input", str(fifo)]]
     results, loaded = calls_in_a_fresh_process(
         "from convs2s.cli import main", f"main(['translate', '--checkpoint', {ck!r}, *extra])",
         cases)
@@ -532,7 +536,10 @@ def test_a_refused_command_answers_before_torch_loads(tiny_checkpoints, tmp_path
             "no-such-folder does not exist; create it first",
             "--device: the --actors job does not use it",
             "--column text: only a .parquet --input has columns",
-            "shortlist_per_source must be >= 0"]
+            "shortlist_per_source must be >= 0",
+            # (it was "does not exist"; read once, it cannot be told text, gzip or parquet)
+            f"input {fifo} is not a regular file (a pipe or a device): give it on the standard "
+            "input"]
     for (rc, err), said in zip(results, says):
         assert rc == 2 and said in err and err.count("\n") == 1, err
     assert loaded == []

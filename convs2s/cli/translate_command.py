@@ -33,6 +33,11 @@ def _check_input(path: str | None) -> None:
     if p.is_dir():
         raise FileNotFoundError(f"input {path} is a directory: give a text file with one "
                                 "sentence per line")
+    if isinstance(p, Path) and p.exists() and not p.is_file():  # (a pipe, /dev/stdin: read
+        # more than once to tell text, gzip and parquet apart; it was "does not exist")
+        raise FileNotFoundError(f"input {path} is not a regular file (a pipe or a device): "
+                                "give it on the standard input (leave --input out, or "
+                                "--input -)")
     if not p.is_file():
         raise FileNotFoundError(f"input file {path} does not exist")
 
