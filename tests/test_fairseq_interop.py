@@ -438,6 +438,12 @@ def test_a_dictionary_far_larger_than_any_is_refused_unread(tmp_path):
         f.truncate(MAX_DICTIONARY_BYTES + 1)  # sparse: no memory, no disk
     with pytest.raises(CodecError, match="more than a dictionary's"):
         read_dictionary(big)
+    # one not UTF-8: named, with the fix (the decoder's words alone named no file)
+    bad = tmp_path / "dict.fr.txt"
+    bad.write_bytes(b"le 10\n\xff\xfe bad 1\n")
+    with pytest.raises(CodecError, match=r"dict\.fr\.txt is not UTF-8 text .*copy or download "
+                                         r"the file again"):
+        read_dictionary(bad)
 
 
 def test_a_reference_checkpoint_given_as_ours_points_to_the_import(tmp_path):

@@ -340,8 +340,13 @@ def read_dictionary(path: Path) -> list[str]:
                          f"{MAX_DICTIONARY_BYTES:,} (a million symbols); is it the right file?")
     symbols = ["<s>", "<pad>", "</s>", "<unk>"]
     assert (BOS, PAD, EOS, UNK) == (0, 1, 2, 3)
-    with path.open(encoding="utf-8") as f:  # streamed, a line at a time
-        lines = [line.rstrip("\n") for line in f]
+    try:
+        with path.open(encoding="utf-8") as f:  # streamed, a line at a time
+            lines = [line.rstrip("\n") for line in f]
+    except UnicodeDecodeError as err:  # (the decoder's words alone named no file)
+        raise CodecError(f"{path} is not UTF-8 text (byte {err.start:,} of a chunk: "
+                         f"{err.object[err.start:err.end]!r}); the reference writes its "
+                         "dictionaries in UTF-8: copy or download the file again") from None
     seen = set(symbols)
     for n, line in enumerate(lines, 1):
         if not line.strip():
