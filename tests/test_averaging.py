@@ -240,3 +240,18 @@ def test_a_checkpoint_without_its_text_pipeline_is_refused(given, tiny_checkpoin
                                                    "no sentencepiece.model or text.json in") \
         and "give the checkpoint's own folder" in lines[0], lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare"]  # nothing written
+
+
+def test_an_out_inside_a_checkpoint_it_averages_is_refused(tiny_checkpoints, tmp_path, capsys):
+    """`average --out RUN/checkpoint_X/avg RUN/checkpoint_X ...` wrote the average inside an
+    input's folder, which the run removes or replaces whole (keep_last, a new best/): refused
+    in one line, nothing written (import and export refused the same already)."""
+    a = tmp_path / "a"
+    shutil.copytree(tiny_checkpoints["a"], a)
+    for arg in (str(a), str(a / "checkpoint.pt")):
+        assert main([arg, tiny_checkpoints["b"], "--out", str(a / "avg")]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and f"--out {a / 'avg'} lies inside the checkpoint {a}" in \
+            lines[0], lines
+    assert sorted(p.name for p in a.iterdir()) == ["checkpoint.pt", "meta.json",
+                                                   "sentencepiece.model"]

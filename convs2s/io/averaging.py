@@ -33,7 +33,8 @@ from pathlib import Path
 
 import torch
 
-from convs2s.io.checkpoint import REQUIRED_KEYS, SPM_FILE, load_checkpoint, save_checkpoint
+from convs2s.io.checkpoint import (CHECKPOINT_FILE, REQUIRED_KEYS, SPM_FILE, load_checkpoint,
+                                  save_checkpoint)
 from convs2s.io.text_codec import TEXT_FILE, checkpoint_folder, codec_files, local_checkpoint
 from storage import StorageError, location
 from storage.paths import shown
@@ -157,6 +158,14 @@ def average_checkpoints(paths: list[str | os.PathLike], out_dir: str | os.PathLi
     paths = [local_checkpoint(p) for p in paths]  # a bucket's: fetched once per node
     if not paths:
         raise ValueError("average_checkpoints needs at least one checkpoint")
+    for given, path in zip(as_given, paths):  # (as import / export refuse it)
+        folder = checkpoint_folder(path).resolve()
+        if isinstance(location(given), Path) and (folder / CHECKPOINT_FILE).is_file() \
+                and out_dir.resolve().is_relative_to(folder):
+            raise FileExistsError(f"--out {out_dir} lies inside the checkpoint {folder} that "
+                                  "this command reads: a run removes or replaces a checkpoint's "
+                                  "folder whole (keep_last, a new best/), the average with it; "
+                                  "give a folder outside it")
     first = _averageable(load_checkpoint(paths[0]), as_given[0])
     # The text pipeline travels with the weights: the sentencepiece model, or an imported
     # model's dictionaries, BPE codes and text.json (convs2s.io.text_codec); a checkpoint.pt
