@@ -945,3 +945,27 @@ def test_a_min_len_past_the_models_position_table_is_refused_in_one_line(tiny_ch
                                                                  max_len_b=most + 10), "cpu")
     load_for_inference([tiny_checkpoints["a"]], SearchConfig(beam=1, min_len=most,
                                                              max_len_b=most + 10), "cpu")
+
+
+def test_translations_to_stdout_are_utf8_in_any_locale_and_a_reader_leaving_ends_it_quietly(
+        tiny_checkpoints, tmp_path):
+    """To the standard output: in an ASCII locale (a cron job's, PYTHONIOENCODING=ascii) the
+    first non-ASCII word was a UnicodeEncodeError traceback; `| head -1` ended it with
+    "error: [Errno 32] Broken pipe", exit 2. The text is UTF-8 as a file's is, and a reader
+    that leaves ends the command, exit 0, as other filters end."""
+    src = tmp_path / "src.txt"
+    src.write_text("".join(f"a cat is on the mat number {i} .\n" for i in range(200)))
+    cmd = [sys.executable, "-m", "convs2s", "translate", "--checkpoint", tiny_checkpoints["a"],
+           "--input", str(src), "--beam", "1"]
+    ascii_env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run(cmd, capture_output=True, env=ascii_env, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    text = done.stdout.decode("utf-8")  # (the random model writes non-ASCII pieces)
+    assert len(text.splitlines()) == 200 and any(ord(c) > 127 for c in text)
+    proc = subprocess.Popen([*cmd, "--buffer-size", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO)  # (written a line at a time)
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader leaves after one line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and "Broken pipe" not in err and "Traceback" not in err, \
+        err[-2000:]

@@ -421,6 +421,9 @@ def translate(argv: list[str] | None = None) -> int:
                                         spm_model=args.spm_model)
         target, tmp = _output_files(args.output)
         out = open(tmp or target, "w", encoding="utf-8") if args.output else sys.stdout
+        if not args.output and (sys.stdout.encoding or "").lower().replace("-", "") != "utf8":
+            sys.stdout.reconfigure(encoding="utf-8")  # translations are UTF-8 text, as files
+            # are (a C / ASCII locale was a UnicodeEncodeError at the first non-ASCII word)
     except (CheckpointError, OSError, ValueError, PrecisionError, StorageError) as err:
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
@@ -442,6 +445,9 @@ def translate(argv: list[str] | None = None) -> int:
                 location(args.output).upload(tmp)
             else:
                 os.replace(tmp, target)
+    except BrokenPipeError:  # the reader left (`| head`): done, as other filters are
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no flush error)
+        return 0
     except (OSError, InputError) as err:  # (a .gz found cut short)
         print(f"convs2s-translate: error: {err}", file=sys.stderr)
         return 2
