@@ -340,7 +340,13 @@ def test_what_the_evaluation_command_can_know_before_ray_starts_is_one_line(
              "--num-cpus -1.0: give a number >= 0"),
             # (the password was printed)
             (["--checkpoint", "a=s3://AK:SECRET@b/ck", *test, *out],
-             "--checkpoint 'a=s3://***@b/ck': give NAME=DIR")):
+             "--checkpoint 'a=s3://***@b/ck': give NAME=DIR"),
+            # ("[Errno 17] File exists"; "train it first")
+            (["--run-dir", str(run), *test, "--out", str(src)], f"--out {src} is a file: give "
+                                                                "a folder"),
+            (["--run-dir", tiny_checkpoints["a"], *test, *out],
+             f"{tiny_checkpoints['a']} has no best/ checkpoint and no checkpoint with a "
+             "validation loss: train it first; a checkpoint folder goes to --checkpoint")):
         try:
             rc = main(argv)
         except SystemExit as exit_:  # (argparse's refusals)

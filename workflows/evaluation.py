@@ -242,6 +242,7 @@ def _experiment_name(uri: str, parent_run_id: str | None, default: str) -> str:
 # Tag of an evaluation run: the scoring version its scores were computed by
 # (TaskKind.scoring_for; the champion compares only scores of one version, workflows/lineage.py)
 SCORING_TAG = "convs2s.scoring_version"
+IDENTITY_TAG = "convs2s.eval.identity"  # what a job scored (`_identity`)
 
 
 def _log_result(uri: str, run_id: str | None, job: EvalJob, out: dict,
@@ -276,14 +277,13 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning the same
     evaluation (job, test set, checkpoints, search) into the same `out_dir` reuses its child
     runs; another one under the same names gets runs of its own, the old ones set apart
-    (`_run_of`). A failed job marks its run
-    FAILED; with `raise_on_error` a RuntimeError naming every failed job follows once the
-    others are logged (else failed jobs are left out of the results). `run_ids` ({(job name,
-    test set name): run id}, a workflow's run tree made them) are the child runs to log into.
-    `on_result(result)` is called as each job's result is logged, before the others end: a
-    workflow records each score then, so that one failed or stopped pair does not take the
-    finished ones' records with it (they would be scored again, into the same runs).
-    """
+    (`_run_of`). A failed job marks its run FAILED; with `raise_on_error` a RuntimeError
+    naming every failed job follows once the others are logged (else failed jobs are left out
+    of the results). `run_ids` ({(job name, test set name): run id}, a workflow's run tree
+    made them) are the child runs to log into. `on_result(result)` is called as each job's
+    result is logged, before the others end: a workflow records each score then, so that one
+    failed or stopped pair does not take the finished ones' records with it (they would be
+    scored again, into the same runs)."""
     import ray  # here: the job and test-set types above load without Ray
 
     if not ray.is_initialized():
@@ -393,9 +393,6 @@ def _run_of(uri: str, exp: str, job: EvalJob, out_dir, parent_run_id: str | None
     return run_id
 
 
-IDENTITY_TAG = "convs2s.eval.identity"
-
-
 def _identity(job: EvalJob) -> str:
     """A digest of what a job scores: its checkpoints' full paths and versions (size, mtime),
     its test files' full paths and versions."""
@@ -415,13 +412,11 @@ def _identity(job: EvalJob) -> str:
 
 def _tag_of(uri: str, run_id: str | None, key: str) -> str | None:
     """Run `run_id`'s tag `key`, None where it has none or cannot be read."""
-    if run_id is None:
-        return None
     from convs2s.tracking.runs import bounded_http, mlflow_client
 
     try:
         with bounded_http():
-            return mlflow_client(uri).get_run(run_id).data.tags.get(key)
+            return mlflow_client(uri).get_run(run_id).data.tags.get(key) if run_id else None
     except Exception:  # noqa: BLE001 - tracking unreachable: nothing is logged either
         return None
 
@@ -461,8 +456,10 @@ def best_checkpoints(run_dirs: list[str]) -> tuple[str, ...]:
     for run_dir in run_dirs:
         info = best_checkpoint(run_dir)
         if info is None:
+            hint = "; a checkpoint folder goes to --checkpoint NAME=DIR" if (
+                location(run_dir) / "checkpoint.pt").is_file() else ""
             raise FileNotFoundError(f"{run_dir} has no best/ checkpoint and no checkpoint with "
-                                    "a validation loss: train it first")
+                                    f"a validation loss: train it first{hint}")
         if location(info.path).name != "best":  # said, never a silent substitute
             log.warning("%s has no best/: scoring %s (the lowest validation loss kept, %.4f) "
                         "as its best", run_dir, location(info.path).name, info.val_loss)
@@ -612,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
                 location(where)
             except StorageError as err:
                 raise StorageError(f"{flag} {err}") from None
+        if location(args.out).is_file():  # (it was "[Errno 17] File exists")
+            raise ValueError(f"--out {shown(args.out)} is a file: give a folder for the scores")
         from convs2s.metrics.scoring import text_lines
 
         for t in tests:  # (found by each scoring task, after Ray started and runs were made)
