@@ -156,8 +156,6 @@ def recorded_hub_source(cfg: PreprocessConfig, split: str) -> dict | None:
     dataset, configuration and hub split, and the revision asked for (a full commit: that
     commit; a branch or tag: the commit its stages read, when only one did). None when no
     folder holds one; a PreprocessError when several commits do and none is named."""
-    import re
-
     name = cfg.splits[split]
     found: dict[str, dict] = {}
     task = location(cfg.root) / cfg.task
