@@ -34,6 +34,7 @@ REASONS = ("line_too_long", "bad_row", "invalid_utf8", "nul_byte", "empty", "too
 # joiner (Persian, the Indic scripts; emoji sequences), which text of any pair may hold (the
 # `translation` workflow takes any; deleted, its words and its references were misspelled)
 _SPELLING = frozenset("\u200c\u200d")
+_WORD_MARK = "\u2581"  # sentencepiece's space (`normalize`)
 
 
 def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
@@ -43,7 +44,9 @@ def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
     private use, surrogates, unassigned) except whitespace, which becomes a space, and the
     zero-width (non-)joiner, which spell words (`_SPELLING`, kept since 2026-12-07; folders made
     before keep theirs). That is what `str.isprintable()` rejects, minus the spaces, so clean
-    text takes a fast path.
+    text takes a fast path. U+2581, sentencepiece's word mark, is a space too: the model reads
+    it as one, so a side of nothing else encoded to no pieces and trained as a sentence of EOS
+    alone (now `empty`; since 2026-12-07, folders made before keep theirs).
     Deleting comes first: a deleted character between a letter and its combining mark would
     otherwise leave them uncomposed, not NFC (output for such text changed on 2026-12-04;
     folders made before keep theirs). `token_map` (PreprocessConfig.token_map) replaces whole
@@ -54,6 +57,8 @@ def normalize(text: str | None, token_map: dict[str, str] | None = None) -> str:
     if not text.isprintable():
         text = "".join(c if c.isprintable() or c in _SPELLING else (" " if c.isspace() else "")
                        for c in text)
+    if _WORD_MARK in text:
+        text = text.replace(_WORD_MARK, " ")
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     words = text.split()  # str.split() splits on every Unicode space (NBSP, U+3000, ...)

@@ -8,8 +8,8 @@ the driver.
 
 Special ids match `convs2s.config` (a test checks it): BOS=0, PAD=1, EOS=2, UNK=3. Byte
 fallback spells characters outside the vocabulary as bytes, so decode(encode(x)) == x for
-any cleaned text without U+2581 (sentencepiece's own word mark, which decodes as a space), and
-the identity normalization keeps the text exactly as cleaning left it.
+any cleaned text (cleaning makes U+2581, sentencepiece's own word mark, a space), and the
+identity normalization keeps the text exactly as cleaning left it.
 """
 
 from __future__ import annotations

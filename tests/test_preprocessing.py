@@ -57,6 +57,8 @@ def test_the_bpe_learns_from_every_sampled_sentence_however_long(tmp_path):
     ("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
      "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"),
     ("\u0915\u094d\u200d\u0937", "\u0915\u094d\u200d\u0937"),
+    # sentencepiece's word mark is a space, as the model reads it
+    ("a\u2581b \u2581c\u2581", "a b c"), ("\u2581 \u2581\u2581", ""),
     ("", ""), (None, ""),
 ])
 def test_normalize(raw, clean):
@@ -70,6 +72,12 @@ def test_normalized_text_is_nfc_also_where_a_deleted_character_parted_a_letter_a
         clean = normalize(raw)
         assert unicodedata.is_normalized("NFC", clean) and normalize(clean) == clean
     assert normalize("e\u200b\u0301") == "\u00e9"
+
+
+def test_a_side_of_sentencepieces_word_marks_alone_is_dropped_as_empty():
+    """U+2581 encodes to no pieces: such a side trained as a sentence of EOS alone."""
+    assert drop_reason(normalize("\u2581"), normalize("Hallo"), 175, 1.5) == "empty"
+    assert drop_reason(normalize("Hello"), normalize("\u2581 \u2581"), 175, 1.5) == "empty"
 
 
 def test_length_and_ratio_filters_at_their_limits():

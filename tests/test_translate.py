@@ -194,7 +194,7 @@ UNCLEAN = ["Son e\u00ad\u0301l\u00e9phant", "e\u200b\u0301", "Cafe\x07\u0301 ok"
            "a\ufeff\u030a\u00ad", "Cafe\u0301", "  a \t b\u00a0c\u3000d  ",
            "zero\u200bwidth\u00adsoft\ufeffbom", "bell\x07 esc\x1b[0m",
            "line\u2028sep\x85nel", "priv\ue000ate", "o\u0308\u200d\u0301 A\u030a\u2060",
-           "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", ""]
+           "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", "a\u2581b \u2581", "\u2581", ""]
 
 
 @pytest.mark.parametrize("raw", UNCLEAN)

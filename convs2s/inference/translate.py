@@ -118,10 +118,13 @@ def normalize(text: str) -> str:
     preprocessing; tests/test_translate.py checks that the two agree). Deleting comes first: a
     deleted character between a letter and its combining mark would otherwise leave them
     uncomposed, and the sentencepiece model (normalization rule "identity") would split them
-    into byte pieces the training text never had."""
+    into byte pieces the training text never had. U+2581, sentencepiece's word mark, is a
+    space, as the sentencepiece model reads it."""
     if not text.isprintable():  # (the zero-width non-joiner and joiner spell words: kept)
         text = "".join(c if c.isprintable() or c in "\u200c\u200d"
                        else (" " if c.isspace() else "") for c in text)
+    if "\u2581" in text:
+        text = text.replace("\u2581", " ")
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     return " ".join(text.split())
