@@ -47,7 +47,7 @@ from preprocessing.sources import (SplitSource, bad_rows_hint, resolve_split,
                                    shared_training_lines)
 from preprocessing.stages import (PIPELINE_VERSION, config_hash, dropped_counts, execution_settings,
                                   finished, no_space, stage_output, write_manifest)
-from preprocessing.vocab import BOS, EOS, PAD, UNK, load, sample_pairs, train_bpe
+from preprocessing.vocab import BOS, EOS, PAD, UNK, learn_bpe, load, sample_pairs
 from storage import local_copy, location, remove_tree, written_locally
 from storage import ray_join
 from storage.signals import quiet_interrupted_datasets, sigterm_as_ctrl_c
@@ -167,14 +167,20 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
             "source": src.fingerprint}
 
 
+_LEARN_BPE = ray.remote(num_cpus=1)(learn_bpe)  # (sentencepiece learns on 1 thread)
+
+
 def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:
     ds = execution_settings(read_stage(task_dir / "clean" / "train", ["id", "src", "tgt"]))
     with user_errors():
-        sample = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
-    train_bpe(sample, tmp / "spm", cfg.vocab_size, cfg.character_coverage)
+        blocks = sample_pairs(ds, clean_train["rows_kept"], cfg.spm_sample_pairs, cfg.spm_seed)
+        # in a task: a cluster runs this driver on its head node, which need not have the
+        # memory nor the CPU the sample and the trainer take (preprocessing.vocab)
+        rows = ray.get(_LEARN_BPE.remote(blocks, cfg.spm_sample_pairs, str(tmp / "spm"),
+                                         cfg.vocab_size, cfg.character_coverage))
     sp = load(local_copy(tmp / "spm.model"))
     return {"vocab_path": str(task_dir / "spm" / "spm.model"), "vocab_size": sp.get_piece_size(),
-            "sample_pairs": sample.num_rows, "special_ids": {"bos": BOS, "pad": PAD, "eos": EOS,
+            "sample_pairs": rows, "special_ids": {"bos": BOS, "pad": PAD, "eos": EOS,
                                                              "unk": UNK}}
 
 

@@ -3,8 +3,8 @@
 The model is learned once (paper §4.1: joint BPE, 40k types) on a bounded, seeded, uniform
 random sample of training pairs, both sides in one model. The sample is the `spm_sample_pairs`
 rows with the smallest mix64(id, seed): a uniform sample without replacement that depends only
-on row ids, so the same input and seed always give the same model. Only the sample reaches
-the driver.
+on row ids, so the same input and seed always give the same model. The sample and the trainer
+stay in Ray (`learn_bpe`, a task): nothing of either reaches the driver.
 
 Special ids match `convs2s.config` (a test checks it): BOS=0, PAD=1, EOS=2, UNK=3. Byte
 fallback spells characters outside the vocabulary as bytes, so decode(encode(x)) == x for
@@ -43,18 +43,22 @@ def _sample_filter(batch: pa.Table, *, threshold: int, seed: int) -> pa.Table:
                      "tgt": batch["tgt"].filter(pa.array(keep))})
 
 
-def sample_pairs(ds, n_rows: int, k: int, seed: int) -> pa.Table:
-    """The k rows of `ds` (columns id, src, tgt; n_rows in all) with the smallest hash.
+def sample_pairs(ds, n_rows: int, k: int, seed: int) -> list:
+    """The blocks (ObjectRefs of pyarrow tables with `h`, src, tgt) holding the k rows of `ds`
+    (columns id, src, tgt; n_rows in all) with the smallest hash, and a few more.
 
-    A Bernoulli pre-filter at rate ~1.1 k / n runs in Ray; the driver only sees its output
-    (about 1.1 k rows), sorts by hash and keeps k. Fewer than k pass with negligible
-    probability, in which case the sample is simply those rows (still uniform).
+    A Bernoulli pre-filter at rate ~1.1 k / n runs in Ray; what passes stays in the object
+    store (`smallest` keeps the k). Fewer than k pass with negligible probability, in which
+    case the sample is simply those rows (still uniform).
     """
     rate = min(1.0, 1.1 * k / max(n_rows, 1) + 64 / max(n_rows, 1))
     threshold = min(int(rate * 2.0**64), 2**64 - 1)
-    tables = list(ds.map_batches(_sample_filter, batch_format="pyarrow",
-                                 fn_kwargs={"threshold": threshold, "seed": seed})
-                  .iter_batches(batch_size=None, batch_format="pyarrow"))
+    return ds.map_batches(_sample_filter, batch_format="pyarrow",
+                          fn_kwargs={"threshold": threshold, "seed": seed}).to_arrow_refs()
+
+
+def smallest(tables: list[pa.Table], k: int) -> pa.Table:
+    """The k rows of `tables` with the smallest hash `h`, in its order."""
     tables = [t for t in tables if t.num_rows]
     if not tables:
         return pa.table({"h": pa.array([], pa.uint64()), "src": pa.array([], pa.string()),
@@ -64,7 +68,21 @@ def sample_pairs(ds, n_rows: int, k: int, seed: int) -> pa.Table:
     return table.slice(0, k)
 
 
-def train_bpe(sample: pa.Table, model_prefix: Path, vocab_size: int,
+def learn_bpe(blocks: list, k: int, model_prefix: str, vocab_size: int,
+              character_coverage: float) -> int:
+    """Ray task body: `train_bpe` (`model_prefix`: a folder's or a bucket's path) on the k
+    smallest-hash rows of `blocks` (`sample_pairs`'s ObjectRefs); the number of pairs it
+    learned from. It runs in a Ray task so that neither the sample (about 250 MB at 1M pairs)
+    nor the trainer's memory lands on the driver, which a cluster runs on its head node
+    (preprocessing.pipeline)."""
+    import ray
+
+    sample = smallest(ray.get(blocks), k)
+    train_bpe(sample, model_prefix, vocab_size, character_coverage)
+    return sample.num_rows
+
+
+def train_bpe(sample: pa.Table, model_prefix: str | Path, vocab_size: int,
               character_coverage: float = 0.9999) -> None:
     """Train the joint BPE model on both sides of `sample`: writes <prefix>.model / .vocab.
 

@@ -118,6 +118,31 @@ def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
         assert m["longest"] == {"src": longest_src, "tgt": longest_tgt}
 
 
+def test_the_bpe_sample_and_its_training_stay_off_the_driver_and_learn_the_same_model(
+        ray_session, tmp_path):
+    """The sample stays in the object store and sentencepiece learns in a Ray task (a cluster's
+    driver runs on its head node); the model is the one the driver would learn from the k
+    rows with the smallest hash, byte for byte."""
+    import ray
+
+    from preprocessing.pipeline import _LEARN_BPE
+    from preprocessing.vocab import sample_pairs, smallest, train_bpe
+
+    words = "the a cat dog sat on mat red blue green house tree".split()
+    rows = [(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)),
+             " ".join(words[(i * 7 + j) % len(words)] for j in range(2 + i % 4)))
+            for i in range(3000)]
+    ds = ray.data.from_arrow(pa.table({"id": pa.array(range(len(rows)), pa.int64()),
+                                       "src": [s for s, _ in rows], "tgt": [t for _, t in rows]}))
+    blocks = sample_pairs(ds, len(rows), 500, seed=3)
+    assert all(isinstance(b, ray.ObjectRef) for b in blocks)
+    assert ray.get(_LEARN_BPE.remote(blocks, 500, str(tmp_path / "task"), 300, 1.0)) == 500
+    sample = smallest(ray.get(blocks), 500)
+    assert sample.num_rows == 500 and sample["h"].to_pylist() == sorted(sample["h"].to_pylist())
+    train_bpe(sample, tmp_path / "driver", 300, 1.0)
+    assert (tmp_path / "task.model").read_bytes() == (tmp_path / "driver.model").read_bytes()
+
+
 def test_batch_rows_survive_ray_data_read_parquet(newstest):
     _, out = newstest
     expected = {tuple(b["id"]): b for b in read_rows(out.batches["valid"])}
