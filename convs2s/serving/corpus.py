@@ -338,12 +338,16 @@ def _same_paths(identity: dict) -> dict:
     return out
 
 
-def _file_stamps(job: CorpusJob) -> dict[str, list]:
+def _file_stamps(job: CorpusJob, identity: dict) -> dict[str, list]:
     """The files the actors load, by the path they load them from, with the version the job
-    records (`_identity`)."""
-    paths = [checkpoint_weights(c) for c in job.checkpoints]
-    paths += [p for p in (job.spm_model, job.search.shortlist, job.search.dictionary) if p]
-    return {worker_path(str(p)): list(stamp(p)) for p in paths}
+    records (`identity`, as job.json has it: the files stamped again when the pool starts, a
+    file republished while the input was split, or before a resume, was taken as the job's)."""
+    stamps = {worker_path(str(checkpoint_weights(c))): list(recorded["stamp"])
+              for c, recorded in zip(job.checkpoints, identity["checkpoints"])}
+    for key, path in zip(STAMPED, (job.spm_model, job.search.shortlist, job.search.dictionary)):
+        if path:
+            stamps[worker_path(str(path))] = list(identity[key])
+    return stamps
 
 
 def _same_files(stamps: dict[str, list]) -> None:
@@ -455,7 +459,8 @@ def translate_corpus(job: CorpusJob) -> dict:
             if complete:  # a part no longer matches its record: the folder is not complete
                 # while it is translated again (the manifest is this job's own)
                 (out / MANIFEST).unlink(missing_ok=True)
-            records.update(_run_pool(job, todo, source["lines"], done_lines, width))
+            records.update(_run_pool(job, todo, source["lines"], done_lines, width,
+                                     _file_stamps(job, identity)))
         seconds = time.perf_counter() - t0
         manifest = _manifest(job, out, source, identity, seconds, len(todo), records)
         write_whole(out / MANIFEST, json.dumps(manifest, indent=1).encode())  # last: complete
@@ -540,11 +545,13 @@ DIE_ON_PART_ENV = "CONVS2S_TEST_CORPUS_DIE_ON_PART"
 
 
 def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
-              width: int) -> dict[int, dict]:
+              width: int, stamps: dict[str, list]) -> dict[int, dict]:
     """Translate the parts `todo` on the actor pool; returns the records of those translated.
-    Raises PartsFailed naming the parts that failed, once every other part is translated."""
+    Raises PartsFailed naming the parts that failed, once every other part is translated.
+    `stamps`: the files the job records (`_file_stamps`), which the actors load."""
     import ray
 
+    _same_files(stamps)  # (one line here rather than a failed part per actor)
     start_ray()
     check_room(job, ray.nodes())
     check_shared(job)
@@ -553,13 +560,13 @@ def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
     # a part whose actor died PART_TRIES times is a failed part (below), not the job's end
     context.max_errored_blocks = len(todo)
     try:
-        return _translate_parts(job, todo, total, done, width)
+        return _translate_parts(job, todo, total, done, width, stamps)
     finally:
         context.max_errored_blocks = allowed
 
 
 def _translate_parts(job: CorpusJob, todo: list[dict], total: int, done: int,
-                     width: int) -> dict[int, dict]:
+                     width: int, stamps: dict[str, list]) -> dict[int, dict]:
     import ray
     from tqdm import tqdm
 
@@ -583,7 +590,7 @@ def _translate_parts(job: CorpusJob, todo: list[dict], total: int, done: int,
                 threads=job.threads_per_actor, spm_model=worker_path(job.spm_model),
                 output=worker_path(job.output), nbest=job.search.nbest, width=width,
                 die_on_part=int(os.environ.get(DIE_ON_PART_ENV) or -1),
-                stamps=_file_stamps(job)),
+                stamps=stamps),
             max_task_retries=PART_TRIES - 1)
     # (SIGTERM as Ctrl-C once Ray, which installs its own handler, has started)
     with sigterm_as_ctrl_c(), \
