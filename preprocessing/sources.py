@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import PreprocessError
 from preprocessing.stages import file_fingerprint
-from storage import binary_kind, cr_line_ends, location, open_input, stamp
+from storage import binary_kind, cr_line_ends, location, open_input, stamp, wide_encoding
 from storage.redact import redact_logs, redact_text, redact_uri
 
 NO_HUB_HINT = ("Without network access use `--source demo` (the embedded corpus) or a local "
@@ -482,21 +482,9 @@ def _check_line_ends(path: str, head: int = 1 << 13) -> None:
                               "its .parquet name")
     if problem := cr_line_ends(start):
         raise PreprocessError(f"{path}: {problem}")
-    if wide := _wide_encoding(start):  # (every row was dropped as invalid_utf8 / nul_byte)
+    if wide := wide_encoding(start):  # (every row was dropped as invalid_utf8 / nul_byte)
         raise PreprocessError(f"{path} is {wide} text (by its first bytes), not UTF-8: convert "
                               f"it, e.g. `iconv -f {wide} -t UTF-8 FILE > FILE.utf8`")
-
-
-def _wide_encoding(start: bytes) -> str | None:
-    """UTF-16 / UTF-32 by a byte-order mark, or by NUL bytes in every second (fourth) place of
-    text in Latin letters (no UTF-8 text holds many NULs: a few are counted, `nul_byte`)."""
-    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
-        if start.startswith(bom):
-            return name
-    if len(start) >= 16 and start.count(0) >= len(start) // 4:
-        return "UTF-32" if start.count(0) >= len(start) * 5 // 8 else "UTF-16"
-    return None
 
 
 def bad_rows_hint(src: SplitSource, cfg: PreprocessConfig) -> str:

@@ -415,6 +415,20 @@ def cr_line_ends(start: bytes) -> str | None:
     return None
 
 
+def wide_encoding(start: bytes) -> str | None:
+    """UTF-16 / UTF-32 by a byte-order mark, or by NUL bytes in every second (fourth) place of
+    text in Latin letters, judged on a text file's first bytes `start`; None: neither (no UTF-8
+    text holds many NULs). Read as UTF-8, such text lost every line with a letter outside
+    ASCII, and its last NUL made one line more."""
+    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if start.startswith(bom):
+            return name
+    if len(start) >= 16 and start.count(0) >= len(start) // 4:
+        return "UTF-32" if start.count(0) >= len(start) * 5 // 8 else "UTF-16"
+    return None
+
+
 def filesystem_of(p) -> tuple[pafs.FileSystem, str]:
     """(pyarrow filesystem, path in it) for `p`: for pq.read_table / write_table and Ray Data's
     `filesystem=` arguments."""

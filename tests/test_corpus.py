@@ -191,20 +191,49 @@ def test_an_actor_refuses_a_checkpoint_replaced_since_the_job_began(tiny_checkpo
     during the job translated its parts with another model than the job records."""
     import shutil
 
-    from convs2s.serving.corpus import ShardTranslator, _file_stamps
+    from convs2s.serving.corpus import ShardTranslator, _file_stamps, _identity
 
     ckpt = tmp_path / "best"
     shutil.copytree(tiny_checkpoints["a"], ckpt)
+    (tmp_path / "mono.en").write_text("a\n")
     job = CorpusJob([str(ckpt)], str(tmp_path / "mono.en"), str(tmp_path / "out"),
                     search=SEARCH, actors=1)
     kw = dict(checkpoints=[str(ckpt)], search=SEARCH.to_dict(), device="cpu", threads=1,
-              spm_model=None, output=str(tmp_path / "out"), nbest=1, stamps=_file_stamps(job))
+              spm_model=None, output=str(tmp_path / "out"), nbest=1,
+              stamps=_file_stamps(job, _identity(job)))
     ShardTranslator(**kw)  # the job's version: loads
     weights = ckpt / "checkpoint.pt"
     os.utime(weights, (weights.stat().st_atime, weights.stat().st_mtime + 60))  # republished
     with pytest.raises(CorpusError, match=r"checkpoint.pt changed since the job began \(another "
                                           r"version at its path\): its parts would mix models"):
         ShardTranslator(**kw)
+
+
+def test_a_checkpoint_replaced_while_the_input_is_split_is_refused_before_the_actors(
+        tiny_checkpoints, tmp_path, monkeypatch):
+    """The actors check the files against the version job.json records, not one read again
+    when the pool starts: a best/ republished while the input was split (minutes for a large
+    .gz) was loaded by every actor while job.json and the manifest named the old one."""
+    import shutil
+
+    import convs2s.serving.corpus as corpus
+
+    ckpt = tmp_path / "best"
+    shutil.copytree(tiny_checkpoints["a"], ckpt)
+    (tmp_path / "mono.en").write_text("ein Haus\nzwei Hunde\n")
+    split = corpus.split_input
+
+    def split_then_republish(job, out):
+        source = split(job, out)
+        shutil.copy(Path(tiny_checkpoints["b"]) / "checkpoint.pt", ckpt / "checkpoint.pt")
+        return source
+
+    monkeypatch.setattr(corpus, "split_input", split_then_republish)
+    monkeypatch.setattr(corpus, "start_ray", lambda: pytest.fail("the pool started"))
+    job = CorpusJob([str(ckpt)], str(tmp_path / "mono.en"), str(tmp_path / "out"),
+                    search=SEARCH, actors=1)
+    with pytest.raises(CorpusError, match="checkpoint.pt changed since the job began"):
+        translate_corpus(job)
 
 
 def test_sigterm_stops_a_corpus_job_as_ctrl_c_and_the_rerun_finishes_it(
@@ -655,6 +684,40 @@ def test_a_parquet_text_column_may_be_a_category_a_large_string_or_a_string_view
         path = tmp_path / f"{kind}.parquet"
         pq.write_table(pa.table({"id": [1, 2], "text": pa.array(["one", "two"], kind)}), path)
         assert list(input_lines(str(path))) == ["one", "two"], kind
+
+
+def test_parquet_text_that_is_not_utf8_is_a_counted_line_as_in_a_text_file(tmp_path):
+    """Parquet readers take a string's bytes unchecked (another tool may have written any): a
+    value that is not UTF-8 is None, as a text line's is (translated empty and counted), not a
+    UnicodeDecodeError that named no row and ended the job (a traceback without --actors)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from test_sources import unchecked_strings
+
+    from convs2s.serving.inputs import input_lines
+
+    text = unchecked_strings([b"caf\xc3\xa9", b"hello\xffworld", None, b"a\nb"])
+    pq.write_table(pa.table({"text": text}), tmp_path / "bad.parquet")
+    pq.write_table(pa.table({"text": text.dictionary_encode()}), tmp_path / "category.parquet")
+    for name in ("bad.parquet", "category.parquet"):
+        assert list(input_lines(str(tmp_path / name))) == ["caf\u00e9", None, "", "a b"], name
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32"])
+def test_utf16_or_utf32_text_is_refused_as_an_input_naming_the_conversion(tmp_path, encoding):
+    """Read as UTF-8, a "Unicode" export's lines with a letter outside ASCII were empty
+    translations and its last NUL one output line more, with exit 0."""
+    import gzip
+
+    from convs2s.serving.inputs import InputError, input_lines
+
+    data = "un caf\u00e9\nna\u00efve et seul\nok\n".encode(encoding)
+    (tmp_path / "wide.en").write_bytes(data)
+    (tmp_path / "wide.en.gz").write_bytes(gzip.compress(data))
+    wide = encoding.upper()[:6]  # UTF-16, UTF-32
+    for name in ("wide.en", "wide.en.gz"):
+        with pytest.raises(InputError, match=rf"{wide} text .*not UTF-8.*iconv -f {wide}"):
+            input_lines(str(tmp_path / name))
 
 
 def test_a_file_of_pairs_is_refused_as_an_input_to_translate(tmp_path):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from storage import binary_kind, cr_line_ends, location, open_input
+from storage import binary_kind, cr_line_ends, location, open_input, wide_encoding
 
 
 class InputError(ValueError):
@@ -63,9 +63,15 @@ def input_lines(path: str, column: str | None = None):
 def _check_line_ends(path: str, stream, raw=None, head: int = 1 << 13) -> None:
     """Refuse text whose lines end in CR alone (classic Mac OS), seen in its first `head`
     bytes (CRs there and no LF): read on LF, the whole file was one line, translated as one
-    sentence, and the output had one line for the input's many."""
+    sentence, and the output had one line for the input's many. And UTF-16 / UTF-32 text (a
+    spreadsheet's "Unicode" export): read as UTF-8, every line with a letter outside ASCII
+    was an empty translation and the last NUL one output line more, with exit 0."""
     start = stream.peek(head)[:head] if hasattr(stream, "peek") else b""
-    if problem := cr_line_ends(start):
+    problem = cr_line_ends(start)
+    if wide := wide_encoding(start):
+        problem = (f"{wide} text (by its first bytes), not UTF-8: convert it, e.g. "
+                   f"`iconv -f {wide} -t UTF-8 FILE > FILE.utf8`")
+    if problem:
         (raw or stream).close()
         raise InputError(f"input {path}: {problem}")
 
@@ -135,10 +141,36 @@ def _parquet_lines(path: str, column: str | None):
         try:
             for batch in pf.iter_batches(columns=[column], batch_size=8192):
                 # (a dictionary column's values decoded: to_pylist gives the strings)
-                for value in batch.column(0).to_pylist():
-                    # a null is an empty line; a line break inside a value would split it
-                    yield "" if value is None else value.replace("\n", " ")
+                values = batch.column(0)
+                try:
+                    values = values.to_pylist()
+                except UnicodeDecodeError:  # bytes another tool wrote unchecked
+                    values = _utf8_or_none(values)
+                for value in values:
+                    # a null is an empty line; a line break inside a value would split it;
+                    # False: not UTF-8 (None, as a text line's, translated empty and counted)
+                    yield "" if value is None else None if value is False \
+                        else value.replace("\n", " ")
         finally:
             handle.close()
 
     return lines()
+
+
+def _utf8_or_none(values) -> list:
+    """A string column's values where some are not UTF-8 (parquet readers take a string's bytes
+    unchecked): str per value, None for a null, False where its bytes are not UTF-8 (its whole
+    batch failed in one exception that named no row)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    out = []
+    kind = pa.large_binary() if pa.types.is_large_string(values.type) else \
+        pa.binary_view() if pa.types.is_string_view(values.type) else pa.binary()
+    for raw in values.view(kind).to_pylist():
+        try:
+            out.append(None if raw is None else raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(False)
+    return out
