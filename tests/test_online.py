@@ -308,18 +308,23 @@ def alone(checkpoint: str, sentences: list[str], **changes) -> list[str]:
 
 
 def test_a_replica_that_cannot_load_its_model_fails_the_deploy_in_one_line_naming_why(
-        ray_session, tmp_path):
+        ray_session, tmp_path, monkeypatch):
     """`serve` loads the model as its replicas will before it deploys, but a replica on another
     node reads that node's disk: a checkpoint folder only the driver's machine holds fails every
     replica. Serve gives up after three starts; the error is one line with the replica's own
     reason (Serve's error says only that it failed to update the deployments), and the failed
-    application is deleted, not left on the cluster beside the others. (Before `served`, which
-    holds the session's CPUs with its replicas.)"""
+    application is deleted, not left on the cluster beside the others, as is the Serve the
+    command started on a cluster it joined (its detached proxies held the port after the
+    command ended). (Before `served`, which holds the session's CPUs with its replicas.)"""
     from ray import serve
 
+    import convs2s.serving.online as online
     from convs2s.serving.online import DeployError, ServeSettings, run
 
     missing = tmp_path / "only-on-the-driver"
+    # as on a cluster this process joined (RAY_ADDRESS): the session's Ray outlives the command
+    monkeypatch.setattr(online, "_ray_started_here", lambda: False)
+    assert online._serve_http(serve) is None  # no Serve yet: this command starts it
     try:
         with pytest.raises(DeployError) as err:
             run(ServeSettings(checkpoints=[str(missing)], search=SEARCH), port=free_port(),
@@ -329,7 +334,7 @@ def test_a_replica_that_cannot_load_its_model_fails_the_deploy_in_one_line_namin
         assert said.startswith("the application 'convs2s-deploy-fails' could not be deployed: "
                                "Translator: "), said
         assert f"checkpoint {missing} does not exist" in said, said
-        assert "convs2s-deploy-fails" not in serve.status().applications
+        assert online._serve_http(serve) is None, "the Serve the command started still runs"
     finally:
         serve.shutdown()  # (its HTTP options are `served`'s to set)
 

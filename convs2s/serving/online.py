@@ -615,14 +615,23 @@ def _run(settings: ServeSettings, host: str, port: int, name: str, blocking: boo
     except KeyboardInterrupt:
         log.info("stopping: the application %r is deleted", name)
         serve.delete(name)
-        if ours and not _ray_started_here() and not serve.status().applications:
-            # (a local Ray ends with this process, Serve too) The Serve this process started
-            # on a Ray it joined, serving nothing now: its controller and proxies, detached,
-            # held the port after the command ended. One that others deployed applications
-            # to meanwhile (another user's `serve --name`) is theirs too: kept.
-            log.info("stopping: the Serve this command started on the cluster is shut down")
-            serve.shutdown()
+        _shut_down_if_ours(serve, ours)
         return None
+    except Exception:  # a deploy that failed (DeployError): the Serve it started goes too
+        with contextlib.suppress(Exception):  # (the error said is the deploy's)
+            _shut_down_if_ours(serve, ours)
+        raise
+
+
+def _shut_down_if_ours(serve, ours: bool) -> None:
+    """Shut down the Serve this process started (`ours`) on a Ray it joined, when it serves
+    nothing now: its controller and proxies, detached, held the port after the command ended
+    (after Ctrl-C, or a deploy that failed). A local Ray ends with this process, Serve too;
+    a Serve others deployed applications to meanwhile (another user's `serve --name`) is
+    theirs too: kept."""
+    if ours and not _ray_started_here() and not serve.status().applications:
+        log.info("stopping: the Serve this command started on the cluster is shut down")
+        serve.shutdown()
 
 
 _UNKNOWN = ("", -1)  # `_serve_http` where Serve's internals cannot say
