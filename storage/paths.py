@@ -22,6 +22,7 @@ import functools
 import io
 import os
 import re
+import threading
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -164,6 +165,25 @@ def _filesystem(scheme: str, bucket: str) -> pafs.FileSystem:
                            f"({_first_line(err)}); use s3:// (or gs:// where pyarrow has GCS "
                            "support), or a local / shared folder") from None
     return fs
+
+
+def s3_client(fs: pafs.FileSystem | None = None):
+    """A boto3 S3 client, its endpoint and credentials from the environment as pyarrow reads
+    them (in `fs`'s region), one per process and settings (clients are thread-safe; making one
+    takes about 50 ms)."""
+    import boto3
+
+    region = getattr(fs, "region", None) or None
+    settings = (region, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_PROFILE"),
+                os.environ.get("AWS_ACCESS_KEY_ID"))
+    with _CLIENTS_LOCK:
+        if settings not in _CLIENTS:
+            _CLIENTS[settings] = boto3.client("s3", region_name=region)
+        return _CLIENTS[settings]
+
+
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
 
 
 class ObjectPath:
@@ -338,9 +358,22 @@ class ObjectPath:
         return self.read_bytes().decode(encoding)
 
     def write_bytes(self, data: bytes) -> int:
-        """One PUT: readers see the old object or the new one, never a part."""
-        with self.fs.open_output_stream(self.key) as f:
-            f.write(data)
+        """One PUT: readers see the old object or the new one, never a part. On S3 it is one
+        PutObject request (boto3): pyarrow's output stream starts its upload when opened and
+        completes it whenever it is closed, by its `with` on an error or by its destructor, so
+        a Ctrl-C during the open (raised once the call returned) or an error mid-write replaced
+        the object with an empty or cut-short one (a run's workflow.json among them)."""
+        if self.scheme != "s3":  # (gs://: pyarrow's own filesystem; no such stream on S3)
+            with self.fs.open_output_stream(self.key) as f:
+                f.write(data)
+            return len(data)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            s3_client(self.fs).put_object(Bucket=self.bucket, Key=self.key.split("/", 1)[1],
+                                          Body=data)
+        except (BotoCoreError, ClientError) as err:  # as pyarrow raised them: OSError
+            raise OSError(f"writing {self}: {_first_line(err)}") from None
         return len(data)
 
     def write_text(self, text: str, encoding: str = "utf-8") -> int:
@@ -454,8 +487,11 @@ def copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
     """Write one version of object `p` whole into `out` (emptied first); returns its ETag.
     pyarrow reads an object as a HEAD (size, ETag) and then ranged GETs, so an object replaced
     in between came back cut short or padded with zeros (a run's lease or metrics.jsonl read
-    while being rewritten). A second HEAD after the read must show the first one's ETag, else
-    the copy is made again."""
+    while being rewritten). On S3 it is one GET (boto3), which answers one version whole; on
+    another store a second HEAD after the read must show the first one's ETag, else the copy
+    is made again."""
+    if p.scheme == "s3":
+        return _get_whole(p, out)
     for attempt in range(10):
         out.seek(0)
         out.truncate()
@@ -474,6 +510,26 @@ def copy_version(p: ObjectPath, out: BinaryIO) -> str | None:
             return tag
     raise StorageError(f"{p}: replaced while being read, ten times in a row; its writer "
                        "rewrites it faster than it can be read: try again")
+
+
+def _get_whole(p: ObjectPath, out: BinaryIO) -> str | None:
+    """`copy_version` on S3: one GetObject streamed into `out`; its ETag. A response cut short
+    (a dropped connection) raises, as pyarrow's reads did: nothing half-read is returned."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    out.seek(0)
+    out.truncate()
+    try:
+        answer = s3_client(p.fs).get_object(Bucket=p.bucket, Key=p.key.split("/", 1)[1])
+        for chunk in answer["Body"].iter_chunks(1 << 23):
+            out.write(chunk)
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            raise FileNotFoundError(f"{p}: no such object") from None
+        raise OSError(f"reading {p}: {_first_line(err)}") from None
+    except BotoCoreError as err:  # (IncompleteReadError among them: a response cut short)
+        raise OSError(f"reading {p}: {_first_line(err)}") from None
+    return answer.get("ETag")
 
 
 def stamp(p) -> tuple[int, int]:

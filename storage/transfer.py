@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from storage.paths import (ObjectPath, StorageError, copy_version, etag, local_entry,
+from storage.paths import (ObjectPath, StorageError, copy_version, etag, local_entry, s3_client,
                            location)
 from storage.scratch import scratch_dir
 
@@ -192,13 +192,11 @@ def _copy_in_parts(src: ObjectPath, dest: ObjectPath) -> None:
     (a multipart upload of UploadPartCopy ranges), each part from the version the copy began
     with (its ETag). The object appears whole at the upload's completion; an error before it
     aborts the upload, and nothing is written."""
-    import boto3
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import ClientError
 
     tag = etag(src)
-    # (the endpoint and credentials from the environment, as pyarrow reads them)
-    client = boto3.client("s3", region_name=getattr(dest.fs, "region", None) or None)
+    client = s3_client(dest.fs)
     config = TransferConfig(multipart_threshold=COPY_OBJECT_MAX,
                             multipart_chunksize=COPY_PART_BYTES, max_concurrency=8)
     extra = {"CopySourceIfMatch": tag} if tag else None

@@ -286,15 +286,19 @@ def test_an_object_replaced_while_it_is_read_is_read_whole(s3, tmp_path, monkeyp
     # pyarrow reads an object as a HEAD (its size) and then ranged GETs: one replaced in
     # between came back cut short or padded with zeros (a run's lease, renewed every few
     # seconds, read by another command). A read returns one version whole, old or new.
+    # Each version is new, as a renewal's time is (on a store without one-GET reads the check
+    # compares ETags, which are the content's digest)
     obj = location(BUCKET) / "spec-replaced" / "state.json"
-    versions = [b'{"renewed": 1}', b'{"renewed": 1234567890.25, "host": "worker-7"}']
+    versions = [b'{"renewed": 1}'] + [
+        b'{"renewed": %d.25, "host": "worker-7"}' % i if i % 2 else b'{"renewed": %d}' % i
+        for i in range(1, 100_000)]
     obj.write_bytes(versions[0])
     stop, writes = threading.Event(), [0]
 
     def rewrite():
         while not stop.is_set():
-            obj.write_bytes(versions[writes[0] % 2])
             writes[0] += 1
+            obj.write_bytes(versions[writes[0]])
 
     writer = threading.Thread(target=rewrite)
     writer.start()
@@ -305,7 +309,7 @@ def test_an_object_replaced_while_it_is_read_is_read_whole(s3, tmp_path, monkeyp
         stop.set()
         writer.join()
     assert writes[0] > 50  # the reads did overlap the rewrites
-    assert {r for r in reads if r not in versions} == set()
+    assert {r for r in reads if r not in set(versions)} == set()
 
 
 def test_a_move_deletes_only_what_it_copied(s3, monkeypatch, tmp_path):
@@ -658,6 +662,35 @@ def test_a_whole_file_write_that_fails_leaves_no_partial_file_beside_it(tmp_path
         write_whole(tmp_path / "manifest.json", b"new")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]
     assert (tmp_path / "manifest.json").read_bytes() == b"old"
+
+
+def test_an_object_write_cut_by_ctrl_c_or_an_error_keeps_the_old_object(s3):
+    """An object is written in one PutObject: a Ctrl-C as its request goes out, or an error
+    it meets, leaves the old object. (pyarrow's output stream completed its upload whenever it
+    was closed: an empty workflow.json refused the run, and a bucket keeps no copy.)"""
+    from storage.paths import s3_client, write_whole
+
+    record = location(BUCKET) / "spec-cut-write" / "workflow.json"
+    write_whole(record, b'{"train": "done"}')
+    events = s3_client(record.fs).meta.events
+
+    def interrupt(**_):
+        raise KeyboardInterrupt
+
+    def refused(**_):
+        raise OSError("connection reset")
+
+    for cut, raised in ((interrupt, KeyboardInterrupt), (refused, OSError)):
+        events.register_first("before-send.s3.PutObject", cut)
+        try:
+            with pytest.raises(raised):
+                write_whole(record, b'{"train": "done", "evaluate": "done"}')
+        finally:
+            events.unregister("before-send.s3.PutObject", cut)
+        assert record.read_bytes() == b'{"train": "done"}', cut
+    write_whole(record, b"new")
+    assert record.read_bytes() == b"new"
+    remove_tree(record.parent)
 
 
 @pytest.mark.parametrize("variable", ["CONVS2S_RAY_JOIN_WAIT_S", "CONVS2S_RAY_SILENT_S"])
