@@ -85,11 +85,22 @@ def mix64(ids: np.ndarray, seed: int) -> np.ndarray:
 
 
 def read_manifest(stage_dir) -> dict | None:
+    """A stage folder's manifest; None where it has none (or one that is not JSON: not this
+    code's finished stage). A manifest that cannot be read (a 403 once credentials rotated, a
+    timeout, a shared folder's permissions) is an error naming it: taken for none, it ran
+    hours of preprocessing again and replaced a stage other runs read."""
     path = location(stage_dir) / MANIFEST
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):  # none (FileNotFoundError), or unreadable
+    except FileNotFoundError:
         return None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    except OSError as err:
+        raise PreprocessError(f"cannot read {path} ({type(err).__name__}: "
+                              f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}):"
+                              " check the storage's credentials and permissions, then run "
+                              "again") from None
 
 
 def finished(stage_dir: Path, cfg_hash: str, input_fp: str) -> dict | None:

@@ -19,6 +19,7 @@ from preprocessing.cleaning import CLEAN_SCHEMA, clean_stats, dedupe_group, drop
 from preprocessing.encoding import ids_array
 from preprocessing.exchange import _gather, _scatter, read_spill, write_spill
 from preprocessing.parts import PartSink
+from preprocessing.errors import PreprocessError
 from preprocessing.stages import finished, stage_output, write_manifest
 from preprocessing.vocab import BOS, EOS, PAD, UNK
 
@@ -306,6 +307,31 @@ def test_dedupe_keeps_the_lowest_id(tmp_path):
     assert kept["id"].to_pylist() == [2, 5] and kept.schema.equals(CLEAN_SCHEMA)
     assert stats == {"rows_in": 4, "rows_kept": 2, "drop_duplicate": 1, "drop_empty": 1,
                      "src_words": 2, "tgt_words": 2}
+
+
+def test_a_stage_manifest_that_cannot_be_read_is_an_error_not_a_stage_to_run_again(
+        tmp_path, s3, monkeypatch):
+    """Only a missing manifest means "not finished": one that cannot be read (a 403 once
+    credentials rotated, a timeout, a shared folder's permissions) was taken for none, ran the
+    stage again and replaced what other runs read."""
+    import json
+
+    from storage import location
+
+    assert finished(tmp_path / "none", "c", "i") is None
+    (tmp_path / "odd" / "manifest.json").mkdir(parents=True)  # (an OSError on any host)
+    with pytest.raises(PreprocessError, match=r"cannot read .*odd/manifest.json "
+                                              r"\(IsADirectoryError.*credentials and permissions"):
+        finished(tmp_path / "odd", "c", "i")
+    stage = location("s3://convs2s-test/spec-manifest/clean/train")
+    (stage / "manifest.json").write_text(json.dumps({"config_hash": "c",
+                                                      "input_fingerprint": "i"}))
+    assert finished(stage, "c", "i")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the store stops answering
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(PreprocessError, match=r"cannot read s3://convs2s-test/spec-manifest/"
+                                              r"clean/train/manifest.json"):
+        finished(stage, "c", "i")
 
 
 def test_stage_output_is_atomic(tmp_path):
