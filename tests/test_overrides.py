@@ -1068,7 +1068,9 @@ def test_a_rerun_may_change_how_it_trains_and_its_gpus_but_not_its_update(tmp_pa
     tree = RunTree.open(uri, "exp", spec.run_dir, "r")
     record_settings(StageContext(tree), spec)
     how = ["train.checkpoint_interval=500", "train.keep_last=10", "train.log_interval=10",
-           "train.fuse=inductor", "train.ddp_bucket_mb=50"]
+           "train.fuse=inductor", "train.ddp_bucket_mb=50",
+           # smaller search batches for an evaluation that ran out of memory
+           "search.max_sentences=16", "search.max_tokens=2000"]
     later = resolve(wmt14_en_fr.paper(), RunOptions(**{**vars(opts), "num_workers": 4,
                                                          "set": how}))
     assert later.num_workers == 4 and later.train.update_freq == 2 * f
@@ -1081,6 +1083,7 @@ def test_a_rerun_may_change_how_it_trains_and_its_gpus_but_not_its_update(tmp_pa
     record_settings(StageContext(tree), later)
     changed = MlflowClient(uri).get_run(tree.parent).data.tags["convs2s.changed"]
     for said in ("train.keep_last: 5 -> 10", "train.fuse:  -> inductor",
+                 "search.max_sentences: 128 -> 16",
                  "update.workers: 8 -> 4", f"train.update_freq: {f} -> {2 * f}"):
         assert said in changed, changed
     assert "test_sets" not in changed

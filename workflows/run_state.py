@@ -169,10 +169,15 @@ ABSENT_MEANS = {"data.token_map": "{}"}
 # Settings of how a run trains, not of what it trains: logging, checkpoints, and how the same
 # step is computed (compiled or eager, the convolution's kernels, padded shapes, CUDA graphs,
 # DDP's buckets: the same numbers to float32 rounding). A rerun may change them: more frequent
-# checkpoints, fewer kept as storage fills, a faster step on the same run.
+# checkpoints, fewer kept as storage fills, a faster step on the same run. And how many
+# sentences a search batch takes: an evaluation that ran out of memory after days of training
+# goes on with smaller batches (they were refused, leaving a new run name or --restart, which
+# train again). Scores made before stand; with a shortlist or int8 weights a sentence's
+# translation may depend on its batch, and the change is in the parent's convs2s.changed tag.
 HOW_NOT_WHAT = tuple(f"train.{k}" for k in (
     "log_interval", "checkpoint_interval", "keep_last", "compile", "fuse", "conv",
-    "static_shapes", "cuda_graphs", "ddp_bucket_mb"))
+    "static_shapes", "cuda_graphs", "ddp_bucket_mb")) + ("search.max_sentences",
+                                                          "search.max_tokens")
 
 
 def _update_size(settings: dict[str, str]) -> dict[str, str]:

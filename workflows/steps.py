@@ -176,7 +176,8 @@ def train_key(spec: RunSpec, train: TrainConfig, batches: dict,
     t = train.to_dict()
     if not recorded_before:
         for k in HOW_NOT_WHAT:
-            t.pop(k.removeprefix("train."))
+            if k.startswith("train."):
+                t.pop(k.removeprefix("train."))
         t["micro_batches"] = spec.num_workers * t.pop("update_freq")
     return digest({"model": spec.model.to_dict(), "train": t,
                    "data": [batches["config_hash"], batches["input_fingerprint"]],
