@@ -617,6 +617,18 @@ def test_a_dead_tracking_server_costs_one_warning_and_the_summary_says_where_met
     assert f"MLflow: tracking at {dead} was unavailable; training metrics are in {run_dir}" in out
     assert (run_dir / "train" / "metrics.jsonl").is_file()
     assert "demo_test" in (run_dir / "workflow.json").read_text()  # the scores are kept
+    # ... and stand on a rerun while the server is still down: its runs are not known to be
+    # gone (every finished beam search was made again at each rerun of an outage)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        rc, again = _main(wmt14_en_fr, ["--preset", "smoke", "--max-updates", "5",
+                                        *SMOKE_ROWS, *SHORT_OUTPUTS, "--storage-path",
+                                        str(w.storage), "--tracking-uri", dead, "--run-name",
+                                        "dead-tracker"])
+    assert rc == 0, again[-2000:]
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "pairs scored earlier, skipped" in said and "jobs as parallel Ray tasks" not in said, \
+        said[-3000:]
 
 
 # --- the README stays true ----------------------------------------------------------------------

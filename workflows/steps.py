@@ -232,8 +232,11 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     for job in jobs:
         rec = state["eval"].get(f"{job.name}/{job.test_set.name}")
         stamp, text = weights_stamp(job.checkpoints), texts[job.test_set.name]
+        # (a tracking server that does not answer keeps the score: its run is not known to
+        # be gone, and beam searches of hours were made again at every rerun during an outage)
         if score_stands(rec, stamp, text, scoring, job.attention_sentences, job.model_id) \
-                and run_has_metrics(ctx.tree.uri, rec["run_id"]):
+                and (ctx.tree.parent is None
+                     or run_has_metrics(ctx.tree.uri, rec["run_id"]) is not False):
             done.append(EvalScore(job.name, job.test_set.name, rec["metrics"], rec["run_id"],
                                   rec["hyp_path"], skipped=True))
             ctx.tree.adopt(rec["run_id"])

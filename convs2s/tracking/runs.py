@@ -583,16 +583,21 @@ def model_metrics(uri: str, model_id: str | None,
         return {}
 
 
-def run_has_metrics(uri: str, run_id: str | None) -> bool:
-    """Whether the run still exists (not deleted) and holds metrics; False when unreachable."""
+def run_has_metrics(uri: str, run_id: str | None) -> bool | None:
+    """Whether the run still exists (not deleted) and holds metrics; None where the store did
+    not answer (a server down is no sign that the run is gone: a finished score is kept)."""
+    from mlflow.exceptions import MlflowException
+
     if run_id is None:
         return False
     try:
         with bounded_http():
             run = mlflow_client(uri).get_run(run_id)
         return run.info.lifecycle_stage == "active" and bool(run.data.metrics)
-    except Exception:  # noqa: BLE001 - deleted run or unreachable server
-        return False
+    except MlflowException as err:
+        return False if err.error_code == "RESOURCE_DOES_NOT_EXIST" else None
+    except Exception:  # noqa: BLE001 - an unreachable server, a store that cannot be read
+        return None
 
 
 def deleted_experiment(uri: str, experiment: str) -> str | None:
