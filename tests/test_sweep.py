@@ -338,6 +338,25 @@ def test_a_trial_in_a_bucket_records_that_it_finished_and_a_rerun_reads_it_back(
     assert rerun.finished()["metrics"] == {"test_2016_flickr/bleu": 30.0, "valid_ppl": 7.5}
 
 
+def test_a_sweep_goes_on_only_in_the_experiment_its_trials_are_tracked_in(tmp_path):
+    """A sweep rerun with another --experiment went on: its finished trials skipped, their
+    runs left in the first experiment (yet counted in the new sweep run's summary), the others
+    trained on in the second. Refused, naming the experiment, as a workflow run is."""
+    from workflows.run_state import StageContext, record_settings
+    from workflows.run_tree import RunTree
+    from workflows.sweep import SweepError
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = dict(tracking_uri=uri, data=str(_test_data(tmp_path / "data")))
+    trial = _sweep_of(tmp_path / "runs", experiment="first", **run).trials[0]
+    tree = RunTree.open(uri, "first", trial.spec.run_dir, trial.name)
+    record_settings(StageContext(tree), trial.spec)
+    assert _sweep_of(tmp_path / "runs", experiment="first", **run)
+    with pytest.raises(SweepError, match=rf"sweep 's', trial {trial.name}: .* is tracked in "
+                                         r"MLflow experiment 'first'.*--experiment first"):
+        _sweep_of(tmp_path / "runs", experiment="second", **run)
+
+
 def _sweep_of(tmp_path, **opts):
     """The cpu preset's table4 sweep, 2 variants x 2 seeds unless `opts` say otherwise."""
     run = {"preset": "cpu", "storage_path": str(tmp_path), "run_name": "s", "sweep": "table4",

@@ -238,9 +238,10 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     if spec.restart or not path.is_file():
         return None
     state = read_workflow_json(path)
-    if (tracked := state.get("experiment")) not in (None, spec.experiment) and not trial:
+    if (tracked := state.get("experiment")) not in (None, spec.experiment):
         # (its stages finished under the other experiment would be skipped, their runs left
-        # there: the new experiment would show a run without its training and scores)
+        # there: the new experiment would show a run without its training and scores; a
+        # sweep's trials too, their finished ones counted in the new sweep run's summary)
         return (f"run {spec.run_name!r} in {spec.run_dir} is tracked in MLflow experiment "
                 f"{tracked!r}, where its runs are: give --experiment {tracked} to go on with "
                 "it, or another --run-name")
