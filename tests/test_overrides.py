@@ -1695,6 +1695,33 @@ def test_a_run_name_goes_on_only_in_the_experiment_it_is_tracked_in(tmp_path):
     assert reuse_problem(spec_of("second", restart=True)) is None
 
 
+def test_a_run_name_goes_on_only_in_the_tracking_store_it_is_tracked_in(tmp_path):
+    """A rerun against another store (MLFLOW_TRACKING_URI set in one shell only, the default
+    mlflow.db of another folder) went on: its training skipped, its parent there without a
+    training run or registered model, every score made again. Refused, naming the store; a
+    password changed in the URI is the same store."""
+    from workflows.run_state import StageContext, _store, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    one = f"sqlite:///{tmp_path / 'one.db'}"
+
+    def spec_of(uri, restart=False):
+        return resolve(wmt14_en_fr.smoke(), RunOptions(
+            preset="smoke", run_name="r", storage_path=str(tmp_path / "runs"),
+            tracking_uri=uri, restart=restart))
+
+    spec = spec_of(one)
+    record_settings(StageContext(RunTree.open(one, spec.experiment, spec.run_dir, "r")), spec)
+    assert reuse_problem(spec_of(one)) is None
+    assert reuse_problem(spec_of(f"sqlite:///{tmp_path / 'two.db'}")) == (
+        f"run 'r' in {spec.run_dir} is tracked at {one}, where its runs are: give "
+        f"--tracking-uri {one} (or set MLFLOW_TRACKING_URI) to go on with it, or another "
+        "--run-name (a store moved to another address: write its new one as \"tracking\" in "
+        "the run's workflow.json)")
+    assert reuse_problem(spec_of(f"sqlite:///{tmp_path / 'two.db'}", restart=True)) is None
+    assert _store("https://u:old@mlflow.team:5000/") == _store("https://u:new@mlflow.team:5000")
+
+
 def test_a_restart_marks_the_logged_models_of_the_weights_it_sets_aside(tmp_path):
     """After --restart the earlier weights' logged models (`r-best` with its scores) stood
     beside the new ones of the same names, nothing telling them apart; they are tagged

@@ -225,6 +225,13 @@ def _shown(value: str, chars: int = 200) -> str:
     return value if len(value) <= chars else value[:chars] + "..."
 
 
+def _store(uri: str) -> str:
+    """A tracking URI as a run's record keeps it: without a password, which may change."""
+    from storage.redact import redact_uri
+
+    return redact_uri(uri).rstrip("/")
+
+
 def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     """Why `spec` cannot run under its run name, or None: the run folder holds a run started
     with other settings (training would resume its weights under the new settings). Checked
@@ -245,6 +252,14 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
         return (f"run {spec.run_name!r} in {spec.run_dir} is tracked in MLflow experiment "
                 f"{tracked!r}, where its runs are: give --experiment {tracked} to go on with "
                 "it, or another --run-name")
+    if (store := state.get("tracking")) not in (None, _store(spec.tracking_uri)):
+        # (its finished stages would be skipped, their runs in the other store: the rerun's
+        # parent there had no training run and no registered model, and every score was
+        # made again; the default store is mlflow.db in the folder a command starts in)
+        return (f"run {spec.run_name!r} in {spec.run_dir} is tracked at {store}, where its "
+                f"runs are: give --tracking-uri {store} (or set MLFLOW_TRACKING_URI) to go on "
+                "with it, or another --run-name (a store moved to another address: write its "
+                "new one as \"tracking\" in the run's workflow.json)")
     recorded = state.get("settings")
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None
@@ -387,7 +402,7 @@ def record_settings(ctx: StageContext, spec) -> None:
     if "data.hub_revision" in before and "data.hub_revision" not in settings:
         state.setdefault("data_keyed_by", before["data.hub_revision"])
     state["settings"], state["budgets"] = settings, new_budgets
-    state["experiment"] = spec.experiment
+    state["experiment"], state["tracking"] = spec.experiment, _store(spec.tracking_uri)
     state["test_sets"] = {k: str(v) for k, v in spec.test_sets.items()}
     state["inputs"] = input_identity(spec)
     ctx.save_state(state)
