@@ -1695,6 +1695,38 @@ def test_a_run_name_goes_on_only_in_the_experiment_it_is_tracked_in(tmp_path):
     assert reuse_problem(spec_of("second", restart=True)) is None
 
 
+def test_a_raised_budget_nothing_trained_under_may_be_taken_back(tmp_path, tiny_checkpoints):
+    """--max-updates 40000 typed for 4000, stopped before an update was checkpointed, was the
+    run's budget for good: the intended one refused as smaller (a sweep's trials with it,
+    which cannot --restart). Taken back while nothing trained since; once a checkpoint was
+    made under the raise, the run may have trained past the smaller one: refused."""
+    import shutil
+
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def spec_of(updates):
+        return resolve(wmt14_en_fr.smoke(), RunOptions(
+            preset="smoke", run_name="r", storage_path=str(tmp_path / "runs"),
+            tracking_uri=uri, max_updates=updates))
+
+    def record(spec):
+        record_settings(StageContext(RunTree.open(uri, spec.experiment, spec.run_dir, "r")),
+                        spec)
+
+    record(spec_of(4000))
+    (spec_of(4000).run_dir / "train").mkdir(parents=True)
+    record(spec_of(40000))  # the typo, stopped at once
+    assert reuse_problem(spec_of(4000)) is None
+    record(spec_of(4000))
+    assert reuse_problem(spec_of(4000)) is None
+    record(spec_of(40000))
+    shutil.copytree(tiny_checkpoints["a"], spec_of(4000).run_dir / "train" / "checkpoint_1")
+    assert "max_updates: 40000 -> 4000 (smaller)" in (reuse_problem(spec_of(4000)) or "")
+
+
 def test_a_run_name_goes_on_only_in_the_tracking_store_it_is_tracked_in(tmp_path):
     """A rerun against another store (MLFLOW_TRACKING_URI set in one shell only, the default
     mlflow.db of another folder) went on: its training skipped, its parent there without a

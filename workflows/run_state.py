@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from storage import move_tree, write_whole
+from storage import location, move_tree, write_whole
 from workflows.errors import SpecError
 from workflows.run_tree import RunTree
 
@@ -275,7 +275,7 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     if ("init_from" in recorded) != ("init_from" in current):
         changed.append(f"init_from (--init-from): {recorded.get('init_from', '(none)')} -> "
                        f"{current.get('init_from', '(none)')}")
-    changed += _shrunk(state.get("budgets") or {}, budgets(spec))
+    changed += _lowered(spec, state)
     recorded_inputs = state.get("inputs") or {}
     if recorded_inputs:
         changed += _inputs_changed(spec, recorded_inputs, input_identity(spec))
@@ -330,6 +330,33 @@ def _shrunk(before: dict, after: dict) -> list[str]:
     return [f"{k}: {before[k] or 'no limit'} -> {after[k] or 'no limit'} (smaller)"
             for k in BUDGETS if k in before and k in after
             and limit(after[k]) < limit(before[k])]
+
+
+def trained(run_dir) -> dict[str, int]:
+    """{training folder: update of its newest whole checkpoint} of a run (train, train_1, ...;
+    none yet: 0), read from the checkpoints' meta.json files."""
+    from convs2s.io.checkpoint import list_checkpoints
+
+    out = {}
+    for folder in sorted(p for p in location(run_dir).iterdir() if p.is_dir()
+                         and (p.name == "train" or p.name.startswith("train_"))) \
+            if location(run_dir).is_dir() else ():
+        out[folder.name] = max((i.update for i in list_checkpoints(folder)), default=0)
+    return out
+
+
+def _lowered(spec, state: dict) -> list[str]:
+    """The budgets `spec` lowers (`_shrunk`) below the run's recorded ones; or, where those
+    were raised and nothing has trained since (a --max-epochs 1000 meant as 100, stopped
+    before an update was checkpointed), below the ones before: the raise, not yet spent, can
+    be taken back (it was refused for good, a sweep's trials with it, which cannot
+    --restart)."""
+    lowered = _shrunk(state.get("budgets") or {}, budgets(spec))
+    before = state.get("budgets_before")
+    if lowered and isinstance(before, dict) and isinstance(before.get("budgets"), dict) \
+            and before.get("trained") == trained(spec.run_dir):
+        return _shrunk(before["budgets"], budgets(spec))
+    return lowered
 
 
 def record_settings(ctx: StageContext, spec) -> None:
@@ -401,6 +428,8 @@ def record_settings(ctx: StageContext, spec) -> None:
     before = state.get("settings") or {}
     if "data.hub_revision" in before and "data.hub_revision" not in settings:
         state.setdefault("data_keyed_by", before["data.hub_revision"])
+    if state.get("budgets") not in (None, new_budgets):  # what trained under them: `_lowered`
+        state["budgets_before"] = {"budgets": state["budgets"], "trained": trained(spec.run_dir)}
     state["settings"], state["budgets"] = settings, new_budgets
     state["experiment"], state["tracking"] = spec.experiment, _store(spec.tracking_uri)
     state["test_sets"] = {k: str(v) for k, v in spec.test_sets.items()}
