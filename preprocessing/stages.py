@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from preprocessing.errors import PreprocessError, user_errors
 from storage import (ObjectPath, filesystem_of, is_uri, location, publish_dir, remove_tree,
                      stamp)
-from storage.lease import machine_id, pid_gone, pid_namespace, pids_comparable, place_tag
+from storage.processes import machine_id, pid_gone, pid_namespace, pids_comparable, place_tag
 
 log = logging.getLogger("preprocessing")
 

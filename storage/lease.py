@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from storage.paths import ObjectPath, StorageError, location
+from storage.processes import machine_id, pid_gone, pid_namespace, pids_comparable
 
 log = logging.getLogger("storage")
 
@@ -57,62 +58,6 @@ class LeaseHeld(RuntimeError):
 
 class LeaseLost(LeaseHeld):
     """The command's lease was taken while it ran (raised as its `with` block ends)."""
-
-
-def pid_namespace() -> str | None:
-    """This process's pid namespace ("pid:[4026531836]"), None where there is no /proc:
-    containers that share a host name (host networking) number their processes apart."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def machine_id() -> str | None:
-    """This machine's boot id (Linux: new at each boot, the same in all its containers), None
-    where there is none. Host names repeat across machines (EC2's default ip-10-0-1-23 in two
-    VPCs), and every bare host's pid namespace is the same fixed one, so neither tells whether
-    a pid can be looked up here."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def place_tag(host: str, boot: str | None, pidns: str | None) -> str:
-    """Where a pid can be looked up, in 8 characters for a file name: a digest of a host name,
-    boot id and pid namespace (a stage's partial folder, a scratch folder)."""
-    import hashlib
-
-    blob = json.dumps([host, boot, pidns], sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:8]
-
-
-def pids_comparable(owner: dict, legacy: bool = True) -> bool:
-    """Whether `owner`'s pid (a lease's, a stage's writer's) can be looked up here: the same
-    machine (boot id), host name and pid namespace. A record without a boot id (written before
-    one was recorded): where `legacy`, the host name and pid namespace alone (a record without
-    either: the host name alone); else not comparable. Where this machine has no boot id, none
-    is (such a holder is judged by its expiry)."""
-    if "boot" in owner:
-        if owner["boot"] is None or owner["boot"] != machine_id():
-            return False
-    elif not legacy:
-        return False
-    return owner.get("host") == socket.gethostname() and \
-        owner.get("pidns", pid_namespace()) == pid_namespace()
-
-
-def pid_gone(pid: int) -> bool:
-    """Whether process `pid` of this machine and pid namespace no longer runs (one of another
-    user, which cannot be signalled, runs)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 def _subfolders(folder) -> list:
@@ -154,16 +99,16 @@ class RunLease:
         self.lost = False  # set when a renewal or the release finds the lease no longer ours
         self._released = False
         self._made_folder = False  # (a local folder this lease made: removed on release if empty)
-        # A renewal and the release, one at a time: a release never races its own heartbeat
-        # (each would take the other's rename for a takeover)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # renewal / release one at a time (not each other's
+        # rename taken for a takeover)
         self._etag: str | None = None
         self._seen_etag: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client = None  # one S3 client a lease: making one costs more than a PUT
+        self._client = None  # one S3 client a lease
         self._renewed = time.monotonic()  # the last renewal that reached the store
         self._warned_rewrite = False  # (a filesystem that ignores a touch, said once)
+        self._expired_said = False  # (renewals unanswered past the ttl, said once)
 
     # -- the record --
     def _record(self) -> dict:
@@ -304,10 +249,8 @@ class RunLease:
                     try:
                         ours = self._renew()
                     except OSError as err:  # a local store's error: as a network one on S3
-                        ours = time.monotonic() - self._renewed <= self.ttl_s
-                        log.warning("renewing the lease of %s failed (%s)%s", self.folder, err,
-                                    "; retrying" if ours else "")
-                    if not ours:
+                        ours = self._unanswered(err)
+                    if not ours:  # (proof only: another command's lease, or none there)
                         self.lost = True
                         log.warning("the lease of %s was taken by another command; this "
                                     "command no longer holds it", self.folder)
@@ -315,6 +258,20 @@ class RunLease:
 
         self._thread = threading.Thread(target=beat, name="run-lease", daemon=True)
         self._thread.start()
+
+    def _unanswered(self, err: Exception) -> bool:
+        """A renewal the store did not answer: retried at every beat. Past the ttl another
+        command may take the lease over; the lease is lost only once one did (the heartbeat
+        gave up after one ttl, and the command wrote on; workflows check before each record)."""
+        if time.monotonic() - self._renewed > self.ttl_s:
+            if not self._expired_said:
+                self._expired_said = True
+                log.warning("the lease of %s could not be renewed for %.0f s (%s): another "
+                            "command may take it over; this command goes on renewing it and "
+                            "stops writing if one did", self.folder, self.ttl_s, err)
+        else:
+            log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
+        return True
 
     # -- per filesystem --
     def _s3(self):
@@ -529,12 +486,7 @@ class RunLease:
                 self._etag, self._renewed = self._seen_etag, time.monotonic()
                 return True
             except Exception as err:  # noqa: BLE001 - a network error: the next beat retries
-                if time.monotonic() - self._renewed > self.ttl_s:
-                    log.warning("the lease of %s could not be renewed for %.0f s (%s): another "
-                                "command may have taken it", self.folder, self.ttl_s, err)
-                    return False  # (expired by now: others may take it; so is it lost)
-                log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
-                return True
+                return self._unanswered(err)
         # Touched in place, never moved nor rewritten: a newcomer always finds the lease (a
         # renewal that renamed it aside for a moment let one take it). A takeover between the
         # read and the touch: the touch freshens the taker's lease, and the read after it says
@@ -616,12 +568,10 @@ def read_lease(path, client=None) -> tuple[dict | None, str | None]:
 
 @dataclass(frozen=True)
 class LeaseRef:
-    """A run folder's lease as the processes its holder starts carry it (training workers, a
-    sweep's trials): before they write, they check that it is still that command's (`check`).
-    The holder itself learns that it lost the lease only at its next renewal, and a suspended
-    or stalled driver not even then, while its workers go on; without the check they would go
-    on writing checkpoints beside the taker's, and each one's keep_last would delete the
-    other's."""
+    """A run folder's lease as its holder and the processes it starts carry it (training
+    workers, a sweep's trials): before they write, they check that it is still that command's
+    (`check`); a suspended or stalled driver learns of a takeover late, and its workers would
+    write checkpoints beside the taker's, each one's keep_last deleting the other's."""
 
     path: str  # the lease file
     id: str  # its holder's random id (RunLease.owner["id"])

@@ -29,7 +29,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from storage.lease import machine_id, pid_gone, pid_namespace, place_tag
+from storage.processes import machine_id, pid_gone, pid_namespace, place_tag
 
 log = logging.getLogger(__name__)
 

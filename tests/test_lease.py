@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from storage import location
-from storage.lease import LEASE_FILE, LeaseHeld, LeaseLost, RunLease, machine_id, pid_namespace
+from storage.lease import LEASE_FILE, LeaseHeld, LeaseLost, RunLease
+from storage.processes import machine_id, pid_namespace
 from storage.paths import ObjectPath
 
 DEAD_PID = 2**22  # above the kernel's largest pid_max: no process has it
@@ -349,6 +350,54 @@ def test_what_a_holder_started_checks_the_lease_is_still_the_holders(run_dir):
         ref.check()
     lease.release()
     assert lease.lost
+
+
+def test_renewals_unanswered_past_the_ttl_go_on_and_the_lease_is_lost_only_to_a_taker(
+        run_dir, monkeypatch, tmp_path):
+    """Storage that stops answering for longer than the ttl (an outage, a stalled driver): the
+    heartbeat gave up for good, the lease counted lost though no one took it, and the
+    command wrote on to its end. It renews again once the store answers; a workflow checks the
+    lease before each record it writes, so one taken meanwhile stops it there."""
+    from storage import lease as leases
+    from workflows.run_state import StageContext
+    from workflows.run_tree import RunTree
+
+    lease = RunLease(run_dir, command="A", ttl_s=0.5, heartbeat_s=0.05).acquire()
+
+    def unanswered(*args, **kw):
+        raise OSError(5, "Input/output error")
+
+    # every renewal fails past the ttl: a POSIX folder's touch, a bucket's PUT
+    if isinstance(run_dir, ObjectPath):
+        events = lease._s3().meta.events
+        events.register_first("before-send.s3.PutObject", unanswered)
+        time.sleep(1.2)
+        events.unregister("before-send.s3.PutObject", unanswered)
+    else:
+        utime = os.utime
+        monkeypatch.setattr(leases.os, "utime", unanswered)
+        time.sleep(1.2)
+        monkeypatch.setattr(leases.os, "utime", utime)
+    time.sleep(0.5)
+    assert not lease.lost and lease._thread.is_alive()
+    held, _ = leases.read_lease(location(run_dir) / LEASE_FILE)
+    assert held["id"] == lease.owner["id"] and held["expires"] > time.time()
+    # taken over while the holder stalls: its next record stops, naming the taker
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ctx = StageContext(RunTree.open(uri, "exp", location(run_dir), "r"), lease=lease.ref())
+    ctx.save_state({"train": {}})
+    stalled = RunLease(run_dir, command="A", ttl_s=0.3, heartbeat_s=1000)
+    lease.release()
+    stalled.acquire()
+    ctx = StageContext(ctx.tree, lease=stalled.ref())
+    time.sleep(_past_a_short_ttl(run_dir))
+    taker = RunLease(run_dir, command="B", heartbeat_s=1000).acquire()
+    with pytest.raises(LeaseLost, match=r"holds it now \(B\)\), so this stops before "
+                                        "recording the run's state in workflow.json"):
+        ctx.save_state({"train": {"train": "done"}})
+    assert json.loads((location(run_dir) / "workflow.json").read_text()) == {"train": {}}
+    taker.release()
+    stalled.release()
 
 
 def test_a_run_inside_a_folder_another_command_holds_is_refused(run_dir):

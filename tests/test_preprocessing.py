@@ -438,7 +438,7 @@ def test_only_provably_stale_leftovers_are_removed(tmp_path):
     import sys
 
     from preprocessing.stages import OWNER_FILE, remove_stale_leftovers
-    from storage.lease import machine_id, pid_namespace
+    from storage.processes import machine_id, pid_namespace
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

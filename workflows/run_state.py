@@ -53,7 +53,8 @@ class StageContext:
     tree: RunTree
     skipped: list[str] = field(default_factory=list)
     # The run folder's lease held by the command (storage.lease.LeaseRef): its training
-    # workers check it before each checkpoint (TrainJob.lease); None: none held
+    # workers check it before each checkpoint (TrainJob.lease), the driver before each record
+    # (`save_state`); None: none held
     lease: object = None
 
     @property
@@ -74,7 +75,11 @@ class StageContext:
     def save_state(self, state: dict) -> None:
         # the old file or the new, never a part, and flushed to the disk before its rename (an
         # unflushed rename read as an empty workflow.json after a power loss, and the run was
-        # refused until the file was mended by hand); an object: one PUT
+        # refused until the file was mended by hand); an object: one PUT. Only while the
+        # command holds the run's lease: one whose renewals went unanswered past its ttl
+        # (storage down, the driver stalled) may have been taken over, and wrote on
+        if self.lease is not None:
+            self.lease.check("recording the run's state in workflow.json")
         write_whole(self.run_dir / "workflow.json",
                     json.dumps(state, indent=1, default=str).encode())
 
