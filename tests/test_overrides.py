@@ -1727,6 +1727,43 @@ def test_a_raised_budget_nothing_trained_under_may_be_taken_back(tmp_path, tiny_
     assert "max_updates: 40000 -> 4000 (smaller)" in (reuse_problem(spec_of(4000)) or "")
 
 
+def test_a_copy_of_a_run_folder_beside_its_original_is_refused_and_a_moved_one_goes_on(
+        tmp_path):
+    """`cp -r team-a/r team-b/r` (or a bucket sync) then a rerun in the copy: its record named
+    the original's training, so training was skipped, the original's checkpoints scored and
+    its MLflow runs re-parented under the copy's. Refused while the original is there; once it
+    is moved away (the run moved, not copied), the run goes on in its new folder."""
+    import shutil
+
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def spec_of(storage):
+        return resolve(wmt14_en_fr.smoke(), RunOptions(
+            preset="smoke", run_name="r", storage_path=str(tmp_path / storage),
+            tracking_uri=uri))
+
+    a = spec_of("team-a")
+    ctx = StageContext(RunTree.open(uri, a.experiment, a.run_dir, "r"))
+    record_settings(ctx, a)
+    (a.run_dir / "train").mkdir()
+    state = ctx.state()
+    state["train"]["train"] = {"key": "k", "result": {"run_dir": str(a.run_dir / "train")}}
+    ctx.save_state(state)
+    shutil.copytree(a.run_dir, tmp_path / "team-b" / "r")
+    b = spec_of("team-b")
+    assert reuse_problem(b) == (
+        f"run folder {b.run_dir} is a copy of {a.run_dir} (its workflow.json records that "
+        "folder's training, and that folder is there): the copy would score that folder's "
+        f"weights and take over its MLflow runs. Go on with the run in {a.run_dir}; or, to go "
+        f"on here, move or delete {a.run_dir} first")
+    assert reuse_problem(a) is None
+    shutil.rmtree(a.run_dir)
+    assert reuse_problem(b) is None
+
+
 def test_a_run_name_goes_on_only_in_the_tracking_store_it_is_tracked_in(tmp_path):
     """A rerun against another store (MLFLOW_TRACKING_URI set in one shell only, the default
     mlflow.db of another folder) went on: its training skipped, its parent there without a

@@ -237,6 +237,28 @@ def _store(uri: str) -> str:
     return redact_uri(uri).rstrip("/")
 
 
+def _made_elsewhere(spec, state: dict) -> str | None:
+    """The folder a run's record says its training was made in, where that is another folder
+    that is still there (`cp -r runs/r1 other/r1`, a bucket sync: the copy's record names the
+    original's checkpoints and MLflow runs); None for a run in its own folder, or one moved
+    (the original gone: its training resumes in the new folder)."""
+    import os
+
+    here = location(spec.run_dir)
+    for done in (state.get("train") or {}).values():
+        made = (done.get("result") or {}).get("run_dir") if isinstance(done, dict) else None
+        if not isinstance(made, str):
+            continue
+        made = location(made).parent
+        if str(made) == str(here) or not made.is_dir():
+            continue
+        if isinstance(made, Path) and isinstance(here, Path) and here.is_dir() \
+                and os.path.samefile(made, here):  # (through a link)
+            continue
+        return str(made)
+    return None
+
+
 def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
     """Why `spec` cannot run under its run name, or None: the run folder holds a run started
     with other settings (training would resume its weights under the new settings). Checked
@@ -265,6 +287,11 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
                 f"runs are: give --tracking-uri {store} (or set MLFLOW_TRACKING_URI) to go on "
                 "with it, or another --run-name (a store moved to another address: write its "
                 "new one as \"tracking\" in the run's workflow.json)")
+    if made := _made_elsewhere(spec, state):
+        return (f"run folder {spec.run_dir} is a copy of {made} (its workflow.json records "
+                "that folder's training, and that folder is there): the copy would score that "
+                "folder's weights and take over its MLflow runs. Go on with the run in "
+                f"{made}; or, to go on here, move or delete {made} first")
     recorded = state.get("settings")
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None
