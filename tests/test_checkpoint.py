@@ -161,6 +161,12 @@ def test_best_is_repaired_from_what_the_resumed_checkpoint_says(tmp_path):
     assert reconcile_best(run, 2.5, 360) == f"repaired from {checkpoint_dir_name(240)}"
     assert read_info(run / BEST_DIR).update == 240
     assert reconcile_best(run, 2.5, 360) == "ok"  # consistent: nothing to do
+    # a power loss cut best/'s checkpoint.pt short beside a whole meta.json (local copies are
+    # not flushed): repaired, not taken as whole
+    weights = run / BEST_DIR / "checkpoint.pt"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert reconcile_best(run, 2.5, 360) == f"repaired from {checkpoint_dir_name(240)}"
+    assert reconcile_best(run, 2.5, 360) == "ok"
     # best/ from an update the resumed run never reached (copied, then killed before report)
     assert reconcile_best(run, 3.0, 120) == f"repaired from {checkpoint_dir_name(120)}"
     assert read_info(run / BEST_DIR).update == 120

@@ -469,7 +469,10 @@ def reconcile_best(run_dir: str | os.PathLike, best_loss: float | None, update: 
             info = read_info(best)
         except MetaError:  # damaged: repaired from the kept checkpoint below
             info = None
-        if info is not None and info.val_loss == best_loss and info.update <= update:
+        # (and whole: a power loss may leave its checkpoint.pt cut short beside a whole
+        # meta.json, local copies not being flushed; evaluation then failed on it)
+        if info is not None and info.val_loss == best_loss and info.update <= update \
+                and _whole(best) is not None:
             return "ok"
     kept = [i for i in list_checkpoints(run_dir)
             if i.val_loss == best_loss and i.update <= update]
