@@ -21,7 +21,8 @@ _URI = re.compile(r"([A-Za-z][\w+.-]*://)(\S+)")
 _HOST_PORT = re.compile(r"(?:[\w.-]*|\[[0-9A-Fa-f:.]*\])(?::\d*)?")
 # a query parameter that carries a secret (a presigned URL's signature, a token)
 _SECRET_PARAM = re.compile(r"(?i)([?&](?:x-(?:amz|goog)-(?:credential|signature|security-token)|"
-                           r"signature|sig|awsaccesskeyid|password|(?:[\w.-]*[_.-])?"
+                           r"signature|sig|awsaccesskeyid|password|passwd|pwd|auth|jwt|"
+                           r"credentials?|(?:[\w.-]*[_.-])?"
                            r"(?:access|api|auth|refresh|session|id)?(?:token|secret|key))"
                            r"=)[^&\s'\"#]+")
 
@@ -47,11 +48,9 @@ def _hide(m: re.Match) -> str:
         scheme, rest = scheme + lead, rest[len(lead):]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     at = authority.rfind("@")
-    # the part after the authority up to its next "/", "?" or "#": an "@" there, after a
-    # "host" without a port, ends a password that held "/", "?" or "#" ("alice:p@ss/word@host":
-    # "ss" is no host)
-    after = re.split(r"[/?#]", rest[len(authority) + 1:], maxsplit=1)[0]
-    unsure = "@" in after and ":" not in authority[at + 1:]
+    # an "@" anywhere after the authority, after a "host" without a port, ends a password
+    # that held "/", "?" or "#" ("alice:p@ss/word@host", "alice:p@ss/w?rd@host": no host "ss")
+    unsure = "@" in rest[len(authority):] and ":" not in authority[at + 1:]
     if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]) and not unsure:
         userinfo, tail = authority[:at], rest[at:]
     elif at < 0 and ":" not in authority:  # a plain host: an "@" in the path (s3://b/k@x)

@@ -371,6 +371,11 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
     for cut in "/?#":
         assert redact_uri(f"http://alice:p@ss{cut}word@mlflow:5000") == \
             "http://alice:***@mlflow:5000"
+    # ... and both: a "/" then a "?" before the "@" that ends it ("ss/w" was shown)
+    assert redact_uri("https://u:p@ss/w?rd@host:5000") == "https://u:***@host:5000"
+    # secrets in a query by the other names they go by
+    assert redact_uri("http://h/x?passwd=A&pwd=B&auth=C&jwt=D&credentials=E&page=2") == \
+        "http://h/x?passwd=***&pwd=***&auth=***&jwt=***&credentials=***&page=2"
     assert redact_uri("http://bob:p'ss\"@mlflow:5000") == "http://bob:***@mlflow:5000"
     # a password holding "/", "?" or "#" unencoded (MLflow quotes such a URI in its "Invalid
     # url" error): all of it hidden, whatever the "/" leaves before it (a host:port look-alike)
