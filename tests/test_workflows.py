@@ -807,8 +807,12 @@ def test_ctrl_c_during_preprocessing_says_how_to_resume_without_a_traceback(ctrl
 
     client = MlflowClient(f"sqlite:///{ctrl_c.folder / 'mlflow.db'}")
     exp = client.get_experiment_by_name("wmt14_en_fr")
-    runs = {r.info.run_name: r.info.status for r in client.search_runs([exp.experiment_id])}
+    found = client.search_runs([exp.experiment_id])
+    runs = {r.info.run_name: r.info.status for r in found}
     assert runs == {"ctrlc": "KILLED", "preprocess": "KILLED"}  # the stage's run too
+    # the stopped call's minutes count (a 10-hour call that crashed added none)
+    (parent,) = [r for r in found if r.info.run_name == "ctrlc"]
+    assert 0 < parent.data.metrics["workflow_minutes"] < 10, parent.data.metrics
 
 
 def test_the_processes_the_suite_starts_take_ctrl_c_however_the_suite_was_started():

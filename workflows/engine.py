@@ -209,7 +209,13 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                     task_kind(spec.task_kind).headline, report_on=main_test,
                     scoring=task_kind(spec.task_kind).scoring_for(spec.data.tgt_lang))
     except BaseException as err:
-        # the parent and any stage's run the stop left open (an evaluation's, a training's)
+        # the call's minutes count, stopped or failed too (a 10-hour call that crashed added
+        # nothing to workflow_minutes); then the parent and any stage's run the stop left open
+        # (an evaluation's, a training's)
+        if tree.parent is not None:
+            had = run_metrics(uri, tree.parent)
+            log_final_metrics(uri, tree.parent, {"workflow_minutes": (
+                time.monotonic() - t0) / 60 + had.get("workflow_minutes", 0.0)})
         tree.end_open(stopped_status(err))
         raise
     end_run(uri, parent, "FINISHED")
@@ -267,7 +273,9 @@ def _check_sources(spec: RunSpec) -> None:
 def figures_to_log(figures: dict, had: dict) -> dict:
     """Of a call's parent figures, what to log on a parent run that `had` these: the figures
     that changed (logged again, an unchanged score had a second value at step 0) and the
-    workflow's minutes, summed over its calls (they became the minutes of the last one)."""
+    workflow's minutes, summed over its calls (they became the minutes of the last one): every
+    call that did some work, or was stopped or failed (a call that skipped every stage keeps
+    the figures as they were)."""
     out = {k: v for k, v in figures.items() if had.get(k) != v}
     out["workflow_minutes"] = figures["workflow_minutes"] + had.get("workflow_minutes", 0.0)
     return out
