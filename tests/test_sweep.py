@@ -357,6 +357,43 @@ def test_a_sweep_goes_on_only_in_the_experiment_its_trials_are_tracked_in(tmp_pa
         _sweep_of(tmp_path / "runs", experiment="second", **run)
 
 
+def test_a_finished_trial_stays_finished_when_the_code_adds_a_setting(tmp_path):
+    """A field a newer version of the code adds (its default the earlier behaviour) changed
+    every trial's key, and a sweep's rerun after a code update ran every finished trial
+    again. The record keeps its settings: compared as a rerun compares them, a field only one
+    side names aside; another value, or another budget, still runs the trial."""
+    import json
+
+    trial = _sweep_of(tmp_path / "runs", data=str(_test_data(tmp_path / "data"))).trials[0]
+    trial.write_record({"test_2016_flickr/bleu": 30.0})
+    rec = json.loads(trial.record.read_text())
+    assert trial.recorded() is not None
+    # recorded by the code before model.new_field existed: another key, one setting fewer
+    older = {**rec, "key": "0123456789abcdef",
+             "settings": {k: v for k, v in rec["settings"].items() if k != "model.dropout"}}
+    trial.record.write_text(json.dumps(older))
+    assert trial.recorded() is not None
+    changed = {**older, "settings": {**older["settings"], "train.lr": "0.123"}}
+    trial.record.write_text(json.dumps(changed))
+    assert trial.recorded() is None
+    longer = {**older, "budgets": {**older["budgets"], "max_updates": 7}}
+    trial.record.write_text(json.dumps(longer))
+    assert trial.recorded() is None
+
+
+def test_a_finished_training_stays_finished_when_the_code_adds_a_setting():
+    from workflows.steps import same_training
+
+    was = {"model": {"dropout": 0.2, "layers": [[512, 3]]}, "train": {"lr": 0.5},
+           "data": ["c", "f"]}
+    now = {"model": {"dropout": 0.2, "layers": ((512, 3),), "new_field": 1},
+           "train": {"lr": 0.5}, "data": ["c", "f"]}
+    assert same_training(was, now)
+    assert not same_training(was, {**now, "train": {"lr": 0.25}})
+    assert not same_training(was, {**now, "init_from": "/ckpt"})
+    assert not same_training(None, now)
+
+
 def _sweep_of(tmp_path, **opts):
     """The cpu preset's table4 sweep, 2 variants x 2 seeds unless `opts` say otherwise."""
     run = {"preset": "cpu", "storage_path": str(tmp_path), "run_name": "s", "sweep": "table4",

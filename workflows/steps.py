@@ -97,10 +97,11 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
     for k, name in enumerate(train_names(spec.ensemble.runs)):
         train = spec.train.replace(seed=spec.train.seed + k)  # members differ only in the seed
         b = out.manifests["batches/train"]
-        key = train_key(spec, train, b)
+        key, identity = train_key(spec, train, b), train_identity(spec, train, b)
         state = ctx.state()
         done = state["train"].get(name)
-        if done and done["key"] in (key, train_key(spec, train, b, recorded_before=True)) \
+        if done and (done["key"] in (key, train_key(spec, train, b, recorded_before=True))
+                     or same_training(done.get("identity"), identity)) \
                 and location(done["result"]["run_dir"]).is_dir():
             log.info("== %s: finished earlier with the same settings, skipped", name)
             ctx.skipped.append(name)
@@ -146,7 +147,8 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
             raise RuntimeError(f"{name}: training finished without a checkpoint in "
                                f"{result.run_dir}; see its metrics.jsonl and the Ray logs")
         state = ctx.state()
-        state["train"][name] = {"key": key, "result": dataclasses.asdict(result)}
+        state["train"][name] = {"key": key, "identity": identity,
+                                "result": dataclasses.asdict(result)}
         # The scores and logged models of the weights before (a continued run's) are kept:
         # `evaluate_stage` compares each pair's weights stamp, sets apart the run of a pair
         # whose weights changed and scores it in a new one (dropped here, the pair was scored
@@ -173,15 +175,44 @@ def train_key(spec: RunSpec, train: TrainConfig, batches: dict,
     placed its workers for and ended at once, its final validation figures lost).
     `recorded_before`: the key as runs recorded it before (every training setting, the
     update_freq alone), which a finished run of then still matches."""
+    if recorded_before:
+        return digest({"model": spec.model.to_dict(), "train": train.to_dict(),
+                       "data": [batches["config_hash"], batches["input_fingerprint"]],
+                       **({"init_from": spec.init_from} if spec.init_from else {})})
+    return digest(train_identity(spec, train, batches))
+
+
+def train_identity(spec: RunSpec, train: TrainConfig, batches: dict) -> dict:
+    """What `train_key` digests, as workflow.json records it beside the key (`same_training`)."""
     t = train.to_dict()
-    if not recorded_before:
-        for k in HOW_NOT_WHAT:
-            if k.startswith("train."):
-                t.pop(k.removeprefix("train."))
-        t["micro_batches"] = spec.num_workers * t.pop("update_freq")
-    return digest({"model": spec.model.to_dict(), "train": t,
-                   "data": [batches["config_hash"], batches["input_fingerprint"]],
-                   **({"init_from": spec.init_from} if spec.init_from else {})})
+    for k in HOW_NOT_WHAT:
+        if k.startswith("train."):
+            t.pop(k.removeprefix("train."))
+    t["micro_batches"] = spec.num_workers * t.pop("update_freq")
+    return {"model": spec.model.to_dict(), "train": t,
+            "data": [batches["config_hash"], batches["input_fingerprint"]],
+            **({"init_from": spec.init_from} if spec.init_from else {})}
+
+
+def same_training(recorded, identity: dict) -> bool:
+    """Whether a finished run's recorded `train_identity` is `identity`, a model or training
+    field only one of them has aside: one a newer version of the code added, with the earlier
+    behaviour as its default (the key changed with it, and every finished run of a sweep or a
+    workflow trained again after a code update), or retired. (--init-from on one side only is
+    a change.)"""
+    if not isinstance(recorded, dict):
+        return False
+    now = json.loads(json.dumps(identity, default=str))  # (as recorded: tuples are lists)
+    if set(recorded) != set(now):
+        return False
+    for k, value in now.items():
+        was = recorded[k]
+        if isinstance(was, dict) and isinstance(value, dict):
+            if any(was[f] != value[f] for f in was.keys() & value.keys()):
+                return False
+        elif was != value:
+            return False
+    return True
 
 
 def evaluate_stage(ctx: StageContext, spec: RunSpec, out,

@@ -55,7 +55,7 @@ from workflows.ablations import (CUSTOM, SweepError, Variant, custom_variants,
 from workflows.cluster import no_room, workers_fit
 from workflows.engine import check, check_inputs, prepare, run_stages, source_tags, training_figures
 from workflows.run_spec import RunSpec, resolve
-from workflows.run_state import budgets, digest, result_settings, reuse_problem
+from workflows.run_state import budgets, changed_settings, digest, result_settings, reuse_problem
 from workflows.run_tree import RunTree
 from workflows.sweep_summary import budget_text, log_summary, summary_table, sweep_params
 from workflows.workflow_config import EnsembleConfig, RunOptions, WorkflowConfig
@@ -115,7 +115,15 @@ class Trial:
         if not self.record.is_file():
             return None
         rec = json.loads(self.record.read_text())
-        return rec if rec.get("key") in (self.key, *self.keys_before) else None
+        if rec.get("key") in (self.key, *self.keys_before):
+            return rec
+        # the same settings but for a field only one side names (one a newer version of the
+        # code added, with the earlier behaviour as its default: the key changed with it, and
+        # every finished trial ran again after a code update), and the same budget
+        if isinstance(rec.get("settings"), dict) and rec.get("budgets") == budgets(self.spec) \
+                and not changed_settings(rec["settings"], result_settings(self.spec)):
+            return rec
+        return None
 
     @property
     def scoring(self) -> int:
@@ -144,7 +152,9 @@ class Trial:
         # PUT in a bucket, where no file can be renamed.
         write_whole(self.record, json.dumps(
             {"key": self.key, "tests": self.tests, "trial": self.name, "scoring": self.scoring,
-             "attention": self.spec.attention, "metrics": metrics}, indent=1).encode())
+             "attention": self.spec.attention, "metrics": metrics,
+             "settings": result_settings(self.spec), "budgets": budgets(self.spec)},
+            indent=1).encode())
 
 
 @dataclass(frozen=True)
