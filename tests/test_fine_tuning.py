@@ -201,5 +201,5 @@ def test_a_different_init_from_under_the_same_run_name_is_refused(fine_tuned, ne
 
     spec = resolve(multi30k_en_de.cpu(), RunOptions(
         preset="cpu", data=str(new_data), storage_path=str(fine_tuned["root"] / "runs"),
-        run_name="ft", init_from=tiny_checkpoints["a"]))
+        run_name="ft", init_from=tiny_checkpoints["a"], tracking_uri=fine_tuned["uri"]))
     assert "init_from: " in (reuse_problem(spec) or ""), reuse_problem(spec)

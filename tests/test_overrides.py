@@ -1758,9 +1758,19 @@ def test_a_copy_of_a_run_folder_beside_its_original_is_refused_and_a_moved_one_g
         f"run folder {b.run_dir} is a copy of {a.run_dir} (its workflow.json records that "
         "folder's training, and that folder is there): the copy would score that folder's "
         f"weights and take over its MLflow runs. Go on with the run in {a.run_dir}; or, to go "
-        f"on here, move or delete {a.run_dir} first")
+        "on here instead, move that run away first")
     assert reuse_problem(a) is None
-    shutil.rmtree(a.run_dir)
+    # renamed, and a new run under the old name: not the same run (its own MLflow runs)
+    shutil.move(a.run_dir, tmp_path / "team-a" / "r-v1")
+    ctx = StageContext(RunTree.open(uri, a.experiment, a.run_dir, "r"))
+    record_settings(ctx, a)
+    (a.run_dir / "train").mkdir()
+    state = ctx.state()
+    state["train"]["train"] = {"key": "k", "result": {"run_dir": str(a.run_dir / "train"),
+                                                       "run_id": "another"}}
+    ctx.save_state(state)
+    assert reuse_problem(b) is None
+    shutil.rmtree(a.run_dir)  # moved: the original gone
     assert reuse_problem(b) is None
 
 
@@ -1785,8 +1795,8 @@ def test_a_run_name_goes_on_only_in_the_tracking_store_it_is_tracked_in(tmp_path
     assert reuse_problem(spec_of(f"sqlite:///{tmp_path / 'two.db'}")) == (
         f"run 'r' in {spec.run_dir} is tracked at {one}, where its runs are: give "
         f"--tracking-uri {one} (or set MLFLOW_TRACKING_URI) to go on with it, or another "
-        "--run-name (a store moved to another address: write its new one as \"tracking\" in "
-        "the run's workflow.json)")
+        "--run-name (the same store at another address, e.g. localhost for 127.0.0.1 or a new "
+        "host name: write the address as \"tracking\" in the run's workflow.json)")
     assert reuse_problem(spec_of(f"sqlite:///{tmp_path / 'two.db'}", restart=True)) is None
     assert _store("https://u:old@mlflow.team:5000/") == _store("https://u:new@mlflow.team:5000")
 

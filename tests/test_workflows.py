@@ -402,8 +402,12 @@ def test_an_edited_test_set_is_scored_again_on_a_rerun(smoke_workflow, tmp_path)
     w = smoke_workflow
     shutil.copytree(w.storage, tmp_path / "runs")
     shutil.copy(Path(w.tracking_uri[len("sqlite:///"):]), tmp_path / "mlflow.db")
+    # The run moved with its tracking store, as README says: its record names the new folder
+    # and store (a copy beside its original, or on another store, is refused)
     state_file = tmp_path / "runs" / w.run_name / "workflow.json"
-    state = json.loads(state_file.read_text())
+    state = json.loads(state_file.read_text().replace(str(w.storage), str(tmp_path / "runs")))
+    assert state["tracking"] == w.tracking_uri
+    state["tracking"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert state["eval"]["best/demo_valid"].pop("scoring") == 2  # translation's scoring now
     state_file.write_text(json.dumps(state))
     # The copy's finished stages are read where the copy is (its own text files, not the smoke

@@ -239,23 +239,32 @@ def _store(uri: str) -> str:
 
 def _made_elsewhere(spec, state: dict) -> str | None:
     """The folder a run's record says its training was made in, where that is another folder
-    that is still there (`cp -r runs/r1 other/r1`, a bucket sync: the copy's record names the
-    original's checkpoints and MLflow runs); None for a run in its own folder, or one moved
-    (the original gone: its training resumes in the new folder)."""
+    holding the same run (its workflow.json records the same MLflow training run): `cp -r
+    runs/r1 other/r1`, a bucket sync, whose record names the original's checkpoints and MLflow
+    runs. None for a run in its own folder, one moved (the original gone, or only the empty
+    folders a bucket move leaves), or renamed with a new run under its old name."""
     import os
 
     here = location(spec.run_dir)
-    for done in (state.get("train") or {}).values():
-        made = (done.get("result") or {}).get("run_dir") if isinstance(done, dict) else None
+    for name, done in (state.get("train") or {}).items():
+        result = (done.get("result") or {}) if isinstance(done, dict) else {}
+        made, run_id = result.get("run_dir"), result.get("run_id")
         if not isinstance(made, str):
             continue
-        made = location(made).parent
-        if str(made) == str(here) or not made.is_dir():
+        try:
+            made = location(made).parent
+            if str(made) == str(here):
+                continue
+            if isinstance(made, Path) and isinstance(here, Path) and made.is_dir() \
+                    and here.is_dir() and os.path.samefile(made, here):  # (through a link)
+                continue
+            theirs = read_workflow_json(made / "workflow.json")
+        except Exception:  # noqa: BLE001 - gone, unreadable, a store this host cannot reach
             continue
-        if isinstance(made, Path) and isinstance(here, Path) and here.is_dir() \
-                and os.path.samefile(made, here):  # (through a link)
-            continue
-        return str(made)
+        held = ((theirs.get("train") or {}).get(name) or {}).get("result") or {}
+        if isinstance(held, dict) and held.get("run_dir") == result.get("run_dir") \
+                and held.get("run_id") == run_id:
+            return str(made)
     return None
 
 
@@ -284,14 +293,16 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
         # parent there had no training run and no registered model, and every score was
         # made again; the default store is mlflow.db in the folder a command starts in)
         return (f"run {spec.run_name!r} in {spec.run_dir} is tracked at {store}, where its "
-                f"runs are: give --tracking-uri {store} (or set MLFLOW_TRACKING_URI) to go on "
-                "with it, or another --run-name (a store moved to another address: write its "
-                "new one as \"tracking\" in the run's workflow.json)")
+                f"runs are: give --tracking-uri {store}"
+                + (" with your password for ***" if "***" in store else "")
+                + " (or set MLFLOW_TRACKING_URI) to go on with it, or another --run-name (the "
+                "same store at another address, e.g. localhost for 127.0.0.1 or a new host "
+                "name: write the address as \"tracking\" in the run's workflow.json)")
     if made := _made_elsewhere(spec, state):
         return (f"run folder {spec.run_dir} is a copy of {made} (its workflow.json records "
                 "that folder's training, and that folder is there): the copy would score that "
                 "folder's weights and take over its MLflow runs. Go on with the run in "
-                f"{made}; or, to go on here, move or delete {made} first")
+                f"{made}; or, to go on here instead, move that run away first")
     recorded = state.get("settings")
     if recorded is None:  # a folder from before settings were recorded: nothing to compare
         return None
