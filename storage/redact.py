@@ -48,9 +48,14 @@ def _hide(m: re.Match) -> str:
         scheme, rest = scheme + lead, rest[len(lead):]
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     at = authority.rfind("@")
-    # an "@" anywhere after the authority, after a "host" without a port, ends a password
-    # that held "/", "?" or "#" ("alice:p@ss/word@host", "alice:p@ss/w?rd@host": no host "ss")
-    unsure = "@" in rest[len(authority):] and ":" not in authority[at + 1:]
+    # an "@" after the authority, after a "host" without a port, ends a password that held
+    # "/", "?" or "#": one in its path ("alice:p@ss/word@host"), or past a "?" or "#" where the
+    # "host" is no domain name either ("alice:p@ss/w?rd@host"; an e-mail in the query of
+    # "alice:pw@mlflow.example.com/x?to=a@b.com" is no password's)
+    host = authority[at + 1:]
+    path = re.split(r"[?#]", rest[len(authority):], maxsplit=1)[0]
+    unsure = ":" not in host and ("@" in path or "@" in rest[len(authority):]
+                                  and "." not in host and host != "localhost")
     if at >= 0 and _HOST_PORT.fullmatch(authority[at + 1:]) and not unsure:
         userinfo, tail = authority[:at], rest[at:]
     elif at < 0 and ":" not in authority:  # a plain host: an "@" in the path (s3://b/k@x)

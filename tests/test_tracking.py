@@ -373,6 +373,9 @@ def test_credentials_in_a_tracking_uri_are_never_shown(caplog, capsys, tmp_path)
             "http://alice:***@mlflow:5000"
     # ... and both: a "/" then a "?" before the "@" that ends it ("ss/w" was shown)
     assert redact_uri("https://u:p@ss/w?rd@host:5000") == "https://u:***@host:5000"
+    # an e-mail in a server URI's query is no password's: its host stays shown
+    assert redact_uri("https://alice:s3cret@mlflow.example.com/x?email=a@b.com") == \
+        "https://alice:***@mlflow.example.com/x?email=a@b.com"
     # secrets in a query by the other names they go by
     assert redact_uri("http://h/x?passwd=A&pwd=B&auth=C&jwt=D&credentials=E&page=2") == \
         "http://h/x?passwd=***&pwd=***&auth=***&jwt=***&credentials=***&page=2"
