@@ -237,8 +237,9 @@ class RunLease:
         if self.lost and exc_type is None:  # (an error already on its way says more)
             raise LeaseLost(
                 f"{self.folder}: this command lost its lease while it ran (another command took "
-                f"it over, or the storage could not be reached for {self.ttl_s:.0f} s); what "
-                "both wrote there may be mixed: check the folder, or rerun under another name")
+                "it over, or the store refused its renewals, e.g. credentials that expired); "
+                "what both wrote there may be mixed: check the folder, or rerun under another "
+                "name")
 
     def _start_heartbeat(self) -> None:
         def beat():
@@ -262,13 +263,19 @@ class RunLease:
     def _unanswered(self, err: Exception) -> bool:
         """A renewal the store did not answer: retried at every beat. Past the ttl another
         command may take the lease over; the lease is lost only once one did (the heartbeat
-        gave up after one ttl, and the command wrote on; workflows check before each record)."""
+        gave up after one ttl, and the command wrote on; workflows check before each record),
+        or when the store refuses it for good (403, expired credentials, no such bucket)."""
         if time.monotonic() - self._renewed > self.ttl_s:
+            if _code(err) in _REFUSED:
+                log.warning("the lease of %s could not be renewed for %.0f s: the store "
+                            "refuses it (%s)", self.folder, self.ttl_s, err)
+                return False
             if not self._expired_said:
                 self._expired_said = True
                 log.warning("the lease of %s could not be renewed for %.0f s (%s): another "
-                            "command may take it over; this command goes on renewing it and "
-                            "stops writing if one did", self.folder, self.ttl_s, err)
+                            "command may take it over; this command goes on renewing it, and "
+                            "its records and checkpoints stop if one did", self.folder,
+                            self.ttl_s, err)
         else:
             log.warning("renewing the lease of %s failed (%s); retrying", self.folder, err)
         return True
@@ -635,6 +642,11 @@ def _bucket_record(record, obj: dict) -> dict:
     record["renewed"] = time.time() - age
     record["expires"] = record["renewed"] + ttl
     return record
+
+
+# S3 answers that no retry changes (a renewal refused by them past the ttl: the lease lost)
+_REFUSED = ("AccessDenied", "403", "ExpiredToken", "InvalidAccessKeyId",
+            "SignatureDoesNotMatch", "NoSuchBucket", "AllAccessDisabled")
 
 
 def _code(err: Exception) -> str:
