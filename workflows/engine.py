@@ -160,7 +160,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                               "convs2s.data": pre.source, **source, **(tags or {})},
                         within=within, restarting=spec.restart)
     ctx = StageContext(tree, lease=lease)
-    parent = tree.parent
+    parent, minutes_logged = tree.parent, False
     try:
         # --restart sets earlier work aside, and the parent run with it (a new one is made);
         # a continuation is noted
@@ -186,13 +186,14 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
         # trained on and scored nothing anew (a continued run whose best/ did not move, the
         # only weights scored) logs its training figures: its updates, epochs and minutes grew
         trained_now = any(n not in ctx.skipped for n in train_names(spec.ensemble.runs))
-        if trained_now or not (scores and all(s.skipped for s in scores)
-                               and run_has_metrics(uri, parent)):
+        if trained_now or not (scores and all(s.skipped for s in scores)  # (None: unknown,
+                               and run_has_metrics(uri, parent) is not False):  # kept)
             # (a rerun that did some work: only the figures that changed are logged again,
             # each score else had a second value at step 0; the minutes are every call's)
             log_final_metrics(uri, parent, figures_to_log(
                 parent_metrics(spec, trained, scores, time.monotonic() - t0),
                 run_metrics(uri, parent)))
+            minutes_logged = True  # (a stop after this: not counted twice)
         champion = None
         # The task's main metric on its validation split chooses the model; its main test set
         # names the registered model and reports the chosen one's score (never chooses it).
@@ -209,14 +210,14 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
                     task_kind(spec.task_kind).headline, report_on=main_test,
                     scoring=task_kind(spec.task_kind).scoring_for(spec.data.tgt_lang))
     except BaseException as err:
-        # the call's minutes count, stopped or failed too (a 10-hour call that crashed added
-        # nothing to workflow_minutes); then the parent and any stage's run the stop left open
-        # (an evaluation's, a training's)
-        if tree.parent is not None:
+        # the parent and any stage's run the stop left open (an evaluation's, a training's);
+        # then the call's minutes count, stopped or failed too (a 10-hour call that crashed
+        # added nothing to workflow_minutes)
+        tree.end_open(stopped_status(err))
+        if tree.parent is not None and not minutes_logged:
             had = run_metrics(uri, tree.parent)
             log_final_metrics(uri, tree.parent, {"workflow_minutes": (
                 time.monotonic() - t0) / 60 + had.get("workflow_minutes", 0.0)})
-        tree.end_open(stopped_status(err))
         raise
     end_run(uri, parent, "FINISHED")
     return WorkflowResult(parent, spec.experiment, uri, str(run_dir), trained, scores,

@@ -74,7 +74,7 @@ def preprocess_stage(ctx: StageContext, pre: PreprocessConfig, init_from: str | 
                         f"{split}.tgt_tokens": batches["tokens"]["tgt_tokens"]})
     # Resumed with every stage up to date: the run keeps the figures of the call that made
     # the data (logged again, its `seconds` became the time of this call's skipping)
-    if out.ran or not run_has_metrics(ctx.tree.uri, run_id):
+    if out.ran or run_has_metrics(ctx.tree.uri, run_id) is False:
         log_final_metrics(ctx.tree.uri, run_id, metrics)
     manifests = ctx.run_dir / "preprocess_manifests.json"  # a file, or an object in a bucket
     write_whole(manifests, json.dumps(out.manifests, indent=1, default=str).encode())
