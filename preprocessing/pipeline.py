@@ -167,7 +167,8 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
             "source": src.fingerprint}
 
 
-_LEARN_BPE = ray.remote(num_cpus=1)(learn_bpe)  # (sentencepiece learns on 1 thread)
+# (sentencepiece learns on 1 thread; a task lost with its node runs again, twice at most)
+_LEARN_BPE = ray.remote(num_cpus=1, max_retries=2)(learn_bpe)
 
 
 def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:

@@ -118,11 +118,11 @@ def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
         assert m["longest"] == {"src": longest_src, "tgt": longest_tgt}
 
 
-def test_the_bpe_sample_and_its_training_stay_off_the_driver_and_learn_the_same_model(
+def test_the_bpe_sample_stays_in_the_object_store_and_a_task_learns_the_drivers_model(
         ray_session, tmp_path):
-    """The sample stays in the object store and sentencepiece learns in a Ray task (a cluster's
-    driver runs on its head node); the model is the one the driver would learn from the k
-    rows with the smallest hash, byte for byte."""
+    """The sample is handed on as ObjectRefs and sentencepiece learns in a Ray task (a
+    cluster's driver runs on its head node): the model is the one a driver would learn from
+    the k rows with the smallest hash, byte for byte."""
     import ray
 
     from preprocessing.pipeline import _LEARN_BPE
