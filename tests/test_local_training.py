@@ -467,6 +467,35 @@ def test_resuming_a_run_with_another_model_seed_or_data_is_one_line(demo_batches
     said = capsys.readouterr().out
     assert "resumed with other training settings than the checkpoint's run: label_smoothing " \
         "0.0 -> 0.2; clip_norm 0.1 -> 1.0" in said, said[-2000:]
+    # ... and another dropout of the model (trained on at the new rate without a word)
+    assert main(_argv(demo_batches, tmp_path, "r", "--max-updates", "5", "--set", "lr=0.5",
+                      "--set", "label_smoothing=0.2", "--set", "clip_norm=1.0", "--set",
+                      "model.dropout=0.3")) == 0
+    said = capsys.readouterr().out
+    assert "resumed with other training settings than the checkpoint's run: model.dropout " \
+        "0.0 -> 0.3" in said, said[-2000:]
+
+
+def test_a_damaged_newest_checkpoint_resumes_from_the_newest_intact_one(demo_batches,
+                                                                       tmp_path, capsys):
+    """The newest checkpoint.pt of the right size but other bytes (a disk, a power loss): the
+    run could not resume at all, every load refused, though the checkpoint before was whole.
+    It resumes from that one, saying so, and trains the later updates again."""
+    from convs2s.io.checkpoint import checkpoint_dir_name
+    from convs2s.train.local import main
+
+    more = ["--set", "checkpoint_interval=1", "--set", "keep_last=5"]
+    assert main(_argv(demo_batches, tmp_path, "d", "--max-updates", "2", *more)) == 0
+    weights = tmp_path / "d" / checkpoint_dir_name(2) / "checkpoint.pt"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(_argv(demo_batches, tmp_path, "d", "--max-updates", "3", *more)) == 0
+    said = capsys.readouterr().out
+    assert f"{checkpoint_dir_name(2)} is damaged (its checkpoint.pt is not the bytes its " \
+        f"meta.json records): resuming from {checkpoint_dir_name(1)} (update 1)" in said, \
+        said[-2000:]
 
 
 def test_a_checkpoint_from_before_a_model_field_existed_resumes_as_the_same_model():

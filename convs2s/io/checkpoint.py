@@ -216,6 +216,15 @@ def _recorded_sha256(folder: Path) -> str | None:
     return want if isinstance(want, str) else None
 
 
+def intact(path) -> bool:
+    """Whether checkpoint folder `path`'s checkpoint.pt is the bytes its meta.json records
+    (SHA-256; True where none is recorded). A bucket's is fetched (once per node: the load
+    that follows reads the same copy)."""
+    folder = local_checkpoint(path)
+    want = _recorded_sha256(folder)
+    return want is None or file_sha256(folder / CHECKPOINT_FILE) == want
+
+
 def _names_python_objects(file: Path) -> bool:
     """Whether `file` is a well-formed pickle (or torch zip archive) that imports Python names.
     Read with pickletools, which parses opcodes and runs nothing."""

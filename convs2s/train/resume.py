@@ -90,11 +90,19 @@ RECIPE_KEYS = ("label_smoothing", "clip_norm", "lr_shrink", "anneal_from_epoch",
                "warmup_updates", "warmup_init_lr", "min_lr")
 
 
-def recipe_changes(saved: dict, cfg) -> str:
+def recipe_changes(saved: dict, cfg, state: dict | None = None, model=None) -> str:
     """'key there -> asked' for each RECIPE_KEYS setting the checkpoint's run had otherwise
-    (a key an older checkpoint lacks is not compared)."""
-    return "; ".join(f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RECIPE_KEYS
-                     if k in saved and saved[k] != getattr(cfg, k))
+    (a key an older checkpoint lacks is not compared); with the checkpoint's `state` and the
+    asked `model`, its dropout too, unless the run's probe chose it (kept). (Not a model
+    difference refused: a fine-tuned model's differs from the checkpoint it came from; changed
+    on a resume it trained on at the new rate without a word.)"""
+    changes = [f"{k} {saved[k]} -> {getattr(cfg, k)}" for k in RECIPE_KEYS
+               if k in saved and saved[k] != getattr(cfg, k)]
+    was = ((state or {}).get("model_config") or {}).get("dropout")
+    if model is not None and was is not None and was != model.dropout \
+            and not state.get("dropout_choice"):
+        changes.append(f"model.dropout {was} -> {model.dropout}")
+    return "; ".join(changes)
 
 
 def budget_changes(saved: dict, cfg) -> str:

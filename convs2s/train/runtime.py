@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from convs2s.console import worker_line
-from convs2s.io.checkpoint import (META_FILE, CheckpointError, list_checkpoints, load_checkpoint,
-                                   read_info)
+from convs2s.io.checkpoint import (META_FILE, CheckpointError, intact, list_checkpoints,
+                                   load_checkpoint, read_info)
 from convs2s.train.comm import Comm
 from storage import location, publish_dir, remove_tree
 
@@ -139,12 +139,31 @@ def chosen_by_rank_0(comm: Comm, run_dir, choose) -> str | None:
     chosen, error = None, None
     if comm.rank == 0:
         try:
-            chosen = choose()
+            chosen = _intact_or_older(run_dir, choose())
         except Exception as err:  # noqa: BLE001 - a storage error: every rank stops with it
             error = f"{run_dir}: its checkpoints could not be listed: {err}"
     chosen, error = comm.broadcast_object((chosen, error))
     if error is not None:
         raise CheckpointError(error)
+    return chosen
+
+
+def _intact_or_older(run_dir, chosen: str | None) -> str | None:
+    """`chosen`, or where its checkpoint.pt is not the bytes its meta.json records (a disk or
+    a power loss changed them: every rank's load failed, and the run could not resume though
+    older checkpoints were whole) the newest older one that is, said in one line. None of them:
+    `chosen`, whose load says what is wrong."""
+    if chosen is None or intact(chosen):
+        return chosen
+    name, at = location(chosen).name, read_info(chosen)
+    for older in reversed(list_checkpoints(run_dir)):
+        if location(older.path).name != name and (older.update, older.epoch) <= \
+                (at.update, at.epoch) and intact(older.path):
+            worker_line(f"[convs2s.train] {name} is damaged (its checkpoint.pt is not the "
+                        f"bytes its {META_FILE} records): resuming from "
+                        f"{location(older.path).name} (update {older.update}); its later "
+                        "updates are trained again")
+            return older.path
     return chosen
 
 

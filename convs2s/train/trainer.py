@@ -98,7 +98,6 @@ class Progress:
         return self.seconds_before + time.monotonic() - self.started
 
 
-
 # Progress lines on the console at most this often (metrics.jsonl and MLflow still get every
 # log_interval); epoch ends and stops always print.
 CONSOLE_SECONDS = 30.0
@@ -388,7 +387,8 @@ class Trainer:
                      f"{cfg.lr_schedule} lr follows the new budget from where the run stands "
                      "(where it grew, the lr goes back up from near 0: a warm restart, not the "
                      "run a budget this size from the start trains)")
-            if other := recipe_changes(state.get("train_config") or {}, cfg):
+            if other := recipe_changes(state.get("train_config") or {}, cfg, state,
+                                       self.job.model):
                 _say(f"[convs2s.train] resumed with other training settings than the "
                      f"checkpoint's run: {other}; the rest of the run trains with them (give "
                      "its own to train on as it began)")
@@ -545,8 +545,10 @@ class Trainer:
         if self.logger is not None:
             self.logger.log_metrics(metrics, progress.update)
             where = f"epoch {epoch} done" if epoch_end else f"stopped at {epochs:.2f} epochs"
+            nll = f" (label-smoothed; nll {val_loss:.3f})" if f"{metrics['valid/loss']:.3f}" \
+                != f"{val_loss:.3f}" else ""  # (the ppl, best/ and plateau are the nll's)
             _say(f"[convs2s.train] {where} | update {progress.update} | valid loss "
-                 f"{metrics['valid/loss']:.3f} | valid ppl {metrics['valid/ppl']:.2f} | "
+                 f"{metrics['valid/loss']:.3f}{nll} | valid ppl {metrics['valid/ppl']:.2f} | "
                  f"next lr {next_lr:.3g}")
         report = {"update": progress.update, "epoch": progress.epoch,
                   "epochs": round(epochs, 3), "val_loss": val_loss,
