@@ -26,9 +26,8 @@ pool, docs/reference.md, Ray):
    that does not match again, even after the manifest was written. A part whose translation
    raises fails alone: the other parts go on, and the job then names the failed parts
    (`PartsFailed`); the rerun translates them. So does a part whose actor's process died on
-   it `PART_TRIES` times (the actor is started again each time; Ray Data's default retried it
-   without end, and the job hung). The driver reads the parts' state in one
-   listing of the folder, and the records of the parts translated now from the actors' rows.
+   it `PART_TRIES` times (Ray Data's default retried it without end). The driver reads the
+   parts' state in one listing of the folder, and the actors' rows.
 3. **Manifest.** When every part is done, `manifest.json` (written last) sums them: lines in
    and out, failures by reason (empty input lines, kept empty; lines that were not UTF-8, kept
    empty; lines cut to the model's positions), the model, the search, the time and the rate.
@@ -210,21 +209,18 @@ class ShardTranslator:
                  die_on_part: int = -1, stamps: dict | None = None):
         import torch
 
-        from convs2s.inference.translate import load_for_inference
+        from convs2s.inference.translate import load_for_inference, without_cut_line_warnings
 
         torch.set_num_threads(threads)
-        from convs2s.inference.translate import without_cut_line_warnings
-
         # A cut line is counted in the part's record, not logged (one with no finite
         # translation is both)
         logging.getLogger("convs2s.inference.translate").addFilter(without_cut_line_warnings)
         _same_files(stamps or {})
         self.translator = load_for_inference(checkpoints, SearchConfig.from_dict(search),
                                              device, spm_model=spm_model)
-        # (again: a file replaced while it loaded) An actor started late (the autoscaler's
-        # node) or again (a process death) read whatever the path held then: a checkpoint
-        # republished during the job (a training run's best/) translated its parts with
-        # another model than the job records
+        # (again: replaced while it loaded) An actor started late (the autoscaler's node) or
+        # again (a process death) read whatever the path held then: a best/ republished
+        # during the job translated its parts with another model than the job records
         _same_files(stamps or {})
         self.out, self.nbest, self.width = location(output), nbest, width  # (part_width)
         self.die_on_part = die_on_part  # (DIE_ON_PART_ENV: a test's process death)
@@ -300,9 +296,8 @@ class ShardTranslator:
 
 
 STAMPED = ("spm_model_stamp", "shortlist_stamp", "dictionary_stamp")  # (not in older outputs)
-# How sentences are batched, which a rerun may change (smaller batches for a part that ran out
-# of memory): each part records its own, and the manifest says when parts differ (with a
-# shortlist or int8 weights a sentence's translation may depend on its batch)
+# How sentences are batched, which a rerun may change (smaller batches after an out-of-memory):
+# each part records its own, and the manifest says when parts differ (a shortlist's or int8's)
 BATCHING = ("max_sentences", "max_tokens")
 
 
@@ -339,9 +334,9 @@ def _same_paths(identity: dict) -> dict:
 
 
 def _file_stamps(job: CorpusJob, identity: dict) -> dict[str, list]:
-    """The files the actors load, by the path they load them from, with the version the job
-    records (`identity`, as job.json has it: the files stamped again when the pool starts, a
-    file republished while the input was split, or before a resume, was taken as the job's)."""
+    """The files the actors load, by the path they load them from, with the version job.json
+    records (`identity`; stamped when the pool started, a best/ republished meanwhile was
+    taken as the job's)."""
     stamps = {worker_path(str(checkpoint_weights(c))): list(recorded["stamp"])
               for c, recorded in zip(job.checkpoints, identity["checkpoints"])}
     for key, path in zip(STAMPED, (job.spm_model, job.search.shortlist, job.search.dictionary)):
@@ -456,8 +451,7 @@ def translate_corpus(job: CorpusJob) -> dict:
             log.info("resuming: %d of %d parts done already", len(source["shards"]) - len(todo),
                      len(source["shards"]))
         if todo:
-            if complete:  # a part no longer matches its record: the folder is not complete
-                # while it is translated again (the manifest is this job's own)
+            if complete:  # a part no longer matches its record: not complete meanwhile
                 (out / MANIFEST).unlink(missing_ok=True)
             records.update(_run_pool(job, todo, source["lines"], done_lines, width,
                                      _file_stamps(job, identity)))
@@ -546,9 +540,8 @@ DIE_ON_PART_ENV = "CONVS2S_TEST_CORPUS_DIE_ON_PART"
 
 def _run_pool(job: CorpusJob, todo: list[dict], total: int, done: int,
               width: int, stamps: dict[str, list]) -> dict[int, dict]:
-    """Translate the parts `todo` on the actor pool; returns the records of those translated.
-    Raises PartsFailed naming the parts that failed, once every other part is translated.
-    `stamps`: the files the job records (`_file_stamps`), which the actors load."""
+    """Translate the parts `todo` on the actor pool (which loads `stamps`, `_file_stamps`);
+    the records of those translated. PartsFailed names the parts that failed, at the end."""
     import ray
 
     _same_files(stamps)  # (one line here rather than a failed part per actor)
