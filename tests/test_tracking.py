@@ -123,6 +123,24 @@ def test_params_flatten_and_keep_their_first_value(sqlite_uri, caplog):
     assert "different values for params ['seed']" in caplog.text
 
 
+def test_a_run_is_gone_only_when_the_store_says_so_not_when_it_does_not_answer(sqlite_uri,
+                                                                              dead_uri):
+    """`run_has_metrics`: True for a run with metrics, False for one deleted or never made,
+    None where the store does not answer (a server down is no sign that the run is gone: a
+    rerun kept its finished scores only while the tree had no parent; a server that answered
+    at the start and not later had them made again)."""
+    from convs2s.tracking.runs import log_final_metrics, run_has_metrics
+
+    run_id = find_or_create_run(sqlite_uri, "exp", "key-a", "eval/best/test")
+    log_final_metrics(sqlite_uri, run_id, {"bleu": 30.0})
+    assert run_has_metrics(sqlite_uri, run_id) is True
+    assert run_has_metrics(sqlite_uri, "0123456789abcdef0123456789abcdef") is False
+    assert run_has_metrics(sqlite_uri, None) is False
+    MlflowClient(sqlite_uri).delete_run(run_id)
+    assert run_has_metrics(sqlite_uri, run_id) is False
+    assert run_has_metrics(dead_uri, run_id) is None
+
+
 def test_restarted_logger_skips_steps_already_logged(sqlite_uri, tmp_path):
     run = find_or_create_run(sqlite_uri, "exp", run_key="k", run_name="r")
     local = tmp_path / "metrics.jsonl"
