@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -258,6 +259,37 @@ def test_meta_json_is_written_last_and_whole(tmp_path, monkeypatch):
         save_checkpoint(early, _state(model, opt, 3, 360, 2.4))
     assert sorted(p.name for p in early.iterdir()) == ["checkpoint.pt.tmp"]
     assert [i.update for i in list_checkpoints(run)] == [120]
+
+
+def test_each_file_reaches_the_disk_before_its_rename_and_the_folder_after_meta(tmp_path,
+                                                                               monkeypatch):
+    """At a power loss a rename can reach the disk before the bytes it names (an empty
+    checkpoint.pt under its final name beside a whole meta.json): each file is flushed (fsync)
+    before it is renamed or listed, and the folder's entries after meta.json's rename. The
+    real os.fsync and os.replace run; the order of their calls is recorded."""
+    model, opt, _ = _trained_model()
+    spm = tmp_path / "spm.model"
+    spm.write_bytes(b"a sentencepiece model's bytes")
+    calls, real_fsync, real_replace = [], os.fsync, os.replace
+
+    def fsync(fd):
+        calls.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", os.path.basename(src)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    d = save_checkpoint(tmp_path / checkpoint_dir_name(10), _state(model, opt),
+                        spm_model=str(spm))
+    assert calls == [("fsync", "checkpoint.pt.tmp"), ("replace", "checkpoint.pt.tmp"),
+                     ("fsync", "sentencepiece.model"),
+                     ("fsync", "meta.json.tmp"), ("replace", "meta.json.tmp"),
+                     ("fsync", "checkpoint_00000010")]
+    assert [i.update for i in list_checkpoints(tmp_path)] == [10]
+    assert d == tmp_path / checkpoint_dir_name(10)
 
 
 def test_a_validation_after_an_interval_checkpoint_of_its_update_is_listed_after_it(tmp_path,

@@ -63,7 +63,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     directory.
 
     Files are written under temporary names and renamed, so a crash never leaves a truncated
-    checkpoint.pt behind.
+    checkpoint.pt behind; each reaches the disk before its rename, and the folder's entries
+    after meta.json's (`_synced`): at a power loss a rename can reach the disk before the bytes
+    it names, an empty checkpoint.pt under its final name.
     """
     missing = set(REQUIRED_KEYS) - set(state)
     if missing:
@@ -72,12 +74,12 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (CHECKPOINT_FILE + ".tmp")
     torch.save(state, tmp)
-    os.replace(tmp, directory / CHECKPOINT_FILE)
+    os.replace(_synced(tmp), directory / CHECKPOINT_FILE)
     if spm_model:  # local, or a bucket's (fetched once per node)
-        shutil.copyfile(local_copy(spm_model), directory / SPM_FILE)
+        _synced(shutil.copyfile(local_copy(spm_model), directory / SPM_FILE))
     for path in text_files:
         if location(path).name != SPM_FILE or not spm_model:
-            shutil.copyfile(local_copy(path), directory / location(path).name)
+            _synced(shutil.copyfile(local_copy(path), directory / location(path).name))
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
             "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch),
             # (Ray Train copies the folder into storage file by file, under the final names, in
@@ -109,8 +111,19 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
     tmp = directory / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta))
-    os.replace(tmp, directory / META_FILE)
+    os.replace(_synced(tmp), directory / META_FILE)
+    _synced(directory)  # its renames
     return directory
+
+
+def _synced(path) -> Path:
+    """`path` (a file, or a folder: its entries) flushed to the disk (fsync); returns it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return Path(path)
 
 
 def file_sha256(file: Path) -> str:
