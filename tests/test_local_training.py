@@ -790,7 +790,7 @@ def _resume_choice_worker(rank: int, port: int, result: dict, root: str):
         load_agreed(chosen if rank == 0 else Path(root) / "absent", runtime.comm)
         unread = "went on"
     except CheckpointError as err:
-        unread = str(err)
+        unread = f"{type(err).__name__}: {err}"
     runtime.report({"update": 10})  # a barrier of every rank (gloo)
     runtime.close()
     result[rank] = (chosen, state["update"], unread, dist.is_initialized())
@@ -799,7 +799,8 @@ def _resume_choice_worker(rank: int, port: int, result: dict, root: str):
 def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
     """Under torchrun every rank resumes from rank 0's latest checkpoint, not its own listing
     of the run folder (another checkpoint, or none, where the folder is each node's own); if
-    a rank cannot read it every rank stops with one message; the runtime ends the process
+    a rank cannot read it every rank stops with one message, a ResumeRefused (which a Ray
+    Train worker returns: a restart would fail the same way); the runtime ends the process
     group it started. Two real gloo ranks."""
     from conftest import run_ranks
 
@@ -816,8 +817,8 @@ def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
     assert [result[r][:2] for r in (0, 1)] == [(chosen, 10), (chosen, 10)], result
     message = result[0][2]
     assert result[1][2] == message and message.startswith(
-        f"rank(s) 1 of 2 could not read the checkpoint to resume from, {tmp_path / 'absent'} "
-        "(rank 1: FileNotFoundError: no checkpoint.pt in"), message
+        "ResumeRefused: rank(s) 1 of 2 could not read the checkpoint to resume from, "
+        f"{tmp_path / 'absent'} (rank 1: FileNotFoundError: no checkpoint.pt in"), message
     assert "give all of them the run folder (shared storage or a bucket)" in message
     assert not result[0][3] and not result[1][3]  # the process group ended
 
@@ -832,7 +833,7 @@ def _disagreeing_worker(rank: int, port: int, result: dict, handed: list):
         load_agreed(handed[rank], runtime.comm)
         result[rank] = "went on"
     except CheckpointError as err:
-        result[rank] = str(err)
+        result[rank] = f"{type(err).__name__}: {err}"
     runtime.close()
 
 
@@ -840,8 +841,8 @@ def _disagreeing_worker(rank: int, port: int, result: dict, handed: list):
 def test_ranks_that_load_different_checkpoints_stop_together_saying_which(tmp_path, second):
     """A rank handed another checkpoint than rank 0's, or none (a fresh start beside a resume:
     a node's own listing of the run folder), reads it without error, but its weights and
-    counters are not the others': every rank stops, with one message naming each rank's.
-    Two real gloo ranks."""
+    counters are not the others': every rank stops, with one message naming each rank's (a
+    ResumeRefused, which Ray Train does not restart the group for). Two real gloo ranks."""
     from conftest import run_ranks
 
     from convs2s.config import PRESETS
@@ -857,9 +858,9 @@ def test_ranks_that_load_different_checkpoints_stop_together_saying_which(tmp_pa
     result = run_ranks(functools.partial(_disagreeing_worker, handed=handed), 2)
     theirs = f"{handed[1]}, update 20" if second else "none, a fresh start"
     assert result[0] == result[1] == (
-        f"the 2 ranks did not load the same checkpoint to resume from (rank 0: {handed[0]}, "
-        f"update 10; rank 1: {theirs}): every rank must resume from the one rank 0 chose"), \
-        result
+        "ResumeRefused: the 2 ranks did not load the same checkpoint to resume from (rank 0: "
+        f"{handed[0]}, update 10; rank 1: {theirs}): every rank must resume from the one rank 0 "
+        "chose"), result
 
 
 def test_under_ray_train_the_newer_of_its_record_and_the_run_folder_is_resumed(tmp_path,

@@ -233,7 +233,15 @@ def load_agreed(path, comm: Comm) -> dict | None:
     ranks did not load the same one (a path or update of its own, or a fresh start beside a
     resume: weights and counters apart, and later a wait without end). A collective: the others
     would otherwise train on, to wait for it in their first all-reduce. A single process raises
-    `load_checkpoint`'s own error."""
+    `load_checkpoint`'s own error.
+
+    Where some ranks read it and others did not (folders each node's own), or the ranks were
+    handed different ones, the error is a ResumeRefused: a restart of the group would fail the
+    same way, so Ray Train's workers return it (convs2s.train.trainer.STOPPING_ERRORS) rather
+    than restart `max_failures` times. Every rank failing stays a CheckpointError, which Ray
+    Train retries (a store that did not answer may answer the next time)."""
+    from convs2s.train.resume import ResumeRefused
+
     if comm.world_size == 1:
         return None if path is None else load_checkpoint(path)
     state, error = None, None
@@ -249,13 +257,13 @@ def load_agreed(path, comm: Comm) -> dict | None:
     if failed:  # (the first failing rank's words on every rank: one message)
         rank, (where, first) = failed[0]
         some = len(failed) < comm.world_size  # others could: the folder is not shared
-        raise CheckpointError(
+        raise (ResumeRefused if some else CheckpointError)(
             f"rank(s) {', '.join(str(r) for r, _ in failed)} of {comm.world_size} could not "
             f"read the checkpoint to resume from, {where} (rank {rank}: {first})" + (
                 "; every rank resumes from the one rank 0 chose: give all of them the run "
                 "folder (shared storage or a bucket)" if some else ""))
     if len({(w, u) for _, w, u in seen}) > 1:
-        raise CheckpointError(
+        raise ResumeRefused(
             f"the {comm.world_size} ranks did not load the same checkpoint to resume from ("
             + "; ".join(f"rank {rank}: " + (f"{w}, update {u}" if w is not None else "none, "
                                              "a fresh start")
