@@ -228,6 +228,34 @@ def test_an_evaluation_stopped_while_logging_its_results_leaves_no_run_running(
     assert sorted(r.info.status for r in runs) == ["FINISHED", "KILLED", "KILLED"]
 
 
+def test_an_evaluation_whose_folder_another_command_took_writes_no_hypotheses_there(
+        tiny_checkpoints, ray_session, tmp_path):
+    """A command that lost its folder's lease while it searched (stalled past the ttl, another
+    command took the folder over) writes no hypotheses there: `evaluate_all` checks the lease
+    before each result's files and stops naming the taker, its runs ended FAILED. (The
+    workflows pass their run folder's lease; `python -m workflows.evaluation` its --out's.)"""
+    from storage.lease import LeaseLost, RunLease
+
+    uri = mlflow_store(tmp_path)
+    test = tiny_test_set(tiny_checkpoints, tmp_path)
+    out = tmp_path / "out"
+    ours = RunLease(out, command="A", ttl_s=0.3, heartbeat_s=1000).acquire()  # never renewed
+    time.sleep(0.5)  # stale
+    taker = RunLease(out, command="B", heartbeat_s=1000).acquire()
+    try:
+        with pytest.raises(LeaseLost, match=r"holds it now \(B\)\), so this stops before "
+                                            "writing a/tiny's hypotheses"):
+            evaluate_all([EvalJob("a", (tiny_checkpoints["a"],), test, SHORT)], uri,
+                         out_dir=str(out / "eval"), experiment_name="taken", lease=ours.ref())
+    finally:
+        taker.release()
+        ours.release()
+    assert not (out / "eval").exists()
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("taken").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
 def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(
         tiny_checkpoints, tmp_path, ray_session, monkeypatch, capsys):
     """A local Ray (no RAY_ADDRESS) never grows: a task asking for a GPU on this CPU machine, or

@@ -58,20 +58,10 @@ from convs2s.io.checkpoint import (CheckpointError, best_checkpoint, list_checkp
                                   pick_checkpoints)
 from convs2s.config import INFERENCE_PRECISIONS, SearchConfig, summarization_search
 from convs2s.metrics.task_kinds import RUN_METRICS, task_kind
-from convs2s.tracking.runs import (
-    DatasetRecord,
-    describe_run,
-    end_run,
-    experiment_of_run,
-    find_or_create_run,
-    log_artifacts,
-    log_final_metrics,
-    resolve_tracking_uri,
-    run_key,
-    set_tags,
-    stopped_status,
-    tracking_uri_problem,
-)
+from convs2s.tracking.runs import (DatasetRecord, describe_run, end_run, experiment_of_run,
+                                   find_or_create_run, log_artifacts, log_final_metrics,
+                                   resolve_tracking_uri, run_key, set_tags, stopped_status,
+                                   tracking_uri_problem)
 from convs2s.tracking.redact import redact_text, redact_uri
 from workflows.placement import NoRoomError, _check_room, _free_cpus_per_node, share_cpus
 from storage import StorageError, local_copy, location, ray_join, shown, write_whole
@@ -271,7 +261,7 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                  parent_run_id: str | None = None, out_dir: str = "eval",
                  experiment_name: str = "convs2s", raise_on_error: bool = True,
                  run_ids: dict[tuple[str, str], str | None] | None = None,
-                 on_result=None) -> list[EvalResult]:
+                 on_result=None, lease=None) -> list[EvalResult]:
     """Run every job as a Ray task and log each as a child run of `parent_run_id`.
 
     Hypotheses go to `<out_dir>/<job>/<test>.<tgt_lang>` on the driver. Rerunning the same
@@ -283,7 +273,9 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     made them) are the child runs to log into. `on_result(result)` is called as each job's
     result is logged, before the others end: a workflow records each score then, so that one
     failed or stopped pair does not take the finished ones' records with it (they would be
-    scored again, into the same runs)."""
+    scored again, into the same runs). `lease` (storage.lease.LeaseRef of the folder written)
+    is checked before each file written: a command that lost the folder to another stops there
+    (LeaseLost), as a workflow stops before its records."""
     import ray  # here: the job and test-set types above load without Ray
 
     if not ray.is_initialized():
@@ -298,6 +290,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
     # every job before, into the run's weights/ folder; here what is left goes to out_dir).
     unstaged = [j for j in jobs if j.kind == "average" and not j.staged]
     if unstaged:
+        if lease is not None:
+            lease.check("staging the averaged weights in weights/")
         done = {j.name: j for j in stage_weights(unstaged, location(out_dir) / "weights")}
         jobs = [dataclasses.replace(j, staged=done[j.name].staged) if j in unstaged else j
                 for j in jobs]
@@ -341,6 +335,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
                 end_run(uri, run_ids[job], "FAILED")
                 ended.add(job)
                 continue
+            if lease is not None:
+                lease.check(f"writing {job.name}/{job.test_set.name}'s hypotheses")
             results.append(_finish(uri, run_ids[job], job, out, location(out_dir),
                                    datasets[job.test_set]))
             ended.add(job)
@@ -647,13 +643,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
     with lease:
-        return _evaluate(p, args, jobs, named, tests, search, uri)
+        return _evaluate(p, args, jobs, named, tests, search, uri, lease.ref())
 
 
-def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str) -> int:
-    """`main` once its checks passed and --out is held: Ray, the named checkpoints' models, the
-    scoring."""
+def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str, held) -> int:
+    """`main` once its checks passed and --out is held (`held`, its LeaseRef): Ray, the named
+    checkpoints' models, the scoring."""
     import ray
+
+    from storage.lease import LeaseLost
 
     if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
         try:
@@ -684,10 +682,10 @@ def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str) -
                          num_gpus=args.num_gpus, attention_sentences=args.attention_sentences,
                          model_id=served.model_id) for test in tests]
     try:
-        results = evaluate_all(jobs, uri, args.parent_run_id, args.out)
+        results = evaluate_all(jobs, uri, args.parent_run_id, args.out, lease=held)
     except NoRoomError as err:  # (a job no node of a local Ray can hold)
         p.error(str(err))
-    except EvaluationFailed as err:  # each failed job's one line (its run marked FAILED)
+    except (EvaluationFailed, LeaseLost) as err:  # one line each (their runs marked FAILED)
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM taken as one: one line, no traceback

@@ -243,6 +243,8 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
     # Each job's weights (a checkpoint's inference copy, an average, ensemble members) are
     # written once under the run folder: the evaluation tasks score those files and the
     # logged model is made from them.
+    if ctx.lease is not None:  # (a command that lost the folder writes nothing there)
+        ctx.lease.check("staging the weights in weights/")
     jobs = stage_weights(jobs, ctx.run_dir / "weights")
     source_runs = {j.name: _source_run(j.checkpoints, trained, ctx.tree.parent) for j in jobs}
     state = ctx.state()
@@ -306,7 +308,7 @@ def evaluate_stage(ctx: StageContext, spec: RunSpec, out,
         results = evaluate_all(todo, ctx.tree.uri, parent_run_id=ctx.tree.parent,
                                out_dir=str(ctx.run_dir / "eval"),
                                experiment_name=ctx.tree.experiment, run_ids=run_ids,
-                               on_result=record)
+                               on_result=record, lease=ctx.lease)
         done += [EvalScore(r.job.name, r.job.test_set.name, r.metrics, r.run_id, r.hyp_path)
                  for r in results]
     order = {(j.name, j.test_set.name): i for i, j in enumerate(jobs)}
