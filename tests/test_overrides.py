@@ -371,12 +371,49 @@ def test_a_setting_a_workflow_cannot_honour_is_refused_at_dry_run(module, settin
      "workflow.local_splits names the files of --data DIR, and the data is 'hub'"),
     (["--no-use-gpu", "--set", "workflow.eval_gpus=0.5"],
      "workflow.eval_gpus is an evaluation task's GPU share with --use-gpu; this run uses CPUs"),
+    (["--data", "hub", "--set", "data.demo_rows={train: 1000, valid: 10, test: 10}"],
+     "data.demo_rows sizes the corpus of --data demo, and the data is 'hub'"),
+    (["--set", "search.shortlist_frequent=500"],
+     "search.shortlist_frequent is read only with vocabulary selection, and this run searches "
+     "the whole vocabulary: add data.shortlist_per_source=N (a lexical table of the run's "
+     "data) or search.shortlist=FILE"),
+    (["--set", "train.passes_probe_updates=10"],
+     "train.passes_probe_updates is the probe of the dropout table (train.dropout_by_passes), "
+     "and this run has none"),
 ])
 def test_a_setting_of_data_or_devices_the_run_does_not_use_is_refused(argv, says, tmp_path):
-    """Each was accepted, recorded as the run's param, and never read."""
+    """Each was accepted, recorded as the run's param (a later change of it refused as a
+    change of the run), and never read; demo_rows keyed a data folder of its own as well."""
     rc, out, err = _main(wmt14_en_fr, ["--preset", "paper", *argv, "--storage-path",
                                        str(tmp_path), "--dry-run"])
     assert rc == 2 and out == "" and err.strip().endswith(f"{says}: leave it out"), err
+
+
+def test_vocabulary_selection_settings_are_taken_where_the_run_selects(tmp_path):
+    run = _dry_run(wmt14_en_fr, ["--preset", "paper", "--set", "data.shortlist_per_source=50",
+                                 "--set", "search.shortlist_frequent=500"], tmp_path)
+    assert run["workflow"]["search"]["shortlist_frequent"] == 500
+
+
+def test_test_set_names_given_on_purpose_are_kept_on_a_folder_and_on_the_demo(tmp_path):
+    """A split read from another file than the preset's is named after that file, unless
+    workflow.test_sets names the sets on purpose (the names were replaced silently: params
+    said one name, the scores, datasets and registered model another)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    folder = ["--preset", "cpu", "--src", "en", "--tgt", "de", "--data", str(data),
+              "--split", "train=train", "--split", "valid=dev", "--split", "test=nt14"]
+    def named(module, argv):
+        return _dry_run(module, argv, tmp_path)["run"]["test_sets"]
+
+    assert named(multi30k_en_de, folder) == {"test": "nt14", "valid": "dev"}
+    assert named(multi30k_en_de, [*folder, "--set", "workflow.test_sets={test: newstest2014, "
+                                  "valid: newstest2013}"]) == {"test": "newstest2014",
+                                                               "valid": "newstest2013"}
+    assert named(wmt14_en_fr, ["--preset", "smoke"]) == {"test": "demo_test",
+                                                         "valid": "demo_valid"}
+    assert named(wmt14_en_fr, ["--preset", "smoke", "--set",
+                               "workflow.test_sets={test: my_test}"]) == {"test": "my_test"}
 
 
 def test_a_fixed_schedule_that_would_anneal_after_the_run_ends_is_said(tmp_path):
@@ -764,6 +801,34 @@ def test_a_different_set_on_the_same_run_name_is_refused_like_any_changed_settin
     tiny = resolve(wmt14_en_fr.smoke(), RunOptions(**{**vars(opts), "set": ["train.min_lr=1e-4",
                                                                             "train.lr=2.5E-1"]}))
     assert (tiny.train.min_lr, tiny.train.lr) == (1e-4, 0.25)
+
+
+def test_a_rerun_may_change_how_preprocessing_runs_and_a_search_change_names_the_evaluation(
+        tmp_path):
+    """Preprocessing's encoder tasks and exchange make the same data folder: a rerun may change
+    them (a bigger cluster, files after Ray's exchange ran out of memory; they were refused,
+    leaving a new run name or --restart, which train again). A change of search settings only
+    is refused with the command that scores the trained checkpoints with them."""
+    from workflows.run_state import StageContext, record_settings, reuse_problem
+    from workflows.run_tree import RunTree
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    opts = RunOptions(preset="smoke", storage_path=str(tmp_path / "runs"), run_name="r",
+                      tracking_uri=uri)
+    spec = resolve(wmt14_en_fr.smoke(), opts)
+    record_settings(StageContext(RunTree.open(uri, "exp", spec.run_dir, "r")), spec)
+
+    def rerun(*sets):
+        return reuse_problem(resolve(wmt14_en_fr.smoke(),
+                                     RunOptions(**{**vars(opts), "set": list(sets)})))
+
+    assert rerun("data.encode_tasks=2", "data.exchange=ray") is None
+    problem = rerun("search.lenpen=0.6")
+    assert "search.lenpen: 1.0 -> 0.6" in problem and (
+        "to score its trained checkpoints with other search settings, without training "
+        f"again: python -m workflows.evaluation --run-dir {spec.run_dir / 'train'} --test NAME "
+        "SRC REF LANG --set lenpen=...") in problem, problem
+    assert "workflows.evaluation" not in rerun("search.lenpen=0.6", "train.lr=0.5")
 
 
 def test_the_preprocessing_command_line_takes_the_same_settings(capsys):

@@ -323,7 +323,8 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
                             "(--data demo), which has valid and test: score the demo on those "
                             "(workflow.test_sets)")
         pre = with_demo_source(cfg.preprocess, cfg.task_kind)
-        test_sets = {split: f"demo_{split}" for split in test_sets}
+        if not _set(changes, "workflow", "test_sets"):  # (unless named on purpose)
+            test_sets = {split: f"demo_{split}" for split in test_sets}
     elif data_flag == "hub":
         pre = cfg.preprocess.replace(source="hub")
     else:  # a folder or a bucket prefix: the preset's file stems, absolute (Ray tasks read it
@@ -348,13 +349,14 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
                                 f"or '..'): rename its files, e.g. to {_key_safe(stem)}.<src> "
                                 f"/ {_key_safe(stem)}.<tgt>")
     pre = overrides.apply_data(pre, changes)  # data.*: on the source --data chose
-    if data_flag not in ("hub", "demo"):
+    if data_flag not in ("hub", "demo") and not _set(changes, "workflow", "test_sets"):
         # A split given another file (--split valid=dev, --set data.splits) is named after
         # that file: its scores, dataset and registered model must not carry the preset's name
         # for other text (newstest2014), nor a split's own (`test`, as the generic
         # translation workflow names its sets: every corpus of a language pair then shared
         # one registered model, models:/translation_de_en-test, whose champion a run on
-        # another corpus could never become, its validation data not the model's)
+        # another corpus could never become, its validation data not the model's), unless
+        # workflow.test_sets names the sets on purpose (its names were replaced silently)
         for split in test_sets:
             stem = pre.splits.get(split)
             if stem and stem != preset_files.get(split):
@@ -427,7 +429,7 @@ def resolve(cfg: WorkflowConfig, opts: RunOptions) -> RunSpec:
         limits["precision"] = opts.precision
     use_gpu = cfg.use_gpu if opts.use_gpu is None else opts.use_gpu
     for o in [*opts.config_settings, *sets]:  # set on purpose, for data or devices not used
-        if problem := _unused_here(o, data_flag, use_gpu):
+        if problem := _unused_here(o, data_flag, use_gpu, cfg, pre):
             raise SpecError(f"{o.origin} {o.text}: {problem}: leave it out")
     run_name = opts.run_name or f"{opts.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     _check_run_name(opts.run_name)
@@ -493,16 +495,28 @@ def _check_run_name(name: str | None) -> None:
         raise SpecError(problem)
 
 
-def _unused_here(o, data_flag: str, use_gpu: bool) -> str | None:
+def _unused_here(o, data_flag: str, use_gpu: bool, cfg: WorkflowConfig,
+                 pre: PreprocessConfig) -> str | None:
     """Why a setting given on purpose does nothing in this run, or None: each was accepted,
-    recorded as the run's param, and never read."""
+    recorded as the run's param (a later change of it refused as a change of the run), and
+    never read. `cfg`, `pre`: the run's settings, --set applied."""
     key = f"{o.section}.{o.field}"
     if key == "workflow.local_splits" and data_flag in ("hub", "demo"):
         return f"{key} names the files of --data DIR, and the data is {data_flag!r}"
     if key in ("data.hub_repo", "data.hub_config", "data.hub_revision") and data_flag != "hub":
         return f"{key} names the hub dataset of --data hub, and the data is {data_flag!r}"
+    if key == "data.demo_rows" and data_flag != "demo":  # (and it keyed a new data folder)
+        return f"{key} sizes the corpus of --data demo, and the data is {data_flag!r}"
     if key == "workflow.eval_gpus" and not use_gpu:
         return f"{key} is an evaluation task's GPU share with --use-gpu; this run uses CPUs"
+    if key in ("search.shortlist_frequent", "search.shortlist_per_source") \
+            and not cfg.search.shortlist and not pre.shortlist_per_source:
+        return (f"{key} is read only with vocabulary selection, and this run searches the "
+                "whole vocabulary: add data.shortlist_per_source=N (a lexical table of the "
+                "run's data) or search.shortlist=FILE")
+    if key == "train.passes_probe_updates" and not cfg.train.dropout_by_passes:
+        return (f"{key} is the probe of the dropout table (train.dropout_by_passes), and "
+                "this run has none")
     return None
 
 

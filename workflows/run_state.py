@@ -179,10 +179,13 @@ ABSENT_MEANS = {"data.token_map": "{}"}
 # goes on with smaller batches (they were refused, leaving a new run name or --restart, which
 # train again). Scores made before stand; with a shortlist or int8 weights a sentence's
 # translation may depend on its batch, and the change is in the parent's convs2s.changed tag.
+# Preprocessing's encoder tasks and how its rows meet make the same data folder (its
+# `_NOT_OUTPUT`): a cluster with more CPUs, or files after Ray's exchange ran out of memory.
 HOW_NOT_WHAT = tuple(f"train.{k}" for k in (
     "log_interval", "checkpoint_interval", "keep_last", "compile", "fuse", "conv",
     "static_shapes", "cuda_graphs", "ddp_bucket_mb")) + ("search.max_sentences",
-                                                          "search.max_tokens")
+                                                          "search.max_tokens",
+                                                          "data.encode_tasks", "data.exchange")
 
 
 def _update_size(settings: dict[str, str]) -> dict[str, str]:
@@ -336,6 +339,13 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
         return (f"its run was started with other settings ({shown}): give the sweep a new "
                 "--run-name for these settings; a larger --max-epochs / --max-updates / "
                 "--max-time alone continues its trials, a smaller one is refused")
+    if all(c.startswith(("search.", "ensemble.")) for c in changed):  # the model is the same
+        runs = ["train"] if spec.ensemble.runs == 1 else \
+            [f"train_{k + 1}" for k in range(spec.ensemble.runs)]
+        shown += ("; to score its trained checkpoints with other search settings, without "
+                  "training again: python -m workflows.evaluation --run-dir "
+                  + " ".join(str(spec.run_dir / r) for r in runs)
+                  + " --test NAME SRC REF LANG --set lenpen=... (README, Changing settings)")
     return (f"run {spec.run_name!r} in {spec.storage} was started with other settings "
             f"({shown}): give a new --run-name for these settings, or add --restart to "
             "train this run over (its earlier training and scores are kept aside in its "
