@@ -416,6 +416,26 @@ def test_test_set_names_given_on_purpose_are_kept_on_a_folder_and_on_the_demo(tm
                                "workflow.test_sets={test: my_test}"]) == {"test": "my_test"}
 
 
+def test_dry_run_notes_what_a_local_folder_lacks_that_the_run_would_stop_at(tmp_path):
+    """A new pair's folder checked with --dry-run: a side or a split the run would stop at
+    before Ray starts is said (the dry run passed, and the run then exited 2); a folder that
+    has them gets no note."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for stem in ("train", "dev", "nt14"):
+        for lang in ("en", "de"):
+            (data / f"{stem}.{lang}").write_text("a line\nanother line\n")
+    argv = ["--preset", "cpu", "--src", "en", "--data", str(data), "--split", "train=train",
+            "--split", "valid=dev", "--split", "test=nt14", "--dry-run", "--storage-path",
+            str(tmp_path / "runs")]
+    rc, out, err = _main(multi30k_en_de, [*argv, "--tgt", "de"])
+    assert rc == 0 and json.loads(out) and "note" not in err, err
+    rc, out, err = _main(multi30k_en_de, [*argv, "--tgt", "fr"])
+    assert rc == 0 and json.loads(out), err
+    assert f"note: the run would stop before Ray starts: found {data / 'train.en'} but not " \
+        f"its other side {data / 'train.fr'}" in err, err
+
+
 def test_a_fixed_schedule_that_would_anneal_after_the_run_ends_is_said(tmp_path):
     """The paper En-De preset shrinks its lr from epoch 50: with --max-epochs 30 it trained at
     lr 0.5 to the end, annealing never, without a word."""

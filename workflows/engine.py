@@ -107,12 +107,12 @@ def check(spec: RunSpec, sweep: bool = False) -> None:
 def check_inputs(spec: RunSpec) -> None:
     """What `check` asks of a run's inputs and this machine (a sweep asks it of each variant:
     a custom variant's --set may name other files)."""
-    _check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
-    _check_search_files(spec)  # evaluation's files: not found only after the whole training
+    check_sources(spec)  # a missing corpus or an unreachable hub fails here, before Ray
+    check_search_files(spec)  # evaluation's files: not found only after the whole training
     check_local_gpus(spec)  # this machine's GPUs against the request, before Ray
 
 
-def _check_search_files(spec: RunSpec) -> None:
+def check_search_files(spec: RunSpec) -> None:
     for name in ("dictionary", "shortlist"):
         path = getattr(spec.search, name)
         if path and not location(path).is_file():
@@ -247,7 +247,7 @@ def source_tags(spec: RunSpec) -> dict:
     return tags
 
 
-def _check_sources(spec: RunSpec) -> None:
+def check_sources(spec: RunSpec) -> None:
     """Resolve every split's input now (files exist, the hub answers, small line-aligned files
     pair up): errors in seconds, before Ray starts."""
     from preprocessing.errors import PreprocessError

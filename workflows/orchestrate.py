@@ -94,6 +94,8 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
         print(redact_text(json.dumps(what, indent=1, default=str)), flush=True)
         if not opts.sweep and (note := reuse_note(spec)):
             print(note, file=sys.stderr, flush=True)
+        if not opts.sweep and (note := inputs_note(spec)):
+            print(note, file=sys.stderr, flush=True)
         return 0
     _warn_if_job_tmp(opts)
     t0 = time.monotonic()
@@ -125,6 +127,27 @@ def _run_main(presets: dict[str, Callable[[], WorkflowConfig]], opts: RunOptions
         return _data_error(e, cfg)
     print(summary(spec, result, time.monotonic() - t0), flush=True)
     return 0
+
+
+def inputs_note(spec) -> str | None:
+    """What the dry run says of a run's local files (a --data folder's splits, a search
+    dictionary or shortlist) the run would stop at before Ray starts, or None: a new language
+    pair's folder checked by --dry-run passed, and the run then exited 2 (a wrong --tgt code, a
+    test file missing). Files only: a hub or a bucket is not asked (a dry run contacts
+    nothing)."""
+    from preprocessing.errors import PreprocessError
+    from workflows.engine import check_search_files, check_sources
+
+    checks = [check_sources] if spec.data_flag not in ("hub", "demo") \
+        and not is_uri(spec.data.source) else []
+    if not any(is_uri(f) for f in (spec.search.dictionary, spec.search.shortlist) if f):
+        checks.append(check_search_files)
+    try:
+        for check in checks:
+            check(spec)
+    except (SpecError, PreprocessError, StorageError) as err:
+        return f"note: the run would stop before Ray starts: {redact_text(str(err))}"
+    return None
 
 
 def reuse_note(spec) -> str | None:
