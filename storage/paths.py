@@ -409,6 +409,26 @@ class ObjectPath:
 
 
 
+def synced(path) -> Path:
+    """`path` (a local file, or a folder: its entries) flushed to the disk (fsync); returns
+    it. At a power loss a rename can reach the disk before the bytes it names (an empty file
+    under its final name): a file is flushed before its rename, a folder after the renames
+    in it. A folder on a filesystem that cannot flush one (some FUSE and CIFS mounts: EINVAL)
+    is left as it is; a file's error is raised."""
+    import errno
+
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if not (path.is_dir() and err.errno in (errno.EINVAL, errno.ENOTSUP, errno.EBADF)):
+            raise
+    finally:
+        os.close(fd)
+    return path
+
+
 def write_whole(p, data: bytes) -> None:
     """Write a whole file so that a reader sees the old content or the new, never a part: an
     object is one PUT; a local file is written beside, flushed to the disk (a rename that

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from storage.paths import (ObjectPath, StorageError, copy_version, etag, local_entry, s3_client,
-                           location)
+                           location, synced)
 from storage.scratch import scratch_dir
 
 
@@ -103,8 +103,9 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = (),
     bucket (its objects are copied by the server). `leave`: names in `src` not published (a
     writer's owner object, kept in `src` until the copy is done).
 
-    Local: copied beside `dest` and renamed into place (two renames: the folder is old-
-    complete or new-complete, and absent for the instant between the renames). Bucket: the
+    Local: copied beside `dest`, flushed to the disk, and renamed into place (two renames: the
+    folder is old-complete or new-complete, and absent for the instant between the renames;
+    at a power loss never a folder of empty files). Bucket: the
     old marker is deleted first (from then on readers take `dest` as incomplete), every other
     file copied, objects of the old version that the new one lacks deleted, and the marker
     copied last. A local `dest` that is a symbolic link is replaced as the link (a folder
@@ -131,6 +132,9 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = (),
         old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:8]}"
         try:
             shutil.copytree(src, tmp)
+            for f in sorted(tmp.rglob("*"), reverse=True):  # on the disk before the renames
+                synced(f)  # (files, then the folders holding them)
+            synced(tmp)
         except BaseException:  # (a Ctrl-C in a checkpoint's copy: gigabytes, never read)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -139,6 +143,7 @@ def publish_dir(src, dest, marker: str, leave: tuple[str, ...] = (),
         elif dest.exists():
             dest.rename(old)
         tmp.rename(dest)
+        synced(dest.parent)  # the renames
         shutil.rmtree(old, ignore_errors=True)
         return
     (dest / marker).unlink(missing_ok=True)

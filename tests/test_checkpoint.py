@@ -83,7 +83,10 @@ def test_round_trip_is_weights_only_and_restores_the_model(tmp_path):
     assert torch.equal(a, b)
     opt2 = build_optimizer(restored.parameters(), TrainConfig())
     opt2.load_state_dict(load_checkpoint(d)["optimizer"])  # momentum buffers come back too
-    assert opt2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
+    saved, loaded = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert saved.keys() == loaded.keys() and saved
+    assert all(torch.equal(loaded[i]["momentum_buffer"], saved[i]["momentum_buffer"])
+               for i in saved)
 
 
 def test_load_model_works_in_a_process_without_ray(tmp_path):
@@ -270,7 +273,7 @@ def test_each_file_reaches_the_disk_before_its_rename_and_the_folder_after_meta(
     model, opt, _ = _trained_model()
     spm = tmp_path / "spm.model"
     spm.write_bytes(b"a sentencepiece model's bytes")
-    calls, real_fsync, real_replace = [], os.fsync, os.replace
+    calls, real_fsync, real_replace, real_rename = [], os.fsync, os.replace, os.rename
 
     def fsync(fd):
         calls.append(("fsync", os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))))
@@ -290,6 +293,48 @@ def test_each_file_reaches_the_disk_before_its_rename_and_the_folder_after_meta(
                      ("fsync", "checkpoint_00000010")]
     assert [i.update for i in list_checkpoints(tmp_path)] == [10]
     assert d == tmp_path / checkpoint_dir_name(10)
+    # the trainer's scratch copy (copied elsewhere, then deleted): not flushed
+    calls.clear()
+    save_checkpoint(tmp_path / "scratch", _state(model, opt), spm_model=str(spm), durable=False)
+    assert [c for c in calls if c[0] == "fsync"] == []
+    # the run folder's copy (LocalRuntime's checkpoints, best/): every file, then the
+    # folder, flushed before the renames put it in place, and the run folder after them
+    renames = []
+    monkeypatch.setattr(os, "rename", lambda a, b: (renames.append(os.path.basename(b)),
+                                                    real_rename(a, b)))
+    calls.clear()
+    publish_dir(tmp_path / "scratch", tmp_path / "run" / "best", marker="meta.json")
+    flushed = [name for kind, name in calls if kind == "fsync"]
+    assert renames == ["best"] and set(flushed[:3]) == {"checkpoint.pt", "meta.json",
+                                                         "sentencepiece.model"}
+    assert flushed[3].startswith(".best.tmp-") and flushed[4:] == ["run"], flushed
+
+
+def test_a_folder_on_a_filesystem_that_cannot_flush_one_is_left_as_it_is(tmp_path,
+                                                                          monkeypatch):
+    """Some FUSE and CIFS mounts refuse a folder's fsync (EINVAL): the checkpoint is written
+    all the same; a file's fsync error is not passed over."""
+    import errno
+
+    model, opt, _ = _trained_model()
+    real_fsync = os.fsync
+
+    def no_folders(fd):
+        if os.path.isdir(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", no_folders)
+    save_checkpoint(tmp_path / checkpoint_dir_name(10), _state(model, opt))
+    assert [i.update for i in list_checkpoints(tmp_path)] == [10]
+
+    def full(fd):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="Input/output error"):
+        save_checkpoint(tmp_path / checkpoint_dir_name(20), _state(model, opt, update=20))
+    assert [i.update for i in list_checkpoints(tmp_path)] == [10]
 
 
 def test_a_validation_after_an_interval_checkpoint_of_its_update_is_listed_after_it(tmp_path,

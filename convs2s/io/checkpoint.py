@@ -32,7 +32,7 @@ import torch
 
 from convs2s.config import OPTIMIZER_KEYS, ModelConfig
 from convs2s.io.text_codec import checkpoint_folder, local_checkpoint
-from storage import is_uri, local_copy, location, publish_dir
+from storage import is_uri, local_copy, location, publish_dir, synced
 
 CHECKPOINT_FILE = "checkpoint.pt"
 SPM_FILE = "sentencepiece.model"
@@ -57,16 +57,20 @@ def checkpoint_dir_name(update: int, epoch_end: int | None = None,
 
 
 def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | None = None,
-                    end_of_epoch: bool = False, text_files: tuple[str, ...] = ()) -> Path:
+                    end_of_epoch: bool = False, text_files: tuple[str, ...] = (),
+                    durable: bool = True) -> Path:
     """Write `state` (the dict described above) to `directory`, with the sentencepiece model
     or the `text_files` of another text pipeline (convs2s.io.text_codec) beside it; returns the
     directory.
 
     Files are written under temporary names and renamed, so a crash never leaves a truncated
     checkpoint.pt behind; each reaches the disk before its rename, and the folder's entries
-    after meta.json's (`_synced`): at a power loss a rename can reach the disk before the bytes
-    it names, an empty checkpoint.pt under its final name.
+    after meta.json's (`storage.synced`): at a power loss a rename can reach the disk before
+    the bytes it names, an empty checkpoint.pt under its final name. `durable=False`: not
+    flushed, for a scratch folder that is copied elsewhere and deleted (the trainer's: the run
+    folder's copy is flushed by `publish_dir`; Ray Train's upload into storage is Ray's own).
     """
+    sync = synced if durable else Path
     missing = set(REQUIRED_KEYS) - set(state)
     if missing:
         raise ValueError(f"checkpoint state lacks {sorted(missing)}")
@@ -74,12 +78,12 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / (CHECKPOINT_FILE + ".tmp")
     torch.save(state, tmp)
-    os.replace(_synced(tmp), directory / CHECKPOINT_FILE)
+    os.replace(sync(tmp), directory / CHECKPOINT_FILE)
     if spm_model:  # local, or a bucket's (fetched once per node)
-        _synced(shutil.copyfile(local_copy(spm_model), directory / SPM_FILE))
+        sync(shutil.copyfile(local_copy(spm_model), directory / SPM_FILE))
     for path in text_files:
         if location(path).name != SPM_FILE or not spm_model:
-            _synced(shutil.copyfile(local_copy(path), directory / location(path).name))
+            sync(shutil.copyfile(local_copy(path), directory / location(path).name))
     meta = {"epoch": int(state["epoch"]), "update": int(state["update"]),
             "val_loss": state.get("val_loss"), "end_of_epoch": bool(end_of_epoch),
             # (Ray Train copies the folder into storage file by file, under the final names, in
@@ -111,19 +115,9 @@ def save_checkpoint(directory: str | os.PathLike, state: dict, spm_model: str | 
     # meta.json last and whole: a checkpoint is listed (list_checkpoints) only once complete.
     tmp = directory / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta))
-    os.replace(_synced(tmp), directory / META_FILE)
-    _synced(directory)  # its renames
+    os.replace(sync(tmp), directory / META_FILE)
+    sync(directory)  # its renames
     return directory
-
-
-def _synced(path) -> Path:
-    """`path` (a file, or a folder: its entries) flushed to the disk (fsync); returns it."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return Path(path)
 
 
 def file_sha256(file: Path) -> str:

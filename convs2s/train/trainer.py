@@ -607,7 +607,7 @@ class Trainer:
         handed = False  # tmp given to the runtime's background upload (which deletes it)
         try:
             save_checkpoint(tmp, state, spm_model=job.spm_model, end_of_epoch=end_of_epoch,
-                            text_files=job.text_files)
+                            text_files=job.text_files, durable=False)
             # best/ before the report: a death in between leaves a best/ newer than the
             # checkpoint resumed from, which the resumed run repairs (reconcile_best); after
             # the report, the checkpoint Ray keeps could be the best with no best/ copy of it.
