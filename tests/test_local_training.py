@@ -184,7 +184,7 @@ def _argv(d, storage, name: str, *more: str) -> list[str]:
 
 
 def test_a_run_stopped_inside_a_log_interval_resumes_to_the_same_losses_and_log_lines(
-        demo_batches, tmp_path, monkeypatch):
+        demo_batches, tmp_path, monkeypatch, capsys):
     """With dropout on, a run stopped at update 23 (inside a log interval of 5) and resumed to
     30 trains to the uninterrupted run's weights bit for bit, and logs the same lines: the
     line at update 25 averages updates 21-25 in both (the meter's interval is checkpointed;
@@ -201,7 +201,9 @@ def test_a_run_stopped_inside_a_log_interval_resumes_to_the_same_losses_and_log_
 
     run("alone", 30)
     run("stopped", 23)
+    capsys.readouterr()
     run("stopped", 30)
+    assert "[convs2s.train] resumed from update 23 " in capsys.readouterr().out  # not retrained
 
     def logged(name: str) -> dict:
         return {(r["step"], k): v for r in read_local_metrics(tmp_path / name / "metrics.jsonl")
@@ -791,6 +793,12 @@ def _resume_choice_worker(rank: int, port: int, result: dict, root: str):
         unread = "went on"
     except CheckpointError as err:
         unread = f"{type(err).__name__}: {err}"
+    # a rank that could not read it for another reason (here damaged bytes; a node's fetch
+    # that failed): a CheckpointError, which Ray Train retries
+    try:
+        load_agreed(chosen if rank == 0 else Path(root) / "damaged", runtime.comm)
+    except CheckpointError as err:
+        unread = (unread, type(err).__name__)
     runtime.report({"update": 10})  # a barrier of every rank (gloo)
     runtime.close()
     result[rank] = (chosen, state["update"], unread, dist.is_initialized())
@@ -812,11 +820,14 @@ def test_torchrun_ranks_resume_from_the_checkpoint_rank_0_chose(tmp_path):
                         {"model": {}, "model_config": PRESETS["tiny"]().to_dict(),
                          "src_vocab_size": 8, "tgt_vocab_size": 8, "epoch": 0,
                          "update": update})
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "checkpoint.pt").write_bytes(b"\x80\x02 not a checkpoint")
     result = run_ranks(functools.partial(_resume_choice_worker, root=str(tmp_path)), 2)
     chosen = str(tmp_path / "node0" / "checkpoint_00000010")
     assert [result[r][:2] for r in (0, 1)] == [(chosen, 10), (chosen, 10)], result
-    message = result[0][2]
-    assert result[1][2] == message and message.startswith(
+    assert result[0][2][1] == result[1][2][1] == "CheckpointError", result
+    message = result[0][2][0]
+    assert result[1][2][0] == message and message.startswith(
         "ResumeRefused: rank(s) 1 of 2 could not read the checkpoint to resume from, "
         f"{tmp_path / 'absent'} (rank 1: FileNotFoundError: no checkpoint.pt in"), message
     assert "give all of them the run folder (shared storage or a bucket)" in message

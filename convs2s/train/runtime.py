@@ -235,11 +235,12 @@ def load_agreed(path, comm: Comm) -> dict | None:
     would otherwise train on, to wait for it in their first all-reduce. A single process raises
     `load_checkpoint`'s own error.
 
-    Where some ranks read it and others did not (folders each node's own), or the ranks were
-    handed different ones, the error is a ResumeRefused: a restart of the group would fail the
-    same way, so Ray Train's workers return it (convs2s.train.trainer.STOPPING_ERRORS) rather
-    than restart `max_failures` times. Every rank failing stays a CheckpointError, which Ray
-    Train retries (a store that did not answer may answer the next time)."""
+    Where some ranks read it and the others found no such checkpoint (folders each node's
+    own), or the ranks were handed different ones, the error is a ResumeRefused: a restart of
+    the group would fail the same way, so Ray Train's workers return it
+    (convs2s.train.trainer.STOPPING_ERRORS) rather than restart `max_failures` times. Any
+    other failure stays a CheckpointError, which Ray Train retries (a store or a node's fetch
+    that did not answer may answer the next time)."""
     from convs2s.train.resume import ResumeRefused
 
     if comm.world_size == 1:
@@ -256,7 +257,9 @@ def load_agreed(path, comm: Comm) -> dict | None:
     failed = [(rank, e) for rank, (e, _, _) in enumerate(seen) if e is not None]
     if failed:  # (the first failing rank's words on every rank: one message)
         rank, (where, first) = failed[0]
-        some = len(failed) < comm.world_size  # others could: the folder is not shared
+        # others could, and these found nothing there: the folder is not shared
+        some = len(failed) < comm.world_size and all(
+            e.startswith("FileNotFoundError:") for _, (_, e) in failed)
         raise (ResumeRefused if some else CheckpointError)(
             f"rank(s) {', '.join(str(r) for r, _ in failed)} of {comm.world_size} could not "
             f"read the checkpoint to resume from, {where} (rank {rank}: {first})" + (
