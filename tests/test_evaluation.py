@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, mlflow_store
+from storage import location
 from mlflow.tracking import MlflowClient
 
 from convs2s.io.checkpoint import (
@@ -254,6 +255,48 @@ def test_an_evaluation_whose_folder_another_command_took_writes_no_hypotheses_th
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("taken").experiment_id])
     assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_the_evaluation_commands_out_taken_over_while_it_ran_is_one_line(
+        tiny_checkpoints, ray_session, tmp_path, monkeypatch, capsys):
+    """`python -m workflows.evaluation --out` taken over by another command while it searched
+    (its holder stalled past the ttl): one line naming the taker, exit 1, no traceback (the
+    lease's own release found it lost and raised again), and no hypotheses written."""
+    from storage import lease as leases
+    from workflows.evaluation import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    real_lease, real_check, takers = leases.RunLease, leases.LeaseRef.check, []
+
+    class Stalled(real_lease):  # never renewed, stale after 0.3 s
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **{**kw, "ttl_s": 0.3, "heartbeat_s": 1000})
+
+    def taken_first(ref, before="writing"):
+        if not takers:  # another command takes the stale --out as the search ends
+            time.sleep(0.5)
+            takers.append(real_lease(location(ref.path).parent, command="B",
+                                     heartbeat_s=1000).acquire())
+        return real_check(ref, before)
+
+    monkeypatch.setattr(leases, "RunLease", Stalled)
+    monkeypatch.setattr(leases.LeaseRef, "check", taken_first)
+    test = tiny_test_set(tiny_checkpoints, tmp_path)
+    out = tmp_path / "out"
+    try:
+        rc = main(["--checkpoint", f"a={tiny_checkpoints['a']}", "--tracking-uri",
+                   mlflow_store(tmp_path), "--out", str(out), "--test", test.name, test.src,
+                   test.ref, test.tgt_lang])
+    finally:
+        for taker in takers:
+            taker.release()
+    printed = capsys.readouterr().err
+    err = [line for line in printed.splitlines() if "error" in line.lower()]
+    assert rc == 1 and len(err) == 1 and "Traceback" not in printed, printed
+    assert err[0].endswith("holds it now (B)), so this stops before writing a/tiny's "
+                           "hypotheses: two commands never write one run. Check what the other "
+                           "command wrote; resume the run with one command at a time"), err
+    assert not (out / "a").exists()
 
 
 def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(

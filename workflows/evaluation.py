@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 2
     uri = resolve_tracking_uri(args.tracking_uri)
-    from storage.lease import LeaseHeld, RunLease
+    from storage.lease import LeaseHeld, LeaseLost, RunLease
 
     # --out held from here to the end, as a workflow holds its run folder: the weights staged
     # in <out>/weights are replaced whole and the hypotheses written over, so a second
@@ -642,16 +642,18 @@ def main(argv: list[str] | None = None) -> int:
     except (LeaseHeld, StorageError, OSError) as err:  # (a folder or bucket not writable too)
         print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
-    with lease:
-        return _evaluate(p, args, jobs, named, tests, search, uri, lease.ref())
+    try:
+        with lease:
+            return _evaluate(p, args, jobs, named, tests, search, uri, lease.ref())
+    except LeaseLost as err:  # --out taken over while it ran (its runs ended FAILED)
+        print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
+        return 1
 
 
 def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str, held) -> int:
     """`main` once its checks passed and --out is held (`held`, its LeaseRef): Ray, the named
     checkpoints' models, the scoring."""
     import ray
-
-    from storage.lease import LeaseLost
 
     if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
         try:
@@ -685,7 +687,7 @@ def _evaluate(p, args, jobs: list, named: list, tests: list, search, uri: str, h
         results = evaluate_all(jobs, uri, args.parent_run_id, args.out, lease=held)
     except NoRoomError as err:  # (a job no node of a local Ray can hold)
         p.error(str(err))
-    except (EvaluationFailed, LeaseLost) as err:  # one line each (their runs marked FAILED)
+    except EvaluationFailed as err:  # each failed job's one line (its run marked FAILED)
         print(f"{p.prog}: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM taken as one: one line, no traceback
