@@ -849,6 +849,7 @@ def test_a_rerun_may_change_how_preprocessing_runs_and_a_search_change_names_the
         f"again: python -m workflows.evaluation --run-dir {spec.run_dir / 'train'} --test NAME "
         "SRC REF LANG --set lenpen=...") in problem, problem
     assert "workflows.evaluation" not in rerun("search.lenpen=0.6", "train.lr=0.5")
+    assert "workflows.evaluation" not in rerun("ensemble.runs=2")  # (trains another run)
 
 
 def test_the_preprocessing_command_line_takes_the_same_settings(capsys):

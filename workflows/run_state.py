@@ -339,7 +339,7 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
         return (f"its run was started with other settings ({shown}): give the sweep a new "
                 "--run-name for these settings; a larger --max-epochs / --max-updates / "
                 "--max-time alone continues its trials, a smaller one is refused")
-    if all(c.startswith(("search.", "ensemble.")) for c in changed):  # the model is the same
+    if all(c.startswith("search.") for c in changed):  # the same training, other scoring
         runs = ["train"] if spec.ensemble.runs == 1 else \
             [f"train_{k + 1}" for k in range(spec.ensemble.runs)]
         shown += ("; to score its trained checkpoints with other search settings, without "
