@@ -150,8 +150,19 @@ def test_an_export_imports_back_to_the_same_weights(imported, name, tmp_path):
                                                     "bpecodes", WRITTEN_BY}
     again, _ = load_model(import_fairseq(exported, tmp_path / "again"))
     first, _ = load_model(imported[name])
-    for (k, a), (k2, b) in zip(first.state_dict().items(), again.state_dict().items()):
+    for (k, a), (k2, b) in zip(first.state_dict().items(), again.state_dict().items(),
+                               strict=True):
         assert k == k2 and torch.equal(a, b), k
+    # and the reference's own file, not only our reading of ours: the archive's weights are
+    # the ones its model.pt holds (names, dtypes, values) under the same architecture
+    ref, ours = (read_reference_checkpoint(d / ARCHIVE_MODEL) for d in (FIXTURES / name,
+                                                                          exported))
+    assert ref["model"].keys() == ours["model"].keys()
+    for k, a in ref["model"].items():
+        b = ours["model"][k]
+        assert a.dtype == b.dtype and torch.equal(a, b), k
+    assert model_config(saved_arguments(ours, exported), exported) == \
+        model_config(saved_arguments(ref, FIXTURES / name), FIXTURES / name)
 
 
 def test_a_sentencepiece_checkpoint_exports_with_its_own_dictionary(tiny_checkpoints, tmp_path):

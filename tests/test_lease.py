@@ -200,7 +200,7 @@ def test_a_folder_without_hard_links_still_gets_one_holder(tmp_path, monkeypatch
     monkeypatch.setattr(os, "link", no_links)
     with RunLease(tmp_path / "runs" / "fuse") as first:
         assert first.taken_over is None
-        with pytest.raises(LeaseHeld):
+        with pytest.raises(LeaseHeld, match="is in use by another command"):
             RunLease(tmp_path / "runs" / "fuse").acquire()
     assert not (tmp_path / "runs" / "fuse").exists()  # no lease (nor the folder it made) left
 
@@ -251,7 +251,7 @@ def test_a_renewal_sent_twice_keeps_the_lease(s3, tmp_path):
     with lease:
         time.sleep(1.5)  # several renewals, each sent twice
         assert not lease.lost
-        with pytest.raises(LeaseHeld):
+        with pytest.raises(LeaseHeld, match="is in use by another command"):
             RunLease(lease.folder).acquire()
 
 
@@ -271,7 +271,7 @@ def test_a_create_sent_twice_is_taken_as_this_commands_own(s3, tmp_path):
     try:
         time.sleep(0.6)  # renewals go on
         assert not lease.lost and lease.taken_over is None
-        with pytest.raises(LeaseHeld):
+        with pytest.raises(LeaseHeld, match="is in use by another command"):
             RunLease(lease.folder).acquire()
     finally:
         lease.release()
@@ -500,7 +500,7 @@ def test_the_heartbeat_keeps_a_live_lease_fresh(run_dir):
     with RunLease(run_dir, ttl_s=3.0, heartbeat_s=0.2) as lease:
         first = lease._read()
         time.sleep(3.5)  # longer than the ttl: only the renewals keep it live
-        with pytest.raises(LeaseHeld):
+        with pytest.raises(LeaseHeld, match="is in use by another command"):
             RunLease(run_dir).acquire()
         # renewed, not merely unexpired (a local lease by its mtime: its heartbeat touches it;
         # a bucket's by the store's clock, in whole seconds: 3.5 +- 1 s later, against 0 +- 1.5

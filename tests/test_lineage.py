@@ -367,6 +367,17 @@ def test_a_model_scored_on_other_data_never_moves_the_alias(smoke_workflow):
                               [EvalScore("avg_last2", "demo_test", {"bleu": 99.0}, None, "")],
                               ids, "demo_test", "bleu")
     _refused_as_other_data(client, "lineage-data", other)
+    # Another test set (demo_valid's text against the demo_test the model was chosen on)
+    first = register_champion(w.tracking_uri, "lineage-set",
+                              [EvalScore("best", "demo_test", {"bleu": 10.0}, None, "")], ids,
+                              "demo_test", "bleu")
+    assert first.moved and first.version == "1"
+    valid = register_champion(w.tracking_uri, "lineage-set",
+                              [EvalScore("avg_last2", "demo_valid", {"bleu": 99.0}, None, "")],
+                              ids, "demo_valid", "bleu")
+    assert not valid.moved and valid.version == "1" and "not comparable" in valid.reason, valid
+    assert len(client.search_model_versions("name = 'lineage-set'")) == 1
+    assert client.get_model_version_by_alias("lineage-set", "champion").version in (1, "1")
 
 
 def test_a_run_registering_at_once_with_a_run_on_other_data_leaves_the_model_to_it(

@@ -136,6 +136,7 @@ def test_a_run_resumed_inside_the_timed_updates_decides_at_the_same_update(demo_
     straight = run("straight", 10)
     run("resumed", 5)  # stops at update 5, inside the timed updates 3-6: checkpointed
     resumed = run("resumed", 10)
+    assert resumed.metrics["resumed_from_update"] == 5  # (a fresh start would decide at 6 too)
     assert straight.metrics["dropout_choice"]["update"] == 6
     assert resumed.metrics["dropout_choice"]["update"] == 6
     a, b = (load_checkpoint(r.last_checkpoint)["model"] for r in (straight, resumed))

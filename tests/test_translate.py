@@ -75,10 +75,15 @@ def test_batches_sorted_by_length_give_input_order(tiny_checkpoints):
     batched = load_for_inference([tiny_checkpoints["a"]],
                                           search=SHORT.replace(max_sentences=2))
     out = batched.translate_full(lines)
-    for line, t in zip(lines, out):
+    for line, t in zip(lines, out, strict=True):
         assert t.source == line
         ids, _, _ = batched.encode(line)
         assert t.hypotheses[0].attention.shape[0] == len(ids)  # its own source length
+    # each one's own translation: as each sentence searched alone
+    alone = load_for_inference([tiny_checkpoints["a"]], search=SHORT.replace(max_sentences=1))
+    for t, one in zip(out, alone.translate_full(lines), strict=True):
+        assert t.text == one.text
+        assert t.hypotheses[0].score == pytest.approx(one.hypotheses[0].score, abs=1e-4)
 
 
 def test_a_token_budget_cuts_batches_without_changing_translations(tiny_checkpoints):
