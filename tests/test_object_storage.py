@@ -480,7 +480,8 @@ def test_export_to_and_import_from_a_bucket_round_trip_the_weights(s3, tmp_path)
     again = import_fairseq(archive, f"{BUCKET}/interop/again")
     first, _ = load_model(imported)
     second, _ = load_model(again)  # read back from the bucket
-    for (k, a), (k2, b) in zip(first.state_dict().items(), second.state_dict().items()):
+    for (k, a), (k2, b) in zip(first.state_dict().items(), second.state_dict().items(),
+                               strict=True):
         assert k == k2 and torch.equal(a, b), k
     someone_elses = location(f"{BUCKET}/interop/theirs")
     (someone_elses / "notes.txt").write_text("mine")
