@@ -167,8 +167,10 @@ def _clean(cfg: PreprocessConfig, split: str, src: SplitSource, tmp: Path) -> di
             "source": src.fingerprint}
 
 
-# (sentencepiece learns on 1 thread; a task lost with its node runs again, twice at most)
-_LEARN_BPE = ray.remote(num_cpus=1, max_retries=2)(learn_bpe)
+# (sentencepiece learns on 1 thread; a task lost with its node runs again, twice at most;
+# scheduled on the cluster, never inside the caller's placement group: a sweep's trial, a Ray
+# Tune actor, captures its child tasks into its own, which has no CPU for them)
+_LEARN_BPE = ray.remote(num_cpus=1, max_retries=2, scheduling_strategy="DEFAULT")(learn_bpe)
 
 
 def _spm(cfg: PreprocessConfig, task_dir: Path, clean_train: dict, tmp: Path) -> dict:

@@ -118,6 +118,41 @@ def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
         assert m["longest"] == {"src": longest_src, "tgt": longest_tgt}
 
 
+def test_the_bpe_is_learned_from_inside_a_sweep_trials_placement_group(ray_session, tmp_path):
+    """A sweep variant of another vocabulary preprocesses inside its trial, a Ray Tune actor
+    whose placement group ({"CPU": 0}) captures its child tasks: the BPE task asks for a CPU
+    no bundle of it has, and failed there ("cannot fit into any bundles"). It is scheduled
+    on the cluster, as the evaluation tasks are."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from preprocessing.pipeline import _LEARN_BPE
+    from preprocessing.vocab import sample_pairs
+
+    words = "the a cat dog sat on mat red blue green house tree".split()
+    rows = [(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)),
+             " ".join(words[(i * 7 + j) % len(words)] for j in range(2 + i % 4)))
+            for i in range(3000)]
+    ds = ray.data.from_arrow(pa.table({"id": pa.array(range(len(rows)), pa.int64()),
+                                       "src": [s for s, _ in rows], "tgt": [t for _, t in rows]}))
+    blocks = sample_pairs(ds, len(rows), 500, seed=3)
+
+    @ray.remote(num_cpus=0)
+    def trial(blocks):  # (the trial's own Ray Data reads are scheduled by Ray Data itself)
+        return ray.get(_LEARN_BPE.remote(blocks, 500, str(tmp_path / "spm"), 300, 1.0))
+
+    group = placement_group([{"CPU": 0, "memory": 100 * 2**20}])  # as a sweep's trial's
+    ray.get(group.ready(), timeout=60)
+    try:
+        inside = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+        assert ray.get(trial.options(scheduling_strategy=inside).remote(blocks),
+                       timeout=120) == 500
+    finally:
+        remove_placement_group(group)
+    assert (tmp_path / "spm.model").is_file()
+
+
 def test_the_bpe_sample_stays_in_the_object_store_and_a_task_learns_the_drivers_model(
         ray_session, tmp_path):
     """The sample is handed on as ObjectRefs and sentencepiece learns in a Ray task (a
