@@ -297,6 +297,8 @@ def test_a_folder_or_file_another_node_does_not_see_is_named(lost_node_run, node
     one another node does not mount, and is named with that node's address."""
     code = ("import json, sys, ray; ray.init(log_to_driver=False); "
             "from storage.ray_join import node_not_seeing; "
+            "from workflows.cluster import check_shared_storage; "
+            "check_shared_storage(sys.argv[1], 'sqlite:///' + sys.argv[1] + '/db/mlflow.db'); "
             "print(json.dumps([node_not_seeing(sys.argv[1]), "
             "node_not_seeing(sys.argv[1], also=(sys.argv[2],))]))")
     missing = str(tmp_path / "on-the-driver-only.pt")
@@ -308,7 +310,7 @@ def test_a_folder_or_file_another_node_does_not_see_is_named(lost_node_run, node
     assert seen is None
     address, what = unseen
     assert what == missing and re.fullmatch(r"[\d.]+", address), unseen
-    assert not list((tmp_path / "out").iterdir())  # its probe removed
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["db"]  # the probes removed
 
 
 @pytest.mark.slow

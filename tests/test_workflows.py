@@ -1104,6 +1104,32 @@ def test_a_gpu_request_this_machine_cannot_meet_is_refused_before_ray_starts(tmp
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
 
 
+def test_a_sqlite_store_a_node_does_not_see_is_refused_naming_the_node(monkeypatch, tmp_path):
+    """On a cluster of several nodes rank 0's metrics and each node's system metrics are
+    logged where the workers run: a sqlite database another node does not see was a database
+    of its own there (the curves never reached the driver's). The folder's probe
+    (storage.ray_join.node_not_seeing, run on a real cluster in tests/test_multinode.py)
+    stands in here for a node that does not mount it; a tracking server is not probed."""
+    from storage import ray_join
+    from workflows.cluster import check_shared_storage
+
+    storage, db = tmp_path / "shared", tmp_path / "local"
+    asked = []
+
+    def seen_but_db(folder, also=()):
+        asked.append(Path(folder))
+        return ("10.0.0.7", str(folder)) if Path(folder) == db else None
+
+    monkeypatch.setattr(ray_join, "node_not_seeing", seen_but_db)
+    with pytest.raises(SpecError, match=rf"--tracking-uri sqlite:///{db}/mlflow.db is a "
+                                        rf"database on this node: the node at 10.0.0.7 does "
+                                        rf"not see {db}, .* give a tracking server"):
+        check_shared_storage(str(storage), f"sqlite:///{db}/mlflow.db")
+    asked.clear()
+    check_shared_storage(str(storage), "http://mlflow:5000")
+    assert asked == [storage]
+
+
 def test_a_missing_search_file_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
     """replace_unk's dictionary (or a shortlist) is read by evaluation only, after the whole
     training run: a missing one is one line before anything starts."""

@@ -18,6 +18,7 @@ import os
 import random
 import socket
 import time
+from pathlib import Path
 
 from storage import ray_join
 from workflows.errors import SpecError
@@ -218,11 +219,14 @@ class _GpuRequest:
                         if str(err) else "")
 
 
-def check_shared_storage(storage: str) -> None:
+def check_shared_storage(storage: str, tracking_uri: str | None = None) -> None:
     """On a cluster of several nodes, a local --storage-path must be one every node sees
-    (NFS / EFS / a shared volume; `storage.ray_join.node_not_seeing`). A SpecError names the
-    first node that does not see it. A bucket URI is shared by nature (and was checked before
-    Ray started)."""
+    (NFS / EFS / a shared volume; `storage.ray_join.node_not_seeing`), and so must a sqlite
+    tracking store's folder: rank 0's metrics and each node's system metrics are logged where
+    the workers run, and a node that does not see the database made one of its own (the
+    run's curves were never in the driver's). A SpecError names the first node that does not
+    see it. A bucket URI is shared by nature (and was checked before Ray started); so is a
+    tracking server."""
     from storage.ray_join import node_not_seeing
 
     if (unseen := node_not_seeing(storage)) is not None:
@@ -230,6 +234,15 @@ def check_shared_storage(storage: str) -> None:
                         "does not see it, so its workers could not read the data nor "
                         "resume from checkpoints; give a folder every node mounts "
                         "(NFS / EFS / a shared volume) or a bucket URI (s3://BUCKET/PREFIX)")
+    if tracking_uri and tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        if (unseen := node_not_seeing(db.parent)) is not None:
+            raise SpecError(
+                f"--tracking-uri {tracking_uri} is a database on this node: the node at "
+                f"{unseen[0]} does not see {db.parent}, so the training curves and system "
+                "metrics its workers log would go to a database of their own; give a "
+                "tracking server (--tracking-uri http://HOST:5000, infra/README.md) or a "
+                "database in a folder every node mounts")
 
 
 def own_dashboard() -> dict:

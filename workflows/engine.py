@@ -134,7 +134,7 @@ def prepare(spec: RunSpec, sweep: bool = False) -> None:
     await_cluster_gpus(spec)  # a cluster's GPUs (the autoscaler may be adding nodes)
     # a node-local folder on a cluster of several nodes: after the GPU nodes came (on a
     # cluster whose worker types start at 0 nodes, only the head was there to look before)
-    check_shared_storage(spec.storage)
+    check_shared_storage(spec.storage, spec.tracking_uri)
 
 
 def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = None,
@@ -177,7 +177,7 @@ def run_stages(spec: RunSpec, within: str | None = None, tags: dict | None = Non
         # placement alone (which gives up after CONVS2S_PLACEMENT_WAIT_S)
         if not within:  # (a sweep's trials: the sweep counts what fits)
             await_cluster_gpus(spec)
-            check_shared_storage(spec.storage)
+            check_shared_storage(spec.storage, spec.tracking_uri)
         trained = train_stage(ctx, spec, out, datasets, source)
         scores, models = evaluate_stage(ctx, spec, out, trained)
         # A rerun that trained and scored nothing anew keeps the parent's figures (logged
