@@ -36,7 +36,9 @@ from storage.signals import callers_signal_handlers
 
 # What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
 FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to its head's GCS "
-       "address HOST:6379 (a driver on a cluster node) or to ray://HOST:10001 (Ray Client)")
+       "address HOST:6379 (a driver on a cluster node), or submit the command with `ray job "
+       "submit` (Ray's docs advise its Jobs API over Ray Client, ray://HOST:10001, for Ray "
+       "Train and Tune)")
 
 
 class RayAddressError(ValueError):
