@@ -416,6 +416,10 @@ def run(args: argparse.Namespace, on_timed=None) -> dict:
         if device.type == "cuda":
             results["max_gpu_memory_gib"] = round(
                 torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            # what the captures hold (CUDA graphs: convs2s.train.memory_fit charges each one
+            # its step's peak less the weights, which a lease is to check)
+            results["gpu_memory_reserved_gib"] = round(
+                torch.cuda.memory_reserved(device) / 2**30, 2)
         return {"machine": machine_info(device), "load_before": load_before,
                 "load_after": load_after, "quiet": quiet, "results": results}
 

@@ -564,9 +564,14 @@ def test_cuda_graphs_past_their_cap_step_eagerly_and_a_new_dropout_recaptures():
                       for b in batches], {k: v.clone() for k, v in net.state_dict().items()}))
         if graphed:
             assert stepped.captured_shapes == 1 and stepped.eager_steps >= 1
+            import weakref
+
+            old = [weakref.ref(c) for c in stepped._graphed.values()]
             set_dropout(net, 0.1)
             train_update(stepped, opt, [batches[-1]], CFG, Comm(), device)
             assert stepped.captured_shapes == 1  # the rate's own capture, the old one dropped
+            # and freed (each capture is a reference cycle: held until a collection)
+            assert all(r() is None for r in old)
     (eager, eager_state), (mixed, state) = runs
     assert mixed == pytest.approx(eager, rel=1e-4)
     for k, a in eager_state.items():

@@ -46,6 +46,7 @@ None.
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 from torch import nn
@@ -116,6 +117,11 @@ class CudaGraphedLoss(nn.Module):
         rates = tuple(float(m.dropout) for m in self._with_dropout)
         if rates != self._rates:  # a new dropout (dropout_by_passes): the old captures go
             self._graphed.clear()
+            # (each capture is a reference cycle: make_graphed_callables's forward refers to
+            # its module; without a collection their static gradients and pool stayed held,
+            # the new captures on top of them)
+            gc.collect()
+            torch.cuda.empty_cache()
             self._rates = rates
         key = (tuple(src_tokens.shape), tuple(target.shape), float(label_smoothing), dtype,
                rates)
