@@ -118,6 +118,22 @@ def test_every_kept_pair_is_in_exactly_one_batch_within_budget(newstest):
         assert m["longest"] == {"src": longest_src, "tgt": longest_tgt}
 
 
+def _bpe_sample() -> list:
+    """The BPE sample (500 of 3,000 pairs of a 12-word language) as sample_pairs hands it on:
+    ObjectRefs of the cleaned rows' blocks."""
+    import ray
+
+    from preprocessing.vocab import sample_pairs
+
+    words = "the a cat dog sat on mat red blue green house tree".split()
+    rows = [(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)),
+             " ".join(words[(i * 7 + j) % len(words)] for j in range(2 + i % 4)))
+            for i in range(3000)]
+    ds = ray.data.from_arrow(pa.table({"id": pa.array(range(len(rows)), pa.int64()),
+                                       "src": [s for s, _ in rows], "tgt": [t for _, t in rows]}))
+    return sample_pairs(ds, len(rows), 500, seed=3)
+
+
 def test_the_bpe_is_learned_from_inside_a_sweep_trials_placement_group(ray_session, tmp_path):
     """A sweep variant of another vocabulary preprocesses inside its trial, a Ray Tune actor
     whose placement group ({"CPU": 0}) captures its child tasks: the BPE task asks for a CPU
@@ -128,15 +144,8 @@ def test_the_bpe_is_learned_from_inside_a_sweep_trials_placement_group(ray_sessi
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from preprocessing.pipeline import _LEARN_BPE
-    from preprocessing.vocab import sample_pairs
 
-    words = "the a cat dog sat on mat red blue green house tree".split()
-    rows = [(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)),
-             " ".join(words[(i * 7 + j) % len(words)] for j in range(2 + i % 4)))
-            for i in range(3000)]
-    ds = ray.data.from_arrow(pa.table({"id": pa.array(range(len(rows)), pa.int64()),
-                                       "src": [s for s, _ in rows], "tgt": [t for _, t in rows]}))
-    blocks = sample_pairs(ds, len(rows), 500, seed=3)
+    blocks = _bpe_sample()
 
     @ray.remote(num_cpus=0)
     def trial(blocks):  # (the trial's own Ray Data reads are scheduled by Ray Data itself)
@@ -161,15 +170,9 @@ def test_the_bpe_sample_stays_in_the_object_store_and_a_task_learns_the_drivers_
     import ray
 
     from preprocessing.pipeline import _LEARN_BPE
-    from preprocessing.vocab import sample_pairs, smallest, train_bpe
+    from preprocessing.vocab import smallest, train_bpe
 
-    words = "the a cat dog sat on mat red blue green house tree".split()
-    rows = [(" ".join(words[(i + j) % len(words)] for j in range(3 + i % 5)),
-             " ".join(words[(i * 7 + j) % len(words)] for j in range(2 + i % 4)))
-            for i in range(3000)]
-    ds = ray.data.from_arrow(pa.table({"id": pa.array(range(len(rows)), pa.int64()),
-                                       "src": [s for s, _ in rows], "tgt": [t for _, t in rows]}))
-    blocks = sample_pairs(ds, len(rows), 500, seed=3)
+    blocks = _bpe_sample()
     assert all(isinstance(b, ray.ObjectRef) for b in blocks)
     assert ray.get(_LEARN_BPE.remote(blocks, 500, str(tmp_path / "task"), 300, 1.0)) == 500
     sample = smallest(ray.get(blocks), 500)
