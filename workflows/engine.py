@@ -57,10 +57,9 @@ from workflows.cluster import (await_cluster_gpus, check_local_eval_room, check_
                                check_local_room, check_shared_storage, start_ray)
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec
-from workflows.run_state import StageContext, record_settings, reuse_problem
+from workflows.run_state import StageContext, record_settings, reuse_problem, train_names
 from workflows.run_tree import RunTree
-from workflows.steps import (EvalScore, evaluate_stage, preprocess_stage, train_names,
-                             train_stage)
+from workflows.steps import EvalScore, evaluate_stage, preprocess_stage, train_stage
 
 log = logging.getLogger("workflows")
 

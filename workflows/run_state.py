@@ -188,6 +188,12 @@ HOW_NOT_WHAT = tuple(f"train.{k}" for k in (
                                                           "data.encode_tasks", "data.exchange")
 
 
+def train_names(runs: int) -> list[str]:
+    """The training runs' names (folders, MLflow child runs): `train`, or `train_1` ... for an
+    ensemble's members."""
+    return ["train"] if runs == 1 else [f"train_{k + 1}" for k in range(runs)]
+
+
 def _update_size(settings: dict[str, str]) -> dict[str, str]:
     """`settings` with the update's size as micro-batches per update over all workers
     (update.workers x train.update_freq; each micro-batch one batch of data.max_tokens), not its
@@ -340,11 +346,9 @@ def reuse_problem(spec, sweep: bool = False, trial: bool = False) -> str | None:
                 "--run-name for these settings; a larger --max-epochs / --max-updates / "
                 "--max-time alone continues its trials, a smaller one is refused")
     if all(c.startswith("search.") for c in changed):  # the same training, other scoring
-        runs = ["train"] if spec.ensemble.runs == 1 else \
-            [f"train_{k + 1}" for k in range(spec.ensemble.runs)]
         shown += ("; to score its trained checkpoints with other search settings, without "
                   "training again: python -m workflows.evaluation --run-dir "
-                  + " ".join(str(spec.run_dir / r) for r in runs)
+                  + " ".join(str(spec.run_dir / r) for r in train_names(spec.ensemble.runs))
                   + " --test NAME SRC REF LANG --set lenpen=... (README, Changing settings)")
     return (f"run {spec.run_name!r} in {spec.storage} was started with other settings "
             f"({shown}): give a new --run-name for these settings, or add --restart to "

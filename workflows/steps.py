@@ -20,7 +20,7 @@ from preprocessing.config import PreprocessConfig
 from storage import location, write_whole
 from workflows.errors import SpecError
 from workflows.run_spec import RunSpec, preprocess_params, schedule_note
-from workflows.run_state import HOW_NOT_WHAT, StageContext, digest
+from workflows.run_state import HOW_NOT_WHAT, StageContext, digest, train_names
 
 log = logging.getLogger("workflows")
 
@@ -158,11 +158,6 @@ def train_stage(ctx: StageContext, spec: RunSpec, out, datasets: list = (),
         results.append(result)
     return results
 
-
-def train_names(runs: int) -> list[str]:
-    """The training runs' names (folders, MLflow child runs): `train`, or `train_1` ... for an
-    ensemble's members."""
-    return ["train"] if runs == 1 else [f"train_{k + 1}" for k in range(runs)]
 
 
 def train_key(spec: RunSpec, train: TrainConfig, batches: dict,
