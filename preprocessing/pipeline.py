@@ -433,8 +433,24 @@ def run_pipeline(cfg: PreprocessConfig, hub_endpoint: str | None = None,
     if not ray.is_initialized():  # RAY_ADDRESS joined (one line where it cannot), else local
         log.info("%s (Ray Data's in ray-data/)",
                  ray_join.start_or_join(submit="python -m preprocessing ..."))
+    check_shared(cfg, sources)
     with sigterm_as_ctrl_c():  # (after Ray's start, which installs Ray's own handler)
         return _run_stages(cfg, sources, task_dir, vocabulary, keyed_by)
+
+
+def check_shared(cfg: PreprocessConfig, sources: dict[str, SplitSource]) -> None:
+    """On a cluster of several nodes, Ray Data's tasks read a local folder's files and write
+    the stages' parts under the output root wherever they run: a node that does not see them
+    failed its read tasks with a FileNotFoundError from inside Ray Data, or wrote parts to its
+    own disk that the next stage looked for in vain (`ray_join.node_not_seeing`)."""
+    files = tuple(f for src in sources.values() for f in src.files)
+    if (unseen := ray_join.node_not_seeing(cfg.root, also=files)) is not None:
+        address, what = unseen
+        raise PreprocessError(
+            f"{what} is not shared: the node at {address} does not see it, and Ray Data's "
+            "read and write tasks run there (inputs and output go in a folder every node "
+            "mounts: NFS / EFS / a shared volume, or a bucket)",
+            "give such folders as --out and --source, or bucket URIs (s3://BUCKET/PREFIX)")
 
 
 def _by_commit(cfg: PreprocessConfig) -> bool:

@@ -241,9 +241,10 @@ def no_room_for(cpus: float, gpus: float, nodes: list[dict]) -> tuple[float, flo
 def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | None:
     """On a cluster of several nodes: (the address of the first other alive node that does not
     see the local `folder`, or one of the local files `also`, and what it does not see), or
-    None (every node sees them, this node is the only one, or `folder` is a bucket URI: shared
-    by nature). The driver writes a probe file in `folder` (made if missing) and a task on each
-    other node looks for it and for `also`."""
+    None (every node sees them, this node is the only one, or each is a bucket URI: shared by
+    nature). The driver writes a probe file in `folder` (made if missing; None: a command that
+    writes nothing there, only `also` is looked for) and a task on each other node looks for it
+    and for `also`. Nodes an autoscaler adds later are not asked (none is there to ask)."""
     import uuid
 
     import ray
@@ -253,18 +254,22 @@ def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | Non
 
     here = ray.get_runtime_context().get_node_id()
     others = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
-    if is_uri(str(folder)) or not others:
+    wanted = [str(location(p)) for p in also if not is_uri(str(p))]
+    probe = None
+    if folder is not None and not is_uri(str(folder)):
+        folder = location(folder)
+        probe = folder / f".convs2s-shared-probe-{uuid.uuid4().hex[:12]}"
+        wanted.insert(0, str(probe))
+    if not others or not wanted:
         return None
-    folder = location(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    probe = folder / f".convs2s-shared-probe-{uuid.uuid4().hex[:12]}"
-    probe.write_text("")
+    if probe is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
 
     def unseen(paths: list[str]) -> str | None:
         return next((p for p in paths if not os.path.exists(p)), None)
 
     task = ray.remote(num_cpus=0)(unseen)
-    wanted = [str(probe), *(str(location(p)) for p in also if not is_uri(str(p)))]
     try:
         refs = {n["NodeManagerAddress"]: task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
@@ -274,7 +279,8 @@ def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | Non
                 return address, str(folder) if missing == str(probe) else missing
         return None
     finally:
-        probe.unlink(missing_ok=True)
+        if probe is not None:
+            probe.unlink(missing_ok=True)
 
 
 def local_cpus() -> dict:

@@ -263,7 +263,7 @@ def test_the_evaluation_commands_out_taken_over_while_it_ran_is_one_line(
     (its holder stalled past the ttl): one line naming the taker, exit 1, no traceback (the
     lease's own release found it lost and raised again), and no hypotheses written."""
     from storage import lease as leases
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     real_lease, real_check, takers = leases.RunLease, leases.LeaseRef.check, []
@@ -318,7 +318,7 @@ def test_a_job_no_node_of_a_local_ray_holds_is_refused_before_any_run(
             "that fit, or submit the job to a cluster (`ray job submit`)")
     assert not store.exists() and not (tmp_path / "eval").exists()
     # the command: refused before it logs the --checkpoint's model
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["--checkpoint", f"a={tiny_checkpoints['a']}", "--num-gpus", "1",
@@ -341,7 +341,7 @@ def test_a_path_the_evaluation_command_cannot_use_is_one_line_before_ray_starts(
     """`python -m workflows.evaluation` with a --run-dir, --test file or --out that storage
     refuses ("s3:/bkt/x", one slash; a query) or a run directory without checkpoints: one line
     naming the flag, exit 2, a signature unseen; they were tracebacks, exit 1."""
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     (tmp_path / "run").mkdir()
     src, ref = tmp_path / "t.en", tmp_path / "t.de"
@@ -373,7 +373,7 @@ def test_what_the_evaluation_command_can_know_before_ray_starts_is_one_line(
     scoring task), or not at all: a negative --last-n (-1 averaged every checkpoint but the
     oldest), two test sets of one name, a test file that is not there or whose references do
     not line up, a best/ whose meta.json is damaged, a --checkpoint named as a --run-dir job."""
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     run = fake_run(tiny_checkpoints, tmp_path / "run", [100, 200, 300], "a")
     src, ref, short = tmp_path / "t.en", tmp_path / "t.de", tmp_path / "short.de"
@@ -441,7 +441,7 @@ def test_a_checkpoints_model_that_cannot_be_logged_is_one_line_without_the_passw
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     test = tiny_test_set(tiny_checkpoints, tmp_path)
     with pytest.raises(SystemExit) as exit_:  # nothing listens on port 9
@@ -620,7 +620,7 @@ def test_an_out_another_command_holds_is_refused_before_ray_starts(tmp_path, cap
     import time
 
     from storage.lease import LEASE_FILE
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "checkpoint.pt").write_bytes(b"")  # (not read before Ray starts)
@@ -736,7 +736,7 @@ def test_a_named_checkpoint_that_does_not_load_is_one_line(tiny_checkpoints, ray
     not there, was a traceback (exit 1) as its model was logged: one line, exit 2."""
     import shutil
 
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     cut = tmp_path / "cut"
     shutil.copytree(tiny_checkpoints["a"], cut)
@@ -755,3 +755,38 @@ def test_a_named_checkpoint_that_does_not_load_is_one_line(tiny_checkpoints, ray
         assert exit_.value.code == 2 and err[-1].startswith(
             f"python -m workflows.evaluation: error: {says}"), err
         assert "Traceback" not in "\n".join(err)
+
+
+def test_on_several_nodes_the_evaluation_asks_each_for_what_its_tasks_read(
+        ray_session, tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    """The scoring tasks run on any node, in the folder its raylet started in (not the
+    driver's): relative --test files are handed to them absolute, and on a cluster of several
+    nodes --out (the weights staged there), the checkpoints and the test files are asked of
+    each node first (storage.ray_join.node_not_seeing, run for real in
+    tests/test_multinode.py; here it stands in for a node that does not see the test set):
+    one line naming the node and the file, exit 2, nothing logged or scored."""
+    from storage import ray_join
+    from workflows.evaluation_command import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.en").write_text("a house .\n")
+    (tmp_path / "t.de").write_text("ein haus .\n")
+    asked = []
+
+    def unseen_test(folder, also=()):
+        asked.append((folder, also))
+        return "10.0.0.7", also[0]
+
+    monkeypatch.setattr(ray_join, "node_not_seeing", unseen_test)
+    with pytest.raises(SystemExit) as stop:
+        main(["--checkpoint", f"m={tiny_checkpoints['a']}", "--test", "t", "t.en", "t.de",
+              "de", "--out", "eval", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2, err  # (argparse's usage, then the error)
+    assert err[-1].endswith(f"error: {tmp_path / 't.en'} is not shared: the node at 10.0.0.7 "
+                           "does not see it, and scoring tasks run there; give --out, the runs "
+                           "and the test sets in folders every node mounts (NFS / EFS / a "
+                           "shared volume) or bucket URIs (s3://...)")
+    assert asked == [("eval", (str(tmp_path / "t.en"), str(tmp_path / "t.de"),
+                               str(Path(tiny_checkpoints["a"]).resolve())))]
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "eval" / "m").exists()

@@ -549,7 +549,7 @@ def test_an_evaluation_job_scores_an_imported_model_as_the_reference_would(impor
     import sacrebleu
     from mlflow.tracking import MlflowClient
 
-    from workflows.evaluation import main
+    from workflows.evaluation_command import main
 
     recorded = json.loads((FIXTURES / "iwslt" / "hub.json").read_text())
     src, ref = tmp_path / "test.en", tmp_path / "test.de"

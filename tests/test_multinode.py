@@ -300,17 +300,94 @@ def test_a_folder_or_file_another_node_does_not_see_is_named(lost_node_run, node
             "from workflows.cluster import check_shared_storage; "
             "check_shared_storage(sys.argv[1], 'sqlite:///' + sys.argv[1] + '/db/mlflow.db'); "
             "print(json.dumps([node_not_seeing(sys.argv[1]), "
-            "node_not_seeing(sys.argv[1], also=(sys.argv[2],))]))")
+            "node_not_seeing(sys.argv[1], also=(sys.argv[2],)), "
+            "node_not_seeing(None, also=(sys.argv[2],))]))")
     missing = str(tmp_path / "on-the-driver-only.pt")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out"), missing], cwd=REPO,
                           env={**nodes.env, "RAY_ADDRESS": nodes.gcs_address},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    seen, unseen = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen, unseen, unseen_file = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen is None
     address, what = unseen
     assert what == missing and re.fullmatch(r"[\d.]+", address), unseen
+    assert unseen_file == unseen  # (no folder: the files alone are looked for)
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["db"]  # the probes removed
+
+
+# Run under `unshare -m` with a tmpfs mounted on argv[1] first: the driver's files there are
+# on no other node, as a node-local disk's are. Each command's exit status and stderr as JSON.
+_DRIVER_ONLY = """
+import contextlib, io, json, shutil, sys
+from pathlib import Path
+
+only, best = Path(sys.argv[1]), sys.argv[2]
+said = {}
+
+def run(name, main, args):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            rc = main(args)
+        except SystemExit as e:
+            rc = e.code
+    said[name] = [rc, err.getvalue()]
+
+from workflows.evaluation_command import main as evaluate
+from preprocessing.cli import main as preprocess
+from convs2s.cli.serve_command import serve
+
+# relative test files, in this shared folder: the tasks run in the raylets' folder
+Path("t.en").write_text("a house .\\n"), Path("t.fr").write_text("une maison .\\n")
+tracking = ["--tracking-uri", "sqlite:///" + str(Path("mlflow.db").resolve())]
+run("relative", evaluate, ["--run-dir", str(Path(best).parent), "--last-n", "0", "--test",
+                           "t", "t.en", "t.fr", "fr", "--out", "eval", *tracking])
+(only / "t.en").write_text("a house .\\n"), (only / "t.fr").write_text("une maison .\\n")
+run("evaluation", evaluate, ["--run-dir", str(Path(best).parent), "--last-n", "0", "--test",
+                             "t", str(only / "t.en"), str(only / "t.fr"), "fr", "--out",
+                             "eval2", *tracking])
+run("preprocessing", preprocess, ["--task", "demo", "--source", "demo", "--out",
+                                  str(only / "prep")])
+shutil.copytree(best, only / "best")
+run("serve", serve, ["--checkpoint", str(only / "best")])
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+def test_commands_stop_at_what_only_the_driver_sees(lost_node_run, nodes, tmp_path):
+    """A folder on the driver's machine only, as a node-local disk is: a tmpfs mounted in a
+    private mount namespace of the driver (`unshare -m`), which the cluster's raylets, in the
+    host's, do not see. Each command whose Ray tasks read or write local files stops with one
+    line naming the node and the path before a task fails on it: an evaluation's test set, the
+    preprocessing output, a served checkpoint. And an evaluation's relative --test paths are
+    found by its tasks, which run in the folder the cluster's raylets started in (this
+    cluster's: the repository), not the driver's."""
+    if subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                      capture_output=True).returncode != 0:
+        pytest.skip("no private mount namespace here (`unshare -m` needs CAP_SYS_ADMIN): a "
+                    "folder only the driver sees cannot be made on one host")
+    only = tmp_path / "driver-only"
+    only.mkdir()
+    best = lost_node_run.train_dir / "best"
+    script = 'mount -t tmpfs none "$1" && exec "$2" -c "$3" "$1" "$4"'
+    proc = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", str(only),
+         sys.executable, _DRIVER_ONLY, str(best)], cwd=tmp_path,
+        env={**nodes.env, "RAY_ADDRESS": nodes.gcs_address},
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    rc, err = said["relative"]
+    assert rc == 0, err[-3000:]
+    assert (tmp_path / "eval" / "best" / "t.fr").read_text().strip()  # a translation
+    node = r"the node at [\d.]+ does not see it"
+    for name, unseen in (("evaluation", only / "t.en"), ("preprocessing", only / "prep"),
+                         ("serve", only / "best")):
+        rc, err = said[name]
+        assert rc == 2 and re.search(f"{re.escape(str(unseen))} is not shared: {node}", err), \
+            (name, rc, err[-3000:])
+    assert not list(only.iterdir())  # (the tmpfs was the driver's alone: gone with it)
 
 
 @pytest.mark.slow

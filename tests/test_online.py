@@ -834,3 +834,31 @@ def test_a_body_key_other_than_inputs_and_params_is_refused_and_null_attention_i
     got = asyncio.run(replica.translate({"inputs": ["the cat"],
                                          "params": {"attention": None, "beam": None}}))
     assert got == {"predictions": alone(tiny_checkpoints["a"], ["the cat"])}
+
+
+def test_serve_on_several_nodes_asks_each_for_the_model_files(
+        ray_session, tiny_checkpoints, tmp_path, monkeypatch, capsys):
+    """Serve places replicas on any node, and each loads the model's local files there: on a
+    cluster of several nodes they are asked of each node before the deploy
+    (storage.ray_join.node_not_seeing, run for real in tests/test_multinode.py; here it stands
+    in for a node that does not see the checkpoint), and nothing is written into the model's
+    folders (no probe file). One line naming the node and the folder, exit 2."""
+    from convs2s.cli.serve_command import serve
+    from storage import ray_join
+
+    asked = []
+
+    def unseen_model(folder, also=()):
+        asked.append((folder, also))
+        return "10.0.0.7", also[0]
+
+    monkeypatch.setattr(ray_join, "node_not_seeing", unseen_model)
+    ckpt = tiny_checkpoints["a"]
+    assert serve(["--checkpoint", ckpt, "--spm-model", tiny_checkpoints["spm"],
+                  "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (f"python -m convs2s serve: error: {ckpt} is not shared: the node at "
+                       "10.0.0.7 does not see it, and Serve may place replicas there; put the "
+                       "model's files in a folder every node mounts (NFS / EFS / a shared "
+                       "volume) or a bucket, or serve a logged model (--model)"), err
+    assert asked == [(None, (ckpt, tiny_checkpoints["spm"]))]

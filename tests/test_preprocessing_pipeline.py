@@ -901,3 +901,38 @@ def test_a_ray_address_the_command_line_cannot_join_is_one_line(tmp_path, kind):
     else:
         assert "nothing answers at" in lines[0]
     assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_on_several_nodes_preprocessing_asks_each_for_its_inputs_and_output(
+        ray_session, tmp_path, monkeypatch, capsys):
+    """Ray Data's read and write tasks run on any node: on a cluster of several nodes the
+    output root and a --source folder's files are asked of each node first
+    (storage.ray_join.node_not_seeing, run for real in tests/test_multinode.py; here it stands
+    in for a node that does not see the training text): one line naming the node and the
+    file, exit 2, no stage run."""
+    from preprocessing.cli import main
+    from storage import ray_join
+
+    src = tmp_path / "corpus"
+    src.mkdir()
+    for name in ("train", "validation", "test"):
+        (src / f"{name}.en").write_text("a house .\nthe cat .\n")
+        (src / f"{name}.fr").write_text("une maison .\nle chat .\n")
+    asked = []
+
+    def unseen_train(folder, also=()):
+        asked.append((folder, set(also)))
+        return "10.0.0.7", str(src / "train.en")
+
+    monkeypatch.setattr(ray_join, "node_not_seeing", unseen_train)
+    rc = main(["--task", "demo", "--source", str(src), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0] == (f"error: {src / 'train.en'} is not shared: the node at 10.0.0.7 does not "
+                      "see it, and Ray Data's read and write tasks run there (inputs and output "
+                      "go in a folder every node mounts: NFS / EFS / a shared volume, or a "
+                      "bucket); give such folders as --out and --source, or bucket URIs "
+                      "(s3://BUCKET/PREFIX)")
+    assert asked == [(str(tmp_path / "out"), {str(src / f"{name}.{lang}") for name in (
+        "train", "validation", "test") for lang in ("en", "fr")})]
+    assert not (tmp_path / "out" / "demo").exists()  # no stage ran

@@ -128,6 +128,11 @@ def serve(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: error: {redact_text(str(err))}", file=sys.stderr)
         return 2
     try:
+        _check_shared(settings)
+    except ValueError as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    try:
         run(settings, host=args.host, port=args.port, name=args.name, blocking=True,
             replace=args.replace)
     except (DeployError, RayError, OSError) as err:  # (an unreachable RAY_ADDRESS: a
@@ -151,6 +156,23 @@ def _port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1-65535)")
     return port
+
+
+def _check_shared(settings) -> None:
+    """On a cluster of several nodes, the replicas load the model's local files (checkpoints,
+    sentencepiece model, shortlist, dictionary) on whichever node Serve places them: one that
+    does not see them failed its replicas with a FileNotFoundError, and the deploy with them
+    (`ray_join.node_not_seeing`; nothing is written into those folders). A logged model
+    (--model) and bucket URIs are fetched by each replica."""
+    from storage import ray_join
+
+    s = settings.for_replicas()
+    files = [*s.checkpoints, s.spm_model, s.search.get("shortlist"), s.search.get("dictionary")]
+    if (unseen := ray_join.node_not_seeing(None, also=tuple(filter(None, files)))) is not None:
+        raise ValueError(f"{unseen[1]} is not shared: the node at {unseen[0]} does not see it, "
+                         "and Serve may place replicas there; put the model's files in a folder "
+                         "every node mounts (NFS / EFS / a shared volume) or a bucket, or serve "
+                         "a logged model (--model)")
 
 
 def _check_port_free(host: str, port: int) -> None:
