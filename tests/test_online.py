@@ -853,6 +853,9 @@ def test_serve_on_several_nodes_asks_each_for_the_model_files(
         return "10.0.0.7", also[0]
 
     monkeypatch.setattr(ray_join, "node_not_seeing", unseen_model)
+    # (were the nodes not asked, the deploy would serve until interrupted: failed at once)
+    monkeypatch.setattr("convs2s.serving.online.run", lambda *a, **k: pytest.fail(
+        "deployed: the model's files were not asked of the nodes"))
     ckpt = tiny_checkpoints["a"]
     assert serve(["--checkpoint", ckpt, "--spm-model", tiny_checkpoints["spm"],
                   "--port", str(free_port())]) == 2
