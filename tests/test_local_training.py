@@ -874,6 +874,45 @@ def test_ranks_that_load_different_checkpoints_stop_together_saying_which(tmp_pa
         "chose"), result
 
 
+def _storage_worker(rank: int, port: int, result: dict, files: list):
+    import socket
+
+    from convs2s.train.data import TrainFiles
+    from convs2s.train.runtime import LocalRuntime, StorageNotShared, agree_on_storage
+
+    _rank_env(rank, port)
+    runtime = LocalRuntime(Path(files[0]).parent, keep_last=2, device="cpu")
+    config = {"train_files": TrainFiles((files[rank],), (1,)),
+              "valid_files": TrainFiles((files[0],), (1,))}
+    try:
+        agree_on_storage(runtime.comm, {**config, "train_files": TrainFiles((files[0],), (1,))})
+        agree_on_storage(runtime.comm, config)
+        result[rank] = "went on"
+    except StorageNotShared as err:
+        result[rank] = str(err).replace(socket.gethostname(), "HOST")
+    runtime.close()
+
+
+def test_a_rank_whose_node_does_not_see_the_data_stops_every_rank_naming_it(tmp_path):
+    """A node an autoscaler added after the driver asked the nodes for the storage
+    (`workflows.cluster.check_shared_storage`) may not mount it: each rank looks for the first
+    file of the splits it reads before training, and where one does not see its file every
+    rank stops with one message naming that rank, its host and the path (a StorageNotShared,
+    which Ray Train does not restart the group for), not a read error in that rank alone
+    while the others wait for it. Two real gloo ranks; rank 1's file stands for the shared
+    one its node does not mount."""
+    from conftest import run_ranks
+
+    seen = tmp_path / "batches-000.parquet"
+    seen.write_bytes(b"")
+    unseen = tmp_path / "elsewhere" / "batches-000.parquet"
+    result = run_ranks(functools.partial(_storage_worker, files=[str(seen), str(unseen)]), 2)
+    assert result[0] == result[1] == (
+        f"rank 1 of 2, on HOST, does not see {unseen}: the run's data and checkpoints must be "
+        "in storage every node sees (--storage-path: a folder every node mounts, NFS / EFS / a "
+        "shared volume, or a bucket URI s3://BUCKET/PREFIX)"), result
+
+
 def test_under_ray_train_the_newer_of_its_record_and_the_run_folder_is_resumed(tmp_path,
                                                                                 capsys):
     """Ray Train hands the workers the latest checkpoint of its own record of the run; the run

@@ -36,6 +36,7 @@ from convs2s.console import worker_line
 from convs2s.io.checkpoint import (META_FILE, CheckpointError, intact, list_checkpoints,
                                    load_checkpoint, read_info)
 from convs2s.train.comm import Comm
+from convs2s.train.job import RunRefused
 from storage import location, publish_dir, remove_tree
 
 
@@ -225,6 +226,36 @@ class RayRuntime:
                         "delete_local_checkpoint_after_upload": True}
         self._train.report(metrics, checkpoint=checkpoint, checkpoint_dir_name=name, **mode)
         return bool(mode)
+
+
+class StorageNotShared(RunRefused):
+    """A rank's node does not see the run's data (local paths under a --storage-path that is
+    not every node's): the same on a retry, so it ends the run as one line (returned by a Ray
+    Train worker: convs2s.train.trainer.STOPPING_ERRORS)."""
+
+
+def agree_on_storage(comm: Comm, config: dict) -> None:
+    """A collective, before anything is read: every rank looks for the first file of each
+    data split it reads (local paths; a bucket is every node's), and where one rank's node
+    does not see its file, every rank raises StorageNotShared naming the first such rank, its
+    host and the path. The driver asks the nodes there as the run starts
+    (`workflows.cluster.check_shared_storage`); a node an autoscaler adds later is asked here,
+    by the rank placed on it, which would otherwise fail its first read there, and Ray Train
+    restart the group to fail the same way."""
+    import socket
+
+    from storage import is_uri
+
+    paths = [f.paths[0] for f in (config["train_files"], config["valid_files"]) if f and f.paths]
+    missing = next((p for p in paths if not is_uri(p) and not location(p).exists()), None)
+    said = comm.gather_objects(None if missing is None else (socket.gethostname(), missing))
+    failed = [(rank, s) for rank, s in enumerate(said) if s is not None]
+    if failed:
+        rank, (host, path) = failed[0]
+        raise StorageNotShared(
+            f"rank {rank} of {len(said)}, on {host}, does not see {path}: the run's data and "
+            "checkpoints must be in storage every node sees (--storage-path: a folder every "
+            "node mounts, NFS / EFS / a shared volume, or a bucket URI s3://BUCKET/PREFIX)")
 
 
 def load_agreed(path, comm: Comm) -> dict | None:

@@ -72,7 +72,8 @@ from convs2s.train.resume import (ResumeRefused, budget_changes, check_lease,
                                    recipe_changes)
 from convs2s.console import worker_line as _say  # (one line on the console, once)
 from convs2s.train.job import STOP_REASONS, Diverged, TrainJob
-from convs2s.train.runtime import load_agreed, quiet_reports, wait_until_gone
+from convs2s.train.runtime import (StorageNotShared, agree_on_storage, load_agreed,
+                                   quiet_reports, wait_until_gone)
 from convs2s.train.update import apply_step_settings, compile_for_training, train_update
 from convs2s.train.update import validate as validate_all_ranks
 
@@ -98,16 +99,14 @@ class Progress:
         return self.seconds_before + time.monotonic() - self.started
 
 
-# Progress lines on the console at most this often (metrics.jsonl and MLflow still get every
-# log_interval); epoch ends and stops always print.
-CONSOLE_SECONDS = 30.0
+CONSOLE_SECONDS = 30.0  # progress lines at most this often (epoch ends and stops: always)
 
 
 # The key of a worker's return value that carries a run-ending error to the Ray driver, as
 # [its class name, its message]; the errors that travel so, by name.
 STOPPED_KEY = "stopped_by"
 STOPPING_ERRORS = {cls.__name__: cls for cls in (BudgetTooLarge, Diverged, LeaseLost,
-                                                  ResumeRefused)}
+                                                  ResumeRefused, StorageNotShared)}
 
 
 def train_loop_per_worker(config: dict) -> dict:
@@ -134,6 +133,7 @@ def run_loop(config: dict, runtime) -> dict:
     interval = job.system_metrics_s if runtime.local_rank == 0 and config["run_id"] else 0.0
     with node_metrics(config["tracking_uri"].value, config["run_id"], node_name(runtime.node_rank),
                       interval):
+        agree_on_storage(runtime.comm, config)  # (a node added after the driver's probe)
         trainer = Trainer(config, runtime)
         trainer.restore()
         while not trainer.should_stop():
