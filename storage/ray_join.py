@@ -34,6 +34,8 @@ from pathlib import Path
 from storage.redact import redact_text
 from storage.signals import callers_signal_handlers
 
+_log = logging.getLogger("storage.ray_join")
+
 # What RAY_ADDRESS may hold, and what to do instead: the end of every refusal of it.
 FIX = ("unset RAY_ADDRESS to run on this machine; to join a cluster, set it to its head's GCS "
        "address HOST:6379 (a driver on a cluster node), or submit the command with `ray job "
@@ -271,12 +273,25 @@ def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | Non
 
     task = ray.remote(num_cpus=0)(unseen)
     try:
-        refs = {n["NodeManagerAddress"]: task.options(
+        refs = {task.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ).remote(wanted) for n in others}
-        for address, ref in refs.items():
-            if (missing := ray.get(ref, timeout=60)) is not None:
-                return address, str(folder) if missing == str(probe) else missing
+        ).remote(wanted): n["NodeManagerAddress"] for n in others}
+        # (all at once, 60 s in all: a node that does not answer, or dies meanwhile, is said
+        # and passed over, not a traceback; what it would not see fails there later)
+        done, late = ray.wait(list(refs), num_returns=len(refs), timeout=60)
+        for ref in late:
+            ray.cancel(ref, force=True)
+            _log.warning("the node at %s did not answer within 60 s whether it sees %s: not "
+                         "checked", refs[ref], wanted[0])
+        for ref in done:
+            try:
+                missing = ray.get(ref)
+            except ray.exceptions.RayError as err:
+                _log.warning("the node at %s could not be asked whether it sees %s (%s): not "
+                             "checked", refs[ref], wanted[0], type(err).__name__)
+                continue
+            if missing is not None:
+                return refs[ref], str(folder) if missing == str(probe) else missing
         return None
     finally:
         if probe is not None:
