@@ -279,16 +279,18 @@ def node_not_seeing(folder, also: tuple[str, ...] = ()) -> tuple[str, str] | Non
         # (all at once, 60 s in all: a node that does not answer, or dies meanwhile, is said
         # and passed over, not a traceback; what it would not see fails there later)
         done, late = ray.wait(list(refs), num_returns=len(refs), timeout=60)
+        asked = str(folder) if probe is not None else wanted[0]
         for ref in late:
-            ray.cancel(ref, force=True)
+            with contextlib.suppress(Exception):  # (its node may be gone)
+                ray.cancel(ref, force=True)
             _log.warning("the node at %s did not answer within 60 s whether it sees %s: not "
-                         "checked", refs[ref], wanted[0])
+                         "checked", refs[ref], asked)
         for ref in done:
             try:
                 missing = ray.get(ref)
             except ray.exceptions.RayError as err:
                 _log.warning("the node at %s could not be asked whether it sees %s (%s): not "
-                             "checked", refs[ref], wanted[0], type(err).__name__)
+                             "checked", refs[ref], asked, type(err).__name__)
                 continue
             if missing is not None:
                 return refs[ref], str(folder) if missing == str(probe) else missing
