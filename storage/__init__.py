@@ -31,7 +31,8 @@ import importlib
 # `storage.settings` load no pyarrow.
 _FROM = {**dict.fromkeys(["ObjectPath", "StorageError", "binary_kind", "cr_line_ends",
                           "filesystem_of", "is_uri", "location", "open_input", "shown",
-                          "stamp", "synced", "wide_encoding", "write_whole"], "storage.paths"),
+                          "stamp", "synced", "wide_encoding", "worker_path", "write_whole"],
+                        "storage.paths"),
          **dict.fromkeys(["local_copy", "move_tree", "publish_dir", "remove_tree",
                           "side_by_side", "written_locally"], "storage.transfer"),
          "check_storage": "storage.checks"}

@@ -101,6 +101,14 @@ def location(p: str | os.PathLike | ObjectPath) -> Path | ObjectPath:
     return Path(text).expanduser().resolve()
 
 
+def worker_path(path: str | None) -> str | None:
+    """A path as a Ray task, actor or replica must be given it: a local one made absolute (they
+    run in the folder their node's `ray start` ran in, not this process's), a URI as it is."""
+    if path is None or is_uri(path) or str(path).startswith("file:"):
+        return None if path is None else str(path)
+    return str(location(path))  # (~ expanded, as the driver's checks read it)
+
+
 def _file_uri_path(text: str, follow: bool = True) -> Path:
     """The local path of a file:// URI (RFC 8089: an empty host or localhost, or file:/PATH
     with no authority; %-escapes, as Path.as_uri() writes them, decoded). `follow`: as

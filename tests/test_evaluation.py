@@ -790,3 +790,19 @@ def test_on_several_nodes_the_evaluation_asks_each_for_what_its_tasks_read(
     assert asked == [("eval", (str(tmp_path / "t.en"), str(tmp_path / "t.de"),
                                str(Path(tiny_checkpoints["a"]).resolve())))]
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "eval" / "m").exists()
+
+
+def test_a_test_set_of_relative_paths_is_found_by_the_scoring_tasks(
+        tiny_checkpoints, ray_session, tmp_path, monkeypatch):
+    """Ray tasks run in the folder their node's Ray started in (this session's: the
+    repository), not the caller's: `evaluate_all` hands them the test set's files absolute, as
+    the caller names them relative to its own folder. The job and its result keep the paths as
+    given."""
+    uri = mlflow_store(tmp_path)
+    tiny_test_set(tiny_checkpoints, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    test = TestSet("tiny", "t.en", "t.fr", "fr")
+    (result,) = evaluate_all([EvalJob("a", (tiny_checkpoints["a"],), test, SHORT)], uri,
+                             out_dir=str(tmp_path / "eval"), experiment_name="relative")
+    assert result.metrics["sentences"] == 6.0 and result.job.test_set == test
+    assert len(Path(result.hyp_path).read_text().splitlines()) == 6

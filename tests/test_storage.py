@@ -782,7 +782,7 @@ def test_a_local_ray_gets_the_cpus_this_process_may_run_on():
 def test_a_path_a_ray_worker_is_given_is_the_one_the_driver_checked(tmp_path, monkeypatch):
     """`~` was expanded by the driver's checks and not for the actors, which read and wrote
     <cwd>/~/... and failed every part."""
-    from convs2s.serving.corpus import worker_path
+    from storage import worker_path
 
     monkeypatch.setenv("HOME", str(tmp_path))
     assert worker_path("~/out") == str(tmp_path / "out") == str(location("~/out"))

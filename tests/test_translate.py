@@ -846,7 +846,8 @@ def test_ray_workers_get_absolute_local_paths(tiny_checkpoints, tmp_path, monkey
     """Corpus actors and serving replicas do not run in the driver's folder: the local paths
     they are given (checkpoints, sentencepiece model, output, shortlist, dictionary) are
     absolute; URIs stay as they are."""
-    from convs2s.serving.corpus import _worker_search, worker_path
+    from convs2s.serving.corpus import _worker_search
+    from storage import worker_path
     from convs2s.serving.online import ServeSettings
 
     monkeypatch.chdir(tmp_path)

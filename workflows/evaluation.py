@@ -63,7 +63,7 @@ from convs2s.tracking.runs import (DatasetRecord, describe_run, end_run, experim
                                    resolve_tracking_uri, run_key, set_tags, stopped_status)
 from convs2s.tracking.redact import redact_text, redact_uri
 from workflows.placement import _check_room, _free_cpus_per_node, share_cpus
-from storage import StorageError, local_copy, location, ray_join, write_whole
+from storage import StorageError, local_copy, location, ray_join, worker_path, write_whole
 
 log = logging.getLogger("workflows.evaluation")
 
@@ -320,7 +320,8 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         # (a Ray Tune actor) captures its child tasks into its own group, which has no CPU for them.
         task = ray.remote(evaluate_job)
         pending = {task.options(num_cpus=job.num_cpus, num_gpus=job.num_gpus,
-                                scheduling_strategy="DEFAULT").remote(job): job for job in jobs}
+                                scheduling_strategy="DEFAULT").remote(_for_task(job)): job
+                   for job in jobs}
         results, failures = [], []
         while pending:
             [ref], _ = ray.wait(list(pending), num_returns=1)
@@ -356,6 +357,14 @@ def evaluate_all(jobs: list[EvalJob], tracking_uri: str | None = None,
         raise EvaluationFailed("evaluation jobs failed:\n  " + "\n  ".join(failures))
     order = {job: i for i, job in enumerate(jobs)}
     return sorted(results, key=lambda r: order[r.job])
+
+
+def _for_task(job: EvalJob) -> EvalJob:
+    """`job` as its Ray task must be given it: the test set's local files absolute (a task runs
+    in the folder its node's `ray start` ran in, not the caller's)."""
+    test = job.test_set
+    return dataclasses.replace(job, test_set=dataclasses.replace(
+        test, src=worker_path(test.src), ref=worker_path(test.ref)))
 
 
 def _run_of(uri: str, exp: str, job: EvalJob, out_dir, parent_run_id: str | None) -> str | None:

@@ -22,7 +22,7 @@ from convs2s.io.checkpoint import CheckpointError
 from convs2s.metrics.task_kinds import task_kind
 from convs2s.tracking.redact import redact_text, redact_uri
 from convs2s.tracking.runs import resolve_tracking_uri, tracking_uri_problem
-from storage import StorageError, is_uri, local_copy, location, ray_join, shown
+from storage import StorageError, local_copy, location, ray_join, shown, worker_path
 from workflows.evaluation import EvalJob, EvaluationFailed, TestSet, evaluate_all, evaluation_jobs
 from workflows.placement import NoRoomError, _check_room
 
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             except StorageError as err:
                 raise StorageError(f"{flag} {err}") from None
         # (absolute: the scoring tasks do not run in this folder, nor on this node)
-        tests = [TestSet(n, *(f if is_uri(f) else str(location(f)) for f in (s, r)), lang,
-                         kind) for n, s, r, lang in args.test]
+        tests = [TestSet(n, worker_path(s), worker_path(r), lang, kind)
+                 for n, s, r, lang in args.test]
         if location(args.out).is_file():  # (it was "[Errno 17] File exists")
             raise ValueError(f"--out {shown(args.out)} is a file: give a folder for the scores")
         from convs2s.metrics.scoring import text_lines

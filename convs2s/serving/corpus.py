@@ -56,7 +56,8 @@ from dataclasses import dataclass, field
 from convs2s.config import SearchConfig
 from convs2s.io.text_codec import checkpoint_weights
 from convs2s.serving.inputs import input_lines
-from storage import ObjectPath, is_uri, location, remove_tree, side_by_side, stamp, write_whole
+from storage import (ObjectPath, location, remove_tree, side_by_side, stamp, worker_path,
+                     write_whole)
 from storage import ray_join
 from storage.checks import WRITE_PROBE
 from storage.lease import RunLease
@@ -141,14 +142,6 @@ def part_width(parts: int) -> int:
     so that `part-*.txt` sorts in input order (a folder of up to 100,000 parts keeps the names
     it always had)."""
     return max(5, len(str(parts - 1)))
-
-
-def worker_path(path: str | None) -> str | None:
-    """A path as a Ray worker must be given it: a local one made absolute (a worker or replica
-    does not run in this process's folder), a URI as it is."""
-    if path is None or is_uri(path) or str(path).startswith("file:"):
-        return None if path is None else str(path)
-    return str(location(path))  # (~ expanded, as the driver's checks read it)
 
 
 # --- 1. split ---------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ class ServeSettings:
         must be given them; URIs as they are."""
         from dataclasses import replace
 
-        from convs2s.serving.corpus import worker_path
+        from storage import worker_path
 
         search = dict(self.search)
         for name in ("shortlist", "dictionary"):
